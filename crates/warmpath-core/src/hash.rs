@@ -1,0 +1,255 @@
+//! The shared block hash: the single definition used by the router (hashing
+//! requests), the agent (re-hashing what an engine reports) and the engines.
+//!
+//! ```text
+//! seed  = xxh3_64(b"warmpath/1" 0x00 model 0x00 lora 0x00 tenant)
+//! h[0]  = xxh3_64_with_seed(le_bytes(block 0), seed)
+//! h[i]  = xxh3_64_with_seed(le_bytes(block i), h[i-1])
+//! ```
+//!
+//! Only full blocks are hashed; a trailing partial block never is. Tokens are
+//! `u32` ids written as 4 little-endian bytes each.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// The hash of one block, chained over every block before it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BlockHash(pub u64);
+
+impl BlockHash {
+    /// 16-digit lowercase hex, the form every user-facing surface prints.
+    pub fn to_hex(self) -> String {
+        format!("{:016x}", self.0)
+    }
+
+    /// Parses the 16-digit hex form (case-insensitive).
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 16 {
+            return None;
+        }
+        u64::from_str_radix(s, 16).ok().map(BlockHash)
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockHash({:016x})", self.0)
+    }
+}
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// What seeds a chain: the model, the LoRA adapter (if any) and the tenant (if any).
+/// Two requests share cache entries only when all three are equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HashSeed(pub u64);
+
+impl HashSeed {
+    /// `xxh3_64(b"warmpath/1" 0x00 model 0x00 lora 0x00 tenant)`; pass `""` for no
+    /// LoRA adapter or no tenant.
+    pub fn new(model: &str, lora: &str, tenant: &str) -> Self {
+        let mut buf =
+            Vec::with_capacity(b"warmpath/1".len() + 3 + model.len() + lora.len() + tenant.len());
+        buf.extend_from_slice(b"warmpath/1");
+        buf.push(0);
+        buf.extend_from_slice(model.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(lora.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(tenant.as_bytes());
+        HashSeed(xxh3_64(&buf))
+    }
+}
+
+/// Hashes one full block chained onto `prev` (the seed's value for block 0, the
+/// previous block's hash otherwise). This is the one block-hash function.
+#[inline]
+pub fn hash_block(prev: u64, tokens: &[u32]) -> BlockHash {
+    // Blocks are small (16 tokens by default): a stack buffer avoids allocating.
+    const STACK: usize = 64;
+    if tokens.len() <= STACK {
+        let mut buf = [0u8; STACK * 4];
+        for (i, t) in tokens.iter().enumerate() {
+            buf[i * 4..i * 4 + 4].copy_from_slice(&t.to_le_bytes());
+        }
+        BlockHash(xxh3_64_with_seed(&buf[..tokens.len() * 4], prev))
+    } else {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        BlockHash(xxh3_64_with_seed(&bytes, prev))
+    }
+}
+
+/// An incremental hasher for one chain: feed full blocks one at a time, or start
+/// from a known parent (the agent chains from the parent block it recorded).
+#[derive(Clone, Copy, Debug)]
+pub struct ChainHasher {
+    prev: u64,
+    block_size: usize,
+}
+
+impl ChainHasher {
+    /// A chain that starts at block 0 under `seed`.
+    pub fn new(seed: HashSeed, block_size: usize) -> Self {
+        ChainHasher {
+            prev: seed.0,
+            block_size,
+        }
+    }
+
+    /// A chain that continues after `parent`.
+    pub fn after(parent: BlockHash, block_size: usize) -> Self {
+        ChainHasher {
+            prev: parent.0,
+            block_size,
+        }
+    }
+
+    /// Block size in tokens.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Hashes the next block. `block` must hold exactly `block_size` tokens;
+    /// anything else returns `None` and leaves the chain unchanged.
+    pub fn push(&mut self, block: &[u32]) -> Option<BlockHash> {
+        if block.len() != self.block_size || self.block_size == 0 {
+            return None;
+        }
+        let h = hash_block(self.prev, block);
+        self.prev = h.0;
+        Some(h)
+    }
+
+    /// Hashes every full block of `tokens` (a trailing partial block is ignored)
+    /// and appends them to `out`.
+    pub fn extend(&mut self, tokens: &[u32], out: &mut Vec<BlockHash>) {
+        if self.block_size == 0 {
+            return;
+        }
+        out.reserve(tokens.len() / self.block_size);
+        for block in tokens.chunks_exact(self.block_size) {
+            let h = hash_block(self.prev, block);
+            self.prev = h.0;
+            out.push(h);
+        }
+    }
+}
+
+/// The hashes of every full block of `tokens` under `seed`.
+pub fn hash_tokens(seed: HashSeed, block_size: usize, tokens: &[u32]) -> Vec<BlockHash> {
+    let mut out = Vec::new();
+    ChainHasher::new(seed, block_size).extend(tokens, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hex(hs: &[BlockHash]) -> Vec<String> {
+        hs.iter().map(|h| h.to_hex()).collect()
+    }
+
+    fn tokens_0_31() -> Vec<u32> {
+        (0..32).collect()
+    }
+
+    #[test]
+    fn golden_plain() {
+        let hs = hash_tokens(HashSeed::new("m", "", ""), 16, &tokens_0_31());
+        assert_eq!(hex(&hs), ["d3034b7f684156db", "ab6763183c4579bf"]);
+    }
+
+    #[test]
+    fn golden_tenant() {
+        let hs = hash_tokens(HashSeed::new("m", "", "acme"), 16, &tokens_0_31());
+        assert_eq!(hex(&hs), ["846f32e51cf9b9c8", "ca65ce98c2b0770a"]);
+    }
+
+    #[test]
+    fn golden_lora() {
+        let hs = hash_tokens(HashSeed::new("m", "sql-adapter", ""), 16, &tokens_0_31());
+        assert_eq!(hex(&hs), ["50e81dc032d5d4fc", "3f6abe1708ac1b88"]);
+    }
+
+    #[test]
+    fn trailing_partial_block_is_not_hashed() {
+        let mut toks = tokens_0_31();
+        toks.extend(32..47); // 15 more tokens: one short of a third block
+        let hs = hash_tokens(HashSeed::new("m", "", ""), 16, &toks);
+        assert_eq!(hex(&hs), ["d3034b7f684156db", "ab6763183c4579bf"]);
+    }
+
+    #[test]
+    fn chaining_from_a_parent_continues_the_chain() {
+        let seed = HashSeed::new("m", "", "");
+        let full = hash_tokens(seed, 16, &tokens_0_31());
+        let mut c = ChainHasher::after(full[0], 16);
+        assert_eq!(c.push(&(16..32).collect::<Vec<_>>()), Some(full[1]));
+        assert_eq!(c.push(&[1, 2, 3]), None, "short block refused");
+    }
+
+    #[test]
+    fn long_blocks_use_the_heap_path_consistently() {
+        let toks: Vec<u32> = (0..300).collect();
+        let a = hash_tokens(HashSeed::new("m", "", ""), 100, &toks);
+        let bytes: Vec<u8> = toks[..100].iter().flat_map(|t| t.to_le_bytes()).collect();
+        assert_eq!(
+            a[0].0,
+            xxh3_64_with_seed(&bytes, HashSeed::new("m", "", "").0)
+        );
+    }
+
+    #[test]
+    fn hex_round_trip() {
+        let h = BlockHash(0x00ab_cdef_0123_4567);
+        assert_eq!(h.to_hex(), "00abcdef01234567");
+        assert_eq!(BlockHash::from_hex("00ABCDEF01234567"), Some(h));
+        assert_eq!(BlockHash::from_hex("abc"), None);
+    }
+
+    proptest! {
+        /// The hashes of a prefix are a prefix of the hashes.
+        #[test]
+        fn prefix_property(toks in proptest::collection::vec(any::<u32>(), 0..200), cut in 0usize..200, bs in 1usize..20) {
+            let seed = HashSeed::new("m", "", "");
+            let cut = cut.min(toks.len());
+            let whole = hash_tokens(seed, bs, &toks);
+            let part = hash_tokens(seed, bs, &toks[..cut]);
+            prop_assert_eq!(&whole[..part.len()], &part[..]);
+            prop_assert_eq!(part.len(), cut / bs);
+        }
+
+        /// Incremental hashing equals one-shot hashing, however the input is split.
+        #[test]
+        fn incremental_equals_oneshot(toks in proptest::collection::vec(any::<u32>(), 0..128), split in 0usize..8) {
+            let seed = HashSeed::new("m", "lora", "t");
+            let bs = 8;
+            let whole = hash_tokens(seed, bs, &toks);
+            let split = (split * bs).min(toks.len() / bs * bs);
+            let mut c = ChainHasher::new(seed, bs);
+            let mut out = Vec::new();
+            c.extend(&toks[..split], &mut out);
+            c.extend(&toks[split..], &mut out);
+            prop_assert_eq!(whole, out);
+        }
+
+        /// Different tenants never share a block hash for the same tokens.
+        #[test]
+        fn tenants_are_isolated(toks in proptest::collection::vec(any::<u32>(), 16..64)) {
+            let a = hash_tokens(HashSeed::new("m", "", "a"), 16, &toks);
+            let b = hash_tokens(HashSeed::new("m", "", "b"), 16, &toks);
+            for (x, y) in a.iter().zip(&b) {
+                prop_assert_ne!(x, y);
+            }
+        }
+    }
+}
