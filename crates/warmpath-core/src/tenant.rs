@@ -40,10 +40,10 @@ pub enum TenantError {
     #[error("tenant id in {} is empty; it must be 1 to 64 printable ASCII characters", .0.name())]
     Empty(TenantSource),
     /// Longer than [`MAX_TENANT_LEN`].
-    #[error("tenant id in {} is {1} characters long; at most 64 printable ASCII characters are allowed", .0.name())]
+    #[error("tenant id in {src} is {len} characters long; at most 64 printable ASCII characters are allowed", src = .0.name(), len = .1)]
     TooLong(TenantSource, usize),
     /// A character outside printable ASCII.
-    #[error("tenant id in {} has a character that is not printable ASCII at position {1}", .0.name())]
+    #[error("tenant id in {src} has a character that is not printable ASCII at byte {pos}", src = .0.name(), pos = .1)]
     BadChar(TenantSource, usize),
     /// The value is not a string (e.g. a number in the JSON body).
     #[error("tenant id in {} must be a string", .0.name())]
