@@ -11,7 +11,9 @@
 //! - [`policy`]: the routing policies behind one trait.
 
 pub mod hash;
+pub mod index;
 pub mod tenant;
 
 pub use hash::{hash_block, hash_tokens, BlockHash, ChainHasher, HashSeed};
 pub use tenant::{resolve_tenant, TenantError, TenantId, TenantSource};
+pub use index::{CacheIndex, IndexError, MatchResult, Tier, WorkerMatch, WorkerSlot, WorkerStats};

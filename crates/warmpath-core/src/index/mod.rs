@@ -1,0 +1,329 @@
+//! The cache index: which workers hold which blocks, on which tier.
+//!
+//! One [`CacheIndex`] per model pool. Many routing threads read it while each
+//! worker's event stream writes it. It is a sharded concurrent map
+//! (`DashMap`, identity-hashed: keys are already xxh3 outputs) from a block
+//! hash to the compact set of its holders ([`holders`]).
+//!
+//! # Memory
+//! A map slot is 24 bytes (8-byte key, 16-byte holder set) plus one control
+//! byte; one or two holders are stored inline, so a block held by one worker
+//! costs about 25 bytes / load factor (0.44–0.875, i.e. 29–57 bytes), and each
+//! further holder about 4–8 bytes. Measured numbers are in BENCHMARKS.md
+//! (`cargo bench -p warmpath-core --bench index`).
+//!
+//! # Clearing a worker in O(1)
+//! Every holder carries its worker's generation (8 bits). Clearing a worker
+//! (engine reset, new epoch, snapshot replacement) bumps the generation: old
+//! holders stop counting at once and are purged lazily on the next write to
+//! the block or by [`CacheIndex::compact`], which also runs by itself before a
+//! generation could wrap around.
+
+mod holders;
+mod matching;
+mod workers;
+
+pub use holders::WorkerSlot;
+pub use matching::{MatchResult, WorkerMatch};
+pub use workers::WorkerStats;
+
+use crate::hash::BlockHash;
+use dashmap::DashMap;
+use holders::Holders;
+use serde::{Deserialize, Serialize};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::Ordering;
+use thiserror::Error;
+use workers::Workers;
+
+/// Where a cached block lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// GPU memory: immediately usable.
+    Gpu = 0,
+    /// CPU memory (offloaded): must be copied back.
+    Cpu = 1,
+    /// Local disk or remote storage.
+    Disk = 2,
+}
+
+impl Tier {
+    /// All tiers, GPU first.
+    pub const ALL: [Tier; 3] = [Tier::Gpu, Tier::Cpu, Tier::Disk];
+
+    pub(crate) fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// Errors of the index.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum IndexError {
+    /// Every one of the 65536 worker slots of this index is taken. Not retryable.
+    #[error("the index has no free worker slot (65536 workers registered)")]
+    TooManyWorkers,
+    /// The worker is not (or no longer) registered. Retry after registering it.
+    #[error("unknown worker slot {0}")]
+    UnknownWorker(WorkerSlot),
+}
+
+/// A `Hasher` that passes a `u64` key through: block hashes are xxh3 outputs.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only used for non-u64 keys (never here); fold bytes in anyway.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Map = DashMap<u64, Holders, BuildHasherDefault<IdentityHasher>>;
+
+/// Generation bumps of one worker after which the index compacts itself.
+const COMPACT_AFTER_BUMPS: u8 = 200;
+
+/// The concurrent cache index of one pool. See the module docs.
+#[derive(Debug)]
+pub struct CacheIndex {
+    map: Map,
+    workers: Workers,
+}
+
+impl Default for CacheIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CacheIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        CacheIndex {
+            map: Map::with_hasher_and_shard_amount(Default::default(), 128),
+            workers: Workers::default(),
+        }
+    }
+
+    /// An empty index with room for `blocks` distinct blocks.
+    pub fn with_capacity(blocks: usize) -> Self {
+        CacheIndex {
+            map: Map::with_capacity_and_hasher_and_shard_amount(blocks, Default::default(), 128),
+            workers: Workers::default(),
+        }
+    }
+
+    /// The slot of worker `id`, registering it if new.
+    pub fn register_worker(&self, id: &str) -> Result<WorkerSlot, IndexError> {
+        self.workers.register(id).ok_or(IndexError::TooManyWorkers)
+    }
+
+    /// The slot of a registered worker.
+    pub fn worker_slot(&self, id: &str) -> Option<WorkerSlot> {
+        self.workers.slot_of(id)
+    }
+
+    fn entry(&self, slot: WorkerSlot) -> Result<std::sync::Arc<workers::WorkerEntry>, IndexError> {
+        self.workers.get(slot).ok_or(IndexError::UnknownWorker(slot))
+    }
+
+    /// Records that `slot` holds `hashes` on `tier`. Returns how many
+    /// (block, tier) entries were new.
+    pub fn store(
+        &self,
+        slot: WorkerSlot,
+        tier: Tier,
+        hashes: &[BlockHash],
+    ) -> Result<usize, IndexError> {
+        let w = self.entry(slot)?;
+        let gen = w.gen.load(Ordering::Acquire);
+        let mut added = 0usize;
+        for h in hashes {
+            let newly = self.map.entry(h.0).or_default().add(slot, gen, tier);
+            if newly != 0 {
+                added += 1;
+            }
+        }
+        w.adjust(tier.bit(), added as i64);
+        Ok(added)
+    }
+
+    /// Records that `slot` no longer holds `hashes` on `tier` (every tier with
+    /// `None`). Unknown hashes are ignored. Returns how many entries went.
+    pub fn remove(
+        &self,
+        slot: WorkerSlot,
+        tier: Option<Tier>,
+        hashes: &[BlockHash],
+    ) -> Result<usize, IndexError> {
+        let w = self.entry(slot)?;
+        let gen = w.gen.load(Ordering::Acquire);
+        let mut removed = 0usize;
+        for h in hashes {
+            let mut empty = false;
+            if let Some(mut e) = self.map.get_mut(&h.0) {
+                let bits = e.remove(slot, gen, tier);
+                if bits != 0 {
+                    removed += 1;
+                    w.adjust(bits, -1);
+                }
+                empty = e.is_empty();
+            }
+            if empty {
+                self.map.remove_if(&h.0, |_, v| v.is_empty());
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Forgets everything `slot` holds, in O(1) (see module docs).
+    pub fn clear_worker(&self, slot: WorkerSlot) -> Result<(), IndexError> {
+        let w = self.entry(slot)?;
+        w.gen.fetch_add(1, Ordering::AcqRel);
+        w.reset_counts();
+        if w.bumps_since_compact.fetch_add(1, Ordering::Relaxed) + 1 >= COMPACT_AFTER_BUMPS {
+            self.compact();
+        }
+        Ok(())
+    }
+
+    /// Removes worker `id` and all it holds; its slot is never reused.
+    pub fn drop_worker(&self, id: &str) -> bool {
+        let Some(slot) = self.workers.slot_of(id) else {
+            return false;
+        };
+        if let Ok(w) = self.entry(slot) {
+            w.gen.fetch_add(1, Ordering::AcqRel);
+        }
+        self.workers.remove(id);
+        self.compact();
+        true
+    }
+
+    /// Purges holders left behind by cleared or dropped workers; returns the
+    /// number of blocks that became empty and were removed.
+    pub fn compact(&self) -> usize {
+        let gens = self.workers.generations();
+        let current = |s: WorkerSlot| gens.get(s as usize).copied().flatten();
+        let before = self.map.len();
+        self.map.retain(|_, v| {
+            v.retain_current(&current);
+            !v.is_empty()
+        });
+        for w in self.workers.all() {
+            w.bumps_since_compact.store(0, Ordering::Relaxed);
+        }
+        before.saturating_sub(self.map.len())
+    }
+
+    /// Records that `slot`'s agent was heard at `now_ms` (monotonic), which
+    /// also makes it fresh again.
+    pub fn mark_heard(&self, slot: WorkerSlot, now_ms: u64) -> Result<(), IndexError> {
+        let w = self.entry(slot)?;
+        w.last_heard.store(now_ms, Ordering::Relaxed);
+        w.stale.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Marks workers silent for longer than `stale_after_ms` as stale: their
+    /// entries stop counting in [`CacheIndex::longest_match`] until they are
+    /// heard again. Workers never heard are left alone. Returns the ids of the
+    /// workers that are silent for longer than `drop_after_ms` (the caller
+    /// decides whether to clear or drop them).
+    pub fn refresh_staleness(
+        &self,
+        now_ms: u64,
+        stale_after_ms: u64,
+        drop_after_ms: u64,
+    ) -> Vec<String> {
+        let mut expired = Vec::new();
+        for w in self.workers.all() {
+            let last = w.last_heard.load(Ordering::Relaxed);
+            if last == u64::MAX {
+                continue;
+            }
+            let silent = now_ms.saturating_sub(last);
+            if silent > stale_after_ms {
+                w.stale.store(true, Ordering::Relaxed);
+            }
+            if silent > drop_after_ms {
+                expired.push(w.id.clone());
+            }
+        }
+        expired
+    }
+
+    /// Whether `slot` is currently stale.
+    pub fn is_stale(&self, slot: WorkerSlot) -> bool {
+        self.workers
+            .get(slot)
+            .is_some_and(|w| w.stale.load(Ordering::Relaxed))
+    }
+
+    /// Blocks (all tiers) that `slot` holds.
+    pub fn block_count(&self, slot: WorkerSlot) -> u64 {
+        self.workers
+            .get(slot)
+            .map_or(0, |w| Tier::ALL.iter().map(|t| w.count(*t)).sum())
+    }
+
+    /// Statistics of every registered worker.
+    pub fn worker_stats(&self, now_ms: u64) -> Vec<WorkerStats> {
+        self.workers
+            .all()
+            .iter()
+            .map(|w| w.stats(now_ms))
+            .collect()
+    }
+
+    /// Distinct blocks indexed (including holders not yet compacted away).
+    pub fn distinct_blocks(&self) -> usize {
+        self.map.len()
+    }
+
+    /// (block, worker, tier) entries currently counted.
+    pub fn entries(&self) -> u64 {
+        self.workers
+            .all()
+            .iter()
+            .map(|w| Tier::ALL.iter().map(|t| w.count(*t)).sum::<u64>())
+            .sum()
+    }
+
+    /// The workers holding `hash` (current generation, any tier), as
+    /// (worker id, tier list). For inspection, not for the hot path.
+    pub fn holders_of(&self, hash: BlockHash) -> Vec<(String, Vec<Tier>)> {
+        let Some(e) = self.map.get(&hash.0) else {
+            return Vec::new();
+        };
+        e.iter()
+            .filter_map(|h| {
+                let w = self.workers.get(h.slot())?;
+                (w.gen.load(Ordering::Acquire) == h.gen()).then(|| {
+                    let tiers = Tier::ALL
+                        .into_iter()
+                        .filter(|t| h.tiers() & t.bit() != 0)
+                        .collect();
+                    (w.id.clone(), tiers)
+                })
+            })
+            .collect()
+    }
+
+    /// The id of the worker in `slot`.
+    pub fn worker_id(&self, slot: WorkerSlot) -> Option<String> {
+        self.workers.get(slot).map(|w| w.id.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests;

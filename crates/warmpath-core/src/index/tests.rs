@@ -1,0 +1,181 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use crate::hash::{hash_tokens, HashSeed};
+use proptest::prelude::*;
+use std::collections::{HashMap, HashSet};
+
+fn chain(n: u32, salt: &str) -> Vec<BlockHash> {
+    let toks: Vec<u32> = (0..n * 4).collect();
+    hash_tokens(HashSeed::new("m", "", salt), 4, &toks)
+}
+
+#[test]
+fn longest_match_per_worker() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let b = idx.register_worker("b").unwrap();
+    let c = chain(10, "");
+    idx.store(a, Tier::Gpu, &c[..7]).unwrap();
+    idx.store(b, Tier::Gpu, &c[..3]).unwrap();
+    idx.store(b, Tier::Cpu, &c[3..5]).unwrap();
+    let m = idx.longest_match(&c);
+    assert_eq!(m.chain_len, 10);
+    assert_eq!(m.of(a).unwrap().blocks, 7);
+    assert_eq!(m.of(a).unwrap().gpu_blocks, 7);
+    assert_eq!(m.of(b).unwrap().blocks, 5);
+    assert_eq!(m.of(b).unwrap().gpu_blocks, 3);
+    assert_eq!(m.best_fresh(), 7);
+}
+
+#[test]
+fn a_hole_ends_the_match() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let c = chain(6, "");
+    idx.store(a, Tier::Gpu, &c).unwrap();
+    idx.remove(a, None, &c[2..3]).unwrap();
+    assert_eq!(idx.longest_match(&c).of(a).unwrap().blocks, 2);
+    assert_eq!(idx.block_count(a), 5);
+}
+
+#[test]
+fn clear_is_immediate_and_compaction_purges() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let b = idx.register_worker("b").unwrap();
+    let c = chain(8, "");
+    idx.store(a, Tier::Gpu, &c).unwrap();
+    idx.store(b, Tier::Gpu, &c[..2]).unwrap();
+    idx.clear_worker(a).unwrap();
+    let m = idx.longest_match(&c);
+    assert!(m.of(a).is_none());
+    assert_eq!(m.of(b).unwrap().blocks, 2);
+    assert_eq!(idx.block_count(a), 0);
+    assert_eq!(idx.compact(), 6, "blocks only a held are gone");
+    assert_eq!(idx.distinct_blocks(), 2);
+    // a stores again after the clear: counts restart from zero
+    assert_eq!(idx.store(a, Tier::Gpu, &c[..3]).unwrap(), 3);
+    assert_eq!(idx.block_count(a), 3);
+}
+
+#[test]
+fn drop_worker_removes_everything_and_never_reuses_the_slot() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let c = chain(4, "");
+    idx.store(a, Tier::Gpu, &c).unwrap();
+    assert!(idx.drop_worker("a"));
+    assert_eq!(idx.distinct_blocks(), 0);
+    assert_eq!(
+        idx.store(a, Tier::Gpu, &c),
+        Err(IndexError::UnknownWorker(a))
+    );
+    let a2 = idx.register_worker("a").unwrap();
+    assert_ne!(a, a2);
+}
+
+#[test]
+fn stale_workers_are_flagged_and_recover() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let c = chain(3, "");
+    idx.store(a, Tier::Gpu, &c).unwrap();
+    idx.mark_heard(a, 1_000).unwrap();
+    assert!(idx.refresh_staleness(2_000, 5_000, 60_000).is_empty());
+    assert!(idx.longest_match(&c).of(a).unwrap().fresh);
+    let expired = idx.refresh_staleness(70_000, 5_000, 60_000);
+    assert_eq!(expired, vec!["a".to_string()]);
+    assert!(!idx.longest_match(&c).of(a).unwrap().fresh);
+    assert_eq!(idx.longest_match(&c).best_fresh(), 0);
+    idx.mark_heard(a, 70_001).unwrap();
+    assert!(idx.longest_match(&c).of(a).unwrap().fresh);
+    let st = idx.worker_stats(70_011);
+    assert_eq!(st[0].last_heard_ms_ago, Some(10));
+    assert_eq!(st[0].gpu_blocks, 3);
+}
+
+#[test]
+fn many_generations_wrap_safely() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let c = chain(2, "");
+    idx.store(a, Tier::Gpu, &c).unwrap();
+    for _ in 0..300 {
+        idx.clear_worker(a).unwrap();
+    }
+    assert!(idx.longest_match(&c).of(a).is_none());
+}
+
+#[test]
+fn holders_of_lists_tiers() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let c = chain(1, "");
+    idx.store(a, Tier::Gpu, &c).unwrap();
+    idx.store(a, Tier::Cpu, &c).unwrap();
+    assert_eq!(
+        idx.holders_of(c[0]),
+        vec![("a".to_string(), vec![Tier::Gpu, Tier::Cpu])]
+    );
+    assert_eq!(idx.entries(), 2);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store(u8, u8, u8, u8), // worker, tier, from, len
+    Remove(u8, Option<u8>, u8, u8),
+    Clear(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..4, 0u8..3, 0u8..12, 1u8..12).prop_map(|(w, t, f, l)| Op::Store(w, t, f, l)),
+        2 => (0u8..4, proptest::option::of(0u8..3), 0u8..12, 1u8..12)
+            .prop_map(|(w, t, f, l)| Op::Remove(w, t, f, l)),
+        1 => (0u8..4).prop_map(Op::Clear),
+    ]
+}
+
+proptest! {
+    /// The index against a plain reference: worker -> set of (block, tier).
+    #[test]
+    fn model_based(ops in proptest::collection::vec(op(), 1..60)) {
+        let idx = CacheIndex::new();
+        let slots: Vec<WorkerSlot> = (0..4).map(|w| idx.register_worker(&format!("w{w}")).unwrap()).collect();
+        let c = chain(16, "");
+        let mut model: HashMap<u8, HashSet<(usize, u8)>> = HashMap::new();
+        let tier = |t: u8| Tier::ALL[t as usize];
+        for op in ops {
+            match op {
+                Op::Store(w, t, f, l) => {
+                    let r = (f as usize).min(16)..((f + l) as usize).min(16);
+                    idx.store(slots[w as usize], tier(t), &c[r.clone()]).unwrap();
+                    for i in r { model.entry(w).or_default().insert((i, t)); }
+                }
+                Op::Remove(w, t, f, l) => {
+                    let r = (f as usize).min(16)..((f + l) as usize).min(16);
+                    idx.remove(slots[w as usize], t.map(tier), &c[r.clone()]).unwrap();
+                    let set = model.entry(w).or_default();
+                    set.retain(|(i, tt)| !(r.contains(i) && t.is_none_or(|t| t == *tt)));
+                }
+                Op::Clear(w) => {
+                    idx.clear_worker(slots[w as usize]).unwrap();
+                    model.remove(&w);
+                }
+            }
+        }
+        let m = idx.longest_match(&c);
+        for w in 0..4u8 {
+            let set = model.get(&w).cloned().unwrap_or_default();
+            let depth = (0..16).take_while(|i| (0..3).any(|t| set.contains(&(*i, t)))).count() as u32;
+            let gpu = (0..16).take_while(|i| set.contains(&(*i, 0))).count() as u32;
+            let got = m.of(slots[w as usize]).copied();
+            prop_assert_eq!(got.map_or(0, |g| g.blocks), depth);
+            prop_assert_eq!(got.map_or(0, |g| g.gpu_blocks), gpu);
+            prop_assert_eq!(idx.block_count(slots[w as usize]), set.len() as u64);
+        }
+        idx.compact();
+        let m2 = idx.longest_match(&c);
+        prop_assert_eq!(m, m2, "compaction changes nothing visible");
+    }
+}

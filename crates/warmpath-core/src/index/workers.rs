@@ -1,0 +1,164 @@
+//! Per-worker bookkeeping of one index: names, generations, block counts per
+//! tier and liveness (last heard, stale). Time is passed in by the caller as
+//! milliseconds of a monotonic clock, so this stays pure and testable.
+
+use super::holders::WorkerSlot;
+use super::Tier;
+use parking_lot::RwLock;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// What the index knows of one worker, for `/cache-index` and the policies.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct WorkerStats {
+    /// The worker id (as configured or announced by its agent).
+    pub worker_id: String,
+    /// Blocks held, all tiers.
+    pub blocks: u64,
+    /// Blocks held on GPU, CPU and disk.
+    pub gpu_blocks: u64,
+    /// Blocks held on the CPU tier.
+    pub cpu_blocks: u64,
+    /// Blocks held on the disk tier.
+    pub disk_blocks: u64,
+    /// Milliseconds since its agent was last heard, if ever.
+    pub last_heard_ms_ago: Option<u64>,
+    /// Whether its entries are currently ignored for routing.
+    pub stale: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct WorkerEntry {
+    pub(crate) id: String,
+    pub(crate) gen: AtomicU8,
+    /// Counts per tier: GPU, CPU, disk.
+    pub(crate) counts: [AtomicI64; 3],
+    /// Monotonic ms when last heard; `u64::MAX` = never.
+    pub(crate) last_heard: AtomicU64,
+    pub(crate) stale: AtomicBool,
+    /// Generation bumps since the last compaction.
+    pub(crate) bumps_since_compact: AtomicU8,
+}
+
+impl WorkerEntry {
+    fn new(id: String) -> Self {
+        WorkerEntry {
+            id,
+            gen: AtomicU8::new(0),
+            counts: Default::default(),
+            last_heard: AtomicU64::new(u64::MAX),
+            stale: AtomicBool::new(false),
+            bumps_since_compact: AtomicU8::new(0),
+        }
+    }
+
+    pub(crate) fn count(&self, tier: Tier) -> u64 {
+        self.counts[tier as usize].load(Ordering::Relaxed).max(0) as u64
+    }
+
+    pub(crate) fn adjust(&self, tier_bits: u8, delta: i64) {
+        for t in Tier::ALL {
+            if tier_bits & t.bit() != 0 {
+                self.counts[t as usize].fetch_add(delta, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(crate) fn reset_counts(&self) {
+        for c in &self.counts {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn stats(&self, now_ms: u64) -> WorkerStats {
+        let last = self.last_heard.load(Ordering::Relaxed);
+        let gpu = self.count(Tier::Gpu);
+        let cpu = self.count(Tier::Cpu);
+        let disk = self.count(Tier::Disk);
+        WorkerStats {
+            worker_id: self.id.clone(),
+            blocks: gpu + cpu + disk,
+            gpu_blocks: gpu,
+            cpu_blocks: cpu,
+            disk_blocks: disk,
+            last_heard_ms_ago: (last != u64::MAX).then(|| now_ms.saturating_sub(last)),
+            stale: self.stale.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Slot allocation: worker id <-> dense slot. Slots are never reused while the
+/// index lives (a dropped worker's slot is tombstoned), so a late event for a
+/// dropped worker can never land on another one.
+#[derive(Debug, Default)]
+pub(crate) struct Workers {
+    by_id: RwLock<HashMap<String, WorkerSlot>>,
+    slots: RwLock<Vec<Option<Arc<WorkerEntry>>>>,
+}
+
+impl Workers {
+    pub(crate) fn slot_of(&self, id: &str) -> Option<WorkerSlot> {
+        self.by_id.read().get(id).copied()
+    }
+
+    /// The slot of `id`, registering it when new. `None` when all 65536 slots
+    /// are taken.
+    pub(crate) fn register(&self, id: &str) -> Option<WorkerSlot> {
+        if let Some(s) = self.slot_of(id) {
+            return Some(s);
+        }
+        let mut by_id = self.by_id.write();
+        if let Some(s) = by_id.get(id) {
+            return Some(*s);
+        }
+        let mut slots = self.slots.write();
+        let slot = WorkerSlot::try_from(slots.len()).ok()?;
+        slots.push(Some(Arc::new(WorkerEntry::new(id.to_owned()))));
+        by_id.insert(id.to_owned(), slot);
+        Some(slot)
+    }
+
+    pub(crate) fn get(&self, slot: WorkerSlot) -> Option<Arc<WorkerEntry>> {
+        self.slots.read().get(slot as usize).cloned().flatten()
+    }
+
+    /// Tombstones `id`; returns its slot.
+    pub(crate) fn remove(&self, id: &str) -> Option<WorkerSlot> {
+        let slot = self.by_id.write().remove(id)?;
+        if let Some(e) = self.slots.write().get_mut(slot as usize) {
+            *e = None;
+        }
+        Some(slot)
+    }
+
+    /// A snapshot of the current generation per slot (`None` = dropped).
+    pub(crate) fn generations(&self) -> Vec<Option<u8>> {
+        self.slots
+            .read()
+            .iter()
+            .map(|e| e.as_ref().map(|e| e.gen.load(Ordering::Acquire)))
+            .collect()
+    }
+
+    /// Generation and freshness of every slot, for one match walk.
+    pub(crate) fn routing_view(&self) -> Vec<Option<(u8, bool)>> {
+        self.slots
+            .read()
+            .iter()
+            .map(|e| {
+                e.as_ref().map(|e| {
+                    (
+                        e.gen.load(Ordering::Acquire),
+                        !e.stale.load(Ordering::Relaxed),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) fn all(&self) -> Vec<Arc<WorkerEntry>> {
+        self.slots.read().iter().flatten().cloned().collect()
+    }
+}
