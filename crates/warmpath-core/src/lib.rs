@@ -6,14 +6,26 @@
 //! - [`hash`]: the one block-hash function (xxh3, chained, seeded by model,
 //!   LoRA and tenant), pinned by golden vectors.
 //! - [`tenant`]: tenant id validation.
+//! - [`request`]: an OpenAI chat/completion request reduced to what routing reads.
 //! - [`prefix`]: what PREFIX_AWARE hashes of a request.
+//! - `tokenize` (feature `tokenizer`): chat templates, tokenization with a
+//!   segment cache, and the generated tiny test tokenizer.
 //! - [`index`]: the concurrent cache index (block hash -> workers, tier).
 //! - [`policy`]: the routing policies behind one trait.
 
 pub mod hash;
 pub mod index;
+pub mod policy;
+pub mod prefix;
+pub mod prefix_cache;
+pub mod request;
 pub mod tenant;
+#[cfg(feature = "tokenizer")]
+pub mod tokenize;
 
 pub use hash::{hash_block, hash_tokens, BlockHash, ChainHasher, HashSeed};
 pub use tenant::{resolve_tenant, TenantError, TenantId, TenantSource};
 pub use index::{CacheIndex, IndexError, MatchResult, Tier, WorkerMatch, WorkerSlot, WorkerStats};
+pub use prefix::{PrefixError, PrefixExtractor, PrefixKey};
+pub use request::{Expect, Request, RequestBody, RequestError};
+pub use policy::{build_policy, BackendLoad, Decision, DecisionKind, EngineLoad, Policy, PolicyBackend, PolicyConfig, PolicyError, RouteInput, Strategy};

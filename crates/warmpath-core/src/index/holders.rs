@@ -156,7 +156,10 @@ mod tests {
             h.add(s, 0, Tier::Gpu);
         }
         assert!(matches!(h, Holders::Many(_)));
-        assert_eq!(h.find(1).unwrap().tiers(), Tier::Gpu.bit() | Tier::Cpu.bit());
+        assert_eq!(
+            h.find(1).unwrap().tiers(),
+            Tier::Gpu.bit() | Tier::Cpu.bit()
+        );
         assert_eq!(h.remove(1, 0, Some(Tier::Gpu)), Tier::Gpu.bit());
         assert_eq!(h.find(1).unwrap().tiers(), Tier::Cpu.bit());
         assert_eq!(h.remove(1, 0, None), Tier::Cpu.bit());

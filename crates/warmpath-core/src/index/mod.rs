@@ -133,7 +133,9 @@ impl CacheIndex {
     }
 
     fn entry(&self, slot: WorkerSlot) -> Result<std::sync::Arc<workers::WorkerEntry>, IndexError> {
-        self.workers.get(slot).ok_or(IndexError::UnknownWorker(slot))
+        self.workers
+            .get(slot)
+            .ok_or(IndexError::UnknownWorker(slot))
     }
 
     /// Records that `slot` holds `hashes` on `tier`. Returns how many
@@ -278,11 +280,7 @@ impl CacheIndex {
 
     /// Statistics of every registered worker.
     pub fn worker_stats(&self, now_ms: u64) -> Vec<WorkerStats> {
-        self.workers
-            .all()
-            .iter()
-            .map(|w| w.stats(now_ms))
-            .collect()
+        self.workers.all().iter().map(|w| w.stats(now_ms)).collect()
     }
 
     /// Distinct blocks indexed (including holders not yet compacted away).

@@ -1,0 +1,57 @@
+//! `least_outstanding`: fewest requests in flight, ties broken at random (never
+//! by position, which would pile every tie onto the first backend).
+
+use super::{
+    least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyError, RouteInput, Strategy,
+};
+use rand::RngCore;
+
+/// Fewest in flight.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeastOutstanding;
+
+impl Policy for LeastOutstanding {
+    fn strategy(&self) -> Strategy {
+        Strategy::LeastOutstanding
+    }
+
+    fn pick(
+        &self,
+        _input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
+        Ok(Decision {
+            backend,
+            kind: DecisionKind::LeastOutstanding,
+            matched_blocks: 0,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::policy::test_util::*;
+
+    #[test]
+    fn picks_the_least_loaded_and_breaks_ties_randomly() {
+        let mut loads = idle(4);
+        loads[0].in_flight = 3;
+        loads[1].in_flight = 1;
+        loads[2].in_flight = 1;
+        loads[3].in_flight = 5;
+        let mut seen = [0u32; 4];
+        let mut r = rng();
+        for _ in 0..400 {
+            let d = LeastOutstanding
+                .pick(&RouteInput::default(), &loads, &mut r)
+                .unwrap();
+            seen[d.backend] += 1;
+        }
+        assert_eq!(seen[0] + seen[3], 0);
+        assert!(seen[1] > 120 && seen[2] > 120, "ties split: {seen:?}");
+    }
+}

@@ -1,0 +1,392 @@
+//! Routing policies behind one trait.
+//!
+//! Like pingora's `BackendSelection`, a policy is **built from a snapshot** of a
+//! pool's backends ([`PolicyBackend`], rebuilt when membership changes) and then
+//! **picks** for each request from a [`RouteInput`] and the backends' current
+//! loads ([`BackendLoad`], same order as the snapshot). Policies hold no
+//! per-request state, so one instance is shared by every routing thread.
+//!
+//! | strategy | picks | decision kinds |
+//! |---|---|---|
+//! | `random` | uniformly among eligible backends | `random` |
+//! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
+//! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
+//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]) | `kv_match`, `spill`, else as `prefix_aware` |
+
+mod kv;
+mod least;
+mod random;
+mod ring;
+
+pub use kv::{KvAware, KvConfig};
+pub use least::LeastOutstanding;
+pub use random::Random;
+pub use ring::{PrefixAware, Ring};
+
+use crate::index::{MatchResult, WorkerSlot};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use thiserror::Error;
+
+/// The four strategies, by their user-facing names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Uniform random.
+    Random,
+    /// Fewest requests in flight.
+    LeastOutstanding,
+    /// Consistent hash of the prefix (CHWBL).
+    PrefixAware,
+    /// Longest actually cached block match, weighed against load.
+    KvAware,
+}
+
+impl Strategy {
+    /// All strategies, in the order reports list them.
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Random,
+        Strategy::LeastOutstanding,
+        Strategy::PrefixAware,
+        Strategy::KvAware,
+    ];
+
+    /// The user-facing name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Random => "random",
+            Strategy::LeastOutstanding => "least_outstanding",
+            Strategy::PrefixAware => "prefix_aware",
+            Strategy::KvAware => "kv_aware",
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('-', "_").as_str() {
+            "random" => Ok(Strategy::Random),
+            "least_outstanding" | "least_outstanding_requests" => Ok(Strategy::LeastOutstanding),
+            "prefix_aware" => Ok(Strategy::PrefixAware),
+            "kv_aware" => Ok(Strategy::KvAware),
+            _ => Err(PolicyError::UnknownStrategy(s.to_owned())),
+        }
+    }
+}
+
+/// Why a backend was chosen; sent as `x-warmpath-decision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    /// The backend holds a useful cached prefix of the request.
+    KvMatch,
+    /// The first backend of the prefix's place on the ring.
+    PrefixHash,
+    /// The preferred backend was at its limit; the next one with capacity.
+    Spill,
+    /// Fewest in flight (the strategy, or every backend was at its limit).
+    LeastOutstanding,
+    /// Uniform random.
+    Random,
+}
+
+impl DecisionKind {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionKind::KvMatch => "kv_match",
+            DecisionKind::PrefixHash => "prefix_hash",
+            DecisionKind::Spill => "spill",
+            DecisionKind::LeastOutstanding => "least_outstanding",
+            DecisionKind::Random => "random",
+        }
+    }
+}
+
+impl fmt::Display for DecisionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Errors of policy configuration and picking.
+#[derive(Debug, Error, PartialEq)]
+pub enum PolicyError {
+    /// No eligible backend (all unhealthy, or none serves the model/adapter).
+    /// Retryable once a backend recovers.
+    #[error("no healthy backend is available")]
+    NoBackend,
+    /// A strategy name that does not exist.
+    #[error(
+        "unknown strategy {0:?}; expected random, least_outstanding, prefix_aware or kv_aware"
+    )]
+    UnknownStrategy(String),
+    /// A configuration value out of range.
+    #[error("invalid policy setting {name}: {reason}")]
+    Invalid {
+        /// The setting.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// One backend of the snapshot a policy is built from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyBackend {
+    /// Stable id (the worker id); the ring is placed by it, not by position.
+    pub id: String,
+    /// Its slot in the pool's cache index.
+    pub slot: WorkerSlot,
+}
+
+/// Load reported by the engine through its agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineLoad {
+    /// Requests running.
+    pub running: u32,
+    /// Requests waiting.
+    pub waiting: u32,
+    /// KV cache usage, 0..=1.
+    pub kv_usage: f32,
+}
+
+/// The current load of one backend, in snapshot order.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BackendLoad {
+    /// Healthy and serving the requested model/adapter.
+    pub eligible: bool,
+    /// Requests this router has in flight there.
+    pub in_flight: u32,
+    /// Prefill blocks this router predicts are still to compute there
+    /// (uncached blocks of requests that have not produced a first byte).
+    pub pending_prefill_blocks: u64,
+    /// What the engine itself reports, when an agent publishes it.
+    pub engine: Option<EngineLoad>,
+}
+
+impl BackendLoad {
+    /// In flight as best known: the router's own count, or the engine's
+    /// running + waiting when that is higher (other router replicas).
+    pub fn effective_in_flight(&self) -> u32 {
+        let engine = self
+            .engine
+            .map_or(0, |e| e.running.saturating_add(e.waiting));
+        self.in_flight.max(engine)
+    }
+}
+
+/// What a policy knows of one request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouteInput<'a> {
+    /// The PREFIX_AWARE key (prefix hash mixed with tenant and model).
+    pub prefix_key: u64,
+    /// Full blocks in the request's chain (0 when not tokenized).
+    pub chain_blocks: u32,
+    /// The index's per-worker match of the chain, for `kv_aware`.
+    pub matches: Option<&'a MatchResult>,
+}
+
+/// A policy's choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Position in the snapshot / loads.
+    pub backend: usize,
+    /// Why.
+    pub kind: DecisionKind,
+    /// Blocks the chosen backend holds of the request (0 when unknown).
+    pub matched_blocks: u32,
+}
+
+/// Knobs shared by the policies; validated once by [`PolicyConfig::validate`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// In flight at which a backend counts as full (1..=1024).
+    pub concurrency_threshold: u32,
+    /// CHWBL bound: no backend takes more than `load_factor` x the mean load
+    /// (+1). Must be > 1.
+    pub load_factor: f64,
+    /// Virtual nodes per backend on the ring (1..=4096).
+    pub vnodes: u32,
+    /// `kv_aware` knobs.
+    pub kv: KvConfig,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            concurrency_threshold: 64,
+            load_factor: 1.25,
+            vnodes: 160,
+            kv: KvConfig::default(),
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// Checks every range; the one place these are validated.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if !(1..=1024).contains(&self.concurrency_threshold) {
+            return Err(PolicyError::Invalid {
+                name: "concurrency_threshold",
+                reason: format!("{} is outside 1..=1024", self.concurrency_threshold),
+            });
+        }
+        if !(self.load_factor > 1.0 && self.load_factor.is_finite()) {
+            return Err(PolicyError::Invalid {
+                name: "load_factor",
+                reason: format!("{} must be a finite number above 1", self.load_factor),
+            });
+        }
+        if !(1..=4096).contains(&self.vnodes) {
+            return Err(PolicyError::Invalid {
+                name: "vnodes",
+                reason: format!("{} is outside 1..=4096", self.vnodes),
+            });
+        }
+        self.kv.validate()
+    }
+}
+
+/// A routing policy: built from a snapshot, picks per request.
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// Which strategy this is.
+    fn strategy(&self) -> Strategy;
+
+    /// Picks a backend. `loads` is in snapshot order and as long as it.
+    fn pick(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError>;
+}
+
+/// Builds the policy for `strategy` over `backends`.
+pub fn build_policy(
+    strategy: Strategy,
+    config: &PolicyConfig,
+    backends: &[PolicyBackend],
+) -> Result<Box<dyn Policy>, PolicyError> {
+    config.validate()?;
+    Ok(match strategy {
+        Strategy::Random => Box::new(Random),
+        Strategy::LeastOutstanding => Box::new(LeastOutstanding),
+        Strategy::PrefixAware => Box::new(PrefixAware::new(config, backends)),
+        Strategy::KvAware => Box::new(KvAware::new(config, backends)),
+    })
+}
+
+/// Uniform choice among the indices where `keep` holds, or `None`.
+pub(crate) fn choose_uniform(
+    n: usize,
+    rng: &mut dyn RngCore,
+    keep: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    // Reservoir sampling: one pass, no allocation.
+    let mut seen = 0u32;
+    let mut chosen = None;
+    for i in (0..n).filter(|&i| keep(i)) {
+        seen += 1;
+        if rng.next_u32() % seen == 0 {
+            chosen = Some(i);
+        }
+    }
+    chosen
+}
+
+/// The eligible backend with the fewest in flight, ties broken uniformly.
+pub(crate) fn least_loaded(loads: &[BackendLoad], rng: &mut dyn RngCore) -> Option<usize> {
+    let min = loads
+        .iter()
+        .filter(|l| l.eligible)
+        .map(BackendLoad::effective_in_flight)
+        .min()?;
+    choose_uniform(loads.len(), rng, |i| {
+        loads[i].eligible && loads[i].effective_in_flight() == min
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) mod test_util {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    pub fn rng() -> SmallRng {
+        SmallRng::seed_from_u64(7)
+    }
+
+    pub fn backends(n: usize) -> Vec<PolicyBackend> {
+        (0..n)
+            .map(|i| PolicyBackend {
+                id: format!("b{i}"),
+                slot: i as WorkerSlot,
+            })
+            .collect()
+    }
+
+    pub fn idle(n: usize) -> Vec<BackendLoad> {
+        vec![
+            BackendLoad {
+                eligible: true,
+                ..Default::default()
+            };
+            n
+        ]
+    }
+
+    #[test]
+    fn strategy_names_round_trip() {
+        for s in Strategy::ALL {
+            assert_eq!(s.as_str().parse::<Strategy>().unwrap(), s);
+        }
+        assert!("fastest".parse::<Strategy>().is_err());
+    }
+
+    #[test]
+    fn config_validation() {
+        assert!(PolicyConfig::default().validate().is_ok());
+        let bad = PolicyConfig {
+            concurrency_threshold: 0,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = PolicyConfig {
+            concurrency_threshold: 1025,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = PolicyConfig {
+            load_factor: 1.0,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn effective_in_flight_takes_the_engine_view() {
+        let l = BackendLoad {
+            eligible: true,
+            in_flight: 2,
+            engine: Some(EngineLoad {
+                running: 3,
+                waiting: 4,
+                kv_usage: 0.5,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(l.effective_in_flight(), 7);
+    }
+}
