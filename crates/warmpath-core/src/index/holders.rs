@@ -87,6 +87,23 @@ impl Holders {
             v.push(Holder::new(slot, gen, bit));
             return bit;
         }
+        // Fast paths: no allocation for the common one- and two-holder cases.
+        match *self {
+            Holders::Empty => {
+                *self = Holders::One(Holder::new(slot, gen, bit));
+                return bit;
+            }
+            Holders::One(a) if a.slot() != slot => {
+                *self = Holders::Two(a, Holder::new(slot, gen, bit));
+                return bit;
+            }
+            Holders::One(a) => {
+                let old = if a.gen() == gen { a.tiers() } else { 0 };
+                *self = Holders::One(Holder::new(slot, gen, old | bit));
+                return bit & !old;
+            }
+            _ => {}
+        }
         let mut v: Vec<Holder> = self.iter().collect();
         let newly = match v.iter_mut().find(|h| h.slot() == slot) {
             Some(h) => {
