@@ -1,0 +1,199 @@
+//! A bounded LRU of token ids for long text segments.
+//!
+//! Keyed by the 128-bit xxh3 of the segment's bytes plus its length; bounded by
+//! the total number of cached token ids. Encoding happens outside the lock, so
+//! concurrent misses for the same segment may both encode it (same result).
+
+use lru::LruCache;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Sizing of the segment cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Segments shorter than this many bytes are tokenized directly, never cached.
+    pub min_segment_bytes: usize,
+    /// Most token ids held in total; 0 turns the cache off.
+    pub capacity_tokens: usize,
+}
+
+impl Default for CacheConfig {
+    /// Segments of 2 KiB (about 500 tokens) and more; up to 4 Mi token ids
+    /// (16 MiB of ids), e.g. 500 distinct 8k-token system prompts.
+    fn default() -> Self {
+        CacheConfig {
+            min_segment_bytes: 2048,
+            capacity_tokens: 4 << 20,
+        }
+    }
+}
+
+/// Counters of the segment cache (monotonic, except the two sizes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Long segments found in the cache.
+    pub hits: u64,
+    /// Long segments tokenized and inserted.
+    pub misses: u64,
+    /// Entries evicted to stay within capacity.
+    pub evictions: u64,
+    /// Segments held now.
+    pub entries: usize,
+    /// Token ids held now.
+    pub tokens: usize,
+}
+
+type Key = (u128, usize);
+
+struct Inner {
+    lru: LruCache<Key, Arc<[u32]>>,
+    tokens: usize,
+}
+
+/// The cache itself; share it behind the [`ChatTokenizer`](super::ChatTokenizer).
+pub struct SegmentCache {
+    config: CacheConfig,
+    inner: Mutex<Inner>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl std::fmt::Debug for SegmentCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentCache")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl SegmentCache {
+    /// An empty cache.
+    pub fn new(config: CacheConfig) -> Self {
+        SegmentCache {
+            config,
+            inner: Mutex::new(Inner {
+                lru: LruCache::unbounded(),
+                tokens: 0,
+            }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The sizing.
+    pub fn config(&self) -> CacheConfig {
+        self.config
+    }
+
+    /// Whether a segment of `len` bytes goes through the cache.
+    pub fn is_cacheable(&self, len: usize) -> bool {
+        self.config.capacity_tokens > 0 && len >= self.config.min_segment_bytes
+    }
+
+    /// The ids of `segment`, from the cache or from `encode` (then cached when
+    /// they fit). Errors from `encode` are passed through and nothing is cached.
+    pub fn get_or_encode<E>(
+        &self,
+        segment: &str,
+        encode: impl FnOnce(&str) -> Result<Vec<u32>, E>,
+    ) -> Result<Arc<[u32]>, E> {
+        let key = (xxh3_128(segment.as_bytes()), segment.len());
+        if let Some(ids) = self.inner.lock().lru.get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::clone(ids));
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let ids: Arc<[u32]> = encode(segment)?.into();
+        if ids.len() <= self.config.capacity_tokens {
+            let mut inner = self.inner.lock();
+            if let Some(old) = inner.lru.put(key, Arc::clone(&ids)) {
+                inner.tokens -= old.len();
+            }
+            inner.tokens += ids.len();
+            while inner.tokens > self.config.capacity_tokens {
+                match inner.lru.pop_lru() {
+                    Some((_, evicted)) => {
+                        inner.tokens -= evicted.len();
+                        self.evictions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => break,
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> CacheStats {
+        let inner = self.inner.lock();
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            entries: inner.lru.len(),
+            tokens: inner.tokens,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn fake(s: &str) -> Result<Vec<u32>, ()> {
+        Ok(s.bytes().map(u32::from).collect())
+    }
+
+    #[test]
+    fn hits_after_a_miss_and_evicts_least_recent() {
+        let c = SegmentCache::new(CacheConfig {
+            min_segment_bytes: 1,
+            capacity_tokens: 10,
+        });
+        assert_eq!(&*c.get_or_encode("abcd", fake).unwrap(), &[97, 98, 99, 100]);
+        assert_eq!(
+            &*c.get_or_encode("abcd", |_| Err(())).unwrap(),
+            &[97, 98, 99, 100]
+        );
+        c.get_or_encode("efgh", fake).unwrap();
+        c.get_or_encode("abcd", fake).unwrap(); // abcd is now the most recent
+        c.get_or_encode("ijkl", fake).unwrap(); // 12 > 10: efgh goes
+        let s = c.stats();
+        assert_eq!(
+            (s.hits, s.misses, s.evictions, s.entries, s.tokens),
+            (2, 3, 1, 2, 8)
+        );
+        assert!(
+            c.get_or_encode("efgh", |_| Err(())).is_err(),
+            "efgh was evicted"
+        );
+        assert!(
+            c.get_or_encode("abcd", |_| Err(())).is_ok(),
+            "abcd was kept"
+        );
+    }
+
+    #[test]
+    fn oversized_and_failed_segments_are_not_cached() {
+        let c = SegmentCache::new(CacheConfig {
+            min_segment_bytes: 1,
+            capacity_tokens: 3,
+        });
+        assert_eq!(c.get_or_encode("abcd", fake).unwrap().len(), 4);
+        assert_eq!(c.stats().entries, 0);
+        assert!(c.get_or_encode("ab", |_| Err(())).is_err());
+        assert_eq!(c.stats().entries, 0);
+        assert!(!SegmentCache::new(CacheConfig {
+            min_segment_bytes: 1,
+            capacity_tokens: 0
+        })
+        .is_cacheable(5));
+        assert!(!c.is_cacheable(0) || c.config().min_segment_bytes == 0);
+    }
+}

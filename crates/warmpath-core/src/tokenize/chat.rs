@@ -1,0 +1,323 @@
+//! [`ChatTokenizer`]: request -> token ids, the way vLLM computes them.
+
+use super::cache::{CacheConfig, CacheStats, SegmentCache};
+use super::files::TokenizerFiles;
+use super::template::ChatTemplate;
+use super::TokenizeError;
+use crate::request::{ChatBody, FirstPrompt, Request, RequestBody};
+use std::path::Path;
+use std::str::FromStr;
+use tokenizers::{Encoding, NormalizerWrapper, OffsetReferential, OffsetType, Token, Tokenizer};
+
+/// A tokenizer with its chat template and a cache for long shared segments.
+/// Share it behind an `Arc`: every method takes `&self`.
+#[derive(Debug)]
+pub struct ChatTokenizer {
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    cache: SegmentCache,
+    /// Whether splitting at added tokens ourselves is exactly what the
+    /// library does (see [`ChatTokenizer::segment_cache_active`]).
+    splitting_is_exact: bool,
+}
+
+impl ChatTokenizer {
+    /// Builds from loaded files; compiles the chat template if there is one.
+    pub fn new(files: &TokenizerFiles, cache: CacheConfig) -> Result<Self, TokenizeError> {
+        let tokenizer = Tokenizer::from_str(&files.tokenizer_json).map_err(TokenizeError::Load)?;
+        let template = files
+            .chat_template
+            .as_deref()
+            .map(|t| ChatTemplate::new(t, files.special_tokens.clone()))
+            .transpose()?;
+        let added = tokenizer.get_added_tokens_decoder();
+        let has_normalizer = tokenizer.get_normalizer().is_some();
+        let splitting_is_exact = tokenizer.get_truncation().is_none()
+            && tokenizer.get_padding().is_none()
+            && added
+                .values()
+                .all(|t| !(t.single_word || has_normalizer && t.normalized));
+        Ok(ChatTokenizer {
+            tokenizer,
+            template,
+            cache: SegmentCache::new(cache),
+            splitting_is_exact,
+        })
+    }
+
+    /// Loads a tokenizer.json or a model folder (see [`TokenizerFiles::load`])
+    /// with the default cache sizing. Reads files: start-up only.
+    pub fn load(path: &Path) -> Result<Self, TokenizeError> {
+        Self::new(&TokenizerFiles::load(path)?, CacheConfig::default())
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Whether chat requests can be rendered.
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// Whether long segments are served from the cache. False when the cache is
+    /// sized 0, when tokenizer.json sets truncation or padding, or when it has
+    /// added tokens whose matching depends on context (`single_word`, or
+    /// `normalized` with a normalizer): then every text is tokenized whole,
+    /// which is always exact.
+    pub fn segment_cache_active(&self) -> bool {
+        self.splitting_is_exact && self.cache.config().capacity_tokens > 0
+    }
+
+    /// Segment cache counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Renders a chat with the model's template.
+    pub fn render_chat(&self, chat: &ChatBody<'_>) -> Result<String, TokenizeError> {
+        self.template
+            .as_ref()
+            .ok_or(TokenizeError::NoChatTemplate)?
+            .render(chat)
+    }
+
+    /// The token ids vLLM would compute for the request: chat -> rendered text
+    /// without added special tokens; completion text -> with special tokens;
+    /// token ids -> as given. For a batch prompt, the first prompt.
+    pub fn encode_request(&self, req: &Request<'_>) -> Result<Vec<u32>, TokenizeError> {
+        match &req.body {
+            RequestBody::Chat(chat) => self.encode_text(&self.render_chat(chat)?, false),
+            RequestBody::Completion(p) => match p.first() {
+                FirstPrompt::Text(t) => self.encode_text(t, true),
+                FirstPrompt::Ids(ids) => Ok(ids.to_vec()),
+            },
+        }
+    }
+
+    /// Encodes `text`, serving long segments from the cache. Always equal to
+    /// [`encode_text_uncached`](Self::encode_text_uncached).
+    pub fn encode_text(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        if !self.splitting_is_exact || !self.cache.is_cacheable(text.len()) {
+            return self.encode_text_uncached(text, add_special_tokens);
+        }
+        // The library cuts the input at added tokens before anything else
+        // (normalizer, pre-tokenizer, model) runs; each piece between them is
+        // tokenized on its own. Do the same cut, and cache the long pieces.
+        let pieces = self
+            .tokenizer
+            .get_added_vocabulary()
+            .extract_and_normalize(None::<&NormalizerWrapper>, text);
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        for (piece, _, added) in pieces.get_splits(OffsetReferential::Original, OffsetType::None) {
+            match added {
+                Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                None if self.cache.is_cacheable(piece.len()) => {
+                    let cached = self.cache.get_or_encode(piece, |p| self.encode_piece(p))?;
+                    ids.extend_from_slice(&cached);
+                }
+                None => ids.extend(self.encode_piece(piece)?),
+            }
+        }
+        // Post-processing (special tokens, truncation, padding) only looks at
+        // the ids of the single sequence.
+        let tokens = ids
+            .into_iter()
+            .map(|id| Token::new(id, String::new(), (0, 0)))
+            .collect();
+        let encoding = self
+            .tokenizer
+            .post_process(Encoding::from_tokens(tokens, 0), None, add_special_tokens)
+            .map_err(TokenizeError::Encode)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Encodes `text` with the library in one go, no cache.
+    pub fn encode_text_uncached(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let enc = self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map_err(TokenizeError::Encode)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// One piece that holds no added token, without special tokens.
+    fn encode_piece(&self, piece: &str) -> Result<Vec<u32>, TokenizeError> {
+        self.encode_text_uncached(piece, false)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::request::Expect;
+    use crate::tokenize::tiny;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn tiny_tok(cache: CacheConfig) -> ChatTokenizer {
+        ChatTokenizer::new(&tiny::files().unwrap(), cache).unwrap()
+    }
+
+    fn small_segments() -> CacheConfig {
+        CacheConfig {
+            min_segment_bytes: 8,
+            capacity_tokens: 1 << 16,
+        }
+    }
+
+    fn req(v: &Value) -> Request<'_> {
+        Request::from_value(v, Expect::Any).unwrap()
+    }
+
+    const RENDERED: &str = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is the capital of France?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+
+    #[test]
+    fn chat_with_system_prompt_renders_like_llama3() {
+        let t = tiny_tok(CacheConfig::default());
+        let v = json!({"model": "tiny", "messages": [
+            {"role": "system", "content": "You are a helpful assistant.  "},
+            {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}]});
+        let r = req(&v);
+        let RequestBody::Chat(chat) = &r.body else {
+            panic!("chat")
+        };
+        assert_eq!(t.render_chat(chat).unwrap(), RENDERED);
+        let ids = t.encode_request(&r).unwrap();
+        let plain = t
+            .tokenizer()
+            .encode(RENDERED, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        assert_eq!(ids, plain);
+        assert_eq!(ids[0], tiny::BOS_ID);
+        assert_eq!(
+            ids.iter().filter(|&&i| i == tiny::BOS_ID).count(),
+            1,
+            "BOS only once"
+        );
+        assert_eq!(ids.iter().filter(|&&i| i == tiny::EOT_ID_ID).count(), 2);
+        assert_eq!(
+            &ids[ids.len() - 2..],
+            &t.encode_text_uncached("<|end_header_id|>\n\n", false)
+                .unwrap()[..]
+        );
+    }
+
+    #[test]
+    fn completions_and_id_prompts() {
+        let t = tiny_tok(CacheConfig::default());
+        let v = json!({"model": "tiny", "prompt": ["Once upon a time", "x"]});
+        let ids = t.encode_request(&req(&v)).unwrap();
+        assert_eq!(ids[0], tiny::BOS_ID);
+        assert_eq!(
+            ids,
+            t.tokenizer()
+                .encode("Once upon a time", true)
+                .unwrap()
+                .get_ids()
+        );
+        let v = json!({"model": "tiny", "prompt": [5, 6, 7]});
+        assert_eq!(t.encode_request(&req(&v)).unwrap(), vec![5, 6, 7]);
+    }
+
+    #[test]
+    fn no_template_means_no_chat() {
+        let files = TokenizerFiles::from_strings(tiny::tokenizer_json(), None).unwrap();
+        let t = ChatTokenizer::new(&files, CacheConfig::default()).unwrap();
+        assert!(!t.has_chat_template());
+        let v = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]});
+        assert!(matches!(
+            t.encode_request(&req(&v)),
+            Err(TokenizeError::NoChatTemplate)
+        ));
+        let v = json!({"model": "tiny", "prompt": "hi"});
+        assert!(t.encode_request(&req(&v)).is_ok());
+        let bad = TokenizerFiles::from_strings("{}".into(), None).unwrap();
+        assert!(matches!(
+            ChatTokenizer::new(&bad, CacheConfig::default()),
+            Err(TokenizeError::Load(_))
+        ));
+    }
+
+    #[test]
+    fn repeated_long_system_prompt_hits_the_cache() {
+        let t = tiny_tok(CacheConfig {
+            min_segment_bytes: 256,
+            capacity_tokens: 1 << 20,
+        });
+        assert!(t.segment_cache_active());
+        let system = "Please read the document below and answer the questions. ".repeat(40);
+        for q in ["first question?", "second question?", "third?"] {
+            let v = json!({"model": "tiny", "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": q}]});
+            let r = req(&v);
+            let RequestBody::Chat(chat) = &r.body else {
+                panic!("chat")
+            };
+            let rendered = t.render_chat(chat).unwrap();
+            assert_eq!(
+                t.encode_request(&r).unwrap(),
+                t.encode_text_uncached(&rendered, false).unwrap()
+            );
+        }
+        let s = t.cache_stats();
+        assert_eq!((s.misses, s.hits, s.entries), (1, 2, 1), "{s:?}");
+        assert!(s.tokens > 400);
+    }
+
+    #[test]
+    fn context_dependent_added_tokens_disable_the_cache_but_stay_exact() {
+        let mut doc: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        doc["added_tokens"].as_array_mut().unwrap().push(json!({
+            "id": tiny::VOCAB_SIZE, "content": "cat", "single_word": true, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": false}));
+        let files = TokenizerFiles::from_strings(doc.to_string(), None).unwrap();
+        let t = ChatTokenizer::new(&files, small_segments()).unwrap();
+        assert!(!t.segment_cache_active());
+        let text = "<|eot_id|>cat concatenate the cat<|eot_id|>";
+        assert_eq!(
+            t.encode_text(text, true).unwrap(),
+            t.encode_text_uncached(text, true).unwrap()
+        );
+        assert_eq!(t.cache_stats().misses, 0);
+    }
+
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(tiny::BEGIN_OF_TEXT.to_string()),
+            Just(tiny::EOT_ID.to_string()),
+            Just("<|start_header_id|>user<|end_header_id|>\n\n".to_string()),
+            Just("<|eot".to_string()),
+            Just("|>".to_string()),
+            "[a-zA-Z .,!?\n]{0,80}",
+            "\\PC{0,40}",
+            (0usize..5000, 1usize..600).prop_map(|(at, len)| { tiny::corpus_slice(at, len) }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Segment-cached tokenization equals plain tokenization, cold and warm,
+        /// with and without special tokens.
+        #[test]
+        fn cached_equals_plain(pieces in proptest::collection::vec(piece(), 0..8), special in any::<bool>()) {
+            let t = tiny_tok(small_segments());
+            let text: String = pieces.concat();
+            let plain = t.encode_text_uncached(&text, special).unwrap();
+            prop_assert_eq!(&t.encode_text(&text, special).unwrap(), &plain, "cold");
+            prop_assert_eq!(&t.encode_text(&text, special).unwrap(), &plain, "warm");
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Chat templates and tokenization, as vLLM does them (feature `tokenizer`).
+//!
+//! - [`TokenizerFiles`]: what a model folder holds (tokenizer.json, chat
+//!   template, special tokens). [`TokenizerFiles::load`] is the **one place in
+//!   warmpath-core that reads files**; it is meant for start-up only.
+//! - [`ChatTokenizer`]: renders chat messages through the model's Jinja template
+//!   (minijinja with Python-compatible methods, `trim_blocks`/`lstrip_blocks`
+//!   like Hugging Face) and turns any [`Request`](crate::request::Request) into
+//!   the token ids vLLM would compute: chat -> rendered text encoded without
+//!   special tokens (the template already has BOS); completion text -> encoded
+//!   with special tokens; token-id prompts -> used as they are.
+//! - [`SegmentCache`]: tokenization of long segments (text between added/special
+//!   tokens) is cached, so a repeated 8k-token system prompt is not re-tokenized.
+//!   The result always equals plain tokenization.
+//! - [`tiny`]: a small, real, deterministically generated Llama-3-style
+//!   tokenizer for tests, the tiny engine, the simulator and the demo.
+
+mod cache;
+mod chat;
+mod files;
+mod pyfuncs;
+mod template;
+pub mod tiny;
+
+pub use cache::{CacheConfig, CacheStats, SegmentCache};
+pub use chat::ChatTokenizer;
+pub use files::{SpecialTokens, TokenizerFiles};
+pub use template::ChatTemplate;
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Why loading a tokenizer or tokenizing a request failed.
+///
+/// Load-time variants ([`Io`](Self::Io), [`ConfigJson`](Self::ConfigJson),
+/// [`BadConfig`](Self::BadConfig), [`Load`](Self::Load),
+/// [`TemplateSyntax`](Self::TemplateSyntax)) are configuration errors: retrying
+/// does not help until the files are fixed. Per-request variants are described
+/// by [`TokenizeError::is_client_error`].
+#[derive(Debug, Error)]
+pub enum TokenizeError {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file (tokenizer_config.json, chat_template.json) is not valid JSON.
+    #[error("{} is not valid JSON: {source}", path.display())]
+    ConfigJson {
+        /// The file (or `<memory>`).
+        path: PathBuf,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A configuration field has an unexpected shape.
+    #[error("{}: {reason}", path.display())]
+    BadConfig {
+        /// The file (or `<memory>`).
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// tokenizer.json could not be loaded by the `tokenizers` library.
+    #[error("cannot load tokenizer.json: {0}")]
+    Load(#[source] tokenizers::Error),
+    /// The chat template does not compile.
+    #[error("chat template does not compile: {0}")]
+    TemplateSyntax(#[source] minijinja::Error),
+    /// A chat request arrived but the tokenizer has no chat template.
+    #[error("the tokenizer has no chat template, so chat requests cannot be tokenized")]
+    NoChatTemplate,
+    /// Rendering failed: the template raised an exception (e.g. roles must
+    /// alternate) or met data it cannot handle. A client error.
+    #[error("chat template rendering failed: {0}")]
+    Render(#[source] minijinja::Error),
+    /// `continue_final_message` was asked for with an unusable last message.
+    #[error("continue_final_message: {0}")]
+    ContinueFinalMessage(&'static str),
+    /// The `tokenizers` library failed to encode the text.
+    #[error("tokenization failed: {0}")]
+    Encode(#[source] tokenizers::Error),
+}
+
+impl TokenizeError {
+    /// True when the request itself is at fault (answer 400; do not retry the
+    /// same body); false for server-side configuration or library failures.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            TokenizeError::Render(_) | TokenizeError::ContinueFinalMessage(_)
+        )
+    }
+}
