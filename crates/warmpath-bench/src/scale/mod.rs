@@ -1,0 +1,543 @@
+//! `warmpath-bench scale`: a discrete-event simulation with no sockets that
+//! drives the real routing code — [`warmpath_core::hash`] to hash each
+//! request's chain, [`CacheIndex`] fed with every cache store and eviction,
+//! and the [`Policy`](warmpath_core::Policy) of each strategy — over a fleet
+//! too large for one machine to host (1000 instances, 1M requests by default).
+//!
+//! Workload: `long`-like. `docs` documents of `doc_tokens` tokens with Zipf
+//! popularity, each request a document plus a distinct `question_tokens`
+//! question, Poisson arrivals at `rate_per_instance * instances`. Tokens are
+//! synthetic ids (no tokenizer); the prefix key of `prefix_aware` is the
+//! document (the first characters of the text are the document's).
+//!
+//! Instances follow [`crate::timing`] (one prefill queue, overlapping decode up
+//! to `max_batch`) with a segment-granular LRU prefix cache ([`fleet`]). The
+//! index sees each change the moment it happens (an agent with zero latency),
+//! and the router's load view is exact (one router). Routing cost is measured
+//! as wall time spent hashing, matching and picking, so "decisions per second"
+//! is per core.
+
+mod fleet;
+
+use crate::error::BenchError;
+use crate::stats::{share_min_max, Summary};
+use crate::timing::TimeModel;
+use fleet::Instance;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::{Duration, Instant};
+use warmpath_core::hash::ChainHasher;
+use warmpath_core::policy::{
+    build_policy, BackendLoad, Policy, PolicyBackend, PolicyConfig, RouteInput,
+};
+use warmpath_core::{BlockHash, CacheIndex, HashSeed, Strategy};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::dist::{unit_exp, Zipf};
+
+/// Settings of one scale run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleConfig {
+    /// Simulated instances.
+    pub instances: usize,
+    /// Requests to route.
+    pub requests: usize,
+    /// Mean arrivals per second per instance.
+    pub rate_per_instance: f64,
+    /// Distinct documents.
+    pub docs: usize,
+    /// Zipf exponent of document popularity.
+    pub zipf: f64,
+    /// Tokens per document.
+    pub doc_tokens: usize,
+    /// Tokens per question.
+    pub question_tokens: usize,
+    /// Output tokens per request.
+    pub output_tokens: u32,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Prefix cache capacity per instance, in blocks.
+    pub cache_blocks: usize,
+    /// RNG seed.
+    pub seed: u64,
+    /// Engine time model.
+    pub time: TimeModel,
+    /// Policy knobs.
+    pub policy: PolicyConfig,
+}
+
+impl Default for ScaleConfig {
+    fn default() -> Self {
+        ScaleConfig {
+            instances: 1000,
+            requests: 1_000_000,
+            rate_per_instance: 4.0,
+            docs: 8000,
+            zipf: 0.8,
+            doc_tokens: 8000,
+            question_tokens: 50,
+            output_tokens: 32,
+            block_size: 16,
+            cache_blocks: 8192,
+            seed: 42,
+            time: TimeModel::default(),
+            policy: PolicyConfig::default(),
+        }
+    }
+}
+
+impl ScaleConfig {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        let bad = |what: &'static str, reason: &str| {
+            Err(BenchError::Invalid {
+                what,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.instances == 0 || self.instances > 65_536 {
+            return bad("instances", "must be in 1..=65536");
+        }
+        if self.requests == 0 || self.docs == 0 || self.docs > u32::MAX as usize {
+            return bad("requests/docs", "must be at least 1");
+        }
+        if !(self.rate_per_instance.is_finite() && self.rate_per_instance > 0.0) {
+            return bad("rate_per_instance", "must be a number > 0");
+        }
+        if self.block_size == 0 || self.doc_tokens + self.question_tokens < 2 {
+            return bad(
+                "block_size/tokens",
+                "need a block size >= 1 and a 2-token prompt",
+            );
+        }
+        if self.output_tokens == 0 {
+            return bad("output_tokens", "must be at least 1");
+        }
+        self.time.validate()?;
+        self.policy.validate()?;
+        Ok(())
+    }
+}
+
+/// What one strategy achieved.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleReport {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Requests routed.
+    pub requests: usize,
+    /// Cached prompt tokens / prompt tokens.
+    pub hit_rate: f64,
+    /// Time to first token, ms.
+    pub ttft_ms: Summary,
+    /// End-to-end latency, ms.
+    pub e2e_ms: Summary,
+    /// Smallest per-instance share of requests, %.
+    pub share_min_pct: f64,
+    /// Largest per-instance share of requests, %.
+    pub share_max_pct: f64,
+    /// Routing decisions per second of routing work (hash + match + pick), one core.
+    pub decisions_per_s: f64,
+    /// Mean routing work per request, µs.
+    pub routing_us: f64,
+    /// Decisions by kind.
+    pub decisions: BTreeMap<String, u64>,
+    /// Simulated seconds from first arrival to last completion.
+    pub simulated_s: f64,
+    /// Completed requests per simulated second.
+    pub throughput_rps: f64,
+    /// Wall-clock seconds the run took.
+    pub wall_s: f64,
+    /// Distinct blocks in the index at the end.
+    pub index_blocks: usize,
+}
+
+struct Req {
+    doc: u32,
+    arrival_us: u64,
+    instance: u32,
+    cached_tokens: u32,
+    first_token_us: u64,
+    predicted_blocks: u64,
+    chain: Vec<BlockHash>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrival(usize),
+    PrefillDone(usize),
+    DecodeDone(usize),
+}
+
+/// Segment keys: documents by id, request tails by request number.
+const TAIL_KEY: u64 = 1 << 63;
+
+/// Runs `config` with `strategy`; `progress` is called with the number of
+/// completed requests every 10,000 completions.
+pub fn run(
+    config: &ScaleConfig,
+    strategy: Strategy,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ScaleReport, BenchError> {
+    config.validate()?;
+    let wall = Instant::now();
+    let mut sim = Sim::new(config, strategy)?;
+    sim.schedule(0, Event::Arrival(0));
+    while let Some(Reverse((at, _, ev))) = sim.heap.pop() {
+        sim.now = at;
+        match ev {
+            Event::Arrival(r) => sim.arrive(r)?,
+            Event::PrefillDone(r) => sim.prefill_done(r)?,
+            Event::DecodeDone(r) => {
+                sim.decode_done(r);
+                if sim.e2e.len() % 10_000 == 0 {
+                    progress(sim.e2e.len());
+                }
+            }
+        }
+    }
+    progress(sim.e2e.len());
+    Ok(sim.report(wall.elapsed().as_secs_f64()))
+}
+
+struct Sim<'a> {
+    cfg: &'a ScaleConfig,
+    strategy: Strategy,
+    index: CacheIndex,
+    fleet: Vec<Instance>,
+    loads: Vec<BackendLoad>,
+    pending_blocks: Vec<u64>,
+    policy: Box<dyn Policy>,
+    reqs: Vec<Req>,
+    heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    seq: u64,
+    now: u64,
+    tick: u64,
+    rng: SmallRng,
+    pick_rng: SmallRng,
+    zipf: Zipf,
+    seed: HashSeed,
+    tokens: Vec<u32>,
+    routing: Duration,
+    decisions: BTreeMap<String, u64>,
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    prompt_sum: u64,
+    cached_sum: u64,
+}
+
+fn us(ms: f64) -> u64 {
+    (ms * 1000.0).round().max(0.0) as u64
+}
+
+impl<'a> Sim<'a> {
+    fn new(cfg: &'a ScaleConfig, strategy: Strategy) -> Result<Self, BenchError> {
+        let n = cfg.instances;
+        let index = CacheIndex::with_capacity(n * cfg.cache_blocks / 2);
+        let mut backends = Vec::with_capacity(n);
+        let mut fleet = Vec::with_capacity(n);
+        for i in 0..n {
+            let id = format!("w{i}");
+            let slot = index.register_worker(&id)?;
+            backends.push(PolicyBackend { id, slot });
+            fleet.push(Instance::new(slot, cfg.cache_blocks));
+        }
+        let policy = build_policy(strategy, &cfg.policy, &backends)?;
+        Ok(Sim {
+            cfg,
+            strategy,
+            index,
+            fleet,
+            loads: vec![
+                BackendLoad {
+                    eligible: true,
+                    ..Default::default()
+                };
+                n
+            ],
+            pending_blocks: vec![0; n],
+            policy,
+            reqs: Vec::with_capacity(cfg.requests),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            tick: 0,
+            rng: SmallRng::seed_from_u64(cfg.seed),
+            pick_rng: SmallRng::seed_from_u64(cfg.seed ^ 0x5ca1e),
+            zipf: Zipf::new(cfg.docs, cfg.zipf),
+            seed: HashSeed::new("scale-model", "", ""),
+            tokens: Vec::with_capacity(cfg.doc_tokens + cfg.question_tokens),
+            routing: Duration::ZERO,
+            decisions: BTreeMap::new(),
+            ttft: Vec::with_capacity(cfg.requests),
+            e2e: Vec::with_capacity(cfg.requests),
+            prompt_sum: 0,
+            cached_sum: 0,
+        })
+    }
+
+    fn prompt_tokens(&self) -> usize {
+        self.cfg.doc_tokens + self.cfg.question_tokens
+    }
+
+    fn schedule(&mut self, at: u64, ev: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, ev)));
+    }
+
+    /// Synthetic token ids: the document's (distinct per document from the
+    /// first token on), then the request's own question.
+    fn fill_tokens(&mut self, doc: u32, req: u32) {
+        self.tokens.clear();
+        let d = u64::from(doc);
+        for i in 0..self.cfg.doc_tokens as u64 {
+            self.tokens
+                .push(((d * 1_000_003 + i * 7_919) % 50_000) as u32 + (doc % 16) * 50_000);
+        }
+        for j in 0..self.cfg.question_tokens as u32 {
+            self.tokens
+                .push(req.wrapping_mul(2_654_435_761).wrapping_add(j) | 0x8000_0000);
+        }
+    }
+
+    fn arrive(&mut self, r: usize) -> Result<(), BenchError> {
+        if r + 1 < self.cfg.requests {
+            let rate = self.cfg.rate_per_instance * self.cfg.instances as f64;
+            let gap = unit_exp(&mut self.rng) / rate;
+            self.schedule(self.now + (gap * 1e6) as u64 + 1, Event::Arrival(r + 1));
+        }
+        let doc = self.zipf.sample(&mut self.rng) as u32;
+        self.fill_tokens(doc, r as u32);
+        // The router's work: hash the chain, match it (kv_aware), pick.
+        let t0 = Instant::now();
+        let mut chain = Vec::with_capacity(self.tokens.len() / self.cfg.block_size);
+        ChainHasher::new(self.seed, self.cfg.block_size).extend(&self.tokens, &mut chain);
+        let matches =
+            (self.strategy == Strategy::KvAware).then(|| self.index.longest_match(&chain));
+        for (l, p) in self.loads.iter_mut().zip(&self.pending_blocks) {
+            l.pending_prefill_blocks = *p;
+        }
+        let input = RouteInput {
+            prefix_key: xxh3_64(&doc.to_le_bytes()),
+            chain_blocks: chain.len() as u32,
+            matches: matches.as_ref(),
+        };
+        let d = self.policy.pick(&input, &self.loads, &mut self.pick_rng)?;
+        self.routing += t0.elapsed();
+        *self
+            .decisions
+            .entry(d.kind.as_str().to_owned())
+            .or_default() += 1;
+        let i = d.backend;
+        let predicted = u64::from(input.chain_blocks.saturating_sub(d.matched_blocks));
+        self.pending_blocks[i] += predicted;
+        self.loads[i].in_flight += 1;
+        let inst = &mut self.fleet[i];
+        inst.in_flight += 1;
+        inst.served += 1;
+        inst.prefill_queue.push_back(r);
+        self.reqs.push(Req {
+            doc,
+            arrival_us: self.now,
+            instance: i as u32,
+            cached_tokens: 0,
+            first_token_us: 0,
+            predicted_blocks: predicted,
+            chain,
+        });
+        if self.fleet[i].prefilling.is_none() {
+            self.start_prefill(i);
+        }
+        Ok(())
+    }
+
+    /// Takes the next request off instance `i`'s prefill queue: looks up its
+    /// cached prefix (as vLLM does at scheduling time) and schedules the end.
+    fn start_prefill(&mut self, i: usize) {
+        let Some(r) = self.fleet[i].prefill_queue.pop_front() else {
+            return;
+        };
+        self.tick += 1;
+        let bs = self.cfg.block_size;
+        let prompt = self.prompt_tokens();
+        let doc_blocks = self.cfg.doc_tokens / bs;
+        let cap_blocks = (prompt - 1) / bs;
+        let doc = self.reqs[r].doc;
+        let hit = doc_blocks > 0 && self.fleet[i].touch(u64::from(doc), self.tick);
+        let cached = if hit {
+            doc_blocks.min(cap_blocks) * bs
+        } else {
+            0
+        };
+        self.reqs[r].cached_tokens = cached as u32;
+        self.fleet[i].prefilling = Some(r);
+        let t = self.cfg.time.prefill_ms(prompt - cached);
+        self.schedule(self.now + us(t), Event::PrefillDone(r));
+    }
+
+    fn prefill_done(&mut self, r: usize) -> Result<(), BenchError> {
+        let i = self.reqs[r].instance as usize;
+        let chain = std::mem::take(&mut self.reqs[r].chain);
+        let doc_blocks = (self.cfg.doc_tokens / self.cfg.block_size).min(chain.len());
+        self.tick += 1;
+        let doc_key = u64::from(self.reqs[r].doc);
+        self.fleet[i].insert(doc_key, &chain[..doc_blocks], self.tick, &self.index)?;
+        self.fleet[i].insert(
+            TAIL_KEY | r as u64,
+            &chain[doc_blocks..],
+            self.tick,
+            &self.index,
+        )?;
+        let prompt = self.prompt_tokens() as u64;
+        let req = &mut self.reqs[r];
+        req.first_token_us = self.now;
+        self.prompt_sum += prompt;
+        self.cached_sum += u64::from(req.cached_tokens);
+        self.ttft.push((self.now - req.arrival_us) as f64 / 1000.0);
+        let predicted = req.predicted_blocks;
+        self.pending_blocks[i] = self.pending_blocks[i].saturating_sub(predicted);
+        self.fleet[i].prefilling = None;
+        if self.fleet[i].decoding < self.cfg.time.max_batch {
+            self.start_decode(r);
+        } else {
+            self.fleet[i].decode_wait.push_back(r);
+        }
+        self.start_prefill(i);
+        Ok(())
+    }
+
+    fn start_decode(&mut self, r: usize) {
+        let i = self.reqs[r].instance as usize;
+        self.fleet[i].decoding += 1;
+        let t = self.cfg.time.decode_ms(self.cfg.output_tokens);
+        self.schedule(self.now + us(t), Event::DecodeDone(r));
+    }
+
+    fn decode_done(&mut self, r: usize) {
+        let i = self.reqs[r].instance as usize;
+        let inst = &mut self.fleet[i];
+        inst.decoding -= 1;
+        inst.in_flight -= 1;
+        self.loads[i].in_flight -= 1;
+        self.e2e
+            .push((self.now - self.reqs[r].arrival_us) as f64 / 1000.0);
+        if let Some(next) = self.fleet[i].decode_wait.pop_front() {
+            self.start_decode(next);
+        }
+    }
+
+    fn report(&self, wall_s: f64) -> ScaleReport {
+        let served: Vec<u64> = self.fleet.iter().map(|f| f.served).collect();
+        let (share_min_pct, share_max_pct) = share_min_max(&served);
+        let requests = self.e2e.len();
+        let routing_s = self.routing.as_secs_f64();
+        let simulated_s = self.now as f64 / 1e6;
+        ScaleReport {
+            strategy: self.strategy,
+            requests,
+            hit_rate: if self.prompt_sum == 0 {
+                0.0
+            } else {
+                self.cached_sum as f64 / self.prompt_sum as f64
+            },
+            ttft_ms: Summary::of(&self.ttft),
+            e2e_ms: Summary::of(&self.e2e),
+            share_min_pct,
+            share_max_pct,
+            decisions_per_s: if routing_s > 0.0 {
+                requests as f64 / routing_s
+            } else {
+                0.0
+            },
+            routing_us: if requests > 0 {
+                routing_s * 1e6 / requests as f64
+            } else {
+                0.0
+            },
+            decisions: self.decisions.clone(),
+            simulated_s,
+            throughput_rps: if simulated_s > 0.0 {
+                requests as f64 / simulated_s
+            } else {
+                0.0
+            },
+            wall_s,
+            index_blocks: self.index.distinct_blocks(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn small() -> ScaleConfig {
+        ScaleConfig {
+            instances: 8,
+            requests: 3000,
+            docs: 64,
+            doc_tokens: 800,
+            cache_blocks: 600,
+            rate_per_instance: 2.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_strategy_completes_every_request() {
+        for s in Strategy::ALL {
+            let mut calls = 0;
+            let r = run(&small(), s, &mut |_| calls += 1).unwrap();
+            assert_eq!(r.requests, 3000, "{s}");
+            assert!(calls >= 1);
+            assert!(r.hit_rate >= 0.0 && r.hit_rate < 1.0);
+            assert!(r.ttft_ms.p50 > 0.0 && r.ttft_ms.p50 <= r.ttft_ms.p99);
+            assert_eq!(r.decisions.values().sum::<u64>(), 3000);
+            assert!(r.share_min_pct <= 12.5 && r.share_max_pct >= 12.5);
+        }
+    }
+
+    #[test]
+    fn cache_aware_routing_beats_random_on_hits() {
+        let random = run(&small(), Strategy::Random, &mut |_| {}).unwrap();
+        let kv = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+        let prefix = run(&small(), Strategy::PrefixAware, &mut |_| {}).unwrap();
+        // 64 docs of 50 blocks, 12 fit per instance: random hits only the
+        // popular ones, sticky routing keeps ~8 per instance warm.
+        assert!(
+            kv.hit_rate > random.hit_rate + 0.2,
+            "{} vs {}",
+            kv.hit_rate,
+            random.hit_rate
+        );
+        assert!(prefix.hit_rate > random.hit_rate + 0.2);
+        assert!(kv.ttft_ms.p50 < random.ttft_ms.p50);
+        assert!(kv.decisions.get("kv_match").copied().unwrap_or(0) > 1000);
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_result() {
+        let a = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+        let b = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+        assert_eq!(a.hit_rate, b.hit_rate);
+        assert_eq!(a.ttft_ms, b.ttft_ms);
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let bad = ScaleConfig {
+            instances: 0,
+            ..small()
+        };
+        assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+        let bad = ScaleConfig {
+            rate_per_instance: -1.0,
+            ..small()
+        };
+        assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+    }
+}

@@ -1,0 +1,126 @@
+//! The time model of a simulated engine, shared by the socket simulator
+//! ([`crate::sim`]) and the socket-free scale simulation ([`crate::scale`]).
+//!
+//! - **Prefill**: one FIFO prefill queue per instance, one prompt at a time,
+//!   not chunked: `prefill_ms = prefill_base_ms + prefill_ms_per_token *
+//!   uncached_tokens`. The defaults make an 8000-token cold prefill take
+//!   ~200 ms and a warm one (only the ~50-token question and the recomputed
+//!   last block) ~15 ms: the ratio of the published 70B study.
+//! - **Decode**: after its prefill a request decodes one token per
+//!   `decode_step_ms`; decoding requests overlap (continuous batching) up to
+//!   `max_batch` at once; more wait for a slot. Decode does not slow prefill
+//!   (as with chunked prefill on a GPU with headroom) and the step time does
+//!   not grow with the batch: a deliberately simple model where the prefix
+//!   cache's effect shows in TTFT and prefill capacity, as in the study.
+
+use crate::error::BenchError;
+use serde::{Deserialize, Serialize};
+
+/// See the module docs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimeModel {
+    /// Constant cost of every prefill (scheduling, the first decode step), ms.
+    pub prefill_base_ms: f64,
+    /// Cost per uncached prompt token, ms.
+    pub prefill_ms_per_token: f64,
+    /// Time per output token while decoding, ms.
+    pub decode_step_ms: f64,
+    /// Requests decoding at once.
+    pub max_batch: u32,
+}
+
+impl Default for TimeModel {
+    fn default() -> Self {
+        // 13.5 + 0.0232 * 8050 = 200 ms; 13.5 + 0.0232 * 66 = 15 ms.
+        TimeModel {
+            prefill_base_ms: 13.5,
+            prefill_ms_per_token: 0.0232,
+            decode_step_ms: 10.0,
+            max_batch: 64,
+        }
+    }
+}
+
+impl TimeModel {
+    /// Prefill time of a prompt with `uncached_tokens` left to compute, ms.
+    pub fn prefill_ms(&self, uncached_tokens: usize) -> f64 {
+        self.prefill_base_ms + self.prefill_ms_per_token * uncached_tokens as f64
+    }
+
+    /// Decode time of `tokens` output tokens once running, ms. The first
+    /// token comes out of prefill, so `tokens - 1` steps follow.
+    pub fn decode_ms(&self, tokens: u32) -> f64 {
+        self.decode_step_ms * f64::from(tokens.saturating_sub(1))
+    }
+
+    /// Checks the ranges (all finite and >= 0, `max_batch` >= 1).
+    pub fn validate(&self) -> Result<(), BenchError> {
+        for (name, v) in [
+            ("prefill_base_ms", self.prefill_base_ms),
+            ("prefill_ms_per_token", self.prefill_ms_per_token),
+            ("decode_step_ms", self.decode_step_ms),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(BenchError::Invalid {
+                    what: "time model",
+                    reason: format!("{name} = {v} must be a finite number >= 0"),
+                });
+            }
+        }
+        if self.max_batch == 0 {
+            return Err(BenchError::Invalid {
+                what: "time model",
+                reason: "max_batch must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The same model `factor` times faster (for quick test runs).
+    pub fn scaled(&self, factor: f64) -> TimeModel {
+        let f = if factor.is_finite() && factor > 0.0 {
+            factor
+        } else {
+            1.0
+        };
+        TimeModel {
+            prefill_base_ms: self.prefill_base_ms / f,
+            prefill_ms_per_token: self.prefill_ms_per_token / f,
+            decode_step_ms: self.decode_step_ms / f,
+            max_batch: self.max_batch,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_study_ratio() {
+        let m = TimeModel::default();
+        let cold = m.prefill_ms(8050);
+        let warm = m.prefill_ms(66);
+        assert!((cold - 200.0).abs() < 3.0, "{cold}");
+        assert!((warm - 15.0).abs() < 1.0, "{warm}");
+        assert_eq!(m.decode_ms(1), 0.0);
+        assert_eq!(m.decode_ms(11), 100.0);
+        m.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_models_are_refused() {
+        let bad = TimeModel {
+            decode_step_ms: f64::NAN,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = TimeModel {
+            max_batch: 0,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+        assert_eq!(TimeModel::default().scaled(0.0), TimeModel::default());
+    }
+}
