@@ -1,0 +1,126 @@
+//! warmpath-proto: the agent -> router protocol, `warmpath.v1`.
+//!
+//! The source of truth, with the semantics of every field (sequence numbers,
+//! snapshots, epochs, tiers, auth), is `proto/warmpath/v1/cache_events.proto` at
+//! the repository root. This crate compiles it with `tonic-prost-build` and
+//! `protox` (no system `protoc`) and adds a few helpers both sides share.
+//!
+//! - [`v1`]: the generated messages, the `CacheEvents` client and server.
+//! - [`AUTHORIZATION`], [`bearer`], [`check_bearer`]: the shared-token metadata.
+//! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`]: how the agent sizes snapshot chunks.
+
+/// Generated code for package `warmpath.v1`.
+#[allow(missing_docs, missing_debug_implementations, clippy::all)]
+pub mod v1 {
+    tonic::include_proto!("warmpath.v1");
+}
+
+pub use v1::cache_events_client::CacheEventsClient;
+pub use v1::cache_events_server::{CacheEvents, CacheEventsServer};
+
+/// gRPC metadata key carrying the shared agent token.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// The most blocks an agent puts in one [`v1::SnapshotChunk`] (about 160 KiB
+/// encoded), far below tonic's default 4 MiB message limit.
+pub const MAX_SNAPSHOT_CHUNK_BLOCKS: usize = 8192;
+
+/// The metadata value for `token`: `Bearer <token>`.
+pub fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// Whether `metadata` carries `authorization: Bearer <expected>`. Compares in
+/// constant time over the token bytes so the check does not leak a prefix.
+pub fn check_bearer(metadata: &tonic::metadata::MetadataMap, expected: &str) -> bool {
+    let Some(value) = metadata.get(AUTHORIZATION) else {
+        return false;
+    };
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let Some(token) = value.strip_prefix("Bearer ") else {
+        return false;
+    };
+    let (a, b) = (token.as_bytes(), expected.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl v1::Tier {
+    /// Maps vLLM's `medium` string ("GPU", "CPU", "STORAGE"; "DISK" accepted too;
+    /// case-insensitive). `None` for anything else.
+    pub fn from_vllm_medium(medium: &str) -> Option<Self> {
+        match medium.to_ascii_uppercase().as_str() {
+            "GPU" => Some(v1::Tier::Gpu),
+            "CPU" => Some(v1::Tier::Cpu),
+            "STORAGE" | "DISK" => Some(v1::Tier::Disk),
+            _ => None,
+        }
+    }
+
+    /// Short lowercase name: `gpu`, `cpu`, `disk` (`unspecified` for 0).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            v1::Tier::Unspecified => "unspecified",
+            v1::Tier::Gpu => "gpu",
+            v1::Tier::Cpu => "cpu",
+            v1::Tier::Disk => "disk",
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::v1::{agent_message, delta, AgentMessage, Delta, Stored, Tier};
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn bearer_check_accepts_only_the_exact_token() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert!(!check_bearer(&md, "s3cret"), "missing header refused");
+        md.insert(AUTHORIZATION, bearer("s3cret").parse().unwrap());
+        assert!(check_bearer(&md, "s3cret"));
+        assert!(!check_bearer(&md, "s3cre"));
+        assert!(!check_bearer(&md, "s3cret!"));
+        md.insert(AUTHORIZATION, "Basic s3cret".parse().unwrap());
+        assert!(!check_bearer(&md, "s3cret"));
+    }
+
+    #[test]
+    fn tiers_from_vllm_medium() {
+        assert_eq!(Tier::from_vllm_medium("GPU"), Some(Tier::Gpu));
+        assert_eq!(Tier::from_vllm_medium("cpu"), Some(Tier::Cpu));
+        assert_eq!(Tier::from_vllm_medium("STORAGE"), Some(Tier::Disk));
+        assert_eq!(Tier::from_vllm_medium("tape"), None);
+        assert_eq!(Tier::Disk.short_name(), "disk");
+    }
+
+    #[test]
+    fn delta_round_trips_and_parent_presence_survives() {
+        let msg = AgentMessage {
+            msg: Some(agent_message::Msg::Delta(Delta {
+                seq: 7,
+                op: Some(delta::Op::Stored(Stored {
+                    parent: None,
+                    hashes: vec![u64::MAX, 1],
+                    tier: Tier::Cpu as i32,
+                })),
+                observed_unix_micros: 0,
+            })),
+        };
+        let back = AgentMessage::decode(msg.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(back, msg);
+        let Some(agent_message::Msg::Delta(d)) = back.msg else {
+            panic!("not a delta")
+        };
+        let Some(delta::Op::Stored(s)) = d.op else {
+            panic!("not stored")
+        };
+        assert_eq!(s.parent, None, "absent parent stays absent, not 0");
+    }
+}
