@@ -1,0 +1,276 @@
+//! An OpenAI chat or completion request, reduced to what routing needs.
+//!
+//! [`Request`] borrows from a parsed [`serde_json::Value`] ([`Request::from_value`])
+//! or owns its data ([`Request::from_slice`], [`Request::into_owned`]). Only the
+//! fields that routing, prefix hashing and tokenization read are kept; the
+//! router forwards the original body untouched (apart from `cache_salt`).
+//!
+//! Accepted shapes (the ones vLLM accepts):
+//! - `model`: string, required.
+//! - `stream`: boolean or null (absent = false).
+//! - chat: `messages`, a non-empty array of objects with a string `role` and a
+//!   `content` that is a string, null/absent, or an array of parts where only
+//!   `{"type":"text","text":...}` parts count (other part types are skipped).
+//!   `add_generation_prompt` (default true), `continue_final_message` (default
+//!   false), `tools` and `chat_template_kwargs` are kept for template rendering.
+//! - completion: `prompt`, a string, a non-empty array of strings, a non-empty
+//!   array of token ids, or a non-empty array of non-empty arrays of token ids.
+//! - `prompt_cache_key`, `cache_salt`: string or null.
+//! - `max_completion_tokens`, else `max_tokens`: non-negative integer or null.
+
+use crate::tenant::{TenantError, TenantId, TenantSource};
+use serde_json::{Map, Value};
+use std::borrow::Cow;
+use thiserror::Error;
+
+/// Why a request body was refused. Never retryable: the client must fix the body
+/// (the router answers HTTP 400 with this message).
+#[derive(Debug, Error)]
+pub enum RequestError {
+    /// The body is not JSON at all.
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(#[source] serde_json::Error),
+    /// The body is JSON but not an object.
+    #[error("request body must be a JSON object")]
+    NotAnObject,
+    /// A required field is absent (or null).
+    #[error("request is missing the required field `{0}`")]
+    Missing(&'static str),
+    /// A field has the wrong JSON type or shape; `field` is a path such as
+    /// `messages[2].content[0].text`.
+    #[error("field `{field}` must be {expected}")]
+    WrongType {
+        /// Where in the body.
+        field: String,
+        /// What was expected, in words.
+        expected: &'static str,
+    },
+    /// An array that must have at least one element is empty.
+    #[error("field `{0}` must not be an empty array")]
+    Empty(String),
+    /// The endpoint accepts both kinds and the body has neither `messages` nor `prompt`.
+    #[error("request has neither `messages` (chat) nor `prompt` (completion)")]
+    UnknownKind,
+}
+
+impl RequestError {
+    /// Whether sending the same body again could succeed: never.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+}
+
+/// Which kind of body the endpoint takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// `/v1/chat/completions`: `messages` is required.
+    Chat,
+    /// `/v1/completions`: `prompt` is required.
+    Completion,
+    /// Either (e.g. `/cache-index/query`): `messages` wins when both are present.
+    Any,
+}
+
+/// A parsed request; `'a` borrows from the JSON value it was read from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request<'a> {
+    /// The `model` field.
+    pub model: Cow<'a, str>,
+    /// The `stream` field (false when absent or null).
+    pub stream: bool,
+    /// Chat messages or a completion prompt.
+    pub body: RequestBody<'a>,
+    /// The `prompt_cache_key` field (a tenant id candidate, not yet validated).
+    pub prompt_cache_key: Option<Cow<'a, str>>,
+    /// The `cache_salt` field (a tenant id candidate, not yet validated).
+    pub cache_salt: Option<Cow<'a, str>>,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub max_tokens: Option<u32>,
+}
+
+/// What the request asks the model to continue.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestBody<'a> {
+    /// A chat request.
+    Chat(ChatBody<'a>),
+    /// A completion request.
+    Completion(Prompt<'a>),
+}
+
+/// The chat-specific part of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatBody<'a> {
+    /// The messages, in order; never empty.
+    pub messages: Vec<Message<'a>>,
+    /// `add_generation_prompt` (default true, as in vLLM).
+    pub add_generation_prompt: bool,
+    /// `continue_final_message` (default false, as in vLLM).
+    pub continue_final_message: bool,
+    /// `tools`, passed to the chat template as-is.
+    pub tools: Option<Cow<'a, Value>>,
+    /// `chat_template_kwargs`, extra template variables.
+    pub chat_template_kwargs: Option<Cow<'a, Map<String, Value>>>,
+}
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message<'a> {
+    /// `role`.
+    pub role: Cow<'a, str>,
+    /// `content`, reduced to its text.
+    pub content: Content<'a>,
+    /// The whole message object as sent, for templates that read other keys
+    /// (`name`, `tool_calls`, `tool_call_id`).
+    pub raw: Cow<'a, Value>,
+}
+
+/// The text of a message's `content`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Content<'a> {
+    /// `content` absent or null (e.g. an assistant message with tool calls).
+    Empty,
+    /// `content` as a string.
+    Text(Cow<'a, str>),
+    /// The `text` of every `{"type":"text"}` part, in order.
+    Parts(Vec<Cow<'a, str>>),
+}
+
+impl Content<'_> {
+    /// The content as one string: text parts are joined with `"\n"`, as vLLM
+    /// does for text-only models.
+    pub fn text(&self) -> Cow<'_, str> {
+        match self {
+            Content::Empty => Cow::Borrowed(""),
+            Content::Text(t) => Cow::Borrowed(t.as_ref()),
+            Content::Parts(ps) if ps.len() == 1 => Cow::Borrowed(ps[0].as_ref()),
+            Content::Parts(ps) => Cow::Owned(ps.join("\n")),
+        }
+    }
+
+    fn into_owned(self) -> Content<'static> {
+        match self {
+            Content::Empty => Content::Empty,
+            Content::Text(t) => Content::Text(Cow::Owned(t.into_owned())),
+            Content::Parts(ps) => {
+                Content::Parts(ps.into_iter().map(|p| Cow::Owned(p.into_owned())).collect())
+            }
+        }
+    }
+}
+
+/// A completion prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt<'a> {
+    /// One string.
+    Text(Cow<'a, str>),
+    /// A batch of strings (never empty).
+    Texts(Vec<Cow<'a, str>>),
+    /// One prompt given as token ids (never empty).
+    Ids(Vec<u32>),
+    /// A batch of token-id prompts (never empty, none empty).
+    IdBatches(Vec<Vec<u32>>),
+}
+
+/// The first prompt of a completion request: what routing looks at for a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstPrompt<'p> {
+    /// A text prompt.
+    Text(&'p str),
+    /// A token-id prompt.
+    Ids(&'p [u32]),
+}
+
+impl Prompt<'_> {
+    /// The first prompt. A batch goes to one backend, so routing uses its first
+    /// element; parsing guarantees there is one.
+    pub fn first(&self) -> FirstPrompt<'_> {
+        match self {
+            Prompt::Text(t) => FirstPrompt::Text(t),
+            Prompt::Texts(ts) => FirstPrompt::Text(ts.first().map_or("", |t| t.as_ref())),
+            Prompt::Ids(ids) => FirstPrompt::Ids(ids),
+            Prompt::IdBatches(bs) => FirstPrompt::Ids(bs.first().map_or(&[][..], |b| b.as_slice())),
+        }
+    }
+
+    fn into_owned(self) -> Prompt<'static> {
+        match self {
+            Prompt::Text(t) => Prompt::Text(Cow::Owned(t.into_owned())),
+            Prompt::Texts(ts) => {
+                Prompt::Texts(ts.into_iter().map(|t| Cow::Owned(t.into_owned())).collect())
+            }
+            Prompt::Ids(ids) => Prompt::Ids(ids),
+            Prompt::IdBatches(bs) => Prompt::IdBatches(bs),
+        }
+    }
+}
+
+impl<'a> Request<'a> {
+    /// Detaches the request from the JSON value it borrows.
+    pub fn into_owned(self) -> Request<'static> {
+        let body = match self.body {
+            RequestBody::Chat(c) => RequestBody::Chat(ChatBody {
+                messages: c
+                    .messages
+                    .into_iter()
+                    .map(|m| Message {
+                        role: Cow::Owned(m.role.into_owned()),
+                        content: m.content.into_owned(),
+                        raw: Cow::Owned(m.raw.into_owned()),
+                    })
+                    .collect(),
+                add_generation_prompt: c.add_generation_prompt,
+                continue_final_message: c.continue_final_message,
+                tools: c.tools.map(|t| Cow::Owned(t.into_owned())),
+                chat_template_kwargs: c.chat_template_kwargs.map(|k| Cow::Owned(k.into_owned())),
+            }),
+            RequestBody::Completion(p) => RequestBody::Completion(p.into_owned()),
+        };
+        Request {
+            model: Cow::Owned(self.model.into_owned()),
+            stream: self.stream,
+            body,
+            prompt_cache_key: self.prompt_cache_key.map(|s| Cow::Owned(s.into_owned())),
+            cache_salt: self.cache_salt.map(|s| Cow::Owned(s.into_owned())),
+            max_tokens: self.max_tokens,
+        }
+    }
+
+    /// The tenant by precedence: the `X-Prefix-Aware-Id` header, then
+    /// `prompt_cache_key`, then `cache_salt`; the first present one is validated.
+    pub fn tenant(&self, header: Option<&str>) -> Result<Option<TenantId>, TenantError> {
+        let candidates = [
+            (header, TenantSource::Header),
+            (
+                self.prompt_cache_key.as_deref(),
+                TenantSource::PromptCacheKey,
+            ),
+            (self.cache_salt.as_deref(), TenantSource::CacheSalt),
+        ];
+        match candidates
+            .into_iter()
+            .find_map(|(v, src)| v.map(|v| (v, src)))
+        {
+            Some((v, src)) => TenantId::parse(v, src).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether this is a chat request.
+    pub fn is_chat(&self) -> bool {
+        matches!(self.body, RequestBody::Chat(_))
+    }
+}
+
+impl Request<'static> {
+    /// Parses a JSON body into an owned request.
+    pub fn from_slice(body: &[u8], expect: Expect) -> Result<Self, RequestError> {
+        let v: Value = serde_json::from_slice(body).map_err(RequestError::InvalidJson)?;
+        Request::from_value(&v, expect).map(Request::into_owned)
+    }
+}
+
+mod parse;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;
