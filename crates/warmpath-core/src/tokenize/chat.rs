@@ -16,9 +16,44 @@ pub struct ChatTokenizer {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     cache: SegmentCache,
-    /// Whether splitting at added tokens ourselves is exactly what the
-    /// library does (see [`ChatTokenizer::segment_cache_active`]).
-    splitting_is_exact: bool,
+    /// `Some` when cutting the text at added tokens ourselves is exactly what
+    /// the library does (see [`ChatTokenizer::segment_cache_active`]); it holds
+    /// the ids post-processing puts before and after a sequence when special
+    /// tokens are added.
+    segmenting: Option<SpecialWrap>,
+}
+
+/// The ids the post-processor adds around one sequence with special tokens on.
+#[derive(Debug)]
+struct SpecialWrap {
+    before: Vec<u32>,
+    after: Vec<u32>,
+}
+
+impl SpecialWrap {
+    /// Finds the wrap by post-processing a one-id sequence. `None` when the
+    /// post-processor changes a sequence without special tokens, or does more
+    /// than put ids around it.
+    fn probe(tokenizer: &Tokenizer) -> Option<Self> {
+        const SENTINEL: u32 = u32::MAX;
+        let probe = |add_special_tokens| {
+            let one = Encoding::from_tokens(vec![Token::new(SENTINEL, String::new(), (0, 0))], 0);
+            let out = tokenizer.post_process(one, None, add_special_tokens).ok()?;
+            Some(out.get_ids().to_vec())
+        };
+        if probe(false)? != [SENTINEL] {
+            return None;
+        }
+        let ids = probe(true)?;
+        let at = ids.iter().position(|&i| i == SENTINEL)?;
+        if ids[at + 1..].contains(&SENTINEL) {
+            return None;
+        }
+        Some(SpecialWrap {
+            before: ids[..at].to_vec(),
+            after: ids[at + 1..].to_vec(),
+        })
+    }
 }
 
 impl ChatTokenizer {
@@ -37,11 +72,16 @@ impl ChatTokenizer {
             && added
                 .values()
                 .all(|t| !(t.single_word || has_normalizer && t.normalized));
+        let segmenting = if splitting_is_exact {
+            SpecialWrap::probe(&tokenizer)
+        } else {
+            None
+        };
         Ok(ChatTokenizer {
             tokenizer,
             template,
             cache: SegmentCache::new(cache),
-            splitting_is_exact,
+            segmenting,
         })
     }
 
@@ -67,7 +107,7 @@ impl ChatTokenizer {
     /// `normalized` with a normalizer): then every text is tokenized whole,
     /// which is always exact.
     pub fn segment_cache_active(&self) -> bool {
-        self.splitting_is_exact && self.cache.config().capacity_tokens > 0
+        self.segmenting.is_some() && self.cache.config().capacity_tokens > 0
     }
 
     /// Segment cache counters.
@@ -103,9 +143,10 @@ impl ChatTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizeError> {
-        if !self.splitting_is_exact || !self.cache.is_cacheable(text.len()) {
-            return self.encode_text_uncached(text, add_special_tokens);
-        }
+        let wrap = match &self.segmenting {
+            Some(wrap) if self.cache.is_cacheable(text.len()) => wrap,
+            _ => return self.encode_text_uncached(text, add_special_tokens),
+        };
         // The library cuts the input at added tokens before anything else
         // (normalizer, pre-tokenizer, model) runs; each piece between them is
         // tokenized on its own. Do the same cut, and cache the long pieces.
@@ -114,6 +155,9 @@ impl ChatTokenizer {
             .get_added_vocabulary()
             .extract_and_normalize(None::<&NormalizerWrapper>, text);
         let mut ids = Vec::with_capacity(text.len() / 3);
+        if add_special_tokens {
+            ids.extend_from_slice(&wrap.before);
+        }
         for (piece, _, added) in pieces.get_splits(OffsetReferential::Original, OffsetType::None) {
             match added {
                 Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
@@ -124,17 +168,12 @@ impl ChatTokenizer {
                 None => ids.extend(self.encode_piece(piece)?),
             }
         }
-        // Post-processing (special tokens, truncation, padding) only looks at
-        // the ids of the single sequence.
-        let tokens = ids
-            .into_iter()
-            .map(|id| Token::new(id, String::new(), (0, 0)))
-            .collect();
-        let encoding = self
-            .tokenizer
-            .post_process(Encoding::from_tokens(tokens, 0), None, add_special_tokens)
-            .map_err(TokenizeError::Encode)?;
-        Ok(encoding.get_ids().to_vec())
+        // Without truncation or padding, post-processing only puts the probed
+        // ids around the sequence.
+        if add_special_tokens {
+            ids.extend_from_slice(&wrap.after);
+        }
+        Ok(ids)
     }
 
     /// Encodes `text` with the library in one go, no cache.
@@ -292,6 +331,36 @@ mod tests {
             t.encode_text_uncached(text, true).unwrap()
         );
         assert_eq!(t.cache_stats().misses, 0);
+    }
+
+    #[test]
+    fn special_wrap_is_probed_from_the_post_processor() {
+        let t = tiny_tok(small_segments());
+        let wrap = t.segmenting.as_ref().unwrap();
+        assert_eq!(
+            (&wrap.before[..], &wrap.after[..]),
+            (&[tiny::BOS_ID][..], &[][..])
+        );
+        // A processor that closes the sequence too ("BOS $A EOT").
+        let mut doc: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        let eot = json!({"SpecialToken": {"id": tiny::EOT_ID, "type_id": 0}});
+        doc["post_processor"]["single"]
+            .as_array_mut()
+            .unwrap()
+            .push(eot);
+        doc["post_processor"]["special_tokens"][tiny::EOT_ID] =
+            json!({"id": tiny::EOT_ID, "ids": [tiny::EOT_ID_ID], "tokens": [tiny::EOT_ID]});
+        let files = TokenizerFiles::from_strings(doc.to_string(), None).unwrap();
+        let t = ChatTokenizer::new(&files, small_segments()).unwrap();
+        assert!(t.segment_cache_active());
+        let text = format!("{}<|eot_id|>tail", tiny::corpus_slice(0, 300));
+        let ids = t.encode_text(&text, true).unwrap();
+        assert_eq!(ids, t.encode_text_uncached(&text, true).unwrap());
+        assert_eq!(
+            (ids[0], ids[ids.len() - 1]),
+            (tiny::BOS_ID, tiny::EOT_ID_ID)
+        );
+        assert!(t.cache_stats().misses > 0, "the cached path was taken");
     }
 
     fn piece() -> impl Strategy<Value = String> {
