@@ -60,10 +60,7 @@ impl TenantId {
         if raw.is_empty() {
             return Err(TenantError::Empty(source));
         }
-        if let Some((i, _)) = raw
-            .char_indices()
-            .find(|(_, c)| !(' '..='~').contains(c))
-        {
+        if let Some((i, _)) = raw.char_indices().find(|(_, c)| !(' '..='~').contains(c)) {
             return Err(TenantError::BadChar(source, i));
         }
         if raw.len() > MAX_TENANT_LEN {
@@ -135,7 +132,10 @@ mod tests {
             Err(TenantError::TooLong(s, 65))
         );
         assert_eq!(TenantId::parse("a\tb", s), Err(TenantError::BadChar(s, 1)));
-        assert_eq!(TenantId::parse("caf\u{e9}", s), Err(TenantError::BadChar(s, 3)));
+        assert_eq!(
+            TenantId::parse("caf\u{e9}", s),
+            Err(TenantError::BadChar(s, 3))
+        );
         let msg = TenantId::parse("", s).unwrap_err().to_string();
         assert!(msg.contains("prompt_cache_key"), "{msg}");
     }
