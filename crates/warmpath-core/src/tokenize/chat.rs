@@ -11,7 +11,6 @@ use tokenizers::{Encoding, NormalizerWrapper, OffsetReferential, OffsetType, Tok
 
 /// A tokenizer with its chat template and a cache for long shared segments.
 /// Share it behind an `Arc`: every method takes `&self`.
-#[derive(Debug)]
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
@@ -53,6 +52,18 @@ impl SpecialWrap {
             before: ids[..at].to_vec(),
             after: ids[at + 1..].to_vec(),
         })
+    }
+}
+
+impl std::fmt::Debug for ChatTokenizer {
+    /// Short: the vocabulary itself is not printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTokenizer")
+            .field("vocab_size", &self.tokenizer.get_vocab_size(true))
+            .field("chat_template", &self.template.is_some())
+            .field("segment_cache_active", &self.segment_cache_active())
+            .field("cache", &self.cache)
+            .finish()
     }
 }
 
@@ -257,6 +268,10 @@ mod tests {
     #[test]
     fn completions_and_id_prompts() {
         let t = tiny_tok(CacheConfig::default());
+        assert!(
+            format!("{t:?}").len() < 400,
+            "Debug does not print the vocabulary"
+        );
         let v = json!({"model": "tiny", "prompt": ["Once upon a time", "x"]});
         let ids = t.encode_request(&req(&v)).unwrap();
         assert_eq!(ids[0], tiny::BOS_ID);
