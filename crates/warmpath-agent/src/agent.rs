@@ -1,0 +1,342 @@
+//! Wiring: one [`Agent`] = followers for every DP rank, a link per router, the
+//! load scraper and the `/metrics` + `/health` HTTP server, all owned by one
+//! cancellation token.
+//!
+//! Data-parallel engines: with `dp_ranks = N` the agent follows ranks 0..N-1 on
+//! `port + rank` (replay likewise) and reports them as ONE worker whose block set
+//! is the union of the ranks' (refcounted). vLLM's DP front end picks the rank
+//! for each request, so a router cannot target a rank: per-rank workers would
+//! be unroutable.
+
+use crate::follow::{follow_rank, FollowConfig};
+use crate::hub::Hub;
+use crate::link::{run_link, Identity, LinkConfig};
+use crate::load::scrape_loop;
+use crate::stats::Stats;
+use crate::tracker::EngineTracker;
+use crate::vllm::wire::endpoint_for_rank;
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How the agent learns what the engine caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Follow the engine's KV events (vLLM ZMQ).
+    #[default]
+    Events,
+    /// Sidecar proxy that tokenizes what it forwards (not implemented yet).
+    Observe,
+}
+
+/// Everything the agent needs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Worker id (the router's backend `worker_id`).
+    pub worker_id: String,
+    /// Served model name (seeds the hashes).
+    pub model: String,
+    /// Engine base URL, e.g. `http://127.0.0.1:8000` (load scraping, Hello).
+    pub engine_url: String,
+    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557`.
+    pub kv_events: String,
+    /// Rank 0's replay endpoint, if any.
+    pub kv_replay: Option<String>,
+    /// Router gRPC URLs, e.g. `http://127.0.0.1:50051`.
+    pub routers: Vec<String>,
+    /// Events or observe.
+    pub mode: Mode,
+    /// Shared token sent as `authorization: Bearer <token>`.
+    pub agent_token: Option<String>,
+    /// Data-parallel ranks to follow (>= 1).
+    pub dp_ranks: u16,
+    /// Address of the agent's own HTTP server (`/metrics`, `/health`).
+    pub listen: SocketAddr,
+    /// ZMQ topic prefix.
+    pub topic: String,
+    /// Load scrape period (0: no scraping).
+    pub load_interval: Duration,
+    /// Removed-block mappings remembered per rank.
+    pub ghost_capacity: usize,
+    /// Deltas queued per router before coalescing into a snapshot.
+    pub router_queue: usize,
+    /// Router link tuning.
+    pub link: LinkConfig,
+    /// Re-create a silent SUB socket after this long.
+    pub silence_reconnect: Duration,
+}
+
+impl AgentConfig {
+    /// Defaults around the required fields.
+    pub fn new(worker_id: &str, model: &str, engine_url: &str, kv_events: &str) -> Self {
+        AgentConfig {
+            worker_id: worker_id.into(),
+            model: model.into(),
+            engine_url: engine_url.into(),
+            kv_events: kv_events.into(),
+            kv_replay: None,
+            routers: Vec::new(),
+            mode: Mode::Events,
+            agent_token: None,
+            dp_ranks: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            topic: String::new(),
+            load_interval: Duration::from_secs(1),
+            ghost_capacity: 1 << 16,
+            router_queue: 16_384,
+            link: LinkConfig::default(),
+            silence_reconnect: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Why the agent could not start. None of these is worth retrying unchanged.
+#[derive(Debug, Error)]
+pub enum AgentError {
+    /// A setting is invalid.
+    #[error("invalid agent configuration: {0}")]
+    Config(String),
+    /// The HTTP listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A running agent. Dropping it cancels everything; [`Agent::shutdown`] also
+/// waits for the tasks.
+#[derive(Debug)]
+pub struct Agent {
+    hub: Arc<Hub>,
+    stats: Arc<Stats>,
+    http_addr: SocketAddr,
+    epoch: u64,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+#[derive(Clone)]
+struct HttpState {
+    hub: Arc<Hub>,
+    stats: Arc<Stats>,
+    prometheus: Option<PrometheusHandle>,
+    worker_id: String,
+    epoch: u64,
+}
+
+impl Agent {
+    /// Validates `cfg`, binds the HTTP server and starts every task.
+    /// `prometheus` renders `/metrics` (install the recorder once per process).
+    pub async fn start(
+        cfg: AgentConfig,
+        prometheus: Option<PrometheusHandle>,
+    ) -> Result<Agent, AgentError> {
+        if cfg.mode == Mode::Observe {
+            return Err(AgentError::Config(
+                "--mode observe is not implemented yet; use --mode events".into(),
+            ));
+        }
+        if cfg.worker_id.is_empty() || cfg.worker_id.len() > 256 {
+            return Err(AgentError::Config(
+                "--worker-id must be 1..=256 bytes".into(),
+            ));
+        }
+        if cfg.model.is_empty() {
+            return Err(AgentError::Config("--model must not be empty".into()));
+        }
+        if cfg.dp_ranks == 0 {
+            return Err(AgentError::Config("--dp-ranks must be at least 1".into()));
+        }
+        if cfg.routers.is_empty() {
+            tracing::warn!("no --router given: the agent tracks blocks but publishes nowhere");
+        }
+        let mut ranks = Vec::new();
+        for r in 0..cfg.dp_ranks {
+            let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
+                AgentError::Config(format!(
+                    "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
+                    cfg.kv_events
+                ))
+            })?;
+            let replay = match &cfg.kv_replay {
+                None => None,
+                Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
+                    AgentError::Config(format!(
+                        "cannot derive rank {r}'s replay endpoint from {rep}"
+                    ))
+                })?),
+            };
+            ranks.push((r, ep, replay));
+        }
+        let epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        let hub = Arc::new(Hub::new());
+        let stats = Arc::new(Stats::default());
+        let cancel = CancellationToken::new();
+        let mut tasks = Vec::new();
+
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| AgentError::Listen {
+                addr: cfg.listen,
+                source,
+            })?;
+        let http_addr = listener.local_addr().map_err(|source| AgentError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+        let app = Router::new()
+            .route("/metrics", get(metrics_page))
+            .route("/health", get(health))
+            .with_state(HttpState {
+                hub: hub.clone(),
+                stats: stats.clone(),
+                prometheus,
+                worker_id: cfg.worker_id.clone(),
+                epoch,
+            });
+        let c = cancel.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { c.cancelled().await })
+                .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "agent HTTP server failed");
+            }
+        }));
+
+        for (rank, endpoint, replay_endpoint) in ranks {
+            let mut fc = FollowConfig::new(endpoint);
+            fc.replay_endpoint = replay_endpoint;
+            fc.rank = rank;
+            fc.topic = cfg.topic.clone();
+            fc.silence_reconnect = cfg.silence_reconnect;
+            tasks.push(tokio::spawn(follow_rank(
+                fc,
+                EngineTracker::new(cfg.model.clone(), cfg.ghost_capacity),
+                hub.clone(),
+                stats.clone(),
+                cancel.child_token(),
+            )));
+        }
+
+        let (load_tx, load_rx) = watch::channel(None);
+        if !cfg.load_interval.is_zero() {
+            tasks.push(tokio::spawn(scrape_loop(
+                cfg.engine_url.clone(),
+                cfg.load_interval,
+                load_tx,
+                stats.clone(),
+                cancel.child_token(),
+            )));
+        }
+        let id = Identity {
+            worker_id: cfg.worker_id.clone(),
+            endpoint: cfg.engine_url.clone(),
+            model: cfg.model.clone(),
+            epoch,
+            token: cfg.agent_token.clone(),
+        };
+        for url in &cfg.routers {
+            let sink = hub.add_sink(url.clone(), cfg.router_queue);
+            tasks.push(tokio::spawn(run_link(
+                url.clone(),
+                id.clone(),
+                hub.clone(),
+                sink,
+                load_rx.clone(),
+                stats.clone(),
+                cfg.link.clone(),
+                cancel.child_token(),
+            )));
+        }
+        tracing::info!(worker_id = %cfg.worker_id, %http_addr, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
+        Ok(Agent {
+            hub,
+            stats,
+            http_addr,
+            epoch,
+            cancel,
+            tasks,
+        })
+    }
+
+    /// The bound address of `/metrics` and `/health`.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The published block set.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// This run's epoch (sent in Hello).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// A token that fires when the agent stops.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Stops every task and waits for them.
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        for t in std::mem::take(&mut self.tasks) {
+            let _ = t.await;
+        }
+    }
+}
+
+async fn metrics_page(State(s): State<HttpState>) -> String {
+    s.prometheus
+        .as_ref()
+        .map(|p| p.render())
+        .unwrap_or_default()
+}
+
+async fn health(State(s): State<HttpState>) -> axum::Json<serde_json::Value> {
+    let (seq, blocks, block_size) = s.hub.status();
+    axum::Json(serde_json::json!({
+        "status": "ok",
+        "worker_id": s.worker_id,
+        "epoch": s.epoch,
+        "seq": seq,
+        "blocks": blocks,
+        "block_size": block_size,
+        "batches": s.stats.batches.get(),
+        "bad_messages": s.stats.bad_frames.get() + s.stats.bad_payloads.get(),
+        "unknown_parents": s.stats.unknown_parents.get(),
+        "gaps": s.stats.gaps.get(),
+        "gaps_unrecovered": s.stats.gaps_unrecovered.get(),
+        "engine_restarts": s.stats.engine_restarts.get(),
+        "router_connects": s.stats.router_connects.get(),
+        "router_refusals": s.stats.router_refusals.get(),
+    }))
+}

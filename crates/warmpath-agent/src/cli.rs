@@ -1,0 +1,123 @@
+//! The command line (names as in DESIGN.md), turned into an [`AgentConfig`].
+
+use crate::agent::{AgentConfig, Mode};
+use clap::{Parser, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `--mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CliMode {
+    /// Follow the engine's KV events.
+    Events,
+    /// Sidecar proxy that tokenizes (not implemented yet).
+    Observe,
+}
+
+/// warmpath-agent: follows one engine's KV-cache events and publishes its block
+/// set to every router.
+#[derive(Debug, Parser)]
+#[command(name = "warmpath-agent", version)]
+pub struct Cli {
+    /// Worker id; must match the router's backend worker_id (default: its URL).
+    #[arg(long, env = "WARMPATH_WORKER_ID")]
+    pub worker_id: String,
+    /// Served model name (seeds the block hashes; must match the router pool's).
+    #[arg(long)]
+    pub model: String,
+    /// Engine base URL (load from its /metrics), e.g. http://127.0.0.1:8000.
+    #[arg(long)]
+    pub engine_url: String,
+    /// Engine KV-event PUB endpoint (rank 0), e.g. tcp://127.0.0.1:5557.
+    #[arg(long)]
+    pub kv_events: String,
+    /// Engine replay ROUTER endpoint (rank 0), e.g. tcp://127.0.0.1:5558.
+    #[arg(long)]
+    pub kv_replay: Option<String>,
+    /// Router gRPC URL (repeatable), e.g. http://10.0.0.2:50051.
+    #[arg(long = "router")]
+    pub routers: Vec<String>,
+    /// How to learn the engine's cache.
+    #[arg(long, value_enum, default_value = "events")]
+    pub mode: CliMode,
+    /// Tokenizer (observe mode).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Shared token for the routers (sent as `authorization: Bearer ...`).
+    #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
+    pub agent_token: Option<String>,
+    /// Data-parallel ranks to follow on port+rank (reported as one worker).
+    #[arg(long, default_value_t = 1)]
+    pub dp_ranks: u16,
+    /// Address for /metrics and /health (port 0: any free port, printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// ZMQ topic prefix (vLLM's default is empty).
+    #[arg(long, default_value = "")]
+    pub topic: String,
+    /// Load scrape period in milliseconds (0: off).
+    #[arg(long, default_value_t = 1000)]
+    pub load_interval_ms: u64,
+}
+
+impl Cli {
+    /// The agent configuration.
+    pub fn into_config(self) -> AgentConfig {
+        let mut c = AgentConfig::new(
+            &self.worker_id,
+            &self.model,
+            &self.engine_url,
+            &self.kv_events,
+        );
+        c.kv_replay = self.kv_replay;
+        c.routers = self.routers;
+        c.mode = match self.mode {
+            CliMode::Events => Mode::Events,
+            CliMode::Observe => Mode::Observe,
+        };
+        c.agent_token = self.agent_token.filter(|t| !t.is_empty());
+        c.dp_ranks = self.dp_ranks;
+        c.listen = self.listen;
+        c.topic = self.topic;
+        c.load_interval = Duration::from_millis(self.load_interval_ms);
+        c
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn design_md_command_line_parses() {
+        let cli = Cli::try_parse_from([
+            "warmpath-agent",
+            "--worker-id",
+            "w1",
+            "--model",
+            "m",
+            "--engine-url",
+            "http://127.0.0.1:8000",
+            "--kv-events",
+            "tcp://127.0.0.1:5557",
+            "--kv-replay",
+            "tcp://127.0.0.1:5558",
+            "--router",
+            "http://127.0.0.1:1",
+            "--router",
+            "http://127.0.0.1:2",
+            "--mode",
+            "events",
+            "--dp-ranks",
+            "2",
+        ])
+        .unwrap();
+        let c = cli.into_config();
+        assert_eq!(c.routers.len(), 2);
+        assert_eq!(c.dp_ranks, 2);
+        assert_eq!(c.kv_replay.as_deref(), Some("tcp://127.0.0.1:5558"));
+        assert!(Cli::try_parse_from(["warmpath-agent", "--model", "m"]).is_err());
+    }
+}

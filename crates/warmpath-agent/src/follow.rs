@@ -1,0 +1,364 @@
+//! Following one engine rank: ZMQ SUB on its event endpoint, DEALER replay,
+//! sequence handling, decoding, and feeding the [`EngineTracker`] into the [`Hub`].
+//!
+//! Sequence rules (vLLM counts batches from 0 in each engine process):
+//! - next expected: apply;
+//! - a duplicate (`seq == last`): ignore;
+//! - a gap (`seq > last + 1`): ask the replay endpoint for `last + 1..`, apply
+//!   what it returns in order; if it cannot fill the gap (no replay endpoint, the
+//!   batches left its buffer, it is down), count an unrecovered gap and make every
+//!   router link send a fresh snapshot;
+//! - a backwards jump (`seq < last`): the engine restarted; forget this rank's
+//!   blocks, then catch up from seq 0 through the replay endpoint if there is one.
+//!
+//! The first message after the agent starts also triggers a catch-up from 0,
+//! and so does (at most every 10 s) a `BlockStored` whose parent is unknown.
+//! Replaying batches already applied is harmless: the tracker only reports real
+//! transitions.
+//!
+//! The `zeromq` crate's SUB socket does not report a lost peer and does not
+//! reconnect, so a rank silent for `silence_reconnect` re-creates its socket; a
+//! batch missed meanwhile shows up as a gap. Replays run in their own task with
+//! a deadline (the crate's DEALER can panic when its peer disappears; a panic
+//! there is a failed replay, not a dead agent).
+
+use crate::hub::Hub;
+use crate::stats::Stats;
+use crate::tracker::EngineTracker;
+use crate::vllm::wire::{parse_live, parse_replay_reply, END_OF_REPLAY};
+use crate::vllm::{decode_batch_with, DecodeLimits, KvEventBatch};
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+/// How to follow one rank.
+#[derive(Clone, Debug)]
+pub struct FollowConfig {
+    /// The rank's event endpoint, e.g. `tcp://127.0.0.1:5557`.
+    pub endpoint: String,
+    /// The rank's replay endpoint, if the engine has one.
+    pub replay_endpoint: Option<String>,
+    /// Topic prefix to subscribe to (empty: everything).
+    pub topic: String,
+    /// Data-parallel rank (for logs and metrics).
+    pub rank: u16,
+    /// Re-create the SUB socket after this long without a message.
+    pub silence_reconnect: Duration,
+    /// Give up on a replay after this long.
+    pub replay_timeout: Duration,
+    /// Most batches accepted from one replay.
+    pub max_replay_batches: usize,
+    /// Decoder caps.
+    pub limits: DecodeLimits,
+}
+
+impl FollowConfig {
+    /// Defaults for `endpoint`.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        FollowConfig {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            rank: 0,
+            silence_reconnect: Duration::from_secs(3),
+            replay_timeout: Duration::from_secs(3),
+            max_replay_batches: 100_000,
+            limits: DecodeLimits::default(),
+        }
+    }
+}
+
+struct Follower {
+    cfg: FollowConfig,
+    tracker: EngineTracker,
+    hub: Arc<Hub>,
+    stats: Arc<Stats>,
+    last: Option<u64>,
+    last_parent_replay: Option<Instant>,
+    pending_parent: bool,
+    rank_label: String,
+}
+
+/// Follows one rank until `cancel` fires.
+pub async fn follow_rank(
+    cfg: FollowConfig,
+    tracker: EngineTracker,
+    hub: Arc<Hub>,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+) {
+    let rank_label = cfg.rank.to_string();
+    let mut f = Follower {
+        cfg,
+        tracker,
+        hub,
+        stats,
+        last: None,
+        last_parent_replay: None,
+        pending_parent: false,
+        rank_label,
+    };
+    loop {
+        let mut sub = SubSocket::new();
+        let connected = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = sub.connect(&f.cfg.endpoint) => r,
+        };
+        if let Err(e) = connected {
+            tracing::warn!(endpoint = %f.cfg.endpoint, error = %e, "cannot connect to engine events; retrying");
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+            }
+        }
+        if let Err(e) = sub.subscribe(&f.cfg.topic).await {
+            tracing::warn!(error = %e, "subscribe failed; reconnecting");
+            continue;
+        }
+        tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
+        loop {
+            let msg = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = tokio::time::timeout(f.cfg.silence_reconnect, sub.recv()) => r,
+            };
+            match msg {
+                Err(_) => {
+                    tracing::debug!(
+                        rank = f.cfg.rank,
+                        "engine events silent; re-creating the SUB socket"
+                    );
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "event socket receive failed; reconnecting");
+                    break;
+                }
+                Ok(Ok(m)) => f.on_live(m.into_vec()).await,
+            }
+        }
+    }
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+impl Follower {
+    async fn on_live(&mut self, frames: Vec<Bytes>) {
+        let Some((seq, payload)) = parse_live(&frames) else {
+            self.stats.bad_frames.inc();
+            metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "frames")
+                .increment(1);
+            tracing::warn!(
+                frames = frames.len(),
+                "event message is not [topic, seq(8 bytes), payload]; skipped"
+            );
+            return;
+        };
+        match self.last {
+            None => {
+                if seq > 0 {
+                    self.catch_up(0, seq).await;
+                }
+            }
+            Some(last) if seq == last.wrapping_add(1) => {}
+            Some(last) if seq == last => {
+                tracing::debug!(seq, "duplicate batch ignored");
+                return;
+            }
+            Some(last) if seq < last => {
+                tracing::warn!(
+                    last,
+                    seq,
+                    rank = self.cfg.rank,
+                    "engine sequence went backwards: engine restarted; resetting this rank"
+                );
+                self.stats.engine_restarts.inc();
+                metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
+                let removed = self.tracker.clear();
+                self.hub.apply(removed, now_micros());
+                self.last = None;
+                if seq > 0 {
+                    self.catch_up(0, seq).await;
+                }
+            }
+            Some(last) => {
+                tracing::warn!(
+                    last,
+                    seq,
+                    rank = self.cfg.rank,
+                    "sequence gap in engine events"
+                );
+                self.stats.gaps.inc();
+                metrics::counter!("warmpath_agent_seq_gaps_total").increment(1);
+                self.catch_up(last + 1, seq).await;
+            }
+        }
+        self.apply(seq, &payload);
+        if self.stats_take_unknown_parent() {
+            self.catch_up(0, seq + 1).await;
+        }
+    }
+
+    /// Whether an unknown parent in the last batch warrants a catch-up replay.
+    fn stats_take_unknown_parent(&mut self) -> bool {
+        if self.cfg.replay_endpoint.is_none() || !self.pending_parent {
+            self.pending_parent = false;
+            return false;
+        }
+        self.pending_parent = false;
+        let due = self
+            .last_parent_replay
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+        if due {
+            self.last_parent_replay = Some(Instant::now());
+        }
+        due
+    }
+
+    /// Replays `from..until` and applies it; on failure to reach `until` (or
+    /// without a replay endpoint) counts an unrecovered gap and forces snapshots.
+    async fn catch_up(&mut self, from: u64, until: u64) {
+        let mut reached = self.last.map(|l| l + 1).unwrap_or(from);
+        // Catching up after a (re)start: whatever the buffer still holds helps.
+        let mut tolerate_first_hole = self.last.is_none();
+        if let Some(ep) = self.cfg.replay_endpoint.clone() {
+            match replay(
+                &ep,
+                from,
+                self.cfg.replay_timeout,
+                self.cfg.max_replay_batches,
+            )
+            .await
+            {
+                Ok(batches) => {
+                    self.stats.replays_ok.inc();
+                    metrics::counter!("warmpath_agent_replays_total", "result" => "ok")
+                        .increment(1);
+                    for (seq, payload) in batches {
+                        if seq >= until {
+                            break;
+                        }
+                        if seq > reached {
+                            if !tolerate_first_hole {
+                                break; // a hole in the replay itself
+                            }
+                            reached = seq;
+                        }
+                        tolerate_first_hole = false;
+                        self.apply(seq, &payload);
+                        reached = reached.max(seq + 1);
+                    }
+                }
+                Err(why) => {
+                    self.stats.replays_failed.inc();
+                    metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
+                        .increment(1);
+                    tracing::warn!(endpoint = %ep, %why, "replay failed");
+                }
+            }
+        }
+        if reached < until && (from > 0 || self.last.is_some()) {
+            self.stats.gaps_unrecovered.inc();
+            metrics::counter!("warmpath_agent_seq_gaps_unrecovered_total").increment(1);
+            tracing::warn!(
+                from = reached,
+                until,
+                "engine events lost for good; routers get a fresh snapshot"
+            );
+            self.hub.force_snapshot();
+        }
+    }
+
+    fn apply(&mut self, seq: u64, payload: &[u8]) {
+        self.last = Some(seq);
+        let batch: KvEventBatch = match decode_batch_with(payload, &self.cfg.limits) {
+            Ok(b) => b,
+            Err(e) => {
+                self.stats.bad_payloads.inc();
+                metrics::counter!("warmpath_agent_bad_messages_total", "reason" => e.kind())
+                    .increment(1);
+                tracing::warn!(seq, error = %e, "undecodable kv-event batch skipped");
+                return;
+            }
+        };
+        self.stats.batches.inc();
+        metrics::counter!("warmpath_agent_batches_total", "rank" => self.rank_label.clone())
+            .increment(1);
+        let out = self.tracker.apply_batch(&batch);
+        if out.unknown_parents > 0 {
+            self.stats.unknown_parents.add(out.unknown_parents);
+            metrics::counter!("warmpath_agent_unknown_parent_total").increment(out.unknown_parents);
+            self.pending_parent = true;
+        }
+        if out.unresolved > 0 {
+            self.stats.unresolved.add(out.unresolved);
+            metrics::counter!("warmpath_agent_unresolved_offload_total").increment(out.unresolved);
+        }
+        if out.malformed > 0 {
+            self.stats.malformed.add(out.malformed);
+            metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "malformed_event")
+                .increment(out.malformed);
+        }
+        self.stats.blocks_hashed.add(out.blocks_hashed);
+        if let Some(bs) = out.block_size_learned {
+            if let Some(old) = self.hub.block_size().filter(|o| *o != bs) {
+                tracing::error!(
+                    old,
+                    new = bs,
+                    rank = self.cfg.rank,
+                    "engine ranks disagree on block size"
+                );
+                metrics::counter!("warmpath_agent_block_size_mismatch_total").increment(1);
+            }
+            self.hub.set_block_size(bs);
+        }
+        self.hub.apply(out.changes, now_micros());
+    }
+}
+
+/// Asks `endpoint` for every buffered batch with seq >= `from`; returns them in
+/// order, stopping at the end marker.
+pub async fn replay(
+    endpoint: &str,
+    from: u64,
+    deadline: Duration,
+    max_batches: usize,
+) -> Result<Vec<(u64, Bytes)>, String> {
+    let endpoint = endpoint.to_owned();
+    let task = tokio::spawn(async move {
+        let mut dealer = DealerSocket::new();
+        dealer.connect(&endpoint).await.map_err(|e| e.to_string())?;
+        let mut req = ZmqMessage::from(Bytes::new());
+        req.push_back(Bytes::copy_from_slice(&from.to_be_bytes()));
+        dealer.send(req).await.map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        loop {
+            let m = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
+            let Some((seq, payload)) = parse_replay_reply(&m) else {
+                return Err(format!("malformed replay reply ({} frames)", m.len()));
+            };
+            if seq == END_OF_REPLAY {
+                return Ok(out);
+            }
+            if out.len() >= max_batches {
+                return Err(format!("replay longer than {max_batches} batches"));
+            }
+            out.push((seq, payload));
+        }
+    });
+    let abort = task.abort_handle();
+    match tokio::time::timeout(deadline, task).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(join)) => Err(format!("replay task failed: {join}")),
+        Err(_) => {
+            abort.abort();
+            Err(format!("no complete replay within {deadline:?}"))
+        }
+    }
+}

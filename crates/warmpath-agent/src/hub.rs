@@ -1,0 +1,390 @@
+//! The worker's published block set and the fan-out to router links.
+//!
+//! Every rank's [`Change`]s land here. The hub keeps the union of the ranks'
+//! blocks as refcounted `(hash, tier)` pairs (two DP ranks may hold the same
+//! block), turns net transitions into numbered [`Delta`]s (the agent's own `seq`,
+//! see the .proto) and pushes each to every router's bounded [`Sink`]. A sink
+//! that overflows drops its queue and is marked for a snapshot instead: a slow
+//! router costs a snapshot, never unbounded memory. Snapshots are taken under
+//! the same lock as deltas are numbered, so a snapshot at seq S is exact.
+
+use crate::tracker::Change;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use tokio::sync::Notify;
+use warmpath_core::BlockHash;
+use warmpath_proto::v1::{delta, Block, Cleared, Delta, Removed, Stored, Tier};
+
+/// A router link's queue: deltas not yet sent, or a snapshot request.
+#[derive(Debug)]
+pub struct Sink {
+    name: String,
+    capacity: usize,
+    state: Mutex<SinkState>,
+    notify: Notify,
+}
+
+#[derive(Debug, Default)]
+struct SinkState {
+    deltas: VecDeque<Delta>,
+    needs_snapshot: bool,
+    hello_changed: bool,
+}
+
+/// What a router link should send next.
+#[derive(Debug)]
+pub enum Work {
+    /// A new Hello (block size learned or changed), then a snapshot.
+    Hello,
+    /// A full snapshot as of `seq`.
+    Snapshot {
+        /// The seq it reflects.
+        seq: u64,
+        /// Every (hash, parent, tier) held.
+        blocks: Vec<Block>,
+    },
+    /// Queued deltas, in order.
+    Deltas(Vec<Delta>),
+}
+
+impl Sink {
+    /// Waits until there is work.
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+
+    /// Asks for a snapshot before anything else (new stream, router request).
+    pub fn request_snapshot(&self) {
+        let mut s = self.state.lock();
+        s.needs_snapshot = true;
+        s.deltas.clear();
+        drop(s);
+        self.notify.notify_one();
+    }
+
+    /// The router's name (its URL), for logs and metrics.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+struct Held {
+    parent: Option<BlockHash>,
+    refs: u32,
+}
+
+struct Inner {
+    blocks: HashMap<(BlockHash, i32), Held>,
+    seq: u64,
+    block_size: Option<u32>,
+    sinks: Vec<Arc<Sink>>,
+}
+
+/// The hub. Cheap to share (`Arc`).
+pub struct Hub {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = self.inner.lock();
+        f.debug_struct("Hub")
+            .field("blocks", &i.blocks.len())
+            .field("seq", &i.seq)
+            .field("block_size", &i.block_size)
+            .finish()
+    }
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Hub {
+    /// An empty hub at seq 0.
+    pub fn new() -> Self {
+        Hub {
+            inner: Mutex::new(Inner {
+                blocks: HashMap::new(),
+                seq: 0,
+                block_size: None,
+                sinks: Vec::new(),
+            }),
+        }
+    }
+
+    /// Registers a router link's queue holding at most `capacity` deltas.
+    pub fn add_sink(&self, name: impl Into<String>, capacity: usize) -> Arc<Sink> {
+        let sink = Arc::new(Sink {
+            name: name.into(),
+            capacity: capacity.max(1),
+            state: Mutex::new(SinkState {
+                needs_snapshot: true,
+                ..Default::default()
+            }),
+            notify: Notify::new(),
+        });
+        self.inner.lock().sinks.push(sink.clone());
+        sink
+    }
+
+    /// The current seq, block count and learned block size.
+    pub fn status(&self) -> (u64, usize, Option<u32>) {
+        let i = self.inner.lock();
+        (i.seq, i.blocks.len(), i.block_size)
+    }
+
+    /// The learned block size.
+    pub fn block_size(&self) -> Option<u32> {
+        self.inner.lock().block_size
+    }
+
+    /// Records the engine's block size; a change makes every link re-send Hello
+    /// and a snapshot.
+    pub fn set_block_size(&self, bs: u32) {
+        let mut i = self.inner.lock();
+        if i.block_size == Some(bs) {
+            return;
+        }
+        i.block_size = Some(bs);
+        for s in &i.sinks {
+            let mut st = s.state.lock();
+            st.hello_changed = true;
+            st.needs_snapshot = true;
+            st.deltas.clear();
+            drop(st);
+            s.notify.notify_one();
+        }
+    }
+
+    /// Every link sends a fresh snapshot (after an unrecoverable engine gap).
+    pub fn force_snapshot(&self) {
+        for s in &self.inner.lock().sinks {
+            s.request_snapshot();
+        }
+    }
+
+    /// Applies rank changes; returns how many deltas were emitted.
+    pub fn apply(&self, changes: Vec<Change>, observed_unix_micros: u64) -> usize {
+        let mut i = self.inner.lock();
+        let mut emitted = 0;
+        for c in changes {
+            let op = match c {
+                Change::Stored {
+                    parent,
+                    hashes,
+                    tier,
+                } => {
+                    let mut fresh = Vec::with_capacity(hashes.len());
+                    for (k, h) in hashes.iter().enumerate() {
+                        let p = if k == 0 { parent } else { Some(hashes[k - 1]) };
+                        let e = i
+                            .blocks
+                            .entry((*h, tier as i32))
+                            .or_insert(Held { parent: p, refs: 0 });
+                        e.refs += 1;
+                        if e.refs == 1 {
+                            fresh.push(*h);
+                        }
+                    }
+                    if fresh.is_empty() {
+                        continue;
+                    }
+                    // `parent` stays exact only when the whole segment is new.
+                    let parent = if fresh.len() == hashes.len() {
+                        parent
+                    } else {
+                        None
+                    };
+                    delta::Op::Stored(Stored {
+                        parent: parent.map(|p| p.0),
+                        hashes: fresh.iter().map(|h| h.0).collect(),
+                        tier: tier as i32,
+                    })
+                }
+                Change::Removed { hashes, tier } => {
+                    let mut gone = Vec::with_capacity(hashes.len());
+                    for h in hashes {
+                        let key = (h, tier as i32);
+                        if let Some(e) = i.blocks.get_mut(&key) {
+                            e.refs -= 1;
+                            if e.refs == 0 {
+                                i.blocks.remove(&key);
+                                gone.push(h.0);
+                            }
+                        }
+                    }
+                    if gone.is_empty() {
+                        continue;
+                    }
+                    if i.blocks.is_empty() && gone.len() > 1 {
+                        delta::Op::Cleared(Cleared {})
+                    } else {
+                        delta::Op::Removed(Removed {
+                            hashes: gone,
+                            tier: tier as i32,
+                        })
+                    }
+                }
+            };
+            i.seq += 1;
+            emitted += 1;
+            let d = Delta {
+                seq: i.seq,
+                op: Some(op),
+                observed_unix_micros,
+            };
+            for s in &i.sinks {
+                let mut st = s.state.lock();
+                if st.needs_snapshot {
+                    continue; // the snapshot will include it
+                }
+                if st.deltas.len() >= s.capacity {
+                    st.deltas.clear();
+                    st.needs_snapshot = true;
+                    metrics::counter!("warmpath_agent_deltas_coalesced_total", "router" => s.name.clone())
+                        .increment(1);
+                    tracing::warn!(router = %s.name, "router is slow: queued deltas coalesced into a snapshot");
+                } else {
+                    st.deltas.push_back(d.clone());
+                }
+                drop(st);
+                s.notify.notify_one();
+            }
+        }
+        metrics::gauge!("warmpath_agent_blocks").set(i.blocks.len() as f64);
+        emitted
+    }
+
+    /// Takes the next piece of work for `sink`, if any.
+    pub fn take_work(&self, sink: &Sink) -> Option<Work> {
+        let i = self.inner.lock();
+        let mut st = sink.state.lock();
+        if st.hello_changed {
+            st.hello_changed = false;
+            return Some(Work::Hello);
+        }
+        if st.needs_snapshot {
+            st.needs_snapshot = false;
+            st.deltas.clear();
+            let blocks = i
+                .blocks
+                .iter()
+                .map(|((h, t), held)| Block {
+                    hash: h.0,
+                    parent: held.parent.map(|p| p.0),
+                    tier: *t,
+                })
+                .collect();
+            return Some(Work::Snapshot { seq: i.seq, blocks });
+        }
+        if st.deltas.is_empty() {
+            return None;
+        }
+        Some(Work::Deltas(st.deltas.drain(..).collect()))
+    }
+
+    /// Whether `(hash, tier)` is held (tests, `/health`).
+    pub fn contains(&self, hash: BlockHash, tier: Tier) -> bool {
+        self.inner.lock().blocks.contains_key(&(hash, tier as i32))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn stored(hs: &[u64], tier: Tier) -> Change {
+        Change::Stored {
+            parent: None,
+            hashes: hs.iter().map(|h| BlockHash(*h)).collect(),
+            tier,
+        }
+    }
+
+    fn removed(hs: &[u64], tier: Tier) -> Change {
+        Change::Removed {
+            hashes: hs.iter().map(|h| BlockHash(*h)).collect(),
+            tier,
+        }
+    }
+
+    #[test]
+    fn snapshot_then_numbered_deltas() {
+        let hub = Hub::new();
+        let sink = hub.add_sink("r", 8);
+        hub.apply(vec![stored(&[1, 2], Tier::Gpu)], 0);
+        let Some(Work::Snapshot { seq, blocks }) = hub.take_work(&sink) else {
+            panic!("a new sink starts with a snapshot")
+        };
+        assert_eq!((seq, blocks.len()), (1, 2));
+        hub.apply(vec![stored(&[3], Tier::Gpu), removed(&[1], Tier::Gpu)], 0);
+        let Some(Work::Deltas(d)) = hub.take_work(&sink) else {
+            panic!()
+        };
+        assert_eq!(d.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![2, 3]);
+        assert!(hub.take_work(&sink).is_none());
+    }
+
+    #[test]
+    fn ranks_holding_the_same_block_are_refcounted() {
+        let hub = Hub::new();
+        assert_eq!(hub.apply(vec![stored(&[1], Tier::Gpu)], 0), 1);
+        assert_eq!(
+            hub.apply(vec![stored(&[1], Tier::Gpu)], 0),
+            0,
+            "second rank: no delta"
+        );
+        assert_eq!(
+            hub.apply(vec![removed(&[1], Tier::Gpu)], 0),
+            0,
+            "still on one rank"
+        );
+        assert!(hub.contains(BlockHash(1), Tier::Gpu));
+        assert_eq!(hub.apply(vec![removed(&[1], Tier::Gpu)], 0), 1);
+        assert!(!hub.contains(BlockHash(1), Tier::Gpu));
+    }
+
+    #[test]
+    fn a_slow_sink_coalesces_into_a_snapshot() {
+        let hub = Hub::new();
+        let sink = hub.add_sink("slow", 2);
+        assert!(matches!(hub.take_work(&sink), Some(Work::Snapshot { .. })));
+        for h in 0..5 {
+            hub.apply(vec![stored(&[h], Tier::Gpu)], 0);
+        }
+        let Some(Work::Snapshot { seq, blocks }) = hub.take_work(&sink) else {
+            panic!("overflow must turn into a snapshot")
+        };
+        assert_eq!((seq, blocks.len()), (5, 5));
+    }
+
+    #[test]
+    fn emptying_the_set_sends_cleared() {
+        let hub = Hub::new();
+        let sink = hub.add_sink("r", 8);
+        hub.apply(vec![stored(&[1, 2], Tier::Gpu)], 0);
+        hub.take_work(&sink);
+        hub.apply(vec![removed(&[1, 2], Tier::Gpu)], 0);
+        let Some(Work::Deltas(d)) = hub.take_work(&sink) else {
+            panic!()
+        };
+        assert!(matches!(d[0].op, Some(delta::Op::Cleared(_))));
+    }
+
+    #[test]
+    fn learning_the_block_size_resends_hello_and_snapshot() {
+        let hub = Hub::new();
+        let sink = hub.add_sink("r", 8);
+        hub.take_work(&sink);
+        hub.set_block_size(16);
+        assert!(matches!(hub.take_work(&sink), Some(Work::Hello)));
+        assert!(matches!(hub.take_work(&sink), Some(Work::Snapshot { .. })));
+        hub.set_block_size(16);
+        assert!(hub.take_work(&sink).is_none(), "same size: nothing to do");
+    }
+}

@@ -1,0 +1,24 @@
+//! warmpath-agent: runs beside one engine instance and tells every router which
+//! KV-cache blocks that instance holds.
+//!
+//! - [`vllm`]: vLLM's KV-event wire format (decode, encode) and a vLLM-compatible
+//!   publisher used by the engine emulator, the simulator and the tests.
+//! - [`tracker`]: one engine rank's `vLLM hash -> warmpath hash` map; re-hashing.
+//! - [`hub`]: the worker's block set (union of ranks), the agent's seq, and the
+//!   bounded, coalescing per-router queues.
+//! - [`follow`]: ZMQ SUB + DEALER replay for one rank, sequence handling.
+//! - [`link`]: one gRPC stream per router, with reconnect.
+//! - [`load`]: the engine's Prometheus load metrics.
+//! - [`agent`]: wiring, `/metrics` and `/health`; [`cli`]: the command line.
+
+pub mod agent;
+pub mod cli;
+pub mod follow;
+pub mod hub;
+pub mod link;
+pub mod load;
+pub mod stats;
+pub mod tracker;
+pub mod vllm;
+
+pub use agent::{Agent, AgentConfig, AgentError, Mode};

@@ -1,0 +1,263 @@
+//! One router link: a `CacheEvents.Publish` stream with reconnect.
+//!
+//! Each (re)connect opens a new stream, sends Hello and a full snapshot, then
+//! the deltas the [`Hub`] queues for this router, Load when it changes and a
+//! Heartbeat when idle. The router's answers: `Ack` (noted), `ResendSnapshot`
+//! (snapshot next), `Refused` (logged at error level, counted, reconnect later).
+//! Failures back off exponentially (200 ms .. 30 s) with full jitter.
+
+use crate::hub::{Hub, Sink, Work};
+use crate::stats::Stats;
+use rand::Rng;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use warmpath_proto::v1::{
+    agent_message::Msg, router_message, AgentMessage, Heartbeat, Hello, Load, SnapshotChunk,
+};
+use warmpath_proto::{bearer, CacheEventsClient, AUTHORIZATION, MAX_SNAPSHOT_CHUNK_BLOCKS};
+
+/// Who this agent is, as told in Hello.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// Worker id.
+    pub worker_id: String,
+    /// Engine base URL.
+    pub endpoint: String,
+    /// Model name.
+    pub model: String,
+    /// This agent run's epoch.
+    pub epoch: u64,
+    /// Shared token for the router, if any.
+    pub token: Option<String>,
+}
+
+/// Link tuning.
+#[derive(Clone, Debug)]
+pub struct LinkConfig {
+    /// Heartbeat after this long without sending.
+    pub heartbeat: Duration,
+    /// First backoff.
+    pub backoff_min: Duration,
+    /// Largest backoff.
+    pub backoff_max: Duration,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            heartbeat: Duration::from_secs(2),
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Why one stream ended.
+#[derive(Debug, thiserror::Error)]
+enum LinkError {
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    #[error("stream failed: {0}")]
+    Stream(#[from] tonic::Status),
+    #[error("router refused the stream: {0}")]
+    Refused(String),
+    #[error("router closed the stream")]
+    Closed,
+}
+
+/// Runs the link to `url` until `cancel` fires.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_link(
+    url: String,
+    id: Identity,
+    hub: Arc<Hub>,
+    sink: Arc<Sink>,
+    load: watch::Receiver<Option<Load>>,
+    stats: Arc<Stats>,
+    cfg: LinkConfig,
+    cancel: CancellationToken,
+) {
+    let mut attempt: u32 = 0;
+    loop {
+        let started = std::time::Instant::now();
+        let r = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = stream_once(&url, &id, &hub, &sink, load.clone(), &stats, &cfg) => r,
+        };
+        metrics::gauge!("warmpath_agent_router_connected", "router" => url.clone()).set(0.0);
+        match r {
+            Err(LinkError::Refused(reason)) => {
+                tracing::error!(router = %url, %reason, "router refused this agent");
+            }
+            Err(e) => tracing::warn!(router = %url, error = %e, "router link down"),
+            Ok(()) => {}
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            attempt = 0; // it was up for a while: start backing off afresh
+        }
+        let cap = cfg
+            .backoff_min
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(cfg.backoff_max);
+        let wait = cap.mul_f64(rand::rng().random_range(0.5..1.0));
+        attempt = attempt.saturating_add(1);
+        metrics::counter!("warmpath_agent_router_reconnects_total", "router" => url.clone())
+            .increment(1);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn hello(id: &Identity, hub: &Hub) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Msg::Hello(Hello {
+            worker_id: id.worker_id.clone(),
+            endpoint: id.endpoint.clone(),
+            model: id.model.clone(),
+            block_size: hub.block_size().unwrap_or(0),
+            epoch: id.epoch,
+            agent_version: concat!("warmpath-agent ", env!("CARGO_PKG_VERSION")).to_owned(),
+            dp_rank: 0,
+        })),
+    }
+}
+
+async fn stream_once(
+    url: &str,
+    id: &Identity,
+    hub: &Hub,
+    sink: &Sink,
+    mut load: watch::Receiver<Option<Load>>,
+    stats: &Stats,
+    cfg: &LinkConfig,
+) -> Result<(), LinkError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| LinkError::Connect(e.to_string()))?
+        .connect_timeout(cfg.connect_timeout)
+        .tcp_nodelay(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| LinkError::Connect(e.to_string()))?;
+    let mut client = CacheEventsClient::new(channel);
+    let (tx, rx) = mpsc::channel::<AgentMessage>(32);
+    // Queue Hello + snapshot before the call so the router sees them first.
+    sink.request_snapshot();
+    tx.send(hello(id, hub))
+        .await
+        .map_err(|_| LinkError::Closed)?;
+    let mut req = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(t) = &id.token {
+        let v = bearer(t)
+            .parse()
+            .map_err(|_| LinkError::Connect("agent token is not valid header text".into()))?;
+        req.metadata_mut().insert(AUTHORIZATION, v);
+    }
+    let mut inbound = client.publish(req).await?.into_inner();
+    stats.router_connects.inc();
+    metrics::gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
+    tracing::info!(router = %url, "router link up");
+    let send = |m: AgentMessage| {
+        let tx = tx.clone();
+        async move { tx.send(m).await.map_err(|_| LinkError::Closed) }
+    };
+    let mut heartbeat = tokio::time::interval(cfg.heartbeat);
+    let mut last_seq = 0u64;
+    let mut load_open = true;
+    loop {
+        // Drain all work first.
+        while let Some(work) = hub.take_work(sink) {
+            match work {
+                Work::Hello => send(hello(id, hub)).await?,
+                Work::Snapshot { seq, blocks } => {
+                    let total = blocks.len() as u64;
+                    let chunks: Vec<_> = if blocks.is_empty() {
+                        vec![Vec::new()]
+                    } else {
+                        blocks
+                            .chunks(MAX_SNAPSHOT_CHUNK_BLOCKS)
+                            .map(|c| c.to_vec())
+                            .collect()
+                    };
+                    let n = chunks.len();
+                    for (i, blocks) in chunks.into_iter().enumerate() {
+                        send(AgentMessage {
+                            msg: Some(Msg::Snapshot(SnapshotChunk {
+                                seq,
+                                chunk_index: i as u32,
+                                first: i == 0,
+                                last: i + 1 == n,
+                                blocks,
+                                total_blocks: total,
+                            })),
+                        })
+                        .await?;
+                    }
+                    last_seq = seq;
+                    stats.snapshots_sent.inc();
+                    metrics::counter!("warmpath_agent_snapshots_sent_total").increment(1);
+                }
+                Work::Deltas(ds) => {
+                    let n = ds.len() as u64;
+                    for d in ds {
+                        last_seq = d.seq;
+                        send(AgentMessage {
+                            msg: Some(Msg::Delta(d)),
+                        })
+                        .await?;
+                    }
+                    stats.deltas_sent.add(n);
+                    metrics::counter!("warmpath_agent_deltas_sent_total").increment(n);
+                }
+            }
+            heartbeat.reset();
+        }
+        tokio::select! {
+            _ = sink.notified() => {}
+            changed = load.changed(), if load_open => {
+                if changed.is_err() {
+                    load_open = false; // no scraper
+                } else {
+                    let l = load.borrow_and_update().clone();
+                    if let Some(l) = l {
+                        send(AgentMessage { msg: Some(Msg::Load(l)) }).await?;
+                    }
+                }
+            }
+            _ = heartbeat.tick() => {
+                send(AgentMessage { msg: Some(Msg::Heartbeat(Heartbeat { last_seq })) }).await?;
+            }
+            m = inbound.next() => match m {
+                None => return Err(LinkError::Closed),
+                Some(Err(s)) => return Err(LinkError::Stream(s)),
+                Some(Ok(m)) => match m.msg {
+                    Some(router_message::Msg::Ack(a)) => {
+                        tracing::trace!(router = %url, seq = a.seq, "ack");
+                    }
+                    Some(router_message::Msg::ResendSnapshot(r)) => {
+                        tracing::warn!(router = %url, reason = %r.reason, "router asks for a snapshot");
+                        sink.request_snapshot();
+                    }
+                    Some(router_message::Msg::Refused(r)) => {
+                        stats.router_refusals.inc();
+                        metrics::counter!("warmpath_agent_router_refused_total", "router" => url.to_owned()).increment(1);
+                        if r.reason.contains("block size") || r.reason.contains("block_size") {
+                            metrics::counter!("warmpath_agent_block_size_mismatch_total").increment(1);
+                        }
+                        return Err(LinkError::Refused(r.reason));
+                    }
+                    None => {}
+                },
+            },
+        }
+    }
+}

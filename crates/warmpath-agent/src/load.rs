@@ -1,0 +1,161 @@
+//! Load scraping: the engine's Prometheus `/metrics`, once a second.
+//!
+//! Reads `vllm:num_requests_running`, `vllm:num_requests_waiting` and
+//! `vllm:kv_cache_usage_perc` (a 0..1 fraction despite its name; older releases
+//! call it `vllm:gpu_cache_usage_perc`), summing over label sets (several
+//! engines or DP ranks behind one endpoint) and averaging the usage.
+
+use crate::stats::Stats;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use warmpath_proto::v1::Load;
+
+/// Parses Prometheus text exposition into a [`Load`] (with `engine_up` true).
+/// Returns `None` when none of the three metrics is present.
+pub fn parse_metrics(text: &str) -> Option<Load> {
+    let (mut running, mut waiting) = (0f64, 0f64);
+    let (mut usage_sum, mut usage_n) = (0f64, 0u32);
+    let mut seen = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        // The value is the first field after the labels (a timestamp may follow).
+        let rest = match line[name_end..].rfind('}') {
+            Some(i) if line[name_end..].starts_with('{') => &line[name_end + i + 1..],
+            _ => &line[name_end..],
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if !value.is_finite() {
+            continue;
+        }
+        match name {
+            "vllm:num_requests_running" => running += value,
+            "vllm:num_requests_waiting" => waiting += value,
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+                usage_sum += value;
+                usage_n += 1;
+            }
+            _ => continue,
+        }
+        seen = true;
+    }
+    seen.then(|| Load {
+        running: running.max(0.0).min(u32::MAX as f64) as u32,
+        waiting: waiting.max(0.0).min(u32::MAX as f64) as u32,
+        kv_usage: if usage_n > 0 {
+            (usage_sum / f64::from(usage_n)).clamp(0.0, 1.0) as f32
+        } else {
+            0.0
+        },
+        engine_up: true,
+    })
+}
+
+/// Scrapes `{engine_url}/metrics` every `every` and publishes into `tx`; a
+/// failed scrape publishes the last good values with `engine_up` false.
+pub async fn scrape_loop(
+    engine_url: String,
+    every: Duration,
+    tx: watch::Sender<Option<Load>>,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+) {
+    let url = format!("{}/metrics", engine_url.trim_end_matches('/'));
+    let client = match reqwest::Client::builder()
+        .timeout(every.max(Duration::from_millis(500)))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the HTTP client; load scraping off");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Load::default();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let got = async {
+            let resp = client.get(&url).send().await.map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(format!("HTTP {}", resp.status()));
+            }
+            let text = resp.text().await.map_err(|e| e.to_string())?;
+            parse_metrics(&text).ok_or_else(|| "no vllm load metrics in the page".to_owned())
+        };
+        let got = tokio::select! {
+            _ = cancel.cancelled() => return,
+            g = got => g,
+        };
+        let load = match got {
+            Ok(l) => {
+                last = l.clone();
+                l
+            }
+            Err(why) => {
+                stats.load_scrape_errors.inc();
+                metrics::counter!("warmpath_agent_load_scrape_errors_total").increment(1);
+                tracing::debug!(%url, %why, "load scrape failed");
+                Load {
+                    engine_up: false,
+                    ..last.clone()
+                }
+            }
+        };
+        metrics::gauge!("warmpath_agent_engine_running").set(f64::from(load.running));
+        metrics::gauge!("warmpath_agent_engine_waiting").set(f64::from(load.waiting));
+        metrics::gauge!("warmpath_agent_engine_kv_usage").set(f64::from(load.kv_usage));
+        if tx.send(Some(load)).is_err() {
+            return; // nobody listens any more
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_vllm_metrics_and_sums_label_sets() {
+        let text = "# HELP vllm:num_requests_running Number of requests\n\
+            # TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 2.0\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 7\n\
+            vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25 1700000000\n\
+            vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.75\n\
+            vllm:prefix_cache_hits_total{engine=\"0\"} 100\n";
+        let l = parse_metrics(text).unwrap();
+        assert_eq!((l.running, l.waiting), (5, 7));
+        assert!((l.kv_usage - 0.5).abs() < 1e-6);
+        assert!(l.engine_up);
+    }
+
+    #[test]
+    fn no_metrics_or_junk_is_none() {
+        assert_eq!(parse_metrics("up 1\n"), None);
+        assert_eq!(
+            parse_metrics("vllm:num_requests_running{a=\"}\"} nan-ish\n"),
+            None
+        );
+        let l = parse_metrics("vllm:num_requests_waiting -4\n").unwrap();
+        assert_eq!(l.waiting, 0, "negative clamps to 0");
+    }
+}

@@ -1,0 +1,32 @@
+//! `warmpath-agent`: a thin shell over [`warmpath_agent::Agent`].
+
+use anyhow::Context;
+use clap::Parser;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tracing_subscriber::EnvFilter;
+use warmpath_agent::cli::Cli;
+use warmpath_agent::Agent;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let agent = Agent::start(cli.into_config(), Some(prometheus))
+        .await
+        .context("starting the agent")?;
+    // Scripts read the bound address from stdout.
+    println!("warmpath-agent listening on http://{}", agent.http_addr());
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for ctrl-c")?;
+    tracing::info!("shutting down");
+    agent.shutdown().await;
+    Ok(())
+}

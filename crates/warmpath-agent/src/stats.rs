@@ -1,0 +1,64 @@
+//! Counters the agent keeps besides its Prometheus metrics, for `/health` and
+//! for tests that must see exactly what was counted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One monotonically increasing counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds one.
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What the agent counted since it started.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Batches decoded and applied.
+    pub batches: Counter,
+    /// Blocks re-hashed.
+    pub blocks_hashed: Counter,
+    /// Messages without the `[topic, seq, payload]` layout.
+    pub bad_frames: Counter,
+    /// Payloads that failed to decode.
+    pub bad_payloads: Counter,
+    /// Events that contradict themselves.
+    pub malformed: Counter,
+    /// BlockStored events with an unknown parent.
+    pub unknown_parents: Counter,
+    /// Offload stores of blocks never seen with tokens.
+    pub unresolved: Counter,
+    /// Sequence gaps seen.
+    pub gaps: Counter,
+    /// Gaps no replay could fill.
+    pub gaps_unrecovered: Counter,
+    /// Engine restarts (sequence went backwards).
+    pub engine_restarts: Counter,
+    /// Replays that completed.
+    pub replays_ok: Counter,
+    /// Replays that failed or timed out.
+    pub replays_failed: Counter,
+    /// Snapshots sent to routers.
+    pub snapshots_sent: Counter,
+    /// Deltas sent to routers.
+    pub deltas_sent: Counter,
+    /// Router streams opened.
+    pub router_connects: Counter,
+    /// Refusals received from routers.
+    pub router_refusals: Counter,
+    /// Load scrapes that failed.
+    pub load_scrape_errors: Counter,
+}

@@ -1,0 +1,316 @@
+//! One engine rank's block map: vLLM hash -> (warmpath hash, parent, tiers).
+//!
+//! [`EngineTracker::apply_batch`] turns vLLM events into [`Change`]s on warmpath
+//! hashes. A `BlockStored` with tokens is re-hashed block by block with the
+//! shared hash, chained from the parent the tracker recorded (or seeded with
+//! model, LoRA name and the tenant found as `cache_salt` in block 0's extra keys).
+//! A parent it does not know is counted and the chain is dropped — never guessed.
+//! Offload stores (no tokens) resolve through the map. Changes are emitted only on
+//! real transitions, so applying the same batch twice (a replay overlapping what
+//! was already seen) changes nothing.
+//!
+//! Removed blocks keep their mapping for a while ("ghosts", bounded) so that a
+//! child stored after its parent was evicted still chains correctly.
+
+use crate::vllm::{BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
+use std::collections::{HashMap, VecDeque};
+use warmpath_core::{hash_block, BlockHash, HashSeed};
+use warmpath_proto::v1::Tier;
+
+/// A change to the set of blocks one rank holds, on warmpath hashes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Blocks newly held in `tier`; `hashes` is a chain segment after `parent`.
+    Stored {
+        /// The block before `hashes[0]`, if known.
+        parent: Option<BlockHash>,
+        /// New blocks, chain order.
+        hashes: Vec<BlockHash>,
+        /// Where.
+        tier: Tier,
+    },
+    /// Blocks no longer held in `tier`.
+    Removed {
+        /// The blocks.
+        hashes: Vec<BlockHash>,
+        /// Where.
+        tier: Tier,
+    },
+}
+
+/// What applying one batch did, besides the changes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The changes, in order.
+    pub changes: Vec<Change>,
+    /// BlockStored events whose parent is unknown (chain dropped).
+    pub unknown_parents: u64,
+    /// Offload stores naming a block the tracker never saw with tokens.
+    pub unresolved: u64,
+    /// Events that contradict themselves (token count vs. hashes, block size 0).
+    pub malformed: u64,
+    /// Set when this batch taught (or changed) the block size.
+    pub block_size_learned: Option<u32>,
+    /// Blocks hashed.
+    pub blocks_hashed: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    wp: BlockHash,
+    parent: Option<BlockHash>,
+    tiers: u8,
+}
+
+fn bit(t: Tier) -> u8 {
+    1 << (t as i32 as u8)
+}
+
+/// Maps vLLM's medium to a tier (nil/absent: the GPU; unknown strings: disk).
+pub fn tier_of(medium: Option<&Medium>) -> Tier {
+    match medium {
+        None | Some(Medium::Gpu) => Tier::Gpu,
+        Some(Medium::Cpu) => Tier::Cpu,
+        Some(Medium::Storage) | Some(Medium::Other(_)) => Tier::Disk,
+    }
+}
+
+/// The block map of one engine rank.
+#[derive(Debug)]
+pub struct EngineTracker {
+    model: String,
+    entries: HashMap<EngineBlockHash, Entry>,
+    ghosts: VecDeque<EngineBlockHash>,
+    ghost_capacity: usize,
+    block_size: Option<u32>,
+    present: usize,
+}
+
+impl EngineTracker {
+    /// An empty tracker for `model`, remembering up to `ghost_capacity` removed
+    /// blocks' mappings.
+    pub fn new(model: impl Into<String>, ghost_capacity: usize) -> Self {
+        EngineTracker {
+            model: model.into(),
+            entries: HashMap::new(),
+            ghosts: VecDeque::new(),
+            ghost_capacity,
+            block_size: None,
+            present: 0,
+        }
+    }
+
+    /// The block size learned from the events, if any.
+    pub fn block_size(&self) -> Option<u32> {
+        self.block_size
+    }
+
+    /// Blocks held (in at least one tier).
+    pub fn len(&self) -> usize {
+        self.present
+    }
+
+    /// Whether no block is held.
+    pub fn is_empty(&self) -> bool {
+        self.present == 0
+    }
+
+    /// The warmpath hash for an engine hash, if known (held or recently removed).
+    pub fn lookup(&self, h: &EngineBlockHash) -> Option<BlockHash> {
+        self.entries.get(h).map(|e| e.wp)
+    }
+
+    /// Applies one batch.
+    pub fn apply_batch(&mut self, batch: &KvEventBatch) -> Outcome {
+        let mut out = Outcome::default();
+        for e in &batch.events {
+            match e {
+                KvEvent::BlockStored(s) if s.token_ids.is_empty() => {
+                    self.offload_store(s, &mut out)
+                }
+                KvEvent::BlockStored(s) => self.store(s, &mut out),
+                KvEvent::BlockRemoved(r) => {
+                    self.remove(&r.block_hashes, tier_of(r.medium.as_ref()), &mut out)
+                }
+                KvEvent::AllBlocksCleared => out.changes.extend(self.clear()),
+            }
+        }
+        out
+    }
+
+    /// Forgets every block (cache reset or engine restart); returns the removals.
+    pub fn clear(&mut self) -> Vec<Change> {
+        let mut by_tier: [Vec<BlockHash>; 4] = Default::default();
+        for e in self.entries.values() {
+            for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
+                if e.tiers & bit(t) != 0 {
+                    by_tier[t as usize].push(e.wp);
+                }
+            }
+        }
+        self.entries.clear();
+        self.ghosts.clear();
+        self.present = 0;
+        let mut out = Vec::new();
+        for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
+            let hashes = std::mem::take(&mut by_tier[t as usize]);
+            if !hashes.is_empty() {
+                out.push(Change::Removed { hashes, tier: t });
+            }
+        }
+        out
+    }
+
+    fn store(&mut self, s: &BlockStored, out: &mut Outcome) {
+        let bs = s.block_size as usize;
+        if bs == 0 || s.token_ids.len() != bs * s.block_hashes.len() {
+            tracing::warn!(
+                tokens = s.token_ids.len(),
+                block_size = s.block_size,
+                hashes = s.block_hashes.len(),
+                "BlockStored whose token count is not block_size x hashes; skipped"
+            );
+            out.malformed += 1;
+            return;
+        }
+        if self.block_size != Some(s.block_size) {
+            if let Some(old) = self.block_size {
+                tracing::error!(old, new = s.block_size, "engine block size changed");
+            }
+            self.block_size = Some(s.block_size);
+            out.block_size_learned = Some(s.block_size);
+        }
+        let (mut prev, parent) = match &s.parent_block_hash {
+            Some(p) => match self.entries.get(p) {
+                Some(e) => (e.wp.0, Some(e.wp)),
+                None => {
+                    tracing::debug!(parent = ?p, "BlockStored with an unknown parent; chain dropped");
+                    out.unknown_parents += 1;
+                    return;
+                }
+            },
+            None => {
+                let seed = HashSeed::new(
+                    &self.model,
+                    s.lora_name.as_deref().unwrap_or(""),
+                    s.cache_salt().unwrap_or(""),
+                );
+                (seed.0, None)
+            }
+        };
+        let tier = tier_of(s.medium.as_ref());
+        let mut new = Vec::new();
+        let mut run_parent = parent;
+        let mut chain_parent = parent;
+        for (block, eh) in s.token_ids.chunks_exact(bs).zip(&s.block_hashes) {
+            let wp = hash_block(prev, block);
+            out.blocks_hashed += 1;
+            if self.mark(eh, wp, chain_parent, tier) {
+                if new.is_empty() {
+                    run_parent = chain_parent;
+                }
+                new.push(wp);
+            } else if !new.is_empty() {
+                // A block already held interrupts the run: flush it.
+                out.changes.push(Change::Stored {
+                    parent: run_parent,
+                    hashes: std::mem::take(&mut new),
+                    tier,
+                });
+            }
+            chain_parent = Some(wp);
+            prev = wp.0;
+        }
+        if !new.is_empty() {
+            out.changes.push(Change::Stored {
+                parent: run_parent,
+                hashes: new,
+                tier,
+            });
+        }
+    }
+
+    fn offload_store(&mut self, s: &BlockStored, out: &mut Outcome) {
+        let tier = tier_of(s.medium.as_ref());
+        let mut new = Vec::new();
+        let mut first_parent = None;
+        for eh in &s.block_hashes {
+            let Some(e) = self.entries.get(eh).copied() else {
+                out.unresolved += 1;
+                continue;
+            };
+            if self.mark(eh, e.wp, e.parent, tier) {
+                if new.is_empty() {
+                    first_parent = e.parent;
+                }
+                new.push(e.wp);
+            }
+        }
+        if !new.is_empty() {
+            out.changes.push(Change::Stored {
+                parent: first_parent,
+                hashes: new,
+                tier,
+            });
+        }
+    }
+
+    /// Records `eh` held in `tier`; true when that is new.
+    fn mark(
+        &mut self,
+        eh: &EngineBlockHash,
+        wp: BlockHash,
+        parent: Option<BlockHash>,
+        tier: Tier,
+    ) -> bool {
+        let e = self.entries.entry(eh.clone()).or_insert(Entry {
+            wp,
+            parent,
+            tiers: 0,
+        });
+        if e.wp != wp {
+            // Same engine hash, different content: trust the newest.
+            e.wp = wp;
+            e.parent = parent;
+        }
+        let was_empty = e.tiers == 0;
+        let fresh = e.tiers & bit(tier) == 0;
+        e.tiers |= bit(tier);
+        if was_empty {
+            self.present += 1;
+        }
+        fresh
+    }
+
+    fn remove(&mut self, hashes: &[EngineBlockHash], tier: Tier, out: &mut Outcome) {
+        let mut gone = Vec::new();
+        for eh in hashes {
+            let Some(e) = self.entries.get_mut(eh) else {
+                continue;
+            };
+            if e.tiers & bit(tier) == 0 {
+                continue;
+            }
+            e.tiers &= !bit(tier);
+            gone.push(e.wp);
+            if e.tiers == 0 {
+                self.present -= 1;
+                self.ghosts.push_back(eh.clone());
+            }
+        }
+        while self.ghosts.len() > self.ghost_capacity {
+            if let Some(old) = self.ghosts.pop_front() {
+                if self.entries.get(&old).is_some_and(|e| e.tiers == 0) {
+                    self.entries.remove(&old);
+                }
+            }
+        }
+        if !gone.is_empty() {
+            out.changes.push(Change::Removed { hashes: gone, tier });
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tracker_tests.rs"]
+mod tests;

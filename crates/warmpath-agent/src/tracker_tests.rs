@@ -1,0 +1,205 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::vllm::BlockRemoved;
+use rmpv::Value;
+use warmpath_core::hash_tokens;
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>, bs: u32) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes.iter().map(|h| EngineBlockHash::Int(*h)).collect(),
+        parent_block_hash: parent.map(EngineBlockHash::Int),
+        token_ids: tokens,
+        block_size: bs,
+        medium: Some(Medium::Gpu),
+        ..Default::default()
+    })
+}
+
+fn batch(events: Vec<KvEvent>) -> KvEventBatch {
+    KvEventBatch {
+        ts: 0.0,
+        events,
+        dp_rank: Some(0),
+    }
+}
+
+#[test]
+fn rehashes_with_the_shared_hash_and_chains_from_the_parent() {
+    let mut t = EngineTracker::new("m", 16);
+    let toks: Vec<u32> = (0..32).collect();
+    let want = hash_tokens(HashSeed::new("m", "", ""), 16, &toks);
+    // Block 0 alone, then block 1 chained onto it in a later event.
+    let o = t.apply_batch(&batch(vec![stored(&[10], None, toks[..16].to_vec(), 16)]));
+    assert_eq!(o.block_size_learned, Some(16));
+    let o2 = t.apply_batch(&batch(vec![stored(
+        &[11],
+        Some(10),
+        toks[16..].to_vec(),
+        16,
+    )]));
+    assert_eq!(
+        o.changes,
+        vec![Change::Stored {
+            parent: None,
+            hashes: vec![want[0]],
+            tier: Tier::Gpu
+        }]
+    );
+    assert_eq!(
+        o2.changes,
+        vec![Change::Stored {
+            parent: Some(want[0]),
+            hashes: vec![want[1]],
+            tier: Tier::Gpu
+        }]
+    );
+    assert_eq!(
+        want[0].to_hex(),
+        "d3034b7f684156db",
+        "the pinned golden vector"
+    );
+    assert_eq!(t.len(), 2);
+}
+
+#[test]
+fn tenant_from_cache_salt_and_lora_seed_the_chain() {
+    let mut t = EngineTracker::new("m", 16);
+    let toks: Vec<u32> = (0..32).collect();
+    let ev = KvEvent::BlockStored(BlockStored {
+        block_hashes: vec![EngineBlockHash::Int(1), EngineBlockHash::Int(2)],
+        token_ids: toks.clone(),
+        block_size: 16,
+        extra_keys: Some(vec![Value::Array(vec![Value::from("acme")]), Value::Nil]),
+        ..Default::default()
+    });
+    let o = t.apply_batch(&batch(vec![ev]));
+    let Change::Stored { hashes, .. } = &o.changes[0] else {
+        panic!()
+    };
+    assert_eq!(hashes[0].to_hex(), "846f32e51cf9b9c8");
+    assert_eq!(hashes[1].to_hex(), "ca65ce98c2b0770a");
+
+    let ev = KvEvent::BlockStored(BlockStored {
+        block_hashes: vec![EngineBlockHash::Int(3), EngineBlockHash::Int(4)],
+        token_ids: toks,
+        block_size: 16,
+        lora_name: Some("sql-adapter".into()),
+        extra_keys: Some(vec![
+            Value::Array(vec![Value::from("sql-adapter")]),
+            Value::Nil,
+        ]),
+        ..Default::default()
+    });
+    let o = t.apply_batch(&batch(vec![ev]));
+    let Change::Stored { hashes, .. } = &o.changes[0] else {
+        panic!()
+    };
+    assert_eq!(hashes[0].to_hex(), "50e81dc032d5d4fc");
+}
+
+#[test]
+fn unknown_parent_is_counted_never_guessed() {
+    let mut t = EngineTracker::new("m", 16);
+    let o = t.apply_batch(&batch(vec![stored(&[11], Some(999), vec![0; 16], 16)]));
+    assert_eq!(o.unknown_parents, 1);
+    assert!(o.changes.is_empty());
+    assert!(t.is_empty());
+}
+
+#[test]
+fn removed_and_tiers_and_offload_resolution() {
+    let mut t = EngineTracker::new("m", 16);
+    let o = t.apply_batch(&batch(vec![stored(&[1, 2], None, (0..32).collect(), 16)]));
+    let Change::Stored { hashes: wp, .. } = o.changes[0].clone() else {
+        panic!()
+    };
+    // Offload of block 1 and an unknown one to CPU: no tokens.
+    let off = KvEvent::BlockStored(BlockStored {
+        block_hashes: vec![EngineBlockHash::Int(2), EngineBlockHash::Int(77)],
+        medium: Some(Medium::Cpu),
+        ..Default::default()
+    });
+    let o = t.apply_batch(&batch(vec![off]));
+    assert_eq!(o.unresolved, 1);
+    assert_eq!(
+        o.changes,
+        vec![Change::Stored {
+            parent: Some(wp[0]),
+            hashes: vec![wp[1]],
+            tier: Tier::Cpu
+        }]
+    );
+    // GPU eviction of block 1: still on the CPU.
+    let rm = KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![EngineBlockHash::Int(2)],
+        medium: Some(Medium::Gpu),
+        group_idx: None,
+    });
+    let o = t.apply_batch(&batch(vec![rm.clone()]));
+    assert_eq!(
+        o.changes,
+        vec![Change::Removed {
+            hashes: vec![wp[1]],
+            tier: Tier::Gpu
+        }]
+    );
+    assert_eq!(t.len(), 2);
+    // Removing again is a no-op.
+    assert!(t.apply_batch(&batch(vec![rm])).changes.is_empty());
+    // Clear removes the rest, per tier.
+    let o = t.apply_batch(&batch(vec![KvEvent::AllBlocksCleared]));
+    assert_eq!(
+        o.changes,
+        vec![
+            Change::Removed {
+                hashes: vec![wp[0]],
+                tier: Tier::Gpu
+            },
+            Change::Removed {
+                hashes: vec![wp[1]],
+                tier: Tier::Cpu
+            },
+        ]
+    );
+    assert!(t.is_empty());
+}
+
+#[test]
+fn replaying_a_batch_changes_nothing() {
+    let mut t = EngineTracker::new("m", 16);
+    let b = batch(vec![stored(&[1, 2], None, (0..32).collect(), 16)]);
+    assert_eq!(t.apply_batch(&b).changes.len(), 1);
+    assert!(t.apply_batch(&b).changes.is_empty());
+}
+
+#[test]
+fn a_removed_parent_still_chains_its_child() {
+    let mut t = EngineTracker::new("m", 16);
+    let toks: Vec<u32> = (0..32).collect();
+    let want = hash_tokens(HashSeed::new("m", "", ""), 16, &toks);
+    t.apply_batch(&batch(vec![stored(&[1], None, toks[..16].to_vec(), 16)]));
+    t.apply_batch(&batch(vec![KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![EngineBlockHash::Int(1)],
+        ..Default::default()
+    })]));
+    let o = t.apply_batch(&batch(vec![stored(&[2], Some(1), toks[16..].to_vec(), 16)]));
+    assert_eq!(
+        o.changes,
+        vec![Change::Stored {
+            parent: Some(want[0]),
+            hashes: vec![want[1]],
+            tier: Tier::Gpu
+        }]
+    );
+}
+
+#[test]
+fn malformed_store_is_counted() {
+    let mut t = EngineTracker::new("m", 16);
+    let o = t.apply_batch(&batch(vec![stored(&[1, 2], None, (0..20).collect(), 16)]));
+    assert_eq!(o.malformed, 1);
+    let o = t.apply_batch(&batch(vec![stored(&[1], None, vec![1], 0)]));
+    assert_eq!(o.malformed, 1, "block size 0 with tokens");
+    assert!(t.is_empty());
+}

@@ -1,0 +1,517 @@
+//! Decoding vLLM's msgpack payloads into [`KvEventBatch`].
+//!
+//! Accepts both layouts vLLM has published:
+//! - positional arrays (<= 0.23): `["BlockStored", hashes, parent, tokens, block_size, ...]`,
+//!   any length from the first five fields on (fields were appended over releases);
+//! - `type`-tagged maps (>= 0.24): `{"type": "BlockStored", "block_hashes": ..., ...}`,
+//!   unknown keys ignored;
+//!
+//! with hashes as uint64, int64 or bin, and an outer batch of 2 (`[ts, events]`) or
+//! 3 (`[ts, events, rank]`) elements. Every malformed input is a [`DecodeError`],
+//! never a panic; sizes are capped by [`DecodeLimits`].
+
+use super::event::{BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
+use rmpv::Value;
+use thiserror::Error;
+
+/// Caps applied while decoding, so that a hostile or corrupt payload cannot make
+/// the agent allocate or work without bound.
+#[derive(Clone, Debug)]
+pub struct DecodeLimits {
+    /// Largest payload accepted, in bytes.
+    pub max_payload_bytes: usize,
+    /// Most events in one batch.
+    pub max_events: usize,
+    /// Most block hashes in one event.
+    pub max_hashes: usize,
+    /// Most token ids in one `BlockStored`.
+    pub max_tokens: usize,
+    /// Largest byte-string hash.
+    pub max_hash_bytes: usize,
+    /// Deepest msgpack nesting.
+    pub max_depth: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_payload_bytes: 64 << 20,
+            max_events: 1 << 20,
+            max_hashes: 1 << 20,
+            max_tokens: 1 << 22,
+            max_hash_bytes: 64,
+            max_depth: 32,
+        }
+    }
+}
+
+/// Why a payload could not be decoded. Never worth retrying: the same bytes fail
+/// the same way; the caller counts the message and skips it.
+#[derive(Debug, Error)]
+pub enum DecodeError {
+    /// Not msgpack, or cut short.
+    #[error("kv-event payload is not valid msgpack (garbage or truncated): {0}")]
+    Msgpack(#[from] rmpv::decode::Error),
+    /// Valid msgpack followed by extra bytes.
+    #[error("kv-event payload has {0} trailing bytes after the batch")]
+    TrailingBytes(usize),
+    /// The payload (or a part of it) exceeds a [`DecodeLimits`] cap.
+    #[error("kv-event payload: {what} is {len}, above the limit of {max}")]
+    TooLarge {
+        /// What was too large.
+        what: &'static str,
+        /// Its size.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The structure is not what vLLM sends.
+    #[error("kv-event payload: {what} (got {got})")]
+    Shape {
+        /// What was expected.
+        what: &'static str,
+        /// A short description of what was found.
+        got: String,
+    },
+    /// An event tag this decoder does not know.
+    #[error("kv-event payload: unknown event type {0:?}")]
+    UnknownTag(String),
+    /// A required field is missing.
+    #[error("kv-event payload: {event} lacks field {field}")]
+    MissingField {
+        /// The event type.
+        event: &'static str,
+        /// The field.
+        field: &'static str,
+    },
+    /// A field has the wrong type or an out-of-range value.
+    #[error("kv-event payload: {event}.{field} must be {expected} (got {got})")]
+    BadField {
+        /// The event type.
+        event: &'static str,
+        /// The field.
+        field: &'static str,
+        /// What was expected.
+        expected: &'static str,
+        /// A short description of what was found.
+        got: String,
+    },
+}
+
+impl DecodeError {
+    /// Always false: decoding is deterministic.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+
+    /// A stable short label for metrics (`reason` label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DecodeError::Msgpack(_) => "msgpack",
+            DecodeError::TrailingBytes(_) => "trailing_bytes",
+            DecodeError::TooLarge { .. } => "too_large",
+            DecodeError::Shape { .. } => "shape",
+            DecodeError::UnknownTag(_) => "unknown_tag",
+            DecodeError::MissingField { .. } => "missing_field",
+            DecodeError::BadField { .. } => "bad_field",
+        }
+    }
+}
+
+/// Decodes one payload with the default limits.
+pub fn decode_batch(payload: &[u8]) -> Result<KvEventBatch, DecodeError> {
+    decode_batch_with(payload, &DecodeLimits::default())
+}
+
+/// Decodes one payload with explicit limits.
+pub fn decode_batch_with(
+    payload: &[u8],
+    limits: &DecodeLimits,
+) -> Result<KvEventBatch, DecodeError> {
+    if payload.len() > limits.max_payload_bytes {
+        return Err(DecodeError::TooLarge {
+            what: "payload size",
+            len: payload.len(),
+            max: limits.max_payload_bytes,
+        });
+    }
+    let mut rd = payload;
+    let value = rmpv::decode::read_value_with_max_depth(&mut rd, limits.max_depth)?;
+    if !rd.is_empty() {
+        return Err(DecodeError::TrailingBytes(rd.len()));
+    }
+    let Value::Array(outer) = value else {
+        return Err(shape("the batch must be an array", &value));
+    };
+    if !(2..=3).contains(&outer.len()) {
+        return Err(DecodeError::Shape {
+            what: "the batch must have 2 or 3 elements [ts, events, rank]",
+            got: format!("{} elements", outer.len()),
+        });
+    }
+    let mut it = outer.into_iter();
+    let ts_v = it.next().unwrap_or(Value::Nil);
+    let ts = ts_v
+        .as_f64()
+        .or_else(|| ts_v.as_i64().map(|v| v as f64))
+        .or_else(|| ts_v.as_u64().map(|v| v as f64))
+        .ok_or_else(|| shape("the batch timestamp must be a number", &ts_v))?;
+    let events_v = it.next().unwrap_or(Value::Nil);
+    let Value::Array(raw_events) = events_v else {
+        return Err(shape("the batch events must be an array", &events_v));
+    };
+    check_len("events in a batch", raw_events.len(), limits.max_events)?;
+    let dp_rank = match it.next() {
+        None | Some(Value::Nil) => None,
+        Some(v) => Some(
+            v.as_i64()
+                .ok_or_else(|| shape("the data-parallel rank must be an int or nil", &v))?,
+        ),
+    };
+    let events = raw_events
+        .into_iter()
+        .map(|e| decode_event(e, limits))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(KvEventBatch {
+        ts,
+        events,
+        dp_rank,
+    })
+}
+
+fn decode_event(v: Value, limits: &DecodeLimits) -> Result<KvEvent, DecodeError> {
+    match v {
+        Value::Array(items) => decode_array_event(items, limits),
+        Value::Map(entries) => decode_map_event(entries, limits),
+        other => Err(shape("an event must be an array or a map", &other)),
+    }
+}
+
+const STORED: &str = "BlockStored";
+const REMOVED: &str = "BlockRemoved";
+const CLEARED: &str = "AllBlocksCleared";
+
+fn decode_array_event(items: Vec<Value>, limits: &DecodeLimits) -> Result<KvEvent, DecodeError> {
+    let mut it = items.into_iter();
+    let tag = it.next().unwrap_or(Value::Nil);
+    let Some(tag) = tag.as_str() else {
+        return Err(shape("an array event must start with its type name", &tag));
+    };
+    match tag {
+        STORED => {
+            let fields: Vec<Value> = it.collect();
+            if fields.len() < 4 {
+                return Err(DecodeError::Shape {
+                    what: "an array BlockStored needs at least 5 elements",
+                    got: format!("{} elements", fields.len() + 1),
+                });
+            }
+            let mut f = fields.into_iter();
+            let mut next = || f.next().unwrap_or(Value::Nil);
+            let block_hashes = hashes(STORED, "block_hashes", next(), limits)?;
+            let parent_block_hash = opt_hash(STORED, "parent_block_hash", next(), limits)?;
+            let token_ids = tokens(next(), limits)?;
+            let block_size = block_size(next())?;
+            Ok(KvEvent::BlockStored(BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                lora_id: opt_int(STORED, "lora_id", next())?,
+                medium: opt_medium(STORED, next())?,
+                lora_name: opt_string(STORED, "lora_name", next())?,
+                extra_keys: opt_extra_keys(next())?,
+                group_idx: opt_int(STORED, "group_idx", next())?,
+                kv_cache_spec_kind: opt_string(STORED, "kv_cache_spec_kind", next())?,
+                kv_cache_spec_sliding_window: opt_int(
+                    STORED,
+                    "kv_cache_spec_sliding_window",
+                    next(),
+                )?,
+            }))
+        }
+        REMOVED => {
+            let mut next = || it.next().unwrap_or(Value::Nil);
+            let hashes_v = next();
+            if hashes_v.is_nil() {
+                return Err(DecodeError::MissingField {
+                    event: REMOVED,
+                    field: "block_hashes",
+                });
+            }
+            Ok(KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: hashes(REMOVED, "block_hashes", hashes_v, limits)?,
+                medium: opt_medium(REMOVED, next())?,
+                group_idx: opt_int(REMOVED, "group_idx", next())?,
+            }))
+        }
+        CLEARED => Ok(KvEvent::AllBlocksCleared),
+        other => Err(DecodeError::UnknownTag(truncate(other))),
+    }
+}
+
+fn decode_map_event(
+    entries: Vec<(Value, Value)>,
+    limits: &DecodeLimits,
+) -> Result<KvEvent, DecodeError> {
+    let mut tag = None;
+    let mut fields: Vec<(String, Value)> = Vec::with_capacity(entries.len());
+    for (k, v) in entries {
+        let Value::String(k) = k else {
+            return Err(shape("map event keys must be strings", &k));
+        };
+        let Some(k) = k.into_str() else {
+            return Err(DecodeError::Shape {
+                what: "map event keys must be UTF-8",
+                got: "invalid UTF-8".into(),
+            });
+        };
+        if k == "type" {
+            tag = Some(v);
+        } else {
+            fields.push((k, v));
+        }
+    }
+    let Some(tag) = tag else {
+        return Err(DecodeError::Shape {
+            what: "a map event needs a \"type\" key",
+            got: "none".into(),
+        });
+    };
+    let Some(tag) = tag.as_str() else {
+        return Err(shape("the \"type\" of an event must be a string", &tag));
+    };
+    let mut take = |name: &str| {
+        fields
+            .iter_mut()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| std::mem::replace(v, Value::Nil))
+    };
+    match tag {
+        STORED => {
+            let block_hashes = take("block_hashes").ok_or(DecodeError::MissingField {
+                event: STORED,
+                field: "block_hashes",
+            })?;
+            let tokens_v = take("token_ids").ok_or(DecodeError::MissingField {
+                event: STORED,
+                field: "token_ids",
+            })?;
+            let bs = take("block_size").ok_or(DecodeError::MissingField {
+                event: STORED,
+                field: "block_size",
+            })?;
+            let nil = Value::Nil;
+            let mut get = |name: &str| take(name).unwrap_or_else(|| nil.clone());
+            Ok(KvEvent::BlockStored(BlockStored {
+                block_hashes: hashes(STORED, "block_hashes", block_hashes, limits)?,
+                parent_block_hash: opt_hash(
+                    STORED,
+                    "parent_block_hash",
+                    get("parent_block_hash"),
+                    limits,
+                )?,
+                token_ids: tokens(tokens_v, limits)?,
+                block_size: block_size(bs)?,
+                lora_id: opt_int(STORED, "lora_id", get("lora_id"))?,
+                medium: opt_medium(STORED, get("medium"))?,
+                lora_name: opt_string(STORED, "lora_name", get("lora_name"))?,
+                extra_keys: opt_extra_keys(get("extra_keys"))?,
+                group_idx: opt_int(STORED, "group_idx", get("group_idx"))?,
+                kv_cache_spec_kind: opt_string(
+                    STORED,
+                    "kv_cache_spec_kind",
+                    get("kv_cache_spec_kind"),
+                )?,
+                kv_cache_spec_sliding_window: opt_int(
+                    STORED,
+                    "kv_cache_spec_sliding_window",
+                    get("kv_cache_spec_sliding_window"),
+                )?,
+            }))
+        }
+        REMOVED => {
+            let block_hashes = take("block_hashes").ok_or(DecodeError::MissingField {
+                event: REMOVED,
+                field: "block_hashes",
+            })?;
+            Ok(KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: hashes(REMOVED, "block_hashes", block_hashes, limits)?,
+                medium: opt_medium(REMOVED, take("medium").unwrap_or(Value::Nil))?,
+                group_idx: opt_int(
+                    REMOVED,
+                    "group_idx",
+                    take("group_idx").unwrap_or(Value::Nil),
+                )?,
+            }))
+        }
+        CLEARED => Ok(KvEvent::AllBlocksCleared),
+        other => Err(DecodeError::UnknownTag(truncate(other))),
+    }
+}
+
+fn hash(
+    event: &'static str,
+    field: &'static str,
+    v: Value,
+    limits: &DecodeLimits,
+) -> Result<EngineBlockHash, DecodeError> {
+    match v {
+        Value::Integer(i) => {
+            if let Some(u) = i.as_u64() {
+                Ok(EngineBlockHash::Int(u))
+            } else if let Some(s) = i.as_i64() {
+                Ok(EngineBlockHash::Int(s as u64))
+            } else {
+                Err(bad(event, field, "a 64-bit hash", &Value::Integer(i)))
+            }
+        }
+        Value::Binary(b) => {
+            check_len("a byte-string block hash", b.len(), limits.max_hash_bytes)?;
+            Ok(EngineBlockHash::Bytes(b))
+        }
+        other => Err(bad(event, field, "an int or bytes hash", &other)),
+    }
+}
+
+fn opt_hash(
+    event: &'static str,
+    field: &'static str,
+    v: Value,
+    limits: &DecodeLimits,
+) -> Result<Option<EngineBlockHash>, DecodeError> {
+    match v {
+        Value::Nil => Ok(None),
+        v => hash(event, field, v, limits).map(Some),
+    }
+}
+
+fn hashes(
+    event: &'static str,
+    field: &'static str,
+    v: Value,
+    limits: &DecodeLimits,
+) -> Result<Vec<EngineBlockHash>, DecodeError> {
+    let Value::Array(items) = v else {
+        return Err(bad(event, field, "an array of hashes", &v));
+    };
+    check_len("block hashes in an event", items.len(), limits.max_hashes)?;
+    items
+        .into_iter()
+        .map(|h| hash(event, field, h, limits))
+        .collect()
+}
+
+fn tokens(v: Value, limits: &DecodeLimits) -> Result<Vec<u32>, DecodeError> {
+    let Value::Array(items) = v else {
+        return Err(bad(STORED, "token_ids", "an array of token ids", &v));
+    };
+    check_len("token_ids in a BlockStored", items.len(), limits.max_tokens)?;
+    items
+        .iter()
+        .map(|t| {
+            t.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| bad(STORED, "token_ids", "u32 token ids", t))
+        })
+        .collect()
+}
+
+fn block_size(v: Value) -> Result<u32, DecodeError> {
+    v.as_u64()
+        .and_then(|b| u32::try_from(b).ok())
+        .ok_or_else(|| bad(STORED, "block_size", "a non-negative u32", &v))
+}
+
+fn opt_int(event: &'static str, field: &'static str, v: Value) -> Result<Option<i64>, DecodeError> {
+    match v {
+        Value::Nil => Ok(None),
+        v => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| bad(event, field, "an int or nil", &v)),
+    }
+}
+
+fn opt_string(
+    event: &'static str,
+    field: &'static str,
+    v: Value,
+) -> Result<Option<String>, DecodeError> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::String(s) => match s.into_str() {
+            Some(s) => Ok(Some(s)),
+            None => Err(DecodeError::BadField {
+                event,
+                field,
+                expected: "UTF-8",
+                got: "invalid UTF-8".into(),
+            }),
+        },
+        other => Err(bad(event, field, "a string or nil", &other)),
+    }
+}
+
+fn opt_medium(event: &'static str, v: Value) -> Result<Option<Medium>, DecodeError> {
+    Ok(opt_string(event, "medium", v)?.map(|s| Medium::parse(&s)))
+}
+
+fn opt_extra_keys(v: Value) -> Result<Option<Vec<Value>>, DecodeError> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::Array(items) => Ok(Some(items)),
+        other => Err(bad(STORED, "extra_keys", "an array or nil", &other)),
+    }
+}
+
+fn check_len(what: &'static str, len: usize, max: usize) -> Result<(), DecodeError> {
+    if len > max {
+        return Err(DecodeError::TooLarge { what, len, max });
+    }
+    Ok(())
+}
+
+/// A short, bounded description of a value for error messages.
+fn describe(v: &Value) -> String {
+    let s = match v {
+        Value::Array(a) => format!("array of {}", a.len()),
+        Value::Map(m) => format!("map of {}", m.len()),
+        Value::Binary(b) => format!("{} bytes", b.len()),
+        other => other.to_string(),
+    };
+    truncate(&s)
+}
+
+fn truncate(s: &str) -> String {
+    const MAX: usize = 64;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+fn shape(what: &'static str, got: &Value) -> DecodeError {
+    DecodeError::Shape {
+        what,
+        got: describe(got),
+    }
+}
+
+fn bad(
+    event: &'static str,
+    field: &'static str,
+    expected: &'static str,
+    got: &Value,
+) -> DecodeError {
+    DecodeError::BadField {
+        event,
+        field,
+        expected,
+        got: describe(got),
+    }
+}

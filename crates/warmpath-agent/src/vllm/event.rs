@@ -1,0 +1,165 @@
+//! vLLM's KV-cache event model (`vllm/distributed/kv_events.py`), as the
+//! decoder produces it and the encoder consumes it.
+
+use rmpv::Value;
+use std::fmt;
+
+/// One engine-side block hash. vLLM sends a uint64 by default (the last 8 bytes
+/// of its digest); with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0` raw bytes; old
+/// releases signed ints, which are kept as their two's-complement bits.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum EngineBlockHash {
+    /// An integer hash (uint64, or int64 reinterpreted).
+    Int(u64),
+    /// A byte-string hash (16 or 32 bytes in practice).
+    Bytes(Vec<u8>),
+}
+
+impl fmt::Debug for EngineBlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineBlockHash::Int(v) => write!(f, "Int({v:#x})"),
+            EngineBlockHash::Bytes(b) => {
+                write!(f, "Bytes(")?;
+                for x in b {
+                    write!(f, "{x:02x}")?;
+                }
+                write!(f, ")")
+            }
+        }
+    }
+}
+
+impl From<u64> for EngineBlockHash {
+    fn from(v: u64) -> Self {
+        EngineBlockHash::Int(v)
+    }
+}
+
+/// Where vLLM stored a block (`medium`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Medium {
+    /// `"GPU"`: the engine's own KV cache.
+    Gpu,
+    /// `"CPU"`: host memory through an offloading connector.
+    Cpu,
+    /// `"STORAGE"` (or `"DISK"`): a storage connector.
+    Storage,
+    /// Any other string, kept verbatim.
+    Other(String),
+}
+
+impl Medium {
+    /// Parses vLLM's string (exact upper-case names; anything else is `Other`).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "GPU" => Medium::Gpu,
+            "CPU" => Medium::Cpu,
+            "STORAGE" | "DISK" => Medium::Storage,
+            other => Medium::Other(other.to_owned()),
+        }
+    }
+
+    /// The wire string.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::Cpu => "CPU",
+            Medium::Storage => "STORAGE",
+            Medium::Other(s) => s,
+        }
+    }
+}
+
+/// New full blocks of one request (one event may cover several consecutive blocks).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct BlockStored {
+    /// One engine hash per block, in chain order.
+    pub block_hashes: Vec<EngineBlockHash>,
+    /// The block before the first one; `None` when they start at block 0 (or for
+    /// offload stores, which carry no chain information).
+    pub parent_block_hash: Option<EngineBlockHash>,
+    /// All tokens of all the blocks (`block_size` per block); empty for offload stores.
+    pub token_ids: Vec<u32>,
+    /// Tokens per block (0 for offload stores).
+    pub block_size: u32,
+    /// LoRA adapter id, if any.
+    pub lora_id: Option<i64>,
+    /// Where the blocks were stored; `None` when the field is nil or absent
+    /// (old releases: the GPU).
+    pub medium: Option<Medium>,
+    /// LoRA adapter name, if any.
+    pub lora_name: Option<String>,
+    /// Per-block extra hash keys (nil or a tuple each): LoRA name, multimodal
+    /// ids, the `cache_salt` (block 0 only), a prompt-embeddings digest.
+    pub extra_keys: Option<Vec<Value>>,
+    /// KV-cache group index (hybrid models).
+    pub group_idx: Option<i64>,
+    /// KV-cache spec kind (e.g. `"full_attention"`).
+    pub kv_cache_spec_kind: Option<String>,
+    /// Sliding window of the KV-cache spec, if any.
+    pub kv_cache_spec_sliding_window: Option<i64>,
+}
+
+/// Blocks evicted or reused.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct BlockRemoved {
+    /// Engine hashes of the removed blocks.
+    pub block_hashes: Vec<EngineBlockHash>,
+    /// Where they were removed from (`None`: nil or absent, the GPU).
+    pub medium: Option<Medium>,
+    /// KV-cache group index (hybrid models).
+    pub group_idx: Option<i64>,
+}
+
+/// One event of a batch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvEvent {
+    /// `BlockStored`.
+    BlockStored(BlockStored),
+    /// `BlockRemoved`.
+    BlockRemoved(BlockRemoved),
+    /// `AllBlocksCleared`: the prefix cache was reset.
+    AllBlocksCleared,
+}
+
+/// One published message: `[ts, events, data_parallel_rank]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvEventBatch {
+    /// Engine wall-clock time, seconds since the Unix epoch.
+    pub ts: f64,
+    /// The events, in the order they happened.
+    pub events: Vec<KvEvent>,
+    /// Data-parallel rank; `None` when nil or absent (2-element batches).
+    pub dp_rank: Option<i64>,
+}
+
+/// Which payload layout an encoder writes (the decoder accepts both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PayloadForm {
+    /// `type`-tagged maps, vLLM >= 0.24 (the default).
+    #[default]
+    Map,
+    /// Positional arrays, vLLM <= 0.23.
+    Array,
+}
+
+impl BlockStored {
+    /// The `cache_salt` vLLM put into block 0's extra keys, if any.
+    ///
+    /// vLLM builds block 0's extra keys as `lora_name?, multimodal ids..., cache_salt?,
+    /// prompt_embeds_digest?`. The salt is the last *string* after skipping a leading
+    /// LoRA name equal to [`Self::lora_name`]; bytes (embedding digests) and
+    /// `(id, offset)` pairs are not strings and are skipped. Only meaningful when the
+    /// event starts at block 0 (`parent_block_hash` is `None`).
+    pub fn cache_salt(&self) -> Option<&str> {
+        let keys = self.extra_keys.as_ref()?.first()?.as_array()?;
+        let mut rest = keys.as_slice();
+        if let (Some(lora), Some(first)) = (self.lora_name.as_deref(), rest.first()) {
+            if first.as_str() == Some(lora) {
+                rest = &rest[1..];
+            }
+        }
+        rest.iter().rev().find_map(Value::as_str)
+    }
+}

@@ -1,0 +1,341 @@
+//! A vLLM-compatible KV-event publisher: what `vllm/distributed/kv_events.py`'s
+//! `ZmqEventPublisher` does, in Rust, for the engine emulator, the simulator and
+//! the agent's tests.
+//!
+//! - a PUB socket sends three-frame messages `[topic, seq u64 BE, payload]`;
+//! - an optional ROUTER replay socket keeps a ring buffer of recent batches and
+//!   answers a DEALER's `["", start_seq u64 BE]` with one message per buffered
+//!   batch whose seq >= start, then an end marker (seq `u64::MAX`, empty payload).
+//!   Replies are `["", seq, payload]` (vLLM <= 0.24) or `["", topic, seq, payload]`
+//!   (>= 0.26), see [`PublisherConfig::with_topic_in_replay`].
+//!
+//! Test knobs reproduce what a real deployment does to a subscriber:
+//! [`KvEventPublisher::publish_unsent`] (a batch lost on the live socket but
+//! replayable), [`KvEventPublisher::skip_seq`] (a gap nobody can replay),
+//! [`KvEventPublisher::restart`] (sequence back to 0, empty buffer),
+//! [`KvEventPublisher::send_raw`] (garbage frames), and the payload form.
+
+use super::encode::encode_batch;
+use super::event::{KvEvent, KvEventBatch, PayloadForm};
+use super::wire::{endpoint_for_bind, parse_replay_request, END_OF_REPLAY};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use thiserror::Error;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// How to set up a [`KvEventPublisher`].
+#[derive(Clone, Debug)]
+pub struct PublisherConfig {
+    /// Where the PUB socket binds, e.g. `tcp://127.0.0.1:0` or vLLM's `tcp://*:5557`
+    /// (`*` binds every interface).
+    pub endpoint: String,
+    /// Where the replay ROUTER binds; `None`: no replay (vLLM's default).
+    pub replay_endpoint: Option<String>,
+    /// The topic frame (vLLM's default is empty).
+    pub topic: String,
+    /// Payload layout: map (vLLM >= 0.24, default) or array (<= 0.23).
+    pub form: PayloadForm,
+    /// Whether replay replies carry the topic frame (vLLM >= 0.26).
+    pub with_topic_in_replay: bool,
+    /// Batches kept for replay (vLLM's default is 10,000).
+    pub buffer_batches: usize,
+    /// The `data_parallel_rank` written into every batch.
+    pub dp_rank: Option<i64>,
+}
+
+impl PublisherConfig {
+    /// vLLM 0.33 defaults on `endpoint`, without replay.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        PublisherConfig {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            form: PayloadForm::Map,
+            with_topic_in_replay: true,
+            buffer_batches: 10_000,
+            dp_rank: Some(0),
+        }
+    }
+}
+
+/// Why publishing failed.
+#[derive(Debug, Error)]
+pub enum PublisherError {
+    /// A socket could not bind. Retrying makes sense only after the address is freed.
+    #[error("kv-event publisher could not bind {endpoint}: {source}")]
+    Bind {
+        /// The endpoint asked for.
+        endpoint: String,
+        /// The ZMQ error.
+        source: zeromq::ZmqError,
+    },
+    /// Sending on the PUB socket failed (retryable).
+    #[error("kv-event publisher could not send: {0}")]
+    Send(#[source] zeromq::ZmqError),
+    /// A raw message needs at least one frame.
+    #[error("kv-event publisher: a raw message needs at least one frame")]
+    EmptyMessage,
+}
+
+struct Live {
+    socket: PubSocket,
+    next_seq: u64,
+    form: PayloadForm,
+}
+
+/// A running publisher. Dropping it stops the replay task and closes the sockets.
+pub struct KvEventPublisher {
+    live: tokio::sync::Mutex<Live>,
+    ring: Arc<Mutex<VecDeque<(u64, Bytes)>>>,
+    config: PublisherConfig,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    cancel: CancellationToken,
+    replay_task: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for KvEventPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvEventPublisher")
+            .field("endpoint", &self.endpoint)
+            .field("replay_endpoint", &self.replay_endpoint)
+            .field("topic", &self.config.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for KvEventPublisher {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(t) = self.replay_task.take() {
+            t.abort();
+        }
+    }
+}
+
+impl KvEventPublisher {
+    /// Binds the PUB socket (and the replay ROUTER when configured). Port 0 picks
+    /// a free port; read it back with [`Self::endpoint`] / [`Self::replay_endpoint`].
+    pub async fn bind(config: PublisherConfig) -> Result<Self, PublisherError> {
+        let mut socket = PubSocket::new();
+        let endpoint = socket
+            .bind(&endpoint_for_bind(&config.endpoint))
+            .await
+            .map_err(|source| PublisherError::Bind {
+                endpoint: config.endpoint.clone(),
+                source,
+            })?
+            .to_string();
+        let ring = Arc::new(Mutex::new(VecDeque::new()));
+        let cancel = CancellationToken::new();
+        let (replay_endpoint, replay_task) = match &config.replay_endpoint {
+            None => (None, None),
+            Some(ep) => {
+                let mut router = RouterSocket::new();
+                let bound = router
+                    .bind(&endpoint_for_bind(ep))
+                    .await
+                    .map_err(|source| PublisherError::Bind {
+                        endpoint: ep.clone(),
+                        source,
+                    })?
+                    .to_string();
+                let task = tokio::spawn(serve_replay(
+                    router,
+                    ring.clone(),
+                    config.topic.clone(),
+                    config.with_topic_in_replay,
+                    cancel.clone(),
+                ));
+                (Some(bound), Some(task))
+            }
+        };
+        tracing::info!(%endpoint, replay = ?replay_endpoint, "kv-event publisher bound");
+        Ok(KvEventPublisher {
+            live: tokio::sync::Mutex::new(Live {
+                socket,
+                next_seq: 0,
+                form: config.form,
+            }),
+            ring,
+            config,
+            endpoint,
+            replay_endpoint,
+            cancel,
+            replay_task,
+        })
+    }
+
+    /// The bound PUB endpoint, port resolved (e.g. `tcp://127.0.0.1:41234`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The bound replay endpoint, port resolved, if replay is on.
+    pub fn replay_endpoint(&self) -> Option<&str> {
+        self.replay_endpoint.as_deref()
+    }
+
+    /// Publishes `events` as one batch stamped now; returns its sequence number.
+    pub async fn publish(&self, events: Vec<KvEvent>) -> Result<u64, PublisherError> {
+        self.publish_batch(&self.batch(events)).await
+    }
+
+    /// Publishes a prepared batch; returns its sequence number.
+    pub async fn publish_batch(&self, batch: &KvEventBatch) -> Result<u64, PublisherError> {
+        let mut live = self.live.lock().await;
+        let seq = live.next_seq;
+        let payload = Bytes::from(encode_batch(batch, live.form));
+        self.remember(seq, payload.clone());
+        let msg = self.frames(seq, payload);
+        live.socket.send(msg).await.map_err(PublisherError::Send)?;
+        live.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// Test knob: sends `payload` verbatim (garbage, truncated msgpack) under the
+    /// next sequence number; returns it.
+    pub async fn publish_payload(&self, payload: Bytes) -> Result<u64, PublisherError> {
+        let mut live = self.live.lock().await;
+        let seq = live.next_seq;
+        self.remember(seq, payload.clone());
+        let msg = self.frames(seq, payload);
+        live.socket.send(msg).await.map_err(PublisherError::Send)?;
+        live.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// Test knob: takes a sequence number and keeps the batch in the replay
+    /// buffer, but does not send it live (a message a subscriber missed).
+    pub async fn publish_unsent(&self, events: Vec<KvEvent>) -> u64 {
+        let batch = self.batch(events);
+        let mut live = self.live.lock().await;
+        let seq = live.next_seq;
+        self.remember(seq, Bytes::from(encode_batch(&batch, live.form)));
+        live.next_seq += 1;
+        seq
+    }
+
+    /// Test knob: skips `n` sequence numbers that nobody can replay.
+    pub async fn skip_seq(&self, n: u64) {
+        let mut live = self.live.lock().await;
+        live.next_seq = live.next_seq.saturating_add(n);
+    }
+
+    /// Test knob: behaves like a restarted engine (sequence back to 0, replay
+    /// buffer emptied).
+    pub async fn restart(&self) {
+        let mut live = self.live.lock().await;
+        live.next_seq = 0;
+        self.ring.lock().clear();
+    }
+
+    /// Test knob: switches the payload form for later batches.
+    pub async fn set_form(&self, form: PayloadForm) {
+        self.live.lock().await.form = form;
+    }
+
+    /// Test knob: sends arbitrary frames on the PUB socket (garbage, truncated
+    /// payloads, wrong frame counts). Does not consume a sequence number.
+    pub async fn send_raw(&self, frames: Vec<Bytes>) -> Result<(), PublisherError> {
+        let msg = ZmqMessage::try_from(frames).map_err(|_| PublisherError::EmptyMessage)?;
+        let mut live = self.live.lock().await;
+        live.socket.send(msg).await.map_err(PublisherError::Send)
+    }
+
+    /// The sequence number the next batch gets.
+    pub async fn next_seq(&self) -> u64 {
+        self.live.lock().await.next_seq
+    }
+
+    fn batch(&self, events: Vec<KvEvent>) -> KvEventBatch {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        KvEventBatch {
+            ts,
+            events,
+            dp_rank: self.config.dp_rank,
+        }
+    }
+
+    fn remember(&self, seq: u64, payload: Bytes) {
+        if self.replay_endpoint.is_none() || self.config.buffer_batches == 0 {
+            return;
+        }
+        let mut ring = self.ring.lock();
+        if ring.len() >= self.config.buffer_batches {
+            ring.pop_front();
+        }
+        ring.push_back((seq, payload));
+    }
+
+    fn frames(&self, seq: u64, payload: Bytes) -> ZmqMessage {
+        let mut msg = ZmqMessage::from(Bytes::from(self.config.topic.clone().into_bytes()));
+        msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+        msg.push_back(payload);
+        msg
+    }
+}
+
+async fn serve_replay(
+    mut router: RouterSocket,
+    ring: Arc<Mutex<VecDeque<(u64, Bytes)>>>,
+    topic: String,
+    with_topic: bool,
+    cancel: CancellationToken,
+) {
+    loop {
+        let req = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = router.recv() => r,
+        };
+        let req = match req {
+            Ok(r) => r.into_vec(),
+            Err(e) => {
+                tracing::warn!(error = %e, "replay socket receive failed");
+                continue;
+            }
+        };
+        // [identity, "", start_seq]
+        let Some(identity) = req.first().cloned() else {
+            continue;
+        };
+        let Some(start) = parse_replay_request(&req[1..]) else {
+            tracing::warn!(frames = req.len(), "malformed replay request ignored");
+            continue;
+        };
+        let batches: Vec<(u64, Bytes)> = ring
+            .lock()
+            .iter()
+            .filter(|(s, _)| *s >= start)
+            .cloned()
+            .collect();
+        tracing::debug!(start, n = batches.len(), "serving replay");
+        let reply = |seq: u64, payload: Bytes| {
+            let mut m = ZmqMessage::from(identity.clone());
+            m.push_back(Bytes::new());
+            if with_topic {
+                m.push_back(Bytes::from(topic.clone().into_bytes()));
+            }
+            m.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+            m.push_back(payload);
+            m
+        };
+        for (seq, payload) in batches {
+            if let Err(e) = router.send(reply(seq, payload)).await {
+                tracing::warn!(error = %e, "replay client left mid-replay");
+                break;
+            }
+        }
+        if let Err(e) = router.send(reply(END_OF_REPLAY, Bytes::new())).await {
+            tracing::warn!(error = %e, "replay end marker not delivered");
+        }
+    }
+}

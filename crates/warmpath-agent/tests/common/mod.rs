@@ -1,0 +1,199 @@
+//! A test router: a real tonic `CacheEvents` server on 127.0.0.1:0 that applies
+//! what agents publish the way the .proto says, checking the seq rules.
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
+use warmpath_proto::v1::{
+    agent_message::Msg, delta, router_message, AgentMessage, Refused, RouterMessage,
+};
+use warmpath_proto::{CacheEvents, CacheEventsServer};
+
+/// What the test router believes about the one worker publishing to it.
+#[derive(Debug, Default, Clone)]
+pub struct View {
+    pub hellos: Vec<warmpath_proto::v1::Hello>,
+    pub blocks: HashSet<(u64, i32)>,
+    pub last_seq: Option<u64>,
+    pub snapshots: u64,
+    pub deltas: u64,
+    pub seq_errors: u64,
+    pub loads: u64,
+    pub streams: u64,
+    pub tokens: Vec<Option<String>>,
+    partial: Option<HashSet<(u64, i32)>>,
+}
+
+#[derive(Clone)]
+struct Recorder {
+    view: Arc<Mutex<View>>,
+    refuse_block_size: Option<u32>,
+}
+
+type Out = Pin<Box<dyn Stream<Item = Result<RouterMessage, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl CacheEvents for Recorder {
+    type PublishStream = Out;
+
+    async fn publish(
+        &self,
+        req: tonic::Request<tonic::Streaming<AgentMessage>>,
+    ) -> Result<tonic::Response<Out>, tonic::Status> {
+        let token = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        {
+            let mut v = self.view.lock().unwrap();
+            v.streams += 1;
+            v.tokens.push(token);
+        }
+        let mut inbound = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let view = self.view.clone();
+        let refuse = self.refuse_block_size;
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = inbound.next().await {
+                let mut v = view.lock().unwrap();
+                match m.msg {
+                    Some(Msg::Hello(h)) => {
+                        if let Some(bs) = refuse {
+                            if h.block_size != 0 && h.block_size != bs {
+                                drop(v);
+                                let _ = tx
+                                    .send(Ok(RouterMessage {
+                                        msg: Some(router_message::Msg::Refused(Refused {
+                                            reason: format!(
+                                                "block size {} != pool block size {bs}",
+                                                h.block_size
+                                            ),
+                                            retryable: false,
+                                        })),
+                                    }))
+                                    .await;
+                                return;
+                            }
+                        }
+                        v.hellos.push(h);
+                    }
+                    Some(Msg::Snapshot(s)) => {
+                        if s.first {
+                            v.partial = Some(HashSet::new());
+                        }
+                        if let Some(p) = v.partial.as_mut() {
+                            p.extend(s.blocks.iter().map(|b| (b.hash, b.tier)));
+                        }
+                        if s.last {
+                            v.blocks = v.partial.take().unwrap_or_default();
+                            v.last_seq = Some(s.seq);
+                            v.snapshots += 1;
+                        }
+                    }
+                    Some(Msg::Delta(d)) => {
+                        v.deltas += 1;
+                        match v.last_seq {
+                            Some(l) if d.seq == l + 1 => {}
+                            _ => {
+                                v.seq_errors += 1;
+                                continue;
+                            }
+                        }
+                        v.last_seq = Some(d.seq);
+                        match d.op {
+                            Some(delta::Op::Stored(s)) => {
+                                for h in s.hashes {
+                                    v.blocks.insert((h, s.tier));
+                                }
+                            }
+                            Some(delta::Op::Removed(r)) => {
+                                for h in r.hashes {
+                                    v.blocks.remove(&(h, r.tier));
+                                }
+                            }
+                            Some(delta::Op::Cleared(_)) => v.blocks.clear(),
+                            None => {}
+                        }
+                    }
+                    Some(Msg::Load(_)) => v.loads += 1,
+                    Some(Msg::Heartbeat(_)) | None => {}
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// A running test router.
+pub struct TestRouter {
+    pub addr: SocketAddr,
+    pub view: Arc<Mutex<View>>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestRouter {
+    pub async fn start(addr: SocketAddr, refuse_block_size: Option<u32>) -> TestRouter {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let view = Arc::new(Mutex::new(View::default()));
+        let rec = Recorder {
+            view: view.clone(),
+            refuse_block_size,
+        };
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let task = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(CacheEventsServer::new(rec))
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), s.cancelled_owned())
+                .await
+                .unwrap();
+        });
+        TestRouter {
+            addr,
+            view,
+            stop,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn view(&self) -> View {
+        self.view.lock().unwrap().clone()
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// Polls `cond` every 50 ms for up to 20 s, calling `poke` between polls (tests
+/// publish an empty batch so a slow-joining subscriber sees traffic).
+pub async fn wait_for<F, P, Fut>(what: &str, mut cond: F, mut poke: P)
+where
+    F: FnMut() -> bool,
+    P: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..400 {
+        if cond() {
+            return;
+        }
+        poke().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}

@@ -1,0 +1,340 @@
+//! Publisher -> agent -> test router, over real ZMQ and gRPC on 127.0.0.1.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::{wait_for, TestRouter};
+use std::net::SocketAddr;
+use std::time::Duration;
+use warmpath_agent::vllm::{
+    BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, Medium, PayloadForm,
+    PublisherConfig,
+};
+use warmpath_agent::{Agent, AgentConfig};
+use warmpath_core::{hash_tokens, BlockHash, HashSeed};
+use warmpath_proto::v1::Tier;
+
+const GPU: i32 = Tier::Gpu as i32;
+
+async fn publisher(form: PayloadForm, replay: bool, topic_in_replay: bool) -> KvEventPublisher {
+    let mut c = PublisherConfig::new("tcp://127.0.0.1:0");
+    c.form = form;
+    c.with_topic_in_replay = topic_in_replay;
+    c.topic = "kv".into();
+    if replay {
+        c.replay_endpoint = Some("tcp://127.0.0.1:0".into());
+    }
+    KvEventPublisher::bind(c).await.unwrap()
+}
+
+fn agent_config(p: &KvEventPublisher, routers: Vec<String>) -> AgentConfig {
+    let mut c = AgentConfig::new("w1", "m", "http://127.0.0.1:9", p.endpoint());
+    c.kv_replay = p.replay_endpoint().map(str::to_owned);
+    c.routers = routers;
+    c.topic = "kv".into();
+    c.load_interval = Duration::ZERO;
+    c.link.backoff_min = Duration::from_millis(20);
+    c.link.backoff_max = Duration::from_millis(200);
+    c
+}
+
+/// `n` blocks of 16 tokens (token values offset by `salt`) as one chain.
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..(n * 16) as u32).map(|t| t + salt).collect()
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, toks: &[u32]) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes.iter().map(|h| EngineBlockHash::Int(*h)).collect(),
+        parent_block_hash: parent.map(EngineBlockHash::Int),
+        token_ids: toks.to_vec(),
+        block_size: 16,
+        medium: Some(Medium::Gpu),
+        ..Default::default()
+    })
+}
+
+fn wp(toks: &[u32]) -> Vec<u64> {
+    hash_tokens(HashSeed::new("m", "", ""), 16, toks)
+        .into_iter()
+        .map(|h: BlockHash| h.0)
+        .collect()
+}
+
+async fn poke(p: &KvEventPublisher) {
+    p.publish(vec![]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_the_router_as_warmpath_hashes() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p = publisher(PayloadForm::Map, true, true).await;
+    let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    let toks = tokens(3, 0);
+    let want = wp(&toks);
+    p.publish(vec![stored(&[1, 2], None, &toks[..32])])
+        .await
+        .unwrap();
+    p.publish(vec![stored(&[3], Some(2), &toks[32..])])
+        .await
+        .unwrap();
+    wait_for(
+        "three blocks at the router",
+        || {
+            want.iter()
+                .all(|h| router.view().blocks.contains(&(*h, GPU)))
+        },
+        || poke(&p),
+    )
+    .await;
+    // Evict the last block.
+    p.publish(vec![KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![EngineBlockHash::Int(3)],
+        medium: Some(Medium::Gpu),
+        group_idx: None,
+    })])
+    .await
+    .unwrap();
+    wait_for(
+        "block 3 removed",
+        || !router.view().blocks.contains(&(want[2], GPU)),
+        || poke(&p),
+    )
+    .await;
+    let v = router.view();
+    assert_eq!(v.blocks.len(), 2);
+    assert_eq!(v.seq_errors, 0);
+    assert!(v
+        .hellos
+        .iter()
+        .any(|h| h.block_size == 16 && h.worker_id == "w1" && h.model == "m"));
+    assert_eq!(agent.stats().unknown_parents.get(), 0);
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_batch_is_replayed_in_both_reply_layouts() {
+    for (form, topic_in_replay) in [(PayloadForm::Map, true), (PayloadForm::Array, false)] {
+        let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+        let p = publisher(form, true, topic_in_replay).await;
+        let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
+            .await
+            .unwrap();
+        let toks = tokens(3, 100);
+        let want = wp(&toks);
+        p.publish(vec![stored(&[1], None, &toks[..16])])
+            .await
+            .unwrap();
+        wait_for(
+            "block 0",
+            || router.view().blocks.contains(&(want[0], GPU)),
+            || poke(&p),
+        )
+        .await;
+        // Block 1 is lost on the live socket; block 2 chains on it.
+        p.publish_unsent(vec![stored(&[2], Some(1), &toks[16..32])])
+            .await;
+        p.publish(vec![stored(&[3], Some(2), &toks[32..])])
+            .await
+            .unwrap();
+        wait_for(
+            "blocks 1 and 2 via replay",
+            || {
+                want.iter()
+                    .all(|h| router.view().blocks.contains(&(*h, GPU)))
+            },
+            || poke(&p),
+        )
+        .await;
+        let s = agent.stats();
+        assert!(s.gaps.get() >= 1);
+        assert!(s.replays_ok.get() >= 1);
+        assert_eq!(s.gaps_unrecovered.get(), 0, "{form:?}");
+        agent.shutdown().await;
+        router.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreplayable_gap_forces_a_snapshot_and_unknown_parents_are_counted() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p = publisher(PayloadForm::Map, false, true).await;
+    let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    let toks = tokens(2, 7);
+    let want = wp(&toks);
+    p.publish(vec![stored(&[1], None, &toks[..16])])
+        .await
+        .unwrap();
+    wait_for(
+        "block 0",
+        || router.view().blocks.contains(&(want[0], GPU)),
+        || poke(&p),
+    )
+    .await;
+    let snaps = router.view().snapshots;
+    p.skip_seq(3).await;
+    p.publish(vec![stored(&[9], Some(8), &toks[16..])])
+        .await
+        .unwrap();
+    wait_for(
+        "unrecovered gap counted",
+        || agent.stats().gaps_unrecovered.get() >= 1 && agent.stats().unknown_parents.get() >= 1,
+        || async {},
+    )
+    .await;
+    wait_for(
+        "a fresh snapshot",
+        || router.view().snapshots > snaps,
+        || async {},
+    )
+    .await;
+    assert!(
+        !router.view().blocks.contains(&(want[1], GPU)),
+        "never guessed"
+    );
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_restart_clears_the_worker() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p = publisher(PayloadForm::Map, true, true).await;
+    let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    let old = tokens(1, 1000);
+    p.publish(vec![stored(&[1], None, &old)]).await.unwrap();
+    wait_for(
+        "old block",
+        || router.view().blocks.contains(&(wp(&old)[0], GPU)),
+        || poke(&p),
+    )
+    .await;
+    for _ in 0..3 {
+        poke(&p).await;
+    }
+    p.restart().await;
+    let new = tokens(1, 2000);
+    p.publish(vec![stored(&[5], None, &new)]).await.unwrap();
+    wait_for(
+        "only the new block",
+        || {
+            let v = router.view();
+            v.blocks.contains(&(wp(&new)[0], GPU)) && !v.blocks.contains(&(wp(&old)[0], GPU))
+        },
+        || async {},
+    )
+    .await;
+    assert_eq!(agent.stats().engine_restarts.get(), 1);
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_counted_and_skipped() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p = publisher(PayloadForm::Map, true, true).await;
+    let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    wait_for(
+        "agent hears the engine",
+        || agent.stats().batches.get() > 0,
+        || poke(&p),
+    )
+    .await;
+    let topic = Bytes::from_static(b"kv");
+    p.send_raw(vec![topic.clone()]).await.unwrap();
+    p.send_raw(vec![
+        topic.clone(),
+        Bytes::from_static(b"\x01\x02"),
+        Bytes::from_static(b"x"),
+    ])
+    .await
+    .unwrap();
+    p.publish_payload(Bytes::from_static(b"\xc1\xff garbage"))
+        .await
+        .unwrap();
+    p.publish_payload(Bytes::from_static(b"\x93\xcb\x3f"))
+        .await
+        .unwrap(); // truncated
+    p.publish_payload(Bytes::from_static(b"\x93\x00\x91\x91\xa3Bad\xc0"))
+        .await
+        .unwrap(); // unknown tag
+    let toks = tokens(1, 5);
+    p.publish(vec![stored(&[1], None, &toks)]).await.unwrap();
+    wait_for(
+        "the good batch after the garbage",
+        || router.view().blocks.contains(&(wp(&toks)[0], GPU)),
+        || async {},
+    )
+    .await;
+    assert_eq!(agent.stats().bad_frames.get(), 2);
+    assert_eq!(agent.stats().bad_payloads.get(), 3);
+    assert_eq!(
+        agent.stats().gaps.get(),
+        0,
+        "bad payloads still consume their seq"
+    );
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_restart_gets_a_full_snapshot_again() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let addr: SocketAddr = router.addr;
+    let p = publisher(PayloadForm::Map, true, true).await;
+    let mut cfg = agent_config(&p, vec![router.url()]);
+    cfg.agent_token = Some("s3cret".into());
+    let agent = Agent::start(cfg, None).await.unwrap();
+    let toks = tokens(4, 0);
+    let want = wp(&toks);
+    p.publish(vec![stored(&[1, 2, 3, 4], None, &toks)])
+        .await
+        .unwrap();
+    wait_for("4 blocks", || router.view().blocks.len() == 4, || poke(&p)).await;
+    assert_eq!(router.view().tokens[0].as_deref(), Some("Bearer s3cret"));
+    router.stop().await;
+    let router = TestRouter::start(addr, None).await;
+    wait_for(
+        "the restarted router is complete again",
+        || {
+            let v = router.view();
+            want.iter().all(|h| v.blocks.contains(&(*h, GPU))) && v.snapshots >= 1
+        },
+        || async {},
+    )
+    .await;
+    assert!(agent.stats().router_connects.get() >= 2);
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_size_mismatch_is_refused_and_counted() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), Some(32)).await;
+    let p = publisher(PayloadForm::Map, true, true).await;
+    let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    p.publish(vec![stored(&[1], None, &tokens(1, 0))])
+        .await
+        .unwrap();
+    wait_for(
+        "a refusal",
+        || agent.stats().router_refusals.get() >= 1,
+        || poke(&p),
+    )
+    .await;
+    assert!(router.view().blocks.is_empty());
+    agent.shutdown().await;
+    router.stop().await;
+}
