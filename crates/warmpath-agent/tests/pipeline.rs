@@ -166,6 +166,13 @@ async fn an_unreplayable_gap_forces_a_snapshot_and_unknown_parents_are_counted()
     let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
         .await
         .unwrap();
+    // No replay here: make sure the subscriber is live before the first block.
+    wait_for(
+        "agent hears the engine",
+        || agent.stats().batches.get() > 0,
+        || poke(&p),
+    )
+    .await;
     let toks = tokens(2, 7);
     let want = wp(&toks);
     p.publish(vec![stored(&[1], None, &toks[..16])])

@@ -34,6 +34,9 @@ pub struct View {
 struct Recorder {
     view: Arc<Mutex<View>>,
     refuse_block_size: Option<u32>,
+    /// Ends every open stream when the router "dies" (aborting the server task
+    /// alone would leave hyper's connection tasks running).
+    stop: CancellationToken,
 }
 
 type Out = Pin<Box<dyn Stream<Item = Result<RouterMessage, tonic::Status>> + Send>>;
@@ -60,8 +63,14 @@ impl CacheEvents for Recorder {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let view = self.view.clone();
         let refuse = self.refuse_block_size;
+        let stop = self.stop.clone();
         tokio::spawn(async move {
-            while let Some(Ok(m)) = inbound.next().await {
+            loop {
+                let m = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    m = inbound.next() => m,
+                };
+                let Some(Ok(m)) = m else { return };
                 let mut v = view.lock().unwrap();
                 match m.msg {
                     Some(Msg::Hello(h)) => {
@@ -144,11 +153,12 @@ impl TestRouter {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let view = Arc::new(Mutex::new(View::default()));
+        let stop = CancellationToken::new();
         let rec = Recorder {
             view: view.clone(),
             refuse_block_size,
+            stop: stop.clone(),
         };
-        let stop = CancellationToken::new();
         let s = stop.clone();
         let task = tokio::spawn(async move {
             tonic::transport::Server::builder()
