@@ -14,6 +14,7 @@
 
 // The counting allocator is the only unsafe code in the project: measuring memory needs it.
 #![allow(unsafe_code)]
+#![allow(clippy::unwrap_used)]
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use rand::rngs::SmallRng;

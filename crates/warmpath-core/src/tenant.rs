@@ -112,6 +112,7 @@ pub fn resolve_tenant(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -101,7 +101,7 @@ impl PrefixAware {
                 continue;
             }
             let inflight = l.effective_in_flight();
-            if inflight < self.threshold && u64::from(inflight) + 1 <= bound {
+            if inflight < self.threshold && u64::from(inflight) < bound {
                 return Ok(Decision {
                     backend: pos,
                     kind: if first {
