@@ -24,8 +24,11 @@ pub mod tenant;
 pub mod tokenize;
 
 pub use hash::{hash_block, hash_tokens, BlockHash, ChainHasher, HashSeed};
-pub use tenant::{resolve_tenant, TenantError, TenantId, TenantSource};
 pub use index::{CacheIndex, IndexError, MatchResult, Tier, WorkerMatch, WorkerSlot, WorkerStats};
+pub use policy::{
+    build_policy, BackendLoad, Decision, DecisionKind, EngineLoad, Policy, PolicyBackend,
+    PolicyConfig, PolicyError, RouteInput, Strategy,
+};
 pub use prefix::{PrefixError, PrefixExtractor, PrefixKey};
 pub use request::{Expect, Request, RequestBody, RequestError};
-pub use policy::{build_policy, BackendLoad, Decision, DecisionKind, EngineLoad, Policy, PolicyBackend, PolicyConfig, PolicyError, RouteInput, Strategy};
+pub use tenant::{resolve_tenant, TenantError, TenantId, TenantSource};
