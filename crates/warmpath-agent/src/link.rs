@@ -227,7 +227,7 @@ async fn stream_once(
                 if changed.is_err() {
                     load_open = false; // no scraper
                 } else {
-                    let l = load.borrow_and_update().clone();
+                    let l = *load.borrow_and_update();
                     if let Some(l) = l {
                         send(AgentMessage { msg: Some(Msg::Load(l)) }).await?;
                     }

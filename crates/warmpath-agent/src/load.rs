@@ -105,7 +105,7 @@ pub async fn scrape_loop(
         };
         let load = match got {
             Ok(l) => {
-                last = l.clone();
+                last = l;
                 l
             }
             Err(why) => {
@@ -114,7 +114,7 @@ pub async fn scrape_loop(
                 tracing::debug!(%url, %why, "load scrape failed");
                 Load {
                     engine_up: false,
-                    ..last.clone()
+                    ..last
                 }
             }
         };
