@@ -1,0 +1,194 @@
+//! Added latency of the router: the same ~8000-token chat request sent
+//! directly to a zero-delay backend and through the router (`kv_aware`,
+//! tokenization on), interleaved, at a fixed open-loop rate.
+//!
+//! ```text
+//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000]
+//! ```
+//!
+//! Latency is measured from the moment a request is sent to the end of its
+//! response body, on one pooled keep-alive client. Everything (client,
+//! router, backend) shares this process and the machine's cores, so the
+//! numbers include that contention.
+#![allow(clippy::unwrap_used)]
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use warmpath_core::tokenize::{tiny, ChatTokenizer};
+use warmpath_core::{Expect, Request};
+use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
+
+const REPLY: &str = r#"{"id":"cmpl-bench","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+
+async fn zero_delay_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                    // Read the whole request, as an engine would.
+                    let _ = req.into_body().collect().await;
+                    Ok::<_, Infallible>(
+                        hyper::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from_static(REPLY.as_bytes())))
+                            .unwrap(),
+                    )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() {
+    let rate = arg("--rate", 200).max(1);
+    let n = arg("--requests", 2000).max(10);
+    let tokens = arg("--tokens", 8000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(rate, n, tokens));
+}
+
+async fn run(rate: usize, n: usize, target_tokens: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let tok = ChatTokenizer::load(dir.path()).unwrap();
+    // Grow the system prompt until the request is ~target_tokens tokens.
+    let mut system = String::new();
+    let mut at = 0;
+    let body = loop {
+        let body = json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Summarise the document above in one sentence."}]});
+        let req = Request::from_slice(body.to_string().as_bytes(), Expect::Chat).unwrap();
+        if tok.encode_request(&req).unwrap().len() >= target_tokens {
+            break body;
+        }
+        system.push_str(&tiny::corpus_slice(at, 512));
+        at += 509;
+    };
+    let req = Request::from_slice(body.to_string().as_bytes(), Expect::Chat).unwrap();
+    let ntok = tok.encode_request(&req).unwrap().len();
+    let body = Bytes::from(body.to_string());
+
+    let backend = zero_delay_backend().await;
+    let mut pool = PoolConfig::new("m");
+    pool.tokenizer = Some(dir.path().to_owned());
+    pool.backends = vec![BackendConfig::new(format!("http://{backend}"))];
+    let config = RouterConfig {
+        listen: "127.0.0.1:0".into(),
+        pools: vec![pool],
+        ..Default::default()
+    };
+    let router = warmpath_router::start(config, CancellationToken::new())
+        .await
+        .unwrap();
+    let direct_url = format!("http://{backend}/v1/chat/completions");
+    let routed_url = format!("http://{}/v1/chat/completions", router.http_addr);
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let client = Arc::new(client);
+
+    let once = |url: String| {
+        let (client, body) = (Arc::clone(&client), body.clone());
+        async move {
+            let req = hyper::Request::post(url)
+                .header("content-type", "application/json")
+                .body(Full::new(body))
+                .unwrap();
+            let t = Instant::now();
+            let resp = client.request(req).await.unwrap();
+            assert!(resp.status().is_success());
+            let _ = resp.into_body().collect().await.unwrap();
+            t.elapsed().as_secs_f64() * 1e3
+        }
+    };
+    // Warm up connections and the tokenizer's segment cache.
+    for _ in 0..50 {
+        once(direct_url.clone()).await;
+        once(routed_url.clone()).await;
+    }
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        let t = start + period * i as u32;
+        let (d, r) = (once(direct_url.clone()), once(routed_url.clone()));
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(t).await;
+            (0, d.await)
+        }));
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(t + period / 2).await;
+            (1, r.await)
+        }));
+    }
+    let (mut direct, mut routed) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (which, ms) = t.await.unwrap();
+        if which == 0 {
+            direct.push(ms)
+        } else {
+            routed.push(ms)
+        }
+    }
+    direct.sort_by(f64::total_cmp);
+    routed.sort_by(f64::total_cmp);
+    println!("router added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), kv_aware + tokenization", body.len());
+    println!(
+        "{:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"
+    );
+    for (name, v) in [("direct", &direct), ("routed", &routed)] {
+        println!(
+            "{name:>8} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            pct(v, 0.5),
+            pct(v, 0.9),
+            pct(v, 0.99),
+            pct(v, 0.999),
+            v[v.len() - 1]
+        );
+    }
+    println!(
+        "{:>8} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+        "added",
+        pct(&routed, 0.5) - pct(&direct, 0.5),
+        pct(&routed, 0.9) - pct(&direct, 0.9),
+        pct(&routed, 0.99) - pct(&direct, 0.99),
+        pct(&routed, 0.999) - pct(&direct, 0.999)
+    );
+    router.shutdown();
+}

@@ -1,0 +1,166 @@
+//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload.
+//!
+//! Both swap a pool's policy atomically ([`Pool::switch`](crate::pool::Pool::switch)):
+//! requests already routed keep their backend, requests being routed finish
+//! with the snapshot they took, later requests use the new policy.
+
+use crate::config::RouterConfig;
+use crate::error::{ApiError, RouterError};
+use crate::pool::SwitchError;
+use crate::state::Shared;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+use warmpath_core::Strategy;
+
+/// Body of `PUT /admin/pools/{model}/strategy`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyBody {
+    /// The new strategy.
+    pub strategy: String,
+}
+
+/// Compares without leaking the position of the first difference.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(s: &Shared, headers: &HeaderMap) -> bool {
+    let Some(token) = &s.settings.admin_token else {
+        return true;
+    };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes()))
+}
+
+/// `PUT /admin/pools/{model}/strategy` (`model` may contain `/`).
+pub async fn set_strategy(
+    State(s): State<Arc<Shared>>,
+    Path(rest): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorized(&s, &headers) {
+        return ApiError::unauthorized().into_response();
+    }
+    let Some(model) = rest.strip_suffix("/strategy") else {
+        return ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy"
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: "not_found",
+        }
+        .into_response();
+    };
+    let Some(pool) = s.pools.get(model) else {
+        return ApiError::unknown_model(model).into_response();
+    };
+    let req: StrategyBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::bad_request(
+                "invalid_json",
+                format!("body must be {{\"strategy\": \"...\"}}: {e}"),
+            )
+            .into_response()
+        }
+    };
+    let strategy: Strategy = match req.strategy.parse() {
+        Ok(st) => st,
+        Err(e) => {
+            return ApiError::bad_request("invalid_strategy", format!("{e}"))
+                .with_param("strategy")
+                .into_response()
+        }
+    };
+    let config = pool.policy().config.clone();
+    match pool.switch(strategy, config) {
+        Ok(previous) => Json(json!({
+            "model": pool.model,
+            "strategy": strategy,
+            "previous": previous,
+        }))
+        .into_response(),
+        Err(e @ SwitchError::NeedsTokenizer(_)) => ApiError {
+            status: StatusCode::CONFLICT,
+            message: e.to_string(),
+            kind: "invalid_request_error",
+            param: Some("strategy".into()),
+            code: "needs_tokenizer",
+        }
+        .into_response(),
+        Err(e) => ApiError::bad_request("invalid_strategy", e.to_string()).into_response(),
+    }
+}
+
+/// Applies a re-read configuration: each existing pool gets the file's
+/// strategy and policy knobs. Returns what changed; settings that need a
+/// restart (backends, tokenizer, block size, listen addresses, new pools)
+/// are logged and listed, not applied.
+pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
+    config.validate()?;
+    let mut changes = Vec::new();
+    for pc in &config.pools {
+        let Some(pool) = s.pools.get(&pc.model) else {
+            changes.push(format!(
+                "pool {:?} is new: needs a restart (ignored)",
+                pc.model
+            ));
+            continue;
+        };
+        let current = pool.policy();
+        let (strategy, knobs) = (pc.effective_strategy(), pc.policy_config());
+        if current.strategy != strategy || current.config != knobs {
+            pool.switch(strategy, knobs).map_err(|e| match e {
+                SwitchError::Policy(source) => RouterError::Policy {
+                    model: pc.model.clone(),
+                    source,
+                },
+                SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
+                    format!("pool {m:?}"),
+                    "kv_aware needs a tokenizer, and tokenizers load only at start",
+                )),
+            })?;
+            changes.push(format!(
+                "pool {:?}: policy {} -> {}",
+                pc.model, current.strategy, strategy
+            ));
+        }
+        let ids: Vec<&str> = pc.backends.iter().map(|b| b.id()).collect();
+        let have: Vec<&str> = pool.backends.iter().map(|b| b.id.as_str()).collect();
+        if ids != have || pc.block_size != pool.block_size {
+            changes.push(format!(
+                "pool {:?}: backends or block_size changed: needs a restart (ignored)",
+                pc.model
+            ));
+        }
+    }
+    for c in &changes {
+        tracing::info!("reload: {c}");
+    }
+    Ok(changes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_exactly() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,225 @@
+//! The OpenAI-compatible endpoints: `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /invocations`, `GET /v1/models`, `GET /health`.
+
+use crate::error::ApiError;
+use crate::pool::Target;
+use crate::proxy::{self, Outgoing};
+use crate::route::{self, Hashing};
+use crate::salt::with_cache_salt;
+use crate::state::Shared;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+use warmpath_core::{Expect, Request, RequestError, TenantId, TenantSource};
+
+/// The tenant header.
+pub const TENANT_HEADER: &str = "x-prefix-aware-id";
+
+/// Reads a body of at most `limit` bytes (413 above).
+pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
+        Err(e) => Err(ApiError::bad_request(
+            "body_read_failed",
+            format!("could not read the request body: {e}"),
+        )),
+    }
+}
+
+/// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII).
+pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    match headers.get(TENANT_HEADER) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(Some).map_err(|_| {
+            ApiError::bad_request(
+                "invalid_tenant",
+                "tenant id in X-Prefix-Aware-Id header must be 1 to 64 printable ASCII characters",
+            )
+        }),
+    }
+}
+
+fn rejected(e: ApiError) -> Response {
+    proxy::count("-", "-", "none", e.status);
+    e.into_response()
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(s): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    openai(s, Expect::Chat, "/v1/chat/completions", uri, headers, body).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(s): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    openai(s, Expect::Completion, "/v1/completions", uri, headers, body).await
+}
+
+fn path_and_query(path: &str, uri: &Uri) -> String {
+    match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    }
+}
+
+async fn openai(
+    s: Arc<Shared>,
+    expect: Expect,
+    path: &str,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let raw = match read_body(body, &headers, s.settings.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return rejected(e),
+    };
+    let started = Instant::now();
+    let (plan, forward_body) = match prepare(&s, expect, &headers, &raw, started) {
+        Ok(x) => x,
+        Err(e) => return rejected(e),
+    };
+    let pq = path_and_query(path, &uri);
+    let out = Outgoing {
+        path_and_query: &pq,
+        headers: &headers,
+        body: forward_body,
+    };
+    proxy::forward(&s, &plan, out).await
+}
+
+/// Parses, resolves the pool and tenant, plans; returns the body to forward.
+fn prepare(
+    s: &Shared,
+    expect: Expect,
+    headers: &HeaderMap,
+    raw: &Bytes,
+    started: Instant,
+) -> Result<(route::Plan, Bytes), ApiError> {
+    let value: Value = serde_json::from_slice(raw).map_err(RequestError::InvalidJson)?;
+    let req = Request::from_value(&value, expect)?;
+    let target = s
+        .pools
+        .resolve(&req.model)
+        .ok_or_else(|| ApiError::unknown_model(&req.model))?;
+    let tenant = req.tenant(tenant_header(headers)?)?;
+    metrics::histogram!("warmpath_router_overhead_seconds", "phase" => "parse")
+        .record(started.elapsed().as_secs_f64());
+    let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
+    let body = match (&plan.tenant, s.settings.forward_cache_salt) {
+        (Some(t), true) => with_cache_salt(raw, &value, t),
+        _ => raw.clone(),
+    };
+    Ok((plan, body))
+}
+
+/// `POST /invocations`: the native API. The body is forwarded untouched; the
+/// pool comes from a top-level `model` string when the body is JSON with one,
+/// else the only pool; the tenant only from `X-Prefix-Aware-Id`.
+pub async fn invocations(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    let raw = match read_body(body, &headers, s.settings.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return rejected(e),
+    };
+    let plan = match prepare_raw(&s, &headers, &raw) {
+        Ok(p) => p,
+        Err(e) => return rejected(e),
+    };
+    let out = Outgoing {
+        path_and_query: "/invocations",
+        headers: &headers,
+        body: raw,
+    };
+    proxy::forward(&s, &plan, out).await
+}
+
+fn prepare_raw(s: &Shared, headers: &HeaderMap, raw: &Bytes) -> Result<route::Plan, ApiError> {
+    let started = Instant::now();
+    let named = serde_json::from_slice::<Value>(raw)
+        .ok()
+        .and_then(|v| v.get("model").and_then(Value::as_str).map(str::to_owned));
+    let model = match (named, s.pools.all()) {
+        (Some(m), _) => m,
+        (None, [only]) => only.model.clone(),
+        (None, _) => {
+            return Err(ApiError::bad_request(
+                "missing_field",
+                "several models are served: give the body a top-level `model` field",
+            )
+            .with_param("model"))
+        }
+    };
+    let target: Target = s
+        .pools
+        .resolve(&model)
+        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let tenant = tenant_header(headers)?
+        .map(|h| TenantId::parse(h, TenantSource::Header))
+        .transpose()?;
+    metrics::histogram!("warmpath_router_overhead_seconds", "phase" => "parse")
+        .record(started.elapsed().as_secs_f64());
+    Ok(route::plan_raw(target, tenant, &model, raw))
+}
+
+/// `GET /v1/models`: every pool's model and every known adapter.
+pub async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
+    let mut data = Vec::new();
+    for p in s.pools.all() {
+        data.push(json!({"id": p.model, "object": "model", "created": 0, "owned_by": "warmpath"}));
+        let mut adapters = std::collections::BTreeSet::new();
+        for b in &p.backends {
+            adapters.extend(b.adapters());
+        }
+        for a in adapters {
+            data.push(json!({"id": a, "object": "model", "created": 0,
+                "owned_by": "warmpath", "parent": p.model}));
+        }
+    }
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /health`: 200 while every pool has a healthy backend, else 503.
+pub async fn health(State(s): State<Arc<Shared>>) -> Response {
+    let mut ok = true;
+    let pools: Vec<Value> = s
+        .pools
+        .all()
+        .iter()
+        .map(|p| {
+            let healthy = p.backends.iter().filter(|b| b.is_healthy()).count();
+            ok &= healthy > 0;
+            json!({"model": p.model, "healthy_backends": healthy, "backends": p.backends.len()})
+        })
+        .collect();
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({"status": if ok { "ok" } else { "degraded" }, "pools": pools});
+    (status, Json(body)).into_response()
+}

@@ -1,0 +1,207 @@
+//! One backend engine as the router sees it: address, index slot, the load
+//! this router put on it, its health, and the LoRA adapters it serves.
+//!
+//! Load accounting is RAII: [`Backend::begin`] counts a request in flight
+//! (and its predicted prefill blocks) and the returned [`FlightGuard`] undoes
+//! it — the prefill part at the first upstream byte
+//! ([`FlightGuard::first_byte`]), the in-flight part when the response body
+//! ends or is dropped (client gone, upstream failed).
+
+use crate::config::{BackendConfig, BackendUrl};
+use parking_lot::RwLock;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use warmpath_core::WorkerSlot;
+
+/// Live state of one backend.
+#[derive(Debug)]
+pub struct Backend {
+    /// Worker id (the agent's id; `x-warmpath-backend`).
+    pub id: String,
+    /// Base URL.
+    pub url: BackendUrl,
+    /// Slot in the pool's cache index.
+    pub slot: WorkerSlot,
+    /// The pool's model, for metric labels.
+    model: String,
+    in_flight: AtomicU32,
+    pending_prefill: AtomicU64,
+    consecutive_failures: AtomicU32,
+    ejected: AtomicBool,
+    configured_adapters: BTreeSet<String>,
+    learned_adapters: RwLock<BTreeSet<String>>,
+}
+
+impl Backend {
+    /// A backend from its (validated) config.
+    pub fn new(model: &str, cfg: &BackendConfig, url: BackendUrl, slot: WorkerSlot) -> Self {
+        Backend {
+            id: cfg.id().to_owned(),
+            url,
+            slot,
+            model: model.to_owned(),
+            in_flight: AtomicU32::new(0),
+            pending_prefill: AtomicU64::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            ejected: AtomicBool::new(false),
+            configured_adapters: cfg.adapters.iter().cloned().collect(),
+            learned_adapters: RwLock::new(BTreeSet::new()),
+        }
+    }
+
+    /// Requests this router has in flight here.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Predicted prefill blocks of routed requests still waiting for a first byte.
+    pub fn pending_prefill_blocks(&self) -> u64 {
+        self.pending_prefill.load(Ordering::Relaxed)
+    }
+
+    /// Whether requests may be sent here (not ejected).
+    pub fn is_healthy(&self) -> bool {
+        !self.ejected.load(Ordering::Relaxed)
+    }
+
+    /// Whether this backend serves `adapter` (configured or learned).
+    pub fn serves_adapter(&self, adapter: &str) -> bool {
+        self.configured_adapters.contains(adapter) || self.learned_adapters.read().contains(adapter)
+    }
+
+    /// Every adapter served (configured and learned).
+    pub fn adapters(&self) -> BTreeSet<String> {
+        let mut all = self.configured_adapters.clone();
+        all.extend(self.learned_adapters.read().iter().cloned());
+        all
+    }
+
+    /// Replaces the adapters learned from the backend's `/v1/models`.
+    pub fn set_learned_adapters(&self, adapters: BTreeSet<String>) {
+        *self.learned_adapters.write() = adapters;
+    }
+
+    /// Records a failed connect; returns true when this ejected the backend.
+    pub fn connect_failed(&self, eject_after: u32) -> bool {
+        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        n >= eject_after && !self.ejected.swap(true, Ordering::Relaxed)
+    }
+
+    /// Records a successful exchange (connect failures reset).
+    pub fn connect_succeeded(&self) {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a passing active probe; returns true when this brought the
+    /// backend back.
+    pub fn probe_passed(&self) -> bool {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.ejected.swap(false, Ordering::Relaxed)
+    }
+
+    /// Counts a request in flight with `prefill_blocks` predicted uncached blocks.
+    pub fn begin(self: &Arc<Self>, prefill_blocks: u64) -> FlightGuard {
+        let n = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.pending_prefill
+            .fetch_add(prefill_blocks, Ordering::Relaxed);
+        self.gauge(n);
+        FlightGuard {
+            backend: Arc::clone(self),
+            prefill_blocks,
+        }
+    }
+
+    fn gauge(&self, n: u32) {
+        metrics::gauge!("warmpath_backend_in_flight", "pool" => self.model.clone(), "backend" => self.id.clone())
+            .set(f64::from(n));
+    }
+}
+
+/// One request in flight on a backend; dropping it ends the request.
+#[derive(Debug)]
+pub struct FlightGuard {
+    backend: Arc<Backend>,
+    prefill_blocks: u64,
+}
+
+impl FlightGuard {
+    /// The backend.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+
+    /// The first upstream byte arrived: prefill is done, stop counting its blocks.
+    pub fn first_byte(&mut self) {
+        let n = std::mem::take(&mut self.prefill_blocks);
+        if n > 0 {
+            self.backend.pending_prefill.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        self.first_byte();
+        let n = self.backend.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.backend.gauge(n);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn backend() -> Arc<Backend> {
+        let cfg = BackendConfig {
+            url: "http://127.0.0.1:1".into(),
+            worker_id: Some("w".into()),
+            adapters: vec!["sql".into()],
+        };
+        Arc::new(Backend::new(
+            "m",
+            &cfg,
+            BackendUrl::parse(&cfg.url).unwrap(),
+            0,
+        ))
+    }
+
+    #[test]
+    fn guards_count_and_uncount() {
+        let b = backend();
+        let mut g1 = b.begin(10);
+        let g2 = b.begin(5);
+        assert_eq!((b.in_flight(), b.pending_prefill_blocks()), (2, 15));
+        g1.first_byte();
+        g1.first_byte();
+        assert_eq!((b.in_flight(), b.pending_prefill_blocks()), (2, 5));
+        drop(g2);
+        assert_eq!((b.in_flight(), b.pending_prefill_blocks()), (1, 0));
+        drop(g1);
+        assert_eq!((b.in_flight(), b.pending_prefill_blocks()), (0, 0));
+    }
+
+    #[test]
+    fn ejection_after_n_failures_and_probe_recovery() {
+        let b = backend();
+        assert!(!b.connect_failed(3));
+        assert!(!b.connect_failed(3));
+        assert!(b.connect_failed(3), "third failure ejects");
+        assert!(!b.connect_failed(3), "already ejected");
+        assert!(!b.is_healthy());
+        assert!(b.probe_passed());
+        assert!(b.is_healthy());
+        assert!(!b.connect_failed(3), "counter was reset");
+    }
+
+    #[test]
+    fn adapters_configured_and_learned() {
+        let b = backend();
+        assert!(b.serves_adapter("sql"));
+        assert!(!b.serves_adapter("chat"));
+        b.set_learned_adapters(["chat".to_owned()].into());
+        assert!(b.serves_adapter("chat"));
+        assert_eq!(b.adapters().len(), 2);
+    }
+}

@@ -1,0 +1,314 @@
+//! The router's configuration: a YAML file ([`RouterConfig`]) with command-line
+//! flags laid over it ([`Cli::overlay`]), validated once ([`RouterConfig::validate`]).
+//!
+//! ```yaml
+//! listen: 0.0.0.0:8000
+//! grpc_listen: 0.0.0.0:50051
+//! admin_token: secret          # guards PUT /admin/...
+//! pools:
+//!   - model: meta-llama/Llama-3.1-8B-Instruct
+//!     strategy: kv_aware
+//!     tokenizer: /models/llama            # tokenizer.json or a model folder
+//!     block_size: 16
+//!     prefix_aware: { prefix_length: 4096, concurrency_threshold: 64 }
+//!     backends:
+//!       - { url: "http://10.0.0.1:8000", worker_id: gpu-0, adapters: [sql-adapter] }
+//!       - { url: "http://10.0.0.2:8000" }  # worker_id defaults to the url
+//! ```
+//!
+//! Flags: `--listen`, `--grpc-listen`, `--admin-token`, `--agent-token` and
+//! `--max-body-bytes` replace the file's values. Pool flags (`--model`,
+//! `--backend` (repeatable, replaces the pool's backends), `--strategy`,
+//! `--tokenizer`, `--block-size`, `--prefix-length`, `--concurrency-threshold`)
+//! apply to the pool named by `--model` (created when the file has no such
+//! pool), or to the file's only pool.
+
+mod cli;
+mod validate;
+
+pub use cli::Cli;
+pub use validate::BackendUrl;
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+use warmpath_core::policy::KvConfig;
+use warmpath_core::Strategy;
+
+/// Default `max_body_bytes`: 32 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Why the configuration was refused. Never retryable: fix the file or flags.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid YAML for [`RouterConfig`].
+    #[error("config file {} is invalid: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The YAML error (with line and column).
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A setting is out of range or inconsistent; `at` says where
+    /// (e.g. `pools[0].backends[1].url`).
+    #[error("invalid configuration at {at}: {reason}")]
+    Invalid {
+        /// Where.
+        at: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+pub(crate) fn invalid(at: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        at: at.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The whole router configuration (the YAML file's shape).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// HTTP listen address (`host:port`; port 0 picks a free port).
+    pub listen: String,
+    /// gRPC listen address for agents; none disables the agent ingest.
+    pub grpc_listen: Option<String>,
+    /// Bearer token required by `PUT /admin/...` when set.
+    pub admin_token: Option<String>,
+    /// Bearer token agents must present on the gRPC ingest when set.
+    pub agent_token: Option<String>,
+    /// Largest accepted request body in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Forward the tenant id to the backend as `cache_salt` (default true).
+    pub forward_cache_salt: bool,
+    /// Backend health checking.
+    pub health: HealthConfig,
+    /// Upstream connection settings.
+    pub upstream: UpstreamConfig,
+    /// One pool per served model.
+    pub pools: Vec<PoolConfig>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            listen: "0.0.0.0:8000".into(),
+            grpc_listen: None,
+            admin_token: None,
+            agent_token: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            forward_cache_salt: true,
+            health: HealthConfig::default(),
+            upstream: UpstreamConfig::default(),
+            pools: Vec::new(),
+        }
+    }
+}
+
+/// Passive ejection and active probing of backends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Consecutive connect failures after which a backend is ejected (>= 1).
+    pub eject_after: u32,
+    /// Interval of the `GET /health` probes (and `/v1/models` adapter
+    /// discovery), in milliseconds (>= 50).
+    pub probe_interval_ms: u64,
+    /// Timeout of one probe, in milliseconds (>= 10).
+    pub probe_timeout_ms: u64,
+    /// Learn each backend's LoRA adapters from its `/v1/models`.
+    pub learn_adapters: bool,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            eject_after: 3,
+            probe_interval_ms: 2000,
+            probe_timeout_ms: 1000,
+            learn_adapters: true,
+        }
+    }
+}
+
+/// Upstream HTTP client settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// TCP connect timeout in milliseconds (>= 1).
+    pub connect_timeout_ms: u64,
+    /// Idle keep-alive connections kept per backend.
+    pub max_idle_per_backend: usize,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            connect_timeout_ms: 2000,
+            max_idle_per_backend: 256,
+        }
+    }
+}
+
+/// One model pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// The model name clients send (`model` field).
+    pub model: String,
+    /// Routing strategy; default `kv_aware` with a tokenizer, else `prefix_aware`.
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+    /// tokenizer.json, or a model folder holding it and tokenizer_config.json.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens per KV block; must equal the engines' (vLLM default 16).
+    #[serde(default = "default_block_size")]
+    pub block_size: usize,
+    /// PREFIX_AWARE settings.
+    #[serde(default)]
+    pub prefix_aware: PrefixAwareConfig,
+    /// CHWBL bound (> 1).
+    #[serde(default = "default_load_factor")]
+    pub load_factor: f64,
+    /// Virtual nodes per backend on the ring.
+    #[serde(default = "default_vnodes")]
+    pub vnodes: u32,
+    /// `kv_aware` cost-model knobs.
+    #[serde(default)]
+    pub kv: KvConfig,
+    /// The engines serving this model.
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+}
+
+fn default_block_size() -> usize {
+    16
+}
+fn default_load_factor() -> f64 {
+    1.25
+}
+fn default_vnodes() -> u32 {
+    160
+}
+
+impl PoolConfig {
+    /// A pool with default settings and no backends.
+    pub fn new(model: impl Into<String>) -> Self {
+        PoolConfig {
+            model: model.into(),
+            strategy: None,
+            tokenizer: None,
+            block_size: default_block_size(),
+            prefix_aware: PrefixAwareConfig::default(),
+            load_factor: default_load_factor(),
+            vnodes: default_vnodes(),
+            kv: KvConfig::default(),
+            backends: Vec::new(),
+        }
+    }
+
+    /// The strategy in effect (explicit, else by tokenizer presence).
+    pub fn effective_strategy(&self) -> Strategy {
+        self.strategy.unwrap_or(if self.tokenizer.is_some() {
+            Strategy::KvAware
+        } else {
+            Strategy::PrefixAware
+        })
+    }
+
+    /// The core policy settings of this pool.
+    pub fn policy_config(&self) -> warmpath_core::PolicyConfig {
+        warmpath_core::PolicyConfig {
+            concurrency_threshold: self.prefix_aware.concurrency_threshold,
+            load_factor: self.load_factor,
+            vnodes: self.vnodes,
+            kv: self.kv.clone(),
+        }
+    }
+}
+
+/// PREFIX_AWARE settings of a pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefixAwareConfig {
+    /// Units hashed for the prefix key (1024..=65536).
+    pub prefix_length: usize,
+    /// In flight at which a backend counts as full (1..=1024).
+    pub concurrency_threshold: u32,
+}
+
+impl Default for PrefixAwareConfig {
+    fn default() -> Self {
+        PrefixAwareConfig {
+            prefix_length: 4096,
+            concurrency_threshold: 64,
+        }
+    }
+}
+
+/// One backend engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Base URL, `http://host:port` (optionally with a path prefix).
+    pub url: String,
+    /// The id its agent reports; defaults to the url.
+    #[serde(default)]
+    pub worker_id: Option<String>,
+    /// LoRA adapters it serves (more may be learned from its `/v1/models`).
+    #[serde(default)]
+    pub adapters: Vec<String>,
+}
+
+impl BackendConfig {
+    /// A backend at `url` with default id and no adapters.
+    pub fn new(url: impl Into<String>) -> Self {
+        BackendConfig {
+            url: url.into(),
+            worker_id: None,
+            adapters: Vec::new(),
+        }
+    }
+
+    /// The worker id in effect.
+    pub fn id(&self) -> &str {
+        self.worker_id.as_deref().unwrap_or(&self.url)
+    }
+}
+
+impl RouterConfig {
+    /// Reads and parses a YAML file (not yet validated).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Parses YAML text (not yet validated).
+    pub fn from_yaml(text: &str) -> Result<Self, serde_yaml::Error> {
+        serde_yaml::from_str(text)
+    }
+
+    /// The pool serving `model`, if any.
+    pub fn pool(&self, model: &str) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| p.model == model)
+    }
+}

@@ -1,0 +1,204 @@
+//! Command-line flags and how they are laid over the config file.
+
+use super::{invalid, BackendConfig, ConfigError, PoolConfig, RouterConfig};
+use clap::Parser;
+use std::path::PathBuf;
+use warmpath_core::Strategy;
+
+/// `warmpath-router` command line. Flags override (or, without `--config`,
+/// replace) the config file; see the [`config`](super) module docs.
+#[derive(Clone, Debug, Default, Parser)]
+#[command(
+    name = "warmpath-router",
+    version,
+    about = "KV-cache-aware OpenAI-compatible router"
+)]
+pub struct Cli {
+    /// YAML config file (re-read on SIGHUP).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// gRPC listen address for agents.
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<String>,
+    /// Backend base URL (repeatable); replaces the pool's backends.
+    #[arg(long = "backend", value_name = "URL")]
+    pub backends: Vec<String>,
+    /// Model (pool) the pool flags apply to.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// random | least_outstanding | prefix_aware | kv_aware.
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// tokenizer.json or a model folder with tokenizer_config.json.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens per KV block (must equal the engines').
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// PREFIX_AWARE prefix length (1024..=65536).
+    #[arg(long)]
+    pub prefix_length: Option<usize>,
+    /// In flight at which a backend is full (1..=1024).
+    #[arg(long)]
+    pub concurrency_threshold: Option<u32>,
+    /// Bearer token for `PUT /admin/...`.
+    #[arg(long, env = "WARMPATH_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Bearer token agents must present.
+    #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
+    pub agent_token: Option<String>,
+    /// Largest accepted request body in bytes (default 32 MiB).
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+}
+
+impl Cli {
+    /// Whether any pool-level flag is set.
+    fn has_pool_flags(&self) -> bool {
+        !self.backends.is_empty()
+            || self.strategy.is_some()
+            || self.tokenizer.is_some()
+            || self.block_size.is_some()
+            || self.prefix_length.is_some()
+            || self.concurrency_threshold.is_some()
+    }
+
+    /// Reads `--config` (if any) and lays the flags over it. The result still
+    /// needs [`RouterConfig::validate`].
+    pub fn load(&self) -> Result<RouterConfig, ConfigError> {
+        let base = match &self.config {
+            Some(path) => RouterConfig::from_file(path)?,
+            None => RouterConfig::default(),
+        };
+        self.overlay(base)
+    }
+
+    /// Lays the flags over `config`.
+    pub fn overlay(&self, mut config: RouterConfig) -> Result<RouterConfig, ConfigError> {
+        if let Some(v) = &self.listen {
+            config.listen = v.clone();
+        }
+        if let Some(v) = &self.grpc_listen {
+            config.grpc_listen = Some(v.clone());
+        }
+        if let Some(v) = &self.admin_token {
+            config.admin_token = Some(v.clone());
+        }
+        if let Some(v) = &self.agent_token {
+            config.agent_token = Some(v.clone());
+        }
+        if let Some(v) = self.max_body_bytes {
+            config.max_body_bytes = v;
+        }
+        if self.model.is_none() && !self.has_pool_flags() {
+            return Ok(config);
+        }
+        let idx = match &self.model {
+            Some(m) => match config.pools.iter().position(|p| &p.model == m) {
+                Some(i) => i,
+                None => {
+                    config.pools.push(PoolConfig::new(m.clone()));
+                    config.pools.len() - 1
+                }
+            },
+            None if config.pools.len() == 1 => 0,
+            None if config.pools.is_empty() => {
+                return Err(invalid("--model", "pool flags were given without --model"))
+            }
+            None => {
+                return Err(invalid(
+                    "--model",
+                    "the config has several pools; say which one the pool flags apply to",
+                ))
+            }
+        };
+        let pool = &mut config.pools[idx];
+        if !self.backends.is_empty() {
+            pool.backends = self.backends.iter().map(BackendConfig::new).collect();
+        }
+        if let Some(s) = &self.strategy {
+            let s: Strategy = s
+                .parse()
+                .map_err(|e: warmpath_core::PolicyError| invalid("--strategy", e.to_string()))?;
+            pool.strategy = Some(s);
+        }
+        if let Some(t) = &self.tokenizer {
+            pool.tokenizer = Some(t.clone());
+        }
+        if let Some(v) = self.block_size {
+            pool.block_size = v;
+        }
+        if let Some(v) = self.prefix_length {
+            pool.prefix_aware.prefix_length = v;
+        }
+        if let Some(v) = self.concurrency_threshold {
+            pool.prefix_aware.concurrency_threshold = v;
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut all = vec!["warmpath-router"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn flags_alone_make_one_pool() {
+        let c = cli(&[
+            "--model",
+            "m",
+            "--backend",
+            "http://127.0.0.1:1",
+            "--backend",
+            "http://127.0.0.1:2",
+            "--strategy",
+            "least_outstanding",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .load()
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:0");
+        assert_eq!(c.pools.len(), 1);
+        let p = &c.pools[0];
+        assert_eq!(p.backends.len(), 2);
+        assert_eq!(p.backends[1].id(), "http://127.0.0.1:2");
+        assert_eq!(p.effective_strategy(), Strategy::LeastOutstanding);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn flags_override_the_only_pool_of_a_file() {
+        let file = RouterConfig::from_yaml(
+            "pools:\n  - model: m\n    backends: [{url: 'http://127.0.0.1:9', worker_id: w}]\n",
+        )
+        .unwrap();
+        let c = cli(&["--concurrency-threshold", "3", "--prefix-length", "2048"])
+            .overlay(file)
+            .unwrap();
+        let p = &c.pools[0];
+        assert_eq!(p.prefix_aware.concurrency_threshold, 3);
+        assert_eq!(p.prefix_aware.prefix_length, 2048);
+        assert_eq!(p.backends[0].id(), "w", "backends kept without --backend");
+    }
+
+    #[test]
+    fn pool_flags_need_a_pool() {
+        let err = cli(&["--strategy", "random"]).load().unwrap_err();
+        assert!(err.to_string().contains("--model"), "{err}");
+        let err = cli(&["--model", "m", "--strategy", "fastest"])
+            .load()
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown strategy"), "{err}");
+    }
+}

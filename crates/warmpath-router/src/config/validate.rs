@@ -1,0 +1,237 @@
+//! The one place the configuration is checked.
+
+use super::{invalid, ConfigError, RouterConfig};
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use warmpath_core::{PrefixExtractor, Strategy};
+
+/// Largest accepted `block_size`.
+pub const MAX_BLOCK_SIZE: usize = 4096;
+
+/// A backend base URL: `http://authority[/prefix]`, without a trailing slash.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BackendUrl {
+    authority: http::uri::Authority,
+    prefix: String,
+}
+
+impl BackendUrl {
+    /// Parses and checks a base URL (plain `http` only; no query).
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let uri: http::Uri = raw
+            .parse()
+            .map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(s) => return Err(format!("{raw:?}: scheme {s:?} is not supported, use http")),
+            None => return Err(format!("{raw:?} has no scheme; write http://host:port")),
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("{raw:?} has no host"))?;
+        if uri.query().is_some() {
+            return Err(format!("{raw:?} must not have a query string"));
+        }
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(BackendUrl { authority, prefix })
+    }
+
+    /// The URI of `path_and_query` (starting with `/`) on this backend.
+    pub fn join(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        http::Uri::builder()
+            .scheme("http")
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.prefix, path_and_query))
+            .build()
+    }
+}
+
+impl fmt::Display for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+impl fmt::Debug for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BackendUrl({self})")
+    }
+}
+
+fn addr(at: &str, raw: &str) -> Result<SocketAddr, ConfigError> {
+    raw.parse()
+        .map_err(|_| invalid(at, format!("{raw:?} is not an IP:port address")))
+}
+
+impl RouterConfig {
+    /// Checks every setting; the only validation the router does.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        addr("listen", &self.listen)?;
+        if let Some(g) = &self.grpc_listen {
+            addr("grpc_listen", g)?;
+        }
+        for (name, tok) in [
+            ("admin_token", &self.admin_token),
+            ("agent_token", &self.agent_token),
+        ] {
+            if tok.as_deref().is_some_and(str::is_empty) {
+                return Err(invalid(name, "must not be empty when set"));
+            }
+        }
+        if self.max_body_bytes == 0 {
+            return Err(invalid("max_body_bytes", "must be at least 1"));
+        }
+        let h = &self.health;
+        if h.eject_after == 0 {
+            return Err(invalid("health.eject_after", "must be at least 1"));
+        }
+        if h.probe_interval_ms < 50 {
+            return Err(invalid("health.probe_interval_ms", "must be at least 50"));
+        }
+        if h.probe_timeout_ms < 10 {
+            return Err(invalid("health.probe_timeout_ms", "must be at least 10"));
+        }
+        if self.upstream.connect_timeout_ms == 0 {
+            return Err(invalid("upstream.connect_timeout_ms", "must be at least 1"));
+        }
+        if self.pools.is_empty() {
+            return Err(invalid(
+                "pools",
+                "no pool configured; give --model and --backend, or pools: in --config",
+            ));
+        }
+        let mut names = HashSet::new();
+        for (i, p) in self.pools.iter().enumerate() {
+            let at = |f: &str| format!("pools[{i}].{f}");
+            if p.model.is_empty() {
+                return Err(invalid(at("model"), "must not be empty"));
+            }
+            if !names.insert(p.model.as_str()) {
+                return Err(invalid(at("model"), format!("{:?} appears twice", p.model)));
+            }
+            if !(1..=MAX_BLOCK_SIZE).contains(&p.block_size) {
+                return Err(invalid(
+                    at("block_size"),
+                    format!("{} is outside 1..={MAX_BLOCK_SIZE}", p.block_size),
+                ));
+            }
+            PrefixExtractor::new(p.prefix_aware.prefix_length)
+                .map_err(|e| invalid(at("prefix_aware.prefix_length"), e.to_string()))?;
+            p.policy_config()
+                .validate()
+                .map_err(|e| invalid(at("policy"), e.to_string()))?;
+            if p.effective_strategy() == Strategy::KvAware && p.tokenizer.is_none() {
+                return Err(invalid(
+                    at("tokenizer"),
+                    "strategy kv_aware needs a tokenizer (--tokenizer PATH) to compute block hashes",
+                ));
+            }
+            if p.backends.is_empty() {
+                return Err(invalid(at("backends"), "at least one backend is needed"));
+            }
+            let mut ids = HashSet::new();
+            for (j, b) in p.backends.iter().enumerate() {
+                let bat = |f: &str| format!("pools[{i}].backends[{j}].{f}");
+                BackendUrl::parse(&b.url).map_err(|e| invalid(bat("url"), e))?;
+                if b.id().is_empty() {
+                    return Err(invalid(bat("worker_id"), "must not be empty"));
+                }
+                if !ids.insert(b.id()) {
+                    return Err(invalid(
+                        bat("worker_id"),
+                        format!("{:?} appears twice", b.id()),
+                    ));
+                }
+                if b.adapters.iter().any(String::is_empty) {
+                    return Err(invalid(bat("adapters"), "adapter names must not be empty"));
+                }
+            }
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            for b in &p.backends {
+                if let Some(a) = b.adapters.iter().find(|a| names.contains(a.as_str())) {
+                    return Err(invalid(
+                        format!("pools[{i}].backends"),
+                        format!("adapter {a:?} has the name of a pool's model"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn base() -> RouterConfig {
+        RouterConfig::from_yaml(
+            "listen: 127.0.0.1:0\npools:\n  - model: m\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
+        )
+        .unwrap()
+    }
+
+    fn err(c: &RouterConfig) -> String {
+        c.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_minimal_config_is_valid() {
+        base().validate().unwrap();
+    }
+
+    #[test]
+    fn each_bad_setting_is_refused_with_its_place() {
+        let mut c = base();
+        c.pools[0].strategy = Some(Strategy::KvAware);
+        assert!(err(&c).contains("pools[0].tokenizer"));
+        let mut c = base();
+        c.pools[0].prefix_aware.prefix_length = 10;
+        assert!(err(&c).contains("1024..=65536"));
+        let mut c = base();
+        c.pools[0].prefix_aware.concurrency_threshold = 0;
+        assert!(err(&c).contains("concurrency_threshold"));
+        let mut c = base();
+        c.pools[0].block_size = 0;
+        assert!(err(&c).contains("block_size"));
+        let mut c = base();
+        c.pools[0].backends[0].url = "https://x:1".into();
+        assert!(err(&c).contains("backends[0].url"));
+        let mut c = base();
+        c.pools.push(c.pools[0].clone());
+        assert!(err(&c).contains("appears twice"));
+        let mut c = base();
+        c.listen = "nowhere".into();
+        assert!(err(&c).contains("listen"));
+        let mut c = base();
+        c.pools[0].backends.clear();
+        assert!(err(&c).contains("at least one backend"));
+        assert!(err(&RouterConfig::default()).contains("no pool"));
+    }
+
+    #[test]
+    fn unknown_yaml_fields_are_refused() {
+        let e = RouterConfig::from_yaml("pools: []\nlisen: x\n").unwrap_err();
+        assert!(e.to_string().contains("lisen"), "{e}");
+    }
+
+    #[test]
+    fn backend_urls_join_paths() {
+        let u = BackendUrl::parse("http://127.0.0.1:8000/").unwrap();
+        assert_eq!(
+            u.join("/v1/models").unwrap().to_string(),
+            "http://127.0.0.1:8000/v1/models"
+        );
+        let u = BackendUrl::parse("http://h:1/engine").unwrap();
+        assert_eq!(
+            u.join("/health").unwrap().to_string(),
+            "http://h:1/engine/health"
+        );
+        assert!(BackendUrl::parse("127.0.0.1:8000").is_err());
+        assert!(BackendUrl::parse("http://h:1/?a=b").is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! Errors: [`RouterError`] for start-up, [`ApiError`] for HTTP answers in
+//! OpenAI's error shape (`{"error":{"message","type","param","code"}}`).
+
+use crate::config::ConfigError;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::path::PathBuf;
+use thiserror::Error;
+use warmpath_core::tokenize::TokenizeError;
+use warmpath_core::{IndexError, PolicyError, RequestError, TenantError};
+
+/// Why the router could not start (or reload). None of these is retryable
+/// without changing the configuration or the environment.
+#[derive(Debug, Error)]
+pub enum RouterError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A pool's tokenizer could not be loaded.
+    #[error("pool {model:?}: cannot load tokenizer {}: {source}", path.display())]
+    Tokenizer {
+        /// The pool.
+        model: String,
+        /// The configured path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: TokenizeError,
+    },
+    /// A pool's policy could not be built.
+    #[error("pool {model:?}: {source}")]
+    Policy {
+        /// The pool.
+        model: String,
+        /// The cause.
+        #[source]
+        source: PolicyError,
+    },
+    /// A backend could not be registered in the pool's index.
+    #[error("pool {model:?}: {source}")]
+    Index {
+        /// The pool.
+        model: String,
+        /// The cause.
+        #[source]
+        source: IndexError,
+    },
+    /// A listen address could not be bound (in use, no permission).
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An error answer. `status` is the HTTP status; the body is OpenAI-shaped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable message.
+    pub message: String,
+    /// OpenAI error `type`.
+    pub kind: &'static str,
+    /// The offending request field, if one.
+    pub param: Option<String>,
+    /// A stable machine-readable code.
+    pub code: &'static str,
+}
+
+impl ApiError {
+    /// A 400 `invalid_request_error`.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code,
+        }
+    }
+
+    /// Sets the offending field.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// 404: no pool serves `model`.
+    pub fn unknown_model(model: &str) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist."),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: "model_not_found",
+        }
+    }
+
+    /// 413: the body is over the limit.
+    pub fn too_large(limit: usize) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("request body is larger than the limit of {limit} bytes"),
+            kind: "invalid_request_error",
+            param: None,
+            code: "request_too_large",
+        }
+    }
+
+    /// 503: no eligible backend.
+    pub fn no_backend(model: &str) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!("no healthy backend is available for model `{model}`"),
+            kind: "service_unavailable_error",
+            param: None,
+            code: "no_healthy_backend",
+        }
+    }
+
+    /// 502: the chosen backend failed.
+    pub fn upstream(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            message: message.into(),
+            kind: "upstream_error",
+            param: None,
+            code: "upstream_failed",
+        }
+    }
+
+    /// 401: missing or wrong bearer token.
+    pub fn unauthorized() -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing or invalid bearer token".into(),
+            kind: "authentication_error",
+            param: None,
+            code: "invalid_token",
+        }
+    }
+
+    /// 500: a server-side failure that is not the client's fault.
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: "internal_error",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        let (code, param) = match &e {
+            RequestError::InvalidJson(_) => ("invalid_json", None),
+            RequestError::NotAnObject => ("invalid_json", None),
+            RequestError::Missing(f) => ("missing_field", Some((*f).to_owned())),
+            RequestError::WrongType { field, .. } => ("invalid_type", Some(field.clone())),
+            RequestError::Empty(f) => ("empty_field", Some(f.clone())),
+            RequestError::UnknownKind => ("missing_field", None),
+        };
+        let err = ApiError::bad_request(code, e.to_string());
+        match param {
+            Some(p) => err.with_param(p),
+            None => err,
+        }
+    }
+}
+
+impl From<TenantError> for ApiError {
+    fn from(e: TenantError) -> Self {
+        ApiError::bad_request("invalid_tenant", e.to_string())
+    }
+}
+
+impl From<TokenizeError> for ApiError {
+    fn from(e: TokenizeError) -> Self {
+        if e.is_client_error() {
+            ApiError::bad_request("invalid_chat", e.to_string())
+        } else {
+            ApiError::internal(format!("tokenization failed: {e}"))
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_has_the_openai_shape() {
+        let b = ApiError::unknown_model("x").body();
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["param"], "model");
+        assert_eq!(b["error"]["code"], "model_not_found");
+        assert!(b["error"]["message"].as_str().unwrap().contains("`x`"));
+        let b = ApiError::too_large(10).body();
+        assert!(b["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn request_errors_name_the_field() {
+        let e: ApiError = RequestError::Missing("model").into();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("model"));
+    }
+}

@@ -1,0 +1,200 @@
+//! Inspection: `GET /cache-index` (what every worker holds, the warmest
+//! prefix chains) and `POST /cache-index/query` (how a request would route,
+//! without sending it anywhere). Only hashes and counts: never prompt text.
+
+use crate::api::{read_body, tenant_header};
+use crate::error::ApiError;
+use crate::pool::Pool;
+use crate::route::{self, Hashing};
+use crate::state::Shared;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+use warmpath_core::{Expect, Request, RequestError, TenantId};
+
+/// Warmest chains listed per pool unless `?top=` says otherwise.
+pub const DEFAULT_TOP: usize = 10;
+
+/// Query string of `GET /cache-index`.
+#[derive(Debug, Deserialize)]
+pub struct IndexQuery {
+    /// How many warm chains to list per pool (at most 256).
+    pub top: Option<usize>,
+}
+
+/// Refreshes the index gauges of every pool (also done on each scrape).
+pub fn update_gauges(s: &Shared) {
+    let now = crate::monotonic_ms();
+    for p in s.pools.all() {
+        metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
+            .set(p.index.entries() as f64);
+        let stale = p.index.worker_stats(now).iter().filter(|w| w.stale).count();
+        metrics::gauge!("warmpath_stale_workers", "pool" => p.model.clone()).set(stale as f64);
+    }
+}
+
+fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
+    let now = crate::monotonic_ms();
+    let stats = p.index.worker_stats(now);
+    let workers: Vec<Value> = p
+        .backends
+        .iter()
+        .map(|b| {
+            let st = stats.iter().find(|w| w.worker_id == b.id);
+            let load = s.agents().and_then(|a| a.engine_load(&p.model, &b.id));
+            let agent = s
+                .agents
+                .as_ref()
+                .and_then(|a| a.status_of(&p.model, &b.id, now));
+            json!({
+                "worker_id": b.id,
+                "url": b.url.to_string(),
+                "healthy": b.is_healthy(),
+                "in_flight": b.in_flight(),
+                "pending_prefill_blocks": b.pending_prefill_blocks(),
+                "blocks": st.map_or(0, |w| w.blocks),
+                "tiers": {
+                    "gpu": st.map_or(0, |w| w.gpu_blocks),
+                    "cpu": st.map_or(0, |w| w.cpu_blocks),
+                    "disk": st.map_or(0, |w| w.disk_blocks),
+                },
+                "last_event_ms_ago": st.and_then(|w| w.last_heard_ms_ago),
+                "stale": st.is_some_and(|w| w.stale),
+                "agent_load": load,
+                "agent": agent,
+                "adapters": b.adapters(),
+            })
+        })
+        .collect();
+    let chains: Vec<Value> = p
+        .hot
+        .top(top)
+        .into_iter()
+        .map(|c| {
+            let m = p.index.longest_match(&c.hashes);
+            let holders: Vec<Value> = m
+                .workers
+                .iter()
+                .map(|w| {
+                    json!({
+                        "worker_id": p.index.worker_id(w.slot),
+                        "blocks": w.blocks,
+                        "gpu_blocks": w.gpu_blocks,
+                        "fresh": w.fresh,
+                    })
+                })
+                .collect();
+            let routed: Vec<Value> = c
+                .routed
+                .iter()
+                .map(|(w, n)| json!({"worker_id": w, "hits": n}))
+                .collect();
+            json!({
+                "root": c.hashes.first().map(|h| h.to_hex()),
+                "depth": c.hashes.len(),
+                "hits": c.hits,
+                "holders": holders,
+                "routed": routed,
+            })
+        })
+        .collect();
+    let policy = p.policy();
+    json!({
+        "model": p.model,
+        "strategy": policy.strategy,
+        "concurrency_threshold": policy.config.concurrency_threshold,
+        "block_size": p.block_size,
+        "tokenizer": p.tokenizer.is_some(),
+        "index_entries": p.index.entries(),
+        "distinct_blocks": p.index.distinct_blocks(),
+        "workers": workers,
+        "warmest_chains": chains,
+    })
+}
+
+/// `GET /cache-index[?top=K]`.
+pub async fn cache_index(State(s): State<Arc<Shared>>, Query(q): Query<IndexQuery>) -> Json<Value> {
+    let top = q
+        .top
+        .unwrap_or(DEFAULT_TOP)
+        .min(crate::hot::DEFAULT_CAPACITY);
+    update_gauges(&s);
+    let pools: Vec<Value> = s
+        .pools
+        .all()
+        .iter()
+        .map(|p| pool_view(&s, p, top))
+        .collect();
+    Json(json!({
+        "uptime_s": s.started.elapsed().as_secs_f64(),
+        "pools": pools,
+    }))
+}
+
+/// `POST /cache-index/query`: body as for chat or completions.
+pub async fn query(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    match query_inner(&s, &headers, body).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn query_inner(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    let raw = read_body(body, headers, s.settings.max_body_bytes).await?;
+    let started = Instant::now();
+    let value: Value = serde_json::from_slice(&raw).map_err(RequestError::InvalidJson)?;
+    let req = Request::from_value(&value, Expect::Any)?;
+    let target = s
+        .pools
+        .resolve(&req.model)
+        .ok_or_else(|| ApiError::unknown_model(&req.model))?;
+    let tenant = req.tenant(tenant_header(headers)?)?;
+    let plan = route::plan(target, tenant, &req, Hashing::Always)?;
+    let pool = &plan.target.pool;
+    let loads = route::loads(pool, plan.target.adapter.as_deref(), &[], s.agents());
+    let workers: Vec<Value> = pool
+        .backends
+        .iter()
+        .zip(&loads)
+        .map(|(b, l)| {
+            let m = plan.matches.as_ref().and_then(|m| m.of(b.slot));
+            json!({
+                "worker_id": b.id,
+                "matched_blocks": m.map_or(0, |m| m.blocks),
+                "gpu_blocks": m.map_or(0, |m| m.gpu_blocks),
+                "fresh": m.is_none_or(|m| m.fresh),
+                "eligible": l.eligible,
+                "in_flight": l.in_flight,
+            })
+        })
+        .collect();
+    let decision = match route::pick(&plan, &[], s.agents()) {
+        Ok(d) => json!({
+            "worker_id": pool.backends[d.backend].id,
+            "decision": d.kind,
+            "matched_blocks": d.matched_blocks,
+        }),
+        Err(e) => json!({"error": e.message}),
+    };
+    let hashed = plan.matches.is_some();
+    Ok(json!({
+        "model": pool.model,
+        "adapter": plan.target.adapter,
+        "tenant": plan.tenant.as_ref().map(TenantId::as_str),
+        "strategy": plan.policy.strategy,
+        "block_size": pool.block_size,
+        "hashed": hashed,
+        "blocks": plan.hashes.len(),
+        "block_hashes": plan.hashes.iter().map(|h| h.to_hex()).collect::<Vec<_>>(),
+        "prefix_key": plan.prefix_key.to_string(),
+        "workers": workers,
+        "decision": decision,
+        "router_overhead_ms": started.elapsed().as_secs_f64() * 1e3,
+    }))
+}

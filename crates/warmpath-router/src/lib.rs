@@ -1,0 +1,68 @@
+//! warmpath-router: an OpenAI-compatible, KV-cache-aware proxy.
+//!
+//! Each request is parsed only as far as routing needs ([`warmpath_core::Request`]),
+//! tokenized with the pool's chat template and tokenizer, cut into blocks and
+//! hashed with the shared chain hash, matched against the pool's
+//! [`CacheIndex`](warmpath_core::CacheIndex) (filled by the agents), and
+//! given to the pool's routing policy together with live loads. The chosen
+//! backend gets the body unchanged (apart from `cache_salt`), and its answer
+//! streams back frame by frame.
+//!
+//! Modules, in request order: [`config`] -> [`api`] -> [`route`] ->
+//! [`proxy`] (with [`backend`] load accounting and [`salt`]); around them
+//! [`pool`], [`hot`], [`inspect`], [`admin`], [`health`], [`metrics`] and
+//! [`server`] (start-up and the HTTP routes).
+//!
+//! Embed it with [`start`]:
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), warmpath_router::RouterError> {
+//! use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
+//! let mut pool = PoolConfig::new("m");
+//! pool.backends.push(BackendConfig::new("http://127.0.0.1:8001"));
+//! let config = RouterConfig { listen: "127.0.0.1:0".into(), pools: vec![pool], ..Default::default() };
+//! let running = warmpath_router::start(config, Default::default()).await?;
+//! println!("listening on http://{}", running.http_addr);
+//! # Ok(()) }
+//! ```
+
+pub mod admin;
+pub mod api;
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod hot;
+pub mod ingest;
+pub mod inspect;
+pub mod metrics;
+pub mod pool;
+pub mod proxy;
+pub mod route;
+pub mod salt;
+pub mod server;
+pub mod state;
+
+pub use config::{Cli, RouterConfig};
+pub use error::{ApiError, RouterError};
+pub use server::{start, RunningRouter};
+
+use std::sync::OnceLock;
+use std::time::Instant;
+use warmpath_core::EngineLoad;
+
+/// Engine load reported by agents, as the router reads it when routing
+/// (implemented by [`ingest::Agents`]).
+pub trait AgentLoads: Send + Sync {
+    /// The latest load reported for `worker_id` of pool `model`, if known
+    /// and recent.
+    fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad>;
+}
+
+/// Milliseconds on the router's monotonic clock: the clock of
+/// [`CacheIndex::mark_heard`](warmpath_core::CacheIndex::mark_heard) and
+/// staleness in this process.
+pub fn monotonic_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}

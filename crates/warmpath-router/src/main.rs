@@ -1,0 +1,55 @@
+//! The `warmpath-router` binary: parse flags, start the library, handle signals.
+
+use anyhow::Context;
+use clap::Parser;
+use std::io::Write;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+use warmpath_router::Cli;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let config = cli.load().context("loading the configuration")?;
+    let shutdown = CancellationToken::new();
+    let running = warmpath_router::start(config, shutdown.clone())
+        .await
+        .context("starting the router")?;
+    // Handlers first: a SIGHUP right after the address is printed must not
+    // hit the default action (terminate).
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on http://{}", running.http_addr)?;
+        if let Some(g) = running.grpc_addr {
+            writeln!(out, "grpc listening on http://{g}")?;
+        }
+        out.flush()?;
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = hup.recv() => {
+                match cli.load().map_err(warmpath_router::RouterError::from)
+                    .and_then(|c| running.reload(&c)) {
+                    Ok(changes) if changes.is_empty() => tracing::info!("SIGHUP: configuration unchanged"),
+                    Ok(changes) => tracing::info!(?changes, "SIGHUP: configuration reloaded"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: reload refused; keeping the running configuration"),
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
+    running.wait().await;
+    Ok(())
+}

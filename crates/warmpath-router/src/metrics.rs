@@ -1,0 +1,126 @@
+//! Prometheus metrics: the recorder (installed once per process) and
+//! `GET /metrics`.
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `warmpath_requests_total` | counter | pool, strategy, decision, status |
+//! | `warmpath_matched_blocks` | histogram | pool |
+//! | `warmpath_predicted_cached_tokens_total` | counter | pool |
+//! | `warmpath_upstream_first_byte_seconds` | histogram | pool |
+//! | `warmpath_router_overhead_seconds` | histogram | phase = parse, tokenize, hash, lookup, pick |
+//! | `warmpath_backend_in_flight` | gauge | pool, backend |
+//! | `warmpath_index_entries` | gauge | pool |
+//! | `warmpath_stale_workers` | gauge | pool |
+//!
+//! Requests refused before a pool is known are counted with `pool="-"`.
+
+use crate::inspect::update_gauges;
+use crate::state::Shared;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::{Arc, OnceLock};
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+const OVERHEAD_BUCKETS: [f64; 14] = [
+    1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.25,
+];
+const FIRST_BYTE_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const BLOCK_BUCKETS: [f64; 13] = [
+    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+fn build() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("warmpath_router_overhead_seconds".into()),
+            &OVERHEAD_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("warmpath_upstream_first_byte_seconds".into()),
+            &FIRST_BYTE_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("warmpath_matched_blocks".into()),
+            &BLOCK_BUCKETS,
+        )?
+        .install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "warmpath_requests_total",
+        "Requests answered, by pool, strategy, routing decision and HTTP status"
+    );
+    describe_histogram!(
+        "warmpath_matched_blocks",
+        Unit::Count,
+        "Cached blocks the chosen backend holds of a request (per the index)"
+    );
+    describe_counter!(
+        "warmpath_predicted_cached_tokens_total",
+        Unit::Count,
+        "Prompt tokens predicted to be served from the engine's prefix cache"
+    );
+    describe_histogram!(
+        "warmpath_upstream_first_byte_seconds",
+        Unit::Seconds,
+        "From sending upstream to the first body byte"
+    );
+    describe_histogram!(
+        "warmpath_router_overhead_seconds",
+        Unit::Seconds,
+        "Routing time per phase"
+    );
+    describe_gauge!(
+        "warmpath_backend_in_flight",
+        "Requests this router has in flight per backend"
+    );
+    describe_gauge!(
+        "warmpath_index_entries",
+        "(block, worker, tier) entries in the pool's cache index"
+    );
+    describe_gauge!(
+        "warmpath_stale_workers",
+        "Workers whose agent is silent past the deadline"
+    );
+}
+
+/// Installs the Prometheus recorder on first call; `None` when another
+/// recorder was installed first (then `/metrics` answers 503).
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| match build() {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics recorder not installed; /metrics disabled");
+                None
+            }
+        })
+        .clone()
+}
+
+/// `GET /metrics`.
+pub async fn render(State(s): State<Arc<Shared>>) -> Response {
+    let Some(handle) = &s.metrics else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder not installed\n",
+        )
+            .into_response();
+    };
+    update_gauges(&s);
+    handle.run_upkeep();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,279 @@
+//! Sending a routed request upstream and streaming the answer back.
+//!
+//! - One pooled keep-alive HTTP/1.1 client for all backends.
+//! - Retry on another backend **only** when connecting failed (nothing was
+//!   sent); a backend failing `eject_after` connects in a row is ejected until
+//!   an active probe passes (see [`crate::health`]).
+//! - Status, headers (minus hop-by-hop ones) and body pass through; the body
+//!   is streamed frame by frame as it arrives ([`TrackedBody`]), never
+//!   buffered. When the client goes away the body is dropped, which drops the
+//!   upstream response and closes that connection: the engine sees the
+//!   disconnect and stops generating.
+//! - A backend failing mid-stream ends an SSE answer with an OpenAI-shaped
+//!   `data: {"error":...}` event (other bodies are cut off, so the client's
+//!   HTTP library reports an incomplete body).
+
+use crate::backend::FlightGuard;
+use crate::error::ApiError;
+use crate::route::{self, Plan};
+use crate::state::Shared;
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use warmpath_core::Decision;
+
+/// Header naming the backend that served a response.
+pub const BACKEND_HEADER: &str = "x-warmpath-backend";
+/// Header naming why that backend was chosen.
+pub const DECISION_HEADER: &str = "x-warmpath-decision";
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+fn hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str()) || name == header::UPGRADE
+}
+
+/// What to send upstream.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    /// Path and query on the backend, e.g. `/v1/chat/completions`.
+    pub path_and_query: &'a str,
+    /// The client's headers (hop-by-hop ones are dropped).
+    pub headers: &'a HeaderMap,
+    /// The body to send.
+    pub body: Bytes,
+}
+
+/// Counts a finished routing attempt in `warmpath_requests_total`.
+pub fn count(pool: &str, strategy: &str, decision: &str, status: StatusCode) {
+    metrics::counter!("warmpath_requests_total",
+        "pool" => pool.to_owned(), "strategy" => strategy.to_owned(),
+        "decision" => decision.to_owned(), "status" => status.as_u16().to_string())
+    .increment(1);
+}
+
+fn upstream_request(
+    url: &crate::config::BackendUrl,
+    out: &Outgoing<'_>,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let uri = url
+        .join(out.path_and_query)
+        .map_err(|e| ApiError::internal(format!("cannot build the upstream URL: {e}")))?;
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .body(Full::new(out.body.clone()))
+        .map_err(|e| ApiError::internal(format!("cannot build the upstream request: {e}")))?;
+    let h = req.headers_mut();
+    for (name, value) in out.headers {
+        if !hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH {
+            h.append(name.clone(), value.clone());
+        }
+    }
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+    Ok(req)
+}
+
+fn tag(resp: &mut Response, backend: &str, decision: &Decision) {
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(backend) {
+        h.insert(BACKEND_HEADER, v);
+    }
+    h.insert(
+        DECISION_HEADER,
+        HeaderValue::from_static(decision.kind.as_str()),
+    );
+}
+
+/// Routes `plan` and proxies `out`, retrying other backends on connect failure.
+pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Response {
+    let pool = &plan.target.pool;
+    let strategy = plan.policy.strategy.as_str();
+    let mut excluded: Vec<usize> = Vec::new();
+    loop {
+        let decision = match route::pick(plan, &excluded, shared.agents()) {
+            Ok(d) => d,
+            Err(mut e) => {
+                if !excluded.is_empty() {
+                    let tried: Vec<&str> = excluded
+                        .iter()
+                        .map(|&i| pool.backends[i].id.as_str())
+                        .collect();
+                    e = ApiError::upstream(format!(
+                        "could not connect to any backend of `{}` (tried {})",
+                        pool.model,
+                        tried.join(", ")
+                    ));
+                }
+                count(&pool.model, strategy, "none", e.status);
+                return e.into_response();
+            }
+        };
+        let backend = Arc::clone(&pool.backends[decision.backend]);
+        let guard = backend.begin(route::uncached_blocks(plan, &decision));
+        let req = match upstream_request(&backend.url, &out) {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
+        };
+        let sent = Instant::now();
+        match shared.client.request(req).await {
+            Ok(resp) => {
+                backend.connect_succeeded();
+                let status = resp.status();
+                count(&pool.model, strategy, decision.kind.as_str(), status);
+                let matched = u64::from(decision.matched_blocks);
+                metrics::histogram!("warmpath_matched_blocks", "pool" => pool.model.clone())
+                    .record(matched as f64);
+                metrics::counter!("warmpath_predicted_cached_tokens_total", "pool" => pool.model.clone())
+                    .increment(matched * pool.block_size as u64);
+                if !plan.hashes.is_empty() {
+                    pool.hot.record(&plan.hashes, &backend.id);
+                }
+                tracing::debug!(pool = %pool.model, backend = %backend.id,
+                    decision = decision.kind.as_str(), matched, %status, "proxied");
+                return respond(resp, guard, sent, &pool.model, &decision);
+            }
+            Err(e) if e.is_connect() => {
+                drop(guard);
+                tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
+                    "connect failed; trying another backend");
+                if backend.connect_failed(shared.settings.health.eject_after) {
+                    tracing::warn!(pool = %pool.model, backend = %backend.id,
+                        "backend ejected after repeated connect failures");
+                }
+                excluded.push(decision.backend);
+            }
+            Err(e) => {
+                tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
+                    "upstream request failed after it was sent; not retried");
+                let err = ApiError::upstream(format!("backend {} failed: {e}", backend.id));
+                count(&pool.model, strategy, decision.kind.as_str(), err.status);
+                let mut resp = err.into_response();
+                tag(&mut resp, &backend.id, &decision);
+                return resp;
+            }
+        }
+    }
+}
+
+fn respond(
+    resp: hyper::Response<Incoming>,
+    guard: FlightGuard,
+    sent: Instant,
+    pool: &str,
+    decision: &Decision,
+) -> Response {
+    let (parts, incoming) = resp.into_parts();
+    let backend_id = guard.backend().id.clone();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let body = TrackedBody {
+        inner: incoming,
+        guard,
+        sent,
+        first: true,
+        sse,
+        done: false,
+        pool: pool.to_owned(),
+    };
+    let mut out = Response::new(Body::new(body));
+    *out.status_mut() = parts.status;
+    let h = out.headers_mut();
+    for (name, value) in &parts.headers {
+        if !hop_by_hop(name) {
+            h.append(name.clone(), value.clone());
+        }
+    }
+    tag(&mut out, &backend_id, decision);
+    out
+}
+
+/// The upstream body, passed through frame by frame, with load accounting.
+#[derive(Debug)]
+pub struct TrackedBody {
+    inner: Incoming,
+    guard: FlightGuard,
+    sent: Instant,
+    first: bool,
+    sse: bool,
+    done: bool,
+    pool: String,
+}
+
+impl HttpBody for TrackedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.first && frame.is_data() {
+                    this.first = false;
+                    this.guard.first_byte();
+                    metrics::histogram!("warmpath_upstream_first_byte_seconds", "pool" => this.pool.clone())
+                        .record(this.sent.elapsed().as_secs_f64());
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                let backend = &this.guard.backend().id;
+                tracing::warn!(pool = %this.pool, %backend, error = %e, "backend failed mid-response");
+                if this.sse {
+                    this.done = true;
+                    let err = ApiError::upstream(format!(
+                        "backend {backend} failed while streaming the response: {e}"
+                    ));
+                    let event = format!("data: {}\n\n", err.body());
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+                } else {
+                    Poll::Ready(Some(Err(e)))
+                }
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.sse {
+            // An error event may be appended: promise nothing.
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Routing one request: tenant -> token ids -> block hashes -> index match ->
+//! prefix key -> policy pick with live loads.
+//!
+//! [`plan`] does everything that does not depend on load (and is what
+//! `POST /cache-index/query` shows); [`pick`] asks the pool's current policy
+//! for a backend, excluding backends that already failed to connect.
+//! Each phase is timed into `warmpath_router_overhead_seconds{phase}`.
+
+use crate::error::ApiError;
+use crate::pool::{PolicyState, Pool, Target};
+use crate::AgentLoads;
+use std::sync::Arc;
+use std::time::Instant;
+use warmpath_core::request::FirstPrompt;
+use warmpath_core::{
+    BackendLoad, BlockHash, ChainHasher, Decision, HashSeed, MatchResult, PolicyError, PrefixKey,
+    Request, RequestBody, RouteInput, Strategy, TenantId,
+};
+
+/// What routing knows of a request before looking at load.
+#[derive(Debug)]
+pub struct Plan {
+    /// The pool and adapter.
+    pub target: Target,
+    /// The tenant, if any.
+    pub tenant: Option<TenantId>,
+    /// The request's block chain (empty when not tokenized).
+    pub hashes: Vec<BlockHash>,
+    /// Per-worker match of the chain (when hashed).
+    pub matches: Option<MatchResult>,
+    /// The PREFIX_AWARE key.
+    pub prefix_key: PrefixKey,
+    /// The policy snapshot to pick with.
+    pub policy: Arc<PolicyState>,
+}
+
+/// When to compute token ids and block hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hashing {
+    /// Only when the policy is `kv_aware` or the prompt is already token ids.
+    WhenUseful,
+    /// Whenever possible (inspection).
+    Always,
+}
+
+fn observe(phase: &'static str, since: Instant) -> Instant {
+    let now = Instant::now();
+    metrics::histogram!("warmpath_router_overhead_seconds", "phase" => phase)
+        .record(now.duration_since(since).as_secs_f64());
+    now
+}
+
+/// Plans a chat or completion request.
+pub fn plan(
+    target: Target,
+    tenant: Option<TenantId>,
+    req: &Request<'_>,
+    hashing: Hashing,
+) -> Result<Plan, ApiError> {
+    let pool = Arc::clone(&target.pool);
+    let policy = pool.policy();
+    let ids_given =
+        matches!(&req.body, RequestBody::Completion(p) if matches!(p.first(), FirstPrompt::Ids(_)));
+    let want = ids_given || hashing == Hashing::Always || policy.strategy == Strategy::KvAware;
+    let mut hashes = Vec::new();
+    let mut matches = None;
+    if want {
+        let mut t = Instant::now();
+        let owned;
+        let ids: Option<&[u32]> = match &req.body {
+            RequestBody::Completion(p) => match p.first() {
+                FirstPrompt::Ids(ids) => Some(ids),
+                FirstPrompt::Text(_) => None,
+            },
+            RequestBody::Chat(_) => None,
+        };
+        let ids = match (ids, &pool.tokenizer) {
+            (Some(ids), _) => Some(ids),
+            (None, Some(tok)) => {
+                owned = tok.encode_request(req)?;
+                t = observe("tokenize", t);
+                Some(owned.as_slice())
+            }
+            (None, None) => None,
+        };
+        if let Some(ids) = ids {
+            let seed = HashSeed::new(
+                &pool.model,
+                target.adapter.as_deref().unwrap_or(""),
+                tenant.as_ref().map_or("", TenantId::as_str),
+            );
+            ChainHasher::new(seed, pool.block_size).extend(ids, &mut hashes);
+            t = observe("hash", t);
+            matches = Some(pool.index.longest_match(&hashes));
+            observe("lookup", t);
+        }
+    }
+    let prefix_key = pool
+        .prefix
+        .key_for_request(&req.model, tenant.as_ref(), req);
+    Ok(Plan {
+        target,
+        tenant,
+        hashes,
+        matches,
+        prefix_key,
+        policy,
+    })
+}
+
+/// Plans a native `/invocations` request: prefix key of the raw body, no hashes.
+pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u8]) -> Plan {
+    let policy = target.pool.policy();
+    let prefix_key = target
+        .pool
+        .prefix
+        .key_for_body(model, tenant.as_ref(), body);
+    Plan {
+        target,
+        tenant,
+        hashes: Vec::new(),
+        matches: None,
+        prefix_key,
+        policy,
+    }
+}
+
+/// The live loads of `pool`'s backends, with `excluded` positions and
+/// backends not serving `adapter` marked ineligible.
+pub fn loads(
+    pool: &Pool,
+    adapter: Option<&str>,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+) -> Vec<BackendLoad> {
+    pool.backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| BackendLoad {
+            eligible: b.is_healthy()
+                && !excluded.contains(&i)
+                && adapter.is_none_or(|a| b.serves_adapter(a)),
+            in_flight: b.in_flight(),
+            pending_prefill_blocks: b.pending_prefill_blocks(),
+            engine: agents.and_then(|a| a.engine_load(&pool.model, &b.id)),
+        })
+        .collect()
+}
+
+/// Picks a backend for `plan`, never one in `excluded`.
+pub fn pick(
+    plan: &Plan,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+) -> Result<Decision, ApiError> {
+    let t = Instant::now();
+    let pool = &plan.target.pool;
+    let loads = loads(pool, plan.target.adapter.as_deref(), excluded, agents);
+    let input = RouteInput {
+        prefix_key: plan.prefix_key.0,
+        chain_blocks: plan.hashes.len() as u32,
+        matches: plan.matches.as_ref(),
+    };
+    let res = plan.policy.policy.pick(&input, &loads, &mut rand::rng());
+    observe("pick", t);
+    match res {
+        Ok(d) if d.backend < pool.backends.len() => Ok(d),
+        Ok(d) => Err(ApiError::internal(format!(
+            "policy picked backend {} of {}",
+            d.backend,
+            pool.backends.len()
+        ))),
+        Err(PolicyError::NoBackend) => Err(ApiError::no_backend(
+            plan.target.adapter.as_deref().unwrap_or(&pool.model),
+        )),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+/// Uncached blocks the chosen backend must prefill (its prefill prediction).
+pub fn uncached_blocks(plan: &Plan, decision: &Decision) -> u64 {
+    (plan.hashes.len() as u64).saturating_sub(u64::from(decision.matched_blocks))
+}

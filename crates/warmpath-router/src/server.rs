@@ -1,0 +1,193 @@
+//! Start-up: build pools, bind, serve the HTTP routes, run the background
+//! tasks; [`RunningRouter`] owns them all.
+
+use crate::config::RouterConfig;
+use crate::error::{ApiError, RouterError};
+use crate::pool::Pools;
+use crate::state::Shared;
+use crate::{admin, api, health, ingest, inspect, metrics};
+use axum::routing::{get, post, put};
+use axum::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The HTTP routes over `shared`.
+pub fn app(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(api::chat))
+        .route("/v1/completions", post(api::completions))
+        .route("/invocations", post(api::invocations))
+        .route("/v1/models", get(api::models))
+        .route("/health", get(api::health))
+        .route("/metrics", get(metrics::render))
+        .route("/cache-index", get(inspect::cache_index))
+        .route("/cache-index/query", post(inspect::query))
+        .route("/admin/pools/{*rest}", put(admin::set_strategy))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError {
+                status: axum::http::StatusCode::NOT_FOUND,
+                message: format!("no route for {}", uri.path()),
+                kind: "invalid_request_error",
+                param: None,
+                code: "not_found",
+            }
+        })
+        .with_state(shared)
+}
+
+/// A started router. Dropping it shuts it down (as does cancelling the token
+/// given to [`start`]); [`RunningRouter::wait`] waits for that.
+#[derive(Debug)]
+pub struct RunningRouter {
+    /// The bound HTTP address (port resolved when 0 was asked for).
+    pub http_addr: SocketAddr,
+    /// The bound gRPC address, when the agent ingest runs.
+    pub grpc_addr: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    token: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningRouter {
+    /// The shared state (pools, indexes), e.g. to fill an index in-process.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Applies a re-read configuration (see [`admin::reload`]).
+    pub fn reload(&self, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
+        admin::reload(&self.shared, config)
+    }
+
+    /// Asks every task to stop (in-flight responses finish first).
+    pub fn shutdown(&self) {
+        self.token.cancel();
+    }
+
+    /// Waits until the server and background tasks have stopped.
+    pub async fn wait(mut self) {
+        for t in std::mem::take(&mut self.tasks) {
+            if let Err(e) = t.await {
+                tracing::error!(error = %e, "router task failed");
+            }
+        }
+    }
+}
+
+impl Drop for RunningRouter {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+/// Validates `config`, builds the pools (loading tokenizers), binds and
+/// starts serving. Everything stops when `shutdown` is cancelled.
+pub async fn start(
+    config: RouterConfig,
+    shutdown: CancellationToken,
+) -> Result<RunningRouter, RouterError> {
+    config.validate()?;
+    let metrics = metrics::install();
+    let pools_cfg = config.pools.clone();
+    let pools = tokio::task::spawn_blocking(move || Pools::build(&pools_cfg))
+        .await
+        .map_err(|e| {
+            RouterError::Config(crate::config::invalid(
+                "pools",
+                format!("loading panicked: {e}"),
+            ))
+        })??;
+    let pools = Arc::new(pools);
+    let agents = config
+        .grpc_listen
+        .as_ref()
+        .map(|_| Arc::new(ingest::Agents::new()));
+    let shared = Arc::new(Shared::new(
+        &config,
+        Arc::clone(&pools),
+        metrics,
+        agents.clone(),
+    ));
+    let bind = |addr: &String| {
+        let addr = addr.clone();
+        async move {
+            let l = TcpListener::bind(&addr)
+                .await
+                .map_err(|source| RouterError::Bind {
+                    addr: addr.clone(),
+                    source,
+                })?;
+            let a = l
+                .local_addr()
+                .map_err(|source| RouterError::Bind { addr, source })?;
+            Ok::<_, RouterError>((l, a))
+        }
+    };
+    let (listener, http_addr) = bind(&config.listen).await?;
+    let token = shutdown.child_token();
+    let mut tasks = Vec::new();
+    let mut grpc_addr = None;
+    if let (Some(g), Some(agents)) = (&config.grpc_listen, &agents) {
+        let (l, addr) = bind(g).await?;
+        grpc_addr = Some(addr);
+        let dir: Arc<dyn ingest::PoolDirectory> = pools;
+        let defaults = ingest::IngestConfig::default();
+        let service = ingest::IngestService::new(
+            Arc::clone(&dir),
+            Arc::clone(agents),
+            config.agent_token.clone(),
+            token.clone(),
+        );
+        let t = token.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = ingest::serve(l, service, None, t).await {
+                tracing::error!(error = %e, "gRPC ingest stopped");
+            }
+        }));
+        tasks.push(ingest::spawn_sweeper(
+            dir,
+            defaults.stale_after,
+            defaults.drop_after,
+            Duration::from_secs(1),
+            token.clone(),
+        ));
+    }
+    let serve_token = token.clone();
+    let router = app(Arc::clone(&shared));
+    tasks.push(tokio::spawn(async move {
+        let res = axum::serve(listener, router)
+            .with_graceful_shutdown(serve_token.cancelled_owned())
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    }));
+    tasks.push(tokio::spawn(health::run(
+        Arc::clone(&shared),
+        token.clone(),
+    )));
+    if let Some(handle) = shared.metrics.clone() {
+        let t = token.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    () = t.cancelled() => return,
+                    _ = tick.tick() => handle.run_upkeep(),
+                }
+            }
+        }));
+    }
+    tracing::info!(%http_addr, pools = shared.pools.all().len(), "router started");
+    Ok(RunningRouter {
+        http_addr,
+        grpc_addr,
+        shared,
+        token,
+        tasks,
+    })
+}

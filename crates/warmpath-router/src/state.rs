@@ -1,0 +1,99 @@
+//! The state every handler shares.
+
+use crate::config::{HealthConfig, RouterConfig};
+use crate::ingest::Agents;
+use crate::pool::Pools;
+use crate::AgentLoads;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The pooled keep-alive client used for every backend.
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Settings fixed at start (a reload changes policies only).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Forward the tenant as `cache_salt`.
+    pub forward_cache_salt: bool,
+    /// Bearer token of `PUT /admin/...`.
+    pub admin_token: Option<String>,
+    /// Health checking.
+    pub health: HealthConfig,
+}
+
+/// Shared router state.
+pub struct Shared {
+    /// The pools.
+    pub pools: Arc<Pools>,
+    /// Upstream client.
+    pub client: UpstreamClient,
+    /// Fixed settings.
+    pub settings: Settings,
+    /// Prometheus renderer (None when another recorder was installed first).
+    pub metrics: Option<PrometheusHandle>,
+    /// What agents report, when the gRPC ingest runs.
+    pub agents: Option<Arc<Agents>>,
+    /// Start time, for uptime and event ages.
+    pub started: Instant,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("pools", &self.pools)
+            .field("settings", &self.settings)
+            .field("ingest", &self.agents.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds the upstream client.
+pub fn client(config: &RouterConfig) -> UpstreamClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_millis(
+        config.upstream.connect_timeout_ms,
+    )));
+    http.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(config.upstream.max_idle_per_backend)
+        .build(http)
+}
+
+impl Shared {
+    /// Shared state for a validated config and built pools.
+    pub fn new(
+        config: &RouterConfig,
+        pools: Arc<Pools>,
+        metrics: Option<PrometheusHandle>,
+        agents: Option<Arc<Agents>>,
+    ) -> Self {
+        Shared {
+            pools,
+            client: client(config),
+            settings: Settings {
+                max_body_bytes: config.max_body_bytes,
+                forward_cache_salt: config.forward_cache_salt,
+                admin_token: config.admin_token.clone(),
+                health: config.health.clone(),
+            },
+            metrics,
+            agents,
+            started: Instant::now(),
+        }
+    }
+
+    /// Agent-reported loads, when the ingest runs.
+    pub fn agents(&self) -> Option<&dyn AgentLoads> {
+        self.agents.as_deref().map(|a| a as &dyn AgentLoads)
+    }
+}

@@ -1,0 +1,298 @@
+//! `kv_aware` end to end, with the router running in-process (so that the
+//! tests can fill its cache index through the core API until agents do) and
+//! real HTTP test backends; and the proof that the router's token ids equal
+//! what the engine computes with the generated tiny tokenizer and template.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::Path;
+use support::*;
+use tokio_util::sync::CancellationToken;
+use warmpath_core::tokenize::{tiny, ChatTokenizer};
+use warmpath_core::{hash_tokens, BlockHash, HashSeed, Request, Tier};
+use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
+use warmpath_router::RunningRouter;
+
+async fn start(dir: &Path, bs: &[TestBackend], threshold: u32) -> RunningRouter {
+    tiny::write_model_dir(dir).unwrap();
+    let mut pool = PoolConfig::new("m");
+    pool.tokenizer = Some(dir.to_owned());
+    pool.prefix_aware.concurrency_threshold = threshold;
+    pool.backends = bs
+        .iter()
+        .map(|b| BackendConfig {
+            url: b.url(),
+            worker_id: Some(b.name().to_owned()),
+            adapters: vec![],
+        })
+        .collect();
+    let config = RouterConfig {
+        listen: "127.0.0.1:0".into(),
+        pools: vec![pool],
+        ..Default::default()
+    };
+    warmpath_router::start(config, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+fn system_prompt() -> String {
+    (0..4)
+        .map(|i| tiny::corpus_slice(i * 1400, 1400))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn request(question: &str) -> Value {
+    json!({"model": "m", "messages": [
+        {"role": "system", "content": system_prompt()},
+        {"role": "user", "content": question},
+    ]})
+}
+
+fn hashes(v: &Value) -> Vec<BlockHash> {
+    v["block_hashes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| BlockHash::from_hex(h.as_str().unwrap()).unwrap())
+        .collect()
+}
+
+fn url(r: &RunningRouter, path: &str) -> String {
+    format!("http://{}{path}", r.http_addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = vec![
+        TestBackend::start("w0").await,
+        TestBackend::start("w1").await,
+        TestBackend::start("w2").await,
+    ];
+    let r = start(dir.path(), &bs, 64).await;
+    let c = client();
+    let q = post(&c, &url(&r, "/cache-index/query"), &request("first?"), &[])
+        .await
+        .json();
+    assert_eq!(q["strategy"], "kv_aware");
+    let chain = hashes(&q);
+    assert!(
+        chain.len() > 40,
+        "a long prompt has many blocks: {}",
+        chain.len()
+    );
+    assert_eq!(q["decision"]["decision"], "prefix_hash", "cold: falls back");
+    assert_eq!(
+        bs.iter().map(TestBackend::count).sum::<usize>(),
+        0,
+        "query sends nothing upstream"
+    );
+
+    let pool = r.shared().pools.get("m").unwrap().clone();
+    let slot = pool.index.worker_slot("w2").unwrap();
+    let held = chain.len() - 3;
+    pool.index.store(slot, Tier::Gpu, &chain[..held]).unwrap();
+
+    for question in [
+        "first?",
+        "a different question that shares the system prompt",
+    ] {
+        let reply = post(
+            &c,
+            &url(&r, "/v1/chat/completions"),
+            &request(question),
+            &[],
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+        assert_eq!((reply.backend(), reply.decision()), ("w2", "kv_match"));
+    }
+    let q = post(&c, &url(&r, "/cache-index/query"), &request("first?"), &[])
+        .await
+        .json();
+    assert_eq!(q["workers"][2]["matched_blocks"], held);
+    assert_eq!(q["workers"][0]["matched_blocks"], 0);
+
+    // A tenant salts the chain: nothing matches, so it falls back.
+    let q = post(
+        &c,
+        &url(&r, "/cache-index/query"),
+        &request("first?"),
+        &[("x-prefix-aware-id", "acme")],
+    )
+    .await
+    .json();
+    assert_eq!(q["tenant"], "acme");
+    assert_ne!(hashes(&q)[0], chain[0]);
+    assert_eq!(q["decision"]["decision"], "prefix_hash");
+
+    let idx = get_url(&c, &url(&r, "/cache-index")).await.json();
+    let p = &idx["pools"][0];
+    assert_eq!(p["workers"][2]["blocks"], held);
+    assert_eq!(p["workers"][2]["tiers"]["gpu"], held);
+    let warm = &p["warmest_chains"][0];
+    assert_eq!(warm["root"], chain[0].to_hex());
+    assert_eq!(warm["hits"], 2);
+    assert_eq!(warm["holders"][0]["worker_id"], "w2");
+    assert_eq!(warm["holders"][0]["blocks"], held);
+    assert_eq!(warm["routed"][0]["worker_id"], "w2");
+    let words: String = system_prompt().chars().take(40).collect();
+    assert!(!idx.to_string().contains(&words), "no prompt text");
+    let metrics = String::from_utf8(get_url(&c, &url(&r, "/metrics")).await.body.to_vec()).unwrap();
+    assert!(
+        metrics.contains("phase=\"tokenize\""),
+        "tokenize phase timed"
+    );
+    assert!(metrics.contains("warmpath_predicted_cached_tokens_total"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_spills_when_the_holder_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = vec![
+        TestBackend::start("w0").await,
+        TestBackend::start("w1").await,
+    ];
+    let r = start(dir.path(), &bs, 1).await;
+    let c = client();
+    let chain = hashes(
+        &post(&c, &url(&r, "/cache-index/query"), &request("q"), &[])
+            .await
+            .json(),
+    );
+    let pool = r.shared().pools.get("m").unwrap().clone();
+    pool.index
+        .store(pool.index.worker_slot("w0").unwrap(), Tier::Gpu, &chain)
+        .unwrap();
+    let mut held = request("q");
+    held["x_hold_ms"] = json!(1500);
+    let (c2, u2) = (client(), url(&r, "/v1/chat/completions"));
+    let h = tokio::spawn(async move { post(&c2, &u2, &held, &[]).await });
+    eventually("held on w0", || bs[0].active() == 1).await;
+    let reply = post(&c, &url(&r, "/v1/chat/completions"), &request("q"), &[]).await;
+    assert_eq!((reply.backend(), reply.decision()), ("w1", "spill"));
+    let first = h.await.unwrap();
+    assert_eq!((first.backend(), first.decision()), ("w0", "kv_match"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_id_prompts_are_hashed_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = vec![TestBackend::start("w0").await];
+    let r = start(dir.path(), &bs, 64).await;
+    let c = client();
+    let ids: Vec<u32> = (0..100).collect();
+    let body = json!({"model": "m", "prompt": ids});
+    let q = post(&c, &url(&r, "/cache-index/query"), &body, &[])
+        .await
+        .json();
+    assert_eq!(
+        hashes(&q),
+        hash_tokens(HashSeed::new("m", "", ""), 16, &ids)
+    );
+    let q = post(
+        &c,
+        &url(&r, "/cache-index/query"),
+        &body,
+        &[("x-prefix-aware-id", "acme")],
+    )
+    .await
+    .json();
+    assert_eq!(
+        hashes(&q),
+        hash_tokens(HashSeed::new("m", "", "acme"), 16, &ids)
+    );
+    // And the golden vector of DESIGN.md through the router.
+    let body = json!({"model": "m", "prompt": (0..32).collect::<Vec<u32>>()});
+    let q = post(&c, &url(&r, "/cache-index/query"), &body, &[])
+        .await
+        .json();
+    assert_eq!(
+        q["block_hashes"],
+        json!(["d3034b7f684156db", "ab6763183c4579bf"])
+    );
+}
+
+/// The chat template rendered independently of warmpath (plain minijinja
+/// with Hugging Face's settings), then encoded by the `tokenizers` library
+/// as vLLM does: chat text without special tokens, completions with them.
+fn engine_ids(dir: &Path, body: &Value) -> Vec<u32> {
+    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    if let Some(prompt) = body.get("prompt") {
+        return tok
+            .encode(prompt.as_str().unwrap(), true)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+    }
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.add_template("chat", cfg["chat_template"].as_str().unwrap())
+        .unwrap();
+    let text = env
+        .get_template("chat")
+        .unwrap()
+        .render(minijinja::context! {
+            messages => body["messages"].clone(),
+            bos_token => cfg["bos_token"].clone(),
+            eos_token => cfg["eos_token"].clone(),
+            add_generation_prompt => true,
+        })
+        .unwrap();
+    tok.encode(text, false).unwrap().get_ids().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_token_ids_equal_the_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = vec![TestBackend::start("w0").await];
+    let r = start(dir.path(), &bs, 64).await;
+    let c = client();
+    let chat_tok = ChatTokenizer::load(dir.path()).unwrap();
+    let cases = vec![
+        request("What does the passage say?"),
+        json!({"model": "m", "messages": [
+            {"role": "system", "content": "  You are terse.  "},
+            {"role": "user", "content": "héllo wörld — ünïcode ✓ 日本語"},
+            {"role": "assistant", "content": "Hi.\n\nHow can I help?"},
+            {"role": "user", "content": "Say <|eot_id|> literally, and tabs\tand  spaces."},
+        ]}),
+        json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]}]}),
+        json!({"model": "m", "prompt": tiny::corpus_slice(100, 3000)}),
+    ];
+    for body in cases {
+        let want = match body["messages"][0]["content"].as_array() {
+            Some(parts) => {
+                // vLLM joins text parts with "\n" before templating.
+                let joined: Vec<&str> = parts.iter().map(|p| p["text"].as_str().unwrap()).collect();
+                let mut flat = body.clone();
+                flat["messages"][0]["content"] = json!(joined.join("\n"));
+                engine_ids(dir.path(), &flat)
+            }
+            None => engine_ids(dir.path(), &body),
+        };
+        let req =
+            Request::from_slice(body.to_string().as_bytes(), warmpath_core::Expect::Any).unwrap();
+        assert_eq!(
+            chat_tok.encode_request(&req).unwrap(),
+            want,
+            "ChatTokenizer ids for {body}"
+        );
+        let q = post(&c, &url(&r, "/cache-index/query"), &body, &[])
+            .await
+            .json();
+        assert_eq!(
+            hashes(&q),
+            hash_tokens(HashSeed::new("m", "", ""), 16, &want),
+            "router hashes for {body}"
+        );
+    }
+}

@@ -1,0 +1,434 @@
+//! Shared helpers of the router's end-to-end tests: a real HTTP test backend
+//! that records what it receives and streams SSE, a small HTTP client, and a
+//! handle on the real `warmpath-router` binary.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post as route_post};
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// One request the backend received.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Recorded {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+#[derive(Debug, Default)]
+struct BackendState {
+    name: String,
+    model: String,
+    adapters: Vec<String>,
+    log: Mutex<Vec<Recorded>>,
+    healthy: AtomicBool,
+    cancelled: AtomicU32,
+    active: AtomicU32,
+}
+
+/// A test engine on 127.0.0.1:0. Request bodies may carry test knobs:
+/// `x_status` (reply status), `x_hold_ms` (wait before answering),
+/// `x_chunks` (SSE chunks, default 3), `x_delay_ms` (between chunks).
+pub struct TestBackend {
+    pub addr: SocketAddr,
+    state: Arc<BackendState>,
+    server: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The exact SSE bytes backend `name` streams for `chunks` chunks.
+pub fn sse_chunks(name: &str, chunks: usize) -> Vec<String> {
+    let mut out: Vec<String> = (0..chunks)
+        .map(|i| {
+            format!(
+                "data: {}\n\n",
+                json!({"id": "cmpl-test", "backend": name,
+                       "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}]})
+            )
+        })
+        .collect();
+    out.push("data: [DONE]\n\n".to_owned());
+    out
+}
+
+async fn handle(
+    State(st): State<Arc<BackendState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    st.log.lock().push(Recorded {
+        path: uri.to_string(),
+        headers,
+        body: body.clone(),
+    });
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let num = |k: &str, d: u64| v.get(k).and_then(Value::as_u64).unwrap_or(d);
+    let hold = num("x_hold_ms", 0);
+    st.active.fetch_add(1, Ordering::SeqCst);
+    if hold > 0 {
+        tokio::time::sleep(Duration::from_millis(hold)).await;
+    }
+    st.active.fetch_sub(1, Ordering::SeqCst);
+    let status = StatusCode::from_u16(num("x_status", 200) as u16).unwrap();
+    if v.get("stream").and_then(Value::as_bool) == Some(true) {
+        let chunks = sse_chunks(&st.name, num("x_chunks", 3) as usize);
+        let delay = num("x_delay_ms", 0);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let st2 = Arc::clone(&st);
+        tokio::spawn(async move {
+            for c in chunks {
+                if tx.send(Ok(Bytes::from(c))).await.is_err() {
+                    st2.cancelled.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                if delay > 0 {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                }
+            }
+            // The receiver may also be gone once everything is sent.
+            tx.closed().await;
+        });
+        let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        return (
+            status,
+            [
+                ("content-type", "text/event-stream"),
+                ("cache-control", "no-cache"),
+            ],
+            Body::from_stream(stream),
+        )
+            .into_response();
+    }
+    let reply = json!({"id": "cmpl-test", "object": "chat.completion", "backend": st.name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("hello from {}", st.name)},
+                     "finish_reason": "stop"}]});
+    (status, axum::Json(reply)).into_response()
+}
+
+async fn health(State(st): State<Arc<BackendState>>) -> StatusCode {
+    if st.healthy.load(Ordering::SeqCst) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn models(State(st): State<Arc<BackendState>>) -> axum::Json<Value> {
+    let mut data = vec![json!({"id": st.model, "object": "model", "parent": null})];
+    for a in &st.adapters {
+        data.push(json!({"id": a, "object": "model", "parent": st.model}));
+    }
+    axum::Json(json!({"object": "list", "data": data}))
+}
+
+impl TestBackend {
+    pub async fn start(name: &str) -> Self {
+        Self::start_with(name, "m", &[]).await
+    }
+
+    /// A backend serving `model` and LoRA `adapters` (listed in /v1/models).
+    pub async fn start_with(name: &str, model: &str, adapters: &[&str]) -> Self {
+        let state = Arc::new(BackendState {
+            name: name.to_owned(),
+            model: model.to_owned(),
+            adapters: adapters.iter().map(|a| (*a).to_owned()).collect(),
+            healthy: AtomicBool::new(true),
+            ..Default::default()
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", route_post(handle))
+            .route("/v1/completions", route_post(handle))
+            .route("/invocations", route_post(handle))
+            .route("/health", get(health))
+            .route("/v1/models", get(models))
+            .with_state(Arc::clone(&state));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Own accept loop: aborting the task drops the JoinSet, which aborts
+        // every connection at once (a killed engine).
+        let server = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let svc = TowerToHyperService::new(app.clone());
+                conns.spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        TestBackend {
+            addr,
+            state,
+            server: Mutex::new(Some(server)),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.log.lock().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.log.lock().len()
+    }
+
+    /// Streams the client abandoned.
+    pub fn cancelled(&self) -> u32 {
+        self.state.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Requests currently held (`x_hold_ms`).
+    pub fn active(&self) -> u32 {
+        self.state.active.load(Ordering::SeqCst)
+    }
+
+    pub fn set_healthy(&self, ok: bool) {
+        self.state.healthy.store(ok, Ordering::SeqCst);
+    }
+
+    /// Kills the server and every open connection.
+    pub fn kill(&self) {
+        if let Some(h) = self.server.lock().take() {
+            h.abort();
+        }
+    }
+}
+
+impl Drop for TestBackend {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A reply read to its end.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap())
+            .unwrap_or_else(|| panic!("no {name} header in {:?}", self.headers))
+    }
+
+    pub fn backend(&self) -> &str {
+        self.header("x-warmpath-backend")
+    }
+
+    pub fn decision(&self) -> &str {
+        self.header("x-warmpath-decision")
+    }
+
+    /// Asserts an OpenAI-shaped error with `status`; returns its `error` object.
+    pub fn error(&self, status: u16) -> Value {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "{:?}",
+            String::from_utf8_lossy(&self.body)
+        );
+        let e = self.json()["error"].clone();
+        assert!(e["message"].is_string() && e["type"].is_string(), "{e}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{e}");
+        e
+    }
+}
+
+pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub fn request(
+    method: &str,
+    url: &str,
+    body: impl Into<Bytes>,
+    headers: &[(&str, &str)],
+) -> hyper::Request<Full<Bytes>> {
+    let mut b = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.header("content-type", "application/json")
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+/// Sends and reads the whole answer.
+pub async fn send(c: &TestClient, req: hyper::Request<Full<Bytes>>) -> Reply {
+    let resp = c.request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub async fn post(c: &TestClient, url: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
+    send(c, request("POST", url, body.to_string(), headers)).await
+}
+
+pub async fn get_url(c: &TestClient, url: &str) -> Reply {
+    send(c, request("GET", url, Bytes::new(), &[])).await
+}
+
+/// Sends and reads the body frame by frame: (status, headers, frames, error).
+pub async fn post_frames(
+    c: &TestClient,
+    url: &str,
+    body: &Value,
+) -> (StatusCode, HeaderMap, Vec<Bytes>, Option<String>) {
+    let resp = c
+        .request(request("POST", url, body.to_string(), &[]))
+        .await
+        .unwrap();
+    let (parts, mut body) = resp.into_parts();
+    let mut frames = Vec::new();
+    let mut err = None;
+    while let Some(f) = body.frame().await {
+        match f {
+            Ok(f) => {
+                if let Ok(d) = f.into_data() {
+                    frames.push(d);
+                }
+            }
+            Err(e) => {
+                err = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    (parts.status, parts.headers, frames, err)
+}
+
+/// Polls `cond` every 10 ms for up to 10 s.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// A chat request whose first `prefix` characters are fixed by `seed`.
+pub fn chat(model: &str, seed: &str, tail: &str) -> Value {
+    json!({"model": model, "messages": [
+        {"role": "system", "content": format!("{seed} ").repeat(2048 / (seed.len() + 1) + 1)},
+        {"role": "user", "content": tail},
+    ]})
+}
+
+/// The real router binary, started on 127.0.0.1:0.
+pub struct RouterProcess {
+    child: tokio::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl RouterProcess {
+    pub async fn spawn(args: &[&str]) -> Self {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("router did not start within 30 s")
+            .unwrap()
+            .expect("router exited before listening");
+        let addr = line
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .unwrap();
+        // Keep reading so the router never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        RouterProcess { child, addr }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
+    /// Sends SIGHUP (config reload).
+    pub fn hangup(&self) {
+        let ok = std::process::Command::new("kill")
+            .args(["-HUP", &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+}
+
+/// Runs the real binary to completion with `args`: (exit success, stderr).
+pub async fn run_to_exit(args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
