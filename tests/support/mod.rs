@@ -108,8 +108,7 @@ async fn handle(
                     tokio::time::sleep(Duration::from_millis(delay)).await;
                 }
             }
-            // The receiver may also be gone once everything is sent.
-            tx.closed().await;
+            // Dropping `tx` here ends the body.
         });
         let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         return (
