@@ -1,0 +1,62 @@
+//! The engine's one error type: where it failed and whether a retry can help.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Everything that can go wrong in the engine library.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// A model file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The model folder's contents are unusable (bad config, missing weights).
+    #[error("model file {path} is not usable: {reason}")]
+    BadModel {
+        /// The offending file (or folder).
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The tokenizer or chat template failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A tensor operation failed (shape bug, device out of memory).
+    #[error("tensor computation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// The request is unusable as sent (empty prompt, too long, bad token id).
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The prefix cache refused (e.g. reset while requests run).
+    #[error(transparent)]
+    Cache(#[from] warmpath_core::prefix_cache::PrefixCacheError),
+    /// The KV event publisher could not start (e.g. the endpoint is taken).
+    #[error("kv events: {0}")]
+    Events(String),
+    /// The request queue is full.
+    #[error("engine queue is full ({0} requests waiting); retry later")]
+    Busy(usize),
+    /// The worker thread has stopped (shutdown or a crash).
+    #[error("engine worker has stopped")]
+    WorkerGone,
+}
+
+impl EngineError {
+    /// Whether sending the same request again later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Busy(_)
+                | EngineError::Cache(warmpath_core::prefix_cache::PrefixCacheError::InUse(_))
+        )
+    }
+
+    /// Whether the client, not the engine, is at fault (HTTP 400).
+    pub fn is_client_error(&self) -> bool {
+        matches!(self, EngineError::BadRequest(_))
+    }
+}

@@ -1,0 +1,126 @@
+//! Publishing the prefix cache's events exactly like vLLM: converted to
+//! `warmpath_agent::vllm::KvEvent` (map form, hashes as uint64, the salt in
+//! block 0's `extra_keys`, medium GPU) and sent through the agent crate's
+//! `KvEventPublisher` (ZMQ PUB + ROUTER replay).
+//!
+//! The engine's worker thread hands each batch to a bounded queue; one task
+//! owns the publisher and sends the batches in order. When the engine (and
+//! with it the [`ZmqSink`]) is dropped, the queue closes and the task ends.
+
+use crate::engine::{EventSink, NoEvents};
+use crate::error::EngineError;
+use rmpv::Value;
+use tokio::sync::mpsc;
+use warmpath_agent::vllm::publisher::{KvEventPublisher, PublisherConfig};
+use warmpath_agent::vllm::{BlockRemoved, BlockStored, EngineBlockHash, KvEvent, Medium};
+use warmpath_core::prefix_cache::CacheEvent;
+
+/// Batches that may wait for the publisher before the worker blocks.
+const QUEUE: usize = 1024;
+
+/// One cache event in vLLM's model.
+pub fn to_vllm(ev: &CacheEvent) -> KvEvent {
+    match ev {
+        CacheEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            ..
+        } => KvEvent::BlockStored(BlockStored {
+            block_hashes: block_hashes
+                .iter()
+                .map(|h| EngineBlockHash::Int(h.0))
+                .collect(),
+            parent_block_hash: parent_block_hash.map(|h| EngineBlockHash::Int(h.0)),
+            token_ids: token_ids.clone(),
+            block_size: u32::try_from(*block_size).unwrap_or(u32::MAX),
+            lora_id: None,
+            medium: Some(Medium::Gpu),
+            lora_name: None,
+            extra_keys: ev.extra_keys().map(|keys| {
+                keys.into_iter()
+                    .map(|k| match k {
+                        Some(items) => Value::Array(items.into_iter().map(Value::from).collect()),
+                        None => Value::Nil,
+                    })
+                    .collect()
+            }),
+            group_idx: Some(0),
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
+        }),
+        CacheEvent::BlockRemoved { block_hashes } => KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: block_hashes
+                .iter()
+                .map(|h| EngineBlockHash::Int(h.0))
+                .collect(),
+            medium: Some(Medium::Gpu),
+            group_idx: Some(0),
+        }),
+        CacheEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
+    }
+}
+
+/// Sends cache events to the publisher task.
+#[derive(Debug)]
+pub struct ZmqSink {
+    tx: mpsc::Sender<Vec<KvEvent>>,
+}
+
+impl EventSink for ZmqSink {
+    fn publish(&mut self, events: Vec<CacheEvent>) {
+        let batch = events.iter().map(to_vllm).collect();
+        // Called from the worker thread: wait for room rather than lose events.
+        if self.tx.blocking_send(batch).is_err() {
+            metrics::counter!("warmpath_engine_kv_events_dropped_total").increment(1);
+            tracing::error!("kv-event publisher task has stopped; events lost");
+        }
+    }
+}
+
+/// The bound endpoints of a running publisher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoints {
+    /// PUB endpoint, port resolved.
+    pub events: String,
+    /// Replay endpoint, port resolved.
+    pub replay: Option<String>,
+}
+
+/// Binds the publisher (if `endpoint` is given) and returns the sink for the
+/// engine plus the bound endpoints. Without an endpoint, events are dropped.
+pub async fn start(
+    endpoint: Option<&str>,
+    replay: Option<&str>,
+    topic: &str,
+) -> Result<(Box<dyn EventSink>, Option<Endpoints>), EngineError> {
+    let Some(endpoint) = endpoint else {
+        return Ok((Box::new(NoEvents), None));
+    };
+    let mut cfg = PublisherConfig::new(endpoint);
+    cfg.replay_endpoint = replay.map(str::to_owned);
+    cfg.topic = topic.to_owned();
+    let publisher = KvEventPublisher::bind(cfg)
+        .await
+        .map_err(|e| EngineError::Events(e.to_string()))?;
+    let bound = Endpoints {
+        events: publisher.endpoint().to_owned(),
+        replay: publisher.replay_endpoint().map(str::to_owned),
+    };
+    let (tx, mut rx) = mpsc::channel::<Vec<KvEvent>>(QUEUE);
+    tokio::spawn(async move {
+        while let Some(batch) = rx.recv().await {
+            let n = batch.len() as u64;
+            match publisher.publish(batch).await {
+                Ok(_) => metrics::counter!("warmpath_engine_kv_events_total").increment(n),
+                Err(e) => {
+                    metrics::counter!("warmpath_engine_kv_events_dropped_total").increment(1);
+                    tracing::warn!(error = %e, "publishing kv events failed");
+                }
+            }
+        }
+        tracing::debug!("kv-event publisher stopped: the engine is gone");
+    });
+    Ok((Box::new(ZmqSink { tx }), Some(bound)))
+}

@@ -1,0 +1,112 @@
+//! Building a ready model + tokenizer from the command line's choice: a model
+//! folder (no hub access) or the deterministic `--tiny` model.
+
+use crate::config::LlamaConfig;
+use crate::error::EngineError;
+use crate::model::Llama;
+use crate::weights::{load_safetensors, random_weights};
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use std::path::{Path, PathBuf};
+use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer, TokenizerFiles};
+
+/// Where the model comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelSource {
+    /// The tiny random-weight Llama (4 layers, width 256) over the project's
+    /// generated tokenizer, determined by `seed`.
+    Tiny {
+        /// Weight seed.
+        seed: u64,
+    },
+    /// A folder with config.json, *.safetensors, tokenizer.json and its chat template.
+    Dir(PathBuf),
+    /// Random weights of the shape in `config` (a config.json) over the tiny
+    /// tokenizer's vocabulary: large-model speed measurements without weights.
+    RandomShape {
+        /// A config.json to take the shape from (`vocab_size` is replaced).
+        config: PathBuf,
+        /// Weight seed.
+        seed: u64,
+    },
+}
+
+/// A loaded model, its tokenizer and what the API reports.
+#[derive(Debug)]
+pub struct LoadedModel {
+    /// The network.
+    pub model: Llama,
+    /// Chat template + tokenizer.
+    pub tokenizer: ChatTokenizer,
+    /// Ids that end generation (EOS and end-of-turn tokens).
+    pub stop_ids: Vec<u32>,
+}
+
+fn tok_err(e: warmpath_core::tokenize::TokenizeError) -> EngineError {
+    EngineError::Tokenizer(e.to_string())
+}
+
+/// Loads `source` onto `device` in `dtype`. Reads files: start-up only.
+pub fn load(
+    source: &ModelSource,
+    device: &Device,
+    dtype: DType,
+) -> Result<LoadedModel, EngineError> {
+    let (cfg, weights, files) = match source {
+        ModelSource::Tiny { seed } => {
+            let cfg = LlamaConfig::tiny(tiny::VOCAB_SIZE);
+            let w = random_weights(&cfg, *seed, dtype, device)?;
+            (cfg, w, tiny::files().map_err(tok_err)?)
+        }
+        ModelSource::RandomShape { config, seed } => {
+            let text = std::fs::read_to_string(config).map_err(|source| EngineError::Io {
+                path: config.clone(),
+                source,
+            })?;
+            let mut cfg: LlamaConfig =
+                serde_json::from_str(&text).map_err(|e| EngineError::BadModel {
+                    path: config.clone(),
+                    reason: e.to_string(),
+                })?;
+            cfg.vocab_size = tiny::VOCAB_SIZE;
+            cfg.validate().map_err(|reason| EngineError::BadModel {
+                path: config.clone(),
+                reason,
+            })?;
+            let w = random_weights(&cfg, *seed, dtype, device)?;
+            (cfg, w, tiny::files().map_err(tok_err)?)
+        }
+        ModelSource::Dir(dir) => {
+            let cfg = LlamaConfig::from_model_dir(dir)?;
+            let w = load_safetensors(dir, device)?;
+            (cfg, w, TokenizerFiles::load(dir).map_err(tok_err)?)
+        }
+    };
+    let vb = VarBuilder::from_tensors(weights, dtype, device);
+    let model = Llama::load(vb, &cfg).map_err(|e| EngineError::BadModel {
+        path: match source {
+            ModelSource::Dir(d) => d.clone(),
+            _ => Path::new("<random weights>").to_owned(),
+        },
+        reason: e.to_string(),
+    })?;
+    let tokenizer = ChatTokenizer::new(&files, CacheConfig::default()).map_err(tok_err)?;
+    let mut stop_ids = Vec::new();
+    let names = [
+        files.special_tokens.eos.as_deref(),
+        Some(tiny::EOT_ID),
+        Some(tiny::END_OF_TEXT),
+    ];
+    for name in names.into_iter().flatten() {
+        if let Some(id) = tokenizer.tokenizer().token_to_id(name) {
+            if !stop_ids.contains(&id) {
+                stop_ids.push(id);
+            }
+        }
+    }
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        stop_ids,
+    })
+}
