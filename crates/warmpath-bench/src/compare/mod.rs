@@ -1,0 +1,182 @@
+//! `warmpath-bench compare` and the demo: the same trace once per strategy
+//! against the same loopback stack ([`stack`]: simulated instances, real
+//! agents, real router), with a cache reset between strategies.
+//!
+//! Per strategy: a main open-loop run at `rate` (hit rate, TTFT, e2e,
+//! throughput, shares, decisions, index fidelity), then a short rate search
+//! (`search_rates`, `search_step_s` each, caches left warm) whose highest rate
+//! with P90 TTFT under `slo_ms` and no failure is the goodput. Index fidelity
+//! compares, for every `fidelity_every`-th request, the blocks the router's
+//! `POST /cache-index/query` says the serving backend holds (asked just
+//! before sending) with the engine's `cached_tokens`.
+
+pub mod driver;
+mod plot;
+pub mod report;
+pub mod stack;
+
+use crate::error::BenchError;
+use crate::sim::SimConfig;
+use crate::workload::{self, rescale, TraceRequest, WorkloadSpec};
+use driver::{drive, DriveConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{aggregate, RatePoint, StrategyReport};
+use serde::Serialize;
+use stack::Stack;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use warmpath_core::Strategy;
+
+/// Settings of a comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct CompareConfig {
+    /// Simulated instances.
+    pub instances: usize,
+    /// The simulated engines.
+    pub sim: SimConfig,
+    /// The workload (ignored when `trace` is given).
+    pub workload: WorkloadSpec,
+    /// A JSONL trace to replay instead of `workload`.
+    pub trace: Option<PathBuf>,
+    /// Strategies, in run order.
+    pub strategies: Vec<Strategy>,
+    /// Length of the main run per strategy, seconds.
+    pub duration_s: f64,
+    /// Offered rate of the main run, req/s.
+    pub rate: f64,
+    /// Rates of the goodput search (empty: no search).
+    pub search_rates: Vec<f64>,
+    /// Length of one search step, seconds.
+    pub search_step_s: f64,
+    /// The TTFT SLO of the goodput search: P90 under this, ms.
+    pub slo_ms: f64,
+    /// Query the router's index before every n-th request (0: never).
+    pub fidelity_every: usize,
+    /// The router's `concurrency_threshold`.
+    pub concurrency_threshold: u32,
+    /// Output folder.
+    pub out_dir: PathBuf,
+    /// Show progress bars.
+    pub progress: bool,
+}
+
+/// What a comparison produced.
+#[derive(Debug)]
+pub struct CompareOutcome {
+    /// Per strategy.
+    pub reports: Vec<StrategyReport>,
+    /// The markdown table.
+    pub table: String,
+    /// The HTML report.
+    pub html: PathBuf,
+}
+
+impl CompareConfig {
+    fn validate(&self) -> Result<(), BenchError> {
+        let bad = |what: &'static str, reason: &str| {
+            Err(BenchError::Invalid { what, reason: reason.into() })
+        };
+        if self.instances == 0 || self.instances > 256 {
+            return bad("instances", "must be in 1..=256");
+        }
+        if self.strategies.is_empty() {
+            return bad("strategies", "name at least one");
+        }
+        for (what, v) in [("duration", self.duration_s), ("rate", self.rate), ("slo", self.slo_ms)] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(what, "must be a number > 0");
+            }
+        }
+        if self.search_rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) || !(self.search_step_s > 0.0) {
+            return bad("rate search", "rates and step length must be > 0");
+        }
+        Ok(())
+    }
+
+    /// The base trace at `self.rate`, long enough for `duration_s`.
+    fn base_trace(&self) -> Result<Vec<TraceRequest>, BenchError> {
+        match &self.trace {
+            Some(p) => workload::trace::read(p),
+            None => {
+                let spec = WorkloadSpec {
+                    rate: self.rate,
+                    requests: ((self.rate * self.duration_s).ceil() as usize).max(1),
+                    model: self.sim.model.clone(),
+                    ..self.workload.clone()
+                };
+                workload::generate(&spec)
+            }
+        }
+    }
+}
+
+fn bar(show: bool, len: usize, label: String) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len as u64);
+    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {elapsed}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    pb.set_style(style);
+    pb.set_prefix(label);
+    pb
+}
+
+/// Runs the comparison and writes the report folder.
+pub async fn run(cfg: &CompareConfig, cancel: CancellationToken) -> Result<CompareOutcome, BenchError> {
+    cfg.validate()?;
+    let base = cfg.base_trace()?;
+    let first = cfg.strategies[0];
+    let stack = Stack::start(cfg.instances, &cfg.sim, first, cfg.concurrency_threshold, cancel.clone()).await?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .build()
+        .map_err(|e| BenchError::Http { url: stack.router_url.clone(), reason: e.to_string() })?;
+    let drive_cfg = DriveConfig {
+        url: stack.router_url.clone(),
+        fidelity_every: cfg.fidelity_every,
+        timeout: Duration::from_secs(120),
+    };
+    let ids = stack.worker_ids();
+    let bs = cfg.sim.block_size as u64;
+    let mut reports = Vec::new();
+    for &s in &cfg.strategies {
+        if cancel.is_cancelled() {
+            break;
+        }
+        stack.set_strategy(&client, s).await?;
+        stack.reset_caches(&client).await?;
+        tracing::info!(strategy = %s, "main run");
+        let pb = bar(cfg.progress, base.len(), format!("{s} @ {:.1} req/s", cfg.rate));
+        let samples = drive(&client, &drive_cfg, &base, &pb, &cancel).await;
+        pb.finish();
+        let mut r = aggregate(s.as_str(), cfg.rate, &samples, bs, &ids);
+        for &rate in &cfg.search_rates {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let n = ((rate * cfg.search_step_s).ceil() as usize).max(1);
+            let step: Vec<TraceRequest> = rescale(&base, cfg.rate, rate).into_iter().take(n).collect();
+            let pb = bar(cfg.progress, step.len(), format!("{s} search @ {rate:.1} req/s"));
+            let samples = drive(&client, &DriveConfig { fidelity_every: 0, ..drive_cfg.clone() }, &step, &pb, &cancel).await;
+            pb.finish();
+            let a = aggregate(s.as_str(), rate, &samples, bs, &ids);
+            let ok = a.failures == 0 && a.ttft_ms.p90 <= cfg.slo_ms;
+            r.rate_search.push(RatePoint { rate, ttft_p90_ms: a.ttft_ms.p90, failures: a.failures, ok });
+            if ok {
+                r.goodput_rps = Some(r.goodput_rps.map_or(rate, |g: f64| g.max(rate)));
+            }
+        }
+        reports.push(r);
+    }
+    stack.shutdown().await;
+    let settings = serde_json::to_value(cfg).unwrap_or_default();
+    let html = report::write_all(&cfg.out_dir, &reports, &settings, cfg.slo_ms)?;
+    Ok(CompareOutcome {
+        table: report::markdown(&reports, cfg.slo_ms),
+        reports,
+        html,
+    })
+}

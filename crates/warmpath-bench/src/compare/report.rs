@@ -1,0 +1,277 @@
+//! Aggregating a run's samples per strategy and writing the results: JSON, a
+//! markdown table, SVG plots and one self-contained HTML report.
+
+use super::driver::Sample;
+use super::plot;
+use crate::error::BenchError;
+use crate::stats::{share_min_max, Summary};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Index fidelity: the router's predicted cached tokens vs the engine's.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Fidelity {
+    /// Requests with both numbers.
+    pub samples: usize,
+    /// Share of them where prediction == engine, %.
+    pub exact_pct: f64,
+    /// 100 * (1 - sum |predicted - engine| / sum max(predicted, engine)).
+    pub token_agreement_pct: f64,
+}
+
+/// One rate-search step.
+#[derive(Clone, Debug, Serialize)]
+pub struct RatePoint {
+    /// Offered arrivals per second.
+    pub rate: f64,
+    /// P90 TTFT at that rate, ms.
+    pub ttft_p90_ms: f64,
+    /// Failed requests.
+    pub failures: usize,
+    /// Whether the SLO held.
+    pub ok: bool,
+}
+
+/// Everything measured for one strategy.
+#[derive(Clone, Debug, Serialize)]
+pub struct StrategyReport {
+    /// The strategy.
+    pub strategy: String,
+    /// Offered rate of the main run, req/s.
+    pub rate: f64,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests that failed.
+    pub failures: usize,
+    /// Cached prompt tokens / prompt tokens (engines' `cached_tokens`).
+    pub hit_rate: f64,
+    /// Time to first token, ms.
+    pub ttft_ms: Summary,
+    /// End-to-end latency, ms.
+    pub e2e_ms: Summary,
+    /// Completed requests per second.
+    pub throughput_rps: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Smallest per-instance share, %.
+    pub share_min_pct: f64,
+    /// Largest per-instance share, %.
+    pub share_max_pct: f64,
+    /// Requests per backend.
+    pub shares: BTreeMap<String, u64>,
+    /// Requests per routing decision kind.
+    pub decisions: BTreeMap<String, u64>,
+    /// Index fidelity (when sampled).
+    pub fidelity: Option<Fidelity>,
+    /// Highest searched rate with P90 TTFT under the SLO, req/s.
+    pub goodput_rps: Option<f64>,
+    /// The rate search.
+    pub rate_search: Vec<RatePoint>,
+    /// (second, hit rate of requests completed in it).
+    pub hit_over_time: Vec<(f64, f64)>,
+    /// TTFT CDF points (ms, fraction).
+    pub ttft_cdf: Vec<(f64, f64)>,
+}
+
+/// Aggregates one run.
+pub fn aggregate(
+    strategy: &str,
+    rate: f64,
+    samples: &[Sample],
+    block_size: u64,
+    instances: &[String],
+) -> StrategyReport {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.error.is_none() && s.ttft_ms.is_some()).collect();
+    let failures = samples.len() - ok.len();
+    let prompt: u64 = ok.iter().map(|s| s.prompt_tokens).sum();
+    let cached: u64 = ok.iter().map(|s| s.cached_tokens).sum();
+    let ttft: Vec<f64> = ok.iter().filter_map(|s| s.ttft_ms).collect();
+    let e2e: Vec<f64> = ok.iter().filter_map(|s| s.e2e_ms).collect();
+    let first = samples.iter().map(|s| s.arrival_s).fold(f64::INFINITY, f64::min);
+    let last = ok.iter().map(|s| s.done_s).fold(0.0, f64::max);
+    let span = (last - first.min(last)).max(1e-9);
+    let mut shares: BTreeMap<String, u64> = instances.iter().map(|i| (i.clone(), 0)).collect();
+    let mut decisions = BTreeMap::new();
+    for s in &ok {
+        if let Some(b) = &s.backend {
+            *shares.entry(b.clone()).or_default() += 1;
+        }
+        if let Some(d) = &s.decision {
+            *decisions.entry(d.clone()).or_default() += 1;
+        }
+    }
+    let counts: Vec<u64> = shares.values().copied().collect();
+    let (share_min_pct, share_max_pct) = share_min_max(&counts);
+    StrategyReport {
+        strategy: strategy.to_owned(),
+        rate,
+        requests: samples.len(),
+        failures,
+        hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+        ttft_ms: Summary::of(&ttft),
+        e2e_ms: Summary::of(&e2e),
+        throughput_rps: ok.len() as f64 / span,
+        output_tokens_per_s: ok.iter().map(|s| s.completion_tokens).sum::<u64>() as f64 / span,
+        share_min_pct,
+        share_max_pct,
+        shares,
+        decisions,
+        fidelity: fidelity(&ok, block_size),
+        goodput_rps: None,
+        rate_search: Vec::new(),
+        hit_over_time: hit_over_time(&ok),
+        ttft_cdf: cdf(&ttft, 200),
+    }
+}
+
+fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
+    let (mut n, mut exact, mut diff, mut total) = (0usize, 0usize, 0u64, 0u64);
+    for s in ok {
+        let Some(blocks) = s.predicted_blocks else { continue };
+        // The engine recomputes at least the last prompt token.
+        let cap = s.prompt_tokens.saturating_sub(1) / bs.max(1) * bs;
+        let predicted = (blocks * bs).min(cap);
+        n += 1;
+        exact += usize::from(predicted == s.cached_tokens);
+        diff += predicted.abs_diff(s.cached_tokens);
+        total += predicted.max(s.cached_tokens);
+    }
+    (n > 0).then(|| Fidelity {
+        samples: n,
+        exact_pct: 100.0 * exact as f64 / n as f64,
+        token_agreement_pct: if total == 0 { 100.0 } else { 100.0 * (1.0 - diff as f64 / total as f64) },
+    })
+}
+
+fn hit_over_time(ok: &[&Sample]) -> Vec<(f64, f64)> {
+    let mut buckets: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for s in ok {
+        let b = buckets.entry(s.done_s.max(0.0) as u64).or_default();
+        b.0 += s.cached_tokens;
+        b.1 += s.prompt_tokens;
+    }
+    buckets
+        .into_iter()
+        .filter(|(_, (_, p))| *p > 0)
+        .map(|(t, (c, p))| (t as f64, c as f64 / p as f64))
+        .collect()
+}
+
+fn cdf(values: &[f64], points: usize) -> Vec<(f64, f64)> {
+    let s = crate::stats::sorted(values);
+    if s.is_empty() {
+        return Vec::new();
+    }
+    let step = (s.len() / points).max(1);
+    let mut out: Vec<(f64, f64)> = (0..s.len())
+        .step_by(step)
+        .map(|i| (s[i], (i + 1) as f64 / s.len() as f64))
+        .collect();
+    if let Some(&last) = s.last() {
+        out.push((last, 1.0));
+    }
+    out
+}
+
+/// The markdown comparison table.
+pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
+    let mut t = format!(
+        "| strategy | goodput req/s (P90 TTFT <= {slo_ms:.0} ms) | KV hit rate | TTFT P50 ms | P90 | P99 | e2e P50 ms | throughput req/s | tok/s | share min-max % | failures | index fidelity |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for r in reports {
+        let fid = r.fidelity.as_ref().map_or("-".to_owned(), |f| {
+            format!("{:.1}% exact, {:.1}% tokens (n={})", f.exact_pct, f.token_agreement_pct, f.samples)
+        });
+        let good = r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}"));
+        t.push_str(&format!(
+            "| {} | {} | {:.1}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1}-{:.1} | {} | {} |\n",
+            r.strategy, good, 100.0 * r.hit_rate, r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99,
+            r.e2e_ms.p50, r.throughput_rps, r.output_tokens_per_s, r.share_min_pct,
+            r.share_max_pct, r.failures, fid
+        ));
+    }
+    t
+}
+
+/// Writes results.json, results.md, the SVG plots and report.html into
+/// `dir`; returns the HTML report's path.
+pub fn write_all(
+    dir: &Path,
+    reports: &[StrategyReport],
+    settings: &serde_json::Value,
+    slo_ms: f64,
+) -> Result<PathBuf, BenchError> {
+    let io = |p: &Path| {
+        let p = p.display().to_string();
+        move |e| BenchError::Io { path: p, source: e }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let json = serde_json::json!({"settings": settings, "strategies": reports});
+    let text = serde_json::to_string_pretty(&json).map_err(|e| BenchError::Invalid {
+        what: "report",
+        reason: e.to_string(),
+    })?;
+    let write = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, body).map_err(io(&p))
+    };
+    write("results.json", &text)?;
+    let md = markdown(reports, slo_ms);
+    write("results.md", &md)?;
+    let cdf = plot::ttft_cdf(reports);
+    let hits = plot::hit_over_time(reports);
+    let shares = plot::shares(reports);
+    write("ttft_cdf.svg", &cdf)?;
+    write("hit_rate.svg", &hits)?;
+    write("share.svg", &shares)?;
+    let html = plot::html(&md, &[&cdf, &hits, &shares], &text);
+    write("report.html", &html)?;
+    Ok(dir.join("report.html"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(backend: &str, cached: u64, predicted: Option<u64>, ttft: f64) -> Sample {
+        Sample {
+            arrival_s: 0.0,
+            ttft_ms: Some(ttft),
+            e2e_ms: Some(ttft + 10.0),
+            done_s: 1.5,
+            prompt_tokens: 100,
+            cached_tokens: cached,
+            completion_tokens: 4,
+            backend: Some(backend.into()),
+            decision: Some("kv_match".into()),
+            predicted_blocks: predicted,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn aggregates_hits_shares_and_fidelity() {
+        let mut s = vec![
+            sample("a", 96, Some(6), 10.0),
+            sample("a", 0, Some(0), 50.0),
+            sample("b", 48, Some(2), 20.0),
+        ];
+        s.push(Sample {
+            error: Some("HTTP 500".into()),
+            ..Sample::default()
+        });
+        let r = aggregate("kv_aware", 1.0, &s, 16, &["a".into(), "b".into(), "c".into()]);
+        assert_eq!(r.requests, 4);
+        assert_eq!(r.failures, 1);
+        assert!((r.hit_rate - 144.0 / 300.0).abs() < 1e-9);
+        assert_eq!(r.shares["c"], 0);
+        assert_eq!(r.share_min_pct, 0.0);
+        let f = r.fidelity.unwrap();
+        assert_eq!(f.samples, 3);
+        // 6 blocks = 96 tokens == 96; 0 == 0; 2 blocks = 32 != 48.
+        assert!((f.exact_pct - 200.0 / 3.0).abs() < 1e-9);
+        assert_eq!(r.ttft_ms.p50, 20.0);
+        assert!(markdown(&[r], 500.0).contains("| kv_aware |"));
+    }
+}

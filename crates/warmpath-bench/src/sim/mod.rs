@@ -1,0 +1,238 @@
+//! `warmpath-bench sim`: a fleet of simulated vLLM instances that behave like
+//! vLLM from the outside, so the real agent and router run against them
+//! unchanged.
+//!
+//! Each instance:
+//! - answers `POST /v1/chat/completions` and `/v1/completions` (streamed or
+//!   not), `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM's names:
+//!   `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+//!   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total` /
+//!   `vllm:prefix_cache_hits_total` in tokens, `vllm:cache_config_info`) and
+//!   `POST /reset_prefix_cache`;
+//! - tokenizes with a real tokenizer and chat template (the generated tiny one
+//!   by default, the same files the router uses);
+//! - keeps a block-level prefix cache with vLLM's semantics
+//!   ([`warmpath_core::prefix_cache`]: full blocks only, `cache_salt` salts
+//!   block 0, a full hit recomputes the last block, LRU eviction of leaves,
+//!   blocks of running requests pinned) and reports
+//!   `usage.prompt_tokens_details.cached_tokens`;
+//! - publishes real KV events on ZMQ ([`events`]).
+//!
+//! # Time model
+//! See [`crate::timing`]: admission into a batch of `max_batch` requests, one
+//! FIFO prefill queue per instance (not chunked: one prompt at a time),
+//! `prefill = c0 + k * uncached_tokens` (defaults: 8000 cold tokens ~200 ms,
+//! a warm 8000-token prompt ~15 ms), then one output token every
+//! `decode_step_ms`, overlapping across the batch. The first token is sent
+//! when prefill ends.
+
+mod engine;
+pub mod events;
+mod http;
+mod openai;
+#[cfg(test)]
+mod tests;
+
+pub use engine::{EngineStats, SimEngine};
+pub use events::EventForm;
+
+use crate::error::BenchError;
+use crate::timing::TimeModel;
+use crate::words::WordGen;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use warmpath_core::tokenize::{CacheConfig, ChatTokenizer};
+
+/// Settings shared by every instance of a fleet.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SimConfig {
+    /// The served model name.
+    pub model: String,
+    /// Tokens per block (vLLM's default is 16).
+    pub block_size: usize,
+    /// Prefix cache capacity per instance, in blocks.
+    pub cache_blocks: usize,
+    /// The time model.
+    pub time: TimeModel,
+    /// Event wire form.
+    pub event_form: EventForm,
+    /// ZMQ topic.
+    pub topic: String,
+    /// Whether to open a replay endpoint.
+    pub replay: bool,
+    /// Prefill queue bound per instance.
+    pub max_queue: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            model: "warmpath-tiny".into(),
+            block_size: 16,
+            cache_blocks: 8192,
+            time: TimeModel::default(),
+            event_form: EventForm::Map,
+            topic: String::new(),
+            replay: true,
+            max_queue: 4096,
+        }
+    }
+}
+
+/// The generated tiny tokenizer with its chat template.
+pub fn tiny_tokenizer() -> Result<Arc<ChatTokenizer>, BenchError> {
+    let files = warmpath_core::tokenize::tiny::files()?;
+    Ok(Arc::new(ChatTokenizer::new(&files, CacheConfig::default())?))
+}
+
+/// One running simulated instance.
+#[derive(Debug)]
+pub struct SimInstance {
+    /// Its worker id (`sim-<n>`).
+    pub id: String,
+    /// Base URL, `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// The bound HTTP address.
+    pub http_addr: SocketAddr,
+    /// ZMQ PUB endpoint of its KV events.
+    pub kv_events: String,
+    /// ZMQ replay endpoint.
+    pub kv_replay: Option<String>,
+    /// The engine (for stats and resets without HTTP).
+    pub engine: Arc<SimEngine>,
+    server: JoinHandle<()>,
+}
+
+impl Drop for SimInstance {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read, released: a tiny race that
+/// only matters if another process grabs it in between).
+pub fn free_port() -> Result<u16, BenchError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| BenchError::Bind {
+        addr: "127.0.0.1:0".into(),
+        source: e,
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| BenchError::Bind {
+            addr: "127.0.0.1:0".into(),
+            source: e,
+        })
+}
+
+/// Ports of one instance: (http, events, replay).
+fn ports(base: Option<u16>, i: usize) -> Result<(u16, u16, u16), BenchError> {
+    match base {
+        None => Ok((0, 0, 0)),
+        Some(b) => {
+            let at = |off: usize| {
+                u16::try_from(usize::from(b) + off).map_err(|_| BenchError::Invalid {
+                    what: "base port",
+                    reason: format!("{b} leaves no room for instance {i}"),
+                })
+            };
+            Ok((at(i)?, at(1000 + 2 * i)?, at(1001 + 2 * i)?))
+        }
+    }
+}
+
+/// Starts instance `i`: HTTP on `127.0.0.1:(base+i)`, events on
+/// `base+1000+2i`, replay on `base+1001+2i`; ephemeral ports when `base` is
+/// `None`. Lives until `shutdown`.
+pub async fn start_instance(
+    i: usize,
+    cfg: &SimConfig,
+    tokenizer: Arc<ChatTokenizer>,
+    base: Option<u16>,
+    shutdown: CancellationToken,
+) -> Result<SimInstance, BenchError> {
+    let (http_port, ev_port, replay_port) = ports(base, i)?;
+    let replay = format!("tcp://127.0.0.1:{replay_port}");
+    let (events, endpoints) = events::start(
+        &format!("tcp://127.0.0.1:{ev_port}"),
+        cfg.replay.then_some(replay.as_str()),
+        &cfg.topic,
+        cfg.event_form,
+        shutdown.clone(),
+    )
+    .await?;
+    let engine = SimEngine::start(
+        cfg.time.clone(),
+        cfg.block_size,
+        cfg.cache_blocks,
+        cfg.max_queue,
+        events.clone(),
+        shutdown.clone(),
+    )?;
+    let id = format!("sim-{i}");
+    let state = Arc::new(http::AppState {
+        id: id.clone(),
+        model: cfg.model.clone(),
+        engine: engine.clone(),
+        tokenizer,
+        events,
+        words: WordGen::default(),
+        shutdown: shutdown.clone(),
+    });
+    let addr = format!("127.0.0.1:{http_port}");
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| BenchError::Bind {
+            addr: addr.clone(),
+            source: e,
+        })?;
+    let http_addr = listener.local_addr().map_err(|e| BenchError::Bind { addr, source: e })?;
+    let app = http::router(state);
+    let server = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "simulated instance server failed");
+        }
+    });
+    tracing::info!(%id, %http_addr, events = %endpoints.events, "simulated instance up");
+    Ok(SimInstance {
+        id,
+        url: format!("http://{http_addr}"),
+        http_addr,
+        kv_events: endpoints.events,
+        kv_replay: endpoints.replay,
+        engine,
+        server,
+    })
+}
+
+/// A fleet of simulated instances.
+#[derive(Debug)]
+pub struct Fleet {
+    /// The instances, `sim-0` first.
+    pub instances: Vec<SimInstance>,
+}
+
+impl Fleet {
+    /// Starts `n` instances (see [`start_instance`] for the ports).
+    pub async fn start(
+        n: usize,
+        cfg: &SimConfig,
+        tokenizer: Arc<ChatTokenizer>,
+        base: Option<u16>,
+        shutdown: CancellationToken,
+    ) -> Result<Fleet, BenchError> {
+        if n == 0 {
+            return Err(BenchError::Invalid {
+                what: "instances",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let mut instances = Vec::with_capacity(n);
+        for i in 0..n {
+            instances.push(start_instance(i, cfg, tokenizer.clone(), base, shutdown.clone()).await?);
+        }
+        Ok(Fleet { instances })
+    }
+}
