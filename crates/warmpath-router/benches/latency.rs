@@ -190,5 +190,38 @@ async fn run(rate: usize, n: usize, target_tokens: usize) {
         pct(&routed, 0.99) - pct(&direct, 0.99),
         pct(&routed, 0.999) - pct(&direct, 0.999)
     );
+    // The router's own view of where the time goes (means per phase).
+    let req = hyper::Request::get(format!("http://{}/metrics", router.http_addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let text = client
+        .request(req)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    let series = |suffix: &str, phase: &str| -> f64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("warmpath_router_overhead_seconds_{suffix}"))
+                    && l.contains(&format!("phase=\"{phase}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    for phase in ["parse", "tokenize", "hash", "lookup", "pick"] {
+        let (sum, count) = (series("sum", phase), series("count", phase));
+        if count > 0.0 {
+            println!(
+                "router phase {phase:>8}: mean {:.3} ms over {count} requests",
+                sum / count * 1e3
+            );
+        }
+    }
     router.shutdown();
 }
