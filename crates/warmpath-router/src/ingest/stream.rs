@@ -1,0 +1,296 @@
+//! One agent stream's state machine: applies a worker's snapshot and ordered
+//! deltas to its pool's index, detects gaps and answers with the messages the
+//! protocol asks for. No I/O here, so every rule is unit-tested directly.
+
+use super::agents::{AgentKey, Agents};
+use super::IngestPool;
+use std::sync::Arc;
+use warmpath_core::{BlockHash, Tier, WorkerSlot};
+use warmpath_proto::v1::{
+    self, agent_message::Msg, delta::Op, router_message, AgentMessage, RouterMessage,
+};
+
+/// Acknowledge applied deltas at least this often.
+const ACK_EVERY: u64 = 256;
+
+/// Why a stream is refused; the text goes to the agent and the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) reason: String,
+    pub(crate) retryable: bool,
+}
+
+fn tier(t: i32) -> Tier {
+    match v1::Tier::try_from(t).unwrap_or(v1::Tier::Unspecified) {
+        v1::Tier::Cpu => Tier::Cpu,
+        v1::Tier::Disk => Tier::Disk,
+        v1::Tier::Gpu | v1::Tier::Unspecified => Tier::Gpu,
+    }
+}
+
+fn hashes(raw: &[u64]) -> Vec<BlockHash> {
+    raw.iter().map(|h| BlockHash(*h)).collect()
+}
+
+fn resend(reason: impl Into<String>) -> RouterMessage {
+    RouterMessage {
+        msg: Some(router_message::Msg::ResendSnapshot(v1::ResendSnapshot {
+            reason: reason.into(),
+        })),
+    }
+}
+
+fn ack(seq: u64) -> RouterMessage {
+    RouterMessage {
+        msg: Some(router_message::Msg::Ack(v1::Ack { seq })),
+    }
+}
+
+struct PendingSnapshot {
+    seq: u64,
+    next_chunk: u32,
+    total: u64,
+    blocks: Vec<(u64, Tier)>,
+}
+
+/// A stream after a valid Hello.
+pub(crate) struct WorkerStream {
+    pool: IngestPool,
+    agents: Arc<Agents>,
+    key: AgentKey,
+    slot: WorkerSlot,
+    epoch: u64,
+    stream_id: u64,
+    /// Seq of the last applied snapshot/delta; `None` until a snapshot lands.
+    applied: Option<u64>,
+    pending: Option<PendingSnapshot>,
+    unacked: u64,
+}
+
+impl WorkerStream {
+    /// Validates a Hello and registers the worker. `Err` = refuse the stream.
+    pub(crate) fn open(
+        pool: IngestPool,
+        agents: Arc<Agents>,
+        hello: &v1::Hello,
+        now_ms: u64,
+    ) -> Result<Self, Refusal> {
+        if hello.worker_id.is_empty() || hello.worker_id.len() > 256 {
+            return Err(Refusal {
+                reason: "worker_id must be 1 to 256 bytes".into(),
+                retryable: false,
+            });
+        }
+        check_block_size(&pool, hello.block_size)?;
+        let key = AgentKey {
+            model: hello.model.clone(),
+            worker_id: hello.worker_id.clone(),
+        };
+        let stream_id = agents
+            .claim(&key, hello, now_ms)
+            .map_err(|reason| Refusal {
+                reason,
+                retryable: false,
+            })?;
+        let slot = pool
+            .index
+            .register_worker(&hello.worker_id)
+            .map_err(|e| Refusal {
+                reason: e.to_string(),
+                retryable: false,
+            })?;
+        // Heard now; entries of an older epoch keep serving until the new
+        // snapshot replaces them.
+        let _ = pool.index.mark_heard(slot, now_ms);
+        Ok(WorkerStream {
+            pool,
+            agents,
+            key,
+            slot,
+            epoch: hello.epoch,
+            stream_id,
+            applied: None,
+            pending: None,
+            unacked: 0,
+        })
+    }
+
+    /// Whether this stream still owns its worker (a newer stream may have
+    /// taken over).
+    pub(crate) fn owns(&self) -> bool {
+        self.agents.owner(&self.key) == Some(self.stream_id)
+    }
+
+    /// Marks the worker disconnected (its entries stay until stale/expired).
+    pub(crate) fn close(&self) {
+        self.agents.disconnect(&self.key, self.stream_id);
+    }
+
+    /// Applies one message; returns what to answer.
+    pub(crate) fn on_message(
+        &mut self,
+        msg: AgentMessage,
+        now_ms: u64,
+        now_unix_micros: u64,
+    ) -> Result<Vec<RouterMessage>, Refusal> {
+        if !self.owns() {
+            return Err(Refusal {
+                reason: "another stream took over this worker".into(),
+                retryable: true,
+            });
+        }
+        let _ = self.pool.index.mark_heard(self.slot, now_ms);
+        self.agents.heard(&self.key, now_ms);
+        let Some(msg) = msg.msg else {
+            return Ok(vec![]);
+        };
+        match msg {
+            Msg::Hello(h) => self.on_hello(&h),
+            Msg::Snapshot(chunk) => Ok(self.on_snapshot(chunk, now_ms)),
+            Msg::Delta(d) => Ok(self.on_delta(d, now_unix_micros)),
+            Msg::Load(l) => {
+                self.agents.set_load(&self.key, &l);
+                Ok(vec![])
+            }
+            Msg::Heartbeat(_) => Ok(vec![]),
+        }
+    }
+
+    fn on_hello(&mut self, h: &v1::Hello) -> Result<Vec<RouterMessage>, Refusal> {
+        if h.worker_id != self.key.worker_id || h.model != self.key.model || h.epoch != self.epoch {
+            return Err(Refusal {
+                reason: "a repeated Hello may only change block_size".into(),
+                retryable: false,
+            });
+        }
+        check_block_size(&self.pool, h.block_size)?;
+        self.agents.set_block_size(&self.key, h.block_size);
+        // A changed block size invalidates the entries; a snapshot follows.
+        let _ = self.pool.index.clear_worker(self.slot);
+        self.applied = None;
+        self.pending = None;
+        Ok(vec![])
+    }
+
+    fn on_snapshot(&mut self, c: v1::SnapshotChunk, now_ms: u64) -> Vec<RouterMessage> {
+        metrics::counter!("warmpath_ingest_messages_total", "kind" => "snapshot_chunk")
+            .increment(1);
+        if c.first {
+            self.pending = Some(PendingSnapshot {
+                seq: c.seq,
+                next_chunk: 0,
+                total: c.total_blocks,
+                blocks: Vec::with_capacity(c.total_blocks.min(1 << 22) as usize),
+            });
+        }
+        let Some(p) = self.pending.as_mut() else {
+            return vec![resend("snapshot chunk without a first chunk")];
+        };
+        if p.seq != c.seq || p.next_chunk != c.chunk_index {
+            self.pending = None;
+            self.applied = None;
+            return vec![resend("snapshot chunks out of order")];
+        }
+        p.next_chunk += 1;
+        p.blocks
+            .extend(c.blocks.iter().map(|b| (b.hash, tier(b.tier))));
+        if !c.last {
+            return vec![];
+        }
+        let Some(p) = self.pending.take() else {
+            return vec![];
+        };
+        if p.blocks.len() as u64 != p.total {
+            self.applied = None;
+            return vec![resend(format!(
+                "snapshot had {} blocks, announced {}",
+                p.blocks.len(),
+                p.total
+            ))];
+        }
+        let index = &self.pool.index;
+        let _ = index.clear_worker(self.slot);
+        for t in Tier::ALL {
+            let hs: Vec<BlockHash> = p
+                .blocks
+                .iter()
+                .filter(|(_, bt)| *bt == t)
+                .map(|(h, _)| BlockHash(*h))
+                .collect();
+            if !hs.is_empty() {
+                let _ = index.store(self.slot, t, &hs);
+            }
+        }
+        metrics::counter!("warmpath_ingest_blocks_total", "op" => "snapshot").increment(p.total);
+        self.applied = Some(p.seq);
+        self.unacked = 0;
+        self.agents.applied(&self.key, p.seq, now_ms, true);
+        vec![ack(p.seq)]
+    }
+
+    fn on_delta(&mut self, d: v1::Delta, now_unix_micros: u64) -> Vec<RouterMessage> {
+        metrics::counter!("warmpath_ingest_messages_total", "kind" => "delta").increment(1);
+        let Some(last) = self.applied else {
+            // Waiting for the snapshot we asked for (or that is coming).
+            return vec![];
+        };
+        if d.seq <= last {
+            return vec![]; // duplicate
+        }
+        if d.seq != last + 1 {
+            metrics::counter!("warmpath_ingest_gaps_total").increment(1);
+            tracing::warn!(worker = %self.key.worker_id, expected = last + 1, got = d.seq, "delta gap; asking for a snapshot");
+            self.applied = None;
+            self.pending = None;
+            return vec![resend(format!(
+                "delta gap: expected seq {}, got {}",
+                last + 1,
+                d.seq
+            ))];
+        }
+        let index = &self.pool.index;
+        match d.op {
+            Some(Op::Stored(s)) => {
+                let n = s.hashes.len() as u64;
+                let _ = index.store(self.slot, tier(s.tier), &hashes(&s.hashes));
+                metrics::counter!("warmpath_ingest_blocks_total", "op" => "stored").increment(n);
+            }
+            Some(Op::Removed(r)) => {
+                let n = r.hashes.len() as u64;
+                let _ = index.remove(self.slot, Some(tier(r.tier)), &hashes(&r.hashes));
+                metrics::counter!("warmpath_ingest_blocks_total", "op" => "removed").increment(n);
+            }
+            Some(Op::Cleared(_)) => {
+                let _ = index.clear_worker(self.slot);
+            }
+            None => {}
+        }
+        if d.observed_unix_micros > 0 {
+            let lag = now_unix_micros.saturating_sub(d.observed_unix_micros) as f64 / 1e6;
+            metrics::histogram!("warmpath_ingest_lag_seconds").record(lag);
+            self.agents.lag(&self.key, lag);
+        }
+        self.applied = Some(d.seq);
+        self.agents.applied(&self.key, d.seq, 0, false);
+        self.unacked += 1;
+        if self.unacked >= ACK_EVERY {
+            self.unacked = 0;
+            return vec![ack(d.seq)];
+        }
+        vec![]
+    }
+}
+
+fn check_block_size(pool: &IngestPool, block_size: u32) -> Result<(), Refusal> {
+    if block_size != 0 && block_size as usize != pool.block_size {
+        metrics::counter!("warmpath_ingest_refused_total", "reason" => "block_size").increment(1);
+        return Err(Refusal {
+            reason: format!(
+                "block size mismatch: the agent reports {block_size} tokens per block, the router's pool uses {}; hashes could never match",
+                pool.block_size
+            ),
+            retryable: false,
+        });
+    }
+    Ok(())
+}

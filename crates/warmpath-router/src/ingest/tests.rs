@@ -1,0 +1,386 @@
+#![allow(clippy::unwrap_used)]
+//! Ingest tests: the state machine directly, then a real tonic server on
+//! 127.0.0.1:0 with a real client stream.
+
+use super::stream::WorkerStream;
+use super::*;
+use crate::AgentLoads;
+use std::collections::HashSet;
+use warmpath_core::{hash_tokens, BlockHash, HashSeed, Tier};
+use warmpath_proto::v1::{delta, Block, Delta, Hello, Load, SnapshotChunk, Stored};
+
+struct OnePool(IngestPool);
+
+impl PoolDirectory for OnePool {
+    fn pool(&self, model: &str) -> Option<IngestPool> {
+        (model == "m").then(|| self.0.clone())
+    }
+    fn pools(&self) -> Vec<IngestPool> {
+        vec![self.0.clone()]
+    }
+}
+
+fn pool() -> IngestPool {
+    IngestPool {
+        index: Arc::new(CacheIndex::new()),
+        block_size: 4,
+    }
+}
+
+fn hello(worker: &str, epoch: u64, bs: u32) -> Hello {
+    Hello {
+        worker_id: worker.into(),
+        endpoint: "http://127.0.0.1:1".into(),
+        model: "m".into(),
+        block_size: bs,
+        epoch,
+        agent_version: "test".into(),
+        dp_rank: 0,
+    }
+}
+
+fn chain(n: u32) -> Vec<BlockHash> {
+    hash_tokens(
+        HashSeed::new("m", "", ""),
+        4,
+        &(0..n * 4).collect::<Vec<_>>(),
+    )
+}
+
+fn snapshot(seq: u64, hs: &[BlockHash], chunk: usize) -> Vec<AgentMessage> {
+    let mut chunks: Vec<&[BlockHash]> = hs.chunks(chunk).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    let n = chunks.len();
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| AgentMessage {
+            msg: Some(Msg::Snapshot(SnapshotChunk {
+                seq,
+                chunk_index: i as u32,
+                first: i == 0,
+                last: i + 1 == n,
+                blocks: c
+                    .iter()
+                    .map(|h| Block {
+                        hash: h.0,
+                        parent: None,
+                        tier: v1::Tier::Gpu as i32,
+                    })
+                    .collect(),
+                total_blocks: hs.len() as u64,
+            })),
+        })
+        .collect()
+}
+
+fn stored(seq: u64, hs: &[BlockHash]) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Msg::Delta(Delta {
+            seq,
+            op: Some(delta::Op::Stored(Stored {
+                parent: None,
+                hashes: hs.iter().map(|h| h.0).collect(),
+                tier: v1::Tier::Gpu as i32,
+            })),
+            observed_unix_micros: 0,
+        })),
+    }
+}
+
+fn is_resend(m: &[RouterMessage]) -> bool {
+    matches!(
+        m.first().and_then(|m| m.msg.as_ref()),
+        Some(router_message::Msg::ResendSnapshot(_))
+    )
+}
+
+#[test]
+fn snapshot_then_deltas_then_gap() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
+    let c = chain(10);
+    // Deltas before any snapshot are ignored.
+    assert!(ws.on_message(stored(1, &c[..1]), 1, 0).unwrap().is_empty());
+    let mut out = vec![];
+    for m in snapshot(5, &c[..4], 3) {
+        out = ws.on_message(m, 1, 0).unwrap();
+    }
+    assert!(matches!(
+        out[0].msg,
+        Some(router_message::Msg::Ack(v1::Ack { seq: 5 }))
+    ));
+    let slot = p.index.worker_slot("w").unwrap();
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 4);
+    ws.on_message(stored(6, &c[4..6]), 2, 0).unwrap();
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 6);
+    // duplicate ignored
+    ws.on_message(stored(6, &c[6..7]), 2, 0).unwrap();
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 6);
+    // gap: resend, and later deltas are not applied
+    assert!(is_resend(
+        &ws.on_message(stored(8, &c[6..8]), 3, 0).unwrap()
+    ));
+    ws.on_message(stored(9, &c[6..8]), 3, 0).unwrap();
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 6);
+    // a fresh snapshot replaces everything
+    for m in snapshot(20, &c[..2], 8) {
+        ws.on_message(m, 4, 0).unwrap();
+    }
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 2);
+    assert_eq!(p.index.block_count(slot), 2);
+    assert_eq!(agents.status("m", 4)[0].last_seq, Some(20));
+}
+
+#[test]
+fn block_size_mismatch_and_old_epoch_are_refused() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let err = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 16), 0)
+        .err()
+        .unwrap();
+    assert!(err.reason.contains("block size mismatch"), "{}", err.reason);
+    assert!(!err.retryable);
+    let _new = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 5, 4), 0).unwrap();
+    let err = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 4, 4), 0)
+        .err()
+        .unwrap();
+    assert!(err.reason.contains("older"), "{}", err.reason);
+    // block size 0 (not learned yet) is accepted
+    assert!(WorkerStream::open(p, agents, &hello("x", 1, 0), 0).is_ok());
+}
+
+#[test]
+fn a_newer_stream_takes_over_and_the_old_one_is_closed() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut old = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
+    let _new = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 2, 4), 0).unwrap();
+    assert!(old.on_message(stored(1, &chain(1)), 1, 0).is_err());
+}
+
+#[test]
+fn aborted_or_incomplete_snapshots_ask_again() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
+    let c = chain(6);
+    let mut chunks = snapshot(3, &c, 2);
+    chunks.swap(1, 2);
+    let mut answers = vec![];
+    for m in chunks {
+        answers.extend(ws.on_message(m, 1, 0).unwrap());
+    }
+    assert!(is_resend(&answers));
+    let slot = p.index.worker_slot("w").unwrap();
+    assert_eq!(p.index.block_count(slot), 0, "nothing applied");
+}
+
+#[test]
+fn sweeper_marks_stale_then_clears() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 1_000).unwrap();
+    for m in snapshot(1, &chain(3), 8) {
+        ws.on_message(m, 1_000, 0).unwrap();
+    }
+    let dir = OnePool(p.clone());
+    let mut cleared = HashSet::new();
+    let (stale, _) = sweeper::sweep(
+        &dir,
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+        5_000,
+        &mut cleared,
+    );
+    assert_eq!(stale, 0);
+    let (stale, newly) = sweeper::sweep(
+        &dir,
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+        20_000,
+        &mut cleared,
+    );
+    assert_eq!((stale, newly), (1, 0));
+    let slot = p.index.worker_slot("w").unwrap();
+    assert!(!p.index.longest_match(&chain(3)).of(slot).unwrap().fresh);
+    let (_, newly) = sweeper::sweep(
+        &dir,
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+        70_000,
+        &mut cleared,
+    );
+    assert_eq!(newly, 1);
+    assert_eq!(p.index.block_count(slot), 0);
+    let (_, newly) = sweeper::sweep(
+        &dir,
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+        80_000,
+        &mut cleared,
+    );
+    assert_eq!(newly, 0, "cleared once");
+}
+
+async fn start_server(
+    token: Option<&str>,
+) -> (
+    std::net::SocketAddr,
+    IngestPool,
+    Arc<Agents>,
+    CancellationToken,
+) {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let shutdown = CancellationToken::new();
+    let svc = IngestService::new(
+        Arc::new(OnePool(p.clone())),
+        agents.clone(),
+        token.map(str::to_owned),
+        shutdown.clone(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, svc, None, shutdown.clone()));
+    (addr, p, agents, shutdown)
+}
+
+async fn open(
+    addr: std::net::SocketAddr,
+    token: Option<&str>,
+    msgs: Vec<AgentMessage>,
+) -> Result<(mpsc::Sender<AgentMessage>, Streaming<RouterMessage>), Status> {
+    let mut client = warmpath_proto::CacheEventsClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(64);
+    for m in msgs {
+        tx.send(m).await.unwrap();
+    }
+    let mut req = Request::new(ReceiverStream::new(rx));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", warmpath_proto::bearer(t).parse().unwrap());
+    }
+    let resp = client.publish(req).await?;
+    Ok((tx, resp.into_inner()))
+}
+
+#[tokio::test]
+async fn grpc_end_to_end_with_token() {
+    let (addr, p, agents, shutdown) = start_server(Some("s3cret")).await;
+    // wrong token refused
+    let err = open(addr, Some("nope"), vec![]).await.err().unwrap();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let err = open(addr, None, vec![]).await.err().unwrap();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    // right token: hello + snapshot + delta + load
+    let c = chain(8);
+    let mut msgs = vec![AgentMessage {
+        msg: Some(Msg::Hello(hello("w1", 7, 4))),
+    }];
+    msgs.extend(snapshot(1, &c[..5], 2));
+    msgs.push(stored(2, &c[5..8]));
+    msgs.push(AgentMessage {
+        msg: Some(Msg::Load(Load {
+            running: 3,
+            waiting: 1,
+            kv_usage: 0.5,
+            engine_up: true,
+        })),
+    });
+    let (tx, mut answers) = open(addr, Some("s3cret"), msgs).await.unwrap();
+    let first = answers.next().await.unwrap().unwrap();
+    assert!(matches!(
+        first.msg,
+        Some(router_message::Msg::Ack(v1::Ack { seq: 1 }))
+    ));
+    let slot = loop {
+        if let Some(s) = p.index.worker_slot("w1") {
+            if p.index.block_count(s) == 8 {
+                break s;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 8);
+    for _ in 0..100 {
+        if agents.engine_load("m", "w1").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(agents.engine_load("m", "w1").unwrap().running, 3);
+    drop(tx);
+    // disconnect is recorded
+    for _ in 0..100 {
+        if !agents.status("m", 0)[0].connected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!agents.status("m", 0)[0].connected);
+    // entries stay after a disconnect (until stale/expired)
+    assert_eq!(p.index.block_count(slot), 8);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn grpc_unknown_model_and_bad_first_message_are_refused() {
+    let (addr, _p, _agents, shutdown) = start_server(None).await;
+    let mut h = hello("w", 1, 4);
+    h.model = "other".into();
+    let (_tx, mut answers) = open(
+        addr,
+        None,
+        vec![AgentMessage {
+            msg: Some(Msg::Hello(h)),
+        }],
+    )
+    .await
+    .unwrap();
+    match answers.next().await.unwrap().unwrap().msg {
+        Some(router_message::Msg::Refused(r)) => {
+            assert!(r.reason.contains("no pool serves model"), "{}", r.reason);
+            assert!(!r.retryable);
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    let (_tx, mut answers) = open(addr, None, vec![stored(1, &chain(1))]).await.unwrap();
+    assert!(matches!(
+        answers.next().await.unwrap().unwrap().msg,
+        Some(router_message::Msg::Refused(_))
+    ));
+    shutdown.cancel();
+}
+
+#[test]
+fn tiers_map_from_proto() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
+    for m in snapshot(1, &[], 8) {
+        ws.on_message(m, 0, 0).unwrap();
+    }
+    let c = chain(2);
+    let m = AgentMessage {
+        msg: Some(Msg::Delta(Delta {
+            seq: 2,
+            op: Some(delta::Op::Stored(Stored {
+                parent: None,
+                hashes: c.iter().map(|h| h.0).collect(),
+                tier: v1::Tier::Cpu as i32,
+            })),
+            observed_unix_micros: 1,
+        })),
+    };
+    ws.on_message(m, 0, 10).unwrap();
+    assert_eq!(
+        p.index.holders_of(c[0]),
+        vec![("w".to_string(), vec![Tier::Cpu])]
+    );
+}
