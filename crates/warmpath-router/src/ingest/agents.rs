@@ -57,7 +57,8 @@ struct Entry {
 /// Every agent known to this router.
 #[derive(Debug, Default)]
 pub struct Agents {
-    map: RwLock<HashMap<AgentKey, Entry>>,
+    /// model -> worker id -> entry (nested so reads can look up by `&str`).
+    map: RwLock<HashMap<String, HashMap<String, Entry>>>,
     next_stream: AtomicU64,
 }
 
@@ -77,8 +78,9 @@ impl Agents {
         now_ms: u64,
     ) -> Result<u64, String> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut map = self.map.write();
-        if let Some(e) = map.get(key) {
+        let mut all = self.map.write();
+        let map = all.entry(key.model.clone()).or_default();
+        if let Some(e) = map.get(&key.worker_id) {
             if hello.epoch < e.status.epoch {
                 return Err(format!(
                     "epoch {} is older than the epoch {} already publishing for worker {}",
@@ -86,7 +88,7 @@ impl Agents {
                 ));
             }
         }
-        let prev = map.remove(key);
+        let prev = map.remove(&key.worker_id);
         let same_epoch = prev.as_ref().is_some_and(|p| p.status.epoch == hello.epoch);
         let status = AgentStatus {
             worker_id: key.worker_id.clone(),
@@ -104,7 +106,7 @@ impl Agents {
             engine_up: None,
         };
         map.insert(
-            key.clone(),
+            key.worker_id.clone(),
             Entry {
                 status,
                 owner: Some(id),
@@ -115,12 +117,22 @@ impl Agents {
         Ok(id)
     }
 
+    fn with<T>(&self, key: &AgentKey, f: impl FnOnce(&Entry) -> T) -> Option<T> {
+        let map = self.map.read();
+        map.get(&key.model)?.get(&key.worker_id).map(f)
+    }
+
     pub(crate) fn owner(&self, key: &AgentKey) -> Option<u64> {
-        self.map.read().get(key).and_then(|e| e.owner)
+        self.with(key, |e| e.owner).flatten()
     }
 
     pub(crate) fn disconnect(&self, key: &AgentKey, stream: u64) {
-        if let Some(e) = self.map.write().get_mut(key) {
+        if let Some(e) = self
+            .map
+            .write()
+            .get_mut(&key.model)
+            .and_then(|m| m.get_mut(&key.worker_id))
+        {
             if e.owner == Some(stream) {
                 e.owner = None;
                 e.status.connected = false;
@@ -129,19 +141,34 @@ impl Agents {
     }
 
     pub(crate) fn heard(&self, key: &AgentKey, now_ms: u64) {
-        if let Some(e) = self.map.write().get_mut(key) {
+        if let Some(e) = self
+            .map
+            .write()
+            .get_mut(&key.model)
+            .and_then(|m| m.get_mut(&key.worker_id))
+        {
             e.last_heard_ms = now_ms;
         }
     }
 
     pub(crate) fn set_block_size(&self, key: &AgentKey, bs: u32) {
-        if let Some(e) = self.map.write().get_mut(key) {
+        if let Some(e) = self
+            .map
+            .write()
+            .get_mut(&key.model)
+            .and_then(|m| m.get_mut(&key.worker_id))
+        {
             e.status.block_size = bs;
         }
     }
 
     pub(crate) fn set_load(&self, key: &AgentKey, l: &v1::Load) {
-        if let Some(e) = self.map.write().get_mut(key) {
+        if let Some(e) = self
+            .map
+            .write()
+            .get_mut(&key.model)
+            .and_then(|m| m.get_mut(&key.worker_id))
+        {
             e.status.load = Some(EngineLoad {
                 running: l.running,
                 waiting: l.waiting,
@@ -153,7 +180,12 @@ impl Agents {
     }
 
     pub(crate) fn applied(&self, key: &AgentKey, seq: u64, _now_ms: u64, snapshot: bool) {
-        if let Some(e) = self.map.write().get_mut(key) {
+        if let Some(e) = self
+            .map
+            .write()
+            .get_mut(&key.model)
+            .and_then(|m| m.get_mut(&key.worker_id))
+        {
             e.status.last_seq = Some(seq);
             if snapshot {
                 e.status.snapshots += 1;
@@ -162,7 +194,12 @@ impl Agents {
     }
 
     pub(crate) fn lag(&self, key: &AgentKey, seconds: f64) {
-        if let Some(e) = self.map.write().get_mut(key) {
+        if let Some(e) = self
+            .map
+            .write()
+            .get_mut(&key.model)
+            .and_then(|m| m.get_mut(&key.worker_id))
+        {
             e.status.lag_ms = Some(seconds * 1000.0);
         }
     }
@@ -172,9 +209,10 @@ impl Agents {
         let mut v: Vec<AgentStatus> = self
             .map
             .read()
-            .iter()
-            .filter(|(k, _)| k.model == model)
-            .map(|(_, e)| AgentStatus {
+            .get(model)
+            .into_iter()
+            .flat_map(|m| m.values())
+            .map(|e| AgentStatus {
                 last_heard_ms_ago: now_ms.saturating_sub(e.last_heard_ms),
                 ..e.status.clone()
             })
@@ -185,11 +223,8 @@ impl Agents {
 
     /// Status of one agent.
     pub fn status_of(&self, model: &str, worker_id: &str, now_ms: u64) -> Option<AgentStatus> {
-        let key = AgentKey {
-            model: model.to_owned(),
-            worker_id: worker_id.to_owned(),
-        };
-        self.map.read().get(&key).map(|e| AgentStatus {
+        let map = self.map.read();
+        map.get(model)?.get(worker_id).map(|e| AgentStatus {
             last_heard_ms_ago: now_ms.saturating_sub(e.last_heard_ms),
             ..e.status.clone()
         })
@@ -198,13 +233,9 @@ impl Agents {
 
 impl crate::AgentLoads for Agents {
     fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad> {
-        let key = AgentKey {
-            model: model.to_owned(),
-            worker_id: worker_id.to_owned(),
-        };
         let now = crate::monotonic_ms();
         let map = self.map.read();
-        let e = map.get(&key)?;
+        let e = map.get(model)?.get(worker_id)?;
         let fresh =
             e.status.engine_up != Some(false) && now.saturating_sub(e.load_at_ms) <= LOAD_FRESH_MS;
         fresh.then_some(e.status.load).flatten()

@@ -44,6 +44,8 @@ use warmpath_proto::{CacheEvents, CacheEventsServer};
 /// The index and block size of one pool, as the ingest needs them.
 #[derive(Clone, Debug)]
 pub struct IngestPool {
+    /// The pool's model.
+    pub model: String,
     /// The pool's index.
     pub index: Arc<CacheIndex>,
     /// Tokens per block of the pool.
@@ -60,13 +62,17 @@ pub trait PoolDirectory: Send + Sync + 'static {
 
 impl PoolDirectory for Pools {
     fn pool(&self, model: &str) -> Option<IngestPool> {
-        self.index_of(model)
-            .map(|(index, block_size)| IngestPool { index, block_size })
+        self.index_of(model).map(|(index, block_size)| IngestPool {
+            model: model.to_owned(),
+            index,
+            block_size,
+        })
     }
     fn pools(&self) -> Vec<IngestPool> {
         self.all()
             .iter()
             .map(|p| IngestPool {
+                model: p.model.clone(),
                 index: Arc::clone(&p.index),
                 block_size: p.block_size,
             })

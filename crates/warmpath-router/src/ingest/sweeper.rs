@@ -22,12 +22,15 @@ pub(crate) fn sweep(
             stale_after.as_millis() as u64,
             drop_after.as_millis() as u64,
         );
-        stale += pool
+        let pool_stale = pool
             .index
             .worker_stats(now_ms)
             .iter()
             .filter(|w| w.stale)
             .count();
+        metrics::gauge!("warmpath_stale_workers", "pool" => pool.model.clone())
+            .set(pool_stale as f64);
+        stale += pool_stale;
         for id in &expired {
             if cleared.insert((i, id.clone())) {
                 if let Some(slot) = pool.index.worker_slot(id) {
@@ -40,7 +43,6 @@ pub(crate) fn sweep(
         // Workers heard again become clearable again later.
         cleared.retain(|(p, id)| *p != i || expired.contains(id));
     }
-    metrics::gauge!("warmpath_stale_workers").set(stale as f64);
     (stale, newly)
 }
 

@@ -22,6 +22,7 @@ impl PoolDirectory for OnePool {
 
 fn pool() -> IngestPool {
     IngestPool {
+        model: "m".into(),
         index: Arc::new(CacheIndex::new()),
         block_size: 4,
     }
