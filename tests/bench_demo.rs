@@ -38,7 +38,10 @@ async fn quick_comparison_routes_on_real_cache_state() {
         out_dir: out.clone(),
         progress: false,
     };
-    let run = tokio::time::timeout(Duration::from_secs(120), compare::run(&cfg, CancellationToken::new()));
+    let run = tokio::time::timeout(
+        Duration::from_secs(120),
+        compare::run(&cfg, CancellationToken::new()),
+    );
     let outcome = run.await.unwrap().unwrap();
     assert_eq!(outcome.reports.len(), 2);
     for r in &outcome.reports {
@@ -51,11 +54,22 @@ async fn quick_comparison_routes_on_real_cache_state() {
     let kv = &outcome.reports[1];
     // Six documents, 24 requests: repeats exist, and kv_aware routes them to
     // the instance its agent reported as holding the document.
-    assert!(kv.decisions.get("kv_match").copied().unwrap_or(0) > 0, "{:?}", kv.decisions);
+    assert!(
+        kv.decisions.get("kv_match").copied().unwrap_or(0) > 0,
+        "{:?}",
+        kv.decisions
+    );
     assert!(kv.hit_rate > 0.3, "{}", kv.hit_rate);
     let f = kv.fidelity.as_ref().unwrap();
     assert!(f.samples >= 20);
-    for name in ["results.json", "results.md", "ttft_cdf.svg", "hit_rate.svg", "share.svg", "report.html"] {
+    for name in [
+        "results.json",
+        "results.md",
+        "ttft_cdf.svg",
+        "hit_rate.svg",
+        "share.svg",
+        "report.html",
+    ] {
         assert!(out.join(name).exists(), "{name}");
     }
     let html = std::fs::read_to_string(&outcome.html).unwrap();

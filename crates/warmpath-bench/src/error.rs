@@ -51,6 +51,9 @@ pub enum BenchError {
     /// The simulated engine's prefix cache refused an operation.
     #[error("prefix cache: {0}")]
     PrefixCache(#[from] warmpath_core::prefix_cache::PrefixCacheError),
+    /// The tokenizer could not be built or failed.
+    #[error("tokenizer: {0}")]
+    Tokenize(#[from] warmpath_core::tokenize::TokenizeError),
     /// An HTTP exchange with a fleet component failed. Usually retryable.
     #[error("HTTP {url}: {reason}")]
     Http {

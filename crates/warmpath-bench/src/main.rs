@@ -3,8 +3,14 @@
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use warmpath_bench::compare::{self, CompareConfig};
 use warmpath_bench::scale::{self, ScaleConfig};
+use warmpath_bench::sim::{self, EventForm, Fleet, SimConfig};
+use warmpath_bench::timing::TimeModel;
 use warmpath_bench::workload::{self, WorkloadKind, WorkloadSpec};
+use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
 
 #[derive(Parser, Debug)]
@@ -24,6 +30,272 @@ enum Command {
     Scale(ScaleArgs),
     /// Writes a generated workload as a JSONL trace.
     Trace(TraceArgs),
+    /// Runs a fleet of simulated vLLM instances until Ctrl-C.
+    Sim(SimArgs),
+    /// Replays one trace per strategy through simulated instances, agents and the router.
+    Compare(CompareArgs),
+    /// The one-command demo: 4 instances, `long`, every strategy, a report.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompareArgs {
+    /// Simulated instances.
+    #[arg(long, default_value_t = 4)]
+    instances: usize,
+    /// Workload: long, short, rag, code, tenants.
+    #[arg(long, default_value = "long")]
+    workload: WorkloadKind,
+    /// Replay this JSONL trace instead of a generated workload.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Strategies (comma separated) or `all`.
+    #[arg(long, default_value = "all")]
+    strategies: String,
+    /// Seconds of the main run per strategy.
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+    /// Offered rate of the main run, req/s.
+    #[arg(long, default_value_t = 8.0)]
+    rate: f64,
+    /// Rates of the goodput search, comma separated ("" for none).
+    #[arg(long, default_value = "16,24,32")]
+    search_rates: String,
+    /// Seconds per search step.
+    #[arg(long, default_value_t = 8.0)]
+    search_step: f64,
+    /// TTFT SLO of the goodput search (P90), ms.
+    #[arg(long, default_value_t = 500.0)]
+    slo_ms: f64,
+    /// Ask the router's index before every n-th request (0: never).
+    #[arg(long, default_value_t = 2)]
+    fidelity_every: usize,
+    /// Documents / conversations / files of the workload (default: 16 per instance).
+    #[arg(long)]
+    docs: Option<usize>,
+    /// Zipf exponent of prefix popularity.
+    #[arg(long, default_value_t = 0.6)]
+    zipf: f64,
+    /// Tokens of the shared prefix (workload default when absent).
+    #[arg(long)]
+    prefix_tokens: Option<usize>,
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: u32,
+    /// RNG seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// The router's concurrency threshold.
+    #[arg(long, default_value_t = 64)]
+    concurrency_threshold: u32,
+    /// Output folder.
+    #[arg(long, default_value = "warmpath-report")]
+    out: PathBuf,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// Seconds of the main run per strategy (the rate search adds ~24 s).
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+    /// A few seconds in all: small prompts, short runs, no rate search (for CI).
+    #[arg(long)]
+    quick: bool,
+    /// Output folder.
+    #[arg(long, default_value = "warmpath-report")]
+    out: PathBuf,
+}
+
+impl CompareArgs {
+    fn config(&self) -> anyhow::Result<CompareConfig> {
+        let mut workload = WorkloadSpec::new(self.workload);
+        workload.seed = self.seed;
+        workload.zipf = self.zipf;
+        workload.max_tokens = self.max_tokens;
+        workload.docs = self.docs.unwrap_or(16 * self.instances.max(1));
+        if let Some(p) = self.prefix_tokens {
+            workload.prefix_tokens = p;
+        }
+        let search_rates = self
+            .search_rates
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                s.trim()
+                    .parse::<f64>()
+                    .with_context(|| format!("--search-rates: {s:?}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(CompareConfig {
+            instances: self.instances,
+            sim: self.engine.config()?,
+            workload,
+            trace: self.trace.clone(),
+            strategies: strategies(&self.strategies)?,
+            duration_s: self.duration,
+            rate: self.rate,
+            search_rates,
+            search_step_s: self.search_step,
+            slo_ms: self.slo_ms,
+            fidelity_every: self.fidelity_every,
+            concurrency_threshold: self.concurrency_threshold,
+            out_dir: self.out.clone(),
+            progress: !self.quiet,
+        })
+    }
+}
+
+async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("stopping...");
+            c.cancel();
+        }
+    });
+    println!(
+        "warmpath-bench: {} simulated instances + agents + router on 127.0.0.1; {} at {} req/s for {} s per strategy",
+        cfg.instances,
+        cfg.trace.as_ref().map_or(cfg.workload.kind.to_string(), |p| p.display().to_string()),
+        cfg.rate,
+        cfg.duration_s
+    );
+    let out = compare::run(&cfg, cancel).await?;
+    println!("\n{}", out.table);
+    println!("report: {}", out.html.display());
+    Ok(())
+}
+
+fn demo_config(a: &DemoArgs) -> anyhow::Result<CompareConfig> {
+    let mut c = CompareOnly::parse_from(["compare"]).args.config()?;
+    c.duration_s = a.duration;
+    c.out_dir = a.out.clone();
+    if a.quick {
+        c.duration_s = a.duration.min(3.0);
+        c.rate = 6.0;
+        c.workload.prefix_tokens = 1000;
+        c.workload.docs = 8;
+        c.workload.max_tokens = 8;
+        c.search_rates.clear();
+        c.sim.time = TimeModel::default().scaled(4.0);
+    }
+    Ok(c)
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "compare")]
+struct CompareOnly {
+    #[command(flatten)]
+    args: CompareArgs,
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// Simulated instances.
+    #[arg(long, default_value_t = 4)]
+    instances: usize,
+    /// HTTP on base+i, KV events on base+1000+2i, replay on base+1001+2i;
+    /// 0 picks free ports.
+    #[arg(long, default_value_t = 0)]
+    base_port: u16,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Settings of the simulated engines.
+#[derive(Args, Debug, Clone)]
+struct EngineArgs {
+    /// Served model name.
+    #[arg(long, default_value = "warmpath-tiny")]
+    model: String,
+    /// Tokens per block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Prefix cache capacity per instance, in blocks.
+    #[arg(long, default_value_t = 8192)]
+    cache_blocks: usize,
+    /// KV event payload form: map (vLLM >= 0.24) or array (<= 0.23).
+    #[arg(long, default_value = "map")]
+    event_form: String,
+    /// Do not open replay endpoints.
+    #[arg(long)]
+    no_replay: bool,
+    /// Run the time model this many times faster.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// A tokenizer.json or model folder (default: the generated tiny tokenizer).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+}
+
+impl EngineArgs {
+    fn config(&self) -> anyhow::Result<SimConfig> {
+        let event_form = match self.event_form.as_str() {
+            "map" => EventForm::Map,
+            "array" => EventForm::Array,
+            other => anyhow::bail!("--event-form {other:?}: expected map or array"),
+        };
+        anyhow::ensure!(
+            self.time_scale.is_finite() && self.time_scale > 0.0,
+            "--time-scale must be a number > 0"
+        );
+        Ok(SimConfig {
+            model: self.model.clone(),
+            block_size: self.block_size,
+            cache_blocks: self.cache_blocks,
+            time: TimeModel::default().scaled(self.time_scale),
+            event_form,
+            replay: !self.no_replay,
+            ..Default::default()
+        })
+    }
+
+    fn tokenizer(&self) -> anyhow::Result<Arc<ChatTokenizer>> {
+        Ok(match &self.tokenizer {
+            Some(p) => Arc::new(
+                ChatTokenizer::load(p).with_context(|| format!("loading {}", p.display()))?,
+            ),
+            None => sim::tiny_tokenizer()?,
+        })
+    }
+}
+
+async fn run_sim(a: SimArgs) -> anyhow::Result<()> {
+    let cfg = a.engine.config()?;
+    let shutdown = CancellationToken::new();
+    let base = (a.base_port != 0).then_some(a.base_port);
+    let fleet = Fleet::start(
+        a.instances,
+        &cfg,
+        a.engine.tokenizer()?,
+        base,
+        shutdown.clone(),
+    )
+    .await?;
+    println!(
+        "{} simulated vLLM instances of model {:?}:",
+        fleet.instances.len(),
+        cfg.model
+    );
+    for i in &fleet.instances {
+        println!(
+            "  {}  http {}  kv-events {}  replay {}",
+            i.id,
+            i.url,
+            i.kv_events,
+            i.kv_replay.as_deref().unwrap_or("-")
+        );
+    }
+    println!("Ctrl-C to stop.");
+    tokio::signal::ctrl_c().await?;
+    shutdown.cancel();
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -141,7 +413,8 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -150,7 +423,10 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Scale(a) => run_scale(a),
+        Command::Scale(a) => tokio::task::block_in_place(|| run_scale(a)),
+        Command::Sim(a) => run_sim(a).await,
+        Command::Compare(a) => run_compare(a.config()?).await,
+        Command::Demo(a) => run_compare(demo_config(&a)?).await,
         Command::Trace(a) => {
             let spec = WorkloadSpec {
                 requests: a.requests,

@@ -91,7 +91,12 @@ pub async fn drive(
     out
 }
 
-fn request(client: &reqwest::Client, url: &str, r: &TraceRequest, body: &serde_json::Value) -> reqwest::RequestBuilder {
+fn request(
+    client: &reqwest::Client,
+    url: &str,
+    r: &TraceRequest,
+    body: &serde_json::Value,
+) -> reqwest::RequestBuilder {
     let mut b = client.post(url).json(body);
     if let Some(t) = r.header_tenant() {
         b = b.header("x-prefix-aware-id", t);
@@ -135,7 +140,10 @@ async fn one(
         if !resp.status().is_success() {
             let status = resp.status();
             let text = resp.text().await.unwrap_or_default();
-            return Err(format!("HTTP {status}: {}", text.chars().take(200).collect::<String>()));
+            return Err(format!(
+                "HTTP {status}: {}",
+                text.chars().take(200).collect::<String>()
+            ));
         }
         let mut stream = resp.bytes_stream();
         let mut buf = String::new();
@@ -145,7 +153,9 @@ async fn one(
             while let Some(end) = buf.find("\n\n") {
                 let event: String = buf.drain(..end + 2).collect();
                 for line in event.lines() {
-                    let Some(data) = line.strip_prefix("data:") else { continue };
+                    let Some(data) = line.strip_prefix("data:") else {
+                        continue;
+                    };
                     let data = data.trim();
                     if data == "[DONE]" {
                         continue;
@@ -156,7 +166,9 @@ async fn one(
                         return Err(format!("stream error: {err}"));
                     }
                     let has_text = v.pointer("/choices/0/delta/content").is_some()
-                        || v.pointer("/choices/0/text").and_then(|t| t.as_str()).is_some_and(|t| !t.is_empty());
+                        || v.pointer("/choices/0/text")
+                            .and_then(|t| t.as_str())
+                            .is_some_and(|t| !t.is_empty());
                     if has_text && s.ttft_ms.is_none() {
                         s.ttft_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
                     }

@@ -75,7 +75,10 @@ pub struct CompareOutcome {
 impl CompareConfig {
     fn validate(&self) -> Result<(), BenchError> {
         let bad = |what: &'static str, reason: &str| {
-            Err(BenchError::Invalid { what, reason: reason.into() })
+            Err(BenchError::Invalid {
+                what,
+                reason: reason.into(),
+            })
         };
         if self.instances == 0 || self.instances > 256 {
             return bad("instances", "must be in 1..=256");
@@ -83,12 +86,21 @@ impl CompareConfig {
         if self.strategies.is_empty() {
             return bad("strategies", "name at least one");
         }
-        for (what, v) in [("duration", self.duration_s), ("rate", self.rate), ("slo", self.slo_ms)] {
+        for (what, v) in [
+            ("duration", self.duration_s),
+            ("rate", self.rate),
+            ("slo", self.slo_ms),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return bad(what, "must be a number > 0");
             }
         }
-        if self.search_rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) || !(self.search_step_s > 0.0) {
+        if self
+            .search_rates
+            .iter()
+            .any(|r| !(r.is_finite() && *r > 0.0))
+            || !(self.search_step_s > 0.0)
+        {
             return bad("rate search", "rates and step length must be > 0");
         }
         Ok(())
@@ -125,15 +137,28 @@ fn bar(show: bool, len: usize, label: String) -> ProgressBar {
 }
 
 /// Runs the comparison and writes the report folder.
-pub async fn run(cfg: &CompareConfig, cancel: CancellationToken) -> Result<CompareOutcome, BenchError> {
+pub async fn run(
+    cfg: &CompareConfig,
+    cancel: CancellationToken,
+) -> Result<CompareOutcome, BenchError> {
     cfg.validate()?;
     let base = cfg.base_trace()?;
     let first = cfg.strategies[0];
-    let stack = Stack::start(cfg.instances, &cfg.sim, first, cfg.concurrency_threshold, cancel.clone()).await?;
+    let stack = Stack::start(
+        cfg.instances,
+        &cfg.sim,
+        first,
+        cfg.concurrency_threshold,
+        cancel.clone(),
+    )
+    .await?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
-        .map_err(|e| BenchError::Http { url: stack.router_url.clone(), reason: e.to_string() })?;
+        .map_err(|e| BenchError::Http {
+            url: stack.router_url.clone(),
+            reason: e.to_string(),
+        })?;
     let drive_cfg = DriveConfig {
         url: stack.router_url.clone(),
         fidelity_every: cfg.fidelity_every,
@@ -149,7 +174,11 @@ pub async fn run(cfg: &CompareConfig, cancel: CancellationToken) -> Result<Compa
         stack.set_strategy(&client, s).await?;
         stack.reset_caches(&client).await?;
         tracing::info!(strategy = %s, "main run");
-        let pb = bar(cfg.progress, base.len(), format!("{s} @ {:.1} req/s", cfg.rate));
+        let pb = bar(
+            cfg.progress,
+            base.len(),
+            format!("{s} @ {:.1} req/s", cfg.rate),
+        );
         let samples = drive(&client, &drive_cfg, &base, &pb, &cancel).await;
         pb.finish();
         let mut r = aggregate(s.as_str(), cfg.rate, &samples, bs, &ids);
@@ -158,13 +187,33 @@ pub async fn run(cfg: &CompareConfig, cancel: CancellationToken) -> Result<Compa
                 break;
             }
             let n = ((rate * cfg.search_step_s).ceil() as usize).max(1);
-            let step: Vec<TraceRequest> = rescale(&base, cfg.rate, rate).into_iter().take(n).collect();
-            let pb = bar(cfg.progress, step.len(), format!("{s} search @ {rate:.1} req/s"));
-            let samples = drive(&client, &DriveConfig { fidelity_every: 0, ..drive_cfg.clone() }, &step, &pb, &cancel).await;
+            let step: Vec<TraceRequest> =
+                rescale(&base, cfg.rate, rate).into_iter().take(n).collect();
+            let pb = bar(
+                cfg.progress,
+                step.len(),
+                format!("{s} search @ {rate:.1} req/s"),
+            );
+            let samples = drive(
+                &client,
+                &DriveConfig {
+                    fidelity_every: 0,
+                    ..drive_cfg.clone()
+                },
+                &step,
+                &pb,
+                &cancel,
+            )
+            .await;
             pb.finish();
             let a = aggregate(s.as_str(), rate, &samples, bs, &ids);
             let ok = a.failures == 0 && a.ttft_ms.p90 <= cfg.slo_ms;
-            r.rate_search.push(RatePoint { rate, ttft_p90_ms: a.ttft_ms.p90, failures: a.failures, ok });
+            r.rate_search.push(RatePoint {
+                rate,
+                ttft_p90_ms: a.ttft_ms.p90,
+                failures: a.failures,
+                ok,
+            });
             if ok {
                 r.goodput_rps = Some(r.goodput_rps.map_or(rate, |g: f64| g.max(rate)));
             }

@@ -6,10 +6,15 @@ use std::fmt::Write as _;
 const W: f64 = 640.0;
 const H: f64 = 360.0;
 const PAD: f64 = 50.0;
-const COLORS: [&str; 6] = ["#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b"];
+const COLORS: [&str; 6] = [
+    "#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b",
+];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 fn frame(title: &str, x_label: &str, y_label: &str, x_max: f64, y_max: f64) -> String {
@@ -33,20 +38,45 @@ fn frame(title: &str, x_label: &str, y_label: &str, x_max: f64, y_max: f64) -> S
             "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
              <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\
              <line x1=\"{PAD}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#eee\"/>",
-            H - PAD + 14.0, short(f * x_max), PAD - 4.0, y + 4.0, short(f * y_max), W - PAD / 2.0
+            H - PAD + 14.0,
+            short(f * x_max),
+            PAD - 4.0,
+            y + 4.0,
+            short(f * y_max),
+            W - PAD / 2.0
         );
     }
     s
 }
 
 fn short(v: f64) -> String {
-    if v >= 100.0 { format!("{v:.0}") } else if v >= 1.0 { format!("{v:.1}") } else { format!("{v:.2}") }
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
 }
 
-fn lines(title: &str, xl: &str, yl: &str, series: &[(&str, &[(f64, f64)])], y_max: Option<f64>) -> String {
-    let x_max = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(0.0, f64::max).max(1e-9);
+fn lines(
+    title: &str,
+    xl: &str,
+    yl: &str,
+    series: &[(&str, &[(f64, f64)])],
+    y_max: Option<f64>,
+) -> String {
+    let x_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.0))
+        .fold(0.0, f64::max)
+        .max(1e-9);
     let y_max = y_max.unwrap_or_else(|| {
-        series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(0.0, f64::max).max(1e-9)
+        series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.1))
+            .fold(0.0, f64::max)
+            .max(1e-9)
     });
     let mut s = frame(title, xl, yl, x_max, y_max);
     for (k, (name, pts)) in series.iter().enumerate() {
@@ -65,7 +95,10 @@ fn lines(title: &str, xl: &str, yl: &str, series: &[(&str, &[(f64, f64)])], y_ma
             s,
             "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\
              <text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>",
-            path.join(" "), PAD + 10.0, PAD + 14.0 * k as f64, esc(name)
+            path.join(" "),
+            PAD + 10.0,
+            PAD + 14.0 * k as f64,
+            esc(name)
         );
     }
     s.push_str("</svg>");
@@ -74,22 +107,47 @@ fn lines(title: &str, xl: &str, yl: &str, series: &[(&str, &[(f64, f64)])], y_ma
 
 /// TTFT CDF per strategy.
 pub fn ttft_cdf(reports: &[StrategyReport]) -> String {
-    let series: Vec<(&str, &[(f64, f64)])> =
-        reports.iter().map(|r| (r.strategy.as_str(), r.ttft_cdf.as_slice())).collect();
-    lines("TTFT CDF", "TTFT (ms)", "fraction of requests", &series, Some(1.0))
+    let series: Vec<(&str, &[(f64, f64)])> = reports
+        .iter()
+        .map(|r| (r.strategy.as_str(), r.ttft_cdf.as_slice()))
+        .collect();
+    lines(
+        "TTFT CDF",
+        "TTFT (ms)",
+        "fraction of requests",
+        &series,
+        Some(1.0),
+    )
 }
 
 /// KV hit rate over time per strategy.
 pub fn hit_over_time(reports: &[StrategyReport]) -> String {
-    let series: Vec<(&str, &[(f64, f64)])> =
-        reports.iter().map(|r| (r.strategy.as_str(), r.hit_over_time.as_slice())).collect();
-    lines("KV hit rate over time", "seconds into the run", "hit rate", &series, Some(1.0))
+    let series: Vec<(&str, &[(f64, f64)])> = reports
+        .iter()
+        .map(|r| (r.strategy.as_str(), r.hit_over_time.as_slice()))
+        .collect();
+    lines(
+        "KV hit rate over time",
+        "seconds into the run",
+        "hit rate",
+        &series,
+        Some(1.0),
+    )
 }
 
 /// Per-instance share of requests, grouped bars per strategy.
 pub fn shares(reports: &[StrategyReport]) -> String {
-    let instances: Vec<&String> = reports.first().map(|r| r.shares.keys().collect()).unwrap_or_default();
-    let mut s = frame("Share of requests per instance", "instance", "% of requests", instances.len().max(1) as f64, 100.0);
+    let instances: Vec<&String> = reports
+        .first()
+        .map(|r| r.shares.keys().collect())
+        .unwrap_or_default();
+    let mut s = frame(
+        "Share of requests per instance",
+        "instance",
+        "% of requests",
+        instances.len().max(1) as f64,
+        100.0,
+    );
     let groups = instances.len().max(1) as f64;
     let gw = (W - 1.5 * PAD) / groups;
     let bw = gw / (reports.len() as f64 + 1.0);
@@ -105,7 +163,13 @@ pub fn shares(reports: &[StrategyReport]) -> String {
                 PAD + g as f64 * gw + k as f64 * bw, H - PAD - h, bw * 0.9, esc(&r.strategy), esc(inst)
             );
         }
-        let _ = write!(s, "<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>", W - 160.0, PAD + 14.0 * k as f64, esc(&r.strategy));
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>",
+            W - 160.0,
+            PAD + 14.0 * k as f64,
+            esc(&r.strategy)
+        );
     }
     s.push_str("</svg>");
     s

@@ -82,13 +82,19 @@ pub fn aggregate(
     block_size: u64,
     instances: &[String],
 ) -> StrategyReport {
-    let ok: Vec<&Sample> = samples.iter().filter(|s| s.error.is_none() && s.ttft_ms.is_some()).collect();
+    let ok: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.error.is_none() && s.ttft_ms.is_some())
+        .collect();
     let failures = samples.len() - ok.len();
     let prompt: u64 = ok.iter().map(|s| s.prompt_tokens).sum();
     let cached: u64 = ok.iter().map(|s| s.cached_tokens).sum();
     let ttft: Vec<f64> = ok.iter().filter_map(|s| s.ttft_ms).collect();
     let e2e: Vec<f64> = ok.iter().filter_map(|s| s.e2e_ms).collect();
-    let first = samples.iter().map(|s| s.arrival_s).fold(f64::INFINITY, f64::min);
+    let first = samples
+        .iter()
+        .map(|s| s.arrival_s)
+        .fold(f64::INFINITY, f64::min);
     let last = ok.iter().map(|s| s.done_s).fold(0.0, f64::max);
     let span = (last - first.min(last)).max(1e-9);
     let mut shares: BTreeMap<String, u64> = instances.iter().map(|i| (i.clone(), 0)).collect();
@@ -108,7 +114,11 @@ pub fn aggregate(
         rate,
         requests: samples.len(),
         failures,
-        hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+        hit_rate: if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        },
         ttft_ms: Summary::of(&ttft),
         e2e_ms: Summary::of(&e2e),
         throughput_rps: ok.len() as f64 / span,
@@ -128,7 +138,9 @@ pub fn aggregate(
 fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
     let (mut n, mut exact, mut diff, mut total) = (0usize, 0usize, 0u64, 0u64);
     for s in ok {
-        let Some(blocks) = s.predicted_blocks else { continue };
+        let Some(blocks) = s.predicted_blocks else {
+            continue;
+        };
         // The engine recomputes at least the last prompt token.
         let cap = s.prompt_tokens.saturating_sub(1) / bs.max(1) * bs;
         let predicted = (blocks * bs).min(cap);
@@ -140,7 +152,11 @@ fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
     (n > 0).then(|| Fidelity {
         samples: n,
         exact_pct: 100.0 * exact as f64 / n as f64,
-        token_agreement_pct: if total == 0 { 100.0 } else { 100.0 * (1.0 - diff as f64 / total as f64) },
+        token_agreement_pct: if total == 0 {
+            100.0
+        } else {
+            100.0 * (1.0 - diff as f64 / total as f64)
+        },
     })
 }
 
@@ -181,7 +197,10 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
     );
     for r in reports {
         let fid = r.fidelity.as_ref().map_or("-".to_owned(), |f| {
-            format!("{:.1}% exact, {:.1}% tokens (n={})", f.exact_pct, f.token_agreement_pct, f.samples)
+            format!(
+                "{:.1}% exact, {:.1}% tokens (n={})",
+                f.exact_pct, f.token_agreement_pct, f.samples
+            )
         });
         let good = r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}"));
         t.push_str(&format!(
@@ -261,13 +280,19 @@ mod tests {
             error: Some("HTTP 500".into()),
             ..Sample::default()
         });
-        let r = aggregate("kv_aware", 1.0, &s, 16, &["a".into(), "b".into(), "c".into()]);
+        let r = aggregate(
+            "kv_aware",
+            1.0,
+            &s,
+            16,
+            &["a".into(), "b".into(), "c".into()],
+        );
         assert_eq!(r.requests, 4);
         assert_eq!(r.failures, 1);
         assert!((r.hit_rate - 144.0 / 300.0).abs() < 1e-9);
         assert_eq!(r.shares["c"], 0);
         assert_eq!(r.share_min_pct, 0.0);
-        let f = r.fidelity.unwrap();
+        let f = r.fidelity.clone().unwrap();
         assert_eq!(f.samples, 3);
         // 6 blocks = 96 tokens == 96; 0 == 0; 2 blocks = 32 != 48.
         assert!((f.exact_pct - 200.0 / 3.0).abs() < 1e-9);

@@ -83,10 +83,12 @@ impl Stack {
             cfg.kv_replay = i.kv_replay.clone();
             cfg.routers = vec![format!("http://{grpc}")];
             cfg.topic = sim.topic.clone();
-            let agent = Agent::start(cfg, None).await.map_err(|e| BenchError::Component {
-                what: format!("agent {}", i.id),
-                reason: e.to_string(),
-            })?;
+            let agent = Agent::start(cfg, None)
+                .await
+                .map_err(|e| BenchError::Component {
+                    what: format!("agent {}", i.id),
+                    reason: e.to_string(),
+                })?;
             agents.push(agent);
         }
         let stack = Stack {
@@ -114,7 +116,12 @@ impl Stack {
         loop {
             if let Ok(resp) = client.get(&url).send().await {
                 if let Ok(text) = resp.text().await {
-                    if self.fleet.instances.iter().all(|i| text.contains(&format!("\"{}\"", i.id))) {
+                    if self
+                        .fleet
+                        .instances
+                        .iter()
+                        .all(|i| text.contains(&format!("\"{}\"", i.id)))
+                    {
                         return Ok(());
                     }
                 }
@@ -130,18 +137,28 @@ impl Stack {
     }
 
     /// Switches the pool's strategy through the admin API.
-    pub async fn set_strategy(&self, client: &reqwest::Client, s: Strategy) -> Result<(), BenchError> {
+    pub async fn set_strategy(
+        &self,
+        client: &reqwest::Client,
+        s: Strategy,
+    ) -> Result<(), BenchError> {
         let url = format!("{}/admin/pools/{}/strategy", self.router_url, self.model);
         let resp = client
             .put(&url)
             .json(&serde_json::json!({"strategy": s.as_str()}))
             .send()
             .await
-            .map_err(|e| BenchError::Http { url: url.clone(), reason: e.to_string() })?;
+            .map_err(|e| BenchError::Http {
+                url: url.clone(),
+                reason: e.to_string(),
+            })?;
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
-            return Err(BenchError::Http { url, reason: format!("{status}: {body}") });
+            return Err(BenchError::Http {
+                url,
+                reason: format!("{status}: {body}"),
+            });
         }
         Ok(())
     }
@@ -154,17 +171,24 @@ impl Stack {
             let url = format!("{}/reset_prefix_cache", i.url);
             let mut tries = 0;
             loop {
-                let resp = client.post(&url).send().await.map_err(|e| BenchError::Http {
-                    url: url.clone(),
-                    reason: e.to_string(),
-                })?;
+                let resp = client
+                    .post(&url)
+                    .send()
+                    .await
+                    .map_err(|e| BenchError::Http {
+                        url: url.clone(),
+                        reason: e.to_string(),
+                    })?;
                 if resp.status().is_success() {
                     break;
                 }
                 // 409: requests still hold blocks; they finish soon.
                 tries += 1;
                 if tries > 50 {
-                    return Err(BenchError::Http { url, reason: format!("reset refused: {}", resp.status()) });
+                    return Err(BenchError::Http {
+                        url,
+                        reason: format!("reset refused: {}", resp.status()),
+                    });
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }

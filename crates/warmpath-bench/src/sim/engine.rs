@@ -260,7 +260,9 @@ async fn prefill_loop(
             t.started = true;
             s.stats.waiting = s.stats.waiting.saturating_sub(1);
             s.stats.running += 1;
-            s.cache.lookup(&job.tokens, job.salt.as_deref()).cached_tokens
+            s.cache
+                .lookup(&job.tokens, job.salt.as_deref())
+                .cached_tokens
         };
         let ms = time.prefill_ms(job.tokens.len().saturating_sub(cached));
         tokio::select! {

@@ -40,7 +40,10 @@ pub fn to_vllm(ev: &CacheEvent) -> KvEvent {
             block_size,
             ..
         } => KvEvent::BlockStored(BlockStored {
-            block_hashes: block_hashes.iter().map(|h| EngineBlockHash::Int(h.0)).collect(),
+            block_hashes: block_hashes
+                .iter()
+                .map(|h| EngineBlockHash::Int(h.0))
+                .collect(),
             parent_block_hash: parent_block_hash.map(|h| EngineBlockHash::Int(h.0)),
             token_ids: token_ids.clone(),
             block_size: u32::try_from(*block_size).unwrap_or(u32::MAX),
@@ -60,7 +63,10 @@ pub fn to_vllm(ev: &CacheEvent) -> KvEvent {
             kv_cache_spec_sliding_window: None,
         }),
         CacheEvent::BlockRemoved { block_hashes } => KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: block_hashes.iter().map(|h| EngineBlockHash::Int(h.0)).collect(),
+            block_hashes: block_hashes
+                .iter()
+                .map(|h| EngineBlockHash::Int(h.0))
+                .collect(),
             medium: Some(Medium::Gpu),
             group_idx: Some(0),
         }),

@@ -53,7 +53,9 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
-    serve(st, body, Expect::Chat).await.unwrap_or_else(IntoResponse::into_response)
+    serve(st, body, Expect::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completion(State(st): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
@@ -117,7 +119,9 @@ async fn serve(
         prompt: tokens.len(),
         max_tokens,
         include_usage,
-        seed: tokens.iter().fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
+        seed: tokens
+            .iter()
+            .fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
     };
     let salt = req.cache_salt.as_deref().map(str::to_owned);
     metrics::counter!("warmpath_sim_requests_total", "instance" => st.id.clone()).increment(1);
@@ -189,7 +193,9 @@ async fn produce(
     let cached = match st.engine.prefill(&adm, tokens, salt).await {
         Ok(c) => c,
         Err(e) => {
-            let _ = tx.send(ev(json!({"error": {"message": e.to_string()}}))).await;
+            let _ = tx
+                .send(ev(json!({"error": {"message": e.to_string()}})))
+                .await;
             return;
         }
     };
@@ -201,7 +207,11 @@ async fn produce(
             tick.tick().await;
         }
         let word = format!("{} ", st.words.word(&mut rng));
-        if tx.send(ev(work.meta.chunk(&word, i == 0, None))).await.is_err() {
+        if tx
+            .send(ev(work.meta.chunk(&word, i == 0, None)))
+            .await
+            .is_err()
+        {
             metrics::counter!("warmpath_sim_client_gone_total").increment(1);
             return; // the client left: stop decoding (adm drops, slot freed)
         }
@@ -250,12 +260,42 @@ pub(crate) fn render_metrics(st: &AppState) -> String {
     };
     put("num_requests_running", "gauge", &l, s.running.to_string());
     put("num_requests_waiting", "gauge", &l, s.waiting.to_string());
-    put("kv_cache_usage_perc", "gauge", &l, format!("{}", s.kv_usage));
-    put("prefix_cache_queries_total", "counter", &l, s.prefix_queries.to_string());
-    put("prefix_cache_hits_total", "counter", &l, s.prefix_hits.to_string());
-    put("prompt_tokens_total", "counter", &l, s.prompt_tokens.to_string());
-    put("generation_tokens_total", "counter", &l, s.generation_tokens.to_string());
-    put("request_success_total", "counter", &format!("{l},finished_reason=\"length\""), s.requests.to_string());
+    put(
+        "kv_cache_usage_perc",
+        "gauge",
+        &l,
+        format!("{}", s.kv_usage),
+    );
+    put(
+        "prefix_cache_queries_total",
+        "counter",
+        &l,
+        s.prefix_queries.to_string(),
+    );
+    put(
+        "prefix_cache_hits_total",
+        "counter",
+        &l,
+        s.prefix_hits.to_string(),
+    );
+    put(
+        "prompt_tokens_total",
+        "counter",
+        &l,
+        s.prompt_tokens.to_string(),
+    );
+    put(
+        "generation_tokens_total",
+        "counter",
+        &l,
+        s.generation_tokens.to_string(),
+    );
+    put(
+        "request_success_total",
+        "counter",
+        &format!("{l},finished_reason=\"length\""),
+        s.requests.to_string(),
+    );
     let info = format!(
         "block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"True\",cache_dtype=\"auto\"",
         st.engine.block_size(),

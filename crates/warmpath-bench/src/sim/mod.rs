@@ -84,7 +84,10 @@ impl Default for SimConfig {
 /// The generated tiny tokenizer with its chat template.
 pub fn tiny_tokenizer() -> Result<Arc<ChatTokenizer>, BenchError> {
     let files = warmpath_core::tokenize::tiny::files()?;
-    Ok(Arc::new(ChatTokenizer::new(&files, CacheConfig::default())?))
+    Ok(Arc::new(ChatTokenizer::new(
+        &files,
+        CacheConfig::default(),
+    )?))
 }
 
 /// One running simulated instance.
@@ -187,7 +190,9 @@ pub async fn start_instance(
             addr: addr.clone(),
             source: e,
         })?;
-    let http_addr = listener.local_addr().map_err(|e| BenchError::Bind { addr, source: e })?;
+    let http_addr = listener
+        .local_addr()
+        .map_err(|e| BenchError::Bind { addr, source: e })?;
     let app = http::router(state);
     let server = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
@@ -231,7 +236,8 @@ impl Fleet {
         }
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
-            instances.push(start_instance(i, cfg, tokenizer.clone(), base, shutdown.clone()).await?);
+            instances
+                .push(start_instance(i, cfg, tokenizer.clone(), base, shutdown.clone()).await?);
         }
         Ok(Fleet { instances })
     }

@@ -143,7 +143,10 @@ mod tests {
         assert_eq!(full["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
         let first = m.chunk("a", true, None);
         assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
-        assert_eq!(m.chunk("", false, Some("length"))["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            m.chunk("", false, Some("length"))["choices"][0]["finish_reason"],
+            "length"
+        );
         assert_eq!(m.usage_chunk(Meta::usage(1, 1, 0))["choices"], json!([]));
         let c = Meta::new(false, "m");
         assert_eq!(c.full("x", Value::Null)["choices"][0]["text"], "x");

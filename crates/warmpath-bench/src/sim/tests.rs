@@ -31,28 +31,80 @@ async fn second_request_with_the_same_document_is_served_from_cache() {
     let c = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", inst.url);
     let doc = WordGen::default().text(&mut rand::rngs::SmallRng::seed_from_u64(1), 300);
-    let a: Value = c.post(&url).json(&chat(&doc, "first?", false)).send().await.unwrap().json().await.unwrap();
+    let a: Value = c
+        .post(&url)
+        .json(&chat(&doc, "first?", false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(a["usage"]["completion_tokens"], 4);
     let prompt = a["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt > 300);
-    let b: Value = c.post(&url).json(&chat(&doc, "second?", false)).send().await.unwrap().json().await.unwrap();
-    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    assert!(cached > 0 && cached % 16 == 0 && cached < prompt, "{cached} of {prompt}");
+    let b: Value = c
+        .post(&url)
+        .json(&chat(&doc, "second?", false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached > 0 && cached % 16 == 0 && cached < prompt,
+        "{cached} of {prompt}"
+    );
     // A salt isolates: nothing shared.
     let mut salted = chat(&doc, "second?", false);
     salted["cache_salt"] = json!("acme");
-    let s: Value = c.post(&url).json(&salted).send().await.unwrap().json().await.unwrap();
+    let s: Value = c
+        .post(&url)
+        .json(&salted)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(s["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 
-    let m = c.get(format!("{}/metrics", inst.url)).send().await.unwrap().text().await.unwrap();
+    let m = c
+        .get(format!("{}/metrics", inst.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(m.contains("vllm:num_requests_running{model_name=\"warmpath-tiny\"} 0"));
-    assert!(m.contains(&format!("vllm:prefix_cache_hits_total{{model_name=\"warmpath-tiny\"}} {cached}")));
+    assert!(m.contains(&format!(
+        "vllm:prefix_cache_hits_total{{model_name=\"warmpath-tiny\"}} {cached}"
+    )));
     assert!(m.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"256\""));
     assert!(m.contains("vllm:kv_cache_usage_perc"));
 
-    assert!(c.post(format!("{}/reset_prefix_cache", inst.url)).send().await.unwrap().status().is_success());
-    let r: Value = c.post(&url).json(&chat(&doc, "third?", false)).send().await.unwrap().json().await.unwrap();
+    assert!(c
+        .post(format!("{}/reset_prefix_cache", inst.url))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    let r: Value = c
+        .post(&url)
+        .json(&chat(&doc, "third?", false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 }
 
@@ -69,7 +121,10 @@ async fn streams_like_vllm() {
         .text()
         .await
         .unwrap();
-    let data: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let data: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(data.last(), Some(&"[DONE]"));
     let first: Value = serde_json::from_str(data[0]).unwrap();
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
@@ -98,13 +153,29 @@ async fn bad_requests_get_openai_errors() {
     assert!(v["error"]["message"].as_str().unwrap().contains("JSON"));
     let mut wrong = chat("d", "q", false);
     wrong["model"] = json!("other");
-    assert_eq!(c.post(&url).json(&wrong).send().await.unwrap().status(), 404);
+    assert_eq!(
+        c.post(&url).json(&wrong).send().await.unwrap().status(),
+        404
+    );
     let mut big = chat("d", "q", false);
     big["max_tokens"] = json!(100_000);
     assert_eq!(c.post(&url).json(&big).send().await.unwrap().status(), 400);
-    let models: Value = c.get(format!("{}/v1/models", inst.url)).send().await.unwrap().json().await.unwrap();
+    let models: Value = c
+        .get(format!("{}/v1/models", inst.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(models["data"][0]["id"], "warmpath-tiny");
-    assert!(c.get(format!("{}/health", inst.url)).send().await.unwrap().status().is_success());
+    assert!(c
+        .get(format!("{}/health", inst.url))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
 }
 
 #[test]
