@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 /// Tokens per word the generated text averages with the project's tiny
 /// tokenizer (measured by `tests::tokens_per_word_is_calibrated` in
 /// `sim`); used to size texts in tokens.
-pub const TOKENS_PER_WORD: f64 = 1.6;
+pub const TOKENS_PER_WORD: f64 = 4.75;
 
 const ONSETS: [&str; 20] = [
     "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w", "br", "st", "tr",
