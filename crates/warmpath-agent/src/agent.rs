@@ -7,11 +7,20 @@
 //! is the union of the ranks' (refcounted). vLLM's DP front end picks the rank
 //! for each request, so a router cannot target a rank: per-rank workers would
 //! be unroutable.
+//!
+//! Observe mode ([`crate::observe`]) replaces the followers by a sidecar proxy
+//! on `listen` that mirrors the engine's cache from the prompts it forwards;
+//! the hub, the router links and the load scraper are the same. The agent's
+//! own pages then move to `/warmpath/health` and `/warmpath/metrics`, because
+//! `/health` and `/metrics` belong to the engine behind the proxy.
 
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
 use crate::link::{run_link, Identity, LinkConfig};
 use crate::load::scrape_loop;
+use crate::observe::{
+    proxy_router, run_observer, LruMirror, ObserveStats, PromptHasher, ProxyState,
+};
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
 use crate::vllm::wire::endpoint_for_rank;
@@ -20,12 +29,14 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use warmpath_core::tokenize::{ChatTokenizer, TokenizeError};
 
 /// How the agent learns what the engine caches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -33,7 +44,8 @@ pub enum Mode {
     /// Follow the engine's KV events (vLLM ZMQ).
     #[default]
     Events,
-    /// Sidecar proxy that tokenizes what it forwards (not implemented yet).
+    /// Sidecar proxy in front of the engine that tokenizes what it forwards
+    /// and keeps an LRU mirror of the engine's cache.
     Observe,
 }
 
@@ -46,7 +58,7 @@ pub struct AgentConfig {
     pub model: String,
     /// Engine base URL, e.g. `http://127.0.0.1:8000` (load scraping, Hello).
     pub engine_url: String,
-    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557`.
+    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557` (events mode).
     pub kv_events: String,
     /// Rank 0's replay endpoint, if any.
     pub kv_replay: Option<String>,
@@ -58,8 +70,20 @@ pub struct AgentConfig {
     pub agent_token: Option<String>,
     /// Data-parallel ranks to follow (>= 1).
     pub dp_ranks: u16,
-    /// Address of the agent's own HTTP server (`/metrics`, `/health`).
+    /// Address of the agent's own HTTP server (`/metrics`, `/health`); in
+    /// observe mode the proxy clients (or routers) send requests to.
     pub listen: SocketAddr,
+    /// Tokenizer (tokenizer.json or model folder); required in observe mode.
+    pub tokenizer: Option<PathBuf>,
+    /// Observe mode: blocks the engine's cache holds (the mirror's size).
+    pub cache_blocks: usize,
+    /// Observe mode: the engine's block size (nothing reports it).
+    pub block_size: u32,
+    /// Observe mode: forwarded prompts queued for hashing before new ones
+    /// are dropped (counted; the requests themselves are never dropped).
+    pub observe_queue: usize,
+    /// Observe mode: largest request body the proxy accepts.
+    pub max_body_bytes: usize,
     /// ZMQ topic prefix.
     pub topic: String,
     /// Load scrape period (0: no scraping).
@@ -88,6 +112,11 @@ impl AgentConfig {
             agent_token: None,
             dp_ranks: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tokenizer: None,
+            cache_blocks: 100_000,
+            block_size: 16,
+            observe_queue: 1024,
+            max_body_bytes: 64 << 20,
             topic: String::new(),
             load_interval: Duration::from_secs(1),
             ghost_capacity: 1 << 16,
@@ -104,6 +133,14 @@ pub enum AgentError {
     /// A setting is invalid.
     #[error("invalid agent configuration: {0}")]
     Config(String),
+    /// The tokenizer (observe mode) could not be loaded.
+    #[error("cannot load the tokenizer {}: {source}", path.display())]
+    Tokenizer {
+        /// The `--tokenizer` path.
+        path: PathBuf,
+        /// Why.
+        source: TokenizeError,
+    },
     /// The HTTP listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -120,6 +157,7 @@ pub enum AgentError {
 pub struct Agent {
     hub: Arc<Hub>,
     stats: Arc<Stats>,
+    observe_stats: Arc<ObserveStats>,
     http_addr: SocketAddr,
     epoch: u64,
     cancel: CancellationToken,
@@ -136,6 +174,7 @@ impl Drop for Agent {
 struct HttpState {
     hub: Arc<Hub>,
     stats: Arc<Stats>,
+    observe_stats: Option<Arc<ObserveStats>>,
     prometheus: Option<PrometheusHandle>,
     worker_id: String,
     epoch: u64,
@@ -148,11 +187,6 @@ impl Agent {
         cfg: AgentConfig,
         prometheus: Option<PrometheusHandle>,
     ) -> Result<Agent, AgentError> {
-        if cfg.mode == Mode::Observe {
-            return Err(AgentError::Config(
-                "--mode observe is not implemented yet; use --mode events".into(),
-            ));
-        }
         if cfg.worker_id.is_empty() || cfg.worker_id.len() > 256 {
             return Err(AgentError::Config(
                 "--worker-id must be 1..=256 bytes".into(),
@@ -168,22 +202,33 @@ impl Agent {
             tracing::warn!("no --router given: the agent tracks blocks but publishes nowhere");
         }
         let mut ranks = Vec::new();
-        for r in 0..cfg.dp_ranks {
-            let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
-                AgentError::Config(format!(
-                    "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
-                    cfg.kv_events
-                ))
-            })?;
-            let replay = match &cfg.kv_replay {
-                None => None,
-                Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
+        let observe = match cfg.mode {
+            Mode::Events => None,
+            Mode::Observe => Some(observe_parts(&cfg).await?),
+        };
+        if cfg.mode == Mode::Events && cfg.kv_events.is_empty() {
+            return Err(AgentError::Config(
+                "--kv-events is required in events mode (or use --mode observe)".into(),
+            ));
+        }
+        if cfg.mode == Mode::Events {
+            for r in 0..cfg.dp_ranks {
+                let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
                     AgentError::Config(format!(
-                        "cannot derive rank {r}'s replay endpoint from {rep}"
+                        "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
+                        cfg.kv_events
                     ))
-                })?),
-            };
-            ranks.push((r, ep, replay));
+                })?;
+                let replay = match &cfg.kv_replay {
+                    None => None,
+                    Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
+                        AgentError::Config(format!(
+                            "cannot derive rank {r}'s replay endpoint from {rep}"
+                        ))
+                    })?),
+                };
+                ranks.push((r, ep, replay));
+            }
         }
         let epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -191,6 +236,7 @@ impl Agent {
             .unwrap_or(1);
         let hub = Arc::new(Hub::new());
         let stats = Arc::new(Stats::default());
+        let observe_stats = Arc::new(ObserveStats::default());
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
 
@@ -204,16 +250,43 @@ impl Agent {
             addr: cfg.listen,
             source,
         })?;
-        let app = Router::new()
-            .route("/metrics", get(metrics_page))
-            .route("/health", get(health))
-            .with_state(HttpState {
-                hub: hub.clone(),
-                stats: stats.clone(),
-                prometheus,
-                worker_id: cfg.worker_id.clone(),
-                epoch,
-            });
+        let state = HttpState {
+            hub: hub.clone(),
+            stats: stats.clone(),
+            observe_stats: observe.as_ref().map(|_| observe_stats.clone()),
+            prometheus,
+            worker_id: cfg.worker_id.clone(),
+            epoch,
+        };
+        let app = match observe {
+            None => Router::new()
+                .route("/metrics", get(metrics_page))
+                .route("/health", get(health))
+                .with_state(state),
+            Some((hasher, client)) => {
+                hub.set_block_size(cfg.block_size);
+                let (tx, rx) = tokio::sync::mpsc::channel(cfg.observe_queue.max(1));
+                tasks.push(tokio::spawn(run_observer(
+                    hasher,
+                    LruMirror::new(cfg.cache_blocks),
+                    rx,
+                    hub.clone(),
+                    observe_stats.clone(),
+                    cancel.child_token(),
+                )));
+                Router::new()
+                    .route("/warmpath/metrics", get(metrics_page))
+                    .route("/warmpath/health", get(health))
+                    .with_state(state)
+                    .merge(proxy_router(ProxyState {
+                        client,
+                        engine_url: cfg.engine_url.trim_end_matches('/').to_owned(),
+                        observe_tx: tx,
+                        max_body_bytes: cfg.max_body_bytes,
+                        stats: observe_stats.clone(),
+                    }))
+            }
+        };
         let c = cancel.clone();
         tasks.push(tokio::spawn(async move {
             let r = axum::serve(listener, app)
@@ -251,7 +324,11 @@ impl Agent {
         }
         let id = Identity {
             worker_id: cfg.worker_id.clone(),
-            endpoint: cfg.engine_url.clone(),
+            // In observe mode requests must reach the engine through the proxy.
+            endpoint: match cfg.mode {
+                Mode::Events => cfg.engine_url.clone(),
+                Mode::Observe => format!("http://{http_addr}"),
+            },
             model: cfg.model.clone(),
             epoch,
             token: cfg.agent_token.clone(),
@@ -269,10 +346,11 @@ impl Agent {
                 cancel.child_token(),
             )));
         }
-        tracing::info!(worker_id = %cfg.worker_id, %http_addr, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
+        tracing::info!(worker_id = %cfg.worker_id, %http_addr, mode = ?cfg.mode, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
         Ok(Agent {
             hub,
             stats,
+            observe_stats,
             http_addr,
             epoch,
             cancel,
@@ -295,6 +373,11 @@ impl Agent {
         &self.stats
     }
 
+    /// Observe mode's counters (all zero in events mode).
+    pub fn observe_stats(&self) -> &Arc<ObserveStats> {
+        &self.observe_stats
+    }
+
     /// This run's epoch (sent in Hello).
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -312,6 +395,49 @@ impl Agent {
             let _ = t.await;
         }
     }
+}
+
+/// Observe mode's checks and shared parts: the prompt hasher and the engine
+/// HTTP client.
+async fn observe_parts(cfg: &AgentConfig) -> Result<(PromptHasher, reqwest::Client), AgentError> {
+    let path = cfg.tokenizer.clone().ok_or_else(|| {
+        AgentError::Config(
+            "--mode observe needs --tokenizer PATH (the engine's tokenizer.json or model folder)"
+                .into(),
+        )
+    })?;
+    if cfg.block_size == 0 || cfg.block_size > 4096 {
+        return Err(AgentError::Config(format!(
+            "--block-size must be 1..=4096, not {}",
+            cfg.block_size
+        )));
+    }
+    if cfg.cache_blocks == 0 {
+        return Err(AgentError::Config(
+            "--cache-blocks must be at least 1".into(),
+        ));
+    }
+    if !(cfg.engine_url.starts_with("http://") || cfg.engine_url.starts_with("https://")) {
+        return Err(AgentError::Config(format!(
+            "--engine-url must be an http(s) URL, not {:?}",
+            cfg.engine_url
+        )));
+    }
+    let p = path.clone();
+    let tokenizer = tokio::task::spawn_blocking(move || ChatTokenizer::load(&p))
+        .await
+        .map_err(|e| AgentError::Config(format!("tokenizer loading task failed: {e}")))?
+        .map_err(|source| AgentError::Tokenizer { path, source })?;
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| AgentError::Config(format!("cannot build the engine HTTP client: {e}")))?;
+    let hasher = PromptHasher::new(
+        Arc::new(tokenizer),
+        cfg.model.clone(),
+        cfg.block_size as usize,
+    );
+    Ok((hasher, client))
 }
 
 async fn metrics_page(State(s): State<HttpState>) -> String {
@@ -338,5 +464,14 @@ async fn health(State(s): State<HttpState>) -> axum::Json<serde_json::Value> {
         "engine_restarts": s.stats.engine_restarts.get(),
         "router_connects": s.stats.router_connects.get(),
         "router_refusals": s.stats.router_refusals.get(),
+        "observe": s.observe_stats.as_ref().map(|o| serde_json::json!({
+            "forwarded": o.forwarded.get(),
+            "engine_errors": o.engine_errors.get(),
+            "observed": o.observed.get(),
+            "dropped": o.dropped.get(),
+            "unhashable": o.unhashable.get(),
+            "blocks_stored": o.blocks_stored.get(),
+            "blocks_evicted": o.blocks_evicted.get(),
+        })),
     }))
 }

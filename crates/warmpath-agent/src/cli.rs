@@ -11,12 +11,23 @@ use std::time::Duration;
 pub enum CliMode {
     /// Follow the engine's KV events.
     Events,
-    /// Sidecar proxy that tokenizes (not implemented yet).
+    /// Sidecar HTTP proxy in front of an engine without KV events: tokenizes
+    /// every prompt it forwards and keeps an LRU mirror of the engine's cache.
     Observe,
 }
 
 /// warmpath-agent: follows one engine's KV-cache events and publishes its block
 /// set to every router.
+///
+/// Events mode (default): `--kv-events` (and `--kv-replay`) point at the
+/// engine's vLLM event sockets; `--listen` serves /metrics and /health.
+///
+/// Observe mode, for engines without KV events: `--listen` is an HTTP proxy
+/// to `--engine-url` (send the engine's traffic, or point the router's backend,
+/// there); every chat/completion prompt it forwards is tokenized with
+/// `--tokenizer` and hashed with `--block-size` into an LRU mirror of
+/// `--cache-blocks` blocks. The agent's own pages are /warmpath/metrics and
+/// /warmpath/health; every other path goes to the engine.
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-agent", version)]
 pub struct Cli {
@@ -26,12 +37,14 @@ pub struct Cli {
     /// Served model name (seeds the block hashes; must match the router pool's).
     #[arg(long)]
     pub model: String,
-    /// Engine base URL (load from its /metrics), e.g. http://127.0.0.1:8000.
+    /// Engine base URL (load from its /metrics; observe mode proxies to it),
+    /// e.g. http://127.0.0.1:8000.
     #[arg(long)]
     pub engine_url: String,
     /// Engine KV-event PUB endpoint (rank 0), e.g. tcp://127.0.0.1:5557.
+    /// Required in events mode.
     #[arg(long)]
-    pub kv_events: String,
+    pub kv_events: Option<String>,
     /// Engine replay ROUTER endpoint (rank 0), e.g. tcp://127.0.0.1:5558.
     #[arg(long)]
     pub kv_replay: Option<String>,
@@ -41,16 +54,24 @@ pub struct Cli {
     /// How to learn the engine's cache.
     #[arg(long, value_enum, default_value = "events")]
     pub mode: CliMode,
-    /// Tokenizer (observe mode).
+    /// Tokenizer: tokenizer.json or a model folder with tokenizer_config.json
+    /// (required in observe mode; the same one the router's pool uses).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// Observe mode: KV-cache blocks the engine holds (size of the LRU mirror).
+    #[arg(long, default_value_t = 100_000)]
+    pub cache_blocks: usize,
+    /// Observe mode: the engine's KV block size in tokens (vLLM's default: 16).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
     /// Shared token for the routers (sent as `authorization: Bearer ...`).
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<String>,
     /// Data-parallel ranks to follow on port+rank (reported as one worker).
     #[arg(long, default_value_t = 1)]
     pub dp_ranks: u16,
-    /// Address for /metrics and /health (port 0: any free port, printed).
+    /// Address for /metrics and /health, or of the proxy in observe mode
+    /// (port 0: any free port, printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
     /// ZMQ topic prefix (vLLM's default is empty).
@@ -68,7 +89,7 @@ impl Cli {
             &self.worker_id,
             &self.model,
             &self.engine_url,
-            &self.kv_events,
+            self.kv_events.as_deref().unwrap_or_default(),
         );
         c.kv_replay = self.kv_replay;
         c.routers = self.routers;
@@ -81,6 +102,9 @@ impl Cli {
         c.listen = self.listen;
         c.topic = self.topic;
         c.load_interval = Duration::from_millis(self.load_interval_ms);
+        c.tokenizer = self.tokenizer;
+        c.cache_blocks = self.cache_blocks;
+        c.block_size = self.block_size;
         c
     }
 }
@@ -119,5 +143,35 @@ mod tests {
         assert_eq!(c.dp_ranks, 2);
         assert_eq!(c.kv_replay.as_deref(), Some("tcp://127.0.0.1:5558"));
         assert!(Cli::try_parse_from(["warmpath-agent", "--model", "m"]).is_err());
+    }
+
+    #[test]
+    fn observe_mode_needs_no_event_socket() {
+        let cli = Cli::try_parse_from([
+            "warmpath-agent",
+            "--worker-id",
+            "w1",
+            "--model",
+            "m",
+            "--engine-url",
+            "http://127.0.0.1:8000",
+            "--mode",
+            "observe",
+            "--tokenizer",
+            "/models/llama",
+            "--cache-blocks",
+            "5000",
+            "--block-size",
+            "32",
+        ])
+        .unwrap();
+        let c = cli.into_config();
+        assert_eq!(c.mode, Mode::Observe);
+        assert_eq!((c.cache_blocks, c.block_size), (5000, 32));
+        assert_eq!(
+            c.tokenizer.as_deref(),
+            Some(std::path::Path::new("/models/llama"))
+        );
+        assert!(c.kv_events.is_empty());
     }
 }

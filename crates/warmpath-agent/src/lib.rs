@@ -9,6 +9,8 @@
 //! - [`follow`]: ZMQ SUB + DEALER replay for one rank, sequence handling.
 //! - [`link`]: one gRPC stream per router, with reconnect.
 //! - [`load`]: the engine's Prometheus load metrics.
+//! - [`observe`]: observe mode, for engines without KV events: a sidecar proxy
+//!   that tokenizes what it forwards and keeps an LRU mirror of the cache.
 //! - [`agent`]: wiring, `/metrics` and `/health`; [`cli`]: the command line.
 
 pub mod agent;
@@ -17,6 +19,7 @@ pub mod follow;
 pub mod hub;
 pub mod link;
 pub mod load;
+pub mod observe;
 pub mod stats;
 pub mod tracker;
 pub mod vllm;

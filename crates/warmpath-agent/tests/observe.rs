@@ -1,0 +1,294 @@
+//! Observe mode over real sockets on 127.0.0.1: client -> agent proxy -> a tiny
+//! axum engine, and agent -> test router (gRPC).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use common::{wait_for, TestRouter};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use warmpath_agent::{Agent, AgentConfig, AgentError, Mode};
+use warmpath_core::tokenize::{tiny, ChatTokenizer};
+use warmpath_core::{hash_tokens, Expect, HashSeed, Request};
+use warmpath_proto::v1::Tier;
+
+const GPU: i32 = Tier::Gpu as i32;
+const CHAT_JSON: &str = r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello \u00e9 world"},"finish_reason":"stop"}]}"#;
+const SSE: [&str; 3] = [
+    "data: {\"choices\":[{\"index\":0,\"text\":\"he\"}]}\n\n",
+    "data: {\"choices\":[{\"index\":0,\"text\":\"llo\"}]}\n\n",
+    "data: [DONE]\n\n",
+];
+
+/// A tiny engine: records request bodies, answers chat (JSON) and completions
+/// (SSE when `stream`), refuses bodies containing "reject-me" with 400.
+#[derive(Clone, Default)]
+struct Engine {
+    seen: Arc<Mutex<Vec<(HeaderMap, Bytes)>>>,
+}
+
+async fn completion(
+    axum::extract::State(e): axum::extract::State<Engine>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    e.seen.lock().unwrap().push((headers, body.clone()));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    if body.windows(9).any(|w| w == b"reject-me") {
+        return (StatusCode::BAD_REQUEST, "no").into_response();
+    }
+    if v["stream"] == true {
+        let chunks = SSE.map(|c| Ok::<_, Infallible>(Bytes::from_static(c.as_bytes())));
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("x-engine", "tiny")
+            .body(Body::from_stream(futures::stream::iter(chunks)))
+            .unwrap();
+    }
+    Response::builder()
+        .header("content-type", "application/json")
+        .header("x-engine", "tiny")
+        .body(Body::from(CHAT_JSON))
+        .unwrap()
+}
+
+async fn start_engine() -> (SocketAddr, Engine) {
+    let engine = Engine::default();
+    let app = Router::new()
+        .route("/v1/chat/completions", post(completion))
+        .route("/v1/completions", post(completion))
+        .route("/health", get(|| async { "engine ok" }))
+        .with_state(engine.clone());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (addr, engine)
+}
+
+fn config(engine: SocketAddr, tokenizer: &Path, routers: Vec<String>) -> AgentConfig {
+    let mut c = AgentConfig::new("w1", "m", &format!("http://{engine}/"), "");
+    c.mode = Mode::Observe;
+    c.tokenizer = Some(tokenizer.to_owned());
+    c.routers = routers;
+    c.load_interval = Duration::ZERO;
+    c.link.backoff_min = Duration::from_millis(20);
+    c.link.backoff_max = Duration::from_millis(200);
+    c
+}
+
+/// What the router should hold for `body`: computed from core directly.
+fn expected(dir: &Path, body: &serde_json::Value, expect: Expect, tenant: &str) -> Vec<u64> {
+    let tok = ChatTokenizer::load(dir).unwrap();
+    let req = Request::from_slice(body.to_string().as_bytes(), expect).unwrap();
+    let ids = tok.encode_request(&req).unwrap();
+    let hashes = hash_tokens(HashSeed::new("m", "", tenant), 16, &ids);
+    assert!(hashes.len() >= 3, "test prompts span several blocks");
+    hashes.into_iter().map(|h| h.0).collect()
+}
+
+fn holds(router: &TestRouter, hashes: &[u64]) -> bool {
+    let v = router.view();
+    hashes.iter().all(|h| v.blocks.contains(&(*h, GPU)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_through_the_proxy_reach_the_router_and_bytes_pass_through() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let (engine_addr, engine) = start_engine().await;
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let agent = Agent::start(config(engine_addr, dir.path(), vec![router.url()]), None)
+        .await
+        .unwrap();
+    let proxy = format!("http://{}", agent.http_addr());
+    let client = reqwest::Client::new();
+
+    // Refused by the engine: forwarded, answered, never mirrored.
+    let rejected = serde_json::json!({"model": "m", "prompt": format!("reject-me {}", tiny::corpus_slice(5000, 600))});
+    let r = client
+        .post(format!("{proxy}/v1/completions"))
+        .body(rejected.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.bytes().await.unwrap(), "no");
+
+    // Chat, not streamed, tenant from the header.
+    let chat = serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": tiny::corpus_slice(0, 600)},
+        {"role": "user", "content": "and so?"}]});
+    let r = client
+        .post(format!("{proxy}/v1/chat/completions"))
+        .header("x-prefix-aware-id", "acme")
+        .header("content-type", "application/json")
+        .body(chat.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-engine"], "tiny");
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(r.bytes().await.unwrap(), CHAT_JSON.as_bytes());
+
+    // Completion, streamed, tenant from cache_salt.
+    let comp = serde_json::json!({"model": "m", "stream": true, "cache_salt": "globex",
+        "prompt": tiny::corpus_slice(2000, 600)});
+    let r = client
+        .post(format!("{proxy}/v1/completions?trace=1"))
+        .body(comp.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    assert_eq!(r.bytes().await.unwrap(), SSE.concat().as_bytes());
+
+    // The engine got the bodies byte for byte, headers included.
+    {
+        let seen = engine.seen.lock().unwrap();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[1].1, chat.to_string().as_bytes());
+        assert_eq!(seen[1].0["x-prefix-aware-id"], "acme");
+        assert_eq!(seen[2].1, comp.to_string().as_bytes());
+    }
+
+    let want_chat = expected(dir.path(), &chat, Expect::Chat, "acme");
+    let want_comp = expected(dir.path(), &comp, Expect::Completion, "globex");
+    wait_for(
+        "the router holds both prompts' blocks",
+        || holds(&router, &want_chat) && holds(&router, &want_comp),
+        || async {},
+    )
+    .await;
+    let view = router.view();
+    assert_eq!(
+        view.blocks.len(),
+        want_chat.len() + want_comp.len(),
+        "nothing else, rejected prompt not mirrored"
+    );
+    assert_eq!(view.seq_errors, 0);
+    assert_eq!(view.hellos.last().unwrap().block_size, 16);
+    let want_rejected = expected(dir.path(), &rejected, Expect::Completion, "");
+    assert!(!want_rejected
+        .iter()
+        .any(|h| view.blocks.contains(&(*h, GPU))));
+
+    // Other paths go to the engine; the agent's own pages live under /warmpath/.
+    let health = client.get(format!("{proxy}/health")).send().await.unwrap();
+    assert_eq!(health.text().await.unwrap(), "engine ok");
+    let missing = client
+        .get(format!("{proxy}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404, "the engine's answer, passed through");
+    let own: serde_json::Value = client
+        .get(format!("{proxy}/warmpath/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(own["observe"]["observed"], 2);
+    assert_eq!(own["observe"]["forwarded"], 5);
+    assert_eq!(own["blocks"], (want_chat.len() + want_comp.len()) as u64);
+
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mirror_evicts_and_the_router_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let (engine_addr, _engine) = start_engine().await;
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let a = serde_json::json!({"model": "m", "prompt": tiny::corpus_slice(0, 600)});
+    let b = serde_json::json!({"model": "m", "prompt": tiny::corpus_slice(3000, 600)});
+    let (want_a, want_b) = (
+        expected(dir.path(), &a, Expect::Completion, ""),
+        expected(dir.path(), &b, Expect::Completion, ""),
+    );
+    let mut cfg = config(engine_addr, dir.path(), vec![router.url()]);
+    cfg.cache_blocks = want_b.len(); // room for one prompt only
+    let agent = Agent::start(cfg, None).await.unwrap();
+    let proxy = format!("http://{}", agent.http_addr());
+    let client = reqwest::Client::new();
+    for body in [&a, &b] {
+        let r = client
+            .post(format!("{proxy}/v1/completions"))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.bytes().await.unwrap(), CHAT_JSON.as_bytes());
+    }
+    wait_for(
+        "b replaced a",
+        || {
+            holds(&router, &want_b)
+                && !want_a
+                    .iter()
+                    .any(|h| router.view().blocks.contains(&(*h, GPU)))
+        },
+        || async {},
+    )
+    .await;
+    assert_eq!(router.view().blocks.len(), want_b.len());
+    assert_eq!(
+        agent.observe_stats().blocks_evicted.get(),
+        want_a.len().min(want_b.len()) as u64
+    );
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test]
+async fn observe_mode_refuses_to_start_without_a_usable_tokenizer() {
+    let engine: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let mut c = config(engine, Path::new("/nonexistent/tokenizer"), vec![]);
+    c.tokenizer = None;
+    let e = Agent::start(c.clone(), None).await.unwrap_err();
+    assert!(
+        matches!(e, AgentError::Config(_)) && e.to_string().contains("--tokenizer"),
+        "{e}"
+    );
+    c.tokenizer = Some("/nonexistent/tokenizer".into());
+    let e = Agent::start(c, None).await.unwrap_err();
+    assert!(matches!(e, AgentError::Tokenizer { .. }), "{e}");
+}
+
+#[tokio::test]
+async fn an_unreachable_engine_is_a_502() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let agent = Agent::start(config(closed, dir.path(), vec![]), None)
+        .await
+        .unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", agent.http_addr()))
+        .body(r#"{"model":"m","prompt":"hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "engine_unavailable");
+    assert_eq!(agent.observe_stats().engine_errors.get(), 1);
+    assert_eq!(agent.observe_stats().observed.get(), 0);
+    agent.shutdown().await;
+}
