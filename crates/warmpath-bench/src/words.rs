@@ -38,7 +38,7 @@ impl WordGen {
     /// for the same size.
     pub fn new(size: usize) -> Self {
         let size = size.max(1);
-        let mut rng = SmallRng::seed_from_u64(0x5eed_0f_70_6b_65_6e);
+        let mut rng = SmallRng::seed_from_u64(0x005e_ed0f_706b_656e);
         let mut vocab = Vec::with_capacity(size);
         let mut seen = std::collections::HashSet::with_capacity(size);
         while vocab.len() < size {

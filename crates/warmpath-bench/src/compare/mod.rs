@@ -99,7 +99,8 @@ impl CompareConfig {
             .search_rates
             .iter()
             .any(|r| !(r.is_finite() && *r > 0.0))
-            || !(self.search_step_s > 0.0)
+            || self.search_step_s.is_nan()
+            || self.search_step_s <= 0.0
         {
             return bad("rate search", "rates and step length must be > 0");
         }

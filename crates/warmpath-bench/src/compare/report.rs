@@ -250,6 +250,7 @@ pub fn write_all(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
