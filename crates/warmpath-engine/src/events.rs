@@ -9,58 +9,13 @@
 
 use crate::engine::{EventSink, NoEvents};
 use crate::error::EngineError;
-use rmpv::Value;
 use tokio::sync::mpsc;
 use warmpath_agent::vllm::publisher::{KvEventPublisher, PublisherConfig};
-use warmpath_agent::vllm::{BlockRemoved, BlockStored, EngineBlockHash, KvEvent, Medium};
+use warmpath_agent::vllm::KvEvent;
 use warmpath_core::prefix_cache::CacheEvent;
 
 /// Batches that may wait for the publisher before the worker blocks.
 const QUEUE: usize = 1024;
-
-/// One cache event in vLLM's model.
-pub fn to_vllm(ev: &CacheEvent) -> KvEvent {
-    match ev {
-        CacheEvent::BlockStored {
-            block_hashes,
-            parent_block_hash,
-            token_ids,
-            block_size,
-            ..
-        } => KvEvent::BlockStored(BlockStored {
-            block_hashes: block_hashes
-                .iter()
-                .map(|h| EngineBlockHash::Int(h.0))
-                .collect(),
-            parent_block_hash: parent_block_hash.map(|h| EngineBlockHash::Int(h.0)),
-            token_ids: token_ids.clone(),
-            block_size: u32::try_from(*block_size).unwrap_or(u32::MAX),
-            lora_id: None,
-            medium: Some(Medium::Gpu),
-            lora_name: None,
-            extra_keys: ev.extra_keys().map(|keys| {
-                keys.into_iter()
-                    .map(|k| match k {
-                        Some(items) => Value::Array(items.into_iter().map(Value::from).collect()),
-                        None => Value::Nil,
-                    })
-                    .collect()
-            }),
-            group_idx: Some(0),
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-        }),
-        CacheEvent::BlockRemoved { block_hashes } => KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: block_hashes
-                .iter()
-                .map(|h| EngineBlockHash::Int(h.0))
-                .collect(),
-            medium: Some(Medium::Gpu),
-            group_idx: Some(0),
-        }),
-        CacheEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
-    }
-}
 
 /// Sends cache events to the publisher task.
 #[derive(Debug)]
@@ -70,7 +25,7 @@ pub struct ZmqSink {
 
 impl EventSink for ZmqSink {
     fn publish(&mut self, events: Vec<CacheEvent>) {
-        let batch = events.iter().map(to_vllm).collect();
+        let batch = events.iter().map(KvEvent::from).collect();
         // Called from the worker thread: wait for room rather than lose events.
         if self.tx.blocking_send(batch).is_err() {
             metrics::counter!("warmpath_engine_kv_events_dropped_total").increment(1);

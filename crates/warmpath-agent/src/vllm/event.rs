@@ -163,3 +163,52 @@ impl BlockStored {
         rest.iter().rev().find_map(Value::as_str)
     }
 }
+
+impl From<&warmpath_core::prefix_cache::CacheEvent> for KvEvent {
+    /// An engine-side prefix cache event (`warmpath_core::prefix_cache`) in
+    /// vLLM's model, as vLLM would publish it: hashes as uint64, medium GPU,
+    /// group 0, the `cache_salt` in block 0's `extra_keys`. The candle engine
+    /// and the simulator both publish through this one conversion.
+    fn from(ev: &warmpath_core::prefix_cache::CacheEvent) -> Self {
+        use warmpath_core::prefix_cache::CacheEvent;
+        let ints = |hs: &[warmpath_core::prefix_cache::EngineBlockHash]| -> Vec<EngineBlockHash> {
+            hs.iter().map(|h| EngineBlockHash::Int(h.0)).collect()
+        };
+        match ev {
+            CacheEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                ..
+            } => KvEvent::BlockStored(BlockStored {
+                block_hashes: ints(block_hashes),
+                parent_block_hash: parent_block_hash.map(|h| EngineBlockHash::Int(h.0)),
+                token_ids: token_ids.clone(),
+                block_size: u32::try_from(*block_size).unwrap_or(u32::MAX),
+                lora_id: None,
+                medium: Some(Medium::Gpu),
+                lora_name: None,
+                extra_keys: ev.extra_keys().map(|keys| {
+                    keys.into_iter()
+                        .map(|k| match k {
+                            Some(items) => {
+                                Value::Array(items.into_iter().map(Value::from).collect())
+                            }
+                            None => Value::Nil,
+                        })
+                        .collect()
+                }),
+                group_idx: Some(0),
+                kv_cache_spec_kind: None,
+                kv_cache_spec_sliding_window: None,
+            }),
+            CacheEvent::BlockRemoved { block_hashes } => KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: ints(block_hashes),
+                medium: Some(Medium::Gpu),
+                group_idx: Some(0),
+            }),
+            CacheEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
+        }
+    }
+}

@@ -7,13 +7,9 @@
 //! it ends when the engine drops its sender or on shutdown.
 
 use crate::error::BenchError;
-use rmpv::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use warmpath_agent::vllm::{
-    BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, Medium, PayloadForm,
-    PublisherConfig,
-};
+use warmpath_agent::vllm::{KvEvent, KvEventPublisher, PayloadForm, PublisherConfig};
 use warmpath_core::prefix_cache::CacheEvent;
 
 /// Event batches that may wait for the publisher.
@@ -28,50 +24,6 @@ pub enum EventForm {
     Map,
     /// Positional arrays (vLLM <= 0.23).
     Array,
-}
-
-/// One cache event in vLLM's model.
-pub fn to_vllm(ev: &CacheEvent) -> KvEvent {
-    match ev {
-        CacheEvent::BlockStored {
-            block_hashes,
-            parent_block_hash,
-            token_ids,
-            block_size,
-            ..
-        } => KvEvent::BlockStored(BlockStored {
-            block_hashes: block_hashes
-                .iter()
-                .map(|h| EngineBlockHash::Int(h.0))
-                .collect(),
-            parent_block_hash: parent_block_hash.map(|h| EngineBlockHash::Int(h.0)),
-            token_ids: token_ids.clone(),
-            block_size: u32::try_from(*block_size).unwrap_or(u32::MAX),
-            lora_id: None,
-            medium: Some(Medium::Gpu),
-            lora_name: None,
-            extra_keys: ev.extra_keys().map(|keys| {
-                keys.into_iter()
-                    .map(|k| match k {
-                        Some(items) => Value::Array(items.into_iter().map(Value::from).collect()),
-                        None => Value::Nil,
-                    })
-                    .collect()
-            }),
-            group_idx: Some(0),
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-        }),
-        CacheEvent::BlockRemoved { block_hashes } => KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes: block_hashes
-                .iter()
-                .map(|h| EngineBlockHash::Int(h.0))
-                .collect(),
-            medium: Some(Medium::Gpu),
-            group_idx: Some(0),
-        }),
-        CacheEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
-    }
 }
 
 /// The bound endpoints of a running publisher.
@@ -117,7 +69,10 @@ pub async fn start(
                 b = rx.recv() => match b { Some(b) => b, None => break },
             };
             let n = batch.len() as u64;
-            match publisher.publish(batch.iter().map(to_vllm).collect()).await {
+            match publisher
+                .publish(batch.iter().map(KvEvent::from).collect())
+                .await
+            {
                 Ok(_) => metrics::counter!("warmpath_sim_kv_events_total").increment(n),
                 Err(e) => {
                     metrics::counter!("warmpath_sim_kv_events_dropped_total").increment(n);
