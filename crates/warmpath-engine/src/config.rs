@@ -60,6 +60,75 @@ pub struct RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// The parts of a Hugging Face `config.json` that say whether this engine can
+/// run the model at all (not part of the shape).
+#[derive(Debug, Deserialize)]
+struct HfFields {
+    #[serde(default)]
+    architectures: Option<Vec<String>>,
+    #[serde(default)]
+    model_type: Option<String>,
+    /// `torch_dtype`, called `dtype` by newer transformers.
+    #[serde(default, alias = "dtype")]
+    torch_dtype: Option<String>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    #[serde(default)]
+    quantization_config: Option<serde_json::Value>,
+}
+
+/// `torch_dtype` values whose weights this engine reads.
+pub const SUPPORTED_TORCH_DTYPES: [&str; 3] = ["float32", "bfloat16", "float16"];
+
+impl HfFields {
+    fn check(&self) -> Result<(), String> {
+        if let Some(archs) = &self.architectures {
+            if !archs.iter().any(|a| a == "LlamaForCausalLM") {
+                return Err(format!(
+                    "architectures {archs:?} is not supported (only LlamaForCausalLM)"
+                ));
+            }
+        }
+        if let Some(t) = &self.model_type {
+            if t != "llama" {
+                return Err(format!(
+                    "model_type {t:?} is not supported (only \"llama\")"
+                ));
+            }
+        }
+        if self.architectures.is_none() && self.model_type.is_none() {
+            return Err("neither architectures nor model_type is given; \
+                        expected LlamaForCausalLM / \"llama\""
+                .into());
+        }
+        if let Some(d) = &self.torch_dtype {
+            if !SUPPORTED_TORCH_DTYPES.contains(&d.as_str()) {
+                return Err(format!(
+                    "torch_dtype {d:?} is not supported (one of {SUPPORTED_TORCH_DTYPES:?})"
+                ));
+            }
+        }
+        if let Some(act) = &self.hidden_act {
+            if act != "silu" {
+                return Err(format!(
+                    "hidden_act {act:?} is not supported (only \"silu\")"
+                ));
+            }
+        }
+        if self.attention_bias || self.mlp_bias {
+            return Err("attention_bias / mlp_bias are not supported".into());
+        }
+        if self.quantization_config.is_some() {
+            return Err("quantized checkpoints (quantization_config) are not supported".into());
+        }
+        Ok(())
+    }
+}
+
 fn default_eps() -> f64 {
     1e-5
 }
@@ -98,20 +167,63 @@ impl LlamaConfig {
         }
     }
 
-    /// Reads and checks `dir/config.json`.
+    /// A random-weight Llama of about 1B parameters, shaped like Llama 3.2 1B
+    /// (width 2048, 16 layers, 32 query / 8 KV heads, MLP 8192, RoPE base 5e5)
+    /// over `vocab_size` ids: for speed measurements without real weights.
+    pub fn preset_1b(vocab_size: usize) -> Self {
+        LlamaConfig {
+            vocab_size,
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_hidden_layers: 16,
+            num_attention_heads: 32,
+            num_key_value_heads: Some(8),
+            head_dim: None,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            max_position_embeddings: 16_384,
+            tie_word_embeddings: false,
+            rope_scaling: None,
+        }
+    }
+
+    /// Reads and checks `dir/config.json`: a Hugging Face Llama config
+    /// (`LlamaForCausalLM` / `model_type: "llama"`, float weights, no biases,
+    /// SiLU, not quantized). Fields this engine does not use are ignored.
     pub fn from_model_dir(dir: &Path) -> Result<Self, EngineError> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io {
             path: path.clone(),
             source,
         })?;
-        let cfg: LlamaConfig = serde_json::from_str(&text).map_err(|e| EngineError::BadModel {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        cfg.validate()
-            .map_err(|reason| EngineError::BadModel { path, reason })?;
+        Self::from_json(&text, &path)
+    }
+
+    /// Parses and checks the text of a `config.json` read from `path`.
+    pub fn from_json(text: &str, path: &Path) -> Result<Self, EngineError> {
+        let bad = |reason: String| EngineError::BadModel {
+            path: path.to_owned(),
+            reason,
+        };
+        let hf: HfFields = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        hf.check().map_err(bad)?;
+        let cfg: LlamaConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        cfg.validate().map_err(bad)?;
         Ok(cfg)
+    }
+
+    /// Parameters of a model of this shape (embedding, layers, final norm, LM head).
+    pub fn num_params(&self) -> usize {
+        let (h, hd, i) = (self.hidden_size, self.head_dim(), self.intermediate_size);
+        let (nh, nkv) = (self.num_attention_heads, self.kv_heads());
+        let attn = h * nh * hd * 2 + h * nkv * hd * 2;
+        let layer = attn + 3 * h * i + 2 * h;
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            self.vocab_size * h
+        };
+        self.vocab_size * h + self.num_hidden_layers * layer + h + head
     }
 
     /// Key/value heads.
@@ -214,6 +326,56 @@ mod tests {
         assert_eq!(f[0], 1.0);
         let unscaled = 1.0 / 500000f64.powf(62.0 / 64.0);
         assert!((f[31] as f64 - unscaled / 32.0).abs() < 1e-12);
+    }
+
+    fn hf(extra: &str) -> Result<LlamaConfig, EngineError> {
+        let text = format!(
+            r#"{{"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                "num_hidden_layers": 1, "num_attention_heads": 4 {extra}}}"#
+        );
+        LlamaConfig::from_json(&text, Path::new("m/config.json"))
+    }
+
+    #[test]
+    fn checks_what_kind_of_model_the_config_describes() {
+        let llama = r#", "architectures": ["LlamaForCausalLM"], "model_type": "llama""#;
+        assert!(hf(llama).is_ok());
+        assert!(hf(&format!(r#"{llama}, "torch_dtype": "bfloat16""#)).is_ok());
+        assert!(hf(&format!(r#"{llama}, "dtype": "float16""#)).is_ok());
+        for (extra, needle) in [
+            ("", "neither architectures nor model_type"),
+            (
+                r#", "architectures": ["MistralForCausalLM"]"#,
+                "MistralForCausalLM",
+            ),
+            (r#", "model_type": "gpt2""#, "gpt2"),
+            (r#", "model_type": "llama", "torch_dtype": "int8""#, "int8"),
+            (r#", "model_type": "llama", "hidden_act": "gelu""#, "gelu"),
+            (r#", "model_type": "llama", "attention_bias": true"#, "bias"),
+            (
+                r#", "model_type": "llama", "quantization_config": {}"#,
+                "quantized",
+            ),
+            (
+                r#", "model_type": "llama", "num_key_value_heads": 3"#,
+                "multiple",
+            ),
+        ] {
+            let err = hf(extra).unwrap_err().to_string();
+            assert!(err.contains(needle), "{extra}: {err}");
+            assert!(err.contains("m/config.json"), "{err}");
+        }
+        let err = LlamaConfig::from_json("{", Path::new("c.json")).unwrap_err();
+        assert!(matches!(err, EngineError::BadModel { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_1b_preset_has_about_a_billion_parameters() {
+        let cfg = LlamaConfig::preset_1b(1024);
+        assert!(cfg.validate().is_ok());
+        assert_eq!((cfg.kv_heads(), cfg.head_dim()), (8, 64));
+        // 16 * (2*2048*2048 + 2*2048*512 + 3*2048*8192 + 2*2048) + 2*1024*2048 + 2048.
+        assert_eq!(cfg.num_params(), 977_340_416);
     }
 
     #[test]

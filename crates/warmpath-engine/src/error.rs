@@ -37,6 +37,10 @@ pub enum EngineError {
     /// The KV event publisher could not start (e.g. the endpoint is taken).
     #[error("kv events: {0}")]
     Events(String),
+    /// This build or this machine cannot do what was asked (e.g. `cuda`
+    /// without the `cuda` feature, an unknown dtype).
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// The request queue is full.
     #[error("engine queue is full ({0} requests waiting); retry later")]
     Busy(usize),

@@ -10,7 +10,10 @@
 //! - [`model`]: the forward pass over past K/V (RMSNorm, RoPE, GQA, SwiGLU).
 //! - [`kv`]: per-layer K/V of a run of positions; blocks are slices of it.
 //! - [`engine`]: prefix lookup, suffix prefill, block storage, greedy decode.
-//! - [`loader`]: model folder or `--tiny` to a ready model + tokenizer.
+//! - [`loader`]: model folder, `--tiny` or a size preset to a ready model + tokenizer.
+//! - [`model_dir`]: writes a Hugging Face style model folder (random weights,
+//!   the tiny tokenizer) that `--model-dir` loads.
+//! - [`device`]: `--device cpu|cuda[:N]` and `--dtype`.
 //! - [`worker`]: the one thread that runs the engine, behind a bounded queue.
 //! - `events` (feature `kv-events`, default): vLLM-style KV events over ZMQ.
 //! - [`http`] and [`openai`]: the OpenAI-compatible API and vLLM's metrics.
@@ -19,6 +22,7 @@
 //! in a bounded FIFO queue and run one at a time (no batching).
 
 pub mod config;
+pub mod device;
 pub mod engine;
 pub mod error;
 #[cfg(feature = "kv-events")]
@@ -27,10 +31,11 @@ pub mod http;
 pub mod kv;
 pub mod loader;
 pub mod model;
+pub mod model_dir;
 pub mod openai;
 pub mod weights;
 pub mod worker;
 
 pub use engine::{Engine, EngineOptions, EventSink, Finish, Generation, NoEvents, Prefill};
 pub use error::EngineError;
-pub use loader::{load, LoadedModel, ModelSource};
+pub use loader::{load, LoadedModel, ModelSource, SizePreset};

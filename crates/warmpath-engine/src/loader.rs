@@ -21,6 +21,14 @@ pub enum ModelSource {
     },
     /// A folder with config.json, *.safetensors, tokenizer.json and its chat template.
     Dir(PathBuf),
+    /// Random weights of a preset shape over the tiny tokenizer (e.g. about
+    /// 1B parameters for GPU measurements without downloading weights).
+    Random {
+        /// The shape.
+        size: SizePreset,
+        /// Weight seed.
+        seed: u64,
+    },
     /// Random weights of the shape in `config` (a config.json) over the tiny
     /// tokenizer's vocabulary: large-model speed measurements without weights.
     RandomShape {
@@ -29,6 +37,39 @@ pub enum ModelSource {
         /// Weight seed.
         seed: u64,
     },
+}
+
+/// Shapes of random-weight models (`--random-size`), all over the tiny tokenizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizePreset {
+    /// [`LlamaConfig::tiny`]: 4 layers, width 256 (what `--tiny` runs).
+    Tiny,
+    /// [`LlamaConfig::preset_1b`]: about 1B parameters, Llama 3.2 1B's shape.
+    OneB,
+}
+
+impl SizePreset {
+    /// The shape, over the tiny tokenizer's vocabulary.
+    pub fn config(self) -> LlamaConfig {
+        match self {
+            SizePreset::Tiny => LlamaConfig::tiny(tiny::VOCAB_SIZE),
+            SizePreset::OneB => LlamaConfig::preset_1b(tiny::VOCAB_SIZE),
+        }
+    }
+}
+
+impl std::str::FromStr for SizePreset {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self, EngineError> {
+        match s {
+            "tiny" => Ok(SizePreset::Tiny),
+            "1b" => Ok(SizePreset::OneB),
+            other => Err(EngineError::Unsupported(format!(
+                "size preset {other:?} (expected tiny or 1b)"
+            ))),
+        }
+    }
 }
 
 /// A loaded model, its tokenizer and what the API reports.
@@ -46,15 +87,30 @@ fn tok_err(e: warmpath_core::tokenize::TokenizeError) -> EngineError {
     EngineError::Tokenizer(e.to_string())
 }
 
-/// Loads `source` onto `device` in `dtype`. Reads files: start-up only.
+/// Loads `source` onto `device` in `dtype` (weights stored in another float
+/// dtype are converted). Reads files: start-up only. Every problem with a
+/// model folder is an [`EngineError::BadModel`] (or `Io`/`Tokenizer`) naming
+/// the file and what is wrong, never a panic.
 pub fn load(
     source: &ModelSource,
     device: &Device,
     dtype: DType,
 ) -> Result<LoadedModel, EngineError> {
+    if device.is_cpu() && dtype == DType::BF16 {
+        return Err(EngineError::Unsupported(
+            "bf16 on the CPU (candle's CPU backend has no bf16 matmul); use f32 or f16 \
+             there, bf16 on CUDA (bf16 weight files load fine in f32)"
+                .into(),
+        ));
+    }
     let (cfg, weights, files) = match source {
         ModelSource::Tiny { seed } => {
             let cfg = LlamaConfig::tiny(tiny::VOCAB_SIZE);
+            let w = random_weights(&cfg, *seed, dtype, device)?;
+            (cfg, w, tiny::files().map_err(tok_err)?)
+        }
+        ModelSource::Random { size, seed } => {
+            let cfg = size.config();
             let w = random_weights(&cfg, *seed, dtype, device)?;
             (cfg, w, tiny::files().map_err(tok_err)?)
         }
@@ -77,20 +133,37 @@ pub fn load(
             (cfg, w, tiny::files().map_err(tok_err)?)
         }
         ModelSource::Dir(dir) => {
+            if !dir.is_dir() {
+                return Err(EngineError::BadModel {
+                    path: dir.clone(),
+                    reason: "not a folder".into(),
+                });
+            }
             let cfg = LlamaConfig::from_model_dir(dir)?;
             let w = load_safetensors(dir, device)?;
             (cfg, w, TokenizerFiles::load(dir).map_err(tok_err)?)
         }
     };
+    let origin = match source {
+        ModelSource::Dir(d) => d.clone(),
+        _ => Path::new("<random weights>").to_owned(),
+    };
     let vb = VarBuilder::from_tensors(weights, dtype, device);
     let model = Llama::load(vb, &cfg).map_err(|e| EngineError::BadModel {
-        path: match source {
-            ModelSource::Dir(d) => d.clone(),
-            _ => Path::new("<random weights>").to_owned(),
-        },
+        path: origin.clone(),
         reason: e.to_string(),
     })?;
     let tokenizer = ChatTokenizer::new(&files, CacheConfig::default()).map_err(tok_err)?;
+    let tok_vocab = tokenizer.tokenizer().get_vocab_size(true);
+    if tok_vocab > cfg.vocab_size {
+        return Err(EngineError::BadModel {
+            path: origin.join("tokenizer.json"),
+            reason: format!(
+                "the tokenizer has {tok_vocab} ids but the model's vocab_size is {}",
+                cfg.vocab_size
+            ),
+        });
+    }
     let mut stop_ids = Vec::new();
     let names = [
         files.special_tokens.eos.as_deref(),

@@ -3,29 +3,41 @@
 //! vLLM-style KV events.
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
+use warmpath_engine::device::{open_device, parse_dtype};
 use warmpath_engine::http::{router, AppState, ServerConfig};
-use warmpath_engine::{load, worker, Engine, EngineOptions, EventSink, ModelSource};
+use warmpath_engine::model_dir::{write_random_model_dir, ModelDirOptions};
+use warmpath_engine::{load, worker, Engine, EngineOptions, EventSink, ModelSource, SizePreset};
 
 /// Command line, as in DESIGN.md.
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-engine", version, about)]
 struct Cli {
     /// Serve the tiny deterministic random-weight Llama with the project's tokenizer.
-    #[arg(long, conflicts_with_all = ["model_dir", "random_shape"])]
+    #[arg(long, conflicts_with_all = ["model_dir", "random_shape", "random_size"])]
     tiny: bool,
-    /// A model folder: config.json, *.safetensors, tokenizer.json (+ chat template).
+    /// A model folder: config.json, *.safetensors (or a sharded index),
+    /// tokenizer.json and tokenizer_config.json with the chat template.
     #[arg(long)]
     model_dir: Option<PathBuf>,
     /// Random weights shaped by this config.json, over the tiny tokenizer (benchmarks).
-    #[arg(long, conflicts_with = "model_dir")]
+    #[arg(long, conflicts_with_all = ["model_dir", "random_size"])]
     random_shape: Option<PathBuf>,
+    /// Random weights of a preset shape over the tiny tokenizer: tiny or 1b (benchmarks).
+    #[arg(long, conflicts_with = "model_dir")]
+    random_size: Option<String>,
+    /// Write a Hugging Face style model folder (random weights of --random-size,
+    /// default tiny, from --seed, stored in --dtype; the tiny tokenizer) and exit.
+    #[arg(long, conflicts_with_all = ["model_dir", "random_shape", "tiny"])]
+    write_model_dir: Option<PathBuf>,
+    /// Safetensors files for --write-model-dir (more than 1 writes an index).
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// HTTP address, e.g. 127.0.0.1:8000 (port 0 picks one; it is printed).
-    #[arg(long)]
-    listen: String,
+    #[arg(long, required_unless_present = "write_model_dir")]
+    listen: Option<String>,
     /// ZMQ endpoint for KV events (vLLM style), e.g. tcp://127.0.0.1:5557; omit for none.
     #[arg(long)]
     kv_events: Option<String>,
@@ -56,7 +68,7 @@ struct Cli {
     /// max_tokens when a request gives none.
     #[arg(long, default_value_t = 16)]
     default_max_tokens: usize,
-    /// cpu or cuda (needs the `cuda` feature).
+    /// cpu, cuda or cuda:N (CUDA needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// f32, bf16 or f16.
@@ -79,29 +91,49 @@ fn main() -> Result<()> {
     runtime.block_on(serve(cli))
 }
 
+/// Writes the model folder asked for with `--write-model-dir`.
+fn write_model(cli: &Cli, dir: &std::path::Path) -> Result<()> {
+    let size: SizePreset = cli.random_size.as_deref().unwrap_or("tiny").parse()?;
+    let options = ModelDirOptions {
+        seed: cli.seed,
+        dtype: parse_dtype(&cli.dtype)?,
+        shards: cli.shards,
+    };
+    write_random_model_dir(dir, &size.config(), &options)
+        .with_context(|| format!("writing a model folder to {}", dir.display()))?;
+    println!(
+        "wrote {size:?} model (seed {}) to {}",
+        cli.seed,
+        dir.display()
+    );
+    Ok(())
+}
+
 async fn serve(cli: Cli) -> Result<()> {
-    let source = match (&cli.model_dir, &cli.random_shape, cli.tiny) {
-        (Some(d), None, false) => ModelSource::Dir(d.clone()),
-        (None, Some(c), false) => ModelSource::RandomShape {
+    if let Some(dir) = &cli.write_model_dir {
+        return write_model(&cli, dir);
+    }
+    let source = match (&cli.model_dir, &cli.random_shape, &cli.random_size, cli.tiny) {
+        (Some(d), None, None, false) => ModelSource::Dir(d.clone()),
+        (None, Some(c), None, false) => ModelSource::RandomShape {
             config: c.clone(),
             seed: cli.seed,
         },
-        (None, None, true) => ModelSource::Tiny { seed: cli.seed },
-        _ => bail!("give exactly one of --tiny, --model-dir DIR or --random-shape CONFIG"),
+        (None, None, Some(s), false) => ModelSource::Random {
+            size: s.parse()?,
+            seed: cli.seed,
+        },
+        (None, None, None, true) => ModelSource::Tiny { seed: cli.seed },
+        _ => bail!(
+            "give exactly one of --tiny, --model-dir DIR, --random-size SIZE or --random-shape CONFIG"
+        ),
     };
-    let device = match cli.device.as_str() {
-        "cpu" => Device::Cpu,
-        "cuda" => {
-            Device::new_cuda(0).context("opening CUDA device 0 (built with --features cuda?)")?
-        }
-        other => bail!("--device must be cpu or cuda, not {other:?}"),
+    let Some(listen) = cli.listen.clone() else {
+        bail!("--listen ADDRESS is required to serve");
     };
-    let dtype = match cli.dtype.as_str() {
-        "f32" => DType::F32,
-        "bf16" => DType::BF16,
-        "f16" => DType::F16,
-        other => bail!("--dtype must be f32, bf16 or f16, not {other:?}"),
-    };
+    // Both checked before the (slow) model load.
+    let device = open_device(&cli.device)?;
+    let dtype = parse_dtype(&cli.dtype)?;
     let model_name = cli.model_name.clone().unwrap_or_else(|| match &source {
         ModelSource::Dir(d) => d
             .file_name()
@@ -135,9 +167,9 @@ async fn serve(cli: Cli) -> Result<()> {
         },
         Some(prometheus),
     );
-    let listener = tokio::net::TcpListener::bind(&cli.listen)
+    let listener = tokio::net::TcpListener::bind(&listen)
         .await
-        .with_context(|| format!("binding {}", cli.listen))?;
+        .with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     println!("listening on http://{addr}");
     tracing::info!(%addr, model = %model_name, block_size = cli.block_size, cache_blocks = cli.cache_blocks, "serving");

@@ -4,24 +4,48 @@
 use crate::config::LlamaConfig;
 use crate::error::EngineError;
 use candle_core::{DType, Device, Tensor};
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Component, Path, PathBuf};
 
-/// Reads every `*.safetensors` file of `dir` (no memory mapping: the crate
-/// forbids `unsafe`) into one name -> tensor map.
+/// The index of a sharded checkpoint: tensor name -> shard file.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Weight dtypes this engine reads (converted to the run's dtype on load).
+const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Reads a model folder's weights (no memory mapping: the crate forbids
+/// `unsafe`) into one name -> tensor map. With `model.safetensors.index.json`
+/// the shards it names are read and every tensor it lists must be in its
+/// shard; without it every `*.safetensors` file of `dir` is read. Tensors must
+/// be f32, f16 or bf16 and may appear only once.
 pub fn load_safetensors(
     dir: &Path,
     device: &Device,
 ) -> Result<HashMap<String, Tensor>, EngineError> {
-    let read = std::fs::read_dir(dir).map_err(|source| EngineError::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut files: Vec<_> = read
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
+    let index_path = dir.join(INDEX_FILE);
+    let index = if index_path.is_file() {
+        Some(read_index(&index_path)?)
+    } else {
+        None
+    };
+    let files: Vec<PathBuf> = match &index {
+        Some(map) => {
+            let names: BTreeSet<&String> = map.values().collect();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        }
+        None => {
+            let read = std::fs::read_dir(dir).map_err(|source| EngineError::Io {
+                path: dir.to_owned(),
+                source,
+            })?;
+            let mut files: Vec<_> = read
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            files.sort();
+            files
+        }
+    };
     if files.is_empty() {
         return Err(EngineError::BadModel {
             path: dir.to_owned(),
@@ -29,15 +53,71 @@ pub fn load_safetensors(
         });
     }
     let mut all = HashMap::new();
+    let mut origin: HashMap<String, PathBuf> = HashMap::new();
     for f in files {
-        let tensors =
-            candle_core::safetensors::load(&f, device).map_err(|e| EngineError::BadModel {
-                path: f.clone(),
-                reason: e.to_string(),
-            })?;
-        all.extend(tensors);
+        let bad = |reason: String| EngineError::BadModel {
+            path: f.clone(),
+            reason,
+        };
+        if !f.is_file() {
+            return Err(bad("listed in the index but missing".into()));
+        }
+        let tensors = candle_core::safetensors::load(&f, device).map_err(|e| bad(e.to_string()))?;
+        for (name, t) in tensors {
+            if !FLOAT_DTYPES.contains(&t.dtype()) {
+                return Err(bad(format!(
+                    "tensor {name} has dtype {:?}; only f32, f16 and bf16 weights are supported",
+                    t.dtype()
+                )));
+            }
+            if let Some(first) = origin.insert(name.clone(), f.clone()) {
+                return Err(bad(format!("tensor {name} is also in {}", first.display())));
+            }
+            all.insert(name, t);
+        }
+    }
+    if let Some(map) = index {
+        for (name, file) in &map {
+            if origin.get(name) != Some(&dir.join(file)) {
+                return Err(EngineError::BadModel {
+                    path: index_path.clone(),
+                    reason: format!("tensor {name} is listed in {file} but not found there"),
+                });
+            }
+        }
     }
     Ok(all)
+}
+
+/// Reads `weight_map` of a sharded checkpoint's index; shard names must be
+/// plain file names (no path may leave the model folder).
+fn read_index(path: &Path) -> Result<BTreeMap<String, String>, EngineError> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let bad = |reason: String| EngineError::BadModel {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let index: Index = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    for file in index.weight_map.values() {
+        let mut parts = Path::new(file).components();
+        let plain = matches!(
+            (parts.next(), parts.next()),
+            (Some(Component::Normal(_)), None)
+        );
+        if !plain {
+            return Err(bad(format!(
+                "shard {file:?} is not a file name in the model folder"
+            )));
+        }
+    }
+    Ok(index.weight_map)
 }
 
 /// SplitMix64: a tiny, well-mixed, reproducible generator.
@@ -80,51 +160,73 @@ fn fnv1a(name: &str) -> u64 {
     })
 }
 
+/// Every tensor of a Hugging Face Llama checkpoint of shape `cfg`: name and
+/// dimensions, in a fixed order (`lm_head.weight` only when not tied).
+pub fn weight_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hd, i) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.kv_heads());
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_owned(),
+        vec![cfg.vocab_size, h],
+    )];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        for (name, dims) in [
+            ("self_attn.q_proj.weight", vec![nh * hd, h]),
+            ("self_attn.k_proj.weight", vec![nkv * hd, h]),
+            ("self_attn.v_proj.weight", vec![nkv * hd, h]),
+            ("self_attn.o_proj.weight", vec![h, nh * hd]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            out.push((format!("{p}.{name}"), dims));
+        }
+    }
+    out.push(("model.norm.weight".into(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
+    }
+    out
+}
+
 /// Random Llama weights for `cfg`, fully determined by `seed`: linear layers
 /// uniform with standard deviation `1/sqrt(fan_in)`, embeddings with standard
-/// deviation 1, norms 1. Names follow Hugging Face's Llama checkpoints.
+/// deviation 1, norms 1. Names follow Hugging Face's Llama checkpoints
+/// ([`weight_shapes`]).
 pub fn random_weights(
     cfg: &LlamaConfig,
     seed: u64,
     dtype: DType,
     device: &Device,
 ) -> Result<HashMap<String, Tensor>, EngineError> {
-    let (h, hd, i) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
-    let (nh, nkv) = (cfg.num_attention_heads, cfg.kv_heads());
     let sqrt3 = 3f32.sqrt();
+    let ones = Tensor::ones(cfg.hidden_size, dtype, device)?;
     let mut w = HashMap::new();
-    let lin = |w: &mut HashMap<String, Tensor>, name: String, out: usize, inp: usize| {
-        let t = uniform(
-            seed,
-            &name,
-            (out, inp),
-            sqrt3 / (inp as f32).sqrt(),
-            dtype,
-            device,
-        )?;
+    for (name, dims) in weight_shapes(cfg) {
+        let t = match dims.as_slice() {
+            [_] => ones.clone(),
+            // The embedding's stream is named "embed" (kept for reproducibility).
+            [rows, cols] if name == "model.embed_tokens.weight" => {
+                uniform(seed, "embed", (*rows, *cols), sqrt3, dtype, device)?
+            }
+            [rows, cols] => uniform(
+                seed,
+                &name,
+                (*rows, *cols),
+                sqrt3 / (*cols as f32).sqrt(),
+                dtype,
+                device,
+            )?,
+            _ => {
+                return Err(EngineError::BadRequest(format!(
+                    "unexpected weight shape {dims:?} for {name}"
+                )))
+            }
+        };
         w.insert(name, t);
-        Ok::<_, EngineError>(())
-    };
-    let ones = Tensor::ones(h, dtype, device)?;
-    w.insert(
-        "model.embed_tokens.weight".into(),
-        uniform(seed, "embed", (cfg.vocab_size, h), sqrt3, dtype, device)?,
-    );
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        lin(&mut w, format!("{p}.self_attn.q_proj.weight"), nh * hd, h)?;
-        lin(&mut w, format!("{p}.self_attn.k_proj.weight"), nkv * hd, h)?;
-        lin(&mut w, format!("{p}.self_attn.v_proj.weight"), nkv * hd, h)?;
-        lin(&mut w, format!("{p}.self_attn.o_proj.weight"), h, nh * hd)?;
-        lin(&mut w, format!("{p}.mlp.gate_proj.weight"), i, h)?;
-        lin(&mut w, format!("{p}.mlp.up_proj.weight"), i, h)?;
-        lin(&mut w, format!("{p}.mlp.down_proj.weight"), h, i)?;
-        w.insert(format!("{p}.input_layernorm.weight"), ones.clone());
-        w.insert(format!("{p}.post_attention_layernorm.weight"), ones.clone());
-    }
-    w.insert("model.norm.weight".into(), ones);
-    if !cfg.tie_word_embeddings {
-        lin(&mut w, "lm_head.weight".into(), cfg.vocab_size, h)?;
     }
     Ok(w)
 }
@@ -154,6 +256,37 @@ mod tests {
             "std {}",
             var.sqrt()
         );
+    }
+
+    #[test]
+    fn shapes_cover_every_parameter_and_match_the_random_weights() {
+        let mut tied = LlamaConfig::tiny(40);
+        tied.tie_word_embeddings = true;
+        for cfg in [LlamaConfig::tiny(40), tied, LlamaConfig::preset_1b(1024)] {
+            let shapes = weight_shapes(&cfg);
+            let total: usize = shapes
+                .iter()
+                .map(|(_, d)| d.iter().product::<usize>())
+                .sum();
+            assert_eq!(total, cfg.num_params());
+            assert_eq!(
+                shapes.iter().any(|(n, _)| n == "lm_head.weight"),
+                !cfg.tie_word_embeddings
+            );
+        }
+        let big = weight_shapes(&LlamaConfig::preset_1b(1024));
+        assert_eq!(big.len(), 1 + 16 * 9 + 2);
+        let k = big
+            .iter()
+            .find(|(n, _)| n == "model.layers.15.self_attn.k_proj.weight")
+            .unwrap();
+        assert_eq!(k.1, vec![512, 2048]);
+        let cfg = LlamaConfig::tiny(40);
+        let w = random_weights(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(w.len(), weight_shapes(&cfg).len());
+        for (name, dims) in weight_shapes(&cfg) {
+            assert_eq!(w[&name].dims(), dims.as_slice(), "{name}");
+        }
     }
 
     #[test]
