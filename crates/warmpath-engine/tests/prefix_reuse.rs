@@ -207,6 +207,37 @@ fn evictions_keep_results_exact() {
 }
 
 #[test]
+fn greedy_continuations_stay_exact_while_blocks_are_evicted() {
+    // A cache of 5 blocks of 4 tokens against prompts of 4-6 blocks: most
+    // requests evict blocks another one will need, some reuse a prefix.
+    let (mut cold, _) = engine(4, 0, 512);
+    let (mut warm, sink) = engine(4, 5, 512);
+    let prefixes = [tokens(31, 13), tokens(32, 17), tokens(33, 8)];
+    let mut hits = 0;
+    for (round, which) in [0usize, 0, 1, 0, 2, 1, 1, 0, 2, 2].into_iter().enumerate() {
+        let t: Vec<u32> = prefixes[which]
+            .iter()
+            .copied()
+            .chain(tokens(700 + round as u64, 4))
+            .collect();
+        let want = cold.generate(&t, None, 8, &[], |_| true).unwrap();
+        let got = warm.generate(&t, None, 8, &[], |_| true).unwrap();
+        assert_eq!(got.tokens, want.tokens, "round {round}");
+        hits += got.cached_tokens;
+        assert!(warm.cache().len() <= 5);
+    }
+    assert!(hits > 0, "some prefix was reused");
+    let evicted = sink
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|ev| matches!(ev, CacheEvent::BlockRemoved { .. }))
+        .count();
+    assert!(evicted >= 3, "blocks were evicted ({evicted} removals)");
+}
+
+#[test]
 fn different_salts_never_share_blocks() {
     let (mut e, _) = engine(4, 256, 512);
     let t = tokens(9, 40);

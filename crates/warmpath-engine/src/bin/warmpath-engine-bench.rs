@@ -1,18 +1,21 @@
-//! Prefill benchmark of the tiny engine: time to first token with a cold cache
+//! Prefill benchmark of the engine: time to first token with a cold cache
 //! versus a warm shared prefix, and prefill throughput.
 //!
 //! `cargo run --release -p warmpath-engine --bin warmpath-engine-bench -- [--prefix 1000,4000] [--suffix 32] [--runs 3]`
+//! On a GPU: `--features cuda` and `--device cuda --dtype bf16 --size 1b --prefix 8000 --json`.
 //!
 //! TTFT here is measured inside the engine (prefix lookup + prefill + the
-//! first greedy token), without HTTP. Cold: empty cache. Warm: the same
-//! prefix was computed by an earlier request with a different suffix.
+//! first greedy token, read back to the host), without HTTP. Cold: empty cache.
+//! Warm: the same prefix was computed by an earlier request with a different
+//! suffix. One short untimed request first loads kernels and warms allocators.
 
 use anyhow::Result;
-use candle_core::{DType, Device};
 use clap::Parser;
+use serde_json::json;
 use std::time::Instant;
+use warmpath_engine::device::{open_device, parse_dtype};
 use warmpath_engine::engine::argmax;
-use warmpath_engine::{load, Engine, EngineOptions, ModelSource, NoEvents};
+use warmpath_engine::{load, Engine, EngineOptions, ModelSource, NoEvents, SizePreset};
 
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-engine-bench", about)]
@@ -32,6 +35,18 @@ struct Args {
     /// Prefill chunk.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
+    /// Random-weight model shape: tiny (4 layers, width 256) or 1b (Llama 3.2 1B's shape).
+    #[arg(long, default_value = "tiny")]
+    size: String,
+    /// cpu, cuda or cuda:N (CUDA needs `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// f32, f16 or bf16 (bf16 only on CUDA).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Print one JSON line instead of a Markdown table.
+    #[arg(long)]
+    json: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -41,12 +56,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let loaded = load(&ModelSource::Tiny { seed: 0 }, &Device::Cpu, DType::F32)?;
-    let vocab = loaded.model.config().vocab_size as u64;
+    let size: SizePreset = args.size.parse()?;
+    let device = open_device(&args.device)?;
+    let dtype = parse_dtype(&args.dtype)?;
+    let t = Instant::now();
+    let loaded = load(&ModelSource::Random { size, seed: 0 }, &device, dtype)?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    let cfg = loaded.model.config().clone();
+    let vocab = cfg.vocab_size as u64;
     let max = args.prefix.iter().max().copied().unwrap_or(0) + args.suffix;
     let opts = EngineOptions {
         block_size: args.block_size,
-        cache_blocks: 2 * max / args.block_size + 16,
+        cache_blocks: 2 * max / args.block_size.max(1) + 16,
         prefill_chunk: args.prefill_chunk,
     };
     let mut engine = Engine::new(loaded.model, opts, Box::new(NoEvents))?;
@@ -58,8 +79,9 @@ fn main() -> Result<()> {
         x ^= x << 17;
         (x % vocab) as u32
     };
-    println!("| shared prefix | suffix | cold TTFT ms | warm TTFT ms | speed-up | cold prefill tok/s | cached tokens |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let warmup: Vec<u32> = (0..64).map(|_| next()).collect();
+    argmax(&engine.prefill(&warmup, None)?.logits)?;
+    let mut results = Vec::new();
     for &plen in &args.prefix {
         let (mut cold, mut warm, mut cached) = (Vec::new(), Vec::new(), 0);
         for _ in 0..args.runs.max(1) {
@@ -84,13 +106,54 @@ fn main() -> Result<()> {
             cached = p.cached_tokens;
         }
         let (c, w) = (median(cold), median(warm));
+        results.push(json!({
+            "prefix": plen,
+            "suffix": args.suffix,
+            "cold_ttft_ms": (c * 1e4).round() / 10.0,
+            "warm_ttft_ms": (w * 1e4).round() / 10.0,
+            "speedup": (c / w * 10.0).round() / 10.0,
+            "cold_prefill_tok_s": ((plen + args.suffix) as f64 / c).round(),
+            "cached_tokens": cached,
+        }));
+    }
+    if args.json {
+        let line = json!({
+            "bench": "warmpath-engine-bench",
+            "size": args.size,
+            "params": cfg.num_params(),
+            "device": args.device,
+            "dtype": args.dtype,
+            "block_size": args.block_size,
+            "prefill_chunk": args.prefill_chunk,
+            "runs": args.runs.max(1),
+            "load_seconds": (load_seconds * 100.0).round() / 100.0,
+            "results": results,
+        });
+        println!("{line}");
+        return Ok(());
+    }
+    println!(
+        "{} model ({} parameters) on {} in {}, block {}, prefill chunk {}, median of {} runs",
+        args.size,
+        cfg.num_params(),
+        args.device,
+        args.dtype,
+        args.block_size,
+        args.prefill_chunk,
+        args.runs.max(1)
+    );
+    println!("| shared prefix | suffix | cold TTFT ms | warm TTFT ms | speed-up | cold prefill tok/s | cached tokens |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &results {
         println!(
-            "| {plen} | {} | {:.1} | {:.1} | {:.1}x | {:.0} | {cached} |",
-            args.suffix,
-            c * 1e3,
-            w * 1e3,
-            c / w,
-            (plen + args.suffix) as f64 / c
+            "| {} | {} | {:.1} | {:.1} | {:.1}x | {} | {} |",
+            r["prefix"],
+            r["suffix"],
+            r["cold_ttft_ms"].as_f64().unwrap_or_default(),
+            r["warm_ttft_ms"].as_f64().unwrap_or_default(),
+            r["speedup"].as_f64().unwrap_or_default(),
+            r["cold_prefill_tok_s"],
+            r["cached_tokens"],
         );
     }
     Ok(())
