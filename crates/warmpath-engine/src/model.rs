@@ -194,19 +194,19 @@ impl Llama {
     }
 }
 
-/// `[t, p0 + t]`: 0 where query `i` (at position `p0 + i`) may see key `j`, -inf after.
+/// `[t, p0 + t]`: 0 where query `i` (at position `p0 + i`) may see key `j`,
+/// -inf after. Built on the model's device (no host loop or upload per chunk).
 fn causal_mask(t: usize, p0: usize, device: &Device, dtype: DType) -> Result<Option<Tensor>> {
     if t == 1 {
         return Ok(None);
     }
     let s = p0 + t;
-    let mut m = vec![0f32; t * s];
-    for i in 0..t {
-        for j in p0 + i + 1..s {
-            m[i * s + j] = f32::NEG_INFINITY;
-        }
-    }
-    Ok(Some(Tensor::from_vec(m, (t, s), device)?.to_dtype(dtype)?))
+    let queries = Tensor::arange(p0 as u32, s as u32, device)?.reshape((t, 1))?;
+    let keys = Tensor::arange(0u32, s as u32, device)?.reshape((1, s))?;
+    let future = keys.broadcast_gt(&queries)?;
+    let blocked = Tensor::full(f32::NEG_INFINITY, (t, s), device)?.to_dtype(dtype)?;
+    let open = Tensor::zeros((t, s), dtype, device)?;
+    Ok(Some(future.where_cond(&blocked, &open)?))
 }
 
 /// `[1, kv_heads, s, d]` -> `[1, kv_heads * rep, s, d]`, each KV head serving
@@ -219,4 +219,31 @@ fn repeat_kv(x: Tensor, rep: usize) -> Result<Tensor> {
     x.unsqueeze(2)?
         .expand((b, n, rep, s, d))?
         .reshape((b, n * rep, s, d))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_mask_hides_exactly_the_future() {
+        assert!(causal_mask(1, 5, &Device::Cpu, DType::F32)
+            .unwrap()
+            .is_none());
+        let m = causal_mask(3, 2, &Device::Cpu, DType::F32)
+            .unwrap()
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(
+            m,
+            vec![
+                vec![0.0, 0.0, 0.0, inf, inf],
+                vec![0.0, 0.0, 0.0, 0.0, inf],
+                vec![0.0, 0.0, 0.0, 0.0, 0.0],
+            ]
+        );
+    }
 }
