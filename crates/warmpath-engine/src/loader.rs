@@ -170,11 +170,18 @@ pub fn load(
         Some(tiny::EOT_ID),
         Some(tiny::END_OF_TEXT),
     ];
-    for name in names.into_iter().flatten() {
-        if let Some(id) = tokenizer.tokenizer().token_to_id(name) {
-            if !stop_ids.contains(&id) {
-                stop_ids.push(id);
-            }
+    let mut ids: Vec<u32> = names
+        .into_iter()
+        .flatten()
+        .filter_map(|name| tokenizer.tokenizer().token_to_id(name))
+        .collect();
+    if let ModelSource::Dir(dir) = source {
+        ids.extend(eos_ids(&dir.join("config.json"))?);
+        ids.extend(eos_ids(&dir.join("generation_config.json"))?);
+    }
+    for id in ids {
+        if (id as usize) < cfg.vocab_size && !stop_ids.contains(&id) {
+            stop_ids.push(id);
         }
     }
     Ok(LoadedModel {
@@ -182,4 +189,31 @@ pub fn load(
         tokenizer,
         stop_ids,
     })
+}
+
+/// `eos_token_id` (one id or a list, as in Llama 3.1 instruct) of a
+/// `config.json` or `generation_config.json`; none when the file is absent.
+fn eos_ids(path: &Path) -> Result<Vec<u32>, EngineError> {
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let bad = |reason: String| EngineError::BadModel {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let one = |x: &serde_json::Value| {
+        x.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad(format!("eos_token_id {x} is not a token id")))
+    };
+    match v.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(list)) => list.iter().map(one).collect(),
+        Some(x) => Ok(vec![one(x)?]),
+    }
 }

@@ -102,6 +102,19 @@ fn folder_model_is_bit_identical_to_the_in_memory_tiny_model() {
         logits(&tiny_model(8, DType::F32).model)
     );
     assert_eq!(from_dir.stop_ids, in_memory.stop_ids);
+    assert!(from_dir.stop_ids.contains(&tiny::EOT_ID_ID));
+    // generation_config.json's eos_token_id (a list, as Llama 3.1's) adds stop ids.
+    std::fs::write(
+        d.join("generation_config.json"),
+        r#"{"eos_token_id": [17, 1020]}"#,
+    )
+    .unwrap();
+    let with_gen = load_dir(&d, DType::F32).unwrap();
+    assert!(with_gen.stop_ids.contains(&17) && with_gen.stop_ids.contains(&1020));
+    std::fs::write(d.join("generation_config.json"), r#"{"eos_token_id": "x"}"#).unwrap();
+    let err = load_dir(&d, DType::F32).unwrap_err().to_string();
+    assert!(err.contains("generation_config.json"), "{err}");
+    std::fs::remove_file(d.join("generation_config.json")).unwrap();
     assert!(from_dir.tokenizer.has_chat_template());
     let text = tiny::corpus_slice(100, 300);
     assert_eq!(
