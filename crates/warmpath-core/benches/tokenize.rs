@@ -35,11 +35,22 @@ fn bench(c: &mut Criterion) {
         &files,
         CacheConfig {
             capacity_tokens: 0,
+            short_capacity_tokens: 0,
             ..CacheConfig::default()
         },
     )
     .expect("tokenizer");
     let warm = ChatTokenizer::new(&files, CacheConfig::default()).expect("tokenizer");
+    // Long segments cached, short pieces (role headers, the question) not:
+    // the upper bound for a request whose question was never seen.
+    let long_only = ChatTokenizer::new(
+        &files,
+        CacheConfig {
+            short_capacity_tokens: 0,
+            ..CacheConfig::default()
+        },
+    )
+    .expect("tokenizer");
     let system = system_prompt(&cold, 8000);
     let v = body(
         &system,
@@ -50,7 +61,8 @@ fn bench(c: &mut Criterion) {
         unreachable!()
     };
     let n = cold.encode_request(&req).expect("encode").len();
-    warm.encode_request(&req).expect("encode"); // fill the cache
+    warm.encode_request(&req).expect("encode"); // fill the caches
+    long_only.encode_request(&req).expect("encode");
     eprintln!(
         "request: {n} tokens, {} bytes of system prompt",
         system.len()
@@ -65,6 +77,9 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("warm_segment_cache", |b| {
         b.iter(|| warm.encode_request(black_box(&req)))
+    });
+    g.bench_function("warm_long_segments_only", |b| {
+        b.iter(|| long_only.encode_request(black_box(&req)))
     });
     g.bench_function("parse_render_encode_warm", |b| {
         let bytes = serde_json::to_vec(&v).expect("json");

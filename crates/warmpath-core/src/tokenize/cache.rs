@@ -17,15 +17,22 @@ pub struct CacheConfig {
     pub min_segment_bytes: usize,
     /// Most token ids held in total; 0 turns the cache off.
     pub capacity_tokens: usize,
+    /// Most token ids held for the short pieces (role names, the text
+    /// between a template's special tokens, recent questions), which are
+    /// kept in a second cache of their own so that a stream of distinct
+    /// short pieces never evicts a long one; 0 turns it off.
+    pub short_capacity_tokens: usize,
 }
 
 impl Default for CacheConfig {
     /// Segments of 2 KiB (about 500 tokens) and more; up to 4 Mi token ids
-    /// (16 MiB of ids), e.g. 500 distinct 8k-token system prompts.
+    /// (16 MiB of ids), e.g. 500 distinct 8k-token system prompts; and up to
+    /// 64 Ki ids of shorter pieces.
     fn default() -> Self {
         CacheConfig {
             min_segment_bytes: 2048,
             capacity_tokens: 4 << 20,
+            short_capacity_tokens: 1 << 16,
         }
     }
 }
@@ -83,6 +90,16 @@ impl SegmentCache {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
         }
+    }
+
+    /// The cache for the pieces shorter than `config.min_segment_bytes`:
+    /// every non-empty piece goes in, within `config.short_capacity_tokens`.
+    pub fn short_pieces(config: CacheConfig) -> Self {
+        Self::new(CacheConfig {
+            min_segment_bytes: 1,
+            capacity_tokens: config.short_capacity_tokens,
+            short_capacity_tokens: 0,
+        })
     }
 
     /// The sizing.
@@ -155,6 +172,7 @@ mod tests {
         let c = SegmentCache::new(CacheConfig {
             min_segment_bytes: 1,
             capacity_tokens: 10,
+            short_capacity_tokens: 0,
         });
         assert_eq!(&*c.get_or_encode("abcd", fake).unwrap(), &[97, 98, 99, 100]);
         assert_eq!(
@@ -184,6 +202,7 @@ mod tests {
         let c = SegmentCache::new(CacheConfig {
             min_segment_bytes: 1,
             capacity_tokens: 3,
+            short_capacity_tokens: 0,
         });
         assert_eq!(c.get_or_encode("abcd", fake).unwrap().len(), 4);
         assert_eq!(c.stats().entries, 0);
@@ -191,7 +210,8 @@ mod tests {
         assert_eq!(c.stats().entries, 0);
         assert!(!SegmentCache::new(CacheConfig {
             min_segment_bytes: 1,
-            capacity_tokens: 0
+            capacity_tokens: 0,
+            short_capacity_tokens: 0,
         })
         .is_cacheable(5));
         assert!(!c.is_cacheable(0) || c.config().min_segment_bytes == 0);

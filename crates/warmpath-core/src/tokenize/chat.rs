@@ -2,6 +2,7 @@
 
 use super::cache::{CacheConfig, CacheStats, SegmentCache};
 use super::files::TokenizerFiles;
+use super::split::{AddedSplitter, Piece};
 use super::template::ChatTemplate;
 use super::TokenizeError;
 use crate::request::{ChatBody, FirstPrompt, Request, RequestBody};
@@ -15,11 +16,16 @@ pub struct ChatTokenizer {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     cache: SegmentCache,
+    /// The short pieces' cache (see [`CacheConfig::short_capacity_tokens`]).
+    short: SegmentCache,
     /// `Some` when cutting the text at added tokens ourselves is exactly what
     /// the library does (see [`ChatTokenizer::segment_cache_active`]); it holds
     /// the ids post-processing puts before and after a sequence when special
     /// tokens are added.
     segmenting: Option<SpecialWrap>,
+    /// The fast exact cut at added tokens, when the configuration allows it;
+    /// otherwise the library's own cut is used.
+    splitter: Option<AddedSplitter>,
 }
 
 /// The ids the post-processor adds around one sequence with special tokens on.
@@ -88,11 +94,16 @@ impl ChatTokenizer {
         } else {
             None
         };
+        let splitter = segmenting
+            .as_ref()
+            .and_then(|_| AddedSplitter::new(&tokenizer));
         Ok(ChatTokenizer {
             tokenizer,
             template,
             cache: SegmentCache::new(cache),
+            short: SegmentCache::short_pieces(cache),
             segmenting,
+            splitter,
         })
     }
 
@@ -121,9 +132,14 @@ impl ChatTokenizer {
         self.segmenting.is_some() && self.cache.config().capacity_tokens > 0
     }
 
-    /// Segment cache counters.
+    /// Segment cache counters (the long segments).
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
+    }
+
+    /// The short pieces' cache counters.
+    pub fn short_cache_stats(&self) -> CacheStats {
+        self.short.stats()
     }
 
     /// Renders a chat with the model's template.
@@ -161,22 +177,47 @@ impl ChatTokenizer {
         // The library cuts the input at added tokens before anything else
         // (normalizer, pre-tokenizer, model) runs; each piece between them is
         // tokenized on its own. Do the same cut, and cache the long pieces.
-        let pieces = self
-            .tokenizer
-            .get_added_vocabulary()
-            .extract_and_normalize(None::<&NormalizerWrapper>, text);
         let mut ids = Vec::with_capacity(text.len() / 3);
         if add_special_tokens {
             ids.extend_from_slice(&wrap.before);
         }
-        for (piece, _, added) in pieces.get_splits(OffsetReferential::Original, OffsetType::None) {
-            match added {
-                Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
-                None if self.cache.is_cacheable(piece.len()) => {
-                    let cached = self.cache.get_or_encode(piece, |p| self.encode_piece(p))?;
-                    ids.extend_from_slice(&cached);
+        let text_piece = |ids: &mut Vec<u32>, piece: &str| -> Result<(), TokenizeError> {
+            let cache = if self.cache.is_cacheable(piece.len()) {
+                Some(&self.cache)
+            } else if self.short.is_cacheable(piece.len()) {
+                Some(&self.short)
+            } else {
+                None
+            };
+            if let Some(cache) = cache {
+                let cached = cache.get_or_encode(piece, |p| self.encode_piece(p))?;
+                ids.extend_from_slice(&cached);
+            } else {
+                ids.extend(self.encode_piece(piece)?);
+            }
+            Ok(())
+        };
+        match &self.splitter {
+            Some(splitter) => splitter.split(text, |piece| match piece {
+                Piece::Added(id) => {
+                    ids.push(id);
+                    Ok(())
                 }
-                None => ids.extend(self.encode_piece(piece)?),
+                Piece::Text(t) => text_piece(&mut ids, t),
+            })?,
+            None => {
+                let pieces = self
+                    .tokenizer
+                    .get_added_vocabulary()
+                    .extract_and_normalize(None::<&NormalizerWrapper>, text);
+                for (piece, _, added) in
+                    pieces.get_splits(OffsetReferential::Original, OffsetType::None)
+                {
+                    match added {
+                        Some(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                        None => text_piece(&mut ids, piece)?,
+                    }
+                }
             }
         }
         // Without truncation or padding, post-processing only puts the probed
@@ -223,6 +264,7 @@ mod tests {
         CacheConfig {
             min_segment_bytes: 8,
             capacity_tokens: 1 << 16,
+            short_capacity_tokens: 64,
         }
     }
 
@@ -310,6 +352,7 @@ mod tests {
         let t = tiny_tok(CacheConfig {
             min_segment_bytes: 256,
             capacity_tokens: 1 << 20,
+            ..CacheConfig::default()
         });
         assert!(t.segment_cache_active());
         let system = "Please read the document below and answer the questions. ".repeat(40);
@@ -329,6 +372,10 @@ mod tests {
         let s = t.cache_stats();
         assert_eq!((s.misses, s.hits, s.entries), (1, 2, 1), "{s:?}");
         assert!(s.tokens > 400);
+        // Role headers and the text between special tokens repeat: the
+        // short-piece cache serves them from the second request on.
+        let short = t.short_cache_stats();
+        assert!(short.hits >= 4 && short.tokens > 0, "{short:?}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod cache;
 mod chat;
 mod files;
 mod pyfuncs;
+mod split;
 mod template;
 pub mod tiny;
 

@@ -1,0 +1,260 @@
+//! Cutting a text at added tokens, as the `tokenizers` library does, without
+//! its per-byte alignment bookkeeping.
+//!
+//! The library's `AddedVocabulary::extract_and_normalize` builds a
+//! `NormalizedString` (16 bytes of offsets per input byte) and slices it per
+//! piece: for a 27 KB system prompt that is most of the time of a warm,
+//! segment-cached encode. The cut itself is two leftmost-longest
+//! Aho-Corasick passes: tokens with `normalized: false` over the text, then
+//! tokens with `normalized: true` over the pieces left between them. This
+//! module repeats exactly those passes, and only for the configurations where
+//! nothing else changes the cut: no normalizer under normalized tokens, no
+//! `lstrip`/`rstrip`/`single_word` tokens, and `encode_special_tokens` off.
+//! Anything else gets `None` from [`AddedSplitter::new`] and the caller keeps
+//! using the library.
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use tokenizers::Tokenizer;
+
+/// One piece of a cut text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Piece<'a> {
+    /// Text between added tokens (never empty).
+    Text(&'a str),
+    /// An added token, by id.
+    Added(u32),
+}
+
+/// One matching pass: an automaton and the id of each of its patterns.
+struct Pass {
+    trie: AhoCorasick,
+    ids: Vec<u32>,
+}
+
+impl Pass {
+    fn build(tokens: Vec<(String, u32)>) -> Option<Self> {
+        let (patterns, ids): (Vec<String>, Vec<u32>) = tokens.into_iter().unzip();
+        let trie = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .ok()?;
+        Some(Pass { trie, ids })
+    }
+
+    /// Cuts `text`: text pieces go to `text_piece`, added tokens to `out`.
+    fn cut<'a, E, O>(
+        &self,
+        text: &'a str,
+        out: &mut O,
+        mut text_piece: impl FnMut(&'a str, &mut O) -> Result<(), E>,
+    ) -> Result<(), E>
+    where
+        O: FnMut(Piece<'a>) -> Result<(), E> + ?Sized,
+    {
+        let mut at = 0;
+        for m in self.trie.find_iter(text) {
+            if at < m.start() {
+                text_piece(&text[at..m.start()], out)?;
+            }
+            out(Piece::Added(self.ids[m.pattern().as_usize()]))?;
+            at = m.end();
+        }
+        if at < text.len() {
+            text_piece(&text[at..], out)?;
+        }
+        Ok(())
+    }
+}
+
+/// The exact added-token cut of one tokenizer (see module docs).
+pub(crate) struct AddedSplitter {
+    raw: Pass,
+    /// `None` when no token is matched in the normalized pass: skip it.
+    normalized: Option<Pass>,
+}
+
+impl std::fmt::Debug for AddedSplitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddedSplitter")
+            .field("raw_tokens", &self.raw.ids.len())
+            .field(
+                "normalized_tokens",
+                &self.normalized.as_ref().map_or(0, |p| p.ids.len()),
+            )
+            .finish()
+    }
+}
+
+impl AddedSplitter {
+    /// The splitter for `tokenizer`, or `None` when its configuration needs
+    /// the library's own cut (see module docs).
+    pub(crate) fn new(tokenizer: &Tokenizer) -> Option<Self> {
+        if tokenizer.get_encode_special_tokens() {
+            return None;
+        }
+        let has_normalizer = tokenizer.get_normalizer().is_some();
+        let mut raw = Vec::new();
+        let mut normalized = Vec::new();
+        for token in tokenizer.get_added_tokens_decoder().into_values() {
+            if token.content.is_empty() {
+                continue; // the library never adds these
+            }
+            if token.lstrip || token.rstrip || token.single_word {
+                return None;
+            }
+            if token.normalized && has_normalizer {
+                return None;
+            }
+            // The library maps content to id through its own lookup; do the same.
+            let id = tokenizer.token_to_id(&token.content)?;
+            if token.normalized {
+                normalized.push((token.content, id));
+            } else {
+                raw.push((token.content, id));
+            }
+        }
+        // The library builds each automaton in its own token order; with
+        // leftmost-longest matching only equal contents could tie, and equal
+        // contents share one id. Sort for a deterministic build.
+        raw.sort_unstable();
+        raw.dedup();
+        normalized.sort_unstable();
+        normalized.dedup();
+        Some(AddedSplitter {
+            raw: Pass::build(raw)?,
+            normalized: if normalized.is_empty() {
+                None
+            } else {
+                Some(Pass::build(normalized)?)
+            },
+        })
+    }
+
+    /// Cuts `text` into pieces, in order, calling `out` for each; stops at
+    /// the first error `out` returns.
+    pub(crate) fn split<'a, E>(
+        &self,
+        text: &'a str,
+        mut out: impl FnMut(Piece<'a>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        // The second pass runs on each text piece the first one leaves.
+        match &self.normalized {
+            Some(normalized) => self.raw.cut(text, &mut out, |piece, out| {
+                normalized.cut(piece, out, |t, out| out(Piece::Text(t)))
+            }),
+            None => self.raw.cut(text, &mut out, |t, out| out(Piece::Text(t))),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::tokenize::tiny;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+    use std::str::FromStr;
+    use tokenizers::{NormalizerWrapper, OffsetReferential, OffsetType};
+
+    /// The tiny tokenizer plus added tokens that overlap each other and the
+    /// special ones, half of them matched in the second (normalized) pass.
+    fn overlapping() -> Tokenizer {
+        let mut doc: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        let added = doc["added_tokens"].as_array_mut().unwrap();
+        for (i, (content, normalized)) in [
+            ("ab", true),
+            ("bc", false),
+            ("abc", true),
+            ("<|eot", true),
+            ("id|>x", false),
+            ("é", true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            added.push(json!({"id": tiny::VOCAB_SIZE + i, "content": content,
+                "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": normalized, "special": i % 2 == 0}));
+        }
+        Tokenizer::from_str(&doc.to_string()).unwrap()
+    }
+
+    fn ours(s: &AddedSplitter, text: &str) -> Vec<(String, Option<u32>)> {
+        let mut v = Vec::new();
+        s.split(text, |p| {
+            v.push(match p {
+                Piece::Text(t) => (t.to_owned(), None),
+                Piece::Added(id) => (String::new(), Some(id)),
+            });
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        v
+    }
+
+    fn library(t: &Tokenizer, text: &str) -> Vec<(String, Option<u32>)> {
+        t.get_added_vocabulary()
+            .extract_and_normalize(None::<&NormalizerWrapper>, text)
+            .get_splits(OffsetReferential::Original, OffsetType::None)
+            .into_iter()
+            .filter(|(piece, _, _)| !piece.is_empty())
+            .map(|(piece, _, added)| match added {
+                Some(tokens) => (String::new(), Some(tokens[0].id)),
+                None => (piece.to_owned(), None),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_passes_like_the_library() {
+        let t = overlapping();
+        let s = AddedSplitter::new(&t).unwrap();
+        // "bc" (raw pass) wins over "abc"/"ab" (normalized pass) although
+        // those start earlier: the raw pass runs first over the whole text.
+        let text = "xabcy<|eot_id|>x<|eotz";
+        assert_eq!(ours(&s, text), library(&t, text));
+        let got = ours(&s, text);
+        assert_eq!(got[0], ("xa".to_owned(), None));
+        assert_eq!(got[1].1, t.token_to_id("bc"));
+        assert!(ours(&s, "").is_empty());
+    }
+
+    #[test]
+    fn configurations_the_cut_cannot_mirror_are_refused() {
+        for flag in ["lstrip", "rstrip", "single_word"] {
+            let mut doc: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+            doc["added_tokens"][0][flag] = json!(true);
+            let t = Tokenizer::from_str(&doc.to_string()).unwrap();
+            assert!(AddedSplitter::new(&t).is_none(), "{flag}");
+        }
+        let mut t = overlapping();
+        t.set_encode_special_tokens(true);
+        assert!(AddedSplitter::new(&t).is_none());
+        assert!(AddedSplitter::new(&overlapping()).is_some());
+    }
+
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(tiny::BEGIN_OF_TEXT.to_string()),
+            Just(tiny::EOT_ID.to_string()),
+            Just("<|start_header_id|>user<|end_header_id|>\n\n".to_string()),
+            Just("<|eot".to_string()),
+            Just("id|>x".to_string()),
+            "[abcé<|>xyz]{0,12}",
+            "\\PC{0,20}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// The cut equals the library's on any mix of overlapping tokens.
+        #[test]
+        fn cut_equals_library(pieces in proptest::collection::vec(piece(), 0..10)) {
+            let t = overlapping();
+            let s = AddedSplitter::new(&t).unwrap();
+            let text: String = pieces.concat();
+            prop_assert_eq!(ours(&s, &text), library(&t, &text));
+        }
+    }
+}
