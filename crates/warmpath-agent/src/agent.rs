@@ -62,8 +62,14 @@ pub struct AgentConfig {
     pub kv_events: String,
     /// Rank 0's replay endpoint, if any.
     pub kv_replay: Option<String>,
-    /// Router gRPC URLs, e.g. `http://127.0.0.1:50051`.
+    /// Router gRPC URLs, e.g. `http://127.0.0.1:50051`, or `https://...`
+    /// for a router serving TLS.
     pub routers: Vec<String>,
+    /// PEM root certificate(s) to trust for `https` routers (a self-signed
+    /// router certificate or a private CA); without it the system's roots.
+    pub router_ca: Option<PathBuf>,
+    /// Name to check the router certificate against instead of the URL's host.
+    pub tls_domain: Option<String>,
     /// Events or observe.
     pub mode: Mode,
     /// Shared token sent as `authorization: Bearer <token>`.
@@ -108,6 +114,8 @@ impl AgentConfig {
             kv_events: kv_events.into(),
             kv_replay: None,
             routers: Vec::new(),
+            router_ca: None,
+            tls_domain: None,
             mode: Mode::Events,
             agent_token: None,
             dp_ranks: 1,
@@ -201,6 +209,11 @@ impl Agent {
         if cfg.routers.is_empty() {
             tracing::warn!("no --router given: the agent tracks blocks but publishes nowhere");
         }
+        let router_tls = crate::tls::router_tls(
+            &cfg.routers,
+            cfg.router_ca.as_deref(),
+            cfg.tls_domain.as_deref(),
+        )?;
         let mut ranks = Vec::new();
         let observe = match cfg.mode {
             Mode::Events => None,
@@ -332,6 +345,7 @@ impl Agent {
             model: cfg.model.clone(),
             epoch,
             token: cfg.agent_token.clone(),
+            tls: router_tls,
         };
         for url in &cfg.routers {
             let sink = hub.add_sink(url.clone(), cfg.router_queue);

@@ -48,9 +48,18 @@ pub struct Cli {
     /// Engine replay ROUTER endpoint (rank 0), e.g. tcp://127.0.0.1:5558.
     #[arg(long)]
     pub kv_replay: Option<String>,
-    /// Router gRPC URL (repeatable), e.g. http://10.0.0.2:50051.
+    /// Router gRPC URL (repeatable), e.g. http://10.0.0.2:50051, or
+    /// https://... for a router serving TLS.
     #[arg(long = "router")]
     pub routers: Vec<String>,
+    /// PEM root certificate(s) to trust for https routers (needed for a
+    /// self-signed router certificate or a private CA; default: the system's).
+    #[arg(long, value_name = "PATH")]
+    pub router_ca: Option<PathBuf>,
+    /// Name the router certificate must carry, when it is not the URL's host
+    /// (e.g. the router is reached by IP).
+    #[arg(long, value_name = "NAME")]
+    pub tls_domain: Option<String>,
     /// How to learn the engine's cache.
     #[arg(long, value_enum, default_value = "events")]
     pub mode: CliMode,
@@ -93,6 +102,8 @@ impl Cli {
         );
         c.kv_replay = self.kv_replay;
         c.routers = self.routers;
+        c.router_ca = self.router_ca;
+        c.tls_domain = self.tls_domain;
         c.mode = match self.mode {
             CliMode::Events => Mode::Events,
             CliMode::Observe => Mode::Observe,
@@ -136,9 +147,18 @@ mod tests {
             "events",
             "--dp-ranks",
             "2",
+            "--router-ca",
+            "/etc/ca.pem",
+            "--tls-domain",
+            "router.internal",
         ])
         .unwrap();
         let c = cli.into_config();
+        assert_eq!(
+            c.router_ca.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        assert_eq!(c.tls_domain.as_deref(), Some("router.internal"));
         assert_eq!(c.routers.len(), 2);
         assert_eq!(c.dp_ranks, 2);
         assert_eq!(c.kv_replay.as_deref(), Some("tcp://127.0.0.1:5558"));

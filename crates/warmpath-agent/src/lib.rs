@@ -7,7 +7,8 @@
 //! - [`hub`]: the worker's block set (union of ranks), the agent's seq, and the
 //!   bounded, coalescing per-router queues.
 //! - [`follow`]: ZMQ SUB + DEALER replay for one rank, sequence handling.
-//! - [`link`]: one gRPC stream per router, with reconnect.
+//! - [`link`]: one gRPC stream per router, with reconnect; [`tls`]: the
+//!   client TLS settings for `https` routers.
 //! - [`load`]: the engine's Prometheus load metrics.
 //! - [`observe`]: observe mode, for engines without KV events: a sidecar proxy
 //!   that tokenizes what it forwards and keeps an LRU mirror of the cache.
@@ -21,6 +22,7 @@ pub mod link;
 pub mod load;
 pub mod observe;
 pub mod stats;
+pub mod tls;
 pub mod tracker;
 pub mod vllm;
 

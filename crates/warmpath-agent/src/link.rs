@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::ClientTlsConfig;
 use warmpath_proto::v1::{
     agent_message::Msg, router_message, AgentMessage, Heartbeat, Hello, Load, SnapshotChunk,
 };
@@ -33,6 +34,25 @@ pub struct Identity {
     pub epoch: u64,
     /// Shared token for the router, if any.
     pub token: Option<String>,
+    /// TLS settings for `https` routers ([`crate::tls::router_tls`]).
+    pub tls: Option<ClientTlsConfig>,
+}
+
+/// `e` and its sources, joined by `: ` (tonic's own text is often just
+/// "transport error"; the why is in the sources).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        // io::Error repeats its inner error's text; say it once.
+        if !s.ends_with(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// Link tuning.
@@ -64,6 +84,8 @@ impl Default for LinkConfig {
 enum LinkError {
     #[error("cannot connect: {0}")]
     Connect(String),
+    #[error("TLS with the router failed (check --router-ca and --tls-domain): {0}")]
+    Tls(String),
     #[error("stream failed: {0}")]
     Stream(#[from] tonic::Status),
     #[error("router refused the stream: {0}")]
@@ -95,6 +117,17 @@ pub async fn run_link(
         match r {
             Err(LinkError::Refused(reason)) => {
                 tracing::error!(router = %url, %reason, "router refused this agent");
+            }
+            Err(LinkError::Stream(s)) if s.code() == tonic::Code::Unauthenticated => {
+                stats.router_refusals.inc();
+                metrics::counter!("warmpath_agent_router_refused_total", "router" => url.clone())
+                    .increment(1);
+                tracing::error!(router = %url, reason = %s.message(), "router refused this agent's token (check --agent-token)");
+            }
+            Err(e @ LinkError::Tls(_)) => {
+                metrics::counter!("warmpath_agent_router_tls_failures_total", "router" => url.clone())
+                    .increment(1);
+                tracing::error!(router = %url, error = %e, "router link down");
             }
             Err(e) => tracing::warn!(router = %url, error = %e, "router link down"),
             Ok(()) => {}
@@ -140,14 +173,27 @@ async fn stream_once(
     stats: &Stats,
     cfg: &LinkConfig,
 ) -> Result<(), LinkError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| LinkError::Connect(e.to_string()))?
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| LinkError::Connect(error_chain(&e)))?
         .connect_timeout(cfg.connect_timeout)
         .tcp_nodelay(true);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| LinkError::Connect(e.to_string()))?;
+    let tls = crate::tls::is_https(url);
+    if tls {
+        let t = id.tls.clone().unwrap_or_default();
+        endpoint = endpoint
+            .tls_config(t)
+            .map_err(|e| LinkError::Tls(error_chain(&e)))?;
+    }
+    let channel = endpoint.connect().await.map_err(|e| {
+        let why = error_chain(&e);
+        // rustls' verdicts (UnknownIssuer, NotValidForName, ...) name the
+        // certificate; a plain refused connection does not.
+        if tls && (why.contains("certificate") || why.contains("tls") || why.contains("TLS")) {
+            LinkError::Tls(why)
+        } else {
+            LinkError::Connect(why)
+        }
+    })?;
     let mut client = CacheEventsClient::new(channel);
     let (tx, rx) = mpsc::channel::<AgentMessage>(32);
     // Queue Hello + snapshot before the call so the router sees them first.

@@ -5,6 +5,12 @@
 //! listen: 0.0.0.0:8000
 //! grpc_listen: 0.0.0.0:50051
 //! admin_token: secret          # guards PUT /admin/...
+//! agent_token: shared-secret    # agents must present it on the gRPC ingest
+//! ingest:                       # the agent ingest on grpc_listen
+//!   tls_cert: /etc/warmpath/router.pem  # PEM chain; with tls_key: serve TLS
+//!   tls_key: /etc/warmpath/router.key
+//!   stale_after_ms: 10000       # silent agent: its entries stop counting
+//!   drop_after_ms: 120000       # silent agent: its entries are cleared
 //! pools:
 //!   - model: meta-llama/Llama-3.1-8B-Instruct
 //!     strategy: kv_aware
@@ -16,17 +22,20 @@
 //!       - { url: "http://10.0.0.2:8000" }  # worker_id defaults to the url
 //! ```
 //!
-//! Flags: `--listen`, `--grpc-listen`, `--admin-token`, `--agent-token` and
-//! `--max-body-bytes` replace the file's values. Pool flags (`--model`,
+//! Flags: `--listen`, `--grpc-listen`, `--admin-token`, `--agent-token`,
+//! `--agent-tls-cert`, `--agent-tls-key`, `--agent-stale-after-ms`,
+//! `--agent-drop-after-ms` and `--max-body-bytes` replace the file's values. Pool flags (`--model`,
 //! `--backend` (repeatable, replaces the pool's backends), `--strategy`,
 //! `--tokenizer`, `--block-size`, `--prefix-length`, `--concurrency-threshold`)
 //! apply to the pool named by `--model` (created when the file has no such
 //! pool), or to the file's only pool.
 
 mod cli;
+mod ingest;
 mod validate;
 
 pub use cli::Cli;
+pub use ingest::IngestSettings;
 pub use validate::BackendUrl;
 
 use serde::{Deserialize, Serialize};
@@ -89,6 +98,8 @@ pub struct RouterConfig {
     pub admin_token: Option<String>,
     /// Bearer token agents must present on the gRPC ingest when set.
     pub agent_token: Option<String>,
+    /// The agent ingest's TLS and deadlines.
+    pub ingest: IngestSettings,
     /// Largest accepted request body in bytes (413 above).
     pub max_body_bytes: usize,
     /// Forward the tenant id to the backend as `cache_salt` (default true).
@@ -108,6 +119,7 @@ impl Default for RouterConfig {
             grpc_listen: None,
             admin_token: None,
             agent_token: None,
+            ingest: IngestSettings::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             forward_cache_salt: true,
             health: HealthConfig::default(),

@@ -135,26 +135,12 @@ pub async fn start(
         let (l, addr) = bind(g).await?;
         grpc_addr = Some(addr);
         let dir: Arc<dyn ingest::PoolDirectory> = pools;
-        let defaults = ingest::IngestConfig::default();
-        let service = ingest::IngestService::new(
-            Arc::clone(&dir),
-            Arc::clone(agents),
-            config.agent_token.clone(),
-            token.clone(),
-        );
-        let t = token.clone();
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = ingest::serve(l, service, None, t).await {
-                tracing::error!(error = %e, "gRPC ingest stopped");
-            }
-        }));
-        tasks.push(ingest::spawn_sweeper(
-            dir,
-            defaults.stale_after,
-            defaults.drop_after,
-            Duration::from_secs(1),
-            token.clone(),
-        ));
+        let ingest_config = config.ingest_config()?;
+        let started = ingest::spawn(l, dir, Arc::clone(agents), ingest_config, token.clone())
+            .map_err(|e| {
+                RouterError::Config(crate::config::invalid("ingest.tls_cert", e.to_string()))
+            })?;
+        tasks.extend(started);
     }
     let serve_token = token.clone();
     let router = app(Arc::clone(&shared));

@@ -50,6 +50,19 @@ pub struct Cli {
     /// Bearer token agents must present.
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<String>,
+    /// PEM certificate chain for the agent ingest: serve TLS (with
+    /// `--agent-tls-key`).
+    #[arg(long, value_name = "PATH")]
+    pub agent_tls_cert: Option<PathBuf>,
+    /// PEM private key of `--agent-tls-cert`.
+    #[arg(long, value_name = "PATH")]
+    pub agent_tls_key: Option<PathBuf>,
+    /// Silence after which an agent's entries stop counting (ms, default 10000).
+    #[arg(long, value_name = "MS")]
+    pub agent_stale_after_ms: Option<u64>,
+    /// Silence after which an agent's entries are cleared (ms, default 120000).
+    #[arg(long, value_name = "MS")]
+    pub agent_drop_after_ms: Option<u64>,
     /// Largest accepted request body in bytes (default 32 MiB).
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
@@ -92,6 +105,18 @@ impl Cli {
         }
         if let Some(v) = self.max_body_bytes {
             config.max_body_bytes = v;
+        }
+        if let Some(v) = &self.agent_tls_cert {
+            config.ingest.tls_cert = Some(v.clone());
+        }
+        if let Some(v) = &self.agent_tls_key {
+            config.ingest.tls_key = Some(v.clone());
+        }
+        if let Some(v) = self.agent_stale_after_ms {
+            config.ingest.stale_after_ms = v;
+        }
+        if let Some(v) = self.agent_drop_after_ms {
+            config.ingest.drop_after_ms = v;
         }
         if self.model.is_none() && !self.has_pool_flags() {
             return Ok(config);
@@ -145,6 +170,7 @@ impl Cli {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn cli(args: &[&str]) -> Cli {
         let mut all = vec!["warmpath-router"];
@@ -190,6 +216,30 @@ mod tests {
         assert_eq!(p.prefix_aware.concurrency_threshold, 3);
         assert_eq!(p.prefix_aware.prefix_length, 2048);
         assert_eq!(p.backends[0].id(), "w", "backends kept without --backend");
+    }
+
+    #[test]
+    fn ingest_flags_override_the_file() {
+        let file = RouterConfig::from_yaml(
+            "ingest: {stale_after_ms: 1000, drop_after_ms: 5000, tls_cert: /a.pem}\n",
+        )
+        .unwrap();
+        let c = cli(&[
+            "--agent-tls-cert",
+            "/c.pem",
+            "--agent-tls-key",
+            "/k.pem",
+            "--agent-drop-after-ms",
+            "9000",
+        ])
+        .overlay(file)
+        .unwrap();
+        assert_eq!(c.ingest.tls_cert.as_deref(), Some(Path::new("/c.pem")));
+        assert_eq!(c.ingest.tls_key.as_deref(), Some(Path::new("/k.pem")));
+        assert_eq!(
+            (c.ingest.stale_after_ms, c.ingest.drop_after_ms),
+            (1000, 9000)
+        );
     }
 
     #[test]

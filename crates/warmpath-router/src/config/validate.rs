@@ -80,6 +80,7 @@ impl RouterConfig {
                 return Err(invalid(name, "must not be empty when set"));
             }
         }
+        self.ingest.validate(self)?;
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }
@@ -211,6 +212,12 @@ mod tests {
         c.pools[0].backends.clear();
         assert!(err(&c).contains("at least one backend"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/router.yaml");
+        RouterConfig::from_file(&p).unwrap().validate().unwrap();
     }
 
     #[test]

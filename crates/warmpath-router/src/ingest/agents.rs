@@ -44,6 +44,9 @@ pub struct AgentStatus {
     pub load: Option<EngineLoad>,
     /// Whether the engine answered the agent's last scrape.
     pub engine_up: Option<bool>,
+    /// Why the router last refused this agent (block size mismatch, older
+    /// epoch), until a stream of it is accepted again.
+    pub refused: Option<String>,
 }
 
 #[derive(Debug)]
@@ -104,6 +107,7 @@ impl Agents {
                 .as_ref()
                 .and_then(|p| same_epoch.then_some(p.status.load).flatten()),
             engine_up: None,
+            refused: None,
         };
         map.insert(
             key.worker_id.clone(),
@@ -137,6 +141,20 @@ impl Agents {
                 e.owner = None;
                 e.status.connected = false;
             }
+        }
+    }
+
+    /// Records why a stream of a known agent was refused (shown by
+    /// `/cache-index`). Unknown agents are not added: refusals must not grow
+    /// the registry.
+    pub(crate) fn refused(&self, key: &AgentKey, reason: &str) {
+        if let Some(e) = self
+            .map
+            .write()
+            .get_mut(&key.model)
+            .and_then(|m| m.get_mut(&key.worker_id))
+        {
+            e.status.refused = Some(reason.to_owned());
         }
     }
 

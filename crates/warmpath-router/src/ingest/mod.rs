@@ -32,6 +32,7 @@ use stream::{Refusal, WorkerStream};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
@@ -50,6 +51,20 @@ pub struct IngestPool {
     pub index: Arc<CacheIndex>,
     /// Tokens per block of the pool.
     pub block_size: usize,
+    /// The worker ids of the pool's backends: a Hello for any other id is
+    /// refused (its entries could never be routed to). `None` accepts any.
+    pub known_workers: Option<Arc<[String]>>,
+}
+
+impl IngestPool {
+    fn of(p: &crate::pool::Pool) -> Self {
+        IngestPool {
+            model: p.model.clone(),
+            index: Arc::clone(&p.index),
+            block_size: p.block_size,
+            known_workers: Some(p.backends.iter().map(|b| b.id.clone()).collect()),
+        }
+    }
 }
 
 /// Where the ingest finds pools by model.
@@ -62,23 +77,15 @@ pub trait PoolDirectory: Send + Sync + 'static {
 
 impl PoolDirectory for Pools {
     fn pool(&self, model: &str) -> Option<IngestPool> {
-        self.index_of(model).map(|(index, block_size)| IngestPool {
-            model: model.to_owned(),
-            index,
-            block_size,
-        })
+        self.get(model).map(|p| IngestPool::of(p))
     }
     fn pools(&self) -> Vec<IngestPool> {
-        self.all()
-            .iter()
-            .map(|p| IngestPool {
-                model: p.model.clone(),
-                index: Arc::clone(&p.index),
-                block_size: p.block_size,
-            })
-            .collect()
+        self.all().iter().map(|p| IngestPool::of(p)).collect()
     }
 }
+
+/// A PEM certificate chain and its PEM private key.
+pub type TlsPem = (Vec<u8>, Vec<u8>);
 
 /// Ingest settings.
 #[derive(Clone, Debug)]
@@ -90,7 +97,7 @@ pub struct IngestConfig {
     /// Silence after which a worker's entries are cleared.
     pub drop_after: Duration,
     /// PEM certificate and key: serve TLS.
-    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    pub tls: Option<TlsPem>,
 }
 
 impl Default for IngestConfig {
@@ -107,10 +114,31 @@ impl Default for IngestConfig {
 /// Errors of the ingest server.
 #[derive(Debug, Error)]
 pub enum IngestError {
-    /// The gRPC server failed (bind, TLS setup, transport). Retrying may work
-    /// for transient socket errors; a bad certificate will fail again.
+    /// The TLS certificate or key cannot be used (not PEM, key does not
+    /// match, unsupported algorithm). Not retryable: fix the files.
+    #[error("cannot serve TLS with the configured certificate and key: {0}")]
+    Tls(String),
+    /// The gRPC server failed (accept, transport). Retrying may work for
+    /// transient socket errors.
     #[error("gRPC ingest server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+/// `e` and its sources, joined by `: ` (tonic's own text is often just
+/// "transport error").
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        // io::Error repeats its inner error's text; say it once.
+        if !s.ends_with(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// The `CacheEvents` service.
@@ -237,7 +265,8 @@ async fn drive(
         let _ = tx.send(Ok(refused(&r))).await;
         return;
     };
-    let mut ws = match WorkerStream::open(pool, agents, &hello, crate::monotonic_ms()) {
+    let mut ws = match WorkerStream::open(pool, Arc::clone(&agents), &hello, crate::monotonic_ms())
+    {
         Ok(ws) => ws,
         Err(r) => {
             tracing::error!(reason = %r.reason, "agent refused");
@@ -269,7 +298,11 @@ async fn drive(
                 }
             }
             Err(r) => {
-                tracing::warn!(reason = %r.reason, "agent stream closed");
+                if r.retryable {
+                    tracing::warn!(reason = %r.reason, "agent stream closed");
+                } else {
+                    tracing::error!(reason = %r.reason, "agent refused");
+                }
                 let _ = tx.send(Ok(refused(&r))).await;
                 break;
             }
@@ -279,25 +312,78 @@ async fn drive(
     tracing::info!("agent disconnected");
 }
 
+/// The gRPC server, with TLS when `tls` holds a PEM certificate chain and
+/// key. TLS is set up here, so an unusable identity fails before serving.
+fn server(tls: Option<TlsPem>) -> Result<tonic::transport::Server, IngestError> {
+    let builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .tcp_nodelay(true);
+    match tls {
+        None => Ok(builder),
+        Some((cert, key)) => {
+            let identity = tonic::transport::Identity::from_pem(cert, key);
+            builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| IngestError::Tls(error_chain(&e)))
+        }
+    }
+}
+
 /// Serves the ingest on `listener` until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
     service: IngestService,
-    tls: Option<(Vec<u8>, Vec<u8>)>,
+    tls: Option<TlsPem>,
     shutdown: CancellationToken,
 ) -> Result<(), IngestError> {
-    let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .tcp_nodelay(true);
-    if let Some((cert, key)) = tls {
-        let identity = tonic::transport::Identity::from_pem(cert, key);
-        builder =
-            builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))?;
-    }
-    let incoming = TcpListenerStream::new(listener);
-    builder
+    server(tls)?
         .add_service(CacheEventsServer::new(service))
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
         .await?;
     Ok(())
+}
+
+/// Starts the whole ingest on `listener`: the gRPC server (TLS when
+/// `config.tls` is set) and the staleness sweeper (every second). An
+/// unusable TLS identity fails here, before anything runs. Both tasks stop
+/// when `shutdown` is cancelled; the caller owns the handles.
+pub fn spawn(
+    listener: TcpListener,
+    dir: Arc<dyn PoolDirectory>,
+    agents: Arc<Agents>,
+    config: IngestConfig,
+    shutdown: CancellationToken,
+) -> Result<Vec<JoinHandle<()>>, IngestError> {
+    let tls = config.tls.is_some();
+    let router = server(config.tls)?.add_service(CacheEventsServer::new(IngestService::new(
+        Arc::clone(&dir),
+        agents,
+        config.token.clone(),
+        shutdown.clone(),
+    )));
+    tracing::info!(
+        tls,
+        auth = config.token.is_some(),
+        stale_after_ms = config.stale_after.as_millis() as u64,
+        drop_after_ms = config.drop_after.as_millis() as u64,
+        "agent ingest starting"
+    );
+    let t = shutdown.clone();
+    let serve = tokio::spawn(async move {
+        let incoming = TcpListenerStream::new(listener);
+        if let Err(e) = router
+            .serve_with_incoming_shutdown(incoming, t.cancelled_owned())
+            .await
+        {
+            tracing::error!(error = %error_chain(&e), "gRPC ingest stopped");
+        }
+    });
+    let sweeper = spawn_sweeper(
+        dir,
+        config.stale_after,
+        config.drop_after,
+        (config.stale_after / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+        shutdown,
+    );
+    Ok(vec![serve, sweeper])
 }

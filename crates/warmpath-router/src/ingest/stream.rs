@@ -81,17 +81,34 @@ impl WorkerStream {
                 retryable: false,
             });
         }
-        check_block_size(&pool, hello.block_size)?;
         let key = AgentKey {
             model: hello.model.clone(),
             worker_id: hello.worker_id.clone(),
         };
-        let stream_id = agents
-            .claim(&key, hello, now_ms)
-            .map_err(|reason| Refusal {
+        if let Some(known) = &pool.known_workers {
+            if !known.contains(&hello.worker_id) {
+                metrics::counter!("warmpath_ingest_refused_total", "reason" => "worker_id")
+                    .increment(1);
+                return Err(Refusal {
+                    reason: format!(
+                        "worker id {:?} is not a backend of pool {:?} (its worker_ids: {}); set --worker-id to the backend's worker_id (default: its url)",
+                        hello.worker_id,
+                        hello.model,
+                        known.join(", ")
+                    ),
+                    retryable: false,
+                });
+            }
+        }
+        check_block_size(&pool, hello.block_size)
+            .inspect_err(|r| agents.refused(&key, &r.reason))?;
+        let stream_id = agents.claim(&key, hello, now_ms).map_err(|reason| {
+            agents.refused(&key, &reason);
+            Refusal {
                 reason,
                 retryable: false,
-            })?;
+            }
+        })?;
         let slot = pool
             .index
             .register_worker(&hello.worker_id)
@@ -163,7 +180,12 @@ impl WorkerStream {
                 retryable: false,
             });
         }
-        check_block_size(&self.pool, h.block_size)?;
+        if let Err(r) = check_block_size(&self.pool, h.block_size) {
+            // Entries hashed with another block size could only mislead.
+            let _ = self.pool.index.clear_worker(self.slot);
+            self.agents.refused(&self.key, &r.reason);
+            return Err(r);
+        }
         self.agents.set_block_size(&self.key, h.block_size);
         // A changed block size invalidates the entries; a snapshot follows.
         let _ = self.pool.index.clear_worker(self.slot);

@@ -25,6 +25,7 @@ fn pool() -> IngestPool {
         model: "m".into(),
         index: Arc::new(CacheIndex::new()),
         block_size: 4,
+        known_workers: None,
     }
 }
 
@@ -152,6 +153,75 @@ fn block_size_mismatch_and_old_epoch_are_refused() {
     assert!(err.reason.contains("older"), "{}", err.reason);
     // block size 0 (not learned yet) is accepted
     assert!(WorkerStream::open(p, agents, &hello("x", 1, 0), 0).is_ok());
+}
+
+fn hello_msg(h: Hello) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Msg::Hello(h)),
+    }
+}
+
+#[test]
+fn a_stream_publishes_only_for_the_worker_it_said_hello_with() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 0), 0).unwrap();
+    for m in snapshot(1, &chain(2), 8) {
+        ws.on_message(m, 1, 0).unwrap();
+    }
+    for other in [hello("x", 1, 4), hello("w", 2, 4)] {
+        let err = ws.on_message(hello_msg(other), 2, 0).unwrap_err();
+        assert!(
+            err.reason.contains("only change block_size"),
+            "{}",
+            err.reason
+        );
+    }
+    assert!(p.index.worker_slot("x").is_none(), "nothing stored for x");
+    // The same identity may announce the block size it learned.
+    assert!(ws.on_message(hello_msg(hello("w", 1, 4)), 3, 0).is_ok());
+}
+
+#[test]
+fn only_the_pools_backends_may_publish() {
+    let mut p = pool();
+    p.known_workers = Some(vec!["gpu-0".to_owned()].into());
+    let agents = Arc::new(Agents::new());
+    let err = WorkerStream::open(p.clone(), agents.clone(), &hello("gpu-9", 1, 4), 0)
+        .err()
+        .unwrap();
+    assert!(err.reason.contains("not a backend"), "{}", err.reason);
+    assert!(err.reason.contains("gpu-0"), "names the ids it accepts");
+    assert!(agents.status("m", 0).is_empty(), "refusals add no agent");
+    assert!(WorkerStream::open(p, agents, &hello("gpu-0", 1, 4), 0).is_ok());
+}
+
+#[test]
+fn a_learned_block_size_mismatch_is_refused_cleared_and_shown() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 0), 0).unwrap();
+    for m in snapshot(1, &chain(3), 8) {
+        ws.on_message(m, 1, 0).unwrap();
+    }
+    let slot = p.index.worker_slot("w").unwrap();
+    assert_eq!(p.index.block_count(slot), 3);
+    let err = ws
+        .on_message(hello_msg(hello("w", 1, 16)), 2, 0)
+        .unwrap_err();
+    assert!(err.reason.contains("block size mismatch"), "{}", err.reason);
+    assert!(!err.retryable);
+    assert_eq!(
+        p.index.block_count(slot),
+        0,
+        "entries of the wrong size dropped"
+    );
+    let st = agents.status_of("m", "w", 3).unwrap();
+    assert!(st.refused.unwrap().contains("16"));
+    // Reconnecting with the same mismatch keeps it visible.
+    ws.close();
+    assert!(WorkerStream::open(p, agents.clone(), &hello("w", 1, 16), 4).is_err());
+    assert!(agents.status_of("m", "w", 5).unwrap().refused.is_some());
 }
 
 #[test]

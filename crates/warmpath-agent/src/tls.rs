@@ -1,0 +1,128 @@
+//! Client TLS for `https` routers: which roots to trust (`--router-ca`, else
+//! the system's) and which name to check (`--tls-domain`, else the URL's
+//! host). Everything is checked at start, so a bad CA file or URL is a
+//! clear start-up error instead of a link that fails forever.
+
+use crate::agent::AgentError;
+use std::path::Path;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+/// Largest accepted `--router-ca` file, bytes.
+const MAX_CA_BYTES: u64 = 1 << 20;
+
+/// Whether `url` asks for TLS.
+pub fn is_https(url: &str) -> bool {
+    url.get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+}
+
+fn read_ca(path: &Path) -> Result<Certificate, AgentError> {
+    let fail = |why: String| AgentError::Config(format!("--router-ca {}: {why}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    if meta.len() > MAX_CA_BYTES {
+        return Err(fail(format!(
+            "{} bytes is too large for a PEM file",
+            meta.len()
+        )));
+    }
+    let pem = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(fail("no PEM CERTIFICATE block in the file".into()));
+    }
+    Ok(Certificate::from_pem(pem))
+}
+
+/// Checks every router URL and builds the TLS settings the `https` ones
+/// use (`None` when every router is plain `http`).
+pub fn router_tls(
+    routers: &[String],
+    ca: Option<&Path>,
+    domain: Option<&str>,
+) -> Result<Option<ClientTlsConfig>, AgentError> {
+    for url in routers {
+        let scheme_ok = is_https(url)
+            || url
+                .get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("http://"));
+        if !scheme_ok {
+            return Err(AgentError::Config(format!(
+                "--router {url:?} must start with http:// or https://"
+            )));
+        }
+        Endpoint::from_shared(url.clone())
+            .map_err(|e| AgentError::Config(format!("--router {url:?} is not a valid URL: {e}")))?;
+    }
+    if !routers.iter().any(|u| is_https(u)) {
+        if ca.is_some() || domain.is_some() {
+            tracing::warn!("--router-ca / --tls-domain ignored: no --router uses https://");
+        }
+        return Ok(None);
+    }
+    let mut tls = ClientTlsConfig::new();
+    tls = match ca {
+        Some(path) => tls.ca_certificate(read_ca(path)?),
+        None => tls.with_native_roots(),
+    };
+    if let Some(d) = domain {
+        if d.is_empty() {
+            return Err(AgentError::Config("--tls-domain must not be empty".into()));
+        }
+        tls = tls.domain_name(d);
+    }
+    // Build each https endpoint once: this parses the roots now.
+    for url in routers.iter().filter(|u| is_https(u)) {
+        let ep = Endpoint::from_shared(url.clone())
+            .map_err(|e| AgentError::Config(format!("--router {url:?}: {e}")))?;
+        ep.tls_config(tls.clone()).map_err(|e| {
+            AgentError::Config(format!(
+                "TLS settings for --router {url:?}: {}",
+                crate::link::error_chain(&e)
+            ))
+        })?;
+    }
+    Ok(Some(tls))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn urls(u: &[&str]) -> Vec<String> {
+        u.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn plain_http_needs_no_tls() {
+        let r = router_tls(&urls(&["http://127.0.0.1:1"]), None, None).unwrap();
+        assert!(r.is_none());
+        assert!(is_https("HTTPS://x:1") && !is_https("http://x"));
+    }
+
+    #[test]
+    fn bad_urls_and_ca_files_are_start_up_errors() {
+        let e = router_tls(&urls(&["127.0.0.1:50051"]), None, None).unwrap_err();
+        assert!(e.to_string().contains("http:// or https://"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.pem");
+        let e = router_tls(&urls(&["https://r:1"]), Some(&missing), None).unwrap_err();
+        assert!(e.to_string().contains("nope.pem"), "{e}");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let e = router_tls(&urls(&["https://r:1"]), Some(&junk), None).unwrap_err();
+        assert!(e.to_string().contains("no PEM CERTIFICATE"), "{e}");
+        let e = router_tls(&urls(&["https://r:1"]), None, Some("")).unwrap_err();
+        assert!(e.to_string().contains("--tls-domain"), "{e}");
+    }
+
+    #[test]
+    fn https_without_a_ca_uses_the_system_roots() {
+        let r = router_tls(
+            &urls(&["http://a:1", "https://b:2"]),
+            None,
+            Some("router.internal"),
+        )
+        .unwrap();
+        assert!(r.is_some());
+    }
+}

@@ -1,0 +1,215 @@
+//! The `ingest:` section: TLS for the agents' gRPC stream and the deadlines
+//! after which a silent agent's entries stop counting, then are cleared.
+
+use super::{invalid, ConfigError, RouterConfig};
+use crate::ingest::{IngestConfig, TlsPem};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Largest accepted PEM file (a certificate chain or a key), bytes.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// Agent ingest settings (the listen address is `grpc_listen`, the shared
+/// token `agent_token`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestSettings {
+    /// PEM certificate chain; with `tls_key` the ingest serves TLS only.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// Silence (no message, not even a heartbeat) after which an agent's
+    /// entries stop counting for `kv_aware`, in milliseconds (>= 100).
+    pub stale_after_ms: u64,
+    /// Silence after which an agent's entries are cleared, in milliseconds
+    /// (greater than `stale_after_ms`).
+    pub drop_after_ms: u64,
+}
+
+impl Default for IngestSettings {
+    fn default() -> Self {
+        let d = IngestConfig::default();
+        IngestSettings {
+            tls_cert: None,
+            tls_key: None,
+            stale_after_ms: d.stale_after.as_millis() as u64,
+            drop_after_ms: d.drop_after.as_millis() as u64,
+        }
+    }
+}
+
+/// Reads a PEM file and checks that it holds a `kind` block
+/// (`CERTIFICATE`, `PRIVATE KEY`).
+fn read_pem(at: &str, path: &Path, kind: &str) -> Result<Vec<u8>, ConfigError> {
+    let fail = |why: String| invalid(at, format!("{}: {why}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    if meta.len() > MAX_PEM_BYTES {
+        return Err(fail(format!(
+            "{} bytes is too large for a PEM file",
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let found = text.lines().any(|l| {
+        l.trim()
+            .strip_prefix("-----BEGIN ")
+            .is_some_and(|rest| rest.trim_end_matches('-').ends_with(kind))
+    });
+    if !found {
+        return Err(fail(format!("no PEM \"{kind}\" block in the file")));
+    }
+    Ok(bytes)
+}
+
+impl IngestSettings {
+    /// Checks the section against the rest of `config`; reads the TLS files.
+    pub(crate) fn validate(&self, config: &RouterConfig) -> Result<(), ConfigError> {
+        if self.stale_after_ms < 100 {
+            return Err(invalid("ingest.stale_after_ms", "must be at least 100"));
+        }
+        if self.drop_after_ms <= self.stale_after_ms {
+            return Err(invalid(
+                "ingest.drop_after_ms",
+                format!(
+                    "{} must be greater than stale_after_ms ({}): entries are dropped after they went stale",
+                    self.drop_after_ms, self.stale_after_ms
+                ),
+            ));
+        }
+        let tls = self.load_tls()?;
+        if tls.is_some() && config.grpc_listen.is_none() {
+            return Err(invalid(
+                "ingest.tls_cert",
+                "TLS is configured but grpc_listen is not: the ingest would not run",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The PEM certificate chain and key, when TLS is configured.
+    pub fn load_tls(&self) -> Result<Option<TlsPem>, ConfigError> {
+        match (&self.tls_cert, &self.tls_key) {
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(invalid(
+                "ingest.tls_key",
+                "tls_cert is set without tls_key (--agent-tls-key)",
+            )),
+            (None, Some(_)) => Err(invalid(
+                "ingest.tls_cert",
+                "tls_key is set without tls_cert (--agent-tls-cert)",
+            )),
+            (Some(c), Some(k)) => Ok(Some((
+                read_pem("ingest.tls_cert", c, "CERTIFICATE")?,
+                read_pem("ingest.tls_key", k, "PRIVATE KEY")?,
+            ))),
+        }
+    }
+}
+
+impl RouterConfig {
+    /// The ingest's runtime settings (reads the TLS files).
+    pub fn ingest_config(&self) -> Result<IngestConfig, ConfigError> {
+        Ok(IngestConfig {
+            token: self.agent_token.clone(),
+            stale_after: Duration::from_millis(self.ingest.stale_after_ms),
+            drop_after: Duration::from_millis(self.ingest.drop_after_ms),
+            tls: self.ingest.load_tls()?,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn base() -> RouterConfig {
+        RouterConfig::from_yaml(
+            "listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
+        )
+        .unwrap()
+    }
+
+    fn err(c: &RouterConfig) -> String {
+        c.validate().unwrap_err().to_string()
+    }
+
+    const CERT: &str = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+    const KEY: &str = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn yaml_section_parses_and_converts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, k) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&c, CERT).unwrap();
+        std::fs::write(&k, KEY).unwrap();
+        let yaml = format!(
+            "grpc_listen: 127.0.0.1:0\nagent_token: t\ningest:\n  tls_cert: {}\n  tls_key: {}\n  stale_after_ms: 500\n  drop_after_ms: 900\npools:\n  - model: m\n    backends: [{{url: 'http://127.0.0.1:9'}}]\n",
+            c.display(),
+            k.display()
+        );
+        let cfg = RouterConfig::from_yaml(&yaml).unwrap();
+        cfg.validate().unwrap();
+        let ic = cfg.ingest_config().unwrap();
+        assert_eq!(ic.stale_after, Duration::from_millis(500));
+        assert_eq!(ic.drop_after, Duration::from_millis(900));
+        assert_eq!(ic.token.as_deref(), Some("t"));
+        let (cert, key) = ic.tls.unwrap();
+        assert_eq!(
+            (cert.as_slice(), key.as_slice()),
+            (CERT.as_bytes(), KEY.as_bytes())
+        );
+        assert!(RouterConfig::from_yaml("ingest: {tls_crt: x}\n").is_err());
+    }
+
+    #[test]
+    fn bad_tls_and_deadlines_are_refused_with_their_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, k) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&c, CERT).unwrap();
+        std::fs::write(&k, KEY).unwrap();
+
+        let mut cfg = base();
+        cfg.ingest.tls_cert = Some(c.clone());
+        assert!(err(&cfg).contains("ingest.tls_key"), "{}", err(&cfg));
+        let mut cfg = base();
+        cfg.ingest.tls_key = Some(k.clone());
+        assert!(err(&cfg).contains("without tls_cert"), "{}", err(&cfg));
+        let mut cfg = base();
+        cfg.ingest.tls_cert = Some(dir.path().join("missing.pem"));
+        cfg.ingest.tls_key = Some(k.clone());
+        let e = err(&cfg);
+        assert!(
+            e.contains("ingest.tls_cert") && e.contains("missing.pem"),
+            "{e}"
+        );
+        let mut cfg = base();
+        cfg.ingest.tls_cert = Some(k.clone());
+        cfg.ingest.tls_key = Some(k.clone());
+        assert!(
+            err(&cfg).contains("no PEM \"CERTIFICATE\""),
+            "{}",
+            err(&cfg)
+        );
+        let mut cfg = base();
+        cfg.ingest.tls_cert = Some(c.clone());
+        cfg.ingest.tls_key = Some(c.clone());
+        assert!(err(&cfg).contains("ingest.tls_key"), "{}", err(&cfg));
+        let mut cfg = base();
+        cfg.grpc_listen = None;
+        cfg.ingest.tls_cert = Some(c.clone());
+        cfg.ingest.tls_key = Some(k.clone());
+        assert!(err(&cfg).contains("grpc_listen"), "{}", err(&cfg));
+
+        let mut cfg = base();
+        cfg.ingest.stale_after_ms = 5_000;
+        cfg.ingest.drop_after_ms = 5_000;
+        assert!(err(&cfg).contains("ingest.drop_after_ms"), "{}", err(&cfg));
+        let mut cfg = base();
+        cfg.ingest.stale_after_ms = 10;
+        assert!(err(&cfg).contains("ingest.stale_after_ms"), "{}", err(&cfg));
+        base().validate().unwrap();
+    }
+}

@@ -1,0 +1,453 @@
+//! The router's agent ingest end to end, with the real `warmpath-agent`
+//! binary and the real router (`warmpath_router::start`, configured through
+//! its command-line flags): TLS with a certificate made at test time (rcgen),
+//! the shared token over TLS, an agent that does not trust the router, a
+//! block-size mismatch, and two router replicas converging to the same index.
+#![allow(clippy::unwrap_used)]
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use warmpath_agent::vllm::{
+    BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, PublisherConfig,
+};
+use warmpath_core::{hash_tokens, BlockHash, CacheIndex, HashSeed};
+
+const BS: u32 = 4;
+
+/// A child process killed on drop; its stdout+stderr go to `log`.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Certs {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+/// A CA and a `localhost` certificate it signed, written as PEM into `dir`.
+fn make_certs(dir: &Path) -> Certs {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "warmpath test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let certs = Certs {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("router.pem"),
+        key: dir.join("router.key"),
+    };
+    std::fs::write(&certs.ca, ca.pem()).unwrap();
+    std::fs::write(&certs.cert, leaf.pem()).unwrap();
+    std::fs::write(&certs.key, key.serialize_pem()).unwrap();
+    certs
+}
+
+async fn publisher() -> KvEventPublisher {
+    let mut cfg = PublisherConfig::new("tcp://127.0.0.1:0");
+    cfg.replay_endpoint = Some("tcp://127.0.0.1:0".into());
+    KvEventPublisher::bind(cfg).await.unwrap()
+}
+
+/// The agent binary for `worker` on `p`, with `extra` flags (routers, TLS,
+/// token), logging into `dir/<worker>.log`.
+fn agent(dir: &Path, worker: &str, p: &KvEventPublisher, extra: &[String]) -> Proc {
+    let log = dir.join(format!("{worker}.log"));
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", worker, "--model", "m"])
+        .args(["--engine-url", "http://127.0.0.1:9"])
+        .args(["--kv-events", p.endpoint()])
+        .args(["--kv-replay", p.replay_endpoint().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--load-interval-ms", "0"])
+        .args(extra)
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    Proc { child, log }
+}
+
+/// The router as its binary would run with `flags` (plus a pool "m" of
+/// block size 4 whose backends are `workers`).
+async fn router(flags: &[String], workers: &[&str]) -> warmpath_router::RunningRouter {
+    let mut args: Vec<String> = [
+        "warmpath-router",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "m",
+        "--block-size",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend_from_slice(flags);
+    let cli = warmpath_router::Cli::try_parse_from(args).unwrap();
+    let mut config = cli.load().unwrap();
+    config.pools[0].backends = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let mut b =
+                warmpath_router::config::BackendConfig::new(format!("http://127.0.0.1:{}", 9 + i));
+            b.worker_id = Some((*w).to_owned());
+            b
+        })
+        .collect();
+    warmpath_router::start(config, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+fn index(r: &warmpath_router::RunningRouter) -> Arc<CacheIndex> {
+    r.shared().pools.index_of("m").unwrap().0
+}
+
+fn blocks(r: &warmpath_router::RunningRouter, worker: &str) -> u64 {
+    let idx = index(r);
+    idx.worker_slot(worker).map_or(0, |s| idx.block_count(s))
+}
+
+/// One BlockStored of tokens `toks` (a new chain when `parent` is None).
+fn stored(first_hash: u64, parent: Option<u64>, toks: std::ops::Range<u32>, bs: u32) -> KvEvent {
+    let toks: Vec<u32> = toks.collect();
+    let n = toks.len() as u64 / u64::from(bs);
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: (0..n)
+            .map(|i| EngineBlockHash::Int(first_hash + i))
+            .collect(),
+        parent_block_hash: parent.map(EngineBlockHash::Int),
+        token_ids: toks,
+        block_size: bs,
+        ..Default::default()
+    })
+}
+
+/// The router-side hashes of the chain of tokens 0..n.
+fn wp(n: u32) -> Vec<BlockHash> {
+    hash_tokens(
+        HashSeed::new("m", "", ""),
+        BS as usize,
+        &(0..n).collect::<Vec<_>>(),
+    )
+}
+
+/// Polls `cond` for up to `limit`, publishing an empty batch on each
+/// publisher between polls (a gap is only seen when the next batch comes).
+async fn wait_until(
+    what: &str,
+    limit: Duration,
+    pubs: &[&KvEventPublisher],
+    mut cond: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        for p in pubs {
+            p.publish(vec![]).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn metrics_text(http: SocketAddr) -> String {
+    reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_ingest_accepts_trusted_agents_with_the_token_and_refuses_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = make_certs(dir.path());
+    let r = router(
+        &[
+            "--grpc-listen".into(),
+            "127.0.0.1:0".into(),
+            "--agent-token".into(),
+            "tok".into(),
+            "--agent-tls-cert".into(),
+            certs.cert.display().to_string(),
+            "--agent-tls-key".into(),
+            certs.key.display().to_string(),
+        ],
+        &["good", "untrusting", "wrong-token", "no-token", "plain"],
+    )
+    .await;
+    let url = format!("https://127.0.0.1:{}", r.grpc_addr.unwrap().port());
+    let ca = certs.ca.display().to_string();
+    let trusted = s(&[
+        "--router",
+        &url,
+        "--router-ca",
+        &ca,
+        "--tls-domain",
+        "localhost",
+    ]);
+    let pubs = [
+        publisher().await,
+        publisher().await,
+        publisher().await,
+        publisher().await,
+        publisher().await,
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        let mut v = trusted.clone();
+        v.extend(s(extra));
+        v
+    };
+    let d = dir.path();
+    let good = agent(d, "good", &pubs[0], &with(&["--agent-token", "tok"]));
+    // No --router-ca: the system roots do not know the test CA.
+    let untrusting = agent(
+        d,
+        "untrusting",
+        &pubs[1],
+        &s(&[
+            "--router",
+            &url,
+            "--tls-domain",
+            "localhost",
+            "--agent-token",
+            "tok",
+        ]),
+    );
+    let wrong = agent(
+        d,
+        "wrong-token",
+        &pubs[2],
+        &with(&["--agent-token", "nope"]),
+    );
+    let none = agent(d, "no-token", &pubs[3], &with(&[]));
+    // Plain HTTP/2 to the TLS port.
+    let plain_url = format!("http://127.0.0.1:{}", r.grpc_addr.unwrap().port());
+    let plain = agent(
+        d,
+        "plain",
+        &pubs[4],
+        &s(&["--router", &plain_url, "--agent-token", "tok"]),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for p in &pubs {
+        p.publish(vec![stored(100, None, 0..16, BS)]).await.unwrap();
+    }
+    let all: Vec<&KvEventPublisher> = pubs.iter().collect();
+    wait_until(
+        "the trusted agent's blocks",
+        Duration::from_secs(30),
+        &all,
+        || blocks(&r, "good") == 4,
+    )
+    .await;
+    let idx = index(&r);
+    let slot = idx.worker_slot("good").unwrap();
+    assert_eq!(idx.longest_match(&wp(16)).of(slot).unwrap().blocks, 4);
+
+    wait_until(
+        "every refused agent to log why",
+        Duration::from_secs(30),
+        &all,
+        || {
+            untrusting.output().contains("TLS with the router failed")
+                && wrong.output().contains("wrong agent token")
+                && none.output().contains("wrong agent token")
+                && plain.output().contains("router link down")
+        },
+    )
+    .await;
+    for (name, p) in [
+        ("untrusting", &untrusting),
+        ("wrong-token", &wrong),
+        ("plain", &plain),
+    ] {
+        let out = p.output();
+        let why = out
+            .lines()
+            .find(|l| l.contains("ERROR") || l.contains("WARN"));
+        eprintln!("{name}: {}", why.unwrap_or("?"));
+    }
+    let u = untrusting.output();
+    assert!(
+        u.contains("certificate") || u.contains("Certificate"),
+        "{u}"
+    );
+    for w in ["untrusting", "wrong-token", "no-token", "plain"] {
+        assert_eq!(blocks(&r, w), 0, "{w} must not reach the index");
+    }
+    let m = metrics_text(r.http_addr).await;
+    assert!(
+        m.contains("warmpath_ingest_refused_total{reason=\"auth\"}"),
+        "the router counts token refusals"
+    );
+    assert!(good.output().contains("router link up"));
+    r.shutdown();
+    r.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_size_mismatch_is_loud_on_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let url = format!("http://{}", r.grpc_addr.unwrap());
+    let p = publisher().await;
+    let a = agent(dir.path(), "w", &p, &s(&["--router", &url]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The engine's blocks hold 8 tokens; the router's pool 4.
+    p.publish(vec![stored(1, None, 0..16, 8)]).await.unwrap();
+    let cache_index = || async {
+        reqwest::get(format!("http://{}/cache-index", r.http_addr))
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    wait_until(
+        "the agent to report the mismatch",
+        Duration::from_secs(30),
+        &[&p],
+        || a.output().contains("block size mismatch"),
+    )
+    .await;
+    let v = cache_index().await;
+    let refused = v.to_string();
+    assert!(
+        refused.contains("block size mismatch"),
+        "/cache-index shows it: {refused}"
+    );
+    let m = metrics_text(r.http_addr).await;
+    assert!(m.contains("warmpath_ingest_refused_total{reason=\"block_size\"}"));
+    assert_eq!(blocks(&r, "w"), 0);
+    r.shutdown();
+    r.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_router_replicas_converge_to_the_same_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = s(&["--grpc-listen", "127.0.0.1:0"]);
+    let ra = router(&flags, &["w1", "w2"]).await;
+    let rb = router(&flags, &["w1", "w2"]).await;
+    let (ga, gb) = (ra.grpc_addr.unwrap(), rb.grpc_addr.unwrap());
+    let routers = s(&[
+        "--router",
+        &format!("http://{ga}"),
+        "--router",
+        &format!("http://{gb}"),
+    ]);
+    let (p1, p2) = (publisher().await, publisher().await);
+    let _a1 = agent(dir.path(), "w1", &p1, &routers);
+    let _a2 = agent(dir.path(), "w2", &p2, &routers);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // w1: tokens 0..32 in two events, then drops its last two blocks.
+    p1.publish(vec![stored(100, None, 0..16, BS)])
+        .await
+        .unwrap();
+    p1.publish(vec![stored(104, Some(103), 16..32, BS)])
+        .await
+        .unwrap();
+    p2.publish(vec![stored(500, None, 0..24, BS)])
+        .await
+        .unwrap();
+    p1.publish(vec![KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![EngineBlockHash::Int(106), EngineBlockHash::Int(107)],
+        medium: None,
+        group_idx: None,
+    })])
+    .await
+    .unwrap();
+    let want = [("w1", 6u64), ("w2", 6u64)];
+    let converged = |a: &warmpath_router::RunningRouter, b: &warmpath_router::RunningRouter| {
+        want.iter()
+            .all(|(w, n)| blocks(a, w) == *n && blocks(b, w) == *n)
+    };
+    wait_until(
+        "both replicas",
+        Duration::from_secs(30),
+        &[&p1, &p2],
+        || converged(&ra, &rb),
+    )
+    .await;
+
+    // Replica B restarts on its port and misses events meanwhile; its
+    // snapshots make it equal to A again.
+    rb.shutdown();
+    rb.wait().await;
+    p2.publish(vec![stored(506, Some(505), 24..32, BS)])
+        .await
+        .unwrap();
+    let mut cli_flags = s(&["--grpc-listen"]);
+    cli_flags.push(gb.to_string());
+    let rb = router(&cli_flags, &["w1", "w2"]).await;
+    let want2 = [("w1", 6u64), ("w2", 8u64)];
+    wait_until(
+        "the restarted replica",
+        Duration::from_secs(30),
+        &[&p1, &p2],
+        || {
+            want2
+                .iter()
+                .all(|(w, n)| blocks(&ra, w) == *n && blocks(&rb, w) == *n)
+        },
+    )
+    .await;
+    // Same entries, not just the same counts.
+    let chain = wp(32);
+    for w in ["w1", "w2"] {
+        let (ia, ib) = (index(&ra), index(&rb));
+        let ma = ia
+            .longest_match(&chain)
+            .of(ia.worker_slot(w).unwrap())
+            .unwrap()
+            .blocks;
+        let mb = ib
+            .longest_match(&chain)
+            .of(ib.worker_slot(w).unwrap())
+            .unwrap()
+            .blocks;
+        assert_eq!(ma, mb, "{w}: replicas disagree");
+        assert_eq!(ma, if w == "w1" { 6 } else { 8 });
+    }
+    ra.shutdown();
+    rb.shutdown();
+}
