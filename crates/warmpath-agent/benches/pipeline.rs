@@ -1,17 +1,15 @@
 //! End-to-end throughput: vLLM-compatible publisher -> ZMQ -> agent (decode,
-//! re-hash, hub) -> gRPC -> a recording router, on 127.0.0.1. Prints blocks/s.
+//! re-hash, hub) -> gRPC -> the router's real ingest -> its `CacheIndex`, on
+//! 127.0.0.1. Prints blocks/s (counted in the index).
 //!
 //! `cargo bench -p warmpath-agent --bench pipeline`
 #![allow(clippy::unwrap_used, missing_docs)]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
-use warmpath_agent::vllm::{
-    BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, Medium, PublisherConfig,
-};
-use warmpath_agent::{Agent, AgentConfig};
+use support::{publisher_and_agent, Ingest};
+use warmpath_agent::vllm::{BlockStored, EngineBlockHash, KvEvent, Medium};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -22,20 +20,8 @@ fn main() {
 }
 
 async fn run() {
-    let router = common::TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
-    let mut pc = PublisherConfig::new("tcp://127.0.0.1:0");
-    pc.replay_endpoint = Some("tcp://127.0.0.1:0".into());
-    let p = KvEventPublisher::bind(pc).await.unwrap();
-    let mut c = AgentConfig::new("w", "m", "http://127.0.0.1:9", p.endpoint());
-    c.kv_replay = p.replay_endpoint().map(str::to_owned);
-    c.routers = vec![router.url()];
-    c.load_interval = Duration::ZERO;
-    let agent = Agent::start(c, None).await.unwrap();
-    // Warm up until the subscriber hears us.
-    while agent.stats().batches.get() == 0 {
-        p.publish(vec![]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let router = Ingest::start(16).await;
+    let (p, agent) = publisher_and_agent(&router).await;
     let (batches, events_per_batch, blocks_per_event) = (2_000u64, 8u64, 16u64);
     let total = batches * events_per_batch * blocks_per_event;
     let mut h = 1u64;
@@ -71,7 +57,7 @@ async fn run() {
     // Batches dropped at the very end are only noticed (as a gap) when the next
     // one arrives, as with vLLM: keep a trickle of empty batches going.
     let mut polls = 0u32;
-    while (router.view().blocks.len() as u64) < total && Instant::now() < deadline {
+    while router.blocks("w") < total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
         polls += 1;
         if polls % 20 == 0 {
@@ -79,7 +65,7 @@ async fn run() {
         }
     }
     let done = start.elapsed();
-    let at_router = router.view().blocks.len() as u64;
+    let at_router = router.blocks("w");
     println!(
         "pipeline: {total} blocks ({batches} batches x {events_per_batch} events x {blocks_per_event} blocks) published in {:.3}s; {at_router} at the router after {:.3}s => {:.0} blocks/s end to end; gaps {} (replayed {}), unrecovered {}",
         published.as_secs_f64(),
