@@ -6,6 +6,7 @@ use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use warmpath_core::EngineLoad;
 use warmpath_proto::v1;
 
@@ -49,12 +50,82 @@ pub struct AgentStatus {
     pub refused: Option<String>,
 }
 
+/// Stands for "none" in [`Live`]'s atomics.
+const NONE: u64 = u64::MAX;
+
+/// The part of an entry every message updates, kept in atomics so the
+/// stream's hot path takes no registry lock. One per worker: a stream that
+/// takes the worker over reuses it, so the old stream sees it lost the worker.
+#[derive(Debug)]
+pub(crate) struct Live {
+    /// The stream publishing now (0: none; stream ids start at 1).
+    owner: AtomicU64,
+    last_heard_ms: AtomicU64,
+    last_seq: AtomicU64,
+    lag_us: AtomicU64,
+    snapshots: AtomicU64,
+}
+
+impl Live {
+    fn new() -> Self {
+        Live {
+            owner: AtomicU64::new(0),
+            last_heard_ms: AtomicU64::new(0),
+            last_seq: AtomicU64::new(NONE),
+            lag_us: AtomicU64::new(NONE),
+            snapshots: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether stream `id` still owns the worker.
+    pub(crate) fn owned_by(&self, id: u64) -> bool {
+        self.owner.load(Ordering::Acquire) == id
+    }
+
+    /// A message arrived.
+    pub(crate) fn heard(&self, now_ms: u64) {
+        self.last_heard_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// A snapshot or delta up to `seq` was applied.
+    pub(crate) fn applied(&self, seq: u64, snapshot: bool) {
+        self.last_seq.store(seq, Ordering::Relaxed);
+        if snapshot {
+            self.snapshots.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Event-to-index lag of the latest delta.
+    pub(crate) fn lag(&self, seconds: f64) {
+        self.lag_us
+            .store((seconds * 1e6).min(1e15) as u64, Ordering::Relaxed);
+    }
+
+    fn some(v: &AtomicU64) -> Option<u64> {
+        Some(v.load(Ordering::Relaxed)).filter(|v| *v != NONE)
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
+    /// The fields that change rarely (under the registry's write lock).
     status: AgentStatus,
-    owner: Option<u64>,
-    last_heard_ms: u64,
+    live: Arc<Live>,
     load_at_ms: u64,
+}
+
+impl Entry {
+    fn view(&self, now_ms: u64) -> AgentStatus {
+        let l = &self.live;
+        AgentStatus {
+            connected: l.owner.load(Ordering::Acquire) != 0,
+            last_seq: Live::some(&l.last_seq),
+            snapshots: l.snapshots.load(Ordering::Relaxed),
+            lag_ms: Live::some(&l.lag_us).map(|us| us as f64 / 1000.0),
+            last_heard_ms_ago: now_ms.saturating_sub(l.last_heard_ms.load(Ordering::Relaxed)),
+            ..self.status.clone()
+        }
+    }
 }
 
 /// Every agent known to this router.
@@ -71,15 +142,16 @@ impl Agents {
         Self::default()
     }
 
-    /// Gives the worker to a new stream. Refuses an older epoch than the one
-    /// known; the same or a newer epoch takes over (a reconnect whose old
-    /// connection is not yet noticed dead).
+    /// Gives the worker to a new stream and returns the stream's id and the
+    /// worker's [`Live`] counters. Refuses an older epoch than the one known;
+    /// the same or a newer epoch takes over (a reconnect whose old connection
+    /// is not yet noticed dead).
     pub(crate) fn claim(
         &self,
         key: &AgentKey,
         hello: &v1::Hello,
         now_ms: u64,
-    ) -> Result<u64, String> {
+    ) -> Result<(u64, Arc<Live>), String> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
         let mut all = self.map.write();
         let map = all.entry(key.model.clone()).or_default();
@@ -93,6 +165,13 @@ impl Agents {
         }
         let prev = map.remove(&key.worker_id);
         let same_epoch = prev.as_ref().is_some_and(|p| p.status.epoch == hello.epoch);
+        let live = prev
+            .as_ref()
+            .map_or_else(|| Arc::new(Live::new()), |p| Arc::clone(&p.live));
+        live.owner.store(id, Ordering::Release);
+        live.last_heard_ms.store(now_ms, Ordering::Relaxed);
+        live.last_seq.store(NONE, Ordering::Relaxed);
+        live.lag_us.store(NONE, Ordering::Relaxed);
         let status = AgentStatus {
             worker_id: key.worker_id.clone(),
             endpoint: hello.endpoint.clone(),
@@ -100,7 +179,7 @@ impl Agents {
             block_size: hello.block_size,
             connected: true,
             last_seq: None,
-            snapshots: prev.as_ref().map_or(0, |p| p.status.snapshots),
+            snapshots: 0,
             lag_ms: None,
             last_heard_ms_ago: 0,
             load: prev
@@ -113,34 +192,26 @@ impl Agents {
             key.worker_id.clone(),
             Entry {
                 status,
-                owner: Some(id),
-                last_heard_ms: now_ms,
+                live: Arc::clone(&live),
                 load_at_ms: prev.map_or(0, |p| p.load_at_ms),
             },
         );
-        Ok(id)
+        Ok((id, live))
     }
 
-    fn with<T>(&self, key: &AgentKey, f: impl FnOnce(&Entry) -> T) -> Option<T> {
-        let map = self.map.read();
-        map.get(&key.model)?.get(&key.worker_id).map(f)
-    }
-
-    pub(crate) fn owner(&self, key: &AgentKey) -> Option<u64> {
-        self.with(key, |e| e.owner).flatten()
-    }
-
+    /// Stream `stream` ended; the worker is disconnected unless another
+    /// stream took it over.
     pub(crate) fn disconnect(&self, key: &AgentKey, stream: u64) {
         if let Some(e) = self
             .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
+            .read()
+            .get(&key.model)
+            .and_then(|m| m.get(&key.worker_id))
         {
-            if e.owner == Some(stream) {
-                e.owner = None;
-                e.status.connected = false;
-            }
+            let _ = e
+                .live
+                .owner
+                .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 
@@ -155,17 +226,6 @@ impl Agents {
             .and_then(|m| m.get_mut(&key.worker_id))
         {
             e.status.refused = Some(reason.to_owned());
-        }
-    }
-
-    pub(crate) fn heard(&self, key: &AgentKey, now_ms: u64) {
-        if let Some(e) = self
-            .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
-        {
-            e.last_heard_ms = now_ms;
         }
     }
 
@@ -193,32 +253,7 @@ impl Agents {
                 kv_usage: l.kv_usage.clamp(0.0, 1.0),
             });
             e.status.engine_up = Some(l.engine_up);
-            e.load_at_ms = e.last_heard_ms;
-        }
-    }
-
-    pub(crate) fn applied(&self, key: &AgentKey, seq: u64, _now_ms: u64, snapshot: bool) {
-        if let Some(e) = self
-            .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
-        {
-            e.status.last_seq = Some(seq);
-            if snapshot {
-                e.status.snapshots += 1;
-            }
-        }
-    }
-
-    pub(crate) fn lag(&self, key: &AgentKey, seconds: f64) {
-        if let Some(e) = self
-            .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
-        {
-            e.status.lag_ms = Some(seconds * 1000.0);
+            e.load_at_ms = e.live.last_heard_ms.load(Ordering::Relaxed);
         }
     }
 
@@ -230,10 +265,7 @@ impl Agents {
             .get(model)
             .into_iter()
             .flat_map(|m| m.values())
-            .map(|e| AgentStatus {
-                last_heard_ms_ago: now_ms.saturating_sub(e.last_heard_ms),
-                ..e.status.clone()
-            })
+            .map(|e| e.view(now_ms))
             .collect();
         v.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
         v
@@ -242,10 +274,7 @@ impl Agents {
     /// Status of one agent.
     pub fn status_of(&self, model: &str, worker_id: &str, now_ms: u64) -> Option<AgentStatus> {
         let map = self.map.read();
-        map.get(model)?.get(worker_id).map(|e| AgentStatus {
-            last_heard_ms_ago: now_ms.saturating_sub(e.last_heard_ms),
-            ..e.status.clone()
-        })
+        map.get(model)?.get(worker_id).map(|e| e.view(now_ms))
     }
 }
 

@@ -2,7 +2,7 @@
 //! deltas to its pool's index, detects gaps and answers with the messages the
 //! protocol asks for. No I/O here, so every rule is unit-tested directly.
 
-use super::agents::{AgentKey, Agents};
+use super::agents::{AgentKey, Agents, Live};
 use super::IngestPool;
 use std::sync::Arc;
 use warmpath_core::{BlockHash, Tier, WorkerSlot};
@@ -53,6 +53,29 @@ struct PendingSnapshot {
     blocks: Vec<(u64, Tier)>,
 }
 
+/// The stream's metric handles, looked up once instead of per message.
+struct Counters {
+    snapshot_chunks: metrics::Counter,
+    snapshot_blocks: metrics::Counter,
+    deltas: metrics::Counter,
+    stored_blocks: metrics::Counter,
+    removed_blocks: metrics::Counter,
+    lag: metrics::Histogram,
+}
+
+impl Counters {
+    fn new() -> Self {
+        Counters {
+            snapshot_chunks: metrics::counter!("warmpath_ingest_messages_total", "kind" => "snapshot_chunk"),
+            snapshot_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "snapshot"),
+            deltas: metrics::counter!("warmpath_ingest_messages_total", "kind" => "delta"),
+            stored_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "stored"),
+            removed_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "removed"),
+            lag: metrics::histogram!("warmpath_ingest_lag_seconds"),
+        }
+    }
+}
+
 /// A stream after a valid Hello.
 pub(crate) struct WorkerStream {
     pool: IngestPool,
@@ -61,6 +84,9 @@ pub(crate) struct WorkerStream {
     slot: WorkerSlot,
     epoch: u64,
     stream_id: u64,
+    /// This worker's per-message status (atomics: no registry lock).
+    live: Arc<Live>,
+    counters: Counters,
     /// Seq of the last applied snapshot/delta; `None` until a snapshot lands.
     applied: Option<u64>,
     pending: Option<PendingSnapshot>,
@@ -102,7 +128,7 @@ impl WorkerStream {
         }
         check_block_size(&pool, hello.block_size)
             .inspect_err(|r| agents.refused(&key, &r.reason))?;
-        let stream_id = agents.claim(&key, hello, now_ms).map_err(|reason| {
+        let (stream_id, live) = agents.claim(&key, hello, now_ms).map_err(|reason| {
             agents.refused(&key, &reason);
             Refusal {
                 reason,
@@ -126,6 +152,8 @@ impl WorkerStream {
             slot,
             epoch: hello.epoch,
             stream_id,
+            live,
+            counters: Counters::new(),
             applied: None,
             pending: None,
             unacked: 0,
@@ -135,7 +163,7 @@ impl WorkerStream {
     /// Whether this stream still owns its worker (a newer stream may have
     /// taken over).
     pub(crate) fn owns(&self) -> bool {
-        self.agents.owner(&self.key) == Some(self.stream_id)
+        self.live.owned_by(self.stream_id)
     }
 
     /// Marks the worker disconnected (its entries stay until stale/expired).
@@ -157,13 +185,13 @@ impl WorkerStream {
             });
         }
         let _ = self.pool.index.mark_heard(self.slot, now_ms);
-        self.agents.heard(&self.key, now_ms);
+        self.live.heard(now_ms);
         let Some(msg) = msg.msg else {
             return Ok(vec![]);
         };
         match msg {
             Msg::Hello(h) => self.on_hello(&h),
-            Msg::Snapshot(chunk) => Ok(self.on_snapshot(chunk, now_ms)),
+            Msg::Snapshot(chunk) => Ok(self.on_snapshot(chunk)),
             Msg::Delta(d) => Ok(self.on_delta(d, now_unix_micros)),
             Msg::Load(l) => {
                 self.agents.set_load(&self.key, &l);
@@ -194,9 +222,8 @@ impl WorkerStream {
         Ok(vec![])
     }
 
-    fn on_snapshot(&mut self, c: v1::SnapshotChunk, now_ms: u64) -> Vec<RouterMessage> {
-        metrics::counter!("warmpath_ingest_messages_total", "kind" => "snapshot_chunk")
-            .increment(1);
+    fn on_snapshot(&mut self, c: v1::SnapshotChunk) -> Vec<RouterMessage> {
+        self.counters.snapshot_chunks.increment(1);
         if c.first {
             self.pending = Some(PendingSnapshot {
                 seq: c.seq,
@@ -243,15 +270,15 @@ impl WorkerStream {
                 let _ = index.store(self.slot, t, &hs);
             }
         }
-        metrics::counter!("warmpath_ingest_blocks_total", "op" => "snapshot").increment(p.total);
+        self.counters.snapshot_blocks.increment(p.total);
         self.applied = Some(p.seq);
         self.unacked = 0;
-        self.agents.applied(&self.key, p.seq, now_ms, true);
+        self.live.applied(p.seq, true);
         vec![ack(p.seq)]
     }
 
     fn on_delta(&mut self, d: v1::Delta, now_unix_micros: u64) -> Vec<RouterMessage> {
-        metrics::counter!("warmpath_ingest_messages_total", "kind" => "delta").increment(1);
+        self.counters.deltas.increment(1);
         let Some(last) = self.applied else {
             // Waiting for the snapshot we asked for (or that is coming).
             return vec![];
@@ -275,12 +302,12 @@ impl WorkerStream {
             Some(Op::Stored(s)) => {
                 let n = s.hashes.len() as u64;
                 let _ = index.store(self.slot, tier(s.tier), &hashes(&s.hashes));
-                metrics::counter!("warmpath_ingest_blocks_total", "op" => "stored").increment(n);
+                self.counters.stored_blocks.increment(n);
             }
             Some(Op::Removed(r)) => {
                 let n = r.hashes.len() as u64;
                 let _ = index.remove(self.slot, Some(tier(r.tier)), &hashes(&r.hashes));
-                metrics::counter!("warmpath_ingest_blocks_total", "op" => "removed").increment(n);
+                self.counters.removed_blocks.increment(n);
             }
             Some(Op::Cleared(_)) => {
                 let _ = index.clear_worker(self.slot);
@@ -289,11 +316,11 @@ impl WorkerStream {
         }
         if d.observed_unix_micros > 0 {
             let lag = now_unix_micros.saturating_sub(d.observed_unix_micros) as f64 / 1e6;
-            metrics::histogram!("warmpath_ingest_lag_seconds").record(lag);
-            self.agents.lag(&self.key, lag);
+            self.counters.lag.record(lag);
+            self.live.lag(lag);
         }
         self.applied = Some(d.seq);
-        self.agents.applied(&self.key, d.seq, 0, false);
+        self.live.applied(d.seq, false);
         self.unacked += 1;
         if self.unacked >= ACK_EVERY {
             self.unacked = 0;
