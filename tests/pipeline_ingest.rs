@@ -77,9 +77,12 @@ async fn publisher() -> KvEventPublisher {
 }
 
 /// The agent binary for `worker` on `p`, with `extra` flags (routers, TLS,
-/// token), logging into `dir/<worker>.log`.
+/// token), logging into `dir/<worker>-<n>.log`.
 fn agent(dir: &Path, worker: &str, p: &KvEventPublisher, extra: &[String]) -> Proc {
-    let log = dir.join(format!("{worker}.log"));
+    let log = (0..)
+        .map(|n| dir.join(format!("{worker}-{n}.log")))
+        .find(|p| !p.exists())
+        .unwrap();
     let out = std::fs::File::create(&log).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
         .args(["--worker-id", worker, "--model", "m"])
@@ -450,4 +453,64 @@ async fn two_router_replicas_converge_to_the_same_index() {
     }
     ra.shutdown();
     rb.shutdown();
+}
+
+async fn agent_status(http: SocketAddr) -> serde_json::Value {
+    let v: serde_json::Value = reqwest::get(format!("http://{http}/cache-index"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["pools"][0]["workers"][0]["agent"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_restarts_and_the_index_is_complete_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let routers = s(&["--router", &format!("http://{}", r.grpc_addr.unwrap())]);
+    let p = publisher().await;
+    let a = agent(dir.path(), "w", &p, &routers);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.publish(vec![stored(100, None, 0..16, BS)]).await.unwrap();
+    p.publish(vec![stored(104, Some(103), 16..32, BS)])
+        .await
+        .unwrap();
+    wait_until(
+        "the first agent's blocks",
+        Duration::from_secs(30),
+        &[&p],
+        || blocks(&r, "w") == 8,
+    )
+    .await;
+    let first_epoch = agent_status(r.http_addr).await["epoch"].as_u64().unwrap();
+
+    // SIGKILL: no goodbye. The engine goes on caching meanwhile.
+    drop(a);
+    p.publish(vec![stored(108, Some(107), 32..40, BS)])
+        .await
+        .unwrap();
+    let restarted = Instant::now();
+    let _a = agent(dir.path(), "w", &p, &routers);
+    // The new agent knows nothing; it catches up from the engine's replay
+    // buffer (seq 0 on), and its snapshot (a new epoch) replaces the old
+    // agent's entries.
+    wait_until(
+        "the restarted agent's blocks",
+        Duration::from_secs(30),
+        &[&p],
+        || blocks(&r, "w") == 10,
+    )
+    .await;
+    let took = restarted.elapsed();
+    let st = agent_status(r.http_addr).await;
+    assert!(st["epoch"].as_u64().unwrap() > first_epoch, "{st}");
+    assert_eq!(st["connected"], true);
+    let idx = index(&r);
+    let slot = idx.worker_slot("w").unwrap();
+    assert_eq!(idx.longest_match(&wp(40)).of(slot).unwrap().blocks, 10);
+    eprintln!("index complete again {took:?} after the agent restart");
+    r.shutdown();
+    r.wait().await;
 }
