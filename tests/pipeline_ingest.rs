@@ -514,3 +514,65 @@ async fn a_killed_agent_restarts_and_the_index_is_complete_again() {
     r.shutdown();
     r.wait().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_agent_goes_stale_then_is_dropped_after_the_configured_deadlines() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(
+        &s(&[
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--agent-stale-after-ms",
+            "400",
+            "--agent-drop-after-ms",
+            "1500",
+        ]),
+        &["w"],
+    )
+    .await;
+    let routers = s(&["--router", &format!("http://{}", r.grpc_addr.unwrap())]);
+    let p = publisher().await;
+    let a = agent(dir.path(), "w", &p, &routers);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.publish(vec![stored(100, None, 0..16, BS)]).await.unwrap();
+    wait_until("the agent's blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "w") == 4
+    })
+    .await;
+    drop(a);
+    let worker = || async {
+        let v: serde_json::Value = reqwest::get(format!("http://{}/cache-index", r.http_addr))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["pools"][0]["workers"][0].clone()
+    };
+    let start = Instant::now();
+    let mut saw_stale_with_blocks = false;
+    loop {
+        let w = worker().await;
+        if w["stale"] == true && w["blocks"].as_u64() == Some(4) {
+            saw_stale_with_blocks = true;
+        }
+        if w["blocks"].as_u64() == Some(0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never dropped: {w}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        saw_stale_with_blocks,
+        "stale (entries kept, not counted) before dropped"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(1000),
+        "dropped before drop_after"
+    );
+    r.shutdown();
+    r.wait().await;
+}
