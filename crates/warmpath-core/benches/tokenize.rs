@@ -88,6 +88,25 @@ fn bench(c: &mut Criterion) {
             warm.encode_request(&r)
         })
     });
+    g.bench_function("parse_render_encode_warm_distinct_questions", |b| {
+        // Every request asks a question of its own (the system prompt stays).
+        const SLOT: &str = "What does the document say about the cache? Answer briefly.";
+        let text = serde_json::to_string(&v).expect("json");
+        let at = text.find(SLOT).expect("slot");
+        let (head, tail) = (&text[..at], &text[at + SLOT.len()..]);
+        let mut i = 0u64;
+        b.iter_batched(
+            || {
+                i += 1;
+                format!("{head}Question {i}: what about topic {}?{tail}", i % 997).into_bytes()
+            },
+            |bytes| {
+                let r = Request::from_slice(black_box(&bytes), Expect::Chat).expect("request");
+                warm.encode_request(&r)
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
     g.finish();
 }
 

@@ -1,10 +1,16 @@
 //! Added latency of the router: the same ~8000-token chat request sent
 //! directly to a zero-delay backend and through the router (`kv_aware`,
-//! tokenization on), interleaved, at a fixed open-loop rate.
+//! tokenization on), interleaved, at a fixed open-loop rate. Every request
+//! shares the long system prompt and asks a question of its own (as users
+//! do), so the short question is tokenized afresh each time while the long
+//! prompt comes from the tokenizer's segment cache.
 //!
 //! ```text
-//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000]
+//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware]
 //! ```
+//!
+//! `--strategy random` gives the cost of the extra proxy hop alone (no
+//! tokenization, no hashing): the floor under the `kv_aware` number.
 //!
 //! Latency is measured from the moment a request is sent to the end of its
 //! response body, on one pooled keep-alive client. Everything (client,
@@ -76,14 +82,22 @@ fn main() {
     let rate = arg("--rate", 200).max(1);
     let n = arg("--requests", 2000).max(10);
     let tokens = arg("--tokens", 8000);
+    let args: Vec<String> = std::env::args().collect();
+    let strategy: warmpath_core::Strategy = args
+        .iter()
+        .position(|a| a == "--strategy")
+        .and_then(|i| args.get(i + 1))
+        .map_or("kv_aware", String::as_str)
+        .parse()
+        .unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run(rate, n, tokens));
+    rt.block_on(run(rate, n, tokens, strategy));
 }
 
-async fn run(rate: usize, n: usize, target_tokens: usize) {
+async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_core::Strategy) {
     let dir = tempfile::tempdir().unwrap();
     tiny::write_model_dir(dir.path()).unwrap();
     let tok = ChatTokenizer::load(dir.path()).unwrap();
@@ -103,11 +117,23 @@ async fn run(rate: usize, n: usize, target_tokens: usize) {
     };
     let req = Request::from_slice(body.to_string().as_bytes(), Expect::Chat).unwrap();
     let ntok = tok.encode_request(&req).unwrap().len();
-    let body = Bytes::from(body.to_string());
+    // Each request's body: the same JSON with a question of its own.
+    const SLOT: &str = "Summarise the document above in one sentence.";
+    let text = body.to_string();
+    let at = text.find(SLOT).unwrap();
+    let (head, tail) = (&text[..at], &text[at + SLOT.len()..]);
+    let body_for = |i: usize| -> Bytes {
+        Bytes::from(format!(
+            "{head}Question {i}: what does the document above say about topic {}?{tail}",
+            i * 7919 % 1000
+        ))
+    };
+    let body = body_for(0);
 
     let backend = zero_delay_backend().await;
     let mut pool = PoolConfig::new("m");
     pool.tokenizer = Some(dir.path().to_owned());
+    pool.strategy = Some(strategy);
     pool.backends = vec![BackendConfig::new(format!("http://{backend}"))];
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
@@ -122,8 +148,8 @@ async fn run(rate: usize, n: usize, target_tokens: usize) {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let client = Arc::new(client);
 
-    let once = |url: String| {
-        let (client, body) = (Arc::clone(&client), body.clone());
+    let once = |url: String, body: Bytes| {
+        let client = Arc::clone(&client);
         async move {
             let req = hyper::Request::post(url)
                 .header("content-type", "application/json")
@@ -137,16 +163,20 @@ async fn run(rate: usize, n: usize, target_tokens: usize) {
         }
     };
     // Warm up connections and the tokenizer's segment cache.
-    for _ in 0..50 {
-        once(direct_url.clone()).await;
-        once(routed_url.clone()).await;
+    for i in 0..50 {
+        once(direct_url.clone(), body_for(n + i)).await;
+        once(routed_url.clone(), body_for(n + i)).await;
     }
     let period = Duration::from_secs_f64(1.0 / rate as f64);
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::with_capacity(2 * n);
     for i in 0..n {
         let t = start + period * i as u32;
-        let (d, r) = (once(direct_url.clone()), once(routed_url.clone()));
+        let body = body_for(i);
+        let (d, r) = (
+            once(direct_url.clone(), body.clone()),
+            once(routed_url.clone(), body),
+        );
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(t).await;
             (0, d.await)
@@ -167,7 +197,11 @@ async fn run(rate: usize, n: usize, target_tokens: usize) {
     }
     direct.sort_by(f64::total_cmp);
     routed.sort_by(f64::total_cmp);
-    println!("router added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), kv_aware + tokenization", body.len());
+    println!(
+        "router added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), strategy {}",
+        body.len(),
+        strategy.as_str()
+    );
     println!(
         "{:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"
@@ -214,12 +248,35 @@ async fn run(rate: usize, n: usize, target_tokens: usize) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
+    // Quantiles from the histogram's buckets: the upper bound of the bucket
+    // holding the quantile.
+    let quantile = |phase: &str, q: f64, count: f64| -> Option<f64> {
+        let prefix = "warmpath_router_overhead_seconds_bucket{";
+        text.lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(&format!("phase=\"{phase}\"")))
+            .filter_map(|l| {
+                let le = l
+                    .split("le=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()?;
+                let n = l.rsplit(' ').next()?.parse::<f64>().ok()?;
+                Some((le, n))
+            })
+            .find(|&(_, n)| n >= q * count)
+            .map(|(le, _)| le)
+    };
     for phase in ["parse", "tokenize", "hash", "lookup", "pick"] {
         let (sum, count) = (series("sum", phase), series("count", phase));
         if count > 0.0 {
+            let ms = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{:.3}", v * 1e3));
             println!(
-                "router phase {phase:>8}: mean {:.3} ms over {count} requests",
-                sum / count * 1e3
+                "router phase {phase:>8}: mean {:.3} ms, p50 <= {} ms, p99 <= {} ms over {count} requests",
+                sum / count * 1e3,
+                ms(quantile(phase, 0.5, count)),
+                ms(quantile(phase, 0.99, count)),
             );
         }
     }
