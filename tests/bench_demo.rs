@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use warmpath_bench::compare::{self, CompareConfig};
+use warmpath_bench::compare::{self, CompareConfig, EngineKind, RouterKnobs};
 use warmpath_bench::sim::SimConfig;
 use warmpath_bench::timing::TimeModel;
 use warmpath_bench::workload::{WorkloadKind, WorkloadSpec};
@@ -26,6 +26,8 @@ async fn quick_comparison_routes_on_real_cache_state() {
             max_tokens: 4,
             ..WorkloadSpec::new(WorkloadKind::Long)
         },
+        engine: EngineKind::Sim,
+        attach: None,
         trace: None,
         strategies: vec![Strategy::Random, Strategy::KvAware],
         duration_s: 4.0,
@@ -34,7 +36,7 @@ async fn quick_comparison_routes_on_real_cache_state() {
         search_step_s: 1.0,
         slo_ms: 10_000.0,
         fidelity_every: 1,
-        concurrency_threshold: 64,
+        router: RouterKnobs::default(),
         out_dir: out.clone(),
         progress: false,
     };
@@ -75,4 +77,104 @@ async fn quick_comparison_routes_on_real_cache_state() {
     let html = std::fs::read_to_string(&outcome.html).unwrap();
     assert!(html.contains("kv_aware") && html.contains("<svg"));
     std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// Attach mode: the test starts a stack itself (simulated engines, agents and
+/// a router whose admin API needs a token), then `compare` attaches to it by
+/// URL only, switching the strategy through the admin API between runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_attaches_to_a_running_router_and_engines() {
+    use warmpath_bench::compare::{AttachConfig, Stack};
+    let shutdown = CancellationToken::new();
+    let sim = SimConfig {
+        time: TimeModel::default().scaled(4.0),
+        cache_blocks: 2048,
+        ..Default::default()
+    };
+    let stack = Stack::start(
+        2,
+        &sim,
+        &EngineKind::Sim,
+        Strategy::PrefixAware,
+        &RouterKnobs::default(),
+        Some("s3cret".into()),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let out = std::env::temp_dir().join(format!("warmpath-bench-attach-{}", std::process::id()));
+    let attach = |token: Option<&str>| AttachConfig {
+        router_url: stack.router_url.clone(),
+        admin_token: token.map(str::to_owned),
+        engines: stack.engines.clone(),
+    };
+    let cfg = CompareConfig {
+        instances: 2,
+        sim: sim.clone(),
+        engine: EngineKind::Sim,
+        attach: Some(attach(Some("s3cret"))),
+        workload: WorkloadSpec {
+            docs: 4,
+            prefix_tokens: 400,
+            max_tokens: 4,
+            ..WorkloadSpec::new(WorkloadKind::Long)
+        },
+        trace: None,
+        strategies: vec![Strategy::Random, Strategy::KvAware],
+        duration_s: 3.0,
+        rate: 6.0,
+        search_rates: vec![],
+        search_step_s: 1.0,
+        slo_ms: 10_000.0,
+        fidelity_every: 1,
+        router: RouterKnobs::default(),
+        out_dir: out.clone(),
+        progress: false,
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        compare::run(&cfg, CancellationToken::new()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(outcome.reports.len(), 2);
+    let (random, kv) = (&outcome.reports[0], &outcome.reports[1]);
+    for r in [random, kv] {
+        assert_eq!(r.failures, 0, "{r:?}");
+        assert_eq!(r.requests, 18);
+        // The engines' own /metrics agree there was traffic.
+        assert!(r.engine_hit_rate.is_some(), "{r:?}");
+    }
+    // The switch took effect: the router's decision headers follow it.
+    assert_eq!(random.decisions.keys().collect::<Vec<_>>(), ["random"]);
+    assert!(!kv.decisions.contains_key("random"), "{:?}", kv.decisions);
+    assert!(kv.decisions.get("kv_match").copied().unwrap_or(0) > 0);
+    assert!(
+        kv.hit_rate > random.hit_rate,
+        "{} vs {}",
+        kv.hit_rate,
+        random.hit_rate
+    );
+
+    // Without the token the admin switch is refused, and compare says so.
+    let bad = CompareConfig {
+        attach: Some(attach(None)),
+        ..cfg.clone()
+    };
+    let err = compare::run(&bad, CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("strategy"), "{err}");
+    // A dead engine URL fails the attach health check.
+    let mut dead = attach(Some("s3cret"));
+    dead.engines[0].url = "http://127.0.0.1:1".into();
+    let bad = CompareConfig {
+        attach: Some(dead),
+        ..cfg
+    };
+    assert!(compare::run(&bad, CancellationToken::new()).await.is_err());
+    stack.shutdown().await;
+    shutdown.cancel();
+    let _ = std::fs::remove_dir_all(&out);
 }

@@ -5,7 +5,10 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use warmpath_bench::compare::{self, CompareConfig};
+use warmpath_bench::compare::candle::CandleConfig;
+use warmpath_bench::compare::{
+    self, AttachConfig, CompareConfig, EngineEndpoint, EngineKind, RouterKnobs,
+};
 use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, EventForm, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
@@ -24,6 +27,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Discrete-event simulation of a large fleet (no sockets).
@@ -88,6 +93,34 @@ struct CompareArgs {
     /// The router's concurrency threshold.
     #[arg(long, default_value_t = 64)]
     concurrency_threshold: u32,
+    /// The router's CHWBL load bound (prefix_aware, kv_aware's cold fallback).
+    #[arg(long, default_value_t = 1.25)]
+    load_factor: f64,
+    /// kv_aware: cost of one request in flight, in blocks.
+    #[arg(long, default_value_t = 2.0)]
+    decode_weight: f64,
+    /// kv_aware: weight of a prefill block still to compute.
+    #[arg(long, default_value_t = 1.0)]
+    prefill_weight: f64,
+    /// Engines: `sim` (simulated vLLM) or `candle` (warmpath-engine --tiny processes).
+    #[arg(long, default_value = "sim")]
+    engine: String,
+    /// The warmpath-engine binary for `--engine candle` (default: beside this one).
+    #[arg(long)]
+    engine_bin: Option<PathBuf>,
+    /// `--engine candle`: longest prefill step in tokens.
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: usize,
+    /// Attach to this running router (http://host:port) instead of starting a stack.
+    #[arg(long, requires = "attach_engine")]
+    attach_router: Option<String>,
+    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id) or
+    /// `URL`; repeat or comma-separate.
+    #[arg(long, value_delimiter = ',')]
+    attach_engine: Vec<String>,
+    /// With --attach-router: the router's admin bearer token.
+    #[arg(long)]
+    admin_token: Option<String>,
     /// Output folder.
     #[arg(long, default_value = "warmpath-report")]
     out: PathBuf,
@@ -95,7 +128,7 @@ struct CompareArgs {
     #[arg(long)]
     quiet: bool,
     #[command(flatten)]
-    engine: EngineArgs,
+    sim: EngineArgs,
 }
 
 #[derive(Args, Debug)]
@@ -109,6 +142,12 @@ struct DemoArgs {
     /// Output folder.
     #[arg(long, default_value = "warmpath-report")]
     out: PathBuf,
+    /// Engines: `sim` or `candle` (warmpath-engine --tiny processes).
+    #[arg(long, default_value = "sim")]
+    engine: String,
+    /// The warmpath-engine binary for `--engine candle` (default: beside this one).
+    #[arg(long)]
+    engine_bin: Option<PathBuf>,
 }
 
 impl CompareArgs {
@@ -131,9 +170,48 @@ impl CompareArgs {
                     .with_context(|| format!("--search-rates: {s:?}"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let engine = match self.engine.as_str() {
+            "sim" => EngineKind::Sim,
+            "candle" => {
+                let mut c = CandleConfig::beside_current_exe()?;
+                if let Some(b) = &self.engine_bin {
+                    c.binary = b.clone();
+                }
+                c.prefill_chunk = self.prefill_chunk;
+                EngineKind::Candle(c)
+            }
+            other => anyhow::bail!("--engine {other:?}: expected sim or candle"),
+        };
+        let attach = self.attach_router.as_ref().map(|router| AttachConfig {
+            router_url: router.clone(),
+            admin_token: self.admin_token.clone(),
+            engines: self
+                .attach_engine
+                .iter()
+                .map(|e| match e.split_once('=') {
+                    Some((id, url)) => EngineEndpoint {
+                        id: id.to_owned(),
+                        url: url.trim_end_matches('/').to_owned(),
+                    },
+                    None => EngineEndpoint {
+                        id: e.clone(),
+                        url: e.trim_end_matches('/').to_owned(),
+                    },
+                })
+                .collect(),
+        });
+        let mut router = RouterKnobs {
+            concurrency_threshold: self.concurrency_threshold,
+            load_factor: self.load_factor,
+            ..Default::default()
+        };
+        router.kv.decode_weight = self.decode_weight;
+        router.kv.prefill_weight = self.prefill_weight;
         Ok(CompareConfig {
-            instances: self.instances,
-            sim: self.engine.config()?,
+            instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
+            sim: self.sim.config()?,
+            engine,
+            attach,
             workload,
             trace: self.trace.clone(),
             strategies: strategies(&self.strategies)?,
@@ -143,7 +221,7 @@ impl CompareArgs {
             search_step_s: self.search_step,
             slo_ms: self.slo_ms,
             fidelity_every: self.fidelity_every,
-            concurrency_threshold: self.concurrency_threshold,
+            router,
             out_dir: self.out.clone(),
             progress: !self.quiet,
         })
@@ -159,10 +237,22 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
             c.cancel();
         }
     });
+    let what = match (&cfg.attach, &cfg.engine) {
+        (Some(a), _) => format!("router {} with {} engines", a.router_url, a.engines.len()),
+        (None, EngineKind::Sim) => format!(
+            "{} simulated instances + agents + router on 127.0.0.1",
+            cfg.instances
+        ),
+        (None, EngineKind::Candle(_)) => format!(
+            "{} warmpath-engine (candle) processes + agents + router on 127.0.0.1",
+            cfg.instances
+        ),
+    };
     println!(
-        "warmpath-bench: {} simulated instances + agents + router on 127.0.0.1; {} at {} req/s for {} s per strategy",
-        cfg.instances,
-        cfg.trace.as_ref().map_or(cfg.workload.kind.to_string(), |p| p.display().to_string()),
+        "warmpath-bench: {what}; {} at {} req/s for {} s per strategy",
+        cfg.trace
+            .as_ref()
+            .map_or(cfg.workload.kind.to_string(), |p| p.display().to_string()),
         cfg.rate,
         cfg.duration_s
     );
@@ -173,7 +263,10 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
 }
 
 fn demo_config(a: &DemoArgs) -> anyhow::Result<CompareConfig> {
-    let mut c = CompareOnly::parse_from(["compare"]).args.config()?;
+    let mut args = CompareOnly::parse_from(["compare"]).args;
+    args.engine = a.engine.clone();
+    args.engine_bin = a.engine_bin.clone();
+    let mut c = args.config()?;
     c.duration_s = a.duration;
     c.out_dir = a.out.clone();
     if a.quick {
@@ -327,6 +420,18 @@ struct ScaleArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// The policies' CHWBL load bound.
+    #[arg(long, default_value_t = 1.25)]
+    load_factor: f64,
+    /// kv_aware: cost of one request in flight, in blocks.
+    #[arg(long, default_value_t = 2.0)]
+    decode_weight: f64,
+    /// Print each instance's share of the requests (fleets up to 64).
+    #[arg(long)]
+    shares: bool,
+    /// Prototype: bound each instance's recent share at (1 + SLACK) x even.
+    #[arg(long)]
+    share_slack: Option<f64>,
     /// Write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -372,6 +477,10 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         seed: a.seed,
         ..Default::default()
     };
+    let mut cfg = cfg;
+    cfg.policy.load_factor = a.load_factor;
+    cfg.policy.kv.decode_weight = a.decode_weight;
+    cfg.share_slack = a.share_slack;
     let mut reports = Vec::new();
     println!(
         "scale: {} instances, {} requests per strategy, {} docs x {} tokens, {:.0} req/s",
@@ -404,6 +513,14 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
             r.routing_us,
             r.wall_s
         );
+        if a.shares {
+            let pct: Vec<String> = r
+                .served
+                .iter()
+                .map(|&n| format!("{:.2}", 100.0 * n as f64 / r.requests.max(1) as f64))
+                .collect();
+            println!("  shares %: {}", pct.join(" "));
+        }
         reports.push(r);
     }
     if let Some(path) = a.json {

@@ -165,10 +165,16 @@ async fn one(
                     if let Some(err) = v.get("error") {
                         return Err(format!("stream error: {err}"));
                     }
-                    let has_text = v.pointer("/choices/0/delta/content").is_some()
-                        || v.pointer("/choices/0/text")
+                    // vLLM (and warmpath-engine) open a chat stream with a
+                    // `{"role": "assistant", "content": ""}` delta before any
+                    // compute: only a non-empty text is the first token.
+                    let non_empty = |p: &str| {
+                        v.pointer(p)
                             .and_then(|t| t.as_str())
-                            .is_some_and(|t| !t.is_empty());
+                            .is_some_and(|t| !t.is_empty())
+                    };
+                    let has_text =
+                        non_empty("/choices/0/delta/content") || non_empty("/choices/0/text");
                     if has_text && s.ttft_ms.is_none() {
                         s.ttft_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
                     }

@@ -10,6 +10,7 @@
 //! `POST /cache-index/query` says the serving backend holds (asked just
 //! before sending) with the engine's `cached_tokens`.
 
+pub mod candle;
 pub mod driver;
 mod plot;
 pub mod report;
@@ -22,7 +23,7 @@ use driver::{drive, DriveConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{aggregate, RatePoint, StrategyReport};
 use serde::Serialize;
-use stack::Stack;
+pub use stack::{AttachConfig, EngineEndpoint, EngineKind, RouterKnobs, Stack};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -31,10 +32,15 @@ use warmpath_core::Strategy;
 /// Settings of a comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct CompareConfig {
-    /// Simulated instances.
+    /// Engines to start (ignored when attaching).
     pub instances: usize,
-    /// The simulated engines.
+    /// The engines' model, block size, cache size (and, for simulated ones,
+    /// their time model).
     pub sim: SimConfig,
+    /// Simulated instances or real `warmpath-engine` processes.
+    pub engine: EngineKind,
+    /// Attach to this running router and engines instead of starting any.
+    pub attach: Option<AttachConfig>,
     /// The workload (ignored when `trace` is given).
     pub workload: WorkloadSpec,
     /// A JSONL trace to replay instead of `workload`.
@@ -53,8 +59,8 @@ pub struct CompareConfig {
     pub slo_ms: f64,
     /// Query the router's index before every n-th request (0: never).
     pub fidelity_every: usize,
-    /// The router's `concurrency_threshold`.
-    pub concurrency_threshold: u32,
+    /// The router's policy settings (for a stack started here).
+    pub router: RouterKnobs,
     /// Output folder.
     pub out_dir: PathBuf,
     /// Show progress bars.
@@ -145,14 +151,21 @@ pub async fn run(
     cfg.validate()?;
     let base = cfg.base_trace()?;
     let first = cfg.strategies[0];
-    let stack = Stack::start(
-        cfg.instances,
-        &cfg.sim,
-        first,
-        cfg.concurrency_threshold,
-        cancel.clone(),
-    )
-    .await?;
+    let stack = match &cfg.attach {
+        Some(a) => Stack::attach(a, &cfg.sim.model).await?,
+        None => {
+            Stack::start(
+                cfg.instances,
+                &cfg.sim,
+                &cfg.engine,
+                first,
+                &cfg.router,
+                None,
+                cancel.clone(),
+            )
+            .await?
+        }
+    };
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
@@ -180,9 +193,15 @@ pub async fn run(
             base.len(),
             format!("{s} @ {:.1} req/s", cfg.rate),
         );
+        let before = stack.engine_prefix_counters(&client).await;
         let samples = drive(&client, &drive_cfg, &base, &pb, &cancel).await;
         pb.finish();
+        let after = stack.engine_prefix_counters(&client).await;
         let mut r = aggregate(s.as_str(), cfg.rate, &samples, bs, &ids);
+        r.hit_ceiling = report::hit_ceiling(&base, &samples, bs);
+        if let (Ok((q0, h0)), Ok((q1, h1))) = (before, after) {
+            r.engine_hit_rate = (q1 > q0).then(|| (h1 - h0) / (q1 - q0));
+        }
         for &rate in &cfg.search_rates {
             if cancel.is_cancelled() {
                 break;

@@ -18,6 +18,17 @@ pub struct Fidelity {
     pub exact_pct: f64,
     /// 100 * (1 - sum |predicted - engine| / sum max(predicted, engine)).
     pub token_agreement_pct: f64,
+    /// Requests where the engine had more cached than predicted (the index
+    /// had not yet heard of blocks: a prefill of the same prefix finished
+    /// between the query and this request's own prefill).
+    pub under_predicted: usize,
+    /// Cached tokens the index missed, summed over `under_predicted`.
+    pub under_tokens: u64,
+    /// Requests where the engine had less cached than predicted (blocks
+    /// evicted between the query and the prefill, or not yet stored).
+    pub over_predicted: usize,
+    /// Predicted tokens the engine lacked, summed over `over_predicted`.
+    pub over_tokens: u64,
 }
 
 /// One rate-search step.
@@ -46,6 +57,12 @@ pub struct StrategyReport {
     pub failures: usize,
     /// Cached prompt tokens / prompt tokens (engines' `cached_tokens`).
     pub hit_rate: f64,
+    /// The same from the engines' `/metrics` (prefix cache hits / queries
+    /// during the main run), as a cross-check.
+    pub engine_hit_rate: Option<f64>,
+    /// The hit rate a perfect router with unlimited cache could reach on
+    /// this trace (see [`hit_ceiling`]).
+    pub hit_ceiling: Option<f64>,
     /// Time to first token, ms.
     pub ttft_ms: Summary,
     /// End-to-end latency, ms.
@@ -119,6 +136,8 @@ pub fn aggregate(
         } else {
             cached as f64 / prompt as f64
         },
+        engine_hit_rate: None,
+        hit_ceiling: None,
         ttft_ms: Summary::of(&ttft),
         e2e_ms: Summary::of(&e2e),
         throughput_rps: ok.len() as f64 / span,
@@ -136,7 +155,8 @@ pub fn aggregate(
 }
 
 fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
-    let (mut n, mut exact, mut diff, mut total) = (0usize, 0usize, 0u64, 0u64);
+    let mut f = Fidelity::default();
+    let (mut exact, mut diff, mut total) = (0usize, 0u64, 0u64);
     for s in ok {
         let Some(blocks) = s.predicted_blocks else {
             continue;
@@ -144,20 +164,65 @@ fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
         // The engine recomputes at least the last prompt token.
         let cap = s.prompt_tokens.saturating_sub(1) / bs.max(1) * bs;
         let predicted = (blocks * bs).min(cap);
-        n += 1;
+        f.samples += 1;
         exact += usize::from(predicted == s.cached_tokens);
         diff += predicted.abs_diff(s.cached_tokens);
         total += predicted.max(s.cached_tokens);
+        if s.cached_tokens > predicted {
+            f.under_predicted += 1;
+            f.under_tokens += s.cached_tokens - predicted;
+        } else if s.cached_tokens < predicted {
+            f.over_predicted += 1;
+            f.over_tokens += predicted - s.cached_tokens;
+        }
     }
-    (n > 0).then(|| Fidelity {
-        samples: n,
-        exact_pct: 100.0 * exact as f64 / n as f64,
-        token_agreement_pct: if total == 0 {
-            100.0
-        } else {
-            100.0 * (1.0 - diff as f64 / total as f64)
-        },
-    })
+    if f.samples == 0 {
+        return None;
+    }
+    f.exact_pct = 100.0 * exact as f64 / f.samples as f64;
+    f.token_agreement_pct = if total == 0 {
+        100.0
+    } else {
+        100.0 * (1.0 - diff as f64 / total as f64)
+    };
+    Some(f)
+}
+
+/// The hit rate ceiling of a trace: every request whose prefix group
+/// (document, conversation, file) was seen before gets, at best, the full
+/// blocks of the group's previous prompt (capped as the engine caps it: the
+/// last prompt token is always recomputed); first requests of a group get
+/// nothing. Prompt sizes are the engines' own (`usage.prompt_tokens`) of the
+/// `samples` (trace order). An upper bound: for `long` the previous prompt's
+/// own question is counted as shareable (a few blocks of ~500); for `short`
+/// the previous turn is exactly the shared prefix. `None` without groups.
+pub fn hit_ceiling(
+    trace: &[crate::workload::TraceRequest],
+    samples: &[Sample],
+    block_size: u64,
+) -> Option<f64> {
+    let bs = block_size.max(1);
+    let mut order: Vec<usize> = (0..trace.len().min(samples.len())).collect();
+    order.sort_by(|&a, &b| trace[a].arrival.total_cmp(&trace[b].arrival));
+    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    let (mut prompt, mut best, mut grouped) = (0u64, 0u64, false);
+    for i in order {
+        let s = &samples[i];
+        if s.error.is_some() || s.prompt_tokens == 0 {
+            continue;
+        }
+        prompt += s.prompt_tokens;
+        let Some(g) = trace[i].group.as_deref() else {
+            continue;
+        };
+        grouped = true;
+        let cap = s.prompt_tokens.saturating_sub(1) / bs * bs;
+        if let Some(&prev) = last.get(g) {
+            best += (prev / bs * bs).min(cap);
+        }
+        last.insert(g, s.prompt_tokens);
+    }
+    (grouped && prompt > 0).then(|| best as f64 / prompt as f64)
 }
 
 fn hit_over_time(ok: &[&Sample]) -> Vec<(f64, f64)> {
@@ -198,14 +263,18 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
     for r in reports {
         let fid = r.fidelity.as_ref().map_or("-".to_owned(), |f| {
             format!(
-                "{:.1}% exact, {:.1}% tokens (n={})",
-                f.exact_pct, f.token_agreement_pct, f.samples
+                "{:.1}% exact, {:.1}% tokens (n={}, under {}, over {})",
+                f.exact_pct, f.token_agreement_pct, f.samples, f.under_predicted, f.over_predicted
             )
         });
         let good = r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}"));
+        let hit = match r.hit_ceiling {
+            Some(c) => format!("{:.1}% (ceiling {:.1}%)", 100.0 * r.hit_rate, 100.0 * c),
+            None => format!("{:.1}%", 100.0 * r.hit_rate),
+        };
         t.push_str(&format!(
-            "| {} | {} | {:.1}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1}-{:.1} | {} | {} |\n",
-            r.strategy, good, 100.0 * r.hit_rate, r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1}-{:.1} | {} | {} |\n",
+            r.strategy, good, hit, r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99,
             r.e2e_ms.p50, r.throughput_rps, r.output_tokens_per_s, r.share_min_pct,
             r.share_max_pct, r.failures, fid
         ));
@@ -297,7 +366,39 @@ mod tests {
         assert_eq!(f.samples, 3);
         // 6 blocks = 96 tokens == 96; 0 == 0; 2 blocks = 32 != 48.
         assert!((f.exact_pct - 200.0 / 3.0).abs() < 1e-9);
+        assert_eq!((f.under_predicted, f.under_tokens), (1, 16));
+        assert_eq!(f.over_predicted, 0);
         assert_eq!(r.ttft_ms.p50, 20.0);
         assert!(markdown(&[r], 500.0).contains("| kv_aware |"));
+    }
+
+    #[test]
+    fn hit_ceiling_counts_the_previous_prompt_of_a_group() {
+        let req = |arrival: f64, group: &str| crate::workload::TraceRequest {
+            arrival,
+            model: "m".into(),
+            messages: None,
+            prompt: Some("p".into()),
+            max_tokens: 4,
+            tenant: None,
+            tenant_via: None,
+            group: Some(group.into()),
+        };
+        let trace = vec![req(0.0, "a"), req(1.0, "b"), req(2.0, "a"), req(3.0, "a")];
+        let mut samples: Vec<Sample> = [100u64, 50, 120, 60]
+            .iter()
+            .map(|&p| Sample {
+                prompt_tokens: p,
+                ..sample("x", 0, None, 1.0)
+            })
+            .collect();
+        // a: cold; b: cold; a again: 96 of the first 100; a: 112 of 120,
+        // capped at 48 (59 / 16 * 16) by its own 60-token prompt.
+        let c = hit_ceiling(&trace, &samples, 16).unwrap();
+        assert!((c - (96.0 + 48.0) / 330.0).abs() < 1e-9, "{c}");
+        samples[2].error = Some("failed".into());
+        let c = hit_ceiling(&trace, &samples, 16).unwrap();
+        // The failed request is skipped: the last one compares with the first.
+        assert!((c - 48.0 / 210.0).abs() < 1e-9, "{c}");
     }
 }

@@ -1,46 +1,139 @@
-//! The loopback stack a comparison runs against: simulated instances, one
-//! real agent per instance (events mode, following the instance's ZMQ
-//! events) and the real router, all in this process through their libraries.
+//! The stack a comparison runs against. Either started here on loopback —
+//! simulated instances ([`crate::sim`]) or real `warmpath-engine` processes
+//! ([`super::candle`]), one real agent per engine (events mode, following
+//! the engine's ZMQ events) and the real router, in this process through
+//! their libraries — or an already running router and engines the
+//! comparison only attaches to ([`AttachConfig`]).
+//!
+//! Either way a comparison only needs the router's URL (traffic, the admin
+//! strategy switch, `/cache-index/query`) and each engine's URL
+//! (`/reset_prefix_cache`, `/metrics`).
 
+use super::candle::{CandleConfig, CandleFleet, EngineShape};
 use crate::error::BenchError;
 use crate::sim::{Fleet, SimConfig};
+use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use warmpath_agent::{Agent, AgentConfig};
+use warmpath_core::policy::KvConfig;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
 use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 use warmpath_router::RunningRouter;
 
-/// A running fleet + agents + router.
-#[derive(Debug)]
-pub struct Stack {
-    /// The simulated instances.
-    pub fleet: Fleet,
-    /// The router.
-    pub router: RunningRouter,
-    /// `http://` base URL of the router.
+/// The router's policy settings for a stack started here.
+#[derive(Clone, Debug, Serialize)]
+pub struct RouterKnobs {
+    /// In flight at which a backend counts as full.
+    pub concurrency_threshold: u32,
+    /// CHWBL bound of `prefix_aware` (and of `kv_aware`'s cold fallback).
+    pub load_factor: f64,
+    /// `kv_aware` cost weights.
+    pub kv: KvConfig,
+}
+
+impl Default for RouterKnobs {
+    fn default() -> Self {
+        RouterKnobs {
+            concurrency_threshold: 64,
+            load_factor: 1.25,
+            kv: KvConfig::default(),
+        }
+    }
+}
+
+/// Which engines a stack started here runs.
+#[derive(Clone, Debug, Serialize)]
+pub enum EngineKind {
+    /// Simulated vLLM instances in this process.
+    Sim,
+    /// `warmpath-engine` child processes (candle, tiny random Llama).
+    Candle(CandleConfig),
+}
+
+/// An engine as the comparison sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EngineEndpoint {
+    /// Worker id (what the router reports in `x-warmpath-backend`).
+    pub id: String,
+    /// `http://` base URL.
+    pub url: String,
+}
+
+/// A running router and engines to attach to.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttachConfig {
+    /// The router's `http://` base URL.
     pub router_url: String,
-    /// The served model.
-    pub model: String,
+    /// Bearer token of `PUT /admin/...` (never written to reports).
+    #[serde(skip)]
+    pub admin_token: Option<String>,
+    /// The pool's engines.
+    pub engines: Vec<EngineEndpoint>,
+}
+
+enum Engines {
+    Sim(Fleet),
+    Candle(CandleFleet),
+}
+
+/// What a stack started here owns.
+struct Owned {
+    engines: Engines,
+    router: RunningRouter,
     agents: Vec<Agent>,
     model_dir: PathBuf,
 }
 
+/// A router and its engines, started here or attached to.
+pub struct Stack {
+    /// `http://` base URL of the router.
+    pub router_url: String,
+    /// The served model (the pool).
+    pub model: String,
+    /// The engines.
+    pub engines: Vec<EngineEndpoint>,
+    admin_token: Option<String>,
+    owned: Option<Owned>,
+}
+
+impl std::fmt::Debug for Stack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack")
+            .field("router_url", &self.router_url)
+            .field("engines", &self.engines)
+            .field("owned", &self.owned.is_some())
+            .finish()
+    }
+}
+
 impl Drop for Stack {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.model_dir);
+        if let Some(o) = &self.owned {
+            let _ = std::fs::remove_dir_all(&o.model_dir);
+        }
+    }
+}
+
+fn component(what: impl Into<String>, e: impl std::fmt::Display) -> BenchError {
+    BenchError::Component {
+        what: what.into(),
+        reason: e.to_string(),
     }
 }
 
 impl Stack {
-    /// Starts `n` instances, their agents and a router using `strategy`.
+    /// Starts `n` engines of `kind`, their agents and a router using
+    /// `strategy`; the admin API is guarded by `admin_token` when given.
     pub async fn start(
         n: usize,
         sim: &SimConfig,
+        kind: &EngineKind,
         strategy: Strategy,
-        concurrency_threshold: u32,
+        knobs: &RouterKnobs,
+        admin_token: Option<String>,
         shutdown: CancellationToken,
     ) -> Result<Stack, BenchError> {
         let model_dir = std::env::temp_dir().join(format!(
@@ -49,63 +142,146 @@ impl Stack {
             rand::random::<u32>()
         ));
         warmpath_core::tokenize::tiny::write_model_dir(&model_dir)?;
-        let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
-        let fleet = Fleet::start(n, sim, tokenizer, None, shutdown.clone()).await?;
+        // (id, url, kv events, kv replay) of each engine.
+        let (engines, list) = match kind {
+            EngineKind::Sim => {
+                let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
+                let fleet = Fleet::start(n, sim, tokenizer, None, shutdown.clone()).await?;
+                let list: Vec<_> = fleet
+                    .instances
+                    .iter()
+                    .map(|i| {
+                        (
+                            i.id.clone(),
+                            i.url.clone(),
+                            i.kv_events.clone(),
+                            i.kv_replay.clone(),
+                        )
+                    })
+                    .collect();
+                (Engines::Sim(fleet), list)
+            }
+            EngineKind::Candle(c) => {
+                let shape = EngineShape {
+                    model: &sim.model,
+                    block_size: sim.block_size,
+                    cache_blocks: sim.cache_blocks,
+                    topic: &sim.topic,
+                };
+                let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
+                let list: Vec<_> = fleet
+                    .instances
+                    .iter()
+                    .map(|i| {
+                        (
+                            i.id.clone(),
+                            i.url.clone(),
+                            i.kv_events.clone(),
+                            i.kv_replay.clone(),
+                        )
+                    })
+                    .collect();
+                (Engines::Candle(fleet), list)
+            }
+        };
         let mut pool = PoolConfig::new(sim.model.clone());
         pool.strategy = Some(strategy);
         pool.tokenizer = Some(model_dir.clone());
         pool.block_size = sim.block_size;
-        pool.prefix_aware.concurrency_threshold = concurrency_threshold;
-        for i in &fleet.instances {
-            let mut b = BackendConfig::new(i.url.clone());
-            b.worker_id = Some(i.id.clone());
+        pool.prefix_aware.concurrency_threshold = knobs.concurrency_threshold;
+        pool.load_factor = knobs.load_factor;
+        pool.kv = knobs.kv.clone();
+        for (id, url, _, _) in &list {
+            let mut b = BackendConfig::new(url.clone());
+            b.worker_id = Some(id.clone());
             pool.backends.push(b);
         }
         let config = RouterConfig {
             listen: "127.0.0.1:0".into(),
             grpc_listen: Some("127.0.0.1:0".into()),
+            admin_token: admin_token.clone(),
             pools: vec![pool],
             ..Default::default()
         };
         let router = warmpath_router::start(config, shutdown.clone())
             .await
-            .map_err(|e| BenchError::Component {
-                what: "router".into(),
-                reason: e.to_string(),
-            })?;
-        let grpc = router.grpc_addr.ok_or_else(|| BenchError::Component {
-            what: "router".into(),
-            reason: "no gRPC address".into(),
-        })?;
+            .map_err(|e| component("router", e))?;
+        let grpc = router
+            .grpc_addr
+            .ok_or_else(|| component("router", "no gRPC address"))?;
         let mut agents = Vec::with_capacity(n);
-        for i in &fleet.instances {
-            let mut cfg = AgentConfig::new(&i.id, &sim.model, &i.url, &i.kv_events);
-            cfg.kv_replay = i.kv_replay.clone();
+        for (id, url, events, replay) in &list {
+            let mut cfg = AgentConfig::new(id, &sim.model, url, events);
+            cfg.kv_replay = replay.clone();
             cfg.routers = vec![format!("http://{grpc}")];
             cfg.topic = sim.topic.clone();
             let agent = Agent::start(cfg, None)
                 .await
-                .map_err(|e| BenchError::Component {
-                    what: format!("agent {}", i.id),
-                    reason: e.to_string(),
-                })?;
+                .map_err(|e| component(format!("agent {id}"), e))?;
             agents.push(agent);
         }
         let stack = Stack {
             router_url: format!("http://{}", router.http_addr),
-            fleet,
-            router,
             model: sim.model.clone(),
-            agents,
-            model_dir,
+            engines: list
+                .into_iter()
+                .map(|(id, url, _, _)| EngineEndpoint { id, url })
+                .collect(),
+            admin_token,
+            owned: Some(Owned {
+                engines,
+                router,
+                agents,
+                model_dir,
+            }),
         };
         stack.wait_for_agents(Duration::from_secs(20)).await?;
         Ok(stack)
     }
 
+    /// Attaches to a running router and engines serving `model`: checks
+    /// that each answers `/health`.
+    pub async fn attach(cfg: &AttachConfig, model: &str) -> Result<Stack, BenchError> {
+        if cfg.engines.is_empty() {
+            return Err(BenchError::Invalid {
+                what: "attach",
+                reason: "name at least one engine URL".into(),
+            });
+        }
+        let client = reqwest::Client::new();
+        let router = cfg.router_url.trim_end_matches('/').to_owned();
+        let mut urls = vec![router.clone()];
+        urls.extend(cfg.engines.iter().map(|e| e.url.clone()));
+        for base in urls {
+            let url = format!("{base}/health");
+            let status = client
+                .get(&url)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
+                .map_err(|e| http(&url, e))?
+                .status();
+            if !status.is_success() {
+                return Err(http(&url, format!("health check answered {status}")));
+            }
+        }
+        Ok(Stack {
+            router_url: router,
+            model: model.to_owned(),
+            engines: cfg.engines.clone(),
+            admin_token: cfg.admin_token.clone(),
+            owned: None,
+        })
+    }
+
     /// Worker ids, in order.
     pub fn worker_ids(&self) -> Vec<String> {
-        self.fleet.instances.iter().map(|i| i.id.clone()).collect()
+        self.engines.iter().map(|e| e.id.clone()).collect()
+    }
+
+    /// The admin token this stack's router requires, if any.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref()
     }
 
     /// Waits until the router's `/cache-index` lists every worker.
@@ -117,78 +293,61 @@ impl Stack {
             if let Ok(resp) = client.get(&url).send().await {
                 if let Ok(text) = resp.text().await {
                     if self
-                        .fleet
-                        .instances
+                        .engines
                         .iter()
-                        .all(|i| text.contains(&format!("\"{}\"", i.id)))
+                        .all(|e| text.contains(&format!("\"{}\"", e.id)))
                     {
                         return Ok(());
                     }
                 }
             }
             if started.elapsed() > limit {
-                return Err(BenchError::Component {
-                    what: "agents".into(),
-                    reason: format!("not all agents reached the router within {limit:?}"),
-                });
+                return Err(component(
+                    "agents",
+                    format!("not all agents reached the router within {limit:?}"),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
-    /// Switches the pool's strategy through the admin API.
+    /// Switches the pool's strategy through `PUT /admin/pools/{model}/strategy`.
     pub async fn set_strategy(
         &self,
         client: &reqwest::Client,
         s: Strategy,
     ) -> Result<(), BenchError> {
         let url = format!("{}/admin/pools/{}/strategy", self.router_url, self.model);
-        let resp = client
+        let mut req = client
             .put(&url)
-            .json(&serde_json::json!({"strategy": s.as_str()}))
-            .send()
-            .await
-            .map_err(|e| BenchError::Http {
-                url: url.clone(),
-                reason: e.to_string(),
-            })?;
+            .json(&serde_json::json!({"strategy": s.as_str()}));
+        if let Some(t) = &self.admin_token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| http(&url, e))?;
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
-            return Err(BenchError::Http {
-                url,
-                reason: format!("{status}: {body}"),
-            });
+            return Err(http(&url, format!("{status}: {body}")));
         }
         Ok(())
     }
 
-    /// Empties every engine's prefix cache (through vLLM's
-    /// `/reset_prefix_cache`), then gives the agents a moment to tell the
-    /// router.
+    /// Empties every engine's prefix cache (vLLM's `/reset_prefix_cache`),
+    /// then gives the agents a moment to tell the router.
     pub async fn reset_caches(&self, client: &reqwest::Client) -> Result<(), BenchError> {
-        for i in &self.fleet.instances {
-            let url = format!("{}/reset_prefix_cache", i.url);
+        for e in &self.engines {
+            let url = format!("{}/reset_prefix_cache", e.url);
             let mut tries = 0;
             loop {
-                let resp = client
-                    .post(&url)
-                    .send()
-                    .await
-                    .map_err(|e| BenchError::Http {
-                        url: url.clone(),
-                        reason: e.to_string(),
-                    })?;
+                let resp = client.post(&url).send().await.map_err(|e| http(&url, e))?;
                 if resp.status().is_success() {
                     break;
                 }
                 // 409: requests still hold blocks; they finish soon.
                 tries += 1;
                 if tries > 50 {
-                    return Err(BenchError::Http {
-                        url,
-                        reason: format!("reset refused: {}", resp.status()),
-                    });
+                    return Err(http(&url, format!("reset refused: {}", resp.status())));
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -197,11 +356,84 @@ impl Stack {
         Ok(())
     }
 
-    /// Stops the agents and the router.
+    /// Sums vLLM's `prefix_cache_queries_total` and `prefix_cache_hits_total`
+    /// (tokens) over every engine's `/metrics`.
+    pub async fn engine_prefix_counters(
+        &self,
+        client: &reqwest::Client,
+    ) -> Result<(f64, f64), BenchError> {
+        let (mut queries, mut hits) = (0.0, 0.0);
+        for e in &self.engines {
+            let url = format!("{}/metrics", e.url);
+            let text = client
+                .get(&url)
+                .send()
+                .await
+                .map_err(|e| http(&url, e))?
+                .text()
+                .await
+                .map_err(|e| http(&url, e))?;
+            queries += metric_sum(&text, "vllm:prefix_cache_queries_total");
+            hits += metric_sum(&text, "vllm:prefix_cache_hits_total");
+        }
+        Ok((queries, hits))
+    }
+
+    /// Stops what this stack started (nothing when attached).
     pub async fn shutdown(mut self) {
-        self.router.shutdown();
-        for a in std::mem::take(&mut self.agents) {
+        let Some(o) = self.owned.as_mut() else {
+            return;
+        };
+        o.router.shutdown();
+        for a in std::mem::take(&mut o.agents) {
             a.shutdown().await;
         }
+        if let Some(o) = self.owned.take() {
+            match o.engines {
+                Engines::Candle(f) => f.shutdown().await,
+                // Its tasks end with the shutdown token; dropping it frees the handles.
+                Engines::Sim(f) => drop(f),
+            }
+            let _ = std::fs::remove_dir_all(&o.model_dir);
+        }
+    }
+}
+
+fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
+    BenchError::Http {
+        url: url.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+/// The sum of every sample of `name` (any labels) in Prometheus text.
+pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                return None;
+            }
+            let value = rest.rsplit(' ').next()?;
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sum_adds_every_labelled_sample_of_one_name() {
+        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
+                    vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n\
+                    vllm:prefix_cache_hits_total_other 99\n\
+                    vllm:prefix_cache_hits_total{model_name=\"n\"} 5.5\n\
+                    vllm:prefix_cache_queries_total 7\n";
+        assert_eq!(metric_sum(text, "vllm:prefix_cache_hits_total"), 15.5);
+        assert_eq!(metric_sum(text, "vllm:prefix_cache_queries_total"), 7.0);
+        assert_eq!(metric_sum(text, "vllm:missing"), 0.0);
     }
 }

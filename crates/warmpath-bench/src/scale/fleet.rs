@@ -14,7 +14,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use warmpath_core::{BlockHash, CacheIndex, IndexError, Tier, WorkerSlot};
 
 struct Segment {
+    /// Its block hashes when an index mirrors the cache (else empty).
     hashes: Vec<BlockHash>,
+    blocks: usize,
     last_used: u64,
 }
 
@@ -67,34 +69,46 @@ impl Instance {
         true
     }
 
-    /// Caches segment `key` (no-op when present or larger than the cache),
-    /// evicting least recently used segments first; mirrors every change into
-    /// `index`.
+    /// Caches segment `key` of `blocks` blocks (no-op when present or larger
+    /// than the cache), evicting least recently used segments first. With an
+    /// `index`, `hashes` are the segment's blocks and every change is
+    /// mirrored into it; without one (strategies that never read the index)
+    /// only the block count matters.
     pub(crate) fn insert(
         &mut self,
         key: u64,
         hashes: &[BlockHash],
+        blocks: usize,
         tick: u64,
-        index: &CacheIndex,
+        index: Option<&CacheIndex>,
     ) -> Result<(), IndexError> {
-        if hashes.is_empty() || hashes.len() > self.capacity || self.touch(key, tick) {
+        if blocks == 0 || blocks > self.capacity || self.touch(key, tick) {
             return Ok(());
         }
-        while self.used_blocks + hashes.len() > self.capacity {
+        while self.used_blocks + blocks > self.capacity {
             let Some((_, victim)) = self.lru.pop_first() else {
                 break;
             };
             if let Some(seg) = self.segments.remove(&victim) {
-                self.used_blocks -= seg.hashes.len();
-                index.remove(self.slot, Some(Tier::Gpu), &seg.hashes)?;
+                self.used_blocks -= seg.blocks;
+                if let Some(index) = index {
+                    index.remove(self.slot, Some(Tier::Gpu), &seg.hashes)?;
+                }
             }
         }
-        index.store(self.slot, Tier::Gpu, hashes)?;
-        self.used_blocks += hashes.len();
+        if let Some(index) = index {
+            index.store(self.slot, Tier::Gpu, hashes)?;
+        }
+        self.used_blocks += blocks;
         self.segments.insert(
             key,
             Segment {
-                hashes: hashes.to_vec(),
+                hashes: if index.is_some() {
+                    hashes.to_vec()
+                } else {
+                    Vec::new()
+                },
+                blocks,
                 last_used: tick,
             },
         );
@@ -123,12 +137,12 @@ mod tests {
         let index = CacheIndex::new();
         let slot = index.register_worker("w0").unwrap();
         let mut inst = Instance::new(slot, 10);
-        inst.insert(1, &hashes(100, 4), 1, &index).unwrap();
-        inst.insert(2, &hashes(200, 4), 2, &index).unwrap();
+        inst.insert(1, &hashes(100, 4), 4, 1, Some(&index)).unwrap();
+        inst.insert(2, &hashes(200, 4), 4, 2, Some(&index)).unwrap();
         assert_eq!(index.block_count(slot), 8);
         assert!(inst.touch(1, 3));
         // Needs room: segment 2 (least recently used) goes.
-        inst.insert(3, &hashes(300, 4), 4, &index).unwrap();
+        inst.insert(3, &hashes(300, 4), 4, 4, Some(&index)).unwrap();
         assert!(!inst.touch(2, 5));
         assert!(inst.touch(1, 6));
         assert_eq!(inst.used_blocks(), 8);
@@ -136,7 +150,18 @@ mod tests {
         assert!(index.holders_of(BlockHash(200)).is_empty());
         assert_eq!(index.holders_of(BlockHash(300)).len(), 1);
         // Too big for the cache: ignored.
-        inst.insert(4, &hashes(400, 11), 7, &index).unwrap();
+        inst.insert(4, &hashes(400, 11), 11, 7, Some(&index))
+            .unwrap();
         assert!(!inst.touch(4, 8));
+    }
+
+    #[test]
+    fn without_an_index_only_block_counts_matter() {
+        let mut inst = Instance::new(WorkerSlot::default(), 10);
+        inst.insert(1, &[], 6, 1, None).unwrap();
+        inst.insert(2, &[], 6, 2, None).unwrap();
+        assert_eq!(inst.used_blocks(), 6);
+        assert!(!inst.touch(1, 3));
+        assert!(inst.touch(2, 4));
     }
 }

@@ -13,11 +13,16 @@
 //! Instances follow [`crate::timing`] (one prefill queue, overlapping decode up
 //! to `max_batch`) with a segment-granular LRU prefix cache ([`fleet`]). The
 //! index sees each change the moment it happens (an agent with zero latency),
-//! and the router's load view is exact (one router). Routing cost is measured
+//! and the router's load view is exact (one router). Only `kv_aware` reads
+//! the index, so only its runs hash chains and keep the index up to date;
+//! the others route on the prefix key and load alone, as the router does. Routing cost is measured
 //! as wall time spent hashing, matching and picking, so "decisions per second"
 //! is per core.
 
+mod balanced;
 mod fleet;
+
+pub use balanced::ShareBounded;
 
 use crate::error::BenchError;
 use crate::stats::{share_min_max, Summary};
@@ -67,6 +72,9 @@ pub struct ScaleConfig {
     pub time: TimeModel,
     /// Policy knobs.
     pub policy: PolicyConfig,
+    /// Wrap the policy in the [`ShareBounded`] prototype with this slack
+    /// (e.g. 0.05: no instance above 1.05 x an even share of recent traffic).
+    pub share_slack: Option<f64>,
 }
 
 impl Default for ScaleConfig {
@@ -85,6 +93,7 @@ impl Default for ScaleConfig {
             seed: 42,
             time: TimeModel::default(),
             policy: PolicyConfig::default(),
+            share_slack: None,
         }
     }
 }
@@ -115,6 +124,12 @@ impl ScaleConfig {
         }
         if self.output_tokens == 0 {
             return bad("output_tokens", "must be at least 1");
+        }
+        if self
+            .share_slack
+            .is_some_and(|s| !(s.is_finite() && s >= 0.0))
+        {
+            return bad("share_slack", "must be a finite number >= 0");
         }
         self.time.validate()?;
         self.policy.validate()?;
@@ -153,6 +168,9 @@ pub struct ScaleReport {
     pub wall_s: f64,
     /// Distinct blocks in the index at the end.
     pub index_blocks: usize,
+    /// Requests routed to each instance, in instance order (fleets of at
+    /// most 64 instances; empty for larger ones).
+    pub served: Vec<u64>,
 }
 
 struct Req {
@@ -245,7 +263,12 @@ impl<'a> Sim<'a> {
             backends.push(PolicyBackend { id, slot });
             fleet.push(Instance::new(slot, cfg.cache_blocks));
         }
-        let policy = build_policy(strategy, &cfg.policy, &backends)?;
+        let mut policy = build_policy(strategy, &cfg.policy, &backends)?;
+        if let Some(slack) = cfg.share_slack {
+            // Remember ~50 decisions per instance.
+            let window = 50.0 * n as f64;
+            policy = Box::new(ShareBounded::new(policy, &backends, slack, window));
+        }
         Ok(Sim {
             cfg,
             strategy,
@@ -310,19 +333,27 @@ impl<'a> Sim<'a> {
             self.schedule(self.now + (gap * 1e6) as u64 + 1, Event::Arrival(r + 1));
         }
         let doc = self.zipf.sample(&mut self.rng) as u32;
-        self.fill_tokens(doc, r as u32);
-        // The router's work: hash the chain, match it (kv_aware), pick.
+        // The router's work: for kv_aware tokens are hashed into the chain
+        // and matched against the index; the other strategies never read it
+        // (their runs skip the hashing and the index upkeep).
+        let kv = self.strategy == Strategy::KvAware;
+        if kv {
+            self.fill_tokens(doc, r as u32);
+        }
         let t0 = Instant::now();
-        let mut chain = Vec::with_capacity(self.tokens.len() / self.cfg.block_size);
-        ChainHasher::new(self.seed, self.cfg.block_size).extend(&self.tokens, &mut chain);
-        let matches =
-            (self.strategy == Strategy::KvAware).then(|| self.index.longest_match(&chain));
+        let mut chain = Vec::new();
+        if kv {
+            chain.reserve(self.tokens.len() / self.cfg.block_size);
+            ChainHasher::new(self.seed, self.cfg.block_size).extend(&self.tokens, &mut chain);
+        }
+        let matches = kv.then(|| self.index.longest_match(&chain));
         for (l, p) in self.loads.iter_mut().zip(&self.pending_blocks) {
             l.pending_prefill_blocks = *p;
         }
+        let chain_blocks = (self.prompt_tokens() / self.cfg.block_size) as u32;
         let input = RouteInput {
             prefix_key: xxh3_64(&doc.to_le_bytes()),
-            chain_blocks: chain.len() as u32,
+            chain_blocks,
             matches: matches.as_ref(),
         };
         let d = self.policy.pick(&input, &self.loads, &mut self.pick_rng)?;
@@ -381,15 +412,19 @@ impl<'a> Sim<'a> {
     fn prefill_done(&mut self, r: usize) -> Result<(), BenchError> {
         let i = self.reqs[r].instance as usize;
         let chain = std::mem::take(&mut self.reqs[r].chain);
-        let doc_blocks = (self.cfg.doc_tokens / self.cfg.block_size).min(chain.len());
+        let total_blocks = self.prompt_tokens() / self.cfg.block_size;
+        let doc_blocks = (self.cfg.doc_tokens / self.cfg.block_size).min(total_blocks);
+        let index = (self.strategy == Strategy::KvAware).then_some(&self.index);
+        let (doc_hashes, tail_hashes) = chain.split_at(doc_blocks.min(chain.len()));
         self.tick += 1;
         let doc_key = u64::from(self.reqs[r].doc);
-        self.fleet[i].insert(doc_key, &chain[..doc_blocks], self.tick, &self.index)?;
+        self.fleet[i].insert(doc_key, doc_hashes, doc_blocks, self.tick, index)?;
         self.fleet[i].insert(
             TAIL_KEY | r as u64,
-            &chain[doc_blocks..],
+            tail_hashes,
+            total_blocks - doc_blocks,
             self.tick,
-            &self.index,
+            index,
         )?;
         let prompt = self.prompt_tokens() as u64;
         let req = &mut self.reqs[r];
@@ -432,6 +467,11 @@ impl<'a> Sim<'a> {
     fn report(&self, wall_s: f64) -> ScaleReport {
         let served: Vec<u64> = self.fleet.iter().map(|f| f.served).collect();
         let (share_min_pct, share_max_pct) = share_min_max(&served);
+        let served = if served.len() <= 64 {
+            served
+        } else {
+            Vec::new()
+        };
         let requests = self.e2e.len();
         let routing_s = self.routing.as_secs_f64();
         let simulated_s = self.now as f64 / 1e6;
@@ -466,6 +506,7 @@ impl<'a> Sim<'a> {
             },
             wall_s,
             index_blocks: self.index.distinct_blocks(),
+            served,
         }
     }
 }

@@ -1,0 +1,241 @@
+//! Real engines for a comparison: `warmpath-engine` child processes (the
+//! candle Llama with its block-level prefix cache, `--tiny` random weights)
+//! instead of simulated instances (`compare --engine candle`).
+//!
+//! Each child binds HTTP and its ZMQ KV-event and replay sockets on
+//! 127.0.0.1 port 0 and prints the bound addresses on stdout; we read them
+//! from there. Its log (stderr) goes to a file beside the tokenizer folder,
+//! whose tail is quoted when a child fails to start. Children are killed when
+//! the fleet is shut down or dropped (`kill_on_drop`).
+
+use crate::error::BenchError;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// How to start the real engines.
+#[derive(Clone, Debug, Serialize)]
+pub struct CandleConfig {
+    /// The `warmpath-engine` binary.
+    pub binary: PathBuf,
+    /// Longest prefill step in tokens (`--prefill-chunk`).
+    pub prefill_chunk: usize,
+    /// Weight seed (`--seed`); every instance serves the same model.
+    pub seed: u64,
+    /// How long one engine may take to load and bind.
+    pub startup_timeout: Duration,
+}
+
+impl CandleConfig {
+    /// `warmpath-engine` next to the running executable (where
+    /// `cargo build --release -p warmpath-engine` puts it beside
+    /// `warmpath-bench`).
+    pub fn beside_current_exe() -> Result<Self, BenchError> {
+        let exe = std::env::current_exe().map_err(|e| BenchError::Io {
+            path: "current executable".into(),
+            source: e,
+        })?;
+        Ok(CandleConfig {
+            binary: exe.with_file_name(format!("warmpath-engine{}", std::env::consts::EXE_SUFFIX)),
+            prefill_chunk: 512,
+            seed: 0,
+            startup_timeout: Duration::from_secs(120),
+        })
+    }
+}
+
+/// One running engine process.
+#[derive(Debug)]
+pub struct CandleInstance {
+    /// Worker id (`candle-<i>`).
+    pub id: String,
+    /// `http://` base URL.
+    pub url: String,
+    /// ZMQ PUB endpoint of its KV events.
+    pub kv_events: String,
+    /// ZMQ replay endpoint.
+    pub kv_replay: Option<String>,
+    child: Child,
+}
+
+/// A fleet of engine processes.
+#[derive(Debug)]
+pub struct CandleFleet {
+    /// The engines, in order.
+    pub instances: Vec<CandleInstance>,
+}
+
+/// The settings every engine of a fleet shares.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineShape<'a> {
+    /// Served model name.
+    pub model: &'a str,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Prefix cache capacity in blocks.
+    pub cache_blocks: usize,
+    /// Event topic.
+    pub topic: &'a str,
+}
+
+impl CandleFleet {
+    /// Starts `n` engines one after the other (loading is CPU-bound), logs
+    /// into `log_dir`.
+    pub async fn start(
+        n: usize,
+        cfg: &CandleConfig,
+        shape: EngineShape<'_>,
+        log_dir: &Path,
+    ) -> Result<CandleFleet, BenchError> {
+        if !cfg.binary.is_file() {
+            return Err(BenchError::Invalid {
+                what: "engine binary",
+                reason: format!(
+                    "{} not found; build it with `cargo build --release -p warmpath-engine` or pass --engine-bin",
+                    cfg.binary.display()
+                ),
+            });
+        }
+        let mut instances = Vec::with_capacity(n);
+        for i in 0..n {
+            let log = log_dir.join(format!("engine-{i}.log"));
+            let inst = tokio::time::timeout(cfg.startup_timeout, start_one(i, cfg, shape, &log))
+                .await
+                .map_err(|_| BenchError::Component {
+                    what: format!("engine {i}"),
+                    reason: format!(
+                        "not listening after {:?}; log: {}",
+                        cfg.startup_timeout,
+                        log_tail(&log)
+                    ),
+                })??;
+            instances.push(inst);
+        }
+        Ok(CandleFleet { instances })
+    }
+
+    /// Kills every engine and waits for it.
+    pub async fn shutdown(mut self) {
+        for i in &mut self.instances {
+            if let Err(e) = i.child.kill().await {
+                tracing::warn!(engine = %i.id, error = %e, "killing an engine failed");
+            }
+        }
+    }
+}
+
+async fn start_one(
+    i: usize,
+    cfg: &CandleConfig,
+    shape: EngineShape<'_>,
+    log: &Path,
+) -> Result<CandleInstance, BenchError> {
+    let id = format!("candle-{i}");
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| BenchError::Io { path, source }
+    };
+    let stderr = std::fs::File::create(log).map_err(io(log))?;
+    let mut cmd = Command::new(&cfg.binary);
+    cmd.args(["--tiny", "--listen", "127.0.0.1:0"])
+        .args(["--kv-events", "tcp://127.0.0.1:0"])
+        .args(["--kv-replay", "tcp://127.0.0.1:0"])
+        .args(["--kv-topic", shape.topic])
+        .args(["--model-name", shape.model])
+        .arg(format!("--block-size={}", shape.block_size))
+        .arg(format!("--cache-blocks={}", shape.cache_blocks))
+        .arg(format!("--prefill-chunk={}", cfg.prefill_chunk))
+        .arg(format!("--seed={}", cfg.seed))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(io(&cfg.binary))?;
+    let failed = |reason: String| BenchError::Component {
+        what: format!("engine {i}"),
+        reason: format!("{reason}; log: {}", log_tail(log)),
+    };
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| failed("no stdout pipe".into()))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let (mut kv_events, mut kv_replay) = (None, None);
+    let url = loop {
+        let line = lines
+            .next_line()
+            .await
+            .map_err(|e| failed(format!("reading its output: {e}")))?
+            .ok_or_else(|| failed("exited before listening".into()))?;
+        if let Some(ep) = line.strip_prefix("kv events on ") {
+            kv_events = Some(ep.trim().to_owned());
+        } else if let Some(ep) = line.strip_prefix("kv replay on ") {
+            kv_replay = Some(ep.trim().to_owned());
+        } else if let Some(url) = line.strip_prefix("listening on ") {
+            break url.trim().to_owned();
+        }
+    };
+    // Nothing else is printed on stdout; keep draining it so a stray line
+    // can never block the child. The task ends with the pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let kv_events = kv_events.ok_or_else(|| failed("it printed no KV event endpoint".into()))?;
+    tracing::info!(engine = %id, %url, %kv_events, "engine started");
+    Ok(CandleInstance {
+        id,
+        url,
+        kv_events,
+        kv_replay,
+        child,
+    })
+}
+
+/// The last lines of a log file, for error messages.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(5)..].join(" | ");
+    if tail.is_empty() {
+        format!("{} (empty)", path.display())
+    } else {
+        tail
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_missing_binary_is_a_clear_error() {
+        let cfg = CandleConfig {
+            binary: PathBuf::from("/nonexistent/warmpath-engine"),
+            prefill_chunk: 512,
+            seed: 0,
+            startup_timeout: Duration::from_secs(1),
+        };
+        let shape = EngineShape {
+            model: "m",
+            block_size: 16,
+            cache_blocks: 64,
+            topic: "",
+        };
+        let err = CandleFleet::start(1, &cfg, shape, &std::env::temp_dir())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not found"), "{err}");
+    }
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let p = std::env::temp_dir().join(format!("warmpath-bench-log-{}", std::process::id()));
+        std::fs::write(&p, "a\nb\nc\nd\ne\nf\ng\n").unwrap();
+        assert_eq!(log_tail(&p), "c | d | e | f | g");
+        std::fs::remove_file(&p).unwrap();
+        assert!(log_tail(&p).ends_with("(empty)"));
+    }
+}

@@ -1,0 +1,174 @@
+//! A prototype of a share-bounded policy, for the balance experiment of the
+//! scale simulation (`scale --share-slack`). Not used by the router.
+//!
+//! Why: `kv_aware` and `prefix_aware` bound load by requests *in flight*
+//! (CHWBL: at most `load_factor` x the mean + 1). Below saturation in-flight
+//! counts are tiny and that bound never binds, so each prefix stays wherever
+//! the hash ring first put it, and with Zipf popularity an instance's share is
+//! the sum of the popularities of the prefixes it happened to get: with 112
+//! documents (Zipf 0.6) on 7 instances random placement leaves the busiest
+//! instance ~7.6 points above even in the median (see the crate's report).
+//!
+//! What: the same inner policy, plus a bound on each backend's *recent share
+//! of routed requests* (an exponentially decayed count over about
+//! `window` decisions): a backend above `(1 + slack) / n` of the recent
+//! traffic is passed over for the backend under the bound with the deepest
+//! fresh match (then the lowest share). A passed-over hot prefix gets a second
+//! holder; a cold prefix lands on a lightly used backend.
+
+use parking_lot::Mutex;
+use rand::RngCore;
+use warmpath_core::policy::{
+    BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyError, RouteInput,
+};
+use warmpath_core::{Strategy, WorkerSlot};
+
+/// Decayed per-backend counts: `weights[i] / total` is the recent share.
+#[derive(Debug)]
+struct Shares {
+    weights: Vec<f64>,
+    total: f64,
+    /// The weight of the next decision (grows by 1/decay per decision, which
+    /// is the same as decaying every past one).
+    unit: f64,
+}
+
+/// The inner policy with a bound on recent share (see the module docs).
+#[derive(Debug)]
+pub struct ShareBounded {
+    inner: Box<dyn Policy>,
+    slots: Vec<WorkerSlot>,
+    slack: f64,
+    decay: f64,
+    shares: Mutex<Shares>,
+}
+
+impl ShareBounded {
+    /// Wraps `inner` (built over `backends`); `slack` > 0 is the allowed
+    /// excess over an even share, `window` (>= 1) the decisions remembered.
+    pub fn new(
+        inner: Box<dyn Policy>,
+        backends: &[PolicyBackend],
+        slack: f64,
+        window: f64,
+    ) -> Self {
+        let n = backends.len();
+        ShareBounded {
+            inner,
+            slots: backends.iter().map(|b| b.slot).collect(),
+            slack: slack.max(0.0),
+            decay: 1.0 - 1.0 / window.max(1.0),
+            shares: Mutex::new(Shares {
+                weights: vec![0.0; n],
+                total: 0.0,
+                unit: 1.0,
+            }),
+        }
+    }
+}
+
+impl Policy for ShareBounded {
+    fn strategy(&self) -> Strategy {
+        self.inner.strategy()
+    }
+
+    fn pick(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let d = self.inner.pick(input, loads, rng)?;
+        let mut s = self.shares.lock();
+        let n = s.weights.len().max(1) as f64;
+        let bound = (1.0 + self.slack) / n * s.total;
+        let over = |s: &Shares, i: usize| s.total > n && s.weights[i] > bound;
+        let mut out = d;
+        if over(&s, d.backend) {
+            let matched = |i: usize| -> u32 {
+                input
+                    .matches
+                    .and_then(|m| self.slots.get(i).and_then(|slot| m.of(*slot)))
+                    .filter(|m| m.fresh)
+                    .map_or(0, |m| m.blocks)
+            };
+            let best = (0..self.slots.len())
+                .filter(|&i| loads.get(i).is_some_and(|l| l.eligible) && !over(&s, i))
+                .max_by(|&a, &b| {
+                    matched(a)
+                        .cmp(&matched(b))
+                        .then(s.weights[b].total_cmp(&s.weights[a]))
+                });
+            if let Some(i) = best {
+                out = Decision {
+                    backend: i,
+                    kind: DecisionKind::Spill,
+                    matched_blocks: matched(i),
+                };
+            }
+        }
+        let unit = s.unit;
+        if let Some(w) = s.weights.get_mut(out.backend) {
+            *w += unit;
+        }
+        s.total += unit;
+        s.unit /= self.decay;
+        if s.unit > 1e200 {
+            let k = s.unit;
+            s.weights.iter_mut().for_each(|w| *w /= k);
+            s.total /= k;
+            s.unit = 1.0;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+    use warmpath_core::policy::{build_policy, PolicyConfig};
+    use warmpath_core::CacheIndex;
+
+    #[test]
+    fn one_hot_prefix_is_spread_once_its_holder_is_over_the_bound() {
+        let index = CacheIndex::new();
+        let backends: Vec<PolicyBackend> = (0..4)
+            .map(|i| {
+                let id = format!("w{i}");
+                let slot = index.register_worker(&id).unwrap();
+                PolicyBackend { id, slot }
+            })
+            .collect();
+        let inner =
+            build_policy(Strategy::PrefixAware, &PolicyConfig::default(), &backends).unwrap();
+        let p = ShareBounded::new(inner, &backends, 0.1, 1000.0);
+        let loads = vec![
+            BackendLoad {
+                eligible: true,
+                ..Default::default()
+            };
+            4
+        ];
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut counts = [0u32; 4];
+        // Every request has the same prefix: the ring alone sends all of
+        // them to one backend; the share bound keeps that one near
+        // (1 + slack) / n = 27.5% and spreads the rest.
+        for _ in 0..4000 {
+            let input = RouteInput {
+                prefix_key: 7,
+                chain_blocks: 10,
+                matches: None,
+            };
+            counts[p.pick(&input, &loads, &mut rng).unwrap().backend] += 1;
+        }
+        let max = counts.iter().copied().max().unwrap();
+        assert!((1050..=1150).contains(&max), "{counts:?}");
+        for c in counts {
+            assert!(c >= 900, "{counts:?}");
+        }
+    }
+}
