@@ -8,9 +8,10 @@
 //! router costs a snapshot, never unbounded memory. Snapshots are taken under
 //! the same lock as deltas are numbered, so a snapshot at seq S is exact.
 
+use crate::fasthash::FastMap;
 use crate::tracker::Change;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::Notify;
 use warmpath_core::BlockHash;
@@ -75,7 +76,7 @@ struct Held {
 }
 
 struct Inner {
-    blocks: HashMap<(BlockHash, i32), Held>,
+    blocks: FastMap<(BlockHash, i32), Held>,
     seq: u64,
     block_size: Option<u32>,
     sinks: Vec<Arc<Sink>>,
@@ -108,7 +109,7 @@ impl Hub {
     pub fn new() -> Self {
         Hub {
             inner: Mutex::new(Inner {
-                blocks: HashMap::new(),
+                blocks: FastMap::default(),
                 seq: 0,
                 block_size: None,
                 sinks: Vec::new(),

@@ -12,10 +12,12 @@
 //! - [`load`]: the engine's Prometheus load metrics.
 //! - [`observe`]: observe mode, for engines without KV events: a sidecar proxy
 //!   that tokenizes what it forwards and keeps an LRU mirror of the cache.
+//! - [`fasthash`]: the seeded fast hasher of the block maps.
 //! - [`agent`]: wiring, `/metrics` and `/health`; [`cli`]: the command line.
 
 pub mod agent;
 pub mod cli;
+pub mod fasthash;
 pub mod follow;
 pub mod hub;
 pub mod link;

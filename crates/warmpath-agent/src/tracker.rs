@@ -12,8 +12,9 @@
 //! Removed blocks keep their mapping for a while ("ghosts", bounded) so that a
 //! child stored after its parent was evicted still chains correctly.
 
+use crate::fasthash::FastMap;
 use crate::vllm::{BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use warmpath_core::{hash_block, BlockHash, HashSeed};
 use warmpath_proto::v1::Tier;
 
@@ -79,7 +80,7 @@ pub fn tier_of(medium: Option<&Medium>) -> Tier {
 #[derive(Debug)]
 pub struct EngineTracker {
     model: String,
-    entries: HashMap<EngineBlockHash, Entry>,
+    entries: FastMap<EngineBlockHash, Entry>,
     ghosts: VecDeque<EngineBlockHash>,
     ghost_capacity: usize,
     block_size: Option<u32>,
@@ -92,7 +93,7 @@ impl EngineTracker {
     pub fn new(model: impl Into<String>, ghost_capacity: usize) -> Self {
         EngineTracker {
             model: model.into(),
-            entries: HashMap::new(),
+            entries: FastMap::default(),
             ghosts: VecDeque::new(),
             ghost_capacity,
             block_size: None,
