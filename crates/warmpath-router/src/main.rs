@@ -18,6 +18,11 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let config = cli.load().context("loading the configuration")?;
+    let grpc_scheme = if config.ingest.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let shutdown = CancellationToken::new();
     let running = warmpath_router::start(config, shutdown.clone())
         .await
@@ -30,7 +35,7 @@ async fn main() -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         writeln!(out, "listening on http://{}", running.http_addr)?;
         if let Some(g) = running.grpc_addr {
-            writeln!(out, "grpc listening on http://{g}")?;
+            writeln!(out, "grpc listening on {grpc_scheme}://{g}")?;
         }
         out.flush()?;
     }
