@@ -153,9 +153,51 @@ pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterEr
     Ok(changes)
 }
 
+/// The process-wide settings that differ between the running configuration
+/// and a re-read one: a reload cannot apply them (listeners, tokens, ingest
+/// TLS and deadlines, limits, health checks, the upstream client).
+pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |name: &str, changed: bool| {
+        if changed {
+            out.push(format!("{name} changed: needs a restart (ignored)"));
+        }
+    };
+    check("listen", running.listen != new.listen);
+    check("grpc_listen", running.grpc_listen != new.grpc_listen);
+    check("admin_token", running.admin_token != new.admin_token);
+    check("agent_token", running.agent_token != new.agent_token);
+    check("ingest", running.ingest != new.ingest);
+    check(
+        "max_body_bytes",
+        running.max_body_bytes != new.max_body_bytes,
+    );
+    check(
+        "forward_cache_salt",
+        running.forward_cache_salt != new.forward_cache_salt,
+    );
+    check("health", running.health != new.health);
+    check("upstream", running.upstream != new.upstream);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_wide_changes_are_listed_not_applied() {
+        let running = RouterConfig::default();
+        assert!(restart_only_changes(&running, &running.clone()).is_empty());
+        let mut new = running.clone();
+        new.listen = "127.0.0.1:1".into();
+        new.agent_token = Some("t".into());
+        new.ingest.stale_after_ms += 1;
+        let changes = restart_only_changes(&running, &new);
+        assert_eq!(changes.len(), 3, "{changes:?}");
+        assert!(changes[0].starts_with("listen changed"));
+        assert!(changes[2].starts_with("ingest changed"));
+    }
 
     #[test]
     fn secrets_compare_exactly() {

@@ -50,6 +50,8 @@ pub struct RunningRouter {
     shared: Arc<Shared>,
     token: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// The configuration it started with, to tell a reload what it cannot apply.
+    started_with: RouterConfig,
 }
 
 impl RunningRouter {
@@ -58,9 +60,15 @@ impl RunningRouter {
         &self.shared
     }
 
-    /// Applies a re-read configuration (see [`admin::reload`]).
+    /// Applies a re-read configuration (see [`admin::reload`]); process-wide
+    /// settings that changed are listed (and logged) as needing a restart.
     pub fn reload(&self, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
-        admin::reload(&self.shared, config)
+        let mut changes = admin::reload(&self.shared, config)?;
+        for c in admin::restart_only_changes(&self.started_with, config) {
+            tracing::warn!("reload: {c}");
+            changes.push(c);
+        }
+        Ok(changes)
     }
 
     /// Asks every task to stop (in-flight responses finish first).
@@ -175,5 +183,6 @@ pub async fn start(
         shared,
         token,
         tasks,
+        started_with: config,
     })
 }
