@@ -114,7 +114,8 @@ struct CompareArgs {
     /// Attach to this running router (http://host:port) instead of starting a stack.
     #[arg(long, requires = "attach_engine")]
     attach_router: Option<String>,
-    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id) or
+    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id, as
+    /// in `x-warmpath-backend`; needed to count an idle engine's 0% share) or
     /// `URL`; repeat or comma-separate.
     #[arg(long, value_delimiter = ',')]
     attach_engine: Vec<String>,
@@ -193,8 +194,10 @@ impl CompareArgs {
                         id: id.to_owned(),
                         url: url.trim_end_matches('/').to_owned(),
                     },
+                    // Unknown worker id: shares are keyed by what the
+                    // router reports, with no zero entry for this one.
                     None => EngineEndpoint {
-                        id: e.clone(),
+                        id: String::new(),
                         url: e.trim_end_matches('/').to_owned(),
                     },
                 })

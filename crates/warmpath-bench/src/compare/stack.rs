@@ -56,7 +56,8 @@ pub enum EngineKind {
 /// An engine as the comparison sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EngineEndpoint {
-    /// Worker id (what the router reports in `x-warmpath-backend`).
+    /// Worker id (what the router reports in `x-warmpath-backend`); empty
+    /// when unknown (attach mode).
     pub id: String,
     /// `http://` base URL.
     pub url: String,
@@ -274,9 +275,14 @@ impl Stack {
         })
     }
 
-    /// Worker ids, in order.
+    /// Known worker ids, in order (attached engines given without an id
+    /// are left out).
     pub fn worker_ids(&self) -> Vec<String> {
-        self.engines.iter().map(|e| e.id.clone()).collect()
+        self.engines
+            .iter()
+            .filter(|e| !e.id.is_empty())
+            .map(|e| e.id.clone())
+            .collect()
     }
 
     /// The admin token this stack's router requires, if any.
