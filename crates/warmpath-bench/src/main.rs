@@ -102,6 +102,10 @@ struct CompareArgs {
     /// kv_aware: weight of a prefill block still to compute.
     #[arg(long, default_value_t = 1.0)]
     prefill_weight: f64,
+    /// kv_aware: bound each backend's recent share at (1 + SLACK) x even
+    /// (the router's `kv.share_slack`; off when not given).
+    #[arg(long)]
+    share_slack: Option<f64>,
     /// Engines: `sim` (simulated vLLM) or `candle` (warmpath-engine --tiny processes).
     #[arg(long, default_value = "sim")]
     engine: String,
@@ -210,6 +214,7 @@ impl CompareArgs {
         };
         router.kv.decode_weight = self.decode_weight;
         router.kv.prefill_weight = self.prefill_weight;
+        router.kv.share_slack = self.share_slack;
         Ok(CompareConfig {
             instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
             sim: self.sim.config()?,
@@ -432,7 +437,8 @@ struct ScaleArgs {
     /// Print each instance's share of the requests (fleets up to 64).
     #[arg(long)]
     shares: bool,
-    /// Prototype: bound each instance's recent share at (1 + SLACK) x even.
+    /// Bound each instance's recent share at (1 + SLACK) x even (core's
+    /// ShareBounded around any strategy; the router's `kv.share_slack`).
     #[arg(long)]
     share_slack: Option<f64>,
     /// Write the reports as JSON here.

@@ -19,10 +19,7 @@
 //! as wall time spent hashing, matching and picking, so "decisions per second"
 //! is per core.
 
-mod balanced;
 mod fleet;
-
-pub use balanced::ShareBounded;
 
 use crate::error::BenchError;
 use crate::stats::{share_min_max, Summary};
@@ -36,7 +33,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 use warmpath_core::hash::ChainHasher;
 use warmpath_core::policy::{
-    build_policy, BackendLoad, Policy, PolicyBackend, PolicyConfig, RouteInput,
+    build_policy, BackendLoad, Policy, PolicyBackend, PolicyConfig, RouteInput, ShareBounded,
 };
 use warmpath_core::{BlockHash, CacheIndex, HashSeed, Strategy};
 use xxhash_rust::xxh3::xxh3_64;
@@ -72,8 +69,9 @@ pub struct ScaleConfig {
     pub time: TimeModel,
     /// Policy knobs.
     pub policy: PolicyConfig,
-    /// Wrap the policy in the [`ShareBounded`] prototype with this slack
-    /// (e.g. 0.05: no instance above 1.05 x an even share of recent traffic).
+    /// Wrap any strategy's policy in core's [`ShareBounded`] with this slack
+    /// (e.g. 0.05: no instance above 1.05 x an even share of recent traffic);
+    /// the router offers it for `kv_aware` as `kv.share_slack`.
     pub share_slack: Option<f64>,
 }
 

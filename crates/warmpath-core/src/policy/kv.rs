@@ -42,6 +42,13 @@ pub struct KvConfig {
     pub prefill_weight: f64,
     /// Cost of one request in flight, in blocks (>= 0).
     pub decode_weight: f64,
+    /// When set, no backend takes more than `(1 + share_slack) / n` of the
+    /// recent decisions (about the last 50 x n): a request whose pick is over
+    /// that goes to the backend under it with the deepest fresh match
+    /// (`spill`). In-flight bounds never bind below saturation, so without
+    /// this a backend's share is the popularity of the prefixes it happens to
+    /// hold. 0..=10; `None` (the default) turns it off. See BENCHMARKS.md.
+    pub share_slack: Option<f64>,
 }
 
 impl Default for KvConfig {
@@ -50,6 +57,7 @@ impl Default for KvConfig {
             min_match_blocks: 1,
             prefill_weight: 1.0,
             decode_weight: 2.0,
+            share_slack: None,
         }
     }
 }
@@ -61,6 +69,14 @@ impl KvConfig {
                 name: "kv.min_match_blocks",
                 reason: "must be at least 1".into(),
             });
+        }
+        if let Some(s) = self.share_slack {
+            if !((0.0..=10.0).contains(&s)) {
+                return Err(PolicyError::Invalid {
+                    name: "kv.share_slack",
+                    reason: format!("{s} must be a number in 0..=10"),
+                });
+            }
         }
         for (name, v) in [
             ("kv.prefill_weight", self.prefill_weight),

@@ -17,11 +17,13 @@ mod kv;
 mod least;
 mod random;
 mod ring;
+mod share;
 
 pub use kv::{KvAware, KvConfig};
 pub use least::LeastOutstanding;
 pub use random::Random;
 pub use ring::{PrefixAware, Ring};
+pub use share::ShareBounded;
 
 use crate::index::{MatchResult, WorkerSlot};
 use rand::RngCore;
@@ -283,7 +285,19 @@ pub fn build_policy(
         Strategy::Random => Box::new(Random),
         Strategy::LeastOutstanding => Box::new(LeastOutstanding),
         Strategy::PrefixAware => Box::new(PrefixAware::new(config, backends)),
-        Strategy::KvAware => Box::new(KvAware::new(config, backends)),
+        Strategy::KvAware => {
+            let kv: Box<dyn Policy> = Box::new(KvAware::new(config, backends));
+            match config.kv.share_slack {
+                // Remember about 50 decisions per backend.
+                Some(slack) => Box::new(ShareBounded::new(
+                    kv,
+                    backends,
+                    slack,
+                    50.0 * backends.len() as f64,
+                )),
+                None => kv,
+            }
+        }
     })
 }
 

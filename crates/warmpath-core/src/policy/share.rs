@@ -1,5 +1,5 @@
-//! A prototype of a share-bounded policy, for the balance experiment of the
-//! scale simulation (`scale --share-slack`). Not used by the router.
+//! `kv.share_slack`: a bound on each backend's recent share of the traffic,
+//! wrapped around `kv_aware` by [`build_policy`](super::build_policy) when set.
 //!
 //! Why: `kv_aware` and `prefix_aware` bound load by requests *in flight*
 //! (CHWBL: at most `load_factor` x the mean + 1). Below saturation in-flight
@@ -16,12 +16,12 @@
 //! fresh match (then the lowest share). A passed-over hot prefix gets a second
 //! holder; a cold prefix lands on a lightly used backend.
 
+use super::{
+    BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyError, RouteInput, Strategy,
+};
+use crate::index::WorkerSlot;
 use parking_lot::Mutex;
 use rand::RngCore;
-use warmpath_core::policy::{
-    BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyError, RouteInput,
-};
-use warmpath_core::{Strategy, WorkerSlot};
 
 /// Decayed per-backend counts: `weights[i] / total` is the recent share.
 #[derive(Debug)]
@@ -127,10 +127,10 @@ impl Policy for ShareBounded {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::policy::{build_policy, PolicyConfig};
+    use crate::CacheIndex;
     use rand::rngs::SmallRng;
     use rand::SeedableRng;
-    use warmpath_core::policy::{build_policy, PolicyConfig};
-    use warmpath_core::CacheIndex;
 
     #[test]
     fn one_hot_prefix_is_spread_once_its_holder_is_over_the_bound() {
@@ -169,6 +169,52 @@ mod tests {
         assert!((1050..=1150).contains(&max), "{counts:?}");
         for c in counts {
             assert!(c >= 900, "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn kv_share_slack_is_validated_and_wraps_kv_aware() {
+        let index = CacheIndex::new();
+        let backends: Vec<PolicyBackend> = (0..3)
+            .map(|i| {
+                let id = format!("w{i}");
+                let slot = index.register_worker(&id).unwrap();
+                PolicyBackend { id, slot }
+            })
+            .collect();
+        for bad in [-0.1, f64::NAN, 11.0] {
+            let mut cfg = PolicyConfig::default();
+            cfg.kv.share_slack = Some(bad);
+            assert!(
+                build_policy(Strategy::KvAware, &cfg, &backends).is_err(),
+                "{bad}"
+            );
+        }
+        let mut cfg = PolicyConfig::default();
+        cfg.kv.share_slack = Some(0.25);
+        let p = build_policy(Strategy::KvAware, &cfg, &backends).unwrap();
+        assert_eq!(p.strategy(), Strategy::KvAware);
+        // One prefix, no cache anywhere: CHWBL alone would send every request
+        // to the ring owner; the bound keeps each backend near a third.
+        let loads = vec![
+            BackendLoad {
+                eligible: true,
+                ..Default::default()
+            };
+            3
+        ];
+        let mut rng = SmallRng::seed_from_u64(2);
+        let mut counts = [0u32; 3];
+        for _ in 0..3000 {
+            let input = RouteInput {
+                prefix_key: 11,
+                chain_blocks: 4,
+                matches: None,
+            };
+            counts[p.pick(&input, &loads, &mut rng).unwrap().backend] += 1;
+        }
+        for c in counts {
+            assert!((800..=1300).contains(&c), "{counts:?}");
         }
     }
 }
