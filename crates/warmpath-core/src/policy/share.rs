@@ -7,7 +7,7 @@
 //! the hash ring first put it, and with Zipf popularity an instance's share is
 //! the sum of the popularities of the prefixes it happened to get: with 112
 //! documents (Zipf 0.6) on 7 instances random placement leaves the busiest
-//! instance ~7.6 points above even in the median (see the crate's report).
+//! instance ~7.6 points above even in the median (see BENCHMARKS.md).
 //!
 //! What: the same inner policy, plus a bound on each backend's *recent share
 //! of routed requests* (an exponentially decayed count over about
