@@ -8,15 +8,23 @@
 //!    looks up its cached prefix, sleeps `prefill_ms(uncached)`, caches every
 //!    full block of the prompt (publishing the events) and pins the blocks;
 //! 3. it decodes (`running`) while the HTTP layer paces the output tokens;
+//!    every block that decode fills (prompt + generated tokens) is cached,
+//!    pinned and published as it fills ([`SimEngine::decoded`]), as vLLM's
+//!    scheduler does (`KVCacheManager.allocate_slots` caches up to
+//!    `min(num_computed + num_new, request.num_tokens)` tokens each step);
 //! 4. dropping its [`Admission`] (end, error or client gone) unpins the blocks
 //!    and frees the slot.
+//!
+//! Every change of the cache and the publication of its events happen under
+//! one async lock, so the event stream is in the cache's order even when many
+//! requests decode at once.
 
 use crate::error::BenchError;
 use crate::timing::TimeModel;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::{CacheEvent, EngineBlockHash, PrefixCache};
@@ -53,6 +61,9 @@ struct State {
 #[derive(Default)]
 struct Ticket {
     started: bool,
+    /// The request's `cache_salt` (known once its prefill starts).
+    salt: Option<String>,
+    /// Its cached blocks, in order (pinned while it runs).
     pinned: Vec<EngineBlockHash>,
 }
 
@@ -60,7 +71,20 @@ struct Job {
     id: u64,
     tokens: Vec<u32>,
     salt: Option<String>,
-    done: oneshot::Sender<usize>,
+    queued: Instant,
+    done: oneshot::Sender<Prefilled>,
+}
+
+/// The outcome of a prefill.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prefilled {
+    /// Prompt tokens served from the cache.
+    pub cached: usize,
+    /// Time spent in the prefill queue.
+    pub queued: Duration,
+    /// Time from the start of the prefill to its end (the modelled compute,
+    /// the timer's lateness, caching and publishing the blocks).
+    pub computed: Duration,
 }
 
 /// A simulated engine; share it behind an `Arc`.
@@ -70,6 +94,9 @@ pub struct SimEngine {
     state: Arc<Mutex<State>>,
     slots: Arc<Semaphore>,
     queue: mpsc::Sender<Job>,
+    events: mpsc::Sender<Vec<CacheEvent>>,
+    /// Held while the cache changes and its events are sent.
+    publish: Arc<tokio::sync::Mutex<()>>,
     num_blocks: usize,
     block_size: usize,
 }
@@ -126,11 +153,15 @@ impl SimEngine {
             next_id: 0,
         }));
         let (tx, rx) = mpsc::channel(max_queue.max(1));
+        let publish = Arc::new(tokio::sync::Mutex::new(()));
         tokio::spawn(prefill_loop(
             time.clone(),
             state.clone(),
             rx,
-            events,
+            Publisher {
+                events: events.clone(),
+                lock: publish.clone(),
+            },
             shutdown,
         ));
         Ok(Arc::new(SimEngine {
@@ -138,6 +169,8 @@ impl SimEngine {
             time,
             state,
             queue: tx,
+            events,
+            publish,
             num_blocks,
             block_size,
         }))
@@ -198,13 +231,14 @@ impl SimEngine {
     }
 
     /// Queues the prompt for prefill and waits until it is done; returns the
-    /// cached tokens. The request counts as `running` from its prefill on.
+    /// cached tokens and where the time went. The request counts as
+    /// `running` from its prefill on.
     pub async fn prefill(
         &self,
         adm: &Admission,
         tokens: Vec<u32>,
         salt: Option<String>,
-    ) -> Result<usize, BenchError> {
+    ) -> Result<Prefilled, BenchError> {
         let (done, rx) = oneshot::channel();
         let gone = || BenchError::Component {
             what: "simulated engine".into(),
@@ -214,10 +248,46 @@ impl SimEngine {
             id: adm.id,
             tokens,
             salt,
+            queued: Instant::now(),
             done,
         };
         self.queue.send(job).await.map_err(|_| gone())?;
         rx.await.map_err(|_| gone())
+    }
+
+    /// Decode has computed the KV of `computed` (the prompt and the output
+    /// tokens fed back so far): caches, pins and publishes the blocks that
+    /// became full since the last call, chained on the request's earlier
+    /// blocks (one `BlockStored` with the previous block as parent, as vLLM).
+    /// Does nothing until a new block is full, or for a request that is not
+    /// running. A block that cannot be cached (every other block pinned) is
+    /// left out, as the prompt's are.
+    pub async fn decoded(&self, adm: &Admission, computed: &[u32]) -> Result<(), BenchError> {
+        let full = computed.len() / self.block_size;
+        let _order = self.publish.lock().await;
+        let evs = {
+            let mut guard = self.state.lock();
+            let s = &mut *guard;
+            let Some(t) = s.tickets.get_mut(&adm.id) else {
+                return Ok(());
+            };
+            if !t.started || full <= t.pinned.len() {
+                return Ok(());
+            }
+            let out = s.cache.insert(computed, t.salt.as_deref(), |_| ());
+            let hashes = s
+                .cache
+                .block_hashes(&computed[..full * self.block_size], t.salt.as_deref());
+            for h in hashes.iter().take(out.cached_blocks).skip(t.pinned.len()) {
+                s.cache.pin(*h);
+                t.pinned.push(*h);
+            }
+            out.events
+        };
+        if !evs.is_empty() {
+            self.events.send(evs).await.map_err(|_| publisher_gone())?;
+        }
+        Ok(())
     }
 
     /// Counts a finished request and its output tokens.
@@ -231,19 +301,30 @@ impl SimEngine {
     /// Drops every cached block (vLLM's `reset_prefix_cache`); refused while
     /// requests hold blocks.
     pub async fn reset(&self, events: &mpsc::Sender<Vec<CacheEvent>>) -> Result<(), BenchError> {
+        let _order = self.publish.lock().await;
         let evs = self.state.lock().cache.clear()?;
-        events.send(evs).await.map_err(|_| BenchError::Component {
-            what: "kv event publisher".into(),
-            reason: "stopped".into(),
-        })
+        events.send(evs).await.map_err(|_| publisher_gone())
     }
+}
+
+fn publisher_gone() -> BenchError {
+    BenchError::Component {
+        what: "kv event publisher".into(),
+        reason: "stopped".into(),
+    }
+}
+
+/// Where the prefill task sends its events, in cache order.
+struct Publisher {
+    events: mpsc::Sender<Vec<CacheEvent>>,
+    lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 async fn prefill_loop(
     time: TimeModel,
     state: Arc<Mutex<State>>,
     mut rx: mpsc::Receiver<Job>,
-    events: mpsc::Sender<Vec<CacheEvent>>,
+    publisher: Publisher,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -251,6 +332,7 @@ async fn prefill_loop(
             _ = shutdown.cancelled() => break,
             j = rx.recv() => match j { Some(j) => j, None => break },
         };
+        let started = Instant::now();
         let cached = {
             let mut s = state.lock();
             let Some(t) = s.tickets.get_mut(&job.id) else {
@@ -258,6 +340,7 @@ async fn prefill_loop(
                 continue;
             };
             t.started = true;
+            t.salt.clone_from(&job.salt);
             s.stats.waiting = s.stats.waiting.saturating_sub(1);
             s.stats.running += 1;
             s.cache
@@ -269,6 +352,7 @@ async fn prefill_loop(
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)) => {}
         }
+        let order = publisher.lock.lock().await;
         let evs = {
             let mut s = state.lock();
             // vLLM keeps the computed blocks even when the request is aborted.
@@ -285,11 +369,16 @@ async fn prefill_loop(
             }
             out.events
         };
-        if !evs.is_empty() && events.send(evs).await.is_err() {
+        if !evs.is_empty() && publisher.events.send(evs).await.is_err() {
             tracing::warn!("kv event publisher stopped; events dropped");
         }
+        drop(order);
         // A failed send means the client left; its Admission cleans up.
-        let _ = job.done.send(cached);
+        let _ = job.done.send(Prefilled {
+            cached,
+            queued: started.duration_since(job.queued),
+            computed: started.elapsed(),
+        });
     }
 }
 
@@ -311,7 +400,7 @@ mod tests {
         let prompt: Vec<u32> = (0..16).collect();
         let a = e.admit().await.unwrap();
         assert_eq!(e.stats().waiting, 1);
-        assert_eq!(e.prefill(&a, prompt.clone(), None).await.unwrap(), 0);
+        assert_eq!(e.prefill(&a, prompt.clone(), None).await.unwrap().cached, 0);
         assert_eq!(e.stats().running, 1);
         drop(a);
         assert_eq!(e.stats().running, 0);
@@ -321,11 +410,20 @@ mod tests {
         }
         // Same 16 tokens: 4 blocks cached, but the last one is recomputed.
         let b = e.admit().await.unwrap();
-        assert_eq!(e.prefill(&b, prompt.clone(), None).await.unwrap(), 12);
+        assert_eq!(
+            e.prefill(&b, prompt.clone(), None).await.unwrap().cached,
+            12
+        );
         drop(b);
         // A different salt shares nothing.
         let c = e.admit().await.unwrap();
-        assert_eq!(e.prefill(&c, prompt, Some("acme".into())).await.unwrap(), 0);
+        assert_eq!(
+            e.prefill(&c, prompt, Some("acme".into()))
+                .await
+                .unwrap()
+                .cached,
+            0
+        );
         let s = e.stats();
         assert_eq!(s.prefix_queries, 48);
         assert_eq!(s.prefix_hits, 12);
@@ -338,6 +436,59 @@ mod tests {
         assert_eq!(e.stats().kv_usage, 0.0);
     }
 
+    /// Blocks that decode fills are cached, pinned and published chained on
+    /// the prompt's, so a next turn that resends prompt + answer hits them.
+    #[tokio::test]
+    async fn decoded_blocks_are_cached_and_published_as_they_fill() {
+        let (e, mut events) = engine(100);
+        let prompt: Vec<u32> = (0..6).collect();
+        let a = e.admit().await.unwrap();
+        e.prefill(&a, prompt.clone(), Some("s".into()))
+            .await
+            .unwrap();
+        let first = match events.recv().await.unwrap().remove(0) {
+            CacheEvent::BlockStored { block_hashes, .. } => block_hashes[0],
+            other => panic!("{other:?}"),
+        };
+        // Two output tokens fed back: 8 tokens, block 1 is full.
+        let mut seq = prompt.clone();
+        seq.extend([100, 101]);
+        e.decoded(&a, &seq[..7]).await.unwrap(); // not full yet: nothing
+        e.decoded(&a, &seq).await.unwrap();
+        match events.recv().await.unwrap().remove(0) {
+            CacheEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                cache_salt,
+                ..
+            } => {
+                assert_eq!(block_hashes.len(), 1);
+                assert_eq!(parent_block_hash, Some(first));
+                assert_eq!(token_ids, vec![4, 5, 100, 101]);
+                assert_eq!(cache_salt, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Calling again for the same length changes nothing.
+        e.decoded(&a, &seq).await.unwrap();
+        assert!(events.try_recv().is_err());
+        // Pinned while the request runs, released after.
+        assert!(e.reset(&mpsc::channel(1).0).await.is_err());
+        drop(a);
+        // The next turn: prompt + answer + more hits both blocks.
+        let mut next = seq.clone();
+        next.extend([7, 7, 7]);
+        let b = e.admit().await.unwrap();
+        let p = e.prefill(&b, next, Some("s".into())).await.unwrap();
+        assert_eq!(p.cached, 8);
+        // Not for a request that is not running.
+        drop(b);
+        let c = e.admit().await.unwrap();
+        e.decoded(&c, &[9; 12]).await.unwrap();
+        assert!(events.try_recv().is_err());
+    }
+
     #[tokio::test]
     async fn a_request_dropped_while_queued_is_skipped() {
         let (e, _events) = engine(100);
@@ -346,6 +497,9 @@ mod tests {
         let s = e.stats();
         assert_eq!((s.waiting, s.running), (0, 0));
         let b = e.admit().await.unwrap();
-        assert_eq!(e.prefill(&b, (0..8).collect(), None).await.unwrap(), 0);
+        assert_eq!(
+            e.prefill(&b, (0..8).collect(), None).await.unwrap().cached,
+            0
+        );
     }
 }

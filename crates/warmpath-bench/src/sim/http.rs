@@ -1,19 +1,18 @@
 //! The HTTP face of one simulated instance: what vLLM's OpenAI server answers.
 
-use super::engine::{Admission, SimEngine};
+use super::engine::{Admission, Prefilled, SimEngine};
 use super::openai::{ApiError, Meta};
-use crate::words::WordGen;
+use super::output::{Output, OutputVocab};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -37,7 +36,7 @@ pub(crate) struct AppState {
     pub(crate) engine: Arc<SimEngine>,
     pub(crate) tokenizer: Arc<ChatTokenizer>,
     pub(crate) events: mpsc::Sender<Vec<CacheEvent>>,
-    pub(crate) words: WordGen,
+    pub(crate) output: Arc<OutputVocab>,
     pub(crate) shutdown: CancellationToken,
 }
 
@@ -70,6 +69,44 @@ struct Work {
     max_tokens: u32,
     include_usage: bool,
     seed: u64,
+    /// When the handler got the request, and how long tokenizing and
+    /// waiting for a batch slot took.
+    start: std::time::Instant,
+    tokenize: Duration,
+    admit: Duration,
+}
+
+impl Work {
+    /// Records where the time to the first token went (histograms
+    /// `warmpath_sim_first_token_phase_seconds{phase}` and a debug event).
+    fn first_token(&self, p: &Prefilled) {
+        let total = self.start.elapsed();
+        let rest = total.saturating_sub(self.tokenize + self.admit + p.queued + p.computed);
+        for (phase, d) in [
+            ("tokenize", self.tokenize),
+            ("admit", self.admit),
+            ("queue", p.queued),
+            ("prefill", p.computed),
+            ("other", rest),
+            ("total", total),
+        ] {
+            metrics::histogram!("warmpath_sim_first_token_phase_seconds", "phase" => phase)
+                .record(d.as_secs_f64());
+        }
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        tracing::debug!(
+            target: "warmpath_bench::sim::timing",
+            prompt = self.prompt,
+            cached = p.cached,
+            tokenize_ms = ms(self.tokenize),
+            admit_ms = ms(self.admit),
+            queue_ms = ms(p.queued),
+            prefill_ms = ms(p.computed),
+            other_ms = ms(rest),
+            total_ms = ms(total),
+            "first token"
+        );
+    }
 }
 
 async fn serve(
@@ -77,6 +114,7 @@ async fn serve(
     body: axum::body::Bytes,
     expect: Expect,
 ) -> Result<Response, ApiError> {
+    let start = std::time::Instant::now();
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}")))?;
     let req = Request::from_value(&v, expect).map_err(|e| ApiError::bad(e.to_string()))?;
@@ -110,6 +148,7 @@ async fn serve(
             tokens.len()
         )));
     }
+    let tokenize = start.elapsed();
     let include_usage = v
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -122,7 +161,11 @@ async fn serve(
         seed: tokens
             .iter()
             .fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
+        start,
+        tokenize,
+        admit: Duration::ZERO,
     };
+    let mut work = work;
     let salt = req.cache_salt.as_deref().map(str::to_owned);
     metrics::counter!("warmpath_sim_requests_total", "instance" => st.id.clone()).increment(1);
     let adm = st
@@ -130,32 +173,62 @@ async fn serve(
         .admit()
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    work.admit = start.elapsed().saturating_sub(work.tokenize);
     if req.stream {
         Ok(stream(st, adm, tokens, salt, work).into_response())
     } else {
-        let cached = st
+        let p = st
             .engine
-            .prefill(&adm, tokens, salt)
+            .prefill(&adm, tokens.clone(), salt)
             .await
             .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-        let decode = st.engine.time().decode_ms(work.max_tokens);
-        tokio::time::sleep(Duration::from_secs_f64(decode / 1000.0)).await;
-        let text = output_text(&st.words, work.seed, work.max_tokens);
+        work.first_token(&p);
+        let out = st.output.generate(work.seed, work.max_tokens as usize);
+        decode(&st, &adm, tokens, &out, |_, _| std::future::ready(true)).await;
         st.engine.finished(work.prompt, work.max_tokens as usize);
         drop(adm);
-        let usage = Meta::usage(work.prompt, work.max_tokens as usize, cached);
-        Ok(Json(work.meta.full(&text, usage)).into_response())
+        let usage = Meta::usage(work.prompt, work.max_tokens as usize, p.cached);
+        Ok(Json(work.meta.full(&out.text(), usage)).into_response())
     }
 }
 
-/// The generated output: one word per token.
-fn output_text(words: &WordGen, seed: u64, tokens: u32) -> String {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    (0..tokens).fold(String::new(), |mut s, _| {
-        s.push_str(words.word(&mut rng));
-        s.push(' ');
-        s
-    })
+/// Decodes `out` after the prefill: the first token right away (it comes out
+/// of the prefill), then one per decode step, each handed to `emit` (which
+/// answers false when the client left: stop). Step `i` feeds token `i - 1`
+/// back, so its KV is computed then, and every block that fills is cached
+/// and published (the last token's KV is never computed, as in vLLM).
+/// Returns whether every token was emitted.
+async fn decode<F, Fut>(
+    st: &AppState,
+    adm: &Admission,
+    prompt: Vec<u32>,
+    out: &Output,
+    mut emit: F,
+) -> bool
+where
+    F: FnMut(usize, &str) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let bs = st.engine.block_size();
+    let step = Duration::from_secs_f64(st.engine.time().decode_step_ms / 1000.0);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
+    let mut seq = prompt;
+    seq.reserve(out.ids.len());
+    for (i, piece) in out.pieces.iter().enumerate() {
+        if i > 0 {
+            tick.tick().await;
+            seq.push(out.ids[i - 1]);
+            if seq.len() % bs == 0 {
+                if let Err(e) = st.engine.decoded(adm, &seq).await {
+                    tracing::warn!(error = %e, "caching a decoded block failed");
+                }
+            }
+        }
+        if !emit(i, piece).await {
+            return false;
+        }
+    }
+    true
 }
 
 /// Streams the response; a task owned by the response channel does the work
@@ -190,8 +263,9 @@ async fn produce(
     tx: mpsc::Sender<Event>,
 ) {
     let ev = |v: Value| Event::default().data(v.to_string());
-    let cached = match st.engine.prefill(&adm, tokens, salt).await {
-        Ok(c) => c,
+    let prompt = tokens.clone();
+    let p = match st.engine.prefill(&adm, tokens, salt).await {
+        Ok(p) => p,
         Err(e) => {
             let _ = tx
                 .send(ev(json!({"error": {"message": e.to_string()}})))
@@ -199,28 +273,23 @@ async fn produce(
             return;
         }
     };
-    let mut rng = SmallRng::seed_from_u64(work.seed);
-    let step = Duration::from_secs_f64(st.engine.time().decode_step_ms / 1000.0);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
-    for i in 0..work.max_tokens {
-        if i > 0 {
-            tick.tick().await;
+    let out = st.output.generate(work.seed, work.max_tokens as usize);
+    let emit = |i: usize, piece: &str| {
+        let (tx, event) = (tx.clone(), ev(work.meta.chunk(piece, i == 0, None)));
+        if i == 0 {
+            work.first_token(&p);
         }
-        let word = format!("{} ", st.words.word(&mut rng));
-        if tx
-            .send(ev(work.meta.chunk(&word, i == 0, None)))
-            .await
-            .is_err()
-        {
-            metrics::counter!("warmpath_sim_client_gone_total").increment(1);
-            return; // the client left: stop decoding (adm drops, slot freed)
-        }
+        async move { tx.send(event).await.is_ok() }
+    };
+    if !decode(&st, &adm, prompt, &out, emit).await {
+        metrics::counter!("warmpath_sim_client_gone_total").increment(1);
+        return; // the client left: stop decoding (adm drops, slot freed)
     }
     st.engine.finished(work.prompt, work.max_tokens as usize);
     drop(adm);
     let mut tail = vec![ev(work.meta.chunk("", false, Some("length")))];
     if work.include_usage {
-        let usage = Meta::usage(work.prompt, work.max_tokens as usize, cached);
+        let usage = Meta::usage(work.prompt, work.max_tokens as usize, p.cached);
         tail.push(ev(work.meta.usage_chunk(usage)));
     }
     tail.push(Event::default().data("[DONE]"));

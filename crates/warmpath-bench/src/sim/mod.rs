@@ -16,7 +16,13 @@
 //!   block 0, a full hit recomputes the last block, LRU eviction of leaves,
 //!   blocks of running requests pinned) and reports
 //!   `usage.prompt_tokens_details.cached_tokens`;
-//! - publishes real KV events on ZMQ ([`events`]).
+//! - generates real token ids of its tokenizer ([`output`]) whose text a chat
+//!   client can send back as the assistant message and get the same ids, and
+//!   caches (and publishes) every block decode fills, as vLLM does, so the
+//!   next turn of a conversation hits the answer's blocks too;
+//! - publishes real KV events on ZMQ ([`events`]);
+//! - sets `TCP_NODELAY` on its connections, as vLLM's server (uvicorn on
+//!   asyncio) does.
 //!
 //! # Time model
 //! See [`crate::timing`]: admission into a batch of `max_batch` requests, one
@@ -30,15 +36,17 @@ mod engine;
 pub mod events;
 mod http;
 mod openai;
+pub mod output;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{EngineStats, SimEngine};
+pub use engine::{EngineStats, Prefilled, SimEngine};
 pub use events::EventForm;
+pub use output::{Output, OutputVocab};
 
 use crate::error::BenchError;
 use crate::timing::TimeModel;
-use crate::words::WordGen;
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -155,6 +163,18 @@ pub async fn start_instance(
     base: Option<u16>,
     shutdown: CancellationToken,
 ) -> Result<SimInstance, BenchError> {
+    let output = Arc::new(OutputVocab::new(&tokenizer)?);
+    start_with(i, cfg, tokenizer, output, base, shutdown).await
+}
+
+async fn start_with(
+    i: usize,
+    cfg: &SimConfig,
+    tokenizer: Arc<ChatTokenizer>,
+    output: Arc<OutputVocab>,
+    base: Option<u16>,
+    shutdown: CancellationToken,
+) -> Result<SimInstance, BenchError> {
     let (http_port, ev_port, replay_port) = ports(base, i)?;
     let replay = format!("tcp://127.0.0.1:{replay_port}");
     let (events, endpoints) = events::start(
@@ -180,7 +200,7 @@ pub async fn start_instance(
         engine: engine.clone(),
         tokenizer,
         events,
-        words: WordGen::default(),
+        output,
         shutdown: shutdown.clone(),
     });
     let addr = format!("127.0.0.1:{http_port}");
@@ -194,6 +214,13 @@ pub async fn start_instance(
         .local_addr()
         .map_err(|e| BenchError::Bind { addr, source: e })?;
     let app = http::router(state);
+    // Without TCP_NODELAY a streamed chunk written while the response head is
+    // still unacknowledged waits for the peer's delayed ACK (~40 ms on Linux).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let server = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
         if let Err(e) = serve.await {
@@ -234,10 +261,11 @@ impl Fleet {
                 reason: "must be at least 1".into(),
             });
         }
+        let output = Arc::new(OutputVocab::new(&tokenizer)?);
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
-            instances
-                .push(start_instance(i, cfg, tokenizer.clone(), base, shutdown.clone()).await?);
+            let (tok, out) = (tokenizer.clone(), output.clone());
+            instances.push(start_with(i, cfg, tok, out, base, shutdown.clone()).await?);
         }
         Ok(Fleet { instances })
     }
