@@ -1,15 +1,28 @@
-//! The load driver: replays a trace open-loop against an OpenAI endpoint
-//! (streaming, so TTFT is the first content chunk) and records one
-//! [`Sample`] per request.
+//! The load driver: replays a trace against an OpenAI endpoint (streaming,
+//! so TTFT is the first content chunk) and records one [`Sample`] per
+//! request.
+//!
+//! Requests are sent at their arrival times (open loop), except the turns of
+//! a conversation ([`TraceRequest::conversation`]), which are replayed like a
+//! chat client: turn `k + 1` goes out no earlier than its arrival **and** only
+//! once turn `k`'s answer is complete, with the answers the engine actually
+//! streamed in place of the trace's `assistant` messages. TTFT and e2e are
+//! measured from the moment a request is sent.
 
-use crate::workload::TraceRequest;
+use crate::workload::{ChatMessage, TraceRequest};
 use futures::StreamExt;
 use indicatif::ProgressBar;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+/// The answers of a conversation's turns so far, in turn order (`None`:
+/// the turn failed, the trace's own text stays).
+type Answers = Vec<Option<String>>;
 
 /// What happened to one request.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -49,8 +62,9 @@ pub struct DriveConfig {
     pub timeout: Duration,
 }
 
-/// Replays `trace` (arrivals relative to now); returns the samples in trace
-/// order. Stops early, keeping what finished, when `cancel` fires.
+/// Replays `trace` (arrivals relative to now; conversations closed loop,
+/// see the module docs); returns the samples in trace order. Stops early,
+/// keeping what finished, when `cancel` fires.
 pub async fn drive(
     client: &reqwest::Client,
     cfg: &DriveConfig,
@@ -61,18 +75,34 @@ pub async fn drive(
     let start = Instant::now();
     let mut set = JoinSet::new();
     let cfg = Arc::new(cfg.clone());
+    // Per conversation: where its next turn gets the answers so far.
+    let mut chains: HashMap<String, oneshot::Receiver<Answers>> = HashMap::new();
     for (i, r) in trace.iter().enumerate() {
         let at = start + Duration::from_secs_f64(r.arrival);
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep_until(at.into()) => {}
         }
+        let turn = r.conversation().map(|c| {
+            let previous = chains.remove(c);
+            let (tx, rx) = oneshot::channel();
+            chains.insert(c.to_owned(), rx);
+            (previous, tx)
+        });
         let (client, cfg, r) = (client.clone(), cfg.clone(), r.clone());
         let query = cfg.fidelity_every > 0 && i % cfg.fidelity_every == 0;
         let pb = progress.clone();
         set.spawn(async move {
-            let mut s = one(&client, &cfg, &r, query, start).await;
-            s.arrival_s = r.arrival;
+            let s = match turn {
+                None => one(&client, &cfg, &r, query, start).await.0,
+                Some((previous, next)) => {
+                    next_turn(&client, &cfg, r.clone(), query, start, previous, next).await
+                }
+            };
+            let s = Sample {
+                arrival_s: r.arrival,
+                ..s
+            };
             pb.inc(1);
             (i, s)
         });
@@ -104,14 +134,69 @@ fn request(
     b
 }
 
+/// A conversation's turn: waits for the previous turn's answers (the sender
+/// dropped means that turn was cancelled: the trace's text stays), puts them
+/// in place of the trace's `assistant` messages, sends, and hands the
+/// answers, its own added, to the next turn.
+async fn next_turn(
+    client: &reqwest::Client,
+    cfg: &DriveConfig,
+    mut r: TraceRequest,
+    query: bool,
+    origin: Instant,
+    previous: Option<oneshot::Receiver<Answers>>,
+    next: oneshot::Sender<Answers>,
+) -> Sample {
+    let waited = Instant::now();
+    let mut answers = match previous {
+        Some(rx) => rx.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let waited_ms = waited.elapsed().as_secs_f64() * 1e3;
+    if let Some(m) = r.messages.as_mut() {
+        substitute_answers(m, &answers);
+    }
+    let (s, answer) = one(client, cfg, &r, query, origin).await;
+    tracing::debug!(
+        target: "warmpath_bench::compare::turns",
+        conversation = r.conversation().unwrap_or_default(),
+        turn = answers.len(),
+        waited_ms,
+        prompt_tokens = s.prompt_tokens,
+        completion_tokens = s.completion_tokens,
+        cached_tokens = s.cached_tokens,
+        ttft_ms = s.ttft_ms.unwrap_or(-1.0),
+        failed = s.error.is_some(),
+        "turn answered"
+    );
+    answers.push(answer.filter(|_| s.error.is_none()));
+    // The next turn may not exist, or may have been cancelled.
+    let _ = next.send(answers);
+    s
+}
+
+/// Replaces the content of the `k`-th `assistant` message by `answers[k]`
+/// where that turn was answered.
+pub fn substitute_answers(messages: &mut [ChatMessage], answers: &[Option<String>]) {
+    let assistant = messages.iter_mut().filter(|m| m.role == "assistant");
+    for (m, a) in assistant.zip(answers) {
+        if let Some(a) = a {
+            m.content.clone_from(a);
+        }
+    }
+}
+
+/// Sends one request and reads its stream: the sample and the answer's
+/// text (the streamed content, or the whole response's).
 async fn one(
     client: &reqwest::Client,
     cfg: &DriveConfig,
     r: &TraceRequest,
     query: bool,
     origin: Instant,
-) -> Sample {
+) -> (Sample, Option<String>) {
     let mut s = Sample::default();
+    let mut text = String::new();
     let body = r.body(true);
     let mut predicted = None;
     if query {
@@ -178,6 +263,11 @@ async fn one(
                     if has_text && s.ttft_ms.is_none() {
                         s.ttft_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
                     }
+                    for p in ["/choices/0/delta/content", "/choices/0/text"] {
+                        if let Some(t) = v.pointer(p).and_then(|t| t.as_str()) {
+                            text.push_str(t);
+                        }
+                    }
                     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                         let n = |p: &str| u.pointer(p).and_then(|x| x.as_u64()).unwrap_or(0);
                         s.prompt_tokens = n("/prompt_tokens");
@@ -211,5 +301,110 @@ async fn one(
             .and_then(|ws| ws.iter().find(|w| w["worker_id"] == b.as_str()))
             .and_then(|w| w["matched_blocks"].as_u64());
     }
-    s
+    let answer = s.e2e_ms.is_some().then_some(text);
+    (s, answer)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::sim::{start_instance, tiny_tokenizer, SimConfig};
+    use crate::timing::TimeModel;
+    use crate::workload::CONVERSATION_PREFIX;
+
+    fn turn(arrival: f64, group: &str, messages: &[(&str, &str)], max_tokens: u32) -> TraceRequest {
+        TraceRequest {
+            arrival,
+            model: "warmpath-tiny".into(),
+            messages: Some(
+                messages
+                    .iter()
+                    .map(|(r, c)| ChatMessage::new(r, *c))
+                    .collect(),
+            ),
+            prompt: None,
+            max_tokens,
+            tenant: None,
+            tenant_via: None,
+            group: Some(group.into()),
+        }
+    }
+
+    #[test]
+    fn answers_replace_the_assistant_messages_in_order() {
+        let mut m = vec![
+            ChatMessage::new("system", "s"),
+            ChatMessage::new("user", "u1"),
+            ChatMessage::new("assistant", "made up 1"),
+            ChatMessage::new("user", "u2"),
+            ChatMessage::new("assistant", "made up 2"),
+            ChatMessage::new("user", "u3"),
+        ];
+        substitute_answers(&mut m, &[Some("real 1".into()), None]);
+        assert_eq!(m[2].content, "real 1");
+        assert_eq!(m[4].content, "made up 2");
+        assert_eq!(m[5].content, "u3");
+    }
+
+    /// Two turns of one conversation, both due at once: the second waits for
+    /// the first's answer, carries it, and hits every block the first one's
+    /// prompt and answer filled (the answer's last token is never computed).
+    #[tokio::test]
+    async fn conversation_turns_are_closed_loop_and_hit_the_answer() {
+        let token = CancellationToken::new();
+        let cfg = SimConfig {
+            time: TimeModel::default().scaled(20.0),
+            cache_blocks: 1024,
+            ..Default::default()
+        };
+        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), None, token.clone())
+            .await
+            .unwrap();
+        let conv = format!("{CONVERSATION_PREFIX}7");
+        let first = [
+            ("system", "You are a helpful assistant."),
+            ("user", "Tell me about the sea."),
+        ];
+        let second = [
+            first[0],
+            first[1],
+            ("assistant", "A placeholder the engine never said."),
+            ("user", "And then?"),
+        ];
+        let trace = vec![turn(0.0, &conv, &first, 40), turn(0.0, &conv, &second, 5)];
+        let dc = DriveConfig {
+            url: inst.url.clone(),
+            fidelity_every: 0,
+            timeout: Duration::from_secs(30),
+        };
+        let client = reqwest::Client::new();
+        let pb = ProgressBar::hidden();
+        let s = drive(&client, &dc, &trace, &pb, &token).await;
+        assert!(s.iter().all(|s| s.error.is_none()), "{s:?}");
+        let (a, b) = (&s[0], &s[1]);
+        assert_eq!(a.completion_tokens, 40);
+        // Sent only after the first turn was complete.
+        let b_sent = b.done_s - b.e2e_ms.unwrap() / 1e3;
+        assert!(b_sent >= a.done_s, "{a:?} {b:?}");
+        let bs = 16;
+        assert_eq!(
+            b.cached_tokens,
+            (a.prompt_tokens + a.completion_tokens - 1) / bs * bs,
+            "{a:?} {b:?}"
+        );
+        // The same turns open loop (no conversation group) carry the made-up
+        // text: nothing of the answer can hit, only the first prompt's blocks.
+        let open: Vec<TraceRequest> = trace
+            .iter()
+            .map(|r| TraceRequest {
+                group: Some("other".into()),
+                arrival: 0.5,
+                ..r.clone()
+            })
+            .collect();
+        let s = drive(&client, &dc, &open, &pb, &token).await;
+        assert!(s[1].cached_tokens <= a.prompt_tokens / bs * bs, "{s:?}");
+        token.cancel();
+    }
 }

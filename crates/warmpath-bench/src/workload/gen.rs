@@ -1,7 +1,9 @@
 //! The built-in generators. Two RNG streams per trace: one for arrival gaps,
 //! one for content, so the rate never changes the requests.
 
-use super::{ChatMessage, TenantVia, TraceRequest, WorkloadKind, WorkloadSpec};
+use super::{
+    ChatMessage, TenantVia, TraceRequest, WorkloadKind, WorkloadSpec, CONVERSATION_PREFIX,
+};
 use crate::dist::{unit_exp, Zipf};
 use crate::error::BenchError;
 use crate::words::WordGen;
@@ -127,8 +129,11 @@ impl Gen<'_> {
             let reply = self.words.text_tokens(self.rng, reply_tokens);
             let conv = &mut convs[c];
             conv.history.push(ChatMessage::new("user", user));
-            let mut r = self.request(format!("conv-{}", conv.id));
+            let mut r = self.request(format!("{CONVERSATION_PREFIX}{}", conv.id));
             r.messages = Some(conv.history.clone());
+            // The answer this turn asks for; replayed closed loop, the next
+            // turn carries the engine's real answer instead of `reply`.
+            r.max_tokens = reply_tokens as u32;
             out.push(r);
             // The next turn resends this one plus the assistant's answer.
             conv.history.push(ChatMessage::new("assistant", reply));
@@ -303,6 +308,10 @@ mod tests {
     #[test]
     fn short_history_grows_turn_by_turn() {
         let trace = generate(&spec(WorkloadKind::Short)).unwrap();
+        assert!(trace.iter().all(|r| r.conversation().is_some()));
+        assert!(trace.iter().all(|r| (80..=300).contains(&r.max_tokens)));
+        let long = generate(&spec(WorkloadKind::Long)).unwrap();
+        assert!(long.iter().all(|r| r.conversation().is_none()));
         let group = trace[0].group.clone();
         let turns: Vec<_> = trace.iter().filter(|r| r.group == group).collect();
         if turns.len() >= 2 {

@@ -12,7 +12,7 @@
 //! | kind | shape |
 //! |---|---|
 //! | `long` | one of `docs` ~8000-token documents (Zipf popularity) + a distinct ~50-token question |
-//! | `short` | multi-turn chats; each turn resends the history, which grows from ~200 to ~2000 tokens |
+//! | `short` | multi-turn chats; each turn resends the history, which grows from ~200 to ~2000 tokens; replayed closed loop per conversation (see [`CONVERSATION_PREFIX`]) |
 //! | `rag` | shared system prompt + 3 retrieved chunks (the first one Zipf-popular) + a question |
 //! | `code` | completion API: a source file (Zipf) as prefix + a short instruction |
 //! | `tenants` | one shared system prompt, `tenants` tenants via `prompt_cache_key` or `X-Prefix-Aware-Id` |
@@ -45,6 +45,16 @@ impl ChatMessage {
         }
     }
 }
+
+/// A request whose `group` starts with this prefix is a turn of a
+/// conversation, replayed like a chat client would
+/// ([`crate::compare::driver`]): it is sent no earlier than its arrival and
+/// only after the previous turn of the same group has been answered, and the
+/// `k`-th `assistant` message of its history is replaced by the text the
+/// engine actually answered to the conversation's `k`-th turn. Its
+/// `max_tokens` is the length of the answer it asks for. Requests of other
+/// groups (or none) are replayed open loop, at their arrival times.
+pub const CONVERSATION_PREFIX: &str = "conversation:";
 
 /// How a request carries its tenant id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -81,7 +91,8 @@ pub struct TraceRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_via: Option<TenantVia>,
     /// The shared prefix this request belongs to (document, conversation,
-    /// file); only for reports.
+    /// file), for reports; `conversation:<id>` also makes the request a turn
+    /// replayed closed loop (see [`CONVERSATION_PREFIX`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
 }
@@ -98,6 +109,15 @@ impl TraceRequest {
         } else {
             "/v1/completions"
         }
+    }
+
+    /// The conversation this request is a turn of (its whole `group`), when
+    /// it is one (see [`CONVERSATION_PREFIX`]) and has chat messages.
+    pub fn conversation(&self) -> Option<&str> {
+        self.messages.as_ref()?;
+        self.group
+            .as_deref()
+            .filter(|g| g.starts_with(CONVERSATION_PREFIX))
     }
 
     /// The tenant id when it goes in the `X-Prefix-Aware-Id` header.
