@@ -178,3 +178,79 @@ async fn compare_attaches_to_a_running_router_and_engines() {
     shutdown.cancel();
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `short` through the real stack (one simulated instance, its agent, the
+/// router): conversations are replayed closed loop with the engine's own
+/// answers, so every later turn hits the previous turn's prompt *and* answer
+/// (the blocks decode filled, published as vLLM publishes them), and the
+/// router's index, fed by the agent, knows those answer blocks too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_conversations_hit_the_answers_through_the_router() {
+    use warmpath_bench::compare::driver::{drive, DriveConfig};
+    use warmpath_bench::compare::Stack;
+    let shutdown = CancellationToken::new();
+    let sim = SimConfig {
+        time: TimeModel::default().scaled(4.0),
+        cache_blocks: 4096,
+        ..Default::default()
+    };
+    let stack = Stack::start(
+        1,
+        &sim,
+        &EngineKind::Sim,
+        Strategy::KvAware,
+        &RouterKnobs::default(),
+        None,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let trace = warmpath_bench::workload::generate(&WorkloadSpec {
+        docs: 2,
+        requests: 8,
+        rate: 4.0,
+        ..WorkloadSpec::new(WorkloadKind::Short)
+    })
+    .unwrap();
+    assert!(trace.iter().all(|r| r.conversation().is_some()));
+    let cfg = DriveConfig {
+        url: stack.router_url.clone(),
+        fidelity_every: 1,
+        timeout: Duration::from_secs(60),
+    };
+    let pb = indicatif::ProgressBar::hidden();
+    let samples = tokio::time::timeout(
+        Duration::from_secs(120),
+        drive(&reqwest::Client::new(), &cfg, &trace, &pb, &shutdown),
+    )
+    .await
+    .unwrap();
+    assert!(samples.iter().all(|s| s.error.is_none()), "{samples:?}");
+    let bs = 16;
+    let (mut later_turns, mut index_knew_answer) = (0, 0);
+    let mut last: std::collections::HashMap<&str, usize> = Default::default();
+    for (i, (r, s)) in trace.iter().zip(&samples).enumerate() {
+        assert_eq!(s.completion_tokens, u64::from(r.max_tokens));
+        let conv = r.conversation().unwrap();
+        if let Some(&p) = last.get(conv) {
+            let prev = &samples[p];
+            // One instance, ample cache: the whole previous prompt and answer
+            // (less the answer's last token, never computed) is cached.
+            let reusable = prev.prompt_tokens + prev.completion_tokens - 1;
+            assert_eq!(s.cached_tokens, reusable / bs * bs, "turn {i}: {s:?}");
+            later_turns += 1;
+            let predicted = s.predicted_blocks.unwrap_or(0) * bs;
+            index_knew_answer += usize::from(predicted > prev.prompt_tokens);
+        }
+        last.insert(conv, i);
+    }
+    assert!(later_turns >= 3, "{later_turns}");
+    // The answer's last block may race the next turn through the event
+    // pipeline; its earlier blocks were published long before.
+    assert!(
+        2 * index_knew_answer >= later_turns,
+        "{index_knew_answer} of {later_turns}"
+    );
+    stack.shutdown().await;
+    shutdown.cancel();
+}
