@@ -13,6 +13,7 @@ use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, EventForm, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
 use warmpath_bench::workload::{self, WorkloadKind, WorkloadSpec};
+use warmpath_core::policy::ColdPlacement;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
 
@@ -106,6 +107,22 @@ struct CompareArgs {
     /// (the router's `kv.share_slack`; off when not given).
     #[arg(long)]
     share_slack: Option<f64>,
+    /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`
+    /// (the router's `kv.cold_placement`).
+    #[arg(long, default_value = "pressure")]
+    cold_placement: String,
+    /// kv_aware: extra cost of a block the backend does not hold (the
+    /// router's `kv.miss_weight`).
+    #[arg(long, default_value_t = 1.0)]
+    miss_weight: f64,
+    /// kv_aware: cold placement's tolerance, in prefix lengths (the
+    /// router's `kv.placement_tolerance`).
+    #[arg(long, default_value_t = 1.0)]
+    placement_tolerance: f64,
+    /// kv_aware: decisions per backend over which cache pressure decays
+    /// (the router's `kv.pressure_window`).
+    #[arg(long, default_value_t = 200.0)]
+    pressure_window: f64,
     /// Engines: `sim` (simulated vLLM) or `candle` (warmpath-engine --tiny processes).
     #[arg(long, default_value = "sim")]
     engine: String,
@@ -215,6 +232,10 @@ impl CompareArgs {
         router.kv.decode_weight = self.decode_weight;
         router.kv.prefill_weight = self.prefill_weight;
         router.kv.share_slack = self.share_slack;
+        router.kv.cold_placement = parse_cold_placement(&self.cold_placement)?;
+        router.kv.miss_weight = self.miss_weight;
+        router.kv.placement_tolerance = self.placement_tolerance;
+        router.kv.pressure_window = self.pressure_window;
         Ok(CompareConfig {
             instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
             sim: self.sim.config()?,
@@ -441,6 +462,25 @@ struct ScaleArgs {
     /// ShareBounded around any strategy; the router's `kv.share_slack`).
     #[arg(long)]
     share_slack: Option<f64>,
+    /// kv_aware: where a prefix no instance holds goes, `pressure` or `ring`
+    /// (the router's `kv.cold_placement`).
+    #[arg(long, default_value = "pressure")]
+    cold_placement: String,
+    /// kv_aware: decisions per instance over which cache pressure decays
+    /// (the router's `kv.pressure_window`).
+    #[arg(long)]
+    pressure_window: Option<f64>,
+    /// kv_aware: weight of a prefill block still to compute.
+    #[arg(long, default_value_t = 1.0)]
+    prefill_weight: f64,
+    /// kv_aware: extra cost of a block the instance does not hold (the
+    /// router's `kv.miss_weight`).
+    #[arg(long, default_value_t = 1.0)]
+    miss_weight: f64,
+    /// kv_aware: cold placement's tolerance, in prefix lengths (the
+    /// router's `kv.placement_tolerance`).
+    #[arg(long, default_value_t = 1.0)]
+    placement_tolerance: f64,
     /// Write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -474,6 +514,14 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
         .collect()
 }
 
+fn parse_cold_placement(s: &str) -> anyhow::Result<ColdPlacement> {
+    match s {
+        "pressure" => Ok(ColdPlacement::Pressure),
+        "ring" => Ok(ColdPlacement::Ring),
+        other => anyhow::bail!("--cold-placement {other:?}: expected pressure or ring"),
+    }
+}
+
 fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     let cfg = ScaleConfig {
         instances: a.instances,
@@ -490,6 +538,13 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     cfg.policy.load_factor = a.load_factor;
     cfg.policy.kv.decode_weight = a.decode_weight;
     cfg.share_slack = a.share_slack;
+    cfg.policy.kv.cold_placement = parse_cold_placement(&a.cold_placement)?;
+    cfg.policy.kv.prefill_weight = a.prefill_weight;
+    cfg.policy.kv.miss_weight = a.miss_weight;
+    cfg.policy.kv.placement_tolerance = a.placement_tolerance;
+    if let Some(w) = a.pressure_window {
+        cfg.policy.kv.pressure_window = w;
+    }
     let mut reports = Vec::new();
     println!(
         "scale: {} instances, {} requests per strategy, {} docs x {} tokens, {:.0} req/s",
@@ -529,6 +584,11 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
                 .map(|&n| format!("{:.2}", 100.0 * n as f64 / r.requests.max(1) as f64))
                 .collect();
             println!("  shares %: {}", pct.join(" "));
+        }
+        if let Some(d) = &r.diagnosis {
+            for line in d.lines() {
+                println!("  {line}");
+            }
         }
         reports.push(r);
     }

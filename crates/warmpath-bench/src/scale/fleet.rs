@@ -3,12 +3,15 @@
 //!
 //! A segment is a run of consecutive blocks inserted together: a document's
 //! full blocks, or one request's own tail blocks (question). The cache is an
-//! LRU over segments with a capacity in blocks; evicting a segment removes all
-//! its blocks at once. vLLM evicts single leaf blocks, which trims a chain from
-//! its end; whole-segment eviction is a simplification that keeps a
-//! million-request run cheap and changes the hit rate only for documents that
-//! are half evicted (rare with LRU). Every store and removal is applied to the
-//! shared [`CacheIndex`] exactly as the agent would publish it.
+//! LRU over segments with a capacity in blocks. Like vLLM, which evicts the
+//! least recently used *leaf* block first, eviction trims the least recently
+//! used segment from its end, only as many blocks as the new ones need: a
+//! document that lost its last blocks still hits on the blocks it kept, and
+//! its next request writes the missing ones back. (vLLM would first evict
+//! the document's cached question tails, which hang off its last block; here
+//! a tail younger than its document can outlive the document's last blocks —
+//! 3 blocks of 500, a negligible difference.) Every store and removal is
+//! applied to the shared [`CacheIndex`] exactly as the agent would publish it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use warmpath_core::{BlockHash, CacheIndex, IndexError, Tier, WorkerSlot};
@@ -16,6 +19,7 @@ use warmpath_core::{BlockHash, CacheIndex, IndexError, Tier, WorkerSlot};
 struct Segment {
     /// Its block hashes when an index mirrors the cache (else empty).
     hashes: Vec<BlockHash>,
+    /// Leading blocks cached now.
     blocks: usize,
     last_used: u64,
 }
@@ -58,22 +62,28 @@ impl Instance {
         }
     }
 
-    /// Whether segment `key` is cached; marks it used at `tick` if so.
-    pub(crate) fn touch(&mut self, key: u64, tick: u64) -> bool {
+    /// Leading blocks of segment `key` cached (0 when none); marks it used
+    /// at `tick` if any.
+    pub(crate) fn touch(&mut self, key: u64, tick: u64) -> usize {
         let Some(seg) = self.segments.get_mut(&key) else {
-            return false;
+            return 0;
         };
         self.lru.remove(&(seg.last_used, key));
         seg.last_used = tick;
         self.lru.insert((tick, key));
-        true
+        seg.blocks
     }
 
-    /// Caches segment `key` of `blocks` blocks (no-op when present or larger
-    /// than the cache), evicting least recently used segments first. With an
-    /// `index`, `hashes` are the segment's blocks and every change is
-    /// mirrored into it; without one (strategies that never read the index)
-    /// only the block count matters.
+    /// Whether any block of segment `key` is cached (without marking it used).
+    pub(crate) fn holds(&self, key: u64) -> bool {
+        self.segments.contains_key(&key)
+    }
+
+    /// Caches segment `key` of `blocks` blocks (only the missing end when
+    /// part of it is cached; no-op when larger than the cache), trimming
+    /// least recently used segments first. With an `index`, `hashes` are
+    /// the segment's blocks and every change is mirrored into it; without
+    /// one (strategies that never read the index) only counts matter.
     pub(crate) fn insert(
         &mut self,
         key: u64,
@@ -82,37 +92,58 @@ impl Instance {
         tick: u64,
         index: Option<&CacheIndex>,
     ) -> Result<(), IndexError> {
-        if blocks == 0 || blocks > self.capacity || self.touch(key, tick) {
+        let have = self.touch(key, tick);
+        if blocks == 0 || blocks > self.capacity || have >= blocks {
             return Ok(());
         }
-        while self.used_blocks + blocks > self.capacity {
-            let Some((_, victim)) = self.lru.pop_first() else {
+        let need = blocks - have;
+        while self.used_blocks + need > self.capacity {
+            let Some(&(at, victim)) = self.lru.iter().find(|(_, k)| *k != key) else {
                 break;
             };
-            if let Some(seg) = self.segments.remove(&victim) {
-                self.used_blocks -= seg.blocks;
-                if let Some(index) = index {
-                    index.remove(self.slot, Some(Tier::Gpu), &seg.hashes)?;
-                }
+            let Some(seg) = self.segments.get_mut(&victim) else {
+                self.lru.remove(&(at, victim));
+                continue;
+            };
+            let trim = (self.used_blocks + need - self.capacity).min(seg.blocks);
+            let keep = seg.blocks - trim;
+            if let Some(index) = index {
+                let gone = seg.hashes.get(keep..seg.blocks).unwrap_or(&[]);
+                index.remove(self.slot, Some(Tier::Gpu), gone)?;
+            }
+            seg.blocks = keep;
+            self.used_blocks -= trim;
+            if keep == 0 {
+                self.segments.remove(&victim);
+                self.lru.remove(&(at, victim));
             }
         }
         if let Some(index) = index {
-            index.store(self.slot, Tier::Gpu, hashes)?;
+            index.store(
+                self.slot,
+                Tier::Gpu,
+                hashes.get(have..blocks).unwrap_or(&[]),
+            )?;
         }
-        self.used_blocks += blocks;
-        self.segments.insert(
-            key,
-            Segment {
-                hashes: if index.is_some() {
-                    hashes.to_vec()
-                } else {
-                    Vec::new()
-                },
-                blocks,
-                last_used: tick,
-            },
-        );
-        self.lru.insert((tick, key));
+        self.used_blocks += need;
+        match self.segments.get_mut(&key) {
+            Some(seg) => seg.blocks = blocks,
+            None => {
+                self.segments.insert(
+                    key,
+                    Segment {
+                        hashes: if index.is_some() {
+                            hashes.to_vec()
+                        } else {
+                            Vec::new()
+                        },
+                        blocks,
+                        last_used: tick,
+                    },
+                );
+                self.lru.insert((tick, key));
+            }
+        }
         Ok(())
     }
 
@@ -140,19 +171,27 @@ mod tests {
         inst.insert(1, &hashes(100, 4), 4, 1, Some(&index)).unwrap();
         inst.insert(2, &hashes(200, 4), 4, 2, Some(&index)).unwrap();
         assert_eq!(index.block_count(slot), 8);
-        assert!(inst.touch(1, 3));
-        // Needs room: segment 2 (least recently used) goes.
+        assert_eq!(inst.touch(1, 3), 4);
+        // Needs 2 more blocks: segment 2 (least recently used) loses its
+        // last 2, keeps its first 2.
         inst.insert(3, &hashes(300, 4), 4, 4, Some(&index)).unwrap();
-        assert!(!inst.touch(2, 5));
-        assert!(inst.touch(1, 6));
-        assert_eq!(inst.used_blocks(), 8);
-        assert_eq!(index.block_count(slot), 8);
-        assert!(index.holders_of(BlockHash(200)).is_empty());
-        assert_eq!(index.holders_of(BlockHash(300)).len(), 1);
+        assert_eq!(inst.used_blocks(), 10);
+        assert_eq!(index.block_count(slot), 10);
+        assert!(index.holders_of(BlockHash(203)).is_empty());
+        assert_eq!(index.holders_of(BlockHash(201)).len(), 1);
+        assert_eq!(inst.touch(2, 5), 2);
+        // Its next request writes the missing end back, trimming segment 1
+        // (now the least recently used).
+        inst.insert(2, &hashes(200, 4), 4, 6, Some(&index)).unwrap();
+        assert_eq!(inst.touch(2, 7), 4);
+        assert_eq!(inst.touch(1, 8), 2);
+        assert_eq!(index.block_count(slot), 10);
+        assert_eq!(index.holders_of(BlockHash(203)).len(), 1);
+        assert!(index.holders_of(BlockHash(102)).is_empty());
         // Too big for the cache: ignored.
-        inst.insert(4, &hashes(400, 11), 11, 7, Some(&index))
+        inst.insert(4, &hashes(400, 11), 11, 9, Some(&index))
             .unwrap();
-        assert!(!inst.touch(4, 8));
+        assert_eq!(inst.touch(4, 10), 0);
     }
 
     #[test]
@@ -160,8 +199,10 @@ mod tests {
         let mut inst = Instance::new(WorkerSlot::default(), 10);
         inst.insert(1, &[], 6, 1, None).unwrap();
         inst.insert(2, &[], 6, 2, None).unwrap();
-        assert_eq!(inst.used_blocks(), 6);
-        assert!(!inst.touch(1, 3));
-        assert!(inst.touch(2, 4));
+        assert_eq!(inst.used_blocks(), 10);
+        assert_eq!(inst.touch(1, 3), 4);
+        assert_eq!(inst.touch(2, 4), 6);
+        inst.insert(3, &[], 10, 5, None).unwrap();
+        assert_eq!((inst.touch(1, 6), inst.touch(2, 7)), (0, 0));
     }
 }

@@ -19,11 +19,15 @@
 //! as wall time spent hashing, matching and picking, so "decisions per second"
 //! is per core.
 
+mod diag;
 mod fleet;
+
+pub use diag::Diagnosis;
 
 use crate::error::BenchError;
 use crate::stats::{share_min_max, Summary};
 use crate::timing::TimeModel;
+use diag::{DocState, Origin, Sample};
 use fleet::Instance;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -169,6 +173,9 @@ pub struct ScaleReport {
     /// Requests routed to each instance, in instance order (fleets of at
     /// most 64 instances; empty for larger ones).
     pub served: Vec<u64>,
+    /// Where the uncached tokens came from and what the slowest 10% are
+    /// (fleets of at most 64 instances).
+    pub diagnosis: Option<Diagnosis>,
 }
 
 struct Req {
@@ -179,6 +186,8 @@ struct Req {
     first_token_us: u64,
     predicted_blocks: u64,
     chain: Vec<BlockHash>,
+    origin: Origin,
+    prefill_start_us: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -243,6 +252,11 @@ struct Sim<'a> {
     e2e: Vec<f64>,
     prompt_sum: u64,
     cached_sum: u64,
+    /// Per-document state for the diagnosis (empty above 64 instances).
+    docs: Vec<DocState>,
+    samples: Vec<Sample>,
+    /// When each instance last finished a prefill that missed its document.
+    last_cold_done_us: Vec<u64>,
 }
 
 fn us(ms: f64) -> u64 {
@@ -297,6 +311,13 @@ impl<'a> Sim<'a> {
             e2e: Vec::with_capacity(cfg.requests),
             prompt_sum: 0,
             cached_sum: 0,
+            docs: if n <= 64 {
+                vec![DocState::default(); cfg.docs]
+            } else {
+                Vec::new()
+            },
+            samples: Vec::new(),
+            last_cold_done_us: vec![0; n],
         })
     }
 
@@ -368,6 +389,21 @@ impl<'a> Sim<'a> {
         inst.in_flight += 1;
         inst.served += 1;
         inst.prefill_queue.push_back(r);
+        let origin = match self.docs.get_mut(doc as usize) {
+            Some(state) => {
+                let holders = self
+                    .fleet
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| f.holds(u64::from(doc)))
+                    .fold(0u64, |acc, (j, _)| acc | 1 << j);
+                let origin = state.origin(i, holders);
+                state.routed += 1;
+                state.pending += 1;
+                origin
+            }
+            None => Origin::FirstSight,
+        };
         self.reqs.push(Req {
             doc,
             arrival_us: self.now,
@@ -376,6 +412,8 @@ impl<'a> Sim<'a> {
             first_token_us: 0,
             predicted_blocks: predicted,
             chain,
+            origin,
+            prefill_start_us: 0,
         });
         if self.fleet[i].prefilling.is_none() {
             self.start_prefill(i);
@@ -395,13 +433,14 @@ impl<'a> Sim<'a> {
         let doc_blocks = self.cfg.doc_tokens / bs;
         let cap_blocks = (prompt - 1) / bs;
         let doc = self.reqs[r].doc;
-        let hit = doc_blocks > 0 && self.fleet[i].touch(u64::from(doc), self.tick);
-        let cached = if hit {
-            doc_blocks.min(cap_blocks) * bs
+        let have = if doc_blocks > 0 {
+            self.fleet[i].touch(u64::from(doc), self.tick)
         } else {
             0
         };
+        let cached = have.min(doc_blocks).min(cap_blocks) * bs;
         self.reqs[r].cached_tokens = cached as u32;
+        self.reqs[r].prefill_start_us = self.now;
         self.fleet[i].prefilling = Some(r);
         let t = self.cfg.time.prefill_ms(prompt - cached);
         self.schedule(self.now + us(t), Event::PrefillDone(r));
@@ -411,7 +450,8 @@ impl<'a> Sim<'a> {
         let i = self.reqs[r].instance as usize;
         let chain = std::mem::take(&mut self.reqs[r].chain);
         let total_blocks = self.prompt_tokens() / self.cfg.block_size;
-        let doc_blocks = (self.cfg.doc_tokens / self.cfg.block_size).min(total_blocks);
+        let bs = self.cfg.block_size;
+        let doc_blocks = (self.cfg.doc_tokens / bs).min(total_blocks);
         let index = (self.strategy == Strategy::KvAware).then_some(&self.index);
         let (doc_hashes, tail_hashes) = chain.split_at(doc_blocks.min(chain.len()));
         self.tick += 1;
@@ -431,6 +471,23 @@ impl<'a> Sim<'a> {
         self.cached_sum += u64::from(req.cached_tokens);
         self.ttft.push((self.now - req.arrival_us) as f64 / 1000.0);
         let predicted = req.predicted_blocks;
+        let hit = req.cached_tokens > 0;
+        if let Some(state) = self.docs.get_mut(req.doc as usize) {
+            state.pending = state.pending.saturating_sub(1);
+            state.ever |= 1 << i;
+            self.samples.push(Sample {
+                origin: req.origin,
+                hit,
+                uncached_tokens: prompt - u64::from(req.cached_tokens),
+                tail_tokens: prompt - (doc_blocks.min((prompt as usize - 1) / bs) * bs) as u64,
+                ttft_ms: (self.now - req.arrival_us) as f64 / 1000.0,
+                wait_ms: (req.prefill_start_us - req.arrival_us) as f64 / 1000.0,
+                behind_cold: self.last_cold_done_us[i] > req.arrival_us,
+            });
+            if !hit {
+                self.last_cold_done_us[i] = self.now;
+            }
+        }
         self.pending_blocks[i] = self.pending_blocks[i].saturating_sub(predicted);
         self.fleet[i].prefilling = None;
         if self.fleet[i].decoding < self.cfg.time.max_batch {
@@ -505,6 +562,8 @@ impl<'a> Sim<'a> {
             wall_s,
             index_blocks: self.index.distinct_blocks(),
             served,
+            diagnosis: (!self.docs.is_empty())
+                .then(|| Diagnosis::of(&self.samples, self.prompt_sum)),
         }
     }
 }

@@ -7,22 +7,33 @@
 //!
 //! ```text
 //! cost_w = prefill_weight * ((B - m_w) + pending_prefill_blocks_w)
+//!        + miss_weight    * (B - m_w)
 //!        + decode_weight  * in_flight_w
 //! ```
 //!
 //! i.e. the prefill work the backend must still do before this request's
 //! first token (its own uncached blocks plus the uncached blocks of requests
-//! queued ahead, which the router predicted when it routed them), plus a
-//! charge per request decoding there. This is the shape of Dynamo's KV
+//! queued ahead, which the router predicted when it routed them), a charge
+//! per block it must write into its cache (a copy of a prefix another
+//! backend already holds evicts something there that will miss later), plus
+//! a charge per request decoding there. This is the shape of Dynamo's KV
 //! router cost (prefill blocks to compute + decode load). The lowest cost
 //! wins; ties go to the deeper match, then at random.
 //!
-//! Falls back to `prefix_aware` (CHWBL) when no fresh eligible backend holds
-//! at least `min_match_blocks`, so cold prefixes still get sticky placement
-//! and become warm in one place. Decision: `kv_match` when the winner holds at
-//! least `min_match_blocks`; `spill` when a deeper-matching backend was passed
-//! over for load; `least_outstanding` when every backend is full.
+//! When no fresh eligible backend holds at least `min_match_blocks` (a cold
+//! prefix), `kv.cold_placement` decides: `pressure` (the default) puts it on
+//! the backend with the least recent cache pressure and queued prefill work,
+//! and keeps later requests of it there while the first is prefilling (see
+//! [`place`](super::place)); `ring` uses `prefix_aware` (CHWBL on the prefix
+//! key). Either way a cold prefix becomes warm in one place.
+//!
+//! Decision: `kv_match` when the winner holds the deepest match; `spill` when
+//! a deeper-matching backend was passed over for load, or a cold prefix was
+//! placed off its ring owner for cache pressure; `prefix_hash` when a cold
+//! prefix went to its ring owner or followed its first request;
+//! `least_outstanding` when every backend is full.
 
+use super::place::{Placed, Placer};
 use super::ring::PrefixAware;
 use super::{
     least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyConfig,
@@ -42,6 +53,12 @@ pub struct KvConfig {
     pub prefill_weight: f64,
     /// Cost of one request in flight, in blocks (>= 0).
     pub decode_weight: f64,
+    /// Extra cost of each block the backend does not hold (>= 0): what
+    /// writing a second copy of a prefix costs the fleet's caches. At 0 a
+    /// request leaves a holder that has one cold prefill queued for an idle
+    /// backend whose full prefill takes as long; at 1 it stays unless the
+    /// holder's queue is about twice the request's own prefill.
+    pub miss_weight: f64,
     /// When set, no backend takes more than `(1 + share_slack) / n` of the
     /// recent decisions (about the last 50 x n): a request whose pick is over
     /// that goes to the backend under it with the deepest fresh match
@@ -49,6 +66,29 @@ pub struct KvConfig {
     /// this a backend's share is the popularity of the prefixes it happens to
     /// hold. 0..=10; `None` (the default) turns it off. See BENCHMARKS.md.
     pub share_slack: Option<f64>,
+    /// Where a prefix no backend holds goes: `pressure` (least recent cache
+    /// pressure and queued prefill work, sticky while its first request
+    /// prefills; the default) or `ring` (CHWBL on the prefix key).
+    pub cold_placement: ColdPlacement,
+    /// Decisions per backend over which cache pressure decays (1..=100000;
+    /// `pressure` placement only).
+    pub pressure_window: f64,
+    /// `pressure` placement: backends whose cold cost is within this many
+    /// times the prefix's own blocks of the lowest count as equally good,
+    /// and the one with the lowest recent share of requests among them wins
+    /// (0..=10; 0 places by cost alone).
+    pub placement_tolerance: f64,
+}
+
+/// How `kv_aware` places a prefix that no backend holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColdPlacement {
+    /// Least recent cache pressure and queued prefill (module docs of `place`).
+    #[default]
+    Pressure,
+    /// Consistent hashing with bounded loads on the prefix key.
+    Ring,
 }
 
 impl Default for KvConfig {
@@ -57,7 +97,11 @@ impl Default for KvConfig {
             min_match_blocks: 1,
             prefill_weight: 1.0,
             decode_weight: 2.0,
+            miss_weight: 1.0,
             share_slack: None,
+            cold_placement: ColdPlacement::Pressure,
+            pressure_window: 200.0,
+            placement_tolerance: 1.0,
         }
     }
 }
@@ -78,9 +122,22 @@ impl KvConfig {
                 });
             }
         }
+        if !(1.0..=100_000.0).contains(&self.pressure_window) {
+            return Err(PolicyError::Invalid {
+                name: "kv.pressure_window",
+                reason: format!("{} must be a number in 1..=100000", self.pressure_window),
+            });
+        }
+        if !(0.0..=10.0).contains(&self.placement_tolerance) {
+            return Err(PolicyError::Invalid {
+                name: "kv.placement_tolerance",
+                reason: format!("{} must be a number in 0..=10", self.placement_tolerance),
+            });
+        }
         for (name, v) in [
             ("kv.prefill_weight", self.prefill_weight),
             ("kv.decode_weight", self.decode_weight),
+            ("kv.miss_weight", self.miss_weight),
         ] {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(PolicyError::Invalid {
@@ -94,10 +151,11 @@ impl KvConfig {
 }
 
 /// The KV-aware policy.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KvAware {
     slots: Vec<WorkerSlot>,
     fallback: PrefixAware,
+    placer: Placer,
     threshold: u32,
     kv: KvConfig,
 }
@@ -108,6 +166,7 @@ impl KvAware {
         KvAware {
             slots: backends.iter().map(|b| b.slot).collect(),
             fallback: PrefixAware::new(config, backends),
+            placer: Placer::new(backends, config.kv.pressure_window),
             threshold: config.concurrency_threshold,
             kv: config.kv.clone(),
         }
@@ -122,6 +181,47 @@ impl KvAware {
             .iter()
             .map(|s| m.of(*s).filter(|x| x.fresh).map_or(0, |x| x.blocks))
             .collect()
+    }
+}
+
+impl KvAware {
+    /// A prefix no fresh eligible backend holds (module docs).
+    fn place_cold(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        if self.kv.cold_placement == ColdPlacement::Ring {
+            return self.fallback.pick_by_key(input.prefix_key, loads, rng);
+        }
+        let usable = |i: usize| {
+            i < self.slots.len()
+                && loads
+                    .get(i)
+                    .is_some_and(|l| l.eligible && l.effective_in_flight() < self.threshold)
+        };
+        let weights = (self.kv.prefill_weight, self.kv.decode_weight);
+        let ring = self.fallback.ring();
+        let tolerance = self.kv.placement_tolerance * f64::from(input.chain_blocks);
+        let placed = self
+            .placer
+            .place(input.prefix_key, loads, usable, ring, weights, tolerance);
+        let (backend, kind) = match placed {
+            Some((b, Placed::Pressure)) => (b, DecisionKind::Spill),
+            Some((b, Placed::RingOwner | Placed::Remembered)) => (b, DecisionKind::PrefixHash),
+            None => (
+                least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?,
+                DecisionKind::LeastOutstanding,
+            ),
+        };
+        self.placer
+            .record(input.prefix_key, backend, input.chain_blocks, true);
+        Ok(Decision {
+            backend,
+            kind,
+            matched_blocks: 0,
+        })
     }
 }
 
@@ -144,7 +244,7 @@ impl Policy for KvAware {
             .max()
             .ok_or(PolicyError::NoBackend)?;
         if best_match < self.kv.min_match_blocks {
-            return self.fallback.pick_by_key(input.prefix_key, loads, rng);
+            return self.place_cold(input, loads, rng);
         }
         let chain = input.chain_blocks.max(best_match);
         let mut best: Option<(f64, u32, usize)> = None;
@@ -155,9 +255,11 @@ impl Policy for KvAware {
                 continue;
             }
             let m = matched[i];
-            let prefill = f64::from(chain - m.min(chain)) + l.pending_prefill_blocks as f64;
-            let cost =
-                self.kv.prefill_weight * prefill + self.kv.decode_weight * f64::from(inflight);
+            let uncached = f64::from(chain - m.min(chain));
+            let prefill = uncached + l.pending_prefill_blocks as f64;
+            let cost = self.kv.prefill_weight * prefill
+                + self.kv.miss_weight * uncached
+                + self.kv.decode_weight * f64::from(inflight);
             let better = match best {
                 None => true,
                 Some((c, bm, _)) => cost < c || (cost == c && m > bm),
@@ -188,6 +290,11 @@ impl Policy for KvAware {
         } else {
             DecisionKind::Spill
         };
+        if self.kv.cold_placement == ColdPlacement::Pressure {
+            let written = input.chain_blocks.saturating_sub(m);
+            self.placer
+                .record(input.prefix_key, backend, written, false);
+        }
         Ok(Decision {
             backend,
             kind,
@@ -255,6 +362,37 @@ mod tests {
         loads[0].pending_prefill_blocks = 500; // a long queue of cold prefills
         let d = p.pick(&input, &loads, &mut rng()).unwrap();
         assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
+    }
+
+    #[test]
+    fn a_holder_busy_with_one_cold_prefill_keeps_its_prefix() {
+        let input_for = |m: &MatchResult| RouteInput {
+            prefix_key: 5,
+            chain_blocks: 503,
+            matches: Some(m),
+        };
+        let m = matches(&[(0, 500, true)], 503);
+        let mut loads = idle(2);
+        loads[0].pending_prefill_blocks = 503; // another prefix's cold prefill
+        let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
+        assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+        // Without the miss charge the idle backend's full prefill looks as
+        // cheap as waiting, and a second copy is started there.
+        let cfg = PolicyConfig {
+            kv: KvConfig {
+                miss_weight: 0.0,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let d = KvAware::new(&cfg, &backends(2))
+            .pick(&input_for(&m), &loads, &mut rng())
+            .unwrap();
+        assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
+        // Two cold prefills queued: now it is worth moving.
+        loads[0].pending_prefill_blocks = 1100;
+        let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
+        assert_eq!(d.backend, 1);
     }
 
     #[test]
@@ -326,5 +464,92 @@ mod tests {
             p.pick(&input, &loads, &mut rng()),
             Err(PolicyError::NoBackend)
         );
+    }
+
+    fn cold(key: u64) -> RouteInput<'static> {
+        RouteInput {
+            prefix_key: key,
+            chain_blocks: 500,
+            matches: None,
+        }
+    }
+
+    #[test]
+    fn cold_prefixes_fill_the_backends_evenly() {
+        let p = kv(7, 64);
+        let loads = idle(7);
+        let mut placed = [0u32; 7];
+        for k in 0..112u64 {
+            let d = p
+                .pick(
+                    &cold(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    &loads,
+                    &mut rng(),
+                )
+                .unwrap();
+            assert!(matches!(
+                d.kind,
+                DecisionKind::PrefixHash | DecisionKind::Spill
+            ));
+            placed[d.backend] += 1;
+        }
+        assert_eq!(placed, [16; 7]);
+        // The ring alone leaves some with far more than 16.
+        let cfg = PolicyConfig {
+            kv: KvConfig {
+                cold_placement: ColdPlacement::Ring,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let ring = KvAware::new(&cfg, &backends(7));
+        let mut by_ring = [0u32; 7];
+        for k in 0..112u64 {
+            let key = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            by_ring[ring.pick(&cold(key), &loads, &mut rng()).unwrap().backend] += 1;
+        }
+        assert_ne!(by_ring, [16; 7]);
+    }
+
+    #[test]
+    fn a_cold_prefix_avoids_queued_prefill_and_its_repeat_follows_it() {
+        let p = kv(3, 64);
+        let mut loads = idle(3);
+        loads[0].pending_prefill_blocks = 1000;
+        loads[2].pending_prefill_blocks = 1000;
+        let d = p.pick(&cold(5), &loads, &mut rng()).unwrap();
+        assert_eq!(d.backend, 1);
+        // Its first request is prefilling there (no blocks published yet):
+        // the second request of the same prefix follows it although another
+        // backend is idle now.
+        loads[1].pending_prefill_blocks = 500;
+        loads[2].pending_prefill_blocks = 0;
+        let again = p.pick(&cold(5), &loads, &mut rng()).unwrap();
+        assert_eq!((again.backend, again.kind), (1, DecisionKind::PrefixHash));
+        // A different cold prefix goes to the idle one.
+        assert_eq!(p.pick(&cold(6), &loads, &mut rng()).unwrap().backend, 2);
+    }
+
+    #[test]
+    fn cold_placement_and_pressure_window_are_validated() {
+        let cfg: KvConfig =
+            serde_json::from_str(r#"{"cold_placement":"ring","pressure_window":50}"#).unwrap();
+        assert_eq!(cfg.cold_placement, ColdPlacement::Ring);
+        assert!(cfg.validate().is_ok());
+        assert!(serde_json::from_str::<KvConfig>(r#"{"cold_placement":"hash"}"#).is_err());
+        for bad in [0.0, 0.5, f64::NAN, 1e6] {
+            let cfg = KvConfig {
+                pressure_window: bad,
+                ..Default::default()
+            };
+            assert!(cfg.validate().is_err(), "{bad}");
+        }
+        for bad in [-0.1, f64::NAN, 11.0] {
+            let cfg = KvConfig {
+                placement_tolerance: bad,
+                ..Default::default()
+            };
+            assert!(cfg.validate().is_err(), "{bad}");
+        }
     }
 }

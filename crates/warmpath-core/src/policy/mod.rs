@@ -11,15 +11,16 @@
 //! | `random` | uniformly among eligible backends | `random` |
 //! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
-//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]) | `kv_match`, `spill`, else as `prefix_aware` |
+//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]); a prefix cached nowhere by cache pressure (see [`place`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
 
 mod kv;
 mod least;
+mod place;
 mod random;
 mod ring;
 mod share;
 
-pub use kv::{KvAware, KvConfig};
+pub use kv::{ColdPlacement, KvAware, KvConfig};
 pub use least::LeastOutstanding;
 pub use random::Random;
 pub use ring::{PrefixAware, Ring};

@@ -1,20 +1,24 @@
 //! `kv.share_slack`: a bound on each backend's recent share of the traffic,
 //! wrapped around `kv_aware` by [`build_policy`](super::build_policy) when set.
 //!
-//! Why: `kv_aware` and `prefix_aware` bound load by requests *in flight*
-//! (CHWBL: at most `load_factor` x the mean + 1). Below saturation in-flight
-//! counts are tiny and that bound never binds, so each prefix stays wherever
-//! the hash ring first put it, and with Zipf popularity an instance's share is
-//! the sum of the popularities of the prefixes it happened to get: with 112
-//! documents (Zipf 0.6) on 7 instances random placement leaves the busiest
-//! instance ~7.6 points above even in the median (see BENCHMARKS.md).
+//! Why: `kv_aware` bounds load by requests *in flight* and queued prefill
+//! work, which below saturation are tiny, so each prefix stays wherever it
+//! was first placed and an instance's share is the sum of the popularities
+//! of the prefixes it holds. Cold placement by cache pressure
+//! ([`place`](super::place)) deals prefixes out evenly by count and, within
+//! a tolerance, by recent share, but it places a prefix when its popularity
+//! is still unknown: with 112 documents (Zipf 0.6) on 7 instances the
+//! busiest still ends several points above even after 200 s (see
+//! BENCHMARKS.md).
 //!
 //! What: the same inner policy, plus a bound on each backend's *recent share
 //! of routed requests* (an exponentially decayed count over about
 //! `window` decisions): a backend above `(1 + slack) / n` of the recent
 //! traffic is passed over for the backend under the bound with the deepest
 //! fresh match (then the lowest share). A passed-over hot prefix gets a second
-//! holder; a cold prefix lands on a lightly used backend.
+//! holder (its traffic then splits between the two); a cold prefix lands on
+//! a lightly used backend. Each second copy costs a cold prefill and cache
+//! room, so the bound trades some hit rate for balance.
 
 use super::{
     BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyError, RouteInput, Strategy,
