@@ -75,6 +75,24 @@ fn bench(c: &mut Criterion) {
     g.bench_function("cold_no_cache", |b| {
         b.iter(|| cold.encode_request(black_box(&req)))
     });
+    // A system prompt never seen before (the first request of a new
+    // document): the long segment misses the cache and is encoded piece by
+    // piece, then cached. The counter lives outside the closure, which
+    // criterion calls once per sample.
+    let mut i = 0u64;
+    g.bench_function("first_sight_segment_cache_on", |b| {
+        b.iter_batched(
+            || {
+                i += 1;
+                let fresh = body(&format!("Document {i}. {system}"), "What is in it?");
+                Request::from_value(&fresh, Expect::Chat)
+                    .expect("request")
+                    .into_owned()
+            },
+            |r| warm.encode_request(black_box(&r)),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     g.bench_function("warm_segment_cache", |b| {
         b.iter(|| warm.encode_request(black_box(&req)))
     });
@@ -88,16 +106,18 @@ fn bench(c: &mut Criterion) {
             warm.encode_request(&r)
         })
     });
+    // The counter outlives the closure, which criterion calls once per sample.
+    let mut q = 0u64;
     g.bench_function("parse_render_encode_warm_distinct_questions", |b| {
         // Every request asks a question of its own (the system prompt stays).
         const SLOT: &str = "What does the document say about the cache? Answer briefly.";
         let text = serde_json::to_string(&v).expect("json");
         let at = text.find(SLOT).expect("slot");
         let (head, tail) = (&text[..at], &text[at + SLOT.len()..]);
-        let mut i = 0u64;
         b.iter_batched(
             || {
-                i += 1;
+                q += 1;
+                let i = q;
                 format!("{head}Question {i}: what about topic {}?{tail}", i % 997).into_bytes()
             },
             |bytes| {

@@ -2,6 +2,7 @@
 
 use super::cache::{CacheConfig, CacheStats, SegmentCache};
 use super::files::TokenizerFiles;
+use super::presplit::FastPieces;
 use super::split::{AddedSplitter, Piece};
 use super::template::ChatTemplate;
 use super::TokenizeError;
@@ -26,6 +27,9 @@ pub struct ChatTokenizer {
     /// The fast exact cut at added tokens, when the configuration allows it;
     /// otherwise the library's own cut is used.
     splitter: Option<AddedSplitter>,
+    /// The fast pre-tokenizer for pieces, when the configuration is one it
+    /// reproduces exactly (see [`FastPieces`]).
+    fast: Option<FastPieces>,
 }
 
 /// The ids the post-processor adds around one sequence with special tokens on.
@@ -97,6 +101,9 @@ impl ChatTokenizer {
         let splitter = segmenting
             .as_ref()
             .and_then(|_| AddedSplitter::new(&tokenizer));
+        let fast = segmenting
+            .as_ref()
+            .and_then(|_| FastPieces::new(&tokenizer));
         Ok(ChatTokenizer {
             tokenizer,
             template,
@@ -104,6 +111,7 @@ impl ChatTokenizer {
             short: SegmentCache::short_pieces(cache),
             segmenting,
             splitter,
+            fast,
         })
     }
 
@@ -170,8 +178,11 @@ impl ChatTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizeError> {
+        // Cut and encode piece by piece when the cut is exact and either the
+        // text is long enough to be worth caching or the pieces have the fast
+        // pre-tokenizer (which beats one library call even uncached).
         let wrap = match &self.segmenting {
-            Some(wrap) if self.cache.is_cacheable(text.len()) => wrap,
+            Some(wrap) if self.fast.is_some() || self.cache.is_cacheable(text.len()) => wrap,
             _ => return self.encode_text_uncached(text, add_special_tokens),
         };
         // The library cuts the input at added tokens before anything else
@@ -243,7 +254,14 @@ impl ChatTokenizer {
 
     /// One piece that holds no added token, without special tokens.
     fn encode_piece(&self, piece: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.encode_text_uncached(piece, false)
+        match &self.fast {
+            Some(fast) => {
+                let mut ids = Vec::with_capacity(piece.len() / 3 + 1);
+                fast.encode(&self.tokenizer, piece, &mut ids)?;
+                Ok(ids)
+            }
+            None => self.encode_text_uncached(piece, false),
+        }
     }
 }
 

@@ -18,6 +18,7 @@
 mod cache;
 mod chat;
 mod files;
+mod presplit;
 mod pyfuncs;
 mod split;
 mod template;

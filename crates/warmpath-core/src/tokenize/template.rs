@@ -55,14 +55,14 @@ impl ChatTemplate {
                 "cannot be combined with add_generation_prompt=true",
             ));
         }
-        let messages: Vec<serde_json::Value> = chat.messages.iter().map(template_message).collect();
+        let messages: Vec<Value> = chat.messages.iter().map(template_message).collect();
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         if let Some(kw) = &chat.chat_template_kwargs {
             for (k, v) in kw.iter() {
                 ctx.insert(k.clone(), Value::from_serialize(v));
             }
         }
-        ctx.insert("messages".into(), Value::from_serialize(&messages));
+        ctx.insert("messages".into(), Value::from(messages));
         let tools = chat
             .tools
             .as_deref()
@@ -96,14 +96,31 @@ impl ChatTemplate {
 }
 
 /// The message as the template sees it.
-fn template_message(m: &Message<'_>) -> serde_json::Value {
-    let mut obj = m.raw.as_object().cloned().unwrap_or_default();
-    obj.insert("role".into(), serde_json::Value::String(m.role.to_string()));
-    obj.insert(
-        "content".into(),
-        serde_json::Value::String(m.content.text().into_owned()),
-    );
-    if let Some(serde_json::Value::Array(calls)) = obj.get_mut("tool_calls") {
+fn template_message(m: &Message<'_>) -> Value {
+    // Built straight into template values: the message's other fields are
+    // converted one by one, and the content (often the long system prompt)
+    // is copied once instead of being cloned with the raw object first.
+    let mut obj: BTreeMap<String, Value> = BTreeMap::new();
+    if let Some(raw) = m.raw.as_object() {
+        for (k, v) in raw {
+            let value = match k.as_str() {
+                "role" | "content" => continue,
+                "tool_calls" => Value::from_serialize(tool_calls_with_parsed_arguments(v)),
+                _ => Value::from_serialize(v),
+            };
+            obj.insert(k.clone(), value);
+        }
+    }
+    obj.insert("role".into(), Value::from(m.role.as_ref()));
+    obj.insert("content".into(), Value::from(m.content.text().as_ref()));
+    Value::from(obj)
+}
+
+/// `tool_calls` with each `function.arguments` JSON string parsed, as
+/// Hugging Face's templates expect.
+fn tool_calls_with_parsed_arguments(v: &serde_json::Value) -> serde_json::Value {
+    let mut v = v.clone();
+    if let serde_json::Value::Array(calls) = &mut v {
         for call in calls {
             if let Some(args) = call.pointer_mut("/function/arguments") {
                 if let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str(s).ok()) {
@@ -112,7 +129,7 @@ fn template_message(m: &Message<'_>) -> serde_json::Value {
             }
         }
     }
-    serde_json::Value::Object(obj)
+    v
 }
 
 /// `transformers`' continue_final_message: cut after the final message's text.

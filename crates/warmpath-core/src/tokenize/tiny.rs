@@ -15,6 +15,7 @@
 //! get it from the template. Everything is computed from constants, so
 //! [`tokenizer_json`] and [`write_model_dir`] are byte-identical on every run.
 
+use super::presplit::byte_alphabet;
 use super::TokenizeError;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -64,24 +65,6 @@ pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for messag
 const SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 const CORPUS: &str = include_str!("tiny_corpus.txt");
-
-/// GPT-2's reversible map from bytes to printable characters.
-fn byte_alphabet() -> [char; 256] {
-    let mut out = ['\0'; 256];
-    let mut extra = 0u32;
-    for b in 0u32..256 {
-        let printable =
-            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
-        let c = if printable {
-            b
-        } else {
-            extra += 1;
-            255 + extra
-        };
-        out[b as usize] = char::from_u32(c).unwrap_or('\0');
-    }
-    out
-}
 
 fn pre_tokenizer_json() -> Value {
     json!({

@@ -1,0 +1,320 @@
+//! Pre-tokenizing a piece of text (no added tokens in it) without the
+//! `tokenizers` library's pipeline, for the byte-level BPE tokenizers of the
+//! Llama 3 / GPT-4 family.
+//!
+//! Their pre-tokenizer is `Sequence[Split(regex, Isolated), ByteLevel(no
+//! prefix space, no regex)]` over no normalizer. The library runs the split
+//! regex with `fancy-regex`, because the regex ends in `\s+(?!\S)|\s+` and
+//! the lookahead is beyond the `regex` crate — a backtracking VM that costs
+//! ~30 µs for a 70-character question, and then keeps 16 bytes of offsets
+//! per byte for alignment. On the router's hot path (the question of each
+//! request is new, so no cache holds it) that was the largest cost of
+//! tokenization.
+//!
+//! [`FastPieces`] gives the same ids faster: the `regex` crate runs the
+//! pattern with `\s+(?!\S)|` taken out, and the one-character lookahead is
+//! applied after the match. With leftmost-first alternation both find the
+//! same match starts, and at a run of `L` white-space characters not taken
+//! by an earlier alternative, `\s+(?!\S)` matches `L - 1` characters when a
+//! non-space follows and `L >= 2`, all `L` at the end of the text, and fails
+//! for `L = 1` before a non-space, where `\s+` takes the one character —
+//! exactly "the whole run, less its last character when a non-space follows
+//! and more than one remains". Every match of these patterns' earlier
+//! alternatives holds a letter, digit, apostrophe, symbol, `\r` or `\n`, so a
+//! match that is only white space without `\r`/`\n` came from the last
+//! alternatives. Each split is then mapped to GPT-2's byte alphabet and
+//! handed to the tokenizer's own model, which keeps its word cache.
+//!
+//! When the model is BPE without dropout (so a word always gives the same
+//! ids), the ids of each split are also kept in a bounded word cache keyed
+//! by the split's text: a hit costs one hash lookup instead of the library's
+//! cache lookup plus a `String` per token.
+//!
+//! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; any other
+//! configuration gets `None` and stays with the library. A proptest checks
+//! the ids against the library on random text rich in white space, scripts,
+//! digits and symbols.
+
+use super::TokenizeError;
+use dashmap::DashMap;
+use regex::Regex;
+use serde_json::Value;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokenizers::{Model, ModelWrapper, Tokenizer};
+use xxhash_rust::xxh3::Xxh3DefaultBuilder;
+
+/// Most words the word cache holds; past that, words are not added (the
+/// library's own BPE cache behaves the same way).
+const WORD_CACHE_CAPACITY: usize = 100_000;
+/// Longest split cached, in bytes (longer ones are rare and cheap to skip).
+const WORD_CACHE_MAX_LEN: usize = 64;
+
+/// Split patterns whose last alternatives are `\s+(?!\S)|\s+` and whose
+/// earlier alternatives never match white space alone (see the module docs).
+const KNOWN_PATTERNS: [&str; 2] = [
+    // Llama 3, GPT-4 (cl100k).
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    // Qwen 2 / 2.5 (single digits).
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
+
+const LOOKAHEAD: &str = r"|\s+(?!\S)";
+
+/// GPT-2's reversible map from bytes to printable characters (the byte-level
+/// alphabet).
+pub(crate) fn byte_alphabet() -> [char; 256] {
+    let mut out = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0u32..256 {
+        let printable =
+            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let c = if printable {
+            b
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        out[b as usize] = char::from_u32(c).unwrap_or('\0');
+    }
+    out
+}
+
+/// The fast pre-tokenizer (see the module docs).
+#[derive(Debug)]
+pub(crate) struct FastPieces {
+    regex: Regex,
+    alphabet: [char; 256],
+    /// Split text -> ids; `None` when the model is not deterministic per word.
+    words: Option<DashMap<Box<str>, Box<[u32]>, Xxh3DefaultBuilder>>,
+    word_count: AtomicUsize,
+}
+
+impl FastPieces {
+    /// `Some` only for the configuration described in the module docs.
+    pub(crate) fn new(tokenizer: &Tokenizer) -> Option<Self> {
+        if tokenizer.get_normalizer().is_some() {
+            return None;
+        }
+        let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
+        let pattern = Self::recognise(&pre)?;
+        let regex = Regex::new(&pattern.replacen(LOOKAHEAD, "", 1)).ok()?;
+        let deterministic = matches!(tokenizer.get_model(),
+            ModelWrapper::BPE(bpe) if bpe.dropout.is_none_or(|d| d == 0.0));
+        Some(FastPieces {
+            regex,
+            alphabet: byte_alphabet(),
+            words: deterministic.then(|| DashMap::with_hasher(Xxh3DefaultBuilder)),
+            word_count: AtomicUsize::new(0),
+        })
+    }
+
+    /// The split pattern when `pre` is `Sequence[Split(known, Isolated),
+    /// ByteLevel(add_prefix_space: false, use_regex: false)]`.
+    fn recognise(pre: &Value) -> Option<&'static str> {
+        if pre.get("type")?.as_str()? != "Sequence" {
+            return None;
+        }
+        let [split, bytes] = pre.get("pretokenizers")?.as_array()?.as_slice() else {
+            return None;
+        };
+        let is = |v: &Value, k: &str, want: &Value| v.get(k) == Some(want);
+        let split_ok = is(split, "type", &"Split".into())
+            && is(split, "behavior", &"Isolated".into())
+            && is(split, "invert", &false.into());
+        let bytes_ok = is(bytes, "type", &"ByteLevel".into())
+            && is(bytes, "add_prefix_space", &false.into())
+            && is(bytes, "use_regex", &false.into());
+        if !(split_ok && bytes_ok) {
+            return None;
+        }
+        let pattern = split.get("pattern")?.get("Regex")?.as_str()?;
+        KNOWN_PATTERNS.into_iter().find(|&k| k == pattern)
+    }
+
+    /// The splits of `text`, as the library's Split pre-tokenizer makes them.
+    pub(crate) fn splits<'t>(&'t self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            if at >= text.len() {
+                return None;
+            }
+            let Some(m) = self.regex.find_at(text, at) else {
+                // Not reachable with the known patterns (they match every
+                // character), but Isolated keeps an unmatched tail as a split.
+                let rest = &text[at..];
+                at = text.len();
+                return Some(rest);
+            };
+            if m.start() > at {
+                // Likewise: an unmatched gap is a split of its own.
+                let gap = &text[at..m.start()];
+                at = m.start();
+                return Some(gap);
+            }
+            let mut end = m.end();
+            let s = m.as_str();
+            let whitespace_run = s.chars().all(char::is_whitespace) && !s.contains(['\r', '\n']);
+            if whitespace_run && end < text.len() {
+                // A non-space follows (the run is maximal): give the last
+                // character back when more than one is left.
+                if let Some(last) = s.chars().next_back() {
+                    if s.len() > last.len_utf8() {
+                        end -= last.len_utf8();
+                    }
+                }
+            }
+            if end <= at {
+                // Never empty (the known patterns have no empty match): always
+                // move on by at least one character.
+                end = at + text[at..].chars().next().map_or(1, char::len_utf8);
+            }
+            let piece = &text[at..end];
+            at = end;
+            Some(piece)
+        })
+    }
+
+    /// Appends the ids of `text` (which holds no added token) to `ids`,
+    /// tokenizing each split with `tokenizer`'s model.
+    pub(crate) fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        let model = tokenizer.get_model();
+        let mut mapped = String::new();
+        for split in self.splits(text) {
+            let cacheable = split.len() <= WORD_CACHE_MAX_LEN;
+            if let (Some(words), true) = (&self.words, cacheable) {
+                if let Some(hit) = words.get(split) {
+                    ids.extend_from_slice(&hit);
+                    continue;
+                }
+            }
+            mapped.clear();
+            mapped.extend(split.bytes().map(|b| self.alphabet[usize::from(b)]));
+            let tokens = model.tokenize(&mapped).map_err(TokenizeError::Encode)?;
+            let start = ids.len();
+            ids.extend(tokens.iter().map(|t| t.id));
+            if let (Some(words), true) = (&self.words, cacheable) {
+                if self.word_count.load(Ordering::Relaxed) < WORD_CACHE_CAPACITY {
+                    let fresh = words.insert(split.into(), ids[start..].into()).is_none();
+                    if fresh {
+                        self.word_count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::tokenize::tiny;
+    use proptest::prelude::*;
+    use std::str::FromStr;
+    use std::sync::OnceLock;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    fn tiny_tokenizer() -> Tokenizer {
+        Tokenizer::from_str(&tiny::tokenizer_json()).unwrap()
+    }
+
+    fn library_splits(tok: &Tokenizer, text: &str) -> Vec<String> {
+        // The library's Split step alone, mapped back from the byte alphabet
+        // by comparing against our mapping of each split.
+        let mut pre = PreTokenizedString::from(text);
+        tok.get_pre_tokenizer()
+            .unwrap()
+            .pre_tokenize(&mut pre)
+            .unwrap();
+        pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(_, (a, b), _)| text[a..b].to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn recognises_llama3_and_refuses_others() {
+        let tok = tiny_tokenizer();
+        let fast = FastPieces::new(&tok).unwrap();
+        assert!(fast.words.is_some(), "BPE without dropout caches words");
+        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+(?!\S)|\s+|\S+".into();
+        let other = Tokenizer::from_str(&v.to_string()).unwrap();
+        assert!(FastPieces::new(&other).is_none());
+        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        v["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true.into();
+        let other = Tokenizer::from_str(&v.to_string()).unwrap();
+        assert!(FastPieces::new(&other).is_none());
+        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        v["model"]["dropout"] = 0.1.into();
+        let random = Tokenizer::from_str(&v.to_string()).unwrap();
+        let fast = FastPieces::new(&random).unwrap();
+        assert!(
+            fast.words.is_none(),
+            "BPE dropout is random per call: no word cache"
+        );
+    }
+
+    #[test]
+    fn lookahead_cases_split_like_the_library() {
+        let tok = tiny_tokenizer();
+        let fast = FastPieces::new(&tok).unwrap();
+        for text in [
+            "a  b",
+            "a b",
+            "a   ",
+            "  ",
+            " ",
+            "x \t y",
+            "a\u{3000}\u{3000}b",
+            "a \u{a0}b",
+            "1  2",
+            "a \n  b",
+            "\n\nQuestion 12: what?",
+            "it's  'S    123456 !!\r\n  ok",
+            "",
+        ] {
+            let ours: Vec<&str> = fast.splits(text).collect();
+            assert_eq!(ours, library_splits(&tok, text), "{text:?}");
+        }
+    }
+
+    fn rich_text() -> impl Strategy<Value = String> {
+        let atoms = prop::sample::select(vec![
+            " ", "  ", "\t", "\n", "\r\n", "\u{a0}", "\u{3000}", "\u{2009}", "a", "Z", "word", "é",
+            "ß", "Ω", "я", "中文", "ひら", "1", "42", "12345", "٣", "'s", "'LL", "'", "!", "?!",
+            ".", "—", "😀", "#", "_", "\u{0}", "\u{7f}",
+        ]);
+        prop::collection::vec(atoms, 0..40).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn splits_and_ids_equal_the_library(text in rich_text()) {
+            // One instance for every case, so the word cache is shared across
+            // texts as it is in the router.
+            static SHARED: OnceLock<(Tokenizer, FastPieces)> = OnceLock::new();
+            let (tok, fast) = SHARED.get_or_init(|| {
+                let tok = tiny_tokenizer();
+                let fast = FastPieces::new(&tok).unwrap();
+                (tok, fast)
+            });
+            let ours: Vec<&str> = fast.splits(&text).collect();
+            prop_assert_eq!(ours, library_splits(tok, &text));
+            let lib = tok.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
+            // Twice: the second time every short split comes from the word cache.
+            for _ in 0..2 {
+                let mut ids = Vec::new();
+                fast.encode(tok, &text, &mut ids).unwrap();
+                prop_assert_eq!(&ids, &lib);
+            }
+        }
+    }
+}
