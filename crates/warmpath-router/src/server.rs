@@ -7,6 +7,7 @@ use crate::pool::Pools;
 use crate::state::Shared;
 use crate::{admin, api, health, ingest, inspect, metrics};
 use axum::routing::{get, post, put};
+use axum::serve::ListenerExt;
 use axum::Router;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -153,6 +154,15 @@ pub async fn start(
     let serve_token = token.clone();
     let router = app(Arc::clone(&shared));
     tasks.push(tokio::spawn(async move {
+        // Answers stream in small writes (SSE chunks): without TCP_NODELAY,
+        // Nagle's algorithm holds a chunk until the client's delayed ACK
+        // (~40 ms) on a reused keep-alive connection — most visibly the
+        // first token.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
+            }
+        });
         let res = axum::serve(listener, router)
             .with_graceful_shutdown(serve_token.cancelled_owned())
             .await;
