@@ -366,11 +366,13 @@ mod tests {
 
     #[test]
     fn a_holder_busy_with_one_cold_prefill_keeps_its_prefix() {
-        let input_for = |m: &MatchResult| RouteInput {
-            prefix_key: 5,
-            chain_blocks: 503,
-            matches: Some(m),
-        };
+        fn input_for(m: &MatchResult) -> RouteInput<'_> {
+            RouteInput {
+                prefix_key: 5,
+                chain_blocks: 503,
+                matches: Some(m),
+            }
+        }
         let m = matches(&[(0, 500, true)], 503);
         let mut loads = idle(2);
         loads[0].pending_prefill_blocks = 503; // another prefix's cold prefill
