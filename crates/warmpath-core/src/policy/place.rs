@@ -100,8 +100,7 @@ impl Placer {
         }
     }
 
-    /// Backends' pressures relative to the least loaded one, in blocks
-    /// (for tests and inspection).
+    /// Each backend's decayed pressure now, in blocks (for tests).
     #[cfg(test)]
     pub(crate) fn pressures(&self) -> Vec<f64> {
         let s = self.state.lock();
@@ -161,7 +160,10 @@ impl Placer {
     }
 
     /// Records a decision: `blocks` written into `backend`'s cache, and,
-    /// when `placed` (a cold placement), `key` remembered there.
+    /// when `placed` (a cold placement), `key` remembered there. Taken
+    /// under its own lock after [`place`](Self::place): two routing threads
+    /// placing at once may both see the same pressures (a hint, not a
+    /// reservation; the next decision sees both).
     pub(crate) fn record(&self, key: u64, backend: usize, blocks: u32, placed: bool) {
         let mut s = self.state.lock();
         s.seq += 1;
