@@ -467,6 +467,10 @@ mod tests {
             let plain = t.encode_text_uncached(&text, special).unwrap();
             prop_assert_eq!(&t.encode_text(&text, special).unwrap(), &plain, "cold");
             prop_assert_eq!(&t.encode_text(&text, special).unwrap(), &plain, "warm");
+            // Caches off: still cut at added tokens, every piece through the
+            // fast pre-tokenizer.
+            let off = tiny_tok(CacheConfig { capacity_tokens: 0, short_capacity_tokens: 0, ..small_segments() });
+            prop_assert_eq!(&off.encode_text(&text, special).unwrap(), &plain, "caches off");
         }
     }
 }
