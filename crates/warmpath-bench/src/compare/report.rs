@@ -194,8 +194,9 @@ fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
 /// last prompt token is always recomputed); first requests of a group get
 /// nothing. Prompt sizes are the engines' own (`usage.prompt_tokens`) of the
 /// `samples` (trace order). An upper bound: for `long` the previous prompt's
-/// own question is counted as shareable (a few blocks of ~500); for `short`
-/// the previous turn is exactly the shared prefix. `None` without groups.
+/// own question is counted as shareable (a few blocks of ~500); for a
+/// conversation (`short`, replayed closed loop) the previous turn's prompt
+/// and answer are exactly the shared prefix. `None` without groups.
 pub fn hit_ceiling(
     trace: &[crate::workload::TraceRequest],
     samples: &[Sample],
@@ -220,7 +221,15 @@ pub fn hit_ceiling(
         if let Some(&prev) = last.get(g) {
             best += (prev / bs * bs).min(cap);
         }
-        last.insert(g, s.prompt_tokens);
+        // A conversation's next turn resends this prompt and this answer,
+        // whose blocks decode filled; the answer's last token is never
+        // computed, so at most prompt + answer - 1 tokens can be cached.
+        let reusable = if trace[i].conversation().is_some() {
+            s.prompt_tokens + s.completion_tokens.saturating_sub(1)
+        } else {
+            s.prompt_tokens
+        };
+        last.insert(g, reusable);
     }
     (grouped && prompt > 0).then(|| best as f64 / prompt as f64)
 }
@@ -400,5 +409,32 @@ mod tests {
         let c = hit_ceiling(&trace, &samples, 16).unwrap();
         // The failed request is skipped: the last one compares with the first.
         assert!((c - 48.0 / 210.0).abs() < 1e-9, "{c}");
+    }
+
+    #[test]
+    fn hit_ceiling_of_a_conversation_counts_the_previous_answer() {
+        let turn = |arrival: f64| crate::workload::TraceRequest {
+            arrival,
+            model: "m".into(),
+            messages: Some(vec![crate::workload::ChatMessage::new("user", "hi")]),
+            prompt: None,
+            max_tokens: 4,
+            tenant: None,
+            tenant_via: None,
+            group: Some(format!("{}7", crate::workload::CONVERSATION_PREFIX)),
+        };
+        let trace = vec![turn(0.0), turn(1.0)];
+        let samples: Vec<Sample> = [(100u64, 40u64), (170, 10)]
+            .iter()
+            .map(|&(p, c)| Sample {
+                prompt_tokens: p,
+                completion_tokens: c,
+                ..sample("x", 0, None, 1.0)
+            })
+            .collect();
+        // Turn 2 may reuse turn 1's prompt and answer: 100 + 40 - 1 = 139
+        // tokens, 128 in full blocks (a plain group would give 96).
+        let c = hit_ceiling(&trace, &samples, 16).unwrap();
+        assert!((c - 128.0 / 270.0).abs() < 1e-9, "{c}");
     }
 }
