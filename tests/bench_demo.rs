@@ -79,29 +79,42 @@ async fn quick_comparison_routes_on_real_cache_state() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// `n` simulated engines (time model 4x faster, `cache_blocks` each), their
+/// agents and a router routing with `strategy`, all on 127.0.0.1.
+async fn sim_stack(
+    n: usize,
+    cache_blocks: usize,
+    strategy: Strategy,
+    admin_token: Option<&str>,
+    shutdown: &CancellationToken,
+) -> (SimConfig, warmpath_bench::compare::Stack) {
+    let sim = SimConfig {
+        time: TimeModel::default().scaled(4.0),
+        cache_blocks,
+        ..Default::default()
+    };
+    let stack = warmpath_bench::compare::Stack::start(
+        n,
+        &sim,
+        &EngineKind::Sim,
+        strategy,
+        &RouterKnobs::default(),
+        admin_token.map(str::to_owned),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    (sim, stack)
+}
+
 /// Attach mode: the test starts a stack itself (simulated engines, agents and
 /// a router whose admin API needs a token), then `compare` attaches to it by
 /// URL only, switching the strategy through the admin API between runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_attaches_to_a_running_router_and_engines() {
-    use warmpath_bench::compare::{AttachConfig, Stack};
+    use warmpath_bench::compare::AttachConfig;
     let shutdown = CancellationToken::new();
-    let sim = SimConfig {
-        time: TimeModel::default().scaled(4.0),
-        cache_blocks: 2048,
-        ..Default::default()
-    };
-    let stack = Stack::start(
-        2,
-        &sim,
-        &EngineKind::Sim,
-        Strategy::PrefixAware,
-        &RouterKnobs::default(),
-        Some("s3cret".into()),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (sim, stack) = sim_stack(2, 2048, Strategy::PrefixAware, Some("s3cret"), &shutdown).await;
     let out = std::env::temp_dir().join(format!("warmpath-bench-attach-{}", std::process::id()));
     let attach = |token: Option<&str>| AttachConfig {
         router_url: stack.router_url.clone(),
@@ -187,24 +200,8 @@ async fn compare_attaches_to_a_running_router_and_engines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_conversations_hit_the_answers_through_the_router() {
     use warmpath_bench::compare::driver::{drive, DriveConfig};
-    use warmpath_bench::compare::Stack;
     let shutdown = CancellationToken::new();
-    let sim = SimConfig {
-        time: TimeModel::default().scaled(4.0),
-        cache_blocks: 4096,
-        ..Default::default()
-    };
-    let stack = Stack::start(
-        1,
-        &sim,
-        &EngineKind::Sim,
-        Strategy::KvAware,
-        &RouterKnobs::default(),
-        None,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (_, stack) = sim_stack(1, 4096, Strategy::KvAware, None, &shutdown).await;
     let trace = warmpath_bench::workload::generate(&WorkloadSpec {
         docs: 2,
         requests: 8,
