@@ -115,25 +115,15 @@ impl KvConfig {
             });
         }
         if let Some(s) = self.share_slack {
-            if !((0.0..=10.0).contains(&s)) {
-                return Err(PolicyError::Invalid {
-                    name: "kv.share_slack",
-                    reason: format!("{s} must be a number in 0..=10"),
-                });
-            }
+            in_range("kv.share_slack", s, 0.0, 10.0)?;
         }
-        if !(1.0..=100_000.0).contains(&self.pressure_window) {
-            return Err(PolicyError::Invalid {
-                name: "kv.pressure_window",
-                reason: format!("{} must be a number in 1..=100000", self.pressure_window),
-            });
-        }
-        if !(0.0..=10.0).contains(&self.placement_tolerance) {
-            return Err(PolicyError::Invalid {
-                name: "kv.placement_tolerance",
-                reason: format!("{} must be a number in 0..=10", self.placement_tolerance),
-            });
-        }
+        in_range("kv.pressure_window", self.pressure_window, 1.0, 100_000.0)?;
+        in_range(
+            "kv.placement_tolerance",
+            self.placement_tolerance,
+            0.0,
+            10.0,
+        )?;
         for (name, v) in [
             ("kv.prefill_weight", self.prefill_weight),
             ("kv.decode_weight", self.decode_weight),
@@ -147,6 +137,18 @@ impl KvConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// `Invalid` unless `lo <= v <= hi` (NaN is out of every range).
+fn in_range(name: &'static str, v: f64, lo: f64, hi: f64) -> Result<(), PolicyError> {
+    if (lo..=hi).contains(&v) {
+        Ok(())
+    } else {
+        Err(PolicyError::Invalid {
+            name,
+            reason: format!("{v} must be a number in {lo}..={hi}"),
+        })
     }
 }
 
