@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
-use warmpath_core::{Expect, Request, RequestError, TenantId, TenantSource};
+use warmpath_core::{Expect, Request, TenantId, TenantSource};
 
 /// The tenant header.
 pub const TENANT_HEADER: &str = "x-prefix-aware-id";
@@ -120,8 +120,7 @@ fn prepare(
     raw: &Bytes,
     started: Instant,
 ) -> Result<(route::Plan, Bytes), ApiError> {
-    let value: Value = serde_json::from_slice(raw).map_err(RequestError::InvalidJson)?;
-    let req = Request::from_value(&value, expect)?;
+    let req = Request::parse(raw, expect)?;
     let target = s
         .pools
         .resolve(&req.model)
@@ -131,7 +130,7 @@ fn prepare(
         .record(started.elapsed().as_secs_f64());
     let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
     let body = match (&plan.tenant, s.settings.forward_cache_salt) {
-        (Some(t), true) => with_cache_salt(raw, &value, t),
+        (Some(t), true) => with_cache_salt(raw, req.cache_salt.as_deref(), t),
         _ => raw.clone(),
     };
     Ok((plan, body))

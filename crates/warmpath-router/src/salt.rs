@@ -12,23 +12,36 @@ use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 use warmpath_core::TenantId;
 
-/// The body to forward for a request parsed as `parsed` from `raw`.
-pub fn with_cache_salt(raw: &Bytes, parsed: &Value, tenant: &TenantId) -> Bytes {
-    match parsed.get("cache_salt") {
-        Some(Value::String(s)) if s == tenant.as_str() => raw.clone(),
-        None => splice(raw, parsed, tenant).unwrap_or_else(|| rewrite(parsed, tenant, raw)),
-        Some(_) => rewrite(parsed, tenant, raw),
+/// The body to forward for a request read from `raw` whose `cache_salt` field
+/// is `cache_salt` (`None`: absent or null).
+pub fn with_cache_salt(raw: &Bytes, cache_salt: Option<&str>, tenant: &TenantId) -> Bytes {
+    match cache_salt {
+        Some(s) if s == tenant.as_str() => raw.clone(),
+        Some(_) => rewrite(raw, tenant),
+        // No `"cache_salt"` anywhere in the bytes: the key is absent (a key
+        // spelled with `\u` escapes and a null value would be left in, and
+        // the spliced field after it wins in JSON parsers that keep the
+        // last of repeated keys, as Python's does).
+        None if memchr::memmem::find(raw, b"\"cache_salt\"").is_none() => {
+            splice(raw, tenant).unwrap_or_else(|| rewrite(raw, tenant))
+        }
+        // Present as null (or some string value is exactly `cache_salt`).
+        None => rewrite(raw, tenant),
     }
 }
 
 /// Splices the field before the final `}`; `None` if the body does not end
 /// with one (after whitespace), which a parsed object always does.
-fn splice(raw: &Bytes, parsed: &Value, tenant: &TenantId) -> Option<Bytes> {
+fn splice(raw: &Bytes, tenant: &TenantId) -> Option<Bytes> {
     let close = raw.iter().rposition(|b| !b.is_ascii_whitespace())?;
     if raw[close] != b'}' {
         return None;
     }
-    let empty = parsed.as_object().is_some_and(serde_json::Map::is_empty);
+    // `{` then white space only: an empty object gets no comma.
+    let empty = raw[..close]
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .is_some_and(|i| raw[i] == b'{');
     // A TenantId is printable ASCII; serde_json escapes `"` and `\`.
     let value = serde_json::to_string(tenant.as_str()).ok()?;
     let mut out = BytesMut::with_capacity(raw.len() + value.len() + 16);
@@ -42,8 +55,12 @@ fn splice(raw: &Bytes, parsed: &Value, tenant: &TenantId) -> Option<Bytes> {
     Some(out.freeze())
 }
 
-fn rewrite(parsed: &Value, tenant: &TenantId, raw: &Bytes) -> Bytes {
-    let mut v = parsed.clone();
+/// Re-serialises the body with `cache_salt` set (the rare path: a different
+/// or null `cache_salt` was sent).
+fn rewrite(raw: &Bytes, tenant: &TenantId) -> Bytes {
+    let Ok(mut v) = serde_json::from_slice::<Value>(raw) else {
+        return raw.clone();
+    };
     match v.as_object_mut() {
         Some(obj) => {
             obj.insert(
@@ -69,7 +86,8 @@ mod tests {
     fn run(raw: &str, tenant: &str) -> String {
         let raw = Bytes::from(raw.to_owned());
         let v: Value = serde_json::from_slice(&raw).unwrap();
-        String::from_utf8(with_cache_salt(&raw, &v, &t(tenant)).to_vec()).unwrap()
+        let salt = v.get("cache_salt").and_then(Value::as_str);
+        String::from_utf8(with_cache_salt(&raw, salt, &t(tenant)).to_vec()).unwrap()
     }
 
     #[test]
@@ -99,5 +117,33 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["cache_salt"], "other");
         assert_eq!(v["model"], "m");
+    }
+
+    #[test]
+    fn a_null_salt_is_replaced_not_repeated() {
+        let out = run("{\"model\":\"m\",\"cache_salt\":null}", "acme");
+        assert_eq!(out.matches("cache_salt").count(), 1, "{out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["cache_salt"], "acme");
+    }
+
+    #[test]
+    fn the_key_text_as_a_value_is_not_a_field() {
+        for raw in [
+            "{\"model\":\"m\",\"prompt\":\"cache_salt\"}",
+            "{\"model\":\"m\",\"prompt\":\"what is \\\"cache_salt\\\"?\"}",
+        ] {
+            let out = run(raw, "acme");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["cache_salt"], "acme");
+            let sent: Value = serde_json::from_str(raw).unwrap();
+            assert_eq!(v["prompt"], sent["prompt"]);
+        }
+    }
+
+    #[test]
+    fn an_empty_object_gets_no_comma() {
+        let out = run("{ }", "acme");
+        assert_eq!(out, "{ \"cache_salt\":\"acme\"}");
     }
 }

@@ -1,7 +1,9 @@
 //! An OpenAI chat or completion request, reduced to what routing needs.
 //!
-//! [`Request`] borrows from a parsed [`serde_json::Value`] ([`Request::from_value`])
-//! or owns its data ([`Request::from_slice`], [`Request::into_owned`]). Only the
+//! [`Request`] borrows from the body's bytes ([`Request::parse`], the fast
+//! path: one walk over the JSON, no [`serde_json::Value`] tree), from a parsed
+//! [`serde_json::Value`] ([`Request::from_value`]), or owns its data
+//! ([`Request::from_slice`], [`Request::into_owned`]). Only the
 //! fields that routing, prefix hashing and tokenization read are kept; the
 //! router forwards the original body untouched (apart from `cache_salt`).
 //!
@@ -119,9 +121,10 @@ pub struct Message<'a> {
     pub role: Cow<'a, str>,
     /// `content`, reduced to its text.
     pub content: Content<'a>,
-    /// The whole message object as sent, for templates that read other keys
-    /// (`name`, `tool_calls`, `tool_call_id`).
-    pub raw: Cow<'a, Value>,
+    /// The message's other fields as sent (`name`, `tool_calls`,
+    /// `tool_call_id`, ...), for templates that read them; never `role` or
+    /// `content`. Usually empty.
+    pub extra: Map<String, Value>,
 }
 
 /// The text of a message's `content`.
@@ -215,7 +218,7 @@ impl<'a> Request<'a> {
                     .map(|m| Message {
                         role: Cow::Owned(m.role.into_owned()),
                         content: m.content.into_owned(),
-                        raw: Cow::Owned(m.raw.into_owned()),
+                        extra: m.extra,
                     })
                     .collect(),
                 add_generation_prompt: c.add_generation_prompt,
@@ -264,11 +267,11 @@ impl<'a> Request<'a> {
 impl Request<'static> {
     /// Parses a JSON body into an owned request.
     pub fn from_slice(body: &[u8], expect: Expect) -> Result<Self, RequestError> {
-        let v: Value = serde_json::from_slice(body).map_err(RequestError::InvalidJson)?;
-        Request::from_value(&v, expect).map(Request::into_owned)
+        Request::parse(body, expect).map(Request::into_owned)
     }
 }
 
+mod fast;
 mod parse;
 
 #[cfg(test)]

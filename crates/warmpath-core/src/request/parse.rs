@@ -69,7 +69,13 @@ fn opt_str<'a>(
 }
 
 fn opt_u32(obj: &Map<String, Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
-    match obj.get(key) {
+    u32_field(obj.get(key), key)
+}
+
+/// A token count field's value: absent or null, else a non-negative integer
+/// below 2^32.
+pub(super) fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
+    match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_u64()
@@ -153,14 +159,19 @@ fn parse_message(i: usize, m: &Value) -> Result<Message<'_>, RequestError> {
             ))
         }
     };
+    let extra = obj
+        .iter()
+        .filter(|(k, _)| k.as_str() != "role" && k.as_str() != "content")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     Ok(Message {
         role,
         content,
-        raw: Cow::Borrowed(m),
+        extra,
     })
 }
 
-fn parse_prompt(v: Option<&Value>) -> Result<Prompt<'_>, RequestError> {
+pub(super) fn parse_prompt(v: Option<&Value>) -> Result<Prompt<'_>, RequestError> {
     const SHAPES: &str =
         "a string, an array of strings, an array of token ids or an array of arrays of token ids";
     let arr = match v {

@@ -48,7 +48,8 @@ fn chat_fields_are_read() {
     assert_eq!(c.messages[0].content.text(), "be brief");
     assert_eq!(c.messages[1].content.text(), "a\nb");
     assert_eq!(c.messages[2].content, Content::Empty);
-    assert!(c.messages[2].raw.get("tool_calls").is_some());
+    assert!(c.messages[2].extra.get("tool_calls").is_some());
+    assert!(!c.messages[2].extra.contains_key("role"));
     assert!(c.add_generation_prompt && !c.continue_final_message);
 }
 
@@ -212,4 +213,244 @@ fn owned_equals_borrowed() {
     let borrowed = Request::from_value(&v, Expect::Chat).unwrap();
     let owned = Request::from_slice(v.to_string().as_bytes(), Expect::Chat).unwrap();
     assert_eq!(borrowed, owned);
+}
+
+/// `parse` against `from_value` on the same body: the same request, or the
+/// same error.
+fn same_as_from_value(body: &[u8]) {
+    let v: Result<Value, _> = serde_json::from_slice(body);
+    for expect in [Expect::Chat, Expect::Completion, Expect::Any] {
+        let fast = Request::parse(body, expect).map_err(|e| e.to_string());
+        let slow = match &v {
+            Ok(v) => Request::from_value(v, expect).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("request body is not valid JSON: {e}")),
+        };
+        assert_eq!(fast, slow, "{expect:?}: {}", String::from_utf8_lossy(body));
+    }
+}
+
+#[test]
+fn parse_borrows_plain_strings_and_unescapes_others() {
+    let body = br#"{"model":"m","cache_salt":"s","messages":[{"role":"system","content":"plain"},{"role":"user","content":"two\nlines","name":"x"}]}"#;
+    let r = Request::parse(body, Expect::Chat).unwrap();
+    assert!(matches!(r.model, Cow::Borrowed("m")));
+    let RequestBody::Chat(c) = &r.body else {
+        panic!("not chat")
+    };
+    assert!(matches!(
+        c.messages[0].content,
+        Content::Text(Cow::Borrowed("plain"))
+    ));
+    assert!(matches!(&c.messages[1].content, Content::Text(Cow::Owned(t)) if t == "two\nlines"));
+    assert_eq!(c.messages[1].extra.get("name"), Some(&json!("x")));
+    assert_eq!(c.messages[1].extra.len(), 1);
+    same_as_from_value(body);
+}
+
+#[test]
+fn parse_keeps_the_last_of_repeated_keys_like_a_value() {
+    for body in [
+        &br#"{"model":1,"model":"m","prompt":"p"}"#[..],
+        br#"{"model":"m","model":null,"prompt":"p"}"#,
+        br#"{"model":"m","messages":[{"role":"user","content":"a","content":null,"role":"tool"}]}"#,
+        br#"{"model":"m","messages":[{"role":"u","content":[{"type":"text","text":"a","text":"b"}]}]}"#,
+        br#"{"model":"m","messages":[{"role":"u","content":[{"type":"text","text":"a","text":null}]}]}"#,
+        br#"{"model":"m","messages":[{"role":"u","content":"x"}],"messages":null,"prompt":[1,2]}"#,
+        br#"{"model":"m","prompt":"p","max_tokens":3,"max_tokens":-1}"#,
+        br#"{"model":"m","prompt":"p","max_completion_tokens":3,"max_tokens":-1}"#,
+        br#"{"model":"m","prompt":"p","stream":true,"stream":null}"#,
+    ] {
+        same_as_from_value(body);
+    }
+}
+
+#[test]
+fn parse_gives_the_same_errors() {
+    for body in [
+        &b""[..],
+        b"[]",
+        b"{\"model\":\"m\"} x",
+        b"{\"model\":\"m\",\"prompt\":\"p\"",
+        br#"{"model":"m","messages":[]}"#,
+        br#"{"model":"m","messages":[1]}"#,
+        br#"{"model":"m","messages":[{"content":"x"}]}"#,
+        br#"{"model":"m","messages":[{"role":"u","content":[{"text":"x"}]}]}"#,
+        br#"{"model":"m","messages":[{"role":"u","content":[3]}]}"#,
+        br#"{"model":"m","messages":[{"role":"u","content":3}]}"#,
+        br#"{"model":"m","messages":[{"role":"u"}],"tools":{}}"#,
+        br#"{"model":"m","messages":[{"role":"u"}],"chat_template_kwargs":[]}"#,
+        br#"{"model":"m","messages":[{"role":"u"}],"add_generation_prompt":"yes"}"#,
+        br#"{"model":"m","prompt":[]}"#,
+        br#"{"model":"m","prompt":[[]]}"#,
+        br#"{"model":"m","prompt":[1,"a"]}"#,
+        br#"{"model":"m","prompt":"p","max_tokens":1.5}"#,
+        br#"{"model":"m","prompt":"p","cache_salt":7}"#,
+    ] {
+        same_as_from_value(body);
+    }
+}
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A field value: absent, null, one of the valid shapes, or a wrong type.
+    fn field(valid: Vec<Value>) -> impl Strategy<Value = Option<Value>> {
+        let mut choices = vec![
+            Value::Null,
+            json!(7),
+            json!("s\"\\\n\u{e9}"),
+            json!(true),
+            json!([]),
+            json!({}),
+        ];
+        choices.extend(valid);
+        prop_oneof![
+            1 => Just(None),
+            4 => proptest::sample::select(choices).prop_map(Some),
+        ]
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        "[a-z \\n\\t\"\\\\\u{e9}\u{1F600}]{0,12}"
+    }
+
+    fn part() -> impl Strategy<Value = Value> {
+        (
+            field(vec![json!("text"), json!("image_url")]),
+            proptest::option::of(text()),
+            any::<bool>(),
+        )
+            .prop_map(|(kind, t, odd)| {
+                if odd {
+                    return json!(["not", "an", "object"]);
+                }
+                let mut m = Map::new();
+                if let Some(k) = kind {
+                    m.insert("type".into(), k);
+                }
+                if let Some(t) = t {
+                    m.insert("text".into(), Value::String(t));
+                }
+                Value::Object(m)
+            })
+    }
+
+    fn message() -> impl Strategy<Value = Value> {
+        (
+            field(vec![json!("user"), json!("system")]),
+            prop_oneof![
+                1 => Just(None),
+                1 => Just(Some(Value::Null)),
+                3 => text().prop_map(|t| Some(Value::String(t))),
+                2 => proptest::collection::vec(part(), 0..3).prop_map(|p| Some(Value::Array(p))),
+                1 => Just(Some(json!(5))),
+            ],
+            proptest::option::of(text()),
+        )
+            .prop_map(|(role, content, name)| {
+                let mut m = Map::new();
+                if let Some(r) = role {
+                    m.insert("role".into(), r);
+                }
+                if let Some(c) = content {
+                    m.insert("content".into(), c);
+                }
+                if let Some(n) = name {
+                    m.insert("name".into(), Value::String(n));
+                }
+                Value::Object(m)
+            })
+    }
+
+    fn body() -> impl Strategy<Value = Value> {
+        let messages = prop_oneof![
+            1 => Just(None),
+            1 => Just(Some(Value::Null)),
+            4 => proptest::collection::vec(message(), 0..4).prop_map(|m| Some(Value::Array(m))),
+        ];
+        let prompt = field(vec![
+            json!("a prompt"),
+            json!(["a", "b"]),
+            json!([1, 2, 3]),
+            json!([[1], [2, 3]]),
+            json!([[1], []]),
+            json!([1, "x"]),
+        ]);
+        let numbers = vec![
+            json!(0),
+            json!(4096),
+            json!(-1),
+            json!(1.5),
+            json!(5_000_000_000u64),
+        ];
+        (
+            (
+                field(vec![json!("m")]),
+                field(vec![json!(false)]),
+                messages,
+                prompt,
+            ),
+            (
+                field(vec![json!("tenant-a")]),
+                field(vec![json!("salt")]),
+                field(numbers.clone()),
+                field(numbers),
+            ),
+            (
+                field(vec![json!(false)]),
+                field(vec![json!(true)]),
+                field(vec![json!([{"type": "function"}])]),
+                field(vec![json!({"enable_thinking": false})]),
+                field(vec![json!({"deep": [1, {"x": null}]})]),
+            ),
+        )
+            .prop_map(
+                |(
+                    (model, stream, messages, prompt),
+                    (pck, salt, mt, mct),
+                    (agp, cfm, tools, kw, other),
+                )| {
+                    let mut m = Map::new();
+                    for (k, v) in [
+                        ("model", model),
+                        ("stream", stream),
+                        ("messages", messages),
+                        ("prompt", prompt),
+                        ("prompt_cache_key", pck),
+                        ("cache_salt", salt),
+                        ("max_tokens", mt),
+                        ("max_completion_tokens", mct),
+                        ("add_generation_prompt", agp),
+                        ("continue_final_message", cfm),
+                        ("tools", tools),
+                        ("chat_template_kwargs", kw),
+                        ("temperature", other),
+                    ] {
+                        if let Some(v) = v {
+                            m.insert(k.into(), v);
+                        }
+                    }
+                    Value::Object(m)
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #[test]
+        fn parse_matches_from_value(v in body(), pretty in any::<bool>()) {
+            let bytes = if pretty {
+                serde_json::to_vec_pretty(&v).unwrap()
+            } else {
+                serde_json::to_vec(&v).unwrap()
+            };
+            same_as_from_value(&bytes);
+        }
+
+        #[test]
+        fn parse_never_panics_on_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            same_as_from_value(&bytes);
+        }
+    }
 }

@@ -101,15 +101,13 @@ fn template_message(m: &Message<'_>) -> Value {
     // converted one by one, and the content (often the long system prompt)
     // is copied once instead of being cloned with the raw object first.
     let mut obj: BTreeMap<String, Value> = BTreeMap::new();
-    if let Some(raw) = m.raw.as_object() {
-        for (k, v) in raw {
-            let value = match k.as_str() {
-                "role" | "content" => continue,
-                "tool_calls" => Value::from_serialize(tool_calls_with_parsed_arguments(v)),
-                _ => Value::from_serialize(v),
-            };
-            obj.insert(k.clone(), value);
-        }
+    for (k, v) in &m.extra {
+        let value = match k.as_str() {
+            "role" | "content" => continue,
+            "tool_calls" => Value::from_serialize(tool_calls_with_parsed_arguments(v)),
+            _ => Value::from_serialize(v),
+        };
+        obj.insert(k.clone(), value);
     }
     obj.insert("role".into(), Value::from(m.role.as_ref()));
     obj.insert("content".into(), Value::from(m.content.text().as_ref()));
