@@ -119,6 +119,11 @@ struct CompareArgs {
     /// router's `kv.placement_tolerance`).
     #[arg(long, default_value_t = 1.0)]
     placement_tolerance: f64,
+    /// kv_aware: move a prefix off a backend whose expected load exceeds
+    /// the mean by more than this fraction (the router's
+    /// `kv.rebalance_slack`); `off` disables it.
+    #[arg(long, default_value = "0.1")]
+    rebalance_slack: String,
     /// kv_aware: decisions per backend over which cache pressure decays
     /// (the router's `kv.pressure_window`).
     #[arg(long, default_value_t = 200.0)]
@@ -235,6 +240,7 @@ impl CompareArgs {
         router.kv.cold_placement = parse_cold_placement(&self.cold_placement)?;
         router.kv.miss_weight = self.miss_weight;
         router.kv.placement_tolerance = self.placement_tolerance;
+        router.kv.rebalance_slack = parse_slack(&self.rebalance_slack)?;
         router.kv.pressure_window = self.pressure_window;
         Ok(CompareConfig {
             instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
@@ -481,6 +487,11 @@ struct ScaleArgs {
     /// router's `kv.placement_tolerance`).
     #[arg(long, default_value_t = 1.0)]
     placement_tolerance: f64,
+    /// kv_aware: move a prefix off a backend whose expected load exceeds
+    /// the mean by more than this fraction (the router's
+    /// `kv.rebalance_slack`); `off` disables it.
+    #[arg(long, default_value = "0.1")]
+    rebalance_slack: String,
     /// Write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -522,6 +533,17 @@ fn parse_cold_placement(s: &str) -> anyhow::Result<ColdPlacement> {
     }
 }
 
+/// `off` or a number.
+fn parse_slack(s: &str) -> anyhow::Result<Option<f64>> {
+    if s == "off" {
+        return Ok(None);
+    }
+    let v: f64 = s
+        .parse()
+        .with_context(|| format!("--rebalance-slack {s:?}: expected a number or off"))?;
+    Ok(Some(v))
+}
+
 fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     let cfg = ScaleConfig {
         instances: a.instances,
@@ -542,6 +564,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     cfg.policy.kv.prefill_weight = a.prefill_weight;
     cfg.policy.kv.miss_weight = a.miss_weight;
     cfg.policy.kv.placement_tolerance = a.placement_tolerance;
+    cfg.policy.kv.rebalance_slack = parse_slack(&a.rebalance_slack)?;
     if let Some(w) = a.pressure_window {
         cfg.policy.kv.pressure_window = w;
     }

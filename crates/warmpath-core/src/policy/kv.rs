@@ -33,7 +33,9 @@
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full.
 
+use super::home::Home;
 use super::place::{Placed, Placer};
+use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
 use super::{
     least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyConfig,
@@ -78,6 +80,12 @@ pub struct KvConfig {
     /// and the one with the lowest recent share of requests among them wins
     /// (0..=10; 0 places by cost alone).
     pub placement_tolerance: f64,
+    /// `pressure` placement: when set, a backend whose expected load (the
+    /// popularity of the prefixes homed there) exceeds the mean by more
+    /// than this fraction hands one prefix whose popularity fits the gap to
+    /// the least loaded backend — a move, not a copy (see
+    /// [`rebalance`](super::rebalance)). 0..=10; `None` turns it off.
+    pub rebalance_slack: Option<f64>,
 }
 
 /// How `kv_aware` places a prefix that no backend holds.
@@ -102,6 +110,7 @@ impl Default for KvConfig {
             cold_placement: ColdPlacement::Pressure,
             pressure_window: 200.0,
             placement_tolerance: 1.0,
+            rebalance_slack: Some(0.1),
         }
     }
 }
@@ -116,6 +125,9 @@ impl KvConfig {
         }
         if let Some(s) = self.share_slack {
             in_range("kv.share_slack", s, 0.0, 10.0)?;
+        }
+        if let Some(s) = self.rebalance_slack {
+            in_range("kv.rebalance_slack", s, 0.0, 10.0)?;
         }
         in_range("kv.pressure_window", self.pressure_window, 1.0, 100_000.0)?;
         in_range(
@@ -158,6 +170,7 @@ pub struct KvAware {
     slots: Vec<WorkerSlot>,
     fallback: PrefixAware,
     placer: Placer,
+    rebalance: Option<Rebalance>,
     threshold: u32,
     kv: KvConfig,
 }
@@ -169,6 +182,10 @@ impl KvAware {
             slots: backends.iter().map(|b| b.slot).collect(),
             fallback: PrefixAware::new(config, backends),
             placer: Placer::new(backends, config.kv.pressure_window),
+            rebalance: config.kv.rebalance_slack.map(|slack| Rebalance {
+                slack,
+                backends: backends.len() as u64,
+            }),
             threshold: config.concurrency_threshold,
             kv: config.kv.clone(),
         }
@@ -187,6 +204,15 @@ impl KvAware {
 }
 
 impl KvAware {
+    /// Whether position `i` may take a request: eligible and below the
+    /// concurrency threshold.
+    fn usable(&self, loads: &[BackendLoad], i: usize) -> bool {
+        i < self.slots.len()
+            && loads
+                .get(i)
+                .is_some_and(|l| l.eligible && l.effective_in_flight() < self.threshold)
+    }
+
     /// A prefix no fresh eligible backend holds (module docs).
     fn place_cold(
         &self,
@@ -197,18 +223,18 @@ impl KvAware {
         if self.kv.cold_placement == ColdPlacement::Ring {
             return self.fallback.pick_by_key(input.prefix_key, loads, rng);
         }
-        let usable = |i: usize| {
-            i < self.slots.len()
-                && loads
-                    .get(i)
-                    .is_some_and(|l| l.eligible && l.effective_in_flight() < self.threshold)
-        };
         let weights = (self.kv.prefill_weight, self.kv.decode_weight);
         let ring = self.fallback.ring();
         let tolerance = self.kv.placement_tolerance * f64::from(input.chain_blocks);
-        let placed = self
-            .placer
-            .place(input.prefix_key, loads, usable, ring, weights, tolerance);
+        let mut s = self.placer.lock();
+        let placed = s.place(
+            input.prefix_key,
+            loads,
+            |i| self.usable(loads, i),
+            ring,
+            weights,
+            tolerance,
+        );
         let (backend, kind) = match placed {
             Some((b, Placed::Pressure)) => (b, DecisionKind::Spill),
             Some((b, Placed::RingOwner | Placed::Remembered)) => (b, DecisionKind::PrefixHash),
@@ -217,12 +243,129 @@ impl KvAware {
                 DecisionKind::LeastOutstanding,
             ),
         };
-        self.placer
-            .record(input.prefix_key, backend, input.chain_blocks, true);
+        s.set_home(input.prefix_key, backend, false);
+        s.record(input.prefix_key, backend, input.chain_blocks);
         Ok(Decision {
             backend,
             kind,
             matched_blocks: 0,
+        })
+    }
+
+    /// The lowest-cost usable backend and its match (module docs); `None`
+    /// when every eligible backend is full. A backend other than `home`
+    /// (which holds the deepest match) pays the miss charge on its whole
+    /// chain: a copy off the prefix's home is one to let age out.
+    fn cheapest(
+        &self,
+        chain: u32,
+        matched: &[u32],
+        loads: &[BackendLoad],
+        home: Option<usize>,
+        rng: &mut dyn RngCore,
+    ) -> Option<(u32, usize)> {
+        let mut best: Option<(f64, u32, usize)> = None;
+        let mut ties = 0u32;
+        for (i, l) in loads.iter().enumerate().take(self.slots.len()) {
+            let inflight = l.effective_in_flight();
+            if !l.eligible || inflight >= self.threshold {
+                continue;
+            }
+            let m = matched[i];
+            let uncached = f64::from(chain - m.min(chain));
+            let written = match home {
+                Some(h) if h != i => f64::from(chain),
+                _ => uncached,
+            };
+            let prefill = uncached + l.pending_prefill_blocks as f64;
+            let cost = self.kv.prefill_weight * prefill
+                + self.kv.miss_weight * written
+                + self.kv.decode_weight * f64::from(inflight);
+            let better = match best {
+                None => true,
+                Some((c, bm, _)) => cost < c || (cost == c && m > bm),
+            };
+            let tie = matches!(best, Some((c, bm, _)) if cost == c && m == bm);
+            if better {
+                best = Some((cost, m, i));
+                ties = 1;
+            } else if tie {
+                ties += 1;
+                if rng.next_u32() % ties == 0 {
+                    best = Some((cost, m, i));
+                }
+            }
+        }
+        best.map(|(_, m, i)| (m, i))
+    }
+
+    /// A warm request under `pressure` placement: follows a moved prefix
+    /// while it prefills at its new home, else the cheapest backend (the
+    /// home favoured over stale copies), and possibly moves the prefix to
+    /// even the expected loads (see [`rebalance`](super::rebalance)).
+    fn pick_homed(
+        &self,
+        input: &RouteInput<'_>,
+        matched: &[u32],
+        best_match: u32,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let key = input.prefix_key;
+        let chain = input.chain_blocks.max(best_match);
+        let usable = |i: usize| self.usable(loads, i);
+        let mut s = self.placer.lock();
+        let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
+        let at = |h: &Home| h.backend as usize;
+        if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
+            if s.following(&h, loads) {
+                let b = at(&h);
+                s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
+                return Ok(Decision {
+                    backend: b,
+                    kind: DecisionKind::Spill,
+                    matched_blocks: matched[b],
+                });
+            }
+        }
+        let holding = home.filter(|h| matched[at(h)] >= best_match);
+        let Some((mut m, mut backend)) =
+            self.cheapest(chain, matched, loads, holding.as_ref().map(at), rng)
+        else {
+            let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
+            s.record(
+                key,
+                backend,
+                input.chain_blocks.saturating_sub(matched[backend]),
+            );
+            return Ok(Decision {
+                backend,
+                kind: DecisionKind::LeastOutstanding,
+                matched_blocks: matched[backend],
+            });
+        };
+        match (holding, &self.rebalance) {
+            (Some(h), Some(rb)) if at(&h) == backend => {
+                if let Some(t) = s.propose_move(rb, &h, loads, usable) {
+                    s.set_home(key, t, true);
+                    (m, backend) = (matched[t], t);
+                }
+            }
+            // Its home lost it (or it had none): it lives where it went.
+            (None, _) if home.is_none_or(|h| at(&h) != backend) => {
+                s.set_home(key, backend, false);
+            }
+            _ => {}
+        }
+        s.record(key, backend, input.chain_blocks.saturating_sub(m));
+        Ok(Decision {
+            backend,
+            kind: if m == best_match {
+                DecisionKind::KvMatch
+            } else {
+                DecisionKind::Spill
+            },
+            matched_blocks: m,
         })
     }
 }
@@ -248,36 +391,11 @@ impl Policy for KvAware {
         if best_match < self.kv.min_match_blocks {
             return self.place_cold(input, loads, rng);
         }
-        let chain = input.chain_blocks.max(best_match);
-        let mut best: Option<(f64, u32, usize)> = None;
-        let mut ties = 0u32;
-        for (i, l) in loads.iter().enumerate().take(self.slots.len()) {
-            let inflight = l.effective_in_flight();
-            if !l.eligible || inflight >= self.threshold {
-                continue;
-            }
-            let m = matched[i];
-            let uncached = f64::from(chain - m.min(chain));
-            let prefill = uncached + l.pending_prefill_blocks as f64;
-            let cost = self.kv.prefill_weight * prefill
-                + self.kv.miss_weight * uncached
-                + self.kv.decode_weight * f64::from(inflight);
-            let better = match best {
-                None => true,
-                Some((c, bm, _)) => cost < c || (cost == c && m > bm),
-            };
-            let tie = matches!(best, Some((c, bm, _)) if cost == c && m == bm);
-            if better {
-                best = Some((cost, m, i));
-                ties = 1;
-            } else if tie {
-                ties += 1;
-                if rng.next_u32() % ties == 0 {
-                    best = Some((cost, m, i));
-                }
-            }
+        if self.kv.cold_placement == ColdPlacement::Pressure {
+            return self.pick_homed(input, &matched, best_match, loads, rng);
         }
-        let Some((_, m, backend)) = best else {
+        let chain = input.chain_blocks.max(best_match);
+        let Some((m, backend)) = self.cheapest(chain, &matched, loads, None, rng) else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             return Ok(Decision {
                 backend,
@@ -287,19 +405,13 @@ impl Policy for KvAware {
         };
         // The deepest match won: kv_match. A shallower one (or none) won on
         // load, or because the deeper holders were full: spill.
-        let kind = if m == best_match {
-            DecisionKind::KvMatch
-        } else {
-            DecisionKind::Spill
-        };
-        if self.kv.cold_placement == ColdPlacement::Pressure {
-            let written = input.chain_blocks.saturating_sub(m);
-            self.placer
-                .record(input.prefix_key, backend, written, false);
-        }
         Ok(Decision {
             backend,
-            kind,
+            kind: if m == best_match {
+                DecisionKind::KvMatch
+            } else {
+                DecisionKind::Spill
+            },
             matched_blocks: m,
         })
     }

@@ -13,10 +13,12 @@
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
 //! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]); a prefix cached nowhere by cache pressure (see [`place`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
 
+mod home;
 mod kv;
 mod least;
 mod place;
 mod random;
+mod rebalance;
 mod ring;
 mod share;
 

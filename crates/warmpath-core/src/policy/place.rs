@@ -35,11 +35,12 @@
 //! within a few decisions per backend of it, before its blocks are
 //! published) follows it instead of starting a second cold copy elsewhere.
 
+use super::home::{Home, Homes};
 use super::ring::Ring;
 use super::{BackendLoad, PolicyBackend};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
-/// How [`Placer::place`] chose.
+/// How [`State::place`] chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Placed {
     /// Where the same prefix was placed moments ago (still prefilling).
@@ -50,35 +51,30 @@ pub(crate) enum Placed {
     Pressure,
 }
 
-/// One remembered placement.
-#[derive(Clone, Copy, Debug, Default)]
-struct Recent {
-    key: u64,
-    backend: u32,
-    seq: u64,
-    used: bool,
-}
-
+/// Everything the placer and the rebalancer keep, under one lock.
 #[derive(Debug)]
-struct State {
+pub(crate) struct State {
     /// Decayed blocks written per backend, in units of `unit`.
     pressure: Vec<f64>,
-    /// Decayed requests routed per backend, in units of `unit`.
-    routed: Vec<f64>,
     /// The weight of the next decision (grows by 1/decay per decision, the
     /// same as decaying every past one).
-    unit: f64,
+    pub(super) unit: f64,
     /// Decisions so far.
-    seq: u64,
-    recent: Vec<Recent>,
-}
-
-/// Cache pressure per backend and the recent-placement memory.
-#[derive(Debug)]
-pub(crate) struct Placer {
+    pub(super) seq: u64,
+    /// Homes, popularity and expected loads (see [`home`](super::home)).
+    pub(super) homes: Homes,
+    /// The decision of the last rebalancing move (`None`: none yet).
+    pub(super) last_move: Option<u64>,
+    /// Rebalancing moves so far.
+    pub(super) moves: u64,
     decay: f64,
     /// Decisions a placement stays sticky without pending prefill work.
-    sticky: u64,
+    pub(super) sticky: u64,
+}
+
+/// Cache pressure per backend, homes and the rebalancing state.
+#[derive(Debug)]
+pub(crate) struct Placer {
     state: Mutex<State>,
 }
 
@@ -86,30 +82,50 @@ impl Placer {
     /// Over `backends`, remembering about `window` decisions per backend.
     pub(crate) fn new(backends: &[PolicyBackend], window: f64) -> Self {
         let n = backends.len().max(1);
-        let slots = (64 * n).clamp(1024, 1 << 20).next_power_of_two();
         Placer {
-            decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
-            sticky: 4 * n as u64,
             state: Mutex::new(State {
                 pressure: vec![0.0; backends.len()],
-                routed: vec![0.0; backends.len()],
                 unit: 1.0,
                 seq: 0,
-                recent: vec![Recent::default(); slots],
+                homes: Homes::new(backends.len(), (64 * n).clamp(1024, 1 << 20)),
+                last_move: None,
+                moves: 0,
+                decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
+                sticky: 4 * n as u64,
             }),
         }
     }
 
+    /// The state, locked for one decision.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+}
+
+impl State {
     /// Each backend's decayed pressure now, in blocks (for tests).
     #[cfg(test)]
     pub(crate) fn pressures(&self) -> Vec<f64> {
-        let s = self.state.lock();
-        s.pressure.iter().map(|p| p / s.unit).collect()
+        self.pressure.iter().map(|p| p / self.unit).collect()
+    }
+
+    /// What is known of `key`.
+    pub(crate) fn home(&self, key: u64) -> Option<Home> {
+        self.homes.get(key)
+    }
+
+    /// Whether requests of `home`'s prefix should still follow it there
+    /// although it holds nothing yet: its first request there is queued
+    /// or prefilling, or it was placed a few decisions ago.
+    pub(crate) fn following(&self, home: &Home, loads: &[BackendLoad]) -> bool {
+        let b = home.backend as usize;
+        let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
+        prefilling || self.seq.saturating_sub(home.since) <= self.sticky
     }
 
     /// The backend to place a prefix no eligible backend holds, among those
-    /// `usable`: the remembered placement of `key` when it is still
-    /// prefilling or recent, else the lowest recent share among those within
+    /// `usable`: the remembered home of `key` when it is still prefilling
+    /// or recent, else the lowest expected load among those within
     /// `tolerance` blocks of the lowest cold cost (module docs), ties by
     /// `ring` order from `key`. `weights` are (prefill, decode).
     pub(crate) fn place(
@@ -121,20 +137,16 @@ impl Placer {
         weights: (f64, f64),
         tolerance: f64,
     ) -> Option<(usize, Placed)> {
-        let s = self.state.lock();
-        let r = s.recent[key as usize & (s.recent.len() - 1)];
-        if r.used && r.key == key {
-            let b = r.backend as usize;
-            let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
-            if usable(b) && (prefilling || s.seq.saturating_sub(r.seq) <= self.sticky) {
-                return Some((b, Placed::Remembered));
+        if let Some(h) = self.homes.get(key) {
+            if usable(h.backend as usize) && self.following(&h, loads) {
+                return Some((h.backend as usize, Placed::Remembered));
             }
         }
         let (prefill_weight, decode_weight) = weights;
-        let n = loads.len().min(s.pressure.len());
+        let n = loads.len().min(self.pressure.len());
         let cost = |b: usize| {
             let l = &loads[b];
-            s.pressure[b] / s.unit
+            self.pressure[b] / self.unit
                 + prefill_weight * l.pending_prefill_blocks as f64
                 + decode_weight * f64::from(l.effective_in_flight())
         };
@@ -143,13 +155,14 @@ impl Placer {
             .map(cost)
             .min_by(f64::total_cmp)?;
         let good = |b: usize| b < n && usable(b) && cost(b) <= min + tolerance;
+        let expected = self.homes.loads();
         let least = (0..n)
             .filter(|&b| good(b))
-            .map(|b| s.routed[b])
+            .map(|b| expected[b])
             .min_by(f64::total_cmp)?;
         // Exact ties (an idle fleet) go by the ring, so the walk is short:
         // it stops at the first tied backend.
-        let at = ring.walk(key).find(|&b| good(b) && s.routed[b] <= least)?;
+        let at = ring.walk(key).find(|&b| good(b) && expected[b] <= least)?;
         let owner = ring.walk(key).find(|&b| b < n && usable(b));
         let how = if owner == Some(at) {
             Placed::RingOwner
@@ -159,37 +172,33 @@ impl Placer {
         Some((at, how))
     }
 
-    /// Records a decision: `blocks` written into `backend`'s cache, and,
-    /// when `placed` (a cold placement), `key` remembered there. Taken
-    /// under its own lock after [`place`](Self::place): two routing threads
-    /// placing at once may both see the same pressures (a hint, not a
-    /// reservation; the next decision sees both).
-    pub(crate) fn record(&self, key: u64, backend: usize, blocks: u32, placed: bool) {
-        let mut s = self.state.lock();
-        s.seq += 1;
-        if placed {
-            let seq = s.seq;
-            let len = s.recent.len();
-            s.recent[key as usize & (len - 1)] = Recent {
-                key,
-                backend: backend as u32,
-                seq,
-                used: true,
-            };
+    /// Homes `key` on `backend` (a cold placement, a move when `moved`, or
+    /// a warm request whose home lost it); its popularity moves along.
+    pub(crate) fn set_home(&mut self, key: u64, backend: usize, moved: bool) {
+        let seq = self.seq;
+        self.homes.set_home(key, backend, seq, moved);
+        if moved {
+            self.last_move = Some(seq);
+            self.moves += 1;
         }
-        let unit = s.unit;
-        if let Some(p) = s.pressure.get_mut(backend) {
+    }
+
+    /// Records a decision: a request of `key` sent to `backend`, which
+    /// writes `blocks` into its cache. Taken under the same lock as the
+    /// choice, so two routing threads never see the same state.
+    pub(crate) fn record(&mut self, key: u64, backend: usize, blocks: u32) {
+        self.seq += 1;
+        let unit = self.unit;
+        if let Some(p) = self.pressure.get_mut(backend) {
             *p += unit * f64::from(blocks);
         }
-        if let Some(r) = s.routed.get_mut(backend) {
-            *r += unit;
-        }
-        s.unit /= self.decay;
-        if s.unit > 1e200 {
-            let k = s.unit;
-            s.pressure.iter_mut().for_each(|p| *p /= k);
-            s.routed.iter_mut().for_each(|r| *r /= k);
-            s.unit = 1.0;
+        self.homes.hit(key, backend, unit, self.seq);
+        self.unit /= self.decay;
+        if self.unit > 1e200 {
+            let k = self.unit;
+            self.pressure.iter_mut().for_each(|p| *p /= k);
+            self.homes.rescale(k);
+            self.unit = 1.0;
         }
     }
 }
@@ -204,7 +213,8 @@ mod tests {
     fn pressure_decays_and_spreads_new_prefixes() {
         let b = backends(4);
         let ring = Ring::new(&b, 160);
-        let p = Placer::new(&b, 100.0);
+        let placer = Placer::new(&b, 100.0);
+        let mut p = placer.lock();
         let loads = idle(4);
         let mut placed = [0u32; 4];
         // 40 distinct cold prefixes of 500 blocks: 10 on each backend.
@@ -213,13 +223,14 @@ mod tests {
             let (at, _) = p
                 .place(key, &loads, |_| true, &ring, (0.0, 0.0), 0.0)
                 .unwrap();
-            p.record(key, at, 500, true);
+            p.set_home(key, at, false);
+            p.record(key, at, 500);
             placed[at] += 1;
         }
         assert_eq!(placed, [10; 4]);
         let before = p.pressures();
         for _ in 0..400 {
-            p.record(1, 0, 0, false);
+            p.record(1, 0, 0);
         }
         let after = p.pressures();
         assert!(
@@ -232,12 +243,14 @@ mod tests {
     fn a_placement_is_sticky_while_it_prefills() {
         let b = backends(3);
         let ring = Ring::new(&b, 160);
-        let p = Placer::new(&b, 100.0);
+        let placer = Placer::new(&b, 100.0);
+        let mut p = placer.lock();
         let mut loads = idle(3);
         let (first, _) = p
             .place(42, &loads, |_| true, &ring, (1.0, 2.0), 0.0)
             .unwrap();
-        p.record(42, first, 500, true);
+        p.set_home(42, first, false);
+        p.record(42, first, 500);
         loads[first].pending_prefill_blocks = 500;
         // Its pressure and queue now make it the costliest, yet the same key
         // follows it.
@@ -250,11 +263,12 @@ mod tests {
             .place(43, &loads, |_| true, &ring, (1.0, 2.0), 0.0)
             .unwrap();
         assert_ne!(other, first);
-        p.record(43, other, 500, true);
+        p.set_home(43, other, false);
+        p.record(43, other, 500);
         // Done prefilling and many decisions later: placed afresh.
         loads[first].pending_prefill_blocks = 0;
         for _ in 0..100 {
-            p.record(7, other, 0, false);
+            p.record(7, other, 0);
         }
         let (again, how) = p
             .place(42, &loads, |_| true, &ring, (1.0, 2.0), 0.0)
@@ -264,7 +278,8 @@ mod tests {
         assert!(again != first && again != other, "{again}");
         // An unusable remembered backend is never returned.
         loads[first].pending_prefill_blocks = 500;
-        p.record(42, first, 500, true);
+        p.set_home(42, first, false);
+        p.record(42, first, 500);
         let (b2, _) = p
             .place(42, &loads, |i| i != first, &ring, (1.0, 2.0), 0.0)
             .unwrap();
@@ -276,20 +291,22 @@ mod tests {
     fn within_the_tolerance_the_least_requested_backend_wins() {
         let b = backends(3);
         let ring = Ring::new(&b, 160);
-        let p = Placer::new(&b, 100.0);
+        let placer = Placer::new(&b, 100.0);
+        let mut p = placer.lock();
         let loads = idle(3);
         let w = (1.0, 2.0);
         // One 500-block prefix each; then backend 1 serves 30 full hits
         // (nothing written) and backend 2 five requests writing 20 blocks:
         // 1 has the lower pressure, 2 the lower share of requests.
         for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
-            p.record(key, at, 500, true);
+            p.set_home(key, at, false);
+            p.record(key, at, 500);
         }
         for _ in 0..30 {
-            p.record(2, 1, 0, false);
+            p.record(2, 1, 0);
         }
         for _ in 0..5 {
-            p.record(3, 2, 20, false);
+            p.record(3, 2, 20);
         }
         let pick = |usable: &dyn Fn(usize) -> bool, loads: &[BackendLoad], tol| {
             p.place(9, loads, usable, &ring, w, tol).unwrap().0
