@@ -6,11 +6,14 @@
 //! prompt comes from the tokenizer's segment cache.
 //!
 //! ```text
-//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware]
+//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--bare-proxy]
 //! ```
 //!
-//! `--strategy random` gives the cost of the extra proxy hop alone (no
-//! tokenization, no hashing): the floor under the `kv_aware` number.
+//! `--strategy random` gives the cost of the router's hop without
+//! tokenization or hashing. `--bare-proxy` sends the routed half through the
+//! smallest proxy hyper allows instead of the router (read the body, forward
+//! it on a pooled connection, pass the answer back): the floor any HTTP
+//! proxy pays for the extra hop on this machine.
 //!
 //! Latency is measured from the moment a request is sent to the end of its
 //! response body, on one pooled keep-alive client. Everything (client,
@@ -54,6 +57,49 @@ async fn zero_delay_backend() -> SocketAddr {
                             .body(Full::new(Bytes::from_static(REPLY.as_bytes())))
                             .unwrap(),
                     )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// The smallest proxy hyper allows: read the body, send it on a pooled
+/// keep-alive connection, pass the answer back. No routing, no metrics, no
+/// axum — the floor under the router's own hop on this machine.
+async fn bare_proxy(backend: SocketAddr) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_nodelay(true);
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(http);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            stream.set_nodelay(true).unwrap();
+            let client = client.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let client = client.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body
+                            .collect()
+                            .await
+                            .map_err(std::io::Error::other)?
+                            .to_bytes();
+                        let up =
+                            hyper::Request::post(format!("http://{backend}{}", parts.uri.path()))
+                                .header("content-type", "application/json")
+                                .body(Full::new(body))
+                                .unwrap();
+                        client.request(up).await.map_err(std::io::Error::other)
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
@@ -144,7 +190,13 @@ async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_cor
         .await
         .unwrap();
     let direct_url = format!("http://{backend}/v1/chat/completions");
-    let routed_url = format!("http://{}/v1/chat/completions", router.http_addr);
+    let bare = std::env::args().any(|a| a == "--bare-proxy");
+    let routed_addr = if bare {
+        bare_proxy(backend).await
+    } else {
+        router.http_addr
+    };
+    let routed_url = format!("http://{routed_addr}/v1/chat/completions");
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let client = Arc::new(client);
 
@@ -198,7 +250,8 @@ async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_cor
     direct.sort_by(f64::total_cmp);
     routed.sort_by(f64::total_cmp);
     println!(
-        "router added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), strategy {}",
+        "{} added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), strategy {}",
+        if bare { "bare hyper proxy" } else { "router" },
         body.len(),
         strategy.as_str()
     );
