@@ -35,6 +35,8 @@ pub(crate) struct Home {
     pub(crate) since: u64,
     /// It came here by a rebalancing move (not a cold placement).
     pub(crate) moved: bool,
+    /// Reserved here by a move's swap: its next cold request comes here.
+    pub(crate) reserved: bool,
     used: bool,
 }
 
@@ -110,8 +112,29 @@ impl Homes {
             backend: backend as u32,
             since: seq,
             moved,
+            reserved: false,
             ..e
         };
+    }
+
+    /// Homes `key` (already in the table) on `backend` for its next cold
+    /// request only: a warm one goes where it is cached and re-homes it.
+    pub(crate) fn reserve(&mut self, key: u64, backend: usize, seq: u64) {
+        if self.find(key).is_some() {
+            self.set_home(key, backend, seq, false);
+            if let Some(i) = self.find(key) {
+                self.entries[i].reserved = true;
+            }
+        }
+    }
+
+    /// The least popular prefix homed on `backend` other than `except`.
+    pub(crate) fn least_popular(&self, backend: usize, except: u64) -> Option<u64> {
+        self.entries
+            .iter()
+            .filter(|e| e.used && e.backend as usize == backend && e.key != except)
+            .min_by(|a, b| a.pop.total_cmp(&b.pop))
+            .map(|e| e.key)
     }
 
     /// A new entry for `key` on `backend`, in a free way of its set or in
@@ -133,6 +156,7 @@ impl Homes {
             pop: 0.0,
             since: seq,
             moved: false,
+            reserved: false,
             used: true,
         };
         i

@@ -27,13 +27,20 @@
 //! [`place`](super::place)); `ring` uses `prefix_aware` (CHWBL on the prefix
 //! key). Either way a cold prefix becomes warm in one place.
 //!
+//! Under `pressure` placement each prefix also has a **home** (where it was
+//! placed or last moved): a copy elsewhere pays the miss charge on its whole
+//! chain, so the home keeps the prefix unless its queue is a full prefill
+//! longer, and with `kv.rebalance_slack` (default 0.1) a prefix whose
+//! popularity fits the gap moves from a backend above the mean expected load
+//! to the least loaded one (see [`rebalance`](super::rebalance)): below
+//! saturation that, not the in-flight bounds, is what evens the traffic.
+//!
 //! Decision: `kv_match` when the winner holds the deepest match; `spill` when
 //! a deeper-matching backend was passed over for load, or a cold prefix was
 //! placed off its ring owner for cache pressure; `prefix_hash` when a cold
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full.
 
-use super::home::Home;
 use super::place::{Placed, Placer};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
@@ -167,12 +174,12 @@ fn in_range(name: &'static str, v: f64, lo: f64, hi: f64) -> Result<(), PolicyEr
 /// The KV-aware policy.
 #[derive(Debug)]
 pub struct KvAware {
-    slots: Vec<WorkerSlot>,
+    pub(super) slots: Vec<WorkerSlot>,
     fallback: PrefixAware,
-    placer: Placer,
-    rebalance: Option<Rebalance>,
-    threshold: u32,
-    kv: KvConfig,
+    pub(super) placer: Placer,
+    pub(super) rebalance: Option<Rebalance>,
+    pub(super) threshold: u32,
+    pub(super) kv: KvConfig,
 }
 
 impl KvAware {
@@ -206,7 +213,7 @@ impl KvAware {
 impl KvAware {
     /// Whether position `i` may take a request: eligible and below the
     /// concurrency threshold.
-    fn usable(&self, loads: &[BackendLoad], i: usize) -> bool {
+    pub(super) fn usable(&self, loads: &[BackendLoad], i: usize) -> bool {
         i < self.slots.len()
             && loads
                 .get(i)
@@ -256,7 +263,7 @@ impl KvAware {
     /// when every eligible backend is full. A backend other than `home`
     /// (which holds the deepest match) pays the miss charge on its whole
     /// chain: a copy off the prefix's home is one to let age out.
-    fn cheapest(
+    pub(super) fn cheapest(
         &self,
         chain: u32,
         matched: &[u32],
@@ -297,76 +304,6 @@ impl KvAware {
             }
         }
         best.map(|(_, m, i)| (m, i))
-    }
-
-    /// A warm request under `pressure` placement: follows a moved prefix
-    /// while it prefills at its new home, else the cheapest backend (the
-    /// home favoured over stale copies), and possibly moves the prefix to
-    /// even the expected loads (see [`rebalance`](super::rebalance)).
-    fn pick_homed(
-        &self,
-        input: &RouteInput<'_>,
-        matched: &[u32],
-        best_match: u32,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        let key = input.prefix_key;
-        let chain = input.chain_blocks.max(best_match);
-        let usable = |i: usize| self.usable(loads, i);
-        let mut s = self.placer.lock();
-        let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
-        let at = |h: &Home| h.backend as usize;
-        if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
-            if s.following(&h, loads) {
-                let b = at(&h);
-                s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
-                return Ok(Decision {
-                    backend: b,
-                    kind: DecisionKind::Spill,
-                    matched_blocks: matched[b],
-                });
-            }
-        }
-        let holding = home.filter(|h| matched[at(h)] >= best_match);
-        let Some((mut m, mut backend)) =
-            self.cheapest(chain, matched, loads, holding.as_ref().map(at), rng)
-        else {
-            let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
-            s.record(
-                key,
-                backend,
-                input.chain_blocks.saturating_sub(matched[backend]),
-            );
-            return Ok(Decision {
-                backend,
-                kind: DecisionKind::LeastOutstanding,
-                matched_blocks: matched[backend],
-            });
-        };
-        match (holding, &self.rebalance) {
-            (Some(h), Some(rb)) if at(&h) == backend => {
-                if let Some(t) = s.propose_move(rb, &h, loads, usable) {
-                    s.set_home(key, t, true);
-                    (m, backend) = (matched[t], t);
-                }
-            }
-            // Its home lost it (or it had none): it lives where it went.
-            (None, _) if home.is_none_or(|h| at(&h) != backend) => {
-                s.set_home(key, backend, false);
-            }
-            _ => {}
-        }
-        s.record(key, backend, input.chain_blocks.saturating_sub(m));
-        Ok(Decision {
-            backend,
-            kind: if m == best_match {
-                DecisionKind::KvMatch
-            } else {
-                DecisionKind::Spill
-            },
-            matched_blocks: m,
-        })
     }
 }
 
@@ -666,6 +603,13 @@ mod tests {
                 ..Default::default()
             };
             assert!(cfg.validate().is_err(), "{bad}");
+            let cfg = KvConfig {
+                rebalance_slack: Some(bad),
+                ..Default::default()
+            };
+            assert!(cfg.validate().is_err(), "{bad}");
         }
+        let cfg: KvConfig = serde_json::from_str(r#"{"rebalance_slack":null}"#).unwrap();
+        assert_eq!(cfg.rebalance_slack, None);
     }
 }

@@ -11,7 +11,7 @@
 //! | `random` | uniformly among eligible backends | `random` |
 //! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
-//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]); a prefix cached nowhere by cache pressure (see [`place`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
+//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]); a prefix cached nowhere by cache pressure (see [`place`]); prefixes moved to even expected load (see [`rebalance`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
 
 mod home;
 mod kv;

@@ -24,16 +24,22 @@
 //! (queued prefill work is charged so a cold prefill does not queue behind
 //! another one). Every backend within `placement_tolerance` x the prefix's
 //! own blocks of the lowest cost counts as equally good, and among those the
-//! one with the lowest recent share of requests (decayed like the pressure)
-//! wins: while prefixes arrive roughly in popularity order (a popular one is
-//! seen first), that deals them out like a snake draft, so the backends end
-//! up with about as many prefixes *and* as much traffic each. Remaining ties
-//! go to the first in the ring's walk from the prefix key, so equal fleets
-//! agree. A placement is remembered by
-//! prefix key in a small direct-mapped table: a request for the same key
-//! that finds no fresh match while the first is still prefilling there (or
-//! within a few decisions per backend of it, before its blocks are
-//! published) follows it instead of starting a second cold copy elsewhere.
+//! one with the lowest **expected load** wins: the summed popularity of the
+//! prefixes homed there now ([`home`](super::home)). That deals new prefixes
+//! out like a snake draft while they arrive roughly in popularity order, and
+//! a prefix that returns after an eviction, its popularity known, goes where
+//! it evens the loads most (LPT); the rebalancer
+//! ([`rebalance`](super::rebalance)) corrects what placement got wrong.
+//! Remaining ties go to the first in the ring's walk from the prefix key, so
+//! equal fleets agree. The placement becomes the prefix's home: a request
+//! for the same key that finds no fresh match while the first is still
+//! prefilling there (or within a few decisions per backend of it, before its
+//! blocks are published) follows it instead of starting a second cold copy
+//! elsewhere.
+//!
+//! All of it (pressure, homes, loads, moves) sits behind one lock taken once
+//! per decision: it is per router (several replicas each keep their own; use
+//! `cold_placement: ring` there).
 
 use super::home::{Home, Homes};
 use super::ring::Ring;
@@ -138,7 +144,7 @@ impl State {
         tolerance: f64,
     ) -> Option<(usize, Placed)> {
         if let Some(h) = self.homes.get(key) {
-            if usable(h.backend as usize) && self.following(&h, loads) {
+            if usable(h.backend as usize) && (h.reserved || self.following(&h, loads)) {
                 return Some((h.backend as usize, Placed::Remembered));
             }
         }
@@ -180,6 +186,19 @@ impl State {
         if moved {
             self.last_move = Some(seq);
             self.moves += 1;
+        }
+    }
+
+    /// A rebalancing move of `key` from `from` to `to`, with a swap: the
+    /// least popular prefix homed on `to` (the likeliest that the moved
+    /// one's blocks evict there) is reserved on `from`, whose room the moved
+    /// prefix's stale copy frees as it ages out, so the eviction does not
+    /// cascade through cold placement.
+    pub(crate) fn move_home(&mut self, key: u64, from: usize, to: usize) {
+        let swap = self.homes.least_popular(to, key);
+        self.set_home(key, to, true);
+        if let Some(j) = swap {
+            self.homes.reserve(j, from, self.seq);
         }
     }
 

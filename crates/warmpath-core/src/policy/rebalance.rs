@@ -24,14 +24,25 @@
 //!   an estimate worth acting on, and it has not just moved), the fleet has
 //!   seen `10 n` requests, and the last move was `2 n` decisions ago.
 //!
+//! A move swaps: the least popular prefix homed on `t` (the likeliest
+//! victim of the moved blocks there) is reserved on `h`, whose room the
+//! moved prefix's stale copy frees, so its next cold request goes there
+//! instead of cascading through cold placement (a warm one still goes where
+//! it is cached).
+//!
 //! The next requests of a moved prefix follow it while its first request
 //! there prefills (as a cold placement's do), and a copy left off its home
 //! is charged as uncached in the miss term, so the stale copy is not chosen
-//! over the new home once both hold it.
+//! over the new home once both hold it (nor over a home that LRU trimmed
+//! by at most an eighth). A prefix changes home otherwise only when its
+//! home lost it (the request went where the cost said, and it lives there
+//! now) — not when the home's agent is merely stale.
 
 use super::home::Home;
+use super::kv::KvAware;
 use super::place::State;
-use super::BackendLoad;
+use super::{least_loaded, BackendLoad, Decision, DecisionKind, PolicyError, RouteInput};
+use rand::RngCore;
 
 /// Which gaps [`State::propose_move`] acts on (module docs).
 #[derive(Clone, Copy, Debug)]
@@ -92,12 +103,96 @@ impl State {
     }
 }
 
+impl KvAware {
+    /// A warm request under `pressure` placement: follows a moved prefix
+    /// while it prefills at its new home, else the cheapest backend (the
+    /// home favoured over stale copies), and possibly moves the prefix to
+    /// even the expected loads (see [`rebalance`](super::rebalance)).
+    pub(super) fn pick_homed(
+        &self,
+        input: &RouteInput<'_>,
+        matched: &[u32],
+        best_match: u32,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let key = input.prefix_key;
+        let chain = input.chain_blocks.max(best_match);
+        let usable = |i: usize| self.usable(loads, i);
+        let mut s = self.placer.lock();
+        let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
+        let at = |h: &Home| h.backend as usize;
+        if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
+            if s.following(&h, loads) {
+                let b = at(&h);
+                s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
+                return Ok(Decision {
+                    backend: b,
+                    kind: DecisionKind::Spill,
+                    matched_blocks: matched[b],
+                });
+            }
+        }
+        // The home holds it (LRU may have trimmed a few of its last blocks
+        // there: it writes them back rather than hand the prefix to a copy).
+        let holding = home.filter(|h| u64::from(matched[at(h)]) * 8 >= u64::from(best_match) * 7);
+        // Its agent's view is stale: it may well hold it; decide nothing.
+        let stale = home.is_some_and(|h| {
+            let slot = self.slots[at(&h)];
+            input
+                .matches
+                .and_then(|m| m.of(slot))
+                .is_some_and(|w| !w.fresh)
+        });
+        let Some((mut m, mut backend)) =
+            self.cheapest(chain, matched, loads, holding.as_ref().map(at), rng)
+        else {
+            let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
+            s.record(
+                key,
+                backend,
+                input.chain_blocks.saturating_sub(matched[backend]),
+            );
+            return Ok(Decision {
+                backend,
+                kind: DecisionKind::LeastOutstanding,
+                matched_blocks: matched[backend],
+            });
+        };
+        match (holding, &self.rebalance) {
+            (Some(h), Some(rb)) if at(&h) == backend && m == best_match => {
+                if let Some(t) = s.propose_move(rb, &h, loads, usable) {
+                    s.move_home(key, at(&h), t);
+                    (m, backend) = (matched[t], t);
+                }
+            }
+            // Its home lost it (or it had none): it lives where it went.
+            (None, _) if !stale && home.is_none_or(|h| at(&h) != backend) => {
+                s.set_home(key, backend, false);
+            }
+            _ => {}
+        }
+        s.record(key, backend, input.chain_blocks.saturating_sub(m));
+        Ok(Decision {
+            backend,
+            kind: if m == best_match {
+                DecisionKind::KvMatch
+            } else {
+                DecisionKind::Spill
+            },
+            matched_blocks: m,
+        })
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::index::{MatchResult, WorkerMatch};
     use crate::policy::place::Placer;
     use crate::policy::test_util::*;
+    use crate::policy::{Policy, PolicyConfig};
 
     const RB: Rebalance = Rebalance {
         slack: 0.1,
@@ -108,7 +203,11 @@ mod tests {
     /// requests, 100 decisions ago: expected loads 70 / 20 / 10.
     fn skewed() -> Placer {
         let p = Placer::new(&backends(3), 1e5);
-        let mut s = p.lock();
+        skew(&mut p.lock());
+        p
+    }
+
+    fn skew(s: &mut State) {
         for (key, at, reqs) in [(1u64, 0usize, 40), (2, 0, 30), (3, 1, 20), (4, 2, 10)] {
             s.set_home(key, at, false);
             for _ in 0..reqs {
@@ -116,8 +215,138 @@ mod tests {
             }
         }
         s.seq += 100;
-        drop(s);
+    }
+
+    /// `kv_aware` over 3 backends in the state of [`skewed`].
+    fn skewed_kv(rebalance_slack: Option<f64>) -> KvAware {
+        let mut cfg = PolicyConfig::default();
+        cfg.kv.pressure_window = 1e5;
+        cfg.kv.rebalance_slack = rebalance_slack;
+        let p = KvAware::new(&cfg, &backends(3));
+        skew(&mut p.placer.lock());
         p
+    }
+
+    /// A 50-block request of `key` that `holders` hold whole.
+    fn req<'a>(key: u64, holders: &[u16], m: &'a mut MatchResult) -> RouteInput<'a> {
+        let list: Vec<(u16, u32, bool)> = holders.iter().map(|&s| (s, 50, true)).collect();
+        req_with(key, &list, m)
+    }
+
+    /// A 50-block request of `key`; `list` is (slot, blocks, fresh).
+    fn req_with<'a>(key: u64, list: &[(u16, u32, bool)], m: &'a mut MatchResult) -> RouteInput<'a> {
+        m.chain_len = 50;
+        m.workers = list
+            .iter()
+            .map(|&(slot, blocks, fresh)| WorkerMatch {
+                slot,
+                blocks,
+                gpu_blocks: blocks,
+                fresh,
+            })
+            .collect();
+        let m: &'a MatchResult = m;
+        RouteInput {
+            prefix_key: key,
+            chain_blocks: 50,
+            matches: Some(m),
+        }
+    }
+
+    #[test]
+    fn a_prefix_changes_home_only_when_its_home_lost_it() {
+        let p = skewed_kv(Some(0.1));
+        let loads = idle(3);
+        let mut m = MatchResult::default();
+        let home = |p: &KvAware| p.placer.lock().home(3).unwrap().backend;
+        // Key 3 lives on 1. LRU trimmed 5 of its blocks there, a copy on 0
+        // is whole: 1 writes them back.
+        let d = p
+            .pick(
+                &req_with(3, &[(1, 45, true), (0, 50, true)], &mut m),
+                &loads,
+                &mut rng(),
+            )
+            .unwrap();
+        assert_eq!(
+            (d.backend, d.kind, d.matched_blocks),
+            (1, DecisionKind::Spill, 45)
+        );
+        // 1's agent is stale: the request goes to the copy, the home stays.
+        let d = p
+            .pick(
+                &req_with(3, &[(1, 50, false), (0, 50, true)], &mut m),
+                &loads,
+                &mut rng(),
+            )
+            .unwrap();
+        assert_eq!((d.backend, home(&p)), (0, 1));
+        // 1 lost it (fresh, no block): it lives on 0 now.
+        let d = p.pick(&req(3, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!((d.backend, home(&p)), (0, 0));
+        assert_eq!(p.placer.lock().moves, 0);
+    }
+
+    #[test]
+    fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
+        let p = skewed_kv(Some(0.1));
+        let mut loads = idle(3);
+        let mut m = MatchResult::default();
+        // Key 2 (30 of 100) is cached on backend 0 (70): it moves to 2 (10).
+        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!(
+            (d.backend, d.kind, d.matched_blocks),
+            (2, DecisionKind::Spill, 0)
+        );
+        // While that request prefills there, the next one follows it
+        // instead of going back to the copy on 0.
+        loads[2].pending_prefill_blocks = 50;
+        loads[2].in_flight = 1;
+        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!((d.backend, d.kind), (2, DecisionKind::Spill));
+        // Once 2 holds it, 2 keeps it although it is busier: the stale copy
+        // on 0 pays the miss charge, and no other move follows.
+        loads[2].pending_prefill_blocks = 0;
+        loads[2].in_flight = 3;
+        for _ in 0..20 {
+            let d = p
+                .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+                .unwrap();
+            assert_eq!((d.backend, d.kind), (2, DecisionKind::KvMatch));
+        }
+        assert_eq!(p.placer.lock().moves, 1);
+        // The swap: key 4, the least popular on 2, is reserved on 0; its
+        // next cold request goes there although 0 is the busiest.
+        let k4 = p.placer.lock().home(4).unwrap();
+        assert!(k4.reserved && !k4.moved && k4.backend == 0, "{k4:?}");
+        let d = p.pick(&req(4, &[], &mut m), &idle(3), &mut rng()).unwrap();
+        assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
+        assert!(!p.placer.lock().home(4).unwrap().reserved);
+        // Without rebalancing nothing moves: the home keeps it.
+        let off = skewed_kv(None);
+        let d = off
+            .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+            .unwrap();
+        assert_eq!(d.backend, 0);
+        let d = off
+            .pick(&req(2, &[0], &mut m), &idle(3), &mut rng())
+            .unwrap();
+        assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+    }
+
+    #[test]
+    fn a_prefix_still_prefilling_is_never_moved() {
+        let p = skewed_kv(Some(0.1));
+        let mut loads = idle(3);
+        let mut m = MatchResult::default();
+        // Key 2's home (0, overloaded) holds none of it yet: its first
+        // request there is prefilling. Its next one follows, it is not moved.
+        loads[0].pending_prefill_blocks = 50;
+        for _ in 0..5 {
+            let d = p.pick(&req(2, &[], &mut m), &loads, &mut rng()).unwrap();
+            assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
+        }
+        assert_eq!(p.placer.lock().moves, 0);
     }
 
     #[test]
