@@ -590,6 +590,30 @@ async fn models_health_metrics_and_invocations() {
         assert!(text.contains(name), "{name} missing from /metrics");
     }
     assert!(text.contains("decision=\"prefix_hash\""), "{text}");
+    // The series are registered when the pool is built: check they count.
+    let value = |series: &str, label: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series) && l.contains(label))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        value("warmpath_upstream_first_byte_seconds_count", "pool=") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        value("warmpath_router_overhead_seconds_count", "phase=\"parse\"") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        value("warmpath_router_overhead_seconds_count", "phase=\"pick\"") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        value("warmpath_matched_blocks_count", "pool=") >= 2.0,
+        "{text}"
+    );
     assert_eq!(
         get_url(&c, &r.url("/nowhere")).await.error(404)["code"],
         "not_found"

@@ -2,6 +2,7 @@
 //! `POST /v1/completions`, `POST /invocations`, `GET /v1/models`, `GET /health`.
 
 use crate::error::ApiError;
+use crate::metrics::Phase;
 use crate::pool::Target;
 use crate::proxy::{self, Outgoing};
 use crate::route::{self, Hashing};
@@ -126,7 +127,10 @@ fn prepare(
         .resolve(&req.model)
         .ok_or_else(|| ApiError::unknown_model(&req.model))?;
     let tenant = req.tenant(tenant_header(headers)?)?;
-    metrics::histogram!("warmpath_router_overhead_seconds", "phase" => "parse")
+    target
+        .pool
+        .metrics
+        .overhead(Phase::Parse)
         .record(started.elapsed().as_secs_f64());
     let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
     let body = match (&plan.tenant, s.settings.forward_cache_salt) {
@@ -179,7 +183,10 @@ fn prepare_raw(s: &Shared, headers: &HeaderMap, raw: &Bytes) -> Result<route::Pl
     let tenant = tenant_header(headers)?
         .map(|h| TenantId::parse(h, TenantSource::Header))
         .transpose()?;
-    metrics::histogram!("warmpath_router_overhead_seconds", "phase" => "parse")
+    target
+        .pool
+        .metrics
+        .overhead(Phase::Parse)
         .record(started.elapsed().as_secs_f64());
     Ok(route::plan_raw(target, tenant, &model, raw))
 }

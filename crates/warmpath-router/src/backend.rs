@@ -15,7 +15,6 @@ use std::sync::Arc;
 use warmpath_core::WorkerSlot;
 
 /// Live state of one backend.
-#[derive(Debug)]
 pub struct Backend {
     /// Worker id (the agent's id; `x-warmpath-backend`).
     pub id: String,
@@ -23,14 +22,27 @@ pub struct Backend {
     pub url: BackendUrl,
     /// Slot in the pool's cache index.
     pub slot: WorkerSlot,
-    /// The pool's model, for metric labels.
-    model: String,
+    /// `warmpath_backend_in_flight` of this backend.
+    in_flight_gauge: metrics::Gauge,
     in_flight: AtomicU32,
     pending_prefill: AtomicU64,
     consecutive_failures: AtomicU32,
     ejected: AtomicBool,
     configured_adapters: BTreeSet<String>,
     learned_adapters: RwLock<BTreeSet<String>>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("id", &self.id)
+            .field("url", &self.url)
+            .field("slot", &self.slot)
+            .field("in_flight", &self.in_flight)
+            .field("pending_prefill", &self.pending_prefill)
+            .field("ejected", &self.ejected)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Backend {
@@ -40,7 +52,7 @@ impl Backend {
             id: cfg.id().to_owned(),
             url,
             slot,
-            model: model.to_owned(),
+            in_flight_gauge: crate::metrics::backend_in_flight(model, cfg.id()),
             in_flight: AtomicU32::new(0),
             pending_prefill: AtomicU64::new(0),
             consecutive_failures: AtomicU32::new(0),
@@ -113,8 +125,7 @@ impl Backend {
     }
 
     fn gauge(&self, n: u32) {
-        metrics::gauge!("warmpath_backend_in_flight", "pool" => self.model.clone(), "backend" => self.id.clone())
-            .set(f64::from(n));
+        self.in_flight_gauge.set(f64::from(n));
     }
 }
 

@@ -19,7 +19,9 @@ use crate::state::Shared;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -91,6 +93,91 @@ fn describe() {
         "warmpath_stale_workers",
         "Workers whose agent is silent past the deadline"
     );
+}
+
+/// A phase of `warmpath_router_overhead_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading the body's JSON, resolving the pool and the tenant.
+    Parse,
+    /// Rendering and tokenizing.
+    Tokenize,
+    /// Block hashing.
+    Hash,
+    /// The index match.
+    Lookup,
+    /// The policy's pick.
+    Pick,
+}
+
+impl Phase {
+    const ALL: [Phase; 5] = [
+        Phase::Parse,
+        Phase::Tokenize,
+        Phase::Hash,
+        Phase::Lookup,
+        Phase::Pick,
+    ];
+
+    /// The `phase` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Parse => "parse",
+            Phase::Tokenize => "tokenize",
+            Phase::Hash => "hash",
+            Phase::Lookup => "lookup",
+            Phase::Pick => "pick",
+        }
+    }
+}
+
+/// A pool's per-request series, registered once when the pool is built:
+/// finding a series by its labels costs more than updating it, and a request
+/// updates up to eight. Built before the recorder is installed, the handles
+/// record nothing (as the macros would).
+#[derive(Clone)]
+pub struct PoolMetrics {
+    /// `warmpath_matched_blocks{pool}`.
+    pub matched_blocks: Histogram,
+    /// `warmpath_predicted_cached_tokens_total{pool}`.
+    pub predicted_tokens: Counter,
+    /// `warmpath_upstream_first_byte_seconds{pool}`.
+    pub first_byte: Histogram,
+    overhead: [Histogram; 5],
+}
+
+impl PoolMetrics {
+    /// Registers the series of pool `model`.
+    pub fn new(model: &str) -> Self {
+        PoolMetrics {
+            matched_blocks: metrics::histogram!("warmpath_matched_blocks", "pool" => model.to_owned()),
+            predicted_tokens: metrics::counter!(
+                "warmpath_predicted_cached_tokens_total", "pool" => model.to_owned()
+            ),
+            first_byte: metrics::histogram!(
+                "warmpath_upstream_first_byte_seconds", "pool" => model.to_owned()
+            ),
+            overhead: Phase::ALL.map(
+                |p| metrics::histogram!("warmpath_router_overhead_seconds", "phase" => p.label()),
+            ),
+        }
+    }
+
+    /// `warmpath_router_overhead_seconds{phase}`.
+    pub fn overhead(&self, phase: Phase) -> &Histogram {
+        &self.overhead[phase as usize]
+    }
+}
+
+impl fmt::Debug for PoolMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolMetrics").finish_non_exhaustive()
+    }
+}
+
+/// `warmpath_backend_in_flight{pool, backend}`.
+pub fn backend_in_flight(model: &str, backend: &str) -> Gauge {
+    metrics::gauge!("warmpath_backend_in_flight", "pool" => model.to_owned(), "backend" => backend.to_owned())
 }
 
 /// Installs the Prometheus recorder on first call; `None` when another

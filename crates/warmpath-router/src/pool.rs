@@ -9,6 +9,7 @@ use crate::backend::Backend;
 use crate::config::{BackendUrl, PoolConfig};
 use crate::error::RouterError;
 use crate::hot::HotChains;
+use crate::metrics::PoolMetrics;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +59,8 @@ pub struct Pool {
     pub backends: Vec<Arc<Backend>>,
     /// Warmest prefix chains routed here.
     pub hot: HotChains,
+    /// The per-request metric series of this pool.
+    pub metrics: PoolMetrics,
     policy: RwLock<Arc<PolicyState>>,
 }
 
@@ -99,6 +102,7 @@ impl Pool {
             prefix,
             backends,
             hot: HotChains::default(),
+            metrics: PoolMetrics::new(&model),
             policy: RwLock::new(Arc::new(PolicyState {
                 strategy: Strategy::Random,
                 config: PolicyConfig::default(),

@@ -15,6 +15,7 @@
 
 use crate::backend::FlightGuard;
 use crate::error::ApiError;
+use crate::pool::Pool;
 use crate::route::{self, Plan};
 use crate::state::Shared;
 use axum::body::Body;
@@ -62,10 +63,10 @@ pub struct Outgoing<'a> {
 }
 
 /// Counts a finished routing attempt in `warmpath_requests_total`.
-pub fn count(pool: &str, strategy: &str, decision: &str, status: StatusCode) {
+pub fn count(pool: &str, strategy: &'static str, decision: &'static str, status: StatusCode) {
     metrics::counter!("warmpath_requests_total",
-        "pool" => pool.to_owned(), "strategy" => strategy.to_owned(),
-        "decision" => decision.to_owned(), "status" => status.as_u16().to_string())
+        "pool" => pool.to_owned(), "strategy" => strategy,
+        "decision" => decision, "status" => status.as_u16().to_string())
     .increment(1);
 }
 
@@ -139,16 +140,16 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 let status = resp.status();
                 count(&pool.model, strategy, decision.kind.as_str(), status);
                 let matched = u64::from(decision.matched_blocks);
-                metrics::histogram!("warmpath_matched_blocks", "pool" => pool.model.clone())
-                    .record(matched as f64);
-                metrics::counter!("warmpath_predicted_cached_tokens_total", "pool" => pool.model.clone())
+                pool.metrics.matched_blocks.record(matched as f64);
+                pool.metrics
+                    .predicted_tokens
                     .increment(matched * pool.block_size as u64);
                 if !plan.hashes.is_empty() {
                     pool.hot.record(&plan.hashes, &backend.id);
                 }
                 tracing::debug!(pool = %pool.model, backend = %backend.id,
                     decision = decision.kind.as_str(), matched, %status, "proxied");
-                return respond(resp, guard, sent, &pool.model, &decision);
+                return respond(resp, guard, sent, pool, &decision);
             }
             Err(e) if e.is_connect() => {
                 drop(guard);
@@ -177,7 +178,7 @@ fn respond(
     resp: hyper::Response<Incoming>,
     guard: FlightGuard,
     sent: Instant,
-    pool: &str,
+    pool: &Arc<Pool>,
     decision: &Decision,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
@@ -194,7 +195,7 @@ fn respond(
         first: true,
         sse,
         done: false,
-        pool: pool.to_owned(),
+        pool: Arc::clone(pool),
     };
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
@@ -217,7 +218,7 @@ pub struct TrackedBody {
     first: bool,
     sse: bool,
     done: bool,
-    pool: String,
+    pool: Arc<Pool>,
 }
 
 impl HttpBody for TrackedBody {
@@ -238,14 +239,16 @@ impl HttpBody for TrackedBody {
                 if this.first && frame.is_data() {
                     this.first = false;
                     this.guard.first_byte();
-                    metrics::histogram!("warmpath_upstream_first_byte_seconds", "pool" => this.pool.clone())
+                    this.pool
+                        .metrics
+                        .first_byte
                         .record(this.sent.elapsed().as_secs_f64());
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
                 let backend = &this.guard.backend().id;
-                tracing::warn!(pool = %this.pool, %backend, error = %e, "backend failed mid-response");
+                tracing::warn!(pool = %this.pool.model, %backend, error = %e, "backend failed mid-response");
                 if this.sse {
                     this.done = true;
                     let err = ApiError::upstream(format!(

@@ -7,6 +7,7 @@
 //! Each phase is timed into `warmpath_router_overhead_seconds{phase}`.
 
 use crate::error::ApiError;
+use crate::metrics::Phase;
 use crate::pool::{PolicyState, Pool, Target};
 use crate::AgentLoads;
 use std::sync::Arc;
@@ -43,9 +44,10 @@ pub enum Hashing {
     Always,
 }
 
-fn observe(phase: &'static str, since: Instant) -> Instant {
+fn observe(pool: &Pool, phase: Phase, since: Instant) -> Instant {
     let now = Instant::now();
-    metrics::histogram!("warmpath_router_overhead_seconds", "phase" => phase)
+    pool.metrics
+        .overhead(phase)
         .record(now.duration_since(since).as_secs_f64());
     now
 }
@@ -78,7 +80,7 @@ pub fn plan(
             (Some(ids), _) => Some(ids),
             (None, Some(tok)) => {
                 owned = tok.encode_request(req)?;
-                t = observe("tokenize", t);
+                t = observe(&pool, Phase::Tokenize, t);
                 Some(owned.as_slice())
             }
             (None, None) => None,
@@ -90,14 +92,20 @@ pub fn plan(
                 tenant.as_ref().map_or("", TenantId::as_str),
             );
             ChainHasher::new(seed, pool.block_size).extend(ids, &mut hashes);
-            t = observe("hash", t);
+            t = observe(&pool, Phase::Hash, t);
             matches = Some(pool.index.longest_match(&hashes));
-            observe("lookup", t);
+            observe(&pool, Phase::Lookup, t);
         }
     }
-    let prefix_key = pool
-        .prefix
-        .key_for_request(&req.model, tenant.as_ref(), req);
+    // Only prefix_aware and kv_aware read the key (and inspection shows it).
+    let keyed = hashing == Hashing::Always
+        || matches!(policy.strategy, Strategy::PrefixAware | Strategy::KvAware);
+    let prefix_key = if keyed {
+        pool.prefix
+            .key_for_request(&req.model, tenant.as_ref(), req)
+    } else {
+        PrefixKey(0)
+    };
     Ok(Plan {
         target,
         tenant,
@@ -162,7 +170,7 @@ pub fn pick(
         matches: plan.matches.as_ref(),
     };
     let res = plan.policy.policy.pick(&input, &loads, &mut rand::rng());
-    observe("pick", t);
+    observe(pool, Phase::Pick, t);
     match res {
         Ok(d) if d.backend < pool.backends.len() => Ok(d),
         Ok(d) => Err(ApiError::internal(format!(
