@@ -122,7 +122,7 @@ struct CompareArgs {
     /// kv_aware: move a prefix off a backend whose expected load exceeds
     /// the mean by more than this fraction (the router's
     /// `kv.rebalance_slack`); `off` disables it.
-    #[arg(long, default_value = "0.12")]
+    #[arg(long, default_value = "0.11")]
     rebalance_slack: String,
     /// kv_aware: decisions per backend over which cache pressure decays
     /// (the router's `kv.pressure_window`).
@@ -490,7 +490,7 @@ struct ScaleArgs {
     /// kv_aware: move a prefix off a backend whose expected load exceeds
     /// the mean by more than this fraction (the router's
     /// `kv.rebalance_slack`); `off` disables it.
-    #[arg(long, default_value = "0.12")]
+    #[arg(long, default_value = "0.11")]
     rebalance_slack: String,
     /// Write the reports as JSON here.
     #[arg(long)]

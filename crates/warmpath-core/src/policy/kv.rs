@@ -30,7 +30,7 @@
 //! Under `pressure` placement each prefix also has a **home** (where it was
 //! placed or last moved): a copy elsewhere pays the miss charge on its whole
 //! chain, so the home keeps the prefix unless its queue is a full prefill
-//! longer, and with `kv.rebalance_slack` (default 0.12) a prefix whose
+//! longer, and with `kv.rebalance_slack` (default 0.11) a prefix whose
 //! popularity fits the gap moves from a backend above the mean expected load
 //! to the least loaded one (see [`rebalance`](super::rebalance)): below
 //! saturation that, not the in-flight bounds, is what evens the traffic.
@@ -93,9 +93,9 @@ pub struct KvConfig {
     /// than this fraction hands one prefix whose popularity fits the gap to
     /// the least loaded backend — a move, not a copy (see
     /// [`rebalance`](super::rebalance)). 0..=10; `None` turns it off.
-    /// Default 0.12: on `long` with 7 instances 0.10 evened the shares but
-    /// cost hit rate, 0.15 kept hit rate and left them uneven
-    /// (BENCHMARKS.md).
+    /// Default 0.11: on `long` with 7 instances 0.10 evened the shares but
+    /// cost hit rate, 0.12 and 0.15 kept hit rate and left them uneven, 0.11
+    /// came closest to both (BENCHMARKS.md).
     pub rebalance_slack: Option<f64>,
 }
 
@@ -121,7 +121,7 @@ impl Default for KvConfig {
             cold_placement: ColdPlacement::Pressure,
             pressure_window: 200.0,
             placement_tolerance: 1.0,
-            rebalance_slack: Some(0.12),
+            rebalance_slack: Some(0.11),
         }
     }
 }
