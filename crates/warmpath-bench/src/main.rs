@@ -13,7 +13,7 @@ use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, EventForm, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
 use warmpath_bench::workload::{self, WorkloadKind, WorkloadSpec};
-use warmpath_core::policy::ColdPlacement;
+use warmpath_core::policy::{ColdPlacement, KvConfig};
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
 
@@ -97,33 +97,10 @@ struct CompareArgs {
     /// The router's CHWBL load bound (prefix_aware, kv_aware's cold fallback).
     #[arg(long, default_value_t = 1.25)]
     load_factor: f64,
-    /// kv_aware: cost of one request in flight, in blocks.
-    #[arg(long, default_value_t = 2.0)]
-    decode_weight: f64,
-    /// kv_aware: weight of a prefill block still to compute.
-    #[arg(long, default_value_t = 1.0)]
-    prefill_weight: f64,
     /// kv_aware: bound each backend's recent share at (1 + SLACK) x even
     /// (the router's `kv.share_slack`; off when not given).
     #[arg(long)]
     share_slack: Option<f64>,
-    /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`
-    /// (the router's `kv.cold_placement`).
-    #[arg(long, default_value = "pressure")]
-    cold_placement: String,
-    /// kv_aware: extra cost of a block the backend does not hold (the
-    /// router's `kv.miss_weight`).
-    #[arg(long, default_value_t = 1.0)]
-    miss_weight: f64,
-    /// kv_aware: cold placement's tolerance, in prefix lengths (the
-    /// router's `kv.placement_tolerance`).
-    #[arg(long, default_value_t = 1.0)]
-    placement_tolerance: f64,
-    /// kv_aware: move a prefix off a backend whose expected load exceeds
-    /// the mean by more than this fraction (the router's
-    /// `kv.rebalance_slack`); `off` disables it.
-    #[arg(long, default_value = "0.11")]
-    rebalance_slack: String,
     /// kv_aware: decisions per backend over which cache pressure decays
     /// (the router's `kv.pressure_window`).
     #[arg(long, default_value_t = 200.0)]
@@ -156,6 +133,8 @@ struct CompareArgs {
     quiet: bool,
     #[command(flatten)]
     sim: EngineArgs,
+    #[command(flatten)]
+    kv: KvArgs,
 }
 
 #[derive(Args, Debug)]
@@ -234,13 +213,8 @@ impl CompareArgs {
             load_factor: self.load_factor,
             ..Default::default()
         };
-        router.kv.decode_weight = self.decode_weight;
-        router.kv.prefill_weight = self.prefill_weight;
+        self.kv.apply(&mut router.kv)?;
         router.kv.share_slack = self.share_slack;
-        router.kv.cold_placement = parse_cold_placement(&self.cold_placement)?;
-        router.kv.miss_weight = self.miss_weight;
-        router.kv.placement_tolerance = self.placement_tolerance;
-        router.kv.rebalance_slack = parse_slack(&self.rebalance_slack)?;
         router.kv.pressure_window = self.pressure_window;
         Ok(CompareConfig {
             instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
@@ -458,9 +432,6 @@ struct ScaleArgs {
     /// The policies' CHWBL load bound.
     #[arg(long, default_value_t = 1.25)]
     load_factor: f64,
-    /// kv_aware: cost of one request in flight, in blocks.
-    #[arg(long, default_value_t = 2.0)]
-    decode_weight: f64,
     /// Print each instance's share of the requests (fleets up to 64).
     #[arg(long)]
     shares: bool,
@@ -468,33 +439,15 @@ struct ScaleArgs {
     /// ShareBounded around any strategy; the router's `kv.share_slack`).
     #[arg(long)]
     share_slack: Option<f64>,
-    /// kv_aware: where a prefix no instance holds goes, `pressure` or `ring`
-    /// (the router's `kv.cold_placement`).
-    #[arg(long, default_value = "pressure")]
-    cold_placement: String,
     /// kv_aware: decisions per instance over which cache pressure decays
     /// (the router's `kv.pressure_window`).
     #[arg(long)]
     pressure_window: Option<f64>,
-    /// kv_aware: weight of a prefill block still to compute.
-    #[arg(long, default_value_t = 1.0)]
-    prefill_weight: f64,
-    /// kv_aware: extra cost of a block the instance does not hold (the
-    /// router's `kv.miss_weight`).
-    #[arg(long, default_value_t = 1.0)]
-    miss_weight: f64,
-    /// kv_aware: cold placement's tolerance, in prefix lengths (the
-    /// router's `kv.placement_tolerance`).
-    #[arg(long, default_value_t = 1.0)]
-    placement_tolerance: f64,
-    /// kv_aware: move a prefix off a backend whose expected load exceeds
-    /// the mean by more than this fraction (the router's
-    /// `kv.rebalance_slack`); `off` disables it.
-    #[arg(long, default_value = "0.11")]
-    rebalance_slack: String,
     /// Write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    kv: KvArgs,
 }
 
 #[derive(Args, Debug)]
@@ -523,6 +476,47 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
     list.split(',')
         .map(|s| s.trim().parse::<Strategy>().map_err(anyhow::Error::from))
         .collect()
+}
+
+/// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`).
+#[derive(Args, Debug)]
+struct KvArgs {
+    /// kv_aware: cost of one request in flight, in blocks.
+    #[arg(long, default_value_t = 2.0)]
+    decode_weight: f64,
+    /// kv_aware: weight of a prefill block still to compute.
+    #[arg(long, default_value_t = 1.0)]
+    prefill_weight: f64,
+    /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`
+    /// (the router's `kv.cold_placement`).
+    #[arg(long, default_value = "pressure")]
+    cold_placement: String,
+    /// kv_aware: extra cost of a block the backend does not hold (the
+    /// router's `kv.miss_weight`).
+    #[arg(long, default_value_t = 1.0)]
+    miss_weight: f64,
+    /// kv_aware: cold placement's tolerance, in prefix lengths (the
+    /// router's `kv.placement_tolerance`).
+    #[arg(long, default_value_t = 1.0)]
+    placement_tolerance: f64,
+    /// kv_aware: move a prefix off a backend whose expected load exceeds
+    /// the mean by more than this fraction (the router's
+    /// `kv.rebalance_slack`); `off` disables it.
+    #[arg(long, default_value = "0.11")]
+    rebalance_slack: String,
+}
+
+impl KvArgs {
+    /// Sets these knobs in `kv`.
+    fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
+        kv.decode_weight = self.decode_weight;
+        kv.prefill_weight = self.prefill_weight;
+        kv.cold_placement = parse_cold_placement(&self.cold_placement)?;
+        kv.miss_weight = self.miss_weight;
+        kv.placement_tolerance = self.placement_tolerance;
+        kv.rebalance_slack = parse_slack(&self.rebalance_slack)?;
+        Ok(())
+    }
 }
 
 fn parse_cold_placement(s: &str) -> anyhow::Result<ColdPlacement> {
@@ -558,13 +552,8 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     };
     let mut cfg = cfg;
     cfg.policy.load_factor = a.load_factor;
-    cfg.policy.kv.decode_weight = a.decode_weight;
+    a.kv.apply(&mut cfg.policy.kv)?;
     cfg.share_slack = a.share_slack;
-    cfg.policy.kv.cold_placement = parse_cold_placement(&a.cold_placement)?;
-    cfg.policy.kv.prefill_weight = a.prefill_weight;
-    cfg.policy.kv.miss_weight = a.miss_weight;
-    cfg.policy.kv.placement_tolerance = a.placement_tolerance;
-    cfg.policy.kv.rebalance_slack = parse_slack(&a.rebalance_slack)?;
     if let Some(w) = a.pressure_window {
         cfg.policy.kv.pressure_window = w;
     }

@@ -344,17 +344,22 @@ impl Policy for KvAware {
                 matched_blocks: matched[backend],
             });
         };
-        // The deepest match won: kv_match. A shallower one (or none) won on
-        // load, or because the deeper holders were full: spill.
-        Ok(Decision {
-            backend,
-            kind: if m == best_match {
-                DecisionKind::KvMatch
-            } else {
-                DecisionKind::Spill
-            },
-            matched_blocks: m,
-        })
+        Ok(warm_decision(backend, m, best_match))
+    }
+}
+
+/// A pick among holders: kv_match when `backend` holds the deepest match
+/// (`m == best_match`); a shallower one (or none) won on load, or because
+/// the deeper holders were full or the prefix moved: spill.
+pub(super) fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
+    Decision {
+        backend,
+        kind: if m == best_match {
+            DecisionKind::KvMatch
+        } else {
+            DecisionKind::Spill
+        },
+        matched_blocks: m,
     }
 }
 

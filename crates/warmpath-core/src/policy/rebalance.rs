@@ -39,7 +39,7 @@
 //! now) — not when the home's agent is merely stale.
 
 use super::home::Home;
-use super::kv::KvAware;
+use super::kv::{warm_decision, KvAware};
 use super::place::State;
 use super::{least_loaded, BackendLoad, Decision, DecisionKind, PolicyError, RouteInput};
 use rand::RngCore;
@@ -173,15 +173,7 @@ impl KvAware {
             _ => {}
         }
         s.record(key, backend, input.chain_blocks.saturating_sub(m));
-        Ok(Decision {
-            backend,
-            kind: if m == best_match {
-                DecisionKind::KvMatch
-            } else {
-                DecisionKind::Spill
-            },
-            matched_blocks: m,
-        })
+        Ok(warm_decision(backend, m, best_match))
     }
 }
 
