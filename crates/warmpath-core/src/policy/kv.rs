@@ -367,7 +367,7 @@ pub(super) fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::index::{MatchResult, WorkerMatch};
+    use crate::index::MatchResult;
     use crate::policy::test_util::*;
 
     fn kv(n: usize, threshold: u32) -> KvAware {
@@ -376,21 +376,6 @@ mod tests {
             ..Default::default()
         };
         KvAware::new(&cfg, &backends(n))
-    }
-
-    fn matches(list: &[(u16, u32, bool)], chain: u32) -> MatchResult {
-        MatchResult {
-            workers: list
-                .iter()
-                .map(|&(slot, blocks, fresh)| WorkerMatch {
-                    slot,
-                    blocks,
-                    gpu_blocks: blocks,
-                    fresh,
-                })
-                .collect(),
-            chain_len: chain,
-        }
     }
 
     #[test]

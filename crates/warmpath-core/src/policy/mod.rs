@@ -354,6 +354,22 @@ pub(crate) mod test_util {
             .collect()
     }
 
+    /// A match of a `chain`-block request; `list` is (slot, blocks, fresh).
+    pub fn matches(list: &[(u16, u32, bool)], chain: u32) -> crate::index::MatchResult {
+        crate::index::MatchResult {
+            workers: list
+                .iter()
+                .map(|&(slot, blocks, fresh)| crate::index::WorkerMatch {
+                    slot,
+                    blocks,
+                    gpu_blocks: blocks,
+                    fresh,
+                })
+                .collect(),
+            chain_len: chain,
+        }
+    }
+
     pub fn idle(n: usize) -> Vec<BackendLoad> {
         vec![
             BackendLoad {

@@ -181,7 +181,7 @@ impl KvAware {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::index::{MatchResult, WorkerMatch};
+    use crate::index::MatchResult;
     use crate::policy::place::Placer;
     use crate::policy::test_util::*;
     use crate::policy::{Policy, PolicyConfig};
@@ -227,16 +227,7 @@ mod tests {
 
     /// A 50-block request of `key`; `list` is (slot, blocks, fresh).
     fn req_with<'a>(key: u64, list: &[(u16, u32, bool)], m: &'a mut MatchResult) -> RouteInput<'a> {
-        m.chain_len = 50;
-        m.workers = list
-            .iter()
-            .map(|&(slot, blocks, fresh)| WorkerMatch {
-                slot,
-                blocks,
-                gpu_blocks: blocks,
-                fresh,
-            })
-            .collect();
+        *m = matches(list, 50);
         let m: &'a MatchResult = m;
         RouteInput {
             prefix_key: key,
