@@ -110,6 +110,33 @@ async fn bare_proxy(backend: SocketAddr) -> SocketAddr {
     addr
 }
 
+/// The bare proxy's work behind axum (`axum::serve`, a `Router` with one
+/// POST route, the body read through axum's `Body`): what axum adds.
+async fn bare_axum_proxy(backend: SocketAddr) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_nodelay(true);
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(http);
+    let handler = move |body: axum::body::Body| {
+        let client = client.clone();
+        async move {
+            let body = body.collect().await.unwrap().to_bytes();
+            let up = hyper::Request::post(format!("http://{backend}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(body))
+                .unwrap();
+            let resp = client.request(up).await.unwrap();
+            resp.map(axum::body::Body::new)
+        }
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| tcp.set_nodelay(true).unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -191,7 +218,10 @@ async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_cor
         .unwrap();
     let direct_url = format!("http://{backend}/v1/chat/completions");
     let bare = std::env::args().any(|a| a == "--bare-proxy");
-    let routed_addr = if bare {
+    let bare_axum = std::env::args().any(|a| a == "--bare-axum");
+    let routed_addr = if bare_axum {
+        bare_axum_proxy(backend).await
+    } else if bare {
         bare_proxy(backend).await
     } else {
         router.http_addr
@@ -251,7 +281,13 @@ async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_cor
     routed.sort_by(f64::total_cmp);
     println!(
         "{} added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), strategy {}",
-        if bare { "bare hyper proxy" } else { "router" },
+        if bare_axum {
+            "bare axum proxy"
+        } else if bare {
+            "bare hyper proxy"
+        } else {
+            "router"
+        },
         body.len(),
         strategy.as_str()
     );

@@ -18,6 +18,7 @@
 mod cache;
 mod chat;
 mod files;
+pub mod native;
 mod presplit;
 mod pyfuncs;
 mod split;

@@ -2,6 +2,7 @@
 //! `apply_chat_template` as vLLM calls it.
 
 use super::files::SpecialTokens;
+use super::native::Native;
 use super::pyfuncs;
 use super::TokenizeError;
 use crate::request::{ChatBody, Message};
@@ -15,12 +16,16 @@ const NAME: &str = "chat";
 pub struct ChatTemplate {
     env: Environment<'static>,
     special: SpecialTokens,
+    /// Set when the source is a template rendered natively (see
+    /// [`super::native`]).
+    native: Option<Native>,
 }
 
 impl fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("special", &self.special)
+            .field("native", &self.native)
             .finish_non_exhaustive()
     }
 }
@@ -39,7 +44,25 @@ impl ChatTemplate {
         env.add_filter("tojson", pyfuncs::tojson);
         env.add_template_owned(NAME, source.to_owned())
             .map_err(TokenizeError::TemplateSyntax)?;
-        Ok(ChatTemplate { env, special })
+        let native = Native::recognize(source, &special);
+        Ok(ChatTemplate {
+            env,
+            special,
+            native,
+        })
+    }
+
+    /// Whether this is a well-known template rendered by native code (same
+    /// output as minijinja, without the template VM; see [`super::native`]).
+    pub fn is_native(&self) -> bool {
+        self.native.is_some()
+    }
+
+    /// The same template, always rendered by minijinja (to compare against).
+    #[cfg(test)]
+    pub(crate) fn without_native(mut self) -> Self {
+        self.native = None;
+        self
     }
 
     /// Renders a chat as vLLM does: each message's content reduced to a string
@@ -55,6 +78,22 @@ impl ChatTemplate {
                 "cannot be combined with add_generation_prompt=true",
             ));
         }
+        let rendered = match self.native.as_ref().and_then(|n| n.render(chat)) {
+            Some(text) => text,
+            None => self.render_jinja(chat)?,
+        };
+        if chat.continue_final_message {
+            let last = chat
+                .messages
+                .last()
+                .map(|m| m.content.text())
+                .unwrap_or_default();
+            return cut_after_final_message(rendered, &last);
+        }
+        Ok(rendered)
+    }
+
+    fn render_jinja(&self, chat: &ChatBody<'_>) -> Result<String, TokenizeError> {
         let messages: Vec<Value> = chat.messages.iter().map(template_message).collect();
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         if let Some(kw) = &chat.chat_template_kwargs {
@@ -82,16 +121,7 @@ impl ChatTemplate {
             }
         }
         let tmpl = self.env.get_template(NAME).map_err(TokenizeError::Render)?;
-        let rendered = tmpl.render(&ctx).map_err(TokenizeError::Render)?;
-        if chat.continue_final_message {
-            let last = chat
-                .messages
-                .last()
-                .map(|m| m.content.text())
-                .unwrap_or_default();
-            return cut_after_final_message(rendered, &last);
-        }
-        Ok(rendered)
+        tmpl.render(&ctx).map_err(TokenizeError::Render)
     }
 }
 
