@@ -171,16 +171,29 @@ impl Budget {
 
     /// Appends as much of `s` as the budget allows; true once the budget is spent.
     fn push(&mut self, s: &str) -> bool {
-        for (n, (i, _)) in s.char_indices().enumerate() {
-            if n == self.left {
+        // The byte offset of the first character over the budget, if any. A
+        // character is at least one byte, so a text no longer (in bytes) than
+        // the budget fits whole; when the budget's worth of bytes is ASCII,
+        // the cut is at that many bytes (no walk over the characters).
+        let cut = if s.len() <= self.left {
+            None
+        } else if s.as_bytes()[..self.left].is_ascii() {
+            Some(self.left)
+        } else {
+            s.char_indices().nth(self.left).map(|(i, _)| i)
+        };
+        match cut {
+            Some(i) => {
                 self.text.push_str(&s[..i]);
                 self.left = 0;
-                return true;
+                true
+            }
+            None => {
+                self.left -= s.chars().count();
+                self.text.push_str(s);
+                self.left == 0
             }
         }
-        self.left -= s.chars().count();
-        self.text.push_str(s);
-        self.left == 0
     }
 }
 
@@ -338,6 +351,20 @@ mod tests {
             system in "[a-zé日\n ]{0,1200}", user in "[a-z ]{0,300}", len in 1024usize..1400,
         ) {
             let p = PrefixExtractor::new(len).unwrap();
+            let layout = format!("system\n{system}\nuser\n{user}\n");
+            let want: String = layout.chars().take(len).collect();
+            prop_assert_eq!(text(p.extract(&req(&chat_body(&system, &user)))), want);
+        }
+
+        /// The same with mostly-ASCII text, where the cut is taken by bytes
+        /// (multi-byte characters just before, at and after the cut).
+        #[test]
+        fn ascii_cut_is_a_char_prefix_of_the_layout(
+            head in "[a-z\n ]{1000,1300}", wide in "[é日]{0,3}", rest in "[a-z ]{0,200}",
+            user in "[a-zé ]{0,300}", len in 1024usize..1400,
+        ) {
+            let p = PrefixExtractor::new(len).unwrap();
+            let system = format!("{head}{wide}{rest}");
             let layout = format!("system\n{system}\nuser\n{user}\n");
             let want: String = layout.chars().take(len).collect();
             prop_assert_eq!(text(p.extract(&req(&chat_body(&system, &user)))), want);
