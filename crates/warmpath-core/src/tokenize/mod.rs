@@ -15,6 +15,7 @@
 //! - [`tiny`]: a small, real, deterministically generated Llama-3-style
 //!   tokenizer for tests, the tiny engine, the simulator and the demo.
 
+mod ascii_split;
 mod cache;
 mod chat;
 mod files;

@@ -35,7 +35,7 @@
 //! the ids against the library on random text rich in white space, scripts,
 //! digits and symbols.
 
-use super::TokenizeError;
+use super::{ascii_split, TokenizeError};
 use dashmap::DashMap;
 use regex::Regex;
 use serde_json::Value;
@@ -51,11 +51,18 @@ const WORD_CACHE_MAX_LEN: usize = 64;
 
 /// Split patterns whose last alternatives are `\s+(?!\S)|\s+` and whose
 /// earlier alternatives never match white space alone (see the module docs).
-const KNOWN_PATTERNS: [&str; 2] = [
+/// Each with the most digits its `\p{N}` alternative takes.
+const KNOWN_PATTERNS: [(&str, usize); 2] = [
     // Llama 3, GPT-4 (cl100k).
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        3,
+    ),
     // Qwen 2 / 2.5 (single digits).
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        1,
+    ),
 ];
 
 const LOOKAHEAD: &str = r"|\s+(?!\S)";
@@ -83,6 +90,8 @@ pub(crate) fn byte_alphabet() -> [char; 256] {
 #[derive(Debug)]
 pub(crate) struct FastPieces {
     regex: Regex,
+    /// The pattern's `\p{N}{1,max_digits}`, for [`ascii_split`].
+    max_digits: usize,
     alphabet: [char; 256],
     /// Split text -> ids; `None` when the model is not deterministic per word.
     words: Option<DashMap<Box<str>, Box<[u32]>, Xxh3DefaultBuilder>>,
@@ -96,12 +105,13 @@ impl FastPieces {
             return None;
         }
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
-        let pattern = Self::recognise(&pre)?;
+        let (pattern, max_digits) = Self::recognise(&pre)?;
         let regex = Regex::new(&pattern.replacen(LOOKAHEAD, "", 1)).ok()?;
         let deterministic = matches!(tokenizer.get_model(),
             ModelWrapper::BPE(bpe) if bpe.dropout.is_none_or(|d| d == 0.0));
         Some(FastPieces {
             regex,
+            max_digits,
             alphabet: byte_alphabet(),
             words: deterministic.then(|| DashMap::with_hasher(Xxh3DefaultBuilder)),
             word_count: AtomicUsize::new(0),
@@ -110,7 +120,7 @@ impl FastPieces {
 
     /// The split pattern when `pre` is `Sequence[Split(known, Isolated),
     /// ByteLevel(add_prefix_space: false, use_regex: false)]`.
-    fn recognise(pre: &Value) -> Option<&'static str> {
+    fn recognise(pre: &Value) -> Option<(&'static str, usize)> {
         if pre.get("type")?.as_str()? != "Sequence" {
             return None;
         }
@@ -128,15 +138,23 @@ impl FastPieces {
             return None;
         }
         let pattern = split.get("pattern")?.get("Regex")?.as_str()?;
-        KNOWN_PATTERNS.into_iter().find(|&k| k == pattern)
+        KNOWN_PATTERNS.into_iter().find(|&(k, _)| k == pattern)
     }
 
     /// The splits of `text`, as the library's Split pre-tokenizer makes them.
+    /// ASCII text is split by [`ascii_split`] (same splits, no regex engine).
     pub(crate) fn splits<'t>(&'t self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
         let mut at = 0;
+        let ascii = text.is_ascii();
         std::iter::from_fn(move || {
             if at >= text.len() {
                 return None;
+            }
+            if ascii {
+                let end = ascii_split::split_end(text.as_bytes(), at, self.max_digits);
+                let piece = &text[at..end];
+                at = end;
+                return Some(piece);
             }
             let Some(m) = self.regex.find_at(text, at) else {
                 // Not reachable with the known patterns (they match every
@@ -294,8 +312,38 @@ mod tests {
         prop::collection::vec(atoms, 0..40).prop_map(|v| v.concat())
     }
 
+    fn ascii_text() -> impl Strategy<Value = String> {
+        let atoms = prop::sample::select(vec![
+            " ", "  ", "   ", "\t", "\n", "\r\n", "\r", "\x0b", "\x0c", "a", "Z", "word", "1",
+            "42", "12345", "'s", "'LL", "'re", "'", "!", "?!", ".", "#", "_", "\u{0}", "\u{1c}",
+            "\u{7f}",
+        ]);
+        prop::collection::vec(atoms, 0..40).prop_map(|v| v.concat())
+    }
+
+    fn with_pattern(pattern: &str) -> Tokenizer {
+        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern.into();
+        Tokenizer::from_str(&v.to_string()).unwrap()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn ascii_splits_equal_the_library(text in ascii_text(), qwen in any::<bool>()) {
+            static TOKS: OnceLock<[(Tokenizer, FastPieces); 2]> = OnceLock::new();
+            let toks = TOKS.get_or_init(|| {
+                KNOWN_PATTERNS.map(|(p, _)| {
+                    let tok = with_pattern(p);
+                    let fast = FastPieces::new(&tok).unwrap();
+                    (tok, fast)
+                })
+            });
+            let (tok, fast) = &toks[usize::from(qwen)];
+            let ours: Vec<&str> = fast.splits(&text).collect();
+            prop_assert_eq!(ours, library_splits(tok, &text));
+        }
+
         #[test]
         fn splits_and_ids_equal_the_library(text in rich_text()) {
             // One instance for every case, so the word cache is shared across
