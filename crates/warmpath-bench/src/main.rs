@@ -502,8 +502,14 @@ struct KvArgs {
     /// kv_aware: move a prefix off a backend whose expected load exceeds
     /// the mean by more than this fraction (the router's
     /// `kv.rebalance_slack`); `off` disables it.
-    #[arg(long, default_value = "0.11")]
+    #[arg(long, default_value = "0.4")]
     rebalance_slack: String,
+    /// kv_aware: with --rebalance-slack, add this many times the requests
+    /// an instance already took beyond an even share to the load a move
+    /// evens, so an early excess is paid back (the router's
+    /// `kv.rebalance_payback`; 0 balances the expected load alone).
+    #[arg(long, default_value_t = 2.0)]
+    rebalance_payback: f64,
 }
 
 impl KvArgs {
@@ -515,6 +521,7 @@ impl KvArgs {
         kv.miss_weight = self.miss_weight;
         kv.placement_tolerance = self.placement_tolerance;
         kv.rebalance_slack = parse_slack(&self.rebalance_slack)?;
+        kv.rebalance_payback = self.rebalance_payback;
         Ok(())
     }
 }
@@ -595,7 +602,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|&n| format!("{:.2}", 100.0 * n as f64 / r.requests.max(1) as f64))
                 .collect();
-            println!("  shares %: {}", pct.join(" "));
+            println!("  shares %: {} (moves {})", pct.join(" "), r.moves);
         }
         if let Some(d) = &r.diagnosis {
             for line in d.lines() {

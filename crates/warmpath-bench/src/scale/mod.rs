@@ -162,6 +162,9 @@ pub struct ScaleReport {
     pub routing_us: f64,
     /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
+    /// Prefixes the policy moved between instances to even the load
+    /// (`kv_aware`'s `kv.rebalance_slack`).
+    pub moves: u64,
     /// Simulated seconds from first arrival to last completion.
     pub simulated_s: f64,
     /// Completed requests per simulated second.
@@ -553,6 +556,7 @@ impl<'a> Sim<'a> {
                 0.0
             },
             decisions: self.decisions.clone(),
+            moves: self.policy.moves(),
             simulated_s,
             throughput_rps: if simulated_s > 0.0 {
                 requests as f64 / simulated_s

@@ -11,7 +11,7 @@
 //! | `random` | uniformly among eligible backends | `random` |
 //! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
-//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]); a prefix cached nowhere by cache pressure (see [`place`]); prefixes moved to even expected load (see [`rebalance`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
+//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]); a prefix cached nowhere by cache pressure (see [`place`]); prefixes moved to even expected load plus the excess already taken (see [`rebalance`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
 
 mod home;
 mod kv;
@@ -20,6 +20,7 @@ mod place;
 mod random;
 mod rebalance;
 mod ring;
+mod served;
 mod share;
 
 pub use kv::{ColdPlacement, KvAware, KvConfig};
@@ -275,6 +276,12 @@ pub trait Policy: Send + Sync + fmt::Debug {
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError>;
+
+    /// Prefixes this policy moved between backends to even the load so far
+    /// (`kv_aware` with `kv.rebalance_slack`; 0 for the others).
+    fn moves(&self) -> u64 {
+        0
+    }
 }
 
 /// Builds the policy for `strategy` over `backends`.

@@ -43,8 +43,14 @@
 
 use super::home::{Home, Homes};
 use super::ring::Ring;
+use super::served::Served;
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
+
+/// Decisions per backend over which the requests routed are remembered
+/// for `kv.rebalance_payback` (see [`served`](super::served)): 7000 for 7
+/// backends, longer than a benchmark run, so an early excess is paid back.
+const PAYBACK_WINDOW: f64 = 1000.0;
 
 /// How [`State::place`] chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +82,11 @@ pub(crate) struct State {
     decay: f64,
     /// Decisions a placement stays sticky without pending prefill work.
     pub(super) sticky: u64,
+    /// Requests routed per backend (see [`served`](super::served)).
+    pub(super) served: Served,
+    /// `kv.rebalance_payback`: weight of a backend's excess of routed
+    /// requests in the load the rebalancer evens (0: expected load alone).
+    pub(super) payback: f64,
 }
 
 /// Cache pressure per backend, homes and the rebalancing state.
@@ -98,8 +109,18 @@ impl Placer {
                 moves: 0,
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
                 sticky: 4 * n as u64,
+                served: Served::new(backends.len(), PAYBACK_WINDOW * n as f64),
+                payback: 0.0,
             }),
         }
+    }
+
+    /// The rebalancer adds `gain` x each backend's excess of routed
+    /// requests to its expected load (`kv.rebalance_payback`, see
+    /// [`served`](super::served)); 0 (the default) leaves it out.
+    pub(crate) fn with_payback(mut self, gain: f64) -> Self {
+        self.state.get_mut().payback = gain.max(0.0);
+        self
     }
 
     /// The state, locked for one decision.
@@ -212,6 +233,7 @@ impl State {
             *p += unit * f64::from(blocks);
         }
         self.homes.hit(key, backend, unit, self.seq);
+        self.served.record(backend);
         self.unit /= self.decay;
         if self.unit > 1e200 {
             let k = self.unit;

@@ -1,5 +1,5 @@
-//! `kv.rebalance_slack`: `kv_aware` evens the backends' expected loads by
-//! **moving** a prefix, never by copying it.
+//! `kv.rebalance_slack` and `kv.rebalance_payback`: `kv_aware` evens the
+//! backends' loads by **moving** a prefix, never by copying it.
 //!
 //! Why: below saturation each prefix stays where it is cached, so a backend's
 //! share is the sum of its prefixes' popularities, fixed when they were
@@ -11,18 +11,31 @@
 //! home's LRU since no request touches it any more, which frees the room.
 //!
 //! What: on a warm request whose prefix is cached at its home `h` (published,
-//! so never one still prefilling), with `L` the expected loads
-//! ([`home`](super::home)), `mean` their mean over usable backends, `t` the
-//! usable backend with the lowest `L`, `D = L_h - L_t` and `p` the prefix's
-//! popularity, the request and the prefix's home go to `t` when
+//! so never one still prefilling), with `L` the **balance loads** — each
+//! backend's expected load ([`home`](super::home)) plus `rebalance_payback`
+//! x the requests it already took beyond an even share
+//! ([`served`](super::served)), that term capped at the mean expected load
+//! — `mean` their mean over usable backends, `t` the usable backend with the
+//! lowest `L`, `D = L_h - L_t` and `p` the prefix's popularity, the request
+//! and the prefix's home go to `t` when
 //!
 //! - `L_h > (1 + rebalance_slack) * mean`,
-//! - `0.15 D <= p <= 0.85 D`: the sum of squared deviations `2p(p - D)`
-//!   falls by at least half of the best a single move could do (`p = D/2`),
-//!   so `t` ends below `h`'s old load and `h` above `t`'s: no ping-pong;
+//! - `0.15 min(D, mean) <= p <= 0.85 D`: the sum of squared deviations
+//!   `2p(p - D)` falls by at least half of the best a single move could do
+//!   (`p = D/2`), so `t` ends below `h`'s old load and `h` above `t`'s: no
+//!   ping-pong; a gap wider than the mean (a large excess to pay back) takes
+//!   any prefix worth 15% of a backend's load, so a growing excess never
+//!   shuts every prefix out;
 //! - the prefix has had its home for `20 n` decisions (its popularity is
 //!   an estimate worth acting on, and it has not just moved), the fleet has
 //!   seen `10 n` requests, and the last move was `2 n` decisions ago.
+//!
+//! Why the payback term: the expected loads steer the traffic to come, so
+//! on their own they leave what already went — the excess a backend ran up
+//! while the caches filled, and a steady error of up to the slack — in every
+//! share counted over a run. The payback is an integral term that grows
+//! while that error lasts until a move is worth it; with it the slack can
+//! be wide (0.4), so fewer moves chase the noise of the popularity estimate.
 //!
 //! A move swaps: the least popular prefix homed on `t` (the likeliest
 //! victim of the moved blocks there) is reserved on `h`, whose room the
@@ -78,16 +91,17 @@ impl State {
         {
             return None;
         }
-        let expected = self.homes.loads();
-        let m = loads.len().min(expected.len());
+        let load = self.balance_load();
+        let m = loads.len().min(self.homes.loads().len());
         let mut total = 0.0;
         let mut count = 0u32;
         let mut low: Option<(usize, f64)> = None;
         for b in (0..m).filter(|&b| usable(b)) {
-            total += expected[b];
+            let l = load(b);
+            total += l;
             count += 1;
-            if b != home.backend as usize && low.is_none_or(|(_, l)| expected[b] < l) {
-                low = Some((b, expected[b]));
+            if b != home.backend as usize && low.is_none_or(|(_, lo)| l < lo) {
+                low = Some((b, l));
             }
         }
         // Decayed requests seen, in requests.
@@ -95,11 +109,36 @@ impl State {
             return None;
         }
         let (t, lt) = low?;
-        let lh = *expected.get(home.backend as usize)?;
+        if home.backend as usize >= m {
+            return None;
+        }
+        let lh = load(home.backend as usize);
         let mean = total / f64::from(count);
         let d = lh - lt;
-        let fits = (0.15 * d..=0.85 * d).contains(&home.pop);
+        // A gap wider than a backend's mean load (a large excess to pay
+        // back) still takes any prefix worth 15% of that mean.
+        let fits = (0.15 * d.min(mean)..=0.85 * d).contains(&home.pop);
         (lh > (1.0 + rb.slack) * mean && fits).then_some(t)
+    }
+
+    /// The load the rebalancer evens, per backend, in `unit`s: its expected
+    /// load (the popularity of the prefixes homed there) plus
+    /// `kv.rebalance_payback` x the requests it took beyond an even share
+    /// (see [`served`](super::served)). The payback term is capped at the
+    /// mean expected load either way, so a backend back from a long outage
+    /// (far below an even share) draws moves at the usual pace, not a flood.
+    pub(crate) fn balance_load(&self) -> impl Fn(usize) -> f64 + '_ {
+        let expected = self.homes.loads();
+        let k = self.payback * self.unit;
+        let cap = if k > 0.0 {
+            expected.iter().sum::<f64>() / expected.len().max(1) as f64
+        } else {
+            0.0
+        };
+        move |b| {
+            let e = expected.get(b).copied().unwrap_or(0.0);
+            e + (k * self.served.excess(b)).clamp(-cap, cap)
+        }
     }
 }
 
@@ -397,5 +436,71 @@ mod tests {
         s.record(1, 0, 0);
         s.record(1, 0, 0);
         assert_eq!(s.propose_move(&RB, &k2, &idle(3), |_| true), Some(1));
+    }
+
+    #[test]
+    fn an_excess_already_taken_is_paid_back_by_a_move() {
+        // Expected loads decay over 60 decisions, requests routed over 3000:
+        // backend 0 took 200 requests of key 9 long ago, then keys 1, 2, 3
+        // (homed on 0, 1, 2) share 300 evenly. The expected loads are even
+        // now; only the requests taken say 0 ran hot.
+        let run = |payback: f64| {
+            let p = Placer::new(&backends(3), 20.0).with_payback(payback);
+            {
+                let mut s = p.lock();
+                s.set_home(9, 0, false);
+                for _ in 0..200 {
+                    s.record(9, 0, 0);
+                }
+                for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
+                    s.set_home(key, at, false);
+                }
+                for _ in 0..100 {
+                    for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
+                        s.record(key, at, 0);
+                    }
+                }
+            }
+            p
+        };
+        let loads = idle(3);
+        let off = run(0.0);
+        let s = off.lock();
+        let k1 = s.home(1).unwrap();
+        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), None);
+        let on = run(2.0);
+        let s = on.lock();
+        let k1 = s.home(1).unwrap();
+        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), Some(1));
+        // Nothing of an under-served backend moves.
+        let k2 = s.home(2).unwrap();
+        assert_eq!(s.propose_move(&RB, &k2, &loads, |_| true), None);
+        // The payback term is capped at the mean expected load.
+        let expected = s.homes.loads();
+        let mean = expected.iter().sum::<f64>() / 3.0;
+        let load = s.balance_load();
+        assert!(load(0) - expected[0] <= mean * (1.0 + 1e-9), "{}", load(0));
+        assert!(load(1) - expected[1] >= -mean * (1.0 + 1e-9));
+        assert!(load(0) > expected[0]);
+    }
+
+    #[test]
+    fn a_gap_wider_than_the_mean_still_takes_a_fair_sized_prefix() {
+        // Backend 0 holds key 1 (100 requests) and key 2 (10); 1 and 2 hold
+        // nothing. D = 110, mean 37: key 1 is past 0.85 D and key 2 below
+        // 0.15 D, yet key 2 is worth more than 15% of the mean.
+        let p = Placer::new(&backends(3), 1e5);
+        let mut s = p.lock();
+        for (key, reqs) in [(1u64, 100), (2, 10)] {
+            s.set_home(key, 0, false);
+            for _ in 0..reqs {
+                s.record(key, 0, 0);
+            }
+        }
+        s.seq += 100;
+        let loads = idle(3);
+        let (k1, k2) = (s.home(1).unwrap(), s.home(2).unwrap());
+        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k2, &loads, |_| true), Some(1));
     }
 }

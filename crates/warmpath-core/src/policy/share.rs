@@ -76,6 +76,10 @@ impl Policy for ShareBounded {
         self.inner.strategy()
     }
 
+    fn moves(&self) -> u64 {
+        self.inner.moves()
+    }
+
     fn pick(
         &self,
         input: &RouteInput<'_>,
