@@ -8,7 +8,7 @@
 //! `cargo run --release -p warmpath-core --features tokenizer --example cold_stages -- [pause_us]`
 #![allow(clippy::unwrap_used)]
 use std::time::{Duration, Instant};
-use warmpath_core::request::{Expect, Request, RequestBody};
+use warmpath_core::request::{ContentCache, Expect, Request, RequestBody};
 use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer};
 use warmpath_core::{ChainHasher, HashSeed};
 
@@ -31,6 +31,8 @@ fn main() {
     .to_string();
     let at = body.find("SLOT").unwrap();
     let (head, tail) = (&body[..at], &body[at + 4..]);
+    // As the router: long contents come from its content cache.
+    let contents = ContentCache::default();
     let n = 1500;
     let mut t = vec![[0f64; 5]; n];
     for i in 0..n + 50 {
@@ -43,7 +45,7 @@ fn main() {
             std::thread::sleep(Duration::from_micros(pause));
         }
         let t0 = Instant::now();
-        let req = Request::parse(&b, Expect::Chat).unwrap();
+        let req = Request::parse_with(&b, Expect::Chat, Some(&contents)).unwrap();
         let t1 = Instant::now();
         let RequestBody::Chat(chat) = &req.body else {
             unreachable!()

@@ -14,8 +14,9 @@
 //! `parse_matches_from_value` (a proptest in `tests.rs`) checks both.
 
 use super::parse::{parse_prompt, u32_field};
-use super::{ChatBody, Content, Expect, Message, Request, RequestBody, RequestError};
+use super::{ChatBody, Content, ContentCache, Expect, Message, Request, RequestBody, RequestError};
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::fmt;
@@ -25,7 +26,18 @@ impl<'a> Request<'a> {
     /// Same result and same errors as parsing a [`Value`] and calling
     /// [`Request::from_value`].
     pub fn parse(body: &'a [u8], expect: Expect) -> Result<Self, RequestError> {
-        if let Some(r) = fast(body, expect) {
+        Self::parse_with(body, expect, None)
+    }
+
+    /// [`Request::parse`], taking long message contents that hold escapes
+    /// from `cache` (and keeping them there): a repeated system prompt is
+    /// unescaped once. Same result and same errors as [`Request::parse`].
+    pub fn parse_with(
+        body: &'a [u8],
+        expect: Expect,
+        cache: Option<&ContentCache>,
+    ) -> Result<Self, RequestError> {
+        if let Some(r) = fast(body, expect, cache) {
             return Ok(r);
         }
         let v: Value = serde_json::from_slice(body).map_err(RequestError::InvalidJson)?;
@@ -34,7 +46,7 @@ impl<'a> Request<'a> {
 }
 
 /// The fast walk; `None` sends the body to the general path.
-fn fast(body: &[u8], expect: Expect) -> Option<Request<'_>> {
+fn fast<'a>(body: &'a [u8], expect: Expect, cache: Option<&ContentCache>) -> Option<Request<'a>> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let top = Top::deserialize(&mut de).ok()?;
     de.end().ok()?;
@@ -46,7 +58,11 @@ fn fast(body: &[u8], expect: Expect) -> Option<Request<'_>> {
         Expect::Any => return None,
     };
     let body = if chat {
-        let messages: Vec<Message<'_>> = top.messages?.into_iter().map(|m| m.0).collect();
+        let messages = top
+            .messages?
+            .into_iter()
+            .map(|m| m.resolve(cache))
+            .collect::<Option<Vec<Message<'_>>>>()?;
         if messages.is_empty() {
             return None;
         }
@@ -177,8 +193,33 @@ fn non_null(v: Value) -> Option<Value> {
     (!v.is_null()).then_some(v)
 }
 
-/// One chat message.
-struct Msg<'a>(Message<'a>);
+/// One chat message, its content not yet unescaped.
+struct Msg<'a> {
+    role: Cow<'a, str>,
+    content: ContentDe<'a>,
+    extra: Map<String, Value>,
+}
+
+impl<'a> Msg<'a> {
+    /// The message, its content unescaped (or taken from `cache`); `None`
+    /// when serde_json refuses the literal.
+    fn resolve(self, cache: Option<&ContentCache>) -> Option<Message<'a>> {
+        let content = match self.content {
+            ContentDe::Ready(c) => c,
+            ContentDe::Literal(lit) => match cache {
+                Some(cache) if cache.is_cacheable(lit.len()) => {
+                    Content::Shared(cache.get_or_unescape(lit)?)
+                }
+                _ => Content::Text(Cow::Owned(serde_json::from_str::<String>(lit).ok()?)),
+            },
+        };
+        Some(Message {
+            role: self.role,
+            content,
+            extra: self.extra,
+        })
+    }
+}
 
 impl<'de> Deserialize<'de> for Msg<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -189,64 +230,81 @@ impl<'de> Deserialize<'de> for Msg<'de> {
                 f.write_str("a message object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Msg<'de>, A::Error> {
-                let (mut role, mut content, mut extra) = (None, Content::Empty, Map::new());
+                let (mut role, mut content, mut extra) =
+                    (None, ContentDe::Ready(Content::Empty), Map::new());
                 while let Some(key) = map.next_key::<Str<'de>>()? {
                     match key.0.as_ref() {
                         "role" => role = Some(map.next_value::<Str<'de>>()?.0),
-                        "content" => content = map.next_value::<ContentDe<'de>>()?.0,
+                        "content" => content = map.next_value::<ContentDe<'de>>()?,
                         _ => {
                             let v: Value = map.next_value()?;
                             extra.insert(key.0.into_owned(), v);
                         }
                     }
                 }
-                Ok(Msg(Message {
+                Ok(Msg {
                     role: role.ok_or_else(give_up)?,
                     content,
                     extra,
-                }))
+                })
             }
         }
         d.deserialize_map(V)
     }
 }
 
-/// A message's `content`: null, a string, or content parts.
-struct ContentDe<'a>(Content<'a>);
+/// A message's `content`: null, a string, or content parts; a string with
+/// escapes is kept as its JSON literal until [`Msg::resolve`].
+enum ContentDe<'a> {
+    Ready(Content<'a>),
+    /// The string's JSON literal, quotes included.
+    Literal(&'a str),
+}
 
 impl<'de> Deserialize<'de> for ContentDe<'de> {
+    /// Through serde_json's `RawValue`, which checks the value and borrows
+    /// its text: a string without escapes is that text, one with escapes
+    /// waits for [`Msg::resolve`]; `null` and content parts are read from
+    /// the text by the visitor below.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ContentDe<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string, null or content parts")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<ContentDe<'de>, E> {
-                Ok(ContentDe(Content::Empty))
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<ContentDe<'de>, E> {
-                Ok(ContentDe(Content::Text(Cow::Borrowed(v))))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ContentDe<'de>, E> {
-                Ok(ContentDe(Content::Text(Cow::Owned(v.to_owned()))))
-            }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<ContentDe<'de>, E> {
-                Ok(ContentDe(Content::Text(Cow::Owned(v))))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ContentDe<'de>, A::Error> {
-                let mut texts = Vec::new();
-                while let Some(part) = seq.next_element::<Part<'de>>()? {
-                    if part.kind.as_deref() == Some("text") {
-                        texts.push(part.text.ok_or_else(give_up)?);
-                    } else if part.kind.is_none() {
-                        return Err(give_up());
-                    }
-                }
-                Ok(ContentDe(Content::Parts(texts)))
+        let raw = <&'de RawValue>::deserialize(d)?.get();
+        if raw.starts_with('"') {
+            let inner = raw
+                .get(1..raw.len().saturating_sub(1))
+                .ok_or_else(give_up)?;
+            return Ok(if memchr::memchr(b'\\', inner.as_bytes()).is_some() {
+                ContentDe::Literal(raw)
+            } else {
+                ContentDe::Ready(Content::Text(Cow::Borrowed(inner)))
+            });
+        }
+        serde_json::Deserializer::from_str(raw)
+            .deserialize_any(ContentVisitor)
+            .map_err(|_| give_up())
+    }
+}
+
+/// `null` or content parts (strings are handled above).
+struct ContentVisitor;
+
+impl<'de> Visitor<'de> for ContentVisitor {
+    type Value = ContentDe<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string, null or content parts")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<ContentDe<'de>, E> {
+        Ok(ContentDe::Ready(Content::Empty))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ContentDe<'de>, A::Error> {
+        let mut texts = Vec::new();
+        while let Some(part) = seq.next_element::<Part<'de>>()? {
+            if part.kind.as_deref() == Some("text") {
+                texts.push(part.text.ok_or_else(give_up)?);
+            } else if part.kind.is_none() {
+                return Err(give_up());
             }
         }
-        d.deserialize_any(V)
+        Ok(ContentDe::Ready(Content::Parts(texts)))
     }
 }
 

@@ -23,7 +23,10 @@
 use crate::tenant::{TenantError, TenantId, TenantSource};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
+use std::sync::Arc;
 use thiserror::Error;
+
+pub use content_cache::{ContentCache, ContentCacheStats};
 
 /// Why a request body was refused. Never retryable: the client must fix the body
 /// (the router answers HTTP 400 with this message).
@@ -127,15 +130,32 @@ pub struct Message<'a> {
     pub extra: Map<String, Value>,
 }
 
-/// The text of a message's `content`.
-#[derive(Clone, Debug, PartialEq)]
+/// The text of a message's `content`. `Text` and `Shared` holding the same
+/// text are equal: they differ only in where the text is kept.
+#[derive(Clone, Debug)]
 pub enum Content<'a> {
     /// `content` absent or null (e.g. an assistant message with tool calls).
     Empty,
     /// `content` as a string.
     Text(Cow<'a, str>),
+    /// `content` as a string, shared from a [`ContentCache`] (a long literal
+    /// seen before).
+    Shared(Arc<str>),
     /// The `text` of every `{"type":"text"}` part, in order.
     Parts(Vec<Cow<'a, str>>),
+}
+
+impl PartialEq for Content<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Content::Empty, Content::Empty) => true,
+            (Content::Parts(a), Content::Parts(b)) => a == b,
+            (Content::Text(_) | Content::Shared(_), Content::Text(_) | Content::Shared(_)) => {
+                self.text() == other.text()
+            }
+            _ => false,
+        }
+    }
 }
 
 impl Content<'_> {
@@ -145,6 +165,7 @@ impl Content<'_> {
         match self {
             Content::Empty => Cow::Borrowed(""),
             Content::Text(t) => Cow::Borrowed(t.as_ref()),
+            Content::Shared(t) => Cow::Borrowed(t),
             Content::Parts(ps) if ps.len() == 1 => Cow::Borrowed(ps[0].as_ref()),
             Content::Parts(ps) => Cow::Owned(ps.join("\n")),
         }
@@ -154,6 +175,7 @@ impl Content<'_> {
         match self {
             Content::Empty => Content::Empty,
             Content::Text(t) => Content::Text(Cow::Owned(t.into_owned())),
+            Content::Shared(t) => Content::Shared(t),
             Content::Parts(ps) => {
                 Content::Parts(ps.into_iter().map(|p| Cow::Owned(p.into_owned())).collect())
             }
@@ -271,6 +293,7 @@ impl Request<'static> {
     }
 }
 
+mod content_cache;
 mod fast;
 mod parse;
 

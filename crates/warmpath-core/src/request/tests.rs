@@ -226,7 +226,55 @@ fn same_as_from_value(body: &[u8]) {
             Err(e) => Err(format!("request body is not valid JSON: {e}")),
         };
         assert_eq!(fast, slow, "{expect:?}: {}", String::from_utf8_lossy(body));
+        // Through a content cache that keeps every literal: a miss, then a hit.
+        let cache = ContentCache::new(1 << 20).keeping_from(1);
+        for _ in 0..2 {
+            let cached = Request::parse_with(body, expect, Some(&cache)).map_err(|e| e.to_string());
+            assert_eq!(
+                cached,
+                slow,
+                "cached {expect:?}: {}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
+}
+
+#[test]
+fn a_long_escaped_content_is_shared_from_the_cache() {
+    // JSON text: escaped line breaks, a \u escape and an escaped backslash.
+    let system = r"line one\nline \u00e9\\ two\n".repeat(100);
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"short\nq"}}]}}"#
+    );
+    let cache = ContentCache::default();
+    let plain = Request::parse(body.as_bytes(), Expect::Chat).unwrap();
+    for round in 0..2 {
+        let r = Request::parse_with(body.as_bytes(), Expect::Chat, Some(&cache)).unwrap();
+        assert_eq!(r, plain);
+        let RequestBody::Chat(c) = &r.body else {
+            panic!("not chat")
+        };
+        assert!(
+            matches!(c.messages[0].content, Content::Shared(_)),
+            "long: shared"
+        );
+        assert!(
+            matches!(c.messages[1].content, Content::Text(Cow::Owned(_))),
+            "short: not kept"
+        );
+        assert_eq!(
+            c.messages[0].content.text(),
+            "line one\nline \u{e9}\\ two\n".repeat(100)
+        );
+        let s = cache.stats();
+        assert_eq!((s.hits, s.misses, s.entries), (round, 1, 1));
+    }
+    // An owned copy keeps sharing the text.
+    let owned = Request::parse_with(body.as_bytes(), Expect::Chat, Some(&cache))
+        .unwrap()
+        .into_owned();
+    assert_eq!(owned, plain);
 }
 
 #[test]

@@ -1,0 +1,184 @@
+//! Unescaped message contents, kept by their JSON text.
+//!
+//! A long system prompt arrives in every request as the same JSON string
+//! literal, with an escaped `\n` every few dozen bytes. Unescaping it is most
+//! of what parsing the request costs (~700 escapes for 27 KB: ~10 µs warm,
+//! several times that on a core that sat idle). [`ContentCache`] keeps the
+//! unescaped text of long literals that hold escapes, keyed by the 128-bit
+//! xxh3 of the literal's bytes and its length, so a repeated prompt (a shared
+//! system prompt, the earlier turns of a conversation) is unescaped once and
+//! shared ([`Content::Shared`](super::Content::Shared)) afterwards.
+//!
+//! The literal is located by serde_json (which also checks it), so a hit
+//! costs one scan for the closing quote, one hash and one lookup instead of
+//! an unescape into a growing buffer and a copy. A miss unescapes with
+//! serde_json itself, so the text is always serde_json's.
+
+use lru::LruCache;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Literals shorter than this many bytes are unescaped directly, never kept.
+pub const MIN_LITERAL_BYTES: usize = 1024;
+/// Default bound on the unescaped text kept (bytes).
+pub const DEFAULT_CAPACITY_BYTES: usize = 32 << 20;
+
+type Key = (u128, usize);
+
+struct Inner {
+    lru: LruCache<Key, Arc<str>>,
+    bytes: usize,
+}
+
+/// Counters of a [`ContentCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContentCacheStats {
+    /// Literals found.
+    pub hits: u64,
+    /// Literals unescaped and kept.
+    pub misses: u64,
+    /// Entries held now.
+    pub entries: usize,
+    /// Bytes of text held now.
+    pub bytes: usize,
+}
+
+/// A bounded LRU of unescaped long string literals (see module docs).
+pub struct ContentCache {
+    capacity_bytes: usize,
+    min_bytes: usize,
+    inner: Mutex<Inner>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl std::fmt::Debug for ContentCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContentCache")
+            .field("capacity_bytes", &self.capacity_bytes)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Default for ContentCache {
+    fn default() -> Self {
+        Self::new(DEFAULT_CAPACITY_BYTES)
+    }
+}
+
+impl ContentCache {
+    /// A cache holding at most `capacity_bytes` of text (0: keeps nothing).
+    pub fn new(capacity_bytes: usize) -> Self {
+        ContentCache {
+            capacity_bytes,
+            min_bytes: MIN_LITERAL_BYTES,
+            inner: Mutex::new(Inner {
+                lru: LruCache::unbounded(),
+                bytes: 0,
+            }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// A cache that also keeps short literals (tests).
+    #[cfg(test)]
+    pub(crate) fn keeping_from(mut self, min_bytes: usize) -> Self {
+        self.min_bytes = min_bytes;
+        self
+    }
+
+    /// Whether a literal of `len` bytes goes through the cache.
+    pub(crate) fn is_cacheable(&self, len: usize) -> bool {
+        len >= self.min_bytes && len <= self.capacity_bytes
+    }
+
+    /// The text of the JSON string literal `lit` (quotes included, already
+    /// checked by serde_json), from the cache or unescaped by serde_json and
+    /// kept. `None` when serde_json refuses it (e.g. a lone surrogate).
+    pub(crate) fn get_or_unescape(&self, lit: &str) -> Option<Arc<str>> {
+        let key = (xxh3_128(lit.as_bytes()), lit.len());
+        if let Some(text) = self.inner.lock().lru.get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Some(Arc::clone(text));
+        }
+        let text: Arc<str> = serde_json::from_str::<String>(lit).ok()?.into();
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        if let Some(old) = inner.lru.put(key, Arc::clone(&text)) {
+            inner.bytes -= old.len();
+        }
+        inner.bytes += text.len();
+        while inner.bytes > self.capacity_bytes {
+            match inner.lru.pop_lru() {
+                Some((_, evicted)) => inner.bytes -= evicted.len(),
+                None => break,
+            }
+        }
+        Some(text)
+    }
+
+    /// Counters and sizes.
+    pub fn stats(&self) -> ContentCacheStats {
+        let inner = self.inner.lock();
+        ContentCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            entries: inner.lru.len(),
+            bytes: inner.bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn lit(text: &str) -> String {
+        serde_json::to_string(text).unwrap()
+    }
+
+    #[test]
+    fn a_repeated_literal_is_unescaped_once_and_shared() {
+        let c = ContentCache::new(1 << 20);
+        let text = "line\n".repeat(400);
+        let l = lit(&text);
+        assert!(c.is_cacheable(l.len()));
+        let a = c.get_or_unescape(&l).unwrap();
+        let b = c.get_or_unescape(&l).unwrap();
+        assert_eq!(&*a, text);
+        assert!(Arc::ptr_eq(&a, &b));
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.entries, s.bytes), (1, 1, 1, 2000));
+    }
+
+    #[test]
+    fn bounded_by_bytes_least_recent_out() {
+        let c = ContentCache::new(5000);
+        let lits: Vec<String> = (0..3)
+            .map(|i| lit(&format!("{i}\n").repeat(1000)))
+            .collect();
+        for l in &lits {
+            c.get_or_unescape(l).unwrap();
+        }
+        // 3 x 2000 bytes > 5000: the first went.
+        let s = c.stats();
+        assert_eq!((s.entries, s.bytes), (2, 4000));
+        c.get_or_unescape(&lits[0]).unwrap();
+        assert_eq!(c.stats().misses, 4);
+        assert!(!ContentCache::new(0).is_cacheable(MIN_LITERAL_BYTES));
+        assert!(!c.is_cacheable(MIN_LITERAL_BYTES - 1));
+    }
+
+    #[test]
+    fn refused_literals_are_not_kept() {
+        let c = ContentCache::default();
+        let bad = format!("\"{}\\ud800\"", "x".repeat(2000));
+        assert_eq!(c.get_or_unescape(&bad), None);
+        assert_eq!(c.stats().entries, 0);
+    }
+}
