@@ -22,6 +22,7 @@ pub mod request;
 pub mod tenant;
 #[cfg(feature = "tokenizer")]
 pub mod tokenize;
+mod weighted_lru;
 
 pub use hash::{hash_block, hash_tokens, BlockHash, ChainHasher, HashSeed};
 pub use index::{CacheIndex, IndexError, MatchResult, Tier, WorkerMatch, WorkerSlot, WorkerStats};

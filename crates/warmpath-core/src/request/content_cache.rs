@@ -14,30 +14,20 @@
 //! an unescape into a growing buffer and a copy. A miss unescapes with
 //! serde_json itself, so the text is always serde_json's.
 
-use lru::LruCache;
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::weighted_lru::WeightedLru;
 use std::sync::Arc;
-use xxhash_rust::xxh3::xxh3_128;
 
 /// Literals shorter than this many bytes are unescaped directly, never kept.
 pub const MIN_LITERAL_BYTES: usize = 1024;
 /// Default bound on the unescaped text kept (bytes).
 pub const DEFAULT_CAPACITY_BYTES: usize = 32 << 20;
 
-type Key = (u128, usize);
-
-struct Inner {
-    lru: LruCache<Key, Arc<str>>,
-    bytes: usize,
-}
-
 /// Counters of a [`ContentCache`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ContentCacheStats {
     /// Literals found.
     pub hits: u64,
-    /// Literals unescaped and kept.
+    /// Literals not found (unescaped, and kept when serde_json accepted them).
     pub misses: u64,
     /// Entries held now.
     pub entries: usize,
@@ -49,9 +39,7 @@ pub struct ContentCacheStats {
 pub struct ContentCache {
     capacity_bytes: usize,
     min_bytes: usize,
-    inner: Mutex<Inner>,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    lru: WeightedLru<str>,
 }
 
 impl std::fmt::Debug for ContentCache {
@@ -75,12 +63,7 @@ impl ContentCache {
         ContentCache {
             capacity_bytes,
             min_bytes: MIN_LITERAL_BYTES,
-            inner: Mutex::new(Inner {
-                lru: LruCache::unbounded(),
-                bytes: 0,
-            }),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            lru: WeightedLru::new(capacity_bytes),
         }
     }
 
@@ -100,35 +83,21 @@ impl ContentCache {
     /// checked by serde_json), from the cache or unescaped by serde_json and
     /// kept. `None` when serde_json refuses it (e.g. a lone surrogate).
     pub(crate) fn get_or_unescape(&self, lit: &str) -> Option<Arc<str>> {
-        let key = (xxh3_128(lit.as_bytes()), lit.len());
-        if let Some(text) = self.inner.lock().lru.get(&key) {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            return Some(Arc::clone(text));
-        }
-        let text: Arc<str> = serde_json::from_str::<String>(lit).ok()?.into();
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        let mut inner = self.inner.lock();
-        if let Some(old) = inner.lru.put(key, Arc::clone(&text)) {
-            inner.bytes -= old.len();
-        }
-        inner.bytes += text.len();
-        while inner.bytes > self.capacity_bytes {
-            match inner.lru.pop_lru() {
-                Some((_, evicted)) => inner.bytes -= evicted.len(),
-                None => break,
-            }
-        }
-        Some(text)
+        self.lru
+            .get_or_make(lit.as_bytes(), || {
+                serde_json::from_str::<String>(lit).map(Arc::from)
+            })
+            .ok()
     }
 
     /// Counters and sizes.
     pub fn stats(&self) -> ContentCacheStats {
-        let inner = self.inner.lock();
+        let c = self.lru.counts();
         ContentCacheStats {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            entries: inner.lru.len(),
-            bytes: inner.bytes,
+            hits: c.hits,
+            misses: c.misses,
+            entries: c.entries,
+            bytes: c.size,
         }
     }
 }

@@ -1,14 +1,12 @@
 //! A bounded LRU of token ids for long text segments.
 //!
 //! Keyed by the 128-bit xxh3 of the segment's bytes plus its length; bounded by
-//! the total number of cached token ids. Encoding happens outside the lock, so
-//! concurrent misses for the same segment may both encode it (same result).
+//! the total number of cached token ids (a [`WeightedLru`]). Encoding happens
+//! outside the lock, so concurrent misses for the same segment may both encode
+//! it (same result).
 
-use lru::LruCache;
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::weighted_lru::WeightedLru;
 use std::sync::Arc;
-use xxhash_rust::xxh3::xxh3_128;
 
 /// Sizing of the segment cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,20 +50,10 @@ pub struct CacheStats {
     pub tokens: usize,
 }
 
-type Key = (u128, usize);
-
-struct Inner {
-    lru: LruCache<Key, Arc<[u32]>>,
-    tokens: usize,
-}
-
 /// The cache itself; share it behind the [`ChatTokenizer`](super::ChatTokenizer).
 pub struct SegmentCache {
     config: CacheConfig,
-    inner: Mutex<Inner>,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    evictions: AtomicU64,
+    lru: WeightedLru<[u32]>,
 }
 
 impl std::fmt::Debug for SegmentCache {
@@ -82,13 +70,7 @@ impl SegmentCache {
     pub fn new(config: CacheConfig) -> Self {
         SegmentCache {
             config,
-            inner: Mutex::new(Inner {
-                lru: LruCache::unbounded(),
-                tokens: 0,
-            }),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
+            lru: WeightedLru::new(config.capacity_tokens),
         }
     }
 
@@ -119,41 +101,19 @@ impl SegmentCache {
         segment: &str,
         encode: impl FnOnce(&str) -> Result<Vec<u32>, E>,
     ) -> Result<Arc<[u32]>, E> {
-        let key = (xxh3_128(segment.as_bytes()), segment.len());
-        if let Some(ids) = self.inner.lock().lru.get(&key) {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::clone(ids));
-        }
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        let ids: Arc<[u32]> = encode(segment)?.into();
-        if ids.len() <= self.config.capacity_tokens {
-            let mut inner = self.inner.lock();
-            if let Some(old) = inner.lru.put(key, Arc::clone(&ids)) {
-                inner.tokens -= old.len();
-            }
-            inner.tokens += ids.len();
-            while inner.tokens > self.config.capacity_tokens {
-                match inner.lru.pop_lru() {
-                    Some((_, evicted)) => {
-                        inner.tokens -= evicted.len();
-                        self.evictions.fetch_add(1, Ordering::Relaxed);
-                    }
-                    None => break,
-                }
-            }
-        }
-        Ok(ids)
+        self.lru
+            .get_or_make(segment.as_bytes(), || encode(segment).map(Arc::from))
     }
 
     /// Current counters.
     pub fn stats(&self) -> CacheStats {
-        let inner = self.inner.lock();
+        let c = self.lru.counts();
         CacheStats {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            evictions: self.evictions.load(Ordering::Relaxed),
-            entries: inner.lru.len(),
-            tokens: inner.tokens,
+            hits: c.hits,
+            misses: c.misses,
+            evictions: c.evictions,
+            entries: c.entries,
+            tokens: c.size,
         }
     }
 }

@@ -1,0 +1,119 @@
+//! A bounded LRU of shared values made from text, for the caches on the
+//! router's hot path: the tokenizer's segment cache (token ids of a long
+//! segment) and the request's content cache (the unescaped text of a long
+//! JSON string).
+//!
+//! Keyed by the 128-bit xxh3 of the source bytes plus their length; bounded
+//! by the total size of the values held (ids, or bytes of text), least
+//! recently used out first. Making a value happens outside the lock, so
+//! concurrent misses for the same source may both make it (same result).
+
+use lru::LruCache;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_128;
+
+/// The size a value counts for against the bound.
+pub(crate) trait Size {
+    /// Elements (token ids, bytes) held.
+    fn size(&self) -> usize;
+}
+
+impl Size for str {
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Size for [u32] {
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Counters and sizes of a [`WeightedLru`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub entries: usize,
+    pub size: usize,
+}
+
+struct Inner<T: ?Sized> {
+    lru: LruCache<(u128, usize), Arc<T>>,
+    size: usize,
+}
+
+/// The cache (module docs).
+pub(crate) struct WeightedLru<T: ?Sized> {
+    capacity: usize,
+    inner: Mutex<Inner<T>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl<T: ?Sized + Size> WeightedLru<T> {
+    /// A cache holding values of at most `capacity` in total.
+    pub(crate) fn new(capacity: usize) -> Self {
+        WeightedLru {
+            capacity,
+            inner: Mutex::new(Inner {
+                lru: LruCache::unbounded(),
+                size: 0,
+            }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The value made from `source`: from the cache, or from `make` (then
+    /// kept when it fits). Errors from `make` pass through; nothing is kept.
+    pub(crate) fn get_or_make<E>(
+        &self,
+        source: &[u8],
+        make: impl FnOnce() -> Result<Arc<T>, E>,
+    ) -> Result<Arc<T>, E> {
+        let key = (xxh3_128(source), source.len());
+        if let Some(v) = self.inner.lock().lru.get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::clone(v));
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let v = make()?;
+        let size = v.size();
+        if size <= self.capacity {
+            let mut inner = self.inner.lock();
+            if let Some(old) = inner.lru.put(key, Arc::clone(&v)) {
+                inner.size -= old.size();
+            }
+            inner.size += size;
+            while inner.size > self.capacity {
+                match inner.lru.pop_lru() {
+                    Some((_, evicted)) => {
+                        inner.size -= evicted.size();
+                        self.evictions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => break,
+                }
+            }
+        }
+        Ok(v)
+    }
+
+    /// Current counters and sizes.
+    pub(crate) fn counts(&self) -> Counts {
+        let inner = self.inner.lock();
+        Counts {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            entries: inner.lru.len(),
+            size: inner.size,
+        }
+    }
+}
