@@ -1,5 +1,6 @@
 //! `kv.rebalance_payback`: what each backend was actually sent, so that an
-//! excess it already took is paid back.
+//! excess it already took is paid back. ([`ShareBounded`](super::ShareBounded)
+//! keeps its recent shares in one too.)
 //!
 //! Why: the rebalancer ([`rebalance`](super::rebalance)) evens the
 //! *expected* loads (the popularity of the prefixes homed on each backend).
@@ -59,6 +60,21 @@ impl Served {
             self.total /= k;
             self.unit = 1.0;
         }
+    }
+
+    /// Decayed requests routed to `backend` (0 for one out of range).
+    pub(crate) fn count(&self, backend: usize) -> f64 {
+        self.counts.get(backend).map_or(0.0, |c| c / self.unit)
+    }
+
+    /// Decayed requests routed to every backend.
+    pub(crate) fn total(&self) -> f64 {
+        self.total / self.unit
+    }
+
+    /// Backends counted.
+    pub(crate) fn backends(&self) -> usize {
+        self.counts.len()
     }
 
     /// Requests `backend` took beyond an even share of the remembered ones

@@ -20,6 +20,7 @@
 //! a lightly used backend. Each second copy costs a cold prefill and cache
 //! room, so the bound trades some hit rate for balance.
 
+use super::served::Served;
 use super::{
     BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyError, RouteInput, Strategy,
 };
@@ -27,24 +28,14 @@ use crate::index::WorkerSlot;
 use parking_lot::Mutex;
 use rand::RngCore;
 
-/// Decayed per-backend counts: `weights[i] / total` is the recent share.
-#[derive(Debug)]
-struct Shares {
-    weights: Vec<f64>,
-    total: f64,
-    /// The weight of the next decision (grows by 1/decay per decision, which
-    /// is the same as decaying every past one).
-    unit: f64,
-}
-
 /// The inner policy with a bound on recent share (see the module docs).
 #[derive(Debug)]
 pub struct ShareBounded {
     inner: Box<dyn Policy>,
     slots: Vec<WorkerSlot>,
     slack: f64,
-    decay: f64,
-    shares: Mutex<Shares>,
+    /// Decayed decisions per backend: `count(i) / total()` is the recent share.
+    shares: Mutex<Served>,
 }
 
 impl ShareBounded {
@@ -61,12 +52,7 @@ impl ShareBounded {
             inner,
             slots: backends.iter().map(|b| b.slot).collect(),
             slack: slack.max(0.0),
-            decay: 1.0 - 1.0 / window.max(1.0),
-            shares: Mutex::new(Shares {
-                weights: vec![0.0; n],
-                total: 0.0,
-                unit: 1.0,
-            }),
+            shares: Mutex::new(Served::new(n, window)),
         }
     }
 }
@@ -88,9 +74,10 @@ impl Policy for ShareBounded {
     ) -> Result<Decision, PolicyError> {
         let d = self.inner.pick(input, loads, rng)?;
         let mut s = self.shares.lock();
-        let n = s.weights.len().max(1) as f64;
-        let bound = (1.0 + self.slack) / n * s.total;
-        let over = |s: &Shares, i: usize| s.total > n && s.weights[i] > bound;
+        let n = s.backends().max(1) as f64;
+        let total = s.total();
+        let bound = (1.0 + self.slack) / n * total;
+        let over = |s: &Served, i: usize| total > n && s.count(i) > bound;
         let mut out = d;
         if over(&s, d.backend) {
             let matched = |i: usize| -> u32 {
@@ -105,7 +92,7 @@ impl Policy for ShareBounded {
                 .max_by(|&a, &b| {
                     matched(a)
                         .cmp(&matched(b))
-                        .then(s.weights[b].total_cmp(&s.weights[a]))
+                        .then(s.count(b).total_cmp(&s.count(a)))
                 });
             if let Some(i) = best {
                 out = Decision {
@@ -115,18 +102,7 @@ impl Policy for ShareBounded {
                 };
             }
         }
-        let unit = s.unit;
-        if let Some(w) = s.weights.get_mut(out.backend) {
-            *w += unit;
-        }
-        s.total += unit;
-        s.unit /= self.decay;
-        if s.unit > 1e200 {
-            let k = s.unit;
-            s.weights.iter_mut().for_each(|w| *w /= k);
-            s.total /= k;
-            s.unit = 1.0;
-        }
+        s.record(out.backend);
         Ok(out)
     }
 }
