@@ -3,13 +3,16 @@
 //! one request after a pause of `pause_us` (default 5000: how a router core
 //! at 200 req/s finds each request, caches and predictors cold) or back to
 //! back (`0`). `ONLY=question` / `ONLY=system` encode only the question's
-//! piece / only the text before it, to see which one pays.
+//! piece / only the text before it, to see which one pays. `HEADS=1` goes
+//! the router's way: the system prompt's block hashes come from a
+//! `HeadChains` memo, and only the question is rendered, tokenized and hashed
+//! ("encode" is then render + encode).
 //!
 //! `cargo run --release -p warmpath-core --features tokenizer --example cold_stages -- [pause_us]`
 #![allow(clippy::unwrap_used)]
 use std::time::{Duration, Instant};
 use warmpath_core::request::{ContentCache, Expect, Request, RequestBody};
-use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer};
+use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer, HeadChains};
 use warmpath_core::{ChainHasher, HashSeed};
 
 fn main() {
@@ -33,6 +36,7 @@ fn main() {
     let (head, tail) = (&body[..at], &body[at + 4..]);
     // As the router: long contents come from its content cache.
     let contents = ContentCache::default();
+    let heads = HeadChains::default();
     let n = 1500;
     let mut t = vec![[0f64; 5]; n];
     for i in 0..n + 50 {
@@ -47,6 +51,23 @@ fn main() {
         let t0 = Instant::now();
         let req = Request::parse_with(&b, Expect::Chat, Some(&contents)).unwrap();
         let t1 = Instant::now();
+        if std::env::var("HEADS").is_ok() {
+            // As the router: render and tokenize after a remembered head.
+            let seed = HashSeed::new("m", "", "");
+            let ids = tok
+                .encode_request_remembering(&req, seed, 16, &heads)
+                .unwrap();
+            let t3 = Instant::now();
+            let hashes = ids.block_hashes(&heads);
+            let t4 = Instant::now();
+            drop((req, hashes));
+            let t5 = Instant::now();
+            if i >= 50 {
+                let d = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e6;
+                t[i - 50] = [d(t0, t1), 0.0, d(t1, t3), d(t3, t4), d(t4, t5)];
+            }
+            continue;
+        }
         let RequestBody::Chat(chat) = &req.body else {
             unreachable!()
         };

@@ -79,33 +79,49 @@ impl<T: ?Sized + Size> WeightedLru<T> {
         make: impl FnOnce() -> Result<Arc<T>, E>,
     ) -> Result<Arc<T>, E> {
         let key = (xxh3_128(source), source.len());
-        if let Some(v) = self.inner.lock().lru.get(&key) {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::clone(v));
+        if let Some(v) = self.get(key) {
+            return Ok(v);
         }
-        self.misses.fetch_add(1, Ordering::Relaxed);
         let v = make()?;
-        let size = v.size();
-        if size <= self.capacity {
-            let mut inner = self.inner.lock();
-            if let Some(old) = inner.lru.put(key, Arc::clone(&v)) {
-                inner.size -= old.size();
-            }
-            inner.size += size;
-            while inner.size > self.capacity {
-                match inner.lru.pop_lru() {
-                    Some((_, evicted)) => {
-                        inner.size -= evicted.size();
-                        self.evictions.fetch_add(1, Ordering::Relaxed);
-                    }
-                    None => break,
-                }
-            }
-        }
+        self.insert(key, Arc::clone(&v));
         Ok(v)
     }
 
-    /// Current counters and sizes.
+    /// The value under `key` (a hit or a miss is counted).
+    pub(crate) fn get(&self, key: (u128, usize)) -> Option<Arc<T>> {
+        let hit = self.inner.lock().lru.get(&key).map(Arc::clone);
+        let counter = if hit.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    /// Puts `v` under `key`, evicting least recently used values past the
+    /// capacity; a value larger than the whole capacity is not kept.
+    pub(crate) fn insert(&self, key: (u128, usize), v: Arc<T>) {
+        let size = v.size();
+        if size > self.capacity {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        if let Some(old) = inner.lru.put(key, v) {
+            inner.size -= old.size();
+        }
+        inner.size += size;
+        while inner.size > self.capacity {
+            match inner.lru.pop_lru() {
+                Some((_, evicted)) => {
+                    inner.size -= evicted.size();
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                None => break,
+            }
+        }
+    }
+
     pub(crate) fn counts(&self) -> Counts {
         let inner = self.inner.lock();
         Counts {

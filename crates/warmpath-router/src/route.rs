@@ -67,32 +67,38 @@ pub fn plan(
     let mut hashes = Vec::new();
     let mut matches = None;
     if want {
-        let mut t = Instant::now();
-        let owned;
-        let ids: Option<&[u32]> = match &req.body {
+        let t = Instant::now();
+        let seed = HashSeed::new(
+            &pool.model,
+            target.adapter.as_deref().unwrap_or(""),
+            tenant.as_ref().map_or("", TenantId::as_str),
+        );
+        let given = match &req.body {
             RequestBody::Completion(p) => match p.first() {
                 FirstPrompt::Ids(ids) => Some(ids),
                 FirstPrompt::Text(_) => None,
             },
             RequestBody::Chat(_) => None,
         };
-        let ids = match (ids, &pool.tokenizer) {
-            (Some(ids), _) => Some(ids),
+        let hashed = match (given, &pool.tokenizer) {
+            (Some(ids), _) => {
+                let mut out = Vec::new();
+                ChainHasher::new(seed, pool.block_size).extend(ids, &mut out);
+                Some((out, t))
+            }
             (None, Some(tok)) => {
-                owned = tok.encode_request(req)?;
-                t = observe(&pool, Phase::Tokenize, t);
-                Some(owned.as_slice())
+                // A chat whose head the pool has seen is tokenized and
+                // hashed only after it (same hashes; see HeadChains).
+                let ids =
+                    tok.encode_request_remembering(req, seed, pool.block_size, &pool.heads)?;
+                let t = observe(&pool, Phase::Tokenize, t);
+                Some((ids.block_hashes(&pool.heads), t))
             }
             (None, None) => None,
         };
-        if let Some(ids) = ids {
-            let seed = HashSeed::new(
-                &pool.model,
-                target.adapter.as_deref().unwrap_or(""),
-                tenant.as_ref().map_or("", TenantId::as_str),
-            );
-            ChainHasher::new(seed, pool.block_size).extend(ids, &mut hashes);
-            t = observe(&pool, Phase::Hash, t);
+        if let Some((out, t)) = hashed {
+            hashes = out;
+            let t = observe(&pool, Phase::Hash, t);
             matches = Some(pool.index.longest_match(&hashes));
             observe(&pool, Phase::Lookup, t);
         }

@@ -2,6 +2,7 @@
 
 use super::cache::{CacheConfig, CacheStats, SegmentCache};
 use super::files::TokenizerFiles;
+use super::head::{self, ChatIds, HeadChains};
 use super::presplit::FastPieces;
 use super::split::{AddedSplitter, Piece};
 use super::template::ChatTemplate;
@@ -30,6 +31,9 @@ pub struct ChatTokenizer {
     /// The fast pre-tokenizer for pieces, when the configuration is one it
     /// reproduces exactly (see [`FastPieces`]).
     fast: Option<FastPieces>,
+    /// Heads may be remembered ([`super::head`]): the cut at each message
+    /// after the first is exact.
+    head_split: bool,
 }
 
 /// The ids the post-processor adds around one sequence with special tokens on.
@@ -104,7 +108,15 @@ impl ChatTokenizer {
         let fast = segmenting
             .as_ref()
             .and_then(|_| FastPieces::new(&tokenizer));
+        let head_split = splitter.is_some()
+            && template
+                .as_ref()
+                .and_then(ChatTemplate::native)
+                .is_some_and(|n| {
+                    head::head_split_is_exact(n, added.values().map(|t| t.content.as_str()))
+                });
         Ok(ChatTokenizer {
+            head_split,
             tokenizer,
             template,
             cache: SegmentCache::new(cache),
@@ -173,6 +185,67 @@ impl ChatTokenizer {
 
     /// Encodes `text`, serving long segments from the cache. Always equal to
     /// [`encode_text_uncached`](Self::encode_text_uncached).
+    /// Whether chat heads can be remembered with this tokenizer: a native
+    /// chat template whose per-message cut the tokenizer keeps (see
+    /// [`super::head`]).
+    pub fn remembers_heads(&self) -> bool {
+        self.head_split
+    }
+
+    /// The ids of `req`, ready for [`ChatIds::block_hashes`] under `seed`
+    /// and `block_size`: a chat whose head `heads` remembers is rendered
+    /// and tokenized only after that head (see [`super::head`]); any other
+    /// request is encoded whole by [`encode_request`](Self::encode_request).
+    /// The hashes equal those of the whole request's ids either way.
+    pub fn encode_request_remembering(
+        &self,
+        req: &Request<'_>,
+        seed: crate::HashSeed,
+        block_size: usize,
+        heads: &HeadChains,
+    ) -> Result<ChatIds, TokenizeError> {
+        let whole = |ids| Ok(ChatIds::whole(seed, block_size, ids));
+        let (RequestBody::Chat(chat), true, Some(native)) = (
+            &req.body,
+            self.head_split && heads.enabled() && block_size > 0,
+            self.template.as_ref().and_then(ChatTemplate::native),
+        ) else {
+            return whole(self.encode_request(req)?);
+        };
+        let keys = match native.head_keys(chat, &head::salt(seed, block_size)) {
+            Some(keys) if !chat.continue_final_message => keys,
+            _ => return whole(self.encode_request(req)?),
+        };
+        let worth = |k: &&super::native::HeadKey| k.len >= head::MIN_HEAD_BYTES;
+        for key in keys.iter().rev().take(head::MAX_PROBES).take_while(worth) {
+            if let Some(chain) = heads.get(key) {
+                let Some(rest) = native.render_from(chat, key.messages) else {
+                    break;
+                };
+                let ids = self.encode_text(&rest, false)?;
+                return Ok(ChatIds::after(seed, block_size, chain, ids));
+            }
+        }
+        let text = self.render_chat(chat)?;
+        let ids = self.encode_text(&text, false)?;
+        // Remember the longest head, once its cut is seen to hold here.
+        let Some(key) = keys.last().filter(worth) else {
+            return whole(ids);
+        };
+        let (Some(head), Some(rest)) = (text.get(..key.len), text.get(key.len..)) else {
+            return whole(ids);
+        };
+        let head_ids = self.encode_text(head, false)?;
+        let exact =
+            ids.starts_with(&head_ids) && self.encode_text(rest, false)? == ids[head_ids.len()..];
+        if exact {
+            let n = head_ids.len();
+            Ok(ChatIds::remembering(seed, block_size, ids, *key, n))
+        } else {
+            whole(ids)
+        }
+    }
+
     pub fn encode_text(
         &self,
         text: &str,

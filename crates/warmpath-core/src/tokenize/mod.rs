@@ -12,6 +12,9 @@
 //! - [`SegmentCache`]: tokenization of long segments (text between added/special
 //!   tokens) is cached, so a repeated 8k-token system prompt is not re-tokenized.
 //!   The result always equals plain tokenization.
+//! - [`HeadChains`]: the block hashes of a chat's long beginning (its *head*,
+//!   e.g. a system prompt), so that a request repeating it renders, tokenizes
+//!   and hashes only what comes after. The hashes always equal plain hashing.
 //! - [`tiny`]: a small, real, deterministically generated Llama-3-style
 //!   tokenizer for tests, the tiny engine, the simulator and the demo.
 
@@ -19,6 +22,7 @@ mod ascii_split;
 mod cache;
 mod chat;
 mod files;
+pub mod head;
 pub mod native;
 mod presplit;
 mod pyfuncs;
@@ -29,6 +33,7 @@ pub mod tiny;
 pub use cache::{CacheConfig, CacheStats, SegmentCache};
 pub use chat::ChatTokenizer;
 pub use files::{SpecialTokens, TokenizerFiles};
+pub use head::{ChatIds, HeadChains, HeadStats};
 pub use template::ChatTemplate;
 
 use std::path::PathBuf;

@@ -17,6 +17,7 @@
 
 use super::files::SpecialTokens;
 use crate::request::ChatBody;
+use xxhash_rust::xxh3::Xxh3;
 
 /// Meta Llama 3 Instruct's template (`meta-llama/Meta-Llama-3-8B-Instruct`,
 /// `-70B-Instruct`), also the tiny test model's.
@@ -55,53 +56,124 @@ impl Native {
     /// Renders `chat`, or `None` when the request carries something the
     /// native renderer does not model (then minijinja renders it).
     /// `continue_final_message` is applied by the caller, as for minijinja.
+    /// Renders `chat` as the template would; `None` when the request carries
+    /// `chat_template_kwargs` (the template engine must see them).
     pub fn render(&self, chat: &ChatBody<'_>) -> Option<String> {
-        if chat
-            .chat_template_kwargs
-            .as_ref()
-            .is_some_and(|k| !k.is_empty())
-        {
+        self.render_from(chat, 0)
+    }
+
+    /// The rendering of `messages[from..]` and the generation prompt: the
+    /// text [`render`](Self::render) writes after the first `from` messages
+    /// (so `head ++ render_from(chat, k) == render(chat)` where `head` is
+    /// what [`head_keys`](Self::head_keys) hashed for `k`).
+    pub fn render_from(&self, chat: &ChatBody<'_>, from: usize) -> Option<String> {
+        if !Self::usable(chat) {
             return None;
         }
-        let texts: Vec<_> = chat.messages.iter().map(|m| m.content.text()).collect();
-        let size: usize = chat
-            .messages
+        let messages = chat.messages.get(from..)?;
+        let texts: Vec<_> = messages.iter().map(|m| m.content.text()).collect();
+        let size: usize = messages
             .iter()
             .zip(&texts)
             .map(|(m, t)| m.role.len() + t.len() + 48)
             .sum::<usize>()
             + 64;
         let mut out = String::with_capacity(size);
-        match self {
-            Native::Llama3Instruct { bos } => {
-                out.push_str(bos);
-                for (m, text) in chat.messages.iter().zip(&texts) {
-                    out.push_str("<|start_header_id|>");
-                    out.push_str(&m.role);
-                    out.push_str("<|end_header_id|>\n\n");
-                    // minijinja's `trim`: Rust's `str::trim` (Unicode White_Space).
-                    out.push_str(text.trim());
-                    out.push_str("<|eot_id|>");
-                }
-                if chat.add_generation_prompt {
-                    out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
-                }
-            }
-            Native::ChatMl => {
-                for (m, text) in chat.messages.iter().zip(&texts) {
-                    out.push_str("<|im_start|>");
-                    out.push_str(&m.role);
-                    out.push('\n');
-                    out.push_str(text);
-                    out.push_str("<|im_end|>\n");
-                }
-                if chat.add_generation_prompt {
-                    out.push_str("<|im_start|>assistant\n");
-                }
-            }
+        for (i, (m, text)) in messages.iter().zip(&texts).enumerate() {
+            self.emit_message(from + i, &m.role, text, &mut |p| out.push_str(p));
+        }
+        if chat.add_generation_prompt {
+            out.push_str(self.generation_prompt());
         }
         Some(out)
     }
+
+    /// Keys of the chat's *heads*: for each `k` in `1..messages.len()`, the
+    /// 128-bit xxh3 (and byte length) of `salt` followed by the rendering of
+    /// `messages[..k]`, computed in one streaming pass without building the
+    /// text. Shortest head first. `None` when the chat is not rendered
+    /// natively (see [`render`](Self::render)).
+    pub fn head_keys(&self, chat: &ChatBody<'_>, salt: &[u8]) -> Option<Vec<HeadKey>> {
+        if !Self::usable(chat) {
+            return None;
+        }
+        let heads = chat.messages.len().saturating_sub(1);
+        let mut keys = Vec::with_capacity(heads);
+        let mut hasher = Xxh3::new();
+        hasher.update(salt);
+        let mut len = 0usize;
+        for (i, m) in chat.messages[..heads].iter().enumerate() {
+            let text = m.content.text();
+            self.emit_message(i, &m.role, &text, &mut |p| {
+                hasher.update(p.as_bytes());
+                len += p.len();
+            });
+            keys.push(HeadKey {
+                messages: i + 1,
+                hash: hasher.digest128(),
+                len,
+            });
+        }
+        Some(keys)
+    }
+
+    /// What every message's rendering but the first starts with: an added
+    /// token, where the tokenizer cuts the text (see
+    /// `ChatTokenizer::head_split_is_exact`).
+    pub fn message_start(&self) -> &'static str {
+        match self {
+            Native::Llama3Instruct { .. } => "<|start_header_id|>",
+            Native::ChatMl => "<|im_start|>",
+        }
+    }
+
+    fn usable(chat: &ChatBody<'_>) -> bool {
+        chat.chat_template_kwargs
+            .as_ref()
+            .is_none_or(|k| k.is_empty())
+    }
+
+    fn generation_prompt(&self) -> &'static str {
+        match self {
+            Native::Llama3Instruct { .. } => "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            Native::ChatMl => "<|im_start|>assistant\n",
+        }
+    }
+
+    /// Writes message `index`'s rendering piece by piece.
+    fn emit_message(&self, index: usize, role: &str, text: &str, out: &mut impl FnMut(&str)) {
+        match self {
+            Native::Llama3Instruct { bos } => {
+                if index == 0 {
+                    out(bos);
+                }
+                out("<|start_header_id|>");
+                out(role);
+                out("<|end_header_id|>\n\n");
+                // minijinja's `trim`: Rust's `str::trim` (Unicode White_Space).
+                out(text.trim());
+                out("<|eot_id|>");
+            }
+            Native::ChatMl => {
+                out("<|im_start|>");
+                out(role);
+                out("\n");
+                out(text);
+                out("<|im_end|>\n");
+            }
+        }
+    }
+}
+
+/// The key of a chat's head (its first `messages` messages, rendered).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadKey {
+    /// How many messages the head holds.
+    pub messages: usize,
+    /// xxh3-128 of the salt and the rendered head.
+    pub hash: u128,
+    /// Bytes of the rendered head (without the salt).
+    pub len: usize,
 }
 
 #[cfg(test)]
@@ -217,6 +289,36 @@ mod tests {
                 (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
                 (a, b) => prop_assert!(false, "native {:?} vs minijinja {:?}", a, b),
             }
+        }
+
+        #[test]
+        fn heads_and_rests_make_the_whole_rendering(
+            messages in proptest::collection::vec(message(), 1..6),
+            generation in any::<bool>(),
+            chatml in any::<bool>(),
+            salt in proptest::collection::vec(any::<u8>(), 0..9),
+        ) {
+            let v = json!({"model": "m", "messages": messages, "add_generation_prompt": generation});
+            let c = chat(&v);
+            let n = if chatml {
+                Native::ChatMl
+            } else {
+                Native::Llama3Instruct { bos: "<|begin_of_text|>".into() }
+            };
+            let whole = n.render(&c).unwrap();
+            let keys = n.head_keys(&c, &salt).unwrap();
+            prop_assert_eq!(keys.len(), c.messages.len() - 1);
+            for (i, key) in keys.iter().enumerate() {
+                prop_assert_eq!(key.messages, i + 1);
+                let head = &whole[..key.len];
+                let mut salted = salt.clone();
+                salted.extend_from_slice(head.as_bytes());
+                prop_assert_eq!(key.hash, xxhash_rust::xxh3::xxh3_128(&salted));
+                let rest = n.render_from(&c, key.messages).unwrap();
+                prop_assert_eq!(format!("{head}{rest}"), whole.clone());
+                prop_assert!(rest.starts_with(n.message_start()));
+            }
+            prop_assert_eq!(n.render_from(&c, c.messages.len() + 1), None);
         }
     }
 }

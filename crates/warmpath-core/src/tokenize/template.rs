@@ -58,6 +58,11 @@ impl ChatTemplate {
         self.native.is_some()
     }
 
+    /// The native renderer, when the template is a well-known one.
+    pub fn native(&self) -> Option<&Native> {
+        self.native.as_ref()
+    }
+
     /// The same template, always rendered by minijinja (to compare against).
     #[cfg(test)]
     pub(crate) fn without_native(mut self) -> Self {
