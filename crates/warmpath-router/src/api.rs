@@ -56,7 +56,7 @@ pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 }
 
 fn rejected(e: ApiError) -> Response {
-    proxy::count("-", "-", "none", e.status);
+    proxy::count_refused(e.status);
     e.into_response()
 }
 

@@ -21,6 +21,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use parking_lot::RwLock;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -144,7 +146,13 @@ pub struct PoolMetrics {
     /// `warmpath_upstream_first_byte_seconds{pool}`.
     pub first_byte: Histogram,
     overhead: [Histogram; 5],
+    model: Arc<str>,
+    /// `warmpath_requests_total{pool, strategy, decision, status}`, looked
+    /// up once per label set (the registry's lookup allocates its labels).
+    requests: Arc<RwLock<HashMap<RequestLabels, Counter>>>,
 }
+
+type RequestLabels = (&'static str, &'static str, u16);
 
 impl PoolMetrics {
     /// Registers the series of pool `model`.
@@ -160,7 +168,21 @@ impl PoolMetrics {
             overhead: Phase::ALL.map(
                 |p| metrics::histogram!("warmpath_router_overhead_seconds", "phase" => p.label()),
             ),
+            model: model.into(),
+            requests: Arc::default(),
         }
+    }
+
+    /// Counts a finished routing attempt in `warmpath_requests_total`.
+    pub fn count(&self, strategy: &'static str, decision: &'static str, status: StatusCode) {
+        let key = (strategy, decision, status.as_u16());
+        if let Some(c) = self.requests.read().get(&key) {
+            c.increment(1);
+            return;
+        }
+        let c = requests_counter(&self.model, strategy, decision, status);
+        c.increment(1);
+        self.requests.write().insert(key, c);
     }
 
     /// `warmpath_router_overhead_seconds{phase}`.
@@ -173,6 +195,18 @@ impl fmt::Debug for PoolMetrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PoolMetrics").finish_non_exhaustive()
     }
+}
+
+/// `warmpath_requests_total{pool, strategy, decision, status}`.
+pub fn requests_counter(
+    pool: &str,
+    strategy: &'static str,
+    decision: &'static str,
+    status: StatusCode,
+) -> Counter {
+    metrics::counter!("warmpath_requests_total",
+        "pool" => pool.to_owned(), "strategy" => strategy,
+        "decision" => decision, "status" => status.as_u16().to_string())
 }
 
 /// `warmpath_backend_in_flight{pool, backend}`.

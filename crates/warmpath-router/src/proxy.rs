@@ -62,12 +62,9 @@ pub struct Outgoing<'a> {
     pub body: Bytes,
 }
 
-/// Counts a finished routing attempt in `warmpath_requests_total`.
-pub fn count(pool: &str, strategy: &'static str, decision: &'static str, status: StatusCode) {
-    metrics::counter!("warmpath_requests_total",
-        "pool" => pool.to_owned(), "strategy" => strategy,
-        "decision" => decision, "status" => status.as_u16().to_string())
-    .increment(1);
+/// Counts a request refused before a pool was known (`pool="-"`).
+pub fn count_refused(status: StatusCode) {
+    crate::metrics::requests_counter("-", "-", "none", status).increment(1);
 }
 
 fn upstream_request(
@@ -123,7 +120,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                         tried.join(", ")
                     ));
                 }
-                count(&pool.model, strategy, "none", e.status);
+                pool.metrics.count(strategy, "none", e.status);
                 return e.into_response();
             }
         };
@@ -138,7 +135,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
             Ok(resp) => {
                 backend.connect_succeeded();
                 let status = resp.status();
-                count(&pool.model, strategy, decision.kind.as_str(), status);
+                pool.metrics.count(strategy, decision.kind.as_str(), status);
                 let matched = u64::from(decision.matched_blocks);
                 pool.metrics.matched_blocks.record(matched as f64);
                 pool.metrics
@@ -165,7 +162,8 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "upstream request failed after it was sent; not retried");
                 let err = ApiError::upstream(format!("backend {} failed: {e}", backend.id));
-                count(&pool.model, strategy, decision.kind.as_str(), err.status);
+                pool.metrics
+                    .count(strategy, decision.kind.as_str(), err.status);
                 let mut resp = err.into_response();
                 tag(&mut resp, &backend.id, &decision);
                 return resp;
