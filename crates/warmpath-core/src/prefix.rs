@@ -118,7 +118,7 @@ impl PrefixExtractor {
                         || match &m.content {
                             Content::Empty => false,
                             Content::Text(t) => out.push(t),
-                            Content::Shared(t) => out.push(t),
+                            Content::Shared(t, _) => out.push(t),
                             Content::Parts(ps) => ps
                                 .iter()
                                 .enumerate()

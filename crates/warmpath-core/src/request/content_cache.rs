@@ -16,9 +16,32 @@
 
 use crate::weighted_lru::WeightedLru;
 use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_128;
 
 /// Literals shorter than this many bytes are unescaped directly, never kept.
 pub const MIN_LITERAL_BYTES: usize = 1024;
+
+/// What identifies a shared content: the 128-bit xxh3 and the length of the
+/// JSON literal it was unescaped from (equal literals, equal text). Lets a
+/// reader that only needs the content's identity (the chat head key,
+/// `crate::tokenize::head`) skip reading the text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LiteralKey {
+    /// xxh3-128 of the literal's bytes.
+    pub hash: u128,
+    /// The literal's length in bytes.
+    pub len: usize,
+}
+
+impl LiteralKey {
+    /// The key of JSON literal `lit`.
+    pub fn of(lit: &str) -> Self {
+        LiteralKey {
+            hash: xxh3_128(lit.as_bytes()),
+            len: lit.len(),
+        }
+    }
+}
 /// Default bound on the unescaped text kept (bytes).
 pub const DEFAULT_CAPACITY_BYTES: usize = 32 << 20;
 
@@ -82,12 +105,14 @@ impl ContentCache {
     /// The text of the JSON string literal `lit` (quotes included, already
     /// checked by serde_json), from the cache or unescaped by serde_json and
     /// kept. `None` when serde_json refuses it (e.g. a lone surrogate).
-    pub(crate) fn get_or_unescape(&self, lit: &str) -> Option<Arc<str>> {
-        self.lru
-            .get_or_make(lit.as_bytes(), || {
-                serde_json::from_str::<String>(lit).map(Arc::from)
-            })
-            .ok()
+    pub(crate) fn get_or_unescape(&self, lit: &str) -> Option<(Arc<str>, LiteralKey)> {
+        let key = LiteralKey::of(lit);
+        if let Some(text) = self.lru.get((key.hash, key.len)) {
+            return Some((text, key));
+        }
+        let text: Arc<str> = Arc::from(serde_json::from_str::<String>(lit).ok()?);
+        self.lru.insert((key.hash, key.len), Arc::clone(&text));
+        Some((text, key))
     }
 
     /// Counters and sizes.
@@ -117,10 +142,12 @@ mod tests {
         let text = "line\n".repeat(400);
         let l = lit(&text);
         assert!(c.is_cacheable(l.len()));
-        let a = c.get_or_unescape(&l).unwrap();
-        let b = c.get_or_unescape(&l).unwrap();
+        let (a, ka) = c.get_or_unescape(&l).unwrap();
+        let (b, kb) = c.get_or_unescape(&l).unwrap();
         assert_eq!(&*a, text);
         assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!((ka, kb), (LiteralKey::of(&l), LiteralKey::of(&l)));
+        assert_ne!(ka, LiteralKey::of(&lit(&"line\n".repeat(401))));
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.entries, s.bytes), (1, 1, 1, 2000));
     }
@@ -147,7 +174,7 @@ mod tests {
     fn refused_literals_are_not_kept() {
         let c = ContentCache::default();
         let bad = format!("\"{}\\ud800\"", "x".repeat(2000));
-        assert_eq!(c.get_or_unescape(&bad), None);
+        assert!(c.get_or_unescape(&bad).is_none());
         assert_eq!(c.stats().entries, 0);
     }
 }

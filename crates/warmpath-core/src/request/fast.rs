@@ -208,7 +208,8 @@ impl<'a> Msg<'a> {
             ContentDe::Ready(c) => c,
             ContentDe::Literal(lit) => match cache {
                 Some(cache) if cache.is_cacheable(lit.len()) => {
-                    Content::Shared(cache.get_or_unescape(lit)?)
+                    let (text, key) = cache.get_or_unescape(lit)?;
+                    Content::Shared(text, key)
                 }
                 _ => Content::Text(Cow::Owned(serde_json::from_str::<String>(lit).ok()?)),
             },

@@ -26,7 +26,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use thiserror::Error;
 
-pub use content_cache::{ContentCache, ContentCacheStats};
+pub use content_cache::{ContentCache, ContentCacheStats, LiteralKey};
 
 /// Why a request body was refused. Never retryable: the client must fix the body
 /// (the router answers HTTP 400 with this message).
@@ -139,8 +139,8 @@ pub enum Content<'a> {
     /// `content` as a string.
     Text(Cow<'a, str>),
     /// `content` as a string, shared from a [`ContentCache`] (a long literal
-    /// seen before).
-    Shared(Arc<str>),
+    /// seen before), with the key of its literal.
+    Shared(Arc<str>, LiteralKey),
     /// The `text` of every `{"type":"text"}` part, in order.
     Parts(Vec<Cow<'a, str>>),
 }
@@ -150,7 +150,7 @@ impl PartialEq for Content<'_> {
         match (self, other) {
             (Content::Empty, Content::Empty) => true,
             (Content::Parts(a), Content::Parts(b)) => a == b,
-            (Content::Text(_) | Content::Shared(_), Content::Text(_) | Content::Shared(_)) => {
+            (Content::Text(_) | Content::Shared(..), Content::Text(_) | Content::Shared(..)) => {
                 self.text() == other.text()
             }
             _ => false,
@@ -165,7 +165,7 @@ impl Content<'_> {
         match self {
             Content::Empty => Cow::Borrowed(""),
             Content::Text(t) => Cow::Borrowed(t.as_ref()),
-            Content::Shared(t) => Cow::Borrowed(t),
+            Content::Shared(t, _) => Cow::Borrowed(t),
             Content::Parts(ps) if ps.len() == 1 => Cow::Borrowed(ps[0].as_ref()),
             Content::Parts(ps) => Cow::Owned(ps.join("\n")),
         }
@@ -175,7 +175,7 @@ impl Content<'_> {
         match self {
             Content::Empty => Content::Empty,
             Content::Text(t) => Content::Text(Cow::Owned(t.into_owned())),
-            Content::Shared(t) => Content::Shared(t),
+            Content::Shared(t, k) => Content::Shared(t, k),
             Content::Parts(ps) => {
                 Content::Parts(ps.into_iter().map(|p| Cow::Owned(p.into_owned())).collect())
             }

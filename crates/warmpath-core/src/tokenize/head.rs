@@ -254,7 +254,7 @@ impl ChatIds {
 mod tests {
     use super::*;
     use crate::hash_tokens;
-    use crate::request::{Expect, Request};
+    use crate::request::{Content, ContentCache, Expect, Request, RequestBody};
     use crate::tokenize::native::CHATML;
     use crate::tokenize::{tiny, CacheConfig, ChatTokenizer, TokenizerFiles};
     use proptest::prelude::*;
@@ -280,6 +280,8 @@ mod tests {
     }
 
     /// Hashes through `heads` and checks them against plain hashing.
+    /// Long contents with escapes come from the router's content cache (as
+    /// `Content::Shared`, keyed by their literal), the rest from the body.
     fn check(
         tok: &ChatTokenizer,
         heads: &HeadChains,
@@ -287,8 +289,13 @@ mod tests {
         seed: HashSeed,
         bs: usize,
     ) -> bool {
+        thread_local! {
+            static CONTENTS: ContentCache = ContentCache::default();
+        }
         let text = body.to_string();
-        let req = Request::from_slice(text.as_bytes(), Expect::Chat).unwrap();
+        let req = CONTENTS
+            .with(|c| Request::parse_with(text.as_bytes(), Expect::Chat, Some(c)))
+            .unwrap();
         let ids = tok
             .encode_request_remembering(&req, seed, bs, heads)
             .unwrap();
@@ -310,6 +317,14 @@ mod tests {
                 {"role": "system", "content": system},
                 {"role": "user", "content": q}]})
             };
+            let first = ask("first question?").to_string();
+            let cache = ContentCache::default();
+            let parsed = Request::parse_with(first.as_bytes(), Expect::Chat, Some(&cache)).unwrap();
+            let RequestBody::Chat(c) = &parsed.body else {
+                unreachable!()
+            };
+            let shared = matches!(c.messages[0].content, Content::Shared(..));
+            assert!(shared, "the system prompt is shared");
             assert!(!check(&tok, &heads, &ask("first question?"), seed, 16));
             assert!(check(&tok, &heads, &ask("second question?"), seed, 16));
             assert!(check(&tok, &heads, &ask(" <|eot_id|> third\n"), seed, 16));

@@ -16,7 +16,7 @@
 //! print. Anything else, and every other template, goes through minijinja.
 
 use super::files::SpecialTokens;
-use crate::request::ChatBody;
+use crate::request::{ChatBody, Content};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Meta Llama 3 Instruct's template (`meta-llama/Meta-Llama-3-8B-Instruct`,
@@ -80,7 +80,7 @@ impl Native {
             + 64;
         let mut out = String::with_capacity(size);
         for (i, (m, text)) in messages.iter().zip(&texts).enumerate() {
-            self.emit_message(from + i, &m.role, text, &mut |p| out.push_str(p));
+            self.emit_message(from + i, &m.role, text, &mut |p| out.push_str(p.text()));
         }
         if chat.add_generation_prompt {
             out.push_str(self.generation_prompt());
@@ -89,10 +89,14 @@ impl Native {
     }
 
     /// Keys of the chat's *heads*: for each `k` in `1..messages.len()`, the
-    /// 128-bit xxh3 (and byte length) of `salt` followed by the rendering of
-    /// `messages[..k]`, computed in one streaming pass without building the
-    /// text. Shortest head first. `None` when the chat is not rendered
-    /// natively (see [`render`](Self::render)).
+    /// 128-bit xxh3 of `salt` followed by the rendering of `messages[..k]`,
+    /// and that rendering's byte length, computed in one streaming pass
+    /// without building the text. A shared content
+    /// ([`Content::Shared`]) stands in the stream as the byte 0xFF and its
+    /// literal's key instead of its text, so its text is not read (only its
+    /// ends, to trim it); 0xFF never occurs in UTF-8, so the stream still
+    /// names one rendering. Shortest head first. `None` when the chat is not
+    /// rendered natively (see [`render`](Self::render)).
     pub fn head_keys(&self, chat: &ChatBody<'_>, salt: &[u8]) -> Option<Vec<HeadKey>> {
         if !Self::usable(chat) {
             return None;
@@ -104,9 +108,20 @@ impl Native {
         let mut len = 0usize;
         for (i, m) in chat.messages[..heads].iter().enumerate() {
             let text = m.content.text();
+            let shared = match &m.content {
+                Content::Shared(_, key) => Some(key),
+                _ => None,
+            };
             self.emit_message(i, &m.role, &text, &mut |p| {
-                hasher.update(p.as_bytes());
-                len += p.len();
+                match (p, shared) {
+                    (Part::Content(_), Some(key)) => {
+                        hasher.update(&[0xFF]);
+                        hasher.update(&key.hash.to_le_bytes());
+                        hasher.update(&(key.len as u64).to_le_bytes());
+                    }
+                    (p, _) => hasher.update(p.text().as_bytes()),
+                }
+                len += p.text().len();
             });
             keys.push(HeadKey {
                 messages: i + 1,
@@ -141,26 +156,50 @@ impl Native {
     }
 
     /// Writes message `index`'s rendering piece by piece.
-    fn emit_message(&self, index: usize, role: &str, text: &str, out: &mut impl FnMut(&str)) {
+    fn emit_message<'t>(
+        &'t self,
+        index: usize,
+        role: &'t str,
+        text: &'t str,
+        out: &mut impl FnMut(Part<'t>),
+    ) {
+        use Part::{Content, Template};
         match self {
             Native::Llama3Instruct { bos } => {
                 if index == 0 {
-                    out(bos);
+                    out(Template(bos));
                 }
-                out("<|start_header_id|>");
-                out(role);
-                out("<|end_header_id|>\n\n");
+                out(Template("<|start_header_id|>"));
+                out(Template(role));
+                out(Template("<|end_header_id|>\n\n"));
                 // minijinja's `trim`: Rust's `str::trim` (Unicode White_Space).
-                out(text.trim());
-                out("<|eot_id|>");
+                out(Content(text.trim()));
+                out(Template("<|eot_id|>"));
             }
             Native::ChatMl => {
-                out("<|im_start|>");
-                out(role);
-                out("\n");
-                out(text);
-                out("<|im_end|>\n");
+                out(Template("<|im_start|>"));
+                out(Template(role));
+                out(Template("\n"));
+                out(Content(text));
+                out(Template("<|im_end|>\n"));
             }
+        }
+    }
+}
+
+/// A piece of a message's rendering.
+#[derive(Clone, Copy)]
+enum Part<'t> {
+    /// Template text (or the role).
+    Template(&'t str),
+    /// The message's content, as rendered.
+    Content(&'t str),
+}
+
+impl<'t> Part<'t> {
+    fn text(self) -> &'t str {
+        match self {
+            Part::Template(t) | Part::Content(t) => t,
         }
     }
 }
@@ -170,7 +209,8 @@ impl Native {
 pub struct HeadKey {
     /// How many messages the head holds.
     pub messages: usize,
-    /// xxh3-128 of the salt and the rendered head.
+    /// xxh3-128 of the salt and the rendered head (shared contents by their
+    /// literal's key, see [`Native::head_keys`]).
     pub hash: u128,
     /// Bytes of the rendered head (without the salt).
     pub len: usize,
