@@ -183,8 +183,6 @@ impl ChatTokenizer {
         }
     }
 
-    /// Encodes `text`, serving long segments from the cache. Always equal to
-    /// [`encode_text_uncached`](Self::encode_text_uncached).
     /// Whether chat heads can be remembered with this tokenizer: a native
     /// chat template whose per-message cut the tokenizer keeps (see
     /// [`super::head`]).
@@ -246,6 +244,8 @@ impl ChatTokenizer {
         }
     }
 
+    /// Encodes `text`, serving long segments from the cache. Always equal to
+    /// [`encode_text_uncached`](Self::encode_text_uncached).
     pub fn encode_text(
         &self,
         text: &str,
