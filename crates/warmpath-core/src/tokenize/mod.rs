@@ -29,6 +29,7 @@ mod pyfuncs;
 mod split;
 mod template;
 pub mod tiny;
+mod word_cache;
 
 pub use cache::{CacheConfig, CacheStats, SegmentCache};
 pub use chat::ChatTokenizer;

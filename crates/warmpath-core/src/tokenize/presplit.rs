@@ -26,28 +26,25 @@
 //! handed to the tokenizer's own model, which keeps its word cache.
 //!
 //! When the model is BPE without dropout (so a word always gives the same
-//! ids), the ids of each split are also kept in a bounded word cache keyed
-//! by the split's text: a hit costs one hash lookup instead of the library's
-//! cache lookup plus a `String` per token.
+//! ids), the ids of each short split are also kept in a bounded word cache
+//! ([`WordCache`]: split and ids inline in one entry, one read lock per
+//! piece): a hit costs one hash lookup instead of the library's cache lookup
+//! plus a `String` per token.
 //!
 //! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; any other
 //! configuration gets `None` and stays with the library. A proptest checks
 //! the ids against the library on random text rich in white space, scripts,
 //! digits and symbols.
 
+use super::word_cache::WordCache;
 use super::{ascii_split, TokenizeError};
-use dashmap::DashMap;
 use regex::Regex;
 use serde_json::Value;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use tokenizers::{Model, ModelWrapper, Tokenizer};
-use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 /// Most words the word cache holds; past that, words are not added (the
 /// library's own BPE cache behaves the same way).
 const WORD_CACHE_CAPACITY: usize = 100_000;
-/// Longest split cached, in bytes (longer ones are rare and cheap to skip).
-const WORD_CACHE_MAX_LEN: usize = 64;
 
 /// Split patterns whose last alternatives are `\s+(?!\S)|\s+` and whose
 /// earlier alternatives never match white space alone (see the module docs).
@@ -94,8 +91,7 @@ pub(crate) struct FastPieces {
     max_digits: usize,
     alphabet: [char; 256],
     /// Split text -> ids; `None` when the model is not deterministic per word.
-    words: Option<DashMap<Box<str>, Box<[u32]>, Xxh3DefaultBuilder>>,
-    word_count: AtomicUsize,
+    words: Option<WordCache>,
 }
 
 impl FastPieces {
@@ -113,8 +109,7 @@ impl FastPieces {
             regex,
             max_digits,
             alphabet: byte_alphabet(),
-            words: deterministic.then(|| DashMap::with_hasher(Xxh3DefaultBuilder)),
-            word_count: AtomicUsize::new(0),
+            words: deterministic.then(|| WordCache::new(WORD_CACHE_CAPACITY)),
         })
     }
 
@@ -202,27 +197,27 @@ impl FastPieces {
     ) -> Result<(), TokenizeError> {
         let model = tokenizer.get_model();
         let mut mapped = String::new();
-        for split in self.splits(text) {
-            let cacheable = split.len() <= WORD_CACHE_MAX_LEN;
-            if let (Some(words), true) = (&self.words, cacheable) {
-                if let Some(hit) = words.get(split) {
-                    ids.extend_from_slice(&hit);
+        // Splits encoded here, to add to the word cache after the reads.
+        let mut fresh: Vec<(&str, std::ops::Range<usize>)> = Vec::new();
+        {
+            let reader = self.words.as_ref().map(WordCache::reader);
+            for split in self.splits(text) {
+                if let Some(hit) = reader.as_ref().and_then(|r| r.get(split)) {
+                    ids.extend_from_slice(hit);
                     continue;
                 }
-            }
-            mapped.clear();
-            mapped.extend(split.bytes().map(|b| self.alphabet[usize::from(b)]));
-            let tokens = model.tokenize(&mapped).map_err(TokenizeError::Encode)?;
-            let start = ids.len();
-            ids.extend(tokens.iter().map(|t| t.id));
-            if let (Some(words), true) = (&self.words, cacheable) {
-                if self.word_count.load(Ordering::Relaxed) < WORD_CACHE_CAPACITY {
-                    let fresh = words.insert(split.into(), ids[start..].into()).is_none();
-                    if fresh {
-                        self.word_count.fetch_add(1, Ordering::Relaxed);
-                    }
+                mapped.clear();
+                mapped.extend(split.bytes().map(|b| self.alphabet[usize::from(b)]));
+                let tokens = model.tokenize(&mapped).map_err(TokenizeError::Encode)?;
+                let start = ids.len();
+                ids.extend(tokens.iter().map(|t| t.id));
+                if reader.is_some() && WordCache::fits(split, &ids[start..]) {
+                    fresh.push((split, start..ids.len()));
                 }
             }
+        }
+        if let (Some(words), false) = (&self.words, fresh.is_empty()) {
+            words.insert(fresh.into_iter().map(|(s, r)| (s, &ids[r])));
         }
         Ok(())
     }

@@ -14,6 +14,7 @@
 //! using the library.
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use std::collections::HashMap;
 use tokenizers::Tokenizer;
 
 /// One piece of a cut text.
@@ -66,11 +67,73 @@ impl Pass {
     }
 }
 
+/// The raw pass for token sets like Llama 3's, where every added token is
+/// `<|inner|>` (at least 4 bytes) with no `|>` inside `inner`: then at most
+/// one token can match at a `<|` — the text up to the first `|>` after it —
+/// so the pass is a `memchr` for `<` and one map lookup per candidate, with
+/// the same leftmost-longest result as the automaton (whose transition
+/// tables a cold core must fetch byte by byte).
+struct Bracketed {
+    ids: HashMap<Box<str>, u32>,
+}
+
+impl Bracketed {
+    fn build(tokens: &[(String, u32)]) -> Option<Self> {
+        let shaped = |t: &str| {
+            t.len() >= 4
+                && t.starts_with("<|")
+                && t.ends_with("|>")
+                && !t[2..t.len() - 2].contains("|>")
+        };
+        tokens.iter().all(|(t, _)| shaped(t)).then(|| Bracketed {
+            ids: tokens
+                .iter()
+                .map(|(t, id)| (t.as_str().into(), *id))
+                .collect(),
+        })
+    }
+
+    fn cut<'a, E>(
+        &self,
+        text: &'a str,
+        out: &mut impl FnMut(Piece<'a>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let bytes = text.as_bytes();
+        let (mut at, mut from) = (0, 0);
+        while let Some(k) = memchr::memchr(b'<', &bytes[from..]) {
+            let start = from + k;
+            from = start + 1;
+            if bytes.get(start + 1) != Some(&b'|') {
+                continue;
+            }
+            let Some(e) = memchr::memmem::find(&bytes[start + 2..], b"|>") else {
+                break; // no token can end anywhere after this
+            };
+            let end = start + 2 + e + 2;
+            if let Some(&id) = self.ids.get(&text[start..end]) {
+                if at < start {
+                    out(Piece::Text(&text[at..start]))?;
+                }
+                out(Piece::Added(id))?;
+                at = end;
+                from = end;
+            }
+        }
+        if at < text.len() {
+            out(Piece::Text(&text[at..]))?;
+        }
+        Ok(())
+    }
+}
+
 /// The exact added-token cut of one tokenizer (see module docs).
 pub(crate) struct AddedSplitter {
     raw: Pass,
     /// `None` when no token is matched in the normalized pass: skip it.
     normalized: Option<Pass>,
+    /// The raw pass without the automaton, when the tokens allow it and
+    /// there is no normalized pass.
+    bracketed: Option<Bracketed>,
 }
 
 impl std::fmt::Debug for AddedSplitter {
@@ -121,6 +184,11 @@ impl AddedSplitter {
         normalized.sort_unstable();
         normalized.dedup();
         Some(AddedSplitter {
+            bracketed: if normalized.is_empty() {
+                Bracketed::build(&raw)
+            } else {
+                None
+            },
             raw: Pass::build(raw)?,
             normalized: if normalized.is_empty() {
                 None
@@ -137,6 +205,9 @@ impl AddedSplitter {
         text: &'a str,
         mut out: impl FnMut(Piece<'a>) -> Result<(), E>,
     ) -> Result<(), E> {
+        if let Some(b) = &self.bracketed {
+            return b.cut(text, &mut out);
+        }
         // The second pass runs on each text piece the first one leaves.
         match &self.normalized {
             Some(normalized) => self.raw.cut(text, &mut out, |piece, out| {
@@ -256,5 +327,62 @@ mod tests {
             let text: String = pieces.concat();
             prop_assert_eq!(ours(&s, &text), library(&t, &text));
         }
+
+        /// Llama-3-shaped tokens take the automaton-free pass; same cut.
+        #[test]
+        fn bracketed_cut_equals_library(pieces in proptest::collection::vec(bracket_piece(), 0..12)) {
+            let t = Tokenizer::from_str(&tiny::tokenizer_json()).unwrap();
+            let s = AddedSplitter::new(&t).unwrap();
+            prop_assert!(s.bracketed.is_some());
+            let text: String = pieces.concat();
+            prop_assert_eq!(ours(&s, &text), library(&t, &text));
+        }
+    }
+
+    fn bracket_piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(tiny::BEGIN_OF_TEXT.to_string()),
+            Just(tiny::EOT_ID.to_string()),
+            Just("<|start_header_id|>".to_string()),
+            Just("<|end_header_id|>".to_string()),
+            Just("<|".to_string()),
+            Just("|>".to_string()),
+            Just("<||>".to_string()),
+            Just("<|eot_id".to_string()),
+            Just("<".to_string()),
+            "[<|>a-z_é ]{0,10}",
+        ]
+    }
+
+    #[test]
+    fn only_bracket_shaped_raw_tokens_skip_the_automaton() {
+        let t = Tokenizer::from_str(&tiny::tokenizer_json()).unwrap();
+        assert!(AddedSplitter::new(&t).unwrap().bracketed.is_some());
+        assert!(AddedSplitter::new(&overlapping())
+            .unwrap()
+            .bracketed
+            .is_none());
+        for odd in ["<|a|>b", "<|a|>b|>", "<|>", "[INST]"] {
+            let tokens = vec![("<|eot_id|>".to_owned(), 1), (odd.to_owned(), 2)];
+            assert!(Bracketed::build(&tokens).is_none(), "{odd}");
+        }
+        let tokens = vec![("<|a||>".to_owned(), 1), ("<||>".to_owned(), 2)];
+        let b = Bracketed::build(&tokens).unwrap();
+        let mut got = Vec::new();
+        b.cut("x<|a||><|<||>|>", &mut |p| {
+            got.push(p);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Piece::Text("x"),
+                Piece::Added(1),
+                Piece::Text("<|"),
+                Piece::Added(2),
+                Piece::Text("|>")
+            ]
+        );
     }
 }
