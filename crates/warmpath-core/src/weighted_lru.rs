@@ -122,6 +122,11 @@ impl<T: ?Sized + Size> WeightedLru<T> {
         }
     }
 
+    /// The bound on the total size of the values held.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     pub(crate) fn counts(&self) -> Counts {
         let inner = self.inner.lock();
         Counts {

@@ -70,13 +70,12 @@ pub struct HeadStats {
 /// A bounded LRU of head chains (see module docs), weighted by blocks.
 pub struct HeadChains {
     lru: WeightedLru<HeadChain>,
-    capacity_blocks: usize,
 }
 
 impl std::fmt::Debug for HeadChains {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HeadChains")
-            .field("capacity_blocks", &self.capacity_blocks)
+            .field("capacity_blocks", &self.lru.capacity())
             .field("stats", &self.stats())
             .finish()
     }
@@ -95,7 +94,6 @@ impl HeadChains {
     pub fn new(capacity_blocks: usize) -> Self {
         HeadChains {
             lru: WeightedLru::new(capacity_blocks),
-            capacity_blocks,
         }
     }
 
@@ -112,7 +110,7 @@ impl HeadChains {
     }
 
     pub(crate) fn enabled(&self) -> bool {
-        self.capacity_blocks > 0
+        self.lru.capacity() > 0
     }
 
     pub(crate) fn get(&self, key: &HeadKey) -> Option<Arc<HeadChain>> {
