@@ -15,8 +15,10 @@
 //! serde_json itself, so the text is always serde_json's.
 
 use crate::weighted_lru::WeightedLru;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 /// Literals shorter than this many bytes are unescaped directly, never kept.
 pub const MIN_LITERAL_BYTES: usize = 1024;
@@ -42,6 +44,16 @@ impl LiteralKey {
         }
     }
 }
+/// How many first bytes of a literal find its candidate lengths
+/// ([`ContentCache::find_literal`]).
+const START_BYTES: usize = 64;
+/// Candidate lengths kept per start (literals that begin alike, e.g. two
+/// versions of one system prompt), most recent first.
+const LENGTHS_PER_START: usize = 4;
+/// Starts remembered before the table is cleared (it refills as literals are
+/// kept again); far above the number of long literals a cache holds.
+const MAX_STARTS: usize = 1 << 14;
+
 /// Default bound on the unescaped text kept (bytes).
 pub const DEFAULT_CAPACITY_BYTES: usize = 32 << 20;
 
@@ -63,6 +75,9 @@ pub struct ContentCache {
     capacity_bytes: usize,
     min_bytes: usize,
     lru: WeightedLru<str>,
+    /// xxh3-64 of a kept literal's first [`START_BYTES`] bytes → lengths of
+    /// the literals kept with that start (0: none).
+    starts: Mutex<HashMap<u64, [usize; LENGTHS_PER_START]>>,
 }
 
 impl std::fmt::Debug for ContentCache {
@@ -87,6 +102,7 @@ impl ContentCache {
             capacity_bytes,
             min_bytes: MIN_LITERAL_BYTES,
             lru: WeightedLru::new(capacity_bytes),
+            starts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -112,7 +128,53 @@ impl ContentCache {
         }
         let text: Arc<str> = Arc::from(serde_json::from_str::<String>(lit).ok()?);
         self.lru.insert((key.hash, key.len), Arc::clone(&text));
+        self.remember_start(lit.as_bytes());
         Some((text, key))
+    }
+
+    /// The kept literal that `rest` starts with, found without scanning it:
+    /// the candidate lengths come from `rest`'s first bytes, and a candidate
+    /// counts only when the 128-bit xxh3 of that many bytes of `rest` is a
+    /// kept literal's key. Only exact when `rest` starts where a JSON value
+    /// starts (see `super::skim`). A stale candidate (its literal evicted)
+    /// counts as a miss.
+    pub(crate) fn find_literal(&self, rest: &[u8]) -> Option<(Arc<str>, LiteralKey)> {
+        let start = xxh3_64(rest.get(..START_BYTES)?);
+        let lens = *self.starts.lock().get(&start)?;
+        for len in lens {
+            let Some(lit) = rest.get(..len).filter(|l| l.last() == Some(&b'"')) else {
+                continue;
+            };
+            let key = LiteralKey {
+                hash: xxh3_128(lit),
+                len,
+            };
+            if let Some(text) = self.lru.get((key.hash, key.len)) {
+                return Some((text, key));
+            }
+        }
+        None
+    }
+
+    fn remember_start(&self, lit: &[u8]) {
+        let Some(start) = lit.get(..START_BYTES) else {
+            return;
+        };
+        let mut starts = self.starts.lock();
+        if starts.len() >= MAX_STARTS {
+            starts.clear();
+        }
+        let lens = starts.entry(xxh3_64(start)).or_default();
+        if lens[0] != lit.len() {
+            let keep: Vec<usize> = lens.iter().copied().filter(|&l| l != lit.len()).collect();
+            lens[0] = lit.len();
+            for (slot, l) in lens[1..]
+                .iter_mut()
+                .zip(keep.into_iter().chain(std::iter::repeat(0)))
+            {
+                *slot = l;
+            }
+        }
     }
 
     /// Counters and sizes.

@@ -1,7 +1,9 @@
 //! Reading a [`Request`] straight from the body's bytes: the router's hot path.
 //!
-//! [`Request::parse`] walks the JSON once with serde and keeps only the
-//! fields routing reads. Strings are borrowed from the body unless they hold
+//! [`Request::parse`] first tries the skimming walk of `skim.rs` (the common
+//! chat shape, a known long content skipped unread); when that gives up, it
+//! walks the JSON once with serde here and keeps only the fields routing
+//! reads. Strings are borrowed from the body unless they hold
 //! escapes (a long system prompt with `\n` in it is unescaped once), and every
 //! other value is skipped without being built — where a [`Value`] tree costs
 //! an allocation per string, array and object.
@@ -11,7 +13,8 @@
 //! than expected, a missing field, a body that is not an object, invalid
 //! JSON) the fast walk gives up and the body is parsed into a [`Value`] and
 //! read by [`Request::from_value`], so every error is the same error too.
-//! `parse_matches_from_value` (a proptest in `tests.rs`) checks both.
+//! `parse_matches_from_value` and `skimmed_chats_match_from_value`
+//! (proptests in `tests.rs`) check all three walks.
 
 use super::parse::{parse_prompt, u32_field};
 use super::{ChatBody, Content, ContentCache, Expect, Message, Request, RequestBody, RequestError};
@@ -37,6 +40,9 @@ impl<'a> Request<'a> {
         expect: Expect,
         cache: Option<&ContentCache>,
     ) -> Result<Self, RequestError> {
+        if let Some(r) = super::skim::skim(body, expect, cache) {
+            return Ok(r);
+        }
         if let Some(r) = fast(body, expect, cache) {
             return Ok(r);
         }

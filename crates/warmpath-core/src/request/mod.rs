@@ -1,7 +1,8 @@
 //! An OpenAI chat or completion request, reduced to what routing needs.
 //!
 //! [`Request`] borrows from the body's bytes ([`Request::parse`], the fast
-//! path: one walk over the JSON, no [`serde_json::Value`] tree), from a parsed
+//! path: one walk over the JSON, no [`serde_json::Value`] tree, a repeated
+//! long content skipped by its hash), from a parsed
 //! [`serde_json::Value`] ([`Request::from_value`]), or owns its data
 //! ([`Request::from_slice`], [`Request::into_owned`]). Only the
 //! fields that routing, prefix hashing and tokenization read are kept; the
@@ -296,6 +297,7 @@ impl Request<'static> {
 mod content_cache;
 mod fast;
 mod parse;
+mod skim;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -391,6 +391,8 @@ mod prop {
                 1 => Just(None),
                 1 => Just(Some(Value::Null)),
                 3 => text().prop_map(|t| Some(Value::String(t))),
+                // Long enough to be found by its start in a content cache.
+                1 => "[a-z \\n\"]{64,90}".prop_map(|t| Some(Value::String(t))),
                 2 => proptest::collection::vec(part(), 0..3).prop_map(|p| Some(Value::Array(p))),
                 1 => Just(Some(json!(5))),
             ],
@@ -484,8 +486,82 @@ mod prop {
             )
     }
 
+    /// The shape the skimming walk (`skim.rs`) reads to the end: simple
+    /// messages (long contents among them), other fields of every kind.
+    fn simple_chat() -> impl Strategy<Value = Value> {
+        let content = prop_oneof![
+            1 => Just(Value::Null),
+            2 => text().prop_map(Value::String),
+            3 => "[a-z \\n\"\u{e9}]{64,200}".prop_map(Value::String),
+            1 => "[a-z ]{64,100}".prop_map(Value::String),
+        ];
+        let message = (
+            proptest::sample::select(vec!["system", "user", "assistant"]),
+            proptest::option::of(content),
+        )
+            .prop_map(|(role, content)| {
+                let mut m = Map::new();
+                m.insert("role".into(), json!(role));
+                if let Some(c) = content {
+                    m.insert("content".into(), c);
+                }
+                Value::Object(m)
+            });
+        let other = proptest::sample::select(vec![
+            json!(0.7),
+            json!(-1e-3),
+            json!("s\"}]"),
+            json!({"include_usage": true, "x": ["]", {}]}),
+            json!([null, false]),
+            json!(null),
+        ]);
+        (
+            proptest::collection::vec(message, 1..4),
+            proptest::option::of(other),
+            proptest::option::of(proptest::sample::select(vec![
+                json!(5),
+                json!(null),
+                json!(-2),
+            ])),
+            proptest::option::of(proptest::sample::select(vec![json!("t-1"), json!(null)])),
+            any::<bool>(),
+        )
+            .prop_map(|(messages, other, max_tokens, pck, stream)| {
+                let mut m = Map::new();
+                m.insert("model".into(), json!("m"));
+                m.insert("stream".into(), json!(stream));
+                m.insert("messages".into(), Value::Array(messages));
+                for (k, v) in [
+                    ("temperature", other),
+                    ("max_tokens", max_tokens),
+                    ("prompt_cache_key", pck),
+                ] {
+                    if let Some(v) = v {
+                        m.insert(k.into(), v);
+                    }
+                }
+                Value::Object(m)
+            })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1024))]
+        #[test]
+        fn skimmed_chats_match_from_value(v in simple_chat(), pretty in any::<bool>()) {
+            let bytes = if pretty {
+                serde_json::to_vec_pretty(&v).unwrap()
+            } else {
+                serde_json::to_vec(&v).unwrap()
+            };
+            same_as_from_value(&bytes);
+            // ... and the skimming walk read them itself, hits included.
+            let cache = ContentCache::new(1 << 20).keeping_from(1);
+            for _ in 0..2 {
+                let skimmed = super::super::skim::skim(&bytes, Expect::Chat, Some(&cache));
+                prop_assert!(skimmed.is_some() || v["max_tokens"] == json!(-2));
+            }
+        }
+
         #[test]
         fn parse_matches_from_value(v in body(), pretty in any::<bool>()) {
             let bytes = if pretty {
