@@ -37,6 +37,7 @@ pub fn update_gauges(s: &Shared) {
         let stale = p.index.worker_stats(now).iter().filter(|w| w.stale).count();
         metrics::gauge!("warmpath_stale_workers", "pool" => p.model.clone()).set(stale as f64);
     }
+    crate::caches::update_metrics(s);
 }
 
 fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
@@ -131,9 +132,18 @@ pub async fn cache_index(State(s): State<Arc<Shared>>, Query(q): Query<IndexQuer
         .iter()
         .map(|p| pool_view(&s, p, top))
         .collect();
+    let caches: Vec<Value> = crate::caches::report(&s)
+        .iter()
+        .map(|r| {
+            let mut v = r.to_json();
+            v["pool"] = json!(r.pool);
+            v
+        })
+        .collect();
     Json(json!({
         "uptime_s": s.started.elapsed().as_secs_f64(),
         "pools": pools,
+        "hot_path_caches": caches,
     }))
 }
 

@@ -10,7 +10,7 @@
 //!
 //! Modules, in request order: [`config`] -> [`api`] -> [`route`] ->
 //! [`proxy`] (with [`backend`] load accounting and [`salt`]); around them
-//! [`pool`], [`hot`], [`inspect`], [`admin`], [`health`], [`metrics`] and
+//! [`pool`], [`hot`], [`caches`], [`inspect`], [`admin`], [`health`], [`metrics`] and
 //! [`server`] (start-up and the HTTP routes).
 //!
 //! Embed it with [`start`]:
@@ -29,6 +29,7 @@
 pub mod admin;
 pub mod api;
 pub mod backend;
+pub mod caches;
 pub mod config;
 pub mod error;
 pub mod health;

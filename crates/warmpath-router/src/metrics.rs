@@ -11,6 +11,9 @@
 //! | `warmpath_backend_in_flight` | gauge | pool, backend |
 //! | `warmpath_index_entries` | gauge | pool |
 //! | `warmpath_stale_workers` | gauge | pool |
+//! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::caches`]) |
+//! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
+//! | `warmpath_hot_cache_entries` | gauge | pool, cache |
 //!
 //! Requests refused before a pool is known are counted with `pool="-"`.
 
@@ -94,6 +97,18 @@ fn describe() {
     describe_gauge!(
         "warmpath_stale_workers",
         "Workers whose agent is silent past the deadline"
+    );
+    describe_counter!(
+        "warmpath_hot_cache_hits_total",
+        "Lookups in the router's hot-path memo caches that saved their work"
+    );
+    describe_counter!(
+        "warmpath_hot_cache_misses_total",
+        "Lookups in the router's hot-path memo caches that did the work"
+    );
+    describe_gauge!(
+        "warmpath_hot_cache_entries",
+        "Entries held by the router's hot-path memo caches"
     );
 }
 
