@@ -15,7 +15,7 @@
 //! serde_json itself, so the text is always serde_json's.
 
 use crate::weighted_lru::WeightedLru;
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
@@ -77,7 +77,7 @@ pub struct ContentCache {
     lru: WeightedLru<str>,
     /// xxh3-64 of a kept literal's first [`START_BYTES`] bytes → lengths of
     /// the literals kept with that start (0: none).
-    starts: Mutex<HashMap<u64, [usize; LENGTHS_PER_START]>>,
+    starts: RwLock<HashMap<u64, [usize; LENGTHS_PER_START]>>,
 }
 
 impl std::fmt::Debug for ContentCache {
@@ -102,7 +102,7 @@ impl ContentCache {
             capacity_bytes,
             min_bytes: MIN_LITERAL_BYTES,
             lru: WeightedLru::new(capacity_bytes),
-            starts: Mutex::new(HashMap::new()),
+            starts: RwLock::new(HashMap::new()),
         }
     }
 
@@ -140,7 +140,7 @@ impl ContentCache {
     /// counts as a miss.
     pub(crate) fn find_literal(&self, rest: &[u8]) -> Option<(Arc<str>, LiteralKey)> {
         let start = xxh3_64(rest.get(..START_BYTES)?);
-        let lens = *self.starts.lock().get(&start)?;
+        let lens = *self.starts.read().get(&start)?;
         for len in lens {
             let Some(lit) = rest.get(..len).filter(|l| l.last() == Some(&b'"')) else {
                 continue;
@@ -160,7 +160,7 @@ impl ContentCache {
         let Some(start) = lit.get(..START_BYTES) else {
             return;
         };
-        let mut starts = self.starts.lock();
+        let mut starts = self.starts.write();
         if starts.len() >= MAX_STARTS {
             starts.clear();
         }

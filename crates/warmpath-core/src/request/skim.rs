@@ -205,7 +205,7 @@ impl<'a> Cursor<'a> {
         if self.null() {
             return Some(Content::Empty);
         }
-        if let Some(cache) = cache {
+        if let (Some(cache), Some(b'"')) = (cache, self.peek()) {
             if let Some((text, key)) = cache.find_literal(&self.b[self.at..]) {
                 self.at += key.len;
                 return Some(Content::Shared(text, key));
