@@ -477,13 +477,17 @@ mod prop {
                         ("chat_template_kwargs", kw),
                         ("temperature", other),
                     ] {
-                        if let Some(v) = v {
-                            m.insert(k.into(), v);
-                        }
+                        insert_some(&mut m, k, v);
                     }
                     Value::Object(m)
                 },
             )
+    }
+
+    fn insert_some(m: &mut Map<String, Value>, key: &str, v: Option<Value>) {
+        if let Some(v) = v {
+            m.insert(key.into(), v);
+        }
     }
 
     /// The shape the skimming walk (`skim.rs`) reads to the end: simple
@@ -536,9 +540,7 @@ mod prop {
                     ("max_tokens", max_tokens),
                     ("prompt_cache_key", pck),
                 ] {
-                    if let Some(v) = v {
-                        m.insert(k.into(), v);
-                    }
+                    insert_some(&mut m, k, v);
                 }
                 Value::Object(m)
             })
