@@ -546,15 +546,19 @@ mod prop {
             })
     }
 
+    fn json_bytes(v: &Value, pretty: bool) -> Vec<u8> {
+        if pretty {
+            serde_json::to_vec_pretty(v).unwrap()
+        } else {
+            serde_json::to_vec(v).unwrap()
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1024))]
         #[test]
         fn skimmed_chats_match_from_value(v in simple_chat(), pretty in any::<bool>()) {
-            let bytes = if pretty {
-                serde_json::to_vec_pretty(&v).unwrap()
-            } else {
-                serde_json::to_vec(&v).unwrap()
-            };
+            let bytes = json_bytes(&v, pretty);
             same_as_from_value(&bytes);
             // ... and the skimming walk read them itself, hits included.
             let cache = ContentCache::new(1 << 20).keeping_from(1);
@@ -566,11 +570,7 @@ mod prop {
 
         #[test]
         fn parse_matches_from_value(v in body(), pretty in any::<bool>()) {
-            let bytes = if pretty {
-                serde_json::to_vec_pretty(&v).unwrap()
-            } else {
-                serde_json::to_vec(&v).unwrap()
-            };
+            let bytes = json_bytes(&v, pretty);
             same_as_from_value(&bytes);
         }
 
