@@ -33,6 +33,7 @@ impl CacheReport {
     /// As listed by `GET /cache-index`.
     pub fn to_json(&self) -> Value {
         json!({
+            "pool": self.pool,
             "cache": self.cache,
             "hits": self.hits,
             "misses": self.misses,

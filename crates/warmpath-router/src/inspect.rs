@@ -134,11 +134,7 @@ pub async fn cache_index(State(s): State<Arc<Shared>>, Query(q): Query<IndexQuer
         .collect();
     let caches: Vec<Value> = crate::caches::report(&s)
         .iter()
-        .map(|r| {
-            let mut v = r.to_json();
-            v["pool"] = json!(r.pool);
-            v
-        })
+        .map(crate::caches::CacheReport::to_json)
         .collect();
     Json(json!({
         "uptime_s": s.started.elapsed().as_secs_f64(),

@@ -44,6 +44,7 @@ impl LiteralKey {
         }
     }
 }
+
 /// How many first bytes of a literal find its candidate lengths
 /// ([`ContentCache::find_literal`]).
 const START_BYTES: usize = 64;
@@ -123,11 +124,16 @@ impl ContentCache {
     /// kept. `None` when serde_json refuses it (e.g. a lone surrogate).
     pub(crate) fn get_or_unescape(&self, lit: &str) -> Option<(Arc<str>, LiteralKey)> {
         let key = LiteralKey::of(lit);
-        if let Some(text) = self.lru.get((key.hash, key.len)) {
-            return Some((text, key));
-        }
-        let text: Arc<str> = Arc::from(serde_json::from_str::<String>(lit).ok()?);
-        self.lru.insert((key.hash, key.len), Arc::clone(&text));
+        let text = match self.lru.get((key.hash, key.len)) {
+            Some(text) => text,
+            None => {
+                let text: Arc<str> = Arc::from(serde_json::from_str::<String>(lit).ok()?);
+                self.lru.insert((key.hash, key.len), Arc::clone(&text));
+                text
+            }
+        };
+        // Also on a hit: this literal was read in full, so its start was
+        // not (or no longer) a candidate.
         self.remember_start(lit.as_bytes());
         Some((text, key))
     }
@@ -156,25 +162,27 @@ impl ContentCache {
         None
     }
 
+    /// Makes `lit`'s length the first candidate of its start.
     fn remember_start(&self, lit: &[u8]) {
         let Some(start) = lit.get(..START_BYTES) else {
             return;
         };
+        let start = xxh3_64(start);
+        if self.starts.read().get(&start).map(|l| l[0]) == Some(lit.len()) {
+            return;
+        }
         let mut starts = self.starts.write();
         if starts.len() >= MAX_STARTS {
             starts.clear();
         }
-        let lens = starts.entry(xxh3_64(start)).or_default();
-        if lens[0] != lit.len() {
-            let keep: Vec<usize> = lens.iter().copied().filter(|&l| l != lit.len()).collect();
-            lens[0] = lit.len();
-            for (slot, l) in lens[1..]
-                .iter_mut()
-                .zip(keep.into_iter().chain(std::iter::repeat(0)))
-            {
-                *slot = l;
-            }
+        let lens = starts.entry(start).or_default();
+        let mut next = [0; LENGTHS_PER_START];
+        next[0] = lit.len();
+        let older = lens.iter().filter(|&&l| l != lit.len());
+        for (slot, &l) in next[1..].iter_mut().zip(older) {
+            *slot = l;
         }
+        *lens = next;
     }
 
     /// Counters and sizes.
@@ -230,6 +238,27 @@ mod tests {
         assert_eq!(c.stats().misses, 4);
         assert!(!ContentCache::new(0).is_cacheable(MIN_LITERAL_BYTES));
         assert!(!c.is_cacheable(MIN_LITERAL_BYTES - 1));
+    }
+
+    #[test]
+    fn literals_that_begin_alike_are_all_found_by_their_start() {
+        let c = ContentCache::new(1 << 20);
+        let start = "the same first line, long enough for the probe\n".repeat(2);
+        let lits: Vec<String> = (0..6)
+            .map(|i| lit(&format!("{start}{}", "x".repeat(i))))
+            .collect();
+        for l in &lits {
+            c.get_or_unescape(l).unwrap();
+        }
+        // The four most recent lengths are candidates; the two oldest are not.
+        for (i, l) in lits.iter().enumerate() {
+            assert_eq!(c.find_literal(l.as_bytes()).is_some(), i >= 2, "{i}");
+        }
+        // Seen again, an old one comes back to the front.
+        c.get_or_unescape(&lits[0]).unwrap();
+        assert!(c.find_literal(lits[0].as_bytes()).is_some());
+        assert!(c.find_literal(lits[5].as_bytes()).is_some());
+        assert!(c.find_literal(lits[2].as_bytes()).is_none());
     }
 
     #[test]
