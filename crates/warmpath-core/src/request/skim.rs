@@ -105,17 +105,35 @@ impl<'a> Cursor<'a> {
 
     /// Consumes `byte` (after whitespace).
     fn eat(&mut self, byte: u8) -> Option<()> {
+        self.eat_if(byte).then_some(())
+    }
+
+    /// Consumes `byte` (after whitespace) when it is next.
+    fn eat_if(&mut self, byte: u8) -> bool {
         self.ws();
-        (self.peek()? == byte).then(|| self.at += 1)
+        let is = self.peek() == Some(byte);
+        if is {
+            self.at += 1;
+        }
+        is
+    }
+
+    /// After an element of a list closed by `close`: whether another follows
+    /// (a comma was consumed) or the list ended (`close` was); `None` for
+    /// anything else.
+    fn more(&mut self, close: u8) -> Option<bool> {
+        if self.eat_if(b',') {
+            return Some(true);
+        }
+        self.eat(close)?;
+        Some(false)
     }
 
     /// Walks `{ "key": value, ... }`, calling `field` at each value (the
     /// cursor after the colon and whitespace); it must consume the value.
     fn object(&mut self, mut field: impl FnMut(&mut Self, &str) -> Option<()>) -> Option<()> {
         self.eat(b'{')?;
-        self.ws();
-        if self.peek()? == b'}' {
-            self.at += 1;
+        if self.eat_if(b'}') {
             return Some(());
         }
         loop {
@@ -124,14 +142,8 @@ impl<'a> Cursor<'a> {
             self.eat(b':')?;
             self.ws();
             field(self, &key)?;
-            self.ws();
-            match self.peek()? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if !self.more(b'}')? {
+                return Some(());
             }
         }
     }
@@ -167,9 +179,7 @@ impl<'a> Cursor<'a> {
         }
         self.eat(b'[')?;
         let mut out = Vec::new();
-        self.ws();
-        if self.peek()? == b']' {
-            self.at += 1;
+        if self.eat_if(b']') {
             return Some(Some(out));
         }
         loop {
@@ -188,14 +198,8 @@ impl<'a> Cursor<'a> {
                 content,
                 extra: Map::new(),
             });
-            self.ws();
-            match self.peek()? {
-                b',' => self.at += 1,
-                b']' => {
-                    self.at += 1;
-                    return Some(Some(out));
-                }
-                _ => return None,
+            if !self.more(b']')? {
+                return Some(Some(out));
             }
         }
     }
