@@ -408,6 +408,20 @@ impl RouterProcess {
         self.child.id().unwrap()
     }
 
+    /// Sends SIGTERM and waits (up to 10 s) for the process to exit.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let ok = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("router did not exit within 10 s of SIGTERM")
+            .unwrap()
+    }
+
     /// Sends SIGHUP (config reload).
     pub fn hangup(&self) {
         let ok = std::process::Command::new("kill")

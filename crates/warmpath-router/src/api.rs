@@ -67,12 +67,27 @@ pub async fn chat(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    chat_parts(s, uri, headers, body).await
+}
+
+/// `POST /v1/chat/completions`, from the request's parts (see [`crate::front`]).
+pub async fn chat_parts(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     openai(s, Expect::Chat, "/v1/chat/completions", uri, headers, body).await
 }
 
 /// `POST /v1/completions`.
 pub async fn completions(
     State(s): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    completions_parts(s, uri, headers, body).await
+}
+
+/// `POST /v1/completions`, from the request's parts (see [`crate::front`]).
+pub async fn completions_parts(
+    s: Arc<Shared>,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
@@ -144,6 +159,11 @@ fn prepare(
 /// pool comes from a top-level `model` string when the body is JSON with one,
 /// else the only pool; the tenant only from `X-Prefix-Aware-Id`.
 pub async fn invocations(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    invocations_parts(s, headers, body).await
+}
+
+/// `POST /invocations`, from the request's parts (see [`crate::front`]).
+pub async fn invocations_parts(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
     let raw = match read_body(body, &headers, s.settings.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => return rejected(e),

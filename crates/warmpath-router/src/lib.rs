@@ -8,7 +8,7 @@
 //! backend gets the body unchanged (apart from `cache_salt`), and its answer
 //! streams back frame by frame.
 //!
-//! Modules, in request order: [`config`] -> [`api`] -> [`route`] ->
+//! Modules, in request order: [`config`] -> [`front`] -> [`api`] -> [`route`] ->
 //! [`proxy`] (with [`backend`] load accounting and [`salt`]); around them
 //! [`pool`], [`hot`], [`caches`], [`inspect`], [`admin`], [`health`], [`metrics`] and
 //! [`server`] (start-up and the HTTP routes).
@@ -32,6 +32,7 @@ pub mod backend;
 pub mod caches;
 pub mod config;
 pub mod error;
+pub mod front;
 pub mod health;
 pub mod hot;
 pub mod ingest;

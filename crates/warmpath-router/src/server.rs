@@ -1,13 +1,13 @@
-//! Start-up: build pools, bind, serve the HTTP routes, run the background
-//! tasks; [`RunningRouter`] owns them all.
+//! Start-up: build pools, bind, serve HTTP ([`crate::front`] in front of the
+//! routes of [`app`]), run the background tasks; [`RunningRouter`] owns them
+//! all.
 
 use crate::config::RouterConfig;
 use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
-use crate::{admin, api, health, ingest, inspect, metrics};
+use crate::{admin, api, front, health, ingest, inspect, metrics};
 use axum::routing::{get, post, put};
-use axum::serve::ListenerExt;
 use axum::Router;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +16,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The HTTP routes over `shared`.
+/// The HTTP routes over `shared` (the proxied `POST`s reach their handlers
+/// through [`crate::front`] without this table; it answers everything else).
 pub fn app(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(api::chat))
@@ -153,23 +154,12 @@ pub async fn start(
     }
     let serve_token = token.clone();
     let router = app(Arc::clone(&shared));
-    tasks.push(tokio::spawn(async move {
-        // Answers stream in small writes (SSE chunks): without TCP_NODELAY,
-        // Nagle's algorithm holds a chunk until the client's delayed ACK
-        // (~40 ms) on a reused keep-alive connection — most visibly the
-        // first token.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
-            }
-        });
-        let res = axum::serve(listener, router)
-            .with_graceful_shutdown(serve_token.cancelled_owned())
-            .await;
-        if let Err(e) = res {
-            tracing::error!(error = %e, "HTTP server stopped");
-        }
-    }));
+    tasks.push(tokio::spawn(front::serve(
+        listener,
+        Arc::clone(&shared),
+        router,
+        serve_token,
+    )));
     tasks.push(tokio::spawn(health::run(
         Arc::clone(&shared),
         token.clone(),

@@ -6,10 +6,10 @@
 //!   block size equal to the pool's, epoch not older than the known one), then
 //!   a chunked snapshot that replaces the worker's entries atomically, then
 //!   ordered deltas. A gap answers `ResendSnapshot` and ignores deltas until
-//!   the next snapshot ([`stream`]).
+//!   the next snapshot (module `stream`).
 //! - A newer epoch, or a reconnect, takes the worker over; the older stream is
 //!   closed on its next message.
-//! - The [`sweeper`] marks workers silent past `stale_after` stale (their
+//! - The `sweeper` module marks workers silent past `stale_after` stale (their
 //!   entries stop counting for `kv_aware`) and clears them after
 //!   `drop_after`.
 //! - Several router replicas each receive every agent's stream; since each
