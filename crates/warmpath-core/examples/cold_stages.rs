@@ -6,7 +6,9 @@
 //! piece / only the text before it, to see which one pays. `HEADS=1` goes
 //! the router's way: the system prompt's block hashes come from a
 //! `HeadChains` memo, and only the question is rendered, tokenized and hashed
-//! ("encode" is then render + encode).
+//! ("encode" is then render + encode). `SPIN=1` busy-waits through the
+//! pause instead of sleeping: the thread keeps its core, so what remains
+//! cold is only what the passing time itself evicts.
 //!
 //! `cargo run --release -p warmpath-core --features tokenizer --example cold_stages -- [pause_us]`
 #![allow(clippy::unwrap_used)]
@@ -37,6 +39,7 @@ fn main() {
     // As the router: long contents come from its content cache.
     let contents = ContentCache::default();
     let heads = HeadChains::default();
+    let spin = std::env::var("SPIN").is_ok();
     let n = 1500;
     let mut t = vec![[0f64; 5]; n];
     for i in 0..n + 50 {
@@ -45,7 +48,12 @@ fn main() {
             i * 7919 % 1000
         )
         .into_bytes();
-        if pause > 0 {
+        if pause > 0 && spin {
+            let until = Instant::now() + Duration::from_micros(pause);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        } else if pause > 0 {
             std::thread::sleep(Duration::from_micros(pause));
         }
         let t0 = Instant::now();
