@@ -445,3 +445,24 @@ pub async fn run_to_exit(args: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `n` test backends named `b0`, `b1`, … serving model `m`.
+pub async fn backends(n: usize) -> Vec<TestBackend> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(TestBackend::start(&format!("b{i}")).await);
+    }
+    out
+}
+
+/// The real router binary over `bs` as pool `m`, with `extra` flags.
+pub async fn router(bs: &[TestBackend], extra: &[&str]) -> RouterProcess {
+    let urls: Vec<String> = bs.iter().map(TestBackend::url).collect();
+    let mut args = vec!["--model", "m"];
+    for u in &urls {
+        args.push("--backend");
+        args.push(u);
+    }
+    args.extend_from_slice(extra);
+    RouterProcess::spawn(&args).await
+}

@@ -1,0 +1,153 @@
+//! End-to-end tests of the real `warmpath-router` binary's life cycle and HTTP
+//! front: configuration reload on SIGHUP, HTTP/2 clients, the routes served
+//! beside the proxied ones, graceful SIGTERM. Everything on 127.0.0.1 port 0.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use serde_json::json;
+use std::time::Duration;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_strategy_and_bad_configs_do_not_start() {
+    let bs = backends(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    let write = |strategy: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "pools:\n  - model: m\n    strategy: {strategy}\n    backends: [{{url: '{}'}}, {{url: '{}'}}]\n",
+                bs[0].url(),
+                bs[1].url()
+            ),
+        )
+        .unwrap()
+    };
+    write("random");
+    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let c = client();
+    let url = r.url("/v1/completions");
+    assert_eq!(
+        post(&c, &url, &json!({"model": "m", "prompt": "x"}), &[])
+            .await
+            .decision(),
+        "random"
+    );
+    write("least_outstanding");
+    r.hangup();
+    let mut switched = false;
+    for _ in 0..200 {
+        if post(&c, &url, &json!({"model": "m", "prompt": "x"}), &[])
+            .await
+            .decision()
+            == "least_outstanding"
+        {
+            switched = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(switched, "SIGHUP applied the new strategy");
+    // Invalid start-up configurations fail with a clear message.
+    let (ok, err) = run_to_exit(&[
+        "--model",
+        "m",
+        "--backend",
+        "http://127.0.0.1:9",
+        "--strategy",
+        "kv_aware",
+    ])
+    .await;
+    assert!(!ok && err.contains("needs a tokenizer"), "{err}");
+    let (ok, err) = run_to_exit(&[
+        "--model",
+        "m",
+        "--backend",
+        "http://127.0.0.1:9",
+        "--prefix-length",
+        "5",
+    ])
+    .await;
+    assert!(!ok && err.contains("1024..=65536"), "{err}");
+    let (ok, err) = run_to_exit(&["--config", "/nonexistent/router.yaml"]).await;
+    assert!(!ok && err.contains("cannot read config file"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_and_every_non_proxy_route_are_served() {
+    let bs = backends(1).await;
+    let r = router(&bs, &["--strategy", "random"]).await;
+    // HTTP/2 with prior knowledge (h2c), as gRPC-style clients speak it.
+    let h2: TestClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let rep = post(
+        &h2,
+        &r.url("/v1/chat/completions?api-version=1"),
+        &body,
+        &[],
+    )
+    .await;
+    assert_eq!(rep.status, 200, "{:?}", rep.body);
+    assert_eq!(rep.backend(), bs[0].url());
+    assert_eq!(
+        bs[0].requests()[0].path,
+        "/v1/chat/completions?api-version=1"
+    );
+    let rep = get_url(&h2, &r.url("/v1/models")).await;
+    assert_eq!(rep.json()["data"][0]["id"], "m");
+
+    let c = client();
+    // A proxied path with another method, or a near-miss path, is answered
+    // by the router's table: 405 and 404, nothing sent upstream.
+    let rep = get_url(&c, &r.url("/v1/chat/completions")).await;
+    assert_eq!(rep.status, 405);
+    let rep = post(&c, &r.url("/v1/chat/completions/"), &body, &[]).await;
+    assert_eq!(rep.error(404)["code"], "not_found");
+    let rep = post(&c, &r.url("/V1/completions"), &body, &[]).await;
+    assert_eq!(rep.status, 404);
+    assert_eq!(bs[0].count(), 1);
+    // Every proxied endpoint still answers through the fast path.
+    let completion = json!({"model": "m", "prompt": "hi"});
+    for path in ["/v1/completions", "/invocations"] {
+        let rep = post(&c, &r.url(path), &completion, &[]).await;
+        assert_eq!(rep.status, 200, "{path}");
+        assert_eq!(rep.backend(), bs[0].url(), "{path}");
+    }
+    assert_eq!(bs[0].count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_streams_finish_then_exits() {
+    let bs = backends(1).await;
+    let r = router(&bs, &[]).await;
+    let url = r.url("/v1/chat/completions");
+    let c = client();
+    let body = json!({"model": "m", "stream": true, "x_chunks": 20, "x_delay_ms": 20,
+                      "messages": [{"role": "user", "content": "x"}]});
+    let stream = tokio::spawn({
+        let (c, url, body) = (c.clone(), url.clone(), body.clone());
+        async move { post_frames(&c, &url, &body).await }
+    });
+    eventually("the stream started upstream", || bs[0].count() == 1).await;
+    let status = r.terminate().await;
+    assert!(status.success(), "exit status {status:?}");
+    let (code, _, frames, err) = stream.await.unwrap();
+    assert_eq!(code, 200);
+    assert!(err.is_none(), "the in-flight stream was cut: {err:?}");
+    let got: Vec<u8> = frames.iter().flat_map(|f| f.to_vec()).collect();
+    assert_eq!(
+        String::from_utf8(got).unwrap(),
+        sse_chunks("b0", 20).concat()
+    );
+    assert!(
+        c.request(request("POST", &url, body.to_string(), &[]))
+            .await
+            .is_err(),
+        "a stopped router still answered"
+    );
+}
