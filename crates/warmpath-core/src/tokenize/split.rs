@@ -106,7 +106,7 @@ impl Bracketed {
             if bytes.get(start + 1) != Some(&b'|') {
                 continue;
             }
-            let Some(e) = memchr::memmem::find(&bytes[start + 2..], b"|>") else {
+            let Some(e) = find_close(&bytes[start + 2..]) else {
                 break; // no token can end anywhere after this
             };
             let end = start + 2 + e + 2;
@@ -124,6 +124,20 @@ impl Bracketed {
         }
         Ok(())
     }
+}
+
+/// Where the first `|>` in `bytes` starts. (`memmem::find` would build a
+/// searcher for the two-byte needle on every call.)
+fn find_close(bytes: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(k) = memchr::memchr(b'|', &bytes[from..]) {
+        let at = from + k;
+        if bytes.get(at + 1) == Some(&b'>') {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
 }
 
 /// The exact added-token cut of one tokenizer (see module docs).
@@ -315,6 +329,14 @@ mod tests {
             "[abcé<|>xyz]{0,12}",
             "\\PC{0,20}",
         ]
+    }
+
+    proptest! {
+        #[test]
+        fn find_close_equals_memmem(bytes in proptest::collection::vec(
+            prop_oneof![Just(b'|'), Just(b'>'), Just(b'<'), any::<u8>()], 0..64)) {
+            prop_assert_eq!(find_close(&bytes), memchr::memmem::find(&bytes, b"|>"));
+        }
     }
 
     proptest! {
