@@ -105,12 +105,38 @@ impl FastPieces {
         let regex = Regex::new(&pattern.replacen(LOOKAHEAD, "", 1)).ok()?;
         let deterministic = matches!(tokenizer.get_model(),
             ModelWrapper::BPE(bpe) if bpe.dropout.is_none_or(|d| d == 0.0));
-        Some(FastPieces {
+        let fast = FastPieces {
             regex,
             max_digits,
             alphabet: byte_alphabet(),
             words: deterministic.then(|| WordCache::new(WORD_CACHE_CAPACITY)),
-        })
+        };
+        fast.prewarm_digits(tokenizer);
+        Some(fast)
+    }
+
+    /// Puts every ASCII digit group the pattern can split off (`0`–`999`,
+    /// leading zeros included, for `\p{N}{1,3}`: 1110 groups) in the word
+    /// cache, with the ids the model gives it — what a miss would add. A
+    /// question's numbers (dates, amounts, ids) are often new, and each new
+    /// group would otherwise go through the library's BPE on the hot path.
+    fn prewarm_digits(&self, tokenizer: &Tokenizer) {
+        let Some(words) = &self.words else {
+            return;
+        };
+        let model = tokenizer.get_model();
+        let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+        for len in 1..=self.max_digits.min(3) {
+            for n in 0..10usize.pow(len as u32) {
+                let group = format!("{n:0len$}", len = len);
+                // Digits are printable ASCII: the byte alphabet keeps them.
+                let Ok(tokens) = model.tokenize(&group) else {
+                    continue;
+                };
+                groups.push((group, tokens.iter().map(|t| t.id).collect()));
+            }
+        }
+        words.insert(groups.iter().map(|(g, ids)| (g.as_str(), ids.as_slice())));
     }
 
     /// The split pattern when `pre` is `Sequence[Split(known, Isolated),
@@ -256,6 +282,25 @@ mod tests {
         let tok = tiny_tokenizer();
         let fast = FastPieces::new(&tok).unwrap();
         assert!(fast.words.is_some(), "BPE without dropout caches words");
+        assert_eq!(
+            fast.words.as_ref().map(WordCache::len),
+            Some(1110),
+            "every digit group 0-999 is cached up front"
+        );
+        let reader = fast.words.as_ref().unwrap().reader();
+        for group in ["0", "07", "860", "999"] {
+            let lib = tok.encode_fast(group, false).unwrap();
+            assert_eq!(reader.get(group), Some(lib.get_ids()), "{group}");
+        }
+        drop(reader);
+        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
+        v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = KNOWN_PATTERNS[1].0.into();
+        let single = FastPieces::new(&Tokenizer::from_str(&v.to_string()).unwrap()).unwrap();
+        assert_eq!(
+            single.words.as_ref().map(WordCache::len),
+            Some(10),
+            "a single-digit pattern splits off 0-9 only"
+        );
         let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
         v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+(?!\S)|\s+|\S+".into();
         let other = Tokenizer::from_str(&v.to_string()).unwrap();
