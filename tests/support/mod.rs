@@ -408,14 +408,19 @@ impl RouterProcess {
         self.child.id().unwrap()
     }
 
-    /// Sends SIGTERM and waits (up to 10 s) for the process to exit.
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
+    /// Sends `signal` (a `kill` name such as `HUP`) to the process.
+    fn signal(&self, signal: &str) {
         let ok = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+            .args([&format!("-{signal}"), &self.pid().to_string()])
             .status()
             .unwrap()
             .success();
-        assert!(ok);
+        assert!(ok, "kill -{signal} failed");
+    }
+
+    /// Sends SIGTERM and waits (up to 10 s) for the process to exit.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
         tokio::time::timeout(Duration::from_secs(10), self.child.wait())
             .await
             .expect("router did not exit within 10 s of SIGTERM")
@@ -424,12 +429,7 @@ impl RouterProcess {
 
     /// Sends SIGHUP (config reload).
     pub fn hangup(&self) {
-        let ok = std::process::Command::new("kill")
-            .args(["-HUP", &self.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
+        self.signal("HUP");
     }
 }
 

@@ -6,7 +6,7 @@
 //! matched-path and URL-parameter extensions, a boxed clone of the route's
 //! service per request) is cheap on a warm core but touches code and data a
 //! core serving a few hundred requests a second no longer holds. A `POST` to
-//! one of [`HOT`]'s exact paths skips it; the handlers are the same functions
+//! one of their exact paths skips it; the handlers are the same functions
 //! the router would call, so behaviour is identical (the e2e tests run
 //! through this front).
 
@@ -29,8 +29,28 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
-/// The proxied endpoints served without axum's router.
-pub const HOT: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/invocations"];
+/// The proxied endpoints, served without axum's router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hot {
+    Chat,
+    Completions,
+    Invocations,
+}
+
+impl Hot {
+    /// The endpoint a `POST` to exactly its path asks for.
+    fn of(req: &Request<Incoming>) -> Option<Self> {
+        if req.method() != Method::POST {
+            return None;
+        }
+        match req.uri().path() {
+            "/v1/chat/completions" => Some(Hot::Chat),
+            "/v1/completions" => Some(Hot::Completions),
+            "/invocations" => Some(Hot::Invocations),
+            _ => None,
+        }
+    }
+}
 
 /// The per-connection service: hot `POST`s to their handler, the rest to axum.
 #[derive(Clone)]
@@ -47,12 +67,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
     type Future = BoxFuture;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let hot = if req.method() == Method::POST {
-            HOT.iter().position(|p| *p == req.uri().path())
-        } else {
-            None
-        };
-        let Some(which) = hot else {
+        let Some(hot) = Hot::of(&req) else {
             let mut router = self.router.clone();
             return Box::pin(async move { router.call(req.map(Body::new)).await });
         };
@@ -60,10 +75,12 @@ impl hyper::service::Service<Request<Incoming>> for Front {
         let (parts, body) = req.into_parts();
         let body = Body::new(body);
         Box::pin(async move {
-            Ok(match which {
-                0 => api::chat_parts(shared, parts.uri, parts.headers, body).await,
-                1 => api::completions_parts(shared, parts.uri, parts.headers, body).await,
-                _ => api::invocations_parts(shared, parts.headers, body).await,
+            Ok(match hot {
+                Hot::Chat => api::chat_parts(shared, parts.uri, parts.headers, body).await,
+                Hot::Completions => {
+                    api::completions_parts(shared, parts.uri, parts.headers, body).await
+                }
+                Hot::Invocations => api::invocations_parts(shared, parts.headers, body).await,
             })
         })
     }
