@@ -23,6 +23,13 @@ use warmpath_core::{Expect, Request, TenantId, TenantSource};
 /// The tenant header.
 pub const TENANT_HEADER: &str = "x-prefix-aware-id";
 
+/// The proxied endpoints' paths (the same on the router and the engine).
+pub const CHAT_PATH: &str = "/v1/chat/completions";
+/// See [`CHAT_PATH`].
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
+/// See [`CHAT_PATH`].
+pub const INVOCATIONS_PATH: &str = "/invocations";
+
 /// Reads a body of at most `limit` bytes (413 above).
 pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
     let declared = headers
@@ -72,7 +79,7 @@ pub async fn chat(
 
 /// `POST /v1/chat/completions`, from the request's parts (see [`crate::front`]).
 pub async fn chat_parts(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
-    openai(s, Expect::Chat, "/v1/chat/completions", uri, headers, body).await
+    openai(s, Expect::Chat, CHAT_PATH, uri, headers, body).await
 }
 
 /// `POST /v1/completions`.
@@ -92,7 +99,7 @@ pub async fn completions_parts(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    openai(s, Expect::Completion, "/v1/completions", uri, headers, body).await
+    openai(s, Expect::Completion, COMPLETIONS_PATH, uri, headers, body).await
 }
 
 fn path_and_query(path: &str, uri: &Uri) -> String {
@@ -173,7 +180,7 @@ pub async fn invocations_parts(s: Arc<Shared>, headers: HeaderMap, body: Body) -
         Err(e) => return rejected(e),
     };
     let out = Outgoing {
-        path_and_query: "/invocations",
+        path_and_query: INVOCATIONS_PATH,
         headers: &headers,
         body: raw,
     };

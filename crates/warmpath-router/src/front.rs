@@ -44,9 +44,9 @@ impl Hot {
             return None;
         }
         match req.uri().path() {
-            "/v1/chat/completions" => Some(Hot::Chat),
-            "/v1/completions" => Some(Hot::Completions),
-            "/invocations" => Some(Hot::Invocations),
+            api::CHAT_PATH => Some(Hot::Chat),
+            api::COMPLETIONS_PATH => Some(Hot::Completions),
+            api::INVOCATIONS_PATH => Some(Hot::Invocations),
             _ => None,
         }
     }

@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 /// through [`crate::front`] without this table; it answers everything else).
 pub fn app(shared: Arc<Shared>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(api::chat))
-        .route("/v1/completions", post(api::completions))
-        .route("/invocations", post(api::invocations))
+        .route(api::CHAT_PATH, post(api::chat))
+        .route(api::COMPLETIONS_PATH, post(api::completions))
+        .route(api::INVOCATIONS_PATH, post(api::invocations))
         .route("/v1/models", get(api::models))
         .route("/health", get(api::health))
         .route("/metrics", get(metrics::render))
