@@ -51,26 +51,21 @@ async fn sighup_reloads_the_strategy_and_bad_configs_do_not_start() {
     }
     assert!(switched, "SIGHUP applied the new strategy");
     // Invalid start-up configurations fail with a clear message.
-    let (ok, err) = run_to_exit(&[
-        "--model",
-        "m",
-        "--backend",
-        "http://127.0.0.1:9",
-        "--strategy",
-        "kv_aware",
-    ])
-    .await;
-    assert!(!ok && err.contains("needs a tokenizer"), "{err}");
-    let (ok, err) = run_to_exit(&[
-        "--model",
-        "m",
-        "--backend",
-        "http://127.0.0.1:9",
-        "--prefix-length",
-        "5",
-    ])
-    .await;
-    assert!(!ok && err.contains("1024..=65536"), "{err}");
+    for (flag, value, says) in [
+        ("--strategy", "kv_aware", "needs a tokenizer"),
+        ("--prefix-length", "5", "1024..=65536"),
+    ] {
+        let args = [
+            "--model",
+            "m",
+            "--backend",
+            "http://127.0.0.1:9",
+            flag,
+            value,
+        ];
+        let (ok, err) = run_to_exit(&args).await;
+        assert!(!ok && err.contains(says), "{err}");
+    }
     let (ok, err) = run_to_exit(&["--config", "/nonexistent/router.yaml"]).await;
     assert!(!ok && err.contains("cannot read config file"), "{err}");
 }
