@@ -92,10 +92,10 @@ async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
         "query sends nothing upstream"
     );
 
-    let pool = r.shared().pools.get("m").unwrap().clone();
-    let slot = pool.index.worker_slot("w2").unwrap();
+    let index = r.index("m").unwrap();
+    let slot = index.worker_slot("w2").unwrap();
     let held = chain.len() - 3;
-    pool.index.store(slot, Tier::Gpu, &chain[..held]).unwrap();
+    index.store(slot, Tier::Gpu, &chain[..held]).unwrap();
 
     for question in [
         "first?",
@@ -188,9 +188,9 @@ async fn kv_aware_spills_when_the_holder_is_full() {
             .await
             .json(),
     );
-    let pool = r.shared().pools.get("m").unwrap().clone();
-    pool.index
-        .store(pool.index.worker_slot("w0").unwrap(), Tier::Gpu, &chain)
+    let index = r.index("m").unwrap();
+    index
+        .store(index.worker_slot("w0").unwrap(), Tier::Gpu, &chain)
         .unwrap();
     let mut held = request("q");
     held["x_hold_ms"] = json!(1500);

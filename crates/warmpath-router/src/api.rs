@@ -2,6 +2,7 @@
 //! `POST /v1/completions`, `POST /invocations`, `GET /v1/models`, `GET /health`.
 
 use crate::error::ApiError;
+use crate::incoming::{read_body, tenant_header};
 use crate::metrics::Phase;
 use crate::pool::Target;
 use crate::proxy::{self, Outgoing};
@@ -10,18 +11,14 @@ use crate::salt::with_cache_salt;
 use crate::state::Shared;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::{Expect, Request, TenantId, TenantSource};
-
-/// The tenant header.
-pub const TENANT_HEADER: &str = "x-prefix-aware-id";
 
 /// The proxied endpoints' paths (the same on the router and the engine).
 pub const CHAT_PATH: &str = "/v1/chat/completions";
@@ -30,75 +27,18 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 /// See [`CHAT_PATH`].
 pub const INVOCATIONS_PATH: &str = "/invocations";
 
-/// Reads a body of at most `limit` bytes (413 above).
-pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::too_large(limit));
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
-        Err(e) => Err(ApiError::bad_request(
-            "body_read_failed",
-            format!("could not read the request body: {e}"),
-        )),
-    }
-}
-
-/// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII).
-pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    match headers.get(TENANT_HEADER) {
-        None => Ok(None),
-        Some(v) => v.to_str().map(Some).map_err(|_| {
-            ApiError::bad_request(
-                "invalid_tenant",
-                "tenant id in X-Prefix-Aware-Id header must be 1 to 64 printable ASCII characters",
-            )
-        }),
-    }
-}
-
 fn rejected(e: ApiError) -> Response {
     proxy::count_refused(e.status);
     e.into_response()
 }
 
-/// `POST /v1/chat/completions`.
-pub async fn chat(
-    State(s): State<Arc<Shared>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    chat_parts(s, uri, headers, body).await
-}
-
-/// `POST /v1/chat/completions`, from the request's parts (see [`crate::front`]).
-pub async fn chat_parts(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+/// `POST /v1/chat/completions` (reached through [`crate::front`]).
+pub async fn chat(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     openai(s, Expect::Chat, CHAT_PATH, uri, headers, body).await
 }
 
-/// `POST /v1/completions`.
-pub async fn completions(
-    State(s): State<Arc<Shared>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    completions_parts(s, uri, headers, body).await
-}
-
-/// `POST /v1/completions`, from the request's parts (see [`crate::front`]).
-pub async fn completions_parts(
-    s: Arc<Shared>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+/// `POST /v1/completions` (reached through [`crate::front`]).
+pub async fn completions(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     openai(s, Expect::Completion, COMPLETIONS_PATH, uri, headers, body).await
 }
 
@@ -165,12 +105,7 @@ fn prepare(
 /// `POST /invocations`: the native API. The body is forwarded untouched; the
 /// pool comes from a top-level `model` string when the body is JSON with one,
 /// else the only pool; the tenant only from `X-Prefix-Aware-Id`.
-pub async fn invocations(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
-    invocations_parts(s, headers, body).await
-}
-
-/// `POST /invocations`, from the request's parts (see [`crate::front`]).
-pub async fn invocations_parts(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
+pub async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
     let raw = match read_body(body, &headers, s.settings.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => return rejected(e),

@@ -35,7 +35,7 @@ mod ingest;
 mod validate;
 
 pub use cli::Cli;
-pub use ingest::IngestSettings;
+pub use ingest::{IngestConfig, IngestSettings, TlsPem};
 pub use validate::BackendUrl;
 
 use serde::{Deserialize, Serialize};

@@ -1,20 +1,18 @@
 //! The HTTP front: accepts connections and serves them with hyper (HTTP/1.1
-//! and HTTP/2), sending the proxied `POST`s straight to their handlers and
-//! everything else through the axum [`Router`] of [`crate::server::app`].
+//! and HTTP/2). The proxied endpoints' exact paths are answered here (a
+//! `POST` goes to its handler in [`crate::api`], any other method gets 405);
+//! everything else goes through the axum [`Router`] of `server::app`.
 //!
-//! The proxied endpoints are the hot path; axum's routing (path matching,
-//! matched-path and URL-parameter extensions, a boxed clone of the route's
-//! service per request) is cheap on a warm core but touches code and data a
-//! core serving a few hundred requests a second no longer holds. A `POST` to
-//! one of their exact paths skips it; the handlers are the same functions
-//! the router would call, so behaviour is identical (the e2e tests run
-//! through this front).
+//! The proxied endpoints are the hot path: matching three fixed paths here
+//! skips axum's routing (matched-path and URL-parameter extensions, a boxed
+//! clone of the route's service per request), and keeps one table of them.
 
 use crate::api;
+use crate::error::ApiError;
 use crate::state::Shared;
 use axum::body::Body;
-use axum::http::{Method, Request};
-use axum::response::Response;
+use axum::http::{header, HeaderValue, Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -29,7 +27,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
-/// The proxied endpoints, served without axum's router.
+/// The proxied endpoints, answered without axum's router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hot {
     Chat,
@@ -38,11 +36,8 @@ enum Hot {
 }
 
 impl Hot {
-    /// The endpoint a `POST` to exactly its path asks for.
+    /// The endpoint at exactly this path.
     fn of(req: &Request<Incoming>) -> Option<Self> {
-        if req.method() != Method::POST {
-            return None;
-        }
         match req.uri().path() {
             api::CHAT_PATH => Some(Hot::Chat),
             api::COMPLETIONS_PATH => Some(Hot::Completions),
@@ -52,7 +47,7 @@ impl Hot {
     }
 }
 
-/// The per-connection service: hot `POST`s to their handler, the rest to axum.
+/// The per-connection service: the proxied paths here, the rest to axum.
 #[derive(Clone)]
 struct Front {
     shared: Arc<Shared>,
@@ -71,19 +66,35 @@ impl hyper::service::Service<Request<Incoming>> for Front {
             let mut router = self.router.clone();
             return Box::pin(async move { router.call(req.map(Body::new)).await });
         };
+        if req.method() != Method::POST {
+            return Box::pin(async { Ok(method_not_allowed()) });
+        }
         let shared = Arc::clone(&self.shared);
         let (parts, body) = req.into_parts();
         let body = Body::new(body);
         Box::pin(async move {
             Ok(match hot {
-                Hot::Chat => api::chat_parts(shared, parts.uri, parts.headers, body).await,
-                Hot::Completions => {
-                    api::completions_parts(shared, parts.uri, parts.headers, body).await
-                }
-                Hot::Invocations => api::invocations_parts(shared, parts.headers, body).await,
+                Hot::Chat => api::chat(shared, parts.uri, parts.headers, body).await,
+                Hot::Completions => api::completions(shared, parts.uri, parts.headers, body).await,
+                Hot::Invocations => api::invocations(shared, parts.headers, body).await,
             })
         })
     }
+}
+
+/// 405 for a proxied path asked with another method than `POST`.
+fn method_not_allowed() -> Response {
+    let mut resp = ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: "this endpoint takes POST".into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: "method_not_allowed",
+    }
+    .into_response();
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    resp
 }
 
 /// Serves `listener` until `shutdown` is cancelled, then lets open

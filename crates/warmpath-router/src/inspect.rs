@@ -1,15 +1,16 @@
 //! Inspection: `GET /cache-index` (what every worker holds, the warmest
-//! prefix chains) and `POST /cache-index/query` (how a request would route,
-//! without sending it anywhere). Only hashes and counts: never prompt text.
+//! prefix chains), `POST /cache-index/query` (how a request would route,
+//! without sending it anywhere) and `GET /metrics`. Only hashes and counts:
+//! never prompt text.
 
-use crate::api::{read_body, tenant_header};
 use crate::error::ApiError;
+use crate::incoming::{read_body, tenant_header};
 use crate::pool::Pool;
 use crate::route::{self, Hashing};
 use crate::state::Shared;
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -26,6 +27,24 @@ pub const DEFAULT_TOP: usize = 10;
 pub struct IndexQuery {
     /// How many warm chains to list per pool (at most 256).
     pub top: Option<usize>,
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    let Some(handle) = &s.metrics else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder not installed\n",
+        )
+            .into_response();
+    };
+    update_gauges(&s);
+    handle.run_upkeep();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response()
 }
 
 /// Refreshes the index gauges of every pool (also done on each scrape).

@@ -8,10 +8,13 @@
 //! backend gets the body unchanged (apart from `cache_salt`), and its answer
 //! streams back frame by frame.
 //!
-//! Modules, in request order: [`config`] -> [`front`] -> [`api`] -> [`route`] ->
-//! [`proxy`] (with [`backend`] load accounting and [`salt`]); around them
-//! [`pool`], [`hot`], [`caches`], [`inspect`], [`admin`], [`health`], [`metrics`] and
-//! [`server`] (start-up and the HTTP routes).
+//! Modules, in request order: `config` -> `front` -> `api` (with
+//! `incoming`) -> `route` -> `proxy` (with `backend` load accounting and
+//! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
+//! `/metrics`), `admin`, `health`, `metrics` (the recorder and series) and
+//! `server` (start-up and the HTTP routes). The public API is [`config`],
+//! [`start`], [`RunningRouter`] and [`ingest`] (for embedding the agents'
+//! gRPC ingest); no two modules import each other.
 //!
 //! Embed it with [`start`]:
 //!
@@ -26,24 +29,25 @@
 //! # Ok(()) }
 //! ```
 
-pub mod admin;
-pub mod api;
-pub mod backend;
-pub mod caches;
+mod admin;
+mod api;
+mod backend;
+mod caches;
 pub mod config;
-pub mod error;
-pub mod front;
-pub mod health;
-pub mod hot;
+mod error;
+mod front;
+mod health;
+mod hot;
+mod incoming;
 pub mod ingest;
-pub mod inspect;
-pub mod metrics;
-pub mod pool;
-pub mod proxy;
-pub mod route;
-pub mod salt;
-pub mod server;
-pub mod state;
+mod inspect;
+mod metrics;
+mod pool;
+mod proxy;
+mod route;
+mod salt;
+mod server;
+mod state;
 
 pub use config::{Cli, RouterConfig};
 pub use error::{ApiError, RouterError};

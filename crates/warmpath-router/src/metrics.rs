@@ -1,5 +1,5 @@
-//! Prometheus metrics: the recorder (installed once per process) and
-//! `GET /metrics`.
+//! Prometheus metrics: the recorder (installed once per process) and the
+//! series' names (`GET /metrics` is served by `inspect`).
 //!
 //! | name | kind | labels |
 //! |---|---|---|
@@ -17,11 +17,7 @@
 //!
 //! Requests refused before a pool is known are counted with `pool="-"`.
 
-use crate::inspect::update_gauges;
-use crate::state::Shared;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use parking_lot::RwLock;
@@ -241,22 +237,4 @@ pub fn install() -> Option<PrometheusHandle> {
             }
         })
         .clone()
-}
-
-/// `GET /metrics`.
-pub async fn render(State(s): State<Arc<Shared>>) -> Response {
-    let Some(handle) = &s.metrics else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "metrics recorder not installed\n",
-        )
-            .into_response();
-    };
-    update_gauges(&s);
-    handle.run_upkeep();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        handle.render(),
-    )
-        .into_response()
 }

@@ -160,11 +160,6 @@ impl Pool {
         tracing::info!(pool = %self.model, from = %old.strategy, to = %strategy, "routing policy installed");
         Ok(old.strategy)
     }
-
-    /// The position of backend `id`.
-    pub fn position(&self, id: &str) -> Option<usize> {
-        self.backends.iter().position(|b| b.id == id)
-    }
 }
 
 /// Every pool, by model, with LoRA adapter resolution.

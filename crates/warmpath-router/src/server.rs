@@ -16,16 +16,13 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The HTTP routes over `shared` (the proxied `POST`s reach their handlers
-/// through [`crate::front`] without this table; it answers everything else).
-pub fn app(shared: Arc<Shared>) -> Router {
+/// The HTTP routes over `shared` other than the proxied endpoints (those
+/// are answered by [`crate::front`]).
+pub(crate) fn app(shared: Arc<Shared>) -> Router {
     Router::new()
-        .route(api::CHAT_PATH, post(api::chat))
-        .route(api::COMPLETIONS_PATH, post(api::completions))
-        .route(api::INVOCATIONS_PATH, post(api::invocations))
         .route("/v1/models", get(api::models))
         .route("/health", get(api::health))
-        .route("/metrics", get(metrics::render))
+        .route("/metrics", get(inspect::metrics))
         .route("/cache-index", get(inspect::cache_index))
         .route("/cache-index/query", post(inspect::query))
         .route("/admin/pools/{*rest}", put(admin::set_strategy))
@@ -57,9 +54,9 @@ pub struct RunningRouter {
 }
 
 impl RunningRouter {
-    /// The shared state (pools, indexes), e.g. to fill an index in-process.
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+    /// The cache index of pool `model`, e.g. to fill it in-process.
+    pub fn index(&self, model: &str) -> Option<Arc<warmpath_core::CacheIndex>> {
+        self.shared.pools.index_of(model).map(|(index, _)| index)
     }
 
     /// Applies a re-read configuration (see [`admin::reload`]); process-wide

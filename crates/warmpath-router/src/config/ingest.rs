@@ -2,7 +2,6 @@
 //! after which a silent agent's entries stop counting, then are cleared.
 
 use super::{invalid, ConfigError, RouterConfig};
-use crate::ingest::{IngestConfig, TlsPem};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,6 +34,33 @@ impl Default for IngestSettings {
             tls_key: None,
             stale_after_ms: d.stale_after.as_millis() as u64,
             drop_after_ms: d.drop_after.as_millis() as u64,
+        }
+    }
+}
+
+/// A PEM certificate chain and its PEM private key.
+pub type TlsPem = (Vec<u8>, Vec<u8>);
+
+/// Ingest settings.
+#[derive(Clone, Debug)]
+pub struct IngestConfig {
+    /// Shared token agents must present (`authorization: Bearer <token>`).
+    pub token: Option<String>,
+    /// Silence after which a worker's entries stop counting.
+    pub stale_after: Duration,
+    /// Silence after which a worker's entries are cleared.
+    pub drop_after: Duration,
+    /// PEM certificate and key: serve TLS.
+    pub tls: Option<TlsPem>,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            token: None,
+            stale_after: Duration::from_secs(10),
+            drop_after: Duration::from_secs(120),
+            tls: None,
         }
     }
 }

@@ -23,6 +23,8 @@ mod tests;
 
 pub use agents::{AgentStatus, Agents};
 pub use sweeper::spawn_sweeper;
+// The settings are configuration (`config::ingest`); re-exported for embedders.
+pub use crate::config::{IngestConfig, TlsPem};
 
 use crate::pool::Pools;
 use std::pin::Pin;
@@ -39,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 use warmpath_core::CacheIndex;
+use warmpath_proto::error_chain;
 use warmpath_proto::v1::{self, agent_message::Msg, router_message, AgentMessage, RouterMessage};
 use warmpath_proto::{CacheEvents, CacheEventsServer};
 
@@ -84,33 +87,6 @@ impl PoolDirectory for Pools {
     }
 }
 
-/// A PEM certificate chain and its PEM private key.
-pub type TlsPem = (Vec<u8>, Vec<u8>);
-
-/// Ingest settings.
-#[derive(Clone, Debug)]
-pub struct IngestConfig {
-    /// Shared token agents must present (`authorization: Bearer <token>`).
-    pub token: Option<String>,
-    /// Silence after which a worker's entries stop counting.
-    pub stale_after: Duration,
-    /// Silence after which a worker's entries are cleared.
-    pub drop_after: Duration,
-    /// PEM certificate and key: serve TLS.
-    pub tls: Option<TlsPem>,
-}
-
-impl Default for IngestConfig {
-    fn default() -> Self {
-        IngestConfig {
-            token: None,
-            stale_after: Duration::from_secs(10),
-            drop_after: Duration::from_secs(120),
-            tls: None,
-        }
-    }
-}
-
 /// Errors of the ingest server.
 #[derive(Debug, Error)]
 pub enum IngestError {
@@ -122,23 +98,6 @@ pub enum IngestError {
     /// transient socket errors.
     #[error("gRPC ingest server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
-}
-
-/// `e` and its sources, joined by `: ` (tonic's own text is often just
-/// "transport error").
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        // io::Error repeats its inner error's text; say it once.
-        if !s.ends_with(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// The `CacheEvents` service.

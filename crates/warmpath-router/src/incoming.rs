@@ -1,0 +1,43 @@
+//! Reading a client's request: the body under a size limit and the tenant
+//! header (shared by the proxied endpoints and the inspection queries).
+
+use crate::error::ApiError;
+use axum::body::Body;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+/// The tenant header.
+pub const TENANT_HEADER: &str = "x-prefix-aware-id";
+
+/// Reads a body of at most `limit` bytes (413 above).
+pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
+        Err(e) => Err(ApiError::bad_request(
+            "body_read_failed",
+            format!("could not read the request body: {e}"),
+        )),
+    }
+}
+
+/// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII).
+pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    match headers.get(TENANT_HEADER) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(Some).map_err(|_| {
+            ApiError::bad_request(
+                "invalid_tenant",
+                "tenant id in X-Prefix-Aware-Id header must be 1 to 64 printable ASCII characters",
+            )
+        }),
+    }
+}
