@@ -5,6 +5,9 @@
 //! block-size mismatch, and two router replicas converging to the same index.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/poll.rs"]
+mod poll;
+
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -139,7 +142,7 @@ fn s(v: &[&str]) -> Vec<String> {
 }
 
 fn index(r: &warmpath_router::RunningRouter) -> Arc<CacheIndex> {
-    r.shared().pools.index_of("m").unwrap().0
+    r.index("m").unwrap()
 }
 
 fn blocks(r: &warmpath_router::RunningRouter, worker: &str) -> u64 {
@@ -179,14 +182,16 @@ async fn wait_until(
     pubs: &[&KvEventPublisher],
     mut cond: impl FnMut() -> bool,
 ) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+    poll::poll(what, limit, Duration::from_millis(100), async || {
+        if cond() {
+            return Some(());
+        }
         for p in pubs {
             p.publish(vec![]).await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        None
+    })
+    .await
 }
 
 async fn metrics_text(http: SocketAddr) -> String {

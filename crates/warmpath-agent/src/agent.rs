@@ -14,6 +14,7 @@
 //! own pages then move to `/warmpath/health` and `/warmpath/metrics`, because
 //! `/health` and `/metrics` belong to the engine behind the proxy.
 
+use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
 use crate::link::{run_link, Identity, LinkConfig};
@@ -32,11 +33,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use warmpath_core::tokenize::{ChatTokenizer, TokenizeError};
+use warmpath_core::tokenize::ChatTokenizer;
 
 /// How the agent learns what the engine caches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -133,30 +133,6 @@ impl AgentConfig {
             silence_reconnect: Duration::from_secs(3),
         }
     }
-}
-
-/// Why the agent could not start. None of these is worth retrying unchanged.
-#[derive(Debug, Error)]
-pub enum AgentError {
-    /// A setting is invalid.
-    #[error("invalid agent configuration: {0}")]
-    Config(String),
-    /// The tokenizer (observe mode) could not be loaded.
-    #[error("cannot load the tokenizer {}: {source}", path.display())]
-    Tokenizer {
-        /// The `--tokenizer` path.
-        path: PathBuf,
-        /// Why.
-        source: TokenizeError,
-    },
-    /// The HTTP listener could not bind.
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
 }
 
 /// A running agent. Dropping it cancels everything; [`Agent::shutdown`] also

@@ -13,10 +13,12 @@
 //! - [`observe`]: observe mode, for engines without KV events: a sidecar proxy
 //!   that tokenizes what it forwards and keeps an LRU mirror of the cache.
 //! - [`fasthash`]: the seeded fast hasher of the block maps.
-//! - [`agent`]: wiring, `/metrics` and `/health`; [`cli`]: the command line.
+//! - [`agent`]: wiring, `/metrics` and `/health`; [`cli`]: the command line;
+//!   [`AgentError`]: why it could not start.
 
 pub mod agent;
 pub mod cli;
+mod error;
 pub mod fasthash;
 pub mod follow;
 pub mod hub;
@@ -28,4 +30,5 @@ pub mod tls;
 pub mod tracker;
 pub mod vllm;
 
-pub use agent::{Agent, AgentConfig, AgentError, Mode};
+pub use agent::{Agent, AgentConfig, Mode};
+pub use error::AgentError;

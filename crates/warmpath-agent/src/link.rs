@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::ClientTlsConfig;
+use warmpath_proto::error_chain;
 use warmpath_proto::v1::{
     agent_message::Msg, router_message, AgentMessage, Heartbeat, Hello, Load, SnapshotChunk,
 };
@@ -36,23 +37,6 @@ pub struct Identity {
     pub token: Option<String>,
     /// TLS settings for `https` routers ([`crate::tls::router_tls`]).
     pub tls: Option<ClientTlsConfig>,
-}
-
-/// `e` and its sources, joined by `: ` (tonic's own text is often just
-/// "transport error"; the why is in the sources).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        // io::Error repeats its inner error's text; say it once.
-        if !s.ends_with(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// Link tuning.

@@ -3,7 +3,7 @@
 //! host). Everything is checked at start, so a bad CA file or URL is a
 //! clear start-up error instead of a link that fails forever.
 
-use crate::agent::AgentError;
+use crate::error::AgentError;
 use std::path::Path;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
@@ -76,7 +76,7 @@ pub fn router_tls(
         ep.tls_config(tls.clone()).map_err(|e| {
             AgentError::Config(format!(
                 "TLS settings for --router {url:?}: {}",
-                crate::link::error_chain(&e)
+                warmpath_proto::error_chain(&e)
             ))
         })?;
     }

@@ -8,6 +8,7 @@
 //! - [`v1`]: the generated messages, the `CacheEvents` client and server.
 //! - [`AUTHORIZATION`], [`bearer`], [`check_bearer`]: the shared-token metadata.
 //! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`]: how the agent sizes snapshot chunks.
+//! - [`error_chain`]: a transport error with its sources, for logs and errors.
 
 /// Generated code for package `warmpath.v1`.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
@@ -70,6 +71,23 @@ impl v1::Tier {
             v1::Tier::Disk => "disk",
         }
     }
+}
+
+/// `e` and its sources, joined by `: ` (tonic's own text is often just
+/// "transport error"; the why is in the sources).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        // io::Error repeats its inner error's text; say it once.
+        if !s.ends_with(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 #[cfg(test)]
