@@ -9,6 +9,9 @@
 //! a dropped batch (replay) and garbage frames.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/poll.rs"]
+mod poll;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -127,17 +130,12 @@ async fn wait_for(
     limit: Duration,
 ) -> Duration {
     let start = Instant::now();
-    loop {
-        let got = matches(http, n).await;
-        if got == want {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < limit,
-            "index never reached {want:?}; last {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("the index to reach {want:?}");
+    poll::poll(&what, limit, Duration::from_millis(50), async || {
+        (matches(http, n).await == want).then_some(())
+    })
+    .await;
+    start.elapsed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,8 @@
 //! handle on the real `warmpath-router` binary.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod poll;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
@@ -350,13 +352,8 @@ pub async fn post_frames(
 
 /// Polls `cond` every 10 ms for up to 10 s.
 pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
+    let (limit, every) = (Duration::from_secs(10), Duration::from_millis(10));
+    poll::poll(what, limit, every, async || cond().then_some(())).await
 }
 
 /// A chat request whose first `prefix` characters are fixed by `seed`.

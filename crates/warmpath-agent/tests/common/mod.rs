@@ -2,6 +2,9 @@
 //! what agents publish the way the .proto says, checking the seq rules.
 #![allow(clippy::unwrap_used, dead_code)]
 
+#[path = "../../../../tests/support/poll.rs"]
+mod poll;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -198,12 +201,13 @@ where
     P: FnMut() -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    for _ in 0..400 {
+    let (limit, every) = (Duration::from_secs(20), Duration::from_millis(50));
+    poll::poll(what, limit, every, async || {
         if cond() {
-            return;
+            return Some(());
         }
         poke().await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for: {what}");
+        None
+    })
+    .await
 }
