@@ -6,8 +6,16 @@
 //! prompt comes from the tokenizer's segment cache.
 //!
 //! ```text
-//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--bare-proxy]
+//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--shape system|llama31|rag] [--bare-proxy]
 //! ```
+//!
+//! `--shape` picks the request and template: `system` (the default: the
+//! document is the system prompt, the tiny model's Llama-3.0-style template),
+//! `llama31` (the same chat through a template shaped like Llama 3.1
+//! Instruct's: system-message extraction, a date header, tool branches;
+//! `benches/data/llama31_template.jinja`) or `rag` (no system prompt: the
+//! document and the question share one user message, so the long text
+//! repeats with a different tail).
 //!
 //! `--strategy random` gives the cost of the router's hop without
 //! tokenization or hashing. `--bare-proxy` sends the routed half through the
@@ -146,6 +154,64 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// What each request looks like (`--shape`).
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    System,
+    Llama31,
+    Rag,
+}
+
+impl Shape {
+    fn from_args() -> Shape {
+        let args: Vec<String> = std::env::args().collect();
+        match args
+            .iter()
+            .position(|a| a == "--shape")
+            .and_then(|i| args.get(i + 1))
+            .map_or("system", String::as_str)
+        {
+            "system" => Shape::System,
+            "llama31" => Shape::Llama31,
+            "rag" => Shape::Rag,
+            other => panic!("--shape {other}: expected system, llama31 or rag"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Shape::System => "system",
+            Shape::Llama31 => "llama31",
+            Shape::Rag => "rag",
+        }
+    }
+
+    /// The chat body for a document and a question.
+    fn body(self, doc: &str, question: &str) -> serde_json::Value {
+        match self {
+            Shape::System | Shape::Llama31 => {
+                json!({"model": "m", "max_tokens": 1, "messages": [
+                    {"role": "system", "content": doc},
+                    {"role": "user", "content": question}]})
+            }
+            Shape::Rag => json!({"model": "m", "max_tokens": 1, "messages": [
+                {"role": "user", "content": format!("{doc}\n\n{question}")}]}),
+        }
+    }
+}
+
+/// The tiny model's files, with the Llama-3.1-shaped template for that shape.
+fn write_model(dir: &std::path::Path, shape: Shape) {
+    tiny::write_model_dir(dir).unwrap();
+    if shape == Shape::Llama31 {
+        let path = dir.join("tokenizer_config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        config["chat_template"] = include_str!("data/llama31_template.jinja").into();
+        std::fs::write(&path, config.to_string()).unwrap();
+    }
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -167,31 +233,35 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run(rate, n, tokens, strategy));
+    rt.block_on(run(rate, n, tokens, strategy, Shape::from_args()));
 }
 
-async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_core::Strategy) {
+async fn run(
+    rate: usize,
+    n: usize,
+    target_tokens: usize,
+    strategy: warmpath_core::Strategy,
+    shape: Shape,
+) {
+    const SLOT: &str = "Summarise the document above in one sentence.";
     let dir = tempfile::tempdir().unwrap();
-    tiny::write_model_dir(dir.path()).unwrap();
+    write_model(dir.path(), shape);
     let tok = ChatTokenizer::load(dir.path()).unwrap();
-    // Grow the system prompt until the request is ~target_tokens tokens.
-    let mut system = String::new();
+    // Grow the document until the request is ~target_tokens tokens.
+    let mut doc = String::new();
     let mut at = 0;
     let body = loop {
-        let body = json!({"model": "m", "max_tokens": 1, "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": "Summarise the document above in one sentence."}]});
+        let body = shape.body(&doc, SLOT);
         let req = Request::from_slice(body.to_string().as_bytes(), Expect::Chat).unwrap();
         if tok.encode_request(&req).unwrap().len() >= target_tokens {
             break body;
         }
-        system.push_str(&tiny::corpus_slice(at, 512));
+        doc.push_str(&tiny::corpus_slice(at, 512));
         at += 509;
     };
     let req = Request::from_slice(body.to_string().as_bytes(), Expect::Chat).unwrap();
     let ntok = tok.encode_request(&req).unwrap().len();
     // Each request's body: the same JSON with a question of its own.
-    const SLOT: &str = "Summarise the document above in one sentence.";
     let text = body.to_string();
     let at = text.find(SLOT).unwrap();
     let (head, tail) = (&text[..at], &text[at + SLOT.len()..]);
@@ -280,7 +350,7 @@ async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_cor
     direct.sort_by(f64::total_cmp);
     routed.sort_by(f64::total_cmp);
     println!(
-        "{} added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), strategy {}",
+        "{} added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), shape {}, strategy {}",
         if bare_axum {
             "bare axum proxy"
         } else if bare {
@@ -289,6 +359,7 @@ async fn run(rate: usize, n: usize, target_tokens: usize, strategy: warmpath_cor
             "router"
         },
         body.len(),
+        shape.name(),
         strategy.as_str()
     );
     println!(
