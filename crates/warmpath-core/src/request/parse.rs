@@ -1,7 +1,7 @@
 //! Reading a [`Request`] from the JSON walk (`super::walk`): shapes,
 //! defaults and errors, checked in one fixed order.
 
-use super::walk::{Msg, Node, PartNode, Top};
+use super::walk::{Msg, Node, Part, PartNode, Top};
 use super::{ChatBody, Content, Expect, Message, Prompt, Request, RequestBody, RequestError};
 use serde::Deserialize;
 use serde_json::Value;
@@ -177,29 +177,22 @@ fn read_message<'a>(i: usize, m: Node<'a, (), Msg<'a>>) -> Result<Message<'a>, R
 fn read_parts<'a>(i: usize, parts: Vec<PartNode<'a>>) -> Result<Vec<Cow<'a, str>>, RequestError> {
     let mut texts = Vec::with_capacity(parts.len());
     for (j, p) in parts.into_iter().enumerate() {
-        let Node::Map(p) = p else {
-            return Err(wrong(
-                format!("messages[{i}].content[{j}]"),
-                "an object with a string `type`",
-            ));
+        let Node::Map(Part {
+            kind: Node::Str(kind),
+            text,
+        }) = p
+        else {
+            let field = format!("messages[{i}].content[{j}]");
+            return Err(wrong(field, "an object with a string `type`"));
         };
-        match p.kind {
-            Node::Str(k) if k == "text" => match p.text {
-                Node::Str(t) => texts.push(t),
-                _ => {
-                    return Err(wrong(
-                        format!("messages[{i}].content[{j}].text"),
-                        "a string",
-                    ))
-                }
-            },
-            Node::Str(_) => {}
-            _ => {
+        if kind == "text" {
+            let Node::Str(t) = text else {
                 return Err(wrong(
-                    format!("messages[{i}].content[{j}]"),
-                    "an object with a string `type`",
-                ))
-            }
+                    format!("messages[{i}].content[{j}].text"),
+                    "a string",
+                ));
+            };
+            texts.push(t);
         }
     }
     Ok(texts)

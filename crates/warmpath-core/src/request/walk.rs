@@ -21,20 +21,16 @@ use std::fmt;
 use std::marker::PhantomData;
 
 /// One JSON value, with arrays read as `S` and objects as `M`.
+#[derive(Default)]
 pub(super) enum Node<'de, S = (), M = ()> {
     /// `null`, or the field is absent.
+    #[default]
     Null,
     Bool(bool),
     Str(Cow<'de, str>),
     Number,
     Seq(S),
     Map(M),
-}
-
-impl<S, M> Default for Node<'_, S, M> {
-    fn default() -> Self {
-        Node::Null
-    }
 }
 
 impl<'de, S, M> Node<'de, S, M> {
@@ -88,9 +84,6 @@ impl<'de, S: FromSeq<'de>, M: FromMap<'de>> Deserialize<'de> for Node<'de, S, M>
                 f.write_str("any JSON value")
             }
             fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Node::Null)
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
                 Ok(Node::Null)
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {

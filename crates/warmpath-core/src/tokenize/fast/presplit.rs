@@ -32,7 +32,7 @@
 //! plus a `String` per token.
 //!
 //! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; any other
-//! configuration gets `None` and stays with the library. A proptest checks
+//! configuration gets `None` and stays with the library. The harness (`tests.rs`) checks
 //! the ids against the library on random text rich in white space, scripts,
 //! digits and symbols.
 
