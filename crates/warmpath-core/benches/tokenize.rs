@@ -1,5 +1,6 @@
 //! Tokenizing an ~8000-token chat request with the tiny tokenizer: without the
-//! segment cache (cold) and with it warm (the system prompt cached).
+//! chunk memo (cold) and with it warm (the system prompt's chunks kept), and
+//! the RAG shape (document and a new question in one user message).
 //!
 //! `cargo bench -p warmpath-core --features tokenizer --bench tokenize`
 
@@ -35,22 +36,11 @@ fn bench(c: &mut Criterion) {
         &files,
         CacheConfig {
             capacity_tokens: 0,
-            short_capacity_tokens: 0,
             ..CacheConfig::default()
         },
     )
     .expect("tokenizer");
     let warm = ChatTokenizer::new(&files, CacheConfig::default()).expect("tokenizer");
-    // Long segments cached, short pieces (role headers, the question) not:
-    // the upper bound for a request whose question was never seen.
-    let long_only = ChatTokenizer::new(
-        &files,
-        CacheConfig {
-            short_capacity_tokens: 0,
-            ..CacheConfig::default()
-        },
-    )
-    .expect("tokenizer");
     let system = system_prompt(&cold, 8000);
     let v = body(
         &system,
@@ -62,7 +52,6 @@ fn bench(c: &mut Criterion) {
     };
     let n = cold.encode_request(&req).expect("encode").len();
     warm.encode_request(&req).expect("encode"); // fill the caches
-    long_only.encode_request(&req).expect("encode");
     eprintln!(
         "request: {n} tokens, {} bytes of system prompt",
         system.len()
@@ -80,7 +69,7 @@ fn bench(c: &mut Criterion) {
     // piece, then cached. The counter lives outside the closure, which
     // criterion calls once per sample.
     let mut i = 0u64;
-    g.bench_function("first_sight_segment_cache_on", |b| {
+    g.bench_function("first_sight_memo_on", |b| {
         b.iter_batched(
             || {
                 i += 1;
@@ -93,11 +82,25 @@ fn bench(c: &mut Criterion) {
             criterion::BatchSize::SmallInput,
         )
     });
-    g.bench_function("warm_segment_cache", |b| {
+    g.bench_function("warm_memo", |b| {
         b.iter(|| warm.encode_request(black_box(&req)))
     });
-    g.bench_function("warm_long_segments_only", |b| {
-        b.iter(|| long_only.encode_request(black_box(&req)))
+    // RAG: the document and a new question in one user message; the
+    // document's chunks come from the memo, the tail is encoded.
+    let mut k = 0u64;
+    g.bench_function("rag_new_question", |b| {
+        b.iter_batched(
+            || {
+                k += 1;
+                let v = json!({"model": "tiny", "messages": [{"role": "user",
+                    "content": format!("{system}\n\nQuestion {k}: what about topic {}?", k % 997)}]});
+                Request::from_value(&v, Expect::Chat)
+                    .expect("request")
+                    .into_owned()
+            },
+            |r| warm.encode_request(black_box(&r)),
+            criterion::BatchSize::SmallInput,
+        )
     });
     g.bench_function("parse_render_encode_warm", |b| {
         let bytes = serde_json::to_vec(&v).expect("json");

@@ -3,18 +3,18 @@
 //! one request after a pause of `pause_us` (default 5000: how a router core
 //! at 200 req/s finds each request, caches and predictors cold) or back to
 //! back (`0`). `ONLY=question` / `ONLY=system` encode only the question's
-//! piece / only the text before it, to see which one pays. `HEADS=1` goes
-//! the router's way: the system prompt's block hashes come from a
-//! `HeadChains` memo, and only the question is rendered, tokenized and hashed
-//! ("encode" is then render + encode). `SPIN=1` busy-waits through the
-//! pause instead of sleeping: the thread keeps its core, so what remains
-//! cold is only what the passing time itself evicts.
+//! piece / only the text before it, to see which one pays. `SHAPE=rag` puts
+//! the document and the question in one user message (RAG; no system
+//! message), so the document repeats with a new tail inside one piece.
+//! `SPIN=1` busy-waits through the pause instead of sleeping: the thread
+//! keeps its core, so what remains cold is only what the passing time itself
+//! evicts.
 //!
 //! `cargo run --release -p warmpath-core --features tokenizer --example cold_stages -- [pause_us]`
 #![allow(clippy::unwrap_used)]
 use std::time::{Duration, Instant};
-use warmpath_core::request::{ContentCache, Expect, Request, RequestBody};
-use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer, HeadChains};
+use warmpath_core::request::{Expect, Request, RequestBody};
+use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer};
 use warmpath_core::{ChainHasher, HashSeed};
 
 fn main() {
@@ -30,15 +30,18 @@ fn main() {
         system.push_str(&tiny::corpus_slice(at, 512));
         at += 509;
     }
-    let body = serde_json::json!({"model": "m", "max_tokens": 1, "messages": [
-        {"role": "system", "content": system},
-        {"role": "user", "content": "SLOT"}]})
+    let rag = std::env::var("SHAPE").as_deref() == Ok("rag");
+    let body = if rag {
+        serde_json::json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "user", "content": format!("{system}\n\nSLOT")}]})
+    } else {
+        serde_json::json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "SLOT"}]})
+    }
     .to_string();
     let at = body.find("SLOT").unwrap();
     let (head, tail) = (&body[..at], &body[at + 4..]);
-    // As the router: long contents come from its content cache.
-    let contents = ContentCache::default();
-    let heads = HeadChains::default();
     let spin = std::env::var("SPIN").is_ok();
     let n = 1500;
     let mut t = vec![[0f64; 5]; n];
@@ -57,25 +60,8 @@ fn main() {
             std::thread::sleep(Duration::from_micros(pause));
         }
         let t0 = Instant::now();
-        let req = Request::parse_with(&b, Expect::Chat, Some(&contents)).unwrap();
+        let req = Request::parse(&b, Expect::Chat).unwrap();
         let t1 = Instant::now();
-        if std::env::var("HEADS").is_ok() {
-            // As the router: render and tokenize after a remembered head.
-            let seed = HashSeed::new("m", "", "");
-            let ids = tok
-                .encode_request_remembering(&req, seed, 16, &heads)
-                .unwrap();
-            let t3 = Instant::now();
-            let hashes = ids.block_hashes(&heads);
-            let t4 = Instant::now();
-            drop((req, hashes));
-            let t5 = Instant::now();
-            if i >= 50 {
-                let d = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e6;
-                t[i - 50] = [d(t0, t1), 0.0, d(t1, t3), d(t3, t4), d(t4, t5)];
-            }
-            continue;
-        }
         let RequestBody::Chat(chat) = &req.body else {
             unreachable!()
         };

@@ -8,8 +8,8 @@
 //! - [`tenant`]: tenant id validation.
 //! - [`request`]: an OpenAI chat/completion request reduced to what routing reads.
 //! - [`prefix`]: what PREFIX_AWARE hashes of a request.
-//! - `tokenize` (feature `tokenizer`): chat templates, tokenization with a
-//!   segment cache, and the generated tiny test tokenizer.
+//! - `tokenize` (feature `tokenizer`): chat templates, tokenization by one
+//!   fast path with a chunk memo, and the generated tiny test tokenizer.
 //! - [`index`]: the concurrent cache index (block hash -> workers, tier).
 //! - [`policy`]: the routing policies behind one trait.
 
@@ -22,6 +22,7 @@ pub mod request;
 pub mod tenant;
 #[cfg(feature = "tokenizer")]
 pub mod tokenize;
+#[cfg(feature = "tokenizer")]
 mod weighted_lru;
 
 pub use hash::{hash_block, hash_tokens, BlockHash, ChainHasher, HashSeed};

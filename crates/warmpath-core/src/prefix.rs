@@ -118,7 +118,6 @@ impl PrefixExtractor {
                         || match &m.content {
                             Content::Empty => false,
                             Content::Text(t) => out.push(t),
-                            Content::Shared(t, _) => out.push(t),
                             Content::Parts(ps) => ps
                                 .iter()
                                 .enumerate()

@@ -1,7 +1,5 @@
-//! A bounded LRU of shared values made from text, for the caches on the
-//! router's hot path: the tokenizer's segment cache (token ids of a long
-//! segment) and the request's content cache (the unescaped text of a long
-//! JSON string).
+//! A bounded LRU of shared values made from text, for the tokenizer's chunk
+//! memo (token ids of a chunk of a long text).
 //!
 //! Keyed by the 128-bit xxh3 of the source bytes plus their length; bounded
 //! by the total size of the values held (ids, or bytes of text), least

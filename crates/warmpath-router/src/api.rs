@@ -83,7 +83,7 @@ fn prepare(
     raw: &Bytes,
     started: Instant,
 ) -> Result<(route::Plan, Bytes), ApiError> {
-    let req = Request::parse_with(raw, expect, Some(&s.contents))?;
+    let req = Request::parse(raw, expect)?;
     let target = s
         .pools
         .resolve(&req.model)

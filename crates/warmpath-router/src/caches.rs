@@ -3,10 +3,8 @@
 //!
 //! | cache | pool | what it keeps | a hit saves |
 //! |---|---|---|---|
-//! | `content` | `-` (router-wide) | unescaped long message contents | unescaping (and, skimmed, reading) a repeated 28 KB system prompt |
-//! | `segments` | each | token ids of long text pieces | tokenizing them |
-//! | `short_pieces` | each | token ids of short pieces (a template's `\n\n`) | tokenizing them |
-//! | `chat_heads` | each | block hashes of a chat's repeated beginning | rendering, tokenizing and hashing it |
+//! | `chunks` | each | token ids of ~1 KiB chunks of long texts (a system prompt, a RAG document) | tokenizing them |
+//! | `words` | each | token ids of short pre-tokenizer splits (a question's words) | running BPE on them |
 //!
 //! Low hit rates on a steady workload mean a cache is too small (or the
 //! traffic has no repeated prefixes, and then `kv_aware` gains little).
@@ -17,7 +15,7 @@ use serde_json::{json, Value};
 /// One cache's counters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheReport {
-    /// The pool's model, or `-` for the router-wide content cache.
+    /// The pool's model.
     pub pool: String,
     /// Which cache (module docs).
     pub cache: &'static str,
@@ -42,16 +40,9 @@ impl CacheReport {
     }
 }
 
-/// Every cache's counters: the content cache first, then each pool's.
+/// Every pool's caches' counters (a pool without a tokenizer has none).
 pub fn report(s: &Shared) -> Vec<CacheReport> {
-    let c = s.contents.stats();
-    let mut out = vec![CacheReport {
-        pool: "-".into(),
-        cache: "content",
-        hits: c.hits,
-        misses: c.misses,
-        entries: c.entries,
-    }];
+    let mut out = Vec::new();
     for p in s.pools.all() {
         let mut add = |cache, hits, misses, entries| {
             out.push(CacheReport {
@@ -63,12 +54,12 @@ pub fn report(s: &Shared) -> Vec<CacheReport> {
             });
         };
         if let Some(t) = &p.tokenizer {
-            let (long, short) = (t.cache_stats(), t.short_cache_stats());
-            add("segments", long.hits, long.misses, long.entries);
-            add("short_pieces", short.hits, short.misses, short.entries);
+            let c = t.chunk_stats();
+            add("chunks", c.hits, c.misses, c.entries);
+            if let Some(w) = t.word_stats() {
+                add("words", w.hits, w.misses, w.entries);
+            }
         }
-        let h = p.heads.stats();
-        add("chat_heads", h.hits, h.misses, h.entries);
     }
     out
 }

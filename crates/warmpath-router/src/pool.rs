@@ -14,7 +14,7 @@ use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
 use thiserror::Error;
-use warmpath_core::tokenize::{ChatTokenizer, HeadChains};
+use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::{
     build_policy, CacheIndex, Policy, PolicyBackend, PolicyConfig, PolicyError, PrefixExtractor,
     Strategy,
@@ -59,8 +59,6 @@ pub struct Pool {
     pub backends: Vec<Arc<Backend>>,
     /// Warmest prefix chains routed here.
     pub hot: HotChains,
-    /// Block hashes of chat heads (long repeated beginnings) seen here.
-    pub heads: HeadChains,
     /// The per-request metric series of this pool.
     pub metrics: PoolMetrics,
     policy: RwLock<Arc<PolicyState>>,
@@ -104,7 +102,6 @@ impl Pool {
             prefix,
             backends,
             hot: HotChains::default(),
-            heads: HeadChains::default(),
             metrics: PoolMetrics::new(&model),
             policy: RwLock::new(Arc::new(PolicyState {
                 strategy: Strategy::Random,

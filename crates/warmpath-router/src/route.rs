@@ -87,12 +87,11 @@ pub fn plan(
                 Some((out, t))
             }
             (None, Some(tok)) => {
-                // A chat whose head the pool has seen is tokenized and
-                // hashed only after it (same hashes; see HeadChains).
-                let ids =
-                    tok.encode_request_remembering(req, seed, pool.block_size, &pool.heads)?;
+                let ids = tok.encode_request(req)?;
                 let t = observe(&pool, Phase::Tokenize, t);
-                Some((ids.block_hashes(&pool.heads), t))
+                let mut out = Vec::new();
+                ChainHasher::new(seed, pool.block_size).extend(&ids, &mut out);
+                Some((out, t))
             }
             (None, None) => None,
         };

@@ -12,7 +12,6 @@ use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use warmpath_core::request::ContentCache;
 
 /// The pooled keep-alive client used for every backend.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
@@ -44,9 +43,6 @@ pub struct Shared {
     pub agents: Option<Arc<Agents>>,
     /// Start time, for uptime and event ages.
     pub started: Instant,
-    /// Unescaped long message contents (a repeated system prompt is
-    /// unescaped once; see `warmpath_core::request::ContentCache`).
-    pub contents: ContentCache,
 }
 
 impl std::fmt::Debug for Shared {
@@ -93,7 +89,6 @@ impl Shared {
             metrics,
             agents,
             started: Instant::now(),
-            contents: ContentCache::default(),
         }
     }
 

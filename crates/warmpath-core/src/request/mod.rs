@@ -1,9 +1,9 @@
 //! An OpenAI chat or completion request, reduced to what routing needs.
 //!
-//! [`Request`] borrows from the body's bytes ([`Request::parse`], the fast
-//! path: one walk over the JSON, no [`serde_json::Value`] tree, a repeated
-//! long content skipped by its hash), from a parsed
-//! [`serde_json::Value`] ([`Request::from_value`]), or owns its data
+//! [`Request`] borrows from the body's bytes ([`Request::parse`]: one serde
+//! walk over the JSON, no [`serde_json::Value`] tree, every string without
+//! escapes borrowed; see `walk.rs`), from a parsed [`serde_json::Value`]
+//! ([`Request::from_value`], the same walk), or owns its data
 //! ([`Request::from_slice`], [`Request::into_owned`]). Only the
 //! fields that routing, prefix hashing and tokenization read are kept; the
 //! router forwards the original body untouched (apart from `cache_salt`).
@@ -24,10 +24,7 @@
 use crate::tenant::{TenantError, TenantId, TenantSource};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
-use std::sync::Arc;
 use thiserror::Error;
-
-pub use content_cache::{ContentCache, ContentCacheStats, LiteralKey};
 
 /// Why a request body was refused. Never retryable: the client must fix the body
 /// (the router answers HTTP 400 with this message).
@@ -131,32 +128,15 @@ pub struct Message<'a> {
     pub extra: Map<String, Value>,
 }
 
-/// The text of a message's `content`. `Text` and `Shared` holding the same
-/// text are equal: they differ only in where the text is kept.
-#[derive(Clone, Debug)]
+/// The text of a message's `content`.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Content<'a> {
     /// `content` absent or null (e.g. an assistant message with tool calls).
     Empty,
     /// `content` as a string.
     Text(Cow<'a, str>),
-    /// `content` as a string, shared from a [`ContentCache`] (a long literal
-    /// seen before), with the key of its literal.
-    Shared(Arc<str>, LiteralKey),
     /// The `text` of every `{"type":"text"}` part, in order.
     Parts(Vec<Cow<'a, str>>),
-}
-
-impl PartialEq for Content<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Content::Empty, Content::Empty) => true,
-            (Content::Parts(a), Content::Parts(b)) => a == b,
-            (Content::Text(_) | Content::Shared(..), Content::Text(_) | Content::Shared(..)) => {
-                self.text() == other.text()
-            }
-            _ => false,
-        }
-    }
 }
 
 impl Content<'_> {
@@ -166,7 +146,6 @@ impl Content<'_> {
         match self {
             Content::Empty => Cow::Borrowed(""),
             Content::Text(t) => Cow::Borrowed(t.as_ref()),
-            Content::Shared(t, _) => Cow::Borrowed(t),
             Content::Parts(ps) if ps.len() == 1 => Cow::Borrowed(ps[0].as_ref()),
             Content::Parts(ps) => Cow::Owned(ps.join("\n")),
         }
@@ -176,7 +155,6 @@ impl Content<'_> {
         match self {
             Content::Empty => Content::Empty,
             Content::Text(t) => Content::Text(Cow::Owned(t.into_owned())),
-            Content::Shared(t, k) => Content::Shared(t, k),
             Content::Parts(ps) => {
                 Content::Parts(ps.into_iter().map(|p| Cow::Owned(p.into_owned())).collect())
             }
@@ -294,10 +272,8 @@ impl Request<'static> {
     }
 }
 
-mod content_cache;
-mod fast;
 mod parse;
-mod skim;
+mod walk;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

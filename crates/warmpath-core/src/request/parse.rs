@@ -1,45 +1,71 @@
-//! Reading a [`Request`] out of a JSON value: shapes, defaults and error paths.
+//! Reading a [`Request`] from the JSON walk (`super::walk`): shapes,
+//! defaults and errors, checked in one fixed order.
 
+use super::walk::{Msg, Node, Part, PartNode, Top};
 use super::{ChatBody, Content, Expect, Message, Prompt, Request, RequestBody, RequestError};
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde_json::Value;
 use std::borrow::Cow;
 
 impl<'a> Request<'a> {
-    /// Reads a request from a parsed JSON body.
-    pub fn from_value(v: &'a Value, expect: Expect) -> Result<Self, RequestError> {
-        let obj = v.as_object().ok_or(RequestError::NotAnObject)?;
-        let model = match obj.get("model") {
-            None | Some(Value::Null) => return Err(RequestError::Missing("model")),
-            Some(Value::String(s)) => Cow::Borrowed(s.as_str()),
-            Some(_) => return Err(wrong("model", "a string")),
-        };
-        let stream = opt_bool(obj, "stream")?.unwrap_or(false);
-        let has = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
-        let chat = match expect {
-            Expect::Chat => true,
-            Expect::Completion => false,
-            Expect::Any if has("messages") => true,
-            Expect::Any if has("prompt") => false,
-            Expect::Any => return Err(RequestError::UnknownKind),
-        };
-        let body = if chat {
-            RequestBody::Chat(parse_chat(obj)?)
-        } else {
-            RequestBody::Completion(parse_prompt(obj.get("prompt"))?)
-        };
-        let max_tokens = match opt_u32(obj, "max_completion_tokens")? {
-            Some(n) => Some(n),
-            None => opt_u32(obj, "max_tokens")?,
-        };
-        Ok(Request {
-            model,
-            stream,
-            body,
-            prompt_cache_key: opt_str(obj, "prompt_cache_key")?,
-            cache_salt: opt_str(obj, "cache_salt")?,
-            max_tokens,
-        })
+    /// Parses a JSON body, borrowing every string without escapes from it:
+    /// one walk, no [`Value`] tree (see `walk.rs`).
+    pub fn parse(body: &'a [u8], expect: Expect) -> Result<Self, RequestError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let top = Node::<(), Top<'a>>::deserialize(&mut de).map_err(RequestError::InvalidJson)?;
+        de.end().map_err(RequestError::InvalidJson)?;
+        read(top, expect)
     }
+
+    /// Reads a request from a parsed JSON body, by the same walk.
+    pub fn from_value(v: &'a Value, expect: Expect) -> Result<Self, RequestError> {
+        let top = Node::<(), Top<'a>>::deserialize(v).map_err(RequestError::InvalidJson)?;
+        read(top, expect)
+    }
+}
+
+/// The request in `top`, or the first error in the order: body, `model`,
+/// `stream`, kind, the chat or prompt, the token limits, the tenant fields.
+fn read<'a>(top: Node<'a, (), Top<'a>>, expect: Expect) -> Result<Request<'a>, RequestError> {
+    let Node::Map(top) = top else {
+        return Err(RequestError::NotAnObject);
+    };
+    let model = match top.model {
+        Node::Null => return Err(RequestError::Missing("model")),
+        Node::Str(s) => s,
+        _ => return Err(wrong("model", "a string")),
+    };
+    let stream = opt_bool(&top.stream, "stream")?.unwrap_or(false);
+    let chat = match expect {
+        Expect::Chat => true,
+        Expect::Completion => false,
+        Expect::Any if !top.messages.is_null() => true,
+        Expect::Any if !top.prompt.is_null() => false,
+        Expect::Any => return Err(RequestError::UnknownKind),
+    };
+    let body = if chat {
+        RequestBody::Chat(read_chat(
+            top.messages,
+            top.tools,
+            top.chat_template_kwargs,
+            &top.add_generation_prompt,
+            &top.continue_final_message,
+        )?)
+    } else {
+        RequestBody::Completion(parse_prompt(Some(&top.prompt))?.into_owned())
+    };
+    let max_tokens = match u32_field(Some(&top.max_completion_tokens), "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => u32_field(Some(&top.max_tokens), "max_tokens")?,
+    };
+    Ok(Request {
+        model,
+        stream,
+        body,
+        prompt_cache_key: opt_str(top.prompt_cache_key, "prompt_cache_key")?,
+        cache_salt: opt_str(top.cache_salt, "cache_salt")?,
+        max_tokens,
+    })
 }
 
 fn wrong(field: impl Into<String>, expected: &'static str) -> RequestError {
@@ -49,32 +75,25 @@ fn wrong(field: impl Into<String>, expected: &'static str) -> RequestError {
     }
 }
 
-fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, RequestError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(wrong(key, "a boolean")),
+fn opt_bool(v: &Node<'_>, key: &'static str) -> Result<Option<bool>, RequestError> {
+    match v {
+        Node::Null => Ok(None),
+        Node::Bool(b) => Ok(Some(*b)),
+        _ => Err(wrong(key, "a boolean")),
     }
 }
 
-fn opt_str<'a>(
-    obj: &'a Map<String, Value>,
-    key: &'static str,
-) -> Result<Option<Cow<'a, str>>, RequestError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(Cow::Borrowed(s))),
-        Some(_) => Err(wrong(key, "a string")),
+fn opt_str<'a>(v: Node<'a>, key: &'static str) -> Result<Option<Cow<'a, str>>, RequestError> {
+    match v {
+        Node::Null => Ok(None),
+        Node::Str(s) => Ok(Some(s)),
+        _ => Err(wrong(key, "a string")),
     }
-}
-
-fn opt_u32(obj: &Map<String, Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
-    u32_field(obj.get(key), key)
 }
 
 /// A token count field's value: absent or null, else a non-negative integer
 /// below 2^32.
-pub(super) fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
+fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
@@ -85,93 +104,101 @@ pub(super) fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u
     }
 }
 
-fn parse_chat(obj: &Map<String, Value>) -> Result<ChatBody<'_>, RequestError> {
-    let msgs = match obj.get("messages") {
-        None | Some(Value::Null) => return Err(RequestError::Missing("messages")),
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(wrong("messages", "an array of message objects")),
+type Messages<'a> = Node<'a, Vec<Node<'a, (), Msg<'a>>>>;
+
+fn read_chat<'a>(
+    messages: Messages<'a>,
+    tools: Value,
+    kwargs: Value,
+    add_generation_prompt: &Node<'_>,
+    continue_final_message: &Node<'_>,
+) -> Result<ChatBody<'a>, RequestError> {
+    let msgs = match messages {
+        Node::Null => return Err(RequestError::Missing("messages")),
+        Node::Seq(a) => a,
+        _ => return Err(wrong("messages", "an array of message objects")),
     };
     if msgs.is_empty() {
         return Err(RequestError::Empty("messages".into()));
     }
     let messages = msgs
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(i, m)| parse_message(i, m))
+        .map(|(i, m)| read_message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
-    let tools = match obj.get("tools") {
-        None | Some(Value::Null) => None,
-        Some(t @ Value::Array(_)) => Some(Cow::Borrowed(t)),
-        Some(_) => return Err(wrong("tools", "an array")),
+    let tools = match tools {
+        Value::Null => None,
+        t @ Value::Array(_) => Some(Cow::Owned(t)),
+        _ => return Err(wrong("tools", "an array")),
     };
-    let chat_template_kwargs = match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(Cow::Borrowed(m)),
-        Some(_) => return Err(wrong("chat_template_kwargs", "an object")),
+    let chat_template_kwargs = match kwargs {
+        Value::Null => None,
+        Value::Object(m) => Some(Cow::Owned(m)),
+        _ => return Err(wrong("chat_template_kwargs", "an object")),
     };
     Ok(ChatBody {
         messages,
-        add_generation_prompt: opt_bool(obj, "add_generation_prompt")?.unwrap_or(true),
-        continue_final_message: opt_bool(obj, "continue_final_message")?.unwrap_or(false),
+        add_generation_prompt: opt_bool(add_generation_prompt, "add_generation_prompt")?
+            .unwrap_or(true),
+        continue_final_message: opt_bool(continue_final_message, "continue_final_message")?
+            .unwrap_or(false),
         tools,
         chat_template_kwargs,
     })
 }
 
-fn parse_message(i: usize, m: &Value) -> Result<Message<'_>, RequestError> {
-    let obj = m
-        .as_object()
-        .ok_or_else(|| wrong(format!("messages[{i}]"), "an object"))?;
-    let role = match obj.get("role") {
-        Some(Value::String(r)) => Cow::Borrowed(r.as_str()),
+fn read_message<'a>(i: usize, m: Node<'a, (), Msg<'a>>) -> Result<Message<'a>, RequestError> {
+    let Node::Map(m) = m else {
+        return Err(wrong(format!("messages[{i}]"), "an object"));
+    };
+    let role = match m.role {
+        Node::Str(r) => r,
         _ => return Err(wrong(format!("messages[{i}].role"), "a string")),
     };
-    let content = match obj.get("content") {
-        None | Some(Value::Null) => Content::Empty,
-        Some(Value::String(s)) => Content::Text(Cow::Borrowed(s)),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (j, p) in parts.iter().enumerate() {
-                let kind = p.get("type").and_then(Value::as_str).ok_or_else(|| {
-                    wrong(
-                        format!("messages[{i}].content[{j}]"),
-                        "an object with a string `type`",
-                    )
-                })?;
-                if kind == "text" {
-                    match p.get("text") {
-                        Some(Value::String(t)) => texts.push(Cow::Borrowed(t.as_str())),
-                        _ => {
-                            return Err(wrong(
-                                format!("messages[{i}].content[{j}].text"),
-                                "a string",
-                            ))
-                        }
-                    }
-                }
-            }
-            Content::Parts(texts)
-        }
-        Some(_) => {
+    let content = match m.content {
+        Node::Null => Content::Empty,
+        Node::Str(s) => Content::Text(s),
+        Node::Seq(parts) => Content::Parts(read_parts(i, parts)?),
+        _ => {
             return Err(wrong(
                 format!("messages[{i}].content"),
                 "a string, null or an array of content parts",
             ))
         }
     };
-    let extra = obj
-        .iter()
-        .filter(|(k, _)| k.as_str() != "role" && k.as_str() != "content")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
     Ok(Message {
         role,
         content,
-        extra,
+        extra: m.extra,
     })
 }
 
-pub(super) fn parse_prompt(v: Option<&Value>) -> Result<Prompt<'_>, RequestError> {
+/// The texts of the `{"type":"text"}` parts; other types are skipped.
+fn read_parts<'a>(i: usize, parts: Vec<PartNode<'a>>) -> Result<Vec<Cow<'a, str>>, RequestError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, p) in parts.into_iter().enumerate() {
+        let Node::Map(Part {
+            kind: Node::Str(kind),
+            text,
+        }) = p
+        else {
+            let field = format!("messages[{i}].content[{j}]");
+            return Err(wrong(field, "an object with a string `type`"));
+        };
+        if kind == "text" {
+            let Node::Str(t) = text else {
+                return Err(wrong(
+                    format!("messages[{i}].content[{j}].text"),
+                    "a string",
+                ));
+            };
+            texts.push(t);
+        }
+    }
+    Ok(texts)
+}
+
+fn parse_prompt(v: Option<&Value>) -> Result<Prompt<'_>, RequestError> {
     const SHAPES: &str =
         "a string, an array of strings, an array of token ids or an array of arrays of token ids";
     let arr = match v {

@@ -9,32 +9,26 @@
 //!   the token ids vLLM would compute: chat -> rendered text encoded without
 //!   special tokens (the template already has BOS); completion text -> encoded
 //!   with special tokens; token-id prompts -> used as they are.
-//! - [`SegmentCache`]: tokenization of long segments (text between added/special
-//!   tokens) is cached, so a repeated 8k-token system prompt is not re-tokenized.
-//!   The result always equals plain tokenization.
-//! - [`HeadChains`]: the block hashes of a chat's long beginning (its *head*,
-//!   e.g. a system prompt), so that a request repeating it renders, tokenizes
-//!   and hashes only what comes after. The hashes always equal plain hashing.
+//! - `fast`: the one fast path of encoding (the added-token cut, the chunk
+//!   memo, the regex pre-split with its word cache), switched on per
+//!   tokenizer only where it gives the library's ids. Its chunk memo keeps the
+//!   ids of ~1 KiB chunks of long texts, cut where the pre-tokenizer always
+//!   splits, so a repeated document (system prompt, RAG document, source
+//!   file) with a new tail is encoded only from its tail. Sized by
+//!   [`CacheConfig`].
 //! - [`tiny`]: a small, real, deterministically generated Llama-3-style
 //!   tokenizer for tests, the tiny engine, the simulator and the demo.
 
-mod ascii_split;
-mod cache;
 mod chat;
+mod fast;
 mod files;
-pub mod head;
-pub mod native;
-mod presplit;
 mod pyfuncs;
-mod split;
 mod template;
 pub mod tiny;
-mod word_cache;
 
-pub use cache::{CacheConfig, CacheStats, SegmentCache};
 pub use chat::ChatTokenizer;
+pub use fast::{CacheConfig, CacheStats};
 pub use files::{SpecialTokens, TokenizerFiles};
-pub use head::{ChatIds, HeadChains, HeadStats};
 pub use template::ChatTemplate;
 
 use std::path::PathBuf;

@@ -2,7 +2,6 @@
 //! `apply_chat_template` as vLLM calls it.
 
 use super::files::SpecialTokens;
-use super::native::Native;
 use super::pyfuncs;
 use super::TokenizeError;
 use crate::request::{ChatBody, Message};
@@ -16,16 +15,12 @@ const NAME: &str = "chat";
 pub struct ChatTemplate {
     env: Environment<'static>,
     special: SpecialTokens,
-    /// Set when the source is a template rendered natively (see
-    /// [`super::native`]).
-    native: Option<Native>,
 }
 
 impl fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("special", &self.special)
-            .field("native", &self.native)
             .finish_non_exhaustive()
     }
 }
@@ -44,30 +39,7 @@ impl ChatTemplate {
         env.add_filter("tojson", pyfuncs::tojson);
         env.add_template_owned(NAME, source.to_owned())
             .map_err(TokenizeError::TemplateSyntax)?;
-        let native = Native::recognize(source, &special);
-        Ok(ChatTemplate {
-            env,
-            special,
-            native,
-        })
-    }
-
-    /// Whether this is a well-known template rendered by native code (same
-    /// output as minijinja, without the template VM; see [`super::native`]).
-    pub fn is_native(&self) -> bool {
-        self.native.is_some()
-    }
-
-    /// The native renderer, when the template is a well-known one.
-    pub fn native(&self) -> Option<&Native> {
-        self.native.as_ref()
-    }
-
-    /// The same template, always rendered by minijinja (to compare against).
-    #[cfg(test)]
-    pub(crate) fn without_native(mut self) -> Self {
-        self.native = None;
-        self
+        Ok(ChatTemplate { env, special })
     }
 
     /// Renders a chat as vLLM does: each message's content reduced to a string
@@ -83,10 +55,7 @@ impl ChatTemplate {
                 "cannot be combined with add_generation_prompt=true",
             ));
         }
-        let rendered = match self.native.as_ref().and_then(|n| n.render(chat)) {
-            Some(text) => text,
-            None => self.render_jinja(chat)?,
-        };
+        let rendered = self.render_jinja(chat)?;
         if chat.continue_final_message {
             let last = chat
                 .messages

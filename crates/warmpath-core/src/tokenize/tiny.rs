@@ -15,7 +15,7 @@
 //! get it from the template. Everything is computed from constants, so
 //! [`tokenizer_json`] and [`write_model_dir`] are byte-identical on every run.
 
-use super::presplit::byte_alphabet;
+use super::fast::byte_alphabet;
 use super::TokenizeError;
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -32,12 +32,12 @@
 //! plus a `String` per token.
 //!
 //! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; any other
-//! configuration gets `None` and stays with the library. A proptest checks
+//! configuration gets `None` and stays with the library. The harness (`tests.rs`) checks
 //! the ids against the library on random text rich in white space, scripts,
 //! digits and symbols.
 
 use super::word_cache::WordCache;
-use super::{ascii_split, TokenizeError};
+use crate::tokenize::TokenizeError;
 use regex::Regex;
 use serde_json::Value;
 use tokenizers::{Model, ModelWrapper, Tokenizer};
@@ -49,7 +49,7 @@ const WORD_CACHE_CAPACITY: usize = 100_000;
 /// Split patterns whose last alternatives are `\s+(?!\S)|\s+` and whose
 /// earlier alternatives never match white space alone (see the module docs).
 /// Each with the most digits its `\p{N}` alternative takes.
-const KNOWN_PATTERNS: [(&str, usize); 2] = [
+pub(crate) const KNOWN_PATTERNS: [(&str, usize); 2] = [
     // Llama 3, GPT-4 (cl100k).
     (
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
@@ -87,7 +87,7 @@ pub(crate) fn byte_alphabet() -> [char; 256] {
 #[derive(Debug)]
 pub(crate) struct FastPieces {
     regex: Regex,
-    /// The pattern's `\p{N}{1,max_digits}`, for [`ascii_split`].
+    /// The pattern's `\p{N}{1,max_digits}`, for the digit prewarm.
     max_digits: usize,
     alphabet: [char; 256],
     /// Split text -> ids; `None` when the model is not deterministic per word.
@@ -162,20 +162,23 @@ impl FastPieces {
         KNOWN_PATTERNS.into_iter().find(|&(k, _)| k == pattern)
     }
 
+    /// Whether the words of this tokenizer always give the same ids (BPE
+    /// without dropout): then ids may be remembered.
+    pub(crate) fn deterministic(&self) -> bool {
+        self.words.is_some()
+    }
+
+    /// The word cache's counters: hits, misses (splits), entries.
+    pub(crate) fn word_stats(&self) -> Option<(u64, u64, usize)> {
+        self.words.as_ref().map(WordCache::stats)
+    }
+
     /// The splits of `text`, as the library's Split pre-tokenizer makes them.
-    /// ASCII text is split by [`ascii_split`] (same splits, no regex engine).
     pub(crate) fn splits<'t>(&'t self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
         let mut at = 0;
-        let ascii = text.is_ascii();
         std::iter::from_fn(move || {
             if at >= text.len() {
                 return None;
-            }
-            if ascii {
-                let end = ascii_split::split_end(text.as_bytes(), at, self.max_digits);
-                let piece = &text[at..end];
-                at = end;
-                return Some(piece);
             }
             let Some(m) = self.regex.find_at(text, at) else {
                 // Not reachable with the known patterns (they match every
@@ -225,13 +228,16 @@ impl FastPieces {
         let mut mapped = String::new();
         // Splits encoded here, to add to the word cache after the reads.
         let mut fresh: Vec<(&str, std::ops::Range<usize>)> = Vec::new();
+        let (mut hits, mut misses) = (0, 0);
         {
             let reader = self.words.as_ref().map(WordCache::reader);
             for split in self.splits(text) {
                 if let Some(hit) = reader.as_ref().and_then(|r| r.get(split)) {
                     ids.extend_from_slice(hit);
+                    hits += 1;
                     continue;
                 }
+                misses += 1;
                 mapped.clear();
                 mapped.extend(split.bytes().map(|b| self.alphabet[usize::from(b)]));
                 let tokens = model.tokenize(&mapped).map_err(TokenizeError::Encode)?;
@@ -242,167 +248,12 @@ impl FastPieces {
                 }
             }
         }
-        if let (Some(words), false) = (&self.words, fresh.is_empty()) {
-            words.insert(fresh.into_iter().map(|(s, r)| (s, &ids[r])));
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use crate::tokenize::tiny;
-    use proptest::prelude::*;
-    use std::str::FromStr;
-    use std::sync::OnceLock;
-    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
-
-    fn tiny_tokenizer() -> Tokenizer {
-        Tokenizer::from_str(&tiny::tokenizer_json()).unwrap()
-    }
-
-    fn library_splits(tok: &Tokenizer, text: &str) -> Vec<String> {
-        // The library's Split step alone, mapped back from the byte alphabet
-        // by comparing against our mapping of each split.
-        let mut pre = PreTokenizedString::from(text);
-        tok.get_pre_tokenizer()
-            .unwrap()
-            .pre_tokenize(&mut pre)
-            .unwrap();
-        pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
-            .into_iter()
-            .map(|(_, (a, b), _)| text[a..b].to_owned())
-            .collect()
-    }
-
-    #[test]
-    fn recognises_llama3_and_refuses_others() {
-        let tok = tiny_tokenizer();
-        let fast = FastPieces::new(&tok).unwrap();
-        assert!(fast.words.is_some(), "BPE without dropout caches words");
-        assert_eq!(
-            fast.words.as_ref().map(WordCache::len),
-            Some(1110),
-            "every digit group 0-999 is cached up front"
-        );
-        let reader = fast.words.as_ref().unwrap().reader();
-        for group in ["0", "07", "860", "999"] {
-            let lib = tok.encode_fast(group, false).unwrap();
-            assert_eq!(reader.get(group), Some(lib.get_ids()), "{group}");
-        }
-        drop(reader);
-        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
-        v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = KNOWN_PATTERNS[1].0.into();
-        let single = FastPieces::new(&Tokenizer::from_str(&v.to_string()).unwrap()).unwrap();
-        assert_eq!(
-            single.words.as_ref().map(WordCache::len),
-            Some(10),
-            "a single-digit pattern splits off 0-9 only"
-        );
-        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
-        v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+(?!\S)|\s+|\S+".into();
-        let other = Tokenizer::from_str(&v.to_string()).unwrap();
-        assert!(FastPieces::new(&other).is_none());
-        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
-        v["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true.into();
-        let other = Tokenizer::from_str(&v.to_string()).unwrap();
-        assert!(FastPieces::new(&other).is_none());
-        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
-        v["model"]["dropout"] = 0.1.into();
-        let random = Tokenizer::from_str(&v.to_string()).unwrap();
-        let fast = FastPieces::new(&random).unwrap();
-        assert!(
-            fast.words.is_none(),
-            "BPE dropout is random per call: no word cache"
-        );
-    }
-
-    #[test]
-    fn lookahead_cases_split_like_the_library() {
-        let tok = tiny_tokenizer();
-        let fast = FastPieces::new(&tok).unwrap();
-        for text in [
-            "a  b",
-            "a b",
-            "a   ",
-            "  ",
-            " ",
-            "x \t y",
-            "a\u{3000}\u{3000}b",
-            "a \u{a0}b",
-            "1  2",
-            "a \n  b",
-            "\n\nQuestion 12: what?",
-            "it's  'S    123456 !!\r\n  ok",
-            "",
-        ] {
-            let ours: Vec<&str> = fast.splits(text).collect();
-            assert_eq!(ours, library_splits(&tok, text), "{text:?}");
-        }
-    }
-
-    fn rich_text() -> impl Strategy<Value = String> {
-        let atoms = prop::sample::select(vec![
-            " ", "  ", "\t", "\n", "\r\n", "\u{a0}", "\u{3000}", "\u{2009}", "a", "Z", "word", "é",
-            "ß", "Ω", "я", "中文", "ひら", "1", "42", "12345", "٣", "'s", "'LL", "'", "!", "?!",
-            ".", "—", "😀", "#", "_", "\u{0}", "\u{7f}",
-        ]);
-        prop::collection::vec(atoms, 0..40).prop_map(|v| v.concat())
-    }
-
-    fn ascii_text() -> impl Strategy<Value = String> {
-        let atoms = prop::sample::select(vec![
-            " ", "  ", "   ", "\t", "\n", "\r\n", "\r", "\x0b", "\x0c", "a", "Z", "word", "1",
-            "42", "12345", "'s", "'LL", "'re", "'", "!", "?!", ".", "#", "_", "\u{0}", "\u{1c}",
-            "\u{7f}",
-        ]);
-        prop::collection::vec(atoms, 0..40).prop_map(|v| v.concat())
-    }
-
-    fn with_pattern(pattern: &str) -> Tokenizer {
-        let mut v: Value = serde_json::from_str(&tiny::tokenizer_json()).unwrap();
-        v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern.into();
-        Tokenizer::from_str(&v.to_string()).unwrap()
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
-        #[test]
-        fn ascii_splits_equal_the_library(text in ascii_text(), qwen in any::<bool>()) {
-            static TOKS: OnceLock<[(Tokenizer, FastPieces); 2]> = OnceLock::new();
-            let toks = TOKS.get_or_init(|| {
-                KNOWN_PATTERNS.map(|(p, _)| {
-                    let tok = with_pattern(p);
-                    let fast = FastPieces::new(&tok).unwrap();
-                    (tok, fast)
-                })
-            });
-            let (tok, fast) = &toks[usize::from(qwen)];
-            let ours: Vec<&str> = fast.splits(&text).collect();
-            prop_assert_eq!(ours, library_splits(tok, &text));
-        }
-
-        #[test]
-        fn splits_and_ids_equal_the_library(text in rich_text()) {
-            // One instance for every case, so the word cache is shared across
-            // texts as it is in the router.
-            static SHARED: OnceLock<(Tokenizer, FastPieces)> = OnceLock::new();
-            let (tok, fast) = SHARED.get_or_init(|| {
-                let tok = tiny_tokenizer();
-                let fast = FastPieces::new(&tok).unwrap();
-                (tok, fast)
-            });
-            let ours: Vec<&str> = fast.splits(&text).collect();
-            prop_assert_eq!(ours, library_splits(tok, &text));
-            let lib = tok.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
-            // Twice: the second time every short split comes from the word cache.
-            for _ in 0..2 {
-                let mut ids = Vec::new();
-                fast.encode(tok, &text, &mut ids).unwrap();
-                prop_assert_eq!(&ids, &lib);
+        if let Some(words) = &self.words {
+            words.count(hits, misses);
+            if !fresh.is_empty() {
+                words.insert(fresh.into_iter().map(|(s, r)| (s, &ids[r])));
             }
         }
+        Ok(())
     }
 }

@@ -15,6 +15,7 @@ use crate::index::IdentityHasher;
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Longest split kept, in bytes.
@@ -37,6 +38,8 @@ type Table = HashMap<u64, Entry, BuildHasherDefault<IdentityHasher>>;
 pub(crate) struct WordCache {
     table: RwLock<Table>,
     capacity: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 impl std::fmt::Debug for WordCache {
@@ -68,6 +71,8 @@ impl WordCache {
         WordCache {
             table: RwLock::new(Table::default()),
             capacity,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         }
     }
 
@@ -98,6 +103,22 @@ impl WordCache {
             e.ids[..ids.len()].copy_from_slice(ids);
             table.insert(xxh3_64(split.as_bytes()), e);
         }
+    }
+
+    /// Adds one piece's lookups to the counters (once per piece, not per split).
+    pub(crate) fn count(&self, hits: u64, misses: u64) {
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+        self.misses.fetch_add(misses, Ordering::Relaxed);
+    }
+
+    /// Hits, misses, entries.
+    pub(crate) fn stats(&self) -> (u64, u64, usize) {
+        let h = self.hits.load(Ordering::Relaxed);
+        (
+            h,
+            self.misses.load(Ordering::Relaxed),
+            self.table.read().len(),
+        )
     }
 
     #[cfg(test)]

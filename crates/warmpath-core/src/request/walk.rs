@@ -1,0 +1,228 @@
+//! The one walk over a request's JSON: serde, borrowing, never failing on shape.
+//!
+//! Every field routing reads is taken as a [`Node`]: null, a bool, a string
+//! (borrowed from the input unless it holds escapes), a number, or an array
+//! or object read by the field's own [`FromSeq`] / [`FromMap`] shape. A
+//! value of an unexpected kind is consumed and recorded as such, never an
+//! error, so the walk always reaches the end of the body: its only errors are
+//! the JSON's own, and `super::parse` reports shape errors afterwards, in a
+//! fixed order, whatever order the keys came in. Other values are skipped
+//! without being built ([`IgnoredAny`]). A repeated key keeps its last value,
+//! as in a [`Value`].
+//!
+//! The walk runs over any serde deserializer: the body's bytes
+//! ([`Request::parse`](super::Request::parse)) or a parsed [`Value`]
+//! ([`Request::from_value`](super::Request::from_value)), so both read the same.
+
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+/// One JSON value, with arrays read as `S` and objects as `M`.
+#[derive(Default)]
+pub(super) enum Node<'de, S = (), M = ()> {
+    /// `null`, or the field is absent.
+    #[default]
+    Null,
+    Bool(bool),
+    Str(Cow<'de, str>),
+    Number,
+    Seq(S),
+    Map(M),
+}
+
+impl<'de, S, M> Node<'de, S, M> {
+    pub(super) fn is_null(&self) -> bool {
+        matches!(self, Node::Null)
+    }
+}
+
+/// How an array in a given place is read.
+pub(super) trait FromSeq<'de>: Sized {
+    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Self, A::Error>;
+}
+
+/// How an object in a given place is read.
+pub(super) trait FromMap<'de>: Sized {
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+}
+
+/// Skipped.
+impl<'de> FromSeq<'de> for () {
+    fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+}
+
+/// Skipped.
+impl<'de> FromMap<'de> for () {
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+}
+
+impl<'de, T: Deserialize<'de>> FromSeq<'de> for Vec<T> {
+    fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Self, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(x) = seq.next_element()? {
+            out.push(x);
+        }
+        Ok(out)
+    }
+}
+
+impl<'de, S: FromSeq<'de>, M: FromMap<'de>> Deserialize<'de> for Node<'de, S, M> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'de, S, M>(PhantomData<(&'de (), S, M)>);
+        impl<'de, S: FromSeq<'de>, M: FromMap<'de>> Visitor<'de> for V<'de, S, M> {
+            type Value = Node<'de, S, M>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Node::Null)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Node::Bool(v))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Node::Number)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Node::Number)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Node::Number)
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Node::Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Node::Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Node::Str(Cow::Owned(v)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                S::from_seq(seq).map(Node::Seq)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                M::from_map(map).map(Node::Map)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// The next key (JSON keys are strings; borrowed unless escaped).
+fn next_key<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<Cow<'de, str>>, A::Error> {
+    Ok(map.next_key::<Node<'de>>()?.map(|k| match k {
+        Node::Str(s) => s,
+        _ => Cow::Borrowed(""),
+    }))
+}
+
+/// A value that is null when absent, with the last of repeated keys.
+fn last<'de, A: MapAccess<'de>, T: Deserialize<'de>>(map: &mut A) -> Result<T, A::Error> {
+    map.next_value()
+}
+
+/// The top-level fields routing reads.
+#[derive(Default)]
+pub(super) struct Top<'de> {
+    pub model: Node<'de>,
+    pub stream: Node<'de>,
+    pub messages: Node<'de, Vec<Node<'de, (), Msg<'de>>>>,
+    pub prompt: Value,
+    pub prompt_cache_key: Node<'de>,
+    pub cache_salt: Node<'de>,
+    pub max_tokens: Value,
+    pub max_completion_tokens: Value,
+    pub add_generation_prompt: Node<'de>,
+    pub continue_final_message: Node<'de>,
+    pub tools: Value,
+    pub chat_template_kwargs: Value,
+}
+
+impl<'de> FromMap<'de> for Top<'de> {
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut t = Top::default();
+        while let Some(key) = next_key(&mut map)? {
+            let m = &mut map;
+            match key.as_ref() {
+                "model" => t.model = last(m)?,
+                "stream" => t.stream = last(m)?,
+                "messages" => t.messages = last(m)?,
+                "prompt" => t.prompt = last(m)?,
+                "prompt_cache_key" => t.prompt_cache_key = last(m)?,
+                "cache_salt" => t.cache_salt = last(m)?,
+                "max_tokens" => t.max_tokens = last(m)?,
+                "max_completion_tokens" => t.max_completion_tokens = last(m)?,
+                "add_generation_prompt" => t.add_generation_prompt = last(m)?,
+                "continue_final_message" => t.continue_final_message = last(m)?,
+                "tools" => t.tools = last(m)?,
+                "chat_template_kwargs" => t.chat_template_kwargs = last(m)?,
+                _ => {
+                    m.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// A content part: an array of any value, objects read as [`Part`].
+pub(super) type PartNode<'de> = Node<'de, (), Part<'de>>;
+
+/// One message object.
+#[derive(Default)]
+pub(super) struct Msg<'de> {
+    pub role: Node<'de>,
+    pub content: Node<'de, Vec<PartNode<'de>>>,
+    /// The other fields, as sent.
+    pub extra: Map<String, Value>,
+}
+
+impl<'de> FromMap<'de> for Msg<'de> {
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut msg = Msg::default();
+        while let Some(key) = next_key(&mut map)? {
+            match key.as_ref() {
+                "role" => msg.role = last(&mut map)?,
+                "content" => msg.content = last(&mut map)?,
+                _ => {
+                    let v = map.next_value()?;
+                    msg.extra.insert(key.into_owned(), v);
+                }
+            }
+        }
+        Ok(msg)
+    }
+}
+
+/// One content part object: its `type` and `text`.
+#[derive(Default)]
+pub(super) struct Part<'de> {
+    pub kind: Node<'de>,
+    pub text: Node<'de>,
+}
+
+impl<'de> FromMap<'de> for Part<'de> {
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut p = Part::default();
+        while let Some(key) = next_key(&mut map)? {
+            match key.as_ref() {
+                "type" => p.kind = last(&mut map)?,
+                "text" => p.text = last(&mut map)?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(p)
+    }
+}

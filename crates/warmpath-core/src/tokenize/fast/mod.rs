@@ -1,0 +1,199 @@
+//! The fast path of encoding: the `tokenizers` library's pipeline redone
+//! step by step, for the configurations where each step is shown to give
+//! the library's ids (the differential harness in `tests.rs`).
+//!
+//! The library cuts the text at added tokens, then pre-tokenizes, maps
+//! bytes and runs the model on each piece between them, then post-processes.
+//! Here: the cut is [`split`] (`memchr` and a map), each piece goes through
+//! the chunk memo ([`chunks`]) and, on a miss, the regex pre-split and the
+//! model ([`presplit`], with its word cache), and post-processing is the
+//! probed [`SpecialWrap`].
+//!
+//! **The one switch** is [`FastPath::new`]: `Some` only when every step is
+//! exact for the tokenizer (no truncation or padding, added tokens the cut
+//! mirrors, a post-processor that only wraps); the pre-split is used when it
+//! recognises the pre-tokenizer, else each piece goes to the library whole
+//! (and is memoised whole). `None`: every text goes to the library in one call.
+
+mod chunks;
+mod presplit;
+mod split;
+mod word_cache;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;
+
+pub(crate) use presplit::byte_alphabet;
+
+use super::TokenizeError;
+use chunks::ChunkMemo;
+use presplit::FastPieces;
+use split::{AddedCut, Piece};
+use tokenizers::{Encoding, Token, Tokenizer};
+
+/// Sizing of the chunk memo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Pieces (text between added tokens) shorter than this many bytes are
+    /// encoded directly; longer ones are cut into chunks of at least this
+    /// many bytes, each remembered.
+    pub min_segment_bytes: usize,
+    /// Most token ids held in total; 0 turns the memo off.
+    pub capacity_tokens: usize,
+}
+
+impl Default for CacheConfig {
+    /// Chunks of 1 KiB (about 250 tokens): a repeated document's tail past
+    /// its last whole chunk, re-encoded with each new question, stays short.
+    /// Up to 4 Mi token ids (16 MiB of ids), e.g. 500 distinct 8k-token
+    /// documents.
+    fn default() -> Self {
+        CacheConfig {
+            min_segment_bytes: 1024,
+            capacity_tokens: 4 << 20,
+        }
+    }
+}
+
+/// Counters of a memo cache (monotonic, except the two sizes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found their entry.
+    pub hits: u64,
+    /// Lookups that did not (encoded, then kept when they fit).
+    pub misses: u64,
+    /// Entries evicted to stay within capacity.
+    pub evictions: u64,
+    /// Entries held now.
+    pub entries: usize,
+    /// Token ids held now.
+    pub tokens: usize,
+}
+
+/// The ids the post-processor adds around one sequence with special tokens on.
+#[derive(Debug)]
+struct SpecialWrap {
+    before: Vec<u32>,
+    after: Vec<u32>,
+}
+
+impl SpecialWrap {
+    /// Finds the wrap by post-processing a one-id sequence. `None` when the
+    /// post-processor changes a sequence without special tokens, or does more
+    /// than put ids around it.
+    fn probe(tokenizer: &Tokenizer) -> Option<Self> {
+        const SENTINEL: u32 = u32::MAX;
+        let probe = |add_special_tokens| {
+            let one = Encoding::from_tokens(vec![Token::new(SENTINEL, String::new(), (0, 0))], 0);
+            let out = tokenizer.post_process(one, None, add_special_tokens).ok()?;
+            Some(out.get_ids().to_vec())
+        };
+        if probe(false)? != [SENTINEL] {
+            return None;
+        }
+        let ids = probe(true)?;
+        let at = ids.iter().position(|&i| i == SENTINEL)?;
+        if ids[at + 1..].contains(&SENTINEL) {
+            return None;
+        }
+        Some(SpecialWrap {
+            before: ids[..at].to_vec(),
+            after: ids[at + 1..].to_vec(),
+        })
+    }
+}
+
+/// The fast path of one tokenizer (see module docs).
+#[derive(Debug)]
+pub(crate) struct FastPath {
+    wrap: SpecialWrap,
+    cut: AddedCut,
+    /// The pre-split, when it reproduces the tokenizer's pre-tokenizer.
+    pieces: Option<FastPieces>,
+    memo: ChunkMemo,
+}
+
+impl FastPath {
+    /// The switch: `Some` when the fast path is exact for `tokenizer`.
+    pub(crate) fn new(tokenizer: &Tokenizer, config: CacheConfig) -> Option<Self> {
+        if tokenizer.get_truncation().is_some() || tokenizer.get_padding().is_some() {
+            return None;
+        }
+        Some(FastPath {
+            cut: AddedCut::new(tokenizer)?,
+            wrap: SpecialWrap::probe(tokenizer)?,
+            pieces: FastPieces::new(tokenizer),
+            memo: ChunkMemo::new(config.min_segment_bytes, config.capacity_tokens),
+        })
+    }
+
+    /// Whether long pieces are cut into chunks at safe points (see `chunks`).
+    pub(crate) fn chunks_pieces(&self) -> bool {
+        self.pieces.as_ref().is_some_and(FastPieces::deterministic)
+    }
+
+    /// The ids of `text`, equal to the library's `encode_fast(text, add_special_tokens)`.
+    pub(crate) fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let mut ids = Vec::with_capacity(text.len() / 3 + 4);
+        if add_special_tokens {
+            ids.extend_from_slice(&self.wrap.before);
+        }
+        let chunked = self.chunks_pieces();
+        // BPE dropout gives other ids on every call: nothing to remember.
+        let memo = self.pieces.as_ref().is_none_or(FastPieces::deterministic);
+        let encode_piece = |piece: &str, ids: &mut Vec<u32>| match &self.pieces {
+            Some(fast) => fast.encode(tokenizer, piece, ids),
+            None => {
+                let enc = tokenizer
+                    .encode_fast(piece, false)
+                    .map_err(TokenizeError::Encode)?;
+                ids.extend_from_slice(enc.get_ids());
+                Ok(())
+            }
+        };
+        self.cut.split(text, |piece| match piece {
+            Piece::Added(id) => {
+                ids.push(id);
+                Ok(())
+            }
+            Piece::Text(t) if memo => self.memo.encode(t, chunked, &mut ids, encode_piece),
+            Piece::Text(t) => encode_piece(t, &mut ids),
+        })?;
+        // Without truncation or padding, post-processing only puts the probed
+        // ids around the sequence.
+        if add_special_tokens {
+            ids.extend_from_slice(&self.wrap.after);
+        }
+        Ok(ids)
+    }
+
+    /// The chunk memo's counters.
+    pub(crate) fn chunk_stats(&self) -> CacheStats {
+        let c = self.memo.lru.counts();
+        CacheStats {
+            hits: c.hits,
+            misses: c.misses,
+            evictions: c.evictions,
+            entries: c.entries,
+            tokens: c.size,
+        }
+    }
+
+    /// The word cache's counters (`tokens` is not counted there: 0), when
+    /// there is one.
+    pub(crate) fn word_stats(&self) -> Option<CacheStats> {
+        let (hits, misses, entries) = self.pieces.as_ref()?.word_stats()?;
+        Some(CacheStats {
+            hits,
+            misses,
+            entries,
+            ..CacheStats::default()
+        })
+    }
+}
