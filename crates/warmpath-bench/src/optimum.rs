@@ -36,7 +36,10 @@
 //!   ties and cold requests to the least loaded. It counts prefix hits capped
 //!   as an engine caps them. Routing greedily is not optimal in general, so a
 //!   clever online router could, in principle, beat it; it sits between what
-//!   routers reach and [`Optimum::bound`].
+//!   routers reach and [`Optimum::bound`]. Where every item has one size and
+//!   the in-flight limit never binds it equals the bound: sending a cold
+//!   item to the backend whose furthest-used item is used furthest is the
+//!   pooled cache's Belady eviction.
 
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
