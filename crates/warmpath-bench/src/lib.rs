@@ -11,12 +11,15 @@
 //!   `demo` is a preset of it.
 //! - [`scale`]: a socket-free discrete-event simulation of a 1000-instance
 //!   fleet driving the real core index and policies.
+//! - [`optimum`]: offline references for the hit rate (a pooled-cache
+//!   Belady bound and a per-backend Belady reference) for `compare` and `scale`.
 //! - [`words`], [`dist`], [`stats`]: the deterministic text generator, the
 //!   distributions and the percentile helpers.
 
 pub mod compare;
 pub mod dist;
 pub mod error;
+pub mod optimum;
 pub mod scale;
 pub mod sim;
 pub mod stats;

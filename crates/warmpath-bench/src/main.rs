@@ -584,9 +584,9 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         })?;
         eprintln!();
         println!(
-            "| {} | {:.1}% | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} |",
             r.strategy,
-            100.0 * r.hit_rate,
+            warmpath_bench::optimum::cell(r.hit_rate, None, r.optimum),
             r.ttft_ms.p50,
             r.ttft_ms.p90,
             r.ttft_ms.p99,

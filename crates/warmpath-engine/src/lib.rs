@@ -16,12 +16,14 @@
 //! - [`device`]: `--device cpu|cuda[:N]` and `--dtype`.
 //! - [`worker`]: the one thread that runs the engine, behind a bounded queue.
 //! - `events` (feature `kv-events`, default): vLLM-style KV events over ZMQ.
-//! - [`http`] and [`openai`]: the OpenAI-compatible API and vLLM's metrics.
+//! - [`http`]: the engine behind the shared vLLM-compatible server
+//!   ([`warmpath_openai`]); [`detok`]: incremental detokenization for it.
 //!
 //! Concurrency: one worker thread owns the [`engine::Engine`]; requests wait
 //! in a bounded FIFO queue and run one at a time (no batching).
 
 pub mod config;
+pub mod detok;
 pub mod device;
 pub mod engine;
 pub mod error;
@@ -32,7 +34,6 @@ pub mod kv;
 pub mod loader;
 pub mod model;
 pub mod model_dir;
-pub mod openai;
 pub mod weights;
 pub mod worker;
 

@@ -250,7 +250,7 @@ async fn one(
                     if let Some(err) = v.get("error") {
                         return Err(format!("stream error: {err}"));
                     }
-                    // vLLM (and warmpath-engine) open a chat stream with a
+                    // vLLM opens a chat stream with a
                     // `{"role": "assistant", "content": ""}` delta before any
                     // compute: only a non-empty text is the first token.
                     let non_empty = |p: &str| {

@@ -10,6 +10,7 @@
 //! `POST /cache-index/query` says the serving backend holds (asked just
 //! before sending) with the engine's `cached_tokens`.
 
+mod bound;
 pub mod candle;
 pub mod driver;
 mod plot;
@@ -180,6 +181,15 @@ pub async fn run(
     };
     let ids = stack.worker_ids();
     let bs = cfg.sim.block_size as u64;
+    let chains = crate::sim::tiny_tokenizer()
+        .ok()
+        .and_then(|tok| bound::chains(&base, &tok, cfg.sim.block_size));
+    let fleet = crate::optimum::Fleet {
+        backends: ids.len(),
+        cache_blocks: cfg.sim.cache_blocks as u64,
+        block_size: bs,
+        max_in_flight: cfg.sim.time.max_batch as usize,
+    };
     let mut reports = Vec::new();
     for &s in &cfg.strategies {
         if cancel.is_cancelled() {
@@ -199,6 +209,9 @@ pub async fn run(
         let after = stack.engine_prefix_counters(&client).await;
         let mut r = aggregate(s.as_str(), cfg.rate, &samples, bs, &ids);
         r.hit_ceiling = report::hit_ceiling(&base, &samples, bs);
+        r.optimum = chains
+            .as_deref()
+            .and_then(|c| bound::optimum(c, &samples, fleet));
         if let (Ok((q0, h0)), Ok((q1, h1))) = (before, after) {
             r.engine_hit_rate = (q1 > q0).then(|| (h1 - h0) / (q1 - q0));
         }

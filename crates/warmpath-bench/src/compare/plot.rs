@@ -122,10 +122,29 @@ pub fn ttft_cdf(reports: &[StrategyReport]) -> String {
 
 /// KV hit rate over time per strategy.
 pub fn hit_over_time(reports: &[StrategyReport]) -> String {
-    let series: Vec<(&str, &[(f64, f64)])> = reports
+    let mut series: Vec<(&str, &[(f64, f64)])> = reports
         .iter()
         .map(|r| (r.strategy.as_str(), r.hit_over_time.as_slice()))
         .collect();
+    // The offline references as flat lines across the run.
+    let end = reports
+        .iter()
+        .flat_map(|r| r.hit_over_time.iter().map(|p| p.0))
+        .fold(0.0, f64::max);
+    let refs: Vec<(&str, [(f64, f64); 2])> = reports
+        .iter()
+        .find_map(|r| r.optimum)
+        .map(|o| {
+            vec![
+                ("optimum bound", [(0.0, o.bound), (end, o.bound)]),
+                (
+                    "optimum reference",
+                    [(0.0, o.reference), (end, o.reference)],
+                ),
+            ]
+        })
+        .unwrap_or_default();
+    series.extend(refs.iter().map(|(n, p)| (*n, &p[..])));
     lines(
         "KV hit rate over time",
         "seconds into the run",

@@ -63,6 +63,10 @@ pub struct StrategyReport {
     /// The hit rate a perfect router with unlimited cache could reach on
     /// this trace (see [`hit_ceiling`]).
     pub hit_ceiling: Option<f64>,
+    /// Offline references that also know every backend's capacity: a
+    /// pooled-cache Belady upper bound and a per-backend Belady reference
+    /// (see [`crate::optimum`]).
+    pub optimum: Option<crate::optimum::Optimum>,
     /// Time to first token, ms.
     pub ttft_ms: Summary,
     /// End-to-end latency, ms.
@@ -138,6 +142,7 @@ pub fn aggregate(
         },
         engine_hit_rate: None,
         hit_ceiling: None,
+        optimum: None,
         ttft_ms: Summary::of(&ttft),
         e2e_ms: Summary::of(&e2e),
         throughput_rps: ok.len() as f64 / span,
@@ -277,10 +282,7 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
             )
         });
         let good = r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}"));
-        let hit = match r.hit_ceiling {
-            Some(c) => format!("{:.1}% (ceiling {:.1}%)", 100.0 * r.hit_rate, 100.0 * c),
-            None => format!("{:.1}%", 100.0 * r.hit_rate),
-        };
+        let hit = crate::optimum::cell(r.hit_rate, r.hit_ceiling, r.optimum);
         t.push_str(&format!(
             "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1}-{:.1} | {} | {} |\n",
             r.strategy, good, hit, r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99,

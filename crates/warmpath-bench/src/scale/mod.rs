@@ -148,6 +148,8 @@ pub struct ScaleReport {
     pub requests: usize,
     /// Cached prompt tokens / prompt tokens.
     pub hit_rate: f64,
+    /// Offline references on the same trace (see [`crate::optimum`]).
+    pub optimum: Option<crate::optimum::Optimum>,
     /// Time to first token, ms.
     pub ttft_ms: Summary,
     /// End-to-end latency, ms.
@@ -522,6 +524,24 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// The documents in arrival order, in flight until their last token.
+    fn optimum(&self) -> Option<crate::optimum::Optimum> {
+        let c = self.cfg;
+        let decode_us = us(c.time.decode_ms(c.output_tokens)) as f64;
+        let docs = self.reqs.iter().map(|r| {
+            let done = (r.first_token_us as f64 + decode_us) / 1e6;
+            (r.arrival_us as f64 / 1e6, done, u64::from(r.doc))
+        });
+        let fleet = crate::optimum::Fleet {
+            backends: c.instances,
+            cache_blocks: c.cache_blocks as u64,
+            block_size: c.block_size as u64,
+            max_in_flight: c.time.max_batch as usize,
+        };
+        let doc_blocks = u32::try_from(c.doc_tokens / c.block_size).unwrap_or(u32::MAX);
+        crate::optimum::of_documents(docs, doc_blocks, self.prompt_tokens() as u64, fleet)
+    }
+
     fn report(&self, wall_s: f64) -> ScaleReport {
         let served: Vec<u64> = self.fleet.iter().map(|f| f.served).collect();
         let (share_min_pct, share_max_pct) = share_min_max(&served);
@@ -541,6 +561,7 @@ impl<'a> Sim<'a> {
             } else {
                 self.cached_sum as f64 / self.prompt_sum as f64
             },
+            optimum: self.optimum(),
             ttft_ms: Summary::of(&self.ttft),
             e2e_ms: Summary::of(&self.e2e),
             share_min_pct,

@@ -1,38 +1,33 @@
-//! The HTTP face of one simulated instance: what vLLM's OpenAI server answers.
+//! The HTTP face of one simulated instance: the shared vLLM-compatible server
+//! ([`warmpath_openai`]) over a [`SimEngine`]. This module supplies only what
+//! the simulator does differently: admission, the timed prefill and decode,
+//! and its output tokens.
 
 use super::engine::{Admission, Prefilled, SimEngine};
-use super::openai::{ApiError, Meta};
 use super::output::{Output, OutputVocab};
-use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde_json::{json, Value};
-use std::convert::Infallible;
-use std::fmt::Write as _;
+use axum::Router;
+use futures::StreamExt as _;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::CacheEvent;
-use warmpath_core::request::{Expect, Request};
 use warmpath_core::tokenize::ChatTokenizer;
+use warmpath_openai::vllm_metrics::Totals;
+use warmpath_openai::{ApiError, Backend, Generation, Item, Job, ServerConfig, VllmStats};
 
-/// Longest prompt accepted, in tokens (vLLM's `max_model_len`).
+/// Context length (prompt plus output), in tokens (vLLM's `max_model_len`).
 pub const MAX_MODEL_LEN: usize = 65_536;
-/// Most output tokens one request may ask for.
-pub const MAX_OUTPUT_TOKENS: u32 = 4096;
 /// Output tokens when the request does not say.
-pub const DEFAULT_MAX_TOKENS: u32 = 16;
+pub const DEFAULT_MAX_TOKENS: usize = 16;
 
 /// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct AppState {
     pub(crate) id: String,
-    pub(crate) model: String,
+    pub(crate) config: ServerConfig,
     pub(crate) engine: Arc<SimEngine>,
     pub(crate) tokenizer: Arc<ChatTokenizer>,
     pub(crate) events: mpsc::Sender<Vec<CacheEvent>>,
@@ -40,38 +35,104 @@ pub(crate) struct AppState {
     pub(crate) shutdown: CancellationToken,
 }
 
+/// The server's settings for a simulated instance of `model`.
+pub(crate) fn server_config(model: &str, engine: &SimEngine) -> ServerConfig {
+    ServerConfig {
+        model_name: model.to_owned(),
+        max_model_len: MAX_MODEL_LEN,
+        block_size: engine.block_size(),
+        cache_blocks: engine.num_blocks(),
+        default_max_tokens: DEFAULT_MAX_TOKENS,
+    }
+}
+
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completion))
-        .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics_text))
-        .route("/reset_prefix_cache", post(reset))
-        .with_state(state)
+    warmpath_openai::router(state)
 }
 
-async fn chat(State(st): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
-    serve(st, body, Expect::Chat)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+fn unavailable(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
 }
 
-async fn completion(State(st): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
-    serve(st, body, Expect::Completion)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+impl Backend for AppState {
+    const HTTP_ERRORS: &'static str = "warmpath_sim_http_errors_total";
+
+    fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    fn tokenizer(&self) -> &ChatTokenizer {
+        &self.tokenizer
+    }
+
+    fn generate(&self, job: Job) -> impl Future<Output = Result<Generation, ApiError>> + Send {
+        let (engine, output) = (self.engine.clone(), self.output.clone());
+        let shutdown = self.shutdown.clone();
+        metrics::counter!("warmpath_sim_requests_total", "instance" => self.id.clone())
+            .increment(1);
+        async move {
+            let tokenize = job.received.elapsed();
+            let adm = engine.admit().await.map_err(unavailable)?;
+            let work = Work {
+                prompt: job.tokens.len(),
+                max_tokens: job.max_tokens,
+                seed: job
+                    .tokens
+                    .iter()
+                    .fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
+                start: job.received,
+                tokenize,
+                admit: job.received.elapsed().saturating_sub(tokenize),
+            };
+            let (tx, rx) = mpsc::channel::<Item>(16);
+            // Owned by the generation: it ends when the receiver is dropped
+            // (a send fails) or on shutdown.
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = produce(&engine, &output, adm, job, work, tx) => {}
+                }
+            });
+            let items =
+                futures::stream::unfold(
+                    rx,
+                    |mut rx| async move { rx.recv().await.map(|i| (i, rx)) },
+                );
+            Ok(items.boxed())
+        }
+    }
+
+    async fn reset(&self) -> Result<(), ApiError> {
+        self.engine
+            .reset(&self.events)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))
+    }
+
+    fn stats(&self) -> VllmStats {
+        let s = self.engine.stats();
+        VllmStats {
+            running: s.running.into(),
+            waiting: s.waiting.into(),
+            kv_usage: s.kv_usage,
+            prefix_queries: s.prefix_queries,
+            prefix_hits: s.prefix_hits,
+            totals: Some(Totals {
+                prompt_tokens: s.prompt_tokens,
+                generation_tokens: s.generation_tokens,
+                requests: s.requests,
+            }),
+        }
+    }
 }
 
 struct Work {
-    meta: Meta,
     prompt: usize,
-    max_tokens: u32,
-    include_usage: bool,
+    max_tokens: usize,
     seed: u64,
-    /// When the handler got the request, and how long tokenizing and
-    /// waiting for a batch slot took.
-    start: std::time::Instant,
+    /// When the body arrived, and how long tokenizing and waiting for a
+    /// batch slot took.
+    start: Instant,
     tokenize: Duration,
     admit: Duration,
 }
@@ -109,87 +170,45 @@ impl Work {
     }
 }
 
-async fn serve(
-    st: Arc<AppState>,
-    body: axum::body::Bytes,
-    expect: Expect,
-) -> Result<Response, ApiError> {
-    let start = std::time::Instant::now();
-    let v: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}")))?;
-    let req = Request::from_value(&v, expect).map_err(|e| ApiError::bad(e.to_string()))?;
-    if req.model != st.model {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("The model `{}` does not exist.", req.model),
-        ));
-    }
-    if let Some(salt) = req.cache_salt.as_deref() {
-        if salt.is_empty() || salt.chars().count() > 1024 {
-            return Err(ApiError::bad("cache_salt must be 1 to 1024 characters"));
+/// Prefills, then decodes the output into `tx`; stops as soon as the
+/// receiver is gone (the client left: `adm` drops, the slot is freed).
+async fn produce(
+    engine: &SimEngine,
+    output: &OutputVocab,
+    adm: Admission,
+    job: Job,
+    work: Work,
+    tx: mpsc::Sender<Item>,
+) {
+    let prompt = job.tokens.clone();
+    let p = match engine.prefill(&adm, job.tokens, job.salt).await {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = tx.send(Item::Failed(unavailable(e))).await;
+            return;
         }
-    }
-    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-    if max_tokens == 0 || max_tokens > MAX_OUTPUT_TOKENS {
-        return Err(ApiError::bad(format!(
-            "max_tokens must be in 1..={MAX_OUTPUT_TOKENS}, got {max_tokens}"
-        )));
-    }
-    let tokens = st.tokenizer.encode_request(&req).map_err(|e| {
-        if e.is_client_error() {
-            ApiError::bad(e.to_string())
-        } else {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-        }
-    })?;
-    if tokens.is_empty() || tokens.len() > MAX_MODEL_LEN {
-        return Err(ApiError::bad(format!(
-            "the prompt has {} tokens; it must have 1 to {MAX_MODEL_LEN}",
-            tokens.len()
-        )));
-    }
-    let tokenize = start.elapsed();
-    let include_usage = v
-        .pointer("/stream_options/include_usage")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let work = Work {
-        meta: Meta::new(req.is_chat(), &st.model),
-        prompt: tokens.len(),
-        max_tokens,
-        include_usage,
-        seed: tokens
-            .iter()
-            .fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
-        start,
-        tokenize,
-        admit: Duration::ZERO,
     };
-    let mut work = work;
-    let salt = req.cache_salt.as_deref().map(str::to_owned);
-    metrics::counter!("warmpath_sim_requests_total", "instance" => st.id.clone()).increment(1);
-    let adm = st
-        .engine
-        .admit()
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-    work.admit = start.elapsed().saturating_sub(work.tokenize);
-    if req.stream {
-        Ok(stream(st, adm, tokens, salt, work).into_response())
-    } else {
-        let p = st
-            .engine
-            .prefill(&adm, tokens.clone(), salt)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-        work.first_token(&p);
-        let out = st.output.generate(work.seed, work.max_tokens as usize);
-        decode(&st, &adm, tokens, &out, |_, _| std::future::ready(true)).await;
-        st.engine.finished(work.prompt, work.max_tokens as usize);
-        drop(adm);
-        let usage = Meta::usage(work.prompt, work.max_tokens as usize, p.cached);
-        Ok(Json(work.meta.full(&out.text(), usage)).into_response())
+    let out = output.generate(work.seed, work.max_tokens);
+    let emit = |i: usize, piece: &str| {
+        if i == 0 {
+            work.first_token(&p);
+        }
+        let (tx, piece) = (tx.clone(), piece.to_owned());
+        async move { tx.send(Item::Text(piece)).await.is_ok() }
+    };
+    if !decode(engine, &adm, prompt, &out, emit).await {
+        metrics::counter!("warmpath_sim_client_gone_total").increment(1);
+        return;
     }
+    engine.finished(work.prompt, work.max_tokens);
+    drop(adm);
+    let _ = tx
+        .send(Item::Done {
+            finish: Some("length"),
+            completion_tokens: work.max_tokens,
+            cached_tokens: p.cached,
+        })
+        .await;
 }
 
 /// Decodes `out` after the prefill: the first token right away (it comes out
@@ -199,7 +218,7 @@ async fn serve(
 /// and published (the last token's KV is never computed, as in vLLM).
 /// Returns whether every token was emitted.
 async fn decode<F, Fut>(
-    st: &AppState,
+    engine: &SimEngine,
     adm: &Admission,
     prompt: Vec<u32>,
     out: &Output,
@@ -209,8 +228,8 @@ where
     F: FnMut(usize, &str) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let bs = st.engine.block_size();
-    let step = Duration::from_secs_f64(st.engine.time().decode_step_ms / 1000.0);
+    let bs = engine.block_size();
+    let step = Duration::from_secs_f64(engine.time().decode_step_ms / 1000.0);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
     let mut seq = prompt;
     seq.reserve(out.ids.len());
@@ -219,7 +238,7 @@ where
             tick.tick().await;
             seq.push(out.ids[i - 1]);
             if seq.len() % bs == 0 {
-                if let Err(e) = st.engine.decoded(adm, &seq).await {
+                if let Err(e) = engine.decoded(adm, &seq).await {
                     tracing::warn!(error = %e, "caching a decoded block failed");
                 }
             }
@@ -229,154 +248,4 @@ where
         }
     }
     true
-}
-
-/// Streams the response; a task owned by the response channel does the work
-/// and stops as soon as the client is gone (a send fails) or on shutdown.
-fn stream(
-    st: Arc<AppState>,
-    adm: Admission,
-    tokens: Vec<u32>,
-    salt: Option<String>,
-    work: Work,
-) -> impl IntoResponse {
-    let (tx, rx) = mpsc::channel::<Event>(16);
-    let shutdown = st.shutdown.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            _ = produce(st, adm, tokens, salt, work, tx) => {}
-        }
-    });
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
-    });
-    Sse::new(body)
-}
-
-async fn produce(
-    st: Arc<AppState>,
-    adm: Admission,
-    tokens: Vec<u32>,
-    salt: Option<String>,
-    work: Work,
-    tx: mpsc::Sender<Event>,
-) {
-    let ev = |v: Value| Event::default().data(v.to_string());
-    let prompt = tokens.clone();
-    let p = match st.engine.prefill(&adm, tokens, salt).await {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = tx
-                .send(ev(json!({"error": {"message": e.to_string()}})))
-                .await;
-            return;
-        }
-    };
-    let out = st.output.generate(work.seed, work.max_tokens as usize);
-    let emit = |i: usize, piece: &str| {
-        let (tx, event) = (tx.clone(), ev(work.meta.chunk(piece, i == 0, None)));
-        if i == 0 {
-            work.first_token(&p);
-        }
-        async move { tx.send(event).await.is_ok() }
-    };
-    if !decode(&st, &adm, prompt, &out, emit).await {
-        metrics::counter!("warmpath_sim_client_gone_total").increment(1);
-        return; // the client left: stop decoding (adm drops, slot freed)
-    }
-    st.engine.finished(work.prompt, work.max_tokens as usize);
-    drop(adm);
-    let mut tail = vec![ev(work.meta.chunk("", false, Some("length")))];
-    if work.include_usage {
-        let usage = Meta::usage(work.prompt, work.max_tokens as usize, p.cached);
-        tail.push(ev(work.meta.usage_chunk(usage)));
-    }
-    tail.push(Event::default().data("[DONE]"));
-    for e in tail {
-        if tx.send(e).await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": st.model, "object": "model", "created": 0, "owned_by": "vllm",
-        "root": st.model, "parent": null, "max_model_len": MAX_MODEL_LEN,
-    }]}))
-}
-
-async fn health() -> StatusCode {
-    StatusCode::OK
-}
-
-async fn reset(State(st): State<Arc<AppState>>) -> Response {
-    match st.engine.reset(&st.events).await {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => ApiError::new(StatusCode::CONFLICT, e.to_string()).into_response(),
-    }
-}
-
-/// Prometheus text with vLLM's metric names.
-pub(crate) fn render_metrics(st: &AppState) -> String {
-    let s = st.engine.stats();
-    let l = format!("model_name=\"{}\"", st.model);
-    let mut out = String::new();
-    let mut put = |name: &str, kind: &str, labels: &str, value: String| {
-        let _ = writeln!(out, "# TYPE vllm:{name} {kind}");
-        let _ = writeln!(out, "vllm:{name}{{{labels}}} {value}");
-    };
-    put("num_requests_running", "gauge", &l, s.running.to_string());
-    put("num_requests_waiting", "gauge", &l, s.waiting.to_string());
-    put(
-        "kv_cache_usage_perc",
-        "gauge",
-        &l,
-        format!("{}", s.kv_usage),
-    );
-    put(
-        "prefix_cache_queries_total",
-        "counter",
-        &l,
-        s.prefix_queries.to_string(),
-    );
-    put(
-        "prefix_cache_hits_total",
-        "counter",
-        &l,
-        s.prefix_hits.to_string(),
-    );
-    put(
-        "prompt_tokens_total",
-        "counter",
-        &l,
-        s.prompt_tokens.to_string(),
-    );
-    put(
-        "generation_tokens_total",
-        "counter",
-        &l,
-        s.generation_tokens.to_string(),
-    );
-    put(
-        "request_success_total",
-        "counter",
-        &format!("{l},finished_reason=\"length\""),
-        s.requests.to_string(),
-    );
-    let info = format!(
-        "block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"True\",cache_dtype=\"auto\"",
-        st.engine.block_size(),
-        st.engine.num_blocks()
-    );
-    put("cache_config_info", "gauge", &info, "1.0".into());
-    out
-}
-
-async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        render_metrics(&st),
-    )
 }

@@ -3,7 +3,8 @@
 //! unchanged.
 //!
 //! Each instance:
-//! - answers `POST /v1/chat/completions` and `/v1/completions` (streamed or
+//! - answers, through the shared server of [`warmpath_openai`] (this crate
+//!   supplies only the engine behind it), `POST /v1/chat/completions` and `/v1/completions` (streamed or
 //!   not), `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM's names:
 //!   `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 //!   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total` /
@@ -35,7 +36,6 @@
 mod engine;
 pub mod events;
 mod http;
-mod openai;
 pub mod output;
 #[cfg(test)]
 mod tests;
@@ -196,7 +196,7 @@ async fn start_with(
     let id = format!("sim-{i}");
     let state = Arc::new(http::AppState {
         id: id.clone(),
-        model: cfg.model.clone(),
+        config: http::server_config(&cfg.model, &engine),
         engine: engine.clone(),
         tokenizer,
         events,

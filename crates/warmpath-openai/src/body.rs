@@ -1,9 +1,8 @@
-//! OpenAI response bodies (chat and text completions, whole and streamed) and
-//! incremental detokenization for streaming.
+//! OpenAI response bodies as vLLM writes them: whole and streamed, chat and
+//! text completions.
 
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
-use warmpath_core::tokenize::ChatTokenizer;
 
 /// Which API a request came in on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,32 +92,24 @@ impl Meta {
     pub fn full(&self, text: &str, finish: Option<&str>, usage: Value) -> Value {
         let choice = match self.kind {
             Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
-                                 "logprobs": null, "finish_reason": finish}),
-            Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
-            }
+                                 "logprobs": null, "finish_reason": finish, "stop_reason": null}),
+            Kind::Completion => json!({"index": 0, "text": text, "logprobs": null,
+                                       "finish_reason": finish, "stop_reason": null}),
         };
         let mut v = self.envelope(false, json!([choice]));
         v["usage"] = usage;
         v
     }
 
-    /// The first chat chunk, announcing the assistant role.
-    pub fn chunk_role(&self) -> Value {
-        self.envelope(
-            true,
-            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
-        )
-    }
-
-    /// A chunk carrying `text` (and, on the last one, the finish reason).
-    pub fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
+    /// One streamed chunk carrying `text`; the `first` chat chunk also carries
+    /// the assistant role, and the last one (with `finish`) an empty delta.
+    pub fn chunk(&self, text: &str, first: bool, finish: Option<&str>) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
-                let delta = if text.is_empty() {
-                    json!({})
-                } else {
-                    json!({"content": text})
+                let delta = match (first, finish) {
+                    (_, Some(_)) => json!({}),
+                    (true, None) => json!({"role": "assistant", "content": text}),
+                    (false, None) => json!({"content": text}),
                 };
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
@@ -137,67 +128,28 @@ impl Meta {
     }
 }
 
-/// Turns a growing list of ids into text pieces without splitting a UTF-8
-/// character that spans several byte-level tokens.
-#[derive(Debug, Default)]
-pub struct IncrementalText {
-    sent: String,
-}
-
-impl IncrementalText {
-    /// The new text since the last call. Unless `last`, text ending in an
-    /// incomplete character (U+FFFD) is held back.
-    pub fn advance(&mut self, tok: &ChatTokenizer, ids: &[u32], last: bool) -> String {
-        let Ok(text) = tok.tokenizer().decode(ids, true) else {
-            return String::new();
-        };
-        if !last && text.ends_with('\u{FFFD}') {
-            return String::new();
-        }
-        match text.strip_prefix(self.sent.as_str()) {
-            Some(rest) => {
-                let piece = rest.to_owned();
-                self.sent = text;
-                piece
-            }
-            // Decoding changed earlier text (rare); send nothing until it settles.
-            None => String::new(),
-        }
-    }
-}
-
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use warmpath_core::tokenize::{tiny, CacheConfig};
 
     #[test]
-    fn bodies_have_openai_shape() {
-        let m = Meta::new(Kind::Chat, "tiny", 10);
-        let v = m.full("hi", Some("length"), m.usage(2, 8));
-        assert_eq!(v["object"], "chat.completion");
-        assert_eq!(v["choices"][0]["message"]["content"], "hi");
-        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
-        assert_eq!(v["usage"]["total_tokens"], 12);
-        assert_eq!(m.chunk("", Some("stop"))["choices"][0]["delta"], json!({}));
-        let c = Meta::new(Kind::Completion, "tiny", 3);
-        assert_eq!(c.chunk("x", None)["choices"][0]["text"], "x");
+    fn bodies_have_vllm_shapes() {
+        let m = Meta::new(Kind::Chat, "m", 10);
+        let full = m.full("hi", Some("length"), m.usage(2, 8));
+        assert_eq!(full["object"], "chat.completion");
+        assert_eq!(full["choices"][0]["message"]["content"], "hi");
+        assert_eq!(full["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+        assert_eq!(full["usage"]["total_tokens"], 12);
+        let first = m.chunk("a", true, None);
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(first["object"], "chat.completion.chunk");
+        let last = m.chunk("", false, Some("length"));
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(m.usage_chunk(m.usage(1, 0))["choices"], json!([]));
+        let c = Meta::new(Kind::Completion, "m", 3);
+        assert_eq!(c.full("x", None, Value::Null)["choices"][0]["text"], "x");
+        assert_eq!(c.chunk("y", true, None)["object"], "text_completion");
         assert_ne!(m.id, c.id);
-    }
-
-    #[test]
-    fn incremental_text_reassembles_multibyte_characters() {
-        let tok = ChatTokenizer::new(&tiny::files().unwrap(), CacheConfig::default()).unwrap();
-        let text = "naïve café – ok";
-        let ids = tok.encode_text(text, false).unwrap();
-        let mut inc = IncrementalText::default();
-        let mut out = String::new();
-        for i in 1..=ids.len() {
-            let piece = inc.advance(&tok, &ids[..i], i == ids.len());
-            assert!(!piece.contains('\u{FFFD}'));
-            out.push_str(&piece);
-        }
-        assert_eq!(out, text);
     }
 }

@@ -1,0 +1,377 @@
+//! Offline references for the hit rate: what a router that knew the whole
+//! trace in advance, and every backend's cache capacity, could reach.
+//!
+//! A trace is a list of [`OptRequest`]s in the order their prefills run
+//! (arrival order here). Each names its cacheable prompt content as a chain of
+//! items (a full block, or a run of blocks that always occur together, such as
+//! one document of `scale`), each with its size in blocks.
+//!
+//! Two numbers, both pure functions of the trace:
+//!
+//! - **[`Optimum::bound`], a true upper bound** (under the assumptions below):
+//!   one pooled cache of the whole fleet's capacity, filled by Belady's rule
+//!   with bypass (on a miss, keep the item only if its next use comes before
+//!   that of the resident item used furthest in the future, which is then
+//!   evicted), counting every resident item as a hit, prefix or not. Any
+//!   router over `n` caches of `c` blocks holds at most `n * c` distinct
+//!   blocks at any time and can hit a block only if one of them holds it, so
+//!   its hits are those of *some* schedule of the pooled cache, and Belady's
+//!   rule is optimal for a cache of unit items (the classical MIN result, with
+//!   optional caching). It assumes: prefills run in trace order (concurrent
+//!   requests may run in another order in a real fleet, which the bound does
+//!   not cover); unit-sized items (with items of several blocks, as `scale`'s
+//!   documents, each item is kept whole or not at all, and the capacity is
+//!   rounded up to whole items, which only helps the bound: Belady's rule is
+//!   a stack algorithm, so more room never holds less); a full hit
+//!   counted in full (engines recompute the last prompt token, so the bound
+//!   is at most one block per request too generous); in-flight limits and
+//!   pinned blocks of running requests ignored (both only cost a real
+//!   fleet). Answers of a conversation are not modelled: callers leave
+//!   conversations out.
+//! - **[`Optimum::reference`], a strong reference, not a bound**: `n`
+//!   caches of `c` blocks, each filled by Belady's rule on the global future
+//!   (the next use anywhere in the trace); each request goes to the backend
+//!   with room under the in-flight limit (requests in flight from arrival to
+//!   their measured completion) that holds the longest prefix of its chain,
+//!   ties and cold requests to the least loaded. It counts prefix hits capped
+//!   as an engine caps them. Routing greedily is not optimal in general, so a
+//!   clever online router could, in principle, beat it; it sits between what
+//!   routers reach and [`Optimum::bound`]. Where every item has one size and
+//!   the in-flight limit never binds it equals the bound: sending a cold
+//!   item to the backend whose furthest-used item is used furthest is the
+//!   pooled cache's Belady eviction.
+
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+/// One request of the trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptRequest {
+    /// Arrival, seconds.
+    pub arrival: f64,
+    /// Completion, seconds (for the in-flight limit of [`Optimum::reference`]).
+    pub done: f64,
+    /// The prompt's cacheable content in order: (item id, size in blocks).
+    pub items: Vec<(u64, u32)>,
+    /// Prompt tokens (the denominator of the hit rate).
+    pub prompt_tokens: u64,
+}
+
+/// The two references of one trace (hit rates, 0..=1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Optimum {
+    /// Pooled fleet cache, Belady's rule: an upper bound on any router.
+    pub bound: f64,
+    /// Per-backend caches, Belady's rule, greedy routing under the in-flight
+    /// limit: a strong reference, not a bound.
+    pub reference: f64,
+}
+
+/// The fleet the references assume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fleet {
+    /// Backends.
+    pub backends: usize,
+    /// Cache capacity of each, in blocks.
+    pub cache_blocks: u64,
+    /// Tokens per block.
+    pub block_size: u64,
+    /// Requests in flight per backend before it counts as full.
+    pub max_in_flight: usize,
+}
+
+/// Both references of `trace` on `fleet`; `None` for an empty trace.
+pub fn optimum(trace: &[OptRequest], fleet: Fleet) -> Option<Optimum> {
+    let prompt: u64 = trace.iter().map(|r| r.prompt_tokens).sum();
+    if prompt == 0 || fleet.backends == 0 {
+        return None;
+    }
+    let next = next_uses(trace);
+    let bs = fleet.block_size.max(1);
+    let bound = pooled_hits(trace, &next, fleet.backends as u64 * fleet.cache_blocks) * bs;
+    let reference = reference_hits(trace, &next, fleet);
+    Some(Optimum {
+        bound: (bound as f64 / prompt as f64).min(1.0),
+        reference: reference as f64 / prompt as f64,
+    })
+}
+
+/// Both references for a trace of documents (`scale`): request `i` reads
+/// document `docs[i].2` as one item of `doc_blocks` blocks (its question
+/// tail is never shared, so it is left out), arriving at `.0` and done at
+/// `.1` seconds; every prompt has `prompt_tokens` tokens.
+pub fn of_documents(
+    docs: impl Iterator<Item = (f64, f64, u64)>,
+    doc_blocks: u32,
+    prompt_tokens: u64,
+    fleet: Fleet,
+) -> Option<Optimum> {
+    let trace: Vec<OptRequest> = docs
+        .map(|(arrival, done, doc)| OptRequest {
+            arrival,
+            done,
+            items: if doc_blocks == 0 {
+                Vec::new()
+            } else {
+                vec![(doc, doc_blocks)]
+            },
+            prompt_tokens,
+        })
+        .collect();
+    optimum(&trace, fleet)
+}
+
+/// A hit rate cell: `87.1%`, with the references when known:
+/// `87.1% (ceiling 94.3%, bound 90.2%, reference 88.0%)`.
+pub fn cell(hit_rate: f64, ceiling: Option<f64>, optimum: Option<Optimum>) -> String {
+    let mut parts = Vec::new();
+    if let Some(c) = ceiling {
+        parts.push(format!("ceiling {:.1}%", 100.0 * c));
+    }
+    if let Some(o) = optimum {
+        parts.push(format!("bound {:.1}%", 100.0 * o.bound));
+        parts.push(format!("reference {:.1}%", 100.0 * o.reference));
+    }
+    if parts.is_empty() {
+        format!("{:.1}%", 100.0 * hit_rate)
+    } else {
+        format!("{:.1}% ({})", 100.0 * hit_rate, parts.join(", "))
+    }
+}
+
+/// Never used again.
+const NEVER: usize = usize::MAX;
+
+/// For every request and item, the index of the next request using the item.
+fn next_uses(trace: &[OptRequest]) -> Vec<Vec<usize>> {
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    let mut next = vec![Vec::new(); trace.len()];
+    for (r, req) in trace.iter().enumerate().rev() {
+        next[r] = req
+            .items
+            .iter()
+            .map(|&(id, _)| seen.insert(id, r).unwrap_or(NEVER))
+            .collect();
+    }
+    next
+}
+
+/// A cache filled by Belady's rule with bypass.
+#[derive(Debug, Default)]
+struct Belady {
+    capacity: u64,
+    used: u64,
+    /// (next use, item) of every resident item.
+    by_next: BTreeSet<(usize, u64)>,
+    /// Resident items: (next use, size).
+    resident: HashMap<u64, (usize, u32)>,
+}
+
+impl Belady {
+    fn new(capacity: u64) -> Self {
+        Belady {
+            capacity,
+            ..Belady::default()
+        }
+    }
+
+    fn holds(&self, id: u64) -> bool {
+        self.resident.contains_key(&id)
+    }
+
+    /// Accesses `id` (next used at `next`); returns the items evicted to make
+    /// room, and whether `id` is resident afterwards.
+    fn access(&mut self, id: u64, size: u32, next: usize, evicted: &mut Vec<u64>) -> bool {
+        if let Some(&(old, sz)) = self.resident.get(&id) {
+            self.by_next.remove(&(old, id));
+            if next == NEVER {
+                self.resident.remove(&id);
+                self.used -= u64::from(sz);
+                evicted.push(id);
+                return false;
+            }
+            self.by_next.insert((next, id));
+            self.resident.insert(id, (next, sz));
+            return true;
+        }
+        let size64 = u64::from(size);
+        if next == NEVER || size64 > self.capacity {
+            return false;
+        }
+        // Evict only items used later than this one; else bypass it.
+        let mut victims = Vec::new();
+        let mut free = self.capacity - self.used;
+        for &(n, v) in self.by_next.iter().rev() {
+            if free >= size64 {
+                break;
+            }
+            if n <= next {
+                return false;
+            }
+            victims.push((n, v));
+            free += u64::from(self.resident.get(&v).map_or(0, |e| e.1));
+        }
+        if free < size64 {
+            return false;
+        }
+        for (n, v) in victims {
+            self.by_next.remove(&(n, v));
+            if let Some((_, sz)) = self.resident.remove(&v) {
+                self.used -= u64::from(sz);
+            }
+            evicted.push(v);
+        }
+        self.by_next.insert((next, id));
+        self.resident.insert(id, (next, size));
+        self.used += size64;
+        true
+    }
+}
+
+/// Blocks hit in one pooled cache of `capacity` blocks (any resident item).
+fn pooled_hits(trace: &[OptRequest], next: &[Vec<usize>], capacity: u64) -> u64 {
+    // Whole items only: round the capacity up to whole items of the largest
+    // size, so that the rounding can only raise the bound.
+    let largest = trace
+        .iter()
+        .flat_map(|r| r.items.iter().map(|i| u64::from(i.1)))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut cache = Belady::new(capacity.div_ceil(largest) * largest);
+    let mut evicted = Vec::new();
+    let mut hits = 0;
+    for (r, req) in trace.iter().enumerate() {
+        for (k, &(id, size)) in req.items.iter().enumerate() {
+            if cache.holds(id) {
+                hits += u64::from(size);
+            }
+            cache.access(id, size, next[r][k], &mut evicted);
+        }
+    }
+    hits
+}
+
+/// Tokens hit by the per-backend reference (prefix hits, engine-capped).
+fn reference_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> u64 {
+    let n = fleet.backends;
+    let bs = fleet.block_size.max(1);
+    let mut caches: Vec<Belady> = (0..n).map(|_| Belady::new(fleet.cache_blocks)).collect();
+    // Which backends hold each item, and the load of each backend.
+    let mut holders: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut in_flight = vec![0usize; n];
+    let mut by_load: BTreeSet<(usize, usize)> = (0..n).map(|b| (0, b)).collect();
+    let mut running: BinaryHeap<std::cmp::Reverse<(OrdF64, usize)>> = BinaryHeap::new();
+    let mut evicted = Vec::new();
+    let mut hits = 0u64;
+    let limit = fleet.max_in_flight.max(1);
+    for (r, req) in trace.iter().enumerate() {
+        while let Some(std::cmp::Reverse((OrdF64(t), b))) = running.peek().copied() {
+            if t > req.arrival {
+                break;
+            }
+            running.pop();
+            by_load.remove(&(in_flight[b], b));
+            in_flight[b] -= 1;
+            by_load.insert((in_flight[b], b));
+        }
+        let least = by_load.first().map_or(0, |&(l, _)| l);
+        let room = |b: usize| in_flight[b] < limit || in_flight[b] == least;
+        // The warmest backend with room; cold (or tied at 0) goes to the least loaded.
+        let mut best: Option<(u64, usize)> = None; // (blocks, backend)
+        if let Some(&(first, _)) = req.items.first() {
+            for &b in holders.get(&first).map_or(&[][..], Vec::as_slice) {
+                let b = b as usize;
+                if !room(b) {
+                    continue;
+                }
+                let blocks = prefix_blocks(&caches[b], &req.items);
+                let better = best.is_none_or(|(bb, bl)| {
+                    blocks > bb || (blocks == bb && in_flight[b] < in_flight[bl])
+                });
+                if better && blocks > 0 {
+                    best = Some((blocks, b));
+                }
+            }
+        }
+        let (blocks, b) = match best {
+            Some((blocks, b)) => (blocks, b),
+            None => (0, cold_pick(&caches, &in_flight, room, req)),
+        };
+        let cap = req.prompt_tokens.saturating_sub(1) / bs * bs;
+        hits += (blocks * bs).min(cap);
+        for (k, &(id, size)) in req.items.iter().enumerate() {
+            let was = caches[b].holds(id);
+            let now = caches[b].access(id, size, next[r][k], &mut evicted);
+            if now && !was {
+                holders.entry(id).or_default().push(b as u32);
+            }
+        }
+        for id in evicted.drain(..) {
+            if let Some(h) = holders.get_mut(&id) {
+                h.retain(|&x| x as usize != b);
+                if h.is_empty() {
+                    holders.remove(&id);
+                }
+            }
+        }
+        by_load.remove(&(in_flight[b], b));
+        in_flight[b] += 1;
+        by_load.insert((in_flight[b], b));
+        running.push(std::cmp::Reverse((OrdF64(req.done.max(req.arrival)), b)));
+    }
+    hits
+}
+
+/// Where a request no backend holds goes: a backend with room where it fits
+/// without evicting, else the one whose furthest-used item is used furthest
+/// in the future (the least loss), then the least loaded.
+fn cold_pick(
+    caches: &[Belady],
+    in_flight: &[usize],
+    room: impl Fn(usize) -> bool,
+    req: &OptRequest,
+) -> usize {
+    let need: u64 = req.items.iter().map(|&(_, s)| u64::from(s)).sum();
+    let key = |b: usize| {
+        let c = &caches[b];
+        let fits = c.capacity - c.used >= need;
+        let furthest = c.by_next.last().map_or(NEVER, |&(n, _)| n);
+        (fits, furthest, std::cmp::Reverse(in_flight[b]))
+    };
+    (0..caches.len())
+        .filter(|&b| room(b))
+        .max_by_key(|&b| (key(b), std::cmp::Reverse(b)))
+        .unwrap_or(0)
+}
+
+/// Blocks of the longest prefix of `items` that `cache` holds.
+fn prefix_blocks(cache: &Belady, items: &[(u64, u32)]) -> u64 {
+    items
+        .iter()
+        .take_while(|(id, _)| cache.holds(*id))
+        .map(|&(_, s)| u64::from(s))
+        .sum()
+}
+
+/// An `f64` ordered by `total_cmp` (times in the in-flight heap).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct OrdF64(f64);
+
+impl Eq for OrdF64 {}
+
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+#[path = "optimum_tests.rs"]
+mod tests;

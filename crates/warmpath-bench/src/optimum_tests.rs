@@ -1,0 +1,223 @@
+use super::*;
+use proptest::prelude::*;
+
+/// A request at `t` (instant: never in flight) over unit items.
+fn req(t: f64, items: &[u64]) -> OptRequest {
+    OptRequest {
+        arrival: t,
+        done: t,
+        items: items.iter().map(|&i| (i, 1)).collect(),
+        // One token more than the blocks: the engine cap never bites.
+        prompt_tokens: items.len() as u64 + 1,
+    }
+}
+
+fn fleet(backends: usize, cache_blocks: u64) -> Fleet {
+    Fleet {
+        backends,
+        cache_blocks,
+        block_size: 1,
+        max_in_flight: 64,
+    }
+}
+
+fn pooled(trace: &[OptRequest], capacity: u64) -> u64 {
+    pooled_hits(trace, &next_uses(trace), capacity)
+}
+
+fn reference(trace: &[OptRequest], f: Fleet) -> u64 {
+    reference_hits(trace, &next_uses(trace), f)
+}
+
+#[test]
+fn belady_keeps_what_comes_back_first() {
+    // Room for one block: A B A. LRU keeps B and misses A; Belady bypasses B.
+    let t = [req(0.0, &[1]), req(1.0, &[2]), req(2.0, &[1])];
+    assert_eq!(pooled(&t, 1), 1);
+    // A B C A B with room for two: keep A and B, bypass C: two hits.
+    let t = [
+        req(0.0, &[1]),
+        req(1.0, &[2]),
+        req(2.0, &[3]),
+        req(3.0, &[1]),
+        req(4.0, &[2]),
+    ];
+    assert_eq!(pooled(&t, 2), 2);
+    assert_eq!(pooled(&t, 3), 2);
+    assert_eq!(pooled(&t, 1), 1);
+}
+
+#[test]
+fn the_reference_spreads_prefixes_that_do_not_fit_together() {
+    // Two documents of two blocks, alternating, two backends of two blocks:
+    // each document on its own backend hits from its second request on.
+    let t: Vec<OptRequest> = (0..6)
+        .map(|i| {
+            let d = (i % 2) * 10;
+            req(i as f64, &[d, d + 1])
+        })
+        .collect();
+    assert_eq!(reference(&t, fleet(2, 2)), 8);
+    // The pooled bound is the same here; one backend holds only one of them.
+    assert_eq!(pooled(&t, 4), 8);
+    assert_eq!(reference(&t, fleet(1, 2)), 4);
+    let o = optimum(&t, fleet(2, 2)).unwrap();
+    assert!((o.bound - 8.0 / 18.0).abs() < 1e-9, "{o:?}");
+    assert!((o.reference - o.bound).abs() < 1e-9);
+}
+
+#[test]
+fn the_in_flight_limit_forces_a_second_copy() {
+    // One hot document, requests overlapping: with one request in flight per
+    // backend the second goes elsewhere cold, then both copies are warm.
+    let t: Vec<OptRequest> = (0..4)
+        .map(|i| OptRequest {
+            done: i as f64 + 1.5,
+            ..req(i as f64, &[7, 8])
+        })
+        .collect();
+    let f = Fleet {
+        max_in_flight: 1,
+        ..fleet(2, 4)
+    };
+    // r0 cold on b0; r1 (b0 busy) cold on b1; r2 b0 warm; r3 b1 warm.
+    assert_eq!(reference(&t, f), 4);
+    assert_eq!(reference(&t, fleet(2, 4)), 6);
+    assert_eq!(pooled(&t, 8), 6);
+}
+
+#[test]
+fn the_engine_cap_and_whole_items_are_honoured() {
+    // A full hit of a 2-block prompt of exactly 2 tokens recomputes the last.
+    let mut t = vec![req(0.0, &[1, 2]), req(1.0, &[1, 2])];
+    t[1].prompt_tokens = 2;
+    assert_eq!(reference(&t, fleet(1, 4)), 1);
+    // An item of 3 blocks in a 4-block pooled capacity: kept whole.
+    let doc = |t: f64| OptRequest {
+        items: vec![(5, 3)],
+        ..req(t, &[])
+    };
+    let t = [doc(0.0), doc(1.0)];
+    assert_eq!(pooled(&t, 4), 3);
+    assert_eq!(
+        pooled(&t, 2),
+        3,
+        "the capacity is rounded up to whole items"
+    );
+    assert_eq!(optimum(&[], fleet(1, 1)), None);
+}
+
+/// The best number of hits any caching of `capacity` unit items can get on
+/// the flattened access sequence `seq`, by trying every choice.
+fn brute(seq: &[u64], capacity: usize, held: &mut Vec<u64>) -> u64 {
+    let Some((&x, rest)) = seq.split_first() else {
+        return 0;
+    };
+    if held.contains(&x) {
+        return 1 + brute(rest, capacity, held);
+    }
+    let mut best = brute(rest, capacity, held); // bypass
+    if held.len() < capacity {
+        held.push(x);
+        best = best.max(brute(rest, capacity, held));
+        held.pop();
+    } else {
+        for i in 0..held.len() {
+            let old = std::mem::replace(&mut held[i], x);
+            best = best.max(brute(rest, capacity, held));
+            held[i] = old;
+        }
+    }
+    best
+}
+
+/// An online router: `n` LRU caches of `c` blocks (vLLM keeps every block of
+/// a request), routing by `pick`; returns the prefix blocks it hits.
+fn online(
+    trace: &[OptRequest],
+    n: usize,
+    c: usize,
+    pick: &mut dyn FnMut(&[Vec<u64>], &OptRequest) -> usize,
+) -> u64 {
+    let mut caches: Vec<Vec<u64>> = vec![Vec::new(); n]; // LRU first
+    let mut hits = 0;
+    for r in trace {
+        let b = pick(&caches, r) % n;
+        let cache = &mut caches[b];
+        hits += r
+            .items
+            .iter()
+            .take_while(|(id, _)| cache.contains(id))
+            .count() as u64;
+        for &(id, _) in &r.items {
+            cache.retain(|&x| x != id);
+            cache.push(id);
+            if cache.len() > c {
+                cache.remove(0);
+            }
+        }
+    }
+    hits
+}
+
+fn arb_trace() -> impl Strategy<Value = Vec<OptRequest>> {
+    // Documents 0..4 with chains of 1..5 blocks, some with a unique tail.
+    prop::collection::vec((0u64..4, 1usize..5, any::<bool>()), 1..14).prop_map(|spec| {
+        spec.iter()
+            .enumerate()
+            .map(|(i, &(d, len, tail))| {
+                let mut items: Vec<u64> = (0..len as u64).map(|k| d * 100 + k).collect();
+                if tail {
+                    items.push(1_000 + i as u64);
+                }
+                req(i as f64, &items)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn belady_equals_the_brute_force(seq in prop::collection::vec(0u64..4, 0..9), cap in 1usize..4) {
+        let trace: Vec<OptRequest> = seq.iter().enumerate().map(|(i, &x)| req(i as f64, &[x])).collect();
+        prop_assert_eq!(pooled(&trace, cap as u64), brute(&seq, cap, &mut Vec::new()));
+    }
+
+    #[test]
+    fn no_online_router_beats_the_bound(trace in arb_trace(), n in 1usize..4, c in 1usize..7, seed in any::<u64>()) {
+        let bound = pooled(&trace, (n * c) as u64);
+        let mut rng = seed;
+        let mut random = |_: &[Vec<u64>], _: &OptRequest| {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (rng >> 33) as usize
+        };
+        prop_assert!(online(&trace, n, c, &mut random) <= bound);
+        let mut warmest = |caches: &[Vec<u64>], r: &OptRequest| {
+            (0..caches.len())
+                .max_by_key(|&b| r.items.iter().take_while(|(id, _)| caches[b].contains(id)).count())
+                .unwrap_or(0)
+        };
+        prop_assert!(online(&trace, n, c, &mut warmest) <= bound);
+        let mut by_doc = |_: &[Vec<u64>], r: &OptRequest| r.items.first().map_or(0, |i| (i.0 / 100) as usize);
+        prop_assert!(online(&trace, n, c, &mut by_doc) <= bound);
+        prop_assert!(reference(&trace, fleet(n, c as u64)) <= bound);
+    }
+}
+
+#[test]
+fn documents_and_cells() {
+    let docs = [(0.0, 0.1, 3), (1.0, 1.1, 3), (2.0, 2.1, 4)].into_iter();
+    let f = Fleet {
+        block_size: 16,
+        ..fleet(2, 10)
+    };
+    // 3 prompts of 100 tokens; the second reads document 3's 6 blocks again.
+    let o = of_documents(docs, 6, 100, f).unwrap();
+    assert!((o.bound - 96.0 / 300.0).abs() < 1e-9, "{o:?}");
+    assert!((o.reference - 96.0 / 300.0).abs() < 1e-9, "{o:?}");
+    assert_eq!(cell(0.5, None, None), "50.0%");
+    assert_eq!(
+        cell(0.5, Some(0.9), Some(o)),
+        "50.0% (ceiling 90.0%, bound 32.0%, reference 32.0%)"
+    );
+}

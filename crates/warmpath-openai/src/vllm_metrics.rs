@@ -1,0 +1,147 @@
+//! `/metrics` in vLLM's names, which the agent scrapes (`vllm:*`).
+
+use std::fmt::Write as _;
+
+/// What a backend reports, in vLLM's terms.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct VllmStats {
+    /// Requests prefilling or decoding.
+    pub running: u64,
+    /// Requests waiting to be scheduled.
+    pub waiting: u64,
+    /// Cache usage, 0..=1.
+    pub kv_usage: f64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queries: u64,
+    /// Of those, cached.
+    pub prefix_hits: u64,
+    /// Prompt tokens, output tokens and finished requests, where the backend
+    /// counts them.
+    pub totals: Option<Totals>,
+}
+
+/// The throughput counters (`vllm:prompt_tokens_total` and the like).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Prompt tokens processed.
+    pub prompt_tokens: u64,
+    /// Output tokens generated.
+    pub generation_tokens: u64,
+    /// Requests finished.
+    pub requests: u64,
+}
+
+/// Renders the Prometheus text for `model`.
+pub fn render(model: &str, block_size: usize, cache_blocks: usize, s: &VllmStats) -> String {
+    let ml = format!(
+        "model_name=\"{}\"",
+        model.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    let mut out = String::new();
+    let mut put = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
+        let _ = writeln!(
+            out,
+            "# HELP vllm:{name} {help}\n# TYPE vllm:{name} {kind}\nvllm:{name}{{{labels}}} {value}"
+        );
+    };
+    let running = s.running.to_string();
+    put(
+        "num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        &ml,
+        running,
+    );
+    let waiting = s.waiting.to_string();
+    put(
+        "num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        &ml,
+        waiting,
+    );
+    let usage = s.kv_usage.to_string();
+    put(
+        "kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        &ml,
+        usage,
+    );
+    let q = s.prefix_queries.to_string();
+    put(
+        "prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in tokens.",
+        &ml,
+        q,
+    );
+    let h = s.prefix_hits.to_string();
+    put(
+        "prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in tokens.",
+        &ml,
+        h,
+    );
+    if let Some(t) = s.totals {
+        let help = "Number of prefill tokens processed.";
+        put(
+            "prompt_tokens_total",
+            "counter",
+            help,
+            &ml,
+            t.prompt_tokens.to_string(),
+        );
+        let help = "Number of generation tokens processed.";
+        put(
+            "generation_tokens_total",
+            "counter",
+            help,
+            &ml,
+            t.generation_tokens.to_string(),
+        );
+        let labels = format!("{ml},finished_reason=\"length\"");
+        let help = "Count of successfully processed requests.";
+        put(
+            "request_success_total",
+            "counter",
+            help,
+            &labels,
+            t.requests.to_string(),
+        );
+    }
+    let info = format!(
+        "block_size=\"{block_size}\",num_gpu_blocks=\"{cache_blocks}\",enable_prefix_caching=\"True\",cache_dtype=\"auto\""
+    );
+    put(
+        "cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig.",
+        &info,
+        "1.0".into(),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_vllms() {
+        let s = VllmStats {
+            running: 2,
+            prefix_hits: 7,
+            totals: Some(Totals::default()),
+            ..VllmStats::default()
+        };
+        let text = render("m\"x", 16, 64, &s);
+        assert!(text.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 2\n"));
+        assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"m\\\"x\"} 7\n"));
+        assert!(text.contains("vllm:request_success_total{"));
+        assert!(text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"64\","));
+        let bare = render("m", 16, 64, &VllmStats::default());
+        assert!(!bare.contains("prompt_tokens_total"));
+    }
+}
