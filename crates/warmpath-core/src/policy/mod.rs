@@ -145,7 +145,7 @@ pub enum PolicyError {
         reason: String,
     },
     /// A setting that no longer exists (refused rather than ignored).
-    #[error("invalid policy setting {name}: {name} was removed; {instead}")]
+    #[error("policy setting {name} was removed; {instead}")]
     Removed {
         /// The setting.
         name: &'static str,
