@@ -97,14 +97,6 @@ struct CompareArgs {
     /// The router's CHWBL load bound (prefix_aware, kv_aware's cold fallback).
     #[arg(long, default_value_t = 1.25)]
     load_factor: f64,
-    /// kv_aware: bound each backend's recent share at (1 + SLACK) x even
-    /// (the router's `kv.share_slack`; off when not given).
-    #[arg(long)]
-    share_slack: Option<f64>,
-    /// kv_aware: decisions per backend over which cache pressure decays
-    /// (the router's `kv.pressure_window`).
-    #[arg(long, default_value_t = 200.0)]
-    pressure_window: f64,
     /// Engines: `sim` (simulated vLLM) or `candle` (warmpath-engine --tiny processes).
     #[arg(long, default_value = "sim")]
     engine: String,
@@ -214,8 +206,6 @@ impl CompareArgs {
             ..Default::default()
         };
         self.kv.apply(&mut router.kv)?;
-        router.kv.share_slack = self.share_slack;
-        router.kv.pressure_window = self.pressure_window;
         Ok(CompareConfig {
             instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
             sim: self.sim.config()?,
@@ -435,14 +425,6 @@ struct ScaleArgs {
     /// Print each instance's share of the requests (fleets up to 64).
     #[arg(long)]
     shares: bool,
-    /// Bound each instance's recent share at (1 + SLACK) x even (core's
-    /// ShareBounded around any strategy; the router's `kv.share_slack`).
-    #[arg(long)]
-    share_slack: Option<f64>,
-    /// kv_aware: decisions per instance over which cache pressure decays
-    /// (the router's `kv.pressure_window`).
-    #[arg(long)]
-    pressure_window: Option<f64>,
     /// Write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -478,50 +460,55 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
         .collect()
 }
 
-/// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`).
+/// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`):
+/// each one given replaces core's default, the others keep it.
 #[derive(Args, Debug)]
 struct KvArgs {
-    /// kv_aware: cost of one request in flight, in blocks.
-    #[arg(long, default_value_t = 2.0)]
-    decode_weight: f64,
-    /// kv_aware: weight of a prefill block still to compute.
-    #[arg(long, default_value_t = 1.0)]
-    prefill_weight: f64,
+    /// kv_aware: cost of one request in flight, in blocks (`kv.decode_weight`).
+    #[arg(long)]
+    decode_weight: Option<f64>,
+    /// kv_aware: weight of a prefill block still to compute (`kv.prefill_weight`).
+    #[arg(long)]
+    prefill_weight: Option<f64>,
+    /// kv_aware: extra cost of a block the backend must newly cache
+    /// (`kv.miss_weight`).
+    #[arg(long)]
+    miss_weight: Option<f64>,
+    /// kv_aware: fewest matched blocks that count as a match
+    /// (`kv.min_match_blocks`).
+    #[arg(long)]
+    min_match_blocks: Option<u32>,
     /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`
-    /// (the router's `kv.cold_placement`).
-    #[arg(long, default_value = "pressure")]
-    cold_placement: String,
-    /// kv_aware: extra cost of a block the backend does not hold (the
-    /// router's `kv.miss_weight`).
-    #[arg(long, default_value_t = 1.0)]
-    miss_weight: f64,
-    /// kv_aware: cold placement's tolerance, in prefix lengths (the
-    /// router's `kv.placement_tolerance`).
-    #[arg(long, default_value_t = 1.0)]
-    placement_tolerance: f64,
-    /// kv_aware: move a prefix off a backend whose expected load exceeds
-    /// the mean by more than this fraction (the router's
-    /// `kv.rebalance_slack`); `off` disables it.
-    #[arg(long, default_value = "0.4")]
-    rebalance_slack: String,
-    /// kv_aware: with --rebalance-slack, add this many times the requests
-    /// an instance already took beyond an even share to the load a move
-    /// evens, so an early excess is paid back (the router's
-    /// `kv.rebalance_payback`; 0 balances the expected load alone).
-    #[arg(long, default_value_t = 2.0)]
-    rebalance_payback: f64,
+    /// (`kv.cold_placement`).
+    #[arg(long)]
+    cold_placement: Option<String>,
+    /// kv_aware: move a prefix off a backend whose balance load exceeds the
+    /// mean by more than this fraction, or `off` (`kv.rebalance_slack`).
+    #[arg(long)]
+    rebalance_slack: Option<String>,
 }
 
 impl KvArgs {
-    /// Sets these knobs in `kv`.
+    /// Lays the knobs given over `kv`.
     fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
-        kv.decode_weight = self.decode_weight;
-        kv.prefill_weight = self.prefill_weight;
-        kv.cold_placement = parse_cold_placement(&self.cold_placement)?;
-        kv.miss_weight = self.miss_weight;
-        kv.placement_tolerance = self.placement_tolerance;
-        kv.rebalance_slack = parse_slack(&self.rebalance_slack)?;
-        kv.rebalance_payback = self.rebalance_payback;
+        if let Some(v) = self.decode_weight {
+            kv.decode_weight = v;
+        }
+        if let Some(v) = self.prefill_weight {
+            kv.prefill_weight = v;
+        }
+        if let Some(v) = self.miss_weight {
+            kv.miss_weight = v;
+        }
+        if let Some(v) = self.min_match_blocks {
+            kv.min_match_blocks = v;
+        }
+        if let Some(s) = &self.cold_placement {
+            kv.cold_placement = parse_cold_placement(s)?;
+        }
+        if let Some(s) = &self.rebalance_slack {
+            kv.rebalance_slack = parse_slack(s)?;
+        }
         Ok(())
     }
 }
@@ -560,10 +547,6 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     let mut cfg = cfg;
     cfg.policy.load_factor = a.load_factor;
     a.kv.apply(&mut cfg.policy.kv)?;
-    cfg.share_slack = a.share_slack;
-    if let Some(w) = a.pressure_window {
-        cfg.policy.kv.pressure_window = w;
-    }
     let mut reports = Vec::new();
     println!(
         "scale: {} instances, {} requests per strategy, {} docs x {} tokens, {:.0} req/s",

@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 use warmpath_core::hash::ChainHasher;
 use warmpath_core::policy::{
-    build_policy, BackendLoad, Policy, PolicyBackend, PolicyConfig, RouteInput, ShareBounded,
+    build_policy, BackendLoad, Policy, PolicyBackend, PolicyConfig, RouteInput,
 };
 use warmpath_core::{BlockHash, CacheIndex, HashSeed, Strategy};
 use xxhash_rust::xxh3::xxh3_64;
@@ -73,10 +73,6 @@ pub struct ScaleConfig {
     pub time: TimeModel,
     /// Policy knobs.
     pub policy: PolicyConfig,
-    /// Wrap any strategy's policy in core's [`ShareBounded`] with this slack
-    /// (e.g. 0.05: no instance above 1.05 x an even share of recent traffic);
-    /// the router offers it for `kv_aware` as `kv.share_slack`.
-    pub share_slack: Option<f64>,
 }
 
 impl Default for ScaleConfig {
@@ -95,7 +91,6 @@ impl Default for ScaleConfig {
             seed: 42,
             time: TimeModel::default(),
             policy: PolicyConfig::default(),
-            share_slack: None,
         }
     }
 }
@@ -126,12 +121,6 @@ impl ScaleConfig {
         }
         if self.output_tokens == 0 {
             return bad("output_tokens", "must be at least 1");
-        }
-        if self
-            .share_slack
-            .is_some_and(|s| !(s.is_finite() && s >= 0.0))
-        {
-            return bad("share_slack", "must be a finite number >= 0");
         }
         self.time.validate()?;
         self.policy.validate()?;
@@ -280,12 +269,7 @@ impl<'a> Sim<'a> {
             backends.push(PolicyBackend { id, slot });
             fleet.push(Instance::new(slot, cfg.cache_blocks));
         }
-        let mut policy = build_policy(strategy, &cfg.policy, &backends)?;
-        if let Some(slack) = cfg.share_slack {
-            // Remember ~50 decisions per instance.
-            let window = 50.0 * n as f64;
-            policy = Box::new(ShareBounded::new(policy, &backends, slack, window));
-        }
+        let policy = build_policy(strategy, &cfg.policy, &backends)?;
         Ok(Sim {
             cfg,
             strategy,

@@ -10,17 +10,16 @@
 //! popularity moves with it at once. Cold placement ranks backends by it
 //! (a prefix that comes back after an eviction brings its popularity along,
 //! so placing it on the least expected load is LPT), and the rebalancer
-//! ([`kv`](super::kv)) moves a prefix whose popularity fits the gap between
+//! ([`rebalance`](super::rebalance)) moves a prefix whose popularity fits the gap between
 //! the most and the least loaded backend.
 //!
-//! What: a small set-associative table keyed by prefix key (4 ways; a full
+//! What: a small set-associative table keyed by prefix key (`HOME_WAYS`; a full
 //! set drops its least popular entry, whose popularity leaves its home's
 //! load). Popularity is a decayed request count in the caller's units (see
 //! `place::State`), so the loads' sum is the decayed count of requests whose
 //! prefix is in the table, and every value is >= 0 up to rounding.
 
-/// Entries per set.
-const WAYS: usize = 4;
+use super::tuning::HOME_WAYS as WAYS;
 
 /// What the table knows of one prefix.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -1,212 +1,103 @@
-//! `kv_aware`: route on the longest actually cached block match, weighed
-//! against load.
+//! `kv_aware`: route each request by one cost formula over what every
+//! backend actually caches, and even the load by **moving** prefixes.
 //!
-//! For each eligible backend `w` below `concurrency_threshold`, with `m_w`
-//! the leading blocks it holds of the request's chain (0 if its agent is
-//! stale) and `B` the chain length:
+//! ## The cost formula
+//!
+//! For a request whose block chain is `B` blocks long, every usable backend
+//! `w` (eligible and below `concurrency_threshold`) costs
 //!
 //! ```text
-//! cost_w = prefill_weight * ((B - m_w) + pending_prefill_blocks_w)
-//!        + miss_weight    * (B - m_w)
-//!        + decode_weight  * in_flight_w
+//! cost_w = prefill_weight * (B - m_w + queued_w)    time to its first token
+//!        + miss_weight    * write_w                 cache the fleet gives up
+//!        + decode_weight  * in_flight_w             decode contention
 //! ```
 //!
-//! i.e. the prefill work the backend must still do before this request's
-//! first token (its own uncached blocks plus the uncached blocks of requests
-//! queued ahead, which the router predicted when it routed them), a charge
-//! per block it must write into its cache (a copy of a prefix another
-//! backend already holds evicts something there that will miss later), plus
-//! a charge per request decoding there. This is the shape of Dynamo's KV
-//! router cost (prefill blocks to compute + decode load). The lowest cost
-//! wins; ties go to the deeper match, then at random.
+//! - `m_w`: the leading blocks of the chain `w` holds (0 when its agent is
+//!   stale); `queued_w`: the uncached blocks of the requests routed there
+//!   that have not produced a first byte (the router's own prediction).
+//! - `write_w`, the blocks `w` must newly cache: at the prefix's **home**
+//!   (where it was placed or last moved) `B - m_w`; at any other backend all
+//!   `B`, since a copy off the home is one to let age out (so a holder keeps
+//!   its prefix unless its queue is a full prefill longer); and for a prefix
+//!   no fresh backend holds `min_match_blocks` of (a **cold** one, the same
+//!   `B` everywhere) `B + pressure_w`, where `pressure_w` is the blocks `w`
+//!   wrote lately, decayed over `PRESSURE_WINDOW` decisions per backend: a
+//!   new prefix lands where the cache turns over slowest (see
+//!   [`place`](super::place)). This is the term a capacity model refines.
 //!
-//! When no fresh eligible backend holds at least `min_match_blocks` (a cold
-//! prefix), `kv.cold_placement` decides: `pressure` (the default) puts it on
-//! the backend with the least recent cache pressure and queued prefill work,
-//! and keeps later requests of it there while the first is prefilling (see
-//! [`place`](super::place)); `ring` uses `prefix_aware` (CHWBL on the prefix
-//! key). Either way a cold prefix becomes warm in one place.
+//! The lowest cost wins; ties go to the deeper match, then at random. This
+//! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
+//! decode load), with the cache's own cost added.
 //!
-//! Under `pressure` placement each prefix also has a **home** (where it was
-//! placed or last moved): a copy elsewhere pays the miss charge on its whole
-//! chain, so the home keeps the prefix unless its queue is a full prefill
-//! longer, and with `kv.rebalance_slack` (default 0.4) a prefix whose
-//! popularity fits the gap moves from a backend above the mean load to the
-//! least loaded one, the load being the expected one plus
-//! `kv.rebalance_payback` (default 2) x the requests a backend already took
-//! beyond an even share (see [`rebalance`](super::rebalance)): below
-//! saturation that, not the in-flight bounds, is what evens the traffic.
+//! ## Balance: the same costs, then the expected load
+//!
+//! Below saturation no in-flight bound binds, so a backend's share of the
+//! traffic is the popularity of the prefixes homed on it. Each backend's
+//! **balance load** is `L_w = E_w + PAYBACK_GAIN * excess_w`: `E_w` the
+//! summed decayed popularity of the prefixes homed there
+//! ([`home`](super::home)), `excess_w` the requests it already took beyond
+//! an even share ([`served`](super::served); capped at the mean `E`). It
+//! enters at the two points where cost alone does not decide:
+//!
+//! - **cold**: every backend within `TIE_BAND * B` of the lowest cost is
+//!   equally good, and the lowest `E_w` among them wins (then ring order);
+//! - **warm, at its home `h`** (which won on cost and holds the deepest
+//!   match): the request and the prefix's home go to the usable backend `t`
+//!   with the lowest `L` when `L_h > (1 + rebalance_slack) * mean(L)` and
+//!   the prefix's popularity fits the gap (see
+//!   [`rebalance`](super::rebalance), which also holds the waits between
+//!   moves). A move costs one cold prefill; the old copy ages out.
+//!
+//! Every constant is named, with why it has its value, in
+//! [`tuning`](super::tuning), beside the six knobs.
+//!
+//! A moved prefix is followed while its first request prefills at its new
+//! home, and so is a cold placement. With `cold_placement: ring` a cold
+//! prefix goes by CHWBL on the prefix key instead, there are no homes and
+//! nothing moves (several router replicas then agree).
 //!
 //! Decision: `kv_match` when the winner holds the deepest match; `spill` when
-//! a deeper-matching backend was passed over for load, or a cold prefix was
-//! placed off its ring owner for cache pressure; `prefix_hash` when a cold
+//! a deeper-matching backend was passed over for load, a prefix moved, or a
+//! cold prefix was placed off its ring owner; `prefix_hash` when a cold
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full.
 
+use super::home::Home;
 use super::place::{Placed, Placer};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
+use super::tuning::{ColdPlacement, KvConfig, HOME_HOLDS, PAYBACK_GAIN, PRESSURE_WINDOW, TIE_BAND};
 use super::{
     least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyConfig,
     PolicyError, RouteInput, Strategy,
 };
 use crate::index::WorkerSlot;
 use rand::RngCore;
-use serde::{Deserialize, Serialize};
-
-/// `kv_aware` knobs.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KvConfig {
-    /// Fewest matched blocks that count as a useful match (>= 1).
-    pub min_match_blocks: u32,
-    /// Weight of prefill blocks still to compute (>= 0).
-    pub prefill_weight: f64,
-    /// Cost of one request in flight, in blocks (>= 0).
-    pub decode_weight: f64,
-    /// Extra cost of each block the backend does not hold (>= 0): what
-    /// writing a second copy of a prefix costs the fleet's caches. At 0 a
-    /// request leaves a holder that has one cold prefill queued for an idle
-    /// backend whose full prefill takes as long; at 1 it stays unless the
-    /// holder's queue is about twice the request's own prefill.
-    pub miss_weight: f64,
-    /// When set, no backend takes more than `(1 + share_slack) / n` of the
-    /// recent decisions (about the last 50 x n): a request whose pick is over
-    /// that goes to the backend under it with the deepest fresh match
-    /// (`spill`). In-flight bounds never bind below saturation, so without
-    /// this a backend's share is the popularity of the prefixes it happens to
-    /// hold. 0..=10; `None` (the default) turns it off. See BENCHMARKS.md.
-    pub share_slack: Option<f64>,
-    /// Where a prefix no backend holds goes: `pressure` (least recent cache
-    /// pressure and queued prefill work, sticky while its first request
-    /// prefills; the default) or `ring` (CHWBL on the prefix key).
-    pub cold_placement: ColdPlacement,
-    /// Decisions per backend over which cache pressure decays (1..=100000;
-    /// `pressure` placement only).
-    pub pressure_window: f64,
-    /// `pressure` placement: backends whose cold cost is within this many
-    /// times the prefix's own blocks of the lowest count as equally good,
-    /// and the one with the lowest expected load (the popularity of the
-    /// prefixes homed there) among them wins (0..=10; 0 places by cost
-    /// alone).
-    pub placement_tolerance: f64,
-    /// `pressure` placement: when set, a backend whose expected load (the
-    /// popularity of the prefixes homed there) exceeds the mean by more
-    /// than this fraction hands one prefix whose popularity fits the gap to
-    /// the least loaded backend — a move, not a copy (see
-    /// [`rebalance`](super::rebalance)). 0..=10; `None` turns it off.
-    /// Default 0.4, with `rebalance_payback` 2: the payback term, not the
-    /// slack, does most of the evening (BENCHMARKS.md).
-    pub rebalance_slack: Option<f64>,
-    /// With `rebalance_slack`: the load a move evens is the expected load
-    /// plus this many times the requests the backend already took beyond an
-    /// even share (decayed over about 1000 decisions per backend, capped at
-    /// the mean expected load), so an excess a backend ran up is paid back
-    /// instead of kept (see [`served`](super::served)). 0..=10; 0 balances
-    /// the expected load alone. Default 2: in the scale model of `long` on 7
-    /// instances (60 seeds, 2000 requests) it took the busiest instance
-    /// from 15.9% on average (worst 17.1%) to 15.1% (worst 15.7%) with
-    /// fewer moves and the same hit rate.
-    pub rebalance_payback: f64,
-}
-
-/// How `kv_aware` places a prefix that no backend holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ColdPlacement {
-    /// Least recent cache pressure and queued prefill (module docs of `place`).
-    #[default]
-    Pressure,
-    /// Consistent hashing with bounded loads on the prefix key.
-    Ring,
-}
-
-impl Default for KvConfig {
-    fn default() -> Self {
-        KvConfig {
-            min_match_blocks: 1,
-            prefill_weight: 1.0,
-            decode_weight: 2.0,
-            miss_weight: 1.0,
-            share_slack: None,
-            cold_placement: ColdPlacement::Pressure,
-            pressure_window: 200.0,
-            placement_tolerance: 1.0,
-            rebalance_slack: Some(0.4),
-            rebalance_payback: 2.0,
-        }
-    }
-}
-
-impl KvConfig {
-    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
-        if self.min_match_blocks == 0 {
-            return Err(PolicyError::Invalid {
-                name: "kv.min_match_blocks",
-                reason: "must be at least 1".into(),
-            });
-        }
-        if let Some(s) = self.share_slack {
-            in_range("kv.share_slack", s, 0.0, 10.0)?;
-        }
-        if let Some(s) = self.rebalance_slack {
-            in_range("kv.rebalance_slack", s, 0.0, 10.0)?;
-        }
-        in_range("kv.rebalance_payback", self.rebalance_payback, 0.0, 10.0)?;
-        in_range("kv.pressure_window", self.pressure_window, 1.0, 100_000.0)?;
-        in_range(
-            "kv.placement_tolerance",
-            self.placement_tolerance,
-            0.0,
-            10.0,
-        )?;
-        for (name, v) in [
-            ("kv.prefill_weight", self.prefill_weight),
-            ("kv.decode_weight", self.decode_weight),
-            ("kv.miss_weight", self.miss_weight),
-        ] {
-            if !(v >= 0.0 && v.is_finite()) {
-                return Err(PolicyError::Invalid {
-                    name,
-                    reason: format!("{v} must be a finite number >= 0"),
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// `Invalid` unless `lo <= v <= hi` (NaN is out of every range).
-fn in_range(name: &'static str, v: f64, lo: f64, hi: f64) -> Result<(), PolicyError> {
-    if (lo..=hi).contains(&v) {
-        Ok(())
-    } else {
-        Err(PolicyError::Invalid {
-            name,
-            reason: format!("{v} must be a number in {lo}..={hi}"),
-        })
-    }
-}
 
 /// The KV-aware policy.
 #[derive(Debug)]
 pub struct KvAware {
-    pub(super) slots: Vec<WorkerSlot>,
+    slots: Vec<WorkerSlot>,
     fallback: PrefixAware,
-    pub(super) placer: Placer,
-    pub(super) rebalance: Option<Rebalance>,
-    pub(super) threshold: u32,
-    pub(super) kv: KvConfig,
+    placer: Placer,
+    rebalance: Option<Rebalance>,
+    threshold: u32,
+    kv: KvConfig,
 }
 
 impl KvAware {
     /// Builds over `backends` (their index slots map matches to positions).
     pub fn new(config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
+        Self::with_window(config, backends, PRESSURE_WINDOW)
+    }
+
+    /// With pressure and popularity decaying over `window` decisions per
+    /// backend (tests use a long one to keep counts exact).
+    fn with_window(config: &PolicyConfig, backends: &[PolicyBackend], window: f64) -> Self {
         KvAware {
             slots: backends.iter().map(|b| b.slot).collect(),
             fallback: PrefixAware::new(config, backends),
-            placer: Placer::new(backends, config.kv.pressure_window)
-                .with_payback(config.kv.rebalance_payback),
+            placer: Placer::new(backends, window).with_payback(PAYBACK_GAIN),
             rebalance: config.kv.rebalance_slack.map(|slack| Rebalance {
                 slack,
                 backends: backends.len() as u64,
@@ -226,12 +117,10 @@ impl KvAware {
             .map(|s| m.of(*s).filter(|x| x.fresh).map_or(0, |x| x.blocks))
             .collect()
     }
-}
 
-impl KvAware {
     /// Whether position `i` may take a request: eligible and below the
     /// concurrency threshold.
-    pub(super) fn usable(&self, loads: &[BackendLoad], i: usize) -> bool {
+    fn usable(&self, loads: &[BackendLoad], i: usize) -> bool {
         i < self.slots.len()
             && loads
                 .get(i)
@@ -248,9 +137,13 @@ impl KvAware {
         if self.kv.cold_placement == ColdPlacement::Ring {
             return self.fallback.pick_by_key(input.prefix_key, loads, rng);
         }
-        let weights = (self.kv.prefill_weight, self.kv.decode_weight);
+        let weights = (
+            self.kv.prefill_weight,
+            self.kv.miss_weight,
+            self.kv.decode_weight,
+        );
         let ring = self.fallback.ring();
-        let tolerance = self.kv.placement_tolerance * f64::from(input.chain_blocks);
+        let band = TIE_BAND * f64::from(input.chain_blocks);
         let mut s = self.placer.lock();
         let placed = s.place(
             input.prefix_key,
@@ -258,7 +151,7 @@ impl KvAware {
             |i| self.usable(loads, i),
             ring,
             weights,
-            tolerance,
+            band,
         );
         let (backend, kind) = match placed {
             Some((b, Placed::Pressure)) => (b, DecisionKind::Spill),
@@ -277,11 +170,10 @@ impl KvAware {
         })
     }
 
-    /// The lowest-cost usable backend and its match (module docs); `None`
-    /// when every eligible backend is full. A backend other than `home`
-    /// (which holds the deepest match) pays the miss charge on its whole
-    /// chain: a copy off the prefix's home is one to let age out.
-    pub(super) fn cheapest(
+    /// The lowest-cost usable backend and its match (the module's formula);
+    /// `None` when every eligible backend is full. `home` is the backend
+    /// that holds the prefix as its home, when there is one.
+    fn cheapest(
         &self,
         chain: u32,
         matched: &[u32],
@@ -298,13 +190,12 @@ impl KvAware {
             }
             let m = matched[i];
             let uncached = f64::from(chain - m.min(chain));
-            let written = match home {
+            let write = match home {
                 Some(h) if h != i => f64::from(chain),
                 _ => uncached,
             };
-            let prefill = uncached + l.pending_prefill_blocks as f64;
-            let cost = self.kv.prefill_weight * prefill
-                + self.kv.miss_weight * written
+            let cost = self.kv.prefill_weight * (uncached + l.pending_prefill_blocks as f64)
+                + self.kv.miss_weight * write
                 + self.kv.decode_weight * f64::from(inflight);
             let better = match best {
                 None => true,
@@ -322,6 +213,80 @@ impl KvAware {
             }
         }
         best.map(|(_, m, i)| (m, i))
+    }
+
+    /// The warm pick under `pressure` placement: follows a moved prefix
+    /// while it prefills at its new home, else the cheapest backend (the
+    /// home charged only for what it lacks), and possibly moves the prefix
+    /// to even the balance loads (module docs).
+    fn pick_homed(
+        &self,
+        input: &RouteInput<'_>,
+        matched: &[u32],
+        best_match: u32,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let key = input.prefix_key;
+        let chain = input.chain_blocks.max(best_match);
+        let usable = |i: usize| self.usable(loads, i);
+        let mut s = self.placer.lock();
+        let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
+        let at = |h: &Home| h.backend as usize;
+        if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
+            if s.following(&h, loads) {
+                let b = at(&h);
+                s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
+                return Ok(Decision {
+                    backend: b,
+                    kind: DecisionKind::Spill,
+                    matched_blocks: matched[b],
+                });
+            }
+        }
+        // The home holds it (LRU may have trimmed a few of its last blocks
+        // there: it writes them back rather than hand the prefix to a copy).
+        let (num, den) = HOME_HOLDS;
+        let holding =
+            home.filter(|h| u64::from(matched[at(h)]) * den >= u64::from(best_match) * num);
+        // Its agent's view is stale: it may well hold it; decide nothing.
+        let stale = home.is_some_and(|h| {
+            let slot = self.slots[at(&h)];
+            input
+                .matches
+                .and_then(|m| m.of(slot))
+                .is_some_and(|w| !w.fresh)
+        });
+        let Some((mut m, mut backend)) =
+            self.cheapest(chain, matched, loads, holding.as_ref().map(at), rng)
+        else {
+            let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
+            s.record(
+                key,
+                backend,
+                input.chain_blocks.saturating_sub(matched[backend]),
+            );
+            return Ok(Decision {
+                backend,
+                kind: DecisionKind::LeastOutstanding,
+                matched_blocks: matched[backend],
+            });
+        };
+        match (holding, &self.rebalance) {
+            (Some(h), Some(rb)) if at(&h) == backend && m == best_match => {
+                if let Some(t) = s.propose_move(rb, &h, loads, usable) {
+                    s.move_home(key, at(&h), t);
+                    (m, backend) = (matched[t], t);
+                }
+            }
+            // Its home lost it (or it had none): it lives where it went.
+            (None, _) if !stale && home.is_none_or(|h| at(&h) != backend) => {
+                s.set_home(key, backend, false);
+            }
+            _ => {}
+        }
+        s.record(key, backend, input.chain_blocks.saturating_sub(m));
+        Ok(warm_decision(backend, m, best_match))
     }
 }
 
@@ -369,7 +334,7 @@ impl Policy for KvAware {
 /// A pick among holders: kv_match when `backend` holds the deepest match
 /// (`m == best_match`); a shallower one (or none) won on load, or because
 /// the deeper holders were full or the prefix moved: spill.
-pub(super) fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
+fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
     Decision {
         backend,
         kind: if m == best_match {
@@ -386,6 +351,7 @@ pub(super) fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision
 mod tests {
     use super::*;
     use crate::index::MatchResult;
+    use crate::policy::place::skew;
     use crate::policy::test_util::*;
 
     fn kv(n: usize, threshold: u32) -> KvAware {
@@ -595,38 +561,127 @@ mod tests {
         assert_eq!(p.pick(&cold(6), &loads, &mut rng()).unwrap().backend, 2);
     }
 
+    /// `kv_aware` over 3 backends, 100 decisions after keys 1..=4 were
+    /// homed on backends 0, 0, 1, 2 with 40, 30, 20, 10 requests (expected
+    /// loads 70 / 20 / 10; nothing decays).
+    fn skewed_kv(rebalance_slack: Option<f64>) -> KvAware {
+        let mut cfg = PolicyConfig::default();
+        cfg.kv.rebalance_slack = rebalance_slack;
+        let p = KvAware::with_window(&cfg, &backends(3), 1e5);
+        skew(&mut p.placer.lock());
+        p
+    }
+
+    /// A 50-block request of `key` that `holders` hold whole.
+    fn req<'a>(key: u64, holders: &[u16], m: &'a mut MatchResult) -> RouteInput<'a> {
+        let list: Vec<(u16, u32, bool)> = holders.iter().map(|&s| (s, 50, true)).collect();
+        req_with(key, &list, m)
+    }
+
+    /// A 50-block request of `key`; `list` is (slot, blocks, fresh).
+    fn req_with<'a>(key: u64, list: &[(u16, u32, bool)], m: &'a mut MatchResult) -> RouteInput<'a> {
+        *m = matches(list, 50);
+        let m: &'a MatchResult = m;
+        RouteInput {
+            prefix_key: key,
+            chain_blocks: 50,
+            matches: Some(m),
+        }
+    }
+
     #[test]
-    fn cold_placement_and_pressure_window_are_validated() {
-        let cfg: KvConfig =
-            serde_json::from_str(r#"{"cold_placement":"ring","pressure_window":50}"#).unwrap();
-        assert_eq!(cfg.cold_placement, ColdPlacement::Ring);
-        assert!(cfg.validate().is_ok());
-        assert!(serde_json::from_str::<KvConfig>(r#"{"cold_placement":"hash"}"#).is_err());
-        for bad in [0.0, 0.5, f64::NAN, 1e6] {
-            let cfg = KvConfig {
-                pressure_window: bad,
-                ..Default::default()
-            };
-            assert!(cfg.validate().is_err(), "{bad}");
+    fn a_prefix_changes_home_only_when_its_home_lost_it() {
+        let p = skewed_kv(Some(0.1));
+        let loads = idle(3);
+        let mut m = MatchResult::default();
+        let home = |p: &KvAware| p.placer.lock().home(3).unwrap().backend;
+        // Key 3 lives on 1. LRU trimmed 5 of its blocks there, a copy on 0
+        // is whole: 1 writes them back.
+        let d = p
+            .pick(
+                &req_with(3, &[(1, 45, true), (0, 50, true)], &mut m),
+                &loads,
+                &mut rng(),
+            )
+            .unwrap();
+        assert_eq!(
+            (d.backend, d.kind, d.matched_blocks),
+            (1, DecisionKind::Spill, 45)
+        );
+        // 1's agent is stale: the request goes to the copy, the home stays.
+        let d = p
+            .pick(
+                &req_with(3, &[(1, 50, false), (0, 50, true)], &mut m),
+                &loads,
+                &mut rng(),
+            )
+            .unwrap();
+        assert_eq!((d.backend, home(&p)), (0, 1));
+        // 1 lost it (fresh, no block): it lives on 0 now.
+        let d = p.pick(&req(3, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!((d.backend, home(&p)), (0, 0));
+        assert_eq!(p.placer.lock().moves, 0);
+    }
+
+    #[test]
+    fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
+        let p = skewed_kv(Some(0.1));
+        let mut loads = idle(3);
+        let mut m = MatchResult::default();
+        // Key 2 (30 of 100) is cached on backend 0 (70): it moves to 2 (10).
+        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!(
+            (d.backend, d.kind, d.matched_blocks),
+            (2, DecisionKind::Spill, 0)
+        );
+        // While that request prefills there, the next one follows it
+        // instead of going back to the copy on 0.
+        loads[2].pending_prefill_blocks = 50;
+        loads[2].in_flight = 1;
+        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!((d.backend, d.kind), (2, DecisionKind::Spill));
+        // Once 2 holds it, 2 keeps it although it is busier: the stale copy
+        // on 0 pays the miss charge, and no other move follows.
+        loads[2].pending_prefill_blocks = 0;
+        loads[2].in_flight = 3;
+        for _ in 0..20 {
+            let d = p
+                .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+                .unwrap();
+            assert_eq!((d.backend, d.kind), (2, DecisionKind::KvMatch));
         }
-        for bad in [-0.1, f64::NAN, 11.0] {
-            let cfg = KvConfig {
-                rebalance_payback: bad,
-                ..Default::default()
-            };
-            assert!(cfg.validate().is_err(), "{bad}");
-            let cfg = KvConfig {
-                placement_tolerance: bad,
-                ..Default::default()
-            };
-            assert!(cfg.validate().is_err(), "{bad}");
-            let cfg = KvConfig {
-                rebalance_slack: Some(bad),
-                ..Default::default()
-            };
-            assert!(cfg.validate().is_err(), "{bad}");
+        assert_eq!(p.placer.lock().moves, 1);
+        // The swap: key 4, the least popular on 2, is reserved on 0; its
+        // next cold request goes there although 0 is the busiest.
+        let k4 = p.placer.lock().home(4).unwrap();
+        assert!(k4.reserved && !k4.moved && k4.backend == 0, "{k4:?}");
+        let d = p.pick(&req(4, &[], &mut m), &idle(3), &mut rng()).unwrap();
+        assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
+        assert!(!p.placer.lock().home(4).unwrap().reserved);
+        // Without rebalancing nothing moves: the home keeps it.
+        let off = skewed_kv(None);
+        let d = off
+            .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+            .unwrap();
+        assert_eq!(d.backend, 0);
+        let d = off
+            .pick(&req(2, &[0], &mut m), &idle(3), &mut rng())
+            .unwrap();
+        assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+    }
+
+    #[test]
+    fn a_prefix_still_prefilling_is_never_moved() {
+        let p = skewed_kv(Some(0.1));
+        let mut loads = idle(3);
+        let mut m = MatchResult::default();
+        // Key 2's home (0, overloaded) holds none of it yet: its first
+        // request there is prefilling. Its next one follows, it is not moved.
+        loads[0].pending_prefill_blocks = 50;
+        for _ in 0..5 {
+            let d = p.pick(&req(2, &[], &mut m), &loads, &mut rng()).unwrap();
+            assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
         }
-        let cfg: KvConfig = serde_json::from_str(r#"{"rebalance_slack":null}"#).unwrap();
-        assert_eq!(cfg.rebalance_slack, None);
+        assert_eq!(p.placer.lock().moves, 0);
     }
 }

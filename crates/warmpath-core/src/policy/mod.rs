@@ -11,7 +11,7 @@
 //! | `random` | uniformly among eligible backends | `random` |
 //! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
-//! | `kv_aware` | lowest cost from the actual cached-block match (see [`kv`]); a prefix cached nowhere by cache pressure (see [`place`]); prefixes moved to even expected load plus the excess already taken (see [`rebalance`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
+//! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load and cache writes, with prefixes moved (never copied) to even the load (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
 
 mod home;
 mod kv;
@@ -21,13 +21,13 @@ mod random;
 mod rebalance;
 mod ring;
 mod served;
-mod share;
+mod tuning;
 
-pub use kv::{ColdPlacement, KvAware, KvConfig};
+pub use kv::KvAware;
 pub use least::LeastOutstanding;
 pub use random::Random;
 pub use ring::{PrefixAware, Ring};
-pub use share::ShareBounded;
+pub use tuning::{ColdPlacement, KvConfig};
 
 use crate::index::{MatchResult, WorkerSlot};
 use rand::RngCore;
@@ -143,6 +143,14 @@ pub enum PolicyError {
         name: &'static str,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A setting that no longer exists (refused rather than ignored).
+    #[error("policy setting {name} was removed; {instead}")]
+    Removed {
+        /// The setting.
+        name: &'static str,
+        /// What to do instead.
+        instead: &'static str,
     },
 }
 
@@ -295,19 +303,7 @@ pub fn build_policy(
         Strategy::Random => Box::new(Random),
         Strategy::LeastOutstanding => Box::new(LeastOutstanding),
         Strategy::PrefixAware => Box::new(PrefixAware::new(config, backends)),
-        Strategy::KvAware => {
-            let kv: Box<dyn Policy> = Box::new(KvAware::new(config, backends));
-            match config.kv.share_slack {
-                // Remember about 50 decisions per backend.
-                Some(slack) => Box::new(ShareBounded::new(
-                    kv,
-                    backends,
-                    slack,
-                    50.0 * backends.len() as f64,
-                )),
-                None => kv,
-            }
-        }
+        Strategy::KvAware => Box::new(KvAware::new(config, backends)),
     })
 }
 

@@ -1,6 +1,7 @@
 //! Where `kv_aware` puts a prefix that no backend holds (`kv.cold_placement =
-//! pressure`, the default), and the memory that keeps it there while its
-//! first request is still prefilling.
+//! pressure`, the default): the cold case of its cost formula (the `kv`
+//! module docs), and the memory that keeps a prefix there while its first
+//! request is still prefilling.
 //!
 //! Why: the hash ring places prefixes by hash alone, so the number of
 //! distinct prefixes per backend varies like a random throw (112 documents
@@ -11,31 +12,31 @@
 //!
 //! What: each backend has a **cache pressure**, the blocks `kv_aware` sent
 //! it that it did not hold (a cold prefix's whole chain, a warm request's
-//! uncached tail), decayed over about `pressure_window` decisions per
+//! uncached tail), decayed over about `PRESSURE_WINDOW` decisions per
 //! backend. That is what it had to write into its cache lately, so a prefix
 //! placed on the backend with the least pressure lands where the cache
 //! turns over slowest; it also spreads the prefixes' count evenly while the
-//! cache fills. The cold cost of backend `w` is
+//! cache fills. Pressure is the `write` term of the formula for a cold
+//! prefix; the terms every backend shares (its own prefill and write of the
+//! whole chain) drop out, leaving
 //!
 //! ```text
-//! pressure_w + prefill_weight * pending_prefill_blocks_w + decode_weight * in_flight_w
+//! miss_weight * pressure_w + prefill_weight * queued_w + decode_weight * in_flight_w
 //! ```
 //!
-//! (queued prefill work is charged so a cold prefill does not queue behind
-//! another one). Every backend within `placement_tolerance` x the prefix's
-//! own blocks of the lowest cost counts as equally good, and among those the
-//! one with the lowest **expected load** wins: the summed popularity of the
-//! prefixes homed there now ([`home`](super::home)). That deals new prefixes
-//! out like a snake draft while they arrive roughly in popularity order, and
-//! a prefix that returns after an eviction, its popularity known, goes where
-//! it evens the loads most (LPT); the rebalancer
-//! ([`rebalance`](super::rebalance)) corrects what placement got wrong.
-//! Remaining ties go to the first in the ring's walk from the prefix key, so
-//! equal fleets agree. The placement becomes the prefix's home: a request
-//! for the same key that finds no fresh match while the first is still
-//! prefilling there (or within a few decisions per backend of it, before its
-//! blocks are published) follows it instead of starting a second cold copy
-//! elsewhere.
+//! Backends within the band (`TIE_BAND` x the prefix's blocks) of the lowest
+//! are equally good, and among those the one with the lowest **expected
+//! load** wins: the summed popularity of the prefixes homed there now
+//! ([`home`](super::home)). That deals new prefixes out like a snake draft
+//! while they arrive roughly in popularity order, and a prefix that returns
+//! after an eviction, its popularity known, goes where it evens the loads
+//! most (LPT); moves ([`rebalance`](super::rebalance)) correct what
+//! placement got wrong. Remaining ties go to the first in the ring's walk
+//! from the prefix key, so equal fleets agree. The placement becomes the
+//! prefix's home: a request for the same key that finds no fresh match
+//! while the first is still prefilling there (or within `STICKY` decisions
+//! per backend of it, before its blocks are published) follows it instead
+//! of starting a second cold copy elsewhere.
 //!
 //! All of it (pressure, homes, loads, moves) sits behind one lock taken once
 //! per decision: it is per router (several replicas each keep their own; use
@@ -44,13 +45,9 @@
 use super::home::{Home, Homes};
 use super::ring::Ring;
 use super::served::Served;
+use super::tuning::{HOMES_PER_BACKEND, PAYBACK_WINDOW, RESCALE_AT, STICKY};
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
-
-/// Decisions per backend over which the requests routed are remembered
-/// for `kv.rebalance_payback` (see [`served`](super::served)): 7000 for 7
-/// backends, longer than a benchmark run, so an early excess is paid back.
-const PAYBACK_WINDOW: f64 = 1000.0;
 
 /// How [`State::place`] chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,8 +81,8 @@ pub(crate) struct State {
     pub(super) sticky: u64,
     /// Requests routed per backend (see [`served`](super::served)).
     pub(super) served: Served,
-    /// `kv.rebalance_payback`: weight of a backend's excess of routed
-    /// requests in the load the rebalancer evens (0: expected load alone).
+    /// Weight of a backend's excess of routed requests in the load the
+    /// rebalancer evens (`PAYBACK_GAIN`; 0: expected load alone).
     pub(super) payback: f64,
 }
 
@@ -104,11 +101,11 @@ impl Placer {
                 pressure: vec![0.0; backends.len()],
                 unit: 1.0,
                 seq: 0,
-                homes: Homes::new(backends.len(), (64 * n).clamp(1024, 1 << 20)),
+                homes: Homes::new(backends.len(), (HOMES_PER_BACKEND * n).clamp(1024, 1 << 20)),
                 last_move: None,
                 moves: 0,
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
-                sticky: 4 * n as u64,
+                sticky: STICKY * n as u64,
                 served: Served::new(backends.len(), PAYBACK_WINDOW * n as f64),
                 payback: 0.0,
             }),
@@ -116,8 +113,8 @@ impl Placer {
     }
 
     /// The rebalancer adds `gain` x each backend's excess of routed
-    /// requests to its expected load (`kv.rebalance_payback`, see
-    /// [`served`](super::served)); 0 (the default) leaves it out.
+    /// requests to its expected load (see [`served`](super::served)); 0
+    /// (the default) leaves it out.
     pub(crate) fn with_payback(mut self, gain: f64) -> Self {
         self.state.get_mut().payback = gain.max(0.0);
         self
@@ -153,27 +150,27 @@ impl State {
     /// The backend to place a prefix no eligible backend holds, among those
     /// `usable`: the remembered home of `key` when it is still prefilling
     /// or recent, else the lowest expected load among those within
-    /// `tolerance` blocks of the lowest cold cost (module docs), ties by
-    /// `ring` order from `key`. `weights` are (prefill, decode).
+    /// `band` blocks of the lowest cold cost (module docs), ties by `ring`
+    /// order from `key`. `weights` are (prefill, miss, decode).
     pub(crate) fn place(
         &self,
         key: u64,
         loads: &[BackendLoad],
         usable: impl Fn(usize) -> bool,
         ring: &Ring,
-        weights: (f64, f64),
-        tolerance: f64,
+        weights: (f64, f64, f64),
+        band: f64,
     ) -> Option<(usize, Placed)> {
         if let Some(h) = self.homes.get(key) {
             if usable(h.backend as usize) && (h.reserved || self.following(&h, loads)) {
                 return Some((h.backend as usize, Placed::Remembered));
             }
         }
-        let (prefill_weight, decode_weight) = weights;
+        let (prefill_weight, miss_weight, decode_weight) = weights;
         let n = loads.len().min(self.pressure.len());
         let cost = |b: usize| {
             let l = &loads[b];
-            self.pressure[b] / self.unit
+            miss_weight * self.pressure[b] / self.unit
                 + prefill_weight * l.pending_prefill_blocks as f64
                 + decode_weight * f64::from(l.effective_in_flight())
         };
@@ -181,7 +178,7 @@ impl State {
             .filter(|&b| usable(b))
             .map(cost)
             .min_by(f64::total_cmp)?;
-        let good = |b: usize| b < n && usable(b) && cost(b) <= min + tolerance;
+        let good = |b: usize| b < n && usable(b) && cost(b) <= min + band;
         let expected = self.homes.loads();
         let least = (0..n)
             .filter(|&b| good(b))
@@ -235,13 +232,26 @@ impl State {
         self.homes.hit(key, backend, unit, self.seq);
         self.served.record(backend);
         self.unit /= self.decay;
-        if self.unit > 1e200 {
+        if self.unit > RESCALE_AT {
             let k = self.unit;
             self.pressure.iter_mut().for_each(|p| *p /= k);
             self.homes.rescale(k);
             self.unit = 1.0;
         }
     }
+}
+
+/// Keys 1..=4 homed on backends 0, 0, 1, 2 with 40, 30, 20, 10 requests,
+/// 100 decisions ago (the tests of moves start from it).
+#[cfg(test)]
+pub(crate) fn skew(s: &mut State) {
+    for (key, at, reqs) in [(1u64, 0usize, 40), (2, 0, 30), (3, 1, 20), (4, 2, 10)] {
+        s.set_home(key, at, false);
+        for _ in 0..reqs {
+            s.record(key, at, 0);
+        }
+    }
+    s.seq += 100;
 }
 
 #[cfg(test)]
@@ -262,7 +272,7 @@ mod tests {
         for key in 0..40u64 {
             let key = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let (at, _) = p
-                .place(key, &loads, |_| true, &ring, (0.0, 0.0), 0.0)
+                .place(key, &loads, |_| true, &ring, (0.0, 1.0, 0.0), 0.0)
                 .unwrap();
             p.set_home(key, at, false);
             p.record(key, at, 500);
@@ -288,7 +298,7 @@ mod tests {
         let mut p = placer.lock();
         let mut loads = idle(3);
         let (first, _) = p
-            .place(42, &loads, |_| true, &ring, (1.0, 2.0), 0.0)
+            .place(42, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         p.set_home(42, first, false);
         p.record(42, first, 500);
@@ -296,12 +306,12 @@ mod tests {
         // Its pressure and queue now make it the costliest, yet the same key
         // follows it.
         assert_eq!(
-            p.place(42, &loads, |_| true, &ring, (1.0, 2.0), 0.0),
+            p.place(42, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0),
             Some((first, Placed::Remembered))
         );
         // Another key does not.
         let (other, _) = p
-            .place(43, &loads, |_| true, &ring, (1.0, 2.0), 0.0)
+            .place(43, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         assert_ne!(other, first);
         p.set_home(43, other, false);
@@ -312,7 +322,7 @@ mod tests {
             p.record(7, other, 0);
         }
         let (again, how) = p
-            .place(42, &loads, |_| true, &ring, (1.0, 2.0), 0.0)
+            .place(42, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         assert_ne!(how, Placed::Remembered);
         // The least pressure: neither the first (500 blocks) nor `other`.
@@ -322,10 +332,13 @@ mod tests {
         p.set_home(42, first, false);
         p.record(42, first, 500);
         let (b2, _) = p
-            .place(42, &loads, |i| i != first, &ring, (1.0, 2.0), 0.0)
+            .place(42, &loads, |i| i != first, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         assert_ne!(b2, first);
-        assert_eq!(p.place(42, &loads, |_| false, &ring, (1.0, 2.0), 0.0), None);
+        assert_eq!(
+            p.place(42, &loads, |_| false, &ring, (1.0, 1.0, 2.0), 0.0),
+            None
+        );
     }
 
     #[test]
@@ -335,7 +348,7 @@ mod tests {
         let placer = Placer::new(&b, 100.0);
         let mut p = placer.lock();
         let loads = idle(3);
-        let w = (1.0, 2.0);
+        let w = (1.0, 1.0, 2.0);
         // One 500-block prefix each; then backend 1 serves 30 full hits
         // (nothing written) and backend 2 five requests writing 20 blocks:
         // 1 has the lower pressure, 2 the lower share of requests.

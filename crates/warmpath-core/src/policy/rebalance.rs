@@ -1,61 +1,43 @@
-//! `kv.rebalance_slack` and `kv.rebalance_payback`: `kv_aware` evens the
-//! backends' loads by **moving** a prefix, never by copying it.
+//! The move rule of `kv_aware`'s balance stage (the formula: the `kv`
+//! module docs): when a prefix leaves its home for the least loaded backend.
 //!
-//! Why: below saturation each prefix stays where it is cached, so a backend's
-//! share is the sum of its prefixes' popularities, fixed when they were
-//! placed — before their popularity was known. A bound on recent share
-//! (`kv.share_slack`) restores balance by starting second copies, and in a
-//! fleet whose caches just hold the working set each copy evicts a prefix
-//! that then misses. A move costs one cold prefill on the new home (and
-//! whatever that evicts there, once); the old copy ages out of its former
-//! home's LRU since no request touches it any more, which frees the room.
+//! Why moves, not copies: below saturation a backend's share is the sum of
+//! its prefixes' popularities, fixed when they were placed, before their
+//! popularity was known. Copies (a bound on each backend's recent share)
+//! also even it, but in a fleet whose caches just hold the working set each
+//! copy evicts a prefix that then misses. A move costs one cold prefill on
+//! the new home (and what that evicts there, once); the old copy ages out
+//! of its former home's LRU, which frees the room.
 //!
-//! What: on a warm request whose prefix is cached at its home `h` (published,
-//! so never one still prefilling), with `L` the **balance loads** — each
-//! backend's expected load ([`home`](super::home)) plus `rebalance_payback`
-//! x the requests it already took beyond an even share
-//! ([`served`](super::served)), that term capped at the mean expected load
-//! — `mean` their mean over usable backends, `t` the usable backend with the
-//! lowest `L`, `D = L_h - L_t` and `p` the prefix's popularity, the request
-//! and the prefix's home go to `t` when
+//! The rule, with `L` the balance loads ([`State::balance_load`]), `mean`
+//! their mean over usable backends, `t` the usable backend with the lowest
+//! `L`, `D = L_h - L_t` and `p` the prefix's popularity: a warm request
+//! whose prefix its home `h` holds (published, so never one still
+//! prefilling) goes, with the prefix's home, to `t` when
 //!
 //! - `L_h > (1 + rebalance_slack) * mean`,
-//! - `0.15 min(D, mean) <= p <= 0.85 D`: the sum of squared deviations
-//!   `2p(p - D)` falls by at least half of the best a single move could do
-//!   (`p = D/2`), so `t` ends below `h`'s old load and `h` above `t`'s: no
-//!   ping-pong; a gap wider than the mean (a large excess to pay back) takes
-//!   any prefix worth 15% of a backend's load, so a growing excess never
-//!   shuts every prefix out;
-//! - the prefix has had its home for `20 n` decisions (its popularity is
-//!   an estimate worth acting on, and it has not just moved), the fleet has
-//!   seen `10 n` requests, and the last move was `2 n` decisions ago.
+//! - `MOVE_FIT_MIN * min(D, mean) <= p <= MOVE_FIT_MAX * D` (no ping-pong,
+//!   and no move too small to pay for its prefill),
+//! - the prefix has had its home for `MOVE_COOLDOWN n` decisions, the fleet
+//!   has seen `MOVE_WARMUP n` requests, and the last move was
+//!   `MOVE_SPACING n` decisions ago (the constants: `tuning`).
 //!
-//! Why the payback term: the expected loads steer the traffic to come, so
-//! on their own they leave what already went — the excess a backend ran up
-//! while the caches filled, and a steady error of up to the slack — in every
-//! share counted over a run. The payback is an integral term that grows
-//! while that error lasts until a move is worth it; with it the slack can
-//! be wide (0.4), so fewer moves chase the noise of the popularity estimate.
+//! The payback part of `L` is an integral term: the expected loads steer
+//! the traffic to come and leave what already went (the excess a backend
+//! ran up while the caches filled, and a steady error of up to the slack);
+//! the payback grows while that error lasts until a move is worth it, so the
+//! slack can be wide (0.4) and fewer moves chase the noise of the
+//! popularity estimate.
 //!
 //! A move swaps: the least popular prefix homed on `t` (the likeliest
 //! victim of the moved blocks there) is reserved on `h`, whose room the
 //! moved prefix's stale copy frees, so its next cold request goes there
-//! instead of cascading through cold placement (a warm one still goes where
-//! it is cached).
-//!
-//! The next requests of a moved prefix follow it while its first request
-//! there prefills (as a cold placement's do), and a copy left off its home
-//! is charged as uncached in the miss term, so the stale copy is not chosen
-//! over the new home once both hold it (nor over a home that LRU trimmed
-//! by at most an eighth). A prefix changes home otherwise only when its
-//! home lost it (the request went where the cost said, and it lives there
-//! now) — not when the home's agent is merely stale.
+//! instead of cascading through cold placement.
 
 use super::home::Home;
-use super::kv::{warm_decision, KvAware};
 use super::place::State;
-use super::{least_loaded, BackendLoad, Decision, DecisionKind, PolicyError, RouteInput};
-use rand::RngCore;
+use super::tuning::{MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP};
+use super::BackendLoad;
 
 /// Which gaps [`State::propose_move`] acts on (module docs).
 #[derive(Clone, Copy, Debug)]
@@ -69,7 +51,7 @@ pub(crate) struct Rebalance {
 impl Rebalance {
     /// Decisions a prefix keeps its home before it may move.
     fn cooldown(&self) -> u64 {
-        20 * self.backends
+        MOVE_COOLDOWN * self.backends
     }
 }
 
@@ -87,7 +69,7 @@ impl State {
         if self.seq.saturating_sub(home.since) < rb.cooldown()
             || self
                 .last_move
-                .is_some_and(|m| self.seq.saturating_sub(m) < 2 * n)
+                .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
         {
             return None;
         }
@@ -105,7 +87,7 @@ impl State {
             }
         }
         // Decayed requests seen, in requests.
-        if count < 2 || total / self.unit < 10.0 * n as f64 {
+        if count < 2 || total / self.unit < MOVE_WARMUP * n as f64 {
             return None;
         }
         let (t, lt) = low?;
@@ -115,15 +97,13 @@ impl State {
         let lh = load(home.backend as usize);
         let mean = total / f64::from(count);
         let d = lh - lt;
-        // A gap wider than a backend's mean load (a large excess to pay
-        // back) still takes any prefix worth 15% of that mean.
-        let fits = (0.15 * d.min(mean)..=0.85 * d).contains(&home.pop);
+        let fits = (MOVE_FIT_MIN * d.min(mean)..=MOVE_FIT_MAX * d).contains(&home.pop);
         (lh > (1.0 + rb.slack) * mean && fits).then_some(t)
     }
 
     /// The load the rebalancer evens, per backend, in `unit`s: its expected
     /// load (the popularity of the prefixes homed there) plus
-    /// `kv.rebalance_payback` x the requests it took beyond an even share
+    /// `PAYBACK_GAIN` x the requests it took beyond an even share
     /// (see [`served`](super::served)). The payback term is capped at the
     /// mean expected load either way, so a backend back from a long outage
     /// (far below an even share) draws moves at the usual pace, not a flood.
@@ -142,88 +122,12 @@ impl State {
     }
 }
 
-impl KvAware {
-    /// A warm request under `pressure` placement: follows a moved prefix
-    /// while it prefills at its new home, else the cheapest backend (the
-    /// home favoured over stale copies), and possibly moves the prefix to
-    /// even the expected loads (see [`rebalance`](super::rebalance)).
-    pub(super) fn pick_homed(
-        &self,
-        input: &RouteInput<'_>,
-        matched: &[u32],
-        best_match: u32,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        let key = input.prefix_key;
-        let chain = input.chain_blocks.max(best_match);
-        let usable = |i: usize| self.usable(loads, i);
-        let mut s = self.placer.lock();
-        let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
-        let at = |h: &Home| h.backend as usize;
-        if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
-            if s.following(&h, loads) {
-                let b = at(&h);
-                s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
-                return Ok(Decision {
-                    backend: b,
-                    kind: DecisionKind::Spill,
-                    matched_blocks: matched[b],
-                });
-            }
-        }
-        // The home holds it (LRU may have trimmed a few of its last blocks
-        // there: it writes them back rather than hand the prefix to a copy).
-        let holding = home.filter(|h| u64::from(matched[at(h)]) * 8 >= u64::from(best_match) * 7);
-        // Its agent's view is stale: it may well hold it; decide nothing.
-        let stale = home.is_some_and(|h| {
-            let slot = self.slots[at(&h)];
-            input
-                .matches
-                .and_then(|m| m.of(slot))
-                .is_some_and(|w| !w.fresh)
-        });
-        let Some((mut m, mut backend)) =
-            self.cheapest(chain, matched, loads, holding.as_ref().map(at), rng)
-        else {
-            let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
-            s.record(
-                key,
-                backend,
-                input.chain_blocks.saturating_sub(matched[backend]),
-            );
-            return Ok(Decision {
-                backend,
-                kind: DecisionKind::LeastOutstanding,
-                matched_blocks: matched[backend],
-            });
-        };
-        match (holding, &self.rebalance) {
-            (Some(h), Some(rb)) if at(&h) == backend && m == best_match => {
-                if let Some(t) = s.propose_move(rb, &h, loads, usable) {
-                    s.move_home(key, at(&h), t);
-                    (m, backend) = (matched[t], t);
-                }
-            }
-            // Its home lost it (or it had none): it lives where it went.
-            (None, _) if !stale && home.is_none_or(|h| at(&h) != backend) => {
-                s.set_home(key, backend, false);
-            }
-            _ => {}
-        }
-        s.record(key, backend, input.chain_blocks.saturating_sub(m));
-        Ok(warm_decision(backend, m, best_match))
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::index::MatchResult;
-    use crate::policy::place::Placer;
+    use crate::policy::place::{skew, Placer};
     use crate::policy::test_util::*;
-    use crate::policy::{Policy, PolicyConfig};
 
     const RB: Rebalance = Rebalance {
         slack: 0.1,
@@ -236,139 +140,6 @@ mod tests {
         let p = Placer::new(&backends(3), 1e5);
         skew(&mut p.lock());
         p
-    }
-
-    fn skew(s: &mut State) {
-        for (key, at, reqs) in [(1u64, 0usize, 40), (2, 0, 30), (3, 1, 20), (4, 2, 10)] {
-            s.set_home(key, at, false);
-            for _ in 0..reqs {
-                s.record(key, at, 0);
-            }
-        }
-        s.seq += 100;
-    }
-
-    /// `kv_aware` over 3 backends in the state of [`skewed`].
-    fn skewed_kv(rebalance_slack: Option<f64>) -> KvAware {
-        let mut cfg = PolicyConfig::default();
-        cfg.kv.pressure_window = 1e5;
-        cfg.kv.rebalance_slack = rebalance_slack;
-        let p = KvAware::new(&cfg, &backends(3));
-        skew(&mut p.placer.lock());
-        p
-    }
-
-    /// A 50-block request of `key` that `holders` hold whole.
-    fn req<'a>(key: u64, holders: &[u16], m: &'a mut MatchResult) -> RouteInput<'a> {
-        let list: Vec<(u16, u32, bool)> = holders.iter().map(|&s| (s, 50, true)).collect();
-        req_with(key, &list, m)
-    }
-
-    /// A 50-block request of `key`; `list` is (slot, blocks, fresh).
-    fn req_with<'a>(key: u64, list: &[(u16, u32, bool)], m: &'a mut MatchResult) -> RouteInput<'a> {
-        *m = matches(list, 50);
-        let m: &'a MatchResult = m;
-        RouteInput {
-            prefix_key: key,
-            chain_blocks: 50,
-            matches: Some(m),
-        }
-    }
-
-    #[test]
-    fn a_prefix_changes_home_only_when_its_home_lost_it() {
-        let p = skewed_kv(Some(0.1));
-        let loads = idle(3);
-        let mut m = MatchResult::default();
-        let home = |p: &KvAware| p.placer.lock().home(3).unwrap().backend;
-        // Key 3 lives on 1. LRU trimmed 5 of its blocks there, a copy on 0
-        // is whole: 1 writes them back.
-        let d = p
-            .pick(
-                &req_with(3, &[(1, 45, true), (0, 50, true)], &mut m),
-                &loads,
-                &mut rng(),
-            )
-            .unwrap();
-        assert_eq!(
-            (d.backend, d.kind, d.matched_blocks),
-            (1, DecisionKind::Spill, 45)
-        );
-        // 1's agent is stale: the request goes to the copy, the home stays.
-        let d = p
-            .pick(
-                &req_with(3, &[(1, 50, false), (0, 50, true)], &mut m),
-                &loads,
-                &mut rng(),
-            )
-            .unwrap();
-        assert_eq!((d.backend, home(&p)), (0, 1));
-        // 1 lost it (fresh, no block): it lives on 0 now.
-        let d = p.pick(&req(3, &[0], &mut m), &loads, &mut rng()).unwrap();
-        assert_eq!((d.backend, home(&p)), (0, 0));
-        assert_eq!(p.placer.lock().moves, 0);
-    }
-
-    #[test]
-    fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
-        let p = skewed_kv(Some(0.1));
-        let mut loads = idle(3);
-        let mut m = MatchResult::default();
-        // Key 2 (30 of 100) is cached on backend 0 (70): it moves to 2 (10).
-        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
-        assert_eq!(
-            (d.backend, d.kind, d.matched_blocks),
-            (2, DecisionKind::Spill, 0)
-        );
-        // While that request prefills there, the next one follows it
-        // instead of going back to the copy on 0.
-        loads[2].pending_prefill_blocks = 50;
-        loads[2].in_flight = 1;
-        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
-        assert_eq!((d.backend, d.kind), (2, DecisionKind::Spill));
-        // Once 2 holds it, 2 keeps it although it is busier: the stale copy
-        // on 0 pays the miss charge, and no other move follows.
-        loads[2].pending_prefill_blocks = 0;
-        loads[2].in_flight = 3;
-        for _ in 0..20 {
-            let d = p
-                .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
-                .unwrap();
-            assert_eq!((d.backend, d.kind), (2, DecisionKind::KvMatch));
-        }
-        assert_eq!(p.placer.lock().moves, 1);
-        // The swap: key 4, the least popular on 2, is reserved on 0; its
-        // next cold request goes there although 0 is the busiest.
-        let k4 = p.placer.lock().home(4).unwrap();
-        assert!(k4.reserved && !k4.moved && k4.backend == 0, "{k4:?}");
-        let d = p.pick(&req(4, &[], &mut m), &idle(3), &mut rng()).unwrap();
-        assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
-        assert!(!p.placer.lock().home(4).unwrap().reserved);
-        // Without rebalancing nothing moves: the home keeps it.
-        let off = skewed_kv(None);
-        let d = off
-            .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
-            .unwrap();
-        assert_eq!(d.backend, 0);
-        let d = off
-            .pick(&req(2, &[0], &mut m), &idle(3), &mut rng())
-            .unwrap();
-        assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
-    }
-
-    #[test]
-    fn a_prefix_still_prefilling_is_never_moved() {
-        let p = skewed_kv(Some(0.1));
-        let mut loads = idle(3);
-        let mut m = MatchResult::default();
-        // Key 2's home (0, overloaded) holds none of it yet: its first
-        // request there is prefilling. Its next one follows, it is not moved.
-        loads[0].pending_prefill_blocks = 50;
-        for _ in 0..5 {
-            let d = p.pick(&req(2, &[], &mut m), &loads, &mut rng()).unwrap();
-            assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
-        }
-        assert_eq!(p.placer.lock().moves, 0);
     }
 
     #[test]

@@ -1,27 +1,28 @@
-//! `kv.rebalance_payback`: what each backend was actually sent, so that an
-//! excess it already took is paid back. ([`ShareBounded`](super::ShareBounded)
-//! keeps its recent shares in one too.)
+//! The payback part of `kv_aware`'s balance load: what each backend was
+//! actually sent, so that an excess it already took is paid back.
 //!
 //! Why: the rebalancer ([`rebalance`](super::rebalance)) evens the
 //! *expected* loads (the popularity of the prefixes homed on each backend).
 //! That steers the traffic to come, never the traffic that went: a backend
 //! that ran hot while the caches filled (before any popularity was known)
 //! keeps its excess for good, and one that sits just under the move trigger
-//! (`rebalance_slack` above the mean) runs that much hot for as long as it
+//! (`kv.rebalance_slack` above the mean) runs that much hot for as long as it
 //! stays there. A share of the requests counted over a run is then uneven by
 //! about the slack.
 //!
 //! What: a decayed count of the requests routed to each backend over about
-//! 1000 decisions per backend (longer than a benchmark run). Its excess over
-//! the mean (requests a backend took beyond an even share) is added, times
-//! `rebalance_payback` and capped at the mean expected load, to the expected
-//! load the rebalancer evens. Both are in the same units: the expected loads
-//! sum to about the requests of the last `pressure_window` decisions per
+//! `PAYBACK_WINDOW` decisions per backend (longer than a benchmark run). Its
+//! excess over the mean (requests a backend took beyond an even share) is
+//! added, times `PAYBACK_GAIN` and capped at the mean expected load, to the
+//! expected load the rebalancer evens. Both are in the same units: the
+//! expected loads sum to about the requests of the last `PRESSURE_WINDOW` decisions per
 //! backend, so at a payback of 1 an excess of `x` requests weighs as much as
 //! a prefix that brings `x` requests per such window: the excess is paid
 //! back over about one window (the default 2: half a window). It is an
 //! integral term: the expected loads alone leave a steady error (up to the
 //! slack); the excess grows while that error lasts, until a move is worth it.
+
+use super::tuning::RESCALE_AT;
 
 /// Decayed requests routed per backend (module docs).
 #[derive(Debug)]
@@ -54,27 +55,12 @@ impl Served {
             self.total += self.unit;
         }
         self.unit /= self.decay;
-        if self.unit > 1e200 {
+        if self.unit > RESCALE_AT {
             let k = self.unit;
             self.counts.iter_mut().for_each(|c| *c /= k);
             self.total /= k;
             self.unit = 1.0;
         }
-    }
-
-    /// Decayed requests routed to `backend` (0 for one out of range).
-    pub(crate) fn count(&self, backend: usize) -> f64 {
-        self.counts.get(backend).map_or(0.0, |c| c / self.unit)
-    }
-
-    /// Decayed requests routed to every backend.
-    pub(crate) fn total(&self) -> f64 {
-        self.total / self.unit
-    }
-
-    /// Backends counted.
-    pub(crate) fn backends(&self) -> usize {
-        self.counts.len()
     }
 
     /// Requests `backend` took beyond an even share of the remembered ones
