@@ -13,6 +13,7 @@
 mod bound;
 pub mod candle;
 pub mod driver;
+mod output;
 mod plot;
 pub mod report;
 pub mod stack;
@@ -255,7 +256,7 @@ pub async fn run(
     }
     stack.shutdown().await;
     let settings = serde_json::to_value(cfg).unwrap_or_default();
-    let html = report::write_all(&cfg.out_dir, &reports, &settings, cfg.slo_ms)?;
+    let html = output::write_all(&cfg.out_dir, &reports, &settings, cfg.slo_ms)?;
     Ok(CompareOutcome {
         table: report::markdown(&reports, cfg.slo_ms),
         reports,

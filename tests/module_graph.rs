@@ -1,0 +1,405 @@
+//! Workspace-wide source check: no two modules of a crate import each other,
+//! directly or through a cycle. Reads `crates/*/src`, takes every
+//! `crate::…` / `super::…` path (use trees included) in code outside
+//! `#[cfg(test)]`, resolves it to the longest module it names, and looks for
+//! strongly connected components. Imports of an ancestor (a module using its
+//! parent's items) are not edges: a parent declaring its children is not a
+//! cycle. Hosted by the smallest crate so that it builds fast.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Module = Vec<String>;
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`; `lib.rs`/`main.rs` the root.
+fn module_of(src: &Path, file: &Path) -> Module {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Module = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    if parts.first().map(String::as_str) == Some("bin") {
+        parts.clear(); // a binary's root: not part of the library's graph
+    }
+    parts
+}
+
+/// The code without comments, string and char literals and `#[cfg(test)]`
+/// items.
+fn code_of(text: &str) -> String {
+    without_test_items(&without_literals(text))
+}
+
+/// Drops each `#[cfg(test)]` item: up to its `;`, or its balanced `{…}`.
+fn without_test_items(code: &str) -> String {
+    const MARK: &str = "#[cfg(test)]";
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = rest.find(MARK) {
+        out.push_str(&rest[..at]);
+        let b = rest.as_bytes();
+        let mut i = at + MARK.len();
+        let mut depth = 0usize;
+        while i < b.len() {
+            match b[i] {
+                b';' if depth == 0 => {
+                    i += 1;
+                    break;
+                }
+                b'{' => depth += 1,
+                b'}' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        i += 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        rest = &rest[i.min(rest.len())..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The code without comments and string or char literals (each literal
+/// becomes `""`), so that neither can look like a path.
+fn without_literals(text: &str) -> String {
+    let b = text.as_bytes();
+    let (mut out, mut i) = (String::with_capacity(b.len()), 0);
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'\'' if b.get(i + 2) == Some(&b'\'') => i += 3,
+            b'\'' if b.get(i + 1) == Some(&b'\\') => {
+                i += 2;
+                while i < b.len() && b[i] != b'\'' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                out.push_str("\"\"");
+            }
+            b'r' if b.get(i + 1) == Some(&b'#') || b.get(i + 1) == Some(&b'"') => {
+                // raw string r"…" / r#"…"#
+                let mut j = i + 1;
+                let mut hashes = 0;
+                while b.get(j) == Some(&b'#') {
+                    hashes += 1;
+                    j += 1;
+                }
+                if b.get(j) != Some(&b'"') || (i > 0 && is_ident(b[i - 1])) {
+                    out.push('r');
+                    i += 1;
+                    continue;
+                }
+                let close: Vec<u8> = std::iter::once(b'"')
+                    .chain(std::iter::repeat_n(b'#', hashes))
+                    .collect();
+                j += 1;
+                while j < b.len() && !b[j..].starts_with(&close) {
+                    j += 1;
+                }
+                i = j + close.len();
+                out.push_str("\"\"");
+            }
+            c => {
+                out.push(c as char);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// Tokens: identifiers, `::`, `{`, `}`, `,` (everything else is a separator).
+fn tokens(code: &str) -> Vec<String> {
+    let b = code.as_bytes();
+    let (mut out, mut i) = (Vec::new(), 0);
+    while i < b.len() {
+        if is_ident(b[i]) {
+            let s = i;
+            while i < b.len() && is_ident(b[i]) {
+                i += 1;
+            }
+            out.push(code[s..i].to_owned());
+        } else if b[i] == b':' && b.get(i + 1) == Some(&b':') {
+            out.push("::".into());
+            i += 2;
+        } else {
+            if matches!(b[i], b'{' | b'}' | b',') {
+                out.push((b[i] as char).to_string());
+            } else if !b[i].is_ascii_whitespace() {
+                out.push(";".into());
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Every full path of the use tree starting at `t[*i]` (just after `::`).
+fn tree(t: &[String], i: &mut usize, prefix: &Module, out: &mut Vec<Module>) {
+    let mut path = prefix.clone();
+    loop {
+        match t.get(*i).map(String::as_str) {
+            Some("{") => {
+                *i += 1;
+                loop {
+                    tree(t, i, &path, out);
+                    match t.get(*i).map(String::as_str) {
+                        Some(",") => *i += 1,
+                        Some("}") => {
+                            *i += 1;
+                            return;
+                        }
+                        _ => return,
+                    }
+                    if t.get(*i).map(String::as_str) == Some("}") {
+                        *i += 1;
+                        return;
+                    }
+                }
+            }
+            Some(id) if id.bytes().all(is_ident) => {
+                path.push(id.to_owned());
+                *i += 1;
+                if t.get(*i).map(String::as_str) == Some("::") {
+                    *i += 1;
+                } else {
+                    out.push(path);
+                    return;
+                }
+            }
+            _ => {
+                out.push(path);
+                return;
+            }
+        }
+    }
+}
+
+/// The modules `module` (in file `is_dir_module` form or not) names.
+fn imports(module: &Module, code: &str) -> Vec<Module> {
+    let t = tokens(code);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < t.len() {
+        let start = i;
+        let base: Option<Module> = match t[i].as_str() {
+            "crate" => Some(Vec::new()),
+            "super" => {
+                let mut m = module.clone();
+                m.pop();
+                Some(m)
+            }
+            _ => None,
+        };
+        let preceded_by_path = start > 0 && t[start - 1] == "::";
+        i += 1;
+        let Some(mut base) = base.filter(|_| !preceded_by_path) else {
+            continue;
+        };
+        if t.get(i).map(String::as_str) != Some("::") {
+            continue;
+        }
+        i += 1;
+        while t.get(i).map(String::as_str) == Some("super")
+            && t.get(i + 1).map(String::as_str) == Some("::")
+        {
+            base.pop();
+            i += 2;
+        }
+        tree(&t, &mut i, &base, &mut out);
+    }
+    out
+}
+
+/// Strongly connected components with more than one module (Tarjan).
+fn cycles(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
+    struct St<'a> {
+        edges: &'a BTreeMap<Module, BTreeSet<Module>>,
+        index: BTreeMap<&'a Module, (usize, usize)>,
+        stack: Vec<&'a Module>,
+        on: BTreeSet<&'a Module>,
+        next: usize,
+        out: Vec<Vec<Module>>,
+    }
+    fn visit<'a>(s: &mut St<'a>, v: &'a Module) {
+        s.index.insert(v, (s.next, s.next));
+        s.next += 1;
+        s.stack.push(v);
+        s.on.insert(v);
+        for w in &s.edges[v] {
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let low = s.index[w].1.min(s.index[v].1);
+                s.index.get_mut(v).unwrap().1 = low;
+            } else if s.on.contains(w) {
+                let low = s.index[w].0.min(s.index[v].1);
+                s.index.get_mut(v).unwrap().1 = low;
+            }
+        }
+        if s.index[v].0 == s.index[v].1 {
+            let mut comp = Vec::new();
+            loop {
+                let w = s.stack.pop().unwrap();
+                s.on.remove(w);
+                comp.push(w.clone());
+                if w == v {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                comp.sort();
+                s.out.push(comp);
+            }
+        }
+    }
+    let mut s = St {
+        edges,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !s.index.contains_key(v) {
+            visit(&mut s, v);
+        }
+    }
+    s.out
+}
+
+/// The import edges between the modules of one crate's `src/`.
+fn crate_graph(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let modules: BTreeMap<Module, String> = files
+        .iter()
+        .filter(|f| !f.starts_with(src.join("bin")))
+        .map(|f| {
+            (
+                module_of(src, f),
+                code_of(&std::fs::read_to_string(f).unwrap()),
+            )
+        })
+        .collect();
+    let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (m, code) in &modules {
+        let set = edges.entry(m.clone()).or_default();
+        for path in imports(m, code) {
+            let target = (0..=path.len())
+                .rev()
+                .map(|k| path[..k].to_vec())
+                .find(|p| modules.contains_key(p))
+                .unwrap_or_default();
+            // An ancestor (or the module itself) is not an edge.
+            if !m.starts_with(&target) {
+                set.insert(target);
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_module_pair_imports_each_other_in_any_crate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut found = Vec::new();
+    let mut crates = 0;
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        crates += 1;
+        for comp in cycles(&crate_graph(&src)) {
+            let names: Vec<String> = comp.iter().map(|m| m.join("::")).collect();
+            found.push(format!("{}: {}", src.display(), names.join(" <-> ")));
+        }
+    }
+    assert!(crates >= 5, "found only {crates} crates under crates/");
+    assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_checker_sees_a_cycle_through_use_trees_and_super() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(src.join("lib.rs"), "mod a; mod b; mod c;").unwrap();
+    std::fs::write(
+        src.join("a/mod.rs"),
+        "mod inner; use crate::{c::X, b::{self, Y}};",
+    )
+    .unwrap();
+    std::fs::write(src.join("a/inner.rs"), "use super::super::c::Z; // crate::b").unwrap();
+    std::fs::write(
+        src.join("b.rs"),
+        "use super::a::inner::Q; const S: &str = \"crate::c\";",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("c.rs"),
+        "#[cfg(test)]\nmod t;\n#[cfg(test)] mod u { use crate::a; }\nconst Q: char = '\"'; use crate::b;",
+    )
+    .unwrap();
+    let g = crate_graph(src);
+    let m = |s: &str| -> Module { s.split("::").map(str::to_owned).collect() };
+    assert_eq!(g[&m("a")], [m("b"), m("c")].into_iter().collect());
+    assert_eq!(g[&m("a::inner")], [m("c")].into_iter().collect());
+    assert_eq!(g[&m("b")], [m("a::inner")].into_iter().collect());
+    assert_eq!(
+        g[&m("c")],
+        [m("b")].into_iter().collect(),
+        "test code and literals are not imports; code after them is"
+    );
+    // a -> c -> b -> a::inner -> c: one cycle of three (a::inner's parent
+    // a is not an edge back).
+    assert_eq!(cycles(&g), vec![vec![m("a::inner"), m("b"), m("c")]]);
+    std::fs::write(src.join("b.rs"), "pub fn f() {}").unwrap();
+    assert!(cycles(&crate_graph(src)).is_empty());
+}
