@@ -19,7 +19,7 @@
 //! `place::State`), so the loads' sum is the decayed count of requests whose
 //! prefix is in the table, and every value is >= 0 up to rounding.
 
-use super::tuning::HOME_WAYS as WAYS;
+use super::tuning::{HOME_MIN_SETS, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 
 /// What the table knows of one prefix.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -50,7 +50,10 @@ pub(crate) struct Homes {
 impl Homes {
     /// For `backends` backends, room for about `keys` prefixes.
     pub(crate) fn new(backends: usize, keys: usize) -> Self {
-        let sets = keys.div_ceil(WAYS).clamp(64, 1 << 18).next_power_of_two();
+        let sets = keys
+            .div_ceil(WAYS)
+            .clamp(HOME_MIN_SETS, HOME_TABLE_KEYS.1 / WAYS)
+            .next_power_of_two();
         Homes {
             entries: vec![Home::default(); sets * WAYS],
             load: vec![0.0; backends],

@@ -45,7 +45,7 @@
 use super::home::{Home, Homes};
 use super::ring::Ring;
 use super::served::Served;
-use super::tuning::{HOMES_PER_BACKEND, PAYBACK_WINDOW, RESCALE_AT, STICKY};
+use super::tuning::{HOMES_PER_BACKEND, HOME_TABLE_KEYS, PAYBACK_WINDOW, RESCALE_AT, STICKY};
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -101,7 +101,10 @@ impl Placer {
                 pressure: vec![0.0; backends.len()],
                 unit: 1.0,
                 seq: 0,
-                homes: Homes::new(backends.len(), (HOMES_PER_BACKEND * n).clamp(1024, 1 << 20)),
+                homes: Homes::new(
+                    backends.len(),
+                    (HOMES_PER_BACKEND * n).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1),
+                ),
                 last_move: None,
                 moves: 0,
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),

@@ -78,6 +78,15 @@ pub(crate) const STICKY: u64 = 4;
 /// popular ones are never dropped.
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
+/// Bounds of the home table, in prefixes: at least 1024 however small the
+/// fleet (a few KiB), at most 2^20 however large (~32 MiB), so memory stays
+/// bounded while `HOMES_PER_BACKEND` holds for fleets up to 16k backends.
+pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
+
+/// Fewest sets a home table has for any size asked (tests and tiny pools
+/// still get a table whose collisions are rare).
+pub(crate) const HOME_MIN_SETS: usize = 64;
+
 /// Ways of the home table's sets: enough that a hot prefix is not evicted
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
