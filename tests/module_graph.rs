@@ -376,7 +376,11 @@ fn the_checker_sees_a_cycle_through_use_trees_and_super() {
         "mod inner; use crate::{c::X, b::{self, Y}};",
     )
     .unwrap();
-    std::fs::write(src.join("a/inner.rs"), "use super::super::c::Z; // crate::b").unwrap();
+    std::fs::write(
+        src.join("a/inner.rs"),
+        "use super::super::c::Z; // crate::b",
+    )
+    .unwrap();
     std::fs::write(
         src.join("b.rs"),
         "use super::a::inner::Q; const S: &str = \"crate::c\";",
