@@ -54,7 +54,11 @@ async fn status_headers_and_bodies_pass_through() {
             "POST",
             &r.url("/v1/completions?trace=1"),
             raw,
-            &[("x-custom", "yes")],
+            &[
+                ("x-custom", "yes"),
+                ("connection", "keep-alive, x-hop"),
+                ("x-hop", "this hop only"),
+            ],
         ),
     )
     .await;
@@ -65,6 +69,11 @@ async fn status_headers_and_bodies_pass_through() {
     assert_eq!(rec.path, "/v1/completions?trace=1");
     assert_eq!(rec.body, raw.as_bytes(), "byte-identical body");
     assert_eq!(rec.headers["x-custom"], "yes");
+    assert!(
+        !rec.headers.contains_key("x-hop"),
+        "a header the client's Connection names is not forwarded: {:?}",
+        rec.headers
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,6 +120,13 @@ async fn every_bad_input_gets_an_openai_error_and_nothing_goes_upstream() {
         .await
         .error(400);
     assert_eq!(e["code"], "invalid_tenant");
+    let two = [("x-prefix-aware-id", "a"), ("x-prefix-aware-id", "b")];
+    let e = post(&c, &chat, &ok, &two).await.error(400);
+    assert_eq!(e["code"], "invalid_tenant");
+    assert!(
+        e["message"].as_str().unwrap().contains("more than once"),
+        "{e}"
+    );
     let mut bad_key = ok.clone();
     bad_key["prompt_cache_key"] = json!(7);
     post(&c, &chat, &bad_key, &[]).await.error(400);

@@ -29,15 +29,25 @@ pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<
     }
 }
 
-/// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII).
+/// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII,
+/// or when the request carries it more than once: which one is meant is
+/// unknowable, and taking the first would let a proxy's header be overridden
+/// silently).
 pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    match headers.get(TENANT_HEADER) {
-        None => Ok(None),
-        Some(v) => v.to_str().map(Some).map_err(|_| {
-            ApiError::bad_request(
-                "invalid_tenant",
-                "tenant id in X-Prefix-Aware-Id header must be 1 to 64 printable ASCII characters",
-            )
-        }),
+    let mut all = headers.get_all(TENANT_HEADER).iter();
+    let Some(v) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_tenant",
+            "the X-Prefix-Aware-Id header is given more than once; send one tenant id",
+        ));
     }
+    v.to_str().map(Some).map_err(|_| {
+        ApiError::bad_request(
+            "invalid_tenant",
+            "tenant id in X-Prefix-Aware-Id header must be 1 to 64 printable ASCII characters",
+        )
+    })
 }

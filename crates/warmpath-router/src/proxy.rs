@@ -4,7 +4,7 @@
 //! - Retry on another backend **only** when connecting failed (nothing was
 //!   sent); a backend failing `eject_after` connects in a row is ejected until
 //!   an active probe passes (see [`crate::health`]).
-//! - Status, headers (minus hop-by-hop ones) and body pass through; the body
+//! - Status, headers (minus hop-by-hop ones and those `Connection` names) and body pass through; the body
 //!   is streamed frame by frame as it arrives ([`TrackedBody`]), never
 //!   buffered. When the client goes away the body is dropped, which drops the
 //!   upstream response and closes that connection: the engine sees the
@@ -51,6 +51,29 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str()) || name == header::UPGRADE
 }
 
+/// The headers a message's `Connection` header names: hop-by-hop for that
+/// hop only (RFC 9110 section 7.6.1), so a proxy drops them too.
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// `headers` minus hop-by-hop ones, those the `Connection` header names and
+/// `skip`, appended to `into`.
+fn copy_end_to_end(headers: &HeaderMap, into: &mut HeaderMap, skip: &[HeaderName]) {
+    let named = connection_named(headers);
+    for (name, value) in headers {
+        if !hop_by_hop(name) && !named.contains(name) && !skip.contains(name) {
+            into.append(name.clone(), value.clone());
+        }
+    }
+}
+
 /// What to send upstream.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
@@ -80,11 +103,7 @@ fn upstream_request(
         .body(Full::new(out.body.clone()))
         .map_err(|e| ApiError::internal(format!("cannot build the upstream request: {e}")))?;
     let h = req.headers_mut();
-    for (name, value) in out.headers {
-        if !hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH {
-            h.append(name.clone(), value.clone());
-        }
-    }
+    copy_end_to_end(out.headers, h, &[header::HOST, header::CONTENT_LENGTH]);
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
     Ok(req)
 }
@@ -197,12 +216,7 @@ fn respond(
     };
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
-    let h = out.headers_mut();
-    for (name, value) in &parts.headers {
-        if !hop_by_hop(name) {
-            h.append(name.clone(), value.clone());
-        }
-    }
+    copy_end_to_end(&parts.headers, out.headers_mut(), &[]);
     tag(&mut out, &backend_id, decision);
     out
 }
