@@ -27,6 +27,7 @@ use crate::tracker::EngineTracker;
 use crate::vllm::wire::endpoint_for_rank;
 use axum::extract::State;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::net::SocketAddr;
@@ -276,6 +277,14 @@ impl Agent {
                     }))
             }
         };
+        // Observe mode streams engine answers through this server in small
+        // writes: without TCP_NODELAY, Nagle's algorithm holds each until the
+        // client's delayed ACK (~40 ms) on a reused connection.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY on an agent connection");
+            }
+        });
         let c = cancel.clone();
         tasks.push(tokio::spawn(async move {
             let r = axum::serve(listener, app)
