@@ -99,6 +99,9 @@ pub enum DecisionKind {
     PrefixHash,
     /// The preferred backend was at its limit; the next one with capacity.
     Spill,
+    /// A prefix no backend holds, placed by the policy's own rule (kv_aware's
+    /// cold placement) rather than by the ring: says nothing about load.
+    Cold,
     /// Fewest in flight (the strategy, or every backend was at its limit).
     LeastOutstanding,
     /// Uniform random.
@@ -112,6 +115,7 @@ impl DecisionKind {
             DecisionKind::KvMatch => "kv_match",
             DecisionKind::PrefixHash => "prefix_hash",
             DecisionKind::Spill => "spill",
+            DecisionKind::Cold => "cold",
             DecisionKind::LeastOutstanding => "least_outstanding",
             DecisionKind::Random => "random",
         }
