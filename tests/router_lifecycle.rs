@@ -146,3 +146,51 @@ async fn sigterm_lets_in_flight_streams_finish_then_exits() {
         "a stopped router still answered"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_are_cut_off_and_half_closed_clients_get_their_answer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let bs = backends(1).await;
+    let r = router(&bs, &["--header-timeout-ms", "300"]).await;
+    let read_all = |mut s: tokio::net::TcpStream| async move {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+            .await
+            .expect("the router closes the connection")
+            .map(|_| String::from_utf8_lossy(&got).into_owned())
+    };
+
+    // Half a header, then nothing: the connection is closed after the
+    // header timeout (not held for as long as the client likes).
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let _ = read_all(s).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "closed after {:?}",
+        t.elapsed()
+    );
+
+    // Nothing at all: closed too.
+    let s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    let t = std::time::Instant::now();
+    let _ = read_all(s).await;
+    assert!(t.elapsed() < Duration::from_secs(5), "idle connection held");
+
+    // A whole request, then the client shuts its write side: it still
+    // gets the answer.
+    let body = r#"{"model":"m","prompt":"x"}"#;
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    s.shutdown().await.unwrap();
+    let answer = read_all(s).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(bs[0].count(), 1);
+}

@@ -177,6 +177,7 @@ pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<S
         running.forward_cache_salt != new.forward_cache_salt,
     );
     check("health", running.health != new.health);
+    check("server", running.server != new.server);
     check("upstream", running.upstream != new.upstream);
     out
 }

@@ -106,6 +106,8 @@ pub struct RouterConfig {
     pub forward_cache_salt: bool,
     /// Backend health checking.
     pub health: HealthConfig,
+    /// Client connection settings.
+    pub server: ServerConfig,
     /// Upstream connection settings.
     pub upstream: UpstreamConfig,
     /// One pool per served model.
@@ -123,6 +125,7 @@ impl Default for RouterConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             forward_cache_salt: true,
             health: HealthConfig::default(),
+            server: ServerConfig::default(),
             upstream: UpstreamConfig::default(),
             pools: Vec::new(),
         }
@@ -151,6 +154,25 @@ impl Default for HealthConfig {
             probe_interval_ms: 2000,
             probe_timeout_ms: 1000,
             learn_adapters: true,
+        }
+    }
+}
+
+/// Client connection settings (the `server:` section).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Time a client has to send its first byte on a new connection, and
+    /// then each HTTP/1.1 request's whole header, in milliseconds (>= 1);
+    /// then the connection is closed. A client that sends nothing, or half
+    /// a header, holds no socket longer.
+    pub header_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_timeout_ms: 10_000,
         }
     }
 }

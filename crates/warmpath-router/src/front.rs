@@ -15,7 +15,7 @@ use axum::http::{header, HeaderValue, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
@@ -98,11 +98,14 @@ fn method_not_allowed() -> Response {
 }
 
 /// Serves `listener` until `shutdown` is cancelled, then lets open
-/// connections finish their in-flight requests.
+/// connections finish their in-flight requests. An HTTP/1.1 client has
+/// `header_timeout` to send each request's header; one that half-closes
+/// its socket after sending still gets its answer.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
     router: Router,
+    header_timeout: Duration,
     shutdown: CancellationToken,
 ) {
     let front = Front { shared, router };
@@ -129,8 +132,28 @@ pub async fn serve(
         }
         let service = front.clone();
         let watcher = graceful.watcher();
+        let stop = shutdown.clone();
         tokio::spawn(async move {
-            let builder = auto::Builder::new(TokioExecutor::new());
+            // hyper's header timeout starts at a request's first byte: a
+            // connection that never sends one is cut off here.
+            let mut first = [0u8; 1];
+            let waited = tokio::select! {
+                () = stop.cancelled() => return,
+                w = tokio::time::timeout(header_timeout, tcp.peek(&mut first)) => w,
+            };
+            match waited {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => {
+                    tracing::debug!(%peer, "connection sent nothing in time; closed");
+                    return;
+                }
+            }
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .half_close(true);
             let conn = builder.serve_connection(TokioIo::new(tcp), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::trace!(%peer, error = %e, "connection ended with an error");

@@ -151,10 +151,12 @@ pub async fn start(
     }
     let serve_token = token.clone();
     let router = app(Arc::clone(&shared));
+    let header_timeout = Duration::from_millis(config.server.header_timeout_ms);
     tasks.push(tokio::spawn(front::serve(
         listener,
         Arc::clone(&shared),
         router,
+        header_timeout,
         serve_token,
     )));
     tasks.push(tokio::spawn(health::run(

@@ -66,6 +66,9 @@ pub struct Cli {
     /// Largest accepted request body in bytes (default 32 MiB).
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
+    /// Time a client has to send a request header (ms, default 10000).
+    #[arg(long, value_name = "MS")]
+    pub header_timeout_ms: Option<u64>,
 }
 
 impl Cli {
@@ -105,6 +108,9 @@ impl Cli {
         }
         if let Some(v) = self.max_body_bytes {
             config.max_body_bytes = v;
+        }
+        if let Some(v) = self.header_timeout_ms {
+            config.server.header_timeout_ms = v;
         }
         if let Some(v) = &self.agent_tls_cert {
             config.ingest.tls_cert = Some(v.clone());

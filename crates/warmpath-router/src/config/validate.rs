@@ -84,6 +84,9 @@ impl RouterConfig {
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }
+        if self.server.header_timeout_ms == 0 {
+            return Err(invalid("server.header_timeout_ms", "must be at least 1"));
+        }
         let h = &self.health;
         if h.eject_after == 0 {
             return Err(invalid("health.eject_after", "must be at least 1"));
