@@ -204,6 +204,38 @@ async fn connect_failures_retry_elsewhere_then_eject_then_503() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consecutive_5xx_answers_eject_a_backend() {
+    let b = TestBackend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    // Probes far apart: nothing brings the backend back during the test.
+    std::fs::write(
+        &cfg,
+        format!(
+            "health: {{eject_after: 3, probe_interval_ms: 600000}}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{}'}}]\n",
+            b.url()
+        ),
+    )
+    .unwrap();
+    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let c = client();
+    let url = r.url("/v1/completions");
+    let with = |status: u16| json!({"model": "m", "prompt": "x", "x_status": status});
+    // Two 500s, then an answer below 500: the count starts again.
+    for status in [500, 503, 200, 500, 502] {
+        let reply = post(&c, &url, &with(status), &[]).await;
+        assert_eq!(reply.status, status, "passed through, not retried");
+    }
+    assert_eq!(get_url(&c, &r.url("/health")).await.status, 200);
+    // The third 5xx in a row ejects it.
+    assert_eq!(post(&c, &url, &with(500), &[]).await.status, 500);
+    let e = post(&c, &url, &with(200), &[]).await.error(503);
+    assert_eq!(e["code"], "no_healthy_backend");
+    assert_eq!(get_url(&c, &r.url("/health")).await.status, 503);
+    assert_eq!(b.count(), 6, "nothing was sent to the ejected backend");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_spreads_and_least_outstanding_balances_in_flight() {
     let bs = backends(3).await;
     let r = router(&bs, &["--strategy", "random"]).await;

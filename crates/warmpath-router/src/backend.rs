@@ -94,14 +94,15 @@ impl Backend {
         *self.learned_adapters.write() = adapters;
     }
 
-    /// Records a failed connect; returns true when this ejected the backend.
-    pub fn connect_failed(&self, eject_after: u32) -> bool {
+    /// Records a failure (a refused connect, a 5xx answer, an exchange that
+    /// broke after it was sent); returns true when this ejected the backend.
+    pub fn failed(&self, eject_after: u32) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         n >= eject_after && !self.ejected.swap(true, Ordering::Relaxed)
     }
 
-    /// Records a successful exchange (connect failures reset).
-    pub fn connect_succeeded(&self) {
+    /// Records an answer below 500 (the failure count resets).
+    pub fn succeeded(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
     }
 
@@ -196,14 +197,14 @@ mod tests {
     #[test]
     fn ejection_after_n_failures_and_probe_recovery() {
         let b = backend();
-        assert!(!b.connect_failed(3));
-        assert!(!b.connect_failed(3));
-        assert!(b.connect_failed(3), "third failure ejects");
-        assert!(!b.connect_failed(3), "already ejected");
+        assert!(!b.failed(3));
+        assert!(!b.failed(3));
+        assert!(b.failed(3), "third failure ejects");
+        assert!(!b.failed(3), "already ejected");
         assert!(!b.is_healthy());
         assert!(b.probe_passed());
         assert!(b.is_healthy());
-        assert!(!b.connect_failed(3), "counter was reset");
+        assert!(!b.failed(3), "counter was reset");
     }
 
     #[test]

@@ -136,7 +136,8 @@ impl Default for RouterConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthConfig {
-    /// Consecutive connect failures after which a backend is ejected (>= 1).
+    /// Consecutive failures (refused connects, 5xx answers, exchanges broken
+    /// after sending) after which a backend is ejected (>= 1).
     pub eject_after: u32,
     /// Interval of the `GET /health` probes (and `/v1/models` adapter
     /// discovery), in milliseconds (>= 50).

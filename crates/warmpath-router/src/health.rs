@@ -5,7 +5,7 @@
 //! (when `learn_adapters` is on) is asked `GET /v1/models`, and every model
 //! card whose `parent` (vLLM's field for LoRA modules) is the pool's model is
 //! recorded as an adapter it serves. Ejection itself is passive: repeated
-//! connect failures of proxied requests (see [`crate::proxy`]).
+//! failures of proxied requests (see [`crate::proxy`]).
 
 use crate::backend::Backend;
 use crate::pool::Pool;

@@ -2,7 +2,8 @@
 //!
 //! - One pooled keep-alive HTTP/1.1 client for all backends.
 //! - Retry on another backend **only** when connecting failed (nothing was
-//!   sent); a backend failing `eject_after` connects in a row is ejected until
+//!   sent); a backend failing `eject_after` times in a row (refused connects, 5xx
+//!   answers, exchanges broken after sending) is ejected until
 //!   an active probe passes (see [`crate::health`]).
 //! - Status, headers (minus hop-by-hop ones and those `Connection` names) and body pass through; the body
 //!   is streamed frame by frame as it arrives ([`TrackedBody`]), never
@@ -152,8 +153,17 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
         let sent = Instant::now();
         match shared.client.request(req).await {
             Ok(resp) => {
-                backend.connect_succeeded();
                 let status = resp.status();
+                if status.is_server_error() {
+                    // Passed through, not retried (the request may have
+                    // had effects), but counted toward ejection.
+                    if backend.failed(shared.settings.health.eject_after) {
+                        tracing::warn!(pool = %pool.model, backend = %backend.id, %status,
+                            "backend ejected after repeated failures");
+                    }
+                } else {
+                    backend.succeeded();
+                }
                 pool.metrics.count(strategy, decision.kind.as_str(), status);
                 let matched = u64::from(decision.matched_blocks);
                 pool.metrics.matched_blocks.record(matched as f64);
@@ -171,15 +181,19 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 drop(guard);
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "connect failed; trying another backend");
-                if backend.connect_failed(shared.settings.health.eject_after) {
+                if backend.failed(shared.settings.health.eject_after) {
                     tracing::warn!(pool = %pool.model, backend = %backend.id,
-                        "backend ejected after repeated connect failures");
+                        "backend ejected after repeated failures");
                 }
                 excluded.push(decision.backend);
             }
             Err(e) => {
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "upstream request failed after it was sent; not retried");
+                if backend.failed(shared.settings.health.eject_after) {
+                    tracing::warn!(pool = %pool.model, backend = %backend.id,
+                        "backend ejected after repeated failures");
+                }
                 let err = ApiError::upstream(format!("backend {} failed: {e}", backend.id));
                 pool.metrics
                     .count(strategy, decision.kind.as_str(), err.status);
