@@ -236,6 +236,38 @@ async fn consecutive_5xx_answers_eject_a_backend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_never_answers_times_out_with_504() {
+    let b = TestBackend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "upstream: {{first_byte_timeout_ms: 300}}\nhealth: {{eject_after: 2, probe_interval_ms: 600000}}\npools:\n  - model: m\n    backends: [{{url: '{}'}}]\n",
+            b.url()
+        ),
+    )
+    .unwrap();
+    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let c = client();
+    let url = r.url("/v1/completions");
+    let slow = json!({"model": "m", "prompt": "x", "x_hold_ms": 5000});
+    let t = std::time::Instant::now();
+    let reply = post(&c, &url, &slow, &[]).await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(reply.backend(), b.url());
+    assert_eq!(reply.error(504)["code"], "upstream_timeout");
+    // A timeout is a failure: the second in a row ejects the backend.
+    post(&c, &url, &slow, &[]).await.error(504);
+    let fast = json!({"model": "m", "prompt": "x"});
+    post(&c, &url, &fast, &[]).await.error(503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_spreads_and_least_outstanding_balances_in_flight() {
     let bs = backends(3).await;
     let r = router(&bs, &["--strategy", "random"]).await;

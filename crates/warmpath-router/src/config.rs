@@ -184,6 +184,11 @@ impl Default for ServerConfig {
 pub struct UpstreamConfig {
     /// TCP connect timeout in milliseconds (>= 1).
     pub connect_timeout_ms: u64,
+    /// From sending a request to its answer's status and headers (a stream's
+    /// headers come before its first token), in milliseconds (>= 1). A
+    /// backend that accepts and never answers gets a 504 and a failure
+    /// toward `health.eject_after`; long queues and prefills must fit.
+    pub first_byte_timeout_ms: u64,
     /// Idle keep-alive connections kept per backend.
     pub max_idle_per_backend: usize,
 }
@@ -192,6 +197,7 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             connect_timeout_ms: 2000,
+            first_byte_timeout_ms: 120_000,
             max_idle_per_backend: 256,
         }
     }

@@ -134,6 +134,17 @@ impl ApiError {
         }
     }
 
+    /// 504: the chosen backend did not answer in time.
+    pub fn upstream_timeout(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            message: message.into(),
+            kind: "upstream_error",
+            param: None,
+            code: "upstream_timeout",
+        }
+    }
+
     /// 401: missing or wrong bearer token.
     pub fn unauthorized() -> Self {
         ApiError {

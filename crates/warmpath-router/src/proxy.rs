@@ -14,7 +14,7 @@
 //!   `data: {"error":...}` event (other bodies are cut off, so the client's
 //!   HTTP library reports an incomplete body).
 
-use crate::backend::FlightGuard;
+use crate::backend::{Backend, FlightGuard};
 use crate::error::ApiError;
 use crate::pool::Pool;
 use crate::route::{self, Plan};
@@ -91,6 +91,14 @@ pub fn count_refused(status: StatusCode) {
     crate::metrics::requests_counter("-", "-", "none", status).increment(1);
 }
 
+/// Counts a failure of `backend` toward ejection (and says so when it ejects).
+fn count_failure(shared: &Shared, pool: &Pool, backend: &Backend) {
+    if backend.failed(shared.settings.health.eject_after) {
+        tracing::warn!(pool = %pool.model, backend = %backend.id,
+            "backend ejected after repeated failures");
+    }
+}
+
 fn upstream_request(
     url: &crate::config::BackendUrl,
     out: &Outgoing<'_>,
@@ -151,16 +159,31 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
             Err(e) => return e.into_response(),
         };
         let sent = Instant::now();
-        match shared.client.request(req).await {
+        let limit = shared.settings.first_byte_timeout;
+        let Ok(answer) = tokio::time::timeout(limit, shared.client.request(req)).await else {
+            // Dropping the request closes its connection: the backend sees
+            // the client leave, as it would from a real client.
+            tracing::warn!(pool = %pool.model, backend = %backend.id, ?limit,
+                "no answer from the backend in time; not retried");
+            count_failure(shared, pool, &backend);
+            let err = ApiError::upstream_timeout(format!(
+                "backend {} sent no answer within {} ms",
+                backend.id,
+                limit.as_millis()
+            ));
+            pool.metrics
+                .count(strategy, decision.kind.as_str(), err.status);
+            let mut resp = err.into_response();
+            tag(&mut resp, &backend.id, &decision);
+            return resp;
+        };
+        match answer {
             Ok(resp) => {
                 let status = resp.status();
                 if status.is_server_error() {
                     // Passed through, not retried (the request may have
                     // had effects), but counted toward ejection.
-                    if backend.failed(shared.settings.health.eject_after) {
-                        tracing::warn!(pool = %pool.model, backend = %backend.id, %status,
-                            "backend ejected after repeated failures");
-                    }
+                    count_failure(shared, pool, &backend);
                 } else {
                     backend.succeeded();
                 }
@@ -181,19 +204,13 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 drop(guard);
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "connect failed; trying another backend");
-                if backend.failed(shared.settings.health.eject_after) {
-                    tracing::warn!(pool = %pool.model, backend = %backend.id,
-                        "backend ejected after repeated failures");
-                }
+                count_failure(shared, pool, &backend);
                 excluded.push(decision.backend);
             }
             Err(e) => {
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "upstream request failed after it was sent; not retried");
-                if backend.failed(shared.settings.health.eject_after) {
-                    tracing::warn!(pool = %pool.model, backend = %backend.id,
-                        "backend ejected after repeated failures");
-                }
+                count_failure(shared, pool, &backend);
                 let err = ApiError::upstream(format!("backend {} failed: {e}", backend.id));
                 pool.metrics
                     .count(strategy, decision.kind.as_str(), err.status);

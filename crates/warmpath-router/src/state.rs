@@ -27,6 +27,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// Health checking.
     pub health: HealthConfig,
+    /// Longest wait for an upstream answer's headers.
+    pub first_byte_timeout: Duration,
 }
 
 /// Shared router state.
@@ -85,6 +87,7 @@ impl Shared {
                 forward_cache_salt: config.forward_cache_salt,
                 admin_token: config.admin_token.clone(),
                 health: config.health.clone(),
+                first_byte_timeout: Duration::from_millis(config.upstream.first_byte_timeout_ms),
             },
             metrics,
             agents,

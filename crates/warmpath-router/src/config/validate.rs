@@ -97,6 +97,12 @@ impl RouterConfig {
         if h.probe_timeout_ms < 10 {
             return Err(invalid("health.probe_timeout_ms", "must be at least 10"));
         }
+        if self.upstream.first_byte_timeout_ms == 0 {
+            return Err(invalid(
+                "upstream.first_byte_timeout_ms",
+                "must be at least 1",
+            ));
+        }
         if self.upstream.connect_timeout_ms == 0 {
             return Err(invalid("upstream.connect_timeout_ms", "must be at least 1"));
         }
