@@ -203,21 +203,25 @@ async fn connect_failures_retry_elsewhere_then_eject_then_503() {
     assert_eq!(get_url(&c, &r.url("/health")).await.status, 503);
 }
 
+/// The router binary over one backend (`random`), with `sections` of
+/// router.yaml. Health probes are set far apart by the callers, so nothing
+/// brings an ejected backend back during a test.
+async fn one_backend_router(b: &TestBackend, sections: &str) -> RouterProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    let yaml = format!(
+        "{sections}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{}'}}]\n",
+        b.url()
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    // The file is read at start-up only; the directory may go after that.
+    RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consecutive_5xx_answers_eject_a_backend() {
     let b = TestBackend::start("b").await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    // Probes far apart: nothing brings the backend back during the test.
-    std::fs::write(
-        &cfg,
-        format!(
-            "health: {{eject_after: 3, probe_interval_ms: 600000}}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{}'}}]\n",
-            b.url()
-        ),
-    )
-    .unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let r = one_backend_router(&b, "health: {eject_after: 3, probe_interval_ms: 600000}").await;
     let c = client();
     let url = r.url("/v1/completions");
     let with = |status: u16| json!({"model": "m", "prompt": "x", "x_status": status});
@@ -238,17 +242,11 @@ async fn consecutive_5xx_answers_eject_a_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_never_answers_times_out_with_504() {
     let b = TestBackend::start("b").await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "upstream: {{first_byte_timeout_ms: 300}}\nhealth: {{eject_after: 2, probe_interval_ms: 600000}}\npools:\n  - model: m\n    backends: [{{url: '{}'}}]\n",
-            b.url()
-        ),
+    let r = one_backend_router(
+        &b,
+        "upstream: {first_byte_timeout_ms: 300}\nhealth: {eject_after: 2, probe_interval_ms: 600000}",
     )
-    .unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    .await;
     let c = client();
     let url = r.url("/v1/completions");
     let slow = json!({"model": "m", "prompt": "x", "x_hold_ms": 5000});
