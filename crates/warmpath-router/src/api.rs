@@ -62,7 +62,15 @@ async fn openai(
         Err(e) => return rejected(e),
     };
     let started = Instant::now();
-    let (plan, forward_body) = match prepare(&s, expect, &headers, &raw, started) {
+    let prepared = if s.work.offloads(raw.len()) {
+        let (s2, headers2) = (Arc::clone(&s), headers.clone());
+        s.work
+            .run(move || prepare(&s2, expect, &headers2, &raw, started))
+            .await
+    } else {
+        prepare(&s, expect, &headers, &raw, started)
+    };
+    let (plan, forward_body) = match prepared {
         Ok(x) => x,
         Err(e) => return rejected(e),
     };

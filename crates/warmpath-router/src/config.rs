@@ -110,6 +110,8 @@ pub struct RouterConfig {
     pub server: ServerConfig,
     /// Upstream connection settings.
     pub upstream: UpstreamConfig,
+    /// The bounded pool for big bodies' parsing and tokenization.
+    pub work: WorkConfig,
     /// One pool per served model.
     pub pools: Vec<PoolConfig>,
 }
@@ -127,6 +129,7 @@ impl Default for RouterConfig {
             health: HealthConfig::default(),
             server: ServerConfig::default(),
             upstream: UpstreamConfig::default(),
+            work: WorkConfig::default(),
             pools: Vec::new(),
         }
     }
@@ -203,6 +206,33 @@ impl Default for UpstreamConfig {
     }
 }
 
+/// Where routing work on big bodies runs (the `work:` section): bodies of at
+/// least `offload_bytes` are parsed, rendered, tokenized and hashed on at most
+/// `threads` blocking threads, off the threads that serve connections, so a
+/// few giant prompts cannot stall small requests or `/health`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkConfig {
+    /// Bodies at least this big go to the pool (>= 1); smaller ones are
+    /// routed inline, where a thread hand-off would cost more than the work.
+    pub offload_bytes: usize,
+    /// Big bodies routed at once (>= 1); default: the CPU count.
+    pub threads: usize,
+    /// Longest wait for a free thread, in milliseconds (>= 1); then 503
+    /// `overloaded` (retryable).
+    pub queue_timeout_ms: u64,
+}
+
+impl Default for WorkConfig {
+    fn default() -> Self {
+        WorkConfig {
+            offload_bytes: 256 * 1024,
+            threads: std::thread::available_parallelism().map_or(2, usize::from),
+            queue_timeout_ms: 10_000,
+        }
+    }
+}
+
 /// One model pool.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -230,6 +260,12 @@ pub struct PoolConfig {
     /// `kv_aware` cost-model knobs.
     #[serde(default)]
     pub kv: KvConfig,
+    /// Most prompt tokens accepted (>= 1): a longer prompt is answered 400
+    /// with vLLM's wording instead of being forwarded, and tokenizing stops
+    /// soon after the cap. Default: the engines' `max_model_len` - 1, from
+    /// their `/v1/models` cards (`health.learn_adapters`), when they give one.
+    #[serde(default)]
+    pub max_prompt_tokens: Option<usize>,
     /// The engines serving this model.
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
@@ -257,6 +293,7 @@ impl PoolConfig {
             load_factor: default_load_factor(),
             vnodes: default_vnodes(),
             kv: KvConfig::default(),
+            max_prompt_tokens: None,
             backends: Vec::new(),
         }
     }

@@ -123,6 +123,20 @@ impl ApiError {
         }
     }
 
+    /// 503: big-body routing work waited `waited` for a turn (`work:`).
+    pub fn overloaded(waited: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "the router is busy with large requests (no turn within {} ms); retry later",
+                waited.as_millis()
+            ),
+            kind: "service_unavailable_error",
+            param: None,
+            code: "overloaded",
+        }
+    }
+
     /// 502: the chosen backend failed.
     pub fn upstream(message: impl Into<String>) -> Self {
         ApiError {
@@ -210,7 +224,11 @@ impl From<TenantError> for ApiError {
 
 impl From<TokenizeError> for ApiError {
     fn from(e: TokenizeError) -> Self {
-        if e.is_client_error() {
+        if matches!(e, TokenizeError::PromptTooLong { .. }) {
+            // vLLM's code and param for the same refusal.
+            ApiError::bad_request("context_length_exceeded", e.to_string())
+                .with_param("input_tokens")
+        } else if e.is_client_error() {
             ApiError::bad_request("invalid_chat", e.to_string())
         } else {
             ApiError::internal(format!("tokenization failed: {e}"))

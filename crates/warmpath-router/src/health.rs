@@ -64,6 +64,9 @@ async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>, learn: bool) {
                 if let Some(adapters) = adapters_of(&body, &pool.model) {
                     b.set_learned_adapters(adapters);
                 }
+                if let Some(n) = max_model_len_of(&body, &pool.model) {
+                    pool.learn_context_length(n);
+                }
             }
         }
     }
@@ -81,6 +84,18 @@ pub fn adapters_of(body: &[u8], model: &str) -> Option<BTreeSet<String>> {
             .map(str::to_owned)
             .collect(),
     )
+}
+
+/// vLLM's `max_model_len` on the card of `model` in a `/v1/models` answer.
+pub fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let card = v
+        .get("data")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("id").and_then(Value::as_str) == Some(model))?;
+    let n = card.get("max_model_len")?.as_u64()?;
+    usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
 async fn get(
@@ -121,5 +136,17 @@ mod tests {
         let a = adapters_of(body, "m").unwrap();
         assert_eq!(a.into_iter().collect::<Vec<_>>(), ["sql"]);
         assert!(adapters_of(b"not json", "m").is_none());
+    }
+
+    #[test]
+    fn the_context_length_is_the_models_own_card() {
+        let body = br#"{"data":[{"id":"sql","max_model_len":99,"parent":"m"},
+            {"id":"m","max_model_len":4096}]}"#;
+        assert_eq!(max_model_len_of(body, "m"), Some(4096));
+        assert_eq!(max_model_len_of(br#"{"data":[{"id":"m"}]}"#, "m"), None);
+        assert_eq!(
+            max_model_len_of(br#"{"data":[{"id":"m","max_model_len":0}]}"#, "m"),
+            None
+        );
     }
 }

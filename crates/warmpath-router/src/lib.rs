@@ -48,6 +48,7 @@ mod route;
 mod salt;
 mod server;
 mod state;
+mod work;
 
 pub use config::{Cli, RouterConfig};
 pub use error::{ApiError, RouterError};

@@ -102,6 +102,14 @@ fn describe() {
         "warmpath_hot_cache_misses_total",
         "Lookups in the router's hot-path memo caches that did the work"
     );
+    describe_counter!(
+        "warmpath_work_offloaded_total",
+        "Big-body requests routed on the bounded work pool (work.offload_bytes and up)"
+    );
+    describe_counter!(
+        "warmpath_work_rejected_total",
+        "Big-body requests answered 503 overloaded: no work-pool turn within work.queue_timeout_ms"
+    );
     describe_gauge!(
         "warmpath_hot_cache_entries",
         "Entries held by the router's hot-path memo caches"

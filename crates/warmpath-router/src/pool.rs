@@ -12,6 +12,7 @@ use crate::hot::HotChains;
 use crate::metrics::PoolMetrics;
 use parking_lot::RwLock;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
 use warmpath_core::tokenize::ChatTokenizer;
@@ -62,6 +63,10 @@ pub struct Pool {
     /// The per-request metric series of this pool.
     pub metrics: PoolMetrics,
     policy: RwLock<Arc<PolicyState>>,
+    /// `max_prompt_tokens` from the config.
+    max_prompt_tokens: Option<usize>,
+    /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
+    learned_context: AtomicUsize,
 }
 
 impl Pool {
@@ -103,6 +108,8 @@ impl Pool {
             backends,
             hot: HotChains::default(),
             metrics: PoolMetrics::new(&model),
+            max_prompt_tokens: cfg.max_prompt_tokens,
+            learned_context: AtomicUsize::new(0),
             policy: RwLock::new(Arc::new(PolicyState {
                 strategy: Strategy::Random,
                 config: PolicyConfig::default(),
@@ -123,6 +130,29 @@ impl Pool {
                 )),
             })?;
         Ok(pool)
+    }
+
+    /// Most prompt tokens a request may have: the configured
+    /// `max_prompt_tokens`, else one less than the smallest `max_model_len`
+    /// learned from the engines (vLLM refuses a prompt of `max_model_len`
+    /// tokens or more), else no cap.
+    pub fn prompt_cap(&self) -> Option<usize> {
+        self.max_prompt_tokens.or_else(|| {
+            let n = self.learned_context.load(Ordering::Relaxed);
+            (n > 1).then(|| n - 1)
+        })
+    }
+
+    /// Records an engine's `max_model_len` (the pool keeps the smallest).
+    pub fn learn_context_length(&self, max_model_len: usize) {
+        let smaller = |old: usize| (old == 0 || max_model_len < old).then_some(max_model_len);
+        if self
+            .learned_context
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, smaller)
+            .is_ok()
+        {
+            tracing::info!(pool = %self.model, max_model_len, "context length learned from an engine's model card");
+        }
     }
 
     /// The policy to route the next request with.

@@ -13,6 +13,7 @@ use crate::AgentLoads;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::request::FirstPrompt;
+use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{
     BackendLoad, BlockHash, ChainHasher, Decision, HashSeed, MatchResult, PolicyError, PrefixKey,
     Request, RequestBody, RouteInput, Strategy, TenantId,
@@ -80,14 +81,23 @@ pub fn plan(
             },
             RequestBody::Chat(_) => None,
         };
+        let cap = pool.prompt_cap();
         let hashed = match (given, &pool.tokenizer) {
             (Some(ids), _) => {
+                if let Some(cap) = cap.filter(|&c| ids.len() > c) {
+                    return Err(TokenizeError::PromptTooLong {
+                        cap,
+                        seen: ids.len(),
+                        complete: true,
+                    }
+                    .into());
+                }
                 let mut out = Vec::new();
                 ChainHasher::new(seed, pool.block_size).extend(ids, &mut out);
                 Some((out, t))
             }
             (None, Some(tok)) => {
-                let ids = tok.encode_request(req)?;
+                let ids = tok.encode_request_capped(req, cap)?;
                 let t = observe(&pool, Phase::Tokenize, t);
                 let mut out = Vec::new();
                 ChainHasher::new(seed, pool.block_size).extend(&ids, &mut out);

@@ -3,6 +3,7 @@
 use crate::config::{HealthConfig, RouterConfig};
 use crate::ingest::Agents;
 use crate::pool::Pools;
+use crate::work::WorkPool;
 use crate::AgentLoads;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -45,6 +46,8 @@ pub struct Shared {
     pub agents: Option<Arc<Agents>>,
     /// Start time, for uptime and event ages.
     pub started: Instant,
+    /// Where big bodies are routed.
+    pub work: WorkPool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -92,6 +95,7 @@ impl Shared {
             metrics,
             agents,
             started: Instant::now(),
+            work: WorkPool::new(&config.work),
         }
     }
 

@@ -100,12 +100,34 @@ impl ChatTokenizer {
     /// without added special tokens; completion text -> with special tokens;
     /// token ids -> as given. For a batch prompt, the first prompt.
     pub fn encode_request(&self, req: &Request<'_>) -> Result<Vec<u32>, TokenizeError> {
-        match &req.body {
-            RequestBody::Chat(chat) => self.encode_text(&self.render_chat(chat)?, false),
+        self.encode_request_capped(req, None)
+    }
+
+    /// [`encode_request`](Self::encode_request), refusing a prompt of more than
+    /// `cap` tokens with [`TokenizeError::PromptTooLong`]. On the fast path the
+    /// encoding stops soon after the cap, so the work is bounded by the cap,
+    /// not by the prompt's length (rendering still reads the whole chat).
+    pub fn encode_request_capped(
+        &self,
+        req: &Request<'_>,
+        cap: Option<usize>,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let ids = match &req.body {
+            RequestBody::Chat(chat) => {
+                self.encode_text_capped(&self.render_chat(chat)?, false, cap)
+            }
             RequestBody::Completion(p) => match p.first() {
-                FirstPrompt::Text(t) => self.encode_text(t, true),
+                FirstPrompt::Text(t) => self.encode_text_capped(t, true, cap),
                 FirstPrompt::Ids(ids) => Ok(ids.to_vec()),
             },
+        }?;
+        match cap {
+            Some(cap) if ids.len() > cap => Err(TokenizeError::PromptTooLong {
+                cap,
+                seen: ids.len(),
+                complete: true,
+            }),
+            _ => Ok(ids),
         }
     }
 
@@ -116,8 +138,17 @@ impl ChatTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizeError> {
+        self.encode_text_capped(text, add_special_tokens, None)
+    }
+
+    fn encode_text_capped(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        cap: Option<usize>,
+    ) -> Result<Vec<u32>, TokenizeError> {
         match &self.fast {
-            Some(fast) => fast.encode(&self.tokenizer, text, add_special_tokens),
+            Some(fast) => fast.encode(&self.tokenizer, text, add_special_tokens, cap),
             None => self.encode_text_uncached(text, add_special_tokens),
         }
     }

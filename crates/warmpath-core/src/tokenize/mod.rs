@@ -88,6 +88,19 @@ pub enum TokenizeError {
     /// The `tokenizers` library failed to encode the text.
     #[error("tokenization failed: {0}")]
     Encode(#[source] tokenizers::Error),
+    /// The prompt has more tokens than the cap it was encoded under
+    /// ([`ChatTokenizer::encode_request_capped`]). Encoding stopped soon after
+    /// the cap, so `seen` may be less than the prompt's full length. A client
+    /// error; the message is vLLM's.
+    #[error("This model's maximum context length is {} tokens. However, your request has {}{seen} input tokens. Please reduce the length of the input messages.", cap + 1, if *complete { "" } else { "at least " })]
+    PromptTooLong {
+        /// Most prompt tokens accepted.
+        cap: usize,
+        /// Tokens counted when encoding stopped.
+        seen: usize,
+        /// Whether `seen` is the whole prompt.
+        complete: bool,
+    },
 }
 
 impl TokenizeError {
@@ -96,7 +109,9 @@ impl TokenizeError {
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,
-            TokenizeError::Render(_) | TokenizeError::ContinueFinalMessage(_)
+            TokenizeError::Render(_)
+                | TokenizeError::ContinueFinalMessage(_)
+                | TokenizeError::PromptTooLong { .. }
         )
     }
 }

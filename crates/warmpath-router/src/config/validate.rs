@@ -106,6 +106,15 @@ impl RouterConfig {
         if self.upstream.connect_timeout_ms == 0 {
             return Err(invalid("upstream.connect_timeout_ms", "must be at least 1"));
         }
+        for (at, v) in [
+            ("work.offload_bytes", self.work.offload_bytes as u64),
+            ("work.threads", self.work.threads as u64),
+            ("work.queue_timeout_ms", self.work.queue_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(at, "must be at least 1"));
+            }
+        }
         if self.pools.is_empty() {
             return Err(invalid(
                 "pools",
@@ -137,6 +146,9 @@ impl RouterConfig {
                     at("tokenizer"),
                     "strategy kv_aware needs a tokenizer (--tokenizer PATH) to compute block hashes",
                 ));
+            }
+            if p.max_prompt_tokens == Some(0) {
+                return Err(invalid(at("max_prompt_tokens"), "must be at least 1"));
             }
             if p.backends.is_empty() {
                 return Err(invalid(at("backends"), "at least one backend is needed"));
@@ -220,6 +232,12 @@ mod tests {
         let mut c = base();
         c.pools[0].backends.clear();
         assert!(err(&c).contains("at least one backend"));
+        let mut c = base();
+        c.pools[0].max_prompt_tokens = Some(0);
+        assert!(err(&c).contains("pools[0].max_prompt_tokens"));
+        let mut c = base();
+        c.work.threads = 0;
+        assert!(err(&c).contains("work.threads"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
     }
 

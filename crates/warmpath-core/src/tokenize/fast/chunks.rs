@@ -53,13 +53,15 @@ impl ChunkMemo {
 
     /// Appends the ids of `piece` to `ids`: short pieces straight from
     /// `encode`, long ones chunk by chunk through the memo (`chunked`: cut at
-    /// safe points; otherwise the whole piece is one chunk).
+    /// safe points; otherwise the whole piece is one chunk). After each chunk
+    /// `enough` may stop the piece early (a capped encode), with its error.
     pub(crate) fn encode<E>(
         &self,
         piece: &str,
         chunked: bool,
         ids: &mut Vec<u32>,
         mut encode: impl FnMut(&str, &mut Vec<u32>) -> Result<(), E>,
+        enough: impl Fn(&[u32]) -> Result<(), E>,
     ) -> Result<(), E> {
         if piece.len() < self.chunk_bytes || self.lru.capacity() == 0 {
             return encode(piece, ids);
@@ -77,6 +79,7 @@ impl ChunkMemo {
                 encode(chunk, &mut own).map(|()| Arc::from(own))
             })?;
             ids.extend_from_slice(&got);
+            enough(ids)?;
             rest = tail;
         }
         Ok(())
@@ -101,10 +104,16 @@ mod tests {
     fn chunks(text: &str) -> Vec<String> {
         let memo = ChunkMemo::new(8, 1 << 10);
         let mut seen = Vec::new();
-        memo.encode(text, true, &mut Vec::new(), |c, _| {
-            seen.push(c.to_owned());
-            Ok::<(), ()>(())
-        })
+        memo.encode(
+            text,
+            true,
+            &mut Vec::new(),
+            |c, _| {
+                seen.push(c.to_owned());
+                Ok::<(), ()>(())
+            },
+            |_| Ok(()),
+        )
         .ok();
         seen
     }

@@ -134,11 +134,16 @@ impl FastPath {
     }
 
     /// The ids of `text`, equal to the library's `encode_fast(text, add_special_tokens)`.
+    /// With a `cap`, a text found to have more ids than that is refused
+    /// ([`TokenizeError::PromptTooLong`]) soon after the cap is passed: after
+    /// the piece or ~1 KiB chunk that passed it, so a giant text costs about
+    /// `cap` tokens of work, not its length (an unchunked piece is encoded whole).
     pub(crate) fn encode(
         &self,
         tokenizer: &Tokenizer,
         text: &str,
         add_special_tokens: bool,
+        cap: Option<usize>,
     ) -> Result<Vec<u32>, TokenizeError> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 4);
         if add_special_tokens {
@@ -157,13 +162,24 @@ impl FastPath {
                 Ok(())
             }
         };
-        self.cut.split(text, |piece| match piece {
-            Piece::Added(id) => {
-                ids.push(id);
-                Ok(())
+        let enough = |ids: &[u32]| match cap {
+            Some(cap) if ids.len() > cap => Err(TokenizeError::PromptTooLong {
+                cap,
+                seen: ids.len(),
+                complete: false,
+            }),
+            _ => Ok(()),
+        };
+        self.cut.split(text, |piece| {
+            match piece {
+                Piece::Added(id) => ids.push(id),
+                Piece::Text(t) if memo => {
+                    self.memo
+                        .encode(t, chunked, &mut ids, encode_piece, enough)?
+                }
+                Piece::Text(t) => encode_piece(t, &mut ids)?,
             }
-            Piece::Text(t) if memo => self.memo.encode(t, chunked, &mut ids, encode_piece),
-            Piece::Text(t) => encode_piece(t, &mut ids),
+            enough(&ids)
         })?;
         // Without truncation or padding, post-processing only puts the probed
         // ids around the sequence.

@@ -177,7 +177,7 @@ fn a_repeated_document_with_new_tails_encodes_only_the_tails() {
         // RAG: the document and the question in one piece.
         let text = format!("{doc}\n\nQuestion: {question}");
         assert_eq!(
-            fast.encode(&tok, &text, false).unwrap(),
+            fast.encode(&tok, &text, false, None).unwrap(),
             library(&tok, &text, false)
         );
         let now = fast.chunk_stats();
@@ -292,7 +292,33 @@ proptest! {
         let (tok, fast) = &paths[usize::from(qwen)];
         let longer = format!("{text}{tail}");
         for t in [&text, &text, &longer, &longer] {
-            prop_assert_eq!(fast.encode(tok, t, special).unwrap(), library(tok, t, special), "{:?}", t);
+            prop_assert_eq!(fast.encode(tok, t, special, None).unwrap(), library(tok, t, special), "{:?}", t);
+        }
+    }
+
+    /// A capped encode answers the full ids exactly when the library's count
+    /// is within the cap, and otherwise refuses with a count past the cap
+    /// that never exceeds the library's.
+    #[test]
+    fn a_capped_encode_refuses_exactly_the_prompts_over_the_cap(
+        text in text_with_tokens(),
+        tail in text_with_tokens(),
+        bytes in 1usize..64,
+        cap in 0usize..200,
+        special in any::<bool>(),
+    ) {
+        let paths = fast_paths(bytes);
+        let (tok, fast) = &paths[0];
+        let t = format!("{text}{tail}{text}");
+        let full = library(tok, &t, special);
+        match fast.encode(tok, &t, special, Some(cap)) {
+            Ok(ids) => prop_assert_eq!(ids, full),
+            Err(TokenizeError::PromptTooLong { cap: c, seen, .. }) => {
+                prop_assert_eq!(c, cap);
+                prop_assert!(full.len() > cap && seen > cap && seen <= full.len(),
+                    "cap {} seen {} full {}", cap, seen, full.len());
+            }
+            Err(e) => prop_assert!(false, "{}", e),
         }
     }
 
