@@ -29,6 +29,12 @@
 //! numbers include that contention.
 #![allow(clippy::unwrap_used)]
 
+// The router binary's allocator (src/main.rs), so that the in-process
+// router here runs as the binary does.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;

@@ -8,6 +8,12 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 use warmpath_router::Cli;
 
+// mimalloc gives freed memory back to the OS (after a short delay): with
+// glibc's malloc a few giant requests left hundreds of MB resident for good.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
