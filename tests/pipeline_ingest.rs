@@ -581,3 +581,127 @@ async fn a_silent_agent_goes_stale_then_is_dropped_after_the_configured_deadline
     r.shutdown();
     r.wait().await;
 }
+
+/// A hand-made agent stream claiming `worker` (epoch `epoch`) with `token`:
+/// the router's first answer, or the gRPC status that refused the stream.
+async fn forged_hello(
+    grpc: SocketAddr,
+    token: Option<&str>,
+    worker: &str,
+    epoch: u64,
+) -> Result<Option<warmpath_proto::v1::RouterMessage>, tonic::Status> {
+    use warmpath_proto::v1::{agent_message::Msg, AgentMessage, Hello};
+    let mut client = warmpath_proto::CacheEventsClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let hello = Hello {
+        worker_id: worker.into(),
+        endpoint: "http://127.0.0.1:1".into(),
+        model: "m".into(),
+        block_size: BS,
+        epoch,
+        agent_version: "forged".into(),
+        dp_rank: 0,
+    };
+    tx.send(AgentMessage {
+        msg: Some(Msg::Hello(hello)),
+    })
+    .await
+    .unwrap();
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", warmpath_proto::bearer(t).parse().unwrap());
+    }
+    let mut answers = client.publish(req).await?.into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("no answer to the forged Hello within 10 s");
+    drop(tx);
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_worker_credentials_stop_a_forged_agent_and_let_restarts_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "the-router-secret";
+    let r = router(
+        &s(&["--grpc-listen", "127.0.0.1:0", "--agent-secret", secret]),
+        &["a", "b"],
+    )
+    .await;
+    let grpc = r.grpc_addr.unwrap();
+    let (token_a, token_b) = (
+        warmpath_proto::worker_token(secret, "a"),
+        warmpath_proto::worker_token(secret, "b"),
+    );
+    let with = |t: &str| s(&["--router", &format!("http://{grpc}"), "--agent-token", t]);
+    let p = publisher().await;
+    let a = agent(dir.path(), "a", &p, &with(&token_a));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.publish(vec![stored(100, None, 0..32, BS)]).await.unwrap();
+    wait_until("a's blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "a") == 8
+    })
+    .await;
+
+    // b's own credential, a newer epoch, claiming a: refused after the Hello.
+    let answer = forged_hello(grpc, Some(&token_b), "a", u64::MAX)
+        .await
+        .unwrap();
+    let refused = match answer.and_then(|m| m.msg) {
+        Some(warmpath_proto::v1::router_message::Msg::Refused(r)) => r,
+        other => panic!("the forged Hello was not refused: {other:?}"),
+    };
+    assert!(
+        refused.reason.contains("does not name worker \"a\""),
+        "{}",
+        refused.reason
+    );
+    assert!(!refused.retryable);
+    // No credential, or the shared-token style of a made-up one: not even a stream.
+    for t in [None, Some("guess")] {
+        let e = forged_hello(grpc, t, "a", u64::MAX).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    }
+    // a kept its entries and its stream: its next events still arrive.
+    assert_eq!(blocks(&r, "a"), 8);
+    p.publish(vec![stored(108, Some(107), 32..40, BS)])
+        .await
+        .unwrap();
+    wait_until("a's next blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "a") == 10
+    })
+    .await;
+    let st = agent_status(r.http_addr).await;
+    assert_eq!(st["connected"], true, "{st}");
+    let m = metrics_text(r.http_addr).await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("warmpath_ingest_refused_total{reason=\"identity\"}")),
+        "{m}"
+    );
+
+    // The real a restarts with its credential: the new epoch takes over.
+    drop(a);
+    let _a = agent(dir.path(), "a", &p, &with(&token_a));
+    wait_until(
+        "the restarted agent's stream",
+        Duration::from_secs(30),
+        &[&p],
+        || blocks(&r, "a") == 10,
+    )
+    .await;
+    let mut st = agent_status(r.http_addr).await;
+    for _ in 0..100 {
+        if st["connected"] == true && st["refused"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        st = agent_status(r.http_addr).await;
+    }
+    assert_eq!(st["connected"], true, "{st}");
+    r.shutdown();
+    r.wait().await;
+}

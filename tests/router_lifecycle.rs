@@ -194,3 +194,31 @@ async fn slow_headers_are_cut_off_and_half_closed_clients_get_their_answer() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(bs[0].count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_prints_an_agents_credential_and_refuses_to_print_without_a_secret() {
+    let bin = env!("CARGO_BIN_EXE_warmpath-router");
+    let out = tokio::process::Command::new(bin)
+        .args(["--print-agent-token", "gpu-node-5"])
+        .env("WARMPATH_AGENT_SECRET", "the-router-secret")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        warmpath_proto::worker_token("the-router-secret", "gpu-node-5")
+    );
+    let out = tokio::process::Command::new(bin)
+        .args(["--print-agent-token", "gpu-node-5"])
+        .env_remove("WARMPATH_AGENT_SECRET")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs the agent secret"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

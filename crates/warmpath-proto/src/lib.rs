@@ -6,7 +6,8 @@
 //! `protox` (no system `protoc`) and adds a few helpers both sides share.
 //!
 //! - [`v1`]: the generated messages, the `CacheEvents` client and server.
-//! - [`AUTHORIZATION`], [`bearer`], [`check_bearer`]: the shared-token metadata.
+//! - [`AUTHORIZATION`], [`bearer`], [`check_bearer`], [`bearer_token`]: the
+//!   token metadata; [`worker_token`]: the per-worker credential.
 //! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`]: how the agent sizes snapshot chunks.
 //! - [`error_chain`]: a transport error with its sources, for logs and errors.
 
@@ -31,23 +32,46 @@ pub fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
-/// Whether `metadata` carries `authorization: Bearer <expected>`. Compares in
-/// constant time over the token bytes so the check does not leak a prefix.
+/// The token of `authorization: Bearer <token>` in `metadata`, if any.
+pub fn bearer_token(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    metadata
+        .get(AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+/// Whether `metadata` carries `authorization: Bearer <expected>`.
 pub fn check_bearer(metadata: &tonic::metadata::MetadataMap, expected: &str) -> bool {
-    let Some(value) = metadata.get(AUTHORIZATION) else {
-        return false;
-    };
-    let Ok(value) = value.to_str() else {
-        return false;
-    };
-    let Some(token) = value.strip_prefix("Bearer ") else {
-        return false;
-    };
-    let (a, b) = (token.as_bytes(), expected.as_bytes());
-    if a.len() != b.len() {
-        return false;
+    bearer_token(metadata).is_some_and(|t| same_token(t, expected))
+}
+
+/// Compares in constant time over the bytes, so a check does not leak how
+/// much of a guess was right.
+pub fn same_token(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The credential of one worker's agent under the router's `agent_secret`:
+/// `wp1-` and the hex HMAC-SHA256 of the worker id. The router derives it
+/// from the secret and the Hello's worker id, so it needs one secret for the
+/// fleet, and an agent's token names its worker: it cannot publish for
+/// another. `warmpath-router --print-agent-token WORKER` prints it.
+pub fn worker_token(secret: &str, worker_id: &str) -> String {
+    use hmac::{Hmac, Mac};
+    use std::fmt::Write;
+    // HMAC takes keys of any length, so this cannot fail.
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(secret.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+    mac.update(b"warmpath agent v1\0");
+    mac.update(worker_id.as_bytes());
+    let tag = mac.finalize().into_bytes();
+    let mut out = String::from("wp1-");
+    for b in tag {
+        let _ = write!(out, "{b:02x}");
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    out
 }
 
 impl v1::Tier {
@@ -94,6 +118,20 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::v1::{agent_message, delta, AgentMessage, Delta, Stored, Tier};
+
+    /// Pinned: agents and routers of different builds must agree. Computed
+    /// independently with Python's `hmac` module.
+    #[test]
+    fn worker_tokens_are_pinned_and_name_their_worker() {
+        assert_eq!(
+            super::worker_token("the-router-secret", "gpu-node-5"),
+            "wp1-19db69097759e3e03389f5d6edfb20727752891c3a00ed472afa92fc6192f879"
+        );
+        assert_ne!(super::worker_token("s", "a"), super::worker_token("s", "b"));
+        assert_ne!(super::worker_token("s", "a"), super::worker_token("t", "a"));
+        assert!(super::same_token("abc", "abc") && !super::same_token("abc", "abd"));
+        assert!(!super::same_token("abc", "abcd"));
+    }
     use super::*;
     use prost::Message;
 

@@ -167,6 +167,7 @@ pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<S
     check("grpc_listen", running.grpc_listen != new.grpc_listen);
     check("admin_token", running.admin_token != new.admin_token);
     check("agent_token", running.agent_token != new.agent_token);
+    check("agent_secret", running.agent_secret != new.agent_secret);
     check("ingest", running.ingest != new.ingest);
     check(
         "max_body_bytes",

@@ -5,7 +5,7 @@
 //! listen: 0.0.0.0:8000
 //! grpc_listen: 0.0.0.0:50051
 //! admin_token: secret          # guards PUT /admin/...
-//! agent_token: shared-secret    # agents must present it on the gRPC ingest
+//! agent_secret: fleet-secret    # each agent presents its worker's own credential
 //! ingest:                       # the agent ingest on grpc_listen
 //!   tls_cert: /etc/warmpath/router.pem  # PEM chain; with tls_key: serve TLS
 //!   tls_key: /etc/warmpath/router.key
@@ -96,8 +96,13 @@ pub struct RouterConfig {
     pub grpc_listen: Option<String>,
     /// Bearer token required by `PUT /admin/...` when set.
     pub admin_token: Option<String>,
-    /// Bearer token agents must present on the gRPC ingest when set.
+    /// Bearer token agents must present on the gRPC ingest when set (one
+    /// token shared by every agent; prefer `agent_secret`).
     pub agent_token: Option<String>,
+    /// Secret from which each worker's own agent credential is derived
+    /// (`warmpath-router --print-agent-token WORKER`): an agent may then
+    /// publish only for the worker its credential names.
+    pub agent_secret: Option<String>,
     /// The agent ingest's TLS and deadlines.
     pub ingest: IngestSettings,
     /// Largest accepted request body in bytes (413 above).
@@ -123,6 +128,7 @@ impl Default for RouterConfig {
             grpc_listen: None,
             admin_token: None,
             agent_token: None,
+            agent_secret: None,
             ingest: IngestSettings::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             forward_cache_salt: true,

@@ -24,6 +24,13 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let config = cli.load().context("loading the configuration")?;
+    if let Some(worker) = &cli.print_agent_token {
+        let secret = config.agent_secret.as_deref().context(
+            "--print-agent-token needs the agent secret (--agent-secret, WARMPATH_AGENT_SECRET or agent_secret in --config)",
+        )?;
+        println!("{}", warmpath_proto::worker_token(secret, worker));
+        return Ok(());
+    }
     let grpc_scheme = if config.ingest.tls_cert.is_some() {
         "https"
     } else {

@@ -47,9 +47,18 @@ pub struct Cli {
     /// Bearer token for `PUT /admin/...`.
     #[arg(long, env = "WARMPATH_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// Bearer token agents must present.
+    /// Bearer token every agent must present (one shared token; prefer
+    /// `--agent-secret`).
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<String>,
+    /// Secret from which each worker's agent credential is derived: an agent
+    /// may publish only for the worker its credential names.
+    #[arg(long, env = "WARMPATH_AGENT_SECRET", hide_env_values = true)]
+    pub agent_secret: Option<String>,
+    /// Print the agent credential of WORKER (its `--agent-token`) under the
+    /// configured `agent_secret`, and exit.
+    #[arg(long, value_name = "WORKER")]
+    pub print_agent_token: Option<String>,
     /// PEM certificate chain for the agent ingest: serve TLS (with
     /// `--agent-tls-key`).
     #[arg(long, value_name = "PATH")]
@@ -102,6 +111,9 @@ impl Cli {
         }
         if let Some(v) = &self.admin_token {
             config.admin_token = Some(v.clone());
+        }
+        if let Some(v) = &self.agent_secret {
+            config.agent_secret = Some(v.clone());
         }
         if let Some(v) = &self.agent_token {
             config.agent_token = Some(v.clone());

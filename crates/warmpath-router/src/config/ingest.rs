@@ -46,6 +46,9 @@ pub type TlsPem = (Vec<u8>, Vec<u8>);
 pub struct IngestConfig {
     /// Shared token agents must present (`authorization: Bearer <token>`).
     pub token: Option<String>,
+    /// Secret of the per-worker credentials ([`warmpath_proto::worker_token`]);
+    /// when set, a stream may publish only for the worker its token names.
+    pub secret: Option<String>,
     /// Silence after which a worker's entries stop counting.
     pub stale_after: Duration,
     /// Silence after which a worker's entries are cleared.
@@ -58,6 +61,7 @@ impl Default for IngestConfig {
     fn default() -> Self {
         IngestConfig {
             token: None,
+            secret: None,
             stale_after: Duration::from_secs(10),
             drop_after: Duration::from_secs(120),
             tls: None,
@@ -139,6 +143,7 @@ impl RouterConfig {
     pub fn ingest_config(&self) -> Result<IngestConfig, ConfigError> {
         Ok(IngestConfig {
             token: self.agent_token.clone(),
+            secret: self.agent_secret.clone(),
             stale_after: Duration::from_millis(self.ingest.stale_after_ms),
             drop_after: Duration::from_millis(self.ingest.drop_after_ms),
             tls: self.ingest.load_tls()?,

@@ -75,10 +75,17 @@ impl RouterConfig {
         for (name, tok) in [
             ("admin_token", &self.admin_token),
             ("agent_token", &self.agent_token),
+            ("agent_secret", &self.agent_secret),
         ] {
             if tok.as_deref().is_some_and(str::is_empty) {
                 return Err(invalid(name, "must not be empty when set"));
             }
+        }
+        if self.agent_token.is_some() && self.agent_secret.is_some() {
+            return Err(invalid(
+                "agent_token",
+                "set agent_secret (per-worker credentials) or agent_token (one shared token), not both",
+            ));
         }
         self.ingest.validate(self)?;
         if self.max_body_bytes == 0 {
@@ -238,6 +245,9 @@ mod tests {
         let mut c = base();
         c.work.threads = 0;
         assert!(err(&c).contains("work.threads"));
+        let mut c = base();
+        (c.agent_token, c.agent_secret) = (Some("t".into()), Some("s".into()));
+        assert!(err(&c).contains("not both"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
     }
 

@@ -143,9 +143,11 @@ impl Agents {
     }
 
     /// Gives the worker to a new stream and returns the stream's id and the
-    /// worker's [`Live`] counters. Refuses an older epoch than the one known;
-    /// the same or a newer epoch takes over (a reconnect whose old connection
-    /// is not yet noticed dead).
+    /// worker's [`Live`] counters. Refuses an older epoch than the one known
+    /// while that one's stream is up; the same or a newer epoch takes over (a
+    /// reconnect whose old connection is not yet noticed dead), and so does
+    /// any epoch once the known stream is gone (an agent restarted on a host
+    /// whose clock is behind is not locked out).
     pub(crate) fn claim(
         &self,
         key: &AgentKey,
@@ -156,7 +158,7 @@ impl Agents {
         let mut all = self.map.write();
         let map = all.entry(key.model.clone()).or_default();
         if let Some(e) = map.get(&key.worker_id) {
-            if hello.epoch < e.status.epoch {
+            if hello.epoch < e.status.epoch && e.live.owner.load(Ordering::Acquire) != 0 {
                 return Err(format!(
                     "epoch {} is older than the epoch {} already publishing for worker {}",
                     hello.epoch, e.status.epoch, key.worker_id

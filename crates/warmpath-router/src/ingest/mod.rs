@@ -100,19 +100,59 @@ pub enum IngestError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// How agents prove who they are.
+#[derive(Clone, Default)]
+pub enum AgentAuth {
+    /// Anyone who reaches the port may publish for any worker.
+    #[default]
+    Open,
+    /// One token shared by every agent: any of them may publish for any worker.
+    Shared(String),
+    /// Each agent presents its worker's credential
+    /// ([`warmpath_proto::worker_token`] of this secret): a stream may publish
+    /// only for the worker its credential names.
+    PerWorker(String),
+}
+
+impl AgentAuth {
+    /// From the config's shared `token` and per-worker `secret` (validation
+    /// refuses both at once; the secret wins here).
+    pub fn new(token: Option<String>, secret: Option<String>) -> Self {
+        match (secret, token) {
+            (Some(s), _) => AgentAuth::PerWorker(s),
+            (None, Some(t)) => AgentAuth::Shared(t),
+            (None, None) => AgentAuth::Open,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            AgentAuth::Open => "open",
+            AgentAuth::Shared(_) => "shared token",
+            AgentAuth::PerWorker(_) => "per-worker credentials",
+        }
+    }
+}
+
+impl std::fmt::Debug for AgentAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The `CacheEvents` service.
 #[derive(Clone)]
 pub struct IngestService {
     dir: Arc<dyn PoolDirectory>,
     agents: Arc<Agents>,
-    token: Option<String>,
+    auth: AgentAuth,
     shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for IngestService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IngestService")
-            .field("auth", &self.token.is_some())
+            .field("auth", &self.auth)
             .finish_non_exhaustive()
     }
 }
@@ -122,16 +162,23 @@ impl IngestService {
     pub fn new(
         dir: Arc<dyn PoolDirectory>,
         agents: Arc<Agents>,
-        token: Option<String>,
+        auth: AgentAuth,
         shutdown: CancellationToken,
     ) -> Self {
         IngestService {
             dir,
             agents,
-            token,
+            auth,
             shutdown,
         }
     }
+}
+
+/// A stream refused before its Hello: logged and counted under `reason`.
+fn unauthenticated(remote: Option<std::net::SocketAddr>, why: &'static str) -> Status {
+    metrics::counter!("warmpath_ingest_refused_total", "reason" => "auth").increment(1);
+    tracing::warn!(remote = ?remote, "agent stream refused: {why}");
+    Status::unauthenticated(why)
 }
 
 fn unix_micros() -> u64 {
@@ -159,13 +206,27 @@ impl CacheEvents for IngestService {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
-        if let Some(token) = &self.token {
-            if !warmpath_proto::check_bearer(request.metadata(), token) {
-                metrics::counter!("warmpath_ingest_refused_total", "reason" => "auth").increment(1);
-                tracing::warn!(remote = ?request.remote_addr(), "agent stream refused: missing or wrong token");
-                return Err(Status::unauthenticated("missing or wrong agent token"));
+        let remote = request.remote_addr();
+        // The credential a per-worker stream presented, checked against its
+        // Hello's worker id once that arrives.
+        let credential = match &self.auth {
+            AgentAuth::Open => None,
+            AgentAuth::Shared(token) => {
+                if !warmpath_proto::check_bearer(request.metadata(), token) {
+                    return Err(unauthenticated(remote, "missing or wrong agent token"));
+                }
+                None
             }
-        }
+            AgentAuth::PerWorker(secret) => match warmpath_proto::bearer_token(request.metadata()) {
+                Some(t) if t.starts_with("wp1-") => Some((secret.clone(), t.to_owned())),
+                _ => {
+                    return Err(unauthenticated(
+                        remote,
+                        "missing or malformed agent credential (warmpath-router --print-agent-token WORKER)",
+                    ))
+                }
+            },
+        };
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<RouterMessage, Status>>(64);
         let dir = Arc::clone(&self.dir);
@@ -197,6 +258,25 @@ impl CacheEvents for IngestService {
                 None => return,
             };
             let span = tracing::info_span!("agent", worker = %hello.worker_id, model = %hello.model, epoch = hello.epoch);
+            if let Some((secret, presented)) = &credential {
+                let expected = warmpath_proto::worker_token(secret, &hello.worker_id);
+                if !warmpath_proto::same_token(presented, &expected) {
+                    let r = Refusal {
+                        reason: format!(
+                            "the agent credential does not name worker {:?}",
+                            hello.worker_id
+                        ),
+                        retryable: false,
+                    };
+                    metrics::counter!("warmpath_ingest_refused_total", "reason" => "identity")
+                        .increment(1);
+                    span.in_scope(
+                        || tracing::warn!(remote = ?remote, reason = %r.reason, "agent refused"),
+                    );
+                    let _ = tx.send(Ok(refused(&r))).await;
+                    return;
+                }
+            }
             drive(dir, agents, hello, inbound, tx, shutdown)
                 .instrument(span)
                 .await;
@@ -317,12 +397,12 @@ pub fn spawn(
     let router = server(config.tls)?.add_service(CacheEventsServer::new(IngestService::new(
         Arc::clone(&dir),
         agents,
-        config.token.clone(),
+        AgentAuth::new(config.token.clone(), config.secret.clone()),
         shutdown.clone(),
     )));
     tracing::info!(
         tls,
-        auth = config.token.is_some(),
+        auth = AgentAuth::new(config.token.clone(), config.secret.clone()).name(),
         stale_after_ms = config.stale_after.as_millis() as u64,
         drop_after_ms = config.drop_after.as_millis() as u64,
         "agent ingest starting"
