@@ -214,6 +214,7 @@ async fn short_conversations_hit_the_answers_through_the_router() {
         url: stack.router_url.clone(),
         fidelity_every: 1,
         timeout: Duration::from_secs(60),
+        inspect_token: stack.admin_token().map(str::to_owned),
     };
     let pb = indicatif::ProgressBar::hidden();
     let samples = tokio::time::timeout(

@@ -705,3 +705,22 @@ async fn per_worker_credentials_stop_a_forged_agent_and_let_restarts_in() {
     r.shutdown();
     r.wait().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_will_not_send_its_token_in_plain_text_to_another_host() {
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", "w", "--model", "m"])
+        .args(["--engine-url", "http://127.0.0.1:9"])
+        .args(["--kv-events", "tcp://127.0.0.1:9"])
+        // Never contacted: the agent refuses before connecting anywhere.
+        .args(["--router", "http://192.0.2.1:50051", "--agent-token", "t"])
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("plain text") && err.contains("--insecure"),
+        "{err}"
+    );
+}

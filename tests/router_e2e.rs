@@ -497,7 +497,10 @@ async fn strategy_switches_under_load_fail_no_request() {
         kinds.extend(h.await.unwrap().into_keys());
     }
     assert!(kinds.len() >= 3, "decisions seen: {kinds:?}");
-    let idx = get_url(&c, &r.url("/cache-index")).await.json();
+    let auth = [("authorization", "Bearer s3cret")];
+    let idx = send(&c, request("GET", &r.url("/cache-index"), "", &auth))
+        .await
+        .json();
     assert_eq!(idx["pools"][0]["strategy"], "prefix_aware");
 }
 

@@ -204,7 +204,11 @@ async fn the_router_prints_an_agents_credential_and_refuses_to_print_without_a_s
         .output()
         .await
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         String::from_utf8(out.stdout).unwrap().trim(),
         warmpath_proto::worker_token("the-router-secret", "gpu-node-5")

@@ -75,6 +75,8 @@ pub struct AgentConfig {
     pub mode: Mode,
     /// Shared token sent as `authorization: Bearer <token>`.
     pub agent_token: Option<String>,
+    /// Send the token over plain http:// to routers on other hosts.
+    pub insecure: bool,
     /// Data-parallel ranks to follow (>= 1).
     pub dp_ranks: u16,
     /// Address of the agent's own HTTP server (`/metrics`, `/health`); in
@@ -119,6 +121,7 @@ impl AgentConfig {
             tls_domain: None,
             mode: Mode::Events,
             agent_token: None,
+            insecure: false,
             dp_ranks: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             tokenizer: None,
@@ -185,6 +188,17 @@ impl Agent {
         }
         if cfg.routers.is_empty() {
             tracing::warn!("no --router given: the agent tracks blocks but publishes nowhere");
+        }
+        if cfg.agent_token.is_some() && !cfg.insecure {
+            if let Some(r) = cfg
+                .routers
+                .iter()
+                .find(|r| crate::tls::plain_text_off_host(r))
+            {
+                return Err(AgentError::Config(format!(
+                    "--router {r}: the agent token would cross the network in plain text; use https:// (the router's --agent-tls-cert), a loopback router, or pass --insecure"
+                )));
+            }
         }
         let router_tls = crate::tls::router_tls(
             &cfg.routers,

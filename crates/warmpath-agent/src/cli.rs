@@ -73,9 +73,14 @@ pub struct Cli {
     /// Observe mode: the engine's KV block size in tokens (vLLM's default: 16).
     #[arg(long, default_value_t = 16)]
     pub block_size: u32,
-    /// Shared token for the routers (sent as `authorization: Bearer ...`).
+    /// This worker's credential for the routers (`warmpath-router
+    /// --print-agent-token WORKER`), or their shared token; sent as
+    /// `authorization: Bearer ...`.
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<String>,
+    /// Send `--agent-token` even over plain http:// to a router on another host.
+    #[arg(long)]
+    pub insecure: bool,
     /// Data-parallel ranks to follow on port+rank (reported as one worker).
     #[arg(long, default_value_t = 1)]
     pub dp_ranks: u16,
@@ -109,6 +114,7 @@ impl Cli {
             CliMode::Observe => Mode::Observe,
         };
         c.agent_token = self.agent_token.filter(|t| !t.is_empty());
+        c.insecure = self.insecure;
         c.dp_ranks = self.dp_ranks;
         c.listen = self.listen;
         c.topic = self.topic;

@@ -16,6 +16,29 @@ pub fn is_https(url: &str) -> bool {
         .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
 }
 
+/// Whether `url` is plain `http://` to a host other than this one, where a
+/// token sent along could be read on the way. Unparsable URLs count as off
+/// host (they fail later with their own error).
+pub fn plain_text_off_host(url: &str) -> bool {
+    let Some(rest) = url
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &url[7..])
+    else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    !loopback
+}
+
 fn read_ca(path: &Path) -> Result<Certificate, AgentError> {
     let fail = |why: String| AgentError::Config(format!("--router-ca {}: {why}", path.display()));
     let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
@@ -87,6 +110,26 @@ pub fn router_tls(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_http_to_other_hosts_is_off_host() {
+        for off in [
+            "http://router-1:50051",
+            "http://10.0.0.1:1",
+            "HTTP://[2001:db8::1]:5/x",
+        ] {
+            assert!(plain_text_off_host(off), "{off}");
+        }
+        for on in [
+            "https://router-1:50051",
+            "http://127.0.0.1:50051",
+            "http://localhost:1",
+            "http://[::1]:9/p",
+            "http://127.8.0.1",
+        ] {
+            assert!(!plain_text_off_host(on), "{on}");
+        }
+    }
 
     fn urls(u: &[&str]) -> Vec<String> {
         u.iter().map(|s| s.to_string()).collect()

@@ -9,7 +9,7 @@ use crate::error::{ApiError, RouterError};
 use crate::pool::SwitchError;
 use crate::state::Shared;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -26,22 +26,6 @@ pub struct StrategyBody {
     pub strategy: String,
 }
 
-/// Compares without leaking the position of the first difference.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn authorized(s: &Shared, headers: &HeaderMap) -> bool {
-    let Some(token) = &s.settings.admin_token else {
-        return true;
-    };
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes()))
-}
-
 /// `PUT /admin/pools/{model}/strategy` (`model` may contain `/`).
 pub async fn set_strategy(
     State(s): State<Arc<Shared>>,
@@ -49,8 +33,8 @@ pub async fn set_strategy(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if !authorized(&s, &headers) {
-        return ApiError::unauthorized().into_response();
+    if let Err(e) = crate::access::admin(&s, &headers) {
+        return e.into_response();
     }
     let Some(model) = rest.strip_suffix("/strategy") else {
         return ApiError {
@@ -146,6 +130,14 @@ pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterEr
                 pc.model
             ));
         }
+        if pc.expose_routing_headers != pool.expose_routing_headers
+            || pc.max_prompt_tokens != pool.configured_prompt_cap()
+        {
+            changes.push(format!(
+                "pool {:?}: expose_routing_headers or max_prompt_tokens changed: needs a restart (ignored)",
+                pc.model
+            ));
+        }
     }
     for c in &changes {
         tracing::info!("reload: {c}");
@@ -166,6 +158,7 @@ pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<S
     check("listen", running.listen != new.listen);
     check("grpc_listen", running.grpc_listen != new.grpc_listen);
     check("admin_token", running.admin_token != new.admin_token);
+    check("inspect_token", running.inspect_token != new.inspect_token);
     check("agent_token", running.agent_token != new.agent_token);
     check("agent_secret", running.agent_secret != new.agent_secret);
     check("ingest", running.ingest != new.ingest);
@@ -180,6 +173,8 @@ pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<S
     check("health", running.health != new.health);
     check("server", running.server != new.server);
     check("upstream", running.upstream != new.upstream);
+    check("work", running.work != new.work);
+    check("insecure", running.insecure != new.insecure);
     out
 }
 
@@ -199,12 +194,5 @@ mod tests {
         assert_eq!(changes.len(), 3, "{changes:?}");
         assert!(changes[0].starts_with("listen changed"));
         assert!(changes[2].starts_with("ingest changed"));
-    }
-
-    #[test]
-    fn secrets_compare_exactly() {
-        assert!(same_secret(b"abc", b"abc"));
-        assert!(!same_secret(b"abc", b"abd"));
-        assert!(!same_secret(b"abc", b"abcd"));
     }
 }

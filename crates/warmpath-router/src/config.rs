@@ -4,7 +4,7 @@
 //! ```yaml
 //! listen: 0.0.0.0:8000
 //! grpc_listen: 0.0.0.0:50051
-//! admin_token: secret          # guards PUT /admin/...
+//! admin_token: secret          # guards PUT /admin/... and /cache-index
 //! agent_secret: fleet-secret    # each agent presents its worker's own credential
 //! ingest:                       # the agent ingest on grpc_listen
 //!   tls_cert: /etc/warmpath/router.pem  # PEM chain; with tls_key: serve TLS
@@ -90,12 +90,20 @@ pub(crate) fn invalid(at: impl Into<String>, reason: impl Into<String>) -> Confi
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
-    /// HTTP listen address (`host:port`; port 0 picks a free port).
+    /// HTTP listen address (`host:port`; port 0 picks a free port; default
+    /// 127.0.0.1:8000: other hosts need a chosen address and tokens).
     pub listen: String,
     /// gRPC listen address for agents; none disables the agent ingest.
     pub grpc_listen: Option<String>,
-    /// Bearer token required by `PUT /admin/...` when set.
+    /// Bearer token required by `PUT /admin/...` (and accepted by the
+    /// introspection endpoints) when set.
     pub admin_token: Option<String>,
+    /// Bearer token of `/cache-index` and `/cache-index/query` when set
+    /// (for dashboards that must not change routing).
+    pub inspect_token: Option<String>,
+    /// Start even with the admin API, introspection or the agent ingest open
+    /// to other hosts (no token on a non-loopback listener).
+    pub insecure: bool,
     /// Bearer token agents must present on the gRPC ingest when set (one
     /// token shared by every agent; prefer `agent_secret`).
     pub agent_token: Option<String>,
@@ -124,9 +132,11 @@ pub struct RouterConfig {
 impl Default for RouterConfig {
     fn default() -> Self {
         RouterConfig {
-            listen: "0.0.0.0:8000".into(),
+            listen: "127.0.0.1:8000".into(),
             grpc_listen: None,
             admin_token: None,
+            inspect_token: None,
+            insecure: false,
             agent_token: None,
             agent_secret: None,
             ingest: IngestSettings::default(),
@@ -266,6 +276,10 @@ pub struct PoolConfig {
     /// `kv_aware` cost-model knobs.
     #[serde(default)]
     pub kv: KvConfig,
+    /// Answer `x-warmpath-backend` and `x-warmpath-decision` (default true;
+    /// turn off for untrusted clients: they tell which prefixes are warm).
+    #[serde(default = "yes")]
+    pub expose_routing_headers: bool,
     /// Most prompt tokens accepted (>= 1): a longer prompt is answered 400
     /// with vLLM's wording instead of being forwarded, and tokenizing stops
     /// soon after the cap. Default: the engines' `max_model_len` - 1, from
@@ -277,6 +291,9 @@ pub struct PoolConfig {
     pub backends: Vec<BackendConfig>,
 }
 
+fn yes() -> bool {
+    true
+}
 fn default_block_size() -> usize {
     16
 }
@@ -299,6 +316,7 @@ impl PoolConfig {
             load_factor: default_load_factor(),
             vnodes: default_vnodes(),
             kv: KvConfig::default(),
+            expose_routing_headers: true,
             max_prompt_tokens: None,
             backends: Vec::new(),
         }

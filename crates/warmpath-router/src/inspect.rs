@@ -139,7 +139,14 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
 }
 
 /// `GET /cache-index[?top=K]`.
-pub async fn cache_index(State(s): State<Arc<Shared>>, Query(q): Query<IndexQuery>) -> Json<Value> {
+pub async fn cache_index(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(q): Query<IndexQuery>,
+) -> Response {
+    if let Err(e) = crate::access::inspect(&s, &headers) {
+        return e.into_response();
+    }
     let top = q
         .top
         .unwrap_or(DEFAULT_TOP)
@@ -160,6 +167,7 @@ pub async fn cache_index(State(s): State<Arc<Shared>>, Query(q): Query<IndexQuer
         "pools": pools,
         "hot_path_caches": caches,
     }))
+    .into_response()
 }
 
 /// `POST /cache-index/query`: body as for chat or completions.
@@ -171,6 +179,7 @@ pub async fn query(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body)
 }
 
 async fn query_inner(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    crate::access::inspect(s, headers)?;
     let raw = read_body(body, headers, s.settings.max_body_bytes).await?;
     let started = Instant::now();
     let value: Value = serde_json::from_slice(&raw).map_err(RequestError::InvalidJson)?;

@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod admin;
 mod api;
 mod backend;

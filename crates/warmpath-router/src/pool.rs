@@ -62,6 +62,8 @@ pub struct Pool {
     pub hot: HotChains,
     /// The per-request metric series of this pool.
     pub metrics: PoolMetrics,
+    /// Whether answers carry `x-warmpath-backend` and `x-warmpath-decision`.
+    pub expose_routing_headers: bool,
     policy: RwLock<Arc<PolicyState>>,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
@@ -109,6 +111,7 @@ impl Pool {
             hot: HotChains::default(),
             metrics: PoolMetrics::new(&model),
             max_prompt_tokens: cfg.max_prompt_tokens,
+            expose_routing_headers: cfg.expose_routing_headers,
             learned_context: AtomicUsize::new(0),
             policy: RwLock::new(Arc::new(PolicyState {
                 strategy: Strategy::Random,
@@ -141,6 +144,11 @@ impl Pool {
             let n = self.learned_context.load(Ordering::Relaxed);
             (n > 1).then(|| n - 1)
         })
+    }
+
+    /// `max_prompt_tokens` as configured.
+    pub fn configured_prompt_cap(&self) -> Option<usize> {
+        self.max_prompt_tokens
     }
 
     /// Records an engine's `max_model_len` (the pool keeps the smallest).

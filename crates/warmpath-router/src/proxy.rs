@@ -117,7 +117,10 @@ fn upstream_request(
     Ok(req)
 }
 
-fn tag(resp: &mut Response, backend: &str, decision: &Decision) {
+fn tag(resp: &mut Response, pool: &Pool, backend: &str, decision: &Decision) {
+    if !pool.expose_routing_headers {
+        return;
+    }
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(backend) {
         h.insert(BACKEND_HEADER, v);
@@ -174,7 +177,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
             pool.metrics
                 .count(strategy, decision.kind.as_str(), err.status);
             let mut resp = err.into_response();
-            tag(&mut resp, &backend.id, &decision);
+            tag(&mut resp, pool, &backend.id, &decision);
             return resp;
         };
         match answer {
@@ -215,7 +218,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 pool.metrics
                     .count(strategy, decision.kind.as_str(), err.status);
                 let mut resp = err.into_response();
-                tag(&mut resp, &backend.id, &decision);
+                tag(&mut resp, pool, &backend.id, &decision);
                 return resp;
             }
         }
@@ -248,7 +251,7 @@ fn respond(
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
     copy_end_to_end(&parts.headers, out.headers_mut(), &[]);
-    tag(&mut out, &backend_id, decision);
+    tag(&mut out, pool, &backend_id, decision);
     out
 }
 

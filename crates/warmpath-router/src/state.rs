@@ -24,8 +24,10 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Forward the tenant as `cache_salt`.
     pub forward_cache_salt: bool,
-    /// Bearer token of `PUT /admin/...`.
+    /// Bearer token of `PUT /admin/...` (and of introspection).
     pub admin_token: Option<String>,
+    /// Bearer token of `/cache-index` and `/cache-index/query`.
+    pub inspect_token: Option<String>,
     /// Health checking.
     pub health: HealthConfig,
     /// Longest wait for an upstream answer's headers.
@@ -89,6 +91,7 @@ impl Shared {
                 max_body_bytes: config.max_body_bytes,
                 forward_cache_salt: config.forward_cache_salt,
                 admin_token: config.admin_token.clone(),
+                inspect_token: config.inspect_token.clone(),
                 health: config.health.clone(),
                 first_byte_timeout: Duration::from_millis(config.upstream.first_byte_timeout_ms),
             },

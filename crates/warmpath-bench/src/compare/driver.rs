@@ -60,6 +60,8 @@ pub struct DriveConfig {
     pub fidelity_every: usize,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// Bearer token of `/cache-index/query` (the router's admin token).
+    pub inspect_token: Option<String>,
 }
 
 /// Replays `trace` (arrivals relative to now; conversations closed loop,
@@ -201,7 +203,11 @@ async fn one(
     let mut predicted = None;
     if query {
         let url = format!("{}/cache-index/query", cfg.url);
-        if let Ok(resp) = request(client, &url, r, &body).send().await {
+        let mut q = request(client, &url, r, &body);
+        if let Some(t) = &cfg.inspect_token {
+            q = q.bearer_auth(t);
+        }
+        if let Ok(resp) = q.send().await {
             if let Ok(v) = resp.json::<serde_json::Value>().await {
                 predicted = Some(v);
             }
@@ -377,6 +383,7 @@ mod tests {
             url: inst.url.clone(),
             fidelity_every: 0,
             timeout: Duration::from_secs(30),
+            inspect_token: None,
         };
         let client = reqwest::Client::new();
         let pb = ProgressBar::hidden();

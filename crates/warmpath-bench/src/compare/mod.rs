@@ -179,6 +179,7 @@ pub async fn run(
         url: stack.router_url.clone(),
         fidelity_every: cfg.fidelity_every,
         timeout: Duration::from_secs(120),
+        inspect_token: stack.admin_token().map(str::to_owned),
     };
     let ids = stack.worker_ids();
     let bs = cfg.sim.block_size as u64;

@@ -296,7 +296,11 @@ impl Stack {
         let url = format!("{}/cache-index", self.router_url);
         let started = Instant::now();
         loop {
-            if let Ok(resp) = client.get(&url).send().await {
+            let mut get = client.get(&url);
+            if let Some(t) = &self.admin_token {
+                get = get.bearer_auth(t);
+            }
+            if let Ok(resp) = get.send().await {
                 if let Ok(text) = resp.text().await {
                     if self
                         .engines

@@ -44,9 +44,16 @@ pub struct Cli {
     /// In flight at which a backend is full (1..=1024).
     #[arg(long)]
     pub concurrency_threshold: Option<u32>,
-    /// Bearer token for `PUT /admin/...`.
+    /// Bearer token for `PUT /admin/...` (also accepted by `/cache-index`).
     #[arg(long, env = "WARMPATH_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Bearer token for `/cache-index` and `/cache-index/query` only.
+    #[arg(long, env = "WARMPATH_INSPECT_TOKEN", hide_env_values = true)]
+    pub inspect_token: Option<String>,
+    /// Start even with the admin API, introspection or the agent ingest
+    /// reachable from other hosts without a token.
+    #[arg(long)]
+    pub insecure: bool,
     /// Bearer token every agent must present (one shared token; prefer
     /// `--agent-secret`).
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
@@ -111,6 +118,12 @@ impl Cli {
         }
         if let Some(v) = &self.admin_token {
             config.admin_token = Some(v.clone());
+        }
+        if let Some(v) = &self.inspect_token {
+            config.inspect_token = Some(v.clone());
+        }
+        if self.insecure {
+            config.insecure = true;
         }
         if let Some(v) = &self.agent_secret {
             config.agent_secret = Some(v.clone());

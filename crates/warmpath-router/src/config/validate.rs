@@ -66,14 +66,44 @@ fn addr(at: &str, raw: &str) -> Result<SocketAddr, ConfigError> {
 }
 
 impl RouterConfig {
+    /// Secure defaults: no listener other hosts can reach without a token.
+    fn refuse_open_listeners(
+        &self,
+        listen: SocketAddr,
+        grpc: Option<SocketAddr>,
+    ) -> Result<(), ConfigError> {
+        if !listen.ip().is_loopback() && self.admin_token.is_none() {
+            return Err(invalid(
+                "admin_token",
+                format!(
+                    "listen {listen} accepts other hosts, and without an admin token anyone there can change routing (PUT /admin/...) and read /cache-index: set admin_token (--admin-token or WARMPATH_ADMIN_TOKEN), listen on 127.0.0.1, or pass --insecure"
+                ),
+            ));
+        }
+        if let Some(g) = grpc.filter(|g| !g.ip().is_loopback()) {
+            if self.agent_secret.is_none() && self.agent_token.is_none() {
+                return Err(invalid(
+                    "agent_secret",
+                    format!(
+                        "grpc_listen {g} accepts other hosts, and without agent credentials anyone there can publish cache state for any worker: set agent_secret (--agent-secret or WARMPATH_AGENT_SECRET) and give each agent its credential (warmpath-router --print-agent-token WORKER), or pass --insecure"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every setting; the only validation the router does.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        addr("listen", &self.listen)?;
-        if let Some(g) = &self.grpc_listen {
-            addr("grpc_listen", g)?;
-        }
+        let listen = addr("listen", &self.listen)?;
+        let grpc = self
+            .grpc_listen
+            .as_deref()
+            .map(|g| addr("grpc_listen", g))
+            .transpose()?;
         for (name, tok) in [
             ("admin_token", &self.admin_token),
+            ("inspect_token", &self.inspect_token),
             ("agent_token", &self.agent_token),
             ("agent_secret", &self.agent_secret),
         ] {
@@ -86,6 +116,9 @@ impl RouterConfig {
                 "agent_token",
                 "set agent_secret (per-worker credentials) or agent_token (one shared token), not both",
             ));
+        }
+        if !self.insecure {
+            self.refuse_open_listeners(listen, grpc)?;
         }
         self.ingest.validate(self)?;
         if self.max_body_bytes == 0 {
@@ -249,6 +282,35 @@ mod tests {
         (c.agent_token, c.agent_secret) = (Some("t".into()), Some("s".into()));
         assert!(err(&c).contains("not both"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
+    }
+
+    #[test]
+    fn listeners_other_hosts_reach_need_tokens_unless_insecure() {
+        let mut c = base();
+        c.listen = "0.0.0.0:8080".into();
+        let e = err(&c);
+        assert!(
+            e.contains("at admin_token") && e.contains("--insecure"),
+            "{e}"
+        );
+        c.admin_token = Some("a".into());
+        c.validate().unwrap();
+        c.grpc_listen = Some("[::]:50051".into());
+        let e = err(&c);
+        assert!(
+            e.contains("at agent_secret") && e.contains("--print-agent-token"),
+            "{e}"
+        );
+        c.agent_secret = Some("s".into());
+        c.validate().unwrap();
+        let mut c = base();
+        (c.listen, c.grpc_listen) = ("0.0.0.0:1".into(), Some("0.0.0.0:2".into()));
+        c.insecure = true;
+        c.validate().unwrap();
+        // Loopback needs nothing.
+        let mut c = base();
+        (c.listen, c.grpc_listen) = ("127.0.0.1:1".into(), Some("[::1]:2".into()));
+        c.validate().unwrap();
     }
 
     #[test]
