@@ -10,6 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,8 @@ pub struct Shared {
     pub agents: Option<Arc<Agents>>,
     /// Start time, for uptime and event ages.
     pub started: Instant,
+    /// Shutting down: `/readyz` answers 503 while in-flight work finishes.
+    draining: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -92,7 +95,18 @@ impl Shared {
             metrics,
             agents,
             started: Instant::now(),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the router is draining (readiness is false).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Turns readiness false for good: the router is going away.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Agent-reported loads, when the ingest runs.
