@@ -1,6 +1,7 @@
 //! Wiring: one [`Agent`] = followers for every DP rank, a link per router, the
-//! load scraper and the `/metrics` + `/health` HTTP server, all owned by one
-//! cancellation token.
+//! load scraper, the readiness watch ([`crate::ready`]) and the HTTP server
+//! (`/metrics`, `/livez`, `/readyz` and `/health`, an alias of `/readyz`),
+//! all owned by one cancellation token.
 //!
 //! Data-parallel engines: with `dp_ranks = N` the agent follows ranks 0..N-1 on
 //! `port + rank` (replay likewise) and reports them as ONE worker whose block set
@@ -11,7 +12,8 @@
 //! Observe mode ([`crate::observe`]) replaces the followers by a sidecar proxy
 //! on `listen` that mirrors the engine's cache from the prompts it forwards;
 //! the hub, the router links and the load scraper are the same. The agent's
-//! own pages then move to `/warmpath/health` and `/warmpath/metrics`, because
+//! own pages then move under `/warmpath/` (`/warmpath/metrics`,
+//! `/warmpath/livez`, `/warmpath/readyz`, `/warmpath/health`), because
 //! `/health` and `/metrics` belong to the engine behind the proxy.
 
 use crate::error::AgentError;
@@ -22,6 +24,7 @@ use crate::load::scrape_loop;
 use crate::observe::{
     proxy_router, run_observer, LruMirror, ObserveStats, PromptHasher, ProxyState,
 };
+use crate::ready::{self, Readiness};
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
 use crate::vllm::wire::endpoint_for_rank;
@@ -105,6 +108,9 @@ pub struct AgentConfig {
     pub link: LinkConfig,
     /// Re-create a silent SUB socket after this long.
     pub silence_reconnect: Duration,
+    /// Events mode: not ready once the engine served prompt tokens and no KV
+    /// event followed for this long.
+    pub events_silence: Duration,
 }
 
 impl AgentConfig {
@@ -135,6 +141,7 @@ impl AgentConfig {
             router_queue: 16_384,
             link: LinkConfig::default(),
             silence_reconnect: Duration::from_secs(3),
+            events_silence: Duration::from_secs(30),
         }
     }
 }
@@ -164,6 +171,7 @@ struct HttpState {
     stats: Arc<Stats>,
     observe_stats: Option<Arc<ObserveStats>>,
     prometheus: Option<PrometheusHandle>,
+    ready: Arc<Readiness>,
     worker_id: String,
     epoch: u64,
 }
@@ -182,6 +190,11 @@ impl Agent {
         }
         if cfg.model.is_empty() {
             return Err(AgentError::Config("--model must not be empty".into()));
+        }
+        if cfg.events_silence.is_zero() {
+            return Err(AgentError::Config(
+                "--events-silence-ms must be at least 1".into(),
+            ));
         }
         if cfg.dp_ranks == 0 {
             return Err(AgentError::Config("--dp-ranks must be at least 1".into()));
@@ -240,6 +253,11 @@ impl Agent {
             .unwrap_or(1);
         let hub = Arc::new(Hub::new());
         let stats = Arc::new(Stats::default());
+        ready::describe();
+        let readiness = Arc::new(Readiness::new(
+            !cfg.load_interval.is_zero(),
+            cfg.mode == Mode::Events,
+        ));
         let observe_stats = Arc::new(ObserveStats::default());
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -259,12 +277,15 @@ impl Agent {
             stats: stats.clone(),
             observe_stats: observe.as_ref().map(|_| observe_stats.clone()),
             prometheus,
+            ready: readiness.clone(),
             worker_id: cfg.worker_id.clone(),
             epoch,
         };
         let app = match observe {
             None => Router::new()
                 .route("/metrics", get(metrics_page))
+                .route("/livez", get(livez))
+                .route("/readyz", get(health))
                 .route("/health", get(health))
                 .with_state(state),
             Some((hasher, client)) => {
@@ -280,6 +301,8 @@ impl Agent {
                 )));
                 Router::new()
                     .route("/warmpath/metrics", get(metrics_page))
+                    .route("/warmpath/livez", get(livez))
+                    .route("/warmpath/readyz", get(health))
                     .route("/warmpath/health", get(health))
                     .with_state(state)
                     .merge(proxy_router(ProxyState {
@@ -331,9 +354,23 @@ impl Agent {
                 cfg.load_interval,
                 load_tx,
                 stats.clone(),
+                readiness.clone(),
                 cancel.child_token(),
             )));
         }
+        let watch_every = if cfg.load_interval.is_zero() {
+            Duration::from_secs(1)
+        } else {
+            cfg.load_interval
+        };
+        tasks.push(tokio::spawn(ready::watch(
+            readiness,
+            stats.clone(),
+            watch_every,
+            cfg.events_silence,
+            cfg.kv_events.clone(),
+            cancel.child_token(),
+        )));
         let id = Identity {
             worker_id: cfg.worker_id.clone(),
             // In observe mode requests must reach the engine through the proxy.
@@ -460,10 +497,26 @@ async fn metrics_page(State(s): State<HttpState>) -> String {
         .unwrap_or_default()
 }
 
-async fn health(State(s): State<HttpState>) -> axum::Json<serde_json::Value> {
+/// `/livez`: the agent's HTTP server runs.
+async fn livez() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+/// `/readyz` and `/health`: 200 when [`crate::ready`] says ready, else 503
+/// with the reasons; the body also carries the agent's counters.
+async fn health(State(s): State<HttpState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let verdict = s.ready.verdict(&s.stats);
+    let status = if verdict.ready() {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
     let (seq, blocks, block_size) = s.hub.status();
-    axum::Json(serde_json::json!({
-        "status": "ok",
+    let body = axum::Json(serde_json::json!({
+        "status": if verdict.ready() { "ok" } else { "unavailable" },
+        "not_ready": verdict.not_ready,
+        "router_streams": s.stats.router_streams.get(),
         "worker_id": s.worker_id,
         "epoch": s.epoch,
         "seq": seq,
@@ -486,5 +539,6 @@ async fn health(State(s): State<HttpState>) -> axum::Json<serde_json::Value> {
             "blocks_stored": o.blocks_stored.get(),
             "blocks_evicted": o.blocks_evicted.get(),
         })),
-    }))
+    }));
+    (status, body).into_response()
 }

@@ -26,8 +26,9 @@ pub enum CliMode {
 /// to `--engine-url` (send the engine's traffic, or point the router's backend,
 /// there); every chat/completion prompt it forwards is tokenized with
 /// `--tokenizer` and hashed with `--block-size` into an LRU mirror of
-/// `--cache-blocks` blocks. The agent's own pages are /warmpath/metrics and
-/// /warmpath/health; every other path goes to the engine.
+/// `--cache-blocks` blocks. The agent's own pages are /warmpath/metrics,
+/// /warmpath/livez, /warmpath/readyz and /warmpath/health; every other path
+/// goes to the engine.
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-agent", version)]
 pub struct Cli {
@@ -91,9 +92,14 @@ pub struct Cli {
     /// ZMQ topic prefix (vLLM's default is empty).
     #[arg(long, default_value = "")]
     pub topic: String,
-    /// Load scrape period in milliseconds (0: off).
+    /// Load scrape period in milliseconds (0: off, and engine reachability
+    /// is not part of readiness).
     #[arg(long, default_value_t = 1000)]
     pub load_interval_ms: u64,
+    /// Events mode: /readyz turns 503 when the engine served prompt tokens
+    /// and no KV event followed for this many milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub events_silence_ms: u64,
 }
 
 impl Cli {
@@ -119,6 +125,7 @@ impl Cli {
         c.listen = self.listen;
         c.topic = self.topic;
         c.load_interval = Duration::from_millis(self.load_interval_ms);
+        c.events_silence = Duration::from_millis(self.events_silence_ms);
         c.tokenizer = self.tokenizer;
         c.cache_blocks = self.cache_blocks;
         c.block_size = self.block_size;

@@ -10,10 +10,12 @@
 //! - [`link`]: one gRPC stream per router, with reconnect; [`tls`]: the
 //!   client TLS settings for `https` routers.
 //! - [`load`]: the engine's Prometheus load metrics.
+//! - [`ready`]: readiness (engine reachable, a router stream up, KV events
+//!   flowing) for `/readyz` and its gauges.
 //! - [`observe`]: observe mode, for engines without KV events: a sidecar proxy
 //!   that tokenizes what it forwards and keeps an LRU mirror of the cache.
 //! - [`fasthash`]: the seeded fast hasher of the block maps.
-//! - [`agent`]: wiring, `/metrics` and `/health`; [`cli`]: the command line;
+//! - [`agent`]: wiring, `/metrics`, `/livez`, `/readyz` and `/health`; [`cli`]: the command line;
 //!   [`AgentError`]: why it could not start.
 
 pub mod agent;
@@ -25,6 +27,7 @@ pub mod hub;
 pub mod link;
 pub mod load;
 pub mod observe;
+pub mod ready;
 pub mod stats;
 pub mod tls;
 pub mod tracker;

@@ -194,6 +194,8 @@ async fn stream_once(
     }
     let mut inbound = client.publish(req).await?.into_inner();
     stats.router_connects.inc();
+    // Counted up while this stream lives (readiness), whichever way it ends.
+    let _up = stats.router_streams.hold();
     metrics::gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
     tracing::info!(router = %url, "router link up");
     let send = |m: AgentMessage| {

@@ -3,8 +3,11 @@
 //! Reads `vllm:num_requests_running`, `vllm:num_requests_waiting` and
 //! `vllm:kv_cache_usage_perc` (a 0..1 fraction despite its name; older releases
 //! call it `vllm:gpu_cache_usage_perc`), summing over label sets (several
-//! engines or DP ranks behind one endpoint) and averaging the usage.
+//! engines or DP ranks behind one endpoint) and averaging the usage. Each
+//! scrape also tells [`Readiness`] whether the engine answered and its
+//! `vllm:prompt_tokens_total` (for the KV-event silence check).
 
+use crate::ready::Readiness;
 use crate::stats::Stats;
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +66,33 @@ pub fn parse_metrics(text: &str) -> Option<Load> {
     })
 }
 
+/// The sum over label sets of counter or gauge `name`, if the page has it.
+pub fn sum_of(text: &str, name: &str) -> Option<f64> {
+    let mut sum = None;
+    for line in text.lines() {
+        let Some(rest) = line.trim().strip_prefix(name) else {
+            continue;
+        };
+        let rest = match rest.strip_prefix('{') {
+            Some(labels) => match labels.rfind('}') {
+                Some(i) => &labels[i + 1..],
+                None => continue,
+            },
+            None if rest.starts_with(' ') => rest,
+            None => continue, // a longer name with this prefix
+        };
+        if let Some(v) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite())
+        {
+            *sum.get_or_insert(0.0) += v;
+        }
+    }
+    sum
+}
+
 /// Scrapes `{engine_url}/metrics` every `every` and publishes into `tx`; a
 /// failed scrape publishes the last good values with `engine_up` false.
 pub async fn scrape_loop(
@@ -70,6 +100,7 @@ pub async fn scrape_loop(
     every: Duration,
     tx: watch::Sender<Option<Load>>,
     stats: Arc<Stats>,
+    ready: Arc<Readiness>,
     cancel: CancellationToken,
 ) {
     let url = format!("{}/metrics", engine_url.trim_end_matches('/'));
@@ -97,18 +128,23 @@ pub async fn scrape_loop(
                 return Err(format!("HTTP {}", resp.status()));
             }
             let text = resp.text().await.map_err(|e| e.to_string())?;
-            parse_metrics(&text).ok_or_else(|| "no vllm load metrics in the page".to_owned())
+            let load = parse_metrics(&text)
+                .ok_or_else(|| "no vllm load metrics in the page".to_owned())?;
+            let prompt = sum_of(&text, "vllm:prompt_tokens_total").map(|v| v.max(0.0) as u64);
+            Ok((load, prompt))
         };
         let got = tokio::select! {
             _ = cancel.cancelled() => return,
             g = got => g,
         };
         let load = match got {
-            Ok(l) => {
+            Ok((l, prompt)) => {
+                ready.engine_scraped(true, prompt);
                 last = l;
                 l
             }
             Err(why) => {
+                ready.engine_scraped(false, None);
                 stats.load_scrape_errors.inc();
                 metrics::counter!("warmpath_agent_load_scrape_errors_total").increment(1);
                 tracing::debug!(%url, %why, "load scrape failed");
@@ -146,6 +182,17 @@ mod tests {
         assert_eq!((l.running, l.waiting), (5, 7));
         assert!((l.kv_usage - 0.5).abs() < 1e-6);
         assert!(l.engine_up);
+    }
+
+    #[test]
+    fn sums_a_counter_over_label_sets_and_skips_longer_names() {
+        let text = "# TYPE vllm:prompt_tokens_total counter\n\
+            vllm:prompt_tokens_total{engine=\"0\"} 100.0\n\
+            vllm:prompt_tokens_total{engine=\"1\"} 20\n\
+            vllm:prompt_tokens_total_created 5\n";
+        assert_eq!(sum_of(text, "vllm:prompt_tokens_total"), Some(120.0));
+        assert_eq!(sum_of("up 1\n", "vllm:prompt_tokens_total"), None);
+        assert_eq!(sum_of("x 3\n", "x"), Some(3.0));
     }
 
     #[test]

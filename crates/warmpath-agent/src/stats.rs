@@ -24,6 +24,33 @@ impl Counter {
     }
 }
 
+/// A level that goes up and down (things currently open).
+#[derive(Debug, Default)]
+pub struct Level(AtomicU64);
+
+impl Level {
+    /// Counts one open until the guard is dropped.
+    pub fn hold(&self) -> LevelGuard<'_> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        LevelGuard(self)
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// One count of a [`Level`]; dropping it takes the count back.
+#[derive(Debug)]
+pub struct LevelGuard<'a>(&'a Level);
+
+impl Drop for LevelGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// What the agent counted since it started.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -61,4 +88,6 @@ pub struct Stats {
     pub router_refusals: Counter,
     /// Load scrapes that failed.
     pub load_scrape_errors: Counter,
+    /// Router streams up now.
+    pub router_streams: Level,
 }

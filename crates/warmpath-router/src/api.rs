@@ -1,5 +1,6 @@
 //! The OpenAI-compatible endpoints: `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /invocations`, `GET /v1/models`, `GET /health`.
+//! `POST /v1/completions`, `POST /invocations`, `GET /v1/models`
+//! (`/health` is [`crate::readiness`]).
 
 use crate::error::ApiError;
 use crate::incoming::{read_body, tenant_header};
@@ -11,7 +12,7 @@ use crate::salt::with_cache_salt;
 use crate::state::Shared;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -176,26 +177,4 @@ pub async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
         }
     }
     Json(json!({"object": "list", "data": data}))
-}
-
-/// `GET /health`: 200 while every pool has a healthy backend, else 503.
-pub async fn health(State(s): State<Arc<Shared>>) -> Response {
-    let mut ok = true;
-    let pools: Vec<Value> = s
-        .pools
-        .all()
-        .iter()
-        .map(|p| {
-            let healthy = p.backends.iter().filter(|b| b.is_healthy()).count();
-            ok &= healthy > 0;
-            json!({"model": p.model, "healthy_backends": healthy, "backends": p.backends.len()})
-        })
-        .collect();
-    let status = if ok {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let body = json!({"status": if ok { "ok" } else { "degraded" }, "pools": pools});
-    (status, Json(body)).into_response()
 }

@@ -6,6 +6,12 @@
 //! it — the prefill part at the first upstream byte
 //! ([`FlightGuard::first_byte`]), the in-flight part when the response body
 //! ends or is dropped (client gone, upstream failed).
+//!
+//! Health is two facts: whether the backend is *ejected* (no requests are
+//! routed to it) and the verdict of its latest active probe. Ejection comes
+//! from `eject_after` consecutive failures of proxied requests or of probes;
+//! it lasts a back-off that doubles with each ejection not preceded by a
+//! success streak ([`Backend::readmit_at_ms`]).
 
 use crate::config::{BackendConfig, BackendUrl};
 use parking_lot::RwLock;
@@ -26,8 +32,18 @@ pub struct Backend {
     in_flight_gauge: metrics::Gauge,
     in_flight: AtomicU32,
     pending_prefill: AtomicU64,
+    /// `warmpath_backend_healthy` of this backend.
+    healthy_gauge: metrics::Gauge,
     consecutive_failures: AtomicU32,
+    probe_failures: AtomicU32,
+    probe_ok: AtomicBool,
     ejected: AtomicBool,
+    /// Ejections not forgiven by a success streak: the back-off's exponent.
+    ejections: AtomicU32,
+    /// Answers below 500 since the backend last came back.
+    streak: AtomicU32,
+    /// [`crate::monotonic_ms`] of the last ejection.
+    ejected_at_ms: AtomicU64,
     configured_adapters: BTreeSet<String>,
     learned_adapters: RwLock<BTreeSet<String>>,
 }
@@ -41,6 +57,8 @@ impl std::fmt::Debug for Backend {
             .field("in_flight", &self.in_flight)
             .field("pending_prefill", &self.pending_prefill)
             .field("ejected", &self.ejected)
+            .field("probe_ok", &self.probe_ok)
+            .field("ejections", &self.ejections)
             .finish_non_exhaustive()
     }
 }
@@ -55,8 +73,15 @@ impl Backend {
             in_flight_gauge: crate::metrics::backend_in_flight(model, cfg.id()),
             in_flight: AtomicU32::new(0),
             pending_prefill: AtomicU64::new(0),
+            healthy_gauge: crate::metrics::backend_healthy(model, cfg.id()),
             consecutive_failures: AtomicU32::new(0),
+            probe_failures: AtomicU32::new(0),
+            // Unverified until the first probe: readiness waits for it.
+            probe_ok: AtomicBool::new(false),
             ejected: AtomicBool::new(false),
+            ejections: AtomicU32::new(0),
+            streak: AtomicU32::new(0),
+            ejected_at_ms: AtomicU64::new(0),
             configured_adapters: cfg.adapters.iter().cloned().collect(),
             learned_adapters: RwLock::new(BTreeSet::new()),
         }
@@ -94,23 +119,89 @@ impl Backend {
         *self.learned_adapters.write() = adapters;
     }
 
+    /// Whether an active probe vouched for it last time and it is not
+    /// ejected: what readiness and `warmpath_backend_healthy` report.
+    pub fn is_verified(&self) -> bool {
+        self.is_healthy() && self.probe_ok.load(Ordering::Relaxed)
+    }
+
     /// Records a failure (a refused connect, a 5xx answer, an exchange that
     /// broke after it was sent); returns true when this ejected the backend.
     pub fn failed(&self, eject_after: u32) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        n >= eject_after && !self.ejected.swap(true, Ordering::Relaxed)
+        n >= eject_after && self.eject(eject_after)
     }
 
-    /// Records an answer below 500 (the failure count resets).
+    /// Records an answer below 500 (the failure count resets, the streak
+    /// that forgives past ejections grows).
     pub fn succeeded(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
+        if self.ejections.load(Ordering::Relaxed) > 0 {
+            self.streak.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a failed active probe; returns true when this ejected the
+    /// backend (`eject_after` failed probes in a row).
+    pub fn probe_failed(&self, eject_after: u32) -> bool {
+        self.probe_ok.store(false, Ordering::Relaxed);
+        let n = self.probe_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let ejected = n >= eject_after && self.eject(eject_after);
+        self.update_gauge();
+        ejected
     }
 
     /// Records a passing active probe; returns true when this brought the
-    /// backend back.
-    pub fn probe_passed(&self) -> bool {
-        self.consecutive_failures.store(0, Ordering::Relaxed);
-        self.ejected.swap(false, Ordering::Relaxed)
+    /// backend back. `serving`: the probe exercised generation, so it also
+    /// forgives failed requests (a `/health` answer does not: an engine can
+    /// answer it while every completion fails).
+    pub fn probe_passed(&self, serving: bool) -> bool {
+        self.probe_failures.store(0, Ordering::Relaxed);
+        self.probe_ok.store(true, Ordering::Relaxed);
+        let back = self.ejected.swap(false, Ordering::Relaxed);
+        if back || serving {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+        if back {
+            self.streak.store(0, Ordering::Relaxed);
+        }
+        self.update_gauge();
+        back
+    }
+
+    /// When (on [`crate::monotonic_ms`]'s clock) an ejected backend's
+    /// back-off ends: `base_ms` doubled for each unforgiven ejection after
+    /// the first, at most `max_ms`.
+    pub fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
+        let doublings = self.ejections.load(Ordering::Relaxed).saturating_sub(1);
+        let backoff = base_ms
+            .saturating_mul(1u64 << doublings.min(32))
+            .min(max_ms);
+        self.ejected_at_ms
+            .load(Ordering::Relaxed)
+            .saturating_add(backoff)
+    }
+
+    /// Ejects (once); a backend that answered `eject_after` requests since it
+    /// last came back starts its back-off from the base again.
+    fn eject(&self, eject_after: u32) -> bool {
+        if self.ejected.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        if self.streak.swap(0, Ordering::Relaxed) >= eject_after {
+            self.ejections.store(1, Ordering::Relaxed);
+        } else {
+            self.ejections.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ejected_at_ms
+            .store(crate::monotonic_ms(), Ordering::Relaxed);
+        self.update_gauge();
+        true
+    }
+
+    fn update_gauge(&self) {
+        self.healthy_gauge
+            .set(if self.is_verified() { 1.0 } else { 0.0 });
     }
 
     /// Counts a request in flight with `prefill_blocks` predicted uncached blocks.
@@ -202,9 +293,57 @@ mod tests {
         assert!(b.failed(3), "third failure ejects");
         assert!(!b.failed(3), "already ejected");
         assert!(!b.is_healthy());
-        assert!(b.probe_passed());
-        assert!(b.is_healthy());
+        assert!(b.probe_passed(false));
+        assert!(b.is_healthy() && b.is_verified());
         assert!(!b.failed(3), "counter was reset");
+    }
+
+    #[test]
+    fn a_health_probe_does_not_forgive_failed_requests() {
+        let b = backend();
+        assert!(!b.failed(2));
+        assert!(!b.probe_passed(false));
+        assert!(b.failed(2), "still two in a row");
+        assert!(b.probe_passed(false));
+        assert!(!b.failed(2));
+        assert!(!b.probe_passed(true), "already in");
+        assert!(!b.failed(2), "a completion probe forgives");
+    }
+
+    #[test]
+    fn probes_verify_and_eject() {
+        let b = backend();
+        assert!(!b.is_verified(), "unverified until probed");
+        assert!(!b.probe_passed(false));
+        assert!(b.is_verified());
+        assert!(!b.probe_failed(2));
+        assert!(
+            b.is_healthy() && !b.is_verified(),
+            "still routed, not verified"
+        );
+        assert!(b.probe_failed(2), "second failed probe ejects");
+        assert!(!b.is_healthy());
+    }
+
+    #[test]
+    fn back_off_doubles_to_the_cap_and_a_streak_resets_it() {
+        let b = backend();
+        let backoff =
+            |b: &Backend| b.readmit_at_ms(100, 350) - b.ejected_at_ms.load(Ordering::Relaxed);
+        assert!(b.failed(1));
+        assert_eq!(backoff(&b), 100);
+        for want in [200, 350, 350] {
+            b.probe_passed(false);
+            b.succeeded(); // one success: short of the streak of eject_after (2)
+            assert!(b.failed(2) || b.failed(2));
+            assert_eq!(backoff(&b), want);
+        }
+        b.probe_passed(false);
+        b.succeeded();
+        b.succeeded();
+        assert!(!b.failed(2));
+        assert!(b.failed(2));
+        assert_eq!(backoff(&b), 100, "forgiven after a streak of eject_after");
     }
 
     #[test]

@@ -156,10 +156,20 @@ impl Default for RouterConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct HealthConfig {
     /// Consecutive failures (refused connects, 5xx answers, exchanges broken
-    /// after sending) after which a backend is ejected (>= 1).
+    /// after sending; or failed probes) after which a backend is ejected (>= 1).
+    /// A backend that answered this many requests since it came back starts
+    /// its next back-off from `eject_base_ms` again.
     pub eject_after: u32,
-    /// Interval of the `GET /health` probes (and `/v1/models` adapter
-    /// discovery), in milliseconds (>= 50).
+    /// Back-off of a first ejection, in milliseconds (>= 1): no probe can
+    /// bring the backend back before it ends. Each further ejection doubles it.
+    pub eject_base_ms: u64,
+    /// Longest back-off, in milliseconds (>= `eject_base_ms`).
+    pub eject_max_ms: u64,
+    /// What an active probe asks: `health` (`GET /health`) or `completion`
+    /// (a one-token completion of the pool's model).
+    pub probe: ProbeKind,
+    /// Interval of the active probes of every backend (and of `/v1/models`
+    /// adapter discovery), in milliseconds (>= 50).
     pub probe_interval_ms: u64,
     /// Timeout of one probe, in milliseconds (>= 10).
     pub probe_timeout_ms: u64,
@@ -171,11 +181,29 @@ impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
             eject_after: 3,
+            eject_base_ms: 5_000,
+            eject_max_ms: 120_000,
+            probe: ProbeKind::Health,
             probe_interval_ms: 2000,
             probe_timeout_ms: 1000,
             learn_adapters: true,
         }
     }
+}
+
+/// The request an active probe sends (`health.probe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeKind {
+    /// `GET /health`, 2xx passes: free for the engine, but vLLM answers it
+    /// while generation hangs.
+    #[default]
+    Health,
+    /// `POST /v1/completions` with `max_tokens: 1` and a one-word prompt to
+    /// the pool's model: exercises the serving path. A timeout while this
+    /// router has requests in flight there proves nothing (the probe may be
+    /// queued behind them) and is not counted.
+    Completion,
 }
 
 /// Client connection settings (the `server:` section).

@@ -1,65 +1,102 @@
 //! Active health checks and LoRA adapter discovery.
 //!
-//! Every `probe_interval_ms`, for every backend: an ejected backend is
-//! probed with `GET /health` and returns to rotation on a 2xx; a healthy one
-//! (when `learn_adapters` is on) is asked `GET /v1/models`, and every model
-//! card whose `parent` (vLLM's field for LoRA modules) is the pool's model is
-//! recorded as an adapter it serves. Ejection itself is passive: repeated
-//! failures of proxied requests (see [`crate::proxy`]).
+//! Every `probe_interval_ms` every backend is probed (`health.probe`:
+//! `GET /health`, or a one-token completion of the pool's model that
+//! exercises the serving path). A passing probe verifies a backend (what
+//! `/readyz` needs); a failing one unverifies it at once, and
+//! `eject_after` failing in a row eject it. An ejected backend is not probed
+//! before its back-off ends ([`Backend::readmit_at_ms`]); then the first
+//! passing probe brings it back. Passive ejection (failed proxied requests)
+//! is counted in [`crate::proxy`].
+//!
+//! When `learn_adapters` is on, a backend in rotation is also asked
+//! `GET /v1/models`, and every model card whose `parent` (vLLM's field for
+//! LoRA modules) is the pool's model is recorded as an adapter it serves.
 
 use crate::backend::Backend;
+use crate::config::ProbeKind;
 use crate::pool::Pool;
+use crate::readiness;
 use crate::state::Shared;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{header, Method, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Largest `/v1/models` answer read.
+/// Largest probe or `/v1/models` answer read.
 const MAX_MODELS_BYTES: usize = 1 << 20;
 
-/// Runs the probes until `shutdown`.
+/// Runs the probes every interval until `shutdown` (the first round is
+/// [`round`], run by start-up before the router serves).
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
-    let h = shared.settings.health.clone();
-    let mut tick = tokio::time::interval(Duration::from_millis(h.probe_interval_ms));
+    let every = Duration::from_millis(shared.settings.health.probe_interval_ms);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let probes: Vec<_> = shared
-            .pools
-            .all()
-            .iter()
-            .flat_map(|p| p.backends.iter().map(move |b| (p, b)))
-            .map(|(p, b)| probe(&shared, p, b, h.learn_adapters))
-            .collect();
         tokio::select! {
             () = shutdown.cancelled() => return,
-            _ = futures::future::join_all(probes) => {}
+            () = round(&shared) => {}
         }
     }
 }
 
-async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>, learn: bool) {
-    let timeout = Duration::from_millis(shared.settings.health.probe_timeout_ms);
-    if !b.is_healthy() {
-        match get(shared, b, "/health", timeout).await {
-            Some((status, _)) if status.is_success() => {
-                if b.probe_passed() {
-                    tracing::info!(pool = %pool.model, backend = %b.id, "backend healthy again");
-                }
-            }
-            _ => return,
-        }
+/// Probes every backend once (concurrently; each within the probe timeout)
+/// and updates `warmpath_ready`.
+pub async fn round(shared: &Shared) {
+    let probes: Vec<_> = shared
+        .pools
+        .all()
+        .iter()
+        .flat_map(|p| p.backends.iter().map(move |b| (p, b)))
+        .map(|(p, b)| probe(shared, p, b))
+        .collect();
+    futures::future::join_all(probes).await;
+    readiness::update_gauge(shared);
+}
+
+/// What one probe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Fail,
+    /// Proves nothing either way (see [`ProbeKind::Completion`]).
+    Inconclusive,
+}
+
+async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
+    let h = &shared.settings.health;
+    let ejected = !b.is_healthy();
+    if ejected && crate::monotonic_ms() < b.readmit_at_ms(h.eject_base_ms, h.eject_max_ms) {
+        return;
     }
-    if learn {
-        if let Some((status, body)) = get(shared, b, "/v1/models", timeout).await {
+    let serving = h.probe == ProbeKind::Completion;
+    match check(shared, pool, b).await {
+        Verdict::Pass => {
+            if b.probe_passed(serving) {
+                tracing::info!(pool = %pool.model, backend = %b.id, "backend healthy again");
+            }
+        }
+        Verdict::Fail if !ejected => {
+            if b.probe_failed(h.eject_after) {
+                tracing::warn!(pool = %pool.model, backend = %b.id, probe = ?h.probe,
+                    "backend ejected after repeated failed probes");
+            }
+        }
+        Verdict::Fail | Verdict::Inconclusive => return,
+    }
+    if h.learn_adapters && b.is_healthy() {
+        let timeout = Duration::from_millis(h.probe_timeout_ms);
+        if let Some((status, body)) =
+            send(shared, b, Method::GET, "/v1/models", None, timeout).await
+        {
             if status.is_success() {
                 if let Some(adapters) = adapters_of(&body, &pool.model) {
                     b.set_learned_adapters(adapters);
@@ -70,6 +107,46 @@ async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>, learn: bool) {
             }
         }
     }
+}
+
+async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
+    let h = &shared.settings.health;
+    let timeout = Duration::from_millis(h.probe_timeout_ms);
+    let answer = match h.probe {
+        ProbeKind::Health => send(shared, b, Method::GET, "/health", None, timeout).await,
+        ProbeKind::Completion => {
+            let body = completion_probe(&pool.model);
+            let busy_before = b.in_flight() > 0;
+            let a = send(
+                shared,
+                b,
+                Method::POST,
+                "/v1/completions",
+                Some(body),
+                timeout,
+            )
+            .await;
+            if a.is_none() && (busy_before || b.in_flight() > 0) {
+                return Verdict::Inconclusive;
+            }
+            a
+        }
+    };
+    match answer {
+        Some((status, _)) if status.is_success() => Verdict::Pass,
+        _ => Verdict::Fail,
+    }
+}
+
+/// The body of a completion probe: one generated token after a one-word
+/// prompt, shorter than any KV block, so it leaves nothing in the prefix
+/// cache (no KV events) and costs one decode step.
+pub fn completion_probe(model: &str) -> Bytes {
+    Bytes::from(
+        json!({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0,
+               "stream": false})
+        .to_string(),
+    )
 }
 
 /// The LoRA adapters in a `/v1/models` answer: cards whose `parent` is `model`.
@@ -98,17 +175,23 @@ pub fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-async fn get(
+/// One probe exchange, read to its end within `timeout`; `None` when it
+/// failed or timed out.
+async fn send(
     shared: &Shared,
     b: &Backend,
+    method: Method,
     path: &str,
+    json_body: Option<Bytes>,
     timeout: Duration,
 ) -> Option<(StatusCode, Bytes)> {
-    let req = Request::builder()
-        .method(Method::GET)
-        .uri(b.url.join(path).ok()?)
-        .body(Full::new(Bytes::new()))
-        .ok()?;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(b.url.join(path).ok()?);
+    if json_body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    let req = req.body(Full::new(json_body.unwrap_or_default())).ok()?;
     let fetch = async {
         let resp = shared.client.request(req).await.ok()?;
         let status = resp.status();
@@ -147,6 +230,15 @@ mod tests {
         assert_eq!(
             max_model_len_of(br#"{"data":[{"id":"m","max_model_len":0}]}"#, "m"),
             None
+        );
+    }
+
+    #[test]
+    fn the_completion_probe_asks_one_token_of_the_pool_model() {
+        let v: Value = serde_json::from_slice(&completion_probe("m")).unwrap();
+        assert_eq!(
+            (v["model"].as_str(), v["max_tokens"].as_u64()),
+            (Some("m"), Some(1))
         );
     }
 }

@@ -11,7 +11,7 @@
 //! Modules, in request order: `config` -> `front` -> `api` (with
 //! `incoming`) -> `route` -> `proxy` (with `backend` load accounting and
 //! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
-//! `/metrics`), `admin`, `health`, `metrics` (the recorder and series) and
+//! `/metrics`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
 //! `server` (start-up and the HTTP routes). The public API is [`config`],
 //! [`start`], [`RunningRouter`] and [`ingest`] (for embedding the agents'
 //! gRPC ingest); no two modules import each other.
@@ -45,6 +45,7 @@ mod inspect;
 mod metrics;
 mod pool;
 mod proxy;
+mod readiness;
 mod route;
 mod salt;
 mod server;

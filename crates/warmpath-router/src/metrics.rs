@@ -9,6 +9,8 @@
 //! | `warmpath_upstream_first_byte_seconds` | histogram | pool |
 //! | `warmpath_router_overhead_seconds` | histogram | phase = parse, tokenize, hash, lookup, pick |
 //! | `warmpath_backend_in_flight` | gauge | pool, backend |
+//! | `warmpath_backend_healthy` | gauge | pool, backend |
+//! | `warmpath_ready` | gauge | |
 //! | `warmpath_index_entries` | gauge | pool |
 //! | `warmpath_stale_workers` | gauge | pool |
 //! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::caches`]) |
@@ -85,6 +87,14 @@ fn describe() {
     describe_gauge!(
         "warmpath_backend_in_flight",
         "Requests this router has in flight per backend"
+    );
+    describe_gauge!(
+        "warmpath_backend_healthy",
+        "1 when the backend is in rotation and its latest active probe passed, else 0"
+    );
+    describe_gauge!(
+        "warmpath_ready",
+        "1 when GET /readyz answers 200: every pool has a probe-verified backend and the router is not draining"
     );
     describe_gauge!(
         "warmpath_index_entries",
@@ -231,6 +241,16 @@ pub fn requests_counter(
 /// `warmpath_backend_in_flight{pool, backend}`.
 pub fn backend_in_flight(model: &str, backend: &str) -> Gauge {
     metrics::gauge!("warmpath_backend_in_flight", "pool" => model.to_owned(), "backend" => backend.to_owned())
+}
+
+/// `warmpath_backend_healthy{pool, backend}`.
+pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
+    metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => backend.to_owned())
+}
+
+/// `warmpath_ready`.
+pub fn ready() -> Gauge {
+    metrics::gauge!("warmpath_ready")
 }
 
 /// Installs the Prometheus recorder on first call; `None` when another

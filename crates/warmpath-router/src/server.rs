@@ -6,7 +6,7 @@ use crate::config::RouterConfig;
 use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
-use crate::{admin, api, front, health, ingest, inspect, metrics};
+use crate::{admin, api, front, health, ingest, inspect, metrics, readiness};
 use axum::routing::{get, post, put};
 use axum::Router;
 use std::net::SocketAddr;
@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/models", get(api::models))
-        .route("/health", get(api::health))
+        .route("/livez", get(readiness::livez))
+        .route("/readyz", get(readiness::readyz))
+        .route("/health", get(readiness::readyz))
         .route("/metrics", get(inspect::metrics))
         .route("/cache-index", get(inspect::cache_index))
         .route("/cache-index/query", post(inspect::query))
@@ -70,8 +72,10 @@ impl RunningRouter {
         Ok(changes)
     }
 
-    /// Asks every task to stop (in-flight responses finish first).
+    /// Asks every task to stop (in-flight responses finish first);
+    /// readiness turns false at once.
     pub fn shutdown(&self) {
+        self.shared.start_draining();
         self.token.cancel();
     }
 
@@ -149,6 +153,9 @@ pub async fn start(
             })?;
         tasks.extend(started);
     }
+    // Probe once before serving, so that /readyz tells the truth from the
+    // first request (at most probe_timeout_ms later).
+    health::round(&shared).await;
     let serve_token = token.clone();
     let router = app(Arc::clone(&shared));
     let header_timeout = Duration::from_millis(config.server.header_timeout_ms);

@@ -11,6 +11,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,8 @@ pub struct Shared {
     pub started: Instant,
     /// Where big bodies are routed.
     pub work: WorkPool,
+    /// Shutting down: `/readyz` answers 503 while in-flight work finishes.
+    draining: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -99,7 +102,18 @@ impl Shared {
             agents,
             started: Instant::now(),
             work: WorkPool::new(&config.work),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the router is draining (readiness is false).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Turns readiness false for good: the router is going away.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Agent-reported loads, when the ingest runs.

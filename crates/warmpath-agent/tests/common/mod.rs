@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, dead_code)]
 
 #[path = "../../../../tests/support/poll.rs"]
-mod poll;
+pub mod poll;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

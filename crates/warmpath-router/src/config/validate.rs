@@ -131,6 +131,18 @@ impl RouterConfig {
         if h.eject_after == 0 {
             return Err(invalid("health.eject_after", "must be at least 1"));
         }
+        if h.eject_base_ms == 0 {
+            return Err(invalid("health.eject_base_ms", "must be at least 1"));
+        }
+        if h.eject_max_ms < h.eject_base_ms {
+            return Err(invalid(
+                "health.eject_max_ms",
+                format!(
+                    "{} is below eject_base_ms ({})",
+                    h.eject_max_ms, h.eject_base_ms
+                ),
+            ));
+        }
         if h.probe_interval_ms < 50 {
             return Err(invalid("health.probe_interval_ms", "must be at least 50"));
         }
@@ -282,6 +294,20 @@ mod tests {
         (c.agent_token, c.agent_secret) = (Some("t".into()), Some("s".into()));
         assert!(err(&c).contains("not both"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
+        let mut c = base();
+        c.health.eject_max_ms = c.health.eject_base_ms - 1;
+        assert!(err(&c).contains("health.eject_max_ms"));
+        let mut c = base();
+        c.health.eject_base_ms = 0;
+        assert!(err(&c).contains("health.eject_base_ms"));
+    }
+
+    #[test]
+    fn the_probe_kind_is_health_or_completion() {
+        let c = RouterConfig::from_yaml("health: {probe: completion}\n").unwrap();
+        assert_eq!(c.health.probe, crate::config::ProbeKind::Completion);
+        let e = RouterConfig::from_yaml("health: {probe: models}\n").unwrap_err();
+        assert!(e.to_string().contains("health"), "{e}");
     }
 
     #[test]

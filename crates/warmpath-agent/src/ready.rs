@@ -1,0 +1,244 @@
+//! Readiness: what `/livez` and `/readyz` (and `/health`) answer, and the
+//! gauges that say the same in `/metrics`.
+//!
+//! Ready means the agent is doing its job:
+//! - the engine answers its metrics page (when load scraping is on);
+//! - at least one router stream is up;
+//! - in events mode, KV events arrive: when the engine's
+//!   `vllm:prompt_tokens_total` grew by [`MIN_PROMPT_TOKENS`] or more and no
+//!   event batch followed for `events_silence`, the events are lost. The
+//!   usual cause is vLLM's publisher connecting instead of binding; that is
+//!   logged once, at ERROR, with the endpoint and the rule.
+
+use crate::stats::Stats;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Prompt-token growth that counts as traffic: a few probe completions
+/// (a handful of tokens each, no full KV block, so no event) do not.
+pub const MIN_PROMPT_TOKENS: u64 = 256;
+
+const ENGINE_UNKNOWN: u8 = 0;
+const ENGINE_UP: u8 = 1;
+const ENGINE_DOWN: u8 = 2;
+
+/// What readiness is made of, written by the load scraper, the router
+/// links (through [`Stats::router_streams`]) and [`watch`].
+#[derive(Debug)]
+pub struct Readiness {
+    /// Engine reachability is checked (load scraping is on).
+    engine_checked: bool,
+    /// Events mode: KV events are expected.
+    events_expected: bool,
+    engine: AtomicU8,
+    prompt_tokens: AtomicU64,
+    prompt_tokens_known: AtomicBool,
+    events_silent: AtomicBool,
+}
+
+/// The readiness verdict: ready, or the reasons it is not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Machine-readable reasons (`engine_unreachable`, `no_router_stream`,
+    /// `kv_events_silent`); empty when ready.
+    pub not_ready: Vec<&'static str>,
+}
+
+impl Verdict {
+    /// Whether nothing stands in the way.
+    pub fn ready(&self) -> bool {
+        self.not_ready.is_empty()
+    }
+}
+
+impl Readiness {
+    /// Nothing known yet: not ready until the engine and a router answered.
+    pub fn new(engine_checked: bool, events_expected: bool) -> Self {
+        Readiness {
+            engine_checked,
+            events_expected,
+            engine: AtomicU8::new(ENGINE_UNKNOWN),
+            prompt_tokens: AtomicU64::new(0),
+            prompt_tokens_known: AtomicBool::new(false),
+            events_silent: AtomicBool::new(false),
+        }
+    }
+
+    /// A scrape of the engine's metrics page: whether it answered, and its
+    /// `vllm:prompt_tokens_total` when the page has it.
+    pub fn engine_scraped(&self, up: bool, prompt_tokens: Option<u64>) {
+        self.engine
+            .store(if up { ENGINE_UP } else { ENGINE_DOWN }, Ordering::Relaxed);
+        if let Some(t) = prompt_tokens {
+            self.prompt_tokens.store(t, Ordering::Relaxed);
+            self.prompt_tokens_known.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn prompt_tokens(&self) -> Option<u64> {
+        self.prompt_tokens_known
+            .load(Ordering::Relaxed)
+            .then(|| self.prompt_tokens.load(Ordering::Relaxed))
+    }
+
+    /// The verdict now.
+    pub fn verdict(&self, stats: &Stats) -> Verdict {
+        let mut not_ready = Vec::new();
+        if self.engine_checked && self.engine.load(Ordering::Relaxed) != ENGINE_UP {
+            not_ready.push("engine_unreachable");
+        }
+        if stats.router_streams.get() == 0 {
+            not_ready.push("no_router_stream");
+        }
+        if self.events_silent.load(Ordering::Relaxed) {
+            not_ready.push("kv_events_silent");
+        }
+        Verdict { not_ready }
+    }
+}
+
+/// Registers the readiness gauges' HELP texts (with the recorder installed).
+pub fn describe() {
+    use metrics::describe_gauge;
+    describe_gauge!(
+        "warmpath_agent_ready",
+        "1 when GET /readyz answers 200 (engine reachable, a router stream up, KV events flowing), else 0"
+    );
+    describe_gauge!(
+        "warmpath_agent_engine_up",
+        "1 when the engine's metrics page answered the latest scrape, else 0"
+    );
+    describe_gauge!(
+        "warmpath_agent_router_streams",
+        "Router streams currently up"
+    );
+    describe_gauge!(
+        "warmpath_agent_kv_events_silent",
+        "1 when the engine served prompt tokens but no KV event arrived for --events-silence-ms"
+    );
+}
+
+/// Follows event arrivals against prompt-token growth every `every` and
+/// keeps the gauges current, until `cancel`. `endpoint` is the configured
+/// event endpoint (named in the error).
+pub async fn watch(
+    ready: Arc<Readiness>,
+    stats: Arc<Stats>,
+    every: Duration,
+    silence: Duration,
+    endpoint: String,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut silence_check = SilenceCheck::new(silence);
+    let mut logged = false;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if ready.events_expected {
+            let silent =
+                silence_check.observe(Instant::now(), stats.batches.get(), ready.prompt_tokens());
+            if silent && !logged {
+                logged = true;
+                tracing::error!(
+                    endpoint = %endpoint,
+                    "no KV event arrived for {} ms while the engine served prompt tokens; \
+                     the agent follows {endpoint}. vLLM connects instead of binding when the \
+                     endpoint is not a wildcard (tcp://*:PORT); point it at tcp://*:PORT \
+                     (the agent keeps --kv-events tcp://HOST:PORT)",
+                    silence.as_millis()
+                );
+            }
+            ready.events_silent.store(silent, Ordering::Relaxed);
+        }
+        let v = ready.verdict(&stats);
+        let flag = |b: bool| f64::from(u8::from(b));
+        metrics::gauge!("warmpath_agent_ready").set(flag(v.ready()));
+        metrics::gauge!("warmpath_agent_engine_up")
+            .set(flag(ready.engine.load(Ordering::Relaxed) == ENGINE_UP));
+        metrics::gauge!("warmpath_agent_router_streams").set(stats.router_streams.get() as f64);
+        metrics::gauge!("warmpath_agent_kv_events_silent")
+            .set(flag(ready.events_silent.load(Ordering::Relaxed)));
+    }
+}
+
+/// "Prompt tokens grew, then no event batch for `silence`".
+#[derive(Debug)]
+struct SilenceCheck {
+    silence: Duration,
+    batches: u64,
+    /// Prompt tokens when the last batch arrived (or first seen).
+    baseline: Option<u64>,
+    /// When growth past the baseline was first seen.
+    grew_at: Option<Instant>,
+}
+
+impl SilenceCheck {
+    fn new(silence: Duration) -> Self {
+        SilenceCheck {
+            silence,
+            batches: 0,
+            baseline: None,
+            grew_at: None,
+        }
+    }
+
+    /// One observation; returns whether the events are silent.
+    fn observe(&mut self, now: Instant, batches: u64, tokens: Option<u64>) -> bool {
+        if batches != self.batches {
+            self.batches = batches;
+            self.baseline = tokens;
+            self.grew_at = None;
+            return false;
+        }
+        let Some(t) = tokens else { return false };
+        match self.baseline {
+            // A restarted engine counts from 0 again.
+            Some(b) if t >= b => {
+                if t - b >= MIN_PROMPT_TOKENS && self.grew_at.is_none() {
+                    self.grew_at = Some(now);
+                }
+            }
+            _ => {
+                self.baseline = Some(t);
+                self.grew_at = None;
+            }
+        }
+        self.grew_at
+            .is_some_and(|g| now.duration_since(g) >= self.silence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silent_only_after_growth_then_silence_and_an_event_clears_it() {
+        let s = Duration::from_millis(100);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut c = SilenceCheck::new(s);
+        assert!(!c.observe(at(0), 0, Some(1000)), "baseline");
+        assert!(!c.observe(at(500), 0, Some(1000)), "no growth, no alarm");
+        assert!(!c.observe(at(600), 0, Some(1000 + MIN_PROMPT_TOKENS - 1)));
+        assert!(
+            !c.observe(at(700), 0, Some(1000 + MIN_PROMPT_TOKENS)),
+            "grew"
+        );
+        assert!(!c.observe(at(750), 0, Some(5000)));
+        assert!(c.observe(at(800), 0, Some(5000)), "silent for 100 ms");
+        assert!(!c.observe(at(810), 1, Some(5000)), "an event arrived");
+        assert!(!c.observe(at(2000), 1, Some(5000)));
+        assert!(
+            !c.observe(at(2100), 1, Some(10)),
+            "engine restart: new baseline"
+        );
+        assert!(!c.observe(at(2200), 1, None), "no counter: nothing to say");
+    }
+}

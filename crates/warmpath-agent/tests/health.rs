@@ -1,0 +1,219 @@
+//! The agent's `/livez` and `/readyz`: a fake engine's metrics page, a test
+//! router and a KV-event publisher on 127.0.0.1; the silence check runs the
+//! real binary to read its log.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{poll, TestRouter};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use warmpath_agent::vllm::{KvEventPublisher, PublisherConfig};
+use warmpath_agent::{Agent, AgentConfig};
+
+/// A fake engine whose `/metrics` has vLLM's load gauges and a
+/// `vllm:prompt_tokens_total` that grows by `grow` at every scrape.
+async fn engine(grow: u64) -> SocketAddr {
+    let tokens = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let t = tokens.fetch_add(grow, Ordering::Relaxed) + grow;
+            async move {
+                format!(
+                    "vllm:num_requests_running{{engine=\"0\"}} 0\n\
+                     vllm:num_requests_waiting{{engine=\"0\"}} 0\n\
+                     vllm:kv_cache_usage_perc{{engine=\"0\"}} 0.1\n\
+                     vllm:prompt_tokens_total{{engine=\"0\"}} {t}\n"
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+async fn publisher() -> KvEventPublisher {
+    KvEventPublisher::bind(PublisherConfig::new("tcp://127.0.0.1:0"))
+        .await
+        .unwrap()
+}
+
+fn config(engine_url: &str, p: &KvEventPublisher, routers: Vec<String>) -> AgentConfig {
+    let mut c = AgentConfig::new("w1", "m", engine_url, p.endpoint());
+    c.routers = routers;
+    c.load_interval = Duration::from_millis(50);
+    c.link.backoff_min = Duration::from_millis(20);
+    c.link.backoff_max = Duration::from_millis(200);
+    c
+}
+
+/// (status, body) of `GET url`.
+async fn get(url: &str) -> (u16, Value) {
+    let r = reqwest::get(url).await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls `/readyz` of `addr` until its `not_ready` reasons are `want`.
+async fn until_reasons(addr: SocketAddr, want: &[&str]) -> (u16, Value) {
+    let url = format!("http://{addr}/readyz");
+    poll::poll(
+        &format!("/readyz not ready for {want:?}"),
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        async || {
+            let (status, v) = get(&url).await;
+            let got: Vec<&str> = v["not_ready"]
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            (got == want).then_some((status, v.clone()))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_needs_a_reachable_engine_and_a_router_stream() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p = publisher().await;
+    let up = format!("http://{}", engine(0).await);
+    let agent = Agent::start(config(&up, &p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    let addr = agent.http_addr();
+    let (status, v) = until_reasons(addr, &[]).await;
+    assert_eq!((status, v["status"].as_str()), (200, Some("ok")));
+    assert_eq!(get(&format!("http://{addr}/health")).await.0, 200);
+    assert_eq!(get(&format!("http://{addr}/livez")).await.0, 200);
+    // The router goes away: not ready, but alive.
+    router.stop().await;
+    let (status, _) = until_reasons(addr, &["no_router_stream"]).await;
+    assert_eq!(status, 503);
+    assert_eq!(get(&format!("http://{addr}/health")).await.0, 503);
+    assert_eq!(get(&format!("http://{addr}/livez")).await.0, 200);
+    agent.shutdown().await;
+
+    // An engine that does not answer: not ready, though the router is up.
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let agent = Agent::start(config(&down, &p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    let (status, _) = until_reasons(agent.http_addr(), &["engine_unreachable"]).await;
+    assert_eq!(status, 503);
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_tokens_without_kv_events_turn_readyz_false_and_log_the_wildcard_rule() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p = publisher().await;
+    let engine_url = format!("http://{}", engine(1000).await);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args([
+            "--worker-id",
+            "w1",
+            "--model",
+            "m",
+            "--engine-url",
+            engine_url.as_str(),
+        ])
+        .args([
+            "--kv-events",
+            p.endpoint(),
+            "--router",
+            router.url().as_str(),
+        ])
+        .args(["--load-interval-ms", "50", "--events-silence-ms", "300"])
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let addr: SocketAddr = loop {
+        let l = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("agent did not start within 30 s")
+            .expect("agent exited");
+        if let Some(a) = l.strip_prefix("warmpath-agent listening on http://") {
+            break a.parse().unwrap();
+        }
+        seen.push(l);
+    };
+    let (status, _) = until_reasons(addr, &["kv_events_silent"]).await;
+    assert_eq!(status, 503);
+    // Logged once, at ERROR, naming the endpoint and the rule.
+    let rule = "vLLM connects instead of binding when the endpoint is not a wildcard (tcp://*:PORT); point it at tcp://*:PORT";
+    let line = poll::poll(
+        "the silence logged",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        async || {
+            while let Ok(l) = rx.try_recv() {
+                seen.push(l);
+            }
+            seen.iter().find(|l| l.contains(rule)).cloned()
+        },
+    )
+    .await;
+    assert!(
+        line.contains("ERROR") && line.contains(p.endpoint()),
+        "{line}"
+    );
+    let metrics = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for want in [
+        "# HELP warmpath_agent_ready ",
+        "warmpath_agent_ready 0",
+        "warmpath_agent_kv_events_silent 1",
+        "warmpath_agent_router_streams 1",
+        "warmpath_agent_engine_up 1",
+    ] {
+        assert!(metrics.contains(want), "{want} not in {metrics}");
+    }
+    // Events arrive again: ready (and the error is not repeated).
+    poll::poll(
+        "ready once events arrive",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        async || {
+            p.publish(vec![]).await.unwrap();
+            (get(&format!("http://{addr}/readyz")).await.0 == 200).then_some(())
+        },
+    )
+    .await;
+    while let Ok(l) = rx.try_recv() {
+        seen.push(l);
+    }
+    assert_eq!(seen.iter().filter(|l| l.contains(rule)).count(), 1);
+    child.kill().await.unwrap();
+    router.stop().await;
+}
