@@ -194,3 +194,221 @@ async fn slow_headers_are_cut_off_and_half_closed_clients_get_their_answer() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(bs[0].count(), 1);
 }
+
+/// The router binary over `b` (`random`), with `sections` of router.yaml.
+async fn router_with(b: &TestBackend, sections: &str) -> RouterProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    let yaml = format!(
+        "{sections}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{}'}}]\n",
+        b.url()
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
+}
+
+/// Reads until the router closes the connection (at most 10 s).
+async fn read_to_close(mut s: tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+        .await
+        .expect("the router closes the connection");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The JSON body of a raw HTTP/1.1 answer.
+fn raw_json(answer: &str) -> serde_json::Value {
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+async fn raw_send(r: &RouterProcess, bytes: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
+    let b = TestBackend::start("b").await;
+    let r = router_with(
+        &b,
+        "server: {body_timeout_ms: 300, keepalive_idle_ms: 500, header_timeout_ms: 30000}",
+    )
+    .await;
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    // A body shorter than its Content-Length, and a chunked body that
+    // stalls: 408 in the OpenAI shape, and the connection is closed.
+    for rest in [
+        "Content-Length: 100\r\n\r\n{\"model\":",
+        "Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n",
+    ] {
+        let t = std::time::Instant::now();
+        let s = raw_send(&r, format!("{head}{rest}").as_bytes()).await;
+        let answer = read_to_close(s).await;
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        let e = raw_json(&answer);
+        assert_eq!(e["error"]["code"], "body_timeout", "{e}");
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    }
+    assert_eq!(b.count(), 0, "nothing went upstream");
+    // A served keep-alive connection left idle is closed after
+    // keepalive_idle_ms (not after the header timeout, 30 s).
+    let body = r#"{"model":"m","prompt":"x"}"#;
+    let t = std::time::Instant::now();
+    let s = raw_send(
+        &r,
+        format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).as_bytes(),
+    )
+    .await;
+    let answer = read_to_close(s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let held = t.elapsed();
+    assert!(
+        held >= Duration::from_millis(400) && held < Duration::from_secs(5),
+        "{held:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_max_connections_new_ones_are_refused_and_idle_ones_close_first() {
+    let b = TestBackend::start("b").await;
+    let r = router_with(
+        &b,
+        "server: {max_connections: 3, keepalive_idle_ms: 60000, header_timeout_ms: 30000}",
+    )
+    .await;
+    // Three connections busy on a slow backend fill the limit.
+    let body = r#"{"model":"m","prompt":"x","x_hold_ms":1000}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        busy.push(raw_send(&r, req.as_bytes()).await);
+    }
+    eventually("three requests upstream", || b.active() == 3).await;
+    // A fourth is refused at once, with a 503 in the OpenAI shape.
+    let t = std::time::Instant::now();
+    let refused = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    let answer = read_to_close(refused).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert_eq!(raw_json(&answer)["error"]["code"], "too_many_connections");
+    // Once answered they are idle; near the limit their keep-alive is
+    // short (60 s otherwise), so one closes and makes room.
+    let metrics = support::poll::poll(
+        "room for a new connection",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            // A refused connection's 503 comes before the request is sent,
+            // which the client reports as an error.
+            use http_body_util::BodyExt;
+            let req = request("GET", &r.url("/metrics"), "", &[]);
+            let resp = client().request(req).await.ok()?;
+            if resp.status() != 200 {
+                return None;
+            }
+            let body = resp.into_body().collect().await.ok()?.to_bytes();
+            Some(String::from_utf8(body.to_vec()).unwrap())
+        },
+    )
+    .await;
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("warmpath_connections_refused_total "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(refused >= 1, "{metrics}");
+    drop(busy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_then_ends_what_remains_within_the_deadlines() {
+    let b = TestBackend::start("b").await;
+    let r = router_with(
+        &b,
+        "server: {drain_grace_ms: 800, shutdown_timeout_ms: 800, header_timeout_ms: 60000}",
+    )
+    .await;
+    let url = r.url("/v1/chat/completions");
+    let c = client();
+    // Half a header, a request on a backend that hangs, a stream gone silent.
+    let half = raw_send(&r, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").await;
+    let hung = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        let body = json!({"model": "m", "x_hold_ms": 60000, "messages": [{"role": "user", "content": "x"}]});
+        async move { post(&c, &url, &body, &[]).await }
+    });
+    let silent = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        let body = json!({"model": "m", "stream": true, "x_chunks": 3, "x_delay_ms": 60000,
+                          "messages": [{"role": "user", "content": "x"}]});
+        async move { post_frames(&c, &url, &body).await }
+    });
+    eventually("both requests upstream", || b.count() == 2).await;
+    let t = std::time::Instant::now();
+    let exited = tokio::spawn(r.terminate());
+    // Draining: still served (a new connection each time), each answer
+    // telling the client to close.
+    let fresh = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+    let served = support::poll::poll(
+        "an answer marked as draining",
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        async || {
+            let rep = post(&client(), &url, &fresh, &[]).await;
+            let closing = rep.headers.get("connection").is_some_and(|v| v == "close");
+            closing.then_some(rep.status)
+        },
+    )
+    .await;
+    assert_eq!(served, 200);
+    let status = exited.await.unwrap();
+    assert!(status.success(), "{status:?}");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    let e = hung.await.unwrap().error(503);
+    assert_eq!(e["code"], "shutting_down");
+    let (code, _, frames, _) = silent.await.unwrap();
+    assert_eq!(code, 200);
+    let text = String::from_utf8(frames.iter().flat_map(|f| f.to_vec()).collect()).unwrap();
+    assert!(text.starts_with(&sse_chunks("b", 3)[0]), "{text}");
+    assert!(text.contains(r#""code":"shutting_down""#), "{text}");
+    let _ = read_to_close(half).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_hyper_cannot_parse_gets_its_bare_400_and_a_close() {
+    // hyper answers a head it cannot parse itself, before any service
+    // sees it: a 400 with no body, then it closes (README: HTTP errors).
+    let b = TestBackend::start("b").await;
+    let r = router_with(&b, "").await;
+    let s = raw_send(
+        &r,
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n",
+    )
+    .await;
+    let answer = read_to_close(s).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer:?}"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("content-length: 0"),
+        "{answer:?}"
+    );
+}

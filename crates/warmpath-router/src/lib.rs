@@ -8,7 +8,8 @@
 //! backend gets the body unchanged (apart from `cache_salt`), and its answer
 //! streams back frame by frame.
 //!
-//! Modules, in request order: `config` -> `front` -> `api` (with
+//! Modules, in request order: `config` -> `front` (with `conn`: limits and
+//! watchdogs of client connections) -> `api` (with
 //! `incoming`) -> `route` -> `proxy` (with `backend` load accounting and
 //! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
 //! `/metrics`), `admin`, `health`, `metrics` (the recorder and series) and
@@ -34,6 +35,7 @@ mod api;
 mod backend;
 mod caches;
 pub mod config;
+mod conn;
 mod error;
 mod front;
 mod health;

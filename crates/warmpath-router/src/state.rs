@@ -10,8 +10,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// The pooled keep-alive client used for every backend.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
@@ -29,6 +31,10 @@ pub struct Settings {
     pub health: HealthConfig,
     /// Longest wait for an upstream answer's headers.
     pub first_byte_timeout: Duration,
+    /// Longest silence of an upstream body once its headers are in.
+    pub stream_idle_timeout: Duration,
+    /// Longest wait for a client's request body.
+    pub body_timeout: Duration,
 }
 
 /// Shared router state.
@@ -45,6 +51,11 @@ pub struct Shared {
     pub agents: Option<Arc<Agents>>,
     /// Start time, for uptime and event ages.
     pub started: Instant,
+    /// Set at the start of a shutdown: not ready, still serving.
+    draining: AtomicBool,
+    /// Cancelled when the shutdown deadline passes: whatever is still in
+    /// flight ends now (a 503, or an SSE error event).
+    pub halt: CancellationToken,
 }
 
 impl std::fmt::Debug for Shared {
@@ -88,11 +99,25 @@ impl Shared {
                 admin_token: config.admin_token.clone(),
                 health: config.health.clone(),
                 first_byte_timeout: Duration::from_millis(config.upstream.first_byte_timeout_ms),
+                stream_idle_timeout: Duration::from_millis(config.upstream.stream_idle_timeout_ms),
+                body_timeout: Duration::from_millis(config.server.body_timeout_ms),
             },
             metrics,
             agents,
             started: Instant::now(),
+            draining: AtomicBool::new(false),
+            halt: CancellationToken::new(),
         }
+    }
+
+    /// Whether a shutdown has begun (readiness reads it: false from then on).
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Marks the start of a shutdown.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Agent-reported loads, when the ingest runs.
