@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::monotonic_ms;
 use crate::state::Shared;
 use axum::body::Body;
-use axum::http::{header, HeaderValue, Method, Request, StatusCode};
+use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
@@ -75,6 +75,8 @@ impl hyper::service::Service<Request<Incoming>> for Front {
         let shared = Arc::clone(&self.shared);
         let hot = Hot::of(&req);
         let router = hot.is_none().then(|| self.router.clone());
+        // `Connection` is HTTP/1's (HTTP/2 forbids it).
+        let h1 = req.version() < Version::HTTP_2;
         Box::pin(async move {
             let answer = async {
                 let hot = match (hot, router) {
@@ -107,7 +109,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                 () = shared.halt.cancelled() => ApiError::shutting_down().into_response(),
             };
             let (mut parts, body) = resp.into_parts();
-            if shared.draining() {
+            if h1 && shared.draining() {
                 // Clients move to another replica instead of reusing this one.
                 parts
                     .headers
