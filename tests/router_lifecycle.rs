@@ -412,3 +412,107 @@ async fn a_header_hyper_cannot_parse_gets_its_bare_400_and_a_close() {
         "{answer:?}"
     );
 }
+
+/// The router binary under `ulimit -n {nofile}` with `args`; its stderr
+/// is collected into the returned buffer.
+async fn router_with_nofile(
+    nofile: u32,
+    args: &str,
+) -> (
+    tokio::process::Child,
+    std::net::SocketAddr,
+    std::sync::Arc<parking_lot::Mutex<String>>,
+) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let bin = env!("CARGO_BIN_EXE_warmpath-router");
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n {nofile} && exec {bin} --listen 127.0.0.1:0 {args}"
+        ))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let addr = line
+        .strip_prefix("listening on http://")
+        .unwrap()
+        .parse()
+        .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let log = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let sink = std::sync::Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = err.next_line().await {
+            sink.lock().push_str(&l);
+            sink.lock().push('\n');
+        }
+    });
+    (child, addr, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_sizes_max_connections_and_accept_failures_back_off_quietly() {
+    let b = TestBackend::start("b").await;
+    let pool = format!(
+        "--model m --strategy random --header-timeout-ms 500 --backend {}",
+        b.url()
+    );
+    // Default max_connections: 80% of `ulimit -n 256`, so 204: connections
+    // past it get a 503 instead of starving accept.
+    let (_child, addr, _log) = router_with_nofile(256, &pool).await;
+    let mut open = Vec::new();
+    for _ in 0..220 {
+        open.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut refused = 0;
+    for s in open.drain(200..) {
+        let answer = read_to_close(s).await;
+        refused += usize::from(answer.starts_with("HTTP/1.1 503"));
+    }
+    assert!(refused >= 10, "{refused} of the last 20 refused");
+    drop(open);
+
+    // A limit above the open-file limit: accept fails (EMFILE), is logged
+    // once, backs off, and works again once descriptors are free.
+    let (_child, addr, log) =
+        router_with_nofile(128, &format!("{pool} --max-connections 100000")).await;
+    let mut open = Vec::new();
+    for _ in 0..200 {
+        open.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    eventually("an accept failure logged", || {
+        log.lock().contains("accept failed")
+    })
+    .await;
+    // Out of descriptors for a while: the old loop logged every 50 ms.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    drop(open);
+    let url = format!("http://{addr}/v1/models");
+    support::poll::poll(
+        "accept working again",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            let req = request("GET", &url, "", &[]);
+            let resp = client().request(req).await.ok()?;
+            (resp.status() == 200).then_some(())
+        },
+    )
+    .await;
+    let text = log.lock().clone();
+    assert_eq!(
+        text.matches("accept failed").count(),
+        1,
+        "logged more than once in 10 s:\n{text}"
+    );
+}
