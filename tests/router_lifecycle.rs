@@ -392,9 +392,9 @@ async fn sigterm_drains_then_ends_what_remains_within_the_deadlines() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_header_hyper_cannot_parse_gets_its_bare_400_and_a_close() {
-    // hyper answers a head it cannot parse itself, before any service
-    // sees it: a 400 with no body, then it closes (README: HTTP errors).
+async fn a_header_hyper_cannot_parse_gets_an_openai_error_and_a_close() {
+    // hyper answers a head it cannot parse itself, before any service sees
+    // it; the socket wrapper gives that answer the OpenAI JSON shape.
     let b = TestBackend::start("b").await;
     let r = router_with(&b, "").await;
     let s = raw_send(
@@ -407,10 +407,11 @@ async fn a_header_hyper_cannot_parse_gets_its_bare_400_and_a_close() {
         answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
         "{answer:?}"
     );
-    assert!(
-        answer.to_ascii_lowercase().contains("content-length: 0"),
-        "{answer:?}"
-    );
+    let e = raw_json(&answer);
+    assert_eq!(e["error"]["code"], "invalid_request_head", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    // The connection's next use is refused cleanly; the router still serves.
+    assert_eq!(get_url(&client(), &r.url("/v1/models")).await.status, 200);
 }
 
 /// The router binary under `ulimit -n {nofile}` with `args`; its stderr

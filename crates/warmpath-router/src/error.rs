@@ -192,6 +192,20 @@ impl ApiError {
         }
     }
 
+    /// The whole HTTP/1.1 answer as bytes, closing the connection: for the
+    /// answers written to a socket directly, outside hyper's service.
+    pub fn raw_http1(&self) -> Vec<u8> {
+        let body = self.body().to_string();
+        format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or(""),
+            body.len()
+        )
+        .into_bytes()
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {

@@ -296,21 +296,14 @@ async fn connection(
 
 /// The answer written to a connection over `max_connections`.
 fn refusal(max: usize) -> Vec<u8> {
-    let body = ApiError {
+    ApiError {
         status: StatusCode::SERVICE_UNAVAILABLE,
         message: format!("too many connections: the router serves at most {max} at once"),
         kind: "service_unavailable_error",
         param: None,
         code: "too_many_connections",
     }
-    .body()
-    .to_string();
-    format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    .raw_http1()
 }
 
 /// Accept failures (EMFILE, ENFILE, ...): logged at most every
