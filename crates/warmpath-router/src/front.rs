@@ -14,9 +14,10 @@
 //! is ended (`Shared::halt`).
 
 use crate::api;
-use crate::conn::{Activity, Conns, HeldBody, Slot, Watched};
+use crate::conn::{Activity, Conns, HeldBody, Slot};
 use crate::error::ApiError;
 use crate::monotonic_ms;
+use crate::socket::Watched;
 use crate::state::Shared;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};

@@ -9,7 +9,7 @@
 //! streams back frame by frame.
 //!
 //! Modules, in request order: `config` -> `front` (with `conn`: limits and
-//! watchdogs of client connections) -> `api` (with
+//! watchdogs of client connections, and `socket`) -> `api` (with
 //! `incoming`) -> `route` -> `proxy` (with `backend` load accounting and
 //! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
 //! `/metrics`), `admin`, `health`, `metrics` (the recorder and series) and
@@ -49,6 +49,7 @@ mod proxy;
 mod route;
 mod salt;
 mod server;
+mod socket;
 mod state;
 
 pub use config::{Cli, RouterConfig};
