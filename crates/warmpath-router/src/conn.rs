@@ -157,7 +157,9 @@ pub struct Activity {
     served: AtomicBool,
     /// When the connection last became idle (accepted, or an answer ended).
     idle_since: AtomicU64,
-    /// The first byte read since then: a request head is under way.
+    /// The first byte read since then: a request head is under way. (On
+    /// HTTP/2 any frame counts, so an idle HTTP/2 connection that pings is
+    /// closed after `header_timeout` rather than `keepalive_idle`.)
     head_started: AtomicU64,
     /// Wakes the watchdog when its deadline may have moved earlier (the
     /// connection went idle, or a head began).
