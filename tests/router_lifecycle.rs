@@ -226,3 +226,326 @@ async fn the_router_prints_an_agents_credential_and_refuses_to_print_without_a_s
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The router binary over `b` (`random`), with `sections` of router.yaml.
+async fn router_with(b: &TestBackend, sections: &str) -> RouterProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    let yaml = format!(
+        "{sections}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{}'}}]\n",
+        b.url()
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
+}
+
+/// Reads until the router closes the connection (at most 10 s).
+async fn read_to_close(mut s: tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+        .await
+        .expect("the router closes the connection");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The JSON body of a raw HTTP/1.1 answer.
+fn raw_json(answer: &str) -> serde_json::Value {
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+async fn raw_send(r: &RouterProcess, bytes: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
+    let b = TestBackend::start("b").await;
+    let r = router_with(
+        &b,
+        "server: {body_timeout_ms: 300, keepalive_idle_ms: 500, header_timeout_ms: 30000}",
+    )
+    .await;
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    // A body shorter than its Content-Length, and a chunked body that
+    // stalls: 408 in the OpenAI shape, and the connection is closed.
+    for rest in [
+        "Content-Length: 100\r\n\r\n{\"model\":",
+        "Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n",
+    ] {
+        let t = std::time::Instant::now();
+        let s = raw_send(&r, format!("{head}{rest}").as_bytes()).await;
+        let answer = read_to_close(s).await;
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        let e = raw_json(&answer);
+        assert_eq!(e["error"]["code"], "body_timeout", "{e}");
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    }
+    assert_eq!(b.count(), 0, "nothing went upstream");
+    // A served keep-alive connection left idle is closed after
+    // keepalive_idle_ms (not after the header timeout, 30 s).
+    let body = r#"{"model":"m","prompt":"x"}"#;
+    let t = std::time::Instant::now();
+    let s = raw_send(
+        &r,
+        format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).as_bytes(),
+    )
+    .await;
+    let answer = read_to_close(s).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let held = t.elapsed();
+    assert!(
+        held >= Duration::from_millis(400) && held < Duration::from_secs(5),
+        "{held:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_max_connections_new_ones_are_refused_and_idle_ones_close_first() {
+    let b = TestBackend::start("b").await;
+    let r = router_with(
+        &b,
+        "server: {max_connections: 3, keepalive_idle_ms: 60000, header_timeout_ms: 30000}",
+    )
+    .await;
+    // Three connections busy on a slow backend fill the limit.
+    let body = r#"{"model":"m","prompt":"x","x_hold_ms":1000}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        busy.push(raw_send(&r, req.as_bytes()).await);
+    }
+    eventually("three requests upstream", || b.active() == 3).await;
+    // A fourth is refused at once, with a 503 in the OpenAI shape.
+    let t = std::time::Instant::now();
+    let refused = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    let answer = read_to_close(refused).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert_eq!(raw_json(&answer)["error"]["code"], "too_many_connections");
+    // Once answered they are idle; near the limit their keep-alive is
+    // short (60 s otherwise), so one closes and makes room.
+    let metrics = support::poll::poll(
+        "room for a new connection",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            // A refused connection's 503 comes before the request is sent,
+            // which the client reports as an error.
+            use http_body_util::BodyExt;
+            let req = request("GET", &r.url("/metrics"), "", &[]);
+            let resp = client().request(req).await.ok()?;
+            if resp.status() != 200 {
+                return None;
+            }
+            let body = resp.into_body().collect().await.ok()?.to_bytes();
+            Some(String::from_utf8(body.to_vec()).unwrap())
+        },
+    )
+    .await;
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("warmpath_connections_refused_total "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(refused >= 1, "{metrics}");
+    drop(busy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_then_ends_what_remains_within_the_deadlines() {
+    let b = TestBackend::start("b").await;
+    let r = router_with(
+        &b,
+        "server: {drain_grace_ms: 800, shutdown_timeout_ms: 800, header_timeout_ms: 60000}",
+    )
+    .await;
+    let url = r.url("/v1/chat/completions");
+    let c = client();
+    // Half a header, a request on a backend that hangs, a stream gone silent.
+    let half = raw_send(&r, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").await;
+    let hung = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        let body = json!({"model": "m", "x_hold_ms": 60000, "messages": [{"role": "user", "content": "x"}]});
+        async move { post(&c, &url, &body, &[]).await }
+    });
+    let silent = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        let body = json!({"model": "m", "stream": true, "x_chunks": 3, "x_delay_ms": 60000,
+                          "messages": [{"role": "user", "content": "x"}]});
+        async move { post_frames(&c, &url, &body).await }
+    });
+    eventually("both requests upstream", || b.count() == 2).await;
+    let t = std::time::Instant::now();
+    let exited = tokio::spawn(r.terminate());
+    // Draining: still served (a new connection each time), each answer
+    // telling the client to close.
+    let fresh = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+    let served = support::poll::poll(
+        "an answer marked as draining",
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        async || {
+            let rep = post(&client(), &url, &fresh, &[]).await;
+            let closing = rep.headers.get("connection").is_some_and(|v| v == "close");
+            closing.then_some(rep.status)
+        },
+    )
+    .await;
+    assert_eq!(served, 200);
+    let status = exited.await.unwrap();
+    assert!(status.success(), "{status:?}");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    let e = hung.await.unwrap().error(503);
+    assert_eq!(e["code"], "shutting_down");
+    let (code, _, frames, _) = silent.await.unwrap();
+    assert_eq!(code, 200);
+    let text = String::from_utf8(frames.iter().flat_map(|f| f.to_vec()).collect()).unwrap();
+    assert!(text.starts_with(&sse_chunks("b", 3)[0]), "{text}");
+    assert!(text.contains(r#""code":"shutting_down""#), "{text}");
+    let _ = read_to_close(half).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_hyper_cannot_parse_gets_an_openai_error_and_a_close() {
+    // hyper answers a head it cannot parse itself, before any service sees
+    // it; the socket wrapper gives that answer the OpenAI JSON shape.
+    let b = TestBackend::start("b").await;
+    let r = router_with(&b, "").await;
+    let s = raw_send(
+        &r,
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n",
+    )
+    .await;
+    let answer = read_to_close(s).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer:?}"
+    );
+    let e = raw_json(&answer);
+    assert_eq!(e["error"]["code"], "invalid_request_head", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    // The connection's next use is refused cleanly; the router still serves.
+    assert_eq!(get_url(&client(), &r.url("/v1/models")).await.status, 200);
+}
+
+/// The router binary under `ulimit -n {nofile}` with `args`; its stderr
+/// is collected into the returned buffer.
+async fn router_with_nofile(
+    nofile: u32,
+    args: &str,
+) -> (
+    tokio::process::Child,
+    std::net::SocketAddr,
+    std::sync::Arc<parking_lot::Mutex<String>>,
+) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let bin = env!("CARGO_BIN_EXE_warmpath-router");
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n {nofile} && exec {bin} --listen 127.0.0.1:0 {args}"
+        ))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let addr = line
+        .strip_prefix("listening on http://")
+        .unwrap()
+        .parse()
+        .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let log = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let sink = std::sync::Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = err.next_line().await {
+            sink.lock().push_str(&l);
+            sink.lock().push('\n');
+        }
+    });
+    (child, addr, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_sizes_max_connections_and_accept_failures_back_off_quietly() {
+    let b = TestBackend::start("b").await;
+    let pool = format!(
+        "--model m --strategy random --header-timeout-ms 500 --backend {}",
+        b.url()
+    );
+    // Default max_connections: 80% of `ulimit -n 256`, so 204: connections
+    // past it get a 503 instead of starving accept.
+    let (_child, addr, _log) = router_with_nofile(256, &pool).await;
+    let mut open = Vec::new();
+    for _ in 0..220 {
+        open.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut refused = 0;
+    for s in open.drain(200..) {
+        let answer = read_to_close(s).await;
+        refused += usize::from(answer.starts_with("HTTP/1.1 503"));
+    }
+    assert!(refused >= 10, "{refused} of the last 20 refused");
+    drop(open);
+
+    // A limit above the open-file limit: accept fails (EMFILE), is logged
+    // once, backs off, and works again once descriptors are free.
+    let (_child, addr, log) =
+        router_with_nofile(128, &format!("{pool} --max-connections 100000")).await;
+    let mut open = Vec::new();
+    for _ in 0..200 {
+        open.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    eventually("an accept failure logged", || {
+        log.lock().contains("accept failed")
+    })
+    .await;
+    // Out of descriptors for a while: the old loop logged every 50 ms.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    drop(open);
+    let url = format!("http://{addr}/v1/models");
+    support::poll::poll(
+        "accept working again",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            let req = request("GET", &url, "", &[]);
+            let resp = client().request(req).await.ok()?;
+            (resp.status() == 200).then_some(())
+        },
+    )
+    .await;
+    let text = log.lock().clone();
+    assert_eq!(
+        text.matches("accept failed").count(),
+        1,
+        "logged more than once in 10 s:\n{text}"
+    );
+}

@@ -480,6 +480,9 @@ async fn observe_parts(cfg: &AgentConfig) -> Result<(PromptHasher, reqwest::Clie
         .map_err(|source| AgentError::Tokenizer { path, source })?;
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
+        // Requests go out in more than one write (head, body): said
+        // explicitly, though reqwest's default is the same.
+        .tcp_nodelay(true)
         .build()
         .map_err(|e| AgentError::Config(format!("cannot build the engine HTTP client: {e}")))?;
     let hasher = PromptHasher::new(

@@ -292,3 +292,64 @@ async fn an_unreachable_engine_is_a_502() {
     assert_eq!(agent.observe_stats().observed.get(), 0);
     agent.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_streams_through_the_proxy_add_under_5_ms_at_p99() {
+    use axum::serve::ListenerExt;
+    use futures::StreamExt;
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    // An engine that streams its chunks 2 ms apart from sockets with
+    // TCP_NODELAY: a delayed-ACK stall (~40 ms) can then only be the agent's.
+    async fn trickle() -> Response {
+        let chunks = futures::stream::iter(SSE).then(|c| async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Ok::<_, Infallible>(Bytes::from_static(c.as_bytes()))
+        });
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(chunks))
+            .unwrap()
+    }
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine_addr = l.local_addr().unwrap();
+    let l = l.tap_io(|t| t.set_nodelay(true).unwrap());
+    let app = Router::new().route("/v1/completions", post(trickle));
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let agent = Agent::start(config(engine_addr, dir.path(), vec![router.url()]), None)
+        .await
+        .unwrap();
+    let body =
+        serde_json::json!({"model": "m", "prompt": "hello there", "stream": true}).to_string();
+    let client = reqwest::Client::new();
+    let direct = format!("http://{engine_addr}/v1/completions");
+    let proxied = format!("http://{}/v1/completions", agent.http_addr());
+    let time = async |url: &str| {
+        let t = Instant::now();
+        let r = client.post(url).body(body.clone()).send().await.unwrap();
+        let got = r.bytes().await.unwrap();
+        assert!(got.ends_with(b"data: [DONE]\n\n"), "{got:?}");
+        t.elapsed()
+    };
+    // Interleaved, on one keep-alive connection to each; the first few warm up.
+    let (mut d, mut p) = (Vec::new(), Vec::new());
+    for i in 0..55 {
+        let (a, b) = (time(&direct).await, time(&proxied).await);
+        if i >= 5 {
+            d.push(a);
+            p.push(b);
+        }
+    }
+    d.sort();
+    p.sort();
+    let p99 = p[(p.len() * 99).div_ceil(100) - 1];
+    let added = p99.saturating_sub(d[d.len() / 2]);
+    eprintln!(
+        "direct p50 {:?}, proxied p50 {:?} p99 {p99:?}, added at p99 {added:?}",
+        d[d.len() / 2],
+        p[p.len() / 2]
+    );
+    assert!(added < Duration::from_millis(5), "added {added:?} at p99");
+}

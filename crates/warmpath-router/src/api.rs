@@ -58,7 +58,14 @@ async fn openai(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let raw = match read_body(body, &headers, s.settings.max_body_bytes).await {
+    let raw = match read_body(
+        body,
+        &headers,
+        s.settings.max_body_bytes,
+        s.settings.body_timeout,
+    )
+    .await
+    {
         Ok(b) => b,
         Err(e) => return rejected(e),
     };
@@ -115,7 +122,14 @@ fn prepare(
 /// pool comes from a top-level `model` string when the body is JSON with one,
 /// else the only pool; the tenant only from `X-Prefix-Aware-Id`.
 pub async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
-    let raw = match read_body(body, &headers, s.settings.max_body_bytes).await {
+    let raw = match read_body(
+        body,
+        &headers,
+        s.settings.max_body_bytes,
+        s.settings.body_timeout,
+    )
+    .await
+    {
         Ok(b) => b,
         Err(e) => return rejected(e),
     };

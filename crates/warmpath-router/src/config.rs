@@ -24,7 +24,8 @@
 //!
 //! Flags: `--listen`, `--grpc-listen`, `--admin-token`, `--agent-token`,
 //! `--agent-tls-cert`, `--agent-tls-key`, `--agent-stale-after-ms`,
-//! `--agent-drop-after-ms` and `--max-body-bytes` replace the file's values. Pool flags (`--model`,
+//! `--agent-drop-after-ms`, `--max-body-bytes`, `--header-timeout-ms`,
+//! `--max-connections` and `--drain-grace-ms` replace the file's values. Pool flags (`--model`,
 //! `--backend` (repeatable, replaces the pool's backends), `--strategy`,
 //! `--tokenizer`, `--block-size`, `--prefix-length`, `--concurrency-threshold`)
 //! apply to the pool named by `--model` (created when the file has no such
@@ -211,16 +212,42 @@ pub enum ProbeKind {
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Time a client has to send its first byte on a new connection, and
-    /// then each HTTP/1.1 request's whole header, in milliseconds (>= 1);
-    /// then the connection is closed. A client that sends nothing, or half
-    /// a header, holds no socket longer.
+    /// then each request's whole header from its first byte, in
+    /// milliseconds (>= 1); then the connection is closed. A client that
+    /// sends nothing, or half a header, holds no socket longer.
     pub header_timeout_ms: u64,
+    /// Time a client has to send a whole request body of the proxied
+    /// endpoints (and `/cache-index/query`) once its header is in, in
+    /// milliseconds (>= 1): a body shorter than its `Content-Length`, or a
+    /// chunked body that stalls, gets a 408 and the connection is closed.
+    pub body_timeout_ms: u64,
+    /// An idle keep-alive connection (its last answer sent, no new request
+    /// begun) is closed after this many milliseconds (>= 1).
+    pub keepalive_idle_ms: u64,
+    /// Most client connections open at once (>= 1); over it a new
+    /// connection gets a 503 and is closed at once, and idle keep-alive
+    /// connections are closed after a short second when more than 90% are
+    /// open. Default (none): 80% of the soft open-file limit read at start.
+    pub max_connections: Option<usize>,
+    /// After SIGTERM (or `RunningRouter::shutdown`), keep serving this many
+    /// milliseconds while not ready, so load balancers notice, then stop
+    /// accepting.
+    pub drain_grace_ms: u64,
+    /// Then wait at most this many milliseconds (>= 1) for in-flight
+    /// requests; what remains is closed (an SSE stream gets an error event)
+    /// and the process exits 0.
+    pub shutdown_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            keepalive_idle_ms: 60_000,
+            max_connections: None,
+            drain_grace_ms: 5_000,
+            shutdown_timeout_ms: 30_000,
         }
     }
 }
@@ -236,6 +263,11 @@ pub struct UpstreamConfig {
     /// backend that accepts and never answers gets a 504 and a failure
     /// toward `health.eject_after`; long queues and prefills must fit.
     pub first_byte_timeout_ms: u64,
+    /// Longest silence of an answer's body once its headers are in, in
+    /// milliseconds (>= 1): a stream then ends with an SSE error event (other
+    /// bodies are cut off), and it counts as a failure toward
+    /// `health.eject_after`.
+    pub stream_idle_timeout_ms: u64,
     /// Idle keep-alive connections kept per backend.
     pub max_idle_per_backend: usize,
 }
@@ -244,7 +276,8 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             connect_timeout_ms: 2000,
-            first_byte_timeout_ms: 120_000,
+            first_byte_timeout_ms: 600_000,
+            stream_idle_timeout_ms: 120_000,
             max_idle_per_backend: 256,
         }
     }

@@ -159,6 +159,31 @@ impl ApiError {
         }
     }
 
+    /// 408: the client did not send its whole body in time.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {} ms",
+                limit.as_millis()
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: "body_timeout",
+        }
+    }
+
+    /// 503: the router is shutting down and its deadline passed.
+    pub fn shutting_down() -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the router is shutting down".into(),
+            kind: "service_unavailable_error",
+            param: None,
+            code: "shutting_down",
+        }
+    }
+
     /// 401: missing or wrong bearer token.
     pub fn unauthorized() -> Self {
         ApiError {
@@ -181,6 +206,20 @@ impl ApiError {
         }
     }
 
+    /// The whole HTTP/1.1 answer as bytes, closing the connection: for the
+    /// answers written to a socket directly, outside hyper's service.
+    pub fn raw_http1(&self) -> Vec<u8> {
+        let body = self.body().to_string();
+        format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or(""),
+            body.len()
+        )
+        .into_bytes()
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {
@@ -194,7 +233,20 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        // After a 408 the rest of the body may still come, and after a
+        // shutdown's 503 nothing more is served: either way the connection
+        // cannot carry another request.
+        if matches!(
+            (self.status, self.code),
+            (StatusCode::REQUEST_TIMEOUT, _) | (_, "shutting_down")
+        ) {
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 

@@ -6,24 +6,33 @@
 //! The proxied endpoints are the hot path: matching three fixed paths here
 //! skips axum's routing (matched-path and URL-parameter extensions, a boxed
 //! clone of the route's service per request), and keeps one table of them.
+//!
+//! Each connection is admitted under `server.max_connections` and watched
+//! ([`crate::conn`]); a shutdown drains in three steps: not ready but still
+//! serving for `drain_grace_ms`, then no new connections and up to
+//! `shutdown_timeout_ms` for the requests in flight, then whatever remains
+//! is ended (`Shared::halt`).
 
 use crate::api;
+use crate::conn::{Activity, Conns, HeldBody, Slot};
 use crate::error::ApiError;
+use crate::monotonic_ms;
+use crate::socket::Watched;
 use crate::state::Shared;
 use axum::body::Body;
-use axum::http::{header, HeaderValue, Method, Request, StatusCode};
+use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::TcpListener;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
@@ -52,6 +61,7 @@ impl Hot {
 struct Front {
     shared: Arc<Shared>,
     router: Router,
+    activity: Arc<Activity>,
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -62,22 +72,54 @@ impl hyper::service::Service<Request<Incoming>> for Front {
     type Future = BoxFuture;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let Some(hot) = Hot::of(&req) else {
-            let mut router = self.router.clone();
-            return Box::pin(async move { router.call(req.map(Body::new)).await });
-        };
-        if req.method() != Method::POST {
-            return Box::pin(async { Ok(method_not_allowed()) });
-        }
+        let busy = self.activity.begin();
         let shared = Arc::clone(&self.shared);
-        let (parts, body) = req.into_parts();
-        let body = Body::new(body);
+        let hot = Hot::of(&req);
+        let router = hot.is_none().then(|| self.router.clone());
+        // `Connection` is HTTP/1's (HTTP/2 forbids it).
+        let h1 = req.version() < Version::HTTP_2;
         Box::pin(async move {
-            Ok(match hot {
-                Hot::Chat => api::chat(shared, parts.uri, parts.headers, body).await,
-                Hot::Completions => api::completions(shared, parts.uri, parts.headers, body).await,
-                Hot::Invocations => api::invocations(shared, parts.headers, body).await,
-            })
+            let answer = async {
+                let hot = match (hot, router) {
+                    (Some(hot), _) => hot,
+                    (None, Some(mut router)) => {
+                        return match router.call(req.map(Body::new)).await {
+                            Ok(r) => r,
+                            Err(never) => match never {},
+                        }
+                    }
+                    (None, None) => return ApiError::internal("no route table").into_response(),
+                };
+                if req.method() != Method::POST {
+                    return method_not_allowed();
+                }
+                let s = Arc::clone(&shared);
+                let (parts, body) = req.into_parts();
+                let body = Body::new(body);
+                match hot {
+                    Hot::Chat => api::chat(s, parts.uri, parts.headers, body).await,
+                    Hot::Completions => api::completions(s, parts.uri, parts.headers, body).await,
+                    Hot::Invocations => api::invocations(s, parts.headers, body).await,
+                }
+            };
+            // Past the shutdown deadline a request still waiting (on its
+            // body, or on a backend's first byte) is answered now.
+            let resp = tokio::select! {
+                biased;
+                r = answer => r,
+                () = shared.halt.cancelled() => ApiError::shutting_down().into_response(),
+            };
+            let (mut parts, body) = resp.into_parts();
+            if h1 && shared.draining() {
+                // Clients move to another replica instead of reusing this one.
+                parts
+                    .headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok(Response::from_parts(
+                parts,
+                Body::new(HeldBody::new(body, busy)),
+            ))
         })
     }
 }
@@ -97,31 +139,64 @@ fn method_not_allowed() -> Response {
     resp
 }
 
-/// Serves `listener` until `shutdown` is cancelled, then lets open
-/// connections finish their in-flight requests. An HTTP/1.1 client has
-/// `header_timeout` to send each request's header; one that half-closes
-/// its socket after sending still gets its answer.
+/// The shutdown's two deadlines (`server.drain_grace_ms`,
+/// `server.shutdown_timeout_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct Drain {
+    /// Served while draining, before accepting stops.
+    pub grace: Duration,
+    /// Then the longest wait for in-flight requests.
+    pub timeout: Duration,
+}
+
+/// After `Shared::halt`, the time an answer has to write its last bytes
+/// (an SSE error event) before its connection is dropped.
+const FLUSH_MS: u64 = 500;
+
+/// Serves `listener` until `shutdown` is cancelled, then drains (see the
+/// module docs). An HTTP/1.1 client that half-closes its socket after
+/// sending still gets its answer.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
     router: Router,
-    header_timeout: Duration,
+    conns: Arc<Conns>,
+    drain: Drain,
     shutdown: CancellationToken,
 ) {
-    let front = Front { shared, router };
-    let graceful = GracefulShutdown::new();
+    let refusal = refusal(conns.limits().max_connections);
+    let closing = CancellationToken::new();
+    let mut backoff = AcceptBackoff::default();
+    let mut grace_over = pin!(async {
+        shutdown.cancelled().await;
+        shared.start_draining();
+        tracing::info!(
+            grace_ms = drain.grace.as_millis() as u64,
+            "shutting down: not ready, still serving"
+        );
+        tokio::time::sleep(drain.grace).await;
+    });
     loop {
         let (tcp, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
+            () = &mut grace_over => break,
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    backoff.succeeded();
+                    a
+                }
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of file descriptors, most likely: idle
+                    // connections give theirs back first.
+                    conns.press();
+                    backoff.failed(&e).await;
                     continue;
                 }
             },
+        };
+        let Some(slot) = conns.admit() else {
+            // Refused at once: best effort, never waiting on the client.
+            let _ = tcp.try_write(&refusal);
+            continue;
         };
         // Answers stream in small writes (SSE chunks): without TCP_NODELAY,
         // Nagle's algorithm holds a chunk until the client's delayed ACK
@@ -130,38 +205,138 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
         }
-        let service = front.clone();
-        let watcher = graceful.watcher();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            // hyper's header timeout starts at a request's first byte: a
-            // connection that never sends one is cut off here.
-            let mut first = [0u8; 1];
-            let waited = tokio::select! {
-                () = stop.cancelled() => return,
-                w = tokio::time::timeout(header_timeout, tcp.peek(&mut first)) => w,
-            };
-            match waited {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => {
-                    tracing::debug!(%peer, "connection sent nothing in time; closed");
+        let front = Front {
+            shared: Arc::clone(&shared),
+            router: router.clone(),
+            activity: Arc::clone(&slot.activity),
+        };
+        tokio::spawn(connection(tcp, peer, slot, front, closing.clone()));
+    }
+    drop(listener);
+    closing.cancel();
+    tracing::info!(
+        open = conns.open(),
+        "no longer accepting; waiting for in-flight requests"
+    );
+    if tokio::time::timeout(drain.timeout, conns.all_closed())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open = conns.open(),
+            timeout_ms = drain.timeout.as_millis() as u64,
+            "shutdown deadline passed; ending what remains"
+        );
+        shared.halt.cancel();
+        let flush = Duration::from_millis(FLUSH_MS * 2);
+        let _ = tokio::time::timeout(flush, conns.all_closed()).await;
+    }
+}
+
+/// Serves one connection, closing it when its watchdog says so: idle past
+/// its keep-alive, a head too slow, or the shutdown's end.
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    front: Front,
+    closing: CancellationToken,
+) {
+    let conns = Arc::clone(slot.conns());
+    let limits = *conns.limits();
+    let activity = Arc::clone(&slot.activity);
+    let halt = front.shared.halt.clone();
+    let recheck = limits.header_timeout.min(limits.keepalive_idle);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).half_close(true);
+    let io = TokioIo::new(Watched::new(tcp, Arc::clone(&activity)));
+    let mut conn = pin!(builder.serve_connection(io, front));
+    let mut stopping = false;
+    let mut flush_until = None;
+    loop {
+        let now = monotonic_ms();
+        let wake_at = match flush_until {
+            Some(t) => t,
+            None => match activity.close_at(&limits, conns.under_pressure()) {
+                Some(t) if t <= now => {
+                    tracing::debug!(%peer, "connection idle or too slow; closed");
+                    return;
+                }
+                Some(t) => t,
+                None => now + recheck.as_millis() as u64,
+            },
+        };
+        let pressed = conns.pressed();
+        let changed = activity.changed();
+        tokio::select! {
+            biased;
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::trace!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = closing.cancelled(), if !stopping => {
+                // Idle: closed now; busy: after the answer in flight.
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = halt.cancelled(), if flush_until.is_none() => {
+                flush_until = Some(now + FLUSH_MS);
+            }
+            () = pressed => {}
+            () = changed => {}
+            () = tokio::time::sleep(Duration::from_millis(wake_at.saturating_sub(now))) => {
+                if flush_until.is_some() {
                     return;
                 }
             }
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .half_close(true);
-            let conn = builder.serve_connection(TokioIo::new(tcp), service);
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::trace!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+        }
     }
-    drop(listener);
-    graceful.shutdown().await;
+}
+
+/// The answer written to a connection over `max_connections`.
+fn refusal(max: usize) -> Vec<u8> {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: format!("too many connections: the router serves at most {max} at once"),
+        kind: "service_unavailable_error",
+        param: None,
+        code: "too_many_connections",
+    }
+    .raw_http1()
+}
+
+/// Accept failures (EMFILE, ENFILE, ...): logged at most every
+/// [`AcceptBackoff::LOG_EVERY`], with a back-off doubling from 10 ms to 1 s.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    failures: u64,
+    delay_ms: u64,
+    last_log: Option<Instant>,
+}
+
+impl AcceptBackoff {
+    const LOG_EVERY: Duration = Duration::from_secs(10);
+
+    async fn failed(&mut self, e: &std::io::Error) {
+        self.failures += 1;
+        if self.last_log.is_none_or(|t| t.elapsed() >= Self::LOG_EVERY) {
+            self.last_log = Some(Instant::now());
+            tracing::warn!(error = %e, failures = self.failures,
+                "accept failed; backing off (logged at most every 10 s)");
+        }
+        self.delay_ms = (self.delay_ms * 2).clamp(10, 1_000);
+        tokio::time::sleep(Duration::from_millis(self.delay_ms)).await;
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "accept works again");
+            self.failures = 0;
+            self.delay_ms = 0;
+        }
+    }
 }
 
 impl std::fmt::Debug for Front {

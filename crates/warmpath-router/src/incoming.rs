@@ -6,12 +6,20 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use std::time::Duration;
 
 /// The tenant header.
 pub const TENANT_HEADER: &str = "x-prefix-aware-id";
 
-/// Reads a body of at most `limit` bytes (413 above).
-pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads a body of at most `limit` bytes (413 above) within `deadline`
+/// (408 after: a body shorter than its `Content-Length`, or a chunked one
+/// that stalls, holds the request no longer).
+pub async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -19,7 +27,10 @@ pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
+    let Ok(read) = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await else {
+        return Err(ApiError::body_timeout(deadline));
+    };
+    match read {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
         Err(e) => Err(ApiError::bad_request(

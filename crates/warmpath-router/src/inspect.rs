@@ -180,7 +180,13 @@ pub async fn query(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body)
 
 async fn query_inner(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
     crate::access::inspect(s, headers)?;
-    let raw = read_body(body, headers, s.settings.max_body_bytes).await?;
+    let raw = read_body(
+        body,
+        headers,
+        s.settings.max_body_bytes,
+        s.settings.body_timeout,
+    )
+    .await?;
     let started = Instant::now();
     let value: Value = serde_json::from_slice(&raw).map_err(RequestError::InvalidJson)?;
     let req = Request::from_value(&value, Expect::Any)?;

@@ -8,7 +8,8 @@
 //! backend gets the body unchanged (apart from `cache_salt`), and its answer
 //! streams back frame by frame.
 //!
-//! Modules, in request order: `config` -> `front` -> `api` (with
+//! Modules, in request order: `config` -> `front` (with `conn`: limits and
+//! watchdogs of client connections, and `socket`) -> `api` (with
 //! `incoming`) -> `route` -> `proxy` (with `backend` load accounting and
 //! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
 //! `/metrics`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
@@ -35,6 +36,7 @@ mod api;
 mod backend;
 mod caches;
 pub mod config;
+mod conn;
 mod error;
 mod front;
 mod health;
@@ -49,6 +51,7 @@ mod readiness;
 mod route;
 mod salt;
 mod server;
+mod socket;
 mod state;
 mod work;
 

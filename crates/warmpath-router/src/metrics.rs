@@ -16,6 +16,8 @@
 //! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::caches`]) |
 //! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
 //! | `warmpath_hot_cache_entries` | gauge | pool, cache |
+//! | `warmpath_connections_open` | gauge | |
+//! | `warmpath_connections_refused_total` | counter | |
 //!
 //! Requests refused before a pool is known are counted with `pool="-"`.
 
@@ -123,6 +125,11 @@ fn describe() {
     describe_gauge!(
         "warmpath_hot_cache_entries",
         "Entries held by the router's hot-path memo caches"
+    );
+    describe_gauge!("warmpath_connections_open", "Client connections open now");
+    describe_counter!(
+        "warmpath_connections_refused_total",
+        "Client connections refused because server.max_connections were open"
     );
 }
 
@@ -251,6 +258,16 @@ pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
 /// `warmpath_ready`.
 pub fn ready() -> Gauge {
     metrics::gauge!("warmpath_ready")
+}
+
+/// `warmpath_connections_open`.
+pub fn connections_open() -> Gauge {
+    metrics::gauge!("warmpath_connections_open")
+}
+
+/// `warmpath_connections_refused_total`.
+pub fn connections_refused() -> Counter {
+    metrics::counter!("warmpath_connections_refused_total")
 }
 
 /// Installs the Prometheus recorder on first call; `None` when another

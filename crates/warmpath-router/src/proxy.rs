@@ -10,9 +10,12 @@
 //!   buffered. When the client goes away the body is dropped, which drops the
 //!   upstream response and closes that connection: the engine sees the
 //!   disconnect and stops generating.
-//! - A backend failing mid-stream ends an SSE answer with an OpenAI-shaped
+//! - A backend failing mid-stream, or silent for `stream_idle_timeout_ms`
+//!   once its headers are in, ends an SSE answer with an OpenAI-shaped
 //!   `data: {"error":...}` event (other bodies are cut off, so the client's
-//!   HTTP library reports an incomplete body).
+//!   HTTP library reports an incomplete body); the silence counts as a
+//!   failure toward ejection, and the request stops counting as load. The
+//!   shutdown deadline ends a stream the same way.
 
 use crate::backend::{Backend, FlightGuard};
 use crate::error::ApiError;
@@ -22,14 +25,17 @@ use crate::state::Shared;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::BoxError;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use warmpath_core::Decision;
 
 /// Header naming the backend that served a response.
@@ -187,9 +193,9 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                     // Passed through, not retried (the request may have
                     // had effects), but counted toward ejection.
                     count_failure(shared, pool, &backend);
-                } else {
-                    backend.succeeded();
                 }
+                // Otherwise a success once the whole body is through: an
+                // answer that stalls after its headers is a failure.
                 pool.metrics.count(strategy, decision.kind.as_str(), status);
                 let matched = u64::from(decision.matched_blocks);
                 pool.metrics.matched_blocks.record(matched as f64);
@@ -201,7 +207,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 }
                 tracing::debug!(pool = %pool.model, backend = %backend.id,
                     decision = decision.kind.as_str(), matched, %status, "proxied");
-                return respond(resp, guard, sent, pool, &decision);
+                return respond(shared, resp, guard, sent, pool, &decision);
             }
             Err(e) if e.is_connect() => {
                 drop(guard);
@@ -226,6 +232,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
 }
 
 fn respond(
+    shared: &Arc<Shared>,
     resp: hyper::Response<Incoming>,
     guard: FlightGuard,
     sent: Instant,
@@ -239,14 +246,22 @@ fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    let idle_limit = shared.settings.stream_idle_timeout;
+    let now = Instant::now();
     let body = TrackedBody {
         inner: incoming,
-        guard,
+        guard: Some(guard),
         sent,
         first: true,
         sse,
+        ok: !parts.status.is_server_error(),
         done: false,
         pool: Arc::clone(pool),
+        shared: Arc::clone(shared),
+        idle_limit,
+        last_frame: now,
+        idle: tokio::time::sleep_until((now + idle_limit).into()),
+        halt: shared.halt.clone().cancelled_owned(),
     };
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
@@ -255,62 +270,150 @@ fn respond(
     out
 }
 
-/// The upstream body, passed through frame by frame, with load accounting.
-#[derive(Debug)]
-pub struct TrackedBody {
-    inner: Incoming,
-    guard: FlightGuard,
-    sent: Instant,
-    first: bool,
-    sse: bool,
-    done: bool,
-    pool: Arc<Pool>,
+pin_project_lite::pin_project! {
+    /// The upstream body, passed through frame by frame, with load
+    /// accounting; it ends early when the backend goes silent for
+    /// `stream_idle_timeout` or the shutdown deadline passes.
+    pub struct TrackedBody {
+        inner: Incoming,
+        // Taken when the body ends, however it ends: a request past its
+        // timeout no longer counts as load.
+        guard: Option<FlightGuard>,
+        sent: Instant,
+        first: bool,
+        sse: bool,
+        // Below 500: a success for the backend once the body is through.
+        ok: bool,
+        done: bool,
+        pool: Arc<Pool>,
+        shared: Arc<Shared>,
+        idle_limit: Duration,
+        last_frame: Instant,
+        // Reset lazily (when it fires early), not on every frame.
+        #[pin]
+        idle: tokio::time::Sleep,
+        #[pin]
+        halt: WaitForCancellationFutureOwned,
+    }
+}
+
+impl std::fmt::Debug for TrackedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedBody")
+            .field("guard", &self.guard)
+            .field("sse", &self.sse)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a tracked body ended early.
+enum Cut {
+    /// The backend failed mid-answer.
+    Failed(hyper::Error),
+    /// The backend sent nothing for the idle limit.
+    Stalled,
+    /// The shutdown deadline passed.
+    Halted,
 }
 
 impl HttpBody for TrackedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if self.done {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if *this.done {
             return Poll::Ready(None);
         }
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+        let cut = match Pin::new(&mut *this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if this.first && frame.is_data() {
-                    this.first = false;
-                    this.guard.first_byte();
+                *this.last_frame = Instant::now();
+                if *this.first && frame.is_data() {
+                    *this.first = false;
+                    if let Some(g) = this.guard.as_mut() {
+                        g.first_byte();
+                    }
                     this.pool
                         .metrics
                         .first_byte
                         .record(this.sent.elapsed().as_secs_f64());
                 }
-                Poll::Ready(Some(Ok(frame)))
+                if this.inner.is_end_stream() {
+                    // hyper may not poll a body whose length is reached.
+                    *this.done = true;
+                    if let Some(g) = this.guard.take() {
+                        if *this.ok {
+                            g.backend().succeeded();
+                        }
+                    }
+                }
+                return Poll::Ready(Some(Ok(frame)));
             }
-            Poll::Ready(Some(Err(e))) => {
-                let backend = &this.guard.backend().id;
-                tracing::warn!(pool = %this.pool.model, %backend, error = %e, "backend failed mid-response");
-                if this.sse {
-                    this.done = true;
-                    let err = ApiError::upstream(format!(
-                        "backend {backend} failed while streaming the response: {e}"
-                    ));
-                    let event = format!("data: {}\n\n", err.body());
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+            Poll::Ready(Some(Err(e))) => Cut::Failed(e),
+            Poll::Ready(None) => {
+                *this.done = true;
+                if let Some(g) = this.guard.take() {
+                    if *this.ok {
+                        g.backend().succeeded();
+                    }
+                }
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {
+                if this.halt.as_mut().poll(cx).is_ready() {
+                    Cut::Halted
                 } else {
-                    Poll::Ready(Some(Err(e)))
+                    loop {
+                        if this.idle.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        let due = *this.last_frame + *this.idle_limit;
+                        if due <= Instant::now() {
+                            break Cut::Stalled;
+                        }
+                        this.idle.as_mut().reset(due.into());
+                    }
                 }
             }
-            Poll::Ready(None) => {
-                this.done = true;
-                Poll::Ready(None)
+        };
+        *this.done = true;
+        let Some(guard) = this.guard.take() else {
+            return Poll::Ready(None);
+        };
+        let backend = &guard.backend().id;
+        let message = match &cut {
+            Cut::Failed(e) => {
+                tracing::warn!(pool = %this.pool.model, %backend, error = %e,
+                    "backend failed mid-response");
+                format!("backend {backend} failed while streaming the response: {e}")
             }
+            Cut::Stalled => {
+                let ms = this.idle_limit.as_millis();
+                tracing::warn!(pool = %this.pool.model, %backend, idle_ms = ms as u64,
+                    "backend went silent mid-response; cut off");
+                count_failure(this.shared, this.pool, guard.backend());
+                format!("backend {backend} sent nothing for {ms} ms")
+            }
+            Cut::Halted => "the router is shutting down".to_owned(),
+        };
+        drop(guard);
+        if *this.sse {
+            let err = match cut {
+                Cut::Halted => ApiError::shutting_down(),
+                Cut::Stalled => ApiError::upstream_timeout(message),
+                Cut::Failed(_) => ApiError::upstream(message),
+            };
+            let event = format!("data: {}\n\n", err.body());
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
         }
+        Poll::Ready(Some(Err(match cut {
+            Cut::Failed(e) => e.into(),
+            _ => std::io::Error::new(std::io::ErrorKind::TimedOut, message).into(),
+        })))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -3,6 +3,7 @@
 //! all.
 
 use crate::config::RouterConfig;
+use crate::conn::{self, ConnLimits, Conns};
 use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
@@ -72,8 +73,10 @@ impl RunningRouter {
         Ok(changes)
     }
 
-    /// Asks every task to stop (in-flight responses finish first);
-    /// readiness turns false at once.
+    /// Starts the shutdown: not ready at once, still serving for
+    /// `server.drain_grace_ms`, then in-flight requests get up to
+    /// `server.shutdown_timeout_ms` before what remains is ended;
+    /// [`RunningRouter::wait`] returns after that.
     pub fn shutdown(&self) {
         self.shared.start_draining();
         self.token.cancel();
@@ -139,7 +142,10 @@ pub async fn start(
         }
     };
     let (listener, http_addr) = bind(&config.listen).await?;
+    // `token` asks for a shutdown, which the front drains; the background
+    // tasks stop once it has (the index stays fed while still serving).
     let token = shutdown.child_token();
+    let background = CancellationToken::new();
     let mut tasks = Vec::new();
     let mut grpc_addr = None;
     if let (Some(g), Some(agents)) = (&config.grpc_listen, &agents) {
@@ -147,31 +153,54 @@ pub async fn start(
         grpc_addr = Some(addr);
         let dir: Arc<dyn ingest::PoolDirectory> = pools;
         let ingest_config = config.ingest_config()?;
-        let started = ingest::spawn(l, dir, Arc::clone(agents), ingest_config, token.clone())
-            .map_err(|e| {
-                RouterError::Config(crate::config::invalid("ingest.tls_cert", e.to_string()))
-            })?;
+        let started = ingest::spawn(
+            l,
+            dir,
+            Arc::clone(agents),
+            ingest_config,
+            background.clone(),
+        )
+        .map_err(|e| {
+            RouterError::Config(crate::config::invalid("ingest.tls_cert", e.to_string()))
+        })?;
         tasks.extend(started);
     }
     // Probe once before serving, so that /readyz tells the truth from the
     // first request (at most probe_timeout_ms later).
     health::round(&shared).await;
-    let serve_token = token.clone();
     let router = app(Arc::clone(&shared));
-    let header_timeout = Duration::from_millis(config.server.header_timeout_ms);
-    tasks.push(tokio::spawn(front::serve(
+    let sv = &config.server;
+    let max_connections = sv
+        .max_connections
+        .unwrap_or_else(conn::default_max_connections);
+    let conns = Conns::new(ConnLimits {
+        header_timeout: Duration::from_millis(sv.header_timeout_ms),
+        keepalive_idle: Duration::from_millis(sv.keepalive_idle_ms),
+        max_connections,
+    });
+    let drain = front::Drain {
+        grace: Duration::from_millis(sv.drain_grace_ms),
+        timeout: Duration::from_millis(sv.shutdown_timeout_ms),
+    };
+    let serving = front::serve(
         listener,
         Arc::clone(&shared),
         router,
-        header_timeout,
-        serve_token,
-    )));
+        conns,
+        drain,
+        token.clone(),
+    );
+    let stop_background = background.clone();
+    tasks.push(tokio::spawn(async move {
+        serving.await;
+        stop_background.cancel();
+    }));
     tasks.push(tokio::spawn(health::run(
         Arc::clone(&shared),
-        token.clone(),
+        background.clone(),
     )));
     if let Some(handle) = shared.metrics.clone() {
-        let t = token.clone();
+        let t = background.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
             loop {
@@ -182,7 +211,7 @@ pub async fn start(
             }
         }));
     }
-    tracing::info!(%http_addr, pools = shared.pools.all().len(), "router started");
+    tracing::info!(%http_addr, pools = shared.pools.all().len(), max_connections, "router started");
     Ok(RunningRouter {
         http_addr,
         grpc_addr,

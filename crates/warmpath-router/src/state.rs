@@ -14,6 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// The pooled keep-alive client used for every backend.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
@@ -33,6 +34,10 @@ pub struct Settings {
     pub health: HealthConfig,
     /// Longest wait for an upstream answer's headers.
     pub first_byte_timeout: Duration,
+    /// Longest silence of an upstream body once its headers are in.
+    pub stream_idle_timeout: Duration,
+    /// Longest wait for a client's request body.
+    pub body_timeout: Duration,
 }
 
 /// Shared router state.
@@ -51,8 +56,11 @@ pub struct Shared {
     pub started: Instant,
     /// Where big bodies are routed.
     pub work: WorkPool,
-    /// Shutting down: `/readyz` answers 503 while in-flight work finishes.
+    /// Set at the start of a shutdown: not ready, still serving.
     draining: AtomicBool,
+    /// Cancelled when the shutdown deadline passes: whatever is still in
+    /// flight ends now (a 503, or an SSE error event).
+    pub halt: CancellationToken,
 }
 
 impl std::fmt::Debug for Shared {
@@ -97,22 +105,25 @@ impl Shared {
                 inspect_token: config.inspect_token.clone(),
                 health: config.health.clone(),
                 first_byte_timeout: Duration::from_millis(config.upstream.first_byte_timeout_ms),
+                stream_idle_timeout: Duration::from_millis(config.upstream.stream_idle_timeout_ms),
+                body_timeout: Duration::from_millis(config.server.body_timeout_ms),
             },
             metrics,
             agents,
             started: Instant::now(),
             work: WorkPool::new(&config.work),
             draining: AtomicBool::new(false),
+            halt: CancellationToken::new(),
         }
     }
 
-    /// Whether the router is draining (readiness is false).
-    pub fn draining(&self) -> bool {
+    /// Whether a shutdown has begun (readiness reads it: false from then on).
+    pub(crate) fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// Turns readiness false for good: the router is going away.
-    pub fn start_draining(&self) {
+    /// Marks the start of a shutdown.
+    pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
     }
 

@@ -85,6 +85,12 @@ pub struct Cli {
     /// Time a client has to send a request header (ms, default 10000).
     #[arg(long, value_name = "MS")]
     pub header_timeout_ms: Option<u64>,
+    /// Most client connections open at once (default: 80% of the open-file limit).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Time served after SIGTERM while not ready, before accepting stops (ms, default 5000).
+    #[arg(long, value_name = "MS")]
+    pub drain_grace_ms: Option<u64>,
 }
 
 impl Cli {
@@ -136,6 +142,12 @@ impl Cli {
         }
         if let Some(v) = self.header_timeout_ms {
             config.server.header_timeout_ms = v;
+        }
+        if let Some(v) = self.max_connections {
+            config.server.max_connections = Some(v);
+        }
+        if let Some(v) = self.drain_grace_ms {
+            config.server.drain_grace_ms = v;
         }
         if let Some(v) = &self.agent_tls_cert {
             config.ingest.tls_cert = Some(v.clone());

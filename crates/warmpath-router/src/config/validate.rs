@@ -124,8 +124,23 @@ impl RouterConfig {
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }
-        if self.server.header_timeout_ms == 0 {
-            return Err(invalid("server.header_timeout_ms", "must be at least 1"));
+        let sv = &self.server;
+        for (name, v) in [
+            ("server.header_timeout_ms", sv.header_timeout_ms),
+            ("server.body_timeout_ms", sv.body_timeout_ms),
+            ("server.keepalive_idle_ms", sv.keepalive_idle_ms),
+            ("server.shutdown_timeout_ms", sv.shutdown_timeout_ms),
+            (
+                "upstream.stream_idle_timeout_ms",
+                self.upstream.stream_idle_timeout_ms,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "must be at least 1"));
+            }
+        }
+        if sv.max_connections == Some(0) {
+            return Err(invalid("server.max_connections", "must be at least 1"));
         }
         let h = &self.health;
         if h.eject_after == 0 {
@@ -300,6 +315,15 @@ mod tests {
         let mut c = base();
         c.health.eject_base_ms = 0;
         assert!(err(&c).contains("health.eject_base_ms"));
+        let mut c = base();
+        c.server.max_connections = Some(0);
+        assert!(err(&c).contains("server.max_connections"));
+        let mut c = base();
+        c.server.body_timeout_ms = 0;
+        assert!(err(&c).contains("server.body_timeout_ms"));
+        let mut c = base();
+        c.upstream.stream_idle_timeout_ms = 0;
+        assert!(err(&c).contains("upstream.stream_idle_timeout_ms"));
     }
 
     #[test]
