@@ -335,7 +335,7 @@ async fn keep_alive_streams_through_the_proxy_add_under_5_ms_at_p99() {
     };
     // Interleaved, on one keep-alive connection to each; the first few warm up.
     let (mut d, mut p) = (Vec::new(), Vec::new());
-    for i in 0..55 {
+    for i in 0..105 {
         let (a, b) = (time(&direct).await, time(&proxied).await);
         if i >= 5 {
             d.push(a);
@@ -344,10 +344,13 @@ async fn keep_alive_streams_through_the_proxy_add_under_5_ms_at_p99() {
     }
     d.sort();
     p.sort();
-    let p99 = p[(p.len() * 99).div_ceil(100) - 1];
-    let added = p99.saturating_sub(d[d.len() / 2]);
+    // p99 against p99: a loaded machine's scheduling jitter hits both paths
+    // alike, while a delayed-ACK stall (~40 ms) hits every proxied request.
+    let at = |v: &[Duration]| v[(v.len() * 99).div_ceil(100) - 1];
+    let (p99, direct99) = (at(&p), at(&d));
+    let added = p99.saturating_sub(direct99);
     eprintln!(
-        "direct p50 {:?}, proxied p50 {:?} p99 {p99:?}, added at p99 {added:?}",
+        "direct p50 {:?} p99 {direct99:?}, proxied p50 {:?} p99 {p99:?}, added at p99 {added:?}",
         d[d.len() / 2],
         p[p.len() / 2]
     );
