@@ -724,3 +724,47 @@ async fn an_agent_will_not_send_its_token_in_plain_text_to_another_host() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_beside_a_warm_engine_learns_its_cache_without_a_new_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let p = publisher().await;
+    // The engine cached 10 blocks before the agent existed; its replay
+    // buffer still holds the batches. Nothing is published after this.
+    p.publish(vec![stored(100, None, 0..24, BS)]).await.unwrap();
+    p.publish(vec![stored(106, Some(105), 24..40, BS)])
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let _a = agent(
+        dir.path(),
+        "w",
+        &p,
+        &s(&["--router", &format!("http://{}", r.grpc_addr.unwrap())]),
+    );
+    poll::poll(
+        "the warm engine's blocks",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (blocks(&r, "w") == 10).then_some(()),
+    )
+    .await;
+    let idx = index(&r);
+    let slot = idx.worker_slot("w").unwrap();
+    assert_eq!(idx.longest_match(&wp(40)).of(slot).unwrap().blocks, 10);
+    eprintln!("learned {:?} after the agent started", started.elapsed());
+    // Live batches keep applying after the start-up replay.
+    p.publish(vec![stored(110, Some(109), 40..48, BS)])
+        .await
+        .unwrap();
+    poll::poll(
+        "the next live batch",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (blocks(&r, "w") == 12).then_some(()),
+    )
+    .await;
+    r.shutdown();
+    r.wait().await;
+}

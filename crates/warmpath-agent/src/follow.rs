@@ -11,8 +11,12 @@
 //! - a backwards jump (`seq < last`): the engine restarted; forget this rank's
 //!   blocks, then catch up from seq 0 through the replay endpoint if there is one.
 //!
-//! The first message after the agent starts also triggers a catch-up from 0,
-//! and so does (at most every 10 s) a `BlockStored` whose parent is unknown.
+//! On start, once subscribed, the agent asks the replay endpoint for everything
+//! the engine still buffers, so a warm engine's cache is learned without
+//! waiting for its next event; live batches the replay already held are then
+//! skipped. Without a replay endpoint (or when that replay fails) the first
+//! live message triggers a catch-up from 0, and so does (at most every 10 s) a
+//! `BlockStored` whose parent is unknown.
 //! Replaying batches already applied is harmless: the tracker only reports real
 //! transitions.
 //!
@@ -76,6 +80,9 @@ struct Follower {
     hub: Arc<Hub>,
     stats: Arc<Stats>,
     last: Option<u64>,
+    /// The last seq of the start-up replay, while live batches it already
+    /// held may still arrive (published between subscribing and the replay).
+    replayed_at_start: Option<u64>,
     last_parent_replay: Option<Instant>,
     pending_parent: bool,
     rank_label: String,
@@ -96,6 +103,7 @@ pub async fn follow_rank(
         hub,
         stats,
         last: None,
+        replayed_at_start: None,
         last_parent_replay: None,
         pending_parent: false,
         rank_label,
@@ -118,6 +126,13 @@ pub async fn follow_rank(
             continue;
         }
         tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
+        if f.last.is_none() {
+            // Subscribed first, so nothing published from now on is missed.
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                () = f.learn_buffered() => {}
+            }
+        }
         loop {
             let msg = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -160,6 +175,13 @@ impl Follower {
             );
             return;
         };
+        if let Some(r) = self.replayed_at_start {
+            if seq <= r {
+                tracing::debug!(seq, "batch already applied from the start-up replay");
+                return;
+            }
+            self.replayed_at_start = None;
+        }
         match self.last {
             None => {
                 if seq > 0 {
@@ -219,6 +241,39 @@ impl Follower {
             self.last_parent_replay = Some(Instant::now());
         }
         due
+    }
+
+    /// Applies every batch the replay endpoint still buffers (a warm engine's
+    /// cache at agent start). A failure only logs: the first live batch then
+    /// catches up as before.
+    async fn learn_buffered(&mut self) {
+        let Some(ep) = self.cfg.replay_endpoint.clone() else {
+            return;
+        };
+        match replay(&ep, 0, self.cfg.replay_timeout, self.cfg.max_replay_batches).await {
+            Ok(batches) => {
+                self.stats.replays_ok.inc();
+                metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
+                let n = batches.len();
+                for (seq, payload) in batches {
+                    if self.last.is_none_or(|l| seq > l) {
+                        self.apply(seq, &payload);
+                    }
+                }
+                self.replayed_at_start = self.last;
+                tracing::info!(
+                    batches = n,
+                    rank = self.cfg.rank,
+                    "learned the engine's buffered events at start"
+                );
+            }
+            Err(why) => {
+                self.stats.replays_failed.inc();
+                metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
+                    .increment(1);
+                tracing::warn!(endpoint = %ep, %why, "start-up replay failed; learning from live events");
+            }
+        }
     }
 
     /// Replays `from..until` and applies it; on failure to reach `until` (or
