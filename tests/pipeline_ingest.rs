@@ -768,3 +768,72 @@ async fn an_agent_started_beside_a_warm_engine_learns_its_cache_without_a_new_ev
     r.shutdown();
     r.wait().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_seen_in_its_metrics_clears_the_worker_at_once() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let p = publisher().await;
+    // The engine's metrics page, with the start time of its process.
+    let started_at = Arc::new(AtomicU64::new(1_000));
+    let page = {
+        let t = Arc::clone(&started_at);
+        move || async move {
+            format!(
+                "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\nprocess_start_time_seconds {}\n",
+                t.load(Ordering::SeqCst)
+            )
+        }
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine = l.local_addr().unwrap();
+    let app = axum::Router::new().route("/metrics", axum::routing::get(page));
+    let server = tokio::spawn(async move { axum::serve(l, app).await.ok() });
+    let log = dir.path().join("agent.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", "w", "--model", "m"])
+        .args(["--engine-url", &format!("http://{engine}")])
+        .args(["--kv-events", p.endpoint()])
+        .args(["--kv-replay", p.replay_endpoint().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--load-interval-ms", "100"])
+        .args(["--router", &format!("http://{}", r.grpc_addr.unwrap())])
+        .env("NO_COLOR", "1")
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let _a = Proc { child, log };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.publish(vec![stored(100, None, 0..32, BS)]).await.unwrap();
+    wait_until("the blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "w") == 8
+    })
+    .await;
+    // The engine process is replaced: a new start time, its sequence from 0
+    // with an empty replay buffer, and no event yet. The worker is cleared
+    // at once, without waiting for one.
+    p.restart().await;
+    started_at.store(2_000, Ordering::SeqCst);
+    poll::poll(
+        "the worker cleared after the restart",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (blocks(&r, "w") == 0).then_some(()),
+    )
+    .await;
+    // The new process's events are learned as usual.
+    p.publish(vec![stored(500, None, 0..8, BS)]).await.unwrap();
+    wait_until(
+        "the new engine's blocks",
+        Duration::from_secs(30),
+        &[&p],
+        || blocks(&r, "w") == 2,
+    )
+    .await;
+    server.abort();
+    r.shutdown();
+    r.wait().await;
+}

@@ -332,6 +332,7 @@ impl Agent {
             }
         }));
 
+        let (restart_tx, restart_rx) = watch::channel(0u64);
         for (rank, endpoint, replay_endpoint) in ranks {
             let mut fc = FollowConfig::new(endpoint);
             fc.replay_endpoint = replay_endpoint;
@@ -343,6 +344,7 @@ impl Agent {
                 EngineTracker::new(cfg.model.clone(), cfg.ghost_capacity),
                 hub.clone(),
                 stats.clone(),
+                restart_rx.clone(),
                 cancel.child_token(),
             )));
         }
@@ -353,6 +355,7 @@ impl Agent {
                 cfg.engine_url.clone(),
                 cfg.load_interval,
                 load_tx,
+                restart_tx,
                 stats.clone(),
                 readiness.clone(),
                 cancel.child_token(),

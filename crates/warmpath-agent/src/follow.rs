@@ -34,6 +34,7 @@ use crate::vllm::{decode_batch_with, DecodeLimits, KvEventBatch};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
@@ -94,6 +95,7 @@ pub async fn follow_rank(
     tracker: EngineTracker,
     hub: Arc<Hub>,
     stats: Arc<Stats>,
+    mut restarts: watch::Receiver<u64>,
     cancel: CancellationToken,
 ) {
     let rank_label = cfg.rank.to_string();
@@ -136,6 +138,11 @@ pub async fn follow_rank(
         loop {
             let msg = tokio::select! {
                 _ = cancel.cancelled() => return,
+                Ok(()) = restarts.changed() => {
+                    f.forget_engine();
+                    f.learn_buffered().await;
+                    continue;
+                }
                 r = tokio::time::timeout(f.cfg.silence_reconnect, sub.recv()) => r,
             };
             match msg {
@@ -241,6 +248,20 @@ impl Follower {
             self.last_parent_replay = Some(Instant::now());
         }
         due
+    }
+
+    /// The engine restarted (seen by the load scraper): its blocks are gone,
+    /// and its sequence starts again.
+    fn forget_engine(&mut self) {
+        let removed = self.tracker.clear();
+        self.hub.apply(removed, now_micros());
+        self.last = None;
+        self.replayed_at_start = None;
+        self.stats.engine_restarts.inc();
+        tracing::warn!(
+            rank = self.cfg.rank,
+            "engine restarted: its blocks are forgotten"
+        );
     }
 
     /// Applies every batch the replay endpoint still buffers (a warm engine's

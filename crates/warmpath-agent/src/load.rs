@@ -5,7 +5,9 @@
 //! call it `vllm:gpu_cache_usage_perc`), summing over label sets (several
 //! engines or DP ranks behind one endpoint) and averaging the usage. Each
 //! scrape also tells [`Readiness`] whether the engine answered and its
-//! `vllm:prompt_tokens_total` (for the KV-event silence check).
+//! `vllm:prompt_tokens_total` (for the KV-event silence check), and
+//! [`RestartWatch`] whether the engine restarted: then the followers forget
+//! its blocks at once instead of at its first new event.
 
 use crate::ready::Readiness;
 use crate::stats::Stats;
@@ -93,16 +95,56 @@ pub fn sum_of(text: &str, name: &str) -> Option<f64> {
     sum
 }
 
+/// Tells an engine restart from a run of scrapes: its
+/// `process_start_time_seconds` changed, or, on a page without one, it came
+/// back after at least [`RestartWatch::DOWN_SCRAPES`] failed scrapes in a row
+/// (one failed scrape is a blip, not a restart).
+#[derive(Debug, Default)]
+pub struct RestartWatch {
+    start_time: Option<f64>,
+    down: u32,
+    was_up: bool,
+}
+
+impl RestartWatch {
+    /// Failed scrapes in a row that, followed by an answer, count as a restart
+    /// when the page has no start time.
+    pub const DOWN_SCRAPES: u32 = 2;
+
+    /// One scrape: `None` failed, `Some(start)` answered with its start time
+    /// if the page has one. True when the engine restarted since the last.
+    pub fn observe(&mut self, scrape: Option<Option<f64>>) -> bool {
+        let Some(start) = scrape else {
+            self.down += 1;
+            return false;
+        };
+        let restarted = match (start, self.start_time) {
+            (Some(new), Some(old)) => (new - old).abs() > 0.5,
+            (None, _) => self.was_up && self.down >= Self::DOWN_SCRAPES,
+            (Some(_), None) => false,
+        };
+        if start.is_some() {
+            self.start_time = start;
+        }
+        self.down = 0;
+        self.was_up = true;
+        restarted
+    }
+}
+
 /// Scrapes `{engine_url}/metrics` every `every` and publishes into `tx`; a
-/// failed scrape publishes the last good values with `engine_up` false.
+/// failed scrape publishes the last good values with `engine_up` false. An
+/// engine restart bumps `restarts`.
 pub async fn scrape_loop(
     engine_url: String,
     every: Duration,
     tx: watch::Sender<Option<Load>>,
+    restarts: watch::Sender<u64>,
     stats: Arc<Stats>,
     ready: Arc<Readiness>,
     cancel: CancellationToken,
 ) {
+    let mut restart = RestartWatch::default();
     let url = format!("{}/metrics", engine_url.trim_end_matches('/'));
     let client = match reqwest::Client::builder()
         .timeout(every.max(Duration::from_millis(500)))
@@ -131,14 +173,20 @@ pub async fn scrape_loop(
             let load = parse_metrics(&text)
                 .ok_or_else(|| "no vllm load metrics in the page".to_owned())?;
             let prompt = sum_of(&text, "vllm:prompt_tokens_total").map(|v| v.max(0.0) as u64);
-            Ok((load, prompt))
+            Ok((load, prompt, sum_of(&text, "process_start_time_seconds")))
         };
         let got = tokio::select! {
             _ = cancel.cancelled() => return,
             g = got => g,
         };
+        let scrape = got.as_ref().ok().map(|(_, _, start)| *start);
+        if restart.observe(scrape) {
+            tracing::warn!(%url, "the engine restarted: forgetting its blocks");
+            metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
+            restarts.send_modify(|n| *n += 1);
+        }
         let load = match got {
-            Ok((l, prompt)) => {
+            Ok((l, prompt, _)) => {
                 ready.engine_scraped(true, prompt);
                 last = l;
                 l
@@ -167,6 +215,22 @@ pub async fn scrape_loop(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restart_is_a_new_start_time_or_a_return_after_an_outage() {
+        let mut w = RestartWatch::default();
+        assert!(!w.observe(Some(Some(100.0))), "the first sight");
+        assert!(!w.observe(None), "a blip");
+        assert!(!w.observe(Some(Some(100.0))), "back, same process");
+        assert!(w.observe(Some(Some(200.0))), "a new process");
+        let mut w = RestartWatch::default();
+        assert!(!w.observe(None) && !w.observe(None), "not up yet");
+        assert!(!w.observe(Some(None)), "first up: nothing to forget");
+        assert!(!w.observe(None));
+        assert!(!w.observe(Some(None)), "one failed scrape is a blip");
+        assert!(!w.observe(None) && !w.observe(None));
+        assert!(w.observe(Some(None)), "back after an outage");
+    }
 
     #[test]
     fn parses_vllm_metrics_and_sums_label_sets() {
