@@ -63,7 +63,7 @@
 //! `least_outstanding` when every backend is full.
 
 use super::home::Home;
-use super::place::{Placed, Placer};
+use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
 use super::tuning::{ColdPlacement, KvConfig, HOME_HOLDS, PAYBACK_GAIN, PRESSURE_WINDOW, TIE_BAND};
@@ -145,8 +145,10 @@ impl KvAware {
         let ring = self.fallback.ring();
         let band = TIE_BAND * f64::from(input.chain_blocks);
         let mut s = self.placer.lock();
+        self.observe(&mut s, input);
         let placed = s.place(
             input.prefix_key,
+            input.chain_blocks,
             loads,
             |i| self.usable(loads, i),
             ring,
@@ -163,6 +165,7 @@ impl KvAware {
         };
         s.set_home(input.prefix_key, backend, false);
         s.record(input.prefix_key, backend, input.chain_blocks);
+        s.cached(input.prefix_key, backend, input.chain_blocks);
         Ok(Decision {
             backend,
             kind,
@@ -231,12 +234,14 @@ impl KvAware {
         let chain = input.chain_blocks.max(best_match);
         let usable = |i: usize| self.usable(loads, i);
         let mut s = self.placer.lock();
+        self.observe(&mut s, input);
         let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
         let at = |h: &Home| h.backend as usize;
         if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
             if s.following(&h, loads) {
                 let b = at(&h);
                 s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
+                s.cached(key, b, input.chain_blocks);
                 return Ok(Decision {
                     backend: b,
                     kind: DecisionKind::Spill,
@@ -266,6 +271,7 @@ impl KvAware {
                 backend,
                 input.chain_blocks.saturating_sub(matched[backend]),
             );
+            s.cached(key, backend, input.chain_blocks);
             return Ok(Decision {
                 backend,
                 kind: DecisionKind::LeastOutstanding,
@@ -274,7 +280,7 @@ impl KvAware {
         };
         match (holding, &self.rebalance) {
             (Some(h), Some(rb)) if at(&h) == backend && m == best_match => {
-                if let Some(t) = s.propose_move(rb, &h, loads, usable) {
+                if let Some(t) = s.propose_move(rb, &h, chain, loads, usable) {
                     s.move_home(key, at(&h), t);
                     (m, backend) = (matched[t], t);
                 }
@@ -286,7 +292,32 @@ impl KvAware {
             _ => {}
         }
         s.record(key, backend, input.chain_blocks.saturating_sub(m));
+        s.cached(key, backend, input.chain_blocks);
         Ok(warm_decision(backend, m, best_match))
+    }
+
+    /// Feeds the index's fresh view of this prefix into the resident model:
+    /// what each listed holder has of the chain, and that the prefix's home,
+    /// when not listed, has none of it.
+    fn observe(&self, s: &mut State, input: &RouteInput<'_>) {
+        let Some(m) = input.matches else {
+            return;
+        };
+        if !s.resident.any() {
+            return;
+        }
+        let key = input.prefix_key;
+        for w in m.workers.iter().filter(|w| w.fresh) {
+            if let Some(i) = self.slots.iter().position(|s| *s == w.slot) {
+                s.observe(key, i, w.blocks);
+            }
+        }
+        if let Some(h) = s.home(key) {
+            let i = h.backend as usize;
+            if self.slots.get(i).is_some_and(|slot| m.of(*slot).is_none()) {
+                s.observe(key, i, 0);
+            }
+        }
     }
 }
 

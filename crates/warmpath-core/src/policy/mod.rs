@@ -19,6 +19,7 @@ mod least;
 mod place;
 mod random;
 mod rebalance;
+mod resident;
 mod ring;
 mod served;
 mod tuning;
@@ -165,6 +166,11 @@ pub struct PolicyBackend {
     pub id: String,
     /// Its slot in the pool's cache index.
     pub slot: WorkerSlot,
+    /// Its prefix cache's capacity in blocks, when known (the agent's
+    /// Hello, or the simulator's own setting): `kv_aware` then models what
+    /// it holds and charges a placement for the hotter prefixes it evicts
+    /// (see [`kv`]). `None`: never modelled, as before.
+    pub capacity_blocks: Option<u64>,
 }
 
 /// Load reported by the engine through its agent.
@@ -357,6 +363,7 @@ pub(crate) mod test_util {
             .map(|i| PolicyBackend {
                 id: format!("b{i}"),
                 slot: i as WorkerSlot,
+                capacity_blocks: None,
             })
             .collect()
     }

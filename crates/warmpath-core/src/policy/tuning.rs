@@ -91,6 +91,14 @@ pub(crate) const HOME_MIN_SETS: usize = 64;
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
 
+/// Cold placement's second band, in the prefix's own blocks: backends
+/// whose expected eviction loss (the `evict` term) is within 1/8 of the
+/// prefix of the least-loss one are as good for the caches; the load band
+/// above only chooses among those. Narrower than `TIE_BAND`, since a
+/// placement that evicts a hotter prefix costs a miss for every return of
+/// that prefix, not one prefill.
+pub(crate) const FIT_BAND: f64 = 0.125;
+
 /// A decayed counter's unit is reset (everything divided by it) above
 /// this, long before an `f64` overflows.
 pub(crate) const RESCALE_AT: f64 = 1e200;
