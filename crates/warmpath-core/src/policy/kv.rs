@@ -181,7 +181,7 @@ impl KvAware {
         chain: u32,
         matched: &[u32],
         loads: &[BackendLoad],
-        home: Option<usize>,
+        homes: &[usize],
         rng: &mut dyn RngCore,
     ) -> Option<(u32, usize)> {
         let mut best: Option<(f64, u32, usize)> = None;
@@ -193,9 +193,10 @@ impl KvAware {
             }
             let m = matched[i];
             let uncached = f64::from(chain - m.min(chain));
-            let write = match home {
-                Some(h) if h != i => f64::from(chain),
-                _ => uncached,
+            let write = if homes.is_empty() || homes.contains(&i) {
+                uncached
+            } else {
+                f64::from(chain)
             };
             let cost = self.kv.prefill_weight * (uncached + l.pending_prefill_blocks as f64)
                 + self.kv.miss_weight * write
@@ -262,9 +263,14 @@ impl KvAware {
                 .and_then(|m| m.of(slot))
                 .is_some_and(|w| !w.fresh)
         });
-        let Some((mut m, mut backend)) =
-            self.cheapest(chain, matched, loads, holding.as_ref().map(at), rng)
-        else {
+        // The home and its deliberate copies that hold the prefix.
+        let holds = |i: usize| u64::from(matched[i]) * den >= u64::from(best_match) * num;
+        let homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
+            h.holders()
+                .filter(|&i| i == at(&h) || (usable(i) && holds(i)))
+                .collect()
+        });
+        let Some((mut m, mut backend)) = self.cheapest(chain, matched, loads, &homes, rng) else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             s.record(
                 key,
@@ -279,7 +285,16 @@ impl KvAware {
             });
         };
         match (holding, &self.rebalance) {
-            (Some(h), Some(rb)) if at(&h) == backend && m == best_match => {
+            (Some(h), Some(rb)) if homes.contains(&backend) && m == best_match => {
+                match s.replicas(rb, &h, usable) {
+                    Some(true) => {
+                        if let Some(d) = self.replicate(&mut s, input, &h, matched, loads) {
+                            return Ok(d);
+                        }
+                    }
+                    Some(false) => s.copy(key, None),
+                    None => {}
+                }
                 if let Some(t) = s.propose_move(rb, &h, chain, loads, usable) {
                     s.move_home(key, at(&h), t);
                     (m, backend) = (matched[t], t);
@@ -294,6 +309,46 @@ impl KvAware {
         s.record(key, backend, input.chain_blocks.saturating_sub(m));
         s.cached(key, backend, input.chain_blocks);
         Ok(warm_decision(backend, m, best_match))
+    }
+
+    /// Starts one more warm copy of `home`'s prefix: the request goes to
+    /// the backend with the lowest cold cost among those that do not hold
+    /// it deliberately (the eviction term included), decision `replicate`.
+    fn replicate(
+        &self,
+        s: &mut State,
+        input: &RouteInput<'_>,
+        home: &Home,
+        matched: &[u32],
+        loads: &[BackendLoad],
+    ) -> Option<Decision> {
+        let weights = (
+            self.kv.prefill_weight,
+            self.kv.miss_weight,
+            self.kv.decode_weight,
+        );
+        let band = TIE_BAND * f64::from(input.chain_blocks);
+        let (t, _) = s.place(
+            input.prefix_key,
+            input.chain_blocks,
+            loads,
+            |i| self.usable(loads, i) && !home.holds(i),
+            self.fallback.ring(),
+            weights,
+            band,
+        )?;
+        s.copy(input.prefix_key, Some(t));
+        s.record(
+            input.prefix_key,
+            t,
+            input.chain_blocks.saturating_sub(matched[t]),
+        );
+        s.cached(input.prefix_key, t, input.chain_blocks);
+        Some(Decision {
+            backend: t,
+            kind: DecisionKind::Replicate,
+            matched_blocks: matched[t],
+        })
     }
 
     /// Feeds the index's fresh view of this prefix into the resident model:
@@ -350,7 +405,7 @@ impl Policy for KvAware {
             return self.pick_homed(input, &matched, best_match, loads, rng);
         }
         let chain = input.chain_blocks.max(best_match);
-        let Some((m, backend)) = self.cheapest(chain, &matched, loads, None, rng) else {
+        let Some((m, backend)) = self.cheapest(chain, &matched, loads, &[], rng) else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             return Ok(Decision {
                 backend,
@@ -717,5 +772,71 @@ mod tests {
             assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
         }
         assert_eq!(p.placer.lock().moves, 0);
+    }
+
+    #[test]
+    fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
+        let p = KvAware::with_window(&PolicyConfig::default(), &backends(3), 1e5);
+        {
+            let mut s = p.placer.lock();
+            for (key, at, reqs) in [(1u64, 0usize, 90), (2, 1, 5), (3, 2, 5)] {
+                s.set_home(key, at, false);
+                for _ in 0..reqs {
+                    s.record(key, at, 0);
+                }
+            }
+            s.seq += 100;
+        }
+        let loads = idle(3);
+        let mut m = MatchResult::default();
+        // Key 1 brings 90 of 100 requests: more than 1.4 x the mean (33)
+        // on one backend. Its next request starts a copy elsewhere.
+        let d = p.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!(d.kind, DecisionKind::Replicate);
+        let copy = d.backend;
+        assert_ne!(copy, 0);
+        assert_eq!(p.placer.lock().home(1).unwrap().count(), 2);
+        // Both hold it: its traffic goes to either, warm; 45 per holder is
+        // within the slack, so no third copy; nothing moves.
+        let mut seen = [0u32; 3];
+        let mut r = rng();
+        for _ in 0..40 {
+            let d = p
+                .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut r)
+                .unwrap();
+            assert_eq!(d.kind, DecisionKind::KvMatch);
+            seen[d.backend] += 1;
+        }
+        assert!(seen[0] > 5 && seen[copy] > 5, "{seen:?}");
+        assert_eq!(p.placer.lock().home(1).unwrap().count(), 2);
+        assert_eq!(p.placer.lock().moves, 0);
+        // The other prefixes grow: one backend serves key 1 within an even
+        // share again, and the copy is dropped.
+        {
+            let mut s = p.placer.lock();
+            for _ in 0..300 {
+                s.record(2, 1, 0);
+                s.record(3, 2, 0);
+            }
+        }
+        let d = p
+            .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut rng())
+            .unwrap();
+        assert_eq!(d.kind, DecisionKind::KvMatch);
+        assert_eq!(p.placer.lock().home(1).unwrap().count(), 1);
+        // Without the balance knob nothing is copied.
+        let mut cfg = PolicyConfig::default();
+        cfg.kv.rebalance_slack = None;
+        let off = KvAware::with_window(&cfg, &backends(3), 1e5);
+        {
+            let mut s = off.placer.lock();
+            s.set_home(1, 0, false);
+            for _ in 0..90 {
+                s.record(1, 0, 0);
+            }
+            s.seq += 100;
+        }
+        let d = off.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
     }
 }

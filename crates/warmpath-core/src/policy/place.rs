@@ -293,6 +293,18 @@ impl State {
         }
     }
 
+    /// A deliberate copy of `key` on `backend` (replication), or the last
+    /// one dropped (`None`); counted like a move, for the waits.
+    pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
+        match backend {
+            Some(b) => self.homes.add_copy(key, b),
+            None => {
+                self.homes.drop_copy(key);
+            }
+        }
+        self.last_move = Some(self.seq);
+    }
+
     /// Records a decision: a request of `key` sent to `backend`, which
     /// writes `blocks` into its cache. Taken under the same lock as the
     /// choice, so two routing threads never see the same state.

@@ -37,7 +37,7 @@
 use super::home::Home;
 use super::place::State;
 use super::tuning::{
-    FIT_BAND, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
+    FIT_BAND, MAX_COPIES, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
 };
 use super::BackendLoad;
 
@@ -69,7 +69,9 @@ impl State {
         usable: impl Fn(usize) -> bool,
     ) -> Option<usize> {
         let n = rb.backends;
-        if self.seq.saturating_sub(home.since) < rb.cooldown()
+        // A prefix with copies is spread, not moved (`replicas`).
+        if home.count() > 1
+            || self.seq.saturating_sub(home.since) < rb.cooldown()
             || self
                 .last_move
                 .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
@@ -105,6 +107,49 @@ impl State {
         // at the target than the least-loss placement costs hit rate.
         let cheap = || self.evict_cost(t, home.key, blocks) <= FIT_BAND * f64::from(blocks);
         (lh > (1.0 + rb.slack) * mean && fits && cheap()).then_some(t)
+    }
+
+    /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`)
+    /// or one fewer (`Some(false)`): its popularity per holder, `p / k`,
+    /// is more than `1 + slack` times the mean expected load of the usable
+    /// backends (one backend cannot serve it within an even share), or
+    /// `p / (k - 1)` would be at most the mean (the load fell). The same
+    /// waits as moves keep it from chasing noise.
+    pub(crate) fn replicas(
+        &self,
+        rb: &Rebalance,
+        home: &Home,
+        usable: impl Fn(usize) -> bool,
+    ) -> Option<bool> {
+        let n = rb.backends;
+        if self.seq.saturating_sub(home.since) < rb.cooldown()
+            || self
+                .last_move
+                .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
+        {
+            return None;
+        }
+        let expected = self.homes.loads();
+        let (mut total, mut count) = (0.0, 0u32);
+        for b in (0..expected.len()).filter(|&b| usable(b)) {
+            total += expected[b];
+            count += 1;
+        }
+        if count < 2 || total / self.unit < MOVE_WARMUP * n as f64 {
+            return None;
+        }
+        let mean = total / f64::from(count);
+        let k = home.count() as f64;
+        if home.pop / k > (1.0 + rb.slack) * mean
+            && home.count() < MAX_COPIES
+            && home.count() < count as usize
+        {
+            Some(true)
+        } else if k > 1.0 && home.pop / (k - 1.0) <= mean {
+            Some(false)
+        } else {
+            None
+        }
     }
 
     /// The load the rebalancer evens, per backend, in `unit`s: its expected

@@ -99,6 +99,12 @@ pub(crate) const HOME_WAYS: usize = 4;
 /// that prefix, not one prefill.
 pub(crate) const FIT_BAND: f64 = 0.125;
 
+/// Most backends that deliberately hold one prefix (its home and up to 3
+/// copies): enough to split a prefix of up to about 4 even shares, few
+/// enough that a `Home` stays small and copies never crowd a fleet's
+/// caches.
+pub(crate) const MAX_COPIES: usize = 4;
+
 /// A decayed counter's unit is reset (everything divided by it) above
 /// this, long before an `f64` overflows.
 pub(crate) const RESCALE_AT: f64 = 1e200;
