@@ -185,9 +185,16 @@ impl State {
         } else {
             vec![0.0; n]
         };
+        // Where the capacity is known the eviction term replaces pressure,
+        // its proxy: a backend that turns over only cold prefixes is the
+        // right place for one more.
+        let write = |b: usize| match self.resident.of(b) {
+            Some(_) => evict[b],
+            None => self.pressure[b] / self.unit,
+        };
         let cost = |b: usize| {
             let l = &loads[b];
-            miss_weight * (self.pressure[b] / self.unit + evict[b])
+            miss_weight * write(b)
                 + prefill_weight * l.pending_prefill_blocks as f64
                 + decode_weight * f64::from(l.effective_in_flight())
         };
@@ -239,7 +246,7 @@ impl State {
                 let pv = self
                     .homes
                     .get(v)
-                    .filter(|h| h.backend as usize == b)
+                    .filter(|h| h.holds(b))
                     .map_or(0.0, |h| h.pop);
                 trim as f64 * pv / (pv + px)
             })
