@@ -13,7 +13,9 @@
 //! Instances follow [`crate::timing`] (one prefill queue, overlapping decode up
 //! to `max_batch`) with a segment-granular LRU prefix cache ([`fleet`]). The
 //! index sees each change the moment it happens (an agent with zero latency),
-//! and the router's load view is exact (one router). Only `kv_aware` reads
+//! and the router's load view is exact (one router), and the policy is told
+//! each instance's cache capacity, as an agent reports it (`capacity_known`;
+//! `--hide-capacity` runs without the capacity model). Only `kv_aware` reads
 //! the index, so only its runs hash chains and keep the index up to date;
 //! the others route on the prefix key and load alone, as the router does. Routing cost is measured
 //! as wall time spent hashing, matching and picking, so "decisions per second"

@@ -526,4 +526,38 @@ mod tests {
         assert_ne!(at, 2);
         assert_eq!(q.evict_cost(2, 9, 500), 0.0);
     }
+
+    #[test]
+    fn a_cold_prefix_goes_where_it_fits() {
+        // Backend 0 holds one popular 500-block prefix (room for another),
+        // backend 1 is full with two of five requests each.
+        let b: Vec<PolicyBackend> = backends(2)
+            .into_iter()
+            .map(|b| PolicyBackend {
+                capacity_blocks: Some(1000),
+                ..b
+            })
+            .collect();
+        let ring = Ring::new(&b, 160);
+        let run = |b: &[PolicyBackend]| {
+            let placer = Placer::new(b, 1e5);
+            let mut p = placer.lock();
+            for (key, at, reqs) in [(1u64, 0usize, 100), (2, 1, 5), (3, 1, 5)] {
+                p.set_home(key, at, false);
+                for _ in 0..reqs {
+                    p.record(key, at, 0);
+                    p.cached(key, at, 500);
+                }
+            }
+            p.seq += 100;
+            let (at, _) = p
+                .place(9, 500, &idle(2), |_| true, &ring, (1.0, 1.0, 2.0), 500.0)
+                .unwrap();
+            at
+        };
+        // It fits on 0, although 0 carries the most load.
+        assert_eq!(run(&b), 0);
+        // Capacity unknown: the lower expected load, 1, where it evicts.
+        assert_eq!(run(&backends(2)), 1);
+    }
 }
