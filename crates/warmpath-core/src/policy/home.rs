@@ -296,6 +296,12 @@ mod tests {
         assert_eq!(h.loads(), &[9.0, 4.0]);
     }
 
+    #[test]
+    fn an_entry_stays_small() {
+        // The table's memory bound in `tuning` assumes 48 bytes a prefix.
+        assert!(std::mem::size_of::<Home>() <= 48);
+    }
+
     proptest! {
         /// Whatever the sequence, loads stay >= 0 and equal the sum of the
         /// remembered popularities homed on each backend.

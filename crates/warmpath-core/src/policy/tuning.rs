@@ -79,7 +79,7 @@ pub(crate) const STICKY: u64 = 4;
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
 /// Bounds of the home table, in prefixes: at least 1024 however small the
-/// fleet (a few KiB), at most 2^20 however large (~32 MiB), so memory stays
+/// fleet (a few KiB), at most 2^20 however large (~48 MiB: 48-byte entries with their copies), so memory stays
 /// bounded while `HOMES_PER_BACKEND` holds for fleets up to 16k backends.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
