@@ -324,3 +324,79 @@ async fn router_token_ids_equal_the_engines() {
         );
     }
 }
+
+/// A request of another prefix (system prompt `k`), for the load of others.
+fn other(k: usize) -> Value {
+    json!({"model": "m", "messages": [
+        {"role": "system", "content": tiny::corpus_slice(20_000 + k * 1500, 1400)},
+        {"role": "user", "content": "q"},
+    ]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_replicates_a_prefix_too_hot_for_one_backend_until_its_load_falls() {
+    let dir = tempfile::tempdir().unwrap();
+    let bs = vec![
+        TestBackend::start("w0").await,
+        TestBackend::start("w1").await,
+    ];
+    let r = start(dir.path(), &bs, 64).await;
+    let c = client();
+    let chat = url(&r, "/v1/chat/completions");
+    let chain = hashes(
+        &post(&c, &url(&r, "/cache-index/query"), &request("q"), &[])
+            .await
+            .json(),
+    );
+    let index = r.index("m").unwrap();
+    index
+        .store(index.worker_slot("w0").unwrap(), Tier::Gpu, &chain)
+        .unwrap();
+    // All the traffic is one prefix: more than one backend's even share.
+    // Once its popularity is known, one request starts a copy on w1.
+    let mut copy = None;
+    for i in 0..100 {
+        let reply = post(&c, &chat, &request(&format!("q{i}")), &[]).await;
+        assert_eq!(reply.status, 200);
+        if reply.decision() == "replicate" {
+            copy = Some(reply.backend().to_owned());
+            break;
+        }
+        assert_eq!((reply.backend(), reply.decision()), ("w0", "kv_match"));
+    }
+    assert_eq!(copy.as_deref(), Some("w1"), "no copy was started");
+    // Its blocks are published there (as its agent would): both serve it.
+    index
+        .store(index.worker_slot("w1").unwrap(), Tier::Gpu, &chain)
+        .unwrap();
+    let mut served = [0u32; 2];
+    for i in 0..30 {
+        let reply = post(&c, &chat, &request(&format!("p{i}")), &[]).await;
+        assert_eq!(reply.decision(), "kv_match");
+        served[usize::from(reply.backend() == "w1")] += 1;
+    }
+    assert!(served[0] > 0 && served[1] > 0, "{served:?}");
+    let metrics = String::from_utf8(get_url(&c, &url(&r, "/metrics")).await.body.to_vec()).unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("warmpath_requests_total")
+                && l.contains("decision=\"replicate\"")),
+        "{metrics}"
+    );
+    // Other prefixes now bring most of the traffic: one backend serves the
+    // hot one within an even share again. The copy is dropped, no other is
+    // started, and its requests stay on one backend although both hold it.
+    for k in 0..200 {
+        let reply = post(&c, &chat, &other(k % 5), &[]).await;
+        assert_eq!(reply.status, 200);
+    }
+    let mut last = Vec::new();
+    for i in 0..20 {
+        let reply = post(&c, &chat, &request(&format!("r{i}")), &[]).await;
+        assert_ne!(reply.decision(), "replicate");
+        last.push(reply.backend().to_owned());
+    }
+    let tail = &last[10..];
+    assert!(tail.iter().all(|b| *b == tail[0]), "{last:?}");
+}

@@ -416,6 +416,14 @@ struct ScaleArgs {
     /// Prefix cache capacity per instance, in blocks.
     #[arg(long, default_value_t = 8192)]
     cache_blocks: usize,
+    /// Size the caches instead so that the fleet's total holds this
+    /// multiple of the working set (every document once): 0.5, 0.9, 1.5.
+    #[arg(long)]
+    cache_ratio: Option<f64>,
+    /// Do not tell kv_aware the instances' cache capacity (no capacity
+    /// model, as with agents that do not report it).
+    #[arg(long)]
+    hide_capacity: bool,
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -541,19 +549,25 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         zipf: a.zipf,
         doc_tokens: a.doc_tokens,
         cache_blocks: a.cache_blocks,
+        capacity_known: !a.hide_capacity,
         seed: a.seed,
         ..Default::default()
     };
-    let mut cfg = cfg;
+    let mut cfg = match a.cache_ratio {
+        Some(r) => cfg.with_cache_ratio(r),
+        None => cfg,
+    };
     cfg.policy.load_factor = a.load_factor;
     a.kv.apply(&mut cfg.policy.kv)?;
     let mut reports = Vec::new();
     println!(
-        "scale: {} instances, {} requests per strategy, {} docs x {} tokens, {:.0} req/s",
+        "scale: {} instances, {} requests per strategy, {} docs x {} tokens, cache {} blocks each ({:.2}x the working set), {:.0} req/s",
         cfg.instances,
         cfg.requests,
         cfg.docs,
         cfg.doc_tokens,
+        cfg.cache_blocks,
+        (cfg.cache_blocks * cfg.instances) as f64 / cfg.working_set_blocks().max(1) as f64,
         cfg.rate_per_instance * cfg.instances as f64
     );
     println!(

@@ -174,6 +174,7 @@ fn bench_pick(c: &mut Criterion) {
         .map(|i| PolicyBackend {
             id: format!("http://10.0.0.{i}:8000"),
             slot: i as u16,
+            capacity_blocks: None,
         })
         .collect();
     let mut rng = SmallRng::seed_from_u64(3);

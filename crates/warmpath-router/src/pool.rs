@@ -183,6 +183,7 @@ impl Pool {
             .map(|b| PolicyBackend {
                 id: b.id.clone(),
                 slot: b.slot,
+                capacity_blocks: None,
             })
             .collect();
         let policy = build_policy(strategy, &config, &snapshot)?;

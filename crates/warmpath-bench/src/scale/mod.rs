@@ -13,7 +13,9 @@
 //! Instances follow [`crate::timing`] (one prefill queue, overlapping decode up
 //! to `max_batch`) with a segment-granular LRU prefix cache ([`fleet`]). The
 //! index sees each change the moment it happens (an agent with zero latency),
-//! and the router's load view is exact (one router). Only `kv_aware` reads
+//! and the router's load view is exact (one router), and the policy is told
+//! each instance's cache capacity, as an agent reports it (`capacity_known`;
+//! `--hide-capacity` runs without the capacity model). Only `kv_aware` reads
 //! the index, so only its runs hash chains and keep the index up to date;
 //! the others route on the prefix key and load alone, as the router does. Routing cost is measured
 //! as wall time spent hashing, matching and picking, so "decisions per second"
@@ -67,6 +69,9 @@ pub struct ScaleConfig {
     pub block_size: usize,
     /// Prefix cache capacity per instance, in blocks.
     pub cache_blocks: usize,
+    /// Whether the policy is told each instance's capacity (as an agent
+    /// reports it); `false` runs `kv_aware` without its capacity model.
+    pub capacity_known: bool,
     /// RNG seed.
     pub seed: u64,
     /// Engine time model.
@@ -88,6 +93,7 @@ impl Default for ScaleConfig {
             output_tokens: 32,
             block_size: 16,
             cache_blocks: 8192,
+            capacity_known: true,
             seed: 42,
             time: TimeModel::default(),
             policy: PolicyConfig::default(),
@@ -96,6 +102,19 @@ impl Default for ScaleConfig {
 }
 
 impl ScaleConfig {
+    /// Blocks of the whole working set (every document once).
+    pub fn working_set_blocks(&self) -> usize {
+        self.docs * (self.doc_tokens / self.block_size.max(1))
+    }
+
+    /// Sizes each instance's cache so that the fleet's total holds `ratio`
+    /// x the working set (the capacity workloads: 0.5, 0.9, 1.5).
+    pub fn with_cache_ratio(mut self, ratio: f64) -> Self {
+        let total = ratio * self.working_set_blocks() as f64;
+        self.cache_blocks = (total / self.instances.max(1) as f64).round().max(1.0) as usize;
+        self
+    }
+
     /// Checks the ranges.
     pub fn validate(&self) -> Result<(), BenchError> {
         let bad = |what: &'static str, reason: &str| {
@@ -266,7 +285,11 @@ impl<'a> Sim<'a> {
         for i in 0..n {
             let id = format!("w{i}");
             let slot = index.register_worker(&id)?;
-            backends.push(PolicyBackend { id, slot });
+            backends.push(PolicyBackend {
+                id,
+                slot,
+                capacity_blocks: cfg.capacity_known.then_some(cfg.cache_blocks as u64),
+            });
             fleet.push(Instance::new(slot, cfg.cache_blocks));
         }
         let policy = build_policy(strategy, &cfg.policy, &backends)?;

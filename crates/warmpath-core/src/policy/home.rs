@@ -18,8 +18,12 @@
 //! load). Popularity is a decayed request count in the caller's units (see
 //! `place::State`), so the loads' sum is the decayed count of requests whose
 //! prefix is in the table, and every value is >= 0 up to rounding.
+//!
+//! A prefix too hot for one backend has **copies** besides its home (up to
+//! `MAX_COPIES` in all, see `kv`): its popularity then counts `pop / k` on
+//! each of its `k` holders, as its traffic is split among them.
 
-use super::tuning::{HOME_MIN_SETS, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
+use super::tuning::{HOME_MIN_SETS, HOME_TABLE_KEYS, HOME_WAYS as WAYS, MAX_COPIES};
 
 /// What the table knows of one prefix.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -36,7 +40,31 @@ pub(crate) struct Home {
     pub(crate) moved: bool,
     /// Reserved here by a move's swap: its next cold request comes here.
     pub(crate) reserved: bool,
+    /// Deliberate copies besides `backend` (the first `extra` are used).
+    copies: [u32; MAX_COPIES - 1],
+    extra: u8,
     used: bool,
+}
+
+impl Home {
+    /// Its holders: the home, then its copies.
+    pub(crate) fn holders(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(self.backend as usize).chain(
+            self.copies[..usize::from(self.extra)]
+                .iter()
+                .map(|&c| c as usize),
+        )
+    }
+
+    /// How many backends hold it deliberately (1 + copies).
+    pub(crate) fn count(&self) -> usize {
+        1 + usize::from(self.extra)
+    }
+
+    /// Whether `b` is one of its holders.
+    pub(crate) fn holds(&self, b: usize) -> bool {
+        self.holders().any(|h| h == b)
+    }
 }
 
 /// Homes and expected loads (module docs).
@@ -89,11 +117,58 @@ impl Homes {
             Some(i) => i,
             None => self.insert(key, backend, seq),
         };
-        let e = &mut self.entries[i];
-        e.pop += unit;
-        if let Some(l) = self.load.get_mut(e.backend as usize) {
-            *l += unit;
+        self.entries[i].pop += unit;
+        let e = self.entries[i];
+        let share = unit / e.count() as f64;
+        for b in e.holders() {
+            if let Some(l) = self.load.get_mut(b) {
+                *l += share;
+            }
         }
+    }
+
+    /// Adds (`sign` 1) or takes away (-1) entry `i`'s popularity from the
+    /// loads of its holders, `pop / k` each.
+    fn spread(&mut self, i: usize, sign: f64) {
+        let e = self.entries[i];
+        let share = e.pop / e.count() as f64;
+        for b in e.holders() {
+            if sign < 0.0 {
+                self.sub(b, share);
+            } else if let Some(l) = self.load.get_mut(b) {
+                *l += share;
+            }
+        }
+    }
+
+    /// One more deliberate copy of `key` (in the table) on `backend`.
+    pub(crate) fn add_copy(&mut self, key: u64, backend: usize) {
+        let Some(i) = self.find(key) else {
+            return;
+        };
+        let e = self.entries[i];
+        if e.count() >= MAX_COPIES || e.holds(backend) {
+            return;
+        }
+        self.spread(i, -1.0);
+        let e = &mut self.entries[i];
+        e.copies[usize::from(e.extra)] = backend as u32;
+        e.extra += 1;
+        self.spread(i, 1.0);
+    }
+
+    /// Drops the last copy of `key`, if it has one; returns where it was.
+    pub(crate) fn drop_copy(&mut self, key: u64) -> Option<usize> {
+        let i = self.find(key)?;
+        if self.entries[i].extra == 0 {
+            return None;
+        }
+        self.spread(i, -1.0);
+        let e = &mut self.entries[i];
+        e.extra -= 1;
+        let gone = e.copies[usize::from(e.extra)] as usize;
+        self.spread(i, 1.0);
+        Some(gone)
     }
 
     /// Homes `key` on `backend` from decision `seq` (its popularity moves
@@ -103,20 +178,18 @@ impl Homes {
             Some(i) => i,
             None => self.insert(key, backend, seq),
         };
+        // A new home drops the copies: they age out where they are.
+        self.spread(i, -1.0);
         let e = self.entries[i];
-        if e.backend as usize != backend {
-            self.sub(e.backend as usize, e.pop);
-            if let Some(l) = self.load.get_mut(backend) {
-                *l += e.pop;
-            }
-        }
         self.entries[i] = Home {
             backend: backend as u32,
             since: seq,
             moved,
             reserved: false,
+            extra: 0,
             ..e
         };
+        self.spread(i, 1.0);
     }
 
     /// Homes `key` (already in the table) on `backend` for its next cold
@@ -148,9 +221,8 @@ impl Homes {
             .find(|&i| !self.entries[i].used)
             .or_else(|| set.min_by(|&a, &b| self.entries[a].pop.total_cmp(&self.entries[b].pop)))
             .unwrap_or(0);
-        let old = self.entries[i];
-        if old.used {
-            self.sub(old.backend as usize, old.pop);
+        if self.entries[i].used {
+            self.spread(i, -1.0);
         }
         self.entries[i] = Home {
             key,
@@ -159,6 +231,8 @@ impl Homes {
             since: seq,
             moved: false,
             reserved: false,
+            copies: [0; MAX_COPIES - 1],
+            extra: 0,
             used: true,
         };
         i
@@ -222,24 +296,36 @@ mod tests {
         assert_eq!(h.loads(), &[9.0, 4.0]);
     }
 
+    #[test]
+    fn an_entry_stays_small() {
+        // The table's memory bound in `tuning` assumes 48 bytes a prefix.
+        assert!(std::mem::size_of::<Home>() <= 48);
+    }
+
     proptest! {
         /// Whatever the sequence, loads stay >= 0 and equal the sum of the
         /// remembered popularities homed on each backend.
         #[test]
         fn loads_are_the_sums_of_the_homed_popularities(
-            ops in proptest::collection::vec((0u64..40, 0usize..4, any::<bool>(), 1u32..4), 1..300)
+            ops in proptest::collection::vec((0u64..40, 0usize..4, 0u8..4, 1u32..4), 1..300)
         ) {
             let mut h = Homes::new(4, 8);
-            for (seq, &(key, backend, move_it, w)) in ops.iter().enumerate() {
-                if move_it {
-                    h.set_home(key, backend, seq as u64, true);
-                } else {
-                    h.hit(key, backend, f64::from(w), seq as u64);
+            for (seq, &(key, backend, op, w)) in ops.iter().enumerate() {
+                match op {
+                    0 => h.set_home(key, backend, seq as u64, true),
+                    1 => h.add_copy(key, backend),
+                    2 if w == 1 => {
+                        h.drop_copy(key);
+                    }
+                    _ => h.hit(key, backend, f64::from(w), seq as u64),
                 }
             }
+            // A prefix with copies counts pop / k on each of its k holders.
             let mut sums = [0.0; 4];
             for e in h.entries.iter().filter(|e| e.used) {
-                sums[e.backend as usize] += e.pop;
+                for b in e.holders() {
+                    sums[b] += e.pop / e.count() as f64;
+                }
             }
             for (b, l) in h.loads().iter().enumerate() {
                 prop_assert!(*l >= 0.0);

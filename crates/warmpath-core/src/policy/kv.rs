@@ -1,5 +1,6 @@
 //! `kv_aware`: route each request by one cost formula over what every
-//! backend actually caches, and even the load by **moving** prefixes.
+//! backend actually caches, even the load by **moving** prefixes, and
+//! **copy** a prefix too hot for one backend.
 //!
 //! ## The cost formula
 //!
@@ -20,10 +21,23 @@
 //!   `B`, since a copy off the home is one to let age out (so a holder keeps
 //!   its prefix unless its queue is a full prefill longer); and for a prefix
 //!   no fresh backend holds `min_match_blocks` of (a **cold** one, the same
-//!   `B` everywhere) `B + pressure_w`, where `pressure_w` is the blocks `w`
-//!   wrote lately, decayed over `PRESSURE_WINDOW` decisions per backend: a
-//!   new prefix lands where the cache turns over slowest (see
-//!   [`place`](super::place)). This is the term a capacity model refines.
+//!   `B` everywhere) `B + evict_w` where `w`'s capacity is known, else
+//!   `B + pressure_w` (see [`place`](super::place)).
+//! - `evict_w`, the **eviction term**: the expected blocks of other prefixes
+//!   that writing the chain into `w`'s cache loses. The router models each
+//!   backend's cache ([`resident`](super::resident): an LRU over prefixes,
+//!   fed by its own decisions, corrected by the index), so it knows what the
+//!   engine's LRU would trim there; each victim `v` held there deliberately
+//!   counts its trimmed blocks times `p_v / (p_v + p_x)`, the chance that
+//!   it is asked for again before the new prefix `x` (popularities from
+//!   [`home`](super::home)). It is 0 where the chain fits, or where only
+//!   stale copies go. A new prefix thus lands where it fits, else where it
+//!   evicts the coldest: one cold prefill now instead of a miss for every
+//!   return of a hotter prefix.
+//! - `pressure_w`, where the capacity is unknown: the blocks `w` wrote
+//!   lately, decayed over `PRESSURE_WINDOW` decisions per backend: a new
+//!   prefix lands where the cache turns over slowest (the proxy the
+//!   eviction term replaces).
 //!
 //! The lowest cost wins; ties go to the deeper match, then at random. This
 //! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
@@ -39,14 +53,28 @@
 //! an even share ([`served`](super::served); capped at the mean `E`). It
 //! enters at the two points where cost alone does not decide:
 //!
-//! - **cold**: every backend within `TIE_BAND * B` of the lowest cost is
-//!   equally good, and the lowest `E_w` among them wins (then ring order);
+//! - **cold**: every backend within `TIE_BAND * B` of the lowest cost, and
+//!   within `FIT_BAND * B` of the lowest `evict_w`, is equally good, and the
+//!   lowest `E_w` among them wins (then ring order);
 //! - **warm, at its home `h`** (which won on cost and holds the deepest
 //!   match): the request and the prefix's home go to the usable backend `t`
 //!   with the lowest `L` when `L_h > (1 + rebalance_slack) * mean(L)` and
 //!   the prefix's popularity fits the gap (see
 //!   [`rebalance`](super::rebalance), which also holds the waits between
-//!   moves). A move costs one cold prefill; the old copy ages out.
+//!   moves), unless the move's `evict_t` exceeds `FIT_BAND * B` (even
+//!   shares are a means: a move that evicts hotter prefixes costs hit
+//!   rate). A move costs one cold prefill; the old copy ages out.
+//! - **too hot, at a holder**: a prefix whose popularity per holder, `p / k`,
+//!   exceeds `(1 + rebalance_slack)` times the mean `E` cannot be served by
+//!   its `k` holders within an even share: its request goes to the backend
+//!   with the lowest cold cost (the eviction term included) among the
+//!   others, which becomes a deliberate **copy** (decision `replicate`; up
+//!   to `MAX_COPIES` holders). Its popularity then counts `p / k` on each
+//!   holder, every holder is charged only what it lacks, so its traffic
+//!   splits among them by the formula's load terms; a prefix with copies is
+//!   never moved. When `p / (k - 1)` falls to the mean or below, the last
+//!   copy is dropped (it ages out there). With `rebalance_slack: null`
+//!   nothing moves and nothing is copied.
 //!
 //! Every constant is named, with why it has its value, in
 //! [`tuning`](super::tuning), beside the six knobs.
@@ -56,14 +84,15 @@
 //! prefix goes by CHWBL on the prefix key instead, there are no homes and
 //! nothing moves (several router replicas then agree).
 //!
-//! Decision: `kv_match` when the winner holds the deepest match; `spill` when
+//! Decision: `replicate` when a request starts a copy; `kv_match` when the
+//! winner holds the deepest match; `spill` when
 //! a deeper-matching backend was passed over for load, a prefix moved, or a
 //! cold prefix was placed off its ring owner; `prefix_hash` when a cold
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full.
 
 use super::home::Home;
-use super::place::{Placed, Placer};
+use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
 use super::tuning::{ColdPlacement, KvConfig, HOME_HOLDS, PAYBACK_GAIN, PRESSURE_WINDOW, TIE_BAND};
@@ -145,8 +174,10 @@ impl KvAware {
         let ring = self.fallback.ring();
         let band = TIE_BAND * f64::from(input.chain_blocks);
         let mut s = self.placer.lock();
+        self.observe(&mut s, input);
         let placed = s.place(
             input.prefix_key,
+            input.chain_blocks,
             loads,
             |i| self.usable(loads, i),
             ring,
@@ -163,6 +194,7 @@ impl KvAware {
         };
         s.set_home(input.prefix_key, backend, false);
         s.record(input.prefix_key, backend, input.chain_blocks);
+        s.cached(input.prefix_key, backend, input.chain_blocks);
         Ok(Decision {
             backend,
             kind,
@@ -178,7 +210,7 @@ impl KvAware {
         chain: u32,
         matched: &[u32],
         loads: &[BackendLoad],
-        home: Option<usize>,
+        homes: &[usize],
         rng: &mut dyn RngCore,
     ) -> Option<(u32, usize)> {
         let mut best: Option<(f64, u32, usize)> = None;
@@ -190,9 +222,10 @@ impl KvAware {
             }
             let m = matched[i];
             let uncached = f64::from(chain - m.min(chain));
-            let write = match home {
-                Some(h) if h != i => f64::from(chain),
-                _ => uncached,
+            let write = if homes.is_empty() || homes.contains(&i) {
+                uncached
+            } else {
+                f64::from(chain)
             };
             let cost = self.kv.prefill_weight * (uncached + l.pending_prefill_blocks as f64)
                 + self.kv.miss_weight * write
@@ -231,12 +264,14 @@ impl KvAware {
         let chain = input.chain_blocks.max(best_match);
         let usable = |i: usize| self.usable(loads, i);
         let mut s = self.placer.lock();
+        self.observe(&mut s, input);
         let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
         let at = |h: &Home| h.backend as usize;
         if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
             if s.following(&h, loads) {
                 let b = at(&h);
                 s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
+                s.cached(key, b, input.chain_blocks);
                 return Ok(Decision {
                     backend: b,
                     kind: DecisionKind::Spill,
@@ -257,15 +292,21 @@ impl KvAware {
                 .and_then(|m| m.of(slot))
                 .is_some_and(|w| !w.fresh)
         });
-        let Some((mut m, mut backend)) =
-            self.cheapest(chain, matched, loads, holding.as_ref().map(at), rng)
-        else {
+        // The home and its deliberate copies that hold the prefix.
+        let holds = |i: usize| u64::from(matched[i]) * den >= u64::from(best_match) * num;
+        let homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
+            h.holders()
+                .filter(|&i| i == at(&h) || (usable(i) && holds(i)))
+                .collect()
+        });
+        let Some((mut m, mut backend)) = self.cheapest(chain, matched, loads, &homes, rng) else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             s.record(
                 key,
                 backend,
                 input.chain_blocks.saturating_sub(matched[backend]),
             );
+            s.cached(key, backend, input.chain_blocks);
             return Ok(Decision {
                 backend,
                 kind: DecisionKind::LeastOutstanding,
@@ -273,8 +314,17 @@ impl KvAware {
             });
         };
         match (holding, &self.rebalance) {
-            (Some(h), Some(rb)) if at(&h) == backend && m == best_match => {
-                if let Some(t) = s.propose_move(rb, &h, loads, usable) {
+            (Some(h), Some(rb)) if homes.contains(&backend) && m == best_match => {
+                match s.replicas(rb, &h, usable) {
+                    Some(true) => {
+                        if let Some(d) = self.replicate(&mut s, input, &h, matched, loads) {
+                            return Ok(d);
+                        }
+                    }
+                    Some(false) => s.copy(key, None),
+                    None => {}
+                }
+                if let Some(t) = s.propose_move(rb, &h, chain, loads, usable) {
                     s.move_home(key, at(&h), t);
                     (m, backend) = (matched[t], t);
                 }
@@ -286,7 +336,72 @@ impl KvAware {
             _ => {}
         }
         s.record(key, backend, input.chain_blocks.saturating_sub(m));
+        s.cached(key, backend, input.chain_blocks);
         Ok(warm_decision(backend, m, best_match))
+    }
+
+    /// Starts one more warm copy of `home`'s prefix: the request goes to
+    /// the backend with the lowest cold cost among those that do not hold
+    /// it deliberately (the eviction term included), decision `replicate`.
+    fn replicate(
+        &self,
+        s: &mut State,
+        input: &RouteInput<'_>,
+        home: &Home,
+        matched: &[u32],
+        loads: &[BackendLoad],
+    ) -> Option<Decision> {
+        let weights = (
+            self.kv.prefill_weight,
+            self.kv.miss_weight,
+            self.kv.decode_weight,
+        );
+        let band = TIE_BAND * f64::from(input.chain_blocks);
+        let (t, _) = s.place(
+            input.prefix_key,
+            input.chain_blocks,
+            loads,
+            |i| self.usable(loads, i) && !home.holds(i),
+            self.fallback.ring(),
+            weights,
+            band,
+        )?;
+        s.copy(input.prefix_key, Some(t));
+        s.record(
+            input.prefix_key,
+            t,
+            input.chain_blocks.saturating_sub(matched[t]),
+        );
+        s.cached(input.prefix_key, t, input.chain_blocks);
+        Some(Decision {
+            backend: t,
+            kind: DecisionKind::Replicate,
+            matched_blocks: matched[t],
+        })
+    }
+
+    /// Feeds the index's fresh view of this prefix into the resident model:
+    /// what each listed holder has of the chain, and that the prefix's home,
+    /// when not listed, has none of it.
+    fn observe(&self, s: &mut State, input: &RouteInput<'_>) {
+        let Some(m) = input.matches else {
+            return;
+        };
+        if !s.resident.any() {
+            return;
+        }
+        let key = input.prefix_key;
+        for w in m.workers.iter().filter(|w| w.fresh) {
+            if let Some(i) = self.slots.iter().position(|s| *s == w.slot) {
+                s.observe(key, i, w.blocks);
+            }
+        }
+        if let Some(h) = s.home(key) {
+            let i = h.backend as usize;
+            if self.slots.get(i).is_some_and(|slot| m.of(*slot).is_none()) {
+                s.observe(key, i, 0);
+            }
+        }
     }
 }
 
@@ -319,7 +434,7 @@ impl Policy for KvAware {
             return self.pick_homed(input, &matched, best_match, loads, rng);
         }
         let chain = input.chain_blocks.max(best_match);
-        let Some((m, backend)) = self.cheapest(chain, &matched, loads, None, rng) else {
+        let Some((m, backend)) = self.cheapest(chain, &matched, loads, &[], rng) else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             return Ok(Decision {
                 backend,
@@ -347,344 +462,5 @@ fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use crate::index::MatchResult;
-    use crate::policy::place::skew;
-    use crate::policy::test_util::*;
-
-    fn kv(n: usize, threshold: u32) -> KvAware {
-        let cfg = PolicyConfig {
-            concurrency_threshold: threshold,
-            ..Default::default()
-        };
-        KvAware::new(&cfg, &backends(n))
-    }
-
-    #[test]
-    fn picks_the_deepest_match() {
-        let p = kv(4, 8);
-        let m = matches(&[(1, 10, true), (2, 40, true)], 50);
-        let input = RouteInput {
-            prefix_key: 5,
-            chain_blocks: 50,
-            matches: Some(&m),
-        };
-        let d = p.pick(&input, &idle(4), &mut rng()).unwrap();
-        assert_eq!(
-            (d.backend, d.kind, d.matched_blocks),
-            (2, DecisionKind::KvMatch, 40)
-        );
-    }
-
-    #[test]
-    fn load_outweighs_a_small_match() {
-        let p = kv(2, 64);
-        let m = matches(&[(0, 2, true)], 100);
-        let input = RouteInput {
-            prefix_key: 5,
-            chain_blocks: 100,
-            matches: Some(&m),
-        };
-        let mut loads = idle(2);
-        loads[0].pending_prefill_blocks = 500; // a long queue of cold prefills
-        let d = p.pick(&input, &loads, &mut rng()).unwrap();
-        assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
-    }
-
-    #[test]
-    fn a_holder_busy_with_one_cold_prefill_keeps_its_prefix() {
-        fn input_for(m: &MatchResult) -> RouteInput<'_> {
-            RouteInput {
-                prefix_key: 5,
-                chain_blocks: 503,
-                matches: Some(m),
-            }
-        }
-        let m = matches(&[(0, 500, true)], 503);
-        let mut loads = idle(2);
-        loads[0].pending_prefill_blocks = 503; // another prefix's cold prefill
-        let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
-        assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
-        // Without the miss charge the idle backend's full prefill looks as
-        // cheap as waiting, and a second copy is started there.
-        let cfg = PolicyConfig {
-            kv: KvConfig {
-                miss_weight: 0.0,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let d = KvAware::new(&cfg, &backends(2))
-            .pick(&input_for(&m), &loads, &mut rng())
-            .unwrap();
-        assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
-        // Two cold prefills queued: now it is worth moving.
-        loads[0].pending_prefill_blocks = 1100;
-        let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
-        assert_eq!(d.backend, 1);
-    }
-
-    #[test]
-    fn spills_when_the_match_holder_is_full() {
-        let p = kv(3, 2);
-        let m = matches(&[(0, 30, true), (1, 10, true)], 32);
-        let input = RouteInput {
-            prefix_key: 5,
-            chain_blocks: 32,
-            matches: Some(&m),
-        };
-        let mut loads = idle(3);
-        loads[0].in_flight = 2;
-        let d = p.pick(&input, &loads, &mut rng()).unwrap();
-        assert_eq!(
-            (d.backend, d.kind, d.matched_blocks),
-            (1, DecisionKind::Spill, 10)
-        );
-        for l in &mut loads {
-            l.in_flight = 2;
-        }
-        let d = p.pick(&input, &loads, &mut rng()).unwrap();
-        assert_eq!(d.kind, DecisionKind::LeastOutstanding);
-    }
-
-    #[test]
-    fn falls_back_to_prefix_hash_when_cold_or_stale() {
-        let p = kv(4, 8);
-        let cold = matches(&[], 20);
-        let stale = matches(&[(3, 20, false)], 20);
-        let loads = idle(4);
-        for m in [&cold, &stale] {
-            let input = RouteInput {
-                prefix_key: 77,
-                chain_blocks: 20,
-                matches: Some(m),
-            };
-            let d = p.pick(&input, &loads, &mut rng()).unwrap();
-            let expect = p.fallback.pick_by_key(77, &loads, &mut rng()).unwrap();
-            assert_eq!(d.kind, DecisionKind::PrefixHash);
-            assert_eq!(d.backend, expect.backend);
-        }
-        let none = RouteInput {
-            prefix_key: 77,
-            chain_blocks: 0,
-            matches: None,
-        };
-        assert_eq!(
-            p.pick(&none, &loads, &mut rng()).unwrap().kind,
-            DecisionKind::PrefixHash
-        );
-    }
-
-    #[test]
-    fn ineligible_backends_are_never_picked() {
-        let p = kv(2, 8);
-        let m = matches(&[(0, 9, true)], 10);
-        let input = RouteInput {
-            prefix_key: 1,
-            chain_blocks: 10,
-            matches: Some(&m),
-        };
-        let mut loads = idle(2);
-        loads[0].eligible = false;
-        let d = p.pick(&input, &loads, &mut rng()).unwrap();
-        assert_eq!(d.backend, 1);
-        loads[1].eligible = false;
-        assert_eq!(
-            p.pick(&input, &loads, &mut rng()),
-            Err(PolicyError::NoBackend)
-        );
-    }
-
-    fn cold(key: u64) -> RouteInput<'static> {
-        RouteInput {
-            prefix_key: key,
-            chain_blocks: 500,
-            matches: None,
-        }
-    }
-
-    #[test]
-    fn cold_prefixes_fill_the_backends_evenly() {
-        let p = kv(7, 64);
-        let loads = idle(7);
-        let mut placed = [0u32; 7];
-        for k in 0..112u64 {
-            let d = p
-                .pick(
-                    &cold(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-                    &loads,
-                    &mut rng(),
-                )
-                .unwrap();
-            // At idle nothing is at a limit: a cold placement is `cold` (or
-            // the ring owner's `prefix_hash`), never `spill`.
-            assert!(
-                matches!(d.kind, DecisionKind::PrefixHash | DecisionKind::Cold),
-                "{:?}",
-                d.kind
-            );
-            placed[d.backend] += 1;
-        }
-        assert_eq!(placed, [16; 7]);
-        // The ring alone leaves some with far more than 16.
-        let cfg = PolicyConfig {
-            kv: KvConfig {
-                cold_placement: ColdPlacement::Ring,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let ring = KvAware::new(&cfg, &backends(7));
-        let mut by_ring = [0u32; 7];
-        for k in 0..112u64 {
-            let key = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            by_ring[ring.pick(&cold(key), &loads, &mut rng()).unwrap().backend] += 1;
-        }
-        assert_ne!(by_ring, [16; 7]);
-    }
-
-    #[test]
-    fn a_cold_prefix_avoids_queued_prefill_and_its_repeat_follows_it() {
-        let p = kv(3, 64);
-        let mut loads = idle(3);
-        loads[0].pending_prefill_blocks = 1000;
-        loads[2].pending_prefill_blocks = 1000;
-        let d = p.pick(&cold(5), &loads, &mut rng()).unwrap();
-        assert_eq!(d.backend, 1);
-        // Its first request is prefilling there (no blocks published yet):
-        // the second request of the same prefix follows it although another
-        // backend is idle now.
-        loads[1].pending_prefill_blocks = 500;
-        loads[2].pending_prefill_blocks = 0;
-        let again = p.pick(&cold(5), &loads, &mut rng()).unwrap();
-        assert_eq!((again.backend, again.kind), (1, DecisionKind::PrefixHash));
-        // A different cold prefix goes to the idle one.
-        assert_eq!(p.pick(&cold(6), &loads, &mut rng()).unwrap().backend, 2);
-    }
-
-    /// `kv_aware` over 3 backends, 100 decisions after keys 1..=4 were
-    /// homed on backends 0, 0, 1, 2 with 40, 30, 20, 10 requests (expected
-    /// loads 70 / 20 / 10; nothing decays).
-    fn skewed_kv(rebalance_slack: Option<f64>) -> KvAware {
-        let mut cfg = PolicyConfig::default();
-        cfg.kv.rebalance_slack = rebalance_slack;
-        let p = KvAware::with_window(&cfg, &backends(3), 1e5);
-        skew(&mut p.placer.lock());
-        p
-    }
-
-    /// A 50-block request of `key` that `holders` hold whole.
-    fn req<'a>(key: u64, holders: &[u16], m: &'a mut MatchResult) -> RouteInput<'a> {
-        let list: Vec<(u16, u32, bool)> = holders.iter().map(|&s| (s, 50, true)).collect();
-        req_with(key, &list, m)
-    }
-
-    /// A 50-block request of `key`; `list` is (slot, blocks, fresh).
-    fn req_with<'a>(key: u64, list: &[(u16, u32, bool)], m: &'a mut MatchResult) -> RouteInput<'a> {
-        *m = matches(list, 50);
-        let m: &'a MatchResult = m;
-        RouteInput {
-            prefix_key: key,
-            chain_blocks: 50,
-            matches: Some(m),
-        }
-    }
-
-    #[test]
-    fn a_prefix_changes_home_only_when_its_home_lost_it() {
-        let p = skewed_kv(Some(0.1));
-        let loads = idle(3);
-        let mut m = MatchResult::default();
-        let home = |p: &KvAware| p.placer.lock().home(3).unwrap().backend;
-        // Key 3 lives on 1. LRU trimmed 5 of its blocks there, a copy on 0
-        // is whole: 1 writes them back.
-        let d = p
-            .pick(
-                &req_with(3, &[(1, 45, true), (0, 50, true)], &mut m),
-                &loads,
-                &mut rng(),
-            )
-            .unwrap();
-        assert_eq!(
-            (d.backend, d.kind, d.matched_blocks),
-            (1, DecisionKind::Spill, 45)
-        );
-        // 1's agent is stale: the request goes to the copy, the home stays.
-        let d = p
-            .pick(
-                &req_with(3, &[(1, 50, false), (0, 50, true)], &mut m),
-                &loads,
-                &mut rng(),
-            )
-            .unwrap();
-        assert_eq!((d.backend, home(&p)), (0, 1));
-        // 1 lost it (fresh, no block): it lives on 0 now.
-        let d = p.pick(&req(3, &[0], &mut m), &loads, &mut rng()).unwrap();
-        assert_eq!((d.backend, home(&p)), (0, 0));
-        assert_eq!(p.placer.lock().moves, 0);
-    }
-
-    #[test]
-    fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
-        let p = skewed_kv(Some(0.1));
-        let mut loads = idle(3);
-        let mut m = MatchResult::default();
-        // Key 2 (30 of 100) is cached on backend 0 (70): it moves to 2 (10).
-        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
-        assert_eq!(
-            (d.backend, d.kind, d.matched_blocks),
-            (2, DecisionKind::Spill, 0)
-        );
-        // While that request prefills there, the next one follows it
-        // instead of going back to the copy on 0.
-        loads[2].pending_prefill_blocks = 50;
-        loads[2].in_flight = 1;
-        let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
-        assert_eq!((d.backend, d.kind), (2, DecisionKind::Spill));
-        // Once 2 holds it, 2 keeps it although it is busier: the stale copy
-        // on 0 pays the miss charge, and no other move follows.
-        loads[2].pending_prefill_blocks = 0;
-        loads[2].in_flight = 3;
-        for _ in 0..20 {
-            let d = p
-                .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
-                .unwrap();
-            assert_eq!((d.backend, d.kind), (2, DecisionKind::KvMatch));
-        }
-        assert_eq!(p.placer.lock().moves, 1);
-        // The swap: key 4, the least popular on 2, is reserved on 0; its
-        // next cold request goes there although 0 is the busiest.
-        let k4 = p.placer.lock().home(4).unwrap();
-        assert!(k4.reserved && !k4.moved && k4.backend == 0, "{k4:?}");
-        let d = p.pick(&req(4, &[], &mut m), &idle(3), &mut rng()).unwrap();
-        assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
-        assert!(!p.placer.lock().home(4).unwrap().reserved);
-        // Without rebalancing nothing moves: the home keeps it.
-        let off = skewed_kv(None);
-        let d = off
-            .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
-            .unwrap();
-        assert_eq!(d.backend, 0);
-        let d = off
-            .pick(&req(2, &[0], &mut m), &idle(3), &mut rng())
-            .unwrap();
-        assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
-    }
-
-    #[test]
-    fn a_prefix_still_prefilling_is_never_moved() {
-        let p = skewed_kv(Some(0.1));
-        let mut loads = idle(3);
-        let mut m = MatchResult::default();
-        // Key 2's home (0, overloaded) holds none of it yet: its first
-        // request there is prefilling. Its next one follows, it is not moved.
-        loads[0].pending_prefill_blocks = 50;
-        for _ in 0..5 {
-            let d = p.pick(&req(2, &[], &mut m), &loads, &mut rng()).unwrap();
-            assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
-        }
-        assert_eq!(p.placer.lock().moves, 0);
-    }
-}
+#[path = "kv_tests.rs"]
+mod tests;

@@ -11,7 +11,7 @@
 //! | `random` | uniformly among eligible backends | `random` |
 //! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
-//! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load and cache writes, with prefixes moved (never copied) to even the load (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `least_outstanding` |
+//! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load, cache writes and (capacity known) what a write evicts; prefixes moved to even the load, copied when too hot for one backend (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `cold`, `replicate`, `least_outstanding` |
 
 mod home;
 mod kv;
@@ -19,6 +19,7 @@ mod least;
 mod place;
 mod random;
 mod rebalance;
+mod resident;
 mod ring;
 mod served;
 mod tuning;
@@ -102,6 +103,9 @@ pub enum DecisionKind {
     /// A prefix no backend holds, placed by the policy's own rule (kv_aware's
     /// cold placement) rather than by the ring: says nothing about load.
     Cold,
+    /// A deliberate second (third ...) warm copy of a prefix too hot for
+    /// one backend: kv_aware sent this request to start it (see [`kv`]).
+    Replicate,
     /// Fewest in flight (the strategy, or every backend was at its limit).
     LeastOutstanding,
     /// Uniform random.
@@ -116,6 +120,7 @@ impl DecisionKind {
             DecisionKind::PrefixHash => "prefix_hash",
             DecisionKind::Spill => "spill",
             DecisionKind::Cold => "cold",
+            DecisionKind::Replicate => "replicate",
             DecisionKind::LeastOutstanding => "least_outstanding",
             DecisionKind::Random => "random",
         }
@@ -165,6 +170,11 @@ pub struct PolicyBackend {
     pub id: String,
     /// Its slot in the pool's cache index.
     pub slot: WorkerSlot,
+    /// Its prefix cache's capacity in blocks, when known (the agent's
+    /// Hello, or the simulator's own setting): `kv_aware` then models what
+    /// it holds and charges a placement for the hotter prefixes it evicts
+    /// (see [`kv`]). `None`: never modelled, as before.
+    pub capacity_blocks: Option<u64>,
 }
 
 /// Load reported by the engine through its agent.
@@ -357,6 +367,7 @@ pub(crate) mod test_util {
             .map(|i| PolicyBackend {
                 id: format!("b{i}"),
                 slot: i as WorkerSlot,
+                capacity_blocks: None,
             })
             .collect()
     }

@@ -43,9 +43,12 @@
 //! `cold_placement: ring` there).
 
 use super::home::{Home, Homes};
+use super::resident::Resident;
 use super::ring::Ring;
 use super::served::Served;
-use super::tuning::{HOMES_PER_BACKEND, HOME_TABLE_KEYS, PAYBACK_WINDOW, RESCALE_AT, STICKY};
+use super::tuning::{
+    FIT_BAND, HOMES_PER_BACKEND, HOME_TABLE_KEYS, PAYBACK_WINDOW, RESCALE_AT, STICKY,
+};
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -84,6 +87,9 @@ pub(crate) struct State {
     /// Weight of a backend's excess of routed requests in the load the
     /// rebalancer evens (`PAYBACK_GAIN`; 0: expected load alone).
     pub(super) payback: f64,
+    /// What each backend of known capacity holds (see
+    /// [`resident`](super::resident)).
+    pub(super) resident: Resident,
 }
 
 /// Cache pressure per backend, homes and the rebalancing state.
@@ -111,6 +117,7 @@ impl Placer {
                 sticky: STICKY * n as u64,
                 served: Served::new(backends.len(), PAYBACK_WINDOW * n as f64),
                 payback: 0.0,
+                resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
             }),
         }
     }
@@ -155,9 +162,11 @@ impl State {
     /// or recent, else the lowest expected load among those within
     /// `band` blocks of the lowest cold cost (module docs), ties by `ring`
     /// order from `key`. `weights` are (prefill, miss, decode).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn place(
         &self,
         key: u64,
+        blocks: u32,
         loads: &[BackendLoad],
         usable: impl Fn(usize) -> bool,
         ring: &Ring,
@@ -171,9 +180,21 @@ impl State {
         }
         let (prefill_weight, miss_weight, decode_weight) = weights;
         let n = loads.len().min(self.pressure.len());
+        let evict: Vec<f64> = if self.resident.any() {
+            (0..n).map(|b| self.evict_cost(b, key, blocks)).collect()
+        } else {
+            vec![0.0; n]
+        };
+        // Where the capacity is known the eviction term replaces pressure,
+        // its proxy: a backend that turns over only cold prefixes is the
+        // right place for one more.
+        let write = |b: usize| match self.resident.of(b) {
+            Some(_) => evict[b],
+            None => self.pressure[b] / self.unit,
+        };
         let cost = |b: usize| {
             let l = &loads[b];
-            miss_weight * self.pressure[b] / self.unit
+            miss_weight * write(b)
                 + prefill_weight * l.pending_prefill_blocks as f64
                 + decode_weight * f64::from(l.effective_in_flight())
         };
@@ -181,7 +202,16 @@ impl State {
             .filter(|&b| usable(b))
             .map(cost)
             .min_by(f64::total_cmp)?;
-        let good = |b: usize| b < n && usable(b) && cost(b) <= min + band;
+        // The band evens loads among backends as good for the caches: never
+        // at the price of evicting hotter prefixes than the least-loss one.
+        let least_loss = (0..n)
+            .filter(|&b| usable(b))
+            .map(|b| evict[b])
+            .min_by(f64::total_cmp)?;
+        let fit_band = FIT_BAND * f64::from(blocks);
+        let good = |b: usize| {
+            b < n && usable(b) && cost(b) <= min + band && evict[b] <= least_loss + fit_band
+        };
         let expected = self.homes.loads();
         let least = (0..n)
             .filter(|&b| good(b))
@@ -197,6 +227,53 @@ impl State {
             Placed::Pressure
         };
         Some((at, how))
+    }
+
+    /// The eviction term of the cost formula: the expected blocks of other
+    /// prefixes that caching `blocks` of `key` on `b` loses, each victim's
+    /// trimmed blocks weighted by `p_v / (p_v + p_x)`, the chance that the
+    /// victim (popularity `p_v`) is asked for again before the new prefix
+    /// (`p_x`, this request included). A victim homed elsewhere (a stale
+    /// copy) costs nothing; 0 where the capacity is unknown or it fits.
+    pub(crate) fn evict_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
+        let Some(cache) = self.resident.of(b) else {
+            return 0.0;
+        };
+        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        cache
+            .victims(key, u64::from(blocks))
+            .map(|(v, trim)| {
+                let pv = self
+                    .homes
+                    .get(v)
+                    .filter(|h| h.holds(b))
+                    .map_or(0.0, |h| h.pop);
+                trim as f64 * pv / (pv + px)
+            })
+            .sum()
+    }
+
+    /// A request of `key` with a `blocks`-block chain was sent to
+    /// `backend`: its modelled cache now holds the chain.
+    pub(crate) fn cached(&mut self, key: u64, backend: usize, blocks: u32) {
+        if let Some(c) = self.resident.of_mut(backend) {
+            c.store(key, u64::from(blocks));
+        }
+    }
+
+    /// The index says `backend` holds `blocks` of `key`'s chain (a fresh
+    /// match): the model takes it, unless `key` was placed there so
+    /// recently that its blocks may not be published yet.
+    pub(crate) fn observe(&mut self, key: u64, backend: usize, blocks: u32) {
+        let recent = self.homes.get(key).is_some_and(|h| {
+            h.backend as usize == backend && self.seq.saturating_sub(h.since) <= self.sticky
+        });
+        if recent {
+            return;
+        }
+        if let Some(c) = self.resident.of_mut(backend) {
+            c.observe(key, u64::from(blocks));
+        }
     }
 
     /// Homes `key` on `backend` (a cold placement, a move when `moved`, or
@@ -221,6 +298,18 @@ impl State {
         if let Some(j) = swap {
             self.homes.reserve(j, from, self.seq);
         }
+    }
+
+    /// A deliberate copy of `key` on `backend` (replication), or the last
+    /// one dropped (`None`); counted like a move, for the waits.
+    pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
+        match backend {
+            Some(b) => self.homes.add_copy(key, b),
+            None => {
+                self.homes.drop_copy(key);
+            }
+        }
+        self.last_move = Some(self.seq);
     }
 
     /// Records a decision: a request of `key` sent to `backend`, which
@@ -275,7 +364,7 @@ mod tests {
         for key in 0..40u64 {
             let key = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let (at, _) = p
-                .place(key, &loads, |_| true, &ring, (0.0, 1.0, 0.0), 0.0)
+                .place(key, 500, &loads, |_| true, &ring, (0.0, 1.0, 0.0), 0.0)
                 .unwrap();
             p.set_home(key, at, false);
             p.record(key, at, 500);
@@ -301,7 +390,7 @@ mod tests {
         let mut p = placer.lock();
         let mut loads = idle(3);
         let (first, _) = p
-            .place(42, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
+            .place(42, 500, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         p.set_home(42, first, false);
         p.record(42, first, 500);
@@ -309,12 +398,12 @@ mod tests {
         // Its pressure and queue now make it the costliest, yet the same key
         // follows it.
         assert_eq!(
-            p.place(42, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0),
+            p.place(42, 500, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0),
             Some((first, Placed::Remembered))
         );
         // Another key does not.
         let (other, _) = p
-            .place(43, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
+            .place(43, 500, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         assert_ne!(other, first);
         p.set_home(43, other, false);
@@ -325,7 +414,7 @@ mod tests {
             p.record(7, other, 0);
         }
         let (again, how) = p
-            .place(42, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
+            .place(42, 500, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         assert_ne!(how, Placed::Remembered);
         // The least pressure: neither the first (500 blocks) nor `other`.
@@ -335,11 +424,11 @@ mod tests {
         p.set_home(42, first, false);
         p.record(42, first, 500);
         let (b2, _) = p
-            .place(42, &loads, |i| i != first, &ring, (1.0, 1.0, 2.0), 0.0)
+            .place(42, 500, &loads, |i| i != first, &ring, (1.0, 1.0, 2.0), 0.0)
             .unwrap();
         assert_ne!(b2, first);
         assert_eq!(
-            p.place(42, &loads, |_| false, &ring, (1.0, 1.0, 2.0), 0.0),
+            p.place(42, 500, &loads, |_| false, &ring, (1.0, 1.0, 2.0), 0.0),
             None
         );
     }
@@ -366,7 +455,7 @@ mod tests {
             p.record(3, 2, 20);
         }
         let pick = |usable: &dyn Fn(usize) -> bool, loads: &[BackendLoad], tol| {
-            p.place(9, loads, usable, &ring, w, tol).unwrap().0
+            p.place(9, 500, loads, usable, &ring, w, tol).unwrap().0
         };
         assert_eq!(pick(&|_| true, &loads, 0.0), 0);
         assert_eq!(pick(&|i| i != 0, &loads, 0.0), 1);
@@ -376,5 +465,99 @@ mod tests {
         let mut busy = idle(3);
         busy[2].pending_prefill_blocks = 1000;
         assert_eq!(pick(&|i| i != 0, &busy, 503.0), 1);
+    }
+
+    #[test]
+    fn a_cold_prefix_goes_where_it_evicts_the_coldest() {
+        // Three backends of 1000 blocks, each full with two 500-block
+        // prefixes: 0 and 1 hold two of 50 requests each, 2 one of 150 and,
+        // least recently used, one of a single request.
+        let b: Vec<PolicyBackend> = backends(3)
+            .into_iter()
+            .map(|b| PolicyBackend {
+                capacity_blocks: Some(1000),
+                ..b
+            })
+            .collect();
+        let ring = Ring::new(&b, 160);
+        let placer = Placer::new(&b, 1e5);
+        let mut p = placer.lock();
+        for (key, at, reqs) in [
+            (6u64, 2usize, 1),
+            (1, 0, 50),
+            (2, 0, 50),
+            (3, 1, 50),
+            (4, 1, 50),
+            (5, 2, 150),
+        ] {
+            p.set_home(key, at, false);
+            for _ in 0..reqs {
+                p.record(key, at, 0);
+                p.cached(key, at, 500);
+            }
+        }
+        p.seq += 100;
+        let loads = idle(3);
+        let w = (1.0, 1.0, 2.0);
+        // Backend 2 carries the most load, but there the new prefix evicts
+        // only the one-request prefix: it goes there.
+        let (at, _) = p.place(9, 500, &loads, |_| true, &ring, w, 500.0).unwrap();
+        assert_eq!(at, 2);
+        assert!(p.evict_cost(0, 9, 500) > 450.0 && p.evict_cost(2, 9, 500) < 300.0);
+        // Capacity unknown: no eviction term, the lowest expected load wins.
+        let blind = Placer::new(&backends(3), 1e5);
+        let mut q = blind.lock();
+        for (key, at, reqs) in [
+            (6u64, 2usize, 1),
+            (1, 0, 50),
+            (2, 0, 50),
+            (3, 1, 50),
+            (4, 1, 50),
+            (5, 2, 150),
+        ] {
+            q.set_home(key, at, false);
+            for _ in 0..reqs {
+                q.record(key, at, 0);
+                q.cached(key, at, 500);
+            }
+        }
+        q.seq += 100;
+        let (at, _) = q.place(9, 500, &loads, |_| true, &ring, w, 500.0).unwrap();
+        assert_ne!(at, 2);
+        assert_eq!(q.evict_cost(2, 9, 500), 0.0);
+    }
+
+    #[test]
+    fn a_cold_prefix_goes_where_it_fits() {
+        // Backend 0 holds one popular 500-block prefix (room for another),
+        // backend 1 is full with two of five requests each.
+        let b: Vec<PolicyBackend> = backends(2)
+            .into_iter()
+            .map(|b| PolicyBackend {
+                capacity_blocks: Some(1000),
+                ..b
+            })
+            .collect();
+        let ring = Ring::new(&b, 160);
+        let run = |b: &[PolicyBackend]| {
+            let placer = Placer::new(b, 1e5);
+            let mut p = placer.lock();
+            for (key, at, reqs) in [(1u64, 0usize, 100), (2, 1, 5), (3, 1, 5)] {
+                p.set_home(key, at, false);
+                for _ in 0..reqs {
+                    p.record(key, at, 0);
+                    p.cached(key, at, 500);
+                }
+            }
+            p.seq += 100;
+            let (at, _) = p
+                .place(9, 500, &idle(2), |_| true, &ring, (1.0, 1.0, 2.0), 500.0)
+                .unwrap();
+            at
+        };
+        // It fits on 0, although 0 carries the most load.
+        assert_eq!(run(&b), 0);
+        // Capacity unknown: the lower expected load, 1, where it evicts.
+        assert_eq!(run(&backends(2)), 1);
     }
 }

@@ -36,7 +36,9 @@
 
 use super::home::Home;
 use super::place::State;
-use super::tuning::{MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP};
+use super::tuning::{
+    FIT_BAND, MAX_COPIES, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
+};
 use super::BackendLoad;
 
 /// Which gaps [`State::propose_move`] acts on (module docs).
@@ -62,11 +64,14 @@ impl State {
         &self,
         rb: &Rebalance,
         home: &Home,
+        blocks: u32,
         loads: &[BackendLoad],
         usable: impl Fn(usize) -> bool,
     ) -> Option<usize> {
         let n = rb.backends;
-        if self.seq.saturating_sub(home.since) < rb.cooldown()
+        // A prefix with copies is spread, not moved (`replicas`).
+        if home.count() > 1
+            || self.seq.saturating_sub(home.since) < rb.cooldown()
             || self
                 .last_move
                 .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
@@ -98,7 +103,53 @@ impl State {
         let mean = total / f64::from(count);
         let d = lh - lt;
         let fits = (MOVE_FIT_MIN * d.min(mean)..=MOVE_FIT_MAX * d).contains(&home.pop);
-        (lh > (1.0 + rb.slack) * mean && fits).then_some(t)
+        // Even shares are a means: a move that would evict hotter prefixes
+        // at the target than the least-loss placement costs hit rate.
+        let cheap = || self.evict_cost(t, home.key, blocks) <= FIT_BAND * f64::from(blocks);
+        (lh > (1.0 + rb.slack) * mean && fits && cheap()).then_some(t)
+    }
+
+    /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`)
+    /// or one fewer (`Some(false)`): its popularity per holder, `p / k`,
+    /// is more than `1 + slack` times the mean expected load of the usable
+    /// backends (one backend cannot serve it within an even share), or
+    /// `p / (k - 1)` would be at most the mean (the load fell). The same
+    /// waits as moves keep it from chasing noise.
+    pub(crate) fn replicas(
+        &self,
+        rb: &Rebalance,
+        home: &Home,
+        usable: impl Fn(usize) -> bool,
+    ) -> Option<bool> {
+        let n = rb.backends;
+        if self.seq.saturating_sub(home.since) < rb.cooldown()
+            || self
+                .last_move
+                .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
+        {
+            return None;
+        }
+        let expected = self.homes.loads();
+        let (mut total, mut count) = (0.0, 0u32);
+        for b in (0..expected.len()).filter(|&b| usable(b)) {
+            total += expected[b];
+            count += 1;
+        }
+        if count < 2 || total / self.unit < MOVE_WARMUP * n as f64 {
+            return None;
+        }
+        let mean = total / f64::from(count);
+        let k = home.count() as f64;
+        if home.pop / k > (1.0 + rb.slack) * mean
+            && home.count() < MAX_COPIES
+            && home.count() < count as usize
+        {
+            Some(true)
+        } else if k > 1.0 && home.pop / (k - 1.0) <= mean {
+            Some(false)
+        } else {
+            None
+        }
     }
 
     /// The load the rebalancer evens, per backend, in `unit`s: its expected
@@ -150,15 +201,15 @@ mod tests {
         let (k1, k2, k3) = (s.home(1).unwrap(), s.home(2).unwrap(), s.home(3).unwrap());
         // Mean 33: backend 0 is over it; D = 60, and 30 and 40 both fit
         // within 0.15 D ..= 0.85 D.
-        assert_eq!(s.propose_move(&RB, &k2, &loads, |_| true), Some(2));
-        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), Some(2));
+        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |_| true), Some(2));
+        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), Some(2));
         // The least loaded is not usable: the next least.
-        assert_eq!(s.propose_move(&RB, &k2, &loads, |b| b != 2), Some(1));
+        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |b| b != 2), Some(1));
         // Backend 1 is below the mean: nothing of it moves.
-        assert_eq!(s.propose_move(&RB, &k3, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k3, 50, &loads, |_| true), None);
         // Within the slack: nothing moves.
         let wide = Rebalance { slack: 1.2, ..RB };
-        assert_eq!(s.propose_move(&wide, &k2, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&wide, &k2, 50, &loads, |_| true), None);
     }
 
     #[test]
@@ -173,17 +224,17 @@ mod tests {
             s.record(5, 0, 0);
         }
         let k5 = s.home(5).unwrap();
-        assert_eq!(s.propose_move(&RB, &k5, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k5, 50, &loads, |_| true), None);
         // Right after a move, no other one.
         s.set_home(2, 2, true);
         s.record(2, 2, 500);
-        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
         // Loads 45 / 20 + 6 / 41 a few decisions later: backend 0 is still
         // over the mean, but key 1 (40) is more than 0.85 x the gap (19).
         for _ in 0..6 {
             s.record(99, 1, 0);
         }
-        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
         assert_eq!(s.moves, 1);
     }
 
@@ -202,11 +253,11 @@ mod tests {
         s.seq += 1000;
         // 29 requests < 10 x 3, although backend 0 has every one.
         let k2 = s.home(2).unwrap();
-        assert_eq!(s.propose_move(&RB, &k2, &idle(3), |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k2, 50, &idle(3), |_| true), None);
         // Two more (the count decays a little): enough.
         s.record(1, 0, 0);
         s.record(1, 0, 0);
-        assert_eq!(s.propose_move(&RB, &k2, &idle(3), |_| true), Some(1));
+        assert_eq!(s.propose_move(&RB, &k2, 50, &idle(3), |_| true), Some(1));
     }
 
     #[test]
@@ -238,14 +289,14 @@ mod tests {
         let off = run(0.0);
         let s = off.lock();
         let k1 = s.home(1).unwrap();
-        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
         let on = run(2.0);
         let s = on.lock();
         let k1 = s.home(1).unwrap();
-        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), Some(1));
+        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), Some(1));
         // Nothing of an under-served backend moves.
         let k2 = s.home(2).unwrap();
-        assert_eq!(s.propose_move(&RB, &k2, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |_| true), None);
         // The payback term is capped at the mean expected load.
         let expected = s.homes.loads();
         let mean = expected.iter().sum::<f64>() / 3.0;
@@ -271,7 +322,7 @@ mod tests {
         s.seq += 100;
         let loads = idle(3);
         let (k1, k2) = (s.home(1).unwrap(), s.home(2).unwrap());
-        assert_eq!(s.propose_move(&RB, &k1, &loads, |_| true), None);
-        assert_eq!(s.propose_move(&RB, &k2, &loads, |_| true), Some(1));
+        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
+        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |_| true), Some(1));
     }
 }

@@ -236,7 +236,7 @@ mod tests {
         fn adding_a_backend_moves_only_its_share(n in 2usize..12, extra in 0u32..1000) {
             let before = backends(n);
             let mut after = before.clone();
-            after.push(PolicyBackend { id: format!("new{extra}"), slot: 99 });
+            after.push(PolicyBackend { id: format!("new{extra}"), slot: 99, capacity_blocks: None });
             let r1 = Ring::new(&before, 160);
             let r2 = Ring::new(&after, 160);
             let keys = 4000u64;

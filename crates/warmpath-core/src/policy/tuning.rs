@@ -79,7 +79,7 @@ pub(crate) const STICKY: u64 = 4;
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
 /// Bounds of the home table, in prefixes: at least 1024 however small the
-/// fleet (a few KiB), at most 2^20 however large (~32 MiB), so memory stays
+/// fleet (a few KiB), at most 2^20 however large (~48 MiB: 48-byte entries with their copies), so memory stays
 /// bounded while `HOMES_PER_BACKEND` holds for fleets up to 16k backends.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
@@ -90,6 +90,20 @@ pub(crate) const HOME_MIN_SETS: usize = 64;
 /// Ways of the home table's sets: enough that a hot prefix is not evicted
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
+
+/// Cold placement's second band, in the prefix's own blocks: backends
+/// whose expected eviction loss (the `evict` term) is within 1/8 of the
+/// prefix of the least-loss one are as good for the caches; the load band
+/// above only chooses among those. Narrower than `TIE_BAND`, since a
+/// placement that evicts a hotter prefix costs a miss for every return of
+/// that prefix, not one prefill.
+pub(crate) const FIT_BAND: f64 = 0.125;
+
+/// Most backends that deliberately hold one prefix (its home and up to 3
+/// copies): enough to split a prefix of up to about 4 even shares, few
+/// enough that a `Home` stays small and copies never crowd a fleet's
+/// caches.
+pub(crate) const MAX_COPIES: usize = 4;
 
 /// A decayed counter's unit is reset (everything divided by it) above
 /// this, long before an `f64` overflows.

@@ -1,0 +1,408 @@
+//! Tests of `kv_aware` (the `kv` module), kept apart for its size.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::index::MatchResult;
+use crate::policy::place::skew;
+use crate::policy::test_util::*;
+
+fn kv(n: usize, threshold: u32) -> KvAware {
+    let cfg = PolicyConfig {
+        concurrency_threshold: threshold,
+        ..Default::default()
+    };
+    KvAware::new(&cfg, &backends(n))
+}
+
+#[test]
+fn picks_the_deepest_match() {
+    let p = kv(4, 8);
+    let m = matches(&[(1, 10, true), (2, 40, true)], 50);
+    let input = RouteInput {
+        prefix_key: 5,
+        chain_blocks: 50,
+        matches: Some(&m),
+    };
+    let d = p.pick(&input, &idle(4), &mut rng()).unwrap();
+    assert_eq!(
+        (d.backend, d.kind, d.matched_blocks),
+        (2, DecisionKind::KvMatch, 40)
+    );
+}
+
+#[test]
+fn load_outweighs_a_small_match() {
+    let p = kv(2, 64);
+    let m = matches(&[(0, 2, true)], 100);
+    let input = RouteInput {
+        prefix_key: 5,
+        chain_blocks: 100,
+        matches: Some(&m),
+    };
+    let mut loads = idle(2);
+    loads[0].pending_prefill_blocks = 500; // a long queue of cold prefills
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
+}
+
+#[test]
+fn a_holder_busy_with_one_cold_prefill_keeps_its_prefix() {
+    fn input_for(m: &MatchResult) -> RouteInput<'_> {
+        RouteInput {
+            prefix_key: 5,
+            chain_blocks: 503,
+            matches: Some(m),
+        }
+    }
+    let m = matches(&[(0, 500, true)], 503);
+    let mut loads = idle(2);
+    loads[0].pending_prefill_blocks = 503; // another prefix's cold prefill
+    let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+    // Without the miss charge the idle backend's full prefill looks as
+    // cheap as waiting, and a second copy is started there.
+    let cfg = PolicyConfig {
+        kv: KvConfig {
+            miss_weight: 0.0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let d = KvAware::new(&cfg, &backends(2))
+        .pick(&input_for(&m), &loads, &mut rng())
+        .unwrap();
+    assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
+    // Two cold prefills queued: now it is worth moving.
+    loads[0].pending_prefill_blocks = 1100;
+    let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
+    assert_eq!(d.backend, 1);
+}
+
+#[test]
+fn spills_when_the_match_holder_is_full() {
+    let p = kv(3, 2);
+    let m = matches(&[(0, 30, true), (1, 10, true)], 32);
+    let input = RouteInput {
+        prefix_key: 5,
+        chain_blocks: 32,
+        matches: Some(&m),
+    };
+    let mut loads = idle(3);
+    loads[0].in_flight = 2;
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!(
+        (d.backend, d.kind, d.matched_blocks),
+        (1, DecisionKind::Spill, 10)
+    );
+    for l in &mut loads {
+        l.in_flight = 2;
+    }
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!(d.kind, DecisionKind::LeastOutstanding);
+}
+
+#[test]
+fn falls_back_to_prefix_hash_when_cold_or_stale() {
+    let p = kv(4, 8);
+    let cold = matches(&[], 20);
+    let stale = matches(&[(3, 20, false)], 20);
+    let loads = idle(4);
+    for m in [&cold, &stale] {
+        let input = RouteInput {
+            prefix_key: 77,
+            chain_blocks: 20,
+            matches: Some(m),
+        };
+        let d = p.pick(&input, &loads, &mut rng()).unwrap();
+        let expect = p.fallback.pick_by_key(77, &loads, &mut rng()).unwrap();
+        assert_eq!(d.kind, DecisionKind::PrefixHash);
+        assert_eq!(d.backend, expect.backend);
+    }
+    let none = RouteInput {
+        prefix_key: 77,
+        chain_blocks: 0,
+        matches: None,
+    };
+    assert_eq!(
+        p.pick(&none, &loads, &mut rng()).unwrap().kind,
+        DecisionKind::PrefixHash
+    );
+}
+
+#[test]
+fn ineligible_backends_are_never_picked() {
+    let p = kv(2, 8);
+    let m = matches(&[(0, 9, true)], 10);
+    let input = RouteInput {
+        prefix_key: 1,
+        chain_blocks: 10,
+        matches: Some(&m),
+    };
+    let mut loads = idle(2);
+    loads[0].eligible = false;
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!(d.backend, 1);
+    loads[1].eligible = false;
+    assert_eq!(
+        p.pick(&input, &loads, &mut rng()),
+        Err(PolicyError::NoBackend)
+    );
+}
+
+fn cold(key: u64) -> RouteInput<'static> {
+    RouteInput {
+        prefix_key: key,
+        chain_blocks: 500,
+        matches: None,
+    }
+}
+
+#[test]
+fn cold_prefixes_fill_the_backends_evenly() {
+    let p = kv(7, 64);
+    let loads = idle(7);
+    let mut placed = [0u32; 7];
+    for k in 0..112u64 {
+        let d = p
+            .pick(
+                &cold(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                &loads,
+                &mut rng(),
+            )
+            .unwrap();
+        // At idle nothing is at a limit: a cold placement is `cold` (or
+        // the ring owner's `prefix_hash`), never `spill`.
+        assert!(
+            matches!(d.kind, DecisionKind::PrefixHash | DecisionKind::Cold),
+            "{:?}",
+            d.kind
+        );
+        placed[d.backend] += 1;
+    }
+    assert_eq!(placed, [16; 7]);
+    // The ring alone leaves some with far more than 16.
+    let cfg = PolicyConfig {
+        kv: KvConfig {
+            cold_placement: ColdPlacement::Ring,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ring = KvAware::new(&cfg, &backends(7));
+    let mut by_ring = [0u32; 7];
+    for k in 0..112u64 {
+        let key = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        by_ring[ring.pick(&cold(key), &loads, &mut rng()).unwrap().backend] += 1;
+    }
+    assert_ne!(by_ring, [16; 7]);
+}
+
+#[test]
+fn a_cold_prefix_avoids_queued_prefill_and_its_repeat_follows_it() {
+    let p = kv(3, 64);
+    let mut loads = idle(3);
+    loads[0].pending_prefill_blocks = 1000;
+    loads[2].pending_prefill_blocks = 1000;
+    let d = p.pick(&cold(5), &loads, &mut rng()).unwrap();
+    assert_eq!(d.backend, 1);
+    // Its first request is prefilling there (no blocks published yet):
+    // the second request of the same prefix follows it although another
+    // backend is idle now.
+    loads[1].pending_prefill_blocks = 500;
+    loads[2].pending_prefill_blocks = 0;
+    let again = p.pick(&cold(5), &loads, &mut rng()).unwrap();
+    assert_eq!((again.backend, again.kind), (1, DecisionKind::PrefixHash));
+    // A different cold prefix goes to the idle one.
+    assert_eq!(p.pick(&cold(6), &loads, &mut rng()).unwrap().backend, 2);
+}
+
+/// `kv_aware` over 3 backends, 100 decisions after keys 1..=4 were
+/// homed on backends 0, 0, 1, 2 with 40, 30, 20, 10 requests (expected
+/// loads 70 / 20 / 10; nothing decays).
+fn skewed_kv(rebalance_slack: Option<f64>) -> KvAware {
+    let mut cfg = PolicyConfig::default();
+    cfg.kv.rebalance_slack = rebalance_slack;
+    let p = KvAware::with_window(&cfg, &backends(3), 1e5);
+    skew(&mut p.placer.lock());
+    p
+}
+
+/// A 50-block request of `key` that `holders` hold whole.
+fn req<'a>(key: u64, holders: &[u16], m: &'a mut MatchResult) -> RouteInput<'a> {
+    let list: Vec<(u16, u32, bool)> = holders.iter().map(|&s| (s, 50, true)).collect();
+    req_with(key, &list, m)
+}
+
+/// A 50-block request of `key`; `list` is (slot, blocks, fresh).
+fn req_with<'a>(key: u64, list: &[(u16, u32, bool)], m: &'a mut MatchResult) -> RouteInput<'a> {
+    *m = matches(list, 50);
+    let m: &'a MatchResult = m;
+    RouteInput {
+        prefix_key: key,
+        chain_blocks: 50,
+        matches: Some(m),
+    }
+}
+
+#[test]
+fn a_prefix_changes_home_only_when_its_home_lost_it() {
+    let p = skewed_kv(Some(0.1));
+    let loads = idle(3);
+    let mut m = MatchResult::default();
+    let home = |p: &KvAware| p.placer.lock().home(3).unwrap().backend;
+    // Key 3 lives on 1. LRU trimmed 5 of its blocks there, a copy on 0
+    // is whole: 1 writes them back.
+    let d = p
+        .pick(
+            &req_with(3, &[(1, 45, true), (0, 50, true)], &mut m),
+            &loads,
+            &mut rng(),
+        )
+        .unwrap();
+    assert_eq!(
+        (d.backend, d.kind, d.matched_blocks),
+        (1, DecisionKind::Spill, 45)
+    );
+    // 1's agent is stale: the request goes to the copy, the home stays.
+    let d = p
+        .pick(
+            &req_with(3, &[(1, 50, false), (0, 50, true)], &mut m),
+            &loads,
+            &mut rng(),
+        )
+        .unwrap();
+    assert_eq!((d.backend, home(&p)), (0, 1));
+    // 1 lost it (fresh, no block): it lives on 0 now.
+    let d = p.pick(&req(3, &[0], &mut m), &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, home(&p)), (0, 0));
+    assert_eq!(p.placer.lock().moves, 0);
+}
+
+#[test]
+fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
+    let p = skewed_kv(Some(0.1));
+    let mut loads = idle(3);
+    let mut m = MatchResult::default();
+    // Key 2 (30 of 100) is cached on backend 0 (70): it moves to 2 (10).
+    let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+    assert_eq!(
+        (d.backend, d.kind, d.matched_blocks),
+        (2, DecisionKind::Spill, 0)
+    );
+    // While that request prefills there, the next one follows it
+    // instead of going back to the copy on 0.
+    loads[2].pending_prefill_blocks = 50;
+    loads[2].in_flight = 1;
+    let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (2, DecisionKind::Spill));
+    // Once 2 holds it, 2 keeps it although it is busier: the stale copy
+    // on 0 pays the miss charge, and no other move follows.
+    loads[2].pending_prefill_blocks = 0;
+    loads[2].in_flight = 3;
+    for _ in 0..20 {
+        let d = p
+            .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+            .unwrap();
+        assert_eq!((d.backend, d.kind), (2, DecisionKind::KvMatch));
+    }
+    assert_eq!(p.placer.lock().moves, 1);
+    // The swap: key 4, the least popular on 2, is reserved on 0; its
+    // next cold request goes there although 0 is the busiest.
+    let k4 = p.placer.lock().home(4).unwrap();
+    assert!(k4.reserved && !k4.moved && k4.backend == 0, "{k4:?}");
+    let d = p.pick(&req(4, &[], &mut m), &idle(3), &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
+    assert!(!p.placer.lock().home(4).unwrap().reserved);
+    // Without rebalancing nothing moves: the home keeps it.
+    let off = skewed_kv(None);
+    let d = off
+        .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+        .unwrap();
+    assert_eq!(d.backend, 0);
+    let d = off
+        .pick(&req(2, &[0], &mut m), &idle(3), &mut rng())
+        .unwrap();
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+}
+
+#[test]
+fn a_prefix_still_prefilling_is_never_moved() {
+    let p = skewed_kv(Some(0.1));
+    let mut loads = idle(3);
+    let mut m = MatchResult::default();
+    // Key 2's home (0, overloaded) holds none of it yet: its first
+    // request there is prefilling. Its next one follows, it is not moved.
+    loads[0].pending_prefill_blocks = 50;
+    for _ in 0..5 {
+        let d = p.pick(&req(2, &[], &mut m), &loads, &mut rng()).unwrap();
+        assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
+    }
+    assert_eq!(p.placer.lock().moves, 0);
+}
+
+#[test]
+fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
+    let p = KvAware::with_window(&PolicyConfig::default(), &backends(3), 1e5);
+    {
+        let mut s = p.placer.lock();
+        for (key, at, reqs) in [(1u64, 0usize, 90), (2, 1, 5), (3, 2, 5)] {
+            s.set_home(key, at, false);
+            for _ in 0..reqs {
+                s.record(key, at, 0);
+            }
+        }
+        s.seq += 100;
+    }
+    let loads = idle(3);
+    let mut m = MatchResult::default();
+    // Key 1 brings 90 of 100 requests: more than 1.4 x the mean (33)
+    // on one backend. Its next request starts a copy elsewhere.
+    let d = p.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+    assert_eq!(d.kind, DecisionKind::Replicate);
+    let copy = d.backend;
+    assert_ne!(copy, 0);
+    assert_eq!(p.placer.lock().home(1).unwrap().count(), 2);
+    // Both hold it: its traffic goes to either, warm; 45 per holder is
+    // within the slack, so no third copy; nothing moves.
+    let mut seen = [0u32; 3];
+    let mut r = rng();
+    for _ in 0..40 {
+        let d = p
+            .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut r)
+            .unwrap();
+        assert_eq!(d.kind, DecisionKind::KvMatch);
+        seen[d.backend] += 1;
+    }
+    assert!(seen[0] > 5 && seen[copy] > 5, "{seen:?}");
+    assert_eq!(p.placer.lock().home(1).unwrap().count(), 2);
+    assert_eq!(p.placer.lock().moves, 0);
+    // The other prefixes grow: one backend serves key 1 within an even
+    // share again, and the copy is dropped.
+    {
+        let mut s = p.placer.lock();
+        for _ in 0..300 {
+            s.record(2, 1, 0);
+            s.record(3, 2, 0);
+        }
+    }
+    let d = p
+        .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut rng())
+        .unwrap();
+    assert_eq!(d.kind, DecisionKind::KvMatch);
+    assert_eq!(p.placer.lock().home(1).unwrap().count(), 1);
+    // Without the balance knob nothing is copied.
+    let mut cfg = PolicyConfig::default();
+    cfg.kv.rebalance_slack = None;
+    let off = KvAware::with_window(&cfg, &backends(3), 1e5);
+    {
+        let mut s = off.placer.lock();
+        s.set_home(1, 0, false);
+        for _ in 0..90 {
+            s.record(1, 0, 0);
+        }
+        s.seq += 100;
+    }
+    let d = off.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+}

@@ -1,0 +1,240 @@
+//! What each backend's prefix cache holds, as `kv_aware` predicts it: the
+//! **resident set** behind the eviction term of its cost formula (the `kv`
+//! module docs).
+//!
+//! Why: a cold prefix written into a full cache evicts whatever the engine's
+//! LRU picks there. Where that is a prefix hotter than the new one, the
+//! placement costs a miss later; where the backend has room, or holds only
+//! colder prefixes, it costs nothing. The index says which blocks a backend
+//! holds, but not which prefix they belong to, nor what the engine evicts
+//! next; so the router keeps, for each backend whose capacity it knows
+//! ([`PolicyBackend::capacity_blocks`](super::PolicyBackend)), a model of its
+//! cache at the granularity of prefixes: an LRU over prefix keys, each with
+//! the leading blocks of its chain held, trimmed from the end like the
+//! engine trims a chain leaf by leaf (`prefix_cache`).
+//!
+//! It is fed by the router's own decisions (a request routed to a backend
+//! caches its chain there, evicting the least recently used others) and
+//! corrected by the index at every decision (a backend's fresh match of a
+//! chain is what it really holds of that prefix). Other blocks (question
+//! tails, other routers' prefixes) are not counted, so room is if anything
+//! overestimated by them. A backend of unknown capacity is not modelled: it
+//! never evicts, and the eviction term is 0 there (the behaviour without a
+//! capacity model).
+
+use std::collections::{BTreeSet, HashMap};
+
+/// One backend's modelled cache.
+#[derive(Debug, Default)]
+pub(crate) struct Cache {
+    capacity: u64,
+    /// Per prefix key: (leading blocks held, last use).
+    held: HashMap<u64, (u64, u64)>,
+    /// (last use, key): the eviction order.
+    lru: BTreeSet<(u64, u64)>,
+    used: u64,
+    tick: u64,
+}
+
+impl Cache {
+    /// An empty cache of `capacity` blocks.
+    pub(crate) fn new(capacity: u64) -> Self {
+        Cache {
+            capacity,
+            ..Default::default()
+        }
+    }
+
+    /// Leading blocks of `key` held.
+    pub(crate) fn held(&self, key: u64) -> u64 {
+        self.held.get(&key).map_or(0, |h| h.0)
+    }
+
+    /// Blocks held in all.
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Marks `key` used now (the engine's lookup), if held.
+    fn touch(&mut self, key: u64) {
+        self.tick += 1;
+        if let Some(h) = self.held.get_mut(&key) {
+            self.lru.remove(&(h.1, key));
+            h.1 = self.tick;
+            self.lru.insert((self.tick, key));
+        }
+    }
+
+    /// Sets `key` to `blocks` held, used now or keeping its place.
+    fn set(&mut self, key: u64, blocks: u64, touch: bool) {
+        if touch {
+            self.touch(key);
+        }
+        let tick = self.tick;
+        match self.held.get_mut(&key) {
+            Some(h) if blocks == 0 => {
+                self.used -= h.0;
+                self.lru.remove(&(h.1, key));
+                self.held.remove(&key);
+            }
+            Some(h) => {
+                self.used = self.used - h.0 + blocks;
+                h.0 = blocks;
+            }
+            None if blocks > 0 => {
+                self.used += blocks;
+                self.held.insert(key, (blocks, tick));
+                self.lru.insert((tick, key));
+            }
+            None => {}
+        }
+    }
+
+    /// A request of `key` whose chain is `blocks` long ran here: it is used
+    /// now and held whole (up to the capacity), the least recently used
+    /// others trimmed from their ends to make room.
+    pub(crate) fn store(&mut self, key: u64, blocks: u64) {
+        let blocks = blocks.min(self.capacity).max(self.held(key));
+        self.set(key, blocks, true);
+        while self.used > self.capacity {
+            let Some((victim, trim)) = self.victims(key, 0).next() else {
+                break;
+            };
+            let keep = self.held(victim) - trim;
+            self.set(victim, keep, false);
+        }
+    }
+
+    /// The index saw `blocks` of `key`'s chain here: the model takes it
+    /// as the truth for that prefix (its place in the LRU stays).
+    pub(crate) fn observe(&mut self, key: u64, blocks: u64) {
+        self.set(key, blocks.min(self.capacity), false);
+    }
+
+    /// What caching `blocks` blocks of `key` would trim here, least recently
+    /// used first: (prefix key, blocks trimmed). Nothing when it fits.
+    pub(crate) fn victims(&self, key: u64, blocks: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let need = blocks.min(self.capacity).saturating_sub(self.held(key));
+        let mut over = (self.used + need).saturating_sub(self.capacity);
+        self.lru
+            .iter()
+            .filter(move |&&(_, k)| k != key)
+            .map_while(move |&(_, k)| {
+                if over == 0 {
+                    return None;
+                }
+                let trim = self.held(k).min(over);
+                over -= trim;
+                Some((k, trim))
+            })
+    }
+}
+
+/// The modelled caches, by backend position (`None`: capacity unknown).
+#[derive(Debug, Default)]
+pub(crate) struct Resident {
+    caches: Vec<Option<Cache>>,
+}
+
+impl Resident {
+    /// For backends of these capacities, in blocks.
+    pub(crate) fn new(capacities: impl IntoIterator<Item = Option<u64>>) -> Self {
+        Resident {
+            caches: capacities.into_iter().map(|c| c.map(Cache::new)).collect(),
+        }
+    }
+
+    /// The model of backend `b`, when its capacity is known.
+    pub(crate) fn of(&self, b: usize) -> Option<&Cache> {
+        self.caches.get(b).and_then(Option::as_ref)
+    }
+
+    /// Mutable [`Self::of`].
+    pub(crate) fn of_mut(&mut self, b: usize) -> Option<&mut Cache> {
+        self.caches.get_mut(b).and_then(Option::as_mut)
+    }
+
+    /// Whether any backend is modelled.
+    pub(crate) fn any(&self) -> bool {
+        self.caches.iter().any(Option::is_some)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::prefix_cache::PrefixCache;
+    use proptest::prelude::*;
+
+    #[test]
+    fn trims_the_least_recently_used_from_its_end() {
+        let mut c = Cache::new(10);
+        c.store(1, 4);
+        c.store(2, 4);
+        assert_eq!(c.victims(3, 2).collect::<Vec<_>>(), vec![]);
+        assert_eq!(c.victims(3, 4).collect::<Vec<_>>(), vec![(1, 2)]);
+        c.store(1, 4); // used again: 2 is the older now
+        assert_eq!(c.victims(3, 8).collect::<Vec<_>>(), vec![(2, 4), (1, 2)]);
+        c.store(3, 4);
+        assert_eq!((c.held(1), c.held(2), c.held(3), c.used()), (4, 2, 4, 10));
+        // The index says 1 lost all but one block.
+        c.observe(1, 1);
+        assert_eq!((c.held(1), c.used()), (1, 7));
+        // Too big for the cache: held up to the capacity, everything else out.
+        c.store(4, 30);
+        assert_eq!((c.held(4), c.used()), (10, 10));
+    }
+
+    /// Distinct tokens for `blocks` blocks of prefix `key`.
+    fn chain(key: u64, blocks: u64, bs: usize) -> Vec<u32> {
+        (0..blocks as usize * bs)
+            .map(|i| (key as u32) << 16 | i as u32)
+            .collect()
+    }
+
+    /// Leading blocks of `key`'s chain (of up to `max` blocks) the engine
+    /// cache holds, without touching it.
+    fn engine_held(p: &PrefixCache<()>, key: u64, max: u64, bs: usize) -> u64 {
+        let hashes = p.block_hashes(&chain(key, max, bs), None);
+        hashes.iter().take_while(|h| p.contains(**h)).count() as u64
+    }
+
+    proptest! {
+        /// Under random stores (which evict) and engine-side removals (seen
+        /// through the index), the model holds exactly what the engine's
+        /// `prefix_cache` holds, prefix by prefix.
+        #[test]
+        fn matches_the_engine_prefix_cache(
+            cap in 4u64..40,
+            lens in proptest::collection::vec(1u64..16, 8),
+            ops in proptest::collection::vec((0usize..8, 0u8..12), 1..200),
+        ) {
+            let bs = 2;
+            let mut engine = PrefixCache::<()>::new(bs, cap as usize).unwrap();
+            let mut model = Cache::new(cap);
+            // One chain per prefix key, as `kv_aware` keys prefixes.
+            for (k, op) in ops {
+                let (key, blocks) = (k as u64, lens[k]);
+                if op == 0 {
+                    // The engine drops its cache (evictions the model did
+                    // not predict); the index tells, prefix by prefix.
+                    let _ = engine.clear();
+                    for k in 0..8 {
+                        model.observe(k, 0);
+                    }
+                } else {
+                    let tokens = chain(key, blocks, bs);
+                    engine.lookup(&tokens, None);
+                    engine.insert(&tokens, None, |_| ());
+                    model.store(key, blocks);
+                }
+                for k in 0..8 {
+                    prop_assert_eq!(model.held(k), engine_held(&engine, k, 16, bs), "key {}", k);
+                }
+                prop_assert_eq!(model.used(), engine.len() as u64);
+            }
+        }
+    }
+}
