@@ -781,7 +781,7 @@ async fn an_engine_restart_seen_in_its_metrics_clears_the_worker_at_once() {
         let t = Arc::clone(&started_at);
         move || async move {
             format!(
-                "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\nprocess_start_time_seconds {}\n",
+                "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\nvllm:cache_config_info{{block_size=\"4\",num_gpu_blocks=\"512\"}} 1.0\nprocess_start_time_seconds {}\n",
                 t.load(Ordering::SeqCst)
             )
         }
@@ -811,6 +811,24 @@ async fn an_engine_restart_seen_in_its_metrics_clears_the_worker_at_once() {
     wait_until("the blocks", Duration::from_secs(30), &[&p], || {
         blocks(&r, "w") == 8
     })
+    .await;
+    // The engine's capacity reaches the router with its load (kv_aware models
+    // that backend's cache from then on).
+    let http = r.http_addr;
+    poll::poll(
+        "the engine's capacity at the router",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || {
+            let v: serde_json::Value = reqwest::get(format!("http://{http}/cache-index"))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (v["pools"][0]["workers"][0]["agent_load"]["capacity_blocks"] == 512).then_some(())
+        },
+    )
     .await;
     // The engine process is replaced: a new start time, its sequence from 0
     // with an empty replay buffer, and no event yet. The worker is cleared

@@ -22,6 +22,7 @@ use warmpath_proto::v1::Load;
 pub fn parse_metrics(text: &str) -> Option<Load> {
     let (mut running, mut waiting) = (0f64, 0f64);
     let (mut usage_sum, mut usage_n) = (0f64, 0u32);
+    let mut capacity = 0u64;
     let mut seen = false;
     for line in text.lines() {
         let line = line.trim();
@@ -30,6 +31,10 @@ pub fn parse_metrics(text: &str) -> Option<Load> {
         }
         let name_end = line.find(['{', ' ']).unwrap_or(line.len());
         let name = &line[..name_end];
+        if name == "vllm:cache_config_info" {
+            capacity = capacity.saturating_add(label_u64(&line[name_end..], "num_gpu_blocks"));
+            continue;
+        }
         // The value is the first field after the labels (a timestamp may follow).
         let rest = match line[name_end..].rfind('}') {
             Some(i) if line[name_end..].starts_with('{') => &line[name_end + i + 1..],
@@ -65,7 +70,22 @@ pub fn parse_metrics(text: &str) -> Option<Load> {
             0.0
         },
         engine_up: true,
+        capacity_blocks: capacity,
     })
+}
+
+/// The value of label `name` in `{a="1",name="42",...}` as a number (0 when
+/// absent or not a number).
+fn label_u64(labels: &str, name: &str) -> u64 {
+    let Some(inner) = labels.strip_prefix('{').and_then(|l| l.split('}').next()) else {
+        return 0;
+    };
+    inner
+        .split(',')
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.trim_matches('"').parse().ok())
+        .unwrap_or(0)
 }
 
 /// The sum over label sets of counter or gauge `name`, if the page has it.
@@ -241,11 +261,14 @@ mod tests {
             vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 7\n\
             vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25 1700000000\n\
             vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.75\n\
-            vllm:prefix_cache_hits_total{engine=\"0\"} 100\n";
+            vllm:prefix_cache_hits_total{engine=\"0\"} 100\n\
+            vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8192\",engine=\"0\"} 1.0\n\
+            vllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"100\"} 1.0\n";
         let l = parse_metrics(text).unwrap();
         assert_eq!((l.running, l.waiting), (5, 7));
         assert!((l.kv_usage - 0.5).abs() < 1e-6);
         assert!(l.engine_up);
+        assert_eq!(l.capacity_blocks, 8292, "summed over the engines");
     }
 
     #[test]

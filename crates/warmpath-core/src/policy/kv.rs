@@ -174,6 +174,7 @@ impl KvAware {
         let ring = self.fallback.ring();
         let band = TIE_BAND * f64::from(input.chain_blocks);
         let mut s = self.placer.lock();
+        s.resident.sync(loads);
         self.observe(&mut s, input);
         let placed = s.place(
             input.prefix_key,
@@ -264,6 +265,7 @@ impl KvAware {
         let chain = input.chain_blocks.max(best_match);
         let usable = |i: usize| self.usable(loads, i);
         let mut s = self.placer.lock();
+        s.resident.sync(loads);
         self.observe(&mut s, input);
         let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
         let at = |h: &Home| h.backend as usize;

@@ -186,6 +186,9 @@ pub struct EngineLoad {
     pub waiting: u32,
     /// KV cache usage, 0..=1.
     pub kv_usage: f32,
+    /// Blocks the engine's cache holds, when it reports them: kv_aware then
+    /// models that backend's cache (`resident`).
+    pub capacity_blocks: Option<u64>,
 }
 
 /// The current load of one backend, in snapshot order.
@@ -435,6 +438,7 @@ pub(crate) mod test_util {
                 running: 3,
                 waiting: 4,
                 kv_usage: 0.5,
+                capacity_blocks: None,
             }),
             ..Default::default()
         };

@@ -22,6 +22,7 @@
 //! never evicts, and the eviction term is 0 there (the behaviour without a
 //! capacity model).
 
+use super::BackendLoad;
 use std::collections::{BTreeSet, HashMap};
 
 /// One backend's modelled cache.
@@ -155,6 +156,20 @@ impl Resident {
         self.caches.get_mut(b).and_then(Option::as_mut)
     }
 
+    /// Follows the capacities the engines report: a backend whose capacity
+    /// appears or changes gets a fresh, empty model (relearned from index
+    /// matches); one that reports none keeps the model it has.
+    pub(crate) fn sync(&mut self, loads: &[BackendLoad]) {
+        for (slot, l) in self.caches.iter_mut().zip(loads) {
+            let Some(cap) = l.engine.and_then(|e| e.capacity_blocks).filter(|&c| c > 0) else {
+                continue;
+            };
+            if slot.as_ref().map(|c| c.capacity) != Some(cap) {
+                *slot = Some(Cache::new(cap));
+            }
+        }
+    }
+
     /// Whether any backend is modelled.
     pub(crate) fn any(&self) -> bool {
         self.caches.iter().any(Option::is_some)
@@ -167,6 +182,32 @@ mod tests {
     use super::*;
     use crate::prefix_cache::PrefixCache;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_model_follows_the_capacity_engines_report() {
+        use crate::policy::{BackendLoad, EngineLoad};
+        let with = |cap: Option<u64>| BackendLoad {
+            engine: Some(EngineLoad {
+                capacity_blocks: cap,
+                ..EngineLoad::default()
+            }),
+            ..BackendLoad::default()
+        };
+        let mut r = Resident::new([None, Some(10)]);
+        r.sync(&[with(Some(100)), with(None)]);
+        assert_eq!(r.of(0).map(|c| c.capacity), Some(100), "appears");
+        assert_eq!(
+            r.of(1).map(|c| c.capacity),
+            Some(10),
+            "kept without a report"
+        );
+        r.of_mut(0).unwrap().store(7, 5);
+        r.sync(&[with(Some(100)), BackendLoad::default()]);
+        assert_eq!(r.of(0).unwrap().held(7), 5, "unchanged: the model stays");
+        r.sync(&[with(Some(50)), with(Some(0))]);
+        assert_eq!(r.of(0).unwrap().held(7), 0, "changed: a fresh model");
+        assert_eq!(r.of(1).map(|c| c.capacity), Some(10), "0 means unknown");
+    }
 
     #[test]
     fn trims_the_least_recently_used_from_its_end() {

@@ -253,6 +253,7 @@ impl Agents {
                 running: l.running,
                 waiting: l.waiting,
                 kv_usage: l.kv_usage.clamp(0.0, 1.0),
+                capacity_blocks: (l.capacity_blocks > 0).then_some(l.capacity_blocks),
             });
             e.status.engine_up = Some(l.engine_up);
             e.load_at_ms = e.live.last_heard_ms.load(Ordering::Relaxed);

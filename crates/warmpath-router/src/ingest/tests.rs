@@ -366,6 +366,7 @@ async fn grpc_end_to_end_with_token() {
             waiting: 1,
             kv_usage: 0.5,
             engine_up: true,
+            capacity_blocks: 0,
         })),
     });
     let (tx, mut answers) = open(addr, Some("s3cret"), msgs).await.unwrap();
