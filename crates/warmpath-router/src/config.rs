@@ -17,6 +17,7 @@
 //!     tokenizer: /models/llama            # tokenizer.json or a model folder
 //!     block_size: 16
 //!     prefix_aware: { prefix_length: 4096, concurrency_threshold: 64 }
+//!     tenants: { from: api_key, client_ids: scope, isolation: engine }
 //!     backends:
 //!       - { url: "http://10.0.0.1:8000", worker_id: gpu-0, adapters: [sql-adapter] }
 //!       - { url: "http://10.0.0.2:8000" }  # worker_id defaults to the url
