@@ -254,4 +254,31 @@ mod tests {
         assert!(scoped.as_str().len() <= MAX_TENANT_LEN, "{scoped}");
         assert!(TenantId::parse(scoped.as_str(), TenantSource::Header).is_ok());
     }
+
+    proptest::proptest! {
+        /// Every derived id is itself a valid id (so it can be forwarded as
+        /// `cache_salt` and shown), and distinct keys or client ids stay apart.
+        #[test]
+        fn derived_ids_are_valid_and_distinct(
+            k1 in "[ -~]{1,80}", k2 in "[ -~]{1,80}",
+            c1 in "[ -~]{1,64}", c2 in "[ -~]{1,64}",
+            pck in "[ -~]{1,1024}",
+        ) {
+            let (a, b) = (TenantId::from_api_key(&k1), TenantId::from_api_key(&k2));
+            let (c1, c2) = (
+                TenantId::parse(&c1, TenantSource::Header).unwrap(),
+                TenantId::parse(&c2, TenantSource::Header).unwrap(),
+            );
+            for id in [a.scoped(&c1), a.scoped(&c2), b.scoped(&c1), a.clone()] {
+                proptest::prop_assert!(TenantId::parse(id.as_str(), TenantSource::Header).is_ok());
+            }
+            proptest::prop_assert_eq!(k1 == k2, a == b);
+            proptest::prop_assert_eq!(c1 == c2, a.scoped(&c1) == a.scoped(&c2));
+            if k1 != k2 {
+                proptest::prop_assert_ne!(a.scoped(&c1), b.scoped(&c1));
+            }
+            let p = TenantId::parse(&pck, TenantSource::PromptCacheKey).unwrap();
+            proptest::prop_assert!(p.as_str().len() <= MAX_TENANT_LEN);
+        }
+    }
 }
