@@ -96,7 +96,14 @@ async fn api_key_tenants_can_refuse_client_ids() {
     let mut keyed = body.clone();
     keyed["prompt_cache_key"] = json!("x");
     post(&c, &url, &keyed, &[key]).await.error(403);
+    // The native API follows the same rule.
+    let inv = r.url("/invocations");
+    let raw = json!({"model": "m", "inputs": "x"});
+    let e = post(&c, &inv, &raw, &[key, ("x-prefix-aware-id", "x")]).await;
+    assert_eq!(e.error(403)["code"], "tenant_id_not_allowed");
+    post(&c, &inv, &raw, &[]).await.error(401);
     assert_eq!(b.count(), 1, "refused requests are not forwarded");
+    assert_eq!(post(&c, &inv, &raw, &[key]).await.status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
