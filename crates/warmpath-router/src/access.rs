@@ -11,7 +11,9 @@ use crate::error::ApiError;
 use crate::state::Shared;
 use axum::http::{header, HeaderMap};
 
-fn presented(headers: &HeaderMap) -> Option<&str> {
+/// The `Authorization: Bearer` token, if one (also the `tenants.from:
+/// api_key` key).
+pub fn presented(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)?
         .to_str()

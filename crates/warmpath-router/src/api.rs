@@ -2,6 +2,7 @@
 //! `POST /v1/completions`, `POST /invocations`, `GET /v1/models`
 //! (`/health` is [`crate::readiness`]).
 
+use crate::config::Isolation;
 use crate::error::ApiError;
 use crate::incoming::{read_body, tenant_header};
 use crate::metrics::Phase;
@@ -10,6 +11,7 @@ use crate::proxy::{self, Outgoing};
 use crate::route::{self, Hashing};
 use crate::salt::with_cache_salt;
 use crate::state::Shared;
+use crate::tenancy;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
@@ -104,14 +106,17 @@ fn prepare(
         .pools
         .resolve(&req.model)
         .ok_or_else(|| ApiError::unknown_model(&req.model))?;
-    let tenant = req.tenant(tenant_header(headers)?)?;
+    let client = req.tenant(tenant_header(headers)?)?;
+    let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
     target
         .pool
         .metrics
         .overhead(Phase::Parse)
         .record(started.elapsed().as_secs_f64());
     let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
-    let body = match (&plan.tenant, s.settings.forward_cache_salt) {
+    let salted =
+        s.settings.forward_cache_salt && plan.target.pool.tenants.isolation == Isolation::Engine;
+    let body = match (&plan.tenant, salted) {
         (Some(t), true) => with_cache_salt(raw, req.cache_salt.as_deref(), t),
         _ => raw.clone(),
     };
@@ -165,9 +170,10 @@ fn prepare_raw(s: &Shared, headers: &HeaderMap, raw: &Bytes) -> Result<route::Pl
         .pools
         .resolve(&model)
         .ok_or_else(|| ApiError::unknown_model(&model))?;
-    let tenant = tenant_header(headers)?
+    let client = tenant_header(headers)?
         .map(|h| TenantId::parse(h, TenantSource::Header))
         .transpose()?;
+    let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
     target
         .pool
         .metrics

@@ -17,6 +17,7 @@
 //!     tokenizer: /models/llama            # tokenizer.json or a model folder
 //!     block_size: 16
 //!     prefix_aware: { prefix_length: 4096, concurrency_threshold: 64 }
+//!     tenants: { from: api_key, client_ids: scope, isolation: engine }
 //!     backends:
 //!       - { url: "http://10.0.0.1:8000", worker_id: gpu-0, adapters: [sql-adapter] }
 //!       - { url: "http://10.0.0.2:8000" }  # worker_id defaults to the url
@@ -347,6 +348,9 @@ pub struct PoolConfig {
     /// their `/v1/models` cards (`health.learn_adapters`), when they give one.
     #[serde(default)]
     pub max_prompt_tokens: Option<usize>,
+    /// Where tenant ids come from and what they isolate.
+    #[serde(default)]
+    pub tenants: TenantsConfig,
     /// The engines serving this model.
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
@@ -379,6 +383,7 @@ impl PoolConfig {
             kv: KvConfig::default(),
             expose_routing_headers: true,
             max_prompt_tokens: None,
+            tenants: TenantsConfig::default(),
             backends: Vec::new(),
         }
     }
@@ -401,6 +406,58 @@ impl PoolConfig {
             kv: self.kv.clone(),
         }
     }
+}
+
+/// A pool's `tenants:` section. The default is the unauthenticated
+/// `X-Prefix-Aware-Id` / `prompt_cache_key` id, isolated in the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantsConfig {
+    /// Where the tenant id comes from.
+    pub from: TenantFrom,
+    /// With `from: api_key`, what a client-sent id does.
+    pub client_ids: ClientIds,
+    /// What the id isolates.
+    pub isolation: Isolation,
+}
+
+/// `tenants.from`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TenantFrom {
+    /// `X-Prefix-Aware-Id`, else `prompt_cache_key`, else `cache_salt`, as
+    /// sent: any client can name any tenant.
+    #[default]
+    Header,
+    /// A hash of the client's `Authorization: Bearer` key (401 without one):
+    /// a client cannot claim another key's tenant.
+    ApiKey,
+}
+
+/// `tenants.client_ids`: a client-sent id under `from: api_key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientIds {
+    /// Scoped under the key (`<key hash>/<id>`): SDKs that send
+    /// `prompt_cache_key` keep working and still cannot leave their key.
+    #[default]
+    Scope,
+    /// Answered 403.
+    Refuse,
+}
+
+/// `tenants.isolation`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// The id salts the block hashes and is forwarded as `cache_salt`: tenants
+    /// never share engine cache, and warmth is no signal across them.
+    #[default]
+    Engine,
+    /// The id picks the route only (prefix key): tenants share the engine's
+    /// cache (OpenAI's `prompt_cache_key` meaning), and cache timing leaks
+    /// across them.
+    RouteOnly,
 }
 
 /// PREFIX_AWARE settings of a pool.

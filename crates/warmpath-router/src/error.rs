@@ -195,6 +195,17 @@ impl ApiError {
         }
     }
 
+    /// 403: the client may not do what it asked (valid credentials).
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            message: message.into(),
+            kind: "permission_error",
+            param: None,
+            code,
+        }
+    }
+
     /// 500: a server-side failure that is not the client's fault.
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {

@@ -8,6 +8,7 @@ use crate::incoming::{read_body, tenant_header};
 use crate::pool::Pool;
 use crate::route::{self, Hashing};
 use crate::state::Shared;
+use crate::tenancy;
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -194,7 +195,8 @@ async fn query_inner(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Valu
         .pools
         .resolve(&req.model)
         .ok_or_else(|| ApiError::unknown_model(&req.model))?;
-    let tenant = req.tenant(tenant_header(headers)?)?;
+    let client = req.tenant(tenant_header(headers)?)?;
+    let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;
     let pool = &plan.target.pool;
     let loads = route::loads(pool, plan.target.adapter.as_deref(), &[], s.agents());

@@ -10,7 +10,7 @@
 //!
 //! Modules, in request order: `config` -> `front` (with `conn`: limits and
 //! watchdogs of client connections, and `socket`) -> `api` (with
-//! `incoming`) -> `route` -> `proxy` (with `backend` load accounting and
+//! `incoming` and `tenancy`) -> `route` -> `proxy` (with `backend` load accounting and
 //! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
 //! `/metrics`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
 //! `server` (start-up and the HTTP routes). The public API is [`config`],
@@ -53,6 +53,7 @@ mod salt;
 mod server;
 mod socket;
 mod state;
+mod tenancy;
 mod work;
 
 pub use config::{Cli, RouterConfig};

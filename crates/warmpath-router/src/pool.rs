@@ -6,7 +6,7 @@
 //! snapshot, so a switch never disturbs requests already routed or routing.
 
 use crate::backend::Backend;
-use crate::config::{BackendUrl, PoolConfig};
+use crate::config::{BackendUrl, PoolConfig, TenantsConfig};
 use crate::error::RouterError;
 use crate::hot::HotChains;
 use crate::metrics::PoolMetrics;
@@ -64,6 +64,8 @@ pub struct Pool {
     pub metrics: PoolMetrics,
     /// Whether answers carry `x-warmpath-backend` and `x-warmpath-decision`.
     pub expose_routing_headers: bool,
+    /// Where tenant ids come from and what they isolate.
+    pub tenants: TenantsConfig,
     policy: RwLock<Arc<PolicyState>>,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
@@ -112,6 +114,7 @@ impl Pool {
             metrics: PoolMetrics::new(&model),
             max_prompt_tokens: cfg.max_prompt_tokens,
             expose_routing_headers: cfg.expose_routing_headers,
+            tenants: cfg.tenants,
             learned_context: AtomicUsize::new(0),
             policy: RwLock::new(Arc::new(PolicyState {
                 strategy: Strategy::Random,

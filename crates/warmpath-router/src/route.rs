@@ -6,6 +6,7 @@
 //! for a backend, excluding backends that already failed to connect.
 //! Each phase is timed into `warmpath_router_overhead_seconds{phase}`.
 
+use crate::config::Isolation;
 use crate::error::ApiError;
 use crate::metrics::Phase;
 use crate::pool::{PolicyState, Pool, Target};
@@ -69,11 +70,12 @@ pub fn plan(
     let mut matches = None;
     if want {
         let t = Instant::now();
-        let seed = HashSeed::new(
-            &pool.model,
-            target.adapter.as_deref().unwrap_or(""),
-            tenant.as_ref().map_or("", TenantId::as_str),
-        );
+        // `route_only` tenants share the engine cache: their blocks hash unsalted.
+        let salt = match pool.tenants.isolation {
+            Isolation::Engine => tenant.as_ref().map_or("", TenantId::as_str),
+            Isolation::RouteOnly => "",
+        };
+        let seed = HashSeed::new(&pool.model, target.adapter.as_deref().unwrap_or(""), salt);
         let given = match &req.body {
             RequestBody::Completion(p) => match p.first() {
                 FirstPrompt::Ids(ids) => Some(ids),
