@@ -12,9 +12,18 @@ impl<'a> Request<'a> {
     /// one walk, no [`Value`] tree (see `walk.rs`).
     pub fn parse(body: &'a [u8], expect: Expect) -> Result<Self, RequestError> {
         let mut de = serde_json::Deserializer::from_slice(body);
-        let top = Node::<(), Top<'a>>::deserialize(&mut de).map_err(RequestError::InvalidJson)?;
-        de.end().map_err(RequestError::InvalidJson)?;
-        read(top, expect)
+        let walked =
+            Node::<(), Top<'a>>::deserialize(&mut de).and_then(|top| de.end().map(|()| top));
+        match walked {
+            Ok(top) => read(top, expect),
+            // The walk reads strings borrowed, and on some invalid bodies
+            // serde_json then places the error a column away from where its
+            // `Value` reader does: a body that fails takes the slow reader
+            // once, so the message is always the same.
+            Err(e) => Err(RequestError::InvalidJson(
+                serde_json::from_slice::<Value>(body).err().unwrap_or(e),
+            )),
+        }
     }
 
     /// Reads a request from a parsed JSON body, by the same walk.
