@@ -53,14 +53,8 @@ async fn introspection_and_admin_need_their_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing_headers_can_be_switched_off_per_pool() {
     let b = TestBackend::start("b").await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    let yaml = format!(
-        "pools:\n  - model: m\n    strategy: prefix_aware\n    expose_routing_headers: false\n    backends: [{{url: '{}'}}]\n",
-        b.url()
-    );
-    std::fs::write(&cfg, yaml).unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let pool = "    strategy: prefix_aware\n    expose_routing_headers: false";
+    let r = yaml_router("", pool, &[&b]).await;
     let c = client();
     let ok = post(
         &c,

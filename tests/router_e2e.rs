@@ -207,15 +207,7 @@ async fn connect_failures_retry_elsewhere_then_eject_then_503() {
 /// router.yaml. Health probes are set far apart by the callers, so nothing
 /// brings an ejected backend back during a test.
 async fn one_backend_router(b: &TestBackend, sections: &str) -> RouterProcess {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    let yaml = format!(
-        "{sections}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{}'}}]\n",
-        b.url()
-    );
-    std::fs::write(&cfg, yaml).unwrap();
-    // The file is read at start-up only; the directory may go after that.
-    RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
+    yaml_router(sections, "    strategy: random", &[b]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -229,14 +229,7 @@ async fn the_router_prints_an_agents_credential_and_refuses_to_print_without_a_s
 
 /// The router binary over `b` (`random`), with `sections` of router.yaml.
 async fn router_with(b: &TestBackend, sections: &str) -> RouterProcess {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    let yaml = format!(
-        "{sections}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{}'}}]\n",
-        b.url()
-    );
-    std::fs::write(&cfg, yaml).unwrap();
-    RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
+    yaml_router(sections, "    strategy: random", &[b]).await
 }
 
 /// Reads until the router closes the connection (at most 10 s).

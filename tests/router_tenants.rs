@@ -9,16 +9,9 @@ mod support;
 use serde_json::{json, Value};
 use support::*;
 
-async fn router_with(b: &TestBackend, tenants: &str) -> (RouterProcess, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    let yaml = format!(
-        "pools:\n  - model: m\n    strategy: prefix_aware\n    tenants: {tenants}\n    backends: [{{url: '{}'}}]\n",
-        b.url()
-    );
-    std::fs::write(&cfg, yaml).unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
-    (r, dir)
+async fn router_with(b: &TestBackend, tenants: &str) -> RouterProcess {
+    let pool = format!("    strategy: prefix_aware\n    tenants: {tenants}");
+    yaml_router("", &pool, &[b]).await
 }
 
 fn last_salt(b: &TestBackend) -> Value {
@@ -28,7 +21,7 @@ fn last_salt(b: &TestBackend) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_tenants_cannot_be_claimed() {
     let b = TestBackend::start("b").await;
-    let (r, _dir) = router_with(&b, "{from: api_key}").await;
+    let r = router_with(&b, "{from: api_key}").await;
     let c = client();
     let url = r.url("/v1/chat/completions");
     let body = chat("m", "doc", "q");
@@ -83,7 +76,7 @@ async fn api_key_tenants_cannot_be_claimed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_tenants_can_refuse_client_ids() {
     let b = TestBackend::start("b").await;
-    let (r, _dir) = router_with(&b, "{from: api_key, client_ids: refuse}").await;
+    let r = router_with(&b, "{from: api_key, client_ids: refuse}").await;
     let c = client();
     let url = r.url("/v1/chat/completions");
     let key = ("authorization", "Bearer sk-a");
@@ -109,7 +102,7 @@ async fn api_key_tenants_can_refuse_client_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_only_tenants_share_the_engine_cache() {
     let b = TestBackend::start("b").await;
-    let (r, _dir) = router_with(&b, "{isolation: route_only}").await;
+    let r = router_with(&b, "{isolation: route_only}").await;
     let c = client();
     let ids: Vec<u32> = (0..64).collect();
     let query = json!({"model": "m", "prompt": ids});
@@ -145,7 +138,7 @@ async fn route_only_tenants_share_the_engine_cache() {
 async fn engine_isolation_salts_block_hashes_per_tenant() {
     // The default, for contrast with route_only above.
     let b = TestBackend::start("b").await;
-    let (r, _dir) = router_with(&b, "{}").await;
+    let r = router_with(&b, "{}").await;
     let c = client();
     let query = json!({"model": "m", "prompt": (0..64).collect::<Vec<u32>>()}).to_string();
     let mut seen = Vec::new();
@@ -164,7 +157,7 @@ async fn engine_isolation_salts_block_hashes_per_tenant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_prompt_cache_keys_are_hashed_into_the_salt() {
     let b = TestBackend::start("b").await;
-    let (r, _dir) = router_with(&b, "{}").await;
+    let r = router_with(&b, "{}").await;
     let c = client();
     let url = r.url("/v1/chat/completions");
     let mut body = chat("m", "doc", "q");

@@ -430,6 +430,24 @@ impl RouterProcess {
     }
 }
 
+/// The real router binary from a router.yaml: top-level `sections`, then
+/// pool `m` with `pool` (indented lines such as `    strategy: random`) over
+/// `backends`. The file is read at start-up only; its directory goes after.
+pub async fn yaml_router(sections: &str, pool: &str, backends: &[&TestBackend]) -> RouterProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    let urls: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{url: '{}'}}", b.url()))
+        .collect();
+    let yaml = format!(
+        "{sections}\npools:\n  - model: m\n{pool}\n    backends: [{}]\n",
+        urls.join(", ")
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
+}
+
 /// Runs the real binary to completion with `args`: (exit success, stderr).
 pub async fn run_to_exit(args: &[&str]) -> (bool, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
