@@ -480,48 +480,40 @@ mod tests {
             })
             .collect();
         let ring = Ring::new(&b, 160);
-        let placer = Placer::new(&b, 1e5);
-        let mut p = placer.lock();
-        for (key, at, reqs) in [
-            (6u64, 2usize, 1),
-            (1, 0, 50),
-            (2, 0, 50),
-            (3, 1, 50),
-            (4, 1, 50),
-            (5, 2, 150),
-        ] {
-            p.set_home(key, at, false);
-            for _ in 0..reqs {
-                p.record(key, at, 0);
-                p.cached(key, at, 500);
+        let filled = |b: &[PolicyBackend]| {
+            let placer = Placer::new(b, 1e5);
+            {
+                let mut p = placer.lock();
+                for (key, at, reqs) in [
+                    (6u64, 2usize, 1),
+                    (1, 0, 50),
+                    (2, 0, 50),
+                    (3, 1, 50),
+                    (4, 1, 50),
+                    (5, 2, 150),
+                ] {
+                    p.set_home(key, at, false);
+                    for _ in 0..reqs {
+                        p.record(key, at, 0);
+                        p.cached(key, at, 500);
+                    }
+                }
+                p.seq += 100;
             }
-        }
-        p.seq += 100;
+            placer
+        };
         let loads = idle(3);
         let w = (1.0, 1.0, 2.0);
         // Backend 2 carries the most load, but there the new prefix evicts
         // only the one-request prefix: it goes there.
+        let placer = filled(&b);
+        let mut p = placer.lock();
         let (at, _) = p.place(9, 500, &loads, |_| true, &ring, w, 500.0).unwrap();
         assert_eq!(at, 2);
         assert!(p.evict_cost(0, 9, 500) > 450.0 && p.evict_cost(2, 9, 500) < 300.0);
         // Capacity unknown: no eviction term, the lowest expected load wins.
-        let blind = Placer::new(&backends(3), 1e5);
+        let blind = filled(&backends(3));
         let mut q = blind.lock();
-        for (key, at, reqs) in [
-            (6u64, 2usize, 1),
-            (1, 0, 50),
-            (2, 0, 50),
-            (3, 1, 50),
-            (4, 1, 50),
-            (5, 2, 150),
-        ] {
-            q.set_home(key, at, false);
-            for _ in 0..reqs {
-                q.record(key, at, 0);
-                q.cached(key, at, 500);
-            }
-        }
-        q.seq += 100;
         let (at, _) = q.place(9, 500, &loads, |_| true, &ring, w, 500.0).unwrap();
         assert_ne!(at, 2);
         assert_eq!(q.evict_cost(2, 9, 500), 0.0);
