@@ -382,6 +382,8 @@ async fn sigterm_drains_then_ends_what_remains_within_the_deadlines() {
         async move { post_frames(&c, &url, &body).await }
     });
     eventually("both requests upstream", || b.count() == 2).await;
+    let (readyz, livez) = (r.url("/readyz"), r.url("/livez"));
+    assert_eq!(get_url(&c, &readyz).await.status, 200);
     let t = std::time::Instant::now();
     let exited = tokio::spawn(r.terminate());
     // Draining: still served (a new connection each time), each answer
@@ -399,6 +401,9 @@ async fn sigterm_drains_then_ends_what_remains_within_the_deadlines() {
     )
     .await;
     assert_eq!(served, 200);
+    // Not ready from the signal on, while still alive and serving.
+    assert_eq!(get_url(&client(), &readyz).await.status, 503);
+    assert_eq!(get_url(&client(), &livez).await.status, 200);
     let status = exited.await.unwrap();
     assert!(status.success(), "{status:?}");
     let took = t.elapsed();
