@@ -234,3 +234,40 @@ async fn giant_bodies_are_routed_off_the_serving_threads() {
         .and_then(|v| v.parse::<f64>().ok());
     assert_eq!(offloaded, Some(3.0), "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_query_is_answered_on_the_work_pool_under_the_same_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(None).await;
+    let r = tiny_router(
+        dir.path(),
+        &e,
+        "work: {offload_bytes: 65536, threads: 1}",
+        "    max_prompt_tokens: 100000",
+    )
+    .await;
+    let c = client();
+    let url = r.url("/cache-index/query");
+    let big = post(&c, &url, &chat_of(&text(3, 100_000)), &[]).await;
+    assert_eq!(big.status, 200, "{:?}", big.body);
+    assert!(big.json()["blocks"].as_u64().unwrap() > 1000);
+    let small = post(&c, &url, &chat_of("hello"), &[]).await;
+    assert_eq!(small.status, 200);
+    let metrics = String::from_utf8(get_url(&c, &r.url("/metrics")).await.body.to_vec()).unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "warmpath_work_offloaded_total 1"),
+        "only the big query went to the pool: {metrics}"
+    );
+    // The prompt cap holds for queries too.
+    let over = post(&c, &url, &chat_of(&text(4, 2_000_000)), &[])
+        .await
+        .error(400);
+    assert_eq!(over["code"], "context_length_exceeded");
+    assert_eq!(
+        e.chats.load(Ordering::SeqCst),
+        0,
+        "queries send nothing upstream"
+    );
+}

@@ -14,6 +14,7 @@ use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -171,25 +172,37 @@ pub async fn cache_index(
     .into_response()
 }
 
-/// `POST /cache-index/query`: body as for chat or completions.
+/// `POST /cache-index/query`: body as for chat or completions. A big body is
+/// answered on the bounded work pool, as a proxied one is routed.
 pub async fn query(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
-    match query_inner(&s, &headers, body).await {
+    let answered = match read_query(&s, &headers, body).await {
+        Ok(raw) if s.work.offloads(raw.len()) => {
+            let (s2, headers2) = (Arc::clone(&s), headers.clone());
+            s.work.run(move || answer(&s2, &headers2, &raw)).await
+        }
+        Ok(raw) => answer(&s, &headers, &raw),
+        Err(e) => Err(e),
+    };
+    match answered {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn query_inner(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+async fn read_query(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     crate::access::inspect(s, headers)?;
-    let raw = read_body(
+    read_body(
         body,
         headers,
         s.settings.max_body_bytes,
         s.settings.body_timeout,
     )
-    .await?;
+    .await
+}
+
+fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError> {
     let started = Instant::now();
-    let value: Value = serde_json::from_slice(&raw).map_err(RequestError::InvalidJson)?;
+    let value: Value = serde_json::from_slice(raw).map_err(RequestError::InvalidJson)?;
     let req = Request::from_value(&value, Expect::Any)?;
     let target = s
         .pools
