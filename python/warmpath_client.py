@@ -4,16 +4,20 @@
     python3 python/warmpath_client.py --router http://127.0.0.1:8080 chat --model m "Hello"
     python3 python/warmpath_client.py --router http://127.0.0.1:8080 index
     python3 python/warmpath_client.py --router http://127.0.0.1:8080 query --model m "Hello"
-    python3 python/warmpath_client.py --router http://127.0.0.1:8080 strategy m kv_aware --token T
+    python3 python/warmpath_client.py --router http://127.0.0.1:8080 --token T strategy m kv_aware
 
 `chat` prints the answer and the routing headers (x-warmpath-backend,
 x-warmpath-decision); `--tenant` sends X-Prefix-Aware-Id. `index` prints
 GET /cache-index, `query` POST /cache-index/query (nothing is sent upstream),
-`strategy` switches a pool's strategy through the admin API.
+`strategy` switches a pool's strategy through the admin API. `--token` (or
+WARMPATH_INSPECT_TOKEN / WARMPATH_ADMIN_TOKEN) is sent as a bearer token: the
+router asks for it on /cache-index, /cache-index/query and the admin API when
+it has one.
 """
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -43,6 +47,8 @@ def chat_body(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--router", default="http://127.0.0.1:8080")
+    p.add_argument("--token", default=os.environ.get("WARMPATH_INSPECT_TOKEN")
+                   or os.environ.get("WARMPATH_ADMIN_TOKEN"))
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("chat", "query"):
         s = sub.add_parser(name)
@@ -54,18 +60,19 @@ def main():
     s = sub.add_parser("strategy")
     s.add_argument("model")
     s.add_argument("strategy", choices=["random", "least_outstanding", "prefix_aware", "kv_aware"])
-    s.add_argument("--token")
     args = p.parse_args()
     base = args.router.rstrip("/")
+    auth = {"authorization": "Bearer " + args.token} if args.token else {}
 
     if args.cmd == "index":
-        status, _, body = call("GET", base + "/cache-index")
+        status, _, body = call("GET", base + "/cache-index", headers=auth)
     elif args.cmd == "strategy":
-        headers = {"authorization": "Bearer " + args.token} if args.token else {}
         status, _, body = call("PUT", f"{base}/admin/pools/{args.model}/strategy",
-                               {"strategy": args.strategy}, headers)
+                               {"strategy": args.strategy}, auth)
     else:
         headers = {"X-Prefix-Aware-Id": args.tenant} if args.tenant else {}
+        if args.cmd == "query":
+            headers.update(auth)
         path = "/v1/chat/completions" if args.cmd == "chat" else "/cache-index/query"
         status, hdrs, body = call("POST", base + path, chat_body(args), headers)
         if args.cmd == "chat":
