@@ -84,6 +84,9 @@ struct Follower {
     /// The last seq of the start-up replay, while live batches it already
     /// held may still arrive (published between subscribing and the replay).
     replayed_at_start: Option<u64>,
+    /// Whether the start-up replay ran (the SUB socket is re-created when the
+    /// engine is silent; the buffer is read once).
+    buffer_read: bool,
     last_parent_replay: Option<Instant>,
     pending_parent: bool,
     rank_label: String,
@@ -106,6 +109,7 @@ pub async fn follow_rank(
         stats,
         last: None,
         replayed_at_start: None,
+        buffer_read: false,
         last_parent_replay: None,
         pending_parent: false,
         rank_label,
@@ -128,8 +132,9 @@ pub async fn follow_rank(
             continue;
         }
         tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
-        if f.last.is_none() {
-            // Subscribed first, so nothing published from now on is missed.
+        if !std::mem::replace(&mut f.buffer_read, true) {
+            // Once, after the first subscription: nothing published from now
+            // on is missed.
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 () = f.learn_buffered() => {}
@@ -282,11 +287,13 @@ impl Follower {
                     }
                 }
                 self.replayed_at_start = self.last;
-                tracing::info!(
-                    batches = n,
-                    rank = self.cfg.rank,
-                    "learned the engine's buffered events at start"
-                );
+                if n > 0 {
+                    tracing::info!(
+                        batches = n,
+                        rank = self.cfg.rank,
+                        "learned the engine's buffered events"
+                    );
+                }
             }
             Err(why) => {
                 self.stats.replays_failed.inc();
