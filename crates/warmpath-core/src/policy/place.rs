@@ -507,13 +507,13 @@ mod tests {
         // Backend 2 carries the most load, but there the new prefix evicts
         // only the one-request prefix: it goes there.
         let placer = filled(&b);
-        let mut p = placer.lock();
+        let p = placer.lock();
         let (at, _) = p.place(9, 500, &loads, |_| true, &ring, w, 500.0).unwrap();
         assert_eq!(at, 2);
         assert!(p.evict_cost(0, 9, 500) > 450.0 && p.evict_cost(2, 9, 500) < 300.0);
         // Capacity unknown: no eviction term, the lowest expected load wins.
         let blind = filled(&backends(3));
-        let mut q = blind.lock();
+        let q = blind.lock();
         let (at, _) = q.place(9, 500, &loads, |_| true, &ring, w, 500.0).unwrap();
         assert_ne!(at, 2);
         assert_eq!(q.evict_cost(2, 9, 500), 0.0);
