@@ -1,0 +1,288 @@
+//! The agent's life beside an engine, end to end with the real agent binary
+//! and the real router: per-worker credentials against a forged agent, no
+//! token in plain text to another host, a warm engine learned at start, an
+//! engine restart seen in its metrics.
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/ingest.rs"]
+mod ingest;
+
+use ingest::*;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A hand-made agent stream claiming `worker` (epoch `epoch`) with `token`:
+/// the router's first answer, or the gRPC status that refused the stream.
+async fn forged_hello(
+    grpc: SocketAddr,
+    token: Option<&str>,
+    worker: &str,
+    epoch: u64,
+) -> Result<Option<warmpath_proto::v1::RouterMessage>, tonic::Status> {
+    use warmpath_proto::v1::{agent_message::Msg, AgentMessage, Hello};
+    let mut client = warmpath_proto::CacheEventsClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let hello = Hello {
+        worker_id: worker.into(),
+        endpoint: "http://127.0.0.1:1".into(),
+        model: "m".into(),
+        block_size: BS,
+        epoch,
+        agent_version: "forged".into(),
+        dp_rank: 0,
+    };
+    tx.send(AgentMessage {
+        msg: Some(Msg::Hello(hello)),
+    })
+    .await
+    .unwrap();
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", warmpath_proto::bearer(t).parse().unwrap());
+    }
+    let mut answers = client.publish(req).await?.into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("no answer to the forged Hello within 10 s");
+    drop(tx);
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_worker_credentials_stop_a_forged_agent_and_let_restarts_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "the-router-secret";
+    let r = router(
+        &s(&["--grpc-listen", "127.0.0.1:0", "--agent-secret", secret]),
+        &["a", "b"],
+    )
+    .await;
+    let grpc = r.grpc_addr.unwrap();
+    let (token_a, token_b) = (
+        warmpath_proto::worker_token(secret, "a"),
+        warmpath_proto::worker_token(secret, "b"),
+    );
+    let with = |t: &str| s(&["--router", &format!("http://{grpc}"), "--agent-token", t]);
+    let p = publisher().await;
+    let a = agent(dir.path(), "a", &p, &with(&token_a));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.publish(vec![stored(100, None, 0..32, BS)]).await.unwrap();
+    wait_until("a's blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "a") == 8
+    })
+    .await;
+
+    // b's own credential, a newer epoch, claiming a: refused after the Hello.
+    let answer = forged_hello(grpc, Some(&token_b), "a", u64::MAX)
+        .await
+        .unwrap();
+    let refused = match answer.and_then(|m| m.msg) {
+        Some(warmpath_proto::v1::router_message::Msg::Refused(r)) => r,
+        other => panic!("the forged Hello was not refused: {other:?}"),
+    };
+    assert!(
+        refused.reason.contains("does not name worker \"a\""),
+        "{}",
+        refused.reason
+    );
+    assert!(!refused.retryable);
+    // No credential, or the shared-token style of a made-up one: not even a stream.
+    for t in [None, Some("guess")] {
+        let e = forged_hello(grpc, t, "a", u64::MAX).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    }
+    // a kept its entries and its stream: its next events still arrive.
+    assert_eq!(blocks(&r, "a"), 8);
+    p.publish(vec![stored(108, Some(107), 32..40, BS)])
+        .await
+        .unwrap();
+    wait_until("a's next blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "a") == 10
+    })
+    .await;
+    let st = agent_status(r.http_addr).await;
+    assert_eq!(st["connected"], true, "{st}");
+    let m = metrics_text(r.http_addr).await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("warmpath_ingest_refused_total{reason=\"identity\"}")),
+        "{m}"
+    );
+
+    // The real a restarts with its credential: the new epoch takes over.
+    drop(a);
+    let _a = agent(dir.path(), "a", &p, &with(&token_a));
+    wait_until(
+        "the restarted agent's stream",
+        Duration::from_secs(30),
+        &[&p],
+        || blocks(&r, "a") == 10,
+    )
+    .await;
+    let mut st = agent_status(r.http_addr).await;
+    for _ in 0..100 {
+        if st["connected"] == true && st["refused"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        st = agent_status(r.http_addr).await;
+    }
+    assert_eq!(st["connected"], true, "{st}");
+    r.shutdown();
+    r.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_will_not_send_its_token_in_plain_text_to_another_host() {
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", "w", "--model", "m"])
+        .args(["--engine-url", "http://127.0.0.1:9"])
+        .args(["--kv-events", "tcp://127.0.0.1:9"])
+        // Never contacted: the agent refuses before connecting anywhere.
+        .args(["--router", "http://192.0.2.1:50051", "--agent-token", "t"])
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("plain text") && err.contains("--insecure"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_beside_a_warm_engine_learns_its_cache_without_a_new_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let p = publisher().await;
+    // The engine cached 10 blocks before the agent existed; its replay
+    // buffer still holds the batches. Nothing is published after this.
+    p.publish(vec![stored(100, None, 0..24, BS)]).await.unwrap();
+    p.publish(vec![stored(106, Some(105), 24..40, BS)])
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let _a = agent(
+        dir.path(),
+        "w",
+        &p,
+        &s(&["--router", &format!("http://{}", r.grpc_addr.unwrap())]),
+    );
+    poll::poll(
+        "the warm engine's blocks",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (blocks(&r, "w") == 10).then_some(()),
+    )
+    .await;
+    let idx = index(&r);
+    let slot = idx.worker_slot("w").unwrap();
+    assert_eq!(idx.longest_match(&wp(40)).of(slot).unwrap().blocks, 10);
+    eprintln!("learned {:?} after the agent started", started.elapsed());
+    // Live batches keep applying after the start-up replay.
+    p.publish(vec![stored(110, Some(109), 40..48, BS)])
+        .await
+        .unwrap();
+    poll::poll(
+        "the next live batch",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (blocks(&r, "w") == 12).then_some(()),
+    )
+    .await;
+    r.shutdown();
+    r.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_seen_in_its_metrics_clears_the_worker_at_once() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let p = publisher().await;
+    // The engine's metrics page, with the start time of its process.
+    let started_at = Arc::new(AtomicU64::new(1_000));
+    let page = {
+        let t = Arc::clone(&started_at);
+        move || async move {
+            format!(
+                "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\nvllm:cache_config_info{{block_size=\"4\",num_gpu_blocks=\"512\"}} 1.0\nprocess_start_time_seconds {}\n",
+                t.load(Ordering::SeqCst)
+            )
+        }
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine = l.local_addr().unwrap();
+    let app = axum::Router::new().route("/metrics", axum::routing::get(page));
+    let server = tokio::spawn(async move { axum::serve(l, app).await.ok() });
+    let log = dir.path().join("agent.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", "w", "--model", "m"])
+        .args(["--engine-url", &format!("http://{engine}")])
+        .args(["--kv-events", p.endpoint()])
+        .args(["--kv-replay", p.replay_endpoint().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--load-interval-ms", "100"])
+        .args(["--router", &format!("http://{}", r.grpc_addr.unwrap())])
+        .env("NO_COLOR", "1")
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let _a = Proc { child, log };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.publish(vec![stored(100, None, 0..32, BS)]).await.unwrap();
+    wait_until("the blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "w") == 8
+    })
+    .await;
+    // The engine's capacity reaches the router with its load (kv_aware models
+    // that backend's cache from then on).
+    let http = r.http_addr;
+    poll::poll(
+        "the engine's capacity at the router",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || {
+            let v: serde_json::Value = reqwest::get(format!("http://{http}/cache-index"))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (v["pools"][0]["workers"][0]["agent_load"]["capacity_blocks"] == 512).then_some(())
+        },
+    )
+    .await;
+    // The engine process is replaced: a new start time, its sequence from 0
+    // with an empty replay buffer, and no event yet. The worker is cleared
+    // at once, without waiting for one.
+    p.restart().await;
+    started_at.store(2_000, Ordering::SeqCst);
+    poll::poll(
+        "the worker cleared after the restart",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (blocks(&r, "w") == 0).then_some(()),
+    )
+    .await;
+    // The new process's events are learned as usual.
+    p.publish(vec![stored(500, None, 0..8, BS)]).await.unwrap();
+    wait_until(
+        "the new engine's blocks",
+        Duration::from_secs(30),
+        &[&p],
+        || blocks(&r, "w") == 2,
+    )
+    .await;
+    server.abort();
+    r.shutdown();
+    r.wait().await;
+}

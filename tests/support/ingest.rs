@@ -1,0 +1,185 @@
+//! Helpers of the agent/ingest end-to-end tests (`pipeline_ingest`,
+//! `pipeline_agent`): the real agent binary over a vLLM-compatible publisher,
+//! the router as its binary runs, and the index views the tests read.
+#![allow(dead_code, clippy::unwrap_used)]
+
+#[path = "poll.rs"]
+pub mod poll;
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use warmpath_agent::vllm::{
+    BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, PublisherConfig,
+};
+use warmpath_core::{hash_tokens, BlockHash, CacheIndex, HashSeed};
+
+pub const BS: u32 = 4;
+
+/// A child process killed on drop; its stdout+stderr go to `log`.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn publisher() -> KvEventPublisher {
+    let mut cfg = PublisherConfig::new("tcp://127.0.0.1:0");
+    cfg.replay_endpoint = Some("tcp://127.0.0.1:0".into());
+    KvEventPublisher::bind(cfg).await.unwrap()
+}
+
+/// The agent binary for `worker` on `p`, with `extra` flags (routers, TLS,
+/// token), logging into `dir/<worker>-<n>.log`.
+pub fn agent(dir: &Path, worker: &str, p: &KvEventPublisher, extra: &[String]) -> Proc {
+    let log = (0..)
+        .map(|n| dir.join(format!("{worker}-{n}.log")))
+        .find(|p| !p.exists())
+        .unwrap();
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", worker, "--model", "m"])
+        .args(["--engine-url", "http://127.0.0.1:9"])
+        .args(["--kv-events", p.endpoint()])
+        .args(["--kv-replay", p.replay_endpoint().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--load-interval-ms", "0"])
+        .args(extra)
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    Proc { child, log }
+}
+
+/// The router as its binary would run with `flags` (plus a pool "m" of
+/// block size 4 whose backends are `workers`).
+pub async fn router(flags: &[String], workers: &[&str]) -> warmpath_router::RunningRouter {
+    let mut args: Vec<String> = [
+        "warmpath-router",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "m",
+        "--block-size",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend_from_slice(flags);
+    let cli = warmpath_router::Cli::try_parse_from(args).unwrap();
+    let mut config = cli.load().unwrap();
+    config.pools[0].backends = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let mut b =
+                warmpath_router::config::BackendConfig::new(format!("http://127.0.0.1:{}", 9 + i));
+            b.worker_id = Some((*w).to_owned());
+            b
+        })
+        .collect();
+    warmpath_router::start(config, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+pub fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+pub fn index(r: &warmpath_router::RunningRouter) -> Arc<CacheIndex> {
+    r.index("m").unwrap()
+}
+
+pub fn blocks(r: &warmpath_router::RunningRouter, worker: &str) -> u64 {
+    let idx = index(r);
+    idx.worker_slot(worker).map_or(0, |s| idx.block_count(s))
+}
+
+/// One BlockStored of tokens `toks` (a new chain when `parent` is None).
+pub fn stored(
+    first_hash: u64,
+    parent: Option<u64>,
+    toks: std::ops::Range<u32>,
+    bs: u32,
+) -> KvEvent {
+    let toks: Vec<u32> = toks.collect();
+    let n = toks.len() as u64 / u64::from(bs);
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: (0..n)
+            .map(|i| EngineBlockHash::Int(first_hash + i))
+            .collect(),
+        parent_block_hash: parent.map(EngineBlockHash::Int),
+        token_ids: toks,
+        block_size: bs,
+        ..Default::default()
+    })
+}
+
+/// The router-side hashes of the chain of tokens 0..n.
+pub fn wp(n: u32) -> Vec<BlockHash> {
+    hash_tokens(
+        HashSeed::new("m", "", ""),
+        BS as usize,
+        &(0..n).collect::<Vec<_>>(),
+    )
+}
+
+/// Polls `cond` for up to `limit`, publishing an empty batch on each
+/// publisher between polls (a gap is only seen when the next batch comes).
+pub async fn wait_until(
+    what: &str,
+    limit: Duration,
+    pubs: &[&KvEventPublisher],
+    mut cond: impl FnMut() -> bool,
+) {
+    poll::poll(what, limit, Duration::from_millis(100), async || {
+        if cond() {
+            return Some(());
+        }
+        for p in pubs {
+            p.publish(vec![]).await.unwrap();
+        }
+        None
+    })
+    .await
+}
+
+pub async fn metrics_text(http: SocketAddr) -> String {
+    reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+pub async fn agent_status(http: SocketAddr) -> serde_json::Value {
+    let v: serde_json::Value = reqwest::get(format!("http://{http}/cache-index"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["pools"][0]["workers"][0]["agent"].clone()
+}
