@@ -286,3 +286,82 @@ async fn an_engine_restart_seen_in_its_metrics_clears_the_worker_at_once() {
     r.shutdown();
     r.wait().await;
 }
+
+/// `promtool check metrics` on `text`; `None` when promtool is not installed.
+fn promtool(what: &str, text: &str) -> Option<String> {
+    use std::io::Write;
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("!!! promtool not found ({e}): {what}'s metrics NOT CHECKED; .ci/run installs Debian's `prometheus`");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Some(format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_binaries_metrics_pass_promtool() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let p = publisher().await;
+    let a = agent(
+        dir.path(),
+        "w",
+        &p,
+        &s(&["--router", &format!("http://{}", r.grpc_addr.unwrap())]),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.publish(vec![stored(100, None, 0..16, BS)]).await.unwrap();
+    wait_until("the blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "w") == 4
+    })
+    .await;
+    let agent_http = a
+        .output()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("warmpath-agent listening on ")
+                .map(str::to_owned)
+        })
+        .unwrap();
+    let agent_metrics = reqwest::get(format!("{agent_http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        agent_metrics.contains("warmpath_agent_batches_total"),
+        "{agent_metrics}"
+    );
+    let router_metrics = metrics_text(r.http_addr).await;
+    assert!(
+        router_metrics.contains("warmpath_ingest_blocks_total"),
+        "{router_metrics}"
+    );
+    for (what, text) in [("agent", &agent_metrics), ("router", &router_metrics)] {
+        if let Some(problems) = promtool(what, text) {
+            assert!(problems.trim().is_empty(), "{what}: {problems}\n{text}");
+        }
+    }
+    r.shutdown();
+    r.wait().await;
+}

@@ -253,7 +253,7 @@ impl Agent {
             .unwrap_or(1);
         let hub = Arc::new(Hub::new());
         let stats = Arc::new(Stats::default());
-        ready::describe();
+        crate::series::describe();
         let readiness = Arc::new(Readiness::new(
             !cfg.load_interval.is_zero(),
             cfg.mode == Mode::Events,

@@ -28,6 +28,7 @@ pub mod link;
 pub mod load;
 pub mod observe;
 pub mod ready;
+mod series;
 pub mod stats;
 pub mod tls;
 pub mod tracker;

@@ -99,27 +99,6 @@ impl Readiness {
     }
 }
 
-/// Registers the readiness gauges' HELP texts (with the recorder installed).
-pub fn describe() {
-    use metrics::describe_gauge;
-    describe_gauge!(
-        "warmpath_agent_ready",
-        "1 when GET /readyz answers 200 (engine reachable, a router stream up, KV events flowing), else 0"
-    );
-    describe_gauge!(
-        "warmpath_agent_engine_up",
-        "1 when the engine's metrics page answered the latest scrape, else 0"
-    );
-    describe_gauge!(
-        "warmpath_agent_router_streams",
-        "Router streams currently up"
-    );
-    describe_gauge!(
-        "warmpath_agent_kv_events_silent",
-        "1 when the engine served prompt tokens but no KV event arrived for --events-silence-ms"
-    );
-}
-
 /// Follows event arrivals against prompt-token growth every `every` and
 /// keeps the gauges current, until `cancel`. `endpoint` is the configured
 /// event endpoint (named in the error).

@@ -122,6 +122,27 @@ fn describe() {
         "warmpath_work_rejected_total",
         "Big-body requests answered 503 overloaded: no work-pool turn within work.queue_timeout_ms"
     );
+    describe_counter!(
+        "warmpath_ingest_messages_total",
+        "Agent stream messages applied to the index, by kind (snapshot_chunk, delta)"
+    );
+    describe_counter!(
+        "warmpath_ingest_blocks_total",
+        "Blocks applied to the index from agent streams, by op (snapshot, stored, removed)"
+    );
+    describe_histogram!(
+        "warmpath_ingest_lag_seconds",
+        Unit::Seconds,
+        "From an engine observing a cache change to the router applying it"
+    );
+    describe_counter!(
+        "warmpath_ingest_gaps_total",
+        "Sequence gaps in agent streams (answered with a resend of the snapshot)"
+    );
+    describe_counter!(
+        "warmpath_ingest_refused_total",
+        "Agent streams refused, by reason (auth, identity, model, block size, epoch)"
+    );
     describe_gauge!(
         "warmpath_hot_cache_entries",
         "Entries held by the router's hot-path memo caches"

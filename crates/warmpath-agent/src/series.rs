@@ -1,0 +1,117 @@
+//! The HELP text of every metric series the agent writes, registered once
+//! with the recorder (`promtool check metrics` wants HELP on each).
+
+use metrics::{describe_counter, describe_gauge};
+
+/// Registers every series' HELP text (with the recorder installed).
+pub fn describe() {
+    let counters: &[(&'static str, &'static str)] = &[
+        (
+            "warmpath_agent_batches_total",
+            "KV-event batches applied, by engine rank",
+        ),
+        (
+            "warmpath_agent_bad_messages_total",
+            "Engine messages skipped as malformed, by reason",
+        ),
+        (
+            "warmpath_agent_block_size_mismatch_total",
+            "Batches whose block size disagreed with another rank's",
+        ),
+        (
+            "warmpath_agent_engine_restarts_total",
+            "Engine restarts seen (sequence back to 0, or a new process in its metrics)",
+        ),
+        (
+            "warmpath_agent_seq_gaps_total",
+            "Sequence gaps in the engine's events",
+        ),
+        (
+            "warmpath_agent_seq_gaps_unrecovered_total",
+            "Gaps the replay could not fill (routers then get a fresh snapshot)",
+        ),
+        (
+            "warmpath_agent_replays_total",
+            "Replay requests to the engine, by result",
+        ),
+        (
+            "warmpath_agent_unknown_parent_total",
+            "Stored blocks whose parent block was unknown",
+        ),
+        (
+            "warmpath_agent_unresolved_offload_total",
+            "Offload events naming blocks the agent does not know",
+        ),
+        (
+            "warmpath_agent_load_scrape_errors_total",
+            "Failed scrapes of the engine's metrics page",
+        ),
+        ("warmpath_agent_deltas_sent_total", "Deltas sent to routers"),
+        (
+            "warmpath_agent_deltas_coalesced_total",
+            "Deltas merged in a slow router's queue, by router",
+        ),
+        (
+            "warmpath_agent_snapshots_sent_total",
+            "Snapshots sent to routers",
+        ),
+        (
+            "warmpath_agent_router_reconnects_total",
+            "Router stream reconnects, by router",
+        ),
+        (
+            "warmpath_agent_router_refused_total",
+            "Streams a router refused, by router",
+        ),
+        (
+            "warmpath_agent_router_tls_failures_total",
+            "TLS failures toward a router, by router",
+        ),
+        (
+            "warmpath_agent_observe_prompts_total",
+            "Prompts the observe proxy tokenized",
+        ),
+        (
+            "warmpath_agent_observe_unhashable_total",
+            "Prompts the observe proxy could not hash, by reason",
+        ),
+        (
+            "warmpath_agent_observe_dropped_total",
+            "Prompts dropped because the observe queue was full",
+        ),
+        (
+            "warmpath_agent_observe_blocks_stored_total",
+            "Blocks added to the observe mirror",
+        ),
+        (
+            "warmpath_agent_observe_blocks_evicted_total",
+            "Blocks evicted from the observe mirror",
+        ),
+        (
+            "warmpath_agent_proxy_requests_total",
+            "Requests the observe proxy forwarded, by status",
+        ),
+        (
+            "warmpath_agent_proxy_engine_errors_total",
+            "Observe-proxy requests the engine failed to answer",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(*name, *help);
+    }
+    let gauges: &[(&'static str, &'static str)] = &[
+        ("warmpath_agent_blocks", "Blocks the agent reports for its worker"),
+        ("warmpath_agent_engine_running", "Requests the engine is running (its last good scrape)"),
+        ("warmpath_agent_engine_waiting", "Requests waiting in the engine (its last good scrape)"),
+        ("warmpath_agent_engine_kv_usage", "The engine's KV-cache usage, 0..1 (its last good scrape)"),
+        ("warmpath_agent_router_connected", "1 while the stream to a router is up, by router"),
+        ("warmpath_agent_observe_mirror_blocks", "Blocks in the observe mirror"),
+        ("warmpath_agent_ready", "1 when GET /readyz answers 200 (engine reachable, a router stream up, KV events flowing), else 0"),
+        ("warmpath_agent_engine_up", "1 when the engine's metrics page answered the latest scrape, else 0"),
+        ("warmpath_agent_router_streams", "Router streams currently up"),
+        ("warmpath_agent_kv_events_silent", "1 when the engine served prompt tokens but no KV event arrived for --events-silence-ms"),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(*name, *help);
+    }
+}
