@@ -37,6 +37,10 @@ const OVERHEAD_BUCKETS: [f64; 14] = [
 const FIRST_BYTE_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+// A histogram (not a summary) aggregates across router replicas.
+const LAG_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 const BLOCK_BUCKETS: [f64; 13] = [
     0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
 ];
@@ -54,6 +58,10 @@ fn build() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> 
         .set_buckets_for_metric(
             Matcher::Full("warmpath_matched_blocks".into()),
             &BLOCK_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("warmpath_ingest_lag_seconds".into()),
+            &LAG_BUCKETS,
         )?
         .install_recorder()?;
     describe();
