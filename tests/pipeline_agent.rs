@@ -361,6 +361,18 @@ async fn both_binaries_metrics_pass_promtool() {
         router_metrics.contains("warmpath_ingest_lag_seconds_bucket{"),
         "the ingest lag is a histogram, so replicas aggregate: {router_metrics}"
     );
+    assert!(
+        agent_metrics.contains("warmpath_build_info{binary=\"warmpath-agent\""),
+        "{agent_metrics}"
+    );
+    assert!(
+        router_metrics.contains("warmpath_build_info{binary=\"warmpath-router\""),
+        "{router_metrics}"
+    );
+    assert!(
+        router_metrics.contains("warmpath_backend_ejections_total{"),
+        "{router_metrics}"
+    );
     for (what, text) in [("agent", &agent_metrics), ("router", &router_metrics)] {
         if let Some(problems) = promtool(what, text) {
             assert!(problems.trim().is_empty(), "{what}: {problems}\n{text}");

@@ -5,6 +5,11 @@ use metrics::{describe_counter, describe_gauge};
 
 /// Registers every series' HELP text (with the recorder installed).
 pub fn describe() {
+    describe_gauge!(
+        "warmpath_build_info",
+        "Always 1; the labels name the running build"
+    );
+    metrics::gauge!("warmpath_build_info", "binary" => "warmpath-agent", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let counters: &[(&'static str, &'static str)] = &[
         (
             "warmpath_agent_batches_total",

@@ -37,6 +37,8 @@ pub struct Backend {
     consecutive_failures: AtomicU32,
     probe_failures: AtomicU32,
     probe_ok: AtomicBool,
+    /// `warmpath_backend_ejections_total{pool, backend}`.
+    ejections_total: metrics::Counter,
     ejected: AtomicBool,
     /// Ejections not forgiven by a success streak: the back-off's exponent.
     ejections: AtomicU32,
@@ -74,6 +76,7 @@ impl Backend {
             in_flight: AtomicU32::new(0),
             pending_prefill: AtomicU64::new(0),
             healthy_gauge: crate::metrics::backend_healthy(model, cfg.id()),
+            ejections_total: crate::metrics::backend_ejections(model, cfg.id()),
             consecutive_failures: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
             // Unverified until the first probe: readiness waits for it.
@@ -195,6 +198,7 @@ impl Backend {
         }
         self.ejected_at_ms
             .store(crate::monotonic_ms(), Ordering::Relaxed);
+        self.ejections_total.increment(1);
         self.update_gauge();
         true
     }

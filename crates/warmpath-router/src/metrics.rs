@@ -70,6 +70,15 @@ fn build() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> 
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        "warmpath_build_info",
+        "Always 1; the labels name the running build"
+    );
+    metrics::gauge!("warmpath_build_info", "binary" => "warmpath-router", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    describe_counter!(
+        "warmpath_backend_ejections_total",
+        "Times a backend was ejected (failed requests or probes in a row)"
+    );
     describe_counter!(
         "warmpath_requests_total",
         "Requests answered, by pool, strategy, routing decision and HTTP status"
@@ -282,6 +291,11 @@ pub fn backend_in_flight(model: &str, backend: &str) -> Gauge {
 /// `warmpath_backend_healthy{pool, backend}`.
 pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
     metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => backend.to_owned())
+}
+
+/// `warmpath_backend_ejections_total{pool, backend}`.
+pub fn backend_ejections(model: &str, backend: &str) -> Counter {
+    metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
 }
 
 /// `warmpath_ready`.
