@@ -166,13 +166,5 @@ async fn a_completion_probe_ejects_an_engine_whose_generation_hangs() {
         },
     )
     .await;
-    let e = post(
-        &c,
-        &r.url("/v1/completions"),
-        &json!({"model": "m", "prompt": "x"}),
-        &[],
-    )
-    .await
-    .error(503);
-    assert_eq!(e["code"], "no_healthy_backend");
+    assert_no_backend(&c, &r).await;
 }

@@ -149,26 +149,10 @@ async fn answers_that_go_silent_are_cut_off_and_count_as_failures() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert_eq!(in_flight(&r2).await, 0);
     // The silence was a failure: with eject_after 1 the backend is out.
-    let e = post(
-        &c,
-        &r2.url("/v1/completions"),
-        &json!({"model": "m", "prompt": "x"}),
-        &[],
-    )
-    .await
-    .error(503);
-    assert_eq!(e["code"], "no_healthy_backend");
+    assert_no_backend(&c, &r2).await;
     holder.abort();
 
     // Back on the first router: a second silent stream ejects its backend.
     post_frames(&c, &r.url("/v1/chat/completions"), &body).await;
-    let e = post(
-        &c,
-        &r.url("/v1/completions"),
-        &json!({"model": "m", "prompt": "x"}),
-        &[],
-    )
-    .await
-    .error(503);
-    assert_eq!(e["code"], "no_healthy_backend");
+    assert_no_backend(&c, &r).await;
 }

@@ -448,6 +448,16 @@ pub async fn yaml_router(sections: &str, pool: &str, backends: &[&TestBackend]) 
     RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
 }
 
+/// Asserts that a completion for `m` sent to `r` finds no backend: 503
+/// `no_healthy_backend` (every backend ejected).
+pub async fn assert_no_backend(c: &TestClient, r: &RouterProcess) {
+    let body = json!({"model": "m", "prompt": "x"});
+    let e = post(c, &r.url("/v1/completions"), &body, &[])
+        .await
+        .error(503);
+    assert_eq!(e["code"], "no_healthy_backend");
+}
+
 /// Runs the real binary to completion with `args`: (exit success, stderr).
 pub async fn run_to_exit(args: &[&str]) -> (bool, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
