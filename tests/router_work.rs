@@ -89,6 +89,15 @@ fn text(seed: usize, bytes: usize) -> String {
     s
 }
 
+/// `warmpath_work_offloaded_total` on `r`'s `/metrics`.
+async fn offloaded(c: &TestClient, r: &RouterProcess) -> Option<f64> {
+    let metrics = String::from_utf8(get_url(c, &r.url("/metrics")).await.body.to_vec()).unwrap();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("warmpath_work_offloaded_total "))
+        .and_then(|v| v.parse().ok())
+}
+
 fn chat_of(text: &str) -> Value {
     json!({"model": "m", "messages": [{"role": "user", "content": text}]})
 }
@@ -226,13 +235,7 @@ async fn giant_bodies_are_routed_off_the_serving_threads() {
         slowest < Duration::from_secs(1),
         "a small request waited {slowest:?}"
     );
-    let metrics = String::from_utf8(get_url(&c, &r.url("/metrics")).await.body.to_vec()).unwrap();
-    let offloaded = metrics
-        .lines()
-        .find(|l| l.starts_with("warmpath_work_offloaded_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok());
-    assert_eq!(offloaded, Some(3.0), "{metrics}");
+    assert_eq!(offloaded(&c, &r).await, Some(3.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,12 +256,10 @@ async fn a_big_query_is_answered_on_the_work_pool_under_the_same_cap() {
     assert!(big.json()["blocks"].as_u64().unwrap() > 1000);
     let small = post(&c, &url, &chat_of("hello"), &[]).await;
     assert_eq!(small.status, 200);
-    let metrics = String::from_utf8(get_url(&c, &r.url("/metrics")).await.body.to_vec()).unwrap();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "warmpath_work_offloaded_total 1"),
-        "only the big query went to the pool: {metrics}"
+    assert_eq!(
+        offloaded(&c, &r).await,
+        Some(1.0),
+        "only the big query went to the pool"
     );
     // The prompt cap holds for queries too.
     let over = post(&c, &url, &chat_of(&text(4, 2_000_000)), &[])

@@ -467,18 +467,23 @@ mod tests {
         assert_eq!(pick(&|i| i != 0, &busy, 503.0), 1);
     }
 
-    #[test]
-    fn a_cold_prefix_goes_where_it_evicts_the_coldest() {
-        // Three backends of 1000 blocks, each full with two 500-block
-        // prefixes: 0 and 1 hold two of 50 requests each, 2 one of 150 and,
-        // least recently used, one of a single request.
-        let b: Vec<PolicyBackend> = backends(3)
+    /// `n` backends whose caches hold 1000 blocks each.
+    fn of_1000_blocks(n: usize) -> Vec<PolicyBackend> {
+        backends(n)
             .into_iter()
             .map(|b| PolicyBackend {
                 capacity_blocks: Some(1000),
                 ..b
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_cold_prefix_goes_where_it_evicts_the_coldest() {
+        // Three backends of 1000 blocks, each full with two 500-block
+        // prefixes: 0 and 1 hold two of 50 requests each, 2 one of 150 and,
+        // least recently used, one of a single request.
+        let b = of_1000_blocks(3);
         let ring = Ring::new(&b, 160);
         let filled = |b: &[PolicyBackend]| {
             let placer = Placer::new(b, 1e5);
@@ -523,13 +528,7 @@ mod tests {
     fn a_cold_prefix_goes_where_it_fits() {
         // Backend 0 holds one popular 500-block prefix (room for another),
         // backend 1 is full with two of five requests each.
-        let b: Vec<PolicyBackend> = backends(2)
-            .into_iter()
-            .map(|b| PolicyBackend {
-                capacity_blocks: Some(1000),
-                ..b
-            })
-            .collect();
+        let b = of_1000_blocks(2);
         let ring = Ring::new(&b, 160);
         let run = |b: &[PolicyBackend]| {
             let placer = Placer::new(b, 1e5);
