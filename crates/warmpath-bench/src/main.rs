@@ -427,6 +427,13 @@ struct ScaleArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Router replicas, each request sent to one at random; they share the
+    /// index and the engines' load reports, nothing else.
+    #[arg(long, default_value_t = 1)]
+    routers: usize,
+    /// How often the agents report the engines' load to the replicas, ms.
+    #[arg(long, default_value_t = 1000)]
+    load_report_ms: u64,
     /// The policies' CHWBL load bound.
     #[arg(long, default_value_t = 1.25)]
     load_factor: f64,
@@ -551,6 +558,8 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         cache_blocks: a.cache_blocks,
         capacity_known: !a.hide_capacity,
         seed: a.seed,
+        routers: a.routers,
+        load_report_ms: a.load_report_ms,
         ..Default::default()
     };
     let mut cfg = match a.cache_ratio {
@@ -561,8 +570,9 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     a.kv.apply(&mut cfg.policy.kv)?;
     let mut reports = Vec::new();
     println!(
-        "scale: {} instances, {} requests per strategy, {} docs x {} tokens, cache {} blocks each ({:.2}x the working set), {:.0} req/s",
+        "scale: {} instances, {} router(s), {} requests per strategy, {} docs x {} tokens, cache {} blocks each ({:.2}x the working set), {:.0} req/s",
         cfg.instances,
+        cfg.routers,
         cfg.requests,
         cfg.docs,
         cfg.doc_tokens,

@@ -23,6 +23,7 @@
 
 mod diag;
 mod fleet;
+mod view;
 
 pub use diag::Diagnosis;
 
@@ -37,10 +38,9 @@ use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
+use view::Replicas;
 use warmpath_core::hash::ChainHasher;
-use warmpath_core::policy::{
-    build_policy, BackendLoad, Policy, PolicyBackend, PolicyConfig, RouteInput,
-};
+use warmpath_core::policy::{build_policy, PolicyBackend, PolicyConfig, RouteInput};
 use warmpath_core::{BlockHash, CacheIndex, HashSeed, Strategy};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -74,6 +74,10 @@ pub struct ScaleConfig {
     pub capacity_known: bool,
     /// RNG seed.
     pub seed: u64,
+    /// Router replicas, each request sent to one at random (see [`view`]).
+    pub routers: usize,
+    /// How often the agents report the engines' load to the replicas, ms.
+    pub load_report_ms: u64,
     /// Engine time model.
     pub time: TimeModel,
     /// Policy knobs.
@@ -95,6 +99,8 @@ impl Default for ScaleConfig {
             cache_blocks: 8192,
             capacity_known: true,
             seed: 42,
+            routers: 1,
+            load_report_ms: 1000,
             time: TimeModel::default(),
             policy: PolicyConfig::default(),
         }
@@ -141,6 +147,9 @@ impl ScaleConfig {
         if self.output_tokens == 0 {
             return bad("output_tokens", "must be at least 1");
         }
+        if self.routers == 0 || self.routers > 64 {
+            return bad("routers", "must be in 1..=64");
+        }
         self.time.validate()?;
         self.policy.validate()?;
         Ok(())
@@ -152,6 +161,8 @@ impl ScaleConfig {
 pub struct ScaleReport {
     /// The strategy.
     pub strategy: Strategy,
+    /// Router replicas.
+    pub routers: usize,
     /// Requests routed.
     pub requests: usize,
     /// Cached prompt tokens / prompt tokens.
@@ -172,8 +183,8 @@ pub struct ScaleReport {
     pub routing_us: f64,
     /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
-    /// Prefixes the policy moved between instances to even the load
-    /// (`kv_aware`'s `kv.rebalance_slack`).
+    /// Prefixes the policies moved between instances to even the load
+    /// (`kv_aware`'s `kv.rebalance_slack`), over every replica.
     pub moves: u64,
     /// Simulated seconds from first arrival to last completion.
     pub simulated_s: f64,
@@ -195,6 +206,7 @@ struct Req {
     doc: u32,
     arrival_us: u64,
     instance: u32,
+    router: u16,
     cached_tokens: u32,
     first_token_us: u64,
     predicted_blocks: u64,
@@ -246,16 +258,13 @@ struct Sim<'a> {
     strategy: Strategy,
     index: CacheIndex,
     fleet: Vec<Instance>,
-    loads: Vec<BackendLoad>,
-    pending_blocks: Vec<u64>,
-    policy: Box<dyn Policy>,
+    routers: Replicas,
     reqs: Vec<Req>,
     heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
     now: u64,
     tick: u64,
     rng: SmallRng,
-    pick_rng: SmallRng,
     zipf: Zipf,
     seed: HashSeed,
     tokens: Vec<u32>,
@@ -292,28 +301,21 @@ impl<'a> Sim<'a> {
             });
             fleet.push(Instance::new(slot, cfg.cache_blocks));
         }
-        let policy = build_policy(strategy, &cfg.policy, &backends)?;
+        let policies = (0..cfg.routers)
+            .map(|_| build_policy(strategy, &cfg.policy, &backends))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Sim {
             cfg,
             strategy,
             index,
             fleet,
-            loads: vec![
-                BackendLoad {
-                    eligible: true,
-                    ..Default::default()
-                };
-                n
-            ],
-            pending_blocks: vec![0; n],
-            policy,
+            routers: Replicas::new(policies, n, cfg.seed, cfg.load_report_ms * 1000),
             reqs: Vec::with_capacity(cfg.requests),
             heap: BinaryHeap::new(),
             seq: 0,
             now: 0,
             tick: 0,
             rng: SmallRng::seed_from_u64(cfg.seed),
-            pick_rng: SmallRng::seed_from_u64(cfg.seed ^ 0x5ca1e),
             zipf: Zipf::new(cfg.docs, cfg.zipf),
             seed: HashSeed::new("scale-model", "", ""),
             tokens: Vec::with_capacity(cfg.doc_tokens + cfg.question_tokens),
@@ -371,6 +373,15 @@ impl<'a> Sim<'a> {
         if kv {
             self.fill_tokens(doc, r as u32);
         }
+        // The agents' load reports reach every replica on their own timer,
+        // outside the routing work.
+        let fleet = &self.fleet;
+        let capacity = self
+            .cfg
+            .capacity_known
+            .then_some(self.cfg.cache_blocks as u64);
+        self.routers
+            .report_engines(self.now, |i| fleet[i].in_flight, capacity);
         let t0 = Instant::now();
         let mut chain = Vec::new();
         if kv {
@@ -378,16 +389,18 @@ impl<'a> Sim<'a> {
             ChainHasher::new(self.seed, self.cfg.block_size).extend(&self.tokens, &mut chain);
         }
         let matches = kv.then(|| self.index.longest_match(&chain));
-        for (l, p) in self.loads.iter_mut().zip(&self.pending_blocks) {
+        let chain_blocks = (self.prompt_tokens() / self.cfg.block_size) as u32;
+        let rr = self.routers.choose();
+        let view = &mut self.routers.views[rr];
+        for (l, p) in view.loads.iter_mut().zip(&view.pending_blocks) {
             l.pending_prefill_blocks = *p;
         }
-        let chain_blocks = (self.prompt_tokens() / self.cfg.block_size) as u32;
         let input = RouteInput {
             prefix_key: xxh3_64(&doc.to_le_bytes()),
             chain_blocks,
             matches: matches.as_ref(),
         };
-        let d = self.policy.pick(&input, &self.loads, &mut self.pick_rng)?;
+        let d = view.policy.pick(&input, &view.loads, &mut view.pick_rng)?;
         self.routing += t0.elapsed();
         *self
             .decisions
@@ -395,8 +408,8 @@ impl<'a> Sim<'a> {
             .or_default() += 1;
         let i = d.backend;
         let predicted = u64::from(input.chain_blocks.saturating_sub(d.matched_blocks));
-        self.pending_blocks[i] += predicted;
-        self.loads[i].in_flight += 1;
+        view.pending_blocks[i] += predicted;
+        view.loads[i].in_flight += 1;
         let inst = &mut self.fleet[i];
         inst.in_flight += 1;
         inst.served += 1;
@@ -420,6 +433,7 @@ impl<'a> Sim<'a> {
             doc,
             arrival_us: self.now,
             instance: i as u32,
+            router: rr as u16,
             cached_tokens: 0,
             first_token_us: 0,
             predicted_blocks: predicted,
@@ -500,7 +514,8 @@ impl<'a> Sim<'a> {
                 self.last_cold_done_us[i] = self.now;
             }
         }
-        self.pending_blocks[i] = self.pending_blocks[i].saturating_sub(predicted);
+        let view = &mut self.routers.views[self.reqs[r].router as usize];
+        view.pending_blocks[i] = view.pending_blocks[i].saturating_sub(predicted);
         self.fleet[i].prefilling = None;
         if self.fleet[i].decoding < self.cfg.time.max_batch {
             self.start_decode(r);
@@ -523,7 +538,7 @@ impl<'a> Sim<'a> {
         let inst = &mut self.fleet[i];
         inst.decoding -= 1;
         inst.in_flight -= 1;
-        self.loads[i].in_flight -= 1;
+        self.routers.views[self.reqs[r].router as usize].loads[i].in_flight -= 1;
         self.e2e
             .push((self.now - self.reqs[r].arrival_us) as f64 / 1000.0);
         if let Some(next) = self.fleet[i].decode_wait.pop_front() {
@@ -562,6 +577,7 @@ impl<'a> Sim<'a> {
         let simulated_s = self.now as f64 / 1e6;
         ScaleReport {
             strategy: self.strategy,
+            routers: self.cfg.routers,
             requests,
             hit_rate: if self.prompt_sum == 0 {
                 0.0
@@ -584,7 +600,7 @@ impl<'a> Sim<'a> {
                 0.0
             },
             decisions: self.decisions.clone(),
-            moves: self.policy.moves(),
+            moves: self.routers.moves(),
             simulated_s,
             throughput_rps: if simulated_s > 0.0 {
                 requests as f64 / simulated_s
@@ -658,6 +674,30 @@ mod tests {
     }
 
     #[test]
+    fn replicas_share_the_index_and_still_hit() {
+        let one = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+        let three = ScaleConfig {
+            routers: 3,
+            load_report_ms: 100,
+            ..small()
+        };
+        let random = run(&three, Strategy::Random, &mut |_| {}).unwrap();
+        let kv = run(&three, Strategy::KvAware, &mut |_| {}).unwrap();
+        assert_eq!((kv.routers, kv.requests), (3, 3000));
+        // The replicas route on the one shared index: warm prefixes still
+        // go where they are cached, far above random.
+        assert!(
+            kv.hit_rate > random.hit_rate + 0.2,
+            "{} vs {}",
+            kv.hit_rate,
+            random.hit_rate
+        );
+        // ... but each replica places cold prefixes on its own: the
+        // figures differ from one router's.
+        assert_ne!(kv.ttft_ms, one.ttft_ms);
+    }
+
+    #[test]
     fn bad_configs_are_refused() {
         let bad = ScaleConfig {
             instances: 0,
@@ -666,6 +706,11 @@ mod tests {
         assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
         let bad = ScaleConfig {
             rate_per_instance: -1.0,
+            ..small()
+        };
+        assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+        let bad = ScaleConfig {
+            routers: 0,
             ..small()
         };
         assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());

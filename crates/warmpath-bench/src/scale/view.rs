@@ -1,0 +1,155 @@
+//! Router replicas in the scale model (`--routers R`).
+//!
+//! Each replica has what a real router process has of its own: its policy
+//! state (placements, homes, popularity, moves), the requests it sent where
+//! and the prefill it predicts is still to compute there. What replicas share
+//! is what the agents give every router: the cache index (exact here, as
+//! with one router) and the engines' load, which an agent scrapes every
+//! `load_report_ms` (the agent's `--load-interval-ms`, 1 s by default) and
+//! streams to all of them. Each request goes to a replica chosen uniformly
+//! at random, as behind a client-side spread or a Kubernetes Service.
+//!
+//! With one router the engine view is left out, so one-router runs give
+//! exactly the figures they gave before replicas were modelled.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use warmpath_core::policy::{BackendLoad, EngineLoad, Policy};
+
+/// One replica's own state.
+pub(super) struct RouterView {
+    pub(super) policy: Box<dyn Policy>,
+    pub(super) loads: Vec<BackendLoad>,
+    pub(super) pending_blocks: Vec<u64>,
+    pub(super) pick_rng: SmallRng,
+}
+
+/// Every replica, the spread of requests over them and the agents' load
+/// reports.
+pub(super) struct Replicas {
+    pub(super) views: Vec<RouterView>,
+    spread: SmallRng,
+    report_every_us: u64,
+    next_report_us: u64,
+}
+
+impl Replicas {
+    /// `policies` are built from the same snapshot, one per replica; the
+    /// first replica's rng is seeded as the one router's always was.
+    pub(super) fn new(
+        policies: Vec<Box<dyn Policy>>,
+        instances: usize,
+        seed: u64,
+        report_every_us: u64,
+    ) -> Self {
+        let views = policies
+            .into_iter()
+            .enumerate()
+            .map(|(r, policy)| RouterView {
+                policy,
+                loads: vec![
+                    BackendLoad {
+                        eligible: true,
+                        ..Default::default()
+                    };
+                    instances
+                ],
+                pending_blocks: vec![0; instances],
+                pick_rng: SmallRng::seed_from_u64(seed ^ 0x5ca1e ^ (r as u64).wrapping_mul(0x9e37)),
+            })
+            .collect();
+        Replicas {
+            views,
+            spread: SmallRng::seed_from_u64(seed ^ 0x7e91_1ca5),
+            report_every_us,
+            next_report_us: 0,
+        }
+    }
+
+    /// The replica that takes the next request.
+    pub(super) fn choose(&mut self) -> usize {
+        match self.views.len() {
+            0 | 1 => 0,
+            n => self.spread.random_range(0..n),
+        }
+    }
+
+    /// Publishes the engines' load to every replica when a report is due
+    /// (never with one router). `in_flight[i]` is what instance `i` holds,
+    /// running or waiting, as vLLM's metrics count it.
+    pub(super) fn report_engines(
+        &mut self,
+        now_us: u64,
+        in_flight: impl Fn(usize) -> u32,
+        capacity: Option<u64>,
+    ) {
+        if self.views.len() < 2 || now_us < self.next_report_us {
+            return;
+        }
+        self.next_report_us = now_us + self.report_every_us.max(1);
+        let n = self.views.first().map_or(0, |v| v.loads.len());
+        for i in 0..n {
+            let engine = EngineLoad {
+                running: in_flight(i),
+                waiting: 0,
+                kv_usage: 0.0,
+                capacity_blocks: capacity,
+            };
+            for v in &mut self.views {
+                v.loads[i].engine = Some(engine);
+            }
+        }
+    }
+
+    /// Prefixes moved by every replica's policy.
+    pub(super) fn moves(&self) -> u64 {
+        self.views.iter().map(|v| v.policy.moves()).sum()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use warmpath_core::policy::{build_policy, PolicyBackend, PolicyConfig};
+    use warmpath_core::Strategy;
+
+    fn replicas(n: usize) -> Replicas {
+        let backends: Vec<PolicyBackend> = (0..3)
+            .map(|i| PolicyBackend {
+                id: format!("w{i}"),
+                slot: i,
+                capacity_blocks: None,
+            })
+            .collect();
+        let policies = (0..n)
+            .map(|_| build_policy(Strategy::Random, &PolicyConfig::default(), &backends).unwrap())
+            .collect();
+        Replicas::new(policies, 3, 1, 1000)
+    }
+
+    #[test]
+    fn one_router_never_sees_an_engine_view() {
+        let mut r = replicas(1);
+        r.report_engines(5000, |_| 9, Some(10));
+        assert_eq!(r.choose(), 0);
+        assert!(r.views[0].loads.iter().all(|l| l.engine.is_none()));
+    }
+
+    #[test]
+    fn replicas_get_the_engines_load_once_per_interval() {
+        let mut r = replicas(3);
+        r.report_engines(0, |i| i as u32, None);
+        assert!(r
+            .views
+            .iter()
+            .all(|v| v.loads[2].engine.unwrap().running == 2));
+        // Not due yet: the old report stays.
+        r.report_engines(500, |_| 7, None);
+        assert_eq!(r.views[1].loads[2].engine.unwrap().running, 2);
+        r.report_engines(1000, |_| 7, None);
+        assert_eq!(r.views[1].loads[2].engine.unwrap().running, 7);
+        let picks: std::collections::BTreeSet<usize> = (0..100).map(|_| r.choose()).collect();
+        assert_eq!(picks.len(), 3, "requests spread over every replica");
+    }
+}
