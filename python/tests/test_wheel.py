@@ -161,6 +161,8 @@ def main():
         out = subprocess.run([py, "-m", "warmpath_router.agent", "--version"], check=True,
                              capture_output=True, text=True).stdout
         assert out.startswith("warmpath-agent "), out
+        # The helpers' unit tests, against the installed package (cwd: not the checkout's python/).
+        run([py, "-m", "unittest", "-q", "test_helpers"], cwd=os.path.dirname(os.path.abspath(__file__)))
         phase("install into a fresh venv", t0)
 
         # The installed binaries only: no checkout binaries on this PATH.
