@@ -24,6 +24,11 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let config = cli.load().context("loading the configuration")?;
+    if cli.check_config {
+        config.validate().context("checking the configuration")?;
+        println!("configuration OK: {} pool(s)", config.pools.len());
+        return Ok(());
+    }
     if let Some(worker) = &cli.print_agent_token {
         let secret = config.agent_secret.as_deref().context(
             "--print-agent-token needs the agent secret (--agent-secret, WARMPATH_AGENT_SECRET or agent_secret in --config)",

@@ -62,6 +62,11 @@ pub struct Cli {
     /// may publish only for the worker its credential names.
     #[arg(long, env = "WARMPATH_AGENT_SECRET", hide_env_values = true)]
     pub agent_secret: Option<String>,
+    /// Load and validate the configuration (file, flags and environment),
+    /// print `configuration OK`, and exit without starting anything (for CI
+    /// and Kubernetes ConfigMaps).
+    #[arg(long)]
+    pub check_config: bool,
     /// Print the agent credential of WORKER (its `--agent-token`) under the
     /// configured `agent_secret`, and exit.
     #[arg(long, value_name = "WORKER")]
