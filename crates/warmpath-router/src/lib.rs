@@ -12,7 +12,7 @@
 //! watchdogs of client connections, and `socket`) -> `api` and `surface`
 //! (embeddings, responses, tokenize; with `incoming` and `tenancy`) -> `route` -> `proxy` (with `backend` load accounting and
 //! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
-//! `/metrics`), `models` (`/v1/models`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
+//! `/metrics`), `ui` (`/cache-index/ui`), `models` (`/v1/models`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
 //! `server` (start-up and the HTTP routes). The public API is [`config`],
 //! [`start`], [`RunningRouter`] and [`ingest`] (for embedding the agents'
 //! gRPC ingest); no two modules import each other.
@@ -56,6 +56,7 @@ mod socket;
 mod state;
 mod surface;
 mod tenancy;
+mod ui;
 mod work;
 
 pub use config::{Cli, RouterConfig};

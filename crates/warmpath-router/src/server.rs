@@ -7,7 +7,7 @@ use crate::conn::{self, ConnLimits, Conns};
 use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
-use crate::{admin, front, health, ingest, inspect, metrics, models, readiness};
+use crate::{admin, front, health, ingest, inspect, metrics, models, readiness, ui};
 use axum::routing::{get, post, put};
 use axum::Router;
 use std::net::SocketAddr;
@@ -28,6 +28,7 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(inspect::metrics))
         .route("/cache-index", get(inspect::cache_index))
         .route("/cache-index/query", post(inspect::query))
+        .route("/cache-index/ui", get(ui::page))
         .route("/admin/pools/{*rest}", put(admin::set_strategy))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError {
