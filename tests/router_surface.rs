@@ -361,3 +361,89 @@ async fn models_merges_the_engines_own_cards() {
         data[1]
     );
 }
+
+/// Each prompted endpoint, kv_aware with the tiny tokenizer (the router in
+/// process, its index filled through the core API): routed to the worker
+/// holding the blocks of the chat or completion body it amounts to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_routes_each_prompted_endpoint_to_the_worker_holding_its_blocks() {
+    use tokio_util::sync::CancellationToken;
+    use warmpath_core::tokenize::tiny;
+    use warmpath_core::{BlockHash, Tier};
+    use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let bs = [
+        TestBackend::start("w0").await,
+        TestBackend::start("w1").await,
+        TestBackend::start("w2").await,
+    ];
+    let mut pool = PoolConfig::new("m");
+    pool.tokenizer = Some(dir.path().to_owned());
+    pool.backends = bs
+        .iter()
+        .map(|b| BackendConfig {
+            url: b.url(),
+            worker_id: Some(b.name().to_owned()),
+            adapters: vec![],
+        })
+        .collect();
+    let config = RouterConfig {
+        listen: "127.0.0.1:0".into(),
+        pools: vec![pool],
+        ..Default::default()
+    };
+    let r = warmpath_router::start(config, CancellationToken::new())
+        .await
+        .unwrap();
+    let url = |path: &str| format!("http://{}{path}", r.http_addr);
+    let text = (0..3)
+        .map(|i| tiny::corpus_slice(i * 1400, 1400))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let user = |content: &str| json!({"role": "user", "content": content});
+    let cases = [
+        (
+            "/v1/embeddings",
+            json!({"model": "m", "input": text}),
+            json!({"model": "m", "prompt": text}),
+            "w1",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "instructions": text, "input": "why?"}),
+            json!({"model": "m", "messages": [
+                {"role": "system", "content": text}, user("why?")]}),
+            "w2",
+        ),
+        (
+            "/tokenize",
+            json!({"model": "m", "messages": [user(&text)]}),
+            json!({"model": "m", "messages": [user(&text)]}),
+            "w0",
+        ),
+    ];
+    let c = client();
+    let index = r.index("m").unwrap();
+    for (path, body, same, worker) in cases {
+        let q = post(&c, &url("/cache-index/query"), &same, &[])
+            .await
+            .json();
+        assert_eq!(q["strategy"], "kv_aware");
+        let chain: Vec<BlockHash> = q["block_hashes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| BlockHash::from_hex(h.as_str().unwrap()).unwrap())
+            .collect();
+        assert!(chain.len() > 20, "{path}: {} blocks", chain.len());
+        let slot = index.worker_slot(worker).unwrap();
+        index.store(slot, Tier::Gpu, &chain).unwrap();
+        let reply = post(&c, &url(path), &body, &[]).await;
+        assert_eq!(
+            (reply.backend(), reply.decision()),
+            (worker, "kv_match"),
+            "{path}"
+        );
+    }
+}
