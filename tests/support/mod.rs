@@ -45,6 +45,8 @@ struct BackendState {
     name: String,
     model: String,
     adapters: Vec<String>,
+    /// `/v1/models` cards replacing the plain ones, when set.
+    cards: Mutex<Option<Value>>,
     log: Mutex<Vec<Recorded>>,
     healthy: AtomicBool,
     cancelled: AtomicU32,
@@ -138,6 +140,9 @@ async fn health(State(st): State<Arc<BackendState>>) -> StatusCode {
 }
 
 async fn models(State(st): State<Arc<BackendState>>) -> axum::Json<Value> {
+    if let Some(cards) = st.cards.lock().clone() {
+        return axum::Json(json!({"object": "list", "data": cards}));
+    }
     let mut data = vec![json!({"id": st.model, "object": "model", "parent": null})];
     for a in &st.adapters {
         data.push(json!({"id": a, "object": "model", "parent": st.model}));
@@ -163,6 +168,10 @@ impl TestBackend {
             .route("/v1/chat/completions", route_post(handle))
             .route("/v1/completions", route_post(handle))
             .route("/invocations", route_post(handle))
+            .route("/v1/embeddings", route_post(handle))
+            .route("/v1/responses", route_post(handle))
+            .route("/tokenize", route_post(handle))
+            .route("/detokenize", route_post(handle))
             .route("/health", get(health))
             .route("/v1/models", get(models))
             .with_state(Arc::clone(&state));
@@ -216,6 +225,11 @@ impl TestBackend {
     /// Requests currently held (`x_hold_ms`).
     pub fn active(&self) -> u32 {
         self.state.active.load(Ordering::SeqCst)
+    }
+
+    /// Makes `/v1/models` answer exactly these cards.
+    pub fn set_cards(&self, cards: Value) {
+        *self.state.cards.lock() = Some(cards);
     }
 
     pub fn set_healthy(&self, ok: bool) {

@@ -1,6 +1,7 @@
-//! The OpenAI-compatible endpoints: `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /invocations`, `GET /v1/models`
-//! (`/health` is [`crate::readiness`]).
+//! The OpenAI-compatible generation endpoints: `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /invocations` (the rest of the surface is
+//! [`crate::surface`], `GET /v1/models` [`crate::models`], `/health`
+//! [`crate::readiness`]).
 
 use crate::config::Isolation;
 use crate::error::ApiError;
@@ -13,12 +14,10 @@ use crate::salt::with_cache_salt;
 use crate::state::Shared;
 use crate::tenancy;
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use bytes::Bytes;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::{Expect, Request, TenantId, TenantSource};
@@ -30,7 +29,7 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 /// See [`CHAT_PATH`].
 pub const INVOCATIONS_PATH: &str = "/invocations";
 
-fn rejected(e: ApiError) -> Response {
+pub(crate) fn rejected(e: ApiError) -> Response {
     proxy::count_refused(e.status);
     e.into_response()
 }
@@ -45,7 +44,7 @@ pub async fn completions(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Bod
     openai(s, Expect::Completion, COMPLETIONS_PATH, uri, headers, body).await
 }
 
-fn path_and_query(path: &str, uri: &Uri) -> String {
+pub(crate) fn path_and_query(path: &str, uri: &Uri) -> String {
     match uri.query() {
         Some(q) => format!("{path}?{q}"),
         None => path.to_owned(),
@@ -155,17 +154,7 @@ fn prepare_raw(s: &Shared, headers: &HeaderMap, raw: &Bytes) -> Result<route::Pl
     let named = serde_json::from_slice::<Value>(raw)
         .ok()
         .and_then(|v| v.get("model").and_then(Value::as_str).map(str::to_owned));
-    let model = match (named, s.pools.all()) {
-        (Some(m), _) => m,
-        (None, [only]) => only.model.clone(),
-        (None, _) => {
-            return Err(ApiError::bad_request(
-                "missing_field",
-                "several models are served: give the body a top-level `model` field",
-            )
-            .with_param("model"))
-        }
-    };
+    let model = model_or_only(s, named)?;
     let target: Target = s
         .pools
         .resolve(&model)
@@ -182,19 +171,16 @@ fn prepare_raw(s: &Shared, headers: &HeaderMap, raw: &Bytes) -> Result<route::Pl
     Ok(route::plan_raw(target, tenant, &model, raw))
 }
 
-/// `GET /v1/models`: every pool's model and every known adapter.
-pub async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
-    let mut data = Vec::new();
-    for p in s.pools.all() {
-        data.push(json!({"id": p.model, "object": "model", "created": 0, "owned_by": "warmpath"}));
-        let mut adapters = std::collections::BTreeSet::new();
-        for b in &p.backends {
-            adapters.extend(b.adapters());
-        }
-        for a in adapters {
-            data.push(json!({"id": a, "object": "model", "created": 0,
-                "owned_by": "warmpath", "parent": p.model}));
-        }
+/// The body's `model`, else the only pool's (as vLLM defaults to the
+/// served model); with several pools the body must name one.
+pub(crate) fn model_or_only(s: &Shared, named: Option<String>) -> Result<String, ApiError> {
+    match (named, s.pools.all()) {
+        (Some(m), _) => Ok(m),
+        (None, [only]) => Ok(only.model.clone()),
+        (None, _) => Err(ApiError::bad_request(
+            "missing_field",
+            "several models are served: give the body a top-level `model` field",
+        )
+        .with_param("model")),
     }
-    Json(json!({"object": "list", "data": data}))
 }

@@ -48,6 +48,8 @@ pub struct Backend {
     ejected_at_ms: AtomicU64,
     configured_adapters: BTreeSet<String>,
     learned_adapters: RwLock<BTreeSet<String>>,
+    /// The engine's own model cards of this pool ([`crate::models`]).
+    learned_cards: RwLock<Vec<serde_json::Value>>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -87,6 +89,7 @@ impl Backend {
             ejected_at_ms: AtomicU64::new(0),
             configured_adapters: cfg.adapters.iter().cloned().collect(),
             learned_adapters: RwLock::new(BTreeSet::new()),
+            learned_cards: RwLock::new(Vec::new()),
         }
     }
 
@@ -120,6 +123,16 @@ impl Backend {
     /// Replaces the adapters learned from the backend's `/v1/models`.
     pub fn set_learned_adapters(&self, adapters: BTreeSet<String>) {
         *self.learned_adapters.write() = adapters;
+    }
+
+    /// The engine's model cards of this pool, as its `/v1/models` last gave them.
+    pub fn learned_cards(&self) -> Vec<serde_json::Value> {
+        self.learned_cards.read().clone()
+    }
+
+    /// Replaces the model cards learned from the backend's `/v1/models`.
+    pub fn set_learned_cards(&self, cards: Vec<serde_json::Value>) {
+        *self.learned_cards.write() = cards;
     }
 
     /// Whether an active probe vouched for it last time and it is not

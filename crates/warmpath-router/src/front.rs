@@ -3,7 +3,7 @@
 //! `POST` goes to its handler in [`crate::api`], any other method gets 405);
 //! everything else goes through the axum [`Router`] of `server::app`.
 //!
-//! The proxied endpoints are the hot path: matching three fixed paths here
+//! The proxied endpoints are the hot path: matching their fixed paths here
 //! skips axum's routing (matched-path and URL-parameter extensions, a boxed
 //! clone of the route's service per request), and keeps one table of them.
 //!
@@ -13,12 +13,12 @@
 //! `shutdown_timeout_ms` for the requests in flight, then whatever remains
 //! is ended (`Shared::halt`).
 
-use crate::api;
 use crate::conn::{Activity, Conns, HeldBody, Slot};
 use crate::error::ApiError;
 use crate::monotonic_ms;
 use crate::socket::Watched;
 use crate::state::Shared;
+use crate::{api, surface};
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
+use warmpath_core::request::surface::Endpoint;
 
 /// The proxied endpoints, answered without axum's router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +43,8 @@ enum Hot {
     Chat,
     Completions,
     Invocations,
+    /// Embeddings, responses, tokenize, detokenize ([`crate::surface`]).
+    Surface(Endpoint),
 }
 
 impl Hot {
@@ -51,7 +54,7 @@ impl Hot {
             api::CHAT_PATH => Some(Hot::Chat),
             api::COMPLETIONS_PATH => Some(Hot::Completions),
             api::INVOCATIONS_PATH => Some(Hot::Invocations),
-            _ => None,
+            p => Endpoint::of_path(p).map(Hot::Surface),
         }
     }
 }
@@ -100,6 +103,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                     Hot::Chat => api::chat(s, parts.uri, parts.headers, body).await,
                     Hot::Completions => api::completions(s, parts.uri, parts.headers, body).await,
                     Hot::Invocations => api::invocations(s, parts.headers, body).await,
+                    Hot::Surface(e) => surface::serve(s, e, parts.uri, parts.headers, body).await,
                 }
             };
             // Past the shutdown deadline a request still waiting (on its

@@ -11,7 +11,8 @@
 //!
 //! When `learn_adapters` is on, a backend in rotation is also asked
 //! `GET /v1/models`, and every model card whose `parent` (vLLM's field for
-//! LoRA modules) is the pool's model is recorded as an adapter it serves.
+//! LoRA modules) is the pool's model is recorded as an adapter it serves;
+//! the cards themselves are kept for the router's own `/v1/models`.
 
 use crate::backend::Backend;
 use crate::config::ProbeKind;
@@ -100,6 +101,9 @@ async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
             if status.is_success() {
                 if let Some(adapters) = adapters_of(&body, &pool.model) {
                     b.set_learned_adapters(adapters);
+                }
+                if let Some(cards) = crate::models::cards_of(&body, &pool.model) {
+                    b.set_learned_cards(cards);
                 }
                 if let Some(n) = max_model_len_of(&body, &pool.model) {
                     pool.learn_context_length(n);

@@ -149,27 +149,25 @@ pub async fn cache_index(
     if let Err(e) = crate::access::inspect(&s, &headers) {
         return e.into_response();
     }
-    let top = q
-        .top
-        .unwrap_or(DEFAULT_TOP)
-        .min(crate::hot::DEFAULT_CAPACITY);
-    update_gauges(&s);
-    let pools: Vec<Value> = s
-        .pools
-        .all()
-        .iter()
-        .map(|p| pool_view(&s, p, top))
-        .collect();
-    let caches: Vec<Value> = crate::caches::report(&s)
+    let top = q.top.unwrap_or(DEFAULT_TOP);
+    Json(snapshot(&s, top)).into_response()
+}
+
+/// What `GET /cache-index` answers (also the first view of
+/// `/cache-index/ui`), with the `top` warmest chains per pool.
+pub fn snapshot(s: &Shared, top: usize) -> Value {
+    let top = top.min(crate::hot::DEFAULT_CAPACITY);
+    update_gauges(s);
+    let pools: Vec<Value> = s.pools.all().iter().map(|p| pool_view(s, p, top)).collect();
+    let caches: Vec<Value> = crate::caches::report(s)
         .iter()
         .map(crate::caches::CacheReport::to_json)
         .collect();
-    Json(json!({
+    json!({
         "uptime_s": s.started.elapsed().as_secs_f64(),
         "pools": pools,
         "hot_path_caches": caches,
-    }))
-    .into_response()
+    })
 }
 
 /// `POST /cache-index/query`: body as for chat or completions. A big body is

@@ -9,10 +9,10 @@
 //! streams back frame by frame.
 //!
 //! Modules, in request order: `config` -> `front` (with `conn`: limits and
-//! watchdogs of client connections, and `socket`) -> `api` (with
-//! `incoming` and `tenancy`) -> `route` -> `proxy` (with `backend` load accounting and
+//! watchdogs of client connections, and `socket`) -> `api` and `surface`
+//! (embeddings, responses, tokenize; with `incoming` and `tenancy`) -> `route` -> `proxy` (with `backend` load accounting and
 //! `salt`); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
-//! `/metrics`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
+//! `/metrics`), `ui` (`/cache-index/ui`), `models` (`/v1/models`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
 //! `server` (start-up and the HTTP routes). The public API is [`config`],
 //! [`start`], [`RunningRouter`] and [`ingest`] (for embedding the agents'
 //! gRPC ingest); no two modules import each other.
@@ -45,6 +45,7 @@ mod incoming;
 pub mod ingest;
 mod inspect;
 mod metrics;
+mod models;
 mod pool;
 mod proxy;
 mod readiness;
@@ -53,7 +54,9 @@ mod salt;
 mod server;
 mod socket;
 mod state;
+mod surface;
 mod tenancy;
+mod ui;
 mod work;
 
 pub use config::{Cli, RouterConfig};

@@ -13,6 +13,7 @@ use crate::pool::{PolicyState, Pool, Target};
 use crate::AgentLoads;
 use std::sync::Arc;
 use std::time::Instant;
+use warmpath_core::policy::LeastOutstanding;
 use warmpath_core::request::FirstPrompt;
 use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{
@@ -146,6 +147,25 @@ pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u
         hashes: Vec::new(),
         matches: None,
         prefix_key,
+        policy,
+    }
+}
+
+/// Plans a request without a prompt (`/detokenize`): least outstanding,
+/// whatever the pool's strategy, as there is no prefix to follow.
+pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
+    let config = target.pool.policy().config.clone();
+    let policy = Arc::new(PolicyState {
+        strategy: Strategy::LeastOutstanding,
+        config,
+        policy: Box::new(LeastOutstanding),
+    });
+    Plan {
+        target,
+        tenant,
+        hashes: Vec::new(),
+        matches: None,
+        prefix_key: PrefixKey(0),
         policy,
     }
 }

@@ -7,7 +7,7 @@ use crate::conn::{self, ConnLimits, Conns};
 use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
-use crate::{admin, api, front, health, ingest, inspect, metrics, readiness};
+use crate::{admin, front, health, ingest, inspect, metrics, models, readiness, ui};
 use axum::routing::{get, post, put};
 use axum::Router;
 use std::net::SocketAddr;
@@ -21,13 +21,14 @@ use tokio_util::sync::CancellationToken;
 /// are answered by [`crate::front`]).
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
     Router::new()
-        .route("/v1/models", get(api::models))
+        .route("/v1/models", get(models::models))
         .route("/livez", get(readiness::livez))
         .route("/readyz", get(readiness::readyz))
         .route("/health", get(readiness::readyz))
         .route("/metrics", get(inspect::metrics))
         .route("/cache-index", get(inspect::cache_index))
         .route("/cache-index/query", post(inspect::query))
+        .route("/cache-index/ui", get(ui::page))
         .route("/admin/pools/{*rest}", put(admin::set_strategy))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError {

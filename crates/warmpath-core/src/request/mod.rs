@@ -20,6 +20,9 @@
 //!   array of token ids, or a non-empty array of non-empty arrays of token ids.
 //! - `prompt_cache_key`, `cache_salt`: string or null.
 //! - `max_completion_tokens`, else `max_tokens`: non-negative integer or null.
+//!
+//! The other endpoints' bodies (embeddings, responses, tokenize,
+//! detokenize) are read by [`surface`] into the same [`Request`].
 
 use crate::tenant::{TenantError, TenantId, TenantSource};
 use serde_json::{Map, Value};
@@ -273,6 +276,7 @@ impl Request<'static> {
 }
 
 mod parse;
+pub mod surface;
 mod walk;
 
 #[cfg(test)]

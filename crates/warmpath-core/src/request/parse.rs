@@ -61,7 +61,7 @@ fn read<'a>(top: Node<'a, (), Top<'a>>, expect: Expect) -> Result<Request<'a>, R
             &top.continue_final_message,
         )?)
     } else {
-        RequestBody::Completion(parse_prompt(Some(&top.prompt))?.into_owned())
+        RequestBody::Completion(parse_prompt(Some(&top.prompt), "prompt")?.into_owned())
     };
     let max_tokens = match u32_field(Some(&top.max_completion_tokens), "max_completion_tokens")? {
         Some(n) => Some(n),
@@ -207,46 +207,60 @@ fn read_parts<'a>(i: usize, parts: Vec<PartNode<'a>>) -> Result<Vec<Cow<'a, str>
     Ok(texts)
 }
 
-fn parse_prompt(v: Option<&Value>) -> Result<Prompt<'_>, RequestError> {
+/// A completion prompt at `field` (`prompt`; `input` for embeddings).
+pub(super) fn parse_prompt<'v>(
+    v: Option<&'v Value>,
+    field: &'static str,
+) -> Result<Prompt<'v>, RequestError> {
     const SHAPES: &str =
         "a string, an array of strings, an array of token ids or an array of arrays of token ids";
+    // `expected` is static text: one pair of wordings per field name.
+    let (like_text, like_ids) = match field {
+        "input" => (
+            "a string like input[0]",
+            "an array of token ids like input[0]",
+        ),
+        _ => (
+            "a string like prompt[0]",
+            "an array of token ids like prompt[0]",
+        ),
+    };
     let arr = match v {
-        None | Some(Value::Null) => return Err(RequestError::Missing("prompt")),
+        None | Some(Value::Null) => return Err(RequestError::Missing(field)),
         Some(Value::String(s)) => return Ok(Prompt::Text(Cow::Borrowed(s))),
         Some(Value::Array(a)) => a,
-        Some(_) => return Err(wrong("prompt", SHAPES)),
+        Some(_) => return Err(wrong(field, SHAPES)),
     };
     match arr.first() {
-        None => Err(RequestError::Empty("prompt".into())),
+        None => Err(RequestError::Empty(field.into())),
         Some(Value::String(_)) => arr
             .iter()
             .enumerate()
             .map(|(i, s)| {
                 s.as_str()
                     .map(Cow::Borrowed)
-                    .ok_or_else(|| wrong(format!("prompt[{i}]"), "a string like prompt[0]"))
+                    .ok_or_else(|| wrong(format!("{field}[{i}]"), like_text))
             })
             .collect::<Result<_, _>>()
             .map(Prompt::Texts),
-        Some(Value::Number(_)) => ids(arr, "prompt").map(Prompt::Ids),
+        Some(Value::Number(_)) => ids(arr, field).map(Prompt::Ids),
         Some(Value::Array(_)) => arr
             .iter()
             .enumerate()
             .map(|(i, b)| match b {
-                Value::Array(b) if b.is_empty() => Err(RequestError::Empty(format!("prompt[{i}]"))),
-                Value::Array(b) => ids(b, &format!("prompt[{i}]")),
-                _ => Err(wrong(
-                    format!("prompt[{i}]"),
-                    "an array of token ids like prompt[0]",
-                )),
+                Value::Array(b) if b.is_empty() => {
+                    Err(RequestError::Empty(format!("{field}[{i}]")))
+                }
+                Value::Array(b) => ids(b, &format!("{field}[{i}]")),
+                _ => Err(wrong(format!("{field}[{i}]"), like_ids)),
             })
             .collect::<Result<_, _>>()
             .map(Prompt::IdBatches),
-        Some(_) => Err(wrong("prompt", SHAPES)),
+        Some(_) => Err(wrong(field, SHAPES)),
     }
 }
 
-fn ids(arr: &[Value], field: &str) -> Result<Vec<u32>, RequestError> {
+pub(super) fn ids(arr: &[Value], field: &str) -> Result<Vec<u32>, RequestError> {
     arr.iter()
         .enumerate()
         .map(|(i, x)| {
