@@ -1,6 +1,7 @@
 //! Inspection: `GET /cache-index` (what every worker holds, the warmest
 //! prefix chains), `POST /cache-index/query` (how a request would route,
-//! without sending it anywhere) and `GET /metrics`. Only hashes and counts:
+//! without sending it anywhere, recording nothing: the policy's preview)
+//! and `GET /metrics`. Only hashes and counts:
 //! never prompt text.
 
 use crate::error::ApiError;
@@ -229,7 +230,9 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
             })
         })
         .collect();
-    let decision = match route::pick(&plan, &[], s.agents()) {
+    // Read-only: a preview records no placement or load (a dashboard that
+    // polls this changes no routing decision).
+    let decision = match route::preview(&plan, s.agents()) {
         Ok(d) => json!({
             "worker_id": pool.backends[d.backend].id,
             "decision": d.kind,
