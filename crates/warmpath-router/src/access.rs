@@ -4,6 +4,8 @@
 //! `/cache-index/query` need `inspect_token` or `admin_token` when either is
 //! set: the index shows which prefixes are warm where, and a query costs
 //! router CPU. `/metrics`, `/health` and the OpenAI endpoints stay open.
+//! A query answers for the caller's own tenant only, unless it presents the
+//! admin token ([`admin_presented`]; see `inspect`).
 //! With no token, validation refuses a listener other hosts can reach
 //! unless `insecure` is set (`config::validate`).
 
@@ -32,6 +34,15 @@ pub fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
         Some(t) if !matches(headers, t) => Err(ApiError::unauthorized()),
         _ => Ok(()),
     }
+}
+
+/// Whether `headers` present the admin token (never when none is set): what
+/// lets a query answer for another tenant.
+pub fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
+    s.settings
+        .admin_token
+        .as_deref()
+        .is_some_and(|t| matches(headers, t))
 }
 
 /// `Ok` when `headers` may read the cache index.
