@@ -400,3 +400,94 @@ async fn kv_aware_replicates_a_prefix_too_hot_for_one_backend_until_its_load_fal
     let tail = &last[10..];
     assert!(tail.iter().all(|b| *b == tail[0]), "{last:?}");
 }
+
+/// A cold prompt of its own for each `k` (a distinct system prompt).
+fn cold_prompt(k: usize) -> Value {
+    json!({"model": "m", "messages": [
+        {"role": "system", "content": tiny::corpus_slice(k * 997, 1200)},
+        {"role": "user", "content": "what does it say?"},
+    ]})
+}
+
+/// Waits until `r` has nothing in flight (the last reply's guard dropped),
+/// so each decision sees the same loads on both twins.
+async fn settled(c: &TestClient, r: &RouterProcess) {
+    let what = "no request in flight";
+    let limit = std::time::Duration::from_secs(10);
+    poll::poll(
+        what,
+        limit,
+        std::time::Duration::from_millis(2),
+        async || {
+            let v = get_url(c, &r.url("/cache-index")).await.json();
+            let busy = v["pools"][0]["workers"]
+                .as_array()?
+                .iter()
+                .any(|w| w["in_flight"] != 0 || w["pending_prefill_blocks"] != 0);
+            (!busy).then_some(())
+        },
+    )
+    .await;
+}
+
+/// `POST /cache-index/query` is read-only (issue 17 item 6): the same
+/// queries repeated give the same answers, each answer is what the next
+/// routed request then does, and a router that answered many queries routes
+/// exactly as a twin that answered none. (Before, kv_aware's query ran the
+/// routed pick: it recorded a home, cache pressure and popularity for each
+/// queried prefix, so repeated rounds answered differently and later
+/// placements moved.) Real router binaries: this test's traffic stays out
+/// of the in-process routers' metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_index_query_is_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let bs = [
+        TestBackend::start("w0").await,
+        TestBackend::start("w1").await,
+        TestBackend::start("w2").await,
+    ];
+    let pool = format!(
+        "    strategy: kv_aware\n    tokenizer: '{}'",
+        dir.path().display()
+    );
+    let refs: Vec<&TestBackend> = bs.iter().collect();
+    let queried = yaml_router("", &pool, &refs).await;
+    let twin = yaml_router("", &pool, &refs).await;
+    let c = client();
+    let query = async |k: usize| {
+        let q = post(&c, &queried.url("/cache-index/query"), &cold_prompt(k), &[]).await;
+        assert_eq!(q.status, 200);
+        let v = q.json();
+        (v["decision"].clone(), v["workers"].clone())
+    };
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let mut round = Vec::new();
+        for k in 0..8 {
+            round.push(query(k).await);
+        }
+        rounds.push(round);
+    }
+    assert_eq!(rounds[0], rounds[1], "a repeated query answers the same");
+    assert_eq!(rounds[1], rounds[2]);
+    // Routed: the queried prompts and more, in the same order on both; on
+    // the queried one each request is queried first, several times.
+    let mut seen = [Vec::new(), Vec::new()];
+    for k in (0..16).chain(0..8) {
+        let (decision, _) = query(k).await;
+        for _ in 0..3 {
+            assert_eq!(query(k).await.0, decision);
+        }
+        for (i, r) in [&queried, &twin].into_iter().enumerate() {
+            let reply = post(&c, &r.url("/v1/chat/completions"), &cold_prompt(k), &[]).await;
+            assert_eq!(reply.status, 200);
+            seen[i].push((reply.backend().to_owned(), reply.decision().to_owned()));
+            settled(&c, r).await;
+        }
+        let (backend, kind) = seen[0].last().unwrap();
+        assert_eq!(decision["worker_id"], backend.as_str(), "prompt {k}");
+        assert_eq!(decision["decision"], kind.as_str(), "prompt {k}");
+    }
+    assert_eq!(seen[0], seen[1], "queries changed later routing decisions");
+}

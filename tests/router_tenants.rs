@@ -182,3 +182,66 @@ async fn long_prompt_cache_keys_are_hashed_into_the_salt() {
     .await;
     assert_eq!(e.error(400)["code"], "invalid_tenant");
 }
+
+/// `POST /cache-index/query` answers for the caller's own tenant only
+/// (issue 17 item 6): under `from: api_key` the tenant is the caller's key's,
+/// as for a proxied request; naming another with `X-Warmpath-Tenant` is a
+/// 403 unless the admin token is presented, and the admin sees exactly what
+/// that tenant sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_answer_for_the_callers_own_tenant_only() {
+    let b = TestBackend::start("b").await;
+    let pool = "    strategy: prefix_aware\n    tenants: {from: api_key}";
+    let open = yaml_router("", pool, &[&b]).await;
+    let guarded = yaml_router("admin_token: adm\ninspect_token: ins", pool, &[&b]).await;
+    let c = client();
+    let query = json!({"model": "m", "prompt": (0..64).collect::<Vec<u32>>()}).to_string();
+    let ask = |r: &RouterProcess, headers: &[(&str, &str)]| {
+        let req = request("POST", &r.url("/cache-index/query"), query.clone(), headers);
+        send(&c, req)
+    };
+    let (ka, kb) = (
+        ("authorization", "Bearer sk-a"),
+        ("authorization", "Bearer sk-b"),
+    );
+    let a = ask(&open, &[ka]).await.json();
+    let id_a = a["tenant"].as_str().unwrap().to_owned();
+    assert_eq!(id_a, warmpath_core::TenantId::from_api_key("sk-a").as_str());
+    let name_a = ("x-warmpath-tenant", id_a.as_str());
+    // Naming one's own tenant is fine; naming another's is refused.
+    assert_eq!(
+        ask(&open, &[ka, name_a]).await.json()["block_hashes"],
+        a["block_hashes"]
+    );
+    let e = ask(&open, &[kb, name_a]).await.error(403);
+    assert_eq!(e["code"], "tenant_not_allowed");
+    // B claiming A's id as a client id stays in B's tenant: other hashes.
+    let claim = ask(&open, &[kb, ("x-prefix-aware-id", id_a.as_str())])
+        .await
+        .json();
+    assert_ne!(claim["tenant"], a["tenant"]);
+    assert_ne!(claim["block_hashes"], a["block_hashes"]);
+    ask(&open, &[]).await.error(401);
+    // With tokens: the admin may name any tenant and sees what it sees.
+    let (adm, ins) = (
+        ("authorization", "Bearer adm"),
+        ("authorization", "Bearer ins"),
+    );
+    let seen = ask(&guarded, &[adm, name_a]).await.json();
+    assert_eq!(seen["tenant"], a["tenant"]);
+    assert_eq!(seen["block_hashes"], a["block_hashes"]);
+    let e = ask(&guarded, &[ins, name_a]).await.error(403);
+    assert_eq!(e["code"], "tenant_not_allowed");
+    // The inspect token is no client's key: it sees its own, empty, tenant.
+    let own = ask(&guarded, &[ins]).await.json();
+    assert_eq!(
+        own["tenant"],
+        warmpath_core::TenantId::from_api_key("ins").as_str()
+    );
+    ask(&guarded, &[kb, name_a]).await.error(401);
+    let e = ask(&guarded, &[adm, ("x-warmpath-tenant", "")])
+        .await
+        .error(400);
+    assert_eq!(e["code"], "invalid_tenant");
+    assert_eq!(b.count(), 0, "queries send nothing upstream");
+}

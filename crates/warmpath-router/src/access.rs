@@ -7,6 +7,8 @@
 //! password of HTTP Basic auth (any user name), which is what a browser
 //! sends after the cache page's login prompt, and then on the page's own
 //! requests. `/metrics`, `/health` and the OpenAI endpoints stay open.
+//! A query answers for the caller's own tenant only, unless it presents the
+//! admin token ([`admin_presented`]; see `inspect`).
 //! With no token, validation refuses a listener other hosts can reach
 //! unless `insecure` is set (`config::validate`).
 
@@ -52,6 +54,15 @@ pub fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
         Some(t) if !matches(headers, t) => Err(ApiError::unauthorized()),
         _ => Ok(()),
     }
+}
+
+/// Whether `headers` present the admin token (never when none is set): what
+/// lets a query answer for another tenant.
+pub fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
+    s.settings
+        .admin_token
+        .as_deref()
+        .is_some_and(|t| matches(headers, t))
 }
 
 /// `Ok` when `headers` may read the cache index.

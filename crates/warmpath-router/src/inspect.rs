@@ -1,8 +1,10 @@
 //! Inspection: `GET /cache-index` (what every worker holds, the warmest
 //! prefix chains), `POST /cache-index/query` (how a request would route,
-//! without sending it anywhere) and `GET /metrics`. Only hashes and counts:
+//! without sending it anywhere, recording nothing: the policy's preview)
+//! and `GET /metrics`. Only hashes and counts:
 //! never prompt text.
 
+use crate::config::TenantsConfig;
 use crate::error::ApiError;
 use crate::incoming::{read_body, tenant_header};
 use crate::pool::Pool;
@@ -19,7 +21,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
-use warmpath_core::{Expect, Request, RequestError, TenantId};
+use warmpath_core::{Expect, Request, RequestError, TenantId, TenantSource};
+
+/// Names the tenant a query answers for, as its answer's `tenant` shows it.
+pub const QUERY_TENANT_HEADER: &str = "x-warmpath-tenant";
 
 /// Warmest chains listed per pool unless `?top=` says otherwise.
 pub const DEFAULT_TOP: usize = 10;
@@ -207,7 +212,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
         .resolve(&req.model)
         .ok_or_else(|| ApiError::unknown_model(&req.model))?;
     let client = req.tenant(tenant_header(headers)?)?;
-    let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
+    let tenant = query_tenant(s, &target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;
     let pool = &plan.target.pool;
     let loads = route::loads(pool, plan.target.adapter.as_deref(), &[], s.agents());
@@ -227,7 +232,9 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
             })
         })
         .collect();
-    let decision = match route::pick(&plan, &[], s.agents()) {
+    // Read-only: a preview records no placement or load (a dashboard that
+    // polls this changes no routing decision).
+    let decision = match route::preview(&plan, s.agents()) {
         Ok(d) => json!({
             "worker_id": pool.backends[d.backend].id,
             "decision": d.kind,
@@ -250,4 +257,43 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
         "decision": decision,
         "router_overhead_ms": started.elapsed().as_secs_f64() * 1e3,
     }))
+}
+
+/// The tenant a query answers for: the caller's own, derived exactly as for
+/// a proxied request (under `from: api_key`, from its bearer key, which is
+/// the inspect token when one is required: a tenant no client has), or,
+/// with the admin token ([`crate::access::admin_presented`]), any tenant,
+/// named by `X-Warmpath-Tenant` (else the client id as sent). Naming a
+/// tenant other than one's own without it is a 403: warmth is an oracle
+/// across tenants.
+fn query_tenant(
+    s: &Shared,
+    cfg: &TenantsConfig,
+    headers: &HeaderMap,
+    client: Option<TenantId>,
+) -> Result<Option<TenantId>, ApiError> {
+    let named = match headers.get(QUERY_TENANT_HEADER) {
+        None => None,
+        Some(v) => {
+            let raw = v.to_str().map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_tenant",
+                    "X-Warmpath-Tenant must be 1 to 64 printable ASCII characters",
+                )
+            })?;
+            Some(TenantId::parse(raw, TenantSource::Header)?)
+        }
+    };
+    if crate::access::admin_presented(s, headers) {
+        return Ok(named.or(client));
+    }
+    let own = tenancy::resolve(cfg, headers, client)?;
+    match named {
+        Some(n) if own.as_ref() != Some(&n) => Err(ApiError::forbidden(
+            "tenant_not_allowed",
+            "a query answers for the caller's own tenant only; naming another \
+             tenant (X-Warmpath-Tenant) takes the admin token",
+        )),
+        _ => Ok(own),
+    }
 }

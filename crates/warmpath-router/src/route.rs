@@ -3,7 +3,8 @@
 //!
 //! [`plan`] does everything that does not depend on load (and is what
 //! `POST /cache-index/query` shows); [`pick`] asks the pool's current policy
-//! for a backend, excluding backends that already failed to connect.
+//! for a backend, excluding backends that already failed to connect;
+//! [`preview`] asks what it would pick, recording nothing (the query).
 //! Each phase is timed into `warmpath_router_overhead_seconds{phase}`.
 
 use crate::config::Isolation;
@@ -11,6 +12,8 @@ use crate::error::ApiError;
 use crate::metrics::Phase;
 use crate::pool::{PolicyState, Pool, Target};
 use crate::AgentLoads;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::policy::LeastOutstanding;
@@ -201,13 +204,40 @@ pub fn pick(
     let t = Instant::now();
     let pool = &plan.target.pool;
     let loads = loads(pool, plan.target.adapter.as_deref(), excluded, agents);
-    let input = RouteInput {
+    let res = plan
+        .policy
+        .policy
+        .pick(&input_of(plan), &loads, &mut rand::rng());
+    observe(pool, Phase::Pick, t);
+    checked(plan, res)
+}
+
+/// The backend [`pick`] would choose for `plan` now, recording nothing
+/// ([`warmpath_core::Policy::preview`]): what `POST /cache-index/query`
+/// shows. Ties are broken by an rng seeded with the prefix key, so the same
+/// query in the same state gives the same answer, and the routing rng is
+/// left alone.
+pub fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
+    let pool = &plan.target.pool;
+    let loads = loads(pool, plan.target.adapter.as_deref(), &[], agents);
+    let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
+    let res = plan
+        .policy
+        .policy
+        .preview(&input_of(plan), &loads, &mut rng);
+    checked(plan, res)
+}
+
+fn input_of(plan: &Plan) -> RouteInput<'_> {
+    RouteInput {
         prefix_key: plan.prefix_key.0,
         chain_blocks: plan.hashes.len() as u32,
         matches: plan.matches.as_ref(),
-    };
-    let res = plan.policy.policy.pick(&input, &loads, &mut rand::rng());
-    observe(pool, Phase::Pick, t);
+    }
+}
+
+fn checked(plan: &Plan, res: Result<Decision, PolicyError>) -> Result<Decision, ApiError> {
+    let pool = &plan.target.pool;
     match res {
         Ok(d) if d.backend < pool.backends.len() => Ok(d),
         Ok(d) => Err(ApiError::internal(format!(

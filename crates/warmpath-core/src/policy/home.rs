@@ -68,7 +68,7 @@ impl Home {
 }
 
 /// Homes and expected loads (module docs).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Homes {
     entries: Vec<Home>,
     /// Per backend: the sum of the popularity of the prefixes homed there.

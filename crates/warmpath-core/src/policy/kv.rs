@@ -92,7 +92,7 @@
 //! `least_outstanding` when every backend is full.
 
 use super::home::Home;
-use super::place::{Placed, Placer, State};
+use super::place::{Mode, Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
 use super::tuning::{ColdPlacement, KvConfig, HOME_HOLDS, PAYBACK_GAIN, PRESSURE_WINDOW, TIE_BAND};
@@ -162,6 +162,7 @@ impl KvAware {
         input: &RouteInput<'_>,
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
+        mode: Mode,
     ) -> Result<Decision, PolicyError> {
         if self.kv.cold_placement == ColdPlacement::Ring {
             return self.fallback.pick_by_key(input.prefix_key, loads, rng);
@@ -173,7 +174,7 @@ impl KvAware {
         );
         let ring = self.fallback.ring();
         let band = TIE_BAND * f64::from(input.chain_blocks);
-        let mut s = self.placer.lock();
+        let mut s = self.placer.state(mode);
         s.resident.sync(loads);
         self.observe(&mut s, input);
         let placed = s.place(
@@ -260,11 +261,12 @@ impl KvAware {
         best_match: u32,
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
+        mode: Mode,
     ) -> Result<Decision, PolicyError> {
         let key = input.prefix_key;
         let chain = input.chain_blocks.max(best_match);
         let usable = |i: usize| self.usable(loads, i);
-        let mut s = self.placer.lock();
+        let mut s = self.placer.state(mode);
         s.resident.sync(loads);
         self.observe(&mut s, input);
         let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
@@ -422,6 +424,29 @@ impl Policy for KvAware {
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
+        self.decide(input, loads, rng, Mode::Commit)
+    }
+
+    fn preview(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        self.decide(input, loads, rng, Mode::Preview)
+    }
+}
+
+impl KvAware {
+    /// The decision of [`Policy::pick`]; recorded only under `Mode::Commit`
+    /// (see [`Placer::state`]).
+    fn decide(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+        mode: Mode,
+    ) -> Result<Decision, PolicyError> {
         let matched = self.matched(input);
         let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
         let best_match = (0..self.slots.len())
@@ -430,10 +455,10 @@ impl Policy for KvAware {
             .max()
             .ok_or(PolicyError::NoBackend)?;
         if best_match < self.kv.min_match_blocks {
-            return self.place_cold(input, loads, rng);
+            return self.place_cold(input, loads, rng, mode);
         }
         if self.kv.cold_placement == ColdPlacement::Pressure {
-            return self.pick_homed(input, &matched, best_match, loads, rng);
+            return self.pick_homed(input, &matched, best_match, loads, rng, mode);
         }
         let chain = input.chain_blocks.max(best_match);
         let Some((m, backend)) = self.cheapest(chain, &matched, loads, &[], rng) else {
@@ -466,3 +491,7 @@ fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
 #[cfg(test)]
 #[path = "kv_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "kv_preview_tests.rs"]
+mod preview_tests;

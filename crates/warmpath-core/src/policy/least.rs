@@ -28,6 +28,16 @@ impl Policy for LeastOutstanding {
             matched_blocks: 0,
         })
     }
+
+    /// Holds no state: the pick itself changes nothing but `rng`.
+    fn preview(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        self.pick(input, loads, rng)
+    }
 }
 
 #[cfg(test)]

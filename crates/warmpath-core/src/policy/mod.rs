@@ -5,6 +5,9 @@
 //! **picks** for each request from a [`RouteInput`] and the backends' current
 //! loads ([`BackendLoad`], same order as the snapshot). Policies hold no
 //! per-request state, so one instance is shared by every routing thread.
+//! [`Policy::preview`] answers what `pick` would choose without recording
+//! anything (`kv_aware`, the one policy with memory, runs the same decision
+//! on a scratch copy of its state).
 //!
 //! | strategy | picks | decision kinds |
 //! |---|---|---|
@@ -296,6 +299,18 @@ pub trait Policy: Send + Sync + fmt::Debug {
 
     /// Picks a backend. `loads` is in snapshot order and as long as it.
     fn pick(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError>;
+
+    /// The decision [`pick`](Policy::pick) would make now with the same
+    /// `rng`, changing nothing: no placement, pressure, popularity or
+    /// modelled cache is recorded, so no later decision differs for it
+    /// (what `POST /cache-index/query` shows). Only `rng` is drawn from:
+    /// pass a deterministic one for a repeatable answer.
+    fn preview(
         &self,
         input: &RouteInput<'_>,
         loads: &[BackendLoad],

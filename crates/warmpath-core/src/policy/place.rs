@@ -51,6 +51,7 @@ use super::tuning::{
 };
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
+use std::ops::{Deref, DerefMut};
 
 /// How [`State::place`] chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +65,7 @@ pub(crate) enum Placed {
 }
 
 /// Everything the placer and the rebalancer keep, under one lock.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct State {
     /// Decayed blocks written per backend, in units of `unit`.
     pressure: Vec<f64>,
@@ -133,6 +134,57 @@ impl Placer {
     /// The state, locked for one decision.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
+    }
+
+    /// The state one decision works on: under [`Mode::Commit`] the live
+    /// state, locked; under [`Mode::Preview`] a copy taken under the lock,
+    /// which the decision changes and then drops. Why a copy rather than a
+    /// second, pure decision path: the decision reads state its own first
+    /// steps update (the resident model's sync with the index), so one code
+    /// path on a scratch copy is the same decision by construction. It
+    /// costs a copy of the homes table and the modelled caches per preview.
+    pub(crate) fn state(&self, mode: Mode) -> Scope<'_> {
+        match mode {
+            Mode::Commit => Scope::Live(self.state.lock()),
+            Mode::Preview => Scope::Scratch(Box::new(self.state.lock().clone())),
+        }
+    }
+}
+
+/// Whether a decision is recorded (`Policy::pick`) or only computed
+/// (`Policy::preview`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Records placement, pressure, popularity and the modelled caches.
+    Commit,
+    /// Changes nothing that later decisions read.
+    Preview,
+}
+
+/// See [`Placer::state`].
+pub(crate) enum Scope<'a> {
+    /// The live state, locked.
+    Live(MutexGuard<'a, State>),
+    /// A copy, dropped after the decision.
+    Scratch(Box<State>),
+}
+
+impl Deref for Scope<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        match self {
+            Scope::Live(g) => g,
+            Scope::Scratch(s) => s,
+        }
+    }
+}
+
+impl DerefMut for Scope<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        match self {
+            Scope::Live(g) => g,
+            Scope::Scratch(s) => s,
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use super::BackendLoad;
 use std::collections::{BTreeSet, HashMap};
 
 /// One backend's modelled cache.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Cache {
     capacity: u64,
     /// Per prefix key: (leading blocks held, last use).
@@ -133,7 +133,7 @@ impl Cache {
 }
 
 /// The modelled caches, by backend position (`None`: capacity unknown).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Resident {
     caches: Vec<Option<Cache>>,
 }

@@ -141,6 +141,16 @@ impl Policy for PrefixAware {
     ) -> Result<Decision, PolicyError> {
         self.pick_by_key(input.prefix_key, loads, rng)
     }
+
+    /// Holds no state: the pick itself changes nothing but `rng`.
+    fn preview(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        self.pick(input, loads, rng)
+    }
 }
 
 #[cfg(test)]

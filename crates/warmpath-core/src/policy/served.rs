@@ -25,7 +25,7 @@
 use super::tuning::RESCALE_AT;
 
 /// Decayed requests routed per backend (module docs).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Served {
     /// Per backend, in units of `unit`.
     counts: Vec<f64>,

@@ -1,0 +1,175 @@
+//! `Policy::preview` of `kv_aware`: on random histories, the preview is the
+//! decision `pick` then makes with the same rng, and previews change no
+//! later decision (a twin fed the same picks without previews agrees).
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::index::{MatchResult, WorkerMatch};
+use crate::policy::test_util::*;
+use proptest::prelude::{any, prop_assert_eq, prop_oneof, proptest, Just, ProptestConfig};
+use proptest::strategy::Strategy as Gen;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+/// One request of a random history: key (from a few, so prefixes return),
+/// chain length, per-backend (blocks held, fresh), per-backend load.
+#[derive(Clone, Debug)]
+struct Step {
+    key: u64,
+    chain: u32,
+    held: Vec<(u32, bool)>,
+    loads: Vec<(bool, u32, u64)>,
+    previews: u8,
+    seed: u64,
+}
+
+fn step(n: usize) -> impl Gen<Value = Step> {
+    (
+        0u64..6,
+        1u32..64,
+        proptest::collection::vec((0u32..64, proptest::bool::weighted(0.8)), n),
+        proptest::collection::vec(
+            (
+                proptest::bool::weighted(0.9),
+                0u32..6,
+                prop_oneof![Just(0u64), 0u64..200],
+            ),
+            n,
+        ),
+        0u8..4,
+        any::<u64>(),
+    )
+        .prop_map(|(key, chain, held, loads, previews, seed)| Step {
+            key: key.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            chain,
+            held,
+            loads,
+            previews,
+            seed,
+        })
+}
+
+fn policy(n: usize, cfg: &PolicyConfig, capacity: Option<u64>) -> KvAware {
+    let mut bs = backends(n);
+    for b in &mut bs {
+        b.capacity_blocks = capacity;
+    }
+    KvAware::with_window(cfg, &bs, 8.0)
+}
+
+fn input_of<'a>(s: &Step, m: &'a MatchResult) -> RouteInput<'a> {
+    RouteInput {
+        prefix_key: s.key,
+        chain_blocks: s.chain,
+        matches: Some(m),
+    }
+}
+
+fn match_of(s: &Step) -> MatchResult {
+    MatchResult {
+        workers: s
+            .held
+            .iter()
+            .enumerate()
+            .filter(|(_, (b, _))| *b > 0)
+            .map(|(i, &(b, fresh))| WorkerMatch {
+                slot: i as u16,
+                blocks: b.min(s.chain),
+                gpu_blocks: b.min(s.chain),
+                fresh,
+            })
+            .collect(),
+        chain_len: s.chain,
+    }
+}
+
+fn loads_of(s: &Step) -> Vec<BackendLoad> {
+    s.loads
+        .iter()
+        .map(|&(eligible, in_flight, pending)| BackendLoad {
+            eligible,
+            in_flight,
+            pending_prefill_blocks: pending,
+            engine: None,
+        })
+        .collect()
+}
+
+fn configs() -> impl Gen<Value = (PolicyConfig, Option<u64>)> {
+    (
+        prop_oneof![Just(None), Just(Some(0.1)), Just(Some(0.5))],
+        prop_oneof![Just(ColdPlacement::Pressure), Just(ColdPlacement::Ring)],
+        prop_oneof![Just(None), Just(Some(96u64)), Just(Some(400u64))],
+        1u32..8,
+    )
+        .prop_map(|(slack, cold, capacity, threshold)| {
+            let mut cfg = PolicyConfig {
+                concurrency_threshold: threshold,
+                ..Default::default()
+            };
+            cfg.kv.rebalance_slack = slack;
+            cfg.kv.cold_placement = cold;
+            (cfg, capacity)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn preview_is_the_next_pick_and_changes_nothing(
+        n in 2usize..6,
+        (cfg, capacity) in configs(),
+        steps in proptest::collection::vec(step(6), 1..60),
+    ) {
+        let p = policy(n, &cfg, capacity);
+        let twin = policy(n, &cfg, capacity);
+        for s in &steps {
+            let s = Step {
+                held: s.held[..n].to_vec(),
+                loads: s.loads[..n].to_vec(),
+                ..s.clone()
+            };
+            let (m, loads) = (match_of(&s), loads_of(&s));
+            let input = input_of(&s, &m);
+            let mut previews = Vec::new();
+            for _ in 0..=s.previews {
+                previews.push(p.preview(&input, &loads, &mut SmallRng::seed_from_u64(s.seed)));
+            }
+            let picked = p.pick(&input, &loads, &mut SmallRng::seed_from_u64(s.seed));
+            let alone = twin.pick(&input, &loads, &mut SmallRng::seed_from_u64(s.seed));
+            for pv in &previews {
+                prop_assert_eq!(pv, &picked);
+            }
+            prop_assert_eq!(&picked, &alone, "previews changed a later decision");
+            prop_assert_eq!(p.moves(), twin.moves());
+        }
+    }
+}
+
+#[test]
+fn preview_records_no_placement() {
+    // A cold prefix previewed many times is placed by the first real pick
+    // exactly where a policy that never previewed places it.
+    let (p, twin) = (kv(3), kv(3));
+    let loads = idle(3);
+    for k in 0..40u64 {
+        let input = RouteInput {
+            prefix_key: k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            chain_blocks: 100,
+            matches: None,
+        };
+        let first = p.preview(&input, &loads, &mut rng()).unwrap();
+        for _ in 0..5 {
+            assert_eq!(p.preview(&input, &loads, &mut rng()).unwrap(), first);
+        }
+        let d = p.pick(&input, &loads, &mut rng()).unwrap();
+        assert_eq!(d, first);
+        assert_eq!(d, twin.pick(&input, &loads, &mut rng()).unwrap());
+    }
+}
+
+fn kv(n: usize) -> KvAware {
+    KvAware::new(&PolicyConfig::default(), &backends(n))
+}
