@@ -124,8 +124,17 @@ async fn the_page_is_guarded_like_the_index_and_asks_browsers_for_basic_auth() {
         let index = get_with(&r, "/cache-index", &[("authorization", auth)]).await;
         assert_eq!(index.status, 200, "{auth}");
     }
-    // Basic counts for inspection only, never for the admin API.
+    // The page's lookup box posts this body, with the same credentials.
     let c = client();
+    let query = format!("http://{}/cache-index/query", r.http_addr);
+    let ask = json!({"model": "m", "messages": [{"role": "user", "content": "where?"}]});
+    let answer = post(&c, &query, &ask, &[("authorization", &right)]).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.json()["workers"].as_array().unwrap().len(), 2);
+    post(&c, &query, &ask, &[("authorization", &wrong)])
+        .await
+        .error(401);
+    // Basic counts for inspection only, never for the admin API.
     let url = format!("http://{}/admin/pools/m/strategy", r.http_addr);
     let put = request(
         "PUT",
