@@ -1,7 +1,7 @@
 //! Inspection: `GET /cache-index` (what every worker holds, the warmest
 //! prefix chains), `POST /cache-index/query` (how a request would route,
 //! without sending it anywhere) and `GET /metrics`. Only hashes and counts:
-//! never prompt text.
+//! no prompt text, unless a pool has `show_prompts` (a preview per chain).
 
 use crate::error::ApiError;
 use crate::incoming::{read_body, tenant_header};
@@ -123,6 +123,8 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 "hits": c.hits,
                 "holders": holders,
                 "routed": routed,
+                // Only for a pool with `show_prompts`.
+                "prompt_preview": c.preview,
             })
         })
         .collect();

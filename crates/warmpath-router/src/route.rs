@@ -14,6 +14,7 @@ use crate::AgentLoads;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::policy::LeastOutstanding;
+use warmpath_core::prefix::Extracted;
 use warmpath_core::request::FirstPrompt;
 use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{
@@ -36,7 +37,12 @@ pub struct Plan {
     pub prefix_key: PrefixKey,
     /// The policy snapshot to pick with.
     pub policy: Arc<PolicyState>,
+    /// The prompt's first characters, only for a pool with `show_prompts`.
+    pub preview: Option<String>,
 }
+
+/// Characters of a prompt kept as its chain's preview (`show_prompts`).
+pub const PREVIEW_CHARS: usize = 160;
 
 /// When to compute token ids and block hashes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +130,7 @@ pub fn plan(
     } else {
         PrefixKey(0)
     };
+    let preview = pool.show_prompts.then(|| preview(&pool, req)).flatten();
     Ok(Plan {
         target,
         tenant,
@@ -131,7 +138,17 @@ pub fn plan(
         matches,
         prefix_key,
         policy,
+        preview,
     })
+}
+
+/// The first [`PREVIEW_CHARS`] of what the prefix key reads (roles and
+/// contents of a chat, a text prompt); `None` for token ids.
+fn preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
+    match pool.prefix.extract(req) {
+        Extracted::Text(t) => Some(t.chars().take(PREVIEW_CHARS).collect()),
+        Extracted::Ids(_) => None,
+    }
 }
 
 /// Plans a native `/invocations` request: prefix key of the raw body, no hashes.
@@ -148,6 +165,7 @@ pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u
         matches: None,
         prefix_key,
         policy,
+        preview: None,
     }
 }
 
@@ -167,6 +185,7 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
         matches: None,
         prefix_key: PrefixKey(0),
         policy,
+        preview: None,
     }
 }
 
