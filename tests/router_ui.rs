@@ -124,8 +124,17 @@ async fn the_page_is_guarded_like_the_index_and_asks_browsers_for_basic_auth() {
         let index = get_with(&r, "/cache-index", &[("authorization", auth)]).await;
         assert_eq!(index.status, 200, "{auth}");
     }
-    // Basic counts for inspection only, never for the admin API.
+    // The page's lookup box posts this body, with the same credentials.
     let c = client();
+    let query = format!("http://{}/cache-index/query", r.http_addr);
+    let ask = json!({"model": "m", "messages": [{"role": "user", "content": "where?"}]});
+    let answer = post(&c, &query, &ask, &[("authorization", &right)]).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.json()["workers"].as_array().unwrap().len(), 2);
+    post(&c, &query, &ask, &[("authorization", &wrong)])
+        .await
+        .error(401);
+    // Basic counts for inspection only, never for the admin API.
     let url = format!("http://{}/admin/pools/m/strategy", r.http_addr);
     let put = request(
         "PUT",
@@ -250,4 +259,51 @@ async fn headless_chromium_shows_workers_tiers_and_the_warmest_chains() {
         png.display()
     );
     eprintln!("cache page screenshot: {}", png.display());
+}
+
+/// Prompt text is shown only for a pool with `show_prompts`: the same
+/// traffic through two routers, one with it and one without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_previews_appear_only_with_show_prompts() {
+    use warmpath_core::tokenize::tiny;
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let secret = "the quarterly numbers for the merger";
+    for show in [false, true] {
+        let b = TestBackend::start("w0").await;
+        let mut pool = PoolConfig::new("m");
+        pool.tokenizer = Some(dir.path().to_owned());
+        pool.show_prompts = show;
+        pool.backends = vec![BackendConfig {
+            url: b.url(),
+            worker_id: Some("w0".into()),
+            adapters: vec![],
+        }];
+        let config = RouterConfig {
+            listen: "127.0.0.1:0".into(),
+            pools: vec![pool],
+            ..Default::default()
+        };
+        let r = warmpath_router::start(config, CancellationToken::new())
+            .await
+            .unwrap();
+        let text = format!("{secret}. {}", tiny::corpus_slice(0, 600));
+        let url = format!("http://{}/v1/chat/completions", r.http_addr);
+        let chat = json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+        assert_eq!(post(&client(), &url, &chat, &[]).await.status, 200);
+        let index = get_with(&r, "/cache-index", &[]).await.json();
+        let chain = &index["pools"][0]["warmest_chains"][0];
+        assert_eq!(chain["hits"], 1, "{index}");
+        let page = get_with(&r, "/cache-index/ui", &[]).await;
+        let html = String::from_utf8(page.body.to_vec()).unwrap();
+        if show {
+            let preview = chain["prompt_preview"].as_str().unwrap();
+            assert!(preview.contains(secret), "{preview}");
+            assert!(preview.chars().count() <= 160, "{preview}");
+            assert!(html.contains(secret));
+        } else {
+            assert!(chain["prompt_preview"].is_null(), "{chain}");
+            assert!(!html.contains(secret) && !index.to_string().contains(secret));
+        }
+    }
 }

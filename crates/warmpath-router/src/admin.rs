@@ -132,9 +132,10 @@ pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterEr
         }
         if pc.expose_routing_headers != pool.expose_routing_headers
             || pc.max_prompt_tokens != pool.configured_prompt_cap()
+            || pc.show_prompts != pool.show_prompts
         {
             changes.push(format!(
-                "pool {:?}: expose_routing_headers or max_prompt_tokens changed: needs a restart (ignored)",
+                "pool {:?}: expose_routing_headers, max_prompt_tokens or show_prompts changed: needs a restart (ignored)",
                 pc.model
             ));
         }

@@ -351,6 +351,10 @@ pub struct PoolConfig {
     /// Where tenant ids come from and what they isolate.
     #[serde(default)]
     pub tenants: TenantsConfig,
+    /// Keep the first characters of the warmest chains' prompts and show
+    /// them on `/cache-index` and its page (default false: hashes only).
+    #[serde(default)]
+    pub show_prompts: bool,
     /// The engines serving this model.
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
@@ -384,6 +388,7 @@ impl PoolConfig {
             expose_routing_headers: true,
             max_prompt_tokens: None,
             tenants: TenantsConfig::default(),
+            show_prompts: false,
             backends: Vec::new(),
         }
     }

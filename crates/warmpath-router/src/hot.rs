@@ -6,7 +6,9 @@
 //! arrives and the table is full, the least-hit entry is replaced and the
 //! newcomer inherits its count + 1, so counts may over-estimate a newcomer but
 //! every chain hit more than `total / capacity` times is in the table.
-//! Only hashes are kept, never prompt text.
+//! Only hashes are kept, and prompt text only for a pool with
+//! `show_prompts` (the first characters of the prompt that brought a
+//! chain's longest form).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -22,6 +24,7 @@ struct Chain {
     hashes: Vec<BlockHash>,
     hits: u64,
     routed: HashMap<String, u64>,
+    preview: Option<String>,
 }
 
 /// One tracked chain, as reported.
@@ -33,6 +36,8 @@ pub struct HotChain {
     pub hits: u64,
     /// Requests routed to each worker.
     pub routed: Vec<(String, u64)>,
+    /// The prompt's first characters (`show_prompts` only).
+    pub preview: Option<String>,
 }
 
 /// The tracker (see module docs).
@@ -57,8 +62,9 @@ impl HotChains {
         }
     }
 
-    /// Records a request with block chain `chain` routed to `worker`.
-    pub fn record(&self, chain: &[BlockHash], worker: &str) {
+    /// Records a request with block chain `chain` routed to `worker`
+    /// (`preview`: its prompt's first characters, when the pool keeps them).
+    pub fn record(&self, chain: &[BlockHash], worker: &str, preview: Option<&str>) {
         let Some(root) = chain.first() else { return };
         let chain = &chain[..chain.len().min(MAX_DEPTH)];
         let mut table = self.table.lock();
@@ -83,6 +89,9 @@ impl HotChains {
         if chain.len() > entry.hashes.len() {
             entry.hashes.clear();
             entry.hashes.extend_from_slice(chain);
+            entry.preview = preview.map(str::to_owned);
+        } else if entry.preview.is_none() {
+            entry.preview = preview.map(str::to_owned);
         }
         match entry.routed.get_mut(worker) {
             Some(n) => *n += 1,
@@ -107,6 +116,7 @@ impl HotChains {
                     hashes: c.hashes.clone(),
                     hits: c.hits,
                     routed,
+                    preview: c.preview.clone(),
                 }
             })
             .collect()
@@ -125,11 +135,11 @@ mod tests {
     #[test]
     fn counts_hits_per_root_and_worker_and_keeps_the_longest_chain() {
         let h = HotChains::new(4);
-        h.record(&chain(1, 2), "a");
-        h.record(&chain(1, 5), "b");
-        h.record(&chain(1, 3), "b");
-        h.record(&chain(2, 1), "a");
-        h.record(&[], "a");
+        h.record(&chain(1, 2), "a", None);
+        h.record(&chain(1, 5), "b", None);
+        h.record(&chain(1, 3), "b", None);
+        h.record(&chain(2, 1), "a", None);
+        h.record(&[], "a", None);
         let top = h.top(10);
         assert_eq!(top.len(), 2);
         assert_eq!(top[0].hits, 3);
@@ -145,8 +155,8 @@ mod tests {
     fn a_heavy_hitter_survives_a_flood_of_one_off_roots() {
         let h = HotChains::new(8);
         for i in 0..1000u64 {
-            h.record(&chain(1, 1), "a");
-            h.record(&chain(10 + i, 1), "b");
+            h.record(&chain(1, 1), "a", None);
+            h.record(&chain(10 + i, 1), "b", None);
         }
         let top = h.top(1);
         assert_eq!(top[0].hashes, chain(1, 1));

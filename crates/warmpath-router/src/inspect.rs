@@ -1,8 +1,8 @@
 //! Inspection: `GET /cache-index` (what every worker holds, the warmest
 //! prefix chains), `POST /cache-index/query` (how a request would route,
 //! without sending it anywhere, recording nothing: the policy's preview)
-//! and `GET /metrics`. Only hashes and counts:
-//! never prompt text.
+//! and `GET /metrics`. Only hashes and counts: no prompt text, unless a pool
+//! has `show_prompts` (a preview per chain).
 
 use crate::config::TenantsConfig;
 use crate::error::ApiError;
@@ -128,6 +128,8 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 "hits": c.hits,
                 "holders": holders,
                 "routed": routed,
+                // Only for a pool with `show_prompts`.
+                "prompt_preview": c.preview,
             })
         })
         .collect();

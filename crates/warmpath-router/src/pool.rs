@@ -66,6 +66,8 @@ pub struct Pool {
     pub expose_routing_headers: bool,
     /// Where tenant ids come from and what they isolate.
     pub tenants: TenantsConfig,
+    /// Whether the warmest chains keep a prompt preview (`show_prompts`).
+    pub show_prompts: bool,
     policy: RwLock<Arc<PolicyState>>,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
@@ -114,6 +116,7 @@ impl Pool {
             metrics: PoolMetrics::new(&model),
             max_prompt_tokens: cfg.max_prompt_tokens,
             expose_routing_headers: cfg.expose_routing_headers,
+            show_prompts: cfg.show_prompts,
             tenants: cfg.tenants,
             learned_context: AtomicUsize::new(0),
             policy: RwLock::new(Arc::new(PolicyState {

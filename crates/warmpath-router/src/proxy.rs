@@ -203,7 +203,8 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                     .predicted_tokens
                     .increment(matched * pool.block_size as u64);
                 if !plan.hashes.is_empty() {
-                    pool.hot.record(&plan.hashes, &backend.id);
+                    pool.hot
+                        .record(&plan.hashes, &backend.id, plan.preview.as_deref());
                 }
                 tracing::debug!(pool = %pool.model, backend = %backend.id,
                     decision = decision.kind.as_str(), matched, %status, "proxied");

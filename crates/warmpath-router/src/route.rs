@@ -17,6 +17,7 @@ use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::policy::LeastOutstanding;
+use warmpath_core::prefix::Extracted;
 use warmpath_core::request::FirstPrompt;
 use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{
@@ -39,7 +40,12 @@ pub struct Plan {
     pub prefix_key: PrefixKey,
     /// The policy snapshot to pick with.
     pub policy: Arc<PolicyState>,
+    /// The prompt's first characters, only for a pool with `show_prompts`.
+    pub preview: Option<String>,
 }
+
+/// Characters of a prompt kept as its chain's preview (`show_prompts`).
+pub const PREVIEW_CHARS: usize = 160;
 
 /// When to compute token ids and block hashes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +133,7 @@ pub fn plan(
     } else {
         PrefixKey(0)
     };
+    let preview = pool.show_prompts.then(|| preview(&pool, req)).flatten();
     Ok(Plan {
         target,
         tenant,
@@ -134,7 +141,17 @@ pub fn plan(
         matches,
         prefix_key,
         policy,
+        preview,
     })
+}
+
+/// The first [`PREVIEW_CHARS`] of what the prefix key reads (roles and
+/// contents of a chat, a text prompt); `None` for token ids.
+fn preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
+    match pool.prefix.extract(req) {
+        Extracted::Text(t) => Some(t.chars().take(PREVIEW_CHARS).collect()),
+        Extracted::Ids(_) => None,
+    }
 }
 
 /// Plans a native `/invocations` request: prefix key of the raw body, no hashes.
@@ -151,6 +168,7 @@ pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u
         matches: None,
         prefix_key,
         policy,
+        preview: None,
     }
 }
 
@@ -170,6 +188,7 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
         matches: None,
         prefix_key: PrefixKey(0),
         policy,
+        preview: None,
     }
 }
 

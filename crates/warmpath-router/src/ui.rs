@@ -10,7 +10,8 @@
 //! ([`crate::access::inspect`]); refused, the answer asks for HTTP Basic
 //! auth, so a browser prompts for the token (as the password) and then
 //! sends it with the page's own requests. The page never holds the token.
-//! Like the JSON, it has hashes and counts only: no prompt text.
+//! Like the JSON, it has hashes and counts only: no prompt text, unless the
+//! pool has `show_prompts` (then each warm chain's prompt preview).
 
 use crate::state::Shared;
 use axum::extract::State;
