@@ -133,7 +133,7 @@ pub fn plan(
     } else {
         PrefixKey(0)
     };
-    let preview = pool.show_prompts.then(|| preview(&pool, req)).flatten();
+    let preview = pool.show_prompts.then(|| prompt_preview(&pool, req)).flatten();
     Ok(Plan {
         target,
         tenant,
@@ -147,7 +147,7 @@ pub fn plan(
 
 /// The first [`PREVIEW_CHARS`] of what the prefix key reads (roles and
 /// contents of a chat, a text prompt); `None` for token ids.
-fn preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
+fn prompt_preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
     match pool.prefix.extract(req) {
         Extracted::Text(t) => Some(t.chars().take(PREVIEW_CHARS).collect()),
         Extracted::Ids(_) => None,
