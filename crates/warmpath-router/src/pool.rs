@@ -6,7 +6,7 @@
 //! snapshot, so a switch never disturbs requests already routed or routing.
 
 use crate::backend::Backend;
-use crate::config::{BackendUrl, PoolConfig, TenantsConfig};
+use crate::config::{BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
 use crate::error::RouterError;
 use crate::hot::HotChains;
 use crate::metrics::PoolMetrics;
@@ -66,6 +66,8 @@ pub struct Pool {
     pub expose_routing_headers: bool,
     /// Where tenant ids come from and what they isolate.
     pub tenants: TenantsConfig,
+    /// Bounds of `index` (the ingest applies the per-worker caps).
+    pub index_bounds: IndexSettings,
     policy: RwLock<Arc<PolicyState>>,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
@@ -91,6 +93,7 @@ impl Pool {
             crate::config::invalid(format!("pool {model:?} prefix_length"), e.to_string())
         })?;
         let index = Arc::new(CacheIndex::new());
+        index.set_max_entries(Some(cfg.index.max_entries));
         let mut backends = Vec::with_capacity(cfg.backends.len());
         for b in &cfg.backends {
             let url = BackendUrl::parse(&b.url)
@@ -101,6 +104,8 @@ impl Pool {
                     model: model.clone(),
                     source,
                 })?;
+            // Until its agent reports a capacity.
+            let _ = index.set_worker_cap(slot, Some(cfg.index.worker_cap(None)));
             backends.push(Arc::new(Backend::new(&model, b, url, slot)));
         }
         let pool = Pool {
@@ -115,6 +120,7 @@ impl Pool {
             max_prompt_tokens: cfg.max_prompt_tokens,
             expose_routing_headers: cfg.expose_routing_headers,
             tenants: cfg.tenants,
+            index_bounds: cfg.index,
             learned_context: AtomicUsize::new(0),
             policy: RwLock::new(Arc::new(PolicyState {
                 strategy: Strategy::Random,
