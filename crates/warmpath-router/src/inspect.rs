@@ -93,6 +93,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 },
                 "last_event_ms_ago": st.and_then(|w| w.last_heard_ms_ago),
                 "stale": st.is_some_and(|w| w.stale),
+                "partial": agent.as_ref().is_some_and(|a| a.partial),
                 "agent_load": load,
                 "agent": agent,
                 "adapters": b.adapters(),

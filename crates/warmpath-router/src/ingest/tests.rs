@@ -39,6 +39,7 @@ fn hello(worker: &str, epoch: u64, bs: u32) -> Hello {
         epoch,
         agent_version: "test".into(),
         dp_rank: 0,
+        partial: false,
     }
 }
 
@@ -470,6 +471,7 @@ fn load(capacity_blocks: u64) -> AgentMessage {
             kv_usage: 0.5,
             engine_up: true,
             capacity_blocks,
+            partial: false,
         })),
     }
 }
