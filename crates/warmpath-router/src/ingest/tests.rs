@@ -369,6 +369,7 @@ async fn grpc_end_to_end_with_token() {
             kv_usage: 0.5,
             engine_up: true,
             capacity_blocks: 0,
+            partial: false,
         })),
     });
     let (tx, mut answers) = open(addr, Some("s3cret"), msgs).await.unwrap();
