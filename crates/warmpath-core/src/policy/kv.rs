@@ -452,9 +452,14 @@ impl Policy for KvAware {
         if best_match < self.kv.min_match_blocks {
             // A partial view's missing blocks are unknown, not absent: the
             // prefix's ring owner may hold it from before its agent's view.
-            let owner = self.fallback.pick_by_key(input.prefix_key, loads, rng)?;
-            if loads[owner.backend].engine.is_some_and(|e| e.partial) {
-                return Ok(owner);
+            // (Looked up only when some view is partial: no cost, and no
+            // draw from `rng`, otherwise.)
+            let partial = |l: &BackendLoad| l.engine.is_some_and(|e| e.partial);
+            if loads.iter().any(partial) {
+                let owner = self.fallback.pick_by_key(input.prefix_key, loads, rng)?;
+                if loads.get(owner.backend).is_some_and(partial) {
+                    return Ok(owner);
+                }
             }
             return self.place_cold(input, loads, rng);
         }
