@@ -34,6 +34,7 @@ async fn forged_hello(
         epoch,
         agent_version: "forged".into(),
         dp_rank: 0,
+        partial: false,
     };
     tx.send(AgentMessage {
         msg: Some(Msg::Hello(hello)),

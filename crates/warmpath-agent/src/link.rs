@@ -134,7 +134,13 @@ pub async fn run_link(
     }
 }
 
-fn hello(id: &Identity, hub: &Hub) -> AgentMessage {
+/// `load` with `partial` set from what `hub` knows now.
+fn with_partial(mut l: Load, hub: &Hub) -> Load {
+    l.partial = crate::load::view_is_partial(&l, hub.status().1 as u64);
+    l
+}
+
+fn hello(id: &Identity, hub: &Hub, load: Option<Load>) -> AgentMessage {
     AgentMessage {
         msg: Some(Msg::Hello(Hello {
             worker_id: id.worker_id.clone(),
@@ -144,6 +150,7 @@ fn hello(id: &Identity, hub: &Hub) -> AgentMessage {
             epoch: id.epoch,
             agent_version: concat!("warmpath-agent ", env!("CARGO_PKG_VERSION")).to_owned(),
             dp_rank: 0,
+            partial: load.is_some_and(|l| with_partial(l, hub).partial),
         })),
     }
 }
@@ -182,7 +189,8 @@ async fn stream_once(
     let (tx, rx) = mpsc::channel::<AgentMessage>(32);
     // Queue Hello + snapshot before the call so the router sees them first.
     sink.request_snapshot();
-    tx.send(hello(id, hub))
+    let now = *load.borrow();
+    tx.send(hello(id, hub, now))
         .await
         .map_err(|_| LinkError::Closed)?;
     let mut req = tonic::Request::new(ReceiverStream::new(rx));
@@ -209,7 +217,10 @@ async fn stream_once(
         // Drain all work first.
         while let Some(work) = hub.take_work(sink) {
             match work {
-                Work::Hello => send(hello(id, hub)).await?,
+                Work::Hello => {
+                    let now = *load.borrow();
+                    send(hello(id, hub, now)).await?
+                }
                 Work::Snapshot { seq, blocks } => {
                     let total = blocks.len() as u64;
                     let chunks: Vec<_> = if blocks.is_empty() {
@@ -261,6 +272,7 @@ async fn stream_once(
                 } else {
                     let l = *load.borrow_and_update();
                     if let Some(l) = l {
+                        let l = with_partial(l, hub);
                         send(AgentMessage { msg: Some(Msg::Load(l)) }).await?;
                     }
                 }

@@ -71,7 +71,28 @@ pub fn parse_metrics(text: &str) -> Option<Load> {
         },
         engine_up: true,
         capacity_blocks: capacity,
+        partial: false,
     })
+}
+
+/// A view is partial when the engine reports more blocks in use than this
+/// fraction of its capacity above what the agent knows (plus one block per
+/// running request: vLLM counts a request's partly filled last block as
+/// used but publishes only full ones, and usage is sampled while events
+/// stream): the engine holds blocks the agent never saw (it started before
+/// the agent, or events were lost beyond the replay ring).
+const PARTIAL_SLACK_DIV: u64 = 20;
+
+/// Whether `known` blocks cannot cover the engine's current KV usage in
+/// `load` (issue 17 item 3). Unknown capacity or a down engine: `false`, as
+/// nothing says the view misses anything.
+pub fn view_is_partial(load: &Load, known: u64) -> bool {
+    if load.capacity_blocks == 0 || !load.engine_up {
+        return false;
+    }
+    let used = (f64::from(load.kv_usage) * load.capacity_blocks as f64) as u64;
+    let slack = u64::from(load.running) + load.capacity_blocks / PARTIAL_SLACK_DIV;
+    used > known.saturating_add(slack)
 }
 
 /// The value of label `name` in `{a="1",name="42",...}` as a number (0 when
@@ -280,6 +301,38 @@ mod tests {
         assert_eq!(sum_of(text, "vllm:prompt_tokens_total"), Some(120.0));
         assert_eq!(sum_of("up 1\n", "vllm:prompt_tokens_total"), None);
         assert_eq!(sum_of("x 3\n", "x"), Some(3.0));
+    }
+
+    #[test]
+    fn a_view_is_partial_when_known_blocks_cannot_cover_the_usage() {
+        let l = Load {
+            running: 4,
+            kv_usage: 0.51,
+            engine_up: true,
+            capacity_blocks: 8_192,
+            ..Default::default()
+        };
+        // 4,177 in use; 5% of capacity (409) and 4 running are slack.
+        assert!(
+            view_is_partial(&l, 0),
+            "a restarted agent beside a warm engine"
+        );
+        assert!(view_is_partial(&l, 3_700));
+        assert!(!view_is_partial(&l, 3_800));
+        assert!(!view_is_partial(
+            &Load {
+                capacity_blocks: 0,
+                ..l
+            },
+            0
+        ));
+        assert!(!view_is_partial(
+            &Load {
+                engine_up: false,
+                ..l
+            },
+            0
+        ));
     }
 
     #[test]

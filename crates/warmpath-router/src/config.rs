@@ -18,6 +18,7 @@
 //!     block_size: 16
 //!     prefix_aware: { prefix_length: 4096, concurrency_threshold: 64 }
 //!     tenants: { from: api_key, client_ids: scope, isolation: engine }
+//!     index: { max_entries: 16777216, capacity_slack: 1.25 }  # index bounds
 //!     backends:
 //!       - { url: "http://10.0.0.1:8000", worker_id: gpu-0, adapters: [sql-adapter] }
 //!       - { url: "http://10.0.0.2:8000" }  # worker_id defaults to the url
@@ -33,10 +34,12 @@
 //! pool), or to the file's only pool.
 
 mod cli;
+mod index;
 mod ingest;
 mod validate;
 
 pub use cli::Cli;
+pub use index::IndexSettings;
 pub use ingest::{IngestConfig, IngestSettings, TlsPem};
 pub use validate::BackendUrl;
 
@@ -355,6 +358,9 @@ pub struct PoolConfig {
     /// them on `/cache-index` and its page (default false: hashes only).
     #[serde(default)]
     pub show_prompts: bool,
+    /// Bounds of the pool's cache index.
+    #[serde(default)]
+    pub index: IndexSettings,
     /// The engines serving this model.
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
@@ -389,6 +395,7 @@ impl PoolConfig {
             max_prompt_tokens: None,
             tenants: TenantsConfig::default(),
             show_prompts: false,
+            index: IndexSettings::default(),
             backends: Vec::new(),
         }
     }

@@ -60,6 +60,10 @@ pub fn update_gauges(s: &Shared) {
     for p in s.pools.all() {
         metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
             .set(p.index.entries() as f64);
+        metrics::gauge!("warmpath_index_bytes", "pool" => p.model.clone())
+            .set(p.index.estimated_bytes() as f64);
+        metrics::gauge!("warmpath_index_dead_entries", "pool" => p.model.clone())
+            .set(p.index.dead_entries() as f64);
         let stale = p.index.worker_stats(now).iter().filter(|w| w.stale).count();
         metrics::gauge!("warmpath_stale_workers", "pool" => p.model.clone()).set(stale as f64);
     }
@@ -86,6 +90,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 "in_flight": b.in_flight(),
                 "pending_prefill_blocks": b.pending_prefill_blocks(),
                 "blocks": st.map_or(0, |w| w.blocks),
+                "cap_blocks": p.index.worker_cap(b.slot),
                 "tiers": {
                     "gpu": st.map_or(0, |w| w.gpu_blocks),
                     "cpu": st.map_or(0, |w| w.cpu_blocks),
@@ -93,6 +98,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 },
                 "last_event_ms_ago": st.and_then(|w| w.last_heard_ms_ago),
                 "stale": st.is_some_and(|w| w.stale),
+                "partial": agent.as_ref().is_some_and(|a| a.partial),
                 "agent_load": load,
                 "agent": agent,
                 "adapters": b.adapters(),

@@ -13,6 +13,9 @@
 //! | `warmpath_ready` | gauge | |
 //! | `warmpath_index_entries` | gauge | pool |
 //! | `warmpath_stale_workers` | gauge | pool |
+//! | `warmpath_index_bytes` | gauge | pool |
+//! | `warmpath_index_dead_entries` | gauge | pool |
+//! | `warmpath_ingest_refused_blocks_total` | counter | pool, reason = worker_capacity, max_entries |
 //! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::caches`]) |
 //! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
 //! | `warmpath_hot_cache_entries` | gauge | pool, cache |
@@ -118,6 +121,19 @@ fn describe() {
     describe_gauge!(
         "warmpath_index_entries",
         "(block, worker, tier) entries in the pool's cache index"
+    );
+    describe_gauge!(
+        "warmpath_index_bytes",
+        Unit::Bytes,
+        "Estimated memory of the pool's cache index: allocated hash-table slots x 25 bytes (8-byte key, 16-byte holder set, 1 control byte); holder sets of 3+ workers take further heap, not counted"
+    );
+    describe_gauge!(
+        "warmpath_index_dead_entries",
+        "Entries of cleared workers waiting for compaction (index.compact_interval_ms, or at once when they outnumber the live ones)"
+    );
+    describe_counter!(
+        "warmpath_ingest_refused_blocks_total",
+        "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x index.capacity_slack, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
     );
     describe_gauge!(
         "warmpath_stale_workers",

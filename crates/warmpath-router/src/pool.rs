@@ -6,7 +6,7 @@
 //! snapshot, so a switch never disturbs requests already routed or routing.
 
 use crate::backend::Backend;
-use crate::config::{BackendUrl, PoolConfig, TenantsConfig};
+use crate::config::{BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
 use crate::error::RouterError;
 use crate::hot::HotChains;
 use crate::metrics::PoolMetrics;
@@ -68,6 +68,8 @@ pub struct Pool {
     pub tenants: TenantsConfig,
     /// Whether the warmest chains keep a prompt preview (`show_prompts`).
     pub show_prompts: bool,
+    /// Bounds of `index` (the ingest applies the per-worker caps).
+    pub index_bounds: IndexSettings,
     policy: RwLock<Arc<PolicyState>>,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
@@ -93,6 +95,7 @@ impl Pool {
             crate::config::invalid(format!("pool {model:?} prefix_length"), e.to_string())
         })?;
         let index = Arc::new(CacheIndex::new());
+        index.set_max_entries(Some(cfg.index.max_entries));
         let mut backends = Vec::with_capacity(cfg.backends.len());
         for b in &cfg.backends {
             let url = BackendUrl::parse(&b.url)
@@ -103,6 +106,8 @@ impl Pool {
                     model: model.clone(),
                     source,
                 })?;
+            // Until its agent reports a capacity.
+            let _ = index.set_worker_cap(slot, Some(cfg.index.worker_cap(None)));
             backends.push(Arc::new(Backend::new(&model, b, url, slot)));
         }
         let pool = Pool {
@@ -118,6 +123,7 @@ impl Pool {
             expose_routing_headers: cfg.expose_routing_headers,
             show_prompts: cfg.show_prompts,
             tenants: cfg.tenants,
+            index_bounds: cfg.index,
             learned_context: AtomicUsize::new(0),
             policy: RwLock::new(Arc::new(PolicyState {
                 strategy: Strategy::Random,

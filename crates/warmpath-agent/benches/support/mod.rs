@@ -40,6 +40,7 @@ impl Ingest {
             index: index.clone(),
             block_size,
             known_workers: None,
+            bounds: Default::default(),
         }));
         let stop = CancellationToken::new();
         let tasks = ingest::spawn(

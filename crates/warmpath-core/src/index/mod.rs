@@ -17,12 +17,18 @@
 //! (engine reset, new epoch, snapshot replacement) bumps the generation: old
 //! holders stop counting at once and are purged lazily on the next write to
 //! the block or by [`CacheIndex::compact`], which also runs by itself before a
-//! generation could wrap around.
+//! generation could wrap around, and once dead holders outnumber live ones.
+//!
+//! # Bounds
+//! A worker cap, a whole-index cap and the dead-holder accounting live in
+//! [`bounds`]: a block beyond a bound is refused, not stored.
 
+mod bounds;
 mod holders;
 mod matching;
 mod workers;
 
+pub use bounds::{Overflow, Stored, SLOT_BYTES};
 pub use holders::WorkerSlot;
 pub use matching::{MatchResult, WorkerMatch};
 pub use workers::WorkerStats;
@@ -32,7 +38,7 @@ use dashmap::DashMap;
 use holders::Holders;
 use serde::{Deserialize, Serialize};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use thiserror::Error;
 use workers::Workers;
 
@@ -97,6 +103,12 @@ const COMPACT_AFTER_BUMPS: u8 = 200;
 pub struct CacheIndex {
     map: Map,
     workers: Workers,
+    /// Entries counted now (sum of the workers' counts), for `max_entries`.
+    live: AtomicI64,
+    /// Entries of cleared generations not yet compacted away ([`bounds`]).
+    dead: AtomicU64,
+    /// Most entries the index takes (`u64::MAX`: no bound).
+    max_entries: AtomicU64,
 }
 
 impl Default for CacheIndex {
@@ -111,6 +123,9 @@ impl CacheIndex {
         CacheIndex {
             map: Map::with_hasher_and_shard_amount(Default::default(), 128),
             workers: Workers::default(),
+            live: AtomicI64::new(0),
+            dead: AtomicU64::new(0),
+            max_entries: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -119,6 +134,9 @@ impl CacheIndex {
         CacheIndex {
             map: Map::with_capacity_and_hasher_and_shard_amount(blocks, Default::default(), 128),
             workers: Workers::default(),
+            live: AtomicI64::new(0),
+            dead: AtomicU64::new(0),
+            max_entries: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -139,24 +157,16 @@ impl CacheIndex {
     }
 
     /// Records that `slot` holds `hashes` on `tier`. Returns how many
-    /// (block, tier) entries were new.
+    /// (block, tier) entries were new. Blocks beyond a bound set with
+    /// [`CacheIndex::set_worker_cap`] or [`CacheIndex::set_max_entries`] are
+    /// not stored; [`CacheIndex::store_bounded`] says how many.
     pub fn store(
         &self,
         slot: WorkerSlot,
         tier: Tier,
         hashes: &[BlockHash],
     ) -> Result<usize, IndexError> {
-        let w = self.entry(slot)?;
-        let gen = w.gen.load(Ordering::Acquire);
-        let mut added = 0usize;
-        for h in hashes {
-            let newly = self.map.entry(h.0).or_default().add(slot, gen, tier);
-            if newly != 0 {
-                added += 1;
-            }
-        }
-        w.adjust(tier.bit(), added as i64);
-        Ok(added)
+        self.store_bounded(slot, tier, hashes).map(|s| s.added)
     }
 
     /// Records that `slot` no longer holds `hashes` on `tier` (every tier with
@@ -177,6 +187,8 @@ impl CacheIndex {
                 if bits != 0 {
                     removed += 1;
                     w.adjust(bits, -1);
+                    self.live
+                        .fetch_sub(i64::from(bits.count_ones()), Ordering::Relaxed);
                 }
                 empty = e.is_empty();
             }
@@ -191,9 +203,12 @@ impl CacheIndex {
     pub fn clear_worker(&self, slot: WorkerSlot) -> Result<(), IndexError> {
         let w = self.entry(slot)?;
         w.gen.fetch_add(1, Ordering::AcqRel);
-        w.reset_counts();
+        let n = w.reset_counts();
+        self.live.fetch_sub(n as i64, Ordering::Relaxed);
         if w.bumps_since_compact.fetch_add(1, Ordering::Relaxed) + 1 >= COMPACT_AFTER_BUMPS {
             self.compact();
+        } else {
+            self.note_dead(n);
         }
         Ok(())
     }
@@ -205,15 +220,19 @@ impl CacheIndex {
         };
         if let Ok(w) = self.entry(slot) {
             w.gen.fetch_add(1, Ordering::AcqRel);
+            let n = w.reset_counts();
+            self.live.fetch_sub(n as i64, Ordering::Relaxed);
         }
         self.workers.remove(id);
         self.compact();
         true
     }
 
-    /// Purges holders left behind by cleared or dropped workers; returns the
-    /// number of blocks that became empty and were removed.
+    /// Purges holders left behind by cleared or dropped workers and gives
+    /// table memory back when the map became sparse; returns the number of
+    /// blocks that became empty and were removed.
     pub fn compact(&self) -> usize {
+        self.dead.store(0, Ordering::Relaxed);
         let gens = self.workers.generations();
         let current = |s: WorkerSlot| gens.get(s as usize).copied().flatten();
         let before = self.map.len();
@@ -224,6 +243,7 @@ impl CacheIndex {
         for w in self.workers.all() {
             w.bumps_since_compact.store(0, Ordering::Relaxed);
         }
+        self.shrink_if_sparse();
         before.saturating_sub(self.map.len())
     }
 

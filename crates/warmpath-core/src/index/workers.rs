@@ -40,6 +40,8 @@ pub(crate) struct WorkerEntry {
     pub(crate) stale: AtomicBool,
     /// Generation bumps since the last compaction.
     pub(crate) bumps_since_compact: AtomicU8,
+    /// Most entries it may hold (`u64::MAX`: no cap); see `bounds`.
+    pub(crate) cap: AtomicU64,
 }
 
 impl WorkerEntry {
@@ -51,6 +53,7 @@ impl WorkerEntry {
             last_heard: AtomicU64::new(u64::MAX),
             stale: AtomicBool::new(false),
             bumps_since_compact: AtomicU8::new(0),
+            cap: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -66,10 +69,17 @@ impl WorkerEntry {
         }
     }
 
-    pub(crate) fn reset_counts(&self) {
-        for c in &self.counts {
-            c.store(0, Ordering::Relaxed);
-        }
+    /// Entries held, all tiers.
+    pub(crate) fn total(&self) -> u64 {
+        Tier::ALL.iter().map(|t| self.count(*t)).sum()
+    }
+
+    /// Zeroes the counts; returns the entries they held.
+    pub(crate) fn reset_counts(&self) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.swap(0, Ordering::Relaxed).max(0) as u64)
+            .sum()
     }
 
     pub(crate) fn stats(&self, now_ms: u64) -> WorkerStats {

@@ -13,8 +13,10 @@
 //!        + decode_weight  * in_flight_w             decode contention
 //! ```
 //!
-//! - `m_w`: the leading blocks of the chain `w` holds (0 when its agent is
-//!   stale); `queued_w`: the uncached blocks of the requests routed there
+//! - `m_w`: the leading blocks of the chain `w` holds; when its agent is
+//!   stale (silent past `ingest.stale_after_ms`, its engine still eligible),
+//!   `STALE_MATCH_WEIGHT` (half) of them, rounded up: a silent agent is not
+//!   an empty cache; `queued_w`: the uncached blocks of the requests routed there
 //!   that have not produced a first byte (the router's own prediction).
 //! - `write_w`, the blocks `w` must newly cache: at the prefix's **home**
 //!   (where it was placed or last moved) `B - m_w`; at any other backend all
@@ -38,6 +40,11 @@
 //!   lately, decayed over `PRESSURE_WINDOW` decisions per backend: a new
 //!   prefix lands where the cache turns over slowest (the proxy the
 //!   eviction term replaces).
+//!
+//! A prefix no backend holds whose CHWBL ring owner (the prefix-hash home)
+//! reports a **partial** view (its agent knows fewer blocks than its engine
+//! uses) goes to that owner (`prefix_hash`): its missing blocks are unknown,
+//! not absent, and the ring owner is where the prefix went before.
 //!
 //! The lowest cost wins; ties go to the deeper match, then at random. This
 //! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
@@ -95,7 +102,10 @@ use super::home::Home;
 use super::place::{Mode, Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
-use super::tuning::{ColdPlacement, KvConfig, HOME_HOLDS, PAYBACK_GAIN, PRESSURE_WINDOW, TIE_BAND};
+use super::tuning::{
+    ColdPlacement, KvConfig, HOME_HOLDS, PAYBACK_GAIN, PRESSURE_WINDOW, STALE_MATCH_WEIGHT,
+    TIE_BAND,
+};
 use super::{
     least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyConfig,
     PolicyError, RouteInput, Strategy,
@@ -136,14 +146,24 @@ impl KvAware {
         }
     }
 
-    /// Fresh matched blocks of the backend at each position.
+    /// Matched blocks of the backend at each position, a stale one's
+    /// discounted by `STALE_MATCH_WEIGHT`.
     fn matched(&self, input: &RouteInput<'_>) -> Vec<u32> {
         let Some(m) = input.matches else {
             return vec![0; self.slots.len()];
         };
+        let (num, den) = STALE_MATCH_WEIGHT;
         self.slots
             .iter()
-            .map(|s| m.of(*s).filter(|x| x.fresh).map_or(0, |x| x.blocks))
+            .map(|s| {
+                m.of(*s).map_or(0, |x| {
+                    if x.fresh {
+                        x.blocks
+                    } else {
+                        (x.blocks * num).div_ceil(den)
+                    }
+                })
+            })
             .collect()
     }
 
@@ -455,6 +475,17 @@ impl KvAware {
             .max()
             .ok_or(PolicyError::NoBackend)?;
         if best_match < self.kv.min_match_blocks {
+            // A partial view's missing blocks are unknown, not absent: the
+            // prefix's ring owner may hold it from before its agent's view.
+            // (Looked up only when some view is partial: no cost, and no
+            // draw from `rng`, otherwise.)
+            let partial = |l: &BackendLoad| l.engine.is_some_and(|e| e.partial);
+            if loads.iter().any(partial) {
+                let owner = self.fallback.pick_by_key(input.prefix_key, loads, rng)?;
+                if loads.get(owner.backend).is_some_and(partial) {
+                    return Ok(owner);
+                }
+            }
             return self.place_cold(input, loads, rng, mode);
         }
         if self.kv.cold_placement == ColdPlacement::Pressure {

@@ -103,22 +103,70 @@ fn spills_when_the_match_holder_is_full() {
 }
 
 #[test]
-fn falls_back_to_prefix_hash_when_cold_or_stale() {
+fn a_stale_holder_keeps_a_discounted_match() {
+    let p = kv(4, 8);
+    let loads = idle(4);
+    // Alone, the stale holder still wins: half its blocks beat nothing.
+    let stale = matches(&[(3, 20, false)], 20);
+    let input = RouteInput {
+        prefix_key: 77,
+        chain_blocks: 20,
+        matches: Some(&stale),
+    };
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!(
+        (d.backend, d.kind, d.matched_blocks),
+        (3, DecisionKind::KvMatch, 10)
+    );
+    // A fresh holder of more than half the chain wins over it.
+    let both = matches(&[(3, 20, false), (1, 12, true)], 20);
+    let input = RouteInput {
+        matches: Some(&both),
+        ..input
+    };
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.matched_blocks), (1, 12));
+}
+
+#[test]
+fn a_cold_prefix_goes_to_its_ring_owner_when_that_view_is_partial() {
     let p = kv(4, 8);
     let cold = matches(&[], 20);
-    let stale = matches(&[(3, 20, false)], 20);
-    let loads = idle(4);
-    for m in [&cold, &stale] {
-        let input = RouteInput {
-            prefix_key: 77,
-            chain_blocks: 20,
-            matches: Some(m),
-        };
+    let input = RouteInput {
+        prefix_key: 4242,
+        chain_blocks: 20,
+        matches: Some(&cold),
+    };
+    let mut loads = idle(4);
+    let owner = p
+        .fallback
+        .pick_by_key(4242, &loads, &mut rng())
+        .unwrap()
+        .backend;
+    loads[owner].engine = Some(crate::policy::EngineLoad {
+        partial: true,
+        ..Default::default()
+    });
+    for _ in 0..5 {
         let d = p.pick(&input, &loads, &mut rng()).unwrap();
-        let expect = p.fallback.pick_by_key(77, &loads, &mut rng()).unwrap();
-        assert_eq!(d.kind, DecisionKind::PrefixHash);
-        assert_eq!(d.backend, expect.backend);
+        assert_eq!((d.backend, d.kind), (owner, DecisionKind::PrefixHash));
     }
+}
+
+#[test]
+fn falls_back_to_prefix_hash_when_cold() {
+    let p = kv(4, 8);
+    let cold = matches(&[], 20);
+    let loads = idle(4);
+    let input = RouteInput {
+        prefix_key: 77,
+        chain_blocks: 20,
+        matches: Some(&cold),
+    };
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let expect = p.fallback.pick_by_key(77, &loads, &mut rng()).unwrap();
+    assert_eq!(d.kind, DecisionKind::PrefixHash);
+    assert_eq!(d.backend, expect.backend);
     let none = RouteInput {
         prefix_key: 77,
         chain_blocks: 0,

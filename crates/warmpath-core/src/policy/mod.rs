@@ -192,6 +192,10 @@ pub struct EngineLoad {
     /// Blocks the engine's cache holds, when it reports them: kv_aware then
     /// models that backend's cache (`resident`).
     pub capacity_blocks: Option<u64>,
+    /// The agent's view misses blocks the engine holds (it started beside a
+    /// warm engine): its missing blocks are unknown, not absent (`kv`).
+    #[serde(default)]
+    pub partial: bool,
 }
 
 /// The current load of one backend, in snapshot order.
@@ -454,6 +458,7 @@ pub(crate) mod test_util {
                 waiting: 4,
                 kv_usage: 0.5,
                 capacity_blocks: None,
+                partial: false,
             }),
             ..Default::default()
         };

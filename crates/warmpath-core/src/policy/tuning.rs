@@ -63,6 +63,14 @@ pub(crate) const MOVE_FIT_MAX: f64 = 0.85;
 /// backend's load, so a growing excess never shuts every prefix out.
 pub(crate) const MOVE_FIT_MIN: f64 = 0.15;
 
+/// A stale worker's match counts this fraction (rounded up) of its blocks:
+/// its agent went silent, not its engine (an engine that fails its health
+/// probes is not eligible at all), so what it last published is likely
+/// still cached, but less sure than a fresh view: half keeps a warm prefix
+/// on its old holder over cold backends, while a fresh holder of more than
+/// half the chain wins over it. (Issue 17: staleness is not an empty cache.)
+pub(crate) const STALE_MATCH_WEIGHT: (u32, u32) = (1, 2);
+
 /// The home still holds a prefix when it has at least 7/8 of the deepest
 /// match: LRU trimming a few tail blocks there is cheaper to write back
 /// than handing the prefix to a copy elsewhere.

@@ -217,6 +217,7 @@ impl RouterConfig {
             if p.max_prompt_tokens == Some(0) {
                 return Err(invalid(at("max_prompt_tokens"), "must be at least 1"));
             }
+            p.index.validate(&format!("pools[{i}]"))?;
             if p.backends.is_empty() {
                 return Err(invalid(at("backends"), "at least one backend is needed"));
             }

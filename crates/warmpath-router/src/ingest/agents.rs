@@ -45,6 +45,9 @@ pub struct AgentStatus {
     pub load: Option<EngineLoad>,
     /// Whether the engine answered the agent's last scrape.
     pub engine_up: Option<bool>,
+    /// Whether the agent's view misses blocks its engine holds (Hello, then
+    /// each Load): kv_aware treats its missing blocks as unknown.
+    pub partial: bool,
     /// Why the router last refused this agent (block size mismatch, older
     /// epoch), until a stream of it is accepted again.
     pub refused: Option<String>,
@@ -188,6 +191,7 @@ impl Agents {
                 .as_ref()
                 .and_then(|p| same_epoch.then_some(p.status.load).flatten()),
             engine_up: None,
+            partial: hello.partial,
             refused: None,
         };
         map.insert(
@@ -254,7 +258,9 @@ impl Agents {
                 waiting: l.waiting,
                 kv_usage: l.kv_usage.clamp(0.0, 1.0),
                 capacity_blocks: (l.capacity_blocks > 0).then_some(l.capacity_blocks),
+                partial: l.partial,
             });
+            e.status.partial = l.partial;
             e.status.engine_up = Some(l.engine_up);
             e.load_at_ms = e.live.last_heard_ms.load(Ordering::Relaxed);
         }

@@ -11,7 +11,14 @@
 //!   closed on its next message.
 //! - The `sweeper` module marks workers silent past `stale_after` stale (their
 //!   entries stop counting for `kv_aware`) and clears them after
-//!   `drop_after`.
+//!   `drop_after`; it also compacts each pool's dead holders every
+//!   `index.compact_interval_ms`.
+//! - Each worker is capped at its engine's reported capacity
+//!   (`Load.capacity_blocks`) times `index.capacity_slack`, at most
+//!   `index.max_worker_blocks` (also the cap while no capacity is known), and
+//!   the pool at `index.max_entries`: blocks beyond are refused, counted in
+//!   `warmpath_ingest_refused_blocks_total{pool,reason}` and logged (at most
+//!   one WARN per stream every 10 s).
 //! - Several router replicas each receive every agent's stream; since each
 //!   applies the same snapshot + deltas, they converge to the same index.
 
@@ -57,6 +64,9 @@ pub struct IngestPool {
     /// The worker ids of the pool's backends: a Hello for any other id is
     /// refused (its entries could never be routed to). `None` accepts any.
     pub known_workers: Option<Arc<[String]>>,
+    /// Bounds of `index`: the per-worker caps the streams set, the
+    /// compaction period the sweeper keeps.
+    pub bounds: crate::config::IndexSettings,
 }
 
 impl IngestPool {
@@ -66,6 +76,7 @@ impl IngestPool {
             index: Arc::clone(&p.index),
             block_size: p.block_size,
             known_workers: Some(p.backends.iter().map(|b| b.id.clone()).collect()),
+            bounds: p.index_bounds,
         }
     }
 }

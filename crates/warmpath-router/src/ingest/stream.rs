@@ -5,6 +5,7 @@
 use super::agents::{AgentKey, Agents, Live};
 use super::IngestPool;
 use std::sync::Arc;
+use warmpath_core::index::{Overflow, Stored};
 use warmpath_core::{BlockHash, Tier, WorkerSlot};
 use warmpath_proto::v1::{
     self, agent_message::Msg, delta::Op, router_message, AgentMessage, RouterMessage,
@@ -12,6 +13,10 @@ use warmpath_proto::v1::{
 
 /// Acknowledge applied deltas at least this often.
 const ACK_EVERY: u64 = 256;
+
+/// At most one WARN about refused blocks per stream this often: a flood
+/// must not turn into a flood of log lines.
+const REFUSAL_LOG_EVERY_MS: u64 = 10_000;
 
 /// Why a stream is refused; the text goes to the agent and the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +55,17 @@ struct PendingSnapshot {
     seq: u64,
     next_chunk: u32,
     total: u64,
+    /// Blocks received, including those beyond the worker's cap.
+    received: u64,
+    /// At most the worker's cap of them: the rest is refused on arrival.
     blocks: Vec<(u64, Tier)>,
+}
+
+/// Refused blocks not yet reported in a log line.
+#[derive(Default)]
+struct RefusalLog {
+    last_ms: Option<u64>,
+    unreported: u64,
 }
 
 /// The stream's metric handles, looked up once instead of per message.
@@ -91,6 +106,9 @@ pub(crate) struct WorkerStream {
     applied: Option<u64>,
     pending: Option<PendingSnapshot>,
     unacked: u64,
+    /// The time of the message being applied (monotonic ms).
+    now_ms: u64,
+    refusals: RefusalLog,
 }
 
 impl WorkerStream {
@@ -145,6 +163,11 @@ impl WorkerStream {
         // Heard now; entries of an older epoch keep serving until the new
         // snapshot replaces them.
         let _ = pool.index.mark_heard(slot, now_ms);
+        if pool.index.worker_cap(slot).is_none() {
+            let _ = pool
+                .index
+                .set_worker_cap(slot, Some(pool.bounds.worker_cap(None)));
+        }
         Ok(WorkerStream {
             pool,
             agents,
@@ -157,6 +180,8 @@ impl WorkerStream {
             applied: None,
             pending: None,
             unacked: 0,
+            now_ms,
+            refusals: RefusalLog::default(),
         })
     }
 
@@ -186,6 +211,7 @@ impl WorkerStream {
         }
         let _ = self.pool.index.mark_heard(self.slot, now_ms);
         self.live.heard(now_ms);
+        self.now_ms = now_ms;
         let Some(msg) = msg.msg else {
             return Ok(vec![]);
         };
@@ -195,6 +221,9 @@ impl WorkerStream {
             Msg::Delta(d) => Ok(self.on_delta(d, now_unix_micros)),
             Msg::Load(l) => {
                 self.agents.set_load(&self.key, &l);
+                let capacity = (l.capacity_blocks > 0).then_some(l.capacity_blocks);
+                let cap = self.pool.bounds.worker_cap(capacity);
+                let _ = self.pool.index.set_worker_cap(self.slot, Some(cap));
                 Ok(vec![])
             }
             Msg::Heartbeat(_) => Ok(vec![]),
@@ -229,9 +258,13 @@ impl WorkerStream {
                 seq: c.seq,
                 next_chunk: 0,
                 total: c.total_blocks,
-                blocks: Vec::with_capacity(c.total_blocks.min(1 << 22) as usize),
+                received: 0,
+                // The announced total is the agent's word: reserve no more
+                // than the worker may hold.
+                blocks: Vec::with_capacity(c.total_blocks.min(self.cap()).min(1 << 22) as usize),
             });
         }
+        let cap = self.cap() as usize;
         let Some(p) = self.pending.as_mut() else {
             return vec![resend("snapshot chunk without a first chunk")];
         };
@@ -241,23 +274,29 @@ impl WorkerStream {
             return vec![resend("snapshot chunks out of order")];
         }
         p.next_chunk += 1;
+        p.received += c.blocks.len() as u64;
+        let room = cap.saturating_sub(p.blocks.len());
+        let over = c.blocks.len().saturating_sub(room);
         p.blocks
-            .extend(c.blocks.iter().map(|b| (b.hash, tier(b.tier))));
-        if !c.last {
+            .extend(c.blocks.iter().take(room).map(|b| (b.hash, tier(b.tier))));
+        let last = c.last;
+        if over > 0 {
+            self.refused(over as u64, Overflow::WorkerCap);
+        }
+        if !last {
             return vec![];
         }
         let Some(p) = self.pending.take() else {
             return vec![];
         };
-        if p.blocks.len() as u64 != p.total {
+        if p.received != p.total {
             self.applied = None;
             return vec![resend(format!(
                 "snapshot had {} blocks, announced {}",
-                p.blocks.len(),
-                p.total
+                p.received, p.total
             ))];
         }
-        let index = &self.pool.index;
+        let index = Arc::clone(&self.pool.index);
         let _ = index.clear_worker(self.slot);
         for t in Tier::ALL {
             let hs: Vec<BlockHash> = p
@@ -267,7 +306,9 @@ impl WorkerStream {
                 .map(|(h, _)| BlockHash(*h))
                 .collect();
             if !hs.is_empty() {
-                let _ = index.store(self.slot, t, &hs);
+                if let Ok(st) = index.store_bounded(self.slot, t, &hs) {
+                    self.note(st);
+                }
             }
         }
         self.counters.snapshot_blocks.increment(p.total);
@@ -297,11 +338,13 @@ impl WorkerStream {
                 d.seq
             ))];
         }
-        let index = &self.pool.index;
+        let index = Arc::clone(&self.pool.index);
         match d.op {
             Some(Op::Stored(s)) => {
                 let n = s.hashes.len() as u64;
-                let _ = index.store(self.slot, tier(s.tier), &hashes(&s.hashes));
+                if let Ok(st) = index.store_bounded(self.slot, tier(s.tier), &hashes(&s.hashes)) {
+                    self.note(st);
+                }
                 self.counters.stored_blocks.increment(n);
             }
             Some(Op::Removed(r)) => {
@@ -327,6 +370,49 @@ impl WorkerStream {
             return vec![ack(d.seq)];
         }
         vec![]
+    }
+}
+
+impl WorkerStream {
+    /// The most entries this worker may hold now.
+    fn cap(&self) -> u64 {
+        self.pool
+            .index
+            .worker_cap(self.slot)
+            .unwrap_or_else(|| self.pool.bounds.worker_cap(None))
+    }
+
+    fn note(&mut self, st: Stored) {
+        if let Some(why) = st.reason.filter(|_| st.refused > 0) {
+            self.refused(st.refused as u64, why);
+        }
+    }
+
+    /// Counts refused blocks and logs them, at most once per
+    /// [`REFUSAL_LOG_EVERY_MS`].
+    fn refused(&mut self, n: u64, why: Overflow) {
+        metrics::counter!("warmpath_ingest_refused_blocks_total", "pool" => self.pool.model.clone(), "reason" => why.as_str())
+            .increment(n);
+        let r = &mut self.refusals;
+        r.unreported += n;
+        if r.last_ms
+            .is_some_and(|t| self.now_ms.saturating_sub(t) < REFUSAL_LOG_EVERY_MS)
+        {
+            return;
+        }
+        r.last_ms = Some(self.now_ms);
+        let blocks = std::mem::take(&mut r.unreported);
+        let index = &self.pool.index;
+        tracing::warn!(
+            worker = %self.key.worker_id,
+            blocks,
+            reason = why.as_str(),
+            worker_cap = self.cap(),
+            held = index.block_count(self.slot),
+            pool_entries = index.entries(),
+            max_entries = self.pool.bounds.max_entries,
+            "index bound reached: blocks refused (worker_capacity: the engine's reported capacity x index.capacity_slack, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
+        );
     }
 }
 

@@ -1,4 +1,5 @@
-//! Marks silent workers stale and clears the ones silent for too long.
+//! Marks silent workers stale and clears the ones silent for too long, and
+//! compacts each pool's dead holders every `index.compact_interval_ms`.
 
 use super::PoolDirectory;
 use std::sync::Arc;
@@ -46,6 +47,25 @@ pub(crate) fn sweep(
     (stale, newly)
 }
 
+/// Compacts every pool whose `index.compact_interval_ms` has passed since
+/// `last[i]` (ms; pools beyond `last` start now); returns the blocks removed.
+pub(crate) fn compact_due(dir: &dyn PoolDirectory, now_ms: u64, last: &mut Vec<u64>) -> usize {
+    let pools = dir.pools();
+    last.resize(pools.len().max(last.len()), now_ms);
+    let mut removed = 0;
+    for (pool, at) in pools.iter().zip(last.iter_mut()) {
+        if now_ms.saturating_sub(*at) >= pool.bounds.compact_interval_ms {
+            *at = now_ms;
+            let n = pool.index.compact_dead();
+            if n > 0 {
+                tracing::debug!(pool = %pool.model, blocks = n, "index compacted");
+            }
+            removed += n;
+        }
+    }
+    removed
+}
+
 /// Sweeps every `period` until `shutdown`.
 pub fn spawn_sweeper(
     dir: Arc<dyn PoolDirectory>,
@@ -56,6 +76,7 @@ pub fn spawn_sweeper(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut cleared = std::collections::HashSet::new();
+        let mut compacted = Vec::new();
         let mut tick = tokio::time::interval(period);
         loop {
             tokio::select! {
@@ -69,6 +90,7 @@ pub fn spawn_sweeper(
                 crate::monotonic_ms(),
                 &mut cleared,
             );
+            compact_due(dir.as_ref(), crate::monotonic_ms(), &mut compacted);
         }
     })
 }

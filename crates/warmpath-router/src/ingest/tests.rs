@@ -26,6 +26,7 @@ fn pool() -> IngestPool {
         index: Arc::new(CacheIndex::new()),
         block_size: 4,
         known_workers: None,
+        bounds: crate::config::IndexSettings::default(),
     }
 }
 
@@ -38,6 +39,7 @@ fn hello(worker: &str, epoch: u64, bs: u32) -> Hello {
         epoch,
         agent_version: "test".into(),
         dp_rank: 0,
+        partial: false,
     }
 }
 
@@ -367,6 +369,7 @@ async fn grpc_end_to_end_with_token() {
             kv_usage: 0.5,
             engine_up: true,
             capacity_blocks: 0,
+            partial: false,
         })),
     });
     let (tx, mut answers) = open(addr, Some("s3cret"), msgs).await.unwrap();
@@ -459,4 +462,60 @@ fn tiers_map_from_proto() {
         p.index.holders_of(c[0]),
         vec![("w".to_string(), vec![Tier::Cpu])]
     );
+}
+
+fn load(capacity_blocks: u64) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Msg::Load(Load {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.5,
+            engine_up: true,
+            capacity_blocks,
+            partial: false,
+        })),
+    }
+}
+
+#[test]
+fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
+    let mut p = pool();
+    p.bounds.capacity_slack = 1.5;
+    p.bounds.max_worker_blocks = 12;
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
+    let slot = p.index.worker_slot("w").unwrap();
+    // No capacity known yet: max_worker_blocks, for snapshots too.
+    assert_eq!(p.index.worker_cap(slot), Some(12));
+    let c = chain(40);
+    let mut out = vec![];
+    for m in snapshot(1, &c[..20], 7) {
+        out = ws.on_message(m, 1, 0).unwrap();
+    }
+    assert!(!is_resend(&out), "{out:?}");
+    assert_eq!(p.index.block_count(slot), 12);
+    // A reported capacity of 4: cap 6; the held 12 stay, nothing new lands.
+    ws.on_message(load(4), 2, 0).unwrap();
+    assert_eq!(p.index.worker_cap(slot), Some(6));
+    ws.on_message(stored(2, &c[20..30]), 3, 0).unwrap();
+    assert_eq!(p.index.block_count(slot), 12);
+    // A huge claimed capacity is held to max_worker_blocks.
+    ws.on_message(load(1 << 40), 4, 0).unwrap();
+    assert_eq!(p.index.worker_cap(slot), Some(12));
+}
+
+#[test]
+fn compaction_runs_on_its_interval() {
+    let mut p = pool();
+    p.bounds.compact_interval_ms = 1_000;
+    let slot = p.index.register_worker("w").unwrap();
+    p.index.store(slot, Tier::Gpu, &chain(10)).unwrap();
+    p.index.clear_worker(slot).unwrap();
+    assert_eq!(p.index.distinct_blocks(), 10);
+    let dir = OnePool(p.clone());
+    let mut last = Vec::new();
+    assert_eq!(sweeper::compact_due(&dir, 5_000, &mut last), 0);
+    assert_eq!(sweeper::compact_due(&dir, 5_999, &mut last), 0);
+    assert_eq!(sweeper::compact_due(&dir, 6_000, &mut last), 10);
+    assert_eq!(p.index.distinct_blocks(), 0);
 }
