@@ -1,18 +1,18 @@
-//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload.
+//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload
+//! (membership changes are [`crate::members`]).
 //!
-//! Both swap a pool's policy atomically ([`Pool::switch`](crate::pool::Pool::switch)):
+//! Both swap a pool's policy atomically ([`Pool::switch`]):
 //! requests already routed keep their backend, requests being routed finish
 //! with the snapshot they took, later requests use the new policy.
 
+use crate::backend::Origin;
 use crate::config::RouterConfig;
 use crate::error::{ApiError, RouterError};
-use crate::pool::SwitchError;
+use crate::pool::{Pool, SwitchError};
 use crate::state::Shared;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -26,32 +26,13 @@ pub struct StrategyBody {
     pub strategy: String,
 }
 
-/// `PUT /admin/pools/{model}/strategy` (`model` may contain `/`).
-pub async fn set_strategy(
-    State(s): State<Arc<Shared>>,
-    Path(rest): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if let Err(e) = crate::access::admin(&s, &headers) {
-        return e.into_response();
-    }
-    let Some(model) = rest.strip_suffix("/strategy") else {
-        return ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy"
-            ),
-            kind: "invalid_request_error",
-            param: None,
-            code: "not_found",
-        }
-        .into_response();
-    };
+/// `PUT /admin/pools/{model}/strategy`, after [`crate::members::handle`]
+/// checked the admin token and found the pool's name in the path.
+pub(crate) fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
     let Some(pool) = s.pools.get(model) else {
         return ApiError::unknown_model(model).into_response();
     };
-    let req: StrategyBody = match serde_json::from_slice(&body) {
+    let req: StrategyBody = match serde_json::from_slice(body) {
         Ok(b) => b,
         Err(e) => {
             return ApiError::bad_request(
@@ -89,19 +70,28 @@ pub async fn set_strategy(
     }
 }
 
+/// What a reload applied and what it could not (each a sentence).
+#[derive(Debug, Default)]
+pub struct ReloadReport {
+    /// Applied live.
+    pub applied: Vec<String>,
+    /// Left as they run: they need a restart (or a different change).
+    pub ignored: Vec<String>,
+}
+
 /// Applies a re-read configuration: each existing pool gets the file's
-/// strategy and policy knobs. Returns what changed; settings that need a
-/// restart (backends, tokenizer, block size, listen addresses, new pools)
-/// are logged and listed, not applied.
-pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
+/// strategy and policy knobs, backends the file adds are added and
+/// backends it no longer lists are drained and removed (only those that
+/// came from the configuration: members added through the API or by
+/// discovery stay). Settings that need a restart (tokenizer, block size,
+/// new pools, a member's changed url) are listed, not applied.
+pub async fn reload(s: &Arc<Shared>, config: &RouterConfig) -> Result<ReloadReport, RouterError> {
     config.validate()?;
-    let mut changes = Vec::new();
+    let mut r = ReloadReport::default();
     for pc in &config.pools {
         let Some(pool) = s.pools.get(&pc.model) else {
-            changes.push(format!(
-                "pool {:?} is new: needs a restart (ignored)",
-                pc.model
-            ));
+            r.ignored
+                .push(format!("pool {:?} is new: needs a restart", pc.model));
             continue;
         };
         let current = pool.policy();
@@ -117,33 +107,93 @@ pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterEr
                     "kv_aware needs a tokenizer, and tokenizers load only at start",
                 )),
             })?;
-            changes.push(format!(
+            r.applied.push(format!(
                 "pool {:?}: policy {} -> {}",
                 pc.model, current.strategy, strategy
             ));
         }
-        let ids: Vec<&str> = pc.backends.iter().map(|b| b.id()).collect();
-        let have: Vec<&str> = pool.backends.iter().map(|b| b.id.as_str()).collect();
-        if ids != have || pc.block_size != pool.block_size {
-            changes.push(format!(
-                "pool {:?}: backends or block_size changed: needs a restart (ignored)",
+        reload_members(s, pool, pc, &mut r).await;
+        let running: Vec<_> = pool.discovery.iter().map(|p| &p.config).collect();
+        if pc.discovery.iter().collect::<Vec<_>>() != running {
+            r.ignored.push(format!(
+                "pool {:?}: discovery changed: needs a restart",
+                pc.model
+            ));
+        }
+        if pc.block_size != pool.block_size {
+            r.ignored.push(format!(
+                "pool {:?}: block_size changed: needs a restart",
                 pc.model
             ));
         }
         if pc.expose_routing_headers != pool.expose_routing_headers
             || pc.max_prompt_tokens != pool.configured_prompt_cap()
         {
-            changes.push(format!(
-                "pool {:?}: expose_routing_headers or max_prompt_tokens changed: needs a restart (ignored)",
+            r.ignored.push(format!(
+                "pool {:?}: expose_routing_headers or max_prompt_tokens changed: needs a restart",
                 pc.model
             ));
         }
     }
-    for c in &changes {
-        tracing::info!("reload: {c}");
+    for p in s.pools.all() {
+        if !config.pools.iter().any(|pc| pc.model == p.model) {
+            r.ignored.push(format!(
+                "pool {:?} is gone from the configuration: needs a restart",
+                p.model
+            ));
+        }
     }
-    Ok(changes)
+    Ok(r)
 }
+
+/// The backend part of a reload: adds first, then drains, so replacing
+/// every backend never leaves the pool empty.
+async fn reload_members(
+    s: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    pc: &crate::config::PoolConfig,
+    r: &mut ReloadReport,
+) {
+    let members = pool.backends();
+    for b in &pc.backends {
+        match members.iter().find(|m| m.id == b.id()) {
+            None => match crate::members::add_member(s, pool, b, Origin::Config).await {
+                Ok(_) => r
+                    .applied
+                    .push(format!("pool {:?}: backend {:?} added", pc.model, b.id())),
+                Err(e) => r.ignored.push(format!(
+                    "pool {:?}: backend {:?} not added: {e}",
+                    pc.model,
+                    b.id()
+                )),
+            },
+            Some(m) if m.origin == Origin::Config && m.configured != *b => r.ignored.push(format!(
+                "pool {:?}: backend {:?} changed its url or adapters: remove it and add it again",
+                pc.model,
+                b.id()
+            )),
+            Some(_) => {}
+        }
+    }
+    for m in members.iter().filter(|m| m.origin == Origin::Config) {
+        if m.is_draining() || pc.backends.iter().any(|b| b.id() == m.id) {
+            continue;
+        }
+        match crate::members::drain(s, pool, &m.id, DRAIN_ON_RELOAD) {
+            Ok(_) => r.applied.push(format!(
+                "pool {:?}: backend {:?} draining (gone from the configuration)",
+                pc.model, m.id
+            )),
+            Err(e) => r.ignored.push(format!(
+                "pool {:?}: backend {:?} not removed: {e}",
+                pc.model, m.id
+            )),
+        }
+    }
+}
+
+/// How long a backend removed from the configuration may finish requests.
+const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The process-wide settings that differ between the running configuration
 /// and a re-read one: a reload cannot apply them (listeners, tokens, ingest
@@ -152,7 +202,7 @@ pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<S
     let mut out = Vec::new();
     let mut check = |name: &str, changed: bool| {
         if changed {
-            out.push(format!("{name} changed: needs a restart (ignored)"));
+            out.push(format!("{name} changed: needs a restart"));
         }
     };
     check("listen", running.listen != new.listen);

@@ -188,7 +188,7 @@ pub async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
     for p in s.pools.all() {
         data.push(json!({"id": p.model, "object": "model", "created": 0, "owned_by": "warmpath"}));
         let mut adapters = std::collections::BTreeSet::new();
-        for b in &p.backends {
+        for b in p.backends().iter() {
             adapters.extend(b.adapters());
         }
         for a in adapters {

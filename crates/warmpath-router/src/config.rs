@@ -33,10 +33,12 @@
 //! pool), or to the file's only pool.
 
 mod cli;
+mod discovery;
 mod ingest;
 mod validate;
 
 pub use cli::Cli;
+pub use discovery::{DiscoveryConfig, DnsDiscovery};
 pub use ingest::{IngestConfig, IngestSettings, TlsPem};
 pub use validate::BackendUrl;
 
@@ -354,6 +356,9 @@ pub struct PoolConfig {
     /// The engines serving this model.
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
+    /// Providers whose answers are members too (see `config::discovery`).
+    #[serde(default)]
+    pub discovery: Vec<DiscoveryConfig>,
 }
 
 fn yes() -> bool {
@@ -385,6 +390,7 @@ impl PoolConfig {
             max_prompt_tokens: None,
             tenants: TenantsConfig::default(),
             backends: Vec::new(),
+            discovery: Vec::new(),
         }
     }
 

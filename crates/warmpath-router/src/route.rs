@@ -150,19 +150,19 @@ pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u
     }
 }
 
-/// The live loads of `pool`'s backends, with `excluded` positions and
-/// backends not serving `adapter` marked ineligible.
-pub fn loads(
-    pool: &Pool,
-    adapter: Option<&str>,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-) -> Vec<BackendLoad> {
-    pool.backends
+/// The live loads of `plan`'s backends (its policy snapshot), with
+/// `excluded` positions, draining backends and backends not serving its
+/// adapter marked ineligible.
+pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
+    let pool = &plan.target.pool;
+    let adapter = plan.target.adapter.as_deref();
+    plan.policy
+        .backends
         .iter()
         .enumerate()
         .map(|(i, b)| BackendLoad {
             eligible: b.is_healthy()
+                && !b.is_draining()
                 && !excluded.contains(&i)
                 && adapter.is_none_or(|a| b.serves_adapter(a)),
             in_flight: b.in_flight(),
@@ -180,7 +180,8 @@ pub fn pick(
 ) -> Result<Decision, ApiError> {
     let t = Instant::now();
     let pool = &plan.target.pool;
-    let loads = loads(pool, plan.target.adapter.as_deref(), excluded, agents);
+    let loads = loads(plan, excluded, agents);
+    let members = plan.policy.backends.len();
     let input = RouteInput {
         prefix_key: plan.prefix_key.0,
         chain_blocks: plan.hashes.len() as u32,
@@ -189,11 +190,10 @@ pub fn pick(
     let res = plan.policy.policy.pick(&input, &loads, &mut rand::rng());
     observe(pool, Phase::Pick, t);
     match res {
-        Ok(d) if d.backend < pool.backends.len() => Ok(d),
+        Ok(d) if d.backend < members => Ok(d),
         Ok(d) => Err(ApiError::internal(format!(
-            "policy picked backend {} of {}",
+            "policy picked backend {} of {members}",
             d.backend,
-            pool.backends.len()
         ))),
         Err(PolicyError::NoBackend) => Err(ApiError::no_backend(
             plan.target.adapter.as_deref().unwrap_or(&pool.model),
