@@ -219,17 +219,18 @@ fn list(s: &Shared, p: &Pool) -> Value {
 }
 
 async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response {
-    let req: AddBody =
-        match serde_json::from_slice(body) {
-            Ok(b) => b,
-            Err(e) => return ApiError::bad_request(
+    let req: AddBody = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::bad_request(
                 "invalid_json",
                 format!(
                     "body must be {{\"url\": \"http://HOST:PORT\", \"worker_id\": \"...\"}}: {e}"
                 ),
             )
-            .into_response(),
-        };
+            .into_response()
+        }
+    };
     if let Some(a) = req.adapters.iter().find(|a| s.pools.get(a).is_some()) {
         return ApiError::bad_request(
             "invalid_backend",
