@@ -152,10 +152,10 @@ pub(crate) async fn follow_dns(
             }
         }
         for url in set {
-            if !running.contains_key(&url) {
-                tracing::info!(%name, router = %url, "router replica found: linking (snapshot first)");
-                let r = links.start(url.clone(), &cancel);
-                running.insert(url, r);
+            if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(url) {
+                tracing::info!(%name, router = %slot.key(), "router replica found: linking (snapshot first)");
+                let r = links.start(slot.key().clone(), &cancel);
+                slot.insert(r);
             }
         }
         metrics::gauge!("warmpath_agent_router_replicas", "name" => name.clone())

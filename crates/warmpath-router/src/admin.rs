@@ -8,15 +8,72 @@
 use crate::backend::Origin;
 use crate::config::RouterConfig;
 use crate::error::{ApiError, RouterError};
+use crate::members;
 use crate::pool::{Pool, SwitchError};
 use crate::state::Shared;
-use axum::http::StatusCode;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
 use warmpath_core::Strategy;
+
+/// Every `/admin/pools/{*rest}` request: `PUT …/strategy` here, the
+/// membership calls in [`crate::members`].
+pub async fn handle(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    Path(rest): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = crate::access::admin(&s, &headers) {
+        return e.into_response();
+    }
+    let models: Vec<&str> = s.pools.all().iter().map(|p| p.model.as_str()).collect();
+    let Some(res) = members::resource(&rest, &models) else {
+        let named = rest
+            .split_once("/backends")
+            .or_else(|| rest.rsplit_once("/strategy"));
+        return match named {
+            Some((m, _)) if !models.contains(&m) => ApiError::unknown_model(m).into_response(),
+            _ => members::not_found(format!(
+                "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy or /admin/pools/{{model}}/backends"
+            )),
+        };
+    };
+    let pool_of = |m: &str| s.pools.get(m).cloned();
+    match (res, method) {
+        (members::Resource::Strategy(m), Method::PUT) => set_strategy(&s, m, &body),
+        (members::Resource::Strategy(_), _) => members::method_not_allowed("PUT"),
+        (members::Resource::Backends(m), Method::GET) => match pool_of(m) {
+            Some(p) => Json(members::list(&s, &p)).into_response(),
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backends(m), Method::POST) => match pool_of(m) {
+            Some(p) => members::add(&s, &p, &body).await,
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backends(_), _) => members::method_not_allowed("GET or POST"),
+        (members::Resource::Backend(m, w), Method::DELETE) => match pool_of(m) {
+            Some(p) => match members::remove(&s, &p, w) {
+                Ok(b) => Json(json!({"model": p.model, "worker_id": b.id, "removed": true}))
+                    .into_response(),
+                Err(e) => e.response(),
+            },
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backend(..), _) => members::method_not_allowed("DELETE"),
+        (members::Resource::Drain(m, w), Method::POST) => match pool_of(m) {
+            Some(p) => members::drain_request(&s, &p, w, &body),
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Drain(..), _) => members::method_not_allowed("POST"),
+    }
+}
 
 /// Body of `PUT /admin/pools/{model}/strategy`.
 #[derive(Debug, Deserialize)]
@@ -26,9 +83,9 @@ pub struct StrategyBody {
     pub strategy: String,
 }
 
-/// `PUT /admin/pools/{model}/strategy`, after [`crate::members::handle`]
+/// `PUT /admin/pools/{model}/strategy`, after [`handle`]
 /// checked the admin token and found the pool's name in the path.
-pub(crate) fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
+fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
     let Some(pool) = s.pools.get(model) else {
         return ApiError::unknown_model(model).into_response();
     };
@@ -157,7 +214,7 @@ async fn reload_members(
     let members = pool.backends();
     for b in &pc.backends {
         match members.iter().find(|m| m.id == b.id()) {
-            None => match crate::members::add_member(s, pool, b, Origin::Config).await {
+            None => match members::add_member(s, pool, b, Origin::Config).await {
                 Ok(_) => r
                     .applied
                     .push(format!("pool {:?}: backend {:?} added", pc.model, b.id())),
@@ -179,7 +236,7 @@ async fn reload_members(
         if m.is_draining() || pc.backends.iter().any(|b| b.id() == m.id) {
             continue;
         }
-        match crate::members::drain(s, pool, &m.id, DRAIN_ON_RELOAD) {
+        match members::drain(s, pool, &m.id, DRAIN_ON_RELOAD) {
             Ok(_) => r.applied.push(format!(
                 "pool {:?}: backend {:?} draining (gone from the configuration)",
                 pc.model, m.id

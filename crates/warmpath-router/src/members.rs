@@ -21,11 +21,9 @@ use crate::config::BackendConfig;
 use crate::error::ApiError;
 use crate::pool::{MemberError, Pool};
 use crate::state::Shared;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -90,7 +88,7 @@ pub(crate) fn resource<'a>(rest: &'a str, models: &[&str]) -> Option<Resource<'a
     None
 }
 
-fn not_found(message: String) -> Response {
+pub(crate) fn not_found(message: String) -> Response {
     ApiError {
         status: StatusCode::NOT_FOUND,
         message,
@@ -101,7 +99,7 @@ fn not_found(message: String) -> Response {
     .into_response()
 }
 
-fn method_not_allowed(allow: &str) -> Response {
+pub(crate) fn method_not_allowed(allow: &str) -> Response {
     ApiError {
         status: StatusCode::METHOD_NOT_ALLOWED,
         message: format!("use {allow}"),
@@ -113,7 +111,7 @@ fn method_not_allowed(allow: &str) -> Response {
 }
 
 impl MemberError {
-    fn response(&self) -> Response {
+    pub(crate) fn response(&self) -> Response {
         let (status, code) = match self {
             MemberError::Duplicate { .. } => (StatusCode::CONFLICT, "duplicate_worker_id"),
             MemberError::Unknown { .. } => (StatusCode::NOT_FOUND, "unknown_worker_id"),
@@ -131,60 +129,6 @@ impl MemberError {
             code,
         }
         .into_response()
-    }
-}
-
-/// Every `/admin/pools/{*rest}` request (`PUT …/strategy` goes on to
-/// [`crate::admin::set_strategy`]).
-pub async fn handle(
-    State(s): State<Arc<Shared>>,
-    method: Method,
-    Path(rest): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if let Err(e) = crate::access::admin(&s, &headers) {
-        return e.into_response();
-    }
-    let models: Vec<&str> = s.pools.all().iter().map(|p| p.model.as_str()).collect();
-    let Some(res) = resource(&rest, &models) else {
-        let named = rest
-            .split_once("/backends")
-            .or_else(|| rest.rsplit_once("/strategy"));
-        return match named {
-            Some((m, _)) if !models.contains(&m) => ApiError::unknown_model(m).into_response(),
-            _ => not_found(format!(
-                "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy or /admin/pools/{{model}}/backends"
-            )),
-        };
-    };
-    let pool_of = |m: &str| s.pools.get(m).cloned();
-    match (res, method) {
-        (Resource::Strategy(m), Method::PUT) => crate::admin::set_strategy(&s, m, &body),
-        (Resource::Strategy(_), _) => method_not_allowed("PUT"),
-        (Resource::Backends(m), Method::GET) => match pool_of(m) {
-            Some(p) => Json(list(&s, &p)).into_response(),
-            None => ApiError::unknown_model(m).into_response(),
-        },
-        (Resource::Backends(m), Method::POST) => match pool_of(m) {
-            Some(p) => add(&s, &p, &body).await,
-            None => ApiError::unknown_model(m).into_response(),
-        },
-        (Resource::Backends(_), _) => method_not_allowed("GET or POST"),
-        (Resource::Backend(m, w), Method::DELETE) => match pool_of(m) {
-            Some(p) => match remove(&s, &p, w) {
-                Ok(b) => Json(json!({"model": p.model, "worker_id": b.id, "removed": true}))
-                    .into_response(),
-                Err(e) => e.response(),
-            },
-            None => ApiError::unknown_model(m).into_response(),
-        },
-        (Resource::Backend(..), _) => method_not_allowed("DELETE"),
-        (Resource::Drain(m, w), Method::POST) => match pool_of(m) {
-            Some(p) => drain_request(&s, &p, w, &body),
-            None => ApiError::unknown_model(m).into_response(),
-        },
-        (Resource::Drain(..), _) => method_not_allowed("POST"),
     }
 }
 
@@ -208,7 +152,7 @@ fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
     })
 }
 
-fn list(s: &Shared, p: &Pool) -> Value {
+pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
     let now = crate::monotonic_ms();
     let members: Vec<Value> = p
         .backends()
@@ -218,7 +162,7 @@ fn list(s: &Shared, p: &Pool) -> Value {
     json!({"model": p.model, "backends": members})
 }
 
-async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response {
+pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response {
     let req: AddBody = match serde_json::from_slice(body) {
         Ok(b) => b,
         Err(e) => {
@@ -284,7 +228,12 @@ fn forget(s: &Shared, p: &Pool, b: &Backend) {
     crate::readiness::update_gauge(s);
 }
 
-fn drain_request(s: &Arc<Shared>, p: &Arc<Pool>, worker_id: &str, body: &[u8]) -> Response {
+pub(crate) fn drain_request(
+    s: &Arc<Shared>,
+    p: &Arc<Pool>,
+    worker_id: &str,
+    body: &[u8],
+) -> Response {
     let req: DrainBody = if body.iter().all(u8::is_ascii_whitespace) {
         DrainBody::default()
     } else {

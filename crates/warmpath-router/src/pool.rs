@@ -12,7 +12,7 @@
 
 use crate::backend::{Backend, Origin};
 use crate::config::{BackendConfig, BackendUrl, PoolConfig, TenantsConfig};
-use crate::discovery::Provider;
+use crate::discovery::provider::Provider;
 use crate::error::RouterError;
 use crate::hot::HotChains;
 use crate::metrics::PoolMetrics;

@@ -7,7 +7,7 @@ use crate::conn::{self, ConnLimits, Conns};
 use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
-use crate::{admin, api, front, health, ingest, inspect, members, metrics, readiness};
+use crate::{admin, api, front, health, ingest, inspect, metrics, readiness};
 use axum::routing::{any, get, post};
 use axum::Router;
 use std::net::SocketAddr;
@@ -28,7 +28,7 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(inspect::metrics))
         .route("/cache-index", get(inspect::cache_index))
         .route("/cache-index/query", post(inspect::query))
-        .route("/admin/pools/{*rest}", any(members::handle))
+        .route("/admin/pools/{*rest}", any(admin::handle))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError {
                 status: axum::http::StatusCode::NOT_FOUND,
