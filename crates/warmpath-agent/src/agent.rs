@@ -19,12 +19,13 @@
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
-use crate::link::{run_link, Identity, LinkConfig};
+use crate::link::{Identity, LinkConfig};
 use crate::load::scrape_loop;
 use crate::observe::{
     proxy_router, run_observer, LruMirror, ObserveStats, PromptHasher, ProxyState,
 };
 use crate::ready::{self, Readiness};
+use crate::replicas::Links;
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
 use crate::vllm::wire::endpoint_for_rank;
@@ -67,8 +68,13 @@ pub struct AgentConfig {
     /// Rank 0's replay endpoint, if any.
     pub kv_replay: Option<String>,
     /// Router gRPC URLs, e.g. `http://127.0.0.1:50051`, or `https://...`
-    /// for a router serving TLS.
+    /// for a router serving TLS, or `dns://NAME:PORT` for every replica
+    /// `NAME` resolves to (see [`crate::replicas`]).
     pub routers: Vec<String>,
+    /// The nameserver for `dns://` routers (default: the system's).
+    pub router_nameserver: Option<SocketAddr>,
+    /// How often `dns://` routers are resolved again.
+    pub router_dns_interval: Duration,
     /// PEM root certificate(s) to trust for `https` routers (a self-signed
     /// router certificate or a private CA); without it the system's roots.
     pub router_ca: Option<PathBuf>,
@@ -123,6 +129,8 @@ impl AgentConfig {
             kv_events: kv_events.into(),
             kv_replay: None,
             routers: Vec::new(),
+            router_nameserver: None,
+            router_dns_interval: Duration::from_secs(5),
             router_ca: None,
             tls_domain: None,
             mode: Mode::Events,
@@ -163,6 +171,17 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.cancel.cancel();
     }
+}
+
+/// Longest wait for one answer about a `dns://` router name.
+const ROUTER_DNS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One `--router` entry.
+enum RouterTarget {
+    /// A URL: one link.
+    Url(String),
+    /// `dns://NAME:PORT`: one link per resolved replica.
+    Dns(String, u16),
 }
 
 #[derive(Clone)]
@@ -213,11 +232,42 @@ impl Agent {
                 )));
             }
         }
-        let router_tls = crate::tls::router_tls(
-            &cfg.routers,
-            cfg.router_ca.as_deref(),
-            cfg.tls_domain.as_deref(),
-        )?;
+        let mut router_targets = Vec::new();
+        for r in &cfg.routers {
+            router_targets.push(match crate::replicas::dns_target(r) {
+                Some(t) => {
+                    let (name, port) = t?;
+                    if cfg.agent_token.is_some() && !cfg.insecure {
+                        return Err(AgentError::Config(format!(
+                            "--router {r}: its replicas are reached over plain http://, so the agent token would cross the network in plain text; pass --insecure (inside a trusted network) or list https:// routers"
+                        )));
+                    }
+                    RouterTarget::Dns(name, port)
+                }
+                None => RouterTarget::Url(r.clone()),
+            });
+        }
+        // Built before anything is spawned: a bad system configuration fails the start.
+        let dns_resolver = if router_targets
+            .iter()
+            .any(|t| matches!(t, RouterTarget::Dns(..)))
+        {
+            let r = warmpath_proto::dns::resolver(cfg.router_nameserver, ROUTER_DNS_TIMEOUT)
+                .map_err(|e| AgentError::Config(format!("--router dns://: {e}")))?;
+            Some(Arc::new(r))
+        } else {
+            None
+        };
+        // dns:// entries were checked above; their replicas are plain http.
+        let urls: Vec<String> = router_targets
+            .iter()
+            .filter_map(|t| match t {
+                RouterTarget::Url(u) => Some(u.clone()),
+                RouterTarget::Dns(..) => None,
+            })
+            .collect();
+        let router_tls =
+            crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
         let mut ranks = Vec::new();
         let observe = match cfg.mode {
             Mode::Events => None,
@@ -386,18 +436,31 @@ impl Agent {
             token: cfg.agent_token.clone(),
             tls: router_tls,
         };
-        for url in &cfg.routers {
-            let sink = hub.add_sink(url.clone(), cfg.router_queue);
-            tasks.push(tokio::spawn(run_link(
-                url.clone(),
-                id.clone(),
-                hub.clone(),
-                sink,
-                load_rx.clone(),
-                stats.clone(),
-                cfg.link.clone(),
-                cancel.child_token(),
-            )));
+        let links = Arc::new(Links {
+            id,
+            hub: hub.clone(),
+            load: load_rx.clone(),
+            stats: stats.clone(),
+            cfg: cfg.link.clone(),
+            queue: cfg.router_queue,
+        });
+        for target in router_targets {
+            match target {
+                RouterTarget::Url(url) => tasks.push(links.start(url, &cancel).task),
+                RouterTarget::Dns(name, port) => {
+                    let Some(resolver) = dns_resolver.clone() else {
+                        continue; // built above whenever a dns:// router is listed
+                    };
+                    tasks.push(tokio::spawn(crate::replicas::follow_dns(
+                        Arc::clone(&links),
+                        name,
+                        port,
+                        resolver,
+                        cfg.router_dns_interval,
+                        cancel.child_token(),
+                    )));
+                }
+            }
         }
         tracing::info!(worker_id = %cfg.worker_id, %http_addr, mode = ?cfg.mode, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
         Ok(Agent {

@@ -1,6 +1,7 @@
 //! The command line (names as in DESIGN.md), turned into an [`AgentConfig`].
 
 use crate::agent::{AgentConfig, Mode};
+use crate::error::AgentError;
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,9 +33,23 @@ pub enum CliMode {
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-agent", version)]
 pub struct Cli {
-    /// Worker id; must match the router's backend worker_id (default: its URL).
-    #[arg(long, env = "WARMPATH_WORKER_ID")]
-    pub worker_id: String,
+    /// Worker id; must match the router's backend worker_id (default: its
+    /// URL). Required unless `--worker-id-from-env` is given.
+    #[arg(
+        long,
+        env = "WARMPATH_WORKER_ID",
+        required_unless_present = "worker_id_from_env"
+    )]
+    pub worker_id: Option<String>,
+    /// Take the worker id from this environment variable (e.g. `POD_IP`
+    /// from the Kubernetes Downward API), put into `--worker-id-template`.
+    #[arg(long, value_name = "VAR", conflicts_with = "worker_id")]
+    pub worker_id_from_env: Option<String>,
+    /// The worker id made of the variable's value: `{}` stands for it,
+    /// e.g. `http://{}:8000` (the router's worker id for a discovered
+    /// backend).
+    #[arg(long, default_value = "{}", value_name = "TEMPLATE")]
+    pub worker_id_template: String,
     /// Served model name (seeds the block hashes; must match the router pool's).
     #[arg(long)]
     pub model: String,
@@ -50,9 +65,17 @@ pub struct Cli {
     #[arg(long)]
     pub kv_replay: Option<String>,
     /// Router gRPC URL (repeatable), e.g. http://10.0.0.2:50051, or
-    /// https://... for a router serving TLS.
+    /// https://... for a router serving TLS, or dns://NAME:PORT: every
+    /// address NAME resolves to (a headless Service of router replicas),
+    /// followed as it changes, one stream each.
     #[arg(long = "router")]
     pub routers: Vec<String>,
+    /// Nameserver (IP:PORT) for dns:// routers (default: the system's).
+    #[arg(long, value_name = "IP:PORT")]
+    pub router_nameserver: Option<SocketAddr>,
+    /// How often dns:// routers are resolved again, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub router_dns_interval_ms: u64,
     /// PEM root certificate(s) to trust for https routers (needed for a
     /// self-signed router certificate or a private CA; default: the system's).
     #[arg(long, value_name = "PATH")]
@@ -103,16 +126,47 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// The worker id: `--worker-id`, or the template filled from the
+    /// environment variable named by `--worker-id-from-env`.
+    fn worker_id(&self) -> Result<String, AgentError> {
+        let Some(var) = &self.worker_id_from_env else {
+            return self
+                .worker_id
+                .clone()
+                .ok_or_else(|| AgentError::Config("--worker-id is required".into()));
+        };
+        if !self.worker_id_template.contains("{}") {
+            return Err(AgentError::Config(format!(
+                "--worker-id-template {:?} has no {{}} for the value of {var}",
+                self.worker_id_template
+            )));
+        }
+        match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => Ok(self.worker_id_template.replace("{}", v.trim())),
+            _ => Err(AgentError::Config(format!(
+                "--worker-id-from-env {var}: the variable is not set (in Kubernetes: env {var} from the Downward API, e.g. fieldRef status.podIP)"
+            ))),
+        }
+    }
+
     /// The agent configuration.
-    pub fn into_config(self) -> AgentConfig {
+    pub fn into_config(self) -> Result<AgentConfig, AgentError> {
+        if self.router_dns_interval_ms < 100 {
+            return Err(AgentError::Config(
+                "--router-dns-interval-ms must be at least 100".into(),
+            ));
+        }
+        let worker_id = self.worker_id()?;
         let mut c = AgentConfig::new(
-            &self.worker_id,
+            &worker_id,
             &self.model,
             &self.engine_url,
             self.kv_events.as_deref().unwrap_or_default(),
         );
         c.kv_replay = self.kv_replay;
         c.routers = self.routers;
+        c.router_nameserver = self.router_nameserver;
+        c.router_dns_interval = Duration::from_millis(self.router_dns_interval_ms);
         c.router_ca = self.router_ca;
         c.tls_domain = self.tls_domain;
         c.mode = match self.mode {
@@ -129,7 +183,7 @@ impl Cli {
         c.tokenizer = self.tokenizer;
         c.cache_blocks = self.cache_blocks;
         c.block_size = self.block_size;
-        c
+        Ok(c)
     }
 }
 
@@ -166,7 +220,7 @@ mod tests {
             "router.internal",
         ])
         .unwrap();
-        let c = cli.into_config();
+        let c = cli.into_config().unwrap();
         assert_eq!(
             c.router_ca.as_deref(),
             Some(std::path::Path::new("/etc/ca.pem"))
@@ -198,7 +252,7 @@ mod tests {
             "32",
         ])
         .unwrap();
-        let c = cli.into_config();
+        let c = cli.into_config().unwrap();
         assert_eq!(c.mode, Mode::Observe);
         assert_eq!((c.cache_blocks, c.block_size), (5000, 32));
         assert_eq!(
@@ -206,5 +260,44 @@ mod tests {
             Some(std::path::Path::new("/models/llama"))
         );
         assert!(c.kv_events.is_empty());
+    }
+
+    #[test]
+    fn the_worker_id_can_come_from_the_environment_and_routers_from_dns() {
+        let args = |extra: &[&str]| {
+            let mut v = vec![
+                "warmpath-agent",
+                "--model",
+                "m",
+                "--engine-url",
+                "http://e:1",
+            ];
+            v.extend_from_slice(extra);
+            Cli::try_parse_from(v)
+        };
+        // A variable only this test reads.
+        std::env::set_var("WARMPATH_TEST_POD_IP", "10.1.2.3");
+        let c = args(&[
+            "--worker-id-from-env",
+            "WARMPATH_TEST_POD_IP",
+            "--worker-id-template",
+            "http://{}:8000",
+            "--router",
+            "dns://routers.svc:50051",
+            "--router-nameserver",
+            "127.0.0.1:5353",
+        ])
+        .unwrap()
+        .into_config()
+        .unwrap();
+        assert_eq!(c.worker_id, "http://10.1.2.3:8000");
+        assert_eq!(c.router_nameserver, Some("127.0.0.1:5353".parse().unwrap()));
+        let e = args(&["--worker-id-from-env", "WARMPATH_TEST_UNSET_VAR"])
+            .unwrap()
+            .into_config()
+            .unwrap_err();
+        assert!(e.to_string().contains("WARMPATH_TEST_UNSET_VAR"), "{e}");
+        assert!(args(&[]).is_err(), "a worker id is required");
+        assert!(args(&["--worker-id", "w", "--worker-id-from-env", "X"]).is_err());
     }
 }

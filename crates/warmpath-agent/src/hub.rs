@@ -132,6 +132,16 @@ impl Hub {
         sink
     }
 
+    /// Drops a router link's queue (the replica went away).
+    pub fn remove_sink(&self, sink: &Arc<Sink>) {
+        self.inner.lock().sinks.retain(|s| !Arc::ptr_eq(s, sink));
+    }
+
+    /// How many router queues are registered.
+    pub fn sinks(&self) -> usize {
+        self.inner.lock().sinks.len()
+    }
+
     /// The current seq, block count and learned block size.
     pub fn status(&self) -> (u64, usize, Option<u32>) {
         let i = self.inner.lock();

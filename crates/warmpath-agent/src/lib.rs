@@ -8,7 +8,8 @@
 //!   bounded, coalescing per-router queues.
 //! - [`follow`]: ZMQ SUB + DEALER replay for one rank, sequence handling.
 //! - [`link`]: one gRPC stream per router, with reconnect; [`tls`]: the
-//!   client TLS settings for `https` routers.
+//!   client TLS settings for `https` routers; [`replicas`]: the router list,
+//!   `dns://NAME:PORT` entries followed to one link per resolved replica.
 //! - [`load`]: the engine's Prometheus load metrics.
 //! - [`ready`]: readiness (engine reachable, a router stream up, KV events
 //!   flowing) for `/readyz` and its gauges.
@@ -28,6 +29,7 @@ pub mod link;
 pub mod load;
 pub mod observe;
 pub mod ready;
+pub mod replicas;
 mod series;
 pub mod stats;
 pub mod tls;

@@ -18,7 +18,8 @@ async fn main() -> anyhow::Result<()> {
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
-    let agent = Agent::start(cli.into_config(), Some(prometheus))
+    let config = cli.into_config().context("reading the command line")?;
+    let agent = Agent::start(config, Some(prometheus))
         .await
         .context("starting the agent")?;
     // Scripts read the bound address from stdout.

@@ -10,6 +10,10 @@
 //!   token metadata; [`worker_token`]: the per-worker credential.
 //! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`]: how the agent sizes snapshot chunks.
 //! - [`error_chain`]: a transport error with its sources, for logs and errors.
+//! - [`dns`]: the resolver of the router's DNS discovery and the agent's
+//!   `dns://` router lists.
+
+pub mod dns;
 
 /// Generated code for package `warmpath.v1`.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]

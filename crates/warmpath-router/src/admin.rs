@@ -1,15 +1,18 @@
-//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload.
+//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload
+//! (membership changes are [`crate::members`]).
 //!
-//! Both swap a pool's policy atomically ([`Pool::switch`](crate::pool::Pool::switch)):
+//! Both swap a pool's policy atomically ([`Pool::switch`]):
 //! requests already routed keep their backend, requests being routed finish
 //! with the snapshot they took, later requests use the new policy.
 
+use crate::backend::Origin;
 use crate::config::RouterConfig;
 use crate::error::{ApiError, RouterError};
-use crate::pool::SwitchError;
+use crate::members;
+use crate::pool::{Pool, SwitchError};
 use crate::state::Shared;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -17,6 +20,60 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
 use warmpath_core::Strategy;
+
+/// Every `/admin/pools/{*rest}` request: `PUT …/strategy` here, the
+/// membership calls in [`crate::members`].
+pub async fn handle(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    Path(rest): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = crate::access::admin(&s, &headers) {
+        return e.into_response();
+    }
+    let models: Vec<&str> = s.pools.all().iter().map(|p| p.model.as_str()).collect();
+    let Some(res) = members::resource(&rest, &models) else {
+        let named = rest
+            .split_once("/backends")
+            .or_else(|| rest.rsplit_once("/strategy"));
+        return match named {
+            Some((m, _)) if !models.contains(&m) => ApiError::unknown_model(m).into_response(),
+            _ => members::not_found(format!(
+                "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy or /admin/pools/{{model}}/backends"
+            )),
+        };
+    };
+    let pool_of = |m: &str| s.pools.get(m).cloned();
+    match (res, method) {
+        (members::Resource::Strategy(m), Method::PUT) => set_strategy(&s, m, &body),
+        (members::Resource::Strategy(_), _) => members::method_not_allowed("PUT"),
+        (members::Resource::Backends(m), Method::GET) => match pool_of(m) {
+            Some(p) => Json(members::list(&s, &p)).into_response(),
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backends(m), Method::POST) => match pool_of(m) {
+            Some(p) => members::add(&s, &p, &body).await,
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backends(_), _) => members::method_not_allowed("GET or POST"),
+        (members::Resource::Backend(m, w), Method::DELETE) => match pool_of(m) {
+            Some(p) => match members::remove(&s, &p, w) {
+                Ok(b) => Json(json!({"model": p.model, "worker_id": b.id, "removed": true}))
+                    .into_response(),
+                Err(e) => e.response(),
+            },
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backend(..), _) => members::method_not_allowed("DELETE"),
+        (members::Resource::Drain(m, w), Method::POST) => match pool_of(m) {
+            Some(p) => members::drain_request(&s, &p, w, &body),
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Drain(..), _) => members::method_not_allowed("POST"),
+    }
+}
 
 /// Body of `PUT /admin/pools/{model}/strategy`.
 #[derive(Debug, Deserialize)]
@@ -26,32 +83,13 @@ pub struct StrategyBody {
     pub strategy: String,
 }
 
-/// `PUT /admin/pools/{model}/strategy` (`model` may contain `/`).
-pub async fn set_strategy(
-    State(s): State<Arc<Shared>>,
-    Path(rest): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if let Err(e) = crate::access::admin(&s, &headers) {
-        return e.into_response();
-    }
-    let Some(model) = rest.strip_suffix("/strategy") else {
-        return ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy"
-            ),
-            kind: "invalid_request_error",
-            param: None,
-            code: "not_found",
-        }
-        .into_response();
-    };
+/// `PUT /admin/pools/{model}/strategy`, after [`handle`]
+/// checked the admin token and found the pool's name in the path.
+fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
     let Some(pool) = s.pools.get(model) else {
         return ApiError::unknown_model(model).into_response();
     };
-    let req: StrategyBody = match serde_json::from_slice(&body) {
+    let req: StrategyBody = match serde_json::from_slice(body) {
         Ok(b) => b,
         Err(e) => {
             return ApiError::bad_request(
@@ -89,19 +127,28 @@ pub async fn set_strategy(
     }
 }
 
+/// What a reload applied and what it could not (each a sentence).
+#[derive(Debug, Default)]
+pub struct ReloadReport {
+    /// Applied live.
+    pub applied: Vec<String>,
+    /// Left as they run: they need a restart (or a different change).
+    pub ignored: Vec<String>,
+}
+
 /// Applies a re-read configuration: each existing pool gets the file's
-/// strategy and policy knobs. Returns what changed; settings that need a
-/// restart (backends, tokenizer, block size, listen addresses, new pools)
-/// are logged and listed, not applied.
-pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
+/// strategy and policy knobs, backends the file adds are added and
+/// backends it no longer lists are drained and removed (only those that
+/// came from the configuration: members added through the API or by
+/// discovery stay). Settings that need a restart (tokenizer, block size,
+/// new pools, a member's changed url) are listed, not applied.
+pub async fn reload(s: &Arc<Shared>, config: &RouterConfig) -> Result<ReloadReport, RouterError> {
     config.validate()?;
-    let mut changes = Vec::new();
+    let mut r = ReloadReport::default();
     for pc in &config.pools {
         let Some(pool) = s.pools.get(&pc.model) else {
-            changes.push(format!(
-                "pool {:?} is new: needs a restart (ignored)",
-                pc.model
-            ));
+            r.ignored
+                .push(format!("pool {:?} is new: needs a restart", pc.model));
             continue;
         };
         let current = pool.policy();
@@ -117,16 +164,22 @@ pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterEr
                     "kv_aware needs a tokenizer, and tokenizers load only at start",
                 )),
             })?;
-            changes.push(format!(
+            r.applied.push(format!(
                 "pool {:?}: policy {} -> {}",
                 pc.model, current.strategy, strategy
             ));
         }
-        let ids: Vec<&str> = pc.backends.iter().map(|b| b.id()).collect();
-        let have: Vec<&str> = pool.backends.iter().map(|b| b.id.as_str()).collect();
-        if ids != have || pc.block_size != pool.block_size {
-            changes.push(format!(
-                "pool {:?}: backends or block_size changed: needs a restart (ignored)",
+        reload_members(s, pool, pc, &mut r).await;
+        let running: Vec<_> = pool.discovery.iter().map(|p| &p.config).collect();
+        if pc.discovery.iter().collect::<Vec<_>>() != running {
+            r.ignored.push(format!(
+                "pool {:?}: discovery changed: needs a restart",
+                pc.model
+            ));
+        }
+        if pc.block_size != pool.block_size {
+            r.ignored.push(format!(
+                "pool {:?}: block_size changed: needs a restart",
                 pc.model
             ));
         }
@@ -134,17 +187,71 @@ pub fn reload(s: &Shared, config: &RouterConfig) -> Result<Vec<String>, RouterEr
             || pc.max_prompt_tokens != pool.configured_prompt_cap()
             || pc.show_prompts != pool.show_prompts
         {
-            changes.push(format!(
-                "pool {:?}: expose_routing_headers, max_prompt_tokens or show_prompts changed: needs a restart (ignored)",
+            r.ignored.push(format!(
+                "pool {:?}: expose_routing_headers, max_prompt_tokens or show_prompts changed: needs a restart",
                 pc.model
             ));
         }
     }
-    for c in &changes {
-        tracing::info!("reload: {c}");
+    for p in s.pools.all() {
+        if !config.pools.iter().any(|pc| pc.model == p.model) {
+            r.ignored.push(format!(
+                "pool {:?} is gone from the configuration: needs a restart",
+                p.model
+            ));
+        }
     }
-    Ok(changes)
+    Ok(r)
 }
+
+/// The backend part of a reload: adds first, then drains, so replacing
+/// every backend never leaves the pool empty.
+async fn reload_members(
+    s: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    pc: &crate::config::PoolConfig,
+    r: &mut ReloadReport,
+) {
+    let members = pool.backends();
+    for b in &pc.backends {
+        match members.iter().find(|m| m.id == b.id()) {
+            None => match members::add_member(s, pool, b, Origin::Config).await {
+                Ok(_) => r
+                    .applied
+                    .push(format!("pool {:?}: backend {:?} added", pc.model, b.id())),
+                Err(e) => r.ignored.push(format!(
+                    "pool {:?}: backend {:?} not added: {e}",
+                    pc.model,
+                    b.id()
+                )),
+            },
+            Some(m) if m.origin == Origin::Config && m.configured != *b => r.ignored.push(format!(
+                "pool {:?}: backend {:?} changed its url or adapters: remove it and add it again",
+                pc.model,
+                b.id()
+            )),
+            Some(_) => {}
+        }
+    }
+    for m in members.iter().filter(|m| m.origin == Origin::Config) {
+        if m.is_draining() || pc.backends.iter().any(|b| b.id() == m.id) {
+            continue;
+        }
+        match members::drain(s, pool, &m.id, DRAIN_ON_RELOAD) {
+            Ok(_) => r.applied.push(format!(
+                "pool {:?}: backend {:?} draining (gone from the configuration)",
+                pc.model, m.id
+            )),
+            Err(e) => r.ignored.push(format!(
+                "pool {:?}: backend {:?} not removed: {e}",
+                pc.model, m.id
+            )),
+        }
+    }
+}
+
+/// How long a backend removed from the configuration may finish requests.
+const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The process-wide settings that differ between the running configuration
 /// and a re-read one: a reload cannot apply them (listeners, tokens, ingest
@@ -153,7 +260,7 @@ pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<S
     let mut out = Vec::new();
     let mut check = |name: &str, changed: bool| {
         if changed {
-            out.push(format!("{name} changed: needs a restart (ignored)"));
+            out.push(format!("{name} changed: needs a restart"));
         }
     };
     check("listen", running.listen != new.listen);

@@ -12,13 +12,40 @@
 //! from `eject_after` consecutive failures of proxied requests or of probes;
 //! it lasts a back-off that doubles with each ejection not preceded by a
 //! success streak ([`Backend::readmit_at_ms`]).
+//!
+//! Membership (`crate::members`) adds one more fact: a *draining* backend
+//! gets no new requests; [`Backend::wait_idle`] returns once its last
+//! request in flight has ended, and it is then removed.
 
 use crate::config::{BackendConfig, BackendUrl};
 use parking_lot::RwLock;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use tokio::sync::Notify;
 use warmpath_core::WorkerSlot;
+
+/// Where a member came from: a reload only adds and removes `Config`
+/// members, a discovery provider only its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The configuration file or flags.
+    Config,
+    /// `POST /admin/pools/{model}/backends`.
+    Admin,
+    /// A discovery provider (its name, e.g. `dns:engines.svc`).
+    Discovery(String),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Config => f.write_str("config"),
+            Origin::Admin => f.write_str("admin"),
+            Origin::Discovery(name) => f.write_str(name),
+        }
+    }
+}
 
 /// Live state of one backend.
 pub struct Backend {
@@ -28,6 +55,10 @@ pub struct Backend {
     pub url: BackendUrl,
     /// Slot in the pool's cache index.
     pub slot: WorkerSlot,
+    /// Who added it.
+    pub origin: Origin,
+    /// The config it was added with (a reload compares url and adapters).
+    pub configured: BackendConfig,
     /// `warmpath_backend_in_flight` of this backend.
     in_flight_gauge: metrics::Gauge,
     in_flight: AtomicU32,
@@ -50,6 +81,10 @@ pub struct Backend {
     learned_adapters: RwLock<BTreeSet<String>>,
     /// The engine's own model cards of this pool ([`crate::models`]).
     learned_cards: RwLock<Vec<serde_json::Value>>,
+    /// Taken out of rotation for removal (no new requests).
+    draining: AtomicBool,
+    /// Woken when a draining backend's last request ends.
+    idle: Notify,
 }
 
 impl std::fmt::Debug for Backend {
@@ -63,17 +98,26 @@ impl std::fmt::Debug for Backend {
             .field("ejected", &self.ejected)
             .field("probe_ok", &self.probe_ok)
             .field("ejections", &self.ejections)
+            .field("draining", &self.draining)
             .finish_non_exhaustive()
     }
 }
 
 impl Backend {
     /// A backend from its (validated) config.
-    pub fn new(model: &str, cfg: &BackendConfig, url: BackendUrl, slot: WorkerSlot) -> Self {
+    pub fn new(
+        model: &str,
+        cfg: &BackendConfig,
+        url: BackendUrl,
+        slot: WorkerSlot,
+        origin: Origin,
+    ) -> Self {
         Backend {
             id: cfg.id().to_owned(),
             url,
             slot,
+            origin,
+            configured: cfg.clone(),
             in_flight_gauge: crate::metrics::backend_in_flight(model, cfg.id()),
             in_flight: AtomicU32::new(0),
             pending_prefill: AtomicU64::new(0),
@@ -90,7 +134,39 @@ impl Backend {
             configured_adapters: cfg.adapters.iter().cloned().collect(),
             learned_adapters: RwLock::new(BTreeSet::new()),
             learned_cards: RwLock::new(Vec::new()),
+            draining: AtomicBool::new(false),
+            idle: Notify::new(),
         }
+    }
+
+    /// Whether it is draining (see [`Backend::start_draining`]).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Takes it out of rotation for removal: routing skips it from now on,
+    /// requests in flight finish. Returns false when it already was.
+    pub fn start_draining(&self) -> bool {
+        !self.draining.swap(true, Ordering::AcqRel)
+    }
+
+    /// Returns once no request is in flight here (at once when none is).
+    pub async fn wait_idle(&self) {
+        loop {
+            // Registered before the check, so a guard dropped between the
+            // check and the wait still wakes it.
+            let notified = self.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks the backend gone from its pool: its health gauge reads 0.
+    pub fn retire(&self) {
+        self.healthy_gauge.set(0.0);
+        self.in_flight_gauge.set(0.0);
     }
 
     /// Requests this router has in flight here.
@@ -265,6 +341,9 @@ impl Drop for FlightGuard {
         self.first_byte();
         let n = self.backend.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
         self.backend.gauge(n);
+        if n == 0 && self.backend.is_draining() {
+            self.backend.idle.notify_waiters();
+        }
     }
 }
 
@@ -284,6 +363,7 @@ mod tests {
             &cfg,
             BackendUrl::parse(&cfg.url).unwrap(),
             0,
+            Origin::Config,
         ))
     }
 
@@ -361,6 +441,26 @@ mod tests {
         assert!(!b.failed(2));
         assert!(b.failed(2));
         assert_eq!(backoff(&b), 100, "forgiven after a streak of eject_after");
+    }
+
+    #[tokio::test]
+    async fn a_draining_backend_is_idle_once_its_last_request_ends() {
+        let b = backend();
+        let g = b.begin(0);
+        assert!(b.start_draining());
+        assert!(!b.start_draining(), "once");
+        let waiter = tokio::spawn({
+            let b = Arc::clone(&b);
+            async move { b.wait_idle().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a request is still in flight");
+        drop(g);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        b.wait_idle().await;
     }
 
     #[test]

@@ -35,11 +35,13 @@
 
 mod cli;
 mod index;
+mod discovery;
 mod ingest;
 mod validate;
 
 pub use cli::Cli;
 pub use index::IndexSettings;
+pub use discovery::{DiscoveryConfig, DnsDiscovery};
 pub use ingest::{IngestConfig, IngestSettings, TlsPem};
 pub use validate::BackendUrl;
 
@@ -364,6 +366,9 @@ pub struct PoolConfig {
     /// The engines serving this model.
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
+    /// Providers whose answers are members too (see `config::discovery`).
+    #[serde(default)]
+    pub discovery: Vec<DiscoveryConfig>,
 }
 
 fn yes() -> bool {
@@ -397,6 +402,7 @@ impl PoolConfig {
             show_prompts: false,
             index: IndexSettings::default(),
             backends: Vec::new(),
+            discovery: Vec::new(),
         }
     }
 

@@ -52,12 +52,16 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 /// Probes every backend once (concurrently; each within the probe timeout)
 /// and updates `warmpath_ready`.
 pub async fn round(shared: &Shared) {
-    let probes: Vec<_> = shared
+    // Each pool's members as of now (a change meanwhile waits for the next round).
+    let members: Vec<_> = shared
         .pools
         .all()
         .iter()
-        .flat_map(|p| p.backends.iter().map(move |b| (p, b)))
-        .map(|(p, b)| probe(shared, p, b))
+        .map(|p| (p, p.backends()))
+        .collect();
+    let probes: Vec<_> = members
+        .iter()
+        .flat_map(|(p, bs)| bs.iter().map(move |b| probe(shared, p, b)))
         .collect();
     futures::future::join_all(probes).await;
     readiness::update_gauge(shared);
@@ -72,7 +76,7 @@ enum Verdict {
     Inconclusive,
 }
 
-async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
+pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     let h = &shared.settings.health;
     let ejected = !b.is_healthy();
     if ejected && crate::monotonic_ms() < b.readmit_at_ms(h.eject_base_ms, h.eject_max_ms) {

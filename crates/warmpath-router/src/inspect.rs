@@ -74,7 +74,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
     let now = crate::monotonic_ms();
     let stats = p.index.worker_stats(now);
     let workers: Vec<Value> = p
-        .backends
+        .backends()
         .iter()
         .map(|b| {
             let st = stats.iter().find(|w| w.worker_id == b.id);
@@ -102,6 +102,8 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 "agent_load": load,
                 "agent": agent,
                 "adapters": b.adapters(),
+                "draining": b.is_draining(),
+                "origin": b.origin.to_string(),
             })
         })
         .collect();
@@ -150,6 +152,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
         "distinct_blocks": p.index.distinct_blocks(),
         "workers": workers,
         "warmest_chains": chains,
+        "discovery": p.discovery.iter().map(|d| d.status()).collect::<Vec<_>>(),
     })
 }
 
@@ -223,8 +226,9 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     let tenant = query_tenant(s, &target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;
     let pool = &plan.target.pool;
-    let loads = route::loads(pool, plan.target.adapter.as_deref(), &[], s.agents());
-    let workers: Vec<Value> = pool
+    let loads = route::loads(&plan, &[], s.agents());
+    let workers: Vec<Value> = plan
+        .policy
         .backends
         .iter()
         .zip(&loads)
@@ -244,7 +248,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     // polls this changes no routing decision).
     let decision = match route::preview(&plan, s.agents()) {
         Ok(d) => json!({
-            "worker_id": pool.backends[d.backend].id,
+            "worker_id": plan.policy.backends[d.backend].id,
             "decision": d.kind,
             "matched_blocks": d.matched_blocks,
         }),

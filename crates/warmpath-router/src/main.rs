@@ -62,10 +62,13 @@ async fn main() -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
             _ = hup.recv() => {
-                match cli.load().map_err(warmpath_router::RouterError::from)
-                    .and_then(|c| running.reload(&c)) {
+                let reloaded = match cli.load() {
+                    Ok(c) => running.reload(&c).await,
+                    Err(e) => Err(e.into()),
+                };
+                match reloaded {
                     Ok(changes) if changes.is_empty() => tracing::info!("SIGHUP: configuration unchanged"),
-                    Ok(changes) => tracing::info!(?changes, "SIGHUP: configuration reloaded"),
+                    Ok(changes) => tracing::info!(changes = changes.len(), "SIGHUP: configuration reloaded"),
                     Err(e) => tracing::error!(error = %e, "SIGHUP: reload refused; keeping the running configuration"),
                 }
             }

@@ -21,6 +21,10 @@
 //! | `warmpath_hot_cache_entries` | gauge | pool, cache |
 //! | `warmpath_connections_open` | gauge | |
 //! | `warmpath_connections_refused_total` | counter | |
+//! | `warmpath_pool_membership_changes_total` | counter | pool, op = add, drain, remove |
+//! | `warmpath_discovery_rounds_total` | counter | pool, provider, result = ok, error |
+//! | `warmpath_discovery_changes_total` | counter | pool, provider |
+//! | `warmpath_discovery_backends` | gauge | pool, provider |
 //!
 //! Requests refused before a pool is known are counted with `pool="-"`.
 
@@ -174,7 +178,7 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_ingest_refused_total",
-        "Agent streams refused, by reason (auth, identity, model, block size, epoch)"
+        "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch)"
     );
     describe_gauge!(
         "warmpath_hot_cache_entries",
@@ -184,6 +188,22 @@ fn describe() {
     describe_counter!(
         "warmpath_connections_refused_total",
         "Client connections refused because server.max_connections were open"
+    );
+    describe_counter!(
+        "warmpath_discovery_rounds_total",
+        "Discovery rounds per provider, by result (ok, error); an error keeps the last known backends"
+    );
+    describe_counter!(
+        "warmpath_discovery_changes_total",
+        "Discovery rounds whose answer added or drained backends"
+    );
+    describe_gauge!(
+        "warmpath_discovery_backends",
+        "Backends in a discovery provider's last applied answer"
+    );
+    describe_counter!(
+        "warmpath_pool_membership_changes_total",
+        "Pool membership changes (admin API, reload, discovery), by op (add, drain, remove)"
     );
 }
 
@@ -312,6 +332,12 @@ pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
 /// `warmpath_backend_ejections_total{pool, backend}`.
 pub fn backend_ejections(model: &str, backend: &str) -> Counter {
     metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
+}
+
+/// Counts one `warmpath_pool_membership_changes_total{pool, op}`.
+pub fn membership_change(model: &str, op: &'static str) {
+    metrics::counter!("warmpath_pool_membership_changes_total", "pool" => model.to_owned(), "op" => op)
+        .increment(1);
 }
 
 /// `warmpath_ready`.

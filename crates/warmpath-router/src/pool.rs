@@ -4,13 +4,19 @@
 //! The policy lives behind `RwLock<Arc<PolicyState>>`: a request clones the
 //! `Arc` (a read lock held for a few nanoseconds) and routes with that
 //! snapshot, so a switch never disturbs requests already routed or routing.
+//! The snapshot also holds the backends the policy was built from, so a
+//! membership change ([`Pool::add_backend`], [`Pool::remove_backend`]) is
+//! one more swap: a decision's position always names the backend it was
+//! made for. The index is keyed by worker id, so the remaining workers keep
+//! their entries across any change; a removed worker's are dropped.
 
-use crate::backend::Backend;
-use crate::config::{BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
+use crate::backend::{Backend, Origin};
+use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
+use crate::discovery::provider::Provider;
 use crate::error::RouterError;
 use crate::hot::HotChains;
 use crate::metrics::PoolMetrics;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +36,42 @@ pub struct PolicyState {
     pub config: PolicyConfig,
     /// The built policy.
     pub policy: Box<dyn Policy>,
+    /// The backends it was built from, in its snapshot order.
+    pub backends: Arc<[Arc<Backend>]>,
+}
+
+/// Why a membership change was refused; the pool is unchanged.
+#[derive(Debug, Error)]
+pub enum MemberError {
+    /// The worker id is already a member. Not retryable.
+    #[error("pool {model:?} already has a backend with worker_id {worker_id:?}")]
+    Duplicate {
+        /// The pool.
+        model: String,
+        /// The worker id.
+        worker_id: String,
+    },
+    /// No member has this worker id. Not retryable.
+    #[error("pool {model:?} has no backend with worker_id {worker_id:?}")]
+    Unknown {
+        /// The pool.
+        model: String,
+        /// The worker id.
+        worker_id: String,
+    },
+    /// The URL or worker id is not usable. Not retryable.
+    #[error("invalid backend: {0}")]
+    Invalid(String),
+    /// The last backend that is not draining cannot be removed or drained:
+    /// the pool would route nowhere. Retry after adding another.
+    #[error("pool {0:?} would have no backend left; add another first")]
+    LastBackend(String),
+    /// The index has no slot left. Not retryable.
+    #[error(transparent)]
+    Index(#[from] warmpath_core::IndexError),
+    /// The policy could not be rebuilt. Not retryable.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
 /// Why a strategy switch was refused; the old policy stays in place.
@@ -56,8 +98,6 @@ pub struct Pool {
     pub tokenizer: Option<Arc<ChatTokenizer>>,
     /// PREFIX_AWARE key extraction.
     pub prefix: PrefixExtractor,
-    /// Backends, in policy snapshot order.
-    pub backends: Vec<Arc<Backend>>,
     /// Warmest prefix chains routed here.
     pub hot: HotChains,
     /// The per-request metric series of this pool.
@@ -70,7 +110,12 @@ pub struct Pool {
     pub show_prompts: bool,
     /// Bounds of `index` (the ingest applies the per-worker caps).
     pub index_bounds: IndexSettings,
+    /// Its discovery providers (run by `crate::discovery`).
+    pub discovery: Vec<Arc<Provider>>,
     policy: RwLock<Arc<PolicyState>>,
+    /// Held while a new policy state is built and installed, so two changes
+    /// (a strategy switch, an add, a removal) never lose one another.
+    changing: Mutex<()>,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
     /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
@@ -108,15 +153,15 @@ impl Pool {
                 })?;
             // Until its agent reports a capacity.
             let _ = index.set_worker_cap(slot, Some(cfg.index.worker_cap(None)));
-            backends.push(Arc::new(Backend::new(&model, b, url, slot)));
+            backends.push(Arc::new(Backend::new(&model, b, url, slot, Origin::Config)));
         }
+        let backends: Arc<[Arc<Backend>]> = backends.into();
         let pool = Pool {
             model: model.clone(),
             index,
             block_size: cfg.block_size,
             tokenizer,
             prefix,
-            backends,
             hot: HotChains::default(),
             metrics: PoolMetrics::new(&model),
             max_prompt_tokens: cfg.max_prompt_tokens,
@@ -124,8 +169,15 @@ impl Pool {
             show_prompts: cfg.show_prompts,
             tenants: cfg.tenants,
             index_bounds: cfg.index,
+            discovery: cfg
+                .discovery
+                .iter()
+                .map(|d| Arc::new(Provider::new(d.clone())))
+                .collect(),
             learned_context: AtomicUsize::new(0),
+            changing: Mutex::new(()),
             policy: RwLock::new(Arc::new(PolicyState {
+                backends,
                 strategy: Strategy::Random,
                 config: PolicyConfig::default(),
                 policy: build_policy(Strategy::Random, &PolicyConfig::default(), &[]).map_err(
@@ -180,6 +232,16 @@ impl Pool {
         Arc::clone(&self.policy.read())
     }
 
+    /// The current members, in policy snapshot order.
+    pub fn backends(&self) -> Arc<[Arc<Backend>]> {
+        Arc::clone(&self.policy.read().backends)
+    }
+
+    /// The member with worker id `id`.
+    pub fn backend(&self, id: &str) -> Option<Arc<Backend>> {
+        self.backends().iter().find(|b| b.id == id).cloned()
+    }
+
     /// Builds and installs a new policy atomically; returns the previous strategy.
     pub fn switch(
         &self,
@@ -189,8 +251,22 @@ impl Pool {
         if strategy == Strategy::KvAware && self.tokenizer.is_none() {
             return Err(SwitchError::NeedsTokenizer(self.model.clone()));
         }
-        let snapshot: Vec<PolicyBackend> = self
-            .backends
+        let _changing = self.changing.lock();
+        let backends = self.backends();
+        let old = self.install(strategy, config, backends)?;
+        tracing::info!(pool = %self.model, from = %old.strategy, to = %strategy, "routing policy installed");
+        Ok(old.strategy)
+    }
+
+    /// Builds the policy over `backends` and swaps it in; the caller holds
+    /// `changing`. Returns the state it replaced.
+    fn install(
+        &self,
+        strategy: Strategy,
+        config: PolicyConfig,
+        backends: Arc<[Arc<Backend>]>,
+    ) -> Result<Arc<PolicyState>, PolicyError> {
+        let snapshot: Vec<PolicyBackend> = backends
             .iter()
             .map(|b| PolicyBackend {
                 id: b.id.clone(),
@@ -203,10 +279,103 @@ impl Pool {
             strategy,
             config,
             policy,
+            backends,
         });
-        let old = std::mem::replace(&mut *self.policy.write(), new);
-        tracing::info!(pool = %self.model, from = %old.strategy, to = %strategy, "routing policy installed");
-        Ok(old.strategy)
+        Ok(std::mem::replace(&mut *self.policy.write(), new))
+    }
+
+    /// Rebuilds the current strategy over `backends` (the caller holds `changing`).
+    fn set_members(&self, backends: Vec<Arc<Backend>>) -> Result<(), MemberError> {
+        let cur = self.policy();
+        self.install(cur.strategy, cur.config.clone(), backends.into())?;
+        Ok(())
+    }
+
+    /// Adds a backend (it takes requests at once); the ring moves about
+    /// 1/(N+1) of the keys to it, every other worker keeps its index entries.
+    pub fn add_backend(
+        &self,
+        cfg: &BackendConfig,
+        origin: Origin,
+    ) -> Result<Arc<Backend>, MemberError> {
+        let url = BackendUrl::parse(&cfg.url).map_err(MemberError::Invalid)?;
+        let id = cfg.id();
+        if id.is_empty() || id.len() > 256 {
+            return Err(MemberError::Invalid(
+                "worker_id must be 1 to 256 bytes".into(),
+            ));
+        }
+        if cfg.adapters.iter().any(String::is_empty) {
+            return Err(MemberError::Invalid(
+                "adapter names must not be empty".into(),
+            ));
+        }
+        let _changing = self.changing.lock();
+        let mut members = self.backends().to_vec();
+        if members.iter().any(|b| b.id == id) {
+            return Err(MemberError::Duplicate {
+                model: self.model.clone(),
+                worker_id: id.to_owned(),
+            });
+        }
+        let slot = self.index.register_worker(id)?;
+        // Until its agent reports a capacity.
+        let _ = self
+            .index
+            .set_worker_cap(slot, Some(self.index_bounds.worker_cap(None)));
+        let b = Arc::new(Backend::new(&self.model, cfg, url, slot, origin));
+        members.push(Arc::clone(&b));
+        if let Err(e) = self.set_members(members) {
+            self.index.drop_worker(id);
+            return Err(e);
+        }
+        tracing::info!(pool = %self.model, backend = %id, url = %b.url, "backend added");
+        Ok(b)
+    }
+
+    /// Removes a backend now: no new requests, requests in flight there
+    /// finish (they hold it), its index entries are dropped. With
+    /// `keep_one`, refuses to remove the last backend not draining.
+    pub fn remove_backend(&self, id: &str, keep_one: bool) -> Result<Arc<Backend>, MemberError> {
+        let _changing = self.changing.lock();
+        let mut members = self.backends().to_vec();
+        let Some(at) = members.iter().position(|b| b.id == id) else {
+            return Err(MemberError::Unknown {
+                model: self.model.clone(),
+                worker_id: id.to_owned(),
+            });
+        };
+        let serving = members.iter().filter(|b| !b.is_draining()).count();
+        if keep_one && serving <= 1 && !members[at].is_draining() {
+            return Err(MemberError::LastBackend(self.model.clone()));
+        }
+        let b = members.remove(at);
+        self.set_members(members)?;
+        self.index.drop_worker(id);
+        b.retire();
+        tracing::info!(pool = %self.model, backend = %id, "backend removed");
+        Ok(b)
+    }
+
+    /// Starts draining a backend (no new requests; see [`Backend::wait_idle`]).
+    /// Refuses to drain the last backend not draining.
+    pub fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
+        let _changing = self.changing.lock();
+        let members = self.backends();
+        let Some(b) = members.iter().find(|b| b.id == id) else {
+            return Err(MemberError::Unknown {
+                model: self.model.clone(),
+                worker_id: id.to_owned(),
+            });
+        };
+        let serving = members.iter().filter(|b| !b.is_draining()).count();
+        if serving <= 1 && !b.is_draining() {
+            return Err(MemberError::LastBackend(self.model.clone()));
+        }
+        if b.start_draining() {
+            tracing::info!(pool = %self.model, backend = %id, in_flight = b.in_flight(), "backend draining");
+        }
+        Ok(Arc::clone(b))
     }
 }
 
@@ -259,7 +428,7 @@ impl Pools {
         }
         self.list
             .iter()
-            .find(|p| p.backends.iter().any(|b| b.serves_adapter(model)))
+            .find(|p| p.backends().iter().any(|b| b.serves_adapter(model)))
             .map(|p| Target {
                 pool: Arc::clone(p),
                 adapter: Some(model.to_owned()),
@@ -278,7 +447,6 @@ impl Pools {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::config::BackendConfig;
 
     fn cfg() -> PoolConfig {
         let mut p = PoolConfig::new("m");
@@ -297,7 +465,7 @@ mod tests {
     fn pools_register_backends_and_resolve_adapters() {
         let pools = Pools::build(&[cfg()]).unwrap();
         let p = pools.get("m").unwrap();
-        assert_eq!(p.index.worker_slot("b"), Some(p.backends[1].slot));
+        assert_eq!(p.index.worker_slot("b"), Some(p.backends()[1].slot));
         assert_eq!(p.policy().strategy, Strategy::PrefixAware);
         let t = pools.resolve("sql").unwrap();
         assert_eq!(t.adapter.as_deref(), Some("sql"));
@@ -325,5 +493,100 @@ mod tests {
             Err(SwitchError::NeedsTokenizer(_))
         ));
         assert_eq!(p.policy().strategy, Strategy::Random);
+    }
+
+    #[test]
+    fn members_are_added_removed_and_drained_keeping_the_others_index() {
+        let pools = Pools::build(&[cfg()]).unwrap();
+        let p = pools.get("m").unwrap();
+        let b = p.backends()[1].clone();
+        p.index
+            .store(
+                b.slot,
+                warmpath_core::Tier::Gpu,
+                &[warmpath_core::BlockHash(7)],
+            )
+            .unwrap();
+        let before = p.policy();
+        let added = p
+            .add_backend(&BackendConfig::new("http://127.0.0.1:3"), Origin::Admin)
+            .unwrap();
+        assert_eq!(p.backends().len(), 3);
+        assert_eq!(
+            before.backends.len(),
+            2,
+            "an old snapshot keeps its members"
+        );
+        assert_eq!(p.policy().strategy, Strategy::PrefixAware, "strategy kept");
+        assert!(matches!(
+            p.add_backend(&BackendConfig::new("http://127.0.0.1:3"), Origin::Admin),
+            Err(MemberError::Duplicate { .. })
+        ));
+        assert!(matches!(
+            p.add_backend(&BackendConfig::new("ftp://x"), Origin::Admin),
+            Err(MemberError::Invalid(_))
+        ));
+        p.remove_backend("http://127.0.0.1:1", true).unwrap();
+        assert_eq!(
+            p.index.worker_slot("http://127.0.0.1:1"),
+            None,
+            "entries dropped"
+        );
+        assert_eq!(p.index.block_count(b.slot), 1, "the others keep theirs");
+        assert!(matches!(
+            p.remove_backend("nope", true),
+            Err(MemberError::Unknown { .. })
+        ));
+        p.drain_backend(&added.id).unwrap();
+        assert!(added.is_draining());
+        assert!(
+            matches!(p.drain_backend("b"), Err(MemberError::LastBackend(_))),
+            "the last serving backend stays"
+        );
+        assert!(matches!(
+            p.remove_backend("b", true),
+            Err(MemberError::LastBackend(_))
+        ));
+        p.remove_backend(&added.id, true).unwrap();
+        assert_eq!(p.backends().len(), 1);
+    }
+
+    #[test]
+    fn adding_a_backend_moves_about_a_quarter_of_the_ring_to_it() {
+        let pools = Pools::build(&[cfg()]).unwrap();
+        let p = pools.get("m").unwrap();
+        p.add_backend(&BackendConfig::new("http://127.0.0.1:3"), Origin::Admin)
+            .unwrap();
+        let pick = |st: &PolicyState, key: u64| {
+            let loads = vec![
+                warmpath_core::BackendLoad {
+                    eligible: true,
+                    ..Default::default()
+                };
+                st.backends.len()
+            ];
+            let input = warmpath_core::RouteInput {
+                prefix_key: key,
+                ..Default::default()
+            };
+            let d = st.policy.pick(&input, &loads, &mut rand::rng()).unwrap();
+            st.backends[d.backend].id.clone()
+        };
+        let three = p.policy();
+        p.add_backend(&BackendConfig::new("http://127.0.0.1:4"), Origin::Admin)
+            .unwrap();
+        let four = p.policy();
+        let keys = 4000u64;
+        let mut moved = 0;
+        for k in 0..keys {
+            let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let (a, b) = (pick(&three, key), pick(&four, key));
+            if a != b {
+                assert_eq!(b, "http://127.0.0.1:4", "keys only move to the new backend");
+                moved += 1;
+            }
+        }
+        let share = f64::from(moved) / keys as f64;
+        assert!((0.15..0.35).contains(&share), "moved {share}");
     }
 }

@@ -149,7 +149,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 if !excluded.is_empty() {
                     let tried: Vec<&str> = excluded
                         .iter()
-                        .map(|&i| pool.backends[i].id.as_str())
+                        .map(|&i| plan.policy.backends[i].id.as_str())
                         .collect();
                     e = ApiError::upstream(format!(
                         "could not connect to any backend of `{}` (tried {})",
@@ -161,7 +161,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 return e.into_response();
             }
         };
-        let backend = Arc::clone(&pool.backends[decision.backend]);
+        let backend = Arc::clone(&plan.policy.backends[decision.backend]);
         let guard = backend.begin(route::uncached_blocks(plan, &decision));
         let req = match upstream_request(&backend.url, &out) {
             Ok(r) => r,

@@ -24,11 +24,13 @@ fn readiness(s: &Shared) -> (bool, Vec<Value>) {
         .all()
         .iter()
         .map(|p| {
-            let verified = p.backends.iter().filter(|b| b.is_verified()).count();
-            let in_rotation = p.backends.iter().filter(|b| b.is_healthy()).count();
+            let members = p.backends();
+            let serving = || members.iter().filter(|b| !b.is_draining());
+            let verified = serving().filter(|b| b.is_verified()).count();
+            let in_rotation = serving().filter(|b| b.is_healthy()).count();
             ready &= verified > 0;
             json!({"model": p.model, "healthy_backends": verified,
-                   "in_rotation": in_rotation, "backends": p.backends.len()})
+                   "in_rotation": in_rotation, "backends": members.len()})
         })
         .collect();
     (ready, pools)

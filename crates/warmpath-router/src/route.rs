@@ -192,19 +192,19 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     }
 }
 
-/// The live loads of `pool`'s backends, with `excluded` positions and
-/// backends not serving `adapter` marked ineligible.
-pub fn loads(
-    pool: &Pool,
-    adapter: Option<&str>,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-) -> Vec<BackendLoad> {
-    pool.backends
+/// The live loads of `plan`'s backends (its policy snapshot), with
+/// `excluded` positions, draining backends and backends not serving its
+/// adapter marked ineligible.
+pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
+    let pool = &plan.target.pool;
+    let adapter = plan.target.adapter.as_deref();
+    plan.policy
+        .backends
         .iter()
         .enumerate()
         .map(|(i, b)| BackendLoad {
             eligible: b.is_healthy()
+                && !b.is_draining()
                 && !excluded.contains(&i)
                 && adapter.is_none_or(|a| b.serves_adapter(a)),
             in_flight: b.in_flight(),
@@ -222,7 +222,7 @@ pub fn pick(
 ) -> Result<Decision, ApiError> {
     let t = Instant::now();
     let pool = &plan.target.pool;
-    let loads = loads(pool, plan.target.adapter.as_deref(), excluded, agents);
+    let loads = loads(plan, excluded, agents);
     let res = plan
         .policy
         .policy
@@ -237,8 +237,7 @@ pub fn pick(
 /// query in the same state gives the same answer, and the routing rng is
 /// left alone.
 pub fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
-    let pool = &plan.target.pool;
-    let loads = loads(pool, plan.target.adapter.as_deref(), &[], agents);
+    let loads = loads(plan, &[], agents);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
     let res = plan
         .policy
@@ -257,12 +256,12 @@ fn input_of(plan: &Plan) -> RouteInput<'_> {
 
 fn checked(plan: &Plan, res: Result<Decision, PolicyError>) -> Result<Decision, ApiError> {
     let pool = &plan.target.pool;
+    let members = plan.policy.backends.len();
     match res {
-        Ok(d) if d.backend < pool.backends.len() => Ok(d),
+        Ok(d) if d.backend < members => Ok(d),
         Ok(d) => Err(ApiError::internal(format!(
-            "policy picked backend {} of {}",
+            "policy picked backend {} of {members}",
             d.backend,
-            pool.backends.len()
         ))),
         Err(PolicyError::NoBackend) => Err(ApiError::no_backend(
             plan.target.adapter.as_deref().unwrap_or(&pool.model),

@@ -8,7 +8,7 @@ use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
 use crate::{admin, front, health, ingest, inspect, metrics, models, readiness, ui};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post};
 use axum::Router;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
         .route("/cache-index", get(inspect::cache_index))
         .route("/cache-index/query", post(inspect::query))
         .route("/cache-index/ui", get(ui::page))
-        .route("/admin/pools/{*rest}", put(admin::set_strategy))
+        .route("/admin/pools/{*rest}", any(admin::handle))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError {
                 status: axum::http::StatusCode::NOT_FOUND,
@@ -63,15 +63,26 @@ impl RunningRouter {
         self.shared.pools.index_of(model).map(|(index, _)| index)
     }
 
-    /// Applies a re-read configuration (see [`admin::reload`]); process-wide
-    /// settings that changed are listed (and logged) as needing a restart.
-    pub fn reload(&self, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
-        let mut changes = admin::reload(&self.shared, config)?;
-        for c in admin::restart_only_changes(&self.started_with, config) {
-            tracing::warn!("reload: {c}");
-            changes.push(c);
+    /// Applies a re-read configuration (see [`admin::reload`]): what was
+    /// applied is logged at INFO, one change a line; what was not
+    /// (process-wide settings, a pool's restart-only settings) in ONE WARN
+    /// line. Returns both, applied first.
+    pub async fn reload(&self, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
+        let mut report = admin::reload(&self.shared, config).await?;
+        report
+            .ignored
+            .extend(admin::restart_only_changes(&self.started_with, config));
+        for c in &report.applied {
+            tracing::info!("reload: {c}");
         }
-        Ok(changes)
+        if !report.ignored.is_empty() {
+            tracing::warn!(
+                "reload: not applied: {} (ignored)",
+                report.ignored.join("; ")
+            );
+        }
+        report.applied.extend(report.ignored);
+        Ok(report.applied)
     }
 
     /// Starts the shutdown: not ready at once, still serving for
@@ -168,6 +179,7 @@ pub async fn start(
     }
     // Probe once before serving, so that /readyz tells the truth from the
     // first request (at most probe_timeout_ms later).
+    crate::discovery::first_round(&shared).await;
     health::round(&shared).await;
     let router = app(Arc::clone(&shared));
     let sv = &config.server;
@@ -200,6 +212,7 @@ pub async fn start(
         Arc::clone(&shared),
         background.clone(),
     )));
+    tasks.extend(crate::discovery::spawn(&shared, &background));
     if let Some(handle) = shared.metrics.clone() {
         let t = background.clone();
         tasks.push(tokio::spawn(async move {

@@ -218,8 +218,14 @@ impl RouterConfig {
                 return Err(invalid(at("max_prompt_tokens"), "must be at least 1"));
             }
             p.index.validate(&format!("pools[{i}]"))?;
-            if p.backends.is_empty() {
-                return Err(invalid(at("backends"), "at least one backend is needed"));
+            if p.backends.is_empty() && p.discovery.is_empty() {
+                return Err(invalid(
+                    at("backends"),
+                    "at least one backend (or a discovery provider) is needed",
+                ));
+            }
+            for (j, d) in p.discovery.iter().enumerate() {
+                d.validate(&format!("pools[{i}].discovery[{j}]"))?;
             }
             let mut ids = HashSet::new();
             for (j, b) in p.backends.iter().enumerate() {

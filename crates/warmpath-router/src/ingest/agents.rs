@@ -56,6 +56,9 @@ pub struct AgentStatus {
 /// Stands for "none" in [`Live`]'s atomics.
 const NONE: u64 = u64::MAX;
 
+/// The owner of a worker removed from its pool: no stream owns it.
+const REMOVED: u64 = u64::MAX;
+
 /// The part of an entry every message updates, kept in atomics so the
 /// stream's hot path takes no registry lock. One per worker: a stream that
 /// takes the worker over reuses it, so the old stream sees it lost the worker.
@@ -83,6 +86,11 @@ impl Live {
     /// Whether stream `id` still owns the worker.
     pub(crate) fn owned_by(&self, id: u64) -> bool {
         self.owner.load(Ordering::Acquire) == id
+    }
+
+    /// Whether the worker was removed from its pool (see [`Agents::remove_worker`]).
+    pub(crate) fn removed(&self) -> bool {
+        self.owner.load(Ordering::Acquire) == REMOVED
     }
 
     /// A message arrived.
@@ -203,6 +211,17 @@ impl Agents {
             },
         );
         Ok((id, live))
+    }
+
+    /// Forgets a worker removed from pool `model`; its stream, if one is
+    /// open, is refused on its next message. Returns whether one was known.
+    pub fn remove_worker(&self, model: &str, worker_id: &str) -> bool {
+        let mut all = self.map.write();
+        let Some(e) = all.get_mut(model).and_then(|m| m.remove(worker_id)) else {
+            return false;
+        };
+        e.live.owner.store(REMOVED, Ordering::Release);
+        true
     }
 
     /// Stream `stream` ended; the worker is disconnected unless another

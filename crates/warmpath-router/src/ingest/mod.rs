@@ -75,7 +75,7 @@ impl IngestPool {
             model: p.model.clone(),
             index: Arc::clone(&p.index),
             block_size: p.block_size,
-            known_workers: Some(p.backends.iter().map(|b| b.id.clone()).collect()),
+            known_workers: Some(p.backends().iter().map(|b| b.id.clone()).collect()),
             bounds: p.index_bounds,
         }
     }

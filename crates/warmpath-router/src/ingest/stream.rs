@@ -204,6 +204,17 @@ impl WorkerStream {
         now_unix_micros: u64,
     ) -> Result<Vec<RouterMessage>, Refusal> {
         if !self.owns() {
+            if self.live.removed() {
+                metrics::counter!("warmpath_ingest_refused_total", "reason" => "removed")
+                    .increment(1);
+                return Err(Refusal {
+                    reason: format!(
+                        "worker {:?} was removed from pool {:?}",
+                        self.key.worker_id, self.key.model
+                    ),
+                    retryable: false,
+                });
+            }
             return Err(Refusal {
                 reason: "another stream took over this worker".into(),
                 retryable: true,

@@ -1,0 +1,195 @@
+//! The router list: a plain URL gets one link ([`crate::link`]); a
+//! `dns://NAME:PORT` entry is resolved every `--router-dns-interval-ms`
+//! (A/AAAA through [`warmpath_proto::dns`], e.g. a headless Service in front
+//! of the router replicas) and keeps one link per resolved replica
+//! (`http://IP:PORT`), following the answer. A new replica's link starts
+//! with Hello and a full snapshot (every new queue asks for one); a vanished
+//! replica's link is cancelled and its queue dropped. A failed or empty
+//! lookup keeps the links it has.
+
+use crate::error::AgentError;
+use crate::hub::{Hub, Sink};
+use crate::link::{run_link, Identity, LinkConfig};
+use crate::stats::Stats;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use warmpath_proto::dns::{http_url, Resolver};
+use warmpath_proto::v1::Load;
+
+/// What every link of this agent shares.
+#[derive(Debug)]
+pub(crate) struct Links {
+    pub(crate) id: Identity,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) load: watch::Receiver<Option<Load>>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) cfg: LinkConfig,
+    /// Deltas queued per router.
+    pub(crate) queue: usize,
+}
+
+/// One running link: its queue, its cancellation, its task.
+#[derive(Debug)]
+pub(crate) struct Running {
+    sink: Arc<Sink>,
+    cancel: CancellationToken,
+    pub(crate) task: JoinHandle<()>,
+}
+
+impl Links {
+    /// Starts a link to `url` (ends when `parent` is cancelled).
+    pub(crate) fn start(&self, url: String, parent: &CancellationToken) -> Running {
+        let sink = self.hub.add_sink(url.clone(), self.queue);
+        let cancel = parent.child_token();
+        let task = tokio::spawn(run_link(
+            url,
+            self.id.clone(),
+            Arc::clone(&self.hub),
+            Arc::clone(&sink),
+            self.load.clone(),
+            Arc::clone(&self.stats),
+            self.cfg.clone(),
+            cancel.clone(),
+        ));
+        Running { sink, cancel, task }
+    }
+
+    /// Stops a link and drops its queue.
+    async fn stop(&self, r: Running) {
+        r.cancel.cancel();
+        let _ = r.task.await;
+        self.hub.remove_sink(&r.sink);
+        metrics::gauge!("warmpath_agent_router_connected", "router" => r.sink.name().to_owned())
+            .set(0.0);
+    }
+}
+
+/// `dns://NAME:PORT` as (NAME, PORT); `None` for any other URL.
+pub fn dns_target(url: &str) -> Option<Result<(String, u16), AgentError>> {
+    let rest = url
+        .get(..6)
+        .filter(|s| s.eq_ignore_ascii_case("dns://"))
+        .map(|_| &url[6..])?;
+    let bad = || {
+        AgentError::Config(format!(
+            "--router {url}: expected dns://NAME:PORT (NAME resolved to every router replica)"
+        ))
+    };
+    let Some((name, port)) = rest.rsplit_once(':') else {
+        return Some(Err(bad()));
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && !name.is_empty() && !name.contains('/') => Some(Ok((name.to_owned(), p))),
+        _ => Some(Err(bad())),
+    }
+}
+
+/// Resolves `name` now: every replica's `http://IP:PORT`.
+async fn resolve(resolver: &Resolver, name: &str, port: u16) -> Result<BTreeSet<String>, String> {
+    let ips = resolver.lookup_ip(name).await.map_err(|e| e.to_string())?;
+    let set: BTreeSet<String> = ips
+        .iter()
+        .map(|ip| http_url(SocketAddr::new(ip, port)))
+        .collect();
+    if set.is_empty() {
+        return Err(format!("{name} has no addresses"));
+    }
+    Ok(set)
+}
+
+/// Follows `dns://name:port` until `cancel`: one link per resolved replica.
+/// Owns its links: they stop with it.
+pub(crate) async fn follow_dns(
+    links: Arc<Links>,
+    name: String,
+    port: u16,
+    resolver: Arc<Resolver>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_error: Option<String> = None;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        // The resolver's own timeout bounds each query.
+        let answer = tokio::select! {
+            () = cancel.cancelled() => break,
+            a = resolve(&resolver, &name, port) => a,
+        };
+        let set = match answer {
+            Ok(set) => set,
+            Err(e) => {
+                metrics::counter!("warmpath_agent_router_dns_failures_total", "name" => name.clone())
+                    .increment(1);
+                if last_error.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(%name, error = %e, replicas = running.len(),
+                        "router lookup failed; keeping the links to the replicas known");
+                }
+                last_error = Some(e);
+                continue;
+            }
+        };
+        last_error = None;
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|u| !set.contains(*u))
+            .cloned()
+            .collect();
+        for url in gone {
+            if let Some(r) = running.remove(&url) {
+                tracing::info!(%name, router = %url, "router replica gone: link dropped");
+                links.stop(r).await;
+            }
+        }
+        for url in set {
+            if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(url) {
+                tracing::info!(%name, router = %slot.key(), "router replica found: linking (snapshot first)");
+                let r = links.start(slot.key().clone(), &cancel);
+                slot.insert(r);
+            }
+        }
+        metrics::gauge!("warmpath_agent_router_replicas", "name" => name.clone())
+            .set(running.len() as f64);
+    }
+    for (_, r) in std::mem::take(&mut running) {
+        links.stop(r).await;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_router_urls_name_a_host_and_a_port() {
+        assert!(dns_target("http://127.0.0.1:1").is_none());
+        assert_eq!(
+            dns_target("dns://routers.svc:50051").unwrap().unwrap(),
+            ("routers.svc".to_owned(), 50051)
+        );
+        assert_eq!(
+            dns_target("DNS://r.test.:1").unwrap().unwrap(),
+            ("r.test.".to_owned(), 1)
+        );
+        for bad in [
+            "dns://routers",
+            "dns://:1",
+            "dns://r:0",
+            "dns://r:x",
+            "dns://a/b:1",
+        ] {
+            assert!(dns_target(bad).unwrap().is_err(), "{bad}");
+        }
+    }
+}

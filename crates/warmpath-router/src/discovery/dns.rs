@@ -1,0 +1,91 @@
+//! The `dns` provider: a name resolved with hickory-resolver (A/AAAA with
+//! the configured port, or SRV for targets and ports), never parsed by
+//! hand; the resolver is [`warmpath_proto::dns::resolver`] (uncached, one
+//! try per query within `timeout_ms`).
+
+use super::DiscoveryError;
+use crate::config::DnsDiscovery;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+use warmpath_proto::dns::{http_url, Resolver};
+
+/// A resolver for one provider.
+pub(crate) struct Dns {
+    resolver: Resolver,
+    name: String,
+    port: Option<u16>,
+    srv: bool,
+}
+
+impl std::fmt::Debug for Dns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dns")
+            .field("name", &self.name)
+            .field("port", &self.port)
+            .field("srv", &self.srv)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dns {
+    /// A resolver for `cfg` (validated).
+    pub(crate) fn new(cfg: &DnsDiscovery) -> Result<Self, DiscoveryError> {
+        let ns = cfg
+            .nameserver
+            .as_deref()
+            .map(|s| {
+                s.parse::<SocketAddr>()
+                    .map_err(|e| DiscoveryError::Setup(format!("nameserver {s:?}: {e}")))
+            })
+            .transpose()?;
+        let resolver = warmpath_proto::dns::resolver(ns, Duration::from_millis(cfg.timeout_ms))
+            .map_err(|e| DiscoveryError::Setup(e.to_string()))?;
+        Ok(Dns {
+            resolver,
+            name: cfg.name.clone(),
+            port: cfg.port,
+            srv: cfg.srv,
+        })
+    }
+
+    /// The backends' URLs the name resolves to now (never empty: an empty
+    /// answer is an error, so the pool keeps its last known set).
+    pub(crate) async fn resolve(&self) -> Result<BTreeSet<String>, DiscoveryError> {
+        let mut out = BTreeSet::new();
+        if self.srv {
+            let srv = self
+                .resolver
+                .srv_lookup(self.name.as_str())
+                .await
+                .map_err(|e| DiscoveryError::Lookup(e.to_string()))?;
+            for rec in srv.iter() {
+                let ips = self
+                    .resolver
+                    .lookup_ip(rec.target().clone())
+                    .await
+                    .map_err(|e| DiscoveryError::Lookup(format!("{}: {e}", rec.target())))?;
+                for ip in ips.iter() {
+                    out.insert(http_url(SocketAddr::new(ip, rec.port())));
+                }
+            }
+        } else {
+            let port = self.port.unwrap_or(80);
+            let ips = self
+                .resolver
+                .lookup_ip(self.name.as_str())
+                .await
+                .map_err(|e| DiscoveryError::Lookup(e.to_string()))?;
+            for ip in ips.iter() {
+                out.insert(http_url(SocketAddr::new(ip, port)));
+            }
+        }
+        if out.is_empty() {
+            return Err(DiscoveryError::Lookup(format!(
+                "{} has no addresses",
+                self.name
+            )));
+        }
+        Ok(out)
+    }
+}
