@@ -53,7 +53,8 @@ fn own_card(id: &str, parent: Option<&str>) -> Value {
 
 /// Pool `p`'s cards: its model's first, then its adapters' by id.
 pub fn pool_cards(p: &Pool) -> Vec<Value> {
-    let mut backends: Vec<_> = p.backends().iter().collect();
+    let members = p.backends();
+    let mut backends: Vec<_> = members.iter().collect();
     // Stable: healthy first, in configuration order.
     backends.sort_by_key(|b| !b.is_healthy());
     let mut base: Option<Value> = None;
