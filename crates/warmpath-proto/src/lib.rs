@@ -10,12 +10,15 @@
 //!   token metadata; [`worker_token`]: the per-worker credential.
 //! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`]: how the agent sizes snapshot chunks.
 //! - [`error_chain`]: a transport error with its sources, for logs and errors.
+//! - [`logging`]: how both binaries log (`--log-format text|json`, stderr).
 
 /// Generated code for package `warmpath.v1`.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("warmpath.v1");
 }
+
+pub mod logging;
 
 pub use v1::cache_events_client::CacheEventsClient;
 pub use v1::cache_events_server::{CacheEvents, CacheEventsServer};
