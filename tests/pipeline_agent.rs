@@ -353,6 +353,15 @@ async fn both_binaries_metrics_pass_promtool() {
         agent_metrics.contains("warmpath_agent_batches_total"),
         "{agent_metrics}"
     );
+    // One request (its backend refuses connections: a 502), so the
+    // per-request series exist too.
+    let answer = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", r.http_addr))
+        .json(&serde_json::json!({"model": "m", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 502);
     let router_metrics = metrics_text(r.http_addr).await;
     assert!(
         router_metrics.contains("warmpath_ingest_blocks_total"),
@@ -379,6 +388,169 @@ async fn both_binaries_metrics_pass_promtool() {
             assert!(problems.trim().is_empty(), "{what}: {problems}\n{text}");
         }
     }
+    deploy_files_name_only_real_series(&[&agent_metrics, &router_metrics]);
+    alert_rules_pass_promtool();
     r.shutdown();
     r.wait().await;
+}
+
+/// The repository's `deploy/` folder.
+fn deploy(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy")
+        .join(path)
+}
+
+/// Every `warmpath_*` identifier in `text`.
+fn warmpath_names(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("warmpath_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        // Skip `warmpath_router::access`-like paths and words inside names.
+        let before = rest[..i].chars().next_back();
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.push(&tail[..end]);
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// The dashboard and the alert rules name only series the binaries export
+/// (so neither rots when a series is renamed); the dashboard is Grafana JSON
+/// whose every panel queries something.
+fn deploy_files_name_only_real_series(pages: &[&str]) {
+    let exported: std::collections::BTreeSet<&str> = pages
+        .iter()
+        .flat_map(|p| p.lines())
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let dashboard = std::fs::read_to_string(deploy("grafana/warmpath.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    let mut exprs = Vec::new();
+    for panel in json["panels"].as_array().unwrap() {
+        if panel["type"] == "row" {
+            continue;
+        }
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{panel}");
+        exprs.extend(
+            targets
+                .iter()
+                .map(|t| t["expr"].as_str().unwrap().to_owned()),
+        );
+    }
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    let alerts = std::fs::read_to_string(deploy("prometheus/alerts.yaml")).unwrap();
+    let rules: Vec<&str> = alerts
+        .lines()
+        .filter(|l| l.trim_start().starts_with("expr:"))
+        .collect();
+    assert_eq!(rules.len(), 5, "{alerts}");
+    let mut checked = 0;
+    for expr in exprs.iter().map(String::as_str).chain(rules) {
+        for name in warmpath_names(expr) {
+            assert!(
+                exported.contains(name),
+                "`{name}` (in `{expr}`) is on no /metrics page"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked}");
+}
+
+/// `promtool check rules` and `promtool test rules` on deploy/prometheus.
+fn alert_rules_pass_promtool() {
+    let dir = deploy("prometheus");
+    for args in [
+        ["check", "rules", "alerts.yaml"],
+        ["test", "rules", "alerts_test.yaml"],
+    ] {
+        let out = match Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("!!! promtool not found ({e}): deploy/prometheus/alerts.yaml NOT CHECKED; .ci/run installs Debian's `prometheus`");
+                return;
+            }
+        };
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_agent_logs_json_to_stderr_and_says_following_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = publisher().await;
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", "w", "--model", "m"])
+        .args(["--engine-url", "http://127.0.0.1:9"])
+        .args(["--kv-events", p.endpoint()])
+        .args(["--kv-replay", p.replay_endpoint().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--load-interval-ms", "0"])
+        .args(["--log-format", "json"])
+        // DEBUG for the agent: the quiet re-subscriptions show there.
+        .env("RUST_LOG", "info,warmpath_agent=debug")
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let _agent = Proc {
+        child,
+        log: err.clone(),
+    };
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    // An idle engine: the follower re-creates its socket after 3 s of
+    // silence; that is DEBUG, and INFO said "following" once.
+    let again = |l: &serde_json::Value| l["fields"]["message"] == "following engine events again";
+    let lines = ingest::poll::poll(
+        "a quiet re-subscription",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || {
+            let text = read(&err);
+            let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+            let lines: Vec<serde_json::Value> = complete
+                .lines()
+                .map(|l| {
+                    serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"))
+                })
+                .collect();
+            lines.iter().any(again).then_some(lines)
+        },
+    )
+    .await;
+    let info_following = lines
+        .iter()
+        .filter(|l| l["level"] == "INFO" && l["fields"]["message"] == "following engine events")
+        .count();
+    assert_eq!(info_following, 1, "{lines:?}");
+    assert!(lines
+        .iter()
+        .filter(|l| again(l))
+        .all(|l| l["level"] == "DEBUG"));
+    // stdout: only the line scripts read.
+    let stdout = read(&out);
+    assert!(
+        stdout.starts_with("warmpath-agent listening on http://"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
 }

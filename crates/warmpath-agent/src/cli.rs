@@ -123,6 +123,14 @@ pub struct Cli {
     /// and no KV event followed for this many milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub events_silence_ms: u64,
+    /// Log format on stderr: text or json (one object per line).
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "WARMPATH_LOG_FORMAT",
+        default_value_t
+    )]
+    pub log_format: warmpath_proto::logging::LogFormat,
 }
 
 impl Cli {

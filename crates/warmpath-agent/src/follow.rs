@@ -114,6 +114,7 @@ pub async fn follow_rank(
         pending_parent: false,
         rank_label,
     };
+    let mut following = false;
     loop {
         let mut sub = SubSocket::new();
         let connected = tokio::select! {
@@ -121,6 +122,7 @@ pub async fn follow_rank(
             r = sub.connect(&f.cfg.endpoint) => r,
         };
         if let Err(e) = connected {
+            following = false;
             tracing::warn!(endpoint = %f.cfg.endpoint, error = %e, "cannot connect to engine events; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -128,10 +130,17 @@ pub async fn follow_rank(
             }
         }
         if let Err(e) = sub.subscribe(&f.cfg.topic).await {
+            following = false;
             tracing::warn!(error = %e, "subscribe failed; reconnecting");
             continue;
         }
-        tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
+        // INFO once per change of state (first subscription, or after a
+        // failure); the quiet re-subscriptions of a silent engine are DEBUG.
+        if std::mem::replace(&mut following, true) {
+            tracing::debug!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events again");
+        } else {
+            tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
+        }
         if !std::mem::replace(&mut f.buffer_read, true) {
             // Once, after the first subscription: nothing published from now
             // on is missed.
@@ -159,6 +168,7 @@ pub async fn follow_rank(
                     break;
                 }
                 Ok(Err(e)) => {
+                    following = false;
                     tracing::warn!(error = %e, "event socket receive failed; reconnecting");
                     break;
                 }

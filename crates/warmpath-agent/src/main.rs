@@ -3,18 +3,13 @@
 use anyhow::Context;
 use clap::Parser;
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tracing_subscriber::EnvFilter;
 use warmpath_agent::cli::Cli;
 use warmpath_agent::Agent;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
     let cli = Cli::parse();
+    warmpath_proto::logging::init_logging(cli.log_format);
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;

@@ -141,18 +141,16 @@ async fn prompt_tokens_without_kv_events_turn_readyz_false_and_log_the_wildcard_
         .env("RUST_LOG", "warn")
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // The address on stdout, the logs on stderr: both read into one channel.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        while let Ok(Some(l)) = lines.next_line().await {
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
+    let out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let err = BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::spawn(forward_lines(out, tx.clone()));
+    tokio::spawn(forward_lines(err, tx));
     let mut seen = Vec::new();
     let addr: SocketAddr = loop {
         let l = tokio::time::timeout(Duration::from_secs(30), rx.recv())
@@ -216,4 +214,16 @@ async fn prompt_tokens_without_kv_events_turn_readyz_false_and_log_the_wildcard_
     assert_eq!(seen.iter().filter(|l| l.contains(rule)).count(), 1);
     child.kill().await.unwrap();
     router.stop().await;
+}
+
+/// Sends every line of `lines` into `tx` until either ends.
+async fn forward_lines<R: tokio::io::AsyncBufRead + Unpin>(
+    mut lines: tokio::io::Lines<R>,
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    while let Ok(Some(l)) = lines.next_line().await {
+        if tx.send(l).is_err() {
+            return;
+        }
+    }
 }

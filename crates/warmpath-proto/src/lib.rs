@@ -12,14 +12,16 @@
 //! - [`error_chain`]: a transport error with its sources, for logs and errors.
 //! - [`dns`]: the resolver of the router's DNS discovery and the agent's
 //!   `dns://` router lists.
-
-pub mod dns;
+//! - [`logging`]: how both binaries log (`--log-format text|json`, stderr).
 
 /// Generated code for package `warmpath.v1`.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("warmpath.v1");
 }
+
+pub mod dns;
+pub mod logging;
 
 pub use v1::cache_events_client::CacheEventsClient;
 pub use v1::cache_events_server::{CacheEvents, CacheEventsServer};

@@ -18,6 +18,7 @@
 //! request in flight has ended, and it is then removed.
 
 use crate::config::{BackendConfig, BackendUrl};
+use crate::metrics::Outcome;
 use parking_lot::RwLock;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -70,6 +71,8 @@ pub struct Backend {
     probe_ok: AtomicBool,
     /// `warmpath_backend_ejections_total{pool, backend}`.
     ejections_total: metrics::Counter,
+    /// `warmpath_backend_requests_total{pool, backend, outcome}`.
+    outcomes: [metrics::Counter; 6],
     ejected: AtomicBool,
     /// Ejections not forgiven by a success streak: the back-off's exponent.
     ejections: AtomicU32,
@@ -123,6 +126,7 @@ impl Backend {
             pending_prefill: AtomicU64::new(0),
             healthy_gauge: crate::metrics::backend_healthy(model, cfg.id()),
             ejections_total: crate::metrics::backend_ejections(model, cfg.id()),
+            outcomes: crate::metrics::backend_requests(model, cfg.id()),
             consecutive_failures: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
             // Unverified until the first probe: readiness waits for it.
@@ -306,6 +310,7 @@ impl Backend {
         FlightGuard {
             backend: Arc::clone(self),
             prefill_blocks,
+            outcome: Outcome::Cancelled,
         }
     }
 
@@ -314,11 +319,14 @@ impl Backend {
     }
 }
 
-/// One request in flight on a backend; dropping it ends the request.
+/// One request in flight on a backend; dropping it ends the request and
+/// counts its [`Outcome`] (`cancelled` unless [`FlightGuard::outcome`] said
+/// otherwise).
 #[derive(Debug)]
 pub struct FlightGuard {
     backend: Arc<Backend>,
     prefill_blocks: u64,
+    outcome: Outcome,
 }
 
 impl FlightGuard {
@@ -334,6 +342,11 @@ impl FlightGuard {
             self.backend.pending_prefill.fetch_sub(n, Ordering::Relaxed);
         }
     }
+
+    /// How the request ended, counted when the guard drops.
+    pub fn outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
 }
 
 impl Drop for FlightGuard {
@@ -341,6 +354,7 @@ impl Drop for FlightGuard {
         self.first_byte();
         let n = self.backend.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
         self.backend.gauge(n);
+        self.backend.outcomes[self.outcome as usize].increment(1);
         if n == 0 && self.backend.is_draining() {
             self.backend.idle.notify_waiters();
         }

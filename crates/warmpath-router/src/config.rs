@@ -243,6 +243,11 @@ pub struct ServerConfig {
     /// requests; what remains is closed (an SSE stream gets an error event)
     /// and the process exits 0.
     pub shutdown_timeout_ms: u64,
+    /// One INFO line per request when its answer ends (target
+    /// `warmpath_router::access`): method, path, status, pool, backend,
+    /// decision, time to the answer's head and in all, request id. Never
+    /// the body or the query string.
+    pub access_log: bool,
 }
 
 impl Default for ServerConfig {
@@ -254,6 +259,7 @@ impl Default for ServerConfig {
             max_connections: None,
             drain_grace_ms: 5_000,
             shutdown_timeout_ms: 30_000,
+            access_log: false,
         }
     }
 }

@@ -16,6 +16,7 @@
 use crate::conn::{Activity, Conns, HeldBody, Slot};
 use crate::error::ApiError;
 use crate::monotonic_ms;
+use crate::requests::{self, Record, Recorded, Routed};
 use crate::socket::Watched;
 use crate::state::Shared;
 use crate::{api, surface};
@@ -35,6 +36,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
+use tracing::Instrument;
 use warmpath_core::request::surface::Endpoint;
 
 /// The proxied endpoints, answered without axum's router.
@@ -74,9 +76,20 @@ impl hyper::service::Service<Request<Incoming>> for Front {
     type Error = Infallible;
     type Future = BoxFuture;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         let busy = self.activity.begin();
+        let started = Instant::now();
         let shared = Arc::clone(&self.shared);
+        // Forwarded upstream with the client's other headers.
+        let id = requests::request_id(req.headers());
+        req.headers_mut().insert(requests::REQUEST_ID, id.clone());
+        let span = requests::span(&id);
+        // Only the access log reads the path: no copy without it.
+        let path = match shared.settings.access_log {
+            true => req.uri().path().to_owned(),
+            false => String::new(),
+        };
+        let method = req.method().clone();
         let hot = Hot::of(&req);
         let router = hot.is_none().then(|| self.router.clone());
         // `Connection` is HTTP/1's (HTTP/2 forbids it).
@@ -110,10 +123,23 @@ impl hyper::service::Service<Request<Incoming>> for Front {
             // body, or on a backend's first byte) is answered now.
             let resp = tokio::select! {
                 biased;
-                r = answer => r,
+                r = answer.instrument(span.clone()) => r,
                 () = shared.halt.cancelled() => ApiError::shutting_down().into_response(),
             };
             let (mut parts, body) = resp.into_parts();
+            parts.headers.insert(requests::REQUEST_ID, id);
+            let record = Record {
+                started,
+                head: started.elapsed(),
+                method,
+                path,
+                status: parts.status,
+                routed: parts.extensions.remove::<Routed>(),
+                proxied: hot.is_some(),
+                access_log: shared.settings.access_log,
+                span,
+            };
+            let body = Body::new(Recorded::new(body, record));
             if h1 && shared.draining() {
                 // Clients move to another replica instead of reusing this one.
                 parts

@@ -5,7 +5,6 @@ use clap::Parser;
 use std::io::Write;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 use warmpath_router::Cli;
 
 // mimalloc gives freed memory back to the OS (after a short delay): with
@@ -16,13 +15,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    warmpath_proto::logging::init_logging(cli.log_format);
     let config = cli.load().context("loading the configuration")?;
     if cli.check_config {
         config.validate().context("checking the configuration")?;

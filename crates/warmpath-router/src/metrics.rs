@@ -8,6 +8,8 @@
 //! | `warmpath_predicted_cached_tokens_total` | counter | pool |
 //! | `warmpath_upstream_first_byte_seconds` | histogram | pool |
 //! | `warmpath_router_overhead_seconds` | histogram | phase = parse, tokenize, hash, lookup, pick |
+//! | `warmpath_request_duration_seconds` | histogram | pool (from the request's head to its answer's last byte) |
+//! | `warmpath_backend_requests_total` | counter | pool, backend, outcome (see [`Outcome`]) |
 //! | `warmpath_backend_in_flight` | gauge | pool, backend |
 //! | `warmpath_backend_healthy` | gauge | pool, backend |
 //! | `warmpath_ready` | gauge | |
@@ -48,6 +50,12 @@ const FIRST_BYTE_BUCKETS: [f64; 14] = [
 const LAG_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
+// LLM answers: tens of milliseconds (a cached short prompt) to minutes (a
+// long generation streamed to its end).
+const DURATION_BUCKETS: [f64; 17] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0,
+];
 const BLOCK_BUCKETS: [f64; 13] = [
     0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
 ];
@@ -65,6 +73,10 @@ fn build() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> 
         .set_buckets_for_metric(
             Matcher::Full("warmpath_matched_blocks".into()),
             &BLOCK_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("warmpath_request_duration_seconds".into()),
+            &DURATION_BUCKETS,
         )?
         .set_buckets_for_metric(
             Matcher::Full("warmpath_ingest_lag_seconds".into()),
@@ -85,6 +97,15 @@ fn describe() {
     describe_counter!(
         "warmpath_backend_ejections_total",
         "Times a backend was ejected (failed requests or probes in a row)"
+    );
+    describe_histogram!(
+        "warmpath_request_duration_seconds",
+        Unit::Seconds,
+        "From a proxied request's head to its answer's last byte (or the client leaving)"
+    );
+    describe_counter!(
+        "warmpath_backend_requests_total",
+        "Requests sent to each backend, by how they ended (ok, server_error, connect_error, timeout, failed, cancelled)"
     );
     describe_counter!(
         "warmpath_requests_total",
@@ -255,6 +276,8 @@ pub struct PoolMetrics {
     pub predicted_tokens: Counter,
     /// `warmpath_upstream_first_byte_seconds{pool}`.
     pub first_byte: Histogram,
+    /// `warmpath_request_duration_seconds{pool}`.
+    pub duration: Histogram,
     overhead: [Histogram; 5],
     model: Arc<str>,
     /// `warmpath_requests_total{pool, strategy, decision, status}`, looked
@@ -275,6 +298,7 @@ impl PoolMetrics {
             first_byte: metrics::histogram!(
                 "warmpath_upstream_first_byte_seconds", "pool" => model.to_owned()
             ),
+            duration: request_duration(model),
             overhead: Phase::ALL.map(
                 |p| metrics::histogram!("warmpath_router_overhead_seconds", "phase" => p.label()),
             ),
@@ -317,6 +341,63 @@ pub fn requests_counter(
     metrics::counter!("warmpath_requests_total",
         "pool" => pool.to_owned(), "strategy" => strategy,
         "decision" => decision, "status" => status.as_u16().to_string())
+}
+
+/// `warmpath_request_duration_seconds{pool}`.
+pub fn request_duration(pool: &str) -> Histogram {
+    metrics::histogram!("warmpath_request_duration_seconds", "pool" => pool.to_owned())
+}
+
+/// How a request sent to a backend ended: the `outcome` label of
+/// `warmpath_backend_requests_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered below 500 and streamed to its end.
+    Ok,
+    /// Answered 500 or above.
+    ServerError,
+    /// Connecting failed (the request went to another backend).
+    ConnectError,
+    /// No answer within `first_byte_timeout_ms`, or a body silent for
+    /// `stream_idle_timeout_ms`.
+    Timeout,
+    /// The exchange broke after the request was sent.
+    Failed,
+    /// The client left (or the shutdown deadline passed) first.
+    Cancelled,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Ok,
+        Outcome::ServerError,
+        Outcome::ConnectError,
+        Outcome::Timeout,
+        Outcome::Failed,
+        Outcome::Cancelled,
+    ];
+
+    /// The `outcome` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ServerError => "server_error",
+            Outcome::ConnectError => "connect_error",
+            Outcome::Timeout => "timeout",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// `warmpath_backend_requests_total{pool, backend, outcome}`, one per
+/// [`Outcome`] in [`Outcome::ALL`] order.
+pub fn backend_requests(model: &str, backend: &str) -> [Counter; 6] {
+    Outcome::ALL.map(|o| {
+        metrics::counter!("warmpath_backend_requests_total", "pool" => model.to_owned(),
+            "backend" => backend.to_owned(), "outcome" => o.label())
+    })
 }
 
 /// `warmpath_backend_in_flight{pool, backend}`.

@@ -19,7 +19,9 @@
 
 use crate::backend::{Backend, FlightGuard};
 use crate::error::ApiError;
+use crate::metrics::Outcome;
 use crate::pool::Pool;
+use crate::requests::Routed;
 use crate::route::{self, Plan};
 use crate::state::Shared;
 use axum::body::Body;
@@ -123,7 +125,12 @@ fn upstream_request(
     Ok(req)
 }
 
-fn tag(resp: &mut Response, pool: &Pool, backend: &str, decision: &Decision) {
+fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision) {
+    resp.extensions_mut().insert(Routed {
+        pool: Arc::clone(pool),
+        backend: Some(backend.to_owned()),
+        decision: decision.kind.as_str(),
+    });
     if !pool.expose_routing_headers {
         return;
     }
@@ -158,14 +165,23 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                     ));
                 }
                 pool.metrics.count(strategy, "none", e.status);
-                return e.into_response();
+                let mut resp = e.into_response();
+                resp.extensions_mut().insert(Routed {
+                    pool: Arc::clone(pool),
+                    backend: None,
+                    decision: "none",
+                });
+                return resp;
             }
         };
         let backend = Arc::clone(&plan.policy.backends[decision.backend]);
-        let guard = backend.begin(route::uncached_blocks(plan, &decision));
+        let mut guard = backend.begin(route::uncached_blocks(plan, &decision));
         let req = match upstream_request(&backend.url, &out) {
             Ok(r) => r,
-            Err(e) => return e.into_response(),
+            Err(e) => {
+                guard.outcome(Outcome::Failed);
+                return e.into_response();
+            }
         };
         let sent = Instant::now();
         let limit = shared.settings.first_byte_timeout;
@@ -175,6 +191,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
             tracing::warn!(pool = %pool.model, backend = %backend.id, ?limit,
                 "no answer from the backend in time; not retried");
             count_failure(shared, pool, &backend);
+            guard.outcome(Outcome::Timeout);
             let err = ApiError::upstream_timeout(format!(
                 "backend {} sent no answer within {} ms",
                 backend.id,
@@ -211,6 +228,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 return respond(shared, resp, guard, sent, pool, &decision);
             }
             Err(e) if e.is_connect() => {
+                guard.outcome(Outcome::ConnectError);
                 drop(guard);
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "connect failed; trying another backend");
@@ -221,6 +239,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "upstream request failed after it was sent; not retried");
                 count_failure(shared, pool, &backend);
+                guard.outcome(Outcome::Failed);
                 let err = ApiError::upstream(format!("backend {} failed: {e}", backend.id));
                 pool.metrics
                     .count(strategy, decision.kind.as_str(), err.status);
@@ -269,6 +288,16 @@ fn respond(
     copy_end_to_end(&parts.headers, out.headers_mut(), &[]);
     tag(&mut out, pool, &backend_id, decision);
     out
+}
+
+/// A body streamed to its end: a success for the backend below 500.
+fn ended(mut guard: FlightGuard, ok: bool) {
+    if ok {
+        guard.backend().succeeded();
+        guard.outcome(Outcome::Ok);
+    } else {
+        guard.outcome(Outcome::ServerError);
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -347,9 +376,7 @@ impl HttpBody for TrackedBody {
                     // hyper may not poll a body whose length is reached.
                     *this.done = true;
                     if let Some(g) = this.guard.take() {
-                        if *this.ok {
-                            g.backend().succeeded();
-                        }
+                        ended(g, *this.ok);
                     }
                 }
                 return Poll::Ready(Some(Ok(frame)));
@@ -358,9 +385,7 @@ impl HttpBody for TrackedBody {
             Poll::Ready(None) => {
                 *this.done = true;
                 if let Some(g) = this.guard.take() {
-                    if *this.ok {
-                        g.backend().succeeded();
-                    }
+                    ended(g, *this.ok);
                 }
                 return Poll::Ready(None);
             }
@@ -382,9 +407,14 @@ impl HttpBody for TrackedBody {
             }
         };
         *this.done = true;
-        let Some(guard) = this.guard.take() else {
+        let Some(mut guard) = this.guard.take() else {
             return Poll::Ready(None);
         };
+        guard.outcome(match cut {
+            Cut::Failed(_) => Outcome::Failed,
+            Cut::Stalled => Outcome::Timeout,
+            Cut::Halted => Outcome::Cancelled,
+        });
         let backend = &guard.backend().id;
         let message = match &cut {
             Cut::Failed(e) => {

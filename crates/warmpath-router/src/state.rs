@@ -38,6 +38,8 @@ pub struct Settings {
     pub stream_idle_timeout: Duration,
     /// Longest wait for a client's request body.
     pub body_timeout: Duration,
+    /// One INFO line per request (`server.access_log`).
+    pub access_log: bool,
 }
 
 /// Shared router state.
@@ -107,6 +109,7 @@ impl Shared {
                 first_byte_timeout: Duration::from_millis(config.upstream.first_byte_timeout_ms),
                 stream_idle_timeout: Duration::from_millis(config.upstream.stream_idle_timeout_ms),
                 body_timeout: Duration::from_millis(config.server.body_timeout_ms),
+                access_log: config.server.access_log,
             },
             metrics,
             agents,

@@ -74,7 +74,7 @@ pub struct CompareConfig {
 pub struct CompareOutcome {
     /// Per strategy.
     pub reports: Vec<StrategyReport>,
-    /// The markdown table.
+    /// The console's table (at most 120 columns; the full one is in the report).
     pub table: String,
     /// The HTML report.
     pub html: PathBuf,
@@ -132,12 +132,57 @@ impl CompareConfig {
     }
 }
 
+/// Where the whole comparison stands, for the progress bars' labels: which
+/// strategy of how many, and when all of them should be done.
+struct Overall {
+    started: std::time::Instant,
+    strategies: usize,
+    /// The planned seconds of one strategy (main run and rate search).
+    planned_s: f64,
+}
+
+impl Overall {
+    fn new(cfg: &CompareConfig) -> Self {
+        Overall {
+            started: std::time::Instant::now(),
+            strategies: cfg.strategies.len(),
+            planned_s: cfg.duration_s + cfg.search_rates.len() as f64 * cfg.search_step_s,
+        }
+    }
+
+    /// The label of a bar of strategy `k` (from 0): `[k+1/n] what, all done
+    /// in ~ETA`, the ETA measured on the strategies done, planned before.
+    fn label(&self, k: usize, what: &str) -> String {
+        let left = (self.strategies - k.min(self.strategies)) as f64;
+        let per = match k {
+            0 => self.planned_s,
+            _ => self.started.elapsed().as_secs_f64() / k as f64,
+        };
+        format!(
+            "[{}/{}] {what}, all done in ~{}",
+            k + 1,
+            self.strategies,
+            clock(per * left)
+        )
+    }
+}
+
+/// `1h02m`, `3m05s`, `42s`.
+fn clock(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 fn bar(show: bool, len: usize, label: String) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }
     let pb = ProgressBar::new(len as u64);
-    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {elapsed}")
+    let style = ProgressStyle::with_template("{prefix} [{bar:24}] {pos}/{len} eta {eta}")
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> ");
     pb.set_style(style);
@@ -193,7 +238,8 @@ pub async fn run(
         max_in_flight: cfg.sim.time.max_batch as usize,
     };
     let mut reports = Vec::new();
-    for &s in &cfg.strategies {
+    let overall = Overall::new(cfg);
+    for (k, &s) in cfg.strategies.iter().enumerate() {
         if cancel.is_cancelled() {
             break;
         }
@@ -203,7 +249,7 @@ pub async fn run(
         let pb = bar(
             cfg.progress,
             base.len(),
-            format!("{s} @ {:.1} req/s", cfg.rate),
+            overall.label(k, &format!("{s} @ {:.1} req/s", cfg.rate)),
         );
         let before = stack.engine_prefix_counters(&client).await;
         let samples = drive(&client, &drive_cfg, &base, &pb, &cancel).await;
@@ -227,7 +273,7 @@ pub async fn run(
             let pb = bar(
                 cfg.progress,
                 step.len(),
-                format!("{s} search @ {rate:.1} req/s"),
+                overall.label(k, &format!("{s} search @ {rate:.1} req/s")),
             );
             let samples = drive(
                 &client,
@@ -259,8 +305,33 @@ pub async fn run(
     let settings = serde_json::to_value(cfg).unwrap_or_default();
     let html = output::write_all(&cfg.out_dir, &reports, &settings, cfg.slo_ms)?;
     Ok(CompareOutcome {
-        table: report::markdown(&reports, cfg.slo_ms),
+        table: report::console(&reports, cfg.slo_ms),
         reports,
         html,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_labels_say_which_strategy_of_how_many_and_when_all_end() {
+        let o = Overall {
+            started: std::time::Instant::now(),
+            strategies: 4,
+            planned_s: 50.0,
+        };
+        assert_eq!(
+            o.label(0, "random @ 8.0 req/s"),
+            "[1/4] random @ 8.0 req/s, all done in ~3m20s"
+        );
+        assert!(o
+            .label(3, "kv_aware")
+            .starts_with("[4/4] kv_aware, all done in ~"));
+        assert_eq!(
+            (clock(42.4), clock(3725.0)),
+            ("42s".to_owned(), "1h02m".to_owned())
+        );
+    }
 }

@@ -290,6 +290,74 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
     t
 }
 
+/// The console's table: the main numbers, aligned, in at most
+/// [`CONSOLE_WIDTH`] columns; the full table ([`markdown`]: hit-rate bounds,
+/// index fidelity) is in results.md and report.html.
+pub fn console(reports: &[StrategyReport], slo_ms: f64) -> String {
+    let head = [
+        "strategy",
+        "goodput",
+        "hit %",
+        "ceiling",
+        "TTFT p50/p90/p99 ms",
+        "e2e p50",
+        "req/s",
+        "tok/s",
+        "share %",
+        "fail",
+    ];
+    let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}", 100.0 * v));
+    let rows: Vec<[String; 10]> = reports
+        .iter()
+        .map(|r| {
+            [
+                r.strategy.clone(),
+                r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}")),
+                pct(Some(r.hit_rate)),
+                pct(r.hit_ceiling),
+                format!(
+                    "{:.0}/{:.0}/{:.0}",
+                    r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99
+                ),
+                format!("{:.0}", r.e2e_ms.p50),
+                format!("{:.2}", r.throughput_rps),
+                format!("{:.0}", r.output_tokens_per_s),
+                format!("{:.1}-{:.1}", r.share_min_pct, r.share_max_pct),
+                r.failures.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = head.map(str::len);
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let padded: Vec<String> = cells
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| match i {
+                0 => format!("{c:<w$}"),
+                _ => format!("{c:>w$}"),
+            })
+            .collect();
+        format!("{}\n", padded.join("  ").trim_end())
+    };
+    let mut t = line(&mut head.iter().copied());
+    for row in &rows {
+        t.push_str(&line(&mut row.iter().map(String::as_str)));
+    }
+    t.push_str(&format!(
+        "goodput: the highest searched req/s with P90 TTFT <= {slo_ms:.0} ms\n\
+         the full table (hit-rate bounds, index fidelity) is in results.md and report.html\n"
+    ));
+    t
+}
+
+/// The widest line [`console`] writes for the demo's strategies.
+pub const CONSOLE_WIDTH: usize = 120;
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -342,6 +410,43 @@ mod tests {
         assert_eq!(f.over_predicted, 0);
         assert_eq!(r.ttft_ms.p50, 20.0);
         assert!(markdown(&[r], 500.0).contains("| kv_aware |"));
+    }
+
+    #[test]
+    fn the_console_table_fits_120_columns_with_wide_numbers() {
+        let mut r = aggregate(
+            "least_outstanding",
+            1.0,
+            &[sample("a", 96, Some(6), 10.0)],
+            16,
+            &["a".into()],
+        );
+        r.ttft_ms.p50 = 123_456.0;
+        r.ttft_ms.p90 = 234_567.0;
+        r.ttft_ms.p99 = 345_678.0;
+        r.e2e_ms.p50 = 456_789.0;
+        r.goodput_rps = Some(1234.5);
+        r.hit_ceiling = Some(0.987);
+        r.output_tokens_per_s = 123_456.0;
+        r.failures = 100_000;
+        let t = console(&[r.clone(), r], 10_000.0);
+        let lines: Vec<&str> = t.lines().collect();
+        for l in &lines {
+            assert!(
+                l.chars().count() <= CONSOLE_WIDTH,
+                "{} columns: {l}",
+                l.chars().count()
+            );
+        }
+        assert!(
+            lines[0].starts_with("strategy") && lines[1].starts_with("least_outstanding"),
+            "{t}"
+        );
+        assert!(
+            t.contains("123456/234567/345678") && t.contains("98.7"),
+            "{t}"
+        );
+        assert!(t.contains("results.md"), "{t}");
     }
 
     #[test]

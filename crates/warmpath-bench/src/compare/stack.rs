@@ -394,10 +394,12 @@ impl Stack {
         let Some(o) = self.owned.as_mut() else {
             return;
         };
-        o.router.shutdown();
+        // Agents first: a router going away under a live agent is a WARN
+        // ("router link down") that a normal shutdown must not print.
         for a in std::mem::take(&mut o.agents) {
             a.shutdown().await;
         }
+        o.router.shutdown();
         if let Some(o) = self.owned.take() {
             match o.engines {
                 Engines::Candle(f) => f.shutdown().await,

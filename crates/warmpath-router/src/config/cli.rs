@@ -96,6 +96,18 @@ pub struct Cli {
     /// Time served after SIGTERM while not ready, before accepting stops (ms, default 5000).
     #[arg(long, value_name = "MS")]
     pub drain_grace_ms: Option<u64>,
+    /// Log format on stderr: text or json (one object per line). Fixed at
+    /// start; SIGHUP does not change it.
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "WARMPATH_LOG_FORMAT",
+        default_value_t
+    )]
+    pub log_format: warmpath_proto::logging::LogFormat,
+    /// One INFO line per request (`server.access_log`).
+    #[arg(long)]
+    pub access_log: bool,
 }
 
 impl Cli {
@@ -153,6 +165,9 @@ impl Cli {
         }
         if let Some(v) = self.drain_grace_ms {
             config.server.drain_grace_ms = v;
+        }
+        if self.access_log {
+            config.server.access_log = true;
         }
         if let Some(v) = &self.agent_tls_cert {
             config.ingest.tls_cert = Some(v.clone());
