@@ -175,11 +175,12 @@ pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u
 /// Plans a request without a prompt (`/detokenize`): least outstanding,
 /// whatever the pool's strategy, as there is no prefix to follow.
 pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
-    let config = target.pool.policy().config.clone();
+    let current = target.pool.policy();
     let policy = Arc::new(PolicyState {
         strategy: Strategy::LeastOutstanding,
-        config,
+        config: current.config.clone(),
         policy: Box::new(LeastOutstanding),
+        backends: Arc::clone(&current.backends),
     });
     Plan {
         target,
