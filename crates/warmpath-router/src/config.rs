@@ -34,14 +34,14 @@
 //! pool), or to the file's only pool.
 
 mod cli;
-mod index;
 mod discovery;
+mod index;
 mod ingest;
 mod validate;
 
 pub use cli::Cli;
-pub use index::IndexSettings;
 pub use discovery::{DiscoveryConfig, DnsDiscovery};
+pub use index::IndexSettings;
 pub use ingest::{IngestConfig, IngestSettings, TlsPem};
 pub use validate::BackendUrl;
 

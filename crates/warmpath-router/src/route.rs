@@ -133,7 +133,10 @@ pub fn plan(
     } else {
         PrefixKey(0)
     };
-    let preview = pool.show_prompts.then(|| prompt_preview(&pool, req)).flatten();
+    let preview = pool
+        .show_prompts
+        .then(|| prompt_preview(&pool, req))
+        .flatten();
     Ok(Plan {
         target,
         tenant,
