@@ -60,6 +60,8 @@ pub fn update_gauges(s: &Shared) {
     for p in s.pools.all() {
         metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
             .set(p.index.entries() as f64);
+        metrics::gauge!("warmpath_index_max_entries", "pool" => p.model.clone())
+            .set(p.index_bounds.max_entries as f64);
         metrics::gauge!("warmpath_index_bytes", "pool" => p.model.clone())
             .set(p.index.estimated_bytes() as f64);
         metrics::gauge!("warmpath_index_dead_entries", "pool" => p.model.clone())

@@ -14,6 +14,7 @@
 //! | `warmpath_backend_healthy` | gauge | pool, backend |
 //! | `warmpath_ready` | gauge | |
 //! | `warmpath_index_entries` | gauge | pool |
+//! | `warmpath_index_max_entries` | gauge | pool (its `index.max_entries`) |
 //! | `warmpath_stale_workers` | gauge | pool |
 //! | `warmpath_index_bytes` | gauge | pool |
 //! | `warmpath_index_dead_entries` | gauge | pool |
@@ -146,6 +147,10 @@ fn describe() {
     describe_gauge!(
         "warmpath_index_entries",
         "(block, worker, tier) entries in the pool's cache index"
+    );
+    describe_gauge!(
+        "warmpath_index_max_entries",
+        "The pool's index.max_entries: past it, new blocks from agents are refused (warmpath_ingest_refused_blocks_total{reason=\"max_entries\"})"
     );
     describe_gauge!(
         "warmpath_index_bytes",
