@@ -260,17 +260,22 @@ fn engine_ids(dir: &Path, body: &Value) -> Vec<u32> {
     let cfg: Value =
         serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).unwrap()).unwrap();
     let mut env = minijinja::Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
+    env.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .unwrap(),
+    );
     env.add_template("chat", cfg["chat_template"].as_str().unwrap())
         .unwrap();
     let text = env
         .get_template("chat")
         .unwrap()
         .render(minijinja::context! {
-            messages => body["messages"].clone(),
-            bos_token => cfg["bos_token"].clone(),
-            eos_token => cfg["eos_token"].clone(),
+            messages => minijinja::value::Serde(body["messages"].clone()),
+            bos_token => minijinja::value::Serde(cfg["bos_token"].clone()),
+            eos_token => minijinja::value::Serde(cfg["eos_token"].clone()),
             add_generation_prompt => true,
         })
         .unwrap();

@@ -112,8 +112,6 @@ pub struct AgentConfig {
     pub router_queue: usize,
     /// Router link tuning.
     pub link: LinkConfig,
-    /// Re-create a silent SUB socket after this long.
-    pub silence_reconnect: Duration,
     /// Events mode: not ready once the engine served prompt tokens and no KV
     /// event followed for this long.
     pub events_silence: Duration,
@@ -148,7 +146,6 @@ impl AgentConfig {
             ghost_capacity: 1 << 16,
             router_queue: 16_384,
             link: LinkConfig::default(),
-            silence_reconnect: Duration::from_secs(3),
             events_silence: Duration::from_secs(30),
         }
     }
@@ -388,7 +385,6 @@ impl Agent {
             fc.replay_endpoint = replay_endpoint;
             fc.rank = rank;
             fc.topic = cfg.topic.clone();
-            fc.silence_reconnect = cfg.silence_reconnect;
             tasks.push(tokio::spawn(follow_rank(
                 fc,
                 EngineTracker::new(cfg.model.clone(), cfg.ghost_capacity),
@@ -597,6 +593,7 @@ async fn health(State(s): State<HttpState>) -> axum::response::Response {
         "gaps": s.stats.gaps.get(),
         "gaps_unrecovered": s.stats.gaps_unrecovered.get(),
         "engine_restarts": s.stats.engine_restarts.get(),
+        "event_reconnects": s.stats.event_reconnects.get(),
         "router_connects": s.stats.router_connects.get(),
         "router_refusals": s.stats.router_refusals.get(),
         "observe": s.observe_stats.as_ref().map(|o| serde_json::json!({

@@ -20,11 +20,13 @@
 //! Replaying batches already applied is harmless: the tracker only reports real
 //! transitions.
 //!
-//! The `zeromq` crate's SUB socket does not report a lost peer and does not
-//! reconnect, so a rank silent for `silence_reconnect` re-creates its socket; a
-//! batch missed meanwhile shows up as a gap. Replays run in their own task with
-//! a deadline (the crate's DEALER can panic when its peer disappears; a panic
-//! there is a failed replay, not a dead agent).
+//! The SUB socket is made once per rank and reconnects by itself (`zeromq`
+//! 0.6 and later re-dial a lost publisher with backoff and re-send the
+//! subscription), so an idle engine costs nothing and a restarted one is
+//! followed again on its own; batches published meanwhile show up as a gap or
+//! a backwards jump, handled as above. Its monitor only feeds logs and the
+//! reconnect count. Replays run in their own task with a deadline, so a
+//! replay endpoint that never answers is a failed replay, not a stuck rank.
 
 use crate::hub::Hub;
 use crate::stats::Stats;
@@ -32,11 +34,12 @@ use crate::tracker::EngineTracker;
 use crate::vllm::wire::{parse_live, parse_replay_reply, END_OF_REPLAY};
 use crate::vllm::{decode_batch_with, DecodeLimits, KvEventBatch};
 use bytes::Bytes;
+use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 /// How to follow one rank.
 #[derive(Clone, Debug)]
@@ -49,8 +52,6 @@ pub struct FollowConfig {
     pub topic: String,
     /// Data-parallel rank (for logs and metrics).
     pub rank: u16,
-    /// Re-create the SUB socket after this long without a message.
-    pub silence_reconnect: Duration,
     /// Give up on a replay after this long.
     pub replay_timeout: Duration,
     /// Most batches accepted from one replay.
@@ -67,7 +68,6 @@ impl FollowConfig {
             replay_endpoint: None,
             topic: String::new(),
             rank: 0,
-            silence_reconnect: Duration::from_secs(3),
             replay_timeout: Duration::from_secs(3),
             max_replay_batches: 100_000,
             limits: DecodeLimits::default(),
@@ -117,12 +117,16 @@ pub async fn follow_rank(
     let mut following = false;
     loop {
         let mut sub = SubSocket::new();
+        // Before connecting, so the first `Connected` is seen too.
+        let mut socket_events = sub.monitor();
         let connected = tokio::select! {
             _ = cancel.cancelled() => return,
             r = sub.connect(&f.cfg.endpoint) => r,
         };
         if let Err(e) = connected {
             following = false;
+            // The crate keeps dialling a refused port for its connect timeout
+            // (30 s); this is that timeout or a bad endpoint.
             tracing::warn!(endpoint = %f.cfg.endpoint, error = %e, "cannot connect to engine events; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -149,6 +153,7 @@ pub async fn follow_rank(
                 () = f.learn_buffered() => {}
             }
         }
+        let mut connects = 0u64;
         loop {
             let msg = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -157,22 +162,20 @@ pub async fn follow_rank(
                     f.learn_buffered().await;
                     continue;
                 }
-                r = tokio::time::timeout(f.cfg.silence_reconnect, sub.recv()) => r,
+                Some(ev) = socket_events.next() => {
+                    f.on_socket_event(ev, &mut connects);
+                    continue;
+                }
+                r = sub.recv() => r,
             };
             match msg {
-                Err(_) => {
-                    tracing::debug!(
-                        rank = f.cfg.rank,
-                        "engine events silent; re-creating the SUB socket"
-                    );
-                    break;
-                }
-                Ok(Err(e)) => {
-                    following = false;
-                    tracing::warn!(error = %e, "event socket receive failed; reconnecting");
-                    break;
-                }
-                Ok(Ok(m)) => f.on_live(m.into_vec()).await,
+                // The socket dropped that peer and re-dials it by itself.
+                Err(e) => tracing::warn!(
+                    rank = f.cfg.rank,
+                    error = %e,
+                    "event socket receive failed; reconnecting"
+                ),
+                Ok(m) => f.on_live(m.into_vec()).await,
             }
         }
     }
@@ -186,6 +189,31 @@ fn now_micros() -> u64 {
 }
 
 impl Follower {
+    /// Logs the SUB socket's own disconnects and reconnects (the socket
+    /// re-dials by itself); `connects` counts this socket's connections.
+    fn on_socket_event(&mut self, ev: SocketEvent, connects: &mut u64) {
+        match ev {
+            SocketEvent::Connected(..) => {
+                *connects += 1;
+                if *connects > 1 {
+                    self.stats.event_reconnects.inc();
+                    metrics::counter!("warmpath_agent_event_reconnects_total").increment(1);
+                    tracing::info!(
+                        endpoint = %self.cfg.endpoint,
+                        rank = self.cfg.rank,
+                        "reconnected to engine events"
+                    );
+                }
+            }
+            SocketEvent::Disconnected(_) => tracing::info!(
+                endpoint = %self.cfg.endpoint,
+                rank = self.cfg.rank,
+                "engine events publisher went away; reconnecting"
+            ),
+            _ => {}
+        }
+    }
+
     async fn on_live(&mut self, frames: Vec<Bytes>) {
         let Some((seq, payload)) = parse_live(&frames) else {
             self.stats.bad_frames.inc();

@@ -28,6 +28,10 @@ pub fn describe() {
             "Engine restarts seen (sequence back to 0, or a new process in its metrics)",
         ),
         (
+            "warmpath_agent_event_reconnects_total",
+            "Times an engine event socket reconnected to a publisher it had lost",
+        ),
+        (
             "warmpath_agent_seq_gaps_total",
             "Sequence gaps in the engine's events",
         ),

@@ -74,6 +74,8 @@ pub struct Stats {
     pub gaps_unrecovered: Counter,
     /// Engine restarts (sequence went backwards).
     pub engine_restarts: Counter,
+    /// Times an engine's event socket re-dialled a lost publisher.
+    pub event_reconnects: Counter,
     /// Replays that completed.
     pub replays_ok: Counter,
     /// Replays that failed or timed out.

@@ -345,3 +345,82 @@ async fn block_size_mismatch_is_refused_and_counted() {
     agent.shutdown().await;
     router.stop().await;
 }
+
+/// Binds a publisher on `endpoint`/`replay` again once the old one let go of
+/// the ports.
+async fn rebind(endpoint: &str, replay: &str) -> KvEventPublisher {
+    common::poll::poll(
+        "the ports free again",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let mut c = PublisherConfig::new(endpoint);
+            c.topic = "kv".into();
+            c.replay_endpoint = Some(replay.into());
+            KvEventPublisher::bind(c).await.ok()
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_publisher_is_followed_again_by_the_same_subscription() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p1 = publisher(PayloadForm::Map, true, true).await;
+    let (endpoint, replay) = (
+        p1.endpoint().to_owned(),
+        p1.replay_endpoint().unwrap().to_owned(),
+    );
+    let agent = Agent::start(agent_config(&p1, vec![router.url()]), None)
+        .await
+        .unwrap();
+    let old = tokens(1, 3000);
+    p1.publish(vec![stored(&[1], None, &old)]).await.unwrap();
+    wait_for(
+        "old block",
+        || router.view().blocks.contains(&(wp(&old)[0], GPU)),
+        || poke(&p1),
+    )
+    .await;
+    // A sequence well past what the restarted engine reaches below, so its
+    // batches read as a restart, not a gap.
+    for _ in 0..20 {
+        poke(&p1).await;
+    }
+    let seen = p1.next_seq().await;
+    wait_for(
+        "every batch applied",
+        || agent.stats().batches.get() >= seen,
+        || async {},
+    )
+    .await;
+    // Idle for longer than the old 3 s silence timer, which re-created the
+    // socket (a second subscriber connection); absence needs the wait.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(p1.subscribers_accepted(), 1, "the idle agent re-subscribed");
+
+    drop(p1); // the engine stops; it comes back on the same ports from seq 0
+    let p2 = rebind(&endpoint, &replay).await;
+    let new = tokens(1, 4000);
+    p2.publish(vec![stored(&[7], None, &new)]).await.unwrap();
+    wait_for(
+        "the new engine's block, the old one forgotten",
+        || {
+            let v = router.view();
+            v.blocks.contains(&(wp(&new)[0], GPU)) && !v.blocks.contains(&(wp(&old)[0], GPU))
+        },
+        // Once it is subscribed again (the first one may beat its
+        // subscription), and not so often that the new sequence passes the old.
+        || async {
+            if p2.subscribers_accepted() > 0 && p2.next_seq().await < 10 {
+                poke(&p2).await;
+            }
+        },
+    )
+    .await;
+    assert_eq!(p2.subscribers_accepted(), 1, "one reconnect, not a loop");
+    assert_eq!(agent.stats().event_reconnects.get(), 1);
+    assert_eq!(agent.stats().engine_restarts.get(), 1);
+    agent.shutdown().await;
+    router.stop().await;
+}

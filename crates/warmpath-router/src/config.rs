@@ -73,7 +73,7 @@ pub enum ConfigError {
         path: PathBuf,
         /// The YAML error (with line and column).
         #[source]
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
     /// A setting is out of range or inconsistent; `at` says where
     /// (e.g. `pools[0].backends[1].url`).
@@ -547,8 +547,8 @@ impl RouterConfig {
     }
 
     /// Parses YAML text (not yet validated).
-    pub fn from_yaml(text: &str) -> Result<Self, serde_yaml::Error> {
-        serde_yaml::from_str(text)
+    pub fn from_yaml(text: &str) -> Result<Self, yaml_serde::Error> {
+        yaml_serde::from_str(text)
     }
 
     /// The pool serving `model`, if any.

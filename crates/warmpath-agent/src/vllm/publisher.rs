@@ -13,20 +13,23 @@
 //! [`KvEventPublisher::publish_unsent`] (a batch lost on the live socket but
 //! replayable), [`KvEventPublisher::skip_seq`] (a gap nobody can replay),
 //! [`KvEventPublisher::restart`] (sequence back to 0, empty buffer),
-//! [`KvEventPublisher::send_raw`] (garbage frames), and the payload form.
+//! [`KvEventPublisher::send_raw`] (garbage frames), and the payload form;
+//! [`KvEventPublisher::subscribers_accepted`] counts subscriber connections.
 
 use super::encode::encode_batch;
 use super::event::{KvEvent, KvEventBatch, PayloadForm};
 use super::wire::{endpoint_for_bind, parse_replay_request, END_OF_REPLAY};
 use bytes::Bytes;
+use futures::StreamExt;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{PubSocket, RouterSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 /// How to set up a [`KvEventPublisher`].
 #[derive(Clone, Debug)]
@@ -80,6 +83,10 @@ pub enum PublisherError {
     /// A raw message needs at least one frame.
     #[error("kv-event publisher: a raw message needs at least one frame")]
     EmptyMessage,
+    /// `ipc://*` (a wildcard path) is not supported by the `zeromq` crate; name
+    /// the socket file. Retrying does not help.
+    #[error("kv-event publisher cannot bind {0}: name the ipc socket file")]
+    WildcardIpc(String),
 }
 
 struct Live {
@@ -97,6 +104,7 @@ pub struct KvEventPublisher {
     replay_endpoint: Option<String>,
     cancel: CancellationToken,
     replay_task: Option<JoinHandle<()>>,
+    accepted: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for KvEventPublisher {
@@ -122,7 +130,15 @@ impl KvEventPublisher {
     /// Binds the PUB socket (and the replay ROUTER when configured). Port 0 picks
     /// a free port; read it back with [`Self::endpoint`] / [`Self::replay_endpoint`].
     pub async fn bind(config: PublisherConfig) -> Result<Self, PublisherError> {
+        for ep in std::iter::once(&config.endpoint).chain(&config.replay_endpoint) {
+            // The crate reaches a `todo!()` on it.
+            if ep.trim() == "ipc://*" {
+                return Err(PublisherError::WildcardIpc(ep.clone()));
+            }
+        }
         let mut socket = PubSocket::new();
+        // Before binding, so every accepted subscriber is seen.
+        let socket_events = socket.monitor();
         let endpoint = socket
             .bind(&endpoint_for_bind(&config.endpoint))
             .await
@@ -133,6 +149,13 @@ impl KvEventPublisher {
             .to_string();
         let ring = Arc::new(Mutex::new(VecDeque::new()));
         let cancel = CancellationToken::new();
+        let accepted = Arc::new(AtomicU64::new(0));
+        // Ends with the socket (its monitor closes) or on drop.
+        tokio::spawn(count_subscribers(
+            socket_events,
+            accepted.clone(),
+            cancel.clone(),
+        ));
         let (replay_endpoint, replay_task) = match &config.replay_endpoint {
             None => (None, None),
             Some(ep) => {
@@ -168,7 +191,14 @@ impl KvEventPublisher {
             replay_endpoint,
             cancel,
             replay_task,
+            accepted,
         })
+    }
+
+    /// Subscriber connections the PUB socket accepted so far (a subscriber that
+    /// reconnects counts again).
+    pub fn subscribers_accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// The bound PUB endpoint, port resolved (e.g. `tcp://127.0.0.1:41234`).
@@ -284,6 +314,27 @@ impl KvEventPublisher {
     }
 }
 
+async fn count_subscribers(
+    mut events: futures::channel::mpsc::Receiver<SocketEvent>,
+    accepted: Arc<AtomicU64>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let ev = tokio::select! {
+            _ = cancel.cancelled() => return,
+            ev = events.next() => ev,
+        };
+        match ev {
+            None => return,
+            Some(SocketEvent::Accepted(peer, _)) => {
+                accepted.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, "kv-event subscriber connected");
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 async fn serve_replay(
     mut router: RouterSocket,
     ring: Arc<Mutex<VecDeque<(u64, Bytes)>>>,
@@ -337,5 +388,20 @@ async fn serve_replay(
         if let Err(e) = router.send(reply(END_OF_REPLAY, Bytes::new())).await {
             tracing::warn!(error = %e, "replay end marker not delivered");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wildcard_ipc_endpoint_is_an_error_not_a_panic() {
+        let r = KvEventPublisher::bind(PublisherConfig::new("ipc://*")).await;
+        assert!(matches!(r, Err(PublisherError::WildcardIpc(_))), "{r:?}");
+        let mut c = PublisherConfig::new("tcp://127.0.0.1:0");
+        c.replay_endpoint = Some("ipc://*".into());
+        let r = KvEventPublisher::bind(c).await;
+        assert!(matches!(r, Err(PublisherError::WildcardIpc(_))), "{r:?}");
     }
 }

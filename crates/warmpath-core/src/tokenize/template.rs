@@ -5,6 +5,8 @@ use super::files::SpecialTokens;
 use super::pyfuncs;
 use super::TokenizeError;
 use crate::request::{ChatBody, Message};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::Serde;
 use minijinja::{Environment, Value};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,8 +33,13 @@ impl ChatTemplate {
     /// pycompat), `raise_exception`, `strftime_now` and a Python-style `tojson`.
     pub fn new(source: &str, special: SpecialTokens) -> Result<Self, TokenizeError> {
         let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
+        env.set_syntax(
+            SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .map_err(TokenizeError::TemplateSyntax)?,
+        );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", pyfuncs::raise_exception);
         env.add_function("strftime_now", pyfuncs::strftime_now);
@@ -72,14 +79,14 @@ impl ChatTemplate {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         if let Some(kw) = &chat.chat_template_kwargs {
             for (k, v) in kw.iter() {
-                ctx.insert(k.clone(), Value::from_serialize(v));
+                ctx.insert(k.clone(), Value::from(Serde(v)));
             }
         }
         ctx.insert("messages".into(), Value::from(messages));
         let tools = chat
             .tools
             .as_deref()
-            .map_or(Value::from(()), Value::from_serialize);
+            .map_or(Value::from(()), |t| Value::from(Serde(t)));
         ctx.insert("tools".into(), tools);
         ctx.entry("add_generation_prompt".into())
             .or_insert(Value::from(chat.add_generation_prompt));
@@ -108,8 +115,8 @@ fn template_message(m: &Message<'_>) -> Value {
     for (k, v) in &m.extra {
         let value = match k.as_str() {
             "role" | "content" => continue,
-            "tool_calls" => Value::from_serialize(tool_calls_with_parsed_arguments(v)),
-            _ => Value::from_serialize(v),
+            "tool_calls" => Value::from(Serde(tool_calls_with_parsed_arguments(v))),
+            _ => Value::from(Serde(v)),
         };
         obj.insert(k.clone(), value);
     }
