@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use serde::Deserialize;
-use serde_yaml::Value;
+use yaml_serde::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +19,7 @@ fn dir() -> PathBuf {
 }
 
 fn docs(text: &str, what: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
+    yaml_serde::Deserializer::from_str(text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{what}: {e}")))
         .filter(|v| !v.is_null())
         .collect()

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
 /// One provider: exactly one of its keys is set (today only `dns`). A
-/// struct rather than an enum: serde_yaml reads enums from `!tags`, and the
+/// struct rather than an enum: the YAML crate reads enums from `!tags`, and the
 /// documented form is a one-key map.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,27 +105,27 @@ mod tests {
     #[test]
     fn the_documented_block_parses_and_bad_ones_are_named() {
         let yaml = "- dns:\n    name: engines.svc\n    port: 8000\n    interval_ms: 5000\n    nameserver: 127.0.0.1:5353\n";
-        let d: Vec<DiscoveryConfig> = serde_yaml::from_str(yaml).unwrap();
+        let d: Vec<DiscoveryConfig> = yaml_serde::from_str(yaml).unwrap();
         d[0].validate("pools[0].discovery[0]").unwrap();
         assert_eq!(d[0].name(), "dns:engines.svc");
-        let no_port: Vec<DiscoveryConfig> = serde_yaml::from_str("- dns: {name: x}").unwrap();
+        let no_port: Vec<DiscoveryConfig> = yaml_serde::from_str("- dns: {name: x}").unwrap();
         let e = no_port[0].validate("d").unwrap_err().to_string();
         assert!(e.contains("d.dns.port"), "{e}");
         let srv: Vec<DiscoveryConfig> =
-            serde_yaml::from_str("- dns: {name: x, srv: true}").unwrap();
+            yaml_serde::from_str("- dns: {name: x, srv: true}").unwrap();
         srv[0].validate("d").unwrap();
         let ns: Vec<DiscoveryConfig> =
-            serde_yaml::from_str("- dns: {name: x, port: 1, nameserver: nope}").unwrap();
+            yaml_serde::from_str("- dns: {name: x, port: 1, nameserver: nope}").unwrap();
         assert!(ns[0]
             .validate("d")
             .unwrap_err()
             .to_string()
             .contains("nameserver"));
         assert!(
-            serde_yaml::from_str::<Vec<DiscoveryConfig>>("- dns: {name: x, bogus: 1}").is_err()
+            yaml_serde::from_str::<Vec<DiscoveryConfig>>("- dns: {name: x, bogus: 1}").is_err()
         );
-        assert!(serde_yaml::from_str::<Vec<DiscoveryConfig>>("- consul: {}").is_err());
-        let none: Vec<DiscoveryConfig> = serde_yaml::from_str("- {}").unwrap();
+        assert!(yaml_serde::from_str::<Vec<DiscoveryConfig>>("- consul: {}").is_err());
+        let none: Vec<DiscoveryConfig> = yaml_serde::from_str("- {}").unwrap();
         assert!(none[0].validate("d").is_err());
     }
 }
