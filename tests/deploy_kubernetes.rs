@@ -7,10 +7,10 @@
 #![allow(clippy::unwrap_used)]
 
 use serde::Deserialize;
-use yaml_serde::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use yaml_serde::Value;
 
 const NAMESPACE: &str = "warmpath";
 

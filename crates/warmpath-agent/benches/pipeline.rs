@@ -60,7 +60,7 @@ async fn run() {
     while router.blocks("w") < total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
         polls += 1;
-        if polls % 20 == 0 {
+        if polls.is_multiple_of(20) {
             p.publish(vec![]).await.unwrap();
         }
     }

@@ -251,7 +251,7 @@ impl LlamaConfig {
         if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
-        if self.num_attention_heads % self.kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
             return Err(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads,
@@ -259,7 +259,7 @@ impl LlamaConfig {
             ));
         }
         let hd = self.head_dim();
-        if hd == 0 || hd % 2 != 0 {
+        if hd == 0 || !hd.is_multiple_of(2) {
             return Err(format!("head_dim ({hd}) must be even and positive"));
         }
         if let Some(rs) = &self.rope_scaling {

@@ -237,7 +237,7 @@ where
         if i > 0 {
             tick.tick().await;
             seq.push(out.ids[i - 1]);
-            if seq.len() % bs == 0 {
+            if seq.len().is_multiple_of(bs) {
                 if let Err(e) = engine.decoded(adm, &seq).await {
                     tracing::warn!(error = %e, "caching a decoded block failed");
                 }

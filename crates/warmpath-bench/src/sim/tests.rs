@@ -57,7 +57,7 @@ async fn second_request_with_the_same_document_is_served_from_cache() {
         .as_u64()
         .unwrap();
     assert!(
-        cached > 0 && cached % 16 == 0 && cached < prompt,
+        cached > 0 && cached.is_multiple_of(16) && cached < prompt,
         "{cached} of {prompt}"
     );
     // A salt isolates: nothing shared.

@@ -262,7 +262,7 @@ impl KvAware {
                 ties = 1;
             } else if tie {
                 ties += 1;
-                if rng.next_u32() % ties == 0 {
+                if rng.next_u32().is_multiple_of(ties) {
                     best = Some((cost, m, i));
                 }
             }

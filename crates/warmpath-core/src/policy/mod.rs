@@ -354,7 +354,7 @@ pub(crate) fn choose_uniform(
     let mut chosen = None;
     for i in (0..n).filter(|&i| keep(i)) {
         seen += 1;
-        if rng.next_u32() % seen == 0 {
+        if rng.next_u32().is_multiple_of(seen) {
             chosen = Some(i);
         }
     }
