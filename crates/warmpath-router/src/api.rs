@@ -59,6 +59,28 @@ async fn openai(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let prepare = move |s: &Shared, h: &HeaderMap, raw: &Bytes, started: Instant| {
+        prepare(s, expect, h, raw, started)
+    };
+    serve(s, path, uri, headers, body, prepare).await
+}
+
+/// Reads the body (capped, with its deadline), plans the request with
+/// `prepare` (on the work pool when the body is large) and forwards it to
+/// `path` with the plan's body: what every proxied POST shares.
+pub(crate) async fn serve<P>(
+    s: Arc<Shared>,
+    path: &str,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+    prepare: P,
+) -> Response
+where
+    P: Fn(&Shared, &HeaderMap, &Bytes, Instant) -> Result<(route::Plan, Bytes), ApiError>
+        + Send
+        + 'static,
+{
     let raw = match read_body(
         body,
         &headers,
@@ -74,10 +96,10 @@ async fn openai(
     let prepared = if s.work.offloads(raw.len()) {
         let (s2, headers2) = (Arc::clone(&s), headers.clone());
         s.work
-            .run(move || prepare(&s2, expect, &headers2, &raw, started))
+            .run(move || prepare(&s2, &headers2, &raw, started))
             .await
     } else {
-        prepare(&s, expect, &headers, &raw, started)
+        prepare(&s, &headers, &raw, started)
     };
     let (plan, forward_body) = match prepared {
         Ok(x) => x,

@@ -9,12 +9,11 @@
 //! the fewest requests in flight. `cache_salt` is forwarded (tenancy
 //! `isolation: engine`) on the two that prefill: embeddings and responses.
 
-use crate::api::{model_or_only, path_and_query, rejected};
+use crate::api::{self, model_or_only};
 use crate::config::Isolation;
 use crate::error::ApiError;
-use crate::incoming::{read_body, tenant_header};
+use crate::incoming::tenant_header;
 use crate::metrics::Phase;
-use crate::proxy::{self, Outgoing};
 use crate::route::{self, Hashing};
 use crate::salt::with_cache_salt;
 use crate::state::Shared;
@@ -37,37 +36,10 @@ pub async fn serve(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let raw = match read_body(
-        body,
-        &headers,
-        s.settings.max_body_bytes,
-        s.settings.body_timeout,
-    )
-    .await
-    {
-        Ok(b) => b,
-        Err(e) => return rejected(e),
+    let prepare = move |s: &Shared, h: &HeaderMap, raw: &Bytes, started: Instant| {
+        prepare(s, endpoint, h, raw, started)
     };
-    let started = Instant::now();
-    let prepared = if s.work.offloads(raw.len()) {
-        let (s2, headers2) = (Arc::clone(&s), headers.clone());
-        s.work
-            .run(move || prepare(&s2, endpoint, &headers2, &raw, started))
-            .await
-    } else {
-        prepare(&s, endpoint, &headers, &raw, started)
-    };
-    let (plan, forward_body) = match prepared {
-        Ok(x) => x,
-        Err(e) => return rejected(e),
-    };
-    let pq = path_and_query(endpoint.path(), &uri);
-    let out = Outgoing {
-        path_and_query: &pq,
-        headers: &headers,
-        body: forward_body,
-    };
-    proxy::forward(&s, &plan, out).await
+    api::serve(s, endpoint.path(), uri, headers, body, prepare).await
 }
 
 /// Parses, resolves the pool and tenant, plans; returns the body to forward.
