@@ -467,18 +467,7 @@ async fn router_with_nofile(
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let addr = line
-        .strip_prefix("listening on http://")
-        .unwrap()
-        .parse()
-        .unwrap();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let addr = support::listen_addr(&mut child).await;
     let log = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
     let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
     let sink = std::sync::Arc::clone(&log);

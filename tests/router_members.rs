@@ -45,7 +45,6 @@ async fn spawn_logged(
     args: &[&str],
     log: &std::path::Path,
 ) -> (tokio::process::Child, std::net::SocketAddr) {
-    use tokio::io::AsyncBufReadExt;
     let err = std::fs::File::create(log).unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
         .args(["--listen", "127.0.0.1:0"])
@@ -57,18 +56,7 @@ async fn spawn_logged(
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let addr = line
-        .strip_prefix("listening on http://")
-        .unwrap()
-        .parse()
-        .unwrap();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let addr = support::listen_addr(&mut child).await;
     (child, addr)
 }
 

@@ -10,7 +10,6 @@ mod support;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The router binary over `b` (pool `m`) with `extra` flags, its stderr in
 /// a file (read with [`Logged::stderr`] once it has exited).
@@ -44,18 +43,7 @@ impl Logged {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let addr = line
-            .strip_prefix("listening on http://")
-            .unwrap()
-            .parse()
-            .unwrap();
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let addr = support::listen_addr(&mut child).await;
         Logged {
             child,
             addr,

@@ -378,6 +378,26 @@ pub fn chat(model: &str, seed: &str, tail: &str) -> Value {
     ]})
 }
 
+/// The address a router process prints first on its piped stdout
+/// (`listening on http://ADDR`); the rest of stdout is drained so the router
+/// never blocks on a full pipe.
+pub async fn listen_addr(child: &mut tokio::process::Child) -> SocketAddr {
+    let stdout = child.stdout.take().expect("stdout must be piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("router did not start within 30 s")
+        .unwrap()
+        .expect("router exited before listening");
+    let addr = line
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    addr
+}
+
 /// The real router binary, started on 127.0.0.1:0.
 pub struct RouterProcess {
     child: tokio::process::Child,
@@ -394,20 +414,7 @@ impl RouterProcess {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("router did not start within 30 s")
-            .unwrap()
-            .expect("router exited before listening");
-        let addr = line
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .unwrap();
-        // Keep reading so the router never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let addr = listen_addr(&mut child).await;
         RouterProcess { child, addr }
     }
 
