@@ -12,7 +12,7 @@ use support::*;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::{tiny, ChatTokenizer};
 use warmpath_core::{hash_tokens, BlockHash, HashSeed, Request, Tier};
-use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
+use warmpath_router::config::{PoolConfig, RouterConfig};
 use warmpath_router::RunningRouter;
 
 async fn start(dir: &Path, bs: &[TestBackend], threshold: u32) -> RunningRouter {
@@ -20,14 +20,7 @@ async fn start(dir: &Path, bs: &[TestBackend], threshold: u32) -> RunningRouter 
     let mut pool = PoolConfig::new("m");
     pool.tokenizer = Some(dir.to_owned());
     pool.prefix_aware.concurrency_threshold = threshold;
-    pool.backends = bs
-        .iter()
-        .map(|b| BackendConfig {
-            url: b.url(),
-            worker_id: Some(b.name().to_owned()),
-            adapters: vec![],
-        })
-        .collect();
+    pool.backends = bs.iter().map(TestBackend::config).collect();
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
         pools: vec![pool],

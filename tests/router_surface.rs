@@ -370,7 +370,7 @@ async fn kv_aware_routes_each_prompted_endpoint_to_the_worker_holding_its_blocks
     use tokio_util::sync::CancellationToken;
     use warmpath_core::tokenize::tiny;
     use warmpath_core::{BlockHash, Tier};
-    use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
+    use warmpath_router::config::{PoolConfig, RouterConfig};
     let dir = tempfile::tempdir().unwrap();
     tiny::write_model_dir(dir.path()).unwrap();
     let bs = [
@@ -380,14 +380,7 @@ async fn kv_aware_routes_each_prompted_endpoint_to_the_worker_holding_its_blocks
     ];
     let mut pool = PoolConfig::new("m");
     pool.tokenizer = Some(dir.path().to_owned());
-    pool.backends = bs
-        .iter()
-        .map(|b| BackendConfig {
-            url: b.url(),
-            worker_id: Some(b.name().to_owned()),
-            adapters: vec![],
-        })
-        .collect();
+    pool.backends = bs.iter().map(TestBackend::config).collect();
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
         pools: vec![pool],

@@ -24,14 +24,7 @@ const BLOCK: usize = 4;
 async fn start(bs: &[TestBackend], inspect_token: &str, admin_token: &str) -> RunningRouter {
     let mut pool = PoolConfig::new("m");
     pool.block_size = BLOCK;
-    pool.backends = bs
-        .iter()
-        .map(|b| BackendConfig {
-            url: b.url(),
-            worker_id: Some(b.name().to_owned()),
-            adapters: vec![],
-        })
-        .collect();
+    pool.backends = bs.iter().map(TestBackend::config).collect();
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
         pools: vec![pool],

@@ -209,6 +209,15 @@ impl TestBackend {
         &self.state.name
     }
 
+    /// This backend as a pool member, its name as the worker id.
+    pub fn config(&self) -> warmpath_router::config::BackendConfig {
+        warmpath_router::config::BackendConfig {
+            url: self.url(),
+            worker_id: Some(self.name().to_owned()),
+            adapters: vec![],
+        }
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.log.lock().clone()
     }
