@@ -125,7 +125,9 @@ def build_wheel(work):
     t0 = time.monotonic()
     build_bin = os.environ.get("WARMPATH_BUILD_VENV")
     if build_bin:
-        build_bin = os.path.join(build_bin, "bin")
+        # Absolute: pip runs the build hook from another directory, and a
+        # relative PATH entry would not find maturin there.
+        build_bin = os.path.join(os.path.abspath(build_bin), "bin")
     else:
         build_bin = venv(os.path.join(work, "build"))
         run([os.path.join(build_bin, "pip"), "install", "-q", "maturin>=1.5,<2"])
