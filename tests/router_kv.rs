@@ -16,8 +16,14 @@ use warmpath_router::config::{PoolConfig, RouterConfig};
 use warmpath_router::RunningRouter;
 
 async fn start(dir: &Path, bs: &[TestBackend], threshold: u32) -> RunningRouter {
+    start_pool(dir, bs, threshold, "m").await
+}
+
+/// `/metrics` is one recorder for the whole test process, so a test that
+/// reads a pool's series names its pool apart from the other tests' `m`.
+async fn start_pool(dir: &Path, bs: &[TestBackend], threshold: u32, model: &str) -> RunningRouter {
     tiny::write_model_dir(dir).unwrap();
-    let mut pool = PoolConfig::new("m");
+    let mut pool = PoolConfig::new(model);
     pool.tokenizer = Some(dir.to_owned());
     pool.prefix_aware.concurrency_threshold = threshold;
     pool.backends = bs.iter().map(TestBackend::config).collect();
@@ -39,7 +45,11 @@ fn system_prompt() -> String {
 }
 
 fn request(question: &str) -> Value {
-    json!({"model": "m", "messages": [
+    chat("m", question)
+}
+
+fn chat(model: &str, question: &str) -> Value {
+    json!({"model": model, "messages": [
         {"role": "system", "content": system_prompt()},
         {"role": "user", "content": question},
     ]})
@@ -58,6 +68,9 @@ fn url(r: &RunningRouter, path: &str) -> String {
     format!("http://{}{path}", r.http_addr)
 }
 
+/// The pool of the test that reads `/metrics`.
+const WARM: &str = "warm";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,11 +79,16 @@ async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
         TestBackend::start("w1").await,
         TestBackend::start("w2").await,
     ];
-    let r = start(dir.path(), &bs, 64).await;
+    let r = start_pool(dir.path(), &bs, 64, WARM).await;
     let c = client();
-    let q = post(&c, &url(&r, "/cache-index/query"), &request("first?"), &[])
-        .await
-        .json();
+    let q = post(
+        &c,
+        &url(&r, "/cache-index/query"),
+        &chat(WARM, "first?"),
+        &[],
+    )
+    .await
+    .json();
     assert_eq!(q["strategy"], "kv_aware");
     let chain = hashes(&q);
     assert!(
@@ -85,7 +103,7 @@ async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
         "query sends nothing upstream"
     );
 
-    let index = r.index("m").unwrap();
+    let index = r.index(WARM).unwrap();
     let slot = index.worker_slot("w2").unwrap();
     let held = chain.len() - 3;
     index.store(slot, Tier::Gpu, &chain[..held]).unwrap();
@@ -97,16 +115,21 @@ async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
         let reply = post(
             &c,
             &url(&r, "/v1/chat/completions"),
-            &request(question),
+            &chat(WARM, question),
             &[],
         )
         .await;
         assert_eq!(reply.status, 200);
         assert_eq!((reply.backend(), reply.decision()), ("w2", "kv_match"));
     }
-    let q = post(&c, &url(&r, "/cache-index/query"), &request("first?"), &[])
-        .await
-        .json();
+    let q = post(
+        &c,
+        &url(&r, "/cache-index/query"),
+        &chat(WARM, "first?"),
+        &[],
+    )
+    .await
+    .json();
     assert_eq!(q["workers"][2]["matched_blocks"], held);
     assert_eq!(q["workers"][0]["matched_blocks"], 0);
 
@@ -114,7 +137,7 @@ async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
     let q = post(
         &c,
         &url(&r, "/cache-index/query"),
-        &request("first?"),
+        &chat(WARM, "first?"),
         &[("x-prefix-aware-id", "acme")],
     )
     .await
@@ -147,19 +170,20 @@ async fn kv_aware_routes_to_the_worker_that_holds_the_prefix() {
             .as_u64()
             .unwrap()
     };
-    let chunks = count("m", "chunks", "misses");
+    let chunks = count(WARM, "chunks", "misses");
     assert!(
         chunks >= 2,
         "the system prompt is cut into chunks: {caches:?}"
     );
-    assert_eq!(count("m", "chunks", "hits"), 4 * chunks, "{caches:?}");
-    assert!(count("m", "words", "hits") > 0, "{caches:?}");
+    assert_eq!(count(WARM, "chunks", "hits"), 4 * chunks, "{caches:?}");
+    assert!(count(WARM, "words", "hits") > 0, "{caches:?}");
     let metrics = String::from_utf8(get_url(&c, &url(&r, "/metrics")).await.body.to_vec()).unwrap();
     let want = format!(" {}", 4 * chunks);
     assert!(
         metrics
             .lines()
             .any(|l| l.starts_with("warmpath_hot_cache_hits_total")
+                && l.contains("pool=\"warm\"")
                 && l.contains("cache=\"chunks\"")
                 && l.ends_with(&want)),
         "{metrics}"
