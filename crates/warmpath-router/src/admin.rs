@@ -186,9 +186,10 @@ pub async fn reload(s: &Arc<Shared>, config: &RouterConfig) -> Result<ReloadRepo
         if pc.expose_routing_headers != pool.expose_routing_headers
             || pc.max_prompt_tokens != pool.configured_prompt_cap()
             || pc.show_prompts != pool.show_prompts
+            || pc.response_ids != pool.responses.cap()
         {
             r.ignored.push(format!(
-                "pool {:?}: expose_routing_headers, max_prompt_tokens or show_prompts changed: needs a restart",
+                "pool {:?}: expose_routing_headers, max_prompt_tokens, show_prompts or response_ids changed: needs a restart",
                 pc.model
             ));
         }

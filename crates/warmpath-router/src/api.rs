@@ -5,17 +5,17 @@
 
 use crate::config::Isolation;
 use crate::error::ApiError;
-use crate::incoming::{read_body, tenant_header};
+use crate::incoming::{path_and_query, read_body, tenant_header};
 use crate::metrics::Phase;
 use crate::pool::Target;
-use crate::proxy::{self, Outgoing};
+use crate::proxy::{self, rejected, Outgoing};
 use crate::route::{self, Hashing};
 use crate::salt::with_cache_salt;
 use crate::state::Shared;
 use crate::tenancy;
 use axum::body::Body;
 use axum::http::{HeaderMap, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use serde_json::Value;
 use std::sync::Arc;
@@ -29,11 +29,6 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 /// See [`CHAT_PATH`].
 pub const INVOCATIONS_PATH: &str = "/invocations";
 
-pub(crate) fn rejected(e: ApiError) -> Response {
-    proxy::count_refused(e.status);
-    e.into_response()
-}
-
 /// `POST /v1/chat/completions` (reached through [`crate::front`]).
 pub async fn chat(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     openai(s, Expect::Chat, CHAT_PATH, uri, headers, body).await
@@ -42,13 +37,6 @@ pub async fn chat(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> R
 /// `POST /v1/completions` (reached through [`crate::front`]).
 pub async fn completions(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     openai(s, Expect::Completion, COMPLETIONS_PATH, uri, headers, body).await
-}
-
-pub(crate) fn path_and_query(path: &str, uri: &Uri) -> String {
-    match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_owned(),
-    }
 }
 
 async fn openai(
@@ -101,12 +89,14 @@ where
     } else {
         prepare(&s, &headers, &raw, started)
     };
-    let (plan, forward_body) = match prepared {
+    let (mut plan, forward_body) = match prepared {
         Ok(x) => x,
         Err(e) => return rejected(e),
     };
+    crate::responses::follow(&s, &mut plan).await;
     let pq = path_and_query(path, &uri);
     let out = Outgoing {
+        method: axum::http::Method::POST,
         path_and_query: &pq,
         headers: &headers,
         body: forward_body,
@@ -164,6 +154,7 @@ pub async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Resp
         Err(e) => return rejected(e),
     };
     let out = Outgoing {
+        method: axum::http::Method::POST,
         path_and_query: INVOCATIONS_PATH,
         headers: &headers,
         body: raw,

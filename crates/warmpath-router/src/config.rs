@@ -375,6 +375,11 @@ pub struct PoolConfig {
     /// Providers whose answers are members too (see `config::discovery`).
     #[serde(default)]
     pub discovery: Vec<DiscoveryConfig>,
+    /// Stored `/v1/responses` ids remembered with the backend that made
+    /// them, so follow-ups (`previous_response_id`, `GET` and `cancel`)
+    /// reach it; the oldest are forgotten first, and 0 turns it off.
+    #[serde(default = "default_response_ids")]
+    pub response_ids: usize,
 }
 
 fn yes() -> bool {
@@ -388,6 +393,9 @@ fn default_load_factor() -> f64 {
 }
 fn default_vnodes() -> u32 {
     160
+}
+fn default_response_ids() -> usize {
+    65_536
 }
 
 impl PoolConfig {
@@ -409,6 +417,7 @@ impl PoolConfig {
             index: IndexSettings::default(),
             backends: Vec::new(),
             discovery: Vec::new(),
+            response_ids: default_response_ids(),
         }
     }
 

@@ -101,6 +101,20 @@ impl ApiError {
         }
     }
 
+    /// 404: no backend of the router holds stored response `id`.
+    pub fn response_not_found(id: &str) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "Response with id '{id}' not found: no backend of this router holds it \
+                 (stored responses live in the memory of the engine that made them)"
+            ),
+            kind: "invalid_request_error",
+            param: Some("response_id".into()),
+            code: "response_not_found",
+        }
+    }
+
     /// 413: the body is over the limit.
     pub fn too_large(limit: usize) -> Self {
         ApiError {

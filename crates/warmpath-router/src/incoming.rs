@@ -3,7 +3,7 @@
 
 use crate::error::ApiError;
 use axum::body::Body;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Uri};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::time::Duration;
@@ -61,4 +61,12 @@ pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
             "tenant id in X-Prefix-Aware-Id header must be 1 to 64 printable ASCII characters",
         )
     })
+}
+
+/// `path` with `uri`'s query, as the backend is asked.
+pub fn path_and_query(path: &str, uri: &Uri) -> String {
+    match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    }
 }

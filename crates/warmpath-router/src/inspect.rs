@@ -155,6 +155,8 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
         "workers": workers,
         "warmest_chains": chains,
         "discovery": p.discovery.iter().map(|d| d.status()).collect::<Vec<_>>(),
+        // Stored `/v1/responses` ids whose backend is remembered.
+        "response_ids": p.responses.len(),
     })
 }
 

@@ -32,6 +32,7 @@
 
 mod access;
 mod admin;
+mod affinity;
 mod api;
 mod backend;
 mod caches;
@@ -52,6 +53,7 @@ mod pool;
 mod proxy;
 mod readiness;
 mod requests;
+mod responses;
 mod route;
 mod salt;
 mod server;

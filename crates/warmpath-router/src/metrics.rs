@@ -231,6 +231,10 @@ fn describe() {
         "warmpath_pool_membership_changes_total",
         "Pool membership changes (admin API, reload, discovery), by op (add, drain, remove)"
     );
+    describe_counter!(
+        "warmpath_response_affinity_total",
+        "Requests naming a stored /v1/responses response, by how its engine was found (known, located, unknown, gone)"
+    );
 }
 
 /// A phase of `warmpath_router_overhead_seconds`.
@@ -418,6 +422,12 @@ pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
 /// `warmpath_backend_ejections_total{pool, backend}`.
 pub fn backend_ejections(model: &str, backend: &str) -> Counter {
     metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
+}
+
+/// Counts one `warmpath_response_affinity_total{pool, outcome}`.
+pub fn response_affinity(model: &str, outcome: &'static str) {
+    metrics::counter!("warmpath_response_affinity_total", "pool" => model.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// Counts one `warmpath_pool_membership_changes_total{pool, op}`.

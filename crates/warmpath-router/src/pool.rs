@@ -10,6 +10,7 @@
 //! made for. The index is keyed by worker id, so the remaining workers keep
 //! their entries across any change; a removed worker's are dropped.
 
+use crate::affinity::ResponseHomes;
 use crate::backend::{Backend, Origin};
 use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
 use crate::discovery::provider::Provider;
@@ -112,6 +113,8 @@ pub struct Pool {
     pub index_bounds: IndexSettings,
     /// Its discovery providers (run by `crate::discovery`).
     pub discovery: Vec<Arc<Provider>>,
+    /// Which backend stored which `/v1/responses` response.
+    pub responses: ResponseHomes,
     policy: RwLock<Arc<PolicyState>>,
     /// Held while a new policy state is built and installed, so two changes
     /// (a strategy switch, an add, a removal) never lose one another.
@@ -174,6 +177,7 @@ impl Pool {
                 .iter()
                 .map(|d| Arc::new(Provider::new(d.clone())))
                 .collect(),
+            responses: ResponseHomes::new(cfg.response_ids),
             learned_context: AtomicUsize::new(0),
             changing: Mutex::new(()),
             policy: RwLock::new(Arc::new(PolicyState {

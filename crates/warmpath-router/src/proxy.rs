@@ -17,6 +17,7 @@
 //!   failure toward ejection, and the request stops counting as load. The
 //!   shutdown deadline ends a stream the same way.
 
+use crate::affinity::{IdTap, Tapped};
 use crate::backend::{Backend, FlightGuard};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
@@ -86,12 +87,20 @@ fn copy_end_to_end(headers: &HeaderMap, into: &mut HeaderMap, skip: &[HeaderName
 /// What to send upstream.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
+    /// `POST` for every endpoint but `GET /v1/responses/{id}`.
+    pub method: Method,
     /// Path and query on the backend, e.g. `/v1/chat/completions`.
     pub path_and_query: &'a str,
     /// The client's headers (hop-by-hop ones are dropped).
     pub headers: &'a HeaderMap,
     /// The body to send.
     pub body: Bytes,
+}
+
+/// Counts `e` as a refusal (see [`count_refused`]) and answers it.
+pub fn rejected(e: ApiError) -> Response {
+    count_refused(e.status);
+    e.into_response()
 }
 
 /// Counts a request refused before a pool was known (`pool="-"`).
@@ -115,7 +124,7 @@ fn upstream_request(
         .join(out.path_and_query)
         .map_err(|e| ApiError::internal(format!("cannot build the upstream URL: {e}")))?;
     let mut req = Request::builder()
-        .method(Method::POST)
+        .method(out.method.clone())
         .uri(uri)
         .body(Full::new(out.body.clone()))
         .map_err(|e| ApiError::internal(format!("cannot build the upstream request: {e}")))?;
@@ -225,7 +234,9 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 }
                 tracing::debug!(pool = %pool.model, backend = %backend.id,
                     decision = decision.kind.as_str(), matched, %status, "proxied");
-                return respond(shared, resp, guard, sent, pool, &decision);
+                let tap = (plan.learns_response && status.is_success())
+                    .then(|| IdTap::new(backend.id.clone()));
+                return respond(shared, resp, guard, sent, pool, &decision, tap);
             }
             Err(e) if e.is_connect() => {
                 guard.outcome(Outcome::ConnectError);
@@ -258,6 +269,7 @@ fn respond(
     sent: Instant,
     pool: &Arc<Pool>,
     decision: &Decision,
+    tap: Option<IdTap>,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
     let backend_id = guard.backend().id.clone();
@@ -282,6 +294,7 @@ fn respond(
         last_frame: now,
         idle: tokio::time::sleep_until((now + idle_limit).into()),
         halt: shared.halt.clone().cancelled_owned(),
+        tap,
     };
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
@@ -324,6 +337,8 @@ pin_project_lite::pin_project! {
         idle: tokio::time::Sleep,
         #[pin]
         halt: WaitForCancellationFutureOwned,
+        // Reads a `/v1/responses` answer's first bytes for its id.
+        tap: Option<IdTap>,
     }
 }
 
@@ -371,6 +386,16 @@ impl HttpBody for TrackedBody {
                         .metrics
                         .first_byte
                         .record(this.sent.elapsed().as_secs_f64());
+                }
+                if let (Some(tap), Some(data)) = (this.tap.as_mut(), frame.data_ref()) {
+                    match tap.feed(data) {
+                        Tapped::More => {}
+                        Tapped::Found(id) => {
+                            this.pool.responses.remember(&id, &tap.worker);
+                            *this.tap = None;
+                        }
+                        Tapped::GiveUp => *this.tap = None,
+                    }
                 }
                 if this.inner.is_end_stream() {
                     // hyper may not poll a body whose length is reached.

@@ -21,8 +21,8 @@ use warmpath_core::prefix::Extracted;
 use warmpath_core::request::FirstPrompt;
 use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{
-    BackendLoad, BlockHash, ChainHasher, Decision, HashSeed, MatchResult, PolicyError, PrefixKey,
-    Request, RequestBody, RouteInput, Strategy, TenantId,
+    BackendLoad, BlockHash, ChainHasher, Decision, DecisionKind, HashSeed, MatchResult,
+    PolicyError, PrefixKey, Request, RequestBody, RouteInput, Strategy, TenantId,
 };
 
 /// What routing knows of a request before looking at load.
@@ -42,6 +42,13 @@ pub struct Plan {
     pub policy: Arc<PolicyState>,
     /// The prompt's first characters, only for a pool with `show_prompts`.
     pub preview: Option<String>,
+    /// The backend (worker id) that must serve it when it can: the one that
+    /// stored the `/v1/responses` response it continues ([`crate::responses`]).
+    pub pinned: Option<String>,
+    /// Learn the response id its answer carries (`POST /v1/responses`).
+    pub learns_response: bool,
+    /// The stored response it continues (`previous_response_id`).
+    pub follows: Option<String>,
 }
 
 /// Characters of a prompt kept as its chain's preview (`show_prompts`).
@@ -145,6 +152,9 @@ pub fn plan(
         prefix_key,
         policy,
         preview,
+        pinned: None,
+        learns_response: false,
+        follows: None,
     })
 }
 
@@ -172,6 +182,9 @@ pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u
         prefix_key,
         policy,
         preview: None,
+        pinned: None,
+        learns_response: false,
+        follows: None,
     }
 }
 
@@ -193,6 +206,9 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
         prefix_key: PrefixKey(0),
         policy,
         preview: None,
+        pinned: None,
+        learns_response: false,
+        follows: None,
     }
 }
 
@@ -227,6 +243,9 @@ pub fn pick(
     let t = Instant::now();
     let pool = &plan.target.pool;
     let loads = loads(plan, excluded, agents);
+    if let Some(d) = pinned(plan, &loads) {
+        return Ok(d);
+    }
     let res = plan
         .policy
         .policy
@@ -248,6 +267,22 @@ pub fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision,
         .policy
         .preview(&input_of(plan), &loads, &mut rng);
     checked(plan, res)
+}
+
+/// The pinned backend, while it can serve (healthy, not draining, not
+/// excluded); else the policy picks and the engine answers as it would.
+fn pinned(plan: &Plan, loads: &[BackendLoad]) -> Option<Decision> {
+    let id = plan.pinned.as_deref()?;
+    let i = plan.policy.backends.iter().position(|b| b.id == id)?;
+    loads[i].eligible.then(|| Decision {
+        backend: i,
+        kind: DecisionKind::Affinity,
+        matched_blocks: plan
+            .matches
+            .as_ref()
+            .and_then(|m| m.of(plan.policy.backends[i].slot))
+            .map_or(0, |m| m.blocks),
+    })
 }
 
 fn input_of(plan: &Plan) -> RouteInput<'_> {

@@ -7,7 +7,7 @@ use crate::conn::{self, ConnLimits, Conns};
 use crate::error::{ApiError, RouterError};
 use crate::pool::Pools;
 use crate::state::Shared;
-use crate::{admin, front, health, ingest, inspect, metrics, models, readiness, ui};
+use crate::{admin, front, health, ingest, inspect, metrics, models, readiness, responses, ui};
 use axum::routing::{any, get, post};
 use axum::Router;
 use std::net::SocketAddr;
@@ -29,6 +29,8 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
         .route("/cache-index", get(inspect::cache_index))
         .route("/cache-index/query", post(inspect::query))
         .route("/cache-index/ui", get(ui::page))
+        .route("/v1/responses/{id}", get(responses::get))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/admin/pools/{*rest}", any(admin::handle))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError {

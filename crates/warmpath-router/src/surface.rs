@@ -75,7 +75,11 @@ fn prepare(
     // The pool's name, also when the body left `model` out: the prefix key
     // and block hashes are those of a request naming it.
     req.model = Cow::Owned(model);
-    let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
+    let mut plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
+    if endpoint == Endpoint::Responses {
+        plan.learns_response = plan.target.pool.responses.enabled();
+        plan.follows = parsed.previous_response_id;
+    }
     let prefills = matches!(endpoint, Endpoint::Embeddings | Endpoint::Responses);
     let salted = prefills
         && s.settings.forward_cache_salt

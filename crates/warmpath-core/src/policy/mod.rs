@@ -113,6 +113,10 @@ pub enum DecisionKind {
     LeastOutstanding,
     /// Uniform random.
     Random,
+    /// Not a policy's pick: a `/v1/responses` follow-up sent to the engine
+    /// that stored the response it continues (the router's response
+    /// affinity), which only that engine holds.
+    Affinity,
 }
 
 impl DecisionKind {
@@ -126,6 +130,7 @@ impl DecisionKind {
             DecisionKind::Replicate => "replicate",
             DecisionKind::LeastOutstanding => "least_outstanding",
             DecisionKind::Random => "random",
+            DecisionKind::Affinity => "affinity",
         }
     }
 }

@@ -69,6 +69,9 @@ pub struct Surface {
     /// body's, or empty until the caller sets the pool's), or `None` when
     /// the body has no prompt (detokenize).
     pub prompt: Option<Request<'static>>,
+    /// `/v1/responses`: the stored response this one continues. The engine
+    /// that stored it holds it in memory, so the follow-up must go there.
+    pub previous_response_id: Option<String>,
 }
 
 impl Surface {
@@ -100,7 +103,44 @@ impl Surface {
                 None
             }
         };
-        Ok(Surface { model, prompt })
+        let previous_response_id = match (endpoint, top.get("previous_response_id")) {
+            (Endpoint::Responses, Some(Value::String(id))) => {
+                Some(response_id(id, "previous_response_id")?)
+            }
+            (Endpoint::Responses, Some(v)) if !v.is_null() => {
+                return Err(wrong("previous_response_id", "a string"))
+            }
+            _ => None,
+        };
+        Ok(Surface {
+            model,
+            prompt,
+            previous_response_id,
+        })
+    }
+}
+
+/// The longest response id accepted (vLLM's are `resp_` and 32 hex digits).
+pub const MAX_RESPONSE_ID: usize = 256;
+
+/// Whether `b` may be part of a response id: ASCII letters, digits, `-`,
+/// `_`, `.` and `:` (ids go into a URL path when the router asks engines
+/// for one).
+pub fn is_response_id_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':')
+}
+
+/// A response id as given in a body's `field` or a path: at most
+/// [`MAX_RESPONSE_ID`] bytes for which [`is_response_id_byte`] holds.
+pub fn response_id(id: &str, field: &'static str) -> Result<String, RequestError> {
+    let ok = !id.is_empty() && id.len() <= MAX_RESPONSE_ID && id.bytes().all(is_response_id_byte);
+    if ok {
+        Ok(id.to_owned())
+    } else {
+        Err(wrong(
+            field,
+            "a response id (1 to 256 ASCII letters, digits, `-`, `_`, `.` or `:`)",
+        ))
     }
 }
 
@@ -349,6 +389,42 @@ mod tests {
         );
         let s = parse(json!({"model": "m", "input": "q"}), Endpoint::Responses).unwrap();
         assert_eq!(texts(&s.prompt.unwrap()), [("user".into(), "q".into())]);
+    }
+
+    #[test]
+    fn responses_name_the_response_they_continue() {
+        let s = parse(json!({"input": "q"}), Endpoint::Responses).unwrap();
+        assert_eq!(s.previous_response_id, None);
+        let body = json!({"input": "q", "previous_response_id": "resp_0a9f"});
+        let s = parse(body.clone(), Endpoint::Responses).unwrap();
+        assert_eq!(s.previous_response_id.as_deref(), Some("resp_0a9f"));
+        // Only the responses endpoint reads it.
+        let s = parse(body, Endpoint::Tokenize);
+        assert!(s.is_err_and(|e| e.to_string().contains("`prompt`")));
+        let long = "r".repeat(MAX_RESPONSE_ID + 1);
+        for bad in [
+            json!(5),
+            json!(""),
+            json!("a b"),
+            json!("a/b"),
+            json!("a?b"),
+            json!(long),
+        ] {
+            let body = json!({"input": "q", "previous_response_id": bad});
+            let e = parse(body.clone(), Endpoint::Responses).unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with("field `previous_response_id` must be"),
+                "{body}: {e}"
+            );
+        }
+        let null = json!({"input": "q", "previous_response_id": null});
+        assert_eq!(
+            parse(null, Endpoint::Responses)
+                .unwrap()
+                .previous_response_id,
+            None
+        );
     }
 
     #[test]
