@@ -1,5 +1,6 @@
 //! The rest of vLLM's OpenAI surface through the real `warmpath-router`
-//! binary: `/v1/embeddings`, `/v1/responses`, `/tokenize` and `/detokenize`
+//! binary: `/v1/embeddings`, `/v1/responses`, `/tokenize`, `/detokenize` and
+//! the pooling endpoints (`/pooling`, `/score`, `/rerank`, …),
 //! proxied to test backends that record what they received (paths, bodies
 //! to the byte), routed by prefix where the body has a prompt, refused with
 //! OpenAI-shaped errors when malformed; and `/v1/models` merging the
@@ -112,6 +113,66 @@ async fn detokenize_goes_to_the_least_loaded_backend() {
         let reply = post(&c, &url, &json!({"model": "m", "tokens": [7, 8]}), &[]).await;
         assert_eq!(reply.decision(), "least_outstanding");
         assert_ne!(reply.backend(), busy, "never the busy backend");
+    }
+    assert_eq!(held.await.unwrap().status, 200);
+}
+
+/// vLLM's pooling endpoints (rerankers, scorers, classifiers, reward models).
+const POOLING: [&str; 7] = [
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooling_endpoints_are_proxied_to_the_least_loaded_backend() {
+    let bs = backends(2).await;
+    let r = router(&bs, &["--strategy", "prefix_aware"]).await;
+    let c = client();
+    let (c2, url2) = (client(), r.url("/v1/completions"));
+    let held = tokio::spawn(async move {
+        let b = json!({"model": "m", "prompt": "x", "x_hold_ms": 1500});
+        post(&c2, &url2, &b, &[]).await
+    });
+    eventually("one held", || {
+        bs.iter().map(TestBackend::active).sum::<u32>() == 1
+    })
+    .await;
+    let busy = bs.iter().find(|b| b.active() == 1).unwrap().url();
+    for path in POOLING {
+        let raw = format!(
+            " {}",
+            json!({"model": "m", "query": "q", "documents": ["a", "b"], "x_vendor": 1})
+        );
+        let url = r.url(&format!("{path}?trace=1"));
+        let reply = send(&c, request("POST", &url, raw.clone(), &[])).await;
+        assert_eq!(reply.status, 200, "{path}: {:?}", reply.body);
+        assert_eq!(reply.decision(), "least_outstanding", "{path}");
+        assert_ne!(reply.backend(), busy, "{path}: never the busy backend");
+        let got = by_url(&bs, reply.backend()).requests();
+        let last = got.last().unwrap();
+        assert_eq!(last.path, format!("{path}?trace=1"));
+        assert_eq!(
+            last.body,
+            Bytes::from(raw),
+            "{path}: forwarded byte for byte"
+        );
+        // Malformed and unknown-model bodies never reach a backend.
+        let before: usize = bs.iter().map(TestBackend::count).sum();
+        let e = send(&c, request("POST", &r.url(path), "{", &[]))
+            .await
+            .error(400);
+        assert_eq!(e["code"], "invalid_json", "{path}");
+        let other = json!({"model": "nope", "query": "q"});
+        let e = post(&c, &r.url(path), &other, &[]).await.error(404);
+        assert_eq!(e["code"], "model_not_found", "{path}");
+        assert_eq!(bs.iter().map(TestBackend::count).sum::<usize>(), before);
+        let get = send(&c, request("GET", &r.url(path), "", &[])).await;
+        assert_eq!(get.status, 405, "{path}");
     }
     assert_eq!(held.await.unwrap().status, 200);
 }

@@ -172,6 +172,13 @@ impl TestBackend {
             .route("/v1/responses", route_post(handle))
             .route("/tokenize", route_post(handle))
             .route("/detokenize", route_post(handle))
+            .route("/pooling", route_post(handle))
+            .route("/classify", route_post(handle))
+            .route("/score", route_post(handle))
+            .route("/v1/score", route_post(handle))
+            .route("/rerank", route_post(handle))
+            .route("/v1/rerank", route_post(handle))
+            .route("/v2/rerank", route_post(handle))
             .route("/health", get(health))
             .route("/v1/models", get(models))
             .with_state(Arc::clone(&state));

@@ -1,12 +1,13 @@
 //! The rest of the OpenAI surface vLLM serves: `POST /v1/embeddings`,
-//! `/v1/responses`, `/tokenize` and `/detokenize` (reached through
-//! [`crate::front`]).
+//! `/v1/responses`, `/tokenize`, `/detokenize` and the pooling endpoints
+//! (`/pooling`, `/classify`, `/score`, `/v1/score`, `/rerank`, `/v1/rerank`,
+//! `/v2/rerank`), reached through [`crate::front`].
 //!
 //! Each is proxied as completions are: the same body cap and timeouts, the
 //! same error shapes, tenancy and retries. A body with a prompt
 //! ([`Surface::parse`]) routes by the pool's policy, prefix-aware or
-//! kv-aware included; `/detokenize` has none and goes to the backend with
-//! the fewest requests in flight. `cache_salt` is forwarded (tenancy
+//! kv-aware included; `/detokenize` and the pooling endpoints have none and
+//! go to the backend with the fewest requests in flight. `cache_salt` is forwarded (tenancy
 //! `isolation: engine`) on the two that prefill: embeddings and responses.
 
 use crate::api::{self, model_or_only};

@@ -1,5 +1,7 @@
 //! The rest of vLLM's OpenAI surface: `/v1/embeddings`, `/v1/responses`,
-//! `/tokenize` and `/detokenize`, reduced to what routing needs.
+//! `/tokenize`, `/detokenize` and the pooling endpoints (`/pooling`,
+//! `/classify`, `/score`, `/v1/score`, `/rerank`, `/v1/rerank`,
+//! `/v2/rerank`), reduced to what routing needs.
 //!
 //! [`Surface::parse`] reads the body's `model` (optional, as in vLLM: the
 //! router then takes its only pool) and, where the body carries a prompt, a
@@ -12,7 +14,9 @@
 //!   items (tool calls, reasoning, references) are skipped, as they only
 //!   refer to earlier turns;
 //! - tokenize: `messages`, else `prompt`;
-//! - detokenize: no prompt; `tokens` must be an array of token ids.
+//! - detokenize: no prompt; `tokens` must be an array of token ids;
+//! - the pooling endpoints: no prompt (their pairs and documents are scored,
+//!   not continued: nothing to keep warm); the engine checks their fields.
 //!
 //! The body itself is forwarded untouched; these requests are not the hot
 //! path, so they are read through a [`Value`] tree.
@@ -33,15 +37,36 @@ pub enum Endpoint {
     Tokenize,
     /// `POST /detokenize`.
     Detokenize,
+    /// `POST /pooling`.
+    Pooling,
+    /// `POST /classify`.
+    Classify,
+    /// `POST /score`.
+    Score,
+    /// `POST /v1/score`.
+    ScoreV1,
+    /// `POST /rerank`.
+    Rerank,
+    /// `POST /v1/rerank`.
+    RerankV1,
+    /// `POST /v2/rerank`.
+    RerankV2,
 }
 
 impl Endpoint {
     /// Every endpoint, in the order the docs list them.
-    pub const ALL: [Endpoint; 4] = [
+    pub const ALL: [Endpoint; 11] = [
         Endpoint::Embeddings,
         Endpoint::Responses,
         Endpoint::Tokenize,
         Endpoint::Detokenize,
+        Endpoint::Pooling,
+        Endpoint::Classify,
+        Endpoint::Score,
+        Endpoint::ScoreV1,
+        Endpoint::Rerank,
+        Endpoint::RerankV1,
+        Endpoint::RerankV2,
     ];
 
     /// The path, the same on the router and on vLLM.
@@ -51,6 +76,13 @@ impl Endpoint {
             Endpoint::Responses => "/v1/responses",
             Endpoint::Tokenize => "/tokenize",
             Endpoint::Detokenize => "/detokenize",
+            Endpoint::Pooling => "/pooling",
+            Endpoint::Classify => "/classify",
+            Endpoint::Score => "/score",
+            Endpoint::ScoreV1 => "/v1/score",
+            Endpoint::Rerank => "/rerank",
+            Endpoint::RerankV1 => "/v1/rerank",
+            Endpoint::RerankV2 => "/v2/rerank",
         }
     }
 
@@ -102,6 +134,13 @@ impl Surface {
                 };
                 None
             }
+            Endpoint::Pooling
+            | Endpoint::Classify
+            | Endpoint::Score
+            | Endpoint::ScoreV1
+            | Endpoint::Rerank
+            | Endpoint::RerankV1
+            | Endpoint::RerankV2 => None,
         };
         let previous_response_id = match (endpoint, top.get("previous_response_id")) {
             (Endpoint::Responses, Some(Value::String(id))) => {
@@ -321,6 +360,19 @@ mod tests {
             assert_eq!(Endpoint::of_path(e.path()), Some(e));
         }
         assert_eq!(Endpoint::of_path("/v1/embeddings/"), None);
+    }
+
+    #[test]
+    fn pooling_bodies_name_a_model_and_route_without_a_prompt() {
+        for e in [Endpoint::Pooling, Endpoint::Score, Endpoint::RerankV2] {
+            let body = json!({"model": "r", "query": "q", "documents": ["a", "b"]});
+            let s = parse(body, e).unwrap();
+            assert_eq!((s.model.as_deref(), s.prompt), (Some("r"), None), "{e:?}");
+            let e2 = parse(json!([1]), e).unwrap_err();
+            assert!(matches!(e2, RequestError::NotAnObject), "{e:?}");
+            let e3 = parse(json!({"model": 1}), e).unwrap_err();
+            assert!(matches!(e3, RequestError::WrongType { ref field, .. } if field == "model"));
+        }
     }
 
     #[test]
