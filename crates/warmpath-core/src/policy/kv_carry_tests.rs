@@ -419,3 +419,109 @@ fn a_policy_built_afresh_fails_the_twin_property() {
     }
     assert!(afresh > 0, "a fresh policy decided the same everywhere");
 }
+
+/// Of `keys` prefixes on `p` over `b` (held as `held.0` says), those `next`
+/// over `nb` (held as `held.1` says) sends elsewhere, by worker id, at
+/// idle: (moved, of which to `to`).
+fn moved(
+    p: &dyn Policy,
+    b: &[PolicyBackend],
+    next: &dyn Policy,
+    nb: &[PolicyBackend],
+    held: (&Held, &Held),
+    keys: u64,
+    to: &str,
+) -> (usize, usize) {
+    let (mut moved, mut onto) = (0, 0);
+    for k in 0..keys {
+        let key = (k + 1).wrapping_mul(GOLDEN);
+        fn input(key: u64, m: &Option<MatchResult>) -> RouteInput<'_> {
+            RouteInput {
+                prefix_key: key,
+                chain_blocks: 40,
+                matches: m.as_ref(),
+            }
+        }
+        let (m0, m1) = (held.0.matches(key, 40), held.1.matches(key, 40));
+        let before = p
+            .preview(&input(key, &m0), &idle(b.len()), &mut rng())
+            .unwrap();
+        let after = next
+            .preview(&input(key, &m1), &idle(nb.len()), &mut rng())
+            .unwrap();
+        if id_of(b, before.backend) != id_of(nb, after.backend) {
+            moved += 1;
+            onto += usize::from(id_of(nb, after.backend) == to);
+        }
+    }
+    (moved, onto)
+}
+
+#[test]
+fn a_change_moves_no_warm_prefix_and_the_ring_about_one_nth() {
+    let keys = 400u64;
+    let cfg = PolicyConfig::default();
+    let b = fleet(4, None);
+    let p = KvAware::new(&cfg, &b);
+    let mut held = Held::default();
+    for k in 0..keys {
+        let key = (k + 1).wrapping_mul(GOLDEN);
+        let input = RouteInput {
+            prefix_key: key,
+            chain_blocks: 40,
+            matches: None,
+        };
+        let d = p.pick(&input, &idle(4), &mut rng()).unwrap();
+        held.store(key, b[d.backend].slot, 40);
+    }
+    // Warm prefixes: an add moves none; a removal only the removed one's.
+    let grown = added(&b);
+    let (warm_add, _) = moved(
+        &p,
+        &b,
+        &*p.rebuild(&cfg, &grown).unwrap(),
+        &grown,
+        (&held, &held),
+        keys,
+        "b4",
+    );
+    let shrunk = removed(&b, 1);
+    let mut rest = held.clone();
+    rest.drop_worker(1);
+    let on_b1 = held
+        .0
+        .values()
+        .filter(|v| v.iter().any(|h| h.0 == 1))
+        .count();
+    let (warm_rm, _) = moved(
+        &p,
+        &b,
+        &*p.rebuild(&cfg, &shrunk).unwrap(),
+        &shrunk,
+        (&held, &rest),
+        keys,
+        "",
+    );
+    assert_eq!((warm_add, warm_rm), (0, on_b1));
+    // Cold prefixes with `cold_placement: ring`: the ring's 1/N.
+    let ring_cfg = PolicyConfig {
+        kv: KvConfig {
+            cold_placement: ColdPlacement::Ring,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ring = KvAware::new(&ring_cfg, &b);
+    let none = Held::default();
+    let next = ring.rebuild(&ring_cfg, &grown).unwrap();
+    let (ring_add, onto_new) = moved(&ring, &b, &*next, &grown, (&none, &none), keys, "b4");
+    let share = ring_add as f64 / keys as f64;
+    assert_eq!(ring_add, onto_new, "keys only move to the new backend");
+    assert!((0.12..0.3).contains(&share), "{share}");
+    println!(
+        "NUMBER kv_aware, {keys} warm prefixes on 4 backends: add one -> {warm_add} moved; \
+         remove b1 -> {warm_rm} moved (the {on_b1} it held, re-placed); \
+         cold_placement ring, {keys} cold prefixes: add one -> {ring_add} moved ({:.1}%), all to it",
+        100.0 * share
+    );
+}
