@@ -7,7 +7,9 @@
 //! per-request state, so one instance is shared by every routing thread.
 //! [`Policy::preview`] answers what `pick` would choose without recording
 //! anything (`kv_aware`, the one policy with memory, runs the same decision
-//! on a scratch copy of its state).
+//! on a scratch copy of its state). A membership change builds the next
+//! policy from the current one ([`Policy::rebuild`]), so what `kv_aware`
+//! learned of the workers that remain carries over by worker id.
 //!
 //! | strategy | picks | decision kinds |
 //! |---|---|---|
