@@ -452,7 +452,7 @@ impl Policy for KvAware {
 
     /// Carries homes, popularity, pressure, requests served, the modelled
     /// caches and the rebalancer's waits over to the new snapshot by worker
-    /// id (see [`carry`](super::carry)); the ring is rebuilt (1/N moves).
+    /// id (see the `carry` module); the ring is rebuilt (1/N moves).
     fn rebuild(
         &self,
         config: &PolicyConfig,

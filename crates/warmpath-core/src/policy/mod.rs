@@ -334,7 +334,7 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// added, removed ...), for the pool to swap in. What the policy keeps
     /// per worker is carried over by worker id for the workers that remain;
     /// a removed worker's goes and a new one starts empty (`kv_aware`: see
-    /// [`carry`]). The stateless policies just build afresh.
+    /// `carry`). The stateless policies just build afresh.
     fn rebuild(
         &self,
         config: &PolicyConfig,
