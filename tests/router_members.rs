@@ -533,12 +533,13 @@ async fn kv_aware_keeps_warm_prefixes_through_an_add_and_a_drain_under_load() {
     };
     eventually("the load to run", answered(40)).await;
 
-    // A cold prefix whose first request is still prefilling (held 2 s)
-    // when a backend is added: its next request follows it.
+    // A cold prefix whose first request is still prefilling when a backend
+    // is added (held 5 s, far past its placement's few sticky decisions):
+    // its next request follows it.
     let sticky = prefixes;
     let held = tokio::spawn({
         let url = url.clone();
-        async move { post(&client(), &url, &churn_prompt(sticky, 2000), &[]).await }
+        async move { post(&client(), &url, &churn_prompt(sticky, 5000), &[]).await }
     });
     let placed = poll::poll(
         "the held request to reach a backend",
@@ -562,7 +563,6 @@ async fn kv_aware_keeps_warm_prefixes_through_an_add_and_a_drain_under_load() {
         (placed.as_str(), "prefix_hash"),
         "a placement still prefilling is kept across the add"
     );
-    assert_eq!(held.await.unwrap().status, 200);
 
     // The new backend takes the next cold prefixes: the others carry the
     // six warm ones' load.
@@ -602,6 +602,7 @@ async fn kv_aware_keeps_warm_prefixes_through_an_add_and_a_drain_under_load() {
     for t in clients {
         t.await.unwrap();
     }
+    assert_eq!(held.await.unwrap().status, 200);
 
     let answers = answers.lock().clone();
     let failed = answers.iter().filter(|a| a.4 != 200).count();
