@@ -1,8 +1,13 @@
 //! End-to-end tests of live pool membership on the real `warmpath-router`
 //! binary: the admin API adds, removes and drains backends under load, and
-//! SIGHUP applies backend additions and removals. Everything on 127.0.0.1.
+//! SIGHUP applies backend additions and removals; under kv_aware, warm
+//! prefixes stay where they are cached through an add and a drain, and the
+//! policy keeps its placements (raw agent streams fill the index). Everything
+//! on 127.0.0.1.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/raw_agent.rs"]
+mod raw_agent;
 mod support;
 
 use serde_json::{json, Value};
@@ -392,4 +397,254 @@ async fn sighup_adds_and_drains_backends_and_warns_once_for_the_rest() {
         "one WARN line for what a reload could not apply: {log}"
     );
     assert!(warns[0].contains("block_size changed"), "{}", warns[0]);
+}
+
+/// Blocks of the kv_aware churn test's prefixes (128 tokens of block size 4).
+const CHURN_BS: usize = 4;
+
+/// Prompt `k` of the churn test: 128 tokens (32 blocks), the first one its
+/// own; from `SHORT` on, 32 tokens (a cold prefill that weighs little).
+fn churn_tokens(k: usize) -> Vec<u32> {
+    let len = if k >= SHORT { 31 } else { 127 };
+    std::iter::once(200 + k as u32).chain(0..len).collect()
+}
+
+const SHORT: usize = 6;
+
+fn churn_prompt(k: usize, hold_ms: u64) -> Value {
+    json!({"model": "m", "prompt": churn_tokens(k), "max_tokens": 1, "x_hold_ms": hold_ms})
+}
+
+/// The router-side block hashes of prompt `k`.
+fn churn_chain(k: usize) -> Vec<u64> {
+    warmpath_core::hash_tokens(
+        warmpath_core::HashSeed::new("m", "", ""),
+        CHURN_BS,
+        &churn_tokens(k),
+    )
+    .iter()
+    .map(|h| h.0)
+    .collect()
+}
+
+/// Which of `bs` received prompt `k` first (its first token tells).
+fn received(bs: &[TestBackend], k: usize) -> Option<String> {
+    let first = 200 + k as u64;
+    bs.iter()
+        .find(|b| {
+            b.requests()
+                .iter()
+                .any(|q| q.json()["prompt"][0].as_u64() == Some(first))
+        })
+        .map(|b| b.name().to_owned())
+}
+
+/// One answer of the churn load: (phase when sent, prompt, backend,
+/// decision, status).
+type Answer = (u8, usize, String, String, u16);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_keeps_warm_prefixes_through_an_add_and_a_drain_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    warmpath_core::tokenize::tiny::write_model_dir(dir.path()).unwrap();
+    let bs = backends(4).await;
+    let member = |b: &TestBackend| format!("{{url: '{}', worker_id: {}}}", b.url(), b.name());
+    // No rebalancing moves (they would move a warm prefix on purpose); the
+    // agents stay fresh for the whole test.
+    let yaml = format!(
+        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 600000, drop_after_ms: 1200000}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {CHURN_BS}\n    kv: {{rebalance_slack: null}}\n    backends: [{}, {}, {}]\n",
+        dir.path().display(),
+        member(&bs[0]),
+        member(&bs[1]),
+        member(&bs[2]),
+    );
+    let r = raw_agent::Router::start(dir.path(), &yaml).await;
+    let c = client();
+    let url = format!("{}/v1/completions", r.http);
+    let admin = format!("{}/admin/pools/m/backends", r.http);
+
+    // Six prefixes, placed cold, then published by their backends' agents.
+    let prefixes = SHORT;
+    let mut home = Vec::new();
+    for k in 0..prefixes {
+        let a = post(&c, &url, &churn_prompt(k, 0), &[]).await;
+        assert_eq!(a.status, 200);
+        home.push(a.backend().to_owned());
+    }
+    let mut agents = Vec::new();
+    for b in &bs[..3] {
+        let mine: Vec<u64> = (0..prefixes)
+            .filter(|&k| home[k] == b.name())
+            .flat_map(churn_chain)
+            .collect();
+        assert!(!mine.is_empty(), "cold placement spread: {home:?}");
+        let blocks = mine.len() as u64;
+        agents.push(raw_agent::agent(&r.grpc, b.name(), &mine, None).await);
+        poll::poll(
+            "the agent's snapshot",
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            async || (r.blocks(&c, b.name()).await == blocks).then_some(()),
+        )
+        .await;
+    }
+    for (k, at) in home.iter().enumerate() {
+        let a = post(&c, &url, &churn_prompt(k, 0), &[]).await;
+        assert_eq!((a.backend(), a.decision()), (at.as_str(), "kv_match"));
+    }
+    let blocks_before: Vec<u64> = {
+        let mut v = Vec::new();
+        for b in &bs[..3] {
+            v.push(r.blocks(&c, b.name()).await);
+        }
+        v
+    };
+
+    // Two clients cycle through the warm prefixes; each answer is kept
+    // with the phase it was sent in.
+    let phase = Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(parking_lot::Mutex::new(Vec::<Answer>::new()));
+    let clients: Vec<_> = (0..2)
+        .map(|i| {
+            let (phase, stop, answers, url) =
+                (phase.clone(), stop.clone(), answers.clone(), url.clone());
+            tokio::spawn(async move {
+                let c = client();
+                let mut n = i;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = n % prefixes;
+                    n += 1;
+                    let at = phase.load(Ordering::Relaxed);
+                    let a = post(&c, &url, &churn_prompt(k, 5), &[]).await;
+                    let (b, d) = if a.status == 200 {
+                        (a.backend().to_owned(), a.decision().to_owned())
+                    } else {
+                        Default::default()
+                    };
+                    answers.lock().push((at, k, b, d, a.status.as_u16()));
+                }
+            })
+        })
+        .collect();
+    let answered = |n: usize| {
+        let answers = answers.clone();
+        move || answers.lock().len() >= n
+    };
+    eventually("the load to run", answered(40)).await;
+
+    // A cold prefix whose first request is still prefilling when a backend
+    // is added (held 5 s, far past its placement's few sticky decisions):
+    // its next request follows it.
+    let sticky = prefixes;
+    let held = tokio::spawn({
+        let url = url.clone();
+        async move { post(&client(), &url, &churn_prompt(sticky, 5000), &[]).await }
+    });
+    let placed = poll::poll(
+        "the held request to reach a backend",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        async || received(&bs[..3], sticky),
+    )
+    .await;
+    let add = post(
+        &c,
+        &admin,
+        &json!({"url": bs[3].url(), "worker_id": "b3"}),
+        &[],
+    )
+    .await;
+    assert_eq!(add.status, 201, "{:?}", add.body);
+    phase.store(1, Ordering::Relaxed);
+    let again = post(&c, &url, &churn_prompt(sticky, 0), &[]).await;
+    assert_eq!(
+        (again.backend(), again.decision()),
+        (placed.as_str(), "prefix_hash"),
+        "a placement still prefilling is kept across the add"
+    );
+
+    // The new backend takes the next cold prefixes: the others carry the
+    // six warm ones' load.
+    let mut cold_on_new = 0;
+    let fresh = [prefixes + 1, prefixes + 2];
+    for &k in &fresh {
+        let a = post(&c, &url, &churn_prompt(k, 0), &[]).await;
+        assert_eq!(a.status, 200);
+        cold_on_new += usize::from(a.backend() == "b3");
+    }
+    assert_eq!(cold_on_new, fresh.len(), "new cold prefixes go to b3");
+    let n = answers.lock().len();
+    eventually("load after the add", answered(n + 40)).await;
+
+    // Drain a backend that holds warm prefixes (not the held prefix's).
+    let drained = bs[..3]
+        .iter()
+        .map(|b| b.name().to_owned())
+        .find(|b| *b != placed)
+        .unwrap();
+    let drain = post(&c, &format!("{admin}/{drained}/drain"), &json!({}), &[]).await;
+    assert_eq!(drain.status, 202, "{:?}", drain.body);
+    phase.store(2, Ordering::Relaxed);
+    poll::poll(
+        "the drained backend to be removed",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        async || {
+            (!ids(&members(&c, &Url(addr_of(&r.http))).await).contains(&drained)).then_some(())
+        },
+    )
+    .await;
+    phase.store(3, Ordering::Relaxed);
+    let n = answers.lock().len();
+    eventually("load after the removal", answered(n + 60)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in clients {
+        t.await.unwrap();
+    }
+    assert_eq!(held.await.unwrap().status, 200);
+
+    let answers = answers.lock().clone();
+    let failed = answers.iter().filter(|a| a.4 != 200).count();
+    assert_eq!(failed, 0, "{failed} of {} requests failed", answers.len());
+    let mut kept = 0;
+    let mut replaced = std::collections::BTreeMap::<String, usize>::new();
+    for (at, k, backend, decision, _) in &answers {
+        if home[*k] != drained {
+            assert_eq!(
+                (backend.as_str(), decision.as_str()),
+                (home[*k].as_str(), "kv_match"),
+                "prefix {k} (phase {at}) stays where it is cached"
+            );
+            kept += 1;
+        } else if *at >= 2 {
+            assert_ne!(backend, &drained, "nothing new on the drained backend");
+            *replaced.entry(backend.clone()).or_default() += 1;
+        }
+    }
+    assert!(
+        !replaced.is_empty(),
+        "the drained backend's prefixes re-placed"
+    );
+    // The remaining workers' index is untouched.
+    for (i, b) in bs[..3].iter().enumerate() {
+        if b.name() != drained {
+            assert_eq!(r.blocks(&c, b.name()).await, blocks_before[i]);
+        }
+    }
+    let warm_moved = answers
+        .iter()
+        .filter(|a| home[a.1] != drained && a.2 != home[a.1])
+        .count();
+    println!(
+        "NUMBER kv_aware churn: {} answers, 0 failed; warm prefixes on remaining backends: {kept} answers, {warm_moved} off their home; \
+         the drained backend's prefixes after the drain went to {replaced:?}; new cold prefixes on the added backend: {cold_on_new} of {}; homes {home:?}, drained {drained}",
+        answers.len(),
+        fresh.len()
+    );
+    drop(agents);
+}
+
+fn addr_of(http: &str) -> std::net::SocketAddr {
+    http.trim_start_matches("http://").parse().unwrap()
 }

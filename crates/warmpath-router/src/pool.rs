@@ -8,7 +8,9 @@
 //! membership change ([`Pool::add_backend`], [`Pool::remove_backend`]) is
 //! one more swap: a decision's position always names the backend it was
 //! made for. The index is keyed by worker id, so the remaining workers keep
-//! their entries across any change; a removed worker's are dropped.
+//! their entries across any change; a removed worker's are dropped. The
+//! policy is rebuilt from the one it replaces (`Policy::rebuild`), so
+//! kv_aware keeps what it learned of the remaining workers by id.
 
 use crate::affinity::ResponseHomes;
 use crate::backend::{Backend, Origin};
@@ -270,28 +272,35 @@ impl Pool {
         config: PolicyConfig,
         backends: Arc<[Arc<Backend>]>,
     ) -> Result<Arc<PolicyState>, PolicyError> {
-        let snapshot: Vec<PolicyBackend> = backends
-            .iter()
-            .map(|b| PolicyBackend {
-                id: b.id.clone(),
-                slot: b.slot,
-                capacity_blocks: None,
-            })
-            .collect();
-        let policy = build_policy(strategy, &config, &snapshot)?;
+        let policy = build_policy(strategy, &config, &snapshot(&backends))?;
+        Ok(self.swap(strategy, config, policy, backends))
+    }
+
+    /// Swaps in `policy`, built over `backends`; returns the state it replaced.
+    fn swap(
+        &self,
+        strategy: Strategy,
+        config: PolicyConfig,
+        policy: Box<dyn Policy>,
+        backends: Arc<[Arc<Backend>]>,
+    ) -> Arc<PolicyState> {
         let new = Arc::new(PolicyState {
             strategy,
             config,
             policy,
             backends,
         });
-        Ok(std::mem::replace(&mut *self.policy.write(), new))
+        std::mem::replace(&mut *self.policy.write(), new)
     }
 
-    /// Rebuilds the current strategy over `backends` (the caller holds `changing`).
+    /// Rebuilds the current policy over `backends` (the caller holds
+    /// `changing`): it carries what it keeps per worker over by worker id
+    /// (`Policy::rebuild`; kv_aware's homes, loads and pressure).
     fn set_members(&self, backends: Vec<Arc<Backend>>) -> Result<(), MemberError> {
         let cur = self.policy();
-        self.install(cur.strategy, cur.config.clone(), backends.into())?;
+        let backends: Arc<[Arc<Backend>]> = backends.into();
+        let policy = cur.policy.rebuild(&cur.config, &snapshot(&backends))?;
+        self.swap(cur.strategy, cur.config.clone(), policy, backends);
         Ok(())
     }
 
@@ -381,6 +390,18 @@ impl Pool {
         }
         Ok(Arc::clone(b))
     }
+}
+
+/// What a policy is built from: each member's id and index slot.
+fn snapshot(backends: &[Arc<Backend>]) -> Vec<PolicyBackend> {
+    backends
+        .iter()
+        .map(|b| PolicyBackend {
+            id: b.id.clone(),
+            slot: b.slot,
+            capacity_blocks: None,
+        })
+        .collect()
 }
 
 /// Every pool, by model, with LoRA adapter resolution.
@@ -553,6 +574,49 @@ mod tests {
         ));
         p.remove_backend(&added.id, true).unwrap();
         assert_eq!(p.backends().len(), 1);
+    }
+
+    #[test]
+    fn a_membership_change_keeps_kv_aware_placements_by_worker_id() {
+        let dir = tempfile::tempdir().unwrap();
+        warmpath_core::tokenize::tiny::write_model_dir(dir.path()).unwrap();
+        let mut c = cfg();
+        c.tokenizer = Some(dir.path().to_owned());
+        c.backends.push(BackendConfig::new("http://127.0.0.1:5"));
+        let p = Pool::build(&c).unwrap();
+        p.switch(Strategy::KvAware, PolicyConfig::default())
+            .unwrap();
+        let input = warmpath_core::RouteInput {
+            prefix_key: 42,
+            chain_blocks: 100,
+            matches: None,
+        };
+        let idle = |n| {
+            vec![
+                warmpath_core::BackendLoad {
+                    eligible: true,
+                    ..Default::default()
+                };
+                n
+            ]
+        };
+        let before = p.policy();
+        let d = before
+            .policy
+            .pick(&input, &idle(3), &mut rand::rng())
+            .unwrap();
+        let home = before.backends[d.backend].id.clone();
+        // Remove a member that is not its home: its first request is still
+        // prefilling there, and its next one follows it.
+        let other = before.backends.iter().find(|b| b.id != home).unwrap();
+        p.remove_backend(&other.id, true).unwrap();
+        let after = p.policy();
+        assert_eq!(after.strategy, Strategy::KvAware);
+        let mut loads = idle(2);
+        let at = after.backends.iter().position(|b| b.id == home).unwrap();
+        loads[at].pending_prefill_blocks = 1000;
+        let again = after.policy.pick(&input, &loads, &mut rand::rng()).unwrap();
+        assert_eq!(after.backends[again.backend].id, home);
     }
 
     #[test]

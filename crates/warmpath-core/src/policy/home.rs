@@ -250,6 +250,58 @@ impl Homes {
         self.entries.iter_mut().for_each(|e| e.pop /= k);
         self.load.iter_mut().for_each(|l| *l /= k);
     }
+
+    /// This table over a new membership of `backends` backends, room for
+    /// about `keys` prefixes: `to[b]` is old backend `b`'s position in the
+    /// new snapshot (`None`: removed). A prefix homed on a removed backend
+    /// is forgotten (it re-places), a copy on one is dropped (its share goes
+    /// back to the other holders); every other entry keeps its popularity,
+    /// its `since` and its flags, and a remaining backend keeps its load as
+    /// it was, less what those changes take off it. The table never shrinks,
+    /// so no remembered prefix loses its way to a fuller set; when it grows,
+    /// each old set splits over new ones.
+    pub(crate) fn remap(&self, to: &[Option<usize>], backends: usize, keys: usize) -> Homes {
+        let mut out = Homes::new(backends, keys);
+        if out.entries.len() < self.entries.len() {
+            out.entries = vec![Home::default(); self.entries.len()];
+        }
+        let map = |b: usize| to.get(b).copied().flatten();
+        for (b, &l) in self.load.iter().enumerate() {
+            if let Some(slot) = map(b).and_then(|j| out.load.get_mut(j)) {
+                *slot = l;
+            }
+        }
+        for e in self.entries.iter().filter(|e| e.used) {
+            let kept: Vec<usize> = e.holders().filter_map(map).collect();
+            let changed = kept.len() != e.count();
+            if changed {
+                for &j in &kept {
+                    out.sub(j, e.pop / e.count() as f64);
+                }
+            }
+            let Some(home) = map(e.backend as usize) else {
+                continue;
+            };
+            let mut moved = Home {
+                backend: home as u32,
+                copies: [0; MAX_COPIES - 1],
+                extra: 0,
+                ..*e
+            };
+            for &c in &kept[1..] {
+                moved.copies[usize::from(moved.extra)] = c as u32;
+                moved.extra += 1;
+            }
+            // Never full: an old set's entries land in the same or more sets.
+            if let Some(i) = out.set(e.key).find(|&i| !out.entries[i].used) {
+                out.entries[i] = moved;
+                if changed {
+                    out.spread(i, 1.0);
+                }
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -116,6 +116,8 @@ use rand::RngCore;
 /// The KV-aware policy.
 #[derive(Debug)]
 pub struct KvAware {
+    /// Worker ids, in snapshot order: a rebuild carries state by them.
+    ids: Vec<String>,
     slots: Vec<WorkerSlot>,
     fallback: PrefixAware,
     placer: Placer,
@@ -134,6 +136,7 @@ impl KvAware {
     /// backend (tests use a long one to keep counts exact).
     fn with_window(config: &PolicyConfig, backends: &[PolicyBackend], window: f64) -> Self {
         KvAware {
+            ids: backends.iter().map(|b| b.id.clone()).collect(),
             slots: backends.iter().map(|b| b.slot).collect(),
             fallback: PrefixAware::new(config, backends),
             placer: Placer::new(backends, window).with_payback(PAYBACK_GAIN),
@@ -144,6 +147,15 @@ impl KvAware {
             threshold: config.concurrency_threshold,
             kv: config.kv.clone(),
         }
+    }
+
+    /// A policy over `backends` that takes this one's state over
+    /// ([`Policy::rebuild`]).
+    fn carried(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
+        let next = KvAware::new(config, backends);
+        let state = self.placer.lock().remap(&self.ids, backends);
+        *next.placer.lock() = state;
+        next
     }
 
     /// Matched blocks of the backend at each position, a stale one's
@@ -438,6 +450,18 @@ impl Policy for KvAware {
         self.placer.lock().moves
     }
 
+    /// Carries homes, popularity, pressure, requests served, the modelled
+    /// caches and the rebalancer's waits over to the new snapshot by worker
+    /// id (see the `carry` module); the ring is rebuilt (1/N moves).
+    fn rebuild(
+        &self,
+        config: &PolicyConfig,
+        backends: &[PolicyBackend],
+    ) -> Result<Box<dyn Policy>, PolicyError> {
+        config.validate()?;
+        Ok(Box::new(self.carried(config, backends)))
+    }
+
     fn pick(
         &self,
         input: &RouteInput<'_>,
@@ -526,3 +550,7 @@ mod tests;
 #[cfg(test)]
 #[path = "kv_preview_tests.rs"]
 mod preview_tests;
+
+#[cfg(test)]
+#[path = "kv_carry_tests.rs"]
+mod carry_tests;

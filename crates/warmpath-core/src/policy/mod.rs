@@ -7,7 +7,9 @@
 //! per-request state, so one instance is shared by every routing thread.
 //! [`Policy::preview`] answers what `pick` would choose without recording
 //! anything (`kv_aware`, the one policy with memory, runs the same decision
-//! on a scratch copy of its state).
+//! on a scratch copy of its state). A membership change builds the next
+//! policy from the current one ([`Policy::rebuild`]), so what `kv_aware`
+//! learned of the workers that remain carries over by worker id.
 //!
 //! | strategy | picks | decision kinds |
 //! |---|---|---|
@@ -16,6 +18,7 @@
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
 //! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load, cache writes and (capacity known) what a write evicts; prefixes moved to even the load, copied when too hot for one backend (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `cold`, `replicate`, `least_outstanding` |
 
+mod carry;
 mod home;
 mod kv;
 mod least;
@@ -330,6 +333,19 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// (`kv_aware` with `kv.rebalance_slack`; 0 for the others).
     fn moves(&self) -> u64 {
         0
+    }
+
+    /// The same strategy over a new membership snapshot `backends` (one
+    /// added, removed ...), for the pool to swap in. What the policy keeps
+    /// per worker is carried over by worker id for the workers that remain;
+    /// a removed worker's goes and a new one starts empty (`kv_aware`: see
+    /// `carry`). The stateless policies just build afresh.
+    fn rebuild(
+        &self,
+        config: &PolicyConfig,
+        backends: &[PolicyBackend],
+    ) -> Result<Box<dyn Policy>, PolicyError> {
+        build_policy(self.strategy(), config, backends)
     }
 }
 

@@ -46,9 +46,7 @@ use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
 use super::served::Served;
-use super::tuning::{
-    FIT_BAND, HOMES_PER_BACKEND, HOME_TABLE_KEYS, PAYBACK_WINDOW, RESCALE_AT, STICKY,
-};
+use super::tuning::{home_table_keys, FIT_BAND, PAYBACK_WINDOW, RESCALE_AT, STICKY};
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::ops::{Deref, DerefMut};
@@ -68,7 +66,7 @@ pub(crate) enum Placed {
 #[derive(Clone, Debug)]
 pub(crate) struct State {
     /// Decayed blocks written per backend, in units of `unit`.
-    pressure: Vec<f64>,
+    pub(super) pressure: Vec<f64>,
     /// The weight of the next decision (grows by 1/decay per decision, the
     /// same as decaying every past one).
     pub(super) unit: f64,
@@ -80,7 +78,8 @@ pub(crate) struct State {
     pub(super) last_move: Option<u64>,
     /// Rebalancing moves so far.
     pub(super) moves: u64,
-    decay: f64,
+    /// Per decision: `1 - 1 / (window x backends)`.
+    pub(super) decay: f64,
     /// Decisions a placement stays sticky without pending prefill work.
     pub(super) sticky: u64,
     /// Requests routed per backend (see [`served`](super::served)).
@@ -108,10 +107,7 @@ impl Placer {
                 pressure: vec![0.0; backends.len()],
                 unit: 1.0,
                 seq: 0,
-                homes: Homes::new(
-                    backends.len(),
-                    (HOMES_PER_BACKEND * n).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1),
-                ),
+                homes: Homes::new(backends.len(), home_table_keys(n)),
                 last_move: None,
                 moves: 0,
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),

@@ -170,6 +170,26 @@ impl Resident {
         }
     }
 
+    /// These models over a new membership: `from[j]` is the old position of
+    /// the new snapshot's backend `j`, whose model it keeps; a new backend
+    /// (`None`) starts empty at its capacity in `capacities`, when known.
+    pub(crate) fn remap(
+        &self,
+        from: &[Option<usize>],
+        capacities: impl IntoIterator<Item = Option<u64>>,
+    ) -> Self {
+        Resident {
+            caches: from
+                .iter()
+                .zip(capacities)
+                .map(|(f, cap)| match f {
+                    Some(i) => self.caches.get(*i).cloned().flatten(),
+                    None => cap.map(Cache::new),
+                })
+                .collect(),
+        }
+    }
+
     /// Whether any backend is modelled.
     pub(crate) fn any(&self) -> bool {
         self.caches.iter().any(Option::is_some)

@@ -63,6 +63,22 @@ impl Served {
         }
     }
 
+    /// These counts over a new membership: `from[j]` is the old position of
+    /// the new snapshot's backend `j` (`None`: new, counted from zero, so it
+    /// starts below an even share), remembering about `window` requests.
+    pub(crate) fn remap(&self, from: &[Option<usize>], window: f64) -> Self {
+        let counts: Vec<f64> = from
+            .iter()
+            .map(|f| f.and_then(|i| self.counts.get(i)).copied().unwrap_or(0.0))
+            .collect();
+        Served {
+            total: counts.iter().sum(),
+            counts,
+            unit: self.unit,
+            decay: 1.0 - 1.0 / window.max(1.0),
+        }
+    }
+
     /// Requests `backend` took beyond an even share of the remembered ones
     /// (negative: fewer), in requests.
     pub(crate) fn excess(&self, backend: usize) -> f64 {
@@ -104,6 +120,20 @@ mod tests {
         // Out-of-range backends count for nothing.
         s.record(9);
         assert_eq!(s.excess(9), 0.0);
+    }
+
+    #[test]
+    fn a_remap_keeps_the_counts_by_worker_and_starts_a_new_one_at_zero() {
+        let mut s = Served::new(3, 1e9);
+        for b in [0, 0, 0, 1, 2, 2] {
+            s.record(b);
+        }
+        // Backend 1 removed, a new one appended.
+        let t = s.remap(&[Some(0), Some(2), None], 1e9);
+        let x: Vec<f64> = (0..3).map(|b| t.excess(b)).collect();
+        for (got, want) in x.iter().zip([4.0 / 3.0, 1.0 / 3.0, -5.0 / 3.0]) {
+            assert!((got - want).abs() < 1e-6, "{x:?}");
+        }
     }
 
     proptest! {

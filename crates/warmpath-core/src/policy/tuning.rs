@@ -91,6 +91,11 @@ pub(crate) const HOMES_PER_BACKEND: usize = 64;
 /// bounded while `HOMES_PER_BACKEND` holds for fleets up to 16k backends.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
+/// The home table's room for a fleet of `backends` (the two above).
+pub(crate) fn home_table_keys(backends: usize) -> usize {
+    (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
+}
+
 /// Fewest sets a home table has for any size asked (tests and tiny pools
 /// still get a table whose collisions are rare).
 pub(crate) const HOME_MIN_SETS: usize = 64;
