@@ -59,6 +59,20 @@ impl Router {
         kb * 1024
     }
 
+    /// `VmRSS`, `RssAnon` and `RssFile` of `/proc/PID/status`, for messages.
+    pub fn mem(&self) -> String {
+        let pid = self.child.id().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .filter(|l| {
+                l.starts_with("VmRSS") || l.starts_with("RssAnon") || l.starts_with("RssFile")
+            })
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub async fn metric(&self, c: &TestClient, line_start: &str) -> f64 {
         let m = get_url(c, &format!("{}/metrics", self.http)).await;
         String::from_utf8_lossy(&m.body)
