@@ -198,3 +198,39 @@ async fn a_cleared_worker_gives_its_memory_back() {
     let dead_line = "warmpath_index_dead_entries{pool=\"m\"} ";
     assert_eq!(r.metric(&c, dead_line).await, 0.0);
 }
+
+/// `index.max_entries` bounds the pool's total across workers: a and b
+/// each claim 8 blocks under a bound of 10, so b gets 2, and the 6 refused
+/// are counted under `reason="max_entries"`. Before the bound (main at
+/// 4601e23) there was no `index:` section: the config does not load there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_entries_bounds_the_whole_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = TestBackend::start("b0").await;
+    let yaml = format!(
+        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    index: {{max_entries: 10}}\n    backends: [{{url: '{0}', worker_id: a}}, {{url: '{0}', worker_id: b}}]\n",
+        backend.url()
+    );
+    let r = Router::start(dir.path(), &yaml).await;
+    let c = client();
+    let (_tx_a, _answers_a) = agent(&r.grpc, "a", &(1..=8).collect::<Vec<_>>(), None).await;
+    poll(
+        "a's 8 blocks",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || (r.blocks(&c, "a").await == 8).then_some(()),
+    )
+    .await;
+    let (_tx_b, _answers_b) = agent(&r.grpc, "b", &(101..=108).collect::<Vec<_>>(), None).await;
+    let refused = "warmpath_ingest_refused_blocks_total{pool=\"m\",reason=\"max_entries\"} ";
+    poll(
+        "b's excess to be refused",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || (r.metric(&c, refused).await == 6.0).then_some(()),
+    )
+    .await;
+    assert_eq!((r.blocks(&c, "a").await, r.blocks(&c, "b").await), (8, 2));
+    let entries = r.metric(&c, "warmpath_index_entries{pool=\"m\"} ").await;
+    assert_eq!(entries, 10.0);
+}
