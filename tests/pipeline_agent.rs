@@ -560,3 +560,75 @@ async fn an_idle_agent_logs_json_to_stderr_and_says_following_once() {
     );
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
 }
+
+/// Issue 17 item 3, the agent's side: an agent started beside an engine
+/// whose KV usage its view cannot cover (the engine reports 256 of 512
+/// blocks in use, the agent knows none: they were cached before it, past
+/// the replay ring) marks its view `partial`, and the router shows it; once
+/// events cover the usage the flag clears. (The router's rule for a partial
+/// owner: `tests/router_partial.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_cover_its_engines_kv_usage_reports_a_partial_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["w"]).await;
+    let p = publisher().await;
+    let page = || async {
+        "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\nvllm:cache_config_info{block_size=\"4\",num_gpu_blocks=\"512\"} 1.0\nprocess_start_time_seconds 1000\n"
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine = l.local_addr().unwrap();
+    let app = axum::Router::new().route("/metrics", axum::routing::get(page));
+    let server = tokio::spawn(async move { axum::serve(l, app).await.ok() });
+    let log = dir.path().join("agent.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", "w", "--model", "m"])
+        .args(["--engine-url", &format!("http://{engine}")])
+        .args(["--kv-events", p.endpoint()])
+        .args(["--kv-replay", p.replay_endpoint().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--load-interval-ms", "100"])
+        .args(["--router", &format!("http://{}", r.grpc_addr.unwrap())])
+        .env("NO_COLOR", "1")
+        .env_remove("WARMPATH_AGENT_TOKEN")
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap();
+    let _a = Proc { child, log };
+    let http = r.http_addr;
+    let worker = async || -> Option<serde_json::Value> {
+        let v: serde_json::Value = reqwest::get(format!("http://{http}/cache-index"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        Some(v["pools"][0]["workers"][0].clone())
+    };
+    poll::poll(
+        "the router to show w's view as partial",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (worker().await?["partial"] == true).then_some(()),
+    )
+    .await;
+    assert_eq!(blocks(&r, "w"), 0);
+    // 240 blocks: within the slack (5% of 512) of the 256 in use.
+    p.publish(vec![stored(100, None, 0..960, BS)])
+        .await
+        .unwrap();
+    wait_until("the 240 blocks", Duration::from_secs(30), &[&p], || {
+        blocks(&r, "w") == 240
+    })
+    .await;
+    poll::poll(
+        "the partial flag to clear",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || (worker().await?["partial"] == false).then_some(()),
+    )
+    .await;
+    server.abort();
+    r.shutdown();
+    r.wait().await;
+}

@@ -1,9 +1,10 @@
 //! The cache-timing side channel across tenants (issue 17 item 8), end to
-//! end: simulated vLLM engines (`warmpath_bench::sim`: TTFT from cached vs
+//! end on the real binaries, all on 127.0.0.1 port 0: one `warmpath-bench
+//! sim` process with two simulated vLLM engines (TTFT from cached vs
 //! computed prefill, `cached_tokens` in `usage`, real KV events over ZMQ),
-//! real agents and the real router, all in this process through their
-//! libraries on 127.0.0.1 (as `warmpath-bench demo` runs them), the pool in
-//! `tenants: {from: api_key}` with the default `isolation: engine`.
+//! a `warmpath-agent` process per engine and the `warmpath-router` binary,
+//! the pool in `tenants: {from: api_key}` with the default `isolation:
+//! engine`.
 //!
 //! Tenant A warms a document; tenant B, with its own key, then asks for A's
 //! exact prompt. B must see no warmth signal: the decision is not
@@ -20,32 +21,44 @@
 //! cold and a warm prefill of these prompts (about 170 ms for their ~1800
 //! tokens, the sim 4x slower than its default model), while A's warm
 //! repeat must beat B's cold by that half.
+//!
+//! The router and agent binaries are another package's: `cargo test
+//! --workspace` builds them (their packages' own tests need them) before any
+//! test runs, and this test finds them beside its own executable, as
+//! `soak.rs` does; run alone, it needs `cargo build -p warmpath-router -p
+//! warmpath-agent` first.
 #![allow(clippy::unwrap_used)]
 
 #[path = "support/poll.rs"]
 mod poll;
 
 use serde_json::{json, Value};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
-use warmpath_agent::{Agent, AgentConfig};
-use warmpath_bench::sim::{Fleet, SimConfig};
-use warmpath_core::tokenize::{tiny, ChatTokenizer};
-use warmpath_core::Strategy;
-use warmpath_router::config::{BackendConfig, Isolation, PoolConfig, RouterConfig, TenantFrom};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use warmpath_bench::timing::TimeModel;
+use warmpath_core::tokenize::tiny;
 
 const TRIALS: usize = 50;
 const KEY_A: &str = "Bearer sk-tenant-a";
 const KEY_B: &str = "Bearer sk-tenant-b";
+/// The sim's served model and block size (its defaults).
+const MODEL: &str = "warmpath-tiny";
+const BLOCK_SIZE: usize = 16;
+/// 4x slower than the default model: a cold/warm prefill gap of about
+/// 170 ms for these ~1800-token prompts, well above scheduling noise.
+const TIME_SCALE: f64 = 0.25;
 
 struct Stack {
     router: String,
-    sim: SimConfig,
-    _fleet: Fleet,
-    _agents: Vec<Agent>,
-    _running: warmpath_router::RunningRouter,
-    dir: std::path::PathBuf,
+    time: TimeModel,
+    // Killed on drop, router first.
+    _router: Child,
+    _agents: Vec<Child>,
+    _sim: Child,
+    dir: PathBuf,
 }
 
 impl Drop for Stack {
@@ -54,53 +67,141 @@ impl Drop for Stack {
     }
 }
 
-async fn stack(shutdown: &CancellationToken, isolation: Isolation) -> Stack {
-    let dir = std::env::temp_dir().join(format!("warmpath-sidechannel-{}", std::process::id()));
+/// `target/debug/NAME`, beside this test's `deps/` folder.
+fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(Path::parent).unwrap().join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: `cargo test --workspace` builds it; alone, run `cargo build -p warmpath-router -p warmpath-agent` first",
+        bin.display()
+    );
+    bin
+}
+
+/// One engine of the sim: (worker id, http url, kv-events, replay).
+type Engine = (String, String, String, String);
+
+/// `warmpath-bench sim` with two instances; returns it and its engines
+/// from the lines it prints (`  ID  http URL  kv-events EP  replay EP`).
+async fn sim(model_dir: &Path) -> (Child, Vec<Engine>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_warmpath-bench"))
+        .args(["sim", "--instances", "2"])
+        .args(["--time-scale", &TIME_SCALE.to_string()])
+        .arg("--tokenizer")
+        .arg(model_dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut engines = Vec::new();
+    while engines.len() < 2 {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the sim printed no engines within 30 s")
+            .unwrap()
+            .expect("the sim exited before listing its engines");
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if let [id, "http", url, "kv-events", events, "replay", replay] = w[..] {
+            engines.push((id.into(), url.into(), events.into(), replay.into()));
+        }
+    }
+    // Keep reading so the sim never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, engines)
+}
+
+/// The router binary over `engines`; returns it, its HTTP and gRPC URLs.
+async fn router(dir: &Path, engines: &[Engine], isolation: &str) -> (Child, String, String) {
+    let mut backends = String::new();
+    for (id, url, ..) in engines {
+        backends += &format!("      - {{url: '{url}', worker_id: '{id}'}}\n");
+    }
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\npools:\n  - model: {MODEL}\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {BLOCK_SIZE}\n    tenants: {{from: api_key, isolation: {isolation}}}\n    backends:\n{backends}",
+        dir.display()
+    );
+    let config = dir.join("router.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut child = Command::new(binary("warmpath-router"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("router.log")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the router did not start within 30 s")
+            .unwrap()
+            .expect("the router exited before listening (see router.log)")
+    };
+    let http = next().await.replace("listening on ", "");
+    let grpc = next().await.replace("grpc listening on ", "");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, http, grpc)
+}
+
+fn agent(engine: &Engine, grpc: &str) -> Child {
+    let (id, url, events, replay) = engine;
+    Command::new(binary("warmpath-agent"))
+        .args(["--worker-id", id, "--model", MODEL, "--engine-url", url])
+        .args(["--kv-events", events, "--kv-replay", replay])
+        .args(["--router", grpc, "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn stack(isolation: &str) -> Stack {
+    let dir = std::env::temp_dir().join(format!(
+        "warmpath-sidechannel-{}-{isolation}",
+        std::process::id()
+    ));
     tiny::write_model_dir(&dir).unwrap();
-    // 4x slower than the default model: a cold/warm prefill gap of about
-    // 170 ms for these ~1800-token prompts, well above scheduling noise.
-    let sim = SimConfig {
-        time: warmpath_bench::timing::TimeModel::default().scaled(0.25),
-        ..Default::default()
-    };
-    let tokenizer = Arc::new(ChatTokenizer::load(&dir).unwrap());
-    let fleet = Fleet::start(2, &sim, tokenizer, None, shutdown.clone())
-        .await
-        .unwrap();
-    let mut pool = PoolConfig::new(sim.model.clone());
-    pool.strategy = Some(Strategy::KvAware);
-    pool.tokenizer = Some(dir.clone());
-    pool.block_size = sim.block_size;
-    pool.tenants.from = TenantFrom::ApiKey;
-    pool.tenants.isolation = isolation;
-    for i in &fleet.instances {
-        let mut b = BackendConfig::new(i.url.clone());
-        b.worker_id = Some(i.id.clone());
-        pool.backends.push(b);
-    }
-    let config = RouterConfig {
-        listen: "127.0.0.1:0".into(),
-        grpc_listen: Some("127.0.0.1:0".into()),
-        pools: vec![pool],
-        ..Default::default()
-    };
-    let running = warmpath_router::start(config, shutdown.clone())
-        .await
-        .unwrap();
-    let grpc = running.grpc_addr.unwrap();
-    let mut agents = Vec::new();
-    for i in &fleet.instances {
-        let mut cfg = AgentConfig::new(&i.id, &sim.model, &i.url, &i.kv_events);
-        cfg.kv_replay = i.kv_replay.clone();
-        cfg.routers = vec![format!("http://{grpc}")];
-        agents.push(Agent::start(cfg, None).await.unwrap());
-    }
+    let (sim, engines) = sim(&dir).await;
+    let (router, http, grpc) = router(&dir, &engines, isolation).await;
+    let agents = engines.iter().map(|e| agent(e, &grpc)).collect();
+    // Both agents' streams are up before the first trial.
+    let c = reqwest::Client::new();
+    poll::poll(
+        "both agents to connect to the router",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        async || {
+            let v: Value = c
+                .get(format!("{http}/cache-index"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let workers = v["pools"][0]["workers"].as_array()?;
+            let up = workers
+                .iter()
+                .filter(|w| w["agent"]["connected"] == true)
+                .count();
+            (up == engines.len()).then_some(())
+        },
+    )
+    .await;
     Stack {
-        router: format!("http://{}", running.http_addr),
-        sim,
-        _fleet: fleet,
+        router: http,
+        time: TimeModel::default().scaled(TIME_SCALE),
+        _router: router,
         _agents: agents,
-        _running: running,
+        _sim: sim,
         dir,
     }
 }
@@ -189,10 +290,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_tenant_sees_no_warmth_of_a_tenants_prompt() {
-    let shutdown = CancellationToken::new();
-    let s = stack(&shutdown, Isolation::Engine).await;
+    let s = stack("engine").await;
     let c = reqwest::Client::new();
-    let model = s.sim.model.clone();
+    let model = MODEL.to_owned();
     let tenant_a = warmpath_core::TenantId::from_api_key("sk-tenant-a");
     let name_a = ("x-warmpath-tenant", tenant_a.as_str());
     // Per trial: B's gap (A's warm prompt minus a cold one), and B's cold
@@ -250,7 +350,7 @@ async fn another_tenant_sees_no_warmth_of_a_tenants_prompt() {
         assert!(again.cached > 0, "trial {i}");
         gap_b.push(warm_b.ms - cold_b.ms);
         gap_a.push(cold_b.ms - again.ms);
-        let t = &s.sim.time;
+        let t = &s.time;
         let uncached = (again.prompt_tokens - again.cached) as usize;
         predicted.push(t.prefill_ms(cold_b.prompt_tokens as usize) - t.prefill_ms(uncached));
     }
@@ -269,7 +369,6 @@ async fn another_tenant_sees_no_warmth_of_a_tenants_prompt() {
         gb.abs() < bound,
         "B sees A's warmth in TTFT ({gb:.1} ms, bound {bound:.1})"
     );
-    shutdown.cancel();
 }
 
 /// The contrast: `isolation: route_only` shares the engine cache across
@@ -278,10 +377,9 @@ async fn another_tenant_sees_no_warmth_of_a_tenants_prompt() {
 /// probe above is one that would see a channel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_only_shows_a_tenants_warmth_to_another() {
-    let shutdown = CancellationToken::new();
-    let s = stack(&shutdown, Isolation::RouteOnly).await;
+    let s = stack("route_only").await;
     let c = reqwest::Client::new();
-    let model = s.sim.model.clone();
+    let model = MODEL.to_owned();
     let (mut gap, mut predicted) = (Vec::new(), Vec::new());
     for i in 0..20 {
         let doc = prompt(&model, &format!("a-{i:03}"));
@@ -300,7 +398,7 @@ async fn route_only_shows_a_tenants_warmth_to_another() {
         assert_eq!(warm_b.decision, "kv_match", "trial {i}");
         assert!(warm_b.cached > 0, "trial {i}");
         gap.push(cold_b.ms - warm_b.ms);
-        let t = &s.sim.time;
+        let t = &s.time;
         let uncached = (warm_b.prompt_tokens - warm_b.cached) as usize;
         predicted.push(t.prefill_ms(cold_b.prompt_tokens as usize) - t.prefill_ms(uncached));
     }
@@ -310,5 +408,4 @@ async fn route_only_shows_a_tenants_warmth_to_another() {
         g > bound,
         "route_only: B did not see A's warmth ({g:.1} <= {bound:.1} ms)"
     );
-    shutdown.cancel();
 }

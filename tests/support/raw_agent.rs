@@ -59,6 +59,20 @@ impl Router {
         kb * 1024
     }
 
+    /// `VmRSS`, `RssAnon` and `RssFile` of `/proc/PID/status`, for messages.
+    pub fn mem(&self) -> String {
+        let pid = self.child.id().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .filter(|l| {
+                l.starts_with("VmRSS") || l.starts_with("RssAnon") || l.starts_with("RssFile")
+            })
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub async fn metric(&self, c: &TestClient, line_start: &str) -> f64 {
         let m = get_url(c, &format!("{}/metrics", self.http)).await;
         String::from_utf8_lossy(&m.body)
@@ -92,6 +106,21 @@ pub async fn agent(
     blocks: &[u64],
     capacity: Option<u64>,
 ) -> (mpsc::Sender<AgentMessage>, tonic::Streaming<RouterMessage>) {
+    agent_as(grpc, worker, 1, None, blocks, capacity)
+        .await
+        .unwrap()
+}
+
+/// [`agent`] with its Hello's `epoch` and a bearer `token`; a stream the
+/// router refuses before reading its Hello is the `Err`.
+pub async fn agent_as(
+    grpc: &str,
+    worker: &str,
+    epoch: u64,
+    token: Option<&str>,
+    blocks: &[u64],
+    capacity: Option<u64>,
+) -> Result<(mpsc::Sender<AgentMessage>, tonic::Streaming<RouterMessage>), tonic::Status> {
     let mut client = warmpath_proto::CacheEventsClient::connect(grpc.to_owned())
         .await
         .unwrap();
@@ -102,8 +131,8 @@ pub async fn agent(
         endpoint: "http://127.0.0.1:1".into(),
         model: "m".into(),
         block_size: 4,
-        epoch: 1,
-        agent_version: "flood".into(),
+        epoch,
+        agent_version: "raw".into(),
         ..Default::default()
     })))
     .await
@@ -134,7 +163,11 @@ pub async fn agent(
         .await
         .unwrap();
     }
-    let req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let answers = client.publish(req).await.unwrap().into_inner();
-    (tx, answers)
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", warmpath_proto::bearer(t).parse().unwrap());
+    }
+    let answers = client.publish(req).await?.into_inner();
+    Ok((tx, answers))
 }

@@ -12,7 +12,8 @@
 //! - The `sweeper` module marks workers silent past `stale_after` stale (their
 //!   entries stop counting for `kv_aware`) and clears them after
 //!   `drop_after`; it also compacts each pool's dead holders every
-//!   `index.compact_interval_ms`.
+//!   `index.compact_interval_ms`, and calls the hook of
+//!   [`set_memory_release`] once the indexes freed 8 MiB.
 //! - Each worker is capped at its engine's reported capacity
 //!   (`Load.capacity_blocks`) times `index.capacity_slack`, at most
 //!   `index.max_worker_blocks` (also the cap while no capacity is known), and
@@ -29,7 +30,7 @@ mod sweeper;
 mod tests;
 
 pub use agents::{AgentStatus, Agents};
-pub use sweeper::spawn_sweeper;
+pub use sweeper::{set_memory_release, spawn_sweeper};
 // The settings are configuration (`config::ingest`); re-exported for embedders.
 pub use crate::config::{IngestConfig, TlsPem};
 

@@ -519,3 +519,18 @@ fn compaction_runs_on_its_interval() {
     assert_eq!(sweeper::compact_due(&dir, 6_000, &mut last), 10);
     assert_eq!(p.index.distinct_blocks(), 0);
 }
+
+#[test]
+fn memory_is_released_once_the_indexes_shrank_enough() {
+    let step = sweeper::RELEASE_AFTER_BYTES;
+    let mut high = 0;
+    // Growing, or shrinking by less than the step: nothing to give back.
+    assert!(!sweeper::release_due(&mut high, 10 * step));
+    assert!(!sweeper::release_due(&mut high, 9 * step + 1));
+    // A big clear: release once, then not again until the next drop.
+    assert!(sweeper::release_due(&mut high, step / 2));
+    assert!(!sweeper::release_due(&mut high, step / 2));
+    assert!(!sweeper::release_due(&mut high, 0));
+    assert!(!sweeper::release_due(&mut high, 2 * step));
+    assert!(sweeper::release_due(&mut high, step));
+}
