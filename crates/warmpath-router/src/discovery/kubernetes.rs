@@ -226,8 +226,18 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(cfg.backoff_ms));
+    let limit = Duration::from_millis(cfg.timeout_ms);
     let client = loop {
-        match client(&cfg).await {
+        // Bounded too: a kubeconfig may run an exec credential plugin.
+        let made = tokio::time::timeout(limit, client(&cfg))
+            .await
+            .unwrap_or_else(|_| {
+                Err(DiscoveryError::Setup(format!(
+                    "no client within {} ms",
+                    limit.as_millis()
+                )))
+            });
+        match made {
             Ok(c) => break c,
             Err(e) => {
                 p.failed(&pool.model, &e);

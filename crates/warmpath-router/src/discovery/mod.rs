@@ -43,6 +43,7 @@ pub enum DiscoveryError {
     #[error("lookup failed: {0}")]
     Lookup(String),
     /// A Kubernetes list or watch failed; it re-connects after a backoff.
+    #[cfg(feature = "kubernetes")]
     #[error("watch failed: {0}")]
     Watch(String),
 }
