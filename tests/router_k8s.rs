@@ -8,7 +8,8 @@
 //! Covered: a not-ready endpoint becoming ready (add), a slice split in
 //! two (nothing drained), a slice deleted (remove) with a terminating
 //! endpoint skipped, the server ending the watch (resumed from the last
-//! resourceVersion), and `410 Gone` (relisted).
+//! resourceVersion), `410 Gone` (relisted), an unreachable API server, and
+//! a pod-name worker id whose pod comes back at another IP.
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -379,4 +380,57 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
     )
     .await;
     assert_eq!(reply.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
+    let bs = pods(2).await;
+    let api = TestApi::start(bs[0].addr.port()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n          api_url: http://{}\n          settle_ms: 50\n",
+            api.addr
+        ),
+    )
+    .unwrap();
+    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let c = client();
+    let urls = async || -> Vec<(String, String)> {
+        let v = get_url(&c, &r.url("/admin/pools/m/backends")).await.json();
+        v["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["draining"] == false)
+            .map(|m| {
+                (
+                    m["worker_id"].as_str().unwrap().to_owned(),
+                    m["url"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(urls().await, [("vllm-engines-0".to_owned(), bs[0].url())]);
+    api.watch_open(1).await;
+    // A StatefulSet pod restarted: the same name at a new address.
+    api.send("watch-5-moved.jsonl");
+    poll::poll(
+        "the member to move to the pod's new address",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        async || (urls().await == [("vllm-engines-0".to_owned(), bs[1].url())]).then_some(()),
+    )
+    .await;
+    let reply = post(
+        &c,
+        &r.url("/v1/completions"),
+        &serde_json::json!({"model": "m", "prompt": "x"}),
+        &[],
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!((bs[0].count(), bs[1].count()), (0, 1));
 }

@@ -90,10 +90,15 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
     for (id, url) in &set {
         if let Some(b) = members.iter().find(|b| &b.id == id) {
             // Ours at a new URL (a pod-name id whose pod came back at a new
-            // IP): the old address is gone with its pod, replace it now.
+            // IP): the old address is gone with its pod, so it is replaced
+            // now, even when it is the last one (its successor follows).
             let moved = b.origin == origin && b.url.to_string() != *url;
-            if !moved || crate::members::remove(s, pool, id).is_err() {
+            if !moved {
                 continue; // ours, or a static member with the same id
+            }
+            match pool.remove_backend(id, false) {
+                Ok(gone) => crate::members::forget(s, pool, &gone),
+                Err(_) => continue,
             }
         }
         let mut cfg = BackendConfig::new(url.clone());
