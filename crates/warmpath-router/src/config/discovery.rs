@@ -79,6 +79,11 @@ pub struct KubernetesDiscovery {
     /// doubles (with jitter) up to 30 s (10..=30000).
     #[serde(default = "default_backoff_ms")]
     pub backoff_ms: u64,
+    /// The last set is applied again this often, milliseconds, without an
+    /// event (100..=3600000): an endpoint that flapped back while its member
+    /// was still draining is added once the drain has removed it.
+    #[serde(default = "default_resync_ms")]
+    pub resync_ms: u64,
 }
 
 /// Where a Kubernetes endpoint's worker id comes from.
@@ -111,6 +116,10 @@ fn default_settle_ms() -> u64 {
 
 fn default_backoff_ms() -> u64 {
     800
+}
+
+fn default_resync_ms() -> u64 {
+    10_000
 }
 
 /// `dns:`: a name (e.g. a Kubernetes headless Service) whose addresses are
@@ -239,6 +248,9 @@ impl KubernetesDiscovery {
         if !(10..=30_000).contains(&self.backoff_ms) {
             return Err(invalid(field("backoff_ms"), "must be 10..=30000"));
         }
+        if !(100..=3_600_000).contains(&self.resync_ms) {
+            return Err(invalid(field("resync_ms"), "must be 100..=3600000"));
+        }
         Ok(())
     }
 }
@@ -300,6 +312,7 @@ mod tests {
         assert!(bad("- kubernetes: {service: s, api_url: 'ftp://x'}").contains("api_url"));
         assert!(bad("- kubernetes: {service: s, token_file: /t}").contains("token_file"));
         assert!(bad("- kubernetes: {service: s, watch_timeout_s: 0}").contains("watch_timeout_s"));
+        assert!(bad("- kubernetes: {service: s, resync_ms: 5}").contains("resync_ms"));
         assert!(
             bad("- {dns: {name: x, port: 1}, kubernetes: {service: s}}").contains("exactly one")
         );

@@ -11,7 +11,9 @@
 //! An endpoint takes requests unless `conditions.ready` is false (missing
 //! means ready, as the API documents) or it is terminating. A watch error
 //! keeps the last applied set and re-connects with a doubling backoff; an
-//! empty union is reported as an error, never applied.
+//! empty union is reported as an error, never applied. The last union is
+//! applied again every `resync_ms`, so an endpoint that flapped back while
+//! its member was still draining (and so was skipped) returns.
 //!
 //! Tested against a recorded list+watch stream served on loopback
 //! (tests/router_k8s.rs), not against a live API server.
@@ -259,10 +261,19 @@ pub(crate) async fn run(
     // When the pending change is applied: `settle` after the first event
     // of a burst, however many follow.
     let mut due: Option<Instant> = None;
+    let every = Duration::from_millis(cfg.resync_ms);
+    let mut resync = tokio::time::interval_at(Instant::now() + every, every);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let apply_at = due.unwrap_or_else(|| Instant::now() + MAX_BACKOFF);
         tokio::select! {
             () = cancel.cancelled() => return,
+            // Re-applying adds what a drain removed after it came back.
+            _ = resync.tick() => {
+                if slices.listed && due.is_none() {
+                    due = Some(Instant::now());
+                }
+            }
             ev = events.next() => match ev {
                 // The watcher retries for ever; it ends only with us.
                 None => return,
