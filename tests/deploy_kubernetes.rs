@@ -351,3 +351,127 @@ fn check_config_refuses_a_bad_file_without_starting() {
         "configuration OK: 1 pool(s)"
     );
 }
+
+// The `discovery-kubernetes` Component: the same deployment with the
+// routers watching EndpointSlices (RBAC included) instead of DNS.
+
+fn component(name: &str) -> String {
+    read(&format!("discovery-kubernetes/{name}"))
+}
+
+#[test]
+fn the_kubernetes_discovery_component_agrees_with_the_base() {
+    let objs = objects();
+    let base = &docs(&read("router.yaml"), "router.yaml")[0];
+    let mut variant = docs(&component("router.yaml"), "component router.yaml")[0].clone();
+    // Its config is the base's but for the discovery block.
+    let k = variant["pools"][0]["discovery"][0]["kubernetes"].clone();
+    let engines_svc = find(&objs, "Service", "vllm-engines");
+    assert_eq!(s(&k, "namespace"), NAMESPACE);
+    assert_eq!(s(&k, "service"), s(engines_svc, "metadata.name"));
+    assert_eq!(port(engines_svc, s(&k, "port_name")), 8000);
+    // ip worker ids: http://POD_IP:8000, as the agents' --worker-id-template.
+    assert_eq!(s(&k, "worker_id"), "ip");
+    variant["pools"][0]["discovery"] = base["pools"][0]["discovery"].clone();
+    assert_eq!(&variant, base, "only the discovery block differs");
+
+    // The router's service account may read endpointslices, no more.
+    let kz = &docs(&component("kustomization.yaml"), "component kustomization")[0];
+    assert_eq!(s(kz, "kind"), "Component");
+    let rbac = docs(&component("rbac.yaml"), "rbac.yaml");
+    let sa = find(&rbac, "ServiceAccount", "warmpath-router");
+    let role = rbac.iter().find(|o| o["kind"] == "Role").expect("a Role");
+    let rules = role["rules"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(s(&rules[0], "apiGroups.0"), "discovery.k8s.io");
+    assert_eq!(s(&rules[0], "resources.0"), "endpointslices");
+    let verbs: Vec<&str> = rules[0]["verbs"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(verbs, ["get", "list", "watch"]);
+    let binding = rbac
+        .iter()
+        .find(|o| o["kind"] == "RoleBinding")
+        .expect("a RoleBinding");
+    assert_eq!(s(binding, "roleRef.name"), s(role, "metadata.name"));
+    assert_eq!(s(binding, "subjects.0.kind"), "ServiceAccount");
+    assert_eq!(s(binding, "subjects.0.name"), s(sa, "metadata.name"));
+    assert_eq!(s(binding, "subjects.0.namespace"), NAMESPACE);
+    assert!(
+        component("kustomization.yaml").contains("serviceAccountName: warmpath-router"),
+        "the Deployment runs as that account"
+    );
+}
+
+#[test]
+fn the_kubernetes_discovery_config_passes_the_routers_check() {
+    let env: Vec<(String, String)> = ["WARMPATH_ADMIN_TOKEN", "WARMPATH_AGENT_TOKEN"]
+        .iter()
+        .map(|k| ((*k).to_owned(), "k8s-test-token-0123456789".to_owned()))
+        .collect();
+    let out = check_config(&dir().join("discovery-kubernetes/router.yaml"), &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "kubernetes") {
+        assert!(out.status.success(), "--check-config refused it: {stderr}");
+    } else {
+        assert!(stderr.contains("`kubernetes` cargo feature"), "{stderr}");
+    }
+}
+
+#[test]
+fn kustomize_renders_the_base_with_the_component() {
+    // kustomize takes only relative paths to a base: an overlay in target/.
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let deploy = dir().canonicalize().unwrap();
+    let here = tmp.path().canonicalize().unwrap();
+    let common = deploy
+        .ancestors()
+        .find(|a| here.starts_with(a))
+        .unwrap()
+        .to_owned();
+    let up = "../".repeat(here.strip_prefix(&common).unwrap().components().count());
+    let rel = format!("{up}{}", deploy.strip_prefix(&common).unwrap().display());
+    std::fs::write(
+        tmp.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: {NAMESPACE}\nresources:\n  - {rel}\ncomponents:\n  - {rel}/discovery-kubernetes\n"
+        ),
+    )
+    .unwrap();
+    let out = match Command::new("kubectl")
+        .arg("kustomize")
+        .arg(tmp.path())
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("SKIPPED: kubectl is not installed; the discovery-kubernetes Component NOT RENDERED");
+            return;
+        }
+        Err(e) => panic!("running kubectl: {e}"),
+    };
+    assert!(
+        out.status.success(),
+        "kubectl kustomize failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let objs = docs(&String::from_utf8(out.stdout).unwrap(), "rendered");
+    let cm = objs.iter().find(|o| o["kind"] == "ConfigMap").unwrap();
+    assert_eq!(
+        cm["data"]["router.yaml"].as_str(),
+        Some(component("router.yaml").as_str()),
+        "the component's config replaces the base's"
+    );
+    let router = find(&objs, "Deployment", "warmpath-router");
+    assert_eq!(
+        s(router, "spec.template.spec.serviceAccountName"),
+        "warmpath-router"
+    );
+    for kind in ["ServiceAccount", "Role", "RoleBinding"] {
+        let o = objs.iter().find(|o| o["kind"] == kind).unwrap();
+        assert_eq!(s(o, "metadata.namespace"), NAMESPACE, "{kind}");
+    }
+}

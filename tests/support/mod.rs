@@ -157,6 +157,17 @@ impl TestBackend {
 
     /// A backend serving `model` and LoRA `adapters` (listed in /v1/models).
     pub async fn start_with(name: &str, model: &str, adapters: &[&str]) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(name, model, adapters, listener)
+    }
+
+    /// A backend serving model `m` on `listener` (e.g. another loopback
+    /// address, as a pod IP).
+    pub fn on(name: &str, listener: TcpListener) -> Self {
+        Self::serve(name, "m", &[], listener)
+    }
+
+    fn serve(name: &str, model: &str, adapters: &[&str], listener: TcpListener) -> Self {
         let state = Arc::new(BackendState {
             name: name.to_owned(),
             model: model.to_owned(),
@@ -182,7 +193,6 @@ impl TestBackend {
             .route("/health", get(health))
             .route("/v1/models", get(models))
             .with_state(Arc::clone(&state));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         // Own accept loop: aborting the task drops the JoinSet, which aborts
         // every connection at once (a killed engine).

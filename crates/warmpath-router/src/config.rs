@@ -40,7 +40,7 @@ mod ingest;
 mod validate;
 
 pub use cli::Cli;
-pub use discovery::{DiscoveryConfig, DnsDiscovery};
+pub use discovery::{DiscoveryConfig, DnsDiscovery, K8sWorkerId, KubernetesDiscovery};
 pub use index::IndexSettings;
 pub use ingest::{IngestConfig, IngestSettings, TlsPem};
 pub use validate::BackendUrl;

@@ -220,7 +220,8 @@ pub(crate) fn remove(s: &Shared, p: &Pool, worker_id: &str) -> Result<Arc<Backen
     Ok(b)
 }
 
-fn forget(s: &Shared, p: &Pool, b: &Backend) {
+/// After a removal: refuses the worker's agent, counts it, updates readiness.
+pub(crate) fn forget(s: &Shared, p: &Pool, b: &Backend) {
     if let Some(a) = &s.agents {
         a.remove_worker(&p.model, &b.id);
     }

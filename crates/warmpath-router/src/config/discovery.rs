@@ -8,20 +8,118 @@
 //!       port: 8000              # for A/AAAA answers; `srv: true` takes ports from SRV
 //!       interval_ms: 5000
 //!       nameserver: 127.0.0.1:5353   # optional; default: the system's resolv.conf
+//!   - kubernetes:                # needs the `kubernetes` cargo feature
+//!       namespace: default
+//!       service: vllm-engines    # EndpointSlices labelled kubernetes.io/service-name
+//!       port_name: http          # which EndpointPort; default: the unnamed one
+//!       worker_id: ip            # or pod_name; the URL is http://IP:PORT either way
+//!       # api_url / kubeconfig: optional; default: KUBECONFIG, ~/.kube/config or in-cluster
 //! ```
 
 use super::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
-/// One provider: exactly one of its keys is set (today only `dns`). A
+/// One provider: exactly one of its keys is set (`dns` or `kubernetes`). A
 /// struct rather than an enum: the YAML crate reads enums from `!tags`, and the
 /// documented form is a one-key map.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
     /// A DNS name resolved every `interval_ms`.
+    #[serde(default)]
     pub dns: Option<DnsDiscovery>,
+    /// A Service's EndpointSlices, watched.
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesDiscovery>,
+}
+
+/// `kubernetes:`: the ready endpoints of a Service's EndpointSlices
+/// (all of them, merged), watched through the API server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesDiscovery {
+    /// The Service's namespace.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The Service's name (the slices' `kubernetes.io/service-name` label).
+    pub service: String,
+    /// The EndpointPort to use, by name; default: the unnamed port (a
+    /// Service with a single unnamed port).
+    #[serde(default)]
+    pub port_name: Option<String>,
+    /// Where worker ids come from.
+    #[serde(default)]
+    pub worker_id: K8sWorkerId,
+    /// The API server's URL (e.g. `https://10.0.0.1:443`); with it no
+    /// kubeconfig is read, and only `token_file` authenticates.
+    #[serde(default)]
+    pub api_url: Option<String>,
+    /// A bearer token file for `api_url`, re-read as it rotates, sent as it
+    /// is (no trailing newline, as a service account token).
+    #[serde(default)]
+    pub token_file: Option<String>,
+    /// A kubeconfig file (its current context); default without `api_url`:
+    /// `KUBECONFIG`, `~/.kube/config`, then the in-cluster service account.
+    #[serde(default)]
+    pub kubeconfig: Option<String>,
+    /// Longest wait to connect and for one list, milliseconds (>= 10).
+    #[serde(default = "default_k8s_timeout_ms")]
+    pub timeout_ms: u64,
+    /// The server ends each watch after this many seconds (`timeoutSeconds`,
+    /// 1..=3600) and the watch resumes from its last resourceVersion.
+    #[serde(default = "default_watch_timeout_s")]
+    pub watch_timeout_s: u32,
+    /// Events within this many milliseconds are applied together, so a
+    /// slice split or merge (one slice updated before the other) does not
+    /// drain an endpoint that only moved (0..=10000).
+    #[serde(default = "default_settle_ms")]
+    pub settle_ms: u64,
+    /// First wait before re-connecting after an error, milliseconds; it
+    /// doubles (with jitter) up to 30 s (10..=30000).
+    #[serde(default = "default_backoff_ms")]
+    pub backoff_ms: u64,
+    /// The last set is applied again this often, milliseconds, without an
+    /// event (100..=3600000): an endpoint that flapped back while its member
+    /// was still draining is added once the drain has removed it.
+    #[serde(default = "default_resync_ms")]
+    pub resync_ms: u64,
+}
+
+/// Where a Kubernetes endpoint's worker id comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum K8sWorkerId {
+    /// `http://IP:PORT`, the URL itself.
+    #[default]
+    Ip,
+    /// The pod's name (`targetRef.name`; the URL where it has none), which
+    /// the agent can report through the Downward API.
+    PodName,
+}
+
+fn default_namespace() -> String {
+    "default".to_owned()
+}
+
+fn default_k8s_timeout_ms() -> u64 {
+    5_000
+}
+
+fn default_watch_timeout_s() -> u32 {
+    290
+}
+
+fn default_settle_ms() -> u64 {
+    200
+}
+
+fn default_backoff_ms() -> u64 {
+    800
+}
+
+fn default_resync_ms() -> u64 {
+    10_000
 }
 
 /// `dns:`: a name (e.g. a Kubernetes headless Service) whose addresses are
@@ -59,17 +157,22 @@ fn default_timeout_ms() -> u64 {
 impl DiscoveryConfig {
     /// The provider's name in members' `origin`, logs and metrics.
     pub fn name(&self) -> String {
-        match &self.dns {
-            Some(d) => format!("dns:{}", d.name),
-            None => "none".to_owned(),
+        match (&self.dns, &self.kubernetes) {
+            (Some(d), _) => format!("dns:{}", d.name),
+            (None, Some(k)) => format!("kubernetes:{}/{}", k.namespace, k.service),
+            (None, None) => "none".to_owned(),
         }
     }
 
     /// Checks the provider at `at` (e.g. `pools[0].discovery[1]`).
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        match &self.dns {
-            None => Err(invalid(at.to_owned(), "name one provider (dns)")),
-            Some(d) => {
+        match (&self.dns, &self.kubernetes) {
+            (None, None) | (Some(_), Some(_)) => Err(invalid(
+                at.to_owned(),
+                "name exactly one provider (dns or kubernetes)",
+            )),
+            (None, Some(k)) => k.validate(&format!("{at}.kubernetes")),
+            (Some(d), None) => {
                 let field = |f: &str| format!("{at}.dns.{f}");
                 if d.name.trim().is_empty() {
                     return Err(invalid(field("name"), "must not be empty"));
@@ -94,6 +197,61 @@ impl DiscoveryConfig {
                 Ok(())
             }
         }
+    }
+}
+
+impl KubernetesDiscovery {
+    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let field = |f: &str| format!("{at}.{f}");
+        if !cfg!(feature = "kubernetes") {
+            return Err(invalid(
+                at.to_owned(),
+                "this router was built without the `kubernetes` cargo feature",
+            ));
+        }
+        for (f, v) in [("namespace", &self.namespace), ("service", &self.service)] {
+            if v.trim().is_empty() {
+                return Err(invalid(field(f), "must not be empty"));
+            }
+        }
+        if let Some(u) = &self.api_url {
+            let ok = u.parse::<http::Uri>().is_ok_and(|u| {
+                u.host().is_some() && matches!(u.scheme_str(), Some("http" | "https"))
+            });
+            if !ok {
+                return Err(invalid(
+                    field("api_url"),
+                    format!("{u:?} is not an http(s)://HOST[:PORT] URL"),
+                ));
+            }
+            if self.kubeconfig.is_some() {
+                return Err(invalid(
+                    field("kubeconfig"),
+                    "set api_url or kubeconfig, not both",
+                ));
+            }
+        } else if self.token_file.is_some() {
+            return Err(invalid(
+                field("token_file"),
+                "only with api_url (a kubeconfig names its own credentials)",
+            ));
+        }
+        if self.timeout_ms < 10 {
+            return Err(invalid(field("timeout_ms"), "must be at least 10"));
+        }
+        if !(1..=3600).contains(&self.watch_timeout_s) {
+            return Err(invalid(field("watch_timeout_s"), "must be 1..=3600"));
+        }
+        if self.settle_ms > 10_000 {
+            return Err(invalid(field("settle_ms"), "must be at most 10000"));
+        }
+        if !(10..=30_000).contains(&self.backoff_ms) {
+            return Err(invalid(field("backoff_ms"), "must be 10..=30000"));
+        }
+        if !(100..=3_600_000).contains(&self.resync_ms) {
+            return Err(invalid(field("resync_ms"), "must be 100..=3600000"));
+        }
+        Ok(())
     }
 }
 
@@ -127,5 +285,40 @@ mod tests {
         assert!(yaml_serde::from_str::<Vec<DiscoveryConfig>>("- consul: {}").is_err());
         let none: Vec<DiscoveryConfig> = yaml_serde::from_str("- {}").unwrap();
         assert!(none[0].validate("d").is_err());
+    }
+
+    #[test]
+    fn a_kubernetes_block_parses_with_defaults_and_bad_ones_are_named() {
+        let yaml = "- kubernetes:\n    service: vllm-engines\n    port_name: http\n    worker_id: pod_name\n";
+        let d: Vec<DiscoveryConfig> = yaml_serde::from_str(yaml).unwrap();
+        let k = d[0].kubernetes.as_ref().unwrap();
+        assert_eq!(k.namespace, "default");
+        assert_eq!(k.worker_id, K8sWorkerId::PodName);
+        assert_eq!(d[0].name(), "kubernetes:default/vllm-engines");
+        let r = d[0].validate("d");
+        if !cfg!(feature = "kubernetes") {
+            assert!(r
+                .unwrap_err()
+                .to_string()
+                .contains("`kubernetes` cargo feature"));
+            return;
+        }
+        r.unwrap();
+        let bad = |y: &str| {
+            let d: Vec<DiscoveryConfig> = yaml_serde::from_str(y).unwrap();
+            d[0].validate("d").unwrap_err().to_string()
+        };
+        assert!(bad("- kubernetes: {service: ''}").contains("d.kubernetes.service"));
+        assert!(bad("- kubernetes: {service: s, api_url: 'ftp://x'}").contains("api_url"));
+        assert!(bad("- kubernetes: {service: s, token_file: /t}").contains("token_file"));
+        assert!(bad("- kubernetes: {service: s, watch_timeout_s: 0}").contains("watch_timeout_s"));
+        assert!(bad("- kubernetes: {service: s, resync_ms: 5}").contains("resync_ms"));
+        assert!(
+            bad("- {dns: {name: x, port: 1}, kubernetes: {service: s}}").contains("exactly one")
+        );
+        assert!(yaml_serde::from_str::<Vec<DiscoveryConfig>>(
+            "- kubernetes: {service: s, worker_id: uid}"
+        )
+        .is_err());
     }
 }

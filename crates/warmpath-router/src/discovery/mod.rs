@@ -1,6 +1,8 @@
-//! Discovery providers: each pool's `discovery:` entries, resolved every
-//! interval, their answers applied as members (origin `dns:NAME`) through
-//! [`crate::members`] next to the static `backends:`.
+//! Discovery providers: each pool's `discovery:` entries, their answers
+//! applied as members (origin `dns:NAME`, `kubernetes:NS/SERVICE`) through
+//! [`crate::members`] next to the static `backends:`. A `dns` provider
+//! resolves every interval; a `kubernetes` one (cargo feature
+//! `kubernetes`) watches EndpointSlices and applies each settled change.
 //!
 //! A provider only adds and drains its own members. One that fails (an
 //! error, a timeout, an empty answer) keeps the last known set and logs:
@@ -10,6 +12,8 @@
 //! (`warmpath_discovery_*`).
 
 mod dns;
+#[cfg(feature = "kubernetes")]
+mod kubernetes;
 pub mod provider;
 
 use crate::backend::Origin;
@@ -17,7 +21,7 @@ use crate::config::BackendConfig;
 use crate::pool::Pool;
 use crate::state::Shared;
 use provider::Provider;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -38,10 +42,17 @@ pub enum DiscoveryError {
     /// The lookup failed, timed out or found nothing. Retried every interval.
     #[error("lookup failed: {0}")]
     Lookup(String),
+    /// A Kubernetes list or watch failed; it re-connects after a backoff.
+    #[cfg(feature = "kubernetes")]
+    #[error("watch failed: {0}")]
+    Watch(String),
 }
 
+/// One answer: worker id → URL (the same for `dns`).
+pub(crate) type Answer = BTreeMap<String, String>;
+
 /// Resolves once; `None` when the round failed (recorded).
-async fn answer(p: &Provider, pool: &str, dns: &mut Option<dns::Dns>) -> Option<BTreeSet<String>> {
+async fn answer(p: &Provider, pool: &str, dns: &mut Option<dns::Dns>) -> Option<Answer> {
     // Validation made sure `dns` is set.
     let cfg = p.config.dns.as_ref()?;
     if dns.is_none() {
@@ -62,7 +73,7 @@ async fn answer(p: &Provider, pool: &str, dns: &mut Option<dns::Dns>) -> Option<
         ))),
     };
     match r {
-        Ok(set) => Some(set),
+        Ok(set) => Some(set.into_iter().map(|u| (u.clone(), u)).collect()),
         Err(e) => {
             p.failed(pool, &e);
             None
@@ -72,15 +83,28 @@ async fn answer(p: &Provider, pool: &str, dns: &mut Option<dns::Dns>) -> Option<
 
 /// Applies one answer to the pool: adds what is new, drains this
 /// provider's members that are gone.
-async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: BTreeSet<String>) {
+async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
     let origin = Origin::Discovery(p.name.clone());
     let members = pool.backends();
     let mut changed = false;
-    for url in &set {
-        if members.iter().any(|b| &b.id == url) {
-            continue; // ours, or a static member with the same id
+    for (id, url) in &set {
+        if let Some(b) = members.iter().find(|b| &b.id == id) {
+            // Ours at a new URL (a pod-name id whose pod came back at a new
+            // IP): the old address is gone with its pod, so it is replaced
+            // now, even when it is the last one (its successor follows).
+            let moved = b.origin == origin && b.url.to_string() != *url;
+            if !moved {
+                continue; // ours, or a static member with the same id
+            }
+            match pool.remove_backend(id, false) {
+                Ok(gone) => crate::members::forget(s, pool, &gone),
+                Err(_) => continue,
+            }
         }
-        let cfg = BackendConfig::new(url.clone());
+        let mut cfg = BackendConfig::new(url.clone());
+        if id != url {
+            cfg.worker_id = Some(id.clone());
+        }
         match crate::members::add_member(s, pool, &cfg, origin.clone()).await {
             Ok(_) => {
                 changed = true;
@@ -95,7 +119,7 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: BTreeSet<St
         .iter()
         .filter(|b| b.origin == origin && !b.is_draining())
     {
-        if set.contains(&b.id) {
+        if set.contains_key(&b.id) {
             continue;
         }
         match crate::members::drain(s, pool, &b.id, DRAIN_VANISHED) {
@@ -117,7 +141,7 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: BTreeSet<St
     let mut st = p.status.lock();
     st.resolutions += 1;
     st.last_error = None;
-    st.last_result = set.into_iter().collect();
+    st.last_result = set.into_values().collect();
     if changed {
         st.changes += 1;
         metrics::counter!("warmpath_discovery_changes_total", "pool" => model, "provider" => name)
@@ -131,6 +155,14 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: BTreeSet<St
 pub(crate) async fn first_round(s: &Arc<Shared>) {
     let rounds = s.pools.all().iter().flat_map(|pool| {
         pool.discovery.iter().map(move |p| async move {
+            #[cfg(feature = "kubernetes")]
+            if let Some(k) = &p.config.kubernetes {
+                match kubernetes::list_once(k).await {
+                    Ok(set) => apply(s, pool, p, set).await,
+                    Err(e) => p.failed(&pool.model, &e),
+                }
+                return;
+            }
             if let Some(set) = answer(p, &pool.model, &mut None).await {
                 apply(s, pool, p, set).await;
             }
@@ -150,6 +182,11 @@ pub(crate) fn spawn(s: &Arc<Shared>, cancel: &CancellationToken) -> Vec<JoinHand
                 Arc::clone(p),
                 cancel.clone(),
             );
+            #[cfg(feature = "kubernetes")]
+            if let Some(k) = p.config.kubernetes.clone() {
+                tasks.push(tokio::spawn(kubernetes::run(s, pool, p, k, cancel)));
+                continue;
+            }
             tasks.push(tokio::spawn(async move {
                 let every = p.interval();
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

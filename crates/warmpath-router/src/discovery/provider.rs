@@ -10,7 +10,7 @@ use std::time::Duration;
 /// What `/cache-index` shows of one provider.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ProviderStatus {
-    /// `dns:NAME`.
+    /// `dns:NAME` or `kubernetes:NAMESPACE/SERVICE`.
     pub provider: String,
     /// The backends of the last answer that was applied.
     pub last_result: Vec<String>,
