@@ -39,8 +39,8 @@
 //! of starting a second cold copy elsewhere.
 //!
 //! All of it (pressure, homes, loads, moves) sits behind one lock taken once
-//! per decision: it is per router (several replicas each keep their own; use
-//! `cold_placement: ring` there).
+//! per decision: it is per router (replicas feed each other's picks into it
+//! through `Policy::observe_remote`, see [`remote`](super::remote)).
 
 use super::home::{Home, Homes};
 use super::resident::Resident;
@@ -52,6 +52,13 @@ use super::tuning::{
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::ops::{Deref, DerefMut};
+
+/// Expected loads within this share of one request's weight of the least
+/// are equal for cold placement: router replicas that share decisions
+/// record them in different orders (ARCHITECTURE.md, "Router replicas"),
+/// and a swap of two decisions moves a decayed load by about
+/// `1 / (PRESSURE_WINDOW x backends)` of a request.
+const LOAD_TIE: f64 = 0.05;
 
 /// How [`State::place`] chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +268,9 @@ impl State {
             .map(|b| evict[b])
             .min_by(f64::total_cmp)?;
         let fit_band = FIT_BAND * f64::from(blocks);
+        // The same rounding slack as for loads (`LOAD_TIE`): a backend a
+        // band away from the best stays in or out on every replica.
+        let band = band + LOAD_TIE * f64::from(blocks);
         let good = |b: usize| {
             b < n && usable(b) && cost(b) <= min + band && evict[b] <= least_loss + fit_band
         };
@@ -271,7 +281,11 @@ impl State {
             .min_by(f64::total_cmp)?;
         // Exact ties (an idle fleet) go by the ring, so the walk is short:
         // it stops at the first tied backend.
-        let at = ring.walk(key).find(|&b| good(b) && expected[b] <= least)?;
+        // Replicas that share decisions record the same requests in another
+        // order, so their decayed loads differ by a little of one request:
+        // loads that close to the least are ties, and all take the ring's.
+        let tied = least + LOAD_TIE * self.unit;
+        let at = ring.walk(key).find(|&b| good(b) && expected[b] <= tied)?;
         let owner = ring.walk(key).find(|&b| b < n && usable(b));
         let how = if owner == Some(at) {
             Placed::RingOwner
