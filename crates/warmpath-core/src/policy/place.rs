@@ -53,13 +53,6 @@ use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::ops::{Deref, DerefMut};
 
-/// Expected loads within this share of one request's weight of the least
-/// are equal for cold placement: router replicas that share decisions
-/// record them in different orders (ARCHITECTURE.md, "Router replicas"),
-/// and a swap of two decisions moves a decayed load by about
-/// `1 / (PRESSURE_WINDOW x backends)` of a request.
-const LOAD_TIE: f64 = 0.05;
-
 /// How [`State::place`] chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Placed {
@@ -268,9 +261,6 @@ impl State {
             .map(|b| evict[b])
             .min_by(f64::total_cmp)?;
         let fit_band = FIT_BAND * f64::from(blocks);
-        // The same rounding slack as for loads (`LOAD_TIE`): a backend a
-        // band away from the best stays in or out on every replica.
-        let band = band + LOAD_TIE * f64::from(blocks);
         let good = |b: usize| {
             b < n && usable(b) && cost(b) <= min + band && evict[b] <= least_loss + fit_band
         };
@@ -281,11 +271,7 @@ impl State {
             .min_by(f64::total_cmp)?;
         // Exact ties (an idle fleet) go by the ring, so the walk is short:
         // it stops at the first tied backend.
-        // Replicas that share decisions record the same requests in another
-        // order, so their decayed loads differ by a little of one request:
-        // loads that close to the least are ties, and all take the ring's.
-        let tied = least + LOAD_TIE * self.unit;
-        let at = ring.walk(key).find(|&b| good(b) && expected[b] <= tied)?;
+        let at = ring.walk(key).find(|&b| good(b) && expected[b] <= least)?;
         let owner = ring.walk(key).find(|&b| b < n && usable(b));
         let how = if owner == Some(at) {
             Placed::RingOwner
