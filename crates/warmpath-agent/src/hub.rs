@@ -350,6 +350,39 @@ impl Hub {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_decision_goes_to_every_other_router_first_and_bounded() {
+        let hub = Hub::new();
+        let (a, b, c) = (
+            hub.add_sink("a", 2),
+            hub.add_sink("b", 2),
+            hub.add_sink("c", 2),
+        );
+        for s in [&a, &b, &c] {
+            while hub.take_work(s).is_some() {}
+        }
+        let fact = |request| Decided {
+            request,
+            ..Default::default()
+        };
+        assert_eq!(hub.share(&a, &fact(1)), 2);
+        assert!(hub.take_work(&a).is_none(), "not back to its sender");
+        match hub.take_work(&b) {
+            Some(Work::Decided(ds)) => assert_eq!(ds, vec![fact(1)]),
+            w => panic!("{w:?}"),
+        }
+        // A full queue drops its oldest fact; a new stream forgets them all.
+        for r in 2..=4 {
+            hub.share(&a, &fact(r));
+        }
+        match hub.take_work(&b) {
+            Some(Work::Decided(ds)) => assert_eq!(ds, vec![fact(3), fact(4)]),
+            w => panic!("{w:?}"),
+        }
+        c.clear_decided();
+        assert!(hub.take_work(&c).is_none());
+    }
+
     fn stored(hs: &[u64], tier: Tier) -> Change {
         Change::Stored {
             parent: None,
