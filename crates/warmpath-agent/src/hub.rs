@@ -7,6 +7,14 @@
 //! that overflows drops its queue and is marked for a snapshot instead: a slow
 //! router costs a snapshot, never unbounded memory. Snapshots are taken under
 //! the same lock as deltas are numbered, so a snapshot at seq S is exact.
+//!
+//! Router replicas share their routing decisions through the agents
+//! (ARCHITECTURE.md, "Router replicas"): a `Decided` fact one router sent
+//! on its stream is queued here for every *other* router ([`Hub::share`]),
+//! ahead of deltas (it is about requests in flight now). Its queue is
+//! bounded too (the oldest fact goes first) and cleared on reconnect: a fact
+//! is only worth its freshness, and a router that reconnects has forgotten
+//! the remote requests it knew through this agent.
 
 use crate::fasthash::FastMap;
 use crate::tracker::Change;
@@ -15,7 +23,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::Notify;
 use warmpath_core::BlockHash;
-use warmpath_proto::v1::{delta, Block, Cleared, Delta, Removed, Stored, Tier};
+use warmpath_proto::v1::{delta, Block, Cleared, Decided, Delta, Removed, Stored, Tier};
 
 /// A router link's queue: deltas not yet sent, or a snapshot request.
 #[derive(Debug)]
@@ -29,6 +37,8 @@ pub struct Sink {
 #[derive(Debug, Default)]
 struct SinkState {
     deltas: VecDeque<Delta>,
+    /// Other routers' decisions to pass on to this one.
+    decided: VecDeque<Decided>,
     needs_snapshot: bool,
     hello_changed: bool,
 }
@@ -47,12 +57,20 @@ pub enum Work {
     },
     /// Queued deltas, in order.
     Deltas(Vec<Delta>),
+    /// Other router replicas' decisions, to pass on unchanged.
+    Decided(Vec<Decided>),
 }
 
 impl Sink {
     /// Waits until there is work.
     pub async fn notified(&self) {
         self.notify.notified().await
+    }
+
+    /// Forgets the other routers' decisions queued for this one (its
+    /// stream is new: it knows nothing of what they were about).
+    pub fn clear_decided(&self) {
+        self.state.lock().decided.clear();
     }
 
     /// Asks for a snapshot before anything else (new stream, router request).
@@ -270,6 +288,26 @@ impl Hub {
         emitted
     }
 
+    /// Queues `d`, a decision the router behind `from` made, for every
+    /// other router; returns how many it was queued for. A full queue drops
+    /// its oldest fact.
+    pub fn share(&self, from: &Sink, d: &Decided) -> usize {
+        let i = self.inner.lock();
+        let mut n = 0;
+        for s in i.sinks.iter().filter(|s| !std::ptr::eq(s.as_ref(), from)) {
+            let mut st = s.state.lock();
+            if st.decided.len() >= s.capacity {
+                st.decided.pop_front();
+                metrics::counter!("warmpath_agent_decisions_dropped_total").increment(1);
+            }
+            st.decided.push_back(d.clone());
+            drop(st);
+            s.notify.notify_one();
+            n += 1;
+        }
+        n
+    }
+
     /// Takes the next piece of work for `sink`, if any.
     pub fn take_work(&self, sink: &Sink) -> Option<Work> {
         let i = self.inner.lock();
@@ -277,6 +315,9 @@ impl Hub {
         if st.hello_changed {
             st.hello_changed = false;
             return Some(Work::Hello);
+        }
+        if !st.decided.is_empty() {
+            return Some(Work::Decided(st.decided.drain(..).collect()));
         }
         if st.needs_snapshot {
             st.needs_snapshot = false;
@@ -308,6 +349,39 @@ impl Hub {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decision_goes_to_every_other_router_first_and_bounded() {
+        let hub = Hub::new();
+        let (a, b, c) = (
+            hub.add_sink("a", 2),
+            hub.add_sink("b", 2),
+            hub.add_sink("c", 2),
+        );
+        for s in [&a, &b, &c] {
+            while hub.take_work(s).is_some() {}
+        }
+        let fact = |request| Decided {
+            request,
+            ..Default::default()
+        };
+        assert_eq!(hub.share(&a, &fact(1)), 2);
+        assert!(hub.take_work(&a).is_none(), "not back to its sender");
+        match hub.take_work(&b) {
+            Some(Work::Decided(ds)) => assert_eq!(ds, vec![fact(1)]),
+            w => panic!("{w:?}"),
+        }
+        // A full queue drops its oldest fact; a new stream forgets them all.
+        for r in 2..=4 {
+            hub.share(&a, &fact(r));
+        }
+        match hub.take_work(&b) {
+            Some(Work::Decided(ds)) => assert_eq!(ds, vec![fact(3), fact(4)]),
+            w => panic!("{w:?}"),
+        }
+        c.clear_decided();
+        assert!(hub.take_work(&c).is_none());
+    }
 
     fn stored(hs: &[u64], tier: Tier) -> Change {
         Change::Stored {

@@ -189,6 +189,7 @@ async fn stream_once(
     let (tx, rx) = mpsc::channel::<AgentMessage>(32);
     // Queue Hello + snapshot before the call so the router sees them first.
     sink.request_snapshot();
+    sink.clear_decided();
     let now = *load.borrow();
     tx.send(hello(id, hub, now))
         .await
@@ -249,6 +250,14 @@ async fn stream_once(
                     stats.snapshots_sent.inc();
                     metrics::counter!("warmpath_agent_snapshots_sent_total").increment(1);
                 }
+                Work::Decided(ds) => {
+                    for d in ds {
+                        send(AgentMessage {
+                            msg: Some(Msg::Decided(d)),
+                        })
+                        .await?;
+                    }
+                }
                 Work::Deltas(ds) => {
                     let n = ds.len() as u64;
                     for d in ds {
@@ -286,6 +295,12 @@ async fn stream_once(
                 Some(Ok(m)) => match m.msg {
                     Some(router_message::Msg::Ack(a)) => {
                         tracing::trace!(router = %url, seq = a.seq, "ack");
+                    }
+                    Some(router_message::Msg::Decided(d)) => {
+                        // A decision of this router for our worker: every
+                        // other router hears of it (router replicas).
+                        hub.share(sink, &d);
+                        metrics::counter!("warmpath_agent_decisions_shared_total").increment(1);
                     }
                     Some(router_message::Msg::ResendSnapshot(r)) => {
                         tracing::warn!(router = %url, reason = %r.reason, "router asks for a snapshot");

@@ -104,6 +104,14 @@ pub fn describe() {
             "warmpath_agent_proxy_engine_errors_total",
             "Observe-proxy requests the engine failed to answer",
         ),
+        (
+            "warmpath_agent_decisions_shared_total",
+            "Routing decisions a router sent for this worker, passed on to every other router this agent streams to",
+        ),
+        (
+            "warmpath_agent_decisions_dropped_total",
+            "Shared routing decisions dropped because a router's queue was full (the oldest goes)",
+        ),
     ];
     for (name, help) in counters {
         describe_counter!(*name, *help);

@@ -434,6 +434,10 @@ struct ScaleArgs {
     /// How often the agents report the engines' load to the replicas, ms.
     #[arg(long, default_value_t = 1000)]
     load_report_ms: u64,
+    /// Replicas share each decision through the agents, arriving this many
+    /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
+    #[arg(long)]
+    share_delay_ms: Option<f64>,
     /// The policies' CHWBL load bound.
     #[arg(long, default_value_t = 1.25)]
     load_factor: f64,
@@ -560,6 +564,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         seed: a.seed,
         routers: a.routers,
         load_report_ms: a.load_report_ms,
+        share_delay_ms: a.share_delay_ms,
         ..Default::default()
     };
     let mut cfg = match a.cache_ratio {

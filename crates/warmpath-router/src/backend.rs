@@ -311,6 +311,7 @@ impl Backend {
             backend: Arc::clone(self),
             prefill_blocks,
             outcome: Outcome::Cancelled,
+            share: None,
         }
     }
 
@@ -327,6 +328,8 @@ pub struct FlightGuard {
     backend: Arc<Backend>,
     prefill_blocks: u64,
     outcome: Outcome,
+    /// The same request as told to the other router replicas.
+    share: Option<crate::peers::ShareGuard>,
 }
 
 impl FlightGuard {
@@ -337,10 +340,18 @@ impl FlightGuard {
 
     /// The first upstream byte arrived: prefill is done, stop counting its blocks.
     pub fn first_byte(&mut self) {
+        if let Some(s) = &mut self.share {
+            s.prefilled();
+        }
         let n = std::mem::take(&mut self.prefill_blocks);
         if n > 0 {
             self.backend.pending_prefill.fetch_sub(n, Ordering::Relaxed);
         }
+    }
+
+    /// Tells the other router replicas its phases too (see [`crate::peers`]).
+    pub fn share(&mut self, share: Option<crate::peers::ShareGuard>) {
+        self.share = share;
     }
 
     /// How the request ended, counted when the guard drops.

@@ -49,6 +49,7 @@ mod inspect;
 mod members;
 mod metrics;
 mod models;
+mod peers;
 mod pool;
 mod proxy;
 mod readiness;
@@ -78,6 +79,19 @@ pub trait AgentLoads: Send + Sync {
     /// The latest load reported for `worker_id` of pool `model`, if known
     /// and recent.
     fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad>;
+
+    /// Other router replicas' requests in flight on `worker_id` and their
+    /// predicted prefill blocks, as shared through the agents (module `peers`).
+    fn remote_load(&self, _model: &str, _worker_id: &str) -> (u32, u64) {
+        (0, 0)
+    }
+
+    /// Whether this router shares its decisions with its replicas: kv_aware
+    /// then breaks ties with an rng seeded by the prefix key, so replicas
+    /// of the same state agree.
+    fn shares_decisions(&self) -> bool {
+        false
+    }
 }
 
 /// Milliseconds on the router's monotonic clock: the clock of

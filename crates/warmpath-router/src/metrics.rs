@@ -28,6 +28,8 @@
 //! | `warmpath_discovery_rounds_total` | counter | pool, provider, result = ok, error |
 //! | `warmpath_discovery_changes_total` | counter | pool, provider |
 //! | `warmpath_discovery_backends` | gauge | pool, provider |
+//! | `warmpath_replica_facts_total` | counter | pool, direction = sent, received, dropped, unsent |
+//! | `warmpath_replica_sharing_up` | gauge | pool |
 //!
 //! Requests refused before a pool is known are counted with `pool="-"`.
 
@@ -95,6 +97,14 @@ fn describe() {
         "Always 1; the labels name the running build"
     );
     metrics::gauge!("warmpath_build_info", "binary" => "warmpath-router", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    describe_counter!(
+        "warmpath_replica_facts_total",
+        "Routing decisions shared with the other router replicas through the agents, by direction (sent; received; dropped: the agent stream's queue was full; unsent: no stream of the chosen backend's agent is up)"
+    );
+    describe_gauge!(
+        "warmpath_replica_sharing_up",
+        "Agent streams of the pool that carry shared decisions now (0: this router decides on its own view only)"
+    );
     describe_counter!(
         "warmpath_backend_ejections_total",
         "Times a backend was ejected (failed requests or probes in a row)"

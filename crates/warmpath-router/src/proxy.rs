@@ -184,7 +184,14 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
             }
         };
         let backend = Arc::clone(&plan.policy.backends[decision.backend]);
-        let mut guard = backend.begin(route::uncached_blocks(plan, &decision));
+        let uncached = route::uncached_blocks(plan, &decision);
+        let mut guard = backend.begin(uncached);
+        if let Some(a) = shared.agents.as_ref().filter(|a| a.peers().enabled()) {
+            guard.share(
+                a.peers()
+                    .start(&pool.model, fact(plan, &backend.id, uncached)),
+            );
+        }
         let req = match upstream_request(&backend.url, &out) {
             Ok(r) => r,
             Err(e) => {
@@ -483,5 +490,27 @@ impl HttpBody for TrackedBody {
         } else {
             self.inner.size_hint()
         }
+    }
+}
+
+/// What the other router replicas are told of a pick of `plan` on `worker`
+/// (ARCHITECTURE.md, "Router replicas"): the prefix's home after it, by ids.
+fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> crate::peers::Fact {
+    let key = plan.prefix_key.0;
+    let id = |i: usize| plan.policy.backends.get(i).map(|b| b.id.clone());
+    let home = plan.policy.policy.home_of(key);
+    crate::peers::Fact {
+        worker: worker.to_owned(),
+        prefix_key: key,
+        chain_blocks: plan.hashes.len() as u32,
+        prefill_blocks,
+        home: home
+            .as_ref()
+            .and_then(|h| id(h.backend))
+            .unwrap_or_default(),
+        home_moved: home.as_ref().is_some_and(|h| h.moved),
+        copies: home
+            .map(|h| h.copies.into_iter().filter_map(id).collect())
+            .unwrap_or_default(),
     }
 }

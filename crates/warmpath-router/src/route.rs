@@ -218,6 +218,12 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
 pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
     let pool = &plan.target.pool;
     let adapter = plan.target.adapter.as_deref();
+    // Other replicas' requests there, as shared through the agents.
+    let remote = |i: usize| {
+        agents.map_or((0, 0), |a| {
+            a.remote_load(&pool.model, &plan.policy.backends[i].id)
+        })
+    };
     plan.policy
         .backends
         .iter()
@@ -227,8 +233,8 @@ pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -
                 && !b.is_draining()
                 && !excluded.contains(&i)
                 && adapter.is_none_or(|a| b.serves_adapter(a)),
-            in_flight: b.in_flight(),
-            pending_prefill_blocks: b.pending_prefill_blocks(),
+            in_flight: b.in_flight() + remote(i).0,
+            pending_prefill_blocks: b.pending_prefill_blocks() + remote(i).1,
             engine: agents.and_then(|a| a.engine_load(&pool.model, &b.id)),
         })
         .collect()
@@ -246,10 +252,18 @@ pub fn pick(
     if let Some(d) = pinned(plan, &loads) {
         return Ok(d);
     }
-    let res = plan
-        .policy
-        .policy
-        .pick(&input_of(plan), &loads, &mut rand::rng());
+    // Shared decisions: ties go by the key, as in `preview`, so replicas of
+    // the same state agree (ARCHITECTURE.md, "Router replicas").
+    let keyed =
+        plan.policy.strategy == Strategy::KvAware && agents.is_some_and(|a| a.shares_decisions());
+    let res = if keyed {
+        let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
+        plan.policy.policy.pick(&input_of(plan), &loads, &mut rng)
+    } else {
+        plan.policy
+            .policy
+            .pick(&input_of(plan), &loads, &mut rand::rng())
+    };
     observe(pool, Phase::Pick, t);
     checked(plan, res)
 }

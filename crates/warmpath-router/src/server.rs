@@ -134,6 +134,9 @@ pub async fn start(
         .grpc_listen
         .as_ref()
         .map(|_| Arc::new(ingest::Agents::new()));
+    if let Some(a) = &agents {
+        a.peers().set_enabled(config.ingest.share_decisions);
+    }
     let shared = Arc::new(Shared::new(
         &config,
         Arc::clone(&pools),

@@ -38,9 +38,11 @@ use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
-use view::Replicas;
+use view::{Fact, Phase, Replicas};
 use warmpath_core::hash::ChainHasher;
-use warmpath_core::policy::{build_policy, PolicyBackend, PolicyConfig, RouteInput};
+use warmpath_core::policy::{
+    build_policy, PolicyBackend, PolicyConfig, RemoteDecision, RouteInput,
+};
 use warmpath_core::{BlockHash, CacheIndex, HashSeed, Strategy};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -78,6 +80,10 @@ pub struct ScaleConfig {
     pub routers: usize,
     /// How often the agents report the engines' load to the replicas, ms.
     pub load_report_ms: u64,
+    /// Replicas share each decision, this many ms after it (through the
+    /// agents, see [`view`]); `None`: they share nothing but the index and
+    /// the engines' load.
+    pub share_delay_ms: Option<f64>,
     /// Engine time model.
     pub time: TimeModel,
     /// Policy knobs.
@@ -101,6 +107,7 @@ impl Default for ScaleConfig {
             seed: 42,
             routers: 1,
             load_report_ms: 1000,
+            share_delay_ms: None,
             time: TimeModel::default(),
             policy: PolicyConfig::default(),
         }
@@ -149,6 +156,12 @@ impl ScaleConfig {
         }
         if self.routers == 0 || self.routers > 64 {
             return bad("routers", "must be in 1..=64");
+        }
+        if self
+            .share_delay_ms
+            .is_some_and(|d| !(d.is_finite() && d >= 0.0))
+        {
+            return bad("share_delay_ms", "must be a number >= 0");
         }
         self.time.validate()?;
         self.policy.validate()?;
@@ -220,6 +233,8 @@ enum Event {
     Arrival(usize),
     PrefillDone(usize),
     DecodeDone(usize),
+    /// A replica's shared fact reaches the others (see [`view`]).
+    Shared(usize),
 }
 
 /// Segment keys: documents by id, request tails by request number.
@@ -241,6 +256,7 @@ pub fn run(
         match ev {
             Event::Arrival(r) => sim.arrive(r)?,
             Event::PrefillDone(r) => sim.prefill_done(r)?,
+            Event::Shared(f) => sim.routers.deliver(f),
             Event::DecodeDone(r) => {
                 sim.decode_done(r);
                 if sim.e2e.len() % 10_000 == 0 {
@@ -339,6 +355,27 @@ impl<'a> Sim<'a> {
         self.cfg.doc_tokens + self.cfg.question_tokens
     }
 
+    /// The sharing delay, when replicas share decisions (never one router).
+    fn share_delay_us(&self) -> Option<u64> {
+        self.cfg
+            .share_delay_ms
+            .filter(|_| self.cfg.routers > 1)
+            .map(us)
+    }
+
+    /// Sends replica `from`'s fact about instance `backend` to the others.
+    fn share(&mut self, from: usize, backend: usize, phase: Phase) {
+        let Some(delay) = self.share_delay_us() else {
+            return;
+        };
+        let f = self.routers.send(Fact {
+            from,
+            backend,
+            phase,
+        });
+        self.schedule(self.now + delay, Event::Shared(f));
+    }
+
     fn schedule(&mut self, at: u64, ev: Event) {
         self.seq += 1;
         self.heap.push(Reverse((at, self.seq, ev)));
@@ -391,6 +428,7 @@ impl<'a> Sim<'a> {
         let matches = kv.then(|| self.index.longest_match(&chain));
         let chain_blocks = (self.prompt_tokens() / self.cfg.block_size) as u32;
         let rr = self.routers.choose();
+        let sharing = self.share_delay_us().is_some();
         let view = &mut self.routers.views[rr];
         for (l, p) in view.loads.iter_mut().zip(&view.pending_blocks) {
             l.pending_prefill_blocks = *p;
@@ -400,7 +438,13 @@ impl<'a> Sim<'a> {
             chain_blocks,
             matches: matches.as_ref(),
         };
-        let d = view.policy.pick(&input, &view.loads, &mut view.pick_rng)?;
+        // Sharing: ties go by the key, so replicas of one state agree.
+        let d = if sharing {
+            let mut keyed = SmallRng::seed_from_u64(input.prefix_key);
+            view.policy.pick(&input, &view.loads, &mut keyed)?
+        } else {
+            view.policy.pick(&input, &view.loads, &mut view.pick_rng)?
+        };
         self.routing += t0.elapsed();
         *self
             .decisions
@@ -410,6 +454,15 @@ impl<'a> Sim<'a> {
         let predicted = u64::from(input.chain_blocks.saturating_sub(d.matched_blocks));
         view.pending_blocks[i] += predicted;
         view.loads[i].in_flight += 1;
+        let home = view.policy.home_of(input.prefix_key);
+        let start = Phase::Start(RemoteDecision {
+            prefix_key: input.prefix_key,
+            backend: i,
+            chain_blocks,
+            prefill_blocks: u32::try_from(predicted).unwrap_or(u32::MAX),
+            home,
+        });
+        self.share(rr, i, start);
         let inst = &mut self.fleet[i];
         inst.in_flight += 1;
         inst.served += 1;
@@ -516,6 +569,8 @@ impl<'a> Sim<'a> {
         }
         let view = &mut self.routers.views[self.reqs[r].router as usize];
         view.pending_blocks[i] = view.pending_blocks[i].saturating_sub(predicted);
+        let rr = self.reqs[r].router as usize;
+        self.share(rr, i, Phase::Prefilled(predicted));
         self.fleet[i].prefilling = None;
         if self.fleet[i].decoding < self.cfg.time.max_batch {
             self.start_decode(r);
@@ -538,7 +593,9 @@ impl<'a> Sim<'a> {
         let inst = &mut self.fleet[i];
         inst.decoding -= 1;
         inst.in_flight -= 1;
-        self.routers.views[self.reqs[r].router as usize].loads[i].in_flight -= 1;
+        let rr = self.reqs[r].router as usize;
+        self.routers.views[rr].loads[i].in_flight -= 1;
+        self.share(rr, i, Phase::Finished);
         self.e2e
             .push((self.now - self.reqs[r].arrival_us) as f64 / 1000.0);
         if let Some(next) = self.fleet[i].decode_wait.pop_front() {
@@ -698,9 +755,38 @@ mod tests {
     }
 
     #[test]
+    fn replicas_that_share_decisions_place_as_one_router() {
+        let cfg = |routers, share_delay_ms| ScaleConfig {
+            routers,
+            share_delay_ms,
+            load_report_ms: 100,
+            ..small()
+        };
+        let one = run(&cfg(1, None), Strategy::KvAware, &mut |_| {}).unwrap();
+        let blind = run(&cfg(3, None), Strategy::KvAware, &mut |_| {}).unwrap();
+        let shared = run(&cfg(3, Some(1.0)), Strategy::KvAware, &mut |_| {}).unwrap();
+        let gap = |r: &ScaleReport| (r.hit_rate - one.hit_rate).abs();
+        assert!(
+            gap(&shared) < gap(&blind),
+            "one {} blind {} shared {}",
+            one.hit_rate,
+            blind.hit_rate,
+            shared.hit_rate
+        );
+        // Sharing with one router is no sharing at all.
+        let alone = run(&cfg(1, Some(1.0)), Strategy::KvAware, &mut |_| {}).unwrap();
+        assert_eq!(alone.ttft_ms, one.ttft_ms);
+    }
+
+    #[test]
     fn bad_configs_are_refused() {
         let bad = ScaleConfig {
             instances: 0,
+            ..small()
+        };
+        assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+        let bad = ScaleConfig {
+            share_delay_ms: Some(-1.0),
             ..small()
         };
         assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());

@@ -11,10 +11,19 @@
 //!
 //! With one router the engine view is left out, so one-router runs give
 //! exactly the figures they gave before replicas were modelled.
+//!
+//! With `--share-delay-ms D` the replicas also share each decision, as the
+//! router does through the agents (ARCHITECTURE.md, "Router replicas"): D ms
+//! after a replica's pick, every other replica counts the request in flight
+//! and its predicted prefill on the chosen instance and records the pick in
+//! its policy (`Policy::observe_remote`, with the sender's home); D ms after
+//! its first token the prefill is released there, D ms after its last token
+//! the request. Ties are then broken by an rng seeded by the prefix key, as
+//! the router does with sharing on, so replicas with the same state agree.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use warmpath_core::policy::{BackendLoad, EngineLoad, Policy};
+use warmpath_core::policy::{BackendLoad, EngineLoad, Policy, RemoteDecision};
 
 /// One replica's own state.
 pub(super) struct RouterView {
@@ -31,6 +40,28 @@ pub(super) struct Replicas {
     spread: SmallRng,
     report_every_us: u64,
     next_report_us: u64,
+    /// Facts on their way to the other replicas (`Event::Shared` indexes).
+    facts: Vec<Option<Fact>>,
+}
+
+/// Which part of a request's life a shared fact tells (the router's
+/// `start`, `prefilled` and `finished` phases).
+#[derive(Clone, Debug)]
+pub(super) enum Phase {
+    /// Routed: the pick, and its predicted prefill blocks.
+    Start(RemoteDecision),
+    /// First token: its prefill is done.
+    Prefilled(u64),
+    /// Last token: no longer in flight.
+    Finished,
+}
+
+/// One request's fact from replica `from` about instance `backend`.
+#[derive(Clone, Debug)]
+pub(super) struct Fact {
+    pub(super) from: usize,
+    pub(super) backend: usize,
+    pub(super) phase: Phase,
 }
 
 impl Replicas {
@@ -63,6 +94,39 @@ impl Replicas {
             spread: SmallRng::seed_from_u64(seed ^ 0x7e91_1ca5),
             report_every_us,
             next_report_us: 0,
+            facts: Vec::new(),
+        }
+    }
+
+    /// Keeps `fact` until it is delivered; the index to schedule.
+    pub(super) fn send(&mut self, fact: Fact) -> usize {
+        self.facts.push(Some(fact));
+        self.facts.len() - 1
+    }
+
+    /// Delivers fact `at` to every replica but its sender.
+    pub(super) fn deliver(&mut self, at: usize) {
+        let Some(f) = self.facts.get_mut(at).and_then(Option::take) else {
+            return;
+        };
+        for (r, v) in self.views.iter_mut().enumerate() {
+            if r == f.from || f.backend >= v.loads.len() {
+                continue;
+            }
+            let i = f.backend;
+            match &f.phase {
+                Phase::Start(d) => {
+                    v.policy.observe_remote(d);
+                    v.pending_blocks[i] += u64::from(d.prefill_blocks);
+                    v.loads[i].in_flight += 1;
+                }
+                Phase::Prefilled(blocks) => {
+                    v.pending_blocks[i] = v.pending_blocks[i].saturating_sub(*blocks);
+                }
+                Phase::Finished => {
+                    v.loads[i].in_flight = v.loads[i].in_flight.saturating_sub(1);
+                }
+            }
         }
     }
 
@@ -135,6 +199,49 @@ mod tests {
         r.report_engines(5000, |_| 9, Some(10));
         assert_eq!(r.choose(), 0);
         assert!(r.views[0].loads.iter().all(|l| l.engine.is_none()));
+    }
+
+    #[test]
+    fn a_fact_reaches_every_replica_but_its_sender() {
+        let mut r = replicas(3);
+        let start = r.send(Fact {
+            from: 1,
+            backend: 2,
+            phase: Phase::Start(RemoteDecision {
+                prefix_key: 5,
+                backend: 2,
+                chain_blocks: 10,
+                prefill_blocks: 8,
+                home: None,
+            }),
+        });
+        r.deliver(start);
+        r.deliver(start);
+        let seen = |r: &Replicas| -> Vec<(u32, u64)> {
+            r.views
+                .iter()
+                .map(|v| (v.loads[2].in_flight, v.pending_blocks[2]))
+                .collect()
+        };
+        assert_eq!(
+            seen(&r),
+            [(1, 8), (0, 0), (1, 8)],
+            "once each, not the sender"
+        );
+        let pre = r.send(Fact {
+            from: 1,
+            backend: 2,
+            phase: Phase::Prefilled(8),
+        });
+        r.deliver(pre);
+        assert_eq!(seen(&r), [(1, 0), (0, 0), (1, 0)]);
+        let fin = r.send(Fact {
+            from: 1,
+            backend: 2,
+            phase: Phase::Finished,
+        });
+        r.deliver(fin);
+        assert_eq!(seen(&r), [(0, 0); 3]);
     }
 
     #[test]

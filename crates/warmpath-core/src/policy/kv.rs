@@ -462,6 +462,18 @@ impl Policy for KvAware {
         Ok(Box::new(self.carried(config, backends)))
     }
 
+    fn home_of(&self, prefix_key: u64) -> Option<super::HomeView> {
+        self.homed()
+            .then(|| super::remote::home_of(&self.placer, prefix_key))
+            .flatten()
+    }
+
+    fn observe_remote(&self, decision: &super::RemoteDecision) {
+        if self.homed() {
+            super::remote::observe(&self.placer, decision);
+        }
+    }
+
     fn pick(
         &self,
         input: &RouteInput<'_>,
@@ -482,6 +494,11 @@ impl Policy for KvAware {
 }
 
 impl KvAware {
+    /// Whether it keeps homes (`pressure` placement; `ring` keeps nothing).
+    fn homed(&self) -> bool {
+        self.kv.cold_placement == ColdPlacement::Pressure
+    }
+
     /// The decision of [`Policy::pick`]; recorded only under `Mode::Commit`
     /// (see [`Placer::state`]).
     fn decide(

@@ -25,6 +25,7 @@ mod least;
 mod place;
 mod random;
 mod rebalance;
+mod remote;
 mod resident;
 mod ring;
 mod served;
@@ -33,6 +34,7 @@ mod tuning;
 pub use kv::KvAware;
 pub use least::LeastOutstanding;
 pub use random::Random;
+pub use remote::{HomeView, RemoteDecision};
 pub use ring::{PrefixAware, Ring};
 pub use tuning::{ColdPlacement, KvConfig};
 
@@ -347,6 +349,17 @@ pub trait Policy: Send + Sync + fmt::Debug {
     ) -> Result<Box<dyn Policy>, PolicyError> {
         build_policy(self.strategy(), config, backends)
     }
+
+    /// Where `prefix_key` lives after the decisions so far (`kv_aware`'s
+    /// home under `pressure` placement; `None` for the others): what a router
+    /// shares with its replicas beside each pick.
+    fn home_of(&self, _prefix_key: u64) -> Option<HomeView> {
+        None
+    }
+
+    /// Records a pick another router replica made, as this policy records
+    /// its own (`kv_aware`; the others keep no memory). See `remote`.
+    fn observe_remote(&self, _decision: &RemoteDecision) {}
 }
 
 /// Builds the policy for `strategy` over `backends`.

@@ -39,8 +39,8 @@
 //! of starting a second cold copy elsewhere.
 //!
 //! All of it (pressure, homes, loads, moves) sits behind one lock taken once
-//! per decision: it is per router (several replicas each keep their own; use
-//! `cold_placement: ring` there).
+//! per decision: it is per router (replicas feed each other's picks into it
+//! through `Policy::observe_remote`, see [`remote`](super::remote)).
 
 use super::home::{Home, Homes};
 use super::resident::Resident;

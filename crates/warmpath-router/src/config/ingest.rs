@@ -24,6 +24,9 @@ pub struct IngestSettings {
     /// Silence after which an agent's entries are cleared, in milliseconds
     /// (greater than `stale_after_ms`).
     pub drop_after_ms: u64,
+    /// Share each routing decision with the other router replicas through
+    /// the agents' streams (default true; ARCHITECTURE.md, "Router replicas").
+    pub share_decisions: bool,
 }
 
 impl Default for IngestSettings {
@@ -34,6 +37,7 @@ impl Default for IngestSettings {
             tls_key: None,
             stale_after_ms: d.stale_after.as_millis() as u64,
             drop_after_ms: d.drop_after.as_millis() as u64,
+            share_decisions: true,
         }
     }
 }

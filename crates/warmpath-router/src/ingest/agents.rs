@@ -145,12 +145,19 @@ pub struct Agents {
     /// model -> worker id -> entry (nested so reads can look up by `&str`).
     map: RwLock<HashMap<String, HashMap<String, Entry>>>,
     next_stream: AtomicU64,
+    /// Decision sharing with the other router replicas, over these streams.
+    peers: Arc<crate::peers::Peers>,
 }
 
 impl Agents {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Decision sharing over the agents' streams (see [`crate::peers`]).
+    pub(crate) fn peers(&self) -> &Arc<crate::peers::Peers> {
+        &self.peers
     }
 
     /// Gives the worker to a new stream and returns the stream's id and the
@@ -314,5 +321,13 @@ impl crate::AgentLoads for Agents {
         let fresh =
             e.status.engine_up != Some(false) && now.saturating_sub(e.load_at_ms) <= LOAD_FRESH_MS;
         fresh.then_some(e.status.load).flatten()
+    }
+
+    fn remote_load(&self, model: &str, worker_id: &str) -> (u32, u64) {
+        self.peers.remote_load(model, worker_id)
+    }
+
+    fn shares_decisions(&self) -> bool {
+        self.peers.enabled()
     }
 }

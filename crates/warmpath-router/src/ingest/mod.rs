@@ -88,6 +88,9 @@ pub trait PoolDirectory: Send + Sync + 'static {
     fn pool(&self, model: &str) -> Option<IngestPool>;
     /// Every pool.
     fn pools(&self) -> Vec<IngestPool>;
+    /// Records another router replica's pick for `worker` of pool `model`
+    /// in its policy (`Policy::observe_remote`); nothing by default.
+    fn observe_remote(&self, _model: &str, _worker: &str, _decided: &v1::Decided) {}
 }
 
 impl PoolDirectory for Pools {
@@ -97,6 +100,37 @@ impl PoolDirectory for Pools {
     fn pools(&self) -> Vec<IngestPool> {
         self.all().iter().map(|p| IngestPool::of(p)).collect()
     }
+    fn observe_remote(&self, model: &str, worker: &str, decided: &v1::Decided) {
+        if let Some(p) = self.get(model) {
+            observe_remote(p, worker, decided);
+        }
+    }
+}
+
+/// Records another replica's `start` about `worker` in `pool`'s policy, by
+/// the positions of its current snapshot (an id it does not know is skipped).
+fn observe_remote(pool: &crate::pool::Pool, worker: &str, d: &v1::Decided) {
+    use warmpath_core::policy::{HomeView, RemoteDecision};
+    let state = pool.policy();
+    let at = |id: &str| state.backends.iter().position(|b| b.id == id);
+    let Some(backend) = at(worker) else {
+        return;
+    };
+    let home = (!d.home.is_empty())
+        .then(|| at(&d.home))
+        .flatten()
+        .map(|b| HomeView {
+            backend: b,
+            moved: d.home_moved,
+            copies: d.copies.iter().filter_map(|c| at(c)).collect(),
+        });
+    state.policy.observe_remote(&RemoteDecision {
+        prefix_key: d.prefix_key,
+        backend,
+        chain_blocks: d.chain_blocks,
+        prefill_blocks: u32::try_from(d.prefill_blocks).unwrap_or(u32::MAX),
+        home,
+    });
 }
 
 /// Errors of the ingest server.
@@ -326,6 +360,9 @@ async fn drive(
         }
     };
     tracing::info!(block_size = hello.block_size, "agent connected");
+    let peers = Arc::clone(agents.peers());
+    let stream_id = ws.stream_id();
+    peers.attach(&hello.model, &hello.worker_id, stream_id, tx.clone());
     'stream: loop {
         let next = tokio::select! {
             m = inbound.next() => m,
@@ -340,6 +377,18 @@ async fn drive(
             }
             None => break,
         };
+        // Another replica's decision for this worker: counted here, recorded
+        // by the pool's policy (ownership and liveness checked as for any
+        // message).
+        let decided = match &msg.msg {
+            Some(Msg::Decided(d)) => Some(d.clone()),
+            _ => None,
+        };
+        if let Some(d) = decided.filter(|_| ws.owns()) {
+            if peers.receive(&hello.model, &hello.worker_id, stream_id, &d) {
+                dir.observe_remote(&hello.model, &hello.worker_id, &d);
+            }
+        }
         match ws.on_message(msg, crate::monotonic_ms(), unix_micros()) {
             Ok(answers) => {
                 for a in answers {
@@ -359,6 +408,7 @@ async fn drive(
             }
         }
     }
+    peers.detach(&hello.model, &hello.worker_id, stream_id);
     ws.close();
     tracing::info!("agent disconnected");
 }

@@ -187,6 +187,11 @@ impl WorkerStream {
 
     /// Whether this stream still owns its worker (a newer stream may have
     /// taken over).
+    /// This stream's id in the agent registry.
+    pub(crate) fn stream_id(&self) -> u64 {
+        self.stream_id
+    }
+
     pub(crate) fn owns(&self) -> bool {
         self.live.owned_by(self.stream_id)
     }
@@ -238,6 +243,8 @@ impl WorkerStream {
                 Ok(vec![])
             }
             Msg::Heartbeat(_) => Ok(vec![]),
+            // Applied by the stream's driver (it needs the pool's policy).
+            Msg::Decided(_) => Ok(vec![]),
         }
     }
 
