@@ -4,7 +4,8 @@ PEP 517 backend), install it into a fresh venv, start the *installed* router and
 agent against the simulated vLLM (`warmpath-bench sim`) on 127.0.0.1, with the
 agent's flags printed by the installed `warmpath_router.vllm` helper from a
 `vllm serve` line, and route requests through the installed client (plain and
-streaming) until the agent's KV events show in the router's index.
+streaming) until the agent's KV events show in the router's index. Also builds
+the wheel for PyPI (`maturin build`) and checks its audited manylinux tag.
 
     python3 python/tests/test_wheel.py
 
@@ -17,6 +18,7 @@ phase. Exit 0: passed.
 
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -26,9 +28,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = "warmpath-tiny"
+# python/pyproject.toml's `[tool.maturin] compatibility`.
+MANYLINUX = "manylinux_2_34"
 TIMES = []
 
 
@@ -143,7 +148,30 @@ def build_wheel(work):
     wheels = [f for f in os.listdir(dist) if f.endswith(".whl")]
     assert len(wheels) == 1, wheels
     phase(f"build wheel {wheels[0]} (profile {profile or 'wheel'})", t0)
+    build_pypi_wheel(work, build_bin, env, profile, os.path.join(dist, wheels[0]))
     return os.path.join(dist, wheels[0])
+
+
+def build_pypi_wheel(work, build_bin, env, profile, local_wheel):
+    """The wheel for PyPI: `maturin build` honours `[tool.maturin] compatibility`
+    (pip's PEP 517 hook passes `--compatibility off`, hence `linux_x86_64` above,
+    which PyPI refuses) and audits it: it refuses the tag if a binary needs a
+    newer glibc symbol version or a library outside the manylinux policy."""
+    t0 = time.monotonic()
+    dist = os.path.join(work, "dist-pypi")
+    cmd = [os.path.join(build_bin, "maturin"), "build", "--out", dist]
+    if profile:
+        cmd += ["--profile", profile]
+    run(cmd, cwd=os.path.join(ROOT, "python"), env=env)
+    wheels = [f for f in os.listdir(dist) if f.endswith(".whl")]
+    assert len(wheels) == 1, wheels
+    # glibc 2.34 (Debian bookworm has 2.36): std's __libc_start_main, dlsym and
+    # pthread_* are versioned GLIBC_2.34 when linked against glibc >= 2.34.
+    want = f"-py3-none-{MANYLINUX}_{platform.machine()}.whl"
+    assert wheels[0].endswith(want), (wheels[0], want)
+    with zipfile.ZipFile(local_wheel) as a, zipfile.ZipFile(os.path.join(dist, wheels[0])) as b:
+        assert sorted(a.namelist()) == sorted(b.namelist()), "the PyPI wheel ships other files"
+    phase(f"build PyPI wheel {wheels[0]}", t0)
 
 
 def main():
