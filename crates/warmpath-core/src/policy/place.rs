@@ -60,7 +60,8 @@ use super::resident::Resident;
 use super::ring::Ring;
 use super::served::Served;
 use super::tuning::{
-    FIT_BAND, HOMES_PER_BACKEND, HOME_TABLE_KEYS, PAYBACK_WINDOW, RESCALE_AT, STICKY, TAIL_ROOM,
+    FIT_BAND, HOMES_PER_BACKEND, HOME_TABLE_KEYS, PAYBACK_WINDOW, RESCALE_AT, STICKY,
+    TAIL_LOAD_MAX, TAIL_ROOM,
 };
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
@@ -298,6 +299,18 @@ impl State {
             b < n && usable(b) && cost(b) <= min + band && evict[b] <= least_loss + fit_band
         };
         let expected = self.homes.loads();
+        // The tail concentrates only on backends not far above the mean
+        // expected load: where it carries more than a fair share of the
+        // traffic, its cold prefills queue; then the lowest load wins.
+        let usable_n = (0..n).filter(|&b| usable(b)).count().max(1) as f64;
+        let mean = (0..n)
+            .filter(|&b| usable(b))
+            .map(|b| expected[b])
+            .sum::<f64>()
+            / usable_n;
+        let light = |b: usize| expected[b] <= TAIL_LOAD_MAX * mean;
+        let tail = tail && (0..n).any(|b| good(b) && light(b));
+        let good = |b: usize| good(b) && (!tail || light(b));
         let rank = |b: usize| {
             if tail {
                 -self.pressure[b]
@@ -701,34 +714,40 @@ mod tests {
     }
 
     #[test]
-    fn a_tail_prefix_goes_where_the_tail_churns() {
+    fn a_tail_prefix_goes_where_the_tail_churns_unless_that_is_overloaded() {
         // 3 backends of 1000 blocks, full: 0 with two prefixes of two
-        // requests each, 1 with two hot ones, 2 churning through one-offs
-        // of two requests each. The caches keep 4 prefixes beyond one
-        // backend's worth; the new prefix, seen once, is colder than the
-        // 4th most popular: a tail one.
+        // requests each, 1 with two hot ones of `hot` requests, 2 churning
+        // through one-offs of two requests each. The caches keep 4 prefixes
+        // beyond one backend's worth; the new prefix, seen once, is colder
+        // than the 4th most popular: a tail one.
         let b = of_1000_blocks(3);
         let ring = Ring::new(&b, 160);
-        let placer = Placer::new(&b, 1e5);
-        let mut p = placer.lock();
-        for (key, at, reqs) in [(1u64, 0usize, 2), (2, 0, 2), (3, 1, 50), (4, 1, 50)] {
-            p.set_home(key, at, false);
-            for _ in 0..reqs {
-                p.record(key, at, 0);
+        let place = |hot: usize| {
+            let placer = Placer::new(&b, 1e5);
+            let mut p = placer.lock();
+            for (key, at, reqs) in [(1u64, 0usize, 2), (2, 0, 2), (3, 1, hot), (4, 1, hot)] {
+                p.set_home(key, at, false);
+                for _ in 0..reqs {
+                    p.record(key, at, 0);
+                }
+                p.cached(key, at, 500);
             }
-            p.cached(key, at, 500);
-        }
-        churn(&mut p, 2);
-        p.seq += 100;
-        assert!(p.tail_threshold(500) > p.unit, "one request is below it");
-        // On 0 and 2 it evicts the same (a two-request prefix); 2 carries
-        // the higher expected load, but there the cache turns over anyway:
-        // 0 keeps what it holds.
-        assert!((p.evict_cost(0, 9, 500) - p.evict_cost(2, 9, 500)).abs() < 1.0);
-        let (at, _) = p
-            .place(9, 500, &idle(3), |_| true, &ring, (1.0, 1.0, 2.0), 500.0)
-            .unwrap();
-        assert_eq!(at, 2);
+            churn(&mut p, 2);
+            p.seq += 100;
+            assert!(p.tail_threshold(500) > p.unit, "one request is below it");
+            // On 0 and 2 it evicts the same (a two-request prefix).
+            assert!((p.evict_cost(0, 9, 500) - p.evict_cost(2, 9, 500)).abs() < 1.0);
+            let (at, _) = p
+                .place(9, 500, &idle(3), |_| true, &ring, (1.0, 1.0, 2.0), 500.0)
+                .unwrap();
+            at
+        };
+        // 2 carries more expected load than 0 (200 against 4, mean 168),
+        // but its cache turns over anyway: 0 keeps what it holds.
+        assert_eq!(place(150), 2);
+        // With the mean at 101, 2 is more than 1.4 times it: the tail's
+        // cold prefills would queue there; the lowest load wins.
+        assert_eq!(place(50), 0);
     }
 
     #[test]
