@@ -40,6 +40,16 @@
 //!   the in-flight limit never binds it equals the bound: sending a cold
 //!   item to the backend whose furthest-used item is used furthest is the
 //!   pooled cache's Belady eviction.
+//!
+//! Neither keeps the engines' own eviction rule: both let the caches evict by
+//! Belady's rule (and the bound lets them decline to cache), which no router
+//! can impose on engines that evict LRU, as vLLM does. So on a fleet whose
+//! caches are too small the bound is out of reach of any router over LRU
+//! engines, not only of an online one: on the scale model (7 instances,
+//! caches at half of 112 documents, Zipf 1.0) the bound is 91.1%, while a
+//! router that knows the whole trace and the engines' LRU state reaches 85.8%
+//! and the best fixed set of documents (the hottest that fit, pinned)
+//! 86.4% (`scripts/lru_refs.py`, which documents those references).
 
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 

@@ -72,6 +72,8 @@ impl State {
             resident: self
                 .resident
                 .remap(&from, backends.iter().map(|b| b.capacity_blocks)),
+            // The admission threshold depends on the fleet's capacity: recomputed.
+            tail: std::cell::Cell::new(None),
         }
     }
 }

@@ -105,6 +105,11 @@ impl Homes {
         self.find(key).map(|i| self.entries[i])
     }
 
+    /// The popularity of every remembered prefix, in table order.
+    pub(crate) fn pops(&self) -> impl Iterator<Item = f64> + '_ {
+        self.entries.iter().filter(|e| e.used).map(|e| e.pop)
+    }
+
     /// Expected load of each backend, in the caller's units.
     pub(crate) fn loads(&self) -> &[f64] {
         &self.load

@@ -35,7 +35,16 @@
 //!   [`home`](super::home)). It is 0 where the chain fits, or where only
 //!   stale copies go. A new prefix thus lands where it fits, else where it
 //!   evicts the coldest: one cold prefill now instead of a miss for every
-//!   return of a hotter prefix.
+//!   return of a hotter prefix. Two refinements make LRU engines keep the
+//!   hottest prefixes, as a pinned cache would ([`place`](super::place)): a
+//!   **tail** prefix, less popular than the admission threshold (the `k`-th
+//!   most popular prefix, `k` the prefixes the caches hold beyond
+//!   `TAIL_ROOM` backends' worth), goes, among backends as good, to the
+//!   one writing the most (not the lowest `E_w`), so the tail churns on its
+//!   own caches; any other prefix adds to `evict_w` the
+//!   **turnover term** `B * exp(-p_x * C_w / P_w)`, what `w`'s LRU would
+//!   trim of it before it returns (`C_w` the capacity, `P_w` the decayed
+//!   writes there), so a kept prefix avoids a churning cache.
 //! - `pressure_w`, where the capacity is unknown: the blocks `w` wrote
 //!   lately, decayed over `PRESSURE_WINDOW` decisions per backend: a new
 //!   prefix lands where the cache turns over slowest (the proxy the

@@ -38,6 +38,19 @@
 //! per backend of it, before its blocks are published) follows it instead
 //! of starting a second cold copy elsewhere.
 //!
+//! Where capacities are known, the eviction term replaces pressure, with
+//! an **admission threshold** ([`State::tail_threshold`]): LRU engines
+//! cannot pin, so the hottest prefixes stay cached only on backends where
+//! nothing colder is written. A prefix colder than the threshold (the
+//! fleet cannot keep it without evicting hotter ones) goes, among the
+//! backends within both bands, to the one writing the most instead of the
+//! lowest expected load; a hotter one also pays the **turnover term**, what
+//! the LRU would trim of it before it returns there, so it avoids the
+//! churning backends. (Scale model, 7 backends, caches at half the working
+//! set, Zipf 1.0: 80.6% before, 82.0% after; a router that knew the
+//! popularity and pinned the hottest documents with one tail backend
+//! reaches 85.5%, `crates/warmpath-bench/scripts/lru_refs.py`.)
+//!
 //! All of it (pressure, homes, loads, moves) sits behind one lock taken once
 //! per decision: it is per router (replicas feed each other's picks into it
 //! through `Policy::observe_remote`, see [`remote`](super::remote)).
@@ -46,9 +59,12 @@ use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
 use super::served::Served;
-use super::tuning::{home_table_keys, FIT_BAND, PAYBACK_WINDOW, RESCALE_AT, STICKY};
+use super::tuning::{
+    home_table_keys, FIT_BAND, PAYBACK_WINDOW, RESCALE_AT, STICKY, TAIL_LOAD_MAX, TAIL_ROOM,
+};
 use super::{BackendLoad, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
+use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
 
 /// How [`State::place`] chose.
@@ -90,6 +106,9 @@ pub(crate) struct State {
     /// What each backend of known capacity holds (see
     /// [`resident`](super::resident)).
     pub(super) resident: Resident,
+    /// The last admission threshold: (decision, prefix blocks, popularity);
+    /// recomputed every `n` decisions (see [`State::tail_threshold`]).
+    pub(super) tail: Cell<Option<(u64, u32, f64)>>,
 }
 
 /// Cache pressure per backend, homes and the rebalancing state.
@@ -115,6 +134,7 @@ impl Placer {
                 served: Served::new(backends.len(), PAYBACK_WINDOW * n as f64),
                 payback: 0.0,
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
+                tail: Cell::new(None),
             }),
         }
     }
@@ -228,8 +248,23 @@ impl State {
         }
         let (prefill_weight, miss_weight, decode_weight) = weights;
         let n = loads.len().min(self.pressure.len());
+        // A tail prefix (less popular than what the caches can keep) goes,
+        // among the backends as good, where the cache turns over fastest:
+        // the tail's churn stays on the backends already churning. Any
+        // other prefix pays for what the LRU would trim of it there.
+        let tail =
+            self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit < self.tail_threshold(blocks);
         let evict: Vec<f64> = if self.resident.any() {
-            (0..n).map(|b| self.evict_cost(b, key, blocks)).collect()
+            (0..n)
+                .map(|b| {
+                    let lost = if tail {
+                        0.0
+                    } else {
+                        self.lost_cost(b, key, blocks)
+                    };
+                    self.evict_cost(b, key, blocks) + lost
+                })
+                .collect()
         } else {
             vec![0.0; n]
         };
@@ -261,13 +296,32 @@ impl State {
             b < n && usable(b) && cost(b) <= min + band && evict[b] <= least_loss + fit_band
         };
         let expected = self.homes.loads();
+        // The tail concentrates only on backends not far above the mean
+        // expected load: where it carries more than a fair share of the
+        // traffic, its cold prefills queue; then the lowest load wins.
+        let usable_n = (0..n).filter(|&b| usable(b)).count().max(1) as f64;
+        let mean = (0..n)
+            .filter(|&b| usable(b))
+            .map(|b| expected[b])
+            .sum::<f64>()
+            / usable_n;
+        let light = |b: usize| expected[b] <= TAIL_LOAD_MAX * mean;
+        let tail = tail && (0..n).any(|b| good(b) && light(b));
+        let good = |b: usize| good(b) && (!tail || light(b));
+        let rank = |b: usize| {
+            if tail {
+                -self.pressure[b]
+            } else {
+                expected[b]
+            }
+        };
         let least = (0..n)
             .filter(|&b| good(b))
-            .map(|b| expected[b])
+            .map(rank)
             .min_by(f64::total_cmp)?;
         // Exact ties (an idle fleet) go by the ring, so the walk is short:
         // it stops at the first tied backend.
-        let at = ring.walk(key).find(|&b| good(b) && expected[b] <= least)?;
+        let at = ring.walk(key).find(|&b| good(b) && rank(b) <= least)?;
         let owner = ring.walk(key).find(|&b| b < n && usable(b));
         let how = if owner == Some(at) {
             Placed::RingOwner
@@ -299,6 +353,50 @@ impl State {
                 trim as f64 * pv / (pv + px)
             })
             .sum()
+    }
+
+    /// The **turnover term** of a prefix that the caches keep (not a tail
+    /// one): the expected blocks of `key` that `b`'s LRU trims before its
+    /// next request, `blocks * exp(-p_x * C_b / P_b)`. `p_x / W` is its
+    /// requests per decision and `P_b / W` the blocks `b` writes per
+    /// decision (`W` the decay window of both), so `C_b / (P_b / W)`
+    /// decisions is how long an untouched prefix stays in `b`'s cache of
+    /// `C_b` blocks: a prefix placed where the cache turns over faster than
+    /// it returns is lost again. 0 where the capacity is unknown.
+    fn lost_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
+        let Some(cache) = self.resident.of(b) else {
+            return 0.0;
+        };
+        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        let stays = px * cache.capacity() as f64 / self.pressure[b].max(f64::MIN_POSITIVE);
+        f64::from(blocks) * (-stays).exp()
+    }
+
+    /// The **admission threshold** for prefixes of `blocks` blocks: the
+    /// popularity of the `k`-th most popular prefix remembered, `k` the
+    /// prefixes of that size the modelled caches hold beyond `TAIL_ROOM`
+    /// backends' worth. A prefix less popular than it is a tail prefix: the
+    /// fleet cannot keep it without evicting hotter ones. 0 (no tail) when
+    /// every remembered prefix fits or no capacity is known. Recomputed
+    /// every `n` decisions (it selects over the whole home table).
+    pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
+        let n = self.pressure.len().max(1) as u64;
+        if let Some((at, b, t)) = self.tail.get() {
+            if b == blocks && self.seq.saturating_sub(at) < n {
+                return t;
+            }
+        }
+        let (total, largest) = self.resident.capacity();
+        let room = total.saturating_sub((TAIL_ROOM * largest as f64) as u64);
+        let k = (room / u64::from(blocks.max(1))) as usize;
+        let mut pops: Vec<f64> = self.homes.pops().filter(|&p| p > 0.0).collect();
+        let t = if k == 0 || pops.len() <= k {
+            0.0
+        } else {
+            *pops.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a)).1
+        };
+        self.tail.set(Some((self.seq, blocks, t)));
+        t
     }
 
     /// A request of `key` with a `blocks`-block chain was sent to
@@ -376,6 +474,7 @@ impl State {
             let k = self.unit;
             self.pressure.iter_mut().for_each(|p| *p /= k);
             self.homes.rescale(k);
+            self.tail.set(None);
             self.unit = 1.0;
         }
     }
@@ -598,5 +697,87 @@ mod tests {
         assert_eq!(run(&b), 0);
         // Capacity unknown: the lower expected load, 1, where it evicts.
         assert_eq!(run(&backends(2)), 1);
+    }
+
+    /// Backend 1 churns: 100 one-off prefixes of two requests each passed
+    /// through it, writing 500 blocks apiece; its model holds the last two.
+    fn churn(p: &mut State, at: usize) {
+        for key in 1000..1100u64 {
+            p.set_home(key, at, false);
+            p.record(key, at, 500);
+            p.record(key, at, 0);
+            p.cached(key, at, 500);
+        }
+    }
+
+    #[test]
+    fn a_tail_prefix_goes_where_the_tail_churns_unless_that_is_overloaded() {
+        // 3 backends of 1000 blocks, full: 0 with two prefixes of two
+        // requests each, 1 with two hot ones of `hot` requests, 2 churning
+        // through one-offs of two requests each. The caches keep 4 prefixes
+        // beyond one backend's worth; the new prefix, seen once, is colder
+        // than the 4th most popular: a tail one.
+        let b = of_1000_blocks(3);
+        let ring = Ring::new(&b, 160);
+        let place = |hot: usize| {
+            let placer = Placer::new(&b, 1e5);
+            let mut p = placer.lock();
+            for (key, at, reqs) in [(1u64, 0usize, 2), (2, 0, 2), (3, 1, hot), (4, 1, hot)] {
+                p.set_home(key, at, false);
+                for _ in 0..reqs {
+                    p.record(key, at, 0);
+                }
+                p.cached(key, at, 500);
+            }
+            churn(&mut p, 2);
+            p.seq += 100;
+            assert!(p.tail_threshold(500) > p.unit, "one request is below it");
+            // On 0 and 2 it evicts the same (a two-request prefix).
+            assert!((p.evict_cost(0, 9, 500) - p.evict_cost(2, 9, 500)).abs() < 1.0);
+            let (at, _) = p
+                .place(9, 500, &idle(3), |_| true, &ring, (1.0, 1.0, 2.0), 500.0)
+                .unwrap();
+            at
+        };
+        // 2 carries more expected load than 0 (200 against 4, mean 168),
+        // but its cache turns over anyway: 0 keeps what it holds.
+        assert_eq!(place(150), 2);
+        // With the mean at 101, 2 is more than 1.4 times it: the tail's
+        // cold prefills would queue there; the lowest load wins.
+        assert_eq!(place(50), 0);
+    }
+
+    #[test]
+    fn a_kept_prefix_avoids_a_cache_that_turns_over_faster_than_it_returns() {
+        // 2 backends of 1000 blocks: 0 holds a 10-request prefix (least
+        // recently used) and a 100-request one; 1 churns through one-offs.
+        // Prefix 9 (45 requests, lost from 1) is among the 2 the caches keep.
+        let b = of_1000_blocks(2);
+        let ring = Ring::new(&b, 160);
+        let placer = Placer::new(&b, 1e5);
+        let mut p = placer.lock();
+        for (key, reqs) in [(2u64, 10), (1, 100)] {
+            p.set_home(key, 0, false);
+            for _ in 0..reqs {
+                p.record(key, 0, 0);
+            }
+            p.cached(key, 0, 500);
+        }
+        churn(&mut p, 1);
+        p.set_home(9, 1, false);
+        for _ in 0..45 {
+            p.record(9, 1, 0);
+        }
+        p.seq += 100;
+        // Evicting on 1 costs little (its victims are one-offs), but 1
+        // writes 500 blocks every 2 decisions, its whole cache in about 4:
+        // prefix 9 is mostly trimmed there before it returns; 0 writes
+        // nothing.
+        assert!(p.evict_cost(1, 9, 500) < 30.0 && p.evict_cost(0, 9, 500) > 80.0);
+        assert!(p.lost_cost(1, 9, 500) > 150.0 && p.lost_cost(0, 9, 500) == 0.0);
+        let (at, _) = p
+            .place(9, 500, &idle(2), |_| true, &ring, (1.0, 1.0, 2.0), 500.0)
+            .unwrap();
+        assert_eq!(at, 0, "it evicts the 10-request prefix on 0 instead");
     }
 }

@@ -51,6 +51,11 @@ impl Cache {
         self.held.get(&key).map_or(0, |h| h.0)
     }
 
+    /// Its capacity, in blocks.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// Blocks held in all.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
@@ -188,6 +193,13 @@ impl Resident {
                 })
                 .collect(),
         }
+    }
+
+    /// Blocks of every modelled cache together, and of the largest one.
+    pub(crate) fn capacity(&self) -> (u64, u64) {
+        self.caches.iter().flatten().fold((0, 0), |(sum, max), c| {
+            (sum + c.capacity, max.max(c.capacity))
+        })
     }
 
     /// Whether any backend is modelled.

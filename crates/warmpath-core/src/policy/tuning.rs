@@ -112,6 +112,25 @@ pub(crate) const HOME_WAYS: usize = 4;
 /// that prefix, not one prefill.
 pub(crate) const FIT_BAND: f64 = 0.125;
 
+/// Backends' worth of cache left to the **tail** (the prefixes too cold
+/// for the fleet to keep): the admission threshold counts the prefixes the
+/// other caches hold. One backend, because LRU engines cannot pin: the
+/// hottest prefixes stay put only where nothing colder is written, so the
+/// tail's churn needs a cache of its own (scale model, 7 backends, caches
+/// at half the working set, Zipf 1.0: static pinning with one tail backend
+/// reaches 85.5% against 75.8% with none and 82.3% with two,
+/// `crates/warmpath-bench/scripts/lru_refs.py`; in kv_aware 0.5 and 2
+/// tail backends gave 81.4% and 82.1%, against 81.9% at 1).
+pub(crate) const TAIL_ROOM: f64 = 1.0;
+
+/// A tail prefix goes to the backend writing the most only among those
+/// whose expected load is at most this multiple of the mean: 1.4, the
+/// default `rebalance_slack`'s bound, beyond which the tail's queued cold
+/// prefills cost more TTFT than its churn costs elsewhere (scale model,
+/// 7 backends, half-size caches, Zipf 0.6: without it one backend took 26.5%
+/// of the requests).
+pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
+
 /// Most backends that deliberately hold one prefix (its home and up to 3
 /// copies): enough to split a prefix of up to about 4 even shares, few
 /// enough that a `Home` stays small and copies never crowd a fleet's
