@@ -1,0 +1,127 @@
+//! Unit tests of the scale model (`scale/mod.rs`).
+#![allow(clippy::unwrap_used)]
+use super::*;
+
+fn small() -> ScaleConfig {
+    ScaleConfig {
+        instances: 8,
+        requests: 3000,
+        docs: 64,
+        doc_tokens: 800,
+        cache_blocks: 600,
+        rate_per_instance: 2.0,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn every_strategy_completes_every_request() {
+    for s in Strategy::ALL {
+        let mut calls = 0;
+        let r = run(&small(), s, &mut |_| calls += 1).unwrap();
+        assert_eq!(r.requests, 3000, "{s}");
+        assert!(calls >= 1);
+        assert!(r.hit_rate >= 0.0 && r.hit_rate < 1.0);
+        assert!(r.ttft_ms.p50 > 0.0 && r.ttft_ms.p50 <= r.ttft_ms.p99);
+        assert_eq!(r.decisions.values().sum::<u64>(), 3000);
+        assert!(r.share_min_pct <= 12.5 && r.share_max_pct >= 12.5);
+    }
+}
+
+#[test]
+fn cache_aware_routing_beats_random_on_hits() {
+    let random = run(&small(), Strategy::Random, &mut |_| {}).unwrap();
+    let kv = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+    let prefix = run(&small(), Strategy::PrefixAware, &mut |_| {}).unwrap();
+    // 64 docs of 50 blocks, 12 fit per instance: random hits only the
+    // popular ones, sticky routing keeps ~8 per instance warm.
+    assert!(
+        kv.hit_rate > random.hit_rate + 0.2,
+        "{} vs {}",
+        kv.hit_rate,
+        random.hit_rate
+    );
+    assert!(prefix.hit_rate > random.hit_rate + 0.2);
+    assert!(kv.ttft_ms.p50 < random.ttft_ms.p50);
+    assert!(kv.decisions.get("kv_match").copied().unwrap_or(0) > 1000);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_result() {
+    let a = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+    let b = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+    assert_eq!(a.hit_rate, b.hit_rate);
+    assert_eq!(a.ttft_ms, b.ttft_ms);
+}
+
+#[test]
+fn replicas_share_the_index_and_still_hit() {
+    let one = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+    let three = ScaleConfig {
+        routers: 3,
+        load_report_ms: 100,
+        ..small()
+    };
+    let random = run(&three, Strategy::Random, &mut |_| {}).unwrap();
+    let kv = run(&three, Strategy::KvAware, &mut |_| {}).unwrap();
+    assert_eq!((kv.routers, kv.requests), (3, 3000));
+    // The replicas route on the one shared index: warm prefixes still
+    // go where they are cached, far above random.
+    assert!(
+        kv.hit_rate > random.hit_rate + 0.2,
+        "{} vs {}",
+        kv.hit_rate,
+        random.hit_rate
+    );
+    // ... but each replica places cold prefixes on its own: the
+    // figures differ from one router's.
+    assert_ne!(kv.ttft_ms, one.ttft_ms);
+}
+
+#[test]
+fn replicas_that_share_decisions_place_as_one_router() {
+    let cfg = |routers, share_delay_ms| ScaleConfig {
+        routers,
+        share_delay_ms,
+        load_report_ms: 100,
+        ..small()
+    };
+    let one = run(&cfg(1, None), Strategy::KvAware, &mut |_| {}).unwrap();
+    let blind = run(&cfg(3, None), Strategy::KvAware, &mut |_| {}).unwrap();
+    let shared = run(&cfg(3, Some(1.0)), Strategy::KvAware, &mut |_| {}).unwrap();
+    let gap = |r: &ScaleReport| (r.hit_rate - one.hit_rate).abs();
+    assert!(
+        gap(&shared) < gap(&blind),
+        "one {} blind {} shared {}",
+        one.hit_rate,
+        blind.hit_rate,
+        shared.hit_rate
+    );
+    // Sharing with one router is no sharing at all.
+    let alone = run(&cfg(1, Some(1.0)), Strategy::KvAware, &mut |_| {}).unwrap();
+    assert_eq!(alone.ttft_ms, one.ttft_ms);
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let bad = ScaleConfig {
+        instances: 0,
+        ..small()
+    };
+    assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+    let bad = ScaleConfig {
+        share_delay_ms: Some(-1.0),
+        ..small()
+    };
+    assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+    let bad = ScaleConfig {
+        rate_per_instance: -1.0,
+        ..small()
+    };
+    assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+    let bad = ScaleConfig {
+        routers: 0,
+        ..small()
+    };
+    assert!(run(&bad, Strategy::Random, &mut |_| {}).is_err());
+}
