@@ -382,12 +382,17 @@ proptest! {
     /// whatever the loads, modelled caches and stale copies. (The rebalancer
     /// is off: its waits scale with the fleet size by design, so they do
     /// differ. Placements are old enough that stickiness, also scaled, is
-    /// only the queued-prefill kind.)
+    /// only the queued-prefill kind. The engines' capacities stay unknown:
+    /// with capacities, cold placement's admission threshold is a
+    /// fleet-wide statistic over every remembered prefix and every cache,
+    /// which a removed worker's prefixes and a joining worker's cache do
+    /// change, so a prefix near it may place otherwise; the fixed histories
+    /// below include capacities.)
     #[test]
     fn a_change_is_the_changed_worker_becoming_unusable(
         n in 2usize..6,
         change in proptest::option::of(0usize..6),
-        capacity in proptest::option::of(60u64..300),
+        capacity in Just(None::<u64>),
         ops in proptest::collection::vec((0u64..12, any::<bool>(), any::<u64>()), 1..200),
         after in proptest::collection::vec(any::<u64>(), 12),
     ) {
