@@ -273,7 +273,18 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     api.send("watch-1-ready.jsonl");
     let took = follows(&c, &r, &[&bs[0], &bs[1]]).await;
     println!("NUMBER k8s add followed in {took:?} (settle 250 ms)");
-    let before = status(&c, &r).await;
+    // The round's status is written after its members are: wait for it, so
+    // the add is counted in `before`.
+    let before = poll::poll(
+        "the add's round to be counted",
+        Duration::from_secs(10),
+        Duration::from_millis(5),
+        async || {
+            let st = status(&c, &r).await;
+            (st["last_result"].as_array().map_or(0, Vec::len) == 2).then_some(st)
+        },
+    )
+    .await;
 
     // A split: pod 1 moves to a new slice, its old slice updated 50 ms
     // before the new one is created. Applied together (settle 250 ms),
