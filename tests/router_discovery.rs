@@ -56,17 +56,10 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
         targets[..n].iter().map(|(t, p)| (t.as_str(), *p)).collect()
     };
     dns.set_srv("engines.test.", &srv(2)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          srv: true\n          interval_ms: {INTERVAL_MS}\n          timeout_ms: 200\n          nameserver: {}\n",
-            dns.addr
-        ),
-    )
-    .unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let r = RouterProcess::from_yaml(&format!(
+        "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          srv: true\n          interval_ms: {INTERVAL_MS}\n          timeout_ms: 200\n          nameserver: {}\n",
+        dns.addr
+    )).await;
     let c = client();
     // Resolved before the router listens: it routes at once.
     assert_eq!(members(&c, &r).await.len(), 2);

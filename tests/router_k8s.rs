@@ -354,17 +354,10 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
     let gone = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = gone.local_addr().unwrap();
     drop(gone);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "pools:\n  - model: m\n    backends: [{{url: {}}}]\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          api_url: http://{api}\n          timeout_ms: 300\n          backoff_ms: 50\n",
-            bs[0].url(),
-        ),
-    )
-    .unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let r = RouterProcess::from_yaml(&format!(
+        "pools:\n  - model: m\n    backends: [{{url: {}}}]\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          api_url: http://{api}\n          timeout_ms: 300\n          backoff_ms: 50\n",
+        bs[0].url(),
+    )).await;
     let c = client();
     let st = poll::poll(
         "the provider to report the watch's failures",
@@ -397,17 +390,10 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
 async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
     let bs = pods(2).await;
     let api = TestApi::start(bs[0].addr.port()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n          api_url: http://{}\n          settle_ms: 50\n",
-            api.addr
-        ),
-    )
-    .unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    let r = RouterProcess::from_yaml(&format!(
+        "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n          api_url: http://{}\n          settle_ms: 50\n",
+        api.addr
+    )).await;
     let c = client();
     let urls = async || -> Vec<(String, String)> {
         let v = get_url(&c, &r.url("/admin/pools/m/backends")).await.json();
@@ -450,17 +436,10 @@ async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
 async fn an_endpoint_back_while_its_member_was_draining_returns() {
     let bs = pods(2).await;
     let api = TestApi::start(bs[0].addr.port()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          api_url: http://{}\n          settle_ms: 50\n          resync_ms: 200\n",
-            api.addr
-        ),
-    )
-    .unwrap();
-    let r = Arc::new(RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await);
+    let r = Arc::new(RouterProcess::from_yaml(&format!(
+        "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          api_url: http://{}\n          settle_ms: 50\n          resync_ms: 200\n",
+        api.addr
+    )).await);
     let c = client();
     api.watch_open(1).await;
     api.send("watch-1-ready.jsonl");

@@ -444,6 +444,15 @@ impl RouterProcess {
         RouterProcess { child, addr }
     }
 
+    /// The binary with `yaml` as its router.yaml, read at start-up only (its
+    /// directory goes after).
+    pub async fn from_yaml(yaml: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("router.yaml");
+        std::fs::write(&cfg, yaml).unwrap();
+        Self::spawn(&["--config", cfg.to_str().unwrap()]).await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
@@ -481,8 +490,6 @@ impl RouterProcess {
 /// pool `m` with `pool` (indented lines such as `    strategy: random`) over
 /// `backends`. The file is read at start-up only; its directory goes after.
 pub async fn yaml_router(sections: &str, pool: &str, backends: &[&TestBackend]) -> RouterProcess {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("router.yaml");
     let urls: Vec<String> = backends
         .iter()
         .map(|b| format!("{{url: '{}'}}", b.url()))
@@ -491,8 +498,7 @@ pub async fn yaml_router(sections: &str, pool: &str, backends: &[&TestBackend]) 
         "{sections}\npools:\n  - model: m\n{pool}\n    backends: [{}]\n",
         urls.join(", ")
     );
-    std::fs::write(&cfg, yaml).unwrap();
-    RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await
+    RouterProcess::from_yaml(&yaml).await
 }
 
 /// Asserts that a completion for `m` sent to `r` finds no backend: 503
