@@ -42,6 +42,7 @@
 //! per decision: it is per router (several replicas each keep their own; use
 //! `cold_placement: ring` there).
 
+use super::candidates::Candidates;
 use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
@@ -91,6 +92,9 @@ pub(crate) struct State {
     /// What each backend of known capacity holds (see
     /// [`resident`](super::resident)).
     pub(super) resident: Resident,
+    /// The usable backends by load, for the warm pick (see
+    /// [`candidates`](super::candidates)).
+    pub(super) cands: Candidates,
 }
 
 /// Cache pressure per backend, homes and the rebalancing state.
@@ -119,6 +123,7 @@ impl Placer {
                 served: Served::new(backends.len(), PAYBACK_WINDOW * n as f64),
                 payback: 0.0,
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
+                cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
             }),
         }
     }
@@ -128,6 +133,15 @@ impl Placer {
     /// (the default) leaves it out.
     pub(crate) fn with_payback(mut self, gain: f64) -> Self {
         self.state.get_mut().payback = gain.max(0.0);
+        self
+    }
+
+    /// The warm pick's candidates file loads by `kv`'s weights and treat
+    /// `threshold` in flight as full.
+    pub(crate) fn with_candidates(mut self, kv: &super::KvConfig, threshold: u32) -> Self {
+        let n = self.state.get_mut().pressure.len();
+        self.state.get_mut().cands =
+            Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);
         self
     }
 
