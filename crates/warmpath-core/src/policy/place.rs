@@ -246,46 +246,60 @@ impl State {
         }
         let (prefill_weight, miss_weight, decode_weight) = weights;
         let n = loads.len().min(self.pressure.len());
-        let evict: Vec<f64> = if self.resident.any() {
-            (0..n).map(|b| self.evict_cost(b, key, blocks)).collect()
-        } else {
-            vec![0.0; n]
-        };
-        // Where the capacity is known the eviction term replaces pressure,
-        // its proxy: a backend that turns over only cold prefixes is the
-        // right place for one more.
-        let write = |b: usize| match self.resident.of(b) {
-            Some(_) => evict[b],
-            None => self.pressure[b] / self.unit,
-        };
-        let cost = |b: usize| {
-            let l = &loads[b];
-            miss_weight * write(b)
-                + prefill_weight * l.pending_prefill_blocks as f64
-                + decode_weight * f64::from(l.effective_in_flight())
-        };
-        let min = (0..n)
+        let modelled = self.resident.any();
+        // One pass: each usable backend's cost and eviction term, computed
+        // once (every rule below reads them again).
+        let scored: Vec<(usize, f64, f64)> = (0..n)
             .filter(|&b| usable(b))
-            .map(cost)
-            .min_by(f64::total_cmp)?;
+            .map(|b| {
+                let evict = if modelled {
+                    self.evict_cost(b, key, blocks)
+                } else {
+                    0.0
+                };
+                // Where the capacity is known the eviction term replaces
+                // pressure, its proxy: a backend that turns over only cold
+                // prefixes is the right place for one more.
+                let write = match self.resident.of(b) {
+                    Some(_) => evict,
+                    None => self.pressure[b] / self.unit,
+                };
+                let l = &loads[b];
+                let cost = miss_weight * write
+                    + prefill_weight * l.pending_prefill_blocks as f64
+                    + decode_weight * f64::from(l.effective_in_flight());
+                (b, cost, evict)
+            })
+            .collect();
+        let min = scored.iter().map(|s| s.1).min_by(f64::total_cmp)?;
         // The band evens loads among backends as good for the caches: never
         // at the price of evicting hotter prefixes than the least-loss one.
-        let least_loss = (0..n)
-            .filter(|&b| usable(b))
-            .map(|b| evict[b])
-            .min_by(f64::total_cmp)?;
+        let least_loss = scored.iter().map(|s| s.2).min_by(f64::total_cmp)?;
         let fit_band = FIT_BAND * f64::from(blocks);
-        let good = |b: usize| {
-            b < n && usable(b) && cost(b) <= min + band && evict[b] <= least_loss + fit_band
-        };
+        let good = |s: &&(usize, f64, f64)| s.1 <= min + band && s.2 <= least_loss + fit_band;
         let expected = self.homes.loads();
-        let least = (0..n)
-            .filter(|&b| good(b))
-            .map(|b| expected[b])
+        let least = scored
+            .iter()
+            .filter(good)
+            .map(|s| expected[s.0])
             .min_by(f64::total_cmp)?;
+        let mut tied = scored
+            .iter()
+            .filter(good)
+            .filter(|s| expected[s.0] <= least);
+        let first = tied.next()?.0;
         // Exact ties (an idle fleet) go by the ring, so the walk is short:
-        // it stops at the first tied backend.
-        let at = ring.walk(key).find(|&b| good(b) && expected[b] <= least)?;
+        // it stops at the first tied backend; one winner needs no walk.
+        let at = if tied.next().is_none() {
+            first
+        } else {
+            let is_tied = |b: usize| {
+                scored
+                    .binary_search_by_key(&b, |s| s.0)
+                    .is_ok_and(|i| good(&&scored[i]) && expected[b] <= least)
+            };
+            ring.walk(key).find(|&b| is_tied(b))?
+        };
         let owner = ring.walk(key).find(|&b| b < n && usable(b));
         let how = if owner == Some(at) {
             Placed::RingOwner
