@@ -164,6 +164,15 @@ impl Candidates {
                 self.refile(i, key);
             }
         }
+        // A short slice (never, by the `Policy` contract): the rest are out.
+        for i in loads.len()..self.filed.len() {
+            let old = std::mem::take(&mut self.flags[i]);
+            self.eligible -= usize::from(old.0);
+            self.partial -= usize::from(old.1);
+            if self.filed[i].is_some() {
+                self.refile(i, None);
+            }
+        }
     }
 
     fn refile(&mut self, i: usize, key: Option<LoadKey>) {

@@ -46,7 +46,10 @@
 //! uses) goes to that owner (`prefix_hash`): its missing blocks are unknown,
 //! not absent, and the ring owner is where the prefix went before.
 //!
-//! The lowest cost wins; ties go to the deeper match, then at random. This
+//! The lowest cost wins; ties go to the deeper match, then at random (one
+//! draw over the tied set). Only the chain's holders are costed one by one;
+//! the others cost by their load alone and are taken from load buckets
+//! ([`candidates`](super::candidates)), the same decision as a scan. This
 //! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
 //! decode load), with the cache's own cost added.
 //!

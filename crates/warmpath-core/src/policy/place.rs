@@ -632,3 +632,7 @@ mod tests {
         assert_eq!(run(&backends(2)), 1);
     }
 }
+
+#[cfg(test)]
+#[path = "place_scan_tests.rs"]
+mod scan_tests;
