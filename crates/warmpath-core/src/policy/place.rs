@@ -319,6 +319,11 @@ impl State {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
         };
+        // Room for the whole chain: no victims, whatever it holds of `key`
+        // (read from the model's own fields: no lookup, no LRU walk).
+        if cache.has_room(u64::from(blocks)) {
+            return std::iter::empty::<f64>().sum();
+        }
         let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
         cache
             .victims(key, u64::from(blocks))
