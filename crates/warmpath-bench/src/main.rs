@@ -586,9 +586,9 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         cfg.rate_per_instance * cfg.instances as f64
     );
     println!(
-        "| strategy | hit rate | TTFT p50 ms | p90 | p99 | share min % | max % | decisions/s | routing µs | wall s |"
+        "| strategy | hit rate | TTFT p50 ms | p90 | p99 | share min % | max % | decisions/s | routing µs | routing p50 / p99 µs | wall s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for s in strategies(&a.strategy)? {
         let total = cfg.requests;
         let r = scale::run(&cfg, s, &mut |done| {
@@ -596,7 +596,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         })?;
         eprintln!();
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} / {:.1} | {:.1} |",
             r.strategy,
             warmpath_bench::optimum::cell(r.hit_rate, None, r.optimum),
             r.ttft_ms.p50,
@@ -606,6 +606,8 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
             r.share_max_pct,
             r.decisions_per_s,
             r.routing_us,
+            r.routing_dist_us.p50,
+            r.routing_dist_us.p99,
             r.wall_s
         );
         if a.shares {

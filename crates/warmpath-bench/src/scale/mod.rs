@@ -194,6 +194,8 @@ pub struct ScaleReport {
     pub decisions_per_s: f64,
     /// Mean routing work per request, µs.
     pub routing_us: f64,
+    /// Routing work per request, µs: p50, p90, p99 (mean as above).
+    pub routing_dist_us: Summary,
     /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
     /// Prefixes the policies moved between instances to even the load
@@ -285,6 +287,8 @@ struct Sim<'a> {
     seed: HashSeed,
     tokens: Vec<u32>,
     routing: Duration,
+    /// Each request's routing work, µs.
+    routing_each: Vec<f64>,
     decisions: BTreeMap<String, u64>,
     ttft: Vec<f64>,
     e2e: Vec<f64>,
@@ -336,6 +340,7 @@ impl<'a> Sim<'a> {
             seed: HashSeed::new("scale-model", "", ""),
             tokens: Vec::with_capacity(cfg.doc_tokens + cfg.question_tokens),
             routing: Duration::ZERO,
+            routing_each: Vec::with_capacity(cfg.requests),
             decisions: BTreeMap::new(),
             ttft: Vec::with_capacity(cfg.requests),
             e2e: Vec::with_capacity(cfg.requests),
@@ -445,7 +450,9 @@ impl<'a> Sim<'a> {
         } else {
             view.policy.pick(&input, &view.loads, &mut view.pick_rng)?
         };
-        self.routing += t0.elapsed();
+        let took = t0.elapsed();
+        self.routing += took;
+        self.routing_each.push(took.as_secs_f64() * 1e6);
         *self
             .decisions
             .entry(d.kind.as_str().to_owned())
@@ -656,6 +663,7 @@ impl<'a> Sim<'a> {
             } else {
                 0.0
             },
+            routing_dist_us: Summary::of(&self.routing_each),
             decisions: self.decisions.clone(),
             moves: self.routers.moves(),
             simulated_s,

@@ -89,6 +89,18 @@ impl CacheIndex {
                 })
                 .collect(),
         };
+        // Slot -> its place in `active` (only the first block's holders
+        // can ever be active), and per place the depth it was last seen at.
+        let top = active
+            .iter()
+            .map(|a| a.slot as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut at = vec![u32::MAX; top];
+        for (k, a) in active.iter().enumerate() {
+            at[a.slot as usize] = k as u32;
+        }
+        let mut mark: Vec<(u32, u8)> = vec![(0, 0); active.len()];
         let finish = |a: &Active, depth: u32, out: &mut MatchResult| {
             out.workers.push(WorkerMatch {
                 slot: a.slot,
@@ -109,20 +121,41 @@ impl CacheIndex {
                     }
                     active.clear();
                 }
-                Some(e) => active.retain_mut(|a| match e.find(a.slot) {
-                    Some(x) if x.gen() == a.gen => {
-                        if a.gpu_contiguous && x.tiers() & Tier::Gpu.bit() != 0 {
-                            a.gpu_blocks += 1;
-                        } else {
-                            a.gpu_contiguous = false;
+                Some(e) => {
+                    // One pass over the block's holders marks the active
+                    // workers that hold it (their current generation), so
+                    // a block costs O(holders + active), not their product.
+                    for x in e.iter() {
+                        if let Some(&k) = at.get(x.slot() as usize) {
+                            if let Some(a) = active.get(k as usize) {
+                                if a.slot == x.slot() && a.gen == x.gen() {
+                                    mark[k as usize] = (depth, x.tiers());
+                                }
+                            }
                         }
-                        true
                     }
-                    _ => {
-                        finish(a, depth, &mut out);
-                        false
+                    let mut k = 0;
+                    active.retain_mut(|a| {
+                        let (seen, tiers) = mark[k];
+                        k += 1;
+                        if seen == depth {
+                            if a.gpu_contiguous && tiers & Tier::Gpu.bit() != 0 {
+                                a.gpu_blocks += 1;
+                            } else {
+                                a.gpu_contiguous = false;
+                            }
+                            true
+                        } else {
+                            finish(a, depth, &mut out);
+                            false
+                        }
+                    });
+                    // Survivors moved down: their slots point at new places
+                    // (a stale mark is of an earlier depth: it never counts).
+                    for (k, a) in active.iter().enumerate() {
+                        at[a.slot as usize] = k as u32;
                     }
-                }),
+                }
             }
         }
         for a in &active {

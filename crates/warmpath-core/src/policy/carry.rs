@@ -74,6 +74,8 @@ impl State {
                 .remap(&from, backends.iter().map(|b| b.capacity_blocks)),
             // The admission threshold depends on the fleet's capacity: recomputed.
             tail: std::cell::Cell::new(None),
+            // Positions shift: refiled from the next decision's loads.
+            cands: self.cands.fresh(backends.len()),
         }
     }
 }

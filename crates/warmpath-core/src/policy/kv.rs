@@ -55,7 +55,10 @@
 //! uses) goes to that owner (`prefix_hash`): its missing blocks are unknown,
 //! not absent, and the ring owner is where the prefix went before.
 //!
-//! The lowest cost wins; ties go to the deeper match, then at random. This
+//! The lowest cost wins; ties go to the deeper match, then at random (one
+//! draw over the tied set). Only the chain's holders are costed one by one;
+//! the others cost by their load alone and are taken from load buckets
+//! ([`candidates`](super::candidates)), the same decision as a scan. This
 //! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
 //! decode load), with the cache's own cost added.
 //!
@@ -107,6 +110,7 @@
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full.
 
+use super::candidates::Held;
 use super::home::Home;
 use super::place::{Mode, Placed, Placer, State};
 use super::rebalance::Rebalance;
@@ -128,10 +132,11 @@ pub struct KvAware {
     /// Worker ids, in snapshot order: a rebuild carries state by them.
     ids: Vec<String>,
     slots: Vec<WorkerSlot>,
+    /// Index slot -> position (`u32::MAX`: not in the snapshot).
+    pos_of: Vec<u32>,
     fallback: PrefixAware,
     placer: Placer,
     rebalance: Option<Rebalance>,
-    threshold: u32,
     kv: KvConfig,
 }
 
@@ -144,16 +149,29 @@ impl KvAware {
     /// With pressure and popularity decaying over `window` decisions per
     /// backend (tests use a long one to keep counts exact).
     fn with_window(config: &PolicyConfig, backends: &[PolicyBackend], window: f64) -> Self {
+        let mut pos_of = vec![
+            u32::MAX;
+            backends
+                .iter()
+                .map(|b| b.slot as usize + 1)
+                .max()
+                .unwrap_or(0)
+        ];
+        for (i, b) in backends.iter().enumerate().rev() {
+            pos_of[b.slot as usize] = i as u32;
+        }
         KvAware {
             ids: backends.iter().map(|b| b.id.clone()).collect(),
             slots: backends.iter().map(|b| b.slot).collect(),
+            pos_of,
             fallback: PrefixAware::new(config, backends),
-            placer: Placer::new(backends, window).with_payback(PAYBACK_GAIN),
+            placer: Placer::new(backends, window)
+                .with_payback(PAYBACK_GAIN)
+                .with_candidates(&config.kv, config.concurrency_threshold),
             rebalance: config.kv.rebalance_slack.map(|slack| Rebalance {
                 slack,
                 backends: backends.len() as u64,
             }),
-            threshold: config.concurrency_threshold,
             kv: config.kv.clone(),
         }
     }
@@ -162,48 +180,62 @@ impl KvAware {
     /// ([`Policy::rebuild`]).
     fn carried(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
         let next = KvAware::new(config, backends);
-        let state = self.placer.lock().remap(&self.ids, backends);
-        *next.placer.lock() = state;
+        let mut state = self.placer.lock().remap(&self.ids, backends);
+        let mut live = next.placer.lock();
+        // The new config's candidate weights, not the old policy's.
+        std::mem::swap(&mut state.cands, &mut live.cands);
+        *live = state;
+        drop(live);
         next
     }
 
-    /// Matched blocks of the backend at each position, a stale one's
-    /// discounted by `STALE_MATCH_WEIGHT`.
-    fn matched(&self, input: &RouteInput<'_>) -> Vec<u32> {
+    /// The position of index slot `slot`, if in the snapshot.
+    fn position(&self, slot: WorkerSlot) -> Option<usize> {
+        self.pos_of
+            .get(slot as usize)
+            .filter(|&&p| p != u32::MAX)
+            .map(|&p| p as usize)
+    }
+
+    /// Matched blocks of the backends that hold part of the chain, a stale
+    /// one's discounted by `STALE_MATCH_WEIGHT` (the others match 0).
+    fn held(&self, input: &RouteInput<'_>) -> Held {
         let Some(m) = input.matches else {
-            return vec![0; self.slots.len()];
+            return Held::default();
         };
         let (num, den) = STALE_MATCH_WEIGHT;
-        self.slots
+        let mut v: Vec<(u32, u32)> = m
+            .workers
             .iter()
-            .map(|s| {
-                m.of(*s).map_or(0, |x| {
-                    if x.fresh {
-                        x.blocks
-                    } else {
-                        (x.blocks * num).div_ceil(den)
-                    }
-                })
+            .filter_map(|x| {
+                let pos = self.position(x.slot)?;
+                let blocks = if x.fresh {
+                    x.blocks
+                } else {
+                    (x.blocks * num).div_ceil(den)
+                };
+                (blocks > 0).then_some((pos as u32, blocks))
             })
-            .collect()
+            .collect();
+        v.sort_unstable();
+        // One match per position (an index lists a worker once).
+        v.dedup_by_key(|e| e.0);
+        Held(v)
     }
 
     /// Whether position `i` may take a request: eligible and below the
-    /// concurrency threshold.
-    fn usable(&self, loads: &[BackendLoad], i: usize) -> bool {
-        i < self.slots.len()
-            && loads
-                .get(i)
-                .is_some_and(|l| l.eligible && l.effective_in_flight() < self.threshold)
+    /// concurrency threshold (as the candidates last synced it).
+    fn usable(s: &State, i: usize) -> bool {
+        s.cands.usable(i)
     }
 
     /// A prefix no fresh eligible backend holds (module docs).
     fn place_cold(
         &self,
+        s: &mut State,
         input: &RouteInput<'_>,
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
-        mode: Mode,
     ) -> Result<Decision, PolicyError> {
         if self.kv.cold_placement == ColdPlacement::Ring {
             return self.fallback.pick_by_key(input.prefix_key, loads, rng);
@@ -215,14 +247,13 @@ impl KvAware {
         );
         let ring = self.fallback.ring();
         let band = TIE_BAND * f64::from(input.chain_blocks);
-        let mut s = self.placer.state(mode);
         s.resident.sync(loads);
-        self.observe(&mut s, input);
+        self.observe(s, input);
         let placed = s.place(
             input.prefix_key,
             input.chain_blocks,
             loads,
-            |i| self.usable(loads, i),
+            |i| s.cands.usable(i),
             ring,
             weights,
             band,
@@ -245,90 +276,43 @@ impl KvAware {
         })
     }
 
-    /// The lowest-cost usable backend and its match (the module's formula);
-    /// `None` when every eligible backend is full. `home` is the backend
-    /// that holds the prefix as its home, when there is one.
-    fn cheapest(
-        &self,
-        chain: u32,
-        matched: &[u32],
-        loads: &[BackendLoad],
-        homes: &[usize],
-        rng: &mut dyn RngCore,
-    ) -> Option<(u32, usize)> {
-        let mut best: Option<(f64, u32, usize)> = None;
-        let mut ties = 0u32;
-        for (i, l) in loads.iter().enumerate().take(self.slots.len()) {
-            let inflight = l.effective_in_flight();
-            if !l.eligible || inflight >= self.threshold {
-                continue;
-            }
-            let m = matched[i];
-            let uncached = f64::from(chain - m.min(chain));
-            let write = if homes.is_empty() || homes.contains(&i) {
-                uncached
-            } else {
-                f64::from(chain)
-            };
-            let cost = self.kv.prefill_weight * (uncached + l.pending_prefill_blocks as f64)
-                + self.kv.miss_weight * write
-                + self.kv.decode_weight * f64::from(inflight);
-            let better = match best {
-                None => true,
-                Some((c, bm, _)) => cost < c || (cost == c && m > bm),
-            };
-            let tie = matches!(best, Some((c, bm, _)) if cost == c && m == bm);
-            if better {
-                best = Some((cost, m, i));
-                ties = 1;
-            } else if tie {
-                ties += 1;
-                if rng.next_u32().is_multiple_of(ties) {
-                    best = Some((cost, m, i));
-                }
-            }
-        }
-        best.map(|(_, m, i)| (m, i))
-    }
-
     /// The warm pick under `pressure` placement: follows a moved prefix
     /// while it prefills at its new home, else the cheapest backend (the
     /// home charged only for what it lacks), and possibly moves the prefix
     /// to even the balance loads (module docs).
+    #[allow(clippy::too_many_arguments)]
     fn pick_homed(
         &self,
+        s: &mut State,
         input: &RouteInput<'_>,
-        matched: &[u32],
+        held: &Held,
         best_match: u32,
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
-        mode: Mode,
     ) -> Result<Decision, PolicyError> {
         let key = input.prefix_key;
         let chain = input.chain_blocks.max(best_match);
-        let usable = |i: usize| self.usable(loads, i);
-        let mut s = self.placer.state(mode);
         s.resident.sync(loads);
-        self.observe(&mut s, input);
-        let home: Option<Home> = s.home(key).filter(|h| usable(h.backend as usize));
+        self.observe(s, input);
+        let home: Option<Home> = s.home(key).filter(|h| Self::usable(s, h.backend as usize));
         let at = |h: &Home| h.backend as usize;
-        if let Some(h) = home.filter(|h| h.moved && matched[at(h)] < best_match) {
+        if let Some(h) = home.filter(|h| h.moved && held.get(at(h)) < best_match) {
             if s.following(&h, loads) {
                 let b = at(&h);
-                s.record(key, b, input.chain_blocks.saturating_sub(matched[b]));
+                s.record(key, b, input.chain_blocks.saturating_sub(held.get(b)));
                 s.cached(key, b, input.chain_blocks);
                 return Ok(Decision {
                     backend: b,
                     kind: DecisionKind::Spill,
-                    matched_blocks: matched[b],
+                    matched_blocks: held.get(b),
                 });
             }
         }
         // The home holds it (LRU may have trimmed a few of its last blocks
         // there: it writes them back rather than hand the prefix to a copy).
         let (num, den) = HOME_HOLDS;
-        let holding =
-            home.filter(|h| u64::from(matched[at(h)]) * den >= u64::from(best_match) * num);
+        let holds = |i: usize| u64::from(held.get(i)) * den >= u64::from(best_match) * num;
+        let holding = home.filter(|h| holds(at(h)));
         // Its agent's view is stale: it may well hold it; decide nothing.
         let stale = home.is_some_and(|h| {
             let slot = self.slots[at(&h)];
@@ -338,40 +322,40 @@ impl KvAware {
                 .is_some_and(|w| !w.fresh)
         });
         // The home and its deliberate copies that hold the prefix.
-        let holds = |i: usize| u64::from(matched[i]) * den >= u64::from(best_match) * num;
         let homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
             h.holders()
-                .filter(|&i| i == at(&h) || (usable(i) && holds(i)))
+                .filter(|&i| i == at(&h) || (Self::usable(s, i) && holds(i)))
                 .collect()
         });
-        let Some((mut m, mut backend)) = self.cheapest(chain, matched, loads, &homes, rng) else {
+        let Some((mut m, mut backend)) = s.cands.cheapest(&self.kv, chain, held, &homes, rng)
+        else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             s.record(
                 key,
                 backend,
-                input.chain_blocks.saturating_sub(matched[backend]),
+                input.chain_blocks.saturating_sub(held.get(backend)),
             );
             s.cached(key, backend, input.chain_blocks);
             return Ok(Decision {
                 backend,
                 kind: DecisionKind::LeastOutstanding,
-                matched_blocks: matched[backend],
+                matched_blocks: held.get(backend),
             });
         };
         match (holding, &self.rebalance) {
             (Some(h), Some(rb)) if homes.contains(&backend) && m == best_match => {
-                match s.replicas(rb, &h, usable) {
+                match s.replicas(rb, &h, |i| s.cands.usable(i)) {
                     Some(true) => {
-                        if let Some(d) = self.replicate(&mut s, input, &h, matched, loads) {
+                        if let Some(d) = self.replicate(s, input, &h, held, loads) {
                             return Ok(d);
                         }
                     }
                     Some(false) => s.copy(key, None),
                     None => {}
                 }
-                if let Some(t) = s.propose_move(rb, &h, chain, loads, usable) {
+                if let Some(t) = s.propose_move(rb, &h, chain, loads, |i| s.cands.usable(i)) {
                     s.move_home(key, at(&h), t);
-                    (m, backend) = (matched[t], t);
+                    (m, backend) = (held.get(t), t);
                 }
             }
             // Its home lost it (or it had none): it lives where it went.
@@ -393,7 +377,7 @@ impl KvAware {
         s: &mut State,
         input: &RouteInput<'_>,
         home: &Home,
-        matched: &[u32],
+        held: &Held,
         loads: &[BackendLoad],
     ) -> Option<Decision> {
         let weights = (
@@ -406,7 +390,7 @@ impl KvAware {
             input.prefix_key,
             input.chain_blocks,
             loads,
-            |i| self.usable(loads, i) && !home.holds(i),
+            |i| s.cands.usable(i) && !home.holds(i),
             self.fallback.ring(),
             weights,
             band,
@@ -415,13 +399,13 @@ impl KvAware {
         s.record(
             input.prefix_key,
             t,
-            input.chain_blocks.saturating_sub(matched[t]),
+            input.chain_blocks.saturating_sub(held.get(t)),
         );
         s.cached(input.prefix_key, t, input.chain_blocks);
         Some(Decision {
             backend: t,
             kind: DecisionKind::Replicate,
-            matched_blocks: matched[t],
+            matched_blocks: held.get(t),
         })
     }
 
@@ -437,7 +421,7 @@ impl KvAware {
         }
         let key = input.prefix_key;
         for w in m.workers.iter().filter(|w| w.fresh) {
-            if let Some(i) = self.slots.iter().position(|s| *s == w.slot) {
+            if let Some(i) = self.position(w.slot) {
                 s.observe(key, i, w.blocks);
             }
         }
@@ -517,37 +501,43 @@ impl KvAware {
         rng: &mut dyn RngCore,
         mode: Mode,
     ) -> Result<Decision, PolicyError> {
-        let matched = self.matched(input);
+        let held = self.held(input);
+        let mut s = self.placer.state(mode);
+        s.cands.sync(loads);
+        if !s.cands.any_eligible() {
+            return Err(PolicyError::NoBackend);
+        }
         let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
-        let best_match = (0..self.slots.len())
-            .filter(|&i| eligible(i))
-            .map(|i| matched[i])
+        let best_match = held
+            .iter()
+            .filter(|&(i, _)| eligible(i))
+            .map(|(_, m)| m)
             .max()
-            .ok_or(PolicyError::NoBackend)?;
+            .unwrap_or(0);
         if best_match < self.kv.min_match_blocks {
             // A partial view's missing blocks are unknown, not absent: the
             // prefix's ring owner may hold it from before its agent's view.
             // (Looked up only when some view is partial: no cost, and no
             // draw from `rng`, otherwise.)
             let partial = |l: &BackendLoad| l.engine.is_some_and(|e| e.partial);
-            if loads.iter().any(partial) {
+            if s.cands.any_partial() {
                 let owner = self.fallback.pick_by_key(input.prefix_key, loads, rng)?;
                 if loads.get(owner.backend).is_some_and(partial) {
                     return Ok(owner);
                 }
             }
-            return self.place_cold(input, loads, rng, mode);
+            return self.place_cold(&mut s, input, loads, rng);
         }
         if self.kv.cold_placement == ColdPlacement::Pressure {
-            return self.pick_homed(input, &matched, best_match, loads, rng, mode);
+            return self.pick_homed(&mut s, input, &held, best_match, loads, rng);
         }
         let chain = input.chain_blocks.max(best_match);
-        let Some((m, backend)) = self.cheapest(chain, &matched, loads, &[], rng) else {
+        let Some((m, backend)) = s.cands.cheapest(&self.kv, chain, &held, &[], rng) else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             return Ok(Decision {
                 backend,
                 kind: DecisionKind::LeastOutstanding,
-                matched_blocks: matched[backend],
+                matched_blocks: held.get(backend),
             });
         };
         Ok(warm_decision(backend, m, best_match))

@@ -18,6 +18,7 @@
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
 //! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load, cache writes and (capacity known) what a write evicts; prefixes moved to even the load, copied when too hot for one backend (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `cold`, `replicate`, `least_outstanding` |
 
+mod candidates;
 mod carry;
 mod home;
 mod kv;

@@ -55,6 +55,7 @@
 //! per decision: it is per router (replicas feed each other's picks into it
 //! through `Policy::observe_remote`, see [`remote`](super::remote)).
 
+use super::candidates::Candidates;
 use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
@@ -109,6 +110,9 @@ pub(crate) struct State {
     /// The last admission threshold: (decision, prefix blocks, popularity);
     /// recomputed every `n` decisions (see [`State::tail_threshold`]).
     pub(super) tail: Cell<Option<(u64, u32, f64)>>,
+    /// The usable backends by load, for the warm pick (see
+    /// [`candidates`](super::candidates)).
+    pub(super) cands: Candidates,
 }
 
 /// Cache pressure per backend, homes and the rebalancing state.
@@ -135,6 +139,7 @@ impl Placer {
                 payback: 0.0,
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
                 tail: Cell::new(None),
+                cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
             }),
         }
     }
@@ -144,6 +149,15 @@ impl Placer {
     /// (the default) leaves it out.
     pub(crate) fn with_payback(mut self, gain: f64) -> Self {
         self.state.get_mut().payback = gain.max(0.0);
+        self
+    }
+
+    /// The warm pick's candidates file loads by `kv`'s weights and treat
+    /// `threshold` in flight as full.
+    pub(crate) fn with_candidates(mut self, kv: &super::KvConfig, threshold: u32) -> Self {
+        let n = self.state.get_mut().pressure.len();
+        self.state.get_mut().cands =
+            Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);
         self
     }
 
@@ -254,60 +268,50 @@ impl State {
         // other prefix pays for what the LRU would trim of it there.
         let tail =
             self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit < self.tail_threshold(blocks);
-        let evict: Vec<f64> = if self.resident.any() {
-            (0..n)
-                .map(|b| {
+        let modelled = self.resident.any();
+        // One pass: each usable backend's cost and eviction term, computed
+        // once (every rule below reads them again).
+        let scored: Vec<(usize, f64, f64)> = (0..n)
+            .filter(|&b| usable(b))
+            .map(|b| {
+                let evict = if modelled {
                     let lost = if tail {
                         0.0
                     } else {
                         self.lost_cost(b, key, blocks)
                     };
                     self.evict_cost(b, key, blocks) + lost
-                })
-                .collect()
-        } else {
-            vec![0.0; n]
-        };
-        // Where the capacity is known the eviction term replaces pressure,
-        // its proxy: a backend that turns over only cold prefixes is the
-        // right place for one more.
-        let write = |b: usize| match self.resident.of(b) {
-            Some(_) => evict[b],
-            None => self.pressure[b] / self.unit,
-        };
-        let cost = |b: usize| {
-            let l = &loads[b];
-            miss_weight * write(b)
-                + prefill_weight * l.pending_prefill_blocks as f64
-                + decode_weight * f64::from(l.effective_in_flight())
-        };
-        let min = (0..n)
-            .filter(|&b| usable(b))
-            .map(cost)
-            .min_by(f64::total_cmp)?;
+                } else {
+                    0.0
+                };
+                // Where the capacity is known the eviction term replaces
+                // pressure, its proxy: a backend that turns over only cold
+                // prefixes is the right place for one more.
+                let write = match self.resident.of(b) {
+                    Some(_) => evict,
+                    None => self.pressure[b] / self.unit,
+                };
+                let l = &loads[b];
+                let cost = miss_weight * write
+                    + prefill_weight * l.pending_prefill_blocks as f64
+                    + decode_weight * f64::from(l.effective_in_flight());
+                (b, cost, evict)
+            })
+            .collect();
+        let min = scored.iter().map(|s| s.1).min_by(f64::total_cmp)?;
         // The band evens loads among backends as good for the caches: never
         // at the price of evicting hotter prefixes than the least-loss one.
-        let least_loss = (0..n)
-            .filter(|&b| usable(b))
-            .map(|b| evict[b])
-            .min_by(f64::total_cmp)?;
+        let least_loss = scored.iter().map(|s| s.2).min_by(f64::total_cmp)?;
         let fit_band = FIT_BAND * f64::from(blocks);
-        let good = |b: usize| {
-            b < n && usable(b) && cost(b) <= min + band && evict[b] <= least_loss + fit_band
-        };
+        let good = |s: &(usize, f64, f64)| s.1 <= min + band && s.2 <= least_loss + fit_band;
         let expected = self.homes.loads();
         // The tail concentrates only on backends not far above the mean
         // expected load: where it carries more than a fair share of the
         // traffic, its cold prefills queue; then the lowest load wins.
-        let usable_n = (0..n).filter(|&b| usable(b)).count().max(1) as f64;
-        let mean = (0..n)
-            .filter(|&b| usable(b))
-            .map(|b| expected[b])
-            .sum::<f64>()
-            / usable_n;
+        let mean = scored.iter().map(|s| expected[s.0]).sum::<f64>() / scored.len().max(1) as f64;
         let light = |b: usize| expected[b] <= TAIL_LOAD_MAX * mean;
-        let tail = tail && (0..n).any(|b| good(b) && light(b));
-        let good = |b: usize| good(b) && (!tail || light(b));
+        let tail = tail && scored.iter().any(|s| good(s) && light(s.0));
+        let good = |s: &(usize, f64, f64)| good(s) && (!tail || light(s.0));
         let rank = |b: usize| {
             if tail {
                 -self.pressure[b]
@@ -315,13 +319,25 @@ impl State {
                 expected[b]
             }
         };
-        let least = (0..n)
-            .filter(|&b| good(b))
-            .map(rank)
+        let least = scored
+            .iter()
+            .filter(|s| good(s))
+            .map(|s| rank(s.0))
             .min_by(f64::total_cmp)?;
+        let mut tied = scored.iter().filter(|s| good(s) && rank(s.0) <= least);
+        let first = tied.next()?.0;
         // Exact ties (an idle fleet) go by the ring, so the walk is short:
-        // it stops at the first tied backend.
-        let at = ring.walk(key).find(|&b| good(b) && rank(b) <= least)?;
+        // it stops at the first tied backend; one winner needs no walk.
+        let at = if tied.next().is_none() {
+            first
+        } else {
+            let is_tied = |b: usize| {
+                scored
+                    .binary_search_by_key(&b, |s| s.0)
+                    .is_ok_and(|i| good(&scored[i]) && rank(b) <= least)
+            };
+            ring.walk(key).find(|&b| is_tied(b))?
+        };
         let owner = ring.walk(key).find(|&b| b < n && usable(b));
         let how = if owner == Some(at) {
             Placed::RingOwner
@@ -341,6 +357,11 @@ impl State {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
         };
+        // Room for the whole chain: no victims, whatever it holds of `key`
+        // (read from the model's own fields: no lookup, no LRU walk).
+        if cache.has_room(u64::from(blocks)) {
+            return std::iter::empty::<f64>().sum();
+        }
         let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
         cache
             .victims(key, u64::from(blocks))
@@ -781,3 +802,7 @@ mod tests {
         assert_eq!(at, 0, "it evicts the 10-request prefix on 0 instead");
     }
 }
+
+#[cfg(test)]
+#[path = "place_scan_tests.rs"]
+mod scan_tests;

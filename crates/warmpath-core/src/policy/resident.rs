@@ -118,6 +118,12 @@ impl Cache {
         self.set(key, blocks.min(self.capacity), false);
     }
 
+    /// Whether `blocks` more blocks (up to the capacity) fit without
+    /// trimming anything: then [`Self::victims`] yields nothing for any key.
+    pub(crate) fn has_room(&self, blocks: u64) -> bool {
+        self.used + blocks.min(self.capacity) <= self.capacity
+    }
+
     /// What caching `blocks` blocks of `key` would trim here, least recently
     /// used first: (prefix key, blocks trimmed). Nothing when it fits.
     pub(crate) fn victims(&self, key: u64, blocks: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -255,6 +261,8 @@ mod tests {
         // The index says 1 lost all but one block.
         c.observe(1, 1);
         assert_eq!((c.held(1), c.used()), (1, 7));
+        // No room for 4 more: victims; room for 0 (or after trimming): none.
+        assert!(!c.has_room(4) && c.has_room(0));
         // Too big for the cache: held up to the capacity, everything else out.
         c.store(4, 30);
         assert_eq!((c.held(4), c.used()), (10, 10));
@@ -305,6 +313,12 @@ mod tests {
                 }
                 for k in 0..8 {
                     prop_assert_eq!(model.held(k), engine_held(&engine, k, 16, bs), "key {}", k);
+                    // Room means nothing is trimmed, for any chain that fits.
+                    for need in [1, blocks, cap] {
+                        if model.has_room(need) {
+                            prop_assert_eq!(model.victims(k, need).count(), 0);
+                        }
+                    }
                 }
                 prop_assert_eq!(model.used(), engine.len() as u64);
             }

@@ -1,0 +1,527 @@
+//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends):
+//! the usable backends filed in **buckets** by the load term of the cost
+//! formula, kept up to date as loads change.
+//!
+//! Why: the formula (the `kv` module docs) was evaluated for every backend on
+//! every request; at 1000 backends that is most of a decision. But for a
+//! backend that holds none of the chain (`m_w = 0`) every term but the load
+//! is the same: `uncached = B` and `write = B` wherever it is (its home or
+//! not), so its cost is `prefill_weight * (B + queued_w) + miss_weight * B +
+//! decode_weight * in_flight_w`, nondecreasing in `queued_w` and
+//! `in_flight_w` (each float operation rounds monotonically, and no term is
+//! negative). So only the holders of the chain need the formula one by one;
+//! among the others only those whose load term is within rounding of the
+//! best cost found can win or tie, and backends with the same
+//! `(queued, in_flight)` cost exactly the same. Such backends share a
+//! bucket, and the buckets are ordered by the load term
+//! `K = prefill_weight * queued + decode_weight * in_flight`, so the pick
+//! walks buckets from the least loaded and stops at the first whose lower
+//! bound `(prefill_weight * B + miss_weight * B + K) * (1 - 1e-12)` is above
+//! the best cost: every later one costs more, exactly, not approximately
+//! (the factor covers the few roundings between `K` and the formula by
+//! orders of magnitude).
+//!
+//! Ties are broken uniformly with a single draw over the tied set in
+//! position order ([`nth_tied`]); the full scan kept in the tests draws the
+//! same way, so fast and reference pick the same backend from the same rng
+//! (a proptest checks it on random fleets, `kv_tests`).
+//!
+//! Load changes: the policy is handed each request's loads as a slice (the
+//! `Policy` API), so [`Candidates::sync`] compares it with the loads filed
+//! last time and refiles only the backends whose `(queued, in_flight,
+//! usable)` changed: one pass of integer compares, the structure itself is
+//! never rebuilt per request.
+
+use super::tuning::KvConfig;
+use super::BackendLoad;
+use rand::RngCore;
+use std::collections::BTreeMap;
+
+/// Below this factor of its bound a bucket's cost cannot fall, whatever the
+/// rounding (a few ulps, 1e-16 each): the early stop is exact.
+const BOUND_SLACK: f64 = 1.0 - 1e-12;
+
+/// The holders of a request's chain: (position, matched blocks, a stale
+/// view's already discounted), ascending by position, none with 0 blocks
+/// (a backend matching nothing costs what a non-holder does).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Held(pub(crate) Vec<(u32, u32)>);
+
+impl Held {
+    /// Matched blocks of position `i` (0 when it holds none).
+    pub(crate) fn get(&self, i: usize) -> u32 {
+        self.0
+            .binary_search_by_key(&i, |&(p, _)| p as usize)
+            .map_or(0, |at| self.0[at].1)
+    }
+
+    /// The holders, ascending.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        self.0.iter().map(|&(p, m)| (p as usize, m))
+    }
+}
+
+/// The warm cost formula (the `kv` module docs) for a backend matching `m`
+/// blocks of a `chain`-block request, `queued` prefill blocks and
+/// `in_flight` requests there; `at_home`: it is the prefix's home (or a
+/// deliberate copy), or the prefix has none, so it writes only what it
+/// lacks. The one place the formula is written.
+pub(crate) fn warm_cost(
+    kv: &KvConfig,
+    chain: u32,
+    m: u32,
+    queued: u64,
+    in_flight: u32,
+    at_home: bool,
+) -> f64 {
+    let uncached = f64::from(chain - m.min(chain));
+    let write = if at_home { uncached } else { f64::from(chain) };
+    kv.prefill_weight * (uncached + queued as f64)
+        + kv.miss_weight * write
+        + kv.decode_weight * f64::from(in_flight)
+}
+
+/// What a usable backend is filed under: its load term first (as the bits
+/// of a non-negative `f64`, which order like the number), then the exact
+/// loads, so one bucket holds backends of identical cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct LoadKey {
+    term_bits: u64,
+    /// Prefill blocks queued.
+    pub(crate) queued: u64,
+    /// Effective in flight.
+    pub(crate) in_flight: u32,
+}
+
+impl LoadKey {
+    /// The load term `prefill_weight * queued + decode_weight * in_flight`.
+    pub(crate) fn term(&self) -> f64 {
+        f64::from_bits(self.term_bits)
+    }
+}
+
+/// Usable backends by load bucket (module docs).
+#[derive(Clone, Debug)]
+pub(crate) struct Candidates {
+    /// Per position: the bucket it is filed in, `None` when not usable.
+    filed: Vec<Option<LoadKey>>,
+    /// Bucket -> its positions, ascending.
+    buckets: BTreeMap<LoadKey, Vec<u32>>,
+    /// Eligible positions (usable or full).
+    eligible: usize,
+    /// Positions whose engine reports a partial view.
+    partial: usize,
+    /// Per position: (eligible, partial) as last synced.
+    flags: Vec<(bool, bool)>,
+    prefill_weight: f64,
+    decode_weight: f64,
+    threshold: u32,
+}
+
+impl Candidates {
+    /// For `n` positions, none usable until the first [`Self::sync`].
+    pub(crate) fn new(n: usize, prefill_weight: f64, decode_weight: f64, threshold: u32) -> Self {
+        Candidates {
+            filed: vec![None; n],
+            buckets: BTreeMap::new(),
+            eligible: 0,
+            partial: 0,
+            flags: vec![(false, false); n],
+            prefill_weight,
+            decode_weight,
+            threshold,
+        }
+    }
+
+    /// The same weights over `n` positions, none usable until the first
+    /// [`Self::sync`] (a membership change: positions shift).
+    pub(crate) fn fresh(&self, n: usize) -> Self {
+        Candidates::new(n, self.prefill_weight, self.decode_weight, self.threshold)
+    }
+
+    /// The key a load is filed under, `None` when it cannot take a request
+    /// (ineligible, or at the concurrency threshold).
+    fn key_of(&self, l: &BackendLoad) -> Option<LoadKey> {
+        let in_flight = l.effective_in_flight();
+        if !l.eligible || in_flight >= self.threshold {
+            return None;
+        }
+        let queued = l.pending_prefill_blocks;
+        let term = self.prefill_weight * queued as f64 + self.decode_weight * f64::from(in_flight);
+        Some(LoadKey {
+            term_bits: term.to_bits(),
+            queued,
+            in_flight,
+        })
+    }
+
+    /// Refiles the positions whose load changed since the last call.
+    pub(crate) fn sync(&mut self, loads: &[BackendLoad]) {
+        for (i, l) in loads.iter().enumerate().take(self.filed.len()) {
+            let flags = (l.eligible, l.engine.is_some_and(|e| e.partial));
+            if flags != self.flags[i] {
+                let old = self.flags[i];
+                self.eligible = self.eligible + usize::from(flags.0) - usize::from(old.0);
+                self.partial = self.partial + usize::from(flags.1) - usize::from(old.1);
+                self.flags[i] = flags;
+            }
+            let key = self.key_of(l);
+            if key != self.filed[i] {
+                self.refile(i, key);
+            }
+        }
+        // A short slice (never, by the `Policy` contract): the rest are out.
+        for i in loads.len()..self.filed.len() {
+            let old = std::mem::take(&mut self.flags[i]);
+            self.eligible -= usize::from(old.0);
+            self.partial -= usize::from(old.1);
+            if self.filed[i].is_some() {
+                self.refile(i, None);
+            }
+        }
+    }
+
+    fn refile(&mut self, i: usize, key: Option<LoadKey>) {
+        let pos = i as u32;
+        if let Some(old) = self.filed[i] {
+            if let Some(b) = self.buckets.get_mut(&old) {
+                if let Ok(at) = b.binary_search(&pos) {
+                    b.remove(at);
+                }
+                if b.is_empty() {
+                    self.buckets.remove(&old);
+                }
+            }
+        }
+        if let Some(new) = key {
+            let b = self.buckets.entry(new).or_default();
+            if let Err(at) = b.binary_search(&pos) {
+                b.insert(at, pos);
+            }
+        }
+        self.filed[i] = key;
+    }
+
+    /// Whether position `i` can take a request (as of the last sync).
+    pub(crate) fn usable(&self, i: usize) -> bool {
+        self.filed.get(i).is_some_and(Option::is_some)
+    }
+
+    /// The bucket position `i` is filed in.
+    pub(crate) fn key(&self, i: usize) -> Option<LoadKey> {
+        self.filed.get(i).copied().flatten()
+    }
+
+    /// Whether any position is eligible.
+    pub(crate) fn any_eligible(&self) -> bool {
+        self.eligible > 0
+    }
+
+    /// Whether any engine reports a partial view.
+    pub(crate) fn any_partial(&self) -> bool {
+        self.partial > 0
+    }
+
+    /// The buckets, least load term first.
+    pub(crate) fn buckets(&self) -> impl Iterator<Item = (&LoadKey, &[u32])> {
+        self.buckets.iter().map(|(k, v)| (k, v.as_slice()))
+    }
+}
+
+impl Candidates {
+    /// The lowest-cost usable backend and its match, `None` when none is
+    /// usable: holders one by one, the others by bucket (module docs). Ties
+    /// (same cost and match) are broken by [`nth_tied`] in position order.
+    /// `homes`: the prefix's home and copies that hold it, or empty.
+    pub(crate) fn cheapest(
+        &self,
+        kv: &KvConfig,
+        chain: u32,
+        held: &Held,
+        homes: &[usize],
+        rng: &mut dyn RngCore,
+    ) -> Option<(u32, usize)> {
+        let mut best: Option<(f64, u32)> = None;
+        let mut tied: Vec<u32> = Vec::new();
+        for (i, m) in held.iter() {
+            let Some(key) = self.key(i) else { continue };
+            let at_home = homes.is_empty() || homes.contains(&i);
+            let cost = warm_cost(kv, chain, m, key.queued, key.in_flight, at_home);
+            match best {
+                Some((c, bm)) if cost > c || (cost == c && m < bm) => {}
+                Some((c, bm)) if cost == c && m == bm => tied.push(i as u32),
+                _ => {
+                    best = Some((cost, m));
+                    tied.clear();
+                    tied.push(i as u32);
+                }
+            }
+        }
+        // Non-holders: m = 0, so no holder ties with them.
+        let base = kv.prefill_weight * f64::from(chain) + kv.miss_weight * f64::from(chain);
+        let mut lists: Vec<&[u32]> = Vec::new();
+        let mut skip: Vec<u32> = Vec::new();
+        let mut others = 0usize;
+        for (key, members) in self.buckets() {
+            if best.is_some_and(|(c, _)| (base + key.term()) * BOUND_SLACK > c) {
+                break;
+            }
+            let holders: Vec<u32> = held
+                .iter()
+                .filter(|&(i, _)| self.key(i) == Some(*key))
+                .map(|(i, _)| i as u32)
+                .collect();
+            let count = members.len() - holders.len();
+            if count == 0 {
+                continue;
+            }
+            let cost = warm_cost(kv, chain, 0, key.queued, key.in_flight, true);
+            match best {
+                Some((c, bm)) if cost > c || (cost == c && bm > 0) => {}
+                Some((c, _)) if cost == c => {}
+                _ => {
+                    best = Some((cost, 0));
+                    tied.clear();
+                    lists.clear();
+                    skip.clear();
+                    others = 0;
+                }
+            }
+            if best == Some((cost, 0)) {
+                lists.push(members);
+                skip.extend(holders);
+                others += count;
+            }
+        }
+        let (_, m) = best?;
+        if m > 0 {
+            let k = nth_tied(tied.len(), rng);
+            return tied.get(k).map(|&i| (m, i as usize));
+        }
+        skip.sort_unstable();
+        let k = nth_tied(others, rng);
+        kth_of(&lists, &skip, k).map(|i| (0, i as usize))
+    }
+}
+
+/// The reference the fast [`Candidates::cheapest`] must equal: the formula
+/// over every backend, `matched` dense by position.
+#[cfg(test)]
+pub(crate) fn cheapest_scan(
+    kv: &KvConfig,
+    threshold: u32,
+    chain: u32,
+    matched: &[u32],
+    loads: &[BackendLoad],
+    homes: &[usize],
+    rng: &mut dyn RngCore,
+) -> Option<(u32, usize)> {
+    let scored: Vec<(f64, u32, usize)> = loads
+        .iter()
+        .enumerate()
+        .take(matched.len())
+        .filter(|(_, l)| l.eligible && l.effective_in_flight() < threshold)
+        .map(|(i, l)| {
+            let at_home = homes.is_empty() || homes.contains(&i);
+            let m = matched[i];
+            let cost = warm_cost(
+                kv,
+                chain,
+                m,
+                l.pending_prefill_blocks,
+                l.effective_in_flight(),
+                at_home,
+            );
+            (cost, m, i)
+        })
+        .collect();
+    let (c, m, _) = *scored
+        .iter()
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))?;
+    let ties: Vec<usize> = scored
+        .iter()
+        .filter(|s| s.0 == c && s.1 == m)
+        .map(|s| s.2)
+        .collect();
+    let k = nth_tied(ties.len(), rng);
+    Some((m, ties[k]))
+}
+
+/// Which of `t` tied candidates wins: uniform, one draw from `rng`, none
+/// when there is no tie (so an untied decision leaves `rng` alone).
+pub(crate) fn nth_tied(t: usize, rng: &mut dyn RngCore) -> usize {
+    if t <= 1 {
+        return 0;
+    }
+    ((u64::from(rng.next_u32()) * t as u64) >> 32) as usize
+}
+
+/// The `k`-th smallest (from 0) of the union of the sorted, disjoint
+/// `lists`, each without the positions in `skip` (sorted): the tied set of a
+/// pick in position order, without walking it.
+pub(crate) fn kth_of(lists: &[&[u32]], skip: &[u32], k: usize) -> Option<u32> {
+    let count = |x: u32| -> usize {
+        let inside: usize = lists.iter().map(|l| l.partition_point(|&p| p <= x)).sum();
+        let skipped = skip.iter().take_while(|&&p| p <= x).count();
+        inside - skipped.min(inside)
+    };
+    let hi = lists.iter().filter_map(|l| l.last()).copied().max()?;
+    if count(hi) <= k {
+        return None;
+    }
+    // The smallest x with more than k members at or below it is a member.
+    let (mut lo, mut hi) = (0u32, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if count(mid) > k {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::policy::test_util::idle;
+    use crate::policy::EngineLoad;
+    use proptest::prelude::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn buckets_follow_load_changes() {
+        let mut c = Candidates::new(4, 1.0, 2.0, 3);
+        let mut loads = idle(4);
+        c.sync(&loads);
+        assert_eq!(c.buckets().count(), 1);
+        assert!(c.any_eligible() && !c.any_partial());
+        loads[1].pending_prefill_blocks = 2; // term 2
+        loads[2].in_flight = 1; // term 2 too, another bucket
+        loads[3].in_flight = 3; // full
+        c.sync(&loads);
+        let got: Vec<(f64, Vec<u32>)> = c.buckets().map(|(k, v)| (k.term(), v.to_vec())).collect();
+        assert_eq!(got, vec![(0.0, vec![0]), (2.0, vec![2]), (2.0, vec![1])]);
+        assert!(!c.usable(3) && c.usable(2));
+        loads[0].eligible = false;
+        loads[1].eligible = false;
+        loads[2].eligible = false;
+        loads[3].eligible = false;
+        c.sync(&loads);
+        assert!(!c.any_eligible());
+        assert_eq!(c.buckets().count(), 0);
+    }
+
+    /// A random load: (eligible, in flight, queued, engine's running).
+    fn load() -> impl Strategy<Value = (bool, u32, u64, Option<u32>)> {
+        (
+            proptest::bool::weighted(0.9),
+            0u32..7,
+            prop_oneof![Just(0u64), 0u64..4, 0u64..300],
+            prop_oneof![Just(None), (0u32..7).prop_map(Some)],
+        )
+    }
+
+    fn loads_of(v: &[(bool, u32, u64, Option<u32>)]) -> Vec<BackendLoad> {
+        v.iter()
+            .map(|&(eligible, in_flight, queued, running)| BackendLoad {
+                eligible,
+                in_flight,
+                pending_prefill_blocks: queued,
+                engine: running.map(|running| EngineLoad {
+                    running,
+                    ..Default::default()
+                }),
+            })
+            .collect()
+    }
+
+    fn weight() -> impl Strategy<Value = f64> {
+        prop_oneof![Just(0.0), Just(1.0), Just(2.0), 0.0f64..3.0]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// On random fleets (loads changing between two syncs, random
+        /// holders, homes and weights, many ties), the bucketed pick chooses
+        /// exactly what the full scan does, and draws the same from `rng`.
+        #[test]
+        fn the_fast_pick_is_the_full_scan(
+            n in 1usize..40,
+            threshold in 1u32..6,
+            chain in 1u32..64,
+            before in proptest::collection::vec(load(), 40),
+            now in proptest::collection::vec(load(), 40),
+            held in proptest::collection::vec(prop_oneof![Just(0u32), Just(0u32), 1u32..80], 40),
+            homes in proptest::collection::vec(0usize..40, 0..3),
+            (pw, mw, dw) in (weight(), weight(), weight()),
+            seed in any::<u64>(),
+        ) {
+            let kv = KvConfig {
+                prefill_weight: pw,
+                miss_weight: mw,
+                decode_weight: dw,
+                ..Default::default()
+            };
+            let now = loads_of(&now[..n]);
+            let mut c = Candidates::new(n, pw, dw, threshold);
+            c.sync(&loads_of(&before[..n]));
+            c.sync(&now);
+            let matched = &held[..n];
+            let h = Held(
+                matched
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &m)| m > 0)
+                    .map(|(i, &m)| (i as u32, m))
+                    .collect(),
+            );
+            let homes: Vec<usize> = homes.into_iter().filter(|&i| i < n).collect();
+            let mut fast_rng = SmallRng::seed_from_u64(seed);
+            let mut scan_rng = SmallRng::seed_from_u64(seed);
+            let fast = c.cheapest(&kv, chain, &h, &homes, &mut fast_rng);
+            let scan = cheapest_scan(&kv, threshold, chain, matched, &now, &homes, &mut scan_rng);
+            prop_assert_eq!(fast, scan);
+            prop_assert_eq!(
+                rand::RngCore::next_u64(&mut fast_rng),
+                rand::RngCore::next_u64(&mut scan_rng)
+            );
+            // A fresh structure synced once agrees with the refiled one.
+            let mut fresh = Candidates::new(n, pw, dw, threshold);
+            fresh.sync(&now);
+            prop_assert_eq!(
+                fresh.buckets().map(|(k, v)| (*k, v.to_vec())).collect::<Vec<_>>(),
+                c.buckets().map(|(k, v)| (*k, v.to_vec())).collect::<Vec<_>>()
+            );
+            prop_assert_eq!((fresh.eligible, fresh.partial), (c.eligible, c.partial));
+        }
+
+        /// `kth_of` is the k-th of the merged lists without the skipped.
+        #[test]
+        fn kth_is_the_merged_kth(
+            members in proptest::collection::vec(0u8..4, 0..60),
+            skip_mask in proptest::collection::vec(any::<bool>(), 60),
+            k in 0usize..70,
+        ) {
+            // Position p goes to list members[p] (3: none).
+            let mut lists = vec![Vec::new(); 3];
+            for (p, &l) in members.iter().enumerate() {
+                if l < 3 {
+                    lists[l as usize].push(p as u32);
+                }
+            }
+            let skip: Vec<u32> = (0..members.len() as u32)
+                .filter(|&p| skip_mask[p as usize] && members[p as usize] < 3)
+                .collect();
+            let mut all: Vec<u32> = lists.concat();
+            all.sort_unstable();
+            all.retain(|p| !skip.contains(p));
+            let refs: Vec<&[u32]> = lists.iter().map(Vec::as_slice).collect();
+            prop_assert_eq!(kth_of(&refs, &skip, k), all.get(k).copied());
+        }
+    }
+}
