@@ -56,7 +56,15 @@ impl Holders {
     }
 
     pub(crate) fn find(&self, slot: WorkerSlot) -> Option<Holder> {
-        self.iter().find(|h| h.slot() == slot)
+        // By variant, not through `iter`'s chained iterators: the index walk
+        // calls this per block and worker.
+        let is = |h: &Holder| h.slot() == slot;
+        match self {
+            Holders::Empty => None,
+            Holders::One(a) => Some(*a).filter(is),
+            Holders::Two(a, b) => Some(*a).filter(is).or(Some(*b).filter(is)),
+            Holders::Many(v) => v.iter().copied().find(is),
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -5,8 +5,23 @@
 //! prefix lookup ends there: blocks it holds further down the chain cannot be
 //! used and do not count. The walk stops as soon as no worker is still
 //! matching, so a cold request costs one map lookup.
+//!
+//! Why the walk probes in batches: a long warm chain is hundreds of lookups
+//! into a map far larger than the caches, each a miss or two to memory. Done
+//! one by one through `DashMap::get`, every lookup takes and drops its
+//! shard's lock, and a locked read-modify-write lets no later load start
+//! before the earlier ones finished, so the misses come one after another.
+//! Past its first `HEAD` blocks the chain is therefore walked in chunks
+//! (ending at `HEAD` x 8, x 64, ...): a chunk read-locks each shard it needs
+//! once, in ascending shard order (two walks never wait on each other in a
+//! cycle; writers hold one shard at a time), probes `PROBE` blocks back to
+//! back with no atomics between them, so their misses overlap, and then
+//! takes their holders in chain order. The result is the block-by-block
+//! walk's, exactly (`walk_tests.rs` holds that walk as the reference); a
+//! chunk's probes past the match's end are wasted work, bounded by the
+//! geometric chunk sizes to about 8x what the match itself needed.
 
-use super::holders::WorkerSlot;
+use super::holders::{Holders, WorkerSlot};
 use super::{CacheIndex, Tier};
 use crate::hash::BlockHash;
 use serde::Serialize;
@@ -50,6 +65,17 @@ impl MatchResult {
     }
 }
 
+/// Blocks walked one `DashMap::get` at a time before chunked probing: a
+/// short match locks no more shards than it reads.
+const HEAD: usize = 8;
+/// Chunk `k` of the rest of the chain ends at `HEAD x GROWTH^k`.
+const GROWTH: usize = 8;
+/// Blocks probed back to back before their holders are taken.
+const PROBE: usize = 16;
+/// Up to this many workers still matching, each is looked up among a
+/// block's holders; more take one marking pass over the holders.
+const FEW: usize = 4;
+
 struct Active {
     slot: WorkerSlot,
     gen: u8,
@@ -58,20 +84,148 @@ struct Active {
     gpu_contiguous: bool,
 }
 
+/// The workers still matching, and those whose match ended.
+struct Walk {
+    active: Vec<Active>,
+    /// Slot -> its place in `active` (only the first block's holders can
+    /// ever be active).
+    at: Vec<u32>,
+    /// Per place: the depth it was last seen at, with its tiers there.
+    mark: Vec<(u32, u8)>,
+    out: MatchResult,
+}
+
+impl Walk {
+    fn new(active: Vec<Active>, chain_len: u32) -> Self {
+        let top = active
+            .iter()
+            .map(|a| a.slot as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut at = vec![u32::MAX; top];
+        for (k, a) in active.iter().enumerate() {
+            at[a.slot as usize] = k as u32;
+        }
+        Walk {
+            mark: vec![(0, 0); active.len()],
+            active,
+            at,
+            out: MatchResult {
+                workers: Vec::new(),
+                chain_len,
+            },
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    fn finish(out: &mut MatchResult, a: &Active, depth: u32) {
+        out.workers.push(WorkerMatch {
+            slot: a.slot,
+            blocks: depth,
+            gpu_blocks: a.gpu_blocks,
+            fresh: a.fresh,
+        });
+    }
+
+    /// Block `depth` of the chain has holders `e` (`None`: not indexed).
+    fn step(&mut self, depth: u32, e: Option<&Holders>) {
+        let Some(e) = e else {
+            for a in &self.active {
+                Self::finish(&mut self.out, a, depth);
+            }
+            self.active.clear();
+            return;
+        };
+        if self.active.len() <= FEW {
+            // Few still matching (the common case): each is looked up among
+            // the holders directly.
+            let out = &mut self.out;
+            let before = self.active.len();
+            self.active.retain_mut(|a| match e.find(a.slot) {
+                Some(x) if x.gen() == a.gen => {
+                    if a.gpu_contiguous && x.tiers() & Tier::Gpu.bit() != 0 {
+                        a.gpu_blocks += 1;
+                    } else {
+                        a.gpu_contiguous = false;
+                    }
+                    true
+                }
+                _ => {
+                    Self::finish(out, a, depth);
+                    false
+                }
+            });
+            if self.active.len() != before {
+                self.reindex();
+            }
+            return;
+        }
+        // Many: one pass over the block's holders marks the active workers
+        // that hold it (their current generation), so a block costs
+        // O(holders + active), not their product.
+        for x in e.iter() {
+            if let Some(&k) = self.at.get(x.slot() as usize) {
+                if let Some(a) = self.active.get(k as usize) {
+                    if a.slot == x.slot() && a.gen == x.gen() {
+                        self.mark[k as usize] = (depth, x.tiers());
+                    }
+                }
+            }
+        }
+        let (mark, out) = (&self.mark, &mut self.out);
+        let mut k = 0;
+        self.active.retain_mut(|a| {
+            let (seen, tiers) = mark[k];
+            k += 1;
+            if seen == depth {
+                if a.gpu_contiguous && tiers & Tier::Gpu.bit() != 0 {
+                    a.gpu_blocks += 1;
+                } else {
+                    a.gpu_contiguous = false;
+                }
+                true
+            } else {
+                Self::finish(out, a, depth);
+                false
+            }
+        });
+        self.reindex();
+    }
+
+    /// Survivors moved down: their slots point at their new places (a stale
+    /// mark is of an earlier depth: it never counts).
+    fn reindex(&mut self) {
+        for (k, a) in self.active.iter().enumerate() {
+            self.at[a.slot as usize] = k as u32;
+        }
+    }
+
+    fn end(mut self, chain_len: u32) -> MatchResult {
+        for a in &self.active {
+            Self::finish(&mut self.out, a, chain_len);
+        }
+        self.out.workers.sort_unstable_by_key(|m| m.slot);
+        self.out
+    }
+}
+
 impl CacheIndex {
     /// Walks `hashes` (a request's chain, block 0 first) once and returns, per
     /// worker, how many leading blocks it holds.
     pub fn longest_match(&self, hashes: &[BlockHash]) -> MatchResult {
-        let mut out = MatchResult {
-            workers: Vec::new(),
-            chain_len: hashes.len() as u32,
-        };
+        let len = hashes.len() as u32;
         let Some(first) = hashes.first() else {
-            return out;
+            return MatchResult {
+                workers: Vec::new(),
+                chain_len: len,
+            };
         };
         let view = self.workers.routing_view();
-        let mut active: Vec<Active> = match self.map.get(&first.0) {
-            None => return out,
+        let active: Vec<Active> = match self.map.get(&first.0) {
+            None => Vec::new(),
             Some(e) => e
                 .iter()
                 .filter_map(|h| {
@@ -89,79 +243,62 @@ impl CacheIndex {
                 })
                 .collect(),
         };
-        // Slot -> its place in `active` (only the first block's holders
-        // can ever be active), and per place the depth it was last seen at.
-        let top = active
-            .iter()
-            .map(|a| a.slot as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let mut at = vec![u32::MAX; top];
-        for (k, a) in active.iter().enumerate() {
-            at[a.slot as usize] = k as u32;
-        }
-        let mut mark: Vec<(u32, u8)> = vec![(0, 0); active.len()];
-        let finish = |a: &Active, depth: u32, out: &mut MatchResult| {
-            out.workers.push(WorkerMatch {
-                slot: a.slot,
-                blocks: depth,
-                gpu_blocks: a.gpu_blocks,
-                fresh: a.fresh,
-            });
-        };
-        for (i, h) in hashes.iter().enumerate().skip(1) {
-            if active.is_empty() {
+        let mut walk = Walk::new(active, len);
+        let head = hashes.len().min(HEAD);
+        for (i, h) in hashes.iter().enumerate().take(head).skip(1) {
+            if walk.done() {
                 break;
             }
-            let depth = i as u32;
-            match self.map.get(&h.0) {
-                None => {
-                    for a in &active {
-                        finish(a, depth, &mut out);
-                    }
-                    active.clear();
-                }
-                Some(e) => {
-                    // One pass over the block's holders marks the active
-                    // workers that hold it (their current generation), so
-                    // a block costs O(holders + active), not their product.
-                    for x in e.iter() {
-                        if let Some(&k) = at.get(x.slot() as usize) {
-                            if let Some(a) = active.get(k as usize) {
-                                if a.slot == x.slot() && a.gen == x.gen() {
-                                    mark[k as usize] = (depth, x.tiers());
-                                }
-                            }
-                        }
-                    }
-                    let mut k = 0;
-                    active.retain_mut(|a| {
-                        let (seen, tiers) = mark[k];
-                        k += 1;
-                        if seen == depth {
-                            if a.gpu_contiguous && tiers & Tier::Gpu.bit() != 0 {
-                                a.gpu_blocks += 1;
-                            } else {
-                                a.gpu_contiguous = false;
-                            }
-                            true
-                        } else {
-                            finish(a, depth, &mut out);
-                            false
-                        }
-                    });
-                    // Survivors moved down: their slots point at new places
-                    // (a stale mark is of an earlier depth: it never counts).
-                    for (k, a) in active.iter().enumerate() {
-                        at[a.slot as usize] = k as u32;
-                    }
-                }
+            let e = self.map.get(&h.0);
+            walk.step(i as u32, e.as_deref());
+        }
+        let mut lo = head;
+        let mut hi = HEAD * GROWTH;
+        while lo < hashes.len() && !walk.done() {
+            let end = hi.min(hashes.len());
+            self.walk_chunk(&hashes[lo..end], lo, &mut walk);
+            (lo, hi) = (end, hi.saturating_mul(GROWTH));
+        }
+        walk.end(len)
+    }
+
+    /// Walks `chunk`, the blocks of the chain from depth `lo` on, with each
+    /// shard it needs read-locked once (module docs).
+    fn walk_chunk(&self, chunk: &[BlockHash], lo: usize, walk: &mut Walk) {
+        let shards = self.map.shards();
+        let keys: Vec<(u64, usize)> = chunk
+            .iter()
+            .map(|h| {
+                let hash = self.map.hash_usize(&h.0);
+                (hash as u64, self.map.determine_shard(hash))
+            })
+            .collect();
+        let mut guards: Vec<Option<_>> = (0..shards.len()).map(|_| None).collect();
+        // Ascending shard order: see the module docs.
+        let mut need = vec![false; shards.len()];
+        for &(_, s) in &keys {
+            need[s] = true;
+        }
+        for (s, n) in need.iter().enumerate() {
+            if *n {
+                guards[s] = Some(shards[s].read());
             }
         }
-        for a in &active {
-            finish(a, hashes.len() as u32, &mut out);
+        for (c, batch) in chunk.chunks(PROBE).enumerate() {
+            let mut found: [Option<&Holders>; PROBE] = [None; PROBE];
+            for (j, h) in batch.iter().enumerate() {
+                let (hash, s) = keys[c * PROBE + j];
+                found[j] = guards[s]
+                    .as_ref()
+                    .and_then(|g| g.get(hash, |(k, _)| *k == h.0))
+                    .map(|(_, v)| v.get());
+            }
+            for (j, e) in found.iter().take(batch.len()).enumerate() {
+                if walk.done() {
+                    return;
+                }
+                walk.step((lo + c * PROBE + j) as u32, *e);
+            }
         }
-        out.workers.sort_unstable_by_key(|m| m.slot);
-        out
     }
 }

@@ -345,3 +345,5 @@ impl CacheIndex {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod walk_tests;
