@@ -2,8 +2,10 @@
 """The capacity workloads (issue 21): `warmpath-bench scale` over fleets whose
 total cache holds 0.5x, 0.9x and 1.5x the working set, at Zipf 0.6, 1.0 and
 1.2, for several fleet sizes; prints one markdown table of the optimum bound
-(and the per-backend reference) against kv_aware, prefix_aware and random:
-hit rate, TTFT p50/p90 and the least / most busy instance's share.
+(and the per-backend Belady reference, and the two references on LRU engines:
+the oracle router and the best pinned set; `optimum::LEGEND` says what each
+assumes) against kv_aware, prefix_aware and random: hit rate, TTFT p50/p90
+and the least / most busy instance's share.
 
 Usage: capacity.py BIN [--instances 7,16] [--ratios 0.5,0.9,1.5]
        [--zipfs 0.6,1.0,1.2] [--requests 20000] [--seed 42] [-- EXTRA...]
@@ -42,10 +44,10 @@ def main():
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=42)
     a = ap.parse_args(argv)
-    print("| instances | cache x WS | zipf | bound | reference | "
+    print("| instances | cache x WS | zipf | bound | reference | LRU oracle | LRU pinned | "
           + " | ".join(f"{s} hit / p50 / p90 ms / share min-max %" for s in STRATEGIES)
           + " | kv moves | kv replicate |")
-    print("|" + "---|" * (5 + len(STRATEGIES) + 2))
+    print("|" + "---|" * (7 + len(STRATEGIES) + 2))
     for n in [int(x) for x in a.instances.split(",")]:
         for ratio in [float(x) for x in a.ratios.split(",")]:
             for zipf in [float(x) for x in a.zipfs.split(",")]:
@@ -58,8 +60,9 @@ def main():
                                  f"{x['ttft_ms']['p90']:.0f} / "
                                  f"{x['share_min_pct']:.1f}-{x['share_max_pct']:.1f}")
                 kv = r["kv_aware"]
-                print(f"| {n} | {ratio} | {zipf} | {100 * opt.get('bound', 0):.1f}% | "
-                      f"{100 * opt.get('reference', 0):.1f}% | " + " | ".join(cells)
+                pct = lambda k: "-" if opt.get(k) is None else f"{100 * opt[k]:.1f}%"
+                print(f"| {n} | {ratio} | {zipf} | {pct('bound')} | {pct('reference')} | "
+                      f"{pct('lru_oracle')} | {pct('lru_pinned')} | " + " | ".join(cells)
                       + f" | {kv['moves']} | {kv['decisions'].get('replicate', 0)} |",
                       flush=True)
 

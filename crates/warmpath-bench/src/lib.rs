@@ -12,13 +12,15 @@
 //! - [`scale`]: a socket-free discrete-event simulation of a 1000-instance
 //!   fleet driving the real core index and policies.
 //! - [`optimum`]: offline references for the hit rate (a pooled-cache
-//!   Belady bound and a per-backend Belady reference) for `compare` and `scale`.
+//!   Belady bound and a per-backend Belady reference) for `compare` and
+//!   `scale`, with [`lru_refs`]: references that keep the engines' LRU.
 //! - [`words`], [`dist`], [`stats`]: the deterministic text generator, the
 //!   distributions and the percentile helpers.
 
 pub mod compare;
 pub mod dist;
 pub mod error;
+pub mod lru_refs;
 pub mod optimum;
 pub mod scale;
 pub mod sim;

@@ -625,6 +625,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         }
         reports.push(r);
     }
+    println!("\n{}", warmpath_bench::optimum::LEGEND);
     if let Some(path) = a.json {
         let text = serde_json::to_string_pretty(&reports)?;
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;

@@ -45,11 +45,14 @@
 //! Belady's rule (and the bound lets them decline to cache), which no router
 //! can impose on engines that evict LRU, as vLLM does. So on a fleet whose
 //! caches are too small the bound is out of reach of any router over LRU
-//! engines, not only of an online one: on the scale model (7 instances,
-//! caches at half of 112 documents, Zipf 1.0) the bound is 91.1%, while a
-//! router that knows the whole trace and the engines' LRU state reaches 85.8%
-//! and the best fixed set of documents (the hottest that fit, pinned)
-//! 86.4% (`scripts/lru_refs.py`, which documents those references).
+//! engines, not only of an online one. [`crate::lru_refs`] adds two
+//! references that keep the engines' LRU (the fields `lru_oracle` and
+//! `lru_pinned`): on the scale model (7 instances, caches at half of 112
+//! documents, Zipf 1.0) the bound is about 91%, a router that knows the whole
+//! trace but leaves the engines' LRU alone about 86%.
+//!
+//! [`LEGEND`] is the one-paragraph summary every report prints under its
+//! table; this module and [`crate::lru_refs`] hold the details.
 
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
@@ -66,7 +69,7 @@ pub struct OptRequest {
     pub prompt_tokens: u64,
 }
 
-/// The two references of one trace (hit rates, 0..=1).
+/// The references of one trace (hit rates, 0..=1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Optimum {
     /// Pooled fleet cache, Belady's rule: an upper bound on any router.
@@ -74,7 +77,29 @@ pub struct Optimum {
     /// Per-backend caches, Belady's rule, greedy routing under the in-flight
     /// limit: a strong reference, not a bound.
     pub reference: f64,
+    /// Per-backend LRU caches, a greedy router that knows the whole trace
+    /// ([`crate::lru_refs`]): a reference, not a bound. `None` above
+    /// [`crate::lru_refs::MAX_BACKENDS`] backends.
+    pub lru_oracle: Option<f64>,
+    /// Per-backend LRU caches, the best fixed assignment of prefix groups
+    /// by popularity ([`crate::lru_refs`]): a reference, not a bound.
+    /// `None` above [`crate::lru_refs::MAX_BACKENDS`] backends.
+    pub lru_pinned: Option<f64>,
 }
+
+/// What the hit-rate references of a report assume, in one paragraph (the
+/// line under every report's table; details in [`crate::optimum`] and
+/// [`crate::lru_refs`]).
+pub const LEGEND: &str = "Hit-rate references, offline over this run's trace: \
+ceiling = every repeat of a prefix hits (unlimited caches); \
+bound = one pooled cache of the fleet's blocks evicting by Belady's rule, an upper bound on any router \
+(engines that evict LRU cannot reach it); \
+reference = per-backend caches evicting by Belady's rule, greedy warmest-backend routing under the in-flight limit, \
+a reference, not a bound; \
+LRU oracle = per-backend LRU caches (as vLLM evicts), a greedy router that knows the whole trace, \
+a reference, not a bound; \
+LRU pinned = per-backend LRU caches, the best fixed assignment of prefix groups to backends by popularity \
+(0-2 backends take the rest), a reference, not a bound.";
 
 /// The fleet the references assume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,9 +124,20 @@ pub fn optimum(trace: &[OptRequest], fleet: Fleet) -> Option<Optimum> {
     let bs = fleet.block_size.max(1);
     let bound = pooled_hits(trace, &next, fleet.backends as u64 * fleet.cache_blocks) * bs;
     let reference = reference_hits(trace, &next, fleet);
+    let rate = |hits: u64| hits as f64 / prompt as f64;
+    let (lru_oracle, lru_pinned) = if fleet.backends <= crate::lru_refs::MAX_BACKENDS {
+        (
+            Some(rate(crate::lru_refs::oracle_hits(trace, &next, fleet))),
+            Some(rate(crate::lru_refs::pinned_hits(trace, fleet))),
+        )
+    } else {
+        (None, None)
+    };
     Some(Optimum {
-        bound: (bound as f64 / prompt as f64).min(1.0),
-        reference: reference as f64 / prompt as f64,
+        bound: rate(bound).min(1.0),
+        reference: rate(reference),
+        lru_oracle,
+        lru_pinned,
     })
 }
 
@@ -130,8 +166,9 @@ pub fn of_documents(
     optimum(&trace, fleet)
 }
 
-/// A hit rate cell: `87.1%`, with the references when known:
-/// `87.1% (ceiling 94.3%, bound 90.2%, reference 88.0%)`.
+/// A hit rate cell: `87.1%`, with the references when known: `87.1%
+/// (ceiling 94.3%, bound 90.2%, reference 88.0%, LRU oracle 86.0%, LRU
+/// pinned 85.5%)` ([`LEGEND`] says what each is).
 pub fn cell(hit_rate: f64, ceiling: Option<f64>, optimum: Option<Optimum>) -> String {
     let mut parts = Vec::new();
     if let Some(c) = ceiling {
@@ -140,6 +177,12 @@ pub fn cell(hit_rate: f64, ceiling: Option<f64>, optimum: Option<Optimum>) -> St
     if let Some(o) = optimum {
         parts.push(format!("bound {:.1}%", 100.0 * o.bound));
         parts.push(format!("reference {:.1}%", 100.0 * o.reference));
+        if let Some(v) = o.lru_oracle {
+            parts.push(format!("LRU oracle {:.1}%", 100.0 * v));
+        }
+        if let Some(v) = o.lru_pinned {
+            parts.push(format!("LRU pinned {:.1}%", 100.0 * v));
+        }
     }
     if parts.is_empty() {
         format!("{:.1}%", 100.0 * hit_rate)
@@ -149,10 +192,10 @@ pub fn cell(hit_rate: f64, ceiling: Option<f64>, optimum: Option<Optimum>) -> St
 }
 
 /// Never used again.
-const NEVER: usize = usize::MAX;
+pub(crate) const NEVER: usize = usize::MAX;
 
 /// For every request and item, the index of the next request using the item.
-fn next_uses(trace: &[OptRequest]) -> Vec<Vec<usize>> {
+pub(crate) fn next_uses(trace: &[OptRequest]) -> Vec<Vec<usize>> {
     let mut seen: HashMap<u64, usize> = HashMap::new();
     let mut next = vec![Vec::new(); trace.len()];
     for (r, req) in trace.iter().enumerate().rev() {
@@ -261,42 +304,88 @@ fn pooled_hits(trace: &[OptRequest], next: &[Vec<usize>], capacity: u64) -> u64 
     hits
 }
 
+/// Requests in flight per backend, from arrival to completion, and the
+/// in-flight limit every per-backend reference routes under.
+pub(crate) struct InFlight {
+    in_flight: Vec<usize>,
+    by_load: BTreeSet<(usize, usize)>,
+    running: BinaryHeap<std::cmp::Reverse<(OrdF64, usize)>>,
+    limit: usize,
+}
+
+impl InFlight {
+    pub(crate) fn new(fleet: Fleet) -> Self {
+        let n = fleet.backends;
+        InFlight {
+            in_flight: vec![0; n],
+            by_load: (0..n).map(|b| (0, b)).collect(),
+            running: BinaryHeap::new(),
+            limit: fleet.max_in_flight.max(1),
+        }
+    }
+
+    /// Retires the requests done by `now`.
+    pub(crate) fn advance(&mut self, now: f64) {
+        while let Some(std::cmp::Reverse((OrdF64(t), b))) = self.running.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.running.pop();
+            self.shift(b, false);
+        }
+    }
+
+    /// Requests in flight on `b`.
+    pub(crate) fn of(&self, b: usize) -> usize {
+        self.in_flight[b]
+    }
+
+    /// Whether `b` may take a request: under the limit, or as loaded as
+    /// the least loaded (when every backend is full, the least wait).
+    pub(crate) fn room(&self, b: usize) -> bool {
+        let least = self.by_load.first().map_or(0, |&(l, _)| l);
+        self.in_flight[b] < self.limit || self.in_flight[b] == least
+    }
+
+    /// A request on `b` until `done`.
+    pub(crate) fn start(&mut self, b: usize, done: f64) {
+        self.shift(b, true);
+        self.running.push(std::cmp::Reverse((OrdF64(done), b)));
+    }
+
+    fn shift(&mut self, b: usize, up: bool) {
+        self.by_load.remove(&(self.in_flight[b], b));
+        if up {
+            self.in_flight[b] += 1;
+        } else {
+            self.in_flight[b] -= 1;
+        }
+        self.by_load.insert((self.in_flight[b], b));
+    }
+}
+
 /// Tokens hit by the per-backend reference (prefix hits, engine-capped).
 fn reference_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> u64 {
     let n = fleet.backends;
-    let bs = fleet.block_size.max(1);
     let mut caches: Vec<Belady> = (0..n).map(|_| Belady::new(fleet.cache_blocks)).collect();
-    // Which backends hold each item, and the load of each backend.
+    // Which backends hold each item.
     let mut holders: HashMap<u64, Vec<u32>> = HashMap::new();
-    let mut in_flight = vec![0usize; n];
-    let mut by_load: BTreeSet<(usize, usize)> = (0..n).map(|b| (0, b)).collect();
-    let mut running: BinaryHeap<std::cmp::Reverse<(OrdF64, usize)>> = BinaryHeap::new();
+    let mut load = InFlight::new(fleet);
     let mut evicted = Vec::new();
     let mut hits = 0u64;
-    let limit = fleet.max_in_flight.max(1);
     for (r, req) in trace.iter().enumerate() {
-        while let Some(std::cmp::Reverse((OrdF64(t), b))) = running.peek().copied() {
-            if t > req.arrival {
-                break;
-            }
-            running.pop();
-            by_load.remove(&(in_flight[b], b));
-            in_flight[b] -= 1;
-            by_load.insert((in_flight[b], b));
-        }
-        let least = by_load.first().map_or(0, |&(l, _)| l);
-        let room = |b: usize| in_flight[b] < limit || in_flight[b] == least;
+        load.advance(req.arrival);
         // The warmest backend with room; cold (or tied at 0) goes to the least loaded.
         let mut best: Option<(u64, usize)> = None; // (blocks, backend)
         if let Some(&(first, _)) = req.items.first() {
             for &b in holders.get(&first).map_or(&[][..], Vec::as_slice) {
                 let b = b as usize;
-                if !room(b) {
+                if !load.room(b) {
                     continue;
                 }
                 let blocks = prefix_blocks(&caches[b], &req.items);
                 let better = best.is_none_or(|(bb, bl)| {
-                    blocks > bb || (blocks == bb && in_flight[b] < in_flight[bl])
+                    blocks > bb || (blocks == bb && load.of(b) < load.of(bl))
                 });
                 if better && blocks > 0 {
                     best = Some((blocks, b));
@@ -305,10 +394,9 @@ fn reference_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> u6
         }
         let (blocks, b) = match best {
             Some((blocks, b)) => (blocks, b),
-            None => (0, cold_pick(&caches, &in_flight, room, req)),
+            None => (0, cold_pick(&caches, &load, req)),
         };
-        let cap = req.prompt_tokens.saturating_sub(1) / bs * bs;
-        hits += (blocks * bs).min(cap);
+        hits += capped_hit(blocks, req, fleet);
         for (k, &(id, size)) in req.items.iter().enumerate() {
             let was = caches[b].holds(id);
             let now = caches[b].access(id, size, next[r][k], &mut evicted);
@@ -324,32 +412,32 @@ fn reference_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> u6
                 }
             }
         }
-        by_load.remove(&(in_flight[b], b));
-        in_flight[b] += 1;
-        by_load.insert((in_flight[b], b));
-        running.push(std::cmp::Reverse((OrdF64(req.done.max(req.arrival)), b)));
+        load.start(b, req.done.max(req.arrival));
     }
     hits
+}
+
+/// Tokens a hit of `blocks` blocks saves `req`: the engine recomputes at
+/// least the last prompt token, so at most the full blocks before it.
+pub(crate) fn capped_hit(blocks: u64, req: &OptRequest, fleet: Fleet) -> u64 {
+    let bs = fleet.block_size.max(1);
+    let cap = req.prompt_tokens.saturating_sub(1) / bs * bs;
+    (blocks * bs).min(cap)
 }
 
 /// Where a request no backend holds goes: a backend with room where it fits
 /// without evicting, else the one whose furthest-used item is used furthest
 /// in the future (the least loss), then the least loaded.
-fn cold_pick(
-    caches: &[Belady],
-    in_flight: &[usize],
-    room: impl Fn(usize) -> bool,
-    req: &OptRequest,
-) -> usize {
+fn cold_pick(caches: &[Belady], load: &InFlight, req: &OptRequest) -> usize {
     let need: u64 = req.items.iter().map(|&(_, s)| u64::from(s)).sum();
     let key = |b: usize| {
         let c = &caches[b];
         let fits = c.capacity - c.used >= need;
         let furthest = c.by_next.last().map_or(NEVER, |&(n, _)| n);
-        (fits, furthest, std::cmp::Reverse(in_flight[b]))
+        (fits, furthest, std::cmp::Reverse(load.of(b)))
     };
     (0..caches.len())
-        .filter(|&b| room(b))
+        .filter(|&b| load.room(b))
         .max_by_key(|&b| (key(b), std::cmp::Reverse(b)))
         .unwrap_or(0)
 }

@@ -218,6 +218,15 @@ fn documents_and_cells() {
     assert_eq!(cell(0.5, None, None), "50.0%");
     assert_eq!(
         cell(0.5, Some(0.9), Some(o)),
-        "50.0% (ceiling 90.0%, bound 32.0%, reference 32.0%)"
+        "50.0% (ceiling 90.0%, bound 32.0%, reference 32.0%, LRU oracle 32.0%, LRU pinned 32.0%)"
+    );
+    let belady_only = Optimum {
+        lru_oracle: None,
+        lru_pinned: None,
+        ..o
+    };
+    assert_eq!(
+        cell(0.5, None, Some(belady_only)),
+        "50.0% (bound 32.0%, reference 32.0%)"
     );
 }

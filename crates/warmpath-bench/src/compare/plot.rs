@@ -181,13 +181,14 @@ pub fn hit_over_time(reports: &[StrategyReport]) -> String {
         .iter()
         .find_map(|r| r.optimum)
         .map(|o| {
-            vec![
-                ("optimum bound", [(0.0, o.bound), (end, o.bound)]),
-                (
-                    "optimum reference",
-                    [(0.0, o.reference), (end, o.reference)],
-                ),
-            ]
+            let flat = |v: f64| [(0.0, v), (end, v)];
+            let mut refs = vec![
+                ("optimum bound", flat(o.bound)),
+                ("optimum reference", flat(o.reference)),
+            ];
+            refs.extend(o.lru_oracle.map(|v| ("LRU oracle", flat(v))));
+            refs.extend(o.lru_pinned.map(|v| ("LRU pinned", flat(v))));
+            refs
         })
         .unwrap_or_default();
     series.extend(refs.iter().map(|(n, p)| (*n, &p[..])));
@@ -237,8 +238,14 @@ pub fn shares(reports: &[StrategyReport]) -> String {
 /// One self-contained HTML page: the table, the plots and the raw JSON.
 pub fn html(markdown: &str, svgs: &[&str], json: &str) -> String {
     let mut rows = String::new();
+    let mut notes = String::new();
     for (i, line) in markdown.lines().enumerate() {
         if i == 1 || line.trim().is_empty() {
+            continue;
+        }
+        // Lines outside the table (the references' legend) are paragraphs.
+        if !line.starts_with('|') {
+            let _ = write!(notes, "<p>{}</p>", esc(line));
             continue;
         }
         let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
@@ -253,7 +260,7 @@ pub fn html(markdown: &str, svgs: &[&str], json: &str) -> String {
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>warmpath comparison</title>\
          <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
          th{{background:#f4f4f4}}pre{{background:#f8f8f8;padding:1em;overflow:auto;max-height:30em}}</style></head><body>\
-         <h1>warmpath: routing strategies compared</h1><table>{rows}</table>{}<h2>Raw results</h2><pre>{}</pre></body></html>",
+         <h1>warmpath: routing strategies compared</h1><table>{rows}</table>{notes}{}<h2>Raw results</h2><pre>{}</pre></body></html>",
         svgs.iter().map(|s| format!("<div>{s}</div>")).collect::<String>(),
         esc(json)
     )

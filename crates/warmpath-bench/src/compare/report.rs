@@ -61,8 +61,8 @@ pub struct StrategyReport {
     /// this trace (see [`hit_ceiling`]).
     pub hit_ceiling: Option<f64>,
     /// Offline references that also know every backend's capacity: a
-    /// pooled-cache Belady upper bound and a per-backend Belady reference
-    /// (see [`crate::optimum`]).
+    /// pooled-cache Belady upper bound, a per-backend Belady reference and
+    /// two references on LRU engines (see [`crate::optimum::LEGEND`]).
     pub optimum: Option<crate::optimum::Optimum>,
     /// Time to first token, ms.
     pub ttft_ms: Summary,
@@ -286,6 +286,14 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
             r.e2e_ms.p50, r.throughput_rps, r.output_tokens_per_s, r.share_min_pct,
             r.share_max_pct, r.failures, fid
         ));
+    }
+    if reports
+        .iter()
+        .any(|r| r.hit_ceiling.is_some() || r.optimum.is_some())
+    {
+        t.push('\n');
+        t.push_str(crate::optimum::LEGEND);
+        t.push('\n');
     }
     t
 }

@@ -48,8 +48,8 @@
 //! the LRU would trim of it before it returns there, so it avoids the
 //! churning backends. (Scale model, 7 backends, caches at half the working
 //! set, Zipf 1.0: 80.6% before, 82.0% after; a router that knew the
-//! popularity and pinned the hottest documents with one tail backend
-//! reaches 85.5%, `crates/warmpath-bench/scripts/lru_refs.py`.)
+//! popularity and pinned the hottest documents reaches 85.3%, the best
+//! pinned set of `warmpath-bench`'s `lru_refs`.)
 //!
 //! All of it (pressure, homes, loads, moves) sits behind one lock taken once
 //! per decision: it is per router (replicas feed each other's picks into it

@@ -119,7 +119,7 @@ pub(crate) const FIT_BAND: f64 = 0.125;
 /// tail's churn needs a cache of its own (scale model, 7 backends, caches
 /// at half the working set, Zipf 1.0: static pinning with one tail backend
 /// reaches 85.5% against 75.8% with none and 82.3% with two,
-/// `crates/warmpath-bench/scripts/lru_refs.py`; in kv_aware 0.5 and 2
+/// a Python prototype of `warmpath-bench`'s `lru_refs`; in kv_aware 0.5 and 2
 /// tail backends gave 81.4% and 82.1%, against 81.9% at 1).
 pub(crate) const TAIL_ROOM: f64 = 1.0;
 

@@ -1,0 +1,188 @@
+use super::*;
+use crate::optimum::{next_uses, optimum};
+use proptest::prelude::*;
+
+/// A request at `t` (instant: never in flight) over unit items.
+fn req(t: f64, items: &[u64]) -> OptRequest {
+    OptRequest {
+        arrival: t,
+        done: t,
+        items: items.iter().map(|&i| (i, 1)).collect(),
+        // One token more than the blocks: the engine cap never bites.
+        prompt_tokens: items.len() as u64 + 1,
+    }
+}
+
+fn fleet(backends: usize, cache_blocks: u64) -> Fleet {
+    Fleet {
+        backends,
+        cache_blocks,
+        block_size: 1,
+        max_in_flight: 64,
+    }
+}
+
+fn oracle(trace: &[OptRequest], f: Fleet) -> u64 {
+    oracle_hits(trace, &next_uses(trace), f)
+}
+
+/// Unit documents in order, one request each, at t = 0, 1, 2, ...
+fn docs(seq: &[u64]) -> Vec<OptRequest> {
+    seq.iter()
+        .enumerate()
+        .map(|(i, &d)| req(i as f64, &[d]))
+        .collect()
+}
+
+#[test]
+fn lru_engines_miss_what_belady_keeps() {
+    // A B C A B, one backend of two blocks: LRU evicts A for C, B for A and
+    // C for B (no hit); Belady bypasses C and hits A and B.
+    let t = docs(&[1, 2, 3, 1, 2]);
+    assert_eq!(oracle(&t, fleet(1, 2)), 0);
+    assert_eq!(
+        pinned_hits(&t, fleet(1, 2)),
+        0,
+        "C lands on the pinned A and B"
+    );
+    let o = optimum(&t, fleet(1, 2)).unwrap();
+    assert!((o.bound - 2.0 / 10.0).abs() < 1e-9, "{o:?}");
+    assert_eq!((o.lru_oracle, o.lru_pinned), (Some(0.0), Some(0.0)));
+}
+
+#[test]
+fn the_oracle_writes_where_the_victim_returns_last() {
+    // Two backends of one block. A -> b0, B -> b1 (empty: evicts nothing);
+    // C: b0's victim A returns at 3, b1's B at 4, so C evicts B on b1; A
+    // hits on b0; B is cold again.
+    let t = docs(&[1, 2, 3, 1, 2]);
+    assert_eq!(oracle(&t, fleet(2, 1)), 1);
+    // A B A B: each on its own backend, both hit.
+    assert_eq!(oracle(&docs(&[1, 2, 1, 2]), fleet(2, 1)), 2);
+}
+
+#[test]
+fn a_request_evicts_older_tails_before_shared_prefixes() {
+    // One backend of four blocks. [1 2 t1]; [1 2 t2] hits 2 and fills the
+    // cache; [5 t3] evicts t1, then t2 (a request's tail is its least
+    // recent block, its first block the most recent), so [1 2 t4] hits 2.
+    // Were the first block the least recent, [5 t3] would evict 1.
+    let t = [
+        req(0.0, &[1, 2, 101]),
+        req(1.0, &[1, 2, 102]),
+        req(2.0, &[5, 103]),
+        req(3.0, &[1, 2, 104]),
+    ];
+    assert_eq!(oracle(&t, fleet(1, 4)), 4);
+    assert_eq!(pinned_hits(&t, fleet(1, 4)), 4);
+}
+
+#[test]
+fn the_oracle_honours_the_in_flight_limit() {
+    // One hot document, requests overlapping (as optimum's reference): r0
+    // cold on b0; r1 (b0 busy) cold on b1; r2 warm on b0; r3 warm on b1.
+    let t: Vec<OptRequest> = (0..4)
+        .map(|i| OptRequest {
+            done: i as f64 + 1.5,
+            ..req(i as f64, &[7, 8])
+        })
+        .collect();
+    let f = Fleet {
+        max_in_flight: 1,
+        ..fleet(2, 4)
+    };
+    assert_eq!(oracle(&t, f), 4);
+    assert_eq!(oracle(&t, fleet(2, 4)), 6);
+}
+
+#[test]
+fn a_tail_backend_keeps_one_offs_off_the_pinned_set() {
+    // A X1 A X2 A on two backends of one block: with a tail backend the
+    // one-offs never evict A (2 hits); spread over both they may.
+    let t = docs(&[1, 50, 1, 51, 1]);
+    assert_eq!(pinned_with_tails(&t, fleet(2, 1), 1), 2);
+    assert_eq!(pinned_hits(&t, fleet(2, 1)), 2);
+    // The oracle also keeps A: each one-off goes where its victim is not A.
+    assert_eq!(oracle(&t, fleet(2, 1)), 2);
+}
+
+#[test]
+fn pinning_deals_the_hottest_groups_by_load_within_capacity() {
+    // A x3, B x2, C x2 on two backends of one block, no tail: A -> b0,
+    // B -> b1 (less loaded), C fits nowhere and is not pinned.
+    // With one tail backend: A alone on b0, B and C share b1 (LRU).
+    let t = docs(&[1, 2, 3, 1, 2, 3, 1]);
+    // A hits twice on b0 in both; B and C on the tail evict each other.
+    assert_eq!(pinned_with_tails(&t, fleet(2, 1), 1), 2);
+    assert!(pinned_hits(&t, fleet(2, 1)) >= 2);
+    // Room for every group: one copy each, every repeat hits.
+    assert_eq!(pinned_hits(&t, fleet(3, 1)), 4);
+}
+
+/// [`pinned_with`] from the trace, for a fixed number of tails.
+fn pinned_with_tails(trace: &[OptRequest], f: Fleet, tails: usize) -> u64 {
+    let mut count: HashMap<u64, u64> = HashMap::new();
+    for r in trace {
+        *count.entry(r.items[0].0).or_default() += 1;
+    }
+    let mut hot: Vec<(u64, u64, u64)> = count
+        .into_iter()
+        .filter(|&(_, c)| c >= 2)
+        .map(|(id, c)| (c, id, 1))
+        .collect();
+    hot.sort_by_key(|&(c, id, _)| (std::cmp::Reverse(c), id));
+    pinned_with(trace, f, &hot, tails)
+}
+
+#[test]
+fn large_fleets_get_no_lru_references() {
+    let t = docs(&[1, 1]);
+    let o = optimum(&t, fleet(MAX_BACKENDS + 1, 1)).unwrap();
+    assert_eq!((o.lru_oracle, o.lru_pinned), (None, None));
+    assert!(optimum(&t, fleet(MAX_BACKENDS, 1))
+        .unwrap()
+        .lru_oracle
+        .is_some());
+}
+
+fn arb_trace() -> impl Strategy<Value = Vec<OptRequest>> {
+    // Documents 0..4 with chains of 1..5 blocks, some with a unique tail.
+    prop::collection::vec((0u64..4, 1usize..5, any::<bool>()), 1..14).prop_map(|spec| {
+        spec.iter()
+            .enumerate()
+            .map(|(i, &(d, len, tail))| {
+                let mut items: Vec<u64> = (0..len as u64).map(|k| d * 100 + k).collect();
+                if tail {
+                    items.push(1_000 + i as u64);
+                }
+                req(i as f64, &items)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn the_lru_references_stay_under_the_bound(trace in arb_trace(), n in 1usize..4, c in 1u64..7) {
+        let o = optimum(&trace, fleet(n, c)).unwrap();
+        prop_assert!(o.lru_oracle.unwrap() <= o.bound + 1e-12, "{:?}", o);
+        prop_assert!(o.lru_pinned.unwrap() <= o.bound + 1e-12, "{:?}", o);
+    }
+
+    #[test]
+    fn an_lru_cache_never_holds_more_than_its_capacity(trace in arb_trace(), c in 0u64..7) {
+        let mut cache = Lru::new(c);
+        for r in &trace {
+            cache.access(&r.items, None);
+            prop_assert!(cache.used <= c);
+            prop_assert_eq!(cache.used, cache.resident.values().map(|e| u64::from(e.1)).sum::<u64>());
+            prop_assert_eq!(cache.order.len(), cache.resident.len());
+            // The request's first item is the most recent, when kept.
+            if let Some(&(first, _)) = r.items.first() {
+                if let Some(e) = cache.resident.get(&first) {
+                    prop_assert_eq!(Some(e.0), cache.order.last().map(|x| x.0));
+                }
+            }
+        }
+    }
+}
