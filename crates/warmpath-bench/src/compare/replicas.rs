@@ -166,7 +166,7 @@ async fn start_one(
 
 /// The sum of the samples of `name` whose labels include `label`
 /// (`direction="received"`) in Prometheus text.
-pub(crate) fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
+pub fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
@@ -178,7 +178,9 @@ pub(crate) fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
                 .then_some(())?;
             value.trim().parse::<f64>().ok()
         })
-        .sum()
+        .sum::<f64>()
+        // An empty sum is -0.
+        + 0.0
 }
 
 #[cfg(test)]
