@@ -131,7 +131,16 @@ pub async fn drive(
     let mut out = vec![Sample::default(); trace.len()];
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => { set.abort_all(); break }
+            _ = cancel.cancelled() => {
+                // Aborting keeps the answers of the tasks already done.
+                set.abort_all();
+                while let Some(next) = set.join_next().await {
+                    if let Ok((i, s)) = next {
+                        out[i] = s;
+                    }
+                }
+                break;
+            }
             next = set.join_next() => match next {
                 None => break,
                 Some(Ok((i, s))) => out[i] = s,

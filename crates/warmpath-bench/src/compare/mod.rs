@@ -274,7 +274,11 @@ pub async fn run(
     let mut reports = Vec::new();
     let mut served = vec![(0u64, 0u64); stack.router_urls.len()];
     let mut tally = |samples: &[driver::Sample]| {
-        for s in samples {
+        // A request cut off by Ctrl-C before it was sent has neither.
+        let sent = samples
+            .iter()
+            .filter(|s| s.error.is_some() || s.e2e_ms.is_some());
+        for s in sent {
             if let Some(n) = served.get_mut(s.replica) {
                 n.0 += 1;
                 n.1 += u64::from(s.error.is_none());
