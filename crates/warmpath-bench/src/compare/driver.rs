@@ -384,6 +384,53 @@ mod tests {
         assert_eq!(m[5].content, "u3");
     }
 
+    /// Ctrl-C mid-run: the answered request's sample is kept, the one not
+    /// yet due stays empty, on whichever replica it was drawn for.
+    #[tokio::test]
+    async fn a_cancelled_run_keeps_what_was_answered() {
+        let token = CancellationToken::new();
+        let cfg = SimConfig {
+            time: TimeModel::default().scaled(20.0),
+            ..Default::default()
+        };
+        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), None, token.clone())
+            .await
+            .unwrap();
+        let msgs = [("user", "Tell me about the sea.")];
+        let trace = vec![
+            turn(0.0, "a", &msgs, 4),
+            turn(0.0, "b", &msgs, 4),
+            turn(60.0, "c", &msgs, 4),
+        ];
+        let dc = DriveConfig {
+            urls: vec![inst.url.clone(), inst.url.clone()],
+            spread_seed: 3,
+            fidelity_every: 0,
+            timeout: Duration::from_secs(30),
+            inspect_token: None,
+        };
+        let pb = ProgressBar::hidden();
+        let stop = CancellationToken::new();
+        let (p, c) = (pb.clone(), stop.clone());
+        tokio::spawn(async move {
+            while p.position() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            c.cancel();
+        });
+        let client = reqwest::Client::new();
+        let s = drive(&client, &dc, &trace, &pb, &stop).await;
+        assert!(s[0].e2e_ms.is_some() && s[1].e2e_ms.is_some(), "{s:?}");
+        assert!(s[2].e2e_ms.is_none() && s[2].error.is_none(), "{s:?}");
+        // Seeded: the same draw every time.
+        let again = drive(&client, &dc, &trace[..2], &pb, &token).await;
+        assert_eq!(
+            (s[0].replica, s[1].replica),
+            (again[0].replica, again[1].replica)
+        );
+        token.cancel();
+    }
+
     /// Two turns of one conversation, both due at once: the second waits for
     /// the first's answer, carries it, and hits every block the first one's
     /// prompt and answer filled (the answer's last token is never computed).
