@@ -79,6 +79,105 @@ async fn quick_comparison_routes_on_real_cache_state() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// `target/debug/warmpath-router`, beside this test's `deps/` folder.
+fn router_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .unwrap()
+        .join("warmpath-router");
+    assert!(
+        bin.exists(),
+        "{} is missing: `cargo test --workspace` builds it; alone, run `cargo build -p warmpath-router` first",
+        bin.display()
+    );
+    bin
+}
+
+/// `compare --routers 2`: two real router processes behind the driver's
+/// random spread, every agent streaming to both. Both replicas serve
+/// traffic, each hears the other's decisions through the agents, kv_aware
+/// still routes on the shared cache state, and the report is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_runs_router_replicas_as_processes() {
+    let out = std::env::temp_dir().join(format!("warmpath-bench-replicas-{}", std::process::id()));
+    let cfg = CompareConfig {
+        instances: 2,
+        sim: SimConfig {
+            time: TimeModel::default().scaled(4.0),
+            cache_blocks: 2048,
+            ..Default::default()
+        },
+        workload: WorkloadSpec {
+            docs: 4,
+            prefix_tokens: 400,
+            max_tokens: 4,
+            ..WorkloadSpec::new(WorkloadKind::Long)
+        },
+        engine: EngineKind::Sim,
+        attach: None,
+        trace: None,
+        strategies: vec![Strategy::KvAware],
+        duration_s: 4.0,
+        rate: 6.0,
+        search_rates: vec![],
+        search_step_s: 1.0,
+        slo_ms: 10_000.0,
+        fidelity_every: 1,
+        router: RouterKnobs {
+            routers: 2,
+            router_bin: Some(router_binary()),
+            ..RouterKnobs::default()
+        },
+        out_dir: out.clone(),
+        progress: false,
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        compare::run(&cfg, CancellationToken::new()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let kv = &outcome.reports[0];
+    assert_eq!(kv.failures, 0, "{kv:?}");
+    assert_eq!(kv.requests, 24);
+    assert!(
+        kv.decisions.get("kv_match").copied().unwrap_or(0) > 0,
+        "{kv:?}"
+    );
+    assert_eq!(outcome.replicas.len(), 2);
+    let urls: std::collections::HashSet<_> = outcome.replicas.iter().map(|r| &r.url).collect();
+    assert_eq!(urls.len(), 2, "{:?}", outcome.replicas);
+    for r in &outcome.replicas {
+        assert!(r.requests > 0 && r.served == r.requests, "{r:?}");
+        // Three phases per request, passed on to the other replica.
+        assert!(r.facts_sent.unwrap_or(0.0) >= r.requests as f64, "{r:?}");
+        assert!(r.facts_received.unwrap_or(0.0) > 0.0, "{r:?}");
+    }
+    for name in ["results.json", "report.html", "replicas.json"] {
+        assert!(out.join(name).exists(), "{name}");
+    }
+    // A wrong binary is refused with the command that builds it.
+    let bad = CompareConfig {
+        router: RouterKnobs {
+            routers: 2,
+            router_bin: Some("/nonexistent/warmpath-router".into()),
+            ..RouterKnobs::default()
+        },
+        ..cfg
+    };
+    let err = compare::run(&bad, CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cargo build -p warmpath-router"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 /// `n` simulated engines (time model 4x faster, `cache_blocks` each), their
 /// agents and a router routing with `strategy`, all on 127.0.0.1.
 async fn sim_stack(
@@ -211,7 +310,8 @@ async fn short_conversations_hit_the_answers_through_the_router() {
     .unwrap();
     assert!(trace.iter().all(|r| r.conversation().is_some()));
     let cfg = DriveConfig {
-        url: stack.router_url.clone(),
+        urls: stack.router_urls.clone(),
+        spread_seed: 0,
         fidelity_every: 1,
         timeout: Duration::from_secs(60),
         inspect_token: stack.admin_token().map(str::to_owned),

@@ -123,6 +123,19 @@ struct CompareArgs {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+    /// Router replicas: more than 1 starts that many warmpath-router processes,
+    /// each request sent to one at random, every agent streaming to all.
+    #[arg(long, default_value_t = 1)]
+    routers: usize,
+    /// Run even a single router as a warmpath-router process (not in this one).
+    #[arg(long)]
+    router_process: bool,
+    /// The warmpath-router binary of the processes (default: beside this one).
+    #[arg(long)]
+    router_bin: Option<PathBuf>,
+    /// The replicas do not share their decisions (`ingest.share_decisions: false`).
+    #[arg(long)]
+    no_share_decisions: bool,
     #[command(flatten)]
     sim: EngineArgs,
     #[command(flatten)]
@@ -203,6 +216,10 @@ impl CompareArgs {
         let mut router = RouterKnobs {
             concurrency_threshold: self.concurrency_threshold,
             load_factor: self.load_factor,
+            routers: self.routers,
+            processes: self.router_process,
+            router_bin: self.router_bin.clone(),
+            share_decisions: !self.no_share_decisions,
             ..Default::default()
         };
         self.kv.apply(&mut router.kv)?;
@@ -239,12 +256,14 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
     let what = match (&cfg.attach, &cfg.engine) {
         (Some(a), _) => format!("router {} with {} engines", a.router_url, a.engines.len()),
         (None, EngineKind::Sim) => format!(
-            "{} simulated instances + agents + router on 127.0.0.1",
-            cfg.instances
+            "{} simulated instances + agents + {} on 127.0.0.1",
+            cfg.instances,
+            routers(&cfg.router)
         ),
         (None, EngineKind::Candle(_)) => format!(
-            "{} warmpath-engine (candle) processes + agents + router on 127.0.0.1",
-            cfg.instances
+            "{} warmpath-engine (candle) processes + agents + {} on 127.0.0.1",
+            cfg.instances,
+            routers(&cfg.router)
         ),
     };
     println!(
@@ -257,8 +276,37 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
     );
     let out = compare::run(&cfg, cancel).await?;
     println!("\n{}", out.table);
+    if out.replicas.len() > 1 {
+        for (i, r) in out.replicas.iter().enumerate() {
+            let n = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
+            println!(
+                "router {i} {}: {} requests ({} ok), decision facts sent {}, received {}",
+                r.url,
+                r.requests,
+                r.served,
+                n(r.facts_sent),
+                n(r.facts_received)
+            );
+        }
+    }
     println!("report: {}", out.html.display());
     Ok(())
+}
+
+/// `router`, `router process` or `3 router processes (sharing decisions)`.
+fn routers(k: &RouterKnobs) -> String {
+    match (k.as_processes(), k.routers) {
+        (false, _) => "router".to_owned(),
+        (true, 1) => "router process".to_owned(),
+        (true, n) => format!(
+            "{n} router processes ({} decisions)",
+            if k.share_decisions {
+                "sharing"
+            } else {
+                "not sharing"
+            }
+        ),
+    }
 }
 
 fn demo_config(a: &DemoArgs) -> anyhow::Result<CompareConfig> {

@@ -194,7 +194,7 @@ async fn start_one(
 }
 
 /// The last lines of a log file, for error messages.
-fn log_tail(path: &Path) -> String {
+pub(crate) fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(5)..].join(" | ");

@@ -8,10 +8,17 @@
 //! once turn `k`'s answer is complete, with the answers the engine actually
 //! streamed in place of the trace's `assistant` messages. TTFT and e2e are
 //! measured from the moment a request is sent.
+//!
+//! With several router replicas ([`DriveConfig::urls`]) each request goes to
+//! one drawn uniformly at random (seeded, drawn in trace order, so a run is
+//! repeatable), as a client-side spread or a plain load balancer would; a
+//! conversation's turns draw independently.
 
 use crate::workload::{ChatMessage, TraceRequest};
 use futures::StreamExt;
 use indicatif::ProgressBar;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +52,8 @@ pub struct Sample {
     pub backend: Option<String>,
     /// `x-warmpath-decision`.
     pub decision: Option<String>,
+    /// Which of [`DriveConfig::urls`] it was sent to.
+    pub replica: usize,
     /// Blocks the router's index said the chosen backend holds (sampled).
     pub predicted_blocks: Option<u64>,
     /// Why it failed.
@@ -54,8 +63,11 @@ pub struct Sample {
 /// How to drive one run.
 #[derive(Clone, Debug)]
 pub struct DriveConfig {
-    /// The router's (or an engine's) base URL.
-    pub url: String,
+    /// The base URLs of the router replicas (or one router, or an engine);
+    /// each request goes to one at random.
+    pub urls: Vec<String>,
+    /// Seed of the spread over `urls`.
+    pub spread_seed: u64,
     /// Ask `POST /cache-index/query` before every n-th request (0: never).
     pub fidelity_every: usize,
     /// Per-request timeout.
@@ -79,7 +91,12 @@ pub async fn drive(
     let cfg = Arc::new(cfg.clone());
     // Per conversation: where its next turn gets the answers so far.
     let mut chains: HashMap<String, oneshot::Receiver<Answers>> = HashMap::new();
+    let mut spread = SmallRng::seed_from_u64(cfg.spread_seed);
     for (i, r) in trace.iter().enumerate() {
+        let replica = match cfg.urls.len() {
+            0 | 1 => 0,
+            n => spread.random_range(0..n),
+        };
         let at = start + Duration::from_secs_f64(r.arrival);
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -96,13 +113,15 @@ pub async fn drive(
         let pb = progress.clone();
         set.spawn(async move {
             let s = match turn {
-                None => one(&client, &cfg, &r, query, start).await.0,
+                None => one(&client, &cfg, replica, &r, query, start).await.0,
                 Some((previous, next)) => {
-                    next_turn(&client, &cfg, r.clone(), query, start, previous, next).await
+                    let to = (replica, query);
+                    next_turn(&client, &cfg, r.clone(), to, start, previous, next).await
                 }
             };
             let s = Sample {
                 arrival_s: r.arrival,
+                replica,
                 ..s
             };
             pb.inc(1);
@@ -112,7 +131,16 @@ pub async fn drive(
     let mut out = vec![Sample::default(); trace.len()];
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => { set.abort_all(); break }
+            _ = cancel.cancelled() => {
+                // Aborting keeps the answers of the tasks already done.
+                set.abort_all();
+                while let Some(next) = set.join_next().await {
+                    if let Ok((i, s)) = next {
+                        out[i] = s;
+                    }
+                }
+                break;
+            }
             next = set.join_next() => match next {
                 None => break,
                 Some(Ok((i, s))) => out[i] = s,
@@ -144,7 +172,7 @@ async fn next_turn(
     client: &reqwest::Client,
     cfg: &DriveConfig,
     mut r: TraceRequest,
-    query: bool,
+    (replica, query): (usize, bool),
     origin: Instant,
     previous: Option<oneshot::Receiver<Answers>>,
     next: oneshot::Sender<Answers>,
@@ -158,7 +186,7 @@ async fn next_turn(
     if let Some(m) = r.messages.as_mut() {
         substitute_answers(m, &answers);
     }
-    let (s, answer) = one(client, cfg, &r, query, origin).await;
+    let (s, answer) = one(client, cfg, replica, &r, query, origin).await;
     tracing::debug!(
         target: "warmpath_bench::compare::turns",
         conversation = r.conversation().unwrap_or_default(),
@@ -188,11 +216,13 @@ pub fn substitute_answers(messages: &mut [ChatMessage], answers: &[Option<String
     }
 }
 
-/// Sends one request and reads its stream: the sample and the answer's
-/// text (the streamed content, or the whole response's).
+/// Sends one request to `cfg.urls[replica]` and reads its stream: the
+/// sample and the answer's text (the streamed content, or the whole
+/// response's).
 async fn one(
     client: &reqwest::Client,
     cfg: &DriveConfig,
+    replica: usize,
     r: &TraceRequest,
     query: bool,
     origin: Instant,
@@ -201,8 +231,9 @@ async fn one(
     let mut text = String::new();
     let body = r.body(true);
     let mut predicted = None;
+    let base = cfg.urls.get(replica).map_or("", String::as_str);
     if query {
-        let url = format!("{}/cache-index/query", cfg.url);
+        let url = format!("{base}/cache-index/query");
         let mut q = request(client, &url, r, &body);
         if let Some(t) = &cfg.inspect_token {
             q = q.bearer_auth(t);
@@ -214,7 +245,7 @@ async fn one(
         }
     }
     let t0 = Instant::now();
-    let url = format!("{}{}", cfg.url, r.path());
+    let url = format!("{base}{}", r.path());
     let fut = async {
         let resp = request(client, &url, r, &body)
             .send()
@@ -353,6 +384,53 @@ mod tests {
         assert_eq!(m[5].content, "u3");
     }
 
+    /// Ctrl-C mid-run: the answered request's sample is kept, the one not
+    /// yet due stays empty, on whichever replica it was drawn for.
+    #[tokio::test]
+    async fn a_cancelled_run_keeps_what_was_answered() {
+        let token = CancellationToken::new();
+        let cfg = SimConfig {
+            time: TimeModel::default().scaled(20.0),
+            ..Default::default()
+        };
+        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), None, token.clone())
+            .await
+            .unwrap();
+        let msgs = [("user", "Tell me about the sea.")];
+        let trace = vec![
+            turn(0.0, "a", &msgs, 4),
+            turn(0.0, "b", &msgs, 4),
+            turn(60.0, "c", &msgs, 4),
+        ];
+        let dc = DriveConfig {
+            urls: vec![inst.url.clone(), inst.url.clone()],
+            spread_seed: 3,
+            fidelity_every: 0,
+            timeout: Duration::from_secs(30),
+            inspect_token: None,
+        };
+        let pb = ProgressBar::hidden();
+        let stop = CancellationToken::new();
+        let (p, c) = (pb.clone(), stop.clone());
+        tokio::spawn(async move {
+            while p.position() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            c.cancel();
+        });
+        let client = reqwest::Client::new();
+        let s = drive(&client, &dc, &trace, &pb, &stop).await;
+        assert!(s[0].e2e_ms.is_some() && s[1].e2e_ms.is_some(), "{s:?}");
+        assert!(s[2].e2e_ms.is_none() && s[2].error.is_none(), "{s:?}");
+        // Seeded: the same draw every time.
+        let again = drive(&client, &dc, &trace[..2], &pb, &token).await;
+        assert_eq!(
+            (s[0].replica, s[1].replica),
+            (again[0].replica, again[1].replica)
+        );
+        token.cancel();
+    }
+
     /// Two turns of one conversation, both due at once: the second waits for
     /// the first's answer, carries it, and hits every block the first one's
     /// prompt and answer filled (the answer's last token is never computed).
@@ -380,7 +458,8 @@ mod tests {
         ];
         let trace = vec![turn(0.0, &conv, &first, 40), turn(0.0, &conv, &second, 5)];
         let dc = DriveConfig {
-            url: inst.url.clone(),
+            urls: vec![inst.url.clone()],
+            spread_seed: 0,
             fidelity_every: 0,
             timeout: Duration::from_secs(30),
             inspect_token: None,

@@ -9,12 +9,18 @@
 //! compares, for every `fidelity_every`-th request, the blocks the router's
 //! `POST /cache-index/query` says the serving backend holds (asked just
 //! before sending) with the engine's `cached_tokens`.
+//!
+//! With `--routers R` the router runs as R processes ([`replicas`]), every
+//! agent streaming to all of them and each request sent to one at random
+//! ([`driver`]); what each replica served and the decisions it shared and
+//! received are in [`CompareOutcome::replicas`].
 
 mod bound;
 pub mod candle;
 pub mod driver;
 mod output;
 mod plot;
+pub mod replicas;
 pub mod report;
 pub mod stack;
 
@@ -78,6 +84,24 @@ pub struct CompareOutcome {
     pub table: String,
     /// The HTML report.
     pub html: PathBuf,
+    /// Per router replica (one entry for a single router).
+    pub replicas: Vec<ReplicaSummary>,
+}
+
+/// What one router replica did over the whole comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplicaSummary {
+    /// Its `http://` base URL.
+    pub url: String,
+    /// Requests sent to it.
+    pub requests: u64,
+    /// Those it answered without failure.
+    pub served: u64,
+    /// Decision facts it sent to its backends' agents
+    /// (`warmpath_replica_facts_total{direction="sent"}`; None: not read).
+    pub facts_sent: Option<f64>,
+    /// Facts of other replicas it received through the agents.
+    pub facts_received: Option<f64>,
 }
 
 impl CompareConfig {
@@ -90,6 +114,15 @@ impl CompareConfig {
         };
         if self.instances == 0 || self.instances > 256 {
             return bad("instances", "must be in 1..=256");
+        }
+        if self.router.routers == 0 || self.router.routers > 16 {
+            return bad("routers", "must be in 1..=16");
+        }
+        if self.attach.is_some() && self.router.routers > 1 {
+            return bad(
+                "routers",
+                "replicas are started here: not with --attach-router",
+            );
         }
         if self.strategies.is_empty() {
             return bad("strategies", "name at least one");
@@ -221,7 +254,8 @@ pub async fn run(
             reason: e.to_string(),
         })?;
     let drive_cfg = DriveConfig {
-        url: stack.router_url.clone(),
+        urls: stack.router_urls.clone(),
+        spread_seed: cfg.workload.seed,
         fidelity_every: cfg.fidelity_every,
         timeout: Duration::from_secs(120),
         inspect_token: stack.admin_token().map(str::to_owned),
@@ -238,6 +272,19 @@ pub async fn run(
         max_in_flight: cfg.sim.time.max_batch as usize,
     };
     let mut reports = Vec::new();
+    let mut served = vec![(0u64, 0u64); stack.router_urls.len()];
+    let mut tally = |samples: &[driver::Sample]| {
+        // A request cut off by Ctrl-C before it was sent has neither.
+        let sent = samples
+            .iter()
+            .filter(|s| s.error.is_some() || s.e2e_ms.is_some());
+        for s in sent {
+            if let Some(n) = served.get_mut(s.replica) {
+                n.0 += 1;
+                n.1 += u64::from(s.error.is_none());
+            }
+        }
+    };
     let overall = Overall::new(cfg);
     for (k, &s) in cfg.strategies.iter().enumerate() {
         if cancel.is_cancelled() {
@@ -254,6 +301,7 @@ pub async fn run(
         let before = stack.engine_prefix_counters(&client).await;
         let samples = drive(&client, &drive_cfg, &base, &pb, &cancel).await;
         pb.finish();
+        tally(&samples);
         let after = stack.engine_prefix_counters(&client).await;
         let mut r = aggregate(s.as_str(), cfg.rate, &samples, bs, &ids);
         r.hit_ceiling = report::hit_ceiling(&base, &samples, bs);
@@ -287,6 +335,7 @@ pub async fn run(
             )
             .await;
             pb.finish();
+            tally(&samples);
             let a = aggregate(s.as_str(), rate, &samples, bs, &ids);
             let ok = a.failures == 0 && a.ttft_ms.p90 <= cfg.slo_ms;
             r.rate_search.push(RatePoint {
@@ -301,13 +350,34 @@ pub async fn run(
         }
         reports.push(r);
     }
+    let facts = stack.replica_facts(&client).await.ok();
+    let replicas = stack
+        .router_urls
+        .iter()
+        .zip(&served)
+        .enumerate()
+        .map(|(i, (url, &(requests, ok)))| ReplicaSummary {
+            url: url.clone(),
+            requests,
+            served: ok,
+            facts_sent: facts.as_ref().and_then(|f| f.get(i)).map(|f| f.0),
+            facts_received: facts.as_ref().and_then(|f| f.get(i)).map(|f| f.1),
+        })
+        .collect();
     stack.shutdown().await;
     let settings = serde_json::to_value(cfg).unwrap_or_default();
     let html = output::write_all(&cfg.out_dir, &reports, &settings, cfg.slo_ms)?;
+    let path = cfg.out_dir.join("replicas.json");
+    let text = serde_json::to_string_pretty(&replicas).unwrap_or_default();
+    std::fs::write(&path, text).map_err(|source| BenchError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
     Ok(CompareOutcome {
         table: report::console(&reports, cfg.slo_ms),
         reports,
         html,
+        replicas,
     })
 }
 

@@ -383,6 +383,7 @@ mod tests {
             backend: Some(backend.into()),
             decision: Some("kv_match".into()),
             predicted_blocks: predicted,
+            replica: 0,
             error: None,
         }
     }

@@ -2,18 +2,22 @@
 //! simulated instances ([`crate::sim`]) or real `warmpath-engine` processes
 //! ([`super::candle`]), one real agent per engine (events mode, following
 //! the engine's ZMQ events) and the real router, in this process through
-//! their libraries — or an already running router and engines the
-//! comparison only attaches to ([`AttachConfig`]).
+//! their libraries, or as R `warmpath-router` processes
+//! ([`super::replicas`], `compare --routers R`) that every agent streams to
+//! — or an already running router and engines the comparison only attaches
+//! to ([`AttachConfig`]).
 //!
-//! Either way a comparison only needs the router's URL (traffic, the admin
-//! strategy switch, `/cache-index/query`) and each engine's URL
-//! (`/reset_prefix_cache`, `/metrics`).
+//! Either way a comparison only needs the routers' URLs (traffic, spread
+//! over them by the driver; the admin strategy switch, sent to all;
+//! `/cache-index/query`, asked of the replica the request goes to) and each
+//! engine's URL (`/reset_prefix_cache`, `/metrics`).
 
 use super::candle::{CandleConfig, CandleFleet, EngineShape};
+use super::replicas::{labelled_sum, router_binary, RouterProcesses};
 use crate::error::BenchError;
 use crate::sim::{Fleet, SimConfig};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use warmpath_agent::{Agent, AgentConfig};
@@ -23,7 +27,8 @@ use warmpath_core::Strategy;
 use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 use warmpath_router::RunningRouter;
 
-/// The router's policy settings for a stack started here.
+/// The router's policy settings for a stack started here, and how many
+/// replicas of it run where.
 #[derive(Clone, Debug, Serialize)]
 pub struct RouterKnobs {
     /// In flight at which a backend counts as full.
@@ -32,6 +37,26 @@ pub struct RouterKnobs {
     pub load_factor: f64,
     /// `kv_aware` cost weights.
     pub kv: KvConfig,
+    /// Router replicas (1..=16). One runs in this process through the
+    /// router's library unless `processes`; more are `warmpath-router`
+    /// processes, each request sent to one at random, every agent streaming
+    /// to all.
+    pub routers: usize,
+    /// Run even a single router as a process (same costs as the replicas').
+    pub processes: bool,
+    /// The `warmpath-router` binary of the processes (default: beside this
+    /// executable).
+    pub router_bin: Option<PathBuf>,
+    /// Replicas share each routing decision through the agents
+    /// (`ingest.share_decisions`, the router's default: on).
+    pub share_decisions: bool,
+}
+
+impl RouterKnobs {
+    /// Whether the routers run as processes.
+    pub fn as_processes(&self) -> bool {
+        self.processes || self.routers > 1
+    }
 }
 
 impl Default for RouterKnobs {
@@ -40,6 +65,10 @@ impl Default for RouterKnobs {
             concurrency_threshold: 64,
             load_factor: 1.25,
             kv: KvConfig::default(),
+            routers: 1,
+            processes: false,
+            router_bin: None,
+            share_decisions: true,
         }
     }
 }
@@ -80,18 +109,25 @@ enum Engines {
     Candle(CandleFleet),
 }
 
+enum Routers {
+    InProcess(Box<RunningRouter>),
+    Processes(RouterProcesses),
+}
+
 /// What a stack started here owns.
 struct Owned {
     engines: Engines,
-    router: RunningRouter,
+    routers: Routers,
     agents: Vec<Agent>,
     model_dir: PathBuf,
 }
 
-/// A router and its engines, started here or attached to.
+/// A router (or its replicas) and its engines, started here or attached to.
 pub struct Stack {
-    /// `http://` base URL of the router.
+    /// `http://` base URL of the (first) router.
     pub router_url: String,
+    /// `http://` base URLs of every router replica, the first one first.
+    pub router_urls: Vec<String>,
     /// The served model (the pool).
     pub model: String,
     /// The engines.
@@ -103,7 +139,7 @@ pub struct Stack {
 impl std::fmt::Debug for Stack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stack")
-            .field("router_url", &self.router_url)
+            .field("router_urls", &self.router_urls)
             .field("engines", &self.engines)
             .field("owned", &self.owned.is_some())
             .finish()
@@ -137,6 +173,11 @@ impl Stack {
         admin_token: Option<String>,
         shutdown: CancellationToken,
     ) -> Result<Stack, BenchError> {
+        // Before anything starts: a missing binary is the likely mistake.
+        let router_bin = match knobs.as_processes() {
+            true => Some(router_binary(knobs.router_bin.as_deref())?),
+            false => None,
+        };
         let model_dir = std::env::temp_dir().join(format!(
             "warmpath-bench-tokenizer-{}-{}",
             std::process::id(),
@@ -185,36 +226,37 @@ impl Stack {
                 (Engines::Candle(fleet), list)
             }
         };
-        let mut pool = PoolConfig::new(sim.model.clone());
-        pool.strategy = Some(strategy);
-        pool.tokenizer = Some(model_dir.clone());
-        pool.block_size = sim.block_size;
-        pool.prefix_aware.concurrency_threshold = knobs.concurrency_threshold;
-        pool.load_factor = knobs.load_factor;
-        pool.kv = knobs.kv.clone();
-        for (id, url, _, _) in &list {
-            let mut b = BackendConfig::new(url.clone());
-            b.worker_id = Some(id.clone());
-            pool.backends.push(b);
-        }
-        let config = RouterConfig {
-            listen: "127.0.0.1:0".into(),
-            grpc_listen: Some("127.0.0.1:0".into()),
-            admin_token: admin_token.clone(),
-            pools: vec![pool],
-            ..Default::default()
+        let backends: Vec<(String, String)> = list
+            .iter()
+            .map(|(id, url, _, _)| (id.clone(), url.clone()))
+            .collect();
+        let config = router_config(sim, strategy, knobs, &model_dir, &backends, &admin_token);
+        let (routers, urls, grpcs) = if let Some(bin) = router_bin {
+            let timeout = Duration::from_secs(30);
+            let set =
+                RouterProcesses::start(knobs.routers, &bin, &config, &model_dir, timeout).await?;
+            let urls = set.replicas.iter().map(|r| r.http.clone()).collect();
+            let grpcs = set.replicas.iter().map(|r| r.grpc.clone()).collect();
+            (Routers::Processes(set), urls, grpcs)
+        } else {
+            let router = warmpath_router::start(config, shutdown.clone())
+                .await
+                .map_err(|e| component("router", e))?;
+            let grpc = router
+                .grpc_addr
+                .ok_or_else(|| component("router", "no gRPC address"))?;
+            let urls = vec![format!("http://{}", router.http_addr)];
+            (
+                Routers::InProcess(Box::new(router)),
+                urls,
+                vec![format!("http://{grpc}")],
+            )
         };
-        let router = warmpath_router::start(config, shutdown.clone())
-            .await
-            .map_err(|e| component("router", e))?;
-        let grpc = router
-            .grpc_addr
-            .ok_or_else(|| component("router", "no gRPC address"))?;
         let mut agents = Vec::with_capacity(n);
         for (id, url, events, replay) in &list {
             let mut cfg = AgentConfig::new(id, &sim.model, url, events);
             cfg.kv_replay = replay.clone();
-            cfg.routers = vec![format!("http://{grpc}")];
+            cfg.routers = grpcs.clone();
             cfg.topic = sim.topic.clone();
             let agent = Agent::start(cfg, None)
                 .await
@@ -222,7 +264,8 @@ impl Stack {
             agents.push(agent);
         }
         let stack = Stack {
-            router_url: format!("http://{}", router.http_addr),
+            router_url: urls[0].clone(),
+            router_urls: urls,
             model: sim.model.clone(),
             engines: list
                 .into_iter()
@@ -231,7 +274,7 @@ impl Stack {
             admin_token,
             owned: Some(Owned {
                 engines,
-                router,
+                routers,
                 agents,
                 model_dir,
             }),
@@ -267,7 +310,8 @@ impl Stack {
             }
         }
         Ok(Stack {
-            router_url: router,
+            router_url: router.clone(),
+            router_urls: vec![router],
             model: model.to_owned(),
             engines: cfg.engines.clone(),
             admin_token: cfg.admin_token.clone(),
@@ -290,11 +334,23 @@ impl Stack {
         self.admin_token.as_deref()
     }
 
-    /// Waits until the router's `/cache-index` lists every worker.
+    /// Waits until every router's `/cache-index` lists every worker.
     async fn wait_for_agents(&self, limit: Duration) -> Result<(), BenchError> {
-        let client = reqwest::Client::new();
-        let url = format!("{}/cache-index", self.router_url);
         let started = Instant::now();
+        for base in &self.router_urls {
+            self.wait_for_agents_of(base, started, limit).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_for_agents_of(
+        &self,
+        base: &str,
+        started: Instant,
+        limit: Duration,
+    ) -> Result<(), BenchError> {
+        let client = reqwest::Client::new();
+        let url = format!("{base}/cache-index");
         loop {
             let mut get = client.get(&url);
             if let Some(t) = &self.admin_token {
@@ -314,20 +370,33 @@ impl Stack {
             if started.elapsed() > limit {
                 return Err(component(
                     "agents",
-                    format!("not all agents reached the router within {limit:?}"),
+                    format!("not all agents reached the router {base} within {limit:?}"),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
-    /// Switches the pool's strategy through `PUT /admin/pools/{model}/strategy`.
+    /// Switches the pool's strategy through `PUT /admin/pools/{model}/strategy`
+    /// on every router.
     pub async fn set_strategy(
         &self,
         client: &reqwest::Client,
         s: Strategy,
     ) -> Result<(), BenchError> {
-        let url = format!("{}/admin/pools/{}/strategy", self.router_url, self.model);
+        for base in &self.router_urls {
+            self.set_strategy_of(client, base, s).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_strategy_of(
+        &self,
+        client: &reqwest::Client,
+        base: &str,
+        s: Strategy,
+    ) -> Result<(), BenchError> {
+        let url = format!("{base}/admin/pools/{}/strategy", self.model);
         let mut req = client
             .put(&url)
             .json(&serde_json::json!({"strategy": s.as_str()}));
@@ -389,6 +458,35 @@ impl Stack {
         Ok((queries, hits))
     }
 
+    /// Per router: the decisions it shared and the ones it received from
+    /// the other replicas (`warmpath_replica_facts_total`, every phase).
+    pub async fn replica_facts(
+        &self,
+        client: &reqwest::Client,
+    ) -> Result<Vec<(f64, f64)>, BenchError> {
+        let name = "warmpath_replica_facts_total";
+        let mut out = Vec::with_capacity(self.router_urls.len());
+        for base in &self.router_urls {
+            let url = format!("{base}/metrics");
+            let mut get = client.get(&url);
+            if let Some(t) = &self.admin_token {
+                get = get.bearer_auth(t);
+            }
+            let text = get
+                .send()
+                .await
+                .map_err(|e| http(&url, e))?
+                .text()
+                .await
+                .map_err(|e| http(&url, e))?;
+            out.push((
+                labelled_sum(&text, name, "direction=\"sent\""),
+                labelled_sum(&text, name, "direction=\"received\""),
+            ));
+        }
+        Ok(out)
+    }
+
     /// Stops what this stack started (nothing when attached).
     pub async fn shutdown(mut self) {
         let Some(o) = self.owned.as_mut() else {
@@ -399,8 +497,11 @@ impl Stack {
         for a in std::mem::take(&mut o.agents) {
             a.shutdown().await;
         }
-        o.router.shutdown();
         if let Some(o) = self.owned.take() {
+            match o.routers {
+                Routers::InProcess(r) => r.shutdown(),
+                Routers::Processes(set) => set.shutdown().await,
+            }
             match o.engines {
                 Engines::Candle(f) => f.shutdown().await,
                 // Its tasks end with the shutdown token; dropping it frees the handles.
@@ -409,6 +510,39 @@ impl Stack {
             let _ = std::fs::remove_dir_all(&o.model_dir);
         }
     }
+}
+
+/// The pool and router configuration of a stack started here (the same for
+/// the in-process router and every replica process).
+fn router_config(
+    sim: &SimConfig,
+    strategy: Strategy,
+    knobs: &RouterKnobs,
+    model_dir: &Path,
+    backends: &[(String, String)],
+    admin_token: &Option<String>,
+) -> RouterConfig {
+    let mut pool = PoolConfig::new(sim.model.clone());
+    pool.strategy = Some(strategy);
+    pool.tokenizer = Some(model_dir.to_path_buf());
+    pool.block_size = sim.block_size;
+    pool.prefix_aware.concurrency_threshold = knobs.concurrency_threshold;
+    pool.load_factor = knobs.load_factor;
+    pool.kv = knobs.kv.clone();
+    for (id, url) in backends {
+        let mut b = BackendConfig::new(url.clone());
+        b.worker_id = Some(id.clone());
+        pool.backends.push(b);
+    }
+    let mut config = RouterConfig {
+        listen: "127.0.0.1:0".into(),
+        grpc_listen: Some("127.0.0.1:0".into()),
+        admin_token: admin_token.clone(),
+        pools: vec![pool],
+        ..Default::default()
+    };
+    config.ingest.share_decisions = knobs.share_decisions;
+    config
 }
 
 fn http(url: &str, e: impl std::fmt::Display) -> BenchError {

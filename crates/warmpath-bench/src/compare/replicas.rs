@@ -1,0 +1,228 @@
+//! Router replicas for `compare --routers R`: R real `warmpath-router`
+//! processes over the same pool, each with the configuration the in-process
+//! router would get (written as JSON, which the router's YAML loader reads,
+//! to a file in the stack's temporary folder), listening on 127.0.0.1 port 0.
+//!
+//! Each child prints its bound HTTP and gRPC addresses on stdout (`listening
+//! on URL`, `grpc listening on URL`); we read them from there. Its log
+//! (stderr) goes to `router-<i>.log` beside the config, whose tail is quoted
+//! when a child fails to start. The children are killed when the set is shut
+//! down or dropped (`kill_on_drop`: an error or a panic on the way out
+//! leaves no orphan; Ctrl-C reaches them through the terminal's process
+//! group as well).
+
+use super::candle::log_tail;
+use crate::error::BenchError;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use warmpath_router::config::RouterConfig;
+
+/// The `warmpath-router` binary: `given`, else the one next to the running
+/// executable (where `cargo build -p warmpath-router` puts it beside
+/// `warmpath-bench`, same profile); an error naming the build command when
+/// it is not there.
+pub fn router_binary(given: Option<&Path>) -> Result<PathBuf, BenchError> {
+    let binary = match given {
+        Some(b) => b.to_path_buf(),
+        None => {
+            let exe = std::env::current_exe().map_err(|e| BenchError::Io {
+                path: "current executable".into(),
+                source: e,
+            })?;
+            exe.with_file_name(format!("warmpath-router{}", std::env::consts::EXE_SUFFIX))
+        }
+    };
+    if !binary.is_file() {
+        return Err(BenchError::Invalid {
+            what: "router binary",
+            reason: format!(
+                "{} not found; build it with `cargo build -p warmpath-router` (with `--release` for a release bench) or pass --router-bin",
+                binary.display()
+            ),
+        });
+    }
+    Ok(binary)
+}
+
+/// One running router process.
+#[derive(Debug)]
+pub struct RouterProcess {
+    /// `http://` base URL of its client port.
+    pub http: String,
+    /// `http://` URL of its agent ingest (gRPC).
+    pub grpc: String,
+    child: Child,
+}
+
+/// The replicas of a comparison, in order.
+#[derive(Debug)]
+pub struct RouterProcesses {
+    /// The routers.
+    pub replicas: Vec<RouterProcess>,
+}
+
+impl RouterProcesses {
+    /// Starts `n` routers of `binary` ([`router_binary`]) over `config` (its
+    /// listeners are set to 127.0.0.1 port 0 here), configs and logs in `dir`.
+    pub async fn start(
+        n: usize,
+        binary: &Path,
+        config: &RouterConfig,
+        dir: &Path,
+        startup_timeout: Duration,
+    ) -> Result<RouterProcesses, BenchError> {
+        let config = RouterConfig {
+            listen: "127.0.0.1:0".into(),
+            grpc_listen: Some("127.0.0.1:0".into()),
+            ..config.clone()
+        };
+        let text = serde_json::to_string_pretty(&config).map_err(|e| BenchError::Component {
+            what: "router config".into(),
+            reason: e.to_string(),
+        })?;
+        let mut replicas = Vec::with_capacity(n);
+        for i in 0..n {
+            let path = dir.join(format!("router-{i}.yaml"));
+            std::fs::write(&path, &text).map_err(io(&path))?;
+            let log = dir.join(format!("router-{i}.log"));
+            let r = tokio::time::timeout(startup_timeout, start_one(i, binary, &path, &log))
+                .await
+                .map_err(|_| BenchError::Component {
+                    what: format!("router {i}"),
+                    reason: format!(
+                        "not listening after {startup_timeout:?}; log: {}",
+                        log_tail(&log)
+                    ),
+                })??;
+            replicas.push(r);
+        }
+        Ok(RouterProcesses { replicas })
+    }
+
+    /// Kills every router and waits for it.
+    pub async fn shutdown(mut self) {
+        for (i, r) in self.replicas.iter_mut().enumerate() {
+            if let Err(e) = r.child.kill().await {
+                tracing::warn!(router = i, error = %e, "killing a router failed");
+            }
+        }
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
+    let path = path.display().to_string();
+    move |source| BenchError::Io { path, source }
+}
+
+async fn start_one(
+    i: usize,
+    binary: &Path,
+    config: &Path,
+    log: &Path,
+) -> Result<RouterProcess, BenchError> {
+    let stderr = std::fs::File::create(log).map_err(io(log))?;
+    let mut child = Command::new(binary)
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io(binary))?;
+    let failed = |reason: String| BenchError::Component {
+        what: format!("router {i}"),
+        reason: format!("{reason}; log: {}", log_tail(log)),
+    };
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| failed("no stdout pipe".into()))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut http = None;
+    let grpc = loop {
+        let line = lines
+            .next_line()
+            .await
+            .map_err(|e| failed(format!("reading its output: {e}")))?
+            .ok_or_else(|| failed("exited before listening".into()))?;
+        if let Some(url) = line.strip_prefix("grpc listening on ") {
+            break url.trim().to_owned();
+        } else if let Some(url) = line.strip_prefix("listening on ") {
+            http = Some(url.trim().to_owned());
+        }
+    };
+    let http = http.ok_or_else(|| failed("it printed no HTTP address".into()))?;
+    // Nothing else is printed on stdout; keep draining it so a stray line
+    // can never block the child. The task ends with the pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    tracing::info!(router = i, %http, %grpc, "router replica started");
+    Ok(RouterProcess { http, grpc, child })
+}
+
+/// The sum of the samples of `name` whose labels include `label`
+/// (`direction="received"`) in Prometheus text.
+pub fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+            let (labels, value) = rest.split_once('}')?;
+            labels
+                .split(',')
+                .any(|kv| kv.trim() == label)
+                .then_some(())?;
+            value.trim().parse::<f64>().ok()
+        })
+        .sum::<f64>()
+        // An empty sum is -0.
+        + 0.0
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use warmpath_router::config::{BackendConfig, PoolConfig};
+
+    #[test]
+    fn a_missing_binary_is_a_clear_error_naming_the_build() {
+        let err = router_binary(Some(Path::new("/nonexistent/warmpath-router"))).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("not found"), "{text}");
+        assert!(text.contains("cargo build -p warmpath-router"), "{text}");
+    }
+
+    /// The file a replica reads is the in-process router's configuration.
+    #[test]
+    fn the_written_config_reads_back_as_the_same_config() {
+        let mut pool = PoolConfig::new("m".to_owned());
+        pool.load_factor = 1.3;
+        pool.kv.rebalance_slack = None;
+        pool.backends.push(BackendConfig::new("http://127.0.0.1:1"));
+        let cfg = RouterConfig {
+            listen: "127.0.0.1:0".into(),
+            pools: vec![pool],
+            ..Default::default()
+        };
+        let text = serde_json::to_string_pretty(&cfg).unwrap();
+        assert_eq!(RouterConfig::from_yaml(&text).unwrap(), cfg);
+    }
+
+    #[test]
+    fn labelled_sum_keeps_the_samples_with_the_label() {
+        let text = "# HELP warmpath_replica_facts_total x\n\
+                    warmpath_replica_facts_total{pool=\"m\",direction=\"sent\"} 7\n\
+                    warmpath_replica_facts_total{pool=\"m\",direction=\"received\"} 5\n\
+                    warmpath_replica_facts_total{pool=\"n\",direction=\"received\"} 2\n\
+                    warmpath_replica_facts_total_other{direction=\"received\"} 99\n";
+        let name = "warmpath_replica_facts_total";
+        assert_eq!(labelled_sum(text, name, "direction=\"received\""), 7.0);
+        assert_eq!(labelled_sum(text, name, "direction=\"sent\""), 7.0);
+        assert_eq!(labelled_sum(text, name, "direction=\"dropped\""), 0.0);
+    }
+}
