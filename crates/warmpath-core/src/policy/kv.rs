@@ -84,8 +84,12 @@
 //!   exceeds `(1 + rebalance_slack)` times the mean `E` cannot be served by
 //!   its `k` holders within an even share: its request goes to the backend
 //!   with the lowest cold cost (the eviction term included) among the
-//!   others, which becomes a deliberate **copy** (decision `replicate`; up
-//!   to `MAX_COPIES` holders). Its popularity then counts `p / k` on each
+//!   others, which becomes a deliberate **copy** (decision `replicate`).
+//!   So a prefix gets `k = ceil(p / ((1 + rebalance_slack) E))` holders,
+//!   one more per request of it, as many as its demand and the fleet need
+//!   (at most every usable backend), once it brought `MOVE_WARMUP` of its
+//!   own requests per holder (see [`rebalance`](super::rebalance)). Its
+//!   popularity then counts `p / k` on each
 //!   holder, every holder is charged only what it lacks, so its traffic
 //!   splits among them by the formula's load terms; a prefix with copies is
 //!   never moved. When `p / (k - 1)` falls to the mean or below, the last
@@ -247,7 +251,8 @@ impl KvAware {
 
     /// The lowest-cost usable backend and its match (the module's formula);
     /// `None` when every eligible backend is full. `home` is the backend
-    /// that holds the prefix as its home, when there is one.
+    /// that holds the prefix as its home, when there is one, with its
+    /// copies that hold it too (sorted).
     fn cheapest(
         &self,
         chain: u32,
@@ -265,7 +270,7 @@ impl KvAware {
             }
             let m = matched[i];
             let uncached = f64::from(chain - m.min(chain));
-            let write = if homes.is_empty() || homes.contains(&i) {
+            let write = if homes.is_empty() || homes.binary_search(&i).is_ok() {
                 uncached
             } else {
                 f64::from(chain)
@@ -339,11 +344,14 @@ impl KvAware {
         });
         // The home and its deliberate copies that hold the prefix.
         let holds = |i: usize| u64::from(matched[i]) * den >= u64::from(best_match) * num;
-        let homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
-            h.holders()
+        let mut homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
+            s.homes
+                .holders(&h)
                 .filter(|&i| i == at(&h) || (usable(i) && holds(i)))
                 .collect()
         });
+        // Sorted: the scan looks each backend up in it.
+        homes.sort_unstable();
         let Some((mut m, mut backend)) = self.cheapest(chain, matched, loads, &homes, rng) else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             s.record(
@@ -402,11 +410,13 @@ impl KvAware {
             self.kv.decode_weight,
         );
         let band = TIE_BAND * f64::from(input.chain_blocks);
+        let mut held: Vec<usize> = s.homes.holders(home).collect();
+        held.sort_unstable();
         let (t, _) = s.place(
             input.prefix_key,
             input.chain_blocks,
             loads,
-            |i| self.usable(loads, i) && !home.holds(i),
+            |i| self.usable(loads, i) && held.binary_search(&i).is_err(),
             self.fallback.ring(),
             weights,
             band,
