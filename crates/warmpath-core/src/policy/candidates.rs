@@ -232,7 +232,7 @@ impl Candidates {
     /// The lowest-cost usable backend and its match, `None` when none is
     /// usable: holders one by one, the others by bucket (module docs). Ties
     /// (same cost and match) are broken by [`nth_tied`] in position order.
-    /// `homes`: the prefix's home and copies that hold it, or empty.
+    /// `homes`: the prefix's home and copies that hold it (sorted), or empty.
     pub(crate) fn cheapest(
         &self,
         kv: &KvConfig,
@@ -245,7 +245,7 @@ impl Candidates {
         let mut tied: Vec<u32> = Vec::new();
         for (i, m) in held.iter() {
             let Some(key) = self.key(i) else { continue };
-            let at_home = homes.is_empty() || homes.contains(&i);
+            let at_home = homes.is_empty() || homes.binary_search(&i).is_ok();
             let cost = warm_cost(kv, chain, m, key.queued, key.in_flight, at_home);
             match best {
                 Some((c, bm)) if cost > c || (cost == c && m < bm) => {}
@@ -480,7 +480,9 @@ mod tests {
                     .map(|(i, &m)| (i as u32, m))
                     .collect(),
             );
-            let homes: Vec<usize> = homes.into_iter().filter(|&i| i < n).collect();
+            let mut homes: Vec<usize> = homes.into_iter().filter(|&i| i < n).collect();
+            homes.sort_unstable();
+            homes.dedup();
             let mut fast_rng = SmallRng::seed_from_u64(seed);
             let mut scan_rng = SmallRng::seed_from_u64(seed);
             let fast = c.cheapest(&kv, chain, &h, &homes, &mut fast_rng);

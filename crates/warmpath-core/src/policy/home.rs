@@ -19,11 +19,19 @@
 //! `place::State`), so the loads' sum is the decayed count of requests whose
 //! prefix is in the table, and every value is >= 0 up to rounding.
 //!
-//! A prefix too hot for one backend has **copies** besides its home (up to
-//! `MAX_COPIES` in all, see `kv`): its popularity then counts `pop / k` on
-//! each of its `k` holders, as its traffic is split among them.
+//! A prefix too hot for one backend has **copies** besides its home (as many
+//! as its popularity needs, up to the fleet, see `rebalance::replicas`): its
+//! popularity then counts `pop / k` on each of its `k` holders, as its
+//! traffic is split among them. The first `HOME_INLINE_COPIES` copies sit in
+//! the entry itself, so it stays one 48-byte slot; the rest of a very hot
+//! prefix's copies **spill** into a side table keyed by prefix (a fleet of
+//! `n` has fewer than `n` spilled copies in all, since each copied holder
+//! carries at least a fair share of the traffic).
 
-use super::tuning::{HOME_MIN_SETS, HOME_TABLE_KEYS, HOME_WAYS as WAYS, MAX_COPIES};
+use super::tuning::{
+    HOME_INLINE_COPIES as INLINE, HOME_MIN_SETS, HOME_TABLE_KEYS, HOME_WAYS as WAYS,
+};
+use std::collections::HashMap;
 
 /// What the table knows of one prefix.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -40,31 +48,34 @@ pub(crate) struct Home {
     pub(crate) moved: bool,
     /// Reserved here by a move's swap: its next cold request comes here.
     pub(crate) reserved: bool,
-    /// Deliberate copies besides `backend` (the first `extra` are used).
-    copies: [u32; MAX_COPIES - 1],
-    extra: u8,
+    /// Deliberate copies besides `backend`: the first `extra` (at most
+    /// `INLINE`) here, the rest in [`Homes`]'s spill.
+    copies: [u32; INLINE],
+    extra: u16,
     used: bool,
 }
 
 impl Home {
-    /// Its holders: the home, then its copies.
-    pub(crate) fn holders(&self) -> impl Iterator<Item = usize> + '_ {
-        std::iter::once(self.backend as usize).chain(
-            self.copies[..usize::from(self.extra)]
-                .iter()
-                .map(|&c| c as usize),
-        )
-    }
-
     /// How many backends hold it deliberately (1 + copies).
     pub(crate) fn count(&self) -> usize {
         1 + usize::from(self.extra)
     }
+}
 
-    /// Whether `b` is one of its holders.
-    pub(crate) fn holds(&self, b: usize) -> bool {
-        self.holders().any(|h| h == b)
-    }
+/// `e`'s holders: the home, its inline copies, then its spilled ones.
+fn holders_of<'a>(
+    e: &'a Home,
+    spill: &'a HashMap<u64, Vec<u32>>,
+) -> impl Iterator<Item = usize> + 'a {
+    let inline = usize::from(e.extra).min(INLINE);
+    let spilled = if usize::from(e.extra) > INLINE {
+        spill.get(&e.key).map_or(&[][..], Vec::as_slice)
+    } else {
+        &[]
+    };
+    std::iter::once(e.backend as usize)
+        .chain(e.copies[..inline].iter().map(|&c| c as usize))
+        .chain(spilled.iter().map(|&c| c as usize))
 }
 
 /// Homes and expected loads (module docs).
@@ -73,6 +84,8 @@ pub(crate) struct Homes {
     entries: Vec<Home>,
     /// Per backend: the sum of the popularity of the prefixes homed there.
     load: Vec<f64>,
+    /// Copies beyond `INLINE` of the prefixes that have them, by key.
+    spill: HashMap<u64, Vec<u32>>,
 }
 
 impl Homes {
@@ -85,6 +98,7 @@ impl Homes {
         Homes {
             entries: vec![Home::default(); sets * WAYS],
             load: vec![0.0; backends],
+            spill: HashMap::new(),
         }
     }
 
@@ -105,6 +119,16 @@ impl Homes {
         self.find(key).map(|i| self.entries[i])
     }
 
+    /// `h`'s holders (an entry of this table): its home, then its copies.
+    pub(crate) fn holders<'a>(&'a self, h: &'a Home) -> impl Iterator<Item = usize> + 'a {
+        holders_of(h, &self.spill)
+    }
+
+    /// Whether `b` is one of `h`'s holders.
+    pub(crate) fn holds(&self, h: &Home, b: usize) -> bool {
+        self.holders(h).any(|x| x == b)
+    }
+
     /// The popularity of every remembered prefix, in table order.
     pub(crate) fn pops(&self) -> impl Iterator<Item = f64> + '_ {
         self.entries.iter().filter(|e| e.used).map(|e| e.pop)
@@ -113,6 +137,13 @@ impl Homes {
     /// Expected load of each backend, in the caller's units.
     pub(crate) fn loads(&self) -> &[f64] {
         &self.load
+    }
+
+    /// Bytes of the spill table's copies (its keys and backends; memory
+    /// per prefix of the table is `size_of::<Home>()`).
+    #[cfg(test)]
+    pub(crate) fn spilled(&self) -> usize {
+        self.spill.values().map(|v| 8 + 4 * v.len()).sum()
     }
 
     /// One more request of `key` (weight `unit`): its popularity and its
@@ -125,8 +156,9 @@ impl Homes {
         self.entries[i].pop += unit;
         let e = self.entries[i];
         let share = unit / e.count() as f64;
-        for b in e.holders() {
-            if let Some(l) = self.load.get_mut(b) {
+        let Homes { load, spill, .. } = self;
+        for b in holders_of(&e, spill) {
+            if let Some(l) = load.get_mut(b) {
                 *l += share;
             }
         }
@@ -137,27 +169,33 @@ impl Homes {
     fn spread(&mut self, i: usize, sign: f64) {
         let e = self.entries[i];
         let share = e.pop / e.count() as f64;
-        for b in e.holders() {
-            if sign < 0.0 {
-                self.sub(b, share);
-            } else if let Some(l) = self.load.get_mut(b) {
-                *l += share;
+        let Homes { load, spill, .. } = self;
+        for b in holders_of(&e, spill) {
+            if let Some(l) = load.get_mut(b) {
+                // Rounding must never leave a negative load.
+                *l = (*l + sign * share).max(0.0);
             }
         }
     }
 
-    /// One more deliberate copy of `key` (in the table) on `backend`.
+    /// One more deliberate copy of `key` (in the table) on `backend`; never
+    /// more holders than backends.
     pub(crate) fn add_copy(&mut self, key: u64, backend: usize) {
         let Some(i) = self.find(key) else {
             return;
         };
         let e = self.entries[i];
-        if e.count() >= MAX_COPIES || e.holds(backend) {
+        if e.count() >= self.load.len() || e.extra == u16::MAX || self.holds(&e, backend) {
             return;
         }
         self.spread(i, -1.0);
         let e = &mut self.entries[i];
-        e.copies[usize::from(e.extra)] = backend as u32;
+        let at = usize::from(e.extra);
+        if at < INLINE {
+            e.copies[at] = backend as u32;
+        } else {
+            self.spill.entry(key).or_default().push(backend as u32);
+        }
         e.extra += 1;
         self.spread(i, 1.0);
     }
@@ -171,30 +209,75 @@ impl Homes {
         self.spread(i, -1.0);
         let e = &mut self.entries[i];
         e.extra -= 1;
-        let gone = e.copies[usize::from(e.extra)] as usize;
+        let at = usize::from(e.extra);
+        let gone = if at < INLINE {
+            e.copies[at]
+        } else {
+            let v = self.spill.get_mut(&key);
+            let gone = v.as_deref().and_then(|v| v.last().copied());
+            if let Some(v) = v {
+                v.pop();
+                if v.is_empty() {
+                    self.spill.remove(&key);
+                }
+            }
+            gone.unwrap_or(e.backend)
+        };
         self.spread(i, 1.0);
-        Some(gone)
+        Some(gone as usize)
+    }
+
+    /// Drops every copy of entry `i` (its load must be taken away first).
+    fn clear_copies(&mut self, i: usize) {
+        let e = &mut self.entries[i];
+        if usize::from(e.extra) > INLINE {
+            self.spill.remove(&e.key);
+        }
+        e.extra = 0;
     }
 
     /// Homes `key` on `backend` from decision `seq` (its popularity moves
-    /// along); `moved` marks a rebalancing move.
+    /// along); `moved` marks a rebalancing move. A new home that was one of
+    /// its copies keeps the other copies (they still hold it; the old home
+    /// is no holder any more); any other new home drops them: they age out
+    /// where they are.
     pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64, moved: bool) {
         let i = match self.find(key) {
             Some(i) => i,
             None => self.insert(key, backend, seq),
         };
-        // A new home drops the copies: they age out where they are.
         self.spread(i, -1.0);
         let e = self.entries[i];
+        let others: Vec<usize> = if e.extra > 0 && self.holds(&e, backend) {
+            self.holders(&e).skip(1).filter(|&c| c != backend).collect()
+        } else {
+            Vec::new()
+        };
+        self.clear_copies(i);
         self.entries[i] = Home {
             backend: backend as u32,
             since: seq,
             moved,
             reserved: false,
             extra: 0,
-            ..e
+            ..self.entries[i]
         };
+        self.push_copies(i, &others);
         self.spread(i, 1.0);
+    }
+
+    /// Appends `copies` to entry `i`'s (its load is not touched).
+    fn push_copies(&mut self, i: usize, copies: &[usize]) {
+        for &c in copies {
+            let e = &mut self.entries[i];
+            let at = usize::from(e.extra);
+            if at < INLINE {
+                e.copies[at] = c as u32;
+            } else {
+                self.spill.entry(e.key).or_default().push(c as u32);
+            }
+            e.extra += 1;
+        }
     }
 
     /// Homes `key` (already in the table) on `backend` for its next cold
@@ -228,6 +311,7 @@ impl Homes {
             .unwrap_or(0);
         if self.entries[i].used {
             self.spread(i, -1.0);
+            self.clear_copies(i);
         }
         self.entries[i] = Home {
             key,
@@ -236,7 +320,7 @@ impl Homes {
             since: seq,
             moved: false,
             reserved: false,
-            copies: [0; MAX_COPIES - 1],
+            copies: [0; INLINE],
             extra: 0,
             used: true,
         };
@@ -277,7 +361,7 @@ impl Homes {
             }
         }
         for e in self.entries.iter().filter(|e| e.used) {
-            let kept: Vec<usize> = e.holders().filter_map(map).collect();
+            let kept: Vec<usize> = self.holders(e).filter_map(map).collect();
             let changed = kept.len() != e.count();
             if changed {
                 for &j in &kept {
@@ -287,19 +371,16 @@ impl Homes {
             let Some(home) = map(e.backend as usize) else {
                 continue;
             };
-            let mut moved = Home {
+            let moved = Home {
                 backend: home as u32,
-                copies: [0; MAX_COPIES - 1],
+                copies: [0; INLINE],
                 extra: 0,
                 ..*e
             };
-            for &c in &kept[1..] {
-                moved.copies[usize::from(moved.extra)] = c as u32;
-                moved.extra += 1;
-            }
             // Never full: an old set's entries land in the same or more sets.
             if let Some(i) = out.set(e.key).find(|&i| !out.entries[i].used) {
                 out.entries[i] = moved;
+                out.push_copies(i, &kept[1..]);
                 if changed {
                     out.spread(i, 1.0);
                 }
@@ -359,6 +440,67 @@ mod tests {
         assert!(std::mem::size_of::<Home>() <= 48);
     }
 
+    #[test]
+    fn copies_beyond_the_entry_spill_and_come_back() {
+        let mut h = Homes::new(10, 16);
+        for _ in 0..8 {
+            h.hit(7, 0, 1.0, 1);
+        }
+        for b in 1..8 {
+            h.add_copy(7, b);
+        }
+        let e = h.get(7).unwrap();
+        assert_eq!(e.count(), 8);
+        assert_eq!(
+            h.holders(&e).collect::<Vec<_>>(),
+            (0..8).collect::<Vec<_>>()
+        );
+        assert!(h.holds(&e, 7) && !h.holds(&e, 8));
+        // A backend that holds it already is refused.
+        h.add_copy(7, 5);
+        assert_eq!(h.get(7).unwrap().count(), 8);
+        // 8 requests over 8 holders.
+        assert_eq!(
+            &h.loads()[..9],
+            &[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+        );
+        assert_eq!(h.spilled(), 8 + 4 * (8 - 1 - INLINE));
+        // Dropped last first, spill before the entry's own.
+        for want in (1..8).rev() {
+            assert_eq!(h.drop_copy(7), Some(want));
+        }
+        assert_eq!(h.drop_copy(7), None);
+        assert_eq!(h.spilled(), 0);
+        assert_eq!(h.loads()[0], 8.0);
+        // Never more holders than backends.
+        for b in 1..12 {
+            h.add_copy(7, b);
+        }
+        assert_eq!(h.get(7).unwrap().count(), 10);
+    }
+
+    #[test]
+    fn a_copy_made_home_keeps_the_other_copies() {
+        let mut h = Homes::new(8, 16);
+        for _ in 0..6 {
+            h.hit(3, 0, 1.0, 1);
+        }
+        for b in 1..6 {
+            h.add_copy(3, b);
+        }
+        // The home lost it; copy 4 is its home now: 0 holds nothing.
+        h.set_home(3, 4, 9, false);
+        let e = h.get(3).unwrap();
+        assert_eq!(h.holders(&e).collect::<Vec<_>>(), vec![4, 1, 2, 3, 5]);
+        assert_eq!(h.loads(), &[0.0, 1.2, 1.2, 1.2, 1.2, 1.2, 0.0, 0.0]);
+        // A new home that held nothing drops them all.
+        h.set_home(3, 6, 10, true);
+        let e = h.get(3).unwrap();
+        assert_eq!(e.count(), 1);
+        assert_eq!(h.spilled(), 0);
+        assert_eq!(h.loads()[6], 6.0);
+    }
+
     proptest! {
         /// Whatever the sequence, loads stay >= 0 and equal the sum of the
         /// remembered popularities homed on each backend.
@@ -380,10 +522,49 @@ mod tests {
             // A prefix with copies counts pop / k on each of its k holders.
             let mut sums = [0.0; 4];
             for e in h.entries.iter().filter(|e| e.used) {
-                for b in e.holders() {
+                for b in h.holders(e) {
                     sums[b] += e.pop / e.count() as f64;
                 }
             }
+            for (b, l) in h.loads().iter().enumerate() {
+                prop_assert!(*l >= 0.0);
+                prop_assert!((l - sums[b]).abs() < 1e-6, "{:?} {:?}", h.loads(), sums);
+            }
+        }
+
+        /// The same over a fleet where copies spill out of the entry: loads
+        /// are the sums, a prefix's holders are distinct and as many as its
+        /// count, and the spill holds exactly the copies past the entry's.
+        #[test]
+        fn spilled_copies_are_counted_like_the_entry_s_own(
+            ops in proptest::collection::vec((0u64..24, 0usize..12, 0u8..5, 1u32..4), 1..400)
+        ) {
+            let mut h = Homes::new(12, 8);
+            for (seq, &(key, backend, op, w)) in ops.iter().enumerate() {
+                match op {
+                    0 => h.set_home(key, backend, seq as u64, w == 1),
+                    1 | 2 => h.add_copy(key, backend),
+                    3 if w == 1 => {
+                        h.drop_copy(key);
+                    }
+                    _ => h.hit(key, backend, f64::from(w), seq as u64),
+                }
+            }
+            let mut sums = [0.0; 12];
+            let mut spilled = 0;
+            for e in h.entries.iter().filter(|e| e.used) {
+                let mut all: Vec<usize> = h.holders(e).collect();
+                prop_assert_eq!(all.len(), e.count());
+                all.sort_unstable();
+                all.dedup();
+                prop_assert_eq!(all.len(), e.count());
+                for b in h.holders(e) {
+                    sums[b] += e.pop / e.count() as f64;
+                }
+                spilled += e.count().saturating_sub(1 + INLINE);
+            }
+            prop_assert_eq!(h.spill.values().map(Vec::len).sum::<usize>(), spilled);
+            prop_assert!(h.spill.values().all(|v| !v.is_empty()));
             for (b, l) in h.loads().iter().enumerate() {
                 prop_assert!(*l >= 0.0);
                 prop_assert!((l - sums[b]).abs() < 1e-6, "{:?} {:?}", h.loads(), sums);

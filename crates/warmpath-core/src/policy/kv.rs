@@ -87,8 +87,12 @@
 //!   exceeds `(1 + rebalance_slack)` times the mean `E` cannot be served by
 //!   its `k` holders within an even share: its request goes to the backend
 //!   with the lowest cold cost (the eviction term included) among the
-//!   others, which becomes a deliberate **copy** (decision `replicate`; up
-//!   to `MAX_COPIES` holders). Its popularity then counts `p / k` on each
+//!   others, which becomes a deliberate **copy** (decision `replicate`).
+//!   So a prefix gets `k = ceil(p / ((1 + rebalance_slack) E))` holders,
+//!   one more per request of it, as many as its demand and the fleet need
+//!   (at most every usable backend), once it brought `MOVE_WARMUP` of its
+//!   own requests per holder (see [`rebalance`](super::rebalance)). Its
+//!   popularity then counts `p / k` on each
 //!   holder, every holder is charged only what it lacks, so its traffic
 //!   splits among them by the formula's load terms; a prefix with copies is
 //!   never moved. When `p / (k - 1)` falls to the mean or below, the last
@@ -322,11 +326,14 @@ impl KvAware {
                 .is_some_and(|w| !w.fresh)
         });
         // The home and its deliberate copies that hold the prefix.
-        let homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
-            h.holders()
+        let mut homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
+            s.homes
+                .holders(&h)
                 .filter(|&i| i == at(&h) || (Self::usable(s, i) && holds(i)))
                 .collect()
         });
+        // Sorted: the pick looks each backend up in it.
+        homes.sort_unstable();
         let Some((mut m, mut backend)) = s.cands.cheapest(&self.kv, chain, held, &homes, rng)
         else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
@@ -386,11 +393,13 @@ impl KvAware {
             self.kv.decode_weight,
         );
         let band = TIE_BAND * f64::from(input.chain_blocks);
+        let mut holders: Vec<usize> = s.homes.holders(home).collect();
+        holders.sort_unstable();
         let (t, _) = s.place(
             input.prefix_key,
             input.chain_blocks,
             loads,
-            |i| s.cands.usable(i) && !home.holds(i),
+            |i| s.cands.usable(i) && holders.binary_search(&i).is_err(),
             self.fallback.ring(),
             weights,
             band,

@@ -233,7 +233,7 @@ fn a_removed_workers_homes_and_copies_go_the_others_stay() {
     );
     let k3 = s.home(3).unwrap();
     assert_eq!(
-        (k3.backend, k3.holders().collect::<Vec<_>>()),
+        (k3.backend, s.homes.holders(&k3).collect::<Vec<_>>()),
         (1, vec![1, 0])
     );
     // b1 carries key 2 whole and half of key 3; b2 the other half.
@@ -285,14 +285,14 @@ proptest! {
                 continue;
             }
             let a = after.unwrap();
-            let ids = |s: &[PolicyBackend], h: &Home| -> Vec<String> {
-                h.holders().map(|i| s[i].id.clone()).collect()
+            let ids = |t: &State, s: &[PolicyBackend], h: &Home| -> Vec<String> {
+                t.homes.holders(h).map(|i| s[i].id.clone()).collect()
             };
-            let mut want = ids(&b, &h);
+            let mut want = ids(&old, &b, &h);
             want.retain(|id| nb.iter().any(|x| &x.id == id));
-            prop_assert_eq!(ids(&nb, &a), want);
+            prop_assert_eq!(ids(&new, &nb, &a), want);
             prop_assert_eq!((a.pop, a.since, a.moved, a.reserved), (h.pop, h.since, h.moved, h.reserved));
-            for i in a.holders() {
+            for i in new.homes.holders(&a) {
                 sums[i] += a.pop / a.count() as f64;
             }
         }

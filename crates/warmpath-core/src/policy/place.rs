@@ -369,7 +369,7 @@ impl State {
                 let pv = self
                     .homes
                     .get(v)
-                    .filter(|h| h.holds(b))
+                    .filter(|h| self.homes.holds(h, b))
                     .map_or(0.0, |h| h.pop);
                 trim as f64 * pv / (pv + px)
             })

@@ -37,7 +37,7 @@
 use super::home::Home;
 use super::place::State;
 use super::tuning::{
-    FIT_BAND, MAX_COPIES, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
+    FIT_BAND, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
 };
 use super::BackendLoad;
 
@@ -110,40 +110,41 @@ impl State {
     }
 
     /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`)
-    /// or one fewer (`Some(false)`): its popularity per holder, `p / k`,
-    /// is more than `1 + slack` times the mean expected load of the usable
-    /// backends (one backend cannot serve it within an even share), or
-    /// `p / (k - 1)` would be at most the mean (the load fell). The same
-    /// waits as moves keep it from chasing noise.
+    /// or one fewer (`Some(false)`), by the **copy rule**: `k` holders of a
+    /// prefix of popularity `p` carry `p / k` each, and each should carry
+    /// no more than a fair share within the slack, so a prefix gets
+    ///
+    /// ```text
+    /// k = ceil(p / ((1 + rebalance_slack) * mean))   (at most the usable backends)
+    /// ```
+    ///
+    /// holders, `mean` the mean expected load of the usable backends: one
+    /// more while `p / k > (1 + slack) * mean`, one fewer once `p / (k - 1)`
+    /// would be at most the mean (the load fell). The count grows
+    /// with the prefix's demand and the fleet, one copy per request of the
+    /// prefix, without the waits between moves: a copy's effect on the
+    /// model (`p / k` on each holder) is exact at once. A copy is only
+    /// added once the prefix brought `MOVE_WARMUP` of its own requests per
+    /// holder, so its popularity is an estimate worth acting on.
     pub(crate) fn replicas(
         &self,
         rb: &Rebalance,
         home: &Home,
         usable: impl Fn(usize) -> bool,
     ) -> Option<bool> {
-        let n = rb.backends;
-        if self.seq.saturating_sub(home.since) < rb.cooldown()
-            || self
-                .last_move
-                .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
-        {
-            return None;
-        }
+        let k = home.count() as f64;
+        let known = home.pop / (k * self.unit) >= MOVE_WARMUP;
         let expected = self.homes.loads();
-        let (mut total, mut count) = (0.0, 0u32);
+        let (mut total, mut count) = (0.0, 0usize);
         for b in (0..expected.len()).filter(|&b| usable(b)) {
             total += expected[b];
             count += 1;
         }
-        if count < 2 || total / self.unit < MOVE_WARMUP * n as f64 {
+        if count < 2 {
             return None;
         }
-        let mean = total / f64::from(count);
-        let k = home.count() as f64;
-        if home.pop / k > (1.0 + rb.slack) * mean
-            && home.count() < MAX_COPIES
-            && home.count() < count as usize
-        {
+        let mean = total / count as f64;
+        if known && home.pop / k > (1.0 + rb.slack) * mean && home.count() < count {
             Some(true)
         } else if k > 1.0 && home.pop / (k - 1.0) <= mean {
             Some(false)
@@ -304,6 +305,109 @@ mod tests {
         assert!(load(0) - expected[0] <= mean * (1.0 + 1e-9), "{}", load(0));
         assert!(load(1) - expected[1] >= -mean * (1.0 + 1e-9));
         assert!(load(0) > expected[0]);
+    }
+
+    /// A fleet of `n` whose backend 0 homes key 1 with `hot` of every 100
+    /// requests; keys 2.. share the rest, one per other backend.
+    fn one_hot(n: usize, hot: u32, rounds: u32) -> Placer {
+        let p = Placer::new(&backends(n), 1e7);
+        {
+            let mut s = p.lock();
+            for key in 1..n as u64 {
+                s.set_home(key + 1, key as usize, false);
+            }
+            s.set_home(1, 0, false);
+            for _ in 0..rounds {
+                for i in 0..100u32 {
+                    if i < hot {
+                        s.record(1, 0, 0);
+                    } else {
+                        let key = 2 + u64::from(i) % (n as u64 - 1);
+                        s.record(key, key as usize - 1, 0);
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    /// Copies `key` while [`State::replicas`] asks, each on the next
+    /// backend; the holders it ends with.
+    fn copy_while_asked(s: &mut State, rb: &Rebalance, key: u64) -> usize {
+        let n = s.homes.loads().len();
+        for b in 1..n {
+            let h = s.home(key).unwrap();
+            if s.replicas(rb, &h, |_| true) != Some(true) {
+                break;
+            }
+            s.copy(key, Some(b));
+        }
+        s.home(key).unwrap().count()
+    }
+
+    #[test]
+    fn copies_scale_with_demand_and_the_fleet() {
+        let rb = |n: usize| Rebalance {
+            slack: 0.4,
+            backends: n as u64,
+        };
+        // Half the traffic of 20 backends: 10 even shares, 1.4 per holder
+        // at most: ceil(10 / 1.4) = 8 holders, past the entry's own room.
+        let p = one_hot(20, 50, 10);
+        assert_eq!(copy_while_asked(&mut p.lock(), &rb(20), 1), 8);
+        // On 200 backends, 100 even shares: 72 holders.
+        let p = one_hot(200, 50, 100);
+        assert_eq!(copy_while_asked(&mut p.lock(), &rb(200), 1), 72);
+        // Each holder carries p / k, within the slack of the mean.
+        let s = p.lock();
+        let mean = s.homes.loads().iter().sum::<f64>() / 200.0;
+        let h = s.home(1).unwrap();
+        assert!(h.pop / 72.0 <= 1.4 * mean && h.pop / 71.0 > 1.4 * mean);
+        // Never more holders than backends: all 3 of 3 hold it.
+        let p = one_hot(3, 99, 10);
+        assert_eq!(copy_while_asked(&mut p.lock(), &rb(3), 1), 3);
+        // A prefix within the slack of an even share gets none.
+        let p = one_hot(20, 6, 10);
+        assert_eq!(copy_while_asked(&mut p.lock(), &rb(20), 1), 1);
+    }
+
+    #[test]
+    fn a_copy_waits_for_enough_requests_and_goes_when_the_load_falls() {
+        let rb = Rebalance {
+            slack: 0.4,
+            backends: 20,
+        };
+        // Half of 44 requests: 22 of its own, so copies come while each
+        // holder has had 10 of them (1 and 2 holders): 3, although its share
+        // asks for 8.
+        let p = one_hot(20, 50, 0);
+        {
+            let mut s = p.lock();
+            for i in 0..44u64 {
+                if i % 2 == 0 {
+                    s.record(1, 0, 0);
+                } else {
+                    s.record(2 + i % 19, (1 + i % 19) as usize, 0);
+                }
+            }
+        }
+        let mut s = p.lock();
+        assert_eq!(copy_while_asked(&mut s, &rb, 1), 3);
+        // The others grow: it needs one backend again, its copies go, one
+        // per request, the last one first.
+        for _ in 0..40 {
+            for key in 2..21u64 {
+                s.record(key, key as usize - 1, 0);
+            }
+        }
+        for left in [2, 1] {
+            let h = s.home(1).unwrap();
+            assert_eq!(s.replicas(&rb, &h, |_| true), Some(false));
+            s.copy(1, None);
+            assert_eq!(s.home(1).unwrap().count(), left);
+        }
+        let h = s.home(1).unwrap();
+        assert_eq!(s.replicas(&rb, &h, |_| true), None);
     }
 
     #[test]

@@ -41,14 +41,15 @@ pub struct RemoteDecision {
 
 /// `key`'s home as `placer` holds it now.
 pub(super) fn home_of(placer: &Placer, key: u64) -> Option<HomeView> {
-    placer.lock().home(key).map(|h| view(&h))
+    let s = placer.lock();
+    s.home(key).map(|h| view(&s, &h))
 }
 
-fn view(h: &Home) -> HomeView {
+fn view(s: &State, h: &Home) -> HomeView {
     HomeView {
         backend: h.backend as usize,
         moved: h.moved,
-        copies: h.holders().skip(1).collect(),
+        copies: s.homes.holders(h).skip(1).collect(),
     }
 }
 
@@ -84,7 +85,7 @@ fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
         _ => s.homes.set_home(key, h.backend, seq, h.moved),
     }
     let want: Vec<usize> = h.copies.iter().copied().filter(|&c| c < n).collect();
-    let have: Vec<usize> = s.home(key).map_or_else(Vec::new, |l| view(&l).copies);
+    let have: Vec<usize> = s.home(key).map_or_else(Vec::new, |l| view(s, &l).copies);
     if have != want {
         while s.homes.drop_copy(key).is_some() {}
         for c in want {

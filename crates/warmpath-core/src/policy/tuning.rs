@@ -87,7 +87,10 @@ pub(crate) const STICKY: u64 = 4;
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
 /// Bounds of the home table, in prefixes: at least 1024 however small the
-/// fleet (a few KiB), at most 2^20 however large (~48 MiB: 48-byte entries with their copies), so memory stays
+/// fleet (a few KiB), at most 2^20 however large (~48 MiB: 48-byte entries
+/// with up to `HOME_INLINE_COPIES` copies each; the hottest prefixes'
+/// spilled copies, fewer than two per backend, add under 100 bytes per
+/// backend), so memory stays
 /// bounded while `HOMES_PER_BACKEND` holds for fleets up to 16k backends.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
@@ -131,11 +134,11 @@ pub(crate) const TAIL_ROOM: f64 = 1.0;
 /// of the requests).
 pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
 
-/// Most backends that deliberately hold one prefix (its home and up to 3
-/// copies): enough to split a prefix of up to about 4 even shares, few
-/// enough that a `Home` stays small and copies never crowd a fleet's
-/// caches.
-pub(crate) const MAX_COPIES: usize = 4;
+/// Copies of a prefix kept in its home table entry (the rest spill into a
+/// side table, see `home`): three keep a `Home` at 48 bytes and cover every
+/// prefix of up to four even shares, so only the few hottest prefixes of a
+/// large fleet need the second lookup.
+pub(crate) const HOME_INLINE_COPIES: usize = 3;
 
 /// A decayed counter's unit is reset (everything divided by it) above
 /// this, long before an `f64` overflows.
