@@ -110,7 +110,7 @@
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full.
 
-use super::candidates::Held;
+use super::candidates::{Held, Salted};
 use super::home::Home;
 use super::place::{Mode, Placed, Placer, State};
 use super::rebalance::Rebalance;
@@ -327,8 +327,17 @@ impl KvAware {
                 .filter(|&i| i == at(&h) || (Self::usable(s, i) && holds(i)))
                 .collect()
         });
-        let Some((mut m, mut backend)) = s.cands.cheapest(&self.kv, chain, held, &homes, rng)
-        else {
+        // Ties among a copied prefix's holders draw from a salted rng: under
+        // shared decisions the caller's rng is seeded by the prefix key
+        // (`route::pick`), so every request would draw the same holder and a
+        // copy would get none of the traffic at equal load.
+        let cheapest = if homes.len() > 1 {
+            let mut salted = Salted::new(rng, s.seq);
+            s.cands.cheapest(&self.kv, chain, held, &homes, &mut salted)
+        } else {
+            s.cands.cheapest(&self.kv, chain, held, &homes, rng)
+        };
+        let Some((mut m, mut backend)) = cheapest else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             s.record(
                 key,
