@@ -56,7 +56,9 @@
 //! not absent, and the ring owner is where the prefix went before.
 //!
 //! The lowest cost wins; ties go to the deeper match, then at random (one
-//! draw over the tied set). Only the chain's holders are costed one by one;
+//! draw over the tied set; among a copied prefix's holders from the rng
+//! salted by the decision count, since shared decisions seed it by the
+//! prefix key and a fixed draw would starve the copies). Only the chain's holders are costed one by one;
 //! the others cost by their load alone and are taken from load buckets
 //! ([`candidates`](super::candidates)), the same decision as a scan. This
 //! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
