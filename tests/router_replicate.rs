@@ -50,7 +50,9 @@ async fn replicated(r: &Router, c: &TestClient) -> f64 {
     let m = get_url(c, &format!("{}/metrics", r.http)).await;
     String::from_utf8_lossy(&m.body)
         .lines()
-        .filter(|l| l.starts_with("warmpath_requests_total") && l.contains("decision=\"replicate\""))
+        .filter(|l| {
+            l.starts_with("warmpath_requests_total") && l.contains("decision=\"replicate\"")
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -122,7 +124,10 @@ async fn a_prefix_too_hot_for_one_backend_is_copied_until_its_load_falls() {
         assert_eq!(reply.decision(), "kv_match");
         served[usize::from(reply.backend() == "w1")] += 1;
     }
-    assert!(served[0] > 0 && served[1] > 0, "both copies serve: {served:?}");
+    assert!(
+        served[0] > 0 && served[1] > 0,
+        "both copies serve: {served:?}"
+    );
     // Other prefixes now bring most of the traffic: one backend serves the
     // hot one within an even share again. The copy is dropped, no other is
     // started, and its requests stay on one backend although both hold it.
