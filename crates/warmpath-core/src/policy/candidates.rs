@@ -356,6 +356,41 @@ pub(crate) fn nth_tied(t: usize, rng: &mut dyn RngCore) -> usize {
     ((u64::from(rng.next_u32()) * t as u64) >> 32) as usize
 }
 
+/// The caller's rng salted with a decision count: a different draw per
+/// decision even from an rng seeded the same each time (shared decisions
+/// seed it by the prefix key), still reproducible from the same state.
+pub(crate) struct Salted<'a> {
+    inner: &'a mut dyn RngCore,
+    salt: u64,
+}
+
+impl<'a> Salted<'a> {
+    pub(crate) fn new(inner: &'a mut dyn RngCore, salt: u64) -> Self {
+        Salted { inner, salt }
+    }
+}
+
+impl RngCore for Salted<'_> {
+    fn next_u64(&mut self) -> u64 {
+        // splitmix64's finalizer over the mix, so nearby salts draw apart.
+        let mut z = self.inner.next_u64() ^ self.salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        for c in dst.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
 /// The `k`-th smallest (from 0) of the union of the sorted, disjoint
 /// `lists`, each without the positions in `skip` (sorted): the tied set of a
 /// pick in position order, without walking it.

@@ -56,7 +56,9 @@
 //! not absent, and the ring owner is where the prefix went before.
 //!
 //! The lowest cost wins; ties go to the deeper match, then at random (one
-//! draw over the tied set). Only the chain's holders are costed one by one;
+//! draw over the tied set; among a copied prefix's holders from the rng
+//! salted by the decision count, since shared decisions seed it by the
+//! prefix key and a fixed draw would starve the copies). Only the chain's holders are costed one by one;
 //! the others cost by their load alone and are taken from load buckets
 //! ([`candidates`](super::candidates)), the same decision as a scan. This
 //! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
@@ -114,7 +116,7 @@
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full.
 
-use super::candidates::Held;
+use super::candidates::{Held, Salted};
 use super::home::Home;
 use super::place::{Mode, Placed, Placer, State};
 use super::rebalance::Rebalance;
@@ -334,8 +336,17 @@ impl KvAware {
         });
         // Sorted: the pick looks each backend up in it.
         homes.sort_unstable();
-        let Some((mut m, mut backend)) = s.cands.cheapest(&self.kv, chain, held, &homes, rng)
-        else {
+        // Ties among a copied prefix's holders draw from a salted rng: under
+        // shared decisions the caller's rng is seeded by the prefix key
+        // (`route::pick`), so every request would draw the same holder and a
+        // copy would get none of the traffic at equal load.
+        let cheapest = if homes.len() > 1 {
+            let mut salted = Salted::new(rng, s.seq);
+            s.cands.cheapest(&self.kv, chain, held, &homes, &mut salted)
+        } else {
+            s.cands.cheapest(&self.kv, chain, held, &homes, rng)
+        };
+        let Some((mut m, mut backend)) = cheapest else {
             let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             s.record(
                 key,

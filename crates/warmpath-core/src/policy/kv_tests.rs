@@ -459,3 +459,34 @@ fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
     let d = off.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
     assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
 }
+
+#[test]
+fn a_copied_prefix_shares_its_traffic_under_a_key_seeded_rng() {
+    // Shared decisions seed the rng by the prefix key for every request
+    // (`route::pick`): a tie among the holders must still split.
+    let p = KvAware::with_window(&PolicyConfig::default(), &backends(3), 1e5);
+    {
+        let mut s = p.placer.lock();
+        for (key, at, reqs) in [(1u64, 0usize, 90), (2, 1, 5), (3, 2, 5)] {
+            s.set_home(key, at, false);
+            for _ in 0..reqs {
+                s.record(key, at, 0);
+            }
+        }
+        s.seq += 100;
+    }
+    let loads = idle(3);
+    let mut m = MatchResult::default();
+    let d = p.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+    assert_eq!(d.kind, DecisionKind::Replicate);
+    let copy = d.backend;
+    let mut seen = [0u32; 3];
+    for _ in 0..40 {
+        let d = p
+            .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut rng())
+            .unwrap();
+        assert_eq!(d.kind, DecisionKind::KvMatch);
+        seen[d.backend] += 1;
+    }
+    assert!(seen[0] > 5 && seen[copy] > 5, "{seen:?}");
+}
