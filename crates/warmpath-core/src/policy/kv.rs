@@ -114,10 +114,11 @@
 //! ## Every backend full
 //!
 //! When every eligible backend is at `concurrency_threshold` the gate is
-//! lifted, not the formula: the warm pick costs every eligible backend (a
-//! scan; the home and its copies charged only what they lack; nothing moves
-//! or is copied), and a cold prefix is placed as above over every eligible
-//! backend. Falling back to least in flight instead ignores the caches: at
+//! lifted, not the formula: the warm pick costs the eligible backends that
+//! hold part of the chain (a scan; the home and its copies charged only what
+//! they lack; nothing moves or is copied; a cold prefill elsewhere would add
+//! work to a full fleet), and a cold prefix is placed as above over every
+//! eligible backend. Falling back to least in flight instead ignores the caches: at
 //! saturation its cold prefills make every backend slower, so they stay
 //! full (a metastable overload the `scale` model showed at Zipf 1.5). The
 //! decision is the formula's kind unless the pick also has the fewest in
@@ -571,8 +572,9 @@ impl KvAware {
         Ok(warm_decision(backend, m, best_match))
     }
 
-    /// The warm pick when every backend is full: the cost formula over every
-    /// eligible backend, the concurrency gate lifted (module docs).
+    /// The warm pick when every backend is full: the cost formula, the
+    /// concurrency gate lifted, over the eligible holders of the chain (over
+    /// every eligible backend when none holds it; module docs).
     fn cheapest_full(
         &self,
         chain: u32,
@@ -582,7 +584,22 @@ impl KvAware {
         rng: &mut dyn RngCore,
     ) -> Result<(u32, usize), PolicyError> {
         let matched: Vec<u32> = (0..loads.len()).map(|i| held.get(i)).collect();
-        cheapest_scan(&self.kv, u32::MAX, chain, &matched, loads, homes, rng)
+        // A full fleet gains nothing from a cold prefill off the holders:
+        // it is capacity lost, so only the eligible holders are costed.
+        let holders: Vec<BackendLoad> = loads
+            .iter()
+            .zip(&matched)
+            .map(|(l, &m)| BackendLoad {
+                eligible: l.eligible && m > 0,
+                ..*l
+            })
+            .collect();
+        let scope = if holders.iter().any(|l| l.eligible) {
+            &holders[..]
+        } else {
+            loads
+        };
+        cheapest_scan(&self.kv, u32::MAX, chain, &matched, scope, homes, rng)
             .ok_or(PolicyError::NoBackend)
     }
 }

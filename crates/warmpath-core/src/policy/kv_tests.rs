@@ -126,12 +126,15 @@ fn with_every_backend_full_the_warm_holder_is_still_chosen() {
             (0, DecisionKind::KvMatch, 60)
         );
     }
-    // A queue longer than the prefill it saves: the formula spills, and the
-    // pick is least-loaded too.
+    // Even behind a long queue: a full fleet gains nothing from a cold
+    // prefill elsewhere.
     loads[0].pending_prefill_blocks = 200;
     let d = p.pick(&input, &loads, &mut rng()).unwrap();
-    assert_ne!(d.backend, 0);
-    assert_eq!(d.kind, DecisionKind::LeastOutstanding);
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+    // The holder also has the fewest in flight: least_outstanding, as before.
+    loads[0].in_flight = 2;
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::LeastOutstanding));
 }
 
 #[test]
