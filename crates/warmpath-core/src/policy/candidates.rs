@@ -304,9 +304,10 @@ impl Candidates {
     }
 }
 
-/// The reference the fast [`Candidates::cheapest`] must equal: the formula
-/// over every backend, `matched` dense by position.
-#[cfg(test)]
+/// The formula over every eligible backend below `threshold`, `matched`
+/// dense by position: the reference the fast [`Candidates::cheapest`] must
+/// equal, and (with `u32::MAX`) the pick when every backend is full, where
+/// no bucket is filed and a scan of the fleet is the cost anyway.
 pub(crate) fn cheapest_scan(
     kv: &KvConfig,
     threshold: u32,

@@ -114,9 +114,23 @@
 //! a deeper-matching backend was passed over for load, a prefix moved, or a
 //! cold prefix was placed off its ring owner; `prefix_hash` when a cold
 //! prefix went to its ring owner or followed its first request;
-//! `least_outstanding` when every backend is full.
+//! `least_outstanding` when every backend is full and the pick has the
+//! fewest in flight.
+//!
+//! ## Every backend full
+//!
+//! When every eligible backend is at `concurrency_threshold` the gate is
+//! lifted, not the formula: the warm pick costs the eligible backends that
+//! hold part of the chain (a scan; the home and its copies charged only what
+//! they lack; nothing moves or is copied; a cold prefill elsewhere would add
+//! work to a full fleet), and a cold prefix is placed as above over every
+//! eligible backend. Falling back to least in flight instead ignores the caches: at
+//! saturation its cold prefills make every backend slower, so they stay
+//! full (a metastable overload the `scale` model showed at Zipf 1.5). The
+//! decision is the formula's kind unless the pick also has the fewest in
+//! flight (then `least_outstanding`, as before).
 
-use super::candidates::{Held, Salted};
+use super::candidates::{cheapest_scan, Held, Salted};
 use super::home::Home;
 use super::place::{Mode, Placed, Placer, State};
 use super::rebalance::Rebalance;
@@ -267,10 +281,27 @@ impl KvAware {
         let (backend, kind) = match placed {
             Some((b, Placed::Pressure)) => (b, DecisionKind::Cold),
             Some((b, Placed::RingOwner | Placed::Remembered)) => (b, DecisionKind::PrefixHash),
-            None => (
-                least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?,
-                DecisionKind::LeastOutstanding,
-            ),
+            // Every backend is full: the same placement, the gate lifted
+            // (least_outstanding alone would ignore the caches and keep them
+            // full with cold prefills).
+            None => match s.place(
+                input.prefix_key,
+                input.chain_blocks,
+                loads,
+                |i| loads.get(i).is_some_and(|l| l.eligible),
+                ring,
+                weights,
+                band,
+            ) {
+                Some((b, Placed::Pressure)) => (b, full_kind(loads, b, DecisionKind::Cold)),
+                Some((b, Placed::RingOwner | Placed::Remembered)) => {
+                    (b, full_kind(loads, b, DecisionKind::PrefixHash))
+                }
+                None => (
+                    least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?,
+                    DecisionKind::LeastOutstanding,
+                ),
+            },
         };
         s.set_home(input.prefix_key, backend, false);
         s.record(input.prefix_key, backend, input.chain_blocks);
@@ -347,18 +378,24 @@ impl KvAware {
             s.cands.cheapest(&self.kv, chain, held, &homes, rng)
         };
         let Some((mut m, mut backend)) = cheapest else {
-            let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
-            s.record(
-                key,
-                backend,
-                input.chain_blocks.saturating_sub(held.get(backend)),
-            );
+            // Every backend is full: the same formula over the eligible ones,
+            // the home (and its copies) charged only what they lack; nothing
+            // moves or is copied.
+            let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
+            let mut homes: Vec<usize> = s
+                .home(key)
+                .filter(|h| eligible(at(h)) && holds(at(h)))
+                .map_or_else(Vec::new, |h| {
+                    s.homes
+                        .holders(&h)
+                        .filter(|&i| eligible(i) && holds(i))
+                        .collect()
+                });
+            homes.sort_unstable();
+            let (m, backend) = self.cheapest_full(chain, held, &homes, loads, rng)?;
+            s.record(key, backend, input.chain_blocks.saturating_sub(m));
             s.cached(key, backend, input.chain_blocks);
-            return Ok(Decision {
-                backend,
-                kind: DecisionKind::LeastOutstanding,
-                matched_blocks: held.get(backend),
-            });
+            return Ok(full_decision(loads, backend, m, best_match));
         };
         match (holding, &self.rebalance) {
             (Some(h), Some(rb)) if homes.contains(&backend) && m == best_match => {
@@ -553,14 +590,69 @@ impl KvAware {
         }
         let chain = input.chain_blocks.max(best_match);
         let Some((m, backend)) = s.cands.cheapest(&self.kv, chain, &held, &[], rng) else {
-            let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
-            return Ok(Decision {
-                backend,
-                kind: DecisionKind::LeastOutstanding,
-                matched_blocks: held.get(backend),
-            });
+            let (m, backend) = self.cheapest_full(chain, &held, &[], loads, rng)?;
+            return Ok(full_decision(loads, backend, m, best_match));
         };
         Ok(warm_decision(backend, m, best_match))
+    }
+
+    /// The warm pick when every backend is full: the cost formula, the
+    /// concurrency gate lifted, over the eligible holders of the chain (over
+    /// every eligible backend when none holds it; module docs).
+    fn cheapest_full(
+        &self,
+        chain: u32,
+        held: &Held,
+        homes: &[usize],
+        loads: &[BackendLoad],
+        rng: &mut dyn RngCore,
+    ) -> Result<(u32, usize), PolicyError> {
+        let matched: Vec<u32> = (0..loads.len()).map(|i| held.get(i)).collect();
+        // A full fleet gains nothing from a cold prefill off the holders:
+        // it is capacity lost, so only the eligible holders are costed.
+        let holders: Vec<BackendLoad> = loads
+            .iter()
+            .zip(&matched)
+            .map(|(l, &m)| BackendLoad {
+                eligible: l.eligible && m > 0,
+                ..*l
+            })
+            .collect();
+        let scope = if holders.iter().any(|l| l.eligible) {
+            &holders[..]
+        } else {
+            loads
+        };
+        cheapest_scan(&self.kv, u32::MAX, chain, &matched, scope, homes, rng)
+            .ok_or(PolicyError::NoBackend)
+    }
+}
+
+/// With every backend full: `least_outstanding` when the formula's pick is
+/// also a least-loaded backend (fewest in flight), else the formula's kind.
+fn full_kind(loads: &[BackendLoad], backend: usize, kind: DecisionKind) -> DecisionKind {
+    let min = loads
+        .iter()
+        .filter(|l| l.eligible)
+        .map(BackendLoad::effective_in_flight)
+        .min();
+    let least = loads
+        .get(backend)
+        .is_some_and(|l| Some(l.effective_in_flight()) == min);
+    if least {
+        DecisionKind::LeastOutstanding
+    } else {
+        kind
+    }
+}
+
+/// A warm pick with every backend full ([`full_kind`] over
+/// [`warm_decision`]).
+fn full_decision(loads: &[BackendLoad], backend: usize, m: u32, best_match: u32) -> Decision {
+    let d = warm_decision(backend, m, best_match);
+    Decision {
+        kind: full_kind(loads, backend, d.kind),
+        ..d
     }
 }
 

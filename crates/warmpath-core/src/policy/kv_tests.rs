@@ -6,6 +6,7 @@ use super::*;
 use crate::index::MatchResult;
 use crate::policy::place::skew;
 use crate::policy::test_util::*;
+use rand::SeedableRng;
 
 fn kv(n: usize, threshold: u32) -> KvAware {
     let cfg = PolicyConfig {
@@ -100,6 +101,61 @@ fn spills_when_the_match_holder_is_full() {
     }
     let d = p.pick(&input, &loads, &mut rng()).unwrap();
     assert_eq!(d.kind, DecisionKind::LeastOutstanding);
+}
+
+#[test]
+fn with_every_backend_full_the_warm_holder_is_still_chosen() {
+    // Least_outstanding alone would send it to backend 1 or 2 (fewer in
+    // flight) for a cold prefill of all 64 blocks.
+    let p = kv(3, 2);
+    let m = matches(&[(0, 60, true)], 64);
+    let input = RouteInput {
+        prefix_key: 5,
+        chain_blocks: 64,
+        matches: Some(&m),
+    };
+    let mut loads = idle(3);
+    loads[0].in_flight = 3;
+    loads[1].in_flight = 2;
+    loads[2].in_flight = 2;
+    for seed in 0..16 {
+        let mut r = rand::rngs::SmallRng::seed_from_u64(seed);
+        let d = p.pick(&input, &loads, &mut r).unwrap();
+        assert_eq!(
+            (d.backend, d.kind, d.matched_blocks),
+            (0, DecisionKind::KvMatch, 60)
+        );
+    }
+    // Even behind a long queue: a full fleet gains nothing from a cold
+    // prefill elsewhere.
+    loads[0].pending_prefill_blocks = 200;
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
+    // The holder also has the fewest in flight: least_outstanding, as before.
+    loads[0].in_flight = 2;
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_eq!((d.backend, d.kind), (0, DecisionKind::LeastOutstanding));
+}
+
+#[test]
+fn with_every_backend_full_a_cold_prefix_is_placed_by_the_formula() {
+    let p = kv(3, 1);
+    let input = RouteInput {
+        prefix_key: 9,
+        chain_blocks: 32,
+        matches: None,
+    };
+    let mut loads = idle(3);
+    for l in &mut loads {
+        l.in_flight = 1;
+    }
+    // Backend 1 has the fewest in flight but the longest prefill queue.
+    loads[0].in_flight = 2;
+    loads[2].in_flight = 2;
+    loads[1].pending_prefill_blocks = 10_000;
+    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    assert_ne!(d.backend, 1);
+    assert_ne!(d.kind, DecisionKind::LeastOutstanding);
 }
 
 #[test]
