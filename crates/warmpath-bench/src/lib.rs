@@ -21,6 +21,7 @@ pub mod compare;
 pub mod dist;
 pub mod error;
 pub mod lru_refs;
+pub mod offline;
 pub mod optimum;
 pub mod scale;
 pub mod sim;

@@ -36,7 +36,7 @@
 //! callers leave conversations out. Fleets above [`MAX_BACKENDS`] get neither
 //! (each cold request scans every backend).
 
-use crate::optimum::{capped_hit, Fleet, InFlight, OptRequest, NEVER};
+use crate::offline::{capped_hit, Fleet, InFlight, OptRequest, NEVER};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The largest fleet the LRU references are computed for.

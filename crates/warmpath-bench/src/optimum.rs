@@ -54,20 +54,9 @@
 //! [`LEGEND`] is the one-paragraph summary every report prints under its
 //! table; this module and [`crate::lru_refs`] hold the details.
 
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
-
-/// One request of the trace.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OptRequest {
-    /// Arrival, seconds.
-    pub arrival: f64,
-    /// Completion, seconds (for the in-flight limit of [`Optimum::reference`]).
-    pub done: f64,
-    /// The prompt's cacheable content in order: (item id, size in blocks).
-    pub items: Vec<(u64, u32)>,
-    /// Prompt tokens (the denominator of the hit rate).
-    pub prompt_tokens: u64,
-}
+use crate::offline::{capped_hit, InFlight, NEVER};
+pub use crate::offline::{Fleet, OptRequest};
+use std::collections::{BTreeSet, HashMap};
 
 /// The references of one trace (hit rates, 0..=1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
@@ -100,19 +89,6 @@ LRU oracle = per-backend LRU caches (as vLLM evicts), a greedy router that knows
 a reference, not a bound; \
 LRU pinned = per-backend LRU caches, the best fixed assignment of prefix groups to backends by popularity \
 (0-2 backends take the rest), a reference, not a bound.";
-
-/// The fleet the references assume.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fleet {
-    /// Backends.
-    pub backends: usize,
-    /// Cache capacity of each, in blocks.
-    pub cache_blocks: u64,
-    /// Tokens per block.
-    pub block_size: u64,
-    /// Requests in flight per backend before it counts as full.
-    pub max_in_flight: usize,
-}
 
 /// Both references of `trace` on `fleet`; `None` for an empty trace.
 pub fn optimum(trace: &[OptRequest], fleet: Fleet) -> Option<Optimum> {
@@ -190,9 +166,6 @@ pub fn cell(hit_rate: f64, ceiling: Option<f64>, optimum: Option<Optimum>) -> St
         format!("{:.1}% ({})", 100.0 * hit_rate, parts.join(", "))
     }
 }
-
-/// Never used again.
-pub(crate) const NEVER: usize = usize::MAX;
 
 /// For every request and item, the index of the next request using the item.
 pub(crate) fn next_uses(trace: &[OptRequest]) -> Vec<Vec<usize>> {
@@ -304,66 +277,6 @@ fn pooled_hits(trace: &[OptRequest], next: &[Vec<usize>], capacity: u64) -> u64 
     hits
 }
 
-/// Requests in flight per backend, from arrival to completion, and the
-/// in-flight limit every per-backend reference routes under.
-pub(crate) struct InFlight {
-    in_flight: Vec<usize>,
-    by_load: BTreeSet<(usize, usize)>,
-    running: BinaryHeap<std::cmp::Reverse<(OrdF64, usize)>>,
-    limit: usize,
-}
-
-impl InFlight {
-    pub(crate) fn new(fleet: Fleet) -> Self {
-        let n = fleet.backends;
-        InFlight {
-            in_flight: vec![0; n],
-            by_load: (0..n).map(|b| (0, b)).collect(),
-            running: BinaryHeap::new(),
-            limit: fleet.max_in_flight.max(1),
-        }
-    }
-
-    /// Retires the requests done by `now`.
-    pub(crate) fn advance(&mut self, now: f64) {
-        while let Some(std::cmp::Reverse((OrdF64(t), b))) = self.running.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.running.pop();
-            self.shift(b, false);
-        }
-    }
-
-    /// Requests in flight on `b`.
-    pub(crate) fn of(&self, b: usize) -> usize {
-        self.in_flight[b]
-    }
-
-    /// Whether `b` may take a request: under the limit, or as loaded as
-    /// the least loaded (when every backend is full, the least wait).
-    pub(crate) fn room(&self, b: usize) -> bool {
-        let least = self.by_load.first().map_or(0, |&(l, _)| l);
-        self.in_flight[b] < self.limit || self.in_flight[b] == least
-    }
-
-    /// A request on `b` until `done`.
-    pub(crate) fn start(&mut self, b: usize, done: f64) {
-        self.shift(b, true);
-        self.running.push(std::cmp::Reverse((OrdF64(done), b)));
-    }
-
-    fn shift(&mut self, b: usize, up: bool) {
-        self.by_load.remove(&(self.in_flight[b], b));
-        if up {
-            self.in_flight[b] += 1;
-        } else {
-            self.in_flight[b] -= 1;
-        }
-        self.by_load.insert((self.in_flight[b], b));
-    }
-}
-
 /// Tokens hit by the per-backend reference (prefix hits, engine-capped).
 fn reference_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> u64 {
     let n = fleet.backends;
@@ -417,14 +330,6 @@ fn reference_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> u6
     hits
 }
 
-/// Tokens a hit of `blocks` blocks saves `req`: the engine recomputes at
-/// least the last prompt token, so at most the full blocks before it.
-pub(crate) fn capped_hit(blocks: u64, req: &OptRequest, fleet: Fleet) -> u64 {
-    let bs = fleet.block_size.max(1);
-    let cap = req.prompt_tokens.saturating_sub(1) / bs * bs;
-    (blocks * bs).min(cap)
-}
-
 /// Where a request no backend holds goes: a backend with room where it fits
 /// without evicting, else the one whose furthest-used item is used furthest
 /// in the future (the least loss), then the least loaded.
@@ -449,24 +354,6 @@ fn prefix_blocks(cache: &Belady, items: &[(u64, u32)]) -> u64 {
         .take_while(|(id, _)| cache.holds(*id))
         .map(|&(_, s)| u64::from(s))
         .sum()
-}
-
-/// An `f64` ordered by `total_cmp` (times in the in-flight heap).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct OrdF64(f64);
-
-impl Eq for OrdF64 {}
-
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OrdF64 {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
 }
 
 #[cfg(test)]

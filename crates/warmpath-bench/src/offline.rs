@@ -1,0 +1,121 @@
+//! The offline trace model every hit-rate reference shares: the trace's
+//! requests, the fleet they assume, the in-flight limit they route under and
+//! the engine's cap on a hit. [`crate::optimum`] computes the Belady bound and
+//! reference over it, [`crate::lru_refs`] the references on LRU engines.
+
+use std::collections::{BTreeSet, BinaryHeap};
+
+/// One request of the trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptRequest {
+    /// Arrival, seconds.
+    pub arrival: f64,
+    /// Completion, seconds (for the in-flight limit of [`Optimum::reference`](crate::optimum::Optimum)).
+    pub done: f64,
+    /// The prompt's cacheable content in order: (item id, size in blocks).
+    pub items: Vec<(u64, u32)>,
+    /// Prompt tokens (the denominator of the hit rate).
+    pub prompt_tokens: u64,
+}
+
+/// The fleet the references assume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fleet {
+    /// Backends.
+    pub backends: usize,
+    /// Cache capacity of each, in blocks.
+    pub cache_blocks: u64,
+    /// Tokens per block.
+    pub block_size: u64,
+    /// Requests in flight per backend before it counts as full.
+    pub max_in_flight: usize,
+}
+
+/// Never used again.
+pub(crate) const NEVER: usize = usize::MAX;
+
+/// Requests in flight per backend, from arrival to completion, and the
+/// in-flight limit every per-backend reference routes under.
+pub(crate) struct InFlight {
+    in_flight: Vec<usize>,
+    by_load: BTreeSet<(usize, usize)>,
+    running: BinaryHeap<std::cmp::Reverse<(OrdF64, usize)>>,
+    limit: usize,
+}
+
+impl InFlight {
+    pub(crate) fn new(fleet: Fleet) -> Self {
+        let n = fleet.backends;
+        InFlight {
+            in_flight: vec![0; n],
+            by_load: (0..n).map(|b| (0, b)).collect(),
+            running: BinaryHeap::new(),
+            limit: fleet.max_in_flight.max(1),
+        }
+    }
+
+    /// Retires the requests done by `now`.
+    pub(crate) fn advance(&mut self, now: f64) {
+        while let Some(std::cmp::Reverse((OrdF64(t), b))) = self.running.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.running.pop();
+            self.shift(b, false);
+        }
+    }
+
+    /// Requests in flight on `b`.
+    pub(crate) fn of(&self, b: usize) -> usize {
+        self.in_flight[b]
+    }
+
+    /// Whether `b` may take a request: under the limit, or as loaded as
+    /// the least loaded (when every backend is full, the least wait).
+    pub(crate) fn room(&self, b: usize) -> bool {
+        let least = self.by_load.first().map_or(0, |&(l, _)| l);
+        self.in_flight[b] < self.limit || self.in_flight[b] == least
+    }
+
+    /// A request on `b` until `done`.
+    pub(crate) fn start(&mut self, b: usize, done: f64) {
+        self.shift(b, true);
+        self.running.push(std::cmp::Reverse((OrdF64(done), b)));
+    }
+
+    fn shift(&mut self, b: usize, up: bool) {
+        self.by_load.remove(&(self.in_flight[b], b));
+        if up {
+            self.in_flight[b] += 1;
+        } else {
+            self.in_flight[b] -= 1;
+        }
+        self.by_load.insert((self.in_flight[b], b));
+    }
+}
+
+/// Tokens a hit of `blocks` blocks saves `req`: the engine recomputes at
+/// least the last prompt token, so at most the full blocks before it.
+pub(crate) fn capped_hit(blocks: u64, req: &OptRequest, fleet: Fleet) -> u64 {
+    let bs = fleet.block_size.max(1);
+    let cap = req.prompt_tokens.saturating_sub(1) / bs * bs;
+    (blocks * bs).min(cap)
+}
+
+/// An `f64` ordered by `total_cmp` (times in the in-flight heap).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct OrdF64(f64);
+
+impl Eq for OrdF64 {}
+
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
