@@ -1,26 +1,7 @@
 use super::*;
+use crate::offline::test_trace::{fleet, req};
 use crate::optimum::{next_uses, optimum};
 use proptest::prelude::*;
-
-/// A request at `t` (instant: never in flight) over unit items.
-fn req(t: f64, items: &[u64]) -> OptRequest {
-    OptRequest {
-        arrival: t,
-        done: t,
-        items: items.iter().map(|&i| (i, 1)).collect(),
-        // One token more than the blocks: the engine cap never bites.
-        prompt_tokens: items.len() as u64 + 1,
-    }
-}
-
-fn fleet(backends: usize, cache_blocks: u64) -> Fleet {
-    Fleet {
-        backends,
-        cache_blocks,
-        block_size: 1,
-        max_in_flight: 64,
-    }
-}
 
 fn oracle(trace: &[OptRequest], f: Fleet) -> u64 {
     oracle_hits(trace, &next_uses(trace), f)

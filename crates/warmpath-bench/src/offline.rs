@@ -119,3 +119,30 @@ impl Ord for OrdF64 {
         self.0.total_cmp(&other.0)
     }
 }
+
+/// Tiny traces for the references' unit tests.
+#[cfg(test)]
+pub(crate) mod test_trace {
+    use super::{Fleet, OptRequest};
+
+    /// A request at `t` (instant: never in flight) over unit items.
+    pub(crate) fn req(t: f64, items: &[u64]) -> OptRequest {
+        OptRequest {
+            arrival: t,
+            done: t,
+            items: items.iter().map(|&i| (i, 1)).collect(),
+            // One token more than the blocks: the engine cap never bites.
+            prompt_tokens: items.len() as u64 + 1,
+        }
+    }
+
+    /// A fleet of unit blocks and a generous in-flight limit.
+    pub(crate) fn fleet(backends: usize, cache_blocks: u64) -> Fleet {
+        Fleet {
+            backends,
+            cache_blocks,
+            block_size: 1,
+            max_in_flight: 64,
+        }
+    }
+}
