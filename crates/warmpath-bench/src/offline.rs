@@ -124,6 +124,7 @@ impl Ord for OrdF64 {
 #[cfg(test)]
 pub(crate) mod test_trace {
     use super::{Fleet, OptRequest};
+    use proptest::prelude::*;
 
     /// A request at `t` (instant: never in flight) over unit items.
     pub(crate) fn req(t: f64, items: &[u64]) -> OptRequest {
@@ -144,5 +145,22 @@ pub(crate) mod test_trace {
             block_size: 1,
             max_in_flight: 64,
         }
+    }
+
+    /// Random small traces: shared documents, some with a unique tail.
+    pub(crate) fn arb_trace() -> impl Strategy<Value = Vec<OptRequest>> {
+        // Documents 0..4 with chains of 1..5 blocks, some with a unique tail.
+        prop::collection::vec((0u64..4, 1usize..5, any::<bool>()), 1..14).prop_map(|spec| {
+            spec.iter()
+                .enumerate()
+                .map(|(i, &(d, len, tail))| {
+                    let mut items: Vec<u64> = (0..len as u64).map(|k| d * 100 + k).collect();
+                    if tail {
+                        items.push(1_000 + i as u64);
+                    }
+                    req(i as f64, &items)
+                })
+                .collect()
+        })
     }
 }

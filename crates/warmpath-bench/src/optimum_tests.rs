@@ -1,5 +1,5 @@
 use super::*;
-use crate::offline::test_trace::{fleet, req};
+use crate::offline::test_trace::{arb_trace, fleet, req};
 use proptest::prelude::*;
 
 fn pooled(trace: &[OptRequest], capacity: u64) -> u64 {
@@ -139,22 +139,6 @@ fn online(
         }
     }
     hits
-}
-
-fn arb_trace() -> impl Strategy<Value = Vec<OptRequest>> {
-    // Documents 0..4 with chains of 1..5 blocks, some with a unique tail.
-    prop::collection::vec((0u64..4, 1usize..5, any::<bool>()), 1..14).prop_map(|spec| {
-        spec.iter()
-            .enumerate()
-            .map(|(i, &(d, len, tail))| {
-                let mut items: Vec<u64> = (0..len as u64).map(|k| d * 100 + k).collect();
-                if tail {
-                    items.push(1_000 + i as u64);
-                }
-                req(i as f64, &items)
-            })
-            .collect()
-    })
 }
 
 proptest! {
