@@ -8,12 +8,11 @@
 //! whose tail is quoted when a child fails to start. Children are killed when
 //! the fleet is shut down or dropped (`kill_on_drop`).
 
+use super::child::spawn_ready;
 use crate::error::BenchError;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// How to start the real engines.
@@ -102,17 +101,7 @@ impl CandleFleet {
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
             let log = log_dir.join(format!("engine-{i}.log"));
-            let inst = tokio::time::timeout(cfg.startup_timeout, start_one(i, cfg, shape, &log))
-                .await
-                .map_err(|_| BenchError::Component {
-                    what: format!("engine {i}"),
-                    reason: format!(
-                        "not listening after {:?}; log: {}",
-                        cfg.startup_timeout,
-                        log_tail(&log)
-                    ),
-                })??;
-            instances.push(inst);
+            instances.push(start_one(i, cfg, shape, &log).await?);
         }
         Ok(CandleFleet { instances })
     }
@@ -134,11 +123,6 @@ async fn start_one(
     log: &Path,
 ) -> Result<CandleInstance, BenchError> {
     let id = format!("candle-{i}");
-    let io = |path: &Path| {
-        let path = path.display().to_string();
-        move |source| BenchError::Io { path, source }
-    };
-    let stderr = std::fs::File::create(log).map_err(io(log))?;
     let mut cmd = Command::new(&cfg.binary);
     cmd.args(["--tiny", "--listen", "127.0.0.1:0"])
         .args(["--kv-events", "tcp://127.0.0.1:0"])
@@ -148,41 +132,31 @@ async fn start_one(
         .arg(format!("--block-size={}", shape.block_size))
         .arg(format!("--cache-blocks={}", shape.cache_blocks))
         .arg(format!("--prefill-chunk={}", cfg.prefill_chunk))
-        .arg(format!("--seed={}", cfg.seed))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(io(&cfg.binary))?;
-    let failed = |reason: String| BenchError::Component {
-        what: format!("engine {i}"),
-        reason: format!("{reason}; log: {}", log_tail(log)),
+        .arg(format!("--seed={}", cfg.seed));
+    let (mut url, mut kv_events, mut kv_replay) = (None, None, None);
+    let child = spawn_ready(
+        cmd,
+        &format!("engine {i}"),
+        log,
+        cfg.startup_timeout,
+        |line| {
+            if let Some(ep) = line.strip_prefix("kv events on ") {
+                kv_events = Some(ep.trim().to_owned());
+            } else if let Some(ep) = line.strip_prefix("kv replay on ") {
+                kv_replay = Some(ep.trim().to_owned());
+            } else if let Some(u) = line.strip_prefix("listening on ") {
+                url = Some(u.trim().to_owned());
+            }
+            url.is_some()
+        },
+    )
+    .await?;
+    let (Some(url), Some(kv_events)) = (url, kv_events) else {
+        return Err(BenchError::Component {
+            what: format!("engine {i}"),
+            reason: "it printed no KV event endpoint".into(),
+        });
     };
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| failed("no stdout pipe".into()))?;
-    let mut lines = BufReader::new(stdout).lines();
-    let (mut kv_events, mut kv_replay) = (None, None);
-    let url = loop {
-        let line = lines
-            .next_line()
-            .await
-            .map_err(|e| failed(format!("reading its output: {e}")))?
-            .ok_or_else(|| failed("exited before listening".into()))?;
-        if let Some(ep) = line.strip_prefix("kv events on ") {
-            kv_events = Some(ep.trim().to_owned());
-        } else if let Some(ep) = line.strip_prefix("kv replay on ") {
-            kv_replay = Some(ep.trim().to_owned());
-        } else if let Some(url) = line.strip_prefix("listening on ") {
-            break url.trim().to_owned();
-        }
-    };
-    // Nothing else is printed on stdout; keep draining it so a stray line
-    // can never block the child. The task ends with the pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let kv_events = kv_events.ok_or_else(|| failed("it printed no KV event endpoint".into()))?;
     tracing::info!(engine = %id, %url, %kv_events, "engine started");
     Ok(CandleInstance {
         id,
@@ -191,18 +165,6 @@ async fn start_one(
         kv_replay,
         child,
     })
-}
-
-/// The last lines of a log file, for error messages.
-pub(crate) fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(5)..].join(" | ");
-    if tail.is_empty() {
-        format!("{} (empty)", path.display())
-    } else {
-        tail
-    }
 }
 
 #[cfg(test)]
@@ -228,14 +190,5 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("not found"), "{err}");
-    }
-
-    #[test]
-    fn log_tail_keeps_the_last_lines() {
-        let p = std::env::temp_dir().join(format!("warmpath-bench-log-{}", std::process::id()));
-        std::fs::write(&p, "a\nb\nc\nd\ne\nf\ng\n").unwrap();
-        assert_eq!(log_tail(&p), "c | d | e | f | g");
-        std::fs::remove_file(&p).unwrap();
-        assert!(log_tail(&p).ends_with("(empty)"));
     }
 }

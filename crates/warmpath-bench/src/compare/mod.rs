@@ -17,6 +17,7 @@
 
 mod bound;
 pub mod candle;
+mod child;
 pub mod driver;
 mod output;
 mod plot;

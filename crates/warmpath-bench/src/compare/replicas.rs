@@ -11,12 +11,10 @@
 //! leaves no orphan; Ctrl-C reaches them through the terminal's process
 //! group as well).
 
-use super::candle::log_tail;
+use super::child::{io, spawn_ready};
 use crate::error::BenchError;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use warmpath_router::config::RouterConfig;
 
@@ -88,16 +86,7 @@ impl RouterProcesses {
             let path = dir.join(format!("router-{i}.yaml"));
             std::fs::write(&path, &text).map_err(io(&path))?;
             let log = dir.join(format!("router-{i}.log"));
-            let r = tokio::time::timeout(startup_timeout, start_one(i, binary, &path, &log))
-                .await
-                .map_err(|_| BenchError::Component {
-                    what: format!("router {i}"),
-                    reason: format!(
-                        "not listening after {startup_timeout:?}; log: {}",
-                        log_tail(&log)
-                    ),
-                })??;
-            replicas.push(r);
+            replicas.push(start_one(i, binary, &path, &log, startup_timeout).await?);
         }
         Ok(RouterProcesses { replicas })
     }
@@ -112,54 +101,31 @@ impl RouterProcesses {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
-    let path = path.display().to_string();
-    move |source| BenchError::Io { path, source }
-}
-
 async fn start_one(
     i: usize,
     binary: &Path,
     config: &Path,
     log: &Path,
+    timeout: Duration,
 ) -> Result<RouterProcess, BenchError> {
-    let stderr = std::fs::File::create(log).map_err(io(log))?;
-    let mut child = Command::new(binary)
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(io(binary))?;
-    let failed = |reason: String| BenchError::Component {
-        what: format!("router {i}"),
-        reason: format!("{reason}; log: {}", log_tail(log)),
-    };
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| failed("no stdout pipe".into()))?;
-    let mut lines = BufReader::new(stdout).lines();
-    let mut http = None;
-    let grpc = loop {
-        let line = lines
-            .next_line()
-            .await
-            .map_err(|e| failed(format!("reading its output: {e}")))?
-            .ok_or_else(|| failed("exited before listening".into()))?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("--config").arg(config);
+    let (mut http, mut grpc) = (None, None);
+    let child = spawn_ready(cmd, &format!("router {i}"), log, timeout, |line| {
         if let Some(url) = line.strip_prefix("grpc listening on ") {
-            break url.trim().to_owned();
+            grpc = Some(url.trim().to_owned());
         } else if let Some(url) = line.strip_prefix("listening on ") {
             http = Some(url.trim().to_owned());
         }
+        grpc.is_some()
+    })
+    .await?;
+    let (Some(http), Some(grpc)) = (http, grpc) else {
+        return Err(BenchError::Component {
+            what: format!("router {i}"),
+            reason: "it printed no HTTP address before its gRPC one".into(),
+        });
     };
-    let http = http.ok_or_else(|| failed("it printed no HTTP address".into()))?;
-    // Nothing else is printed on stdout; keep draining it so a stray line
-    // can never block the child. The task ends with the pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     tracing::info!(router = i, %http, %grpc, "router replica started");
     Ok(RouterProcess { http, grpc, child })
 }

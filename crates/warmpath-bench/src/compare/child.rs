@@ -1,0 +1,131 @@
+//! Child processes of a comparison (router replicas, candle engines): each
+//! binds 127.0.0.1 port 0 and prints its bound addresses on stdout, which
+//! [`spawn_ready`] reads until the child says it is ready. Its log (stderr)
+//! goes to a file whose tail is quoted when it fails to start. A child is
+//! killed when its handle is dropped (`kill_on_drop`: an error or a panic on
+//! the way out leaves no orphan).
+
+use crate::error::BenchError;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Starts `cmd` (`what` names it in errors: `router 2`), its stderr into
+/// `log`, and feeds its stdout lines to `line` until it returns `true` (the
+/// child is ready), all within `timeout`. An error quotes the log's tail.
+pub(crate) async fn spawn_ready(
+    mut cmd: Command,
+    what: &str,
+    log: &Path,
+    timeout: Duration,
+    mut line: impl FnMut(&str) -> bool,
+) -> Result<Child, BenchError> {
+    let failed = |reason: String| BenchError::Component {
+        what: what.to_owned(),
+        reason: format!("{reason}; log: {}", log_tail(log)),
+    };
+    let stderr = std::fs::File::create(log).map_err(io(log))?;
+    let program = cmd.as_std().get_program().to_owned();
+    let mut child = cmd
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io(Path::new(&program)))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| failed("no stdout pipe".into()))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = async {
+        loop {
+            let l = lines
+                .next_line()
+                .await
+                .map_err(|e| failed(format!("reading its output: {e}")))?
+                .ok_or_else(|| failed("exited before listening".into()))?;
+            if line(&l) {
+                break;
+            }
+        }
+        Ok::<(), BenchError>(())
+    };
+    tokio::time::timeout(timeout, ready)
+        .await
+        .map_err(|_| failed(format!("not listening after {timeout:?}")))??;
+    // Nothing else is printed on stdout; keep draining it so a stray line
+    // can never block the child. The task ends with the pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(child)
+}
+
+/// An I/O error on `path`.
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
+    let path = path.display().to_string();
+    move |source| BenchError::Io { path, source }
+}
+
+/// The last lines of a log file, for error messages.
+pub(crate) fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(5)..].join(" | ");
+    if tail.is_empty() {
+        format!("{} (empty)", path.display())
+    } else {
+        tail
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let p = std::env::temp_dir().join(format!("warmpath-bench-log-{}", std::process::id()));
+        std::fs::write(&p, "a\nb\nc\nd\ne\nf\ng\n").unwrap();
+        assert_eq!(log_tail(&p), "c | d | e | f | g");
+        std::fs::remove_file(&p).unwrap();
+        assert!(log_tail(&p).ends_with("(empty)"));
+    }
+
+    #[tokio::test]
+    async fn ready_lines_are_read_and_a_silent_exit_is_a_clear_error() {
+        let log = std::env::temp_dir().join(format!("warmpath-bench-child-{}", std::process::id()));
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo hello; echo listening on http://x; sleep 5"]);
+        let mut seen = Vec::new();
+        let mut child = spawn_ready(cmd, "shell", &log, Duration::from_secs(5), |l| {
+            seen.push(l.to_owned());
+            l.starts_with("listening on ")
+        })
+        .await
+        .unwrap();
+        assert_eq!(seen, ["hello", "listening on http://x"]);
+        child.kill().await.unwrap();
+
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo oops >&2; exit 3"]);
+        let err = spawn_ready(cmd, "shell", &log, Duration::from_secs(5), |_| false)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exited before listening"), "{err}");
+        assert!(err.contains("oops"), "{err}");
+
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 5"]);
+        let err = spawn_ready(cmd, "shell", &log, Duration::from_millis(200), |_| false)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not listening after"), "{err}");
+        std::fs::remove_file(&log).unwrap();
+    }
+}
