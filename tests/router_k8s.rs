@@ -326,14 +326,21 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     assert_eq!(api.lists(), lists + 1, "one relist");
     let w = api.watch_open(3).await;
     assert!(w.contains("resourceVersion=2000"), "{w}");
-    let st = status(&c, &r).await;
+    // As after the add: the round's status lands after its members.
+    let want = serde_json::json!([bs[0].url(), bs[3].url()]);
+    let st = poll::poll(
+        "the relist's round to be counted",
+        Duration::from_secs(10),
+        Duration::from_millis(5),
+        async || {
+            let st = status(&c, &r).await;
+            (st["last_result"] == want).then_some(st)
+        },
+    )
+    .await;
     assert_eq!(st["provider"], "kubernetes:default/vllm-engines");
     assert!(st["errors"].as_u64().unwrap() >= 1, "the 410 counts: {st}");
     assert!(st["last_error"].is_null(), "cleared by the relist: {st}");
-    assert_eq!(
-        st["last_result"],
-        serde_json::json!([bs[0].url(), bs[3].url()])
-    );
     let text = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
     assert!(
         text.contains(
