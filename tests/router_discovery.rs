@@ -105,11 +105,21 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
     assert!(status["changes"].as_u64().unwrap() >= 3, "{status}");
     assert_eq!(status["last_result"], serde_json::json!([bs[0].url()]));
     assert_eq!(members(&c, &r).await, [bs[0].url()], "never emptied");
-    let text = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
-    assert!(
-        text.contains(r#"warmpath_discovery_rounds_total{pool="m",provider="dns:engines.test.",result="error"}"#),
-        "{text}"
-    );
+    // The failed round is counted in /metrics just after its status is
+    // written (discovery/provider.rs `failed`): wait for it too.
+    let error_rounds =
+        r#"warmpath_discovery_rounds_total{pool="m",provider="dns:engines.test.",result="error"}"#;
+    let text = poll::poll(
+        "the failed round in /metrics",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let m = get_url(&c, &r.url("/metrics")).await;
+            let text = String::from_utf8_lossy(&m.body).into_owned();
+            text.contains(error_rounds).then_some(text)
+        },
+    )
+    .await;
     assert!(
         text.contains(r#"warmpath_discovery_backends{pool="m",provider="dns:engines.test."} 1"#),
         "{text}"
