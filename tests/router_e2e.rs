@@ -387,9 +387,12 @@ async fn strategy_switches_under_load_fail_no_request() {
     .error(409);
     assert_eq!(e["code"], "needs_tokenizer");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    const CLIENTS: usize = 4;
     let mut load = Vec::new();
-    for w in 0..4 {
+    for w in 0..CLIENTS {
         let (c, url, stop) = (client(), r.url("/v1/chat/completions"), stop.clone());
+        let done = done.clone();
         load.push(tokio::spawn(async move {
             let mut seen = HashMap::<String, u32>::new();
             let mut i = 0;
@@ -402,14 +405,26 @@ async fn strategy_switches_under_load_fail_no_request() {
                 let reply = post(&c, &url, &body, &[]).await;
                 assert_eq!(reply.status, 200, "{:?}", reply.body);
                 *seen.entry(reply.decision().to_owned()).or_default() += 1;
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 i += 1;
             }
             seen
         }));
     }
     let order = ["random", "least_outstanding", "prefix_aware"];
+    let answered = || done.load(std::sync::atomic::Ordering::SeqCst);
     for k in 0..12 {
-        tokio::time::sleep(Duration::from_millis(80)).await;
+        // Each strategy serves requests before the next switch: past the
+        // (at most CLIENTS) requests in flight at the switch, the next
+        // answer was routed by it.
+        let at = answered();
+        poll::poll(
+            "requests answered since the last switch",
+            Duration::from_secs(10),
+            Duration::from_millis(5),
+            async || (answered() > at + CLIENTS).then_some(()),
+        )
+        .await;
         let reply = send(
             &c,
             put(
@@ -441,9 +456,21 @@ async fn a_backend_killed_mid_stream_gives_a_clean_error_and_others_carry_on() {
     let url = r.url("/v1/chat/completions");
     let long = json!({"model": "m", "stream": true, "x_chunks": 200, "x_delay_ms": 10,
                       "messages": [{"role": "user", "content": "long"}]});
-    let (c1, u1, l1) = (client(), url.clone(), long.clone());
-    let victim_stream = tokio::spawn(async move { post_frames(&c1, &u1, &l1).await });
-    eventually("stream started", || bs.iter().any(|b| b.count() == 1)).await;
+    // The victim's answer has begun (its head and a first chunk reached
+    // the client) before its backend dies.
+    use http_body_util::BodyExt;
+    let c1 = client();
+    let resp = c1
+        .request(request("POST", &url, long.to_string(), &[]))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut victim_body = resp.into_body();
+    let mut frames = Vec::new();
+    while frames.is_empty() {
+        let f = victim_body.frame().await.unwrap().unwrap();
+        frames.extend(f.into_data().ok());
+    }
     let victim = bs.iter().position(|b| b.count() == 1).unwrap();
     let other = 1 - victim;
     let (c2, u2, l2) = (client(), url.clone(), long.clone());
@@ -452,10 +479,10 @@ async fn a_backend_killed_mid_stream_gives_a_clean_error_and_others_carry_on() {
         bs[other].count() == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     bs[victim].kill();
-    let (status, _, frames, _err) = victim_stream.await.unwrap();
-    assert_eq!(status, 200);
+    while let Some(Ok(f)) = victim_body.frame().await {
+        frames.extend(f.into_data().ok());
+    }
     let text = String::from_utf8(frames.iter().flat_map(|f| f.to_vec()).collect()).unwrap();
     assert!(text.starts_with("data: "), "some chunks arrived first");
     assert!(!text.contains("[DONE]"));
