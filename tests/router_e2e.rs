@@ -229,7 +229,7 @@ async fn random_spreads_and_least_outstanding_balances_in_flight() {
             post(
                 &c,
                 &url,
-                &json!({"model": "m", "prompt": "same", "x_hold_ms": 1500}),
+                &json!({"model": "m", "prompt": "same", "x_hold": "release"}),
                 &[],
             )
             .await
@@ -241,6 +241,7 @@ async fn random_spreads_and_least_outstanding_balances_in_flight() {
     }
     for b in &bs {
         assert_eq!(b.active(), 2, "least_outstanding puts 2 of 6 on each");
+        b.release();
     }
     for h in held {
         assert_eq!(h.await.unwrap().decision(), "least_outstanding");
@@ -292,13 +293,14 @@ async fn prefix_aware_is_sticky_and_spills_at_the_threshold() {
     );
     let (c2, url2) = (client(), url.clone());
     let mut body = chat("m", "alpha", "held");
-    body["x_hold_ms"] = json!(1500);
+    body["x_hold"] = json!("release");
     let held = tokio::spawn(async move { post(&c2, &url2, &body, &[]).await });
     let o = by_url(&bs, &owner);
     eventually("one held on the owner", || o.active() == 1).await;
     let spilled = post(&c, &url, &chat("m", "alpha", "second"), &[]).await;
     assert_eq!(spilled.decision(), "spill");
     assert_ne!(spilled.backend(), owner);
+    o.release();
     let held = held.await.unwrap();
     assert_eq!(
         (held.backend(), held.decision()),

@@ -459,7 +459,7 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
                 post(
                     &c,
                     &r.url("/v1/completions"),
-                    &serde_json::json!({"model": "m", "prompt": "x", "x_hold_ms": 1500}),
+                    &serde_json::json!({"model": "m", "prompt": "x", "x_hold": "release"}),
                     &[],
                 )
                 .await
@@ -480,6 +480,7 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
     api.send("watch-6-not-ready.jsonl");
     follows(&c, &r, &[&bs[0]]).await;
     api.send("watch-1-ready.jsonl");
+    bs.iter().for_each(TestBackend::release);
     for h in held {
         assert_eq!(h.await.unwrap(), 200);
     }

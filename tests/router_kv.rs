@@ -214,12 +214,13 @@ async fn kv_aware_spills_when_the_holder_is_full() {
         .store(index.worker_slot("w0").unwrap(), Tier::Gpu, &chain)
         .unwrap();
     let mut held = request("q");
-    held["x_hold_ms"] = json!(1500);
+    held["x_hold"] = json!("release");
     let (c2, u2) = (client(), url(&r, "/v1/chat/completions"));
     let h = tokio::spawn(async move { post(&c2, &u2, &held, &[]).await });
     eventually("held on w0", || bs[0].active() == 1).await;
     let reply = post(&c, &url(&r, "/v1/chat/completions"), &request("q"), &[]).await;
     assert_eq!((reply.backend(), reply.decision()), ("w1", "spill"));
+    bs[0].release();
     let first = h.await.unwrap();
     assert_eq!((first.backend(), first.decision()), ("w0", "kv_match"));
 }

@@ -307,7 +307,7 @@ async fn over_max_connections_new_ones_are_refused_and_idle_ones_close_first() {
     )
     .await;
     // Three connections busy on a slow backend fill the limit.
-    let body = r#"{"model":"m","prompt":"x","x_hold_ms":1000}"#;
+    let body = r#"{"model":"m","prompt":"x","x_hold":"release"}"#;
     let req = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -328,6 +328,7 @@ async fn over_max_connections_new_ones_are_refused_and_idle_ones_close_first() {
     );
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert_eq!(raw_json(&answer)["error"]["code"], "too_many_connections");
+    b.release();
     // Once answered they are idle; near the limit their keep-alive is
     // short (60 s otherwise), so one closes and makes room.
     let metrics = support::poll::poll(

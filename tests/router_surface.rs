@@ -101,7 +101,7 @@ async fn detokenize_goes_to_the_least_loaded_backend() {
     let url = r.url("/detokenize");
     let (c2, url2) = (client(), url.clone());
     let held = tokio::spawn(async move {
-        let b = json!({"model": "m", "tokens": [1], "x_hold_ms": 1500});
+        let b = json!({"model": "m", "tokens": [1], "x_hold": "release"});
         post(&c2, &url2, &b, &[]).await
     });
     eventually("one held", || {
@@ -114,6 +114,7 @@ async fn detokenize_goes_to_the_least_loaded_backend() {
         assert_eq!(reply.decision(), "least_outstanding");
         assert_ne!(reply.backend(), busy, "never the busy backend");
     }
+    bs.iter().for_each(TestBackend::release);
     assert_eq!(held.await.unwrap().status, 200);
 }
 
@@ -135,7 +136,7 @@ async fn pooling_endpoints_are_proxied_to_the_least_loaded_backend() {
     let c = client();
     let (c2, url2) = (client(), r.url("/v1/completions"));
     let held = tokio::spawn(async move {
-        let b = json!({"model": "m", "prompt": "x", "x_hold_ms": 1500});
+        let b = json!({"model": "m", "prompt": "x", "x_hold": "release"});
         post(&c2, &url2, &b, &[]).await
     });
     eventually("one held", || {
@@ -174,6 +175,7 @@ async fn pooling_endpoints_are_proxied_to_the_least_loaded_backend() {
         let get = send(&c, request("GET", &r.url(path), "", &[])).await;
         assert_eq!(get.status, 405, "{path}");
     }
+    bs.iter().for_each(TestBackend::release);
     assert_eq!(held.await.unwrap().status, 200);
 }
 

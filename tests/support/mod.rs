@@ -51,11 +51,16 @@ struct BackendState {
     healthy: AtomicBool,
     cancelled: AtomicU32,
     active: AtomicU32,
+    /// Set by [`TestBackend::release`]; `x_hold: "release"` waits for it.
+    released: tokio::sync::watch::Sender<bool>,
 }
 
 /// A test engine on 127.0.0.1:0. Request bodies may carry test knobs:
 /// `x_status` (reply status), `x_hold_ms` (wait before answering),
-/// `x_chunks` (SSE chunks, default 3), `x_delay_ms` (between chunks).
+/// `x_hold: "release"` (wait until [`TestBackend::release`], so a test
+/// holds a request for as long as its checks take, however slow the
+/// machine), `x_chunks` (SSE chunks, default 3), `x_delay_ms` (between
+/// chunks).
 pub struct TestBackend {
     pub addr: SocketAddr,
     state: Arc<BackendState>,
@@ -94,6 +99,9 @@ async fn handle(
     st.active.fetch_add(1, Ordering::SeqCst);
     if hold > 0 {
         tokio::time::sleep(Duration::from_millis(hold)).await;
+    }
+    if v.get("x_hold").and_then(Value::as_str) == Some("release") {
+        let _ = st.released.subscribe().wait_for(|open| *open).await;
     }
     st.active.fetch_sub(1, Ordering::SeqCst);
     let status = StatusCode::from_u16(num("x_status", 200) as u16).unwrap();
@@ -248,7 +256,7 @@ impl TestBackend {
         self.state.cancelled.load(Ordering::SeqCst)
     }
 
-    /// Requests currently held (`x_hold_ms`).
+    /// Requests currently held (`x_hold_ms`, `x_hold`).
     pub fn active(&self) -> u32 {
         self.state.active.load(Ordering::SeqCst)
     }
@@ -256,6 +264,11 @@ impl TestBackend {
     /// Makes `/v1/models` answer exactly these cards.
     pub fn set_cards(&self, cards: Value) {
         *self.state.cards.lock() = Some(cards);
+    }
+
+    /// Lets every `x_hold: "release"` request answer, now and from now on.
+    pub fn release(&self) {
+        self.state.released.send_replace(true);
     }
 
     pub fn set_healthy(&self, ok: bool) {
