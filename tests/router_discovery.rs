@@ -88,15 +88,21 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
     println!("NUMBER dns 3->1 followed in {took:?} (interval {INTERVAL_MS} ms)");
 
     // An empty answer is a failure: the last set stays, the error shows.
+    // (A round may have failed before, e.g. timed out on a loaded machine:
+    // this one must add to the count.)
+    let discovery = async || -> Value {
+        let v = get_url(&c, &r.url("/cache-index")).await.json();
+        v["pools"][0]["discovery"][0].clone()
+    };
+    let errors_before = discovery().await["errors"].as_u64().unwrap_or(0);
     dns.set_srv("engines.test.", &[]).await;
     let status = poll::poll(
         "the provider to report the failure",
         Duration::from_secs(10),
         Duration::from_millis(20),
         async || {
-            let v = get_url(&c, &r.url("/cache-index")).await.json();
-            let d: Value = v["pools"][0]["discovery"][0].clone();
-            (d["errors"].as_u64().unwrap_or(0) > 0).then_some(d)
+            let d = discovery().await;
+            (d["errors"].as_u64().unwrap_or(0) > errors_before).then_some(d)
         },
     )
     .await;
@@ -105,10 +111,11 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
     assert!(status["changes"].as_u64().unwrap() >= 3, "{status}");
     assert_eq!(status["last_result"], serde_json::json!([bs[0].url()]));
     assert_eq!(members(&c, &r).await, [bs[0].url()], "never emptied");
-    // The failed round is counted in /metrics just after its status is
-    // written (discovery/provider.rs `failed`): wait for it too.
+    // Each failed round is counted in /metrics just after its status is
+    // written (discovery/provider.rs `failed`): wait for this one's count.
+    let errors = status["errors"].as_u64().unwrap() as f64;
     let error_rounds =
-        r#"warmpath_discovery_rounds_total{pool="m",provider="dns:engines.test.",result="error"}"#;
+        r#"warmpath_discovery_rounds_total{pool="m",provider="dns:engines.test.",result="error"} "#;
     let text = poll::poll(
         "the failed round in /metrics",
         Duration::from_secs(10),
@@ -116,7 +123,10 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
         async || {
             let m = get_url(&c, &r.url("/metrics")).await;
             let text = String::from_utf8_lossy(&m.body).into_owned();
-            text.contains(error_rounds).then_some(text)
+            let counted = text
+                .lines()
+                .find_map(|l| l.strip_prefix(error_rounds)?.trim().parse::<f64>().ok());
+            (counted >= Some(errors)).then_some(text)
         },
     )
     .await;
