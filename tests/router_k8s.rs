@@ -479,7 +479,18 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
     // member, then added again by the resync once the drain removed it.
     api.send("watch-6-not-ready.jsonl");
     follows(&c, &r, &[&bs[0]]).await;
+    let rounds = status(&c, &r).await["resolutions"].as_u64();
     api.send("watch-1-ready.jsonl");
+    // The ready answer is applied while pod 1 still drains: only then
+    // does its request end.
+    poll::poll(
+        "the ready answer's round",
+        Duration::from_secs(10),
+        Duration::from_millis(5),
+        async || (status(&c, &r).await["resolutions"].as_u64() > rounds).then_some(()),
+    )
+    .await;
+    assert_eq!(bs[1].active(), 1, "pod 1's request still held");
     bs.iter().for_each(TestBackend::release);
     for h in held {
         assert_eq!(h.await.unwrap(), 200);
