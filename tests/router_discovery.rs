@@ -9,7 +9,6 @@ mod support;
 #[path = "support/dns.rs"]
 mod dns;
 
-use serde_json::Value;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -90,18 +89,16 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
     // An empty answer is a failure: the last set stays, the error shows.
     // (A round may have failed before, e.g. timed out on a loaded machine:
     // this one must add to the count.)
-    let discovery = async || -> Value {
-        let v = get_url(&c, &r.url("/cache-index")).await.json();
-        v["pools"][0]["discovery"][0].clone()
-    };
-    let errors_before = discovery().await["errors"].as_u64().unwrap_or(0);
+    let errors_before = discovery_status(&c, &r).await["errors"]
+        .as_u64()
+        .unwrap_or(0);
     dns.set_srv("engines.test.", &[]).await;
     let status = poll::poll(
         "the provider to report the failure",
         Duration::from_secs(10),
         Duration::from_millis(20),
         async || {
-            let d = discovery().await;
+            let d = discovery_status(&c, &r).await;
             (d["errors"].as_u64().unwrap_or(0) > errors_before).then_some(d)
         },
     )
@@ -123,10 +120,7 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
         async || {
             let m = get_url(&c, &r.url("/metrics")).await;
             let text = String::from_utf8_lossy(&m.body).into_owned();
-            let counted = text
-                .lines()
-                .find_map(|l| l.strip_prefix(error_rounds)?.trim().parse::<f64>().ok());
-            (counted >= Some(errors)).then_some(text)
+            (metric_value(&text, error_rounds) >= Some(errors)).then_some(text)
         },
     )
     .await;

@@ -22,7 +22,6 @@ use axum::routing::get;
 use bytes::Bytes;
 use futures::StreamExt;
 use parking_lot::Mutex;
-use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -218,11 +217,6 @@ async fn follows(c: &TestClient, r: &RouterProcess, want: &[&TestBackend]) -> Du
     t.elapsed()
 }
 
-async fn status(c: &TestClient, r: &RouterProcess) -> Value {
-    let v = get_url(c, &r.url("/cache-index")).await.json();
-    v["pools"][0]["discovery"][0].clone()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects() {
     let bs = pods(4).await;
@@ -280,7 +274,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
         Duration::from_secs(10),
         Duration::from_millis(5),
         async || {
-            let st = status(&c, &r).await;
+            let st = discovery_status(&c, &r).await;
             (st["last_result"].as_array().map_or(0, Vec::len) == 2).then_some(st)
         },
     )
@@ -296,7 +290,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
         Duration::from_secs(10),
         Duration::from_millis(10),
         async || {
-            let now = status(&c, &r).await;
+            let now = discovery_status(&c, &r).await;
             (now["resolutions"].as_u64() > before["resolutions"].as_u64()).then_some(())
         },
     )
@@ -304,7 +298,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     let mut want = vec![(bs[0].url(), false), (bs[1].url(), false)];
     want.sort();
     assert_eq!(members(&c, &r).await, want, "a split drains nothing");
-    assert_eq!(status(&c, &r).await["changes"], before["changes"]);
+    assert_eq!(discovery_status(&c, &r).await["changes"], before["changes"]);
 
     // The new slice deleted: pod 1 goes; pod 2 appears terminating: skipped.
     api.send("watch-3-remove.jsonl");
@@ -333,7 +327,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
         Duration::from_secs(10),
         Duration::from_millis(5),
         async || {
-            let st = status(&c, &r).await;
+            let st = discovery_status(&c, &r).await;
             (st["last_result"] == want).then_some(st)
         },
     )
@@ -371,7 +365,7 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
         Duration::from_secs(10),
         Duration::from_millis(10),
         async || {
-            let st = status(&c, &r).await;
+            let st = discovery_status(&c, &r).await;
             (st["errors"].as_u64().unwrap_or(0) >= 3).then_some(st)
         },
     )
@@ -479,7 +473,7 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
     // member, then added again by the resync once the drain removed it.
     api.send("watch-6-not-ready.jsonl");
     follows(&c, &r, &[&bs[0]]).await;
-    let rounds = status(&c, &r).await["resolutions"].as_u64();
+    let rounds = discovery_status(&c, &r).await["resolutions"].as_u64();
     api.send("watch-1-ready.jsonl");
     // The ready answer is applied while pod 1 still drains: only then
     // does its request end.
@@ -487,7 +481,7 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
         "the ready answer's round",
         Duration::from_secs(10),
         Duration::from_millis(5),
-        async || (status(&c, &r).await["resolutions"].as_u64() > rounds).then_some(()),
+        async || (discovery_status(&c, &r).await["resolutions"].as_u64() > rounds).then_some(()),
     )
     .await;
     assert_eq!(bs[1].active(), 1, "pod 1's request still held");

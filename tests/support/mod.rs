@@ -370,6 +370,13 @@ pub async fn post(c: &TestClient, url: &str, body: &Value, headers: &[(&str, &st
     send(c, request("POST", url, body.to_string(), headers)).await
 }
 
+/// The value of the first `/metrics` line starting with `line_start` (the
+/// series and its labels, then a space), if any.
+pub fn metric_value(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}
+
 pub async fn get_url(c: &TestClient, url: &str) -> Reply {
     send(c, request("GET", url, Bytes::new(), &[])).await
 }
@@ -441,6 +448,12 @@ pub async fn listen_addr(child: &mut tokio::process::Child) -> SocketAddr {
 pub struct RouterProcess {
     child: tokio::process::Child,
     pub addr: SocketAddr,
+}
+
+/// The first pool's first discovery provider's status (`/cache-index`).
+pub async fn discovery_status(c: &TestClient, r: &RouterProcess) -> Value {
+    let v = get_url(c, &r.url("/cache-index")).await.json();
+    v["pools"][0]["discovery"][0].clone()
 }
 
 impl RouterProcess {

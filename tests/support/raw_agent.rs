@@ -3,7 +3,7 @@
 //! agent. Included with `#[path]`.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use super::support::{get_url, TestClient};
+use super::support::{get_url, metric_value, TestClient};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
@@ -75,11 +75,7 @@ impl Router {
 
     pub async fn metric(&self, c: &TestClient, line_start: &str) -> f64 {
         let m = get_url(c, &format!("{}/metrics", self.http)).await;
-        String::from_utf8_lossy(&m.body)
-            .lines()
-            .find_map(|l| l.strip_prefix(line_start))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
+        metric_value(&String::from_utf8_lossy(&m.body), line_start).unwrap_or(0.0)
     }
 
     pub async fn blocks(&self, c: &TestClient, worker: &str) -> u64 {
