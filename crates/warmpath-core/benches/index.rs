@@ -12,7 +12,8 @@
 //!   global allocator.
 //! - `pick`: each policy's pick over 64 backends.
 
-// The counting allocator is the only unsafe code in the project: measuring memory needs it.
+// The counting allocator is the project's only unsafe code besides the index
+// walk's prefetch hint (`index/matching.rs`): measuring memory needs it.
 #![allow(unsafe_code)]
 #![allow(clippy::unwrap_used)]
 

@@ -16,7 +16,12 @@
 //! once, in ascending shard order (two walks never wait on each other in a
 //! cycle; writers hold one shard at a time), probes `PROBE` blocks back to
 //! back with no atomics between them, so their misses overlap, and then
-//! takes their holders in chain order. The result is the block-by-block
+//! takes their holders in chain order. While one batch is probed, the next
+//! batch's first slots are prefetched (hashbrown's layout: a key's control
+//! bytes at `data_end + (hash & mask)`, its slot just below `data_end`), so
+//! their misses are under way before their probes. Were that layout to
+//! change, the hints would miss and cost only their issue slots; the result
+//! never depends on them. The result is the block-by-block
 //! walk's, exactly (`walk_tests.rs` holds that walk as the reference); a
 //! chunk's probes past the match's end are wasted work, bounded by the
 //! geometric chunk sizes to about 8x what the match itself needed.
@@ -284,7 +289,23 @@ impl CacheIndex {
                 guards[s] = Some(shards[s].read());
             }
         }
+        // Each batch's slots are asked for while the batch before it is
+        // probed (module docs).
+        let hint = |c: usize| {
+            for &(hash, s) in keys.iter().skip(c * PROBE).take(PROBE) {
+                if let Some(g) = guards[s].as_ref() {
+                    let pos = hash as usize & (g.buckets() - 1);
+                    let end = g.data_end().as_ptr();
+                    prefetch(end.cast::<u8>().wrapping_add(pos));
+                    // A slot may straddle two lines: both ends.
+                    prefetch(end.wrapping_sub(pos + 1).cast::<u8>());
+                    prefetch(end.wrapping_sub(pos).cast::<u8>().wrapping_sub(1));
+                }
+            }
+        };
+        hint(0);
         for (c, batch) in chunk.chunks(PROBE).enumerate() {
+            hint(c + 1);
             let mut found: [Option<&Holders>; PROBE] = [None; PROBE];
             for (j, h) in batch.iter().enumerate() {
                 let (hash, s) = keys[c * PROBE + j];
@@ -301,4 +322,20 @@ impl CacheIndex {
             }
         }
     }
+}
+
+/// Asks the CPU to start loading the cache line at `p`: a hint with no
+/// effect on memory or on what the program computes, so any address is
+/// fine (a prefetch never faults).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht0` reads nothing architecturally and cannot fault;
+    // SSE is part of every x86_64 target.
+    #[allow(unsafe_code)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
