@@ -658,6 +658,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
             r.routing_dist_us.p99,
             r.wall_s
         );
+        println!("  {}", r.routing_cost.line());
         if a.shares {
             let pct: Vec<String> = r
                 .served

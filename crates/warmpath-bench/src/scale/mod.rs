@@ -21,15 +21,18 @@
 //! as wall time spent hashing, matching and picking, so "decisions per second"
 //! is per core.
 
+mod cost;
 mod diag;
 mod fleet;
 mod view;
 
+pub use cost::{KindCost, RoutingCost};
 pub use diag::Diagnosis;
 
 use crate::error::BenchError;
 use crate::stats::{share_min_max, Summary};
 use crate::timing::TimeModel;
+use cost::CostSums;
 use diag::{DocState, Origin, Sample};
 use fleet::Instance;
 use rand::rngs::SmallRng;
@@ -196,6 +199,8 @@ pub struct ScaleReport {
     pub routing_us: f64,
     /// Routing work per request, µs: p50, p90, p99 (mean as above).
     pub routing_dist_us: Summary,
+    /// The mean routing work by part: hash, match, pick (see [`cost`]).
+    pub routing_cost: RoutingCost,
     /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
     /// Prefixes the policies moved between instances to even the load
@@ -289,6 +294,8 @@ struct Sim<'a> {
     routing: Duration,
     /// Each request's routing work, µs.
     routing_each: Vec<f64>,
+    /// The routing work by part.
+    cost: CostSums,
     decisions: BTreeMap<String, u64>,
     ttft: Vec<f64>,
     e2e: Vec<f64>,
@@ -341,6 +348,7 @@ impl<'a> Sim<'a> {
             tokens: Vec::with_capacity(cfg.doc_tokens + cfg.question_tokens),
             routing: Duration::ZERO,
             routing_each: Vec::with_capacity(cfg.requests),
+            cost: CostSums::default(),
             decisions: BTreeMap::new(),
             ttft: Vec::with_capacity(cfg.requests),
             e2e: Vec::with_capacity(cfg.requests),
@@ -430,7 +438,9 @@ impl<'a> Sim<'a> {
             chain.reserve(self.tokens.len() / self.cfg.block_size);
             ChainHasher::new(self.seed, self.cfg.block_size).extend(&self.tokens, &mut chain);
         }
+        let hashed = t0.elapsed();
         let matches = kv.then(|| self.index.longest_match(&chain));
+        let matched = t0.elapsed();
         let chain_blocks = (self.prompt_tokens() / self.cfg.block_size) as u32;
         let rr = self.routers.choose();
         let sharing = self.share_delay_us().is_some();
@@ -453,6 +463,8 @@ impl<'a> Sim<'a> {
         let took = t0.elapsed();
         self.routing += took;
         self.routing_each.push(took.as_secs_f64() * 1e6);
+        self.cost
+            .add(d.kind.as_str(), hashed, matched - hashed, took - matched);
         *self
             .decisions
             .entry(d.kind.as_str().to_owned())
@@ -664,6 +676,7 @@ impl<'a> Sim<'a> {
                 0.0
             },
             routing_dist_us: Summary::of(&self.routing_each),
+            routing_cost: self.cost.report(),
             decisions: self.decisions.clone(),
             moves: self.routers.moves(),
             simulated_s,
