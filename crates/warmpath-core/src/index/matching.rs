@@ -26,7 +26,7 @@
 //! chunk's probes past the match's end are wasted work, bounded by the
 //! geometric chunk sizes to about 8x what the match itself needed.
 
-use super::holders::{Holders, WorkerSlot};
+use super::holders::{Holder, Holders, WorkerSlot};
 use super::{CacheIndex, Tier};
 use crate::hash::BlockHash;
 use serde::Serialize;
@@ -228,26 +228,31 @@ impl CacheIndex {
                 chain_len: len,
             };
         };
-        let view = self.workers.routing_view();
-        let active: Vec<Active> = match self.map.get(&first.0) {
-            None => Vec::new(),
-            Some(e) => e
-                .iter()
-                .filter_map(|h| {
-                    let (gen, fresh) = (*view.get(h.slot() as usize)?)?;
-                    (gen == h.gen()).then(|| {
-                        let gpu = h.tiers() & Tier::Gpu.bit() != 0;
-                        Active {
-                            slot: h.slot(),
-                            gen,
-                            fresh,
-                            gpu_blocks: u32::from(gpu),
-                            gpu_contiguous: gpu,
-                        }
-                    })
+        // The holders are copied out first: the worker table is read with
+        // no shard lock held.
+        let holders: Vec<Holder> = self
+            .map
+            .get(&first.0)
+            .map(|e| e.iter().collect())
+            .unwrap_or_default();
+        let state = self.workers.routing_state(holders.iter().map(|h| h.slot()));
+        let active: Vec<Active> = holders
+            .iter()
+            .zip(state)
+            .filter_map(|(h, st)| {
+                let (gen, fresh) = st?;
+                (gen == h.gen()).then(|| {
+                    let gpu = h.tiers() & Tier::Gpu.bit() != 0;
+                    Active {
+                        slot: h.slot(),
+                        gen,
+                        fresh,
+                        gpu_blocks: u32::from(gpu),
+                        gpu_contiguous: gpu,
+                    }
                 })
-                .collect(),
-        };
+            })
+            .collect();
         let mut walk = Walk::new(active, len);
         let head = hashes.len().min(HEAD);
         for (i, h) in hashes.iter().enumerate().take(head).skip(1) {

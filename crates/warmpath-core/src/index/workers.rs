@@ -152,7 +152,29 @@ impl Workers {
             .collect()
     }
 
-    /// Generation and freshness of every slot, for one match walk.
+    /// Generation and freshness of each of `slots` (`None`: not
+    /// registered), under one read of the table: a match walk needs them
+    /// only for the first block's holders, not for every worker.
+    pub(crate) fn routing_state(
+        &self,
+        slots: impl IntoIterator<Item = WorkerSlot>,
+    ) -> Vec<Option<(u8, bool)>> {
+        let table = self.slots.read();
+        slots
+            .into_iter()
+            .map(|s| {
+                table.get(s as usize)?.as_ref().map(|e| {
+                    (
+                        e.gen.load(Ordering::Acquire),
+                        !e.stale.load(Ordering::Relaxed),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Generation and freshness of every slot (the reference walk's view).
+    #[cfg(test)]
     pub(crate) fn routing_view(&self) -> Vec<Option<(u8, bool)>> {
         self.slots
             .read()

@@ -266,8 +266,10 @@ impl State {
         // among the backends as good, where the cache turns over fastest:
         // the tail's churn stays on the backends already churning. Any
         // other prefix pays for what the LRU would trim of it there.
-        let tail =
-            self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit < self.tail_threshold(blocks);
+        // The prefix's popularity with this request counted (`p_x` of the
+        // eviction and turnover terms), looked up once, not per backend.
+        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        let tail = px < self.tail_threshold(blocks);
         let modelled = self.resident.any();
         // One pass: each usable backend's cost and eviction term, computed
         // once (every rule below reads them again).
@@ -278,9 +280,9 @@ impl State {
                     let lost = if tail {
                         0.0
                     } else {
-                        self.lost_cost(b, key, blocks)
+                        self.lost_at(b, px, blocks)
                     };
-                    self.evict_cost(b, key, blocks) + lost
+                    self.evict_at(b, px, key, blocks) + lost
                 } else {
                     0.0
                 };
@@ -354,6 +356,12 @@ impl State {
     /// (`p_x`, this request included). A victim homed elsewhere (a stale
     /// copy) costs nothing; 0 where the capacity is unknown or it fits.
     pub(crate) fn evict_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
+        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        self.evict_at(b, px, key, blocks)
+    }
+
+    /// [`State::evict_cost`] with `key`'s popularity `px` given.
+    fn evict_at(&self, b: usize, px: f64, key: u64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
         };
@@ -362,7 +370,6 @@ impl State {
         if cache.has_room(u64::from(blocks)) {
             return std::iter::empty::<f64>().sum();
         }
-        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
         cache
             .victims(key, u64::from(blocks))
             .map(|(v, trim)| {
@@ -376,6 +383,13 @@ impl State {
             .sum()
     }
 
+    /// [`State::lost_at`] with `key`'s popularity looked up.
+    #[cfg(test)]
+    fn lost_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
+        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        self.lost_at(b, px, blocks)
+    }
+
     /// The **turnover term** of a prefix that the caches keep (not a tail
     /// one): the expected blocks of `key` that `b`'s LRU trims before its
     /// next request, `blocks * exp(-p_x * C_b / P_b)`. `p_x / W` is its
@@ -384,11 +398,10 @@ impl State {
     /// decisions is how long an untouched prefix stays in `b`'s cache of
     /// `C_b` blocks: a prefix placed where the cache turns over faster than
     /// it returns is lost again. 0 where the capacity is unknown.
-    fn lost_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
+    fn lost_at(&self, b: usize, px: f64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
         };
-        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
         let stays = px * cache.capacity() as f64 / self.pressure[b].max(f64::MIN_POSITIVE);
         f64::from(blocks) * (-stays).exp()
     }
