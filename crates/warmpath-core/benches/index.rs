@@ -12,8 +12,7 @@
 //!   global allocator.
 //! - `pick`: each policy's pick over 64 backends.
 
-// The counting allocator is the project's only unsafe code besides the index
-// walk's prefetch hint (`index/matching.rs`): measuring memory needs it.
+// Measuring memory needs a counting global allocator.
 #![allow(unsafe_code)]
 #![allow(clippy::unwrap_used)]
 

@@ -1,8 +1,7 @@
 //! Where a decision's routing time goes: hashing the request's chain,
-//! matching it against the index, and the policy's pick, the pick also by
-//! decision kind. A scale report's total (`routing_us`) is their sum; the
-//! parts say which one a change to the decision cost has to move (at 1000
-//! instances a cold placement and a warm pick differ by several times).
+//! matching it against the index, and the pick, the last two also by
+//! decision kind. A scale report's total (`routing_us`) is their sum, so the
+//! parts say which one a change to the decision cost has to move.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -11,11 +10,14 @@ use std::time::Duration;
 /// The mean routing time per decision, by part, µs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RoutingCost {
-    /// Hashing the chain (0 for strategies that do not read the index).
+    /// Hashing the chain (about 0, a clock read, for strategies that do
+    /// not read the index).
     pub hash_us: f64,
-    /// `CacheIndex::longest_match` (0 likewise).
+    /// `CacheIndex::longest_match` (about 0 likewise).
     pub match_us: f64,
-    /// The policy's pick.
+    /// Everything after the match: the replica's load view (one pass over
+    /// the backends, as the router builds it per request) and the policy's
+    /// pick.
     pub pick_us: f64,
     /// Per decision kind (`cold`, `kv_match`, ...).
     pub by_kind: BTreeMap<String, KindCost>,
@@ -28,7 +30,7 @@ pub struct KindCost {
     pub decisions: u64,
     /// Mean index match per decision, µs.
     pub match_us: f64,
-    /// Mean pick per decision, µs.
+    /// Mean pick (everything after the match) per decision, µs.
     pub pick_us: f64,
 }
 

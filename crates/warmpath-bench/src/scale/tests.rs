@@ -29,6 +29,31 @@ fn every_strategy_completes_every_request() {
 }
 
 #[test]
+fn the_routing_parts_add_up_to_the_routing_time() {
+    let r = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
+    let c = &r.routing_cost;
+    let parts = c.hash_us + c.match_us + c.pick_us;
+    assert!(
+        (parts - r.routing_us).abs() <= 1e-6 * r.routing_us.max(1.0),
+        "{parts} against {}",
+        r.routing_us
+    );
+    assert!(c.hash_us > 0.0 && c.match_us > 0.0 && c.pick_us > 0.0);
+    let by_kind: BTreeMap<String, u64> = c
+        .by_kind
+        .iter()
+        .map(|(k, v)| (k.clone(), v.decisions))
+        .collect();
+    assert_eq!(by_kind, r.decisions);
+    let total = |f: fn(&KindCost) -> f64| -> f64 {
+        c.by_kind.values().map(|k| f(k) * k.decisions as f64).sum()
+    };
+    let n = r.requests as f64;
+    assert!((total(|k| k.pick_us) / n - c.pick_us).abs() < 1e-6);
+    assert!((total(|k| k.match_us) / n - c.match_us).abs() < 1e-6);
+}
+
+#[test]
 fn cache_aware_routing_beats_random_on_hits() {
     let random = run(&small(), Strategy::Random, &mut |_| {}).unwrap();
     let kv = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();

@@ -17,8 +17,9 @@
 //! cycle; writers hold one shard at a time), probes `PROBE` blocks back to
 //! back with no atomics between them, so their misses overlap, and then
 //! takes their holders in chain order. While one batch is probed, the next
-//! batch's first slots are prefetched (hashbrown's layout: a key's control
-//! bytes at `data_end + (hash & mask)`, its slot just below `data_end`), so
+//! batch's first probe positions are prefetched (hashbrown's layout: for
+//! `pos = hash & mask`, the first line of the key's control group at
+//! `data_end + pos` and the slot `pos + 1` elements below `data_end`), so
 //! their misses are under way before their probes. Were that layout to
 //! change, the hints would miss and cost only their issue slots; the result
 //! never depends on them. The result is the block-by-block

@@ -153,7 +153,7 @@ impl Workers {
     }
 
     /// Generation and freshness of each of `slots` (`None`: not
-    /// registered), under one read of the table: a match walk needs them
+    /// registered, or dropped), under one read of the table: a match walk needs them
     /// only for the first block's holders, not for every worker.
     pub(crate) fn routing_state(
         &self,
