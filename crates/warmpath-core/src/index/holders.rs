@@ -67,6 +67,14 @@ impl Holders {
         }
     }
 
+    /// The holders when they spilled to the heap (more than two).
+    pub(crate) fn spilled(&self) -> Option<&[Holder]> {
+        match self {
+            Holders::Many(v) => Some(v.as_slice()),
+            _ => None,
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         matches!(self, Holders::Empty)
     }

@@ -98,6 +98,10 @@ struct Walk {
     at: Vec<u32>,
     /// Per place: the depth it was last seen at, with its tiers there.
     mark: Vec<(u32, u8)>,
+    /// The spilled holders of the block at depth `prev_at` as the marking
+    /// pass last read them (`prev_at`: `u32::MAX` before any).
+    prev: Vec<Holder>,
+    prev_at: u32,
     out: MatchResult,
 }
 
@@ -114,6 +118,8 @@ impl Walk {
         }
         Walk {
             mark: vec![(0, 0); active.len()],
+            prev: Vec::new(),
+            prev_at: u32::MAX,
             active,
             at,
             out: MatchResult {
@@ -169,9 +175,30 @@ impl Walk {
             }
             return;
         }
-        // Many: one pass over the block's holders marks the active workers
+        // Many, and the same holders, tiers included, as the block before
+        // (a hot prefix's copies hold all of it): every worker still
+        // matching holds this block on the tiers it held the last one on,
+        // so each matches on, and a GPU run still unbroken grows by one.
+        let spilled = e.spilled();
+        if let Some(hs) = spilled {
+            if self.prev_at.wrapping_add(1) == depth && hs == self.prev.as_slice() {
+                for a in &mut self.active {
+                    if a.gpu_contiguous {
+                        a.gpu_blocks += 1;
+                    }
+                }
+                self.prev_at = depth;
+                return;
+            }
+        }
+        // Else one pass over the block's holders marks the active workers
         // that hold it (their current generation), so a block costs
         // O(holders + active), not their product.
+        if let Some(hs) = spilled {
+            self.prev.clear();
+            self.prev.extend_from_slice(hs);
+            self.prev_at = depth;
+        }
         for x in e.iter() {
             if let Some(&k) = self.at.get(x.slot() as usize) {
                 if let Some(a) = self.active.get(k as usize) {

@@ -218,3 +218,39 @@ fn long_chains_match_in_every_chunk() {
         assert_eq!(m.of(*s).map_or(0, |x| x.blocks), e as u32, "ends at {e}");
     }
 }
+
+/// A hot prefix's copies: many workers with the same holdings, so most
+/// blocks have the same spilled holders as the block before, broken where
+/// one worker's match or GPU run ends or a worker joins further down.
+#[test]
+fn many_copies_with_equal_holders_match_as_the_reference() {
+    let idx = CacheIndex::new();
+    let ch = chain(0, 600);
+    let copies: Vec<WorkerSlot> = (0..12)
+        .map(|w| {
+            let s = idx.register_worker(&format!("copy{w}")).unwrap();
+            idx.store(s, Tier::Gpu, &ch).unwrap();
+            s
+        })
+        .collect();
+    // One loses a block mid-chain; one holds the tail on CPU only; one
+    // also offloads a block to CPU (its tiers differ there, then agree).
+    idx.remove(copies[0], None, &ch[300..301]).unwrap();
+    idx.remove(copies[1], Some(Tier::Gpu), &ch[100..]).unwrap();
+    idx.store(copies[1], Tier::Cpu, &ch[100..]).unwrap();
+    idx.store(copies[2], Tier::Cpu, &ch[200..201]).unwrap();
+    // A worker holding only the second half never matches.
+    let late = idx.register_worker("late").unwrap();
+    idx.store(late, Tier::Gpu, &ch[300..]).unwrap();
+    let m = idx.longest_match(&ch);
+    assert_eq!(m, reference(&idx, &ch));
+    let of = |s: WorkerSlot| m.of(s).map(|x| (x.blocks, x.gpu_blocks));
+    assert_eq!(of(copies[0]), Some((300, 300)));
+    assert_eq!(of(copies[1]), Some((600, 100)));
+    assert_eq!(of(copies[2]), Some((600, 600)));
+    assert_eq!(of(copies[11]), Some((600, 600)));
+    assert_eq!(of(late), None);
+    for cut in [1usize, 8, 64, 100, 101, 299, 300, 301, 512, 599] {
+        assert_eq!(idx.longest_match(&ch[..cut]), reference(&idx, &ch[..cut]));
+    }
+}
