@@ -98,8 +98,8 @@ struct Walk {
     at: Vec<u32>,
     /// Per place: the depth it was last seen at, with its tiers there.
     mark: Vec<(u32, u8)>,
-    /// The spilled holders of the block at depth `prev_at` as the marking
-    /// pass last read them (`prev_at`: `u32::MAX` before any).
+    /// The spilled holders the marking pass last read, those of every block
+    /// from there to depth `prev_at` (`u32::MAX` before any).
     prev: Vec<Holder>,
     prev_at: u32,
     out: MatchResult,
