@@ -199,7 +199,7 @@ pub struct ScaleReport {
     pub routing_us: f64,
     /// Routing work per request, µs: p50, p90, p99 (mean as above).
     pub routing_dist_us: Summary,
-    /// The mean routing work by part: hash, match, pick (see [`cost`]).
+    /// The mean routing work by part: hash, match, pick.
     pub routing_cost: RoutingCost,
     /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
