@@ -266,9 +266,8 @@ impl State {
         // among the backends as good, where the cache turns over fastest:
         // the tail's churn stays on the backends already churning. Any
         // other prefix pays for what the LRU would trim of it there.
-        // The prefix's popularity with this request counted (`p_x` of the
-        // eviction and turnover terms), looked up once, not per backend.
-        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        // Looked up once, not per backend.
+        let px = self.popularity_with(key);
         let tail = px < self.tail_threshold(blocks);
         let modelled = self.resident.any();
         // One pass: each usable backend's cost and eviction term, computed
@@ -356,7 +355,7 @@ impl State {
     /// (`p_x`, this request included). A victim homed elsewhere (a stale
     /// copy) costs nothing; 0 where the capacity is unknown or it fits.
     pub(crate) fn evict_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
-        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        let px = self.popularity_with(key);
         self.evict_at(b, px, key, blocks)
     }
 
@@ -383,10 +382,16 @@ impl State {
             .sum()
     }
 
+    /// `p_x` of the eviction and turnover terms: `key`'s popularity with
+    /// the request being placed counted.
+    fn popularity_with(&self, key: u64) -> f64 {
+        self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit
+    }
+
     /// [`State::lost_at`] with `key`'s popularity looked up.
     #[cfg(test)]
     fn lost_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
-        let px = self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit;
+        let px = self.popularity_with(key);
         self.lost_at(b, px, blocks)
     }
 
