@@ -113,6 +113,9 @@ pub(crate) struct Candidates {
     partial: usize,
     /// Per position: (eligible, partial) as last synced.
     flags: Vec<(bool, bool)>,
+    /// Whether every position was compared once (a change list is only
+    /// relative to a full view).
+    synced: bool,
     prefill_weight: f64,
     decode_weight: f64,
     threshold: u32,
@@ -127,6 +130,7 @@ impl Candidates {
             eligible: 0,
             partial: 0,
             flags: vec![(false, false); n],
+            synced: false,
             prefill_weight,
             decode_weight,
             threshold,
@@ -155,20 +159,28 @@ impl Candidates {
         })
     }
 
-    /// Refiles the positions whose load changed since the last call.
-    pub(crate) fn sync(&mut self, loads: &[BackendLoad]) {
+    /// Refiles the positions whose load changed since the last call:
+    /// those in `changed` when the caller knows them (every position whose
+    /// load may differ from the last call's; a superset is fine), else
+    /// every position, compared with what was filed. The first call after
+    /// [`Self::new`] always compares every position.
+    pub(crate) fn sync(&mut self, loads: &[BackendLoad], changed: Option<&[usize]>) {
+        match changed {
+            Some(changed) if self.synced && loads.len() == self.filed.len() => {
+                for &i in changed {
+                    if let Some(l) = loads.get(i) {
+                        self.sync_at(i, l);
+                    }
+                }
+            }
+            _ => self.sync_all(loads),
+        }
+        self.synced = true;
+    }
+
+    fn sync_all(&mut self, loads: &[BackendLoad]) {
         for (i, l) in loads.iter().enumerate().take(self.filed.len()) {
-            let flags = (l.eligible, l.engine.is_some_and(|e| e.partial));
-            if flags != self.flags[i] {
-                let old = self.flags[i];
-                self.eligible = self.eligible + usize::from(flags.0) - usize::from(old.0);
-                self.partial = self.partial + usize::from(flags.1) - usize::from(old.1);
-                self.flags[i] = flags;
-            }
-            let key = self.key_of(l);
-            if key != self.filed[i] {
-                self.refile(i, key);
-            }
+            self.sync_at(i, l);
         }
         // A short slice (never, by the `Policy` contract): the rest are out.
         for i in loads.len()..self.filed.len() {
@@ -178,6 +190,20 @@ impl Candidates {
             if self.filed[i].is_some() {
                 self.refile(i, None);
             }
+        }
+    }
+
+    fn sync_at(&mut self, i: usize, l: &BackendLoad) {
+        let flags = (l.eligible, l.engine.is_some_and(|e| e.partial));
+        if flags != self.flags[i] {
+            let old = self.flags[i];
+            self.eligible = self.eligible + usize::from(flags.0) - usize::from(old.0);
+            self.partial = self.partial + usize::from(flags.1) - usize::from(old.1);
+            self.flags[i] = flags;
+        }
+        let key = self.key_of(l);
+        if key != self.filed[i] {
+            self.refile(i, key);
         }
     }
 
@@ -432,13 +458,13 @@ mod tests {
     fn buckets_follow_load_changes() {
         let mut c = Candidates::new(4, 1.0, 2.0, 3);
         let mut loads = idle(4);
-        c.sync(&loads);
+        c.sync(&loads, None);
         assert_eq!(c.buckets().count(), 1);
         assert!(c.any_eligible() && !c.any_partial());
         loads[1].pending_prefill_blocks = 2; // term 2
         loads[2].in_flight = 1; // term 2 too, another bucket
         loads[3].in_flight = 3; // full
-        c.sync(&loads);
+        c.sync(&loads, None);
         let got: Vec<(f64, Vec<u32>)> = c.buckets().map(|(k, v)| (k.term(), v.to_vec())).collect();
         assert_eq!(got, vec![(0.0, vec![0]), (2.0, vec![2]), (2.0, vec![1])]);
         assert!(!c.usable(3) && c.usable(2));
@@ -446,7 +472,7 @@ mod tests {
         loads[1].eligible = false;
         loads[2].eligible = false;
         loads[3].eligible = false;
-        c.sync(&loads);
+        c.sync(&loads, None);
         assert!(!c.any_eligible());
         assert_eq!(c.buckets().count(), 0);
     }
@@ -496,6 +522,7 @@ mod tests {
             homes in proptest::collection::vec(0usize..40, 0..3),
             (pw, mw, dw) in (weight(), weight(), weight()),
             seed in any::<u64>(),
+            extra in proptest::collection::vec(0usize..40, 0..6),
         ) {
             let kv = KvConfig {
                 prefill_weight: pw,
@@ -505,8 +532,9 @@ mod tests {
             };
             let now = loads_of(&now[..n]);
             let mut c = Candidates::new(n, pw, dw, threshold);
-            c.sync(&loads_of(&before[..n]));
-            c.sync(&now);
+            let before = loads_of(&before[..n]);
+            c.sync(&before, None);
+            c.sync(&now, None);
             let matched = &held[..n];
             let h = Held(
                 matched
@@ -530,12 +558,20 @@ mod tests {
             );
             // A fresh structure synced once agrees with the refiled one.
             let mut fresh = Candidates::new(n, pw, dw, threshold);
-            fresh.sync(&now);
-            prop_assert_eq!(
-                fresh.buckets().map(|(k, v)| (*k, v.to_vec())).collect::<Vec<_>>(),
-                c.buckets().map(|(k, v)| (*k, v.to_vec())).collect::<Vec<_>>()
-            );
-            prop_assert_eq!((fresh.eligible, fresh.partial), (c.eligible, c.partial));
+            fresh.sync(&now, None);
+            let filed = |c: &Candidates| {
+                let b: Vec<_> = c.buckets().map(|(k, v)| (*k, v.to_vec())).collect();
+                (b, c.filed.clone(), c.flags.clone(), c.eligible, c.partial)
+            };
+            prop_assert_eq!(filed(&fresh), filed(&c));
+            // Told only the changed positions (and a few unchanged ones, a
+            // superset), it files exactly what comparing every load does.
+            let mut told = Candidates::new(n, pw, dw, threshold);
+            told.sync(&before, None);
+            let mut changed: Vec<usize> = (0..n).filter(|&i| before[i] != now[i]).collect();
+            changed.extend(extra.into_iter().filter(|&i| i < n));
+            told.sync(&now, Some(&changed));
+            prop_assert_eq!(filed(&told), filed(&c));
         }
 
         /// `kth_of` is the k-th of the merged lists without the skipped.

@@ -530,7 +530,17 @@ impl Policy for KvAware {
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
-        self.decide(input, loads, rng, Mode::Commit)
+        self.decide(input, loads, None, rng, Mode::Commit)
+    }
+
+    fn pick_changed(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        changed: &[usize],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        self.decide(input, loads, Some(changed), rng, Mode::Commit)
     }
 
     fn preview(
@@ -539,7 +549,7 @@ impl Policy for KvAware {
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
-        self.decide(input, loads, rng, Mode::Preview)
+        self.decide(input, loads, None, rng, Mode::Preview)
     }
 }
 
@@ -555,12 +565,14 @@ impl KvAware {
         &self,
         input: &RouteInput<'_>,
         loads: &[BackendLoad],
+        changed: Option<&[usize]>,
         rng: &mut dyn RngCore,
         mode: Mode,
     ) -> Result<Decision, PolicyError> {
         let held = self.held(input);
         let mut s = self.placer.state(mode);
-        s.cands.sync(loads);
+        s.cands.sync(loads, changed);
+        s.resident.note(loads, changed);
         if !s.cands.any_eligible() {
             return Err(PolicyError::NoBackend);
         }

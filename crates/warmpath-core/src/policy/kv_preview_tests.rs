@@ -1,12 +1,14 @@
 //! `Policy::preview` of `kv_aware`: on random histories, the preview is the
 //! decision `pick` then makes with the same rng, and previews change no
-//! later decision (a twin fed the same picks without previews agrees).
+//! later decision (a twin fed the same picks without previews agrees); and
+//! `pick_changed`, told which loads changed, decides exactly as `pick`.
 
 #![allow(clippy::unwrap_used)]
 
 use super::*;
 use crate::index::{MatchResult, WorkerMatch};
 use crate::policy::test_util::*;
+use crate::policy::EngineLoad;
 use proptest::prelude::{any, prop_assert_eq, prop_oneof, proptest, Just, ProptestConfig};
 use proptest::strategy::Strategy as Gen;
 use rand::rngs::SmallRng;
@@ -172,4 +174,82 @@ fn preview_records_no_placement() {
 
 fn kv(n: usize) -> KvAware {
     KvAware::new(&PolicyConfig::default(), &backends(n))
+}
+
+/// One step of a history for `pick_changed`: which positions keep their
+/// load, the new loads (with a reported capacity) for the others, and
+/// positions to report changed although they are not.
+#[derive(Clone, Debug)]
+struct Drift {
+    step: Step,
+    keep: Vec<bool>,
+    capacity: Vec<Option<u64>>,
+    extra: Vec<usize>,
+}
+
+fn drift(n: usize) -> impl Gen<Value = Drift> {
+    (
+        step(n),
+        proptest::collection::vec(proptest::bool::weighted(0.7), n),
+        proptest::collection::vec(
+            prop_oneof![Just(None), Just(Some(96u64)), Just(Some(300))],
+            n,
+        ),
+        proptest::collection::vec(0usize..n, 0..3),
+    )
+        .prop_map(|(step, keep, capacity, extra)| Drift {
+            step,
+            keep,
+            capacity,
+            extra,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Told which loads changed since its last decision (a superset), the
+    /// policy decides exactly as one that compares every load.
+    #[test]
+    fn pick_changed_is_pick(
+        n in 2usize..6,
+        (cfg, capacity) in configs(),
+        steps in proptest::collection::vec(drift(6), 1..60),
+    ) {
+        let told = policy(n, &cfg, capacity);
+        let scan = policy(n, &cfg, capacity);
+        let mut loads: Vec<BackendLoad> = Vec::new();
+        for d in &steps {
+            let s = Step {
+                held: d.step.held[..n].to_vec(),
+                loads: d.step.loads[..n].to_vec(),
+                ..d.step.clone()
+            };
+            let mut fresh = loads_of(&s);
+            for (l, &cap) in fresh.iter_mut().zip(&d.capacity) {
+                l.engine = cap.map(|c| EngineLoad {
+                    capacity_blocks: Some(c),
+                    ..EngineLoad::default()
+                });
+            }
+            let mut changed: Vec<usize> = d.extra.iter().copied().filter(|&i| i < n).collect();
+            if loads.is_empty() {
+                loads = fresh;
+                changed.extend(0..n);
+            } else {
+                for i in 0..n {
+                    if !d.keep[i] {
+                        loads[i] = fresh[i];
+                        changed.push(i);
+                    }
+                }
+            }
+            let m = match_of(&s);
+            let input = input_of(&s, &m);
+            let a = told.pick_changed(&input, &loads, &changed, &mut SmallRng::seed_from_u64(s.seed));
+            let b = scan.pick(&input, &loads, &mut SmallRng::seed_from_u64(s.seed));
+            prop_assert_eq!(a, b);
+            prop_assert_eq!(told.moves(), scan.moves());
+        }
+    }
 }

@@ -320,6 +320,24 @@ pub trait Policy: Send + Sync + fmt::Debug {
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError>;
 
+    /// [`pick`](Policy::pick), told which loads changed: `changed` lists
+    /// every position whose load may differ from the `loads` of this
+    /// policy's previous `pick` or `pick_changed` (a superset is fine, a
+    /// position twice too). The same decision as `pick`; `kv_aware` then
+    /// refiles only those positions instead of comparing every load, so a
+    /// caller that tracks its load changes (the scale model) saves an O(n)
+    /// pass per decision. The others ignore `changed`.
+    fn pick_changed(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &[BackendLoad],
+        changed: &[usize],
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let _ = changed;
+        self.pick(input, loads, rng)
+    }
+
     /// The decision [`pick`](Policy::pick) would make now with the same
     /// `rng`, changing nothing: no placement, pressure, popularity or
     /// modelled cache is recorded, so no later decision differs for it

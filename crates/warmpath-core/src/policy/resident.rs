@@ -143,10 +143,21 @@ impl Cache {
     }
 }
 
+/// The capacity an engine reports, `None` when it reports none (or 0).
+fn reported_capacity(l: &BackendLoad) -> Option<u64> {
+    l.engine.and_then(|e| e.capacity_blocks).filter(|&c| c > 0)
+}
+
 /// The modelled caches, by backend position (`None`: capacity unknown).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Resident {
     caches: Vec<Option<Cache>>,
+    /// Positions whose reported capacity may differ from their model's,
+    /// for the next [`Self::sync`] (see [`Self::note`]).
+    stale: Vec<u32>,
+    /// Whether every position was compared once since the models were
+    /// made; until then [`Self::sync`] compares them all.
+    synced: bool,
 }
 
 impl Resident {
@@ -154,6 +165,7 @@ impl Resident {
     pub(crate) fn new(capacities: impl IntoIterator<Item = Option<u64>>) -> Self {
         Resident {
             caches: capacities.into_iter().map(|c| c.map(Cache::new)).collect(),
+            ..Resident::default()
         }
     }
 
@@ -167,17 +179,63 @@ impl Resident {
         self.caches.get_mut(b).and_then(Option::as_mut)
     }
 
+    /// Takes note of the loads of a decision, `changed` the positions whose
+    /// load may differ from the last decision's (`None`: unknown, every
+    /// one): those whose reported capacity now differs from their model's
+    /// are applied at the next [`Self::sync`]. Why not at once: the models
+    /// follow the reports only where a decision reads them.
+    pub(crate) fn note(&mut self, loads: &[BackendLoad], changed: Option<&[usize]>) {
+        let Some(changed) = changed else {
+            self.synced = false;
+            return;
+        };
+        for &i in changed {
+            let reported = loads.get(i).and_then(reported_capacity);
+            let model = self
+                .caches
+                .get(i)
+                .and_then(|c| c.as_ref().map(|c| c.capacity));
+            if reported.is_some() && reported != model {
+                self.stale.push(i as u32);
+            }
+        }
+        // Decisions that never sync (warm picks) let the list grow: past
+        // one entry per position a full compare is as cheap.
+        if self.stale.len() > self.caches.len() {
+            self.stale.clear();
+            self.synced = false;
+        }
+    }
+
     /// Follows the capacities the engines report: a backend whose capacity
     /// appears or changes gets a fresh, empty model (relearned from index
-    /// matches); one that reports none keeps the model it has.
+    /// matches); one that reports none keeps the model it has. Compares
+    /// every position the first time and after a [`Self::note`] without a
+    /// change list, else only those noted.
     pub(crate) fn sync(&mut self, loads: &[BackendLoad]) {
-        for (slot, l) in self.caches.iter_mut().zip(loads) {
-            let Some(cap) = l.engine.and_then(|e| e.capacity_blocks).filter(|&c| c > 0) else {
-                continue;
-            };
-            if slot.as_ref().map(|c| c.capacity) != Some(cap) {
-                *slot = Some(Cache::new(cap));
+        if self.synced {
+            for i in std::mem::take(&mut self.stale) {
+                if let (Some(slot), Some(l)) =
+                    (self.caches.get_mut(i as usize), loads.get(i as usize))
+                {
+                    Self::follow(slot, l);
+                }
             }
+        } else {
+            for (slot, l) in self.caches.iter_mut().zip(loads) {
+                Self::follow(slot, l);
+            }
+            self.stale.clear();
+            self.synced = true;
+        }
+    }
+
+    fn follow(slot: &mut Option<Cache>, l: &BackendLoad) {
+        let Some(cap) = reported_capacity(l) else {
+            return;
+        };
+        if slot.as_ref().map(|c| c.capacity) != Some(cap) {
+            *slot = Some(Cache::new(cap));
         }
     }
 
@@ -198,6 +256,7 @@ impl Resident {
                     None => cap.map(Cache::new),
                 })
                 .collect(),
+            ..Resident::default()
         }
     }
 
@@ -232,7 +291,11 @@ mod tests {
             ..BackendLoad::default()
         };
         let mut r = Resident::new([None, Some(10)]);
-        r.sync(&[with(Some(100)), with(None)]);
+        let sync = |r: &mut Resident, loads: &[BackendLoad]| {
+            r.note(loads, None);
+            r.sync(loads);
+        };
+        sync(&mut r, &[with(Some(100)), with(None)]);
         assert_eq!(r.of(0).map(|c| c.capacity), Some(100), "appears");
         assert_eq!(
             r.of(1).map(|c| c.capacity),
@@ -240,11 +303,26 @@ mod tests {
             "kept without a report"
         );
         r.of_mut(0).unwrap().store(7, 5);
-        r.sync(&[with(Some(100)), BackendLoad::default()]);
+        sync(&mut r, &[with(Some(100)), BackendLoad::default()]);
         assert_eq!(r.of(0).unwrap().held(7), 5, "unchanged: the model stays");
-        r.sync(&[with(Some(50)), with(Some(0))]);
+        sync(&mut r, &[with(Some(50)), with(Some(0))]);
         assert_eq!(r.of(0).unwrap().held(7), 0, "changed: a fresh model");
         assert_eq!(r.of(1).map(|c| c.capacity), Some(10), "0 means unknown");
+        // Told which positions changed, it compares only those.
+        let loads = [with(Some(50)), with(Some(20))];
+        r.note(&loads, Some(&[1]));
+        r.sync(&loads);
+        assert_eq!(r.of(1).map(|c| c.capacity), Some(20), "noted: followed");
+        r.of_mut(0).unwrap().store(7, 5);
+        r.note(&loads, Some(&[]));
+        r.sync(&loads);
+        assert_eq!(r.of(0).unwrap().held(7), 5, "nothing noted: kept");
+        let grown = [with(Some(60)), with(Some(20))];
+        for _ in 0..3 {
+            r.note(&grown, Some(&[0]));
+        }
+        r.sync(&grown);
+        assert_eq!(r.of(0).map(|c| c.capacity), Some(60), "past the bound");
     }
 
     #[test]
