@@ -445,21 +445,12 @@ impl<'a> Sim<'a> {
         let rr = self.routers.choose();
         let sharing = self.share_delay_us().is_some();
         let view = &mut self.routers.views[rr];
-        for (l, p) in view.loads.iter_mut().zip(&view.pending_blocks) {
-            l.pending_prefill_blocks = *p;
-        }
         let input = RouteInput {
             prefix_key: xxh3_64(&doc.to_le_bytes()),
             chain_blocks,
             matches: matches.as_ref(),
         };
-        // Sharing: ties go by the key, so replicas of one state agree.
-        let d = if sharing {
-            let mut keyed = SmallRng::seed_from_u64(input.prefix_key);
-            view.policy.pick(&input, &view.loads, &mut keyed)?
-        } else {
-            view.policy.pick(&input, &view.loads, &mut view.pick_rng)?
-        };
+        let d = view.pick(&input, sharing)?;
         let took = t0.elapsed();
         self.routing += took;
         self.routing_each.push(took.as_secs_f64() * 1e6);
@@ -471,8 +462,7 @@ impl<'a> Sim<'a> {
             .or_default() += 1;
         let i = d.backend;
         let predicted = u64::from(input.chain_blocks.saturating_sub(d.matched_blocks));
-        view.pending_blocks[i] += predicted;
-        view.loads[i].in_flight += 1;
+        view.start(i, predicted);
         let home = view.policy.home_of(input.prefix_key);
         let start = Phase::Start(RemoteDecision {
             prefix_key: input.prefix_key,
@@ -587,7 +577,7 @@ impl<'a> Sim<'a> {
             }
         }
         let view = &mut self.routers.views[self.reqs[r].router as usize];
-        view.pending_blocks[i] = view.pending_blocks[i].saturating_sub(predicted);
+        view.prefilled(i, predicted);
         let rr = self.reqs[r].router as usize;
         self.share(rr, i, Phase::Prefilled(predicted));
         self.fleet[i].prefilling = None;
@@ -613,7 +603,7 @@ impl<'a> Sim<'a> {
         inst.decoding -= 1;
         inst.in_flight -= 1;
         let rr = self.reqs[r].router as usize;
-        self.routers.views[rr].loads[i].in_flight -= 1;
+        self.routers.views[rr].finished(i);
         self.share(rr, i, Phase::Finished);
         self.e2e
             .push((self.now - self.reqs[r].arrival_us) as f64 / 1000.0);

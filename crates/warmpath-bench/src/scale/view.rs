@@ -23,14 +23,73 @@
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use warmpath_core::policy::{BackendLoad, EngineLoad, Policy, RemoteDecision};
+use warmpath_core::policy::{
+    BackendLoad, Decision, EngineLoad, Policy, PolicyError, RemoteDecision, RouteInput,
+};
 
 /// One replica's own state.
 pub(super) struct RouterView {
     pub(super) policy: Box<dyn Policy>,
-    pub(super) loads: Vec<BackendLoad>,
-    pub(super) pending_blocks: Vec<u64>,
-    pub(super) pick_rng: SmallRng,
+    /// What this replica counts in flight and predicts to prefill per
+    /// instance, with the engines' last report; changed only through the
+    /// methods below, which note the positions for the next pick.
+    loads: Vec<BackendLoad>,
+    /// Positions whose load changed since the last pick.
+    changed: Vec<usize>,
+    /// Every position may have changed (an engine report, the first pick).
+    all_changed: bool,
+    pick_rng: SmallRng,
+}
+
+impl RouterView {
+    /// A request routed to instance `i` with `prefill` blocks to compute.
+    pub(super) fn start(&mut self, i: usize, prefill: u64) {
+        let l = &mut self.loads[i];
+        l.in_flight += 1;
+        l.pending_prefill_blocks += prefill;
+        self.changed.push(i);
+    }
+
+    /// A request's first token at instance `i`: its `prefill` is done.
+    pub(super) fn prefilled(&mut self, i: usize, prefill: u64) {
+        let l = &mut self.loads[i];
+        l.pending_prefill_blocks = l.pending_prefill_blocks.saturating_sub(prefill);
+        self.changed.push(i);
+    }
+
+    /// A request's last token at instance `i`.
+    pub(super) fn finished(&mut self, i: usize) {
+        let l = &mut self.loads[i];
+        l.in_flight = l.in_flight.saturating_sub(1);
+        self.changed.push(i);
+    }
+
+    /// The policy's pick on these loads, told which positions changed
+    /// since its last one (`Policy::pick_changed`: the same decision, no
+    /// pass over every load). `keyed`: ties go by the prefix key, so
+    /// replicas of one state agree.
+    pub(super) fn pick(
+        &mut self,
+        input: &RouteInput<'_>,
+        keyed: bool,
+    ) -> Result<Decision, PolicyError> {
+        let mut by_key;
+        let rng: &mut SmallRng = if keyed {
+            by_key = SmallRng::seed_from_u64(input.prefix_key);
+            &mut by_key
+        } else {
+            &mut self.pick_rng
+        };
+        let d = if self.all_changed {
+            self.policy.pick(input, &self.loads, rng)
+        } else {
+            self.policy
+                .pick_changed(input, &self.loads, &self.changed, rng)
+        };
+        self.changed.clear();
+        self.all_changed = false;
+        d
+    }
 }
 
 /// Every replica, the spread of requests over them and the agents' load
@@ -85,7 +144,8 @@ impl Replicas {
                     };
                     instances
                 ],
-                pending_blocks: vec![0; instances],
+                changed: Vec::new(),
+                all_changed: true,
                 pick_rng: SmallRng::seed_from_u64(seed ^ 0x5ca1e ^ (r as u64).wrapping_mul(0x9e37)),
             })
             .collect();
@@ -117,15 +177,10 @@ impl Replicas {
             match &f.phase {
                 Phase::Start(d) => {
                     v.policy.observe_remote(d);
-                    v.pending_blocks[i] += u64::from(d.prefill_blocks);
-                    v.loads[i].in_flight += 1;
+                    v.start(i, u64::from(d.prefill_blocks));
                 }
-                Phase::Prefilled(blocks) => {
-                    v.pending_blocks[i] = v.pending_blocks[i].saturating_sub(*blocks);
-                }
-                Phase::Finished => {
-                    v.loads[i].in_flight = v.loads[i].in_flight.saturating_sub(1);
-                }
+                Phase::Prefilled(blocks) => v.prefilled(i, *blocks),
+                Phase::Finished => v.finished(i),
             }
         }
     }
@@ -163,6 +218,10 @@ impl Replicas {
             for v in &mut self.views {
                 v.loads[i].engine = Some(engine);
             }
+        }
+        for v in &mut self.views {
+            v.all_changed = true;
+            v.changed.clear();
         }
     }
 
@@ -220,7 +279,7 @@ mod tests {
         let seen = |r: &Replicas| -> Vec<(u32, u64)> {
             r.views
                 .iter()
-                .map(|v| (v.loads[2].in_flight, v.pending_blocks[2]))
+                .map(|v| (v.loads[2].in_flight, v.loads[2].pending_prefill_blocks))
                 .collect()
         };
         assert_eq!(
