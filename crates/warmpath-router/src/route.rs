@@ -228,14 +228,17 @@ pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -
         .backends
         .iter()
         .enumerate()
-        .map(|(i, b)| BackendLoad {
-            eligible: b.is_healthy()
-                && !b.is_draining()
-                && !excluded.contains(&i)
-                && adapter.is_none_or(|a| b.serves_adapter(a)),
-            in_flight: b.in_flight() + remote(i).0,
-            pending_prefill_blocks: b.pending_prefill_blocks() + remote(i).1,
-            engine: agents.and_then(|a| a.engine_load(&pool.model, &b.id)),
+        .map(|(i, b)| {
+            let (remote_in_flight, remote_pending) = remote(i);
+            BackendLoad {
+                eligible: b.is_healthy()
+                    && !b.is_draining()
+                    && !excluded.contains(&i)
+                    && adapter.is_none_or(|a| b.serves_adapter(a)),
+                in_flight: b.in_flight() + remote_in_flight,
+                pending_prefill_blocks: b.pending_prefill_blocks() + remote_pending,
+                engine: agents.and_then(|a| a.engine_load(&pool.model, &b.id)),
+            }
         })
         .collect()
 }
