@@ -1,6 +1,7 @@
 //! End-to-end tests of the router's health: readiness without client
-//! traffic, ejection back-off, completion probes. The real binary against
-//! local backends (tests/support), everything on 127.0.0.1 port 0.
+//! traffic, ejection back-off, completion probes, probe rounds spread over
+//! the interval. The real binary against local backends (tests/support),
+//! everything on 127.0.0.1 port 0.
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -167,4 +168,66 @@ async fn a_completion_probe_ejects_an_engine_whose_generation_hangs() {
     )
     .await;
     assert_no_backend(&c, &r).await;
+}
+
+/// An engine that notes when each `/health` probe arrives.
+async fn noting_engine(
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(usize, Instant)>>>,
+    id: usize,
+) -> String {
+    let app = axum::Router::new().route(
+        "/health",
+        get(move || {
+            let seen = std::sync::Arc::clone(&seen);
+            async move {
+                seen.lock().unwrap().push((id, Instant::now()));
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_probe_rounds_spread_over_the_interval() {
+    const N: usize = 4;
+    const EVERY: Duration = Duration::from_millis(800);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut urls = Vec::new();
+    for id in 0..N {
+        urls.push(noting_engine(std::sync::Arc::clone(&seen), id).await);
+    }
+    let r = router_over(
+        &urls,
+        "health: {probe_interval_ms: 800, learn_adapters: false}",
+    )
+    .await;
+    let c = client();
+    assert_eq!(get_url(&c, &r.url("/readyz")).await.status, 200);
+    // The start-up round probes all at once, before the router listens.
+    let first: Vec<Instant> = seen.lock().unwrap().iter().map(|s| s.1).collect();
+    assert_eq!(first.len(), N, "one start-up probe each");
+    tokio::time::sleep(EVERY * 3).await;
+    let probes = seen.lock().unwrap().clone();
+    let later = &probes[N..];
+    // Each backend about once per interval, none forgotten.
+    for id in 0..N {
+        let count = later.iter().filter(|s| s.0 == id).count();
+        assert!(
+            (2..=4).contains(&count),
+            "backend {id}: {count} probes in 3 intervals"
+        );
+    }
+    // One later round: its N probes a quarter interval apart, not a burst.
+    let round: Vec<Instant> = later[..N].iter().map(|s| s.1).collect();
+    for pair in round.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= EVERY / (2 * N as u32),
+            "probes {gap:?} apart in one round (interval {EVERY:?}, {N} backends)"
+        );
+    }
 }

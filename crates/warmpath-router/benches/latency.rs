@@ -6,8 +6,12 @@
 //! prompt comes from the tokenizer's segment cache.
 //!
 //! ```text
-//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--shape system|llama31|rag] [--bare-proxy]
+//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--shape system|llama31|rag] [--bare-proxy] [--backends 1]
 //! ```
+//!
+//! `--backends N` puts N zero-delay backends (each its own listener) in the
+//! pool, so the router's per-request work over its backends shows; the
+//! direct half goes to the first.
 //!
 //! `--shape` picks the request and template: `system` (the default: the
 //! document is the system prompt, the tiny model's Llama-3.0-style template),
@@ -239,7 +243,8 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run(rate, n, tokens, strategy, Shape::from_args()));
+    let fleet = arg("--backends", 1).max(1);
+    rt.block_on(run(rate, n, tokens, strategy, Shape::from_args(), fleet));
 }
 
 async fn run(
@@ -248,6 +253,7 @@ async fn run(
     target_tokens: usize,
     strategy: warmpath_core::Strategy,
     shape: Shape,
+    fleet: usize,
 ) {
     const SLOT: &str = "Summarise the document above in one sentence.";
     let dir = tempfile::tempdir().unwrap();
@@ -279,11 +285,18 @@ async fn run(
     };
     let body = body_for(0);
 
-    let backend = zero_delay_backend().await;
+    let mut addrs = Vec::with_capacity(fleet);
+    for _ in 0..fleet {
+        addrs.push(zero_delay_backend().await);
+    }
+    let backend = addrs[0];
     let mut pool = PoolConfig::new("m");
     pool.tokenizer = Some(dir.path().to_owned());
     pool.strategy = Some(strategy);
-    pool.backends = vec![BackendConfig::new(format!("http://{backend}"))];
+    pool.backends = addrs
+        .iter()
+        .map(|a| BackendConfig::new(format!("http://{a}")))
+        .collect();
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
         pools: vec![pool],
@@ -356,7 +369,7 @@ async fn run(
     direct.sort_by(f64::total_cmp);
     routed.sort_by(f64::total_cmp);
     println!(
-        "{} added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), shape {}, strategy {}",
+        "{} added latency: {n} requests each way, {rate}/s, {ntok}-token chat request ({} bytes), shape {}, strategy {}, {fleet} backend(s)",
         if bare_axum {
             "bare axum proxy"
         } else if bare {

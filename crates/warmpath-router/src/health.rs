@@ -1,6 +1,7 @@
 //! Active health checks and LoRA adapter discovery.
 //!
-//! Every `probe_interval_ms` every backend is probed (`health.probe`:
+//! Every `probe_interval_ms` every backend is probed, the probes spread
+//! evenly over the interval (`health.probe`:
 //! `GET /health`, or a one-token completion of the pool's model that
 //! exercises the serving path). A passing probe verifies a backend (what
 //! `/readyz` needs); a failing one unverifies it at once, and
@@ -32,37 +33,64 @@ use tokio_util::sync::CancellationToken;
 const MAX_MODELS_BYTES: usize = 1 << 20;
 
 /// Runs the probes every interval until `shutdown` (the first round is
-/// [`round`], run by start-up before the router serves).
+/// [`round`], run by start-up before the router serves). Each later round
+/// spreads its probes evenly over the interval ([`spread`]), so a large
+/// fleet's probes never arrive as one burst of work beside the requests.
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let every = Duration::from_millis(shared.settings.health.probe_interval_ms);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut next = tokio::time::Instant::now() + every;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+            () = tokio::time::sleep_until(next) => {}
         }
+        let started = tokio::time::Instant::now();
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = round(&shared) => {}
+            () = spread(&shared, every) => {}
         }
+        // A round that overran (its last probe started near the interval's
+        // end) is followed at once: each backend is still probed about
+        // once per interval.
+        next = (started + every).max(tokio::time::Instant::now());
     }
+}
+
+/// Every backend of every pool as of now (a change meanwhile waits for the
+/// next round).
+fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
+    let mut all = Vec::new();
+    for p in shared.pools.all() {
+        all.extend(p.backends().iter().map(|b| (Arc::clone(p), Arc::clone(b))));
+    }
+    all
 }
 
 /// Probes every backend once (concurrently; each within the probe timeout)
 /// and updates `warmpath_ready`.
 pub async fn round(shared: &Shared) {
-    // Each pool's members as of now (a change meanwhile waits for the next round).
-    let members: Vec<_> = shared
-        .pools
-        .all()
-        .iter()
-        .map(|p| (p, p.backends()))
-        .collect();
-    let probes: Vec<_> = members
-        .iter()
-        .flat_map(|(p, bs)| bs.iter().map(move |b| probe(shared, p, b)))
-        .collect();
+    let members = members(shared);
+    let probes = members.iter().map(|(p, b)| probe(shared, p, b));
+    futures::future::join_all(probes).await;
+    readiness::update_gauge(shared);
+}
+
+/// One round with backend `k` of `n` probed `k × every / n` after its
+/// start; `warmpath_ready` follows each probe that changed a backend's
+/// state, not only the round's end.
+async fn spread(shared: &Shared, every: Duration) {
+    let members = members(shared);
+    let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
+    let start = tokio::time::Instant::now();
+    let probes = members.iter().enumerate().map(|(k, (p, b))| async move {
+        let k = u32::try_from(k).unwrap_or(u32::MAX);
+        tokio::time::sleep_until(start + every / n * k).await;
+        let before = (b.is_healthy(), b.is_verified());
+        probe(shared, p, b).await;
+        if (b.is_healthy(), b.is_verified()) != before {
+            readiness::update_gauge(shared);
+        }
+    });
     futures::future::join_all(probes).await;
     readiness::update_gauge(shared);
 }
