@@ -176,7 +176,8 @@ pub struct HealthConfig {
     /// (a one-token completion of the pool's model).
     pub probe: ProbeKind,
     /// Interval of the active probes of every backend (and of `/v1/models`
-    /// adapter discovery), in milliseconds (>= 50).
+    /// adapter discovery), in milliseconds (>= 50); each round's probes are
+    /// spread evenly over it.
     pub probe_interval_ms: u64,
     /// Timeout of one probe, in milliseconds (>= 10).
     pub probe_timeout_ms: u64,
