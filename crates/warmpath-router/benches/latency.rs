@@ -6,7 +6,7 @@
 //! prompt comes from the tokenizer's segment cache.
 //!
 //! ```text
-//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--shape system|llama31|rag] [--bare-proxy] [--backends 1]
+//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--shape system|llama31|rag] [--bare-proxy] [--backends 1] [--ingest]
 //! ```
 //!
 //! `--backends N` puts N zero-delay backends (each its own listener) in the
@@ -297,8 +297,12 @@ async fn run(
         .iter()
         .map(|a| BackendConfig::new(format!("http://{a}")))
         .collect();
+    // `--ingest`: the agent ingest listens (no agent connects), so each
+    // request reads the agents' maps for every backend.
+    let ingest = std::env::args().any(|a| a == "--ingest");
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
+        grpc_listen: ingest.then(|| "127.0.0.1:0".into()),
         pools: vec![pool],
         ..Default::default()
     };
