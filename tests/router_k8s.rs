@@ -445,22 +445,31 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
     api.watch_open(1).await;
     api.send("watch-1-ready.jsonl");
     follows(&c, &r, &[&bs[0], &bs[1]]).await;
-    // A request held on each engine (least_outstanding spreads them).
-    let held: Vec<_> = (0..2)
-        .map(|_| {
-            let (c, r) = (c.clone(), Arc::clone(&r));
-            tokio::spawn(async move {
-                post(
-                    &c,
-                    &r.url("/v1/completions"),
-                    &serde_json::json!({"model": "m", "prompt": "x", "x_hold": "release"}),
-                    &[],
-                )
-                .await
-                .status
-            })
-        })
-        .collect();
+    // A request held on each engine (least_outstanding spreads them). The
+    // second is sent once the first is held: two picks at once could both
+    // see idle engines and land together (the pick and the in-flight count
+    // are not one step).
+    let mut held = Vec::new();
+    for n in 1..=2 {
+        let (c2, r2) = (c.clone(), Arc::clone(&r));
+        held.push(tokio::spawn(async move {
+            post(
+                &c2,
+                &r2.url("/v1/completions"),
+                &serde_json::json!({"model": "m", "prompt": "x", "x_hold": "release"}),
+                &[],
+            )
+            .await
+            .status
+        }));
+        poll::poll(
+            "the request held",
+            Duration::from_secs(10),
+            Duration::from_millis(5),
+            async || (bs[0].active() + bs[1].active() >= n).then_some(()),
+        )
+        .await;
+    }
     poll::poll(
         "a held request on pod 1",
         Duration::from_secs(10),
