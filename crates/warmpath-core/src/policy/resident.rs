@@ -143,9 +143,13 @@ impl Cache {
     }
 }
 
-/// The capacity an engine reports, `None` when it reports none (or 0).
-fn reported_capacity(l: &BackendLoad) -> Option<u64> {
-    l.engine.and_then(|e| e.capacity_blocks).filter(|&c| c > 0)
+/// The capacity `l`'s engine reports when it differs from `model`'s: the
+/// model must be made anew. `None` when it matches or none (or 0) is
+/// reported (a model stays without a report).
+fn new_capacity(model: Option<&Cache>, l: &BackendLoad) -> Option<u64> {
+    l.engine
+        .and_then(|e| e.capacity_blocks)
+        .filter(|&c| c > 0 && model.map(|m| m.capacity) != Some(c))
 }
 
 /// The modelled caches, by backend position (`None`: capacity unknown).
@@ -190,12 +194,8 @@ impl Resident {
             return;
         };
         for &i in changed {
-            let reported = loads.get(i).and_then(reported_capacity);
-            let model = self
-                .caches
-                .get(i)
-                .and_then(|c| c.as_ref().map(|c| c.capacity));
-            if reported.is_some() && reported != model {
+            let model = self.caches.get(i).and_then(Option::as_ref);
+            if loads.get(i).and_then(|l| new_capacity(model, l)).is_some() {
                 self.stale.push(i as u32);
             }
         }
@@ -231,10 +231,7 @@ impl Resident {
     }
 
     fn follow(slot: &mut Option<Cache>, l: &BackendLoad) {
-        let Some(cap) = reported_capacity(l) else {
-            return;
-        };
-        if slot.as_ref().map(|c| c.capacity) != Some(cap) {
+        if let Some(cap) = new_capacity(slot.as_ref(), l) {
             *slot = Some(Cache::new(cap));
         }
     }
