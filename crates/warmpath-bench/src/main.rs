@@ -489,7 +489,8 @@ struct ScaleArgs {
     /// The policies' CHWBL load bound.
     #[arg(long, default_value_t = 1.25)]
     load_factor: f64,
-    /// Print each instance's share of the requests (fleets up to 64).
+    /// Print each instance's share of the requests (larger fleets than 64: how
+    /// many instances are outside 0.5x-1.5x of an even share).
     #[arg(long)]
     shares: bool,
     /// Write the reports as JSON here.
@@ -659,7 +660,13 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
             r.wall_s
         );
         println!("  {}", r.routing_cost.line());
-        if a.shares {
+        if a.shares && r.served.len() > 64 {
+            let (below, above) = warmpath_bench::stats::outside_even(&r.served, 0.5, 1.5);
+            println!(
+                "  shares: {below} instances below 0.5x an even share, {above} above 1.5x (moves {})",
+                r.moves
+            );
+        } else if a.shares {
             let pct: Vec<String> = r
                 .served
                 .iter()

@@ -62,9 +62,31 @@ pub fn share_min_max(counts: &[u64]) -> (f64, f64) {
     (min, max)
 }
 
+/// How many of `counts` are below `lo` times, and above `hi` times, an even
+/// share of their sum (issue 20's balance target is 0.5x-1.5x).
+pub fn outside_even(counts: &[u64], lo: f64, hi: f64) -> (usize, usize) {
+    let total: u64 = counts.iter().sum();
+    if total == 0 || counts.is_empty() {
+        return (0, 0);
+    }
+    let even = total as f64 / counts.len() as f64;
+    let below = counts.iter().filter(|&&c| (c as f64) < lo * even).count();
+    let above = counts.iter().filter(|&&c| (c as f64) > hi * even).count();
+    (below, above)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outside_even_counts_both_sides_and_not_the_bounds() {
+        // Even share 10: 4 is below 0.5x, 5 and 15 sit on the bounds, 16 is above.
+        assert_eq!(outside_even(&[4, 5, 10, 15, 16, 10], 0.5, 1.5), (1, 1));
+        assert_eq!(outside_even(&[10, 10], 0.5, 1.5), (0, 0));
+        assert_eq!(outside_even(&[], 0.5, 1.5), (0, 0));
+        assert_eq!(outside_even(&[0, 0], 0.5, 1.5), (0, 0));
+    }
 
     #[test]
     fn percentiles_use_nearest_rank() {
