@@ -6,12 +6,16 @@
 //! prompt comes from the tokenizer's segment cache.
 //!
 //! ```text
-//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--shape system|llama31|rag] [--bare-proxy] [--backends 1] [--ingest]
+//! cargo bench -p warmpath-router --bench latency -- [--rate 200] [--requests 2000] [--tokens 8000] [--strategy kv_aware] [--shape system|llama31|rag] [--bare-proxy] [--backends 1] [--ingest] [--agents]
 //! ```
 //!
 //! `--backends N` puts N zero-delay backends (each its own listener) in the
 //! pool, so the router's per-request work over its backends shows; the
 //! direct half goes to the first.
+//!
+//! `--ingest` has the agent ingest listen; `--agents` also connects one
+//! hand-made agent stream per backend (Hello, an empty snapshot, a load), so
+//! routing reads agent entries as in a fleet whose engines all have agents.
 //!
 //! `--shape` picks the request and template: `system` (the default: the
 //! document is the system prompt, the tiny model's Llama-3.0-style template),
@@ -53,6 +57,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::{tiny, ChatTokenizer};
 use warmpath_core::{Expect, Request};
+use warmpath_proto::v1::{
+    agent_message::Msg, AgentMessage, Hello, Load, RouterMessage, SnapshotChunk,
+};
+use warmpath_proto::CacheEventsClient;
 use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 
 const REPLY: &str = r#"{"id":"cmpl-bench","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
@@ -153,6 +161,68 @@ async fn bare_axum_proxy(backend: SocketAddr) -> SocketAddr {
     let listener = listener.tap_io(|tcp| tcp.set_nodelay(true).unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
+}
+
+/// A hand-made agent stream for `worker` (Hello, an empty snapshot, one
+/// engine load), held open while the returned parts live, so the router's
+/// agent maps have an entry per backend as in a fleet with agents.
+async fn agent_stream(
+    grpc: SocketAddr,
+    worker: &str,
+) -> (
+    tokio::sync::mpsc::Sender<AgentMessage>,
+    tonic::Streaming<RouterMessage>,
+) {
+    let mut client = CacheEventsClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let msgs = [
+        Msg::Hello(Hello {
+            worker_id: worker.into(),
+            endpoint: worker.into(),
+            model: "m".into(),
+            block_size: 16,
+            epoch: 1,
+            agent_version: "latency bench".into(),
+            dp_rank: 0,
+            partial: false,
+        }),
+        Msg::Snapshot(SnapshotChunk {
+            seq: 1,
+            chunk_index: 0,
+            first: true,
+            last: true,
+            blocks: Vec::new(),
+            total_blocks: 0,
+        }),
+        Msg::Load(Load {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+            engine_up: true,
+            capacity_blocks: 0,
+            partial: false,
+        }),
+    ];
+    for m in msgs {
+        tx.send(AgentMessage { msg: Some(m) }).await.unwrap();
+    }
+    let req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut answers = client.publish(req).await.unwrap().into_inner();
+    // The snapshot's ack: the router took the stream.
+    let first = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(
+            first.and_then(|m| m.msg),
+            Some(warmpath_proto::v1::router_message::Msg::Ack(_))
+        ),
+        "agent stream for {worker} not taken"
+    );
+    (tx, answers)
 }
 
 fn arg(name: &str, default: usize) -> usize {
@@ -298,8 +368,10 @@ async fn run(
         .map(|a| BackendConfig::new(format!("http://{a}")))
         .collect();
     // `--ingest`: the agent ingest listens (no agent connects), so each
-    // request reads the agents' maps for every backend.
-    let ingest = std::env::args().any(|a| a == "--ingest");
+    // request reads the agents' maps for every backend; `--agents` also
+    // connects one agent stream per backend.
+    let with_agents = std::env::args().any(|a| a == "--agents");
+    let ingest = with_agents || std::env::args().any(|a| a == "--ingest");
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
         grpc_listen: ingest.then(|| "127.0.0.1:0".into()),
@@ -309,6 +381,16 @@ async fn run(
     let router = warmpath_router::start(config, CancellationToken::new())
         .await
         .unwrap();
+    let _agents = if with_agents {
+        let grpc = router.grpc_addr.unwrap();
+        let mut held = Vec::with_capacity(fleet);
+        for a in &addrs {
+            held.push(agent_stream(grpc, &format!("http://{a}")).await);
+        }
+        held
+    } else {
+        Vec::new()
+    };
     let direct_url = format!("http://{backend}/v1/chat/completions");
     let bare = std::env::args().any(|a| a == "--bare-proxy");
     let bare_axum = std::env::args().any(|a| a == "--bare-axum");
