@@ -18,6 +18,7 @@
 //! request in flight has ended, and it is then removed.
 
 use crate::config::{BackendConfig, BackendUrl};
+use crate::load_cell::CellCache;
 use crate::metrics::Outcome;
 use parking_lot::RwLock;
 use std::collections::BTreeSet;
@@ -88,6 +89,9 @@ pub struct Backend {
     draining: AtomicBool,
     /// Woken when a draining backend's last request ends.
     idle: Notify,
+    /// Its worker's reported engine load, found once per registry
+    /// generation ([`crate::load_cell`]).
+    load_cell: CellCache,
 }
 
 impl std::fmt::Debug for Backend {
@@ -140,7 +144,25 @@ impl Backend {
             learned_cards: RwLock::new(Vec::new()),
             draining: AtomicBool::new(false),
             idle: Notify::new(),
+            load_cell: CellCache::default(),
         }
+    }
+
+    /// The engine load its agent reported, if recent (`agents` of pool
+    /// `model`, read through the cached cell: no lookup per request).
+    pub fn engine_load(
+        &self,
+        model: &str,
+        agents: &dyn crate::AgentLoads,
+        now_ms: u64,
+    ) -> Option<warmpath_core::EngineLoad> {
+        self.load_cell
+            .read(
+                agents.cell_generation(),
+                || agents.load_cell(model, &self.id),
+                |c| c.fresh(now_ms),
+            )
+            .flatten()
     }
 
     /// Whether it is draining (see [`Backend::start_draining`]).

@@ -46,6 +46,7 @@ mod hot;
 mod incoming;
 pub mod ingest;
 mod inspect;
+pub mod load_cell;
 mod members;
 mod metrics;
 mod models;
@@ -69,7 +70,8 @@ pub use config::{Cli, RouterConfig};
 pub use error::{ApiError, RouterError};
 pub use server::{start, RunningRouter};
 
-use std::sync::OnceLock;
+use load_cell::LoadCell;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use warmpath_core::EngineLoad;
 
@@ -84,6 +86,19 @@ pub trait AgentLoads: Send + Sync {
     /// predicted prefill blocks, as shared through the agents (module `peers`).
     fn remote_load(&self, _model: &str, _worker_id: &str) -> (u32, u64) {
         (0, 0)
+    }
+
+    /// Bumped whenever [`load_cell`](Self::load_cell) may answer differently
+    /// for some worker: a handle cached at one generation is good until the
+    /// next.
+    fn cell_generation(&self) -> u64 {
+        0
+    }
+
+    /// The cell holding `worker_id`'s reported load, which routing reads
+    /// without a lookup once a backend cached it (`load_cell`).
+    fn load_cell(&self, _model: &str, _worker_id: &str) -> Option<Arc<LoadCell>> {
+        None
     }
 
     /// Whether this router shares its decisions with its replicas: kv_aware

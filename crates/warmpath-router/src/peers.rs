@@ -82,6 +82,9 @@ pub struct Peers {
     instance: u64,
     enabled: AtomicBool,
     next_request: AtomicU64,
+    /// Set by the first other replica's start counted on a link; until then
+    /// every remote load is (0, 0).
+    counted: AtomicBool,
     /// model -> worker id -> its stream's link.
     links: RwLock<HashMap<String, HashMap<String, Link>>>,
 }
@@ -92,6 +95,7 @@ impl Default for Peers {
             instance: rand::random(),
             enabled: AtomicBool::new(true),
             next_request: AtomicU64::new(0),
+            counted: AtomicBool::new(false),
             links: RwLock::new(HashMap::new()),
         }
     }
@@ -163,6 +167,11 @@ impl Peers {
     /// Other replicas' requests in flight on `worker` and their predicted
     /// prefill still to compute.
     pub fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
+        // A router no replica ever shared a start with has nothing counted
+        // anywhere: routing reads this for every backend per request.
+        if !self.counted.load(Ordering::Acquire) {
+            return (0, 0);
+        }
         let all = self.links.read();
         all.get(model)
             .and_then(|m| m.get(worker))
@@ -218,6 +227,7 @@ impl Peers {
                         at: now,
                     },
                 );
+                self.counted.store(true, Ordering::Release);
                 l.in_flight.fetch_add(1, Ordering::Relaxed);
                 l.pending.fetch_add(d.prefill_blocks, Ordering::Relaxed);
                 true

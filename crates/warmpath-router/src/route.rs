@@ -218,6 +218,7 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
 pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
     let pool = &plan.target.pool;
     let adapter = plan.target.adapter.as_deref();
+    let now_ms = crate::monotonic_ms();
     // Other replicas' requests there, as shared through the agents.
     let remote = |i: usize| {
         agents.map_or((0, 0), |a| {
@@ -237,7 +238,7 @@ pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -
                     && adapter.is_none_or(|a| b.serves_adapter(a)),
                 in_flight: b.in_flight() + remote_in_flight,
                 pending_prefill_blocks: b.pending_prefill_blocks() + remote_pending,
-                engine: agents.and_then(|a| a.engine_load(&pool.model, &b.id)),
+                engine: agents.and_then(|a| b.engine_load(&pool.model, a, now_ms)),
             }
         })
         .collect()

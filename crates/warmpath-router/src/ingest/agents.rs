@@ -10,8 +10,7 @@ use std::sync::Arc;
 use warmpath_core::EngineLoad;
 use warmpath_proto::v1;
 
-/// Engine load older than this is not used for routing.
-const LOAD_FRESH_MS: u64 = 5_000;
+use crate::load_cell::LoadCell;
 
 /// (model, worker id).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -122,7 +121,10 @@ struct Entry {
     /// The fields that change rarely (under the registry's write lock).
     status: AgentStatus,
     live: Arc<Live>,
-    load_at_ms: u64,
+    /// Its engine load and whether the engine is up (routing reads this
+    /// cell through each backend's handle; `status` leaves both fields
+    /// unset).
+    cell: Arc<LoadCell>,
 }
 
 impl Entry {
@@ -134,6 +136,8 @@ impl Entry {
             snapshots: l.snapshots.load(Ordering::Relaxed),
             lag_ms: Live::some(&l.lag_us).map(|us| us as f64 / 1000.0),
             last_heard_ms_ago: now_ms.saturating_sub(l.last_heard_ms.load(Ordering::Relaxed)),
+            load: self.cell.last(),
+            engine_up: self.cell.engine_up(),
             ..self.status.clone()
         }
     }
@@ -145,6 +149,10 @@ pub struct Agents {
     /// model -> worker id -> entry (nested so reads can look up by `&str`).
     map: RwLock<HashMap<String, HashMap<String, Entry>>>,
     next_stream: AtomicU64,
+    /// Bumped whenever a worker's entry (and so its [`LoadCell`]) is
+    /// created or removed: backends' cached cell handles of an older
+    /// generation are looked up again.
+    generation: AtomicU64,
     /// Decision sharing with the other router replicas, over these streams.
     peers: Arc<crate::peers::Peers>,
 }
@@ -188,6 +196,16 @@ impl Agents {
         let live = prev
             .as_ref()
             .map_or_else(|| Arc::new(Live::new()), |p| Arc::clone(&p.live));
+        let cell = match &prev {
+            Some(p) => {
+                p.cell.claimed(same_epoch);
+                Arc::clone(&p.cell)
+            }
+            None => {
+                self.generation.fetch_add(1, Ordering::AcqRel);
+                Arc::new(LoadCell::default())
+            }
+        };
         live.owner.store(id, Ordering::Release);
         live.last_heard_ms.store(now_ms, Ordering::Relaxed);
         live.last_seq.store(NONE, Ordering::Relaxed);
@@ -202,9 +220,7 @@ impl Agents {
             snapshots: 0,
             lag_ms: None,
             last_heard_ms_ago: 0,
-            load: prev
-                .as_ref()
-                .and_then(|p| same_epoch.then_some(p.status.load).flatten()),
+            load: None,
             engine_up: None,
             partial: hello.partial,
             refused: None,
@@ -214,7 +230,7 @@ impl Agents {
             Entry {
                 status,
                 live: Arc::clone(&live),
-                load_at_ms: prev.map_or(0, |p| p.load_at_ms),
+                cell,
             },
         );
         Ok((id, live))
@@ -228,6 +244,7 @@ impl Agents {
             return false;
         };
         e.live.owner.store(REMOVED, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         true
     }
 
@@ -279,16 +296,16 @@ impl Agents {
             .get_mut(&key.model)
             .and_then(|m| m.get_mut(&key.worker_id))
         {
-            e.status.load = Some(EngineLoad {
+            let load = EngineLoad {
                 running: l.running,
                 waiting: l.waiting,
                 kv_usage: l.kv_usage.clamp(0.0, 1.0),
                 capacity_blocks: (l.capacity_blocks > 0).then_some(l.capacity_blocks),
                 partial: l.partial,
-            });
+            };
             e.status.partial = l.partial;
-            e.status.engine_up = Some(l.engine_up);
-            e.load_at_ms = e.live.last_heard_ms.load(Ordering::Relaxed);
+            let at = e.live.last_heard_ms.load(Ordering::Relaxed);
+            e.cell.set(load, l.engine_up, at);
         }
     }
 
@@ -316,11 +333,16 @@ impl Agents {
 impl crate::AgentLoads for Agents {
     fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad> {
         let now = crate::monotonic_ms();
+        self.load_cell(model, worker_id)?.fresh(now)
+    }
+
+    fn cell_generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn load_cell(&self, model: &str, worker_id: &str) -> Option<Arc<LoadCell>> {
         let map = self.map.read();
-        let e = map.get(model)?.get(worker_id)?;
-        let fresh =
-            e.status.engine_up != Some(false) && now.saturating_sub(e.load_at_ms) <= LOAD_FRESH_MS;
-        fresh.then_some(e.status.load).flatten()
+        map.get(model)?.get(worker_id).map(|e| Arc::clone(&e.cell))
     }
 
     fn remote_load(&self, model: &str, worker_id: &str) -> (u32, u64) {
@@ -329,5 +351,86 @@ impl crate::AgentLoads for Agents {
 
     fn shares_decisions(&self) -> bool {
         self.peers.enabled()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::load_cell::CellCache;
+    use crate::AgentLoads;
+
+    fn hello(epoch: u64) -> v1::Hello {
+        v1::Hello {
+            worker_id: "w1".into(),
+            endpoint: "http://127.0.0.1:1".into(),
+            model: "m".into(),
+            block_size: 16,
+            epoch,
+            agent_version: "test".into(),
+            dp_rank: 0,
+            partial: false,
+        }
+    }
+
+    fn load(running: u32, engine_up: bool) -> v1::Load {
+        v1::Load {
+            running,
+            waiting: 0,
+            kv_usage: 0.5,
+            engine_up,
+            capacity_blocks: 0,
+            partial: false,
+        }
+    }
+
+    /// What a backend's cached handle reads now.
+    fn read(a: &Agents, cache: &CellCache) -> Option<u32> {
+        let now = crate::monotonic_ms();
+        cache
+            .read(
+                a.cell_generation(),
+                || a.load_cell("m", "w1"),
+                |c| c.fresh(now),
+            )
+            .flatten()
+            .map(|l| l.running)
+    }
+
+    #[test]
+    fn a_backends_cached_cell_follows_claims_reports_and_removal() {
+        let a = Agents::new();
+        let key = AgentKey {
+            model: "m".into(),
+            worker_id: "w1".into(),
+        };
+        let cache = CellCache::default();
+        assert_eq!(read(&a, &cache), None, "no agent yet");
+        a.claim(&key, &hello(1), crate::monotonic_ms()).unwrap();
+        assert_eq!(read(&a, &cache), None, "claimed, nothing reported");
+        a.set_load(&key, &load(3, true));
+        assert_eq!(read(&a, &cache), Some(3));
+        assert_eq!(a.engine_load("m", "w1").unwrap().running, 3);
+        let st = a.status_of("m", "w1", crate::monotonic_ms()).unwrap();
+        assert_eq!((st.load.unwrap().running, st.engine_up), (3, Some(true)));
+        a.set_load(&key, &load(4, false));
+        assert_eq!(read(&a, &cache), None, "engine down");
+        a.set_load(&key, &load(5, true));
+        // A reconnect of the same run keeps the load; up is unknown again.
+        a.claim(&key, &hello(1), crate::monotonic_ms()).unwrap();
+        assert_eq!(read(&a, &cache), Some(5));
+        assert_eq!(a.status_of("m", "w1", 0).unwrap().engine_up, None);
+        // A new run forgets it.
+        a.claim(&key, &hello(2), crate::monotonic_ms()).unwrap();
+        assert_eq!(read(&a, &cache), None);
+        a.set_load(&key, &load(6, true));
+        assert_eq!(read(&a, &cache), Some(6));
+        // Removed: the handle is dropped; claimed anew: the new cell is found.
+        assert!(a.remove_worker("m", "w1"));
+        assert_eq!(read(&a, &cache), None);
+        a.claim(&key, &hello(3), crate::monotonic_ms()).unwrap();
+        a.set_load(&key, &load(7, true));
+        assert_eq!(read(&a, &cache), Some(7));
     }
 }
