@@ -80,7 +80,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
         .iter()
         .map(|b| {
             let st = stats.iter().find(|w| w.worker_id == b.id);
-            let load = s.agents().and_then(|a| a.engine_load(&p.model, &b.id));
+            let load = s.agents().and_then(|a| b.engine_load(&p.model, a, now));
             let agent = s
                 .agents
                 .as_ref()

@@ -79,8 +79,11 @@ use warmpath_core::EngineLoad;
 /// (implemented by [`ingest::Agents`]).
 pub trait AgentLoads: Send + Sync {
     /// The latest load reported for `worker_id` of pool `model`, if known
-    /// and recent.
-    fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad>;
+    /// and recent, looked up (routing reads it through each backend's
+    /// cached cell instead: `Backend::engine_load`).
+    fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad> {
+        self.load_cell(model, worker_id)?.fresh(monotonic_ms())
+    }
 
     /// Other router replicas' requests in flight on `worker_id` and their
     /// predicted prefill blocks, as shared through the agents (module `peers`).
@@ -91,15 +94,11 @@ pub trait AgentLoads: Send + Sync {
     /// Bumped whenever [`load_cell`](Self::load_cell) may answer differently
     /// for some worker: a handle cached at one generation is good until the
     /// next.
-    fn cell_generation(&self) -> u64 {
-        0
-    }
+    fn cell_generation(&self) -> u64;
 
     /// The cell holding `worker_id`'s reported load, which routing reads
     /// without a lookup once a backend cached it (`load_cell`).
-    fn load_cell(&self, _model: &str, _worker_id: &str) -> Option<Arc<LoadCell>> {
-        None
-    }
+    fn load_cell(&self, model: &str, worker_id: &str) -> Option<Arc<LoadCell>>;
 
     /// Whether this router shares its decisions with its replicas: kv_aware
     /// then breaks ties with an rng seeded by the prefix key, so replicas

@@ -331,11 +331,6 @@ impl Agents {
 }
 
 impl crate::AgentLoads for Agents {
-    fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad> {
-        let now = crate::monotonic_ms();
-        self.load_cell(model, worker_id)?.fresh(now)
-    }
-
     fn cell_generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
