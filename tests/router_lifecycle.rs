@@ -484,13 +484,18 @@ async fn router_with_nofile(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_open_file_limit_sizes_max_connections_and_accept_failures_back_off_quietly() {
     let b = TestBackend::start("b").await;
-    let pool = format!(
-        "--model m --strategy random --header-timeout-ms 500 --backend {}",
-        b.url()
-    );
+    let pool = |header_ms: u64| {
+        format!(
+            "--model m --strategy random --header-timeout-ms {header_ms} --backend {}",
+            b.url()
+        )
+    };
     // Default max_connections: 80% of `ulimit -n 256`, so 204: connections
-    // past it get a 503 instead of starving accept.
-    let (_child, addr, _log) = router_with_nofile(256, &pool).await;
+    // past it get a 503 instead of starving accept. The idle connections
+    // must outlive the 220 connects and reads: under CI load those took
+    // longer than a 500 ms header timeout, the first ones were closed and
+    // nothing past them was refused.
+    let (_child, addr, _log) = router_with_nofile(256, &pool(3_000)).await;
     let mut open = Vec::new();
     for _ in 0..220 {
         open.push(tokio::net::TcpStream::connect(addr).await.unwrap());
@@ -506,7 +511,7 @@ async fn the_open_file_limit_sizes_max_connections_and_accept_failures_back_off_
     // A limit above the open-file limit: accept fails (EMFILE), is logged
     // once, backs off, and works again once descriptors are free.
     let (_child, addr, log) =
-        router_with_nofile(128, &format!("{pool} --max-connections 100000")).await;
+        router_with_nofile(128, &format!("{} --max-connections 100000", pool(500))).await;
     let mut open = Vec::new();
     for _ in 0..200 {
         open.push(tokio::net::TcpStream::connect(addr).await.unwrap());
