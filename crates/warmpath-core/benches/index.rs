@@ -4,6 +4,10 @@
 //!
 //! - `longest_match`: a 512-block chain over 64 workers with ~10M
 //!   (block, worker) entries indexed; full hit, partial hit and cold chain.
+//!   The first `OFFLOADING` workers also hold blocks on the CPU tier, so
+//!   their walks probe every block; the others are prefix-closed and their
+//!   walks skip (the index's `closure` docs). Each hit is measured both
+//!   ways.
 //!   Besides criterion's estimate, a per-call latency distribution
 //!   (p50/p90/p99/p99.9/max over 200k calls) is printed, since the goal is
 //!   stated as a p99.
@@ -60,9 +64,13 @@ fn chain(id: u64) -> Vec<BlockHash> {
     hash_tokens(HashSeed::new("bench", "", &id.to_string()), BS, &toks)
 }
 
+/// Workers `0..OFFLOADING` hold CPU copies too: not prefix-closed.
+const OFFLOADING: usize = 8;
+
 /// ~10M entries: 19_000 chains of 512 blocks, each on one worker, 10% of
-/// them also on a second and third worker.
-fn build_big() -> (CacheIndex, Vec<Vec<BlockHash>>, f64) {
+/// them also on a second worker and, on the CPU tier, an offloading one.
+/// Returns the first chains: (chain, whether every holder is closed).
+fn build_big() -> (CacheIndex, Vec<(Vec<BlockHash>, bool)>, f64) {
     let before = LIVE.load(Ordering::Relaxed);
     let idx = CacheIndex::new();
     let slots: Vec<_> = (0..WORKERS)
@@ -75,14 +83,20 @@ fn build_big() -> (CacheIndex, Vec<Vec<BlockHash>>, f64) {
         let ch = chain(c);
         let w = rng.random_range(0..WORKERS);
         idx.store(slots[w], Tier::Gpu, &ch).unwrap();
+        let mut closed = w >= OFFLOADING;
         if c % 10 == 0 {
-            idx.store(slots[(w + 1) % WORKERS], Tier::Gpu, &ch).unwrap();
-            idx.store(slots[(w + 2) % WORKERS], Tier::Cpu, &ch[..256])
+            let copy = (w + 1) % WORKERS;
+            idx.store(slots[copy], Tier::Gpu, &ch).unwrap();
+            idx.store(slots[(w + 2) % OFFLOADING], Tier::Cpu, &ch[..256])
                 .unwrap();
+            closed = false;
         }
-        if c < 16 {
-            kept.push(ch);
+        if c < 64 {
+            kept.push((ch, closed));
         }
+    }
+    for (w, s) in slots.iter().enumerate() {
+        idx.set_prefix_closed(*s, w >= OFFLOADING).unwrap();
     }
     let bytes = (LIVE.load(Ordering::Relaxed) - before) as f64;
     let per_entry = bytes / idx.entries() as f64;
@@ -119,9 +133,19 @@ fn percentiles(name: &str, f: &mut dyn FnMut()) {
 
 fn bench_match(c: &mut Criterion) {
     let (idx, kept, _) = build_big();
-    let full = kept[0].clone();
-    let mut partial = kept[1][..200].to_vec();
-    partial.extend(chain(1_000_000)[200..].iter().copied());
+    let pick = |closed: bool, skip: usize| {
+        let mut of = kept.iter().filter(|(_, c)| *c == closed).skip(skip);
+        of.next().map(|(ch, _)| ch.clone()).unwrap()
+    };
+    let partial_of = |ch: Vec<BlockHash>| {
+        let mut p = ch[..200].to_vec();
+        p.extend(chain(1_000_000)[200..].iter().copied());
+        p
+    };
+    let full = pick(false, 0);
+    let partial = partial_of(pick(false, 1));
+    let full_closed = pick(true, 0);
+    let partial_closed = partial_of(pick(true, 1));
     let cold = chain(2_000_000);
     // Distributions first (they are the goal's terms).
     percentiles("longest_match full 512/512", &mut || {
@@ -130,6 +154,18 @@ fn bench_match(c: &mut Criterion) {
     percentiles("longest_match partial 200/512", &mut || {
         black_box(idx.longest_match(black_box(&partial)));
     });
+    percentiles(
+        "longest_match full 512/512, prefix-closed holders",
+        &mut || {
+            black_box(idx.longest_match(black_box(&full_closed)));
+        },
+    );
+    percentiles(
+        "longest_match partial 200/512, prefix-closed holders",
+        &mut || {
+            black_box(idx.longest_match(black_box(&partial_closed)));
+        },
+    );
     percentiles("longest_match cold 0/512", &mut || {
         black_box(idx.longest_match(black_box(&cold)));
     });
@@ -137,6 +173,8 @@ fn bench_match(c: &mut Criterion) {
     for (name, ch) in [
         ("full_512", &full),
         ("partial_200", &partial),
+        ("full_512_closed", &full_closed),
+        ("partial_200_closed", &partial_closed),
         ("cold", &cold),
     ] {
         g.bench_with_input(BenchmarkId::from_parameter(name), ch, |b, ch| {

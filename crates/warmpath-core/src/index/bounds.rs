@@ -110,6 +110,9 @@ impl CacheIndex {
                     .and_then(|e| e.find(slot))
                     .is_some_and(|x| x.gen() == gen && x.tiers() & tier.bit() != 0);
                 if !already {
+                    if out.refused == 0 {
+                        w.mark_incomplete();
+                    }
                     out.refused += 1;
                     out.reason = Some(why);
                 }

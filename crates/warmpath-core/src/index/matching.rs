@@ -26,6 +26,13 @@
 //! walk's, exactly (`walk_tests.rs` holds that walk as the reference); a
 //! chunk's probes past the match's end are wasted work, bounded by the
 //! geometric chunk sizes to about 8x what the match itself needed.
+//!
+//! While every worker still matching is prefix-closed ([`closure`]), a
+//! chunk probes only the last block of each of its next `AHEAD` batches,
+//! back to back, and walks a batch block by block only where some match
+//! ends in it.
+//!
+//! [`closure`]: super::closure
 
 use super::holders::{Holder, Holders, WorkerSlot};
 use super::{CacheIndex, Tier};
@@ -81,6 +88,8 @@ const PROBE: usize = 16;
 /// Up to this many workers still matching, each is looked up among a
 /// block's holders; more take one marking pass over the holders.
 const FEW: usize = 4;
+/// Batches whose last blocks a skipping walk probes back to back.
+const AHEAD: usize = 16;
 
 struct Active {
     slot: WorkerSlot,
@@ -88,6 +97,8 @@ struct Active {
     fresh: bool,
     gpu_blocks: u32,
     gpu_contiguous: bool,
+    /// Prefix-closed at the walk's start, at this version.
+    closed: Option<u64>,
 }
 
 /// The workers still matching, and those whose match ended.
@@ -103,10 +114,14 @@ struct Walk {
     prev: Vec<Holder>,
     prev_at: u32,
     out: MatchResult,
+    /// Whether runs may be skipped (false when the walk is redone).
+    may_skip: bool,
+    /// The workers a run was skipped for, with their starting versions.
+    skipped: Vec<(WorkerSlot, u64)>,
 }
 
 impl Walk {
-    fn new(active: Vec<Active>, chain_len: u32) -> Self {
+    fn new(active: Vec<Active>, chain_len: u32, may_skip: bool) -> Self {
         let top = active
             .iter()
             .map(|a| a.slot as usize + 1)
@@ -126,11 +141,46 @@ impl Walk {
                 workers: Vec::new(),
                 chain_len,
             },
+            may_skip,
+            skipped: Vec::new(),
         }
     }
 
     fn done(&self) -> bool {
         self.active.is_empty()
+    }
+
+    /// Whether every worker still matching is prefix-closed.
+    fn can_skip(&self) -> bool {
+        self.may_skip && !self.active.is_empty() && self.active.iter().all(|a| a.closed.is_some())
+    }
+
+    /// A run of `len` blocks whose last block has holders `e`: when every
+    /// worker still matching holds it on the GPU, closure says each holds
+    /// the whole run, and all move past it; else nothing changes and the
+    /// run must be walked block by block.
+    fn skip(&mut self, len: u32, e: Option<&Holders>) -> bool {
+        let Some(e) = e else {
+            return false;
+        };
+        let holds = |a: &Active| {
+            e.find(a.slot)
+                .is_some_and(|x| x.gen() == a.gen && x.tiers() & Tier::Gpu.bit() != 0)
+        };
+        if !self.active.iter().all(holds) {
+            return false;
+        }
+        for a in &mut self.active {
+            if a.gpu_contiguous {
+                a.gpu_blocks += len;
+            }
+            if let Some(v) = a.closed {
+                if !self.skipped.iter().any(|(s, _)| *s == a.slot) {
+                    self.skipped.push((a.slot, v));
+                }
+            }
+        }
+        true
     }
 
     fn finish(out: &mut MatchResult, a: &Active, depth: u32) {
@@ -236,12 +286,12 @@ impl Walk {
         }
     }
 
-    fn end(mut self, chain_len: u32) -> MatchResult {
+    fn end(mut self, chain_len: u32) -> (MatchResult, Vec<(WorkerSlot, u64)>) {
         for a in &self.active {
             Self::finish(&mut self.out, a, chain_len);
         }
         self.out.workers.sort_unstable_by_key(|m| m.slot);
-        self.out
+        (self.out, self.skipped)
     }
 }
 
@@ -249,12 +299,28 @@ impl CacheIndex {
     /// Walks `hashes` (a request's chain, block 0 first) once and returns, per
     /// worker, how many leading blocks it holds.
     pub fn longest_match(&self, hashes: &[BlockHash]) -> MatchResult {
+        let (out, skipped) = self.walk_chain(hashes, true);
+        #[cfg(test)]
+        self.after_walk();
+        // A skip is exact only if the worker stayed closed (closure docs).
+        if skipped.iter().all(|&(s, v)| self.unchanged_since(s, v)) {
+            return out;
+        }
+        self.walk_chain(hashes, false).0
+    }
+
+    fn walk_chain(
+        &self,
+        hashes: &[BlockHash],
+        may_skip: bool,
+    ) -> (MatchResult, Vec<(WorkerSlot, u64)>) {
         let len = hashes.len() as u32;
         let Some(first) = hashes.first() else {
-            return MatchResult {
+            let none = MatchResult {
                 workers: Vec::new(),
                 chain_len: len,
             };
+            return (none, Vec::new());
         };
         // The holders are copied out first: the worker table is read with
         // no shard lock held.
@@ -268,20 +334,21 @@ impl CacheIndex {
             .iter()
             .zip(state)
             .filter_map(|(h, st)| {
-                let (gen, fresh) = st?;
-                (gen == h.gen()).then(|| {
+                let st = st?;
+                (st.gen == h.gen()).then(|| {
                     let gpu = h.tiers() & Tier::Gpu.bit() != 0;
                     Active {
                         slot: h.slot(),
-                        gen,
-                        fresh,
+                        gen: st.gen,
+                        fresh: st.fresh,
                         gpu_blocks: u32::from(gpu),
                         gpu_contiguous: gpu,
+                        closed: st.closed_at,
                     }
                 })
             })
             .collect();
-        let mut walk = Walk::new(active, len);
+        let mut walk = Walk::new(active, len, may_skip);
         let head = hashes.len().min(HEAD);
         for (i, h) in hashes.iter().enumerate().take(head).skip(1) {
             if walk.done() {
@@ -336,23 +403,53 @@ impl CacheIndex {
                 }
             }
         };
-        hint(0);
-        for (c, batch) in chunk.chunks(PROBE).enumerate() {
-            hint(c + 1);
-            let mut found: [Option<&Holders>; PROBE] = [None; PROBE];
-            for (j, h) in batch.iter().enumerate() {
-                let (hash, s) = keys[c * PROBE + j];
-                found[j] = guards[s]
-                    .as_ref()
-                    .and_then(|g| g.get(hash, |(k, _)| *k == h.0))
-                    .map(|(_, v)| v.get());
+        let probe = |i: usize| {
+            let (hash, s) = keys[i];
+            guards[s]
+                .as_ref()
+                .and_then(|g| g.get(hash, |(k, _)| *k == chunk[i].0))
+                .map(|(_, v)| v.get())
+        };
+        let batches = chunk.len().div_ceil(PROBE);
+        let last_of = |b: usize| ((b + 1) * PROBE).min(chunk.len()) - 1;
+        let mut c = 0;
+        let mut hinted = false;
+        while c < batches {
+            if walk.done() {
+                return;
             }
-            for (j, e) in found.iter().take(batch.len()).enumerate() {
+            if walk.can_skip() {
+                // The last blocks of the next batches, probed back to back.
+                let (start, upto) = (c, (c + AHEAD).min(batches));
+                let mut ends: [Option<&Holders>; AHEAD] = [None; AHEAD];
+                for b in start..upto {
+                    ends[b - start] = probe(last_of(b));
+                }
+                while c < upto && walk.skip((last_of(c) + 1 - c * PROBE) as u32, ends[c - start]) {
+                    c += 1;
+                }
+                if c == upto {
+                    continue;
+                }
+            } else if !hinted {
+                hint(c);
+            }
+            // Batch `c`, block by block, with the next one's slots asked for.
+            hint(c + 1);
+            hinted = true;
+            let lo_c = c * PROBE;
+            let hi_c = last_of(c) + 1;
+            let mut found: [Option<&Holders>; PROBE] = [None; PROBE];
+            for i in lo_c..hi_c {
+                found[i - lo_c] = probe(i);
+            }
+            for (j, e) in found.iter().take(hi_c - lo_c).enumerate() {
                 if walk.done() {
                     return;
                 }
-                walk.step((lo + c * PROBE + j) as u32, *e);
+                walk.step((lo + lo_c + j) as u32, *e);
             }
+            c += 1;
         }
     }
 }

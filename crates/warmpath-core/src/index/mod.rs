@@ -22,8 +22,13 @@
 //! # Bounds
 //! A worker cap, a whole-index cap and the dead-holder accounting live in
 //! [`bounds`]: a block beyond a bound is refused, not stored.
+//!
+//! # Skipping
+//! For a worker whose agent reports its holdings prefix-closed, a walk
+//! probes one block per batch instead of every block ([`closure`]).
 
 mod bounds;
+mod closure;
 mod holders;
 mod matching;
 mod workers;
@@ -109,6 +114,8 @@ pub struct CacheIndex {
     dead: AtomicU64,
     /// Most entries the index takes (`u64::MAX`: no bound).
     max_entries: AtomicU64,
+    #[cfg(test)]
+    hook: closure::WalkHook,
 }
 
 impl Default for CacheIndex {
@@ -126,6 +133,8 @@ impl CacheIndex {
             live: AtomicI64::new(0),
             dead: AtomicU64::new(0),
             max_entries: AtomicU64::new(u64::MAX),
+            #[cfg(test)]
+            hook: Default::default(),
         }
     }
 
@@ -137,6 +146,8 @@ impl CacheIndex {
             live: AtomicI64::new(0),
             dead: AtomicU64::new(0),
             max_entries: AtomicU64::new(u64::MAX),
+            #[cfg(test)]
+            hook: Default::default(),
         }
     }
 
@@ -179,6 +190,7 @@ impl CacheIndex {
     ) -> Result<usize, IndexError> {
         let w = self.entry(slot)?;
         let gen = w.gen.load(Ordering::Acquire);
+        let _under_way = w.removal();
         let mut removed = 0usize;
         for h in hashes {
             let mut empty = false;
@@ -203,6 +215,7 @@ impl CacheIndex {
     pub fn clear_worker(&self, slot: WorkerSlot) -> Result<(), IndexError> {
         let w = self.entry(slot)?;
         w.gen.fetch_add(1, Ordering::AcqRel);
+        w.mark_complete();
         let n = w.reset_counts();
         self.live.fetch_sub(n as i64, Ordering::Relaxed);
         if w.bumps_since_compact.fetch_add(1, Ordering::Relaxed) + 1 >= COMPACT_AFTER_BUMPS {

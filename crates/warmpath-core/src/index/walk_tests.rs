@@ -257,3 +257,129 @@ fn many_copies_with_equal_holders_match_as_the_reference() {
         assert_eq!(idx.longest_match(&ch[..cut]), reference(&idx, &ch[..cut]));
     }
 }
+
+/// Whether `slot` really is prefix-closed over `chains`: every block it
+/// holds is GPU-only and the block before it is held.
+fn truly_closed(idx: &CacheIndex, slot: WorkerSlot, chains: &[Vec<BlockHash>]) -> bool {
+    let gen = idx.workers.get(slot).unwrap().gen.load(Ordering::Acquire);
+    let tiers = |h: &BlockHash| {
+        idx.map
+            .get(&h.0)
+            .and_then(|e| e.find(slot))
+            .filter(|x| x.gen() == gen)
+            .map_or(0, |x| x.tiers())
+    };
+    chains.iter().all(|ch| {
+        ch.iter().enumerate().all(|(i, h)| {
+            let t = tiers(h);
+            t == 0 || (t == Tier::Gpu.bit() && (i == 0 || tiers(&ch[i - 1]) != 0))
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Workers holding unions of chain prefixes (as engines do), some of
+    /// them with holes or CPU blocks, each claimed closed exactly when it
+    /// is: the skipping walk returns what the block-by-block walk does.
+    #[test]
+    fn the_skipping_walk_is_the_block_by_block_walk(
+        prefixes in proptest::collection::vec((0..WORKERS, 0..CHAINS, 0u32..=LEN), 1..30),
+        holes in proptest::collection::vec((0..WORKERS, 0..CHAINS, 1u32..LEN, proptest::bool::ANY), 0..4),
+        cuts in proptest::collection::vec((0..CHAINS, 0u32..=LEN), 1..6),
+    ) {
+        let idx = CacheIndex::new();
+        let chains: Vec<Vec<BlockHash>> = (0..CHAINS as u32).map(|k| chain(k, LEN)).collect();
+        let slots: Vec<WorkerSlot> = (0..WORKERS)
+            .map(|w| idx.register_worker(&format!("w{w}")).unwrap())
+            .collect();
+        // Each worker's held prefix per chain; the index holds their union.
+        let mut held = vec![[0u32; CHAINS as usize]; WORKERS as usize];
+        for (w, c, n) in prefixes {
+            let s = slots[w as usize];
+            let want = &mut held[w as usize];
+            want[c as usize] = n;
+            let union: std::collections::HashSet<u64> = (0..CHAINS as usize)
+                .flat_map(|k| chains[k][..want[k] as usize].iter().map(|h| h.0))
+                .collect();
+            let gone: Vec<BlockHash> = chains
+                .iter()
+                .flatten()
+                .filter(|h| !union.contains(&h.0))
+                .copied()
+                .collect();
+            idx.remove(s, None, &gone).unwrap();
+            for k in 0..CHAINS as usize {
+                idx.store(s, Tier::Gpu, &chains[k][..want[k] as usize]).unwrap();
+            }
+        }
+        for (w, c, at, cpu) in holes {
+            let s = slots[w as usize];
+            let h = &chains[c as usize][at as usize..at as usize + 1];
+            idx.remove(s, None, h).unwrap();
+            if cpu {
+                idx.store(s, Tier::Cpu, h).unwrap();
+            }
+        }
+        for &s in &slots {
+            idx.set_prefix_closed(s, truly_closed(&idx, s, &chains)).unwrap();
+        }
+        for ch in &chains {
+            prop_assert_eq!(idx.longest_match(ch), reference(&idx, ch));
+        }
+        for (c, n) in cuts {
+            let ch = &chains[c as usize][..n as usize];
+            prop_assert_eq!(idx.longest_match(ch), reference(&idx, ch));
+        }
+    }
+}
+
+/// A 512-block match skips: the walk probes far fewer blocks, and still
+/// finds each match's end inside a batch.
+#[test]
+fn closed_workers_match_exactly_where_their_runs_end() {
+    let idx = CacheIndex::new();
+    let ch = chain(0, 700);
+    let ends = [0usize, 1, 7, 8, 9, 63, 64, 65, 300, 511, 512, 513, 699, 700];
+    let slots: Vec<WorkerSlot> = ends
+        .iter()
+        .map(|e| {
+            let s = idx.register_worker(&format!("e{e}")).unwrap();
+            idx.store(s, Tier::Gpu, &ch[..*e]).unwrap();
+            idx.set_prefix_closed(s, true).unwrap();
+            s
+        })
+        .collect();
+    let m = idx.longest_match(&ch);
+    assert_eq!(m, reference(&idx, &ch));
+    for (s, e) in slots.iter().zip(ends) {
+        let x = m.of(*s).map_or((0, 0), |x| (x.blocks, x.gpu_blocks));
+        assert_eq!(x, (e as u32, e as u32), "ends at {e}");
+    }
+}
+
+/// A worker that stops being closed while a walk that skipped for it is
+/// under way: the walk is redone, so it never counts the block now missing.
+#[test]
+fn a_change_during_a_skipping_walk_makes_it_walk_again() {
+    let ch = chain(0, 512);
+    for withdraw in [true, false] {
+        let idx = CacheIndex::new();
+        let s = idx.register_worker("w").unwrap();
+        idx.store(s, Tier::Gpu, &ch).unwrap();
+        idx.set_prefix_closed(s, true).unwrap();
+        let hole = ch[100];
+        idx.after_next_walk(move |idx| {
+            if withdraw {
+                // An agent's delta that breaks closure: the claim goes first.
+                idx.set_prefix_closed(s, false).unwrap();
+            }
+            // A removal alone bumps the version too.
+            idx.remove(s, None, &[hole]).unwrap();
+        });
+        let m = idx.longest_match(&ch);
+        assert_eq!(m.of(s).map(|x| x.blocks), Some(100), "withdraw: {withdraw}");
+        assert_eq!(m, reference(&idx, &ch));
+    }
+}

@@ -7,7 +7,7 @@ use super::Tier;
 use parking_lot::RwLock;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// What the index knows of one worker, for `/cache-index` and the policies.
@@ -42,6 +42,27 @@ pub(crate) struct WorkerEntry {
     pub(crate) bumps_since_compact: AtomicU8,
     /// Most entries it may hold (`u64::MAX`: no cap); see `bounds`.
     pub(crate) cap: AtomicU64,
+    /// [`CLAIMED_CLOSED`] and [`INCOMPLETE`] (see `closure`).
+    pub(crate) shape: AtomicU8,
+    /// Removals under way now (see `closure`).
+    pub(crate) removing: AtomicU32,
+    /// Bumped around every change that may break prefix closure.
+    pub(crate) version: AtomicU64,
+}
+
+/// Its agent says the worker's blocks are prefix-closed (see `closure`).
+pub(crate) const CLAIMED_CLOSED: u8 = 1;
+/// The index refused some of its blocks: what it holds has holes.
+pub(crate) const INCOMPLETE: u8 = 2;
+
+/// What a match walk needs of one worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RouteState {
+    pub(crate) gen: u8,
+    pub(crate) fresh: bool,
+    /// The worker's version when its holdings are prefix-closed and no
+    /// removal is under way (the walk may then skip, see `closure`).
+    pub(crate) closed_at: Option<u64>,
 }
 
 impl WorkerEntry {
@@ -54,6 +75,20 @@ impl WorkerEntry {
             stale: AtomicBool::new(false),
             bumps_since_compact: AtomicU8::new(0),
             cap: AtomicU64::new(u64::MAX),
+            shape: AtomicU8::new(0),
+            removing: AtomicU32::new(0),
+            version: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn route_state(&self) -> RouteState {
+        let shape = self.shape.load(Ordering::SeqCst);
+        let closed_at = (shape == CLAIMED_CLOSED && self.removing.load(Ordering::SeqCst) == 0)
+            .then(|| self.version.load(Ordering::SeqCst));
+        RouteState {
+            gen: self.gen.load(Ordering::Acquire),
+            fresh: !self.stale.load(Ordering::Relaxed),
+            closed_at,
         }
     }
 
@@ -152,24 +187,17 @@ impl Workers {
             .collect()
     }
 
-    /// Generation and freshness of each of `slots` (`None`: not
-    /// registered, or dropped), under one read of the table: a match walk needs them
-    /// only for the first block's holders, not for every worker.
+    /// What a match walk needs of each of `slots` (`None`: not registered,
+    /// or dropped), under one read of the table: a walk needs it only for
+    /// the first block's holders, not for every worker.
     pub(crate) fn routing_state(
         &self,
         slots: impl IntoIterator<Item = WorkerSlot>,
-    ) -> Vec<Option<(u8, bool)>> {
+    ) -> Vec<Option<RouteState>> {
         let table = self.slots.read();
         slots
             .into_iter()
-            .map(|s| {
-                table.get(s as usize)?.as_ref().map(|e| {
-                    (
-                        e.gen.load(Ordering::Acquire),
-                        !e.stale.load(Ordering::Relaxed),
-                    )
-                })
-            })
+            .map(|s| table.get(s as usize)?.as_ref().map(|e| e.route_state()))
             .collect()
     }
 
