@@ -2,18 +2,20 @@
 //! a prefix cache kept at the granularity of chain *segments*.
 //!
 //! A segment is a run of consecutive blocks inserted together: a document's
-//! full blocks, or one request's own tail blocks (question). The cache is an
-//! LRU over segments with a capacity in blocks. Like vLLM, which evicts the
-//! least recently used *leaf* block first, eviction trims the least recently
-//! used segment from its end, only as many blocks as the new ones need: a
-//! document that lost its last blocks still hits on the blocks it kept, and
-//! its next request writes the missing ones back. (vLLM would first evict
-//! the document's cached question tails, which hang off its last block; here
-//! a tail younger than its document can outlive the document's last blocks —
-//! 3 blocks of 500, a negligible difference.) Every store and removal is
-//! applied to the shared [`CacheIndex`] exactly as the agent would publish it.
+//! full blocks, or one request's own tail blocks (question), which hang off
+//! its document's last block. The cache is an LRU over segments with a
+//! capacity in blocks. Like vLLM, which evicts the least recently used
+//! *leaf* block first, eviction trims the least recently used segment from
+//! its end, only as many blocks as the new ones need: a document that lost
+//! its last blocks still hits on the blocks it kept, and its next request
+//! writes the missing ones back. A document's cached tails are leaves below
+//! its last block, so they go before it is trimmed, and a tail is cached
+//! only under its whole document: what an instance holds stays
+//! prefix-closed, as an engine's cache does, and the index is told so.
+//! Every store and removal is applied to the shared [`CacheIndex`] exactly
+//! as the agent would publish it.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use warmpath_core::{BlockHash, CacheIndex, IndexError, Tier, WorkerSlot};
 
 struct Segment {
@@ -22,6 +24,10 @@ struct Segment {
     /// Leading blocks cached now.
     blocks: usize,
     last_used: u64,
+    /// The segment it hangs off (a tail's document).
+    parent: Option<u64>,
+    /// The segments hanging off its last block (a document's tails).
+    children: HashSet<u64>,
 }
 
 /// One simulated instance.
@@ -81,42 +87,50 @@ impl Instance {
 
     /// Caches segment `key` of `blocks` blocks (only the missing end when
     /// part of it is cached; no-op when larger than the cache), trimming
-    /// least recently used segments first. With an `index`, `hashes` are
-    /// the segment's blocks and every change is mirrored into it; without
-    /// one (strategies that never read the index) only counts matter.
+    /// least recently used segments first. `parent`: the segment it hangs
+    /// off and that segment's length; it is cached only under all of it.
+    /// With an `index`, `hashes` are the segment's blocks and every change
+    /// is mirrored into it; without one (strategies that never read the
+    /// index) only counts matter.
     pub(crate) fn insert(
         &mut self,
         key: u64,
         hashes: &[BlockHash],
         blocks: usize,
         tick: u64,
+        parent: Option<(u64, usize)>,
         index: Option<&CacheIndex>,
     ) -> Result<(), IndexError> {
         let have = self.touch(key, tick);
         if blocks == 0 || blocks > self.capacity || have >= blocks {
             return Ok(());
         }
+        if let Some((p, len)) = parent {
+            if self.segments.get(&p).is_none_or(|s| s.blocks < len) {
+                return Ok(());
+            }
+        }
+        let up = parent.map(|(p, _)| p);
         let need = blocks - have;
         while self.used_blocks + need > self.capacity {
-            let Some(&(at, victim)) = self.lru.iter().find(|(_, k)| *k != key) else {
+            let Some(&(at, victim)) = self.lru.iter().find(|(_, k)| *k != key && Some(*k) != up)
+            else {
                 break;
             };
-            let Some(seg) = self.segments.get_mut(&victim) else {
+            let Some(seg) = self.segments.get(&victim) else {
                 self.lru.remove(&(at, victim));
                 continue;
             };
-            let trim = (self.used_blocks + need - self.capacity).min(seg.blocks);
-            let keep = seg.blocks - trim;
-            if let Some(index) = index {
-                let gone = seg.hashes.get(keep..seg.blocks).unwrap_or(&[]);
-                index.remove(self.slot, Some(Tier::Gpu), gone)?;
+            // Its tails are leaves below its last block: they go first.
+            let children: Vec<u64> = seg.children.iter().copied().collect();
+            if !children.is_empty() {
+                for c in children {
+                    self.trim(c, usize::MAX, index)?;
+                }
+                continue;
             }
-            seg.blocks = keep;
-            self.used_blocks -= trim;
-            if keep == 0 {
-                self.segments.remove(&victim);
-                self.lru.remove(&(at, victim));
-            }
+            let trim = self.used_blocks + need - self.capacity;
+            self.trim(victim, trim, index)?;
         }
         if let Some(index) = index {
             index.store(
@@ -139,9 +153,44 @@ impl Instance {
                         },
                         blocks,
                         last_used: tick,
+                        parent: up,
+                        children: HashSet::new(),
                     },
                 );
                 self.lru.insert((tick, key));
+                if let Some(p) = up.and_then(|p| self.segments.get_mut(&p)) {
+                    p.children.insert(key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Trims up to `trim` blocks from the end of segment `key`, dropping it
+    /// when none are left.
+    fn trim(
+        &mut self,
+        key: u64,
+        trim: usize,
+        index: Option<&CacheIndex>,
+    ) -> Result<(), IndexError> {
+        let Some(seg) = self.segments.get_mut(&key) else {
+            return Ok(());
+        };
+        let trim = trim.min(seg.blocks);
+        let keep = seg.blocks - trim;
+        if let Some(index) = index {
+            let gone = seg.hashes.get(keep..seg.blocks).unwrap_or(&[]);
+            index.remove(self.slot, Some(Tier::Gpu), gone)?;
+        }
+        seg.blocks = keep;
+        self.used_blocks -= trim;
+        if keep == 0 {
+            let (at, up) = (seg.last_used, seg.parent);
+            self.segments.remove(&key);
+            self.lru.remove(&(at, key));
+            if let Some(p) = up.and_then(|p| self.segments.get_mut(&p)) {
+                p.children.remove(&key);
             }
         }
         Ok(())
@@ -168,13 +217,16 @@ mod tests {
         let index = CacheIndex::new();
         let slot = index.register_worker("w0").unwrap();
         let mut inst = Instance::new(slot, 10);
-        inst.insert(1, &hashes(100, 4), 4, 1, Some(&index)).unwrap();
-        inst.insert(2, &hashes(200, 4), 4, 2, Some(&index)).unwrap();
+        inst.insert(1, &hashes(100, 4), 4, 1, None, Some(&index))
+            .unwrap();
+        inst.insert(2, &hashes(200, 4), 4, 2, None, Some(&index))
+            .unwrap();
         assert_eq!(index.block_count(slot), 8);
         assert_eq!(inst.touch(1, 3), 4);
         // Needs 2 more blocks: segment 2 (least recently used) loses its
         // last 2, keeps its first 2.
-        inst.insert(3, &hashes(300, 4), 4, 4, Some(&index)).unwrap();
+        inst.insert(3, &hashes(300, 4), 4, 4, None, Some(&index))
+            .unwrap();
         assert_eq!(inst.used_blocks(), 10);
         assert_eq!(index.block_count(slot), 10);
         assert!(index.holders_of(BlockHash(203)).is_empty());
@@ -182,27 +234,69 @@ mod tests {
         assert_eq!(inst.touch(2, 5), 2);
         // Its next request writes the missing end back, trimming segment 1
         // (now the least recently used).
-        inst.insert(2, &hashes(200, 4), 4, 6, Some(&index)).unwrap();
+        inst.insert(2, &hashes(200, 4), 4, 6, None, Some(&index))
+            .unwrap();
         assert_eq!(inst.touch(2, 7), 4);
         assert_eq!(inst.touch(1, 8), 2);
         assert_eq!(index.block_count(slot), 10);
         assert_eq!(index.holders_of(BlockHash(203)).len(), 1);
         assert!(index.holders_of(BlockHash(102)).is_empty());
         // Too big for the cache: ignored.
-        inst.insert(4, &hashes(400, 11), 11, 9, Some(&index))
+        inst.insert(4, &hashes(400, 11), 11, 9, None, Some(&index))
             .unwrap();
         assert_eq!(inst.touch(4, 10), 0);
+    }
+
+    proptest::proptest! {
+        /// Documents and their tails inserted in any order into a small
+        /// cache: every tail cached hangs off its whole document, and the
+        /// index holds exactly each segment's cached leading blocks.
+        #[test]
+        fn what_an_instance_holds_stays_prefix_closed(
+            ops in proptest::collection::vec((0u64..6, proptest::bool::ANY, 1usize..6), 1..80),
+        ) {
+            const DOC: usize = 4;
+            let index = CacheIndex::new();
+            let slot = index.register_worker("w0").unwrap();
+            let mut inst = Instance::new(slot, 14);
+            let doc = |d: u64| hashes(1000 * d, DOC as u64);
+            let tail = |d: u64, t: u64| hashes(1000 * d + 100 * t, 2);
+            for (tick, (d, is_tail, t)) in ops.into_iter().enumerate() {
+                let tick = tick as u64 + 1;
+                if is_tail {
+                    let key = 100 + 10 * d + t as u64;
+                    inst.insert(key, &tail(d, t as u64), 2, tick, Some((d, DOC)), Some(&index)).unwrap();
+                } else {
+                    inst.insert(d, &doc(d), DOC, tick, None, Some(&index)).unwrap();
+                }
+                proptest::prop_assert!(inst.used_blocks() <= 14);
+                let mut held = 0;
+                for (key, seg) in &inst.segments {
+                    if let Some(p) = seg.parent {
+                        let up = inst.segments.get(&p).map(|s| s.blocks);
+                        proptest::prop_assert_eq!(up, Some(DOC), "tail {} under a partial document", key);
+                    }
+                    for (i, h) in seg.hashes.iter().enumerate() {
+                        let indexed = !index.holders_of(*h).is_empty();
+                        proptest::prop_assert_eq!(indexed, i < seg.blocks);
+                    }
+                    held += seg.blocks;
+                }
+                proptest::prop_assert_eq!(held, inst.used_blocks());
+                proptest::prop_assert_eq!(index.block_count(slot), held as u64);
+            }
+        }
     }
 
     #[test]
     fn without_an_index_only_block_counts_matter() {
         let mut inst = Instance::new(WorkerSlot::default(), 10);
-        inst.insert(1, &[], 6, 1, None).unwrap();
-        inst.insert(2, &[], 6, 2, None).unwrap();
+        inst.insert(1, &[], 6, 1, None, None).unwrap();
+        inst.insert(2, &[], 6, 2, None, None).unwrap();
         assert_eq!(inst.used_blocks(), 10);
         assert_eq!(inst.touch(1, 3), 4);
         assert_eq!(inst.touch(2, 4), 6);
-        inst.insert(3, &[], 10, 5, None).unwrap();
+        inst.insert(3, &[], 10, 5, None, None).unwrap();
         assert_eq!((inst.touch(1, 6), inst.touch(2, 7)), (0, 0));
     }
 }
