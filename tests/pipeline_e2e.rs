@@ -123,6 +123,24 @@ async fn matches(http: std::net::SocketAddr, n: u32) -> (u64, u64) {
     (get("w1"), get("w2"))
 }
 
+/// Whether `/cache-index` shows w1's and w2's holdings prefix-closed.
+async fn prefix_closed(http: std::net::SocketAddr) -> (bool, bool) {
+    let v: serde_json::Value = reqwest::get(format!("http://{http}/cache-index"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let workers = v["pools"][0]["workers"].as_array().unwrap();
+    let of = |w: &str| {
+        workers
+            .iter()
+            .find(|x| x["worker_id"] == w)
+            .is_some_and(|x| x["prefix_closed"] == true)
+    };
+    (of("w1"), of("w2"))
+}
+
 async fn wait_for(
     http: std::net::SocketAddr,
     n: u32,
@@ -161,6 +179,8 @@ async fn events_reach_the_router_index_and_survive_faults() {
         .unwrap();
     p2.publish(vec![stored(500, None, 0..16)]).await.unwrap();
     wait_for(http, 40, (8, 4), Duration::from_secs(20)).await;
+    // Both caches are prefix-closed, and their agents said so.
+    assert_eq!(prefix_closed(http).await, (true, true));
 
     // A dropped batch (published into the replay buffer only) is recovered by
     // replay when the next batch reveals the gap.
@@ -170,6 +190,21 @@ async fn events_reach_the_router_index_and_survive_faults() {
         .await
         .unwrap();
     wait_for(http, 40, (8, 7), Duration::from_secs(20)).await;
+    // An offloaded copy (a block on the CPU tier) is not closed.
+    let mut off = stored(104, Some(103), 16..20);
+    if let KvEvent::BlockStored(s) = &mut off {
+        s.medium = Some(warmpath_agent::vllm::Medium::Cpu);
+        s.token_ids.clear();
+    }
+    p1.publish(vec![off]).await.unwrap();
+    let what = "w1's agent to report its offloaded block";
+    poll::poll(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || (prefix_closed(http).await == (false, true)).then_some(()),
+    )
+    .await;
 
     // Garbage on the event socket is skipped; later events still land.
     p1.send_raw(vec![bytes::Bytes::from_static(b"junk")])

@@ -75,6 +75,7 @@ async fn flood(tx: &mpsc::Sender<AgentMessage>, total: u64) -> u64 {
                     tier: 1,
                 })),
                 observed_unix_micros: 0,
+                prefix_closed: false,
             })),
         })
         .await
@@ -160,6 +161,7 @@ async fn a_cleared_worker_gives_its_memory_back() {
             seq: seq + 1,
             op: Some(delta::Op::Cleared(Default::default())),
             observed_unix_micros: 0,
+            prefix_closed: false,
         })),
     })
     .await

@@ -101,6 +101,7 @@ async fn a_forged_hello_for_a_live_worker_is_refused_and_its_own_restart_takes_o
                 tier: 1,
             })),
             observed_unix_micros: 0,
+            prefix_closed: false,
         })),
     })
     .await

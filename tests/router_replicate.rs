@@ -105,6 +105,7 @@ async fn a_prefix_too_hot_for_one_backend_is_copied_until_its_load_falls() {
                 tier: 1,
             })),
             observed_unix_micros: 0,
+            prefix_closed: false,
         })),
     })
     .await

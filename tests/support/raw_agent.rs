@@ -139,6 +139,7 @@ pub async fn agent_as(
         first: true,
         last: true,
         total_blocks: blocks.len() as u64,
+        prefix_closed: false,
         blocks: blocks
             .iter()
             .map(|h| Block {

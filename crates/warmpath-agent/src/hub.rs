@@ -7,6 +7,8 @@
 //! that overflows drops its queue and is marked for a snapshot instead: a slow
 //! router costs a snapshot, never unbounded memory. Snapshots are taken under
 //! the same lock as deltas are numbered, so a snapshot at seq S is exact.
+//! Every delta and snapshot says whether the set is prefix-closed then
+//! ([`closure`](crate::closure)).
 //!
 //! Router replicas share their routing decisions through the agents
 //! (ARCHITECTURE.md, "Router replicas"): a `Decided` fact one router sent
@@ -16,6 +18,7 @@
 //! is only worth its freshness, and a router that reconnects has forgotten
 //! the remote requests it knew through this agent.
 
+use crate::closure::Closure;
 use crate::fasthash::FastMap;
 use crate::tracker::Change;
 use parking_lot::Mutex;
@@ -54,6 +57,8 @@ pub enum Work {
         seq: u64,
         /// Every (hash, parent, tier) held.
         blocks: Vec<Block>,
+        /// Whether they are prefix-closed.
+        prefix_closed: bool,
     },
     /// Queued deltas, in order.
     Deltas(Vec<Delta>),
@@ -95,6 +100,7 @@ struct Held {
 
 struct Inner {
     blocks: FastMap<(BlockHash, i32), Held>,
+    closure: Closure,
     seq: u64,
     block_size: Option<u32>,
     sinks: Vec<Arc<Sink>>,
@@ -128,6 +134,7 @@ impl Hub {
         Hub {
             inner: Mutex::new(Inner {
                 blocks: FastMap::default(),
+                closure: Closure::default(),
                 seq: 0,
                 block_size: None,
                 sinks: Vec::new(),
@@ -198,7 +205,9 @@ impl Hub {
 
     /// Applies rank changes; returns how many deltas were emitted.
     pub fn apply(&self, changes: Vec<Change>, observed_unix_micros: u64) -> usize {
-        let mut i = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let i = &mut *guard;
+        let gpu = Tier::Gpu as i32;
         let mut emitted = 0;
         for c in changes {
             let op = match c {
@@ -217,6 +226,9 @@ impl Hub {
                         e.refs += 1;
                         if e.refs == 1 {
                             fresh.push(*h);
+                            let (parent, blocks) = (e.parent, &i.blocks);
+                            i.closure
+                                .added(*h, parent, tier, |x| blocks.contains_key(&(x, gpu)));
                         }
                     }
                     if fresh.is_empty() {
@@ -241,8 +253,12 @@ impl Hub {
                         if let Some(e) = i.blocks.get_mut(&key) {
                             e.refs -= 1;
                             if e.refs == 0 {
+                                let parent = e.parent;
                                 i.blocks.remove(&key);
                                 gone.push(h.0);
+                                let blocks = &i.blocks;
+                                i.closure
+                                    .removed(h, parent, tier, |x| blocks.contains_key(&(x, gpu)));
                             }
                         }
                     }
@@ -265,6 +281,7 @@ impl Hub {
                 seq: i.seq,
                 op: Some(op),
                 observed_unix_micros,
+                prefix_closed: i.closure.is_closed(),
             };
             for s in &i.sinks {
                 let mut st = s.state.lock();
@@ -331,7 +348,11 @@ impl Hub {
                     tier: *t,
                 })
                 .collect();
-            return Some(Work::Snapshot { seq: i.seq, blocks });
+            return Some(Work::Snapshot {
+                seq: i.seq,
+                blocks,
+                prefix_closed: i.closure.is_closed(),
+            });
         }
         if st.deltas.is_empty() {
             return None;
@@ -403,7 +424,7 @@ mod tests {
         let hub = Hub::new();
         let sink = hub.add_sink("r", 8);
         hub.apply(vec![stored(&[1, 2], Tier::Gpu)], 0);
-        let Some(Work::Snapshot { seq, blocks }) = hub.take_work(&sink) else {
+        let Some(Work::Snapshot { seq, blocks, .. }) = hub.take_work(&sink) else {
             panic!("a new sink starts with a snapshot")
         };
         assert_eq!((seq, blocks.len()), (1, 2));
@@ -413,6 +434,62 @@ mod tests {
         };
         assert_eq!(d.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![2, 3]);
         assert!(hub.take_work(&sink).is_none());
+    }
+
+    /// Each delta says whether the set is prefix-closed once it is applied,
+    /// and so does a snapshot.
+    #[test]
+    fn deltas_and_snapshots_say_whether_the_set_is_prefix_closed() {
+        let hub = Hub::new();
+        let sink = hub.add_sink("r", 64);
+        let closed_after = |hub: &Hub, changes: Vec<Change>| {
+            hub.apply(changes, 0);
+            let flags: Vec<bool> = match hub.take_work(&sink) {
+                Some(Work::Snapshot { prefix_closed, .. }) => vec![prefix_closed],
+                Some(Work::Deltas(ds)) => ds.iter().map(|d| d.prefix_closed).collect(),
+                w => panic!("{w:?}"),
+            };
+            flags
+        };
+        let seg = |parent: Option<u64>, hs: &[u64], tier: Tier| Change::Stored {
+            parent: parent.map(BlockHash),
+            hashes: hs.iter().map(|h| BlockHash(*h)).collect(),
+            tier,
+        };
+        // The first work is the snapshot: a chain from its root.
+        assert_eq!(
+            closed_after(&hub, vec![seg(None, &[1, 2], Tier::Gpu)]),
+            [true]
+        );
+        // A segment below a block not held is an orphan until it comes.
+        assert_eq!(
+            closed_after(&hub, vec![seg(Some(3), &[4], Tier::Gpu)]),
+            [false]
+        );
+        assert_eq!(
+            closed_after(&hub, vec![seg(Some(2), &[3], Tier::Gpu)]),
+            [true]
+        );
+        // Evicting a parent before its child breaks it; the child going
+        // mends it.
+        assert_eq!(
+            closed_after(
+                &hub,
+                vec![removed(&[3], Tier::Gpu), removed(&[4], Tier::Gpu)]
+            ),
+            [false, true]
+        );
+        // A block on another tier: never closed while it is there.
+        assert_eq!(closed_after(&hub, vec![stored(&[2], Tier::Cpu)]), [false]);
+        hub.force_snapshot();
+        assert!(matches!(
+            hub.take_work(&sink),
+            Some(Work::Snapshot {
+                prefix_closed: false,
+                ..
+            })
+        ));
+        assert_eq!(closed_after(&hub, vec![removed(&[2], Tier::Cpu)]), [true]);
     }
 
     #[test]
@@ -442,7 +519,7 @@ mod tests {
         for h in 0..5 {
             hub.apply(vec![stored(&[h], Tier::Gpu)], 0);
         }
-        let Some(Work::Snapshot { seq, blocks }) = hub.take_work(&sink) else {
+        let Some(Work::Snapshot { seq, blocks, .. }) = hub.take_work(&sink) else {
             panic!("overflow must turn into a snapshot")
         };
         assert_eq!((seq, blocks.len()), (5, 5));

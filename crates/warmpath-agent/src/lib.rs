@@ -21,6 +21,7 @@
 
 pub mod agent;
 pub mod cli;
+mod closure;
 mod error;
 pub mod fasthash;
 pub mod follow;

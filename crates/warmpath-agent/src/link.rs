@@ -222,7 +222,11 @@ async fn stream_once(
                     let now = *load.borrow();
                     send(hello(id, hub, now)).await?
                 }
-                Work::Snapshot { seq, blocks } => {
+                Work::Snapshot {
+                    seq,
+                    blocks,
+                    prefix_closed,
+                } => {
                     let total = blocks.len() as u64;
                     let chunks: Vec<_> = if blocks.is_empty() {
                         vec![Vec::new()]
@@ -242,6 +246,7 @@ async fn stream_once(
                                 last: i + 1 == n,
                                 blocks,
                                 total_blocks: total,
+                                prefix_closed: prefix_closed && i + 1 == n,
                             })),
                         })
                         .await?;

@@ -173,6 +173,7 @@ mod tests {
                     tier: Tier::Cpu as i32,
                 })),
                 observed_unix_micros: 0,
+                prefix_closed: false,
             })),
         };
         let back = AgentMessage::decode(msg.encode_to_vec().as_slice()).unwrap();

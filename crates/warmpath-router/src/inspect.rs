@@ -66,8 +66,12 @@ pub fn update_gauges(s: &Shared) {
             .set(p.index.estimated_bytes() as f64);
         metrics::gauge!("warmpath_index_dead_entries", "pool" => p.model.clone())
             .set(p.index.dead_entries() as f64);
-        let stale = p.index.worker_stats(now).iter().filter(|w| w.stale).count();
+        let stats = p.index.worker_stats(now);
+        let stale = stats.iter().filter(|w| w.stale).count();
         metrics::gauge!("warmpath_stale_workers", "pool" => p.model.clone()).set(stale as f64);
+        let closed = stats.iter().filter(|w| w.prefix_closed).count();
+        metrics::gauge!("warmpath_index_prefix_closed_workers", "pool" => p.model.clone())
+            .set(closed as f64);
     }
     crate::caches::update_metrics(s);
 }
@@ -100,6 +104,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 },
                 "last_event_ms_ago": st.and_then(|w| w.last_heard_ms_ago),
                 "stale": st.is_some_and(|w| w.stale),
+                "prefix_closed": st.is_some_and(|w| w.prefix_closed),
                 "partial": agent.as_ref().is_some_and(|a| a.partial),
                 "agent_load": load,
                 "agent": agent,

@@ -16,6 +16,7 @@
 //! | `warmpath_index_entries` | gauge | pool |
 //! | `warmpath_index_max_entries` | gauge | pool (its `index.max_entries`) |
 //! | `warmpath_stale_workers` | gauge | pool |
+//! | `warmpath_index_prefix_closed_workers` | gauge | pool |
 //! | `warmpath_index_bytes` | gauge | pool |
 //! | `warmpath_index_dead_entries` | gauge | pool |
 //! | `warmpath_ingest_refused_blocks_total` | counter | pool, reason = worker_capacity, max_entries |
@@ -178,6 +179,10 @@ fn describe() {
     describe_gauge!(
         "warmpath_stale_workers",
         "Workers whose agent is silent past the deadline"
+    );
+    describe_gauge!(
+        "warmpath_index_prefix_closed_workers",
+        "Workers whose agent reports their cached blocks prefix-closed, so index walks skip ahead"
     );
     describe_counter!(
         "warmpath_hot_cache_hits_total",

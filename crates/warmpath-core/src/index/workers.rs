@@ -27,6 +27,9 @@ pub struct WorkerStats {
     pub last_heard_ms_ago: Option<u64>,
     /// Whether its entries are currently ignored for routing.
     pub stale: bool,
+    /// Whether walks skip over its runs: its agent says its blocks are
+    /// prefix-closed and the index holds all of them (index `closure`).
+    pub prefix_closed: bool,
 }
 
 #[derive(Debug)]
@@ -130,6 +133,7 @@ impl WorkerEntry {
             disk_blocks: disk,
             last_heard_ms_ago: (last != u64::MAX).then(|| now_ms.saturating_sub(last)),
             stale: self.stale.load(Ordering::Relaxed),
+            prefix_closed: self.route_state().closed_at.is_some(),
         }
     }
 }

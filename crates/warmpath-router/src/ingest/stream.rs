@@ -315,6 +315,8 @@ impl WorkerStream {
             ))];
         }
         let index = Arc::clone(&self.pool.index);
+        // The claim is withdrawn while the set is replaced (index `closure`).
+        let _ = index.set_prefix_closed(self.slot, false);
         let _ = index.clear_worker(self.slot);
         for t in Tier::ALL {
             let hs: Vec<BlockHash> = p
@@ -328,6 +330,9 @@ impl WorkerStream {
                     self.note(st);
                 }
             }
+        }
+        if c.prefix_closed {
+            let _ = index.set_prefix_closed(self.slot, true);
         }
         self.counters.snapshot_blocks.increment(p.total);
         self.applied = Some(p.seq);
@@ -357,6 +362,11 @@ impl WorkerStream {
             ))];
         }
         let index = Arc::clone(&self.pool.index);
+        // A delta that leaves the set open withdraws the claim before it
+        // applies; one that leaves it closed makes the claim after.
+        if !d.prefix_closed {
+            let _ = index.set_prefix_closed(self.slot, false);
+        }
         match d.op {
             Some(Op::Stored(s)) => {
                 let n = s.hashes.len() as u64;
@@ -374,6 +384,9 @@ impl WorkerStream {
                 let _ = index.clear_worker(self.slot);
             }
             None => {}
+        }
+        if d.prefix_closed {
+            let _ = index.set_prefix_closed(self.slot, true);
         }
         if d.observed_unix_micros > 0 {
             let lag = now_unix_micros.saturating_sub(d.observed_unix_micros) as f64 / 1e6;

@@ -75,6 +75,7 @@ fn snapshot(seq: u64, hs: &[BlockHash], chunk: usize) -> Vec<AgentMessage> {
                     })
                     .collect(),
                 total_blocks: hs.len() as u64,
+                prefix_closed: false,
             })),
         })
         .collect()
@@ -90,6 +91,7 @@ fn stored(seq: u64, hs: &[BlockHash]) -> AgentMessage {
                 tier: v1::Tier::Gpu as i32,
             })),
             observed_unix_micros: 0,
+            prefix_closed: false,
         })),
     }
 }
@@ -137,6 +139,49 @@ fn snapshot_then_deltas_then_gap() {
     assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 2);
     assert_eq!(p.index.block_count(slot), 2);
     assert_eq!(agents.status("m", 4)[0].last_seq, Some(20));
+}
+
+/// The agent's word on prefix closure reaches the index: a closed snapshot
+/// makes the claim, an open delta withdraws it, a closed one makes it again.
+#[test]
+fn prefix_closure_follows_the_agents_word() {
+    let p = pool();
+    let agents = Arc::new(Agents::new());
+    let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
+    let c = chain(40);
+    let slot = p.index.worker_slot("w").unwrap();
+    let closed = |m: AgentMessage| match m.msg {
+        Some(Msg::Snapshot(s)) => AgentMessage {
+            msg: Some(Msg::Snapshot(SnapshotChunk {
+                prefix_closed: s.last,
+                ..s
+            })),
+        },
+        Some(Msg::Delta(d)) => AgentMessage {
+            msg: Some(Msg::Delta(Delta {
+                prefix_closed: true,
+                ..d
+            })),
+        },
+        other => AgentMessage { msg: other },
+    };
+    for m in snapshot(1, &c[..30], 8) {
+        ws.on_message(closed(m), 1, 0).unwrap();
+    }
+    assert!(p.index.is_prefix_closed(slot));
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 30);
+    // A segment below a block the worker lacks: the agent says open.
+    ws.on_message(stored(2, &c[31..40]), 2, 0).unwrap();
+    assert!(!p.index.is_prefix_closed(slot));
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 30);
+    ws.on_message(closed(stored(3, &c[30..31])), 3, 0).unwrap();
+    assert!(p.index.is_prefix_closed(slot));
+    assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 40);
+    // A snapshot that does not say so leaves the claim withdrawn.
+    for m in snapshot(9, &c[..10], 8) {
+        ws.on_message(m, 4, 0).unwrap();
+    }
+    assert!(!p.index.is_prefix_closed(slot));
 }
 
 #[test]
@@ -455,6 +500,7 @@ fn tiers_map_from_proto() {
                 tier: v1::Tier::Cpu as i32,
             })),
             observed_unix_micros: 1,
+            prefix_closed: false,
         })),
     };
     ws.on_message(m, 0, 10).unwrap();
