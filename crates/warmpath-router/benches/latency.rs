@@ -16,6 +16,12 @@
 //! `--ingest` has the agent ingest listen; `--agents` also connects one
 //! hand-made agent stream per backend (Hello, an empty snapshot, a load), so
 //! routing reads agent entries as in a fleet whose engines all have agents.
+//! `--warm C` makes the first C backends' snapshots hold the document's
+//! blocks (every request then matches them on C workers), `--filler B`
+//! gives every backend's snapshot B blocks of chains no request asks for
+//! (an index far larger than the CPU caches, as in a fleet), and `--open`
+//! says the snapshots are not prefix-closed, so the router's index walk
+//! probes every block instead of skipping ahead.
 //!
 //! `--shape` picks the request and template: `system` (the default: the
 //! document is the system prompt, the tiny model's Llama-3.0-style template),
@@ -169,6 +175,8 @@ async fn bare_axum_proxy(backend: SocketAddr) -> SocketAddr {
 async fn agent_stream(
     grpc: SocketAddr,
     worker: &str,
+    blocks: Vec<warmpath_proto::v1::Block>,
+    prefix_closed: bool,
 ) -> (
     tokio::sync::mpsc::Sender<AgentMessage>,
     tonic::Streaming<RouterMessage>,
@@ -177,39 +185,55 @@ async fn agent_stream(
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let msgs = [
-        Msg::Hello(Hello {
-            worker_id: worker.into(),
-            endpoint: worker.into(),
-            model: "m".into(),
-            block_size: 16,
-            epoch: 1,
-            agent_version: "latency bench".into(),
-            dp_rank: 0,
-            partial: false,
-        }),
+    let total = blocks.len() as u64;
+    let mut chunks: Vec<Vec<warmpath_proto::v1::Block>> =
+        blocks.chunks(8192).map(|c| c.to_vec()).collect();
+    if chunks.is_empty() {
+        chunks.push(Vec::new());
+    }
+    let n = chunks.len();
+    let snapshot = chunks.into_iter().enumerate().map(move |(i, blocks)| {
         Msg::Snapshot(SnapshotChunk {
             seq: 1,
-            chunk_index: 0,
-            first: true,
-            last: true,
-            blocks: Vec::new(),
-            total_blocks: 0,
-        }),
-        Msg::Load(Load {
-            running: 0,
-            waiting: 0,
-            kv_usage: 0.0,
-            engine_up: true,
-            capacity_blocks: 0,
-            partial: false,
-        }),
-    ];
-    for m in msgs {
-        tx.send(AgentMessage { msg: Some(m) }).await.unwrap();
-    }
+            chunk_index: i as u32,
+            first: i == 0,
+            last: i + 1 == n,
+            blocks,
+            total_blocks: total,
+            prefix_closed: prefix_closed && i + 1 == n,
+        })
+    });
+    let msgs = [Msg::Hello(Hello {
+        worker_id: worker.into(),
+        endpoint: worker.into(),
+        model: "m".into(),
+        block_size: 16,
+        epoch: 1,
+        agent_version: "latency bench".into(),
+        dp_rank: 0,
+        partial: false,
+    })]
+    .into_iter()
+    .chain(snapshot)
+    .chain([Msg::Load(Load {
+        running: 0,
+        waiting: 0,
+        kv_usage: 0.0,
+        engine_up: true,
+        capacity_blocks: 0,
+        partial: false,
+    })]);
     let req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let sending = tokio::spawn({
+        let tx = tx.clone();
+        async move {
+            for m in msgs {
+                tx.send(AgentMessage { msg: Some(m) }).await.unwrap();
+            }
+        }
+    });
     let mut answers = client.publish(req).await.unwrap().into_inner();
+    sending.await.unwrap();
     // The snapshot's ack: the router took the stream.
     let first = tokio::time::timeout(Duration::from_secs(10), answers.message())
         .await
@@ -381,11 +405,49 @@ async fn run(
     let router = warmpath_router::start(config, CancellationToken::new())
         .await
         .unwrap();
+    let warm = arg("--warm", 0);
+    let filler = arg("--filler", 0);
+    let closed = !std::env::args().any(|a| a == "--open");
+    // The document's blocks: the common start of two requests' chains.
+    let chain_of = |b: &Bytes| {
+        let r = Request::from_slice(b, Expect::Chat).unwrap();
+        let ids = tok.encode_request(&r).unwrap();
+        warmpath_core::hash_tokens(warmpath_core::HashSeed::new("m", "", ""), 16, &ids)
+    };
+    let (c0, c1) = (chain_of(&body_for(0)), chain_of(&body_for(1)));
+    let shared = c0.iter().zip(&c1).take_while(|(a, b)| a == b).count();
+    let as_blocks = |hs: &[warmpath_core::BlockHash]| -> Vec<warmpath_proto::v1::Block> {
+        hs.iter()
+            .enumerate()
+            .map(|(i, h)| warmpath_proto::v1::Block {
+                hash: h.0,
+                parent: i.checked_sub(1).map(|p| hs[p].0),
+                tier: warmpath_proto::v1::Tier::Gpu as i32,
+            })
+            .collect()
+    };
     let _agents = if with_agents {
         let grpc = router.grpc_addr.unwrap();
         let mut held = Vec::with_capacity(fleet);
-        for a in &addrs {
-            held.push(agent_stream(grpc, &format!("http://{a}")).await);
+        for (k, a) in addrs.iter().enumerate() {
+            let mut blocks = if k < warm {
+                as_blocks(&c0[..shared])
+            } else {
+                Vec::new()
+            };
+            // Chains of 512 blocks no request asks for.
+            for c in 0..filler.div_ceil(512) {
+                let seed = warmpath_core::HashSeed::new("m", "", &format!("filler {k} {c}"));
+                let toks: Vec<u32> = (0..512 * 16).collect();
+                let hs = warmpath_core::hash_tokens(seed, 16, &toks);
+                blocks.extend(as_blocks(&hs[..(filler - c * 512).min(512)]));
+            }
+            held.push(agent_stream(grpc, &format!("http://{a}"), blocks, closed).await);
+        }
+        if warm > 0 {
+            println!(
+                "{warm} backend(s) hold the document's {shared} blocks, every backend {filler} more; prefix-closed: {closed}"
+            );
         }
         held
     } else {
@@ -423,6 +485,23 @@ async fn run(
     for i in 0..50 {
         once(direct_url.clone(), body_for(n + i)).await;
         once(routed_url.clone(), body_for(n + i)).await;
+    }
+    if warm > 0 {
+        // The router sees the warm blocks as the bench computed them.
+        let req = hyper::Request::post(format!("http://{}/cache-index/query", router.http_addr))
+            .header("content-type", "application/json")
+            .body(Full::new(body_for(0)))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        let best = v["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w["matched_blocks"].as_u64())
+            .max();
+        assert_eq!(best, Some(shared as u64), "the router's match: {v}");
     }
     let period = Duration::from_secs_f64(1.0 / rate as f64);
     let start = tokio::time::Instant::now();

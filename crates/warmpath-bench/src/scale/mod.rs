@@ -320,6 +320,10 @@ impl<'a> Sim<'a> {
         for i in 0..n {
             let id = format!("w{i}");
             let slot = index.register_worker(&id)?;
+            // What an instance holds stays prefix-closed (`fleet` docs).
+            if std::env::var_os("WARMPATH_EXPERIMENT_OPEN").is_none() {
+                index.set_prefix_closed(slot, true)?;
+            }
             backends.push(PolicyBackend {
                 id,
                 slot,
@@ -543,12 +547,13 @@ impl<'a> Sim<'a> {
         let (doc_hashes, tail_hashes) = chain.split_at(doc_blocks.min(chain.len()));
         self.tick += 1;
         let doc_key = u64::from(self.reqs[r].doc);
-        self.fleet[i].insert(doc_key, doc_hashes, doc_blocks, self.tick, index)?;
+        self.fleet[i].insert(doc_key, doc_hashes, doc_blocks, self.tick, None, index)?;
         self.fleet[i].insert(
             TAIL_KEY | r as u64,
             tail_hashes,
             total_blocks - doc_blocks,
             self.tick,
+            (doc_blocks > 0).then_some((doc_key, doc_blocks)),
             index,
         )?;
         let prompt = self.prompt_tokens() as u64;
