@@ -321,9 +321,7 @@ impl<'a> Sim<'a> {
             let id = format!("w{i}");
             let slot = index.register_worker(&id)?;
             // What an instance holds stays prefix-closed (`fleet` docs).
-            if std::env::var_os("WARMPATH_EXPERIMENT_OPEN").is_none() {
-                index.set_prefix_closed(slot, true)?;
-            }
+            index.set_prefix_closed(slot, true)?;
             backends.push(PolicyBackend {
                 id,
                 slot,
