@@ -163,21 +163,38 @@ impl Walk {
         let Some(e) = e else {
             return false;
         };
-        let holds = |a: &Active| {
-            e.find(a.slot)
-                .is_some_and(|x| x.gen() == a.gen && x.tiers() & Tier::Gpu.bit() != 0)
+        let gpu = Tier::Gpu.bit();
+        let all = if self.active.len() <= FEW {
+            self.active.iter().all(|a| {
+                e.find(a.slot)
+                    .is_some_and(|x| x.gen() == a.gen && x.tiers() & gpu != 0)
+            })
+        } else {
+            // One pass over the holders (a hot prefix's copies): count
+            // those that are workers still matching, at their generation.
+            let mut n = 0;
+            for x in e.iter() {
+                let k = self.at.get(x.slot() as usize).copied().unwrap_or(u32::MAX);
+                if let Some(a) = self.active.get(k as usize) {
+                    if a.slot == x.slot() && a.gen == x.gen() && x.tiers() & gpu != 0 {
+                        n += 1;
+                    }
+                }
+            }
+            n == self.active.len()
         };
-        if !self.active.iter().all(holds) {
+        if !all {
             return false;
+        }
+        // The workers still matching only ever shrink: those of the first
+        // skip are all a later one can have.
+        if self.skipped.is_empty() {
+            self.skipped
+                .extend(self.active.iter().filter_map(|a| Some((a.slot, a.closed?))));
         }
         for a in &mut self.active {
             if a.gpu_contiguous {
                 a.gpu_blocks += len;
-            }
-            if let Some(v) = a.closed {
-                if !self.skipped.iter().any(|(s, _)| *s == a.slot) {
-                    self.skipped.push((a.slot, v));
-                }
             }
         }
         true
