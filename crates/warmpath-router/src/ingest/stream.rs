@@ -331,7 +331,9 @@ impl WorkerStream {
                 }
             }
         }
-        if c.prefix_closed {
+        // Blocks dropped past the worker's cap leave holes the claim cannot
+        // cover.
+        if c.prefix_closed && p.blocks.len() as u64 == p.received {
             let _ = index.set_prefix_closed(self.slot, true);
         }
         self.counters.snapshot_blocks.increment(p.total);

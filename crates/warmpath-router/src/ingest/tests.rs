@@ -182,6 +182,17 @@ fn prefix_closure_follows_the_agents_word() {
         ws.on_message(m, 4, 0).unwrap();
     }
     assert!(!p.index.is_prefix_closed(slot));
+    // A closed snapshot cut at the worker's cap has holes: no claim.
+    p.index.set_worker_cap(slot, Some(12)).unwrap();
+    for m in snapshot(10, &c[..20], 8) {
+        ws.on_message(closed(m), 5, 0).unwrap();
+    }
+    assert_eq!(p.index.block_count(slot), 12);
+    assert!(!p.index.is_prefix_closed(slot));
+    for m in snapshot(11, &c[..12], 8) {
+        ws.on_message(closed(m), 6, 0).unwrap();
+    }
+    assert!(p.index.is_prefix_closed(slot), "within the cap it holds");
 }
 
 #[test]
