@@ -56,11 +56,10 @@ impl CacheIndex {
             .is_some_and(|w| w.route_state().closed_at.is_some())
     }
 
-    /// Whether `slot`'s version is still `version` (a walk's final check).
-    pub(crate) fn unchanged_since(&self, slot: WorkerSlot, version: u64) -> bool {
-        self.workers
-            .get(slot)
-            .is_some_and(|w| w.version.load(SeqCst) == version)
+    /// Whether each skipped-for worker is still at the version the walk
+    /// started with (a walk's final check).
+    pub(crate) fn unchanged_since(&self, seen: &[(WorkerSlot, u64)]) -> bool {
+        seen.is_empty() || self.workers.unchanged(seen)
     }
 }
 

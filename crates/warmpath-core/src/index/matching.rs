@@ -320,7 +320,7 @@ impl CacheIndex {
         #[cfg(test)]
         self.after_walk();
         // A skip is exact only if the worker stayed closed (closure docs).
-        if skipped.iter().all(|&(s, v)| self.unchanged_since(s, v)) {
+        if self.unchanged_since(&skipped) {
             return out;
         }
         self.walk_chain(hashes, false).0

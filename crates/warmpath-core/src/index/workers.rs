@@ -205,6 +205,18 @@ impl Workers {
             .collect()
     }
 
+    /// Whether each of `seen`'s workers is still at its version, under one
+    /// read of the table (a skipping walk's final check, `closure`).
+    pub(crate) fn unchanged(&self, seen: &[(WorkerSlot, u64)]) -> bool {
+        let table = self.slots.read();
+        seen.iter().all(|&(s, v)| {
+            table
+                .get(s as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|e| e.version.load(Ordering::SeqCst) == v)
+        })
+    }
+
     /// Generation and freshness of every slot (the reference walk's view).
     #[cfg(test)]
     pub(crate) fn routing_view(&self) -> Vec<Option<(u8, bool)>> {
