@@ -5,7 +5,8 @@
 //!   publisher used by the engine emulator, the simulator and the tests.
 //! - [`tracker`]: one engine rank's `vLLM hash -> warmpath hash` map; re-hashing.
 //! - [`hub`]: the worker's block set (union of ranks), the agent's seq, and the
-//!   bounded, coalescing per-router queues.
+//!   bounded, coalescing per-router queues; `closure`: whether that set is
+//!   prefix-closed, said with every delta and snapshot.
 //! - [`follow`]: ZMQ SUB + DEALER replay for one rank, sequence handling.
 //! - [`link`]: one gRPC stream per router, with reconnect; [`tls`]: the
 //!   client TLS settings for `https` routers; [`replicas`]: the router list,
