@@ -339,13 +339,22 @@ async fn over_max_connections_new_ones_are_refused_and_idle_ones_close_first() {
             // A refused connection's 503 comes before the request is sent,
             // which the client reports as an error.
             use http_body_util::BodyExt;
-            let req = request("GET", &r.url("/metrics"), "", &[]);
-            let resp = client().request(req).await.ok()?;
-            if resp.status() != 200 {
-                return None;
-            }
-            let body = resp.into_body().collect().await.ok()?.to_bytes();
-            Some(String::from_utf8(body.to_vec()).unwrap())
+            // Each attempt has its own deadline: one seen stuck once in CI
+            // (no socket open, the request never answered) held the whole
+            // poll, whose limit is only checked between attempts.
+            let attempt = async {
+                let req = request("GET", &r.url("/metrics"), "", &[]);
+                let resp = client().request(req).await.ok()?;
+                if resp.status() != 200 {
+                    return None;
+                }
+                let body = resp.into_body().collect().await.ok()?.to_bytes();
+                Some(String::from_utf8(body.to_vec()).unwrap())
+            };
+            tokio::time::timeout(Duration::from_secs(1), attempt)
+                .await
+                .ok()
+                .flatten()
         },
     )
     .await;
