@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-/// Runs `check` every `every` until it returns `Some`, for at most `limit`;
-/// then panics naming `what`.
+/// Runs `check` every `every` until it returns `Some`, for at most `limit`
+/// (an attempt still running then is given at most `limit` more); then
+/// panics naming `what`.
 pub async fn poll<T>(
     what: &str,
     limit: Duration,
@@ -13,7 +14,10 @@ pub async fn poll<T>(
 ) -> T {
     let start = Instant::now();
     loop {
-        if let Some(v) = check().await {
+        // An attempt that never ends must not hold the poll past its limit
+        // (the limit is otherwise checked only between attempts): each one
+        // gets at most `limit` itself, so a poll ends within twice it.
+        if let Ok(Some(v)) = tokio::time::timeout(limit, check()).await {
             return v;
         }
         assert!(
