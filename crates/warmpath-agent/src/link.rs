@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::ClientTlsConfig;
 use warmpath_proto::error_chain;
 use warmpath_proto::v1::{
-    agent_message::Msg, router_message, AgentMessage, Heartbeat, Hello, Load, SnapshotChunk,
+    agent_message::Msg, router_message, AgentMessage, Heartbeat, Hello, Load,
 };
-use warmpath_proto::{bearer, CacheEventsClient, AUTHORIZATION, MAX_SNAPSHOT_CHUNK_BLOCKS};
+use warmpath_proto::{bearer, CacheEventsClient, AUTHORIZATION};
 
 /// Who this agent is, as told in Hello.
 #[derive(Clone, Debug)]
@@ -227,27 +227,9 @@ async fn stream_once(
                     blocks,
                     prefix_closed,
                 } => {
-                    let total = blocks.len() as u64;
-                    let chunks: Vec<_> = if blocks.is_empty() {
-                        vec![Vec::new()]
-                    } else {
-                        blocks
-                            .chunks(MAX_SNAPSHOT_CHUNK_BLOCKS)
-                            .map(|c| c.to_vec())
-                            .collect()
-                    };
-                    let n = chunks.len();
-                    for (i, blocks) in chunks.into_iter().enumerate() {
+                    for chunk in warmpath_proto::snapshot_chunks(seq, &blocks, prefix_closed) {
                         send(AgentMessage {
-                            msg: Some(Msg::Snapshot(SnapshotChunk {
-                                seq,
-                                chunk_index: i as u32,
-                                first: i == 0,
-                                last: i + 1 == n,
-                                blocks,
-                                total_blocks: total,
-                                prefix_closed: prefix_closed && i + 1 == n,
-                            })),
+                            msg: Some(Msg::Snapshot(chunk)),
                         })
                         .await?;
                     }

@@ -8,7 +8,7 @@
 //! - [`v1`]: the generated messages, the `CacheEvents` client and server.
 //! - [`AUTHORIZATION`], [`bearer`], [`check_bearer`], [`bearer_token`]: the
 //!   token metadata; [`worker_token`]: the per-worker credential.
-//! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`]: how the agent sizes snapshot chunks.
+//! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`], [`snapshot_chunks`]: how the agent cuts a snapshot into chunks.
 //! - [`error_chain`]: a transport error with its sources, for logs and errors.
 //! - [`dns`]: the resolver of the router's DNS discovery and the agent's
 //!   `dns://` router lists.
@@ -32,6 +32,35 @@ pub const AUTHORIZATION: &str = "authorization";
 /// The most blocks an agent puts in one [`v1::SnapshotChunk`] (about 160 KiB
 /// encoded), far below tonic's default 4 MiB message limit.
 pub const MAX_SNAPSHOT_CHUNK_BLOCKS: usize = 8192;
+
+/// A snapshot of `blocks` at `seq` as the chunks an agent sends: at most
+/// [`MAX_SNAPSHOT_CHUNK_BLOCKS`] each, one empty chunk for an empty set, and
+/// `prefix_closed` on the final chunk only (the .proto's "Prefix closure").
+pub fn snapshot_chunks(
+    seq: u64,
+    blocks: &[v1::Block],
+    prefix_closed: bool,
+) -> Vec<v1::SnapshotChunk> {
+    let total = blocks.len() as u64;
+    let mut parts: Vec<&[v1::Block]> = blocks.chunks(MAX_SNAPSHOT_CHUNK_BLOCKS).collect();
+    if parts.is_empty() {
+        parts.push(&[]);
+    }
+    let n = parts.len();
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, part)| v1::SnapshotChunk {
+            seq,
+            chunk_index: i as u32,
+            first: i == 0,
+            last: i + 1 == n,
+            blocks: part.to_vec(),
+            total_blocks: total,
+            prefix_closed: prefix_closed && i + 1 == n,
+        })
+        .collect()
+}
 
 /// The metadata value for `token`: `Bearer <token>`.
 pub fn bearer(token: &str) -> String {
@@ -151,6 +180,28 @@ mod tests {
         assert!(!check_bearer(&md, "s3cret!"));
         md.insert(AUTHORIZATION, "Basic s3cret".parse().unwrap());
         assert!(!check_bearer(&md, "s3cret"));
+    }
+
+    #[test]
+    fn snapshots_are_cut_into_bounded_chunks_with_the_claim_on_the_last() {
+        let empty = snapshot_chunks(3, &[], true);
+        assert_eq!(empty.len(), 1);
+        assert!(empty[0].first && empty[0].last && empty[0].prefix_closed);
+        let b = v1::Block {
+            hash: 1,
+            parent: None,
+            tier: Tier::Gpu as i32,
+        };
+        let blocks = vec![b; MAX_SNAPSHOT_CHUNK_BLOCKS + 1];
+        let cs = snapshot_chunks(7, &blocks, true);
+        assert_eq!(cs.len(), 2);
+        assert_eq!(cs[0].blocks.len(), MAX_SNAPSHOT_CHUNK_BLOCKS);
+        assert!(cs[0].first && !cs[0].last && !cs[0].prefix_closed);
+        assert!(!cs[1].first && cs[1].last && cs[1].prefix_closed);
+        assert!(cs
+            .iter()
+            .all(|c| c.seq == 7 && c.total_blocks == blocks.len() as u64));
+        assert!(!snapshot_chunks(7, &blocks, false)[1].prefix_closed);
     }
 
     #[test]

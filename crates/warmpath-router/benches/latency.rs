@@ -63,9 +63,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::{tiny, ChatTokenizer};
 use warmpath_core::{Expect, Request};
-use warmpath_proto::v1::{
-    agent_message::Msg, AgentMessage, Hello, Load, RouterMessage, SnapshotChunk,
-};
+use warmpath_proto::v1::{agent_message::Msg, AgentMessage, Hello, Load, RouterMessage};
 use warmpath_proto::CacheEventsClient;
 use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 
@@ -185,24 +183,9 @@ async fn agent_stream(
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let total = blocks.len() as u64;
-    let mut chunks: Vec<Vec<warmpath_proto::v1::Block>> =
-        blocks.chunks(8192).map(|c| c.to_vec()).collect();
-    if chunks.is_empty() {
-        chunks.push(Vec::new());
-    }
-    let n = chunks.len();
-    let snapshot = chunks.into_iter().enumerate().map(move |(i, blocks)| {
-        Msg::Snapshot(SnapshotChunk {
-            seq: 1,
-            chunk_index: i as u32,
-            first: i == 0,
-            last: i + 1 == n,
-            blocks,
-            total_blocks: total,
-            prefix_closed: prefix_closed && i + 1 == n,
-        })
-    });
+    let snapshot = warmpath_proto::snapshot_chunks(1, &blocks, prefix_closed)
+        .into_iter()
+        .map(Msg::Snapshot);
     let msgs = [Msg::Hello(Hello {
         worker_id: worker.into(),
         endpoint: worker.into(),
