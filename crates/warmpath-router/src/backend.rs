@@ -92,6 +92,10 @@ pub struct Backend {
     /// Its worker's reported engine load, found once per registry
     /// generation ([`crate::load_cell`]).
     load_cell: CellCache,
+    /// Bumped after every change of what routing reads here (in flight,
+    /// pending prefill, ejected, draining): the load board re-reads only
+    /// backends whose count moved ([`crate::load_board`]).
+    changes: AtomicU64,
 }
 
 impl std::fmt::Debug for Backend {
@@ -145,7 +149,19 @@ impl Backend {
             draining: AtomicBool::new(false),
             idle: Notify::new(),
             load_cell: CellCache::default(),
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// How many times what routing reads here changed (see `changes`);
+    /// read before the values, so a change racing the read shows next time.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Counts a change of what routing reads, after it is made.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// The engine load its agent reported, if recent (`agents` of pool
@@ -165,6 +181,18 @@ impl Backend {
             .flatten()
     }
 
+    /// Its worker's load cell in `agents`' current generation (what
+    /// [`Backend::engine_load`] reads), for the load board to keep.
+    pub fn load_cell(
+        &self,
+        model: &str,
+        agents: &dyn crate::AgentLoads,
+    ) -> Option<std::sync::Arc<crate::load_cell::LoadCell>> {
+        self.load_cell.cell(agents.cell_generation(), || {
+            agents.load_cell(model, &self.id)
+        })
+    }
+
     /// Whether it is draining (see [`Backend::start_draining`]).
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
@@ -173,7 +201,9 @@ impl Backend {
     /// Takes it out of rotation for removal: routing skips it from now on,
     /// requests in flight finish. Returns false when it already was.
     pub fn start_draining(&self) -> bool {
-        !self.draining.swap(true, Ordering::AcqRel)
+        let started = !self.draining.swap(true, Ordering::AcqRel);
+        self.changed();
+        started
     }
 
     /// Returns once no request is in flight here (at once when none is).
@@ -277,6 +307,9 @@ impl Backend {
         self.probe_failures.store(0, Ordering::Relaxed);
         self.probe_ok.store(true, Ordering::Relaxed);
         let back = self.ejected.swap(false, Ordering::Relaxed);
+        if back {
+            self.changed();
+        }
         if back || serving {
             self.consecutive_failures.store(0, Ordering::Relaxed);
         }
@@ -306,6 +339,7 @@ impl Backend {
         if self.ejected.swap(true, Ordering::Relaxed) {
             return false;
         }
+        self.changed();
         if self.streak.swap(0, Ordering::Relaxed) >= eject_after {
             self.ejections.store(1, Ordering::Relaxed);
         } else {
@@ -328,6 +362,7 @@ impl Backend {
         let n = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.pending_prefill
             .fetch_add(prefill_blocks, Ordering::Relaxed);
+        self.changed();
         self.gauge(n);
         FlightGuard {
             backend: Arc::clone(self),
@@ -368,6 +403,7 @@ impl FlightGuard {
         let n = std::mem::take(&mut self.prefill_blocks);
         if n > 0 {
             self.backend.pending_prefill.fetch_sub(n, Ordering::Relaxed);
+            self.backend.changed();
         }
     }
 
@@ -386,6 +422,7 @@ impl Drop for FlightGuard {
     fn drop(&mut self) {
         self.first_byte();
         let n = self.backend.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.backend.changed();
         self.backend.gauge(n);
         self.backend.outcomes[self.outcome as usize].increment(1);
         if n == 0 && self.backend.is_draining() {

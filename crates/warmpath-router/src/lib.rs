@@ -46,6 +46,7 @@ mod hot;
 mod incoming;
 pub mod ingest;
 mod inspect;
+mod load_board;
 pub mod load_cell;
 mod members;
 mod metrics;
@@ -104,6 +105,13 @@ pub trait AgentLoads: Send + Sync {
     /// then breaks ties with an rng seeded by the prefix key, so replicas
     /// of the same state agree.
     fn shares_decisions(&self) -> bool {
+        false
+    }
+
+    /// Whether [`remote_load`](Self::remote_load) may answer anything but
+    /// zeros (a replica shared a start with this router): the load board
+    /// does not track those loads, so routing then reads every backend's.
+    fn remote_loads(&self) -> bool {
         false
     }
 }

@@ -11,7 +11,7 @@
 //! The fields are separate atomics: a read racing a report may mix two
 //! reports' fields, which routing tolerates (a load is a one-second sample).
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use warmpath_core::EngineLoad;
@@ -35,6 +35,8 @@ pub struct LoadCell {
     flags: AtomicU8,
     /// [`crate::monotonic_ms`] of the report.
     at_ms: AtomicU64,
+    /// Bumped after every `set` and `claimed` ([`LoadCell::changes`]).
+    changes: AtomicU64,
 }
 
 impl LoadCell {
@@ -55,6 +57,7 @@ impl LoadCell {
             f |= PARTIAL;
         }
         self.flags.store(f, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// A new stream took the worker: whether the engine is up is unknown
@@ -62,6 +65,14 @@ impl LoadCell {
     pub(crate) fn claimed(&self, keep_load: bool) {
         let keep = if keep_load { HAS_LOAD | PARTIAL } else { 0 };
         self.flags.fetch_and(keep, Ordering::AcqRel);
+        self.changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many reports and claims changed it; read before the fields, so
+    /// one racing the read shows as a change next time (the load board,
+    /// [`crate::load_board`]).
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// The last load reported, however old.
@@ -83,13 +94,23 @@ impl LoadCell {
         (f & UP_KNOWN != 0).then_some(f & DOWN == 0)
     }
 
+    /// [`LoadCell::fresh`], with the last millisecond it stays fresh
+    /// without a new report.
+    pub(crate) fn fresh_until(&self, now_ms: u64) -> Option<(EngineLoad, u64)> {
+        let until = self
+            .at_ms
+            .load(Ordering::Relaxed)
+            .saturating_add(LOAD_FRESH_MS);
+        (now_ms <= until && self.engine_up() != Some(false))
+            .then(|| self.last())
+            .flatten()
+            .map(|l| (l, until))
+    }
+
     /// The load routing may use at `now_ms`: reported, the engine not down
     /// at the last scrape, and at most [`LOAD_FRESH_MS`] old.
     pub fn fresh(&self, now_ms: u64) -> Option<EngineLoad> {
-        let recent = now_ms.saturating_sub(self.at_ms.load(Ordering::Relaxed)) <= LOAD_FRESH_MS;
-        (recent && self.engine_up() != Some(false))
-            .then(|| self.last())
-            .flatten()
+        self.fresh_until(now_ms).map(|(l, _)| l)
     }
 }
 
@@ -108,11 +129,35 @@ impl CellCache {
         lookup: impl FnOnce() -> Option<Arc<LoadCell>>,
         read: impl FnOnce(&LoadCell) -> R,
     ) -> Option<R> {
+        self.current(generation, lookup)
+            .as_ref()
+            .and_then(|(_, cell)| cell.as_deref())
+            .map(read)
+    }
+
+    /// The cell itself for `generation`, looked up as [`CellCache::read`]
+    /// does, for a reader that keeps it (the load board).
+    pub fn cell(
+        &self,
+        generation: u64,
+        lookup: impl FnOnce() -> Option<Arc<LoadCell>>,
+    ) -> Option<Arc<LoadCell>> {
+        self.current(generation, lookup)
+            .as_ref()
+            .and_then(|(_, cell)| cell.clone())
+    }
+
+    /// The cache, locked, holding `generation`'s cell.
+    fn current(
+        &self,
+        generation: u64,
+        lookup: impl FnOnce() -> Option<Arc<LoadCell>>,
+    ) -> MutexGuard<'_, Option<(u64, Option<Arc<LoadCell>>)>> {
         let mut c = self.0.lock();
         if c.as_ref().is_none_or(|(g, _)| *g != generation) {
             *c = Some((generation, lookup()));
         }
-        c.as_ref().and_then(|(_, cell)| cell.as_deref()).map(read)
+        c
     }
 }
 

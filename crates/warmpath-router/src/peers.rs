@@ -116,6 +116,12 @@ impl Peers {
         self.enabled.load(Ordering::Relaxed)
     }
 
+    /// Whether another replica's start was ever counted here, so
+    /// [`Peers::remote_load`] may be non-zero for some worker.
+    pub fn counts_remote(&self) -> bool {
+        self.counted.load(Ordering::Acquire)
+    }
+
     fn gauge(model: &str, n: usize) {
         metrics::gauge!("warmpath_replica_sharing_up", "pool" => model.to_owned()).set(n as f64);
     }
@@ -169,7 +175,7 @@ impl Peers {
     pub fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
         // A router no replica ever shared a start with has nothing counted
         // anywhere: routing reads this for every backend per request.
-        if !self.counted.load(Ordering::Acquire) {
+        if !self.counts_remote() {
             return (0, 0);
         }
         let all = self.links.read();

@@ -18,6 +18,7 @@ use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, Tenant
 use crate::discovery::provider::Provider;
 use crate::error::RouterError;
 use crate::hot::HotChains;
+use crate::load_board::LoadBoard;
 use crate::metrics::PoolMetrics;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -41,6 +42,9 @@ pub struct PolicyState {
     pub policy: Box<dyn Policy>,
     /// The backends it was built from, in its snapshot order.
     pub backends: Arc<[Arc<Backend>]>,
+    /// Their loads as its last pick saw them (`route::pick` picks through
+    /// it; a pick that bypasses it must call `LoadBoard::invalidate`).
+    pub board: LoadBoard,
 }
 
 /// Why a membership change was refused; the pool is unchanged.
@@ -192,6 +196,7 @@ impl Pool {
                         source,
                     },
                 )?,
+                board: LoadBoard::default(),
             })),
         };
         pool.switch(cfg.effective_strategy(), cfg.policy_config())
@@ -289,6 +294,7 @@ impl Pool {
             config,
             policy,
             backends,
+            board: LoadBoard::default(),
         });
         std::mem::replace(&mut *self.policy.write(), new)
     }

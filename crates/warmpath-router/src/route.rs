@@ -9,6 +9,7 @@
 
 use crate::config::Isolation;
 use crate::error::ApiError;
+use crate::load_board::{load_of, LoadBoard};
 use crate::metrics::Phase;
 use crate::pool::{PolicyState, Pool, Target};
 use crate::AgentLoads;
@@ -197,6 +198,7 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
         config: current.config.clone(),
         policy: Box::new(LeastOutstanding),
         backends: Arc::clone(&current.backends),
+        board: LoadBoard::default(),
     });
     Plan {
         target,
@@ -217,7 +219,6 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
 /// adapter marked ineligible.
 pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
     let pool = &plan.target.pool;
-    let adapter = plan.target.adapter.as_deref();
     let now_ms = crate::monotonic_ms();
     // Other replicas' requests there, as shared through the agents.
     let remote = |i: usize| {
@@ -230,18 +231,24 @@ pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            let (remote_in_flight, remote_pending) = remote(i);
-            BackendLoad {
-                eligible: b.is_healthy()
-                    && !b.is_draining()
-                    && !excluded.contains(&i)
-                    && adapter.is_none_or(|a| b.serves_adapter(a)),
-                in_flight: b.in_flight() + remote_in_flight,
-                pending_prefill_blocks: b.pending_prefill_blocks() + remote_pending,
-                engine: agents.and_then(|a| b.engine_load(&pool.model, a, now_ms)),
-            }
+            let engine = agents.and_then(|a| b.engine_load(&pool.model, a, now_ms));
+            load_of(b, eligible(plan, excluded, i), engine, remote(i))
         })
         .collect()
+}
+
+/// Whether position `i` of `plan`'s snapshot may take it: healthy, not
+/// draining, not in `excluded`, serving its adapter.
+fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
+    let b = &plan.policy.backends[i];
+    b.is_healthy()
+        && !b.is_draining()
+        && !excluded.contains(&i)
+        && plan
+            .target
+            .adapter
+            .as_deref()
+            .is_none_or(|a| b.serves_adapter(a))
 }
 
 /// Picks a backend for `plan`, never one in `excluded`.
@@ -252,21 +259,47 @@ pub fn pick(
 ) -> Result<Decision, ApiError> {
     let t = Instant::now();
     let pool = &plan.target.pool;
-    let loads = loads(plan, excluded, agents);
-    if let Some(d) = pinned(plan, &loads) {
+    if let Some(d) = pinned(plan, excluded) {
         return Ok(d);
     }
     // Shared decisions: ties go by the key, as in `preview`, so replicas of
     // the same state agree (ARCHITECTURE.md, "Router replicas").
-    let keyed =
-        plan.policy.strategy == Strategy::KvAware && agents.is_some_and(|a| a.shares_decisions());
-    let res = if keyed {
-        let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
-        plan.policy.policy.pick(&input_of(plan), &loads, &mut rng)
+    let kv = plan.policy.strategy == Strategy::KvAware;
+    let mut keyed;
+    let mut shared;
+    let rng: &mut dyn rand::RngCore = if kv && agents.is_some_and(|a| a.shares_decisions()) {
+        keyed = SmallRng::seed_from_u64(plan.prefix_key.0);
+        &mut keyed
     } else {
-        plan.policy
-            .policy
-            .pick(&input_of(plan), &loads, &mut rand::rng())
+        shared = rand::rng();
+        &mut shared
+    };
+    let input = input_of(plan);
+    let policy = &plan.policy;
+    // kv_aware reads only the loads that changed (`load_board`), where the
+    // board tracks every load this request reads.
+    let tracked = kv
+        && excluded.is_empty()
+        && plan.target.adapter.is_none()
+        && !agents.is_some_and(|a| a.remote_loads());
+    let res = if tracked {
+        let now_ms = crate::monotonic_ms();
+        policy.board.with(
+            &pool.model,
+            &policy.backends,
+            agents,
+            now_ms,
+            |loads, changed| match changed {
+                Some(c) => policy.policy.pick_changed(&input, loads, c, rng),
+                None => policy.policy.pick(&input, loads, rng),
+            },
+        )
+    } else {
+        if kv {
+            policy.board.invalidate();
+        }
+        let loads = loads(plan, excluded, agents);
+        policy.policy.pick(&input, &loads, rng)
     };
     observe(pool, Phase::Pick, t);
     checked(plan, res)
@@ -289,10 +322,10 @@ pub fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision,
 
 /// The pinned backend, while it can serve (healthy, not draining, not
 /// excluded); else the policy picks and the engine answers as it would.
-fn pinned(plan: &Plan, loads: &[BackendLoad]) -> Option<Decision> {
+fn pinned(plan: &Plan, excluded: &[usize]) -> Option<Decision> {
     let id = plan.pinned.as_deref()?;
     let i = plan.policy.backends.iter().position(|b| b.id == id)?;
-    loads[i].eligible.then(|| Decision {
+    eligible(plan, excluded, i).then(|| Decision {
         backend: i,
         kind: DecisionKind::Affinity,
         matched_blocks: plan

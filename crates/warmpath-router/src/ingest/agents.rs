@@ -347,6 +347,10 @@ impl crate::AgentLoads for Agents {
     fn shares_decisions(&self) -> bool {
         self.peers.enabled()
     }
+
+    fn remote_loads(&self) -> bool {
+        self.peers.counts_remote()
+    }
 }
 
 #[cfg(test)]
