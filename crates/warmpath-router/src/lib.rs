@@ -10,7 +10,8 @@
 //!
 //! Modules, in request order: `config` -> `front` (with `conn`: limits and
 //! watchdogs of client connections, and `socket`) -> `api` and `surface`
-//! (embeddings, responses, tokenize; with `incoming` and `tenancy`) -> `route` -> `proxy` (with `backend` load accounting and
+//! (embeddings, responses, tokenize; with `incoming` and `tenancy`) -> `route` (with
+//! `load_board`: the loads kept between picks) -> `proxy` (with `backend` load accounting and
 //! `salt`, and `requests`: ids, durations, the access log); around them `pool`, `hot`, `caches`, `inspect` (`/cache-index`,
 //! `/metrics`), `ui` (`/cache-index/ui`), `models` (`/v1/models`), `admin`, `health` (probes), `readiness` (`/livez`, `/readyz`), `metrics` (the recorder and series) and
 //! `server` (start-up and the HTTP routes). The public API is [`config`],

@@ -6,7 +6,9 @@
 //! connected"), so the registry keeps each worker's load in one shared
 //! [`LoadCell`], and each backend keeps a handle to its worker's cell
 //! ([`CellCache`]), looked up again only when the registry's generation
-//! changed (a worker claimed anew or removed).
+//! changed (a worker claimed anew or removed). The load board
+//! (`load_board`) goes further: it reads a cell again only when the cell's
+//! change count moved.
 //!
 //! The fields are separate atomics: a read racing a report may mix two
 //! reports' fields, which routing tolerates (a load is a one-second sample).
