@@ -133,10 +133,13 @@ impl LoadBoard {
         pick(&b.loads, (!whole).then_some(&b.changed[..]))
     }
 
-    /// The policy was handed loads the board did not give it: the next
-    /// pick reads and compares every load.
-    pub(crate) fn invalidate(&self) {
-        self.0.lock().valid = false;
+    /// Runs `pick`, which hands the policy loads the board did not give
+    /// it, under the board's lock, so no board pick runs between it and
+    /// the board's next read, which reads and compares every load.
+    pub(crate) fn bypass<R>(&self, pick: impl FnOnce() -> R) -> R {
+        let mut b = self.0.lock();
+        b.valid = false;
+        pick()
     }
 }
 
@@ -273,7 +276,7 @@ mod tests {
         assert_eq!(loads[0].engine, None, "stale one ms later");
         reg.generation.fetch_add(1, Ordering::Release);
         assert_eq!(read(&board, &backends, &reg, last + 1).1, None);
-        board.invalidate();
+        board.bypass(|| ());
         assert_eq!(read(&board, &backends, &reg, last + 1).1, None);
         assert_eq!(read(&board, &backends, &reg, last + 1).1, Some(vec![]));
     }

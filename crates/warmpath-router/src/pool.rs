@@ -43,7 +43,7 @@ pub struct PolicyState {
     /// The backends it was built from, in its snapshot order.
     pub backends: Arc<[Arc<Backend>]>,
     /// Their loads as its last pick saw them (`route::pick` picks through
-    /// it; a pick that bypasses it must call `LoadBoard::invalidate`).
+    /// it; a pick that bypasses it goes through `LoadBoard::bypass`).
     pub board: LoadBoard,
 }
 

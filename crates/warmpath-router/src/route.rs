@@ -295,11 +295,16 @@ pub fn pick(
             },
         )
     } else {
+        let mut whole = || {
+            policy
+                .policy
+                .pick(&input, &loads(plan, excluded, agents), rng)
+        };
         if kv {
-            policy.board.invalidate();
+            policy.board.bypass(whole)
+        } else {
+            whole()
         }
-        let loads = loads(plan, excluded, agents);
-        policy.policy.pick(&input, &loads, rng)
     };
     observe(pool, Phase::Pick, t);
     checked(plan, res)
