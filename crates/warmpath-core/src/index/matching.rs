@@ -30,7 +30,8 @@
 //! While every worker still matching is prefix-closed ([`closure`]), a
 //! chunk probes only the last block of each of its next `AHEAD` batches,
 //! back to back, and walks a batch block by block only where some match
-//! ends in it.
+//! ends in it; when the first block's holders all are, the first chunk
+//! starts at block 1 (no head walked one lookup at a time).
 //!
 //! [`closure`]: super::closure
 
@@ -366,7 +367,14 @@ impl CacheIndex {
             })
             .collect();
         let mut walk = Walk::new(active, len, may_skip);
-        let head = hashes.len().min(HEAD);
+        // A walk that may skip from the first block on goes to the chunks at
+        // once: there the head's blocks are passed with back-to-back probes
+        // of batch ends, not probed one after another.
+        let head = if walk.can_skip() {
+            1
+        } else {
+            hashes.len().min(HEAD)
+        };
         for (i, h) in hashes.iter().enumerate().take(head).skip(1) {
             if walk.done() {
                 break;
