@@ -490,7 +490,8 @@ struct ScaleArgs {
     #[arg(long, default_value_t = 1.25)]
     load_factor: f64,
     /// Print each instance's share of the requests (larger fleets than 64: how
-    /// many instances are outside 0.5x-1.5x of an even share).
+    /// many instances are outside 0.5x-1.5x of an even share, over the whole
+    /// run and over its second half, where the start's placements weigh less).
     #[arg(long)]
     shares: bool,
     /// Write the reports as JSON here.
@@ -662,8 +663,12 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         println!("  {}", r.routing_cost.line());
         if a.shares && r.served.len() > 64 {
             let (below, above) = warmpath_bench::stats::outside_even(&r.served, 0.5, 1.5);
+            let (late_below, late_above) =
+                warmpath_bench::stats::outside_even(&r.served_late, 0.5, 1.5);
+            let (late_min, late_max) = warmpath_bench::stats::share_min_max(&r.served_late);
             println!(
-                "  shares: {below} instances below 0.5x an even share, {above} above 1.5x (moves {})",
+                "  shares: {below} instances below 0.5x an even share, {above} above 1.5x (moves {}); \
+                 second half of the requests: {late_below} below, {late_above} above, {late_min:.3}-{late_max:.3}%",
                 r.moves
             );
         } else if a.shares {

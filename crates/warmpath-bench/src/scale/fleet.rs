@@ -49,6 +49,9 @@ pub(crate) struct Instance {
     pub(crate) in_flight: u32,
     /// Requests routed here in total.
     pub(crate) served: u64,
+    /// Requests routed here from the run's second half on (the start's
+    /// placements, made before popularity is known, left out).
+    pub(crate) served_late: u64,
 }
 
 impl Instance {
@@ -65,6 +68,7 @@ impl Instance {
             decode_wait: VecDeque::new(),
             in_flight: 0,
             served: 0,
+            served_late: 0,
         }
     }
 

@@ -216,6 +216,8 @@ pub struct ScaleReport {
     pub index_blocks: usize,
     /// Requests routed to each instance, in instance order.
     pub served: Vec<u64>,
+    /// The same, counting only the second half of the run's requests.
+    pub served_late: Vec<u64>,
     /// Where the uncached tokens came from and what the slowest 10% are
     /// (fleets of at most 64 instances).
     pub diagnosis: Option<Diagnosis>,
@@ -476,6 +478,9 @@ impl<'a> Sim<'a> {
         let inst = &mut self.fleet[i];
         inst.in_flight += 1;
         inst.served += 1;
+        if 2 * r >= self.cfg.requests {
+            inst.served_late += 1;
+        }
         inst.prefill_queue.push_back(r);
         let origin = match self.docs.get_mut(doc as usize) {
             Some(state) => {
@@ -675,6 +680,7 @@ impl<'a> Sim<'a> {
             wall_s,
             index_blocks: self.index.distinct_blocks(),
             served,
+            served_late: self.fleet.iter().map(|f| f.served_late).collect(),
             diagnosis: (!self.docs.is_empty())
                 .then(|| Diagnosis::of(&self.samples, self.prompt_sum)),
         }

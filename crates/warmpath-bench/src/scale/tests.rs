@@ -25,7 +25,21 @@ fn every_strategy_completes_every_request() {
         assert!(r.ttft_ms.p50 > 0.0 && r.ttft_ms.p50 <= r.ttft_ms.p99);
         assert_eq!(r.decisions.values().sum::<u64>(), 3000);
         assert!(r.share_min_pct <= 12.5 && r.share_max_pct >= 12.5);
+        assert_eq!(r.served.iter().sum::<u64>(), 3000, "{s}");
+        assert_eq!(r.served_late.iter().sum::<u64>(), 1500, "{s}");
+        assert!(r.served_late.iter().zip(&r.served).all(|(l, a)| l <= a));
     }
+}
+
+#[test]
+fn the_second_half_counts_the_later_requests_of_an_odd_run() {
+    let cfg = ScaleConfig {
+        requests: 5,
+        ..small()
+    };
+    let r = run(&cfg, Strategy::Random, &mut |_| {}).unwrap();
+    // Requests 3 and 4 of 0..5 are the second half.
+    assert_eq!(r.served_late.iter().sum::<u64>(), 2);
 }
 
 #[test]
