@@ -44,8 +44,8 @@ pub(crate) fn load_of(
 ) -> BackendLoad {
     BackendLoad {
         eligible,
-        in_flight: b.in_flight() + remote.0,
-        pending_prefill_blocks: b.pending_prefill_blocks() + remote.1,
+        in_flight: b.in_flight().saturating_add(remote.0),
+        pending_prefill_blocks: b.pending_prefill_blocks().saturating_add(remote.1),
         engine,
     }
 }

@@ -36,6 +36,9 @@ pub type StreamTx = mpsc::Sender<Result<RouterMessage, tonic::Status>>;
 /// cannot grow this router's memory.
 const MAX_REMOTE: usize = 65_536;
 
+/// The most prefill blocks one remote request counts for.
+const MAX_PREFILL: u64 = u32::MAX as u64;
+
 /// A remote request older than this is forgotten (its `finished` was lost,
 /// e.g. its router crashed): longer than any upstream deadline's default.
 const MAX_REMOTE_AGE: Duration = Duration::from_secs(900);
@@ -226,16 +229,14 @@ impl Peers {
                 if r.by_request.len() >= MAX_REMOTE || r.by_request.contains_key(&id) {
                     return false;
                 }
-                r.by_request.insert(
-                    id,
-                    Remote {
-                        prefill: d.prefill_blocks,
-                        at: now,
-                    },
-                );
+                // A peer's figure is capped where the policy caps it (u32), so
+                // `MAX_REMOTE` starts sum far below u64's range: a hostile
+                // `u64::MAX` weighs as much as any huge prefill, and wraps nothing.
+                let prefill = d.prefill_blocks.min(MAX_PREFILL);
+                r.by_request.insert(id, Remote { prefill, at: now });
                 self.counted.store(true, Ordering::Release);
                 l.in_flight.fetch_add(1, Ordering::Relaxed);
-                l.pending.fetch_add(d.prefill_blocks, Ordering::Relaxed);
+                l.pending.fetch_add(prefill, Ordering::Relaxed);
                 true
             }
             Phase::Prefilled => {
@@ -395,6 +396,20 @@ mod tests {
         p.detach("m", "w", 7);
         assert_eq!(p.remote_load("m", "w"), (0, 0));
         assert!(!p.receive("m", "w", 7, &fact(1, 5, Phase::Start, 10)));
+    }
+
+    #[test]
+    fn a_peers_huge_prefill_is_capped_and_released_whole() {
+        let p = Peers::default();
+        let (tx, _rx) = mpsc::channel(4);
+        p.attach("m", "w", 7, tx);
+        assert!(p.receive("m", "w", 7, &fact(1, 1, Phase::Start, u64::MAX)));
+        assert!(p.receive("m", "w", 7, &fact(1, 2, Phase::Start, u64::MAX)));
+        assert_eq!(p.remote_load("m", "w"), (2, 2 * MAX_PREFILL));
+        p.receive("m", "w", 7, &fact(1, 1, Phase::Finished, 0));
+        assert_eq!(p.remote_load("m", "w"), (1, MAX_PREFILL));
+        p.receive("m", "w", 7, &fact(1, 2, Phase::Prefilled, 0));
+        assert_eq!(p.remote_load("m", "w"), (1, 0));
     }
 
     #[test]
