@@ -49,8 +49,8 @@ pub(crate) struct Instance {
     pub(crate) in_flight: u32,
     /// Requests routed here in total.
     pub(crate) served: u64,
-    /// Requests routed here from the run's second half on (the start's
-    /// placements, made before popularity is known, left out).
+    /// Requests routed here from the run's second half on: the balance
+    /// once the placements made before popularity was known weigh less.
     pub(crate) served_late: u64,
 }
 
