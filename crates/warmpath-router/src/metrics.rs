@@ -219,7 +219,7 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_ingest_refused_total",
-        "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch)"
+        "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello)"
     );
     describe_gauge!(
         "warmpath_hot_cache_entries",

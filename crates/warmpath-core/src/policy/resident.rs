@@ -260,7 +260,7 @@ impl Resident {
     /// Blocks of every modelled cache together, and of the largest one.
     pub(crate) fn capacity(&self) -> (u64, u64) {
         self.caches.iter().flatten().fold((0, 0), |(sum, max), c| {
-            (sum + c.capacity, max.max(c.capacity))
+            (sum.saturating_add(c.capacity), max.max(c.capacity))
         })
     }
 

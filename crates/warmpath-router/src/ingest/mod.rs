@@ -193,6 +193,27 @@ pub struct IngestService {
     agents: Arc<Agents>,
     auth: AgentAuth,
     shutdown: CancellationToken,
+    hello_within: Duration,
+}
+
+/// How long a new stream may take to send its Hello: a stream that never
+/// does (any client can open one before the credential is checked against
+/// the Hello) holds a task and a channel until then.
+const HELLO_WITHIN: Duration = Duration::from_secs(10);
+
+/// How often a stream checks that it still owns its worker: a stream a
+/// newer one took over (or whose worker was removed) is closed within this
+/// even when its agent sends nothing more, with what it held.
+const OWNER_CHECK: Duration = Duration::from_secs(1);
+
+/// What a log line shows of a peer-chosen id: ids are checked after the
+/// span that names them is built.
+fn shown(id: &str) -> &str {
+    let mut end = id.len().min(256);
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    &id[..end]
 }
 
 impl std::fmt::Debug for IngestService {
@@ -216,7 +237,15 @@ impl IngestService {
             agents,
             auth,
             shutdown,
+            hello_within: HELLO_WITHIN,
         }
+    }
+
+    /// The Hello deadline, shorter for tests.
+    #[cfg(test)]
+    pub(crate) fn with_hello_within(mut self, d: Duration) -> Self {
+        self.hello_within = d;
+        self
     }
 }
 
@@ -278,11 +307,26 @@ impl CacheEvents for IngestService {
         let dir = Arc::clone(&self.dir);
         let agents = Arc::clone(&self.agents);
         let shutdown = self.shutdown.clone();
+        let hello_within = self.hello_within;
         // Owned by the stream: ends when the agent closes, the response
-        // stream is dropped (send fails) or the router shuts down.
+        // stream is dropped (send fails), the Hello is late or the router
+        // shuts down.
         tokio::spawn(async move {
             let first = tokio::select! {
-                m = inbound.next() => m,
+                m = tokio::time::timeout(hello_within, inbound.next()) => match m {
+                    Ok(m) => m,
+                    Err(_) => {
+                        metrics::counter!("warmpath_ingest_refused_total", "reason" => "no_hello")
+                            .increment(1);
+                        let r = Refusal {
+                            reason: format!("no Hello within {} ms", hello_within.as_millis()),
+                            retryable: true,
+                        };
+                        tracing::info!(remote = ?remote, reason = %r.reason, "agent refused");
+                        let _ = tx.try_send(Ok(refused(&r)));
+                        return;
+                    }
+                },
                 () = shutdown.cancelled() => return,
             };
             let hello = match first {
@@ -303,7 +347,7 @@ impl CacheEvents for IngestService {
                 }
                 None => return,
             };
-            let span = tracing::info_span!("agent", worker = %hello.worker_id, model = %hello.model, epoch = hello.epoch);
+            let span = tracing::info_span!("agent", worker = %shown(&hello.worker_id), model = %shown(&hello.model), epoch = hello.epoch);
             if let Some((secret, presented)) = &credential {
                 let expected = warmpath_proto::worker_token(secret, &hello.worker_id);
                 if !warmpath_proto::same_token(presented, &expected) {
@@ -363,11 +407,20 @@ async fn drive(
     let peers = Arc::clone(agents.peers());
     let stream_id = ws.stream_id();
     peers.attach(&hello.model, &hello.worker_id, stream_id, tx.clone());
+    let mut owner_check = tokio::time::interval(OWNER_CHECK);
+    owner_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'stream: loop {
         let next = tokio::select! {
             m = inbound.next() => m,
             () = shutdown.cancelled() => break,
             () = tx.closed() => break,
+            _ = owner_check.tick() => {
+                if ws.owns() {
+                    continue;
+                }
+                tracing::info!("agent stream taken over or its worker removed; closing it");
+                break;
+            }
         };
         let msg = match next {
             Some(Ok(m)) => m,

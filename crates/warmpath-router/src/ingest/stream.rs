@@ -185,13 +185,13 @@ impl WorkerStream {
         })
     }
 
-    /// Whether this stream still owns its worker (a newer stream may have
-    /// taken over).
     /// This stream's id in the agent registry.
     pub(crate) fn stream_id(&self) -> u64 {
         self.stream_id
     }
 
+    /// Whether this stream still owns its worker (a newer stream may have
+    /// taken over).
     pub(crate) fn owns(&self) -> bool {
         self.live.owned_by(self.stream_id)
     }
@@ -235,7 +235,10 @@ impl WorkerStream {
             Msg::Hello(h) => self.on_hello(&h),
             Msg::Snapshot(chunk) => Ok(self.on_snapshot(chunk)),
             Msg::Delta(d) => Ok(self.on_delta(d, now_unix_micros)),
-            Msg::Load(l) => {
+            Msg::Load(mut l) => {
+                // The policy models this many blocks of the engine's cache:
+                // no more than the index would ever hold of it.
+                l.capacity_blocks = l.capacity_blocks.min(self.pool.bounds.max_worker_blocks);
                 self.agents.set_load(&self.key, &l);
                 let capacity = (l.capacity_blocks > 0).then_some(l.capacity_blocks);
                 let cap = self.pool.bounds.worker_cap(capacity);

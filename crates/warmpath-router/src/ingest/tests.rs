@@ -375,7 +375,8 @@ async fn start_server(
         agents.clone(),
         AgentAuth::new(token.map(str::to_owned), None),
         shutdown.clone(),
-    );
+    )
+    .with_hello_within(Duration::from_millis(300));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(listener, svc, None, shutdown.clone()));
@@ -493,6 +494,48 @@ async fn grpc_unknown_model_and_bad_first_message_are_refused() {
     shutdown.cancel();
 }
 
+#[tokio::test]
+async fn a_stream_without_hello_is_refused_at_its_deadline() {
+    let (addr, _p, _agents, shutdown) = start_server(None).await;
+    let (_tx, mut answers) = open(addr, None, vec![]).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), answers.next())
+        .await
+        .expect("answered within the deadline");
+    match first.unwrap().unwrap().msg {
+        Some(router_message::Msg::Refused(r)) => {
+            assert!(r.reason.contains("no Hello within 300 ms"), "{}", r.reason);
+            assert!(r.retryable);
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    // And the stream ends there.
+    let end = tokio::time::timeout(Duration::from_secs(5), answers.next()).await;
+    assert!(matches!(end, Ok(None | Some(Err(_)))), "{end:?}");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_silent_stream_taken_over_is_closed_without_its_next_message() {
+    let (addr, _p, agents, shutdown) = start_server(None).await;
+    let hello_of = |epoch| AgentMessage {
+        msg: Some(Msg::Hello(hello("w", epoch, 4))),
+    };
+    let (_old_tx, mut old) = open(addr, None, vec![hello_of(1)]).await.unwrap();
+    for _ in 0..200 {
+        if agents.status("m", 0).first().is_some_and(|s| s.connected) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_new_tx, _new) = open(addr, None, vec![hello_of(2)]).await.unwrap();
+    // The old stream sends nothing more; it is closed within the owner check.
+    let end = tokio::time::timeout(Duration::from_secs(5), old.next())
+        .await
+        .expect("the old stream ended");
+    assert!(matches!(end, None | Some(Err(_))), "{end:?}");
+    shutdown.cancel();
+}
+
 #[test]
 fn tiers_map_from_proto() {
     let p = pool();
@@ -540,7 +583,7 @@ fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
     p.bounds.capacity_slack = 1.5;
     p.bounds.max_worker_blocks = 12;
     let agents = Arc::new(Agents::new());
-    let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
+    let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
     let slot = p.index.worker_slot("w").unwrap();
     // No capacity known yet: max_worker_blocks, for snapshots too.
     assert_eq!(p.index.worker_cap(slot), Some(12));
@@ -556,9 +599,14 @@ fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
     assert_eq!(p.index.worker_cap(slot), Some(6));
     ws.on_message(stored(2, &c[20..30]), 3, 0).unwrap();
     assert_eq!(p.index.block_count(slot), 12);
-    // A huge claimed capacity is held to max_worker_blocks.
-    ws.on_message(load(1 << 40), 4, 0).unwrap();
+    // A huge claimed capacity is held to max_worker_blocks, in the index
+    // and in the load the policy models the engine's cache from.
+    ws.on_message(load(u64::MAX), 4, 0).unwrap();
     assert_eq!(p.index.worker_cap(slot), Some(12));
+    assert_eq!(
+        agents.engine_load("m", "w").unwrap().capacity_blocks,
+        Some(12)
+    );
 }
 
 #[test]
@@ -590,4 +638,13 @@ fn memory_is_released_once_the_indexes_shrank_enough() {
     assert!(!sweeper::release_due(&mut high, 0));
     assert!(!sweeper::release_due(&mut high, 2 * step));
     assert!(sweeper::release_due(&mut high, step));
+}
+
+#[test]
+fn a_logged_id_is_cut_at_a_char_boundary() {
+    assert_eq!(shown("w1"), "w1");
+    let long = "é".repeat(200);
+    assert_eq!(shown(&long).len(), 256);
+    let odd = format!("a{long}");
+    assert_eq!(shown(&odd).len(), 255);
 }
