@@ -273,7 +273,7 @@ impl Follower {
         }
         self.apply(seq, &payload);
         if self.stats_take_unknown_parent() {
-            self.catch_up(0, seq + 1).await;
+            self.catch_up(0, seq.saturating_add(1)).await;
         }
     }
 

@@ -48,8 +48,13 @@ pub struct LinkConfig {
     pub backoff_min: Duration,
     /// Largest backoff.
     pub backoff_max: Duration,
-    /// Connect timeout.
+    /// Connect timeout; also how long the router may take to answer a new
+    /// stream.
     pub connect_timeout: Duration,
+    /// How long one message may wait for the router to take it (HTTP/2
+    /// flow control), and a keep-alive ping for its answer: past either the
+    /// router is taken as hung and the link reconnects.
+    pub stall_timeout: Duration,
 }
 
 impl Default for LinkConfig {
@@ -59,6 +64,7 @@ impl Default for LinkConfig {
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(3),
+            stall_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -76,6 +82,8 @@ enum LinkError {
     Refused(String),
     #[error("router closed the stream")]
     Closed,
+    #[error("router stopped {0} for {1:?}: taken as hung")]
+    Stalled(&'static str, Duration),
 }
 
 /// Runs the link to `url` until `cancel` fires.
@@ -167,6 +175,9 @@ async fn stream_once(
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|e| LinkError::Connect(error_chain(&e)))?
         .connect_timeout(cfg.connect_timeout)
+        .http2_keep_alive_interval(cfg.heartbeat)
+        .keep_alive_timeout(cfg.stall_timeout)
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true);
     let tls = crate::tls::is_https(url);
     if tls {
@@ -201,15 +212,24 @@ async fn stream_once(
             .map_err(|_| LinkError::Connect("agent token is not valid header text".into()))?;
         req.metadata_mut().insert(AUTHORIZATION, v);
     }
-    let mut inbound = client.publish(req).await?.into_inner();
+    let mut inbound = tokio::time::timeout(cfg.connect_timeout, client.publish(req))
+        .await
+        .map_err(|_| LinkError::Stalled("answering a new stream", cfg.connect_timeout))??
+        .into_inner();
     stats.router_connects.inc();
     // Counted up while this stream lives (readiness), whichever way it ends.
     let _up = stats.router_streams.hold();
     metrics::gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
     tracing::info!(router = %url, "router link up");
+    let stall = cfg.stall_timeout;
     let send = |m: AgentMessage| {
         let tx = tx.clone();
-        async move { tx.send(m).await.map_err(|_| LinkError::Closed) }
+        async move {
+            match tokio::time::timeout(stall, tx.send(m)).await {
+                Ok(r) => r.map_err(|_| LinkError::Closed),
+                Err(_) => Err(LinkError::Stalled("reading the stream", stall)),
+            }
+        }
     };
     let mut heartbeat = tokio::time::interval(cfg.heartbeat);
     let mut last_seq = 0u64;
@@ -305,5 +325,70 @@ async fn stream_once(
                 },
             },
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::net::TcpListener;
+
+    /// A "router" that accepts connections and never answers: the link
+    /// gives up on each stream at its deadline and connects again.
+    #[tokio::test]
+    async fn a_router_that_never_answers_is_left_and_retried() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&accepted);
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                seen.fetch_add(1, Ordering::SeqCst);
+                held.push(sock);
+            }
+        });
+        let hub = Arc::new(Hub::new());
+        let sink = hub.add_sink("r", 64);
+        let (_load_tx, load) = watch::channel(None);
+        let cfg = LinkConfig {
+            heartbeat: Duration::from_millis(100),
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(20),
+            connect_timeout: Duration::from_millis(300),
+            stall_timeout: Duration::from_millis(300),
+        };
+        let id = Identity {
+            worker_id: "w".into(),
+            endpoint: "http://127.0.0.1:1".into(),
+            model: "m".into(),
+            epoch: 1,
+            token: None,
+            tls: None,
+        };
+        let cancel = CancellationToken::new();
+        let link = tokio::spawn(run_link(
+            format!("http://{addr}"),
+            id,
+            hub,
+            sink,
+            load,
+            Arc::new(Stats::default()),
+            cfg,
+            cancel.clone(),
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while accepted.load(Ordering::SeqCst) < 3 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            accepted.load(Ordering::SeqCst) >= 3,
+            "the link waited on a silent router"
+        );
+        cancel.cancel();
+        link.await.unwrap();
+        server.abort();
     }
 }
