@@ -58,6 +58,13 @@ impl Rebalance {
 }
 
 impl State {
+    /// Whether the last move (this replica's or one it took from another)
+    /// was under `MOVE_SPACING n` decisions ago, `n` backends.
+    pub(crate) fn moved_lately(&self, n: u64) -> bool {
+        self.last_move
+            .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
+    }
+
     /// Where `home`'s prefix should move to even the expected loads, if
     /// anywhere (module docs). Its home must be usable and hold it.
     pub(crate) fn propose_move(
@@ -72,9 +79,7 @@ impl State {
         // A prefix with copies is spread, not moved (`replicas`).
         if home.count() > 1
             || self.seq.saturating_sub(home.since) < rb.cooldown()
-            || self
-                .last_move
-                .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
+            || self.moved_lately(n)
         {
             return None;
         }

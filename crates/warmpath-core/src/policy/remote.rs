@@ -70,11 +70,15 @@ pub(super) fn observe(placer: &Placer, d: &RemoteDecision) {
 /// Takes the sender's home (and copies) for `key`. A move makes the same
 /// swap the sender made (`State::move_home`) but is not counted as this
 /// replica's move; the waits between moves start from it all the same.
+/// Moves come one per `MOVE_SPACING n` decisions fleet-wide, so a second
+/// within that wait takes the home without the swap: the swap's search of
+/// the home table is not repeated for every fact a peer (or a forging
+/// agent) says is a move.
 fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
     let seq = s.seq;
     match s.home(key) {
         Some(local) if local.backend as usize == h.backend => {}
-        Some(local) if h.moved => {
+        Some(local) if h.moved && !s.moved_lately(n as u64) => {
             let swap = s.homes.least_popular(h.backend, key);
             s.homes.set_home(key, h.backend, seq, true);
             if let Some(j) = swap {
@@ -196,6 +200,33 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(p.home_of(10), None);
+    }
+
+    #[test]
+    fn a_second_remote_move_within_the_spacing_takes_the_home_without_a_swap() {
+        let p = kv(4);
+        let fact = |key: u64, backend: usize, moved: bool| RemoteDecision {
+            prefix_key: key,
+            backend,
+            chain_blocks: 10,
+            prefill_blocks: 10,
+            home: Some(HomeView {
+                backend,
+                moved,
+                copies: vec![],
+            }),
+        };
+        for (key, b) in [(1, 0), (2, 1), (3, 2), (4, 3)] {
+            p.observe_remote(&fact(key, b, false));
+        }
+        // A move of 1 to backend 1 swaps 1's only other prefix, 2, to 0.
+        p.observe_remote(&fact(1, 1, true));
+        assert_eq!(p.home_of(1).unwrap().backend, 1);
+        assert_eq!(p.home_of(2).unwrap().backend, 0);
+        // At once another: 3 goes to 3, and 4 stays where it is.
+        p.observe_remote(&fact(3, 3, true));
+        assert_eq!(p.home_of(3).unwrap().backend, 3);
+        assert_eq!(p.home_of(4).unwrap().backend, 3);
     }
 
     #[test]
