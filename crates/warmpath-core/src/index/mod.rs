@@ -218,10 +218,17 @@ impl CacheIndex {
         w.mark_complete();
         let n = w.reset_counts();
         self.live.fetch_sub(n as i64, Ordering::Relaxed);
-        if w.bumps_since_compact.fetch_add(1, Ordering::Relaxed) + 1 >= COMPACT_AFTER_BUMPS {
-            self.compact();
-        } else {
+        let dead = w.dead_since_compact.fetch_add(n, Ordering::Relaxed) + n;
+        if w.bumps_since_compact.fetch_add(1, Ordering::Relaxed) + 1 < COMPACT_AFTER_BUMPS {
             self.note_dead(n);
+        } else if dead == 0 {
+            // Only empty sets were cleared since the last compaction: no
+            // entry of an older generation can alias the wrapped one, and a
+            // peer clearing an empty worker over and over forces no pass
+            // over the whole map.
+            w.bumps_since_compact.store(0, Ordering::Relaxed);
+        } else {
+            self.compact();
         }
         Ok(())
     }
@@ -255,6 +262,7 @@ impl CacheIndex {
         });
         for w in self.workers.all() {
             w.bumps_since_compact.store(0, Ordering::Relaxed);
+            w.dead_since_compact.store(0, Ordering::Relaxed);
         }
         self.shrink_if_sparse();
         before.saturating_sub(self.map.len())

@@ -107,6 +107,32 @@ fn many_generations_wrap_safely() {
 }
 
 #[test]
+fn clearing_an_empty_worker_again_and_again_forces_no_compaction() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let c = idx.register_worker("c").unwrap();
+    let hs = chain(3, "");
+    idx.store(c, Tier::Gpu, &hs).unwrap();
+    idx.clear_worker(c).unwrap();
+    // c's dead holders stay in the map until a compaction.
+    assert_eq!(idx.distinct_blocks(), 3);
+    for _ in 0..1000 {
+        idx.clear_worker(a).unwrap();
+    }
+    assert_eq!(idx.distinct_blocks(), 3);
+    // A worker that held blocks still compacts before its generation wraps,
+    // and what it holds after that is matched.
+    let ha = chain(2, "a");
+    idx.store(a, Tier::Gpu, &ha).unwrap();
+    for _ in 0..300 {
+        idx.clear_worker(a).unwrap();
+    }
+    assert_eq!(idx.distinct_blocks(), 0);
+    idx.store(a, Tier::Gpu, &ha[..1]).unwrap();
+    assert_eq!(idx.longest_match(&ha).of(a).unwrap().blocks, 1);
+}
+
+#[test]
 fn holders_of_lists_tiers() {
     let idx = CacheIndex::new();
     let a = idx.register_worker("a").unwrap();

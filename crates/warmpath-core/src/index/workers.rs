@@ -43,6 +43,9 @@ pub(crate) struct WorkerEntry {
     pub(crate) stale: AtomicBool,
     /// Generation bumps since the last compaction.
     pub(crate) bumps_since_compact: AtomicU8,
+    /// Entries those bumps left behind (0: none of an older generation
+    /// is in the map, so the generation may wrap without a compaction).
+    pub(crate) dead_since_compact: AtomicU64,
     /// Most entries it may hold (`u64::MAX`: no cap); see `bounds`.
     pub(crate) cap: AtomicU64,
     /// [`CLAIMED_CLOSED`] and [`INCOMPLETE`] (see `closure`).
@@ -77,6 +80,7 @@ impl WorkerEntry {
             last_heard: AtomicU64::new(u64::MAX),
             stale: AtomicBool::new(false),
             bumps_since_compact: AtomicU8::new(0),
+            dead_since_compact: AtomicU64::new(0),
             cap: AtomicU64::new(u64::MAX),
             shape: AtomicU8::new(0),
             removing: AtomicU32::new(0),
