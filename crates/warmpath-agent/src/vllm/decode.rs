@@ -30,6 +30,9 @@ pub struct DecodeLimits {
     pub max_hash_bytes: usize,
     /// Deepest msgpack nesting.
     pub max_depth: usize,
+    /// Most msgpack values in one payload, counted before any is built (a
+    /// built value takes tens of bytes for a one-byte `nil` on the wire).
+    pub max_values: usize,
 }
 
 impl Default for DecodeLimits {
@@ -41,6 +44,7 @@ impl Default for DecodeLimits {
             max_tokens: 1 << 22,
             max_hash_bytes: 64,
             max_depth: 32,
+            max_values: 1 << 23,
         }
     }
 }
@@ -133,6 +137,13 @@ pub fn decode_batch_with(
             what: "payload size",
             len: payload.len(),
             max: limits.max_payload_bytes,
+        });
+    }
+    if let Err(n) = super::count::values_in(payload, limits.max_values) {
+        return Err(DecodeError::TooLarge {
+            what: "the count of values (stopped at the cap)",
+            len: n,
+            max: limits.max_values,
         });
     }
     let mut rd = payload;

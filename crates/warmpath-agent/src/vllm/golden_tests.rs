@@ -225,4 +225,15 @@ fn absurd_sizes_are_capped() {
     // Nesting deeper than the cap.
     let deep: Vec<u8> = std::iter::repeat_n(0x91, 100).chain([0x00]).collect();
     assert_eq!(decode_batch(&deep).unwrap_err().kind(), "msgpack");
+    // One-byte values beyond the count cap are refused before any is built.
+    let mut nils = vec![0x92, 0x00, 0xdd, 0x03, 0xff, 0xff, 0xf0];
+    nils.extend(std::iter::repeat_n(0xc0, 1000));
+    let few = DecodeLimits {
+        max_values: 100,
+        ..DecodeLimits::default()
+    };
+    let err = decode_batch_with(&nils, &few).unwrap_err();
+    assert_eq!(err.kind(), "too_large", "{err}");
+    // The captured batches are far under the default.
+    assert!(decode_batch(&encode_batch(&captured_033(), PayloadForm::Map)).is_ok());
 }

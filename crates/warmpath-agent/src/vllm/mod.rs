@@ -7,6 +7,7 @@
 //! - [`wire`]: frames, replay requests and replies, endpoints per DP rank.
 //! - [`publisher`]: [`KvEventPublisher`], PUB + replay ROUTER with test knobs.
 
+mod count;
 pub mod decode;
 pub mod encode;
 pub mod event;
