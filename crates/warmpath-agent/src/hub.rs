@@ -28,6 +28,12 @@ use tokio::sync::Notify;
 use warmpath_core::BlockHash;
 use warmpath_proto::v1::{delta, Block, Cleared, Decided, Delta, Removed, Stored, Tier};
 
+/// The largest decision fact passed on to other routers, encoded.
+const MAX_DECIDED_BYTES: usize = 64 << 10;
+
+/// The most bytes of decision facts queued for one router.
+const MAX_DECIDED_QUEUE_BYTES: usize = 4 << 20;
+
 /// A router link's queue: deltas not yet sent, or a snapshot request.
 #[derive(Debug)]
 pub struct Sink {
@@ -42,6 +48,8 @@ struct SinkState {
     deltas: VecDeque<Delta>,
     /// Other routers' decisions to pass on to this one.
     decided: VecDeque<Decided>,
+    /// Their encoded bytes, at most `MAX_DECIDED_QUEUE_BYTES`.
+    decided_bytes: usize,
     needs_snapshot: bool,
     hello_changed: bool,
 }
@@ -75,7 +83,9 @@ impl Sink {
     /// Forgets the other routers' decisions queued for this one (its
     /// stream is new: it knows nothing of what they were about).
     pub fn clear_decided(&self) {
-        self.state.lock().decided.clear();
+        let mut st = self.state.lock();
+        st.decided.clear();
+        st.decided_bytes = 0;
     }
 
     /// Asks for a snapshot before anything else (new stream, router request).
@@ -306,17 +316,29 @@ impl Hub {
     }
 
     /// Queues `d`, a decision the router behind `from` made, for every
-    /// other router; returns how many it was queued for. A full queue drops
-    /// its oldest fact.
+    /// other router; returns how many it was queued for. A full queue (by
+    /// count or by bytes) drops its oldest facts; a fact larger than
+    /// `MAX_DECIDED_BYTES` (a router's are a few hundred bytes, a hot
+    /// prefix's copies listed) is not passed on at all.
     pub fn share(&self, from: &Sink, d: &Decided) -> usize {
+        let size = prost::Message::encoded_len(d);
+        if size > MAX_DECIDED_BYTES {
+            metrics::counter!("warmpath_agent_decisions_dropped_total").increment(1);
+            return 0;
+        }
         let i = self.inner.lock();
         let mut n = 0;
         for s in i.sinks.iter().filter(|s| !std::ptr::eq(s.as_ref(), from)) {
             let mut st = s.state.lock();
-            if st.decided.len() >= s.capacity {
-                st.decided.pop_front();
+            while st.decided.len() >= s.capacity
+                || (!st.decided.is_empty() && st.decided_bytes + size > MAX_DECIDED_QUEUE_BYTES)
+            {
+                if let Some(old) = st.decided.pop_front() {
+                    st.decided_bytes -= prost::Message::encoded_len(&old);
+                }
                 metrics::counter!("warmpath_agent_decisions_dropped_total").increment(1);
             }
+            st.decided_bytes += size;
             st.decided.push_back(d.clone());
             drop(st);
             s.notify.notify_one();
@@ -334,6 +356,7 @@ impl Hub {
             return Some(Work::Hello);
         }
         if !st.decided.is_empty() {
+            st.decided_bytes = 0;
             return Some(Work::Decided(st.decided.drain(..).collect()));
         }
         if st.needs_snapshot {
@@ -402,6 +425,39 @@ mod tests {
         }
         c.clear_decided();
         assert!(hub.take_work(&c).is_none());
+    }
+
+    #[test]
+    fn decision_facts_are_bounded_in_bytes() {
+        let hub = Hub::new();
+        let (a, b) = (hub.add_sink("a", 1 << 20), hub.add_sink("b", 1 << 20));
+        for s in [&a, &b] {
+            while hub.take_work(s).is_some() {}
+        }
+        let fact = |request, bytes: usize| Decided {
+            request,
+            home: "h".repeat(bytes),
+            ..Default::default()
+        };
+        // Too large to pass on.
+        assert_eq!(hub.share(&a, &fact(1, MAX_DECIDED_BYTES + 1)), 0);
+        assert!(hub.take_work(&b).is_none());
+        // 100 facts of 60 KiB: the queue keeps the newest that fit in its bytes.
+        for r in 0..100 {
+            assert_eq!(hub.share(&a, &fact(r, 60 << 10)), 1);
+        }
+        match hub.take_work(&b) {
+            Some(Work::Decided(ds)) => {
+                let bytes: usize = ds.iter().map(prost::Message::encoded_len).sum();
+                assert!(bytes <= MAX_DECIDED_QUEUE_BYTES, "{bytes}");
+                assert!(ds.len() >= 60, "{}", ds.len());
+                assert_eq!(ds.last().map(|d| d.request), Some(99));
+            }
+            w => panic!("{w:?}"),
+        }
+        // The count starts afresh after a drain.
+        assert_eq!(hub.share(&a, &fact(100, 10)), 1);
+        assert!(matches!(hub.take_work(&b), Some(Work::Decided(ds)) if ds.len() == 1));
     }
 
     fn stored(hs: &[u64], tier: Tier) -> Change {
