@@ -203,8 +203,18 @@ impl EngineTracker {
         let mut new = Vec::new();
         let mut run_parent = parent;
         let mut chain_parent = parent;
-        for (block, eh) in s.token_ids.chunks_exact(bs).zip(&s.block_hashes) {
-            let wp = hash_block(prev, block);
+        for (i, (block, eh)) in s
+            .token_ids
+            .chunks_exact(bs)
+            .zip(&s.block_hashes)
+            .enumerate()
+        {
+            let seed = if s.opaque_keys(i) {
+                opaque_seed(prev, eh)
+            } else {
+                prev
+            };
+            let wp = hash_block(seed, block);
             out.blocks_hashed += 1;
             if self.mark(eh, wp, chain_parent, tier) {
                 if new.is_empty() {
@@ -315,3 +325,24 @@ impl EngineTracker {
 #[cfg(test)]
 #[path = "tracker_tests.rs"]
 mod tests;
+
+/// The seed of a block whose extra keys a router cannot derive (see
+/// [`BlockStored::opaque_keys`]): the chain so far mixed with the engine's
+/// own hash of the block, which covers those keys. The block, and every one
+/// chained after it, then never equals a hash a router computes from tokens,
+/// so it is never predicted as a hit; equal engine blocks still agree.
+fn opaque_seed(prev: u64, eh: &EngineBlockHash) -> u64 {
+    const OPAQUE: u64 = 0x6f70_6171_7565_6b79; // "opaqueky"
+    let words: Vec<u32> = match eh {
+        EngineBlockHash::Int(v) => vec![*v as u32, (*v >> 32) as u32],
+        EngineBlockHash::Bytes(b) => b
+            .chunks(4)
+            .map(|c| {
+                c.iter()
+                    .rev()
+                    .fold(0u32, |acc, &x| (acc << 8) | u32::from(x))
+            })
+            .collect(),
+    };
+    hash_block(prev ^ OPAQUE, &words).0
+}

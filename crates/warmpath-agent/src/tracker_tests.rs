@@ -203,3 +203,63 @@ fn malformed_store_is_counted() {
     assert_eq!(o.malformed, 1, "block size 0 with tokens");
     assert!(t.is_empty());
 }
+
+#[test]
+fn blocks_with_multimodal_keys_never_match_the_text_chain() {
+    let toks: Vec<u32> = (0..32).collect();
+    let plain = hash_tokens(HashSeed::new("m", "", ""), 16, &toks);
+    let with = |image: &str, h: u64| {
+        let mut t = EngineTracker::new("m", 16);
+        let ev = KvEvent::BlockStored(BlockStored {
+            block_hashes: vec![EngineBlockHash::Int(h), EngineBlockHash::Int(h + 1)],
+            token_ids: toks.clone(),
+            block_size: 16,
+            extra_keys: Some(vec![Value::Nil, Value::Array(vec![Value::from(image)])]),
+            ..Default::default()
+        });
+        let o = t.apply_batch(&batch(vec![ev]));
+        let Change::Stored { hashes, .. } = &o.changes[0] else {
+            panic!()
+        };
+        hashes.clone()
+    };
+    let (a, b) = (with("img-a", 10), with("img-b", 20));
+    // Block 0 is text: it matches; block 1 holds an image: it does not, and
+    // two images with equal placeholder tokens differ.
+    assert_eq!((a[0], b[0]), (plain[0], plain[0]));
+    assert_ne!(a[1], plain[1]);
+    assert_ne!(b[1], plain[1]);
+    assert_ne!(a[1], b[1]);
+    // The same engine block agrees with itself.
+    assert_eq!(with("img-a", 10), a);
+}
+
+#[test]
+fn which_extra_keys_a_router_can_derive() {
+    let ev = |keys: Vec<Value>, lora: Option<&str>, parent: bool| BlockStored {
+        extra_keys: Some(vec![Value::Array(keys)]),
+        lora_name: lora.map(str::to_owned),
+        parent_block_hash: parent.then_some(EngineBlockHash::Int(1)),
+        ..Default::default()
+    };
+    let s = Value::from;
+    // A salt, a LoRA name, both: derivable.
+    assert!(!ev(vec![s("salt")], None, false).opaque_keys(0));
+    assert!(!ev(vec![s("lora")], Some("lora"), false).opaque_keys(0));
+    assert!(!ev(vec![s("lora"), s("salt")], Some("lora"), false).opaque_keys(0));
+    assert!(!ev(vec![s("lora")], Some("lora"), true).opaque_keys(0));
+    // An image id before the salt, a digest after it, an image in a later
+    // block, a (id, offset) pair: not.
+    assert!(ev(vec![s("img"), s("salt")], None, false).opaque_keys(0));
+    assert!(ev(vec![s("salt"), Value::Binary(vec![1; 8])], None, false).opaque_keys(0));
+    assert!(ev(vec![s("img")], None, true).opaque_keys(0));
+    assert!(ev(
+        vec![Value::Array(vec![s("img"), Value::from(0)])],
+        None,
+        true
+    )
+    .opaque_keys(0));
+    // No keys for the block, or nil.
+    assert!(!BlockStored::default().opaque_keys(0));
+    assert!(!ev(vec![], None, true).opaque_keys(3));
+}

@@ -164,6 +164,40 @@ impl BlockStored {
     }
 }
 
+impl BlockStored {
+    /// Whether block `i` of this event has extra keys a router cannot derive
+    /// from a request's tokens: multimodal identifiers or `(id, offset)`
+    /// pairs, a prompt-embedding digest. Only a leading LoRA name equal to
+    /// [`Self::lora_name`] and, in block 0 of a chain, the salt
+    /// ([`Self::cache_salt`]) are derivable. Two prompts whose images differ
+    /// have equal placeholder tokens, so such a block hashed from its tokens
+    /// alone would claim a hit the engine does not have.
+    pub fn opaque_keys(&self, i: usize) -> bool {
+        let Some(keys) = self
+            .extra_keys
+            .as_ref()
+            .and_then(|k| k.get(i))
+            .and_then(Value::as_array)
+        else {
+            return false;
+        };
+        let mut rest = keys.as_slice();
+        if let (Some(lora), Some(first)) = (self.lora_name.as_deref(), rest.first()) {
+            if first.as_str() == Some(lora) {
+                rest = &rest[1..];
+            }
+        }
+        if i == 0 && self.parent_block_hash.is_none() {
+            // The salt is the last string; what follows it (a digest) and
+            // what precedes it (multimodal ids) are not derivable.
+            if let Some(at) = rest.iter().rposition(|v| v.as_str().is_some()) {
+                return at > 0 || rest.len() > at + 1;
+            }
+        }
+        !rest.is_empty()
+    }
+}
+
 impl From<&warmpath_core::prefix_cache::CacheEvent> for KvEvent {
     /// An engine-side prefix cache event (`warmpath_core::prefix_cache`) in
     /// vLLM's model, as vLLM would publish it: hashes as uint64, medium GPU,
