@@ -216,7 +216,7 @@ impl EngineTracker {
             };
             let wp = hash_block(seed, block);
             out.blocks_hashed += 1;
-            if self.mark(eh, wp, chain_parent, tier) {
+            if self.mark(eh, wp, chain_parent, tier, &mut out.changes) {
                 if new.is_empty() {
                     run_parent = chain_parent;
                 }
@@ -250,7 +250,7 @@ impl EngineTracker {
                 out.unresolved += 1;
                 continue;
             };
-            if self.mark(eh, e.wp, e.parent, tier) {
+            if self.mark(eh, e.wp, e.parent, tier, &mut out.changes) {
                 if new.is_empty() {
                     first_parent = e.parent;
                 }
@@ -273,6 +273,7 @@ impl EngineTracker {
         wp: BlockHash,
         parent: Option<BlockHash>,
         tier: Tier,
+        changes: &mut Vec<Change>,
     ) -> bool {
         let e = self.entries.entry(eh.clone()).or_insert(Entry {
             wp,
@@ -280,7 +281,22 @@ impl EngineTracker {
             tiers: 0,
         });
         if e.wp != wp {
-            // Same engine hash, different content: trust the newest.
+            // Same engine hash, different content (a truncated hash's
+            // collision, or a peer's garbage): trust the newest, and withdraw
+            // the old block where it was published, or its later removal
+            // would withdraw only the new one.
+            for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
+                if e.tiers & bit(t) != 0 {
+                    changes.push(Change::Removed {
+                        hashes: vec![e.wp],
+                        tier: t,
+                    });
+                }
+            }
+            if e.tiers != 0 {
+                self.present -= 1;
+            }
+            e.tiers = 0;
             e.wp = wp;
             e.parent = parent;
         }

@@ -263,3 +263,32 @@ fn which_extra_keys_a_router_can_derive() {
     assert!(!BlockStored::default().opaque_keys(0));
     assert!(!ev(vec![], None, true).opaque_keys(3));
 }
+
+#[test]
+fn an_engine_hash_stored_again_with_other_tokens_withdraws_the_old_block() {
+    let mut t = EngineTracker::new("m", 16);
+    let seed = HashSeed::new("m", "", "");
+    let (old, new) = (
+        hash_tokens(seed, 2, &[1, 2])[0],
+        hash_tokens(seed, 2, &[3, 4])[0],
+    );
+    let o = t.apply_batch(&batch(vec![stored(&[7], None, vec![1, 2], 2)]));
+    assert!(matches!(&o.changes[..], [Change::Stored { hashes, .. }] if hashes == &[old]));
+    let o = t.apply_batch(&batch(vec![stored(&[7], None, vec![3, 4], 2)]));
+    match &o.changes[..] {
+        [Change::Removed {
+            hashes: r,
+            tier: Tier::Gpu,
+        }, Change::Stored { hashes: s, .. }] => {
+            assert_eq!((r.as_slice(), s.as_slice()), (&[old][..], &[new][..]));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(t.len(), 1);
+    let o = t.apply_batch(&batch(vec![KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![EngineBlockHash::Int(7)],
+        ..Default::default()
+    })]));
+    assert!(matches!(&o.changes[..], [Change::Removed { hashes, .. }] if hashes == &[new]));
+    assert_eq!(t.len(), 0);
+}
