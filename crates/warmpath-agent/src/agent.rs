@@ -102,6 +102,12 @@ pub struct AgentConfig {
     pub observe_queue: usize,
     /// Observe mode: largest request body the proxy accepts.
     pub max_body_bytes: usize,
+    /// Observe mode: bytes of forwarded prompts queued for hashing at most
+    /// (as `observe_queue`, beyond it new ones are dropped, counted).
+    pub observe_queue_bytes: usize,
+    /// Observe mode: how long a client may take to send a request body
+    /// (408 beyond).
+    pub body_timeout: Duration,
     /// ZMQ topic prefix.
     pub topic: String,
     /// Load scrape period (0: no scraping).
@@ -141,6 +147,8 @@ impl AgentConfig {
             block_size: 16,
             observe_queue: 1024,
             max_body_bytes: 64 << 20,
+            observe_queue_bytes: 256 << 20,
+            body_timeout: Duration::from_secs(30),
             topic: String::new(),
             load_interval: Duration::from_secs(1),
             ghost_capacity: 1 << 16,
@@ -357,6 +365,8 @@ impl Agent {
                         engine_url: cfg.engine_url.trim_end_matches('/').to_owned(),
                         observe_tx: tx,
                         max_body_bytes: cfg.max_body_bytes,
+                        queue: super::observe::QueueBudget::new(cfg.observe_queue_bytes),
+                        body_timeout: cfg.body_timeout,
                         stats: observe_stats.clone(),
                     }))
             }

@@ -6,13 +6,14 @@
 //! A client that leaves drops the response stream, which drops the engine
 //! connection, so the engine stops generating for it.
 
-use super::{ObserveStats, Observed};
+use super::{ObserveStats, Observed, QueueBudget};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use warmpath_core::Expect;
 
@@ -30,6 +31,10 @@ pub struct ProxyState {
     pub observe_tx: mpsc::Sender<Observed>,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
+    /// The observation queue's byte budget.
+    pub queue: QueueBudget,
+    /// How long a client may take to send its body (408 beyond).
+    pub body_timeout: Duration,
     /// Counters.
     pub stats: Arc<ObserveStats>,
 }
@@ -91,9 +96,20 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
         .uri
         .path_and_query()
         .map_or_else(|| path.clone(), |pq| pq.as_str().to_owned());
-    let body = match axum::body::to_bytes(body, s.max_body_bytes).await {
-        Ok(b) => b,
-        Err(e) => {
+    let read = tokio::time::timeout(s.body_timeout, axum::body::to_bytes(body, s.max_body_bytes));
+    let body = match read.await {
+        Ok(Ok(b)) => b,
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "request body not received within {} ms",
+                    s.body_timeout.as_millis()
+                ),
+            )
+        }
+        Ok(Err(e)) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
@@ -138,12 +154,11 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
     metrics::counter!("warmpath_agent_proxy_requests_total", "status" => status.as_str().to_owned())
         .increment(1);
     if let (Some(expect), true) = (kind, status.is_success()) {
-        let obs = Observed {
-            body,
-            expect,
-            tenant_header,
-        };
-        if s.observe_tx.try_send(obs).is_err() {
+        let queued = s
+            .queue
+            .observe(body, expect, tenant_header)
+            .map(|obs| s.observe_tx.try_send(obs));
+        if !matches!(queued, Some(Ok(()))) {
             s.stats.dropped.inc();
             metrics::counter!("warmpath_agent_observe_dropped_total").increment(1);
             tracing::warn!("observer queue full: a prompt was not mirrored");
@@ -164,6 +179,7 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use axum::http::header;
@@ -202,5 +218,39 @@ mod tests {
         let out = copy_headers(&h);
         assert_eq!(out.len(), 2);
         assert!(out.contains_key(header::AUTHORIZATION) && out.contains_key(TENANT_HEADER));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (tx, _rx) = mpsc::channel(4);
+        let state = ProxyState {
+            client: reqwest::Client::new(),
+            engine_url: "http://127.0.0.1:9".into(),
+            observe_tx: tx,
+            max_body_bytes: 1 << 20,
+            queue: QueueBudget::new(1 << 20),
+            body_timeout: Duration::from_millis(200),
+            stats: Arc::new(ObserveStats::default()),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, proxy_router(state)).await.unwrap();
+        });
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        let mut buf = vec![0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+            .await
+            .expect("answered")
+            .unwrap();
+        let head = String::from_utf8_lossy(&buf[..n]);
+        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+        server.abort();
     }
 }
