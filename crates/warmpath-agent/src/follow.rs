@@ -29,9 +29,10 @@
 //! replay endpoint that never answers is a failed replay, not a stuck rank.
 
 use crate::hub::Hub;
+use crate::replay::{replay, ReplayLimits};
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
-use crate::vllm::wire::{parse_live, parse_replay_reply, END_OF_REPLAY};
+use crate::vllm::wire::parse_live;
 use crate::vllm::{decode_batch_with, DecodeLimits, KvEventBatch};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -39,7 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
 /// How to follow one rank.
 #[derive(Clone, Debug)]
@@ -56,6 +57,9 @@ pub struct FollowConfig {
     pub replay_timeout: Duration,
     /// Most batches accepted from one replay.
     pub max_replay_batches: usize,
+    /// Most payload bytes accepted from one replay (the batches are held
+    /// until it ends).
+    pub max_replay_bytes: usize,
     /// Decoder caps.
     pub limits: DecodeLimits,
 }
@@ -70,6 +74,7 @@ impl FollowConfig {
             rank: 0,
             replay_timeout: Duration::from_secs(3),
             max_replay_batches: 100_000,
+            max_replay_bytes: 256 << 20,
             limits: DecodeLimits::default(),
         }
     }
@@ -307,6 +312,14 @@ impl Follower {
         );
     }
 
+    fn replay_limits(&self) -> ReplayLimits {
+        ReplayLimits {
+            deadline: self.cfg.replay_timeout,
+            max_batches: self.cfg.max_replay_batches,
+            max_bytes: self.cfg.max_replay_bytes,
+        }
+    }
+
     /// Applies every batch the replay endpoint still buffers (a warm engine's
     /// cache at agent start). A failure only logs: the first live batch then
     /// catches up as before.
@@ -314,7 +327,7 @@ impl Follower {
         let Some(ep) = self.cfg.replay_endpoint.clone() else {
             return;
         };
-        match replay(&ep, 0, self.cfg.replay_timeout, self.cfg.max_replay_batches).await {
+        match replay(&ep, 0, self.replay_limits()).await {
             Ok(batches) => {
                 self.stats.replays_ok.inc();
                 metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
@@ -345,18 +358,11 @@ impl Follower {
     /// Replays `from..until` and applies it; on failure to reach `until` (or
     /// without a replay endpoint) counts an unrecovered gap and forces snapshots.
     async fn catch_up(&mut self, from: u64, until: u64) {
-        let mut reached = self.last.map(|l| l + 1).unwrap_or(from);
+        let mut reached = self.last.map_or(from, |l| l.saturating_add(1));
         // Catching up after a (re)start: whatever the buffer still holds helps.
         let mut tolerate_first_hole = self.last.is_none();
         if let Some(ep) = self.cfg.replay_endpoint.clone() {
-            match replay(
-                &ep,
-                from,
-                self.cfg.replay_timeout,
-                self.cfg.max_replay_batches,
-            )
-            .await
-            {
+            match replay(&ep, from, self.replay_limits()).await {
                 Ok(batches) => {
                     self.stats.replays_ok.inc();
                     metrics::counter!("warmpath_agent_replays_total", "result" => "ok")
@@ -373,7 +379,7 @@ impl Follower {
                         }
                         tolerate_first_hole = false;
                         self.apply(seq, &payload);
-                        reached = reached.max(seq + 1);
+                        reached = reached.max(seq.saturating_add(1));
                     }
                 }
                 Err(why) => {
@@ -440,46 +446,5 @@ impl Follower {
             self.hub.set_block_size(bs);
         }
         self.hub.apply(out.changes, now_micros());
-    }
-}
-
-/// Asks `endpoint` for every buffered batch with seq >= `from`; returns them in
-/// order, stopping at the end marker.
-pub async fn replay(
-    endpoint: &str,
-    from: u64,
-    deadline: Duration,
-    max_batches: usize,
-) -> Result<Vec<(u64, Bytes)>, String> {
-    let endpoint = endpoint.to_owned();
-    let task = tokio::spawn(async move {
-        let mut dealer = DealerSocket::new();
-        dealer.connect(&endpoint).await.map_err(|e| e.to_string())?;
-        let mut req = ZmqMessage::from(Bytes::new());
-        req.push_back(Bytes::copy_from_slice(&from.to_be_bytes()));
-        dealer.send(req).await.map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
-        loop {
-            let m = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
-            let Some((seq, payload)) = parse_replay_reply(&m) else {
-                return Err(format!("malformed replay reply ({} frames)", m.len()));
-            };
-            if seq == END_OF_REPLAY {
-                return Ok(out);
-            }
-            if out.len() >= max_batches {
-                return Err(format!("replay longer than {max_batches} batches"));
-            }
-            out.push((seq, payload));
-        }
-    });
-    let abort = task.abort_handle();
-    match tokio::time::timeout(deadline, task).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(join)) => Err(format!("replay task failed: {join}")),
-        Err(_) => {
-            abort.abort();
-            Err(format!("no complete replay within {deadline:?}"))
-        }
     }
 }

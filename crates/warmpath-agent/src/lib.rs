@@ -31,6 +31,7 @@ pub mod link;
 pub mod load;
 pub mod observe;
 pub mod ready;
+pub mod replay;
 pub mod replicas;
 mod series;
 pub mod stats;
