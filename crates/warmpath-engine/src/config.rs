@@ -81,49 +81,96 @@ struct HfFields {
     quantization_config: Option<serde_json::Value>,
 }
 
+/// Why a model's `config.json` describes a model this engine cannot run.
+/// Not retryable: the file must change.
+#[derive(Debug, thiserror::Error)]
+pub enum ShapeError {
+    /// A field names something this engine does not implement.
+    #[error("{field} {value} is not supported ({supported})")]
+    Unsupported {
+        /// The field.
+        field: &'static str,
+        /// Its value, as written.
+        value: String,
+        /// What is supported.
+        supported: String,
+    },
+    /// Neither `architectures` nor `model_type`.
+    #[error(
+        "neither architectures nor model_type is given; expected LlamaForCausalLM / \"llama\""
+    )]
+    Unnamed,
+    /// Bias terms.
+    #[error("attention_bias / mlp_bias are not supported")]
+    Bias,
+    /// A quantized checkpoint.
+    #[error("quantized checkpoints (quantization_config) are not supported")]
+    Quantized,
+    /// A size that must be positive is 0.
+    #[error("{0} must be positive")]
+    Zero(&'static str),
+    /// Query heads not a multiple of key-value heads.
+    #[error("num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")]
+    Heads {
+        /// `num_attention_heads`.
+        heads: usize,
+        /// `num_key_value_heads`.
+        kv: usize,
+    },
+    /// An odd or zero head dimension.
+    #[error("head_dim ({0}) must be even and positive")]
+    HeadDim(usize),
+}
+
 /// `torch_dtype` values whose weights this engine reads.
 pub const SUPPORTED_TORCH_DTYPES: [&str; 3] = ["float32", "bfloat16", "float16"];
 
 impl HfFields {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ShapeError> {
         if let Some(archs) = &self.architectures {
             if !archs.iter().any(|a| a == "LlamaForCausalLM") {
-                return Err(format!(
-                    "architectures {archs:?} is not supported (only LlamaForCausalLM)"
-                ));
+                return Err(ShapeError::Unsupported {
+                    field: "architectures",
+                    value: format!("{archs:?}"),
+                    supported: "only LlamaForCausalLM".into(),
+                });
             }
         }
         if let Some(t) = &self.model_type {
             if t != "llama" {
-                return Err(format!(
-                    "model_type {t:?} is not supported (only \"llama\")"
-                ));
+                return Err(ShapeError::Unsupported {
+                    field: "model_type",
+                    value: format!("{t:?}"),
+                    supported: "only \"llama\"".into(),
+                });
             }
         }
         if self.architectures.is_none() && self.model_type.is_none() {
-            return Err("neither architectures nor model_type is given; \
-                        expected LlamaForCausalLM / \"llama\""
-                .into());
+            return Err(ShapeError::Unnamed);
         }
         if let Some(d) = &self.torch_dtype {
             if !SUPPORTED_TORCH_DTYPES.contains(&d.as_str()) {
-                return Err(format!(
-                    "torch_dtype {d:?} is not supported (one of {SUPPORTED_TORCH_DTYPES:?})"
-                ));
+                return Err(ShapeError::Unsupported {
+                    field: "torch_dtype",
+                    value: format!("{d:?}"),
+                    supported: format!("one of {SUPPORTED_TORCH_DTYPES:?}"),
+                });
             }
         }
         if let Some(act) = &self.hidden_act {
             if act != "silu" {
-                return Err(format!(
-                    "hidden_act {act:?} is not supported (only \"silu\")"
-                ));
+                return Err(ShapeError::Unsupported {
+                    field: "hidden_act",
+                    value: format!("{act:?}"),
+                    supported: "only \"silu\"".into(),
+                });
             }
         }
         if self.attention_bias || self.mlp_bias {
-            return Err("attention_bias / mlp_bias are not supported".into());
+            return Err(ShapeError::Bias);
         }
         if self.quantization_config.is_some() {
-            return Err("quantized checkpoints (quantization_config) are not supported".into());
+            return Err(ShapeError::Quantized);
         }
         Ok(())
     }
@@ -206,9 +253,9 @@ impl LlamaConfig {
             reason,
         };
         let hf: HfFields = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        hf.check().map_err(bad)?;
+        hf.check().map_err(|e| bad(e.to_string()))?;
         let cfg: LlamaConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        cfg.validate().map_err(bad)?;
+        cfg.validate().map_err(|e| bad(e.to_string()))?;
         Ok(cfg)
     }
 
@@ -238,7 +285,7 @@ impl LlamaConfig {
     }
 
     /// Checks the shape is one this engine can run; the reason otherwise.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ShapeError> {
         let zero = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -249,25 +296,25 @@ impl LlamaConfig {
             ("max_position_embeddings", self.max_position_embeddings),
         ];
         if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
-            return Err(format!("{name} must be positive"));
+            return Err(ShapeError::Zero(name));
         }
         if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
-            return Err(format!(
-                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
-                self.num_attention_heads,
-                self.kv_heads()
-            ));
+            return Err(ShapeError::Heads {
+                heads: self.num_attention_heads,
+                kv: self.kv_heads(),
+            });
         }
         let hd = self.head_dim();
         if hd == 0 || !hd.is_multiple_of(2) {
-            return Err(format!("head_dim ({hd}) must be even and positive"));
+            return Err(ShapeError::HeadDim(hd));
         }
         if let Some(rs) = &self.rope_scaling {
             if rs.rope_type != "llama3" {
-                return Err(format!(
-                    "rope_scaling type {:?} is not supported (only \"llama3\")",
-                    rs.rope_type
-                ));
+                return Err(ShapeError::Unsupported {
+                    field: "rope_scaling type",
+                    value: format!("{:?}", rs.rope_type),
+                    supported: "only \"llama3\"".into(),
+                });
             }
         }
         Ok(())
@@ -383,8 +430,12 @@ mod tests {
         let mut cfg = LlamaConfig::tiny(100);
         assert!(cfg.validate().is_ok());
         cfg.num_key_value_heads = Some(3);
-        assert!(cfg.validate().unwrap_err().contains("multiple"));
+        assert!(cfg.validate().unwrap_err().to_string().contains("multiple"));
         cfg = LlamaConfig::tiny(0);
-        assert!(cfg.validate().unwrap_err().contains("vocab_size"));
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("vocab_size"));
     }
 }

@@ -125,9 +125,9 @@ pub fn load(
                     reason: e.to_string(),
                 })?;
             cfg.vocab_size = tiny::VOCAB_SIZE;
-            cfg.validate().map_err(|reason| EngineError::BadModel {
+            cfg.validate().map_err(|e| EngineError::BadModel {
                 path: config.clone(),
-                reason,
+                reason: e.to_string(),
             })?;
             let w = random_weights(&cfg, *seed, dtype, device)?;
             (cfg, w, tiny::files().map_err(tok_err)?)

@@ -116,9 +116,9 @@ pub fn write_random_model_dir(
     cfg: &LlamaConfig,
     options: &ModelDirOptions,
 ) -> Result<(), EngineError> {
-    cfg.validate().map_err(|reason| EngineError::BadModel {
+    cfg.validate().map_err(|e| EngineError::BadModel {
         path: dir.join("config.json"),
-        reason,
+        reason: e.to_string(),
     })?;
     let config = hf_config_json(cfg, options.dtype)?;
     tiny::write_model_dir(dir).map_err(|e| EngineError::Tokenizer(e.to_string()))?;

@@ -152,8 +152,9 @@ impl Pool {
         index.set_max_entries(Some(cfg.index.max_entries));
         let mut backends = Vec::with_capacity(cfg.backends.len());
         for b in &cfg.backends {
-            let url = BackendUrl::parse(&b.url)
-                .map_err(|e| crate::config::invalid(format!("pool {model:?} backend"), e))?;
+            let url = BackendUrl::parse(&b.url).map_err(|e| {
+                crate::config::invalid(format!("pool {model:?} backend"), e.to_string())
+            })?;
             let slot = index
                 .register_worker(b.id())
                 .map_err(|source| RouterError::Index {
@@ -317,7 +318,7 @@ impl Pool {
         cfg: &BackendConfig,
         origin: Origin,
     ) -> Result<Arc<Backend>, MemberError> {
-        let url = BackendUrl::parse(&cfg.url).map_err(MemberError::Invalid)?;
+        let url = BackendUrl::parse(&cfg.url).map_err(|e| MemberError::Invalid(e.to_string()))?;
         let id = cfg.id();
         if id.is_empty() || id.len() > 256 {
             return Err(MemberError::Invalid(

@@ -67,6 +67,26 @@ pub enum TenantVia {
     Header,
 }
 
+/// Why a trace record is refused (not retryable: the line must change).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum BadRecord {
+    /// A negative, infinite or NaN arrival.
+    #[error("arrival {0} must be a number >= 0")]
+    Arrival(f64),
+    /// An empty model.
+    #[error("model must not be empty")]
+    NoModel,
+    /// An empty message list.
+    #[error("messages must not be empty")]
+    NoMessages,
+    /// Both forms.
+    #[error("give either messages or prompt, not both")]
+    Both,
+    /// Neither form.
+    #[error("one of messages or prompt is required")]
+    Neither,
+}
+
 /// One request of a trace (one JSONL line).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -151,19 +171,19 @@ impl TraceRequest {
 
     /// Checks the record: a finite non-negative arrival, exactly one of
     /// messages / prompt, a model.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BadRecord> {
         if !(self.arrival.is_finite() && self.arrival >= 0.0) {
-            return Err(format!("arrival {} must be a number >= 0", self.arrival));
+            return Err(BadRecord::Arrival(self.arrival));
         }
         if self.model.is_empty() {
-            return Err("model must not be empty".into());
+            return Err(BadRecord::NoModel);
         }
         match (&self.messages, &self.prompt) {
             (Some(m), None) if !m.is_empty() => Ok(()),
-            (Some(_), None) => Err("messages must not be empty".into()),
+            (Some(_), None) => Err(BadRecord::NoMessages),
             (None, Some(_)) => Ok(()),
-            (Some(_), Some(_)) => Err("give either messages or prompt, not both".into()),
-            (None, None) => Err("one of messages or prompt is required".into()),
+            (Some(_), Some(_)) => Err(BadRecord::Both),
+            (None, None) => Err(BadRecord::Neither),
         }
     }
 }

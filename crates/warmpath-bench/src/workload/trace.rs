@@ -24,7 +24,7 @@ pub fn read_from(reader: impl BufRead, origin: &str) -> Result<Vec<TraceRequest>
             reason,
         };
         let r: TraceRequest = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        r.validate().map_err(bad)?;
+        r.validate().map_err(|e| bad(e.to_string()))?;
         out.push(r);
     }
     if out.is_empty() {

@@ -9,6 +9,36 @@ use warmpath_core::{PrefixExtractor, Strategy};
 /// Largest accepted `block_size`.
 pub const MAX_BLOCK_SIZE: usize = 4096;
 
+/// Why a backend URL was refused. Not retryable: the same text fails again.
+#[derive(Debug, thiserror::Error)]
+#[error("{raw:?} {why}")]
+pub struct BadUrl {
+    /// The URL as given.
+    pub raw: String,
+    /// What is wrong with it.
+    pub why: UrlFault,
+}
+
+/// What is wrong with a backend URL.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlFault {
+    /// It does not parse.
+    #[error("is not a URL: {0}")]
+    NotAUrl(String),
+    /// A scheme other than `http`.
+    #[error("has scheme {0:?}, which is not supported; use http")]
+    Scheme(String),
+    /// No scheme at all.
+    #[error("has no scheme; write http://host:port")]
+    NoScheme,
+    /// No host.
+    #[error("has no host")]
+    NoHost,
+    /// A query string.
+    #[error("must not have a query string")]
+    Query,
+}
+
 /// A backend base URL: `http://authority[/prefix]`, without a trailing slash.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct BackendUrl {
@@ -18,21 +48,25 @@ pub struct BackendUrl {
 
 impl BackendUrl {
     /// Parses and checks a base URL (plain `http` only; no query).
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, BadUrl> {
+        let bad = |why| BadUrl {
+            raw: raw.to_owned(),
+            why,
+        };
         let uri: http::Uri = raw
             .parse()
-            .map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
+            .map_err(|e: http::uri::InvalidUri| bad(UrlFault::NotAUrl(e.to_string())))?;
         match uri.scheme_str() {
             Some("http") => {}
-            Some(s) => return Err(format!("{raw:?}: scheme {s:?} is not supported, use http")),
-            None => return Err(format!("{raw:?} has no scheme; write http://host:port")),
+            Some(s) => return Err(bad(UrlFault::Scheme(s.to_owned()))),
+            None => return Err(bad(UrlFault::NoScheme)),
         }
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("{raw:?} has no host"))?;
+            .ok_or_else(|| bad(UrlFault::NoHost))?;
         if uri.query().is_some() {
-            return Err(format!("{raw:?} must not have a query string"));
+            return Err(bad(UrlFault::Query));
         }
         let prefix = uri.path().trim_end_matches('/').to_owned();
         Ok(BackendUrl { authority, prefix })
@@ -241,7 +275,7 @@ impl RouterConfig {
             let mut ids = HashSet::new();
             for (j, b) in p.backends.iter().enumerate() {
                 let bat = |f: &str| format!("pools[{i}].backends[{j}].{f}");
-                BackendUrl::parse(&b.url).map_err(|e| invalid(bat("url"), e))?;
+                BackendUrl::parse(&b.url).map_err(|e| invalid(bat("url"), e.to_string()))?;
                 if b.id().is_empty() {
                     return Err(invalid(bat("worker_id"), "must not be empty"));
                 }
@@ -427,7 +461,19 @@ mod tests {
             u.join("/health").unwrap().to_string(),
             "http://h:1/engine/health"
         );
-        assert!(BackendUrl::parse("127.0.0.1:8000").is_err());
-        assert!(BackendUrl::parse("http://h:1/?a=b").is_err());
+        let why = |raw| BackendUrl::parse(raw).unwrap_err().why;
+        assert!(matches!(why("127.0.0.1:8000"), UrlFault::NoScheme));
+        assert!(matches!(why("http://h:1/?a=b"), UrlFault::Query));
+        assert!(matches!(why("https://h:1"), UrlFault::Scheme(s) if s == "https"));
+        assert!(matches!(
+            why("http://"),
+            UrlFault::NotAUrl(_) | UrlFault::NoHost
+        ));
+        assert!(matches!(why("not a url"), UrlFault::NotAUrl(_)));
+        let e = BackendUrl::parse("https://h:1").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "\"https://h:1\" has scheme \"https\", which is not supported; use http"
+        );
     }
 }
