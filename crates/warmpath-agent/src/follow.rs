@@ -427,6 +427,15 @@ impl Follower {
             self.stats.unresolved.add(out.unresolved);
             metrics::counter!("warmpath_agent_unresolved_offload_total").increment(out.unresolved);
         }
+        if out.refused > 0 {
+            metrics::counter!("warmpath_agent_blocks_refused_total").increment(out.refused);
+            tracing::warn!(
+                refused = out.refused,
+                rank = self.cfg.rank,
+                max = crate::tracker::MAX_BLOCKS,
+                "the engine reports more blocks than any engine holds; new ones refused"
+            );
+        }
         if out.malformed > 0 {
             self.stats.malformed.add(out.malformed);
             metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "malformed_event")

@@ -48,6 +48,10 @@ pub fn describe() {
             "Stored blocks whose parent block was unknown",
         ),
         (
+            "warmpath_agent_blocks_refused_total",
+            "New blocks refused because a rank's tracker holds its most (4,194,304)",
+        ),
+        (
             "warmpath_agent_unresolved_offload_total",
             "Offload events naming blocks the agent does not know",
         ),

@@ -54,6 +54,8 @@ pub struct Outcome {
     pub block_size_learned: Option<u32>,
     /// Blocks hashed.
     pub blocks_hashed: u64,
+    /// New blocks refused at the tracker's bound.
+    pub refused: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -85,7 +87,14 @@ pub struct EngineTracker {
     ghost_capacity: usize,
     block_size: Option<u32>,
     present: usize,
+    max_blocks: usize,
 }
+
+/// Blocks one rank is taken to hold at most (the router's default
+/// `index.max_worker_blocks`): an engine holds tens of thousands, so more is
+/// a broken or hostile event stream, which must not grow the agent without
+/// bound.
+pub const MAX_BLOCKS: usize = 1 << 22;
 
 impl EngineTracker {
     /// An empty tracker for `model`, remembering up to `ghost_capacity` removed
@@ -98,7 +107,14 @@ impl EngineTracker {
             ghost_capacity,
             block_size: None,
             present: 0,
+            max_blocks: MAX_BLOCKS,
         }
+    }
+
+    /// At most `n` blocks held; new ones beyond are refused (counted).
+    pub fn with_max_blocks(mut self, n: usize) -> Self {
+        self.max_blocks = n;
+        self
     }
 
     /// The block size learned from the events, if any.
@@ -216,7 +232,7 @@ impl EngineTracker {
             };
             let wp = hash_block(seed, block);
             out.blocks_hashed += 1;
-            if self.mark(eh, wp, chain_parent, tier, &mut out.changes) {
+            if self.mark(eh, wp, chain_parent, tier, out) {
                 if new.is_empty() {
                     run_parent = chain_parent;
                 }
@@ -250,7 +266,7 @@ impl EngineTracker {
                 out.unresolved += 1;
                 continue;
             };
-            if self.mark(eh, e.wp, e.parent, tier, &mut out.changes) {
+            if self.mark(eh, e.wp, e.parent, tier, out) {
                 if new.is_empty() {
                     first_parent = e.parent;
                 }
@@ -273,8 +289,12 @@ impl EngineTracker {
         wp: BlockHash,
         parent: Option<BlockHash>,
         tier: Tier,
-        changes: &mut Vec<Change>,
+        out: &mut Outcome,
     ) -> bool {
+        if self.present >= self.max_blocks && self.entries.get(eh).is_none_or(|e| e.tiers == 0) {
+            out.refused += 1;
+            return false;
+        }
         let e = self.entries.entry(eh.clone()).or_insert(Entry {
             wp,
             parent,
@@ -287,7 +307,7 @@ impl EngineTracker {
             // would withdraw only the new one.
             for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
                 if e.tiers & bit(t) != 0 {
-                    changes.push(Change::Removed {
+                    out.changes.push(Change::Removed {
                         hashes: vec![e.wp],
                         tier: t,
                     });

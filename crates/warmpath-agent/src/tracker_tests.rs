@@ -292,3 +292,25 @@ fn an_engine_hash_stored_again_with_other_tokens_withdraws_the_old_block() {
     assert!(matches!(&o.changes[..], [Change::Removed { hashes, .. }] if hashes == &[new]));
     assert_eq!(t.len(), 0);
 }
+
+#[test]
+fn new_blocks_beyond_the_bound_are_refused_and_removals_make_room() {
+    let mut t = EngineTracker::new("m", 16).with_max_blocks(2);
+    let o = t.apply_batch(&batch(vec![stored(&[1, 2, 3], None, (0..6).collect(), 2)]));
+    assert_eq!(o.refused, 1);
+    assert_eq!(t.len(), 2);
+    // Known blocks in another tier are not new.
+    let cpu = KvEvent::BlockStored(BlockStored {
+        block_hashes: vec![EngineBlockHash::Int(1)],
+        medium: Some(Medium::Cpu),
+        ..Default::default()
+    });
+    assert_eq!(t.apply_batch(&batch(vec![cpu])).refused, 0);
+    let o = t.apply_batch(&batch(vec![KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![EngineBlockHash::Int(2)],
+        ..Default::default()
+    })]));
+    assert_eq!(o.refused, 0);
+    let o = t.apply_batch(&batch(vec![stored(&[4], None, vec![9, 9], 2)]));
+    assert_eq!((o.refused, t.len()), (0, 2));
+}
