@@ -95,6 +95,8 @@ struct Follower {
     last_parent_replay: Option<Instant>,
     pending_parent: bool,
     rank_label: String,
+    /// When refused blocks were last logged (at most every 10 s).
+    refusal_logged: Option<Instant>,
 }
 
 /// Follows one rank until `cancel` fires.
@@ -117,6 +119,7 @@ pub async fn follow_rank(
         buffer_read: false,
         last_parent_replay: None,
         pending_parent: false,
+        refusal_logged: None,
         rank_label,
     };
     let mut following = false;
@@ -429,12 +432,19 @@ impl Follower {
         }
         if out.refused > 0 {
             metrics::counter!("warmpath_agent_blocks_refused_total").increment(out.refused);
-            tracing::warn!(
-                refused = out.refused,
-                rank = self.cfg.rank,
-                max = crate::tracker::MAX_BLOCKS,
-                "the engine reports more blocks than any engine holds; new ones refused"
-            );
+            let now = Instant::now();
+            let quiet = self
+                .refusal_logged
+                .is_some_and(|t| now.duration_since(t) < Duration::from_secs(10));
+            if !quiet {
+                self.refusal_logged = Some(now);
+                tracing::warn!(
+                    refused = out.refused,
+                    rank = self.cfg.rank,
+                    max = crate::tracker::MAX_BLOCKS,
+                    "the engine reports more blocks than any engine holds; new ones refused"
+                );
+            }
         }
         if out.malformed > 0 {
             self.stats.malformed.add(out.malformed);
