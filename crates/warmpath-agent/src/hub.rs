@@ -50,6 +50,8 @@ struct SinkState {
     decided: VecDeque<Decided>,
     /// Their encoded bytes, at most `MAX_DECIDED_QUEUE_BYTES`.
     decided_bytes: usize,
+    /// Whether the last work taken was facts.
+    decided_last: bool,
     needs_snapshot: bool,
     hello_changed: bool,
 }
@@ -355,10 +357,15 @@ impl Hub {
             st.hello_changed = false;
             return Some(Work::Hello);
         }
-        if !st.decided.is_empty() {
+        // Other routers' facts go first, but never twice in a row while this
+        // router's block updates wait: a stream of facts cannot starve them.
+        let blocks_wait = st.needs_snapshot || !st.deltas.is_empty();
+        if !st.decided.is_empty() && (!st.decided_last || !blocks_wait) {
+            st.decided_last = true;
             st.decided_bytes = 0;
             return Some(Work::Decided(st.decided.drain(..).collect()));
         }
+        st.decided_last = false;
         if st.needs_snapshot {
             st.needs_snapshot = false;
             st.deltas.clear();
@@ -425,6 +432,27 @@ mod tests {
         }
         c.clear_decided();
         assert!(hub.take_work(&c).is_none());
+    }
+
+    #[test]
+    fn a_stream_of_facts_does_not_starve_block_updates() {
+        let hub = Hub::new();
+        let (a, b) = (hub.add_sink("a", 64), hub.add_sink("b", 64));
+        for s in [&a, &b] {
+            while hub.take_work(s).is_some() {}
+        }
+        let fact = |request| Decided {
+            request,
+            ..Default::default()
+        };
+        hub.share(&a, &fact(1));
+        hub.apply(vec![stored(&[1], Tier::Gpu)], 0);
+        assert!(matches!(hub.take_work(&b), Some(Work::Decided(_))));
+        // A new fact arrived meanwhile: the waiting delta goes first.
+        hub.share(&a, &fact(2));
+        assert!(matches!(hub.take_work(&b), Some(Work::Deltas(_))));
+        assert!(matches!(hub.take_work(&b), Some(Work::Decided(ds)) if ds == vec![fact(2)]));
+        assert!(hub.take_work(&b).is_none());
     }
 
     #[test]
