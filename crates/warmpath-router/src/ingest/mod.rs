@@ -418,8 +418,8 @@ async fn drive(
                 if ws.owns() {
                     continue;
                 }
-                tracing::info!("agent stream taken over or its worker removed; closing it");
-                break;
+                // Answered as its next message would be: refused, and closed.
+                Some(Ok(AgentMessage { msg: None }))
             }
         };
         let msg = match next {

@@ -528,7 +528,17 @@ async fn a_silent_stream_taken_over_is_closed_without_its_next_message() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (_new_tx, _new) = open(addr, None, vec![hello_of(2)]).await.unwrap();
-    // The old stream sends nothing more; it is closed within the owner check.
+    // The old stream sends nothing more; within the owner check it is told
+    // why, as its next message would have been, and closed.
+    let told = tokio::time::timeout(Duration::from_secs(5), old.next())
+        .await
+        .expect("the old stream was answered");
+    match told.unwrap().unwrap().msg {
+        Some(router_message::Msg::Refused(r)) => {
+            assert!(r.reason.contains("took over"), "{}", r.reason);
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
     let end = tokio::time::timeout(Duration::from_secs(5), old.next())
         .await
         .expect("the old stream ended");
