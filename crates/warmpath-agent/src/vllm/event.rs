@@ -153,18 +153,25 @@ impl BlockStored {
     /// `(id, offset)` pairs are not strings and are skipped. Only meaningful when the
     /// event starts at block 0 (`parent_block_hash` is `None`).
     pub fn cache_salt(&self) -> Option<&str> {
-        let keys = self.extra_keys.as_ref()?.first()?.as_array()?;
+        self.keys_after_lora(0)?
+            .iter()
+            .rev()
+            .find_map(Value::as_str)
+    }
+
+    /// Block `i`'s extra keys without a leading LoRA name equal to
+    /// [`Self::lora_name`]; `None` when the block has none.
+    fn keys_after_lora(&self, i: usize) -> Option<&[Value]> {
+        let keys = self.extra_keys.as_ref()?.get(i)?.as_array()?;
         let mut rest = keys.as_slice();
         if let (Some(lora), Some(first)) = (self.lora_name.as_deref(), rest.first()) {
             if first.as_str() == Some(lora) {
                 rest = &rest[1..];
             }
         }
-        rest.iter().rev().find_map(Value::as_str)
+        Some(rest)
     }
-}
 
-impl BlockStored {
     /// Whether block `i` of this event has extra keys a router cannot derive
     /// from a request's tokens: multimodal identifiers or `(id, offset)`
     /// pairs, a prompt-embedding digest. Only a leading LoRA name equal to
@@ -173,20 +180,9 @@ impl BlockStored {
     /// have equal placeholder tokens, so such a block hashed from its tokens
     /// alone would claim a hit the engine does not have.
     pub fn opaque_keys(&self, i: usize) -> bool {
-        let Some(keys) = self
-            .extra_keys
-            .as_ref()
-            .and_then(|k| k.get(i))
-            .and_then(Value::as_array)
-        else {
+        let Some(rest) = self.keys_after_lora(i) else {
             return false;
         };
-        let mut rest = keys.as_slice();
-        if let (Some(lora), Some(first)) = (self.lora_name.as_deref(), rest.first()) {
-            if first.as_str() == Some(lora) {
-                rest = &rest[1..];
-            }
-        }
         if i == 0 && self.parent_block_hash.is_none() {
             // The salt is the last string; what follows it (a digest) and
             // what precedes it (multimodal ids) are not derivable.
