@@ -76,6 +76,8 @@ impl State {
             tail: std::cell::Cell::new(None),
             // Positions shift: refiled from the next decision's loads.
             cands: self.cands.fresh(backends.len()),
+            // Positions shift: the next balance check takes a new summary.
+            fleet: std::cell::Cell::new(None),
         }
     }
 }

@@ -20,6 +20,7 @@
 
 mod candidates;
 mod carry;
+mod fleet;
 mod home;
 mod kv;
 mod least;

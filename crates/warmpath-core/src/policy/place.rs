@@ -56,6 +56,7 @@
 //! through `Policy::observe_remote`, see [`remote`](super::remote)).
 
 use super::candidates::Candidates;
+use super::fleet::Fleet;
 use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
@@ -113,6 +114,9 @@ pub(crate) struct State {
     /// The usable backends by load, for the warm pick (see
     /// [`candidates`](super::candidates)).
     pub(super) cands: Candidates,
+    /// The balance stage's last fleet summary and the payback cap it was
+    /// taken with (see [`fleet`](super::fleet)).
+    pub(super) fleet: Cell<Option<(Fleet, f64)>>,
 }
 
 /// Cache pressure per backend, homes and the rebalancing state.
@@ -140,6 +144,7 @@ impl Placer {
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
                 tail: Cell::new(None),
                 cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
+                fleet: Cell::new(None),
             }),
         }
     }
@@ -466,6 +471,7 @@ impl State {
     pub(crate) fn set_home(&mut self, key: u64, backend: usize, moved: bool) {
         let seq = self.seq;
         self.homes.set_home(key, backend, seq, moved);
+        self.fleet.set(None);
         if moved {
             self.last_move = Some(seq);
             self.moves += 1;
@@ -488,6 +494,7 @@ impl State {
     /// A deliberate copy of `key` on `backend` (replication), or the last
     /// one dropped (`None`); counted like a move, for the waits.
     pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
+        self.fleet.set(None);
         match backend {
             Some(b) => self.homes.add_copy(key, b),
             None => {

@@ -9,7 +9,7 @@
 //! the new home (and what that evicts there, once); the old copy ages out
 //! of its former home's LRU, which frees the room.
 //!
-//! The rule, with `L` the balance loads ([`State::balance_load`]), `mean`
+//! The rule, with `L` the balance loads ([`State::balance_load_capped`]), `mean`
 //! their mean over usable backends, `t` the usable backend with the lowest
 //! `L`, `D = L_h - L_t` and `p` the prefix's popularity: a warm request
 //! whose prefix its home `h` holds (published, so never one still
@@ -20,7 +20,8 @@
 //!   and no move too small to pay for its prefill),
 //! - the prefix has had its home for `MOVE_COOLDOWN n` decisions, the fleet
 //!   has seen `MOVE_WARMUP n` requests, and the last move was
-//!   `MOVE_SPACING n` decisions ago (the constants: `tuning`).
+//!   `MOVE_SPACING min(n, SPACING_BACKENDS)` decisions ago (the constants:
+//!   `tuning`).
 //!
 //! The payback part of `L` is an integral term: the expected loads steer
 //! the traffic to come and leave what already went (the excess a backend
@@ -34,10 +35,12 @@
 //! moved prefix's stale copy frees, so its next cold request goes there
 //! instead of cascading through cold placement.
 
+use super::fleet::{Fleet, Stamp};
 use super::home::Home;
 use super::place::State;
 use super::tuning::{
-    FIT_BAND, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
+    COPY_SLACK, FIT_BAND, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
+    SPACING_BACKENDS,
 };
 use super::BackendLoad;
 
@@ -59,10 +62,12 @@ impl Rebalance {
 
 impl State {
     /// Whether the last move (this replica's or one it took from another)
-    /// was under `MOVE_SPACING n` decisions ago, `n` backends.
+    /// was under `MOVE_SPACING n` decisions ago, `n` backends counted up to
+    /// `SPACING_BACKENDS`.
     pub(crate) fn moved_lately(&self, n: u64) -> bool {
+        let wait = MOVE_SPACING * n.min(SPACING_BACKENDS);
         self.last_move
-            .is_some_and(|m| self.seq.saturating_sub(m) < MOVE_SPACING * n)
+            .is_some_and(|m| self.seq.saturating_sub(m) < wait)
     }
 
     /// Where `home`'s prefix should move to even the expected loads, if
@@ -83,29 +88,19 @@ impl State {
         {
             return None;
         }
-        let load = self.balance_load();
         let m = loads.len().min(self.homes.loads().len());
-        let mut total = 0.0;
-        let mut count = 0u32;
-        let mut low: Option<(usize, f64)> = None;
-        for b in (0..m).filter(|&b| usable(b)) {
-            let l = load(b);
-            total += l;
-            count += 1;
-            if b != home.backend as usize && low.is_none_or(|(_, lo)| l < lo) {
-                low = Some((b, l));
-            }
-        }
+        let (fleet, cap) = self.fleet(n, m, &usable);
         // Decayed requests seen, in requests.
-        if count < 2 || total / self.unit < MOVE_WARMUP * n as f64 {
+        if fleet.count < 2 || fleet.balance / self.unit < MOVE_WARMUP * n as f64 {
             return None;
         }
-        let (t, lt) = low?;
+        let t = fleet.lowest_but(home.backend as usize)?;
         if home.backend as usize >= m {
             return None;
         }
-        let lh = load(home.backend as usize);
-        let mean = total / f64::from(count);
+        let load = self.balance_load_capped(cap);
+        let (lh, lt) = (load(home.backend as usize), load(t));
+        let mean = fleet.balance / f64::from(fleet.count);
         let d = lh - lt;
         let fits = (MOVE_FIT_MIN * d.min(mean)..=MOVE_FIT_MAX * d).contains(&home.pop);
         // Even shares are a means: a move that would evict hotter prefixes
@@ -117,14 +112,15 @@ impl State {
     /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`)
     /// or one fewer (`Some(false)`), by the **copy rule**: `k` holders of a
     /// prefix of popularity `p` carry `p / k` each, and each should carry
-    /// no more than a fair share within the slack, so a prefix gets
+    /// no more than a fair share within part of the slack (`COPY_SLACK`,
+    /// which leaves room for the holder's other homes), so a prefix gets
     ///
     /// ```text
-    /// k = ceil(p / ((1 + rebalance_slack) * mean))   (at most the usable backends)
+    /// k = ceil(p / ((1 + COPY_SLACK * rebalance_slack) * mean))   (at most the usable backends)
     /// ```
     ///
     /// holders, `mean` the mean expected load of the usable backends: one
-    /// more while `p / k > (1 + slack) * mean`, one fewer once `p / (k - 1)`
+    /// more while `p / k` is above that bound, one fewer once `p / (k - 1)`
     /// would be at most the mean (the load fell). The count grows
     /// with the prefix's demand and the fleet, one copy per request of the
     /// prefix, without the waits between moves: a copy's effect on the
@@ -139,17 +135,14 @@ impl State {
     ) -> Option<bool> {
         let k = home.count() as f64;
         let known = home.pop / (k * self.unit) >= MOVE_WARMUP;
-        let expected = self.homes.loads();
-        let (mut total, mut count) = (0.0, 0usize);
-        for b in (0..expected.len()).filter(|&b| usable(b)) {
-            total += expected[b];
-            count += 1;
-        }
+        let (fleet, _) = self.fleet(rb.backends, self.homes.loads().len(), &usable);
+        let count = fleet.count as usize;
         if count < 2 {
             return None;
         }
-        let mean = total / count as f64;
-        if known && home.pop / k > (1.0 + rb.slack) * mean && home.count() < count {
+        let mean = fleet.expected / count as f64;
+        let bound = (1.0 + COPY_SLACK * rb.slack) * mean;
+        if known && home.pop / k > bound && home.count() < count {
             Some(true)
         } else if k > 1.0 && home.pop / (k - 1.0) <= mean {
             Some(false)
@@ -158,24 +151,62 @@ impl State {
         }
     }
 
-    /// The load the rebalancer evens, per backend, in `unit`s: its expected
-    /// load (the popularity of the prefixes homed there) plus
-    /// `PAYBACK_GAIN` x the requests it took beyond an even share
-    /// (see [`served`](super::served)). The payback term is capped at the
-    /// mean expected load either way, so a backend back from a long outage
-    /// (far below an even share) draws moves at the usual pace, not a flood.
+    /// [`State::balance_load_capped`] with the cap of now.
+    #[cfg(test)]
     pub(crate) fn balance_load(&self) -> impl Fn(usize) -> f64 + '_ {
+        self.balance_load_capped(self.payback_cap())
+    }
+
+    /// The payback term's cap: the mean expected load (0 without payback).
+    fn payback_cap(&self) -> f64 {
         let expected = self.homes.loads();
-        let k = self.payback * self.unit;
-        let cap = if k > 0.0 {
+        if self.payback > 0.0 {
             expected.iter().sum::<f64>() / expected.len().max(1) as f64
         } else {
             0.0
-        };
+        }
+    }
+
+    /// The load the rebalancer evens, per backend, in `unit`s: its expected
+    /// load (the popularity of the prefixes homed there) plus
+    /// `PAYBACK_GAIN` x the requests it took beyond an even share
+    /// (see [`served`](super::served)). The payback term is capped at
+    /// `cap`, the mean expected load ([`State::payback_cap`]) either way, so
+    /// a backend back from a long outage (far below an even share) draws
+    /// moves at the usual pace, not a flood.
+    fn balance_load_capped(&self, cap: f64) -> impl Fn(usize) -> f64 + '_ {
+        let expected = self.homes.loads();
+        let k = self.payback * self.unit;
         move |b| {
             let e = expected.get(b).copied().unwrap_or(0.0);
             e + (k * self.served.excess(b)).clamp(-cap, cap)
         }
+    }
+
+    /// The fleet summary over backends `0..m` ([`fleet`](super::fleet)) and
+    /// the payback cap it was taken with: the last one while it stands,
+    /// else a new pass.
+    fn fleet(&self, n: u64, m: usize, usable: impl Fn(usize) -> bool) -> (Fleet, f64) {
+        let now = Stamp {
+            seq: self.seq,
+            last_move: self.last_move,
+            unit: self.unit,
+            m,
+        };
+        if let Some((f, cap)) = self.fleet.get() {
+            if f.stands(&now, n, &usable) {
+                return (f, cap);
+            }
+        }
+        let cap = self.payback_cap();
+        let f = Fleet::scan(
+            now,
+            &usable,
+            self.balance_load_capped(cap),
+            self.homes.loads(),
+        );
+        self.fleet.set(Some((f, cap)));
+        (f, cap)
     }
 }
 
@@ -242,6 +273,42 @@ mod tests {
         }
         assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
         assert_eq!(s.moves, 1);
+    }
+
+    #[test]
+    fn the_wait_between_moves_stops_growing_past_64_backends() {
+        // 2 n decisions up to 64 backends, 128 beyond.
+        for (n, wait) in [(3u64, 6u64), (64, 128), (65, 128), (1000, 128)] {
+            let p = Placer::new(&backends(n as usize), 1e5);
+            let mut s = p.lock();
+            s.set_home(1, 0, true);
+            s.seq += wait - 1;
+            assert!(s.moved_lately(n), "{n} backends");
+            s.seq += 1;
+            assert!(!s.moved_lately(n), "{n} backends");
+        }
+    }
+
+    #[test]
+    fn a_large_fleets_summary_is_reused_until_a_home_changes() {
+        let rb = Rebalance {
+            slack: 0.4,
+            backends: 1000,
+        };
+        let p = one_hot(1000, 50, 2);
+        let mut s = p.lock();
+        let h = s.home(1).unwrap();
+        s.replicas(&rb, &h, |_| true);
+        let taken = s.fleet.get().unwrap();
+        // A decision later the same summary stands (1000 / 64 decisions).
+        s.record(2, 1, 0);
+        s.replicas(&rb, &h, |_| true);
+        assert_eq!(s.fleet.get().unwrap(), taken);
+        // A placement drops it; the next check takes a new one.
+        s.set_home(5000, 3, false);
+        assert!(s.fleet.get().is_none());
+        s.replicas(&rb, &h, |_| true);
+        assert_ne!(s.fleet.get().unwrap(), taken);
     }
 
     #[test]
@@ -356,18 +423,19 @@ mod tests {
             slack: 0.4,
             backends: n as u64,
         };
-        // Half the traffic of 20 backends: 10 even shares, 1.4 per holder
-        // at most: ceil(10 / 1.4) = 8 holders, past the entry's own room.
+        // Half the traffic of 20 backends: 10 even shares, 1 + 0.75 x 0.4
+        // = 1.3 per holder at most: ceil(10 / 1.3) = 8 holders, past the
+        // entry's own room.
         let p = one_hot(20, 50, 10);
         assert_eq!(copy_while_asked(&mut p.lock(), &rb(20), 1), 8);
-        // On 200 backends, 100 even shares: 72 holders.
+        // On 200 backends, 100 even shares: 77 holders.
         let p = one_hot(200, 50, 100);
-        assert_eq!(copy_while_asked(&mut p.lock(), &rb(200), 1), 72);
-        // Each holder carries p / k, within the slack of the mean.
+        assert_eq!(copy_while_asked(&mut p.lock(), &rb(200), 1), 77);
+        // Each holder carries p / k, within COPY_SLACK of the slack.
         let s = p.lock();
         let mean = s.homes.loads().iter().sum::<f64>() / 200.0;
         let h = s.home(1).unwrap();
-        assert!(h.pop / 72.0 <= 1.4 * mean && h.pop / 71.0 > 1.4 * mean);
+        assert!(h.pop / 77.0 <= 1.3 * mean && h.pop / 76.0 > 1.3 * mean);
         // Never more holders than backends: all 3 of 3 hold it.
         let p = one_hot(3, 99, 10);
         assert_eq!(copy_while_asked(&mut p.lock(), &rb(3), 1), 3);

@@ -70,12 +70,14 @@ pub(super) fn observe(placer: &Placer, d: &RemoteDecision) {
 /// Takes the sender's home (and copies) for `key`. A move makes the same
 /// swap the sender made (`State::move_home`) but is not counted as this
 /// replica's move; the waits between moves start from it all the same.
-/// Moves come one per `MOVE_SPACING n` decisions fleet-wide, so a second
+/// Moves come one per `MOVE_SPACING min(n, 64)` decisions fleet-wide, so a second
 /// within that wait takes the home without the swap: the swap's search of
 /// the home table is not repeated for every fact a peer (or a forging
 /// agent) says is a move.
 fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
     let seq = s.seq;
+    // Homes change below: the balance stage's fleet summary is retaken.
+    s.fleet.set(None);
     match s.home(key) {
         Some(local) if local.backend as usize == h.backend => {}
         Some(local) if h.moved && !s.moved_lately(n as u64) => {
