@@ -108,6 +108,9 @@ pub struct AgentConfig {
     /// Observe mode: how long a client may take to send a request body
     /// (408 beyond).
     pub body_timeout: Duration,
+    /// Observe mode: bytes of request bodies the proxy reads or forwards at
+    /// once, over every connection (503 beyond).
+    pub proxy_body_bytes: usize,
     /// ZMQ topic prefix.
     pub topic: String,
     /// Load scrape period (0: no scraping).
@@ -149,6 +152,7 @@ impl AgentConfig {
             max_body_bytes: 64 << 20,
             observe_queue_bytes: 256 << 20,
             body_timeout: Duration::from_secs(30),
+            proxy_body_bytes: 256 << 20,
             topic: String::new(),
             load_interval: Duration::from_secs(1),
             ghost_capacity: 1 << 16,
@@ -365,7 +369,8 @@ impl Agent {
                         engine_url: cfg.engine_url.trim_end_matches('/').to_owned(),
                         observe_tx: tx,
                         max_body_bytes: cfg.max_body_bytes,
-                        queue: super::observe::QueueBudget::new(cfg.observe_queue_bytes),
+                        queue: super::observe::ByteBudget::new(cfg.observe_queue_bytes),
+                        bodies: super::observe::ByteBudget::new(cfg.proxy_body_bytes),
                         body_timeout: cfg.body_timeout,
                         stats: observe_stats.clone(),
                     }))

@@ -109,6 +109,10 @@ pub fn describe() {
             "Observe-proxy requests the engine failed to answer",
         ),
         (
+            "warmpath_agent_proxy_busy_total",
+            "Observe-proxy requests answered 503 because the request bodies held at once were at their byte bound",
+        ),
+        (
             "warmpath_agent_decisions_shared_total",
             "Routing decisions a router sent for this worker, passed on to every other router this agent streams to",
         ),

@@ -24,10 +24,12 @@
 //! filled by generated tokens, preemptions or an engine restart (restart the
 //! agent with the engine).
 
+pub mod budget;
 pub mod mirror;
 pub mod prompt;
 pub mod proxy;
 
+pub use budget::{ByteBudget, Held};
 pub use mirror::LruMirror;
 pub use prompt::{PromptError, PromptHasher};
 pub use proxy::{proxy_router, ProxyState};
@@ -35,7 +37,6 @@ pub use proxy::{proxy_router, ProxyState};
 use crate::hub::Hub;
 use crate::stats::Counter;
 use bytes::Bytes;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -55,56 +56,16 @@ pub struct Observed {
     _held: Held,
 }
 
-/// The bytes of observed bodies waiting to be hashed, bounded: a queue of
-/// `observe_queue` bodies of up to `max_body_bytes` each would hold
-/// gigabytes.
-#[derive(Clone, Debug)]
-pub struct QueueBudget {
-    queued: Arc<AtomicUsize>,
-    max: usize,
-}
-
-#[derive(Debug)]
-struct Held {
-    queued: Arc<AtomicUsize>,
-    bytes: usize,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.queued.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
-
-impl QueueBudget {
-    /// At most `max` bytes queued.
-    pub fn new(max: usize) -> Self {
-        QueueBudget {
-            queued: Arc::new(AtomicUsize::new(0)),
-            max,
-        }
-    }
-
-    /// Bytes queued now.
-    pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Relaxed)
-    }
-
-    /// `body` as an observation counted in the budget, or `None` when it
-    /// does not fit.
-    pub fn observe(
-        &self,
+impl Observed {
+    /// `body` as an observation counted in `queue`, the byte budget of
+    /// bodies waiting to be hashed, or `None` when it does not fit.
+    pub fn within(
+        queue: &ByteBudget,
         body: Bytes,
         expect: Expect,
         tenant_header: Option<String>,
     ) -> Option<Observed> {
-        let bytes = body.len();
-        let before = self.queued.fetch_add(bytes, Ordering::Relaxed);
-        let held = Held {
-            queued: Arc::clone(&self.queued),
-            bytes,
-        };
-        (before + bytes <= self.max).then_some(Observed {
+        queue.hold(body.len()).map(|held| Observed {
             body,
             expect,
             tenant_header,
@@ -211,18 +172,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_queue_budget_holds_bytes_until_an_observation_is_dropped() {
-        let q = QueueBudget::new(100);
+    fn an_observation_holds_its_bytes_in_the_queue_budget_until_dropped() {
+        let q = ByteBudget::new(100);
         let body = |n: usize| Bytes::from(vec![b'x'; n]);
-        let first = q.observe(body(60), Expect::Chat, None).unwrap();
-        assert!(q.observe(body(60), Expect::Chat, None).is_none());
-        assert_eq!(q.queued(), 60);
-        let second = q.observe(body(40), Expect::Chat, None).unwrap();
-        assert_eq!(q.queued(), 100);
+        let first = Observed::within(&q, body(60), Expect::Chat, None).unwrap();
+        assert!(Observed::within(&q, body(60), Expect::Chat, None).is_none());
+        assert_eq!(q.used(), 60);
+        let second = Observed::within(&q, body(40), Expect::Chat, None).unwrap();
+        assert_eq!(q.used(), 100);
         drop(first);
         drop(second);
-        assert_eq!(q.queued(), 0);
-        assert!(q.observe(body(100), Expect::Completion, None).is_some());
-        assert_eq!(q.queued(), 0, "given back once dropped");
+        assert_eq!(q.used(), 0);
+        assert!(Observed::within(&q, body(100), Expect::Completion, None).is_some());
+        assert_eq!(q.used(), 0, "given back once dropped");
     }
 }

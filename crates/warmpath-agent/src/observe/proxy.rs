@@ -6,12 +6,14 @@
 //! A client that leaves drops the response stream, which drops the engine
 //! connection, so the engine stops generating for it.
 
-use super::{ObserveStats, Observed, QueueBudget};
+use super::{ByteBudget, Held, ObserveStats, Observed};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -32,7 +34,10 @@ pub struct ProxyState {
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
     /// The observation queue's byte budget.
-    pub queue: QueueBudget,
+    pub queue: ByteBudget,
+    /// The byte budget of request bodies being read or forwarded, over
+    /// every connection (503 beyond: the agent is busy, not the engine).
+    pub bodies: ByteBudget,
     /// How long a client may take to send its body (408 beyond).
     pub body_timeout: Duration,
     /// Counters.
@@ -96,29 +101,9 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
         .uri
         .path_and_query()
         .map_or_else(|| path.clone(), |pq| pq.as_str().to_owned());
-    let read = tokio::time::timeout(s.body_timeout, axum::body::to_bytes(body, s.max_body_bytes));
-    let body = match read.await {
-        Ok(Ok(b)) => b,
-        Err(_) => {
-            return error(
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid_request_error",
-                format!(
-                    "request body not received within {} ms",
-                    s.body_timeout.as_millis()
-                ),
-            )
-        }
-        Ok(Err(e)) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                format!(
-                    "request body unreadable or over {} bytes: {e}",
-                    s.max_body_bytes
-                ),
-            )
-        }
+    let (body, _held) = match read_body(body, &s).await {
+        Ok(read) => read,
+        Err(fault) => return fault.answer(&s),
     };
     let kind = observed_kind(&parts.method, &path);
     let tenant_header = parts
@@ -154,9 +139,7 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
     metrics::counter!("warmpath_agent_proxy_requests_total", "status" => status.as_str().to_owned())
         .increment(1);
     if let (Some(expect), true) = (kind, status.is_success()) {
-        let queued = s
-            .queue
-            .observe(body, expect, tenant_header)
+        let queued = Observed::within(&s.queue, body, expect, tenant_header)
             .map(|obs| s.observe_tx.try_send(obs));
         if !matches!(queued, Some(Ok(()))) {
             s.stats.dropped.inc();
@@ -176,6 +159,82 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
             format!("the engine's response could not be relayed: {e}"),
         ),
     }
+}
+
+/// Why a request body was not read whole.
+#[derive(Debug)]
+enum BodyFault {
+    /// Not all of it within `body_timeout`.
+    Late,
+    /// Over `max_body_bytes`, or the connection failed mid-body.
+    Unreadable(String),
+    /// Every connection's bodies together would pass the `bodies` budget.
+    Busy,
+}
+
+impl BodyFault {
+    fn answer(&self, s: &ProxyState) -> Response {
+        match self {
+            BodyFault::Late => error(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "request body not received within {} ms",
+                    s.body_timeout.as_millis()
+                ),
+            ),
+            BodyFault::Unreadable(why) => error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!(
+                    "request body unreadable or over {} bytes: {why}",
+                    s.max_body_bytes
+                ),
+            ),
+            BodyFault::Busy => {
+                metrics::counter!("warmpath_agent_proxy_busy_total").increment(1);
+                let mut r = error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "agent_busy",
+                    format!(
+                        "the agent holds {} bytes of request bodies already; retry shortly",
+                        s.bodies.used()
+                    ),
+                );
+                r.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static("1"),
+                );
+                r
+            }
+        }
+    }
+}
+
+/// The whole body, chunk by chunk, each counted in the `bodies` budget
+/// before it is kept (so bodies held at once never pass it), within
+/// `body_timeout` and `max_body_bytes`. The bytes stay counted while the
+/// returned [`Held`] lives: until the engine answered.
+async fn read_body(body: Body, s: &ProxyState) -> Result<(Bytes, Held), BodyFault> {
+    let read = async {
+        let mut held = s.bodies.hold(0).ok_or(BodyFault::Busy)?;
+        let mut buf = BytesMut::new();
+        let mut chunks = body.into_data_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| BodyFault::Unreadable(e.to_string()))?;
+            if buf.len().saturating_add(chunk.len()) > s.max_body_bytes {
+                return Err(BodyFault::Unreadable("length limit exceeded".into()));
+            }
+            if !held.grow(chunk.len()) {
+                return Err(BodyFault::Busy);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok((buf.freeze(), held))
+    };
+    tokio::time::timeout(s.body_timeout, read)
+        .await
+        .unwrap_or(Err(BodyFault::Late))
 }
 
 #[cfg(test)]
@@ -220,37 +279,93 @@ mod tests {
         assert!(out.contains_key(header::AUTHORIZATION) && out.contains_key(TENANT_HEADER));
     }
 
-    #[tokio::test]
-    async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (tx, _rx) = mpsc::channel(4);
+    /// A proxy on 127.0.0.1 in front of an engine that is not there, with
+    /// `bodies` bytes of request bodies at once and `timeout` for a body;
+    /// its budget and the observation queue's receiver.
+    async fn proxy(
+        bodies: usize,
+        timeout: Duration,
+    ) -> (std::net::SocketAddr, ByteBudget, mpsc::Receiver<Observed>) {
+        let (tx, rx) = mpsc::channel(4);
+        let budget = ByteBudget::new(bodies);
         let state = ProxyState {
             client: reqwest::Client::new(),
             engine_url: "http://127.0.0.1:9".into(),
             observe_tx: tx,
             max_body_bytes: 1 << 20,
-            queue: QueueBudget::new(1 << 20),
-            body_timeout: Duration::from_millis(200),
+            queue: ByteBudget::new(1 << 20),
+            bodies: budget.clone(),
+            body_timeout: timeout,
             stats: Arc::new(ObserveStats::default()),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
+        tokio::spawn(async move {
             axum::serve(listener, proxy_router(state)).await.unwrap();
         });
+        (addr, budget, rx)
+    }
+
+    /// A new connection that sent a chat request's head declaring `length`
+    /// body bytes, and `body`.
+    async fn send(addr: std::net::SocketAddr, length: usize, body: &[u8]) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        c.write_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{",
-        )
-        .await
-        .unwrap();
-        let mut buf = vec![0u8; 512];
-        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {length}\r\n\r\n"
+        );
+        c.write_all(head.as_bytes()).await.unwrap();
+        c.write_all(body).await.unwrap();
+        c
+    }
+
+    /// The first bytes of the answer on `c` (within 10 s).
+    async fn reply(c: &mut tokio::net::TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
             .await
             .expect("answered")
             .unwrap();
-        let head = String::from_utf8_lossy(&buf[..n]);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
+        let (addr, _, _rx) = proxy(1 << 20, Duration::from_millis(200)).await;
+        let mut c = send(addr, 100, b"{").await;
+        let head = reply(&mut c).await;
         assert!(head.starts_with("HTTP/1.1 408"), "{head}");
-        server.abort();
+    }
+
+    #[tokio::test]
+    async fn bodies_past_the_budget_are_answered_503_until_the_held_ones_go() {
+        let (addr, budget, _rx) = proxy(1000, Duration::from_millis(1500)).await;
+        // A slow client holds 900 bytes of a 2000-byte body.
+        let mut slow = send(addr, 2000, &[b'x'; 900]).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while budget.used() < 900 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(budget.used(), 900);
+        // Another body of 500 bytes does not fit beside it: busy, retry.
+        let mut other = send(addr, 500, &[b'y'; 500]).await;
+        let head = reply(&mut other).await;
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+        assert!(
+            head.to_ascii_lowercase().contains("retry-after: 1"),
+            "{head}"
+        );
+        assert!(head.contains("agent_busy"), "{head}");
+        assert_eq!(budget.used(), 900, "the refused body gave its bytes back");
+        // The slow one times out and gives its bytes back; the same body is
+        // then read and forwarded (the engine is not there: 502).
+        let head = reply(&mut slow).await;
+        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+        assert_eq!(budget.used(), 0);
+        let mut again = send(addr, 500, &[b'y'; 500]).await;
+        let head = reply(&mut again).await;
+        assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+        assert_eq!(budget.used(), 0, "given back once the engine answered");
     }
 }
