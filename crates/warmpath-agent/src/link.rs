@@ -3,7 +3,7 @@
 //! Each (re)connect opens a new stream, sends Hello and a full snapshot, then
 //! the deltas the [`Hub`] queues for this router, Load when it changes and a
 //! Heartbeat when idle. The router's answers: `Ack` (noted), `ResendSnapshot`
-//! (snapshot next), `Refused` (logged at error level, counted, reconnect later).
+//! (snapshot next, at most one a second), `Refused` (logged at error level, counted, reconnect later).
 //! Failures back off exponentially (200 ms .. 30 s) with full jitter.
 
 use crate::hub::{Hub, Sink, Work};
@@ -21,6 +21,13 @@ use warmpath_proto::v1::{
     agent_message::Msg, router_message, AgentMessage, Heartbeat, Hello, Load,
 };
 use warmpath_proto::{bearer, CacheEventsClient, AUTHORIZATION};
+
+/// Snapshots a router asks for (`ResendSnapshot`) go out at most one per
+/// this long on a stream; one asked for sooner is sent when the time is up.
+/// Each is a full copy of the worker's blocks built under the hub's lock, so
+/// a router asking in a loop would otherwise hold that lock, and the link,
+/// busy.
+const RESEND_SPACING: Duration = Duration::from_secs(1);
 
 /// Who this agent is, as told in Hello.
 #[derive(Clone, Debug)]
@@ -234,6 +241,10 @@ async fn stream_once(
     let mut heartbeat = tokio::time::interval(cfg.heartbeat);
     let mut last_seq = 0u64;
     let mut load_open = true;
+    // When the router may next be sent a snapshot it asked for, and whether
+    // one it asked for waits for that.
+    let mut resend_at = tokio::time::Instant::now();
+    let mut resend_waits = false;
     loop {
         // Drain all work first.
         while let Some(work) = hub.take_work(sink) {
@@ -293,6 +304,11 @@ async fn stream_once(
                     }
                 }
             }
+            _ = tokio::time::sleep_until(resend_at), if resend_waits => {
+                resend_waits = false;
+                resend_at = tokio::time::Instant::now() + RESEND_SPACING;
+                sink.request_snapshot();
+            }
             _ = heartbeat.tick() => {
                 send(AgentMessage { msg: Some(Msg::Heartbeat(Heartbeat { last_seq })) }).await?;
             }
@@ -310,8 +326,18 @@ async fn stream_once(
                         metrics::counter!("warmpath_agent_decisions_shared_total").increment(1);
                     }
                     Some(router_message::Msg::ResendSnapshot(r)) => {
-                        tracing::warn!(router = %url, reason = %r.reason, "router asks for a snapshot");
-                        sink.request_snapshot();
+                        let now = tokio::time::Instant::now();
+                        if now >= resend_at {
+                            tracing::warn!(router = %url, reason = %r.reason, "router asks for a snapshot");
+                            resend_at = now + RESEND_SPACING;
+                            sink.request_snapshot();
+                        } else if !resend_waits {
+                            tracing::warn!(router = %url, reason = %r.reason, "router asks for another snapshot within 1 s: it waits");
+                            resend_waits = true;
+                        }
+                        if resend_waits {
+                            metrics::counter!("warmpath_agent_snapshot_requests_deferred_total", "router" => url.to_owned()).increment(1);
+                        }
                     }
                     Some(router_message::Msg::Refused(r)) => {
                         stats.router_refusals.inc();

@@ -69,6 +69,10 @@ pub fn describe() {
             "Snapshots sent to routers",
         ),
         (
+            "warmpath_agent_snapshot_requests_deferred_total",
+            "Snapshot requests a router made within 1 s of the last one it was sent (coalesced into one, sent when the second is up), by router",
+        ),
+        (
             "warmpath_agent_router_reconnects_total",
             "Router stream reconnects, by router",
         ),

@@ -117,6 +117,35 @@ async fn events_reach_the_router_as_warmpath_hashes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_asking_for_snapshots_in_a_loop_gets_one_a_second() {
+    // After the stream's first snapshot the router asks for 100 more at
+    // once: one goes out at once, the other 99 wait and go out as one a
+    // second later.
+    let router = TestRouter::start_with("127.0.0.1:0".parse().unwrap(), None, 100).await;
+    let p = publisher(PayloadForm::Map, false, false).await;
+    let agent = Agent::start(agent_config(&p, vec![router.url()]), None)
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    wait_for(
+        "three snapshots",
+        || router.view().snapshots >= 3,
+        || async {},
+    )
+    .await;
+    assert!(
+        start.elapsed() >= Duration::from_millis(900),
+        "the third came after {:?}",
+        start.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(router.view().snapshots, 3, "{:?}", router.view());
+    assert_eq!(router.view().streams, 1);
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_batch_is_replayed_in_both_reply_layouts() {
     for (form, topic_in_replay) in [(PayloadForm::Map, true), (PayloadForm::Array, false)] {
         let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;

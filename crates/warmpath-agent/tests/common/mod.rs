@@ -37,6 +37,8 @@ pub struct View {
 struct Recorder {
     view: Arc<Mutex<View>>,
     refuse_block_size: Option<u32>,
+    /// Asks for this many snapshots at once after the first one arrives.
+    resend_flood: u32,
     /// Ends every open stream when the router "dies" (aborting the server task
     /// alone would leave hyper's connection tasks running).
     stop: CancellationToken,
@@ -66,6 +68,7 @@ impl CacheEvents for Recorder {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let view = self.view.clone();
         let refuse = self.refuse_block_size;
+        let flood = self.resend_flood;
         let stop = self.stop.clone();
         tokio::spawn(async move {
             loop {
@@ -107,6 +110,24 @@ impl CacheEvents for Recorder {
                             v.blocks = v.partial.take().unwrap_or_default();
                             v.last_seq = Some(s.seq);
                             v.snapshots += 1;
+                            if v.snapshots == 1 && flood > 0 {
+                                // Queued without waiting: the channel takes
+                                // what fits, the rest are sent from a task.
+                                let tx = tx.clone();
+                                tokio::spawn(async move {
+                                    for _ in 0..flood {
+                                        let ask = router_message::Msg::ResendSnapshot(
+                                            warmpath_proto::v1::ResendSnapshot {
+                                                reason: "test flood".into(),
+                                            },
+                                        );
+                                        let m = RouterMessage { msg: Some(ask) };
+                                        if tx.send(Ok(m)).await.is_err() {
+                                            return;
+                                        }
+                                    }
+                                });
+                            }
                         }
                     }
                     Some(Msg::Delta(d)) => {
@@ -153,6 +174,16 @@ pub struct TestRouter {
 
 impl TestRouter {
     pub async fn start(addr: SocketAddr, refuse_block_size: Option<u32>) -> TestRouter {
+        Self::start_with(addr, refuse_block_size, 0).await
+    }
+
+    /// [`TestRouter::start`] that asks for `resend_flood` snapshots at once
+    /// after the first one.
+    pub async fn start_with(
+        addr: SocketAddr,
+        refuse_block_size: Option<u32>,
+        resend_flood: u32,
+    ) -> TestRouter {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let view = Arc::new(Mutex::new(View::default()));
@@ -160,6 +191,7 @@ impl TestRouter {
         let rec = Recorder {
             view: view.clone(),
             refuse_block_size,
+            resend_flood,
             stop: stop.clone(),
         };
         let s = stop.clone();
