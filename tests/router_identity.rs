@@ -128,3 +128,85 @@ async fn a_forged_hello_for_a_live_worker_is_refused_and_its_own_restart_takes_o
     )
     .await;
 }
+
+/// Decision facts between router replicas ride the agents' streams: with
+/// `agent_secret` set, the router takes only facts signed with the key every
+/// replica derives from it. An agent with a valid credential that sends a
+/// fact of its own making (or alters one) is dropped and counted; a fact
+/// signed as a replica signs it counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cannot_forge_another_replicas_decision() {
+    use warmpath_proto::v1::{decided::Phase, Decided};
+    let dir = tempfile::tempdir().unwrap();
+    let backend = TestBackend::start("b0").await;
+    let yaml = format!(
+        "grpc_listen: 127.0.0.1:0\nagent_secret: {SECRET}\npools:\n  - model: m\n    block_size: 4\n    backends: [{{url: '{0}', worker_id: a}}, {{url: '{0}', worker_id: b}}]\n",
+        backend.url()
+    );
+    let r = Router::start(dir.path(), &yaml).await;
+    let c = client();
+    let token_a = warmpath_proto::worker_token(SECRET, "a");
+    let (tx_a, _answers_a) = agent_as(&r.grpc, "a", 1, Some(&token_a), &[1, 2], None)
+        .await
+        .unwrap();
+    poll(
+        "a's snapshot",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || (r.blocks(&c, "a").await == 2).then_some(()),
+    )
+    .await;
+    let fact = |request: u64| Decided {
+        router: 0x5eed,
+        request,
+        phase: Phase::Start as i32,
+        model: "m".into(),
+        prefix_key: 77,
+        chain_blocks: 8,
+        prefill_blocks: 8,
+        home: "b".into(),
+        home_moved: true,
+        copies: Vec::new(),
+        mac: Vec::new(),
+    };
+    let send = async |d: Decided| {
+        tx_a.send(AgentMessage {
+            msg: Some(Msg::Decided(d)),
+        })
+        .await
+        .unwrap();
+    };
+    let count = async |direction: &str| {
+        r.metric(
+            &c,
+            &format!("warmpath_replica_facts_total{{pool=\"m\",direction=\"{direction}\"}} "),
+        )
+        .await
+    };
+    // Unsigned, and signed under a secret the routers do not hold.
+    send(fact(1)).await;
+    let mut wrong = fact(2);
+    wrong.mac = warmpath_proto::fact_mac(&warmpath_proto::fact_key("guessed"), &wrong);
+    send(wrong).await;
+    poll(
+        "two forged facts counted",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || (count("forged").await == 2.0).then_some(()),
+    )
+    .await;
+    assert_eq!(count("received").await, 0.0);
+    // Signed as a replica of this fleet signs it: taken.
+    let key = warmpath_proto::fact_key(SECRET);
+    let mut good = fact(3);
+    good.mac = warmpath_proto::fact_mac(&key, &good);
+    send(good).await;
+    poll(
+        "the signed fact received",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || (count("received").await == 1.0).then_some(()),
+    )
+    .await;
+    assert_eq!(count("forged").await, 2.0);
+}

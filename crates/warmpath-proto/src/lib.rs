@@ -109,6 +109,43 @@ pub fn worker_token(secret: &str, worker_id: &str) -> String {
     out
 }
 
+/// The key router replicas sign their decision facts with
+/// ([`v1::Decided::mac`]): an HMAC-SHA256 of a fixed label under the fleet's
+/// `agent_secret`, so every replica derives the same key and no agent, which
+/// holds only its own worker's credential, can.
+pub fn fact_key(secret: &str) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(secret.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+    mac.update(b"warmpath decision facts v1\0");
+    mac.finalize().into_bytes().into()
+}
+
+/// The mac of `fact` under `key`: HMAC-SHA256 of the fact encoded with its
+/// `mac` empty (prost encodes fields in tag order, so equal facts encode
+/// alike in every build).
+pub fn fact_mac(key: &[u8; 32], fact: &v1::Decided) -> Vec<u8> {
+    use hmac::{Hmac, Mac};
+    use prost::Message;
+    let mut bare = fact.clone();
+    bare.mac.clear();
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+    mac.update(&bare.encode_to_vec());
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Whether `fact` carries its mac under `key` (compared in constant time).
+pub fn fact_signed(key: &[u8; 32], fact: &v1::Decided) -> bool {
+    let want = fact_mac(key, fact);
+    want.len() == fact.mac.len()
+        && want
+            .iter()
+            .zip(&fact.mac)
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
 impl v1::Tier {
     /// Maps vLLM's `medium` string ("GPU", "CPU", "STORAGE"; "DISK" accepted too;
     /// case-insensitive). `None` for anything else.
@@ -153,6 +190,48 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::v1::{agent_message, delta, AgentMessage, Delta, Stored, Tier};
+
+    #[test]
+    fn a_fact_is_signed_only_under_the_fleets_key_and_as_it_was_sent() {
+        use super::v1::{decided::Phase, Decided};
+        use super::{fact_key, fact_mac, fact_signed};
+        let key = fact_key("fleet secret");
+        assert_ne!(key, fact_key("another secret"));
+        let mut d = Decided {
+            router: 7,
+            request: 42,
+            phase: Phase::Start as i32,
+            model: "m".into(),
+            prefix_key: 99,
+            chain_blocks: 500,
+            prefill_blocks: 500,
+            home: "w1".into(),
+            home_moved: false,
+            copies: vec!["w2".into()],
+            mac: Vec::new(),
+        };
+        assert!(!fact_signed(&key, &d), "unsigned");
+        d.mac = fact_mac(&key, &d);
+        assert_eq!(d.mac.len(), 32);
+        assert!(fact_signed(&key, &d));
+        assert!(!fact_signed(&fact_key("another secret"), &d));
+        // Any field changed after signing: refused.
+        for change in [
+            |d: &mut Decided| d.home = "w3".into(),
+            |d: &mut Decided| d.prefill_blocks = u64::MAX,
+            |d: &mut Decided| d.copies.push("w4".into()),
+            |d: &mut Decided| d.home_moved = true,
+            |d: &mut Decided| d.router = 8,
+        ] {
+            let mut forged = d.clone();
+            change(&mut forged);
+            assert!(!fact_signed(&key, &forged), "{forged:?}");
+        }
+        // The mac itself cut or empty: refused.
+        let mut cut = d.clone();
+        cut.mac.pop();
+        assert!(!fact_signed(&key, &cut));
+    }
 
     /// Pinned: agents and routers of different builds must agree. Computed
     /// independently with Python's `hmac` module.

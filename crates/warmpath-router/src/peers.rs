@@ -90,6 +90,11 @@ pub struct Peers {
     counted: AtomicBool,
     /// model -> worker id -> its stream's link.
     links: RwLock<HashMap<String, HashMap<String, Link>>>,
+    /// The key facts are signed and checked with (from `agent_secret`);
+    /// unset: facts go unsigned and are taken unchecked.
+    key: std::sync::OnceLock<[u8; 32]>,
+    /// When a forged fact was last logged (monotonic ms; 0: never).
+    forged_logged: AtomicU64,
 }
 
 impl Default for Peers {
@@ -100,6 +105,8 @@ impl Default for Peers {
             next_request: AtomicU64::new(0),
             counted: AtomicBool::new(false),
             links: RwLock::new(HashMap::new()),
+            key: std::sync::OnceLock::new(),
+            forged_logged: AtomicU64::new(0),
         }
     }
 }
@@ -112,6 +119,14 @@ impl Peers {
     /// Turns sharing on or off (`ingest.share_decisions`); on by default.
     pub fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Signs every fact this router sends with `key`
+    /// ([`warmpath_proto::fact_key`] of the `agent_secret`) and takes only
+    /// facts signed with it: an agent relays facts but cannot forge one.
+    /// Set once, at start.
+    pub fn sign_with(&self, key: [u8; 32]) {
+        let _ = self.key.set(key);
     }
 
     /// Whether decisions are shared.
@@ -206,6 +221,22 @@ impl Peers {
         else {
             return false;
         };
+        if let Some(key) = self.key.get() {
+            if !warmpath_proto::fact_signed(key, d) {
+                facts(model, "forged").increment(1);
+                let now = crate::monotonic_ms();
+                let last = self.forged_logged.load(Ordering::Relaxed);
+                if (last == 0 || now.saturating_sub(last) >= 10_000)
+                    && self
+                        .forged_logged
+                        .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(pool = model, worker, "a relayed decision fact is not signed with the fleet's key: dropped (an agent altered it, or a replica without this agent_secret sent it)");
+                }
+                return false;
+            }
+        }
         facts(model, "received").increment(1);
         let id = (d.router, d.request);
         let now = Instant::now();
@@ -258,7 +289,10 @@ impl Peers {
 
     /// Sends one fact about `worker` to its agent; dropped (counted) when
     /// no stream of it is up or its queue is full.
-    fn send(&self, model: &str, worker: &str, d: v1::Decided) {
+    fn send(&self, model: &str, worker: &str, mut d: v1::Decided) {
+        if let Some(key) = self.key.get() {
+            d.mac = warmpath_proto::fact_mac(key, &d);
+        }
         let all = self.links.read();
         let Some(l) = all.get(model).and_then(|m| m.get(worker)) else {
             facts(model, "unsent").increment(1);
@@ -291,6 +325,7 @@ impl Peers {
             home: fact.home,
             home_moved: fact.home_moved,
             copies: fact.copies,
+            mac: Vec::new(),
         };
         self.send(model, &fact.worker, d);
         Some(ShareGuard {
@@ -396,6 +431,50 @@ mod tests {
         p.detach("m", "w", 7);
         assert_eq!(p.remote_load("m", "w"), (0, 0));
         assert!(!p.receive("m", "w", 7, &fact(1, 5, Phase::Start, 10)));
+    }
+
+    #[test]
+    fn with_a_key_only_facts_signed_with_it_count_and_sent_ones_are_signed() {
+        let p = Arc::new(Peers::default());
+        let key = warmpath_proto::fact_key("fleet secret");
+        p.sign_with(key);
+        let (tx, mut rx) = mpsc::channel(4);
+        p.attach("m", "w", 7, tx);
+        let signed = |mut d: v1::Decided| {
+            d.mac = warmpath_proto::fact_mac(&key, &d);
+            d
+        };
+        // Unsigned, signed under another secret, or altered after signing:
+        // dropped, nothing counted.
+        assert!(!p.receive("m", "w", 7, &fact(1, 1, Phase::Start, 30)));
+        let other = warmpath_proto::fact_key("another secret");
+        let mut d = fact(1, 1, Phase::Start, 30);
+        d.mac = warmpath_proto::fact_mac(&other, &d);
+        assert!(!p.receive("m", "w", 7, &d));
+        let mut altered = signed(fact(1, 1, Phase::Start, 30));
+        altered.prefill_blocks = u64::MAX;
+        assert!(!p.receive("m", "w", 7, &altered));
+        assert_eq!(p.remote_load("m", "w"), (0, 0));
+        // Signed: counted.
+        assert!(p.receive("m", "w", 7, &signed(fact(1, 1, Phase::Start, 30))));
+        assert_eq!(p.remote_load("m", "w"), (1, 30));
+        // What this router sends carries its mac.
+        let guard = p.start(
+            "m",
+            Fact {
+                worker: "w".into(),
+                prefix_key: 5,
+                ..Fact::default()
+            },
+        );
+        let Ok(RouterMessage {
+            msg: Some(router_message::Msg::Decided(sent)),
+        }) = rx.try_recv().unwrap()
+        else {
+            panic!("a decided fact")
+        };
+        assert!(warmpath_proto::fact_signed(&key, &sent));
+        drop(guard);
     }
 
     #[test]

@@ -136,6 +136,9 @@ pub async fn start(
         .map(|_| Arc::new(ingest::Agents::new()));
     if let Some(a) = &agents {
         a.peers().set_enabled(config.ingest.share_decisions);
+        if let Some(secret) = &config.agent_secret {
+            a.peers().sign_with(warmpath_proto::fact_key(secret));
+        }
     }
     let shared = Arc::new(Shared::new(
         &config,
