@@ -84,8 +84,24 @@ pub fn check_bearer(metadata: &tonic::metadata::MetadataMap, expected: &str) -> 
 /// Compares in constant time over the bytes, so a check does not leak how
 /// much of a guess was right.
 pub fn same_token(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
+    same_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// [`same_token`] over bytes.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// HMAC-SHA256 of `parts`, in order, under `key`.
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    // HMAC takes keys of any length, so this cannot fail.
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+    for p in parts {
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().into()
 }
 
 /// The credential of one worker's agent under the router's `agent_secret`:
@@ -94,14 +110,11 @@ pub fn same_token(a: &str, b: &str) -> bool {
 /// fleet, and an agent's token names its worker: it cannot publish for
 /// another. `warmpath-router --print-agent-token WORKER` prints it.
 pub fn worker_token(secret: &str, worker_id: &str) -> String {
-    use hmac::{Hmac, Mac};
     use std::fmt::Write;
-    // HMAC takes keys of any length, so this cannot fail.
-    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(secret.as_bytes())
-        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
-    mac.update(b"warmpath agent v1\0");
-    mac.update(worker_id.as_bytes());
-    let tag = mac.finalize().into_bytes();
+    let tag = hmac_sha256(
+        secret.as_bytes(),
+        &[b"warmpath agent v1\0", worker_id.as_bytes()],
+    );
     let mut out = String::from("wp1-");
     for b in tag {
         let _ = write!(out, "{b:02x}");
@@ -114,36 +127,29 @@ pub fn worker_token(secret: &str, worker_id: &str) -> String {
 /// `agent_secret`, so every replica derives the same key and no agent, which
 /// holds only its own worker's credential, can.
 pub fn fact_key(secret: &str) -> [u8; 32] {
-    use hmac::{Hmac, Mac};
-    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(secret.as_bytes())
-        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
-    mac.update(b"warmpath decision facts v1\0");
-    mac.finalize().into_bytes().into()
+    hmac_sha256(secret.as_bytes(), &[b"warmpath decision facts v1\0"])
 }
 
 /// The mac of `fact` under `key`: HMAC-SHA256 of the fact encoded with its
 /// `mac` empty (prost encodes fields in tag order, so equal facts encode
-/// alike in every build).
+/// alike in every build). A fact still unsigned is encoded as it is.
 pub fn fact_mac(key: &[u8; 32], fact: &v1::Decided) -> Vec<u8> {
-    use hmac::{Hmac, Mac};
     use prost::Message;
-    let mut bare = fact.clone();
-    bare.mac.clear();
-    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
-        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
-    mac.update(&bare.encode_to_vec());
-    mac.finalize().into_bytes().to_vec()
+    let bare = if fact.mac.is_empty() {
+        fact.encode_to_vec()
+    } else {
+        v1::Decided {
+            mac: Vec::new(),
+            ..fact.clone()
+        }
+        .encode_to_vec()
+    };
+    hmac_sha256(key, &[&bare]).to_vec()
 }
 
 /// Whether `fact` carries its mac under `key` (compared in constant time).
 pub fn fact_signed(key: &[u8; 32], fact: &v1::Decided) -> bool {
-    let want = fact_mac(key, fact);
-    want.len() == fact.mac.len()
-        && want
-            .iter()
-            .zip(&fact.mac)
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    same_bytes(&fact_mac(key, fact), &fact.mac)
 }
 
 impl v1::Tier {
