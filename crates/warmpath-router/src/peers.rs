@@ -43,6 +43,9 @@ const MAX_PREFILL: u64 = u32::MAX as u64;
 /// e.g. its router crashed): longer than any upstream deadline's default.
 const MAX_REMOTE_AGE: Duration = Duration::from_secs(900);
 
+/// Forged facts are logged at most this often (each is counted).
+const FORGED_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// How often old remote requests are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -93,8 +96,8 @@ pub struct Peers {
     /// The key facts are signed and checked with (from `agent_secret`);
     /// unset: facts go unsigned and are taken unchecked.
     key: std::sync::OnceLock<[u8; 32]>,
-    /// When a forged fact was last logged (monotonic ms; 0: never).
-    forged_logged: AtomicU64,
+    /// When a forged fact was last logged.
+    forged_logged: Mutex<Option<Instant>>,
 }
 
 impl Default for Peers {
@@ -106,7 +109,7 @@ impl Default for Peers {
             counted: AtomicBool::new(false),
             links: RwLock::new(HashMap::new()),
             key: std::sync::OnceLock::new(),
-            forged_logged: AtomicU64::new(0),
+            forged_logged: Mutex::new(None),
         }
     }
 }
@@ -224,14 +227,9 @@ impl Peers {
         if let Some(key) = self.key.get() {
             if !warmpath_proto::fact_signed(key, d) {
                 facts(model, "forged").increment(1);
-                let now = crate::monotonic_ms();
-                let last = self.forged_logged.load(Ordering::Relaxed);
-                if (last == 0 || now.saturating_sub(last) >= 10_000)
-                    && self
-                        .forged_logged
-                        .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
+                let mut last = self.forged_logged.lock();
+                if last.is_none_or(|t| t.elapsed() >= FORGED_LOG_EVERY) {
+                    *last = Some(Instant::now());
                     tracing::warn!(pool = model, worker, "a relayed decision fact is not signed with the fleet's key: dropped (an agent altered it, or a replica without this agent_secret sent it)");
                 }
                 return false;
