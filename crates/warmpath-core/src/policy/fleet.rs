@@ -17,14 +17,12 @@
 /// The fleet size per decision a summary is reused for: `n / 64`.
 const REUSE_BACKENDS: u64 = 64;
 
-/// When a summary was taken: it is reused only under the same moves, unit
-/// and fleet size.
+/// When a summary was taken: it is reused only under the same unit and
+/// fleet size (a placement, move or copy drops it outright).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Stamp {
     /// The decision it was taken at.
     pub(crate) seq: u64,
-    /// The decision of the last move or copy then.
-    pub(crate) last_move: Option<u64>,
     /// The decayed counters' unit then: it grows every decision, and a
     /// rescale sets it back, which ends the summary.
     pub(crate) unit: f64,
@@ -80,15 +78,14 @@ impl Fleet {
         f
     }
 
-    /// Whether it still stands for `now` in a fleet of `n`: taken under
-    /// the same moves and size, with no rescale since, fewer than `n / REUSE_BACKENDS`
-    /// decisions ago (only this decision's when that is at most 1), and
-    /// its lowest backends still usable.
+    /// Whether it still stands for `now` in a fleet of `n`: taken at the
+    /// same size, with no rescale since, fewer than `n / REUSE_BACKENDS`
+    /// decisions ago (only this decision's when that is at most 1), and its
+    /// lowest backends still usable.
     pub(crate) fn stands(&self, now: &Stamp, n: u64, usable: impl Fn(usize) -> bool) -> bool {
         let reuse = (n / REUSE_BACKENDS).max(1);
         let t = &self.taken;
-        t.last_move == now.last_move
-            && now.unit >= t.unit
+        now.unit >= t.unit
             && t.m == now.m
             && now.seq.saturating_sub(t.seq) < reuse
             && now.seq >= t.seq
@@ -112,12 +109,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn stamp(seq: u64, m: usize) -> Stamp {
-        Stamp {
-            seq,
-            last_move: Some(3),
-            unit: 1.5,
-            m,
-        }
+        Stamp { seq, unit: 1.5, m }
     }
 
     #[test]
@@ -131,12 +123,7 @@ mod tests {
         // 1000 backends: 15 decisions.
         assert!(f.stands(&stamp(24, 4), 1000, all));
         assert!(!f.stands(&stamp(25, 4), 1000, all));
-        // A move, a rescale, another size or an unusable low backend: no.
-        let moved = Stamp {
-            last_move: Some(11),
-            ..stamp(10, 4)
-        };
-        assert!(!f.stands(&moved, 1000, all));
+        // A rescale, another size or an unusable low backend: no.
         let rescaled = Stamp {
             unit: 1.0,
             ..stamp(10, 4)

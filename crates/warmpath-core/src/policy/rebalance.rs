@@ -189,7 +189,6 @@ impl State {
     fn fleet(&self, n: u64, m: usize, usable: impl Fn(usize) -> bool) -> (Fleet, f64) {
         let now = Stamp {
             seq: self.seq,
-            last_move: self.last_move,
             unit: self.unit,
             m,
         };
@@ -309,6 +308,12 @@ mod tests {
         assert!(s.fleet.get().is_none());
         s.replicas(&rb, &h, |_| true);
         assert_ne!(s.fleet.get().unwrap(), taken);
+        // So do a move and a copy.
+        s.move_home(5000, 3, 4);
+        assert!(s.fleet.get().is_none());
+        s.replicas(&rb, &h, |_| true);
+        s.copy(1, Some(7));
+        assert!(s.fleet.get().is_none());
     }
 
     #[test]
