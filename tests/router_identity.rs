@@ -32,8 +32,9 @@ async fn first_answer(answers: &mut tonic::Streaming<RouterMessage>) -> Option<R
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_hello_for_a_live_worker_is_refused_and_its_own_restart_takes_over() {
+/// The router binary with `agent_secret`, workers `a` and `b` on one test
+/// backend; keep the folder and backend alive with it.
+async fn router() -> (Router, TestClient, tempfile::TempDir, TestBackend) {
     let dir = tempfile::tempdir().unwrap();
     let backend = TestBackend::start("b0").await;
     let yaml = format!(
@@ -41,20 +42,38 @@ async fn a_forged_hello_for_a_live_worker_is_refused_and_its_own_restart_takes_o
         backend.url()
     );
     let r = Router::start(dir.path(), &yaml).await;
-    let c = client();
-    let token_a = warmpath_proto::worker_token(SECRET, "a");
-    let token_b = warmpath_proto::worker_token(SECRET, "b");
+    (r, client(), dir, backend)
+}
 
-    let (tx_a, _answers_a) = agent_as(&r.grpc, "a", 1, Some(&token_a), &[1, 2, 3, 4], None)
+/// Worker a's agent with its credential, once its snapshot of `blocks` is in.
+async fn agent_a(
+    r: &Router,
+    c: &TestClient,
+    blocks: &[u64],
+) -> (
+    tokio::sync::mpsc::Sender<AgentMessage>,
+    tonic::Streaming<RouterMessage>,
+) {
+    let token_a = warmpath_proto::worker_token(SECRET, "a");
+    let stream = agent_as(&r.grpc, "a", 1, Some(&token_a), blocks, None)
         .await
         .unwrap();
     poll(
         "a's snapshot",
         Duration::from_secs(10),
         Duration::from_millis(20),
-        async || (r.blocks(&c, "a").await == 4).then_some(()),
+        async || (r.blocks(c, "a").await == blocks.len() as u64).then_some(()),
     )
     .await;
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_hello_for_a_live_worker_is_refused_and_its_own_restart_takes_over() {
+    let (r, c, _dir, _backend) = router().await;
+    let token_a = warmpath_proto::worker_token(SECRET, "a");
+    let token_b = warmpath_proto::worker_token(SECRET, "b");
+    let (tx_a, _answers_a) = agent_a(&r, &c, &[1, 2, 3, 4]).await;
 
     // b's own credential claiming a, with a newer epoch and forged entries.
     let (_tx_f, mut forged) = agent_as(&r.grpc, "a", u64::MAX, Some(&token_b), &[9, 10], None)
@@ -137,25 +156,8 @@ async fn a_forged_hello_for_a_live_worker_is_refused_and_its_own_restart_takes_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_cannot_forge_another_replicas_decision() {
     use warmpath_proto::v1::{decided::Phase, Decided};
-    let dir = tempfile::tempdir().unwrap();
-    let backend = TestBackend::start("b0").await;
-    let yaml = format!(
-        "grpc_listen: 127.0.0.1:0\nagent_secret: {SECRET}\npools:\n  - model: m\n    block_size: 4\n    backends: [{{url: '{0}', worker_id: a}}, {{url: '{0}', worker_id: b}}]\n",
-        backend.url()
-    );
-    let r = Router::start(dir.path(), &yaml).await;
-    let c = client();
-    let token_a = warmpath_proto::worker_token(SECRET, "a");
-    let (tx_a, _answers_a) = agent_as(&r.grpc, "a", 1, Some(&token_a), &[1, 2], None)
-        .await
-        .unwrap();
-    poll(
-        "a's snapshot",
-        Duration::from_secs(10),
-        Duration::from_millis(20),
-        async || (r.blocks(&c, "a").await == 2).then_some(()),
-    )
-    .await;
+    let (r, c, _dir, _backend) = router().await;
+    let (tx_a, _answers_a) = agent_a(&r, &c, &[1, 2]).await;
     let fact = |request: u64| Decided {
         router: 0x5eed,
         request,
