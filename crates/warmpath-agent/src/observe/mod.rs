@@ -50,8 +50,6 @@ pub struct Observed {
     pub body: Bytes,
     /// Chat or completion endpoint.
     pub expect: Expect,
-    /// The `X-Prefix-Aware-Id` header, if any.
-    pub tenant_header: Option<String>,
     /// Its bytes in the queue's budget, given back when it is dropped.
     _held: Held,
 }
@@ -59,16 +57,10 @@ pub struct Observed {
 impl Observed {
     /// `body` as an observation counted in `queue`, the byte budget of
     /// bodies waiting to be hashed, or `None` when it does not fit.
-    pub fn within(
-        queue: &ByteBudget,
-        body: Bytes,
-        expect: Expect,
-        tenant_header: Option<String>,
-    ) -> Option<Observed> {
+    pub fn within(queue: &ByteBudget, body: Bytes, expect: Expect) -> Option<Observed> {
         queue.hold(body.len()).map(|held| Observed {
             body,
             expect,
-            tenant_header,
             _held: held,
         })
     }
@@ -119,9 +111,7 @@ pub async fn run_observer(
             },
         };
         let h = hasher.clone();
-        let job = tokio::task::spawn_blocking(move || {
-            h.hash_body(&obs.body, obs.expect, obs.tenant_header.as_deref())
-        });
+        let job = tokio::task::spawn_blocking(move || h.hash_body(&obs.body, obs.expect));
         let hashed = tokio::select! {
             _ = cancel.cancelled() => break,
             r = job => r,
@@ -175,15 +165,15 @@ mod tests {
     fn an_observation_holds_its_bytes_in_the_queue_budget_until_dropped() {
         let q = ByteBudget::new(100);
         let body = |n: usize| Bytes::from(vec![b'x'; n]);
-        let first = Observed::within(&q, body(60), Expect::Chat, None).unwrap();
-        assert!(Observed::within(&q, body(60), Expect::Chat, None).is_none());
+        let first = Observed::within(&q, body(60), Expect::Chat).unwrap();
+        assert!(Observed::within(&q, body(60), Expect::Chat).is_none());
         assert_eq!(q.used(), 60);
-        let second = Observed::within(&q, body(40), Expect::Chat, None).unwrap();
+        let second = Observed::within(&q, body(40), Expect::Chat).unwrap();
         assert_eq!(q.used(), 100);
         drop(first);
         drop(second);
         assert_eq!(q.used(), 0);
-        assert!(Observed::within(&q, body(100), Expect::Completion, None).is_some());
+        assert!(Observed::within(&q, body(100), Expect::Completion).is_some());
         assert_eq!(q.used(), 0, "given back once dropped");
     }
 }

@@ -10,10 +10,13 @@
 //! - model: the agent's `--model`; a request naming another model is taken to
 //!   name a LoRA adapter (vLLM serves adapters under their own name), which
 //!   becomes the seed's LoRA;
-//! - tenant: the body's `cache_salt` when present, since that is what the
-//!   engine isolates its cache by (the router always forwards the tenant as
-//!   `cache_salt`); otherwise the router's precedence through
-//!   [`Request::tenant`] (`X-Prefix-Aware-Id`, then `prompt_cache_key`).
+//! - tenant: the body's `cache_salt`, and nothing else, since that is all the
+//!   engine isolates its cache by (as events mode reads it from the engine's
+//!   own events). Under `isolation: engine` the router forwards the tenant
+//!   as `cache_salt`, and salts its hashes with it; under `route_only` it
+//!   forwards none, the engine shares one cache, and the router hashes
+//!   unsalted: so does the mirror. A tenant named only by
+//!   `X-Prefix-Aware-Id` or `prompt_cache_key` picks a route, not a cache.
 
 use std::sync::Arc;
 use thiserror::Error;
@@ -31,7 +34,7 @@ pub enum PromptError {
     /// The body is not a chat or completion request the router would parse.
     #[error("request body not understood: {0}")]
     Request(#[from] RequestError),
-    /// The tenant id (header, `prompt_cache_key` or `cache_salt`) is invalid.
+    /// The `cache_salt` tenant id is invalid.
     #[error("invalid tenant id: {0}")]
     Tenant(#[from] TenantError),
     /// Template rendering or tokenization failed.
@@ -74,19 +77,15 @@ impl PromptHasher {
     }
 
     /// The full-block hashes of `body` as sent to an endpoint expecting
-    /// `expect`, with the `X-Prefix-Aware-Id` header value if any. CPU-bound
-    /// (template + tokenizer): call it off the async runtime.
-    pub fn hash_body(
-        &self,
-        body: &[u8],
-        expect: Expect,
-        tenant_header: Option<&str>,
-    ) -> Result<Vec<BlockHash>, PromptError> {
+    /// `expect`. CPU-bound (template + tokenizer): call it off the async
+    /// runtime.
+    pub fn hash_body(&self, body: &[u8], expect: Expect) -> Result<Vec<BlockHash>, PromptError> {
         let req = Request::from_slice(body, expect)?;
-        let tenant = match req.cache_salt.as_deref() {
-            Some(salt) => Some(TenantId::parse(salt, TenantSource::CacheSalt)?),
-            None => req.tenant(tenant_header)?,
-        };
+        let tenant = req
+            .cache_salt
+            .as_deref()
+            .map(|salt| TenantId::parse(salt, TenantSource::CacheSalt))
+            .transpose()?;
         let lora = if req.model == self.model {
             ""
         } else {
@@ -130,35 +129,35 @@ mod tests {
         );
         assert!(!want.is_empty());
         assert_eq!(
-            h.hash_body(body.as_bytes(), Expect::Completion, None)
-                .unwrap(),
+            h.hash_body(body.as_bytes(), Expect::Completion).unwrap(),
             want
         );
     }
 
     #[test]
-    fn chat_uses_the_template_and_tenant_precedence() {
+    fn chat_uses_the_template_and_only_cache_salt_salts() {
         let h = hasher();
         let text = tiny::corpus_slice(0, 200);
         let msgs = serde_json::json!([{"role": "user", "content": text}]);
         let body = serde_json::json!({"model": "m", "messages": msgs}).to_string();
         let toks = ids(&h, &body, Expect::Chat);
-        let by_header = h
-            .hash_body(body.as_bytes(), Expect::Chat, Some("acme"))
-            .unwrap();
+        // A route_only tenant (prompt_cache_key, or the header the proxy
+        // no longer reads): the engine shares its cache, unsalted.
+        let keyed = serde_json::json!({"model": "m", "prompt_cache_key": "acme", "messages": msgs})
+            .to_string();
+        let toks_keyed = ids(&h, &keyed, Expect::Chat);
         assert_eq!(
-            by_header,
-            hash_tokens(HashSeed::new("m", "", "acme"), 4, &toks)
+            h.hash_body(keyed.as_bytes(), Expect::Chat).unwrap(),
+            hash_tokens(HashSeed::new("m", "", ""), 4, &toks_keyed)
         );
-        let salted =
-            serde_json::json!({"model": "m", "cache_salt": "globex", "messages": msgs}).to_string();
-        let by_salt = h
-            .hash_body(salted.as_bytes(), Expect::Chat, Some("acme"))
-            .unwrap();
+        let salted = serde_json::json!({"model": "m", "cache_salt": "globex",
+            "prompt_cache_key": "acme", "messages": msgs})
+        .to_string();
+        let by_salt = h.hash_body(salted.as_bytes(), Expect::Chat).unwrap();
         assert_eq!(
             by_salt,
             hash_tokens(HashSeed::new("m", "", "globex"), 4, &toks),
-            "the engine isolates by cache_salt, so it wins"
+            "the engine isolates by cache_salt, so it alone salts"
         );
     }
 
@@ -169,8 +168,7 @@ mod tests {
             serde_json::json!({"model": "sql", "prompt": tiny::corpus_slice(0, 200)}).to_string();
         let toks = ids(&h, &body, Expect::Completion);
         assert_eq!(
-            h.hash_body(body.as_bytes(), Expect::Completion, None)
-                .unwrap(),
+            h.hash_body(body.as_bytes(), Expect::Completion).unwrap(),
             hash_tokens(HashSeed::new("m", "sql", ""), 4, &toks)
         );
     }
@@ -178,18 +176,17 @@ mod tests {
     #[test]
     fn bad_bodies_and_tenants_are_errors_not_panics() {
         let h = hasher();
-        let e = h.hash_body(b"{not json", Expect::Chat, None).unwrap_err();
+        let e = h.hash_body(b"{not json", Expect::Chat).unwrap_err();
         assert_eq!(e.reason(), "bad_request");
         let e = h
             .hash_body(
-                br#"{"model":"m","prompt":"hi"}"#,
+                br#"{"model":"m","prompt":"hi","cache_salt":""}"#,
                 Expect::Completion,
-                Some(""),
             )
             .unwrap_err();
         assert_eq!(e.reason(), "bad_tenant");
         let e = h
-            .hash_body(br#"{"model":"m","prompt":"hi"}"#, Expect::Chat, None)
+            .hash_body(br#"{"model":"m","prompt":"hi"}"#, Expect::Chat)
             .unwrap_err();
         assert_eq!(e.reason(), "bad_request", "chat endpoint without messages");
     }

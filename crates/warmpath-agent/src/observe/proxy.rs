@@ -19,9 +19,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use warmpath_core::Expect;
 
-/// The tenant header the router reads too.
-const TENANT_HEADER: &str = "x-prefix-aware-id";
-
 /// What the proxy handler needs.
 #[derive(Debug, Clone)]
 pub struct ProxyState {
@@ -106,11 +103,6 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
         Err(fault) => return fault.answer(&s),
     };
     let kind = observed_kind(&parts.method, &path);
-    let tenant_header = parts
-        .headers
-        .get(TENANT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
     s.stats.forwarded.inc();
     let upstream = s
         .client
@@ -139,8 +131,7 @@ async fn forward(State(s): State<ProxyState>, req: Request) -> Response {
     metrics::counter!("warmpath_agent_proxy_requests_total", "status" => status.as_str().to_owned())
         .increment(1);
     if let (Some(expect), true) = (kind, status.is_success()) {
-        let queued = Observed::within(&s.queue, body, expect, tenant_header)
-            .map(|obs| s.observe_tx.try_send(obs));
+        let queued = Observed::within(&s.queue, body, expect).map(|obs| s.observe_tx.try_send(obs));
         if !matches!(queued, Some(Ok(()))) {
             s.stats.dropped.inc();
             metrics::counter!("warmpath_agent_observe_dropped_total").increment(1);
@@ -273,10 +264,13 @@ mod tests {
             header::AUTHORIZATION,
             header::HeaderValue::from_static("Bearer k"),
         );
-        h.insert(TENANT_HEADER, header::HeaderValue::from_static("acme"));
+        h.insert(
+            "x-prefix-aware-id",
+            header::HeaderValue::from_static("acme"),
+        );
         let out = copy_headers(&h);
         assert_eq!(out.len(), 2);
-        assert!(out.contains_key(header::AUTHORIZATION) && out.contains_key(TENANT_HEADER));
+        assert!(out.contains_key(header::AUTHORIZATION) && out.contains_key("x-prefix-aware-id"));
     }
 
     /// A proxy on 127.0.0.1 in front of an engine that is not there, with
