@@ -31,7 +31,6 @@ use crate::tracker::EngineTracker;
 use crate::vllm::wire::endpoint_for_rank;
 use axum::extract::State;
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::net::SocketAddr;
@@ -111,6 +110,8 @@ pub struct AgentConfig {
     /// Observe mode: bytes of request bodies the proxy reads or forwards at
     /// once, over every connection (503 beyond).
     pub proxy_body_bytes: usize,
+    /// The HTTP server's connection cap, header and idle deadlines.
+    pub http: crate::serve::HttpLimits,
     /// ZMQ topic prefix.
     pub topic: String,
     /// Load scrape period (0: no scraping).
@@ -153,6 +154,7 @@ impl AgentConfig {
             observe_queue_bytes: 256 << 20,
             body_timeout: Duration::from_secs(30),
             proxy_body_bytes: 256 << 20,
+            http: crate::serve::HttpLimits::default(),
             topic: String::new(),
             load_interval: Duration::from_secs(1),
             ghost_capacity: 1 << 16,
@@ -376,23 +378,12 @@ impl Agent {
                     }))
             }
         };
-        // Observe mode streams engine answers through this server in small
-        // writes: without TCP_NODELAY, Nagle's algorithm holds each until the
-        // client's delayed ACK (~40 ms) on a reused connection.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "could not set TCP_NODELAY on an agent connection");
-            }
-        });
-        let c = cancel.clone();
-        tasks.push(tokio::spawn(async move {
-            let r = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { c.cancelled().await })
-                .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "agent HTTP server failed");
-            }
-        }));
+        tasks.push(tokio::spawn(crate::serve::serve(
+            listener,
+            app,
+            cfg.http,
+            cancel.child_token(),
+        )));
 
         let (restart_tx, restart_rx) = watch::channel(0u64);
         for (rank, endpoint, replay_endpoint) in ranks {

@@ -17,6 +17,8 @@
 //! - [`observe`]: observe mode, for engines without KV events: a sidecar proxy
 //!   that tokenizes what it forwards and keeps an LRU mirror of the cache.
 //! - [`fasthash`]: the seeded fast hasher of the block maps.
+//! - [`serve`]: the HTTP server's accept loop: connection cap, header and
+//!   idle deadlines.
 //! - [`agent`]: wiring, `/metrics`, `/livez`, `/readyz` and `/health`; [`cli`]: the command line;
 //!   [`AgentError`]: why it could not start.
 
@@ -34,6 +36,7 @@ pub mod ready;
 pub mod replay;
 pub mod replicas;
 mod series;
+pub mod serve;
 pub mod stats;
 pub mod tls;
 pub mod tracker;

@@ -117,6 +117,14 @@ pub fn describe() {
             "Observe-proxy requests answered 503 because the request bodies held at once were at their byte bound",
         ),
         (
+            "warmpath_agent_http_refused_total",
+            "Connections to the agent's HTTP server answered 503 and closed because its connection cap was reached",
+        ),
+        (
+            "warmpath_agent_http_timeouts_total",
+            "Agent HTTP connections closed for a request head too slow (header) or no request for too long (idle), by reason",
+        ),
+        (
             "warmpath_agent_decisions_shared_total",
             "Routing decisions a router sent for this worker, passed on to every other router this agent streams to",
         ),

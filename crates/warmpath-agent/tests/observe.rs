@@ -357,3 +357,161 @@ async fn keep_alive_streams_through_the_proxy_add_under_5_ms_at_p99() {
     );
     assert!(added < Duration::from_millis(5), "added {added:?} at p99");
 }
+
+/// Reads `c` until the peer closes it or `limit` passes: what it sent, and
+/// whether it closed.
+async fn read_to_close(c: &mut tokio::net::TcpStream, limit: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(until, c.read(&mut buf)).await {
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A chat request through the proxy on a fresh client: the engine's answer.
+async fn chat_through(proxy: SocketAddr) -> reqwest::Response {
+    let chat = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    reqwest::Client::new()
+        .post(format!("http://{proxy}/v1/chat/completions"))
+        .body(chat.to_string())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_head_and_an_idle_keep_alive_are_closed_while_others_are_served() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let (engine_addr, _engine) = start_engine().await;
+    let mut cfg = config(engine_addr, dir.path(), vec![]);
+    cfg.http.header_timeout = Duration::from_millis(400);
+    cfg.http.idle_timeout = Duration::from_millis(1500);
+    let agent = Agent::start(cfg, None).await.unwrap();
+    let addr = agent.http_addr();
+
+    // Half a head, then nothing: closed after the header deadline, with no
+    // answer (the request never began).
+    let t = std::time::Instant::now();
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-le")
+        .await
+        .unwrap();
+    // Another client is served meanwhile.
+    let r = chat_through(addr).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap(), CHAT_JSON.as_bytes());
+    let (_, closed) = read_to_close(&mut slow, Duration::from_secs(5)).await;
+    assert!(closed, "a half-sent head still open after 5 s");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(380),
+        "closed too early: {took:?}"
+    );
+
+    // A connection that sends nothing at all is a head that never came.
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let (_, closed) = read_to_close(&mut silent, Duration::from_secs(5)).await;
+    assert!(closed, "a silent connection still open after 5 s");
+
+    // A keep-alive connection: answered, then idle. Not closed at the header
+    // deadline (it owes no head), closed at the idle one.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /warmpath/livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let (answer, closed) = read_to_close(&mut idle, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed, "an idle keep-alive connection still open after 5 s");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400),
+        "closed before the idle deadline: {took:?}"
+    );
+
+    // And a keep-alive client that keeps talking keeps its connection.
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = client
+            .get(format!("http://{addr}/warmpath/livez"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_get_a_503_at_once_and_service_resumes_when_slots_free() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let (engine_addr, _engine) = start_engine().await;
+    let mut cfg = config(engine_addr, dir.path(), vec![]);
+    cfg.http.max_connections = 3;
+    cfg.http.header_timeout = Duration::from_millis(1500);
+    let agent = Agent::start(cfg, None).await.unwrap();
+    let addr = agent.http_addr();
+
+    // Three slowloris connections take every slot.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /warmpath/livez HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        held.push(c);
+    }
+    // One more: refused at once, with an answer that says why.
+    let t = std::time::Instant::now();
+    let mut over = TcpStream::connect(addr).await.unwrap();
+    let (answer, closed) = read_to_close(&mut over, Duration::from_secs(5)).await;
+    assert!(
+        closed && t.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("too many connections"), "{answer}");
+
+    // The header deadline frees the slots: a normal client is served again.
+    let mut served = None;
+    for _ in 0..50 {
+        let r = reqwest::Client::new()
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .body(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Ok(r) = r {
+            if r.status() == 200 {
+                served = Some(r.bytes().await.unwrap());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(served.as_deref(), Some(CHAT_JSON.as_bytes()));
+    for mut c in held {
+        let (_, closed) = read_to_close(&mut c, Duration::from_secs(5)).await;
+        assert!(closed, "a slowloris slot was never freed");
+    }
+    agent.shutdown().await;
+}
