@@ -412,3 +412,252 @@ async fn a_silent_agent_goes_stale_then_is_dropped_after_the_configured_deadline
     r.shutdown();
     r.wait().await;
 }
+
+/// A well-shaped per-worker credential that names no worker: it passes
+/// every check the router can make before the Hello.
+fn garbage_credential() -> String {
+    format!("wp1-{}", "0".repeat(64))
+}
+
+/// Issue 38 item 2: a peer opening many streams with credentials it cannot
+/// back is capped before authentication (RESOURCE_EXHAUSTED past the
+/// per-address cap; a malformed credential is refused at once), while a real
+/// agent keeps publishing, and the slots come back once the peer leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_flooding_unauthenticated_streams_is_capped_and_a_real_agent_keeps_publishing() {
+    use raw::*;
+    let secret = "fleet-secret";
+    let r = router(
+        &s(&["--grpc-listen", "127.0.0.1:0", "--agent-secret", secret]),
+        &["a", "b"],
+    )
+    .await;
+    let grpc = r.grpc_addr.unwrap();
+    let real = ingest_client(grpc).await;
+    let tok_a = warmpath_proto::worker_token(secret, "a");
+    let (tx_a, _answers_a) = raw_stream_on(
+        &real,
+        Some(&tok_a),
+        vec![hello("a"), snapshot(1, &[1, 2, 3])],
+    )
+    .await
+    .unwrap();
+    wait_until("a's snapshot", Duration::from_secs(10), &[], || {
+        blocks(&r, "a") == 3
+    })
+    .await;
+
+    // Not the shape `--print-agent-token` prints: refused before the Hello.
+    for bad in ["wp1-garbage", "wp1-", &format!("wp1-{}", "G".repeat(64))] {
+        let e = raw_stream_on(&real, Some(bad), vec![]).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad}: {e:?}");
+    }
+
+    // The attacker: 40 streams on one connection, each waiting for a Hello
+    // that never comes.
+    let attacker = ingest_client(grpc).await;
+    let garbage = garbage_credential();
+    let (mut held, mut exhausted) = (Vec::new(), 0);
+    for _ in 0..40 {
+        match raw_stream_on(&attacker, Some(&garbage), vec![]).await {
+            Ok(s) => held.push(s),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                exhausted += 1;
+            }
+        }
+    }
+    assert!(
+        held.len() <= 16 && exhausted >= 24,
+        "{} streams held before authentication, {exhausted} refused",
+        held.len()
+    );
+
+    // The real agent's deltas still apply during the attack.
+    tx_a.send(stored(2, &[4, 5])).await.unwrap();
+    wait_until(
+        "a's delta during the attack",
+        Duration::from_secs(5),
+        &[],
+        || blocks(&r, "a") == 5,
+    )
+    .await;
+
+    // The attacker leaves: another agent from the same address gets in.
+    drop(held);
+    drop(attacker);
+    let tok_b = warmpath_proto::worker_token(secret, "b");
+    let _b = poll::poll(
+        "b admitted",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            raw_stream_on(&real, Some(&tok_b), vec![hello("b"), snapshot(1, &[7, 8])])
+                .await
+                .ok()
+        },
+    )
+    .await;
+    wait_until("b's snapshot", Duration::from_secs(10), &[], || {
+        blocks(&r, "b") == 2
+    })
+    .await;
+    let m = metrics_text(r.http_addr).await;
+    assert!(
+        m.contains("warmpath_ingest_refused_total{reason=\"streams\"}"),
+        "the capped streams are counted"
+    );
+    r.shutdown();
+}
+
+/// Issue 38 item 2: a refused Hello with a huge worker id that carries a
+/// newline is logged short and escaped (no forged line), at most once per
+/// 10 s for a burst, and its refusal is short too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_hellos_are_logged_short_escaped_and_at_most_every_10_s() {
+    use raw::*;
+    let logs = captured_logs();
+    let secret = "fleet-secret";
+    let r = router(
+        &s(&["--grpc-listen", "127.0.0.1:0", "--agent-secret", secret]),
+        &["a"],
+    )
+    .await;
+    let grpc = r.grpc_addr.unwrap();
+    let client = ingest_client(grpc).await;
+    let huge = format!("evil-4c1f\nFORGED-LINE {}", "x".repeat(1 << 20));
+    for _ in 0..20 {
+        let (_tx, mut answers) =
+            raw_stream_on(&client, Some(&garbage_credential()), vec![hello(&huge)])
+                .await
+                .unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(10), answers.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let reason = match m.msg {
+            Some(warmpath_proto::v1::router_message::Msg::Refused(f)) => f.reason,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert!(reason.len() < 512, "refusal of {} bytes", reason.len());
+    }
+    // A real agent is not affected.
+    let tok = warmpath_proto::worker_token(secret, "a");
+    let (_tx, _answers) = raw_stream_on(&client, Some(&tok), vec![hello("a"), snapshot(1, &[9])])
+        .await
+        .unwrap();
+    wait_until("a's snapshot", Duration::from_secs(10), &[], || {
+        blocks(&r, "a") == 1
+    })
+    .await;
+    let text = String::from_utf8_lossy(&logs.lock()).into_owned();
+    let ours: Vec<&str> = text.lines().filter(|l| l.contains("evil-4c1f")).collect();
+    assert_eq!(ours.len(), 1, "one line for the burst: {ours:#?}");
+    assert!(ours[0].len() < 1024, "a line of {} bytes", ours[0].len());
+    assert!(ours[0].contains("evil-4c1f\\nFORGED-LINE"), "{}", ours[0]);
+    assert!(
+        !text.lines().any(|l| l.starts_with("FORGED-LINE")),
+        "a forged log line"
+    );
+    r.shutdown();
+}
+
+/// Issue 38 item 7: an authenticated agent bursting snapshots and clears is
+/// paced (each deferred, none dropped: every snapshot is acknowledged and
+/// the last state wins), the throttling is counted, and the router stays
+/// responsive: /health answers and another agent's deltas apply meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_bursting_snapshots_and_clears_is_paced_and_loses_nothing() {
+    use raw::*;
+    let r = router(&s(&["--grpc-listen", "127.0.0.1:0"]), &["a", "b"]).await;
+    let grpc = r.grpc_addr.unwrap();
+    let client = ingest_client(grpc).await;
+    let (tx_b, _answers_b) = raw_stream_on(&client, None, vec![hello("b"), snapshot(1, &[1])])
+        .await
+        .unwrap();
+    wait_until("b's snapshot", Duration::from_secs(10), &[], || {
+        blocks(&r, "b") == 1
+    })
+    .await;
+
+    // a: five snapshots and two clears at once, then a last delta.
+    let set = |seq: u64| -> Vec<u64> { (0..2000).map(|i| seq << 32 | i).collect() };
+    let mut burst = vec![hello("a")];
+    for seq in 1..=5 {
+        burst.push(snapshot(seq, &set(seq)));
+    }
+    burst.push(cleared(6));
+    burst.push(stored(7, &[70, 71, 72]));
+    burst.push(cleared(8));
+    burst.push(stored(9, &[90, 91]));
+    let started = Instant::now();
+    let (_tx_a, mut answers_a) = raw_stream_on(&client, None, burst).await.unwrap();
+
+    // Meanwhile: /livez answers, and b's delta applies.
+    let http = reqwest::Client::new();
+    let mut slowest = Duration::ZERO;
+    tx_b.send(stored(2, &[2, 3])).await.unwrap();
+    let mut b_applied = None;
+    while started.elapsed() < Duration::from_secs(2) {
+        let t = Instant::now();
+        let h = http
+            .get(format!("http://{}/livez", r.http_addr))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .unwrap();
+        assert!(h.status().is_success());
+        slowest = slowest.max(t.elapsed());
+        if b_applied.is_none() && blocks(&r, "b") == 3 {
+            b_applied = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        slowest < Duration::from_millis(500),
+        "/health took {slowest:?}"
+    );
+    assert!(b_applied.is_some(), "b's delta did not apply within 2 s");
+
+    // Every snapshot is acknowledged, in order: deferred, not dropped.
+    let mut acked = Vec::new();
+    while acked.last() != Some(&5) {
+        let m = tokio::time::timeout(Duration::from_secs(15), answers_a.message())
+            .await
+            .expect("the snapshots were acknowledged")
+            .unwrap()
+            .unwrap();
+        match m.msg {
+            Some(warmpath_proto::v1::router_message::Msg::Ack(a)) => acked.push(a.seq),
+            Some(warmpath_proto::v1::router_message::Msg::Refused(f)) => {
+                panic!("refused: {}", f.reason)
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(acked, vec![1, 2, 3, 4, 5]);
+    // The last word wins: cleared, stored 2 blocks.
+    wait_until("a's final state", Duration::from_secs(10), &[], || {
+        blocks(&r, "a") == 2
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(5),
+        "seven replacements in {took:?}: not paced"
+    );
+    let throttled = metric(
+        r.http_addr,
+        "warmpath_ingest_throttled_total{kind=\"snapshot\"}",
+    )
+    .await;
+    assert!(throttled >= 4.0, "throttled snapshots counted: {throttled}");
+    let cleared_n = metric(
+        r.http_addr,
+        "warmpath_ingest_throttled_total{kind=\"cleared\"}",
+    )
+    .await;
+    assert!(cleared_n >= 2.0, "throttled clears counted: {cleared_n}");
+    r.shutdown();
+}

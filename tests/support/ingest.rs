@@ -183,3 +183,144 @@ pub async fn agent_status(http: SocketAddr) -> serde_json::Value {
         .unwrap();
     v["pools"][0]["workers"][0]["agent"].clone()
 }
+
+/// What the in-process routers log at WARN and above, captured from the
+/// first call on (one global subscriber per test binary; every router of
+/// the binary writes into it, so a test filters by a marker of its own).
+pub fn captured_logs() -> Arc<parking_lot::Mutex<Vec<u8>>> {
+    static LOGS: std::sync::OnceLock<Arc<parking_lot::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    Arc::clone(LOGS.get_or_init(|| {
+        let buf = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let w = Arc::clone(&buf);
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || LogWriter(Arc::clone(&w)))
+            .finish();
+        let _ = tracing::subscriber::set_global_default(sub);
+        buf
+    }))
+}
+
+struct LogWriter(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Raw agent messages, as a misbehaving agent writes them (pool "m", block
+/// size [`BS`]; hashes go into the index as they are).
+pub mod raw {
+    use warmpath_proto::v1::{
+        agent_message::Msg, delta, AgentMessage, Block, Cleared, Delta, Hello, SnapshotChunk,
+        Stored,
+    };
+
+    fn msg(m: Msg) -> AgentMessage {
+        AgentMessage { msg: Some(m) }
+    }
+
+    pub fn hello(worker: &str) -> AgentMessage {
+        msg(Msg::Hello(Hello {
+            worker_id: worker.into(),
+            endpoint: "http://127.0.0.1:1".into(),
+            model: "m".into(),
+            block_size: super::BS,
+            epoch: 1,
+            agent_version: "raw".into(),
+            ..Default::default()
+        }))
+    }
+
+    /// A whole snapshot in one chunk.
+    pub fn snapshot(seq: u64, hashes: &[u64]) -> AgentMessage {
+        msg(Msg::Snapshot(SnapshotChunk {
+            seq,
+            chunk_index: 0,
+            first: true,
+            last: true,
+            total_blocks: hashes.len() as u64,
+            prefix_closed: false,
+            blocks: hashes
+                .iter()
+                .map(|h| Block {
+                    hash: *h,
+                    parent: None,
+                    tier: 1,
+                })
+                .collect(),
+        }))
+    }
+
+    pub fn stored(seq: u64, hashes: &[u64]) -> AgentMessage {
+        msg(Msg::Delta(Delta {
+            seq,
+            op: Some(delta::Op::Stored(Stored {
+                parent: None,
+                hashes: hashes.to_vec(),
+                tier: 1,
+            })),
+            ..Default::default()
+        }))
+    }
+
+    pub fn cleared(seq: u64) -> AgentMessage {
+        msg(Msg::Delta(Delta {
+            seq,
+            op: Some(delta::Op::Cleared(Cleared {})),
+            ..Default::default()
+        }))
+    }
+}
+
+/// A raw agent stream on `client`'s connection, with `token` as its bearer
+/// and `first` sent at once. The router's refusal before reading anything
+/// is the `Err`.
+pub async fn raw_stream_on(
+    client: &warmpath_proto::CacheEventsClient<tonic::transport::Channel>,
+    token: Option<&str>,
+    first: Vec<warmpath_proto::v1::AgentMessage>,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<warmpath_proto::v1::AgentMessage>,
+        tonic::Streaming<warmpath_proto::v1::RouterMessage>,
+    ),
+    tonic::Status,
+> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    for m in first {
+        tx.send(m).await.unwrap();
+    }
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", warmpath_proto::bearer(t).parse().unwrap());
+    }
+    let answers = client.clone().publish(req).await?.into_inner();
+    Ok((tx, answers))
+}
+
+/// A client of the ingest at `grpc` (one connection, shared by its clones).
+pub async fn ingest_client(
+    grpc: SocketAddr,
+) -> warmpath_proto::CacheEventsClient<tonic::transport::Channel> {
+    warmpath_proto::CacheEventsClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap()
+}
+
+/// The value of the series `line_start` (name and labels) in `/metrics`.
+pub async fn metric(http: SocketAddr, line_start: &str) -> f64 {
+    metrics_text(http)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}

@@ -69,6 +69,9 @@ pub(crate) struct Live {
     last_seq: AtomicU64,
     lag_us: AtomicU64,
     snapshots: AtomicU64,
+    /// When the worker's set was last replaced (snapshot, clear; monotonic
+    /// ms): kept across its streams, so a reconnect does not skip the pace.
+    replaced_ms: AtomicU64,
 }
 
 impl Live {
@@ -79,7 +82,18 @@ impl Live {
             last_seq: AtomicU64::new(NONE),
             lag_us: AtomicU64::new(NONE),
             snapshots: AtomicU64::new(0),
+            replaced_ms: AtomicU64::new(NONE),
         }
+    }
+
+    /// When the worker's set was last replaced (see [`super::pace`]).
+    pub(crate) fn replaced_at(&self) -> Option<u64> {
+        Self::some(&self.replaced_ms)
+    }
+
+    /// The worker's set is being replaced now.
+    pub(crate) fn replaced(&self, now_ms: u64) {
+        self.replaced_ms.store(now_ms, Ordering::Relaxed);
     }
 
     /// Whether stream `id` still owns the worker.

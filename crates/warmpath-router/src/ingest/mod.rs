@@ -22,8 +22,20 @@
 //!   one WARN per stream every 10 s).
 //! - Several router replicas each receive every agent's stream; since each
 //!   applies the same snapshot + deltas, they converge to the same index.
+//! - Before a stream is authenticated (module `guard`): a per-worker
+//!   credential must have the exact shape `--print-agent-token` prints; a
+//!   connection may open at most 64 streams; a peer address at most 16
+//!   streams still waiting for their Hello (256 in all), the rest are
+//!   answered RESOURCE_EXHAUSTED; refusals log one line every 10 s, with
+//!   peer-chosen strings escaped and cut to 64 characters.
+//! - A worker's set is replaced (snapshot, `Cleared`) at most once a second,
+//!   later ones wait their turn; that work runs on the blocking pool, one
+//!   job per pool at a time (module `pace`).
 
 mod agents;
+mod drive;
+mod guard;
+mod pace;
 mod stream;
 mod sweeper;
 #[cfg(test)]
@@ -35,10 +47,12 @@ pub use sweeper::{set_memory_release, spawn_sweeper};
 pub use crate::config::{IngestConfig, TlsPem};
 
 use crate::pool::Pools;
+use guard::{shown, Admission, LogEvery};
+use pace::Gates;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use stream::{Refusal, WorkerStream};
+use stream::Refusal;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -194,6 +208,14 @@ pub struct IngestService {
     auth: AgentAuth,
     shutdown: CancellationToken,
     hello_within: Duration,
+    /// Streams not yet authenticated, by peer address.
+    admission: Arc<Admission>,
+    /// Shared with the sweeper: one index job per pool at a time.
+    gates: Arc<Gates>,
+    /// Refusals of unauthenticated peers: one line every 10 s.
+    refusals: Arc<LogEvery>,
+    /// Streams that never sent their Hello: one line every 10 s.
+    silent: Arc<LogEvery>,
 }
 
 /// How long a new stream may take to send its Hello: a stream that never
@@ -205,16 +227,6 @@ const HELLO_WITHIN: Duration = Duration::from_secs(10);
 /// newer one took over (or whose worker was removed) is closed within this
 /// even when its agent sends nothing more, with what it held.
 const OWNER_CHECK: Duration = Duration::from_secs(1);
-
-/// What a log line shows of a peer-chosen id: ids are checked after the
-/// span that names them is built.
-fn shown(id: &str) -> &str {
-    let mut end = id.len().min(256);
-    while !id.is_char_boundary(end) {
-        end -= 1;
-    }
-    &id[..end]
-}
 
 impl std::fmt::Debug for IngestService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -238,7 +250,27 @@ impl IngestService {
             auth,
             shutdown,
             hello_within: HELLO_WITHIN,
+            admission: Arc::new(Admission::default()),
+            gates: Arc::default(),
+            refusals: Arc::default(),
+            silent: Arc::default(),
         }
+    }
+
+    /// Shares `gates` with the sweeper of the same pools.
+    fn with_gates(mut self, gates: Arc<Gates>) -> Self {
+        self.gates = gates;
+        self
+    }
+
+    /// Refuses a stream before its Hello: counted under `auth`, logged at
+    /// most every 10 s.
+    fn unauthenticated(&self, remote: Option<std::net::SocketAddr>, why: &'static str) -> Status {
+        metrics::counter!("warmpath_ingest_refused_total", "reason" => "auth").increment(1);
+        if let Some(suppressed) = self.refusals.ready() {
+            tracing::warn!(remote = ?remote, suppressed, "agent stream refused: {why} (refusals are logged at most every 10 s)");
+        }
+        Status::unauthenticated(why)
     }
 
     /// The Hello deadline, shorter for tests.
@@ -247,13 +279,6 @@ impl IngestService {
         self.hello_within = d;
         self
     }
-}
-
-/// A stream refused before its Hello: logged and counted under `reason`.
-fn unauthenticated(remote: Option<std::net::SocketAddr>, why: &'static str) -> Status {
-    metrics::counter!("warmpath_ingest_refused_total", "reason" => "auth").increment(1);
-    tracing::warn!(remote = ?remote, "agent stream refused: {why}");
-    Status::unauthenticated(why)
 }
 
 fn unix_micros() -> u64 {
@@ -288,25 +313,44 @@ impl CacheEvents for IngestService {
             AgentAuth::Open => None,
             AgentAuth::Shared(token) => {
                 if !warmpath_proto::check_bearer(request.metadata(), token) {
-                    return Err(unauthenticated(remote, "missing or wrong agent token"));
+                    return Err(self.unauthenticated(remote, "missing or wrong agent token"));
                 }
                 None
             }
             AgentAuth::PerWorker(secret) => match warmpath_proto::bearer_token(request.metadata()) {
-                Some(t) if t.starts_with("wp1-") => Some((secret.clone(), t.to_owned())),
+                Some(t) if guard::is_worker_token(t) => Some((secret.clone(), t.to_owned())),
                 _ => {
-                    return Err(unauthenticated(
+                    return Err(self.unauthenticated(
                         remote,
                         "missing or malformed agent credential (warmpath-router --print-agent-token WORKER)",
                     ))
                 }
             },
         };
+        // Held until the Hello is checked: a peer cannot hold more than its
+        // share of streams nobody has authenticated yet.
+        let ticket = match self.admission.admit(remote) {
+            Ok(t) => t,
+            Err(full) => {
+                metrics::counter!("warmpath_ingest_refused_total", "reason" => "streams")
+                    .increment(1);
+                if let Some(suppressed) = self.refusals.ready() {
+                    tracing::warn!(remote = ?remote, suppressed, "agent stream refused: {full} (refusals are logged at most every 10 s)");
+                }
+                return Err(Status::resource_exhausted(full.to_string()));
+            }
+        };
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<RouterMessage, Status>>(64);
-        let dir = Arc::clone(&self.dir);
-        let agents = Arc::clone(&self.agents);
+        let sh = drive::Shared {
+            dir: Arc::clone(&self.dir),
+            agents: Arc::clone(&self.agents),
+            gates: Arc::clone(&self.gates),
+            refusals: Arc::clone(&self.refusals),
+            shutdown: self.shutdown.clone(),
+        };
         let shutdown = self.shutdown.clone();
+        let silent = Arc::clone(&self.silent);
         let hello_within = self.hello_within;
         // Owned by the stream: ends when the agent closes, the response
         // stream is dropped (send fails), the Hello is late or the router
@@ -322,7 +366,9 @@ impl CacheEvents for IngestService {
                             reason: format!("no Hello within {} ms", hello_within.as_millis()),
                             retryable: true,
                         };
-                        tracing::info!(remote = ?remote, reason = %r.reason, "agent refused");
+                        if let Some(suppressed) = silent.ready() {
+                            tracing::info!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (logged at most every 10 s)");
+                        }
                         let _ = tx.try_send(Ok(refused(&r)));
                         return;
                     }
@@ -347,123 +393,32 @@ impl CacheEvents for IngestService {
                 }
                 None => return,
             };
+            // Peer-chosen strings: escaped and cut, so no log line is forged.
             let span = tracing::info_span!("agent", worker = %shown(&hello.worker_id), model = %shown(&hello.model), epoch = hello.epoch);
             if let Some((secret, presented)) = &credential {
                 let expected = warmpath_proto::worker_token(secret, &hello.worker_id);
                 if !warmpath_proto::same_token(presented, &expected) {
                     let r = Refusal {
                         reason: format!(
-                            "the agent credential does not name worker {:?}",
-                            hello.worker_id
+                            "the agent credential does not name worker {}",
+                            shown(&hello.worker_id)
                         ),
                         retryable: false,
                     };
                     metrics::counter!("warmpath_ingest_refused_total", "reason" => "identity")
                         .increment(1);
-                    span.in_scope(
-                        || tracing::warn!(remote = ?remote, reason = %r.reason, "agent refused"),
-                    );
+                    if let Some(suppressed) = sh.refusals.ready() {
+                        span.in_scope(|| tracing::warn!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (refusals are logged at most every 10 s)"));
+                    }
                     let _ = tx.send(Ok(refused(&r))).await;
                     return;
                 }
             }
-            drive(dir, agents, hello, inbound, tx, shutdown)
-                .instrument(span)
-                .await;
+            drop(ticket);
+            drive::drive(sh, hello, inbound, tx).instrument(span).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as Out))
     }
-}
-
-/// Runs one stream after its Hello until it ends.
-async fn drive(
-    dir: Arc<dyn PoolDirectory>,
-    agents: Arc<Agents>,
-    hello: v1::Hello,
-    mut inbound: Streaming<AgentMessage>,
-    tx: mpsc::Sender<Result<RouterMessage, Status>>,
-    shutdown: CancellationToken,
-) {
-    let Some(pool) = dir.pool(&hello.model) else {
-        let r = Refusal {
-            reason: format!("no pool serves model {:?}", hello.model),
-            retryable: false,
-        };
-        tracing::error!(reason = %r.reason, "agent refused");
-        metrics::counter!("warmpath_ingest_refused_total", "reason" => "model").increment(1);
-        let _ = tx.send(Ok(refused(&r))).await;
-        return;
-    };
-    let mut ws = match WorkerStream::open(pool, Arc::clone(&agents), &hello, crate::monotonic_ms())
-    {
-        Ok(ws) => ws,
-        Err(r) => {
-            tracing::error!(reason = %r.reason, "agent refused");
-            let _ = tx.send(Ok(refused(&r))).await;
-            return;
-        }
-    };
-    tracing::info!(block_size = hello.block_size, "agent connected");
-    let peers = Arc::clone(agents.peers());
-    let stream_id = ws.stream_id();
-    peers.attach(&hello.model, &hello.worker_id, stream_id, tx.clone());
-    let mut owner_check = tokio::time::interval(OWNER_CHECK);
-    owner_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    'stream: loop {
-        let next = tokio::select! {
-            m = inbound.next() => m,
-            () = shutdown.cancelled() => break,
-            () = tx.closed() => break,
-            _ = owner_check.tick() => {
-                if ws.owns() {
-                    continue;
-                }
-                // Answered as its next message would be: refused, and closed.
-                Some(Ok(AgentMessage { msg: None }))
-            }
-        };
-        let msg = match next {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => {
-                tracing::info!(error = %e, "agent stream broke");
-                break;
-            }
-            None => break,
-        };
-        // Another replica's decision for this worker: counted here, recorded
-        // by the pool's policy (ownership and liveness checked as for any
-        // message).
-        let decided = match &msg.msg {
-            Some(Msg::Decided(d)) => Some(d.clone()),
-            _ => None,
-        };
-        if let Some(d) = decided.filter(|_| ws.owns()) {
-            if peers.receive(&hello.model, &hello.worker_id, stream_id, &d) {
-                dir.observe_remote(&hello.model, &hello.worker_id, &d);
-            }
-        }
-        match ws.on_message(msg, crate::monotonic_ms(), unix_micros()) {
-            Ok(answers) => {
-                for a in answers {
-                    if tx.send(Ok(a)).await.is_err() {
-                        break 'stream;
-                    }
-                }
-            }
-            Err(r) => {
-                if r.retryable {
-                    tracing::warn!(reason = %r.reason, "agent stream closed");
-                } else {
-                    tracing::error!(reason = %r.reason, "agent refused");
-                }
-                let _ = tx.send(Ok(refused(&r))).await;
-                break;
-            }
-        }
-    }
-    peers.detach(&hello.model, &hello.worker_id, stream_id);
-    ws.close();
-    tracing::info!("agent disconnected");
 }
 
 /// The gRPC server, with TLS when `tls` holds a PEM certificate chain and
@@ -471,6 +426,7 @@ async fn drive(
 fn server(tls: Option<TlsPem>) -> Result<tonic::transport::Server, IngestError> {
     let builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(Some(guard::MAX_STREAMS_PER_CONNECTION))
         .tcp_nodelay(true);
     match tls {
         None => Ok(builder),
@@ -509,12 +465,17 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, IngestError> {
     let tls = config.tls.is_some();
-    let router = server(config.tls)?.add_service(CacheEventsServer::new(IngestService::new(
-        Arc::clone(&dir),
-        agents,
-        AgentAuth::new(config.token.clone(), config.secret.clone()),
-        shutdown.clone(),
-    )));
+    pace::describe();
+    let gates = Arc::new(Gates::default());
+    let router = server(config.tls)?.add_service(CacheEventsServer::new(
+        IngestService::new(
+            Arc::clone(&dir),
+            agents,
+            AgentAuth::new(config.token.clone(), config.secret.clone()),
+            shutdown.clone(),
+        )
+        .with_gates(Arc::clone(&gates)),
+    ));
     tracing::info!(
         tls,
         auth = AgentAuth::new(config.token.clone(), config.secret.clone()).name(),
@@ -532,12 +493,13 @@ pub fn spawn(
             tracing::error!(error = %error_chain(&e), "gRPC ingest stopped");
         }
     });
-    let sweeper = spawn_sweeper(
+    let sweeper = sweeper::spawn_gated(
         dir,
         config.stale_after,
         config.drop_after,
         (config.stale_after / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
         shutdown,
+        gates,
     );
     Ok(vec![serve, sweeper])
 }

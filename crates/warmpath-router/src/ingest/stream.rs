@@ -197,8 +197,19 @@ impl WorkerStream {
     }
 
     /// Marks the worker disconnected (its entries stay until stale/expired).
+    /// Also done on drop.
     pub(crate) fn close(&self) {
         self.agents.disconnect(&self.key, self.stream_id);
+    }
+
+    /// When the worker's set was last replaced, by any of its streams.
+    pub(crate) fn replaced_at(&self) -> Option<u64> {
+        self.live.replaced_at()
+    }
+
+    /// The worker's set is replaced now (a snapshot, a clear).
+    pub(crate) fn set_replaced(&self, now_ms: u64) {
+        self.live.replaced(now_ms);
     }
 
     /// Applies one message; returns what to answer.
@@ -449,6 +460,14 @@ impl WorkerStream {
             max_entries = self.pool.bounds.max_entries,
             "index bound reached: blocks refused (worker_capacity: the engine's reported capacity x index.capacity_slack, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
         );
+    }
+}
+
+impl Drop for WorkerStream {
+    /// A stream dropped without [`WorkerStream::close`] (its job panicked)
+    /// does not leave its worker shown as connected.
+    fn drop(&mut self) {
+        self.close();
     }
 }
 

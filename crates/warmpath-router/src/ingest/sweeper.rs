@@ -10,6 +10,7 @@
 //! collection with [`set_memory_release`]; the library itself knows no
 //! allocator.
 
+use super::pace::Gates;
 use super::PoolDirectory;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -111,34 +112,89 @@ pub fn spawn_sweeper(
     period: Duration,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
+    spawn_gated(
+        dir,
+        stale_after,
+        drop_after,
+        period,
+        shutdown,
+        Arc::default(),
+    )
+}
+
+/// What a sweep keeps from one round to the next.
+#[derive(Default)]
+struct Rounds {
+    cleared: std::collections::HashSet<(usize, String)>,
+    compacted: Vec<u64>,
+    high: u64,
+}
+
+/// One round: sweep, compact what is due, release freed memory. Blocking
+/// (a compaction walks the whole index): holds every pool's gate, taken in
+/// name order, so no stream's snapshot or clear runs beside it.
+fn round(
+    dir: &dyn PoolDirectory,
+    gates: &Gates,
+    stale_after: Duration,
+    drop_after: Duration,
+    r: &mut Rounds,
+) {
+    let mut models: Vec<String> = dir.pools().into_iter().map(|p| p.model).collect();
+    models.sort();
+    let held: Vec<_> = models.iter().map(|m| gates.of(m)).collect();
+    let _guards: Vec<_> = held.iter().map(|g| g.blocking_lock()).collect();
+    sweep(
+        dir,
+        stale_after,
+        drop_after,
+        crate::monotonic_ms(),
+        &mut r.cleared,
+    );
+    compact_due(dir, crate::monotonic_ms(), &mut r.compacted);
+    let bytes = dir.pools().iter().map(|p| p.index.estimated_bytes()).sum();
+    if release_due(&mut r.high, bytes) {
+        if let Some(release) = RELEASE.get() {
+            let started = std::time::Instant::now();
+            release();
+            tracing::debug!(
+                index_bytes = bytes,
+                took_us = started.elapsed().as_micros() as u64,
+                "freed index memory given back"
+            );
+        }
+    }
+}
+
+/// [`spawn_sweeper`] whose rounds run on the blocking pool under `gates`
+/// (shared with the ingest's streams).
+pub(crate) fn spawn_gated(
+    dir: Arc<dyn PoolDirectory>,
+    stale_after: Duration,
+    drop_after: Duration,
+    period: Duration,
+    shutdown: CancellationToken,
+    gates: Arc<Gates>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut cleared = std::collections::HashSet::new();
-        let mut compacted = Vec::new();
-        let mut high = 0;
+        let mut rounds = Rounds::default();
         let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = shutdown.cancelled() => return,
             }
-            sweep(
-                dir.as_ref(),
-                stale_after,
-                drop_after,
-                crate::monotonic_ms(),
-                &mut cleared,
-            );
-            compact_due(dir.as_ref(), crate::monotonic_ms(), &mut compacted);
-            let bytes = dir.pools().iter().map(|p| p.index.estimated_bytes()).sum();
-            if release_due(&mut high, bytes) {
-                if let Some(release) = RELEASE.get() {
-                    let started = std::time::Instant::now();
-                    release();
-                    tracing::debug!(
-                        index_bytes = bytes,
-                        took_us = started.elapsed().as_micros() as u64,
-                        "freed index memory given back"
-                    );
+            let (d, g) = (Arc::clone(&dir), Arc::clone(&gates));
+            let job = tokio::task::spawn_blocking(move || {
+                round(d.as_ref(), &g, stale_after, drop_after, &mut rounds);
+                rounds
+            });
+            match job.await {
+                Ok(r) => rounds = r,
+                Err(e) => {
+                    tracing::error!(error = %e, "the index sweeper failed; stale agents are no longer cleared");
+                    return;
                 }
             }
         }

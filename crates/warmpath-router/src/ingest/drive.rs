@@ -1,0 +1,184 @@
+//! Runs one agent stream after its Hello: opens the worker's state machine
+//! ([`WorkerStream`]), feeds it the agent's messages and sends its answers,
+//! pacing the replacements of the worker's set and running the long index
+//! work on the blocking pool ([`super::pace`]).
+
+use super::guard::{shown, LogEvery};
+use super::pace::{self, Gates, Work};
+use super::stream::{Refusal, WorkerStream};
+use super::{refused, unix_micros, Agents, PoolDirectory, OWNER_CHECK};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, Streaming};
+use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
+
+/// What every stream of one service shares.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) dir: Arc<dyn PoolDirectory>,
+    pub(super) agents: Arc<Agents>,
+    pub(super) gates: Arc<Gates>,
+    /// Refusals a peer can cause at will: one line every 10 s.
+    pub(super) refusals: Arc<LogEvery>,
+    pub(super) shutdown: CancellationToken,
+}
+
+/// Logs a refusal of a stream that was never opened, at most every 10 s.
+fn log_refusal(refusals: &LogEvery, r: &Refusal) {
+    if let Some(suppressed) = refusals.ready() {
+        tracing::error!(reason = %r.reason, suppressed, "agent refused (refusals are logged at most every 10 s)");
+    }
+}
+
+/// Runs one stream after its Hello until it ends.
+pub(super) async fn drive(
+    sh: Shared,
+    hello: v1::Hello,
+    mut inbound: Streaming<AgentMessage>,
+    tx: mpsc::Sender<Result<RouterMessage, Status>>,
+) {
+    let Shared {
+        dir,
+        agents,
+        gates,
+        refusals,
+        shutdown,
+    } = sh;
+    let Some(pool) = dir.pool(&hello.model) else {
+        let r = Refusal {
+            reason: format!("no pool serves model {}", shown(&hello.model)),
+            retryable: false,
+        };
+        log_refusal(&refusals, &r);
+        metrics::counter!("warmpath_ingest_refused_total", "reason" => "model").increment(1);
+        let _ = tx.send(Ok(refused(&r))).await;
+        return;
+    };
+    let mut ws = match WorkerStream::open(pool, Arc::clone(&agents), &hello, crate::monotonic_ms())
+    {
+        Ok(ws) => ws,
+        Err(r) => {
+            log_refusal(&refusals, &r);
+            let _ = tx.send(Ok(refused(&r))).await;
+            return;
+        }
+    };
+    tracing::info!(block_size = hello.block_size, "agent connected");
+    let peers = Arc::clone(agents.peers());
+    let stream_id = ws.stream_id();
+    peers.attach(&hello.model, &hello.worker_id, stream_id, tx.clone());
+    let gate = gates.of(&hello.model);
+    let throttled_log = LogEvery::default();
+    let mut owner_check = tokio::time::interval(OWNER_CHECK);
+    owner_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    'stream: loop {
+        let next = tokio::select! {
+            m = inbound.next() => m,
+            () = shutdown.cancelled() => break,
+            () = tx.closed() => break,
+            _ = owner_check.tick() => {
+                if ws.owns() {
+                    continue;
+                }
+                // Answered as its next message would be: refused, and closed.
+                Some(Ok(AgentMessage { msg: None }))
+            }
+        };
+        let msg = match next {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                tracing::info!(error = %e, "agent stream broke");
+                break;
+            }
+            None => break,
+        };
+        // Another replica's decision for this worker: counted here, recorded
+        // by the pool's policy (ownership and liveness checked as for any
+        // message).
+        let decided = match &msg.msg {
+            Some(Msg::Decided(d)) => Some(d.clone()),
+            _ => None,
+        };
+        if let Some(d) = decided.filter(|_| ws.owns()) {
+            if peers.receive(&hello.model, &hello.worker_id, stream_id, &d) {
+                dir.observe_remote(&hello.model, &hello.worker_id, &d);
+            }
+        }
+        let work = pace::work(&msg);
+        if let Work::Replace(kind) = work {
+            // The worker's previous replacement was under a second ago: this
+            // one waits its turn (the stream reads nothing meanwhile, so the
+            // agent's later messages wait too, in order).
+            if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::monotonic_ms()) {
+                metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
+                if let Some(suppressed) = throttled_log.ready() {
+                    tracing::warn!(
+                        kind,
+                        wait_ms = wait.as_millis() as u64,
+                        suppressed,
+                        "agent replaces its worker's blocks more than once a second; each waits its turn (logged at most every 10 s)"
+                    );
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = shutdown.cancelled() => break,
+                    () = tx.closed() => break,
+                }
+            }
+            ws.set_replaced(crate::monotonic_ms());
+        }
+        let (now_ms, now_unix) = (crate::monotonic_ms(), unix_micros());
+        let answer = match work {
+            Work::Light => ws.on_message(msg, now_ms, now_unix),
+            Work::Big | Work::Replace(_) => {
+                // A replacement may compact the whole index: one job per
+                // pool at a time, the sweeper's included.
+                let held = match work {
+                    Work::Replace(_) => Some(Arc::clone(&gate).lock_owned().await),
+                    _ => None,
+                };
+                let job = tokio::task::spawn_blocking(move || {
+                    let _held = held;
+                    let r = ws.on_message(msg, now_ms, now_unix);
+                    (ws, r)
+                });
+                match job.await {
+                    Ok((back, r)) => {
+                        ws = back;
+                        r
+                    }
+                    Err(e) => {
+                        // `ws` was dropped with the job: the worker is
+                        // disconnected already.
+                        tracing::error!(error = %e, "applying an agent message failed; stream closed");
+                        peers.detach(&hello.model, &hello.worker_id, stream_id);
+                        return;
+                    }
+                }
+            }
+        };
+        match answer {
+            Ok(answers) => {
+                for a in answers {
+                    if tx.send(Ok(a)).await.is_err() {
+                        break 'stream;
+                    }
+                }
+            }
+            Err(r) => {
+                if r.retryable {
+                    tracing::warn!(reason = %r.reason, "agent stream closed");
+                } else {
+                    tracing::error!(reason = %r.reason, "agent refused");
+                }
+                let _ = tx.send(Ok(refused(&r))).await;
+                break;
+            }
+        }
+    }
+    peers.detach(&hello.model, &hello.worker_id, stream_id);
+    ws.close();
+    tracing::info!("agent disconnected");
+}

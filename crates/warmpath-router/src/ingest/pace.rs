@@ -1,0 +1,138 @@
+//! Index work an agent can ask for that is not bounded by its message: a
+//! snapshot replacing the worker's set, a `Cleared`, a Hello that changes
+//! the block size. Each bumps the worker's generation, and a bump can run a
+//! full-index compaction (`CacheIndex::clear_worker`). So:
+//! - each worker gets at most one such replacement per [`REPLACE_EVERY`]: a
+//!   later one waits its turn (the stream stops reading, nothing is dropped),
+//!   counted in `warmpath_ingest_throttled_total{kind}`;
+//! - the work runs on the blocking pool, one job per pool at a time (the
+//!   sweeper's compactions take the same gate), never on an async thread.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use warmpath_proto::v1::{agent_message::Msg, delta::Op, AgentMessage};
+
+/// The least time between two replacements of one worker's set.
+pub(crate) const REPLACE_EVERY: Duration = Duration::from_secs(1);
+
+/// A delta touching at least this many blocks is applied on the blocking
+/// pool too (milliseconds of index work).
+const BIG_DELTA: usize = 4096;
+
+/// What a message asks of the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// Bounded and quick: applied on the stream's task.
+    Light,
+    /// Bounded but long: on the blocking pool.
+    Big,
+    /// Replaces the worker's set (paced, on the blocking pool); the label of
+    /// `warmpath_ingest_throttled_total`.
+    Replace(&'static str),
+}
+
+/// What `m` asks of the index.
+pub(crate) fn work(m: &AgentMessage) -> Work {
+    match &m.msg {
+        Some(Msg::Snapshot(c)) if c.last => Work::Replace("snapshot"),
+        Some(Msg::Snapshot(c)) if c.blocks.len() >= BIG_DELTA => Work::Big,
+        Some(Msg::Hello(_)) => Work::Replace("hello"),
+        Some(Msg::Delta(d)) => match &d.op {
+            Some(Op::Cleared(_)) => Work::Replace("cleared"),
+            Some(Op::Stored(s)) if s.hashes.len() >= BIG_DELTA => Work::Big,
+            Some(Op::Removed(r)) if r.hashes.len() >= BIG_DELTA => Work::Big,
+            _ => Work::Light,
+        },
+        _ => Work::Light,
+    }
+}
+
+/// How long a replacement at `now_ms` waits when the worker's last one was
+/// at `last_ms` (`None`: never).
+pub(crate) fn wait_for(last_ms: Option<u64>, now_ms: u64) -> Option<Duration> {
+    let every = REPLACE_EVERY.as_millis() as u64;
+    let due = last_ms?.saturating_add(every);
+    (now_ms < due).then(|| Duration::from_millis(due - now_ms))
+}
+
+/// One gate per pool: index jobs that may compact run one at a time.
+#[derive(Debug, Default)]
+pub(crate) struct Gates {
+    by_pool: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Gates {
+    /// The gate of pool `model`.
+    pub(crate) fn of(&self, model: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut m = self.by_pool.lock();
+        if let Some(g) = m.get(model) {
+            return Arc::clone(g);
+        }
+        let g = Arc::new(tokio::sync::Mutex::new(()));
+        m.insert(model.to_owned(), Arc::clone(&g));
+        g
+    }
+}
+
+/// Describes the series this module writes (called once at start).
+pub(crate) fn describe() {
+    metrics::describe_counter!(
+        "warmpath_ingest_throttled_total",
+        "Snapshots, clears and block-size Hellos an agent sent less than 1 s after its worker's previous one, by kind; each waited its turn (nothing is dropped)."
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warmpath_proto::v1::{Cleared, Delta, SnapshotChunk, Stored};
+
+    #[test]
+    fn replacements_are_spaced_by_a_second() {
+        assert_eq!(wait_for(None, 5), None);
+        assert_eq!(
+            wait_for(Some(1_000), 1_400),
+            Some(Duration::from_millis(600))
+        );
+        assert_eq!(wait_for(Some(1_000), 2_000), None);
+    }
+
+    #[test]
+    fn what_replaces_or_is_big_is_told_apart() {
+        let m = |msg| AgentMessage { msg: Some(msg) };
+        let chunk = |last, n: usize| {
+            m(Msg::Snapshot(SnapshotChunk {
+                last,
+                blocks: vec![Default::default(); n],
+                ..Default::default()
+            }))
+        };
+        let delta = |op| {
+            m(Msg::Delta(Delta {
+                seq: 1,
+                op: Some(op),
+                observed_unix_micros: 0,
+                prefix_closed: false,
+            }))
+        };
+        assert_eq!(work(&chunk(true, 1)), Work::Replace("snapshot"));
+        assert_eq!(work(&chunk(false, 1)), Work::Light);
+        assert_eq!(work(&chunk(false, BIG_DELTA)), Work::Big);
+        assert_eq!(
+            work(&delta(Op::Cleared(Cleared {}))),
+            Work::Replace("cleared")
+        );
+        let stored = |n| {
+            Op::Stored(Stored {
+                parent: None,
+                hashes: vec![1; n],
+                tier: 0,
+            })
+        };
+        assert_eq!(work(&delta(stored(3))), Work::Light);
+        assert_eq!(work(&delta(stored(BIG_DELTA))), Work::Big);
+        assert_eq!(work(&AgentMessage { msg: None }), Work::Light);
+    }
+}
