@@ -163,7 +163,7 @@ async fn slow_headers_are_cut_off_and_half_closed_clients_get_their_answer() {
     // Half a header, then nothing: the connection is closed after the
     // header timeout (not held for as long as the client likes).
     let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
-    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
     let t = std::time::Instant::now();
@@ -180,19 +180,56 @@ async fn slow_headers_are_cut_off_and_half_closed_clients_get_their_answer() {
     let _ = read_all(s).await;
     assert!(t.elapsed() < Duration::from_secs(5), "idle connection held");
 
-    // A whole request, then the client shuts its write side: it still
-    // gets the answer.
+    // A whole request, then the client shuts its write side: that is a
+    // client leaving (as nginx and Envoy take it; a fully closed socket
+    // looks the same until a write fails). The request is cancelled unless
+    // the engine was quicker, and the connection is closed, not held.
     let body = r#"{"model":"m","prompt":"x"}"#;
     let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
     let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
     s.shutdown().await.unwrap();
-    let answer = read_all(s).await.unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert_eq!(bs[0].count(), 1);
+    let answer = read_all(s).await.unwrap_or_default();
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert!(bs[0].count() <= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_idle_past_30_s_is_honoured() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = TestBackend::start("b0").await;
+    let r = router_with(&b, "server:\n  keepalive_idle_ms: 45000").await;
+    let body = r#"{"model":"m","prompt":"x"}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    let mut buf = vec![0u8; 65536];
+    for round in 0..2 {
+        s.write_all(req.as_bytes()).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "round {round}: {answer:?}"
+        );
+        if round == 0 {
+            // hyper's own 30 s header timer closed an idle keep-alive
+            // connection here, whatever keepalive_idle_ms said.
+            tokio::time::sleep(Duration::from_millis(31_500)).await;
+        }
+    }
+    assert_eq!(b.count(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,7 +300,8 @@ async fn short_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
         "server: {body_timeout_ms: 300, keepalive_idle_ms: 500, header_timeout_ms: 30000}",
     )
     .await;
-    let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    let head =
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n";
     // A body shorter than its Content-Length, and a chunked body that
     // stalls: 408 in the OpenAI shape, and the connection is closed.
     for rest in [
@@ -309,7 +347,7 @@ async fn over_max_connections_new_ones_are_refused_and_idle_ones_close_first() {
     // Three connections busy on a slow backend fill the limit.
     let body = r#"{"model":"m","prompt":"x","x_hold":"release"}"#;
     let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     let mut busy = Vec::new();
@@ -379,7 +417,7 @@ async fn sigterm_drains_then_ends_what_remains_within_the_deadlines() {
     let url = r.url("/v1/chat/completions");
     let c = client();
     // Half a header, a request on a backend that hangs, a stream gone silent.
-    let half = raw_send(&r, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").await;
+    let half = raw_send(&r, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n").await;
     let hung = tokio::spawn({
         let (c, url) = (c.clone(), url.clone());
         let body = json!({"model": "m", "x_hold_ms": 60000, "messages": [{"role": "user", "content": "x"}]});
@@ -439,7 +477,7 @@ async fn a_header_hyper_cannot_parse_gets_an_openai_error_and_a_close() {
     let r = router_with(&b, "").await;
     let s = raw_send(
         &r,
-        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Bad: a\x01b\r\n\r\n",
     )
     .await;
     let answer = read_to_close(s).await;

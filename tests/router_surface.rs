@@ -503,3 +503,52 @@ async fn kv_aware_routes_each_prompted_endpoint_to_the_worker_holding_its_blocks
         );
     }
 }
+
+/// The peak resident memory of process `pid` (VmHWM), in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_native_body_costs_its_bytes_not_a_json_tree() {
+    let b = TestBackend::start("b").await;
+    let r = yaml_router("", "    strategy: prefix_aware", &[&b]).await;
+    let c = client();
+    // 24 MiB of `0,`: as a serde_json::Value that is 12M values of 32
+    // bytes and more, parsed on an async worker (over 0.5 GiB a request).
+    let mut body = String::from("{\"model\":\"m\",\"inputs\":[");
+    body.push_str(&"0,".repeat(12 * 1024 * 1024));
+    body.push_str("0]}");
+    let body = bytes::Bytes::from(body);
+    let base = peak_rss_mib(r.pid());
+    let mut sent = Vec::new();
+    for _ in 0..3 {
+        let (c, url, body) = (c.clone(), r.url("/invocations"), body.clone());
+        sent.push(tokio::spawn(async move {
+            send(&c, request("POST", &url, body, &[])).await
+        }));
+    }
+    // /health answers meanwhile.
+    let t = std::time::Instant::now();
+    assert_eq!(get_url(&c, &r.url("/health")).await.status, 200);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+    for s in sent {
+        // Routed and forwarded (the test engine's own 2 MiB limit cuts
+        // the upload short: its answer or a 502).
+        let reply = s.await.unwrap();
+        assert_eq!(reply.backend(), b.url(), "{:?}", reply.status);
+    }
+    let grown = peak_rss_mib(r.pid()).saturating_sub(base);
+    // Three bodies of 24 MiB held at once, plus their copies upstream.
+    assert!(grown < 400, "peak RSS grew by {grown} MiB");
+}

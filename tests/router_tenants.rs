@@ -245,3 +245,49 @@ async fn queries_answer_for_the_callers_own_tenant_only() {
     assert_eq!(e["code"], "invalid_tenant");
     assert_eq!(b.count(), 0, "queries send nothing upstream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_api_salts_api_key_tenants_and_refuses_body_ids() {
+    let b = TestBackend::start("b").await;
+    let r = router_with(&b, "{from: api_key}").await;
+    let c = client();
+    let inv = r.url("/invocations");
+    let raw = json!({"model": "m", "inputs": "the same document"});
+    let (ka, kb) = (
+        ("authorization", "Bearer sk-a"),
+        ("authorization", "Bearer sk-b"),
+    );
+    // Each key's tenant reaches the engine as cache_salt (the body went
+    // unsalted, so every tenant shared one cache there).
+    assert_eq!(post(&c, &inv, &raw, &[ka]).await.status, 200);
+    let salt_a = last_salt(&b);
+    assert_eq!(post(&c, &inv, &raw, &[kb]).await.status, 200);
+    let salt_b = last_salt(&b);
+    assert!(
+        salt_a.is_string() && salt_b.is_string(),
+        "{salt_a} {salt_b}"
+    );
+    assert_ne!(salt_a, salt_b);
+    // A cache_salt of the client's own cannot name another tenant's cache:
+    // it is scoped under the key.
+    let mut claimed = raw.clone();
+    claimed["cache_salt"] = salt_b.clone();
+    assert_eq!(post(&c, &inv, &claimed, &[ka]).await.status, 200);
+    assert_ne!(last_salt(&b), salt_b);
+    // A body that is not a JSON object cannot carry the salt: refused.
+    let got = send(&c, request("POST", &inv, "[0,0,0]", &[ka])).await;
+    assert_eq!(got.error(400)["code"], "invalid_json");
+
+    // client_ids: refuse covers ids in the native body too.
+    let r = router_with(&b, "{from: api_key, client_ids: refuse}").await;
+    let inv = r.url("/invocations");
+    let before = b.count();
+    for field in ["prompt_cache_key", "cache_salt"] {
+        let mut body = raw.clone();
+        body[field] = json!("someone-else");
+        let e = post(&c, &inv, &body, &[ka]).await;
+        assert_eq!(e.error(403)["code"], "tenant_id_not_allowed", "{field}");
+    }
+    assert_eq!(b.count(), before, "refused requests are not forwarded");
+    assert_eq!(post(&c, &inv, &raw, &[ka]).await.status, 200);
+}

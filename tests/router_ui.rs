@@ -271,6 +271,7 @@ async fn prompt_previews_appear_only_with_show_prompts() {
             url: b.url(),
             worker_id: Some("w0".into()),
             adapters: vec![],
+            api_key: None,
         }];
         let config = RouterConfig {
             listen: "127.0.0.1:0".into(),

@@ -156,3 +156,313 @@ async fn answers_that_go_silent_are_cut_off_and_count_as_failures() {
     post_frames(&c, &r.url("/v1/chat/completions"), &body).await;
     assert_no_backend(&c, &r).await;
 }
+
+/// A raw HTTP/1.1 request for `body` on `path`.
+fn raw_post(port: u16, path: &str, body: &Value) -> String {
+    let body = body.to_string();
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_the_first_byte_cancels_its_upstream_request() {
+    use tokio::io::AsyncWriteExt;
+    let b = TestBackend::start("b0").await;
+    let r = one_backend_router(&b, "").await;
+    let held =
+        |stream: bool| json!({"model": "m", "prompt": "x", "stream": stream, "x_hold": "release"});
+    // HTTP/1.1, streaming or not: the client closes while the engine has
+    // not answered yet; the router's upstream connection closes at once
+    // (it stayed open, and the engine kept working, for as long as the
+    // engine liked).
+    for (n, stream) in [(1, false), (2, true)] {
+        let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+        let req = raw_post(r.addr.port(), "/v1/completions", &held(stream));
+        s.write_all(req.as_bytes()).await.unwrap();
+        eventually("the engine holds the request", || b.active() == 1).await;
+        drop(s);
+        let gone = std::time::Instant::now();
+        eventually("the upstream request is cancelled", || b.abandoned() == n).await;
+        assert!(
+            gone.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            gone.elapsed()
+        );
+    }
+    // HTTP/2: a client resets its stream (drops the request).
+    let h2: TestClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let url = r.url("/v1/completions");
+    let body = held(true).to_string();
+    let asked = tokio::spawn(async move { h2.request(request("POST", &url, body, &[])).await });
+    eventually("the engine holds the h2 request", || b.active() == 1).await;
+    asked.abort();
+    eventually("the h2 request is cancelled", || b.abandoned() == 3).await;
+    // Another client's request is served all along.
+    b.release();
+    let c = client();
+    let ok = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x"}),
+        &[],
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    // A cancelled request is no failure of the backend's.
+    let ok = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "y"}),
+        &[],
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let b = TestBackend::start("b0").await;
+    let r = one_backend_router(&b, "server:\n  send_timeout_ms: 500").await;
+    // A stream of ~50 MB that the client never reads: the socket buffers
+    // fill, the router's writes wait, and after the send timeout it lets
+    // the client, its in-flight slot and the upstream stream go.
+    let body = json!({"model": "m", "prompt": "x", "stream": true, "x_chunks": 400_000});
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(raw_post(r.addr.port(), "/v1/completions", &body).as_bytes())
+        .await
+        .unwrap();
+    eventually("the upstream stream is dropped", || b.cancelled() == 1).await;
+    let c = client();
+    let m = get_url(&c, &r.url("/metrics")).await;
+    let cancelled = format!(
+        "warmpath_backend_requests_total{{pool=\"m\",backend=\"{}\",outcome=\"cancelled\"}}",
+        b.url()
+    );
+    assert_eq!(
+        metric_value(&String::from_utf8_lossy(&m.body), &cancelled),
+        Some(1.0)
+    );
+    let text = String::from_utf8_lossy(&m.body).into_owned();
+    assert_eq!(
+        metric_value(
+            &text,
+            &format!(
+                "warmpath_backend_in_flight{{pool=\"m\",backend=\"{}\"}}",
+                b.url()
+            )
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    drop(s);
+    let ok = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x"}),
+        &[],
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_behind_an_api_key_get_it_on_every_request_and_it_never_shows() {
+    let key = "sk-engine-secret-0123456789";
+    let b0 = TestBackend::start_with("b0", "m", &["sql"]).await;
+    b0.require_key(key);
+    let b1 = TestBackend::start("b1").await;
+    b1.require_key("sk-b1-own-key");
+    let yaml = format!(
+        "health:\n  probe: completion\n  probe_interval_ms: 100\npools:\n  - model: m\n    strategy: least_outstanding\n    backends:\n      - {{url: '{}', worker_id: b0}}\n      - {{url: '{}', worker_id: b1, api_key: sk-b1-own-key}}\n",
+        b0.url(),
+        b1.url()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let r = RouterProcess::spawn_logged(
+        &["--config", cfg.to_str().unwrap()],
+        &[("WARMPATH_UPSTREAM_API_KEY", key)],
+    )
+    .await;
+    let c = client();
+    // Probes pass (they got 401 and ejected the engine), so the router is
+    // ready; the adapter is learned from the engine's /v1/models.
+    assert_eq!(get_url(&c, &r.url("/readyz")).await.status, 200);
+    poll::poll(
+        "the adapter is served",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            let models = get_url(&c, &r.url("/v1/models")).await.json();
+            models["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["id"] == "sql")
+                .then_some(())
+        },
+    )
+    .await;
+    // A client's own key (meant for the router) is replaced, on both
+    // engines, each with its own key.
+    for _ in 0..4 {
+        let got = post(
+            &c,
+            &r.url("/v1/completions"),
+            &json!({"model": "m", "prompt": "x"}),
+            &[("authorization", "Bearer client-key")],
+        )
+        .await;
+        assert_eq!(got.status, 200, "{:?}", got.body);
+    }
+    for (b, k) in [(&b0, key), (&b1, "sk-b1-own-key")] {
+        let sent: Vec<_> = b.requests();
+        assert!(
+            sent.iter().any(|q| q.path == "/v1/completions"),
+            "{}",
+            b.name()
+        );
+        for q in sent {
+            assert_eq!(
+                q.headers["authorization"],
+                format!("Bearer {k}"),
+                "{}",
+                q.path
+            );
+        }
+    }
+    // A response looked up on every engine carries the key too.
+    let _ = get_url(&c, &r.url("/v1/responses/resp_unknown")).await;
+    // Neither key shows anywhere the router speaks.
+    let mut shown = String::new();
+    for path in ["/cache-index", "/metrics", "/admin/pools/m/backends"] {
+        shown.push_str(&String::from_utf8_lossy(
+            &get_url(&c, &r.url(path)).await.body,
+        ));
+    }
+    b0.kill();
+    let failed = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x"}),
+        &[],
+    )
+    .await;
+    shown.push_str(&String::from_utf8_lossy(&failed.body));
+    shown.push_str(&r.logs());
+    for k in [key, "sk-b1-own-key"] {
+        assert!(!shown.contains(k), "{k} leaked");
+    }
+    assert!(r.logs().contains("DEBUG"), "debug logs were captured");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_upstream_key_the_clients_authorization_passes_through() {
+    let b = TestBackend::start("b0").await;
+    let r = one_backend_router(&b, "").await;
+    let c = client();
+    let got = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x"}),
+        &[("authorization", "Bearer client-key")],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        b.requests()[0].headers["authorization"],
+        "Bearer client-key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ejection_has_a_ceiling_and_only_engine_faults_count() {
+    let bs = backends(4).await;
+    let urls: Vec<String> = bs
+        .iter()
+        .map(|b| format!("{{url: '{}', worker_id: {}}}", b.url(), b.name()))
+        .collect();
+    let yaml = format!(
+        "health: {{eject_after: 1, probe_interval_ms: 600000}}\npools:\n  - model: m\n    strategy: random\n    backends: [{}]\n",
+        urls.join(", ")
+    );
+    let r = RouterProcess::from_yaml(&yaml).await;
+    let c = client();
+    let url = r.url("/v1/completions");
+    // 501 and 505 answer the request's shape, not a broken engine.
+    for status in [501, 505, 400, 404] {
+        for _ in 0..8 {
+            let got = post(
+                &c,
+                &url,
+                &json!({"model": "m", "prompt": "x", "x_status": status}),
+                &[],
+            )
+            .await;
+            assert_eq!(got.status, status);
+        }
+    }
+    let in_rotation = async || {
+        let v = get_url(&c, &r.url("/readyz")).await.json();
+        v["pools"][0]["in_rotation"].as_u64().unwrap()
+    };
+    assert_eq!(in_rotation().await, 4);
+    // Every engine answers 500 to a poisoned request mix: at most half of
+    // the pool goes out (it all went, and the pool answered 503).
+    for _ in 0..40 {
+        let got = post(
+            &c,
+            &url,
+            &json!({"model": "m", "prompt": "x", "x_status": 500}),
+            &[],
+        )
+        .await;
+        assert_eq!(got.status, 500, "{:?}", got.body);
+    }
+    assert_eq!(in_rotation().await, 2);
+    let m = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
+    assert!(
+        metric_value(&m, "warmpath_ejections_refused_total{pool=\"m\"}").is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+    // Other requests are still served.
+    for _ in 0..4 {
+        assert_eq!(
+            post(&c, &url, &json!({"model": "m", "prompt": "ok"}), &[])
+                .await
+                .status,
+            200
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_asking_for_credentials_is_alive_not_ejected() {
+    let b = TestBackend::start("b0").await;
+    b.require_key("sk-not-configured");
+    let r = one_backend_router(
+        &b,
+        "health: {probe: completion, probe_interval_ms: 50, eject_after: 1}",
+    )
+    .await;
+    let c = client();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // vLLM with --api-key answered every probe 401: the only engine was
+    // ejected and clients that brought the right key got 503.
+    assert_eq!(get_url(&c, &r.url("/readyz")).await.status, 200);
+    let got = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x"}),
+        &[("authorization", "Bearer sk-not-configured")],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+}

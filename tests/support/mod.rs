@@ -53,6 +53,38 @@ struct BackendState {
     active: AtomicU32,
     /// Set by [`TestBackend::release`]; `x_hold: "release"` waits for it.
     released: tokio::sync::watch::Sender<bool>,
+    /// Requests whose connection closed before they were answered.
+    abandoned: AtomicU32,
+    /// When set, every route answers 401 without `Authorization: Bearer`
+    /// this key (vLLM's `--api-key`).
+    api_key: Mutex<Option<String>>,
+}
+
+/// A held request: uncounted from `active` when it ends, and counted as
+/// abandoned when its handler is dropped before it answers (the router
+/// closed the connection: its client left).
+struct Abandon<'a>(&'a BackendState, bool);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+        if !self.1 {
+            self.0.abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The 401 an engine started with `--api-key` answers a request without it.
+fn refused_key(st: &BackendState, headers: &HeaderMap) -> Option<Response> {
+    let key = st.api_key.lock().clone()?;
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+    (given != Some(format!("Bearer {key}").as_str())).then(|| {
+        (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"error": "Unauthorized"})),
+        )
+            .into_response()
+    })
 }
 
 /// A test engine on 127.0.0.1:0. Request bodies may carry test knobs:
@@ -88,22 +120,28 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let refused = refused_key(&st, &headers);
     st.log.lock().push(Recorded {
         path: uri.to_string(),
         headers,
         body: body.clone(),
     });
+    if let Some(r) = refused {
+        return r;
+    }
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let num = |k: &str, d: u64| v.get(k).and_then(Value::as_u64).unwrap_or(d);
     let hold = num("x_hold_ms", 0);
     st.active.fetch_add(1, Ordering::SeqCst);
+    let mut abandon = Abandon(&st, false);
     if hold > 0 {
         tokio::time::sleep(Duration::from_millis(hold)).await;
     }
     if v.get("x_hold").and_then(Value::as_str) == Some("release") {
         let _ = st.released.subscribe().wait_for(|open| *open).await;
     }
-    st.active.fetch_sub(1, Ordering::SeqCst);
+    abandon.1 = true;
+    drop(abandon);
     let status = StatusCode::from_u16(num("x_status", 200) as u16).unwrap();
     if v.get("stream").and_then(Value::as_bool) == Some(true) {
         let chunks = sse_chunks(&st.name, num("x_chunks", 3) as usize);
@@ -139,7 +177,10 @@ async fn handle(
     (status, axum::Json(reply)).into_response()
 }
 
-async fn health(State(st): State<Arc<BackendState>>) -> StatusCode {
+async fn health(State(st): State<Arc<BackendState>>, headers: HeaderMap) -> StatusCode {
+    if let Some(r) = refused_key(&st, &headers) {
+        return r.status();
+    }
     if st.healthy.load(Ordering::SeqCst) {
         StatusCode::OK
     } else {
@@ -147,7 +188,14 @@ async fn health(State(st): State<Arc<BackendState>>) -> StatusCode {
     }
 }
 
-async fn models(State(st): State<Arc<BackendState>>) -> axum::Json<Value> {
+async fn models(State(st): State<Arc<BackendState>>, headers: HeaderMap) -> Response {
+    if let Some(r) = refused_key(&st, &headers) {
+        return r;
+    }
+    models_list(&st).into_response()
+}
+
+fn models_list(st: &BackendState) -> axum::Json<Value> {
     if let Some(cards) = st.cards.lock().clone() {
         return axum::Json(json!({"object": "list", "data": cards}));
     }
@@ -240,6 +288,7 @@ impl TestBackend {
             url: self.url(),
             worker_id: Some(self.name().to_owned()),
             adapters: vec![],
+            api_key: None,
         }
     }
 
@@ -264,6 +313,18 @@ impl TestBackend {
     /// Makes `/v1/models` answer exactly these cards.
     pub fn set_cards(&self, cards: Value) {
         *self.state.cards.lock() = Some(cards);
+    }
+
+    /// Requests whose connection closed before they were answered (the
+    /// router cancelled them upstream).
+    pub fn abandoned(&self) -> u32 {
+        self.state.abandoned.load(Ordering::SeqCst)
+    }
+
+    /// Demands `Authorization: Bearer key` on every route, as vLLM's
+    /// `--api-key` does.
+    pub fn require_key(&self, key: &str) {
+        *self.state.api_key.lock() = Some(key.to_owned());
     }
 
     /// Lets every `x_hold: "release"` request answer, now and from now on.
@@ -448,6 +509,7 @@ pub async fn listen_addr(child: &mut tokio::process::Child) -> SocketAddr {
 pub struct RouterProcess {
     child: tokio::process::Child,
     pub addr: SocketAddr,
+    logs: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
 /// The first pool's first discovery provider's status (`/cache-index`).
@@ -458,16 +520,66 @@ pub async fn discovery_status(c: &TestClient, r: &RouterProcess) -> Value {
 
 impl RouterProcess {
     pub async fn spawn(args: &[&str]) -> Self {
+        Self::spawn_env(args, &[]).await
+    }
+
+    /// [`RouterProcess::spawn`] with extra environment variables.
+    pub async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
         let addr = listen_addr(&mut child).await;
-        RouterProcess { child, addr }
+        RouterProcess {
+            child,
+            addr,
+            logs: None,
+        }
+    }
+
+    /// [`RouterProcess::spawn_env`] logging everything (`RUST_LOG=debug`)
+    /// to stderr, which a task drains into [`RouterProcess::logs`].
+    pub async fn spawn_logged(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "debug")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let addr = listen_addr(&mut child).await;
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let mut err = child.stderr.take().unwrap();
+        let sink = Arc::clone(&logs);
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = err.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().extend_from_slice(&buf[..n]);
+            }
+        });
+        RouterProcess {
+            child,
+            addr,
+            logs: Some(logs),
+        }
+    }
+
+    /// What a [`RouterProcess::spawn_logged`] router wrote to stderr so far.
+    pub fn logs(&self) -> String {
+        let logs = self.logs.as_ref().expect("started with spawn_logged");
+        String::from_utf8_lossy(&logs.lock()).into_owned()
     }
 
     /// The binary with `yaml` as its router.yaml, read at start-up only (its

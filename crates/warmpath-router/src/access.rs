@@ -11,10 +11,19 @@
 //! admin token ([`admin_presented`]; see `inspect`).
 //! With no token, validation refuses a listener other hosts can reach
 //! unless `insecure` is set (`config::validate`).
+//!
+//! A browser is a hostile client too: a page the operator opens can send
+//! simple cross-site requests to a loopback router, and DNS rebinding can
+//! read its answers. So ([`edge`], before any handler): on a loopback
+//! listener `Host` must name this machine (`localhost`, `127.0.0.1`,
+//! `[::1]`, the listener's own address or `server.allowed_hosts`); the
+//! admin API and introspection refuse a foreign `Origin`; and an admin
+//! write must be `Content-Type: application/json`, which no page can send
+//! cross-site without a CORS preflight the router never grants.
 
 use crate::error::ApiError;
 use crate::state::Shared;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 
 /// The `Authorization: Bearer` token, if one (also the `tenants.from:
 /// api_key` key).
@@ -83,5 +92,263 @@ pub fn inspect(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
+    }
+}
+
+/// The `Host` names a loopback listener answers, port aside (lowercase);
+/// `None` when the listener is reachable from other hosts, where DNS
+/// rebinding gains nothing and names are the deployment's business.
+pub fn loopback_hosts(listen: &str, allowed: &[String]) -> Option<Vec<String>> {
+    let (host, _) = split_port(listen);
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return None;
+    }
+    let mut names: Vec<String> = ["localhost", "127.0.0.1", "[::1]", host]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    names.extend(allowed.iter().map(|h| split_port(h).0.to_ascii_lowercase()));
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
+/// `host[:port]` split at the port (an IPv6 literal keeps its brackets).
+fn split_port(authority: &str) -> (&str, Option<&str>) {
+    if let Some(end) = authority.strip_prefix('[').and_then(|r| r.find(']')) {
+        let (host, rest) = authority.split_at(end + 2);
+        return (host, rest.strip_prefix(':'));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (h, Some(p)),
+        _ => (authority, None),
+    }
+}
+
+/// The authority the client addressed: `Host`, else the URI's (HTTP/2).
+fn authority<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
+    match headers.get(header::HOST) {
+        Some(v) => v.to_str().ok(),
+        None => uri.authority().map(|a| a.as_str()),
+    }
+}
+
+/// Whether `path` is the admin API or introspection: the paths that refuse
+/// a foreign `Origin`.
+fn guarded(path: &str) -> bool {
+    path.starts_with("/admin/") || path == "/cache-index" || path.starts_with("/cache-index/")
+}
+
+/// The checks every request passes before its handler (see the module
+/// docs): `Host` on a loopback listener, `Origin` on the guarded paths,
+/// and the content type of an admin write.
+pub fn edge(
+    hosts: Option<&[String]>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    let addressed = authority(headers, uri);
+    if let (Some(names), Some(a)) = (hosts, addressed) {
+        let host = split_port(a).0;
+        if !names.iter().any(|n| n.eq_ignore_ascii_case(host)) {
+            return Err(ApiError::forbidden(
+                "host_not_allowed",
+                format!(
+                    "this router listens on loopback and does not answer for Host {:?}; \
+                     add the name to server.allowed_hosts if it is yours",
+                    truncated(a)
+                ),
+            ));
+        }
+    }
+    let path = uri.path();
+    if !guarded(path) {
+        return Ok(());
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let same = origin.to_str().ok().zip(addressed).is_some_and(|(o, a)| {
+            // Either scheme: a TLS-terminating proxy in front forwards
+            // the same `Host`.
+            o.strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+                .is_some_and(|rest| same_authority(rest, a))
+        });
+        if !same {
+            return Err(ApiError::forbidden(
+                "cross_origin",
+                "the admin API and the cache index answer only their own origin \
+                 (a page of another site sent this request)",
+            ));
+        }
+    }
+    let writes = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
+    if writes && path.starts_with("/admin/") && !json(headers) {
+        return Err(ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: "admin writes take `Content-Type: application/json`".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: "unsupported_media_type",
+        });
+    }
+    Ok(())
+}
+
+/// Whether two authorities name the same host and port (a missing port
+/// matches any: it is the scheme's default, which `Host` may leave out).
+fn same_authority(a: &str, b: &str) -> bool {
+    let (ha, pa) = split_port(a);
+    let (hb, pb) = split_port(b);
+    ha.eq_ignore_ascii_case(hb) && (pa.is_none() || pb.is_none() || pa == pb)
+}
+
+/// Whether the body is declared JSON (`application/json`, parameters aside).
+fn json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// A peer's string cut for an error message.
+fn truncated(s: &str) -> &str {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn check(
+        hosts: Option<&[String]>,
+        method: Method,
+        uri: &str,
+        h: &[(&str, &str)],
+    ) -> Result<(), u16> {
+        let mut headers = HeaderMap::new();
+        for (k, v) in h {
+            headers.append(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        edge(hosts, &method, &uri.parse().unwrap(), &headers).map_err(|e| e.status.as_u16())
+    }
+
+    #[test]
+    fn loopback_listeners_know_their_names() {
+        let names = loopback_hosts("127.0.0.1:0", &["Router.Local:9".into()]).unwrap();
+        assert_eq!(names, ["127.0.0.1", "[::1]", "localhost", "router.local"]);
+        assert!(loopback_hosts("[::1]:8000", &[])
+            .unwrap()
+            .contains(&"[::1]".into()));
+        assert!(loopback_hosts("localhost:8000", &[]).is_some());
+        assert!(loopback_hosts("0.0.0.0:8000", &[]).is_none());
+        assert!(loopback_hosts("10.0.0.1:8000", &[]).is_none());
+        assert_eq!(split_port("[::1]:80"), ("[::1]", Some("80")));
+        assert_eq!(split_port("[::1]"), ("[::1]", None));
+        assert_eq!(split_port("h:1"), ("h", Some("1")));
+    }
+
+    #[test]
+    fn foreign_hosts_origins_and_plain_text_writes_are_refused() {
+        let names = loopback_hosts("127.0.0.1:8000", &[]).unwrap();
+        let n = Some(names.as_slice());
+        let get = Method::GET;
+        assert_eq!(
+            check(n, get.clone(), "/v1/models", &[("host", "localhost:1")]),
+            Ok(())
+        );
+        assert_eq!(
+            check(n, get.clone(), "/v1/models", &[("host", "[::1]:1")]),
+            Ok(())
+        );
+        assert_eq!(
+            check(n, get.clone(), "/v1/models", &[]),
+            Ok(()),
+            "no Host: not a browser"
+        );
+        assert_eq!(
+            check(
+                n,
+                get.clone(),
+                "/cache-index",
+                &[("host", "evil.example:8000")]
+            ),
+            Err(403)
+        );
+        assert_eq!(
+            check(
+                None,
+                get.clone(),
+                "/cache-index",
+                &[("host", "evil.example")]
+            ),
+            Ok(())
+        );
+        let tls = [
+            ("host", "router.example"),
+            ("origin", "https://router.example"),
+        ];
+        assert_eq!(check(None, get.clone(), "/cache-index", &tls), Ok(()));
+        let port = [
+            ("host", "127.0.0.1:8000"),
+            ("origin", "http://127.0.0.1:9000"),
+        ];
+        assert_eq!(check(n, get.clone(), "/cache-index", &port), Err(403));
+        let own = [
+            ("host", "127.0.0.1:8000"),
+            ("origin", "http://127.0.0.1:8000"),
+        ];
+        assert_eq!(check(n, get.clone(), "/cache-index", &own), Ok(()));
+        let foreign = [
+            ("host", "127.0.0.1:8000"),
+            ("origin", "http://evil.example"),
+        ];
+        assert_eq!(check(n, get.clone(), "/cache-index", &foreign), Err(403));
+        assert_eq!(
+            check(n, get.clone(), "/v1/models", &foreign),
+            Ok(()),
+            "not guarded"
+        );
+        let null = [("host", "127.0.0.1:8000"), ("origin", "null")];
+        assert_eq!(
+            check(n, Method::POST, "/cache-index/query", &null),
+            Err(403)
+        );
+        let text = [("host", "127.0.0.1:8000"), ("content-type", "text/plain")];
+        assert_eq!(
+            check(n, Method::POST, "/admin/pools/m/backends", &text),
+            Err(415)
+        );
+        assert_eq!(
+            check(n, Method::POST, "/admin/pools/m/backends", &text[..1]),
+            Err(415)
+        );
+        let json = [
+            ("host", "127.0.0.1:8000"),
+            ("content-type", "application/json; charset=utf-8"),
+        ];
+        assert_eq!(
+            check(n, Method::POST, "/admin/pools/m/backends", &json),
+            Ok(())
+        );
+        assert_eq!(
+            check(n, Method::DELETE, "/admin/pools/m/backends/w", &text[..1]),
+            Ok(())
+        );
+        assert_eq!(check(n, Method::POST, "/v1/completions", &text), Ok(()));
     }
 }

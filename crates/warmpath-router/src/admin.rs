@@ -8,14 +8,15 @@
 use crate::backend::Origin;
 use crate::config::RouterConfig;
 use crate::error::{ApiError, RouterError};
+use crate::incoming::read_body;
 use crate::members;
 use crate::pool::{Pool, SwitchError};
 use crate::state::Shared;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -28,11 +29,17 @@ pub async fn handle(
     method: Method,
     Path(rest): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
+    // The token before the body: an anonymous client cannot hold a
+    // connection by announcing a body it never sends.
     if let Err(e) = crate::access::admin(&s, &headers) {
         return e.into_response();
     }
+    let body = match read_body(body, &headers, MAX_ADMIN_BODY, s.settings.body_timeout).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     let models: Vec<&str> = s.pools.all().iter().map(|p| p.model.as_str()).collect();
     let Some(res) = members::resource(&rest, &models) else {
         let named = rest
@@ -74,6 +81,9 @@ pub async fn handle(
         (members::Resource::Drain(..), _) => members::method_not_allowed("POST"),
     }
 }
+
+/// The largest admin body: a backend, a strategy or a drain deadline.
+const MAX_ADMIN_BODY: usize = 64 * 1024;
 
 /// Body of `PUT /admin/pools/{model}/strategy`.
 #[derive(Debug, Deserialize)]

@@ -3,7 +3,7 @@
 //! [`crate::surface`], `GET /v1/models` [`crate::models`], `/health`
 //! [`crate::readiness`]).
 
-use crate::config::Isolation;
+use crate::config::{Isolation, TenantFrom};
 use crate::error::ApiError;
 use crate::incoming::{path_and_query, read_body, tenant_header};
 use crate::metrics::Phase;
@@ -17,7 +17,8 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
 use bytes::Bytes;
-use serde_json::Value;
+use serde::Deserialize;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::{Expect, Request, TenantId, TenantSource};
@@ -134,46 +135,59 @@ fn prepare(
     Ok((plan, body))
 }
 
-/// `POST /invocations`: the native API. The body is forwarded untouched; the
-/// pool comes from a top-level `model` string when the body is JSON with one,
-/// else the only pool; the tenant only from `X-Prefix-Aware-Id`.
+/// `POST /invocations`: the native API. The body is forwarded as sent,
+/// but for the `cache_salt` of a tenant from the API key; the pool comes from a top-level
+/// `model` string when the body is a JSON object with one, else the only
+/// pool; the tenant as on the OpenAI endpoints (`X-Prefix-Aware-Id`,
+/// `prompt_cache_key`, `cache_salt`, or the API key), so tenants stay
+/// apart here too. Big bodies are read on the work pool, as everywhere.
 pub async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
-    let raw = match read_body(
-        body,
-        &headers,
-        s.settings.max_body_bytes,
-        s.settings.body_timeout,
-    )
-    .await
-    {
-        Ok(b) => b,
-        Err(e) => return rejected(e),
-    };
-    let plan = match prepare_raw(&s, &headers, &raw) {
-        Ok(p) => p,
-        Err(e) => return rejected(e),
-    };
-    let out = Outgoing {
-        method: axum::http::Method::POST,
-        path_and_query: INVOCATIONS_PATH,
-        headers: &headers,
-        body: raw,
-    };
-    proxy::forward(&s, &plan, out).await
+    let uri = Uri::from_static(INVOCATIONS_PATH);
+    serve(s, INVOCATIONS_PATH, uri, headers, body, prepare_raw).await
 }
 
-fn prepare_raw(s: &Shared, headers: &HeaderMap, raw: &Bytes) -> Result<route::Plan, ApiError> {
-    let started = Instant::now();
-    let named = serde_json::from_slice::<Value>(raw)
-        .ok()
-        .and_then(|v| v.get("model").and_then(Value::as_str).map(str::to_owned));
-    let model = model_or_only(s, named)?;
+/// The top-level fields `/invocations` reads. Nothing else of the body is
+/// built: a huge array costs a scan of its bytes, not a `Value` tree.
+#[derive(Debug, Default, Deserialize)]
+struct Native<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+}
+
+fn prepare_raw(
+    s: &Shared,
+    headers: &HeaderMap,
+    raw: &Bytes,
+    started: Instant,
+) -> Result<(route::Plan, Bytes), ApiError> {
+    let native = serde_json::from_slice::<Native<'_>>(raw).ok();
+    let fields = native.as_ref();
+    let model = model_or_only(
+        s,
+        fields.and_then(|n| n.model.as_deref()).map(str::to_owned),
+    )?;
     let target: Target = s
         .pools
         .resolve(&model)
         .ok_or_else(|| ApiError::unknown_model(&model))?;
-    let client = tenant_header(headers)?
-        .map(|h| TenantId::parse(h, TenantSource::Header))
+    let named = [
+        (tenant_header(headers)?, TenantSource::Header),
+        (
+            fields.and_then(|n| n.prompt_cache_key.as_deref()),
+            TenantSource::PromptCacheKey,
+        ),
+        (
+            fields.and_then(|n| n.cache_salt.as_deref()),
+            TenantSource::CacheSalt,
+        ),
+    ];
+    let client = named
+        .into_iter()
+        .find_map(|(v, src)| v.map(|v| TenantId::parse(v, src)))
         .transpose()?;
     let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
     target
@@ -181,7 +195,24 @@ fn prepare_raw(s: &Shared, headers: &HeaderMap, raw: &Bytes) -> Result<route::Pl
         .metrics
         .overhead(Phase::Parse)
         .record(started.elapsed().as_secs_f64());
-    Ok(route::plan_raw(target, tenant, &model, raw))
+    // A tenant from the API key is a promise of isolation, kept in the
+    // engine too; a client-named one leaves the native body as sent.
+    let tenants = &target.pool.tenants;
+    let salted = s.settings.forward_cache_salt
+        && tenants.isolation == Isolation::Engine
+        && tenants.from == TenantFrom::ApiKey;
+    let body = match (&tenant, salted, fields) {
+        (Some(t), true, Some(n)) => with_cache_salt(raw, n.cache_salt.as_deref(), t),
+        (Some(_), true, None) => {
+            return Err(ApiError::bad_request(
+                "invalid_json",
+                "tenants are isolated in the engine: a request with a tenant takes a JSON object body, \
+                 so that its cache_salt can be set",
+            ))
+        }
+        _ => raw.clone(),
+    };
+    Ok((route::plan_raw(target, tenant, &model, raw), body))
 }
 
 /// The body's `model`, else the only pool's (as vLLM defaults to the

@@ -20,6 +20,7 @@
 use crate::config::{BackendConfig, BackendUrl};
 use crate::load_cell::CellCache;
 use crate::metrics::Outcome;
+use axum::http::{HeaderMap, HeaderValue};
 use parking_lot::RwLock;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -89,6 +90,10 @@ pub struct Backend {
     draining: AtomicBool,
     /// Woken when a draining backend's last request ends.
     idle: Notify,
+    /// Its own `api_key` as an `Authorization` value.
+    auth: Option<HeaderValue>,
+    /// Whether a probe answered 401/403 was logged (once a backend).
+    warned_credentials: AtomicBool,
     /// Its worker's reported engine load, found once per registry
     /// generation ([`crate::load_cell`]).
     load_cell: CellCache,
@@ -129,6 +134,8 @@ impl Backend {
             slot,
             origin,
             configured: cfg.clone(),
+            auth: cfg.api_key.as_ref().and_then(|k| k.bearer()),
+            warned_credentials: AtomicBool::new(false),
             in_flight_gauge: crate::metrics::backend_in_flight(model, cfg.id()),
             in_flight: AtomicU32::new(0),
             pending_prefill: AtomicU64::new(0),
@@ -275,9 +282,31 @@ impl Backend {
 
     /// Records a failure (a refused connect, a 5xx answer, an exchange that
     /// broke after it was sent); returns true when this ejected the backend.
+    #[cfg(test)]
     pub fn failed(&self, eject_after: u32) -> bool {
+        self.failed_within(eject_after, || true)
+    }
+
+    /// [`Backend::failed`], ejecting only if `room()` says the pool may
+    /// lose another member (`health.max_ejection_percent`).
+    pub fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        n >= eject_after && self.eject(eject_after)
+        n >= eject_after && self.is_healthy() && room() && self.eject(eject_after)
+    }
+
+    /// Whether the engine's demand for credentials was already logged
+    /// (and marks it logged).
+    pub fn warned_credentials(&self) -> bool {
+        self.warned_credentials.swap(true, Ordering::Relaxed)
+    }
+
+    /// Sets the `Authorization` of a request to this backend: its own key,
+    /// else `upstream` (`upstream.api_key`); with neither, `headers` keep
+    /// the client's.
+    pub fn authorize(&self, headers: &mut HeaderMap, upstream: Option<&HeaderValue>) {
+        if let Some(v) = self.auth.as_ref().or(upstream) {
+            headers.insert(axum::http::header::AUTHORIZATION, v.clone());
+        }
     }
 
     /// Records an answer below 500 (the failure count resets, the streak
@@ -291,10 +320,16 @@ impl Backend {
 
     /// Records a failed active probe; returns true when this ejected the
     /// backend (`eject_after` failed probes in a row).
+    #[cfg(test)]
     pub fn probe_failed(&self, eject_after: u32) -> bool {
+        self.probe_failed_within(eject_after, || true)
+    }
+
+    /// [`Backend::probe_failed`], ejecting only if `room()` allows it.
+    pub fn probe_failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         self.probe_ok.store(false, Ordering::Relaxed);
         let n = self.probe_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        let ejected = n >= eject_after && self.eject(eject_after);
+        let ejected = n >= eject_after && self.is_healthy() && room() && self.eject(eject_after);
         self.update_gauge();
         ejected
     }
@@ -441,6 +476,7 @@ mod tests {
             url: "http://127.0.0.1:1".into(),
             worker_id: Some("w".into()),
             adapters: vec!["sql".into()],
+            api_key: None,
         };
         Arc::new(Backend::new(
             "m",

@@ -183,6 +183,10 @@ pub struct HealthConfig {
     pub probe_timeout_ms: u64,
     /// Learn each backend's LoRA adapters from its `/v1/models`.
     pub learn_adapters: bool,
+    /// Most members of a pool ejected at once, in percent (0..=100), though
+    /// one always may be: failures that are not the engines' own cannot
+    /// take a whole pool out (Envoy's `max_ejection_percent`).
+    pub max_ejection_percent: u8,
 }
 
 impl Default for HealthConfig {
@@ -195,6 +199,7 @@ impl Default for HealthConfig {
             probe_interval_ms: 2000,
             probe_timeout_ms: 1000,
             learn_adapters: true,
+            max_ejection_percent: 50,
         }
     }
 }
@@ -249,6 +254,15 @@ pub struct ServerConfig {
     /// decision, time to the answer's head and in all, request id. Never
     /// the body or the query string.
     pub access_log: bool,
+    /// On a loopback listener, the `Host` names answered besides
+    /// `localhost`, `127.0.0.1`, `[::1]` and the listener's own (any port):
+    /// a request naming another host is refused 403, which defeats DNS
+    /// rebinding by a page the operator opens.
+    pub allowed_hosts: Vec<String>,
+    /// A client that reads nothing of its answer for this many milliseconds
+    /// (>= 1) is cut off: its connection, the backend's in-flight slot and
+    /// the upstream request are let go.
+    pub send_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -261,6 +275,8 @@ impl Default for ServerConfig {
             drain_grace_ms: 5_000,
             shutdown_timeout_ms: 30_000,
             access_log: false,
+            allowed_hosts: Vec::new(),
+            send_timeout_ms: 30_000,
         }
     }
 }
@@ -283,6 +299,45 @@ pub struct UpstreamConfig {
     pub stream_idle_timeout_ms: u64,
     /// Idle keep-alive connections kept per backend.
     pub max_idle_per_backend: usize,
+    /// The engines' API key (vLLM `--api-key`), sent as `Authorization:
+    /// Bearer` on every upstream request (proxied requests, probes,
+    /// `/v1/models`, response look-ups) in place of the client's; a
+    /// backend's own `api_key` wins. Default: `WARMPATH_UPSTREAM_API_KEY`;
+    /// none passes the client's `Authorization` through.
+    pub api_key: Option<Secret>,
+}
+
+/// A credential: used as given, shown as `<redacted>` in any debug output,
+/// so that no log line or error carries it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The value itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `Authorization: Bearer <value>`, marked sensitive (kept out of
+    /// HPACK tables); `None` when the value cannot be a header (refused
+    /// by validation first).
+    pub fn bearer(&self) -> Option<axum::http::HeaderValue> {
+        let mut v = axum::http::HeaderValue::from_str(&format!("Bearer {}", self.0)).ok()?;
+        v.set_sensitive(true);
+        Some(v)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl Default for UpstreamConfig {
@@ -292,6 +347,7 @@ impl Default for UpstreamConfig {
             first_byte_timeout_ms: 600_000,
             stream_idle_timeout_ms: 120_000,
             max_idle_per_backend: 256,
+            api_key: None,
         }
     }
 }
@@ -525,6 +581,9 @@ pub struct BackendConfig {
     /// LoRA adapters it serves (more may be learned from its `/v1/models`).
     #[serde(default)]
     pub adapters: Vec<String>,
+    /// This engine's API key, in place of `upstream.api_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<Secret>,
 }
 
 impl BackendConfig {
@@ -534,6 +593,7 @@ impl BackendConfig {
             url: url.into(),
             worker_id: None,
             adapters: Vec::new(),
+            api_key: None,
         }
     }
 

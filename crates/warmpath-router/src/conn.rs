@@ -3,7 +3,8 @@
 //! which its watchdog reads to close it — an
 //! idle keep-alive connection after `keepalive_idle_ms` (after a short
 //! second when the limit is near), a request head still incomplete
-//! `header_timeout_ms` after its first byte.
+//! `header_timeout_ms` after its first byte, a client that has read
+//! nothing of its answer for `send_timeout_ms`.
 //!
 //! A connection's socket, hyper's calls of the service and the response
 //! bodies are all polled on the connection's own task, so the counters are
@@ -34,6 +35,8 @@ pub struct ConnLimits {
     pub keepalive_idle: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Longest a write to the client may wait (it reads nothing).
+    pub send_timeout: Duration,
 }
 
 /// Every open connection, counted.
@@ -161,6 +164,8 @@ pub struct Activity {
     /// HTTP/2 any frame counts, so an idle HTTP/2 connection that pings is
     /// closed after `header_timeout` rather than `keepalive_idle`.)
     head_started: AtomicU64,
+    /// Since when a write to the client has been waiting for it to read.
+    write_blocked: AtomicU64,
     /// Wakes the watchdog when its deadline may have moved earlier (the
     /// connection went idle, or a head began).
     changed: Notify,
@@ -173,6 +178,7 @@ impl Activity {
             served: AtomicBool::new(false),
             idle_since: AtomicU64::new(monotonic_ms() + 1),
             head_started: AtomicU64::new(0),
+            write_blocked: AtomicU64::new(0),
             changed: Notify::new(),
         }
     }
@@ -199,6 +205,22 @@ impl Activity {
         }
     }
 
+    /// A write could not go out: the client's receive window is full.
+    pub fn write_blocked(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) == 0 {
+            self.write_blocked
+                .store(monotonic_ms() + 1, Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write went out: the client reads.
+    pub fn wrote(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) != 0 {
+            self.write_blocked.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Whether a request head is under way while none is being answered:
     /// bytes written now are hyper's own (its answer to a head it could
     /// not parse).
@@ -207,8 +229,12 @@ impl Activity {
     }
 
     /// When the connection is to be closed (monotonic ms), or `None` while
-    /// a request is being answered.
+    /// a request is being answered to a client that reads it.
     pub fn close_at(&self, limits: &ConnLimits, pressure: bool) -> Option<u64> {
+        let blocked = self.write_blocked.load(Ordering::Relaxed);
+        if blocked != 0 {
+            return Some(blocked - 1 + limits.send_timeout.as_millis() as u64);
+        }
         if self.busy.load(Ordering::Relaxed) > 0 {
             return None;
         }
@@ -297,6 +323,7 @@ mod tests {
             header_timeout: Duration::from_millis(100),
             keepalive_idle: Duration::from_millis(5_000),
             max_connections: max,
+            send_timeout: Duration::from_millis(700),
         }
     }
 
@@ -335,6 +362,15 @@ mod tests {
         a.read_some();
         let head = a.head_started.load(Ordering::Relaxed) - 1;
         assert_eq!(a.close_at(&l, false), Some(head + 100));
+        // Busy with a client that reads nothing: the send timeout, until it
+        // reads again.
+        let busy = a.begin();
+        a.write_blocked();
+        let blocked = a.write_blocked.load(Ordering::Relaxed) - 1;
+        assert_eq!(a.close_at(&l, false), Some(blocked + 700));
+        a.wrote();
+        assert_eq!(a.close_at(&l, false), None);
+        drop(busy);
     }
 
     #[test]

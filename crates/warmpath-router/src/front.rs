@@ -90,12 +90,22 @@ impl hyper::service::Service<Request<Incoming>> for Front {
             false => String::new(),
         };
         let method = req.method().clone();
+        let refused = crate::access::edge(
+            shared.settings.hosts.as_deref(),
+            &method,
+            req.uri(),
+            req.headers(),
+        )
+        .err();
         let hot = Hot::of(&req);
         let router = hot.is_none().then(|| self.router.clone());
         // `Connection` is HTTP/1's (HTTP/2 forbids it).
         let h1 = req.version() < Version::HTTP_2;
         Box::pin(async move {
             let answer = async {
+                if let Some(e) = refused {
+                    return crate::proxy::rejected(e);
+                }
                 let hot = match (hot, router) {
                     (Some(hot), _) => hot,
                     (None, Some(mut router)) => {
@@ -184,8 +194,9 @@ pub struct Drain {
 const FLUSH_MS: u64 = 500;
 
 /// Serves `listener` until `shutdown` is cancelled, then drains (see the
-/// module docs). An HTTP/1.1 client that half-closes its socket after
-/// sending still gets its answer.
+/// module docs). A client whose socket ends before its answer's last byte
+/// has left, even if it only shut its write side: its request is
+/// cancelled upstream.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -278,7 +289,17 @@ async fn connection(
     let halt = front.shared.halt.clone();
     let recheck = limits.header_timeout.min(limits.keepalive_idle);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).half_close(true);
+    // An end of stream from the client while its answer is awaited means
+    // it left (as nginx and Envoy take it): hyper then drops the handler,
+    // which drops the upstream request, so the engine stops at once rather
+    // than prefilling and generating for nobody. hyper's own header timer
+    // is off: the watchdog below enforces `header_timeout_ms` and
+    // `keepalive_idle_ms`, whatever their values.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .half_close(false)
+        .header_read_timeout(None);
     let io = TokioIo::new(Watched::new(tcp, Arc::clone(&activity)));
     let mut conn = pin!(builder.serve_connection(io, front));
     let mut stopping = false;

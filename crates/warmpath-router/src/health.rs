@@ -118,7 +118,9 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
             }
         }
         Verdict::Fail if !ejected => {
-            if b.probe_failed(h.eject_after) {
+            let _one_at_a_time = pool.ejecting();
+            let room = || pool.room_to_eject(h.max_ejection_percent);
+            if b.probe_failed_within(h.eject_after, room) {
                 tracing::warn!(pool = %pool.model, backend = %b.id, probe = ?h.probe,
                     "backend ejected after repeated failed probes");
             }
@@ -170,6 +172,16 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     };
     match answer {
         Some((status, _)) if status.is_success() => Verdict::Pass,
+        // The engine answered and wants credentials: alive. Ejecting it
+        // would turn a missing `upstream.api_key` into an outage, while
+        // clients that bring their own key are served.
+        Some((StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _)) => {
+            if !b.warned_credentials() {
+                tracing::warn!(pool = %pool.model, backend = %b.id,
+                    "the engine asks for credentials: set upstream.api_key (WARMPATH_UPSTREAM_API_KEY)");
+            }
+            Verdict::Pass
+        }
         _ => Verdict::Fail,
     }
 }
@@ -227,7 +239,8 @@ async fn send(
     if json_body.is_some() {
         req = req.header(header::CONTENT_TYPE, "application/json");
     }
-    let req = req.body(Full::new(json_body.unwrap_or_default())).ok()?;
+    let mut req = req.body(Full::new(json_body.unwrap_or_default())).ok()?;
+    b.authorize(req.headers_mut(), shared.settings.upstream_auth.as_ref());
     let fetch = async {
         let resp = shared.client.request(req).await.ok()?;
         let status = resp.status();

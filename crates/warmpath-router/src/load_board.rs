@@ -194,6 +194,7 @@ mod tests {
                     url: format!("http://127.0.0.1:{}", 1000 + i),
                     worker_id: Some(format!("w{i}")),
                     adapters: Vec::new(),
+                    api_key: None,
                 };
                 let url = BackendUrl::parse(&cfg.url).unwrap();
                 Arc::new(Backend::new("m", &cfg, url, i as u16, Origin::Config))

@@ -187,6 +187,7 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
         url: req.url,
         worker_id: req.worker_id,
         adapters: req.adapters,
+        api_key: None,
     };
     match add_member(s, p, &cfg, Origin::Admin).await {
         Ok(b) => (

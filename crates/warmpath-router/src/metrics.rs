@@ -110,6 +110,10 @@ fn describe() {
         "warmpath_backend_ejections_total",
         "Times a backend was ejected (failed requests or probes in a row)"
     );
+    describe_counter!(
+        "warmpath_ejections_refused_total",
+        "Ejections not made because health.max_ejection_percent of the pool was already out"
+    );
     describe_histogram!(
         "warmpath_request_duration_seconds",
         Unit::Seconds,
@@ -437,6 +441,11 @@ pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
 /// `warmpath_backend_ejections_total{pool, backend}`.
 pub fn backend_ejections(model: &str, backend: &str) -> Counter {
     metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
+}
+
+/// `warmpath_ejections_refused_total{pool}`.
+pub fn ejections_refused(model: &str) -> Counter {
+    metrics::counter!("warmpath_ejections_refused_total", "pool" => model.to_owned())
 }
 
 /// Counts one `warmpath_response_affinity_total{pool, outcome}`.

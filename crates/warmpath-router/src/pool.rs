@@ -125,6 +125,8 @@ pub struct Pool {
     /// Held while a new policy state is built and installed, so two changes
     /// (a strategy switch, an add, a removal) never lose one another.
     changing: Mutex<()>,
+    /// See [`Pool::ejecting`].
+    ejecting: Mutex<()>,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
     /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
@@ -187,6 +189,7 @@ impl Pool {
             responses: ResponseHomes::new(cfg.response_ids),
             learned_context: AtomicUsize::new(0),
             changing: Mutex::new(()),
+            ejecting: Mutex::new(()),
             policy: RwLock::new(Arc::new(PolicyState {
                 backends,
                 strategy: Strategy::Random,
@@ -247,6 +250,28 @@ impl Pool {
     /// The current members, in policy snapshot order.
     pub fn backends(&self) -> Arc<[Arc<Backend>]> {
         Arc::clone(&self.policy.read().backends)
+    }
+
+    /// Whether one more member may be ejected: at most `max_percent` of
+    /// the members are out at once, though one always may be (Envoy's
+    /// `max_ejection_percent`), so failures that are not the engines' own
+    /// (a bad client mix, a network blip) cannot empty a pool. The caller
+    /// holds [`Pool::ejecting`] until the ejection is done.
+    pub fn room_to_eject(&self, max_percent: u8) -> bool {
+        let members = self.backends();
+        let out = members.iter().filter(|b| !b.is_healthy()).count();
+        let cap = (members.len() * usize::from(max_percent) / 100).max(1);
+        let room = out < cap;
+        if !room {
+            crate::metrics::ejections_refused(&self.model).increment(1);
+        }
+        room
+    }
+
+    /// Held while a failure may eject a member, so that two at once cannot
+    /// both pass [`Pool::room_to_eject`].
+    pub fn ejecting(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.ejecting.lock()
     }
 
     /// The member with worker id `id`.
@@ -488,6 +513,7 @@ mod tests {
                 url: "http://127.0.0.1:2".into(),
                 worker_id: Some("b".into()),
                 adapters: vec!["sql".into()],
+                api_key: None,
             },
         ];
         p

@@ -108,19 +108,24 @@ pub fn count_refused(status: StatusCode) {
     crate::metrics::requests_counter("-", "-", "none", status).increment(1);
 }
 
-/// Counts a failure of `backend` toward ejection (and says so when it ejects).
+/// Counts a failure of `backend` toward ejection (and says so when it
+/// ejects), within `health.max_ejection_percent`.
 fn count_failure(shared: &Shared, pool: &Pool, backend: &Backend) {
-    if backend.failed(shared.settings.health.eject_after) {
+    let h = &shared.settings.health;
+    let _one_at_a_time = pool.ejecting();
+    if backend.failed_within(h.eject_after, || pool.room_to_eject(h.max_ejection_percent)) {
         tracing::warn!(pool = %pool.model, backend = %backend.id,
             "backend ejected after repeated failures");
     }
 }
 
 fn upstream_request(
-    url: &crate::config::BackendUrl,
+    backend: &Backend,
+    upstream_auth: Option<&HeaderValue>,
     out: &Outgoing<'_>,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let uri = url
+    let uri = backend
+        .url
         .join(out.path_and_query)
         .map_err(|e| ApiError::internal(format!("cannot build the upstream URL: {e}")))?;
     let mut req = Request::builder()
@@ -131,7 +136,23 @@ fn upstream_request(
     let h = req.headers_mut();
     copy_end_to_end(out.headers, h, &[header::HOST, header::CONTENT_LENGTH]);
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+    backend.authorize(h, upstream_auth);
     Ok(req)
+}
+
+/// How a client error names a backend: by its worker id where the pool
+/// shows routing (`x-warmpath-backend` tells it anyway), else not at all.
+fn shown(pool: &Pool, id: &str) -> String {
+    match pool.expose_routing_headers {
+        true => format!("backend {id}"),
+        false => "the backend".to_owned(),
+    }
+}
+
+/// Whether an answer's status says the engine itself failed: 500, 502,
+/// 503 and 504. 501 and 505 and above answer the request's own shape.
+fn engine_fault(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
 fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision) {
@@ -167,10 +188,13 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                         .iter()
                         .map(|&i| plan.policy.backends[i].id.as_str())
                         .collect();
+                    let tried = match pool.expose_routing_headers {
+                        true => format!(" (tried {})", tried.join(", ")),
+                        false => String::new(),
+                    };
                     e = ApiError::upstream(format!(
-                        "could not connect to any backend of `{}` (tried {})",
+                        "could not connect to any backend of `{}`{tried}",
                         pool.model,
-                        tried.join(", ")
                     ));
                 }
                 pool.metrics.count(strategy, "none", e.status);
@@ -192,7 +216,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                     .start(&pool.model, fact(plan, &backend.id, uncached)),
             );
         }
-        let req = match upstream_request(&backend.url, &out) {
+        let req = match upstream_request(&backend, shared.settings.upstream_auth.as_ref(), &out) {
             Ok(r) => r,
             Err(e) => {
                 guard.outcome(Outcome::Failed);
@@ -201,16 +225,21 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
         };
         let sent = Instant::now();
         let limit = shared.settings.first_byte_timeout;
+        let queued_behind = backend.in_flight() > 1;
         let Ok(answer) = tokio::time::timeout(limit, shared.client.request(req)).await else {
             // Dropping the request closes its connection: the backend sees
             // the client leave, as it would from a real client.
             tracing::warn!(pool = %pool.model, backend = %backend.id, ?limit,
                 "no answer from the backend in time; not retried");
-            count_failure(shared, pool, &backend);
+            // Waiting behind this router's other requests there proves
+            // a queue, not a broken engine.
+            if !queued_behind && backend.in_flight() <= 1 {
+                count_failure(shared, pool, &backend);
+            }
             guard.outcome(Outcome::Timeout);
             let err = ApiError::upstream_timeout(format!(
-                "backend {} sent no answer within {} ms",
-                backend.id,
+                "{} sent no answer within {} ms",
+                shown(pool, &backend.id),
                 limit.as_millis()
             ));
             pool.metrics
@@ -222,7 +251,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
         match answer {
             Ok(resp) => {
                 let status = resp.status();
-                if status.is_server_error() {
+                if engine_fault(status) {
                     // Passed through, not retried (the request may have
                     // had effects), but counted toward ejection.
                     count_failure(shared, pool, &backend);
@@ -258,7 +287,12 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                     "upstream request failed after it was sent; not retried");
                 count_failure(shared, pool, &backend);
                 guard.outcome(Outcome::Failed);
-                let err = ApiError::upstream(format!("backend {} failed: {e}", backend.id));
+                // hyper's words stay in the log: they name sockets and
+                // internals no client needs.
+                let err = ApiError::upstream(format!(
+                    "{} failed before answering",
+                    shown(pool, &backend.id)
+                ));
                 pool.metrics
                     .count(strategy, decision.kind.as_str(), err.status);
                 let mut resp = err.into_response();
@@ -448,18 +482,19 @@ impl HttpBody for TrackedBody {
             Cut::Halted => Outcome::Cancelled,
         });
         let backend = &guard.backend().id;
+        let named = shown(this.pool, backend);
         let message = match &cut {
             Cut::Failed(e) => {
                 tracing::warn!(pool = %this.pool.model, %backend, error = %e,
                     "backend failed mid-response");
-                format!("backend {backend} failed while streaming the response: {e}")
+                format!("{named} failed while streaming the response")
             }
             Cut::Stalled => {
                 let ms = this.idle_limit.as_millis();
                 tracing::warn!(pool = %this.pool.model, %backend, idle_ms = ms as u64,
                     "backend went silent mid-response; cut off");
                 count_failure(this.shared, this.pool, guard.backend());
-                format!("backend {backend} sent nothing for {ms} ms")
+                format!("{named} sent nothing for {ms} ms")
             }
             Cut::Halted => "the router is shutting down".to_owned(),
         };

@@ -96,11 +96,12 @@ async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<Strin
 
 /// The status of `GET path` on `b` (the body is not read), within `timeout`.
 async fn status_of(s: &Shared, b: &Backend, path: &str, timeout: Duration) -> Option<StatusCode> {
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(Method::GET)
         .uri(b.url.join(path).ok()?)
         .body(Full::new(Bytes::new()))
         .ok()?;
+    b.authorize(req.headers_mut(), s.settings.upstream_auth.as_ref());
     let resp = tokio::time::timeout(timeout, s.client.request(req))
         .await
         .ok()?

@@ -198,6 +198,7 @@ pub async fn start(
         header_timeout: Duration::from_millis(sv.header_timeout_ms),
         keepalive_idle: Duration::from_millis(sv.keepalive_idle_ms),
         max_connections,
+        send_timeout: Duration::from_millis(sv.send_timeout_ms),
     });
     let drain = front::Drain {
         grace: Duration::from_millis(sv.drain_grace_ms),

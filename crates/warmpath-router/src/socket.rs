@@ -99,6 +99,17 @@ impl Watched {
     }
 }
 
+impl Watched {
+    /// Tells the activity whether the client takes what is written.
+    fn report(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Pending => self.activity.write_blocked(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.activity.wrote(),
+            Poll::Ready(_) => {}
+        }
+    }
+}
+
 impl AsyncRead for Watched {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -134,7 +145,9 @@ impl AsyncWrite for Watched {
         if let Some(done) = this.poll_rewrite(cx) {
             return done;
         }
-        Pin::new(&mut this.io).poll_write(cx, buf)
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.report(&r);
+        r
     }
 
     fn poll_write_vectored(
@@ -148,7 +161,9 @@ impl AsyncWrite for Watched {
                 return self.poll_write(cx, first);
             }
         }
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.report(&r);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -177,6 +192,7 @@ mod tests {
             header_timeout: Duration::from_millis(100),
             keepalive_idle: Duration::from_millis(100),
             max_connections: 10,
+            send_timeout: Duration::from_millis(100),
         })
         .admit()
         .unwrap();

@@ -40,6 +40,11 @@ pub struct Settings {
     pub body_timeout: Duration,
     /// One INFO line per request (`server.access_log`).
     pub access_log: bool,
+    /// `upstream.api_key` as the `Authorization` sent upstream.
+    pub upstream_auth: Option<axum::http::HeaderValue>,
+    /// The `Host` names answered, when the listener is loopback
+    /// ([`crate::access::edge`]).
+    pub hosts: Option<Vec<String>>,
 }
 
 /// Shared router state.
@@ -110,6 +115,8 @@ impl Shared {
                 stream_idle_timeout: Duration::from_millis(config.upstream.stream_idle_timeout_ms),
                 body_timeout: Duration::from_millis(config.server.body_timeout_ms),
                 access_log: config.server.access_log,
+                upstream_auth: config.upstream.api_key.as_ref().and_then(|k| k.bearer()),
+                hosts: crate::access::loopback_hosts(&config.listen, &config.server.allowed_hosts),
             },
             metrics,
             agents,

@@ -62,6 +62,10 @@ pub struct Cli {
     /// may publish only for the worker its credential names.
     #[arg(long, env = "WARMPATH_AGENT_SECRET", hide_env_values = true)]
     pub agent_secret: Option<String>,
+    /// The engines' API key, sent upstream in place of the client's
+    /// `Authorization` (`upstream.api_key`).
+    #[arg(long, env = "WARMPATH_UPSTREAM_API_KEY", hide_env_values = true)]
+    pub upstream_api_key: Option<String>,
     /// Load and validate the configuration (file, flags and environment),
     /// print `configuration OK`, and exit without starting anything (for CI
     /// and Kubernetes ConfigMaps).
@@ -147,6 +151,9 @@ impl Cli {
         }
         if self.insecure {
             config.insecure = true;
+        }
+        if let Some(v) = &self.upstream_api_key {
+            config.upstream.api_key = Some(super::Secret::new(v.clone()));
         }
         if let Some(v) = &self.agent_secret {
             config.agent_secret = Some(v.clone());

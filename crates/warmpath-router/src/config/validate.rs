@@ -164,6 +164,7 @@ impl RouterConfig {
             ("server.body_timeout_ms", sv.body_timeout_ms),
             ("server.keepalive_idle_ms", sv.keepalive_idle_ms),
             ("server.shutdown_timeout_ms", sv.shutdown_timeout_ms),
+            ("server.send_timeout_ms", sv.send_timeout_ms),
             (
                 "upstream.stream_idle_timeout_ms",
                 self.upstream.stream_idle_timeout_ms,
@@ -173,12 +174,32 @@ impl RouterConfig {
                 return Err(invalid(name, "must be at least 1"));
             }
         }
+        let keys = std::iter::once(("upstream.api_key".to_owned(), &self.upstream.api_key)).chain(
+            self.pools.iter().enumerate().flat_map(|(p, pool)| {
+                pool.backends
+                    .iter()
+                    .enumerate()
+                    .map(move |(b, be)| (format!("pools[{p}].backends[{b}].api_key"), &be.api_key))
+            }),
+        );
+        for (at, key) in keys {
+            if key
+                .as_ref()
+                .is_some_and(|k| k.expose().is_empty() || k.bearer().is_none())
+            {
+                // Never echo the key itself.
+                return Err(invalid(at, "must be 1 or more visible ASCII characters"));
+            }
+        }
         if sv.max_connections == Some(0) {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
         let h = &self.health;
         if h.eject_after == 0 {
             return Err(invalid("health.eject_after", "must be at least 1"));
+        }
+        if h.max_ejection_percent > 100 {
+            return Err(invalid("health.max_ejection_percent", "must be 0 to 100"));
         }
         if h.eject_base_ms == 0 {
             return Err(invalid("health.eject_base_ms", "must be at least 1"));
