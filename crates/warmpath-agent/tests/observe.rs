@@ -515,3 +515,100 @@ async fn connections_past_the_cap_get_a_503_at_once_and_service_resumes_when_slo
     }
     agent.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_only_tenants_prompt_mirrored_by_the_agent_matches_on_the_router() {
+    use clap::Parser;
+    use warmpath_router::config::{BackendConfig, Isolation};
+    let dir = tempfile::tempdir().unwrap();
+    tiny::write_model_dir(dir.path()).unwrap();
+    let (engine_addr, engine) = start_engine().await;
+    // The router must name the agent's proxy before the agent starts.
+    let agent_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let tokenizer = dir.path().to_str().unwrap();
+    let cli = warmpath_router::Cli::try_parse_from([
+        "warmpath-router",
+        "--listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--model",
+        "m",
+        "--block-size",
+        "16",
+        "--tokenizer",
+        tokenizer,
+    ])
+    .unwrap();
+    let mut rc = cli.load().unwrap();
+    rc.pools[0].tenants.isolation = Isolation::RouteOnly;
+    let mut b = BackendConfig::new(format!("http://{agent_addr}"));
+    b.worker_id = Some("w1".into());
+    rc.pools[0].backends = vec![b];
+    let router = warmpath_router::start(rc, tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap();
+    let mut cfg = config(
+        engine_addr,
+        dir.path(),
+        vec![format!("http://{}", router.grpc_addr.unwrap())],
+    );
+    cfg.listen = agent_addr;
+    let agent = Agent::start(cfg, None).await.unwrap();
+
+    // A tenant-tagged chat through the router, to the agent, to the engine.
+    let chat = serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": tiny::corpus_slice(0, 600)},
+        {"role": "user", "content": "and so?"}]});
+    let client = reqwest::Client::new();
+    let front = format!("http://{}", router.http_addr);
+    let r = client
+        .post(format!("{front}/v1/chat/completions"))
+        .header("x-prefix-aware-id", "acme")
+        .header("content-type", "application/json")
+        .body(chat.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap(), CHAT_JSON.as_bytes());
+    {
+        let seen = engine.seen.lock().unwrap();
+        let forwarded: serde_json::Value = serde_json::from_slice(&seen[0].1).unwrap();
+        assert!(
+            forwarded.get("cache_salt").is_none(),
+            "route_only: the engine shares its cache"
+        );
+    }
+
+    // The router's own preview of the same request for the same tenant
+    // matches every block the agent mirrored and published.
+    let want = expected(dir.path(), &chat, Expect::Chat, "").len() as u64;
+    let mut last = serde_json::Value::Null;
+    for _ in 0..100 {
+        last = client
+            .post(format!("{front}/cache-index/query"))
+            .header("x-prefix-aware-id", "acme")
+            .header("content-type", "application/json")
+            .body(chat.to_string())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if last["workers"][0]["matched_blocks"] == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(last["tenant"], "acme", "{last}");
+    assert_eq!(last["blocks"], want, "{last}");
+    assert_eq!(last["workers"][0]["matched_blocks"], want, "{last}");
+    agent.shutdown().await;
+    router.shutdown();
+    router.wait().await;
+}
