@@ -589,3 +589,72 @@ async fn the_open_file_limit_sizes_max_connections_and_accept_failures_back_off_
         "logged more than once in 10 s:\n{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_in_flight_have_a_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = TestBackend::start("b0").await;
+    let r = router_with(
+        &b,
+        "server:\n  max_body_bytes_in_flight: 100000\n  body_timeout_ms: 20000",
+    )
+    .await;
+    let big = |n: usize| {
+        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(n - 25));
+        assert_eq!(body.len(), n);
+        body
+    };
+    let head = |len: usize| {
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    // A slow client: 70 kB of an 80 kB body, then nothing.
+    let mut slow = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    let body = big(80_000);
+    slow.write_all(head(80_000).as_bytes()).await.unwrap();
+    slow.write_all(&body.as_bytes()[..70_000]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A second 60 kB body would take the router past its budget: 503,
+    // retryable, at once (it was read and held whatever the total).
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(format!("{}{}", head(60_000), big(60_000)).as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("\"code\":\"overloaded\""), "{answer}");
+    // Small requests still pass.
+    let c = client();
+    let ok = post(
+        &c,
+        &r.url("/v1/completions"),
+        &serde_json::json!({"model": "m", "prompt": "x"}),
+        &[],
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    // Once the slow client leaves, its bytes are given back.
+    drop(slow);
+    let body: serde_json::Value = serde_json::from_str(&big(60_000)).unwrap();
+    poll::poll(
+        "the budget is given back",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            (post(&c, &r.url("/v1/completions"), &body, &[]).await.status == 200).then_some(())
+        },
+    )
+    .await;
+    let m = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
+    assert!(
+        metric_value(&m, "warmpath_request_bodies_refused_total").is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+}

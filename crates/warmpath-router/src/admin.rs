@@ -8,7 +8,7 @@
 use crate::backend::Origin;
 use crate::config::RouterConfig;
 use crate::error::{ApiError, RouterError};
-use crate::incoming::read_body;
+use crate::incoming::{read_body, Held};
 use crate::members;
 use crate::pool::{Pool, SwitchError};
 use crate::state::Shared;
@@ -36,7 +36,9 @@ pub async fn handle(
     if let Err(e) = crate::access::admin(&s, &headers) {
         return e.into_response();
     }
-    let body = match read_body(body, &headers, MAX_ADMIN_BODY, s.settings.body_timeout).await {
+    let mut held = Held::new(&s.bodies);
+    let timeout = s.settings.body_timeout;
+    let body = match read_body(body, &headers, MAX_ADMIN_BODY, timeout, &mut held).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };

@@ -5,7 +5,7 @@
 
 use crate::config::{Isolation, TenantFrom};
 use crate::error::ApiError;
-use crate::incoming::{path_and_query, read_body, tenant_header};
+use crate::incoming::{path_and_query, read_body, tenant_header, Held};
 use crate::metrics::Phase;
 use crate::pool::Target;
 use crate::proxy::{self, rejected, Outgoing};
@@ -70,11 +70,14 @@ where
         + Send
         + 'static,
 {
+    // Held until the body has gone upstream (the answer's head is in).
+    let mut held = Held::new(&s.bodies);
     let raw = match read_body(
         body,
         &headers,
         s.settings.max_body_bytes,
         s.settings.body_timeout,
+        &mut held,
     )
     .await
     {

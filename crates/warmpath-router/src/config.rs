@@ -263,6 +263,11 @@ pub struct ServerConfig {
     /// (>= 1) is cut off: its connection, the backend's in-flight slot and
     /// the upstream request are let go.
     pub send_timeout_ms: u64,
+    /// The request bytes held at once over every connection (>= 1): a
+    /// request whose body would go past it is answered 503 `overloaded`
+    /// with `Retry-After: 1`, so that many big bodies at once cannot
+    /// exhaust memory. Bytes count as they arrive.
+    pub max_body_bytes_in_flight: usize,
 }
 
 impl Default for ServerConfig {
@@ -277,6 +282,7 @@ impl Default for ServerConfig {
             access_log: false,
             allowed_hosts: Vec::new(),
             send_timeout_ms: 30_000,
+            max_body_bytes_in_flight: 1 << 30,
         }
     }
 }

@@ -151,6 +151,20 @@ impl ApiError {
         }
     }
 
+    /// 503: the request bodies held at once reached
+    /// `server.max_body_bytes_in_flight`.
+    pub fn bodies_full(budget: usize) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
+            ),
+            kind: "service_unavailable_error",
+            param: None,
+            code: "overloaded",
+        }
+    }
+
     /// 502: the chosen backend failed.
     pub fn upstream(message: impl Into<String>) -> Self {
         ApiError {
@@ -262,6 +276,12 @@ impl IntoResponse for ApiError {
         // After a 408 the rest of the body may still come, and after a
         // shutdown's 503 nothing more is served: either way the connection
         // cannot carry another request.
+        if self.code == "overloaded" {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         if matches!(
             (self.status, self.code),
             (StatusCode::REQUEST_TIMEOUT, _) | (_, "shutting_down")

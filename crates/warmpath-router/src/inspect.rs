@@ -6,7 +6,7 @@
 
 use crate::config::TenantsConfig;
 use crate::error::ApiError;
-use crate::incoming::{read_body, tenant_header};
+use crate::incoming::{read_body, tenant_header, Held};
 use crate::pool::Pool;
 use crate::route::{self, Hashing};
 use crate::state::Shared;
@@ -198,7 +198,8 @@ pub fn snapshot(s: &Shared, top: usize) -> Value {
 /// `POST /cache-index/query`: body as for chat or completions. A big body is
 /// answered on the bounded work pool, as a proxied one is routed.
 pub async fn query(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
-    let answered = match read_query(&s, &headers, body).await {
+    let mut held = Held::new(&s.bodies);
+    let answered = match read_query(&s, &headers, body, &mut held).await {
         Ok(raw) if s.work.offloads(raw.len()) => {
             let (s2, headers2) = (Arc::clone(&s), headers.clone());
             s.work.run(move || answer(&s2, &headers2, &raw)).await
@@ -212,13 +213,19 @@ pub async fn query(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body)
     }
 }
 
-async fn read_query(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+async fn read_query(
+    s: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+    held: &mut Held,
+) -> Result<Bytes, ApiError> {
     crate::access::inspect(s, headers)?;
     read_body(
         body,
         headers,
         s.settings.max_body_bytes,
         s.settings.body_timeout,
+        held,
     )
     .await
 }

@@ -111,6 +111,10 @@ fn describe() {
         "Times a backend was ejected (failed requests or probes in a row)"
     );
     describe_counter!(
+        "warmpath_request_bodies_refused_total",
+        "Requests answered 503 because server.max_body_bytes_in_flight of request bodies were held"
+    );
+    describe_counter!(
         "warmpath_ejections_refused_total",
         "Ejections not made because health.max_ejection_percent of the pool was already out"
     );
@@ -441,6 +445,11 @@ pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
 /// `warmpath_backend_ejections_total{pool, backend}`.
 pub fn backend_ejections(model: &str, backend: &str) -> Counter {
     metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
+}
+
+/// `warmpath_request_bodies_refused_total`.
+pub fn bodies_refused() -> Counter {
+    metrics::counter!("warmpath_request_bodies_refused_total")
 }
 
 /// `warmpath_ejections_refused_total{pool}`.

@@ -14,7 +14,7 @@
 
 use crate::backend::Backend;
 use crate::error::ApiError;
-use crate::incoming::{path_and_query, read_body};
+use crate::incoming::{path_and_query, read_body, Held};
 use crate::pool::{Pool, Target};
 use crate::proxy::{self, rejected, Outgoing};
 use crate::route::{self, Plan};
@@ -128,11 +128,13 @@ pub async fn cancel(
     body: Body,
 ) -> Response {
     let settings = &s.settings;
+    let mut held = Held::new(&s.bodies);
     let raw = match read_body(
         body,
         &headers,
         settings.max_body_bytes,
         settings.body_timeout,
+        &mut held,
     )
     .await
     {

@@ -1,6 +1,7 @@
 //! The state every handler shares.
 
 use crate::config::{HealthConfig, RouterConfig};
+use crate::incoming::BodyBudget;
 use crate::ingest::Agents;
 use crate::pool::Pools;
 use crate::work::WorkPool;
@@ -63,6 +64,8 @@ pub struct Shared {
     pub started: Instant,
     /// Where big bodies are routed.
     pub work: WorkPool,
+    /// The request bodies held at once (`server.max_body_bytes_in_flight`).
+    pub bodies: Arc<BodyBudget>,
     /// Set at the start of a shutdown: not ready, still serving.
     draining: AtomicBool,
     /// Cancelled when the shutdown deadline passes: whatever is still in
@@ -122,6 +125,7 @@ impl Shared {
             agents,
             started: Instant::now(),
             work: WorkPool::new(&config.work),
+            bodies: BodyBudget::new(config.server.max_body_bytes_in_flight),
             draining: AtomicBool::new(false),
             halt: CancellationToken::new(),
         }

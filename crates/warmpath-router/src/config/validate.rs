@@ -191,6 +191,12 @@ impl RouterConfig {
                 return Err(invalid(at, "must be 1 or more visible ASCII characters"));
             }
         }
+        if sv.max_body_bytes_in_flight == 0 {
+            return Err(invalid(
+                "server.max_body_bytes_in_flight",
+                "must be at least 1",
+            ));
+        }
         if sv.max_connections == Some(0) {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
