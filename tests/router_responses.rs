@@ -27,6 +27,12 @@ struct Store {
     name: String,
     next: AtomicU32,
     held: Mutex<HashSet<String>>,
+    /// `GET /v1/responses/{id}` asked, in all and at most at once.
+    lookups: AtomicU32,
+    looking: AtomicU32,
+    most_looking: AtomicU32,
+    /// How long a look-up takes.
+    lookup_ms: AtomicU32,
 }
 
 fn not_found(id: &str) -> Response {
@@ -64,6 +70,12 @@ async fn create(State(st): State<Arc<Store>>, Json(v): Json<Value>) -> Response 
 }
 
 async fn retrieve(State(st): State<Arc<Store>>, Path(id): Path<String>) -> Response {
+    st.lookups.fetch_add(1, Ordering::SeqCst);
+    let now = st.looking.fetch_add(1, Ordering::SeqCst) + 1;
+    st.most_looking.fetch_max(now, Ordering::SeqCst);
+    let ms = st.lookup_ms.load(Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(u64::from(ms))).await;
+    st.looking.fetch_sub(1, Ordering::SeqCst);
     if st.held.lock().contains(&id) {
         Json(json!({"id": id, "object": "response", "status": "completed"})).into_response()
     } else {
@@ -81,11 +93,21 @@ async fn cancel(State(st): State<Arc<Store>>, Path(id): Path<String>) -> Respons
 
 /// Starts an engine; its URL.
 async fn engine(name: &str) -> String {
+    engine_with(name).await.0
+}
+
+/// Starts an engine; its URL and its store.
+async fn engine_with(name: &str) -> (String, Arc<Store>) {
     let st = Arc::new(Store {
         name: name.to_owned(),
         next: AtomicU32::new(0),
         held: Mutex::new(HashSet::new()),
+        lookups: AtomicU32::new(0),
+        looking: AtomicU32::new(0),
+        most_looking: AtomicU32::new(0),
+        lookup_ms: AtomicU32::new(0),
     });
+    let store = Arc::clone(&st);
     let app = Router::new()
         .route("/v1/responses", route_post(create))
         .route("/v1/responses/{id}", get(retrieve))
@@ -95,7 +117,7 @@ async fn engine(name: &str) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    (url, store)
 }
 
 async fn router_over(urls: &[String]) -> RouterProcess {
@@ -249,4 +271,51 @@ async fn unknown_and_malformed_response_ids_get_clear_errors() {
     assert_eq!(e["param"], "previous_response_id");
     let metrics = String::from_utf8(get_url(&c, &r.url("/metrics")).await.body.to_vec()).unwrap();
     assert_eq!(counter(&metrics, "unknown"), 3, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_response_ids_do_not_multiply_into_the_engines() {
+    let mut engines = Vec::new();
+    for name in ["a", "b", "c"] {
+        engines.push(engine_with(name).await);
+    }
+    let urls: Vec<String> = engines.iter().map(|(u, _)| u.clone()).collect();
+    let r = router_over(&urls).await;
+    let c = client();
+    let asked = || -> u32 {
+        engines
+            .iter()
+            .map(|(_, s)| s.lookups.load(Ordering::SeqCst))
+            .sum()
+    };
+    // The same unknown id, again and again: the engines are asked once
+    // (every retry asked all of them).
+    for _ in 0..20 {
+        let got = get_url(&c, &r.url("/v1/responses/resp_nobody")).await;
+        assert_eq!(got.status, 404);
+    }
+    assert_eq!(asked(), 3);
+    // A flood of fresh ids with slow engines: at most a few look-ups at once.
+    for (_, s) in &engines {
+        s.lookup_ms.store(200, Ordering::SeqCst);
+    }
+    let mut flood = Vec::new();
+    for i in 0..48 {
+        let (c, url) = (c.clone(), r.url(&format!("/v1/responses/resp_flood{i}")));
+        flood.push(tokio::spawn(async move { get_url(&c, &url).await.status }));
+    }
+    // A known response is still served meanwhile.
+    let made = post(&c, &r.url("/v1/responses"), &turn(None, false), &[]).await;
+    assert_eq!(made.status, 200);
+    let id = id_of(&made);
+    let got = get_url(&c, &r.url(&format!("/v1/responses/{id}"))).await;
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    for f in flood {
+        assert_eq!(f.await.unwrap(), 404);
+    }
+    for (_, s) in &engines {
+        let most = s.most_looking.load(Ordering::SeqCst);
+        // 16 look-ups, and the known response's own GET relayed there.
+        assert!(most <= 17, "{most} look-ups at once");
+    }
 }

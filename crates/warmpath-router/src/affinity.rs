@@ -17,12 +17,34 @@ use warmpath_core::request::surface::{is_response_id_byte, MAX_RESPONSE_ID};
 /// (`response.created`) carries the object.
 pub const TAP_BYTES: usize = 64 * 1024;
 
-/// Response id → worker id, at most `cap` ids, the oldest forgotten first.
+/// Response id → worker id, at most `cap` ids, the oldest forgotten first;
+/// and the ids no backend had, lately ([`Misses`]).
 #[derive(Debug)]
 pub struct ResponseHomes {
     cap: usize,
     inner: Mutex<Homes>,
+    misses: Mutex<Misses>,
+    /// Look-ups asking every backend at once: a flood of unknown ids asks
+    /// the engines at most this many times over.
+    lookups: tokio::sync::Semaphore,
 }
+
+/// Ids that no backend had when they were looked for, each for
+/// [`MISS_TTL_MS`]: a client retrying an unknown id costs no fan-out.
+#[derive(Debug, Default)]
+struct Misses {
+    /// Id → when its miss expires (monotonic ms).
+    by_id: HashMap<String, u64>,
+    order: VecDeque<String>,
+}
+
+/// How long a miss is remembered. A response id exists once its engine
+/// made it, so a miss stays true unless a restart reuses ids.
+const MISS_TTL_MS: u64 = 10_000;
+/// Misses remembered at once.
+const MISSES: usize = 4096;
+/// Fan-out look-ups in flight at once, per pool.
+const LOOKUPS: usize = 16;
 
 #[derive(Debug, Default)]
 struct Homes {
@@ -36,6 +58,8 @@ impl ResponseHomes {
         ResponseHomes {
             cap,
             inner: Mutex::new(Homes::default()),
+            misses: Mutex::new(Misses::default()),
+            lookups: tokio::sync::Semaphore::new(LOOKUPS),
         }
     }
 
@@ -66,6 +90,44 @@ impl ResponseHomes {
         }
         h.order.push_back(id.to_owned());
         h.by_id.insert(id.to_owned(), worker.to_owned());
+    }
+
+    /// Whether `id` was looked for lately and no backend had it.
+    pub fn missed(&self, id: &str, now_ms: u64) -> bool {
+        self.misses
+            .lock()
+            .by_id
+            .get(id)
+            .is_some_and(|&t| t > now_ms)
+    }
+
+    /// Notes that no backend had `id`.
+    pub fn miss(&self, id: &str, now_ms: u64) {
+        let mut m = self.misses.lock();
+        if m.by_id
+            .insert(id.to_owned(), now_ms + MISS_TTL_MS)
+            .is_some()
+        {
+            return;
+        }
+        m.order.push_back(id.to_owned());
+        while m.order.len() > MISSES {
+            if let Some(old) = m.order.pop_front() {
+                m.by_id.remove(&old);
+            }
+        }
+    }
+
+    /// A turn to ask every backend, waiting at most `wait`; `None` when
+    /// too many look-ups are under way.
+    pub async fn lookup_turn(
+        &self,
+        wait: std::time::Duration,
+    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        tokio::time::timeout(wait, self.lookups.acquire())
+            .await
+            .ok()?
+            .ok()
     }
 
     /// The worker that stored `id`, if known.

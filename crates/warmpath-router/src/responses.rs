@@ -10,7 +10,9 @@
 //! continuing a response then goes to that backend while it serves (decision
 //! `affinity`); otherwise the policy routes it and the engine answers as it
 //! would (vLLM: 404). `GET` and `cancel` of an id no backend has get the 404
-//! here.
+//! here. An id no backend had is not asked for again for a while, and at
+//! most a few look-ups ask the backends at once, so a flood of unknown ids
+//! cannot multiply into the engines.
 
 use crate::backend::Backend;
 use crate::error::ApiError;
@@ -56,13 +58,28 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             return ("known", remembered);
         }
     }
+    let now = crate::monotonic_ms();
+    if pool.responses.missed(id, now) {
+        return ("unknown", None);
+    }
+    let wait = Duration::from_millis(s.settings.health.probe_timeout_ms);
+    let Some(_turn) = pool.responses.lookup_turn(wait).await else {
+        tracing::debug!(pool = %pool.model, response = id,
+            "too many response look-ups under way; taken as unknown");
+        return ("unknown", None);
+    };
     match locate(s, &backends, id).await {
         Some(w) => {
             pool.responses.remember(id, &w);
             ("located", Some(w))
         }
-        None if remembered.is_some() => ("gone", None),
-        None => ("unknown", None),
+        None => {
+            pool.responses.miss(id, crate::monotonic_ms());
+            match remembered {
+                Some(_) => ("gone", None),
+                None => ("unknown", None),
+            }
+        }
     }
 }
 
