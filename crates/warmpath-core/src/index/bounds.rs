@@ -140,10 +140,10 @@ impl CacheIndex {
         self.map.capacity() as u64 * SLOT_BYTES
     }
 
-    /// Compacts when any dead entries wait (for a timer); returns the blocks
-    /// removed.
+    /// Compacts when any dead entries or dropped workers' slots wait (for a
+    /// timer); returns the blocks removed.
     pub fn compact_dead(&self) -> usize {
-        if self.dead_entries() == 0 {
+        if self.dead_entries() == 0 && self.awaiting_compaction() == 0 {
             return 0;
         }
         self.compact()

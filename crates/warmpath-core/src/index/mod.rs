@@ -71,8 +71,12 @@ impl Tier {
 /// Errors of the index.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum IndexError {
-    /// Every one of the 65536 worker slots of this index is taken. Not retryable.
-    #[error("the index has no free worker slot (65536 workers registered)")]
+    /// Every one of the 65536 worker slots of this index is taken (by a
+    /// worker, or by a dropped one until the next compaction). Retry after
+    /// removing a worker.
+    #[error(
+        "the index has no free worker slot (65536 workers registered or awaiting a compaction)"
+    )]
     TooManyWorkers,
     /// The worker is not (or no longer) registered. Retry after registering it.
     #[error("unknown worker slot {0}")]
@@ -233,25 +237,47 @@ impl CacheIndex {
         Ok(())
     }
 
-    /// Removes worker `id` and all it holds; its slot is never reused.
+    /// Removes worker `id` and all it holds, in O(1): its entries stop
+    /// counting at once and its holders are purged by the next compaction,
+    /// which the caller runs when [`CacheIndex::awaiting_compaction`] says
+    /// so (off the async threads; [`CacheIndex::compact_dead`] also does).
+    /// Its slot is taken again only once none of its holders can be left:
+    /// at once when it held nothing, else after that compaction.
     pub fn drop_worker(&self, id: &str) -> bool {
-        let Some(slot) = self.workers.slot_of(id) else {
+        let Some((slot, w)) = self.workers.remove(id) else {
             return false;
         };
-        if let Ok(w) = self.entry(slot) {
-            w.gen.fetch_add(1, Ordering::AcqRel);
-            let n = w.reset_counts();
-            self.live.fetch_sub(n as i64, Ordering::Relaxed);
-        }
-        self.workers.remove(id);
-        self.compact();
+        // Bumped after the tombstone: a write in flight that read the entry
+        // before leaves holders of a generation the slot's next worker
+        // never has (it starts one past this one).
+        let gen = w.gen.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        let n = w.reset_counts();
+        self.live.fetch_sub(n as i64, Ordering::Relaxed);
+        let older = w.dead_since_compact.load(Ordering::Relaxed);
+        self.dead.fetch_add(n, Ordering::Relaxed);
+        self.workers.retire(slot, gen, n == 0 && older == 0);
         true
+    }
+
+    /// Dropped workers' slots whose holders a compaction must purge before
+    /// the slots are taken again.
+    pub fn awaiting_compaction(&self) -> usize {
+        self.workers.reusable().0
+    }
+
+    /// Slots dropped workers left that a new worker takes first.
+    pub fn free_slots(&self) -> usize {
+        self.workers.reusable().1
     }
 
     /// Purges holders left behind by cleared or dropped workers and gives
     /// table memory back when the map became sparse; returns the number of
-    /// blocks that became empty and were removed.
+    /// blocks that became empty and were removed. The slots of workers
+    /// dropped before it started are free after it.
     pub fn compact(&self) -> usize {
+        // Read before the generations: each of these is tombstoned there, so
+        // the pass below removes every holder of theirs.
+        let purging = self.workers.retired();
         self.dead.store(0, Ordering::Relaxed);
         let gens = self.workers.generations();
         let current = |s: WorkerSlot| gens.get(s as usize).copied().flatten();
@@ -264,6 +290,7 @@ impl CacheIndex {
             w.bumps_since_compact.store(0, Ordering::Relaxed);
             w.dead_since_compact.store(0, Ordering::Relaxed);
         }
+        self.workers.release(&purging);
         self.shrink_if_sparse();
         before.saturating_sub(self.map.len())
     }

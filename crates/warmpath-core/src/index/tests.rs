@@ -59,19 +59,106 @@ fn clear_is_immediate_and_compaction_purges() {
 }
 
 #[test]
-fn drop_worker_removes_everything_and_never_reuses_the_slot() {
+fn drop_worker_removes_everything_and_frees_the_slot_after_a_compaction() {
     let idx = CacheIndex::new();
     let a = idx.register_worker("a").unwrap();
     let c = chain(4, "");
     idx.store(a, Tier::Gpu, &c).unwrap();
     assert!(idx.drop_worker("a"));
-    assert_eq!(idx.distinct_blocks(), 0);
+    assert!(!idx.drop_worker("a"), "once");
+    assert_eq!(idx.entries(), 0, "its entries stop counting at once");
+    assert!(idx.longest_match(&c).workers.is_empty());
     assert_eq!(
         idx.store(a, Tier::Gpu, &c),
-        Err(IndexError::UnknownWorker(a))
+        Err(IndexError::UnknownWorker(a)),
+        "a late write for it lands nowhere"
     );
-    let a2 = idx.register_worker("a").unwrap();
-    assert_ne!(a, a2);
+    // Its holders are still in the map: the slot waits for a compaction.
+    assert_eq!(idx.awaiting_compaction(), 1);
+    let b = idx.register_worker("b").unwrap();
+    assert_ne!(a, b, "not reused while its holders may be in the map");
+    assert_eq!(idx.compact_dead(), 4);
+    assert_eq!(idx.distinct_blocks(), 0);
+    assert_eq!((idx.awaiting_compaction(), idx.free_slots()), (0, 1));
+    // Now the next worker takes it, and inherits none of a's claims.
+    let a2 = idx.register_worker("a2").unwrap();
+    assert_eq!(a2, a);
+    assert_eq!(idx.block_count(a2), 0);
+    assert!(idx.longest_match(&c).of(a2).is_none());
+    assert_eq!(idx.worker_id(a2).as_deref(), Some("a2"));
+}
+
+#[test]
+fn a_reused_slot_never_counts_a_holder_its_old_worker_left() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    let keep = idx.register_worker("keep").unwrap();
+    let c = chain(6, "");
+    idx.store(a, Tier::Gpu, &c).unwrap();
+    idx.store(keep, Tier::Gpu, &c[..2]).unwrap();
+    let old_gen = idx.entry(a).unwrap().gen.load(Ordering::Acquire);
+    idx.drop_worker("a");
+    // A compaction that started before the drop (it read no retired slot)
+    // must not free it: only a pass that read it as tombstoned does.
+    idx.workers.release(&[]);
+    assert_eq!(idx.free_slots(), 0);
+    idx.compact();
+    let b = idx.register_worker("b").unwrap();
+    assert_eq!(b, a);
+    // A holder of a's last generations that a write in flight at the drop
+    // put back after the compaction: it must never count for b.
+    for g in [old_gen, old_gen.wrapping_add(1)] {
+        idx.map.entry(c[0].0).or_default().add(b, g, Tier::Gpu);
+        let m = idx.longest_match(&c);
+        assert!(m.of(b).is_none(), "generation {g}: {m:?}");
+        assert_eq!(m.of(keep).map(|w| w.blocks), Some(2));
+    }
+    assert_eq!(
+        idx.holders_of(c[0]),
+        vec![("keep".to_owned(), vec![Tier::Gpu])]
+    );
+}
+
+#[test]
+fn a_worker_that_held_nothing_frees_its_slot_at_once() {
+    let idx = CacheIndex::new();
+    let a = idx.register_worker("a").unwrap();
+    idx.register_worker("b").unwrap();
+    idx.drop_worker("a");
+    assert_eq!((idx.awaiting_compaction(), idx.free_slots()), (0, 1));
+    assert_eq!(idx.register_worker("c").unwrap(), a, "lowest free first");
+    // A worker whose blocks were cleared (dead, not compacted) still waits.
+    let d = idx.register_worker("d").unwrap();
+    idx.store(d, Tier::Gpu, &chain(2, "")).unwrap();
+    idx.clear_worker(d).unwrap();
+    idx.drop_worker("d");
+    assert_eq!(idx.awaiting_compaction(), 1);
+    assert_ne!(idx.register_worker("e").unwrap(), d);
+}
+
+#[test]
+fn seventy_thousand_adds_and_drops_never_run_out_of_slots() {
+    let idx = CacheIndex::new();
+    let keep = idx.register_worker("keep").unwrap();
+    let c = chain(3, "");
+    idx.store(keep, Tier::Gpu, &c[..1]).unwrap();
+    for i in 0..70_000u32 {
+        let id = format!("pod-{i}");
+        let s = idx.register_worker(&id).unwrap();
+        assert!(
+            s <= 2,
+            "slot {s} at cycle {i}: slots are reused lowest first"
+        );
+        if i % 2 == 0 {
+            idx.store(s, Tier::Gpu, &c).unwrap();
+        }
+        assert!(idx.drop_worker(&id));
+        if idx.awaiting_compaction() > 0 {
+            idx.compact_dead();
+        }
+    }
+    assert_eq!(idx.entries(), 1);
+    assert_eq!(idx.longest_match(&c).of(keep).map(|w| w.blocks), Some(1));
 }
 
 #[test]

@@ -4,9 +4,9 @@
 
 use super::holders::WorkerSlot;
 use super::Tier;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -72,10 +72,12 @@ pub(crate) struct RouteState {
 }
 
 impl WorkerEntry {
-    fn new(id: String) -> Self {
+    /// A new worker whose generation starts at `gen` (0 in a new slot; in a
+    /// reused one, past any the slot's previous worker wrote).
+    fn new(id: String, gen: u8) -> Self {
         WorkerEntry {
             id,
-            gen: AtomicU8::new(0),
+            gen: AtomicU8::new(gen),
             counts: Default::default(),
             last_heard: AtomicU64::new(u64::MAX),
             stale: AtomicBool::new(false),
@@ -142,13 +144,30 @@ impl WorkerEntry {
     }
 }
 
-/// Slot allocation: worker id <-> dense slot. Slots are never reused while the
-/// index lives (a dropped worker's slot is tombstoned), so a late event for a
-/// dropped worker can never land on another one.
+/// Slot allocation: worker id <-> dense slot.
+///
+/// A dropped worker's slot is tombstoned at once (a late write for it fails)
+/// and taken again only once no holder of it can be left in the map: at
+/// once when it held nothing, else after the next compaction that started
+/// after the drop ([`Workers::retired`], then [`Workers::release`]). Free
+/// slots are reused lowest first, so slot numbers (and what a walk sizes
+/// by the highest slot) stay as small as the pool. Without reuse a pool
+/// that saw 65,536 adds in its life took no more backends.
 #[derive(Debug, Default)]
 pub(crate) struct Workers {
     by_id: RwLock<HashMap<String, WorkerSlot>>,
     slots: RwLock<Vec<Option<Arc<WorkerEntry>>>>,
+    reuse: Mutex<Reuse>,
+}
+
+/// Dropped slots: those awaiting a compaction, and those free to take, each
+/// with the generation its next worker starts at (one past the last its
+/// dropped worker had, so a holder a write in flight left behind at the
+/// drop never counts for the next worker).
+#[derive(Debug, Default)]
+struct Reuse {
+    retired: Vec<(WorkerSlot, u8)>,
+    free: BTreeMap<WorkerSlot, u8>,
 }
 
 impl Workers {
@@ -156,8 +175,8 @@ impl Workers {
         self.by_id.read().get(id).copied()
     }
 
-    /// The slot of `id`, registering it when new. `None` when all 65536 slots
-    /// are taken.
+    /// The slot of `id`, registering it when new (in the lowest free slot).
+    /// `None` when all 65536 slots are taken or await a compaction.
     pub(crate) fn register(&self, id: &str) -> Option<WorkerSlot> {
         if let Some(s) = self.slot_of(id) {
             return Some(s);
@@ -167,8 +186,18 @@ impl Workers {
             return Some(*s);
         }
         let mut slots = self.slots.write();
-        let slot = WorkerSlot::try_from(slots.len()).ok()?;
-        slots.push(Some(Arc::new(WorkerEntry::new(id.to_owned()))));
+        let reused = self.reuse.lock().free.pop_first();
+        let slot = match reused {
+            Some((slot, gen)) => {
+                slots[slot as usize] = Some(Arc::new(WorkerEntry::new(id.to_owned(), gen)));
+                slot
+            }
+            None => {
+                let slot = WorkerSlot::try_from(slots.len()).ok()?;
+                slots.push(Some(Arc::new(WorkerEntry::new(id.to_owned(), 0))));
+                slot
+            }
+        };
         by_id.insert(id.to_owned(), slot);
         Some(slot)
     }
@@ -177,13 +206,54 @@ impl Workers {
         self.slots.read().get(slot as usize).cloned().flatten()
     }
 
-    /// Tombstones `id`; returns its slot.
-    pub(crate) fn remove(&self, id: &str) -> Option<WorkerSlot> {
+    /// Tombstones `id`; returns its slot and its entry (the caller says,
+    /// through [`Workers::retire`], when the slot may be taken again).
+    pub(crate) fn remove(&self, id: &str) -> Option<(WorkerSlot, Arc<WorkerEntry>)> {
         let slot = self.by_id.write().remove(id)?;
-        if let Some(e) = self.slots.write().get_mut(slot as usize) {
-            *e = None;
+        let entry = self.slots.write().get_mut(slot as usize)?.take()?;
+        Some((slot, entry))
+    }
+
+    /// A tombstoned slot whose last generation was `gen` may be taken again:
+    /// now when `empty` (no holder of it is in the map), else after the next
+    /// compaction.
+    pub(crate) fn retire(&self, slot: WorkerSlot, gen: u8, empty: bool) {
+        let next = gen.wrapping_add(1);
+        let mut r = self.reuse.lock();
+        if empty {
+            r.free.insert(slot, next);
+        } else {
+            r.retired.push((slot, next));
         }
-        Some(slot)
+    }
+
+    /// The slots awaiting a compaction now (a compaction reads this before
+    /// it reads the generations, and releases exactly these after).
+    pub(crate) fn retired(&self) -> Vec<WorkerSlot> {
+        self.reuse.lock().retired.iter().map(|(s, _)| *s).collect()
+    }
+
+    /// `purged` (from [`Workers::retired`]) hold nothing any more: free.
+    pub(crate) fn release(&self, purged: &[WorkerSlot]) {
+        if purged.is_empty() {
+            return;
+        }
+        let purged: HashSet<WorkerSlot> = purged.iter().copied().collect();
+        let mut r = self.reuse.lock();
+        let Reuse { retired, free } = &mut *r;
+        retired.retain(|&(s, gen)| {
+            let done = purged.contains(&s);
+            if done {
+                free.insert(s, gen);
+            }
+            !done
+        });
+    }
+
+    /// (Awaiting a compaction, free) slots.
+    pub(crate) fn reusable(&self) -> (usize, usize) {
+        let r = self.reuse.lock();
+        (r.retired.len(), r.free.len())
     }
 
     /// A snapshot of the current generation per slot (`None` = dropped).
