@@ -466,3 +466,54 @@ async fn an_engine_asking_for_credentials_is_alive_not_ejected() {
     .await;
     assert_eq!(got.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_event_never_merges_into_a_half_sent_event() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An engine that sends one event and half of the next, then stalls.
+    let engine = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", engine.local_addr().unwrap());
+    let serving = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut s, _) = engine.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            if buf[..n].starts_with(b"GET") {
+                let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+                let _ = s.write_all(ok.as_bytes()).await;
+                continue;
+            }
+            let body = "data: {\"n\":1}\n\ndata: {\"n\":";
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            held.push(s);
+        }
+    });
+    let yaml = format!(
+        "upstream: {{stream_idle_timeout_ms: 300}}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{url}'}}]\n"
+    );
+    let r = RouterProcess::from_yaml(&yaml).await;
+    let c = client();
+    let body = json!({"model": "m", "prompt": "x", "stream": true});
+    let (code, _, frames, err) = post_frames(&c, &r.url("/v1/completions"), &body).await;
+    assert_eq!(code, 200);
+    assert!(err.is_none(), "{err:?}");
+    let text = String::from_utf8(frames.iter().flat_map(|f| f.to_vec()).collect()).unwrap();
+    // Every event a client's SSE parser sees is whole: the half-sent one
+    // ends where it was cut, and the error event stands on its own.
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .collect();
+    assert_eq!(events.len(), 3, "{text:?}");
+    assert_eq!(events[0], "data: {\"n\":1}");
+    assert_eq!(events[1], "data: {\"n\":");
+    let error: Value =
+        serde_json::from_str(events[2].trim().strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(error["error"]["code"], "upstream_timeout", "{text:?}");
+    serving.abort();
+}

@@ -336,6 +336,7 @@ fn respond(
         idle: tokio::time::sleep_until((now + idle_limit).into()),
         halt: shared.halt.clone().cancelled_owned(),
         tap,
+        tail: *b"\n\n",
     };
     let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
@@ -380,6 +381,9 @@ pin_project_lite::pin_project! {
         halt: WaitForCancellationFutureOwned,
         // Reads a `/v1/responses` answer's first bytes for its id.
         tap: Option<IdTap>,
+        // The last two bytes passed on: an error event must not merge into
+        // an event the backend left half-sent.
+        tail: [u8; 2],
     }
 }
 
@@ -427,6 +431,13 @@ impl HttpBody for TrackedBody {
                         .metrics
                         .first_byte
                         .record(this.sent.elapsed().as_secs_f64());
+                }
+                if let Some(data) = frame.data_ref().filter(|_| *this.sse) {
+                    match data.len() {
+                        0 => {}
+                        1 => *this.tail = [this.tail[1], data[0]],
+                        n => *this.tail = [data[n - 2], data[n - 1]],
+                    }
                 }
                 if let (Some(tap), Some(data)) = (this.tap.as_mut(), frame.data_ref()) {
                     match tap.feed(data) {
@@ -505,7 +516,14 @@ impl HttpBody for TrackedBody {
                 Cut::Stalled => ApiError::upstream_timeout(message),
                 Cut::Failed(_) => ApiError::upstream(message),
             };
-            let event = format!("data: {}\n\n", err.body());
+            // Close an event the backend left half-sent first, so that the
+            // error stands as an event of its own.
+            let open = match this.tail {
+                [b'\n', b'\n'] => "",
+                [_, b'\n'] => "\n",
+                _ => "\n\n",
+            };
+            let event = format!("{open}data: {}\n\n", err.body());
             return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
         }
         Poll::Ready(Some(Err(match cut {
