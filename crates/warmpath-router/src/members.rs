@@ -148,8 +148,25 @@ fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
         "in_flight": b.in_flight(),
         "adapters": b.adapters(),
         "index_blocks": p.index.block_count(b.slot),
+        "missing_for_ms": missing_for_ms(p, &b.id),
         "agent": agent,
     })
+}
+
+/// How long a discovered member has been gone from its provider's answers
+/// (out of rotation, index kept, until its grace ends); `None`: it is not.
+fn missing_for_ms(p: &Pool, id: &str) -> Option<u64> {
+    p.discovery
+        .iter()
+        .find_map(|d| d.vanished.since(id))
+        .map(|t| t.elapsed().as_millis() as u64)
+}
+
+/// `id` is no longer a discovery provider's to bring back.
+fn unmark(p: &Pool, id: &str) {
+    for d in &p.discovery {
+        d.vanished.forget(id);
+    }
 }
 
 pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
@@ -215,19 +232,55 @@ pub(crate) async fn add_member(
 }
 
 /// Removes a member now (see the module docs) and refuses its agent.
-pub(crate) fn remove(s: &Shared, p: &Pool, worker_id: &str) -> Result<Arc<Backend>, MemberError> {
+pub(crate) fn remove(
+    s: &Shared,
+    p: &Arc<Pool>,
+    worker_id: &str,
+) -> Result<Arc<Backend>, MemberError> {
     let b = p.remove_backend(worker_id, true)?;
+    unmark(p, worker_id);
     forget(s, p, &b);
     Ok(b)
 }
 
-/// After a removal: refuses the worker's agent, counts it, updates readiness.
-pub(crate) fn forget(s: &Shared, p: &Pool, b: &Backend) {
+/// After a removal: refuses the worker's agent, counts it, updates
+/// readiness, and purges its index holders off the async threads (which
+/// frees its index slot for a later member).
+pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     if let Some(a) = &s.agents {
         a.remove_worker(&p.model, &b.id);
     }
     crate::metrics::membership_change(&p.model, "remove");
     crate::readiness::update_gauge(s);
+    p.compact_removed();
+}
+
+/// Takes a member out of rotation without removing it (a discovered member
+/// gone from its provider's answer, within its grace): no new requests,
+/// its index entries and slot stay. Refuses the last member in rotation.
+pub(crate) fn set_aside(
+    s: &Shared,
+    p: &Pool,
+    worker_id: &str,
+) -> Result<Arc<Backend>, MemberError> {
+    let b = p.drain_backend(worker_id)?;
+    crate::metrics::membership_change(&p.model, "drain");
+    crate::readiness::update_gauge(s);
+    Ok(b)
+}
+
+/// Puts a member that was set aside back in rotation (see
+/// [`Pool::restore_backend`]) and probes it once, as an added one.
+pub(crate) async fn restore(
+    s: &Shared,
+    p: &Pool,
+    old: &Arc<Backend>,
+) -> Result<Arc<Backend>, MemberError> {
+    let b = p.restore_backend(old)?;
+    crate::metrics::membership_change(&p.model, "add");
+    crate::health::probe(s, p, &b).await;
+    crate::readiness::update_gauge(s);
+    Ok(b)
 }
 
 pub(crate) fn drain_request(
@@ -276,6 +329,8 @@ pub(crate) fn drain(
     timeout: Duration,
 ) -> Result<Arc<Backend>, MemberError> {
     let b = p.drain_backend(worker_id)?;
+    // Drained on purpose: no provider brings it back within a grace.
+    unmark(p, worker_id);
     crate::metrics::membership_change(&p.model, "drain");
     crate::readiness::update_gauge(s);
     let (s, p, task_b) = (Arc::clone(s), Arc::clone(p), Arc::clone(&b));

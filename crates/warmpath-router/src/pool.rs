@@ -22,7 +22,7 @@ use crate::load_board::LoadBoard;
 use crate::metrics::PoolMetrics;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
 use warmpath_core::tokenize::ChatTokenizer;
@@ -127,6 +127,8 @@ pub struct Pool {
     changing: Mutex<()>,
     /// See [`Pool::ejecting`].
     ejecting: Mutex<()>,
+    /// See [`Pool::compact_removed`].
+    compaction: Compaction,
     /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
     /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
@@ -190,6 +192,7 @@ impl Pool {
             learned_context: AtomicUsize::new(0),
             changing: Mutex::new(()),
             ejecting: Mutex::new(()),
+            compaction: Compaction::default(),
             policy: RwLock::new(Arc::new(PolicyState {
                 backends,
                 strategy: Strategy::Random,
@@ -379,7 +382,8 @@ impl Pool {
     }
 
     /// Removes a backend now: no new requests, requests in flight there
-    /// finish (they hold it), its index entries are dropped. With
+    /// finish (they hold it), its index entries stop counting (their
+    /// holders go with the next compaction: [`Pool::compact_removed`]). With
     /// `keep_one`, refuses to remove the last backend not draining.
     pub fn remove_backend(&self, id: &str, keep_one: bool) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
@@ -402,6 +406,71 @@ impl Pool {
         Ok(b)
     }
 
+    /// Puts `old` (a draining member) back in rotation as a new member of
+    /// the same worker: same id, URL, origin and index slot, so its index
+    /// entries and the policy's placements (kept by worker id) stay. The
+    /// adapters and model cards it learned carry over; health starts over
+    /// (the caller probes it). Requests in flight on `old` finish there.
+    pub fn restore_backend(&self, old: &Arc<Backend>) -> Result<Arc<Backend>, MemberError> {
+        let _changing = self.changing.lock();
+        let mut members = self.backends().to_vec();
+        let Some(at) = members.iter().position(|b| Arc::ptr_eq(b, old)) else {
+            return Err(MemberError::Unknown {
+                model: self.model.clone(),
+                worker_id: old.id.clone(),
+            });
+        };
+        let b = Arc::new(Backend::new(
+            &self.model,
+            &old.configured,
+            old.url.clone(),
+            old.slot,
+            old.origin.clone(),
+        ));
+        let configured: std::collections::BTreeSet<String> =
+            old.configured.adapters.iter().cloned().collect();
+        b.set_learned_adapters(old.adapters().difference(&configured).cloned().collect());
+        b.set_learned_cards(old.learned_cards());
+        members[at] = Arc::clone(&b);
+        self.set_members(members)?;
+        tracing::info!(pool = %self.model, backend = %b.id, "backend back in rotation");
+        Ok(b)
+    }
+
+    /// Purges the holders of removed workers (and so frees their index
+    /// slots) on the blocking pool, one pass per pool at a time: a removal
+    /// on an async thread never walks the whole index. A call while a pass
+    /// runs makes it run once more after, so no removal waits for the timer.
+    pub fn compact_removed(self: &Arc<Self>) {
+        if self.index.awaiting_compaction() == 0 {
+            return;
+        }
+        self.compaction.again.store(true, Ordering::Release);
+        if self.compaction.running.swap(true, Ordering::AcqRel) {
+            return; // the pass under way runs again
+        }
+        let p = Arc::clone(self);
+        let pass = move || loop {
+            while p.compaction.again.swap(false, Ordering::AcqRel) {
+                let n = p.index.compact();
+                tracing::debug!(pool = %p.model, blocks = n, "index compacted after a removal");
+            }
+            p.compaction.running.store(false, Ordering::Release);
+            // A call between the last check and the release saw it running.
+            if !p.compaction.again.load(Ordering::Acquire)
+                || p.compaction.running.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+        };
+        // Bounded work that owes nothing to a peer: it ends by itself, with
+        // the runtime at the latest. Without a runtime (unit tests): here.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(pass)),
+            Err(_) => pass(),
+        }
+    }
+
     /// Starts draining a backend (no new requests; see [`Backend::wait_idle`]).
     /// Refuses to drain the last backend not draining.
     pub fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
@@ -422,6 +491,13 @@ impl Pool {
         }
         Ok(Arc::clone(b))
     }
+}
+
+/// Whether a compaction after a removal runs, and whether one more is due.
+#[derive(Debug, Default)]
+struct Compaction {
+    running: AtomicBool,
+    again: AtomicBool,
 }
 
 /// What a policy is built from: each member's id and index slot.
@@ -650,6 +726,91 @@ mod tests {
         loads[at].pending_prefill_blocks = 1000;
         let again = after.policy.pick(&input, &loads, &mut rand::rng()).unwrap();
         assert_eq!(after.backends[again.backend].id, home);
+    }
+
+    #[test]
+    fn seventy_thousand_adds_and_removals_leave_room_to_join() {
+        let pools = Pools::build(&[cfg()]).unwrap();
+        let p = pools.get("m").unwrap();
+        // The cheapest policy to rebuild: the slots are what is tested.
+        p.switch(Strategy::Random, PolicyConfig::default()).unwrap();
+        let held = [warmpath_core::BlockHash(7), warmpath_core::BlockHash(8)];
+        for i in 0..70_000u32 {
+            // Pod churn: a new name each time, as pods of a Deployment get.
+            let id = format!("pod-{i}");
+            let cfg = BackendConfig {
+                url: "http://127.0.0.1:9".into(),
+                worker_id: Some(id.clone()),
+                adapters: Vec::new(),
+                api_key: None,
+            };
+            let b = p.add_backend(&cfg, Origin::Admin).unwrap();
+            assert!(b.slot <= 3, "slot {} at cycle {i}", b.slot);
+            if i % 7 == 0 {
+                p.index
+                    .store(b.slot, warmpath_core::Tier::Gpu, &held)
+                    .unwrap();
+            }
+            p.remove_backend(&id, true).unwrap();
+            p.compact_removed();
+        }
+        assert_eq!(p.backends().len(), 2);
+        assert_eq!(p.index.distinct_blocks(), 0);
+    }
+
+    #[test]
+    fn a_new_member_never_inherits_a_removed_ones_cache_claims() {
+        let pools = Pools::build(&[cfg()]).unwrap();
+        let p = pools.get("m").unwrap();
+        let old = p
+            .add_backend(&BackendConfig::new("http://127.0.0.1:3"), Origin::Admin)
+            .unwrap();
+        let chain = [warmpath_core::BlockHash(1), warmpath_core::BlockHash(2)];
+        p.index
+            .store(old.slot, warmpath_core::Tier::Gpu, &chain)
+            .unwrap();
+        p.remove_backend(&old.id, true).unwrap();
+        // Its holders are still in the map: its slot is not taken.
+        let new = p
+            .add_backend(&BackendConfig::new("http://127.0.0.1:4"), Origin::Admin)
+            .unwrap();
+        assert_ne!(new.slot, old.slot);
+        assert!(p.index.longest_match(&chain).workers.is_empty());
+        // After the compaction the slot is reused, and claims nothing.
+        p.compact_removed();
+        let again = p
+            .add_backend(&BackendConfig::new("http://127.0.0.1:5"), Origin::Admin)
+            .unwrap();
+        assert_eq!(again.slot, old.slot);
+        assert_eq!(p.index.block_count(again.slot), 0);
+        assert!(p.index.longest_match(&chain).of(again.slot).is_none());
+    }
+
+    #[test]
+    fn a_restored_member_keeps_its_slot_index_and_placements() {
+        let pools = Pools::build(&[cfg()]).unwrap();
+        let p = pools.get("m").unwrap();
+        let b = p.backends()[1].clone();
+        p.index
+            .store(
+                b.slot,
+                warmpath_core::Tier::Gpu,
+                &[warmpath_core::BlockHash(7)],
+            )
+            .unwrap();
+        b.set_learned_adapters(["learned".to_owned()].into());
+        p.drain_backend(&b.id).unwrap();
+        let back = p.restore_backend(&b).unwrap();
+        assert!(!back.is_draining());
+        assert!(!Arc::ptr_eq(&back, &b));
+        assert_eq!((back.id.as_str(), back.slot), ("b", b.slot));
+        assert_eq!(p.index.block_count(back.slot), 1, "index kept");
+        assert!(back.serves_adapter("sql") && back.serves_adapter("learned"));
+        assert!(Arc::ptr_eq(&p.backend("b").unwrap(), &back));
+        assert!(
+            matches!(p.restore_backend(&b), Err(MemberError::Unknown { .. })),
+            "only the member that was set aside"
+        );
     }
 
     #[test]

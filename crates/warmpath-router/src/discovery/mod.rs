@@ -4,14 +4,17 @@
 //! resolves every interval; a `kubernetes` one (cargo feature
 //! `kubernetes`) watches EndpointSlices and applies each settled change.
 //!
-//! A provider only adds and drains its own members. One that fails (an
-//! error, a timeout, an empty answer) keeps the last known set and logs:
-//! it never empties the pool, and the last serving backend is never
-//! drained. Each provider's last result, error and change count are in
+//! A provider only adds and drains its own members. A member gone from an
+//! answer is out of rotation at once but keeps its index for a grace of
+//! a few intervals, and is back at once when it returns within it
+//! ([`grace`]). One that fails (an error, a timeout, an empty answer) keeps
+//! the last known set and logs: it never empties the pool, and the last
+//! serving backend is never drained. Each provider's last result, error and change count are in
 //! `/cache-index` (`pools[].discovery`) and `/metrics`
 //! (`warmpath_discovery_*`).
 
 mod dns;
+mod grace;
 #[cfg(feature = "kubernetes")]
 mod kubernetes;
 pub mod provider;
@@ -29,7 +32,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// How long a member that vanished from its provider's answer may finish
-/// its requests before it is removed.
+/// its requests, once its grace is over, before it is removed.
 const DRAIN_VANISHED: Duration = Duration::from_secs(120);
 
 /// Why a provider produced no answer this round; the last set stays.
@@ -81,10 +84,12 @@ async fn answer(p: &Provider, pool: &str, dns: &mut Option<dns::Dns>) -> Option<
     }
 }
 
-/// Applies one answer to the pool: adds what is new, drains this
-/// provider's members that are gone.
+/// Applies one answer to the pool: adds what is new, brings back what
+/// returned within its grace, sets aside this provider's members that are
+/// gone and drains those gone past their grace ([`grace`]).
 async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
     let origin = Origin::Discovery(p.name.clone());
+    let now = std::time::Instant::now();
     let members = pool.backends();
     let mut changed = false;
     for (id, url) in &set {
@@ -94,8 +99,13 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
             // now, even when it is the last one (its successor follows).
             let moved = b.origin == origin && b.url.to_string() != *url;
             if !moved {
-                continue; // ours, or a static member with the same id
+                // Ours (back within its grace?), or a static member.
+                if b.origin == origin {
+                    changed |= grace::returned(s, pool, p, b).await;
+                }
+                continue;
             }
+            p.vanished.forget(id);
             match pool.remove_backend(id, false) {
                 Ok(gone) => crate::members::forget(s, pool, &gone),
                 Err(_) => continue,
@@ -115,21 +125,9 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
             }
         }
     }
-    for b in members
-        .iter()
-        .filter(|b| b.origin == origin && !b.is_draining())
-    {
-        if set.contains_key(&b.id) {
-            continue;
-        }
-        match crate::members::drain(s, pool, &b.id, DRAIN_VANISHED) {
-            Ok(_) => {
-                changed = true;
-                tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.id, "backend gone from the answer: draining");
-            }
-            Err(e) => {
-                tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.id, error = %e, "backend gone from the answer kept")
-            }
+    for b in members.iter().filter(|b| b.origin == origin) {
+        if !set.contains_key(&b.id) {
+            changed |= grace::missing(s, pool, p, b, now);
         }
     }
     let (model, name) = (pool.model.clone(), p.name.clone());

@@ -1,6 +1,7 @@
 //! One discovery provider of one pool and its status (what `/cache-index`
 //! shows); the pool holds these, `discovery` runs them.
 
+use super::grace::{Vanished, GRACE_ROUNDS};
 use super::DiscoveryError;
 use crate::config::DiscoveryConfig;
 use parking_lot::Mutex;
@@ -31,6 +32,8 @@ pub struct Provider {
     pub config: DiscoveryConfig,
     pub(super) name: String,
     pub(super) status: Mutex<ProviderStatus>,
+    /// Its members gone from its answers, waiting out their grace.
+    pub(crate) vanished: Vanished,
 }
 
 impl Provider {
@@ -44,6 +47,7 @@ impl Provider {
             }),
             name,
             config,
+            vanished: Vanished::default(),
         }
     }
 
@@ -54,6 +58,19 @@ impl Provider {
 
     pub(super) fn interval(&self) -> Duration {
         Duration::from_millis(self.config.dns.as_ref().map_or(5_000, |d| d.interval_ms))
+    }
+
+    /// How long a member gone from the answers stays a member, out of
+    /// rotation, before its drain: [`GRACE_ROUNDS`] of the provider's
+    /// intervals (`interval_ms`; `resync_ms`, when a Kubernetes watch
+    /// re-applies its last set, for `kubernetes`).
+    pub(crate) fn grace(&self) -> Duration {
+        let every = match (&self.config.dns, &self.config.kubernetes) {
+            (Some(d), _) => d.interval_ms,
+            (None, Some(k)) => k.resync_ms,
+            (None, None) => 5_000,
+        };
+        Duration::from_millis(every.saturating_mul(u64::from(GRACE_ROUNDS)))
     }
 
     /// Longest a whole round may take (an SRV answer's targets are looked
