@@ -99,9 +99,16 @@ async fn a_forged_hello_for_a_live_worker_is_refused_and_its_own_restart_takes_o
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{t:?}: {e}");
     }
     // A made-up credential of the right form: refused after its Hello.
-    let (_tx_g, mut guessed) = agent_as(&r.grpc, "a", u64::MAX, Some("wp1-guess"), &[9], None)
-        .await
-        .unwrap();
+    let (_tx_g, mut guessed) = agent_as(
+        &r.grpc,
+        "a",
+        u64::MAX,
+        Some(&format!("wp1-{}", "0".repeat(64))),
+        &[9],
+        None,
+    )
+    .await
+    .unwrap();
     assert!(
         matches!(
             first_answer(&mut guessed).await.and_then(|m| m.msg),

@@ -20,6 +20,9 @@
 //! | `warmpath_index_bytes` | gauge | pool |
 //! | `warmpath_index_dead_entries` | gauge | pool |
 //! | `warmpath_ingest_refused_blocks_total` | counter | pool, reason = worker_capacity, max_entries |
+//! | `warmpath_ingest_throttled_total` | counter | kind = snapshot, cleared, hello |
+//! | `warmpath_request_bodies_refused_total` | counter | |
+//! | `warmpath_ejections_refused_total` | counter | pool |
 //! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::caches`]) |
 //! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
 //! | `warmpath_hot_cache_entries` | gauge | pool, cache |
@@ -227,7 +230,7 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_ingest_refused_total",
-        "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello)"
+        "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello, streams)"
     );
     describe_gauge!(
         "warmpath_hot_cache_entries",
