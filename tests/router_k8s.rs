@@ -8,8 +8,9 @@
 //! Covered: a not-ready endpoint becoming ready (add), a slice split in
 //! two (nothing drained), a slice deleted (remove) with a terminating
 //! endpoint skipped, the server ending the watch (resumed from the last
-//! resourceVersion), `410 Gone` (relisted), an unreachable API server, and
-//! a pod-name worker id whose pod comes back at another IP.
+//! resourceVersion), `410 Gone` (relisted), an unreachable API server, a
+//! pod-name worker id whose pod comes back at another IP, and a pod not
+//! ready within its grace (back at once) and past it (removed).
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -434,7 +435,7 @@ async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_endpoint_back_while_its_member_was_draining_returns() {
+async fn an_endpoint_back_within_its_grace_returns_at_once_and_one_gone_longer_is_removed() {
     let bs = pods(2).await;
     let api = TestApi::start(bs[0].addr.port()).await;
     let r = Arc::new(RouterProcess::from_yaml(&format!(
@@ -477,15 +478,14 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
         async || (bs[1].active() >= 1).then_some(()),
     )
     .await;
-    // Pod 1 fails its readiness probe (drained: its request is in flight)
-    // and passes again before that request ends: skipped as a draining
-    // member, then added again by the resync once the drain removed it.
+    // Pod 1 fails its readiness probe (out of rotation: its request is in
+    // flight) and passes again before that request ends, within its grace
+    // (3 resyncs): back in rotation at once, the same member.
     api.send("watch-6-not-ready.jsonl");
     follows(&c, &r, &[&bs[0]]).await;
     let rounds = discovery_status(&c, &r).await["resolutions"].as_u64();
     api.send("watch-1-ready.jsonl");
-    // The ready answer is applied while pod 1 still drains: only then
-    // does its request end.
+    // The ready answer is applied while pod 1's request is still held.
     poll::poll(
         "the ready answer's round",
         Duration::from_secs(10),
@@ -494,10 +494,39 @@ async fn an_endpoint_back_while_its_member_was_draining_returns() {
     )
     .await;
     assert_eq!(bs[1].active(), 1, "pod 1's request still held");
+    let mut both = vec![bs[0].url(), bs[1].url()];
+    both.sort();
+    assert_eq!(
+        serving(&c, &r).await,
+        both,
+        "back in rotation before its request ended"
+    );
+    let removed = r#"warmpath_pool_membership_changes_total{pool="m",op="remove"} "#;
+    let text = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
+    assert_eq!(metric_value(&text, removed), None, "never removed: {text}");
     bs.iter().for_each(TestBackend::release);
     for h in held {
         assert_eq!(h.await.unwrap(), 200);
     }
-    let took = follows(&c, &r, &[&bs[0], &bs[1]]).await;
-    println!("NUMBER k8s endpoint back after its drain: {took:?} after the held request ended (resync 200 ms)");
+    // Not ready for longer than its grace: removed by a resync after it.
+    let gone_at = Instant::now();
+    api.send("watch-6-not-ready.jsonl");
+    poll::poll(
+        "pod 1 removed",
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        async || {
+            let ms = members(&c, &r).await;
+            (!ms.iter().any(|(id, _)| *id == bs[1].url())).then_some(())
+        },
+    )
+    .await;
+    let took = gone_at.elapsed();
+    assert!(
+        took >= Duration::from_millis(600),
+        "removed {took:?} after it went not ready: within its grace (3 x resync 200 ms)"
+    );
+    println!("NUMBER k8s endpoint not ready past its grace removed after {took:?} (resync 200 ms)");
+    let text = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
+    assert_eq!(metric_value(&text, removed), Some(1.0), "{text}");
 }
