@@ -81,7 +81,9 @@ pub struct KubernetesDiscovery {
     pub backoff_ms: u64,
     /// The last set is applied again this often, milliseconds, without an
     /// event (100..=3600000): an endpoint that flapped back while its member
-    /// was still draining is added once the drain has removed it.
+    /// was still draining is added once the drain has removed it. A member
+    /// gone from the slices waits out 3 of these, out of rotation with its
+    /// index kept, before its drain (`discovery::grace`).
     #[serde(default = "default_resync_ms")]
     pub resync_ms: u64,
 }
@@ -135,7 +137,9 @@ pub struct DnsDiscovery {
     /// Resolve SRV records: targets and ports from the answer.
     #[serde(default)]
     pub srv: bool,
-    /// How often to resolve, milliseconds (>= 100).
+    /// How often to resolve, milliseconds (>= 100). A member gone from the
+    /// answer waits out 3 of these, out of rotation with its index kept,
+    /// before its drain (`discovery::grace`).
     #[serde(default = "default_interval_ms")]
     pub interval_ms: u64,
     /// The nameserver (`IP:PORT`, UDP and TCP); default: `/etc/resolv.conf`.
