@@ -27,6 +27,10 @@
 //! a backwards jump, handled as above. Its monitor only feeds logs and the
 //! reconnect count. Replays run in their own task with a deadline, so a
 //! replay endpoint that never answers is a failed replay, not a stuck rank.
+//!
+//! Both sockets reach the engine through a [`crate::zmtp_guard`] relay on
+//! 127.0.0.1, which ends a connection whose peer announces a frame over
+//! [`DecodeLimits::max_payload_bytes`] before `zeromq` reserves it.
 
 use crate::hub::Hub;
 use crate::replay::{replay, ReplayLimits};
@@ -89,6 +93,8 @@ struct Follower {
     /// The last seq of the start-up replay, while live batches it already
     /// held may still arrive (published between subscribing and the replay).
     replayed_at_start: Option<u64>,
+    /// Where replays dial: the guard's endpoint for the replay endpoint.
+    replay_at: Option<String>,
     /// Whether the start-up replay ran (the SUB socket is re-created when the
     /// engine is silent; the buffer is read once).
     buffer_read: bool,
@@ -109,7 +115,17 @@ pub async fn follow_rank(
     cancel: CancellationToken,
 ) {
     let rank_label = cfg.rank.to_string();
+    // The guards live as long as this rank is followed.
+    let guards = cancel.child_token();
+    let _stop_guards = guards.clone().drop_guard();
+    let max_frame = cfg.limits.max_payload_bytes as u64;
+    let events_at = guarded(&cfg.endpoint, max_frame, &guards).await;
+    let replay_at = match &cfg.replay_endpoint {
+        Some(ep) => Some(guarded(ep, max_frame, &guards).await),
+        None => None,
+    };
     let mut f = Follower {
+        replay_at,
         cfg,
         tracker,
         hub,
@@ -129,7 +145,7 @@ pub async fn follow_rank(
         let mut socket_events = sub.monitor();
         let connected = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = sub.connect(&f.cfg.endpoint) => r,
+            r = sub.connect(&events_at) => r,
         };
         if let Err(e) = connected {
             following = false;
@@ -185,6 +201,19 @@ pub async fn follow_rank(
                 ),
                 Ok(m) => f.on_live(m.into_vec()).await,
             }
+        }
+    }
+}
+
+/// The endpoint to dial for `target`: a [`crate::zmtp_guard`] relay's, or
+/// `target` itself when none could start (logged).
+async fn guarded(target: &str, max_frame: u64, cancel: &CancellationToken) -> String {
+    match crate::zmtp_guard::start(target, max_frame, cancel.clone()).await {
+        Ok(g) => g.endpoint,
+        Err(e) => {
+            tracing::error!(endpoint = %target, error = %e,
+                "cannot start the frame guard; connecting without it (an oversized frame can abort the agent)");
+            target.to_owned()
         }
     }
 }
@@ -327,10 +356,11 @@ impl Follower {
     /// cache at agent start). A failure only logs: the first live batch then
     /// catches up as before.
     async fn learn_buffered(&mut self) {
-        let Some(ep) = self.cfg.replay_endpoint.clone() else {
+        let (Some(ep), Some(at)) = (self.cfg.replay_endpoint.clone(), self.replay_at.clone())
+        else {
             return;
         };
-        match replay(&ep, 0, self.replay_limits()).await {
+        match replay(&at, 0, self.replay_limits()).await {
             Ok(batches) => {
                 self.stats.replays_ok.inc();
                 metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
@@ -364,8 +394,8 @@ impl Follower {
         let mut reached = self.last.map_or(from, |l| l.saturating_add(1));
         // Catching up after a (re)start: whatever the buffer still holds helps.
         let mut tolerate_first_hole = self.last.is_none();
-        if let Some(ep) = self.cfg.replay_endpoint.clone() {
-            match replay(&ep, from, self.replay_limits()).await {
+        if let (Some(ep), Some(at)) = (self.cfg.replay_endpoint.clone(), self.replay_at.clone()) {
+            match replay(&at, from, self.replay_limits()).await {
                 Ok(batches) => {
                     self.stats.replays_ok.inc();
                     metrics::counter!("warmpath_agent_replays_total", "result" => "ok")

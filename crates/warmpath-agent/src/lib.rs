@@ -7,7 +7,8 @@
 //! - [`hub`]: the worker's block set (union of ranks), the agent's seq, and the
 //!   bounded, coalescing per-router queues; `closure`: whether that set is
 //!   prefix-closed, said with every delta and snapshot.
-//! - [`follow`]: ZMQ SUB + DEALER replay for one rank, sequence handling.
+//! - [`follow`]: ZMQ SUB + DEALER replay for one rank, sequence handling;
+//!   [`zmtp_guard`]: the relay that refuses oversized ZMTP frames first.
 //! - [`link`]: one gRPC stream per router, with reconnect; [`tls`]: the
 //!   client TLS settings for `https` routers; [`replicas`]: the router list,
 //!   `dns://NAME:PORT` entries followed to one link per resolved replica.
@@ -41,6 +42,7 @@ pub mod stats;
 pub mod tls;
 pub mod tracker;
 pub mod vllm;
+pub mod zmtp_guard;
 
 pub use agent::{Agent, AgentConfig, Mode};
 pub use error::AgentError;

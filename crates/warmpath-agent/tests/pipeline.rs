@@ -453,3 +453,130 @@ async fn a_restarted_publisher_is_followed_again_by_the_same_subscription() {
     agent.shutdown().await;
     router.stop().await;
 }
+
+/// A hostile peer at the event endpoint: the ZMTP 3 handshake of a PUB
+/// socket, then one message frame announcing 2^62 bytes. Returns the
+/// connection (held open, as if the body were coming).
+async fn hostile_pub(l: &tokio::net::TcpListener) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut s, _) = tokio::time::timeout(Duration::from_secs(30), l.accept())
+        .await
+        .expect("the agent dialled the event endpoint")
+        .unwrap();
+    let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0];
+    greeting.extend_from_slice(b"NULL");
+    greeting.resize(64, 0);
+    s.write_all(&greeting).await.unwrap();
+    let mut theirs = [0u8; 64];
+    s.read_exact(&mut theirs).await.unwrap();
+    let mut ready = vec![5u8];
+    ready.extend_from_slice(b"READY");
+    ready.push(11);
+    ready.extend_from_slice(b"Socket-Type");
+    ready.extend_from_slice(&3u32.to_be_bytes());
+    ready.extend_from_slice(b"PUB");
+    s.write_all(&[0x04, ready.len() as u8]).await.unwrap();
+    s.write_all(&ready).await.unwrap();
+    // Their READY and SUBSCRIBE: the handshake is done.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut huge = vec![0x02u8];
+    huge.extend_from_slice(&(1u64 << 62).to_be_bytes());
+    s.write_all(&huge).await.unwrap();
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_announcing_a_huge_frame_cannot_abort_the_agent_which_follows_the_next_publisher() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    let hostile = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", hostile.local_addr().unwrap());
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+        .args(["--worker-id", "w1", "--model", "m"])
+        .args(["--engine-url", "http://127.0.0.1:9", "--topic", "kv"])
+        .args(["--kv-events", &endpoint, "--load-interval-ms", "0"])
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let http: SocketAddr = loop {
+        let l = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("agent did not start within 30 s")
+            .unwrap()
+            .expect("agent exited");
+        if let Some(a) = l.strip_prefix("warmpath-agent listening on http://") {
+            break a.parse().unwrap();
+        }
+    };
+
+    let mut attack = hostile_pub(&hostile).await;
+    // The agent cuts the hostile connection (read: EOF), and lives.
+    let mut rest = [0u8; 4096];
+    let cut = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match attack.read(&mut rest).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the agent died: {:?}",
+        child.try_wait()
+    );
+    assert!(cut.is_ok(), "the hostile connection was not cut");
+    let live = reqwest::get(format!("http://{http}/livez")).await.unwrap();
+    assert_eq!(live.status(), 200);
+    let metrics = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("warmpath_agent_bad_messages_total{reason=\"frame_too_long\"} 1"),
+        "{metrics}"
+    );
+
+    // A well-behaved engine on the same endpoint is followed again.
+    drop(attack);
+    drop(hostile);
+    let p = common::poll::poll(
+        "the port free again",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let mut c = PublisherConfig::new(endpoint.as_str());
+            c.topic = "kv".into();
+            KvEventPublisher::bind(c).await.ok()
+        },
+    )
+    .await;
+    let toks = tokens(2, 9000);
+    common::poll::poll(
+        "a batch from the new publisher",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            if p.subscribers_accepted() > 0 {
+                p.publish(vec![stored(&[1, 2], None, &toks)]).await.unwrap();
+            }
+            let h: serde_json::Value = reqwest::get(format!("http://{http}/health"))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (h["batches"].as_u64()? >= 1 && h["blocks"] == 2).then_some(())
+        },
+    )
+    .await;
+    assert!(child.try_wait().unwrap().is_none());
+}
