@@ -3,20 +3,39 @@
 //!
 //! Sequence rules (vLLM counts batches from 0 in each engine process):
 //! - next expected: apply;
-//! - a duplicate (`seq == last`): ignore;
+//! - a sequence number already applied (`seq <= last`) with the same bytes:
+//!   a duplicate (a replay overlapped live batches); ignore;
+//! - `seq <= last` with other bytes, or one the agent never applied: the
+//!   engine restarted; forget this rank's blocks, then catch up from seq 0
+//!   through the replay endpoint if there is one;
+//! - the first batch after the SUB socket reconnected, above `last`: the
+//!   engine restarted unless it proves otherwise (below);
 //! - a gap (`seq > last + 1`): ask the replay endpoint for `last + 1..`, apply
 //!   what it returns in order; if it cannot fill the gap (no replay endpoint, the
 //!   batches left its buffer, it is down), count an unrecovered gap and make every
-//!   router link send a fresh snapshot;
-//! - a backwards jump (`seq < last`): the engine restarted; forget this rank's
-//!   blocks, then catch up from seq 0 through the replay endpoint if there is one.
+//!   router link send a fresh snapshot.
+//!
+//! Why this tells a restart from a duplicate or a gap without the load
+//! scraper: one engine process sends each sequence number with one payload
+//! (vLLM encodes a batch once and keeps those bytes for replay; the payload
+//! carries its timestamp), and on one connection in order. So the same
+//! number with other bytes is another process. A batch at or below `last`
+//! that the agent never applied cannot come from the same process either:
+//! live batches only overlap what a replay applied, and the agent remembers
+//! the digests of the last [`APPLIED_WINDOW`] batches it applied. A
+//! restarted engine always cuts the TCP connection, so a sequence above
+//! `last` is trusted as the same engine's only on the connection `last`
+//! came on, or when the new connection's engine still buffers `last` with the
+//! same bytes. Forgetting is the safe side of a wrong guess: blocks the agent
+//! does not know cost a cache miss, blocks it keeps for a dead engine are
+//! advertised for ever.
 //!
 //! On start, once subscribed, the agent asks the replay endpoint for everything
 //! the engine still buffers, so a warm engine's cache is learned without
 //! waiting for its next event; live batches the replay already held are then
-//! skipped. Without a replay endpoint (or when that replay fails) the first
-//! live message triggers a catch-up from 0, and so does (at most every 10 s) a
-//! `BlockStored` whose parent is unknown.
+//! skipped as duplicates. Without a replay endpoint (or when that replay
+//! fails) the first live message triggers a catch-up from 0, and so does
+//! (at most every 10 s) a `BlockStored` whose parent is unknown.
 //! Replaying batches already applied is harmless: the tracker only reports real
 //! transitions.
 //!
@@ -24,9 +43,12 @@
 //! 0.6 and later re-dial a lost publisher with backoff and re-send the
 //! subscription), so an idle engine costs nothing and a restarted one is
 //! followed again on its own; batches published meanwhile show up as a gap or
-//! a backwards jump, handled as above. Its monitor only feeds logs and the
-//! reconnect count. Replays run in their own task with a deadline, so a
-//! replay endpoint that never answers is a failed replay, not a stuck rank.
+//! a backwards jump, handled as above. Its monitor feeds logs, the reconnect
+//! count, and marks the next batch as the first of a new connection (the
+//! monitor's `Disconnected` is queued before the socket re-dials, and the
+//! queue is drained before each batch is handled). Replays run in their own
+//! task with a deadline, so a replay endpoint that never answers is a failed
+//! replay, not a stuck rank.
 //!
 //! Both sockets reach the engine through a [`crate::zmtp_guard`] relay on
 //! 127.0.0.1, which ends a connection whose peer announces a frame over
@@ -39,7 +61,8 @@ use crate::tracker::EngineTracker;
 use crate::vllm::wire::parse_live;
 use crate::vllm::{decode_batch_with, DecodeLimits, KvEventBatch};
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
@@ -84,15 +107,29 @@ impl FollowConfig {
     }
 }
 
+/// How many recently applied batches' digests a rank keeps, to tell a
+/// duplicate (a replay overlapping live batches: those published during the
+/// replay's round trip, a few seconds at most) from a restarted engine.
+/// 64 KiB per rank.
+pub const APPLIED_WINDOW: usize = 4096;
+
+/// An empty slot of the applied window (`u64::MAX` is the replay's end
+/// marker, never a batch).
+const NO_BATCH: (u64, u64) = (u64::MAX, 0);
+
 struct Follower {
     cfg: FollowConfig,
     tracker: EngineTracker,
     hub: Arc<Hub>,
     stats: Arc<Stats>,
     last: Option<u64>,
-    /// The last seq of the start-up replay, while live batches it already
-    /// held may still arrive (published between subscribing and the replay).
-    replayed_at_start: Option<u64>,
+    /// `(seq, payload digest)` of recently applied batches, at `seq % len`.
+    applied: Box<[(u64, u64)]>,
+    /// Keys the digests (random per rank: an engine cannot aim collisions).
+    digest_key: RandomState,
+    /// The SUB socket lost its connection since the last batch: the next
+    /// batch may come from another engine process.
+    reconnected: bool,
     /// Where replays dial: the guard's endpoint for the replay endpoint.
     replay_at: Option<String>,
     /// Whether the start-up replay ran (the SUB socket is re-created when the
@@ -114,7 +151,6 @@ pub async fn follow_rank(
     mut restarts: watch::Receiver<u64>,
     cancel: CancellationToken,
 ) {
-    let rank_label = cfg.rank.to_string();
     // The guards live as long as this rank is followed.
     let guards = cancel.child_token();
     let _stop_guards = guards.clone().drop_guard();
@@ -124,22 +160,11 @@ pub async fn follow_rank(
         Some(ep) => Some(guarded(ep, max_frame, &guards).await),
         None => None,
     };
-    let mut f = Follower {
-        replay_at,
-        cfg,
-        tracker,
-        hub,
-        stats,
-        last: None,
-        replayed_at_start: None,
-        buffer_read: false,
-        last_parent_replay: None,
-        pending_parent: false,
-        refusal_logged: None,
-        rank_label,
-    };
+    let mut f = Follower::new(cfg, tracker, hub, stats, replay_at);
     let mut following = false;
     loop {
+        // A socket made again (after a failed subscribe) is a new connection.
+        f.reconnected |= f.last.is_some();
         let mut sub = SubSocket::new();
         // Before connecting, so the first `Connected` is seen too.
         let mut socket_events = sub.monitor();
@@ -194,12 +219,22 @@ pub async fn follow_rank(
             };
             match msg {
                 // The socket dropped that peer and re-dials it by itself.
-                Err(e) => tracing::warn!(
-                    rank = f.cfg.rank,
-                    error = %e,
-                    "event socket receive failed; reconnecting"
-                ),
-                Ok(m) => f.on_live(m.into_vec()).await,
+                Err(e) => {
+                    f.reconnected = true;
+                    tracing::warn!(
+                        rank = f.cfg.rank,
+                        error = %e,
+                        "event socket receive failed; reconnecting"
+                    );
+                }
+                Ok(m) => {
+                    // A disconnect is queued before the socket re-dials: seen
+                    // here before any batch of the new connection.
+                    while let Some(Some(ev)) = socket_events.next().now_or_never() {
+                        f.on_socket_event(ev, &mut connects);
+                    }
+                    f.on_live(m.into_vec()).await
+                }
             }
         }
     }
@@ -226,6 +261,31 @@ fn now_micros() -> u64 {
 }
 
 impl Follower {
+    fn new(
+        cfg: FollowConfig,
+        tracker: EngineTracker,
+        hub: Arc<Hub>,
+        stats: Arc<Stats>,
+        replay_at: Option<String>,
+    ) -> Self {
+        Follower {
+            replay_at,
+            rank_label: cfg.rank.to_string(),
+            cfg,
+            tracker,
+            hub,
+            stats,
+            last: None,
+            applied: vec![NO_BATCH; APPLIED_WINDOW].into_boxed_slice(),
+            digest_key: RandomState::new(),
+            reconnected: false,
+            buffer_read: false,
+            last_parent_replay: None,
+            pending_parent: false,
+            refusal_logged: None,
+        }
+    }
+
     /// Logs the SUB socket's own disconnects and reconnects (the socket
     /// re-dials by itself); `connects` counts this socket's connections.
     fn on_socket_event(&mut self, ev: SocketEvent, connects: &mut u64) {
@@ -233,6 +293,8 @@ impl Follower {
             SocketEvent::Connected(..) => {
                 *connects += 1;
                 if *connects > 1 {
+                    // Normally marked by the `Disconnected` before it.
+                    self.reconnected = true;
                     self.stats.event_reconnects.inc();
                     metrics::counter!("warmpath_agent_event_reconnects_total").increment(1);
                     tracing::info!(
@@ -242,11 +304,14 @@ impl Follower {
                     );
                 }
             }
-            SocketEvent::Disconnected(_) => tracing::info!(
-                endpoint = %self.cfg.endpoint,
-                rank = self.cfg.rank,
-                "engine events publisher went away; reconnecting"
-            ),
+            SocketEvent::Disconnected(_) => {
+                self.reconnected = true;
+                tracing::info!(
+                    endpoint = %self.cfg.endpoint,
+                    rank = self.cfg.rank,
+                    "engine events publisher went away; reconnecting"
+                );
+            }
             _ => {}
         }
     }
@@ -262,40 +327,37 @@ impl Follower {
             );
             return;
         };
-        if let Some(r) = self.replayed_at_start {
-            if seq <= r {
-                tracing::debug!(seq, "batch already applied from the start-up replay");
-                return;
-            }
-            self.replayed_at_start = None;
-        }
-        match self.last {
+        let reconnected = std::mem::take(&mut self.reconnected);
+        let prev = self.last;
+        match prev {
             None => {
                 if seq > 0 {
                     self.catch_up(0, seq).await;
                 }
             }
-            Some(last) if seq == last.wrapping_add(1) => {}
-            Some(last) if seq == last => {
-                tracing::debug!(seq, "duplicate batch ignored");
-                return;
-            }
-            Some(last) if seq < last => {
+            Some(last) if seq <= last => {
+                if self.applied_as(seq) == Some(self.digest(&payload)) {
+                    tracing::debug!(seq, "batch already applied (a replay overlapped it)");
+                    return;
+                }
                 tracing::warn!(
                     last,
                     seq,
                     rank = self.cfg.rank,
-                    "engine sequence went backwards: engine restarted; resetting this rank"
+                    "engine sequence went back to one not applied from this engine: engine restarted"
                 );
-                self.stats.engine_restarts.inc();
-                metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
-                let removed = self.tracker.clear();
-                self.hub.apply(removed, now_micros());
-                self.last = None;
-                if seq > 0 {
-                    self.catch_up(0, seq).await;
-                }
+                self.restarted(seq).await;
             }
+            Some(last) if reconnected && !self.same_engine(last, seq).await => {
+                tracing::warn!(
+                    last,
+                    seq,
+                    rank = self.cfg.rank,
+                    "events reconnected from an engine that is not the one followed: engine restarted"
+                );
+                self.restarted(seq).await;
+            }
+            Some(last) if seq == last.wrapping_add(1) => {}
             Some(last) => {
                 tracing::warn!(
                     last,
@@ -330,18 +392,67 @@ impl Follower {
         due
     }
 
-    /// The engine restarted (seen by the load scraper): its blocks are gone,
-    /// and its sequence starts again.
+    /// The engine restarted (seen by the load scraper, or in the event
+    /// stream): its blocks are gone, and its sequence starts again.
     fn forget_engine(&mut self) {
         let removed = self.tracker.clear();
         self.hub.apply(removed, now_micros());
         self.last = None;
-        self.replayed_at_start = None;
+        self.applied.fill(NO_BATCH);
         self.stats.engine_restarts.inc();
+        metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
         tracing::warn!(
             rank = self.cfg.rank,
             "engine restarted: its blocks are forgotten"
         );
+    }
+
+    /// The event stream showed a restart at `seq`: forget, then learn the
+    /// new engine's batches before `seq` from its replay buffer.
+    async fn restarted(&mut self, seq: u64) {
+        self.forget_engine();
+        if seq > 0 {
+            self.catch_up(0, seq).await;
+        }
+    }
+
+    fn digest(&self, payload: &[u8]) -> u64 {
+        self.digest_key.hash_one(payload)
+    }
+
+    /// The digest of the batch applied as `seq`, if still in the window.
+    fn applied_as(&self, seq: u64) -> Option<u64> {
+        let (s, d) = self.applied[(seq % APPLIED_WINDOW as u64) as usize];
+        (s == seq).then_some(d)
+    }
+
+    /// After a reconnection, whether the publisher sending `seq` (above
+    /// `last`) is the process `last` came from: its replay buffer still
+    /// holds `last` with the bytes applied. Without a replay endpoint only
+    /// a batch that continues the sequence is trusted: a restarted engine's
+    /// would need exactly `last + 1` batches published, all missed, and any
+    /// gap means lost events either way.
+    async fn same_engine(&mut self, last: u64, seq: u64) -> bool {
+        let (Some(ep), Some(at)) = (self.cfg.replay_endpoint.clone(), self.replay_at.clone())
+        else {
+            return seq == last.wrapping_add(1);
+        };
+        match replay(&at, last, self.replay_limits()).await {
+            Ok(batches) => {
+                self.stats.replays_ok.inc();
+                metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
+                batches.first().is_some_and(|(s, payload)| {
+                    *s == last && self.applied_as(last) == Some(self.digest(payload))
+                })
+            }
+            Err(why) => {
+                self.stats.replays_failed.inc();
+                metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
+                    .increment(1);
+                tracing::warn!(endpoint = %ep, %why, "replay after a reconnection failed; taken as a restart");
+                false
+            }
+        }
     }
 
     fn replay_limits(&self) -> ReplayLimits {
@@ -370,7 +481,6 @@ impl Follower {
                         self.apply(seq, &payload);
                     }
                 }
-                self.replayed_at_start = self.last;
                 if n > 0 {
                     tracing::info!(
                         batches = n,
@@ -437,6 +547,7 @@ impl Follower {
 
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         self.last = Some(seq);
+        self.applied[(seq % APPLIED_WINDOW as u64) as usize] = (seq, self.digest(payload));
         let batch: KvEventBatch = match decode_batch_with(payload, &self.cfg.limits) {
             Ok(b) => b,
             Err(e) => {
@@ -497,3 +608,7 @@ impl Follower {
         self.hub.apply(out.changes, now_micros());
     }
 }
+
+#[cfg(test)]
+#[path = "follow_tests.rs"]
+mod tests;

@@ -377,7 +377,7 @@ async fn block_size_mismatch_is_refused_and_counted() {
 
 /// Binds a publisher on `endpoint`/`replay` again once the old one let go of
 /// the ports.
-async fn rebind(endpoint: &str, replay: &str) -> KvEventPublisher {
+async fn rebind(endpoint: &str, replay: Option<&str>) -> KvEventPublisher {
     common::poll::poll(
         "the ports free again",
         Duration::from_secs(10),
@@ -385,11 +385,117 @@ async fn rebind(endpoint: &str, replay: &str) -> KvEventPublisher {
         async || {
             let mut c = PublisherConfig::new(endpoint);
             c.topic = "kv".into();
-            c.replay_endpoint = Some(replay.into());
+            c.replay_endpoint = replay.map(str::to_owned);
             KvEventPublisher::bind(c).await.ok()
         },
     )
     .await
+}
+
+/// Waits until the restarted engine `p` has the agent subscribed again (its
+/// SUBSCRIBE lands a moment after the connection).
+async fn resubscribed(p: &KvEventPublisher) {
+    wait_for(
+        "the agent connected to the new engine",
+        || p.subscribers_accepted() > 0,
+        || async {},
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Whether the router holds `new` blocks and none of `old`.
+fn only_new(router: &TestRouter, new: &[&[u32]], old: &[u32]) -> bool {
+    let v = router.view();
+    new.iter().all(|t| v.blocks.contains(&(wp(t)[0], GPU)))
+        && !v.blocks.contains(&(wp(old)[0], GPU))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_load_scraping_a_restart_meeting_the_old_sequence_is_not_a_duplicate() {
+    // Load scraping is off (`agent_config`): only the event stream can tell.
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p1 = publisher(PayloadForm::Map, true, true).await;
+    let (endpoint, replay) = (
+        p1.endpoint().to_owned(),
+        p1.replay_endpoint().unwrap().to_owned(),
+    );
+    let agent = Agent::start(agent_config(&p1, vec![router.url()]), None)
+        .await
+        .unwrap();
+    // The old engine publishes one batch (seq 0): live, or from the start-up
+    // replay.
+    let old = tokens(1, 5000);
+    p1.publish(vec![stored(&[1], None, &old)]).await.unwrap();
+    wait_for(
+        "old block",
+        || router.view().blocks.contains(&(wp(&old)[0], GPU)),
+        || async {},
+    )
+    .await;
+    drop(p1);
+    let p2 = rebind(&endpoint, Some(&replay)).await;
+    resubscribed(&p2).await;
+    // The new engine's seq 0 and 1: before, seq 0 was dropped as a duplicate
+    // of the old engine's, and the old block was kept for good.
+    let (b, c) = (tokens(1, 6000), tokens(1, 7000));
+    p2.publish(vec![stored(&[7], None, &b)]).await.unwrap();
+    p2.publish(vec![stored(&[8], None, &c)]).await.unwrap();
+    wait_for(
+        "the new engine's blocks, the old one forgotten",
+        || only_new(&router, &[&b, &c], &old),
+        || async {},
+    )
+    .await;
+    let s = agent.stats();
+    assert_eq!(s.engine_restarts.get(), 1);
+    assert_eq!(s.gaps_unrecovered.get(), 0);
+    agent.shutdown().await;
+    router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_load_scraping_or_replay_a_restart_past_the_old_sequence_is_not_a_gap() {
+    let router = TestRouter::start("127.0.0.1:0".parse().unwrap(), None).await;
+    let p1 = publisher(PayloadForm::Map, false, true).await;
+    let endpoint = p1.endpoint().to_owned();
+    let agent = Agent::start(agent_config(&p1, vec![router.url()]), None)
+        .await
+        .unwrap();
+    wait_for(
+        "agent hears the engine",
+        || agent.stats().batches.get() > 0,
+        || poke(&p1),
+    )
+    .await;
+    let old = tokens(1, 5000);
+    let last = p1.publish(vec![stored(&[1], None, &old)]).await.unwrap();
+    wait_for(
+        "old block",
+        || router.view().blocks.contains(&(wp(&old)[0], GPU)),
+        || async {},
+    )
+    .await;
+    drop(p1);
+    let p2 = rebind(&endpoint, None).await;
+    resubscribed(&p2).await;
+    // The new engine published past the old sequence while the agent was
+    // reconnecting (lost: no replay). Before, its next batch read as a gap
+    // in the old engine's stream, and the old block was kept for good.
+    p2.skip_seq(last + 3).await;
+    let b = tokens(1, 6000);
+    p2.publish(vec![stored(&[7], None, &b)]).await.unwrap();
+    wait_for(
+        "the new engine's block, the old one forgotten",
+        || only_new(&router, &[&b], &old),
+        || async {},
+    )
+    .await;
+    let s = agent.stats();
+    assert_eq!(s.engine_restarts.get(), 1);
+    assert_eq!(s.gaps.get(), 0);
+    agent.shutdown().await;
+    router.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,7 +535,7 @@ async fn a_restarted_publisher_is_followed_again_by_the_same_subscription() {
     assert_eq!(p1.subscribers_accepted(), 1, "the idle agent re-subscribed");
 
     drop(p1); // the engine stops; it comes back on the same ports from seq 0
-    let p2 = rebind(&endpoint, &replay).await;
+    let p2 = rebind(&endpoint, Some(&replay)).await;
     let new = tokens(1, 4000);
     p2.publish(vec![stored(&[7], None, &new)]).await.unwrap();
     wait_for(
