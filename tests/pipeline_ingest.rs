@@ -581,16 +581,18 @@ async fn an_agent_bursting_snapshots_and_clears_is_paced_and_loses_nothing() {
     })
     .await;
 
-    // a: five snapshots and two clears at once, then a last delta.
+    // a: twelve snapshots and two clears at once, then a last delta. The
+    // Hello and the first seven snapshots are the burst a connecting agent
+    // gets; the rest go at one a second.
     let set = |seq: u64| -> Vec<u64> { (0..2000).map(|i| seq << 32 | i).collect() };
     let mut burst = vec![hello("a")];
-    for seq in 1..=5 {
+    for seq in 1..=12 {
         burst.push(snapshot(seq, &set(seq)));
     }
-    burst.push(cleared(6));
-    burst.push(stored(7, &[70, 71, 72]));
-    burst.push(cleared(8));
-    burst.push(stored(9, &[90, 91]));
+    burst.push(cleared(13));
+    burst.push(stored(14, &[70, 71, 72]));
+    burst.push(cleared(15));
+    burst.push(stored(16, &[90, 91]));
     let started = Instant::now();
     let (_tx_a, mut answers_a) = raw_stream_on(&client, None, burst).await.unwrap();
 
@@ -622,7 +624,7 @@ async fn an_agent_bursting_snapshots_and_clears_is_paced_and_loses_nothing() {
 
     // Every snapshot is acknowledged, in order: deferred, not dropped.
     let mut acked = Vec::new();
-    while acked.last() != Some(&5) {
+    while acked.last() != Some(&12) {
         let m = tokio::time::timeout(Duration::from_secs(15), answers_a.message())
             .await
             .expect("the snapshots were acknowledged")
@@ -636,7 +638,7 @@ async fn an_agent_bursting_snapshots_and_clears_is_paced_and_loses_nothing() {
             _ => {}
         }
     }
-    assert_eq!(acked, vec![1, 2, 3, 4, 5]);
+    assert_eq!(acked, (1..=12).collect::<Vec<u64>>());
     // The last word wins: cleared, stored 2 blocks.
     wait_until("a's final state", Duration::from_secs(10), &[], || {
         blocks(&r, "a") == 2
@@ -645,7 +647,7 @@ async fn an_agent_bursting_snapshots_and_clears_is_paced_and_loses_nothing() {
     let took = started.elapsed();
     assert!(
         took >= Duration::from_secs(5),
-        "seven replacements in {took:?}: not paced"
+        "fifteen replacements in {took:?}: not paced"
     );
     let throttled = metric(
         r.http_addr,

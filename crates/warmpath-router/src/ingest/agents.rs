@@ -69,8 +69,9 @@ pub(crate) struct Live {
     last_seq: AtomicU64,
     lag_us: AtomicU64,
     snapshots: AtomicU64,
-    /// When the worker's set was last replaced (snapshot, clear; monotonic
-    /// ms): kept across its streams, so a reconnect does not skip the pace.
+    /// The pace clock of the worker's replacements (snapshot, clear;
+    /// monotonic ms, [`super::pace::next_tat`]): kept across its streams,
+    /// so a reconnect does not skip the pace.
     replaced_ms: AtomicU64,
 }
 
@@ -86,14 +87,14 @@ impl Live {
         }
     }
 
-    /// When the worker's set was last replaced (see [`super::pace`]).
+    /// The pace clock of the worker's replacements (see [`super::pace`]).
     pub(crate) fn replaced_at(&self) -> Option<u64> {
         Self::some(&self.replaced_ms)
     }
 
-    /// The worker's set is being replaced now.
-    pub(crate) fn replaced(&self, now_ms: u64) {
-        self.replaced_ms.store(now_ms, Ordering::Relaxed);
+    /// The worker's set is being replaced: its pace clock moves to `tat`.
+    pub(crate) fn replaced(&self, tat: u64) {
+        self.replaced_ms.store(tat, Ordering::Relaxed);
     }
 
     /// Whether stream `id` still owns the worker.

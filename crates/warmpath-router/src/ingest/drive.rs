@@ -108,8 +108,8 @@ pub(super) async fn drive(
         }
         let work = pace::work(&msg);
         if let Work::Replace(kind) = work {
-            // The worker's previous replacement was under a second ago: this
-            // one waits its turn (the stream reads nothing meanwhile, so the
+            // The worker used its burst and its previous replacement was
+            // under a second ago: this one waits its turn (the stream reads nothing meanwhile, so the
             // agent's later messages wait too, in order).
             if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::monotonic_ms()) {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
@@ -127,7 +127,7 @@ pub(super) async fn drive(
                     () = tx.closed() => break,
                 }
             }
-            ws.set_replaced(crate::monotonic_ms());
+            ws.set_replaced(pace::next_tat(ws.replaced_at(), crate::monotonic_ms()));
         }
         let (now_ms, now_unix) = (crate::monotonic_ms(), unix_micros());
         let answer = match work {

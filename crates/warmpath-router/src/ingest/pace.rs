@@ -2,9 +2,14 @@
 //! snapshot replacing the worker's set, a `Cleared`, a Hello that changes
 //! the block size. Each bumps the worker's generation, and a bump can run a
 //! full-index compaction (`CacheIndex::clear_worker`). So:
-//! - each worker gets at most one such replacement per [`REPLACE_EVERY`]: a
-//!   later one waits its turn (the stream stops reading, nothing is dropped),
-//!   counted in `warmpath_ingest_throttled_total{kind}`;
+//! - each worker gets one such replacement per [`REPLACE_EVERY`], after a
+//!   burst of [`BURST`]: a later one waits its turn (the stream stops
+//!   reading, nothing is dropped), counted in
+//!   `warmpath_ingest_throttled_total{kind}`. The burst lets a connecting
+//!   agent's Hello, snapshot, resync and clear through at once: pacing those
+//!   held every delta behind them for a second, so the index learned a
+//!   fresh stream's blocks late. A loop of replacements still runs at one a
+//!   second, and a compaction needs 200 of a worker's (`CacheIndex`);
 //! - the work runs on the blocking pool, one job per pool at a time (the
 //!   sweeper's compactions take the same gate), never on an async thread.
 
@@ -14,8 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use warmpath_proto::v1::{agent_message::Msg, delta::Op, AgentMessage};
 
-/// The least time between two replacements of one worker's set.
+/// The least time between two replacements of one worker's set, past the
+/// burst.
 pub(crate) const REPLACE_EVERY: Duration = Duration::from_secs(1);
+
+/// Replacements a worker may make at once before the pace applies.
+const BURST: u64 = 8;
 
 /// A delta touching at least this many blocks is applied on the blocking
 /// pool too (milliseconds of index work).
@@ -49,12 +58,21 @@ pub(crate) fn work(m: &AgentMessage) -> Work {
     }
 }
 
-/// How long a replacement at `now_ms` waits when the worker's last one was
-/// at `last_ms` (`None`: never).
-pub(crate) fn wait_for(last_ms: Option<u64>, now_ms: u64) -> Option<Duration> {
+/// How long a replacement at `now_ms` waits, given the worker's pace clock
+/// `tat` (`None`: never replaced). The pace is a generic cell rate
+/// algorithm: `tat` runs [`REPLACE_EVERY`] ahead per replacement, and one
+/// waits while it is more than `BURST - 1` intervals ahead of now.
+pub(crate) fn wait_for(tat: Option<u64>, now_ms: u64) -> Option<Duration> {
     let every = REPLACE_EVERY.as_millis() as u64;
-    let due = last_ms?.saturating_add(every);
-    (now_ms < due).then(|| Duration::from_millis(due - now_ms))
+    let ahead = tat?.saturating_sub(now_ms);
+    let slack = (BURST - 1) * every;
+    (ahead > slack).then(|| Duration::from_millis(ahead - slack))
+}
+
+/// The pace clock after a replacement at `now_ms` (after its wait).
+pub(crate) fn next_tat(tat: Option<u64>, now_ms: u64) -> u64 {
+    let every = REPLACE_EVERY.as_millis() as u64;
+    tat.unwrap_or(0).max(now_ms).saturating_add(every)
 }
 
 /// One gate per pool: index jobs that may compact run one at a time.
@@ -90,13 +108,21 @@ mod tests {
     use warmpath_proto::v1::{Cleared, Delta, SnapshotChunk, Stored};
 
     #[test]
-    fn replacements_are_spaced_by_a_second() {
+    fn replacements_pass_in_a_burst_then_one_a_second() {
         assert_eq!(wait_for(None, 5), None);
-        assert_eq!(
-            wait_for(Some(1_000), 1_400),
-            Some(Duration::from_millis(600))
-        );
-        assert_eq!(wait_for(Some(1_000), 2_000), None);
+        // Eight at once pass; the ninth waits a second, the tenth two.
+        let (mut tat, now) = (None, 10_000);
+        for _ in 0..BURST {
+            assert_eq!(wait_for(tat, now), None);
+            tat = Some(next_tat(tat, now));
+        }
+        assert_eq!(wait_for(tat, now), Some(Duration::from_secs(1)));
+        tat = Some(next_tat(tat, now + 1_000));
+        assert_eq!(wait_for(tat, now + 1_000), Some(Duration::from_secs(1)));
+        assert_eq!(wait_for(tat, now + 2_000), None);
+        // Idle for long enough, the whole burst is back.
+        assert_eq!(wait_for(tat, now + 60_000), None);
+        assert_eq!(next_tat(tat, now + 60_000), now + 61_000);
     }
 
     #[test]

@@ -202,14 +202,15 @@ impl WorkerStream {
         self.agents.disconnect(&self.key, self.stream_id);
     }
 
-    /// When the worker's set was last replaced, by any of its streams.
+    /// The pace clock of the worker's replacements, by any of its streams.
     pub(crate) fn replaced_at(&self) -> Option<u64> {
         self.live.replaced_at()
     }
 
-    /// The worker's set is replaced now (a snapshot, a clear).
-    pub(crate) fn set_replaced(&self, now_ms: u64) {
-        self.live.replaced(now_ms);
+    /// The worker's set is replaced now (a snapshot, a clear): its pace
+    /// clock moves to `tat`.
+    pub(crate) fn set_replaced(&self, tat: u64) {
+        self.live.replaced(tat);
     }
 
     /// Applies one message; returns what to answer.
