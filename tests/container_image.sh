@@ -10,7 +10,8 @@
 #
 # Env: WARMPATH_IMAGE_BIN_DIR (default target/debug), the binaries to ship;
 # WARMPATH_DEBIAN_MIRROR (default http://deb.debian.org/debian). Skips loudly
-# (exit 0) without podman or debootstrap; a build or run failure fails.
+# (exit 0) without podman or debootstrap, fails instead under
+# WARMPATH_REQUIRE_TOOLS=1 (as .ci/run sets); a build or run failure fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,6 +23,10 @@ MODEL=warmpath-tiny
 
 for tool in podman debootstrap curl; do
   if ! command -v "$tool" >/dev/null 2>&1; then
+    if [ "${WARMPATH_REQUIRE_TOOLS:-}" = 1 ]; then
+      echo "FAILED: $tool is not installed and WARMPATH_REQUIRE_TOOLS=1: the container image cannot be tested" >&2
+      exit 1
+    fi
     echo "SKIPPED: $tool is not installed; the container image is NOT TESTED" >&2
     exit 0
   fi

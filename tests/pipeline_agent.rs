@@ -6,6 +6,8 @@
 
 #[path = "support/ingest.rs"]
 mod ingest;
+#[path = "support/tools.rs"]
+mod tools;
 
 use ingest::*;
 use std::net::SocketAddr;
@@ -302,7 +304,10 @@ fn promtool(what: &str, text: &str) -> Option<String> {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("!!! promtool not found ({e}): {what}'s metrics NOT CHECKED; .ci/run installs Debian's `prometheus`");
+            tools::missing(
+                "promtool",
+                &format!("{what}'s metrics ({e}; Debian's `prometheus`)"),
+            );
             return None;
         }
     };
@@ -481,7 +486,10 @@ fn alert_rules_pass_promtool() {
         {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("!!! promtool not found ({e}): deploy/prometheus/alerts.yaml NOT CHECKED; .ci/run installs Debian's `prometheus`");
+                tools::missing(
+                    "promtool",
+                    &format!("deploy/prometheus/alerts.yaml ({e}; Debian's `prometheus`)"),
+                );
                 return;
             }
         };

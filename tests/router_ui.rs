@@ -1,13 +1,16 @@
 //! The cache page `GET /cache-index/ui`: its access rules (those of
 //! `/cache-index`, with HTTP Basic for browsers), and the page itself
 //! loaded in headless Chromium (Debian's `chromium`; the browser test skips
-//! with a loud message when it is absent) against a router running
+//! with a loud message when it is absent, and fails under
+//! `WARMPATH_REQUIRE_TOOLS=1`, as in CI) against a router running
 //! in-process whose index is filled through the core API and whose warmest
 //! chains come from routed requests. The screenshot is kept under
 //! `target/tmp/`.
 #![allow(clippy::unwrap_used)]
 
 mod support;
+#[path = "support/tools.rs"]
+mod tools;
 
 use base64::Engine;
 use serde_json::json;
@@ -185,9 +188,9 @@ fn browse(chrome: &Path, profile: &Path, what: &str, url: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headless_chromium_shows_workers_tiers_and_the_warmest_chains() {
     let Some(chrome) = chromium() else {
-        eprintln!(
-            "\n*** SKIPPED: no chromium on PATH (Debian: apt-get install chromium; \
-             .ci/run installs it). The cache page was NOT checked in a browser. ***\n"
+        tools::missing(
+            "chromium",
+            "the cache page in a browser (Debian's `chromium`)",
         );
         return;
     };
