@@ -270,3 +270,30 @@ async fn admin_bodies_have_a_deadline_and_the_token_comes_first() {
     assert!(line.starts_with("HTTP/1.1 401"), "{line}");
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_bodies_name_no_internal_address_or_socket_error() {
+    // A backend that is gone: every connect is refused.
+    let dead = TestBackend::start("dead").await;
+    let url = dead.url();
+    dead.kill();
+    drop(dead);
+    let pool = "    strategy: random\n    expose_routing_headers: false";
+    let yaml = format!("pools:\n  - model: m\n{pool}\n    backends: [{{url: '{url}'}}]\n");
+    let r = RouterProcess::from_yaml(&yaml).await;
+    let c = client();
+    let got = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x"}),
+        &[],
+    )
+    .await;
+    let e = got.error(502);
+    let text = String::from_utf8_lossy(&got.body).into_owned();
+    let host = url.trim_start_matches("http://");
+    for secret in [host, "127.0.0.1", "refused", "os error", "tcp connect"] {
+        assert!(!text.contains(secret), "{secret:?} shown: {text}");
+    }
+    assert_eq!(e["code"], "upstream_failed");
+}
