@@ -21,6 +21,7 @@
 //! write must be `Content-Type: application/json`, which no page can send
 //! cross-site without a CORS preflight the router never grants.
 
+use crate::config::split_port;
 use crate::error::ApiError;
 use crate::state::Shared;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
@@ -92,42 +93,6 @@ pub fn inspect(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
-    }
-}
-
-/// The `Host` names a loopback listener answers, port aside (lowercase);
-/// `None` when the listener is reachable from other hosts, where DNS
-/// rebinding gains nothing and names are the deployment's business.
-pub fn loopback_hosts(listen: &str, allowed: &[String]) -> Option<Vec<String>> {
-    let (host, _) = split_port(listen);
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    if !loopback {
-        return None;
-    }
-    let mut names: Vec<String> = ["localhost", "127.0.0.1", "[::1]", host]
-        .iter()
-        .map(|h| h.to_ascii_lowercase())
-        .collect();
-    names.extend(allowed.iter().map(|h| split_port(h).0.to_ascii_lowercase()));
-    names.sort();
-    names.dedup();
-    Some(names)
-}
-
-/// `host[:port]` split at the port (an IPv6 literal keeps its brackets).
-fn split_port(authority: &str) -> (&str, Option<&str>) {
-    if let Some(end) = authority.strip_prefix('[').and_then(|r| r.find(']')) {
-        let (host, rest) = authority.split_at(end + 2);
-        return (host, rest.strip_prefix(':'));
-    }
-    match authority.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => (h, Some(p)),
-        _ => (authority, None),
     }
 }
 
@@ -248,23 +213,8 @@ mod tests {
     }
 
     #[test]
-    fn loopback_listeners_know_their_names() {
-        let names = loopback_hosts("127.0.0.1:0", &["Router.Local:9".into()]).unwrap();
-        assert_eq!(names, ["127.0.0.1", "[::1]", "localhost", "router.local"]);
-        assert!(loopback_hosts("[::1]:8000", &[])
-            .unwrap()
-            .contains(&"[::1]".into()));
-        assert!(loopback_hosts("localhost:8000", &[]).is_some());
-        assert!(loopback_hosts("0.0.0.0:8000", &[]).is_none());
-        assert!(loopback_hosts("10.0.0.1:8000", &[]).is_none());
-        assert_eq!(split_port("[::1]:80"), ("[::1]", Some("80")));
-        assert_eq!(split_port("[::1]"), ("[::1]", None));
-        assert_eq!(split_port("h:1"), ("h", Some("1")));
-    }
-
-    #[test]
     fn foreign_hosts_origins_and_plain_text_writes_are_refused() {
-        let names = loopback_hosts("127.0.0.1:8000", &[]).unwrap();
+        let names = crate::config::loopback_hosts("127.0.0.1:8000", &[]).unwrap();
         let n = Some(names.as_slice());
         let get = Method::GET;
         assert_eq!(

@@ -632,3 +632,60 @@ impl RouterConfig {
         self.pools.iter().find(|p| p.model == model)
     }
 }
+
+/// The `Host` names a loopback listener answers, port aside (lowercase);
+/// `None` when the listener is reachable from other hosts, where DNS
+/// rebinding gains nothing and names are the deployment's business.
+pub fn loopback_hosts(listen: &str, allowed: &[String]) -> Option<Vec<String>> {
+    let (host, _) = split_port(listen);
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return None;
+    }
+    let mut names: Vec<String> = ["localhost", "127.0.0.1", "[::1]", host]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    names.extend(allowed.iter().map(|h| split_port(h).0.to_ascii_lowercase()));
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
+/// `host[:port]` split at the port (an IPv6 literal keeps its brackets).
+pub(crate) fn split_port(authority: &str) -> (&str, Option<&str>) {
+    if let Some(end) = authority.strip_prefix('[').and_then(|r| r.find(']')) {
+        let (host, rest) = authority.split_at(end + 2);
+        return (host, rest.strip_prefix(':'));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (h, Some(p)),
+        _ => (authority, None),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_listeners_know_their_names() {
+        let names = loopback_hosts("127.0.0.1:0", &["Router.Local:9".into()]).unwrap();
+        assert_eq!(names, ["127.0.0.1", "[::1]", "localhost", "router.local"]);
+        assert!(loopback_hosts("[::1]:8000", &[])
+            .unwrap()
+            .contains(&"[::1]".into()));
+        assert!(loopback_hosts("localhost:8000", &[]).is_some());
+        assert!(loopback_hosts("0.0.0.0:8000", &[]).is_none());
+        assert!(loopback_hosts("10.0.0.1:8000", &[]).is_none());
+        assert_eq!(split_port("[::1]:80"), ("[::1]", Some("80")));
+        assert_eq!(split_port("[::1]"), ("[::1]", None));
+        assert_eq!(split_port("h:1"), ("h", Some("1")));
+    }
+}

@@ -5,7 +5,7 @@
 //! - `GET /admin/pools/{model}/backends`: members with health, draining,
 //!   origin and agent state; `missing_for_ms` for a discovered member gone
 //!   from its provider's answers (out of rotation, kept for a grace:
-//!   `crate::discovery`).
+//!   see the discovery module).
 //! - `POST /admin/pools/{model}/backends` `{url, worker_id?, adapters?}`:
 //!   added at once (probed once, then routed to); 201.
 //! - `DELETE /admin/pools/{model}/backends/{worker_id}`: removed at once;

@@ -119,7 +119,7 @@ impl Shared {
                 body_timeout: Duration::from_millis(config.server.body_timeout_ms),
                 access_log: config.server.access_log,
                 upstream_auth: config.upstream.api_key.as_ref().and_then(|k| k.bearer()),
-                hosts: crate::access::loopback_hosts(&config.listen, &config.server.allowed_hosts),
+                hosts: crate::config::loopback_hosts(&config.listen, &config.server.allowed_hosts),
             },
             metrics,
             agents,

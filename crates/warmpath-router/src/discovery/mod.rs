@@ -18,6 +18,7 @@ mod grace;
 #[cfg(feature = "kubernetes")]
 mod kubernetes;
 pub mod provider;
+mod vanished;
 
 use crate::backend::Origin;
 use crate::config::BackendConfig;
