@@ -67,6 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use warmpath_edge::LogEvery;
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
 /// How to follow one rank.
@@ -138,8 +139,8 @@ struct Follower {
     last_parent_replay: Option<Instant>,
     pending_parent: bool,
     rank_label: String,
-    /// When refused blocks were last logged (at most every 10 s).
-    refusal_logged: Option<Instant>,
+    /// Refused blocks are logged at most every 10 s.
+    refusal_log: LogEvery,
 }
 
 /// Follows one rank until `cancel` fires.
@@ -282,7 +283,7 @@ impl Follower {
             buffer_read: false,
             last_parent_replay: None,
             pending_parent: false,
-            refusal_logged: None,
+            refusal_log: LogEvery::default(),
         }
     }
 
@@ -573,14 +574,10 @@ impl Follower {
         }
         if out.refused > 0 {
             metrics::counter!("warmpath_agent_blocks_refused_total").increment(out.refused);
-            let now = Instant::now();
-            let quiet = self
-                .refusal_logged
-                .is_some_and(|t| now.duration_since(t) < Duration::from_secs(10));
-            if !quiet {
-                self.refusal_logged = Some(now);
+            if let Some(suppressed) = self.refusal_log.ready() {
                 tracing::warn!(
                     refused = out.refused,
+                    suppressed,
                     rank = self.cfg.rank,
                     max = crate::tracker::MAX_BLOCKS,
                     "the engine reports more blocks than any engine holds; new ones refused"

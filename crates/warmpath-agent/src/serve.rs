@@ -34,6 +34,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use warmpath_edge::{raw_http1, ErrorBody, ErrorCode, LogEvery};
 
 /// What one client may hold of the agent's HTTP server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,17 +132,16 @@ pub async fn serve(
 
 /// The bytes written to a connection over the cap.
 fn refusal(max: usize) -> Vec<u8> {
-    let body = serde_json::json!({"error": {
-        "message": format!("too many connections: the agent serves at most {max} at once; retry shortly"),
-        "type": "agent_busy",
-        "code": 503,
-    }})
-    .to_string();
-    format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    let status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
+    let message =
+        format!("too many connections: the agent serves at most {max} at once; retry shortly");
+    let body = ErrorBody {
+        message: &message,
+        kind: "agent_busy",
+        param: None,
+        code: ErrorCode::Status(status),
+    };
+    raw_http1(status, &[("retry-after", "1")], &body.json())
 }
 
 /// Accept failures (EMFILE, most likely): a back-off doubling from 10 ms to
@@ -150,17 +150,13 @@ fn refusal(max: usize) -> Vec<u8> {
 struct AcceptFailures {
     count: u64,
     delay_ms: u64,
-    logged: Option<Instant>,
+    log: LogEvery,
 }
 
 impl AcceptFailures {
     async fn failed(&mut self, e: &io::Error, cancel: &CancellationToken) {
         self.count += 1;
-        if self
-            .logged
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
-        {
-            self.logged = Some(Instant::now());
+        if self.log.ready().is_some() {
             tracing::warn!(error = %e, failures = self.count,
                 "accept failed; backing off (logged at most every 10 s)");
         }

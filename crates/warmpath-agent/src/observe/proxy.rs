@@ -1,7 +1,8 @@
 //! The sidecar proxy: every request goes to the engine as it came, and the
 //! engine's answer comes back as it went (status, headers, body chunk by chunk;
-//! nothing is decompressed or re-encoded). Hop-by-hop headers are not
-//! forwarded, `content-length` is recomputed.
+//! nothing is decompressed or re-encoded). Hop-by-hop headers and those
+//! `Connection` names are not forwarded ([`warmpath_edge::headers`]),
+//! `content-length` is recomputed.
 //!
 //! A client that leaves drops the response stream, which drops the engine
 //! connection, so the engine stops generating for it.
@@ -9,7 +10,7 @@
 use super::{ByteBudget, Held, ObserveStats, Observed};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use bytes::{Bytes, BytesMut};
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use warmpath_core::Expect;
+use warmpath_edge::{ErrorBody, ErrorCode};
 
 /// What the proxy handler needs.
 #[derive(Debug, Clone)]
@@ -46,37 +48,25 @@ pub fn proxy_router(state: ProxyState) -> Router {
     Router::new().fallback(forward).with_state(state)
 }
 
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-            | "content-length"
-    )
-}
+/// Headers the proxy sets itself on either side: `host` is the engine's,
+/// and the body's length is known again once read (reqwest and hyper set it).
+const OWN_HEADERS: [HeaderName; 2] = [header::HOST, header::CONTENT_LENGTH];
 
+/// The end-to-end headers of `from`, minus [`OWN_HEADERS`].
 fn copy_headers(from: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(from.len());
-    for (k, v) in from {
-        if !is_hop_by_hop(k) {
-            out.append(k.clone(), v.clone());
-        }
-    }
-    out
+    warmpath_edge::end_to_end(from, &OWN_HEADERS)
 }
 
+/// An answer of the agent's own, in the OpenAI shape with vLLM's numeric
+/// `code`.
 fn error(status: StatusCode, kind: &str, message: String) -> Response {
-    let body =
-        serde_json::json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
-    (status, axum::Json(body)).into_response()
+    let body = ErrorBody {
+        message: &message,
+        kind,
+        param: None,
+        code: ErrorCode::Status(status),
+    };
+    (status, axum::Json(body.json())).into_response()
 }
 
 /// Which observed endpoint a request is for, if any.
@@ -193,7 +183,7 @@ impl BodyFault {
                     ),
                 );
                 r.headers_mut().insert(
-                    axum::http::header::RETRY_AFTER,
+                    header::RETRY_AFTER,
                     axum::http::HeaderValue::from_static("1"),
                 );
                 r
@@ -232,7 +222,6 @@ async fn read_body(body: Body, s: &ProxyState) -> Result<(Bytes, Held), BodyFaul
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use axum::http::header;
 
     #[test]
     fn only_posts_to_the_two_openai_endpoints_are_observed() {
@@ -271,6 +260,52 @@ mod tests {
         let out = copy_headers(&h);
         assert_eq!(out.len(), 2);
         assert!(out.contains_key(header::AUTHORIZATION) && out.contains_key("x-prefix-aware-id"));
+    }
+
+    /// RFC 9110 section 7.6.1: a header that `Connection` names is for one
+    /// hop only, so the proxy must not pass it to the engine (the agent once
+    /// forwarded it; the router never did).
+    #[tokio::test]
+    async fn a_header_that_connection_names_does_not_reach_the_engine() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // The engine answers with the names of the headers it received.
+        let engine = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let engine_addr = engine.local_addr().unwrap();
+        let echo = Router::new().fallback(|h: HeaderMap| async move {
+            h.keys().map(|k| k.as_str()).collect::<Vec<_>>().join(",")
+        });
+        tokio::spawn(async move { axum::serve(engine, echo).await.unwrap() });
+        let (tx, _rx) = mpsc::channel(4);
+        let state = ProxyState {
+            client: reqwest::Client::new(),
+            engine_url: format!("http://{engine_addr}"),
+            observe_tx: tx,
+            max_body_bytes: 1 << 20,
+            queue: ByteBudget::new(1 << 20),
+            bodies: ByteBudget::new(1 << 20),
+            body_timeout: Duration::from_secs(5),
+            stats: Arc::new(ObserveStats::default()),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, proxy_router(state)).await.unwrap() });
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close, x-hop-secret\r\n\
+              x-hop-secret: 1\r\nx-kept: 1\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), c.read_to_string(&mut answer))
+            .await
+            .expect("answered")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // The body (chunked or not) after the head.
+        let seen = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        assert!(seen.contains("x-kept"), "{answer}");
+        assert!(!seen.contains("x-hop-secret"), "{answer}");
     }
 
     /// A proxy on 127.0.0.1 in front of an engine that is not there, with
