@@ -268,9 +268,15 @@ fn cdf(values: &[f64], points: usize) -> Vec<(f64, f64)> {
 
 /// The markdown comparison table.
 pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
-    let mut t = format!(
+    // The references are the trace's, the same for every strategy that ran
+    // it in full: said once above the table, not in every row.
+    let shared = reports.iter().find_map(references);
+    let mut t = shared.as_ref().map_or_else(String::new, |refs| {
+        format!("Hit-rate references over this run's trace (defined under the table): {refs}\n\n")
+    });
+    t.push_str(&format!(
         "| strategy | goodput req/s (P90 TTFT <= {slo_ms:.0} ms) | KV hit rate | TTFT P50 ms | P90 | P99 | e2e P50 ms | throughput req/s | tok/s | share min-max % | failures | index fidelity |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-    );
+    ));
     for r in reports {
         let fid = r.fidelity.as_ref().map_or("-".to_owned(), |f| {
             format!(
@@ -279,7 +285,13 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
             )
         });
         let good = r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}"));
-        let hit = crate::optimum::cell(r.hit_rate, r.hit_ceiling, r.optimum);
+        // A row whose references differ (its run lost requests) keeps its own.
+        let own = references(r);
+        let hit = if own.is_none() || own == shared {
+            format!("{:.1}%", 100.0 * r.hit_rate)
+        } else {
+            crate::optimum::cell(r.hit_rate, r.hit_ceiling, r.optimum)
+        };
         t.push_str(&format!(
             "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1}-{:.1} | {} | {} |\n",
             r.strategy, good, hit, r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99,
@@ -296,6 +308,14 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
         t.push('\n');
     }
     t
+}
+
+/// The hit-rate references of `r` as [`crate::optimum::cell`] words them,
+/// less the hit rate ("ceiling 95.0%, bound 91.1%, ..."); `None` without
+/// any.
+fn references(r: &StrategyReport) -> Option<String> {
+    let cell = crate::optimum::cell(0.0, r.hit_ceiling, r.optimum);
+    Some(cell.strip_prefix("0.0% (")?.strip_suffix(')')?.to_owned())
 }
 
 /// The console's table: the main numbers, aligned, in at most
