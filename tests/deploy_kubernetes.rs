@@ -220,6 +220,95 @@ fn the_manifests_agree_with_each_other() {
     for name in ["warmpath-router", "vllm-engines"] {
         find(&objs, "ServiceMonitor", name);
     }
+    pods_prove_who_they_are(&objs, config);
+}
+
+/// Each agent presents its own pod's projected token of the audience the
+/// routers review, from the file the volume mounts; no engine container
+/// reads the Secret; the routers' account may review tokens and get pods,
+/// and the engines' account nothing.
+fn pods_prove_who_they_are(objs: &[Value], config: &Value) {
+    let engines = find(objs, "Deployment", "vllm");
+    let pod = &engines["spec"]["template"]["spec"];
+    let agent = container(engines, "agent");
+    let a = args(agent);
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| !v["projected"].is_null())
+        .expect("a projected token volume");
+    let source = &volume["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!(
+        s(source, "audience"),
+        s(config, "ingest.pod_token_audience")
+    );
+    let mount = agent["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the agent mounts the token");
+    assert_eq!(
+        flag(&a, "--agent-token-file"),
+        format!("{}/{}", s(mount, "mountPath"), s(source, "path"))
+    );
+    let engine_yaml = read("vllm-deployment.yaml");
+    assert!(
+        !engine_yaml.contains("secretKeyRef") && !engine_yaml.contains("WARMPATH_AGENT_TOKEN"),
+        "an engine pod holds no secret of the routers'"
+    );
+    let engine_sa = find(objs, "ServiceAccount", s(pod, "serviceAccountName"));
+    assert_eq!(
+        engine_sa["automountServiceAccountToken"].as_bool(),
+        Some(false)
+    );
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+    let bindings_of = |sa: &str| -> Vec<&Value> {
+        objs.iter()
+            .filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding")
+            .filter(|b| {
+                b["subjects"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x["kind"] == "ServiceAccount" && x["name"] == sa)
+            })
+            .collect()
+    };
+    assert!(bindings_of(s(pod, "serviceAccountName")).is_empty());
+
+    let router = find(objs, "Deployment", "warmpath-router");
+    let sa = s(router, "spec.template.spec.serviceAccountName");
+    find(objs, "ServiceAccount", sa);
+    let mut granted = BTreeSet::new();
+    for b in bindings_of(sa) {
+        let role = find(objs, s(b, "roleRef.kind"), s(b, "roleRef.name"));
+        for rule in role["rules"].as_sequence().unwrap() {
+            for res in rule["resources"].as_sequence().unwrap() {
+                for verb in rule["verbs"].as_sequence().unwrap() {
+                    granted.insert(format!(
+                        "{} {} {}",
+                        s(role, "kind"),
+                        res.as_str().unwrap(),
+                        verb.as_str().unwrap()
+                    ));
+                }
+            }
+        }
+    }
+    let want: BTreeSet<String> = ["ClusterRole tokenreviews create", "Role pods get"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(granted, want, "the routers' account may do this, no more");
+    let env: Vec<&str> = container(router, "router")["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| s(e, "name"))
+        .collect();
+    assert!(env.contains(&"WARMPATH_AGENT_SECRET") && !env.contains(&"WARMPATH_AGENT_TOKEN"));
 }
 
 /// Runs `kubectl kustomize` on the folder: (rendered objects) or None when
@@ -266,7 +355,12 @@ fn kustomize_renders_the_folder_offline() {
         "the Deployment mounts the hashed ConfigMap"
     );
     for o in &objs {
-        if o["kind"] != "Namespace" {
+        if o["kind"] == "ClusterRole" || o["kind"] == "ClusterRoleBinding" {
+            // Cluster-scoped; the binding's account is the namespace's.
+            if o["kind"] == "ClusterRoleBinding" {
+                assert_eq!(s(o, "subjects.0.namespace"), NAMESPACE, "{o:?}");
+            }
+        } else if o["kind"] != "Namespace" {
             assert_eq!(s(o, "metadata.namespace"), NAMESPACE, "{o:?}");
         }
     }
@@ -376,7 +470,7 @@ fn the_kubernetes_discovery_component_agrees_with_the_base() {
     let kz = &docs(&component("kustomization.yaml"), "component kustomization")[0];
     assert_eq!(s(kz, "kind"), "Component");
     let rbac = docs(&component("rbac.yaml"), "rbac.yaml");
-    let sa = find(&rbac, "ServiceAccount", "warmpath-router");
+    let sa = find(&objs, "ServiceAccount", "warmpath-router");
     let role = rbac.iter().find(|o| o["kind"] == "Role").expect("a Role");
     let rules = role["rules"].as_sequence().unwrap();
     assert_eq!(rules.len(), 1);
@@ -397,15 +491,19 @@ fn the_kubernetes_discovery_component_agrees_with_the_base() {
     assert_eq!(s(binding, "subjects.0.kind"), "ServiceAccount");
     assert_eq!(s(binding, "subjects.0.name"), s(sa, "metadata.name"));
     assert_eq!(s(binding, "subjects.0.namespace"), NAMESPACE);
-    assert!(
-        component("kustomization.yaml").contains("serviceAccountName: warmpath-router"),
+    assert_eq!(
+        s(
+            find(&objs, "Deployment", "warmpath-router"),
+            "spec.template.spec.serviceAccountName"
+        ),
+        s(sa, "metadata.name"),
         "the Deployment runs as that account"
     );
 }
 
 #[test]
 fn the_kubernetes_discovery_config_passes_the_routers_check() {
-    let env: Vec<(String, String)> = ["WARMPATH_ADMIN_TOKEN", "WARMPATH_AGENT_TOKEN"]
+    let env: Vec<(String, String)> = ["WARMPATH_ADMIN_TOKEN", "WARMPATH_AGENT_SECRET"]
         .iter()
         .map(|k| ((*k).to_owned(), "k8s-test-token-0123456789".to_owned()))
         .collect();

@@ -219,3 +219,270 @@ async fn an_agent_cannot_forge_another_replicas_decision() {
     .await;
     assert_eq!(count("forged").await, 2.0);
 }
+
+/// A Kubernetes API server for pod tokens: TokenReview answers as the real
+/// one gives them (authenticated only for the asked audience, the pod bound
+/// in `extra`), pods by name, a token whose review hangs, and a count of
+/// reviews per token.
+#[cfg(feature = "kubernetes")]
+mod api {
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::{get, post};
+    use axum::Json;
+    use parking_lot::Mutex;
+    use serde_json::{json, Value};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    /// A token bound to pod `pod-a` (uid `uid-a`) of namespace `default`.
+    pub const POD_A: &str = "eyJhbGciOi.eyJwb2QiOiJh.c2lnLWE";
+    /// Bound to a pod of another namespace.
+    pub const OTHER_NS: &str = "eyJhbGciOi.eyJucyI6ImV2.c2lnLWV2aWw";
+    /// Bound to an earlier pod named `pod-a` (another uid).
+    pub const OLD_POD_A: &str = "eyJhbGciOi.eyJvbGQiOiJh.c2lnLW9sZA";
+    /// Its review never answers.
+    pub const HANGS: &str = "eyJhbGciOi.eyJoYW5nIjox.c2lnLWhhbmc";
+
+    #[derive(Default)]
+    pub struct Seen {
+        pub reviews: Mutex<HashMap<String, usize>>,
+    }
+
+    fn review(token: &str, audiences: &[String]) -> Value {
+        let bound = |ns: &str, pod: &str, uid: &str| {
+            json!({"authenticated": true, "audiences": ["warmpath"], "user": {
+                "username": format!("system:serviceaccount:{ns}:vllm"),
+                "extra": {
+                    "authentication.kubernetes.io/pod-name": [pod],
+                    "authentication.kubernetes.io/pod-uid": [uid]}}})
+        };
+        let status = match token {
+            _ if !audiences.iter().any(|a| a == "warmpath") => {
+                json!({"authenticated": false, "error": "token audiences [\"warmpath\"] is invalid for the target audiences"})
+            }
+            POD_A => bound("default", "pod-a", "uid-a"),
+            OTHER_NS => bound("evil", "pod-a", "uid-e"),
+            OLD_POD_A => bound("default", "pod-a", "uid-old"),
+            _ => json!({"authenticated": false, "error": "invalid bearer token\nforged: line"}),
+        };
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+               "metadata": {}, "spec": {"token": token}, "status": status})
+    }
+
+    async fn reviews(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Response {
+        let token = body["spec"]["token"].as_str().unwrap_or("").to_owned();
+        let audiences: Vec<String> =
+            serde_json::from_value(body["spec"]["audiences"].clone()).unwrap_or_default();
+        *seen.reviews.lock().entry(token.clone()).or_default() += 1;
+        if token == HANGS {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        }
+        (StatusCode::CREATED, Json(review(&token, &audiences))).into_response()
+    }
+
+    async fn pod(Path((ns, name)): Path<(String, String)>) -> Response {
+        if ns == "default" && name == "pod-a" {
+            return Json(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "pod-a", "namespace": "default", "uid": "uid-a"},
+                "status": {"podIP": "10.1.0.5", "podIPs": [{"ip": "10.1.0.5"}, {"ip": "fd00::5"}]}}))
+            .into_response();
+        }
+        (
+            StatusCode::NOT_FOUND,
+            Json(json!({"apiVersion": "v1", "kind": "Status",
+            "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": format!("pods \"{name}\" not found")})),
+        )
+            .into_response()
+    }
+
+    /// Serves on loopback; returns its URL and what it saw.
+    pub async fn start() -> (String, Arc<Seen>) {
+        let seen = Arc::new(Seen::default());
+        let app = axum::Router::new()
+            .route("/apis/authentication.k8s.io/v1/tokenreviews", post(reviews))
+            .route("/api/v1/namespaces/{ns}/pods/{name}", get(pod))
+            .with_state(Arc::clone(&seen));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (url, seen)
+    }
+
+    /// A kubeconfig for `url`, namespace `default`, written into `dir`.
+    pub fn kubeconfig(dir: &std::path::Path, url: &str) -> String {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: t, cluster: {{server: '{url}'}}}}]\nusers: [{{name: t, user: {{}}}}]\ncontexts: [{{name: t, context: {{cluster: t, user: t, namespace: default}}}}]\ncurrent-context: t\n"
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+}
+
+/// The refusal the router answers a stream with, after its Hello.
+#[cfg(feature = "kubernetes")]
+async fn refusal(answers: &mut tonic::Streaming<RouterMessage>) -> warmpath_proto::v1::Refused {
+    match first_answer(answers).await.and_then(|m| m.msg) {
+        Some(router_message::Msg::Refused(r)) => r,
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+/// In Kubernetes an engine pod holds no secret of the routers': its agent
+/// presents the pod's projected ServiceAccount token, which the router has
+/// the API server review, and may then publish only for that pod (by name
+/// or by one of its IPs). Another pod's worker, a pod of another namespace,
+/// a replaced pod, a token for another audience and a made-up token are
+/// refused; a review that hangs is refused in time while a per-worker
+/// credential keeps working; a reconnecting pod is not reviewed again.
+#[cfg(feature = "kubernetes")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_token_speaks_only_for_its_own_pod() {
+    let (url, seen) = api::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api::kubeconfig(dir.path(), &url);
+    let backend = TestBackend::start("b0").await;
+    let ids = ["http://10.1.0.5:8000", "pod-a", "http://10.1.0.6:8000", "b"];
+    let backends: Vec<String> = ids
+        .iter()
+        .map(|id| format!("{{url: '{}', worker_id: '{id}'}}", backend.url()))
+        .collect();
+    let yaml = format!(
+        "grpc_listen: 127.0.0.1:0\nagent_secret: {SECRET}\ningest:\n  pod_token_audience: warmpath\npools:\n  - model: m\n    block_size: 4\n    backends: [{}]\n",
+        backends.join(", ")
+    );
+    let r = Router::start_with_env(dir.path(), &yaml, &[("KUBECONFIG", &kubeconfig)]).await;
+    let c = client();
+    let has = async |worker: &str, n: u64| {
+        poll(
+            &format!("{worker}'s snapshot"),
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            async || (r.blocks(&c, worker).await == n).then_some(()),
+        )
+        .await
+    };
+
+    // The pod, by its IP and by its name.
+    let (_a1, _) = agent_as(&r.grpc, ids[0], 1, Some(api::POD_A), &[1, 2, 3], None)
+        .await
+        .unwrap();
+    has(ids[0], 3).await;
+    let (_a2, _) = agent_as(&r.grpc, ids[1], 1, Some(api::POD_A), &[4, 5], None)
+        .await
+        .unwrap();
+    has(ids[1], 2).await;
+
+    // The same token for another pod's worker: refused for good.
+    let (_f, mut forged) = agent_as(&r.grpc, ids[2], 1, Some(api::POD_A), &[9], None)
+        .await
+        .unwrap();
+    let why = refusal(&mut forged).await;
+    assert!(
+        why.reason
+            .contains("names pod \"pod-a\", not worker \"http://10.1.0.6:8000\""),
+        "{}",
+        why.reason
+    );
+    assert!(!why.retryable);
+
+    // Another namespace, a replaced pod, a made-up token: refused, with
+    // the API server's own words escaped.
+    for (token, says) in [
+        (
+            api::OTHER_NS,
+            "in namespace \"evil\", not the routers' (default)",
+        ),
+        (api::OLD_POD_A, "replaced by another of the same name"),
+        (
+            "eyJhbGciOi.bWFkZSB1cA.bm9wZQ",
+            "did not authenticate the pod token: \"invalid bearer token\\nforged: line\"",
+        ),
+    ] {
+        let (_t, mut answers) = agent_as(&r.grpc, ids[2], 1, Some(token), &[9], None)
+            .await
+            .unwrap();
+        let why = refusal(&mut answers).await;
+        assert!(why.reason.contains(says), "{token}: {}", why.reason);
+    }
+    assert_eq!(r.blocks(&c, ids[2]).await, 0);
+    // Not a token's shape at all: no stream.
+    let e = agent_as(&r.grpc, ids[2], 1, Some("not a token"), &[9], None)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+
+    // A review that hangs holds its stream only until the deadline, and
+    // a per-worker credential is served meanwhile.
+    let started = std::time::Instant::now();
+    let (_h, mut hung) = agent_as(&r.grpc, ids[2], 1, Some(api::HANGS), &[9], None)
+        .await
+        .unwrap();
+    let token_b = warmpath_proto::worker_token(SECRET, "b");
+    let (_b, _) = agent_as(&r.grpc, "b", 1, Some(&token_b), &[6, 7], None)
+        .await
+        .unwrap();
+    has("b", 2).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let why = refusal(&mut hung).await;
+    assert!(
+        why.reason.contains("could not be reviewed"),
+        "{}",
+        why.reason
+    );
+    assert!(why.retryable);
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // The pod reconnects (a newer epoch): its kept answer serves, no review.
+    let (_a3, _) = agent_as(&r.grpc, ids[0], 2, Some(api::POD_A), &[8], None)
+        .await
+        .unwrap();
+    has(ids[0], 1).await;
+    assert_eq!(seen.reviews.lock()[api::POD_A], 1);
+    let accepted = "warmpath_ingest_pod_token_reviews_total{outcome=\"accepted\"} ";
+    assert_eq!(r.metric(&c, accepted).await, 1.0);
+    let refused = "warmpath_ingest_pod_token_reviews_total{outcome=\"refused\"} ";
+    assert_eq!(r.metric(&c, refused).await, 3.0);
+}
+
+/// A router told to review pod tokens with no way to reach an API server
+/// does not start, and says which key asked for it.
+#[cfg(feature = "kubernetes")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_tokens_without_an_api_server_stop_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("router.yaml");
+    std::fs::write(
+        &cfg,
+        "grpc_listen: 127.0.0.1:0\ningest:\n  pod_token_audience: warmpath\npools:\n  - model: m\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
+        .args(["--listen", "127.0.0.1:0", "--config", cfg.to_str().unwrap()])
+        .env("KUBECONFIG", dir.path().join("missing"))
+        .env("HOME", dir.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ingest.pod_token_audience"), "{err}");
+}

@@ -21,11 +21,17 @@ impl Router {
     /// The router binary with `yaml` (which sets `grpc_listen`) as its
     /// config file, written into `dir`.
     pub async fn start(dir: &std::path::Path, yaml: &str) -> Self {
+        Self::start_with_env(dir, yaml, &[]).await
+    }
+
+    /// [`Router::start`] with more environment variables.
+    pub async fn start_with_env(dir: &std::path::Path, yaml: &str, env: &[(&str, &str)]) -> Self {
         let cfg = dir.join("router.yaml");
         std::fs::write(&cfg, yaml).unwrap();
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
             .args(["--listen", "127.0.0.1:0", "--config", cfg.to_str().unwrap()])
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()

@@ -19,7 +19,7 @@
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
-use crate::link::{Identity, LinkConfig};
+use crate::link::{Credential, Identity, LinkConfig};
 use crate::load::scrape_loop;
 use crate::observe::{
     proxy_router, run_observer, LruMirror, ObserveStats, PromptHasher, ProxyState,
@@ -81,8 +81,12 @@ pub struct AgentConfig {
     pub tls_domain: Option<String>,
     /// Events or observe.
     pub mode: Mode,
-    /// Shared token sent as `authorization: Bearer <token>`.
+    /// Token sent as `authorization: Bearer <token>`: the worker's
+    /// credential or the routers' shared token.
     pub agent_token: Option<String>,
+    /// A file holding the token, read at every connect (a projected
+    /// ServiceAccount token, which rotates); instead of `agent_token`.
+    pub agent_token_file: Option<PathBuf>,
     /// Send the token over plain http:// to routers on other hosts.
     pub insecure: bool,
     /// Data-parallel ranks to follow (>= 1).
@@ -143,6 +147,7 @@ impl AgentConfig {
             tls_domain: None,
             mode: Mode::Events,
             agent_token: None,
+            agent_token_file: None,
             insecure: false,
             dp_ranks: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -232,7 +237,16 @@ impl Agent {
         if cfg.routers.is_empty() {
             tracing::warn!("no --router given: the agent tracks blocks but publishes nowhere");
         }
-        if cfg.agent_token.is_some() && !cfg.insecure {
+        if cfg.agent_token.is_some() && cfg.agent_token_file.is_some() {
+            return Err(AgentError::Config(
+                "--agent-token and --agent-token-file: give one".into(),
+            ));
+        }
+        if let Some(path) = &cfg.agent_token_file {
+            crate::link::read_token_file(path).map_err(AgentError::Config)?;
+        }
+        let sends_token = cfg.agent_token.is_some() || cfg.agent_token_file.is_some();
+        if sends_token && !cfg.insecure {
             if let Some(r) = cfg
                 .routers
                 .iter()
@@ -248,7 +262,7 @@ impl Agent {
             router_targets.push(match crate::replicas::dns_target(r) {
                 Some(t) => {
                     let (name, port) = t?;
-                    if cfg.agent_token.is_some() && !cfg.insecure {
+                    if sends_token && !cfg.insecure {
                         return Err(AgentError::Config(format!(
                             "--router {r}: its replicas are reached over plain http://, so the agent token would cross the network in plain text; pass --insecure (inside a trusted network) or list https:// routers"
                         )));
@@ -435,7 +449,11 @@ impl Agent {
             },
             model: cfg.model.clone(),
             epoch,
-            token: cfg.agent_token.clone(),
+            token: match (&cfg.agent_token_file, &cfg.agent_token) {
+                (Some(f), _) => Some(Credential::File(f.clone())),
+                (None, Some(t)) => Some(Credential::Token(t.clone())),
+                (None, None) => None,
+            },
             tls: router_tls,
         };
         let links = Arc::new(Links {

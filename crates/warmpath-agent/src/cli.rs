@@ -102,6 +102,15 @@ pub struct Cli {
     /// `authorization: Bearer ...`.
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<String>,
+    /// A file holding the token, re-read at every connect: in Kubernetes,
+    /// the pod's projected ServiceAccount token (audience: the routers'
+    /// `ingest.pod_token_audience`), so the pod needs no secret.
+    #[arg(
+        long,
+        env = "WARMPATH_AGENT_TOKEN_FILE",
+        conflicts_with = "agent_token"
+    )]
+    pub agent_token_file: Option<PathBuf>,
     /// Send `--agent-token` even over plain http:// to a router on another host.
     #[arg(long)]
     pub insecure: bool,
@@ -182,6 +191,7 @@ impl Cli {
             CliMode::Observe => Mode::Observe,
         };
         c.agent_token = self.agent_token.filter(|t| !t.is_empty());
+        c.agent_token_file = self.agent_token_file;
         c.insecure = self.insecure;
         c.dp_ranks = self.dp_ranks;
         c.listen = self.listen;

@@ -40,10 +40,58 @@ pub struct Identity {
     pub model: String,
     /// This agent run's epoch.
     pub epoch: u64,
-    /// Shared token for the router, if any.
-    pub token: Option<String>,
+    /// What proves this agent to the routers, if anything.
+    pub token: Option<Credential>,
     /// TLS settings for `https` routers ([`crate::tls::router_tls`]).
     pub tls: Option<ClientTlsConfig>,
+}
+
+/// What the agent sends as `authorization: Bearer ...`.
+#[derive(Clone)]
+pub enum Credential {
+    /// A fixed token: the worker's credential or the routers' shared token.
+    Token(String),
+    /// A file read at every connect, as a projected ServiceAccount token
+    /// rotates under the agent.
+    File(std::path::PathBuf),
+}
+
+/// A token file longer than this is not a token.
+const MAX_TOKEN_FILE: u64 = 64 * 1024;
+
+impl Credential {
+    /// The token to send now.
+    fn current(&self) -> Result<String, LinkError> {
+        match self {
+            Credential::Token(t) => Ok(t.clone()),
+            Credential::File(path) => read_token_file(path).map_err(LinkError::Connect),
+        }
+    }
+}
+
+/// The token in `path`, trimmed; the error says what is wrong with it.
+pub(crate) fn read_token_file(path: &std::path::Path) -> Result<String, String> {
+    let fail =
+        |why: &dyn std::fmt::Display| format!("--agent-token-file {}: {why}", path.display());
+    let len = std::fs::metadata(path).map_err(|e| fail(&e))?.len();
+    if len > MAX_TOKEN_FILE {
+        return Err(fail(&format!("{len} bytes is too large for a token")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| fail(&e))?;
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(fail(&"the file is empty"));
+    }
+    Ok(t.to_owned())
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Token(_) => f.write_str("Token(<redacted>)"),
+            Credential::File(p) => write!(f, "File({})", p.display()),
+        }
+    }
 }
 
 /// Link tuning.
@@ -214,7 +262,7 @@ async fn stream_once(
         .map_err(|_| LinkError::Closed)?;
     let mut req = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(t) = &id.token {
-        let v = bearer(t)
+        let v = bearer(&t.current()?)
             .parse()
             .map_err(|_| LinkError::Connect("agent token is not valid header text".into()))?;
         req.metadata_mut().insert(AUTHORIZATION, v);
@@ -360,6 +408,32 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::net::TcpListener;
+
+    #[test]
+    fn a_token_file_is_read_at_every_connect_and_bad_ones_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let cred = Credential::File(path.clone());
+        let missing = cred.current().unwrap_err().to_string();
+        assert!(missing.contains("--agent-token-file"), "{missing}");
+        std::fs::write(&path, "first.token.a\n").unwrap();
+        assert_eq!(cred.current().unwrap(), "first.token.a");
+        // The kubelet rotated it: the next connect sends the new one.
+        std::fs::write(&path, "second.token.b").unwrap();
+        assert_eq!(cred.current().unwrap(), "second.token.b");
+        std::fs::write(&path, " \n").unwrap();
+        assert!(cred.current().unwrap_err().to_string().contains("empty"));
+        std::fs::write(&path, vec![b'a'; 70_000]).unwrap();
+        assert!(cred
+            .current()
+            .unwrap_err()
+            .to_string()
+            .contains("too large"));
+        assert_eq!(
+            format!("{:?}", Credential::Token("secret".into())),
+            "Token(<redacted>)"
+        );
+    }
 
     /// A "router" that accepts connections and never answers: the link
     /// gives up on each stream at its deadline and connects again.

@@ -232,6 +232,10 @@ fn describe() {
         "warmpath_ingest_refused_total",
         "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello, streams)"
     );
+    describe_counter!(
+        "warmpath_ingest_pod_token_reviews_total",
+        "Agents' pod tokens reviewed with the Kubernetes API server, by outcome (accepted, refused, unavailable); kept answers are not counted"
+    );
     describe_gauge!(
         "warmpath_hot_cache_entries",
         "Entries held by the router's hot-path memo caches"

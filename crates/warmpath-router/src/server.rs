@@ -172,7 +172,17 @@ pub async fn start(
         let (l, addr) = bind(g).await?;
         grpc_addr = Some(addr);
         let dir: Arc<dyn ingest::PoolDirectory> = pools;
-        let ingest_config = config.ingest_config()?;
+        #[allow(unused_mut)]
+        let mut ingest_config = config.ingest_config()?;
+        #[cfg(feature = "kubernetes")]
+        if let Some(audience) = &config.ingest.pod_token_audience {
+            ingest_config.pods = Some(ingest::PodTokens::connect(audience).await.map_err(|e| {
+                RouterError::Config(crate::config::invalid(
+                    "ingest.pod_token_audience",
+                    e.to_string(),
+                ))
+            })?);
+        }
         let started = ingest::spawn(
             l,
             dir,

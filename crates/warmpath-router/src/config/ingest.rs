@@ -27,6 +27,10 @@ pub struct IngestSettings {
     /// Share each routing decision with the other router replicas through
     /// the agents' streams (default true; ARCHITECTURE.md, "Router replicas").
     pub share_decisions: bool,
+    /// Kubernetes: agents may present their pod's projected ServiceAccount
+    /// token of this audience, reviewed by the API server; the stream then
+    /// publishes only for that pod (its name, or a URL on its IP).
+    pub pod_token_audience: Option<String>,
 }
 
 impl Default for IngestSettings {
@@ -38,6 +42,7 @@ impl Default for IngestSettings {
             stale_after_ms: d.stale_after.as_millis() as u64,
             drop_after_ms: d.drop_after.as_millis() as u64,
             share_decisions: true,
+            pod_token_audience: None,
         }
     }
 }
@@ -59,6 +64,10 @@ pub struct IngestConfig {
     pub drop_after: Duration,
     /// PEM certificate and key: serve TLS.
     pub tls: Option<TlsPem>,
+    /// Reviews agents' pod tokens (`pod_token_audience`); set by the caller,
+    /// which can reach the API server.
+    #[cfg(feature = "kubernetes")]
+    pub pods: Option<std::sync::Arc<crate::ingest::PodTokens>>,
 }
 
 impl Default for IngestConfig {
@@ -69,6 +78,8 @@ impl Default for IngestConfig {
             stale_after: Duration::from_secs(10),
             drop_after: Duration::from_secs(120),
             tls: None,
+            #[cfg(feature = "kubernetes")]
+            pods: None,
         }
     }
 }
@@ -112,6 +123,26 @@ impl IngestSettings {
                 ),
             ));
         }
+        if let Some(a) = &self.pod_token_audience {
+            if !cfg!(feature = "kubernetes") {
+                return Err(invalid(
+                    "ingest.pod_token_audience",
+                    "this router was built without the `kubernetes` feature",
+                ));
+            }
+            if a.is_empty() || a.len() > 253 || a.chars().any(char::is_whitespace) {
+                return Err(invalid(
+                    "ingest.pod_token_audience",
+                    "must be a non-empty audience name without spaces (the agents' projected token's `audience`)",
+                ));
+            }
+            if config.agent_token.is_some() {
+                return Err(invalid(
+                    "ingest.pod_token_audience",
+                    "pod tokens bind each agent to its pod, and agent_token lets any holder publish for any worker: drop agent_token (keep agent_secret for agents outside the cluster)",
+                ));
+            }
+        }
         let tls = self.load_tls()?;
         if tls.is_some() && config.grpc_listen.is_none() {
             return Err(invalid(
@@ -151,6 +182,8 @@ impl RouterConfig {
             stale_after: Duration::from_millis(self.ingest.stale_after_ms),
             drop_after: Duration::from_millis(self.ingest.drop_after_ms),
             tls: self.ingest.load_tls()?,
+            #[cfg(feature = "kubernetes")]
+            pods: None,
         })
     }
 }

@@ -115,7 +115,10 @@ impl RouterConfig {
             ));
         }
         if let Some(g) = grpc.filter(|g| !g.ip().is_loopback()) {
-            if self.agent_secret.is_none() && self.agent_token.is_none() {
+            if self.agent_secret.is_none()
+                && self.agent_token.is_none()
+                && self.ingest.pod_token_audience.is_none()
+            {
                 return Err(invalid(
                     "agent_secret",
                     format!(

@@ -35,13 +35,18 @@
 mod agents;
 mod drive;
 mod guard;
+mod identity;
 mod pace;
+#[cfg(feature = "kubernetes")]
+mod pods;
 mod stream;
 mod sweeper;
 #[cfg(test)]
 mod tests;
 
 pub use agents::{AgentStatus, Agents};
+#[cfg(feature = "kubernetes")]
+pub use pods::PodTokens;
 pub use sweeper::{set_memory_release, spawn_sweeper};
 // The settings are configuration (`config::ingest`); re-exported for embedders.
 pub use crate::config::{IngestConfig, TlsPem};
@@ -158,6 +163,11 @@ pub enum IngestError {
     /// transient socket errors.
     #[error("gRPC ingest server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// No Kubernetes API client for reviewing pod tokens
+    /// (`ingest.pod_token_audience`): not in a pod and no kubeconfig. Not
+    /// retryable: fix the environment.
+    #[error("cannot review agents' pod tokens: {0}")]
+    PodTokens(String),
 }
 
 /// How agents prove who they are.
@@ -206,6 +216,8 @@ pub struct IngestService {
     dir: Arc<dyn PoolDirectory>,
     agents: Arc<Agents>,
     auth: AgentAuth,
+    /// Reviews pod tokens (`ingest.pod_token_audience`), when set.
+    pods: identity::Pods,
     shutdown: CancellationToken,
     hello_within: Duration,
     /// Streams not yet authenticated, by peer address.
@@ -248,6 +260,7 @@ impl IngestService {
             dir,
             agents,
             auth,
+            pods: None,
             shutdown,
             hello_within: HELLO_WITHIN,
             admission: Arc::new(Admission::default()),
@@ -255,6 +268,13 @@ impl IngestService {
             refusals: Arc::default(),
             silent: Arc::default(),
         }
+    }
+
+    /// Takes pod tokens too, reviewed by `pods`.
+    #[cfg(feature = "kubernetes")]
+    pub fn with_pod_tokens(mut self, pods: Arc<PodTokens>) -> Self {
+        self.pods = Some(pods);
+        self
     }
 
     /// Shares `gates` with the sweeper of the same pools.
@@ -307,25 +327,11 @@ impl CacheEvents for IngestService {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
         let remote = request.remote_addr();
-        // The credential a per-worker stream presented, checked against its
-        // Hello's worker id once that arrives.
-        let credential = match &self.auth {
-            AgentAuth::Open => None,
-            AgentAuth::Shared(token) => {
-                if !warmpath_proto::check_bearer(request.metadata(), token) {
-                    return Err(self.unauthenticated(remote, "missing or wrong agent token"));
-                }
-                None
-            }
-            AgentAuth::PerWorker(secret) => match warmpath_proto::bearer_token(request.metadata()) {
-                Some(t) if guard::is_worker_token(t) => Some((secret.clone(), t.to_owned())),
-                _ => {
-                    return Err(self.unauthenticated(
-                        remote,
-                        "missing or malformed agent credential (warmpath-router --print-agent-token WORKER)",
-                    ))
-                }
-            },
+        // What the stream presented, checked against its Hello's worker id
+        // once that arrives.
+        let credential = match identity::presented(&self.auth, &self.pods, request.metadata()) {
+            Ok(c) => c,
+            Err(why) => return Err(self.unauthenticated(remote, why)),
         };
         // Held until the Hello is checked: a peer cannot hold more than its
         // share of streams nobody has authenticated yet.
@@ -395,24 +401,14 @@ impl CacheEvents for IngestService {
             };
             // Peer-chosen strings: escaped and cut, so no log line is forged.
             let span = tracing::info_span!("agent", worker = %shown(&hello.worker_id), model = %shown(&hello.model), epoch = hello.epoch);
-            if let Some((secret, presented)) = &credential {
-                let expected = warmpath_proto::worker_token(secret, &hello.worker_id);
-                if !warmpath_proto::same_token(presented, &expected) {
-                    let r = Refusal {
-                        reason: format!(
-                            "the agent credential does not name worker {}",
-                            shown(&hello.worker_id)
-                        ),
-                        retryable: false,
-                    };
-                    metrics::counter!("warmpath_ingest_refused_total", "reason" => "identity")
-                        .increment(1);
-                    if let Some(suppressed) = sh.refusals.ready() {
-                        span.in_scope(|| tracing::warn!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (refusals are logged at most every 10 s)"));
-                    }
-                    let _ = tx.send(Ok(refused(&r))).await;
-                    return;
+            if let Err(r) = credential.check(&hello.worker_id).await {
+                metrics::counter!("warmpath_ingest_refused_total", "reason" => "identity")
+                    .increment(1);
+                if let Some(suppressed) = sh.refusals.ready() {
+                    span.in_scope(|| tracing::warn!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (refusals are logged at most every 10 s)"));
                 }
+                let _ = tx.send(Ok(refused(&r))).await;
+                return;
             }
             drop(ticket);
             drive::drive(sh, hello, inbound, tx).instrument(span).await;
@@ -467,18 +463,21 @@ pub fn spawn(
     let tls = config.tls.is_some();
     pace::describe();
     let gates = Arc::new(Gates::default());
-    let router = server(config.tls)?.add_service(CacheEventsServer::new(
-        IngestService::new(
-            Arc::clone(&dir),
-            agents,
-            AgentAuth::new(config.token.clone(), config.secret.clone()),
-            shutdown.clone(),
-        )
-        .with_gates(Arc::clone(&gates)),
-    ));
+    let auth = AgentAuth::new(config.token.clone(), config.secret.clone());
+    let auth_name = auth.name();
+    #[allow(unused_mut)]
+    let mut service = IngestService::new(Arc::clone(&dir), agents, auth, shutdown.clone())
+        .with_gates(Arc::clone(&gates));
+    #[cfg(feature = "kubernetes")]
+    if let Some(p) = &config.pods {
+        service = service.with_pod_tokens(Arc::clone(p));
+    }
+    let pod_tokens = service.pods.is_some();
+    let router = server(config.tls)?.add_service(CacheEventsServer::new(service));
     tracing::info!(
         tls,
-        auth = AgentAuth::new(config.token.clone(), config.secret.clone()).name(),
+        auth = auth_name,
+        pod_tokens,
         stale_after_ms = config.stale_after.as_millis() as u64,
         drop_after_ms = config.drop_after.as_millis() as u64,
         "agent ingest starting"
