@@ -1,9 +1,10 @@
 //! Error answers in vLLM's shape:
-//! `{"error": {"message", "type", "param", "code"}}`.
+//! `{"error": {"message", "type", "param", "code"}}` (the body is
+//! [`warmpath_edge::ErrorBody`], with the status as `code`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use warmpath_edge::{ErrorBody, ErrorCode};
 
 /// An error answer: a status and a message for the client.
 #[derive(Debug)]
@@ -48,9 +49,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.message, "type": self.kind(), "param": null,
-                                    "code": self.status.as_u16()}});
-        (self.status, axum::Json(body)).into_response()
+        let body = ErrorBody {
+            message: &self.message,
+            kind: self.kind(),
+            param: None,
+            code: ErrorCode::Status(self.status),
+        };
+        (self.status, axum::Json(body.json())).into_response()
     }
 }
 

@@ -4,11 +4,11 @@
 use crate::config::ConfigError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use std::path::PathBuf;
 use thiserror::Error;
 use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{IndexError, PolicyError, RequestError, TenantError};
+use warmpath_edge::{ErrorBody, ErrorCode};
 
 /// Why the router could not start (or reload). None of these is retryable
 /// without changing the configuration or the environment.
@@ -248,25 +248,18 @@ impl ApiError {
     /// The whole HTTP/1.1 answer as bytes, closing the connection: for the
     /// answers written to a socket directly, outside hyper's service.
     pub fn raw_http1(&self) -> Vec<u8> {
-        let body = self.body().to_string();
-        format!(
-            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n{body}",
-            self.status.as_u16(),
-            self.status.canonical_reason().unwrap_or(""),
-            body.len()
-        )
-        .into_bytes()
+        warmpath_edge::raw_http1(self.status, &[], &self.body())
     }
 
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
+        ErrorBody {
+            message: &self.message,
+            kind: self.kind,
+            param: self.param.as_deref(),
+            code: ErrorCode::Name(self.code),
+        }
+        .json()
     }
 }
 

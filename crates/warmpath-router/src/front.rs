@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 use tracing::Instrument;
 use warmpath_core::request::surface::Endpoint;
+use warmpath_edge::LogEvery;
 
 /// The proxied endpoints, answered without axum's router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -358,22 +359,19 @@ fn refusal(max: usize) -> Vec<u8> {
     .raw_http1()
 }
 
-/// Accept failures (EMFILE, ENFILE, ...): logged at most every
-/// [`AcceptBackoff::LOG_EVERY`], with a back-off doubling from 10 ms to 1 s.
+/// Accept failures (EMFILE, ENFILE, ...): logged at most every 10 s, with a
+/// back-off doubling from 10 ms to 1 s.
 #[derive(Debug, Default)]
 struct AcceptBackoff {
     failures: u64,
     delay_ms: u64,
-    last_log: Option<Instant>,
+    log: LogEvery,
 }
 
 impl AcceptBackoff {
-    const LOG_EVERY: Duration = Duration::from_secs(10);
-
     async fn failed(&mut self, e: &std::io::Error) {
         self.failures += 1;
-        if self.last_log.is_none_or(|t| t.elapsed() >= Self::LOG_EVERY) {
-            self.last_log = Some(Instant::now());
+        if self.log.ready().is_some() {
             tracing::warn!(error = %e, failures = self.failures,
                 "accept failed; backing off (logged at most every 10 s)");
         }

@@ -5,7 +5,8 @@
 //!   sent); a backend failing `eject_after` times in a row (refused connects, 5xx
 //!   answers, exchanges broken after sending) is ejected until
 //!   an active probe passes (see [`crate::health`]).
-//! - Status, headers (minus hop-by-hop ones and those `Connection` names) and body pass through; the body
+//! - Status, headers (minus hop-by-hop ones and those `Connection` names:
+//!   [`warmpath_edge::headers`]) and body pass through; the body
 //!   is streamed frame by frame as it arrives ([`TrackedBody`]), never
 //!   buffered. When the client goes away the body is dropped, which drops the
 //!   upstream response and closes that connection: the engine sees the
@@ -26,7 +27,7 @@ use crate::requests::Routed;
 use crate::route::{self, Plan};
 use crate::state::Shared;
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::BoxError;
 use bytes::Bytes;
@@ -40,49 +41,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use warmpath_core::Decision;
+use warmpath_edge::copy_end_to_end;
 
 /// Header naming the backend that served a response.
 pub const BACKEND_HEADER: &str = "x-warmpath-backend";
 /// Header naming why that backend was chosen.
 pub const DECISION_HEADER: &str = "x-warmpath-decision";
-
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-];
-
-fn hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(&name.as_str()) || name == header::UPGRADE
-}
-
-/// The headers a message's `Connection` header names: hop-by-hop for that
-/// hop only (RFC 9110 section 7.6.1), so a proxy drops them too.
-fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect()
-}
-
-/// `headers` minus hop-by-hop ones, those the `Connection` header names and
-/// `skip`, appended to `into`.
-fn copy_end_to_end(headers: &HeaderMap, into: &mut HeaderMap, skip: &[HeaderName]) {
-    let named = connection_named(headers);
-    for (name, value) in headers {
-        if !hop_by_hop(name) && !named.contains(name) && !skip.contains(name) {
-            into.append(name.clone(), value.clone());
-        }
-    }
-}
 
 /// What to send upstream.
 #[derive(Debug)]

@@ -7,7 +7,6 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// Streams one HTTP/2 connection may have open at once (h2's
 /// `SETTINGS_MAX_CONCURRENT_STREAMS`; tonic's default is unlimited). An
@@ -24,9 +23,6 @@ pub(crate) const MAX_UNAUTHENTICATED: usize = 256;
 
 /// Characters of a peer-chosen string a log line or refusal shows.
 pub(crate) const SHOWN_CHARS: usize = 64;
-
-/// How often a flood of refusals may log one line.
-pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Whether `t` has the shape [`warmpath_proto::worker_token`] gives every
 /// credential: `wp1-` and 64 lowercase hex digits. Checked before the Hello
@@ -58,25 +54,9 @@ pub(crate) fn shown(s: &str) -> String {
     }
 }
 
-/// Lets one log line through every [`LOG_EVERY`] and counts the ones it
-/// held back, for a line that says how many there were.
-#[derive(Debug, Default)]
-pub(crate) struct LogEvery {
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl LogEvery {
-    /// `Some(suppressed since the last line)` when a line may be logged now.
-    pub(crate) fn ready(&self) -> Option<u64> {
-        let mut s = self.state.lock();
-        if s.0.is_some_and(|t| t.elapsed() < LOG_EVERY) {
-            s.1 += 1;
-            return None;
-        }
-        s.0 = Some(Instant::now());
-        Some(std::mem::take(&mut s.1))
-    }
-}
+/// Refusals a peer can cause at will log one line every 10 s (the
+/// throttle's default), counting the ones held back.
+pub(crate) use warmpath_edge::LogEvery;
 
 /// The address a cap counts under: IPv4 as it is (IPv4-mapped IPv6 too),
 /// IPv6 by its /64, which one host usually holds whole.
@@ -219,12 +199,13 @@ mod tests {
     }
 
     #[test]
-    fn log_every_lets_one_line_through_and_counts_the_rest() {
+    fn log_every_lets_one_line_through_every_10_s_and_counts_the_rest() {
+        use std::time::{Duration, Instant};
         let l = LogEvery::default();
-        assert_eq!(l.ready(), Some(0));
+        let t0 = Instant::now();
+        assert_eq!(l.ready_at(t0), Some(0));
         assert_eq!((l.ready(), l.ready()), (None, None));
-        l.state.lock().0 = Instant::now().checked_sub(LOG_EVERY);
-        assert_eq!(l.ready(), Some(2));
+        assert_eq!(l.ready_at(t0 + Duration::from_secs(10)), Some(2));
     }
 
     #[test]
