@@ -1,96 +1,16 @@
-//! Aggregating a run's samples per strategy and writing the results: JSON, a
-//! markdown table, SVG plots and one self-contained HTML report.
+//! Aggregating a run's samples per strategy ([`StrategyReport`], in
+//! `types`), and the trace's hit-rate ceiling; `table` writes the tables,
+//! `super::plot` the charts and the HTML page.
 
 use super::driver::Sample;
 use crate::stats::{share_min_max, Summary};
-use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// Index fidelity: the router's predicted cached tokens vs the engine's.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Fidelity {
-    /// Requests with both numbers.
-    pub samples: usize,
-    /// Share of them where prediction == engine, %.
-    pub exact_pct: f64,
-    /// 100 * (1 - sum |predicted - engine| / sum max(predicted, engine)).
-    pub token_agreement_pct: f64,
-    /// Requests where the engine had more cached than predicted (the index
-    /// had not yet heard of blocks: a prefill of the same prefix finished
-    /// between the query and this request's own prefill).
-    pub under_predicted: usize,
-    /// Cached tokens the index missed, summed over `under_predicted`.
-    pub under_tokens: u64,
-    /// Requests where the engine had less cached than predicted (blocks
-    /// evicted between the query and the prefill, or not yet stored).
-    pub over_predicted: usize,
-    /// Predicted tokens the engine lacked, summed over `over_predicted`.
-    pub over_tokens: u64,
-}
+mod table;
+mod types;
 
-/// One rate-search step.
-#[derive(Clone, Debug, Serialize)]
-pub struct RatePoint {
-    /// Offered arrivals per second.
-    pub rate: f64,
-    /// P90 TTFT at that rate, ms.
-    pub ttft_p90_ms: f64,
-    /// Failed requests.
-    pub failures: usize,
-    /// Whether the SLO held.
-    pub ok: bool,
-}
-
-/// Everything measured for one strategy.
-#[derive(Clone, Debug, Serialize)]
-pub struct StrategyReport {
-    /// The strategy.
-    pub strategy: String,
-    /// Offered rate of the main run, req/s.
-    pub rate: f64,
-    /// Requests sent.
-    pub requests: usize,
-    /// Requests that failed.
-    pub failures: usize,
-    /// Cached prompt tokens / prompt tokens (engines' `cached_tokens`).
-    pub hit_rate: f64,
-    /// The same from the engines' `/metrics` (prefix cache hits / queries
-    /// during the main run), as a cross-check.
-    pub engine_hit_rate: Option<f64>,
-    /// The hit rate a perfect router with unlimited cache could reach on
-    /// this trace (see [`hit_ceiling`]).
-    pub hit_ceiling: Option<f64>,
-    /// Offline references that also know every backend's capacity: a
-    /// pooled-cache Belady upper bound, a per-backend Belady reference and
-    /// two references on LRU engines (see [`crate::optimum::LEGEND`]).
-    pub optimum: Option<crate::optimum::Optimum>,
-    /// Time to first token, ms.
-    pub ttft_ms: Summary,
-    /// End-to-end latency, ms.
-    pub e2e_ms: Summary,
-    /// Completed requests per second.
-    pub throughput_rps: f64,
-    /// Output tokens per second.
-    pub output_tokens_per_s: f64,
-    /// Smallest per-instance share, %.
-    pub share_min_pct: f64,
-    /// Largest per-instance share, %.
-    pub share_max_pct: f64,
-    /// Requests per backend.
-    pub shares: BTreeMap<String, u64>,
-    /// Requests per routing decision kind.
-    pub decisions: BTreeMap<String, u64>,
-    /// Index fidelity (when sampled).
-    pub fidelity: Option<Fidelity>,
-    /// Highest searched rate with P90 TTFT under the SLO, req/s.
-    pub goodput_rps: Option<f64>,
-    /// The rate search.
-    pub rate_search: Vec<RatePoint>,
-    /// (second, hit rate of requests completed in it).
-    pub hit_over_time: Vec<(f64, f64)>,
-    /// TTFT CDF points (ms, fraction).
-    pub ttft_cdf: Vec<(f64, f64)>,
-}
+pub use table::{console, markdown, CONSOLE_WIDTH};
+pub use types::{Fidelity, RatePoint, StrategyReport};
 
 /// Aggregates one run.
 pub fn aggregate(
@@ -266,126 +186,6 @@ fn cdf(values: &[f64], points: usize) -> Vec<(f64, f64)> {
     out
 }
 
-/// The markdown comparison table.
-pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
-    // The references are the trace's, the same for every strategy that ran
-    // it in full: said once above the table, not in every row.
-    let shared = reports.iter().find_map(references);
-    let mut t = shared.as_ref().map_or_else(String::new, |refs| {
-        format!("Hit-rate references over this run's trace (defined under the table): {refs}\n\n")
-    });
-    t.push_str(&format!(
-        "| strategy | goodput req/s (P90 TTFT <= {slo_ms:.0} ms) | KV hit rate | TTFT P50 ms | P90 | P99 | e2e P50 ms | throughput req/s | tok/s | share min-max % | failures | index fidelity |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-    ));
-    for r in reports {
-        let fid = r.fidelity.as_ref().map_or("-".to_owned(), |f| {
-            format!(
-                "{:.1}% exact, {:.1}% tokens (n={}, under {}, over {})",
-                f.exact_pct, f.token_agreement_pct, f.samples, f.under_predicted, f.over_predicted
-            )
-        });
-        let good = r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}"));
-        // A row whose references differ (its run lost requests) keeps its own.
-        let own = references(r);
-        let hit = if own.is_none() || own == shared {
-            format!("{:.1}%", 100.0 * r.hit_rate)
-        } else {
-            crate::optimum::cell(r.hit_rate, r.hit_ceiling, r.optimum)
-        };
-        t.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1}-{:.1} | {} | {} |\n",
-            r.strategy, good, hit, r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99,
-            r.e2e_ms.p50, r.throughput_rps, r.output_tokens_per_s, r.share_min_pct,
-            r.share_max_pct, r.failures, fid
-        ));
-    }
-    if reports
-        .iter()
-        .any(|r| r.hit_ceiling.is_some() || r.optimum.is_some())
-    {
-        t.push('\n');
-        t.push_str(crate::optimum::LEGEND);
-        t.push('\n');
-    }
-    t
-}
-
-/// The hit-rate references of `r` as [`crate::optimum::cell`] words them,
-/// less the hit rate ("ceiling 95.0%, bound 91.1%, ..."); `None` without
-/// any.
-fn references(r: &StrategyReport) -> Option<String> {
-    let cell = crate::optimum::cell(0.0, r.hit_ceiling, r.optimum);
-    Some(cell.strip_prefix("0.0% (")?.strip_suffix(')')?.to_owned())
-}
-
-/// The console's table: the main numbers, aligned, in at most
-/// [`CONSOLE_WIDTH`] columns; the full table ([`markdown`]: hit-rate bounds,
-/// index fidelity) is in results.md and report.html.
-pub fn console(reports: &[StrategyReport], slo_ms: f64) -> String {
-    let head = [
-        "strategy",
-        "goodput",
-        "hit %",
-        "ceiling",
-        "TTFT p50/p90/p99 ms",
-        "e2e p50",
-        "req/s",
-        "tok/s",
-        "share %",
-        "fail",
-    ];
-    let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}", 100.0 * v));
-    let rows: Vec<[String; 10]> = reports
-        .iter()
-        .map(|r| {
-            [
-                r.strategy.clone(),
-                r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}")),
-                pct(Some(r.hit_rate)),
-                pct(r.hit_ceiling),
-                format!(
-                    "{:.0}/{:.0}/{:.0}",
-                    r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99
-                ),
-                format!("{:.0}", r.e2e_ms.p50),
-                format!("{:.2}", r.throughput_rps),
-                format!("{:.0}", r.output_tokens_per_s),
-                format!("{:.1}-{:.1}", r.share_min_pct, r.share_max_pct),
-                r.failures.to_string(),
-            ]
-        })
-        .collect();
-    let mut widths = head.map(str::len);
-    for row in &rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let padded: Vec<String> = cells
-            .zip(widths)
-            .enumerate()
-            .map(|(i, (c, w))| match i {
-                0 => format!("{c:<w$}"),
-                _ => format!("{c:>w$}"),
-            })
-            .collect();
-        format!("{}\n", padded.join("  ").trim_end())
-    };
-    let mut t = line(&mut head.iter().copied());
-    for row in &rows {
-        t.push_str(&line(&mut row.iter().map(String::as_str)));
-    }
-    t.push_str(&format!(
-        "goodput: the highest searched req/s with P90 TTFT <= {slo_ms:.0} ms\n\
-         the full table (hit-rate bounds, index fidelity) is in results.md and report.html\n"
-    ));
-    t
-}
-
-/// The widest line [`console`] writes for the demo's strategies.
-pub const CONSOLE_WIDTH: usize = 120;
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -439,43 +239,6 @@ mod tests {
         assert_eq!(f.over_predicted, 0);
         assert_eq!(r.ttft_ms.p50, 20.0);
         assert!(markdown(&[r], 500.0).contains("| kv_aware |"));
-    }
-
-    #[test]
-    fn the_console_table_fits_120_columns_with_wide_numbers() {
-        let mut r = aggregate(
-            "least_outstanding",
-            1.0,
-            &[sample("a", 96, Some(6), 10.0)],
-            16,
-            &["a".into()],
-        );
-        r.ttft_ms.p50 = 123_456.0;
-        r.ttft_ms.p90 = 234_567.0;
-        r.ttft_ms.p99 = 345_678.0;
-        r.e2e_ms.p50 = 456_789.0;
-        r.goodput_rps = Some(1234.5);
-        r.hit_ceiling = Some(0.987);
-        r.output_tokens_per_s = 123_456.0;
-        r.failures = 100_000;
-        let t = console(&[r.clone(), r], 10_000.0);
-        let lines: Vec<&str> = t.lines().collect();
-        for l in &lines {
-            assert!(
-                l.chars().count() <= CONSOLE_WIDTH,
-                "{} columns: {l}",
-                l.chars().count()
-            );
-        }
-        assert!(
-            lines[0].starts_with("strategy") && lines[1].starts_with("least_outstanding"),
-            "{t}"
-        );
-        assert!(
-            t.contains("123456/234567/345678") && t.contains("98.7"),
-            "{t}"
-        );
-        assert!(t.contains("results.md"), "{t}");
     }
 
     #[test]
