@@ -443,6 +443,36 @@ async fn ejection_has_a_ceiling_and_only_engine_faults_count() {
     }
 }
 
+/// A pool whose only candidate was ejected routes to it anyway (Envoy's
+/// panic routing) instead of answering 503 until the back-off ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_every_member_ejected_routes_to_them_in_panic() {
+    let b = TestBackend::start("b0").await;
+    let r = one_backend_router(&b, "health: {eject_after: 1, probe_interval_ms: 600000}").await;
+    let c = client();
+    let url = r.url("/v1/completions");
+    let got = post(
+        &c,
+        &url,
+        &json!({"model": "m", "prompt": "x", "x_status": 500}),
+        &[],
+    )
+    .await;
+    assert_eq!(got.status, 500);
+    let v = get_url(&c, &r.url("/readyz")).await.json();
+    assert_eq!(v["pools"][0]["in_rotation"].as_u64(), Some(0), "{v}");
+    for _ in 0..3 {
+        let got = post(&c, &url, &json!({"model": "m", "prompt": "ok"}), &[]).await;
+        assert_eq!(got.status, 200, "{:?}", got.body);
+    }
+    let m = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
+    assert_eq!(
+        metric_value(&m, "warmpath_panic_routed_total{pool=\"m\"}"),
+        Some(3.0),
+        "{m}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_asking_for_credentials_is_alive_not_ejected() {
     let b = TestBackend::start("b0").await;

@@ -23,6 +23,7 @@
 //! | `warmpath_ingest_throttled_total` | counter | kind = snapshot, cleared, hello |
 //! | `warmpath_request_bodies_refused_total` | counter | |
 //! | `warmpath_ejections_refused_total` | counter | pool |
+//! | `warmpath_panic_routed_total` | counter | pool |
 //! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::caches`]) |
 //! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
 //! | `warmpath_hot_cache_entries` | gauge | pool, cache |
@@ -116,6 +117,10 @@ fn describe() {
     describe_counter!(
         "warmpath_request_bodies_refused_total",
         "Requests answered 503 because server.max_body_bytes_in_flight of request bodies were held"
+    );
+    describe_counter!(
+        "warmpath_panic_routed_total",
+        "Requests routed to ejected backends because every member that could take them was ejected (panic routing)"
     );
     describe_counter!(
         "warmpath_ejections_refused_total",
@@ -462,6 +467,11 @@ pub fn bodies_refused() -> Counter {
 /// `warmpath_ejections_refused_total{pool}`.
 pub fn ejections_refused(model: &str) -> Counter {
     metrics::counter!("warmpath_ejections_refused_total", "pool" => model.to_owned())
+}
+
+/// `warmpath_panic_routed_total{pool}`.
+pub fn panic_routed(model: &str) -> Counter {
+    metrics::counter!("warmpath_panic_routed_total", "pool" => model.to_owned())
 }
 
 /// Counts one `warmpath_response_affinity_total{pool, outcome}`.

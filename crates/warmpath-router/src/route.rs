@@ -218,6 +218,16 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
 /// `excluded` positions, draining backends and backends not serving its
 /// adapter marked ineligible.
 pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
+    loads_of(plan, excluded, agents, false)
+}
+
+/// [`loads`]; in `panic`, ejected backends count as eligible too.
+fn loads_of(
+    plan: &Plan,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+    panic: bool,
+) -> Vec<BackendLoad> {
     let pool = &plan.target.pool;
     let now_ms = crate::monotonic_ms();
     // Other replicas' requests there, as shared through the agents.
@@ -232,7 +242,8 @@ pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -
         .enumerate()
         .map(|(i, b)| {
             let engine = agents.and_then(|a| b.engine_load(&pool.model, a, now_ms));
-            load_of(b, eligible(plan, excluded, i), engine, remote(i))
+            let ok = eligible(plan, excluded, i) || (panic && may_panic(plan, excluded, i));
+            load_of(b, ok, engine, remote(i))
         })
         .collect()
 }
@@ -251,7 +262,24 @@ fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
             .is_none_or(|a| b.serves_adapter(a))
 }
 
-/// Picks a backend for `plan`, never one in `excluded`.
+/// Whether position `i` could take it but for its ejection.
+fn may_panic(plan: &Plan, excluded: &[usize], i: usize) -> bool {
+    let b = &plan.policy.backends[i];
+    !b.is_healthy()
+        && !b.is_draining()
+        && !excluded.contains(&i)
+        && plan
+            .target
+            .adapter
+            .as_deref()
+            .is_none_or(|a| b.serves_adapter(a))
+}
+
+/// Picks a backend for `plan`, never one in `excluded`. When every member
+/// that could take it is ejected, the ejected ones take it (Envoy's panic
+/// routing): an answer from a doubtful engine beats a certain 503. The
+/// ejection ceiling (`health.max_ejection_percent`) keeps this to pools
+/// whose only candidates went out.
 pub fn pick(
     plan: &Plan,
     excluded: &[usize],
@@ -305,6 +333,21 @@ pub fn pick(
         } else {
             whole()
         }
+    };
+    let res = match res {
+        Err(PolicyError::NoBackend)
+            if (0..policy.backends.len()).any(|i| may_panic(plan, excluded, i)) =>
+        {
+            crate::metrics::panic_routed(&pool.model).increment(1);
+            let loads = loads_of(plan, excluded, agents, true);
+            let mut panic = || policy.policy.pick(&input, &loads, rng);
+            if kv {
+                policy.board.bypass(panic)
+            } else {
+                panic()
+            }
+        }
+        r => r,
     };
     observe(pool, Phase::Pick, t);
     checked(plan, res)
