@@ -7,16 +7,13 @@ use super::IngestPool;
 use std::sync::Arc;
 use warmpath_core::index::{Overflow, Stored};
 use warmpath_core::{BlockHash, Tier, WorkerSlot};
+use warmpath_edge::LogEvery;
 use warmpath_proto::v1::{
     self, agent_message::Msg, delta::Op, router_message, AgentMessage, RouterMessage,
 };
 
 /// Acknowledge applied deltas at least this often.
 const ACK_EVERY: u64 = 256;
-
-/// At most one WARN about refused blocks per stream this often: a flood
-/// must not turn into a flood of log lines.
-const REFUSAL_LOG_EVERY_MS: u64 = 10_000;
 
 /// Why a stream is refused; the text goes to the agent and the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,10 +58,11 @@ struct PendingSnapshot {
     blocks: Vec<(u64, Tier)>,
 }
 
-/// Refused blocks not yet reported in a log line.
+/// Refused blocks not yet reported in a log line: at most one WARN per
+/// stream every 10 s, so a flood does not turn into a flood of log lines.
 #[derive(Default)]
 struct RefusalLog {
-    last_ms: Option<u64>,
+    log: LogEvery,
     unreported: u64,
 }
 
@@ -106,8 +104,6 @@ pub(crate) struct WorkerStream {
     applied: Option<u64>,
     pending: Option<PendingSnapshot>,
     unacked: u64,
-    /// The time of the message being applied (monotonic ms).
-    now_ms: u64,
     refusals: RefusalLog,
 }
 
@@ -180,7 +176,6 @@ impl WorkerStream {
             applied: None,
             pending: None,
             unacked: 0,
-            now_ms,
             refusals: RefusalLog::default(),
         })
     }
@@ -239,7 +234,6 @@ impl WorkerStream {
         }
         let _ = self.pool.index.mark_heard(self.slot, now_ms);
         self.live.heard(now_ms);
-        self.now_ms = now_ms;
         let Some(msg) = msg.msg else {
             return Ok(vec![]);
         };
@@ -436,19 +430,15 @@ impl WorkerStream {
         }
     }
 
-    /// Counts refused blocks and logs them, at most once per
-    /// [`REFUSAL_LOG_EVERY_MS`].
+    /// Counts refused blocks and logs them, at most once every 10 s.
     fn refused(&mut self, n: u64, why: Overflow) {
         metrics::counter!("warmpath_ingest_refused_blocks_total", "pool" => self.pool.model.clone(), "reason" => why.as_str())
             .increment(n);
         let r = &mut self.refusals;
         r.unreported += n;
-        if r.last_ms
-            .is_some_and(|t| self.now_ms.saturating_sub(t) < REFUSAL_LOG_EVERY_MS)
-        {
+        if r.log.ready().is_none() {
             return;
         }
-        r.last_ms = Some(self.now_ms);
         let blocks = std::mem::take(&mut r.unreported);
         let index = &self.pool.index;
         tracing::warn!(
