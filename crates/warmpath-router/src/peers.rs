@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use warmpath_edge::LogEvery;
 use warmpath_proto::v1::{self, decided::Phase, router_message, RouterMessage};
 
 /// The outbound half of an agent stream (what the ingest answers on).
@@ -42,9 +43,6 @@ const MAX_PREFILL: u64 = u32::MAX as u64;
 /// A remote request older than this is forgotten (its `finished` was lost,
 /// e.g. its router crashed): longer than any upstream deadline's default.
 const MAX_REMOTE_AGE: Duration = Duration::from_secs(900);
-
-/// Forged facts are logged at most this often (each is counted).
-const FORGED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// How often old remote requests are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -96,8 +94,8 @@ pub struct Peers {
     /// The key facts are signed and checked with (from `agent_secret`);
     /// unset: facts go unsigned and are taken unchecked.
     key: std::sync::OnceLock<[u8; 32]>,
-    /// When a forged fact was last logged.
-    forged_logged: Mutex<Option<Instant>>,
+    /// Forged facts are logged at most every 10 s (each is counted).
+    forged_log: LogEvery,
 }
 
 impl Default for Peers {
@@ -109,7 +107,7 @@ impl Default for Peers {
             counted: AtomicBool::new(false),
             links: RwLock::new(HashMap::new()),
             key: std::sync::OnceLock::new(),
-            forged_logged: Mutex::new(None),
+            forged_log: LogEvery::default(),
         }
     }
 }
@@ -227,10 +225,8 @@ impl Peers {
         if let Some(key) = self.key.get() {
             if !warmpath_proto::fact_signed(key, d) {
                 facts(model, "forged").increment(1);
-                let mut last = self.forged_logged.lock();
-                if last.is_none_or(|t| t.elapsed() >= FORGED_LOG_EVERY) {
-                    *last = Some(Instant::now());
-                    tracing::warn!(pool = model, worker, "a relayed decision fact is not signed with the fleet's key: dropped (an agent altered it, or a replica without this agent_secret sent it)");
+                if let Some(suppressed) = self.forged_log.ready() {
+                    tracing::warn!(pool = model, worker, suppressed, "a relayed decision fact is not signed with the fleet's key: dropped (an agent altered it, or a replica without this agent_secret sent it)");
                 }
                 return false;
             }
