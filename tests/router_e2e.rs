@@ -191,8 +191,17 @@ async fn connect_failures_retry_elsewhere_then_eject_then_503() {
         .error(502);
         assert_eq!(e["code"], "upstream_failed");
     }
-    assert_no_backend(&c, &r).await;
-    assert_eq!(get_url(&c, &r.url("/health")).await.status, 503);
+    assert_all_ejected(&c, &r).await;
+    // Panic routing tries the only candidate again: a refused connect, 502.
+    let e = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x"}),
+        &[],
+    )
+    .await
+    .error(502);
+    assert_eq!(e["code"], "upstream_failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,7 +100,9 @@ async fn ejection_back_off_doubles_and_a_success_streak_resets_it() {
     let url = r.url("/v1/completions");
     let fail = json!({"model": "m", "prompt": "x", "x_status": 500});
     let ok = json!({"model": "m", "prompt": "x"});
-    // Ejects (two 5xx), then times how long until a request passes again.
+    // Ejects (two 5xx), then times how long until it is back in rotation
+    // (requests would pass meanwhile: it is the only one, panic routing),
+    // and sends it one request.
     let eject_and_time = async || {
         assert_eq!(post(&c, &url, &fail, &[]).await.status, 500);
         assert_eq!(post(&c, &url, &fail, &[]).await.status, 500);
@@ -109,10 +111,15 @@ async fn ejection_back_off_doubles_and_a_success_streak_resets_it() {
             "the backend back in rotation",
             Duration::from_secs(10),
             Duration::from_millis(10),
-            async || (post(&c, &url, &ok, &[]).await.status == 200).then_some(()),
+            async || {
+                let v = get_url(&c, &r.url("/readyz")).await.json();
+                (v["pools"][0]["in_rotation"] == 1).then_some(())
+            },
         )
         .await;
-        t.elapsed()
+        let back = t.elapsed();
+        assert_eq!(post(&c, &url, &ok, &[]).await.status, 200);
+        back
     };
     let first = eject_and_time().await;
     assert!(first >= Duration::from_millis(400), "{first:?}");
@@ -167,7 +174,7 @@ async fn a_completion_probe_ejects_an_engine_whose_generation_hangs() {
         },
     )
     .await;
-    assert_no_backend(&c, &r).await;
+    assert_all_ejected(&c, &r).await;
 }
 
 /// An engine that notes when each `/health` probe arrives.

@@ -639,14 +639,12 @@ pub async fn yaml_router(sections: &str, pool: &str, backends: &[&TestBackend]) 
     RouterProcess::from_yaml(&yaml).await
 }
 
-/// Asserts that a completion for `m` sent to `r` finds no backend: 503
-/// `no_healthy_backend` (every backend ejected).
-pub async fn assert_no_backend(c: &TestClient, r: &RouterProcess) {
-    let body = json!({"model": "m", "prompt": "x"});
-    let e = post(c, &r.url("/v1/completions"), &body, &[])
-        .await
-        .error(503);
-    assert_eq!(e["code"], "no_healthy_backend");
+/// Asserts that every backend of `r`'s first pool is ejected: none in
+/// rotation, `/health` 503. (Requests would still reach them: panic routing.)
+pub async fn assert_all_ejected(c: &TestClient, r: &RouterProcess) {
+    let v = get_url(c, &r.url("/readyz")).await.json();
+    assert_eq!(v["pools"][0]["in_rotation"].as_u64(), Some(0), "{v}");
+    assert_eq!(get_url(c, &r.url("/health")).await.status, 503);
 }
 
 /// Runs the real binary to completion with `args`: (exit success, stderr).
