@@ -220,13 +220,17 @@ fn tree(t: &[String], i: &mut usize, prefix: &Module, out: &mut Vec<Module>) {
     }
 }
 
-/// The modules `module` (in file `is_dir_module` form or not) names.
-fn imports(module: &Module, code: &str) -> Vec<Module> {
+/// The modules `module` names: `crate::…`, `super::…` and `self::…` paths
+/// (use trees included), and paths that start with the name of one of
+/// `children` (a child module named bare, as its parent may).
+fn imports(module: &Module, children: &BTreeSet<String>, code: &str) -> Vec<Module> {
     let t = tokens(code);
     let mut out = Vec::new();
     let mut i = 0;
     while i < t.len() {
         let start = i;
+        let preceded_by_path = start > 0 && t[start - 1] == "::";
+        let followed_by_path = t.get(i + 1).map(String::as_str) == Some("::");
         let base: Option<Module> = match t[i].as_str() {
             "crate" => Some(Vec::new()),
             "super" => {
@@ -234,9 +238,17 @@ fn imports(module: &Module, code: &str) -> Vec<Module> {
                 m.pop();
                 Some(m)
             }
+            "self" => Some(module.clone()),
+            child if children.contains(child) && followed_by_path => {
+                // `child::…`: the path starts at the child's name.
+                if !preceded_by_path {
+                    tree(&t, &mut i, module, &mut out);
+                    continue;
+                }
+                None
+            }
             _ => None,
         };
-        let preceded_by_path = start > 0 && t[start - 1] == "::";
         i += 1;
         let Some(mut base) = base.filter(|_| !preceded_by_path) else {
             continue;
@@ -313,29 +325,50 @@ fn cycles(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
     s.out
 }
 
-/// The import edges between the modules of one crate's `src/`.
-fn crate_graph(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
+/// Every module of one crate's `src/` and its code (binaries aside).
+fn crate_modules(src: &Path) -> BTreeMap<Module, String> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
-    let modules: BTreeMap<Module, String> = files
+    // Binaries are crates of their own: `src/bin/*` and `src/main.rs`.
+    files
         .iter()
-        .filter(|f| !f.starts_with(src.join("bin")))
+        .filter(|f| !f.starts_with(src.join("bin")) && **f != src.join("main.rs"))
         .map(|f| {
             (
                 module_of(src, f),
                 code_of(&std::fs::read_to_string(f).unwrap()),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// The names of `m`'s child modules.
+fn children_of(modules: &BTreeMap<Module, String>, m: &Module) -> BTreeSet<String> {
+    modules
+        .keys()
+        .filter(|c| c.len() == m.len() + 1 && c.starts_with(m))
+        .map(|c| c[m.len()].clone())
+        .collect()
+}
+
+/// The module a path names: its longest prefix that is a module.
+fn resolve(modules: &BTreeMap<Module, String>, path: &[String]) -> Module {
+    (0..=path.len())
+        .rev()
+        .map(|k| path[..k].to_vec())
+        .find(|p| modules.contains_key(p))
+        .unwrap_or_default()
+}
+
+/// The import edges between the modules of one crate's `src/`.
+fn crate_graph(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
+    let modules = crate_modules(src);
     let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
     for (m, code) in &modules {
+        let children = children_of(&modules, m);
         let set = edges.entry(m.clone()).or_default();
-        for path in imports(m, code) {
-            let target = (0..=path.len())
-                .rev()
-                .map(|k| path[..k].to_vec())
-                .find(|p| modules.contains_key(p))
-                .unwrap_or_default();
+        for path in imports(m, &children, code) {
+            let target = resolve(&modules, &path);
             // An ancestor (or the module itself) is not an edge.
             if !m.starts_with(&target) {
                 set.insert(target);
@@ -406,4 +439,151 @@ fn the_checker_sees_a_cycle_through_use_trees_and_super() {
     assert_eq!(cycles(&g), vec![vec![m("a::inner"), m("b"), m("c")]]);
     std::fs::write(src.join("b.rs"), "pub fn f() {}").unwrap();
     assert!(cycles(&crate_graph(src)).is_empty());
+    // `self::` and a child named bare are imports too.
+    std::fs::write(src.join("a/mod.rs"), "mod inner; fn f() { inner::g(); }").unwrap();
+    std::fs::write(src.join("b.rs"), "use self::x; mod x;").unwrap();
+    std::fs::write(src.join("c.rs"), "use crate::a::inner::Z;").unwrap();
+    std::fs::write(src.join("a/inner.rs"), "use crate::c::Q;").unwrap();
+    let g = crate_graph(src);
+    assert_eq!(g[&m("a")], [m("a::inner")].into_iter().collect());
+    assert_eq!(cycles(&g), vec![vec![m("a::inner"), m("c")]]);
+}
+
+/// The router's wings (ARCHITECTURE.md): where each rule is still broken
+/// today, as `from -> to`. The list only shrinks: a new break fails, and so
+/// does a mended one still listed.
+const KNOWN_WING_BREAKS: &[&str] = &[
+    "control::health -> api::models",
+    "control::inspect -> api::tenancy",
+    "routing::backend -> ingest::peers",
+    "routing::proxy -> control::state",
+    "routing::proxy -> ingest::peers",
+];
+
+/// The breaks of the wing rules in the router crate at `src`.
+fn wing_breaks(src: &Path) -> BTreeSet<String> {
+    let modules = crate_modules(src);
+    let mut found = BTreeSet::new();
+    let name = |m: &Module| {
+        if m.is_empty() {
+            "lib".to_owned()
+        } else {
+            m.join("::")
+        }
+    };
+    for (m, code) in &modules {
+        let children = children_of(&modules, m);
+        for path in imports(m, &children, code) {
+            let to = resolve(&modules, &path);
+            let (from_wing, to_wing) = (
+                m.first().map_or("", String::as_str),
+                to.first().map_or("", String::as_str),
+            );
+            // lib.rs defines nothing that lower modules import.
+            let lib_item = to.is_empty() && !path.is_empty() && !m.is_empty();
+            // Control does not import the API.
+            let control_api = from_wing == "control" && to_wing == "api";
+            // The data plane takes what it needs as arguments: not the
+            // handlers' state, and decision sharing through a seam.
+            let routing_up = from_wing == "routing"
+                && (to.starts_with(&["control".to_owned(), "state".to_owned()])
+                    || to_wing == "ingest");
+            if lib_item {
+                found.insert(format!("{} -> lib::{}", name(m), path.join("::")));
+            } else if control_api || routing_up {
+                found.insert(format!("{} -> {}", name(m), name(&to)));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_router_is_five_wings_and_keeps_their_rules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crates/warmpath-router/src");
+    let mut loose = BTreeSet::new();
+    let mut folders = BTreeSet::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            folders.insert(name);
+        } else {
+            loose.insert(name);
+        }
+    }
+    let set = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| (*n).to_owned())
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(
+        loose,
+        set(&["lib.rs", "main.rs", "server.rs"]),
+        "loose files"
+    );
+    assert_eq!(
+        folders,
+        set(&["api", "config", "control", "http", "ingest", "routing"]),
+        "the five wings and the config"
+    );
+    let found = wing_breaks(&src);
+    let known = set(KNOWN_WING_BREAKS);
+    let new: Vec<_> = found.difference(&known).collect();
+    let mended: Vec<_> = known.difference(&found).collect();
+    assert!(new.is_empty(), "imports that break the wing rules: {new:?}");
+    assert!(
+        mended.is_empty(),
+        "mended: take them off KNOWN_WING_BREAKS: {mended:?}"
+    );
+}
+
+#[test]
+fn the_wing_rules_see_lib_items_control_to_api_and_routing_to_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    for w in ["api", "control", "routing", "ingest"] {
+        std::fs::create_dir_all(src.join(w)).unwrap();
+    }
+    std::fs::write(
+        src.join("lib.rs"),
+        "mod api; mod control; mod routing; mod ingest; pub fn now() {}",
+    )
+    .unwrap();
+    std::fs::write(src.join("api/mod.rs"), "pub mod tenancy;").unwrap();
+    std::fs::write(src.join("api/tenancy.rs"), "use crate::now;").unwrap();
+    std::fs::write(
+        src.join("control/mod.rs"),
+        "pub mod inspect; pub mod state;",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("control/inspect.rs"),
+        "use crate::api::tenancy::Tenant; fn f() { super::super::api::tenancy::g(); }",
+    )
+    .unwrap();
+    std::fs::write(src.join("control/state.rs"), "").unwrap();
+    std::fs::write(src.join("ingest/mod.rs"), "pub mod peers;").unwrap();
+    std::fs::write(src.join("ingest/peers.rs"), "").unwrap();
+    std::fs::write(
+        src.join("routing/mod.rs"),
+        "pub mod proxy; use self::proxy::forward;",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("routing/proxy.rs"),
+        "use crate::control::state::Shared; use crate::ingest::peers; // crate::api::x",
+    )
+    .unwrap();
+    let found: Vec<String> = wing_breaks(src).into_iter().collect();
+    assert_eq!(
+        found,
+        [
+            "api::tenancy -> lib::now",
+            "control::inspect -> api::tenancy",
+            "routing::proxy -> control::state",
+            "routing::proxy -> ingest::peers",
+        ]
+    );
 }

@@ -1,13 +1,16 @@
-//! Start-up: build pools, bind, serve HTTP ([`crate::front`] in front of the
+//! Start-up: build pools, bind, serve HTTP ([`crate::http::front`] in front of the
 //! routes of [`app`]), run the background tasks; [`RunningRouter`] owns them
 //! all.
 
+use crate::api::{models, responses};
 use crate::config::RouterConfig;
-use crate::conn::{self, ConnLimits, Conns};
-use crate::error::{ApiError, RouterError};
-use crate::pool::Pools;
-use crate::state::Shared;
-use crate::{admin, front, health, ingest, inspect, metrics, models, readiness, responses, ui};
+use crate::control::state::Shared;
+use crate::control::{admin, health, inspect, metrics, readiness, ui};
+use crate::http::conn::{self, ConnLimits, Conns};
+use crate::http::error::{ApiError, RouterError};
+use crate::http::front;
+use crate::ingest;
+use crate::routing::pool::Pools;
 use axum::routing::{any, get, post};
 use axum::Router;
 use std::net::SocketAddr;
@@ -18,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The HTTP routes over `shared` other than the proxied endpoints (those
-/// are answered by [`crate::front`]).
+/// are answered by [`crate::http::front`]).
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/models", get(models::models))
@@ -172,22 +175,25 @@ pub async fn start(
         let (l, addr) = bind(g).await?;
         grpc_addr = Some(addr);
         let dir: Arc<dyn ingest::PoolDirectory> = pools;
-        #[allow(unused_mut)]
-        let mut ingest_config = config.ingest_config()?;
+        let ingest_config = config.ingest_config()?;
         #[cfg(feature = "kubernetes")]
-        if let Some(audience) = &config.ingest.pod_token_audience {
-            ingest_config.pods = Some(ingest::PodTokens::connect(audience).await.map_err(|e| {
+        let pods = match &config.ingest.pod_token_audience {
+            Some(audience) => Some(ingest::PodTokens::connect(audience).await.map_err(|e| {
                 RouterError::Config(crate::config::invalid(
                     "ingest.pod_token_audience",
                     e.to_string(),
                 ))
-            })?);
-        }
-        let started = ingest::spawn(
+            })?),
+            None => None,
+        };
+        #[cfg(not(feature = "kubernetes"))]
+        let pods = None;
+        let started = ingest::spawn_reviewing(
             l,
             dir,
             Arc::clone(agents),
             ingest_config,
+            pods,
             background.clone(),
         )
         .map_err(|e| {
@@ -197,7 +203,7 @@ pub async fn start(
     }
     // Probe once before serving, so that /readyz tells the truth from the
     // first request (at most probe_timeout_ms later).
-    crate::discovery::first_round(&shared).await;
+    crate::control::discovery::first_round(&shared).await;
     health::round(&shared).await;
     let router = app(Arc::clone(&shared));
     let sv = &config.server;
@@ -231,7 +237,7 @@ pub async fn start(
         Arc::clone(&shared),
         background.clone(),
     )));
-    tasks.extend(crate::discovery::spawn(&shared, &background));
+    tasks.extend(crate::control::discovery::spawn(&shared, &background));
     if let Some(handle) = shared.metrics.clone() {
         let t = background.clone();
         tasks.push(tokio::spawn(async move {

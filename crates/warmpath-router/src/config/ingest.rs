@@ -64,10 +64,6 @@ pub struct IngestConfig {
     pub drop_after: Duration,
     /// PEM certificate and key: serve TLS.
     pub tls: Option<TlsPem>,
-    /// Reviews agents' pod tokens (`pod_token_audience`); set by the caller,
-    /// which can reach the API server.
-    #[cfg(feature = "kubernetes")]
-    pub pods: Option<std::sync::Arc<crate::ingest::PodTokens>>,
 }
 
 impl Default for IngestConfig {
@@ -78,8 +74,6 @@ impl Default for IngestConfig {
             stale_after: Duration::from_secs(10),
             drop_after: Duration::from_secs(120),
             tls: None,
-            #[cfg(feature = "kubernetes")]
-            pods: None,
         }
     }
 }
@@ -182,8 +176,6 @@ impl RouterConfig {
             stale_after: Duration::from_millis(self.ingest.stale_after_ms),
             drop_after: Duration::from_millis(self.ingest.drop_after_ms),
             tls: self.ingest.load_tls()?,
-            #[cfg(feature = "kubernetes")]
-            pods: None,
         })
     }
 }

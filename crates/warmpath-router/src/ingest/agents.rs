@@ -10,7 +10,7 @@ use std::sync::Arc;
 use warmpath_core::EngineLoad;
 use warmpath_proto::v1;
 
-use crate::load_cell::LoadCell;
+use crate::routing::load_cell::LoadCell;
 
 /// (model, worker id).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -169,7 +169,7 @@ pub struct Agents {
     /// generation are looked up again.
     generation: AtomicU64,
     /// Decision sharing with the other router replicas, over these streams.
-    peers: Arc<crate::peers::Peers>,
+    peers: Arc<crate::ingest::peers::Peers>,
 }
 
 impl Agents {
@@ -178,8 +178,8 @@ impl Agents {
         Self::default()
     }
 
-    /// Decision sharing over the agents' streams (see [`crate::peers`]).
-    pub(crate) fn peers(&self) -> &Arc<crate::peers::Peers> {
+    /// Decision sharing over the agents' streams (see [`crate::ingest::peers`]).
+    pub(crate) fn peers(&self) -> &Arc<crate::ingest::peers::Peers> {
         &self.peers
     }
 
@@ -345,7 +345,7 @@ impl Agents {
     }
 }
 
-impl crate::AgentLoads for Agents {
+impl crate::routing::loads::AgentLoads for Agents {
     fn cell_generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
@@ -372,8 +372,8 @@ impl crate::AgentLoads for Agents {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::load_cell::CellCache;
-    use crate::AgentLoads;
+    use crate::routing::load_cell::CellCache;
+    use crate::routing::loads::AgentLoads;
 
     fn hello(epoch: u64) -> v1::Hello {
         v1::Hello {
@@ -401,7 +401,7 @@ mod tests {
 
     /// What a backend's cached handle reads now.
     fn read(a: &Agents, cache: &CellCache) -> Option<u32> {
-        let now = crate::monotonic_ms();
+        let now = crate::routing::load_cell::monotonic_ms();
         cache
             .read(
                 a.cell_generation(),
@@ -421,29 +421,35 @@ mod tests {
         };
         let cache = CellCache::default();
         assert_eq!(read(&a, &cache), None, "no agent yet");
-        a.claim(&key, &hello(1), crate::monotonic_ms()).unwrap();
+        a.claim(&key, &hello(1), crate::routing::load_cell::monotonic_ms())
+            .unwrap();
         assert_eq!(read(&a, &cache), None, "claimed, nothing reported");
         a.set_load(&key, &load(3, true));
         assert_eq!(read(&a, &cache), Some(3));
         assert_eq!(a.engine_load("m", "w1").unwrap().running, 3);
-        let st = a.status_of("m", "w1", crate::monotonic_ms()).unwrap();
+        let st = a
+            .status_of("m", "w1", crate::routing::load_cell::monotonic_ms())
+            .unwrap();
         assert_eq!((st.load.unwrap().running, st.engine_up), (3, Some(true)));
         a.set_load(&key, &load(4, false));
         assert_eq!(read(&a, &cache), None, "engine down");
         a.set_load(&key, &load(5, true));
         // A reconnect of the same run keeps the load; up is unknown again.
-        a.claim(&key, &hello(1), crate::monotonic_ms()).unwrap();
+        a.claim(&key, &hello(1), crate::routing::load_cell::monotonic_ms())
+            .unwrap();
         assert_eq!(read(&a, &cache), Some(5));
         assert_eq!(a.status_of("m", "w1", 0).unwrap().engine_up, None);
         // A new run forgets it.
-        a.claim(&key, &hello(2), crate::monotonic_ms()).unwrap();
+        a.claim(&key, &hello(2), crate::routing::load_cell::monotonic_ms())
+            .unwrap();
         assert_eq!(read(&a, &cache), None);
         a.set_load(&key, &load(6, true));
         assert_eq!(read(&a, &cache), Some(6));
         // Removed: the handle is dropped; claimed anew: the new cell is found.
         assert!(a.remove_worker("m", "w1"));
         assert_eq!(read(&a, &cache), None);
-        a.claim(&key, &hello(3), crate::monotonic_ms()).unwrap();
+        a.claim(&key, &hello(3), crate::routing::load_cell::monotonic_ms())
+            .unwrap();
         a.set_load(&key, &load(7, true));
         assert_eq!(read(&a, &cache), Some(7));
     }

@@ -56,8 +56,12 @@ pub(super) async fn drive(
         let _ = tx.send(Ok(refused(&r))).await;
         return;
     };
-    let mut ws = match WorkerStream::open(pool, Arc::clone(&agents), &hello, crate::monotonic_ms())
-    {
+    let mut ws = match WorkerStream::open(
+        pool,
+        Arc::clone(&agents),
+        &hello,
+        crate::routing::load_cell::monotonic_ms(),
+    ) {
         Ok(ws) => ws,
         Err(r) => {
             log_refusal(&refusals, &r);
@@ -111,7 +115,9 @@ pub(super) async fn drive(
             // The worker used its burst and its previous replacement was
             // under a second ago: this one waits its turn (the stream reads nothing meanwhile, so the
             // agent's later messages wait too, in order).
-            if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::monotonic_ms()) {
+            if let Some(wait) =
+                pace::wait_for(ws.replaced_at(), crate::routing::load_cell::monotonic_ms())
+            {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
                 if let Some(suppressed) = throttled_log.ready() {
                     tracing::warn!(
@@ -127,9 +133,12 @@ pub(super) async fn drive(
                     () = tx.closed() => break,
                 }
             }
-            ws.set_replaced(pace::next_tat(ws.replaced_at(), crate::monotonic_ms()));
+            ws.set_replaced(pace::next_tat(
+                ws.replaced_at(),
+                crate::routing::load_cell::monotonic_ms(),
+            ));
         }
-        let (now_ms, now_unix) = (crate::monotonic_ms(), unix_micros());
+        let (now_ms, now_unix) = (crate::routing::load_cell::monotonic_ms(), unix_micros());
         let answer = match work {
             Work::Light => ws.on_message(msg, now_ms, now_unix),
             Work::Big | Work::Replace(_) => {

@@ -37,6 +37,7 @@ mod drive;
 mod guard;
 mod identity;
 mod pace;
+pub(crate) mod peers;
 #[cfg(feature = "kubernetes")]
 mod pods;
 mod stream;
@@ -51,7 +52,7 @@ pub use sweeper::{set_memory_release, spawn_sweeper};
 // The settings are configuration (`config::ingest`); re-exported for embedders.
 pub use crate::config::{IngestConfig, TlsPem};
 
-use crate::pool::Pools;
+use crate::routing::pool::Pools;
 use guard::{shown, Admission, LogEvery};
 use pace::Gates;
 use std::pin::Pin;
@@ -90,7 +91,7 @@ pub struct IngestPool {
 }
 
 impl IngestPool {
-    fn of(p: &crate::pool::Pool) -> Self {
+    fn of(p: &crate::routing::pool::Pool) -> Self {
         IngestPool {
             model: p.model.clone(),
             index: Arc::clone(&p.index),
@@ -128,7 +129,7 @@ impl PoolDirectory for Pools {
 
 /// Records another replica's `start` about `worker` in `pool`'s policy, by
 /// the positions of its current snapshot (an id it does not know is skipped).
-fn observe_remote(pool: &crate::pool::Pool, worker: &str, d: &v1::Decided) {
+fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decided) {
     use warmpath_core::policy::{HomeView, RemoteDecision};
     let state = pool.policy();
     let at = |id: &str| state.backends.iter().position(|b| b.id == id);
@@ -268,13 +269,6 @@ impl IngestService {
             refusals: Arc::default(),
             silent: Arc::default(),
         }
-    }
-
-    /// Takes pod tokens too, reviewed by `pods`.
-    #[cfg(feature = "kubernetes")]
-    pub fn with_pod_tokens(mut self, pods: Arc<PodTokens>) -> Self {
-        self.pods = Some(pods);
-        self
     }
 
     /// Shares `gates` with the sweeper of the same pools.
@@ -460,18 +454,27 @@ pub fn spawn(
     config: IngestConfig,
     shutdown: CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, IngestError> {
+    spawn_reviewing(listener, dir, agents, config, None, shutdown)
+}
+
+/// [`spawn`], taking agents' pod tokens too when `pods` reviews them
+/// (`ingest.pod_token_audience`).
+pub fn spawn_reviewing(
+    listener: TcpListener,
+    dir: Arc<dyn PoolDirectory>,
+    agents: Arc<Agents>,
+    config: IngestConfig,
+    pods: identity::Pods,
+    shutdown: CancellationToken,
+) -> Result<Vec<JoinHandle<()>>, IngestError> {
     let tls = config.tls.is_some();
     pace::describe();
     let gates = Arc::new(Gates::default());
     let auth = AgentAuth::new(config.token.clone(), config.secret.clone());
     let auth_name = auth.name();
-    #[allow(unused_mut)]
     let mut service = IngestService::new(Arc::clone(&dir), agents, auth, shutdown.clone())
         .with_gates(Arc::clone(&gates));
-    #[cfg(feature = "kubernetes")]
-    if let Some(p) = &config.pods {
-        service = service.with_pod_tokens(Arc::clone(p));
-    }
+    service.pods = pods;
     let pod_tokens = service.pods.is_some();
     let router = server(config.tls)?.add_service(CacheEventsServer::new(service));
     tracing::info!(

@@ -4,7 +4,7 @@
 
 use super::stream::WorkerStream;
 use super::*;
-use crate::AgentLoads;
+use crate::routing::loads::AgentLoads;
 use std::collections::HashSet;
 use warmpath_core::{hash_tokens, BlockHash, HashSeed, Tier};
 use warmpath_proto::v1::{delta, Block, Delta, Hello, Load, SnapshotChunk, Stored};

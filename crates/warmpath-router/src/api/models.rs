@@ -1,0 +1,127 @@
+//! `GET /v1/models`: the engines' own model cards, merged per pool.
+//!
+//! The health probes keep each backend's cards of its pool (the card of the
+//! pool's model and those whose `parent` it is: vLLM's LoRA adapters), so
+//! the answer costs no upstream request. Per pool the router lists:
+//! - the pool model's card as an engine gave it (`max_model_len`, `root`,
+//!   `parent`, `permission`, ... kept), with `max_model_len` the smallest
+//!   any engine gave (the one every backend can serve);
+//! - every adapter card an engine listed, first seen wins;
+//! - a card of its own for what no engine described yet (no probe answer,
+//!   `learn_adapters` off, adapters only configured).
+//!
+//! Healthy backends' cards come first.
+
+use crate::control::state::Shared;
+use crate::routing::pool::Pool;
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The cards of pool `model` in a `/v1/models` answer: its own and its
+/// adapters'; `None` when the body is not a model list.
+pub fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter(|c| {
+                c.get("id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| !id.is_empty())
+            })
+            .filter(|c| {
+                c.get("id").and_then(Value::as_str) == Some(model)
+                    || c.get("parent").and_then(Value::as_str) == Some(model)
+            })
+            .cloned()
+            .collect(),
+    )
+}
+
+/// A card the router makes up for `id` (no engine described it).
+fn own_card(id: &str, parent: Option<&str>) -> Value {
+    let mut card = json!({"id": id, "object": "model", "created": 0, "owned_by": "warmpath"});
+    if let Some(p) = parent {
+        card["parent"] = json!(p);
+        card["root"] = json!(id);
+    }
+    card
+}
+
+/// Pool `p`'s cards: its model's first, then its adapters' by id.
+pub fn pool_cards(p: &Pool) -> Vec<Value> {
+    let members = p.backends();
+    let mut backends: Vec<_> = members.iter().collect();
+    // Stable: healthy first, in configuration order.
+    backends.sort_by_key(|b| !b.is_healthy());
+    let mut base: Option<Value> = None;
+    let mut min_len: Option<u64> = None;
+    let mut adapters: BTreeMap<String, Value> = BTreeMap::new();
+    for b in &backends {
+        for card in b.learned_cards() {
+            let Some(id) = card.get("id").and_then(Value::as_str).map(str::to_owned) else {
+                continue;
+            };
+            if id == p.model {
+                if let Some(n) = card.get("max_model_len").and_then(Value::as_u64) {
+                    min_len = Some(min_len.map_or(n, |m| m.min(n)));
+                }
+                base.get_or_insert(card);
+            } else {
+                adapters.entry(id).or_insert(card);
+            }
+        }
+    }
+    for b in &backends {
+        for a in b.adapters() {
+            let card = || own_card(&a, Some(&p.model));
+            adapters.entry(a.clone()).or_insert_with(card);
+        }
+    }
+    let mut base = base.unwrap_or_else(|| own_card(&p.model, None));
+    if let Some(n) = min_len {
+        base["max_model_len"] = json!(n);
+    }
+    let mut out = vec![base];
+    out.extend(adapters.into_values());
+    out
+}
+
+/// `GET /v1/models`: every pool's cards.
+pub async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
+    let data: Vec<Value> = s.pools.all().iter().flat_map(|p| pool_cards(p)).collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cards_of_keeps_the_model_and_its_adapters_whole() {
+        let body = br#"{"object":"list","data":[
+            {"id":"m","object":"model","root":"/models/m","parent":null,"max_model_len":4096},
+            {"id":"sql","object":"model","root":"/lora/sql","parent":"m"},
+            {"id":"other","parent":null},
+            {"id":"","parent":"m"}]}"#;
+        let cards = cards_of(body, "m").unwrap();
+        assert_eq!(cards.len(), 2);
+        assert_eq!(cards[0]["root"], "/models/m");
+        assert_eq!(cards[0]["max_model_len"], 4096);
+        assert_eq!(cards[1]["root"], "/lora/sql");
+        assert_eq!(cards_of(b"[]", "m"), None);
+        assert_eq!(cards_of(b"{", "m"), None);
+    }
+
+    #[test]
+    fn own_cards_name_their_parent() {
+        assert_eq!(own_card("m", None).get("parent"), None);
+        let c = own_card("a", Some("m"));
+        assert_eq!(c["parent"], "m");
+        assert_eq!(c["owned_by"], "warmpath");
+    }
+}

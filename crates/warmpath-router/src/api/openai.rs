@@ -1,0 +1,233 @@
+//! The OpenAI-compatible generation endpoints: `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /invocations` (the rest of the surface is
+//! [`crate::api::surface`], `GET /v1/models` [`crate::api::models`], `/health`
+//! [`crate::control::readiness`]).
+
+use crate::api::salt::with_cache_salt;
+use crate::api::tenancy;
+use crate::config::{Isolation, TenantFrom};
+use crate::control::metrics::Phase;
+use crate::control::state::Shared;
+use crate::http::error::ApiError;
+use crate::http::incoming::{path_and_query, read_body, tenant_header, Held};
+use crate::routing::pool::Target;
+use crate::routing::proxy::{self, rejected, Outgoing};
+use crate::routing::route::{self, Hashing};
+use axum::body::Body;
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
+use bytes::Bytes;
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+use warmpath_core::{Expect, Request, TenantId, TenantSource};
+
+/// The proxied endpoints' paths (the same on the router and the engine).
+pub const CHAT_PATH: &str = "/v1/chat/completions";
+/// See [`CHAT_PATH`].
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
+/// See [`CHAT_PATH`].
+pub const INVOCATIONS_PATH: &str = "/invocations";
+
+/// `POST /v1/chat/completions` (reached through [`crate::http::front`]).
+pub async fn chat(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    openai(s, Expect::Chat, CHAT_PATH, uri, headers, body).await
+}
+
+/// `POST /v1/completions` (reached through [`crate::http::front`]).
+pub async fn completions(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    openai(s, Expect::Completion, COMPLETIONS_PATH, uri, headers, body).await
+}
+
+async fn openai(
+    s: Arc<Shared>,
+    expect: Expect,
+    path: &str,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let prepare = move |s: &Shared, h: &HeaderMap, raw: &Bytes, started: Instant| {
+        prepare(s, expect, h, raw, started)
+    };
+    serve(s, path, uri, headers, body, prepare).await
+}
+
+/// Reads the body (capped, with its deadline), plans the request with
+/// `prepare` (on the work pool when the body is large) and forwards it to
+/// `path` with the plan's body: what every proxied POST shares.
+pub(crate) async fn serve<P>(
+    s: Arc<Shared>,
+    path: &str,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+    prepare: P,
+) -> Response
+where
+    P: Fn(&Shared, &HeaderMap, &Bytes, Instant) -> Result<(route::Plan, Bytes), ApiError>
+        + Send
+        + 'static,
+{
+    // Held until the body has gone upstream (the answer's head is in).
+    let mut held = Held::new(&s.bodies);
+    let raw = match read_body(
+        body,
+        &headers,
+        s.settings.max_body_bytes,
+        s.settings.body_timeout,
+        &mut held,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(e) => return rejected(e),
+    };
+    let started = Instant::now();
+    let prepared = if s.work.offloads(raw.len()) {
+        let (s2, headers2) = (Arc::clone(&s), headers.clone());
+        s.work
+            .run(move || prepare(&s2, &headers2, &raw, started))
+            .await
+    } else {
+        prepare(&s, &headers, &raw, started)
+    };
+    let (mut plan, forward_body) = match prepared {
+        Ok(x) => x,
+        Err(e) => return rejected(e),
+    };
+    crate::api::responses::follow(&s, &mut plan).await;
+    let pq = path_and_query(path, &uri);
+    let out = Outgoing {
+        method: axum::http::Method::POST,
+        path_and_query: &pq,
+        headers: &headers,
+        body: forward_body,
+    };
+    proxy::forward(&s, &plan, out).await
+}
+
+/// Parses, resolves the pool and tenant, plans; returns the body to forward.
+fn prepare(
+    s: &Shared,
+    expect: Expect,
+    headers: &HeaderMap,
+    raw: &Bytes,
+    started: Instant,
+) -> Result<(route::Plan, Bytes), ApiError> {
+    let req = Request::parse(raw, expect)?;
+    let target = s
+        .pools
+        .resolve(&req.model)
+        .ok_or_else(|| ApiError::unknown_model(&req.model))?;
+    let client = req.tenant(tenant_header(headers)?)?;
+    let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
+    target
+        .pool
+        .metrics
+        .overhead(Phase::Parse)
+        .record(started.elapsed().as_secs_f64());
+    let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
+    let salted =
+        s.settings.forward_cache_salt && plan.target.pool.tenants.isolation == Isolation::Engine;
+    let body = match (&plan.tenant, salted) {
+        (Some(t), true) => with_cache_salt(raw, req.cache_salt.as_deref(), t),
+        _ => raw.clone(),
+    };
+    Ok((plan, body))
+}
+
+/// `POST /invocations`: the native API. The body is forwarded as sent,
+/// but for the `cache_salt` of a tenant from the API key; the pool comes from a top-level
+/// `model` string when the body is a JSON object with one, else the only
+/// pool; the tenant as on the OpenAI endpoints (`X-Prefix-Aware-Id`,
+/// `prompt_cache_key`, `cache_salt`, or the API key), so tenants stay
+/// apart here too. Big bodies are read on the work pool, as everywhere.
+pub async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let uri = Uri::from_static(INVOCATIONS_PATH);
+    serve(s, INVOCATIONS_PATH, uri, headers, body, prepare_raw).await
+}
+
+/// The top-level fields `/invocations` reads. Nothing else of the body is
+/// built: a huge array costs a scan of its bytes, not a `Value` tree.
+#[derive(Debug, Default, Deserialize)]
+struct Native<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+}
+
+fn prepare_raw(
+    s: &Shared,
+    headers: &HeaderMap,
+    raw: &Bytes,
+    started: Instant,
+) -> Result<(route::Plan, Bytes), ApiError> {
+    let native = serde_json::from_slice::<Native<'_>>(raw).ok();
+    let fields = native.as_ref();
+    let model = model_or_only(
+        s,
+        fields.and_then(|n| n.model.as_deref()).map(str::to_owned),
+    )?;
+    let target: Target = s
+        .pools
+        .resolve(&model)
+        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let named = [
+        (tenant_header(headers)?, TenantSource::Header),
+        (
+            fields.and_then(|n| n.prompt_cache_key.as_deref()),
+            TenantSource::PromptCacheKey,
+        ),
+        (
+            fields.and_then(|n| n.cache_salt.as_deref()),
+            TenantSource::CacheSalt,
+        ),
+    ];
+    let client = named
+        .into_iter()
+        .find_map(|(v, src)| v.map(|v| TenantId::parse(v, src)))
+        .transpose()?;
+    let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
+    target
+        .pool
+        .metrics
+        .overhead(Phase::Parse)
+        .record(started.elapsed().as_secs_f64());
+    // A tenant from the API key is a promise of isolation, kept in the
+    // engine too; a client-named one leaves the native body as sent.
+    let tenants = &target.pool.tenants;
+    let salted = s.settings.forward_cache_salt
+        && tenants.isolation == Isolation::Engine
+        && tenants.from == TenantFrom::ApiKey;
+    let body = match (&tenant, salted, fields) {
+        (Some(t), true, Some(n)) => with_cache_salt(raw, n.cache_salt.as_deref(), t),
+        (Some(_), true, None) => {
+            return Err(ApiError::bad_request(
+                "invalid_json",
+                "tenants are isolated in the engine: a request with a tenant takes a JSON object body, \
+                 so that its cache_salt can be set",
+            ))
+        }
+        _ => raw.clone(),
+    };
+    Ok((route::plan_raw(target, tenant, &model, raw), body))
+}
+
+/// The body's `model`, else the only pool's (as vLLM defaults to the
+/// served model); with several pools the body must name one.
+pub(crate) fn model_or_only(s: &Shared, named: Option<String>) -> Result<String, ApiError> {
+    match (named, s.pools.all()) {
+        (Some(m), _) => Ok(m),
+        (None, [only]) => Ok(only.model.clone()),
+        (None, _) => Err(ApiError::bad_request(
+            "missing_field",
+            "several models are served: give the body a top-level `model` field",
+        )
+        .with_param("model")),
+    }
+}

@@ -1,0 +1,208 @@
+//! Stored `/v1/responses` responses, followed to the engine that holds them:
+//! `previous_response_id` in `POST /v1/responses`, `GET /v1/responses/{id}`
+//! and `POST /v1/responses/{id}/cancel`.
+//!
+//! The pool remembers which backend answered each response
+//! ([`crate::routing::affinity`]). An id it does not know (another router replica
+//! made it, this one restarted, or it was forgotten) is looked for by asking
+//! every serving backend `GET /v1/responses/{id}` at once, within
+//! `health.probe_timeout_ms`; the first to have it is remembered. A request
+//! continuing a response then goes to that backend while it serves (decision
+//! `affinity`); otherwise the policy routes it and the engine answers as it
+//! would (vLLM: 404). `GET` and `cancel` of an id no backend has get the 404
+//! here. An id no backend had is not asked for again for a while, and at
+//! most a few look-ups ask the backends at once, so a flood of unknown ids
+//! cannot multiply into the engines.
+
+use crate::control::state::Shared;
+use crate::http::error::ApiError;
+use crate::http::incoming::{path_and_query, read_body, Held};
+use crate::routing::backend::Backend;
+use crate::routing::pool::{Pool, Target};
+use crate::routing::proxy::{self, rejected, Outgoing};
+use crate::routing::route::{self, Plan};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, Request, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use http_body_util::Full;
+use std::sync::Arc;
+use std::time::Duration;
+use warmpath_core::request::surface::response_id;
+
+/// Sets `plan.pinned` when the request continues a stored response.
+pub async fn follow(s: &Shared, plan: &mut Plan) {
+    let Some(id) = plan.follows.as_deref() else {
+        return;
+    };
+    let pool = &plan.target.pool;
+    let (outcome, holder) = find(s, pool, id).await;
+    crate::control::metrics::response_affinity(&pool.model, outcome);
+    if holder.is_none() {
+        tracing::debug!(pool = %pool.model, response = id, outcome,
+            "no serving backend holds the response this request continues");
+    }
+    plan.pinned = holder;
+}
+
+/// The serving backend of `pool` holding response `id`, and how it was found
+/// (`known`, `located`; `gone` when the remembered one no longer serves and
+/// no other has it, `unknown` when none has it).
+async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String>) {
+    let backends = pool.policy().backends.clone();
+    let remembered = pool.responses.holder(id);
+    if let Some(w) = &remembered {
+        if backends.iter().any(|b| &b.id == w && serving(b)) {
+            return ("known", remembered);
+        }
+    }
+    let now = crate::routing::load_cell::monotonic_ms();
+    if pool.responses.missed(id, now) {
+        return ("unknown", None);
+    }
+    let wait = Duration::from_millis(s.settings.health.probe_timeout_ms);
+    let Some(_turn) = pool.responses.lookup_turn(wait).await else {
+        tracing::debug!(pool = %pool.model, response = id,
+            "too many response look-ups under way; taken as unknown");
+        return ("unknown", None);
+    };
+    match locate(s, &backends, id).await {
+        Some(w) => {
+            pool.responses.remember(id, &w);
+            ("located", Some(w))
+        }
+        None => {
+            pool.responses
+                .miss(id, crate::routing::load_cell::monotonic_ms());
+            match remembered {
+                Some(_) => ("gone", None),
+                None => ("unknown", None),
+            }
+        }
+    }
+}
+
+fn serving(b: &Backend) -> bool {
+    b.is_healthy() && !b.is_draining()
+}
+
+/// The first serving backend answering `GET /v1/responses/{id}` with a
+/// success, all asked at once.
+async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<String> {
+    let timeout = Duration::from_millis(s.settings.health.probe_timeout_ms);
+    let path = format!("/v1/responses/{id}");
+    let mut asked: FuturesUnordered<_> = backends
+        .iter()
+        .filter(|b| serving(b))
+        .map(|b| {
+            let path = &path;
+            async move {
+                let ok = status_of(s, b, path, timeout).await?.is_success();
+                ok.then(|| b.id.clone())
+            }
+        })
+        .collect();
+    while let Some(found) = asked.next().await {
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// The status of `GET path` on `b` (the body is not read), within `timeout`.
+async fn status_of(s: &Shared, b: &Backend, path: &str, timeout: Duration) -> Option<StatusCode> {
+    let mut req = Request::builder()
+        .method(Method::GET)
+        .uri(b.url.join(path).ok()?)
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    b.authorize(req.headers_mut(), s.settings.upstream_auth.as_ref());
+    let resp = tokio::time::timeout(timeout, s.client.request(req))
+        .await
+        .ok()?
+        .ok()?;
+    Some(resp.status())
+}
+
+/// `GET /v1/responses/{id}`.
+pub async fn get(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    relay(s, Method::GET, &id, "", &uri, &headers, Bytes::new()).await
+}
+
+/// `POST /v1/responses/{id}/cancel`.
+pub async fn cancel(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let settings = &s.settings;
+    let mut held = Held::new(&s.bodies);
+    let raw = match read_body(
+        body,
+        &headers,
+        settings.max_body_bytes,
+        settings.body_timeout,
+        &mut held,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(e) => return rejected(e),
+    };
+    relay(s, Method::POST, &id, "/cancel", &uri, &headers, raw).await
+}
+
+/// Sends the request to the backend holding response `id`, in whichever
+/// pool has it.
+async fn relay(
+    s: Arc<Shared>,
+    method: Method,
+    id: &str,
+    suffix: &str,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let id = match response_id(id, "response_id") {
+        Ok(id) => id,
+        Err(e) => return rejected(ApiError::from(e).with_param("response_id")),
+    };
+    let mut held = None;
+    for pool in s.pools.all() {
+        let (outcome, holder) = find(&s, pool, &id).await;
+        crate::control::metrics::response_affinity(&pool.model, outcome);
+        if let Some(w) = holder {
+            held = Some((Arc::clone(pool), w));
+            break;
+        }
+    }
+    let Some((pool, worker)) = held else {
+        let e = ApiError::response_not_found(&id);
+        proxy::count_refused(e.status);
+        return e.into_response();
+    };
+    let target = Target {
+        pool,
+        adapter: None,
+    };
+    let mut plan = route::plan_least(target, None);
+    plan.pinned = Some(worker);
+    let pq = path_and_query(&format!("/v1/responses/{id}{suffix}"), uri);
+    let out = Outgoing {
+        method,
+        path_and_query: &pq,
+        headers,
+        body,
+    };
+    proxy::forward(&s, &plan, out).await
+}

@@ -1,0 +1,93 @@
+//! The rest of the OpenAI surface vLLM serves: `POST /v1/embeddings`,
+//! `/v1/responses`, `/tokenize`, `/detokenize` and the pooling endpoints
+//! (`/pooling`, `/classify`, `/score`, `/v1/score`, `/rerank`, `/v1/rerank`,
+//! `/v2/rerank`), reached through [`crate::http::front`].
+//!
+//! Each is proxied as completions are: the same body cap and timeouts, the
+//! same error shapes, tenancy and retries. A body with a prompt
+//! ([`Surface::parse`]) routes by the pool's policy, prefix-aware or
+//! kv-aware included; `/detokenize` and the pooling endpoints have none and
+//! go to the backend with the fewest requests in flight. `cache_salt` is forwarded (tenancy
+//! `isolation: engine`) on the two that prefill: embeddings and responses.
+
+use crate::api::openai::{self as api, model_or_only};
+use crate::api::salt::with_cache_salt;
+use crate::api::tenancy;
+use crate::config::Isolation;
+use crate::control::metrics::Phase;
+use crate::control::state::Shared;
+use crate::http::error::ApiError;
+use crate::http::incoming::tenant_header;
+use crate::routing::route::{self, Hashing};
+use axum::body::Body;
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
+use bytes::Bytes;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+use warmpath_core::request::surface::{Endpoint, Surface};
+use warmpath_core::{TenantId, TenantSource};
+
+/// Serves one request to `endpoint`.
+pub async fn serve(
+    s: Arc<Shared>,
+    endpoint: Endpoint,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let prepare = move |s: &Shared, h: &HeaderMap, raw: &Bytes, started: Instant| {
+        prepare(s, endpoint, h, raw, started)
+    };
+    api::serve(s, endpoint.path(), uri, headers, body, prepare).await
+}
+
+/// Parses, resolves the pool and tenant, plans; returns the body to forward.
+fn prepare(
+    s: &Shared,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    raw: &Bytes,
+    started: Instant,
+) -> Result<(route::Plan, Bytes), ApiError> {
+    let parsed = Surface::parse(raw, endpoint)?;
+    let model = model_or_only(s, parsed.model)?;
+    let target = s
+        .pools
+        .resolve(&model)
+        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let header = tenant_header(headers)?;
+    let client = match &parsed.prompt {
+        Some(req) => req.tenant(header)?,
+        None => header
+            .map(|h| TenantId::parse(h, TenantSource::Header))
+            .transpose()?,
+    };
+    let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
+    target
+        .pool
+        .metrics
+        .overhead(Phase::Parse)
+        .record(started.elapsed().as_secs_f64());
+    let Some(mut req) = parsed.prompt else {
+        return Ok((route::plan_least(target, tenant), raw.clone()));
+    };
+    // The pool's name, also when the body left `model` out: the prefix key
+    // and block hashes are those of a request naming it.
+    req.model = Cow::Owned(model);
+    let mut plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
+    if endpoint == Endpoint::Responses {
+        plan.learns_response = plan.target.pool.responses.enabled();
+        plan.follows = parsed.previous_response_id;
+    }
+    let prefills = matches!(endpoint, Endpoint::Embeddings | Endpoint::Responses);
+    let salted = prefills
+        && s.settings.forward_cache_salt
+        && plan.target.pool.tenants.isolation == Isolation::Engine;
+    let body = match (&plan.tenant, salted) {
+        (Some(t), true) => with_cache_salt(raw, req.cache_salt.as_deref(), t),
+        _ => raw.clone(),
+    };
+    Ok((plan, body))
+}

@@ -1,0 +1,319 @@
+//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload
+//! (membership changes are [`crate::control::members`]).
+//!
+//! Both swap a pool's policy atomically ([`Pool::switch`]):
+//! requests already routed keep their backend, requests being routed finish
+//! with the snapshot they took, later requests use the new policy.
+
+use crate::config::RouterConfig;
+use crate::control::members;
+use crate::control::state::Shared;
+use crate::http::error::{ApiError, RouterError};
+use crate::http::incoming::{read_body, Held};
+use crate::routing::backend::Origin;
+use crate::routing::pool::{Pool, SwitchError};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+use warmpath_core::Strategy;
+
+/// Every `/admin/pools/{*rest}` request: `PUT …/strategy` here, the
+/// membership calls in [`crate::control::members`].
+pub async fn handle(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    Path(rest): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    // The token before the body: an anonymous client cannot hold a
+    // connection by announcing a body it never sends.
+    if let Err(e) = crate::control::access::admin(&s, &headers) {
+        return e.into_response();
+    }
+    let mut held = Held::new(&s.bodies);
+    let timeout = s.settings.body_timeout;
+    let body = match read_body(body, &headers, MAX_ADMIN_BODY, timeout, &mut held).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let models: Vec<&str> = s.pools.all().iter().map(|p| p.model.as_str()).collect();
+    let Some(res) = members::resource(&rest, &models) else {
+        let named = rest
+            .split_once("/backends")
+            .or_else(|| rest.rsplit_once("/strategy"));
+        return match named {
+            Some((m, _)) if !models.contains(&m) => ApiError::unknown_model(m).into_response(),
+            _ => members::not_found(format!(
+                "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy or /admin/pools/{{model}}/backends"
+            )),
+        };
+    };
+    let pool_of = |m: &str| s.pools.get(m).cloned();
+    match (res, method) {
+        (members::Resource::Strategy(m), Method::PUT) => set_strategy(&s, m, &body),
+        (members::Resource::Strategy(_), _) => members::method_not_allowed("PUT"),
+        (members::Resource::Backends(m), Method::GET) => match pool_of(m) {
+            Some(p) => Json(members::list(&s, &p)).into_response(),
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backends(m), Method::POST) => match pool_of(m) {
+            Some(p) => members::add(&s, &p, &body).await,
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backends(_), _) => members::method_not_allowed("GET or POST"),
+        (members::Resource::Backend(m, w), Method::DELETE) => match pool_of(m) {
+            Some(p) => match members::remove(&s, &p, w) {
+                Ok(b) => Json(json!({"model": p.model, "worker_id": b.id, "removed": true}))
+                    .into_response(),
+                Err(e) => e.response(),
+            },
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Backend(..), _) => members::method_not_allowed("DELETE"),
+        (members::Resource::Drain(m, w), Method::POST) => match pool_of(m) {
+            Some(p) => members::drain_request(&s, &p, w, &body),
+            None => ApiError::unknown_model(m).into_response(),
+        },
+        (members::Resource::Drain(..), _) => members::method_not_allowed("POST"),
+    }
+}
+
+/// The largest admin body: a backend, a strategy or a drain deadline.
+const MAX_ADMIN_BODY: usize = 64 * 1024;
+
+/// Body of `PUT /admin/pools/{model}/strategy`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyBody {
+    /// The new strategy.
+    pub strategy: String,
+}
+
+/// `PUT /admin/pools/{model}/strategy`, after [`handle`]
+/// checked the admin token and found the pool's name in the path.
+fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
+    let Some(pool) = s.pools.get(model) else {
+        return ApiError::unknown_model(model).into_response();
+    };
+    let req: StrategyBody = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::bad_request(
+                "invalid_json",
+                format!("body must be {{\"strategy\": \"...\"}}: {e}"),
+            )
+            .into_response()
+        }
+    };
+    let strategy: Strategy = match req.strategy.parse() {
+        Ok(st) => st,
+        Err(e) => {
+            return ApiError::bad_request("invalid_strategy", format!("{e}"))
+                .with_param("strategy")
+                .into_response()
+        }
+    };
+    let config = pool.policy().config.clone();
+    match pool.switch(strategy, config) {
+        Ok(previous) => Json(json!({
+            "model": pool.model,
+            "strategy": strategy,
+            "previous": previous,
+        }))
+        .into_response(),
+        Err(e @ SwitchError::NeedsTokenizer(_)) => ApiError {
+            status: StatusCode::CONFLICT,
+            message: e.to_string(),
+            kind: "invalid_request_error",
+            param: Some("strategy".into()),
+            code: "needs_tokenizer",
+        }
+        .into_response(),
+        Err(e) => ApiError::bad_request("invalid_strategy", e.to_string()).into_response(),
+    }
+}
+
+/// What a reload applied and what it could not (each a sentence).
+#[derive(Debug, Default)]
+pub struct ReloadReport {
+    /// Applied live.
+    pub applied: Vec<String>,
+    /// Left as they run: they need a restart (or a different change).
+    pub ignored: Vec<String>,
+}
+
+/// Applies a re-read configuration: each existing pool gets the file's
+/// strategy and policy knobs, backends the file adds are added and
+/// backends it no longer lists are drained and removed (only those that
+/// came from the configuration: members added through the API or by
+/// discovery stay). Settings that need a restart (tokenizer, block size,
+/// new pools, a member's changed url) are listed, not applied.
+pub async fn reload(s: &Arc<Shared>, config: &RouterConfig) -> Result<ReloadReport, RouterError> {
+    config.validate()?;
+    let mut r = ReloadReport::default();
+    for pc in &config.pools {
+        let Some(pool) = s.pools.get(&pc.model) else {
+            r.ignored
+                .push(format!("pool {:?} is new: needs a restart", pc.model));
+            continue;
+        };
+        let current = pool.policy();
+        let (strategy, knobs) = (pc.effective_strategy(), pc.policy_config());
+        if current.strategy != strategy || current.config != knobs {
+            pool.switch(strategy, knobs).map_err(|e| match e {
+                SwitchError::Policy(source) => RouterError::Policy {
+                    model: pc.model.clone(),
+                    source,
+                },
+                SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
+                    format!("pool {m:?}"),
+                    "kv_aware needs a tokenizer, and tokenizers load only at start",
+                )),
+            })?;
+            r.applied.push(format!(
+                "pool {:?}: policy {} -> {}",
+                pc.model, current.strategy, strategy
+            ));
+        }
+        reload_members(s, pool, pc, &mut r).await;
+        let running: Vec<_> = pool.discovery.iter().map(|p| &p.config).collect();
+        if pc.discovery.iter().collect::<Vec<_>>() != running {
+            r.ignored.push(format!(
+                "pool {:?}: discovery changed: needs a restart",
+                pc.model
+            ));
+        }
+        if pc.block_size != pool.block_size {
+            r.ignored.push(format!(
+                "pool {:?}: block_size changed: needs a restart",
+                pc.model
+            ));
+        }
+        if pc.expose_routing_headers != pool.expose_routing_headers
+            || pc.max_prompt_tokens != pool.configured_prompt_cap()
+            || pc.show_prompts != pool.show_prompts
+            || pc.response_ids != pool.responses.cap()
+        {
+            r.ignored.push(format!(
+                "pool {:?}: expose_routing_headers, max_prompt_tokens, show_prompts or response_ids changed: needs a restart",
+                pc.model
+            ));
+        }
+    }
+    for p in s.pools.all() {
+        if !config.pools.iter().any(|pc| pc.model == p.model) {
+            r.ignored.push(format!(
+                "pool {:?} is gone from the configuration: needs a restart",
+                p.model
+            ));
+        }
+    }
+    Ok(r)
+}
+
+/// The backend part of a reload: adds first, then drains, so replacing
+/// every backend never leaves the pool empty.
+async fn reload_members(
+    s: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    pc: &crate::config::PoolConfig,
+    r: &mut ReloadReport,
+) {
+    let members = pool.backends();
+    for b in &pc.backends {
+        match members.iter().find(|m| m.id == b.id()) {
+            None => match members::add_member(s, pool, b, Origin::Config).await {
+                Ok(_) => r
+                    .applied
+                    .push(format!("pool {:?}: backend {:?} added", pc.model, b.id())),
+                Err(e) => r.ignored.push(format!(
+                    "pool {:?}: backend {:?} not added: {e}",
+                    pc.model,
+                    b.id()
+                )),
+            },
+            Some(m) if m.origin == Origin::Config && m.configured != *b => r.ignored.push(format!(
+                "pool {:?}: backend {:?} changed its url or adapters: remove it and add it again",
+                pc.model,
+                b.id()
+            )),
+            Some(_) => {}
+        }
+    }
+    for m in members.iter().filter(|m| m.origin == Origin::Config) {
+        if m.is_draining() || pc.backends.iter().any(|b| b.id() == m.id) {
+            continue;
+        }
+        match members::drain(s, pool, &m.id, DRAIN_ON_RELOAD) {
+            Ok(_) => r.applied.push(format!(
+                "pool {:?}: backend {:?} draining (gone from the configuration)",
+                pc.model, m.id
+            )),
+            Err(e) => r.ignored.push(format!(
+                "pool {:?}: backend {:?} not removed: {e}",
+                pc.model, m.id
+            )),
+        }
+    }
+}
+
+/// How long a backend removed from the configuration may finish requests.
+const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The process-wide settings that differ between the running configuration
+/// and a re-read one: a reload cannot apply them (listeners, tokens, ingest
+/// TLS and deadlines, limits, health checks, the upstream client).
+pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |name: &str, changed: bool| {
+        if changed {
+            out.push(format!("{name} changed: needs a restart"));
+        }
+    };
+    check("listen", running.listen != new.listen);
+    check("grpc_listen", running.grpc_listen != new.grpc_listen);
+    check("admin_token", running.admin_token != new.admin_token);
+    check("inspect_token", running.inspect_token != new.inspect_token);
+    check("agent_token", running.agent_token != new.agent_token);
+    check("agent_secret", running.agent_secret != new.agent_secret);
+    check("ingest", running.ingest != new.ingest);
+    check(
+        "max_body_bytes",
+        running.max_body_bytes != new.max_body_bytes,
+    );
+    check(
+        "forward_cache_salt",
+        running.forward_cache_salt != new.forward_cache_salt,
+    );
+    check("health", running.health != new.health);
+    check("server", running.server != new.server);
+    check("upstream", running.upstream != new.upstream);
+    check("work", running.work != new.work);
+    check("insecure", running.insecure != new.insecure);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_wide_changes_are_listed_not_applied() {
+        let running = RouterConfig::default();
+        assert!(restart_only_changes(&running, &running.clone()).is_empty());
+        let mut new = running.clone();
+        new.listen = "127.0.0.1:1".into();
+        new.agent_token = Some("t".into());
+        new.ingest.stale_after_ms += 1;
+        let changes = restart_only_changes(&running, &new);
+        assert_eq!(changes.len(), 3, "{changes:?}");
+        assert!(changes[0].starts_with("listen changed"));
+        assert!(changes[2].starts_with("ingest changed"));
+    }
+}

@@ -1,0 +1,76 @@
+//! The hot path's memo caches, seen from outside: how often each one saves
+//! its work, for `GET /metrics` and `GET /cache-index`.
+//!
+//! | cache | pool | what it keeps | a hit saves |
+//! |---|---|---|---|
+//! | `chunks` | each | token ids of ~1 KiB chunks of long texts (a system prompt, a RAG document) | tokenizing them |
+//! | `words` | each | token ids of short pre-tokenizer splits (a question's words) | running BPE on them |
+//!
+//! Low hit rates on a steady workload mean a cache is too small (or the
+//! traffic has no repeated prefixes, and then `kv_aware` gains little).
+
+use crate::control::state::Shared;
+use serde_json::{json, Value};
+
+/// One cache's counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheReport {
+    /// The pool's model.
+    pub pool: String,
+    /// Which cache (module docs).
+    pub cache: &'static str,
+    /// Lookups that found their entry.
+    pub hits: u64,
+    /// Lookups that did not (the work was done, and usually kept).
+    pub misses: u64,
+    /// Entries held now.
+    pub entries: usize,
+}
+
+impl CacheReport {
+    /// As listed by `GET /cache-index`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "pool": self.pool,
+            "cache": self.cache,
+            "hits": self.hits,
+            "misses": self.misses,
+            "entries": self.entries,
+        })
+    }
+}
+
+/// Every pool's caches' counters (a pool without a tokenizer has none).
+pub fn report(s: &Shared) -> Vec<CacheReport> {
+    let mut out = Vec::new();
+    for p in s.pools.all() {
+        let mut add = |cache, hits, misses, entries| {
+            out.push(CacheReport {
+                pool: p.model.clone(),
+                cache,
+                hits,
+                misses,
+                entries,
+            });
+        };
+        if let Some(t) = &p.tokenizer {
+            let c = t.chunk_stats();
+            add("chunks", c.hits, c.misses, c.entries);
+            if let Some(w) = t.word_stats() {
+                add("words", w.hits, w.misses, w.entries);
+            }
+        }
+    }
+    out
+}
+
+/// Sets `warmpath_hot_cache_hits_total`, `warmpath_hot_cache_misses_total`
+/// and `warmpath_hot_cache_entries` (labels `pool`, `cache`).
+pub fn update_metrics(s: &Shared) {
+    for r in report(s) {
+        let labels = [("pool", r.pool), ("cache", r.cache.to_owned())];
+        metrics::counter!("warmpath_hot_cache_hits_total", &labels).absolute(r.hits);
+        metrics::counter!("warmpath_hot_cache_misses_total", &labels).absolute(r.misses);
+        metrics::gauge!("warmpath_hot_cache_entries", &labels).set(r.entries as f64);
+    }
+}

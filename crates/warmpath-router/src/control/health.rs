@@ -1,0 +1,296 @@
+//! Active health checks and LoRA adapter discovery.
+//!
+//! Every `probe_interval_ms` every backend is probed, the probes spread
+//! evenly over the interval (`health.probe`:
+//! `GET /health`, or a one-token completion of the pool's model that
+//! exercises the serving path). A passing probe verifies a backend (what
+//! `/readyz` needs); a failing one unverifies it at once, and
+//! `eject_after` failing in a row eject it. An ejected backend is not probed
+//! before its back-off ends ([`Backend::readmit_at_ms`]); then the first
+//! passing probe brings it back. Passive ejection (failed proxied requests)
+//! is counted in [`crate::routing::proxy`].
+//!
+//! When `learn_adapters` is on, a backend in rotation is also asked
+//! `GET /v1/models`, and every model card whose `parent` (vLLM's field for
+//! LoRA modules) is the pool's model is recorded as an adapter it serves;
+//! the cards themselves are kept for the router's own `/v1/models`.
+
+use crate::config::ProbeKind;
+use crate::control::readiness;
+use crate::control::state::Shared;
+use crate::routing::backend::Backend;
+use crate::routing::pool::Pool;
+use axum::http::{header, Method, Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Largest probe or `/v1/models` answer read.
+const MAX_MODELS_BYTES: usize = 1 << 20;
+
+/// Runs the probes every interval until `shutdown` (the first round is
+/// [`round`], run by start-up before the router serves). Each later round
+/// spreads its probes evenly over the interval ([`spread`]), so a large
+/// fleet's probes never arrive as one burst of work beside the requests.
+pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let every = Duration::from_millis(shared.settings.health.probe_interval_ms);
+    let mut next = tokio::time::Instant::now() + every;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        let started = tokio::time::Instant::now();
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = spread(&shared, every) => {}
+        }
+        // A round that overran (its last probe started near the interval's
+        // end) is followed at once: each backend is still probed about
+        // once per interval.
+        next = (started + every).max(tokio::time::Instant::now());
+    }
+}
+
+/// Every backend of every pool as of now (a change meanwhile waits for the
+/// next round).
+fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
+    let mut all = Vec::new();
+    for p in shared.pools.all() {
+        all.extend(p.backends().iter().map(|b| (Arc::clone(p), Arc::clone(b))));
+    }
+    all
+}
+
+/// Probes every backend once (concurrently; each within the probe timeout)
+/// and updates `warmpath_ready`.
+pub async fn round(shared: &Shared) {
+    let members = members(shared);
+    let probes = members.iter().map(|(p, b)| probe(shared, p, b));
+    futures::future::join_all(probes).await;
+    readiness::update_gauge(shared);
+}
+
+/// One round with backend `k` of `n` probed `k × every / n` after its
+/// start; `warmpath_ready` follows each probe that changed a backend's
+/// state, not only the round's end.
+async fn spread(shared: &Shared, every: Duration) {
+    let members = members(shared);
+    let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
+    let start = tokio::time::Instant::now();
+    let probes = members.iter().enumerate().map(|(k, (p, b))| async move {
+        let k = u32::try_from(k).unwrap_or(u32::MAX);
+        tokio::time::sleep_until(start + every / n * k).await;
+        let before = (b.is_healthy(), b.is_verified());
+        probe(shared, p, b).await;
+        if (b.is_healthy(), b.is_verified()) != before {
+            readiness::update_gauge(shared);
+        }
+    });
+    futures::future::join_all(probes).await;
+    readiness::update_gauge(shared);
+}
+
+/// What one probe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Fail,
+    /// Proves nothing either way (see [`ProbeKind::Completion`]).
+    Inconclusive,
+}
+
+pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
+    let h = &shared.settings.health;
+    let ejected = !b.is_healthy();
+    if ejected
+        && crate::routing::load_cell::monotonic_ms()
+            < b.readmit_at_ms(h.eject_base_ms, h.eject_max_ms)
+    {
+        return;
+    }
+    let serving = h.probe == ProbeKind::Completion;
+    match check(shared, pool, b).await {
+        Verdict::Pass => {
+            if b.probe_passed(serving) {
+                tracing::info!(pool = %pool.model, backend = %b.id, "backend healthy again");
+            }
+        }
+        Verdict::Fail if !ejected => {
+            let _one_at_a_time = pool.ejecting();
+            let room = || pool.room_to_eject(h.max_ejection_percent);
+            if b.probe_failed_within(h.eject_after, room) {
+                tracing::warn!(pool = %pool.model, backend = %b.id, probe = ?h.probe,
+                    "backend ejected after repeated failed probes");
+            }
+        }
+        Verdict::Fail | Verdict::Inconclusive => return,
+    }
+    if h.learn_adapters && b.is_healthy() {
+        let timeout = Duration::from_millis(h.probe_timeout_ms);
+        if let Some((status, body)) =
+            send(shared, b, Method::GET, "/v1/models", None, timeout).await
+        {
+            if status.is_success() {
+                if let Some(adapters) = adapters_of(&body, &pool.model) {
+                    b.set_learned_adapters(adapters);
+                }
+                if let Some(cards) = crate::api::models::cards_of(&body, &pool.model) {
+                    b.set_learned_cards(cards);
+                }
+                if let Some(n) = max_model_len_of(&body, &pool.model) {
+                    pool.learn_context_length(n);
+                }
+            }
+        }
+    }
+}
+
+async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
+    let h = &shared.settings.health;
+    let timeout = Duration::from_millis(h.probe_timeout_ms);
+    let answer = match h.probe {
+        ProbeKind::Health => send(shared, b, Method::GET, "/health", None, timeout).await,
+        ProbeKind::Completion => {
+            let body = completion_probe(&pool.model);
+            let busy_before = b.in_flight() > 0;
+            let a = send(
+                shared,
+                b,
+                Method::POST,
+                "/v1/completions",
+                Some(body),
+                timeout,
+            )
+            .await;
+            if a.is_none() && (busy_before || b.in_flight() > 0) {
+                return Verdict::Inconclusive;
+            }
+            a
+        }
+    };
+    match answer {
+        Some((status, _)) if status.is_success() => Verdict::Pass,
+        // The engine answered and wants credentials: alive. Ejecting it
+        // would turn a missing `upstream.api_key` into an outage, while
+        // clients that bring their own key are served.
+        Some((StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _)) => {
+            if !b.warned_credentials() {
+                tracing::warn!(pool = %pool.model, backend = %b.id,
+                    "the engine asks for credentials: set upstream.api_key (WARMPATH_UPSTREAM_API_KEY)");
+            }
+            Verdict::Pass
+        }
+        _ => Verdict::Fail,
+    }
+}
+
+/// The body of a completion probe: one generated token after a one-word
+/// prompt, shorter than any KV block, so it leaves nothing in the prefix
+/// cache (no KV events) and costs one decode step.
+pub fn completion_probe(model: &str) -> Bytes {
+    Bytes::from(
+        json!({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0,
+               "stream": false})
+        .to_string(),
+    )
+}
+
+/// The LoRA adapters in a `/v1/models` answer: cards whose `parent` is `model`.
+pub fn adapters_of(body: &[u8], model: &str) -> Option<BTreeSet<String>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter(|c| c.get("parent").and_then(Value::as_str) == Some(model))
+            .filter_map(|c| c.get("id").and_then(Value::as_str))
+            .filter(|id| *id != model && !id.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// vLLM's `max_model_len` on the card of `model` in a `/v1/models` answer.
+pub fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let card = v
+        .get("data")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("id").and_then(Value::as_str) == Some(model))?;
+    let n = card.get("max_model_len")?.as_u64()?;
+    usize::try_from(n).ok().filter(|&n| n > 0)
+}
+
+/// One probe exchange, read to its end within `timeout`; `None` when it
+/// failed or timed out.
+async fn send(
+    shared: &Shared,
+    b: &Backend,
+    method: Method,
+    path: &str,
+    json_body: Option<Bytes>,
+    timeout: Duration,
+) -> Option<(StatusCode, Bytes)> {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(b.url.join(path).ok()?);
+    if json_body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    let mut req = req.body(Full::new(json_body.unwrap_or_default())).ok()?;
+    b.authorize(req.headers_mut(), shared.settings.upstream_auth.as_ref());
+    let fetch = async {
+        let resp = shared.client.request(req).await.ok()?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), MAX_MODELS_BYTES)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        Some((status, body))
+    };
+    tokio::time::timeout(timeout, fetch).await.ok().flatten()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adapters_are_the_cards_parented_by_the_model() {
+        let body = br#"{"object":"list","data":[
+            {"id":"m","object":"model","parent":null},
+            {"id":"sql","object":"model","parent":"m"},
+            {"id":"other","object":"model","parent":"x"}]}"#;
+        let a = adapters_of(body, "m").unwrap();
+        assert_eq!(a.into_iter().collect::<Vec<_>>(), ["sql"]);
+        assert!(adapters_of(b"not json", "m").is_none());
+    }
+
+    #[test]
+    fn the_context_length_is_the_models_own_card() {
+        let body = br#"{"data":[{"id":"sql","max_model_len":99,"parent":"m"},
+            {"id":"m","max_model_len":4096}]}"#;
+        assert_eq!(max_model_len_of(body, "m"), Some(4096));
+        assert_eq!(max_model_len_of(br#"{"data":[{"id":"m"}]}"#, "m"), None);
+        assert_eq!(
+            max_model_len_of(br#"{"data":[{"id":"m","max_model_len":0}]}"#, "m"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_completion_probe_asks_one_token_of_the_pool_model() {
+        let v: Value = serde_json::from_slice(&completion_probe("m")).unwrap();
+        assert_eq!(
+            (v["model"].as_str(), v["max_tokens"].as_u64()),
+            (Some("m"), Some(1))
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! Live pool membership: the admin API that lists, adds, removes and drains
+//! backends, and the one place a change is applied (the API, a reload and
+//! discovery all come here).
+//!
+//! - `GET /admin/pools/{model}/backends`: members with health, draining,
+//!   origin and agent state; `missing_for_ms` for a discovered member gone
+//!   from its provider's answers (out of rotation, kept for a grace:
+//!   see the discovery module).
+//! - `POST /admin/pools/{model}/backends` `{url, worker_id?, adapters?}`:
+//!   added at once (probed once, then routed to); 201.
+//! - `DELETE /admin/pools/{model}/backends/{worker_id}`: removed at once;
+//!   requests in flight there finish, its index entries are dropped and its
+//!   agent's stream is refused ("removed from pool").
+//! - `POST /admin/pools/{model}/backends/{worker_id}/drain`: no new
+//!   requests; once its in-flight requests have ended (or `timeout_ms`,
+//!   default 10 min, passed) it is removed as above; 202.
+//!
+//! `model` and `worker_id` may contain `/` (percent-encode them): the path
+//! is matched against the pools' model names, longest first.
+
+use crate::config::BackendConfig;
+use crate::control::state::Shared;
+use crate::http::error::ApiError;
+use crate::routing::backend::{Backend, Origin};
+use crate::routing::pool::{MemberError, Pool};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a drain waits for requests in flight when not told.
+const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Body of `POST /admin/pools/{model}/backends`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    url: String,
+    #[serde(default)]
+    worker_id: Option<String>,
+    #[serde(default)]
+    adapters: Vec<String>,
+}
+
+/// Body of `POST …/drain` (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainBody {
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// What an admin path under `/admin/pools/` names.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Resource<'a> {
+    /// `{model}/strategy`.
+    Strategy(&'a str),
+    /// `{model}/backends`.
+    Backends(&'a str),
+    /// `{model}/backends/{worker_id}`.
+    Backend(&'a str, &'a str),
+    /// `{model}/backends/{worker_id}/drain`.
+    Drain(&'a str, &'a str),
+}
+
+/// Parses the path after `/admin/pools/`, given the pools' model names.
+pub(crate) fn resource<'a>(rest: &'a str, models: &[&str]) -> Option<Resource<'a>> {
+    let mut models: Vec<&str> = models.to_vec();
+    models.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in models {
+        let Some(tail) = rest.strip_prefix(m).and_then(|t| t.strip_prefix('/')) else {
+            continue;
+        };
+        let model = &rest[..m.len()];
+        return match tail {
+            "strategy" => Some(Resource::Strategy(model)),
+            "backends" => Some(Resource::Backends(model)),
+            _ => {
+                let id = tail.strip_prefix("backends/").filter(|id| !id.is_empty())?;
+                Some(match id.strip_suffix("/drain") {
+                    Some(w) if !w.is_empty() => Resource::Drain(model, w),
+                    _ => Resource::Backend(model, id),
+                })
+            }
+        };
+    }
+    None
+}
+
+pub(crate) fn not_found(message: String) -> Response {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message,
+        kind: "invalid_request_error",
+        param: None,
+        code: "not_found",
+    }
+    .into_response()
+}
+
+pub(crate) fn method_not_allowed(allow: &str) -> Response {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("use {allow}"),
+        kind: "invalid_request_error",
+        param: None,
+        code: "method_not_allowed",
+    }
+    .into_response()
+}
+
+impl MemberError {
+    pub(crate) fn response(&self) -> Response {
+        let (status, code) = match self {
+            MemberError::Duplicate { .. } => (StatusCode::CONFLICT, "duplicate_worker_id"),
+            MemberError::Unknown { .. } => (StatusCode::NOT_FOUND, "unknown_worker_id"),
+            MemberError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_backend"),
+            MemberError::LastBackend(_) => (StatusCode::CONFLICT, "last_backend"),
+            MemberError::Index(_) | MemberError::Policy(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "membership_failed")
+            }
+        };
+        ApiError {
+            status,
+            message: self.to_string(),
+            kind: "invalid_request_error",
+            param: None,
+            code,
+        }
+        .into_response()
+    }
+}
+
+/// One member as the listing shows it.
+fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
+    let agent = s
+        .agents
+        .as_ref()
+        .and_then(|a| a.status_of(&p.model, &b.id, now_ms));
+    json!({
+        "worker_id": b.id,
+        "url": b.url.to_string(),
+        "origin": b.origin.to_string(),
+        "healthy": b.is_healthy(),
+        "verified": b.is_verified(),
+        "draining": b.is_draining(),
+        "in_flight": b.in_flight(),
+        "adapters": b.adapters(),
+        "index_blocks": p.index.block_count(b.slot),
+        "missing_for_ms": missing_for_ms(p, &b.id),
+        "agent": agent,
+    })
+}
+
+/// How long a discovered member has been gone from its provider's answers
+/// (out of rotation, index kept, until its grace ends); `None`: it is not.
+fn missing_for_ms(p: &Pool, id: &str) -> Option<u64> {
+    p.discovery
+        .iter()
+        .find_map(|d| d.vanished.since(id))
+        .map(|t| t.elapsed().as_millis() as u64)
+}
+
+/// `id` is no longer a discovery provider's to bring back.
+fn unmark(p: &Pool, id: &str) {
+    for d in &p.discovery {
+        d.vanished.forget(id);
+    }
+}
+
+pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
+    let now = crate::routing::load_cell::monotonic_ms();
+    let members: Vec<Value> = p
+        .backends()
+        .iter()
+        .map(|b| member_view(s, p, b, now))
+        .collect();
+    json!({"model": p.model, "backends": members})
+}
+
+pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response {
+    let req: AddBody = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::bad_request(
+                "invalid_json",
+                format!(
+                    "body must be {{\"url\": \"http://HOST:PORT\", \"worker_id\": \"...\"}}: {e}"
+                ),
+            )
+            .into_response()
+        }
+    };
+    if let Some(a) = req.adapters.iter().find(|a| s.pools.get(a).is_some()) {
+        return ApiError::bad_request(
+            "invalid_backend",
+            format!("adapter {a:?} has the name of a pool's model"),
+        )
+        .with_param("adapters")
+        .into_response();
+    }
+    let cfg = BackendConfig {
+        url: req.url,
+        worker_id: req.worker_id,
+        adapters: req.adapters,
+        api_key: None,
+    };
+    match add_member(s, p, &cfg, Origin::Admin).await {
+        Ok(b) => (
+            StatusCode::CREATED,
+            Json(member_view(
+                s,
+                p,
+                &b,
+                crate::routing::load_cell::monotonic_ms(),
+            )),
+        )
+            .into_response(),
+        Err(e) => e.response(),
+    }
+}
+
+/// Adds a member and probes it once, so `verified` and readiness are
+/// current when this returns (it takes requests either way, as at start).
+pub(crate) async fn add_member(
+    s: &Shared,
+    p: &Pool,
+    cfg: &BackendConfig,
+    origin: Origin,
+) -> Result<Arc<Backend>, MemberError> {
+    let b = p.add_backend(cfg, origin)?;
+    crate::control::metrics::membership_change(&p.model, "add");
+    crate::control::health::probe(s, p, &b).await;
+    crate::control::readiness::update_gauge(s);
+    Ok(b)
+}
+
+/// Removes a member now (see the module docs) and refuses its agent.
+pub(crate) fn remove(
+    s: &Shared,
+    p: &Arc<Pool>,
+    worker_id: &str,
+) -> Result<Arc<Backend>, MemberError> {
+    let b = p.remove_backend(worker_id, true)?;
+    unmark(p, worker_id);
+    forget(s, p, &b);
+    Ok(b)
+}
+
+/// After a removal: refuses the worker's agent, counts it, updates
+/// readiness, and purges its index holders off the async threads (which
+/// frees its index slot for a later member).
+pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
+    if let Some(a) = &s.agents {
+        a.remove_worker(&p.model, &b.id);
+    }
+    crate::control::metrics::membership_change(&p.model, "remove");
+    crate::control::readiness::update_gauge(s);
+    p.compact_removed();
+}
+
+/// Takes a member out of rotation without removing it (a discovered member
+/// gone from its provider's answer, within its grace): no new requests,
+/// its index entries and slot stay. Refuses the last member in rotation.
+pub(crate) fn set_aside(
+    s: &Shared,
+    p: &Pool,
+    worker_id: &str,
+) -> Result<Arc<Backend>, MemberError> {
+    let b = p.drain_backend(worker_id)?;
+    crate::control::metrics::membership_change(&p.model, "drain");
+    crate::control::readiness::update_gauge(s);
+    Ok(b)
+}
+
+/// Puts a member that was set aside back in rotation (see
+/// [`Pool::restore_backend`]) and probes it once, as an added one.
+pub(crate) async fn restore(
+    s: &Shared,
+    p: &Pool,
+    old: &Arc<Backend>,
+) -> Result<Arc<Backend>, MemberError> {
+    let b = p.restore_backend(old)?;
+    crate::control::metrics::membership_change(&p.model, "add");
+    crate::control::health::probe(s, p, &b).await;
+    crate::control::readiness::update_gauge(s);
+    Ok(b)
+}
+
+pub(crate) fn drain_request(
+    s: &Arc<Shared>,
+    p: &Arc<Pool>,
+    worker_id: &str,
+    body: &[u8],
+) -> Response {
+    let req: DrainBody = if body.iter().all(u8::is_ascii_whitespace) {
+        DrainBody::default()
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(b) => b,
+            Err(e) => {
+                return ApiError::bad_request(
+                    "invalid_json",
+                    format!("body must be empty or {{\"timeout_ms\": N}}: {e}"),
+                )
+                .into_response()
+            }
+        }
+    };
+    let timeout = req
+        .timeout_ms
+        .map_or(DEFAULT_DRAIN_TIMEOUT, Duration::from_millis);
+    match drain(s, p, worker_id, timeout) {
+        Ok(b) => (
+            StatusCode::ACCEPTED,
+            Json(
+                json!({"model": p.model, "worker_id": b.id, "draining": true,
+                        "in_flight": b.in_flight(), "timeout_ms": timeout.as_millis() as u64}),
+            ),
+        )
+            .into_response(),
+        Err(e) => e.response(),
+    }
+}
+
+/// Starts draining a member; a task removes it once idle (or after
+/// `timeout`). The task ends with the router (`Shared::halt`, the
+/// shutdown's deadline) at the latest, leaving it in place.
+pub(crate) fn drain(
+    s: &Arc<Shared>,
+    p: &Arc<Pool>,
+    worker_id: &str,
+    timeout: Duration,
+) -> Result<Arc<Backend>, MemberError> {
+    let b = p.drain_backend(worker_id)?;
+    // Drained on purpose: no provider brings it back within a grace.
+    unmark(p, worker_id);
+    crate::control::metrics::membership_change(&p.model, "drain");
+    crate::control::readiness::update_gauge(s);
+    let (s, p, task_b) = (Arc::clone(s), Arc::clone(p), Arc::clone(&b));
+    tokio::spawn(async move {
+        let idle = tokio::select! {
+            () = s.halt.cancelled() => return,
+            r = tokio::time::timeout(timeout, task_b.wait_idle()) => r.is_ok(),
+        };
+        if !idle {
+            tracing::warn!(pool = %p.model, backend = %task_b.id, in_flight = task_b.in_flight(),
+                ?timeout, "drain timed out; removing the backend with requests still in flight");
+        }
+        // Still the same member (not removed and re-added meanwhile)?
+        if p.backend(&task_b.id)
+            .is_some_and(|cur| Arc::ptr_eq(&cur, &task_b))
+        {
+            match p.remove_backend(&task_b.id, false) {
+                Ok(gone) => forget(&s, &p, &gone),
+                Err(e) => tracing::warn!(pool = %p.model, backend = %task_b.id, error = %e,
+                    "drained backend not removed"),
+            }
+        }
+    });
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_paths_split_at_a_known_model() {
+        let models = ["m", "org/m", "org/m/x"];
+        assert_eq!(
+            resource("org/m/backends", &models),
+            Some(Resource::Backends("org/m"))
+        );
+        assert_eq!(
+            resource("org/m/x/strategy", &models),
+            Some(Resource::Strategy("org/m/x"))
+        );
+        assert_eq!(
+            resource("m/backends/http://127.0.0.1:1", &models),
+            Some(Resource::Backend("m", "http://127.0.0.1:1"))
+        );
+        assert_eq!(
+            resource("m/backends/http://h:1/drain", &models),
+            Some(Resource::Drain("m", "http://h:1"))
+        );
+        assert_eq!(resource("m/backends/", &models), None);
+        assert_eq!(resource("other/backends", &models), None);
+        assert_eq!(resource("m/other", &models), None);
+    }
+}

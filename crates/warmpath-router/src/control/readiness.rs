@@ -1,0 +1,67 @@
+//! `GET /livez`, `GET /readyz` (and `/health`, its alias) and the
+//! `warmpath_ready` gauge.
+//!
+//! - Live: the process serves HTTP; always 200 while it runs.
+//! - Ready: the configuration is loaded (the router serves nothing before
+//!   it is), every pool has at least one backend that is in rotation and
+//!   whose latest active probe passed ([`is_verified`](crate::routing::backend::Backend::is_verified); probes run
+//!   every `probe_interval_ms`, the first before the router listens, so no
+//!   client request is needed), and the router is not draining.
+
+use crate::control::state::Shared;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Whether the router is ready, and each pool's view.
+fn readiness(s: &Shared) -> (bool, Vec<Value>) {
+    let mut ready = !s.draining();
+    let pools = s
+        .pools
+        .all()
+        .iter()
+        .map(|p| {
+            let members = p.backends();
+            let serving = || members.iter().filter(|b| !b.is_draining());
+            let verified = serving().filter(|b| b.is_verified()).count();
+            let in_rotation = serving().filter(|b| b.is_healthy()).count();
+            ready &= verified > 0;
+            json!({"model": p.model, "healthy_backends": verified,
+                   "in_rotation": in_rotation, "backends": members.len()})
+        })
+        .collect();
+    (ready, pools)
+}
+
+/// Sets `warmpath_ready`; returns the readiness.
+pub fn update_gauge(s: &Shared) -> bool {
+    let (ready, _) = readiness(s);
+    crate::control::metrics::ready().set(f64::from(u8::from(ready)));
+    ready
+}
+
+/// `GET /livez`: 200 while the process serves.
+pub async fn livez() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// `GET /readyz` (and `GET /health`): 200 when ready, else 503; the body
+/// says why per pool.
+pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
+    let (ready, pools) = readiness(&s);
+    crate::control::metrics::ready().set(f64::from(u8::from(ready)));
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if ready { "ok" } else { "unavailable" },
+        "draining": s.draining(),
+        "pools": pools,
+    });
+    (status, Json(body)).into_response()
+}

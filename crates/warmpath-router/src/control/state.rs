@@ -1,0 +1,148 @@
+//! The state every handler shares.
+
+use crate::config::{HealthConfig, RouterConfig};
+use crate::http::incoming::BodyBudget;
+use crate::http::work::WorkPool;
+use crate::ingest::Agents;
+use crate::routing::loads::AgentLoads;
+use crate::routing::pool::Pools;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The pooled keep-alive client used for every backend.
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Settings fixed at start (a reload changes policies only).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Forward the tenant as `cache_salt`.
+    pub forward_cache_salt: bool,
+    /// Bearer token of `PUT /admin/...` (and of introspection).
+    pub admin_token: Option<String>,
+    /// Bearer token of `/cache-index` and `/cache-index/query`.
+    pub inspect_token: Option<String>,
+    /// Health checking.
+    pub health: HealthConfig,
+    /// Longest wait for an upstream answer's headers.
+    pub first_byte_timeout: Duration,
+    /// Longest silence of an upstream body once its headers are in.
+    pub stream_idle_timeout: Duration,
+    /// Longest wait for a client's request body.
+    pub body_timeout: Duration,
+    /// One INFO line per request (`server.access_log`).
+    pub access_log: bool,
+    /// `upstream.api_key` as the `Authorization` sent upstream.
+    pub upstream_auth: Option<axum::http::HeaderValue>,
+    /// The `Host` names answered, when the listener is loopback
+    /// ([`crate::control::access::edge`]).
+    pub hosts: Option<Vec<String>>,
+}
+
+/// Shared router state.
+pub struct Shared {
+    /// The pools.
+    pub pools: Arc<Pools>,
+    /// Upstream client.
+    pub client: UpstreamClient,
+    /// Fixed settings.
+    pub settings: Settings,
+    /// Prometheus renderer (None when another recorder was installed first).
+    pub metrics: Option<PrometheusHandle>,
+    /// What agents report, when the gRPC ingest runs.
+    pub agents: Option<Arc<Agents>>,
+    /// Start time, for uptime and event ages.
+    pub started: Instant,
+    /// Where big bodies are routed.
+    pub work: WorkPool,
+    /// The request bodies held at once (`server.max_body_bytes_in_flight`).
+    pub bodies: Arc<BodyBudget>,
+    /// Set at the start of a shutdown: not ready, still serving.
+    draining: AtomicBool,
+    /// Cancelled when the shutdown deadline passes: whatever is still in
+    /// flight ends now (a 503, or an SSE error event).
+    pub halt: CancellationToken,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("pools", &self.pools)
+            .field("settings", &self.settings)
+            .field("ingest", &self.agents.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds the upstream client.
+pub fn client(config: &RouterConfig) -> UpstreamClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_millis(
+        config.upstream.connect_timeout_ms,
+    )));
+    http.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(config.upstream.max_idle_per_backend)
+        .build(http)
+}
+
+impl Shared {
+    /// Shared state for a validated config and built pools.
+    pub fn new(
+        config: &RouterConfig,
+        pools: Arc<Pools>,
+        metrics: Option<PrometheusHandle>,
+        agents: Option<Arc<Agents>>,
+    ) -> Self {
+        Shared {
+            pools,
+            client: client(config),
+            settings: Settings {
+                max_body_bytes: config.max_body_bytes,
+                forward_cache_salt: config.forward_cache_salt,
+                admin_token: config.admin_token.clone(),
+                inspect_token: config.inspect_token.clone(),
+                health: config.health.clone(),
+                first_byte_timeout: Duration::from_millis(config.upstream.first_byte_timeout_ms),
+                stream_idle_timeout: Duration::from_millis(config.upstream.stream_idle_timeout_ms),
+                body_timeout: Duration::from_millis(config.server.body_timeout_ms),
+                access_log: config.server.access_log,
+                upstream_auth: config.upstream.api_key.as_ref().and_then(|k| k.bearer()),
+                hosts: crate::config::loopback_hosts(&config.listen, &config.server.allowed_hosts),
+            },
+            metrics,
+            agents,
+            started: Instant::now(),
+            work: WorkPool::new(&config.work),
+            bodies: BodyBudget::new(config.server.max_body_bytes_in_flight),
+            draining: AtomicBool::new(false),
+            halt: CancellationToken::new(),
+        }
+    }
+
+    /// Whether a shutdown has begun (readiness reads it: false from then on).
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Marks the start of a shutdown.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Agent-reported loads, when the ingest runs.
+    pub fn agents(&self) -> Option<&dyn AgentLoads> {
+        self.agents.as_deref().map(|a| a as &dyn AgentLoads)
+    }
+}

@@ -1,0 +1,97 @@
+//! `GET /cache-index/ui`: one self-contained HTML page (inline CSS and
+//! script, nothing fetched from elsewhere) over the cache index: per pool
+//! and worker the blocks by tier, freshness and load, the warmest chains
+//! as bars, and a "where is this prompt warm?" box that asks
+//! `/cache-index/query`.
+//!
+//! The page comes with the index as it was when served (the JSON of
+//! `GET /cache-index`, embedded), so it shows without a second request;
+//! refreshing fetches `/cache-index`. Access is that of `/cache-index`
+//! ([`crate::control::access::inspect`]); refused, the answer asks for HTTP Basic
+//! auth, so a browser prompts for the token (as the password) and then
+//! sends it with the page's own requests. The page never holds the token.
+//! Like the JSON, it has hashes and counts only: no prompt text, unless the
+//! pool has `show_prompts` (then each warm chain's prompt preview).
+
+use crate::control::state::Shared;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// The page (`src/ui/cache.html`).
+const PAGE: &str = include_str!("ui/cache.html");
+/// Where the snapshot goes in [`PAGE`].
+const SLOT: &str = "/*SNAPSHOT*/";
+/// Warmest chains shown per pool.
+const TOP: usize = 20;
+/// Inline script and style only, requests to this router only.
+const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+    connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// `GET /cache-index/ui`.
+pub async fn page(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Err(e) = crate::control::access::inspect(&s, &headers) {
+        let mut resp = e.into_response();
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(
+                "Basic realm=\"warmpath cache index (password: the inspect token)\", charset=\"UTF-8\"",
+            ),
+        );
+        return resp;
+    }
+    let snapshot = crate::control::inspect::snapshot(&s, TOP);
+    let html = render(&snapshot);
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::CONTENT_SECURITY_POLICY, CSP),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        html,
+    )
+        .into_response()
+}
+
+/// The page with `snapshot` embedded.
+fn render(snapshot: &serde_json::Value) -> String {
+    PAGE.replacen(SLOT, &script_safe(&snapshot.to_string()), 1)
+}
+
+/// JSON that cannot end the `<script>` element holding it: `<` only occurs
+/// inside JSON strings, where `\u003c` means the same.
+fn script_safe(json: &str) -> String {
+    json.replace('<', "\\u003c")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_page_has_one_slot_and_fetches_nothing_from_elsewhere() {
+        assert_eq!(PAGE.matches(SLOT).count(), 1);
+        for outside in ["http://", "https://", "//cdn", "src=\"http"] {
+            assert!(!PAGE.contains(outside), "{outside}");
+        }
+    }
+
+    #[test]
+    fn an_embedded_snapshot_cannot_close_its_script() {
+        let v = json!({"pools": [{"model": "</script><script>alert(1)</script>"}]});
+        let html = render(&v);
+        assert_eq!(
+            html.matches("</script>").count(),
+            PAGE.matches("</script>").count()
+        );
+        let start = html.find(r#"type="application/json">"#).unwrap() + 24;
+        let end = start + html[start..].find("</script>").unwrap();
+        let back: serde_json::Value = serde_json::from_str(&html[start..end]).unwrap();
+        assert_eq!(back, v);
+    }
+}

@@ -1,0 +1,384 @@
+//! Client connections: how many are open (under `server.max_connections`)
+//! and what each one is doing (told by [`crate::http::socket`] and the service),
+//! which its watchdog reads to close it — an
+//! idle keep-alive connection after `keepalive_idle_ms` (after a short
+//! second when the limit is near), a request head still incomplete
+//! `header_timeout_ms` after its first byte, a client that has read
+//! nothing of its answer for `send_timeout_ms`.
+//!
+//! A connection's socket, hyper's calls of the service and the response
+//! bodies are all polled on the connection's own task, so the counters are
+//! plain `Relaxed` atomics.
+
+use crate::routing::load_cell::monotonic_ms;
+use axum::body::Body;
+use bytes::Bytes;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Share of `max_connections` above which idle connections are closed early.
+const PRESSURE_PERCENT: usize = 90;
+/// The keep-alive an idle connection gets while the limit is near.
+const PRESSURE_IDLE_MS: u64 = 1_000;
+
+/// The `server:` limits a connection lives under.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnLimits {
+    /// From a request head's first byte to its end (and from accepting to
+    /// the first byte).
+    pub header_timeout: Duration,
+    /// Longest idle keep-alive.
+    pub keepalive_idle: Duration,
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Longest a write to the client may wait (it reads nothing).
+    pub send_timeout: Duration,
+}
+
+/// Every open connection, counted.
+#[derive(Debug)]
+pub struct Conns {
+    limits: ConnLimits,
+    open: AtomicUsize,
+    pressure_at: usize,
+    /// Wakes the watchdogs: the open count crossed `pressure_at`, or accept
+    /// ran out of file descriptors.
+    pressure: Notify,
+    /// Woken when a connection closes (for [`Conns::all_closed`]).
+    closed: Notify,
+    open_gauge: metrics::Gauge,
+    refused: metrics::Counter,
+}
+
+impl Conns {
+    /// An empty set under `limits`.
+    pub fn new(limits: ConnLimits) -> Arc<Self> {
+        Arc::new(Conns {
+            limits,
+            open: AtomicUsize::new(0),
+            pressure_at: limits.max_connections * PRESSURE_PERCENT / 100,
+            pressure: Notify::new(),
+            closed: Notify::new(),
+            open_gauge: crate::control::metrics::connections_open(),
+            refused: crate::control::metrics::connections_refused(),
+        })
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &ConnLimits {
+        &self.limits
+    }
+
+    /// Counts one more connection, or refuses it (counted) when
+    /// `max_connections` are open.
+    pub fn admit(self: &Arc<Self>) -> Option<Slot> {
+        let n = self.open.fetch_add(1, Ordering::Relaxed) + 1;
+        if n > self.limits.max_connections {
+            self.open.fetch_sub(1, Ordering::Relaxed);
+            self.refused.increment(1);
+            return None;
+        }
+        self.open_gauge.set(n as f64);
+        if n == self.pressure_at + 1 {
+            // Idle connections shorten their keep-alive now.
+            self.pressure.notify_waiters();
+        }
+        Some(Slot {
+            conns: Arc::clone(self),
+            activity: Arc::new(Activity::new()),
+        })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Whether the limit is near: idle connections get a short keep-alive.
+    pub fn under_pressure(&self) -> bool {
+        self.open() > self.pressure_at
+    }
+
+    /// Wakes every watchdog to look again (the limit is near: accept
+    /// failed for want of file descriptors).
+    pub fn press(&self) {
+        self.pressure.notify_waiters();
+    }
+
+    /// Completes at the next wake-up of the watchdogs (see [`Conns::press`]).
+    pub fn pressed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.pressure.notified()
+    }
+
+    /// Waits until every connection has closed.
+    pub async fn all_closed(&self) {
+        loop {
+            let closed = self.closed.notified();
+            if self.open() == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
+/// One admitted connection; dropping it uncounts it.
+#[derive(Debug)]
+pub struct Slot {
+    conns: Arc<Conns>,
+    /// What the connection is doing.
+    pub activity: Arc<Activity>,
+}
+
+impl Slot {
+    /// The set it is counted in.
+    pub fn conns(&self) -> &Arc<Conns> {
+        &self.conns
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let n = self.conns.open.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.conns.open_gauge.set(n as f64);
+        self.conns.closed.notify_waiters();
+    }
+}
+
+/// What one connection is doing, in monotonic milliseconds (stored + 1, so
+/// that 0 means "not set").
+#[derive(Debug)]
+pub struct Activity {
+    /// Requests being answered (more than one on HTTP/2).
+    busy: AtomicU32,
+    /// Whether a request was answered (the first waits `header_timeout`,
+    /// later ones `keepalive_idle`).
+    served: AtomicBool,
+    /// When the connection last became idle (accepted, or an answer ended).
+    idle_since: AtomicU64,
+    /// The first byte read since then: a request head is under way. (On
+    /// HTTP/2 any frame counts, so an idle HTTP/2 connection that pings is
+    /// closed after `header_timeout` rather than `keepalive_idle`.)
+    head_started: AtomicU64,
+    /// Since when a write to the client has been waiting for it to read.
+    write_blocked: AtomicU64,
+    /// Wakes the watchdog when its deadline may have moved earlier (the
+    /// connection went idle, or a head began).
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            busy: AtomicU32::new(0),
+            served: AtomicBool::new(false),
+            idle_since: AtomicU64::new(monotonic_ms() + 1),
+            head_started: AtomicU64::new(0),
+            write_blocked: AtomicU64::new(0),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Completes when the connection's deadline may have moved earlier.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// A request began (its head is in); the returned guard ends it.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        self.head_started.store(0, Ordering::Relaxed);
+        Busy(Arc::clone(self))
+    }
+
+    /// Bytes arrived (see [`crate::http::socket`]).
+    pub fn read_some(&self) {
+        if self.busy.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) == 0
+        {
+            self.head_started
+                .store(monotonic_ms() + 1, Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write could not go out: the client's receive window is full.
+    pub fn write_blocked(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) == 0 {
+            self.write_blocked
+                .store(monotonic_ms() + 1, Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write went out: the client reads.
+    pub fn wrote(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) != 0 {
+            self.write_blocked.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a request head is under way while none is being answered:
+    /// bytes written now are hyper's own (its answer to a head it could
+    /// not parse).
+    pub fn head_pending(&self) -> bool {
+        self.busy.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) != 0
+    }
+
+    /// When the connection is to be closed (monotonic ms), or `None` while
+    /// a request is being answered to a client that reads it.
+    pub fn close_at(&self, limits: &ConnLimits, pressure: bool) -> Option<u64> {
+        let blocked = self.write_blocked.load(Ordering::Relaxed);
+        if blocked != 0 {
+            return Some(blocked - 1 + limits.send_timeout.as_millis() as u64);
+        }
+        if self.busy.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let header = limits.header_timeout.as_millis() as u64;
+        let head = self.head_started.load(Ordering::Relaxed);
+        if head != 0 {
+            return Some(head - 1 + header);
+        }
+        let mut idle = if self.served.load(Ordering::Relaxed) {
+            limits.keepalive_idle.as_millis() as u64
+        } else {
+            header
+        };
+        if pressure {
+            idle = idle.min(PRESSURE_IDLE_MS);
+        }
+        Some(self.idle_since.load(Ordering::Relaxed) - 1 + idle)
+    }
+}
+
+/// A request being answered on a connection; dropping it (the answer's
+/// body ended or was dropped) makes the connection idle again.
+#[derive(Debug)]
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let a = &self.0;
+        a.served.store(true, Ordering::Relaxed);
+        a.idle_since.store(monotonic_ms() + 1, Ordering::Relaxed);
+        a.busy.fetch_sub(1, Ordering::Relaxed);
+        a.changed.notify_one();
+    }
+}
+
+/// An answer's body that keeps its request counted as busy until it ends.
+#[derive(Debug)]
+pub struct HeldBody {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl HeldBody {
+    /// `inner`, ending `busy` when dropped.
+    pub fn new(inner: Body, busy: Busy) -> Self {
+        HeldBody { inner, _busy: busy }
+    }
+}
+
+impl http_body::Body for HeldBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The default `max_connections`: 80% of the soft open-file limit (the
+/// rest is left to upstream connections, listeners and files), at least 1.
+pub fn default_max_connections() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(1 << 20);
+    ((soft.min(1 << 24) as usize) * 8 / 10).max(1)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn limits(max: usize) -> ConnLimits {
+        ConnLimits {
+            header_timeout: Duration::from_millis(100),
+            keepalive_idle: Duration::from_millis(5_000),
+            max_connections: max,
+            send_timeout: Duration::from_millis(700),
+        }
+    }
+
+    #[test]
+    fn admission_stops_at_the_limit_and_slots_give_back() {
+        let c = Conns::new(limits(2));
+        let a = c.admit().unwrap();
+        let b = c.admit().unwrap();
+        assert!(c.admit().is_none());
+        assert_eq!(c.open(), 2);
+        assert!(c.under_pressure(), "2 > 90% of 2");
+        drop(a);
+        assert!(c.admit().is_some());
+        drop(b);
+    }
+
+    #[test]
+    fn deadlines_follow_what_the_connection_does() {
+        let l = limits(100);
+        let slot = Conns::new(l).admit().unwrap();
+        let a = &slot.activity;
+        let start = a.idle_since.load(Ordering::Relaxed) - 1;
+        // New and silent: the header timeout.
+        assert_eq!(a.close_at(&l, false), Some(start + 100));
+        // Busy: no deadline.
+        let busy = a.begin();
+        assert_eq!(a.close_at(&l, false), None);
+        a.read_some();
+        assert_eq!(a.head_started.load(Ordering::Relaxed), 0, "body bytes");
+        drop(busy);
+        let idle = a.idle_since.load(Ordering::Relaxed) - 1;
+        // Served and idle: the keep-alive, shortened near the limit.
+        assert_eq!(a.close_at(&l, false), Some(idle + 5_000));
+        assert_eq!(a.close_at(&l, true), Some(idle + PRESSURE_IDLE_MS));
+        // A head under way: the header timeout from its first byte.
+        a.read_some();
+        let head = a.head_started.load(Ordering::Relaxed) - 1;
+        assert_eq!(a.close_at(&l, false), Some(head + 100));
+        // Busy with a client that reads nothing: the send timeout, until it
+        // reads again.
+        let busy = a.begin();
+        a.write_blocked();
+        let blocked = a.write_blocked.load(Ordering::Relaxed) - 1;
+        assert_eq!(a.close_at(&l, false), Some(blocked + 700));
+        a.wrote();
+        assert_eq!(a.close_at(&l, false), None);
+        drop(busy);
+    }
+
+    #[test]
+    fn the_default_limit_is_below_the_open_file_limit() {
+        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(u64::MAX);
+        let n = default_max_connections() as u64;
+        assert!(n >= 1 && n < soft.max(2), "{n} vs {soft}");
+    }
+}

@@ -1,0 +1,395 @@
+//! The HTTP front: accepts connections and serves them with hyper (HTTP/1.1
+//! and HTTP/2). The proxied endpoints' exact paths are answered here (a
+//! `POST` goes to its handler in [`crate::api::openai`], any other method gets 405);
+//! everything else goes through the axum [`Router`] of `server::app`.
+//!
+//! The proxied endpoints are the hot path: matching their fixed paths here
+//! skips axum's routing (matched-path and URL-parameter extensions, a boxed
+//! clone of the route's service per request), and keeps one table of them.
+//!
+//! Each connection is admitted under `server.max_connections` and watched
+//! ([`crate::http::conn`]); a shutdown drains in three steps: not ready but still
+//! serving for `drain_grace_ms`, then no new connections and up to
+//! `shutdown_timeout_ms` for the requests in flight, then whatever remains
+//! is ended (`Shared::halt`).
+
+use crate::api::{openai as api, surface};
+use crate::control::state::Shared;
+use crate::http::conn::{Activity, Conns, HeldBody, Slot};
+use crate::http::error::ApiError;
+use crate::http::requests::{self, Record, Recorded, Routed};
+use crate::http::socket::Watched;
+use crate::routing::load_cell::monotonic_ms;
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tower_service::Service;
+use tracing::Instrument;
+use warmpath_core::request::surface::Endpoint;
+use warmpath_edge::LogEvery;
+
+/// The proxied endpoints, answered without axum's router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hot {
+    Chat,
+    Completions,
+    Invocations,
+    /// Embeddings, responses, tokenize, detokenize ([`crate::api::surface`]).
+    Surface(Endpoint),
+}
+
+impl Hot {
+    /// The endpoint at exactly this path.
+    fn of(req: &Request<Incoming>) -> Option<Self> {
+        match req.uri().path() {
+            api::CHAT_PATH => Some(Hot::Chat),
+            api::COMPLETIONS_PATH => Some(Hot::Completions),
+            api::INVOCATIONS_PATH => Some(Hot::Invocations),
+            p => Endpoint::of_path(p).map(Hot::Surface),
+        }
+    }
+}
+
+/// The per-connection service: the proxied paths here, the rest to axum.
+#[derive(Clone)]
+struct Front {
+    shared: Arc<Shared>,
+    router: Router,
+    activity: Arc<Activity>,
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for Front {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        let busy = self.activity.begin();
+        let started = Instant::now();
+        let shared = Arc::clone(&self.shared);
+        // Forwarded upstream with the client's other headers.
+        let id = requests::request_id(req.headers());
+        req.headers_mut().insert(requests::REQUEST_ID, id.clone());
+        let span = requests::span(&id);
+        // Only the access log reads the path: no copy without it.
+        let path = match shared.settings.access_log {
+            true => req.uri().path().to_owned(),
+            false => String::new(),
+        };
+        let method = req.method().clone();
+        let refused = crate::control::access::edge(
+            shared.settings.hosts.as_deref(),
+            &method,
+            req.uri(),
+            req.headers(),
+        )
+        .err();
+        let hot = Hot::of(&req);
+        let router = hot.is_none().then(|| self.router.clone());
+        // `Connection` is HTTP/1's (HTTP/2 forbids it).
+        let h1 = req.version() < Version::HTTP_2;
+        Box::pin(async move {
+            let answer = async {
+                if let Some(e) = refused {
+                    return crate::routing::proxy::rejected(e);
+                }
+                let hot = match (hot, router) {
+                    (Some(hot), _) => hot,
+                    (None, Some(mut router)) => {
+                        return match router.call(req.map(Body::new)).await {
+                            Ok(r) => r,
+                            Err(never) => match never {},
+                        }
+                    }
+                    (None, None) => return ApiError::internal("no route table").into_response(),
+                };
+                if req.method() != Method::POST {
+                    return method_not_allowed();
+                }
+                let s = Arc::clone(&shared);
+                let (parts, body) = req.into_parts();
+                let body = Body::new(body);
+                match hot {
+                    Hot::Chat => api::chat(s, parts.uri, parts.headers, body).await,
+                    Hot::Completions => api::completions(s, parts.uri, parts.headers, body).await,
+                    Hot::Invocations => api::invocations(s, parts.headers, body).await,
+                    Hot::Surface(e) => surface::serve(s, e, parts.uri, parts.headers, body).await,
+                }
+            };
+            // Past the shutdown deadline a request still waiting (on its
+            // body, or on a backend's first byte) is answered now.
+            let resp = tokio::select! {
+                biased;
+                r = answer.instrument(span.clone()) => r,
+                () = shared.halt.cancelled() => ApiError::shutting_down().into_response(),
+            };
+            let (mut parts, body) = resp.into_parts();
+            parts.headers.insert(requests::REQUEST_ID, id);
+            let record = Record {
+                started,
+                head: started.elapsed(),
+                method,
+                path,
+                status: parts.status,
+                routed: parts.extensions.remove::<Routed>(),
+                proxied: hot.is_some(),
+                access_log: shared.settings.access_log,
+                span,
+            };
+            let body = Body::new(Recorded::new(body, record));
+            if h1 && shared.draining() {
+                // Clients move to another replica instead of reusing this one.
+                parts
+                    .headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok(Response::from_parts(
+                parts,
+                Body::new(HeldBody::new(body, busy)),
+            ))
+        })
+    }
+}
+
+/// 405 for a proxied path asked with another method than `POST`.
+fn method_not_allowed() -> Response {
+    let mut resp = ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: "this endpoint takes POST".into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: "method_not_allowed",
+    }
+    .into_response();
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    resp
+}
+
+/// The shutdown's two deadlines (`server.drain_grace_ms`,
+/// `server.shutdown_timeout_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct Drain {
+    /// Served while draining, before accepting stops.
+    pub grace: Duration,
+    /// Then the longest wait for in-flight requests.
+    pub timeout: Duration,
+}
+
+/// After `Shared::halt`, the time an answer has to write its last bytes
+/// (an SSE error event) before its connection is dropped.
+const FLUSH_MS: u64 = 500;
+
+/// Serves `listener` until `shutdown` is cancelled, then drains (see the
+/// module docs). A client whose socket ends before its answer's last byte
+/// has left, even if it only shut its write side: its request is
+/// cancelled upstream.
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    router: Router,
+    conns: Arc<Conns>,
+    drain: Drain,
+    shutdown: CancellationToken,
+) {
+    let refusal = refusal(conns.limits().max_connections);
+    let closing = CancellationToken::new();
+    let mut backoff = AcceptBackoff::default();
+    let mut grace_over = pin!(async {
+        shutdown.cancelled().await;
+        shared.start_draining();
+        tracing::info!(
+            grace_ms = drain.grace.as_millis() as u64,
+            "shutting down: not ready, still serving"
+        );
+        tokio::time::sleep(drain.grace).await;
+    });
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = &mut grace_over => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => {
+                    backoff.succeeded();
+                    a
+                }
+                Err(e) => {
+                    // Out of file descriptors, most likely: idle
+                    // connections give theirs back first.
+                    conns.press();
+                    backoff.failed(&e).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = conns.admit() else {
+            // Refused at once: best effort, never waiting on the client.
+            let _ = tcp.try_write(&refusal);
+            continue;
+        };
+        // Answers stream in small writes (SSE chunks): without TCP_NODELAY,
+        // Nagle's algorithm holds a chunk until the client's delayed ACK
+        // (~40 ms) on a reused keep-alive connection — most visibly the
+        // first token.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
+        }
+        let front = Front {
+            shared: Arc::clone(&shared),
+            router: router.clone(),
+            activity: Arc::clone(&slot.activity),
+        };
+        tokio::spawn(connection(tcp, peer, slot, front, closing.clone()));
+    }
+    drop(listener);
+    closing.cancel();
+    tracing::info!(
+        open = conns.open(),
+        "no longer accepting; waiting for in-flight requests"
+    );
+    if tokio::time::timeout(drain.timeout, conns.all_closed())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open = conns.open(),
+            timeout_ms = drain.timeout.as_millis() as u64,
+            "shutdown deadline passed; ending what remains"
+        );
+        shared.halt.cancel();
+        let flush = Duration::from_millis(FLUSH_MS * 2);
+        let _ = tokio::time::timeout(flush, conns.all_closed()).await;
+    }
+}
+
+/// Serves one connection, closing it when its watchdog says so: idle past
+/// its keep-alive, a head too slow, or the shutdown's end.
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    front: Front,
+    closing: CancellationToken,
+) {
+    let conns = Arc::clone(slot.conns());
+    let limits = *conns.limits();
+    let activity = Arc::clone(&slot.activity);
+    let halt = front.shared.halt.clone();
+    let recheck = limits.header_timeout.min(limits.keepalive_idle);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // An end of stream from the client while its answer is awaited means
+    // it left (as nginx and Envoy take it): hyper then drops the handler,
+    // which drops the upstream request, so the engine stops at once rather
+    // than prefilling and generating for nobody. hyper's own header timer
+    // is off: the watchdog below enforces `header_timeout_ms` and
+    // `keepalive_idle_ms`, whatever their values.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .half_close(false)
+        .header_read_timeout(None);
+    let io = TokioIo::new(Watched::new(tcp, Arc::clone(&activity)));
+    let mut conn = pin!(builder.serve_connection(io, front));
+    let mut stopping = false;
+    let mut flush_until = None;
+    loop {
+        let now = monotonic_ms();
+        let wake_at = match flush_until {
+            Some(t) => t,
+            None => match activity.close_at(&limits, conns.under_pressure()) {
+                Some(t) if t <= now => {
+                    tracing::debug!(%peer, "connection idle or too slow; closed");
+                    return;
+                }
+                Some(t) => t,
+                None => now + recheck.as_millis() as u64,
+            },
+        };
+        let pressed = conns.pressed();
+        let changed = activity.changed();
+        tokio::select! {
+            biased;
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::trace!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = closing.cancelled(), if !stopping => {
+                // Idle: closed now; busy: after the answer in flight.
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = halt.cancelled(), if flush_until.is_none() => {
+                flush_until = Some(now + FLUSH_MS);
+            }
+            () = pressed => {}
+            () = changed => {}
+            () = tokio::time::sleep(Duration::from_millis(wake_at.saturating_sub(now))) => {
+                if flush_until.is_some() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The answer written to a connection over `max_connections`.
+fn refusal(max: usize) -> Vec<u8> {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: format!("too many connections: the router serves at most {max} at once"),
+        kind: "service_unavailable_error",
+        param: None,
+        code: "too_many_connections",
+    }
+    .raw_http1()
+}
+
+/// Accept failures (EMFILE, ENFILE, ...): logged at most every 10 s, with a
+/// back-off doubling from 10 ms to 1 s.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    failures: u64,
+    delay_ms: u64,
+    log: LogEvery,
+}
+
+impl AcceptBackoff {
+    async fn failed(&mut self, e: &std::io::Error) {
+        self.failures += 1;
+        if self.log.ready().is_some() {
+            tracing::warn!(error = %e, failures = self.failures,
+                "accept failed; backing off (logged at most every 10 s)");
+        }
+        self.delay_ms = (self.delay_ms * 2).clamp(10, 1_000);
+        tokio::time::sleep(Duration::from_millis(self.delay_ms)).await;
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "accept works again");
+            self.failures = 0;
+            self.delay_ms = 0;
+        }
+    }
+}
+
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Front").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,12 @@
+//! The HTTP wing: accepting client connections (`front`), their limits
+//! and watchdogs (`conn`, `socket`), each request's id, span and access log
+//! (`requests`), reading bodies under their budgets (`incoming`), the work
+//! pool for big bodies (`work`) and the error answers (`error`).
+
+pub(crate) mod conn;
+pub(crate) mod error;
+pub(crate) mod front;
+pub(crate) mod incoming;
+pub(crate) mod requests;
+pub(crate) mod socket;
+pub(crate) mod work;

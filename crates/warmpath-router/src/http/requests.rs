@@ -1,0 +1,223 @@
+//! What the router records of each client request: its id
+//! (`x-request-id`), its tracing span, its end-to-end duration
+//! (`warmpath_request_duration_seconds`) and, when `server.access_log` is on,
+//! one INFO line when its answer ends.
+//!
+//! The id is the client's when it is usable (1 to 128 visible ASCII
+//! characters: no spaces, nothing a log reader would misparse), else a fresh
+//! random one; it goes upstream with the request, back to the client, and
+//! into the span, so every log line about the request carries it. The record
+//! is kept in the answer's body and written when that body ends or is dropped
+//! (a client gone mid-stream), so a streamed answer's duration is the whole
+//! stream, not the time to its headers.
+
+use crate::routing::pool::Pool;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use metrics::Histogram;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tracing::Span;
+
+/// The request id header.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const MAX_ID_LEN: usize = 128;
+
+/// Where a proxied request went, put in its answer's extensions by the proxy
+/// (whether or not the pool exposes routing headers).
+#[derive(Clone, Debug)]
+pub struct Routed {
+    /// The pool.
+    pub pool: Arc<Pool>,
+    /// The backend's id, when one was picked.
+    pub backend: Option<String>,
+    /// `x-warmpath-decision` (`none` when no backend could be picked).
+    pub decision: &'static str,
+}
+
+fn usable(id: &[u8]) -> bool {
+    (1..=MAX_ID_LEN).contains(&id.len()) && id.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+/// The request's id: the client's `x-request-id` when usable, else a new one.
+pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+    if let Some(v) = headers.get(REQUEST_ID) {
+        if usable(v.as_bytes()) {
+            return v.clone();
+        }
+    }
+    let id = format!("{:032x}", rand::random::<u128>());
+    HeaderValue::from_str(&id).unwrap_or_else(|_| unreachable!("hex digits are a valid header"))
+}
+
+/// The request's span (`request_id` in every line logged inside it).
+pub fn span(id: &HeaderValue) -> Span {
+    tracing::info_span!("request", request_id = %id.to_str().unwrap_or("-"))
+}
+
+/// `warmpath_request_duration_seconds{pool="-"}`: proxied requests refused
+/// before a pool was known.
+fn refused_duration() -> &'static Histogram {
+    static H: OnceLock<Histogram> = OnceLock::new();
+    H.get_or_init(|| crate::control::metrics::request_duration("-"))
+}
+
+/// What is written when a request's answer ends.
+#[derive(Debug)]
+pub struct Record {
+    /// When the request's head arrived.
+    pub started: Instant,
+    /// Until the answer's head was ready.
+    pub head: Duration,
+    /// The request's method.
+    pub method: Method,
+    /// The request's path (without the query: it may carry anything).
+    pub path: String,
+    /// The answer's status.
+    pub status: StatusCode,
+    /// Set by the proxy for routed requests.
+    pub routed: Option<Routed>,
+    /// A proxied endpoint (counted in the duration histogram).
+    pub proxied: bool,
+    /// Write the access-log line.
+    pub access_log: bool,
+    /// The request's span.
+    pub span: Span,
+}
+
+impl Record {
+    fn finish(&self, complete: bool) {
+        let total = self.started.elapsed();
+        if self.proxied {
+            match &self.routed {
+                Some(r) => r.pool.metrics.duration.record(total.as_secs_f64()),
+                None => refused_duration().record(total.as_secs_f64()),
+            }
+        }
+        if !self.access_log {
+            return;
+        }
+        let _in = self.span.enter();
+        let (pool, backend, decision) = match &self.routed {
+            Some(r) => (r.pool.model.as_str(), r.backend.as_deref(), r.decision),
+            None => ("-", None, "-"),
+        };
+        tracing::info!(target: "warmpath_router::access",
+            method = %self.method, path = %self.path, status = self.status.as_u16(),
+            pool = %pool, backend = %backend.unwrap_or("-"), decision = %decision,
+            head_ms = millis(self.head), total_ms = millis(total), complete,
+            "request");
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+pin_project_lite::pin_project! {
+    /// An answer's body that writes its [`Record`] when it ends or is
+    /// dropped, and polls its inner body inside the request's span.
+    pub struct Recorded {
+        #[pin]
+        inner: Body,
+        record: Option<Record>,
+    }
+
+    impl PinnedDrop for Recorded {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(r) = this.project().record.take() {
+                r.finish(false);
+            }
+        }
+    }
+}
+
+impl Recorded {
+    /// `inner`, writing `record` at its end.
+    pub fn new(inner: Body, record: Record) -> Self {
+        Recorded {
+            inner,
+            record: Some(record),
+        }
+    }
+}
+
+impl HttpBody for Recorded {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let mut this = self.project();
+        let polled = {
+            let _in = this.record.as_ref().map(|r| r.span.enter());
+            this.inner.as_mut().poll_frame(cx)
+        };
+        // hyper may not poll a body whose length is reached: its last
+        // frame ends it.
+        let complete = match &polled {
+            Poll::Ready(None) => Some(true),
+            Poll::Ready(Some(Err(_))) => Some(false),
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream().then_some(true),
+            Poll::Pending => None,
+        };
+        if let Some(complete) = complete {
+            if let Some(r) = this.record.take() {
+                r.finish(complete);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn with(id: &[u8]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(REQUEST_ID, HeaderValue::from_bytes(id).unwrap());
+        h
+    }
+
+    #[test]
+    fn a_usable_client_id_is_kept() {
+        assert_eq!(request_id(&with(b"abc-123_x.Y")), "abc-123_x.Y");
+        let longest = "a".repeat(MAX_ID_LEN);
+        assert_eq!(request_id(&with(longest.as_bytes())), longest.as_str());
+    }
+
+    #[test]
+    fn an_unusable_or_missing_id_is_replaced() {
+        let too_long = "a".repeat(MAX_ID_LEN + 1);
+        for bad in [
+            &b"has space"[..],
+            b"tab\there",
+            b"\xff\xfe",
+            too_long.as_bytes(),
+            b"",
+        ] {
+            let id = request_id(&with(bad));
+            assert_ne!(id.as_bytes(), bad);
+            assert!(usable(id.as_bytes()) && id.len() == 32, "{id:?}");
+        }
+        let a = request_id(&HeaderMap::new());
+        let b = request_id(&HeaderMap::new());
+        assert!(usable(a.as_bytes()) && a != b);
+    }
+}

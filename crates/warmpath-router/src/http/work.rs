@@ -1,0 +1,114 @@
+//! The bounded pool where big bodies are routed (`work:` in the config).
+//!
+//! Parsing, rendering, tokenizing and hashing a body costs time in
+//! proportion to its size: a 26 MB prompt takes seconds. Done on the threads
+//! that serve connections, a few of them stall every other request and
+//! `/health`. Bodies of at least `work.offload_bytes` therefore run on tokio's
+//! blocking threads, at most `work.threads` at once; a request that waits
+//! longer than `work.queue_timeout_ms` for a turn gets 503 `overloaded`.
+//! Smaller bodies stay inline: for them a thread hand-off costs more than
+//! the work. A started job runs to its end even when its client leaves (a
+//! blocking closure cannot be interrupted), holding its turn until then, so
+//! the bound holds.
+
+use crate::config::WorkConfig;
+use crate::http::error::ApiError;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct WorkPool {
+    turns: Arc<Semaphore>,
+    offload_bytes: usize,
+    queue_timeout: Duration,
+}
+
+impl WorkPool {
+    /// A pool sized by a validated config.
+    pub fn new(cfg: &WorkConfig) -> Self {
+        WorkPool {
+            turns: Arc::new(Semaphore::new(cfg.threads)),
+            offload_bytes: cfg.offload_bytes,
+            queue_timeout: Duration::from_millis(cfg.queue_timeout_ms),
+        }
+    }
+
+    /// Whether a body of `len` bytes is routed here rather than inline.
+    pub fn offloads(&self, len: usize) -> bool {
+        len >= self.offload_bytes
+    }
+
+    /// Runs `job` on a blocking thread once a turn is free within the queue
+    /// timeout.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let turn =
+            tokio::time::timeout(self.queue_timeout, Arc::clone(&self.turns).acquire_owned())
+                .await
+                .map_err(|_| {
+                    metrics::counter!("warmpath_work_rejected_total").increment(1);
+                    ApiError::overloaded(self.queue_timeout)
+                })?
+                .map_err(|_| ApiError::internal("the work pool is closed"))?;
+        metrics::counter!("warmpath_work_offloaded_total").increment(1);
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            job()
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("routing work failed: {e}")))?
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn pool(threads: usize, queue_timeout_ms: u64) -> WorkPool {
+        WorkPool::new(&WorkConfig {
+            offload_bytes: 100,
+            threads,
+            queue_timeout_ms,
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn big_bodies_run_on_another_thread() {
+        let p = pool(1, 1000);
+        assert!(!p.offloads(99) && p.offloads(100));
+        let here = std::thread::current().id();
+        let away = p.run(move || Ok(std::thread::current().id())).await;
+        assert_ne!(away.unwrap(), here);
+    }
+
+    #[tokio::test]
+    async fn a_full_pool_answers_overloaded_after_the_queue_timeout() {
+        let p = Arc::new(pool(1, 50));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let busy = {
+            let p = Arc::clone(&p);
+            tokio::spawn(async move {
+                p.run(move || {
+                    rx.recv().ok();
+                    Ok(())
+                })
+                .await
+            })
+        };
+        // Wait until the first job holds the only turn.
+        while p.turns.available_permits() > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let e = p.run(|| Ok(())).await.unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.code, "overloaded");
+        tx.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        p.run(|| Ok(())).await.unwrap();
+    }
+}

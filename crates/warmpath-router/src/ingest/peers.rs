@@ -1,0 +1,497 @@
+//! Router replicas share each routing decision through the agents
+//! (ARCHITECTURE.md, "Router replicas").
+//!
+//! Sending: a request routed to worker W tells W's agent, on the stream that
+//! agent holds open to this router, three phases of it (`start` at the pick,
+//! `prefilled` at the first upstream byte, `finished` when its
+//! [`FlightGuard`](crate::routing::backend::FlightGuard) drops, see [`ShareGuard`]).
+//! The agent passes each on to every other router it streams to.
+//!
+//! Receiving: a fact that arrives on W's stream is about W (the stream is
+//! authenticated for W, so no agent can speak for another backend). Its
+//! request counts in W's remote in flight and remote pending prefill
+//! ([`Peers::remote_load`], added to this router's own in `route::loads`)
+//! until its `finished` (`prefilled` releases the prefill), and its `start`
+//! is recorded by the pool's policy (`ingest::observe_remote`,
+//! `Policy::observe_remote`).
+//!
+//! Losing the channel: when W's stream ends, the remote requests learned
+//! through it are forgotten (their phases can no longer arrive), one INFO
+//! line says so and `warmpath_replica_sharing_up{pool}` drops; routing goes
+//! on with this router's own view of W. A full outbound queue drops a fact
+//! (counted) rather than wait: routing never waits on a peer.
+
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use warmpath_edge::LogEvery;
+use warmpath_proto::v1::{self, decided::Phase, router_message, RouterMessage};
+
+/// The outbound half of an agent stream (what the ingest answers on).
+pub type StreamTx = mpsc::Sender<Result<RouterMessage, tonic::Status>>;
+
+/// Remote requests kept per worker at most: a peer that never finishes
+/// cannot grow this router's memory.
+const MAX_REMOTE: usize = 65_536;
+
+/// The most prefill blocks one remote request counts for.
+const MAX_PREFILL: u64 = u32::MAX as u64;
+
+/// A remote request older than this is forgotten (its `finished` was lost,
+/// e.g. its router crashed): longer than any upstream deadline's default.
+const MAX_REMOTE_AGE: Duration = Duration::from_secs(900);
+
+/// How often old remote requests are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// One remote request: its prefill still predicted (0 once prefilled).
+#[derive(Debug)]
+struct Remote {
+    prefill: u64,
+    at: Instant,
+}
+
+/// One agent stream that carries facts for its worker.
+#[derive(Debug)]
+struct Link {
+    stream: u64,
+    tx: StreamTx,
+    remote: Mutex<Remotes>,
+    in_flight: AtomicU32,
+    pending: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Remotes {
+    by_request: HashMap<(u64, u64), Remote>,
+    swept: Instant,
+}
+
+impl Link {
+    fn release(&self, r: &Remote, finished: bool) {
+        self.pending.fetch_sub(r.prefill, Ordering::Relaxed);
+        if finished {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Decision sharing of one router process (module docs).
+#[derive(Debug)]
+pub struct Peers {
+    /// This process's id in the facts it sends (random).
+    instance: u64,
+    enabled: AtomicBool,
+    next_request: AtomicU64,
+    /// Set by the first other replica's start counted on a link; until then
+    /// every remote load is (0, 0).
+    counted: AtomicBool,
+    /// model -> worker id -> its stream's link.
+    links: RwLock<HashMap<String, HashMap<String, Link>>>,
+    /// The key facts are signed and checked with (from `agent_secret`);
+    /// unset: facts go unsigned and are taken unchecked.
+    key: std::sync::OnceLock<[u8; 32]>,
+    /// Forged facts are logged at most every 10 s (each is counted).
+    forged_log: LogEvery,
+}
+
+impl Default for Peers {
+    fn default() -> Self {
+        Peers {
+            instance: rand::random(),
+            enabled: AtomicBool::new(true),
+            next_request: AtomicU64::new(0),
+            counted: AtomicBool::new(false),
+            links: RwLock::new(HashMap::new()),
+            key: std::sync::OnceLock::new(),
+            forged_log: LogEvery::default(),
+        }
+    }
+}
+
+fn facts(model: &str, direction: &'static str) -> metrics::Counter {
+    metrics::counter!("warmpath_replica_facts_total", "pool" => model.to_owned(), "direction" => direction)
+}
+
+impl Peers {
+    /// Turns sharing on or off (`ingest.share_decisions`); on by default.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Signs every fact this router sends with `key`
+    /// ([`warmpath_proto::fact_key`] of the `agent_secret`) and takes only
+    /// facts signed with it: an agent relays facts but cannot forge one.
+    /// Set once, at start.
+    pub fn sign_with(&self, key: [u8; 32]) {
+        let _ = self.key.set(key);
+    }
+
+    /// Whether decisions are shared.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Whether another replica's start was ever counted here, so
+    /// [`Peers::remote_load`] may be non-zero for some worker.
+    pub fn counts_remote(&self) -> bool {
+        self.counted.load(Ordering::Acquire)
+    }
+
+    fn gauge(model: &str, n: usize) {
+        metrics::gauge!("warmpath_replica_sharing_up", "pool" => model.to_owned()).set(n as f64);
+    }
+
+    /// Stream `stream` of `worker` (pool `model`) is up: facts for the worker
+    /// go out on `tx`, and facts arriving on it count. A stream that takes
+    /// the worker over replaces the old one's link and its remote requests.
+    pub(crate) fn attach(&self, model: &str, worker: &str, stream: u64, tx: StreamTx) {
+        let mut all = self.links.write();
+        let map = all.entry(model.to_owned()).or_default();
+        map.insert(
+            worker.to_owned(),
+            Link {
+                stream,
+                tx,
+                remote: Mutex::new(Remotes {
+                    by_request: HashMap::new(),
+                    swept: Instant::now(),
+                }),
+                in_flight: AtomicU32::new(0),
+                pending: AtomicU64::new(0),
+            },
+        );
+        Self::gauge(model, map.len());
+    }
+
+    /// Stream `stream` ended: unless another took the worker over, its
+    /// remote requests are forgotten and its facts stop.
+    pub(crate) fn detach(&self, model: &str, worker: &str, stream: u64) {
+        let mut all = self.links.write();
+        let Some(map) = all.get_mut(model) else {
+            return;
+        };
+        if map.get(worker).is_none_or(|l| l.stream != stream) {
+            return;
+        }
+        if let Some(l) = map.remove(worker) {
+            let forgotten = l.remote.lock().by_request.len();
+            if self.enabled() {
+                tracing::info!(
+                    forgotten,
+                    "decision sharing through this agent stopped: other replicas' requests on its backend are forgotten and this router decides for it on its own view"
+                );
+            }
+        }
+        Self::gauge(model, map.len());
+    }
+
+    /// Other replicas' requests in flight on `worker` and their predicted
+    /// prefill still to compute.
+    pub fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
+        // A router no replica ever shared a start with has nothing counted
+        // anywhere: routing reads this for every backend per request.
+        if !self.counts_remote() {
+            return (0, 0);
+        }
+        let all = self.links.read();
+        all.get(model)
+            .and_then(|m| m.get(worker))
+            .map_or((0, 0), |l| {
+                (
+                    l.in_flight.load(Ordering::Relaxed),
+                    l.pending.load(Ordering::Relaxed),
+                )
+            })
+    }
+
+    /// Applies a fact that arrived on stream `stream` of `worker`; returns
+    /// whether it is a `start` the pool's policy should record.
+    pub(crate) fn receive(&self, model: &str, worker: &str, stream: u64, d: &v1::Decided) -> bool {
+        if !self.enabled() || d.router == self.instance {
+            return false;
+        }
+        let all = self.links.read();
+        let Some(l) = all
+            .get(model)
+            .and_then(|m| m.get(worker))
+            .filter(|l| l.stream == stream)
+        else {
+            return false;
+        };
+        if let Some(key) = self.key.get() {
+            if !warmpath_proto::fact_signed(key, d) {
+                facts(model, "forged").increment(1);
+                if let Some(suppressed) = self.forged_log.ready() {
+                    tracing::warn!(pool = model, worker, suppressed, "a relayed decision fact is not signed with the fleet's key: dropped (an agent altered it, or a replica without this agent_secret sent it)");
+                }
+                return false;
+            }
+        }
+        facts(model, "received").increment(1);
+        let id = (d.router, d.request);
+        let now = Instant::now();
+        let mut r = l.remote.lock();
+        if now.duration_since(r.swept) >= SWEEP_EVERY {
+            r.swept = now;
+            let old: Vec<(u64, u64)> = r
+                .by_request
+                .iter()
+                .filter(|(_, x)| now.duration_since(x.at) > MAX_REMOTE_AGE)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in old {
+                if let Some(x) = r.by_request.remove(&k) {
+                    l.release(&x, true);
+                }
+            }
+        }
+        match d.phase() {
+            Phase::Start => {
+                if r.by_request.len() >= MAX_REMOTE || r.by_request.contains_key(&id) {
+                    return false;
+                }
+                // A peer's figure is capped where the policy caps it (u32), so
+                // `MAX_REMOTE` starts sum far below u64's range: a hostile
+                // `u64::MAX` weighs as much as any huge prefill, and wraps nothing.
+                let prefill = d.prefill_blocks.min(MAX_PREFILL);
+                r.by_request.insert(id, Remote { prefill, at: now });
+                self.counted.store(true, Ordering::Release);
+                l.in_flight.fetch_add(1, Ordering::Relaxed);
+                l.pending.fetch_add(prefill, Ordering::Relaxed);
+                true
+            }
+            Phase::Prefilled => {
+                if let Some(x) = r.by_request.get_mut(&id) {
+                    l.release(x, false);
+                    x.prefill = 0;
+                }
+                false
+            }
+            Phase::Finished => {
+                if let Some(x) = r.by_request.remove(&id) {
+                    l.release(&x, true);
+                }
+                false
+            }
+            Phase::Unspecified => false,
+        }
+    }
+
+    /// Sends one fact about `worker` to its agent; dropped (counted) when
+    /// no stream of it is up or its queue is full.
+    fn send(&self, model: &str, worker: &str, mut d: v1::Decided) {
+        if let Some(key) = self.key.get() {
+            d.mac = warmpath_proto::fact_mac(key, &d);
+        }
+        let all = self.links.read();
+        let Some(l) = all.get(model).and_then(|m| m.get(worker)) else {
+            facts(model, "unsent").increment(1);
+            return;
+        };
+        let msg = RouterMessage {
+            msg: Some(router_message::Msg::Decided(d)),
+        };
+        match l.tx.try_send(Ok(msg)) {
+            Ok(()) => facts(model, "sent").increment(1),
+            Err(_) => facts(model, "dropped").increment(1),
+        }
+    }
+
+    /// Shares a pick of pool `model`: the `start` now; the guard sends the
+    /// other phases. `None` when sharing is off.
+    pub(crate) fn start(self: &Arc<Self>, model: &str, fact: Fact) -> Option<ShareGuard> {
+        if !self.enabled() {
+            return None;
+        }
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let d = v1::Decided {
+            router: self.instance,
+            request,
+            phase: Phase::Start as i32,
+            model: model.to_owned(),
+            prefix_key: fact.prefix_key,
+            chain_blocks: fact.chain_blocks,
+            prefill_blocks: fact.prefill_blocks,
+            home: fact.home,
+            home_moved: fact.home_moved,
+            copies: fact.copies,
+            mac: Vec::new(),
+        };
+        self.send(model, &fact.worker, d);
+        Some(ShareGuard {
+            peers: Arc::clone(self),
+            model: model.to_owned(),
+            worker: fact.worker,
+            request,
+            prefilled: false,
+        })
+    }
+
+    fn phase(&self, g: &ShareGuard, phase: Phase) {
+        let d = v1::Decided {
+            router: self.instance,
+            request: g.request,
+            phase: phase as i32,
+            model: g.model.clone(),
+            ..Default::default()
+        };
+        self.send(&g.model, &g.worker, d);
+    }
+}
+
+/// What a pick tells the other replicas (by worker ids).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Fact {
+    /// The chosen backend.
+    pub(crate) worker: String,
+    /// The prefix key the policy routed on.
+    pub(crate) prefix_key: u64,
+    /// Full blocks of the request's chain.
+    pub(crate) chain_blocks: u32,
+    /// Blocks predicted uncached there.
+    pub(crate) prefill_blocks: u64,
+    /// The prefix's home after the pick ("" when the policy keeps none).
+    pub(crate) home: String,
+    /// It came there by a move.
+    pub(crate) home_moved: bool,
+    /// Its deliberate copies.
+    pub(crate) copies: Vec<String>,
+}
+
+/// The rest of one shared request: `prefilled` when told, `finished` on drop.
+#[derive(Debug)]
+pub struct ShareGuard {
+    peers: Arc<Peers>,
+    model: String,
+    worker: String,
+    request: u64,
+    prefilled: bool,
+}
+
+impl ShareGuard {
+    /// Its first upstream byte arrived.
+    pub fn prefilled(&mut self) {
+        if !std::mem::replace(&mut self.prefilled, true) {
+            self.peers.phase(self, Phase::Prefilled);
+        }
+    }
+}
+
+impl Drop for ShareGuard {
+    fn drop(&mut self) {
+        self.peers.phase(self, Phase::Finished);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn fact(router: u64, request: u64, phase: Phase, prefill: u64) -> v1::Decided {
+        v1::Decided {
+            router,
+            request,
+            phase: phase as i32,
+            prefill_blocks: prefill,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn remote_requests_count_until_finished_and_go_with_their_stream() {
+        let p = Peers::default();
+        let (tx, _rx) = mpsc::channel(4);
+        p.attach("m", "w", 7, tx);
+        assert!(p.receive("m", "w", 7, &fact(1, 1, Phase::Start, 30)));
+        assert!(p.receive("m", "w", 7, &fact(1, 2, Phase::Start, 10)));
+        // A repeated start, its own echo and another stream's fact count nothing.
+        assert!(!p.receive("m", "w", 7, &fact(1, 2, Phase::Start, 10)));
+        assert!(!p.receive("m", "w", 7, &fact(p.instance, 3, Phase::Start, 10)));
+        assert!(!p.receive("m", "w", 8, &fact(1, 4, Phase::Start, 10)));
+        assert_eq!(p.remote_load("m", "w"), (2, 40));
+        p.receive("m", "w", 7, &fact(1, 1, Phase::Prefilled, 0));
+        assert_eq!(p.remote_load("m", "w"), (2, 10));
+        p.receive("m", "w", 7, &fact(1, 1, Phase::Finished, 0));
+        p.receive("m", "w", 7, &fact(1, 1, Phase::Finished, 0));
+        assert_eq!(p.remote_load("m", "w"), (1, 10));
+        // Another stream's end leaves it; its own end forgets the rest.
+        p.detach("m", "w", 8);
+        assert_eq!(p.remote_load("m", "w"), (1, 10));
+        p.detach("m", "w", 7);
+        assert_eq!(p.remote_load("m", "w"), (0, 0));
+        assert!(!p.receive("m", "w", 7, &fact(1, 5, Phase::Start, 10)));
+    }
+
+    #[test]
+    fn with_a_key_only_facts_signed_with_it_count_and_sent_ones_are_signed() {
+        let p = Arc::new(Peers::default());
+        let key = warmpath_proto::fact_key("fleet secret");
+        p.sign_with(key);
+        let (tx, mut rx) = mpsc::channel(4);
+        p.attach("m", "w", 7, tx);
+        let signed = |mut d: v1::Decided| {
+            d.mac = warmpath_proto::fact_mac(&key, &d);
+            d
+        };
+        // Unsigned, signed under another secret, or altered after signing:
+        // dropped, nothing counted.
+        assert!(!p.receive("m", "w", 7, &fact(1, 1, Phase::Start, 30)));
+        let other = warmpath_proto::fact_key("another secret");
+        let mut d = fact(1, 1, Phase::Start, 30);
+        d.mac = warmpath_proto::fact_mac(&other, &d);
+        assert!(!p.receive("m", "w", 7, &d));
+        let mut altered = signed(fact(1, 1, Phase::Start, 30));
+        altered.prefill_blocks = u64::MAX;
+        assert!(!p.receive("m", "w", 7, &altered));
+        assert_eq!(p.remote_load("m", "w"), (0, 0));
+        // Signed: counted.
+        assert!(p.receive("m", "w", 7, &signed(fact(1, 1, Phase::Start, 30))));
+        assert_eq!(p.remote_load("m", "w"), (1, 30));
+        // What this router sends carries its mac.
+        let guard = p.start(
+            "m",
+            Fact {
+                worker: "w".into(),
+                prefix_key: 5,
+                ..Fact::default()
+            },
+        );
+        let Ok(RouterMessage {
+            msg: Some(router_message::Msg::Decided(sent)),
+        }) = rx.try_recv().unwrap()
+        else {
+            panic!("a decided fact")
+        };
+        assert!(warmpath_proto::fact_signed(&key, &sent));
+        drop(guard);
+    }
+
+    #[test]
+    fn a_peers_huge_prefill_is_capped_and_released_whole() {
+        let p = Peers::default();
+        let (tx, _rx) = mpsc::channel(4);
+        p.attach("m", "w", 7, tx);
+        assert!(p.receive("m", "w", 7, &fact(1, 1, Phase::Start, u64::MAX)));
+        assert!(p.receive("m", "w", 7, &fact(1, 2, Phase::Start, u64::MAX)));
+        assert_eq!(p.remote_load("m", "w"), (2, 2 * MAX_PREFILL));
+        p.receive("m", "w", 7, &fact(1, 1, Phase::Finished, 0));
+        assert_eq!(p.remote_load("m", "w"), (1, MAX_PREFILL));
+        p.receive("m", "w", 7, &fact(1, 2, Phase::Prefilled, 0));
+        assert_eq!(p.remote_load("m", "w"), (1, 0));
+    }
+
+    #[test]
+    fn off_means_nothing_counts() {
+        let p = Peers::default();
+        p.set_enabled(false);
+        let (tx, _rx) = mpsc::channel(4);
+        p.attach("m", "w", 1, tx);
+        assert!(!p.receive("m", "w", 1, &fact(1, 1, Phase::Start, 30)));
+        assert_eq!(p.remote_load("m", "w"), (0, 0));
+    }
+}

@@ -1,0 +1,280 @@
+//! Which backend stored which `/v1/responses` response (the pool's response
+//! affinity), and the tap that learns it from the answers.
+//!
+//! vLLM keeps a stored response (`store: true`) in the memory of the
+//! instance that made it: a `previous_response_id`, `GET
+//! /v1/responses/{id}` or `POST /v1/responses/{id}/cancel` reaching any other
+//! instance is a 404. So the router remembers, per pool, the backend that
+//! answered each response ([`ResponseHomes`]), learning the id from the
+//! answer itself ([`IdTap`]); [`crate::api::responses`] follows it.
+
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use warmpath_core::request::surface::{is_response_id_byte, MAX_RESPONSE_ID};
+
+/// Bytes of an answer read for its id: the id is the response object's first
+/// field in vLLM's answers, and the first event of a stream
+/// (`response.created`) carries the object.
+pub const TAP_BYTES: usize = 64 * 1024;
+
+/// Response id → worker id, at most `cap` ids, the oldest forgotten first;
+/// and the ids no backend had, lately ([`Misses`]).
+#[derive(Debug)]
+pub struct ResponseHomes {
+    cap: usize,
+    inner: Mutex<Homes>,
+    misses: Mutex<Misses>,
+    /// Look-ups asking every backend at once: a flood of unknown ids asks
+    /// the engines at most this many times over.
+    lookups: tokio::sync::Semaphore,
+}
+
+/// Ids that no backend had when they were looked for, each for
+/// [`MISS_TTL_MS`]: a client retrying an unknown id costs no fan-out.
+#[derive(Debug, Default)]
+struct Misses {
+    /// Id → when its miss expires (monotonic ms).
+    by_id: HashMap<String, u64>,
+    order: VecDeque<String>,
+}
+
+/// How long a miss is remembered. A response id exists once its engine
+/// made it, so a miss stays true unless a restart reuses ids.
+const MISS_TTL_MS: u64 = 10_000;
+/// Misses remembered at once.
+const MISSES: usize = 4096;
+/// Fan-out look-ups in flight at once, per pool.
+const LOOKUPS: usize = 16;
+
+#[derive(Debug, Default)]
+struct Homes {
+    by_id: HashMap<String, String>,
+    order: VecDeque<String>,
+}
+
+impl ResponseHomes {
+    /// Remembers at most `cap` ids (0: remembers nothing).
+    pub fn new(cap: usize) -> Self {
+        ResponseHomes {
+            cap,
+            inner: Mutex::new(Homes::default()),
+            misses: Mutex::new(Misses::default()),
+            lookups: tokio::sync::Semaphore::new(LOOKUPS),
+        }
+    }
+
+    /// The most ids it remembers (`response_ids`).
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Whether it remembers anything (`response_ids` above 0).
+    pub fn enabled(&self) -> bool {
+        self.cap > 0
+    }
+
+    /// Records that `worker` stored response `id`.
+    pub fn remember(&self, id: &str, worker: &str) {
+        if self.cap == 0 {
+            return;
+        }
+        let mut h = self.inner.lock();
+        if let Some(w) = h.by_id.get_mut(id) {
+            worker.clone_into(w);
+            return;
+        }
+        while h.order.len() >= self.cap {
+            if let Some(old) = h.order.pop_front() {
+                h.by_id.remove(&old);
+            }
+        }
+        h.order.push_back(id.to_owned());
+        h.by_id.insert(id.to_owned(), worker.to_owned());
+    }
+
+    /// Whether `id` was looked for lately and no backend had it.
+    pub fn missed(&self, id: &str, now_ms: u64) -> bool {
+        self.misses
+            .lock()
+            .by_id
+            .get(id)
+            .is_some_and(|&t| t > now_ms)
+    }
+
+    /// Notes that no backend had `id`.
+    pub fn miss(&self, id: &str, now_ms: u64) {
+        let mut m = self.misses.lock();
+        if m.by_id
+            .insert(id.to_owned(), now_ms + MISS_TTL_MS)
+            .is_some()
+        {
+            return;
+        }
+        m.order.push_back(id.to_owned());
+        while m.order.len() > MISSES {
+            if let Some(old) = m.order.pop_front() {
+                m.by_id.remove(&old);
+            }
+        }
+    }
+
+    /// A turn to ask every backend, waiting at most `wait`; `None` when
+    /// too many look-ups are under way.
+    pub async fn lookup_turn(
+        &self,
+        wait: std::time::Duration,
+    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        tokio::time::timeout(wait, self.lookups.acquire())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// The worker that stored `id`, if known.
+    pub fn holder(&self, id: &str) -> Option<String> {
+        self.inner.lock().by_id.get(id).cloned()
+    }
+
+    /// Ids remembered now.
+    pub fn len(&self) -> usize {
+        self.inner.lock().order.len()
+    }
+}
+
+/// Reads an answer's first bytes for its response id.
+#[derive(Debug)]
+pub struct IdTap {
+    /// The backend that answered.
+    pub worker: String,
+    seen: Vec<u8>,
+}
+
+/// What one more piece of an answer told an [`IdTap`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tapped {
+    /// The id.
+    Found(String),
+    /// Not yet: more bytes may tell.
+    More,
+    /// [`TAP_BYTES`] read without an id, or a malformed one: stop looking.
+    GiveUp,
+}
+
+impl IdTap {
+    /// A tap on `worker`'s answer.
+    pub fn new(worker: String) -> Self {
+        IdTap {
+            worker,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Feeds the answer's next bytes.
+    pub fn feed(&mut self, data: &[u8]) -> Tapped {
+        let room = TAP_BYTES.saturating_sub(self.seen.len());
+        self.seen.extend_from_slice(&data[..data.len().min(room)]);
+        match first_id(&self.seen) {
+            Some(Ok(id)) => Tapped::Found(id),
+            Some(Err(())) => Tapped::GiveUp,
+            None if self.seen.len() >= TAP_BYTES => Tapped::GiveUp,
+            None => Tapped::More,
+        }
+    }
+}
+
+/// The value of the first `"id"` key in `buf` (JSON or SSE lines of JSON):
+/// `None` when none is complete yet, `Err` when its value is not a plain
+/// string id.
+fn first_id(buf: &[u8]) -> Option<Result<String, ()>> {
+    const KEY: &[u8] = b"\"id\"";
+    let at = memchr::memmem::find(buf, KEY)?;
+    let mut i = at + KEY.len();
+    let skip_ws = |i: &mut usize| {
+        while buf.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {
+            *i += 1;
+        }
+    };
+    skip_ws(&mut i);
+    match buf.get(i)? {
+        b':' => i += 1,
+        _ => return Some(Err(())),
+    }
+    skip_ws(&mut i);
+    match buf.get(i)? {
+        b'"' => i += 1,
+        _ => return Some(Err(())),
+    }
+    let rest = &buf[i..];
+    let end = memchr::memchr(b'"', rest)?;
+    let id = &rest[..end];
+    let plain = !id.is_empty()
+        && id.len() <= MAX_RESPONSE_ID
+        && id.iter().copied().all(is_response_id_byte);
+    if !plain {
+        return Some(Err(()));
+    }
+    Some(Ok(String::from_utf8_lossy(id).into_owned()))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn homes_forget_the_oldest_first() {
+        let h = ResponseHomes::new(2);
+        h.remember("a", "w0");
+        h.remember("b", "w1");
+        h.remember("a", "w2");
+        assert_eq!(h.holder("a").as_deref(), Some("w2"));
+        h.remember("c", "w0");
+        assert_eq!(h.holder("a"), None, "the oldest id goes first");
+        assert_eq!(h.holder("b").as_deref(), Some("w1"));
+        assert_eq!(h.len(), 2);
+        let off = ResponseHomes::new(0);
+        off.remember("a", "w0");
+        assert!(!off.enabled());
+        assert_eq!(off.holder("a"), None);
+    }
+
+    #[test]
+    fn the_tap_finds_the_first_id_across_pieces() {
+        let answer = br#"{"id": "resp_0a9f", "object":"response","output":[{"id":"msg_1"}]}"#;
+        for cut in 0..answer.len() {
+            let mut t = IdTap::new("w0".into());
+            let first = t.feed(&answer[..cut]);
+            let got = match first {
+                Tapped::Found(id) => id,
+                Tapped::More => match t.feed(&answer[cut..]) {
+                    Tapped::Found(id) => id,
+                    other => panic!("cut {cut}: {other:?}"),
+                },
+                Tapped::GiveUp => panic!("cut {cut}: gave up"),
+            };
+            assert_eq!(got, "resp_0a9f", "cut {cut}");
+        }
+        let sse = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_7\"";
+        assert_eq!(
+            IdTap::new("w".into()).feed(sse),
+            Tapped::Found("resp_7".into())
+        );
+    }
+
+    #[test]
+    fn the_tap_gives_up_on_odd_ids_and_long_answers() {
+        for bad in [
+            &br#"{"id": 5}"#[..],
+            br#"{"id": ""}"#,
+            br#"{"id": "a\"b"}"#,
+            br#"{"id": "a/b"}"#,
+            br#"{"id" x}"#,
+        ] {
+            let got = IdTap::new("w".into()).feed(bad);
+            assert_eq!(got, Tapped::GiveUp, "{}", String::from_utf8_lossy(bad));
+        }
+        let mut t = IdTap::new("w".into());
+        assert_eq!(t.feed(&vec![b' '; TAP_BYTES - 1]), Tapped::More);
+        assert_eq!(t.feed(b"  \"id\": \"late\""), Tapped::GiveUp);
+    }
+}

@@ -1,0 +1,581 @@
+//! Model pools: each owns its cache index, tokenizer, backends and the
+//! current policy, which can be swapped at run time ([`Pool::switch`]).
+//!
+//! The policy lives behind `RwLock<Arc<PolicyState>>`: a request clones the
+//! `Arc` (a read lock held for a few nanoseconds) and routes with that
+//! snapshot, so a switch never disturbs requests already routed or routing.
+//! The snapshot also holds the backends the policy was built from, so a
+//! membership change ([`Pool::add_backend`], [`Pool::remove_backend`]) is
+//! one more swap: a decision's position always names the backend it was
+//! made for. The index is keyed by worker id, so the remaining workers keep
+//! their entries across any change; a removed worker's are dropped. The
+//! policy is rebuilt from the one it replaces (`Policy::rebuild`), so
+//! kv_aware keeps what it learned of the remaining workers by id.
+
+use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
+use crate::control::discovery::provider::Provider;
+use crate::control::metrics::PoolMetrics;
+use crate::http::error::RouterError;
+use crate::routing::affinity::ResponseHomes;
+use crate::routing::backend::{Backend, Origin};
+use crate::routing::hot::HotChains;
+use crate::routing::load_board::LoadBoard;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use thiserror::Error;
+use warmpath_core::tokenize::ChatTokenizer;
+use warmpath_core::{
+    build_policy, CacheIndex, Policy, PolicyBackend, PolicyConfig, PolicyError, PrefixExtractor,
+    Strategy,
+};
+
+/// The policy a pool routes with, and what it was built from.
+#[derive(Debug)]
+pub struct PolicyState {
+    /// Strategy.
+    pub strategy: Strategy,
+    /// Knobs.
+    pub config: PolicyConfig,
+    /// The built policy.
+    pub policy: Box<dyn Policy>,
+    /// The backends it was built from, in its snapshot order.
+    pub backends: Arc<[Arc<Backend>]>,
+    /// Their loads as its last pick saw them (`route::pick` picks through
+    /// it; a pick that bypasses it goes through `LoadBoard::bypass`).
+    pub board: LoadBoard,
+}
+
+/// Why a membership change was refused; the pool is unchanged.
+#[derive(Debug, Error)]
+pub enum MemberError {
+    /// The worker id is already a member. Not retryable.
+    #[error("pool {model:?} already has a backend with worker_id {worker_id:?}")]
+    Duplicate {
+        /// The pool.
+        model: String,
+        /// The worker id.
+        worker_id: String,
+    },
+    /// No member has this worker id. Not retryable.
+    #[error("pool {model:?} has no backend with worker_id {worker_id:?}")]
+    Unknown {
+        /// The pool.
+        model: String,
+        /// The worker id.
+        worker_id: String,
+    },
+    /// The URL or worker id is not usable. Not retryable.
+    #[error("invalid backend: {0}")]
+    Invalid(String),
+    /// The last backend that is not draining cannot be removed or drained:
+    /// the pool would route nowhere. Retry after adding another.
+    #[error("pool {0:?} would have no backend left; add another first")]
+    LastBackend(String),
+    /// The index has no slot left. Not retryable.
+    #[error(transparent)]
+    Index(#[from] warmpath_core::IndexError),
+    /// The policy could not be rebuilt. Not retryable.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// Why a strategy switch was refused; the old policy stays in place.
+#[derive(Debug, Error)]
+pub enum SwitchError {
+    /// `kv_aware` on a pool without a tokenizer. Not retryable.
+    #[error("pool {0:?} has no tokenizer, so it cannot use kv_aware")]
+    NeedsTokenizer(String),
+    /// The policy could not be built from the settings. Not retryable.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// One model pool.
+#[derive(Debug)]
+pub struct Pool {
+    /// The model name (`model` field of requests).
+    pub model: String,
+    /// Which workers hold which blocks; filled by the agents' ingest.
+    pub index: Arc<CacheIndex>,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Chat template + tokenizer, when configured.
+    pub tokenizer: Option<Arc<ChatTokenizer>>,
+    /// PREFIX_AWARE key extraction.
+    pub prefix: PrefixExtractor,
+    /// Warmest prefix chains routed here.
+    pub hot: HotChains,
+    /// The per-request metric series of this pool.
+    pub metrics: PoolMetrics,
+    /// Whether answers carry `x-warmpath-backend` and `x-warmpath-decision`.
+    pub expose_routing_headers: bool,
+    /// Where tenant ids come from and what they isolate.
+    pub tenants: TenantsConfig,
+    /// Whether the warmest chains keep a prompt preview (`show_prompts`).
+    pub show_prompts: bool,
+    /// Bounds of `index` (the ingest applies the per-worker caps).
+    pub index_bounds: IndexSettings,
+    /// Its discovery providers (run by `crate::control::discovery`).
+    pub discovery: Vec<Arc<Provider>>,
+    /// Which backend stored which `/v1/responses` response.
+    pub responses: ResponseHomes,
+    policy: RwLock<Arc<PolicyState>>,
+    /// Held while a new policy state is built and installed, so two changes
+    /// (a strategy switch, an add, a removal) never lose one another.
+    changing: Mutex<()>,
+    /// See [`Pool::ejecting`].
+    ejecting: Mutex<()>,
+    /// See [`Pool::compact_removed`].
+    compaction: Compaction,
+    /// `max_prompt_tokens` from the config.
+    max_prompt_tokens: Option<usize>,
+    /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
+    learned_context: AtomicUsize,
+}
+
+impl Pool {
+    /// Builds a pool from its validated config; loads the tokenizer (reads files).
+    pub fn build(cfg: &PoolConfig) -> Result<Self, RouterError> {
+        let model = cfg.model.clone();
+        let tokenizer = match &cfg.tokenizer {
+            Some(path) => Some(Arc::new(ChatTokenizer::load(path).map_err(|source| {
+                RouterError::Tokenizer {
+                    model: model.clone(),
+                    path: path.clone(),
+                    source,
+                }
+            })?)),
+            None => None,
+        };
+        let prefix = PrefixExtractor::new(cfg.prefix_aware.prefix_length).map_err(|e| {
+            crate::config::invalid(format!("pool {model:?} prefix_length"), e.to_string())
+        })?;
+        let index = Arc::new(CacheIndex::new());
+        index.set_max_entries(Some(cfg.index.max_entries));
+        let mut backends = Vec::with_capacity(cfg.backends.len());
+        for b in &cfg.backends {
+            let url = BackendUrl::parse(&b.url).map_err(|e| {
+                crate::config::invalid(format!("pool {model:?} backend"), e.to_string())
+            })?;
+            let slot = index
+                .register_worker(b.id())
+                .map_err(|source| RouterError::Index {
+                    model: model.clone(),
+                    source,
+                })?;
+            // Until its agent reports a capacity.
+            let _ = index.set_worker_cap(slot, Some(cfg.index.worker_cap(None)));
+            backends.push(Arc::new(Backend::new(&model, b, url, slot, Origin::Config)));
+        }
+        let backends: Arc<[Arc<Backend>]> = backends.into();
+        let pool = Pool {
+            model: model.clone(),
+            index,
+            block_size: cfg.block_size,
+            tokenizer,
+            prefix,
+            hot: HotChains::default(),
+            metrics: PoolMetrics::new(&model),
+            max_prompt_tokens: cfg.max_prompt_tokens,
+            expose_routing_headers: cfg.expose_routing_headers,
+            show_prompts: cfg.show_prompts,
+            tenants: cfg.tenants,
+            index_bounds: cfg.index,
+            discovery: cfg
+                .discovery
+                .iter()
+                .map(|d| Arc::new(Provider::new(d.clone())))
+                .collect(),
+            responses: ResponseHomes::new(cfg.response_ids),
+            learned_context: AtomicUsize::new(0),
+            changing: Mutex::new(()),
+            ejecting: Mutex::new(()),
+            compaction: Compaction::default(),
+            policy: RwLock::new(Arc::new(PolicyState {
+                backends,
+                strategy: Strategy::Random,
+                config: PolicyConfig::default(),
+                policy: build_policy(Strategy::Random, &PolicyConfig::default(), &[]).map_err(
+                    |source| RouterError::Policy {
+                        model: model.clone(),
+                        source,
+                    },
+                )?,
+                board: LoadBoard::default(),
+            })),
+        };
+        pool.switch(cfg.effective_strategy(), cfg.policy_config())
+            .map_err(|e| match e {
+                SwitchError::Policy(source) => RouterError::Policy { model, source },
+                SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
+                    format!("pool {m:?} tokenizer"),
+                    "kv_aware needs a tokenizer",
+                )),
+            })?;
+        Ok(pool)
+    }
+
+    /// Most prompt tokens a request may have: the configured
+    /// `max_prompt_tokens`, else one less than the smallest `max_model_len`
+    /// learned from the engines (vLLM refuses a prompt of `max_model_len`
+    /// tokens or more), else no cap.
+    pub fn prompt_cap(&self) -> Option<usize> {
+        self.max_prompt_tokens.or_else(|| {
+            let n = self.learned_context.load(Ordering::Relaxed);
+            (n > 1).then(|| n - 1)
+        })
+    }
+
+    /// `max_prompt_tokens` as configured.
+    pub fn configured_prompt_cap(&self) -> Option<usize> {
+        self.max_prompt_tokens
+    }
+
+    /// Records an engine's `max_model_len` (the pool keeps the smallest).
+    pub fn learn_context_length(&self, max_model_len: usize) {
+        let smaller = |old: usize| (old == 0 || max_model_len < old).then_some(max_model_len);
+        if self
+            .learned_context
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, smaller)
+            .is_ok()
+        {
+            tracing::info!(pool = %self.model, max_model_len, "context length learned from an engine's model card");
+        }
+    }
+
+    /// The policy to route the next request with.
+    pub fn policy(&self) -> Arc<PolicyState> {
+        Arc::clone(&self.policy.read())
+    }
+
+    /// The current members, in policy snapshot order.
+    pub fn backends(&self) -> Arc<[Arc<Backend>]> {
+        Arc::clone(&self.policy.read().backends)
+    }
+
+    /// Whether one more member may be ejected: at most `max_percent` of
+    /// the members are out at once, though one always may be (Envoy's
+    /// `max_ejection_percent`), so failures that are not the engines' own
+    /// (a bad client mix, a network blip) cannot empty a pool. The caller
+    /// holds [`Pool::ejecting`] until the ejection is done.
+    pub fn room_to_eject(&self, max_percent: u8) -> bool {
+        let members = self.backends();
+        let out = members.iter().filter(|b| !b.is_healthy()).count();
+        let cap = (members.len() * usize::from(max_percent) / 100).max(1);
+        let room = out < cap;
+        if !room {
+            crate::control::metrics::ejections_refused(&self.model).increment(1);
+        }
+        room
+    }
+
+    /// Held while a failure may eject a member, so that two at once cannot
+    /// both pass [`Pool::room_to_eject`].
+    pub fn ejecting(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.ejecting.lock()
+    }
+
+    /// The member with worker id `id`.
+    pub fn backend(&self, id: &str) -> Option<Arc<Backend>> {
+        self.backends().iter().find(|b| b.id == id).cloned()
+    }
+
+    /// Builds and installs a new policy atomically; returns the previous strategy.
+    pub fn switch(
+        &self,
+        strategy: Strategy,
+        config: PolicyConfig,
+    ) -> Result<Strategy, SwitchError> {
+        if strategy == Strategy::KvAware && self.tokenizer.is_none() {
+            return Err(SwitchError::NeedsTokenizer(self.model.clone()));
+        }
+        let _changing = self.changing.lock();
+        let backends = self.backends();
+        let old = self.install(strategy, config, backends)?;
+        tracing::info!(pool = %self.model, from = %old.strategy, to = %strategy, "routing policy installed");
+        Ok(old.strategy)
+    }
+
+    /// Builds the policy over `backends` and swaps it in; the caller holds
+    /// `changing`. Returns the state it replaced.
+    fn install(
+        &self,
+        strategy: Strategy,
+        config: PolicyConfig,
+        backends: Arc<[Arc<Backend>]>,
+    ) -> Result<Arc<PolicyState>, PolicyError> {
+        let policy = build_policy(strategy, &config, &snapshot(&backends))?;
+        Ok(self.swap(strategy, config, policy, backends))
+    }
+
+    /// Swaps in `policy`, built over `backends`; returns the state it replaced.
+    fn swap(
+        &self,
+        strategy: Strategy,
+        config: PolicyConfig,
+        policy: Box<dyn Policy>,
+        backends: Arc<[Arc<Backend>]>,
+    ) -> Arc<PolicyState> {
+        let new = Arc::new(PolicyState {
+            strategy,
+            config,
+            policy,
+            backends,
+            board: LoadBoard::default(),
+        });
+        std::mem::replace(&mut *self.policy.write(), new)
+    }
+
+    /// Rebuilds the current policy over `backends` (the caller holds
+    /// `changing`): it carries what it keeps per worker over by worker id
+    /// (`Policy::rebuild`; kv_aware's homes, loads and pressure).
+    fn set_members(&self, backends: Vec<Arc<Backend>>) -> Result<(), MemberError> {
+        let cur = self.policy();
+        let backends: Arc<[Arc<Backend>]> = backends.into();
+        let policy = cur.policy.rebuild(&cur.config, &snapshot(&backends))?;
+        self.swap(cur.strategy, cur.config.clone(), policy, backends);
+        Ok(())
+    }
+
+    /// Adds a backend (it takes requests at once); the ring moves about
+    /// 1/(N+1) of the keys to it, every other worker keeps its index entries.
+    pub fn add_backend(
+        &self,
+        cfg: &BackendConfig,
+        origin: Origin,
+    ) -> Result<Arc<Backend>, MemberError> {
+        let url = BackendUrl::parse(&cfg.url).map_err(|e| MemberError::Invalid(e.to_string()))?;
+        let id = cfg.id();
+        if id.is_empty() || id.len() > 256 {
+            return Err(MemberError::Invalid(
+                "worker_id must be 1 to 256 bytes".into(),
+            ));
+        }
+        if cfg.adapters.iter().any(String::is_empty) {
+            return Err(MemberError::Invalid(
+                "adapter names must not be empty".into(),
+            ));
+        }
+        let _changing = self.changing.lock();
+        let mut members = self.backends().to_vec();
+        if members.iter().any(|b| b.id == id) {
+            return Err(MemberError::Duplicate {
+                model: self.model.clone(),
+                worker_id: id.to_owned(),
+            });
+        }
+        let slot = self.index.register_worker(id)?;
+        // Until its agent reports a capacity.
+        let _ = self
+            .index
+            .set_worker_cap(slot, Some(self.index_bounds.worker_cap(None)));
+        let b = Arc::new(Backend::new(&self.model, cfg, url, slot, origin));
+        members.push(Arc::clone(&b));
+        if let Err(e) = self.set_members(members) {
+            self.index.drop_worker(id);
+            return Err(e);
+        }
+        tracing::info!(pool = %self.model, backend = %id, url = %b.url, "backend added");
+        Ok(b)
+    }
+
+    /// Removes a backend now: no new requests, requests in flight there
+    /// finish (they hold it), its index entries stop counting (their
+    /// holders go with the next compaction: [`Pool::compact_removed`]). With
+    /// `keep_one`, refuses to remove the last backend not draining.
+    pub fn remove_backend(&self, id: &str, keep_one: bool) -> Result<Arc<Backend>, MemberError> {
+        let _changing = self.changing.lock();
+        let mut members = self.backends().to_vec();
+        let Some(at) = members.iter().position(|b| b.id == id) else {
+            return Err(MemberError::Unknown {
+                model: self.model.clone(),
+                worker_id: id.to_owned(),
+            });
+        };
+        let serving = members.iter().filter(|b| !b.is_draining()).count();
+        if keep_one && serving <= 1 && !members[at].is_draining() {
+            return Err(MemberError::LastBackend(self.model.clone()));
+        }
+        let b = members.remove(at);
+        self.set_members(members)?;
+        self.index.drop_worker(id);
+        b.retire();
+        tracing::info!(pool = %self.model, backend = %id, "backend removed");
+        Ok(b)
+    }
+
+    /// Puts `old` (a draining member) back in rotation as a new member of
+    /// the same worker: same id, URL, origin and index slot, so its index
+    /// entries and the policy's placements (kept by worker id) stay. The
+    /// adapters and model cards it learned carry over; health starts over
+    /// (the caller probes it). Requests in flight on `old` finish there.
+    pub fn restore_backend(&self, old: &Arc<Backend>) -> Result<Arc<Backend>, MemberError> {
+        let _changing = self.changing.lock();
+        let mut members = self.backends().to_vec();
+        let Some(at) = members.iter().position(|b| Arc::ptr_eq(b, old)) else {
+            return Err(MemberError::Unknown {
+                model: self.model.clone(),
+                worker_id: old.id.clone(),
+            });
+        };
+        let b = Arc::new(Backend::new(
+            &self.model,
+            &old.configured,
+            old.url.clone(),
+            old.slot,
+            old.origin.clone(),
+        ));
+        let configured: std::collections::BTreeSet<String> =
+            old.configured.adapters.iter().cloned().collect();
+        b.set_learned_adapters(old.adapters().difference(&configured).cloned().collect());
+        b.set_learned_cards(old.learned_cards());
+        members[at] = Arc::clone(&b);
+        self.set_members(members)?;
+        tracing::info!(pool = %self.model, backend = %b.id, "backend back in rotation");
+        Ok(b)
+    }
+
+    /// Purges the holders of removed workers (and so frees their index
+    /// slots) on the blocking pool, one pass per pool at a time: a removal
+    /// on an async thread never walks the whole index. A call while a pass
+    /// runs makes it run once more after, so no removal waits for the timer.
+    pub fn compact_removed(self: &Arc<Self>) {
+        if self.index.awaiting_compaction() == 0 {
+            return;
+        }
+        self.compaction.again.store(true, Ordering::Release);
+        if self.compaction.running.swap(true, Ordering::AcqRel) {
+            return; // the pass under way runs again
+        }
+        let p = Arc::clone(self);
+        let pass = move || loop {
+            while p.compaction.again.swap(false, Ordering::AcqRel) {
+                let n = p.index.compact();
+                tracing::debug!(pool = %p.model, blocks = n, "index compacted after a removal");
+            }
+            p.compaction.running.store(false, Ordering::Release);
+            // A call between the last check and the release saw it running.
+            if !p.compaction.again.load(Ordering::Acquire)
+                || p.compaction.running.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+        };
+        // Bounded work that owes nothing to a peer: it ends by itself, with
+        // the runtime at the latest. Without a runtime (unit tests): here.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(pass)),
+            Err(_) => pass(),
+        }
+    }
+
+    /// Starts draining a backend (no new requests; see [`Backend::wait_idle`]).
+    /// Refuses to drain the last backend not draining.
+    pub fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
+        let _changing = self.changing.lock();
+        let members = self.backends();
+        let Some(b) = members.iter().find(|b| b.id == id) else {
+            return Err(MemberError::Unknown {
+                model: self.model.clone(),
+                worker_id: id.to_owned(),
+            });
+        };
+        let serving = members.iter().filter(|b| !b.is_draining()).count();
+        if serving <= 1 && !b.is_draining() {
+            return Err(MemberError::LastBackend(self.model.clone()));
+        }
+        if b.start_draining() {
+            tracing::info!(pool = %self.model, backend = %id, in_flight = b.in_flight(), "backend draining");
+        }
+        Ok(Arc::clone(b))
+    }
+}
+
+/// Whether a compaction after a removal runs, and whether one more is due.
+#[derive(Debug, Default)]
+struct Compaction {
+    running: AtomicBool,
+    again: AtomicBool,
+}
+
+/// What a policy is built from: each member's id and index slot.
+fn snapshot(backends: &[Arc<Backend>]) -> Vec<PolicyBackend> {
+    backends
+        .iter()
+        .map(|b| PolicyBackend {
+            id: b.id.clone(),
+            slot: b.slot,
+            capacity_blocks: None,
+        })
+        .collect()
+}
+
+/// Every pool, by model, with LoRA adapter resolution.
+#[derive(Debug, Default)]
+pub struct Pools {
+    list: Vec<Arc<Pool>>,
+    by_model: HashMap<String, Arc<Pool>>,
+}
+
+/// A request's model resolved to a pool (and maybe one of its adapters).
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The pool.
+    pub pool: Arc<Pool>,
+    /// The LoRA adapter named by the request, if `model` was an adapter.
+    pub adapter: Option<String>,
+}
+
+impl Pools {
+    /// Builds every pool of a validated configuration.
+    pub fn build(pools: &[PoolConfig]) -> Result<Self, RouterError> {
+        let mut out = Pools::default();
+        for cfg in pools {
+            let pool = Arc::new(Pool::build(cfg)?);
+            out.by_model.insert(pool.model.clone(), Arc::clone(&pool));
+            out.list.push(pool);
+        }
+        Ok(out)
+    }
+
+    /// All pools, in configuration order.
+    pub fn all(&self) -> &[Arc<Pool>] {
+        &self.list
+    }
+
+    /// The pool of base model `model`.
+    pub fn get(&self, model: &str) -> Option<&Arc<Pool>> {
+        self.by_model.get(model)
+    }
+
+    /// The pool serving `model`: a base model, or a LoRA adapter served by
+    /// at least one backend of a pool.
+    pub fn resolve(&self, model: &str) -> Option<Target> {
+        if let Some(pool) = self.by_model.get(model) {
+            return Some(Target {
+                pool: Arc::clone(pool),
+                adapter: None,
+            });
+        }
+        self.list
+            .iter()
+            .find(|p| p.backends().iter().any(|b| b.serves_adapter(model)))
+            .map(|p| Target {
+                pool: Arc::clone(p),
+                adapter: Some(model.to_owned()),
+            })
+    }
+
+    /// `(index, block_size)` of the pool of `model`, for the agents' ingest.
+    pub fn index_of(&self, model: &str) -> Option<(Arc<CacheIndex>, usize)> {
+        self.by_model
+            .get(model)
+            .map(|p| (Arc::clone(&p.index), p.block_size))
+    }
+}
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

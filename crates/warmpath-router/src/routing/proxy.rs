@@ -1,0 +1,533 @@
+//! Sending a routed request upstream and streaming the answer back.
+//!
+//! - One pooled keep-alive HTTP/1.1 client for all backends.
+//! - Retry on another backend **only** when connecting failed (nothing was
+//!   sent); a backend failing `eject_after` times in a row (refused connects, 5xx
+//!   answers, exchanges broken after sending) is ejected until
+//!   an active probe passes (see [`crate::control::health`]).
+//! - Status, headers (minus hop-by-hop ones and those `Connection` names:
+//!   [`warmpath_edge::headers`]) and body pass through; the body
+//!   is streamed frame by frame as it arrives ([`TrackedBody`]), never
+//!   buffered. When the client goes away the body is dropped, which drops the
+//!   upstream response and closes that connection: the engine sees the
+//!   disconnect and stops generating.
+//! - A backend failing mid-stream, or silent for `stream_idle_timeout_ms`
+//!   once its headers are in, ends an SSE answer with an OpenAI-shaped
+//!   `data: {"error":...}` event (other bodies are cut off, so the client's
+//!   HTTP library reports an incomplete body); the silence counts as a
+//!   failure toward ejection, and the request stops counting as load. The
+//!   shutdown deadline ends a stream the same way.
+
+use crate::control::metrics::Outcome;
+use crate::control::state::Shared;
+use crate::http::error::ApiError;
+use crate::http::requests::Routed;
+use crate::routing::affinity::{IdTap, Tapped};
+use crate::routing::backend::{Backend, FlightGuard};
+use crate::routing::pool::Pool;
+use crate::routing::route::{self, Plan};
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::BoxError;
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+use warmpath_core::Decision;
+use warmpath_edge::copy_end_to_end;
+
+/// Header naming the backend that served a response.
+pub const BACKEND_HEADER: &str = "x-warmpath-backend";
+/// Header naming why that backend was chosen.
+pub const DECISION_HEADER: &str = "x-warmpath-decision";
+
+/// What to send upstream.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    /// `POST` for every endpoint but `GET /v1/responses/{id}`.
+    pub method: Method,
+    /// Path and query on the backend, e.g. `/v1/chat/completions`.
+    pub path_and_query: &'a str,
+    /// The client's headers (hop-by-hop ones are dropped).
+    pub headers: &'a HeaderMap,
+    /// The body to send.
+    pub body: Bytes,
+}
+
+/// Counts `e` as a refusal (see [`count_refused`]) and answers it.
+pub fn rejected(e: ApiError) -> Response {
+    count_refused(e.status);
+    e.into_response()
+}
+
+/// Counts a request refused before a pool was known (`pool="-"`).
+pub fn count_refused(status: StatusCode) {
+    crate::control::metrics::requests_counter("-", "-", "none", status).increment(1);
+}
+
+/// Counts a failure of `backend` toward ejection (and says so when it
+/// ejects), within `health.max_ejection_percent`.
+fn count_failure(shared: &Shared, pool: &Pool, backend: &Backend) {
+    let h = &shared.settings.health;
+    let _one_at_a_time = pool.ejecting();
+    if backend.failed_within(h.eject_after, || pool.room_to_eject(h.max_ejection_percent)) {
+        tracing::warn!(pool = %pool.model, backend = %backend.id,
+            "backend ejected after repeated failures");
+    }
+}
+
+fn upstream_request(
+    backend: &Backend,
+    upstream_auth: Option<&HeaderValue>,
+    out: &Outgoing<'_>,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let uri = backend
+        .url
+        .join(out.path_and_query)
+        .map_err(|e| ApiError::internal(format!("cannot build the upstream URL: {e}")))?;
+    let mut req = Request::builder()
+        .method(out.method.clone())
+        .uri(uri)
+        .body(Full::new(out.body.clone()))
+        .map_err(|e| ApiError::internal(format!("cannot build the upstream request: {e}")))?;
+    let h = req.headers_mut();
+    copy_end_to_end(out.headers, h, &[header::HOST, header::CONTENT_LENGTH]);
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+    backend.authorize(h, upstream_auth);
+    Ok(req)
+}
+
+/// How a client error names a backend: by its worker id where the pool
+/// shows routing (`x-warmpath-backend` tells it anyway), else not at all.
+fn shown(pool: &Pool, id: &str) -> String {
+    match pool.expose_routing_headers {
+        true => format!("backend {id}"),
+        false => "the backend".to_owned(),
+    }
+}
+
+/// Whether an answer's status says the engine itself failed: 500, 502,
+/// 503 and 504. 501 and 505 and above answer the request's own shape.
+fn engine_fault(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 503 | 504)
+}
+
+fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision) {
+    resp.extensions_mut().insert(Routed {
+        pool: Arc::clone(pool),
+        backend: Some(backend.to_owned()),
+        decision: decision.kind.as_str(),
+    });
+    if !pool.expose_routing_headers {
+        return;
+    }
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(backend) {
+        h.insert(BACKEND_HEADER, v);
+    }
+    h.insert(
+        DECISION_HEADER,
+        HeaderValue::from_static(decision.kind.as_str()),
+    );
+}
+
+/// Routes `plan` and proxies `out`, retrying other backends on connect failure.
+pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Response {
+    let pool = &plan.target.pool;
+    let strategy = plan.policy.strategy.as_str();
+    let mut excluded: Vec<usize> = Vec::new();
+    loop {
+        let decision = match route::pick(plan, &excluded, shared.agents()) {
+            Ok(d) => d,
+            Err(mut e) => {
+                if !excluded.is_empty() {
+                    let tried: Vec<&str> = excluded
+                        .iter()
+                        .map(|&i| plan.policy.backends[i].id.as_str())
+                        .collect();
+                    let tried = match pool.expose_routing_headers {
+                        true => format!(" (tried {})", tried.join(", ")),
+                        false => String::new(),
+                    };
+                    e = ApiError::upstream(format!(
+                        "could not connect to any backend of `{}`{tried}",
+                        pool.model,
+                    ));
+                }
+                pool.metrics.count(strategy, "none", e.status);
+                let mut resp = e.into_response();
+                resp.extensions_mut().insert(Routed {
+                    pool: Arc::clone(pool),
+                    backend: None,
+                    decision: "none",
+                });
+                return resp;
+            }
+        };
+        let backend = Arc::clone(&plan.policy.backends[decision.backend]);
+        let uncached = route::uncached_blocks(plan, &decision);
+        let mut guard = backend.begin(uncached);
+        if let Some(a) = shared.agents.as_ref().filter(|a| a.peers().enabled()) {
+            guard.share(
+                a.peers()
+                    .start(&pool.model, fact(plan, &backend.id, uncached)),
+            );
+        }
+        let req = match upstream_request(&backend, shared.settings.upstream_auth.as_ref(), &out) {
+            Ok(r) => r,
+            Err(e) => {
+                guard.outcome(Outcome::Failed);
+                return e.into_response();
+            }
+        };
+        let sent = Instant::now();
+        let limit = shared.settings.first_byte_timeout;
+        let queued_behind = backend.in_flight() > 1;
+        let Ok(answer) = tokio::time::timeout(limit, shared.client.request(req)).await else {
+            // Dropping the request closes its connection: the backend sees
+            // the client leave, as it would from a real client.
+            tracing::warn!(pool = %pool.model, backend = %backend.id, ?limit,
+                "no answer from the backend in time; not retried");
+            // Waiting behind this router's other requests there proves
+            // a queue, not a broken engine.
+            if !queued_behind && backend.in_flight() <= 1 {
+                count_failure(shared, pool, &backend);
+            }
+            guard.outcome(Outcome::Timeout);
+            let err = ApiError::upstream_timeout(format!(
+                "{} sent no answer within {} ms",
+                shown(pool, &backend.id),
+                limit.as_millis()
+            ));
+            pool.metrics
+                .count(strategy, decision.kind.as_str(), err.status);
+            let mut resp = err.into_response();
+            tag(&mut resp, pool, &backend.id, &decision);
+            return resp;
+        };
+        match answer {
+            Ok(resp) => {
+                let status = resp.status();
+                if engine_fault(status) {
+                    // Passed through, not retried (the request may have
+                    // had effects), but counted toward ejection.
+                    count_failure(shared, pool, &backend);
+                }
+                // Otherwise a success once the whole body is through: an
+                // answer that stalls after its headers is a failure.
+                pool.metrics.count(strategy, decision.kind.as_str(), status);
+                let matched = u64::from(decision.matched_blocks);
+                pool.metrics.matched_blocks.record(matched as f64);
+                pool.metrics
+                    .predicted_tokens
+                    .increment(matched * pool.block_size as u64);
+                if !plan.hashes.is_empty() {
+                    pool.hot
+                        .record(&plan.hashes, &backend.id, plan.preview.as_deref());
+                }
+                tracing::debug!(pool = %pool.model, backend = %backend.id,
+                    decision = decision.kind.as_str(), matched, %status, "proxied");
+                let tap = (plan.learns_response && status.is_success())
+                    .then(|| IdTap::new(backend.id.clone()));
+                return respond(shared, resp, guard, sent, pool, &decision, tap);
+            }
+            Err(e) if e.is_connect() => {
+                guard.outcome(Outcome::ConnectError);
+                drop(guard);
+                tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
+                    "connect failed; trying another backend");
+                count_failure(shared, pool, &backend);
+                excluded.push(decision.backend);
+            }
+            Err(e) => {
+                tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
+                    "upstream request failed after it was sent; not retried");
+                count_failure(shared, pool, &backend);
+                guard.outcome(Outcome::Failed);
+                // hyper's words stay in the log: they name sockets and
+                // internals no client needs.
+                let err = ApiError::upstream(format!(
+                    "{} failed before answering",
+                    shown(pool, &backend.id)
+                ));
+                pool.metrics
+                    .count(strategy, decision.kind.as_str(), err.status);
+                let mut resp = err.into_response();
+                tag(&mut resp, pool, &backend.id, &decision);
+                return resp;
+            }
+        }
+    }
+}
+
+fn respond(
+    shared: &Arc<Shared>,
+    resp: hyper::Response<Incoming>,
+    guard: FlightGuard,
+    sent: Instant,
+    pool: &Arc<Pool>,
+    decision: &Decision,
+    tap: Option<IdTap>,
+) -> Response {
+    let (parts, incoming) = resp.into_parts();
+    let backend_id = guard.backend().id.clone();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let idle_limit = shared.settings.stream_idle_timeout;
+    let now = Instant::now();
+    let body = TrackedBody {
+        inner: incoming,
+        guard: Some(guard),
+        sent,
+        first: true,
+        sse,
+        ok: !parts.status.is_server_error(),
+        done: false,
+        pool: Arc::clone(pool),
+        shared: Arc::clone(shared),
+        idle_limit,
+        last_frame: now,
+        idle: tokio::time::sleep_until((now + idle_limit).into()),
+        halt: shared.halt.clone().cancelled_owned(),
+        tap,
+        tail: *b"\n\n",
+    };
+    let mut out = Response::new(Body::new(body));
+    *out.status_mut() = parts.status;
+    copy_end_to_end(&parts.headers, out.headers_mut(), &[]);
+    tag(&mut out, pool, &backend_id, decision);
+    out
+}
+
+/// A body streamed to its end: a success for the backend below 500.
+fn ended(mut guard: FlightGuard, ok: bool) {
+    if ok {
+        guard.backend().succeeded();
+        guard.outcome(Outcome::Ok);
+    } else {
+        guard.outcome(Outcome::ServerError);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The upstream body, passed through frame by frame, with load
+    /// accounting; it ends early when the backend goes silent for
+    /// `stream_idle_timeout` or the shutdown deadline passes.
+    pub struct TrackedBody {
+        inner: Incoming,
+        // Taken when the body ends, however it ends: a request past its
+        // timeout no longer counts as load.
+        guard: Option<FlightGuard>,
+        sent: Instant,
+        first: bool,
+        sse: bool,
+        // Below 500: a success for the backend once the body is through.
+        ok: bool,
+        done: bool,
+        pool: Arc<Pool>,
+        shared: Arc<Shared>,
+        idle_limit: Duration,
+        last_frame: Instant,
+        // Reset lazily (when it fires early), not on every frame.
+        #[pin]
+        idle: tokio::time::Sleep,
+        #[pin]
+        halt: WaitForCancellationFutureOwned,
+        // Reads a `/v1/responses` answer's first bytes for its id.
+        tap: Option<IdTap>,
+        // The last two bytes passed on: an error event must not merge into
+        // an event the backend left half-sent.
+        tail: [u8; 2],
+    }
+}
+
+impl std::fmt::Debug for TrackedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedBody")
+            .field("guard", &self.guard)
+            .field("sse", &self.sse)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a tracked body ended early.
+enum Cut {
+    /// The backend failed mid-answer.
+    Failed(hyper::Error),
+    /// The backend sent nothing for the idle limit.
+    Stalled,
+    /// The shutdown deadline passed.
+    Halted,
+}
+
+impl HttpBody for TrackedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        let cut = match Pin::new(&mut *this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                *this.last_frame = Instant::now();
+                if *this.first && frame.is_data() {
+                    *this.first = false;
+                    if let Some(g) = this.guard.as_mut() {
+                        g.first_byte();
+                    }
+                    this.pool
+                        .metrics
+                        .first_byte
+                        .record(this.sent.elapsed().as_secs_f64());
+                }
+                if let Some(data) = frame.data_ref().filter(|_| *this.sse) {
+                    match data.len() {
+                        0 => {}
+                        1 => *this.tail = [this.tail[1], data[0]],
+                        n => *this.tail = [data[n - 2], data[n - 1]],
+                    }
+                }
+                if let (Some(tap), Some(data)) = (this.tap.as_mut(), frame.data_ref()) {
+                    match tap.feed(data) {
+                        Tapped::More => {}
+                        Tapped::Found(id) => {
+                            this.pool.responses.remember(&id, &tap.worker);
+                            *this.tap = None;
+                        }
+                        Tapped::GiveUp => *this.tap = None,
+                    }
+                }
+                if this.inner.is_end_stream() {
+                    // hyper may not poll a body whose length is reached.
+                    *this.done = true;
+                    if let Some(g) = this.guard.take() {
+                        ended(g, *this.ok);
+                    }
+                }
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            Poll::Ready(Some(Err(e))) => Cut::Failed(e),
+            Poll::Ready(None) => {
+                *this.done = true;
+                if let Some(g) = this.guard.take() {
+                    ended(g, *this.ok);
+                }
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {
+                if this.halt.as_mut().poll(cx).is_ready() {
+                    Cut::Halted
+                } else {
+                    loop {
+                        if this.idle.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        let due = *this.last_frame + *this.idle_limit;
+                        if due <= Instant::now() {
+                            break Cut::Stalled;
+                        }
+                        this.idle.as_mut().reset(due.into());
+                    }
+                }
+            }
+        };
+        *this.done = true;
+        let Some(mut guard) = this.guard.take() else {
+            return Poll::Ready(None);
+        };
+        guard.outcome(match cut {
+            Cut::Failed(_) => Outcome::Failed,
+            Cut::Stalled => Outcome::Timeout,
+            Cut::Halted => Outcome::Cancelled,
+        });
+        let backend = &guard.backend().id;
+        let named = shown(this.pool, backend);
+        let message = match &cut {
+            Cut::Failed(e) => {
+                tracing::warn!(pool = %this.pool.model, %backend, error = %e,
+                    "backend failed mid-response");
+                format!("{named} failed while streaming the response")
+            }
+            Cut::Stalled => {
+                let ms = this.idle_limit.as_millis();
+                tracing::warn!(pool = %this.pool.model, %backend, idle_ms = ms as u64,
+                    "backend went silent mid-response; cut off");
+                count_failure(this.shared, this.pool, guard.backend());
+                format!("{named} sent nothing for {ms} ms")
+            }
+            Cut::Halted => "the router is shutting down".to_owned(),
+        };
+        drop(guard);
+        if *this.sse {
+            let err = match cut {
+                Cut::Halted => ApiError::shutting_down(),
+                Cut::Stalled => ApiError::upstream_timeout(message),
+                Cut::Failed(_) => ApiError::upstream(message),
+            };
+            // Close an event the backend left half-sent first, so that the
+            // error stands as an event of its own.
+            let open = match this.tail {
+                [b'\n', b'\n'] => "",
+                [_, b'\n'] => "\n",
+                _ => "\n\n",
+            };
+            let event = format!("{open}data: {}\n\n", err.body());
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
+        }
+        Poll::Ready(Some(Err(match cut {
+            Cut::Failed(e) => e.into(),
+            _ => std::io::Error::new(std::io::ErrorKind::TimedOut, message).into(),
+        })))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.sse {
+            // An error event may be appended: promise nothing.
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+/// What the other router replicas are told of a pick of `plan` on `worker`
+/// (ARCHITECTURE.md, "Router replicas"): the prefix's home after it, by ids.
+fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> crate::ingest::peers::Fact {
+    let key = plan.prefix_key.0;
+    let id = |i: usize| plan.policy.backends.get(i).map(|b| b.id.clone());
+    let home = plan.policy.policy.home_of(key);
+    crate::ingest::peers::Fact {
+        worker: worker.to_owned(),
+        prefix_key: key,
+        chain_blocks: plan.hashes.len() as u32,
+        prefill_blocks,
+        home: home
+            .as_ref()
+            .and_then(|h| id(h.backend))
+            .unwrap_or_default(),
+        home_moved: home.as_ref().is_some_and(|h| h.moved),
+        copies: home
+            .map(|h| h.copies.into_iter().filter_map(id).collect())
+            .unwrap_or_default(),
+    }
+}

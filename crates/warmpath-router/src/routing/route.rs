@@ -1,0 +1,414 @@
+//! Routing one request: tenant -> token ids -> block hashes -> index match ->
+//! prefix key -> policy pick with live loads.
+//!
+//! [`plan`] does everything that does not depend on load (and is what
+//! `POST /cache-index/query` shows); [`pick`] asks the pool's current policy
+//! for a backend, excluding backends that already failed to connect;
+//! [`preview`] asks what it would pick, recording nothing (the query).
+//! Each phase is timed into `warmpath_router_overhead_seconds{phase}`.
+
+use crate::config::Isolation;
+use crate::control::metrics::Phase;
+use crate::http::error::ApiError;
+use crate::routing::load_board::{load_of, LoadBoard};
+use crate::routing::loads::AgentLoads;
+use crate::routing::pool::{PolicyState, Pool, Target};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::sync::Arc;
+use std::time::Instant;
+use warmpath_core::policy::LeastOutstanding;
+use warmpath_core::prefix::Extracted;
+use warmpath_core::request::FirstPrompt;
+use warmpath_core::tokenize::TokenizeError;
+use warmpath_core::{
+    BackendLoad, BlockHash, ChainHasher, Decision, DecisionKind, HashSeed, MatchResult,
+    PolicyError, PrefixKey, Request, RequestBody, RouteInput, Strategy, TenantId,
+};
+
+/// What routing knows of a request before looking at load.
+#[derive(Debug)]
+pub struct Plan {
+    /// The pool and adapter.
+    pub target: Target,
+    /// The tenant, if any.
+    pub tenant: Option<TenantId>,
+    /// The request's block chain (empty when not tokenized).
+    pub hashes: Vec<BlockHash>,
+    /// Per-worker match of the chain (when hashed).
+    pub matches: Option<MatchResult>,
+    /// The PREFIX_AWARE key.
+    pub prefix_key: PrefixKey,
+    /// The policy snapshot to pick with.
+    pub policy: Arc<PolicyState>,
+    /// The prompt's first characters, only for a pool with `show_prompts`.
+    pub preview: Option<String>,
+    /// The backend (worker id) that must serve it when it can: the one that
+    /// stored the `/v1/responses` response it continues ([`crate::api::responses`]).
+    pub pinned: Option<String>,
+    /// Learn the response id its answer carries (`POST /v1/responses`).
+    pub learns_response: bool,
+    /// The stored response it continues (`previous_response_id`).
+    pub follows: Option<String>,
+}
+
+/// Characters of a prompt kept as its chain's preview (`show_prompts`).
+pub const PREVIEW_CHARS: usize = 160;
+
+/// When to compute token ids and block hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hashing {
+    /// Only when the policy is `kv_aware` or the prompt is already token ids.
+    WhenUseful,
+    /// Whenever possible (inspection).
+    Always,
+}
+
+fn observe(pool: &Pool, phase: Phase, since: Instant) -> Instant {
+    let now = Instant::now();
+    pool.metrics
+        .overhead(phase)
+        .record(now.duration_since(since).as_secs_f64());
+    now
+}
+
+/// Plans a chat or completion request.
+pub fn plan(
+    target: Target,
+    tenant: Option<TenantId>,
+    req: &Request<'_>,
+    hashing: Hashing,
+) -> Result<Plan, ApiError> {
+    let pool = Arc::clone(&target.pool);
+    let policy = pool.policy();
+    let ids_given =
+        matches!(&req.body, RequestBody::Completion(p) if matches!(p.first(), FirstPrompt::Ids(_)));
+    let want = ids_given || hashing == Hashing::Always || policy.strategy == Strategy::KvAware;
+    let mut hashes = Vec::new();
+    let mut matches = None;
+    if want {
+        let t = Instant::now();
+        // `route_only` tenants share the engine cache: their blocks hash unsalted.
+        let salt = match pool.tenants.isolation {
+            Isolation::Engine => tenant.as_ref().map_or("", TenantId::as_str),
+            Isolation::RouteOnly => "",
+        };
+        let seed = HashSeed::new(&pool.model, target.adapter.as_deref().unwrap_or(""), salt);
+        let given = match &req.body {
+            RequestBody::Completion(p) => match p.first() {
+                FirstPrompt::Ids(ids) => Some(ids),
+                FirstPrompt::Text(_) => None,
+            },
+            RequestBody::Chat(_) => None,
+        };
+        let cap = pool.prompt_cap();
+        let hashed = match (given, &pool.tokenizer) {
+            (Some(ids), _) => {
+                if let Some(cap) = cap.filter(|&c| ids.len() > c) {
+                    return Err(TokenizeError::PromptTooLong {
+                        cap,
+                        seen: ids.len(),
+                        complete: true,
+                    }
+                    .into());
+                }
+                let mut out = Vec::new();
+                ChainHasher::new(seed, pool.block_size).extend(ids, &mut out);
+                Some((out, t))
+            }
+            (None, Some(tok)) => {
+                let ids = tok.encode_request_capped(req, cap)?;
+                let t = observe(&pool, Phase::Tokenize, t);
+                let mut out = Vec::new();
+                ChainHasher::new(seed, pool.block_size).extend(&ids, &mut out);
+                Some((out, t))
+            }
+            (None, None) => None,
+        };
+        if let Some((out, t)) = hashed {
+            hashes = out;
+            let t = observe(&pool, Phase::Hash, t);
+            matches = Some(pool.index.longest_match(&hashes));
+            observe(&pool, Phase::Lookup, t);
+        }
+    }
+    // Only prefix_aware and kv_aware read the key (and inspection shows it).
+    let keyed = hashing == Hashing::Always
+        || matches!(policy.strategy, Strategy::PrefixAware | Strategy::KvAware);
+    let prefix_key = if keyed {
+        pool.prefix
+            .key_for_request(&req.model, tenant.as_ref(), req)
+    } else {
+        PrefixKey(0)
+    };
+    let preview = pool
+        .show_prompts
+        .then(|| prompt_preview(&pool, req))
+        .flatten();
+    Ok(Plan {
+        target,
+        tenant,
+        hashes,
+        matches,
+        prefix_key,
+        policy,
+        preview,
+        pinned: None,
+        learns_response: false,
+        follows: None,
+    })
+}
+
+/// The first [`PREVIEW_CHARS`] of what the prefix key reads (roles and
+/// contents of a chat, a text prompt); `None` for token ids.
+fn prompt_preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
+    match pool.prefix.extract(req) {
+        Extracted::Text(t) => Some(t.chars().take(PREVIEW_CHARS).collect()),
+        Extracted::Ids(_) => None,
+    }
+}
+
+/// Plans a native `/invocations` request: prefix key of the raw body, no hashes.
+pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u8]) -> Plan {
+    let policy = target.pool.policy();
+    let prefix_key = target
+        .pool
+        .prefix
+        .key_for_body(model, tenant.as_ref(), body);
+    Plan {
+        target,
+        tenant,
+        hashes: Vec::new(),
+        matches: None,
+        prefix_key,
+        policy,
+        preview: None,
+        pinned: None,
+        learns_response: false,
+        follows: None,
+    }
+}
+
+/// Plans a request without a prompt (`/detokenize`): least outstanding,
+/// whatever the pool's strategy, as there is no prefix to follow.
+pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
+    let current = target.pool.policy();
+    let policy = Arc::new(PolicyState {
+        strategy: Strategy::LeastOutstanding,
+        config: current.config.clone(),
+        policy: Box::new(LeastOutstanding),
+        backends: Arc::clone(&current.backends),
+        board: LoadBoard::default(),
+    });
+    Plan {
+        target,
+        tenant,
+        hashes: Vec::new(),
+        matches: None,
+        prefix_key: PrefixKey(0),
+        policy,
+        preview: None,
+        pinned: None,
+        learns_response: false,
+        follows: None,
+    }
+}
+
+/// The live loads of `plan`'s backends (its policy snapshot), with
+/// `excluded` positions, draining backends and backends not serving its
+/// adapter marked ineligible.
+pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
+    loads_of(plan, excluded, agents, false)
+}
+
+/// [`loads`]; in `panic`, ejected backends count as eligible too.
+fn loads_of(
+    plan: &Plan,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+    panic: bool,
+) -> Vec<BackendLoad> {
+    let pool = &plan.target.pool;
+    let now_ms = crate::routing::load_cell::monotonic_ms();
+    // Other replicas' requests there, as shared through the agents.
+    let remote = |i: usize| {
+        agents.map_or((0, 0), |a| {
+            a.remote_load(&pool.model, &plan.policy.backends[i].id)
+        })
+    };
+    plan.policy
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let engine = agents.and_then(|a| b.engine_load(&pool.model, a, now_ms));
+            let ok = eligible(plan, excluded, i) || (panic && may_panic(plan, excluded, i));
+            load_of(b, ok, engine, remote(i))
+        })
+        .collect()
+}
+
+/// Whether position `i` of `plan`'s snapshot may take it: healthy, not
+/// draining, not in `excluded`, serving its adapter.
+fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
+    let b = &plan.policy.backends[i];
+    b.is_healthy()
+        && !b.is_draining()
+        && !excluded.contains(&i)
+        && plan
+            .target
+            .adapter
+            .as_deref()
+            .is_none_or(|a| b.serves_adapter(a))
+}
+
+/// Whether position `i` could take it but for its ejection.
+fn may_panic(plan: &Plan, excluded: &[usize], i: usize) -> bool {
+    let b = &plan.policy.backends[i];
+    !b.is_healthy()
+        && !b.is_draining()
+        && !excluded.contains(&i)
+        && plan
+            .target
+            .adapter
+            .as_deref()
+            .is_none_or(|a| b.serves_adapter(a))
+}
+
+/// Picks a backend for `plan`, never one in `excluded`. When every member
+/// that could take it is ejected, the ejected ones take it (Envoy's panic
+/// routing): an answer from a doubtful engine beats a certain 503. The
+/// ejection ceiling (`health.max_ejection_percent`) keeps this to pools
+/// whose only candidates went out.
+pub fn pick(
+    plan: &Plan,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+) -> Result<Decision, ApiError> {
+    let t = Instant::now();
+    let pool = &plan.target.pool;
+    if let Some(d) = pinned(plan, excluded) {
+        return Ok(d);
+    }
+    // Shared decisions: ties go by the key, as in `preview`, so replicas of
+    // the same state agree (ARCHITECTURE.md, "Router replicas").
+    let kv = plan.policy.strategy == Strategy::KvAware;
+    let mut keyed;
+    let mut shared;
+    let rng: &mut dyn rand::RngCore = if kv && agents.is_some_and(|a| a.shares_decisions()) {
+        keyed = SmallRng::seed_from_u64(plan.prefix_key.0);
+        &mut keyed
+    } else {
+        shared = rand::rng();
+        &mut shared
+    };
+    let input = input_of(plan);
+    let policy = &plan.policy;
+    // kv_aware reads only the loads that changed (`load_board`), where the
+    // board tracks every load this request reads.
+    let tracked = kv
+        && excluded.is_empty()
+        && plan.target.adapter.is_none()
+        && !agents.is_some_and(|a| a.remote_loads());
+    let res = if tracked {
+        let now_ms = crate::routing::load_cell::monotonic_ms();
+        policy.board.with(
+            &pool.model,
+            &policy.backends,
+            agents,
+            now_ms,
+            |loads, changed| match changed {
+                Some(c) => policy.policy.pick_changed(&input, loads, c, rng),
+                None => policy.policy.pick(&input, loads, rng),
+            },
+        )
+    } else {
+        let mut whole = || {
+            policy
+                .policy
+                .pick(&input, &loads(plan, excluded, agents), rng)
+        };
+        if kv {
+            policy.board.bypass(whole)
+        } else {
+            whole()
+        }
+    };
+    let res = match res {
+        Err(PolicyError::NoBackend)
+            if (0..policy.backends.len()).any(|i| may_panic(plan, excluded, i)) =>
+        {
+            crate::control::metrics::panic_routed(&pool.model).increment(1);
+            let loads = loads_of(plan, excluded, agents, true);
+            let mut panic = || policy.policy.pick(&input, &loads, rng);
+            if kv {
+                policy.board.bypass(panic)
+            } else {
+                panic()
+            }
+        }
+        r => r,
+    };
+    observe(pool, Phase::Pick, t);
+    checked(plan, res)
+}
+
+/// The backend [`pick`] would choose for `plan` now, recording nothing
+/// ([`warmpath_core::Policy::preview`]): what `POST /cache-index/query`
+/// shows. Ties are broken by an rng seeded with the prefix key, so the same
+/// query in the same state gives the same answer, and the routing rng is
+/// left alone.
+pub fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
+    let loads = loads(plan, &[], agents);
+    let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
+    let res = plan
+        .policy
+        .policy
+        .preview(&input_of(plan), &loads, &mut rng);
+    checked(plan, res)
+}
+
+/// The pinned backend, while it can serve (healthy, not draining, not
+/// excluded); else the policy picks and the engine answers as it would.
+fn pinned(plan: &Plan, excluded: &[usize]) -> Option<Decision> {
+    let id = plan.pinned.as_deref()?;
+    let i = plan.policy.backends.iter().position(|b| b.id == id)?;
+    eligible(plan, excluded, i).then(|| Decision {
+        backend: i,
+        kind: DecisionKind::Affinity,
+        matched_blocks: plan
+            .matches
+            .as_ref()
+            .and_then(|m| m.of(plan.policy.backends[i].slot))
+            .map_or(0, |m| m.blocks),
+    })
+}
+
+fn input_of(plan: &Plan) -> RouteInput<'_> {
+    RouteInput {
+        prefix_key: plan.prefix_key.0,
+        chain_blocks: plan.hashes.len() as u32,
+        matches: plan.matches.as_ref(),
+    }
+}
+
+fn checked(plan: &Plan, res: Result<Decision, PolicyError>) -> Result<Decision, ApiError> {
+    let pool = &plan.target.pool;
+    let members = plan.policy.backends.len();
+    match res {
+        Ok(d) if d.backend < members => Ok(d),
+        Ok(d) => Err(ApiError::internal(format!(
+            "policy picked backend {} of {members}",
+            d.backend,
+        ))),
+        Err(PolicyError::NoBackend) => Err(ApiError::no_backend(
+            plan.target.adapter.as_deref().unwrap_or(&pool.model),
+        )),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+/// Uncached blocks the chosen backend must prefill (its prefill prediction).
+pub fn uncached_blocks(plan: &Plan, decision: &Decision) -> u64 {
+    (plan.hashes.len() as u64).saturating_sub(u64::from(decision.matched_blocks))
+}
