@@ -20,27 +20,6 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The cards of pool `model` in a `/v1/models` answer: its own and its
-/// adapters'; `None` when the body is not a model list.
-pub fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let data = v.get("data")?.as_array()?;
-    Some(
-        data.iter()
-            .filter(|c| {
-                c.get("id")
-                    .and_then(Value::as_str)
-                    .is_some_and(|id| !id.is_empty())
-            })
-            .filter(|c| {
-                c.get("id").and_then(Value::as_str) == Some(model)
-                    || c.get("parent").and_then(Value::as_str) == Some(model)
-            })
-            .cloned()
-            .collect(),
-    )
-}
-
 /// A card the router makes up for `id` (no engine described it).
 fn own_card(id: &str, parent: Option<&str>) -> Value {
     let mut card = json!({"id": id, "object": "model", "created": 0, "owned_by": "warmpath"});
@@ -100,22 +79,6 @@ pub async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cards_of_keeps_the_model_and_its_adapters_whole() {
-        let body = br#"{"object":"list","data":[
-            {"id":"m","object":"model","root":"/models/m","parent":null,"max_model_len":4096},
-            {"id":"sql","object":"model","root":"/lora/sql","parent":"m"},
-            {"id":"other","parent":null},
-            {"id":"","parent":"m"}]}"#;
-        let cards = cards_of(body, "m").unwrap();
-        assert_eq!(cards.len(), 2);
-        assert_eq!(cards[0]["root"], "/models/m");
-        assert_eq!(cards[0]["max_model_len"], 4096);
-        assert_eq!(cards[1]["root"], "/lora/sql");
-        assert_eq!(cards_of(b"[]", "m"), None);
-        assert_eq!(cards_of(b"{", "m"), None);
-    }
 
     #[test]
     fn own_cards_name_their_parent() {

@@ -4,12 +4,12 @@
 //! [`crate::control::readiness`]).
 
 use crate::api::salt::with_cache_salt;
-use crate::api::tenancy;
 use crate::config::{Isolation, TenantFrom};
 use crate::control::metrics::Phase;
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
 use crate::http::incoming::{path_and_query, read_body, tenant_header, Held};
+use crate::http::tenancy;
 use crate::routing::pool::Target;
 use crate::routing::proxy::{self, rejected, Outgoing};
 use crate::routing::route::{self, Hashing};
@@ -105,7 +105,7 @@ where
         headers: &headers,
         body: forward_body,
     };
-    proxy::forward(&s, &plan, out).await
+    proxy::forward(&s.upstream, s.agents(), s.decisions(), &plan, out).await
 }
 
 /// Parses, resolves the pool and tenant, plans; returns the body to forward.

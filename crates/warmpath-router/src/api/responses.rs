@@ -119,8 +119,8 @@ async fn status_of(s: &Shared, b: &Backend, path: &str, timeout: Duration) -> Op
         .uri(b.url.join(path).ok()?)
         .body(Full::new(Bytes::new()))
         .ok()?;
-    b.authorize(req.headers_mut(), s.settings.upstream_auth.as_ref());
-    let resp = tokio::time::timeout(timeout, s.client.request(req))
+    b.authorize(req.headers_mut(), s.upstream.auth.as_ref());
+    let resp = tokio::time::timeout(timeout, s.upstream.client.request(req))
         .await
         .ok()?
         .ok()?;
@@ -204,5 +204,5 @@ async fn relay(
         headers,
         body,
     };
-    proxy::forward(&s, &plan, out).await
+    proxy::forward(&s.upstream, s.agents(), s.decisions(), &plan, out).await
 }

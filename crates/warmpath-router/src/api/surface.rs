@@ -12,12 +12,12 @@
 
 use crate::api::openai::{self as api, model_or_only};
 use crate::api::salt::with_cache_salt;
-use crate::api::tenancy;
 use crate::config::Isolation;
 use crate::control::metrics::Phase;
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
 use crate::http::incoming::tenant_header;
+use crate::http::tenancy;
 use crate::routing::route::{self, Hashing};
 use axum::body::Body;
 use axum::http::{HeaderMap, Uri};

@@ -139,7 +139,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
                 if let Some(adapters) = adapters_of(&body, &pool.model) {
                     b.set_learned_adapters(adapters);
                 }
-                if let Some(cards) = crate::api::models::cards_of(&body, &pool.model) {
+                if let Some(cards) = cards_of(&body, &pool.model) {
                     b.set_learned_cards(cards);
                 }
                 if let Some(n) = max_model_len_of(&body, &pool.model) {
@@ -243,9 +243,9 @@ async fn send(
         req = req.header(header::CONTENT_TYPE, "application/json");
     }
     let mut req = req.body(Full::new(json_body.unwrap_or_default())).ok()?;
-    b.authorize(req.headers_mut(), shared.settings.upstream_auth.as_ref());
+    b.authorize(req.headers_mut(), shared.upstream.auth.as_ref());
     let fetch = async {
-        let resp = shared.client.request(req).await.ok()?;
+        let resp = shared.upstream.client.request(req).await.ok()?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), MAX_MODELS_BYTES)
             .collect()
@@ -257,10 +257,47 @@ async fn send(
     tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }
 
+/// The cards of pool `model` in a `/v1/models` answer: its own and its
+/// adapters'; `None` when the body is not a model list.
+pub fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter(|c| {
+                c.get("id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| !id.is_empty())
+            })
+            .filter(|c| {
+                c.get("id").and_then(Value::as_str) == Some(model)
+                    || c.get("parent").and_then(Value::as_str) == Some(model)
+            })
+            .cloned()
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cards_of_keeps_the_model_and_its_adapters_whole() {
+        let body = br#"{"object":"list","data":[
+            {"id":"m","object":"model","root":"/models/m","parent":null,"max_model_len":4096},
+            {"id":"sql","object":"model","root":"/lora/sql","parent":"m"},
+            {"id":"other","parent":null},
+            {"id":"","parent":"m"}]}"#;
+        let cards = cards_of(body, "m").unwrap();
+        assert_eq!(cards.len(), 2);
+        assert_eq!(cards[0]["root"], "/models/m");
+        assert_eq!(cards[0]["max_model_len"], 4096);
+        assert_eq!(cards[1]["root"], "/lora/sql");
+        assert_eq!(cards_of(b"[]", "m"), None);
+        assert_eq!(cards_of(b"{", "m"), None);
+    }
 
     #[test]
     fn adapters_are_the_cards_parented_by_the_model() {

@@ -4,11 +4,11 @@
 //! and `GET /metrics`. Only hashes and counts: no prompt text, unless a pool
 //! has `show_prompts` (a preview per chain).
 
-use crate::api::tenancy;
 use crate::config::TenantsConfig;
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
 use crate::http::incoming::{read_body, tenant_header, Held};
+use crate::http::tenancy;
 use crate::routing::pool::Pool;
 use crate::routing::route::{self, Hashing};
 use axum::body::Body;

@@ -6,19 +6,13 @@ use crate::http::work::WorkPool;
 use crate::ingest::Agents;
 use crate::routing::loads::AgentLoads;
 use crate::routing::pool::Pools;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use crate::routing::share::DecisionSink;
+use crate::routing::upstream::Upstream;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// The pooled keep-alive client used for every backend.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Settings fixed at start (a reload changes policies only).
 #[derive(Clone, Debug)]
@@ -33,16 +27,10 @@ pub struct Settings {
     pub inspect_token: Option<String>,
     /// Health checking.
     pub health: HealthConfig,
-    /// Longest wait for an upstream answer's headers.
-    pub first_byte_timeout: Duration,
-    /// Longest silence of an upstream body once its headers are in.
-    pub stream_idle_timeout: Duration,
     /// Longest wait for a client's request body.
     pub body_timeout: Duration,
     /// One INFO line per request (`server.access_log`).
     pub access_log: bool,
-    /// `upstream.api_key` as the `Authorization` sent upstream.
-    pub upstream_auth: Option<axum::http::HeaderValue>,
     /// The `Host` names answered, when the listener is loopback
     /// ([`crate::control::access::edge`]).
     pub hosts: Option<Vec<String>>,
@@ -52,8 +40,8 @@ pub struct Settings {
 pub struct Shared {
     /// The pools.
     pub pools: Arc<Pools>,
-    /// Upstream client.
-    pub client: UpstreamClient,
+    /// The upstream side: client, credentials, deadlines, ejection rules.
+    pub upstream: Arc<Upstream>,
     /// Fixed settings.
     pub settings: Settings,
     /// Prometheus renderer (None when another recorder was installed first).
@@ -83,20 +71,6 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// Builds the upstream client.
-pub fn client(config: &RouterConfig) -> UpstreamClient {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_millis(
-        config.upstream.connect_timeout_ms,
-    )));
-    http.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(config.upstream.max_idle_per_backend)
-        .build(http)
-}
-
 impl Shared {
     /// Shared state for a validated config and built pools.
     pub fn new(
@@ -105,20 +79,18 @@ impl Shared {
         metrics: Option<PrometheusHandle>,
         agents: Option<Arc<Agents>>,
     ) -> Self {
+        let halt = CancellationToken::new();
         Shared {
             pools,
-            client: client(config),
+            upstream: Arc::new(Upstream::new(config, halt.clone())),
             settings: Settings {
                 max_body_bytes: config.max_body_bytes,
                 forward_cache_salt: config.forward_cache_salt,
                 admin_token: config.admin_token.clone(),
                 inspect_token: config.inspect_token.clone(),
                 health: config.health.clone(),
-                first_byte_timeout: Duration::from_millis(config.upstream.first_byte_timeout_ms),
-                stream_idle_timeout: Duration::from_millis(config.upstream.stream_idle_timeout_ms),
                 body_timeout: Duration::from_millis(config.server.body_timeout_ms),
                 access_log: config.server.access_log,
-                upstream_auth: config.upstream.api_key.as_ref().and_then(|k| k.bearer()),
                 hosts: crate::config::loopback_hosts(&config.listen, &config.server.allowed_hosts),
             },
             metrics,
@@ -127,7 +99,7 @@ impl Shared {
             work: WorkPool::new(&config.work),
             bodies: BodyBudget::new(config.server.max_body_bytes_in_flight),
             draining: AtomicBool::new(false),
-            halt: CancellationToken::new(),
+            halt,
         }
     }
 
@@ -139,6 +111,15 @@ impl Shared {
     /// Marks the start of a shutdown.
     pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Where routing decisions go: the other router replicas, when the
+    /// ingest runs and shares them.
+    pub fn decisions(&self) -> Option<&dyn DecisionSink> {
+        self.agents
+            .as_deref()
+            .filter(|a| a.peers().enabled())
+            .map(|a| a as &dyn DecisionSink)
     }
 
     /// Agent-reported loads, when the ingest runs.

@@ -1,7 +1,8 @@
 //! The HTTP wing: accepting client connections (`front`), their limits
 //! and watchdogs (`conn`, `socket`), each request's id, span and access log
-//! (`requests`), reading bodies under their budgets (`incoming`), the work
-//! pool for big bodies (`work`) and the error answers (`error`).
+//! (`requests`), who is asking (`tenancy`: the pool's `tenants:` rule),
+//! reading bodies under their budgets (`incoming`), the work pool for big
+//! bodies (`work`) and the error answers (`error`).
 
 pub(crate) mod conn;
 pub(crate) mod error;
@@ -9,4 +10,5 @@ pub(crate) mod front;
 pub(crate) mod incoming;
 pub(crate) mod requests;
 pub(crate) mod socket;
+pub(crate) mod tenancy;
 pub(crate) mod work;

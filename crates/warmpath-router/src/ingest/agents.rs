@@ -368,6 +368,21 @@ impl crate::routing::loads::AgentLoads for Agents {
     }
 }
 
+impl crate::routing::share::DecisionSink for Agents {
+    fn start(
+        &self,
+        model: &str,
+        fact: crate::routing::share::Fact,
+    ) -> Option<Box<dyn crate::routing::share::SharedRequest>> {
+        let peers = self.peers();
+        if !peers.enabled() {
+            return None;
+        }
+        let started = peers.start(model, fact)?;
+        Some(Box::new(started))
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

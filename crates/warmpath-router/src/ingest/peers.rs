@@ -21,6 +21,7 @@
 //! on with this router's own view of W. A full outbound queue drops a fact
 //! (counted) rather than wait: routing never waits on a peer.
 
+use crate::routing::share::{Fact, SharedRequest};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -343,25 +344,6 @@ impl Peers {
     }
 }
 
-/// What a pick tells the other replicas (by worker ids).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Fact {
-    /// The chosen backend.
-    pub(crate) worker: String,
-    /// The prefix key the policy routed on.
-    pub(crate) prefix_key: u64,
-    /// Full blocks of the request's chain.
-    pub(crate) chain_blocks: u32,
-    /// Blocks predicted uncached there.
-    pub(crate) prefill_blocks: u64,
-    /// The prefix's home after the pick ("" when the policy keeps none).
-    pub(crate) home: String,
-    /// It came there by a move.
-    pub(crate) home_moved: bool,
-    /// Its deliberate copies.
-    pub(crate) copies: Vec<String>,
-}
-
 /// The rest of one shared request: `prefilled` when told, `finished` on drop.
 #[derive(Debug)]
 pub struct ShareGuard {
@@ -372,9 +354,8 @@ pub struct ShareGuard {
     prefilled: bool,
 }
 
-impl ShareGuard {
-    /// Its first upstream byte arrived.
-    pub fn prefilled(&mut self) {
+impl SharedRequest for ShareGuard {
+    fn prefilled(&mut self) {
         if !std::mem::replace(&mut self.prefilled, true) {
             self.peers.phase(self, Phase::Prefilled);
         }

@@ -421,7 +421,7 @@ pub struct FlightGuard {
     prefill_blocks: u64,
     outcome: Outcome,
     /// The same request as told to the other router replicas.
-    share: Option<crate::ingest::peers::ShareGuard>,
+    share: Option<Box<dyn crate::routing::share::SharedRequest>>,
 }
 
 impl FlightGuard {
@@ -442,8 +442,8 @@ impl FlightGuard {
         }
     }
 
-    /// Tells the other router replicas its phases too (see [`crate::ingest::peers`]).
-    pub fn share(&mut self, share: Option<crate::ingest::peers::ShareGuard>) {
+    /// Tells the other router replicas its phases too (module `share`).
+    pub fn share(&mut self, share: Option<Box<dyn crate::routing::share::SharedRequest>>) {
         self.share = share;
     }
 

@@ -1,7 +1,8 @@
 //! The routing wing: a request's plan and pick (`route`), forwarding it
 //! to the engine (`proxy`), pools and their members (`pool`, `backend`),
 //! response affinity (`affinity`), the loads routing reads (`load_board`,
-//! `load_cell`, `loads`) and the warmest chains (`hot`).
+//! `load_cell`, `loads`), the warmest chains (`hot`), what forwarding needs
+//! of the router (`upstream`) and the seam to the other replicas (`share`).
 
 pub(crate) mod affinity;
 pub(crate) mod backend;
@@ -12,3 +13,5 @@ pub(crate) mod loads;
 pub(crate) mod pool;
 pub(crate) mod proxy;
 pub(crate) mod route;
+pub(crate) mod share;
+pub(crate) mod upstream;

@@ -19,13 +19,15 @@
 //!   shutdown deadline ends a stream the same way.
 
 use crate::control::metrics::Outcome;
-use crate::control::state::Shared;
 use crate::http::error::ApiError;
 use crate::http::requests::Routed;
 use crate::routing::affinity::{IdTap, Tapped};
 use crate::routing::backend::{Backend, FlightGuard};
+use crate::routing::loads::AgentLoads;
 use crate::routing::pool::Pool;
 use crate::routing::route::{self, Plan};
+use crate::routing::share::{DecisionSink, Fact};
+use crate::routing::upstream::Upstream;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -74,10 +76,11 @@ pub fn count_refused(status: StatusCode) {
 
 /// Counts a failure of `backend` toward ejection (and says so when it
 /// ejects), within `health.max_ejection_percent`.
-fn count_failure(shared: &Shared, pool: &Pool, backend: &Backend) {
-    let h = &shared.settings.health;
+fn count_failure(up: &Upstream, pool: &Pool, backend: &Backend) {
     let _one_at_a_time = pool.ejecting();
-    if backend.failed_within(h.eject_after, || pool.room_to_eject(h.max_ejection_percent)) {
+    if backend.failed_within(up.eject_after, || {
+        pool.room_to_eject(up.max_ejection_percent)
+    }) {
         tracing::warn!(pool = %pool.model, backend = %backend.id,
             "backend ejected after repeated failures");
     }
@@ -138,13 +141,21 @@ fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision
     );
 }
 
-/// Routes `plan` and proxies `out`, retrying other backends on connect failure.
-pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Response {
+/// Routes `plan` and proxies `out` through `up`, retrying other backends
+/// on connect failure; `loads` are the agents' reports, and `decisions`
+/// hears of each pick (the other router replicas).
+pub async fn forward(
+    up: &Arc<Upstream>,
+    loads: Option<&dyn AgentLoads>,
+    decisions: Option<&dyn DecisionSink>,
+    plan: &Plan,
+    out: Outgoing<'_>,
+) -> Response {
     let pool = &plan.target.pool;
     let strategy = plan.policy.strategy.as_str();
     let mut excluded: Vec<usize> = Vec::new();
     loop {
-        let decision = match route::pick(plan, &excluded, shared.agents()) {
+        let decision = match route::pick(plan, &excluded, loads) {
             Ok(d) => d,
             Err(mut e) => {
                 if !excluded.is_empty() {
@@ -174,13 +185,10 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
         let backend = Arc::clone(&plan.policy.backends[decision.backend]);
         let uncached = route::uncached_blocks(plan, &decision);
         let mut guard = backend.begin(uncached);
-        if let Some(a) = shared.agents.as_ref().filter(|a| a.peers().enabled()) {
-            guard.share(
-                a.peers()
-                    .start(&pool.model, fact(plan, &backend.id, uncached)),
-            );
+        if let Some(sink) = decisions {
+            guard.share(sink.start(&pool.model, fact(plan, &backend.id, uncached)));
         }
-        let req = match upstream_request(&backend, shared.settings.upstream_auth.as_ref(), &out) {
+        let req = match upstream_request(&backend, up.auth.as_ref(), &out) {
             Ok(r) => r,
             Err(e) => {
                 guard.outcome(Outcome::Failed);
@@ -188,9 +196,9 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
             }
         };
         let sent = Instant::now();
-        let limit = shared.settings.first_byte_timeout;
+        let limit = up.first_byte_timeout;
         let queued_behind = backend.in_flight() > 1;
-        let Ok(answer) = tokio::time::timeout(limit, shared.client.request(req)).await else {
+        let Ok(answer) = tokio::time::timeout(limit, up.client.request(req)).await else {
             // Dropping the request closes its connection: the backend sees
             // the client leave, as it would from a real client.
             tracing::warn!(pool = %pool.model, backend = %backend.id, ?limit,
@@ -198,7 +206,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
             // Waiting behind this router's other requests there proves
             // a queue, not a broken engine.
             if !queued_behind && backend.in_flight() <= 1 {
-                count_failure(shared, pool, &backend);
+                count_failure(up, pool, &backend);
             }
             guard.outcome(Outcome::Timeout);
             let err = ApiError::upstream_timeout(format!(
@@ -218,7 +226,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                 if engine_fault(status) {
                     // Passed through, not retried (the request may have
                     // had effects), but counted toward ejection.
-                    count_failure(shared, pool, &backend);
+                    count_failure(up, pool, &backend);
                 }
                 // Otherwise a success once the whole body is through: an
                 // answer that stalls after its headers is a failure.
@@ -236,20 +244,20 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
                     decision = decision.kind.as_str(), matched, %status, "proxied");
                 let tap = (plan.learns_response && status.is_success())
                     .then(|| IdTap::new(backend.id.clone()));
-                return respond(shared, resp, guard, sent, pool, &decision, tap);
+                return respond(up, resp, guard, sent, pool, &decision, tap);
             }
             Err(e) if e.is_connect() => {
                 guard.outcome(Outcome::ConnectError);
                 drop(guard);
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "connect failed; trying another backend");
-                count_failure(shared, pool, &backend);
+                count_failure(up, pool, &backend);
                 excluded.push(decision.backend);
             }
             Err(e) => {
                 tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
                     "upstream request failed after it was sent; not retried");
-                count_failure(shared, pool, &backend);
+                count_failure(up, pool, &backend);
                 guard.outcome(Outcome::Failed);
                 // hyper's words stay in the log: they name sockets and
                 // internals no client needs.
@@ -268,7 +276,7 @@ pub async fn forward(shared: &Arc<Shared>, plan: &Plan, out: Outgoing<'_>) -> Re
 }
 
 fn respond(
-    shared: &Arc<Shared>,
+    up: &Arc<Upstream>,
     resp: hyper::Response<Incoming>,
     guard: FlightGuard,
     sent: Instant,
@@ -283,7 +291,7 @@ fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let idle_limit = shared.settings.stream_idle_timeout;
+    let idle_limit = up.stream_idle_timeout;
     let now = Instant::now();
     let body = TrackedBody {
         inner: incoming,
@@ -294,11 +302,11 @@ fn respond(
         ok: !parts.status.is_server_error(),
         done: false,
         pool: Arc::clone(pool),
-        shared: Arc::clone(shared),
+        up: Arc::clone(up),
         idle_limit,
         last_frame: now,
         idle: tokio::time::sleep_until((now + idle_limit).into()),
-        halt: shared.halt.clone().cancelled_owned(),
+        halt: up.halt.clone().cancelled_owned(),
         tap,
         tail: *b"\n\n",
     };
@@ -335,7 +343,7 @@ pin_project_lite::pin_project! {
         ok: bool,
         done: bool,
         pool: Arc<Pool>,
-        shared: Arc<Shared>,
+        up: Arc<Upstream>,
         idle_limit: Duration,
         last_frame: Instant,
         // Reset lazily (when it fires early), not on every frame.
@@ -468,7 +476,7 @@ impl HttpBody for TrackedBody {
                 let ms = this.idle_limit.as_millis();
                 tracing::warn!(pool = %this.pool.model, %backend, idle_ms = ms as u64,
                     "backend went silent mid-response; cut off");
-                count_failure(this.shared, this.pool, guard.backend());
+                count_failure(this.up, this.pool, guard.backend());
                 format!("{named} sent nothing for {ms} ms")
             }
             Cut::Halted => "the router is shutting down".to_owned(),
@@ -512,11 +520,11 @@ impl HttpBody for TrackedBody {
 
 /// What the other router replicas are told of a pick of `plan` on `worker`
 /// (ARCHITECTURE.md, "Router replicas"): the prefix's home after it, by ids.
-fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> crate::ingest::peers::Fact {
+fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> Fact {
     let key = plan.prefix_key.0;
     let id = |i: usize| plan.policy.backends.get(i).map(|b| b.id.clone());
     let home = plan.policy.policy.home_of(key);
-    crate::ingest::peers::Fact {
+    Fact {
         worker: worker.to_owned(),
         prefix_key: key,
         chain_blocks: plan.hashes.len() as u32,

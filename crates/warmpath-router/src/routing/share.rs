@@ -1,0 +1,36 @@
+//! The seam through which routing tells the other router replicas what it
+//! decided ([`DecisionSink`], implemented by the ingest, which carries the
+//! facts through the agents). Routing sees no streams, links or signatures.
+
+/// One routing decision as the other replicas need it (by worker ids).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Fact {
+    /// The chosen backend.
+    pub(crate) worker: String,
+    /// The prefix key the policy routed on.
+    pub(crate) prefix_key: u64,
+    /// Full blocks of the request's chain.
+    pub(crate) chain_blocks: u32,
+    /// Blocks predicted uncached there.
+    pub(crate) prefill_blocks: u64,
+    /// The prefix's home after the pick ("" when the policy keeps none).
+    pub(crate) home: String,
+    /// It came there by a move.
+    pub(crate) home_moved: bool,
+    /// Its deliberate copies.
+    pub(crate) copies: Vec<String>,
+}
+
+/// Where routing's decisions go.
+pub(crate) trait DecisionSink: Send + Sync {
+    /// Tells the other replicas a request of pool `model` started as
+    /// `fact` says; the handle reports its first byte, and its end when
+    /// dropped. `None`: nobody to tell.
+    fn start(&self, model: &str, fact: Fact) -> Option<Box<dyn SharedRequest>>;
+}
+
+/// The rest of one shared request.
+pub(crate) trait SharedRequest: Send + Sync + std::fmt::Debug {
+    /// Its first upstream byte arrived.
+    fn prefilled(&mut self);
+}

@@ -1,0 +1,60 @@
+//! What forwarding needs of the router, fixed at start: the pooled client,
+//! the credentials engines ask for, the upstream deadlines, the ejection
+//! rules and the shutdown deadline. Handlers hand it to
+//! [`forward`](super::proxy::forward) instead of their own state.
+
+use crate::config::RouterConfig;
+use axum::http::HeaderValue;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The pooled keep-alive client used for every backend.
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The upstream side of every forwarded request.
+#[derive(Debug)]
+pub struct Upstream {
+    /// The client.
+    pub client: UpstreamClient,
+    /// `upstream.api_key` as the `Authorization` sent upstream.
+    pub auth: Option<HeaderValue>,
+    /// Longest wait for an answer's headers.
+    pub first_byte_timeout: Duration,
+    /// Longest silence of a body once its headers are in.
+    pub stream_idle_timeout: Duration,
+    /// Failures in a row that eject a backend.
+    pub eject_after: u32,
+    /// The most of a pool ejected at once, in percent.
+    pub max_ejection_percent: u8,
+    /// Cancelled when the shutdown deadline passes: what is still
+    /// streaming ends now.
+    pub halt: CancellationToken,
+}
+
+impl Upstream {
+    /// The upstream side of a validated `config`, ended by `halt`.
+    pub fn new(config: &RouterConfig, halt: CancellationToken) -> Self {
+        let u = &config.upstream;
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_millis(u.connect_timeout_ms)));
+        http.enforce_http(true);
+        Upstream {
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .pool_max_idle_per_host(u.max_idle_per_backend)
+                .build(http),
+            auth: u.api_key.as_ref().and_then(|k| k.bearer()),
+            first_byte_timeout: Duration::from_millis(u.first_byte_timeout_ms),
+            stream_idle_timeout: Duration::from_millis(u.stream_idle_timeout_ms),
+            eject_after: config.health.eject_after,
+            max_ejection_percent: config.health.max_ejection_percent,
+            halt,
+        }
+    }
+}
