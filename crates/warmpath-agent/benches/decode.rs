@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use warmpath_agent::vllm::{
+use warmpath_vllm_events::{
     decode_batch, encode_batch, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium,
     PayloadForm,
 };

@@ -9,7 +9,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{publisher_and_agent, Ingest};
-use warmpath_agent::vllm::{BlockStored, EngineBlockHash, KvEvent, Medium};
+use warmpath_vllm_events::{BlockStored, EngineBlockHash, KvEvent, Medium};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()

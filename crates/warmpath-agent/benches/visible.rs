@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::{publisher_and_agent, Ingest};
-use warmpath_agent::vllm::{BlockStored, EngineBlockHash, KvEvent, Medium};
 use warmpath_core::{hash_tokens, BlockHash, HashSeed};
+use warmpath_vllm_events::{BlockStored, EngineBlockHash, KvEvent, Medium};
 
 const BLOCK: usize = 16;
 const BLOCKS_PER_EVENT: usize = 16;

@@ -28,7 +28,6 @@ use crate::ready::{self, Readiness};
 use crate::replicas::Links;
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
-use crate::vllm::wire::endpoint_for_rank;
 use axum::extract::State;
 use axum::routing::get;
 use axum::Router;
@@ -41,6 +40,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::ChatTokenizer;
+use warmpath_vllm_events::wire::endpoint_for_rank;
 
 /// How the agent learns what the engine caches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -58,8 +58,6 @@ use crate::hub::Hub;
 use crate::replay::{replay, ReplayLimits};
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
-use crate::vllm::wire::parse_live;
-use crate::vllm::{decode_batch_with, DecodeLimits, KvEventBatch};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use std::hash::{BuildHasher, RandomState};
@@ -68,6 +66,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warmpath_edge::LogEvery;
+use warmpath_vllm_events::wire::parse_live;
+use warmpath_vllm_events::{decode_batch_with, DecodeLimits, KvEventBatch};
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
 /// How to follow one rank.

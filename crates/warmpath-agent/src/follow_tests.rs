@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::vllm::{
+use warmpath_vllm_events::{
     encode_batch, BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, Medium, PayloadForm,
     PublisherConfig,
 };

@@ -3,10 +3,10 @@
 //! until the end marker, so an endpoint that streams without end, or streams
 //! huge payloads, fails the replay instead of growing the agent.
 
-use crate::vllm::wire::{parse_replay_reply, END_OF_REPLAY};
 use bytes::Bytes;
 use std::time::Duration;
 use thiserror::Error;
+use warmpath_vllm_events::wire::{parse_replay_reply, END_OF_REPLAY};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// What one replay may take.
@@ -114,7 +114,9 @@ pub async fn replay(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::vllm::{BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, PublisherConfig};
+    use warmpath_vllm_events::{
+        BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, PublisherConfig,
+    };
 
     fn stored(h: u64, tokens: usize) -> KvEvent {
         KvEvent::BlockStored(BlockStored {

@@ -13,10 +13,10 @@
 //! child stored after its parent was evicted still chains correctly.
 
 use crate::fasthash::FastMap;
-use crate::vllm::{BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
 use std::collections::VecDeque;
 use warmpath_core::{hash_block, BlockHash, HashSeed};
 use warmpath_proto::v1::Tier;
+use warmpath_vllm_events::{BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
 
 /// A change to the set of blocks one rank holds, on warmpath hashes.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,9 +1,9 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::vllm::BlockRemoved;
 use rmpv::Value;
 use warmpath_core::hash_tokens;
+use warmpath_vllm_events::BlockRemoved;
 
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>, bs: u32) -> KvEvent {
     KvEvent::BlockStored(BlockStored {

@@ -1,6 +1,6 @@
 //! Publishing the prefix cache's events exactly like vLLM: converted to
-//! `warmpath_agent::vllm::KvEvent` (map form, hashes as uint64, the salt in
-//! block 0's `extra_keys`, medium GPU) and sent through the agent crate's
+//! `warmpath_vllm_events::KvEvent` (map form, hashes as uint64, the salt in
+//! block 0's `extra_keys`, medium GPU) and sent through that crate's
 //! `KvEventPublisher` (ZMQ PUB + ROUTER replay).
 //!
 //! The engine's worker thread hands each batch to a bounded queue; one task
@@ -10,9 +10,9 @@
 use crate::engine::{EventSink, NoEvents};
 use crate::error::EngineError;
 use tokio::sync::mpsc;
-use warmpath_agent::vllm::publisher::{KvEventPublisher, PublisherConfig};
-use warmpath_agent::vllm::KvEvent;
 use warmpath_core::prefix_cache::CacheEvent;
+use warmpath_vllm_events::publisher::{KvEventPublisher, PublisherConfig};
+use warmpath_vllm_events::KvEvent;
 
 /// Batches that may wait for the publisher before the worker blocks.
 const QUEUE: usize = 1024;

@@ -7,14 +7,14 @@ use bytes::Bytes;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
-use warmpath_agent::vllm::decode::decode_batch;
-use warmpath_agent::vllm::wire::{parse_replay_reply, END_OF_REPLAY};
-use warmpath_agent::vllm::{EngineBlockHash, KvEvent, Medium};
 use warmpath_core::prefix_cache::{engine_block_hash, EngineBlockHash as Local};
 use warmpath_engine::config::LlamaConfig;
 use warmpath_engine::model::Llama;
 use warmpath_engine::weights::random_weights;
 use warmpath_engine::{events, Engine, EngineOptions};
+use warmpath_vllm_events::decode::decode_batch;
+use warmpath_vllm_events::wire::{parse_replay_reply, END_OF_REPLAY};
+use warmpath_vllm_events::{EngineBlockHash, KvEvent, Medium};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 fn int(h: &EngineBlockHash) -> u64 {

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use warmpath_agent::vllm::{KvEventPublisher, PublisherConfig};
 use warmpath_agent::{Agent, AgentConfig};
 use warmpath_core::CacheIndex;
 use warmpath_router::ingest::{self, Agents, IngestConfig, IngestPool, PoolDirectory};
+use warmpath_vllm_events::{KvEventPublisher, PublisherConfig};
 
 struct OnePool(IngestPool);
 

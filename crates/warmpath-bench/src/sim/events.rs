@@ -9,8 +9,8 @@
 use crate::error::BenchError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use warmpath_agent::vllm::{KvEvent, KvEventPublisher, PayloadForm, PublisherConfig};
 use warmpath_core::prefix_cache::CacheEvent;
+use warmpath_vllm_events::{KvEvent, KvEventPublisher, PayloadForm, PublisherConfig};
 
 /// Event batches that may wait for the publisher.
 pub const QUEUE: usize = 1024;

@@ -10,7 +10,7 @@
 //! 3 (`[ts, events, rank]`) elements. Every malformed input is a [`DecodeError`],
 //! never a panic; sizes are capped by [`DecodeLimits`].
 
-use super::event::{BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
+use crate::event::{BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
 use rmpv::Value;
 use thiserror::Error;
 
@@ -139,7 +139,7 @@ pub fn decode_batch_with(
             max: limits.max_payload_bytes,
         });
     }
-    if let Err(n) = super::count::values_in(payload, limits.max_values) {
+    if let Err(n) = crate::count::values_in(payload, limits.max_values) {
         return Err(DecodeError::TooLarge {
             what: "the count of values (stopped at the cap)",
             len: n,

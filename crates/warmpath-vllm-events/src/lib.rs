@@ -1,5 +1,8 @@
-//! vLLM's KV-cache events: the event model, a msgpack decoder and encoder for
-//! both payload forms, the ZMQ framing, and a vLLM-compatible publisher.
+//! warmpath-vllm-events: vLLM's KV-cache events on the wire, both ways: as
+//! vLLM publishes them (the encoder and a vLLM-compatible publisher, used by
+//! the engine emulator, the simulator and the tests) and as the agent reads
+//! them (the decoder and the replay client's framing). One concept, no
+//! routing: the agent, the engine and the bench depend on it.
 //!
 //! - [`event`]: [`KvEventBatch`], [`KvEvent`], [`EngineBlockHash`], [`Medium`].
 //! - [`decode`]: [`decode_batch`] (both forms, typed errors, size caps).

@@ -16,9 +16,9 @@
 //! [`KvEventPublisher::send_raw`] (garbage frames), and the payload form;
 //! [`KvEventPublisher::subscribers_accepted`] counts subscriber connections.
 
-use super::encode::encode_batch;
-use super::event::{KvEvent, KvEventBatch, PayloadForm};
-use super::wire::{endpoint_for_bind, parse_replay_request, END_OF_REPLAY};
+use crate::encode::encode_batch;
+use crate::event::{KvEvent, KvEventBatch, PayloadForm};
+use crate::wire::{endpoint_for_bind, parse_replay_request, END_OF_REPLAY};
 use bytes::Bytes;
 use futures::StreamExt;
 use parking_lot::Mutex;

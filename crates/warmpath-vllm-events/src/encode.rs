@@ -7,7 +7,7 @@
 //! Integers use the shortest msgpack encoding, the timestamp is always float64.
 //! Writing into a `Vec<u8>` cannot fail, so the encoder is infallible.
 
-use super::event::{
+use crate::event::{
     BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, PayloadForm,
 };
 use rmpv::Value;
