@@ -4,10 +4,7 @@
 //! router.yaml passes the router's own `--check-config` with the environment
 //! the Deployment gives it.
 
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/tools.rs"]
-mod tools;
+use crate::tools;
 
 use serde::Deserialize;
 use std::collections::BTreeSet;

@@ -1,8 +1,7 @@
 //! End-to-end tests of the real `warmpath-router` binary against real local
 //! HTTP backends (tests/support), everything on 127.0.0.1 port 0.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};

@@ -1,9 +1,8 @@
 //! Bounded work per request, end to end on the real router binary: the prompt
 //! cap (configured, and learned from the engines' model cards) and the work
 //! pool that keeps giant bodies off the threads serving connections.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::extract::State;
 use axum::routing::{get, post as route_post};

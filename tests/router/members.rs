@@ -4,11 +4,8 @@
 //! prefixes stay where they are cached through an add and a drain, and the
 //! policy keeps its placements (raw agent streams fill the index). Everything
 //! on 127.0.0.1.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/raw_agent.rs"]
-mod raw_agent;
-mod support;
+use crate::{raw_agent, support};
 
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

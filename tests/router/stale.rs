@@ -9,11 +9,8 @@
 //! owner: before this change (main at 4601e23) a stale worker's entries
 //! counted for nothing, so the last request below went to the ring owner
 //! (`prefix_hash`, a cold backend) and the test fails there.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/raw_agent.rs"]
-mod raw_agent;
-mod support;
+use crate::{raw_agent, support};
 
 use raw_agent::{agent, Router};
 use serde_json::{json, Value};

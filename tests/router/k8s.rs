@@ -11,9 +11,8 @@
 //! resourceVersion), `410 Gone` (relisted), an unreachable API server, a
 //! pod-name worker id whose pod comes back at another IP, and a pod not
 //! ready within its grace (back at once) and past it (removed).
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::body::Body;
 use axum::extract::{RawQuery, State};

@@ -9,11 +9,8 @@
 //! The router binary runs as a process with `agent_secret`; raw gRPC
 //! streams play the agents (`tests/pipeline_agent.rs` has the real agent
 //! binary against the router library).
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/raw_agent.rs"]
-mod raw_agent;
-mod support;
+use crate::{raw_agent, support};
 
 use raw_agent::{agent_as, Router};
 use std::time::Duration;

@@ -1,9 +1,8 @@
 //! Who may use what, end to end on the real router binary: introspection and
 //! admin behind their tokens, routing headers switched off for untrusted
 //! clients, and listeners other hosts can reach refused without tokens.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use std::time::Duration;

@@ -1,9 +1,8 @@
 //! End-to-end tests of the real `warmpath-router` binary's life cycle and HTTP
 //! front: configuration reload on SIGHUP, HTTP/2 clients, the routes served
 //! beside the proxied ones, graceful SIGTERM. Everything on 127.0.0.1 port 0.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use std::time::Duration;

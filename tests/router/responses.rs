@@ -4,9 +4,8 @@
 //! response, which here, as in vLLM, is the only one that holds it; a second
 //! router replica that never saw the response finds it by asking the
 //! engines.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

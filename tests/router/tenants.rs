@@ -2,9 +2,8 @@
 //! derived from the API key (a client cannot claim another key's tenant),
 //! client ids scoped or refused, `route_only` isolation (no `cache_salt`,
 //! shared block hashes), and long `prompt_cache_key`s.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::*;

@@ -2,9 +2,8 @@
 //! traffic, ejection back-off, completion probes, probe rounds spread over
 //! the interval. The real binary against local backends (tests/support),
 //! everything on 127.0.0.1 port 0.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::routing::{get, post as route_post};
 use serde_json::json;

@@ -13,11 +13,8 @@
 //! asked mimalloc to give freed pages back (aaa6c8c), RSS went 22 -> 174 ->
 //! 54..62 MiB, or stayed at 136 MiB of 148 MiB for 30 s when the router
 //! happened to be quiet; that fails the bound.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/raw_agent.rs"]
-mod raw_agent;
-mod support;
+use crate::{raw_agent, support};
 
 use raw_agent::{agent, Router};
 use std::time::Duration;

@@ -10,11 +10,8 @@
 //! default, so its ties are drawn from an rng seeded by the prefix key: the
 //! copy's share of the traffic is what `router_kv`'s in-process twin of this
 //! test (no agents, a random rng) cannot see.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/raw_agent.rs"]
-mod raw_agent;
-mod support;
+use crate::{raw_agent, support};
 
 use raw_agent::{agent, Router};
 use serde_json::{json, Value};

@@ -5,9 +5,8 @@
 //! to the byte), routed by prefix where the body has a prompt, refused with
 //! OpenAI-shaped errors when malformed; and `/v1/models` merging the
 //! engines' own model cards.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use serde_json::{json, Value};

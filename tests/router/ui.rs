@@ -6,11 +6,8 @@
 //! in-process whose index is filled through the core API and whose warmest
 //! chains come from routed requests. The screenshot is kept under
 //! `target/tmp/`.
-#![allow(clippy::unwrap_used)]
 
-mod support;
-#[path = "support/tools.rs"]
-mod tools;
+use crate::{support, tools};
 
 use base64::Engine;
 use serde_json::json;

@@ -2,9 +2,8 @@
 //! tests can fill its cache index through the core API until agents do) and
 //! real HTTP test backends; and the proof that the router's token ids equal
 //! what the engine computes with the generated tiny tokenizer and template.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::path::Path;

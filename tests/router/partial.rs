@@ -14,11 +14,8 @@
 //! go there. Then b0's agent reports `partial: true`, and every further
 //! prompt b0 owns must go to b0 as `prefix_hash`: without the rule they
 //! continue the same deal and some land on b1, so the test fails there.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/raw_agent.rs"]
-mod raw_agent;
-mod support;
+use crate::{raw_agent, support};
 
 use raw_agent::{agent, Router};
 use serde_json::{json, Value};

@@ -2,9 +2,8 @@
 //! answers and timeouts that count toward ejection, a backend that never
 //! answers (504), answers that go silent (an SSE error event, a cut body),
 //! each against a test backend on 127.0.0.1 port 0.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::time::Duration;

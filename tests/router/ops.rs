@@ -3,9 +3,8 @@
 //! the log formats on stderr (JSON lines that parse, no ANSI codes in a
 //! pipe), the opt-in access log, and the per-backend and end-to-end series
 //! of `/metrics`.
-#![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::time::Duration;

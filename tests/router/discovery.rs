@@ -4,14 +4,8 @@
 //! failing nameserver keeps the last known set. A member missing from one
 //! answer waits out a grace of 3 intervals out of rotation, keeping its
 //! index and its agent; one gone longer is drained and removed.
-#![allow(clippy::unwrap_used)]
 
-mod support;
-
-#[path = "support/dns.rs"]
-mod dns;
-#[path = "support/raw_agent.rs"]
-mod raw_agent;
+use crate::{dns, raw_agent, support};
 
 use std::time::{Duration, Instant};
 use support::*;
