@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo build -p warmpath-router
-//! WARMPATH_SOAK_SECS=600 cargo test -p warmpath-bench --test soak -- --ignored --nocapture
+//! WARMPATH_SOAK_SECS=600 cargo test -p warmpath-bench --test bench soak:: -- --ignored --nocapture
 //! ```
 //!
 //! Four `warmpath-bench sim` processes (one instance each, the time model
@@ -31,10 +31,8 @@
 //!   request started after that succeeds;
 //! - the router's RSS at the end is within 30 MiB of its first minute's
 //!   maximum.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/poll.rs"]
-mod poll;
+use crate::poll;
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

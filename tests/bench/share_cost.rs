@@ -20,15 +20,13 @@
 //!
 //! ```text
 //! cargo build -p warmpath-router
-//! cargo test -p warmpath-bench --test bench_share_cost -- --ignored --nocapture
+//! cargo test -p warmpath-bench --test bench share_cost:: -- --ignored --nocapture
 //! ```
 //! `WARMPATH_SHARE_ROUNDS` sets the rounds (default 400); `WARMPATH_SHARING`
 //! how many of the four routers share (default 2; with 1, that router only
 //! sends, since no other replica shares with it: the send side's cost alone).
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/poll.rs"]
-mod poll;
+use crate::poll;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;

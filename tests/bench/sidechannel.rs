@@ -27,10 +27,8 @@
 //! test runs, and this test finds them beside its own executable, as
 //! `soak.rs` does; run alone, it needs `cargo build -p warmpath-router -p
 //! warmpath-agent` first.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/poll.rs"]
-mod poll;
+use crate::poll;
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,5 @@
 //! End to end: a quick comparison through simulated instances, real agents
 //! and the real router on 127.0.0.1 (what `warmpath-bench demo --quick` runs).
-#![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
