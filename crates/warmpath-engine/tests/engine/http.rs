@@ -1,6 +1,5 @@
 //! The OpenAI-compatible server end to end over real HTTP on 127.0.0.1:0,
 //! with the tiny model.
-#![allow(clippy::unwrap_used)]
 
 use candle_core::{DType, Device};
 use serde_json::{json, Value};

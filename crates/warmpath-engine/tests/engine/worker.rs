@@ -1,7 +1,6 @@
 //! The documented concurrency model: one worker thread runs requests one at a
 //! time from a bounded FIFO queue (no batching); a full queue answers Busy at
 //! once (HTTP 503); a client that leaves stops its request and the next runs.
-#![allow(clippy::unwrap_used)]
 
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;

@@ -6,7 +6,6 @@
 //!   f32 and in bf16, single file or sharded, with tied or separate LM head.
 //! - The real `warmpath-engine` binary serves such a folder.
 //! - Broken folders give clear errors naming the file and the problem.
-#![allow(clippy::unwrap_used)]
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;

@@ -1,7 +1,6 @@
 //! The KV events the engine publishes over real ZMQ (127.0.0.1, port 0),
 //! fetched back through the replay socket and decoded with the agent's
 //! decoder, describe exactly what the engine's cache holds.
-#![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
 use candle_core::{DType, Device};

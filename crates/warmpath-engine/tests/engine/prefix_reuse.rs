@@ -6,7 +6,6 @@
 //! Tolerance: the cached path multiplies differently shaped matrices than a
 //! full recompute (and chunks the prefill), so f32 rounding differs. We require
 //! max |logit difference| <= 1e-4 * max(1, max |logit|).
-#![allow(clippy::unwrap_used)]
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
