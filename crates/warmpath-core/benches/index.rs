@@ -27,8 +27,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Instant;
+use warmpath_core::policy::Mode;
 use warmpath_core::{
-    build_policy, hash_tokens, BackendLoad, BlockHash, CacheIndex, HashSeed, PolicyBackend,
+    build_policy, hash_tokens, BackendLoad, BlockHash, CacheIndex, HashSeed, Loads, PolicyBackend,
     PolicyConfig, RouteInput, Strategy, Tier,
 };
 
@@ -234,14 +235,22 @@ fn bench_pick(c: &mut Criterion) {
     let m = idx.longest_match(&ch);
     let mut g = c.benchmark_group("pick_64_backends");
     for s in Strategy::ALL {
-        let p = build_policy(s, &PolicyConfig::default(), &backends).unwrap();
+        let p = build_policy(s, &PolicyConfig::default(), &backends, None)
+            .unwrap()
+            .policy;
         let input = RouteInput {
             prefix_key: 0x1234_5678,
             chain_blocks: CHAIN as u32,
             matches: Some(&m),
+            mode: Mode::Commit,
         };
         g.bench_function(s.as_str(), |b| {
-            b.iter(|| black_box(p.pick(black_box(&input), &loads, &mut rng).unwrap()))
+            b.iter(|| {
+                black_box(
+                    p.pick(black_box(&input), &Loads::new(&loads), &mut rng)
+                        .unwrap(),
+                )
+            })
         });
     }
     g.finish();

@@ -15,9 +15,10 @@ use criterion::{criterion_group, Criterion};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
+use warmpath_core::policy::Mode;
 use warmpath_core::{
-    build_policy, BackendLoad, BlockHash, CacheIndex, PolicyBackend, PolicyConfig, RouteInput,
-    Strategy,
+    build_policy, BackendLoad, BlockHash, CacheIndex, Loads, PolicyBackend, PolicyConfig,
+    RouteInput, Strategy,
 };
 
 const BACKENDS: usize = 1000;
@@ -48,14 +49,17 @@ fn bench_cold(c: &mut Criterion) {
     }
     let unheld: Vec<BlockHash> = (0..u64::from(CHAIN)).map(BlockHash).collect();
     let m = idx.longest_match(&unheld);
-    let p = build_policy(Strategy::KvAware, &PolicyConfig::default(), &backends).unwrap();
+    let p = build_policy(Strategy::KvAware, &PolicyConfig::default(), &backends, None)
+        .unwrap()
+        .policy;
     let place = |rng: &mut SmallRng| {
         let input = RouteInput {
             prefix_key: rng.random(),
             chain_blocks: CHAIN,
             matches: Some(&m),
+            mode: Mode::Commit,
         };
-        black_box(p.pick(black_box(&input), &loads, rng).unwrap())
+        black_box(p.pick(black_box(&input), &Loads::new(&loads), rng).unwrap())
     };
     for _ in 0..FILL {
         place(&mut rng);

@@ -28,8 +28,8 @@ mod weighted_lru;
 pub use hash::{hash_block, hash_tokens, BlockHash, ChainHasher, HashSeed};
 pub use index::{CacheIndex, IndexError, MatchResult, Tier, WorkerMatch, WorkerSlot, WorkerStats};
 pub use policy::{
-    build_policy, BackendLoad, Decision, DecisionKind, EngineLoad, Policy, PolicyBackend,
-    PolicyConfig, PolicyError, RouteInput, Strategy,
+    build_policy, BackendLoad, Built, Decision, DecisionKind, EngineLoad, Learns, Loads, Policy,
+    PolicyBackend, PolicyConfig, PolicyError, RouteInput, Strategy,
 };
 pub use prefix::{PrefixError, PrefixExtractor, PrefixKey};
 pub use request::{Expect, Request, RequestBody, RequestError};

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use view::{Fact, Phase, Replicas};
 use warmpath_core::hash::ChainHasher;
 use warmpath_core::policy::{
-    build_policy, PolicyBackend, PolicyConfig, RemoteDecision, RouteInput,
+    build_policy, Mode, PolicyBackend, PolicyConfig, RemoteDecision, RouteInput,
 };
 use warmpath_core::{BlockHash, CacheIndex, HashSeed, Strategy};
 use xxhash_rust::xxh3::xxh3_64;
@@ -332,7 +332,7 @@ impl<'a> Sim<'a> {
             fleet.push(Instance::new(slot, cfg.cache_blocks));
         }
         let policies = (0..cfg.routers)
-            .map(|_| build_policy(strategy, &cfg.policy, &backends))
+            .map(|_| build_policy(strategy, &cfg.policy, &backends, None))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Sim {
             cfg,
@@ -452,6 +452,7 @@ impl<'a> Sim<'a> {
             prefix_key: xxh3_64(&doc.to_le_bytes()),
             chain_blocks,
             matches: matches.as_ref(),
+            mode: Mode::Commit,
         };
         let d = view.pick(&input, sharing)?;
         let took = t0.elapsed();
@@ -466,7 +467,7 @@ impl<'a> Sim<'a> {
         let i = d.backend;
         let predicted = u64::from(input.chain_blocks.saturating_sub(d.matched_blocks));
         view.start(i, predicted);
-        let home = view.policy.home_of(input.prefix_key);
+        let home = (view.policy.learns.as_ref()).and_then(|l| l.home_of(input.prefix_key));
         let start = Phase::Start(RemoteDecision {
             prefix_key: input.prefix_key,
             backend: i,

@@ -16,7 +16,7 @@
 //! router does through the agents (ARCHITECTURE.md, "Router replicas"): D ms
 //! after a replica's pick, every other replica counts the request in flight
 //! and its predicted prefill on the chosen instance and records the pick in
-//! its policy (`Policy::observe_remote`, with the sender's home); D ms after
+//! its policy (`Learns::observe_remote`, with the sender's home); D ms after
 //! its first token the prefill is released there, D ms after its last token
 //! the request. Ties are then broken by an rng seeded by the prefix key, as
 //! the router does with sharing on, so replicas with the same state agree.
@@ -24,12 +24,12 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use warmpath_core::policy::{
-    BackendLoad, Decision, EngineLoad, Policy, PolicyError, RemoteDecision, RouteInput,
+    BackendLoad, Built, Decision, EngineLoad, Loads, PolicyError, RemoteDecision, RouteInput,
 };
 
 /// One replica's own state.
 pub(super) struct RouterView {
-    pub(super) policy: Box<dyn Policy>,
+    pub(super) policy: Built,
     /// What this replica counts in flight and predicts to prefill per
     /// instance, with the engines' last report; changed only through the
     /// methods below, which note the positions for the next pick.
@@ -65,7 +65,7 @@ impl RouterView {
     }
 
     /// The policy's pick on these loads, told which positions changed
-    /// since its last one (`Policy::pick_changed`: the same decision, no
+    /// since its last one (`Loads::changed`: the same decision, no
     /// pass over every load). `keyed`: ties go by the prefix key, so
     /// replicas of one state agree.
     pub(super) fn pick(
@@ -80,12 +80,11 @@ impl RouterView {
         } else {
             &mut self.pick_rng
         };
-        let d = if self.all_changed {
-            self.policy.pick(input, &self.loads, rng)
-        } else {
-            self.policy
-                .pick_changed(input, &self.loads, &self.changed, rng)
+        let loads = Loads {
+            all: &self.loads,
+            changed: (!self.all_changed).then_some(&self.changed[..]),
         };
+        let d = self.policy.policy.pick(input, &loads, rng);
         self.changed.clear();
         self.all_changed = false;
         d
@@ -127,7 +126,7 @@ impl Replicas {
     /// `policies` are built from the same snapshot, one per replica; the
     /// first replica's rng is seeded as the one router's always was.
     pub(super) fn new(
-        policies: Vec<Box<dyn Policy>>,
+        policies: Vec<Built>,
         instances: usize,
         seed: u64,
         report_every_us: u64,
@@ -176,7 +175,9 @@ impl Replicas {
             let i = f.backend;
             match &f.phase {
                 Phase::Start(d) => {
-                    v.policy.observe_remote(d);
+                    if let Some(l) = &v.policy.learns {
+                        l.observe_remote(d);
+                    }
                     v.start(i, u64::from(d.prefill_blocks));
                 }
                 Phase::Prefilled(blocks) => v.prefilled(i, *blocks),
@@ -227,7 +228,11 @@ impl Replicas {
 
     /// Prefixes moved by every replica's policy.
     pub(super) fn moves(&self) -> u64 {
-        self.views.iter().map(|v| v.policy.moves()).sum()
+        self.views
+            .iter()
+            .filter_map(|v| v.policy.learns.as_ref())
+            .map(|l| l.moves())
+            .sum()
     }
 }
 
@@ -247,7 +252,9 @@ mod tests {
             })
             .collect();
         let policies = (0..n)
-            .map(|_| build_policy(Strategy::Random, &PolicyConfig::default(), &backends).unwrap())
+            .map(|_| {
+                build_policy(Strategy::Random, &PolicyConfig::default(), &backends, None).unwrap()
+            })
             .collect();
         Replicas::new(policies, 3, 1, 1000)
     }

@@ -86,11 +86,12 @@
 //!   shares are a means: a move that evicts hotter prefixes costs hit
 //!   rate). A move costs one cold prefill; the old copy ages out.
 //! - **too hot, at a holder**: a prefix whose popularity per holder, `p / k`,
-//!   exceeds `(1 + rebalance_slack)` times the mean `E` cannot be served by
-//!   its `k` holders within an even share: its request goes to the backend
+//!   exceeds `(1 + COPY_SLACK * rebalance_slack)` times the mean `E`
+//!   (`COPY_SLACK` = 0.75: room for the holder's other homes) cannot be
+//!   served by its `k` holders within an even share: its request goes to the backend
 //!   with the lowest cold cost (the eviction term included) among the
 //!   others, which becomes a deliberate **copy** (decision `replicate`).
-//!   So a prefix gets `k = ceil(p / ((1 + rebalance_slack) E))` holders,
+//!   So a prefix gets `k = ceil(p / ((1 + COPY_SLACK * rebalance_slack) E))` holders,
 //!   one more per request of it, as many as its demand and the fleet need
 //!   (at most every usable backend), once it brought `MOVE_WARMUP` of its
 //!   own requests per holder (see [`rebalance`](super::rebalance)). Its
@@ -101,8 +102,9 @@
 //!   copy is dropped (it ages out there). With `rebalance_slack: null`
 //!   nothing moves and nothing is copied.
 //!
-//! Every constant is named, with why it has its value, in
-//! [`tuning`](super::tuning), beside the six knobs.
+//! Every constant of the formula and the balance is named, with why it has
+//! its value, in [`tuning`](super::tuning), beside the six knobs (two of a
+//! data structure's own mechanics live beside it; see there).
 //!
 //! A moved prefix is followed while its first request prefills at its new
 //! home, and so is a cold placement. With `cold_placement: ring` a cold
@@ -132,7 +134,7 @@
 
 use super::candidates::{cheapest_scan, Held, Salted};
 use super::home::Home;
-use super::place::{Mode, Placed, Placer, State};
+use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
 use super::tuning::{
@@ -140,8 +142,8 @@ use super::tuning::{
     TIE_BAND,
 };
 use super::{
-    least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyConfig,
-    PolicyError, RouteInput, Strategy,
+    least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
+    PolicyConfig, PolicyError, RouteInput, Strategy,
 };
 use crate::index::WorkerSlot;
 use rand::RngCore;
@@ -197,8 +199,8 @@ impl KvAware {
     }
 
     /// A policy over `backends` that takes this one's state over
-    /// ([`Policy::rebuild`]).
-    fn carried(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
+    /// ([`Learns::carried`]).
+    fn carried_over(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
         let next = KvAware::new(config, backends);
         let mut state = self.placer.lock().remap(&self.ids, backends);
         let mut live = next.placer.lock();
@@ -492,8 +494,33 @@ impl KvAware {
 }
 
 impl Policy for KvAware {
-    fn strategy(&self) -> Strategy {
-        Strategy::KvAware
+    fn build(snapshot: &[PolicyBackend], config: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(KvAware::new(config, snapshot))
+    }
+
+    fn pick(
+        &self,
+        request: &RouteInput<'_>,
+        loads: &Loads<'_>,
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        self.decide(request, loads.all, loads.changed, rng)
+    }
+}
+
+impl Learns for KvAware {
+    /// Under `ring` placement it keeps no homes: `None`.
+    fn home_of(&self, prefix_key: u64) -> Option<super::HomeView> {
+        self.homed()
+            .then(|| super::remote::home_of(&self.placer, prefix_key))
+            .flatten()
+    }
+
+    /// Under `ring` placement it keeps nothing to record.
+    fn observe_remote(&self, decision: &super::RemoteDecision) {
+        if self.homed() {
+            super::remote::observe(&self.placer, decision);
+        }
     }
 
     fn moves(&self) -> u64 {
@@ -503,53 +530,16 @@ impl Policy for KvAware {
     /// Carries homes, popularity, pressure, requests served, the modelled
     /// caches and the rebalancer's waits over to the new snapshot by worker
     /// id (see the `carry` module); the ring is rebuilt (1/N moves).
-    fn rebuild(
+    fn carried(
         &self,
+        snapshot: &[PolicyBackend],
         config: &PolicyConfig,
-        backends: &[PolicyBackend],
-    ) -> Result<Box<dyn Policy>, PolicyError> {
+    ) -> Result<Built, PolicyError> {
         config.validate()?;
-        Ok(Box::new(self.carried(config, backends)))
-    }
-
-    fn home_of(&self, prefix_key: u64) -> Option<super::HomeView> {
-        self.homed()
-            .then(|| super::remote::home_of(&self.placer, prefix_key))
-            .flatten()
-    }
-
-    fn observe_remote(&self, decision: &super::RemoteDecision) {
-        if self.homed() {
-            super::remote::observe(&self.placer, decision);
-        }
-    }
-
-    fn pick(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.decide(input, loads, None, rng, Mode::Commit)
-    }
-
-    fn pick_changed(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        changed: &[usize],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.decide(input, loads, Some(changed), rng, Mode::Commit)
-    }
-
-    fn preview(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.decide(input, loads, None, rng, Mode::Preview)
+        Ok(Built::learning(
+            Strategy::KvAware,
+            self.carried_over(config, snapshot),
+        ))
     }
 }
 
@@ -567,10 +557,9 @@ impl KvAware {
         loads: &[BackendLoad],
         changed: Option<&[usize]>,
         rng: &mut dyn RngCore,
-        mode: Mode,
     ) -> Result<Decision, PolicyError> {
         let held = self.held(input);
-        let mut s = self.placer.state(mode);
+        let mut s = self.placer.state(input.mode);
         s.cands.sync(loads, changed);
         s.resident.note(loads, changed);
         if !s.cands.any_eligible() {

@@ -106,9 +106,12 @@ fn run(p: &KvAware, b: &[PolicyBackend], held: &mut Held, ops: &[Op]) {
             prefix_key: key,
             chain_blocks: chain,
             matches: m.as_ref(),
+            ..Default::default()
         };
         let mut rng = SmallRng::seed_from_u64(seed);
-        let d = p.pick(&input, &loads_of(b.len(), seed), &mut rng).unwrap();
+        let d = p
+            .pick(&input, &Loads::new(&loads_of(b.len(), seed)), &mut rng)
+            .unwrap();
         let slot = b[d.backend].slot;
         if publish {
             held.store(key, slot, chain);
@@ -144,16 +147,17 @@ fn a_prefix_still_prefilling_follows_its_home_across_an_add() {
         prefix_key: 77,
         chain_blocks: 500,
         matches: None,
+        ..Default::default()
     };
-    let first = p.pick(&cold, &idle(3), &mut rng()).unwrap();
+    let first = p.pick(&cold, &Loads::new(&idle(3)), &mut rng()).unwrap();
     let at = id_of(&b, first.backend).to_owned();
     // Its first request is prefilling there when a backend is added.
     let b4 = added(&b);
-    let next = p.rebuild(&PolicyConfig::default(), &b4).unwrap();
+    let next = p.carried(&b4, &PolicyConfig::default()).unwrap().policy;
     let mut loads = idle(4);
     let home = b4.iter().position(|x| x.id == at).unwrap();
     loads[home].pending_prefill_blocks = 2000;
-    let again = next.pick(&cold, &loads, &mut rng()).unwrap();
+    let again = next.pick(&cold, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!(
         (id_of(&b4, again.backend), again.kind),
         (at.as_str(), DecisionKind::PrefixHash),
@@ -161,7 +165,13 @@ fn a_prefix_still_prefilling_follows_its_home_across_an_add() {
     );
     // A policy that started afresh would place a second cold copy.
     let fresh = KvAware::new(&PolicyConfig::default(), &b4);
-    assert_ne!(fresh.pick(&cold, &loads, &mut rng()).unwrap().backend, home);
+    assert_ne!(
+        fresh
+            .pick(&cold, &Loads::new(&loads), &mut rng())
+            .unwrap()
+            .backend,
+        home
+    );
 }
 
 #[test]
@@ -180,14 +190,15 @@ fn a_new_backend_takes_the_next_cold_prefixes() {
                 prefix_key: key,
                 chain_blocks: 40,
                 matches: m.as_ref(),
+                ..Default::default()
             };
-            let d = p.pick(&input, &idle(3), &mut rng()).unwrap();
+            let d = p.pick(&input, &Loads::new(&idle(3)), &mut rng()).unwrap();
             held.store(key, b[d.backend].slot, 40);
         }
     };
     idle_run(&p, &mut held);
     let b4 = added(&b);
-    let next = p.rebuild(&cfg, &b4).unwrap();
+    let next = p.carried(&b4, &cfg).unwrap().policy;
     let fresh = KvAware::new(&cfg, &b4);
     let mut on_new = (0, 0);
     for k in 100..102u64 {
@@ -195,10 +206,15 @@ fn a_new_backend_takes_the_next_cold_prefixes() {
             prefix_key: k.wrapping_mul(GOLDEN),
             chain_blocks: 40,
             matches: None,
+            ..Default::default()
         };
-        let d = next.pick(&input, &idle(4), &mut rng()).unwrap();
+        let d = next
+            .pick(&input, &Loads::new(&idle(4)), &mut rng())
+            .unwrap();
         on_new.0 += usize::from(d.backend == 3);
-        let f = fresh.pick(&input, &idle(4), &mut rng()).unwrap();
+        let f = fresh
+            .pick(&input, &Loads::new(&idle(4)), &mut rng())
+            .unwrap();
         on_new.1 += usize::from(f.backend == 3);
     }
     // The others carry six prefixes' load: both new prefixes go to the new
@@ -222,7 +238,7 @@ fn a_removed_workers_homes_and_copies_go_the_others_stay() {
         s.copy(2, Some(0));
         s.copy(3, Some(1));
     }
-    let next = p.carried(&PolicyConfig::default(), &removed(&b, 0));
+    let next = p.carried_over(&PolicyConfig::default(), &removed(&b, 0));
     let s = next.placer.lock();
     assert!(s.home(1).is_none(), "homed on the removed b0: re-places");
     let k2 = s.home(2).unwrap();
@@ -269,7 +285,7 @@ proptest! {
         let mut held = Held::default();
         run(&p, &b, &mut held, &ops);
         let (nb, gone) = changed(&b, change);
-        let next = p.carried(&cfg, &nb);
+        let next = p.carried_over(&cfg, &nb);
         let (old, new) = (p.placer.lock(), next.placer.lock());
         let mut sums = vec![0.0; nb.len()];
         for k in 0..12u64 {
@@ -329,7 +345,7 @@ fn twin_disagreements(
     let next = if fresh {
         KvAware::new(&cfg, &nb)
     } else {
-        p.carried(&cfg, &nb)
+        p.carried_over(&cfg, &nb)
     };
     let mut out = Vec::new();
     for (k, &seed) in after.iter().enumerate() {
@@ -344,6 +360,7 @@ fn twin_disagreements(
             prefix_key: key,
             chain_blocks: chain,
             matches: m.as_ref(),
+            ..Default::default()
         };
         // The same loads by worker id; the changed worker unusable.
         let mut loads_new = loads_of(nb.len(), seed);
@@ -358,10 +375,18 @@ fn twin_disagreements(
             loads_new[n].eligible = false;
         }
         let twin = p
-            .preview(&input, &loads_old, &mut SmallRng::seed_from_u64(seed))
+            .pick(
+                &previewing(&input),
+                &Loads::new(&loads_old),
+                &mut SmallRng::seed_from_u64(seed),
+            )
             .unwrap();
         let got = next
-            .preview(&input, &loads_new, &mut SmallRng::seed_from_u64(seed))
+            .pick(
+                &previewing(&input),
+                &Loads::new(&loads_new),
+                &mut SmallRng::seed_from_u64(seed),
+            )
             .unwrap();
         let got = (id_of(&nb, got.backend), got.kind, got.matched_blocks);
         let want = (id_of(&b, twin.backend), twin.kind, twin.matched_blocks);
@@ -445,14 +470,23 @@ fn moved(
                 prefix_key: key,
                 chain_blocks: 40,
                 matches: m.as_ref(),
+                ..Default::default()
             }
         }
         let (m0, m1) = (held.0.matches(key, 40), held.1.matches(key, 40));
         let before = p
-            .preview(&input(key, &m0), &idle(b.len()), &mut rng())
+            .pick(
+                &previewing(&input(key, &m0)),
+                &Loads::new(&idle(b.len())),
+                &mut rng(),
+            )
             .unwrap();
         let after = next
-            .preview(&input(key, &m1), &idle(nb.len()), &mut rng())
+            .pick(
+                &previewing(&input(key, &m1)),
+                &Loads::new(&idle(nb.len())),
+                &mut rng(),
+            )
             .unwrap();
         if id_of(b, before.backend) != id_of(nb, after.backend) {
             moved += 1;
@@ -475,8 +509,9 @@ fn a_change_moves_no_warm_prefix_and_the_ring_about_one_nth() {
             prefix_key: key,
             chain_blocks: 40,
             matches: None,
+            ..Default::default()
         };
-        let d = p.pick(&input, &idle(4), &mut rng()).unwrap();
+        let d = p.pick(&input, &Loads::new(&idle(4)), &mut rng()).unwrap();
         held.store(key, b[d.backend].slot, 40);
     }
     // Warm prefixes: an add moves none; a removal only the removed one's.
@@ -484,7 +519,7 @@ fn a_change_moves_no_warm_prefix_and_the_ring_about_one_nth() {
     let (warm_add, _) = moved(
         &p,
         &b,
-        &*p.rebuild(&cfg, &grown).unwrap(),
+        &*p.carried(&grown, &cfg).unwrap().policy,
         &grown,
         (&held, &held),
         keys,
@@ -501,7 +536,7 @@ fn a_change_moves_no_warm_prefix_and_the_ring_about_one_nth() {
     let (warm_rm, _) = moved(
         &p,
         &b,
-        &*p.rebuild(&cfg, &shrunk).unwrap(),
+        &*p.carried(&shrunk, &cfg).unwrap().policy,
         &shrunk,
         (&held, &rest),
         keys,
@@ -518,7 +553,7 @@ fn a_change_moves_no_warm_prefix_and_the_ring_about_one_nth() {
     };
     let ring = KvAware::new(&ring_cfg, &b);
     let none = Held::default();
-    let next = ring.rebuild(&ring_cfg, &grown).unwrap();
+    let next = ring.carried(&grown, &ring_cfg).unwrap().policy;
     let (ring_add, onto_new) = moved(&ring, &b, &*next, &grown, (&none, &none), keys, "b4");
     let share = ring_add as f64 / keys as f64;
     assert_eq!(ring_add, onto_new, "keys only move to the new backend");

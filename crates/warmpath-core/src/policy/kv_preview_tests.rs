@@ -1,7 +1,8 @@
-//! `Policy::preview` of `kv_aware`: on random histories, the preview is the
-//! decision `pick` then makes with the same rng, and previews change no
-//! later decision (a twin fed the same picks without previews agrees); and
-//! `pick_changed`, told which loads changed, decides exactly as `pick`.
+//! Previews of `kv_aware` (a pick under `Mode::Preview`): on random
+//! histories, the preview is the decision a committed pick then makes with
+//! the same rng, and previews change no later decision (a twin fed the same
+//! picks without previews agrees); and a pick told which loads changed
+//! (`Loads::changed`) decides exactly as one that compares them all.
 
 #![allow(clippy::unwrap_used)]
 
@@ -65,6 +66,7 @@ fn input_of<'a>(s: &Step, m: &'a MatchResult) -> RouteInput<'a> {
         prefix_key: s.key,
         chain_blocks: s.chain,
         matches: Some(m),
+        ..Default::default()
     }
 }
 
@@ -133,14 +135,15 @@ proptest! {
                 loads: s.loads[..n].to_vec(),
                 ..s.clone()
             };
-            let (m, loads) = (match_of(&s), loads_of(&s));
-            let input = input_of(&s, &m);
+            let (m, all) = (match_of(&s), loads_of(&s));
+            let (input, loads) = (input_of(&s, &m), Loads::new(&all));
+            let rng = || SmallRng::seed_from_u64(s.seed);
             let mut previews = Vec::new();
             for _ in 0..=s.previews {
-                previews.push(p.preview(&input, &loads, &mut SmallRng::seed_from_u64(s.seed)));
+                previews.push(p.pick(&previewing(&input), &loads, &mut rng()));
             }
-            let picked = p.pick(&input, &loads, &mut SmallRng::seed_from_u64(s.seed));
-            let alone = twin.pick(&input, &loads, &mut SmallRng::seed_from_u64(s.seed));
+            let picked = p.pick(&input, &loads, &mut rng());
+            let alone = twin.pick(&input, &loads, &mut rng());
             for pv in &previews {
                 prop_assert_eq!(pv, &picked);
             }
@@ -161,14 +164,24 @@ fn preview_records_no_placement() {
             prefix_key: k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
             chain_blocks: 100,
             matches: None,
+            ..Default::default()
         };
-        let first = p.preview(&input, &loads, &mut rng()).unwrap();
+        let first = p
+            .pick(&previewing(&input), &Loads::new(&loads), &mut rng())
+            .unwrap();
         for _ in 0..5 {
-            assert_eq!(p.preview(&input, &loads, &mut rng()).unwrap(), first);
+            assert_eq!(
+                p.pick(&previewing(&input), &Loads::new(&loads), &mut rng())
+                    .unwrap(),
+                first
+            );
         }
-        let d = p.pick(&input, &loads, &mut rng()).unwrap();
+        let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
         assert_eq!(d, first);
-        assert_eq!(d, twin.pick(&input, &loads, &mut rng()).unwrap());
+        assert_eq!(
+            d,
+            twin.pick(&input, &Loads::new(&loads), &mut rng()).unwrap()
+        );
     }
 }
 
@@ -176,7 +189,7 @@ fn kv(n: usize) -> KvAware {
     KvAware::new(&PolicyConfig::default(), &backends(n))
 }
 
-/// One step of a history for `pick_changed`: which positions keep their
+/// One step of a history for `Loads::changed`: which positions keep their
 /// load, the new loads (with a reported capacity) for the others, and
 /// positions to report changed although they are not.
 #[derive(Clone, Debug)]
@@ -246,8 +259,9 @@ proptest! {
             }
             let m = match_of(&s);
             let input = input_of(&s, &m);
-            let a = told.pick_changed(&input, &loads, &changed, &mut SmallRng::seed_from_u64(s.seed));
-            let b = scan.pick(&input, &loads, &mut SmallRng::seed_from_u64(s.seed));
+            let told_loads = Loads { all: &loads, changed: Some(&changed) };
+            let a = told.pick(&input, &told_loads, &mut SmallRng::seed_from_u64(s.seed));
+            let b = scan.pick(&input, &Loads::new(&loads), &mut SmallRng::seed_from_u64(s.seed));
             prop_assert_eq!(a, b);
             prop_assert_eq!(told.moves(), scan.moves());
         }

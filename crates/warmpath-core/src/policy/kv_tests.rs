@@ -24,8 +24,9 @@ fn picks_the_deepest_match() {
         prefix_key: 5,
         chain_blocks: 50,
         matches: Some(&m),
+        ..Default::default()
     };
-    let d = p.pick(&input, &idle(4), &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&idle(4)), &mut rng()).unwrap();
     assert_eq!(
         (d.backend, d.kind, d.matched_blocks),
         (2, DecisionKind::KvMatch, 40)
@@ -40,10 +41,11 @@ fn load_outweighs_a_small_match() {
         prefix_key: 5,
         chain_blocks: 100,
         matches: Some(&m),
+        ..Default::default()
     };
     let mut loads = idle(2);
     loads[0].pending_prefill_blocks = 500; // a long queue of cold prefills
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
 }
 
@@ -54,12 +56,15 @@ fn a_holder_busy_with_one_cold_prefill_keeps_its_prefix() {
             prefix_key: 5,
             chain_blocks: 503,
             matches: Some(m),
+            ..Default::default()
         }
     }
     let m = matches(&[(0, 500, true)], 503);
     let mut loads = idle(2);
     loads[0].pending_prefill_blocks = 503; // another prefix's cold prefill
-    let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
+    let d = kv(2, 64)
+        .pick(&input_for(&m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
     // Without the miss charge the idle backend's full prefill looks as
     // cheap as waiting, and a second copy is started there.
@@ -71,12 +76,14 @@ fn a_holder_busy_with_one_cold_prefill_keeps_its_prefix() {
         ..Default::default()
     };
     let d = KvAware::new(&cfg, &backends(2))
-        .pick(&input_for(&m), &loads, &mut rng())
+        .pick(&input_for(&m), &Loads::new(&loads), &mut rng())
         .unwrap();
     assert_eq!((d.backend, d.kind), (1, DecisionKind::Spill));
     // Two cold prefills queued: now it is worth moving.
     loads[0].pending_prefill_blocks = 1100;
-    let d = kv(2, 64).pick(&input_for(&m), &loads, &mut rng()).unwrap();
+    let d = kv(2, 64)
+        .pick(&input_for(&m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!(d.backend, 1);
 }
 
@@ -88,10 +95,11 @@ fn spills_when_the_match_holder_is_full() {
         prefix_key: 5,
         chain_blocks: 32,
         matches: Some(&m),
+        ..Default::default()
     };
     let mut loads = idle(3);
     loads[0].in_flight = 2;
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!(
         (d.backend, d.kind, d.matched_blocks),
         (1, DecisionKind::Spill, 10)
@@ -99,7 +107,7 @@ fn spills_when_the_match_holder_is_full() {
     for l in &mut loads {
         l.in_flight = 2;
     }
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!(d.kind, DecisionKind::LeastOutstanding);
 }
 
@@ -113,6 +121,7 @@ fn with_every_backend_full_the_warm_holder_is_still_chosen() {
         prefix_key: 5,
         chain_blocks: 64,
         matches: Some(&m),
+        ..Default::default()
     };
     let mut loads = idle(3);
     loads[0].in_flight = 3;
@@ -120,7 +129,7 @@ fn with_every_backend_full_the_warm_holder_is_still_chosen() {
     loads[2].in_flight = 2;
     for seed in 0..16 {
         let mut r = rand::rngs::SmallRng::seed_from_u64(seed);
-        let d = p.pick(&input, &loads, &mut r).unwrap();
+        let d = p.pick(&input, &Loads::new(&loads), &mut r).unwrap();
         assert_eq!(
             (d.backend, d.kind, d.matched_blocks),
             (0, DecisionKind::KvMatch, 60)
@@ -129,11 +138,11 @@ fn with_every_backend_full_the_warm_holder_is_still_chosen() {
     // Even behind a long queue: a full fleet gains nothing from a cold
     // prefill elsewhere.
     loads[0].pending_prefill_blocks = 200;
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
     // The holder also has the fewest in flight: least_outstanding, as before.
     loads[0].in_flight = 2;
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!((d.backend, d.kind), (0, DecisionKind::LeastOutstanding));
 }
 
@@ -144,6 +153,7 @@ fn with_every_backend_full_a_cold_prefix_is_placed_by_the_formula() {
         prefix_key: 9,
         chain_blocks: 32,
         matches: None,
+        ..Default::default()
     };
     let mut loads = idle(3);
     for l in &mut loads {
@@ -153,7 +163,7 @@ fn with_every_backend_full_a_cold_prefix_is_placed_by_the_formula() {
     loads[0].in_flight = 2;
     loads[2].in_flight = 2;
     loads[1].pending_prefill_blocks = 10_000;
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_ne!(d.backend, 1);
     assert_ne!(d.kind, DecisionKind::LeastOutstanding);
 }
@@ -168,8 +178,9 @@ fn a_stale_holder_keeps_a_discounted_match() {
         prefix_key: 77,
         chain_blocks: 20,
         matches: Some(&stale),
+        ..Default::default()
     };
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!(
         (d.backend, d.kind, d.matched_blocks),
         (3, DecisionKind::KvMatch, 10)
@@ -180,7 +191,7 @@ fn a_stale_holder_keeps_a_discounted_match() {
         matches: Some(&both),
         ..input
     };
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!((d.backend, d.matched_blocks), (1, 12));
 }
 
@@ -192,6 +203,7 @@ fn a_cold_prefix_goes_to_its_ring_owner_when_that_view_is_partial() {
         prefix_key: 4242,
         chain_blocks: 20,
         matches: Some(&cold),
+        ..Default::default()
     };
     let mut loads = idle(4);
     let owner = p
@@ -204,7 +216,7 @@ fn a_cold_prefix_goes_to_its_ring_owner_when_that_view_is_partial() {
         ..Default::default()
     });
     for _ in 0..5 {
-        let d = p.pick(&input, &loads, &mut rng()).unwrap();
+        let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
         assert_eq!((d.backend, d.kind), (owner, DecisionKind::PrefixHash));
     }
 }
@@ -218,8 +230,9 @@ fn falls_back_to_prefix_hash_when_cold() {
         prefix_key: 77,
         chain_blocks: 20,
         matches: Some(&cold),
+        ..Default::default()
     };
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     let expect = p.fallback.pick_by_key(77, &loads, &mut rng()).unwrap();
     assert_eq!(d.kind, DecisionKind::PrefixHash);
     assert_eq!(d.backend, expect.backend);
@@ -227,9 +240,10 @@ fn falls_back_to_prefix_hash_when_cold() {
         prefix_key: 77,
         chain_blocks: 0,
         matches: None,
+        ..Default::default()
     };
     assert_eq!(
-        p.pick(&none, &loads, &mut rng()).unwrap().kind,
+        p.pick(&none, &Loads::new(&loads), &mut rng()).unwrap().kind,
         DecisionKind::PrefixHash
     );
 }
@@ -242,14 +256,15 @@ fn ineligible_backends_are_never_picked() {
         prefix_key: 1,
         chain_blocks: 10,
         matches: Some(&m),
+        ..Default::default()
     };
     let mut loads = idle(2);
     loads[0].eligible = false;
-    let d = p.pick(&input, &loads, &mut rng()).unwrap();
+    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!(d.backend, 1);
     loads[1].eligible = false;
     assert_eq!(
-        p.pick(&input, &loads, &mut rng()),
+        p.pick(&input, &Loads::new(&loads), &mut rng()),
         Err(PolicyError::NoBackend)
     );
 }
@@ -259,6 +274,7 @@ fn cold(key: u64) -> RouteInput<'static> {
         prefix_key: key,
         chain_blocks: 500,
         matches: None,
+        ..Default::default()
     }
 }
 
@@ -271,7 +287,7 @@ fn cold_prefixes_fill_the_backends_evenly() {
         let d = p
             .pick(
                 &cold(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-                &loads,
+                &Loads::new(&loads),
                 &mut rng(),
             )
             .unwrap();
@@ -297,7 +313,10 @@ fn cold_prefixes_fill_the_backends_evenly() {
     let mut by_ring = [0u32; 7];
     for k in 0..112u64 {
         let key = k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        by_ring[ring.pick(&cold(key), &loads, &mut rng()).unwrap().backend] += 1;
+        by_ring[ring
+            .pick(&cold(key), &Loads::new(&loads), &mut rng())
+            .unwrap()
+            .backend] += 1;
     }
     assert_ne!(by_ring, [16; 7]);
 }
@@ -308,17 +327,22 @@ fn a_cold_prefix_avoids_queued_prefill_and_its_repeat_follows_it() {
     let mut loads = idle(3);
     loads[0].pending_prefill_blocks = 1000;
     loads[2].pending_prefill_blocks = 1000;
-    let d = p.pick(&cold(5), &loads, &mut rng()).unwrap();
+    let d = p.pick(&cold(5), &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!(d.backend, 1);
     // Its first request is prefilling there (no blocks published yet):
     // the second request of the same prefix follows it although another
     // backend is idle now.
     loads[1].pending_prefill_blocks = 500;
     loads[2].pending_prefill_blocks = 0;
-    let again = p.pick(&cold(5), &loads, &mut rng()).unwrap();
+    let again = p.pick(&cold(5), &Loads::new(&loads), &mut rng()).unwrap();
     assert_eq!((again.backend, again.kind), (1, DecisionKind::PrefixHash));
     // A different cold prefix goes to the idle one.
-    assert_eq!(p.pick(&cold(6), &loads, &mut rng()).unwrap().backend, 2);
+    assert_eq!(
+        p.pick(&cold(6), &Loads::new(&loads), &mut rng())
+            .unwrap()
+            .backend,
+        2
+    );
 }
 
 /// `kv_aware` over 3 backends, 100 decisions after keys 1..=4 were
@@ -346,6 +370,7 @@ fn req_with<'a>(key: u64, list: &[(u16, u32, bool)], m: &'a mut MatchResult) -> 
         prefix_key: key,
         chain_blocks: 50,
         matches: Some(m),
+        ..Default::default()
     }
 }
 
@@ -360,7 +385,7 @@ fn a_prefix_changes_home_only_when_its_home_lost_it() {
     let d = p
         .pick(
             &req_with(3, &[(1, 45, true), (0, 50, true)], &mut m),
-            &loads,
+            &Loads::new(&loads),
             &mut rng(),
         )
         .unwrap();
@@ -372,13 +397,15 @@ fn a_prefix_changes_home_only_when_its_home_lost_it() {
     let d = p
         .pick(
             &req_with(3, &[(1, 50, false), (0, 50, true)], &mut m),
-            &loads,
+            &Loads::new(&loads),
             &mut rng(),
         )
         .unwrap();
     assert_eq!((d.backend, home(&p)), (0, 1));
     // 1 lost it (fresh, no block): it lives on 0 now.
-    let d = p.pick(&req(3, &[0], &mut m), &loads, &mut rng()).unwrap();
+    let d = p
+        .pick(&req(3, &[0], &mut m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!((d.backend, home(&p)), (0, 0));
     assert_eq!(p.placer.lock().moves, 0);
 }
@@ -389,7 +416,9 @@ fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
     let mut loads = idle(3);
     let mut m = MatchResult::default();
     // Key 2 (30 of 100) is cached on backend 0 (70): it moves to 2 (10).
-    let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+    let d = p
+        .pick(&req(2, &[0], &mut m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!(
         (d.backend, d.kind, d.matched_blocks),
         (2, DecisionKind::Spill, 0)
@@ -398,7 +427,9 @@ fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
     // instead of going back to the copy on 0.
     loads[2].pending_prefill_blocks = 50;
     loads[2].in_flight = 1;
-    let d = p.pick(&req(2, &[0], &mut m), &loads, &mut rng()).unwrap();
+    let d = p
+        .pick(&req(2, &[0], &mut m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!((d.backend, d.kind), (2, DecisionKind::Spill));
     // Once 2 holds it, 2 keeps it although it is busier: the stale copy
     // on 0 pays the miss charge, and no other move follows. (The others'
@@ -408,7 +439,7 @@ fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
     loads[2].in_flight = 3;
     for _ in 0..20 {
         let d = p
-            .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+            .pick(&req(2, &[0, 2], &mut m), &Loads::new(&loads), &mut rng())
             .unwrap();
         assert_eq!((d.backend, d.kind), (2, DecisionKind::KvMatch));
         let mut s = p.placer.lock();
@@ -420,17 +451,19 @@ fn a_moved_prefix_is_followed_until_its_new_home_holds_it() {
     // next cold request goes there although 0 is the busiest.
     let k4 = p.placer.lock().home(4).unwrap();
     assert!(k4.reserved && !k4.moved && k4.backend == 0, "{k4:?}");
-    let d = p.pick(&req(4, &[], &mut m), &idle(3), &mut rng()).unwrap();
+    let d = p
+        .pick(&req(4, &[], &mut m), &Loads::new(&idle(3)), &mut rng())
+        .unwrap();
     assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
     assert!(!p.placer.lock().home(4).unwrap().reserved);
     // Without rebalancing nothing moves: the home keeps it.
     let off = skewed_kv(None);
     let d = off
-        .pick(&req(2, &[0, 2], &mut m), &loads, &mut rng())
+        .pick(&req(2, &[0, 2], &mut m), &Loads::new(&loads), &mut rng())
         .unwrap();
     assert_eq!(d.backend, 0);
     let d = off
-        .pick(&req(2, &[0], &mut m), &idle(3), &mut rng())
+        .pick(&req(2, &[0], &mut m), &Loads::new(&idle(3)), &mut rng())
         .unwrap();
     assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
 }
@@ -444,7 +477,9 @@ fn a_prefix_still_prefilling_is_never_moved() {
     // request there is prefilling. Its next one follows, it is not moved.
     loads[0].pending_prefill_blocks = 50;
     for _ in 0..5 {
-        let d = p.pick(&req(2, &[], &mut m), &loads, &mut rng()).unwrap();
+        let d = p
+            .pick(&req(2, &[], &mut m), &Loads::new(&loads), &mut rng())
+            .unwrap();
         assert_eq!((d.backend, d.kind), (0, DecisionKind::PrefixHash));
     }
     assert_eq!(p.placer.lock().moves, 0);
@@ -468,7 +503,9 @@ fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
     // Key 1 brings 80 of 100 requests: more than the copy bound,
     // 1 + 0.75 x 0.4 = 1.3 x the mean (33), on one backend. Its next
     // request starts a copy elsewhere.
-    let d = p.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+    let d = p
+        .pick(&req(1, &[0], &mut m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!(d.kind, DecisionKind::Replicate);
     let copy = d.backend;
     assert_ne!(copy, 0);
@@ -480,7 +517,11 @@ fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
     let mut r = rng();
     for _ in 0..40 {
         let d = p
-            .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut r)
+            .pick(
+                &req(1, &[0, copy as u16], &mut m),
+                &Loads::new(&loads),
+                &mut r,
+            )
             .unwrap();
         assert_eq!(d.kind, DecisionKind::KvMatch);
         seen[d.backend] += 1;
@@ -498,7 +539,11 @@ fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
         }
     }
     let d = p
-        .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut rng())
+        .pick(
+            &req(1, &[0, copy as u16], &mut m),
+            &Loads::new(&loads),
+            &mut rng(),
+        )
         .unwrap();
     assert_eq!(d.kind, DecisionKind::KvMatch);
     assert_eq!(p.placer.lock().home(1).unwrap().count(), 1);
@@ -514,7 +559,9 @@ fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
         }
         s.seq += 100;
     }
-    let d = off.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+    let d = off
+        .pick(&req(1, &[0], &mut m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!((d.backend, d.kind), (0, DecisionKind::KvMatch));
 }
 
@@ -535,13 +582,19 @@ fn a_copied_prefix_shares_its_traffic_under_a_key_seeded_rng() {
     }
     let loads = idle(3);
     let mut m = MatchResult::default();
-    let d = p.pick(&req(1, &[0], &mut m), &loads, &mut rng()).unwrap();
+    let d = p
+        .pick(&req(1, &[0], &mut m), &Loads::new(&loads), &mut rng())
+        .unwrap();
     assert_eq!(d.kind, DecisionKind::Replicate);
     let copy = d.backend;
     let mut seen = [0u32; 3];
     for _ in 0..40 {
         let d = p
-            .pick(&req(1, &[0, copy as u16], &mut m), &loads, &mut rng())
+            .pick(
+                &req(1, &[0, copy as u16], &mut m),
+                &Loads::new(&loads),
+                &mut rng(),
+            )
             .unwrap();
         assert_eq!(d.kind, DecisionKind::KvMatch);
         seen[d.backend] += 1;

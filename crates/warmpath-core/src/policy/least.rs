@@ -2,7 +2,8 @@
 //! by position, which would pile every tie onto the first backend).
 
 use super::{
-    least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyError, RouteInput, Strategy,
+    least_loaded, Decision, DecisionKind, Loads, Policy, PolicyBackend, PolicyConfig, PolicyError,
+    RouteInput,
 };
 use rand::RngCore;
 
@@ -11,32 +12,23 @@ use rand::RngCore;
 pub struct LeastOutstanding;
 
 impl Policy for LeastOutstanding {
-    fn strategy(&self) -> Strategy {
-        Strategy::LeastOutstanding
+    fn build(_: &[PolicyBackend], _: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(LeastOutstanding)
     }
 
     fn pick(
         &self,
-        _input: &RouteInput<'_>,
-        loads: &[BackendLoad],
+        _request: &RouteInput<'_>,
+        loads: &Loads<'_>,
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
+        let loads = loads.all;
         let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
         Ok(Decision {
             backend,
             kind: DecisionKind::LeastOutstanding,
             matched_blocks: 0,
         })
-    }
-
-    /// Holds no state: the pick itself changes nothing but `rng`.
-    fn preview(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.pick(input, loads, rng)
     }
 }
 
@@ -57,7 +49,7 @@ mod tests {
         let mut r = rng();
         for _ in 0..400 {
             let d = LeastOutstanding
-                .pick(&RouteInput::default(), &loads, &mut r)
+                .pick(&RouteInput::default(), &Loads::new(&loads), &mut r)
                 .unwrap();
             seen[d.backend] += 1;
         }

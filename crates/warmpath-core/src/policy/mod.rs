@@ -1,15 +1,17 @@
 //! Routing policies behind one trait.
 //!
-//! Like pingora's `BackendSelection`, a policy is **built from a snapshot** of a
-//! pool's backends ([`PolicyBackend`], rebuilt when membership changes) and then
-//! **picks** for each request from a [`RouteInput`] and the backends' current
-//! loads ([`BackendLoad`], same order as the snapshot). Policies hold no
-//! per-request state, so one instance is shared by every routing thread.
-//! [`Policy::preview`] answers what `pick` would choose without recording
-//! anything (`kv_aware`, the one policy with memory, runs the same decision
-//! on a scratch copy of its state). A membership change builds the next
-//! policy from the current one ([`Policy::rebuild`]), so what `kv_aware`
-//! learned of the workers that remain carries over by worker id.
+//! Like pingora's `BackendSelection`, a policy has two methods: it is
+//! **built** from a snapshot of a pool's backends ([`PolicyBackend`], rebuilt
+//! when membership changes) and then **picks** for each request from a
+//! [`RouteInput`] and the backends' current [`Loads`] (same order as the
+//! snapshot). Policies hold no per-request state, so one instance is shared
+//! by every routing thread. A pick under [`Mode::Preview`] answers what a
+//! commit would choose without recording anything (`kv_aware`, the one
+//! policy with memory, runs the same decision on a scratch copy of its
+//! state). What only a policy with memory does (home lookups, other
+//! replicas' decisions, carrying what it learned over a membership change)
+//! is the optional [`Learns`] side of a [`Built`] policy: callers ask
+//! whether it is there, never which strategy it is.
 //!
 //! | strategy | picks | decision kinds |
 //! |---|---|---|
@@ -45,6 +47,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// The four strategies, by their user-facing names.
@@ -244,6 +247,43 @@ pub struct RouteInput<'a> {
     pub chain_blocks: u32,
     /// The index's per-worker match of the chain, for `kv_aware`.
     pub matches: Option<&'a MatchResult>,
+    /// Whether the pick is recorded or only previewed.
+    pub mode: Mode,
+}
+
+/// Whether a pick is recorded ([`Policy::pick`] routes the request) or
+/// only computed (what `POST /cache-index/query` shows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Records what the policy learns of the decision (`kv_aware`:
+    /// placement, pressure, popularity, the modelled caches).
+    #[default]
+    Commit,
+    /// Changes nothing that a later pick reads: no later decision differs
+    /// for it. Only `rng` is drawn from: pass a deterministic one for a
+    /// repeatable answer.
+    Preview,
+}
+
+/// The backends' current loads, in snapshot order and as long as it.
+#[derive(Clone, Copy, Debug)]
+pub struct Loads<'a> {
+    /// Every backend's load.
+    pub all: &'a [BackendLoad],
+    /// When known, every position whose load may differ from the loads of
+    /// this policy's previous pick (a superset is fine, a position twice
+    /// too). The same decision either way; `kv_aware` then refiles only
+    /// those positions instead of comparing every load, so a caller that
+    /// tracks its load changes (the router's load board, the scale model)
+    /// saves an O(n) pass per decision. The others ignore it.
+    pub changed: Option<&'a [usize]>,
+}
+
+impl<'a> Loads<'a> {
+    /// Every load, changes not tracked.
+    pub fn new(all: &'a [BackendLoad]) -> Self {
+        Loads { all, changed: None }
+    }
 }
 
 /// A policy's choice.
@@ -310,90 +350,106 @@ impl PolicyConfig {
 
 /// A routing policy: built from a snapshot, picks per request.
 pub trait Policy: Send + Sync + fmt::Debug {
-    /// Which strategy this is.
-    fn strategy(&self) -> Strategy;
+    /// The policy over the membership `snapshot`, with `config` already
+    /// validated ([`build_policy`] validates it).
+    fn build(snapshot: &[PolicyBackend], config: &PolicyConfig) -> Result<Self, PolicyError>
+    where
+        Self: Sized;
 
-    /// Picks a backend. `loads` is in snapshot order and as long as it.
+    /// Picks a backend for `request` (under [`Mode::Preview`]: the decision
+    /// a commit would make now with the same `rng`, recording nothing).
     fn pick(
         &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
+        request: &RouteInput<'_>,
+        loads: &Loads<'_>,
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError>;
-
-    /// [`pick`](Policy::pick), told which loads changed: `changed` lists
-    /// every position whose load may differ from the `loads` of this
-    /// policy's previous `pick` or `pick_changed` (a superset is fine, a
-    /// position twice too). The same decision as `pick`; `kv_aware` then
-    /// refiles only those positions instead of comparing every load, so a
-    /// caller that tracks its load changes (the scale model) saves an O(n)
-    /// pass per decision. The others ignore `changed`.
-    fn pick_changed(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        changed: &[usize],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        let _ = changed;
-        self.pick(input, loads, rng)
-    }
-
-    /// The decision [`pick`](Policy::pick) would make now with the same
-    /// `rng`, changing nothing: no placement, pressure, popularity or
-    /// modelled cache is recorded, so no later decision differs for it
-    /// (what `POST /cache-index/query` shows). Only `rng` is drawn from:
-    /// pass a deterministic one for a repeatable answer.
-    fn preview(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError>;
-
-    /// Prefixes this policy moved between backends to even the load so far
-    /// (`kv_aware` with `kv.rebalance_slack`; 0 for the others).
-    fn moves(&self) -> u64 {
-        0
-    }
-
-    /// The same strategy over a new membership snapshot `backends` (one
-    /// added, removed ...), for the pool to swap in. What the policy keeps
-    /// per worker is carried over by worker id for the workers that remain;
-    /// a removed worker's goes and a new one starts empty (`kv_aware`: see
-    /// `carry`). The stateless policies just build afresh.
-    fn rebuild(
-        &self,
-        config: &PolicyConfig,
-        backends: &[PolicyBackend],
-    ) -> Result<Box<dyn Policy>, PolicyError> {
-        build_policy(self.strategy(), config, backends)
-    }
-
-    /// Where `prefix_key` lives after the decisions so far (`kv_aware`'s
-    /// home under `pressure` placement; `None` for the others): what a router
-    /// shares with its replicas beside each pick.
-    fn home_of(&self, _prefix_key: u64) -> Option<HomeView> {
-        None
-    }
-
-    /// Records a pick another router replica made, as this policy records
-    /// its own (`kv_aware`; the others keep no memory). See `remote`.
-    fn observe_remote(&self, _decision: &RemoteDecision) {}
 }
 
-/// Builds the policy for `strategy` over `backends`.
+/// What only a policy with memory (`kv_aware`) does beyond picking: the
+/// stateless policies do not implement it, and a caller asks
+/// [`Built::learns`] rather than the strategy.
+pub trait Learns: Send + Sync + fmt::Debug {
+    /// Where `prefix_key` lives after the decisions so far (`None` when it
+    /// keeps no home for it): what a router shares with its replicas
+    /// beside each pick.
+    fn home_of(&self, prefix_key: u64) -> Option<HomeView>;
+
+    /// Records a pick another router replica made, as it records its own
+    /// (see `remote`).
+    fn observe_remote(&self, decision: &RemoteDecision);
+
+    /// Prefixes moved between backends to even the load so far.
+    fn moves(&self) -> u64;
+
+    /// The same policy over a new membership `snapshot` (one added,
+    /// removed ...), carrying what it learned per worker over by worker id
+    /// for the workers that remain: a removed worker's goes, a new one
+    /// starts empty (see `carry`).
+    fn carried(
+        &self,
+        snapshot: &[PolicyBackend],
+        config: &PolicyConfig,
+    ) -> Result<Built, PolicyError>;
+}
+
+/// A built policy, and its [`Learns`] side when it has one (the same
+/// object).
+#[derive(Clone, Debug)]
+pub struct Built {
+    /// Which strategy it is: the caller keeps it, the policy is not asked.
+    pub strategy: Strategy,
+    /// Picks.
+    pub policy: Arc<dyn Policy>,
+    /// What only a policy with memory does; `None` for the stateless ones.
+    pub learns: Option<Arc<dyn Learns>>,
+}
+
+impl Built {
+    /// A stateless policy.
+    fn stateless(strategy: Strategy, policy: impl Policy + 'static) -> Self {
+        Built {
+            strategy,
+            policy: Arc::new(policy),
+            learns: None,
+        }
+    }
+
+    /// A policy that learns: both sides are `policy`.
+    pub(crate) fn learning(strategy: Strategy, policy: impl Policy + Learns + 'static) -> Self {
+        let policy = Arc::new(policy);
+        Built {
+            strategy,
+            policy: policy.clone(),
+            learns: Some(policy),
+        }
+    }
+}
+
+/// Builds the policy for `strategy` over `snapshot`. With `previous` of
+/// the same strategy that learns (a membership change), what it learned of
+/// the workers that remain carries over ([`Learns::carried`]); otherwise it
+/// starts afresh.
 pub fn build_policy(
     strategy: Strategy,
     config: &PolicyConfig,
-    backends: &[PolicyBackend],
-) -> Result<Box<dyn Policy>, PolicyError> {
+    snapshot: &[PolicyBackend],
+    previous: Option<&Built>,
+) -> Result<Built, PolicyError> {
     config.validate()?;
+    let carry = previous
+        .filter(|p| p.strategy == strategy)
+        .and_then(|p| p.learns.as_ref());
+    if let Some(learns) = carry {
+        return learns.carried(snapshot, config);
+    }
     Ok(match strategy {
-        Strategy::Random => Box::new(Random),
-        Strategy::LeastOutstanding => Box::new(LeastOutstanding),
-        Strategy::PrefixAware => Box::new(PrefixAware::new(config, backends)),
-        Strategy::KvAware => Box::new(KvAware::new(config, backends)),
+        Strategy::Random => Built::stateless(strategy, Random::build(snapshot, config)?),
+        Strategy::LeastOutstanding => {
+            Built::stateless(strategy, LeastOutstanding::build(snapshot, config)?)
+        }
+        Strategy::PrefixAware => Built::stateless(strategy, PrefixAware::build(snapshot, config)?),
+        Strategy::KvAware => Built::learning(strategy, KvAware::build(snapshot, config)?),
     })
 }
 
@@ -461,6 +517,14 @@ pub(crate) mod test_util {
                 })
                 .collect(),
             chain_len: chain,
+        }
+    }
+
+    /// `input` as a preview (what `route::preview` asks).
+    pub fn previewing<'a>(input: &RouteInput<'a>) -> RouteInput<'a> {
+        RouteInput {
+            mode: Mode::Preview,
+            ..*input
         }
     }
 

@@ -53,7 +53,7 @@
 //!
 //! All of it (pressure, homes, loads, moves) sits behind one lock taken once
 //! per decision: it is per router (replicas feed each other's picks into it
-//! through `Policy::observe_remote`, see [`remote`](super::remote)).
+//! through `Learns::observe_remote`, see [`remote`](super::remote)).
 
 use super::candidates::Candidates;
 use super::fleet::Fleet;
@@ -64,7 +64,7 @@ use super::served::Served;
 use super::tuning::{
     home_table_keys, FIT_BAND, PAYBACK_WINDOW, RESCALE_AT, STICKY, TAIL_LOAD_MAX, TAIL_ROOM,
 };
-use super::{BackendLoad, PolicyBackend};
+use super::{BackendLoad, Mode, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
@@ -184,16 +184,6 @@ impl Placer {
             Mode::Preview => Scope::Scratch(Box::new(self.state.lock().clone())),
         }
     }
-}
-
-/// Whether a decision is recorded (`Policy::pick`) or only computed
-/// (`Policy::preview`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Records placement, pressure, popularity and the modelled caches.
-    Commit,
-    /// Changes nothing that later decisions read.
-    Preview,
 }
 
 /// See [`Placer::state`].

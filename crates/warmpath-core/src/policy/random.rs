@@ -1,7 +1,8 @@
 //! `random`: uniform among eligible backends.
 
 use super::{
-    choose_uniform, BackendLoad, Decision, DecisionKind, Policy, PolicyError, RouteInput, Strategy,
+    choose_uniform, Decision, DecisionKind, Loads, Policy, PolicyBackend, PolicyConfig,
+    PolicyError, RouteInput,
 };
 use rand::RngCore;
 
@@ -10,16 +11,17 @@ use rand::RngCore;
 pub struct Random;
 
 impl Policy for Random {
-    fn strategy(&self) -> Strategy {
-        Strategy::Random
+    fn build(_: &[PolicyBackend], _: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(Random)
     }
 
     fn pick(
         &self,
-        _input: &RouteInput<'_>,
-        loads: &[BackendLoad],
+        _request: &RouteInput<'_>,
+        loads: &Loads<'_>,
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
+        let loads = loads.all;
         let backend = choose_uniform(loads.len(), rng, |i| loads[i].eligible)
             .ok_or(PolicyError::NoBackend)?;
         Ok(Decision {
@@ -28,16 +30,6 @@ impl Policy for Random {
             matched_blocks: 0,
         })
     }
-
-    /// Holds no state: the pick itself changes nothing but `rng`.
-    fn preview(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.pick(input, loads, rng)
-    }
 }
 
 #[cfg(test)]
@@ -45,6 +37,7 @@ impl Policy for Random {
 mod tests {
     use super::*;
     use crate::policy::test_util::*;
+    use crate::policy::BackendLoad;
 
     #[test]
     fn spreads_evenly_and_skips_ineligible() {
@@ -53,7 +46,9 @@ mod tests {
         let mut counts = [0u32; 4];
         let mut r = rng();
         for _ in 0..3000 {
-            let d = Random.pick(&RouteInput::default(), &loads, &mut r).unwrap();
+            let d = Random
+                .pick(&RouteInput::default(), &Loads::new(&loads), &mut r)
+                .unwrap();
             assert_eq!(d.kind, DecisionKind::Random);
             counts[d.backend] += 1;
         }
@@ -63,7 +58,7 @@ mod tests {
         }
         let none = vec![BackendLoad::default(); 3];
         assert_eq!(
-            Random.pick(&RouteInput::default(), &none, &mut r),
+            Random.pick(&RouteInput::default(), &Loads::new(&none), &mut r),
             Err(PolicyError::NoBackend)
         );
     }

@@ -1,4 +1,4 @@
-//! Decisions of other router replicas (`Policy::observe_remote`).
+//! Decisions of other router replicas (`Learns::observe_remote`).
 //!
 //! Why: kv_aware's memory (homes, popularity, pressure, served counts, the
 //! modelled caches) is fed by its own picks; a replica that never hears of
@@ -106,13 +106,15 @@ fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
 mod tests {
     use super::*;
     use crate::policy::test_util::*;
-    use crate::policy::{build_policy, KvConfig, Policy, PolicyConfig, RouteInput, Strategy};
+    use crate::policy::{
+        build_policy, KvAware, KvConfig, Learns, Loads, Policy, PolicyConfig, RouteInput, Strategy,
+    };
 
-    fn kv(n: usize) -> Box<dyn Policy> {
-        build_policy(Strategy::KvAware, &PolicyConfig::default(), &backends(n)).unwrap()
+    fn kv(n: usize) -> KvAware {
+        KvAware::new(&PolicyConfig::default(), &backends(n))
     }
 
-    fn shared(p: &dyn Policy, key: u64, d: &crate::policy::Decision, chain: u32) -> RemoteDecision {
+    fn shared(p: &dyn Learns, key: u64, d: &crate::policy::Decision, chain: u32) -> RemoteDecision {
         RemoteDecision {
             prefix_key: key,
             backend: d.backend,
@@ -134,11 +136,12 @@ mod tests {
                 prefix_key: key,
                 chain_blocks: 100,
                 matches: None,
+                ..Default::default()
             };
             // More requests of some keys: their popularities differ.
             for _ in 0..=(k % 5) {
-                let d = a.pick(&input, &loads, &mut rng()).unwrap();
-                b.observe_remote(&shared(a.as_ref(), key, &d, 100));
+                let d = a.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
+                b.observe_remote(&shared(&a, key, &d, 100));
             }
         }
         let mut agree = 0;
@@ -150,10 +153,17 @@ mod tests {
                 prefix_key: key,
                 chain_blocks: 100,
                 matches: None,
+                ..Default::default()
             };
-            let pa = a.preview(&input, &loads, &mut rng()).unwrap();
-            let pb = b.preview(&input, &loads, &mut rng()).unwrap();
-            let pc = c.preview(&input, &loads, &mut rng()).unwrap();
+            let pa = a
+                .pick(&previewing(&input), &Loads::new(&loads), &mut rng())
+                .unwrap();
+            let pb = b
+                .pick(&previewing(&input), &Loads::new(&loads), &mut rng())
+                .unwrap();
+            let pc = c
+                .pick(&previewing(&input), &Loads::new(&loads), &mut rng())
+                .unwrap();
             agree += u32::from(pa.backend == pb.backend);
             blind += u32::from(pa.backend == pc.backend);
             seen.push((pa.backend, pc.backend));
@@ -240,18 +250,17 @@ mod tests {
             },
             ..Default::default()
         };
-        for p in [
-            build_policy(Strategy::KvAware, &cfg, &backends(3)).unwrap(),
-            build_policy(Strategy::PrefixAware, &cfg, &backends(3)).unwrap(),
-        ] {
-            p.observe_remote(&RemoteDecision {
-                prefix_key: 9,
-                backend: 1,
-                chain_blocks: 10,
-                prefill_blocks: 10,
-                home: None,
-            });
-            assert_eq!(p.home_of(9), None);
-        }
+        let prefix = build_policy(Strategy::PrefixAware, &cfg, &backends(3), None).unwrap();
+        assert!(prefix.learns.is_none());
+        let kv = build_policy(Strategy::KvAware, &cfg, &backends(3), None).unwrap();
+        let p = kv.learns.unwrap();
+        p.observe_remote(&RemoteDecision {
+            prefix_key: 9,
+            backend: 1,
+            chain_blocks: 10,
+            prefill_blocks: 10,
+            home: None,
+        });
+        assert_eq!(p.home_of(9), None);
     }
 }

@@ -14,8 +14,8 @@
 //! no backend has capacity, the least loaded eligible one (`least_outstanding`).
 
 use super::{
-    least_loaded, BackendLoad, Decision, DecisionKind, Policy, PolicyBackend, PolicyConfig,
-    PolicyError, RouteInput, Strategy,
+    least_loaded, BackendLoad, Decision, DecisionKind, Loads, Policy, PolicyBackend, PolicyConfig,
+    PolicyError, RouteInput,
 };
 use rand::RngCore;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -129,27 +129,17 @@ impl PrefixAware {
 }
 
 impl Policy for PrefixAware {
-    fn strategy(&self) -> Strategy {
-        Strategy::PrefixAware
+    fn build(snapshot: &[PolicyBackend], config: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(PrefixAware::new(config, snapshot))
     }
 
     fn pick(
         &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
+        request: &RouteInput<'_>,
+        loads: &Loads<'_>,
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
-        self.pick_by_key(input.prefix_key, loads, rng)
-    }
-
-    /// Holds no state: the pick itself changes nothing but `rng`.
-    fn preview(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.pick(input, loads, rng)
+        self.pick_by_key(request.prefix_key, loads.all, rng)
     }
 }
 
@@ -180,9 +170,9 @@ mod tests {
         let p = pa(5, 8);
         let loads = idle(5);
         let mut r = rng();
-        let a = p.pick(&input(42), &loads, &mut r).unwrap();
+        let a = p.pick(&input(42), &Loads::new(&loads), &mut r).unwrap();
         for _ in 0..10 {
-            assert_eq!(p.pick(&input(42), &loads, &mut r).unwrap(), a);
+            assert_eq!(p.pick(&input(42), &Loads::new(&loads), &mut r).unwrap(), a);
         }
         assert_eq!(a.kind, DecisionKind::PrefixHash);
     }
@@ -192,16 +182,19 @@ mod tests {
         let p = pa(3, 2);
         let mut loads = idle(3);
         let mut r = rng();
-        let owner = p.pick(&input(7), &loads, &mut r).unwrap().backend;
+        let owner = p
+            .pick(&input(7), &Loads::new(&loads), &mut r)
+            .unwrap()
+            .backend;
         loads[owner].in_flight = 2;
-        let d = p.pick(&input(7), &loads, &mut r).unwrap();
+        let d = p.pick(&input(7), &Loads::new(&loads), &mut r).unwrap();
         assert_eq!(d.kind, DecisionKind::Spill);
         assert_ne!(d.backend, owner);
         for l in &mut loads {
             l.in_flight = 2;
         }
         loads[(owner + 1) % 3].in_flight = 5;
-        let d = p.pick(&input(7), &loads, &mut r).unwrap();
+        let d = p.pick(&input(7), &Loads::new(&loads), &mut r).unwrap();
         assert_eq!(d.kind, DecisionKind::LeastOutstanding);
         assert_ne!(d.backend, (owner + 1) % 3);
     }
@@ -214,7 +207,7 @@ mod tests {
         let mut loads = idle(4);
         let mut r = rng();
         for _ in 0..400 {
-            let d = p.pick(&input(99), &loads, &mut r).unwrap();
+            let d = p.pick(&input(99), &Loads::new(&loads), &mut r).unwrap();
             loads[d.backend].in_flight += 1;
         }
         let max = loads.iter().map(|l| l.in_flight).max().unwrap();
@@ -232,7 +225,10 @@ mod tests {
         let mut r = rng();
         for k in 0..16_000u64 {
             let key = xxh3_64_with_seed(&k.to_le_bytes(), 0);
-            counts[p.pick(&input(key), &loads, &mut r).unwrap().backend] += 1;
+            counts[p
+                .pick(&input(key), &Loads::new(&loads), &mut r)
+                .unwrap()
+                .backend] += 1;
         }
         for c in counts {
             assert!((1500..2500).contains(&c), "{counts:?}");

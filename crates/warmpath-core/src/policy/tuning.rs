@@ -1,6 +1,9 @@
-//! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and every constant of
-//! its cost formula, in one place. The formula itself is documented once,
-//! in the `kv` module.
+//! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and the constants of
+//! its cost formula and balance, in one place. Two constants of a data
+//! structure's own mechanics live beside it: `candidates::BOUND_SLACK`
+//! (rounding room for an exact early stop) and `fleet::REUSE_BACKENDS`
+//! (how long a fleet summary is reused). The formula itself is documented
+//! once, in the `kv` module.
 //!
 //! Knobs that were removed are still recognised by name, so a config that
 //! sets one is refused at start-up with its replacement

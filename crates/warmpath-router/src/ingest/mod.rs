@@ -132,6 +132,10 @@ impl PoolDirectory for Pools {
 fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decided) {
     use warmpath_core::policy::{HomeView, RemoteDecision};
     let state = pool.policy();
+    // A policy without memory records nothing.
+    let Some(learns) = &state.learns else {
+        return;
+    };
     let at = |id: &str| state.backends.iter().position(|b| b.id == id);
     let Some(backend) = at(worker) else {
         return;
@@ -144,7 +148,7 @@ fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decid
             moved: d.home_moved,
             copies: d.copies.iter().filter_map(|c| at(c)).collect(),
         });
-    state.policy.observe_remote(&RemoteDecision {
+    learns.observe_remote(&RemoteDecision {
         prefix_key: d.prefix_key,
         backend,
         chain_blocks: d.chain_blocks,

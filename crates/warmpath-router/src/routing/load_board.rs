@@ -1,6 +1,6 @@
 //! The loads a `kv_aware` pick reads, kept between requests: only the
 //! backends whose load changed since the last pick are read again, and the
-//! policy is told which ones (`Policy::pick_changed`).
+//! policy is told which ones (`Loads::changed`).
 //!
 //! Why: building every backend's [`BackendLoad`] per request (its
 //! counters, and its worker's load cell through the backend's cell cache
@@ -22,7 +22,7 @@
 //! an adapter, and loads other router replicas share
 //! ([`AgentLoads::remote_loads`]). After such a pick, a new agent registry
 //! generation or a first use, the board reads every load and the policy
-//! compares them all (`Policy::pick`), so a change list is always relative
+//! compares them all (`Loads::changed` is `None`), so a change list is always relative
 //! to the loads the policy last saw.
 
 use crate::routing::backend::Backend;

@@ -9,7 +9,7 @@
 //! one more swap: a decision's position always names the backend it was
 //! made for. The index is keyed by worker id, so the remaining workers keep
 //! their entries across any change; a removed worker's are dropped. The
-//! policy is rebuilt from the one it replaces (`Policy::rebuild`), so
+//! policy is rebuilt from the one it replaces (`Learns::carried`), so
 //! kv_aware keeps what it learned of the remaining workers by id.
 
 use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
@@ -27,8 +27,8 @@ use std::sync::Arc;
 use thiserror::Error;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::{
-    build_policy, CacheIndex, Policy, PolicyBackend, PolicyConfig, PolicyError, PrefixExtractor,
-    Strategy,
+    build_policy, Built, CacheIndex, Learns, Policy, PolicyBackend, PolicyConfig, PolicyError,
+    PrefixExtractor, Strategy,
 };
 
 /// The policy a pool routes with, and what it was built from.
@@ -39,12 +39,38 @@ pub struct PolicyState {
     /// Knobs.
     pub config: PolicyConfig,
     /// The built policy.
-    pub policy: Box<dyn Policy>,
+    pub policy: Arc<dyn Policy>,
+    /// Its memory, when it has one (kv_aware): home lookups, other
+    /// replicas' decisions.
+    pub learns: Option<Arc<dyn Learns>>,
     /// The backends it was built from, in its snapshot order.
     pub backends: Arc<[Arc<Backend>]>,
     /// Their loads as its last pick saw them (`route::pick` picks through
     /// it; a pick that bypasses it goes through `LoadBoard::bypass`).
     pub board: LoadBoard,
+}
+
+impl PolicyState {
+    /// `built` over `backends`, its loads not yet seen.
+    fn new(built: Built, config: PolicyConfig, backends: Arc<[Arc<Backend>]>) -> Self {
+        PolicyState {
+            strategy: built.strategy,
+            config,
+            policy: built.policy,
+            learns: built.learns,
+            backends,
+            board: LoadBoard::default(),
+        }
+    }
+
+    /// The built policy again (the previous one of a membership change).
+    fn built(&self) -> Built {
+        Built {
+            strategy: self.strategy,
+            policy: Arc::clone(&self.policy),
+            learns: self.learns.clone(),
+        }
+    }
 }
 
 /// Why a membership change was refused; the pool is unchanged.
@@ -193,18 +219,16 @@ impl Pool {
             changing: Mutex::new(()),
             ejecting: Mutex::new(()),
             compaction: Compaction::default(),
-            policy: RwLock::new(Arc::new(PolicyState {
-                backends,
-                strategy: Strategy::Random,
-                config: PolicyConfig::default(),
-                policy: build_policy(Strategy::Random, &PolicyConfig::default(), &[]).map_err(
+            policy: RwLock::new(Arc::new(PolicyState::new(
+                build_policy(Strategy::Random, &PolicyConfig::default(), &[], None).map_err(
                     |source| RouterError::Policy {
                         model: model.clone(),
                         source,
                     },
                 )?,
-                board: LoadBoard::default(),
-            })),
+                PolicyConfig::default(),
+                backends,
+            ))),
         };
         pool.switch(cfg.effective_strategy(), cfg.policy_config())
             .map_err(|e| match e {
@@ -306,36 +330,28 @@ impl Pool {
         config: PolicyConfig,
         backends: Arc<[Arc<Backend>]>,
     ) -> Result<Arc<PolicyState>, PolicyError> {
-        let policy = build_policy(strategy, &config, &snapshot(&backends))?;
-        Ok(self.swap(strategy, config, policy, backends))
+        let built = build_policy(strategy, &config, &snapshot(&backends), None)?;
+        Ok(self.swap(PolicyState::new(built, config, backends)))
     }
 
-    /// Swaps in `policy`, built over `backends`; returns the state it replaced.
-    fn swap(
-        &self,
-        strategy: Strategy,
-        config: PolicyConfig,
-        policy: Box<dyn Policy>,
-        backends: Arc<[Arc<Backend>]>,
-    ) -> Arc<PolicyState> {
-        let new = Arc::new(PolicyState {
-            strategy,
-            config,
-            policy,
-            backends,
-            board: LoadBoard::default(),
-        });
-        std::mem::replace(&mut *self.policy.write(), new)
+    /// Swaps in `new`; returns the state it replaced.
+    fn swap(&self, new: PolicyState) -> Arc<PolicyState> {
+        std::mem::replace(&mut *self.policy.write(), Arc::new(new))
     }
 
     /// Rebuilds the current policy over `backends` (the caller holds
     /// `changing`): it carries what it keeps per worker over by worker id
-    /// (`Policy::rebuild`; kv_aware's homes, loads and pressure).
+    /// (`Learns::carried`; kv_aware's homes, loads and pressure).
     fn set_members(&self, backends: Vec<Arc<Backend>>) -> Result<(), MemberError> {
         let cur = self.policy();
         let backends: Arc<[Arc<Backend>]> = backends.into();
-        let policy = cur.policy.rebuild(&cur.config, &snapshot(&backends))?;
-        self.swap(cur.strategy, cur.config.clone(), policy, backends);
+        let built = build_policy(
+            cur.strategy,
+            &cur.config,
+            &snapshot(&backends),
+            Some(&cur.built()),
+        )?;
+        self.swap(PolicyState::new(built, cur.config.clone(), backends));
         Ok(())
     }
 

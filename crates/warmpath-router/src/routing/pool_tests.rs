@@ -120,6 +120,7 @@ fn a_membership_change_keeps_kv_aware_placements_by_worker_id() {
         prefix_key: 42,
         chain_blocks: 100,
         matches: None,
+        ..Default::default()
     };
     let idle = |n| {
         vec![
@@ -133,7 +134,11 @@ fn a_membership_change_keeps_kv_aware_placements_by_worker_id() {
     let before = p.policy();
     let d = before
         .policy
-        .pick(&input, &idle(3), &mut rand::rng())
+        .pick(
+            &input,
+            &warmpath_core::Loads::new(&idle(3)),
+            &mut rand::rng(),
+        )
         .unwrap();
     let home = before.backends[d.backend].id.clone();
     // Remove a member that is not its home: its first request is still
@@ -145,7 +150,10 @@ fn a_membership_change_keeps_kv_aware_placements_by_worker_id() {
     let mut loads = idle(2);
     let at = after.backends.iter().position(|b| b.id == home).unwrap();
     loads[at].pending_prefill_blocks = 1000;
-    let again = after.policy.pick(&input, &loads, &mut rand::rng()).unwrap();
+    let again = after
+        .policy
+        .pick(&input, &warmpath_core::Loads::new(&loads), &mut rand::rng())
+        .unwrap();
     assert_eq!(after.backends[again.backend].id, home);
 }
 
@@ -252,7 +260,10 @@ fn adding_a_backend_moves_about_a_quarter_of_the_ring_to_it() {
             prefix_key: key,
             ..Default::default()
         };
-        let d = st.policy.pick(&input, &loads, &mut rand::rng()).unwrap();
+        let d = st
+            .policy
+            .pick(&input, &warmpath_core::Loads::new(&loads), &mut rand::rng())
+            .unwrap();
         st.backends[d.backend].id.clone()
     };
     let three = p.policy();

@@ -523,7 +523,7 @@ impl HttpBody for TrackedBody {
 fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> Fact {
     let key = plan.prefix_key.0;
     let id = |i: usize| plan.policy.backends.get(i).map(|b| b.id.clone());
-    let home = plan.policy.policy.home_of(key);
+    let home = plan.policy.learns.as_ref().and_then(|l| l.home_of(key));
     Fact {
         worker: worker.to_owned(),
         prefix_key: key,

@@ -17,12 +17,12 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::Instant;
-use warmpath_core::policy::LeastOutstanding;
+use warmpath_core::policy::{LeastOutstanding, Mode};
 use warmpath_core::prefix::Extracted;
 use warmpath_core::request::FirstPrompt;
 use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{
-    BackendLoad, BlockHash, ChainHasher, Decision, DecisionKind, HashSeed, MatchResult,
+    BackendLoad, BlockHash, ChainHasher, Decision, DecisionKind, HashSeed, Loads, MatchResult,
     PolicyError, PrefixKey, Request, RequestBody, RouteInput, Strategy, TenantId,
 };
 
@@ -196,7 +196,8 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     let policy = Arc::new(PolicyState {
         strategy: Strategy::LeastOutstanding,
         config: current.config.clone(),
-        policy: Box::new(LeastOutstanding),
+        policy: Arc::new(LeastOutstanding),
+        learns: None,
         backends: Arc::clone(&current.backends),
         board: LoadBoard::default(),
     });
@@ -317,16 +318,12 @@ pub fn pick(
             &policy.backends,
             agents,
             now_ms,
-            |loads, changed| match changed {
-                Some(c) => policy.policy.pick_changed(&input, loads, c, rng),
-                None => policy.policy.pick(&input, loads, rng),
-            },
+            |all, changed| policy.policy.pick(&input, &Loads { all, changed }, rng),
         )
     } else {
         let mut whole = || {
-            policy
-                .policy
-                .pick(&input, &loads(plan, excluded, agents), rng)
+            let all = loads(plan, excluded, agents);
+            policy.policy.pick(&input, &Loads::new(&all), rng)
         };
         if kv {
             policy.board.bypass(whole)
@@ -340,7 +337,7 @@ pub fn pick(
         {
             crate::control::metrics::panic_routed(&pool.model).increment(1);
             let loads = loads_of(plan, excluded, agents, true);
-            let mut panic = || policy.policy.pick(&input, &loads, rng);
+            let mut panic = || policy.policy.pick(&input, &Loads::new(&loads), rng);
             if kv {
                 policy.board.bypass(panic)
             } else {
@@ -354,17 +351,21 @@ pub fn pick(
 }
 
 /// The backend [`pick`] would choose for `plan` now, recording nothing
-/// ([`warmpath_core::Policy::preview`]): what `POST /cache-index/query`
+/// (a pick under [`Mode::Preview`]): what `POST /cache-index/query`
 /// shows. Ties are broken by an rng seeded with the prefix key, so the same
 /// query in the same state gives the same answer, and the routing rng is
 /// left alone.
 pub fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
     let loads = loads(plan, &[], agents);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
+    let input = RouteInput {
+        mode: Mode::Preview,
+        ..input_of(plan)
+    };
     let res = plan
         .policy
         .policy
-        .preview(&input_of(plan), &loads, &mut rng);
+        .pick(&input, &Loads::new(&loads), &mut rng);
     checked(plan, res)
 }
 
@@ -389,6 +390,7 @@ fn input_of(plan: &Plan) -> RouteInput<'_> {
         prefix_key: plan.prefix_key.0,
         chain_blocks: plan.hashes.len() as u32,
         matches: plan.matches.as_ref(),
+        mode: Mode::Commit,
     }
 }
 
