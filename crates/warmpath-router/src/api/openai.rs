@@ -129,8 +129,7 @@ fn prepare(
         .overhead(Phase::Parse)
         .record(started.elapsed().as_secs_f64());
     let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
-    let salted =
-        s.settings.forward_cache_salt && plan.target.pool.tenants.isolation == Isolation::Engine;
+    let salted = plan.target.pool.tenants.isolation == Isolation::Engine;
     let body = match (&plan.tenant, salted) {
         (Some(t), true) => with_cache_salt(raw, req.cache_salt.as_deref(), t),
         _ => raw.clone(),
@@ -201,9 +200,7 @@ fn prepare_raw(
     // A tenant from the API key is a promise of isolation, kept in the
     // engine too; a client-named one leaves the native body as sent.
     let tenants = &target.pool.tenants;
-    let salted = s.settings.forward_cache_salt
-        && tenants.isolation == Isolation::Engine
-        && tenants.from == TenantFrom::ApiKey;
+    let salted = tenants.isolation == Isolation::Engine && tenants.from == TenantFrom::ApiKey;
     let body = match (&tenant, salted, fields) {
         (Some(t), true, Some(n)) => with_cache_salt(raw, n.cache_salt.as_deref(), t),
         (Some(_), true, None) => {

@@ -82,9 +82,7 @@ fn prepare(
         plan.follows = parsed.previous_response_id;
     }
     let prefills = matches!(endpoint, Endpoint::Embeddings | Endpoint::Responses);
-    let salted = prefills
-        && s.settings.forward_cache_salt
-        && plan.target.pool.tenants.isolation == Isolation::Engine;
+    let salted = prefills && plan.target.pool.tenants.isolation == Isolation::Engine;
     let body = match (&plan.tenant, salted) {
         (Some(t), true) => with_cache_salt(raw, req.cache_salt.as_deref(), t),
         _ => raw.clone(),

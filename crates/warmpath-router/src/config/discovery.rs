@@ -66,10 +66,6 @@ pub struct KubernetesDiscovery {
     /// Longest wait to connect and for one list, milliseconds (>= 10).
     #[serde(default = "default_k8s_timeout_ms")]
     pub timeout_ms: u64,
-    /// The server ends each watch after this many seconds (`timeoutSeconds`,
-    /// 1..=3600) and the watch resumes from its last resourceVersion.
-    #[serde(default = "default_watch_timeout_s")]
-    pub watch_timeout_s: u32,
     /// Events within this many milliseconds are applied together, so a
     /// slice split or merge (one slice updated before the other) does not
     /// drain an endpoint that only moved (0..=10000).
@@ -106,10 +102,6 @@ fn default_namespace() -> String {
 
 fn default_k8s_timeout_ms() -> u64 {
     5_000
-}
-
-fn default_watch_timeout_s() -> u32 {
-    290
 }
 
 fn default_settle_ms() -> u64 {
@@ -243,9 +235,6 @@ impl KubernetesDiscovery {
         if self.timeout_ms < 10 {
             return Err(invalid(field("timeout_ms"), "must be at least 10"));
         }
-        if !(1..=3600).contains(&self.watch_timeout_s) {
-            return Err(invalid(field("watch_timeout_s"), "must be 1..=3600"));
-        }
         if self.settle_ms > 10_000 {
             return Err(invalid(field("settle_ms"), "must be at most 10000"));
         }
@@ -315,7 +304,6 @@ mod tests {
         assert!(bad("- kubernetes: {service: ''}").contains("d.kubernetes.service"));
         assert!(bad("- kubernetes: {service: s, api_url: 'ftp://x'}").contains("api_url"));
         assert!(bad("- kubernetes: {service: s, token_file: /t}").contains("token_file"));
-        assert!(bad("- kubernetes: {service: s, watch_timeout_s: 0}").contains("watch_timeout_s"));
         assert!(bad("- kubernetes: {service: s, resync_ms: 5}").contains("resync_ms"));
         assert!(
             bad("- {dns: {name: x, port: 1}, kubernetes: {service: s}}").contains("exactly one")

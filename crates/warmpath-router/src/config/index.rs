@@ -5,16 +5,17 @@
 use super::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 
+/// A worker may hold its engine's reported capacity (`Load.capacity_blocks`)
+/// times this: events of blocks being evicted and stored arrive in bursts,
+/// so a full engine briefly claims a little more.
+pub const CAPACITY_SLACK: f64 = 1.25;
+
 /// Bounds of one pool's cache index.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IndexSettings {
     /// Most (block, worker, tier) entries of the whole pool (>= 1).
     pub max_entries: u64,
-    /// A worker may hold its engine's reported capacity (`Load.capacity_blocks`)
-    /// times this (1.0..=16.0): events of blocks being evicted and stored
-    /// arrive in bursts, so a full engine briefly claims a little more.
-    pub capacity_slack: f64,
     /// Cap of a worker whose capacity is not known yet, and the ceiling of
     /// any worker's cap (a claimed capacity is the agent's word) (>= 1).
     pub max_worker_blocks: u64,
@@ -28,7 +29,6 @@ impl Default for IndexSettings {
         IndexSettings {
             // 16M entries: about 0.5-0.9 GB of index (29-57 bytes each).
             max_entries: 1 << 24,
-            capacity_slack: 1.25,
             // 4M blocks: 64M tokens of 16-token blocks, above any one engine's
             // GPU cache today.
             max_worker_blocks: 1 << 22,
@@ -42,7 +42,7 @@ impl IndexSettings {
     /// not known).
     pub fn worker_cap(&self, capacity: Option<u64>) -> u64 {
         capacity.map_or(self.max_worker_blocks, |c| {
-            ((c as f64 * self.capacity_slack).ceil() as u64).clamp(1, self.max_worker_blocks)
+            ((c as f64 * CAPACITY_SLACK).ceil() as u64).clamp(1, self.max_worker_blocks)
         })
     }
 
@@ -51,12 +51,6 @@ impl IndexSettings {
         let place = |f: &str| format!("{at}.index.{f}");
         if self.max_entries == 0 {
             return Err(invalid(place("max_entries"), "must be at least 1"));
-        }
-        if !(1.0..=16.0).contains(&self.capacity_slack) {
-            return Err(invalid(
-                place("capacity_slack"),
-                format!("{} is outside 1.0..=16.0", self.capacity_slack),
-            ));
         }
         if self.max_worker_blocks == 0 {
             return Err(invalid(place("max_worker_blocks"), "must be at least 1"));
@@ -80,14 +74,14 @@ mod tests {
     #[test]
     fn parses_checks_and_caps() {
         let c = RouterConfig::from_yaml(
-            "pools:\n  - model: m\n    index: {max_entries: 100, capacity_slack: 1.5, max_worker_blocks: 1000, compact_interval_ms: 500}\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
+            "pools:\n  - model: m\n    index: {max_entries: 100, max_worker_blocks: 1000, compact_interval_ms: 500}\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
         )
         .unwrap();
         let s = c.pools[0].index;
         assert_eq!((s.max_entries, s.max_worker_blocks), (100, 1000));
         s.validate("pools[0]").unwrap();
         assert_eq!(s.worker_cap(None), 1000);
-        assert_eq!(s.worker_cap(Some(10)), 15);
+        assert_eq!(s.worker_cap(Some(10)), 13, "10 x 1.25, rounded up");
         assert_eq!(s.worker_cap(Some(10_000)), 1000);
         let bad = |f: fn(&mut IndexSettings)| {
             let mut s = IndexSettings::default();
@@ -95,7 +89,6 @@ mod tests {
             s.validate("pools[0]").unwrap_err().to_string()
         };
         assert!(bad(|s| s.max_entries = 0).contains("pools[0].index.max_entries"));
-        assert!(bad(|s| s.capacity_slack = 0.5).contains("index.capacity_slack"));
         assert!(bad(|s| s.max_worker_blocks = 0).contains("index.max_worker_blocks"));
         assert!(bad(|s| s.compact_interval_ms = 1).contains("index.compact_interval_ms"));
         assert!(

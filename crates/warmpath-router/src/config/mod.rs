@@ -37,6 +37,9 @@ mod cli;
 mod discovery;
 mod index;
 mod ingest;
+#[cfg(test)]
+mod reference_tests;
+mod removed;
 mod validate;
 
 pub use cli::Cli;
@@ -122,8 +125,6 @@ pub struct RouterConfig {
     pub ingest: IngestSettings,
     /// Largest accepted request body in bytes (413 above).
     pub max_body_bytes: usize,
-    /// Forward the tenant id to the backend as `cache_salt` (default true).
-    pub forward_cache_salt: bool,
     /// Backend health checking.
     pub health: HealthConfig,
     /// Client connection settings.
@@ -148,7 +149,6 @@ impl Default for RouterConfig {
             agent_secret: None,
             ingest: IngestSettings::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            forward_cache_salt: true,
             health: HealthConfig::default(),
             server: ServerConfig::default(),
             upstream: UpstreamConfig::default(),
@@ -303,8 +303,6 @@ pub struct UpstreamConfig {
     /// bodies are cut off), and it counts as a failure toward
     /// `health.eject_after`.
     pub stream_idle_timeout_ms: u64,
-    /// Idle keep-alive connections kept per backend.
-    pub max_idle_per_backend: usize,
     /// The engines' API key (vLLM `--api-key`), sent as `Authorization:
     /// Bearer` on every upstream request (proxied requests, probes,
     /// `/v1/models`, response look-ups) in place of the client's; a
@@ -352,7 +350,6 @@ impl Default for UpstreamConfig {
             connect_timeout_ms: 2000,
             first_byte_timeout_ms: 600_000,
             stream_idle_timeout_ms: 120_000,
-            max_idle_per_backend: 256,
             api_key: None,
         }
     }
@@ -370,9 +367,6 @@ pub struct WorkConfig {
     pub offload_bytes: usize,
     /// Big bodies routed at once (>= 1); default: the CPU count.
     pub threads: usize,
-    /// Longest wait for a free thread, in milliseconds (>= 1); then 503
-    /// `overloaded` (retryable).
-    pub queue_timeout_ms: u64,
 }
 
 impl Default for WorkConfig {
@@ -380,7 +374,6 @@ impl Default for WorkConfig {
         WorkConfig {
             offload_bytes: 256 * 1024,
             threads: std::thread::available_parallelism().map_or(2, usize::from),
-            queue_timeout_ms: 10_000,
         }
     }
 }
@@ -406,9 +399,6 @@ pub struct PoolConfig {
     /// CHWBL bound (> 1).
     #[serde(default = "default_load_factor")]
     pub load_factor: f64,
-    /// Virtual nodes per backend on the ring.
-    #[serde(default = "default_vnodes")]
-    pub vnodes: u32,
     /// `kv_aware` cost-model knobs.
     #[serde(default)]
     pub kv: KvConfig,
@@ -454,9 +444,6 @@ fn default_block_size() -> usize {
 fn default_load_factor() -> f64 {
     1.25
 }
-fn default_vnodes() -> u32 {
-    160
-}
 fn default_response_ids() -> usize {
     65_536
 }
@@ -471,7 +458,6 @@ impl PoolConfig {
             block_size: default_block_size(),
             prefix_aware: PrefixAwareConfig::default(),
             load_factor: default_load_factor(),
-            vnodes: default_vnodes(),
             kv: KvConfig::default(),
             expose_routing_headers: true,
             max_prompt_tokens: None,
@@ -498,7 +484,7 @@ impl PoolConfig {
         warmpath_core::PolicyConfig {
             concurrency_threshold: self.prefix_aware.concurrency_threshold,
             load_factor: self.load_factor,
-            vnodes: self.vnodes,
+            vnodes: warmpath_core::PolicyConfig::default().vnodes,
             kv: self.kv.clone(),
         }
     }
@@ -616,10 +602,12 @@ impl RouterConfig {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_yaml(&text).map_err(|source| ConfigError::Parse {
+        let parse = |source| ConfigError::Parse {
             path: path.to_owned(),
             source,
-        })
+        };
+        removed::check(&yaml_serde::from_str(&text).map_err(parse)?)?;
+        Self::from_yaml(&text).map_err(parse)
     }
 
     /// Parses YAML text (not yet validated).

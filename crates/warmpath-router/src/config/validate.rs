@@ -1,6 +1,6 @@
 //! The one place the configuration is checked.
 
-use super::{invalid, ConfigError, Isolation, RouterConfig, TenantFrom};
+use super::{invalid, ConfigError, RouterConfig};
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
@@ -240,7 +240,6 @@ impl RouterConfig {
         for (at, v) in [
             ("work.offload_bytes", self.work.offload_bytes as u64),
             ("work.threads", self.work.threads as u64),
-            ("work.queue_timeout_ms", self.work.queue_timeout_ms),
         ] {
             if v == 0 {
                 return Err(invalid(at, "must be at least 1"));
@@ -282,17 +281,6 @@ impl RouterConfig {
                 return Err(invalid(at("max_prompt_tokens"), "must be at least 1"));
             }
             p.index.validate(&format!("pools[{i}]"))?;
-            // Authenticated tenants with engine isolation rely on the engine
-            // keeping their caches apart, which only `cache_salt` does.
-            if p.tenants.from == TenantFrom::ApiKey
-                && p.tenants.isolation == Isolation::Engine
-                && !self.forward_cache_salt
-            {
-                return Err(invalid(
-                    at("tenants.isolation"),
-                    "engine isolation of api_key tenants needs forward_cache_salt: true (without cache_salt the engine shares one cache, and its timing tells one tenant what another sent); set forward_cache_salt: true, or isolation: route_only to share the cache knowingly",
-                ));
-            }
             if p.backends.is_empty() && p.discovery.is_empty() {
                 return Err(invalid(
                     at("backends"),
@@ -414,28 +402,6 @@ mod tests {
         assert_eq!(c.health.probe, crate::config::ProbeKind::Completion);
         let e = RouterConfig::from_yaml("health: {probe: models}\n").unwrap_err();
         assert!(e.to_string().contains("health"), "{e}");
-    }
-
-    #[test]
-    fn api_key_tenants_with_engine_isolation_need_the_salt_forwarded() {
-        let yaml = |salt: bool, isolation: &str| {
-            format!("forward_cache_salt: {salt}\npools:\n  - model: m\n    tenants: {{from: api_key, isolation: {isolation}}}\n    backends: [{{url: 'http://127.0.0.1:9'}}]\n")
-        };
-        let e = RouterConfig::from_yaml(&yaml(false, "engine"))
-            .unwrap()
-            .validate()
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("pools[0].tenants.isolation") && e.contains("forward_cache_salt: true"),
-            "{e}"
-        );
-        for (salt, isolation) in [(true, "engine"), (false, "route_only")] {
-            RouterConfig::from_yaml(&yaml(salt, isolation))
-                .unwrap()
-                .validate()
-                .unwrap();
-        }
     }
 
     #[test]

@@ -287,10 +287,6 @@ pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<S
         "max_body_bytes",
         running.max_body_bytes != new.max_body_bytes,
     );
-    check(
-        "forward_cache_salt",
-        running.forward_cache_salt != new.forward_cache_salt,
-    );
     check("health", running.health != new.health);
     check("server", running.server != new.server);
     check("upstream", running.upstream != new.upstream);

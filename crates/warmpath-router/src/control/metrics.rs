@@ -190,7 +190,7 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_ingest_refused_blocks_total",
-        "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x index.capacity_slack, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
+        "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x 1.25, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
     );
     describe_gauge!(
         "warmpath_stale_workers",
@@ -214,7 +214,7 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_work_rejected_total",
-        "Big-body requests answered 503 overloaded: no work-pool turn within work.queue_timeout_ms"
+        "Big-body requests answered 503 overloaded: no work-pool turn within 10 s"
     );
     describe_counter!(
         "warmpath_ingest_messages_total",

@@ -19,8 +19,6 @@ use tokio_util::sync::CancellationToken;
 pub struct Settings {
     /// Largest accepted body.
     pub max_body_bytes: usize,
-    /// Forward the tenant as `cache_salt`.
-    pub forward_cache_salt: bool,
     /// Bearer token of `PUT /admin/...` (and of introspection).
     pub admin_token: Option<String>,
     /// Bearer token of `/cache-index` and `/cache-index/query`.
@@ -85,7 +83,6 @@ impl Shared {
             upstream: Arc::new(Upstream::new(config, halt.clone())),
             settings: Settings {
                 max_body_bytes: config.max_body_bytes,
-                forward_cache_salt: config.forward_cache_salt,
                 admin_token: config.admin_token.clone(),
                 inspect_token: config.inspect_token.clone(),
                 health: config.health.clone(),

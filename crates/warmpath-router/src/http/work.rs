@@ -5,7 +5,7 @@
 //! that serve connections, a few of them stall every other request and
 //! `/health`. Bodies of at least `work.offload_bytes` therefore run on tokio's
 //! blocking threads, at most `work.threads` at once; a request that waits
-//! longer than `work.queue_timeout_ms` for a turn gets 503 `overloaded`.
+//! longer than [`QUEUE_TIMEOUT`] for a turn gets 503 `overloaded`.
 //! Smaller bodies stay inline: for them a thread hand-off costs more than
 //! the work. A started job runs to its end even when its client leaves (a
 //! blocking closure cannot be interrupted), holding its turn until then, so
@@ -18,6 +18,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// See the module docs.
+/// Longest wait for a free thread: past it, 503 `overloaded` (retryable)
+/// tells the client to come back rather than queue behind big bodies.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug)]
 pub struct WorkPool {
     turns: Arc<Semaphore>,
@@ -31,7 +35,7 @@ impl WorkPool {
         WorkPool {
             turns: Arc::new(Semaphore::new(cfg.threads)),
             offload_bytes: cfg.offload_bytes,
-            queue_timeout: Duration::from_millis(cfg.queue_timeout_ms),
+            queue_timeout: QUEUE_TIMEOUT,
         }
     }
 
@@ -70,11 +74,12 @@ mod tests {
     use super::*;
 
     fn pool(threads: usize, queue_timeout_ms: u64) -> WorkPool {
-        WorkPool::new(&WorkConfig {
+        let mut p = WorkPool::new(&WorkConfig {
             offload_bytes: 100,
             threads,
-            queue_timeout_ms,
-        })
+        });
+        p.queue_timeout = Duration::from_millis(queue_timeout_ms);
+        p
     }
 
     #[tokio::test(flavor = "current_thread")]

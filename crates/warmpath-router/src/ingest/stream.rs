@@ -449,7 +449,7 @@ impl WorkerStream {
             held = index.block_count(self.slot),
             pool_entries = index.entries(),
             max_entries = self.pool.bounds.max_entries,
-            "index bound reached: blocks refused (worker_capacity: the engine's reported capacity x index.capacity_slack, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
+            "index bound reached: blocks refused (worker_capacity: the engine's reported capacity x 1.25, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
         );
     }
 }

@@ -590,7 +590,6 @@ fn load(capacity_blocks: u64) -> AgentMessage {
 #[test]
 fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
     let mut p = pool();
-    p.bounds.capacity_slack = 1.5;
     p.bounds.max_worker_blocks = 12;
     let agents = Arc::new(Agents::new());
     let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
@@ -604,9 +603,10 @@ fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
     }
     assert!(!is_resend(&out), "{out:?}");
     assert_eq!(p.index.block_count(slot), 12);
-    // A reported capacity of 4: cap 6; the held 12 stay, nothing new lands.
+    // A reported capacity of 4: cap 5 (x 1.25); the held 12 stay, nothing
+    // new lands.
     ws.on_message(load(4), 2, 0).unwrap();
-    assert_eq!(p.index.worker_cap(slot), Some(6));
+    assert_eq!(p.index.worker_cap(slot), Some(5));
     ws.on_message(stored(2, &c[20..30]), 3, 0).unwrap();
     assert_eq!(p.index.block_count(slot), 12);
     // A huge claimed capacity is held to max_worker_blocks, in the index

@@ -13,6 +13,10 @@ use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// Idle keep-alive connections kept per backend: more than any engine
+/// serves at once, so a burst does not reconnect.
+const MAX_IDLE_PER_BACKEND: usize = 256;
+
 /// The pooled keep-alive client used for every backend.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -47,7 +51,7 @@ impl Upstream {
         Upstream {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(90))
-                .pool_max_idle_per_host(u.max_idle_per_backend)
+                .pool_max_idle_per_host(MAX_IDLE_PER_BACKEND)
                 .build(http),
             auth: u.api_key.as_ref().and_then(|k| k.bearer()),
             first_byte_timeout: Duration::from_millis(u.first_byte_timeout_ms),

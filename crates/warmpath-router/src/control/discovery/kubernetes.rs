@@ -41,6 +41,11 @@ use super::provider::Provider;
 /// The label the EndpointSlice controller puts on a Service's slices.
 const SERVICE_LABEL: &str = "kubernetes.io/service-name";
 
+/// The server ends each watch after this many seconds (`timeoutSeconds`)
+/// and the watch resumes from its last resourceVersion: under the API
+/// server's own 5-minute cap, so the server never cuts a watch first.
+const WATCH_TIMEOUT_S: u32 = 290;
+
 /// The longest wait between re-connections.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -65,8 +70,8 @@ async fn client(cfg: &KubernetesDiscovery) -> Result<kube::Client, DiscoveryErro
     config.connect_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
     // A watch is silent between events: the server ends it after
-    // `watch_timeout_s`, so a read waits that long and a margin.
-    config.read_timeout = Some(Duration::from_secs(cfg.watch_timeout_s.into()) + timeout);
+    // `WATCH_TIMEOUT_S`, so a read waits that long and a margin.
+    config.read_timeout = Some(Duration::from_secs(WATCH_TIMEOUT_S.into()) + timeout);
     kube::Client::try_from(config).map_err(|e| setup(&e))
 }
 
@@ -254,7 +259,7 @@ pub(crate) async fn run(
     let api: Api<EndpointSlice> = Api::namespaced(client, &cfg.namespace);
     let wc = watcher::Config::default()
         .labels(&selector(&cfg))
-        .timeout(cfg.watch_timeout_s);
+        .timeout(WATCH_TIMEOUT_S);
     let mut events = std::pin::pin!(watcher::watcher(api, wc).backoff(backoff));
     let settle = Duration::from_millis(cfg.settle_ms);
     let mut slices = Slices::default();

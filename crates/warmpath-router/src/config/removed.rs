@@ -1,0 +1,154 @@
+//! Keys a config file may no longer set, each with what took its place: a
+//! file written for an older router stops the start with a message naming
+//! the replacement, not a bare "unknown field".
+
+use super::{invalid, ConfigError};
+use yaml_serde::Value;
+
+/// A removed key (dotted; `[]` after a list) and what replaced it.
+pub(crate) const REMOVED: &[(&str, &str)] = &[
+    (
+        "forward_cache_salt",
+        "the tenant goes to the engine as cache_salt unless the pool sets tenants.isolation: route_only",
+    ),
+    (
+        "upstream.max_idle_per_backend",
+        "256 idle connections are kept per backend",
+    ),
+    (
+        "work.queue_timeout_ms",
+        "a big body waits at most 10 s for a free thread of the work pool",
+    ),
+    ("pools[].vnodes", "the ring has 160 virtual nodes per backend"),
+    (
+        "pools[].index.capacity_slack",
+        "a worker may hold 1.25 times its engine's reported capacity",
+    ),
+    (
+        "pools[].discovery[].kubernetes.watch_timeout_s",
+        "each watch lasts 290 s, then resumes",
+    ),
+];
+
+/// Fails on the first removed key `doc` sets, naming its replacement.
+pub(crate) fn check(doc: &Value) -> Result<(), ConfigError> {
+    for (path, instead) in REMOVED {
+        let parts: Vec<&str> = path.split('.').collect();
+        if let Some(at) = find(doc, &parts, String::new()) {
+            return Err(invalid(
+                at,
+                format!("this key was removed: {instead}; delete it from the file"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where `parts` is set under `v` (`pools[2].vnodes`), if anywhere.
+fn find(v: &Value, parts: &[&str], at: String) -> Option<String> {
+    let (first, rest) = parts.split_first()?;
+    let (key, list) = match first.strip_suffix("[]") {
+        Some(k) => (k, true),
+        None => (*first, false),
+    };
+    let child = v.as_mapping()?.get(key)?;
+    let here = if at.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{at}.{key}")
+    };
+    if !list {
+        return if rest.is_empty() {
+            Some(here)
+        } else {
+            find(child, rest, here)
+        };
+    }
+    child
+        .as_sequence()?
+        .iter()
+        .enumerate()
+        .find_map(|(i, item)| find(item, rest, format!("{here}[{i}]")))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn err(yaml: &str) -> Option<String> {
+        let v: Value = yaml_serde::from_str(yaml).unwrap();
+        check(&v).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_removed_key_names_where_it_is_and_what_replaced_it() {
+        let e = err("forward_cache_salt: false\n").unwrap();
+        assert!(
+            e.contains("at forward_cache_salt") && e.contains("route_only"),
+            "{e}"
+        );
+        let e = err("pools:\n  - model: a\n  - model: b\n    vnodes: 40\n").unwrap();
+        assert!(e.contains("at pools[1].vnodes") && e.contains("160"), "{e}");
+        let e = err("pools:\n  - model: a\n    discovery:\n      - dns: {name: x}\n      - kubernetes: {service: s, watch_timeout_s: 5}\n").unwrap();
+        assert!(
+            e.contains("pools[0].discovery[1].kubernetes.watch_timeout_s"),
+            "{e}"
+        );
+        assert_eq!(
+            err("pools:\n  - model: a\n    index: {max_entries: 10}\n"),
+            None
+        );
+        assert_eq!(err("[]"), None);
+    }
+
+    #[test]
+    fn a_config_file_with_a_removed_key_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("router.yaml");
+        std::fs::write(
+            &path,
+            "pools:\n  - model: m\n    vnodes: 3\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
+        )
+        .unwrap();
+        let e = super::super::RouterConfig::from_file(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pools[0].vnodes") && e.contains("160 virtual nodes"),
+            "{e}"
+        );
+    }
+
+    /// A document that sets exactly `path`.
+    fn setting(path: &str) -> Value {
+        path.rsplit('.').fold(Value::from(1), |inner, part| {
+            let (key, list) = match part.strip_suffix("[]") {
+                Some(k) => (k, true),
+                None => (part, false),
+            };
+            let inner = if list {
+                Value::Sequence(vec![inner])
+            } else {
+                inner
+            };
+            let mut m = yaml_serde::Mapping::new();
+            m.insert(Value::from(key), inner);
+            Value::Mapping(m)
+        })
+    }
+
+    #[test]
+    fn every_removed_key_is_found_and_not_a_field_any_more() {
+        for (path, _) in REMOVED {
+            let doc = setting(path);
+            assert!(check(&doc).is_err(), "{path}: {doc:?}");
+            let yaml = yaml_serde::to_string(&doc).unwrap();
+            let e = super::super::RouterConfig::from_yaml(&yaml).unwrap_err();
+            assert!(
+                e.to_string().contains("unknown field"),
+                "{path} is still a field: {e}"
+            );
+        }
+    }
+}
