@@ -54,7 +54,7 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
     };
     dns.set_srv("engines.test.", &srv(2)).await;
     let r = RouterProcess::from_yaml(&format!(
-        "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          srv: true\n          interval_ms: {INTERVAL_MS}\n          timeout_ms: 200\n          nameserver: {}\n",
+        "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          interval_ms: {INTERVAL_MS}\n          nameserver: {}\n",
         dns.addr
     )).await;
     let c = client();
@@ -158,7 +158,7 @@ async fn flapping_pool(
     ];
     dns.set_srv("engines.test.", &both).await;
     let r = raw_agent::Router::start(dir, &format!(
-        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          srv: true\n          interval_ms: {FLAP_INTERVAL_MS}\n          timeout_ms: 200\n          nameserver: {}\n",
+        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          interval_ms: {FLAP_INTERVAL_MS}\n          nameserver: {}\n",
         dns.addr
     )).await;
     let agent = raw_agent::agent(&r.grpc, &bs[1].url(), &(1..=8).collect::<Vec<_>>(), None).await;

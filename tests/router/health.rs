@@ -92,7 +92,7 @@ async fn ejection_back_off_doubles_and_a_success_streak_resets_it() {
     let b = TestBackend::start("b").await;
     let r = router_over(
         &[b.url()],
-        "health: {eject_after: 2, eject_base_ms: 400, eject_max_ms: 10000, probe_interval_ms: 50}",
+        "health: {eject_after: 2, eject_base_ms: 400, probe_interval_ms: 50}",
     )
     .await;
     let c = client();
@@ -155,7 +155,7 @@ async fn hung_engine() -> SocketAddr {
 async fn a_completion_probe_ejects_an_engine_whose_generation_hangs() {
     let engine = format!("http://{}", hung_engine().await);
     let c = client();
-    let sections = "health: {probe_interval_ms: 50, probe_timeout_ms: 100, eject_after: 2, learn_adapters: false";
+    let sections = "health: {probe_interval_ms: 50, probe_timeout_ms: 100, eject_after: 2";
     // /health says 200: the health probe is fooled.
     let fooled = router_over(std::slice::from_ref(&engine), &format!("{sections}}}")).await;
     assert_eq!(get_url(&c, &fooled.url("/readyz")).await.status, 200);
@@ -206,11 +206,7 @@ async fn later_probe_rounds_spread_over_the_interval() {
     for id in 0..N {
         urls.push(noting_engine(std::sync::Arc::clone(&seen), id).await);
     }
-    let r = router_over(
-        &urls,
-        "health: {probe_interval_ms: 800, learn_adapters: false}",
-    )
-    .await;
+    let r = router_over(&urls, "health: {probe_interval_ms: 800}").await;
     let c = client();
     assert_eq!(get_url(&c, &r.url("/readyz")).await.status, 200);
     // The start-up round probes all at once, before the router listens.

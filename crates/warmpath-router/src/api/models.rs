@@ -8,7 +8,7 @@
 //!   any engine gave (the one every backend can serve);
 //! - every adapter card an engine listed, first seen wins;
 //! - a card of its own for what no engine described yet (no probe answer,
-//!   `learn_adapters` off, adapters only configured).
+//!   no `/v1/models` answer yet, adapters only configured).
 //!
 //! Healthy backends' cards come first.
 

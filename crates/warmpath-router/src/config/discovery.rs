@@ -5,7 +5,7 @@
 //! discovery:
 //!   - dns:
 //!       name: vllm-engines.default.svc.cluster.local
-//!       port: 8000              # for A/AAAA answers; `srv: true` takes ports from SRV
+//!       port: 8000              # for A/AAAA answers; without it, ports come from SRV
 //!       interval_ms: 5000
 //!       nameserver: 127.0.0.1:5353   # optional; default: the system's resolv.conf
 //!   - kubernetes:                # needs the `kubernetes` cargo feature
@@ -123,12 +123,10 @@ fn default_resync_ms() -> u64 {
 pub struct DnsDiscovery {
     /// The name to resolve.
     pub name: String,
-    /// The engines' port, for A/AAAA answers (needed unless `srv`).
+    /// The engines' port, for A/AAAA answers; without it SRV records give
+    /// targets and ports.
     #[serde(default)]
     pub port: Option<u16>,
-    /// Resolve SRV records: targets and ports from the answer.
-    #[serde(default)]
-    pub srv: bool,
     /// How often to resolve, milliseconds (>= 100). A member gone from the
     /// answer waits out 3 of these, out of rotation with its index kept,
     /// before its drain (`discovery::grace`).
@@ -137,17 +135,23 @@ pub struct DnsDiscovery {
     /// The nameserver (`IP:PORT`, UDP and TCP); default: `/etc/resolv.conf`.
     #[serde(default)]
     pub nameserver: Option<String>,
-    /// Longest wait for one answer, milliseconds (>= 10).
-    #[serde(default = "default_timeout_ms")]
-    pub timeout_ms: u64,
+}
+
+impl DnsDiscovery {
+    /// Whether SRV records are asked: when no port is given.
+    pub fn srv(&self) -> bool {
+        self.port.is_none()
+    }
+
+    /// Longest wait for one answer: the interval, at most 2 s (an answer
+    /// later than the next round is worth nothing).
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.interval_ms.min(2_000))
+    }
 }
 
 fn default_interval_ms() -> u64 {
     5_000
-}
-
-fn default_timeout_ms() -> u64 {
-    2_000
 }
 
 impl DiscoveryConfig {
@@ -173,17 +177,14 @@ impl DiscoveryConfig {
                 if d.name.trim().is_empty() {
                     return Err(invalid(field("name"), "must not be empty"));
                 }
-                if !d.srv && d.port.is_none_or(|p| p == 0) {
+                if d.port == Some(0) {
                     return Err(invalid(
                         field("port"),
-                        "A/AAAA answers carry no port: set port (1..=65535) or srv: true",
+                        "must be 1..=65535 (leave it out to take ports from SRV records)",
                     ));
                 }
                 if d.interval_ms < 100 {
                     return Err(invalid(field("interval_ms"), "must be at least 100"));
-                }
-                if d.timeout_ms < 10 {
-                    return Err(invalid(field("timeout_ms"), "must be at least 10"));
                 }
                 if let Some(ns) = &d.nameserver {
                     ns.parse::<SocketAddr>().map_err(|e| {
@@ -259,12 +260,12 @@ mod tests {
         let d: Vec<DiscoveryConfig> = yaml_serde::from_str(yaml).unwrap();
         d[0].validate("pools[0].discovery[0]").unwrap();
         assert_eq!(d[0].name(), "dns:engines.svc");
-        let no_port: Vec<DiscoveryConfig> = yaml_serde::from_str("- dns: {name: x}").unwrap();
-        let e = no_port[0].validate("d").unwrap_err().to_string();
+        let zero: Vec<DiscoveryConfig> = yaml_serde::from_str("- dns: {name: x, port: 0}").unwrap();
+        let e = zero[0].validate("d").unwrap_err().to_string();
         assert!(e.contains("d.dns.port"), "{e}");
-        let srv: Vec<DiscoveryConfig> =
-            yaml_serde::from_str("- dns: {name: x, srv: true}").unwrap();
+        let srv: Vec<DiscoveryConfig> = yaml_serde::from_str("- dns: {name: x}").unwrap();
         srv[0].validate("d").unwrap();
+        assert!(srv[0].dns.as_ref().unwrap().srv());
         let ns: Vec<DiscoveryConfig> =
             yaml_serde::from_str("- dns: {name: x, port: 1, nameserver: nope}").unwrap();
         assert!(ns[0]

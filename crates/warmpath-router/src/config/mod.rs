@@ -170,8 +170,6 @@ pub struct HealthConfig {
     /// Back-off of a first ejection, in milliseconds (>= 1): no probe can
     /// bring the backend back before it ends. Each further ejection doubles it.
     pub eject_base_ms: u64,
-    /// Longest back-off, in milliseconds (>= `eject_base_ms`).
-    pub eject_max_ms: u64,
     /// What an active probe asks: `health` (`GET /health`) or `completion`
     /// (a one-token completion of the pool's model).
     pub probe: ProbeKind,
@@ -181,8 +179,6 @@ pub struct HealthConfig {
     pub probe_interval_ms: u64,
     /// Timeout of one probe, in milliseconds (>= 10).
     pub probe_timeout_ms: u64,
-    /// Learn each backend's LoRA adapters from its `/v1/models`.
-    pub learn_adapters: bool,
     /// Most members of a pool ejected at once, in percent (0..=100), though
     /// one always may be: failures that are not the engines' own cannot
     /// take a whole pool out (Envoy's `max_ejection_percent`).
@@ -194,11 +190,9 @@ impl Default for HealthConfig {
         HealthConfig {
             eject_after: 3,
             eject_base_ms: 5_000,
-            eject_max_ms: 120_000,
             probe: ProbeKind::Health,
             probe_interval_ms: 2000,
             probe_timeout_ms: 1000,
-            learn_adapters: true,
             max_ejection_percent: 50,
         }
     }
@@ -291,8 +285,6 @@ impl Default for ServerConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// TCP connect timeout in milliseconds (>= 1).
-    pub connect_timeout_ms: u64,
     /// From sending a request to its answer's status and headers (a stream's
     /// headers come before its first token), in milliseconds (>= 1). A
     /// backend that accepts and never answers gets a 504 and a failure
@@ -347,7 +339,6 @@ impl std::fmt::Debug for Secret {
 impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
-            connect_timeout_ms: 2000,
             first_byte_timeout_ms: 600_000,
             stream_idle_timeout_ms: 120_000,
             api_key: None,
@@ -409,7 +400,7 @@ pub struct PoolConfig {
     /// Most prompt tokens accepted (>= 1): a longer prompt is answered 400
     /// with vLLM's wording instead of being forwarded, and tokenizing stops
     /// soon after the cap. Default: the engines' `max_model_len` - 1, from
-    /// their `/v1/models` cards (`health.learn_adapters`), when they give one.
+    /// their `/v1/models` cards (learned by the probes), when they give one.
     #[serde(default)]
     pub max_prompt_tokens: Option<usize>,
     /// Where tenant ids come from and what they isolate.

@@ -28,6 +28,26 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
         "pools[].discovery[].kubernetes.watch_timeout_s",
         "each watch lasts 290 s, then resumes",
     ),
+    (
+        "health.learn_adapters",
+        "adapters and model cards are always learned from /v1/models",
+    ),
+    (
+        "health.eject_max_ms",
+        "the longest back-off is 24 times health.eject_base_ms",
+    ),
+    (
+        "upstream.connect_timeout_ms",
+        "a connect waits at most 2 s, then the next backend is tried",
+    ),
+    (
+        "pools[].discovery[].dns.srv",
+        "SRV records are asked when dns.port is left out",
+    ),
+    (
+        "pools[].discovery[].dns.timeout_ms",
+        "one answer waits at most dns.interval_ms, and at most 2 s",
+    ),
 ];
 
 /// Fails on the first removed key `doc` sets, naming its replacement.

@@ -10,7 +10,7 @@
 //! passing probe brings it back. Passive ejection (failed proxied requests)
 //! is counted in [`crate::routing::proxy`].
 //!
-//! When `learn_adapters` is on, a backend in rotation is also asked
+//! A backend in rotation is also asked
 //! `GET /v1/models`, and every model card whose `parent` (vLLM's field for
 //! LoRA modules) is the pool's model is recorded as an adapter it serves;
 //! the cards themselves are kept for the router's own `/v1/models`.
@@ -28,6 +28,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// The longest back-off is this many times `health.eject_base_ms` (two
+/// minutes by default): long enough to stop hammering a dead engine, short
+/// enough that a fixed one returns without an operator.
+const EJECT_MAX_DOUBLINGS: u64 = 24;
 
 /// Largest probe or `/v1/models` answer read.
 const MAX_MODELS_BYTES: usize = 1 << 20;
@@ -109,7 +114,10 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     let ejected = !b.is_healthy();
     if ejected
         && crate::routing::load_cell::monotonic_ms()
-            < b.readmit_at_ms(h.eject_base_ms, h.eject_max_ms)
+            < b.readmit_at_ms(
+                h.eject_base_ms,
+                h.eject_base_ms.saturating_mul(EJECT_MAX_DOUBLINGS),
+            )
     {
         return;
     }
@@ -130,7 +138,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
         }
         Verdict::Fail | Verdict::Inconclusive => return,
     }
-    if h.learn_adapters && b.is_healthy() {
+    if b.is_healthy() {
         let timeout = Duration::from_millis(h.probe_timeout_ms);
         if let Some((status, body)) =
             send(shared, b, Method::GET, "/v1/models", None, timeout).await

@@ -13,6 +13,10 @@ use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// TCP connect timeout: an engine on the same network accepts in
+/// milliseconds; past this the next backend is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Idle keep-alive connections kept per backend: more than any engine
 /// serves at once, so a burst does not reconnect.
 const MAX_IDLE_PER_BACKEND: usize = 256;
@@ -46,7 +50,7 @@ impl Upstream {
         let u = &config.upstream;
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_millis(u.connect_timeout_ms)));
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
         http.enforce_http(true);
         Upstream {
             client: Client::builder(TokioExecutor::new())

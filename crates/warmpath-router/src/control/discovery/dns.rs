@@ -1,13 +1,12 @@
 //! The `dns` provider: a name resolved with hickory-resolver (A/AAAA with
 //! the configured port, or SRV for targets and ports), never parsed by
 //! hand; the resolver is [`warmpath_proto::dns::resolver`] (uncached, one
-//! try per query within `timeout_ms`).
+//! try per query within [`DnsDiscovery::timeout`]).
 
 use super::DiscoveryError;
 use crate::config::DnsDiscovery;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::time::Duration;
 use warmpath_proto::dns::{http_url, Resolver};
 
 /// A resolver for one provider.
@@ -39,13 +38,13 @@ impl Dns {
                     .map_err(|e| DiscoveryError::Setup(format!("nameserver {s:?}: {e}")))
             })
             .transpose()?;
-        let resolver = warmpath_proto::dns::resolver(ns, Duration::from_millis(cfg.timeout_ms))
+        let resolver = warmpath_proto::dns::resolver(ns, cfg.timeout())
             .map_err(|e| DiscoveryError::Setup(e.to_string()))?;
         Ok(Dns {
             resolver,
             name: cfg.name.clone(),
             port: cfg.port,
-            srv: cfg.srv,
+            srv: cfg.srv(),
         })
     }
 

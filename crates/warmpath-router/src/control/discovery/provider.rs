@@ -76,8 +76,12 @@ impl Provider {
     /// Longest a whole round may take (an SRV answer's targets are looked
     /// up one by one, each within the resolver's own timeout).
     pub(super) fn round_limit(&self) -> Duration {
-        let timeout = self.config.dns.as_ref().map_or(2_000, |d| d.timeout_ms);
-        Duration::from_millis(timeout.saturating_mul(4))
+        let timeout = self
+            .config
+            .dns
+            .as_ref()
+            .map_or(Duration::from_secs(2), |d| d.timeout());
+        timeout.saturating_mul(4)
     }
 
     pub(super) fn failed(&self, pool: &str, e: &DiscoveryError) {
