@@ -3,8 +3,7 @@
 //! the router as its binary runs, and the index views the tests read.
 #![allow(dead_code, clippy::unwrap_used)]
 
-#[path = "poll.rs"]
-pub mod poll;
+pub(crate) use crate::poll;
 
 use clap::Parser;
 use std::net::SocketAddr;
@@ -45,16 +44,27 @@ pub async fn publisher() -> KvEventPublisher {
     KvEventPublisher::bind(cfg).await.unwrap()
 }
 
-/// The agent binary for `worker` on `p`, with `extra` flags (routers, TLS,
-/// token), logging into `dir/<worker>-<n>.log`.
+/// The agent binary for `worker` of model "m" on `p`, with `extra` flags
+/// (routers, TLS, token), logging into `dir/<worker>-<n>.log`.
 pub fn agent(dir: &Path, worker: &str, p: &KvEventPublisher, extra: &[String]) -> Proc {
+    agent_of(dir, worker, "m", p, extra)
+}
+
+/// [`agent`] serving `model`.
+pub fn agent_of(
+    dir: &Path,
+    worker: &str,
+    model: &str,
+    p: &KvEventPublisher,
+    extra: &[String],
+) -> Proc {
     let log = (0..)
         .map(|n| dir.join(format!("{worker}-{n}.log")))
         .find(|p| !p.exists())
         .unwrap();
     let out = std::fs::File::create(&log).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
-        .args(["--worker-id", worker, "--model", "m"])
+        .args(["--worker-id", worker, "--model", model])
         .args(["--engine-url", "http://127.0.0.1:9"])
         .args(["--kv-events", p.endpoint()])
         .args(["--kv-replay", p.replay_endpoint().unwrap()])

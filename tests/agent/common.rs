@@ -2,8 +2,7 @@
 //! what agents publish the way the .proto says, checking the seq rules.
 #![allow(clippy::unwrap_used, dead_code)]
 
-#[path = "../../../../tests/support/poll.rs"]
-pub mod poll;
+pub(crate) use crate::poll;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

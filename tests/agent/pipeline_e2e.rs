@@ -7,10 +7,8 @@
 //! agents are the real binaries. Faults covered: router restart (index
 //! complete again from snapshots), engine restart (sequence back to 0),
 //! a dropped batch (replay) and garbage frames.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/poll.rs"]
-mod poll;
+use crate::poll;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

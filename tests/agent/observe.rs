@@ -1,8 +1,7 @@
 //! Observe mode over real sockets on 127.0.0.1: client -> agent proxy -> a tiny
 //! axum engine, and agent -> test router (gRPC).
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode};

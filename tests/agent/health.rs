@@ -1,9 +1,8 @@
 //! The agent's `/livez` and `/readyz`: a fake engine's metrics page, a test
 //! router and a KV-event publisher on 127.0.0.1; the silence check runs the
 //! real binary to read its log.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{poll, TestRouter};
 use serde_json::Value;

@@ -6,10 +6,8 @@
 //! prefix, and that prefix sent to A and B at the same moment lands there
 //! from both. Then every agent is
 //! killed (the sharing channel is gone) and each replica still routes.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/ingest.rs"]
-mod ingest;
+use crate::ingest;
 
 use axum::routing::{get, post};
 use clap::Parser;
@@ -19,8 +17,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 const WORKERS: [&str; 3] = ["w0", "w1", "w2"];
+/// The model, so the pool: its own, because the in-process routers of the
+/// whole test binary share one metrics recorder and [`settled`] sums it.
+const MODEL: &str = "replicas";
 
-/// A fake engine: answers completions at once, healthy, serves model "m".
+/// A fake engine: answers completions at once, healthy, serves [`MODEL`].
 async fn engine() -> String {
     let app = axum::Router::new()
         .route(
@@ -34,7 +35,7 @@ async fn engine() -> String {
         .route(
             "/v1/models",
             get(|| async {
-                axum::Json(json!({"object": "list", "data": [{"id": "m", "object": "model"}]}))
+                axum::Json(json!({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))
             }),
         );
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -59,7 +60,7 @@ async fn replica(
         "--grpc-listen",
         "127.0.0.1:0",
         "--model",
-        "m",
+        MODEL,
         "--block-size",
         "4",
         "--strategy",
@@ -91,7 +92,7 @@ async fn replica(
 /// router without a tokenizer): 8 blocks of 4.
 fn prompt(p: u32) -> Value {
     let ids: Vec<u32> = (0..32).map(|i| p * 1000 + i).collect();
-    json!({"model": "m", "prompt": ids, "max_tokens": 1})
+    json!({"model": MODEL, "prompt": ids, "max_tokens": 1})
 }
 
 /// Routes prefix `p` through `r`; the backend it went to.
@@ -124,11 +125,12 @@ async fn preview(c: &reqwest::Client, r: &warmpath_router::RunningRouter, p: u32
 }
 
 /// Whether every fact sent so far was received by both other replicas
-/// (the routers of this test share one metrics recorder: sums over all).
+/// (the routers of this test share one metrics recorder: sums over all;
+/// those of the other tests serve other pools).
 async fn settled(r: &warmpath_router::RunningRouter) -> bool {
     let text = metrics_text(r.http_addr).await;
     let count = |dir: &str| -> u64 {
-        let key = format!("warmpath_replica_facts_total{{pool=\"m\",direction=\"{dir}\"}} ");
+        let key = format!("warmpath_replica_facts_total{{pool=\"{MODEL}\",direction=\"{dir}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(key.as_str()))
             .map_or(0, |v| v.trim().parse().unwrap())
@@ -171,7 +173,7 @@ async fn run(share: bool) {
     let agents: Vec<Proc> = WORKERS
         .iter()
         .zip(&pubs)
-        .map(|(w, p)| agent(dir.path(), w, p, &flags))
+        .map(|(w, p)| agent_of(dir.path(), w, MODEL, p, &flags))
         .collect();
     let c = reqwest::Client::new();
     for r in &rs {
@@ -266,11 +268,15 @@ async fn run(share: bool) {
     }
     let text = metrics_text(a.http_addr).await;
     assert!(
-        text.contains(r#"warmpath_replica_sharing_up{pool="m"} 0"#),
+        text.contains(&format!(
+            r#"warmpath_replica_sharing_up{{pool="{MODEL}"}} 0"#
+        )),
         "{text}"
     );
     assert!(
-        text.contains(r#"warmpath_replica_facts_total{pool="m",direction="received"}"#),
+        text.contains(&format!(
+            r#"warmpath_replica_facts_total{{pool="{MODEL}",direction="received"}}"#
+        )),
         "{text}"
     );
     for r in &rs {

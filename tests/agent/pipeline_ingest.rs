@@ -3,10 +3,8 @@
 //! its command-line flags): TLS with a certificate made at test time (rcgen),
 //! the shared token over TLS, an agent that does not trust the router, a
 //! block-size mismatch, and two router replicas converging to the same index.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/ingest.rs"]
-mod ingest;
+use crate::ingest;
 
 use ingest::*;
 use std::path::{Path, PathBuf};

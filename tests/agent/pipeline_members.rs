@@ -5,13 +5,8 @@
 //! follows the name from one router replica to two and back to one, each
 //! replica's index complete within 1 s of the change. The DNS server is
 //! hickory-server on 127.0.0.1, started here.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/ingest.rs"]
-mod ingest;
-
-#[path = "support/dns.rs"]
-mod dns;
+use crate::{dns, ingest};
 
 use ingest::*;
 use std::net::Ipv4Addr;

@@ -1,7 +1,6 @@
 //! Publisher -> agent -> test router, over real ZMQ and gRPC on 127.0.0.1.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::{wait_for, TestRouter};

@@ -2,12 +2,8 @@
 //! and the real router: per-worker credentials against a forged agent, no
 //! token in plain text to another host, a warm engine learned at start, an
 //! engine restart seen in its metrics.
-#![allow(clippy::unwrap_used)]
 
-#[path = "support/ingest.rs"]
-mod ingest;
-#[path = "support/tools.rs"]
-mod tools;
+use crate::{ingest, tools};
 
 use ingest::*;
 use std::net::SocketAddr;
