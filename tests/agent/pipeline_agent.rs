@@ -572,7 +572,7 @@ async fn an_idle_agent_logs_json_to_stderr_and_says_following_once() {
 /// blocks in use, the agent knows none: they were cached before it, past
 /// the replay ring) marks its view `partial`, and the router shows it; once
 /// events cover the usage the flag clears. (The router's rule for a partial
-/// owner: `tests/router_partial.rs`.)
+/// owner: `tests/router/partial.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_cannot_cover_its_engines_kv_usage_reports_a_partial_view() {
     let dir = tempfile::tempdir().unwrap();

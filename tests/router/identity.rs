@@ -7,7 +7,7 @@
 //! stay, and a's own restart (its credential, a newer epoch) takes over.
 //!
 //! The router binary runs as a process with `agent_secret`; raw gRPC
-//! streams play the agents (`tests/pipeline_agent.rs` has the real agent
+//! streams play the agents (`tests/agent/pipeline_agent.rs` has the real agent
 //! binary against the router library).
 
 use crate::{raw_agent, support};
