@@ -15,7 +15,7 @@
 //!   `index.compact_interval_ms`, and calls the hook of
 //!   [`set_memory_release`] once the indexes freed 8 MiB.
 //! - Each worker is capped at its engine's reported capacity
-//!   (`Load.capacity_blocks`) times `index.capacity_slack`, at most
+//!   (`Load.capacity_blocks`) times 1.25, at most
 //!   `index.max_worker_blocks` (also the cap while no capacity is known), and
 //!   the pool at `index.max_entries`: blocks beyond are refused, counted in
 //!   `warmpath_ingest_refused_blocks_total{pool,reason}` and logged (at most
@@ -109,7 +109,7 @@ pub trait PoolDirectory: Send + Sync + 'static {
     /// Every pool.
     fn pools(&self) -> Vec<IngestPool>;
     /// Records another router replica's pick for `worker` of pool `model`
-    /// in its policy (`Policy::observe_remote`); nothing by default.
+    /// in its policy (`Learns::observe_remote`); nothing by default.
     fn observe_remote(&self, _model: &str, _worker: &str, _decided: &v1::Decided) {}
 }
 

@@ -13,7 +13,7 @@
 //! ([`Peers::remote_load`], added to this router's own in `route::loads`)
 //! until its `finished` (`prefilled` releases the prefill), and its `start`
 //! is recorded by the pool's policy (`ingest::observe_remote`,
-//! `Policy::observe_remote`).
+//! `Learns::observe_remote`).
 //!
 //! Losing the channel: when W's stream ends, the remote requests learned
 //! through it are forgotten (their phases can no longer arrive), one INFO

@@ -291,9 +291,11 @@ pub fn pick(
     if let Some(d) = pinned(plan, excluded) {
         return Ok(d);
     }
-    // Shared decisions: ties go by the key, as in `preview`, so replicas of
-    // the same state agree (ARCHITECTURE.md, "Router replicas").
-    let kv = plan.policy.strategy == Strategy::KvAware;
+    // A policy that learns from its picks (kv_aware) is shared between
+    // replicas: its ties go by the key, as in a preview, so replicas of the
+    // same state agree (docs/replicas.md); it also reads only the loads that
+    // changed (`load_board`).
+    let kv = plan.policy.learns.is_some();
     let mut keyed;
     let mut shared;
     let rng: &mut dyn rand::RngCore = if kv && agents.is_some_and(|a| a.shares_decisions()) {
