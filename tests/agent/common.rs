@@ -19,7 +19,7 @@ use warmpath_proto::{CacheEvents, CacheEventsServer};
 
 /// What the test router believes about the one worker publishing to it.
 #[derive(Debug, Default, Clone)]
-pub struct View {
+pub(crate) struct View {
     pub hellos: Vec<warmpath_proto::v1::Hello>,
     pub blocks: HashSet<(u64, i32)>,
     pub last_seq: Option<u64>,
@@ -164,7 +164,7 @@ impl CacheEvents for Recorder {
 }
 
 /// A running test router.
-pub struct TestRouter {
+pub(crate) struct TestRouter {
     pub addr: SocketAddr,
     pub view: Arc<Mutex<View>>,
     stop: CancellationToken,
@@ -172,13 +172,13 @@ pub struct TestRouter {
 }
 
 impl TestRouter {
-    pub async fn start(addr: SocketAddr, refuse_block_size: Option<u32>) -> TestRouter {
+    pub(crate) async fn start(addr: SocketAddr, refuse_block_size: Option<u32>) -> TestRouter {
         Self::start_with(addr, refuse_block_size, 0).await
     }
 
     /// [`TestRouter::start`] that asks for `resend_flood` snapshots at once
     /// after the first one.
-    pub async fn start_with(
+    pub(crate) async fn start_with(
         addr: SocketAddr,
         refuse_block_size: Option<u32>,
         resend_flood: u32,
@@ -209,15 +209,15 @@ impl TestRouter {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub fn view(&self) -> View {
+    pub(crate) fn view(&self) -> View {
         self.view.lock().unwrap().clone()
     }
 
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         self.task.abort();
         let _ = self.task.await;
@@ -226,7 +226,7 @@ impl TestRouter {
 
 /// Polls `cond` every 50 ms for up to 20 s, calling `poke` between polls (tests
 /// publish an empty batch so a slow-joining subscriber sees traffic).
-pub async fn wait_for<F, P, Fut>(what: &str, mut cond: F, mut poke: P)
+pub(crate) async fn wait_for<F, P, Fut>(what: &str, mut cond: F, mut poke: P)
 where
     F: FnMut() -> bool,
     P: FnMut() -> Fut,

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use warmpath_agent::vllm::{KvEventPublisher, PublisherConfig};
 use warmpath_agent::{Agent, AgentConfig};
+use warmpath_vllm_events::{KvEventPublisher, PublisherConfig};
 
 /// A fake engine whose `/metrics` has vLLM's load gauges and a
 /// `vllm:prompt_tokens_total` that grows by `grow` at every scrape.

@@ -6,13 +6,13 @@ use bytes::Bytes;
 use common::{wait_for, TestRouter};
 use std::net::SocketAddr;
 use std::time::Duration;
-use warmpath_agent::vllm::{
-    BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, Medium, PayloadForm,
-    PublisherConfig,
-};
 use warmpath_agent::{Agent, AgentConfig};
 use warmpath_core::{hash_tokens, BlockHash, HashSeed};
 use warmpath_proto::v1::Tier;
+use warmpath_vllm_events::{
+    BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, Medium, PayloadForm,
+    PublisherConfig,
+};
 
 const GPU: i32 = Tier::Gpu as i32;
 

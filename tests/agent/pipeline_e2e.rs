@@ -13,10 +13,10 @@ use crate::poll;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use warmpath_agent::vllm::{
+use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
+use warmpath_vllm_events::{
     BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, PublisherConfig,
 };
-use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 
 const BS: u32 = 4;
 
@@ -193,7 +193,7 @@ async fn events_reach_the_router_index_and_survive_faults() {
     // An offloaded copy (a block on the CPU tier) is not closed.
     let mut off = stored(104, Some(103), 16..20);
     if let KvEvent::BlockStored(s) = &mut off {
-        s.medium = Some(warmpath_agent::vllm::Medium::Cpu);
+        s.medium = Some(warmpath_vllm_events::Medium::Cpu);
         s.token_ids.clear();
     }
     p1.publish(vec![off]).await.unwrap();

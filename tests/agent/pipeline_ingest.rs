@@ -9,7 +9,7 @@ use crate::ingest;
 use ingest::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use warmpath_agent::vllm::{BlockRemoved, EngineBlockHash, KvEvent, KvEventPublisher};
+use warmpath_vllm_events::{BlockRemoved, EngineBlockHash, KvEvent, KvEventPublisher};
 
 struct Certs {
     ca: PathBuf,

@@ -234,16 +234,16 @@ mod api {
     use std::sync::Arc;
 
     /// A token bound to pod `pod-a` (uid `uid-a`) of namespace `default`.
-    pub const POD_A: &str = "eyJhbGciOi.eyJwb2QiOiJh.c2lnLWE";
+    pub(super) const POD_A: &str = "eyJhbGciOi.eyJwb2QiOiJh.c2lnLWE";
     /// Bound to a pod of another namespace.
-    pub const OTHER_NS: &str = "eyJhbGciOi.eyJucyI6ImV2.c2lnLWV2aWw";
+    pub(super) const OTHER_NS: &str = "eyJhbGciOi.eyJucyI6ImV2.c2lnLWV2aWw";
     /// Bound to an earlier pod named `pod-a` (another uid).
-    pub const OLD_POD_A: &str = "eyJhbGciOi.eyJvbGQiOiJh.c2lnLW9sZA";
+    pub(super) const OLD_POD_A: &str = "eyJhbGciOi.eyJvbGQiOiJh.c2lnLW9sZA";
     /// Its review never answers.
-    pub const HANGS: &str = "eyJhbGciOi.eyJoYW5nIjox.c2lnLWhhbmc";
+    pub(super) const HANGS: &str = "eyJhbGciOi.eyJoYW5nIjox.c2lnLWhhbmc";
 
     #[derive(Default)]
-    pub struct Seen {
+    pub(super) struct Seen {
         pub reviews: Mutex<HashMap<String, usize>>,
     }
 
@@ -296,7 +296,7 @@ mod api {
     }
 
     /// Serves on loopback; returns its URL and what it saw.
-    pub async fn start() -> (String, Arc<Seen>) {
+    pub(super) async fn start() -> (String, Arc<Seen>) {
         let seen = Arc::new(Seen::default());
         let app = axum::Router::new()
             .route("/apis/authentication.k8s.io/v1/tokenreviews", post(reviews))
@@ -309,7 +309,7 @@ mod api {
     }
 
     /// A kubeconfig for `url`, namespace `default`, written into `dir`.
-    pub fn kubeconfig(dir: &std::path::Path, url: &str) -> String {
+    pub(super) fn kubeconfig(dir: &std::path::Path, url: &str) -> String {
         let path = dir.join("kubeconfig");
         std::fs::write(
             &path,

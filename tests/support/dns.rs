@@ -12,7 +12,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-pub struct TestDns {
+pub(crate) struct TestDns {
     pub addr: SocketAddr,
     zone: Arc<InMemoryAuthority>,
     serial: AtomicU32,
@@ -21,7 +21,7 @@ pub struct TestDns {
 
 impl TestDns {
     /// Serves zone `test.` on a UDP port of 127.0.0.1.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let origin = Name::from_str("test.").unwrap();
         let mut zone = InMemoryAuthority::empty(origin.clone(), ZoneType::Primary, false);
         let soa = SOA::new(
@@ -65,7 +65,7 @@ impl TestDns {
     }
 
     /// `name` (e.g. `engines.test.`) answers these A records from now on.
-    pub async fn set_a(&self, name: &str, ips: &[Ipv4Addr]) {
+    pub(crate) async fn set_a(&self, name: &str, ips: &[Ipv4Addr]) {
         let n = Name::from_str(name).unwrap();
         let records = ips
             .iter()
@@ -75,7 +75,7 @@ impl TestDns {
     }
 
     /// `name` answers these SRV records (target, port) from now on.
-    pub async fn set_srv(&self, name: &str, targets: &[(&str, u16)]) {
+    pub(crate) async fn set_srv(&self, name: &str, targets: &[(&str, u16)]) {
         let n = Name::from_str(name).unwrap();
         let records = targets
             .iter()

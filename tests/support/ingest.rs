@@ -12,21 +12,21 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use warmpath_agent::vllm::{
+use warmpath_core::{hash_tokens, BlockHash, CacheIndex, HashSeed};
+use warmpath_vllm_events::{
     BlockStored, EngineBlockHash, KvEvent, KvEventPublisher, PublisherConfig,
 };
-use warmpath_core::{hash_tokens, BlockHash, CacheIndex, HashSeed};
 
-pub const BS: u32 = 4;
+pub(crate) const BS: u32 = 4;
 
 /// A child process killed on drop; its stdout+stderr go to `log`.
-pub struct Proc {
+pub(crate) struct Proc {
     pub child: Child,
     pub log: PathBuf,
 }
 
 impl Proc {
-    pub fn output(&self) -> String {
+    pub(crate) fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -38,7 +38,7 @@ impl Drop for Proc {
     }
 }
 
-pub async fn publisher() -> KvEventPublisher {
+pub(crate) async fn publisher() -> KvEventPublisher {
     let mut cfg = PublisherConfig::new("tcp://127.0.0.1:0");
     cfg.replay_endpoint = Some("tcp://127.0.0.1:0".into());
     KvEventPublisher::bind(cfg).await.unwrap()
@@ -46,12 +46,12 @@ pub async fn publisher() -> KvEventPublisher {
 
 /// The agent binary for `worker` of model "m" on `p`, with `extra` flags
 /// (routers, TLS, token), logging into `dir/<worker>-<n>.log`.
-pub fn agent(dir: &Path, worker: &str, p: &KvEventPublisher, extra: &[String]) -> Proc {
+pub(crate) fn agent(dir: &Path, worker: &str, p: &KvEventPublisher, extra: &[String]) -> Proc {
     agent_of(dir, worker, "m", p, extra)
 }
 
 /// [`agent`] serving `model`.
-pub fn agent_of(
+pub(crate) fn agent_of(
     dir: &Path,
     worker: &str,
     model: &str,
@@ -82,7 +82,7 @@ pub fn agent_of(
 
 /// The router as its binary would run with `flags` (plus a pool "m" of
 /// block size 4 whose backends are `workers`).
-pub async fn router(flags: &[String], workers: &[&str]) -> warmpath_router::RunningRouter {
+pub(crate) async fn router(flags: &[String], workers: &[&str]) -> warmpath_router::RunningRouter {
     let mut args: Vec<String> = [
         "warmpath-router",
         "--listen",
@@ -113,21 +113,21 @@ pub async fn router(flags: &[String], workers: &[&str]) -> warmpath_router::Runn
         .unwrap()
 }
 
-pub fn s(v: &[&str]) -> Vec<String> {
+pub(crate) fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
-pub fn index(r: &warmpath_router::RunningRouter) -> Arc<CacheIndex> {
+pub(crate) fn index(r: &warmpath_router::RunningRouter) -> Arc<CacheIndex> {
     r.index("m").unwrap()
 }
 
-pub fn blocks(r: &warmpath_router::RunningRouter, worker: &str) -> u64 {
+pub(crate) fn blocks(r: &warmpath_router::RunningRouter, worker: &str) -> u64 {
     let idx = index(r);
     idx.worker_slot(worker).map_or(0, |s| idx.block_count(s))
 }
 
 /// One BlockStored of tokens `toks` (a new chain when `parent` is None).
-pub fn stored(
+pub(crate) fn stored(
     first_hash: u64,
     parent: Option<u64>,
     toks: std::ops::Range<u32>,
@@ -147,7 +147,7 @@ pub fn stored(
 }
 
 /// The router-side hashes of the chain of tokens 0..n.
-pub fn wp(n: u32) -> Vec<BlockHash> {
+pub(crate) fn wp(n: u32) -> Vec<BlockHash> {
     hash_tokens(
         HashSeed::new("m", "", ""),
         BS as usize,
@@ -157,7 +157,7 @@ pub fn wp(n: u32) -> Vec<BlockHash> {
 
 /// Polls `cond` for up to `limit`, publishing an empty batch on each
 /// publisher between polls (a gap is only seen when the next batch comes).
-pub async fn wait_until(
+pub(crate) async fn wait_until(
     what: &str,
     limit: Duration,
     pubs: &[&KvEventPublisher],
@@ -175,7 +175,7 @@ pub async fn wait_until(
     .await
 }
 
-pub async fn metrics_text(http: SocketAddr) -> String {
+pub(crate) async fn metrics_text(http: SocketAddr) -> String {
     reqwest::get(format!("http://{http}/metrics"))
         .await
         .unwrap()
@@ -184,7 +184,7 @@ pub async fn metrics_text(http: SocketAddr) -> String {
         .unwrap()
 }
 
-pub async fn agent_status(http: SocketAddr) -> serde_json::Value {
+pub(crate) async fn agent_status(http: SocketAddr) -> serde_json::Value {
     let v: serde_json::Value = reqwest::get(format!("http://{http}/cache-index"))
         .await
         .unwrap()
@@ -197,7 +197,7 @@ pub async fn agent_status(http: SocketAddr) -> serde_json::Value {
 /// What the in-process routers log at WARN and above, captured from the
 /// first call on (one global subscriber per test binary; every router of
 /// the binary writes into it, so a test filters by a marker of its own).
-pub fn captured_logs() -> Arc<parking_lot::Mutex<Vec<u8>>> {
+pub(crate) fn captured_logs() -> Arc<parking_lot::Mutex<Vec<u8>>> {
     static LOGS: std::sync::OnceLock<Arc<parking_lot::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
     Arc::clone(LOGS.get_or_init(|| {
         let buf = Arc::new(parking_lot::Mutex::new(Vec::new()));
@@ -226,7 +226,7 @@ impl std::io::Write for LogWriter {
 
 /// Raw agent messages, as a misbehaving agent writes them (pool "m", block
 /// size [`BS`]; hashes go into the index as they are).
-pub mod raw {
+pub(crate) mod raw {
     use warmpath_proto::v1::{
         agent_message::Msg, delta, AgentMessage, Block, Cleared, Delta, Hello, SnapshotChunk,
         Stored,
@@ -236,7 +236,7 @@ pub mod raw {
         AgentMessage { msg: Some(m) }
     }
 
-    pub fn hello(worker: &str) -> AgentMessage {
+    pub(crate) fn hello(worker: &str) -> AgentMessage {
         msg(Msg::Hello(Hello {
             worker_id: worker.into(),
             endpoint: "http://127.0.0.1:1".into(),
@@ -249,7 +249,7 @@ pub mod raw {
     }
 
     /// A whole snapshot in one chunk.
-    pub fn snapshot(seq: u64, hashes: &[u64]) -> AgentMessage {
+    pub(crate) fn snapshot(seq: u64, hashes: &[u64]) -> AgentMessage {
         msg(Msg::Snapshot(SnapshotChunk {
             seq,
             chunk_index: 0,
@@ -268,7 +268,7 @@ pub mod raw {
         }))
     }
 
-    pub fn stored(seq: u64, hashes: &[u64]) -> AgentMessage {
+    pub(crate) fn stored(seq: u64, hashes: &[u64]) -> AgentMessage {
         msg(Msg::Delta(Delta {
             seq,
             op: Some(delta::Op::Stored(Stored {
@@ -280,7 +280,7 @@ pub mod raw {
         }))
     }
 
-    pub fn cleared(seq: u64) -> AgentMessage {
+    pub(crate) fn cleared(seq: u64) -> AgentMessage {
         msg(Msg::Delta(Delta {
             seq,
             op: Some(delta::Op::Cleared(Cleared {})),
@@ -292,7 +292,7 @@ pub mod raw {
 /// A raw agent stream on `client`'s connection, with `token` as its bearer
 /// and `first` sent at once. The router's refusal before reading anything
 /// is the `Err`.
-pub async fn raw_stream_on(
+pub(crate) async fn raw_stream_on(
     client: &warmpath_proto::CacheEventsClient<tonic::transport::Channel>,
     token: Option<&str>,
     first: Vec<warmpath_proto::v1::AgentMessage>,
@@ -317,7 +317,7 @@ pub async fn raw_stream_on(
 }
 
 /// A client of the ingest at `grpc` (one connection, shared by its clones).
-pub async fn ingest_client(
+pub(crate) async fn ingest_client(
     grpc: SocketAddr,
 ) -> warmpath_proto::CacheEventsClient<tonic::transport::Channel> {
     warmpath_proto::CacheEventsClient::connect(format!("http://{grpc}"))
@@ -326,7 +326,7 @@ pub async fn ingest_client(
 }
 
 /// The value of the series `line_start` (name and labels) in `/metrics`.
-pub async fn metric(http: SocketAddr, line_start: &str) -> f64 {
+pub(crate) async fn metric(http: SocketAddr, line_start: &str) -> f64 {
     metrics_text(http)
         .await
         .lines()

@@ -3,7 +3,7 @@
 //! handle on the real `warmpath-router` binary.
 #![allow(dead_code, clippy::unwrap_used)]
 
-pub mod poll;
+pub(crate) mod poll;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -28,14 +28,14 @@ use tokio::task::{JoinHandle, JoinSet};
 
 /// One request the backend received.
 #[derive(Clone, Debug)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
 
 impl Recorded {
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap()
     }
 }
@@ -93,14 +93,14 @@ fn refused_key(st: &BackendState, headers: &HeaderMap) -> Option<Response> {
 /// holds a request for as long as its checks take, however slow the
 /// machine), `x_chunks` (SSE chunks, default 3), `x_delay_ms` (between
 /// chunks).
-pub struct TestBackend {
+pub(crate) struct TestBackend {
     pub addr: SocketAddr,
     state: Arc<BackendState>,
     server: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// The exact SSE bytes backend `name` streams for `chunks` chunks.
-pub fn sse_chunks(name: &str, chunks: usize) -> Vec<String> {
+pub(crate) fn sse_chunks(name: &str, chunks: usize) -> Vec<String> {
     let mut out: Vec<String> = (0..chunks)
         .map(|i| {
             format!(
@@ -207,19 +207,19 @@ fn models_list(st: &BackendState) -> axum::Json<Value> {
 }
 
 impl TestBackend {
-    pub async fn start(name: &str) -> Self {
+    pub(crate) async fn start(name: &str) -> Self {
         Self::start_with(name, "m", &[]).await
     }
 
     /// A backend serving `model` and LoRA `adapters` (listed in /v1/models).
-    pub async fn start_with(name: &str, model: &str, adapters: &[&str]) -> Self {
+    pub(crate) async fn start_with(name: &str, model: &str, adapters: &[&str]) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         Self::serve(name, model, adapters, listener)
     }
 
     /// A backend serving model `m` on `listener` (e.g. another loopback
     /// address, as a pod IP).
-    pub fn on(name: &str, listener: TcpListener) -> Self {
+    pub(crate) fn on(name: &str, listener: TcpListener) -> Self {
         Self::serve(name, "m", &[], listener)
     }
 
@@ -274,16 +274,16 @@ impl TestBackend {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.state.name
     }
 
     /// This backend as a pool member, its name as the worker id.
-    pub fn config(&self) -> warmpath_router::config::BackendConfig {
+    pub(crate) fn config(&self) -> warmpath_router::config::BackendConfig {
         warmpath_router::config::BackendConfig {
             url: self.url(),
             worker_id: Some(self.name().to_owned()),
@@ -292,52 +292,52 @@ impl TestBackend {
         }
     }
 
-    pub fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.state.log.lock().clone()
     }
 
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.state.log.lock().len()
     }
 
     /// Streams the client abandoned.
-    pub fn cancelled(&self) -> u32 {
+    pub(crate) fn cancelled(&self) -> u32 {
         self.state.cancelled.load(Ordering::SeqCst)
     }
 
     /// Requests currently held (`x_hold_ms`, `x_hold`).
-    pub fn active(&self) -> u32 {
+    pub(crate) fn active(&self) -> u32 {
         self.state.active.load(Ordering::SeqCst)
     }
 
     /// Makes `/v1/models` answer exactly these cards.
-    pub fn set_cards(&self, cards: Value) {
+    pub(crate) fn set_cards(&self, cards: Value) {
         *self.state.cards.lock() = Some(cards);
     }
 
     /// Requests whose connection closed before they were answered (the
     /// router cancelled them upstream).
-    pub fn abandoned(&self) -> u32 {
+    pub(crate) fn abandoned(&self) -> u32 {
         self.state.abandoned.load(Ordering::SeqCst)
     }
 
     /// Demands `Authorization: Bearer key` on every route, as vLLM's
     /// `--api-key` does.
-    pub fn require_key(&self, key: &str) {
+    pub(crate) fn require_key(&self, key: &str) {
         *self.state.api_key.lock() = Some(key.to_owned());
     }
 
     /// Lets every `x_hold: "release"` request answer, now and from now on.
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         self.state.released.send_replace(true);
     }
 
-    pub fn set_healthy(&self, ok: bool) {
+    pub(crate) fn set_healthy(&self, ok: bool) {
         self.state.healthy.store(ok, Ordering::SeqCst);
     }
 
     /// Kills the server and every open connection.
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         if let Some(h) = self.server.lock().take() {
             h.abort();
         }
@@ -352,35 +352,35 @@ impl Drop for TestBackend {
 
 /// A reply read to its end.
 #[derive(Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
 
 impl Reply {
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
     }
 
-    pub fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         self.headers
             .get(name)
             .map(|v| v.to_str().unwrap())
             .unwrap_or_else(|| panic!("no {name} header in {:?}", self.headers))
     }
 
-    pub fn backend(&self) -> &str {
+    pub(crate) fn backend(&self) -> &str {
         self.header("x-warmpath-backend")
     }
 
-    pub fn decision(&self) -> &str {
+    pub(crate) fn decision(&self) -> &str {
         self.header("x-warmpath-decision")
     }
 
     /// Asserts an OpenAI-shaped error with `status`; returns its `error` object.
-    pub fn error(&self, status: u16) -> Value {
+    pub(crate) fn error(&self, status: u16) -> Value {
         assert_eq!(
             self.status.as_u16(),
             status,
@@ -394,13 +394,14 @@ impl Reply {
     }
 }
 
-pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+pub(crate) type TestClient =
+    Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
-pub fn client() -> TestClient {
+pub(crate) fn client() -> TestClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
-pub fn request(
+pub(crate) fn request(
     method: &str,
     url: &str,
     body: impl Into<Bytes>,
@@ -416,7 +417,7 @@ pub fn request(
 }
 
 /// Sends and reads the whole answer.
-pub async fn send(c: &TestClient, req: hyper::Request<Full<Bytes>>) -> Reply {
+pub(crate) async fn send(c: &TestClient, req: hyper::Request<Full<Bytes>>) -> Reply {
     let resp = c.request(req).await.unwrap();
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
@@ -427,23 +428,28 @@ pub async fn send(c: &TestClient, req: hyper::Request<Full<Bytes>>) -> Reply {
     }
 }
 
-pub async fn post(c: &TestClient, url: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
+pub(crate) async fn post(
+    c: &TestClient,
+    url: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> Reply {
     send(c, request("POST", url, body.to_string(), headers)).await
 }
 
 /// The value of the first `/metrics` line starting with `line_start` (the
 /// series and its labels, then a space), if any.
-pub fn metric_value(text: &str, line_start: &str) -> Option<f64> {
+pub(crate) fn metric_value(text: &str, line_start: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
 }
 
-pub async fn get_url(c: &TestClient, url: &str) -> Reply {
+pub(crate) async fn get_url(c: &TestClient, url: &str) -> Reply {
     send(c, request("GET", url, Bytes::new(), &[])).await
 }
 
 /// Sends and reads the body frame by frame: (status, headers, frames, error).
-pub async fn post_frames(
+pub(crate) async fn post_frames(
     c: &TestClient,
     url: &str,
     body: &Value,
@@ -472,13 +478,13 @@ pub async fn post_frames(
 }
 
 /// Polls `cond` every 10 ms for up to 10 s.
-pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let (limit, every) = (Duration::from_secs(10), Duration::from_millis(10));
     poll::poll(what, limit, every, async || cond().then_some(())).await
 }
 
 /// A chat request whose first `prefix` characters are fixed by `seed`.
-pub fn chat(model: &str, seed: &str, tail: &str) -> Value {
+pub(crate) fn chat(model: &str, seed: &str, tail: &str) -> Value {
     json!({"model": model, "messages": [
         {"role": "system", "content": format!("{seed} ").repeat(2048 / (seed.len() + 1) + 1)},
         {"role": "user", "content": tail},
@@ -488,7 +494,7 @@ pub fn chat(model: &str, seed: &str, tail: &str) -> Value {
 /// The address a router process prints first on its piped stdout
 /// (`listening on http://ADDR`); the rest of stdout is drained so the router
 /// never blocks on a full pipe.
-pub async fn listen_addr(child: &mut tokio::process::Child) -> SocketAddr {
+pub(crate) async fn listen_addr(child: &mut tokio::process::Child) -> SocketAddr {
     let stdout = child.stdout.take().expect("stdout must be piped");
     let mut lines = BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
@@ -506,25 +512,25 @@ pub async fn listen_addr(child: &mut tokio::process::Child) -> SocketAddr {
 }
 
 /// The real router binary, started on 127.0.0.1:0.
-pub struct RouterProcess {
+pub(crate) struct RouterProcess {
     child: tokio::process::Child,
     pub addr: SocketAddr,
     logs: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
 /// The first pool's first discovery provider's status (`/cache-index`).
-pub async fn discovery_status(c: &TestClient, r: &RouterProcess) -> Value {
+pub(crate) async fn discovery_status(c: &TestClient, r: &RouterProcess) -> Value {
     let v = get_url(c, &r.url("/cache-index")).await.json();
     v["pools"][0]["discovery"][0].clone()
 }
 
 impl RouterProcess {
-    pub async fn spawn(args: &[&str]) -> Self {
+    pub(crate) async fn spawn(args: &[&str]) -> Self {
         Self::spawn_env(args, &[]).await
     }
 
     /// [`RouterProcess::spawn`] with extra environment variables.
-    pub async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+    pub(crate) async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
@@ -544,7 +550,7 @@ impl RouterProcess {
 
     /// [`RouterProcess::spawn_env`] logging everything (`RUST_LOG=debug`)
     /// to stderr, which a task drains into [`RouterProcess::logs`].
-    pub async fn spawn_logged(args: &[&str], env: &[(&str, &str)]) -> Self {
+    pub(crate) async fn spawn_logged(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
@@ -577,25 +583,25 @@ impl RouterProcess {
     }
 
     /// What a [`RouterProcess::spawn_logged`] router wrote to stderr so far.
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let logs = self.logs.as_ref().expect("started with spawn_logged");
         String::from_utf8_lossy(&logs.lock()).into_owned()
     }
 
     /// The binary with `yaml` as its router.yaml, read at start-up only (its
     /// directory goes after).
-    pub async fn from_yaml(yaml: &str) -> Self {
+    pub(crate) async fn from_yaml(yaml: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("router.yaml");
         std::fs::write(&cfg, yaml).unwrap();
         Self::spawn(&["--config", cfg.to_str().unwrap()]).await
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id().unwrap()
     }
 
@@ -610,7 +616,7 @@ impl RouterProcess {
     }
 
     /// Sends SIGTERM and waits (up to 10 s) for the process to exit.
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
+    pub(crate) async fn terminate(mut self) -> std::process::ExitStatus {
         self.signal("TERM");
         tokio::time::timeout(Duration::from_secs(10), self.child.wait())
             .await
@@ -619,7 +625,7 @@ impl RouterProcess {
     }
 
     /// Sends SIGHUP (config reload).
-    pub fn hangup(&self) {
+    pub(crate) fn hangup(&self) {
         self.signal("HUP");
     }
 }
@@ -627,7 +633,11 @@ impl RouterProcess {
 /// The real router binary from a router.yaml: top-level `sections`, then
 /// pool `m` with `pool` (indented lines such as `    strategy: random`) over
 /// `backends`. The file is read at start-up only; its directory goes after.
-pub async fn yaml_router(sections: &str, pool: &str, backends: &[&TestBackend]) -> RouterProcess {
+pub(crate) async fn yaml_router(
+    sections: &str,
+    pool: &str,
+    backends: &[&TestBackend],
+) -> RouterProcess {
     let urls: Vec<String> = backends
         .iter()
         .map(|b| format!("{{url: '{}'}}", b.url()))
@@ -641,14 +651,14 @@ pub async fn yaml_router(sections: &str, pool: &str, backends: &[&TestBackend]) 
 
 /// Asserts that every backend of `r`'s first pool is ejected: none in
 /// rotation, `/health` 503. (Requests would still reach them: panic routing.)
-pub async fn assert_all_ejected(c: &TestClient, r: &RouterProcess) {
+pub(crate) async fn assert_all_ejected(c: &TestClient, r: &RouterProcess) {
     let v = get_url(c, &r.url("/readyz")).await.json();
     assert_eq!(v["pools"][0]["in_rotation"].as_u64(), Some(0), "{v}");
     assert_eq!(get_url(c, &r.url("/health")).await.status, 503);
 }
 
 /// Runs the real binary to completion with `args`: (exit success, stderr).
-pub async fn run_to_exit(args: &[&str]) -> (bool, String) {
+pub(crate) async fn run_to_exit(args: &[&str]) -> (bool, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
         .args(args)
         .output()
@@ -661,7 +671,7 @@ pub async fn run_to_exit(args: &[&str]) -> (bool, String) {
 }
 
 /// `n` test backends named `b0`, `b1`, … serving model `m`.
-pub async fn backends(n: usize) -> Vec<TestBackend> {
+pub(crate) async fn backends(n: usize) -> Vec<TestBackend> {
     let mut out = Vec::new();
     for i in 0..n {
         out.push(TestBackend::start(&format!("b{i}")).await);
@@ -670,7 +680,7 @@ pub async fn backends(n: usize) -> Vec<TestBackend> {
 }
 
 /// The real router binary over `bs` as pool `m`, with `extra` flags.
-pub async fn router(bs: &[TestBackend], extra: &[&str]) -> RouterProcess {
+pub(crate) async fn router(bs: &[TestBackend], extra: &[&str]) -> RouterProcess {
     let urls: Vec<String> = bs.iter().map(TestBackend::url).collect();
     let mut args = vec!["--model", "m"];
     for u in &urls {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 /// Runs `check` every `every` until it returns `Some`, for at most `limit`
 /// (an attempt still running then is given at most `limit` more); then
 /// panics naming `what`.
-pub async fn poll<T>(
+pub(crate) async fn poll<T>(
     what: &str,
     limit: Duration,
     every: Duration,

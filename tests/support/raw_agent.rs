@@ -11,7 +11,7 @@ use warmpath_proto::v1::{
     agent_message::Msg, AgentMessage, Block, Hello, Load, RouterMessage, SnapshotChunk,
 };
 
-pub struct Router {
+pub(crate) struct Router {
     child: tokio::process::Child,
     pub http: String,
     pub grpc: String,
@@ -20,12 +20,16 @@ pub struct Router {
 impl Router {
     /// The router binary with `yaml` (which sets `grpc_listen`) as its
     /// config file, written into `dir`.
-    pub async fn start(dir: &std::path::Path, yaml: &str) -> Self {
+    pub(crate) async fn start(dir: &std::path::Path, yaml: &str) -> Self {
         Self::start_with_env(dir, yaml, &[]).await
     }
 
     /// [`Router::start`] with more environment variables.
-    pub async fn start_with_env(dir: &std::path::Path, yaml: &str, env: &[(&str, &str)]) -> Self {
+    pub(crate) async fn start_with_env(
+        dir: &std::path::Path,
+        yaml: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let cfg = dir.join("router.yaml");
         std::fs::write(&cfg, yaml).unwrap();
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-router"))
@@ -50,7 +54,7 @@ impl Router {
         Router { child, http, grpc }
     }
 
-    pub fn rss(&self) -> u64 {
+    pub(crate) fn rss(&self) -> u64 {
         let pid = self.child.id().unwrap();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let kb: u64 = status
@@ -66,7 +70,7 @@ impl Router {
     }
 
     /// `VmRSS`, `RssAnon` and `RssFile` of `/proc/PID/status`, for messages.
-    pub fn mem(&self) -> String {
+    pub(crate) fn mem(&self) -> String {
         let pid = self.child.id().unwrap();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         status
@@ -79,12 +83,12 @@ impl Router {
             .join(", ")
     }
 
-    pub async fn metric(&self, c: &TestClient, line_start: &str) -> f64 {
+    pub(crate) async fn metric(&self, c: &TestClient, line_start: &str) -> f64 {
         let m = get_url(c, &format!("{}/metrics", self.http)).await;
         metric_value(&String::from_utf8_lossy(&m.body), line_start).unwrap_or(0.0)
     }
 
-    pub async fn blocks(&self, c: &TestClient, worker: &str) -> u64 {
+    pub(crate) async fn blocks(&self, c: &TestClient, worker: &str) -> u64 {
         let v = get_url(c, &format!("{}/cache-index", self.http))
             .await
             .json();
@@ -102,7 +106,7 @@ impl Router {
 /// A raw agent stream for `worker`: Hello, a snapshot of `blocks` (seq 1),
 /// and `Load` with `capacity` when given. Keep the returned pair alive;
 /// dropping it is the agent dying (its stream closes).
-pub async fn agent(
+pub(crate) async fn agent(
     grpc: &str,
     worker: &str,
     blocks: &[u64],
@@ -115,7 +119,7 @@ pub async fn agent(
 
 /// [`agent`] with its Hello's `epoch` and a bearer `token`; a stream the
 /// router refuses before reading its Hello is the `Err`.
-pub async fn agent_as(
+pub(crate) async fn agent_as(
     grpc: &str,
     worker: &str,
     epoch: u64,

@@ -5,7 +5,7 @@
 
 /// Says that `tool` is missing, so `what` is not checked: a loud skip, or a
 /// panic under `WARMPATH_REQUIRE_TOOLS=1`.
-pub fn missing(tool: &str, what: &str) {
+pub(crate) fn missing(tool: &str, what: &str) {
     let message = format!("{tool} is not installed: {what} NOT CHECKED");
     if std::env::var_os("WARMPATH_REQUIRE_TOOLS").is_some_and(|v| v == "1") {
         panic!("{message} (WARMPATH_REQUIRE_TOOLS=1: a required tool is missing)");

@@ -1,9 +1,8 @@
 //! warmpath-agent: runs beside one engine instance and tells every router which
 //! KV-cache blocks that instance holds.
 //!
-//! - [`vllm`]: the `warmpath-vllm-events` crate (vLLM's KV-event wire format
-//!   and a vLLM-compatible publisher), re-exported for the integration tests'
-//!   `warmpath_agent::vllm` paths.
+//! - vLLM's KV-event wire format (decode, and the publisher the engine and
+//!   tests use) is the `warmpath-vllm-events` crate.
 //! - [`tracker`]: one engine rank's `vLLM hash -> warmpath hash` map; re-hashing.
 //! - [`hub`]: the worker's block set (union of ranks), the agent's seq, and the
 //!   bounded, coalescing per-router queues; `closure`: whether that set is
@@ -46,6 +45,3 @@ pub mod zmtp_guard;
 
 pub use agent::{Agent, AgentConfig, Mode};
 pub use error::AgentError;
-// The integration tests still name `warmpath_agent::vllm::...`; new code
-// imports `warmpath_vllm_events` directly.
-pub use warmpath_vllm_events as vllm;

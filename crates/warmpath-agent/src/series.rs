@@ -4,7 +4,7 @@
 use metrics::{describe_counter, describe_gauge};
 
 /// Registers every series' HELP text (with the recorder installed).
-pub fn describe() {
+pub(crate) fn describe() {
     describe_gauge!(
         "warmpath_build_info",
         "Always 1; the labels name the running build"

@@ -48,7 +48,7 @@ impl std::fmt::Debug for Llama {
 
 impl Llama {
     /// Builds the model from Hugging Face tensor names under `vb`.
-    pub fn load(vb: VarBuilder, cfg: &LlamaConfig) -> Result<Self> {
+    pub fn load(vb: VarBuilder<'_>, cfg: &LlamaConfig) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
         let (nh, nkv) = (cfg.num_attention_heads, cfg.kv_heads());
         let embed = candle_nn::embedding(cfg.vocab_size, h, vb.pp("model.embed_tokens"))?;

@@ -34,13 +34,13 @@ mod release {
         unsafe { libmimalloc_sys::mi_collect(true) }
     }
 
-    pub fn release_memory() {
+    pub(crate) fn release_memory() {
         ASKED.fetch_add(1, Ordering::Relaxed);
         collect();
     }
 
     /// A runtime worker about to park: collect once per request.
-    pub fn on_park() {
+    pub(crate) fn on_park() {
         let asked = ASKED.load(Ordering::Relaxed);
         if DONE.get() != asked {
             DONE.set(asked);

@@ -23,7 +23,7 @@ impl PoolDirectory for OnePool {
 }
 
 /// The router side: ingest server + sweeper over pool "m".
-pub struct Ingest {
+pub(crate) struct Ingest {
     pub url: String,
     pub index: Arc<CacheIndex>,
     stop: CancellationToken,
@@ -31,7 +31,7 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    pub async fn start(block_size: usize) -> Ingest {
+    pub(crate) async fn start(block_size: usize) -> Ingest {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let index = Arc::new(CacheIndex::new());
@@ -60,13 +60,13 @@ impl Ingest {
     }
 
     /// Blocks the index holds for `worker`.
-    pub fn blocks(&self, worker: &str) -> u64 {
+    pub(crate) fn blocks(&self, worker: &str) -> u64 {
         self.index
             .worker_slot(worker)
             .map_or(0, |s| self.index.block_count(s))
     }
 
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         for t in self.tasks {
             let _ = t.await;
@@ -76,7 +76,7 @@ impl Ingest {
 
 /// A vLLM-compatible publisher and an agent "w" following it, publishing to
 /// `router`; returns once the router has applied the agent's first snapshot.
-pub async fn publisher_and_agent(ingest: &Ingest) -> (KvEventPublisher, Agent) {
+pub(crate) async fn publisher_and_agent(ingest: &Ingest) -> (KvEventPublisher, Agent) {
     let mut pc = PublisherConfig::new("tcp://127.0.0.1:0");
     pc.replay_endpoint = Some("tcp://127.0.0.1:0".into());
     let p = KvEventPublisher::bind(pc).await.unwrap();

@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// One request's prompt: its token count and its chain of full blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chain {
+pub(super) struct Chain {
     /// Prompt tokens as tokenized here.
     pub tokens: u64,
     /// Chained hashes of its full blocks.
@@ -22,7 +22,7 @@ pub struct Chain {
 /// The chains of `trace`; `None` for conversations (their next turns carry
 /// the answers the engines gave, unknown before the run) or when a request
 /// cannot be tokenized.
-pub fn chains(
+pub(super) fn chains(
     trace: &[TraceRequest],
     tok: &ChatTokenizer,
     block_size: usize,
@@ -67,7 +67,7 @@ pub fn chains(
 /// order, in flight from arrival to their measured completion. `None` when
 /// the engines counted the prompts differently from here for more than 1% of
 /// the requests (another tokenizer: the chains would not be theirs).
-pub fn optimum(chains: &[Chain], samples: &[Sample], fleet: Fleet) -> Option<Optimum> {
+pub(super) fn optimum(chains: &[Chain], samples: &[Sample], fleet: Fleet) -> Option<Optimum> {
     let mut order: Vec<usize> = (0..chains.len().min(samples.len()))
         .filter(|&i| samples[i].error.is_none() && samples[i].prompt_tokens > 0)
         .collect();

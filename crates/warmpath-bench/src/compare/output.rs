@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// Writes results.json, results.md, the SVG plots and report.html into
 /// `dir`; returns the HTML report's path.
-pub fn write_all(
+pub(super) fn write_all(
     dir: &Path,
     reports: &[StrategyReport],
     settings: &serde_json::Value,

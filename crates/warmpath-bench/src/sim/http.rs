@@ -19,9 +19,9 @@ use warmpath_openai::vllm_metrics::Totals;
 use warmpath_openai::{ApiError, Backend, Generation, Item, Job, ServerConfig, VllmStats};
 
 /// Context length (prompt plus output), in tokens (vLLM's `max_model_len`).
-pub const MAX_MODEL_LEN: usize = 65_536;
+pub(super) const MAX_MODEL_LEN: usize = 65_536;
 /// Output tokens when the request does not say.
-pub const DEFAULT_MAX_TOKENS: usize = 16;
+pub(super) const DEFAULT_MAX_TOKENS: usize = 16;
 
 /// Everything the handlers share.
 #[derive(Debug)]

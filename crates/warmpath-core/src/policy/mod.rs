@@ -490,11 +490,11 @@ pub(crate) mod test_util {
     use rand::rngs::SmallRng;
     use rand::SeedableRng;
 
-    pub fn rng() -> SmallRng {
+    pub(crate) fn rng() -> SmallRng {
         SmallRng::seed_from_u64(7)
     }
 
-    pub fn backends(n: usize) -> Vec<PolicyBackend> {
+    pub(crate) fn backends(n: usize) -> Vec<PolicyBackend> {
         (0..n)
             .map(|i| PolicyBackend {
                 id: format!("b{i}"),
@@ -505,7 +505,7 @@ pub(crate) mod test_util {
     }
 
     /// A match of a `chain`-block request; `list` is (slot, blocks, fresh).
-    pub fn matches(list: &[(u16, u32, bool)], chain: u32) -> crate::index::MatchResult {
+    pub(crate) fn matches(list: &[(u16, u32, bool)], chain: u32) -> crate::index::MatchResult {
         crate::index::MatchResult {
             workers: list
                 .iter()
@@ -521,14 +521,14 @@ pub(crate) mod test_util {
     }
 
     /// `input` as a preview (what `route::preview` asks).
-    pub fn previewing<'a>(input: &RouteInput<'a>) -> RouteInput<'a> {
+    pub(crate) fn previewing<'a>(input: &RouteInput<'a>) -> RouteInput<'a> {
         RouteInput {
             mode: Mode::Preview,
             ..*input
         }
     }
 
-    pub fn idle(n: usize) -> Vec<BackendLoad> {
+    pub(crate) fn idle(n: usize) -> Vec<BackendLoad> {
         vec![
             BackendLoad {
                 eligible: true,

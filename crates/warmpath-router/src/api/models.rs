@@ -31,7 +31,7 @@ fn own_card(id: &str, parent: Option<&str>) -> Value {
 }
 
 /// Pool `p`'s cards: its model's first, then its adapters' by id.
-pub fn pool_cards(p: &Pool) -> Vec<Value> {
+pub(crate) fn pool_cards(p: &Pool) -> Vec<Value> {
     let members = p.backends();
     let mut backends: Vec<_> = members.iter().collect();
     // Stable: healthy first, in configuration order.
@@ -70,7 +70,7 @@ pub fn pool_cards(p: &Pool) -> Vec<Value> {
 }
 
 /// `GET /v1/models`: every pool's cards.
-pub async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
     let data: Vec<Value> = s.pools.all().iter().flat_map(|p| pool_cards(p)).collect();
     Json(json!({"object": "list", "data": data}))
 }

@@ -24,19 +24,24 @@ use std::time::Instant;
 use warmpath_core::{Expect, Request, TenantId, TenantSource};
 
 /// The proxied endpoints' paths (the same on the router and the engine).
-pub const CHAT_PATH: &str = "/v1/chat/completions";
+pub(crate) const CHAT_PATH: &str = "/v1/chat/completions";
 /// See [`CHAT_PATH`].
-pub const COMPLETIONS_PATH: &str = "/v1/completions";
+pub(crate) const COMPLETIONS_PATH: &str = "/v1/completions";
 /// See [`CHAT_PATH`].
-pub const INVOCATIONS_PATH: &str = "/invocations";
+pub(crate) const INVOCATIONS_PATH: &str = "/invocations";
 
 /// `POST /v1/chat/completions` (reached through [`crate::http::front`]).
-pub async fn chat(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn chat(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     openai(s, Expect::Chat, CHAT_PATH, uri, headers, body).await
 }
 
 /// `POST /v1/completions` (reached through [`crate::http::front`]).
-pub async fn completions(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn completions(
+    s: Arc<Shared>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     openai(s, Expect::Completion, COMPLETIONS_PATH, uri, headers, body).await
 }
 
@@ -143,7 +148,7 @@ fn prepare(
 /// pool; the tenant as on the OpenAI endpoints (`X-Prefix-Aware-Id`,
 /// `prompt_cache_key`, `cache_salt`, or the API key), so tenants stay
 /// apart here too. Big bodies are read on the work pool, as everywhere.
-pub async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
     let uri = Uri::from_static(INVOCATIONS_PATH);
     serve(s, INVOCATIONS_PATH, uri, headers, body, prepare_raw).await
 }

@@ -33,7 +33,7 @@ use std::time::Duration;
 use warmpath_core::request::surface::response_id;
 
 /// Sets `plan.pinned` when the request continues a stored response.
-pub async fn follow(s: &Shared, plan: &mut Plan) {
+pub(crate) async fn follow(s: &Shared, plan: &mut Plan) {
     let Some(id) = plan.follows.as_deref() else {
         return;
     };
@@ -128,7 +128,7 @@ async fn status_of(s: &Shared, b: &Backend, path: &str, timeout: Duration) -> Op
 }
 
 /// `GET /v1/responses/{id}`.
-pub async fn get(
+pub(crate) async fn get(
     State(s): State<Arc<Shared>>,
     Path(id): Path<String>,
     uri: Uri,
@@ -138,7 +138,7 @@ pub async fn get(
 }
 
 /// `POST /v1/responses/{id}/cancel`.
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(s): State<Arc<Shared>>,
     Path(id): Path<String>,
     uri: Uri,

@@ -14,7 +14,7 @@ use warmpath_core::TenantId;
 
 /// The body to forward for a request read from `raw` whose `cache_salt` field
 /// is `cache_salt` (`None`: absent or null).
-pub fn with_cache_salt(raw: &Bytes, cache_salt: Option<&str>, tenant: &TenantId) -> Bytes {
+pub(crate) fn with_cache_salt(raw: &Bytes, cache_salt: Option<&str>, tenant: &TenantId) -> Bytes {
     match cache_salt {
         Some(s) if s == tenant.as_str() => raw.clone(),
         Some(_) => rewrite(raw, tenant),

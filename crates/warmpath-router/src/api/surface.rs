@@ -30,7 +30,7 @@ use warmpath_core::request::surface::{Endpoint, Surface};
 use warmpath_core::{TenantId, TenantSource};
 
 /// Serves one request to `endpoint`.
-pub async fn serve(
+pub(crate) async fn serve(
     s: Arc<Shared>,
     endpoint: Endpoint,
     uri: Uri,

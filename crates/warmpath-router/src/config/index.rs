@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// A worker may hold its engine's reported capacity (`Load.capacity_blocks`)
 /// times this: events of blocks being evicted and stored arrive in bursts,
 /// so a full engine briefly claims a little more.
-pub const CAPACITY_SLACK: f64 = 1.25;
+pub(super) const CAPACITY_SLACK: f64 = 1.25;
 
 /// Bounds of one pool's cache index.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use warmpath_core::{PrefixExtractor, Strategy};
 
 /// Largest accepted `block_size`.
-pub const MAX_BLOCK_SIZE: usize = 4096;
+pub(super) const MAX_BLOCK_SIZE: usize = 4096;
 
 /// Why a backend URL was refused. Not retryable: the same text fails again.
 #[derive(Debug, thiserror::Error)]

@@ -28,7 +28,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 
 /// The `Authorization: Bearer` token, if one (also the `tenants.from:
 /// api_key` key).
-pub fn presented(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn presented(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)?
         .to_str()
@@ -59,7 +59,7 @@ fn basic_password(headers: &HeaderMap) -> Option<String> {
 }
 
 /// `Ok` when `headers` may use the admin API.
-pub fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     match &s.settings.admin_token {
         Some(t) if !matches(headers, t) => Err(ApiError::unauthorized()),
         _ => Ok(()),
@@ -68,7 +68,7 @@ pub fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Whether `headers` present the admin token (never when none is set): what
 /// lets a query answer for another tenant.
-pub fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
+pub(crate) fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
     s.settings
         .admin_token
         .as_deref()
@@ -76,7 +76,7 @@ pub fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
 }
 
 /// `Ok` when `headers` may read the cache index.
-pub fn inspect(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn inspect(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     let tokens = [&s.settings.inspect_token, &s.settings.admin_token];
     let mut set = tokens.iter().filter_map(|t| t.as_deref()).peekable();
     if set.peek().is_none() {
@@ -113,7 +113,7 @@ fn guarded(path: &str) -> bool {
 /// The checks every request passes before its handler (see the module
 /// docs): `Host` on a loopback listener, `Origin` on the guarded paths,
 /// and the content type of an admin write.
-pub fn edge(
+pub(crate) fn edge(
     hosts: Option<&[String]>,
     method: &Method,
     uri: &Uri,

@@ -24,7 +24,7 @@ use warmpath_core::Strategy;
 
 /// Every `/admin/pools/{*rest}` request: `PUT …/strategy` here, the
 /// membership calls in [`crate::control::members`].
-pub async fn handle(
+pub(crate) async fn handle(
     State(s): State<Arc<Shared>>,
     method: Method,
     Path(rest): Path<String>,
@@ -90,7 +90,7 @@ const MAX_ADMIN_BODY: usize = 64 * 1024;
 /// Body of `PUT /admin/pools/{model}/strategy`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StrategyBody {
+pub(crate) struct StrategyBody {
     /// The new strategy.
     pub strategy: String,
 }
@@ -141,7 +141,7 @@ fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
 
 /// What a reload applied and what it could not (each a sentence).
 #[derive(Debug, Default)]
-pub struct ReloadReport {
+pub(crate) struct ReloadReport {
     /// Applied live.
     pub applied: Vec<String>,
     /// Left as they run: they need a restart (or a different change).
@@ -154,7 +154,10 @@ pub struct ReloadReport {
 /// came from the configuration: members added through the API or by
 /// discovery stay). Settings that need a restart (tokenizer, block size,
 /// new pools, a member's changed url) are listed, not applied.
-pub async fn reload(s: &Arc<Shared>, config: &RouterConfig) -> Result<ReloadReport, RouterError> {
+pub(crate) async fn reload(
+    s: &Arc<Shared>,
+    config: &RouterConfig,
+) -> Result<ReloadReport, RouterError> {
     config.validate()?;
     let mut r = ReloadReport::default();
     for pc in &config.pools {
@@ -269,7 +272,7 @@ const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600)
 /// The process-wide settings that differ between the running configuration
 /// and a re-read one: a reload cannot apply them (listeners, tokens, ingest
 /// TLS and deadlines, limits, health checks, the upstream client).
-pub fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {
+pub(crate) fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {
     let mut out = Vec::new();
     let mut check = |name: &str, changed: bool| {
         if changed {

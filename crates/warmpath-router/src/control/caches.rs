@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 /// One cache's counters.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CacheReport {
+pub(crate) struct CacheReport {
     /// The pool's model.
     pub pool: String,
     /// Which cache (module docs).
@@ -29,7 +29,7 @@ pub struct CacheReport {
 
 impl CacheReport {
     /// As listed by `GET /cache-index`.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "pool": self.pool,
             "cache": self.cache,
@@ -41,7 +41,7 @@ impl CacheReport {
 }
 
 /// Every pool's caches' counters (a pool without a tokenizer has none).
-pub fn report(s: &Shared) -> Vec<CacheReport> {
+pub(crate) fn report(s: &Shared) -> Vec<CacheReport> {
     let mut out = Vec::new();
     for p in s.pools.all() {
         let mut add = |cache, hits, misses, entries| {
@@ -66,7 +66,7 @@ pub fn report(s: &Shared) -> Vec<CacheReport> {
 
 /// Sets `warmpath_hot_cache_hits_total`, `warmpath_hot_cache_misses_total`
 /// and `warmpath_hot_cache_entries` (labels `pool`, `cache`).
-pub fn update_metrics(s: &Shared) {
+pub(crate) fn update_metrics(s: &Shared) {
     for r in report(s) {
         let labels = [("pool", r.pool), ("cache", r.cache.to_owned())];
         metrics::counter!("warmpath_hot_cache_hits_total", &labels).absolute(r.hits);

@@ -41,7 +41,7 @@ const MAX_MODELS_BYTES: usize = 1 << 20;
 /// [`round`], run by start-up before the router serves). Each later round
 /// spreads its probes evenly over the interval ([`spread`]), so a large
 /// fleet's probes never arrive as one burst of work beside the requests.
-pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let every = Duration::from_millis(shared.settings.health.probe_interval_ms);
     let mut next = tokio::time::Instant::now() + every;
     loop {
@@ -73,7 +73,7 @@ fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
 
 /// Probes every backend once (concurrently; each within the probe timeout)
 /// and updates `warmpath_ready`.
-pub async fn round(shared: &Shared) {
+pub(crate) async fn round(shared: &Shared) {
     let members = members(shared);
     let probes = members.iter().map(|(p, b)| probe(shared, p, b));
     futures::future::join_all(probes).await;
@@ -200,7 +200,7 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
 /// The body of a completion probe: one generated token after a one-word
 /// prompt, shorter than any KV block, so it leaves nothing in the prefix
 /// cache (no KV events) and costs one decode step.
-pub fn completion_probe(model: &str) -> Bytes {
+pub(crate) fn completion_probe(model: &str) -> Bytes {
     Bytes::from(
         json!({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0,
                "stream": false})
@@ -209,7 +209,7 @@ pub fn completion_probe(model: &str) -> Bytes {
 }
 
 /// The LoRA adapters in a `/v1/models` answer: cards whose `parent` is `model`.
-pub fn adapters_of(body: &[u8], model: &str) -> Option<BTreeSet<String>> {
+pub(crate) fn adapters_of(body: &[u8], model: &str) -> Option<BTreeSet<String>> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let data = v.get("data")?.as_array()?;
     Some(
@@ -223,7 +223,7 @@ pub fn adapters_of(body: &[u8], model: &str) -> Option<BTreeSet<String>> {
 }
 
 /// vLLM's `max_model_len` on the card of `model` in a `/v1/models` answer.
-pub fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
+pub(crate) fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let card = v
         .get("data")?
@@ -267,7 +267,7 @@ async fn send(
 
 /// The cards of pool `model` in a `/v1/models` answer: its own and its
 /// adapters'; `None` when the body is not a model list.
-pub fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
+pub(crate) fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let data = v.get("data")?.as_array()?;
     Some(

@@ -24,20 +24,20 @@ use std::time::Instant;
 use warmpath_core::{Expect, Request, RequestError, TenantId, TenantSource};
 
 /// Names the tenant a query answers for, as its answer's `tenant` shows it.
-pub const QUERY_TENANT_HEADER: &str = "x-warmpath-tenant";
+pub(crate) const QUERY_TENANT_HEADER: &str = "x-warmpath-tenant";
 
 /// Warmest chains listed per pool unless `?top=` says otherwise.
-pub const DEFAULT_TOP: usize = 10;
+pub(crate) const DEFAULT_TOP: usize = 10;
 
 /// Query string of `GET /cache-index`.
 #[derive(Debug, Deserialize)]
-pub struct IndexQuery {
+pub(crate) struct IndexQuery {
     /// How many warm chains to list per pool (at most 256).
     pub top: Option<usize>,
 }
 
 /// `GET /metrics`.
-pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+pub(crate) async fn metrics(State(s): State<Arc<Shared>>) -> Response {
     let Some(handle) = &s.metrics else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -55,7 +55,7 @@ pub async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 }
 
 /// Refreshes the index gauges of every pool (also done on each scrape).
-pub fn update_gauges(s: &Shared) {
+pub(crate) fn update_gauges(s: &Shared) {
     let now = crate::routing::load_cell::monotonic_ms();
     for p in s.pools.all() {
         metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
@@ -166,7 +166,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
 }
 
 /// `GET /cache-index[?top=K]`.
-pub async fn cache_index(
+pub(crate) async fn cache_index(
     State(s): State<Arc<Shared>>,
     headers: HeaderMap,
     Query(q): Query<IndexQuery>,
@@ -180,7 +180,7 @@ pub async fn cache_index(
 
 /// What `GET /cache-index` answers (also the first view of
 /// `/cache-index/ui`), with the `top` warmest chains per pool.
-pub fn snapshot(s: &Shared, top: usize) -> Value {
+pub(crate) fn snapshot(s: &Shared, top: usize) -> Value {
     let top = top.min(crate::routing::hot::DEFAULT_CAPACITY);
     update_gauges(s);
     let pools: Vec<Value> = s.pools.all().iter().map(|p| pool_view(s, p, top)).collect();
@@ -197,7 +197,11 @@ pub fn snapshot(s: &Shared, top: usize) -> Value {
 
 /// `POST /cache-index/query`: body as for chat or completions. A big body is
 /// answered on the bounded work pool, as a proxied one is routed.
-pub async fn query(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn query(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let mut held = Held::new(&s.bodies);
     let answered = match read_query(&s, &headers, body, &mut held).await {
         Ok(raw) if s.work.offloads(raw.len()) => {

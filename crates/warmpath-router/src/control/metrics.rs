@@ -274,7 +274,7 @@ fn describe() {
 
 /// A phase of `warmpath_router_overhead_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Reading the body's JSON, resolving the pool and the tenant.
     Parse,
     /// Rendering and tokenizing.
@@ -297,7 +297,7 @@ impl Phase {
     ];
 
     /// The `phase` label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Phase::Parse => "parse",
             Phase::Tokenize => "tokenize",
@@ -313,7 +313,7 @@ impl Phase {
 /// updates up to eight. Built before the recorder is installed, the handles
 /// record nothing (as the macros would).
 #[derive(Clone)]
-pub struct PoolMetrics {
+pub(crate) struct PoolMetrics {
     /// `warmpath_matched_blocks{pool}`.
     pub matched_blocks: Histogram,
     /// `warmpath_predicted_cached_tokens_total{pool}`.
@@ -333,7 +333,7 @@ type RequestLabels = (&'static str, &'static str, u16);
 
 impl PoolMetrics {
     /// Registers the series of pool `model`.
-    pub fn new(model: &str) -> Self {
+    pub(crate) fn new(model: &str) -> Self {
         PoolMetrics {
             matched_blocks: metrics::histogram!("warmpath_matched_blocks", "pool" => model.to_owned()),
             predicted_tokens: metrics::counter!(
@@ -352,7 +352,7 @@ impl PoolMetrics {
     }
 
     /// Counts a finished routing attempt in `warmpath_requests_total`.
-    pub fn count(&self, strategy: &'static str, decision: &'static str, status: StatusCode) {
+    pub(crate) fn count(&self, strategy: &'static str, decision: &'static str, status: StatusCode) {
         let key = (strategy, decision, status.as_u16());
         if let Some(c) = self.requests.read().get(&key) {
             c.increment(1);
@@ -364,7 +364,7 @@ impl PoolMetrics {
     }
 
     /// `warmpath_router_overhead_seconds{phase}`.
-    pub fn overhead(&self, phase: Phase) -> &Histogram {
+    pub(crate) fn overhead(&self, phase: Phase) -> &Histogram {
         &self.overhead[phase as usize]
     }
 }
@@ -376,7 +376,7 @@ impl fmt::Debug for PoolMetrics {
 }
 
 /// `warmpath_requests_total{pool, strategy, decision, status}`.
-pub fn requests_counter(
+pub(crate) fn requests_counter(
     pool: &str,
     strategy: &'static str,
     decision: &'static str,
@@ -388,14 +388,14 @@ pub fn requests_counter(
 }
 
 /// `warmpath_request_duration_seconds{pool}`.
-pub fn request_duration(pool: &str) -> Histogram {
+pub(crate) fn request_duration(pool: &str) -> Histogram {
     metrics::histogram!("warmpath_request_duration_seconds", "pool" => pool.to_owned())
 }
 
 /// How a request sent to a backend ended: the `outcome` label of
 /// `warmpath_backend_requests_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Answered below 500 and streamed to its end.
     Ok,
     /// Answered 500 or above.
@@ -413,7 +413,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 6] = [
+    pub(crate) const ALL: [Outcome; 6] = [
         Outcome::Ok,
         Outcome::ServerError,
         Outcome::ConnectError,
@@ -423,7 +423,7 @@ impl Outcome {
     ];
 
     /// The `outcome` label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::ServerError => "server_error",
@@ -437,7 +437,7 @@ impl Outcome {
 
 /// `warmpath_backend_requests_total{pool, backend, outcome}`, one per
 /// [`Outcome`] in [`Outcome::ALL`] order.
-pub fn backend_requests(model: &str, backend: &str) -> [Counter; 6] {
+pub(crate) fn backend_requests(model: &str, backend: &str) -> [Counter; 6] {
     Outcome::ALL.map(|o| {
         metrics::counter!("warmpath_backend_requests_total", "pool" => model.to_owned(),
             "backend" => backend.to_owned(), "outcome" => o.label())
@@ -445,65 +445,65 @@ pub fn backend_requests(model: &str, backend: &str) -> [Counter; 6] {
 }
 
 /// `warmpath_backend_in_flight{pool, backend}`.
-pub fn backend_in_flight(model: &str, backend: &str) -> Gauge {
+pub(crate) fn backend_in_flight(model: &str, backend: &str) -> Gauge {
     metrics::gauge!("warmpath_backend_in_flight", "pool" => model.to_owned(), "backend" => backend.to_owned())
 }
 
 /// `warmpath_backend_healthy{pool, backend}`.
-pub fn backend_healthy(model: &str, backend: &str) -> Gauge {
+pub(crate) fn backend_healthy(model: &str, backend: &str) -> Gauge {
     metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => backend.to_owned())
 }
 
 /// `warmpath_backend_ejections_total{pool, backend}`.
-pub fn backend_ejections(model: &str, backend: &str) -> Counter {
+pub(crate) fn backend_ejections(model: &str, backend: &str) -> Counter {
     metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
 }
 
 /// `warmpath_request_bodies_refused_total`.
-pub fn bodies_refused() -> Counter {
+pub(crate) fn bodies_refused() -> Counter {
     metrics::counter!("warmpath_request_bodies_refused_total")
 }
 
 /// `warmpath_ejections_refused_total{pool}`.
-pub fn ejections_refused(model: &str) -> Counter {
+pub(crate) fn ejections_refused(model: &str) -> Counter {
     metrics::counter!("warmpath_ejections_refused_total", "pool" => model.to_owned())
 }
 
 /// `warmpath_panic_routed_total{pool}`.
-pub fn panic_routed(model: &str) -> Counter {
+pub(crate) fn panic_routed(model: &str) -> Counter {
     metrics::counter!("warmpath_panic_routed_total", "pool" => model.to_owned())
 }
 
 /// Counts one `warmpath_response_affinity_total{pool, outcome}`.
-pub fn response_affinity(model: &str, outcome: &'static str) {
+pub(crate) fn response_affinity(model: &str, outcome: &'static str) {
     metrics::counter!("warmpath_response_affinity_total", "pool" => model.to_owned(), "outcome" => outcome)
         .increment(1);
 }
 
 /// Counts one `warmpath_pool_membership_changes_total{pool, op}`.
-pub fn membership_change(model: &str, op: &'static str) {
+pub(crate) fn membership_change(model: &str, op: &'static str) {
     metrics::counter!("warmpath_pool_membership_changes_total", "pool" => model.to_owned(), "op" => op)
         .increment(1);
 }
 
 /// `warmpath_ready`.
-pub fn ready() -> Gauge {
+pub(crate) fn ready() -> Gauge {
     metrics::gauge!("warmpath_ready")
 }
 
 /// `warmpath_connections_open`.
-pub fn connections_open() -> Gauge {
+pub(crate) fn connections_open() -> Gauge {
     metrics::gauge!("warmpath_connections_open")
 }
 
 /// `warmpath_connections_refused_total`.
-pub fn connections_refused() -> Counter {
+pub(crate) fn connections_refused() -> Counter {
     metrics::counter!("warmpath_connections_refused_total")
 }
 
 /// Installs the Prometheus recorder on first call; `None` when another
 /// recorder was installed first (then `/metrics` answers 503).
-pub fn install() -> Option<PrometheusHandle> {
+pub(crate) fn install() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| match build() {
             Ok(h) => Some(h),

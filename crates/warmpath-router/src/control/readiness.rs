@@ -37,20 +37,20 @@ fn readiness(s: &Shared) -> (bool, Vec<Value>) {
 }
 
 /// Sets `warmpath_ready`; returns the readiness.
-pub fn update_gauge(s: &Shared) -> bool {
+pub(crate) fn update_gauge(s: &Shared) -> bool {
     let (ready, _) = readiness(s);
     crate::control::metrics::ready().set(f64::from(u8::from(ready)));
     ready
 }
 
 /// `GET /livez`: 200 while the process serves.
-pub async fn livez() -> Json<Value> {
+pub(crate) async fn livez() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// `GET /readyz` (and `GET /health`): 200 when ready, else 503; the body
 /// says why per pool.
-pub async fn readyz(State(s): State<Arc<Shared>>) -> Response {
+pub(crate) async fn readyz(State(s): State<Arc<Shared>>) -> Response {
     let (ready, pools) = readiness(&s);
     crate::control::metrics::ready().set(f64::from(u8::from(ready)));
     let status = if ready {

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Settings fixed at start (a reload changes policies only).
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Largest accepted body.
     pub max_body_bytes: usize,
     /// Bearer token of `PUT /admin/...` (and of introspection).
@@ -35,7 +35,7 @@ pub struct Settings {
 }
 
 /// Shared router state.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The pools.
     pub pools: Arc<Pools>,
     /// The upstream side: client, credentials, deadlines, ejection rules.
@@ -71,7 +71,7 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     /// Shared state for a validated config and built pools.
-    pub fn new(
+    pub(crate) fn new(
         config: &RouterConfig,
         pools: Arc<Pools>,
         metrics: Option<PrometheusHandle>,
@@ -112,7 +112,7 @@ impl Shared {
 
     /// Where routing decisions go: the other router replicas, when the
     /// ingest runs and shares them.
-    pub fn decisions(&self) -> Option<&dyn DecisionSink> {
+    pub(crate) fn decisions(&self) -> Option<&dyn DecisionSink> {
         self.agents
             .as_deref()
             .filter(|a| a.peers().enabled())
@@ -120,7 +120,7 @@ impl Shared {
     }
 
     /// Agent-reported loads, when the ingest runs.
-    pub fn agents(&self) -> Option<&dyn AgentLoads> {
+    pub(crate) fn agents(&self) -> Option<&dyn AgentLoads> {
         self.agents.as_deref().map(|a| a as &dyn AgentLoads)
     }
 }

@@ -30,7 +30,7 @@ const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'un
     connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// `GET /cache-index/ui`.
-pub async fn page(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+pub(crate) async fn page(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     if let Err(e) = crate::control::access::inspect(&s, &headers) {
         let mut resp = e.into_response();
         resp.headers_mut().insert(

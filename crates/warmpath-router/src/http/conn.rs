@@ -27,7 +27,7 @@ const PRESSURE_IDLE_MS: u64 = 1_000;
 
 /// The `server:` limits a connection lives under.
 #[derive(Clone, Copy, Debug)]
-pub struct ConnLimits {
+pub(crate) struct ConnLimits {
     /// From a request head's first byte to its end (and from accepting to
     /// the first byte).
     pub header_timeout: Duration,
@@ -41,7 +41,7 @@ pub struct ConnLimits {
 
 /// Every open connection, counted.
 #[derive(Debug)]
-pub struct Conns {
+pub(crate) struct Conns {
     limits: ConnLimits,
     open: AtomicUsize,
     pressure_at: usize,
@@ -56,7 +56,7 @@ pub struct Conns {
 
 impl Conns {
     /// An empty set under `limits`.
-    pub fn new(limits: ConnLimits) -> Arc<Self> {
+    pub(crate) fn new(limits: ConnLimits) -> Arc<Self> {
         Arc::new(Conns {
             limits,
             open: AtomicUsize::new(0),
@@ -69,13 +69,13 @@ impl Conns {
     }
 
     /// The limits.
-    pub fn limits(&self) -> &ConnLimits {
+    pub(crate) fn limits(&self) -> &ConnLimits {
         &self.limits
     }
 
     /// Counts one more connection, or refuses it (counted) when
     /// `max_connections` are open.
-    pub fn admit(self: &Arc<Self>) -> Option<Slot> {
+    pub(crate) fn admit(self: &Arc<Self>) -> Option<Slot> {
         let n = self.open.fetch_add(1, Ordering::Relaxed) + 1;
         if n > self.limits.max_connections {
             self.open.fetch_sub(1, Ordering::Relaxed);
@@ -94,28 +94,28 @@ impl Conns {
     }
 
     /// Connections open now.
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
 
     /// Whether the limit is near: idle connections get a short keep-alive.
-    pub fn under_pressure(&self) -> bool {
+    pub(crate) fn under_pressure(&self) -> bool {
         self.open() > self.pressure_at
     }
 
     /// Wakes every watchdog to look again (the limit is near: accept
     /// failed for want of file descriptors).
-    pub fn press(&self) {
+    pub(crate) fn press(&self) {
         self.pressure.notify_waiters();
     }
 
     /// Completes at the next wake-up of the watchdogs (see [`Conns::press`]).
-    pub fn pressed(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn pressed(&self) -> tokio::sync::futures::Notified<'_> {
         self.pressure.notified()
     }
 
     /// Waits until every connection has closed.
-    pub async fn all_closed(&self) {
+    pub(crate) async fn all_closed(&self) {
         loop {
             let closed = self.closed.notified();
             if self.open() == 0 {
@@ -128,7 +128,7 @@ impl Conns {
 
 /// One admitted connection; dropping it uncounts it.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     conns: Arc<Conns>,
     /// What the connection is doing.
     pub activity: Arc<Activity>,
@@ -136,7 +136,7 @@ pub struct Slot {
 
 impl Slot {
     /// The set it is counted in.
-    pub fn conns(&self) -> &Arc<Conns> {
+    pub(crate) fn conns(&self) -> &Arc<Conns> {
         &self.conns
     }
 }
@@ -152,7 +152,7 @@ impl Drop for Slot {
 /// What one connection is doing, in monotonic milliseconds (stored + 1, so
 /// that 0 means "not set").
 #[derive(Debug)]
-pub struct Activity {
+pub(crate) struct Activity {
     /// Requests being answered (more than one on HTTP/2).
     busy: AtomicU32,
     /// Whether a request was answered (the first waits `header_timeout`,
@@ -184,19 +184,19 @@ impl Activity {
     }
 
     /// Completes when the connection's deadline may have moved earlier.
-    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
         self.changed.notified()
     }
 
     /// A request began (its head is in); the returned guard ends it.
-    pub fn begin(self: &Arc<Self>) -> Busy {
+    pub(crate) fn begin(self: &Arc<Self>) -> Busy {
         self.busy.fetch_add(1, Ordering::Relaxed);
         self.head_started.store(0, Ordering::Relaxed);
         Busy(Arc::clone(self))
     }
 
     /// Bytes arrived (see [`crate::http::socket`]).
-    pub fn read_some(&self) {
+    pub(crate) fn read_some(&self) {
         if self.busy.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) == 0
         {
             self.head_started
@@ -206,7 +206,7 @@ impl Activity {
     }
 
     /// A write could not go out: the client's receive window is full.
-    pub fn write_blocked(&self) {
+    pub(crate) fn write_blocked(&self) {
         if self.write_blocked.load(Ordering::Relaxed) == 0 {
             self.write_blocked
                 .store(monotonic_ms() + 1, Ordering::Relaxed);
@@ -215,7 +215,7 @@ impl Activity {
     }
 
     /// A write went out: the client reads.
-    pub fn wrote(&self) {
+    pub(crate) fn wrote(&self) {
         if self.write_blocked.load(Ordering::Relaxed) != 0 {
             self.write_blocked.store(0, Ordering::Relaxed);
         }
@@ -224,13 +224,13 @@ impl Activity {
     /// Whether a request head is under way while none is being answered:
     /// bytes written now are hyper's own (its answer to a head it could
     /// not parse).
-    pub fn head_pending(&self) -> bool {
+    pub(crate) fn head_pending(&self) -> bool {
         self.busy.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) != 0
     }
 
     /// When the connection is to be closed (monotonic ms), or `None` while
     /// a request is being answered to a client that reads it.
-    pub fn close_at(&self, limits: &ConnLimits, pressure: bool) -> Option<u64> {
+    pub(crate) fn close_at(&self, limits: &ConnLimits, pressure: bool) -> Option<u64> {
         let blocked = self.write_blocked.load(Ordering::Relaxed);
         if blocked != 0 {
             return Some(blocked - 1 + limits.send_timeout.as_millis() as u64);
@@ -258,7 +258,7 @@ impl Activity {
 /// A request being answered on a connection; dropping it (the answer's
 /// body ended or was dropped) makes the connection idle again.
 #[derive(Debug)]
-pub struct Busy(Arc<Activity>);
+pub(crate) struct Busy(Arc<Activity>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -272,14 +272,14 @@ impl Drop for Busy {
 
 /// An answer's body that keeps its request counted as busy until it ends.
 #[derive(Debug)]
-pub struct HeldBody {
+pub(crate) struct HeldBody {
     inner: Body,
     _busy: Busy,
 }
 
 impl HeldBody {
     /// `inner`, ending `busy` when dropped.
-    pub fn new(inner: Body, busy: Busy) -> Self {
+    pub(crate) fn new(inner: Body, busy: Busy) -> Self {
         HeldBody { inner, _busy: busy }
     }
 }
@@ -306,7 +306,7 @@ impl http_body::Body for HeldBody {
 
 /// The default `max_connections`: 80% of the soft open-file limit (the
 /// rest is left to upstream connections, listeners and files), at least 1.
-pub fn default_max_connections() -> usize {
+pub(crate) fn default_max_connections() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(1 << 20);

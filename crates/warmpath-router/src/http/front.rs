@@ -183,7 +183,7 @@ fn method_not_allowed() -> Response {
 /// The shutdown's two deadlines (`server.drain_grace_ms`,
 /// `server.shutdown_timeout_ms`).
 #[derive(Clone, Copy, Debug)]
-pub struct Drain {
+pub(crate) struct Drain {
     /// Served while draining, before accepting stops.
     pub grace: Duration,
     /// Then the longest wait for in-flight requests.
@@ -198,7 +198,7 @@ const FLUSH_MS: u64 = 500;
 /// module docs). A client whose socket ends before its answer's last byte
 /// has left, even if it only shut its write side: its request is
 /// cancelled upstream.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
     router: Router,

@@ -12,21 +12,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The tenant header.
-pub const TENANT_HEADER: &str = "x-prefix-aware-id";
+pub(crate) const TENANT_HEADER: &str = "x-prefix-aware-id";
 
 /// The request bodies the router holds at once, in bytes, under
 /// `server.max_body_bytes_in_flight`: bytes are counted as they arrive (a
 /// body announced and not sent holds nothing) and given back when the
 /// request that read them ends.
 #[derive(Debug)]
-pub struct BodyBudget {
+pub(crate) struct BodyBudget {
     held: AtomicUsize,
     max: usize,
 }
 
 impl BodyBudget {
     /// A budget of `max` bytes.
-    pub fn new(max: usize) -> Arc<Self> {
+    pub(crate) fn new(max: usize) -> Arc<Self> {
         Arc::new(BodyBudget {
             held: AtomicUsize::new(0),
             max,
@@ -50,14 +50,14 @@ impl BodyBudget {
 
 /// Bytes of a [`BodyBudget`] held by one request until it is dropped.
 #[derive(Debug)]
-pub struct Held {
+pub(crate) struct Held {
     budget: Arc<BodyBudget>,
     bytes: usize,
 }
 
 impl Held {
     /// Nothing held yet.
-    pub fn new(budget: &Arc<BodyBudget>) -> Self {
+    pub(crate) fn new(budget: &Arc<BodyBudget>) -> Self {
         Held {
             budget: Arc::clone(budget),
             bytes: 0,
@@ -84,7 +84,7 @@ impl Drop for Held {
 /// that stalls, holds the request no longer), counting its bytes in
 /// `held` (503 `overloaded` when the router's budget of bodies in flight
 /// is spent: retryable, and every other request goes on).
-pub async fn read_body(
+pub(crate) async fn read_body(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
@@ -138,7 +138,7 @@ pub async fn read_body(
 /// or when the request carries it more than once: which one is meant is
 /// unknowable, and taking the first would let a proxy's header be overridden
 /// silently).
-pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+pub(crate) fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let mut all = headers.get_all(TENANT_HEADER).iter();
     let Some(v) = all.next() else {
         return Ok(None);
@@ -158,7 +158,7 @@ pub fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 }
 
 /// `path` with `uri`'s query, as the backend is asked.
-pub fn path_and_query(path: &str, uri: &Uri) -> String {
+pub(crate) fn path_and_query(path: &str, uri: &Uri) -> String {
     match uri.query() {
         Some(q) => format!("{path}?{q}"),
         None => path.to_owned(),

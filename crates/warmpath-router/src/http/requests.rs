@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use tracing::Span;
 
 /// The request id header.
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const MAX_ID_LEN: usize = 128;
 
 /// Where a proxied request went, put in its answer's extensions by the proxy
 /// (whether or not the pool exposes routing headers).
 #[derive(Clone, Debug)]
-pub struct Routed {
+pub(crate) struct Routed {
     /// The pool.
     pub pool: Arc<Pool>,
     /// The backend's id, when one was picked.
@@ -44,7 +44,7 @@ fn usable(id: &[u8]) -> bool {
 }
 
 /// The request's id: the client's `x-request-id` when usable, else a new one.
-pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(REQUEST_ID) {
         if usable(v.as_bytes()) {
             return v.clone();
@@ -55,7 +55,7 @@ pub fn request_id(headers: &HeaderMap) -> HeaderValue {
 }
 
 /// The request's span (`request_id` in every line logged inside it).
-pub fn span(id: &HeaderValue) -> Span {
+pub(crate) fn span(id: &HeaderValue) -> Span {
     tracing::info_span!("request", request_id = %id.to_str().unwrap_or("-"))
 }
 
@@ -68,7 +68,7 @@ fn refused_duration() -> &'static Histogram {
 
 /// What is written when a request's answer ends.
 #[derive(Debug)]
-pub struct Record {
+pub(crate) struct Record {
     /// When the request's head arrived.
     pub started: Instant,
     /// Until the answer's head was ready.
@@ -138,7 +138,7 @@ pin_project_lite::pin_project! {
 
 impl Recorded {
     /// `inner`, writing `record` at its end.
-    pub fn new(inner: Body, record: Record) -> Self {
+    pub(crate) fn new(inner: Body, record: Record) -> Self {
         Recorded {
             inner,
             record: Some(record),

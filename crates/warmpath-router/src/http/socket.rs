@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 
 /// A client socket that reports to its connection's [`Activity`].
 #[derive(Debug)]
-pub struct Watched {
+pub(crate) struct Watched {
     io: TcpStream,
     activity: Arc<Activity>,
     rewrite: Option<Rewrite>,
@@ -32,7 +32,7 @@ struct Rewrite {
 
 impl Watched {
     /// `io`, reporting to `activity`.
-    pub fn new(io: TcpStream, activity: Arc<Activity>) -> Self {
+    pub(crate) fn new(io: TcpStream, activity: Arc<Activity>) -> Self {
         Watched {
             io,
             activity,

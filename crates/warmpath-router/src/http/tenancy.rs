@@ -15,7 +15,7 @@ use warmpath_core::TenantId;
 
 /// The tenant of a request whose client-sent id (already validated) is
 /// `client`.
-pub fn resolve(
+pub(crate) fn resolve(
     cfg: &TenantsConfig,
     headers: &HeaderMap,
     client: Option<TenantId>,

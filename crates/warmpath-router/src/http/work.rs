@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
-pub struct WorkPool {
+pub(crate) struct WorkPool {
     turns: Arc<Semaphore>,
     offload_bytes: usize,
     queue_timeout: Duration,
@@ -31,7 +31,7 @@ pub struct WorkPool {
 
 impl WorkPool {
     /// A pool sized by a validated config.
-    pub fn new(cfg: &WorkConfig) -> Self {
+    pub(crate) fn new(cfg: &WorkConfig) -> Self {
         WorkPool {
             turns: Arc::new(Semaphore::new(cfg.threads)),
             offload_bytes: cfg.offload_bytes,
@@ -40,13 +40,13 @@ impl WorkPool {
     }
 
     /// Whether a body of `len` bytes is routed here rather than inline.
-    pub fn offloads(&self, len: usize) -> bool {
+    pub(crate) fn offloads(&self, len: usize) -> bool {
         len >= self.offload_bytes
     }
 
     /// Runs `job` on a blocking thread once a turn is free within the queue
     /// timeout.
-    pub async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {

@@ -32,7 +32,7 @@ use warmpath_edge::LogEvery;
 use warmpath_proto::v1::{self, decided::Phase, router_message, RouterMessage};
 
 /// The outbound half of an agent stream (what the ingest answers on).
-pub type StreamTx = mpsc::Sender<Result<RouterMessage, tonic::Status>>;
+pub(crate) type StreamTx = mpsc::Sender<Result<RouterMessage, tonic::Status>>;
 
 /// Remote requests kept per worker at most: a peer that never finishes
 /// cannot grow this router's memory.
@@ -82,7 +82,7 @@ impl Link {
 
 /// Decision sharing of one router process (module docs).
 #[derive(Debug)]
-pub struct Peers {
+pub(crate) struct Peers {
     /// This process's id in the facts it sends (random).
     instance: u64,
     enabled: AtomicBool,
@@ -119,7 +119,7 @@ fn facts(model: &str, direction: &'static str) -> metrics::Counter {
 
 impl Peers {
     /// Turns sharing on or off (`ingest.share_decisions`); on by default.
-    pub fn set_enabled(&self, on: bool) {
+    pub(crate) fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Relaxed);
     }
 
@@ -127,18 +127,18 @@ impl Peers {
     /// ([`warmpath_proto::fact_key`] of the `agent_secret`) and takes only
     /// facts signed with it: an agent relays facts but cannot forge one.
     /// Set once, at start.
-    pub fn sign_with(&self, key: [u8; 32]) {
+    pub(crate) fn sign_with(&self, key: [u8; 32]) {
         let _ = self.key.set(key);
     }
 
     /// Whether decisions are shared.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }
 
     /// Whether another replica's start was ever counted here, so
     /// [`Peers::remote_load`] may be non-zero for some worker.
-    pub fn counts_remote(&self) -> bool {
+    pub(crate) fn counts_remote(&self) -> bool {
         self.counted.load(Ordering::Acquire)
     }
 
@@ -192,7 +192,7 @@ impl Peers {
 
     /// Other replicas' requests in flight on `worker` and their predicted
     /// prefill still to compute.
-    pub fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
+    pub(crate) fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
         // A router no replica ever shared a start with has nothing counted
         // anywhere: routing reads this for every backend per request.
         if !self.counts_remote() {
@@ -346,7 +346,7 @@ impl Peers {
 
 /// The rest of one shared request: `prefilled` when told, `finished` on drop.
 #[derive(Debug)]
-pub struct ShareGuard {
+pub(crate) struct ShareGuard {
     peers: Arc<Peers>,
     model: String,
     worker: String,

@@ -15,12 +15,12 @@ use warmpath_core::request::surface::{is_response_id_byte, MAX_RESPONSE_ID};
 /// Bytes of an answer read for its id: the id is the response object's first
 /// field in vLLM's answers, and the first event of a stream
 /// (`response.created`) carries the object.
-pub const TAP_BYTES: usize = 64 * 1024;
+pub(crate) const TAP_BYTES: usize = 64 * 1024;
 
 /// Response id → worker id, at most `cap` ids, the oldest forgotten first;
 /// and the ids no backend had, lately ([`Misses`]).
 #[derive(Debug)]
-pub struct ResponseHomes {
+pub(crate) struct ResponseHomes {
     cap: usize,
     inner: Mutex<Homes>,
     misses: Mutex<Misses>,
@@ -54,7 +54,7 @@ struct Homes {
 
 impl ResponseHomes {
     /// Remembers at most `cap` ids (0: remembers nothing).
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         ResponseHomes {
             cap,
             inner: Mutex::new(Homes::default()),
@@ -64,17 +64,17 @@ impl ResponseHomes {
     }
 
     /// The most ids it remembers (`response_ids`).
-    pub fn cap(&self) -> usize {
+    pub(crate) fn cap(&self) -> usize {
         self.cap
     }
 
     /// Whether it remembers anything (`response_ids` above 0).
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.cap > 0
     }
 
     /// Records that `worker` stored response `id`.
-    pub fn remember(&self, id: &str, worker: &str) {
+    pub(crate) fn remember(&self, id: &str, worker: &str) {
         if self.cap == 0 {
             return;
         }
@@ -93,7 +93,7 @@ impl ResponseHomes {
     }
 
     /// Whether `id` was looked for lately and no backend had it.
-    pub fn missed(&self, id: &str, now_ms: u64) -> bool {
+    pub(crate) fn missed(&self, id: &str, now_ms: u64) -> bool {
         self.misses
             .lock()
             .by_id
@@ -102,7 +102,7 @@ impl ResponseHomes {
     }
 
     /// Notes that no backend had `id`.
-    pub fn miss(&self, id: &str, now_ms: u64) {
+    pub(crate) fn miss(&self, id: &str, now_ms: u64) {
         let mut m = self.misses.lock();
         if m.by_id
             .insert(id.to_owned(), now_ms + MISS_TTL_MS)
@@ -120,7 +120,7 @@ impl ResponseHomes {
 
     /// A turn to ask every backend, waiting at most `wait`; `None` when
     /// too many look-ups are under way.
-    pub async fn lookup_turn(
+    pub(crate) async fn lookup_turn(
         &self,
         wait: std::time::Duration,
     ) -> Option<tokio::sync::SemaphorePermit<'_>> {
@@ -131,19 +131,19 @@ impl ResponseHomes {
     }
 
     /// The worker that stored `id`, if known.
-    pub fn holder(&self, id: &str) -> Option<String> {
+    pub(crate) fn holder(&self, id: &str) -> Option<String> {
         self.inner.lock().by_id.get(id).cloned()
     }
 
     /// Ids remembered now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner.lock().order.len()
     }
 }
 
 /// Reads an answer's first bytes for its response id.
 #[derive(Debug)]
-pub struct IdTap {
+pub(crate) struct IdTap {
     /// The backend that answered.
     pub worker: String,
     seen: Vec<u8>,
@@ -151,7 +151,7 @@ pub struct IdTap {
 
 /// What one more piece of an answer told an [`IdTap`].
 #[derive(Debug, PartialEq, Eq)]
-pub enum Tapped {
+pub(crate) enum Tapped {
     /// The id.
     Found(String),
     /// Not yet: more bytes may tell.
@@ -162,7 +162,7 @@ pub enum Tapped {
 
 impl IdTap {
     /// A tap on `worker`'s answer.
-    pub fn new(worker: String) -> Self {
+    pub(crate) fn new(worker: String) -> Self {
         IdTap {
             worker,
             seen: Vec::new(),
@@ -170,7 +170,7 @@ impl IdTap {
     }
 
     /// Feeds the answer's next bytes.
-    pub fn feed(&mut self, data: &[u8]) -> Tapped {
+    pub(crate) fn feed(&mut self, data: &[u8]) -> Tapped {
         let room = TAP_BYTES.saturating_sub(self.seen.len());
         self.seen.extend_from_slice(&data[..data.len().min(room)]);
         match first_id(&self.seen) {

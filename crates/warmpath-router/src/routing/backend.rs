@@ -31,7 +31,7 @@ use warmpath_core::WorkerSlot;
 /// Where a member came from: a reload only adds and removes `Config`
 /// members, a discovery provider only its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Origin {
+pub(crate) enum Origin {
     /// The configuration file or flags.
     Config,
     /// `POST /admin/pools/{model}/backends`.
@@ -51,7 +51,7 @@ impl std::fmt::Display for Origin {
 }
 
 /// Live state of one backend.
-pub struct Backend {
+pub(crate) struct Backend {
     /// Worker id (the agent's id; `x-warmpath-backend`).
     pub id: String,
     /// Base URL.
@@ -121,7 +121,7 @@ impl std::fmt::Debug for Backend {
 
 impl Backend {
     /// A backend from its (validated) config.
-    pub fn new(
+    pub(crate) fn new(
         model: &str,
         cfg: &BackendConfig,
         url: BackendUrl,
@@ -162,7 +162,7 @@ impl Backend {
 
     /// How many times what routing reads here changed (see `changes`);
     /// read before the values, so a change racing the read shows next time.
-    pub fn changes(&self) -> u64 {
+    pub(crate) fn changes(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
     }
 
@@ -173,7 +173,7 @@ impl Backend {
 
     /// The engine load its agent reported, if recent (`agents` of pool
     /// `model`, read through the cached cell: no lookup per request).
-    pub fn engine_load(
+    pub(crate) fn engine_load(
         &self,
         model: &str,
         agents: &dyn crate::routing::loads::AgentLoads,
@@ -190,7 +190,7 @@ impl Backend {
 
     /// Its worker's load cell in `agents`' current generation (what
     /// [`Backend::engine_load`] reads), for the load board to keep.
-    pub fn load_cell(
+    pub(crate) fn load_cell(
         &self,
         model: &str,
         agents: &dyn crate::routing::loads::AgentLoads,
@@ -201,20 +201,20 @@ impl Backend {
     }
 
     /// Whether it is draining (see [`Backend::start_draining`]).
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
 
     /// Takes it out of rotation for removal: routing skips it from now on,
     /// requests in flight finish. Returns false when it already was.
-    pub fn start_draining(&self) -> bool {
+    pub(crate) fn start_draining(&self) -> bool {
         let started = !self.draining.swap(true, Ordering::AcqRel);
         self.changed();
         started
     }
 
     /// Returns once no request is in flight here (at once when none is).
-    pub async fn wait_idle(&self) {
+    pub(crate) async fn wait_idle(&self) {
         loop {
             // Registered before the check, so a guard dropped between the
             // check and the wait still wakes it.
@@ -227,83 +227,83 @@ impl Backend {
     }
 
     /// Marks the backend gone from its pool: its health gauge reads 0.
-    pub fn retire(&self) {
+    pub(crate) fn retire(&self) {
         self.healthy_gauge.set(0.0);
         self.in_flight_gauge.set(0.0);
     }
 
     /// Requests this router has in flight here.
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Predicted prefill blocks of routed requests still waiting for a first byte.
-    pub fn pending_prefill_blocks(&self) -> u64 {
+    pub(crate) fn pending_prefill_blocks(&self) -> u64 {
         self.pending_prefill.load(Ordering::Relaxed)
     }
 
     /// Whether requests may be sent here (not ejected).
-    pub fn is_healthy(&self) -> bool {
+    pub(crate) fn is_healthy(&self) -> bool {
         !self.ejected.load(Ordering::Relaxed)
     }
 
     /// Whether this backend serves `adapter` (configured or learned).
-    pub fn serves_adapter(&self, adapter: &str) -> bool {
+    pub(crate) fn serves_adapter(&self, adapter: &str) -> bool {
         self.configured_adapters.contains(adapter) || self.learned_adapters.read().contains(adapter)
     }
 
     /// Every adapter served (configured and learned).
-    pub fn adapters(&self) -> BTreeSet<String> {
+    pub(crate) fn adapters(&self) -> BTreeSet<String> {
         let mut all = self.configured_adapters.clone();
         all.extend(self.learned_adapters.read().iter().cloned());
         all
     }
 
     /// Replaces the adapters learned from the backend's `/v1/models`.
-    pub fn set_learned_adapters(&self, adapters: BTreeSet<String>) {
+    pub(crate) fn set_learned_adapters(&self, adapters: BTreeSet<String>) {
         *self.learned_adapters.write() = adapters;
     }
 
     /// The engine's model cards of this pool, as its `/v1/models` last gave them.
-    pub fn learned_cards(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn learned_cards(&self) -> Vec<serde_json::Value> {
         self.learned_cards.read().clone()
     }
 
     /// Replaces the model cards learned from the backend's `/v1/models`.
-    pub fn set_learned_cards(&self, cards: Vec<serde_json::Value>) {
+    pub(crate) fn set_learned_cards(&self, cards: Vec<serde_json::Value>) {
         *self.learned_cards.write() = cards;
     }
 
     /// Whether an active probe vouched for it last time and it is not
     /// ejected: what readiness and `warmpath_backend_healthy` report.
-    pub fn is_verified(&self) -> bool {
+    pub(crate) fn is_verified(&self) -> bool {
         self.is_healthy() && self.probe_ok.load(Ordering::Relaxed)
     }
 
     /// Records a failure (a refused connect, a 5xx answer, an exchange that
     /// broke after it was sent); returns true when this ejected the backend.
     #[cfg(test)]
-    pub fn failed(&self, eject_after: u32) -> bool {
+    pub(crate) fn failed(&self, eject_after: u32) -> bool {
         self.failed_within(eject_after, || true)
     }
 
     /// [`Backend::failed`], ejecting only if `room()` says the pool may
     /// lose another member (`health.max_ejection_percent`).
-    pub fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
+    pub(crate) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         n >= eject_after && self.is_healthy() && room() && self.eject(eject_after)
     }
 
     /// Whether the engine's demand for credentials was already logged
     /// (and marks it logged).
-    pub fn warned_credentials(&self) -> bool {
+    pub(crate) fn warned_credentials(&self) -> bool {
         self.warned_credentials.swap(true, Ordering::Relaxed)
     }
 
     /// Sets the `Authorization` of a request to this backend: its own key,
     /// else `upstream` (`upstream.api_key`); with neither, `headers` keep
     /// the client's.
-    pub fn authorize(&self, headers: &mut HeaderMap, upstream: Option<&HeaderValue>) {
+    pub(crate) fn authorize(&self, headers: &mut HeaderMap, upstream: Option<&HeaderValue>) {
         if let Some(v) = self.auth.as_ref().or(upstream) {
             headers.insert(axum::http::header::AUTHORIZATION, v.clone());
         }
@@ -311,7 +311,7 @@ impl Backend {
 
     /// Records an answer below 500 (the failure count resets, the streak
     /// that forgives past ejections grows).
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
         if self.ejections.load(Ordering::Relaxed) > 0 {
             self.streak.fetch_add(1, Ordering::Relaxed);
@@ -321,12 +321,16 @@ impl Backend {
     /// Records a failed active probe; returns true when this ejected the
     /// backend (`eject_after` failed probes in a row).
     #[cfg(test)]
-    pub fn probe_failed(&self, eject_after: u32) -> bool {
+    pub(crate) fn probe_failed(&self, eject_after: u32) -> bool {
         self.probe_failed_within(eject_after, || true)
     }
 
     /// [`Backend::probe_failed`], ejecting only if `room()` allows it.
-    pub fn probe_failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
+    pub(crate) fn probe_failed_within(
+        &self,
+        eject_after: u32,
+        room: impl FnOnce() -> bool,
+    ) -> bool {
         self.probe_ok.store(false, Ordering::Relaxed);
         let n = self.probe_failures.fetch_add(1, Ordering::Relaxed) + 1;
         let ejected = n >= eject_after && self.is_healthy() && room() && self.eject(eject_after);
@@ -338,7 +342,7 @@ impl Backend {
     /// backend back. `serving`: the probe exercised generation, so it also
     /// forgives failed requests (a `/health` answer does not: an engine can
     /// answer it while every completion fails).
-    pub fn probe_passed(&self, serving: bool) -> bool {
+    pub(crate) fn probe_passed(&self, serving: bool) -> bool {
         self.probe_failures.store(0, Ordering::Relaxed);
         self.probe_ok.store(true, Ordering::Relaxed);
         let back = self.ejected.swap(false, Ordering::Relaxed);
@@ -358,7 +362,7 @@ impl Backend {
     /// When (on [`crate::routing::load_cell::monotonic_ms`]'s clock) an ejected backend's
     /// back-off ends: `base_ms` doubled for each unforgiven ejection after
     /// the first, at most `max_ms`.
-    pub fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
+    pub(crate) fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
         let doublings = self.ejections.load(Ordering::Relaxed).saturating_sub(1);
         let backoff = base_ms
             .saturating_mul(1u64 << doublings.min(32))
@@ -393,7 +397,7 @@ impl Backend {
     }
 
     /// Counts a request in flight with `prefill_blocks` predicted uncached blocks.
-    pub fn begin(self: &Arc<Self>, prefill_blocks: u64) -> FlightGuard {
+    pub(crate) fn begin(self: &Arc<Self>, prefill_blocks: u64) -> FlightGuard {
         let n = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.pending_prefill
             .fetch_add(prefill_blocks, Ordering::Relaxed);
@@ -416,7 +420,7 @@ impl Backend {
 /// counts its [`Outcome`] (`cancelled` unless [`FlightGuard::outcome`] said
 /// otherwise).
 #[derive(Debug)]
-pub struct FlightGuard {
+pub(crate) struct FlightGuard {
     backend: Arc<Backend>,
     prefill_blocks: u64,
     outcome: Outcome,
@@ -426,12 +430,12 @@ pub struct FlightGuard {
 
 impl FlightGuard {
     /// The backend.
-    pub fn backend(&self) -> &Arc<Backend> {
+    pub(crate) fn backend(&self) -> &Arc<Backend> {
         &self.backend
     }
 
     /// The first upstream byte arrived: prefill is done, stop counting its blocks.
-    pub fn first_byte(&mut self) {
+    pub(crate) fn first_byte(&mut self) {
         if let Some(s) = &mut self.share {
             s.prefilled();
         }
@@ -443,12 +447,12 @@ impl FlightGuard {
     }
 
     /// Tells the other router replicas its phases too (module `share`).
-    pub fn share(&mut self, share: Option<Box<dyn crate::routing::share::SharedRequest>>) {
+    pub(crate) fn share(&mut self, share: Option<Box<dyn crate::routing::share::SharedRequest>>) {
         self.share = share;
     }
 
     /// How the request ended, counted when the guard drops.
-    pub fn outcome(&mut self, outcome: Outcome) {
+    pub(crate) fn outcome(&mut self, outcome: Outcome) {
         self.outcome = outcome;
     }
 }

@@ -15,9 +15,9 @@ use std::collections::HashMap;
 use warmpath_core::BlockHash;
 
 /// Chains tracked per pool.
-pub const DEFAULT_CAPACITY: usize = 256;
+pub(crate) const DEFAULT_CAPACITY: usize = 256;
 /// Longest chain kept per root, in blocks.
-pub const MAX_DEPTH: usize = 4096;
+pub(crate) const MAX_DEPTH: usize = 4096;
 
 #[derive(Debug, Default, Clone)]
 struct Chain {
@@ -29,7 +29,7 @@ struct Chain {
 
 /// One tracked chain, as reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HotChain {
+pub(crate) struct HotChain {
     /// The longest chain seen under this root (block 0 first).
     pub hashes: Vec<BlockHash>,
     /// Requests routed with this root (may over-estimate, see module docs).
@@ -42,7 +42,7 @@ pub struct HotChain {
 
 /// The tracker (see module docs).
 #[derive(Debug)]
-pub struct HotChains {
+pub(crate) struct HotChains {
     capacity: usize,
     table: Mutex<HashMap<u64, Chain>>,
 }
@@ -55,7 +55,7 @@ impl Default for HotChains {
 
 impl HotChains {
     /// A tracker of at most `capacity` chains (at least 1).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         HotChains {
             capacity: capacity.max(1),
             table: Mutex::new(HashMap::with_capacity(capacity.max(1))),
@@ -64,7 +64,7 @@ impl HotChains {
 
     /// Records a request with block chain `chain` routed to `worker`
     /// (`preview`: its prompt's first characters, when the pool keeps them).
-    pub fn record(&self, chain: &[BlockHash], worker: &str, preview: Option<&str>) {
+    pub(crate) fn record(&self, chain: &[BlockHash], worker: &str, preview: Option<&str>) {
         let Some(root) = chain.first() else { return };
         let chain = &chain[..chain.len().min(MAX_DEPTH)];
         let mut table = self.table.lock();
@@ -102,7 +102,7 @@ impl HotChains {
     }
 
     /// The `k` most hit chains, most hit first.
-    pub fn top(&self, k: usize) -> Vec<HotChain> {
+    pub(crate) fn top(&self, k: usize) -> Vec<HotChain> {
         let table = self.table.lock();
         let mut all: Vec<&Chain> = table.values().collect();
         all.sort_unstable_by(|a, b| b.hits.cmp(&a.hits).then(a.hashes.cmp(&b.hashes)));

@@ -52,7 +52,7 @@ pub(crate) fn load_of(
 
 /// The loads of one policy snapshot's backends (module docs).
 #[derive(Debug, Default)]
-pub struct LoadBoard(Mutex<Board>);
+pub(crate) struct LoadBoard(Mutex<Board>);
 
 #[derive(Debug, Default)]
 struct Board {

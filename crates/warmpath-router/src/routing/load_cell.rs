@@ -29,7 +29,7 @@ const PARTIAL: u8 = 8;
 
 /// One worker's latest engine load (module docs).
 #[derive(Debug, Default)]
-pub struct LoadCell {
+pub(crate) struct LoadCell {
     running: AtomicU32,
     waiting: AtomicU32,
     kv_usage_bits: AtomicU32,
@@ -112,7 +112,7 @@ impl LoadCell {
 
     /// The load routing may use at `now_ms`: reported, the engine not down
     /// at the last scrape, and at most [`LOAD_FRESH_MS`] old.
-    pub fn fresh(&self, now_ms: u64) -> Option<EngineLoad> {
+    pub(crate) fn fresh(&self, now_ms: u64) -> Option<EngineLoad> {
         self.fresh_until(now_ms).map(|(l, _)| l)
     }
 }
@@ -120,13 +120,13 @@ impl LoadCell {
 /// A backend's handle to its worker's [`LoadCell`], valid for one
 /// generation of the agent registry (module docs).
 #[derive(Debug, Default)]
-pub struct CellCache(Mutex<Option<(u64, Option<Arc<LoadCell>>)>>);
+pub(crate) struct CellCache(Mutex<Option<(u64, Option<Arc<LoadCell>>)>>);
 
 impl CellCache {
     /// `read` of the cell for registry generation `generation` (`None` when
     /// the worker has none), looked up with `lookup` when the cached one is
     /// of another generation. Read in place: no reference count moves.
-    pub fn read<R>(
+    pub(crate) fn read<R>(
         &self,
         generation: u64,
         lookup: impl FnOnce() -> Option<Arc<LoadCell>>,
@@ -140,7 +140,7 @@ impl CellCache {
 
     /// The cell itself for `generation`, looked up as [`CellCache::read`]
     /// does, for a reader that keeps it (the load board).
-    pub fn cell(
+    pub(crate) fn cell(
         &self,
         generation: u64,
         lookup: impl FnOnce() -> Option<Arc<LoadCell>>,
@@ -167,7 +167,7 @@ impl CellCache {
 /// Milliseconds on the router's monotonic clock: the clock of
 /// [`CacheIndex::mark_heard`](warmpath_core::CacheIndex::mark_heard) and
 /// staleness in this process.
-pub fn monotonic_ms() -> u64 {
+pub(crate) fn monotonic_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 /// Engine load reported by agents, as the router reads it when routing
 /// (implemented by [`crate::ingest::Agents`]).
-pub trait AgentLoads: Send + Sync {
+pub(crate) trait AgentLoads: Send + Sync {
     /// The latest load reported for `worker_id` of pool `model`, if known
     /// and recent, looked up (routing reads it through each backend's
     /// cached cell instead: `Backend::engine_load`; tests look it up).

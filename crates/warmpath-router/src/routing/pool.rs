@@ -33,7 +33,7 @@ use warmpath_core::{
 
 /// The policy a pool routes with, and what it was built from.
 #[derive(Debug)]
-pub struct PolicyState {
+pub(crate) struct PolicyState {
     /// Strategy.
     pub strategy: Strategy,
     /// Knobs.
@@ -75,7 +75,7 @@ impl PolicyState {
 
 /// Why a membership change was refused; the pool is unchanged.
 #[derive(Debug, Error)]
-pub enum MemberError {
+pub(crate) enum MemberError {
     /// The worker id is already a member. Not retryable.
     #[error("pool {model:?} already has a backend with worker_id {worker_id:?}")]
     Duplicate {
@@ -109,7 +109,7 @@ pub enum MemberError {
 
 /// Why a strategy switch was refused; the old policy stays in place.
 #[derive(Debug, Error)]
-pub enum SwitchError {
+pub(crate) enum SwitchError {
     /// `kv_aware` on a pool without a tokenizer. Not retryable.
     #[error("pool {0:?} has no tokenizer, so it cannot use kv_aware")]
     NeedsTokenizer(String),
@@ -120,7 +120,7 @@ pub enum SwitchError {
 
 /// One model pool.
 #[derive(Debug)]
-pub struct Pool {
+pub(crate) struct Pool {
     /// The model name (`model` field of requests).
     pub model: String,
     /// Which workers hold which blocks; filled by the agents' ingest.
@@ -163,7 +163,7 @@ pub struct Pool {
 
 impl Pool {
     /// Builds a pool from its validated config; loads the tokenizer (reads files).
-    pub fn build(cfg: &PoolConfig) -> Result<Self, RouterError> {
+    pub(crate) fn build(cfg: &PoolConfig) -> Result<Self, RouterError> {
         let model = cfg.model.clone();
         let tokenizer = match &cfg.tokenizer {
             Some(path) => Some(Arc::new(ChatTokenizer::load(path).map_err(|source| {
@@ -245,7 +245,7 @@ impl Pool {
     /// `max_prompt_tokens`, else one less than the smallest `max_model_len`
     /// learned from the engines (vLLM refuses a prompt of `max_model_len`
     /// tokens or more), else no cap.
-    pub fn prompt_cap(&self) -> Option<usize> {
+    pub(crate) fn prompt_cap(&self) -> Option<usize> {
         self.max_prompt_tokens.or_else(|| {
             let n = self.learned_context.load(Ordering::Relaxed);
             (n > 1).then(|| n - 1)
@@ -253,12 +253,12 @@ impl Pool {
     }
 
     /// `max_prompt_tokens` as configured.
-    pub fn configured_prompt_cap(&self) -> Option<usize> {
+    pub(crate) fn configured_prompt_cap(&self) -> Option<usize> {
         self.max_prompt_tokens
     }
 
     /// Records an engine's `max_model_len` (the pool keeps the smallest).
-    pub fn learn_context_length(&self, max_model_len: usize) {
+    pub(crate) fn learn_context_length(&self, max_model_len: usize) {
         let smaller = |old: usize| (old == 0 || max_model_len < old).then_some(max_model_len);
         if self
             .learned_context
@@ -270,12 +270,12 @@ impl Pool {
     }
 
     /// The policy to route the next request with.
-    pub fn policy(&self) -> Arc<PolicyState> {
+    pub(crate) fn policy(&self) -> Arc<PolicyState> {
         Arc::clone(&self.policy.read())
     }
 
     /// The current members, in policy snapshot order.
-    pub fn backends(&self) -> Arc<[Arc<Backend>]> {
+    pub(crate) fn backends(&self) -> Arc<[Arc<Backend>]> {
         Arc::clone(&self.policy.read().backends)
     }
 
@@ -284,7 +284,7 @@ impl Pool {
     /// `max_ejection_percent`), so failures that are not the engines' own
     /// (a bad client mix, a network blip) cannot empty a pool. The caller
     /// holds [`Pool::ejecting`] until the ejection is done.
-    pub fn room_to_eject(&self, max_percent: u8) -> bool {
+    pub(crate) fn room_to_eject(&self, max_percent: u8) -> bool {
         let members = self.backends();
         let out = members.iter().filter(|b| !b.is_healthy()).count();
         let cap = (members.len() * usize::from(max_percent) / 100).max(1);
@@ -297,17 +297,17 @@ impl Pool {
 
     /// Held while a failure may eject a member, so that two at once cannot
     /// both pass [`Pool::room_to_eject`].
-    pub fn ejecting(&self) -> parking_lot::MutexGuard<'_, ()> {
+    pub(crate) fn ejecting(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.ejecting.lock()
     }
 
     /// The member with worker id `id`.
-    pub fn backend(&self, id: &str) -> Option<Arc<Backend>> {
+    pub(crate) fn backend(&self, id: &str) -> Option<Arc<Backend>> {
         self.backends().iter().find(|b| b.id == id).cloned()
     }
 
     /// Builds and installs a new policy atomically; returns the previous strategy.
-    pub fn switch(
+    pub(crate) fn switch(
         &self,
         strategy: Strategy,
         config: PolicyConfig,
@@ -357,7 +357,7 @@ impl Pool {
 
     /// Adds a backend (it takes requests at once); the ring moves about
     /// 1/(N+1) of the keys to it, every other worker keeps its index entries.
-    pub fn add_backend(
+    pub(crate) fn add_backend(
         &self,
         cfg: &BackendConfig,
         origin: Origin,
@@ -401,7 +401,11 @@ impl Pool {
     /// finish (they hold it), its index entries stop counting (their
     /// holders go with the next compaction: [`Pool::compact_removed`]). With
     /// `keep_one`, refuses to remove the last backend not draining.
-    pub fn remove_backend(&self, id: &str, keep_one: bool) -> Result<Arc<Backend>, MemberError> {
+    pub(crate) fn remove_backend(
+        &self,
+        id: &str,
+        keep_one: bool,
+    ) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
         let Some(at) = members.iter().position(|b| b.id == id) else {
@@ -427,7 +431,7 @@ impl Pool {
     /// entries and the policy's placements (kept by worker id) stay. The
     /// adapters and model cards it learned carry over; health starts over
     /// (the caller probes it). Requests in flight on `old` finish there.
-    pub fn restore_backend(&self, old: &Arc<Backend>) -> Result<Arc<Backend>, MemberError> {
+    pub(crate) fn restore_backend(&self, old: &Arc<Backend>) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
         let Some(at) = members.iter().position(|b| Arc::ptr_eq(b, old)) else {
@@ -457,7 +461,7 @@ impl Pool {
     /// slots) on the blocking pool, one pass per pool at a time: a removal
     /// on an async thread never walks the whole index. A call while a pass
     /// runs makes it run once more after, so no removal waits for the timer.
-    pub fn compact_removed(self: &Arc<Self>) {
+    pub(crate) fn compact_removed(self: &Arc<Self>) {
         if self.index.awaiting_compaction() == 0 {
             return;
         }
@@ -489,7 +493,7 @@ impl Pool {
 
     /// Starts draining a backend (no new requests; see [`Backend::wait_idle`]).
     /// Refuses to drain the last backend not draining.
-    pub fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
+    pub(crate) fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let members = self.backends();
         let Some(b) = members.iter().find(|b| b.id == id) else {
@@ -530,14 +534,14 @@ fn snapshot(backends: &[Arc<Backend>]) -> Vec<PolicyBackend> {
 
 /// Every pool, by model, with LoRA adapter resolution.
 #[derive(Debug, Default)]
-pub struct Pools {
+pub(crate) struct Pools {
     list: Vec<Arc<Pool>>,
     by_model: HashMap<String, Arc<Pool>>,
 }
 
 /// A request's model resolved to a pool (and maybe one of its adapters).
 #[derive(Clone, Debug)]
-pub struct Target {
+pub(crate) struct Target {
     /// The pool.
     pub pool: Arc<Pool>,
     /// The LoRA adapter named by the request, if `model` was an adapter.
@@ -546,7 +550,7 @@ pub struct Target {
 
 impl Pools {
     /// Builds every pool of a validated configuration.
-    pub fn build(pools: &[PoolConfig]) -> Result<Self, RouterError> {
+    pub(crate) fn build(pools: &[PoolConfig]) -> Result<Self, RouterError> {
         let mut out = Pools::default();
         for cfg in pools {
             let pool = Arc::new(Pool::build(cfg)?);
@@ -557,18 +561,18 @@ impl Pools {
     }
 
     /// All pools, in configuration order.
-    pub fn all(&self) -> &[Arc<Pool>] {
+    pub(crate) fn all(&self) -> &[Arc<Pool>] {
         &self.list
     }
 
     /// The pool of base model `model`.
-    pub fn get(&self, model: &str) -> Option<&Arc<Pool>> {
+    pub(crate) fn get(&self, model: &str) -> Option<&Arc<Pool>> {
         self.by_model.get(model)
     }
 
     /// The pool serving `model`: a base model, or a LoRA adapter served by
     /// at least one backend of a pool.
-    pub fn resolve(&self, model: &str) -> Option<Target> {
+    pub(crate) fn resolve(&self, model: &str) -> Option<Target> {
         if let Some(pool) = self.by_model.get(model) {
             return Some(Target {
                 pool: Arc::clone(pool),
@@ -585,7 +589,7 @@ impl Pools {
     }
 
     /// `(index, block_size)` of the pool of `model`, for the agents' ingest.
-    pub fn index_of(&self, model: &str) -> Option<(Arc<CacheIndex>, usize)> {
+    pub(crate) fn index_of(&self, model: &str) -> Option<(Arc<CacheIndex>, usize)> {
         self.by_model
             .get(model)
             .map(|p| (Arc::clone(&p.index), p.block_size))

@@ -46,13 +46,13 @@ use warmpath_core::Decision;
 use warmpath_edge::copy_end_to_end;
 
 /// Header naming the backend that served a response.
-pub const BACKEND_HEADER: &str = "x-warmpath-backend";
+pub(crate) const BACKEND_HEADER: &str = "x-warmpath-backend";
 /// Header naming why that backend was chosen.
-pub const DECISION_HEADER: &str = "x-warmpath-decision";
+pub(crate) const DECISION_HEADER: &str = "x-warmpath-decision";
 
 /// What to send upstream.
 #[derive(Debug)]
-pub struct Outgoing<'a> {
+pub(crate) struct Outgoing<'a> {
     /// `POST` for every endpoint but `GET /v1/responses/{id}`.
     pub method: Method,
     /// Path and query on the backend, e.g. `/v1/chat/completions`.
@@ -64,13 +64,13 @@ pub struct Outgoing<'a> {
 }
 
 /// Counts `e` as a refusal (see [`count_refused`]) and answers it.
-pub fn rejected(e: ApiError) -> Response {
+pub(crate) fn rejected(e: ApiError) -> Response {
     count_refused(e.status);
     e.into_response()
 }
 
 /// Counts a request refused before a pool was known (`pool="-"`).
-pub fn count_refused(status: StatusCode) {
+pub(crate) fn count_refused(status: StatusCode) {
     crate::control::metrics::requests_counter("-", "-", "none", status).increment(1);
 }
 
@@ -144,7 +144,7 @@ fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision
 /// Routes `plan` and proxies `out` through `up`, retrying other backends
 /// on connect failure; `loads` are the agents' reports, and `decisions`
 /// hears of each pick (the other router replicas).
-pub async fn forward(
+pub(crate) async fn forward(
     up: &Arc<Upstream>,
     loads: Option<&dyn AgentLoads>,
     decisions: Option<&dyn DecisionSink>,

@@ -28,7 +28,7 @@ use warmpath_core::{
 
 /// What routing knows of a request before looking at load.
 #[derive(Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The pool and adapter.
     pub target: Target,
     /// The tenant, if any.
@@ -53,11 +53,11 @@ pub struct Plan {
 }
 
 /// Characters of a prompt kept as its chain's preview (`show_prompts`).
-pub const PREVIEW_CHARS: usize = 160;
+pub(crate) const PREVIEW_CHARS: usize = 160;
 
 /// When to compute token ids and block hashes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hashing {
+pub(crate) enum Hashing {
     /// Only when the policy is `kv_aware` or the prompt is already token ids.
     WhenUseful,
     /// Whenever possible (inspection).
@@ -73,7 +73,7 @@ fn observe(pool: &Pool, phase: Phase, since: Instant) -> Instant {
 }
 
 /// Plans a chat or completion request.
-pub fn plan(
+pub(crate) fn plan(
     target: Target,
     tenant: Option<TenantId>,
     req: &Request<'_>,
@@ -169,7 +169,7 @@ fn prompt_preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
 }
 
 /// Plans a native `/invocations` request: prefix key of the raw body, no hashes.
-pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u8]) -> Plan {
+pub(crate) fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u8]) -> Plan {
     let policy = target.pool.policy();
     let prefix_key = target
         .pool
@@ -191,7 +191,7 @@ pub fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, body: &[u
 
 /// Plans a request without a prompt (`/detokenize`): least outstanding,
 /// whatever the pool's strategy, as there is no prefix to follow.
-pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
+pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     let current = target.pool.policy();
     let policy = Arc::new(PolicyState {
         strategy: Strategy::LeastOutstanding,
@@ -218,7 +218,11 @@ pub fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
 /// The live loads of `plan`'s backends (its policy snapshot), with
 /// `excluded` positions, draining backends and backends not serving its
 /// adapter marked ineligible.
-pub fn loads(plan: &Plan, excluded: &[usize], agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
+pub(crate) fn loads(
+    plan: &Plan,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+) -> Vec<BackendLoad> {
     loads_of(plan, excluded, agents, false)
 }
 
@@ -281,7 +285,7 @@ fn may_panic(plan: &Plan, excluded: &[usize], i: usize) -> bool {
 /// routing): an answer from a doubtful engine beats a certain 503. The
 /// ejection ceiling (`health.max_ejection_percent`) keeps this to pools
 /// whose only candidates went out.
-pub fn pick(
+pub(crate) fn pick(
     plan: &Plan,
     excluded: &[usize],
     agents: Option<&dyn AgentLoads>,
@@ -357,7 +361,7 @@ pub fn pick(
 /// shows. Ties are broken by an rng seeded with the prefix key, so the same
 /// query in the same state gives the same answer, and the routing rng is
 /// left alone.
-pub fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
+pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
     let loads = loads(plan, &[], agents);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
     let input = RouteInput {
@@ -413,6 +417,6 @@ fn checked(plan: &Plan, res: Result<Decision, PolicyError>) -> Result<Decision, 
 }
 
 /// Uncached blocks the chosen backend must prefill (its prefill prediction).
-pub fn uncached_blocks(plan: &Plan, decision: &Decision) -> u64 {
+pub(crate) fn uncached_blocks(plan: &Plan, decision: &Decision) -> u64 {
     (plan.hashes.len() as u64).saturating_sub(u64::from(decision.matched_blocks))
 }

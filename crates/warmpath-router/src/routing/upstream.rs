@@ -22,11 +22,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_IDLE_PER_BACKEND: usize = 256;
 
 /// The pooled keep-alive client used for every backend.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
 /// The upstream side of every forwarded request.
 #[derive(Debug)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     /// The client.
     pub client: UpstreamClient,
     /// `upstream.api_key` as the `Authorization` sent upstream.
@@ -46,7 +46,7 @@ pub struct Upstream {
 
 impl Upstream {
     /// The upstream side of a validated `config`, ended by `halt`.
-    pub fn new(config: &RouterConfig, halt: CancellationToken) -> Self {
+    pub(crate) fn new(config: &RouterConfig, halt: CancellationToken) -> Self {
         let u = &config.upstream;
         let mut http = HttpConnector::new();
         http.set_nodelay(true);

@@ -10,7 +10,7 @@ mod palette;
 use super::report::StrategyReport;
 use axis::Ticks;
 use page::esc;
-pub use page::html;
+pub(super) use page::html;
 use palette::Style;
 use std::fmt::Write as _;
 
@@ -145,7 +145,7 @@ fn lines(title: &str, xl: &str, yl: &str, series: &[Series<'_>], y_max: Option<f
 }
 
 /// TTFT CDF per strategy.
-pub fn ttft_cdf(reports: &[StrategyReport]) -> String {
+pub(super) fn ttft_cdf(reports: &[StrategyReport]) -> String {
     let series: Vec<Series<'_>> = reports
         .iter()
         .enumerate()
@@ -168,7 +168,7 @@ pub fn ttft_cdf(reports: &[StrategyReport]) -> String {
 
 /// KV hit rate over time per strategy, and the offline references (of the
 /// first report that has them, as the table's line above it) dashed.
-pub fn hit_over_time(reports: &[StrategyReport]) -> String {
+pub(super) fn hit_over_time(reports: &[StrategyReport]) -> String {
     let mut series: Vec<Series<'_>> = reports
         .iter()
         .enumerate()
@@ -214,7 +214,7 @@ pub fn hit_over_time(reports: &[StrategyReport]) -> String {
 }
 
 /// Per-instance share of requests, grouped bars per strategy.
-pub fn shares(reports: &[StrategyReport]) -> String {
+pub(super) fn shares(reports: &[StrategyReport]) -> String {
     let instances: Vec<&String> = reports
         .first()
         .map(|r| r.shares.keys().collect())

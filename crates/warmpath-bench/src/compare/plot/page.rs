@@ -56,7 +56,7 @@ fn body(markdown: &str) -> String {
 }
 
 /// One self-contained HTML page: the table, the plots and the raw JSON.
-pub fn html(markdown: &str, svgs: &[&str], json: &str) -> String {
+pub(crate) fn html(markdown: &str, svgs: &[&str], json: &str) -> String {
     format!(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>warmpath comparison</title>\
          <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\

@@ -16,7 +16,7 @@
 //! its member was still draining (and so was skipped) returns.
 //!
 //! Tested against a recorded list+watch stream served on loopback
-//! (tests/router_k8s.rs), not against a live API server.
+//! (tests/router/k8s.rs), not against a live API server.
 
 use super::{Answer, DiscoveryError};
 use crate::config::{K8sWorkerId, KubernetesDiscovery};

@@ -17,7 +17,7 @@ mod dns;
 mod grace;
 #[cfg(feature = "kubernetes")]
 mod kubernetes;
-pub mod provider;
+pub(crate) mod provider;
 mod vanished;
 
 use crate::config::BackendConfig;
@@ -38,7 +38,7 @@ const DRAIN_VANISHED: Duration = Duration::from_secs(120);
 
 /// Why a provider produced no answer this round; the last set stays.
 #[derive(Debug, Error)]
-pub enum DiscoveryError {
+pub(crate) enum DiscoveryError {
     /// The resolver cannot be set up (system configuration unreadable).
     /// Retried every interval.
     #[error("cannot set up the resolver: {0}")]

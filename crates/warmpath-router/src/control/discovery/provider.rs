@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// What `/cache-index` shows of one provider.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct ProviderStatus {
+pub(crate) struct ProviderStatus {
     /// `dns:NAME` or `kubernetes:NAMESPACE/SERVICE`.
     pub provider: String,
     /// The backends of the last answer that was applied.
@@ -27,7 +27,7 @@ pub struct ProviderStatus {
 
 /// One provider of one pool.
 #[derive(Debug)]
-pub struct Provider {
+pub(crate) struct Provider {
     /// Its settings.
     pub config: DiscoveryConfig,
     pub(super) name: String,
@@ -38,7 +38,7 @@ pub struct Provider {
 
 impl Provider {
     /// A provider that has not resolved yet.
-    pub fn new(config: DiscoveryConfig) -> Self {
+    pub(crate) fn new(config: DiscoveryConfig) -> Self {
         let name = config.name();
         Provider {
             status: Mutex::new(ProviderStatus {
@@ -52,7 +52,7 @@ impl Provider {
     }
 
     /// Its status now.
-    pub fn status(&self) -> ProviderStatus {
+    pub(crate) fn status(&self) -> ProviderStatus {
         self.status.lock().clone()
     }
 
