@@ -228,6 +228,62 @@ async fn a_client_that_leaves_before_the_first_byte_cancels_its_upstream_request
     assert_eq!(ok.status, 200);
 }
 
+/// HTTP/2: one stream the client never reads, on a connection it keeps
+/// using. Flow control, not the socket, stops the router's writes, so no
+/// connection-level deadline fires; the stream's own send watchdog lets the
+/// backend's answer and its slot go, and the connection serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_left_unread_lets_its_backend_go_and_the_connection_serves_on() {
+    use http_body_util::BodyExt;
+    let b = TestBackend::start("b0").await;
+    let r = one_backend_router(&b, "server:\n  send_timeout_ms: 500").await;
+    // One HTTP/2 connection, driven by its own task, that this test holds.
+    let tcp = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    // A small window: the unread stream holds few frames (h2 refuses a
+    // connection that buffers too many unread DATA frames).
+    let (mut h2, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(65_535)
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let driver = tokio::spawn(conn);
+    let body = json!({"model": "m", "prompt": "x", "stream": true, "x_chunks": 400_000});
+    let req = |body: &serde_json::Value| {
+        hyper::Request::post(format!("http://{}/v1/completions", r.addr))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
+            .unwrap()
+    };
+    // The answer's head arrives; its body is never read.
+    let unread = h2.send_request(req(&body)).await.unwrap();
+    assert_eq!(unread.status(), 200);
+    eventually("the upstream stream is dropped", || b.cancelled() == 1).await;
+    let m = get_url(&client(), &r.url("/metrics")).await;
+    let text = String::from_utf8_lossy(&m.body).into_owned();
+    let in_flight = format!(
+        "warmpath_backend_in_flight{{pool=\"m\",backend=\"{}\"}}",
+        b.url()
+    );
+    assert_eq!(metric_value(&text, &in_flight), Some(0.0), "{text}");
+    assert_eq!(
+        metric_value(&text, "warmpath_send_timeouts_total"),
+        Some(1.0),
+        "{text}"
+    );
+    // The same connection serves on.
+    let ok = h2
+        .send_request(req(&json!({"model": "m", "prompt": "x"})))
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    ok.into_body().collect().await.unwrap();
+    assert!(!driver.is_finished(), "the connection is still open");
+    drop(unread);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
     use tokio::io::AsyncWriteExt;

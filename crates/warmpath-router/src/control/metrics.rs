@@ -24,6 +24,7 @@
 //! | `warmpath_request_bodies_refused_total` | counter | |
 //! | `warmpath_ejections_refused_total` | counter | pool |
 //! | `warmpath_panic_routed_total` | counter | pool |
+//! | `warmpath_send_timeouts_total` | counter | |
 //! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::control::caches`]) |
 //! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
 //! | `warmpath_hot_cache_entries` | gauge | pool, cache |
@@ -117,6 +118,10 @@ fn describe() {
     describe_counter!(
         "warmpath_request_bodies_refused_total",
         "Requests answered 503 because server.max_body_bytes_in_flight of request bodies were held"
+    );
+    describe_counter!(
+        "warmpath_send_timeouts_total",
+        "Answers whose client read nothing for server.send_timeout_ms: the backend's answer and slot were let go"
     );
     describe_counter!(
         "warmpath_panic_routed_total",
@@ -467,6 +472,11 @@ pub(crate) fn bodies_refused() -> Counter {
 /// `warmpath_ejections_refused_total{pool}`.
 pub(crate) fn ejections_refused(model: &str) -> Counter {
     metrics::counter!("warmpath_ejections_refused_total", "pool" => model.to_owned())
+}
+
+/// `warmpath_send_timeouts_total`.
+pub(crate) fn send_timeouts() -> Counter {
+    metrics::counter!("warmpath_send_timeouts_total")
 }
 
 /// `warmpath_panic_routed_total{pool}`.

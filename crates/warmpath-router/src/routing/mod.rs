@@ -13,5 +13,6 @@ pub(crate) mod loads;
 pub(crate) mod pool;
 pub(crate) mod proxy;
 pub(crate) mod route;
+pub(crate) mod send_watch;
 pub(crate) mod share;
 pub(crate) mod upstream;

@@ -26,6 +26,7 @@ use crate::routing::backend::{Backend, FlightGuard};
 use crate::routing::loads::AgentLoads;
 use crate::routing::pool::Pool;
 use crate::routing::route::{self, Plan};
+use crate::routing::send_watch::{Held, SendWatch};
 use crate::routing::share::{DecisionSink, Fact};
 use crate::routing::upstream::Upstream;
 use axum::body::Body;
@@ -293,9 +294,14 @@ fn respond(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let idle_limit = up.stream_idle_timeout;
     let now = Instant::now();
-    let body = TrackedBody {
-        inner: incoming,
+    let held = Arc::new(parking_lot::Mutex::new(Held {
+        inner: Some(incoming),
         guard: Some(guard),
+    }));
+    let send = SendWatch::start(&held, up.send_timeout, backend_id.clone());
+    let body = TrackedBody {
+        held,
+        send,
         sent,
         first: true,
         sse,
@@ -332,10 +338,11 @@ pin_project_lite::pin_project! {
     /// accounting; it ends early when the backend goes silent for
     /// `stream_idle_timeout` or the shutdown deadline passes.
     pub struct TrackedBody {
-        inner: Incoming,
-        // Taken when the body ends, however it ends: a request past its
-        // timeout no longer counts as load.
-        guard: Option<FlightGuard>,
+        // The engine's answer and the request's flight, shared with the
+        // send watchdog. The guard is taken when the body ends, however it
+        // ends: a request past its timeout no longer counts as load.
+        held: Arc<parking_lot::Mutex<Held>>,
+        send: SendWatch,
         sent: Instant,
         first: bool,
         sse: bool,
@@ -362,7 +369,7 @@ pin_project_lite::pin_project! {
 impl std::fmt::Debug for TrackedBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TrackedBody")
-            .field("guard", &self.guard)
+            .field("held", &self.held)
             .field("sse", &self.sse)
             .field("done", &self.done)
             .finish_non_exhaustive()
@@ -391,12 +398,25 @@ impl HttpBody for TrackedBody {
         if *this.done {
             return Poll::Ready(None);
         }
-        let cut = match Pin::new(&mut *this.inner).poll_frame(cx) {
+        this.send.asked();
+        let held = Arc::clone(this.held);
+        let mut held = held.lock();
+        let held = &mut *held;
+        let Some(inner) = held.inner.as_mut() else {
+            // The send watchdog let the backend go: the client read nothing.
+            *this.done = true;
+            return Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing of the answer in time",
+            )
+            .into())));
+        };
+        let cut = match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 *this.last_frame = Instant::now();
                 if *this.first && frame.is_data() {
                     *this.first = false;
-                    if let Some(g) = this.guard.as_mut() {
+                    if let Some(g) = held.guard.as_mut() {
                         g.first_byte();
                     }
                     this.pool
@@ -421,19 +441,21 @@ impl HttpBody for TrackedBody {
                         Tapped::GiveUp => *this.tap = None,
                     }
                 }
-                if this.inner.is_end_stream() {
+                if inner.is_end_stream() {
                     // hyper may not poll a body whose length is reached.
                     *this.done = true;
-                    if let Some(g) = this.guard.take() {
+                    if let Some(g) = held.guard.take() {
                         ended(g, *this.ok);
                     }
+                } else {
+                    this.send.handed();
                 }
                 return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(Some(Err(e))) => Cut::Failed(e),
             Poll::Ready(None) => {
                 *this.done = true;
-                if let Some(g) = this.guard.take() {
+                if let Some(g) = held.guard.take() {
                     ended(g, *this.ok);
                 }
                 return Poll::Ready(None);
@@ -456,7 +478,7 @@ impl HttpBody for TrackedBody {
             }
         };
         *this.done = true;
-        let Some(mut guard) = this.guard.take() else {
+        let Some(mut guard) = held.guard.take() else {
             return Poll::Ready(None);
         };
         guard.outcome(match cut {
@@ -505,7 +527,14 @@ impl HttpBody for TrackedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.inner.is_end_stream()
+        // An answer the watchdog took ends with an error, not cleanly.
+        self.done
+            || self
+                .held
+                .lock()
+                .inner
+                .as_ref()
+                .is_some_and(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -513,7 +542,11 @@ impl HttpBody for TrackedBody {
             // An error event may be appended: promise nothing.
             SizeHint::default()
         } else {
-            self.inner.size_hint()
+            self.held
+                .lock()
+                .inner
+                .as_ref()
+                .map_or_else(SizeHint::default, Incoming::size_hint)
         }
     }
 }

@@ -35,6 +35,8 @@ pub(crate) struct Upstream {
     pub first_byte_timeout: Duration,
     /// Longest silence of a body once its headers are in.
     pub stream_idle_timeout: Duration,
+    /// Longest a client may leave an answer unread (`server.send_timeout_ms`).
+    pub send_timeout: Duration,
     /// Failures in a row that eject a backend.
     pub eject_after: u32,
     /// The most of a pool ejected at once, in percent.
@@ -60,6 +62,7 @@ impl Upstream {
             auth: u.api_key.as_ref().and_then(|k| k.bearer()),
             first_byte_timeout: Duration::from_millis(u.first_byte_timeout_ms),
             stream_idle_timeout: Duration::from_millis(u.stream_idle_timeout_ms),
+            send_timeout: Duration::from_millis(config.server.send_timeout_ms),
             eject_after: config.health.eject_after,
             max_ejection_percent: config.health.max_ejection_percent,
             halt,

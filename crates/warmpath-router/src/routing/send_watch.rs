@@ -1,0 +1,113 @@
+//! A client that stops reading one answer (an HTTP/2 stream whose window
+//! stays shut while the connection lives on, or an HTTP/1 socket whose
+//! writes wait) is noticed per answer: once the answer's body has not been
+//! asked for more for `server.send_timeout_ms`, the engine's answer is
+//! dropped (its connection closes and the engine stops generating) and the
+//! request's in-flight slot is freed; the client's stream then ends with an
+//! error if it ever reads again. Without this, one stalled HTTP/2 stream
+//! would hold a backend slot and an upstream connection for as long as its
+//! connection stayed busy with others.
+
+use super::backend::FlightGuard;
+use super::load_cell::monotonic_ms;
+use crate::control::metrics::Outcome;
+use hyper::body::Incoming;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// Not waiting for the client: the body is being polled, or the engine has
+/// nothing to send yet.
+const NOT_WAITING: u64 = u64::MAX;
+
+/// What an answer's body holds of its backend, shared with its watchdog,
+/// which takes both when the client stops reading.
+#[derive(Debug)]
+pub(crate) struct Held {
+    /// The engine's answer.
+    pub(crate) inner: Option<Incoming>,
+    /// The request's flight on the backend.
+    pub(crate) guard: Option<FlightGuard>,
+}
+
+/// The body's side of the watchdog: it says when it handed a frame over
+/// (and so waits for the client to ask for the next) and when it is asked.
+#[derive(Debug)]
+pub(crate) struct SendWatch {
+    waiting_since: Arc<AtomicU64>,
+    // Dropped with the body: the watchdog ends.
+    _stop: DropGuard,
+}
+
+impl SendWatch {
+    /// Watches `held` for `limit`; `what` names the backend in the log.
+    pub(crate) fn start(held: &Arc<Mutex<Held>>, limit: Duration, what: String) -> Self {
+        let waiting_since = Arc::new(AtomicU64::new(NOT_WAITING));
+        let stop = CancellationToken::new();
+        tokio::spawn(watch(
+            Arc::downgrade(held),
+            Arc::clone(&waiting_since),
+            limit,
+            stop.clone(),
+            what,
+        ));
+        SendWatch {
+            waiting_since,
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    /// The body is being polled.
+    pub(crate) fn asked(&self) {
+        self.waiting_since.store(NOT_WAITING, Ordering::Relaxed);
+    }
+
+    /// The body handed a frame over: the next one waits for the client.
+    pub(crate) fn handed(&self) {
+        self.waiting_since.store(monotonic_ms(), Ordering::Relaxed);
+    }
+}
+
+/// Wakes once per `limit` (or when a wait would end) until the body drops,
+/// or lets the backend go once the client waited past `limit`.
+async fn watch(
+    held: Weak<Mutex<Held>>,
+    waiting_since: Arc<AtomicU64>,
+    limit: Duration,
+    stop: CancellationToken,
+    what: String,
+) {
+    let limit_ms = limit.as_millis() as u64;
+    loop {
+        let since = waiting_since.load(Ordering::Relaxed);
+        let wait = match since {
+            NOT_WAITING => limit,
+            t => Duration::from_millis((t + limit_ms).saturating_sub(monotonic_ms())),
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let since = waiting_since.load(Ordering::Relaxed);
+        if since == NOT_WAITING || monotonic_ms() < since.saturating_add(limit_ms) {
+            continue;
+        }
+        let Some(held) = held.upgrade() else {
+            return;
+        };
+        let (inner, guard) = {
+            let mut h = held.lock();
+            (h.inner.take(), h.guard.take())
+        };
+        if let Some(mut g) = guard {
+            g.outcome(Outcome::Cancelled);
+        }
+        drop(inner);
+        crate::control::metrics::send_timeouts().increment(1);
+        tracing::warn!(backend = %what, limit_ms,
+            "the client read nothing of its answer in time: the backend's answer and slot are let go");
+        return;
+    }
+}
