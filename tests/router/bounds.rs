@@ -9,7 +9,7 @@
 //! second also because main has no `index:` section to cap a worker with).
 //!
 //! The cleared worker's memory must come back to within [`RETURN_BOUND`] of
-//! the baseline. Before the router disabled transparent huge pages and
+//! the baseline, or an eighth of what the entries took where that is more. Before the router disabled transparent huge pages and
 //! asked mimalloc to give freed pages back (aaa6c8c), RSS went 22 -> 174 ->
 //! 54..62 MiB, or stayed at 136 MiB of 148 MiB for 30 s when the router
 //! happened to be quiet; that fails the bound.
@@ -44,6 +44,11 @@ const MIN_GROWTH: u64 = 64 << 20;
 /// touched (RssFile), about 3 MiB of tonic's receive buffer, which keeps the
 /// largest message's size (3.2 MB here) for the stream's life, and
 /// allocator pages still partly in use. The rest is headroom for noise.
+/// On a loaded machine (the router binary's other tests beside it) the
+/// flood's peak leaves more pages partly used: 18 -> 146 -> 31 MiB in a
+/// clean-clone `.ci/run`, so the bound is also an eighth of the growth.
+/// Not giving memory back at all (146 MiB) or halfway (54..62 of 174 MiB
+/// before aaa6c8c) still fails it.
 const RETURN_BOUND: u64 = 10 << 20;
 
 /// Pool `m` with workers `a` and `b` (both on `backend`).
@@ -152,7 +157,7 @@ async fn a_cleared_worker_gives_its_memory_back() {
     );
     // The index frees its tables at once (warmpath_index_bytes 0), and the
     // router then hands the allocator's free pages back to the OS.
-    let bound = baseline + RETURN_BOUND;
+    let bound = baseline + RETURN_BOUND.max((full - baseline) / 8);
     tx.send(AgentMessage {
         msg: Some(Msg::Delta(Delta {
             seq: seq + 1,
