@@ -247,7 +247,11 @@ fn loads_of(
         .enumerate()
         .map(|(i, b)| {
             let engine = agents.and_then(|a| b.engine_load(&pool.model, a, now_ms));
-            let ok = eligible(plan, excluded, i) || (panic && may_panic(plan, excluded, i));
+            let ok = if panic {
+                could_take(plan, excluded, i)
+            } else {
+                eligible(plan, excluded, i)
+            };
             load_of(b, ok, engine, remote(i))
         })
         .collect()
@@ -256,22 +260,14 @@ fn loads_of(
 /// Whether position `i` of `plan`'s snapshot may take it: healthy, not
 /// draining, not in `excluded`, serving its adapter.
 fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
-    let b = &plan.policy.backends[i];
-    b.is_healthy()
-        && !b.is_draining()
-        && !excluded.contains(&i)
-        && plan
-            .target
-            .adapter
-            .as_deref()
-            .is_none_or(|a| b.serves_adapter(a))
+    plan.policy.backends[i].is_healthy() && could_take(plan, excluded, i)
 }
 
-/// Whether position `i` could take it but for its ejection.
-fn may_panic(plan: &Plan, excluded: &[usize], i: usize) -> bool {
+/// Whether position `i` could take it, health aside: not draining, not in
+/// `excluded`, serving its adapter (panic routing asks only this).
+fn could_take(plan: &Plan, excluded: &[usize], i: usize) -> bool {
     let b = &plan.policy.backends[i];
-    !b.is_healthy()
-        && !b.is_draining()
+    !b.is_draining()
         && !excluded.contains(&i)
         && plan
             .target
@@ -339,7 +335,8 @@ pub(crate) fn pick(
     };
     let res = match res {
         Err(PolicyError::NoBackend)
-            if (0..policy.backends.len()).any(|i| may_panic(plan, excluded, i)) =>
+            if (0..policy.backends.len())
+                .any(|i| !policy.backends[i].is_healthy() && could_take(plan, excluded, i)) =>
         {
             crate::control::metrics::panic_routed(&pool.model).increment(1);
             let loads = loads_of(plan, excluded, agents, true);
