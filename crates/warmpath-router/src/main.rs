@@ -18,7 +18,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// router makes none, so a cleared worker's index stayed resident. The
 /// ingest calls [`release_memory`] once the index freed a lot
 /// (`ingest::set_memory_release`); it collects this thread's pages, and every
-/// runtime worker collects its own the next time it parks.
+/// other thread collects its own once: a runtime worker when it next parks,
+/// a blocking thread at the end of its next ingest job or when it exits.
 #[cfg(feature = "mimalloc")]
 mod release {
     use std::cell::Cell;
@@ -35,12 +36,12 @@ mod release {
     }
 
     pub(crate) fn release_memory() {
-        ASKED.fetch_add(1, Ordering::Relaxed);
+        DONE.set(ASKED.fetch_add(1, Ordering::Relaxed) + 1);
         collect();
     }
 
-    /// A runtime worker about to park: collect once per request.
-    pub(crate) fn on_park() {
+    /// Collect once per request on this thread.
+    pub(crate) fn catch_up() {
         let asked = ASKED.load(Ordering::Relaxed);
         if DONE.get() != asked {
             DONE.set(asked);
@@ -62,8 +63,9 @@ fn main() -> anyhow::Result<()> {
     runtime.enable_all();
     #[cfg(feature = "mimalloc")]
     {
-        warmpath_router::ingest::set_memory_release(release::release_memory);
-        runtime.on_thread_park(release::on_park);
+        warmpath_router::ingest::set_memory_release(release::release_memory, release::catch_up);
+        runtime.on_thread_park(release::catch_up);
+        runtime.on_thread_stop(release::catch_up);
     }
     runtime
         .build()

@@ -151,6 +151,7 @@ pub(super) async fn drive(
                 let job = tokio::task::spawn_blocking(move || {
                     let _held = held;
                     let r = ws.on_message(msg, now_ms, now_unix);
+                    super::sweeper::catch_up();
                     (ws, r)
                 });
                 match job.await {

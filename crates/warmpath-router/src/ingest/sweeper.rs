@@ -81,15 +81,29 @@ pub(crate) fn compact_due(dir: &dyn PoolDirectory, now_ms: u64, last: &mut Vec<u
 /// pages (milliseconds), so it must stay rare.
 pub(crate) const RELEASE_AFTER_BYTES: u64 = 8 << 20;
 
-static RELEASE: OnceLock<fn()> = OnceLock::new();
+/// The binary's (release, catch-up) pair; see [`set_memory_release`].
+type Release = (fn(), fn());
+
+static RELEASE: OnceLock<Release> = OnceLock::new();
 
 /// Registers how the process gives freed memory back to the OS (the
-/// binary: mimalloc's `mi_collect(true)`); the sweeper calls it once the
-/// pools' indexes shrank by [`RELEASE_AFTER_BYTES`]. A second call is
-/// ignored. Without one, nothing is called (the system allocator, or an
-/// embedder that manages its own).
-pub fn set_memory_release(release: fn()) {
-    let _ = RELEASE.set(release);
+/// binary: mimalloc's `mi_collect(true)`). The sweeper calls `release` once
+/// the pools' indexes shrank by [`RELEASE_AFTER_BYTES`]; it frees only the
+/// calling thread's pages, so every blocking job of the ingest and the
+/// sweeper ends with `catch_up`, which collects once per release on the
+/// thread it runs on (the index's tables are allocated there). A second
+/// call is ignored. Without one, nothing is called (the system allocator,
+/// or an embedder that manages its own).
+pub fn set_memory_release(release: fn(), catch_up: fn()) {
+    let _ = RELEASE.set((release, catch_up));
+}
+
+/// The end of a blocking job: give back this thread's freed pages if a
+/// release was asked since it last did.
+pub(crate) fn catch_up() {
+    if let Some((_, catch_up)) = RELEASE.get() {
+        catch_up();
+    }
 }
 
 /// Whether the index memory freed since the last release is worth one:
@@ -158,7 +172,7 @@ fn round(
     );
     let bytes = dir.pools().iter().map(|p| p.index.estimated_bytes()).sum();
     if release_due(&mut r.high, bytes) {
-        if let Some(release) = RELEASE.get() {
+        if let Some((release, _)) = RELEASE.get() {
             let started = std::time::Instant::now();
             release();
             tracing::debug!(
@@ -192,6 +206,7 @@ pub(crate) fn spawn_gated(
             let (d, g) = (Arc::clone(&dir), Arc::clone(&gates));
             let job = tokio::task::spawn_blocking(move || {
                 round(d.as_ref(), &g, stale_after, drop_after, &mut rounds);
+                catch_up();
                 rounds
             });
             match job.await {
