@@ -18,9 +18,9 @@ FROM ${RUST_IMAGE} AS build
 WORKDIR /src
 COPY . .
 # protobuf is compiled by protox and TLS is rustls: no system libraries needed.
-RUN cargo build --release --locked -p warmpath-router -p warmpath-agent \
+RUN cargo build --profile dist --locked -p warmpath-router -p warmpath-agent \
  && mkdir /out \
- && cp target/release/warmpath-router target/release/warmpath-agent /out/
+ && cp target/dist/warmpath-router target/dist/warmpath-agent /out/
 
 FROM scratch AS prebuilt
 COPY bin/warmpath-router bin/warmpath-agent /out/
