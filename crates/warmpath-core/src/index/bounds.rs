@@ -15,7 +15,9 @@
 //! may each overshoot `max_entries` by at most their batch (the counters are
 //! read once per batch, which keeps the store loop free of extra atomics).
 
-use super::{CacheIndex, IndexError, Tier, WorkerSlot};
+use super::holders::WorkerSlot;
+use super::table::{CacheIndex, IndexError};
+use super::tier::Tier;
 use std::sync::atomic::Ordering;
 
 /// Why blocks were refused.
@@ -86,7 +88,7 @@ impl CacheIndex {
         &self,
         slot: WorkerSlot,
         tier: Tier,
-        hashes: &[super::BlockHash],
+        hashes: &[crate::hash::BlockHash],
     ) -> Result<Stored, IndexError> {
         let w = self.entry(slot)?;
         let gen = w.gen.load(Ordering::Acquire);

@@ -29,8 +29,9 @@
 //! decided by a probe made while the worker was closed, which is as exact
 //! as probing each of its blocks at that moment.
 
+use super::holders::WorkerSlot;
+use super::table::{CacheIndex, IndexError};
 use super::workers::{WorkerEntry, CLAIMED_CLOSED, INCOMPLETE};
-use super::{CacheIndex, IndexError, WorkerSlot};
 use std::sync::atomic::Ordering::SeqCst;
 
 impl CacheIndex {

@@ -5,9 +5,9 @@
 //! more spill to a boxed vector. With the 8-byte key this keeps a map slot at
 //! 24 bytes (see `CacheIndex` docs for the measured bytes per entry).
 
-use super::Tier;
+use super::tier::Tier;
 
-/// A worker's dense index inside one [`super::CacheIndex`].
+/// A worker's dense index inside one [`super::table::CacheIndex`].
 pub type WorkerSlot = u16;
 
 /// One (worker, generation, tiers) holder packed in a `u32`.

@@ -36,7 +36,8 @@
 //! [`closure`]: super::closure
 
 use super::holders::{Holder, Holders, WorkerSlot};
-use super::{CacheIndex, Tier};
+use super::table::CacheIndex;
+use super::tier::Tier;
 use crate::hash::BlockHash;
 use serde::Serialize;
 

@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
+use crate::hash::BlockHash;
+use std::sync::atomic::Ordering;
 use crate::hash::{hash_tokens, HashSeed};
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};

@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::hash::BlockHash;
+use std::sync::atomic::Ordering;
 use crate::hash::{hash_tokens, HashSeed};
 use proptest::prelude::*;
 

@@ -3,7 +3,7 @@
 //! milliseconds of a monotonic clock, so this stays pure and testable.
 
 use super::holders::WorkerSlot;
-use super::Tier;
+use super::tier::Tier;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -1,9 +1,9 @@
 //! [`ChatTokenizer`]: request -> token ids, the way vLLM computes them.
 
+use super::error::TokenizeError;
 use super::fast::{CacheConfig, CacheStats, FastPath};
 use super::files::TokenizerFiles;
 use super::template::ChatTemplate;
-use super::TokenizeError;
 use crate::request::{ChatBody, FirstPrompt, Request, RequestBody};
 use std::path::Path;
 use std::str::FromStr;

@@ -1,6 +1,6 @@
 //! Loading what a model folder holds: the one file-reading spot of the crate.
 
-use super::TokenizeError;
+use super::error::TokenizeError;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

@@ -1,9 +1,9 @@
 //! Chat-template rendering with minijinja, configured like Hugging Face's
 //! `apply_chat_template` as vLLM calls it.
 
+use super::error::TokenizeError;
 use super::files::SpecialTokens;
 use super::pyfuncs;
-use super::TokenizeError;
 use crate::request::{ChatBody, Message};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Serde;

@@ -15,8 +15,8 @@
 //! get it from the template. Everything is computed from constants, so
 //! [`tokenizer_json`] and [`write_model_dir`] are byte-identical on every run.
 
+use super::error::TokenizeError;
 use super::fast::byte_alphabet;
-use super::TokenizeError;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
@@ -253,8 +253,8 @@ pub fn corpus_slice(at: usize, len: usize) -> String {
 }
 
 /// The tiny tokenizer's files, in memory.
-pub fn files() -> Result<super::TokenizerFiles, TokenizeError> {
-    super::TokenizerFiles::from_strings(tokenizer_json(), Some(&tokenizer_config_json()))
+pub fn files() -> Result<super::files::TokenizerFiles, TokenizeError> {
+    super::files::TokenizerFiles::from_strings(tokenizer_json(), Some(&tokenizer_config_json()))
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ mod tests;
 
 pub(crate) use presplit::byte_alphabet;
 
-use super::TokenizeError;
+use super::error::TokenizeError;
 use chunks::ChunkMemo;
 use presplit::FastPieces;
 use split::{AddedCut, Piece};

@@ -1,0 +1,86 @@
+//! Why loading a tokenizer or tokenizing a request failed.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Why loading a tokenizer or tokenizing a request failed.
+///
+/// Load-time variants ([`Io`](Self::Io), [`ConfigJson`](Self::ConfigJson),
+/// [`BadConfig`](Self::BadConfig), [`Load`](Self::Load),
+/// [`TemplateSyntax`](Self::TemplateSyntax)) are configuration errors: retrying
+/// does not help until the files are fixed. Per-request variants are described
+/// by [`TokenizeError::is_client_error`].
+#[derive(Debug, Error)]
+pub enum TokenizeError {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file (tokenizer_config.json, chat_template.json) is not valid JSON.
+    #[error("{} is not valid JSON: {source}", path.display())]
+    ConfigJson {
+        /// The file (or `<memory>`).
+        path: PathBuf,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A configuration field has an unexpected shape.
+    #[error("{}: {reason}", path.display())]
+    BadConfig {
+        /// The file (or `<memory>`).
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// tokenizer.json could not be loaded by the `tokenizers` library.
+    #[error("cannot load tokenizer.json: {0}")]
+    Load(#[source] tokenizers::Error),
+    /// The chat template does not compile.
+    #[error("chat template does not compile: {0}")]
+    TemplateSyntax(#[source] minijinja::Error),
+    /// A chat request arrived but the tokenizer has no chat template.
+    #[error("the tokenizer has no chat template, so chat requests cannot be tokenized")]
+    NoChatTemplate,
+    /// Rendering failed: the template raised an exception (e.g. roles must
+    /// alternate) or met data it cannot handle. A client error.
+    #[error("chat template rendering failed: {0}")]
+    Render(#[source] minijinja::Error),
+    /// `continue_final_message` was asked for with an unusable last message.
+    #[error("continue_final_message: {0}")]
+    ContinueFinalMessage(&'static str),
+    /// The `tokenizers` library failed to encode the text.
+    #[error("tokenization failed: {0}")]
+    Encode(#[source] tokenizers::Error),
+    /// The prompt has more tokens than the cap it was encoded under
+    /// ([`ChatTokenizer::encode_request_capped`](super::chat::ChatTokenizer::encode_request_capped)). Encoding stopped soon after
+    /// the cap, so `seen` may be less than the prompt's full length. A client
+    /// error; the message is vLLM's.
+    #[error("This model's maximum context length is {} tokens. However, your request has {}{seen} input tokens. Please reduce the length of the input messages.", cap + 1, if *complete { "" } else { "at least " })]
+    PromptTooLong {
+        /// Most prompt tokens accepted.
+        cap: usize,
+        /// Tokens counted when encoding stopped.
+        seen: usize,
+        /// Whether `seen` is the whole prompt.
+        complete: bool,
+    },
+}
+
+impl TokenizeError {
+    /// True when the request itself is at fault (answer 400; do not retry the
+    /// same body); false for server-side configuration or library failures.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            TokenizeError::Render(_)
+                | TokenizeError::ContinueFinalMessage(_)
+                | TokenizeError::PromptTooLong { .. }
+        )
+    }
+}
