@@ -2,9 +2,12 @@
 //! directly or through a cycle. Reads `crates/*/src`, takes every
 //! `crate::…` / `super::…` path (use trees included) in code outside
 //! `#[cfg(test)]`, resolves it to the longest module it names, and looks for
-//! strongly connected components. Imports of an ancestor (a module using its
-//! parent's items) are not edges: a parent declaring its children is not a
-//! cycle. Hosted by the smallest crate so that it builds fast.
+//! strongly connected components. Imports of an ancestor are edges like any
+//! other (a child using its parent's items while the parent calls into the
+//! child is a pair importing each other); declaring a child (`mod x;`) is not.
+//! The cycles not broken yet are named in [`KNOWN_CYCLES`], and the test
+//! fails once one of them is gone, so the list only shrinks. Hosted by the
+//! smallest crate so that it builds fast.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -370,7 +373,7 @@ fn crate_graph(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
         for path in imports(m, &children, code) {
             let target = resolve(&modules, &path);
             // An ancestor (or the module itself) is not an edge.
-            if !m.starts_with(&target) {
+            if *m != target {
                 set.insert(target);
             }
         }
@@ -378,24 +381,60 @@ fn crate_graph(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
     edges
 }
 
+/// Cycles through a parent module not broken yet: (crate folder, the module
+/// prefixes every member of the cycle lies under). Each is a `mod.rs` that
+/// defines items its children import while it calls into them; the fix is
+/// the one done for `warmpath-core`'s `index` and `tokenize`: the items move
+/// to a sibling, and `mod.rs` only declares and re-exports.
+const KNOWN_CYCLES: &[(&str, &[&str])] = &[
+    ("warmpath-router", &["config"]),
+    ("warmpath-router", &["control", "ingest", "routing::pool"]),
+    ("warmpath-core", &["policy"]),
+];
+
 #[test]
 fn no_module_pair_imports_each_other_in_any_crate() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut found = Vec::new();
+    let mut known_seen = BTreeSet::new();
     let mut crates = 0;
     for entry in std::fs::read_dir(root.join("crates")).unwrap() {
-        let src = entry.unwrap().path().join("src");
+        let dir = entry.unwrap().path();
+        let src = dir.join("src");
         if !src.is_dir() {
             continue;
         }
         crates += 1;
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         for comp in cycles(&crate_graph(&src)) {
             let names: Vec<String> = comp.iter().map(|m| m.join("::")).collect();
-            found.push(format!("{}: {}", src.display(), names.join(" <-> ")));
+            let known = KNOWN_CYCLES.iter().position(|(c, prefixes)| {
+                *c == name
+                    && names.iter().all(|n| {
+                        prefixes
+                            .iter()
+                            .any(|p| n == p || n.starts_with(&format!("{p}::")))
+                    })
+            });
+            match known {
+                Some(i) => {
+                    known_seen.insert(i);
+                }
+                None => found.push(format!("{name}: {}", names.join(" <-> "))),
+            }
         }
     }
     assert!(crates >= 5, "found only {crates} crates under crates/");
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
+    let gone: Vec<_> = (0..KNOWN_CYCLES.len())
+        .filter(|i| !known_seen.contains(i))
+        .map(|i| format!("{:?}", KNOWN_CYCLES[i]))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "these known cycles are broken now; take them off KNOWN_CYCLES: {}",
+        gone.join(", ")
+    );
 }
 
 #[test]
@@ -447,6 +486,15 @@ fn the_checker_sees_a_cycle_through_use_trees_and_super() {
     let g = crate_graph(src);
     assert_eq!(g[&m("a")], [m("a::inner")].into_iter().collect());
     assert_eq!(cycles(&g), vec![vec![m("a::inner"), m("c")]]);
+    // A child importing its parent, which calls into it, is a pair too.
+    std::fs::write(src.join("c.rs"), "pub fn h() {}").unwrap();
+    std::fs::write(src.join("a/inner.rs"), "use super::P;").unwrap();
+    std::fs::write(
+        src.join("a/mod.rs"),
+        "mod inner; pub struct P; fn f() { inner::g(); }",
+    )
+    .unwrap();
+    assert_eq!(cycles(&crate_graph(src)), vec![vec![m("a"), m("a::inner")]]);
 }
 
 /// The breaks of the wing rules in the router crate at `src`.

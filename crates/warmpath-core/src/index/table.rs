@@ -107,7 +107,10 @@ impl CacheIndex {
         self.workers.slot_of(id)
     }
 
-    pub(super) fn entry(&self, slot: WorkerSlot) -> Result<std::sync::Arc<WorkerEntry>, IndexError> {
+    pub(super) fn entry(
+        &self,
+        slot: WorkerSlot,
+    ) -> Result<std::sync::Arc<WorkerEntry>, IndexError> {
         self.workers
             .get(slot)
             .ok_or(IndexError::UnknownWorker(slot))
