@@ -6,8 +6,10 @@
 //! the proxy is still reading or forwarding (each connection may send one
 //! of up to 64 MiB over 30 s, and their number is not bounded).
 
+use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use warmpath_core::Expect;
 
 /// At most `max` bytes held at once, over every [`Held`] it gave out.
 #[derive(Clone, Debug)]
@@ -71,10 +73,49 @@ impl Held {
     }
 }
 
+/// One request the engine accepted, to be mirrored.
+#[derive(Debug)]
+pub struct Observed {
+    /// The request body as forwarded.
+    pub body: Bytes,
+    /// Chat or completion endpoint.
+    pub expect: Expect,
+    /// Its bytes in the queue's budget, given back when it is dropped.
+    _held: Held,
+}
+
+impl Observed {
+    /// `body` as an observation counted in `queue`, the byte budget of
+    /// bodies waiting to be hashed, or `None` when it does not fit.
+    pub fn within(queue: &ByteBudget, body: Bytes, expect: Expect) -> Option<Observed> {
+        queue.hold(body.len()).map(|held| Observed {
+            body,
+            expect,
+            _held: held,
+        })
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_observation_holds_its_bytes_in_the_queue_budget_until_dropped() {
+        let q = ByteBudget::new(100);
+        let body = |n: usize| Bytes::from(vec![b'x'; n]);
+        let first = Observed::within(&q, body(60), Expect::Chat).unwrap();
+        assert!(Observed::within(&q, body(60), Expect::Chat).is_none());
+        assert_eq!(q.used(), 60);
+        let second = Observed::within(&q, body(40), Expect::Chat).unwrap();
+        assert_eq!(q.used(), 100);
+        drop(first);
+        drop(second);
+        assert_eq!(q.used(), 0);
+        assert!(Observed::within(&q, body(100), Expect::Completion).is_some());
+        assert_eq!(q.used(), 0, "given back once dropped");
+    }
 
     #[test]
     fn bytes_are_held_until_dropped_and_never_past_the_bound() {

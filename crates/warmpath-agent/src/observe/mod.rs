@@ -28,62 +28,19 @@ pub mod budget;
 pub mod mirror;
 pub mod prompt;
 pub mod proxy;
+mod stats;
 
-pub use budget::{ByteBudget, Held};
+pub use budget::{ByteBudget, Held, Observed};
 pub use mirror::LruMirror;
 pub use prompt::{PromptError, PromptHasher};
 pub use proxy::{proxy_router, ProxyState};
+pub use stats::ObserveStats;
 
 use crate::hub::Hub;
-use crate::stats::Counter;
-use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use warmpath_core::Expect;
-
-/// One request the engine accepted, to be mirrored.
-#[derive(Debug)]
-pub struct Observed {
-    /// The request body as forwarded.
-    pub body: Bytes,
-    /// Chat or completion endpoint.
-    pub expect: Expect,
-    /// Its bytes in the queue's budget, given back when it is dropped.
-    _held: Held,
-}
-
-impl Observed {
-    /// `body` as an observation counted in `queue`, the byte budget of
-    /// bodies waiting to be hashed, or `None` when it does not fit.
-    pub fn within(queue: &ByteBudget, body: Bytes, expect: Expect) -> Option<Observed> {
-        queue.hold(body.len()).map(|held| Observed {
-            body,
-            expect,
-            _held: held,
-        })
-    }
-}
-
-/// What observe mode counted (also in `/warmpath/health`).
-#[derive(Debug, Default)]
-pub struct ObserveStats {
-    /// Requests forwarded to the engine.
-    pub forwarded: Counter,
-    /// Requests the engine could not be reached for (answered 502).
-    pub engine_errors: Counter,
-    /// Prompts hashed into the mirror.
-    pub observed: Counter,
-    /// Observations dropped because the queue was full.
-    pub dropped: Counter,
-    /// Bodies that could not be hashed (bad JSON, tenant, template).
-    pub unhashable: Counter,
-    /// Blocks newly stored in the mirror.
-    pub blocks_stored: Counter,
-    /// Blocks evicted from the mirror.
-    pub blocks_evicted: Counter,
-}
 
 fn now_micros() -> u64 {
     SystemTime::now()
@@ -154,26 +111,4 @@ pub async fn run_observer(
         metrics::gauge!("warmpath_agent_observe_mirror_blocks").set(mirror.len() as f64);
     }
     tracing::debug!("observer stopped");
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_observation_holds_its_bytes_in_the_queue_budget_until_dropped() {
-        let q = ByteBudget::new(100);
-        let body = |n: usize| Bytes::from(vec![b'x'; n]);
-        let first = Observed::within(&q, body(60), Expect::Chat).unwrap();
-        assert!(Observed::within(&q, body(60), Expect::Chat).is_none());
-        assert_eq!(q.used(), 60);
-        let second = Observed::within(&q, body(40), Expect::Chat).unwrap();
-        assert_eq!(q.used(), 100);
-        drop(first);
-        drop(second);
-        assert_eq!(q.used(), 0);
-        assert!(Observed::within(&q, body(100), Expect::Completion).is_some());
-        assert_eq!(q.used(), 0, "given back once dropped");
-    }
 }

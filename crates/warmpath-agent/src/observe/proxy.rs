@@ -7,7 +7,8 @@
 //! A client that leaves drops the response stream, which drops the engine
 //! connection, so the engine stops generating for it.
 
-use super::{ByteBudget, Held, ObserveStats, Observed};
+use super::budget::{ByteBudget, Held, Observed};
+use super::stats::ObserveStats;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode};

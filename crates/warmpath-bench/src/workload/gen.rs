@@ -1,7 +1,7 @@
 //! The built-in generators. Two RNG streams per trace: one for arrival gaps,
 //! one for content, so the rate never changes the requests.
 
-use super::{
+use super::spec::{
     ChatMessage, TenantVia, TraceRequest, WorkloadKind, WorkloadSpec, CONVERSATION_PREFIX,
 };
 use crate::dist::{unit_exp, Zipf};

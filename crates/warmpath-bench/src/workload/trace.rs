@@ -1,7 +1,7 @@
 //! JSONL traces: one [`TraceRequest`] per line (blank lines and lines starting
 //! with `#` are skipped). Arrivals need not be sorted; reading sorts them.
 
-use super::TraceRequest;
+use super::spec::TraceRequest;
 use crate::error::BenchError;
 use std::io::{BufRead, Write};
 use std::path::Path;

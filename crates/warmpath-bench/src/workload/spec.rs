@@ -1,0 +1,318 @@
+//! A workload's spec and the record of one request (generated or read from a trace).
+
+use crate::error::BenchError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// One chat message of a trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with `role` and `content`.
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.to_owned(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A request whose `group` starts with this prefix is a turn of a
+/// conversation, replayed like a chat client would
+/// ([`crate::compare::driver`]): it is sent no earlier than its arrival and
+/// only after the previous turn of the same group has been answered, and the
+/// `k`-th `assistant` message of its history is replaced by the text the
+/// engine actually answered to the conversation's `k`-th turn. Its
+/// `max_tokens` is the length of the answer it asks for. Requests of other
+/// groups (or none) are replayed open loop, at their arrival times.
+pub const CONVERSATION_PREFIX: &str = "conversation:";
+
+/// How a request carries its tenant id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TenantVia {
+    /// The body field `prompt_cache_key`.
+    #[default]
+    Body,
+    /// The header `X-Prefix-Aware-Id`.
+    Header,
+}
+
+/// Why a trace record is refused (not retryable: the line must change).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum BadRecord {
+    /// A negative, infinite or NaN arrival.
+    #[error("arrival {0} must be a number >= 0")]
+    Arrival(f64),
+    /// An empty model.
+    #[error("model must not be empty")]
+    NoModel,
+    /// An empty message list.
+    #[error("messages must not be empty")]
+    NoMessages,
+    /// Both forms.
+    #[error("give either messages or prompt, not both")]
+    Both,
+    /// Neither form.
+    #[error("one of messages or prompt is required")]
+    Neither,
+}
+
+/// One request of a trace (one JSONL line).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceRequest {
+    /// Seconds from the start of the run.
+    pub arrival: f64,
+    /// The model name.
+    pub model: String,
+    /// Chat messages (chat completions API); exclusive with `prompt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
+    /// A prompt (completions API); exclusive with `messages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Output tokens to generate.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// Tenant id, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// How the tenant id is sent (body by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_via: Option<TenantVia>,
+    /// The shared prefix this request belongs to (document, conversation,
+    /// file), for reports; `conversation:<id>` also makes the request a turn
+    /// replayed closed loop (see [`CONVERSATION_PREFIX`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+fn default_max_tokens() -> u32 {
+    32
+}
+
+impl TraceRequest {
+    /// The OpenAI path this request goes to.
+    pub fn path(&self) -> &'static str {
+        if self.messages.is_some() {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        }
+    }
+
+    /// The conversation this request is a turn of (its whole `group`), when
+    /// it is one (see [`CONVERSATION_PREFIX`]) and has chat messages.
+    pub fn conversation(&self) -> Option<&str> {
+        self.messages.as_ref()?;
+        self.group
+            .as_deref()
+            .filter(|g| g.starts_with(CONVERSATION_PREFIX))
+    }
+
+    /// The tenant id when it goes in the `X-Prefix-Aware-Id` header.
+    pub fn header_tenant(&self) -> Option<&str> {
+        match self.tenant_via {
+            Some(TenantVia::Header) => self.tenant.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The JSON body to send.
+    pub fn body(&self, stream: bool) -> serde_json::Value {
+        let mut body = serde_json::json!({
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "stream": stream,
+        });
+        if stream {
+            body["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        if let Some(m) = &self.messages {
+            body["messages"] = serde_json::json!(m);
+        } else {
+            body["prompt"] = serde_json::json!(self.prompt.as_deref().unwrap_or(""));
+        }
+        if let (Some(t), None | Some(TenantVia::Body)) = (&self.tenant, self.tenant_via) {
+            body["prompt_cache_key"] = serde_json::json!(t);
+        }
+        body
+    }
+
+    /// Checks the record: a finite non-negative arrival, exactly one of
+    /// messages / prompt, a model.
+    pub fn validate(&self) -> Result<(), BadRecord> {
+        if !(self.arrival.is_finite() && self.arrival >= 0.0) {
+            return Err(BadRecord::Arrival(self.arrival));
+        }
+        if self.model.is_empty() {
+            return Err(BadRecord::NoModel);
+        }
+        match (&self.messages, &self.prompt) {
+            (Some(m), None) if !m.is_empty() => Ok(()),
+            (Some(_), None) => Err(BadRecord::NoMessages),
+            (None, Some(_)) => Ok(()),
+            (Some(_), Some(_)) => Err(BadRecord::Both),
+            (None, None) => Err(BadRecord::Neither),
+        }
+    }
+}
+
+/// The built-in workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadKind {
+    /// Shared ~8000-token documents + distinct questions.
+    Long,
+    /// Growing multi-turn chats.
+    Short,
+    /// System prompt + retrieved chunks + question.
+    Rag,
+    /// A source file + a short instruction (completions API).
+    Code,
+    /// One shared system prompt, several tenants.
+    Tenants,
+}
+
+impl WorkloadKind {
+    /// The name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadKind::Long => "long",
+            WorkloadKind::Short => "short",
+            WorkloadKind::Rag => "rag",
+            WorkloadKind::Code => "code",
+            WorkloadKind::Tenants => "tenants",
+        }
+    }
+}
+
+impl fmt::Display for WorkloadKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WorkloadKind {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "long" => WorkloadKind::Long,
+            "short" => WorkloadKind::Short,
+            "rag" => WorkloadKind::Rag,
+            "code" => WorkloadKind::Code,
+            "tenants" => WorkloadKind::Tenants,
+            other => {
+                return Err(BenchError::Invalid {
+                    what: "workload",
+                    reason: format!("{other:?} is not one of long, short, rag, code, tenants"),
+                })
+            }
+        })
+    }
+}
+
+/// Everything that determines a generated trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadSpec {
+    /// Which workload.
+    pub kind: WorkloadKind,
+    /// RNG seed: same seed, same requests.
+    pub seed: u64,
+    /// Mean arrivals per second (> 0).
+    pub rate: f64,
+    /// Number of requests.
+    pub requests: usize,
+    /// Model name put into every request.
+    pub model: String,
+    /// Output tokens per request.
+    pub max_tokens: u32,
+    /// Shared prefixes (documents, files, conversations in parallel).
+    pub docs: usize,
+    /// Zipf exponent of prefix popularity.
+    pub zipf: f64,
+    /// Tokens of a shared prefix (`long`: 8000, `code`: 3000, `tenants`/`rag`
+    /// system prompt: 2000 / 300 by default when 0).
+    pub prefix_tokens: usize,
+    /// Tokens of the distinct question.
+    pub question_tokens: usize,
+    /// Tenants (`tenants` only).
+    pub tenants: usize,
+}
+
+impl WorkloadSpec {
+    /// The defaults of `kind`.
+    pub fn new(kind: WorkloadKind) -> Self {
+        WorkloadSpec {
+            kind,
+            seed: 42,
+            rate: 10.0,
+            requests: 1000,
+            model: "warmpath-tiny".into(),
+            max_tokens: 32,
+            docs: match kind {
+                WorkloadKind::Short => 64,
+                WorkloadKind::Rag => 200,
+                _ => 48,
+            },
+            zipf: 0.8,
+            prefix_tokens: match kind {
+                WorkloadKind::Long => 8000,
+                WorkloadKind::Code => 3000,
+                WorkloadKind::Tenants => 2000,
+                WorkloadKind::Rag => 300,
+                WorkloadKind::Short => 200,
+            },
+            question_tokens: 50,
+            tenants: 4,
+        }
+    }
+
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        let bad = |what: &'static str, reason: String| Err(BenchError::Invalid { what, reason });
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return bad("rate", format!("{} must be a number > 0", self.rate));
+        }
+        if self.docs == 0 {
+            return bad("docs", "must be at least 1".into());
+        }
+        if self.tenants == 0 || self.tenants > 10_000 {
+            return bad("tenants", format!("{} is outside 1..=10000", self.tenants));
+        }
+        if self.max_tokens == 0 {
+            return bad("max_tokens", "must be at least 1".into());
+        }
+        if !(self.zipf.is_finite() && self.zipf >= 0.0) {
+            return bad("zipf", format!("{} must be a number >= 0", self.zipf));
+        }
+        if self.model.is_empty() {
+            return bad("model", "must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// Stretches a trace to a new mean rate (arrivals scaled by old / new).
+pub fn rescale(trace: &[TraceRequest], old_rate: f64, new_rate: f64) -> Vec<TraceRequest> {
+    let f = if new_rate > 0.0 {
+        old_rate / new_rate
+    } else {
+        1.0
+    };
+    trace
+        .iter()
+        .map(|r| TraceRequest {
+            arrival: r.arrival * f,
+            ..r.clone()
+        })
+        .collect()
+}
