@@ -7,9 +7,9 @@
 
 use super::*;
 use crate::hash::BlockHash;
-use std::sync::atomic::Ordering;
 use crate::hash::{hash_tokens, HashSeed};
 use proptest::prelude::*;
+use std::sync::atomic::Ordering;
 
 /// The reference: the walk as written before (one lookup per block).
 fn reference(idx: &CacheIndex, hashes: &[BlockHash]) -> MatchResult {
