@@ -125,13 +125,10 @@ fn router_yaml(model_dir: &Path, sims: &[Sim]) -> String {
         "listen: 127.0.0.1:0
 upstream:
   first_byte_timeout_ms: {FIRST_BYTE_MS}
-  stream_idle_timeout_ms: 3000
 health:
   eject_after: 3
-  eject_base_ms: 2000
   probe: completion
   probe_interval_ms: 1000
-  probe_timeout_ms: 2500
 pools:
   - model: warmpath-tiny
     strategy: prefix_aware

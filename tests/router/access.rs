@@ -228,8 +228,9 @@ async fn cross_site_admin_writes_and_rebound_hosts_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_bodies_have_a_deadline_and_the_token_comes_first() {
     let bs = backends(1).await;
-    let r = yaml_router("server:\n  body_timeout_ms: 400", "", &[&bs[0]]).await;
-    // A body announced and never sent: 408 at the body deadline, as on the
+    let r = yaml_router("server:\n  header_timeout_ms: 150", "", &[&bs[0]]).await;
+    // A body announced and never sent: 408 at the body deadline (3 header
+    // timeouts), as on the
     // proxied endpoints (it was held for as long as the client liked).
     let head = |port: u16, len: usize| {
         format!(

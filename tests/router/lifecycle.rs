@@ -203,7 +203,7 @@ async fn slow_headers_are_cut_off_and_half_closed_clients_get_their_answer() {
 async fn keepalive_idle_past_30_s_is_honoured() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let b = TestBackend::start("b0").await;
-    let r = router_with(&b, "server:\n  keepalive_idle_ms: 45000").await;
+    let r = router_with(&b, "server:\n  header_timeout_ms: 7500").await;
     let body = r#"{"model":"m","prompt":"x"}"#;
     let req = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -224,7 +224,8 @@ async fn keepalive_idle_past_30_s_is_honoured() {
         );
         if round == 0 {
             // hyper's own 30 s header timer closed an idle keep-alive
-            // connection here, whatever keepalive_idle_ms said.
+            // connection here, whatever the keep-alive idle timeout (6 header
+            // timeouts, 45 s here) said.
             tokio::time::sleep(Duration::from_millis(31_500)).await;
         }
     }
@@ -294,11 +295,7 @@ async fn raw_send(r: &RouterProcess, bytes: &[u8]) -> tokio::net::TcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
     let b = TestBackend::start("b").await;
-    let r = router_with(
-        &b,
-        "server: {body_timeout_ms: 300, keepalive_idle_ms: 500, header_timeout_ms: 30000}",
-    )
-    .await;
+    let r = router_with(&b, "server: {header_timeout_ms: 100}").await;
     let head =
         "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n";
     // A body shorter than its Content-Length, and a chunked body that
@@ -317,8 +314,9 @@ async fn short_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
         assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
     }
     assert_eq!(b.count(), 0, "nothing went upstream");
-    // A served keep-alive connection left idle is closed after
-    // keepalive_idle_ms (not after the header timeout, 30 s).
+    // A served keep-alive connection left idle is closed after the
+    // keep-alive idle timeout (6 header timeouts, 600 ms), not after the
+    // header timeout (100 ms).
     let body = r#"{"model":"m","prompt":"x"}"#;
     let t = std::time::Instant::now();
     let s = raw_send(
@@ -338,11 +336,7 @@ async fn short_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_max_connections_new_ones_are_refused_and_idle_ones_close_first() {
     let b = TestBackend::start("b").await;
-    let r = router_with(
-        &b,
-        "server: {max_connections: 3, keepalive_idle_ms: 60000, header_timeout_ms: 30000}",
-    )
-    .await;
+    let r = router_with(&b, "server: {max_connections: 3, header_timeout_ms: 10000}").await;
     // Three connections busy on a slow backend fill the limit.
     let body = r#"{"model":"m","prompt":"x","x_hold":"release"}"#;
     let req = format!(
@@ -410,7 +404,7 @@ async fn sigterm_drains_then_ends_what_remains_within_the_deadlines() {
     let b = TestBackend::start("b").await;
     let r = router_with(
         &b,
-        "server: {drain_grace_ms: 800, shutdown_timeout_ms: 800, header_timeout_ms: 60000}",
+        "server: {drain_grace_ms: 300, header_timeout_ms: 60000}",
     )
     .await;
     let url = r.url("/v1/chat/completions");
@@ -595,7 +589,7 @@ async fn request_bodies_in_flight_have_a_budget() {
     let b = TestBackend::start("b0").await;
     let r = router_with(
         &b,
-        "server:\n  max_body_bytes_in_flight: 100000\n  body_timeout_ms: 20000",
+        "max_body_bytes: 10000\nserver:\n  header_timeout_ms: 7000",
     )
     .await;
     let big = |n: usize| {
@@ -608,16 +602,21 @@ async fn request_bodies_in_flight_have_a_budget() {
             "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
         )
     };
-    // A slow client: 70 kB of an 80 kB body, then nothing.
-    let mut slow = tokio::net::TcpStream::connect(r.addr).await.unwrap();
-    let body = big(80_000);
-    slow.write_all(head(80_000).as_bytes()).await.unwrap();
-    slow.write_all(&body.as_bytes()[..70_000]).await.unwrap();
+    // The budget is 32 largest bodies (320 kB). Slow clients: 32 of them,
+    // each 9.9 kB of a 10 kB body, then nothing (316.8 kB held).
+    let mut slow = Vec::new();
+    for _ in 0..32 {
+        let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+        let body = big(10_000);
+        s.write_all(head(10_000).as_bytes()).await.unwrap();
+        s.write_all(&body.as_bytes()[..9_900]).await.unwrap();
+        slow.push(s);
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // A second 60 kB body would take the router past its budget: 503,
+    // A 6 kB body would take the router past its budget: 503,
     // retryable, at once (it was read and held whatever the total).
     let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
-    s.write_all(format!("{}{}", head(60_000), big(60_000)).as_bytes())
+    s.write_all(format!("{}{}", head(6_000), big(6_000)).as_bytes())
         .await
         .unwrap();
     let mut buf = vec![0u8; 4096];
@@ -641,7 +640,7 @@ async fn request_bodies_in_flight_have_a_budget() {
     assert_eq!(ok.status, 200);
     // Once the slow client leaves, its bytes are given back.
     drop(slow);
-    let body: serde_json::Value = serde_json::from_str(&big(60_000)).unwrap();
+    let body: serde_json::Value = serde_json::from_str(&big(6_000)).unwrap();
     poll::poll(
         "the budget is given back",
         Duration::from_secs(10),

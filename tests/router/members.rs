@@ -449,7 +449,7 @@ async fn kv_aware_keeps_warm_prefixes_through_an_add_and_a_drain_under_load() {
     // No rebalancing moves (they would move a warm prefix on purpose); the
     // agents stay fresh for the whole test.
     let yaml = format!(
-        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 600000, drop_after_ms: 1200000}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {CHURN_BS}\n    kv: {{rebalance_slack: null}}\n    backends: [{}, {}, {}]\n",
+        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 600000}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {CHURN_BS}\n    kv: {{rebalance_slack: null}}\n    backends: [{}, {}, {}]\n",
         dir.path().display(),
         member(&bs[0]),
         member(&bs[1]),

@@ -60,7 +60,7 @@ async fn a_prefix_too_hot_for_one_backend_is_copied_until_its_load_falls() {
     tiny::write_model_dir(dir.path()).unwrap();
     let bs = backends(2).await;
     let yaml = format!(
-        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 60000, drop_after_ms: 600000}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: 4\n    backends: [{{url: '{}', worker_id: w0}}, {{url: '{}', worker_id: w1}}]\n",
+        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 60000}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: 4\n    backends: [{{url: '{}', worker_id: w0}}, {{url: '{}', worker_id: w1}}]\n",
         dir.path().display(),
         bs[0].url(),
         bs[1].url()

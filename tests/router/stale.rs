@@ -44,7 +44,7 @@ async fn a_dead_agents_last_entries_keep_a_warm_prefix_on_its_healthy_engine() {
     tiny::write_model_dir(dir.path()).unwrap();
     let bs = backends(2).await;
     let yaml = format!(
-        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 300, drop_after_ms: 600000}}\nhealth: {{probe_interval_ms: 100, eject_after: 1}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {BS}\n    kv: {{cold_placement: ring}}\n    backends: [{{url: '{}', worker_id: b0}}, {{url: '{}', worker_id: b1}}]\n",
+        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 500}}\nhealth: {{probe_interval_ms: 100, eject_after: 1}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {BS}\n    kv: {{cold_placement: ring}}\n    backends: [{{url: '{}', worker_id: b0}}, {{url: '{}', worker_id: b1}}]\n",
         dir.path().display(),
         bs[0].url(),
         bs[1].url()

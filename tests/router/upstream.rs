@@ -75,7 +75,7 @@ async fn answers_that_go_silent_are_cut_off_and_count_as_failures() {
     let b = TestBackend::start("b").await;
     let r = one_backend_router(
         &b,
-        "upstream: {stream_idle_timeout_ms: 300}\nhealth: {eject_after: 2, probe_interval_ms: 600000}",
+        "upstream: {first_byte_timeout_ms: 300}\nhealth: {eject_after: 2, probe_interval_ms: 600000}",
     )
     .await;
     let c = client();
@@ -130,7 +130,7 @@ async fn answers_that_go_silent_are_cut_off_and_count_as_failures() {
     std::fs::write(
         &cfg,
         format!(
-            "upstream: {{stream_idle_timeout_ms: 300}}\nhealth: {{eject_after: 1, probe_interval_ms: 600000}}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{stalled_url}'}}]\n"
+            "upstream: {{first_byte_timeout_ms: 300}}\nhealth: {{eject_after: 1, probe_interval_ms: 600000}}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{stalled_url}'}}]\n"
         ),
     )
     .unwrap();
@@ -236,7 +236,7 @@ async fn a_client_that_leaves_before_the_first_byte_cancels_its_upstream_request
 async fn an_http2_stream_left_unread_lets_its_backend_go_and_the_connection_serves_on() {
     use http_body_util::BodyExt;
     let b = TestBackend::start("b0").await;
-    let r = one_backend_router(&b, "server:\n  send_timeout_ms: 500").await;
+    let r = one_backend_router(&b, "server:\n  header_timeout_ms: 200").await;
     // One HTTP/2 connection, driven by its own task, that this test holds.
     let tcp = tokio::net::TcpStream::connect(r.addr).await.unwrap();
     // A small window: the unread stream holds few frames (h2 refuses a
@@ -288,7 +288,7 @@ async fn an_http2_stream_left_unread_lets_its_backend_go_and_the_connection_serv
 async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
     use tokio::io::AsyncWriteExt;
     let b = TestBackend::start("b0").await;
-    let r = one_backend_router(&b, "server:\n  send_timeout_ms: 500").await;
+    let r = one_backend_router(&b, "server:\n  header_timeout_ms: 200").await;
     // A stream of ~50 MB that the client never reads: the socket buffers
     // fill, the router's writes wait, and after the send timeout it lets
     // the client, its in-flight slot and the upstream stream go.
@@ -584,7 +584,7 @@ async fn an_error_event_never_merges_into_a_half_sent_event() {
         }
     });
     let yaml = format!(
-        "upstream: {{stream_idle_timeout_ms: 300}}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{url}'}}]\n"
+        "upstream: {{first_byte_timeout_ms: 300}}\npools:\n  - model: m\n    strategy: random\n    backends: [{{url: '{url}'}}]\n"
     );
     let r = RouterProcess::from_yaml(&yaml).await;
     let c = client();

@@ -189,14 +189,8 @@ async fn the_cap_defaults_to_the_engines_max_model_len() {
 async fn giant_bodies_are_routed_off_the_serving_threads() {
     let dir = tempfile::tempdir().unwrap();
     let e = engine(None).await;
-    // One work thread: the giants queue there, one at a time.
-    let r = tiny_router(
-        dir.path(),
-        &e,
-        "work: {offload_bytes: 65536, threads: 1}",
-        "",
-    )
-    .await;
+    // Bodies of 256 KiB and up go to the work pool (one thread per CPU).
+    let r = tiny_router(dir.path(), &e, "", "").await;
     let c = client();
     let url = r.url("/v1/chat/completions");
     let giants: Vec<_> = (0..3)
@@ -241,16 +235,11 @@ async fn giant_bodies_are_routed_off_the_serving_threads() {
 async fn a_big_query_is_answered_on_the_work_pool_under_the_same_cap() {
     let dir = tempfile::tempdir().unwrap();
     let e = engine(None).await;
-    let r = tiny_router(
-        dir.path(),
-        &e,
-        "work: {offload_bytes: 65536, threads: 1}",
-        "    max_prompt_tokens: 100000",
-    )
-    .await;
+    let r = tiny_router(dir.path(), &e, "", "    max_prompt_tokens: 400000").await;
     let c = client();
     let url = r.url("/cache-index/query");
-    let big = post(&c, &url, &chat_of(&text(3, 100_000)), &[]).await;
+    // Over the work pool's 256 KiB.
+    let big = post(&c, &url, &chat_of(&text(3, 300_000)), &[]).await;
     assert_eq!(big.status, 200, "{:?}", big.body);
     assert!(big.json()["blocks"].as_u64().unwrap() > 1000);
     let small = post(&c, &url, &chat_of("hello"), &[]).await;
@@ -261,7 +250,7 @@ async fn a_big_query_is_answered_on_the_work_pool_under_the_same_cap() {
         "only the big query went to the pool"
     );
     // The prompt cap holds for queries too.
-    let over = post(&c, &url, &chat_of(&text(4, 2_000_000)), &[])
+    let over = post(&c, &url, &chat_of(&text(4, 3_000_000)), &[])
         .await
         .error(400);
     assert_eq!(over["code"], "context_length_exceeded");

@@ -92,7 +92,7 @@ impl RunningRouter {
 
     /// Starts the shutdown: not ready at once, still serving for
     /// `server.drain_grace_ms`, then in-flight requests get up to
-    /// `server.shutdown_timeout_ms` before what remains is ended;
+    /// 6 graces (at least 1 s) before what remains is ended;
     /// [`RunningRouter::wait`] returns after that.
     pub fn shutdown(&self) {
         self.shared.start_draining();
@@ -202,7 +202,7 @@ pub async fn start(
         tasks.extend(started);
     }
     // Probe once before serving, so that /readyz tells the truth from the
-    // first request (at most probe_timeout_ms later).
+    // first request (at most a probe timeout later).
     crate::control::discovery::first_round(&shared).await;
     health::round(&shared).await;
     let router = app(Arc::clone(&shared));
@@ -212,13 +212,13 @@ pub async fn start(
         .unwrap_or_else(conn::default_max_connections);
     let conns = Conns::new(ConnLimits {
         header_timeout: Duration::from_millis(sv.header_timeout_ms),
-        keepalive_idle: Duration::from_millis(sv.keepalive_idle_ms),
+        keepalive_idle: sv.keepalive_idle(),
         max_connections,
-        send_timeout: Duration::from_millis(sv.send_timeout_ms),
+        send_timeout: sv.send_timeout(),
     });
     let drain = front::Drain {
         grace: Duration::from_millis(sv.drain_grace_ms),
-        timeout: Duration::from_millis(sv.shutdown_timeout_ms),
+        timeout: sv.shutdown_timeout(),
     };
     let serving = front::serve(
         listener,

@@ -6,7 +6,7 @@
 //! ([`crate::routing::affinity`]). An id it does not know (another router replica
 //! made it, this one restarted, or it was forgotten) is looked for by asking
 //! every serving backend `GET /v1/responses/{id}` at once, within
-//! `health.probe_timeout_ms`; the first to have it is remembered. A request
+//! the probe timeout; the first to have it is remembered. A request
 //! continuing a response then goes to that backend while it serves (decision
 //! `affinity`); otherwise the policy routes it and the engine answers as it
 //! would (vLLM: 404). `GET` and `cancel` of an id no backend has get the 404
@@ -62,7 +62,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
     if pool.responses.missed(id, now) {
         return ("unknown", None);
     }
-    let wait = Duration::from_millis(s.settings.health.probe_timeout_ms);
+    let wait = s.settings.health.probe_timeout();
     let Some(_turn) = pool.responses.lookup_turn(wait).await else {
         tracing::debug!(pool = %pool.model, response = id,
             "too many response look-ups under way; taken as unknown");
@@ -91,7 +91,7 @@ fn serving(b: &Backend) -> bool {
 /// The first serving backend answering `GET /v1/responses/{id}` with a
 /// success, all asked at once.
 async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<String> {
-    let timeout = Duration::from_millis(s.settings.health.probe_timeout_ms);
+    let timeout = s.settings.health.probe_timeout();
     let path = format!("/v1/responses/{id}");
     let mut asked: FuturesUnordered<_> = backends
         .iter()

@@ -85,9 +85,6 @@ pub struct Cli {
     /// Silence after which an agent's entries stop counting (ms, default 10000).
     #[arg(long, value_name = "MS")]
     pub agent_stale_after_ms: Option<u64>,
-    /// Silence after which an agent's entries are cleared (ms, default 120000).
-    #[arg(long, value_name = "MS")]
-    pub agent_drop_after_ms: Option<u64>,
     /// Largest accepted request body in bytes (default 32 MiB).
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
@@ -184,9 +181,6 @@ impl Cli {
         }
         if let Some(v) = self.agent_stale_after_ms {
             config.ingest.stale_after_ms = v;
-        }
-        if let Some(v) = self.agent_drop_after_ms {
-            config.ingest.drop_after_ms = v;
         }
         if self.model.is_none() && !self.has_pool_flags() {
             return Ok(config);
@@ -290,26 +284,21 @@ mod tests {
 
     #[test]
     fn ingest_flags_override_the_file() {
-        let file = RouterConfig::from_yaml(
-            "ingest: {stale_after_ms: 1000, drop_after_ms: 5000, tls_cert: /a.pem}\n",
-        )
-        .unwrap();
+        let file =
+            RouterConfig::from_yaml("ingest: {stale_after_ms: 1000, tls_cert: /a.pem}\n").unwrap();
         let c = cli(&[
             "--agent-tls-cert",
             "/c.pem",
             "--agent-tls-key",
             "/k.pem",
-            "--agent-drop-after-ms",
+            "--agent-stale-after-ms",
             "9000",
         ])
         .overlay(file)
         .unwrap();
         assert_eq!(c.ingest.tls_cert.as_deref(), Some(Path::new("/c.pem")));
         assert_eq!(c.ingest.tls_key.as_deref(), Some(Path::new("/k.pem")));
-        assert_eq!(
-            (c.ingest.stale_after_ms, c.ingest.drop_after_ms),
-            (1000, 9000)
-        );
+        assert_eq!(c.ingest.stale_after_ms, 9000);
     }
 
     #[test]

@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// A silent agent's entries are cleared after this many `stale_after_ms`.
+const DROP_AFTER_STALE: u64 = 12;
+
 /// Largest accepted PEM file (a certificate chain or a key), bytes.
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
@@ -19,11 +22,9 @@ pub struct IngestSettings {
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
     /// Silence (no message, not even a heartbeat) after which an agent's
-    /// entries stop counting for `kv_aware`, in milliseconds (>= 100).
+    /// entries stop counting for `kv_aware`, in milliseconds (>= 100); after
+    /// 12 times as long they are cleared.
     pub stale_after_ms: u64,
-    /// Silence after which an agent's entries are cleared, in milliseconds
-    /// (greater than `stale_after_ms`).
-    pub drop_after_ms: u64,
     /// Share each routing decision with the other router replicas through
     /// the agents' streams (default true; ARCHITECTURE.md, "Router replicas").
     pub share_decisions: bool,
@@ -40,7 +41,6 @@ impl Default for IngestSettings {
             tls_cert: None,
             tls_key: None,
             stale_after_ms: d.stale_after.as_millis() as u64,
-            drop_after_ms: d.drop_after.as_millis() as u64,
             share_decisions: true,
             pod_token_audience: None,
         }
@@ -108,15 +108,6 @@ impl IngestSettings {
         if self.stale_after_ms < 100 {
             return Err(invalid("ingest.stale_after_ms", "must be at least 100"));
         }
-        if self.drop_after_ms <= self.stale_after_ms {
-            return Err(invalid(
-                "ingest.drop_after_ms",
-                format!(
-                    "{} must be greater than stale_after_ms ({}): entries are dropped after they went stale",
-                    self.drop_after_ms, self.stale_after_ms
-                ),
-            ));
-        }
         if let Some(a) = &self.pod_token_audience {
             if !cfg!(feature = "kubernetes") {
                 return Err(invalid(
@@ -174,7 +165,9 @@ impl RouterConfig {
             token: self.agent_token.clone(),
             secret: self.agent_secret.clone(),
             stale_after: Duration::from_millis(self.ingest.stale_after_ms),
-            drop_after: Duration::from_millis(self.ingest.drop_after_ms),
+            drop_after: Duration::from_millis(
+                self.ingest.stale_after_ms.saturating_mul(DROP_AFTER_STALE),
+            ),
             tls: self.ingest.load_tls()?,
         })
     }
@@ -206,7 +199,7 @@ mod tests {
         std::fs::write(&c, CERT).unwrap();
         std::fs::write(&k, KEY).unwrap();
         let yaml = format!(
-            "grpc_listen: 127.0.0.1:0\nagent_token: t\ningest:\n  tls_cert: {}\n  tls_key: {}\n  stale_after_ms: 500\n  drop_after_ms: 900\npools:\n  - model: m\n    backends: [{{url: 'http://127.0.0.1:9'}}]\n",
+            "grpc_listen: 127.0.0.1:0\nagent_token: t\ningest:\n  tls_cert: {}\n  tls_key: {}\n  stale_after_ms: 500\npools:\n  - model: m\n    backends: [{{url: 'http://127.0.0.1:9'}}]\n",
             c.display(),
             k.display()
         );
@@ -214,7 +207,7 @@ mod tests {
         cfg.validate().unwrap();
         let ic = cfg.ingest_config().unwrap();
         assert_eq!(ic.stale_after, Duration::from_millis(500));
-        assert_eq!(ic.drop_after, Duration::from_millis(900));
+        assert_eq!(ic.drop_after, Duration::from_millis(6_000));
         assert_eq!(ic.token.as_deref(), Some("t"));
         let (cert, key) = ic.tls.unwrap();
         assert_eq!(
@@ -263,10 +256,6 @@ mod tests {
         cfg.ingest.tls_key = Some(k.clone());
         assert!(err(&cfg).contains("grpc_listen"), "{}", err(&cfg));
 
-        let mut cfg = base();
-        cfg.ingest.stale_after_ms = 5_000;
-        cfg.ingest.drop_after_ms = 5_000;
-        assert!(err(&cfg).contains("ingest.drop_after_ms"), "{}", err(&cfg));
         let mut cfg = base();
         cfg.ingest.stale_after_ms = 10;
         assert!(err(&cfg).contains("ingest.stale_after_ms"), "{}", err(&cfg));

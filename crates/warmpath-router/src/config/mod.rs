@@ -9,8 +9,7 @@
 //! ingest:                       # the agent ingest on grpc_listen
 //!   tls_cert: /etc/warmpath/router.pem  # PEM chain; with tls_key: serve TLS
 //!   tls_key: /etc/warmpath/router.key
-//!   stale_after_ms: 10000       # silent agent: its entries stop counting
-//!   drop_after_ms: 120000       # silent agent: its entries are cleared
+//!   stale_after_ms: 10000       # silent agent: its entries stop counting (cleared after 12x)
 //! pools:
 //!   - model: meta-llama/Llama-3.1-8B-Instruct
 //!     strategy: kv_aware
@@ -26,7 +25,7 @@
 //!
 //! Flags: `--listen`, `--grpc-listen`, `--admin-token`, `--agent-token`,
 //! `--agent-tls-cert`, `--agent-tls-key`, `--agent-stale-after-ms`,
-//! `--agent-drop-after-ms`, `--max-body-bytes`, `--header-timeout-ms`,
+//! `--max-body-bytes`, `--header-timeout-ms`,
 //! `--max-connections` and `--drain-grace-ms` replace the file's values. Pool flags (`--model`,
 //! `--backend` (repeatable, replaces the pool's backends), `--strategy`,
 //! `--tokenizer`, `--block-size`, `--prefix-length`, `--concurrency-threshold`)
@@ -50,6 +49,7 @@ pub use validate::BackendUrl;
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use thiserror::Error;
 use warmpath_core::policy::KvConfig;
 use warmpath_core::Strategy;
@@ -131,8 +131,6 @@ pub struct RouterConfig {
     pub server: ServerConfig,
     /// Upstream connection settings.
     pub upstream: UpstreamConfig,
-    /// The bounded pool for big bodies' parsing and tokenization.
-    pub work: WorkConfig,
     /// One pool per served model.
     pub pools: Vec<PoolConfig>,
 }
@@ -152,7 +150,6 @@ impl Default for RouterConfig {
             health: HealthConfig::default(),
             server: ServerConfig::default(),
             upstream: UpstreamConfig::default(),
-            work: WorkConfig::default(),
             pools: Vec::new(),
         }
     }
@@ -165,20 +162,16 @@ pub struct HealthConfig {
     /// Consecutive failures (refused connects, 5xx answers, exchanges broken
     /// after sending; or failed probes) after which a backend is ejected (>= 1).
     /// A backend that answered this many requests since it came back starts
-    /// its next back-off from `eject_base_ms` again.
+    /// its next back-off from the first one again.
     pub eject_after: u32,
-    /// Back-off of a first ejection, in milliseconds (>= 1): no probe can
-    /// bring the backend back before it ends. Each further ejection doubles it.
-    pub eject_base_ms: u64,
     /// What an active probe asks: `health` (`GET /health`) or `completion`
     /// (a one-token completion of the pool's model).
     pub probe: ProbeKind,
     /// Interval of the active probes of every backend (and of `/v1/models`
     /// adapter discovery), in milliseconds (>= 50); each round's probes are
-    /// spread evenly over it.
+    /// spread evenly over it. One probe waits at most one interval, and at
+    /// most 1 s; a first ejection lasts 2.5 intervals.
     pub probe_interval_ms: u64,
-    /// Timeout of one probe, in milliseconds (>= 10).
-    pub probe_timeout_ms: u64,
     /// Most members of a pool ejected at once, in percent (0..=100), though
     /// one always may be: failures that are not the engines' own cannot
     /// take a whole pool out (Envoy's `max_ejection_percent`).
@@ -189,12 +182,25 @@ impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
             eject_after: 3,
-            eject_base_ms: 5_000,
             probe: ProbeKind::Health,
             probe_interval_ms: 2000,
-            probe_timeout_ms: 1000,
             max_ejection_percent: 50,
         }
+    }
+}
+
+impl HealthConfig {
+    /// Timeout of one probe (and of a `/v1/responses` id look-up): one
+    /// interval, at most 1 s.
+    pub fn probe_timeout(&self) -> Duration {
+        Duration::from_millis(self.probe_interval_ms.min(1_000))
+    }
+
+    /// Back-off of a first ejection, in milliseconds: 2.5 probe intervals
+    /// (5 s by default). No probe can bring the backend back before it
+    /// ends; each further ejection doubles it.
+    pub fn first_ejection_ms(&self) -> u64 {
+        self.probe_interval_ms.saturating_mul(5) / 2
     }
 }
 
@@ -220,16 +226,9 @@ pub struct ServerConfig {
     /// Time a client has to send its first byte on a new connection, and
     /// then each request's whole header from its first byte, in
     /// milliseconds (>= 1); then the connection is closed. A client that
-    /// sends nothing, or half a header, holds no socket longer.
+    /// sends nothing, or half a header, holds no socket longer. The body
+    /// and send timeouts are 3 of these, an idle keep-alive 6.
     pub header_timeout_ms: u64,
-    /// Time a client has to send a whole request body of the proxied
-    /// endpoints (and `/cache-index/query`) once its header is in, in
-    /// milliseconds (>= 1): a body shorter than its `Content-Length`, or a
-    /// chunked body that stalls, gets a 408 and the connection is closed.
-    pub body_timeout_ms: u64,
-    /// An idle keep-alive connection (its last answer sent, no new request
-    /// begun) is closed after this many milliseconds (>= 1).
-    pub keepalive_idle_ms: u64,
     /// Most client connections open at once (>= 1); over it a new
     /// connection gets a 503 and is closed at once, and idle keep-alive
     /// connections are closed after a short second when more than 90% are
@@ -237,12 +236,10 @@ pub struct ServerConfig {
     pub max_connections: Option<usize>,
     /// After SIGTERM (or `RunningRouter::shutdown`), keep serving this many
     /// milliseconds while not ready, so load balancers notice, then stop
-    /// accepting.
+    /// accepting; then wait up to 6 times as long (at least 1 s) for
+    /// in-flight requests. What remains is closed (an SSE stream gets an
+    /// error event) and the process exits 0.
     pub drain_grace_ms: u64,
-    /// Then wait at most this many milliseconds (>= 1) for in-flight
-    /// requests; what remains is closed (an SSE stream gets an error event)
-    /// and the process exits 0.
-    pub shutdown_timeout_ms: u64,
     /// One INFO line per request when its answer ends (target
     /// `warmpath_router::access`): method, path, status, pool, backend,
     /// decision, time to the answer's head and in all, request id. Never
@@ -253,31 +250,46 @@ pub struct ServerConfig {
     /// a request naming another host is refused 403, which defeats DNS
     /// rebinding by a page the operator opens.
     pub allowed_hosts: Vec<String>,
-    /// A client that reads nothing of its answer for this many milliseconds
-    /// (>= 1) is cut off: its connection, the backend's in-flight slot and
-    /// the upstream request are let go.
-    pub send_timeout_ms: u64,
-    /// The request bytes held at once over every connection (>= 1): a
-    /// request whose body would go past it is answered 503 `overloaded`
-    /// with `Retry-After: 1`, so that many big bodies at once cannot
-    /// exhaust memory. Bytes count as they arrive.
-    pub max_body_bytes_in_flight: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             header_timeout_ms: 10_000,
-            body_timeout_ms: 30_000,
-            keepalive_idle_ms: 60_000,
             max_connections: None,
             drain_grace_ms: 5_000,
-            shutdown_timeout_ms: 30_000,
             access_log: false,
             allowed_hosts: Vec::new(),
-            send_timeout_ms: 30_000,
-            max_body_bytes_in_flight: 1 << 30,
         }
+    }
+}
+
+impl ServerConfig {
+    /// Time a client has to send a whole request body of the proxied
+    /// endpoints (and `/cache-index/query`) once its header is in: 3 header
+    /// timeouts. A body shorter than its `Content-Length`, or a chunked body
+    /// that stalls, gets a 408 and the connection is closed.
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms.saturating_mul(3))
+    }
+
+    /// A client that reads nothing of its answer for 3 header timeouts is
+    /// cut off: its connection, the backend's in-flight slot and the
+    /// upstream request are let go.
+    pub fn send_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms.saturating_mul(3))
+    }
+
+    /// An idle keep-alive connection (its last answer sent, no new request
+    /// begun) is closed after 6 header timeouts.
+    pub fn keepalive_idle(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms.saturating_mul(6))
+    }
+
+    /// After the drain grace, the longest wait for in-flight requests: 6
+    /// graces, at least 1 s.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_grace_ms.saturating_mul(6).max(1_000))
     }
 }
 
@@ -290,11 +302,6 @@ pub struct UpstreamConfig {
     /// backend that accepts and never answers gets a 504 and a failure
     /// toward `health.eject_after`; long queues and prefills must fit.
     pub first_byte_timeout_ms: u64,
-    /// Longest silence of an answer's body once its headers are in, in
-    /// milliseconds (>= 1): a stream then ends with an SSE error event (other
-    /// bodies are cut off), and it counts as a failure toward
-    /// `health.eject_after`.
-    pub stream_idle_timeout_ms: u64,
     /// The engines' API key (vLLM `--api-key`), sent as `Authorization:
     /// Bearer` on every upstream request (proxied requests, probes,
     /// `/v1/models`, response look-ups) in place of the client's; a
@@ -340,32 +347,18 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             first_byte_timeout_ms: 600_000,
-            stream_idle_timeout_ms: 120_000,
             api_key: None,
         }
     }
 }
 
-/// Where routing work on big bodies runs (the `work:` section): bodies of at
-/// least `offload_bytes` are parsed, rendered, tokenized and hashed on at most
-/// `threads` blocking threads, off the threads that serve connections, so a
-/// few giant prompts cannot stall small requests or `/health`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WorkConfig {
-    /// Bodies at least this big go to the pool (>= 1); smaller ones are
-    /// routed inline, where a thread hand-off would cost more than the work.
-    pub offload_bytes: usize,
-    /// Big bodies routed at once (>= 1); default: the CPU count.
-    pub threads: usize,
-}
-
-impl Default for WorkConfig {
-    fn default() -> Self {
-        WorkConfig {
-            offload_bytes: 256 * 1024,
-            threads: std::thread::available_parallelism().map_or(2, usize::from),
-        }
+impl UpstreamConfig {
+    /// Longest silence of an answer's body once its headers are in:
+    /// `first_byte_timeout_ms`, at most 2 minutes. A stream then ends with
+    /// an SSE error event (other bodies are cut off), and it counts as a
+    /// failure toward `health.eject_after`.
+    pub fn stream_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms.min(120_000))
     }
 }
 
@@ -604,6 +597,14 @@ impl RouterConfig {
     /// Parses YAML text (not yet validated).
     pub fn from_yaml(text: &str) -> Result<Self, yaml_serde::Error> {
         yaml_serde::from_str(text)
+    }
+
+    /// The request bytes held at once over every connection: 32 largest
+    /// bodies. A request whose body would go past it is answered 503
+    /// `overloaded` with `Retry-After: 1`, so that many big bodies at once
+    /// cannot exhaust memory. Bytes count as they arrive.
+    pub fn max_body_bytes_in_flight(&self) -> usize {
+        self.max_body_bytes.saturating_mul(32)
     }
 
     /// The pool serving `model`, if any.

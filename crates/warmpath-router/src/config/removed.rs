@@ -34,7 +34,7 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
     ),
     (
         "health.eject_max_ms",
-        "the longest back-off is 24 times health.eject_base_ms",
+        "the longest back-off is 60 times health.probe_interval_ms",
     ),
     (
         "upstream.connect_timeout_ms",
@@ -47,6 +47,47 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
     (
         "pools[].discovery[].dns.timeout_ms",
         "one answer waits at most dns.interval_ms, and at most 2 s",
+    ),
+    (
+        "server.body_timeout_ms",
+        "a request body must arrive within 3 times server.header_timeout_ms",
+    ),
+    (
+        "server.send_timeout_ms",
+        "a client that reads nothing of its answer for 3 times server.header_timeout_ms is cut off",
+    ),
+    (
+        "server.keepalive_idle_ms",
+        "an idle keep-alive connection is closed after 6 times server.header_timeout_ms",
+    ),
+    (
+        "server.shutdown_timeout_ms",
+        "in-flight requests get 6 times server.drain_grace_ms (at least 1 s) after the drain grace",
+    ),
+    (
+        "server.max_body_bytes_in_flight",
+        "the request bodies held at once are bounded by 32 times max_body_bytes",
+    ),
+    (
+        "upstream.stream_idle_timeout_ms",
+        "an answer's body may be silent for upstream.first_byte_timeout_ms, at most 120 s",
+    ),
+    (
+        "work.offload_bytes",
+        "bodies of 256 KiB and up are routed on the work pool",
+    ),
+    ("work.threads", "the work pool has one thread per CPU"),
+    (
+        "health.eject_base_ms",
+        "a first ejection lasts 2.5 times health.probe_interval_ms",
+    ),
+    (
+        "ingest.drop_after_ms",
+        "a silent agent's entries are cleared after 12 times ingest.stale_after_ms",
+    ),
+    (
+        "health.probe_timeout_ms",
+        "a probe waits at most health.probe_interval_ms, and at most 1 s",
     ),
 ];
 

@@ -162,17 +162,7 @@ impl RouterConfig {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }
         let sv = &self.server;
-        for (name, v) in [
-            ("server.header_timeout_ms", sv.header_timeout_ms),
-            ("server.body_timeout_ms", sv.body_timeout_ms),
-            ("server.keepalive_idle_ms", sv.keepalive_idle_ms),
-            ("server.shutdown_timeout_ms", sv.shutdown_timeout_ms),
-            ("server.send_timeout_ms", sv.send_timeout_ms),
-            (
-                "upstream.stream_idle_timeout_ms",
-                self.upstream.stream_idle_timeout_ms,
-            ),
-        ] {
+        for (name, v) in [("server.header_timeout_ms", sv.header_timeout_ms)] {
             if v == 0 {
                 return Err(invalid(name, "must be at least 1"));
             }
@@ -194,12 +184,6 @@ impl RouterConfig {
                 return Err(invalid(at, "must be 1 or more visible ASCII characters"));
             }
         }
-        if sv.max_body_bytes_in_flight == 0 {
-            return Err(invalid(
-                "server.max_body_bytes_in_flight",
-                "must be at least 1",
-            ));
-        }
         if sv.max_connections == Some(0) {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
@@ -210,28 +194,14 @@ impl RouterConfig {
         if h.max_ejection_percent > 100 {
             return Err(invalid("health.max_ejection_percent", "must be 0 to 100"));
         }
-        if h.eject_base_ms == 0 {
-            return Err(invalid("health.eject_base_ms", "must be at least 1"));
-        }
         if h.probe_interval_ms < 50 {
             return Err(invalid("health.probe_interval_ms", "must be at least 50"));
-        }
-        if h.probe_timeout_ms < 10 {
-            return Err(invalid("health.probe_timeout_ms", "must be at least 10"));
         }
         if self.upstream.first_byte_timeout_ms == 0 {
             return Err(invalid(
                 "upstream.first_byte_timeout_ms",
                 "must be at least 1",
             ));
-        }
-        for (at, v) in [
-            ("work.offload_bytes", self.work.offload_bytes as u64),
-            ("work.threads", self.work.threads as u64),
-        ] {
-            if v == 0 {
-                return Err(invalid(at, "must be at least 1"));
-            }
         }
         if self.pools.is_empty() {
             return Err(invalid(
@@ -361,24 +331,21 @@ mod tests {
         c.pools[0].max_prompt_tokens = Some(0);
         assert!(err(&c).contains("pools[0].max_prompt_tokens"));
         let mut c = base();
-        c.work.threads = 0;
-        assert!(err(&c).contains("work.threads"));
-        let mut c = base();
         (c.agent_token, c.agent_secret) = (Some("t".into()), Some("s".into()));
         assert!(err(&c).contains("not both"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
         let mut c = base();
-        c.health.eject_base_ms = 0;
-        assert!(err(&c).contains("health.eject_base_ms"));
+        c.health.probe_interval_ms = 10;
+        assert!(err(&c).contains("health.probe_interval_ms"));
         let mut c = base();
         c.server.max_connections = Some(0);
         assert!(err(&c).contains("server.max_connections"));
         let mut c = base();
-        c.server.body_timeout_ms = 0;
-        assert!(err(&c).contains("server.body_timeout_ms"));
+        c.server.header_timeout_ms = 0;
+        assert!(err(&c).contains("server.header_timeout_ms"));
         let mut c = base();
-        c.upstream.stream_idle_timeout_ms = 0;
-        assert!(err(&c).contains("upstream.stream_idle_timeout_ms"));
+        c.upstream.first_byte_timeout_ms = 0;
+        assert!(err(&c).contains("upstream.first_byte_timeout_ms"));
     }
 
     #[test]

@@ -293,7 +293,6 @@ pub(crate) fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -
     check("health", running.health != new.health);
     check("server", running.server != new.server);
     check("upstream", running.upstream != new.upstream);
-    check("work", running.work != new.work);
     check("insecure", running.insecure != new.insecure);
     out
 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The longest back-off is this many times `health.eject_base_ms` (two
+/// The longest back-off is this many times the first back-off (two
 /// minutes by default): long enough to stop hammering a dead engine, short
 /// enough that a fixed one returns without an operator.
 const EJECT_MAX_DOUBLINGS: u64 = 24;
@@ -115,8 +115,8 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     if ejected
         && crate::routing::load_cell::monotonic_ms()
             < b.readmit_at_ms(
-                h.eject_base_ms,
-                h.eject_base_ms.saturating_mul(EJECT_MAX_DOUBLINGS),
+                h.first_ejection_ms(),
+                h.first_ejection_ms().saturating_mul(EJECT_MAX_DOUBLINGS),
             )
     {
         return;
@@ -139,7 +139,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
         Verdict::Fail | Verdict::Inconclusive => return,
     }
     if b.is_healthy() {
-        let timeout = Duration::from_millis(h.probe_timeout_ms);
+        let timeout = h.probe_timeout();
         if let Some((status, body)) =
             send(shared, b, Method::GET, "/v1/models", None, timeout).await
         {
@@ -160,7 +160,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
 
 async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     let h = &shared.settings.health;
-    let timeout = Duration::from_millis(h.probe_timeout_ms);
+    let timeout = h.probe_timeout();
     let answer = match h.probe {
         ProbeKind::Health => send(shared, b, Method::GET, "/health", None, timeout).await,
         ProbeKind::Completion => {

@@ -117,11 +117,11 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_request_bodies_refused_total",
-        "Requests answered 503 because server.max_body_bytes_in_flight of request bodies were held"
+        "Requests answered 503 because 32 max_body_bytes of request bodies were held"
     );
     describe_counter!(
         "warmpath_send_timeouts_total",
-        "Answers whose client read nothing for server.send_timeout_ms: the backend's answer and slot were let go"
+        "Answers whose client read nothing for 3 server.header_timeout_ms: the backend's answer and slot were let go"
     );
     describe_counter!(
         "warmpath_panic_routed_total",
@@ -215,7 +215,7 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_work_offloaded_total",
-        "Big-body requests routed on the bounded work pool (work.offload_bytes and up)"
+        "Big-body requests routed on the bounded work pool (256 KiB and up)"
     );
     describe_counter!(
         "warmpath_work_rejected_total",
@@ -408,7 +408,7 @@ pub(crate) enum Outcome {
     /// Connecting failed (the request went to another backend).
     ConnectError,
     /// No answer within `first_byte_timeout_ms`, or a body silent for
-    /// `stream_idle_timeout_ms`.
+    /// the stream idle timeout.
     Timeout,
     /// The exchange broke after the request was sent.
     Failed,

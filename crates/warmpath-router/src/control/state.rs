@@ -50,7 +50,7 @@ pub(crate) struct Shared {
     pub started: Instant,
     /// Where big bodies are routed.
     pub work: WorkPool,
-    /// The request bodies held at once (`server.max_body_bytes_in_flight`).
+    /// The request bodies held at once (32 `max_body_bytes`).
     pub bodies: Arc<BodyBudget>,
     /// Set at the start of a shutdown: not ready, still serving.
     draining: AtomicBool,
@@ -86,15 +86,15 @@ impl Shared {
                 admin_token: config.admin_token.clone(),
                 inspect_token: config.inspect_token.clone(),
                 health: config.health.clone(),
-                body_timeout: Duration::from_millis(config.server.body_timeout_ms),
+                body_timeout: config.server.body_timeout(),
                 access_log: config.server.access_log,
                 hosts: crate::config::loopback_hosts(&config.listen, &config.server.allowed_hosts),
             },
             metrics,
             agents,
             started: Instant::now(),
-            work: WorkPool::new(&config.work),
-            bodies: BodyBudget::new(config.server.max_body_bytes_in_flight),
+            work: WorkPool::new(),
+            bodies: BodyBudget::new(config.max_body_bytes_in_flight()),
             draining: AtomicBool::new(false),
             halt,
         }

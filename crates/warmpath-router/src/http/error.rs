@@ -152,7 +152,7 @@ impl ApiError {
     }
 
     /// 503: the request bodies held at once reached
-    /// `server.max_body_bytes_in_flight`.
+    /// 32 `max_body_bytes`.
     pub fn bodies_full(budget: usize) -> Self {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,

@@ -10,7 +10,7 @@
 //! Each connection is admitted under `server.max_connections` and watched
 //! ([`crate::http::conn`]); a shutdown drains in three steps: not ready but still
 //! serving for `drain_grace_ms`, then no new connections and up to
-//! `shutdown_timeout_ms` for the requests in flight, then whatever remains
+//! 6 of those (at least 1 s) for the requests in flight, then whatever remains
 //! is ended (`Shared::halt`).
 
 use crate::api::{openai as api, surface};
@@ -181,7 +181,7 @@ fn method_not_allowed() -> Response {
 }
 
 /// The shutdown's two deadlines (`server.drain_grace_ms`,
-/// `server.shutdown_timeout_ms`).
+/// 6 of those, at least 1 s).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Drain {
     /// Served while draining, before accepting stops.
@@ -295,7 +295,7 @@ async fn connection(
     // which drops the upstream request, so the engine stops at once rather
     // than prefilling and generating for nobody. hyper's own header timer
     // is off: the watchdog below enforces `header_timeout_ms` and
-    // `keepalive_idle_ms`, whatever their values.
+    // the keep-alive idle timeout, whatever their values.
     builder
         .http1()
         .timer(TokioTimer::new())

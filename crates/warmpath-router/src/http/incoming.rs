@@ -15,7 +15,7 @@ use std::time::Duration;
 pub(crate) const TENANT_HEADER: &str = "x-prefix-aware-id";
 
 /// The request bodies the router holds at once, in bytes, under
-/// `server.max_body_bytes_in_flight`: bytes are counted as they arrive (a
+/// 32 `max_body_bytes` in flight: bytes are counted as they arrive (a
 /// body announced and not sent holds nothing) and given back when the
 /// request that read them ends.
 #[derive(Debug)]

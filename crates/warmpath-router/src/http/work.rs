@@ -1,23 +1,25 @@
-//! The bounded pool where big bodies are routed (`work:` in the config).
+//! The bounded pool where big bodies are routed.
 //!
 //! Parsing, rendering, tokenizing and hashing a body costs time in
 //! proportion to its size: a 26 MB prompt takes seconds. Done on the threads
 //! that serve connections, a few of them stall every other request and
-//! `/health`. Bodies of at least `work.offload_bytes` therefore run on tokio's
-//! blocking threads, at most `work.threads` at once; a request that waits
+//! `/health`. Bodies of at least [`OFFLOAD_BYTES`] therefore run on tokio's
+//! blocking threads, at most one per CPU at once; a request that waits
 //! longer than [`QUEUE_TIMEOUT`] for a turn gets 503 `overloaded`.
 //! Smaller bodies stay inline: for them a thread hand-off costs more than
 //! the work. A started job runs to its end even when its client leaves (a
 //! blocking closure cannot be interrupted), holding its turn until then, so
 //! the bound holds.
 
-use crate::config::WorkConfig;
 use crate::http::error::ApiError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// See the module docs.
+/// Bodies at least this big go to the pool; smaller ones are routed
+/// inline, where a thread hand-off would cost more than the work.
+const OFFLOAD_BYTES: usize = 256 * 1024;
+
 /// Longest wait for a free thread: past it, 503 `overloaded` (retryable)
 /// tells the client to come back rather than queue behind big bodies.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,11 +32,12 @@ pub(crate) struct WorkPool {
 }
 
 impl WorkPool {
-    /// A pool sized by a validated config.
-    pub(crate) fn new(cfg: &WorkConfig) -> Self {
+    /// A pool of one thread per CPU.
+    pub(crate) fn new() -> Self {
+        let threads = std::thread::available_parallelism().map_or(2, usize::from);
         WorkPool {
-            turns: Arc::new(Semaphore::new(cfg.threads)),
-            offload_bytes: cfg.offload_bytes,
+            turns: Arc::new(Semaphore::new(threads)),
+            offload_bytes: OFFLOAD_BYTES,
             queue_timeout: QUEUE_TIMEOUT,
         }
     }
@@ -74,12 +77,11 @@ mod tests {
     use super::*;
 
     fn pool(threads: usize, queue_timeout_ms: u64) -> WorkPool {
-        let mut p = WorkPool::new(&WorkConfig {
+        WorkPool {
+            turns: Arc::new(Semaphore::new(threads)),
             offload_bytes: 100,
-            threads,
-        });
-        p.queue_timeout = Duration::from_millis(queue_timeout_ms);
-        p
+            queue_timeout: Duration::from_millis(queue_timeout_ms),
+        }
     }
 
     #[tokio::test(flavor = "current_thread")]

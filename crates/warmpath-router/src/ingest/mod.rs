@@ -486,7 +486,7 @@ pub fn spawn_reviewing(
         auth = auth_name,
         pod_tokens,
         stale_after_ms = config.stale_after.as_millis() as u64,
-        drop_after_ms = config.drop_after.as_millis() as u64,
+        cleared_after_ms = config.drop_after.as_millis() as u64,
         "agent ingest starting"
     );
     let t = shutdown.clone();

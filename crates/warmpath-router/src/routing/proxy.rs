@@ -11,7 +11,7 @@
 //!   buffered. When the client goes away the body is dropped, which drops the
 //!   upstream response and closes that connection: the engine sees the
 //!   disconnect and stops generating.
-//! - A backend failing mid-stream, or silent for `stream_idle_timeout_ms`
+//! - A backend failing mid-stream, or silent for the stream idle timeout (`first_byte_timeout_ms`, at most 2 min)
 //!   once its headers are in, ends an SSE answer with an OpenAI-shaped
 //!   `data: {"error":...}` event (other bodies are cut off, so the client's
 //!   HTTP library reports an incomplete body); the silence counts as a

@@ -1,7 +1,7 @@
 //! A client that stops reading one answer (an HTTP/2 stream whose window
 //! stays shut while the connection lives on, or an HTTP/1 socket whose
 //! writes wait) is noticed per answer: once the answer's body has not been
-//! asked for more for `server.send_timeout_ms`, the engine's answer is
+//! asked for more for the send timeout (3 `server.header_timeout_ms`), the engine's answer is
 //! dropped (its connection closes and the engine stops generating) and the
 //! request's in-flight slot is freed; the client's stream then ends with an
 //! error if it ever reads again. Without this, one stalled HTTP/2 stream

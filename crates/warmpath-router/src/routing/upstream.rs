@@ -35,7 +35,7 @@ pub(crate) struct Upstream {
     pub first_byte_timeout: Duration,
     /// Longest silence of a body once its headers are in.
     pub stream_idle_timeout: Duration,
-    /// Longest a client may leave an answer unread (`server.send_timeout_ms`).
+    /// Longest a client may leave an answer unread (3 `server.header_timeout_ms`).
     pub send_timeout: Duration,
     /// Failures in a row that eject a backend.
     pub eject_after: u32,
@@ -61,8 +61,8 @@ impl Upstream {
                 .build(http),
             auth: u.api_key.as_ref().and_then(|k| k.bearer()),
             first_byte_timeout: Duration::from_millis(u.first_byte_timeout_ms),
-            stream_idle_timeout: Duration::from_millis(u.stream_idle_timeout_ms),
-            send_timeout: Duration::from_millis(config.server.send_timeout_ms),
+            stream_idle_timeout: u.stream_idle_timeout(),
+            send_timeout: config.server.send_timeout(),
             eject_after: config.health.eject_after,
             max_ejection_percent: config.health.max_ejection_percent,
             halt,
