@@ -54,6 +54,9 @@ async fn publisher() -> KvEventPublisher {
     KvEventPublisher::bind(cfg).await.unwrap()
 }
 
+/// The routers' agent secret: each agent presents its worker's credential.
+const SECRET: &str = "fleet-secret";
+
 fn agent(worker: &str, p: &KvEventPublisher, grpc: std::net::SocketAddr) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
         .args(["--worker-id", worker, "--model", "m"])
@@ -61,7 +64,11 @@ fn agent(worker: &str, p: &KvEventPublisher, grpc: std::net::SocketAddr) -> Proc
         .args(["--kv-events", p.endpoint()])
         .args(["--kv-replay", p.replay_endpoint().unwrap()])
         .args(["--router", &format!("http://{grpc}")])
-        .args(["--agent-token", "tok", "--listen", "127.0.0.1:0"])
+        .args([
+            "--agent-token",
+            &warmpath_proto::worker_token(SECRET, worker),
+        ])
+        .args(["--listen", "127.0.0.1:0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -91,7 +98,7 @@ async fn router(tokenizer: &std::path::Path, grpc: &str) -> warmpath_router::Run
     let config = RouterConfig {
         listen: "127.0.0.1:0".into(),
         grpc_listen: Some(grpc.into()),
-        agent_token: Some("tok".into()),
+        agent_secret: Some(SECRET.into()),
         pools: vec![pool],
         ..Default::default()
     };

@@ -54,7 +54,7 @@ const RETURN_BOUND: u64 = 10 << 20;
 /// Pool `m` with workers `a` and `b` (both on `backend`).
 fn yaml(backend: &str) -> String {
     format!(
-        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    index: {{max_worker_blocks: {DEFAULT_CAP}, compact_interval_ms: 200}}\n    backends: [{{url: '{backend}', worker_id: a}}, {{url: '{backend}', worker_id: b}}]\n"
+        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    index: {{max_worker_blocks: {DEFAULT_CAP}}}\n    backends: [{{url: '{backend}', worker_id: a}}, {{url: '{backend}', worker_id: b}}]\n"
     )
 }
 

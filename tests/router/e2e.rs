@@ -256,6 +256,14 @@ async fn random_spreads_and_least_outstanding_balances_in_flight() {
     }
 }
 
+/// [`chat`] with a system prompt longer than the 4096 characters of the
+/// prefix key, so the question is not part of the key.
+fn long_chat(model: &str, seed: &str, tail: &str) -> Value {
+    let mut body = chat(model, seed, tail);
+    body["messages"][0]["content"] = json!(format!("{seed} ").repeat(4096 / (seed.len() + 1) + 1));
+    body
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_aware_is_sticky_and_spills_at_the_threshold() {
     // Threshold 1 with 2 backends: the bounded-load cap (1.25 x mean) would
@@ -263,23 +271,22 @@ async fn prefix_aware_is_sticky_and_spills_at_the_threshold() {
     let bs = backends(2).await;
     let r = router(
         &bs,
-        &[
-            "--strategy",
-            "prefix_aware",
-            "--prefix-length",
-            "1024",
-            "--concurrency-threshold",
-            "1",
-        ],
+        &["--strategy", "prefix_aware", "--concurrency-threshold", "1"],
     )
     .await;
     let c = client();
     let url = r.url("/v1/chat/completions");
-    let first = post(&c, &url, &chat("m", "alpha", "q0"), &[]).await;
+    let first = post(&c, &url, &long_chat("m", "alpha", "q0"), &[]).await;
     assert_eq!(first.decision(), "prefix_hash");
     let owner = first.backend().to_owned();
     for i in 1..10 {
-        let reply = post(&c, &url, &chat("m", "alpha", &format!("question {i}")), &[]).await;
+        let reply = post(
+            &c,
+            &url,
+            &long_chat("m", "alpha", &format!("question {i}")),
+            &[],
+        )
+        .await;
         assert_eq!(
             (reply.backend(), reply.decision()),
             (owner.as_str(), "prefix_hash")
@@ -288,7 +295,7 @@ async fn prefix_aware_is_sticky_and_spills_at_the_threshold() {
     let mut owners = HashSet::new();
     for s in 0..30 {
         owners.insert(
-            post(&c, &url, &chat("m", &format!("seed{s}"), "q"), &[])
+            post(&c, &url, &long_chat("m", &format!("seed{s}"), "q"), &[])
                 .await
                 .backend()
                 .to_owned(),
@@ -300,12 +307,12 @@ async fn prefix_aware_is_sticky_and_spills_at_the_threshold() {
         "different prefixes spread over both backends"
     );
     let (c2, url2) = (client(), url.clone());
-    let mut body = chat("m", "alpha", "held");
+    let mut body = long_chat("m", "alpha", "held");
     body["x_hold"] = json!("release");
     let held = tokio::spawn(async move { post(&c2, &url2, &body, &[]).await });
     let o = by_url(&bs, &owner);
     eventually("one held on the owner", || o.active() == 1).await;
-    let spilled = post(&c, &url, &chat("m", "alpha", "second"), &[]).await;
+    let spilled = post(&c, &url, &long_chat("m", "alpha", "second"), &[]).await;
     assert_eq!(spilled.decision(), "spill");
     assert_ne!(spilled.backend(), owner);
     o.release();
@@ -314,7 +321,7 @@ async fn prefix_aware_is_sticky_and_spills_at_the_threshold() {
         (held.backend(), held.decision()),
         (owner.as_str(), "prefix_hash")
     );
-    let after = post(&c, &url, &chat("m", "alpha", "third"), &[]).await;
+    let after = post(&c, &url, &long_chat("m", "alpha", "third"), &[]).await;
     assert_eq!(
         after.backend(),
         owner,

@@ -52,7 +52,7 @@ async fn sighup_reloads_the_strategy_and_bad_configs_do_not_start() {
     // Invalid start-up configurations fail with a clear message.
     for (flag, value, says) in [
         ("--strategy", "kv_aware", "needs a tokenizer"),
-        ("--prefix-length", "5", "1024..=65536"),
+        ("--concurrency-threshold", "0", "concurrency_threshold"),
     ] {
         let args = [
             "--model",

@@ -24,7 +24,7 @@ use warmpath_proto::v1::{agent_message::Msg, delta, AgentMessage, Delta, Stored}
 
 /// A completion on the token-id prompt of prefix `k` (0 is the hot one):
 /// 64 ids, 16 blocks of 4. Token ids keep the prefix key the whole prompt
-/// (a chat's key is its first `prefix_length` characters, question included
+/// (a chat's key is its first 4096 characters, question included
 /// when the system prompt is shorter).
 fn request(k: usize) -> Value {
     let first = 1000 * k as u32;

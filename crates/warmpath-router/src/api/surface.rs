@@ -78,7 +78,7 @@ fn prepare(
     req.model = Cow::Owned(model);
     let mut plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
     if endpoint == Endpoint::Responses {
-        plan.learns_response = plan.target.pool.responses.enabled();
+        plan.learns_response = true;
         plan.follows = parsed.previous_response_id;
     }
     let prefills = matches!(endpoint, Endpoint::Embeddings | Endpoint::Responses);

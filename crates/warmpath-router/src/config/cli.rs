@@ -38,9 +38,6 @@ pub struct Cli {
     /// Tokens per KV block (must equal the engines').
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// PREFIX_AWARE prefix length (1024..=65536).
-    #[arg(long)]
-    pub prefix_length: Option<usize>,
     /// In flight at which a backend is full (1..=1024).
     #[arg(long)]
     pub concurrency_threshold: Option<u32>,
@@ -54,10 +51,6 @@ pub struct Cli {
     /// reachable from other hosts without a token.
     #[arg(long)]
     pub insecure: bool,
-    /// Bearer token every agent must present (one shared token; prefer
-    /// `--agent-secret`).
-    #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
-    pub agent_token: Option<String>,
     /// Secret from which each worker's agent credential is derived: an agent
     /// may publish only for the worker its credential names.
     #[arg(long, env = "WARMPATH_AGENT_SECRET", hide_env_values = true)]
@@ -118,7 +111,6 @@ impl Cli {
             || self.strategy.is_some()
             || self.tokenizer.is_some()
             || self.block_size.is_some()
-            || self.prefix_length.is_some()
             || self.concurrency_threshold.is_some()
     }
 
@@ -154,9 +146,6 @@ impl Cli {
         }
         if let Some(v) = &self.agent_secret {
             config.agent_secret = Some(v.clone());
-        }
-        if let Some(v) = &self.agent_token {
-            config.agent_token = Some(v.clone());
         }
         if let Some(v) = self.max_body_bytes {
             config.max_body_bytes = v;
@@ -220,9 +209,6 @@ impl Cli {
         if let Some(v) = self.block_size {
             pool.block_size = v;
         }
-        if let Some(v) = self.prefix_length {
-            pool.prefix_aware.prefix_length = v;
-        }
         if let Some(v) = self.concurrency_threshold {
             pool.prefix_aware.concurrency_threshold = v;
         }
@@ -273,12 +259,11 @@ mod tests {
             "pools:\n  - model: m\n    backends: [{url: 'http://127.0.0.1:9', worker_id: w}]\n",
         )
         .unwrap();
-        let c = cli(&["--concurrency-threshold", "3", "--prefix-length", "2048"])
+        let c = cli(&["--concurrency-threshold", "3"])
             .overlay(file)
             .unwrap();
         let p = &c.pools[0];
         assert_eq!(p.prefix_aware.concurrency_threshold, 3);
-        assert_eq!(p.prefix_aware.prefix_length, 2048);
         assert_eq!(p.backends[0].id(), "w", "backends kept without --backend");
     }
 

@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 /// so a full engine briefly claims a little more.
 pub(super) const CAPACITY_SLACK: f64 = 1.25;
 
+/// How often holders of cleared workers are compacted away and the table
+/// memory given back (the index also compacts itself at once when they
+/// outnumber the live entries).
+pub const COMPACT_INTERVAL_MS: u64 = 30_000;
+
 /// Bounds of one pool's cache index.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -19,9 +24,6 @@ pub struct IndexSettings {
     /// Cap of a worker whose capacity is not known yet, and the ceiling of
     /// any worker's cap (a claimed capacity is the agent's word) (>= 1).
     pub max_worker_blocks: u64,
-    /// How often holders of cleared workers are compacted away and the
-    /// table memory given back, milliseconds (>= 100).
-    pub compact_interval_ms: u64,
 }
 
 impl Default for IndexSettings {
@@ -32,7 +34,6 @@ impl Default for IndexSettings {
             // 4M blocks: 64M tokens of 16-token blocks, above any one engine's
             // GPU cache today.
             max_worker_blocks: 1 << 22,
-            compact_interval_ms: 30_000,
         }
     }
 }
@@ -55,12 +56,6 @@ impl IndexSettings {
         if self.max_worker_blocks == 0 {
             return Err(invalid(place("max_worker_blocks"), "must be at least 1"));
         }
-        if self.compact_interval_ms < 100 {
-            return Err(invalid(
-                place("compact_interval_ms"),
-                "must be at least 100",
-            ));
-        }
         Ok(())
     }
 }
@@ -74,7 +69,7 @@ mod tests {
     #[test]
     fn parses_checks_and_caps() {
         let c = RouterConfig::from_yaml(
-            "pools:\n  - model: m\n    index: {max_entries: 100, max_worker_blocks: 1000, compact_interval_ms: 500}\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
+            "pools:\n  - model: m\n    index: {max_entries: 100, max_worker_blocks: 1000}\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
         )
         .unwrap();
         let s = c.pools[0].index;
@@ -90,7 +85,6 @@ mod tests {
         };
         assert!(bad(|s| s.max_entries = 0).contains("pools[0].index.max_entries"));
         assert!(bad(|s| s.max_worker_blocks = 0).contains("index.max_worker_blocks"));
-        assert!(bad(|s| s.compact_interval_ms = 1).contains("index.compact_interval_ms"));
         assert!(
             RouterConfig::from_yaml("pools:\n  - model: m\n    index: {max_entry: 1}\n").is_err()
         );

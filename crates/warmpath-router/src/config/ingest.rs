@@ -12,8 +12,8 @@ const DROP_AFTER_STALE: u64 = 12;
 /// Largest accepted PEM file (a certificate chain or a key), bytes.
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
-/// Agent ingest settings (the listen address is `grpc_listen`, the shared
-/// token `agent_token`).
+/// Agent ingest settings (the listen address is `grpc_listen`, the
+/// agents' secret `agent_secret`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngestSettings {
@@ -53,8 +53,6 @@ pub type TlsPem = (Vec<u8>, Vec<u8>);
 /// Ingest settings.
 #[derive(Clone, Debug)]
 pub struct IngestConfig {
-    /// Shared token agents must present (`authorization: Bearer <token>`).
-    pub token: Option<String>,
     /// Secret of the per-worker credentials ([`warmpath_proto::worker_token`]);
     /// when set, a stream may publish only for the worker its token names.
     pub secret: Option<String>,
@@ -69,7 +67,6 @@ pub struct IngestConfig {
 impl Default for IngestConfig {
     fn default() -> Self {
         IngestConfig {
-            token: None,
             secret: None,
             stale_after: Duration::from_secs(10),
             drop_after: Duration::from_secs(120),
@@ -121,12 +118,6 @@ impl IngestSettings {
                     "must be a non-empty audience name without spaces (the agents' projected token's `audience`)",
                 ));
             }
-            if config.agent_token.is_some() {
-                return Err(invalid(
-                    "ingest.pod_token_audience",
-                    "pod tokens bind each agent to its pod, and agent_token lets any holder publish for any worker: drop agent_token (keep agent_secret for agents outside the cluster)",
-                ));
-            }
         }
         let tls = self.load_tls()?;
         if tls.is_some() && config.grpc_listen.is_none() {
@@ -162,7 +153,6 @@ impl RouterConfig {
     /// The ingest's runtime settings (reads the TLS files).
     pub fn ingest_config(&self) -> Result<IngestConfig, ConfigError> {
         Ok(IngestConfig {
-            token: self.agent_token.clone(),
             secret: self.agent_secret.clone(),
             stale_after: Duration::from_millis(self.ingest.stale_after_ms),
             drop_after: Duration::from_millis(
@@ -199,7 +189,7 @@ mod tests {
         std::fs::write(&c, CERT).unwrap();
         std::fs::write(&k, KEY).unwrap();
         let yaml = format!(
-            "grpc_listen: 127.0.0.1:0\nagent_token: t\ningest:\n  tls_cert: {}\n  tls_key: {}\n  stale_after_ms: 500\npools:\n  - model: m\n    backends: [{{url: 'http://127.0.0.1:9'}}]\n",
+            "grpc_listen: 127.0.0.1:0\nagent_secret: t\ningest:\n  tls_cert: {}\n  tls_key: {}\n  stale_after_ms: 500\npools:\n  - model: m\n    backends: [{{url: 'http://127.0.0.1:9'}}]\n",
             c.display(),
             k.display()
         );
@@ -208,7 +198,7 @@ mod tests {
         let ic = cfg.ingest_config().unwrap();
         assert_eq!(ic.stale_after, Duration::from_millis(500));
         assert_eq!(ic.drop_after, Duration::from_millis(6_000));
-        assert_eq!(ic.token.as_deref(), Some("t"));
+        assert_eq!(ic.secret.as_deref(), Some("t"));
         let (cert, key) = ic.tls.unwrap();
         assert_eq!(
             (cert.as_slice(), key.as_slice()),

@@ -15,7 +15,7 @@
 //!     strategy: kv_aware
 //!     tokenizer: /models/llama            # tokenizer.json or a model folder
 //!     block_size: 16
-//!     prefix_aware: { prefix_length: 4096, concurrency_threshold: 64 }
+//!     prefix_aware: { concurrency_threshold: 64 }
 //!     tenants: { from: api_key, client_ids: scope, isolation: engine }
 //!     index: { max_entries: 16777216, capacity_slack: 1.25 }  # index bounds
 //!     backends:
@@ -23,12 +23,12 @@
 //!       - { url: "http://10.0.0.2:8000" }  # worker_id defaults to the url
 //! ```
 //!
-//! Flags: `--listen`, `--grpc-listen`, `--admin-token`, `--agent-token`,
+//! Flags: `--listen`, `--grpc-listen`, `--admin-token`, `--agent-secret`,
 //! `--agent-tls-cert`, `--agent-tls-key`, `--agent-stale-after-ms`,
 //! `--max-body-bytes`, `--header-timeout-ms`,
 //! `--max-connections` and `--drain-grace-ms` replace the file's values. Pool flags (`--model`,
 //! `--backend` (repeatable, replaces the pool's backends), `--strategy`,
-//! `--tokenizer`, `--block-size`, `--prefix-length`, `--concurrency-threshold`)
+//! `--tokenizer`, `--block-size`, `--concurrency-threshold`)
 //! apply to the pool named by `--model` (created when the file has no such
 //! pool), or to the file's only pool.
 
@@ -43,7 +43,7 @@ mod validate;
 
 pub use cli::Cli;
 pub use discovery::{DiscoveryConfig, DnsDiscovery, K8sWorkerId, KubernetesDiscovery};
-pub use index::IndexSettings;
+pub use index::{IndexSettings, COMPACT_INTERVAL_MS};
 pub use ingest::{IngestConfig, IngestSettings, TlsPem};
 pub use validate::BackendUrl;
 
@@ -114,9 +114,6 @@ pub struct RouterConfig {
     /// Start even with the admin API, introspection or the agent ingest open
     /// to other hosts (no token on a non-loopback listener).
     pub insecure: bool,
-    /// Bearer token agents must present on the gRPC ingest when set (one
-    /// token shared by every agent; prefer `agent_secret`).
-    pub agent_token: Option<String>,
     /// Secret from which each worker's own agent credential is derived
     /// (`warmpath-router --print-agent-token WORKER`): an agent may then
     /// publish only for the worker its credential names.
@@ -143,7 +140,6 @@ impl Default for RouterConfig {
             admin_token: None,
             inspect_token: None,
             insecure: false,
-            agent_token: None,
             agent_secret: None,
             ingest: IngestSettings::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
@@ -412,11 +408,6 @@ pub struct PoolConfig {
     /// Providers whose answers are members too (see `config::discovery`).
     #[serde(default)]
     pub discovery: Vec<DiscoveryConfig>,
-    /// Stored `/v1/responses` ids remembered with the backend that made
-    /// them, so follow-ups (`previous_response_id`, `GET` and `cancel`)
-    /// reach it; the oldest are forgotten first, and 0 turns it off.
-    #[serde(default = "default_response_ids")]
-    pub response_ids: usize,
 }
 
 fn yes() -> bool {
@@ -427,9 +418,6 @@ fn default_block_size() -> usize {
 }
 fn default_load_factor() -> f64 {
     1.25
-}
-fn default_response_ids() -> usize {
-    65_536
 }
 
 impl PoolConfig {
@@ -450,7 +438,6 @@ impl PoolConfig {
             index: IndexSettings::default(),
             backends: Vec::new(),
             discovery: Vec::new(),
-            response_ids: default_response_ids(),
         }
     }
 
@@ -526,12 +513,14 @@ pub enum Isolation {
     RouteOnly,
 }
 
+/// The units (characters, or tokens of a token-id prompt) hashed for a
+/// pool's prefix key.
+pub const PREFIX_LENGTH: usize = 4096;
+
 /// PREFIX_AWARE settings of a pool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrefixAwareConfig {
-    /// Units hashed for the prefix key (1024..=65536).
-    pub prefix_length: usize,
     /// In flight at which a backend counts as full (1..=1024).
     pub concurrency_threshold: u32,
 }
@@ -539,7 +528,6 @@ pub struct PrefixAwareConfig {
 impl Default for PrefixAwareConfig {
     fn default() -> Self {
         PrefixAwareConfig {
-            prefix_length: 4096,
             concurrency_threshold: 64,
         }
     }

@@ -82,6 +82,22 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
         "a first ejection lasts 2.5 times health.probe_interval_ms",
     ),
     (
+        "agent_token",
+        "agents present per-worker credentials derived from agent_secret (warmpath-router --print-agent-token WORKER)",
+    ),
+    (
+        "pools[].response_ids",
+        "a pool remembers the backends of 65536 stored /v1/responses ids",
+    ),
+    (
+        "pools[].prefix_aware.prefix_length",
+        "the prefix key hashes the first 4096 characters (or tokens)",
+    ),
+    (
+        "pools[].index.compact_interval_ms",
+        "the index is compacted every 30 s, and at once when cleared entries outnumber the live",
+    ),
+    (
         "ingest.drop_after_ms",
         "a silent agent's entries are cleared after 12 times ingest.stale_after_ms",
     ),

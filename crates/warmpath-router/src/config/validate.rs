@@ -4,7 +4,7 @@ use super::{invalid, ConfigError, RouterConfig};
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
-use warmpath_core::{PrefixExtractor, Strategy};
+use warmpath_core::Strategy;
 
 /// Largest accepted `block_size`.
 pub(super) const MAX_BLOCK_SIZE: usize = 4096;
@@ -115,10 +115,7 @@ impl RouterConfig {
             ));
         }
         if let Some(g) = grpc.filter(|g| !g.ip().is_loopback()) {
-            if self.agent_secret.is_none()
-                && self.agent_token.is_none()
-                && self.ingest.pod_token_audience.is_none()
-            {
+            if self.agent_secret.is_none() && self.ingest.pod_token_audience.is_none() {
                 return Err(invalid(
                     "agent_secret",
                     format!(
@@ -141,18 +138,11 @@ impl RouterConfig {
         for (name, tok) in [
             ("admin_token", &self.admin_token),
             ("inspect_token", &self.inspect_token),
-            ("agent_token", &self.agent_token),
             ("agent_secret", &self.agent_secret),
         ] {
             if tok.as_deref().is_some_and(str::is_empty) {
                 return Err(invalid(name, "must not be empty when set"));
             }
-        }
-        if self.agent_token.is_some() && self.agent_secret.is_some() {
-            return Err(invalid(
-                "agent_token",
-                "set agent_secret (per-worker credentials) or agent_token (one shared token), not both",
-            ));
         }
         if !self.insecure {
             self.refuse_open_listeners(listen, grpc)?;
@@ -224,8 +214,6 @@ impl RouterConfig {
                     format!("{} is outside 1..={MAX_BLOCK_SIZE}", p.block_size),
                 ));
             }
-            PrefixExtractor::new(p.prefix_aware.prefix_length)
-                .map_err(|e| invalid(at("prefix_aware.prefix_length"), e.to_string()))?;
             p.policy_config()
                 .validate()
                 .map_err(|e| invalid(at("policy"), e.to_string()))?;
@@ -307,9 +295,6 @@ mod tests {
         c.pools[0].strategy = Some(Strategy::KvAware);
         assert!(err(&c).contains("pools[0].tokenizer"));
         let mut c = base();
-        c.pools[0].prefix_aware.prefix_length = 10;
-        assert!(err(&c).contains("1024..=65536"));
-        let mut c = base();
         c.pools[0].prefix_aware.concurrency_threshold = 0;
         assert!(err(&c).contains("concurrency_threshold"));
         let mut c = base();
@@ -330,9 +315,6 @@ mod tests {
         let mut c = base();
         c.pools[0].max_prompt_tokens = Some(0);
         assert!(err(&c).contains("pools[0].max_prompt_tokens"));
-        let mut c = base();
-        (c.agent_token, c.agent_secret) = (Some("t".into()), Some("s".into()));
-        assert!(err(&c).contains("not both"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
         let mut c = base();
         c.health.probe_interval_ms = 10;

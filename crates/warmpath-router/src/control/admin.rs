@@ -201,10 +201,9 @@ pub(crate) async fn reload(
         if pc.expose_routing_headers != pool.expose_routing_headers
             || pc.max_prompt_tokens != pool.configured_prompt_cap()
             || pc.show_prompts != pool.show_prompts
-            || pc.response_ids != pool.responses.cap()
         {
             r.ignored.push(format!(
-                "pool {:?}: expose_routing_headers, max_prompt_tokens, show_prompts or response_ids changed: needs a restart",
+                "pool {:?}: expose_routing_headers, max_prompt_tokens or show_prompts changed: needs a restart",
                 pc.model
             ));
         }
@@ -283,7 +282,6 @@ pub(crate) fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -
     check("grpc_listen", running.grpc_listen != new.grpc_listen);
     check("admin_token", running.admin_token != new.admin_token);
     check("inspect_token", running.inspect_token != new.inspect_token);
-    check("agent_token", running.agent_token != new.agent_token);
     check("agent_secret", running.agent_secret != new.agent_secret);
     check("ingest", running.ingest != new.ingest);
     check(
@@ -307,7 +305,7 @@ mod tests {
         assert!(restart_only_changes(&running, &running.clone()).is_empty());
         let mut new = running.clone();
         new.listen = "127.0.0.1:1".into();
-        new.agent_token = Some("t".into());
+        new.agent_secret = Some("t".into());
         new.ingest.stale_after_ms += 1;
         let changes = restart_only_changes(&running, &new);
         assert_eq!(changes.len(), 3, "{changes:?}");

@@ -1,6 +1,5 @@
 //! Who may publish for which worker: what a stream presented before its
-//! Hello (nothing, the shared token, a per-worker credential or a pod
-//! token), and the check of that against the Hello's worker id.
+//! Hello (nothing, a per-worker credential or a pod token), and the check of that against the Hello's worker id.
 
 use super::guard::{self, shown};
 use super::stream::Refusal;
@@ -17,8 +16,7 @@ pub(crate) type Pods = Option<Arc<std::convert::Infallible>>;
 
 /// What a stream presented, to check against its Hello.
 pub(crate) enum Presented {
-    /// Nothing to check: an open ingest, or the shared token (which speaks
-    /// for any worker).
+    /// Nothing to check: an open ingest.
     Anyone,
     /// A per-worker credential: the HMAC of the routers' secret and the id.
     Credential { secret: String, token: String },
@@ -50,10 +48,6 @@ pub(crate) fn presented(
     match auth {
         AgentAuth::Open if pods.is_none() => Ok(Presented::Anyone),
         AgentAuth::Open => Err("missing or malformed pod token (mount a projected serviceAccountToken and pass --agent-token-file)"),
-        AgentAuth::Shared(token) => match bearer {
-            Some(t) if warmpath_proto::same_token(t, token) => Ok(Presented::Anyone),
-            _ => Err("missing or wrong agent token"),
-        },
         AgentAuth::PerWorker(secret) => match bearer {
             Some(t) if guard::is_worker_token(t) => Ok(Presented::Credential {
                 secret: secret.clone(),

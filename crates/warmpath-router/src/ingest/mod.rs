@@ -12,7 +12,7 @@
 //! - The `sweeper` module marks workers silent past `stale_after` stale (their
 //!   entries stop counting for `kv_aware`) and clears them after
 //!   `drop_after`; it also compacts each pool's dead holders every
-//!   `index.compact_interval_ms`, and calls the hook of
+//!   30 s, and calls the hook of
 //!   [`set_memory_release`] once the indexes freed 8 MiB.
 //! - Each worker is capped at its engine's reported capacity
 //!   (`Load.capacity_blocks`) times 1.25, at most
@@ -181,8 +181,6 @@ pub enum AgentAuth {
     /// Anyone who reaches the port may publish for any worker.
     #[default]
     Open,
-    /// One token shared by every agent: any of them may publish for any worker.
-    Shared(String),
     /// Each agent presents its worker's credential
     /// ([`warmpath_proto::worker_token`] of this secret): a stream may publish
     /// only for the worker its credential names.
@@ -190,20 +188,14 @@ pub enum AgentAuth {
 }
 
 impl AgentAuth {
-    /// From the config's shared `token` and per-worker `secret` (validation
-    /// refuses both at once; the secret wins here).
-    pub fn new(token: Option<String>, secret: Option<String>) -> Self {
-        match (secret, token) {
-            (Some(s), _) => AgentAuth::PerWorker(s),
-            (None, Some(t)) => AgentAuth::Shared(t),
-            (None, None) => AgentAuth::Open,
-        }
+    /// From the config's per-worker `secret`.
+    pub fn new(secret: Option<String>) -> Self {
+        secret.map_or(AgentAuth::Open, AgentAuth::PerWorker)
     }
 
     fn name(&self) -> &'static str {
         match self {
             AgentAuth::Open => "open",
-            AgentAuth::Shared(_) => "shared token",
             AgentAuth::PerWorker(_) => "per-worker credentials",
         }
     }
@@ -474,7 +466,7 @@ pub fn spawn_reviewing(
     let tls = config.tls.is_some();
     pace::describe();
     let gates = Arc::new(Gates::default());
-    let auth = AgentAuth::new(config.token.clone(), config.secret.clone());
+    let auth = AgentAuth::new(config.secret.clone());
     let auth_name = auth.name();
     let mut service = IngestService::new(Arc::clone(&dir), agents, auth, shutdown.clone())
         .with_gates(Arc::clone(&gates));

@@ -1,5 +1,5 @@
 //! Marks silent workers stale and clears the ones silent for too long,
-//! compacts each pool's dead holders every `index.compact_interval_ms`, and
+//! compacts each pool's dead holders every 30 s, and
 //! asks the allocator to give freed index memory back to the OS.
 //!
 //! Why the last: the index frees a cleared worker's tables at once, but
@@ -12,6 +12,7 @@
 
 use super::pace::Gates;
 use super::PoolDirectory;
+use crate::config::COMPACT_INTERVAL_MS;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -57,14 +58,14 @@ pub(crate) fn sweep(
     (stale, newly)
 }
 
-/// Compacts every pool whose `index.compact_interval_ms` has passed since
+/// Compacts every pool whose [`COMPACT_INTERVAL_MS`] has passed since
 /// `last[i]` (ms; pools beyond `last` start now); returns the blocks removed.
 pub(crate) fn compact_due(dir: &dyn PoolDirectory, now_ms: u64, last: &mut Vec<u64>) -> usize {
     let pools = dir.pools();
     last.resize(pools.len().max(last.len()), now_ms);
     let mut removed = 0;
     for (pool, at) in pools.iter().zip(last.iter_mut()) {
-        if now_ms.saturating_sub(*at) >= pool.bounds.compact_interval_ms {
+        if now_ms.saturating_sub(*at) >= COMPACT_INTERVAL_MS {
             *at = now_ms;
             let n = pool.index.compact_dead();
             if n > 0 {

@@ -360,7 +360,7 @@ fn sweeper_marks_stale_then_clears() {
 }
 
 async fn start_server(
-    token: Option<&str>,
+    secret: Option<&str>,
 ) -> (
     std::net::SocketAddr,
     IngestPool,
@@ -373,7 +373,7 @@ async fn start_server(
     let svc = IngestService::new(
         Arc::new(OnePool(p.clone())),
         agents.clone(),
-        AgentAuth::new(token.map(str::to_owned), None),
+        AgentAuth::new(secret.map(str::to_owned)),
         shutdown.clone(),
     )
     .with_hello_within(Duration::from_millis(300));
@@ -410,6 +410,7 @@ async fn grpc_end_to_end_with_token() {
     // wrong token refused
     let err = open(addr, Some("nope"), vec![]).await.err().unwrap();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
     let err = open(addr, None, vec![]).await.err().unwrap();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
     // right token: hello + snapshot + delta + load
@@ -429,7 +430,8 @@ async fn grpc_end_to_end_with_token() {
             partial: false,
         })),
     });
-    let (tx, mut answers) = open(addr, Some("s3cret"), msgs).await.unwrap();
+    let credential = warmpath_proto::worker_token("s3cret", "w1");
+    let (tx, mut answers) = open(addr, Some(&credential), msgs).await.unwrap();
     let first = answers.next().await.unwrap().unwrap();
     assert!(matches!(
         first.msg,
@@ -621,8 +623,7 @@ fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
 
 #[test]
 fn compaction_runs_on_its_interval() {
-    let mut p = pool();
-    p.bounds.compact_interval_ms = 1_000;
+    let p = pool();
     let slot = p.index.register_worker("w").unwrap();
     p.index.store(slot, Tier::Gpu, &chain(10)).unwrap();
     p.index.clear_worker(slot).unwrap();
@@ -630,8 +631,8 @@ fn compaction_runs_on_its_interval() {
     let dir = OnePool(p.clone());
     let mut last = Vec::new();
     assert_eq!(sweeper::compact_due(&dir, 5_000, &mut last), 0);
-    assert_eq!(sweeper::compact_due(&dir, 5_999, &mut last), 0);
-    assert_eq!(sweeper::compact_due(&dir, 6_000, &mut last), 10);
+    assert_eq!(sweeper::compact_due(&dir, 34_999, &mut last), 0);
+    assert_eq!(sweeper::compact_due(&dir, 35_000, &mut last), 10);
     assert_eq!(p.index.distinct_blocks(), 0);
 }
 

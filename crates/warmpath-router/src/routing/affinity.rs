@@ -17,6 +17,10 @@ use warmpath_core::request::surface::{is_response_id_byte, MAX_RESPONSE_ID};
 /// (`response.created`) carries the object.
 pub(crate) const TAP_BYTES: usize = 64 * 1024;
 
+/// Stored `/v1/responses` ids a pool remembers with the backend that made
+/// them; the oldest are forgotten first (an id forgotten is asked for).
+pub(crate) const RESPONSE_IDS: usize = 65_536;
+
 /// Response id → worker id, at most `cap` ids, the oldest forgotten first;
 /// and the ids no backend had, lately ([`Misses`]).
 #[derive(Debug)]
@@ -53,31 +57,18 @@ struct Homes {
 }
 
 impl ResponseHomes {
-    /// Remembers at most `cap` ids (0: remembers nothing).
+    /// Remembers at most `cap` ids (at least 1).
     pub(crate) fn new(cap: usize) -> Self {
         ResponseHomes {
-            cap,
+            cap: cap.max(1),
             inner: Mutex::new(Homes::default()),
             misses: Mutex::new(Misses::default()),
             lookups: tokio::sync::Semaphore::new(LOOKUPS),
         }
     }
 
-    /// The most ids it remembers (`response_ids`).
-    pub(crate) fn cap(&self) -> usize {
-        self.cap
-    }
-
-    /// Whether it remembers anything (`response_ids` above 0).
-    pub(crate) fn enabled(&self) -> bool {
-        self.cap > 0
-    }
-
     /// Records that `worker` stored response `id`.
     pub(crate) fn remember(&self, id: &str, worker: &str) {
-        if self.cap == 0 {
-            return;
-        }
         let mut h = self.inner.lock();
         if let Some(w) = h.by_id.get_mut(id) {
             worker.clone_into(w);
@@ -232,10 +223,6 @@ mod tests {
         assert_eq!(h.holder("a"), None, "the oldest id goes first");
         assert_eq!(h.holder("b").as_deref(), Some("w1"));
         assert_eq!(h.len(), 2);
-        let off = ResponseHomes::new(0);
-        off.remember("a", "w0");
-        assert!(!off.enabled());
-        assert_eq!(off.holder("a"), None);
     }
 
     #[test]

@@ -175,8 +175,8 @@ impl Pool {
             })?)),
             None => None,
         };
-        let prefix = PrefixExtractor::new(cfg.prefix_aware.prefix_length).map_err(|e| {
-            crate::config::invalid(format!("pool {model:?} prefix_length"), e.to_string())
+        let prefix = PrefixExtractor::new(crate::config::PREFIX_LENGTH).map_err(|e| {
+            crate::config::invalid(format!("pool {model:?} prefix length"), e.to_string())
         })?;
         let index = Arc::new(CacheIndex::new());
         index.set_max_entries(Some(cfg.index.max_entries));
@@ -214,7 +214,7 @@ impl Pool {
                 .iter()
                 .map(|d| Arc::new(Provider::new(d.clone())))
                 .collect(),
-            responses: ResponseHomes::new(cfg.response_ids),
+            responses: ResponseHomes::new(crate::routing::affinity::RESPONSE_IDS),
             learned_context: AtomicUsize::new(0),
             changing: Mutex::new(()),
             ejecting: Mutex::new(()),
