@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use support::*;
 
 const INTERVAL_MS: u64 = 200;
+/// `health.probe_interval_ms` that makes the resolve interval
+/// [`INTERVAL_MS`] (2.5 probe intervals).
+const PROBE_MS: u64 = INTERVAL_MS * 2 / 5;
 
 async fn members(c: &TestClient, r: &RouterProcess) -> Vec<String> {
     let v = get_url(c, &r.url("/admin/pools/m/backends")).await.json();
@@ -54,7 +57,7 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
     };
     dns.set_srv("engines.test.", &srv(2)).await;
     let r = RouterProcess::from_yaml(&format!(
-        "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          interval_ms: {INTERVAL_MS}\n          nameserver: {}\n",
+        "health: {{probe_interval_ms: {PROBE_MS}}}\npools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          nameserver: {}\n",
         dns.addr
     )).await;
     let c = client();
@@ -130,6 +133,9 @@ async fn the_pool_follows_a_dns_answer_from_two_to_three_to_one_backend() {
 
 /// The grace a vanished member gets: 3 of the provider's intervals.
 const FLAP_INTERVAL_MS: u64 = 400;
+/// `health.probe_interval_ms` that makes the resolve interval
+/// [`FLAP_INTERVAL_MS`].
+const FLAP_PROBE_MS: u64 = FLAP_INTERVAL_MS * 2 / 5;
 const GRACE: Duration = Duration::from_millis(3 * FLAP_INTERVAL_MS);
 
 /// Backends `b0` and `b1` behind `engines.test.` (SRV), a router with the
@@ -158,7 +164,7 @@ async fn flapping_pool(
     ];
     dns.set_srv("engines.test.", &both).await;
     let r = raw_agent::Router::start(dir, &format!(
-        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          interval_ms: {FLAP_INTERVAL_MS}\n          nameserver: {}\n",
+        "grpc_listen: 127.0.0.1:0\nhealth: {{probe_interval_ms: {FLAP_PROBE_MS}}}\npools:\n  - model: m\n    block_size: 4\n    strategy: least_outstanding\n    discovery:\n      - dns:\n          name: engines.test.\n          nameserver: {}\n",
         dns.addr
     )).await;
     let agent = raw_agent::agent(&r.grpc, &bs[1].url(), &(1..=8).collect::<Vec<_>>(), None).await;

@@ -203,6 +203,27 @@ async fn serving(c: &TestClient, r: &RouterProcess) -> Vec<String> {
         .collect()
 }
 
+/// A kubeconfig in `dir` whose current context is the test API server at
+/// `api` (plain http), with the bearer token in `token` if given.
+fn kubeconfig(
+    dir: &std::path::Path,
+    api: SocketAddr,
+    token: Option<&std::path::Path>,
+) -> std::path::PathBuf {
+    let user = token.map_or("{}".to_owned(), |t| {
+        format!("{{tokenFile: {}}}", t.display())
+    });
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: 'http://{api}'}}\nusers:\n- name: test\n  user: {user}\ncontexts:\n- name: test\n  context: {{cluster: test, user: test}}\ncurrent-context: test\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
 async fn follows(c: &TestClient, r: &RouterProcess, want: &[&TestBackend]) -> Duration {
     let mut want: Vec<String> = want.iter().map(|b| b.url()).collect();
     want.sort();
@@ -230,9 +251,8 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     std::fs::write(
         &cfg,
         format!(
-            "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          namespace: default\n          service: vllm-engines\n          port_name: http\n          api_url: http://{}\n          token_file: {}\n          timeout_ms: 2000\n          settle_ms: 250\n          backoff_ms: 50\n",
-            api.addr,
-            token.display()
+            "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          namespace: default\n          service: vllm-engines\n          port_name: http\n          kubeconfig: {}\n",
+            kubeconfig(dir.path(), api.addr, Some(&token)).display()
         ),
     )
     .unwrap();
@@ -266,7 +286,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     // A not-ready endpoint becomes ready: added.
     api.send("watch-1-ready.jsonl");
     let took = follows(&c, &r, &[&bs[0], &bs[1]]).await;
-    println!("NUMBER k8s add followed in {took:?} (settle 250 ms)");
+    println!("NUMBER k8s add followed in {took:?} (settle 200 ms)");
     // The round's status is written after its members are: wait for it, so
     // the add is counted in `before`.
     let before = poll::poll(
@@ -281,7 +301,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     .await;
 
     // A split: pod 1 moves to a new slice, its old slice updated 50 ms
-    // before the new one is created. Applied together (settle 250 ms),
+    // before the new one is created. Applied together (settle 200 ms),
     // nothing is drained.
     api.send_paced("watch-2-split.jsonl", Duration::from_millis(50))
         .await;
@@ -303,7 +323,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     // The new slice deleted: pod 1 goes; pod 2 appears terminating: skipped.
     api.send("watch-3-remove.jsonl");
     let took = follows(&c, &r, &[&bs[0]]).await;
-    println!("NUMBER k8s remove followed in {took:?} (settle 250 ms)");
+    println!("NUMBER k8s remove followed in {took:?} (settle 200 ms)");
 
     // The server ends the watch: it resumes from the last resourceVersion.
     api.close_watch();
@@ -316,7 +336,7 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     api.set_list("list-2000.json");
     api.send("watch-4-gone.jsonl");
     let took = follows(&c, &r, &[&bs[0], &bs[3]]).await;
-    println!("NUMBER k8s relist after 410 followed in {took:?} (backoff 50 ms, settle 250 ms)");
+    println!("NUMBER k8s relist after 410 followed in {took:?} (settle 200 ms)");
     assert_eq!(api.lists(), lists + 1, "one relist");
     let w = api.watch_open(3).await;
     assert!(w.contains("resourceVersion=2000"), "{w}");
@@ -355,9 +375,11 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
     let gone = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = gone.local_addr().unwrap();
     drop(gone);
+    let dir = tempfile::tempdir().unwrap();
     let r = RouterProcess::from_yaml(&format!(
-        "pools:\n  - model: m\n    backends: [{{url: {}}}]\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          api_url: http://{api}\n          timeout_ms: 300\n          backoff_ms: 50\n",
+        "pools:\n  - model: m\n    backends: [{{url: {}}}]\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          kubeconfig: {}\n",
         bs[0].url(),
+        kubeconfig(dir.path(), api, None).display(),
     )).await;
     let c = client();
     let st = poll::poll(
@@ -391,9 +413,10 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
 async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
     let bs = pods(2).await;
     let api = TestApi::start(bs[0].addr.port()).await;
+    let dir = tempfile::tempdir().unwrap();
     let r = RouterProcess::from_yaml(&format!(
-        "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n          api_url: http://{}\n          settle_ms: 50\n",
-        api.addr
+        "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n          kubeconfig: {}\n",
+        kubeconfig(dir.path(), api.addr, None).display()
     )).await;
     let c = client();
     let urls = async || -> Vec<(String, String)> {
@@ -437,9 +460,12 @@ async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
 async fn an_endpoint_back_within_its_grace_returns_at_once_and_one_gone_longer_is_removed() {
     let bs = pods(2).await;
     let api = TestApi::start(bs[0].addr.port()).await;
+    let dir = tempfile::tempdir().unwrap();
+    // Probes every 50 ms: the last set is applied again every 250 ms (5
+    // probe intervals), and a member's grace is 3 of those.
     let r = Arc::new(RouterProcess::from_yaml(&format!(
-        "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          api_url: http://{}\n          settle_ms: 50\n          resync_ms: 200\n",
-        api.addr
+        "health: {{probe_interval_ms: 50}}\npools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          kubeconfig: {}\n",
+        kubeconfig(dir.path(), api.addr, None).display()
     )).await);
     let c = client();
     api.watch_open(1).await;
@@ -522,10 +548,10 @@ async fn an_endpoint_back_within_its_grace_returns_at_once_and_one_gone_longer_i
     .await;
     let took = gone_at.elapsed();
     assert!(
-        took >= Duration::from_millis(600),
-        "removed {took:?} after it went not ready: within its grace (3 x resync 200 ms)"
+        took >= Duration::from_millis(750),
+        "removed {took:?} after it went not ready: within its grace (3 x resync 250 ms)"
     );
-    println!("NUMBER k8s endpoint not ready past its grace removed after {took:?} (resync 200 ms)");
+    println!("NUMBER k8s endpoint not ready past its grace removed after {took:?} (resync 250 ms)");
     let text = String::from_utf8_lossy(&get_url(&c, &r.url("/metrics")).await.body).into_owned();
     assert_eq!(metric_value(&text, removed), Some(1.0), "{text}");
 }

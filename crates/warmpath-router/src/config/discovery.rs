@@ -6,19 +6,22 @@
 //!   - dns:
 //!       name: vllm-engines.default.svc.cluster.local
 //!       port: 8000              # for A/AAAA answers; without it, ports come from SRV
-//!       interval_ms: 5000
 //!       nameserver: 127.0.0.1:5353   # optional; default: the system's resolv.conf
 //!   - kubernetes:                # needs the `kubernetes` cargo feature
 //!       namespace: default
 //!       service: vllm-engines    # EndpointSlices labelled kubernetes.io/service-name
 //!       port_name: http          # which EndpointPort; default: the unnamed one
 //!       worker_id: ip            # or pod_name; the URL is http://IP:PORT either way
-//!       # api_url / kubeconfig: optional; default: KUBECONFIG, ~/.kube/config or in-cluster
+//!       # kubeconfig: optional; default: KUBECONFIG, ~/.kube/config or in-cluster
 //! ```
+//!
+//! A `dns` provider resolves every 2.5 `health.probe_interval_ms` (5 s by
+//! default); a `kubernetes` one re-applies its last set every 5 (10 s).
 
 use super::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 /// One provider: exactly one of its keys is set (`dns` or `kubernetes`). A
 /// struct rather than an enum: the YAML crate reads enums from `!tags`, and the
@@ -26,7 +29,7 @@ use std::net::SocketAddr;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
-    /// A DNS name resolved every `interval_ms`.
+    /// A DNS name, resolved every 2.5 `health.probe_interval_ms`.
     #[serde(default)]
     pub dns: Option<DnsDiscovery>,
     /// A Service's EndpointSlices, watched.
@@ -51,37 +54,11 @@ pub struct KubernetesDiscovery {
     /// Where worker ids come from.
     #[serde(default)]
     pub worker_id: K8sWorkerId,
-    /// The API server's URL (e.g. `https://10.0.0.1:443`); with it no
-    /// kubeconfig is read, and only `token_file` authenticates.
-    #[serde(default)]
-    pub api_url: Option<String>,
-    /// A bearer token file for `api_url`, re-read as it rotates, sent as it
-    /// is (no trailing newline, as a service account token).
-    #[serde(default)]
-    pub token_file: Option<String>,
-    /// A kubeconfig file (its current context); default without `api_url`:
-    /// `KUBECONFIG`, `~/.kube/config`, then the in-cluster service account.
+    /// A kubeconfig file (its current context; a `tokenFile` user's file
+    /// is re-read as it rotates); default: `KUBECONFIG`, `~/.kube/config`,
+    /// then the in-cluster service account.
     #[serde(default)]
     pub kubeconfig: Option<String>,
-    /// Longest wait to connect and for one list, milliseconds (>= 10).
-    #[serde(default = "default_k8s_timeout_ms")]
-    pub timeout_ms: u64,
-    /// Events within this many milliseconds are applied together, so a
-    /// slice split or merge (one slice updated before the other) does not
-    /// drain an endpoint that only moved (0..=10000).
-    #[serde(default = "default_settle_ms")]
-    pub settle_ms: u64,
-    /// First wait before re-connecting after an error, milliseconds; it
-    /// doubles (with jitter) up to 30 s (10..=30000).
-    #[serde(default = "default_backoff_ms")]
-    pub backoff_ms: u64,
-    /// The last set is applied again this often, milliseconds, without an
-    /// event (100..=3600000): an endpoint that flapped back while its member
-    /// was still draining is added once the drain has removed it. A member
-    /// gone from the slices waits out 3 of these, out of rotation with its
-    /// index kept, before its drain (`discovery::grace`).
-    #[serde(default = "default_resync_ms")]
-    pub resync_ms: u64,
 }
 
 /// Where a Kubernetes endpoint's worker id comes from.
@@ -100,22 +77,6 @@ fn default_namespace() -> String {
     "default".to_owned()
 }
 
-fn default_k8s_timeout_ms() -> u64 {
-    5_000
-}
-
-fn default_settle_ms() -> u64 {
-    200
-}
-
-fn default_backoff_ms() -> u64 {
-    800
-}
-
-fn default_resync_ms() -> u64 {
-    10_000
-}
-
 /// `dns:`: a name (e.g. a Kubernetes headless Service) whose addresses are
 /// the backends, `http://IP:PORT` each (also their worker ids).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,11 +88,6 @@ pub struct DnsDiscovery {
     /// targets and ports.
     #[serde(default)]
     pub port: Option<u16>,
-    /// How often to resolve, milliseconds (>= 100). A member gone from the
-    /// answer waits out 3 of these, out of rotation with its index kept,
-    /// before its drain (`discovery::grace`).
-    #[serde(default = "default_interval_ms")]
-    pub interval_ms: u64,
     /// The nameserver (`IP:PORT`, UDP and TCP); default: `/etc/resolv.conf`.
     #[serde(default)]
     pub nameserver: Option<String>,
@@ -142,19 +98,20 @@ impl DnsDiscovery {
     pub fn srv(&self) -> bool {
         self.port.is_none()
     }
-
-    /// Longest wait for one answer: the interval, at most 2 s (an answer
-    /// later than the next round is worth nothing).
-    pub fn timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.interval_ms.min(2_000))
-    }
-}
-
-fn default_interval_ms() -> u64 {
-    5_000
 }
 
 impl DiscoveryConfig {
+    /// How often a `dns` provider resolves (2.5 probe intervals of
+    /// `probe_ms`), or a `kubernetes` one applies its last set again without
+    /// an event (5): an endpoint that flapped back while its member was
+    /// still draining is added once the drain has removed it. A member gone
+    /// from the answers waits out 3 of these, out of rotation with its index
+    /// kept, before its drain (`discovery::grace`).
+    pub fn interval(&self, probe_ms: u64) -> Duration {
+        let rounds = if self.dns.is_some() { 5 } else { 10 };
+        Duration::from_millis(probe_ms.saturating_mul(rounds) / 2)
+    }
+
     /// The provider's name in members' `origin`, logs and metrics.
     pub fn name(&self) -> String {
         match (&self.dns, &self.kubernetes) {
@@ -183,9 +140,6 @@ impl DiscoveryConfig {
                         "must be 1..=65535 (leave it out to take ports from SRV records)",
                     ));
                 }
-                if d.interval_ms < 100 {
-                    return Err(invalid(field("interval_ms"), "must be at least 100"));
-                }
                 if let Some(ns) = &d.nameserver {
                     ns.parse::<SocketAddr>().map_err(|e| {
                         invalid(field("nameserver"), format!("{ns:?} is not IP:PORT: {e}"))
@@ -211,39 +165,12 @@ impl KubernetesDiscovery {
                 return Err(invalid(field(f), "must not be empty"));
             }
         }
-        if let Some(u) = &self.api_url {
-            let ok = u.parse::<http::Uri>().is_ok_and(|u| {
-                u.host().is_some() && matches!(u.scheme_str(), Some("http" | "https"))
-            });
-            if !ok {
-                return Err(invalid(
-                    field("api_url"),
-                    format!("{u:?} is not an http(s)://HOST[:PORT] URL"),
-                ));
-            }
-            if self.kubeconfig.is_some() {
-                return Err(invalid(
-                    field("kubeconfig"),
-                    "set api_url or kubeconfig, not both",
-                ));
-            }
-        } else if self.token_file.is_some() {
-            return Err(invalid(
-                field("token_file"),
-                "only with api_url (a kubeconfig names its own credentials)",
-            ));
-        }
-        if self.timeout_ms < 10 {
-            return Err(invalid(field("timeout_ms"), "must be at least 10"));
-        }
-        if self.settle_ms > 10_000 {
-            return Err(invalid(field("settle_ms"), "must be at most 10000"));
-        }
-        if !(10..=30_000).contains(&self.backoff_ms) {
-            return Err(invalid(field("backoff_ms"), "must be 10..=30000"));
-        }
-        if !(100..=3_600_000).contains(&self.resync_ms) {
-            return Err(invalid(field("resync_ms"), "must be 100..=3600000"));
+        if self
+            .kubeconfig
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty())
+        {
+            return Err(invalid(field("kubeconfig"), "must not be empty when set"));
         }
         Ok(())
     }
@@ -256,10 +183,12 @@ mod tests {
 
     #[test]
     fn the_documented_block_parses_and_bad_ones_are_named() {
-        let yaml = "- dns:\n    name: engines.svc\n    port: 8000\n    interval_ms: 5000\n    nameserver: 127.0.0.1:5353\n";
+        let yaml =
+            "- dns:\n    name: engines.svc\n    port: 8000\n    nameserver: 127.0.0.1:5353\n";
         let d: Vec<DiscoveryConfig> = yaml_serde::from_str(yaml).unwrap();
         d[0].validate("pools[0].discovery[0]").unwrap();
         assert_eq!(d[0].name(), "dns:engines.svc");
+        assert_eq!(d[0].interval(2_000), Duration::from_millis(5_000));
         let zero: Vec<DiscoveryConfig> = yaml_serde::from_str("- dns: {name: x, port: 0}").unwrap();
         let e = zero[0].validate("d").unwrap_err().to_string();
         assert!(e.contains("d.dns.port"), "{e}");
@@ -289,6 +218,7 @@ mod tests {
         assert_eq!(k.namespace, "default");
         assert_eq!(k.worker_id, K8sWorkerId::PodName);
         assert_eq!(d[0].name(), "kubernetes:default/vllm-engines");
+        assert_eq!(d[0].interval(2_000), Duration::from_millis(10_000));
         let r = d[0].validate("d");
         if !cfg!(feature = "kubernetes") {
             assert!(r
@@ -303,9 +233,9 @@ mod tests {
             d[0].validate("d").unwrap_err().to_string()
         };
         assert!(bad("- kubernetes: {service: ''}").contains("d.kubernetes.service"));
-        assert!(bad("- kubernetes: {service: s, api_url: 'ftp://x'}").contains("api_url"));
-        assert!(bad("- kubernetes: {service: s, token_file: /t}").contains("token_file"));
-        assert!(bad("- kubernetes: {service: s, resync_ms: 5}").contains("resync_ms"));
+        assert!(
+            bad("- kubernetes: {service: s, kubeconfig: ''}").contains("d.kubernetes.kubeconfig")
+        );
         assert!(
             bad("- {dns: {name: x, port: 1}, kubernetes: {service: s}}").contains("exactly one")
         );

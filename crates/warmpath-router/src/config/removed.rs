@@ -46,7 +46,7 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
     ),
     (
         "pools[].discovery[].dns.timeout_ms",
-        "one answer waits at most dns.interval_ms, and at most 2 s",
+        "one answer waits at most the resolve interval, and at most 2 s",
     ),
     (
         "server.body_timeout_ms",
@@ -84,6 +84,34 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
     (
         "agent_token",
         "agents present per-worker credentials derived from agent_secret (warmpath-router --print-agent-token WORKER)",
+    ),
+    (
+        "pools[].discovery[].dns.interval_ms",
+        "a dns provider resolves every 2.5 times health.probe_interval_ms",
+    ),
+    (
+        "pools[].discovery[].kubernetes.api_url",
+        "the API server comes from kubernetes.kubeconfig, KUBECONFIG, ~/.kube/config or the in-cluster service account",
+    ),
+    (
+        "pools[].discovery[].kubernetes.token_file",
+        "credentials come from the kubeconfig (a user's tokenFile) or the in-cluster service account",
+    ),
+    (
+        "pools[].discovery[].kubernetes.timeout_ms",
+        "a connect and the first list wait at most 5 s",
+    ),
+    (
+        "pools[].discovery[].kubernetes.settle_ms",
+        "slice changes within 200 ms are applied together",
+    ),
+    (
+        "pools[].discovery[].kubernetes.backoff_ms",
+        "a failed watch re-connects after 800 ms, doubling up to 30 s",
+    ),
+    (
+        "pools[].discovery[].kubernetes.resync_ms",
+        "the last set is applied again every 5 times health.probe_interval_ms",
     ),
     (
         "pools[].response_ids",

@@ -28,8 +28,11 @@ impl std::fmt::Debug for Dns {
 }
 
 impl Dns {
-    /// A resolver for `cfg` (validated).
-    pub(crate) fn new(cfg: &DnsDiscovery) -> Result<Self, DiscoveryError> {
+    /// A resolver for `cfg` (validated), each answer awaited at most `timeout`.
+    pub(crate) fn new(
+        cfg: &DnsDiscovery,
+        timeout: std::time::Duration,
+    ) -> Result<Self, DiscoveryError> {
         let ns = cfg
             .nameserver
             .as_deref()
@@ -38,7 +41,7 @@ impl Dns {
                     .map_err(|e| DiscoveryError::Setup(format!("nameserver {s:?}: {e}")))
             })
             .transpose()?;
-        let resolver = warmpath_proto::dns::resolver(ns, cfg.timeout())
+        let resolver = warmpath_proto::dns::resolver(ns, timeout)
             .map_err(|e| DiscoveryError::Setup(e.to_string()))?;
         Ok(Dns {
             resolver,

@@ -9,7 +9,7 @@
 //!   that fails readiness should get no new requests), but stays a member:
 //!   its index entries, its index slot and its placements are kept;
 //! - back in an answer within [`super::vanished::GRACE_ROUNDS`] of its provider's intervals
-//!   (`interval_ms` for `dns`, `resync_ms` for `kubernetes`), it is back in
+//!   (2.5 `health.probe_interval_ms` for `dns`, 5 for `kubernetes`), it is back in
 //!   rotation at once, with all of that;
 //! - still gone after, it is drained and removed as before.
 //!
@@ -79,7 +79,7 @@ pub(super) fn missing(
     if since.is_none() && b.is_draining() {
         return false; // drained by someone else: that drain removes it
     }
-    let grace = p.grace();
+    let grace = p.grace(s.settings.health.probe_interval_ms);
     match verdict(since.map(|t| now.saturating_duration_since(t)), grace) {
         Verdict::Wait => false,
         Verdict::SetAside => match crate::control::members::set_aside(s, pool, &b.id) {

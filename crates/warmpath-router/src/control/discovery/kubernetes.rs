@@ -6,13 +6,13 @@
 //!
 //! Every slice labelled `kubernetes.io/service-name=SERVICE` counts: a
 //! Service may have several, and the controller splits and merges them, so
-//! the answer is the union over all slices, applied `settle_ms` after the
+//! the answer is the union over all slices, applied [`SETTLE`] after the
 //! first change (a split updates one slice before it creates the other).
 //! An endpoint takes requests unless `conditions.ready` is false (missing
 //! means ready, as the API documents) or it is terminating. A watch error
 //! keeps the last applied set and re-connects with a doubling backoff; an
 //! empty union is reported as an error, never applied. The last union is
-//! applied again every `resync_ms`, so an endpoint that flapped back while
+//! applied again every 5 `health.probe_interval_ms`, so an endpoint that flapped back while
 //! its member was still draining (and so was skipped) returns.
 //!
 //! Tested against a recorded list+watch stream served on loopback
@@ -49,16 +49,23 @@ const WATCH_TIMEOUT_S: u32 = 290;
 /// The longest wait between re-connections.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// A client for `cfg`'s API server (explicit `api_url`, a kubeconfig, or
-/// inferred: `KUBECONFIG`, `~/.kube/config`, the in-cluster service account).
+/// The first wait before re-connecting after an error; it doubles (with
+/// jitter) up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(800);
+
+/// Longest wait to connect, and for one list.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Events within this window are applied together, so a slice split or
+/// merge (one slice updated before the other) does not drain an endpoint
+/// that only moved.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// A client for `cfg`'s API server (a kubeconfig, or inferred:
+/// `KUBECONFIG`, `~/.kube/config`, the in-cluster service account).
 async fn client(cfg: &KubernetesDiscovery) -> Result<kube::Client, DiscoveryError> {
     let setup = |e: &dyn std::fmt::Display| DiscoveryError::Setup(e.to_string());
-    let mut config = if let Some(url) = &cfg.api_url {
-        let uri = url.parse::<http::Uri>().map_err(|e| setup(&e))?;
-        let mut c = kube::Config::new(uri);
-        c.auth_info.token_file.clone_from(&cfg.token_file);
-        c
-    } else if let Some(path) = &cfg.kubeconfig {
+    let mut config = if let Some(path) = &cfg.kubeconfig {
         let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| setup(&e))?;
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
@@ -66,12 +73,11 @@ async fn client(cfg: &KubernetesDiscovery) -> Result<kube::Client, DiscoveryErro
     } else {
         kube::Config::infer().await.map_err(|e| setup(&e))?
     };
-    let timeout = Duration::from_millis(cfg.timeout_ms);
-    config.connect_timeout = Some(timeout);
-    config.write_timeout = Some(timeout);
+    config.connect_timeout = Some(TIMEOUT);
+    config.write_timeout = Some(TIMEOUT);
     // A watch is silent between events: the server ends it after
     // `WATCH_TIMEOUT_S`, so a read waits that long and a margin.
-    config.read_timeout = Some(Duration::from_secs(WATCH_TIMEOUT_S.into()) + timeout);
+    config.read_timeout = Some(Duration::from_secs(WATCH_TIMEOUT_S.into()) + TIMEOUT);
     kube::Client::try_from(config).map_err(|e| setup(&e))
 }
 
@@ -195,9 +201,9 @@ fn nonempty(set: Answer, cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryE
 }
 
 /// One list (the first round, before the router serves), within
-/// `timeout_ms` all told.
+/// [`TIMEOUT`] all told.
 pub(crate) async fn list_once(cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryError> {
-    let limit = Duration::from_millis(cfg.timeout_ms);
+    let limit = TIMEOUT;
     let got = tokio::time::timeout(limit, async {
         let api: Api<EndpointSlice> = Api::namespaced(client(cfg).await?, &cfg.namespace);
         let list = api
@@ -232,8 +238,8 @@ pub(crate) async fn run(
     cfg: KubernetesDiscovery,
     cancel: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(cfg.backoff_ms));
-    let limit = Duration::from_millis(cfg.timeout_ms);
+    let mut backoff = Backoff::new(FIRST_BACKOFF);
+    let limit = TIMEOUT;
     let client = loop {
         // Bounded too: a kubeconfig may run an exec credential plugin.
         let made = tokio::time::timeout(limit, client(&cfg))
@@ -261,12 +267,12 @@ pub(crate) async fn run(
         .labels(&selector(&cfg))
         .timeout(WATCH_TIMEOUT_S);
     let mut events = std::pin::pin!(watcher::watcher(api, wc).backoff(backoff));
-    let settle = Duration::from_millis(cfg.settle_ms);
+    let settle = SETTLE;
     let mut slices = Slices::default();
     // When the pending change is applied: `settle` after the first event
     // of a burst, however many follow.
     let mut due: Option<Instant> = None;
-    let every = Duration::from_millis(cfg.resync_ms);
+    let every = p.interval(s.settings.health.probe_interval_ms);
     let mut resync = tokio::time::interval_at(Instant::now() + every, every);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

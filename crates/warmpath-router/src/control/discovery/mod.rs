@@ -56,11 +56,16 @@ pub(crate) enum DiscoveryError {
 pub(crate) type Answer = BTreeMap<String, String>;
 
 /// Resolves once; `None` when the round failed (recorded).
-async fn answer(p: &Provider, pool: &str, dns: &mut Option<dns::Dns>) -> Option<Answer> {
+async fn answer(
+    p: &Provider,
+    pool: &str,
+    dns: &mut Option<dns::Dns>,
+    probe_ms: u64,
+) -> Option<Answer> {
     // Validation made sure `dns` is set.
     let cfg = p.config.dns.as_ref()?;
     if dns.is_none() {
-        match dns::Dns::new(cfg) {
+        match dns::Dns::new(cfg, provider::dns_timeout(p.interval(probe_ms))) {
             Ok(d) => *dns = Some(d),
             Err(e) => {
                 p.failed(pool, &e);
@@ -69,11 +74,12 @@ async fn answer(p: &Provider, pool: &str, dns: &mut Option<dns::Dns>) -> Option<
         }
     }
     let d = dns.as_ref()?;
-    let r = match tokio::time::timeout(p.round_limit(), d.resolve()).await {
+    let limit = p.round_limit(probe_ms);
+    let r = match tokio::time::timeout(limit, d.resolve()).await {
         Ok(r) => r,
         Err(_) => Err(DiscoveryError::Lookup(format!(
             "no answer within {} ms",
-            p.round_limit().as_millis()
+            limit.as_millis()
         ))),
     };
     match r {
@@ -152,6 +158,7 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
 /// (each bounded by its round limit), so a pool made only of discovered
 /// backends can route from the first request.
 pub(crate) async fn first_round(s: &Arc<Shared>) {
+    let probe_ms = s.settings.health.probe_interval_ms;
     let rounds = s.pools.all().iter().flat_map(|pool| {
         pool.discovery.iter().map(move |p| async move {
             #[cfg(feature = "kubernetes")]
@@ -162,7 +169,7 @@ pub(crate) async fn first_round(s: &Arc<Shared>) {
                 }
                 return;
             }
-            if let Some(set) = answer(p, &pool.model, &mut None).await {
+            if let Some(set) = answer(p, &pool.model, &mut None, probe_ms).await {
                 apply(s, pool, p, set).await;
             }
         })
@@ -187,7 +194,8 @@ pub(crate) fn spawn(s: &Arc<Shared>, cancel: &CancellationToken) -> Vec<JoinHand
                 continue;
             }
             tasks.push(tokio::spawn(async move {
-                let every = p.interval();
+                let probe_ms = s.settings.health.probe_interval_ms;
+                let every = p.interval(probe_ms);
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut dns = None;
@@ -198,7 +206,7 @@ pub(crate) fn spawn(s: &Arc<Shared>, cancel: &CancellationToken) -> Vec<JoinHand
                     }
                     let got = tokio::select! {
                         () = cancel.cancelled() => return,
-                        got = answer(&p, &pool.model, &mut dns) => got,
+                        got = answer(&p, &pool.model, &mut dns, probe_ms) => got,
                     };
                     if let Some(set) = got {
                         apply(&s, &pool, &p, set).await;

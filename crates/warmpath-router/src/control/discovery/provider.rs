@@ -36,6 +36,12 @@ pub(crate) struct Provider {
     pub(crate) vanished: Vanished,
 }
 
+/// Longest wait for one DNS answer: the interval, at most 2 s (an answer
+/// later than the next round is worth nothing).
+pub(super) fn dns_timeout(interval: Duration) -> Duration {
+    interval.min(Duration::from_secs(2))
+}
+
 impl Provider {
     /// A provider that has not resolved yet.
     pub(crate) fn new(config: DiscoveryConfig) -> Self {
@@ -56,32 +62,23 @@ impl Provider {
         self.status.lock().clone()
     }
 
-    pub(super) fn interval(&self) -> Duration {
-        Duration::from_millis(self.config.dns.as_ref().map_or(5_000, |d| d.interval_ms))
+    /// How often it resolves (`dns`), or re-applies its last set
+    /// (`kubernetes`), under `health.probe_interval_ms` of `probe_ms`.
+    pub(crate) fn interval(&self, probe_ms: u64) -> Duration {
+        self.config.interval(probe_ms)
     }
 
     /// How long a member gone from the answers stays a member, out of
     /// rotation, before its drain: [`GRACE_ROUNDS`] of the provider's
-    /// intervals (`interval_ms`; `resync_ms`, when a Kubernetes watch
-    /// re-applies its last set, for `kubernetes`).
-    pub(crate) fn grace(&self) -> Duration {
-        let every = match (&self.config.dns, &self.config.kubernetes) {
-            (Some(d), _) => d.interval_ms,
-            (None, Some(k)) => k.resync_ms,
-            (None, None) => 5_000,
-        };
-        Duration::from_millis(every.saturating_mul(u64::from(GRACE_ROUNDS)))
+    /// intervals.
+    pub(crate) fn grace(&self, probe_ms: u64) -> Duration {
+        self.interval(probe_ms).saturating_mul(GRACE_ROUNDS)
     }
 
     /// Longest a whole round may take (an SRV answer's targets are looked
     /// up one by one, each within the resolver's own timeout).
-    pub(super) fn round_limit(&self) -> Duration {
-        let timeout = self
-            .config
-            .dns
-            .as_ref()
-            .map_or(Duration::from_secs(2), |d| d.timeout());
-        timeout.saturating_mul(4)
+    pub(super) fn round_limit(&self, probe_ms: u64) -> Duration {
+        dns_timeout(self.interval(probe_ms)).saturating_mul(4)
     }
 
     pub(super) fn failed(&self, pool: &str, e: &DiscoveryError) {
