@@ -85,13 +85,11 @@ async fn router(tokenizer: &std::path::Path, grpc: &str) -> warmpath_router::Run
         BackendConfig {
             url: "http://127.0.0.1:9".into(),
             worker_id: Some("w1".into()),
-            adapters: vec![],
             api_key: None,
         },
         BackendConfig {
             url: "http://127.0.0.1:10".into(),
             worker_id: Some("w2".into()),
-            adapters: vec![],
             api_key: None,
         },
     ];

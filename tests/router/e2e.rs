@@ -660,45 +660,45 @@ async fn models_health_metrics_and_invocations() {
 async fn lora_adapters_route_within_their_subset() {
     let plain = TestBackend::start_with("plain", "m", &[]).await;
     let learned = TestBackend::start_with("learned", "m", &["chat-lora"]).await;
-    let configured = TestBackend::start_with("configured", "m", &[]).await;
+    let sql = TestBackend::start_with("sql", "m", &["sql-lora"]).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("router.yaml");
     std::fs::write(
         &cfg,
         format!(
-            "health: {{probe_interval_ms: 100}}\npools:\n  - model: m\n    strategy: random\n    backends:\n      - {{url: '{}', worker_id: plain}}\n      - {{url: '{}', worker_id: learned}}\n      - {{url: '{}', worker_id: configured, adapters: [sql-lora]}}\n",
-            plain.url(), learned.url(), configured.url()
+            "health: {{probe_interval_ms: 100}}\npools:\n  - model: m\n    strategy: random\n    backends:\n      - {{url: '{}', worker_id: plain}}\n      - {{url: '{}', worker_id: learned}}\n      - {{url: '{}', worker_id: sql}}\n",
+            plain.url(), learned.url(), sql.url()
         ),
     )
     .unwrap();
     let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
     let c = client();
     let url = r.url("/v1/completions");
-    for i in 0..10 {
-        let reply = post(
-            &c,
-            &url,
-            &json!({"model": "sql-lora", "prompt": format!("{i}")}),
-            &[],
-        )
-        .await;
-        assert_eq!(reply.backend(), "configured");
-    }
-    let mut ok = false;
-    for _ in 0..100 {
-        let reply = post(&c, &url, &json!({"model": "chat-lora", "prompt": "x"}), &[]).await;
-        if reply.status == 200 {
-            assert_eq!(reply.backend(), "learned");
-            ok = true;
-            break;
+    // Each adapter is learned from its engine's /v1/models (404 until
+    // then), and then goes only there.
+    for (adapter, home) in [("chat-lora", "learned"), ("sql-lora", "sql")] {
+        let mut ok = false;
+        for _ in 0..100 {
+            let reply = post(&c, &url, &json!({"model": adapter, "prompt": "x"}), &[]).await;
+            if reply.status == 200 {
+                assert_eq!(reply.backend(), home);
+                ok = true;
+                break;
+            }
+            assert_eq!(reply.status, 404);
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert_eq!(reply.status, 404);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ok, "adapter learned from /v1/models");
-    for _ in 0..10 {
-        let reply = post(&c, &url, &json!({"model": "chat-lora", "prompt": "y"}), &[]).await;
-        assert_eq!(reply.backend(), "learned");
+        assert!(ok, "{adapter} learned from /v1/models");
+        for i in 0..10 {
+            let reply = post(
+                &c,
+                &url,
+                &json!({"model": adapter, "prompt": format!("{i}")}),
+                &[],
+            )
+            .await;
+            assert_eq!(reply.backend(), home);
+        }
     }
     let models = get_url(&c, &r.url("/v1/models")).await.json();
     let ids: HashSet<&str> = models["data"]

@@ -270,7 +270,6 @@ async fn prompt_previews_appear_only_with_show_prompts() {
         pool.backends = vec![BackendConfig {
             url: b.url(),
             worker_id: Some("w0".into()),
-            adapters: vec![],
             api_key: None,
         }];
         let config = RouterConfig {

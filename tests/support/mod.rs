@@ -287,7 +287,6 @@ impl TestBackend {
         warmpath_router::config::BackendConfig {
             url: self.url(),
             worker_id: Some(self.name().to_owned()),
-            adapters: vec![],
             api_key: None,
         }
     }

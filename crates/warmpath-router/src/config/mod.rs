@@ -19,7 +19,7 @@
 //!     tenants: { from: api_key, client_ids: scope, isolation: engine }
 //!     index: { max_entries: 16777216, capacity_slack: 1.25 }  # index bounds
 //!     backends:
-//!       - { url: "http://10.0.0.1:8000", worker_id: gpu-0, adapters: [sql-adapter] }
+//!       - { url: "http://10.0.0.1:8000", worker_id: gpu-0 }  # LoRA adapters: from its /v1/models
 //!       - { url: "http://10.0.0.2:8000" }  # worker_id defaults to the url
 //! ```
 //!
@@ -542,21 +542,17 @@ pub struct BackendConfig {
     /// The id its agent reports; defaults to the url.
     #[serde(default)]
     pub worker_id: Option<String>,
-    /// LoRA adapters it serves (more may be learned from its `/v1/models`).
-    #[serde(default)]
-    pub adapters: Vec<String>,
     /// This engine's API key, in place of `upstream.api_key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<Secret>,
 }
 
 impl BackendConfig {
-    /// A backend at `url` with default id and no adapters.
+    /// A backend at `url` with the default id.
     pub fn new(url: impl Into<String>) -> Self {
         BackendConfig {
             url: url.into(),
             worker_id: None,
-            adapters: Vec::new(),
             api_key: None,
         }
     }

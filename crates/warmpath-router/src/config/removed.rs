@@ -114,6 +114,10 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
         "the last set is applied again every 5 times health.probe_interval_ms",
     ),
     (
+        "pools[].backends[].adapters",
+        "each backend's LoRA adapters are learned from its /v1/models",
+    ),
+    (
         "pools[].response_ids",
         "a pool remembers the backends of 65536 stored /v1/responses ids",
     ),

@@ -249,19 +249,6 @@ impl RouterConfig {
                         format!("{:?} appears twice", b.id()),
                     ));
                 }
-                if b.adapters.iter().any(String::is_empty) {
-                    return Err(invalid(bat("adapters"), "adapter names must not be empty"));
-                }
-            }
-        }
-        for (i, p) in self.pools.iter().enumerate() {
-            for b in &p.backends {
-                if let Some(a) = b.adapters.iter().find(|a| names.contains(a.as_str())) {
-                    return Err(invalid(
-                        format!("pools[{i}].backends"),
-                        format!("adapter {a:?} has the name of a pool's model"),
-                    ));
-                }
             }
         }
         Ok(())

@@ -241,7 +241,7 @@ async fn reload_members(
                 )),
             },
             Some(m) if m.origin == Origin::Config && m.configured != *b => r.ignored.push(format!(
-                "pool {:?}: backend {:?} changed its url or adapters: remove it and add it again",
+                "pool {:?}: backend {:?} changed its url: remove it and add it again",
                 pc.model,
                 b.id()
             )),

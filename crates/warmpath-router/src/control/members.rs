@@ -41,8 +41,6 @@ struct AddBody {
     url: String,
     #[serde(default)]
     worker_id: Option<String>,
-    #[serde(default)]
-    adapters: Vec<String>,
 }
 
 /// Body of `POST …/drain` (optional).
@@ -194,18 +192,9 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
             .into_response()
         }
     };
-    if let Some(a) = req.adapters.iter().find(|a| s.pools.get(a).is_some()) {
-        return ApiError::bad_request(
-            "invalid_backend",
-            format!("adapter {a:?} has the name of a pool's model"),
-        )
-        .with_param("adapters")
-        .into_response();
-    }
     let cfg = BackendConfig {
         url: req.url,
         worker_id: req.worker_id,
-        adapters: req.adapters,
         api_key: None,
     };
     match add_member(s, p, &cfg, Origin::Admin).await {

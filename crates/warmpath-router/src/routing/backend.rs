@@ -82,7 +82,6 @@ pub(crate) struct Backend {
     streak: AtomicU32,
     /// [`crate::routing::load_cell::monotonic_ms`] of the last ejection.
     ejected_at_ms: AtomicU64,
-    configured_adapters: BTreeSet<String>,
     learned_adapters: RwLock<BTreeSet<String>>,
     /// The engine's own model cards of this pool ([`crate::api::models`]).
     learned_cards: RwLock<Vec<serde_json::Value>>,
@@ -150,7 +149,6 @@ impl Backend {
             ejections: AtomicU32::new(0),
             streak: AtomicU32::new(0),
             ejected_at_ms: AtomicU64::new(0),
-            configured_adapters: cfg.adapters.iter().cloned().collect(),
             learned_adapters: RwLock::new(BTreeSet::new()),
             learned_cards: RwLock::new(Vec::new()),
             draining: AtomicBool::new(false),
@@ -247,16 +245,14 @@ impl Backend {
         !self.ejected.load(Ordering::Relaxed)
     }
 
-    /// Whether this backend serves `adapter` (configured or learned).
+    /// Whether this backend serves `adapter` (learned from its `/v1/models`).
     pub(crate) fn serves_adapter(&self, adapter: &str) -> bool {
-        self.configured_adapters.contains(adapter) || self.learned_adapters.read().contains(adapter)
+        self.learned_adapters.read().contains(adapter)
     }
 
-    /// Every adapter served (configured and learned).
+    /// Every adapter served.
     pub(crate) fn adapters(&self) -> BTreeSet<String> {
-        let mut all = self.configured_adapters.clone();
-        all.extend(self.learned_adapters.read().iter().cloned());
-        all
+        self.learned_adapters.read().clone()
     }
 
     /// Replaces the adapters learned from the backend's `/v1/models`.
@@ -479,7 +475,6 @@ mod tests {
         let cfg = BackendConfig {
             url: "http://127.0.0.1:1".into(),
             worker_id: Some("w".into()),
-            adapters: vec!["sql".into()],
             api_key: None,
         };
         Arc::new(Backend::new(
@@ -588,12 +583,11 @@ mod tests {
     }
 
     #[test]
-    fn adapters_configured_and_learned() {
+    fn adapters_are_learned() {
         let b = backend();
-        assert!(b.serves_adapter("sql"));
         assert!(!b.serves_adapter("chat"));
         b.set_learned_adapters(["chat".to_owned()].into());
         assert!(b.serves_adapter("chat"));
-        assert_eq!(b.adapters().len(), 2);
+        assert_eq!(b.adapters().len(), 1);
     }
 }

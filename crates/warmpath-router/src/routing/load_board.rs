@@ -193,7 +193,6 @@ mod tests {
                 let cfg = BackendConfig {
                     url: format!("http://127.0.0.1:{}", 1000 + i),
                     worker_id: Some(format!("w{i}")),
-                    adapters: Vec::new(),
                     api_key: None,
                 };
                 let url = BackendUrl::parse(&cfg.url).unwrap();

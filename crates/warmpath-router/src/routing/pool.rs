@@ -369,11 +369,6 @@ impl Pool {
                 "worker_id must be 1 to 256 bytes".into(),
             ));
         }
-        if cfg.adapters.iter().any(String::is_empty) {
-            return Err(MemberError::Invalid(
-                "adapter names must not be empty".into(),
-            ));
-        }
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
         if members.iter().any(|b| b.id == id) {
@@ -447,9 +442,7 @@ impl Pool {
             old.slot,
             old.origin.clone(),
         ));
-        let configured: std::collections::BTreeSet<String> =
-            old.configured.adapters.iter().cloned().collect();
-        b.set_learned_adapters(old.adapters().difference(&configured).cloned().collect());
+        b.set_learned_adapters(old.adapters());
         b.set_learned_cards(old.learned_cards());
         members[at] = Arc::clone(&b);
         self.set_members(members)?;

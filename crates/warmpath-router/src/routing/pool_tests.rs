@@ -9,7 +9,6 @@ fn cfg() -> PoolConfig {
         BackendConfig {
             url: "http://127.0.0.1:2".into(),
             worker_id: Some("b".into()),
-            adapters: vec!["sql".into()],
             api_key: None,
         },
     ];
@@ -22,6 +21,9 @@ fn pools_register_backends_and_resolve_adapters() {
     let p = pools.get("m").unwrap();
     assert_eq!(p.index.worker_slot("b"), Some(p.backends()[1].slot));
     assert_eq!(p.policy().strategy, Strategy::PrefixAware);
+    // Adapters are learned from the engines' /v1/models.
+    assert!(pools.resolve("sql").is_none());
+    p.backends()[1].set_learned_adapters(["sql".to_owned()].into());
     let t = pools.resolve("sql").unwrap();
     assert_eq!(t.adapter.as_deref(), Some("sql"));
     assert_eq!(t.pool.model, "m");
@@ -170,7 +172,6 @@ fn seventy_thousand_adds_and_removals_leave_room_to_join() {
         let cfg = BackendConfig {
             url: "http://127.0.0.1:9".into(),
             worker_id: Some(id.clone()),
-            adapters: Vec::new(),
             api_key: None,
         };
         let b = p.add_backend(&cfg, Origin::Admin).unwrap();
@@ -227,7 +228,7 @@ fn a_restored_member_keeps_its_slot_index_and_placements() {
             &[warmpath_core::BlockHash(7)],
         )
         .unwrap();
-    b.set_learned_adapters(["learned".to_owned()].into());
+    b.set_learned_adapters(["sql".to_owned(), "learned".to_owned()].into());
     p.drain_backend(&b.id).unwrap();
     let back = p.restore_backend(&b).unwrap();
     assert!(!back.is_draining());
