@@ -144,8 +144,8 @@ struct CompareArgs {
 
 #[derive(Args, Debug)]
 struct DemoArgs {
-    /// Seconds of the main run per strategy (the rate search adds ~24 s).
-    #[arg(long, default_value_t = 30.0)]
+    /// Seconds of the main run per strategy (the rate search adds up to 18 s).
+    #[arg(long, default_value_t = 20.0)]
     duration: f64,
     /// A few seconds in all: small prompts, short runs, no rate search (for CI).
     #[arg(long)]
@@ -315,6 +315,9 @@ fn demo_config(a: &DemoArgs) -> anyhow::Result<CompareConfig> {
     args.engine_bin = a.engine_bin.clone();
     let mut c = args.config()?;
     c.duration_s = a.duration;
+    // Three 6 s steps at most per strategy: with the 20 s runs the whole demo,
+    // build included, fits README's 8 minutes on two cores.
+    c.search_step_s = 6.0;
     c.out_dir = a.out.clone();
     if a.quick {
         c.duration_s = a.duration.min(3.0);
