@@ -34,8 +34,8 @@ const CAPACITY: u64 = 8_192;
 /// is gRPC decode buffers and allocator slack (measured: 46 MiB in a debug
 /// build; before the bound: over 500 MB).
 const FLOOD_GROWTH_BOUND: u64 = 128 << 20;
-/// `index.max_worker_blocks` in the test: the cap of a worker with no
-/// reported capacity, big enough that its entries show in RSS.
+/// The cap of a worker with no reported capacity in the test (a quarter of
+/// `index.max_entries`), big enough that its entries show in RSS.
 const DEFAULT_CAP: u64 = 2_000_000;
 /// The growth those entries must show in RSS for the test to mean anything.
 const MIN_GROWTH: u64 = 64 << 20;
@@ -53,8 +53,9 @@ const RETURN_BOUND: u64 = 10 << 20;
 
 /// Pool `m` with workers `a` and `b` (both on `backend`).
 fn yaml(backend: &str) -> String {
+    let max = 4 * DEFAULT_CAP;
     format!(
-        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    index: {{max_worker_blocks: {DEFAULT_CAP}}}\n    backends: [{{url: '{backend}', worker_id: a}}, {{url: '{backend}', worker_id: b}}]\n"
+        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    index: {{max_entries: {max}}}\n    backends: [{{url: '{backend}', worker_id: a}}, {{url: '{backend}', worker_id: b}}]\n"
     )
 }
 
@@ -135,11 +136,11 @@ async fn a_cleared_worker_gives_its_memory_back() {
     let c = client();
     let baseline = r.rss();
     let before = r.mem();
-    // No capacity reported: capped at index.max_worker_blocks.
+    // No capacity reported: capped at a quarter of index.max_entries.
     let (tx, _answers) = agent(&r.grpc, "b", &[], None).await;
     let seq = flood(&tx, FLOOD_BLOCKS / 4).await;
     poll(
-        "the worker to fill up to index.max_worker_blocks",
+        "the worker to fill up to a quarter of index.max_entries",
         Duration::from_secs(300),
         Duration::from_millis(100),
         async || (r.blocks(&c, "b").await == DEFAULT_CAP).then_some(()),
@@ -203,38 +204,57 @@ async fn a_cleared_worker_gives_its_memory_back() {
     assert_eq!(r.metric(&c, dead_line).await, 0.0);
 }
 
-/// `index.max_entries` bounds the pool's total across workers: a and b
-/// each claim 8 blocks under a bound of 10, so b gets 2, and the 6 refused
-/// are counted under `reason="max_entries"`. Before the bound (main at
+/// `index.max_entries` bounds the pool's total across workers: under a
+/// bound of 34 (a worker's cap: 8) a to d hold 8 blocks each, e claims 8
+/// and gets 2, and the 6 refused are counted under `reason="max_entries"`. Before the bound (main at
 /// 4601e23) there was no `index:` section: the config does not load there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_entries_bounds_the_whole_pool() {
     let dir = tempfile::tempdir().unwrap();
     let backend = TestBackend::start("b0").await;
+    let workers = ["a", "b", "c", "d", "e"];
+    let backends: Vec<String> = workers
+        .iter()
+        .map(|w| format!("{{url: '{}', worker_id: {w}}}", backend.url()))
+        .collect();
     let yaml = format!(
-        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    index: {{max_entries: 10}}\n    backends: [{{url: '{0}', worker_id: a}}, {{url: '{0}', worker_id: b}}]\n",
-        backend.url()
+        "grpc_listen: 127.0.0.1:0\npools:\n  - model: m\n    block_size: 4\n    index: {{max_entries: 34}}\n    backends: [{}]\n",
+        backends.join(", ")
     );
     let r = Router::start(dir.path(), &yaml).await;
     let c = client();
-    let (_tx_a, _answers_a) = agent(&r.grpc, "a", &(1..=8).collect::<Vec<_>>(), None).await;
-    poll(
-        "a's 8 blocks",
-        Duration::from_secs(10),
-        Duration::from_millis(20),
-        async || (r.blocks(&c, "a").await == 8).then_some(()),
-    )
-    .await;
-    let (_tx_b, _answers_b) = agent(&r.grpc, "b", &(101..=108).collect::<Vec<_>>(), None).await;
+    let mut streams = Vec::new();
+    for (i, w) in workers[..4].iter().enumerate() {
+        let first = 1 + 100 * i as u64;
+        let hashes: Vec<_> = (first..first + 8).collect();
+        streams.push(agent(&r.grpc, w, &hashes, None).await);
+        poll(
+            &format!("{w}'s 8 blocks"),
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            async || (r.blocks(&c, w).await == 8).then_some(()),
+        )
+        .await;
+    }
+    streams.push(agent(&r.grpc, "e", &(901..=908).collect::<Vec<_>>(), None).await);
     let refused = "warmpath_ingest_refused_blocks_total{pool=\"m\",reason=\"max_entries\"} ";
     poll(
-        "b's excess to be refused",
+        "e's excess to be refused",
         Duration::from_secs(10),
         Duration::from_millis(20),
         async || (r.metric(&c, refused).await == 6.0).then_some(()),
     )
     .await;
-    assert_eq!((r.blocks(&c, "a").await, r.blocks(&c, "b").await), (8, 2));
+    for w in &workers[..4] {
+        assert_eq!(r.blocks(&c, w).await, 8, "{w}");
+    }
+    assert_eq!(r.blocks(&c, "e").await, 2);
+    let capped = "warmpath_ingest_refused_blocks_total{pool=\"m\",reason=\"worker_capacity\"} ";
+    assert_eq!(
+        r.metric(&c, capped).await,
+        0.0,
+        "no worker went past its cap"
+    );
     let entries = r.metric(&c, "warmpath_index_entries{pool=\"m\"} ").await;
-    assert_eq!(entries, 10.0);
+    assert_eq!(entries, 34.0);
 }

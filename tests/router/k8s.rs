@@ -224,6 +224,24 @@ fn kubeconfig(
     path
 }
 
+/// The router binary with `yaml` as its config, its `KUBECONFIG` naming
+/// the test API server at `api` (files in `dir`).
+async fn router_on(
+    dir: &std::path::Path,
+    yaml: &str,
+    api: SocketAddr,
+    token: Option<&std::path::Path>,
+) -> RouterProcess {
+    let cfg = dir.join("router.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let kc = kubeconfig(dir, api, token);
+    RouterProcess::spawn_env(
+        &["--config", cfg.to_str().unwrap()],
+        &[("KUBECONFIG", kc.to_str().unwrap())],
+    )
+    .await
+}
+
 async fn follows(c: &TestClient, r: &RouterProcess, want: &[&TestBackend]) -> Duration {
     let mut want: Vec<String> = want.iter().map(|b| b.url()).collect();
     want.sort();
@@ -247,16 +265,13 @@ async fn the_pool_follows_endpointslices_through_splits_removals_and_reconnects(
     // As a service account token file: no trailing newline (kube-rs sends
     // the file as it is).
     std::fs::write(&token, "test-token").unwrap();
-    let cfg = dir.path().join("router.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          namespace: default\n          service: vllm-engines\n          port_name: http\n          kubeconfig: {}\n",
-            kubeconfig(dir.path(), api.addr, Some(&token)).display()
-        ),
+    let r = router_on(
+        dir.path(),
+        "pools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          namespace: default\n          service: vllm-engines\n          port_name: http\n",
+        api.addr,
+        Some(&token),
     )
-    .unwrap();
-    let r = RouterProcess::spawn(&["--config", cfg.to_str().unwrap()]).await;
+    .await;
     let c = client();
 
     // Listed before the router listens: the ready endpoint only.
@@ -376,11 +391,10 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
     let api = gone.local_addr().unwrap();
     drop(gone);
     let dir = tempfile::tempdir().unwrap();
-    let r = RouterProcess::from_yaml(&format!(
-        "pools:\n  - model: m\n    backends: [{{url: {}}}]\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          kubeconfig: {}\n",
+    let r = router_on(dir.path(), &format!(
+        "pools:\n  - model: m\n    backends: [{{url: {}}}]\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n",
         bs[0].url(),
-        kubeconfig(dir.path(), api, None).display(),
-    )).await;
+    ), api, None).await;
     let c = client();
     let st = poll::poll(
         "the provider to report the watch's failures",
@@ -414,10 +428,13 @@ async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
     let bs = pods(2).await;
     let api = TestApi::start(bs[0].addr.port()).await;
     let dir = tempfile::tempdir().unwrap();
-    let r = RouterProcess::from_yaml(&format!(
-        "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n          kubeconfig: {}\n",
-        kubeconfig(dir.path(), api.addr, None).display()
-    )).await;
+    let r = router_on(
+        dir.path(),
+        "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n",
+        api.addr,
+        None,
+    )
+    .await;
     let c = client();
     let urls = async || -> Vec<(String, String)> {
         let v = get_url(&c, &r.url("/admin/pools/m/backends")).await.json();
@@ -463,10 +480,15 @@ async fn an_endpoint_back_within_its_grace_returns_at_once_and_one_gone_longer_i
     let dir = tempfile::tempdir().unwrap();
     // Probes every 50 ms: the last set is applied again every 250 ms (5
     // probe intervals), and a member's grace is 3 of those.
-    let r = Arc::new(RouterProcess::from_yaml(&format!(
-        "health: {{probe_interval_ms: 50}}\npools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          kubeconfig: {}\n",
-        kubeconfig(dir.path(), api.addr, None).display()
-    )).await);
+    let r = Arc::new(
+        router_on(
+            dir.path(),
+            "health: {probe_interval_ms: 50}\npools:\n  - model: m\n    strategy: least_outstanding\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n",
+            api.addr,
+            None,
+        )
+        .await,
+    );
     let c = client();
     api.watch_open(1).await;
     api.send("watch-1-ready.jsonl");

@@ -46,7 +46,31 @@ impl std::fmt::Display for LogFormat {
 
 /// Installs the process's log subscriber (once, first thing in `main`).
 pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_logging_quiet(format, &[]);
+}
+
+/// The filter: `RUST_LOG` (default `info`), with each of `quiet`'s targets
+/// off unless it names that target.
+fn filter_spec(rust_log: Option<&str>, quiet: &[&str]) -> String {
+    let mut spec = rust_log
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or("info")
+        .to_owned();
+    for t in quiet {
+        if !spec.contains(t) {
+            spec.push_str(&format!(",{t}=off"));
+        }
+    }
+    spec
+}
+
+/// As [`init_logging`], with the `quiet` targets off unless `RUST_LOG`
+/// names them (the router's access log:
+/// `RUST_LOG=info,warmpath_router::access=info`).
+pub fn init_logging_quiet(format: LogFormat, quiet: &[&str]) {
+    let env = std::env::var("RUST_LOG").ok();
+    let filter = EnvFilter::try_new(filter_spec(env.as_deref(), quiet))
+        .unwrap_or_else(|_| EnvFilter::new(filter_spec(None, quiet)));
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -73,5 +97,15 @@ mod tests {
         }
         let e = "yaml".parse::<LogFormat>().unwrap_err().to_string();
         assert!(e.contains("yaml") && e.contains("text or json"), "{e}");
+    }
+
+    #[test]
+    fn quiet_targets_stay_off_unless_the_filter_names_them() {
+        let q = ["app::access"];
+        assert_eq!(filter_spec(None, &q), "info,app::access=off");
+        assert_eq!(filter_spec(Some(" "), &[]), "info");
+        assert_eq!(filter_spec(Some("debug"), &q), "debug,app::access=off");
+        let named = "warn,app::access=info";
+        assert_eq!(filter_spec(Some(named), &q), named);
     }
 }

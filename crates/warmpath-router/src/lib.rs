@@ -51,4 +51,5 @@ mod server;
 
 pub use config::{Cli, RouterConfig};
 pub use http::error::{ApiError, RouterError};
+pub use http::requests::ACCESS_TARGET;
 pub use server::{start, RunningRouter};

@@ -99,9 +99,6 @@ pub struct Cli {
         default_value_t
     )]
     pub log_format: warmpath_proto::logging::LogFormat,
-    /// One INFO line per request (`server.access_log`).
-    #[arg(long)]
-    pub access_log: bool,
 }
 
 impl Cli {
@@ -158,9 +155,6 @@ impl Cli {
         }
         if let Some(v) = self.drain_grace_ms {
             config.server.drain_grace_ms = v;
-        }
-        if self.access_log {
-            config.server.access_log = true;
         }
         if let Some(v) = &self.agent_tls_cert {
             config.ingest.tls_cert = Some(v.clone());

@@ -12,8 +12,11 @@
 //!       service: vllm-engines    # EndpointSlices labelled kubernetes.io/service-name
 //!       port_name: http          # which EndpointPort; default: the unnamed one
 //!       worker_id: ip            # or pod_name; the URL is http://IP:PORT either way
-//!       # kubeconfig: optional; default: KUBECONFIG, ~/.kube/config or in-cluster
 //! ```
+//!
+//! The API server and credentials are the process's, as for the ingest's
+//! pod tokens: `KUBECONFIG`, `~/.kube/config`, else the in-cluster service
+//! account.
 //!
 //! A `dns` provider resolves every 2.5 `health.probe_interval_ms` (5 s by
 //! default); a `kubernetes` one re-applies its last set every 5 (10 s).
@@ -54,11 +57,6 @@ pub struct KubernetesDiscovery {
     /// Where worker ids come from.
     #[serde(default)]
     pub worker_id: K8sWorkerId,
-    /// A kubeconfig file (its current context; a `tokenFile` user's file
-    /// is re-read as it rotates); default: `KUBECONFIG`, `~/.kube/config`,
-    /// then the in-cluster service account.
-    #[serde(default)]
-    pub kubeconfig: Option<String>,
 }
 
 /// Where a Kubernetes endpoint's worker id comes from.
@@ -165,13 +163,6 @@ impl KubernetesDiscovery {
                 return Err(invalid(field(f), "must not be empty"));
             }
         }
-        if self
-            .kubeconfig
-            .as_deref()
-            .is_some_and(|k| k.trim().is_empty())
-        {
-            return Err(invalid(field("kubeconfig"), "must not be empty when set"));
-        }
         Ok(())
     }
 }
@@ -233,9 +224,7 @@ mod tests {
             d[0].validate("d").unwrap_err().to_string()
         };
         assert!(bad("- kubernetes: {service: ''}").contains("d.kubernetes.service"));
-        assert!(
-            bad("- kubernetes: {service: s, kubeconfig: ''}").contains("d.kubernetes.kubeconfig")
-        );
+
         assert!(
             bad("- {dns: {name: x, port: 1}, kubernetes: {service: s}}").contains("exactly one")
         );

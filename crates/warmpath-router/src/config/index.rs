@@ -19,31 +19,37 @@ pub const COMPACT_INTERVAL_MS: u64 = 30_000;
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IndexSettings {
-    /// Most (block, worker, tier) entries of the whole pool (>= 1).
+    /// Most (block, worker, tier) entries of the whole pool (>= 1); a
+    /// quarter of it is the cap of a worker whose capacity is not known
+    /// yet, and the ceiling of any worker's cap (a claimed capacity is the
+    /// agent's word).
     pub max_entries: u64,
-    /// Cap of a worker whose capacity is not known yet, and the ceiling of
-    /// any worker's cap (a claimed capacity is the agent's word) (>= 1).
-    pub max_worker_blocks: u64,
 }
 
 impl Default for IndexSettings {
     fn default() -> Self {
         IndexSettings {
-            // 16M entries: about 0.5-0.9 GB of index (29-57 bytes each).
+            // 16M entries: about 0.5-0.9 GB of index (29-57 bytes each);
+            // a worker's ceiling of 4M blocks is 64M tokens of 16-token
+            // blocks, above any one engine's GPU cache today.
             max_entries: 1 << 24,
-            // 4M blocks: 64M tokens of 16-token blocks, above any one engine's
-            // GPU cache today.
-            max_worker_blocks: 1 << 22,
         }
     }
 }
 
 impl IndexSettings {
+    /// A worker's cap until its capacity is known, and the ceiling of any
+    /// worker's cap: a quarter of `max_entries` (at least 1).
+    pub fn max_worker_blocks(&self) -> u64 {
+        (self.max_entries / 4).max(1)
+    }
+
     /// The cap of a worker whose engine reports `capacity` blocks (`None`:
     /// not known).
     pub fn worker_cap(&self, capacity: Option<u64>) -> u64 {
-        capacity.map_or(self.max_worker_blocks, |c| {
-            ((c as f64 * CAPACITY_SLACK).ceil() as u64).clamp(1, self.max_worker_blocks)
+        let ceiling = self.max_worker_blocks();
+        capacity.map_or(ceiling, |c| {
+            ((c as f64 * CAPACITY_SLACK).ceil() as u64).clamp(1, ceiling)
         })
     }
 
@@ -52,9 +58,6 @@ impl IndexSettings {
         let place = |f: &str| format!("{at}.index.{f}");
         if self.max_entries == 0 {
             return Err(invalid(place("max_entries"), "must be at least 1"));
-        }
-        if self.max_worker_blocks == 0 {
-            return Err(invalid(place("max_worker_blocks"), "must be at least 1"));
         }
         Ok(())
     }
@@ -69,11 +72,11 @@ mod tests {
     #[test]
     fn parses_checks_and_caps() {
         let c = RouterConfig::from_yaml(
-            "pools:\n  - model: m\n    index: {max_entries: 100, max_worker_blocks: 1000}\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
+            "pools:\n  - model: m\n    index: {max_entries: 4000}\n    backends: [{url: 'http://127.0.0.1:9'}]\n",
         )
         .unwrap();
         let s = c.pools[0].index;
-        assert_eq!((s.max_entries, s.max_worker_blocks), (100, 1000));
+        assert_eq!((s.max_entries, s.max_worker_blocks()), (4000, 1000));
         s.validate("pools[0]").unwrap();
         assert_eq!(s.worker_cap(None), 1000);
         assert_eq!(s.worker_cap(Some(10)), 13, "10 x 1.25, rounded up");
@@ -84,7 +87,6 @@ mod tests {
             s.validate("pools[0]").unwrap_err().to_string()
         };
         assert!(bad(|s| s.max_entries = 0).contains("pools[0].index.max_entries"));
-        assert!(bad(|s| s.max_worker_blocks = 0).contains("index.max_worker_blocks"));
         assert!(
             RouterConfig::from_yaml("pools:\n  - model: m\n    index: {max_entry: 1}\n").is_err()
         );

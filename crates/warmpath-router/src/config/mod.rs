@@ -236,11 +236,6 @@ pub struct ServerConfig {
     /// in-flight requests. What remains is closed (an SSE stream gets an
     /// error event) and the process exits 0.
     pub drain_grace_ms: u64,
-    /// One INFO line per request when its answer ends (target
-    /// `warmpath_router::access`): method, path, status, pool, backend,
-    /// decision, time to the answer's head and in all, request id. Never
-    /// the body or the query string.
-    pub access_log: bool,
     /// On a loopback listener, the `Host` names answered besides
     /// `localhost`, `127.0.0.1`, `[::1]` and the listener's own (any port):
     /// a request naming another host is refused 403, which defeats DNS
@@ -254,7 +249,6 @@ impl Default for ServerConfig {
             header_timeout_ms: 10_000,
             max_connections: None,
             drain_grace_ms: 5_000,
-            access_log: false,
             allowed_hosts: Vec::new(),
         }
     }

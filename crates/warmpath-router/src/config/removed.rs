@@ -91,11 +91,15 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
     ),
     (
         "pools[].discovery[].kubernetes.api_url",
-        "the API server comes from kubernetes.kubeconfig, KUBECONFIG, ~/.kube/config or the in-cluster service account",
+        "the API server comes from KUBECONFIG, ~/.kube/config or the in-cluster service account",
     ),
     (
         "pools[].discovery[].kubernetes.token_file",
-        "credentials come from the kubeconfig (a user's tokenFile) or the in-cluster service account",
+        "credentials come from KUBECONFIG's kubeconfig (a user's tokenFile) or the in-cluster service account",
+    ),
+    (
+        "pools[].discovery[].kubernetes.kubeconfig",
+        "the kubeconfig is the process's: KUBECONFIG, ~/.kube/config, else the in-cluster service account",
     ),
     (
         "pools[].discovery[].kubernetes.timeout_ms",
@@ -114,8 +118,16 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
         "the last set is applied again every 5 times health.probe_interval_ms",
     ),
     (
+        "server.access_log",
+        "access lines are written when RUST_LOG names their target: RUST_LOG=info,warmpath_router::access=info",
+    ),
+    (
         "pools[].backends[].adapters",
         "each backend's LoRA adapters are learned from its /v1/models",
+    ),
+    (
+        "pools[].index.max_worker_blocks",
+        "a worker's cap before its capacity is known, and its ceiling, is a quarter of index.max_entries",
     ),
     (
         "pools[].response_ids",

@@ -195,7 +195,7 @@ fn describe() {
     );
     describe_counter!(
         "warmpath_ingest_refused_blocks_total",
-        "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x 1.25, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
+        "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x 1.25, at most a quarter of index.max_entries; max_entries: the pool's index.max_entries)"
     );
     describe_gauge!(
         "warmpath_stale_workers",

@@ -27,8 +27,6 @@ pub(crate) struct Settings {
     pub health: HealthConfig,
     /// Longest wait for a client's request body.
     pub body_timeout: Duration,
-    /// One INFO line per request (`server.access_log`).
-    pub access_log: bool,
     /// The `Host` names answered, when the listener is loopback
     /// ([`crate::control::access::edge`]).
     pub hosts: Option<Vec<String>>,
@@ -87,7 +85,6 @@ impl Shared {
                 inspect_token: config.inspect_token.clone(),
                 health: config.health.clone(),
                 body_timeout: config.server.body_timeout(),
-                access_log: config.server.access_log,
                 hosts: crate::config::loopback_hosts(&config.listen, &config.server.allowed_hosts),
             },
             metrics,

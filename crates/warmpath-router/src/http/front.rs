@@ -86,7 +86,8 @@ impl hyper::service::Service<Request<Incoming>> for Front {
         req.headers_mut().insert(requests::REQUEST_ID, id.clone());
         let span = requests::span(&id);
         // Only the access log reads the path: no copy without it.
-        let path = match shared.settings.access_log {
+        let access_log = requests::access_logged();
+        let path = match access_log {
             true => req.uri().path().to_owned(),
             false => String::new(),
         };
@@ -147,7 +148,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                 status: parts.status,
                 routed: parts.extensions.remove::<Routed>(),
                 proxied: hot.is_some(),
-                access_log: shared.settings.access_log,
+                access_log,
                 span,
             };
             let body = Body::new(Recorded::new(body, record));

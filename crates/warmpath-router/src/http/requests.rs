@@ -1,7 +1,7 @@
 //! What the router records of each client request: its id
 //! (`x-request-id`), its tracing span, its end-to-end duration
-//! (`warmpath_request_duration_seconds`) and, when `server.access_log` is on,
-//! one INFO line when its answer ends.
+//! (`warmpath_request_duration_seconds`) and, when the log filter names
+//! [`ACCESS_TARGET`], one INFO line when its answer ends.
 //!
 //! The id is the client's when it is usable (1 to 128 visible ASCII
 //! characters: no spaces, nothing a log reader would misparse), else a fresh
@@ -12,6 +12,15 @@
 //! stream, not the time to its headers.
 
 use crate::routing::pool::Pool;
+
+/// The access log's target: off unless `RUST_LOG` names it
+/// (`RUST_LOG=info,warmpath_router::access=info`).
+pub const ACCESS_TARGET: &str = "warmpath_router::access";
+
+/// Whether access lines are written (read per request: cached by tracing).
+pub(crate) fn access_logged() -> bool {
+    tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO)
+}
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use bytes::Bytes;
@@ -106,7 +115,7 @@ impl Record {
             Some(r) => (r.pool.model.as_str(), r.backend.as_deref(), r.decision),
             None => ("-", None, "-"),
         };
-        tracing::info!(target: "warmpath_router::access",
+        tracing::info!(target: ACCESS_TARGET,
             method = %self.method, path = %self.path, status = self.status.as_u16(),
             pool = %pool, backend = %backend.unwrap_or("-"), decision = %decision,
             head_ms = millis(self.head), total_ms = millis(total), complete,

@@ -16,7 +16,7 @@
 //!   [`set_memory_release`] once the indexes freed 8 MiB.
 //! - Each worker is capped at its engine's reported capacity
 //!   (`Load.capacity_blocks`) times 1.25, at most
-//!   `index.max_worker_blocks` (also the cap while no capacity is known), and
+//!   a quarter of `index.max_entries` (also the cap while no capacity is known), and
 //!   the pool at `index.max_entries`: blocks beyond are refused, counted in
 //!   `warmpath_ingest_refused_blocks_total{pool,reason}` and logged (at most
 //!   one WARN per stream every 10 s).

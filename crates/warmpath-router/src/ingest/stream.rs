@@ -244,7 +244,7 @@ impl WorkerStream {
             Msg::Load(mut l) => {
                 // The policy models this many blocks of the engine's cache:
                 // no more than the index would ever hold of it.
-                l.capacity_blocks = l.capacity_blocks.min(self.pool.bounds.max_worker_blocks);
+                l.capacity_blocks = l.capacity_blocks.min(self.pool.bounds.max_worker_blocks());
                 self.agents.set_load(&self.key, &l);
                 let capacity = (l.capacity_blocks > 0).then_some(l.capacity_blocks);
                 let cap = self.pool.bounds.worker_cap(capacity);
@@ -449,7 +449,7 @@ impl WorkerStream {
             held = index.block_count(self.slot),
             pool_entries = index.entries(),
             max_entries = self.pool.bounds.max_entries,
-            "index bound reached: blocks refused (worker_capacity: the engine's reported capacity x 1.25, at most index.max_worker_blocks; max_entries: the pool's index.max_entries)"
+            "index bound reached: blocks refused (worker_capacity: the engine's reported capacity x 1.25, at most a quarter of index.max_entries; max_entries: the pool's index.max_entries)"
         );
     }
 }

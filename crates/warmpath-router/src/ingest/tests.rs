@@ -592,11 +592,11 @@ fn load(capacity_blocks: u64) -> AgentMessage {
 #[test]
 fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
     let mut p = pool();
-    p.bounds.max_worker_blocks = 12;
+    p.bounds.max_entries = 48; // a worker's ceiling: 12
     let agents = Arc::new(Agents::new());
     let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
     let slot = p.index.worker_slot("w").unwrap();
-    // No capacity known yet: max_worker_blocks, for snapshots too.
+    // No capacity known yet: the ceiling, for snapshots too.
     assert_eq!(p.index.worker_cap(slot), Some(12));
     let c = chain(40);
     let mut out = vec![];
@@ -611,7 +611,7 @@ fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
     assert_eq!(p.index.worker_cap(slot), Some(5));
     ws.on_message(stored(2, &c[20..30]), 3, 0).unwrap();
     assert_eq!(p.index.block_count(slot), 12);
-    // A huge claimed capacity is held to max_worker_blocks, in the index
+    // A huge claimed capacity is held to the ceiling, in the index
     // and in the load the policy models the engine's cache from.
     ws.on_message(load(u64::MAX), 4, 0).unwrap();
     assert_eq!(p.index.worker_cap(slot), Some(12));

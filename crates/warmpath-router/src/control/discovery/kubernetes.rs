@@ -61,18 +61,11 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// that only moved.
 const SETTLE: Duration = Duration::from_millis(200);
 
-/// A client for `cfg`'s API server (a kubeconfig, or inferred:
-/// `KUBECONFIG`, `~/.kube/config`, the in-cluster service account).
-async fn client(cfg: &KubernetesDiscovery) -> Result<kube::Client, DiscoveryError> {
+/// A client for the process's API server (inferred: `KUBECONFIG`,
+/// `~/.kube/config`, the in-cluster service account).
+async fn client() -> Result<kube::Client, DiscoveryError> {
     let setup = |e: &dyn std::fmt::Display| DiscoveryError::Setup(e.to_string());
-    let mut config = if let Some(path) = &cfg.kubeconfig {
-        let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| setup(&e))?;
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| setup(&e))?
-    } else {
-        kube::Config::infer().await.map_err(|e| setup(&e))?
-    };
+    let mut config = kube::Config::infer().await.map_err(|e| setup(&e))?;
     config.connect_timeout = Some(TIMEOUT);
     config.write_timeout = Some(TIMEOUT);
     // A watch is silent between events: the server ends it after
@@ -205,7 +198,7 @@ fn nonempty(set: Answer, cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryE
 pub(crate) async fn list_once(cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryError> {
     let limit = TIMEOUT;
     let got = tokio::time::timeout(limit, async {
-        let api: Api<EndpointSlice> = Api::namespaced(client(cfg).await?, &cfg.namespace);
+        let api: Api<EndpointSlice> = Api::namespaced(client().await?, &cfg.namespace);
         let list = api
             .list(&ListParams::default().labels(&selector(cfg)))
             .await
@@ -242,7 +235,7 @@ pub(crate) async fn run(
     let limit = TIMEOUT;
     let client = loop {
         // Bounded too: a kubeconfig may run an exec credential plugin.
-        let made = tokio::time::timeout(limit, client(&cfg))
+        let made = tokio::time::timeout(limit, client())
             .await
             .unwrap_or_else(|_| {
                 Err(DiscoveryError::Setup(format!(
