@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={}", root.display());
     let fds = protox::compile([&file], [&root])?;
     tonic_prost_build::configure()
+        // Relayed decisions: one buffer shared by every router they go to.
+        .bytes(".warmpath.v1.AgentMessage.decision")
+        .bytes(".warmpath.v1.RouterMessage.decision")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

@@ -155,7 +155,7 @@ impl CacheEvents for Recorder {
                         }
                     }
                     Some(Msg::Load(_)) => v.loads += 1,
-                    Some(Msg::Heartbeat(_) | Msg::Decided(_)) | None => {}
+                    Some(Msg::Heartbeat(_) | Msg::Decision(_)) | None => {}
                 }
             }
         });

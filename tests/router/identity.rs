@@ -177,7 +177,7 @@ async fn an_agent_cannot_forge_another_replicas_decision() {
     };
     let send = async |d: Decided| {
         tx_a.send(AgentMessage {
-            msg: Some(Msg::Decided(d)),
+            msg: Some(Msg::Decision(prost::Message::encode_to_vec(&d).into())),
         })
         .await
         .unwrap();
@@ -215,6 +215,20 @@ async fn an_agent_cannot_forge_another_replicas_decision() {
     )
     .await;
     assert_eq!(count("forged").await, 2.0);
+    // Bytes that are no decision at all: dropped as malformed.
+    tx_a.send(AgentMessage {
+        msg: Some(Msg::Decision(vec![0xff; 16].into())),
+    })
+    .await
+    .unwrap();
+    poll(
+        "the malformed decision counted",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || (count("malformed").await == 1.0).then_some(()),
+    )
+    .await;
+    assert_eq!(count("received").await, 1.0);
 }
 
 /// A Kubernetes API server for pod tokens: TokenReview answers as the real

@@ -11,8 +11,9 @@
 //! ([`closure`](crate::closure)).
 //!
 //! Router replicas share their routing decisions through the agents
-//! (ARCHITECTURE.md, "Router replicas"): a `Decided` fact one router sent
-//! on its stream is queued here for every *other* router ([`Hub::share`]),
+//! (ARCHITECTURE.md, "Router replicas"): the bytes of a decision one router
+//! sent on its stream (an encoded, signed `Decided` the agent never reads)
+//! are queued here for every *other* router ([`Hub::share`]),
 //! ahead of deltas (it is about requests in flight now). Its queue is
 //! bounded too (the oldest fact goes first) and cleared on reconnect: a fact
 //! is only worth its freshness, and a router that reconnects has forgotten
@@ -21,14 +22,15 @@
 use crate::closure::Closure;
 use crate::fasthash::FastMap;
 use crate::tracker::Change;
+use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::Notify;
 use warmpath_core::BlockHash;
-use warmpath_proto::v1::{delta, Block, Cleared, Decided, Delta, Removed, Stored, Tier};
+use warmpath_proto::v1::{delta, Block, Cleared, Delta, Removed, Stored, Tier};
 
-/// The largest decision fact passed on to other routers, encoded.
+/// The largest decision passed on to other routers.
 const MAX_DECIDED_BYTES: usize = 64 << 10;
 
 /// The most bytes of decision facts queued for one router.
@@ -47,8 +49,8 @@ pub struct Sink {
 struct SinkState {
     deltas: VecDeque<Delta>,
     /// Other routers' decisions to pass on to this one.
-    decided: VecDeque<Decided>,
-    /// Their encoded bytes, at most `MAX_DECIDED_QUEUE_BYTES`.
+    decided: VecDeque<Bytes>,
+    /// Their bytes, at most `MAX_DECIDED_QUEUE_BYTES`.
     decided_bytes: usize,
     /// Whether the last work taken was facts.
     decided_last: bool,
@@ -73,7 +75,7 @@ pub enum Work {
     /// Queued deltas, in order.
     Deltas(Vec<Delta>),
     /// Other router replicas' decisions, to pass on unchanged.
-    Decided(Vec<Decided>),
+    Decided(Vec<Bytes>),
 }
 
 impl Sink {
@@ -317,13 +319,13 @@ impl Hub {
         emitted
     }
 
-    /// Queues `d`, a decision the router behind `from` made, for every
-    /// other router; returns how many it was queued for. A full queue (by
-    /// count or by bytes) drops its oldest facts; a fact larger than
+    /// Queues `d`, the bytes of a decision the router behind `from` made,
+    /// for every other router; returns how many it was queued for. A full
+    /// queue (by count or by bytes) drops its oldest; a decision larger than
     /// `MAX_DECIDED_BYTES` (a router's are a few hundred bytes, a hot
     /// prefix's copies listed) is not passed on at all.
-    pub fn share(&self, from: &Sink, d: &Decided) -> usize {
-        let size = prost::Message::encoded_len(d);
+    pub fn share(&self, from: &Sink, d: &Bytes) -> usize {
+        let size = d.len();
         if size > MAX_DECIDED_BYTES {
             metrics::counter!("warmpath_agent_decisions_dropped_total").increment(1);
             return 0;
@@ -336,7 +338,7 @@ impl Hub {
                 || (!st.decided.is_empty() && st.decided_bytes + size > MAX_DECIDED_QUEUE_BYTES)
             {
                 if let Some(old) = st.decided.pop_front() {
-                    st.decided_bytes -= prost::Message::encoded_len(&old);
+                    st.decided_bytes -= old.len();
                 }
                 metrics::counter!("warmpath_agent_decisions_dropped_total").increment(1);
             }
@@ -412,10 +414,8 @@ mod tests {
         for s in [&a, &b, &c] {
             while hub.take_work(s).is_some() {}
         }
-        let fact = |request| Decided {
-            request,
-            ..Default::default()
-        };
+        // Opaque to the agent: any bytes are relayed as they came.
+        let fact = |request: u64| Bytes::from(format!("fact {request}"));
         assert_eq!(hub.share(&a, &fact(1)), 2);
         assert!(hub.take_work(&a).is_none(), "not back to its sender");
         match hub.take_work(&b) {
@@ -441,10 +441,8 @@ mod tests {
         for s in [&a, &b] {
             while hub.take_work(s).is_some() {}
         }
-        let fact = |request| Decided {
-            request,
-            ..Default::default()
-        };
+        // Opaque to the agent: any bytes are relayed as they came.
+        let fact = |request: u64| Bytes::from(format!("fact {request}"));
         hub.share(&a, &fact(1));
         hub.apply(vec![stored(&[1], Tier::Gpu)], 0);
         assert!(matches!(hub.take_work(&b), Some(Work::Decided(_))));
@@ -462,10 +460,11 @@ mod tests {
         for s in [&a, &b] {
             while hub.take_work(s).is_some() {}
         }
-        let fact = |request, bytes: usize| Decided {
-            request,
-            home: "h".repeat(bytes),
-            ..Default::default()
+        // The request number, then padding up to `bytes`.
+        let fact = |request: u64, bytes: usize| {
+            let mut b = request.to_le_bytes().to_vec();
+            b.resize(bytes.max(8), 0xff);
+            Bytes::from(b)
         };
         // Too large to pass on.
         assert_eq!(hub.share(&a, &fact(1, MAX_DECIDED_BYTES + 1)), 0);
@@ -476,10 +475,13 @@ mod tests {
         }
         match hub.take_work(&b) {
             Some(Work::Decided(ds)) => {
-                let bytes: usize = ds.iter().map(prost::Message::encoded_len).sum();
+                let bytes: usize = ds.iter().map(Bytes::len).sum();
                 assert!(bytes <= MAX_DECIDED_QUEUE_BYTES, "{bytes}");
                 assert!(ds.len() >= 60, "{}", ds.len());
-                assert_eq!(ds.last().map(|d| d.request), Some(99));
+                assert_eq!(
+                    ds.last().map(|d| d[..8].to_vec()),
+                    Some(99u64.to_le_bytes().to_vec())
+                );
             }
             w => panic!("{w:?}"),
         }

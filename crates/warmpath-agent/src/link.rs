@@ -319,7 +319,7 @@ async fn stream_once(
                 Work::Decided(ds) => {
                     for d in ds {
                         send(AgentMessage {
-                            msg: Some(Msg::Decided(d)),
+                            msg: Some(Msg::Decision(d)),
                         })
                         .await?;
                     }
@@ -367,9 +367,10 @@ async fn stream_once(
                     Some(router_message::Msg::Ack(a)) => {
                         tracing::trace!(router = %url, seq = a.seq, "ack");
                     }
-                    Some(router_message::Msg::Decided(d)) => {
+                    Some(router_message::Msg::Decision(d)) => {
                         // A decision of this router for our worker: every
-                        // other router hears of it (router replicas).
+                        // other router hears of it (router replicas), in
+                        // the bytes it came in.
                         hub.share(sink, &d);
                         metrics::counter!("warmpath_agent_decisions_shared_total").increment(1);
                     }

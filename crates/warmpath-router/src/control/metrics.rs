@@ -34,7 +34,7 @@
 //! | `warmpath_discovery_rounds_total` | counter | pool, provider, result = ok, error |
 //! | `warmpath_discovery_changes_total` | counter | pool, provider |
 //! | `warmpath_discovery_backends` | gauge | pool, provider |
-//! | `warmpath_replica_facts_total` | counter | pool, direction = sent, received, dropped, unsent, forged |
+//! | `warmpath_replica_facts_total` | counter | pool, direction = sent, received, dropped, unsent, forged, malformed |
 //! | `warmpath_replica_sharing_up` | gauge | pool |
 //!
 //! Requests refused before a pool is known are counted with `pool="-"`.
@@ -105,7 +105,7 @@ fn describe() {
     metrics::gauge!("warmpath_build_info", "binary" => "warmpath-router", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     describe_counter!(
         "warmpath_replica_facts_total",
-        "Routing decisions shared with the other router replicas through the agents, by direction (sent; received; dropped: the agent stream's queue was full; unsent: no stream of the chosen backend's agent is up; forged: a relayed fact not signed with the key of this router's agent_secret, dropped)"
+        "Routing decisions shared with the other router replicas through the agents, by direction (sent; received; dropped: the agent stream's queue was full; unsent: no stream of the chosen backend's agent is up; forged: a relayed fact not signed with the key of this router's agent_secret, dropped; malformed: relayed bytes that are no fact, dropped)"
     );
     describe_gauge!(
         "warmpath_replica_sharing_up",

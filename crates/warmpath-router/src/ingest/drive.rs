@@ -101,12 +101,12 @@ pub(super) async fn drive(
         // Another replica's decision for this worker: counted here, recorded
         // by the pool's policy (ownership and liveness checked as for any
         // message).
-        let decided = match &msg.msg {
-            Some(Msg::Decided(d)) => Some(d.clone()),
+        let decision = match &msg.msg {
+            Some(Msg::Decision(b)) => Some(b.clone()),
             _ => None,
         };
-        if let Some(d) = decided.filter(|_| ws.owns()) {
-            if peers.receive(&hello.model, &hello.worker_id, stream_id, &d) {
+        if let Some(b) = decision.filter(|_| ws.owns()) {
+            if let Some(d) = peers.receive(&hello.model, &hello.worker_id, stream_id, &b) {
                 dir.observe_remote(&hello.model, &hello.worker_id, &d);
             }
         }

@@ -23,6 +23,7 @@
 
 use crate::routing::share::{Fact, SharedRequest};
 use parking_lot::{Mutex, RwLock};
+use prost::Message;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -111,6 +112,18 @@ impl Default for Peers {
             forged_log: LogEvery::default(),
         }
     }
+}
+
+/// The largest decision accepted from an agent (an agent relays at most
+/// this much; a router's facts are a few hundred bytes).
+const MAX_FACT_BYTES: usize = 64 << 10;
+
+/// A relayed decision's bytes as a fact, if they are one.
+fn decode_fact(bytes: &[u8]) -> Option<v1::Decided> {
+    if bytes.len() > MAX_FACT_BYTES {
+        return None;
+    }
+    v1::Decided::decode(bytes).ok()
 }
 
 fn facts(model: &str, direction: &'static str) -> metrics::Counter {
@@ -209,12 +222,32 @@ impl Peers {
             })
     }
 
-    /// Applies a fact that arrived on stream `stream` of `worker`; returns
-    /// whether it is a `start` the pool's policy should record.
-    pub(crate) fn receive(&self, model: &str, worker: &str, stream: u64, d: &v1::Decided) -> bool {
-        if !self.enabled() || d.router == self.instance {
-            return false;
+    /// Applies a decision that arrived on stream `stream` of `worker`, as the
+    /// bytes its router sent and the agent relayed; returns the fact when it
+    /// is a `start` the pool's policy should record. Bytes that do not decode
+    /// are dropped (counted `malformed`).
+    pub(crate) fn receive(
+        &self,
+        model: &str,
+        worker: &str,
+        stream: u64,
+        bytes: &[u8],
+    ) -> Option<v1::Decided> {
+        if !self.enabled() {
+            return None;
         }
+        let d = match decode_fact(bytes) {
+            Some(d) => d,
+            None => {
+                facts(model, "malformed").increment(1);
+                return None;
+            }
+        };
+        (d.router != self.instance && self.apply(model, worker, stream, &d)).then_some(d)
+    }
+
+    /// [`Self::receive`] of a decoded fact: whether it is a `start` to record.
+    fn apply(&self, model: &str, worker: &str, stream: u64, d: &v1::Decided) -> bool {
         let all = self.links.read();
         let Some(l) = all
             .get(model)
@@ -294,7 +327,7 @@ impl Peers {
             return;
         };
         let msg = RouterMessage {
-            msg: Some(router_message::Msg::Decided(d)),
+            msg: Some(router_message::Msg::Decision(d.encode_to_vec().into())),
         };
         match l.tx.try_send(Ok(msg)) {
             Ok(()) => facts(model, "sent").increment(1),
@@ -373,6 +406,11 @@ impl Drop for ShareGuard {
 mod tests {
     use super::*;
 
+    /// `receive` of `d` as its router sends it: whether it is a start to record.
+    fn recv(p: &Peers, stream: u64, d: &v1::Decided) -> bool {
+        p.receive("m", "w", stream, &d.encode_to_vec()).is_some()
+    }
+
     fn fact(router: u64, request: u64, phase: Phase, prefill: u64) -> v1::Decided {
         v1::Decided {
             router,
@@ -388,24 +426,24 @@ mod tests {
         let p = Peers::default();
         let (tx, _rx) = mpsc::channel(4);
         p.attach("m", "w", 7, tx);
-        assert!(p.receive("m", "w", 7, &fact(1, 1, Phase::Start, 30)));
-        assert!(p.receive("m", "w", 7, &fact(1, 2, Phase::Start, 10)));
+        assert!(recv(&p, 7, &fact(1, 1, Phase::Start, 30)));
+        assert!(recv(&p, 7, &fact(1, 2, Phase::Start, 10)));
         // A repeated start, its own echo and another stream's fact count nothing.
-        assert!(!p.receive("m", "w", 7, &fact(1, 2, Phase::Start, 10)));
-        assert!(!p.receive("m", "w", 7, &fact(p.instance, 3, Phase::Start, 10)));
-        assert!(!p.receive("m", "w", 8, &fact(1, 4, Phase::Start, 10)));
+        assert!(!recv(&p, 7, &fact(1, 2, Phase::Start, 10)));
+        assert!(!recv(&p, 7, &fact(p.instance, 3, Phase::Start, 10)));
+        assert!(!recv(&p, 8, &fact(1, 4, Phase::Start, 10)));
         assert_eq!(p.remote_load("m", "w"), (2, 40));
-        p.receive("m", "w", 7, &fact(1, 1, Phase::Prefilled, 0));
+        recv(&p, 7, &fact(1, 1, Phase::Prefilled, 0));
         assert_eq!(p.remote_load("m", "w"), (2, 10));
-        p.receive("m", "w", 7, &fact(1, 1, Phase::Finished, 0));
-        p.receive("m", "w", 7, &fact(1, 1, Phase::Finished, 0));
+        recv(&p, 7, &fact(1, 1, Phase::Finished, 0));
+        recv(&p, 7, &fact(1, 1, Phase::Finished, 0));
         assert_eq!(p.remote_load("m", "w"), (1, 10));
         // Another stream's end leaves it; its own end forgets the rest.
         p.detach("m", "w", 8);
         assert_eq!(p.remote_load("m", "w"), (1, 10));
         p.detach("m", "w", 7);
         assert_eq!(p.remote_load("m", "w"), (0, 0));
-        assert!(!p.receive("m", "w", 7, &fact(1, 5, Phase::Start, 10)));
+        assert!(!recv(&p, 7, &fact(1, 5, Phase::Start, 10)));
     }
 
     #[test]
@@ -421,17 +459,17 @@ mod tests {
         };
         // Unsigned, signed under another secret, or altered after signing:
         // dropped, nothing counted.
-        assert!(!p.receive("m", "w", 7, &fact(1, 1, Phase::Start, 30)));
+        assert!(!recv(&p, 7, &fact(1, 1, Phase::Start, 30)));
         let other = warmpath_proto::fact_key("another secret");
         let mut d = fact(1, 1, Phase::Start, 30);
         d.mac = warmpath_proto::fact_mac(&other, &d);
-        assert!(!p.receive("m", "w", 7, &d));
+        assert!(!recv(&p, 7, &d));
         let mut altered = signed(fact(1, 1, Phase::Start, 30));
         altered.prefill_blocks = u64::MAX;
-        assert!(!p.receive("m", "w", 7, &altered));
+        assert!(!recv(&p, 7, &altered));
         assert_eq!(p.remote_load("m", "w"), (0, 0));
         // Signed: counted.
-        assert!(p.receive("m", "w", 7, &signed(fact(1, 1, Phase::Start, 30))));
+        assert!(recv(&p, 7, &signed(fact(1, 1, Phase::Start, 30))));
         assert_eq!(p.remote_load("m", "w"), (1, 30));
         // What this router sends carries its mac.
         let guard = p.start(
@@ -443,13 +481,29 @@ mod tests {
             },
         );
         let Ok(RouterMessage {
-            msg: Some(router_message::Msg::Decided(sent)),
+            msg: Some(router_message::Msg::Decision(sent)),
         }) = rx.try_recv().unwrap()
         else {
-            panic!("a decided fact")
+            panic!("a decision")
         };
+        let sent = v1::Decided::decode(sent).unwrap();
         assert!(warmpath_proto::fact_signed(&key, &sent));
         drop(guard);
+    }
+
+    #[test]
+    fn bytes_that_are_no_fact_count_nothing() {
+        let p = Peers::default();
+        let (tx, _rx) = mpsc::channel(4);
+        p.attach("m", "w", 7, tx);
+        // Not a protobuf message, and a real one past the size bound.
+        assert!(p.receive("m", "w", 7, &[0xff; 16]).is_none());
+        let mut big = fact(1, 1, Phase::Start, 30);
+        big.model = "m".repeat(MAX_FACT_BYTES);
+        assert!(p.receive("m", "w", 7, &big.encode_to_vec()).is_none());
+        assert_eq!(p.remote_load("m", "w"), (0, 0));
+        assert!(recv(&p, 7, &fact(1, 1, Phase::Start, 30)));
+        assert_eq!(p.remote_load("m", "w"), (1, 30));
     }
 
     #[test]
@@ -457,12 +511,12 @@ mod tests {
         let p = Peers::default();
         let (tx, _rx) = mpsc::channel(4);
         p.attach("m", "w", 7, tx);
-        assert!(p.receive("m", "w", 7, &fact(1, 1, Phase::Start, u64::MAX)));
-        assert!(p.receive("m", "w", 7, &fact(1, 2, Phase::Start, u64::MAX)));
+        assert!(recv(&p, 7, &fact(1, 1, Phase::Start, u64::MAX)));
+        assert!(recv(&p, 7, &fact(1, 2, Phase::Start, u64::MAX)));
         assert_eq!(p.remote_load("m", "w"), (2, 2 * MAX_PREFILL));
-        p.receive("m", "w", 7, &fact(1, 1, Phase::Finished, 0));
+        recv(&p, 7, &fact(1, 1, Phase::Finished, 0));
         assert_eq!(p.remote_load("m", "w"), (1, MAX_PREFILL));
-        p.receive("m", "w", 7, &fact(1, 2, Phase::Prefilled, 0));
+        recv(&p, 7, &fact(1, 2, Phase::Prefilled, 0));
         assert_eq!(p.remote_load("m", "w"), (1, 0));
     }
 
@@ -472,7 +526,7 @@ mod tests {
         p.set_enabled(false);
         let (tx, _rx) = mpsc::channel(4);
         p.attach("m", "w", 1, tx);
-        assert!(!p.receive("m", "w", 1, &fact(1, 1, Phase::Start, 30)));
+        assert!(!recv(&p, 1, &fact(1, 1, Phase::Start, 30)));
         assert_eq!(p.remote_load("m", "w"), (0, 0));
     }
 }

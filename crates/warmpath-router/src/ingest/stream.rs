@@ -253,7 +253,7 @@ impl WorkerStream {
             }
             Msg::Heartbeat(_) => Ok(vec![]),
             // Applied by the stream's driver (it needs the pool's policy).
-            Msg::Decided(_) => Ok(vec![]),
+            Msg::Decision(_) => Ok(vec![]),
         }
     }
 
