@@ -90,8 +90,8 @@ pub struct EngineTracker {
     max_blocks: usize,
 }
 
-/// Blocks one rank is taken to hold at most (the router's default
-/// `index.max_worker_blocks`): an engine holds tens of thousands, so more is
+/// Blocks one rank is taken to hold at most (the router's default cap of a
+/// worker, a quarter of `index.max_entries`): an engine holds tens of thousands, so more is
 /// a broken or hostile event stream, which must not grow the agent without
 /// bound.
 pub const MAX_BLOCKS: usize = 1 << 22;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Router RSS around giant requests (BENCHMARKS.md, "router RSS").
 
-    python3 crates/warmpath-router/scripts/rss_giants.py ROUTER_BIN MODEL_DIR ['work: {threads: 1}']
+    python3 crates/warmpath-router/scripts/rss_giants.py ROUTER_BIN MODEL_DIR ['EXTRA YAML']
 
 MODEL_DIR: a tokenizer folder, e.g. `warmpath-engine --write-model-dir DIR` (the tiny
 model). Starts a draining HTTP backend and the router (kv_aware, no prompt cap) on

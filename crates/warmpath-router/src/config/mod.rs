@@ -120,7 +120,8 @@ pub struct RouterConfig {
     pub agent_secret: Option<String>,
     /// The agent ingest's TLS and deadlines.
     pub ingest: IngestSettings,
-    /// Largest accepted request body in bytes (413 above).
+    /// Largest accepted request body in bytes (413 above); 32 of them are
+    /// the request bytes held at once over every connection (503 above).
     pub max_body_bytes: usize,
     /// Backend health checking.
     pub health: HealthConfig,
@@ -164,9 +165,10 @@ pub struct HealthConfig {
     /// (a one-token completion of the pool's model).
     pub probe: ProbeKind,
     /// Interval of the active probes of every backend (and of `/v1/models`
-    /// adapter discovery), in milliseconds (>= 50); each round's probes are
-    /// spread evenly over it. One probe waits at most one interval, and at
-    /// most 1 s; a first ejection lasts 2.5 intervals.
+    /// adapter discovery), in milliseconds (>= 50), each round spread evenly
+    /// over it; a probe waits at most one interval (at most 1 s), a first
+    /// ejection lasts 2.5, `dns` discovery resolves every 2.5 and
+    /// `kubernetes` discovery re-applies its set every 5.
     pub probe_interval_ms: u64,
     /// Most members of a pool ejected at once, in percent (0..=100), though
     /// one always may be: failures that are not the engines' own cannot
@@ -221,9 +223,9 @@ pub enum ProbeKind {
 pub struct ServerConfig {
     /// Time a client has to send its first byte on a new connection, and
     /// then each request's whole header from its first byte, in
-    /// milliseconds (>= 1); then the connection is closed. A client that
-    /// sends nothing, or half a header, holds no socket longer. The body
-    /// and send timeouts are 3 of these, an idle keep-alive 6.
+    /// milliseconds (>= 1), then the connection is closed; 3 of it bound a
+    /// request body and an answer left unread, 6 an idle keep-alive. A
+    /// client that sends nothing, or half a header, holds no socket longer.
     pub header_timeout_ms: u64,
     /// Most client connections open at once (>= 1); over it a new
     /// connection gets a 503 and is closed at once, and idle keep-alive
@@ -288,9 +290,10 @@ impl ServerConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// From sending a request to its answer's status and headers (a stream's
-    /// headers come before its first token), in milliseconds (>= 1). A
-    /// backend that accepts and never answers gets a 504 and a failure
-    /// toward `health.eject_after`; long queues and prefills must fit.
+    /// headers come before its first token), in milliseconds (>= 1); also
+    /// the longest silence of an answer's body, at most 120 s. A backend
+    /// that accepts and never answers gets a 504 and a failure toward
+    /// `health.eject_after`; long queues and prefills must fit.
     pub first_byte_timeout_ms: u64,
     /// The engines' API key (vLLM `--api-key`), sent as `Authorization:
     /// Bearer` on every upstream request (proxied requests, probes,

@@ -191,7 +191,7 @@ fn describe() {
     );
     describe_gauge!(
         "warmpath_index_dead_entries",
-        "Entries of cleared workers waiting for compaction (index.compact_interval_ms, or at once when they outnumber the live ones)"
+        "Entries of cleared workers waiting for compaction (every 30 s, or at once when they outnumber the live ones)"
     );
     describe_counter!(
         "warmpath_ingest_refused_blocks_total",
