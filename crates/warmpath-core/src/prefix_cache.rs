@@ -147,6 +147,18 @@ pub struct InsertOutcome {
     pub events: Vec<CacheEvent>,
 }
 
+/// The result of [`PrefixCache::insert_chain`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainOutcome {
+    /// Blocks evicted to make room, in eviction order.
+    pub removed: Vec<EngineBlockHash>,
+    /// The chain position of the first newly cached block: every block from
+    /// there up to `cached_blocks` is new (a cached block's parent is cached).
+    pub first_new: Option<usize>,
+    /// Leading blocks of the chain now cached (the rest did not fit).
+    pub cached_blocks: usize,
+}
+
 /// Query/hit counters in tokens, as vLLM's `prefix_cache_queries/hits`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -313,10 +325,59 @@ impl<V> PrefixCache<V> {
         &mut self,
         tokens: &[u32],
         salt: Option<&str>,
-        mut make: impl FnMut(usize) -> Result<V, E>,
+        make: impl FnMut(usize) -> Result<V, E>,
     ) -> Result<InsertOutcome, E> {
         let hashes = self.block_hashes(tokens, salt);
-        // This prompt's blocks stay pinned while it is inserted, so at most
+        let chain = self.try_insert_chain(&hashes, make)?;
+        let cached_blocks = chain.cached_blocks;
+        let mut events = Vec::new();
+        if !chain.removed.is_empty() {
+            events.push(CacheEvent::BlockRemoved {
+                block_hashes: chain.removed,
+            });
+        }
+        let stored = chain.first_new.map_or(0, |f| cached_blocks - f);
+        if let Some(f) = chain.first_new {
+            events.push(CacheEvent::BlockStored {
+                block_hashes: hashes[f..cached_blocks].to_vec(),
+                parent_block_hash: f.checked_sub(1).map(|p| hashes[p]),
+                token_ids: tokens[f * self.block_size..cached_blocks * self.block_size].to_vec(),
+                block_size: self.block_size,
+                cache_salt: if f == 0 {
+                    salt.map(str::to_owned)
+                } else {
+                    None
+                },
+            });
+        }
+        Ok(InsertOutcome {
+            stored,
+            cached_blocks,
+            events,
+        })
+    }
+
+    /// Caches a chain of block hashes given as they are (each the child of
+    /// the one before), as [`Self::insert`] caches a prompt's: for a model of
+    /// a cache whose keys are computed elsewhere (the agent's mirror of an
+    /// engine that reports nothing).
+    pub fn insert_chain(
+        &mut self,
+        hashes: &[EngineBlockHash],
+        mut make: impl FnMut(usize) -> V,
+    ) -> ChainOutcome {
+        match self.try_insert_chain(hashes, |i| Ok::<V, std::convert::Infallible>(make(i))) {
+            Ok(out) => out,
+            Err(never) => match never {},
+        }
+    }
+
+    fn try_insert_chain<E>(
+        &mut self,
+        hashes: &[EngineBlockHash],
+        mut make: impl FnMut(usize) -> Result<V, E>,
+    ) -> Result<ChainOutcome, E> {
+        // This chain's blocks stay pinned while it is inserted, so at most
         // `capacity` of them can ever be cached.
         let reachable = hashes.len().min(self.capacity);
         let mut values = Vec::with_capacity(reachable);
@@ -352,30 +413,10 @@ impl<V> PrefixCache<V> {
         for &h in &hashes[..cached_blocks] {
             self.unpin(h);
         }
-        let mut events = Vec::new();
-        if !removed.is_empty() {
-            events.push(CacheEvent::BlockRemoved {
-                block_hashes: removed,
-            });
-        }
-        let stored = first_new.map_or(0, |f| cached_blocks - f);
-        if let Some(f) = first_new {
-            events.push(CacheEvent::BlockStored {
-                block_hashes: hashes[f..cached_blocks].to_vec(),
-                parent_block_hash: f.checked_sub(1).map(|p| hashes[p]),
-                token_ids: tokens[f * self.block_size..cached_blocks * self.block_size].to_vec(),
-                block_size: self.block_size,
-                cache_salt: if f == 0 {
-                    salt.map(str::to_owned)
-                } else {
-                    None
-                },
-            });
-        }
-        Ok(InsertOutcome {
-            stored,
+        Ok(ChainOutcome {
+            removed,
+            first_new,
             cached_blocks,
-            events,
         })
     }
 

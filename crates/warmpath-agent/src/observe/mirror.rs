@@ -1,118 +1,79 @@
 //! An LRU mirror of the engine's prefix cache, for engines that report nothing.
 //!
-//! The mirror holds at most `capacity` warmpath block hashes. Touching a
-//! request's block chain makes all of it recent; blocks not held yet become
+//! The mirror is the project's one model of vLLM's prefix cache
+//! ([`warmpath_core::prefix_cache::PrefixCache`], which the simulator and the
+//! candle engine run too), keyed by warmpath block hashes. Touching a request's
+//! block chain makes all of it recent; blocks not held yet become
 //! [`Change::Stored`] segments (chain order, with their parent), and the least
 //! recently used blocks pushed out to make room become one [`Change::Removed`].
-//!
-//! It follows vLLM's prefix cache where it can:
-//! - only full blocks are cached (the caller hashes with
-//!   [`warmpath_core::hash_tokens`], which drops a partial tail);
-//! - a request's blocks are freed tail first, so among one request's blocks the
-//!   deepest is evicted first and a chain shrinks from its end: the chain is
-//!   touched last block first, leaving block 0 the most recent;
-//! - a request longer than the whole cache can only keep its first `capacity`
-//!   blocks.
+//! As in vLLM only full blocks are cached (the caller hashes with
+//! [`warmpath_core::hash_tokens`], which drops a partial tail), a chain
+//! shrinks from its end (only a block no cached block extends is evicted), a
+//! request never evicts its own blocks, and a request longer than the whole
+//! cache keeps its first `capacity` blocks.
 //!
 //! Pure data structure: no I/O, no clock, no locks (one owner).
 
 use crate::tracker::Change;
-use lru::LruCache;
+use warmpath_core::prefix_cache::{EngineBlockHash, PrefixCache};
 use warmpath_core::BlockHash;
 use warmpath_proto::v1::Tier;
 
 /// The mirror. See the module docs.
 #[derive(Debug)]
 pub struct LruMirror {
-    capacity: usize,
-    lru: LruCache<BlockHash, ()>,
+    cache: PrefixCache<()>,
 }
 
 impl LruMirror {
     /// An empty mirror of `capacity` blocks (at least 1).
     pub fn new(capacity: usize) -> Self {
-        LruMirror {
-            capacity: capacity.max(1),
-            lru: LruCache::unbounded(),
-        }
+        // Block size 1: the chain's hashes are given, so it never hashes tokens.
+        let cache = match PrefixCache::new(1, capacity.max(1)) {
+            Ok(c) => c,
+            Err(e) => unreachable!("a block size of 1 is valid: {e}"),
+        };
+        LruMirror { cache }
     }
 
     /// How many blocks it can hold.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.cache.capacity()
     }
 
     /// How many blocks it holds.
     pub fn len(&self) -> usize {
-        self.lru.len()
+        self.cache.len()
     }
 
     /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.lru.is_empty()
+        self.cache.is_empty()
     }
 
     /// Whether `h` is held (does not change recency).
     pub fn contains(&self, h: BlockHash) -> bool {
-        self.lru.contains(&h)
-    }
-
-    /// The held blocks, most recently used first.
-    pub fn iter_recent(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.lru.iter().map(|(h, _)| *h)
+        self.cache.contains(EngineBlockHash(h.0))
     }
 
     /// Records that the engine just computed or reused `chain` (one request's
     /// full blocks, chain order). Returns the changes to publish: the evicted
-    /// blocks first (one `Removed`), then every run of newly held blocks as a
+    /// blocks first (one `Removed`), then the newly held blocks as one
     /// `Stored` segment after its parent.
     pub fn touch(&mut self, chain: &[BlockHash]) -> Vec<Change> {
-        let chain = &chain[..chain.len().min(self.capacity)];
-        if chain.is_empty() {
-            return Vec::new();
-        }
-        // Make the request's held blocks recent first, so that making room
-        // below never evicts a block this very request uses.
-        let mut fresh = 0;
-        for h in chain {
-            if self.lru.contains(h) {
-                self.lru.promote(h);
-            } else {
-                fresh += 1;
-            }
-        }
-        let mut evicted = Vec::new();
-        while self.lru.len() + fresh > self.capacity {
-            match self.lru.pop_lru() {
-                Some((h, ())) => evicted.push(h),
-                None => break,
-            }
-        }
-        // Tail first, so block 0 ends up the most recent.
-        let mut is_new = vec![false; chain.len()];
-        for (k, h) in chain.iter().enumerate().rev() {
-            is_new[k] = self.lru.push(*h, ()).is_none();
-        }
+        let keys: Vec<EngineBlockHash> = chain.iter().map(|h| EngineBlockHash(h.0)).collect();
+        let out = self.cache.insert_chain(&keys, |_| ());
         let mut changes = Vec::new();
-        if !evicted.is_empty() {
+        if !out.removed.is_empty() {
             changes.push(Change::Removed {
-                hashes: evicted,
+                hashes: out.removed.iter().map(|h| BlockHash(h.0)).collect(),
                 tier: Tier::Gpu,
             });
         }
-        let mut k = 0;
-        while k < chain.len() {
-            if !is_new[k] {
-                k += 1;
-                continue;
-            }
-            let start = k;
-            while k < chain.len() && is_new[k] {
-                k += 1;
-            }
+        if let Some(first) = out.first_new {
             changes.push(Change::Stored {
-                parent: start.checked_sub(1).map(|p| chain[p]),
-                hashes: chain[start..k].to_vec(),
+                parent: first.checked_sub(1).map(|p| chain[p]),
+                hashes: chain[first..out.cached_blocks].to_vec(),
                 tier: Tier::Gpu,
             });
         }
@@ -153,7 +114,6 @@ mod tests {
         assert_eq!(stored(&ch[0]), (None, c.clone()));
         assert_eq!(m.len(), 3);
         assert!(m.touch(&c).is_empty(), "a second touch stores nothing");
-        assert_eq!(m.iter_recent().next(), Some(c[0]), "block 0 most recent");
     }
 
     #[test]
@@ -199,13 +159,17 @@ mod tests {
     }
 
     #[test]
-    fn a_hole_in_the_chain_is_stored_with_its_parent() {
-        let mut m = LruMirror::new(8);
-        let a = chain("", &(0..12).collect::<Vec<_>>());
-        m.touch(&[a[0], a[2]]); // not a real chain, but the mirror must cope
-        let ch = m.touch(&a);
-        assert_eq!(ch.len(), 1);
-        assert_eq!(stored(&ch[0]), (Some(a[0]), vec![a[1]]));
+    fn a_head_outlives_its_tail_though_used_less_recently() {
+        let mut m = LruMirror::new(3);
+        let a = chain("", &(0..8).collect::<Vec<_>>()); // 2 blocks
+        let d = chain("", &(50..54).collect::<Vec<_>>());
+        m.touch(&a);
+        m.touch(&d);
+        // a[0] is the least recently used, but a[1] extends it: a[1] goes.
+        let c = chain("", &(100..104).collect::<Vec<_>>());
+        let ch = m.touch(&c);
+        assert_eq!(removed(&ch[0]), vec![a[1]]);
+        assert!(m.contains(a[0]) && m.contains(d[0]) && m.contains(c[0]));
     }
 
     #[test]
