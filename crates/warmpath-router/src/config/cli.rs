@@ -1,6 +1,7 @@
 //! Command-line flags and how they are laid over the config file.
 
-use super::{invalid, BackendConfig, ConfigError, PoolConfig, RouterConfig};
+use super::error::{invalid, ConfigError};
+use super::router::{BackendConfig, PoolConfig, RouterConfig, Secret};
 use clap::Parser;
 use std::path::PathBuf;
 use warmpath_core::Strategy;
@@ -139,7 +140,7 @@ impl Cli {
             config.insecure = true;
         }
         if let Some(v) = &self.upstream_api_key {
-            config.upstream.api_key = Some(super::Secret::new(v.clone()));
+            config.upstream.api_key = Some(Secret::new(v.clone()));
         }
         if let Some(v) = &self.agent_secret {
             config.agent_secret = Some(v.clone());

@@ -21,7 +21,7 @@
 //! A `dns` provider resolves every 2.5 `health.probe_interval_ms` (5 s by
 //! default); a `kubernetes` one re-applies its last set every 5 (10 s).
 
-use super::{invalid, ConfigError};
+use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::Duration;

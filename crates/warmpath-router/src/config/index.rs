@@ -2,7 +2,7 @@
 //! that no agent can grow the router's memory past what its engines could
 //! really cache.
 
-use super::{invalid, ConfigError};
+use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 
 /// A worker may hold its engine's reported capacity (`Load.capacity_blocks`)

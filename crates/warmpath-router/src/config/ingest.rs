@@ -1,13 +1,13 @@
 //! The `ingest:` section: TLS for the agents' gRPC stream and the deadlines
 //! after which a silent agent's entries stop counting, then are cleared.
 
-use super::{invalid, ConfigError, RouterConfig};
+use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A silent agent's entries are cleared after this many `stale_after_ms`.
-const DROP_AFTER_STALE: u64 = 12;
+pub(super) const DROP_AFTER_STALE: u64 = 12;
 
 /// Largest accepted PEM file (a certificate chain or a key), bytes.
 const MAX_PEM_BYTES: u64 = 1 << 20;
@@ -100,8 +100,9 @@ fn read_pem(at: &str, path: &Path, kind: &str) -> Result<Vec<u8>, ConfigError> {
 }
 
 impl IngestSettings {
-    /// Checks the section against the rest of `config`; reads the TLS files.
-    pub(crate) fn validate(&self, config: &RouterConfig) -> Result<(), ConfigError> {
+    /// Checks the section (`grpc_listen`: whether the ingest runs at all);
+    /// reads the TLS files.
+    pub(crate) fn validate(&self, grpc_listen: bool) -> Result<(), ConfigError> {
         if self.stale_after_ms < 100 {
             return Err(invalid("ingest.stale_after_ms", "must be at least 100"));
         }
@@ -120,7 +121,7 @@ impl IngestSettings {
             }
         }
         let tls = self.load_tls()?;
-        if tls.is_some() && config.grpc_listen.is_none() {
+        if tls.is_some() && !grpc_listen {
             return Err(invalid(
                 "ingest.tls_cert",
                 "TLS is configured but grpc_listen is not: the ingest would not run",
@@ -149,24 +150,11 @@ impl IngestSettings {
     }
 }
 
-impl RouterConfig {
-    /// The ingest's runtime settings (reads the TLS files).
-    pub fn ingest_config(&self) -> Result<IngestConfig, ConfigError> {
-        Ok(IngestConfig {
-            secret: self.agent_secret.clone(),
-            stale_after: Duration::from_millis(self.ingest.stale_after_ms),
-            drop_after: Duration::from_millis(
-                self.ingest.stale_after_ms.saturating_mul(DROP_AFTER_STALE),
-            ),
-            tls: self.ingest.load_tls()?,
-        })
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::config::RouterConfig;
 
     fn base() -> RouterConfig {
         RouterConfig::from_yaml(

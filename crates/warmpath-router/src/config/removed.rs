@@ -2,7 +2,7 @@
 //! file written for an older router stops the start with a message naming
 //! the replacement, not a bare "unknown field".
 
-use super::{invalid, ConfigError};
+use super::error::{invalid, ConfigError};
 use yaml_serde::Value;
 
 /// A removed key (dotted; `[]` after a list) and what replaced it.

@@ -1,6 +1,7 @@
 //! The one place the configuration is checked.
 
-use super::{invalid, ConfigError, RouterConfig};
+use super::error::{invalid, ConfigError};
+use super::router::RouterConfig;
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
@@ -147,7 +148,7 @@ impl RouterConfig {
         if !self.insecure {
             self.refuse_open_listeners(listen, grpc)?;
         }
-        self.ingest.validate(self)?;
+        self.ingest.validate(self.grpc_listen.is_some())?;
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }

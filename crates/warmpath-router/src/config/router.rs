@@ -1,0 +1,584 @@
+//! The configuration file's shape: [`RouterConfig`] and its sections,
+//! with their defaults, and reading it.
+
+use super::discovery::DiscoveryConfig;
+use super::error::ConfigError;
+use super::index::IndexSettings;
+use super::ingest::{IngestConfig, IngestSettings, DROP_AFTER_STALE};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use warmpath_core::policy::KvConfig;
+use warmpath_core::Strategy;
+
+/// Default `max_body_bytes`: 32 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The whole router configuration (the YAML file's shape).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// HTTP listen address (`host:port`; port 0 picks a free port; default
+    /// 127.0.0.1:8000: other hosts need a chosen address and tokens).
+    pub listen: String,
+    /// gRPC listen address for agents; none disables the agent ingest.
+    pub grpc_listen: Option<String>,
+    /// Bearer token required by `PUT /admin/...` (and accepted by the
+    /// introspection endpoints) when set.
+    pub admin_token: Option<String>,
+    /// Bearer token of `/cache-index` and `/cache-index/query` when set
+    /// (for dashboards that must not change routing).
+    pub inspect_token: Option<String>,
+    /// Start even with the admin API, introspection or the agent ingest open
+    /// to other hosts (no token on a non-loopback listener).
+    pub insecure: bool,
+    /// Secret from which each worker's own agent credential is derived
+    /// (`warmpath-router --print-agent-token WORKER`): an agent may then
+    /// publish only for the worker its credential names.
+    pub agent_secret: Option<String>,
+    /// The agent ingest's TLS and deadlines.
+    pub ingest: IngestSettings,
+    /// Largest accepted request body in bytes (413 above); 32 of them are
+    /// the request bytes held at once over every connection (503 above).
+    pub max_body_bytes: usize,
+    /// Backend health checking.
+    pub health: HealthConfig,
+    /// Client connection settings.
+    pub server: ServerConfig,
+    /// Upstream connection settings.
+    pub upstream: UpstreamConfig,
+    /// One pool per served model.
+    pub pools: Vec<PoolConfig>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            listen: "127.0.0.1:8000".into(),
+            grpc_listen: None,
+            admin_token: None,
+            inspect_token: None,
+            insecure: false,
+            agent_secret: None,
+            ingest: IngestSettings::default(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            health: HealthConfig::default(),
+            server: ServerConfig::default(),
+            upstream: UpstreamConfig::default(),
+            pools: Vec::new(),
+        }
+    }
+}
+
+/// Passive ejection and active probing of backends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Consecutive failures (refused connects, 5xx answers, exchanges broken
+    /// after sending; or failed probes) after which a backend is ejected (>= 1).
+    /// A backend that answered this many requests since it came back starts
+    /// its next back-off from the first one again.
+    pub eject_after: u32,
+    /// What an active probe asks: `health` (`GET /health`) or `completion`
+    /// (a one-token completion of the pool's model).
+    pub probe: ProbeKind,
+    /// Interval of the active probes of every backend (and of `/v1/models`
+    /// adapter discovery), in milliseconds (>= 50), each round spread evenly
+    /// over it; a probe waits at most one interval (at most 1 s), a first
+    /// ejection lasts 2.5, `dns` discovery resolves every 2.5 and
+    /// `kubernetes` discovery re-applies its set every 5.
+    pub probe_interval_ms: u64,
+    /// Most members of a pool ejected at once, in percent (0..=100), though
+    /// one always may be: failures that are not the engines' own cannot
+    /// take a whole pool out (Envoy's `max_ejection_percent`).
+    pub max_ejection_percent: u8,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            eject_after: 3,
+            probe: ProbeKind::Health,
+            probe_interval_ms: 2000,
+            max_ejection_percent: 50,
+        }
+    }
+}
+
+impl HealthConfig {
+    /// Timeout of one probe (and of a `/v1/responses` id look-up): one
+    /// interval, at most 1 s.
+    pub fn probe_timeout(&self) -> Duration {
+        Duration::from_millis(self.probe_interval_ms.min(1_000))
+    }
+
+    /// Back-off of a first ejection, in milliseconds: 2.5 probe intervals
+    /// (5 s by default). No probe can bring the backend back before it
+    /// ends; each further ejection doubles it.
+    pub fn first_ejection_ms(&self) -> u64 {
+        self.probe_interval_ms.saturating_mul(5) / 2
+    }
+}
+
+/// The request an active probe sends (`health.probe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeKind {
+    /// `GET /health`, 2xx passes: free for the engine, but vLLM answers it
+    /// while generation hangs.
+    #[default]
+    Health,
+    /// `POST /v1/completions` with `max_tokens: 1` and a one-word prompt to
+    /// the pool's model: exercises the serving path. A timeout while this
+    /// router has requests in flight there proves nothing (the probe may be
+    /// queued behind them) and is not counted.
+    Completion,
+}
+
+/// Client connection settings (the `server:` section).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Time a client has to send its first byte on a new connection, and
+    /// then each request's whole header from its first byte, in
+    /// milliseconds (>= 1), then the connection is closed; 3 of it bound a
+    /// request body and an answer left unread, 6 an idle keep-alive. A
+    /// client that sends nothing, or half a header, holds no socket longer.
+    pub header_timeout_ms: u64,
+    /// Most client connections open at once (>= 1); over it a new
+    /// connection gets a 503 and is closed at once, and idle keep-alive
+    /// connections are closed after a short second when more than 90% are
+    /// open. Default (none): 80% of the soft open-file limit read at start.
+    pub max_connections: Option<usize>,
+    /// After SIGTERM (or `RunningRouter::shutdown`), keep serving this many
+    /// milliseconds while not ready, so load balancers notice, then stop
+    /// accepting; then wait up to 6 times as long (at least 1 s) for
+    /// in-flight requests. What remains is closed (an SSE stream gets an
+    /// error event) and the process exits 0.
+    pub drain_grace_ms: u64,
+    /// On a loopback listener, the `Host` names answered besides
+    /// `localhost`, `127.0.0.1`, `[::1]` and the listener's own (any port):
+    /// a request naming another host is refused 403, which defeats DNS
+    /// rebinding by a page the operator opens.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_timeout_ms: 10_000,
+            max_connections: None,
+            drain_grace_ms: 5_000,
+            allowed_hosts: Vec::new(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Time a client has to send a whole request body of the proxied
+    /// endpoints (and `/cache-index/query`) once its header is in: 3 header
+    /// timeouts. A body shorter than its `Content-Length`, or a chunked body
+    /// that stalls, gets a 408 and the connection is closed.
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms.saturating_mul(3))
+    }
+
+    /// A client that reads nothing of its answer for 3 header timeouts is
+    /// cut off: its connection, the backend's in-flight slot and the
+    /// upstream request are let go.
+    pub fn send_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms.saturating_mul(3))
+    }
+
+    /// An idle keep-alive connection (its last answer sent, no new request
+    /// begun) is closed after 6 header timeouts.
+    pub fn keepalive_idle(&self) -> Duration {
+        Duration::from_millis(self.header_timeout_ms.saturating_mul(6))
+    }
+
+    /// After the drain grace, the longest wait for in-flight requests: 6
+    /// graces, at least 1 s.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_grace_ms.saturating_mul(6).max(1_000))
+    }
+}
+
+/// Upstream HTTP client settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// From sending a request to its answer's status and headers (a stream's
+    /// headers come before its first token), in milliseconds (>= 1); also
+    /// the longest silence of an answer's body, at most 120 s. A backend
+    /// that accepts and never answers gets a 504 and a failure toward
+    /// `health.eject_after`; long queues and prefills must fit.
+    pub first_byte_timeout_ms: u64,
+    /// The engines' API key (vLLM `--api-key`), sent as `Authorization:
+    /// Bearer` on every upstream request (proxied requests, probes,
+    /// `/v1/models`, response look-ups) in place of the client's; a
+    /// backend's own `api_key` wins. Default: `WARMPATH_UPSTREAM_API_KEY`;
+    /// none passes the client's `Authorization` through.
+    pub api_key: Option<Secret>,
+}
+
+/// A credential: used as given, shown as `<redacted>` in any debug output,
+/// so that no log line or error carries it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The value itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `Authorization: Bearer <value>`, marked sensitive (kept out of
+    /// HPACK tables); `None` when the value cannot be a header (refused
+    /// by validation first).
+    pub fn bearer(&self) -> Option<axum::http::HeaderValue> {
+        let mut v = axum::http::HeaderValue::from_str(&format!("Bearer {}", self.0)).ok()?;
+        v.set_sensitive(true);
+        Some(v)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            first_byte_timeout_ms: 600_000,
+            api_key: None,
+        }
+    }
+}
+
+impl UpstreamConfig {
+    /// Longest silence of an answer's body once its headers are in:
+    /// `first_byte_timeout_ms`, at most 2 minutes. A stream then ends with
+    /// an SSE error event (other bodies are cut off), and it counts as a
+    /// failure toward `health.eject_after`.
+    pub fn stream_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms.min(120_000))
+    }
+}
+
+/// One model pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// The model name clients send (`model` field).
+    pub model: String,
+    /// Routing strategy; default `kv_aware` with a tokenizer, else `prefix_aware`.
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+    /// tokenizer.json, or a model folder holding it and tokenizer_config.json.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens per KV block; must equal the engines' (vLLM default 16).
+    #[serde(default = "default_block_size")]
+    pub block_size: usize,
+    /// PREFIX_AWARE settings.
+    #[serde(default)]
+    pub prefix_aware: PrefixAwareConfig,
+    /// CHWBL bound (> 1).
+    #[serde(default = "default_load_factor")]
+    pub load_factor: f64,
+    /// `kv_aware` cost-model knobs.
+    #[serde(default)]
+    pub kv: KvConfig,
+    /// Answer `x-warmpath-backend` and `x-warmpath-decision` (default true;
+    /// turn off for untrusted clients: they tell which prefixes are warm).
+    #[serde(default = "yes")]
+    pub expose_routing_headers: bool,
+    /// Most prompt tokens accepted (>= 1): a longer prompt is answered 400
+    /// with vLLM's wording instead of being forwarded, and tokenizing stops
+    /// soon after the cap. Default: the engines' `max_model_len` - 1, from
+    /// their `/v1/models` cards (learned by the probes), when they give one.
+    #[serde(default)]
+    pub max_prompt_tokens: Option<usize>,
+    /// Where tenant ids come from and what they isolate.
+    #[serde(default)]
+    pub tenants: TenantsConfig,
+    /// Keep the first characters of the warmest chains' prompts and show
+    /// them on `/cache-index` and its page (default false: hashes only).
+    #[serde(default)]
+    pub show_prompts: bool,
+    /// Bounds of the pool's cache index.
+    #[serde(default)]
+    pub index: IndexSettings,
+    /// The engines serving this model.
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+    /// Providers whose answers are members too (see `config::discovery`).
+    #[serde(default)]
+    pub discovery: Vec<DiscoveryConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_block_size() -> usize {
+    16
+}
+fn default_load_factor() -> f64 {
+    1.25
+}
+
+impl PoolConfig {
+    /// A pool with default settings and no backends.
+    pub fn new(model: impl Into<String>) -> Self {
+        PoolConfig {
+            model: model.into(),
+            strategy: None,
+            tokenizer: None,
+            block_size: default_block_size(),
+            prefix_aware: PrefixAwareConfig::default(),
+            load_factor: default_load_factor(),
+            kv: KvConfig::default(),
+            expose_routing_headers: true,
+            max_prompt_tokens: None,
+            tenants: TenantsConfig::default(),
+            show_prompts: false,
+            index: IndexSettings::default(),
+            backends: Vec::new(),
+            discovery: Vec::new(),
+        }
+    }
+
+    /// The strategy in effect (explicit, else by tokenizer presence).
+    pub fn effective_strategy(&self) -> Strategy {
+        self.strategy.unwrap_or(if self.tokenizer.is_some() {
+            Strategy::KvAware
+        } else {
+            Strategy::PrefixAware
+        })
+    }
+
+    /// The core policy settings of this pool.
+    pub fn policy_config(&self) -> warmpath_core::PolicyConfig {
+        warmpath_core::PolicyConfig {
+            concurrency_threshold: self.prefix_aware.concurrency_threshold,
+            load_factor: self.load_factor,
+            vnodes: warmpath_core::PolicyConfig::default().vnodes,
+            kv: self.kv.clone(),
+        }
+    }
+}
+
+/// A pool's `tenants:` section. The default is the unauthenticated
+/// `X-Prefix-Aware-Id` / `prompt_cache_key` id, isolated in the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantsConfig {
+    /// Where the tenant id comes from.
+    pub from: TenantFrom,
+    /// With `from: api_key`, what a client-sent id does.
+    pub client_ids: ClientIds,
+    /// What the id isolates.
+    pub isolation: Isolation,
+}
+
+/// `tenants.from`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TenantFrom {
+    /// `X-Prefix-Aware-Id`, else `prompt_cache_key`, else `cache_salt`, as
+    /// sent: any client can name any tenant.
+    #[default]
+    Header,
+    /// A hash of the client's `Authorization: Bearer` key (401 without one):
+    /// a client cannot claim another key's tenant.
+    ApiKey,
+}
+
+/// `tenants.client_ids`: a client-sent id under `from: api_key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientIds {
+    /// Scoped under the key (`<key hash>/<id>`): SDKs that send
+    /// `prompt_cache_key` keep working and still cannot leave their key.
+    #[default]
+    Scope,
+    /// Answered 403.
+    Refuse,
+}
+
+/// `tenants.isolation`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// The id salts the block hashes and is forwarded as `cache_salt`: tenants
+    /// never share engine cache, and warmth is no signal across them.
+    #[default]
+    Engine,
+    /// The id picks the route only (prefix key): tenants share the engine's
+    /// cache (OpenAI's `prompt_cache_key` meaning), and cache timing leaks
+    /// across them.
+    RouteOnly,
+}
+
+/// The units (characters, or tokens of a token-id prompt) hashed for a
+/// pool's prefix key.
+pub const PREFIX_LENGTH: usize = 4096;
+
+/// PREFIX_AWARE settings of a pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefixAwareConfig {
+    /// In flight at which a backend counts as full (1..=1024).
+    pub concurrency_threshold: u32,
+}
+
+impl Default for PrefixAwareConfig {
+    fn default() -> Self {
+        PrefixAwareConfig {
+            concurrency_threshold: 64,
+        }
+    }
+}
+
+/// One backend engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Base URL, `http://host:port` (optionally with a path prefix).
+    pub url: String,
+    /// The id its agent reports; defaults to the url.
+    #[serde(default)]
+    pub worker_id: Option<String>,
+    /// This engine's API key, in place of `upstream.api_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<Secret>,
+}
+
+impl BackendConfig {
+    /// A backend at `url` with the default id.
+    pub fn new(url: impl Into<String>) -> Self {
+        BackendConfig {
+            url: url.into(),
+            worker_id: None,
+            api_key: None,
+        }
+    }
+
+    /// The worker id in effect.
+    pub fn id(&self) -> &str {
+        self.worker_id.as_deref().unwrap_or(&self.url)
+    }
+}
+
+impl RouterConfig {
+    /// Reads and parses a YAML file (not yet validated).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let parse = |source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        };
+        super::removed::check(&yaml_serde::from_str(&text).map_err(parse)?)?;
+        Self::from_yaml(&text).map_err(parse)
+    }
+
+    /// Parses YAML text (not yet validated).
+    pub fn from_yaml(text: &str) -> Result<Self, yaml_serde::Error> {
+        yaml_serde::from_str(text)
+    }
+
+    /// The request bytes held at once over every connection: 32 largest
+    /// bodies. A request whose body would go past it is answered 503
+    /// `overloaded` with `Retry-After: 1`, so that many big bodies at once
+    /// cannot exhaust memory. Bytes count as they arrive.
+    pub fn max_body_bytes_in_flight(&self) -> usize {
+        self.max_body_bytes.saturating_mul(32)
+    }
+
+    /// The pool serving `model`, if any.
+    pub fn pool(&self, model: &str) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| p.model == model)
+    }
+}
+
+/// The `Host` names a loopback listener answers, port aside (lowercase);
+/// `None` when the listener is reachable from other hosts, where DNS
+/// rebinding gains nothing and names are the deployment's business.
+pub fn loopback_hosts(listen: &str, allowed: &[String]) -> Option<Vec<String>> {
+    let (host, _) = split_port(listen);
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return None;
+    }
+    let mut names: Vec<String> = ["localhost", "127.0.0.1", "[::1]", host]
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    names.extend(allowed.iter().map(|h| split_port(h).0.to_ascii_lowercase()));
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
+/// `host[:port]` split at the port (an IPv6 literal keeps its brackets).
+pub(crate) fn split_port(authority: &str) -> (&str, Option<&str>) {
+    if let Some(end) = authority.strip_prefix('[').and_then(|r| r.find(']')) {
+        let (host, rest) = authority.split_at(end + 2);
+        return (host, rest.strip_prefix(':'));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (h, Some(p)),
+        _ => (authority, None),
+    }
+}
+
+impl RouterConfig {
+    /// The ingest's runtime settings (reads the TLS files).
+    pub fn ingest_config(&self) -> Result<IngestConfig, ConfigError> {
+        Ok(IngestConfig {
+            secret: self.agent_secret.clone(),
+            stale_after: Duration::from_millis(self.ingest.stale_after_ms),
+            drop_after: Duration::from_millis(
+                self.ingest.stale_after_ms.saturating_mul(DROP_AFTER_STALE),
+            ),
+            tls: self.ingest.load_tls()?,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_listeners_know_their_names() {
+        let names = loopback_hosts("127.0.0.1:0", &["Router.Local:9".into()]).unwrap();
+        assert_eq!(names, ["127.0.0.1", "[::1]", "localhost", "router.local"]);
+        assert!(loopback_hosts("[::1]:8000", &[])
+            .unwrap()
+            .contains(&"[::1]".into()));
+        assert!(loopback_hosts("localhost:8000", &[]).is_some());
+        assert!(loopback_hosts("0.0.0.0:8000", &[]).is_none());
+        assert!(loopback_hosts("10.0.0.1:8000", &[]).is_none());
+        assert_eq!(split_port("[::1]:80"), ("[::1]", Some("80")));
+        assert_eq!(split_port("[::1]"), ("[::1]", None));
+        assert_eq!(split_port("h:1"), ("h", Some("1")));
+    }
+}
