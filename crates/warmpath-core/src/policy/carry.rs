@@ -3,8 +3,8 @@
 //!
 //! Why: a pool rebuilds its policy whenever a backend is added, removed or
 //! drained out. Everything `kv_aware` learned about where prefixes live
-//! (homes, popularity and so the expected loads, cache pressure, requests
-//! served, the modelled caches, the rebalancer's waits) is per worker, and
+//! (homes, popularity and so the expected loads, cache pressure, the
+//! modelled caches, the rebalancer's waits) is per worker, and
 //! the cache index keeps every remaining worker's entries across the
 //! change; a policy that started afresh would forget where it put the
 //! prefixes still prefilling, charge a stale copy as little as the home,
@@ -14,12 +14,12 @@
 //!
 //! What: positions are mapped by **worker id** (never by index slot or
 //! position, which a change shifts). A remaining worker keeps its pressure,
-//! its requests served, its modelled cache and every prefix homed on it;
+//! its modelled cache and every prefix homed on it;
 //! a prefix homed on a removed worker is forgotten, so its next request
 //! places it afresh (the index dropped that worker's blocks too), and a
 //! copy on a removed worker is dropped from its prefix's holders. A new
 //! worker starts empty: no pressure, no homes (the lowest expected load, so
-//! cold prefixes go there first), below an even share of requests served.
+//! cold prefixes go there first).
 //! The decision clock (`seq`, `unit`) and the rebalancer's count and last
 //! move go on; windows counted per backend (decays, stickiness) are
 //! rescaled to the new fleet size. Decisions routed with the old policy
@@ -27,7 +27,7 @@
 //! per change at most.
 
 use super::place::State;
-use super::tuning::{home_table_keys, PAYBACK_WINDOW, STICKY};
+use super::tuning::{home_table_keys, STICKY};
 use super::PolicyBackend;
 use std::collections::HashMap;
 
@@ -67,8 +67,6 @@ impl State {
             moves: self.moves,
             decay: 1.0 - per_decision,
             sticky: STICKY * n as u64,
-            served: self.served.remap(&from, PAYBACK_WINDOW * n as f64),
-            payback: self.payback,
             resident: self
                 .resident
                 .remap(&from, backends.iter().map(|b| b.capacity_blocks)),

@@ -1,6 +1,6 @@
 //! What the balance stage (moves and copies, [`rebalance`](super::rebalance))
 //! reads of the whole fleet: the usable backends' count, their summed
-//! balance and expected loads, and the two lowest balance loads.
+//! expected loads, and the two lowest.
 //!
 //! Why a summary: the move and copy rules compare one home against the
 //! fleet's mean, and the move rule needs the least loaded backend; each is a
@@ -36,36 +36,27 @@ pub(crate) struct Fleet {
     taken: Stamp,
     /// Usable backends.
     pub(crate) count: u32,
-    /// Their summed balance loads.
-    pub(crate) balance: f64,
     /// Their summed expected loads.
     pub(crate) expected: f64,
-    /// The lowest balance load and the lowest of the others (ties: the
+    /// The lowest expected load and the lowest of the others (ties: the
     /// lower position), as (backend, load).
     low: [Option<(usize, f64)>; 2],
 }
 
 impl Fleet {
-    /// One pass over the usable backends of `0..stamp.m`: `balance(b)` and
-    /// `expected[b]` are each one's loads.
-    pub(crate) fn scan(
-        stamp: Stamp,
-        usable: impl Fn(usize) -> bool,
-        balance: impl Fn(usize) -> f64,
-        expected: &[f64],
-    ) -> Fleet {
+    /// One pass over the usable backends of `0..stamp.m`, `expected[b]`
+    /// each one's expected load.
+    pub(crate) fn scan(stamp: Stamp, usable: impl Fn(usize) -> bool, expected: &[f64]) -> Fleet {
         let mut f = Fleet {
             taken: stamp,
             count: 0,
-            balance: 0.0,
             expected: 0.0,
             low: [None, None],
         };
         for b in (0..stamp.m).filter(|&b| usable(b)) {
-            let l = balance(b);
+            let l = expected.get(b).copied().unwrap_or(0.0);
             f.count += 1;
-            f.balance += l;
-            f.expected += expected.get(b).copied().unwrap_or(0.0);
+            f.expected += l;
             match f.low {
                 [Some((_, lo)), _] if l >= lo => {
                     if f.low[1].is_none_or(|(_, lo2)| l < lo2) {
@@ -92,7 +83,7 @@ impl Fleet {
             && self.low.iter().flatten().all(|&(b, _)| usable(b))
     }
 
-    /// The usable backend with the lowest balance load other than `but`.
+    /// The usable backend with the lowest expected load other than `but`.
     pub(crate) fn lowest_but(&self, but: usize) -> Option<usize> {
         self.low
             .iter()
@@ -115,7 +106,7 @@ mod tests {
     #[test]
     fn it_is_reused_for_n_over_64_decisions_and_no_longer() {
         let loads = [4.0, 1.0, 3.0, 1.0];
-        let f = Fleet::scan(stamp(10, 4), |_| true, |b| loads[b], &loads);
+        let f = Fleet::scan(stamp(10, 4), |_| true, &loads);
         let all = |_| true;
         // Up to 127 backends: this decision only.
         assert!(f.stands(&stamp(10, 4), 127, all));
@@ -148,13 +139,11 @@ mod tests {
             fleet in proptest::collection::vec((0u8..6, any::<bool>()), 0..24),
         ) {
             let loads: Vec<f64> = fleet.iter().map(|&(l, _)| f64::from(l)).collect();
-            let expected: Vec<f64> = loads.iter().map(|l| l * 2.0 + 1.0).collect();
             let usable = |b: usize| fleet[b].1;
-            let f = Fleet::scan(stamp(0, fleet.len()), usable, |b| loads[b], &expected);
+            let f = Fleet::scan(stamp(0, fleet.len()), usable, &loads);
             let ok: Vec<usize> = (0..fleet.len()).filter(|&b| usable(b)).collect();
             prop_assert_eq!(f.count as usize, ok.len());
-            prop_assert_eq!(f.balance, ok.iter().map(|&b| loads[b]).sum::<f64>());
-            prop_assert_eq!(f.expected, ok.iter().map(|&b| expected[b]).sum::<f64>());
+            prop_assert_eq!(f.expected, ok.iter().map(|&b| loads[b]).sum::<f64>());
             for but in 0..fleet.len() {
                 let mut want: Option<(usize, f64)> = None;
                 for &b in ok.iter().filter(|&&b| b != but) {

@@ -68,18 +68,16 @@
 //!
 //! Below saturation no in-flight bound binds, so a backend's share of the
 //! traffic is the popularity of the prefixes homed on it. Each backend's
-//! **balance load** is `L_w = E_w + PAYBACK_GAIN * excess_w`: `E_w` the
-//! summed decayed popularity of the prefixes homed there
-//! ([`home`](super::home)), `excess_w` the requests it already took beyond
-//! an even share ([`served`](super::served); capped at the mean `E`). It
-//! enters at the two points where cost alone does not decide:
+//! **expected load** `E_w` is the summed decayed popularity of the prefixes
+//! homed there ([`home`](super::home)). It enters at the two points where
+//! cost alone does not decide:
 //!
 //! - **cold**: every backend within `TIE_BAND * B` of the lowest cost, and
 //!   within `FIT_BAND * B` of the lowest `evict_w`, is equally good, and the
 //!   lowest `E_w` among them wins (then ring order);
 //! - **warm, at its home `h`** (which won on cost and holds the deepest
 //!   match): the request and the prefix's home go to the usable backend `t`
-//!   with the lowest `L` when `L_h > (1 + rebalance_slack) * mean(L)` and
+//!   with the lowest `E` when `E_h > (1 + rebalance_slack) * mean(E)` and
 //!   the prefix's popularity fits the gap (see
 //!   [`rebalance`](super::rebalance), which also holds the waits between
 //!   moves), unless the move's `evict_t` exceeds `FIT_BAND * B` (even
@@ -138,8 +136,7 @@ use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
 use super::tuning::{
-    ColdPlacement, KvConfig, HOME_HOLDS, PAYBACK_GAIN, PRESSURE_WINDOW, STALE_MATCH_WEIGHT,
-    TIE_BAND,
+    ColdPlacement, KvConfig, HOME_HOLDS, PRESSURE_WINDOW, STALE_MATCH_WEIGHT, TIE_BAND,
 };
 use super::{
     least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
@@ -188,7 +185,6 @@ impl KvAware {
             pos_of,
             fallback: PrefixAware::new(config, backends),
             placer: Placer::new(backends, window)
-                .with_payback(PAYBACK_GAIN)
                 .with_candidates(&config.kv, config.concurrency_threshold),
             rebalance: config.kv.rebalance_slack.map(|slack| Rebalance {
                 slack,
@@ -527,7 +523,7 @@ impl Learns for KvAware {
         self.placer.lock().moves
     }
 
-    /// Carries homes, popularity, pressure, requests served, the modelled
+    /// Carries homes, popularity, pressure, the modelled
     /// caches and the rebalancer's waits over to the new snapshot by worker
     /// id (see the `carry` module); the ring is rebuilt (1/N moves).
     fn carried(

@@ -32,7 +32,6 @@ mod rebalance;
 mod remote;
 mod resident;
 mod ring;
-mod served;
 mod tuning;
 
 pub use kv::KvAware;

@@ -60,10 +60,7 @@ use super::fleet::Fleet;
 use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
-use super::served::Served;
-use super::tuning::{
-    home_table_keys, FIT_BAND, PAYBACK_WINDOW, RESCALE_AT, STICKY, TAIL_LOAD_MAX, TAIL_ROOM,
-};
+use super::tuning::{home_table_keys, FIT_BAND, RESCALE_AT, STICKY, TAIL_LOAD_MAX, TAIL_ROOM};
 use super::{BackendLoad, Mode, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
@@ -100,11 +97,6 @@ pub(crate) struct State {
     pub(super) decay: f64,
     /// Decisions a placement stays sticky without pending prefill work.
     pub(super) sticky: u64,
-    /// Requests routed per backend (see [`served`](super::served)).
-    pub(super) served: Served,
-    /// Weight of a backend's excess of routed requests in the load the
-    /// rebalancer evens (`PAYBACK_GAIN`; 0: expected load alone).
-    pub(super) payback: f64,
     /// What each backend of known capacity holds (see
     /// [`resident`](super::resident)).
     pub(super) resident: Resident,
@@ -114,9 +106,8 @@ pub(crate) struct State {
     /// The usable backends by load, for the warm pick (see
     /// [`candidates`](super::candidates)).
     pub(super) cands: Candidates,
-    /// The balance stage's last fleet summary and the payback cap it was
-    /// taken with (see [`fleet`](super::fleet)).
-    pub(super) fleet: Cell<Option<(Fleet, f64)>>,
+    /// The balance stage's last fleet summary (see [`fleet`](super::fleet)).
+    pub(super) fleet: Cell<Option<Fleet>>,
 }
 
 /// Cache pressure per backend, homes and the rebalancing state.
@@ -139,22 +130,12 @@ impl Placer {
                 moves: 0,
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
                 sticky: STICKY * n as u64,
-                served: Served::new(backends.len(), PAYBACK_WINDOW * n as f64),
-                payback: 0.0,
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
                 tail: Cell::new(None),
                 cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
                 fleet: Cell::new(None),
             }),
         }
-    }
-
-    /// The rebalancer adds `gain` x each backend's excess of routed
-    /// requests to its expected load (see [`served`](super::served)); 0
-    /// (the default) leaves it out.
-    pub(crate) fn with_payback(mut self, gain: f64) -> Self {
-        self.state.get_mut().payback = gain.max(0.0);
-        self
     }
 
     /// The warm pick's candidates file loads by `kv`'s weights and treat
@@ -504,7 +485,6 @@ impl State {
             *p += unit * f64::from(blocks);
         }
         self.homes.hit(key, backend, unit, self.seq);
-        self.served.record(backend);
         self.unit /= self.decay;
         if self.unit > RESCALE_AT {
             let k = self.unit;

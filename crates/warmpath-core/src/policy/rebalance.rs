@@ -9,8 +9,8 @@
 //! the new home (and what that evicts there, once); the old copy ages out
 //! of its former home's LRU, which frees the room.
 //!
-//! The rule, with `L` the balance loads ([`State::balance_load_capped`]), `mean`
-//! their mean over usable backends, `t` the usable backend with the lowest
+//! The rule, with `L` the expected loads (the popularity homed on each
+//! backend, [`home`](super::home)), `mean` their mean over usable backends, `t` the usable backend with the lowest
 //! `L`, `D = L_h - L_t` and `p` the prefix's popularity: a warm request
 //! whose prefix its home `h` holds (published, so never one still
 //! prefilling) goes, with the prefix's home, to `t` when
@@ -22,13 +22,6 @@
 //!   has seen `MOVE_WARMUP n` requests, and the last move was
 //!   `MOVE_SPACING min(n, SPACING_BACKENDS)` decisions ago (the constants:
 //!   `tuning`).
-//!
-//! The payback part of `L` is an integral term: the expected loads steer
-//! the traffic to come and leave what already went (the excess a backend
-//! ran up while the caches filled, and a steady error of up to the slack);
-//! the payback grows while that error lasts until a move is worth it, so the
-//! slack can be wide (0.4) and fewer moves chase the noise of the
-//! popularity estimate.
 //!
 //! A move swaps: the least popular prefix homed on `t` (the likeliest
 //! victim of the moved blocks there) is reserved on `h`, whose room the
@@ -89,18 +82,18 @@ impl State {
             return None;
         }
         let m = loads.len().min(self.homes.loads().len());
-        let (fleet, cap) = self.fleet(n, m, &usable);
+        let fleet = self.fleet(n, m, &usable);
         // Decayed requests seen, in requests.
-        if fleet.count < 2 || fleet.balance / self.unit < MOVE_WARMUP * n as f64 {
+        if fleet.count < 2 || fleet.expected / self.unit < MOVE_WARMUP * n as f64 {
             return None;
         }
         let t = fleet.lowest_but(home.backend as usize)?;
         if home.backend as usize >= m {
             return None;
         }
-        let load = self.balance_load_capped(cap);
-        let (lh, lt) = (load(home.backend as usize), load(t));
-        let mean = fleet.balance / f64::from(fleet.count);
+        let load = self.homes.loads();
+        let (lh, lt) = (load[home.backend as usize], load[t]);
+        let mean = fleet.expected / f64::from(fleet.count);
         let d = lh - lt;
         let fits = (MOVE_FIT_MIN * d.min(mean)..=MOVE_FIT_MAX * d).contains(&home.pop);
         // Even shares are a means: a move that would evict hotter prefixes
@@ -135,7 +128,7 @@ impl State {
     ) -> Option<bool> {
         let k = home.count() as f64;
         let known = home.pop / (k * self.unit) >= MOVE_WARMUP;
-        let (fleet, _) = self.fleet(rb.backends, self.homes.loads().len(), &usable);
+        let fleet = self.fleet(rb.backends, self.homes.loads().len(), &usable);
         let count = fleet.count as usize;
         if count < 2 {
             return None;
@@ -151,61 +144,22 @@ impl State {
         }
     }
 
-    /// [`State::balance_load_capped`] with the cap of now.
-    #[cfg(test)]
-    pub(crate) fn balance_load(&self) -> impl Fn(usize) -> f64 + '_ {
-        self.balance_load_capped(self.payback_cap())
-    }
-
-    /// The payback term's cap: the mean expected load (0 without payback).
-    fn payback_cap(&self) -> f64 {
-        let expected = self.homes.loads();
-        if self.payback > 0.0 {
-            expected.iter().sum::<f64>() / expected.len().max(1) as f64
-        } else {
-            0.0
-        }
-    }
-
-    /// The load the rebalancer evens, per backend, in `unit`s: its expected
-    /// load (the popularity of the prefixes homed there) plus
-    /// `PAYBACK_GAIN` x the requests it took beyond an even share
-    /// (see [`served`](super::served)). The payback term is capped at
-    /// `cap`, the mean expected load ([`State::payback_cap`]) either way, so
-    /// a backend back from a long outage (far below an even share) draws
-    /// moves at the usual pace, not a flood.
-    fn balance_load_capped(&self, cap: f64) -> impl Fn(usize) -> f64 + '_ {
-        let expected = self.homes.loads();
-        let k = self.payback * self.unit;
-        move |b| {
-            let e = expected.get(b).copied().unwrap_or(0.0);
-            e + (k * self.served.excess(b)).clamp(-cap, cap)
-        }
-    }
-
-    /// The fleet summary over backends `0..m` ([`fleet`](super::fleet)) and
-    /// the payback cap it was taken with: the last one while it stands,
-    /// else a new pass.
-    fn fleet(&self, n: u64, m: usize, usable: impl Fn(usize) -> bool) -> (Fleet, f64) {
+    /// The fleet summary over backends `0..m` ([`fleet`](super::fleet)):
+    /// the last one while it stands, else a new pass.
+    fn fleet(&self, n: u64, m: usize, usable: impl Fn(usize) -> bool) -> Fleet {
         let now = Stamp {
             seq: self.seq,
             unit: self.unit,
             m,
         };
-        if let Some((f, cap)) = self.fleet.get() {
+        if let Some(f) = self.fleet.get() {
             if f.stands(&now, n, &usable) {
-                return (f, cap);
+                return f;
             }
         }
-        let cap = self.payback_cap();
-        let f = Fleet::scan(
-            now,
-            &usable,
-            self.balance_load_capped(cap),
-            self.homes.loads(),
-        );
-        self.fleet.set(Some((f, cap)));
-        (f, cap)
+        let f = Fleet::scan(now, &usable, self.homes.loads());
+        self.fleet.set(Some(f));
+        f
     }
 }
 
@@ -336,52 +290,6 @@ mod tests {
         s.record(1, 0, 0);
         s.record(1, 0, 0);
         assert_eq!(s.propose_move(&RB, &k2, 50, &idle(3), |_| true), Some(1));
-    }
-
-    #[test]
-    fn an_excess_already_taken_is_paid_back_by_a_move() {
-        // Expected loads decay over 60 decisions, requests routed over 3000:
-        // backend 0 took 200 requests of key 9 long ago, then keys 1, 2, 3
-        // (homed on 0, 1, 2) share 300 evenly. The expected loads are even
-        // now; only the requests taken say 0 ran hot.
-        let run = |payback: f64| {
-            let p = Placer::new(&backends(3), 20.0).with_payback(payback);
-            {
-                let mut s = p.lock();
-                s.set_home(9, 0, false);
-                for _ in 0..200 {
-                    s.record(9, 0, 0);
-                }
-                for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
-                    s.set_home(key, at, false);
-                }
-                for _ in 0..100 {
-                    for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
-                        s.record(key, at, 0);
-                    }
-                }
-            }
-            p
-        };
-        let loads = idle(3);
-        let off = run(0.0);
-        let s = off.lock();
-        let k1 = s.home(1).unwrap();
-        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
-        let on = run(2.0);
-        let s = on.lock();
-        let k1 = s.home(1).unwrap();
-        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), Some(1));
-        // Nothing of an under-served backend moves.
-        let k2 = s.home(2).unwrap();
-        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |_| true), None);
-        // The payback term is capped at the mean expected load.
-        let expected = s.homes.loads();
-        let mean = expected.iter().sum::<f64>() / 3.0;
-        let load = s.balance_load();
-        assert!(load(0) - expected[0] <= mean * (1.0 + 1e-9), "{}", load(0));
-        assert!(load(1) - expected[1] >= -mean * (1.0 + 1e-9));
-        assert!(load(0) > expected[0]);
     }
 
     /// A fleet of `n` whose backend 0 homes key 1 with `hot` of every 100

@@ -29,18 +29,6 @@ pub(crate) const PRESSURE_WINDOW: f64 = 200.0;
 /// expected load among them wins. (Formerly `kv.placement_tolerance`.)
 pub(crate) const TIE_BAND: f64 = 1.0;
 
-/// Weight of the requests a backend already took beyond an even share in
-/// its balance load: at 2 an excess is paid back over about half a
-/// pressure window; the scale model of `long` on 7 backends met the share
-/// target in 60 of 60 seeds at 2 (BENCHMARKS.md, session 5) against 36 to
-/// 58 at 0.5 to 1.5. (Formerly `kv.rebalance_payback`.)
-pub(crate) const PAYBACK_GAIN: f64 = 2.0;
-
-/// Decisions per backend over which the requests routed are counted for
-/// the payback (`1000 n`): longer than a benchmark run, so an excess run up
-/// while the caches filled is paid back, not forgotten.
-pub(crate) const PAYBACK_WINDOW: f64 = 1000.0;
-
 /// Decisions per backend a prefix keeps its home before it may move
 /// (`20 n`): its popularity is then an estimate worth acting on, and a
 /// prefix that just moved does not move straight back.
@@ -316,8 +304,8 @@ impl TryFrom<KvConfigFile> for KvConfig {
             (
                 f.rebalance_payback,
                 "kv.rebalance_payback",
-                "it is fixed at 2; tune balance with kv.rebalance_slack \
-                 (null turns moving off)",
+                "the payback term was removed (it cost hit rate and TTFT); \
+                 tune balance with kv.rebalance_slack (null turns moving off)",
             ),
         ];
         if let Some(&(_, name, instead)) = removed.iter().find(|r| r.0) {
