@@ -175,7 +175,6 @@ pub async fn start(
         let (l, addr) = bind(g).await?;
         grpc_addr = Some(addr);
         let dir: Arc<dyn ingest::PoolDirectory> = pools;
-        let ingest_config = config.ingest_config()?;
         #[cfg(feature = "kubernetes")]
         let pods = match &config.ingest.pod_token_audience {
             Some(audience) => Some(ingest::PodTokens::connect(audience).await.map_err(|e| {
@@ -192,7 +191,7 @@ pub async fn start(
             l,
             dir,
             Arc::clone(agents),
-            ingest_config,
+            &config,
             pods,
             background.clone(),
         )

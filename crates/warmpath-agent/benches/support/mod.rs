@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use warmpath_agent::{Agent, AgentConfig};
 use warmpath_core::CacheIndex;
-use warmpath_router::ingest::{self, Agents, IngestConfig, IngestPool, PoolDirectory};
+use warmpath_router::config::RouterConfig;
+use warmpath_router::ingest::{self, Agents, IngestPool, PoolDirectory};
 use warmpath_vllm_events::{KvEventPublisher, PublisherConfig};
 
 struct OnePool(IngestPool);
@@ -47,7 +48,7 @@ impl Ingest {
             listener,
             dir,
             Arc::new(Agents::new()),
-            IngestConfig::default(),
+            &RouterConfig::default(),
             stop.clone(),
         )
         .unwrap();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A silent agent's entries are cleared after this many `stale_after_ms`.
-pub(super) const DROP_AFTER_STALE: u64 = 12;
+const DROP_AFTER_STALE: u32 = 12;
 
 /// Largest accepted PEM file (a certificate chain or a key), bytes.
 const MAX_PEM_BYTES: u64 = 1 << 20;
@@ -36,11 +36,10 @@ pub struct IngestSettings {
 
 impl Default for IngestSettings {
     fn default() -> Self {
-        let d = IngestConfig::default();
         IngestSettings {
             tls_cert: None,
             tls_key: None,
-            stale_after_ms: d.stale_after.as_millis() as u64,
+            stale_after_ms: 10_000,
             share_decisions: true,
             pod_token_audience: None,
         }
@@ -49,31 +48,6 @@ impl Default for IngestSettings {
 
 /// A PEM certificate chain and its PEM private key.
 pub type TlsPem = (Vec<u8>, Vec<u8>);
-
-/// Ingest settings.
-#[derive(Clone, Debug)]
-pub struct IngestConfig {
-    /// Secret of the per-worker credentials ([`warmpath_proto::worker_token`]);
-    /// when set, a stream may publish only for the worker its token names.
-    pub secret: Option<String>,
-    /// Silence after which a worker's entries stop counting.
-    pub stale_after: Duration,
-    /// Silence after which a worker's entries are cleared.
-    pub drop_after: Duration,
-    /// PEM certificate and key: serve TLS.
-    pub tls: Option<TlsPem>,
-}
-
-impl Default for IngestConfig {
-    fn default() -> Self {
-        IngestConfig {
-            secret: None,
-            stale_after: Duration::from_secs(10),
-            drop_after: Duration::from_secs(120),
-            tls: None,
-        }
-    }
-}
 
 /// Reads a PEM file and checks that it holds a `kind` block
 /// (`CERTIFICATE`, `PRIVATE KEY`).
@@ -100,6 +74,16 @@ fn read_pem(at: &str, path: &Path, kind: &str) -> Result<Vec<u8>, ConfigError> {
 }
 
 impl IngestSettings {
+    /// Silence after which a worker's entries stop counting.
+    pub fn stale_after(&self) -> Duration {
+        Duration::from_millis(self.stale_after_ms)
+    }
+
+    /// Silence after which a worker's entries are cleared.
+    pub fn drop_after(&self) -> Duration {
+        self.stale_after().saturating_mul(DROP_AFTER_STALE)
+    }
+
     /// Checks the section (`grpc_listen`: whether the ingest runs at all);
     /// reads the TLS files.
     pub(crate) fn validate(&self, grpc_listen: bool) -> Result<(), ConfigError> {
@@ -183,11 +167,9 @@ mod tests {
         );
         let cfg = RouterConfig::from_yaml(&yaml).unwrap();
         cfg.validate().unwrap();
-        let ic = cfg.ingest_config().unwrap();
-        assert_eq!(ic.stale_after, Duration::from_millis(500));
-        assert_eq!(ic.drop_after, Duration::from_millis(6_000));
-        assert_eq!(ic.secret.as_deref(), Some("t"));
-        let (cert, key) = ic.tls.unwrap();
+        assert_eq!(cfg.ingest.stale_after(), Duration::from_millis(500));
+        assert_eq!(cfg.ingest.drop_after(), Duration::from_millis(6_000));
+        let (cert, key) = cfg.ingest.load_tls().unwrap().unwrap();
         assert_eq!(
             (cert.as_slice(), key.as_slice()),
             (CERT.as_bytes(), KEY.as_bytes())

@@ -48,7 +48,7 @@ pub use discovery::{DiscoveryConfig, DnsDiscovery, K8sWorkerId, KubernetesDiscov
 pub(crate) use error::invalid;
 pub use error::ConfigError;
 pub use index::{IndexSettings, COMPACT_INTERVAL_MS};
-pub use ingest::{IngestConfig, IngestSettings, TlsPem};
+pub use ingest::{IngestSettings, TlsPem};
 pub(crate) use router::split_port;
 pub use router::{
     loopback_hosts, BackendConfig, ClientIds, HealthConfig, Isolation, PoolConfig,

@@ -4,7 +4,7 @@
 use super::discovery::DiscoveryConfig;
 use super::error::ConfigError;
 use super::index::IndexSettings;
-use super::ingest::{IngestConfig, IngestSettings, DROP_AFTER_STALE};
+use super::ingest::IngestSettings;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -545,20 +545,6 @@ pub(crate) fn split_port(authority: &str) -> (&str, Option<&str>) {
     match authority.rsplit_once(':') {
         Some((h, p)) if !h.contains(':') => (h, Some(p)),
         _ => (authority, None),
-    }
-}
-
-impl RouterConfig {
-    /// The ingest's runtime settings (reads the TLS files).
-    pub fn ingest_config(&self) -> Result<IngestConfig, ConfigError> {
-        Ok(IngestConfig {
-            secret: self.agent_secret.clone(),
-            stale_after: Duration::from_millis(self.ingest.stale_after_ms),
-            drop_after: Duration::from_millis(
-                self.ingest.stale_after_ms.saturating_mul(DROP_AFTER_STALE),
-            ),
-            tls: self.ingest.load_tls()?,
-        })
     }
 }
 

@@ -50,7 +50,8 @@ pub use agents::{AgentStatus, Agents};
 pub use pods::PodTokens;
 pub use sweeper::{set_memory_release, spawn_sweeper};
 // The settings are configuration (`config::ingest`); re-exported for embedders.
-pub use crate::config::{IngestConfig, TlsPem};
+use crate::config::RouterConfig;
+pub use crate::config::TlsPem;
 
 use crate::routing::pool::Pools;
 use guard::{shown, Admission, LogEvery};
@@ -439,15 +440,16 @@ pub async fn serve(
     Ok(())
 }
 
-/// Starts the whole ingest on `listener`: the gRPC server (TLS when
-/// `config.tls` is set) and the staleness sweeper (every second). An
+/// Starts the whole ingest on `listener` as `config` says (its `ingest:`
+/// section and `agent_secret`): the gRPC server (TLS when `ingest.tls_cert`
+/// is set) and the staleness sweeper (every second). An
 /// unusable TLS identity fails here, before anything runs. Both tasks stop
 /// when `shutdown` is cancelled; the caller owns the handles.
 pub fn spawn(
     listener: TcpListener,
     dir: Arc<dyn PoolDirectory>,
     agents: Arc<Agents>,
-    config: IngestConfig,
+    config: &RouterConfig,
     shutdown: CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, IngestError> {
     spawn_reviewing(listener, dir, agents, config, None, shutdown)
@@ -459,26 +461,30 @@ pub fn spawn_reviewing(
     listener: TcpListener,
     dir: Arc<dyn PoolDirectory>,
     agents: Arc<Agents>,
-    config: IngestConfig,
+    config: &RouterConfig,
     pods: identity::Pods,
     shutdown: CancellationToken,
 ) -> Result<Vec<JoinHandle<()>>, IngestError> {
-    let tls = config.tls.is_some();
+    let settings = &config.ingest;
+    let pem = settings
+        .load_tls()
+        .map_err(|e| IngestError::Tls(e.to_string()))?;
+    let tls = pem.is_some();
     pace::describe();
     let gates = Arc::new(Gates::default());
-    let auth = AgentAuth::new(config.secret.clone());
+    let auth = AgentAuth::new(config.agent_secret.clone());
     let auth_name = auth.name();
     let mut service = IngestService::new(Arc::clone(&dir), agents, auth, shutdown.clone())
         .with_gates(Arc::clone(&gates));
     service.pods = pods;
     let pod_tokens = service.pods.is_some();
-    let router = server(config.tls)?.add_service(CacheEventsServer::new(service));
+    let router = server(pem)?.add_service(CacheEventsServer::new(service));
     tracing::info!(
         tls,
         auth = auth_name,
         pod_tokens,
-        stale_after_ms = config.stale_after.as_millis() as u64,
-        cleared_after_ms = config.drop_after.as_millis() as u64,
+        stale_after_ms = settings.stale_after_ms,
+        cleared_after_ms = settings.drop_after().as_millis() as u64,
         "agent ingest starting"
     );
     let t = shutdown.clone();
@@ -493,9 +499,9 @@ pub fn spawn_reviewing(
     });
     let sweeper = sweeper::spawn_gated(
         dir,
-        config.stale_after,
-        config.drop_after,
-        (config.stale_after / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+        settings.stale_after(),
+        settings.drop_after(),
+        (settings.stale_after() / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
         shutdown,
         gates,
     );
