@@ -80,8 +80,8 @@ where
     let raw = match read_body(
         body,
         &headers,
-        s.settings.max_body_bytes,
-        s.settings.body_timeout,
+        s.config.max_body_bytes,
+        s.config.server.body_timeout(),
         &mut held,
     )
     .await

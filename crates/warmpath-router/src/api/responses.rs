@@ -62,7 +62,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
     if pool.responses.missed(id, now) {
         return ("unknown", None);
     }
-    let wait = s.settings.health.probe_timeout();
+    let wait = s.config.health.probe_timeout();
     let Some(_turn) = pool.responses.lookup_turn(wait).await else {
         tracing::debug!(pool = %pool.model, response = id,
             "too many response look-ups under way; taken as unknown");
@@ -91,7 +91,7 @@ fn serving(b: &Backend) -> bool {
 /// The first serving backend answering `GET /v1/responses/{id}` with a
 /// success, all asked at once.
 async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<String> {
-    let timeout = s.settings.health.probe_timeout();
+    let timeout = s.config.health.probe_timeout();
     let path = format!("/v1/responses/{id}");
     let mut asked: FuturesUnordered<_> = backends
         .iter()
@@ -145,13 +145,12 @@ pub(crate) async fn cancel(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let settings = &s.settings;
     let mut held = Held::new(&s.bodies);
     let raw = match read_body(
         body,
         &headers,
-        settings.max_body_bytes,
-        settings.body_timeout,
+        s.config.max_body_bytes,
+        s.config.server.body_timeout(),
         &mut held,
     )
     .await

@@ -60,7 +60,7 @@ fn basic_password(headers: &HeaderMap) -> Option<String> {
 
 /// `Ok` when `headers` may use the admin API.
 pub(crate) fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    match &s.settings.admin_token {
+    match &s.config.admin_token {
         Some(t) if !matches(headers, t) => Err(ApiError::unauthorized()),
         _ => Ok(()),
     }
@@ -69,7 +69,7 @@ pub(crate) fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
 /// Whether `headers` present the admin token (never when none is set): what
 /// lets a query answer for another tenant.
 pub(crate) fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
-    s.settings
+    s.config
         .admin_token
         .as_deref()
         .is_some_and(|t| matches(headers, t))
@@ -77,7 +77,7 @@ pub(crate) fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
 
 /// `Ok` when `headers` may read the cache index.
 pub(crate) fn inspect(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    let tokens = [&s.settings.inspect_token, &s.settings.admin_token];
+    let tokens = [&s.config.inspect_token, &s.config.admin_token];
     let mut set = tokens.iter().filter_map(|t| t.as_deref()).peekable();
     if set.peek().is_none() {
         return Ok(());

@@ -37,7 +37,7 @@ pub(crate) async fn handle(
         return e.into_response();
     }
     let mut held = Held::new(&s.bodies);
-    let timeout = s.settings.body_timeout;
+    let timeout = s.config.server.body_timeout();
     let body = match read_body(body, &headers, MAX_ADMIN_BODY, timeout, &mut held).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),

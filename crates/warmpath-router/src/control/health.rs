@@ -42,7 +42,7 @@ const MAX_MODELS_BYTES: usize = 1 << 20;
 /// spreads its probes evenly over the interval ([`spread`]), so a large
 /// fleet's probes never arrive as one burst of work beside the requests.
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
-    let every = Duration::from_millis(shared.settings.health.probe_interval_ms);
+    let every = Duration::from_millis(shared.config.health.probe_interval_ms);
     let mut next = tokio::time::Instant::now() + every;
     loop {
         tokio::select! {
@@ -110,7 +110,7 @@ enum Verdict {
 }
 
 pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
-    let h = &shared.settings.health;
+    let h = &shared.config.health;
     let ejected = !b.is_healthy();
     if ejected
         && crate::routing::load_cell::monotonic_ms()
@@ -159,7 +159,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
 }
 
 async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
-    let h = &shared.settings.health;
+    let h = &shared.config.health;
     let timeout = h.probe_timeout();
     let answer = match h.probe {
         ProbeKind::Health => send(shared, b, Method::GET, "/health", None, timeout).await,

@@ -227,8 +227,8 @@ async fn read_query(
     read_body(
         body,
         headers,
-        s.settings.max_body_bytes,
-        s.settings.body_timeout,
+        s.config.max_body_bytes,
+        s.config.server.body_timeout(),
         held,
     )
     .await

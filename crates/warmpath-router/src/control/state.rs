@@ -1,6 +1,6 @@
 //! The state every handler shares.
 
-use crate::config::{HealthConfig, RouterConfig};
+use crate::config::RouterConfig;
 use crate::http::incoming::BodyBudget;
 use crate::http::work::WorkPool;
 use crate::ingest::Agents;
@@ -11,26 +11,8 @@ use crate::routing::upstream::Upstream;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Settings fixed at start (a reload changes policies only).
-#[derive(Clone, Debug)]
-pub(crate) struct Settings {
-    /// Largest accepted body.
-    pub max_body_bytes: usize,
-    /// Bearer token of `PUT /admin/...` (and of introspection).
-    pub admin_token: Option<String>,
-    /// Bearer token of `/cache-index` and `/cache-index/query`.
-    pub inspect_token: Option<String>,
-    /// Health checking.
-    pub health: HealthConfig,
-    /// Longest wait for a client's request body.
-    pub body_timeout: Duration,
-    /// The `Host` names answered, when the listener is loopback
-    /// ([`crate::control::access::edge`]).
-    pub hosts: Option<Vec<String>>,
-}
 
 /// Shared router state.
 pub(crate) struct Shared {
@@ -38,8 +20,12 @@ pub(crate) struct Shared {
     pub pools: Arc<Pools>,
     /// The upstream side: client, credentials, deadlines, ejection rules.
     pub upstream: Arc<Upstream>,
-    /// Fixed settings.
-    pub settings: Settings,
+    /// The validated configuration as started (a reload changes policies
+    /// only).
+    pub config: RouterConfig,
+    /// The `Host` names answered, when the listener is loopback
+    /// ([`crate::control::access::edge`]).
+    pub hosts: Option<Vec<String>>,
     /// Prometheus renderer (None when another recorder was installed first).
     pub metrics: Option<PrometheusHandle>,
     /// What agents report, when the gRPC ingest runs.
@@ -61,7 +47,7 @@ impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
             .field("pools", &self.pools)
-            .field("settings", &self.settings)
+            .field("listen", &self.config.listen)
             .field("ingest", &self.agents.is_some())
             .finish_non_exhaustive()
     }
@@ -79,14 +65,8 @@ impl Shared {
         Shared {
             pools,
             upstream: Arc::new(Upstream::new(config, halt.clone())),
-            settings: Settings {
-                max_body_bytes: config.max_body_bytes,
-                admin_token: config.admin_token.clone(),
-                inspect_token: config.inspect_token.clone(),
-                health: config.health.clone(),
-                body_timeout: config.server.body_timeout(),
-                hosts: crate::config::loopback_hosts(&config.listen, &config.server.allowed_hosts),
-            },
+            config: config.clone(),
+            hosts: crate::config::loopback_hosts(&config.listen, &config.server.allowed_hosts),
             metrics,
             agents,
             started: Instant::now(),

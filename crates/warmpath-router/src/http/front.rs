@@ -93,7 +93,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
         };
         let method = req.method().clone();
         let refused = crate::control::access::edge(
-            shared.settings.hosts.as_deref(),
+            shared.hosts.as_deref(),
             &method,
             req.uri(),
             req.headers(),

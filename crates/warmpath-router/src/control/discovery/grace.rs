@@ -79,7 +79,7 @@ pub(super) fn missing(
     if since.is_none() && b.is_draining() {
         return false; // drained by someone else: that drain removes it
     }
-    let grace = p.grace(s.settings.health.probe_interval_ms);
+    let grace = p.grace(s.config.health.probe_interval_ms);
     match verdict(since.map(|t| now.saturating_duration_since(t)), grace) {
         Verdict::Wait => false,
         Verdict::SetAside => match crate::control::members::set_aside(s, pool, &b.id) {

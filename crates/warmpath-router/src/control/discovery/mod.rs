@@ -158,7 +158,7 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
 /// (each bounded by its round limit), so a pool made only of discovered
 /// backends can route from the first request.
 pub(crate) async fn first_round(s: &Arc<Shared>) {
-    let probe_ms = s.settings.health.probe_interval_ms;
+    let probe_ms = s.config.health.probe_interval_ms;
     let rounds = s.pools.all().iter().flat_map(|pool| {
         pool.discovery.iter().map(move |p| async move {
             #[cfg(feature = "kubernetes")]
@@ -194,7 +194,7 @@ pub(crate) fn spawn(s: &Arc<Shared>, cancel: &CancellationToken) -> Vec<JoinHand
                 continue;
             }
             tasks.push(tokio::spawn(async move {
-                let probe_ms = s.settings.health.probe_interval_ms;
+                let probe_ms = s.config.health.probe_interval_ms;
                 let every = p.interval(probe_ms);
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
