@@ -52,6 +52,30 @@ pub(crate) struct Plan {
     pub follows: Option<String>,
 }
 
+impl Plan {
+    /// The one place a plan is made: nothing hashed, matched, pinned or
+    /// followed yet (the planners and `/v1/responses` fill those in).
+    fn new(
+        target: Target,
+        tenant: Option<TenantId>,
+        prefix_key: PrefixKey,
+        policy: Arc<PolicyState>,
+    ) -> Plan {
+        Plan {
+            target,
+            tenant,
+            hashes: Vec::new(),
+            matches: None,
+            prefix_key,
+            policy,
+            preview: None,
+            pinned: None,
+            learns_response: false,
+            follows: None,
+        }
+    }
+}
+
 /// Characters of a prompt kept as its chain's preview (`show_prompts`).
 pub(crate) const PREVIEW_CHARS: usize = 160;
 
@@ -146,16 +170,10 @@ pub(crate) fn plan(
         .then(|| prompt_preview(&pool, req))
         .flatten();
     Ok(Plan {
-        target,
-        tenant,
         hashes,
         matches,
-        prefix_key,
-        policy,
         preview,
-        pinned: None,
-        learns_response: false,
-        follows: None,
+        ..Plan::new(target, tenant, prefix_key, policy)
     })
 }
 
@@ -175,18 +193,7 @@ pub(crate) fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, bo
         .pool
         .prefix
         .key_for_body(model, tenant.as_ref(), body);
-    Plan {
-        target,
-        tenant,
-        hashes: Vec::new(),
-        matches: None,
-        prefix_key,
-        policy,
-        preview: None,
-        pinned: None,
-        learns_response: false,
-        follows: None,
-    }
+    Plan::new(target, tenant, prefix_key, policy)
 }
 
 /// Plans a request without a prompt (`/detokenize`): least outstanding,
@@ -201,18 +208,7 @@ pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
         backends: Arc::clone(&current.backends),
         board: LoadBoard::default(),
     });
-    Plan {
-        target,
-        tenant,
-        hashes: Vec::new(),
-        matches: None,
-        prefix_key: PrefixKey(0),
-        policy,
-        preview: None,
-        pinned: None,
-        learns_response: false,
-        follows: None,
-    }
+    Plan::new(target, tenant, PrefixKey(0), policy)
 }
 
 /// The live loads of `plan`'s backends (its policy snapshot), with
