@@ -18,9 +18,9 @@
 //! tail beyond `prefix_length` never changes the key.
 
 use crate::request::{Content, FirstPrompt, Request, RequestBody};
-use crate::tenant::TenantId;
 use std::fmt;
 use thiserror::Error;
+use warmpath_hash::tenant::TenantId;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// The smallest accepted `prefix_length`.
@@ -202,9 +202,9 @@ impl Budget {
 mod tests {
     use super::*;
     use crate::request::Expect;
-    use crate::tenant::TenantSource;
     use proptest::prelude::*;
     use serde_json::{json, Value};
+    use warmpath_hash::tenant::TenantSource;
 
     fn req(v: &Value) -> Request<'_> {
         Request::from_value(v, Expect::Any).unwrap()

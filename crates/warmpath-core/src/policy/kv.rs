@@ -142,7 +142,7 @@ use super::{
     least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
     PolicyConfig, PolicyError, RouteInput, Strategy,
 };
-use crate::index::WorkerSlot;
+use warmpath_index::WorkerSlot;
 use rand::RngCore;
 
 /// The KV-aware policy.

@@ -41,7 +41,7 @@ pub use remote::{HomeView, RemoteDecision};
 pub use ring::{PrefixAware, Ring};
 pub use tuning::{ColdPlacement, KvConfig};
 
-use crate::index::{MatchResult, WorkerSlot};
+use warmpath_index::{MatchResult, WorkerSlot};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::fmt;

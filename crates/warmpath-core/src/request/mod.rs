@@ -24,10 +24,10 @@
 //! The other endpoints' bodies (embeddings, responses, tokenize,
 //! detokenize) are read by [`surface`] into the same [`Request`].
 
-use crate::tenant::{TenantError, TenantId, TenantSource};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use thiserror::Error;
+use warmpath_hash::tenant::{TenantError, TenantId, TenantSource};
 
 /// Why a request body was refused. Never retryable: the client must fix the body
 /// (the router answers HTTP 400 with this message).

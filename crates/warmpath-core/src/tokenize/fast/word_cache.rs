@@ -11,11 +11,11 @@
 //! the split's bytes and a hit compares them, so a hash collision is only a
 //! miss. Longer splits, or splits of more ids, are not cached.
 
-use crate::index::IdentityHasher;
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
+use warmpath_index::IdentityHasher;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Longest split kept, in bytes.

@@ -38,8 +38,8 @@
 use super::holders::{Holder, Holders, WorkerSlot};
 use super::table::CacheIndex;
 use super::tier::Tier;
-use crate::hash::BlockHash;
 use serde::Serialize;
+use warmpath_hash::BlockHash;
 
 /// How far one worker matches a chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

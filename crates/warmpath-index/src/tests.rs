@@ -1,10 +1,10 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::hash::BlockHash;
-use crate::hash::{hash_tokens, HashSeed};
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use warmpath_hash::BlockHash;
+use warmpath_hash::{hash_tokens, HashSeed};
 
 fn chain(n: u32, salt: &str) -> Vec<BlockHash> {
     let toks: Vec<u32> = (0..n * 4).collect();

@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::hash::BlockHash;
-use crate::hash::{hash_tokens, HashSeed};
 use proptest::prelude::*;
 use std::sync::atomic::Ordering;
+use warmpath_hash::BlockHash;
+use warmpath_hash::{hash_tokens, HashSeed};
 
 /// The reference: the walk as written before (one lookup per block).
 fn reference(idx: &CacheIndex, hashes: &[BlockHash]) -> MatchResult {

@@ -520,8 +520,8 @@ mod tests {
             engine_block_hash(Some(a), &t, None)
         );
         // Not the warmpath hash of the same tokens.
-        let seed = crate::HashSeed::new("m", "", "");
-        assert_ne!(a.0, crate::hash_block(seed.0, &t).0);
+        let seed = warmpath_hash::HashSeed::new("m", "", "");
+        assert_ne!(a.0, warmpath_hash::hash_block(seed.0, &t).0);
     }
 
     #[test]

@@ -131,8 +131,8 @@ impl Drop for Removal<'_> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::hash::BlockHash;
-    use crate::index::Tier;
+    use crate::Tier;
+    use warmpath_hash::BlockHash;
 
     fn chain(n: u64) -> Vec<BlockHash> {
         (1..=n).map(BlockHash).collect()

@@ -4,11 +4,11 @@
 use super::holders::{Holders, WorkerSlot};
 use super::tier::Tier;
 use super::workers::{WorkerEntry, WorkerStats, Workers};
-use crate::hash::BlockHash;
 use dashmap::DashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use thiserror::Error;
+use warmpath_hash::BlockHash;
 
 /// Errors of the index.
 #[derive(Debug, Error, PartialEq, Eq)]

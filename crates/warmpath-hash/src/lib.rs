@@ -1,5 +1,6 @@
 //! The shared block hash: the single definition used by the router (hashing
-//! requests), the agent (re-hashing what an engine reports) and the engines.
+//! requests), the agent (re-hashing what an engine reports) and the engines;
+//! and tenant ids ([`tenant`]), which seed it.
 //!
 //! ```text
 //! seed  = xxh3_64(b"warmpath/1" 0x00 model 0x00 lora 0x00 tenant)
@@ -9,6 +10,8 @@
 //!
 //! Only full blocks are hashed; a trailing partial block never is. Tokens are
 //! `u32` ids written as 4 little-endian bytes each.
+
+pub mod tenant;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

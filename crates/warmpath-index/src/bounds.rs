@@ -88,7 +88,7 @@ impl CacheIndex {
         &self,
         slot: WorkerSlot,
         tier: Tier,
-        hashes: &[crate::hash::BlockHash],
+        hashes: &[warmpath_hash::BlockHash],
     ) -> Result<Stored, IndexError> {
         let w = self.entry(slot)?;
         let gen = w.gen.load(Ordering::Acquire);
@@ -174,7 +174,7 @@ impl CacheIndex {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::hash::BlockHash;
+    use warmpath_hash::BlockHash;
 
     fn hs(from: u64, n: u64) -> Vec<BlockHash> {
         (from..from + n)
