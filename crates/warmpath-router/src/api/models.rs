@@ -35,12 +35,12 @@ pub(crate) fn pool_cards(p: &Pool) -> Vec<Value> {
     let members = p.backends();
     let mut backends: Vec<_> = members.iter().collect();
     // Stable: healthy first, in configuration order.
-    backends.sort_by_key(|b| !b.is_healthy());
+    backends.sort_by_key(|b| !b.health.is_healthy());
     let mut base: Option<Value> = None;
     let mut min_len: Option<u64> = None;
     let mut adapters: BTreeMap<String, Value> = BTreeMap::new();
     for b in &backends {
-        for card in b.learned_cards() {
+        for card in b.endpoint.learned_cards() {
             let Some(id) = card.get("id").and_then(Value::as_str).map(str::to_owned) else {
                 continue;
             };
@@ -55,7 +55,7 @@ pub(crate) fn pool_cards(p: &Pool) -> Vec<Value> {
         }
     }
     for b in &backends {
-        for a in b.adapters() {
+        for a in b.endpoint.adapters() {
             let card = || own_card(&a, Some(&p.model));
             adapters.entry(a.clone()).or_insert_with(card);
         }

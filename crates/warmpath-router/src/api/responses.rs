@@ -54,7 +54,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
     let backends = pool.policy().backends.clone();
     let remembered = pool.responses.holder(id);
     if let Some(w) = &remembered {
-        if backends.iter().any(|b| &b.id == w && serving(b)) {
+        if backends.iter().any(|b| b.endpoint.id() == w && serving(b)) {
             return ("known", remembered);
         }
     }
@@ -85,7 +85,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
 }
 
 fn serving(b: &Backend) -> bool {
-    b.is_healthy() && !b.is_draining()
+    b.health.is_healthy() && !b.load.is_draining()
 }
 
 /// The first serving backend answering `GET /v1/responses/{id}` with a
@@ -100,7 +100,7 @@ async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<Strin
             let path = &path;
             async move {
                 let ok = status_of(s, b, path, timeout).await?.is_success();
-                ok.then(|| b.id.clone())
+                ok.then(|| b.endpoint.id().to_owned())
             }
         })
         .collect();
@@ -116,10 +116,11 @@ async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<Strin
 async fn status_of(s: &Shared, b: &Backend, path: &str, timeout: Duration) -> Option<StatusCode> {
     let mut req = Request::builder()
         .method(Method::GET)
-        .uri(b.url.join(path).ok()?)
+        .uri(b.endpoint.url().join(path).ok()?)
         .body(Full::new(Bytes::new()))
         .ok()?;
-    b.authorize(req.headers_mut(), s.upstream.auth.as_ref());
+    b.endpoint
+        .authorize(req.headers_mut(), s.upstream.auth.as_ref());
     let resp = tokio::time::timeout(timeout, s.upstream.client.request(req))
         .await
         .ok()?

@@ -69,8 +69,10 @@ pub(crate) async fn handle(
         (members::Resource::Backends(_), _) => members::method_not_allowed("GET or POST"),
         (members::Resource::Backend(m, w), Method::DELETE) => match pool_of(m) {
             Some(p) => match members::remove(&s, &p, w) {
-                Ok(b) => Json(json!({"model": p.model, "worker_id": b.id, "removed": true}))
-                    .into_response(),
+                Ok(b) => {
+                    Json(json!({"model": p.model, "worker_id": b.endpoint.id(), "removed": true}))
+                        .into_response()
+                }
                 Err(e) => e.response(),
             },
             None => ApiError::unknown_model(m).into_response(),
@@ -229,7 +231,7 @@ async fn reload_members(
 ) {
     let members = pool.backends();
     for b in &pc.backends {
-        match members.iter().find(|m| m.id == b.id()) {
+        match members.iter().find(|m| m.endpoint.id() == b.id()) {
             None => match members::add_member(s, pool, b, Origin::Config).await {
                 Ok(_) => r
                     .applied
@@ -240,26 +242,33 @@ async fn reload_members(
                     b.id()
                 )),
             },
-            Some(m) if m.origin == Origin::Config && m.configured != *b => r.ignored.push(format!(
-                "pool {:?}: backend {:?} changed its url: remove it and add it again",
-                pc.model,
-                b.id()
-            )),
+            Some(m) if *m.endpoint.origin() == Origin::Config && m.endpoint.configured() != b => {
+                r.ignored.push(format!(
+                    "pool {:?}: backend {:?} changed its url: remove it and add it again",
+                    pc.model,
+                    b.id()
+                ))
+            }
             Some(_) => {}
         }
     }
-    for m in members.iter().filter(|m| m.origin == Origin::Config) {
-        if m.is_draining() || pc.backends.iter().any(|b| b.id() == m.id) {
+    for m in members
+        .iter()
+        .filter(|m| *m.endpoint.origin() == Origin::Config)
+    {
+        if m.load.is_draining() || pc.backends.iter().any(|b| b.id() == m.endpoint.id()) {
             continue;
         }
-        match members::drain(s, pool, &m.id, DRAIN_ON_RELOAD) {
+        match members::drain(s, pool, m.endpoint.id(), DRAIN_ON_RELOAD) {
             Ok(_) => r.applied.push(format!(
                 "pool {:?}: backend {:?} draining (gone from the configuration)",
-                pc.model, m.id
+                pc.model,
+                m.endpoint.id()
             )),
             Err(e) => r.ignored.push(format!(
                 "pool {:?}: backend {:?} not removed: {e}",
-                pc.model, m.id
+                pc.model,
+                m.endpoint.id()
             )),
         }
     }

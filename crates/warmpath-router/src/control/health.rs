@@ -6,7 +6,7 @@
 //! exercises the serving path). A passing probe verifies a backend (what
 //! `/readyz` needs); a failing one unverifies it at once, and
 //! `eject_after` failing in a row eject it. An ejected backend is not probed
-//! before its back-off ends ([`Backend::readmit_at_ms`]); then the first
+//! before its back-off ends ([`Health::readmit_at_ms`](crate::routing::backend::health::Health::readmit_at_ms)); then the first
 //! passing probe brings it back. Passive ejection (failed proxied requests)
 //! is counted in [`crate::routing::proxy`].
 //!
@@ -90,9 +90,9 @@ async fn spread(shared: &Shared, every: Duration) {
     let probes = members.iter().enumerate().map(|(k, (p, b))| async move {
         let k = u32::try_from(k).unwrap_or(u32::MAX);
         tokio::time::sleep_until(start + every / n * k).await;
-        let before = (b.is_healthy(), b.is_verified());
+        let before = (b.health.is_healthy(), b.health.is_verified());
         probe(shared, p, b).await;
-        if (b.is_healthy(), b.is_verified()) != before {
+        if (b.health.is_healthy(), b.health.is_verified()) != before {
             readiness::update_gauge(shared);
         }
     });
@@ -111,10 +111,10 @@ enum Verdict {
 
 pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     let h = &shared.config.health;
-    let ejected = !b.is_healthy();
+    let ejected = !b.health.is_healthy();
     if ejected
         && crate::routing::load_cell::monotonic_ms()
-            < b.readmit_at_ms(
+            < b.health.readmit_at_ms(
                 h.first_ejection_ms(),
                 h.first_ejection_ms().saturating_mul(EJECT_MAX_DOUBLINGS),
             )
@@ -125,30 +125,30 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     match check(shared, pool, b).await {
         Verdict::Pass => {
             if b.probe_passed(serving) {
-                tracing::info!(pool = %pool.model, backend = %b.id, "backend healthy again");
+                tracing::info!(pool = %pool.model, backend = %b.endpoint.id(), "backend healthy again");
             }
         }
         Verdict::Fail if !ejected => {
             let _one_at_a_time = pool.ejecting();
             let room = || pool.room_to_eject(h.max_ejection_percent);
             if b.probe_failed_within(h.eject_after, room) {
-                tracing::warn!(pool = %pool.model, backend = %b.id, probe = ?h.probe,
+                tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(), probe = ?h.probe,
                     "backend ejected after repeated failed probes");
             }
         }
         Verdict::Fail | Verdict::Inconclusive => return,
     }
-    if b.is_healthy() {
+    if b.health.is_healthy() {
         let timeout = h.probe_timeout();
         if let Some((status, body)) =
             send(shared, b, Method::GET, "/v1/models", None, timeout).await
         {
             if status.is_success() {
                 if let Some(adapters) = adapters_of(&body, &pool.model) {
-                    b.set_learned_adapters(adapters);
+                    b.endpoint.set_learned_adapters(adapters);
                 }
                 if let Some(cards) = cards_of(&body, &pool.model) {
-                    b.set_learned_cards(cards);
+                    b.endpoint.set_learned_cards(cards);
                 }
                 if let Some(n) = max_model_len_of(&body, &pool.model) {
                     pool.learn_context_length(n);
@@ -165,7 +165,7 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
         ProbeKind::Health => send(shared, b, Method::GET, "/health", None, timeout).await,
         ProbeKind::Completion => {
             let body = completion_probe(&pool.model);
-            let busy_before = b.in_flight() > 0;
+            let busy_before = b.load.in_flight() > 0;
             let a = send(
                 shared,
                 b,
@@ -175,7 +175,7 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
                 timeout,
             )
             .await;
-            if a.is_none() && (busy_before || b.in_flight() > 0) {
+            if a.is_none() && (busy_before || b.load.in_flight() > 0) {
                 return Verdict::Inconclusive;
             }
             a
@@ -187,8 +187,8 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
         // would turn a missing `upstream.api_key` into an outage, while
         // clients that bring their own key are served.
         Some((StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _)) => {
-            if !b.warned_credentials() {
-                tracing::warn!(pool = %pool.model, backend = %b.id,
+            if !b.endpoint.warned_credentials() {
+                tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(),
                     "the engine asks for credentials: set upstream.api_key (WARMPATH_UPSTREAM_API_KEY)");
             }
             Verdict::Pass
@@ -246,12 +246,13 @@ async fn send(
 ) -> Option<(StatusCode, Bytes)> {
     let mut req = Request::builder()
         .method(method)
-        .uri(b.url.join(path).ok()?);
+        .uri(b.endpoint.url().join(path).ok()?);
     if json_body.is_some() {
         req = req.header(header::CONTENT_TYPE, "application/json");
     }
     let mut req = req.body(Full::new(json_body.unwrap_or_default())).ok()?;
-    b.authorize(req.headers_mut(), shared.upstream.auth.as_ref());
+    b.endpoint
+        .authorize(req.headers_mut(), shared.upstream.auth.as_ref());
     let fetch = async {
         let resp = shared.upstream.client.request(req).await.ok()?;
         let status = resp.status();

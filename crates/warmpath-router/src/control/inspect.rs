@@ -83,20 +83,20 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
         .backends()
         .iter()
         .map(|b| {
-            let st = stats.iter().find(|w| w.worker_id == b.id);
+            let st = stats.iter().find(|w| w.worker_id == b.endpoint.id());
             let load = s.agents().and_then(|a| b.engine_load(&p.model, a, now));
             let agent = s
                 .agents
                 .as_ref()
-                .and_then(|a| a.status_of(&p.model, &b.id, now));
+                .and_then(|a| a.status_of(&p.model, b.endpoint.id(), now));
             json!({
-                "worker_id": b.id,
-                "url": b.url.to_string(),
-                "healthy": b.is_healthy(),
-                "in_flight": b.in_flight(),
-                "pending_prefill_blocks": b.pending_prefill_blocks(),
+                "worker_id": b.endpoint.id(),
+                "url": b.endpoint.url().to_string(),
+                "healthy": b.health.is_healthy(),
+                "in_flight": b.load.in_flight(),
+                "pending_prefill_blocks": b.load.pending_prefill_blocks(),
                 "blocks": st.map_or(0, |w| w.blocks),
-                "cap_blocks": p.index.worker_cap(b.slot),
+                "cap_blocks": p.index.worker_cap(b.endpoint.slot()),
                 "tiers": {
                     "gpu": st.map_or(0, |w| w.gpu_blocks),
                     "cpu": st.map_or(0, |w| w.cpu_blocks),
@@ -108,9 +108,9 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 "partial": agent.as_ref().is_some_and(|a| a.partial),
                 "agent_load": load,
                 "agent": agent,
-                "adapters": b.adapters(),
-                "draining": b.is_draining(),
-                "origin": b.origin.to_string(),
+                "adapters": b.endpoint.adapters(),
+                "draining": b.load.is_draining(),
+                "origin": b.endpoint.origin().to_string(),
             })
         })
         .collect();
@@ -253,9 +253,9 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
         .iter()
         .zip(&loads)
         .map(|(b, l)| {
-            let m = plan.matches.as_ref().and_then(|m| m.of(b.slot));
+            let m = plan.matches.as_ref().and_then(|m| m.of(b.endpoint.slot()));
             json!({
-                "worker_id": b.id,
+                "worker_id": b.endpoint.id(),
                 "matched_blocks": m.map_or(0, |m| m.blocks),
                 "gpu_blocks": m.map_or(0, |m| m.gpu_blocks),
                 "fresh": m.is_none_or(|m| m.fresh),
@@ -268,7 +268,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     // polls this changes no routing decision).
     let decision = match route::preview(&plan, s.agents()) {
         Ok(d) => json!({
-            "worker_id": plan.policy.backends[d.backend].id,
+            "worker_id": plan.policy.backends[d.backend].endpoint.id(),
             "decision": d.kind,
             "matched_blocks": d.matched_blocks,
         }),

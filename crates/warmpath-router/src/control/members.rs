@@ -137,18 +137,18 @@ fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
     let agent = s
         .agents
         .as_ref()
-        .and_then(|a| a.status_of(&p.model, &b.id, now_ms));
+        .and_then(|a| a.status_of(&p.model, b.endpoint.id(), now_ms));
     json!({
-        "worker_id": b.id,
-        "url": b.url.to_string(),
-        "origin": b.origin.to_string(),
-        "healthy": b.is_healthy(),
-        "verified": b.is_verified(),
-        "draining": b.is_draining(),
-        "in_flight": b.in_flight(),
-        "adapters": b.adapters(),
-        "index_blocks": p.index.block_count(b.slot),
-        "missing_for_ms": missing_for_ms(p, &b.id),
+        "worker_id": b.endpoint.id(),
+        "url": b.endpoint.url().to_string(),
+        "origin": b.endpoint.origin().to_string(),
+        "healthy": b.health.is_healthy(),
+        "verified": b.health.is_verified(),
+        "draining": b.load.is_draining(),
+        "in_flight": b.load.in_flight(),
+        "adapters": b.endpoint.adapters(),
+        "index_blocks": p.index.block_count(b.endpoint.slot()),
+        "missing_for_ms": missing_for_ms(p, b.endpoint.id()),
         "agent": agent,
     })
 }
@@ -244,7 +244,7 @@ pub(crate) fn remove(
 /// frees its index slot for a later member).
 pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     if let Some(a) = &s.agents {
-        a.remove_worker(&p.model, &b.id);
+        a.remove_worker(&p.model, b.endpoint.id());
     }
     crate::control::metrics::membership_change(&p.model, "remove");
     crate::control::readiness::update_gauge(s);
@@ -306,8 +306,8 @@ pub(crate) fn drain_request(
         Ok(b) => (
             StatusCode::ACCEPTED,
             Json(
-                json!({"model": p.model, "worker_id": b.id, "draining": true,
-                        "in_flight": b.in_flight(), "timeout_ms": timeout.as_millis() as u64}),
+                json!({"model": p.model, "worker_id": b.endpoint.id(), "draining": true,
+                        "in_flight": b.load.in_flight(), "timeout_ms": timeout.as_millis() as u64}),
             ),
         )
             .into_response(),
@@ -333,20 +333,22 @@ pub(crate) fn drain(
     tokio::spawn(async move {
         let idle = tokio::select! {
             () = s.halt.cancelled() => return,
-            r = tokio::time::timeout(timeout, task_b.wait_idle()) => r.is_ok(),
+            r = tokio::time::timeout(timeout, task_b.load.wait_idle()) => r.is_ok(),
         };
         if !idle {
-            tracing::warn!(pool = %p.model, backend = %task_b.id, in_flight = task_b.in_flight(),
+            tracing::warn!(pool = %p.model, backend = %task_b.endpoint.id(), in_flight = task_b.load.in_flight(),
                 ?timeout, "drain timed out; removing the backend with requests still in flight");
         }
         // Still the same member (not removed and re-added meanwhile)?
-        if p.backend(&task_b.id)
+        if p.backend(task_b.endpoint.id())
             .is_some_and(|cur| Arc::ptr_eq(&cur, &task_b))
         {
-            match p.remove_backend(&task_b.id, false) {
+            match p.remove_backend(task_b.endpoint.id(), false) {
                 Ok(gone) => forget(&s, &p, &gone),
-                Err(e) => tracing::warn!(pool = %p.model, backend = %task_b.id, error = %e,
-                    "drained backend not removed"),
+                Err(e) => {
+                    tracing::warn!(pool = %p.model, backend = %task_b.endpoint.id(), error = %e,
+                    "drained backend not removed")
+                }
             }
         }
     });

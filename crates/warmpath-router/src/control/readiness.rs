@@ -4,7 +4,7 @@
 //! - Live: the process serves HTTP; always 200 while it runs.
 //! - Ready: the configuration is loaded (the router serves nothing before
 //!   it is), every pool has at least one backend that is in rotation and
-//!   whose latest active probe passed ([`is_verified`](crate::routing::backend::Backend::is_verified); probes run
+//!   whose latest active probe passed ([`is_verified`](crate::routing::backend::health::Health::is_verified); probes run
 //!   every `probe_interval_ms`, the first before the router listens, so no
 //!   client request is needed), and the router is not draining.
 
@@ -25,9 +25,9 @@ fn readiness(s: &Shared) -> (bool, Vec<Value>) {
         .iter()
         .map(|p| {
             let members = p.backends();
-            let serving = || members.iter().filter(|b| !b.is_draining());
-            let verified = serving().filter(|b| b.is_verified()).count();
-            let in_rotation = serving().filter(|b| b.is_healthy()).count();
+            let serving = || members.iter().filter(|b| !b.load.is_draining());
+            let verified = serving().filter(|b| b.health.is_verified()).count();
+            let in_rotation = serving().filter(|b| b.health.is_healthy()).count();
             ready &= verified > 0;
             json!({"model": p.model, "healthy_backends": verified,
                    "in_rotation": in_rotation, "backends": members.len()})

@@ -97,7 +97,12 @@ impl IngestPool {
             model: p.model.clone(),
             index: Arc::clone(&p.index),
             block_size: p.block_size,
-            known_workers: Some(p.backends().iter().map(|b| b.id.clone()).collect()),
+            known_workers: Some(
+                p.backends()
+                    .iter()
+                    .map(|b| b.endpoint.id().to_owned())
+                    .collect(),
+            ),
             bounds: p.index_bounds,
         }
     }
@@ -137,7 +142,7 @@ fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decid
     let Some(learns) = &state.learns else {
         return;
     };
-    let at = |id: &str| state.backends.iter().position(|b| b.id == id);
+    let at = |id: &str| state.backends.iter().position(|b| b.endpoint.id() == id);
     let Some(backend) = at(worker) else {
         return;
     };

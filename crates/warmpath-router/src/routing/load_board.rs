@@ -7,7 +7,7 @@
 //! and its lock) and having the policy compare the whole slice made the
 //! `pick` phase the router's largest at 1000 backends (BENCHMARKS.md).
 //! Each backend and each load cell counts its changes
-//! ([`Backend::changes`], [`LoadCell::changes`]); the board keeps the
+//! ([`Load::changes`](crate::routing::backend::load::Load::changes), [`LoadCell::changes`]); the board keeps the
 //! counts it last read per position and reads a position again only when
 //! one moved: two atomic loads per backend instead of a lock and a dozen.
 //!
@@ -44,8 +44,8 @@ pub(crate) fn load_of(
 ) -> BackendLoad {
     BackendLoad {
         eligible,
-        in_flight: b.in_flight().saturating_add(remote.0),
-        pending_prefill_blocks: b.pending_prefill_blocks().saturating_add(remote.1),
+        in_flight: b.load.in_flight().saturating_add(remote.0),
+        pending_prefill_blocks: b.load.pending_prefill_blocks().saturating_add(remote.1),
         engine,
     }
 }
@@ -119,7 +119,7 @@ impl LoadBoard {
                     .cell
                     .as_ref()
                     .is_some_and(|c| c.changes() != s.cell_changes);
-                if be.changes() != s.backend || cell_moved {
+                if be.load.changes() != s.backend || cell_moved {
                     let cell = b.seen[i].cell.take();
                     let (load, seen, until) = read(be, cell, now_ms);
                     b.loads[i] = load;
@@ -147,11 +147,11 @@ impl LoadBoard {
 /// its engine report counts (`u64::MAX` when it has none).
 fn read(b: &Backend, cell: Option<Arc<LoadCell>>, now_ms: u64) -> (BackendLoad, Seen, u64) {
     // The counts first: a change racing the read shows next time.
-    let backend = b.changes();
+    let backend = b.load.changes();
     let cell_changes = cell.as_ref().map_or(0, |c| c.changes());
     let fresh = cell.as_ref().and_then(|c| c.fresh_until(now_ms));
     let until = fresh.map_or(u64::MAX, |(_, u)| u);
-    let eligible = b.is_healthy() && !b.is_draining();
+    let eligible = b.health.is_healthy() && !b.load.is_draining();
     let load = load_of(b, eligible, fresh.map(|(l, _)| l), (0, 0));
     let seen = Seen {
         backend,
@@ -213,7 +213,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                let eligible = b.is_healthy() && !b.is_draining();
+                let eligible = b.health.is_healthy() && !b.load.is_draining();
                 load_of(b, eligible, reg.cells[i].fresh(now_ms), (0, 0))
             })
             .collect()
@@ -254,7 +254,7 @@ mod tests {
         reg.cells[1].set(engine(3), true, 10);
         assert_eq!(read(&board, &backends, &reg, 10).1, Some(vec![1]));
         drop(g);
-        assert!(backends[3].start_draining());
+        assert!(backends[3].load.start_draining());
         let (loads, changed) = read(&board, &backends, &reg, 10);
         assert_eq!(changed, Some(vec![2, 3]));
         assert!(!loads[3].eligible);
@@ -309,7 +309,7 @@ mod tests {
                         backends[i].probe_passed(true);
                     }
                     5 => {
-                        backends[i].start_draining();
+                        backends[i].load.start_draining();
                     }
                     6 => reg.cells[i].set(engine(x as u32), x % 7 != 0, now),
                     7 => reg.cells[i].claimed(x % 2 == 0),

@@ -286,7 +286,7 @@ impl Pool {
     /// holds [`Pool::ejecting`] until the ejection is done.
     pub(crate) fn room_to_eject(&self, max_percent: u8) -> bool {
         let members = self.backends();
-        let out = members.iter().filter(|b| !b.is_healthy()).count();
+        let out = members.iter().filter(|b| !b.health.is_healthy()).count();
         let cap = (members.len() * usize::from(max_percent) / 100).max(1);
         let room = out < cap;
         if !room {
@@ -303,7 +303,10 @@ impl Pool {
 
     /// The member with worker id `id`.
     pub(crate) fn backend(&self, id: &str) -> Option<Arc<Backend>> {
-        self.backends().iter().find(|b| b.id == id).cloned()
+        self.backends()
+            .iter()
+            .find(|b| b.endpoint.id() == id)
+            .cloned()
     }
 
     /// Builds and installs a new policy atomically; returns the previous strategy.
@@ -371,7 +374,7 @@ impl Pool {
         }
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
-        if members.iter().any(|b| b.id == id) {
+        if members.iter().any(|b| b.endpoint.id() == id) {
             return Err(MemberError::Duplicate {
                 model: self.model.clone(),
                 worker_id: id.to_owned(),
@@ -388,7 +391,7 @@ impl Pool {
             self.index.drop_worker(id);
             return Err(e);
         }
-        tracing::info!(pool = %self.model, backend = %id, url = %b.url, "backend added");
+        tracing::info!(pool = %self.model, backend = %id, url = %b.endpoint.url(), "backend added");
         Ok(b)
     }
 
@@ -403,14 +406,14 @@ impl Pool {
     ) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
-        let Some(at) = members.iter().position(|b| b.id == id) else {
+        let Some(at) = members.iter().position(|b| b.endpoint.id() == id) else {
             return Err(MemberError::Unknown {
                 model: self.model.clone(),
                 worker_id: id.to_owned(),
             });
         };
-        let serving = members.iter().filter(|b| !b.is_draining()).count();
-        if keep_one && serving <= 1 && !members[at].is_draining() {
+        let serving = members.iter().filter(|b| !b.load.is_draining()).count();
+        if keep_one && serving <= 1 && !members[at].load.is_draining() {
             return Err(MemberError::LastBackend(self.model.clone()));
         }
         let b = members.remove(at);
@@ -432,21 +435,21 @@ impl Pool {
         let Some(at) = members.iter().position(|b| Arc::ptr_eq(b, old)) else {
             return Err(MemberError::Unknown {
                 model: self.model.clone(),
-                worker_id: old.id.clone(),
+                worker_id: old.endpoint.id().to_owned(),
             });
         };
         let b = Arc::new(Backend::new(
             &self.model,
-            &old.configured,
-            old.url.clone(),
-            old.slot,
-            old.origin.clone(),
+            old.endpoint.configured(),
+            old.endpoint.url().clone(),
+            old.endpoint.slot(),
+            old.endpoint.origin().clone(),
         ));
-        b.set_learned_adapters(old.adapters());
-        b.set_learned_cards(old.learned_cards());
+        b.endpoint.set_learned_adapters(old.endpoint.adapters());
+        b.endpoint.set_learned_cards(old.endpoint.learned_cards());
         members[at] = Arc::clone(&b);
         self.set_members(members)?;
-        tracing::info!(pool = %self.model, backend = %b.id, "backend back in rotation");
+        tracing::info!(pool = %self.model, backend = %b.endpoint.id(), "backend back in rotation");
         Ok(b)
     }
 
@@ -484,23 +487,23 @@ impl Pool {
         }
     }
 
-    /// Starts draining a backend (no new requests; see [`Backend::wait_idle`]).
+    /// Starts draining a backend (no new requests; see [`Load::wait_idle`](crate::routing::backend::load::Load::wait_idle)).
     /// Refuses to drain the last backend not draining.
     pub(crate) fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let members = self.backends();
-        let Some(b) = members.iter().find(|b| b.id == id) else {
+        let Some(b) = members.iter().find(|b| b.endpoint.id() == id) else {
             return Err(MemberError::Unknown {
                 model: self.model.clone(),
                 worker_id: id.to_owned(),
             });
         };
-        let serving = members.iter().filter(|b| !b.is_draining()).count();
-        if serving <= 1 && !b.is_draining() {
+        let serving = members.iter().filter(|b| !b.load.is_draining()).count();
+        if serving <= 1 && !b.load.is_draining() {
             return Err(MemberError::LastBackend(self.model.clone()));
         }
-        if b.start_draining() {
-            tracing::info!(pool = %self.model, backend = %id, in_flight = b.in_flight(), "backend draining");
+        if b.load.start_draining() {
+            tracing::info!(pool = %self.model, backend = %id, in_flight = b.load.in_flight(), "backend draining");
         }
         Ok(Arc::clone(b))
     }
@@ -518,8 +521,8 @@ fn snapshot(backends: &[Arc<Backend>]) -> Vec<PolicyBackend> {
     backends
         .iter()
         .map(|b| PolicyBackend {
-            id: b.id.clone(),
-            slot: b.slot,
+            id: b.endpoint.id().to_owned(),
+            slot: b.endpoint.slot(),
             capacity_blocks: None,
         })
         .collect()
@@ -574,7 +577,11 @@ impl Pools {
         }
         self.list
             .iter()
-            .find(|p| p.backends().iter().any(|b| b.serves_adapter(model)))
+            .find(|p| {
+                p.backends()
+                    .iter()
+                    .any(|b| b.endpoint.serves_adapter(model))
+            })
             .map(|p| Target {
                 pool: Arc::clone(p),
                 adapter: Some(model.to_owned()),

@@ -19,11 +19,16 @@ fn cfg() -> PoolConfig {
 fn pools_register_backends_and_resolve_adapters() {
     let pools = Pools::build(&[cfg()]).unwrap();
     let p = pools.get("m").unwrap();
-    assert_eq!(p.index.worker_slot("b"), Some(p.backends()[1].slot));
+    assert_eq!(
+        p.index.worker_slot("b"),
+        Some(p.backends()[1].endpoint.slot())
+    );
     assert_eq!(p.policy().strategy, Strategy::PrefixAware);
     // Adapters are learned from the engines' /v1/models.
     assert!(pools.resolve("sql").is_none());
-    p.backends()[1].set_learned_adapters(["sql".to_owned()].into());
+    p.backends()[1]
+        .endpoint
+        .set_learned_adapters(["sql".to_owned()].into());
     let t = pools.resolve("sql").unwrap();
     assert_eq!(t.adapter.as_deref(), Some("sql"));
     assert_eq!(t.pool.model, "m");
@@ -59,7 +64,7 @@ fn members_are_added_removed_and_drained_keeping_the_others_index() {
     let b = p.backends()[1].clone();
     p.index
         .store(
-            b.slot,
+            b.endpoint.slot(),
             warmpath_core::Tier::Gpu,
             &[warmpath_core::BlockHash(7)],
         )
@@ -89,13 +94,17 @@ fn members_are_added_removed_and_drained_keeping_the_others_index() {
         None,
         "entries dropped"
     );
-    assert_eq!(p.index.block_count(b.slot), 1, "the others keep theirs");
+    assert_eq!(
+        p.index.block_count(b.endpoint.slot()),
+        1,
+        "the others keep theirs"
+    );
     assert!(matches!(
         p.remove_backend("nope", true),
         Err(MemberError::Unknown { .. })
     ));
-    p.drain_backend(&added.id).unwrap();
-    assert!(added.is_draining());
+    p.drain_backend(added.endpoint.id()).unwrap();
+    assert!(added.load.is_draining());
     assert!(
         matches!(p.drain_backend("b"), Err(MemberError::LastBackend(_))),
         "the last serving backend stays"
@@ -104,7 +113,7 @@ fn members_are_added_removed_and_drained_keeping_the_others_index() {
         p.remove_backend("b", true),
         Err(MemberError::LastBackend(_))
     ));
-    p.remove_backend(&added.id, true).unwrap();
+    p.remove_backend(added.endpoint.id(), true).unwrap();
     assert_eq!(p.backends().len(), 1);
 }
 
@@ -142,21 +151,29 @@ fn a_membership_change_keeps_kv_aware_placements_by_worker_id() {
             &mut rand::rng(),
         )
         .unwrap();
-    let home = before.backends[d.backend].id.clone();
+    let home = before.backends[d.backend].endpoint.id().to_owned();
     // Remove a member that is not its home: its first request is still
     // prefilling there, and its next one follows it.
-    let other = before.backends.iter().find(|b| b.id != home).unwrap();
-    p.remove_backend(&other.id, true).unwrap();
+    let other = before
+        .backends
+        .iter()
+        .find(|b| b.endpoint.id() != home)
+        .unwrap();
+    p.remove_backend(other.endpoint.id(), true).unwrap();
     let after = p.policy();
     assert_eq!(after.strategy, Strategy::KvAware);
     let mut loads = idle(2);
-    let at = after.backends.iter().position(|b| b.id == home).unwrap();
+    let at = after
+        .backends
+        .iter()
+        .position(|b| b.endpoint.id() == home)
+        .unwrap();
     loads[at].pending_prefill_blocks = 1000;
     let again = after
         .policy
         .pick(&input, &warmpath_core::Loads::new(&loads), &mut rand::rng())
         .unwrap();
-    assert_eq!(after.backends[again.backend].id, home);
+    assert_eq!(after.backends[again.backend].endpoint.id(), home);
 }
 
 #[test]
@@ -175,10 +192,14 @@ fn seventy_thousand_adds_and_removals_leave_room_to_join() {
             api_key: None,
         };
         let b = p.add_backend(&cfg, Origin::Admin).unwrap();
-        assert!(b.slot <= 3, "slot {} at cycle {i}", b.slot);
+        assert!(
+            b.endpoint.slot() <= 3,
+            "slot {} at cycle {i}",
+            b.endpoint.slot()
+        );
         if i % 7 == 0 {
             p.index
-                .store(b.slot, warmpath_core::Tier::Gpu, &held)
+                .store(b.endpoint.slot(), warmpath_core::Tier::Gpu, &held)
                 .unwrap();
         }
         p.remove_backend(&id, true).unwrap();
@@ -197,23 +218,27 @@ fn a_new_member_never_inherits_a_removed_ones_cache_claims() {
         .unwrap();
     let chain = [warmpath_core::BlockHash(1), warmpath_core::BlockHash(2)];
     p.index
-        .store(old.slot, warmpath_core::Tier::Gpu, &chain)
+        .store(old.endpoint.slot(), warmpath_core::Tier::Gpu, &chain)
         .unwrap();
-    p.remove_backend(&old.id, true).unwrap();
+    p.remove_backend(old.endpoint.id(), true).unwrap();
     // Its holders are still in the map: its slot is not taken.
     let new = p
         .add_backend(&BackendConfig::new("http://127.0.0.1:4"), Origin::Admin)
         .unwrap();
-    assert_ne!(new.slot, old.slot);
+    assert_ne!(new.endpoint.slot(), old.endpoint.slot());
     assert!(p.index.longest_match(&chain).workers.is_empty());
     // After the compaction the slot is reused, and claims nothing.
     p.compact_removed();
     let again = p
         .add_backend(&BackendConfig::new("http://127.0.0.1:5"), Origin::Admin)
         .unwrap();
-    assert_eq!(again.slot, old.slot);
-    assert_eq!(p.index.block_count(again.slot), 0);
-    assert!(p.index.longest_match(&chain).of(again.slot).is_none());
+    assert_eq!(again.endpoint.slot(), old.endpoint.slot());
+    assert_eq!(p.index.block_count(again.endpoint.slot()), 0);
+    assert!(p
+        .index
+        .longest_match(&chain)
+        .of(again.endpoint.slot())
+        .is_none());
 }
 
 #[test]
@@ -223,19 +248,23 @@ fn a_restored_member_keeps_its_slot_index_and_placements() {
     let b = p.backends()[1].clone();
     p.index
         .store(
-            b.slot,
+            b.endpoint.slot(),
             warmpath_core::Tier::Gpu,
             &[warmpath_core::BlockHash(7)],
         )
         .unwrap();
-    b.set_learned_adapters(["sql".to_owned(), "learned".to_owned()].into());
-    p.drain_backend(&b.id).unwrap();
+    b.endpoint
+        .set_learned_adapters(["sql".to_owned(), "learned".to_owned()].into());
+    p.drain_backend(b.endpoint.id()).unwrap();
     let back = p.restore_backend(&b).unwrap();
-    assert!(!back.is_draining());
+    assert!(!back.load.is_draining());
     assert!(!Arc::ptr_eq(&back, &b));
-    assert_eq!((back.id.as_str(), back.slot), ("b", b.slot));
-    assert_eq!(p.index.block_count(back.slot), 1, "index kept");
-    assert!(back.serves_adapter("sql") && back.serves_adapter("learned"));
+    assert_eq!(
+        (back.endpoint.id(), back.endpoint.slot()),
+        ("b", b.endpoint.slot())
+    );
+    assert_eq!(p.index.block_count(back.endpoint.slot()), 1, "index kept");
+    assert!(back.endpoint.serves_adapter("sql") && back.endpoint.serves_adapter("learned"));
     assert!(Arc::ptr_eq(&p.backend("b").unwrap(), &back));
     assert!(
         matches!(p.restore_backend(&b), Err(MemberError::Unknown { .. })),
@@ -265,7 +294,7 @@ fn adding_a_backend_moves_about_a_quarter_of_the_ring_to_it() {
             .policy
             .pick(&input, &warmpath_core::Loads::new(&loads), &mut rand::rng())
             .unwrap();
-        st.backends[d.backend].id.clone()
+        st.backends[d.backend].endpoint.id().to_owned()
     };
     let three = p.policy();
     p.add_backend(&BackendConfig::new("http://127.0.0.1:4"), Origin::Admin)

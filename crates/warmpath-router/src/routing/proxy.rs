@@ -82,7 +82,7 @@ fn count_failure(up: &Upstream, pool: &Pool, backend: &Backend) {
     if backend.failed_within(up.eject_after, || {
         pool.room_to_eject(up.max_ejection_percent)
     }) {
-        tracing::warn!(pool = %pool.model, backend = %backend.id,
+        tracing::warn!(pool = %pool.model, backend = %backend.endpoint.id(),
             "backend ejected after repeated failures");
     }
 }
@@ -93,7 +93,8 @@ fn upstream_request(
     out: &Outgoing<'_>,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
     let uri = backend
-        .url
+        .endpoint
+        .url()
         .join(out.path_and_query)
         .map_err(|e| ApiError::internal(format!("cannot build the upstream URL: {e}")))?;
     let mut req = Request::builder()
@@ -104,7 +105,7 @@ fn upstream_request(
     let h = req.headers_mut();
     copy_end_to_end(out.headers, h, &[header::HOST, header::CONTENT_LENGTH]);
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
-    backend.authorize(h, upstream_auth);
+    backend.endpoint.authorize(h, upstream_auth);
     Ok(req)
 }
 
@@ -162,7 +163,7 @@ pub(crate) async fn forward(
                 if !excluded.is_empty() {
                     let tried: Vec<&str> = excluded
                         .iter()
-                        .map(|&i| plan.policy.backends[i].id.as_str())
+                        .map(|&i| plan.policy.backends[i].endpoint.id())
                         .collect();
                     let tried = match pool.expose_routing_headers {
                         true => format!(" (tried {})", tried.join(", ")),
@@ -187,7 +188,7 @@ pub(crate) async fn forward(
         let uncached = route::uncached_blocks(plan, &decision);
         let mut guard = backend.begin(uncached);
         if let Some(sink) = decisions {
-            guard.share(sink.start(&pool.model, fact(plan, &backend.id, uncached)));
+            guard.share(sink.start(&pool.model, fact(plan, backend.endpoint.id(), uncached)));
         }
         let req = match upstream_request(&backend, up.auth.as_ref(), &out) {
             Ok(r) => r,
@@ -198,27 +199,27 @@ pub(crate) async fn forward(
         };
         let sent = Instant::now();
         let limit = up.first_byte_timeout;
-        let queued_behind = backend.in_flight() > 1;
+        let queued_behind = backend.load.in_flight() > 1;
         let Ok(answer) = tokio::time::timeout(limit, up.client.request(req)).await else {
             // Dropping the request closes its connection: the backend sees
             // the client leave, as it would from a real client.
-            tracing::warn!(pool = %pool.model, backend = %backend.id, ?limit,
+            tracing::warn!(pool = %pool.model, backend = %backend.endpoint.id(), ?limit,
                 "no answer from the backend in time; not retried");
             // Waiting behind this router's other requests there proves
             // a queue, not a broken engine.
-            if !queued_behind && backend.in_flight() <= 1 {
+            if !queued_behind && backend.load.in_flight() <= 1 {
                 count_failure(up, pool, &backend);
             }
             guard.outcome(Outcome::Timeout);
             let err = ApiError::upstream_timeout(format!(
                 "{} sent no answer within {} ms",
-                shown(pool, &backend.id),
+                shown(pool, backend.endpoint.id()),
                 limit.as_millis()
             ));
             pool.metrics
                 .count(strategy, decision.kind.as_str(), err.status);
             let mut resp = err.into_response();
-            tag(&mut resp, pool, &backend.id, &decision);
+            tag(&mut resp, pool, backend.endpoint.id(), &decision);
             return resp;
         };
         match answer {
@@ -239,24 +240,24 @@ pub(crate) async fn forward(
                     .increment(matched * pool.block_size as u64);
                 if !plan.hashes.is_empty() {
                     pool.hot
-                        .record(&plan.hashes, &backend.id, plan.preview.as_deref());
+                        .record(&plan.hashes, backend.endpoint.id(), plan.preview.as_deref());
                 }
-                tracing::debug!(pool = %pool.model, backend = %backend.id,
+                tracing::debug!(pool = %pool.model, backend = %backend.endpoint.id(),
                     decision = decision.kind.as_str(), matched, %status, "proxied");
                 let tap = (plan.learns_response && status.is_success())
-                    .then(|| IdTap::new(backend.id.clone()));
+                    .then(|| IdTap::new(backend.endpoint.id().to_owned()));
                 return respond(up, resp, guard, sent, pool, &decision, tap);
             }
             Err(e) if e.is_connect() => {
                 guard.outcome(Outcome::ConnectError);
                 drop(guard);
-                tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
+                tracing::warn!(pool = %pool.model, backend = %backend.endpoint.id(), error = %e,
                     "connect failed; trying another backend");
                 count_failure(up, pool, &backend);
                 excluded.push(decision.backend);
             }
             Err(e) => {
-                tracing::warn!(pool = %pool.model, backend = %backend.id, error = %e,
+                tracing::warn!(pool = %pool.model, backend = %backend.endpoint.id(), error = %e,
                     "upstream request failed after it was sent; not retried");
                 count_failure(up, pool, &backend);
                 guard.outcome(Outcome::Failed);
@@ -264,12 +265,12 @@ pub(crate) async fn forward(
                 // internals no client needs.
                 let err = ApiError::upstream(format!(
                     "{} failed before answering",
-                    shown(pool, &backend.id)
+                    shown(pool, backend.endpoint.id())
                 ));
                 pool.metrics
                     .count(strategy, decision.kind.as_str(), err.status);
                 let mut resp = err.into_response();
-                tag(&mut resp, pool, &backend.id, &decision);
+                tag(&mut resp, pool, backend.endpoint.id(), &decision);
                 return resp;
             }
         }
@@ -286,7 +287,7 @@ fn respond(
     tap: Option<IdTap>,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
-    let backend_id = guard.backend().id.clone();
+    let backend_id = guard.backend().endpoint.id().to_owned();
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -326,7 +327,7 @@ fn respond(
 /// A body streamed to its end: a success for the backend below 500.
 fn ended(mut guard: FlightGuard, ok: bool) {
     if ok {
-        guard.backend().succeeded();
+        guard.backend().health.succeeded();
         guard.outcome(Outcome::Ok);
     } else {
         guard.outcome(Outcome::ServerError);
@@ -486,7 +487,7 @@ impl HttpBody for TrackedBody {
             Cut::Stalled => Outcome::Timeout,
             Cut::Halted => Outcome::Cancelled,
         });
-        let backend = &guard.backend().id;
+        let backend = guard.backend().endpoint.id();
         let named = shown(this.pool, backend);
         let message = match &cut {
             Cut::Failed(e) => {
@@ -555,7 +556,12 @@ impl HttpBody for TrackedBody {
 /// (ARCHITECTURE.md, "Router replicas"): the prefix's home after it, by ids.
 fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> Fact {
     let key = plan.prefix_key.0;
-    let id = |i: usize| plan.policy.backends.get(i).map(|b| b.id.clone());
+    let id = |i: usize| {
+        plan.policy
+            .backends
+            .get(i)
+            .map(|b| b.endpoint.id().to_owned())
+    };
     let home = plan.policy.learns.as_ref().and_then(|l| l.home_of(key));
     Fact {
         worker: worker.to_owned(),

@@ -234,7 +234,7 @@ fn loads_of(
     // Other replicas' requests there, as shared through the agents.
     let remote = |i: usize| {
         agents.map_or((0, 0), |a| {
-            a.remote_load(&pool.model, &plan.policy.backends[i].id)
+            a.remote_load(&pool.model, plan.policy.backends[i].endpoint.id())
         })
     };
     plan.policy
@@ -256,20 +256,20 @@ fn loads_of(
 /// Whether position `i` of `plan`'s snapshot may take it: healthy, not
 /// draining, not in `excluded`, serving its adapter.
 fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
-    plan.policy.backends[i].is_healthy() && could_take(plan, excluded, i)
+    plan.policy.backends[i].health.is_healthy() && could_take(plan, excluded, i)
 }
 
 /// Whether position `i` could take it, health aside: not draining, not in
 /// `excluded`, serving its adapter (panic routing asks only this).
 fn could_take(plan: &Plan, excluded: &[usize], i: usize) -> bool {
     let b = &plan.policy.backends[i];
-    !b.is_draining()
+    !b.load.is_draining()
         && !excluded.contains(&i)
         && plan
             .target
             .adapter
             .as_deref()
-            .is_none_or(|a| b.serves_adapter(a))
+            .is_none_or(|a| b.endpoint.serves_adapter(a))
 }
 
 /// Picks a backend for `plan`, never one in `excluded`. When every member
@@ -331,8 +331,9 @@ pub(crate) fn pick(
     };
     let res = match res {
         Err(PolicyError::NoBackend)
-            if (0..policy.backends.len())
-                .any(|i| !policy.backends[i].is_healthy() && could_take(plan, excluded, i)) =>
+            if (0..policy.backends.len()).any(|i| {
+                !policy.backends[i].health.is_healthy() && could_take(plan, excluded, i)
+            }) =>
         {
             crate::control::metrics::panic_routed(&pool.model).increment(1);
             let loads = loads_of(plan, excluded, agents, true);
@@ -372,14 +373,18 @@ pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<De
 /// excluded); else the policy picks and the engine answers as it would.
 fn pinned(plan: &Plan, excluded: &[usize]) -> Option<Decision> {
     let id = plan.pinned.as_deref()?;
-    let i = plan.policy.backends.iter().position(|b| b.id == id)?;
+    let i = plan
+        .policy
+        .backends
+        .iter()
+        .position(|b| b.endpoint.id() == id)?;
     eligible(plan, excluded, i).then(|| Decision {
         backend: i,
         kind: DecisionKind::Affinity,
         matched_blocks: plan
             .matches
             .as_ref()
-            .and_then(|m| m.of(plan.policy.backends[i].slot))
+            .and_then(|m| m.of(plan.policy.backends[i].endpoint.slot()))
             .map_or(0, |m| m.blocks),
     })
 }

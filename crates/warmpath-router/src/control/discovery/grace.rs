@@ -51,16 +51,16 @@ pub(super) async fn returned(
     p: &Provider,
     b: &Arc<Backend>,
 ) -> bool {
-    if !p.vanished.take(b) || !b.is_draining() {
+    if !p.vanished.take(b) || !b.load.is_draining() {
         return false;
     }
     match crate::control::members::restore(s, pool, b).await {
         Ok(_) => {
-            tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.id, "backend back in the answer within its grace: in rotation again, index kept");
+            tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), "backend back in the answer within its grace: in rotation again, index kept");
             true
         }
         Err(e) => {
-            tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.id, error = %e, "backend back in the answer not restored");
+            tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), error = %e, "backend back in the answer not restored");
             false
         }
     }
@@ -76,34 +76,34 @@ pub(super) fn missing(
     now: Instant,
 ) -> bool {
     let since = p.vanished.since_of(b);
-    if since.is_none() && b.is_draining() {
+    if since.is_none() && b.load.is_draining() {
         return false; // drained by someone else: that drain removes it
     }
     let grace = p.grace(s.config.health.probe_interval_ms);
     match verdict(since.map(|t| now.saturating_duration_since(t)), grace) {
         Verdict::Wait => false,
-        Verdict::SetAside => match crate::control::members::set_aside(s, pool, &b.id) {
+        Verdict::SetAside => match crate::control::members::set_aside(s, pool, b.endpoint.id()) {
             Ok(_) => {
                 p.vanished.mark(b, now);
-                tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.id,
+                tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(),
                     grace_ms = grace.as_millis() as u64,
                     "backend gone from the answer: out of rotation, index kept until the grace ends");
                 true
             }
             Err(e) => {
-                tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.id, error = %e, "backend gone from the answer kept");
+                tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), error = %e, "backend gone from the answer kept");
                 false
             }
         },
         Verdict::Drain => {
-            p.vanished.forget(&b.id);
-            match crate::control::members::drain(s, pool, &b.id, DRAIN_VANISHED) {
+            p.vanished.forget(b.endpoint.id());
+            match crate::control::members::drain(s, pool, b.endpoint.id(), DRAIN_VANISHED) {
                 Ok(_) => {
-                    tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.id, "backend gone from the answer past its grace: draining");
+                    tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), "backend gone from the answer past its grace: draining");
                     true
                 }
                 Err(e) => {
-                    tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.id, error = %e, "backend gone from the answer kept");
+                    tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), error = %e, "backend gone from the answer kept");
                     false
                 }
             }

@@ -100,14 +100,14 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
     let members = pool.backends();
     let mut changed = false;
     for (id, url) in &set {
-        if let Some(b) = members.iter().find(|b| &b.id == id) {
+        if let Some(b) = members.iter().find(|b| b.endpoint.id() == id) {
             // Ours at a new URL (a pod-name id whose pod came back at a new
             // IP): the old address is gone with its pod, so it is replaced
             // now, even when it is the last one (its successor follows).
-            let moved = b.origin == origin && b.url.to_string() != *url;
+            let moved = *b.endpoint.origin() == origin && b.endpoint.url().to_string() != *url;
             if !moved {
                 // Ours (back within its grace?), or a static member.
-                if b.origin == origin {
+                if *b.endpoint.origin() == origin {
                     changed |= grace::returned(s, pool, p, b).await;
                 }
                 continue;
@@ -132,8 +132,8 @@ async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
             }
         }
     }
-    for b in members.iter().filter(|b| b.origin == origin) {
-        if !set.contains_key(&b.id) {
+    for b in members.iter().filter(|b| *b.endpoint.origin() == origin) {
+        if !set.contains_key(b.endpoint.id()) {
             changed |= grace::missing(s, pool, p, b, now);
         }
     }

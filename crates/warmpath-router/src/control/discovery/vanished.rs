@@ -39,7 +39,7 @@ impl Vanished {
 
     pub(super) fn mark(&self, b: &Arc<Backend>, now: Instant) {
         self.by_id.lock().insert(
-            b.id.clone(),
+            b.endpoint.id().to_owned(),
             Gone {
                 since: now,
                 member: Arc::clone(b),
@@ -50,7 +50,7 @@ impl Vanished {
     /// Takes `b`'s mark when it is still the member that was set aside.
     pub(super) fn take(&self, b: &Arc<Backend>) -> bool {
         let mut m = self.by_id.lock();
-        match m.remove(&b.id) {
+        match m.remove(b.endpoint.id()) {
             Some(g) if Arc::ptr_eq(&g.member, b) => true,
             Some(_) | None => false,
         }
@@ -60,10 +60,10 @@ impl Vanished {
     /// added since) was set aside.
     pub(super) fn since_of(&self, b: &Arc<Backend>) -> Option<Instant> {
         let mut m = self.by_id.lock();
-        match m.get(&b.id) {
+        match m.get(b.endpoint.id()) {
             Some(g) if Arc::ptr_eq(&g.member, b) => Some(g.since),
             Some(_) => {
-                m.remove(&b.id);
+                m.remove(b.endpoint.id());
                 None
             }
             None => None,

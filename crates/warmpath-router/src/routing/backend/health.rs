@@ -1,0 +1,255 @@
+//! A backend's health: whether it is *ejected* (no requests are routed to
+//! it) and the verdict of its latest active probe. Ejection comes from
+//! `eject_after` consecutive failures of proxied requests or of probes; it
+//! lasts a back-off that doubles with each ejection not preceded by a
+//! success streak ([`Health::readmit_at_ms`]).
+//!
+//! What changes whether it is ejected returns true here; the caller
+//! ([`super::Backend`]) tells the load board.
+
+use crate::control::metrics::Outcome;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Failure counts, probe verdict, ejection and its back-off, and the
+/// health metrics of one backend.
+pub(crate) struct Health {
+    /// `warmpath_backend_healthy` of this backend.
+    healthy_gauge: metrics::Gauge,
+    consecutive_failures: AtomicU32,
+    probe_failures: AtomicU32,
+    probe_ok: AtomicBool,
+    /// `warmpath_backend_ejections_total{pool, backend}`.
+    ejections_total: metrics::Counter,
+    /// `warmpath_backend_requests_total{pool, backend, outcome}`.
+    outcomes: [metrics::Counter; 6],
+    ejected: AtomicBool,
+    /// Ejections not forgiven by a success streak: the back-off's exponent.
+    ejections: AtomicU32,
+    /// Answers below 500 since the backend last came back.
+    streak: AtomicU32,
+    /// [`crate::routing::load_cell::monotonic_ms`] of the last ejection.
+    ejected_at_ms: AtomicU64,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("ejected", &self.ejected)
+            .field("probe_ok", &self.probe_ok)
+            .field("ejections", &self.ejections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Health {
+    /// The health of backend `id` of pool `model`: in rotation, unverified.
+    pub(crate) fn new(model: &str, id: &str) -> Self {
+        Health {
+            healthy_gauge: crate::control::metrics::backend_healthy(model, id),
+            ejections_total: crate::control::metrics::backend_ejections(model, id),
+            outcomes: crate::control::metrics::backend_requests(model, id),
+            consecutive_failures: AtomicU32::new(0),
+            probe_failures: AtomicU32::new(0),
+            // Unverified until the first probe: readiness waits for it.
+            probe_ok: AtomicBool::new(false),
+            ejected: AtomicBool::new(false),
+            ejections: AtomicU32::new(0),
+            streak: AtomicU32::new(0),
+            ejected_at_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether requests may be sent here (not ejected).
+    pub(crate) fn is_healthy(&self) -> bool {
+        !self.ejected.load(Ordering::Relaxed)
+    }
+
+    /// Whether an active probe vouched for it last time and it is not
+    /// ejected: what readiness and `warmpath_backend_healthy` report.
+    pub(crate) fn is_verified(&self) -> bool {
+        self.is_healthy() && self.probe_ok.load(Ordering::Relaxed)
+    }
+
+    /// Records a failure (a refused connect, a 5xx answer, an exchange that
+    /// broke after it was sent), ejecting only if `room()` says the pool may
+    /// lose another member (`health.max_ejection_percent`); returns true
+    /// when this ejected the backend.
+    pub(super) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
+        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        n >= eject_after && self.is_healthy() && room() && self.eject(eject_after)
+    }
+
+    /// Records an answer below 500 (the failure count resets, the streak
+    /// that forgives past ejections grows).
+    pub(crate) fn succeeded(&self) {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        if self.ejections.load(Ordering::Relaxed) > 0 {
+            self.streak.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a failed active probe, ejecting only if `room()` allows it;
+    /// returns true when this ejected the backend (`eject_after` failed
+    /// probes in a row).
+    pub(super) fn probe_failed_within(
+        &self,
+        eject_after: u32,
+        room: impl FnOnce() -> bool,
+    ) -> bool {
+        self.probe_ok.store(false, Ordering::Relaxed);
+        let n = self.probe_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let ejected = n >= eject_after && self.is_healthy() && room() && self.eject(eject_after);
+        self.update_gauge();
+        ejected
+    }
+
+    /// Records a passing active probe; returns true when this brought the
+    /// backend back. `serving`: the probe exercised generation, so it also
+    /// forgives failed requests (a `/health` answer does not: an engine can
+    /// answer it while every completion fails).
+    pub(super) fn probe_passed(&self, serving: bool) -> bool {
+        self.probe_failures.store(0, Ordering::Relaxed);
+        self.probe_ok.store(true, Ordering::Relaxed);
+        let back = self.ejected.swap(false, Ordering::Relaxed);
+        if back || serving {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+        if back {
+            self.streak.store(0, Ordering::Relaxed);
+        }
+        self.update_gauge();
+        back
+    }
+
+    /// When (on [`crate::routing::load_cell::monotonic_ms`]'s clock) an ejected backend's
+    /// back-off ends: `base_ms` doubled for each unforgiven ejection after
+    /// the first, at most `max_ms`.
+    pub(crate) fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
+        let doublings = self.ejections.load(Ordering::Relaxed).saturating_sub(1);
+        let backoff = base_ms
+            .saturating_mul(1u64 << doublings.min(32))
+            .min(max_ms);
+        self.ejected_at_ms
+            .load(Ordering::Relaxed)
+            .saturating_add(backoff)
+    }
+
+    /// Counts how a request ended (`warmpath_backend_requests_total`).
+    pub(super) fn count(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].increment(1);
+    }
+
+    /// The backend left its pool: its health gauge reads 0.
+    pub(super) fn retire(&self) {
+        self.healthy_gauge.set(0.0);
+    }
+
+    /// Ejects (once); a backend that answered `eject_after` requests since it
+    /// last came back starts its back-off from the base again.
+    fn eject(&self, eject_after: u32) -> bool {
+        if self.ejected.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        if self.streak.swap(0, Ordering::Relaxed) >= eject_after {
+            self.ejections.store(1, Ordering::Relaxed);
+        } else {
+            self.ejections.fetch_add(1, Ordering::Relaxed);
+        }
+        self.ejected_at_ms
+            .store(crate::routing::load_cell::monotonic_ms(), Ordering::Relaxed);
+        self.ejections_total.increment(1);
+        self.update_gauge();
+        true
+    }
+
+    fn update_gauge(&self) {
+        self.healthy_gauge
+            .set(if self.is_verified() { 1.0 } else { 0.0 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health() -> Health {
+        Health::new("m", "w")
+    }
+
+    fn failed(h: &Health, eject_after: u32) -> bool {
+        h.failed_within(eject_after, || true)
+    }
+
+    fn probe_failed(h: &Health, eject_after: u32) -> bool {
+        h.probe_failed_within(eject_after, || true)
+    }
+
+    #[test]
+    fn ejection_after_n_failures_and_probe_recovery() {
+        let h = health();
+        assert!(!failed(&h, 3));
+        assert!(!failed(&h, 3));
+        assert!(failed(&h, 3), "third failure ejects");
+        assert!(!failed(&h, 3), "already ejected");
+        assert!(!h.is_healthy());
+        assert!(h.probe_passed(false));
+        assert!(h.is_healthy() && h.is_verified());
+        assert!(!failed(&h, 3), "counter was reset");
+    }
+
+    #[test]
+    fn no_room_no_ejection() {
+        let h = health();
+        assert!(!h.failed_within(1, || false), "the pool may not lose it");
+        assert!(h.is_healthy());
+        assert!(h.failed_within(1, || true));
+    }
+
+    #[test]
+    fn a_health_probe_does_not_forgive_failed_requests() {
+        let h = health();
+        assert!(!failed(&h, 2));
+        assert!(!h.probe_passed(false));
+        assert!(failed(&h, 2), "still two in a row");
+        assert!(h.probe_passed(false));
+        assert!(!failed(&h, 2));
+        assert!(!h.probe_passed(true), "already in");
+        assert!(!failed(&h, 2), "a completion probe forgives");
+    }
+
+    #[test]
+    fn probes_verify_and_eject() {
+        let h = health();
+        assert!(!h.is_verified(), "unverified until probed");
+        assert!(!h.probe_passed(false));
+        assert!(h.is_verified());
+        assert!(!probe_failed(&h, 2));
+        assert!(
+            h.is_healthy() && !h.is_verified(),
+            "still routed, not verified"
+        );
+        assert!(probe_failed(&h, 2), "second failed probe ejects");
+        assert!(!h.is_healthy());
+    }
+
+    #[test]
+    fn back_off_doubles_to_the_cap_and_a_streak_resets_it() {
+        let h = health();
+        let backoff =
+            |h: &Health| h.readmit_at_ms(100, 350) - h.ejected_at_ms.load(Ordering::Relaxed);
+        assert!(failed(&h, 1));
+        assert_eq!(backoff(&h), 100);
+        for want in [200, 350, 350] {
+            h.probe_passed(false);
+            h.succeeded(); // one success: short of the streak of eject_after (2)
+            assert!(failed(&h, 2) || failed(&h, 2));
+            assert_eq!(backoff(&h), want);
+        }
+        h.probe_passed(false);
+        h.succeeded();
+        h.succeeded();
+        assert!(!failed(&h, 2));
+        assert!(failed(&h, 2));
+        assert_eq!(backoff(&h), 100, "forgiven after a streak of eject_after");
+    }
+}

@@ -1,0 +1,265 @@
+//! One backend engine as the router sees it, in three parts: who it is and
+//! what it serves ([`endpoint`]), its health ([`health`]) and the load this
+//! router put on it ([`load`]). This module binds them: the rules that
+//! touch more than one part live here.
+//!
+//! Load accounting is RAII: [`Backend::begin`] counts a request in flight
+//! (and its predicted prefill blocks) and the returned [`FlightGuard`] undoes
+//! it — the prefill part at the first upstream byte
+//! ([`FlightGuard::first_byte`]), the in-flight part when the response body
+//! ends or is dropped (client gone, upstream failed) — and counts the
+//! request's outcome in its health's metrics.
+//!
+//! An ejection or readmission changes what routing reads, so it bumps the
+//! load's change counter the load board polls, like a change of the load
+//! itself does.
+
+pub(crate) mod endpoint;
+pub(crate) mod health;
+pub(crate) mod load;
+
+pub(crate) use endpoint::Origin;
+
+use crate::config::{BackendConfig, BackendUrl};
+use crate::control::metrics::Outcome;
+use endpoint::Endpoint;
+use health::Health;
+use load::Load;
+use std::sync::Arc;
+use warmpath_core::WorkerSlot;
+
+/// Live state of one backend.
+#[derive(Debug)]
+pub(crate) struct Backend {
+    /// Identity, address, credentials, learned adapters and model cards.
+    pub endpoint: Endpoint,
+    /// Failures, probe verdict, ejection.
+    pub health: Health,
+    /// In flight, pending prefill, draining, engine load.
+    pub load: Load,
+}
+
+impl Backend {
+    /// A backend from its (validated) config.
+    pub(crate) fn new(
+        model: &str,
+        cfg: &BackendConfig,
+        url: BackendUrl,
+        slot: WorkerSlot,
+        origin: Origin,
+    ) -> Self {
+        Backend {
+            endpoint: Endpoint::new(cfg, url, slot, origin),
+            health: Health::new(model, cfg.id()),
+            load: Load::new(model, cfg.id()),
+        }
+    }
+
+    /// The engine load its agent reported, if recent (`agents` of pool
+    /// `model`, read through the cached cell: no lookup per request).
+    pub(crate) fn engine_load(
+        &self,
+        model: &str,
+        agents: &dyn crate::routing::loads::AgentLoads,
+        now_ms: u64,
+    ) -> Option<warmpath_core::EngineLoad> {
+        self.load
+            .engine_load(model, self.endpoint.id(), agents, now_ms)
+    }
+
+    /// Its worker's load cell in `agents`' current generation (what
+    /// [`Backend::engine_load`] reads), for the load board to keep.
+    pub(crate) fn load_cell(
+        &self,
+        model: &str,
+        agents: &dyn crate::routing::loads::AgentLoads,
+    ) -> Option<Arc<crate::routing::load_cell::LoadCell>> {
+        self.load.load_cell(model, self.endpoint.id(), agents)
+    }
+
+    /// Marks the backend gone from its pool: its health and in-flight
+    /// gauges read 0.
+    pub(crate) fn retire(&self) {
+        self.health.retire();
+        self.load.retire();
+    }
+
+    /// Records a failure (a refused connect, a 5xx answer, an exchange that
+    /// broke after it was sent); returns true when this ejected the backend.
+    #[cfg(test)]
+    pub(crate) fn failed(&self, eject_after: u32) -> bool {
+        self.failed_within(eject_after, || true)
+    }
+
+    /// [`Backend::failed`], ejecting only if `room()` says the pool may
+    /// lose another member (`health.max_ejection_percent`).
+    pub(crate) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
+        let ejected = self.health.failed_within(eject_after, room);
+        if ejected {
+            self.load.changed();
+        }
+        ejected
+    }
+
+    /// Records a failed active probe; returns true when this ejected the
+    /// backend (`eject_after` failed probes in a row).
+    #[cfg(test)]
+    pub(crate) fn probe_failed(&self, eject_after: u32) -> bool {
+        self.probe_failed_within(eject_after, || true)
+    }
+
+    /// [`Backend::probe_failed`], ejecting only if `room()` allows it.
+    pub(crate) fn probe_failed_within(
+        &self,
+        eject_after: u32,
+        room: impl FnOnce() -> bool,
+    ) -> bool {
+        let ejected = self.health.probe_failed_within(eject_after, room);
+        if ejected {
+            self.load.changed();
+        }
+        ejected
+    }
+
+    /// Records a passing active probe; returns true when this brought the
+    /// backend back (see [`Health::probe_passed`]).
+    pub(crate) fn probe_passed(&self, serving: bool) -> bool {
+        let back = self.health.probe_passed(serving);
+        if back {
+            self.load.changed();
+        }
+        back
+    }
+
+    /// Counts a request in flight with `prefill_blocks` predicted uncached blocks.
+    pub(crate) fn begin(self: &Arc<Self>, prefill_blocks: u64) -> FlightGuard {
+        self.load.begin(prefill_blocks);
+        FlightGuard {
+            backend: Arc::clone(self),
+            prefill_blocks,
+            outcome: Outcome::Cancelled,
+            share: None,
+        }
+    }
+}
+
+/// One request in flight on a backend; dropping it ends the request and
+/// counts its [`Outcome`] (`cancelled` unless [`FlightGuard::outcome`] said
+/// otherwise).
+#[derive(Debug)]
+pub(crate) struct FlightGuard {
+    backend: Arc<Backend>,
+    prefill_blocks: u64,
+    outcome: Outcome,
+    /// The same request as told to the other router replicas.
+    share: Option<Box<dyn crate::routing::share::SharedRequest>>,
+}
+
+impl FlightGuard {
+    /// The backend.
+    pub(crate) fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+
+    /// The first upstream byte arrived: prefill is done, stop counting its blocks.
+    pub(crate) fn first_byte(&mut self) {
+        if let Some(s) = &mut self.share {
+            s.prefilled();
+        }
+        let n = std::mem::take(&mut self.prefill_blocks);
+        if n > 0 {
+            self.backend.load.prefilled(n);
+        }
+    }
+
+    /// Tells the other router replicas its phases too (module `share`).
+    pub(crate) fn share(&mut self, share: Option<Box<dyn crate::routing::share::SharedRequest>>) {
+        self.share = share;
+    }
+
+    /// How the request ended, counted when the guard drops.
+    pub(crate) fn outcome(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        self.first_byte();
+        let n = self.backend.load.end();
+        self.backend.health.count(self.outcome);
+        self.backend.load.ended(n);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn backend() -> Arc<Backend> {
+        let cfg = BackendConfig {
+            url: "http://127.0.0.1:1".into(),
+            worker_id: Some("w".into()),
+            api_key: None,
+        };
+        Arc::new(Backend::new(
+            "m",
+            &cfg,
+            BackendUrl::parse(&cfg.url).unwrap(),
+            0,
+            Origin::Config,
+        ))
+    }
+
+    #[test]
+    fn guards_count_and_uncount() {
+        let b = backend();
+        let mut g1 = b.begin(10);
+        let g2 = b.begin(5);
+        let counts = |b: &Backend| (b.load.in_flight(), b.load.pending_prefill_blocks());
+        assert_eq!(counts(&b), (2, 15));
+        g1.first_byte();
+        g1.first_byte();
+        assert_eq!(counts(&b), (2, 5));
+        drop(g2);
+        assert_eq!(counts(&b), (1, 0));
+        drop(g1);
+        assert_eq!(counts(&b), (0, 0));
+    }
+
+    #[test]
+    fn ejection_and_readmission_count_as_changes() {
+        let b = backend();
+        let before = b.load.changes();
+        assert!(!b.failed(2));
+        assert_eq!(b.load.changes(), before, "a failure short of ejecting");
+        assert!(b.failed(2));
+        assert_eq!(b.load.changes(), before + 1, "ejected");
+        assert!(b.probe_passed(false));
+        assert_eq!(b.load.changes(), before + 2, "back");
+        assert!(!b.probe_passed(false));
+        assert!(b.probe_failed(1));
+        assert_eq!(b.load.changes(), before + 3, "ejected by a probe");
+    }
+
+    #[tokio::test]
+    async fn a_draining_backend_is_idle_once_its_last_request_ends() {
+        let b = backend();
+        let g = b.begin(0);
+        assert!(b.load.start_draining());
+        assert!(!b.load.start_draining(), "once");
+        let waiter = tokio::spawn({
+            let b = Arc::clone(&b);
+            async move { b.load.wait_idle().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a request is still in flight");
+        drop(g);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        b.load.wait_idle().await;
+    }
+}
