@@ -6,27 +6,27 @@
 //! - [`hash`] (the `warmpath-hash` crate): the one block-hash function (xxh3,
 //!   chained, seeded by model, LoRA and tenant), pinned by golden vectors;
 //!   [`tenant`]: tenant id validation.
-//! - [`request`]: an OpenAI chat/completion request reduced to what routing reads.
+//! - [`request`] (the `warmpath-request` crate): an OpenAI chat/completion
+//!   request reduced to what routing reads.
 //! - [`prefix`]: what PREFIX_AWARE hashes of a request.
-//! - `tokenize` (feature `tokenizer`): chat templates, tokenization by one
-//!   fast path with a chunk memo, and the generated tiny test tokenizer.
+//! - `tokenize` (the `warmpath-tokenize` crate, feature `tokenizer`): chat
+//!   templates, tokenization by one fast path with a chunk memo, and the
+//!   generated tiny test tokenizer.
 //! - [`index`] (the `warmpath-index` crate): the concurrent cache index
 //!   (block hash -> workers, tier).
 //! - [`policy`]: the routing policies behind one trait.
 
 pub mod policy;
 pub mod prefix;
-pub mod request;
-#[cfg(feature = "tokenizer")]
-pub mod tokenize;
-#[cfg(feature = "tokenizer")]
-mod weighted_lru;
 
 // The concepts that stand alone, each its own crate, under their old paths.
 pub use warmpath_cache_model as prefix_cache;
 pub use warmpath_hash as hash;
 pub use warmpath_hash::tenant;
 pub use warmpath_index as index;
+pub use warmpath_request as request;
+#[cfg(feature = "tokenizer")]
+pub use warmpath_tokenize as tokenize;
 
 pub use hash::{hash_block, hash_tokens, BlockHash, ChainHasher, HashSeed};
 pub use index::{CacheIndex, IndexError, MatchResult, Tier, WorkerMatch, WorkerSlot, WorkerStats};

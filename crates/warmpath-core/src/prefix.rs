@@ -17,10 +17,10 @@
 //! there is none. Equal keys mean "same model, same tenant, same prefix"; the
 //! tail beyond `prefix_length` never changes the key.
 
-use crate::request::{Content, FirstPrompt, Request, RequestBody};
 use std::fmt;
 use thiserror::Error;
 use warmpath_hash::tenant::TenantId;
+use warmpath_request::{Content, FirstPrompt, Request, RequestBody};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// The smallest accepted `prefix_length`.
@@ -201,10 +201,10 @@ impl Budget {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::request::Expect;
     use proptest::prelude::*;
     use serde_json::{json, Value};
     use warmpath_hash::tenant::TenantSource;
+    use warmpath_request::Expect;
 
     fn req(v: &Value) -> Request<'_> {
         Request::from_value(v, Expect::Any).unwrap()

@@ -38,8 +38,9 @@ mod workers;
 pub use bounds::{Overflow, Stored, SLOT_BYTES};
 pub use holders::WorkerSlot;
 pub use matching::{MatchResult, WorkerMatch};
-pub use table::{CacheIndex, IdentityHasher, IndexError};
+pub use table::{CacheIndex, IndexError};
 pub use tier::Tier;
+pub use warmpath_hash::IdentityHasher;
 pub use workers::WorkerStats;
 
 #[cfg(test)]

@@ -5,10 +5,11 @@ use super::holders::{Holders, WorkerSlot};
 use super::tier::Tier;
 use super::workers::{WorkerEntry, WorkerStats, Workers};
 use dashmap::DashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use thiserror::Error;
 use warmpath_hash::BlockHash;
+use warmpath_hash::IdentityHasher;
 
 /// Errors of the index.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -23,25 +24,6 @@ pub enum IndexError {
     /// The worker is not (or no longer) registered. Retry after registering it.
     #[error("unknown worker slot {0}")]
     UnknownWorker(WorkerSlot),
-}
-
-/// A `Hasher` that passes a `u64` key through: block hashes are xxh3 outputs.
-#[derive(Default, Clone, Copy, Debug)]
-pub struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only used for non-u64 keys (never here); fold bytes in anyway.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
 }
 
 pub(super) type Map = DashMap<u64, Holders, BuildHasherDefault<IdentityHasher>>;

@@ -63,7 +63,7 @@ def main():
             return next(int(l.split()[1]) // 1024 for l in f if l.startswith("VmRSS"))
 
     corpus = open(os.path.join(os.path.dirname(__file__),
-                               "../../warmpath-core/src/tokenize/tiny_corpus.txt")).read()
+                               "../../warmpath-tokenize/src/tiny_corpus.txt")).read()
 
     def body(i):
         parts, n, at = [], 0, i * 7919

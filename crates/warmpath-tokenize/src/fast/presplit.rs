@@ -37,7 +37,7 @@
 //! digits and symbols.
 
 use super::word_cache::WordCache;
-use crate::tokenize::error::TokenizeError;
+use crate::error::TokenizeError;
 use regex::Regex;
 use serde_json::Value;
 use tokenizers::{Model, ModelWrapper, Tokenizer};

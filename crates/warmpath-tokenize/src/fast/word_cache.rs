@@ -15,7 +15,7 @@ use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
-use warmpath_index::IdentityHasher;
+use warmpath_hash::IdentityHasher;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Longest split kept, in bytes.

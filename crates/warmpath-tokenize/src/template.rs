@@ -4,12 +4,12 @@
 use super::error::TokenizeError;
 use super::files::SpecialTokens;
 use super::pyfuncs;
-use crate::request::{ChatBody, Message};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Serde;
 use minijinja::{Environment, Value};
 use std::collections::BTreeMap;
 use std::fmt;
+use warmpath_request::{ChatBody, Message};
 
 const NAME: &str = "chat";
 
@@ -163,8 +163,8 @@ fn cut_after_final_message(mut rendered: String, last: &str) -> Result<String, T
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::request::{Expect, Request, RequestBody};
     use serde_json::json;
+    use warmpath_request::{Expect, Request, RequestBody};
 
     fn chat_of(v: &serde_json::Value) -> ChatBody<'_> {
         match Request::from_value(v, Expect::Chat).unwrap().body {

@@ -5,7 +5,7 @@
 //!   warmpath-core that reads files**; it is meant for start-up only.
 //! - [`ChatTokenizer`]: renders chat messages through the model's Jinja template
 //!   (minijinja with Python-compatible methods, `trim_blocks`/`lstrip_blocks`
-//!   like Hugging Face) and turns any [`Request`](crate::request::Request) into
+//!   like Hugging Face) and turns any [`Request`](warmpath_request::Request) into
 //!   the token ids vLLM would compute: chat -> rendered text encoded without
 //!   special tokens (the template already has BOS); completion text -> encoded
 //!   with special tokens; token-id prompts -> used as they are.
@@ -26,6 +26,7 @@ mod files;
 mod pyfuncs;
 mod template;
 pub mod tiny;
+mod weighted_lru;
 
 pub use chat::ChatTokenizer;
 pub use error::TokenizeError;

@@ -123,7 +123,7 @@ fn cut<'a, E>(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::tokenize::tiny;
+    use crate::tiny;
     use serde_json::{json, Value};
     use std::str::FromStr;
 

@@ -6,8 +6,7 @@ use super::chunks::{self, ChunkMemo};
 use super::presplit::{FastPieces, KNOWN_PATTERNS};
 use super::split::{AddedCut, Piece};
 use super::*;
-use crate::request::{Expect, Request, RequestBody};
-use crate::tokenize::{tiny, ChatTokenizer, TokenizerFiles};
+use crate::{tiny, ChatTokenizer, TokenizerFiles};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::str::FromStr;
@@ -15,6 +14,7 @@ use std::sync::OnceLock;
 use tokenizers::{
     NormalizerWrapper, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer,
 };
+use warmpath_request::{Expect, Request, RequestBody};
 
 fn tiny_json() -> Value {
     serde_json::from_str(&tiny::tokenizer_json()).unwrap()

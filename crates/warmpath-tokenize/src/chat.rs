@@ -4,10 +4,10 @@ use super::error::TokenizeError;
 use super::fast::{CacheConfig, CacheStats, FastPath};
 use super::files::TokenizerFiles;
 use super::template::ChatTemplate;
-use crate::request::{ChatBody, FirstPrompt, Request, RequestBody};
 use std::path::Path;
 use std::str::FromStr;
 use tokenizers::Tokenizer;
+use warmpath_request::{ChatBody, FirstPrompt, Request, RequestBody};
 
 /// A tokenizer with its chat template and the fast path's memo.
 /// Share it behind an `Arc`: every method takes `&self`.
@@ -171,9 +171,9 @@ impl ChatTokenizer {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::request::Expect;
-    use crate::tokenize::tiny;
+    use crate::tiny;
     use serde_json::{json, Value};
+    use warmpath_request::Expect;
 
     fn tiny_tok(cache: CacheConfig) -> ChatTokenizer {
         ChatTokenizer::new(&tiny::files().unwrap(), cache).unwrap()

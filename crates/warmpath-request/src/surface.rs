@@ -336,7 +336,7 @@ fn input_item(i: usize, item: &Value) -> Result<Option<Message<'static>>, Reques
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::request::Prompt;
+    use crate::Prompt;
     use serde_json::json;
 
     fn parse(v: Value, e: Endpoint) -> Result<Surface, RequestError> {

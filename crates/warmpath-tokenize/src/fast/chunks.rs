@@ -1,7 +1,7 @@
 //! The one memo: token ids of chunks of long pieces, keyed by the chunk's text.
 //!
 //! A long piece (text between added tokens) is cut into chunks of about
-//! [`CacheConfig::min_segment_bytes`](crate::tokenize::CacheConfig) bytes,
+//! [`CacheConfig::min_segment_bytes`](crate::CacheConfig) bytes,
 //! each ending at the first *safe point* at or after that size, and each
 //! chunk's ids are kept by its 128-bit xxh3 and length (a [`WeightedLru`]
 //! bounded by ids held). A document that repeats with a different tail (RAG's
