@@ -3,16 +3,29 @@
 //! pacing the replacements of the worker's set and running the long index
 //! work on the blocking pool ([`super::pace`]).
 
+use super::agents::Agents;
+use super::directory::PoolDirectory;
 use super::guard::{shown, LogEvery};
 use super::pace::{self, Gates, Work};
 use super::stream::{Refusal, WorkerStream};
-use super::{refused, unix_micros, Agents, PoolDirectory, OWNER_CHECK};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
+
+/// How often a stream checks that it still owns its worker: a stream a
+/// newer one took over (or whose worker was removed) is closed within this
+/// even when its agent sends nothing more, with what it held.
+const OWNER_CHECK: Duration = Duration::from_secs(1);
+
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
 
 /// What every stream of one service shares.
 #[derive(Clone)]
@@ -53,7 +66,7 @@ pub(super) async fn drive(
         };
         log_refusal(&refusals, &r);
         metrics::counter!("warmpath_ingest_refused_total", "reason" => "model").increment(1);
-        let _ = tx.send(Ok(refused(&r))).await;
+        let _ = tx.send(Ok(r.answer())).await;
         return;
     };
     let mut ws = match WorkerStream::open(
@@ -65,7 +78,7 @@ pub(super) async fn drive(
         Ok(ws) => ws,
         Err(r) => {
             log_refusal(&refusals, &r);
-            let _ = tx.send(Ok(refused(&r))).await;
+            let _ = tx.send(Ok(r.answer())).await;
             return;
         }
     };
@@ -183,7 +196,7 @@ pub(super) async fn drive(
                 } else {
                     tracing::error!(reason = %r.reason, "agent refused");
                 }
-                let _ = tx.send(Ok(refused(&r))).await;
+                let _ = tx.send(Ok(r.answer())).await;
                 break;
             }
         }

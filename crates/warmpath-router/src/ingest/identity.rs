@@ -1,9 +1,9 @@
 //! Who may publish for which worker: what a stream presented before its
 //! Hello (nothing, a per-worker credential or a pod token), and the check of that against the Hello's worker id.
 
+use super::auth::AgentAuth;
 use super::guard::{self, shown};
 use super::stream::Refusal;
-use super::AgentAuth;
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
 

@@ -33,7 +33,10 @@
 //!   job per pool at a time (module `pace`).
 
 mod agents;
+mod auth;
+mod directory;
 mod drive;
+mod error;
 mod guard;
 mod identity;
 mod pace;
@@ -46,6 +49,9 @@ mod sweeper;
 mod tests;
 
 pub use agents::{AgentStatus, Agents};
+pub use auth::AgentAuth;
+pub use directory::{IngestPool, PoolDirectory};
+pub use error::IngestError;
 #[cfg(feature = "kubernetes")]
 pub use pods::PodTokens;
 pub use sweeper::{set_memory_release, spawn_sweeper};
@@ -53,14 +59,12 @@ pub use sweeper::{set_memory_release, spawn_sweeper};
 use crate::config::RouterConfig;
 pub use crate::config::TlsPem;
 
-use crate::routing::pool::Pools;
 use guard::{shown, Admission, LogEvery};
 use pace::Gates;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use stream::Refusal;
-use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -69,149 +73,9 @@ use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
-use warmpath_core::CacheIndex;
 use warmpath_proto::error_chain;
-use warmpath_proto::v1::{self, agent_message::Msg, router_message, AgentMessage, RouterMessage};
+use warmpath_proto::v1::{agent_message::Msg, AgentMessage, RouterMessage};
 use warmpath_proto::{CacheEvents, CacheEventsServer};
-
-/// The index and block size of one pool, as the ingest needs them.
-#[derive(Clone, Debug)]
-pub struct IngestPool {
-    /// The pool's model.
-    pub model: String,
-    /// The pool's index.
-    pub index: Arc<CacheIndex>,
-    /// Tokens per block of the pool.
-    pub block_size: usize,
-    /// The worker ids of the pool's backends: a Hello for any other id is
-    /// refused (its entries could never be routed to). `None` accepts any.
-    pub known_workers: Option<Arc<[String]>>,
-    /// Bounds of `index`: the per-worker caps the streams set, the
-    /// compaction period the sweeper keeps.
-    pub bounds: crate::config::IndexSettings,
-}
-
-impl IngestPool {
-    fn of(p: &crate::routing::pool::Pool) -> Self {
-        IngestPool {
-            model: p.model.clone(),
-            index: Arc::clone(&p.index),
-            block_size: p.block_size,
-            known_workers: Some(
-                p.backends()
-                    .iter()
-                    .map(|b| b.endpoint.id().to_owned())
-                    .collect(),
-            ),
-            bounds: p.index_bounds,
-        }
-    }
-}
-
-/// Where the ingest finds pools by model.
-pub trait PoolDirectory: Send + Sync + 'static {
-    /// The pool serving base model `model`.
-    fn pool(&self, model: &str) -> Option<IngestPool>;
-    /// Every pool.
-    fn pools(&self) -> Vec<IngestPool>;
-    /// Records another router replica's pick for `worker` of pool `model`
-    /// in its policy (`Learns::observe_remote`); nothing by default.
-    fn observe_remote(&self, _model: &str, _worker: &str, _decided: &v1::Decided) {}
-}
-
-impl PoolDirectory for Pools {
-    fn pool(&self, model: &str) -> Option<IngestPool> {
-        self.get(model).map(|p| IngestPool::of(p))
-    }
-    fn pools(&self) -> Vec<IngestPool> {
-        self.all().iter().map(|p| IngestPool::of(p)).collect()
-    }
-    fn observe_remote(&self, model: &str, worker: &str, decided: &v1::Decided) {
-        if let Some(p) = self.get(model) {
-            observe_remote(p, worker, decided);
-        }
-    }
-}
-
-/// Records another replica's `start` about `worker` in `pool`'s policy, by
-/// the positions of its current snapshot (an id it does not know is skipped).
-fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decided) {
-    use warmpath_core::policy::{HomeView, RemoteDecision};
-    let state = pool.policy();
-    // A policy without memory records nothing.
-    let Some(learns) = &state.learns else {
-        return;
-    };
-    let at = |id: &str| state.backends.iter().position(|b| b.endpoint.id() == id);
-    let Some(backend) = at(worker) else {
-        return;
-    };
-    let home = (!d.home.is_empty())
-        .then(|| at(&d.home))
-        .flatten()
-        .map(|b| HomeView {
-            backend: b,
-            moved: d.home_moved,
-            copies: d.copies.iter().filter_map(|c| at(c)).collect(),
-        });
-    learns.observe_remote(&RemoteDecision {
-        prefix_key: d.prefix_key,
-        backend,
-        chain_blocks: d.chain_blocks,
-        prefill_blocks: u32::try_from(d.prefill_blocks).unwrap_or(u32::MAX),
-        home,
-    });
-}
-
-/// Errors of the ingest server.
-#[derive(Debug, Error)]
-pub enum IngestError {
-    /// The TLS certificate or key cannot be used (not PEM, key does not
-    /// match, unsupported algorithm). Not retryable: fix the files.
-    #[error("cannot serve TLS with the configured certificate and key: {0}")]
-    Tls(String),
-    /// The gRPC server failed (accept, transport). Retrying may work for
-    /// transient socket errors.
-    #[error("gRPC ingest server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    /// No Kubernetes API client for reviewing pod tokens
-    /// (`ingest.pod_token_audience`): not in a pod and no kubeconfig. Not
-    /// retryable: fix the environment.
-    #[error("cannot review agents' pod tokens: {0}")]
-    PodTokens(String),
-}
-
-/// How agents prove who they are.
-#[derive(Clone, Default)]
-pub enum AgentAuth {
-    /// Anyone who reaches the port may publish for any worker.
-    #[default]
-    Open,
-    /// Each agent presents its worker's credential
-    /// ([`warmpath_proto::worker_token`] of this secret): a stream may publish
-    /// only for the worker its credential names.
-    PerWorker(String),
-}
-
-impl AgentAuth {
-    /// From the config's per-worker `secret`.
-    pub fn new(secret: Option<String>) -> Self {
-        secret.map_or(AgentAuth::Open, AgentAuth::PerWorker)
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            AgentAuth::Open => "open",
-            AgentAuth::PerWorker(_) => "per-worker credentials",
-        }
-    }
-}
-
-impl std::fmt::Debug for AgentAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The `CacheEvents` service.
 #[derive(Clone)]
@@ -237,11 +101,6 @@ pub struct IngestService {
 /// does (any client can open one before the credential is checked against
 /// the Hello) holds a task and a channel until then.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
-
-/// How often a stream checks that it still owns its worker: a stream a
-/// newer one took over (or whose worker was removed) is closed within this
-/// even when its agent sends nothing more, with what it held.
-const OWNER_CHECK: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for IngestService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -294,21 +153,6 @@ impl IngestService {
     pub(crate) fn with_hello_within(mut self, d: Duration) -> Self {
         self.hello_within = d;
         self
-    }
-}
-
-fn unix_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-fn refused(r: &Refusal) -> RouterMessage {
-    RouterMessage {
-        msg: Some(router_message::Msg::Refused(v1::Refused {
-            reason: r.reason.clone(),
-            retryable: r.retryable,
-        })),
     }
 }
 
@@ -371,7 +215,7 @@ impl CacheEvents for IngestService {
                         if let Some(suppressed) = silent.ready() {
                             tracing::info!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (logged at most every 10 s)");
                         }
-                        let _ = tx.try_send(Ok(refused(&r)));
+                        let _ = tx.try_send(Ok(r.answer()));
                         return;
                     }
                 },
@@ -386,7 +230,7 @@ impl CacheEvents for IngestService {
                         reason: "the first message must be Hello".into(),
                         retryable: true,
                     };
-                    let _ = tx.send(Ok(refused(&r))).await;
+                    let _ = tx.send(Ok(r.answer())).await;
                     return;
                 }
                 Some(Err(e)) => {
@@ -403,7 +247,7 @@ impl CacheEvents for IngestService {
                 if let Some(suppressed) = sh.refusals.ready() {
                     span.in_scope(|| tracing::warn!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (refusals are logged at most every 10 s)"));
                 }
-                let _ = tx.send(Ok(refused(&r))).await;
+                let _ = tx.send(Ok(r.answer())).await;
                 return;
             }
             drop(ticket);

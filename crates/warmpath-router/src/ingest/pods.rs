@@ -116,8 +116,8 @@ impl PodTokens {
     /// A reviewer for tokens of `audience`, with the API client inferred as
     /// kubectl does (`KUBECONFIG`, `~/.kube/config`, then the pod's own
     /// service account). Fails when there is none.
-    pub async fn connect(audience: &str) -> Result<Arc<Self>, super::IngestError> {
-        let setup = |e: &dyn std::fmt::Display| super::IngestError::PodTokens(e.to_string());
+    pub async fn connect(audience: &str) -> Result<Arc<Self>, super::error::IngestError> {
+        let setup = |e: &dyn std::fmt::Display| super::error::IngestError::PodTokens(e.to_string());
         let mut config = kube::Config::infer().await.map_err(|e| setup(&e))?;
         config.connect_timeout = Some(REVIEW_WITHIN);
         config.read_timeout = Some(REVIEW_WITHIN);

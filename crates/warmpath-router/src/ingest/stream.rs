@@ -3,7 +3,7 @@
 //! protocol asks for. No I/O here, so every rule is unit-tested directly.
 
 use super::agents::{AgentKey, Agents, Live};
-use super::IngestPool;
+use super::directory::IngestPool;
 use std::sync::Arc;
 use warmpath_core::index::{Overflow, Stored};
 use warmpath_core::{BlockHash, Tier, WorkerSlot};
@@ -20,6 +20,18 @@ const ACK_EVERY: u64 = 256;
 pub(crate) struct Refusal {
     pub(crate) reason: String,
     pub(crate) retryable: bool,
+}
+
+impl Refusal {
+    /// What the agent is answered.
+    pub(crate) fn answer(&self) -> RouterMessage {
+        RouterMessage {
+            msg: Some(router_message::Msg::Refused(v1::Refused {
+                reason: self.reason.clone(),
+                retryable: self.retryable,
+            })),
+        }
+    }
 }
 
 fn tier(t: i32) -> Tier {

@@ -10,8 +10,8 @@
 //! collection with [`set_memory_release`]; the library itself knows no
 //! allocator.
 
+use super::directory::PoolDirectory;
 use super::pace::Gates;
-use super::PoolDirectory;
 use crate::config::COMPACT_INTERVAL_MS;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -6,8 +6,10 @@ use super::stream::WorkerStream;
 use super::*;
 use crate::routing::loads::AgentLoads;
 use std::collections::HashSet;
-use warmpath_core::{hash_tokens, BlockHash, HashSeed, Tier};
-use warmpath_proto::v1::{delta, Block, Delta, Hello, Load, SnapshotChunk, Stored};
+use warmpath_core::{hash_tokens, BlockHash, CacheIndex, HashSeed, Tier};
+use warmpath_proto::v1::{
+    self, delta, router_message, Block, Delta, Hello, Load, SnapshotChunk, Stored,
+};
 
 struct OnePool(IngestPool);
 

@@ -3,7 +3,7 @@
 //! hand; the resolver is [`warmpath_proto::dns::resolver`] (uncached, one
 //! try per query within [`DnsDiscovery::timeout`]).
 
-use super::DiscoveryError;
+use super::answer::DiscoveryError;
 use crate::config::DnsDiscovery;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

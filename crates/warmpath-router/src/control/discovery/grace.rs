@@ -16,12 +16,15 @@
 //! The last member in rotation is never taken out (as before).
 
 use super::provider::Provider;
-use super::DRAIN_VANISHED;
 use crate::control::state::Shared;
 use crate::routing::backend::Backend;
 use crate::routing::pool::Pool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long a member that vanished from its provider's answer may finish
+/// its requests, once its grace is over, before it is removed.
+const DRAIN_VANISHED: Duration = Duration::from_secs(120);
 
 /// What happens to a member gone from the answer for `gone_for`.
 #[derive(Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@
 //! Tested against a recorded list+watch stream served on loopback
 //! (tests/router/k8s.rs), not against a live API server.
 
-use super::{Answer, DiscoveryError};
+use super::answer::{Answer, DiscoveryError};
 use crate::config::{K8sWorkerId, KubernetesDiscovery};
 use crate::control::state::Shared;
 use crate::routing::pool::Pool;
@@ -291,7 +291,7 @@ pub(crate) async fn run(
             () = tokio::time::sleep_until(apply_at), if due.is_some() => {
                 due = None;
                 match nonempty(slices.union(), &cfg) {
-                    Ok(set) => super::apply(&s, &pool, &p, set).await,
+                    Ok(set) => super::apply::apply(&s, &pool, &p, set).await,
                     Err(e) => p.failed(&pool.model, &e),
                 }
             }

@@ -13,6 +13,8 @@
 //! `/cache-index` (`pools[].discovery`) and `/metrics`
 //! (`warmpath_discovery_*`).
 
+mod answer;
+mod apply;
 mod dns;
 mod grace;
 #[cfg(feature = "kubernetes")]
@@ -20,40 +22,13 @@ mod kubernetes;
 pub(crate) mod provider;
 mod vanished;
 
-use crate::config::BackendConfig;
 use crate::control::state::Shared;
-use crate::routing::backend::Origin;
-use crate::routing::pool::Pool;
+use answer::{Answer, DiscoveryError};
+use apply::apply;
 use provider::Provider;
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
-use thiserror::Error;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// How long a member that vanished from its provider's answer may finish
-/// its requests, once its grace is over, before it is removed.
-const DRAIN_VANISHED: Duration = Duration::from_secs(120);
-
-/// Why a provider produced no answer this round; the last set stays.
-#[derive(Debug, Error)]
-pub(crate) enum DiscoveryError {
-    /// The resolver cannot be set up (system configuration unreadable).
-    /// Retried every interval.
-    #[error("cannot set up the resolver: {0}")]
-    Setup(String),
-    /// The lookup failed, timed out or found nothing. Retried every interval.
-    #[error("lookup failed: {0}")]
-    Lookup(String),
-    /// A Kubernetes list or watch failed; it re-connects after a backoff.
-    #[cfg(feature = "kubernetes")]
-    #[error("watch failed: {0}")]
-    Watch(String),
-}
-
-/// One answer: worker id → URL (the same for `dns`).
-pub(crate) type Answer = BTreeMap<String, String>;
 
 /// Resolves once; `None` when the round failed (recorded).
 async fn answer(
@@ -88,69 +63,6 @@ async fn answer(
             p.failed(pool, &e);
             None
         }
-    }
-}
-
-/// Applies one answer to the pool: adds what is new, brings back what
-/// returned within its grace, sets aside this provider's members that are
-/// gone and drains those gone past their grace ([`grace`]).
-async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
-    let origin = Origin::Discovery(p.name.clone());
-    let now = std::time::Instant::now();
-    let members = pool.backends();
-    let mut changed = false;
-    for (id, url) in &set {
-        if let Some(b) = members.iter().find(|b| b.endpoint.id() == id) {
-            // Ours at a new URL (a pod-name id whose pod came back at a new
-            // IP): the old address is gone with its pod, so it is replaced
-            // now, even when it is the last one (its successor follows).
-            let moved = *b.endpoint.origin() == origin && b.endpoint.url().to_string() != *url;
-            if !moved {
-                // Ours (back within its grace?), or a static member.
-                if *b.endpoint.origin() == origin {
-                    changed |= grace::returned(s, pool, p, b).await;
-                }
-                continue;
-            }
-            p.vanished.forget(id);
-            match pool.remove_backend(id, false) {
-                Ok(gone) => crate::control::members::forget(s, pool, &gone),
-                Err(_) => continue,
-            }
-        }
-        let mut cfg = BackendConfig::new(url.clone());
-        if id != url {
-            cfg.worker_id = Some(id.clone());
-        }
-        match crate::control::members::add_member(s, pool, &cfg, origin.clone()).await {
-            Ok(_) => {
-                changed = true;
-                tracing::info!(pool = %pool.model, provider = %p.name, backend = %url, "discovered backend added");
-            }
-            Err(e) => {
-                tracing::warn!(pool = %pool.model, provider = %p.name, backend = %url, error = %e, "discovered backend not added")
-            }
-        }
-    }
-    for b in members.iter().filter(|b| *b.endpoint.origin() == origin) {
-        if !set.contains_key(b.endpoint.id()) {
-            changed |= grace::missing(s, pool, p, b, now);
-        }
-    }
-    let (model, name) = (pool.model.clone(), p.name.clone());
-    metrics::counter!("warmpath_discovery_rounds_total", "pool" => model.clone(),
-        "provider" => name.clone(), "result" => "ok")
-    .increment(1);
-    metrics::gauge!("warmpath_discovery_backends", "pool" => model.clone(), "provider" => name.clone())
-        .set(set.len() as f64);
-    let mut st = p.status.lock();
-    st.resolutions += 1;
-    st.last_error = None;
-    st.last_result = set.into_values().collect();
-    if changed {
-        st.changes += 1;
-        metrics::counter!("warmpath_discovery_changes_total", "pool" => model, "provider" => name)
-            .increment(1);
     }
 }
 

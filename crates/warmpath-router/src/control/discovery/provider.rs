@@ -1,8 +1,8 @@
 //! One discovery provider of one pool and its status (what `/cache-index`
 //! shows); the pool holds these, `discovery` runs them.
 
+use super::answer::DiscoveryError;
 use super::vanished::{Vanished, GRACE_ROUNDS};
-use super::DiscoveryError;
 use crate::config::DiscoveryConfig;
 use parking_lot::Mutex;
 use serde::Serialize;
