@@ -43,16 +43,19 @@ fn make_certs(dir: &Path) -> Certs {
     certs
 }
 
+/// The fleet's agent secret: each agent presents its worker's credential.
+const SECRET: &str = "fleet-secret";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_ingest_accepts_trusted_agents_with_the_token_and_refuses_the_rest() {
+async fn tls_ingest_accepts_trusted_agents_with_their_credential_and_refuses_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let certs = make_certs(dir.path());
     let r = router(
         &[
             "--grpc-listen".into(),
             "127.0.0.1:0".into(),
-            "--agent-token".into(),
-            "tok".into(),
+            "--agent-secret".into(),
+            SECRET.into(),
             "--agent-tls-cert".into(),
             certs.cert.display().to_string(),
             "--agent-tls-key".into(),
@@ -84,7 +87,13 @@ async fn tls_ingest_accepts_trusted_agents_with_the_token_and_refuses_the_rest()
         v
     };
     let d = dir.path();
-    let good = agent(d, "good", &pubs[0], &with(&["--agent-token", "tok"]));
+    let token = |worker: &str| warmpath_proto::worker_token(SECRET, worker);
+    let good = agent(
+        d,
+        "good",
+        &pubs[0],
+        &with(&["--agent-token", &token("good")]),
+    );
     // No --router-ca: the system roots do not know the test CA.
     let untrusting = agent(
         d,
@@ -96,7 +105,7 @@ async fn tls_ingest_accepts_trusted_agents_with_the_token_and_refuses_the_rest()
             "--tls-domain",
             "localhost",
             "--agent-token",
-            "tok",
+            &token("untrusting"),
         ]),
     );
     let wrong = agent(
@@ -112,7 +121,7 @@ async fn tls_ingest_accepts_trusted_agents_with_the_token_and_refuses_the_rest()
         d,
         "plain",
         &pubs[4],
-        &s(&["--router", &plain_url, "--agent-token", "tok"]),
+        &s(&["--router", &plain_url, "--agent-token", &token("plain")]),
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     for p in &pubs {
@@ -136,8 +145,8 @@ async fn tls_ingest_accepts_trusted_agents_with_the_token_and_refuses_the_rest()
         &all,
         || {
             untrusting.output().contains("TLS with the router failed")
-                && wrong.output().contains("wrong agent token")
-                && none.output().contains("wrong agent token")
+                && wrong.output().contains("malformed agent credential")
+                && none.output().contains("malformed agent credential")
                 && plain.output().contains("router link down")
         },
     )
