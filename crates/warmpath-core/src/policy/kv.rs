@@ -135,15 +135,13 @@ use super::home::Home;
 use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
-use super::tuning::{
-    ColdPlacement, KvConfig, HOME_HOLDS, PRESSURE_WINDOW, STALE_MATCH_WEIGHT, TIE_BAND,
-};
+use super::tuning::{ColdPlacement, KvConfig, PRESSURE_WINDOW, STALE_MATCH_WEIGHT, TIE_BAND};
 use super::{
     least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
     PolicyConfig, PolicyError, RouteInput, Strategy,
 };
-use warmpath_index::WorkerSlot;
 use rand::RngCore;
+use warmpath_index::WorkerSlot;
 
 /// The KV-aware policy.
 #[derive(Debug)]
@@ -343,10 +341,8 @@ impl KvAware {
                 });
             }
         }
-        // The home holds it (LRU may have trimmed a few of its last blocks
-        // there: it writes them back rather than hand the prefix to a copy).
-        let (num, den) = HOME_HOLDS;
-        let holds = |i: usize| u64::from(held.get(i)) * den >= u64::from(best_match) * num;
+        // The home holds it: the deepest match.
+        let holds = |i: usize| held.get(i) >= best_match;
         let holding = home.filter(|h| holds(at(h)));
         // Its agent's view is stale: it may well hold it; decide nothing.
         let stale = home.is_some_and(|h| {

@@ -80,11 +80,6 @@ pub(crate) const MOVE_FIT_MIN: f64 = 0.15;
 /// half the chain wins over it. (Issue 17: staleness is not an empty cache.)
 pub(crate) const STALE_MATCH_WEIGHT: (u32, u32) = (1, 2);
 
-/// The home still holds a prefix when it has at least 7/8 of the deepest
-/// match: LRU trimming a few tail blocks there is cheaper to write back
-/// than handing the prefix to a copy elsewhere.
-pub(crate) const HOME_HOLDS: (u64, u64) = (7, 8);
-
 /// Decisions per backend a placement stays sticky after it was made
 /// (`4 n`), even with no prefill queued: its blocks may not be published
 /// yet, and a repeat must not start a second cold copy.
