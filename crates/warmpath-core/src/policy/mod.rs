@@ -41,13 +41,13 @@ pub use remote::{HomeView, RemoteDecision};
 pub use ring::{PrefixAware, Ring};
 pub use tuning::{ColdPlacement, KvConfig};
 
-use warmpath_index::{MatchResult, WorkerSlot};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use thiserror::Error;
+use warmpath_index::{MatchResult, WorkerSlot};
 
 /// The four strategies, by their user-facing names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
