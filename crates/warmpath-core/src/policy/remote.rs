@@ -1,6 +1,6 @@
 //! Decisions of other router replicas (`Learns::observe_remote`).
 //!
-//! Why: kv_aware's memory (homes, popularity, pressure, served counts, the
+//! Why: kv_aware's memory (homes, popularity, pressure, the
 //! modelled caches) is fed by its own picks; a replica that never hears of
 //! the others' picks places new prefixes blind to them and splits warm ones.
 //! The router shares each pick with the others through the agents (see
