@@ -94,9 +94,6 @@ struct CompareArgs {
     /// The router's concurrency threshold.
     #[arg(long, default_value_t = 64)]
     concurrency_threshold: u32,
-    /// The router's CHWBL load bound (prefix_aware, kv_aware's cold fallback).
-    #[arg(long, default_value_t = 1.25)]
-    load_factor: f64,
     /// Engines: `sim` (simulated vLLM) or `candle` (warmpath-engine --tiny processes).
     #[arg(long, default_value = "sim")]
     engine: String,
@@ -215,7 +212,6 @@ impl CompareArgs {
         });
         let mut router = RouterKnobs {
             concurrency_threshold: self.concurrency_threshold,
-            load_factor: self.load_factor,
             routers: self.routers,
             processes: self.router_process,
             router_bin: self.router_bin.clone(),

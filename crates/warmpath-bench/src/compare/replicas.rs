@@ -167,7 +167,6 @@ mod tests {
     #[test]
     fn the_written_config_reads_back_as_the_same_config() {
         let mut pool = PoolConfig::new("m".to_owned());
-        pool.load_factor = 1.3;
         pool.kv.rebalance_slack = None;
         pool.backends.push(BackendConfig::new("http://127.0.0.1:1"));
         let cfg = RouterConfig {

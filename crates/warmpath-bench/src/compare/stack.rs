@@ -33,8 +33,6 @@ use warmpath_router::RunningRouter;
 pub struct RouterKnobs {
     /// In flight at which a backend counts as full.
     pub concurrency_threshold: u32,
-    /// CHWBL bound of `prefix_aware` (and of `kv_aware`'s cold fallback).
-    pub load_factor: f64,
     /// `kv_aware` cost weights.
     pub kv: KvConfig,
     /// Router replicas (1..=16). One runs in this process through the
@@ -63,7 +61,6 @@ impl Default for RouterKnobs {
     fn default() -> Self {
         RouterKnobs {
             concurrency_threshold: 64,
-            load_factor: 1.25,
             kv: KvConfig::default(),
             routers: 1,
             processes: false,
@@ -527,7 +524,6 @@ fn router_config(
     pool.tokenizer = Some(model_dir.to_path_buf());
     pool.block_size = sim.block_size;
     pool.prefix_aware.concurrency_threshold = knobs.concurrency_threshold;
-    pool.load_factor = knobs.load_factor;
     pool.kv = knobs.kv.clone();
     for (id, url) in backends {
         let mut b = BackendConfig::new(url.clone());

@@ -8,6 +8,10 @@ use yaml_serde::Value;
 /// A removed key (dotted; `[]` after a list) and what replaced it.
 pub(crate) const REMOVED: &[(&str, &str)] = &[
     (
+        "pools[].load_factor",
+        "no backend takes more than 1.25 times the mean load (+1) on the ring",
+    ),
+    (
         "forward_cache_salt",
         "the tenant goes to the engine as cache_salt unless the pool sets tenants.isolation: route_only",
     ),
@@ -53,20 +57,12 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
         "a request body must arrive within 3 times server.header_timeout_ms",
     ),
     (
-        "server.send_timeout_ms",
-        "a client that reads nothing of its answer for 3 times server.header_timeout_ms is cut off",
-    ),
-    (
         "server.keepalive_idle_ms",
         "an idle keep-alive connection is closed after 6 times server.header_timeout_ms",
     ),
     (
         "server.shutdown_timeout_ms",
         "in-flight requests get 6 times server.drain_grace_ms (at least 1 s) after the drain grace",
-    ),
-    (
-        "server.max_body_bytes_in_flight",
-        "the request bodies held at once are bounded by 32 times max_body_bytes",
     ),
     (
         "upstream.stream_idle_timeout_ms",

@@ -161,6 +161,15 @@ pub struct ServerConfig {
     /// a request naming another host is refused 403, which defeats DNS
     /// rebinding by a page the operator opens.
     pub allowed_hosts: Vec<String>,
+    /// A client that reads nothing of its answer for this many milliseconds
+    /// (>= 1) is cut off: its connection, the backend's in-flight slot and
+    /// the upstream request are let go. Default: 3 `header_timeout_ms`.
+    pub send_timeout_ms: Option<u64>,
+    /// The request bytes held at once over every connection (>= 1): a
+    /// request whose body would go past it is answered 503 `overloaded`
+    /// with `Retry-After: 1`, so that many big bodies at once cannot exhaust
+    /// memory; bytes count as they arrive. Default: 32 `max_body_bytes`.
+    pub max_body_bytes_in_flight: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -170,6 +179,8 @@ impl Default for ServerConfig {
             max_connections: None,
             drain_grace_ms: 5_000,
             allowed_hosts: Vec::new(),
+            send_timeout_ms: None,
+            max_body_bytes_in_flight: None,
         }
     }
 }
@@ -183,11 +194,12 @@ impl ServerConfig {
         Duration::from_millis(self.header_timeout_ms.saturating_mul(3))
     }
 
-    /// A client that reads nothing of its answer for 3 header timeouts is
-    /// cut off: its connection, the backend's in-flight slot and the
-    /// upstream request are let go.
+    /// `send_timeout_ms`, by default 3 header timeouts.
     pub fn send_timeout(&self) -> Duration {
-        Duration::from_millis(self.header_timeout_ms.saturating_mul(3))
+        Duration::from_millis(
+            self.send_timeout_ms
+                .unwrap_or(self.header_timeout_ms.saturating_mul(3)),
+        )
     }
 
     /// An idle keep-alive connection (its last answer sent, no new request
@@ -291,9 +303,6 @@ pub struct PoolConfig {
     /// PREFIX_AWARE settings.
     #[serde(default)]
     pub prefix_aware: PrefixAwareConfig,
-    /// CHWBL bound (> 1).
-    #[serde(default = "default_load_factor")]
-    pub load_factor: f64,
     /// `kv_aware` cost-model knobs.
     #[serde(default)]
     pub kv: KvConfig,
@@ -331,9 +340,6 @@ fn yes() -> bool {
 fn default_block_size() -> usize {
     16
 }
-fn default_load_factor() -> f64 {
-    1.25
-}
 
 impl PoolConfig {
     /// A pool with default settings and no backends.
@@ -344,7 +350,6 @@ impl PoolConfig {
             tokenizer: None,
             block_size: default_block_size(),
             prefix_aware: PrefixAwareConfig::default(),
-            load_factor: default_load_factor(),
             kv: KvConfig::default(),
             expose_routing_headers: true,
             max_prompt_tokens: None,
@@ -369,9 +374,9 @@ impl PoolConfig {
     pub fn policy_config(&self) -> warmpath_core::PolicyConfig {
         warmpath_core::PolicyConfig {
             concurrency_threshold: self.prefix_aware.concurrency_threshold,
-            load_factor: self.load_factor,
-            vnodes: warmpath_core::PolicyConfig::default().vnodes,
             kv: self.kv.clone(),
+            // The bound and the ring's size are the core's defaults.
+            ..warmpath_core::PolicyConfig::default()
         }
     }
 }
@@ -498,12 +503,11 @@ impl RouterConfig {
         yaml_serde::from_str(text)
     }
 
-    /// The request bytes held at once over every connection: 32 largest
-    /// bodies. A request whose body would go past it is answered 503
-    /// `overloaded` with `Retry-After: 1`, so that many big bodies at once
-    /// cannot exhaust memory. Bytes count as they arrive.
+    /// `server.max_body_bytes_in_flight`, by default 32 largest bodies.
     pub fn max_body_bytes_in_flight(&self) -> usize {
-        self.max_body_bytes.saturating_mul(32)
+        self.server
+            .max_body_bytes_in_flight
+            .unwrap_or(self.max_body_bytes.saturating_mul(32))
     }
 
     /// The pool serving `model`, if any.

@@ -153,8 +153,15 @@ impl RouterConfig {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }
         let sv = &self.server;
-        for (name, v) in [("server.header_timeout_ms", sv.header_timeout_ms)] {
-            if v == 0 {
+        for (name, v) in [
+            ("server.header_timeout_ms", Some(sv.header_timeout_ms)),
+            ("server.send_timeout_ms", sv.send_timeout_ms),
+            (
+                "server.max_body_bytes_in_flight",
+                sv.max_body_bytes_in_flight.map(|b| b as u64),
+            ),
+        ] {
+            if v == Some(0) {
                 return Err(invalid(name, "must be at least 1"));
             }
         }
@@ -313,6 +320,12 @@ mod tests {
         let mut c = base();
         c.server.header_timeout_ms = 0;
         assert!(err(&c).contains("server.header_timeout_ms"));
+        let mut c = base();
+        c.server.send_timeout_ms = Some(0);
+        assert!(err(&c).contains("server.send_timeout_ms"));
+        let mut c = base();
+        c.server.max_body_bytes_in_flight = Some(0);
+        assert!(err(&c).contains("server.max_body_bytes_in_flight"));
         let mut c = base();
         c.upstream.first_byte_timeout_ms = 0;
         assert!(err(&c).contains("upstream.first_byte_timeout_ms"));
