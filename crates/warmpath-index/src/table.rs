@@ -55,15 +55,7 @@ impl Default for CacheIndex {
 impl CacheIndex {
     /// An empty index.
     pub fn new() -> Self {
-        CacheIndex {
-            map: Map::with_hasher_and_shard_amount(Default::default(), 128),
-            workers: Workers::default(),
-            live: AtomicI64::new(0),
-            dead: AtomicU64::new(0),
-            max_entries: AtomicU64::new(u64::MAX),
-            #[cfg(test)]
-            hook: Default::default(),
-        }
+        Self::with_capacity(0)
     }
 
     /// An empty index with room for `blocks` distinct blocks.
