@@ -62,7 +62,7 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warmpath_edge::LogEvery;
@@ -254,13 +254,6 @@ async fn guarded(target: &str, max_frame: u64, cancel: &CancellationToken) -> St
     }
 }
 
-fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
 impl Follower {
     fn new(
         cfg: FollowConfig,
@@ -397,7 +390,7 @@ impl Follower {
     /// stream): its blocks are gone, and its sequence starts again.
     fn forget_engine(&mut self) {
         let removed = self.tracker.clear();
-        self.hub.apply(removed, now_micros());
+        self.hub.apply(removed, crate::hub::now_micros());
         self.last = None;
         self.applied.fill(NO_BATCH);
         self.stats.engine_restarts.inc();
@@ -602,7 +595,7 @@ impl Follower {
             }
             self.hub.set_block_size(bs);
         }
-        self.hub.apply(out.changes, now_micros());
+        self.hub.apply(out.changes, crate::hub::now_micros());
     }
 }
 

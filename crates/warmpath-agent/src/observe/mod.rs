@@ -38,16 +38,8 @@ pub use stats::ObserveStats;
 
 use crate::hub::Hub;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
 
 /// Drains `rx` until `cancel` fires or every sender is gone: hashes each body
 /// on the blocking pool, touches `mirror`, and applies the changes to `hub`.
@@ -106,7 +98,7 @@ pub async fn run_observer(
             }
         }
         if !changes.is_empty() {
-            hub.apply(changes, now_micros());
+            hub.apply(changes, crate::hub::now_micros());
         }
         metrics::gauge!("warmpath_agent_observe_mirror_blocks").set(mirror.len() as f64);
     }
