@@ -390,7 +390,7 @@ impl Follower {
     /// stream): its blocks are gone, and its sequence starts again.
     fn forget_engine(&mut self) {
         let removed = self.tracker.clear();
-        self.hub.apply(removed, crate::hub::now_micros());
+        self.hub.apply(removed, warmpath_proto::unix_micros());
         self.last = None;
         self.applied.fill(NO_BATCH);
         self.stats.engine_restarts.inc();
@@ -595,7 +595,7 @@ impl Follower {
             }
             self.hub.set_block_size(bs);
         }
-        self.hub.apply(out.changes, crate::hub::now_micros());
+        self.hub.apply(out.changes, warmpath_proto::unix_micros());
     }
 }
 

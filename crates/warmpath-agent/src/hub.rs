@@ -36,13 +36,6 @@ const MAX_DECIDED_BYTES: usize = 64 << 10;
 /// The most bytes of decision facts queued for one router.
 const MAX_DECIDED_QUEUE_BYTES: usize = 4 << 20;
 
-/// Now, in microseconds since the Unix epoch: when a change was observed.
-pub(crate) fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 /// A router link's queue: deltas not yet sent, or a snapshot request.
 #[derive(Debug)]
 pub struct Sink {

@@ -62,6 +62,14 @@ pub fn snapshot_chunks(
         .collect()
 }
 
+/// Now in microseconds since the Unix epoch, the wire's clock
+/// (`Delta.observed_unix_micros`, the ingest's receive time); 0 before 1970.
+pub fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// The metadata value for `token`: `Bearer <token>`.
 pub fn bearer(token: &str) -> String {
     format!("Bearer {token}")

@@ -98,7 +98,7 @@ pub async fn run_observer(
             }
         }
         if !changes.is_empty() {
-            hub.apply(changes, crate::hub::now_micros());
+            hub.apply(changes, warmpath_proto::unix_micros());
         }
         metrics::gauge!("warmpath_agent_observe_mirror_blocks").set(mirror.len() as f64);
     }

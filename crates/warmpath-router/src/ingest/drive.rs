@@ -9,7 +9,7 @@ use super::guard::{shown, LogEvery};
 use super::pace::{self, Gates, Work};
 use super::stream::{Refusal, WorkerStream};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -20,12 +20,6 @@ use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
 /// newer one took over (or whose worker was removed) is closed within this
 /// even when its agent sends nothing more, with what it held.
 const OWNER_CHECK: Duration = Duration::from_secs(1);
-
-fn unix_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
 
 /// What every stream of one service shares.
 #[derive(Clone)]
@@ -151,7 +145,10 @@ pub(super) async fn drive(
                 crate::routing::load_cell::monotonic_ms(),
             ));
         }
-        let (now_ms, now_unix) = (crate::routing::load_cell::monotonic_ms(), unix_micros());
+        let (now_ms, now_unix) = (
+            crate::routing::load_cell::monotonic_ms(),
+            warmpath_proto::unix_micros(),
+        );
         let answer = match work {
             Work::Light => ws.on_message(msg, now_ms, now_unix),
             Work::Big | Work::Replace(_) => {
