@@ -424,13 +424,13 @@ async fn an_unreachable_api_server_is_reported_and_empties_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
+async fn a_pod_back_at_another_ip_is_served_at_its_new_url() {
     let bs = pods(2).await;
     let api = TestApi::start(bs[0].addr.port()).await;
     let dir = tempfile::tempdir().unwrap();
     let r = router_on(
         dir.path(),
-        "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n          worker_id: pod_name\n",
+        "pools:\n  - model: m\n    discovery:\n      - kubernetes:\n          service: vllm-engines\n          port_name: http\n",
         api.addr,
         None,
     )
@@ -451,15 +451,16 @@ async fn pod_name_ids_follow_a_pod_that_comes_back_at_another_ip() {
             })
             .collect()
     };
-    assert_eq!(urls().await, [("vllm-engines-0".to_owned(), bs[0].url())]);
+    assert_eq!(urls().await, [(bs[0].url(), bs[0].url())]);
     api.watch_open(1).await;
-    // A StatefulSet pod restarted: the same name at a new address.
+    // A StatefulSet pod restarted: the same name at a new address, so a new
+    // worker id (its URL; its cache is cold anyway) and the old one drains.
     api.send("watch-5-moved.jsonl");
     poll::poll(
-        "the member to move to the pod's new address",
+        "the pod's new address to serve alone",
         Duration::from_secs(10),
         Duration::from_millis(10),
-        async || (urls().await == [("vllm-engines-0".to_owned(), bs[1].url())]).then_some(()),
+        async || (urls().await == [(bs[1].url(), bs[1].url())]).then_some(()),
     )
     .await;
     let reply = post(

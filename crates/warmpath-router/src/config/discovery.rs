@@ -11,7 +11,6 @@
 //!       namespace: default
 //!       service: vllm-engines    # EndpointSlices labelled kubernetes.io/service-name
 //!       port_name: http          # which EndpointPort; default: the unnamed one
-//!       worker_id: ip            # or pod_name; the URL is http://IP:PORT either way
 //! ```
 //!
 //! The API server and credentials are the process's, as for the ingest's
@@ -54,21 +53,6 @@ pub struct KubernetesDiscovery {
     /// Service with a single unnamed port).
     #[serde(default)]
     pub port_name: Option<String>,
-    /// Where worker ids come from.
-    #[serde(default)]
-    pub worker_id: K8sWorkerId,
-}
-
-/// Where a Kubernetes endpoint's worker id comes from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum K8sWorkerId {
-    /// `http://IP:PORT`, the URL itself.
-    #[default]
-    Ip,
-    /// The pod's name (`targetRef.name`; the URL where it has none), which
-    /// the agent can report through the Downward API.
-    PodName,
 }
 
 fn default_namespace() -> String {
@@ -203,11 +187,10 @@ mod tests {
 
     #[test]
     fn a_kubernetes_block_parses_with_defaults_and_bad_ones_are_named() {
-        let yaml = "- kubernetes:\n    service: vllm-engines\n    port_name: http\n    worker_id: pod_name\n";
+        let yaml = "- kubernetes:\n    service: vllm-engines\n    port_name: http\n";
         let d: Vec<DiscoveryConfig> = yaml_serde::from_str(yaml).unwrap();
         let k = d[0].kubernetes.as_ref().unwrap();
         assert_eq!(k.namespace, "default");
-        assert_eq!(k.worker_id, K8sWorkerId::PodName);
         assert_eq!(d[0].name(), "kubernetes:default/vllm-engines");
         assert_eq!(d[0].interval(2_000), Duration::from_millis(10_000));
         let r = d[0].validate("d");
@@ -229,7 +212,7 @@ mod tests {
             bad("- {dns: {name: x, port: 1}, kubernetes: {service: s}}").contains("exactly one")
         );
         assert!(yaml_serde::from_str::<Vec<DiscoveryConfig>>(
-            "- kubernetes: {service: s, worker_id: uid}"
+            "- kubernetes: {service: s, worker_id: ip}"
         )
         .is_err());
     }

@@ -44,7 +44,7 @@ mod router;
 mod validate;
 
 pub use cli::Cli;
-pub use discovery::{DiscoveryConfig, DnsDiscovery, K8sWorkerId, KubernetesDiscovery};
+pub use discovery::{DiscoveryConfig, DnsDiscovery, KubernetesDiscovery};
 pub(crate) use error::invalid;
 pub use error::ConfigError;
 pub use index::{IndexSettings, COMPACT_INTERVAL_MS};

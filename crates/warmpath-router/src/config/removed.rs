@@ -142,6 +142,10 @@ pub(crate) const REMOVED: &[(&str, &str)] = &[
         "a silent agent's entries are cleared after 12 times ingest.stale_after_ms",
     ),
     (
+        "pools[].discovery[].kubernetes.worker_id",
+        "a discovered endpoint's worker id is its URL, http://IP:PORT: give its agent --worker-id-from-env POD_IP --worker-id-template http://{}:PORT",
+    ),
+    (
         "health.probe_timeout_ms",
         "a probe waits at most health.probe_interval_ms, and at most 1 s",
     ),

@@ -19,7 +19,7 @@
 //! (tests/router/k8s.rs), not against a live API server.
 
 use super::answer::{Answer, DiscoveryError};
-use crate::config::{K8sWorkerId, KubernetesDiscovery};
+use crate::config::KubernetesDiscovery;
 use crate::control::state::Shared;
 use crate::routing::pool::Pool;
 use futures::StreamExt;
@@ -114,16 +114,7 @@ pub(crate) fn slice_members(slice: &EndpointSlice, cfg: &KubernetesDiscovery) ->
             }
             _ => continue,
         };
-        let id = match cfg.worker_id {
-            K8sWorkerId::Ip => url.clone(),
-            K8sWorkerId::PodName => ep
-                .target_ref
-                .as_ref()
-                .filter(|r| r.kind.as_deref() == Some("Pod"))
-                .and_then(|r| r.name.clone())
-                .unwrap_or_else(|| url.clone()),
-        };
-        out.insert(id, url);
+        out.insert(url.clone(), url);
     }
     out
 }
@@ -335,15 +326,8 @@ impl kube::runtime::utils::Backoff for Backoff {
 mod tests {
     use super::*;
 
-    fn cfg(worker_id: K8sWorkerId) -> KubernetesDiscovery {
-        yaml_serde::from_str::<KubernetesDiscovery>(&format!(
-            "{{service: vllm, port_name: http, worker_id: {}}}",
-            match worker_id {
-                K8sWorkerId::Ip => "ip",
-                K8sWorkerId::PodName => "pod_name",
-            }
-        ))
-        .unwrap()
+    fn cfg() -> KubernetesDiscovery {
+        yaml_serde::from_str::<KubernetesDiscovery>("{service: vllm, port_name: http}").unwrap()
     }
 
     fn slice(name: &str, endpoints: serde_json::Value) -> EndpointSlice {
@@ -373,7 +357,7 @@ mod tests {
                 {"addresses": ["10.0.0.5"]},
             ]),
         );
-        let got = slice_members(&s, &cfg(K8sWorkerId::Ip));
+        let got = slice_members(&s, &cfg());
         let ids: Vec<&str> = got.keys().map(String::as_str).collect();
         assert_eq!(
             ids,
@@ -383,11 +367,7 @@ mod tests {
                 "http://10.0.0.5:8000"
             ]
         );
-        let by_pod = slice_members(&s, &cfg(K8sWorkerId::PodName));
-        assert_eq!(by_pod["p1"], "http://10.0.0.1:8000");
-        // No targetRef: the URL stands in for the pod's name.
-        assert_eq!(by_pod["http://10.0.0.5:8000"], "http://10.0.0.5:8000");
-        let mut other = cfg(K8sWorkerId::Ip);
+        let mut other = cfg();
         other.port_name = Some("grpc".into());
         assert!(slice_members(&s, &other).is_empty());
     }
@@ -396,17 +376,17 @@ mod tests {
     fn ipv6_and_fqdn_addresses_make_urls() {
         let mut s = slice("a", serde_json::json!([{"addresses": ["fd00::1"]}]));
         s.address_type = "IPv6".into();
-        let got = slice_members(&s, &cfg(K8sWorkerId::Ip));
+        let got = slice_members(&s, &cfg());
         assert_eq!(got.keys().next().unwrap(), "http://[fd00::1]:8000");
         s.address_type = "FQDN".into();
         s.endpoints[0].addresses = vec!["engine-0.svc".into()];
-        let got = slice_members(&s, &cfg(K8sWorkerId::Ip));
+        let got = slice_members(&s, &cfg());
         assert_eq!(got.keys().next().unwrap(), "http://engine-0.svc:8000");
     }
 
     #[test]
     fn the_union_spans_slices_and_a_relist_replaces_them() {
-        let c = cfg(K8sWorkerId::Ip);
+        let c = cfg();
         let mut st = Slices::default();
         // Before a full list, single events change nothing to apply.
         assert!(!st.event(
