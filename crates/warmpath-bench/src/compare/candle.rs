@@ -76,8 +76,6 @@ pub struct EngineShape<'a> {
     pub block_size: usize,
     /// Prefix cache capacity in blocks.
     pub cache_blocks: usize,
-    /// Event topic.
-    pub topic: &'a str,
 }
 
 impl CandleFleet {
@@ -127,7 +125,6 @@ async fn start_one(
     cmd.args(["--tiny", "--listen", "127.0.0.1:0"])
         .args(["--kv-events", "tcp://127.0.0.1:0"])
         .args(["--kv-replay", "tcp://127.0.0.1:0"])
-        .args(["--kv-topic", shape.topic])
         .args(["--model-name", shape.model])
         .arg(format!("--block-size={}", shape.block_size))
         .arg(format!("--cache-blocks={}", shape.cache_blocks))
@@ -184,7 +181,6 @@ mod tests {
             model: "m",
             block_size: 16,
             cache_blocks: 64,
-            topic: "",
         };
         let err = CandleFleet::start(1, &cfg, shape, &std::env::temp_dir())
             .await

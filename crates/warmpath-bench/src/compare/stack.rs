@@ -31,8 +31,6 @@ use warmpath_router::RunningRouter;
 /// replicas of it run where.
 #[derive(Clone, Debug, Serialize)]
 pub struct RouterKnobs {
-    /// In flight at which a backend counts as full.
-    pub concurrency_threshold: u32,
     /// `kv_aware` cost weights.
     pub kv: KvConfig,
     /// Router replicas (1..=16). One runs in this process through the
@@ -60,7 +58,6 @@ impl RouterKnobs {
 impl Default for RouterKnobs {
     fn default() -> Self {
         RouterKnobs {
-            concurrency_threshold: 64,
             kv: KvConfig::default(),
             routers: 1,
             processes: false,
@@ -185,7 +182,7 @@ impl Stack {
         let (engines, list) = match kind {
             EngineKind::Sim => {
                 let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
-                let fleet = Fleet::start(n, sim, tokenizer, None, shutdown.clone()).await?;
+                let fleet = Fleet::start(n, sim, tokenizer, shutdown.clone()).await?;
                 let list: Vec<_> = fleet
                     .instances
                     .iter()
@@ -205,7 +202,6 @@ impl Stack {
                     model: &sim.model,
                     block_size: sim.block_size,
                     cache_blocks: sim.cache_blocks,
-                    topic: &sim.topic,
                 };
                 let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
                 let list: Vec<_> = fleet
@@ -254,7 +250,6 @@ impl Stack {
             let mut cfg = AgentConfig::new(id, &sim.model, url, events);
             cfg.kv_replay = replay.clone();
             cfg.routers = grpcs.clone();
-            cfg.topic = sim.topic.clone();
             let agent = Agent::start(cfg, None)
                 .await
                 .map_err(|e| component(format!("agent {id}"), e))?;
@@ -523,7 +518,6 @@ fn router_config(
     pool.strategy = Some(strategy);
     pool.tokenizer = Some(model_dir.to_path_buf());
     pool.block_size = sim.block_size;
-    pool.prefix_aware.concurrency_threshold = knobs.concurrency_threshold;
     pool.kv = knobs.kv.clone();
     for (id, url) in backends {
         let mut b = BackendConfig::new(url.clone());
