@@ -24,7 +24,7 @@ use crate::timing::TimeModel;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::{CacheEvent, EngineBlockHash, PrefixCache};
@@ -71,7 +71,6 @@ struct Job {
     id: u64,
     tokens: Vec<u32>,
     salt: Option<String>,
-    queued: Instant,
     done: oneshot::Sender<Prefilled>,
 }
 
@@ -80,11 +79,6 @@ struct Job {
 pub struct Prefilled {
     /// Prompt tokens served from the cache.
     pub cached: usize,
-    /// Time spent in the prefill queue.
-    pub queued: Duration,
-    /// Time from the start of the prefill to its end (the modelled compute,
-    /// the timer's lateness, caching and publishing the blocks).
-    pub computed: Duration,
 }
 
 /// A simulated engine; share it behind an `Arc`.
@@ -248,7 +242,6 @@ impl SimEngine {
             id: adm.id,
             tokens,
             salt,
-            queued: Instant::now(),
             done,
         };
         self.queue.send(job).await.map_err(|_| gone())?;
@@ -332,7 +325,6 @@ async fn prefill_loop(
             _ = shutdown.cancelled() => break,
             j = rx.recv() => match j { Some(j) => j, None => break },
         };
-        let started = Instant::now();
         let cached = {
             let mut s = state.lock();
             let Some(t) = s.tickets.get_mut(&job.id) else {
@@ -374,11 +366,7 @@ async fn prefill_loop(
         }
         drop(order);
         // A failed send means the client left; its Admission cleans up.
-        let _ = job.done.send(Prefilled {
-            cached,
-            queued: started.duration_since(job.queued),
-            computed: started.elapsed(),
-        });
+        let _ = job.done.send(Prefilled { cached });
     }
 }
 

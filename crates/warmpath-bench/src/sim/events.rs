@@ -50,16 +50,9 @@ pub async fn start(
                 _ = shutdown.cancelled() => break,
                 b = rx.recv() => match b { Some(b) => b, None => break },
             };
-            let n = batch.len() as u64;
-            match publisher
-                .publish(batch.iter().map(KvEvent::from).collect())
-                .await
-            {
-                Ok(_) => metrics::counter!("warmpath_sim_kv_events_total").increment(n),
-                Err(e) => {
-                    metrics::counter!("warmpath_sim_kv_events_dropped_total").increment(n);
-                    tracing::warn!(error = %e, "publishing kv events failed");
-                }
+            let events = batch.iter().map(KvEvent::from).collect();
+            if let Err(e) = publisher.publish(events).await {
+                tracing::warn!(error = %e, "publishing kv events failed");
             }
         }
     });

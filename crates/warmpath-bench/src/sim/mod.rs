@@ -145,7 +145,6 @@ async fn start_with(
     )?;
     let id = format!("sim-{i}");
     let state = Arc::new(http::AppState {
-        id: id.clone(),
         config: http::server_config(&cfg.model, &engine),
         engine: engine.clone(),
         tokenizer,
