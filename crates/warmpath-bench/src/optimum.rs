@@ -42,17 +42,10 @@
 //!   pooled cache's Belady eviction.
 //!
 //! Neither keeps the engines' own eviction rule: both let the caches evict by
-//! Belady's rule (and the bound lets them decline to cache), which no router
-//! can impose on engines that evict LRU, as vLLM does. So on a fleet whose
-//! caches are too small the bound is out of reach of any router over LRU
-//! engines, not only of an online one. [`crate::lru_refs`] adds two
-//! references that keep the engines' LRU (the fields `lru_oracle` and
-//! `lru_pinned`): on the scale model (7 instances, caches at half of 112
-//! documents, Zipf 1.0) the bound is about 91%, a router that knows the whole
-//! trace but leaves the engines' LRU alone about 86%.
-//!
-//! [`LEGEND`] is the one-paragraph summary every report prints under its
-//! table; this module and [`crate::lru_refs`] hold the details.
+//! Belady's rule, which no router can impose on engines that evict LRU, as
+//! vLLM does; [`crate::lru_refs`] adds two references that keep it
+//! (`lru_oracle`, `lru_pinned`). [`LEGEND`] is the one-paragraph summary
+//! every report prints under its table.
 
 use crate::offline::{capped_hit, InFlight, NEVER};
 pub use crate::offline::{Fleet, OptRequest};

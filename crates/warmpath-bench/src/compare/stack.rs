@@ -148,6 +148,12 @@ impl Drop for Stack {
     }
 }
 
+/// The body of the answer to `req` (to `url`).
+async fn text(req: reqwest::RequestBuilder, url: &str) -> Result<String, BenchError> {
+    let resp = req.send().await.map_err(|e| http(url, e))?;
+    resp.text().await.map_err(|e| http(url, e))
+}
+
 fn component(what: impl Into<String>, e: impl std::fmt::Display) -> BenchError {
     BenchError::Component {
         what: what.into(),
@@ -178,12 +184,10 @@ impl Stack {
             rand::random::<u32>()
         ));
         warmpath_core::tokenize::tiny::write_model_dir(&model_dir)?;
-        // (id, url, kv events, kv replay) of each engine.
-        let (engines, list) = match kind {
-            EngineKind::Sim => {
-                let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
-                let fleet = Fleet::start(n, sim, tokenizer, shutdown.clone()).await?;
-                let list: Vec<_> = fleet
+        // (id, url, kv events, kv replay) of each engine of either kind.
+        macro_rules! endpoints {
+            ($fleet:expr) => {
+                $fleet
                     .instances
                     .iter()
                     .map(|i| {
@@ -194,7 +198,14 @@ impl Stack {
                             i.kv_replay.clone(),
                         )
                     })
-                    .collect();
+                    .collect::<Vec<_>>()
+            };
+        }
+        let (engines, list) = match kind {
+            EngineKind::Sim => {
+                let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
+                let fleet = Fleet::start(n, sim, tokenizer, shutdown.clone()).await?;
+                let list = endpoints!(fleet);
                 (Engines::Sim(fleet), list)
             }
             EngineKind::Candle(c) => {
@@ -204,18 +215,7 @@ impl Stack {
                     cache_blocks: sim.cache_blocks,
                 };
                 let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
-                let list: Vec<_> = fleet
-                    .instances
-                    .iter()
-                    .map(|i| {
-                        (
-                            i.id.clone(),
-                            i.url.clone(),
-                            i.kv_events.clone(),
-                            i.kv_replay.clone(),
-                        )
-                    })
-                    .collect();
+                let list = endpoints!(fleet);
                 (Engines::Candle(fleet), list)
             }
         };
@@ -326,47 +326,37 @@ impl Stack {
         self.admin_token.as_deref()
     }
 
+    /// `req` with the router's admin token, if any.
+    fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.admin_token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
     /// Waits until every router's `/cache-index` lists every worker.
     async fn wait_for_agents(&self, limit: Duration) -> Result<(), BenchError> {
         let started = Instant::now();
-        for base in &self.router_urls {
-            self.wait_for_agents_of(base, started, limit).await?;
-        }
-        Ok(())
-    }
-
-    async fn wait_for_agents_of(
-        &self,
-        base: &str,
-        started: Instant,
-        limit: Duration,
-    ) -> Result<(), BenchError> {
         let client = reqwest::Client::new();
-        let url = format!("{base}/cache-index");
-        loop {
-            let mut get = client.get(&url);
-            if let Some(t) = &self.admin_token {
-                get = get.bearer_auth(t);
-            }
-            if let Ok(resp) = get.send().await {
-                if let Ok(text) = resp.text().await {
-                    if self
-                        .engines
-                        .iter()
-                        .all(|e| text.contains(&format!("\"{}\"", e.id)))
-                    {
-                        return Ok(());
+        for base in &self.router_urls {
+            let url = format!("{base}/cache-index");
+            loop {
+                if let Ok(text) = text(self.authed(client.get(&url)), &url).await {
+                    let listed = |e: &EngineEndpoint| text.contains(&format!("\"{}\"", e.id));
+                    if self.engines.iter().all(listed) {
+                        break;
                     }
                 }
+                if started.elapsed() > limit {
+                    return Err(component(
+                        "agents",
+                        format!("not all agents reached the router {base} within {limit:?}"),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            if started.elapsed() > limit {
-                return Err(component(
-                    "agents",
-                    format!("not all agents reached the router {base} within {limit:?}"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        Ok(())
     }
 
     /// Switches the pool's strategy through `PUT /admin/pools/{model}/strategy`
@@ -377,29 +367,16 @@ impl Stack {
         s: Strategy,
     ) -> Result<(), BenchError> {
         for base in &self.router_urls {
-            self.set_strategy_of(client, base, s).await?;
-        }
-        Ok(())
-    }
-
-    async fn set_strategy_of(
-        &self,
-        client: &reqwest::Client,
-        base: &str,
-        s: Strategy,
-    ) -> Result<(), BenchError> {
-        let url = format!("{base}/admin/pools/{}/strategy", self.model);
-        let mut req = client
-            .put(&url)
-            .json(&serde_json::json!({"strategy": s.as_str()}));
-        if let Some(t) = &self.admin_token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.map_err(|e| http(&url, e))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(http(&url, format!("{status}: {body}")));
+            let url = format!("{base}/admin/pools/{}/strategy", self.model);
+            let req = client
+                .put(&url)
+                .json(&serde_json::json!({"strategy": s.as_str()}));
+            let resp = self.authed(req).send().await.map_err(|e| http(&url, e))?;
+            if !resp.status().is_success() {
+                let status = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                return Err(http(&url, format!("{status}: {body}")));
+            }
         }
         Ok(())
     }
@@ -436,14 +413,7 @@ impl Stack {
         let (mut queries, mut hits) = (0.0, 0.0);
         for e in &self.engines {
             let url = format!("{}/metrics", e.url);
-            let text = client
-                .get(&url)
-                .send()
-                .await
-                .map_err(|e| http(&url, e))?
-                .text()
-                .await
-                .map_err(|e| http(&url, e))?;
+            let text = text(client.get(&url), &url).await?;
             queries += metric_sum(&text, "vllm:prefix_cache_queries_total");
             hits += metric_sum(&text, "vllm:prefix_cache_hits_total");
         }
@@ -460,17 +430,7 @@ impl Stack {
         let mut out = Vec::with_capacity(self.router_urls.len());
         for base in &self.router_urls {
             let url = format!("{base}/metrics");
-            let mut get = client.get(&url);
-            if let Some(t) = &self.admin_token {
-                get = get.bearer_auth(t);
-            }
-            let text = get
-                .send()
-                .await
-                .map_err(|e| http(&url, e))?
-                .text()
-                .await
-                .map_err(|e| http(&url, e))?;
+            let text = text(self.authed(client.get(&url)), &url).await?;
             out.push((
                 labelled_sum(&text, name, "direction=\"sent\""),
                 labelled_sum(&text, name, "direction=\"received\""),
