@@ -12,7 +12,7 @@ use warmpath_bench::compare::{
 use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
-use warmpath_bench::workload::{self, WorkloadKind, WorkloadSpec};
+use warmpath_bench::workload::{WorkloadKind, WorkloadSpec};
 use warmpath_core::policy::{ColdPlacement, KvConfig};
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
@@ -34,8 +34,6 @@ struct Cli {
 enum Command {
     /// Discrete-event simulation of a large fleet (no sockets).
     Scale(ScaleArgs),
-    /// Writes a generated workload as a JSONL trace.
-    Trace(TraceArgs),
     /// Runs a fleet of simulated vLLM instances until Ctrl-C.
     Sim(SimArgs),
     /// Replays one trace per strategy through simulated instances, agents and the router.
@@ -465,25 +463,6 @@ struct ScaleArgs {
     kv: KvArgs,
 }
 
-#[derive(Args, Debug)]
-struct TraceArgs {
-    /// Workload: long, short, rag, code, tenants.
-    #[arg(long, default_value = "long")]
-    workload: WorkloadKind,
-    /// Requests.
-    #[arg(long, default_value_t = 1000)]
-    requests: usize,
-    /// Mean arrivals per second.
-    #[arg(long, default_value_t = 10.0)]
-    rate: f64,
-    /// RNG seed.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Output file.
-    #[arg(long)]
-    out: PathBuf,
-}
-
 fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
     if list == "all" {
         return Ok(Strategy::ALL.to_vec());
@@ -644,17 +623,5 @@ async fn main() -> anyhow::Result<()> {
         Command::Sim(a) => run_sim(a).await,
         Command::Compare(a) => run_compare(a.config()?).await,
         Command::Demo(a) => run_compare(demo_config(&a)?).await,
-        Command::Trace(a) => {
-            let spec = WorkloadSpec {
-                requests: a.requests,
-                rate: a.rate,
-                seed: a.seed,
-                ..WorkloadSpec::new(a.workload)
-            };
-            let trace = workload::generate(&spec)?;
-            workload::trace::write(&a.out, &trace)?;
-            println!("wrote {} requests to {}", trace.len(), a.out.display());
-            Ok(())
-        }
     }
 }
