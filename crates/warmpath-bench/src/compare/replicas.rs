@@ -131,17 +131,18 @@ async fn start_one(
 }
 
 /// The sum of the samples of `name` whose labels include `label`
-/// (`direction="received"`) in Prometheus text.
+/// (`direction="received"`; empty: every sample) in Prometheus text.
 pub fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
-            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
-            let (labels, value) = rest.split_once('}')?;
-            labels
-                .split(',')
-                .any(|kv| kv.trim() == label)
-                .then_some(())?;
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(rest) => rest.split_once('}')?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let labelled = label.is_empty() || labels.split(',').any(|kv| kv.trim() == label);
+            labelled.then_some(())?;
             value.trim().parse::<f64>().ok()
         })
         .sum::<f64>()
@@ -189,5 +190,20 @@ mod tests {
         assert_eq!(labelled_sum(text, name, "direction=\"received\""), 7.0);
         assert_eq!(labelled_sum(text, name, "direction=\"sent\""), 7.0);
         assert_eq!(labelled_sum(text, name, "direction=\"dropped\""), 0.0);
+    }
+
+    #[test]
+    fn an_empty_label_adds_every_sample_of_one_name() {
+        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
+                    vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n\
+                    vllm:prefix_cache_hits_total_other 99\n\
+                    vllm:prefix_cache_hits_total{model_name=\"n\"} 5.5\n\
+                    vllm:prefix_cache_queries_total 7\n";
+        assert_eq!(labelled_sum(text, "vllm:prefix_cache_hits_total", ""), 15.5);
+        assert_eq!(
+            labelled_sum(text, "vllm:prefix_cache_queries_total", ""),
+            7.0
+        );
+        assert_eq!(labelled_sum(text, "vllm:missing", ""), 0.0);
     }
 }

@@ -414,8 +414,8 @@ impl Stack {
         for e in &self.engines {
             let url = format!("{}/metrics", e.url);
             let text = text(client.get(&url), &url).await?;
-            queries += metric_sum(&text, "vllm:prefix_cache_queries_total");
-            hits += metric_sum(&text, "vllm:prefix_cache_hits_total");
+            queries += labelled_sum(&text, "vllm:prefix_cache_queries_total", "");
+            hits += labelled_sum(&text, "vllm:prefix_cache_hits_total", "");
         }
         Ok((queries, hits))
     }
@@ -499,37 +499,5 @@ fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Http {
         url: url.to_owned(),
         reason: e.to_string(),
-    }
-}
-
-/// The sum of every sample of `name` (any labels) in Prometheus text.
-pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            if !(rest.starts_with('{') || rest.starts_with(' ')) {
-                return None;
-            }
-            let value = rest.rsplit(' ').next()?;
-            value.trim().parse::<f64>().ok()
-        })
-        .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metric_sum_adds_every_labelled_sample_of_one_name() {
-        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
-                    vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n\
-                    vllm:prefix_cache_hits_total_other 99\n\
-                    vllm:prefix_cache_hits_total{model_name=\"n\"} 5.5\n\
-                    vllm:prefix_cache_queries_total 7\n";
-        assert_eq!(metric_sum(text, "vllm:prefix_cache_hits_total"), 15.5);
-        assert_eq!(metric_sum(text, "vllm:prefix_cache_queries_total"), 7.0);
-        assert_eq!(metric_sum(text, "vllm:missing"), 0.0);
     }
 }
