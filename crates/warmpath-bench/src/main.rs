@@ -176,10 +176,7 @@ impl CompareArgs {
         let engine = match self.engine.as_str() {
             "sim" => EngineKind::Sim,
             "candle" => {
-                let mut c = CandleConfig::beside_current_exe()?;
-                if let Some(b) = &self.engine_bin {
-                    c.binary = b.clone();
-                }
+                let mut c = CandleConfig::new(self.engine_bin.as_deref())?;
                 c.prefill_chunk = self.prefill_chunk;
                 EngineKind::Candle(c)
             }

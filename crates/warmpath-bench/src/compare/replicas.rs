@@ -11,38 +11,18 @@
 //! leaves no orphan; Ctrl-C reaches them through the terminal's process
 //! group as well).
 
-use super::child::{io, spawn_ready};
+use super::child::{binary, io, spawn_ready};
 use crate::error::BenchError;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::process::{Child, Command};
 use warmpath_router::config::RouterConfig;
 
-/// The `warmpath-router` binary: `given`, else the one next to the running
-/// executable (where `cargo build -p warmpath-router` puts it beside
-/// `warmpath-bench`, same profile); an error naming the build command when
-/// it is not there.
+/// The `warmpath-router` binary: `given`, else the one beside this
+/// executable.
 pub fn router_binary(given: Option<&Path>) -> Result<PathBuf, BenchError> {
-    let binary = match given {
-        Some(b) => b.to_path_buf(),
-        None => {
-            let exe = std::env::current_exe().map_err(|e| BenchError::Io {
-                path: "current executable".into(),
-                source: e,
-            })?;
-            exe.with_file_name(format!("warmpath-router{}", std::env::consts::EXE_SUFFIX))
-        }
-    };
-    if !binary.is_file() {
-        return Err(BenchError::Invalid {
-            what: "router binary",
-            reason: format!(
-                "{} not found; build it with `cargo build -p warmpath-router` (with `--release` for a release bench) or pass --router-bin",
-                binary.display()
-            ),
-        });
-    }
-    Ok(binary)
+    let build = "build it with `cargo build -p warmpath-router` (with `--release` for a release bench) or pass --router-bin";
+    binary("warmpath-router", given, build)
 }
 
 /// One running router process.
