@@ -136,21 +136,9 @@ struct CompareArgs {
 
 #[derive(Args, Debug)]
 struct DemoArgs {
-    /// Seconds of the main run per strategy (the rate search adds up to 18 s).
-    #[arg(long, default_value_t = 20.0)]
-    duration: f64,
     /// A few seconds in all: small prompts, short runs, no rate search (for CI).
     #[arg(long)]
     quick: bool,
-    /// Output folder.
-    #[arg(long, default_value = "warmpath-report")]
-    out: PathBuf,
-    /// Engines: `sim` or `candle` (warmpath-engine --tiny processes).
-    #[arg(long, default_value = "sim")]
-    engine: String,
-    /// The warmpath-engine binary for `--engine candle` (default: beside this one).
-    #[arg(long)]
-    engine_bin: Option<PathBuf>,
 }
 
 impl CompareArgs {
@@ -297,17 +285,13 @@ fn routers(k: &RouterKnobs) -> String {
 }
 
 fn demo_config(a: &DemoArgs) -> anyhow::Result<CompareConfig> {
-    let mut args = CompareOnly::parse_from(["compare"]).args;
-    args.engine = a.engine.clone();
-    args.engine_bin = a.engine_bin.clone();
-    let mut c = args.config()?;
-    c.duration_s = a.duration;
-    // Three 6 s steps at most per strategy: with the 20 s runs the whole demo,
+    let mut c = CompareOnly::parse_from(["compare"]).args.config()?;
+    // 20 s runs and three 6 s steps at most per strategy: the whole demo,
     // build included, fits README's 8 minutes on two cores.
+    c.duration_s = 20.0;
     c.search_step_s = 6.0;
-    c.out_dir = a.out.clone();
     if a.quick {
-        c.duration_s = a.duration.min(3.0);
+        c.duration_s = 3.0;
         c.rate = 6.0;
         c.workload.prefix_tokens = 1000;
         c.workload.docs = 8;
