@@ -71,14 +71,8 @@ struct Job {
     id: u64,
     tokens: Vec<u32>,
     salt: Option<String>,
-    done: oneshot::Sender<Prefilled>,
-}
-
-/// The outcome of a prefill.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Prefilled {
-    /// Prompt tokens served from the cache.
-    pub cached: usize,
+    /// Gets the prompt tokens served from the cache.
+    done: oneshot::Sender<usize>,
 }
 
 /// A simulated engine; share it behind an `Arc`.
@@ -225,14 +219,14 @@ impl SimEngine {
     }
 
     /// Queues the prompt for prefill and waits until it is done; returns the
-    /// cached tokens and where the time went. The request counts as
-    /// `running` from its prefill on.
+    /// prompt tokens served from the cache. The request counts as `running`
+    /// from its prefill on.
     pub async fn prefill(
         &self,
         adm: &Admission,
         tokens: Vec<u32>,
         salt: Option<String>,
-    ) -> Result<Prefilled, BenchError> {
+    ) -> Result<usize, BenchError> {
         let (done, rx) = oneshot::channel();
         let gone = || BenchError::Component {
             what: "simulated engine".into(),
@@ -366,7 +360,7 @@ async fn prefill_loop(
         }
         drop(order);
         // A failed send means the client left; its Admission cleans up.
-        let _ = job.done.send(Prefilled { cached });
+        let _ = job.done.send(cached);
     }
 }
 
@@ -388,7 +382,7 @@ mod tests {
         let prompt: Vec<u32> = (0..16).collect();
         let a = e.admit().await.unwrap();
         assert_eq!(e.stats().waiting, 1);
-        assert_eq!(e.prefill(&a, prompt.clone(), None).await.unwrap().cached, 0);
+        assert_eq!(e.prefill(&a, prompt.clone(), None).await.unwrap(), 0);
         assert_eq!(e.stats().running, 1);
         drop(a);
         assert_eq!(e.stats().running, 0);
@@ -398,20 +392,11 @@ mod tests {
         }
         // Same 16 tokens: 4 blocks cached, but the last one is recomputed.
         let b = e.admit().await.unwrap();
-        assert_eq!(
-            e.prefill(&b, prompt.clone(), None).await.unwrap().cached,
-            12
-        );
+        assert_eq!(e.prefill(&b, prompt.clone(), None).await.unwrap(), 12);
         drop(b);
         // A different salt shares nothing.
         let c = e.admit().await.unwrap();
-        assert_eq!(
-            e.prefill(&c, prompt, Some("acme".into()))
-                .await
-                .unwrap()
-                .cached,
-            0
-        );
+        assert_eq!(e.prefill(&c, prompt, Some("acme".into())).await.unwrap(), 0);
         let s = e.stats();
         assert_eq!(s.prefix_queries, 48);
         assert_eq!(s.prefix_hits, 12);
@@ -469,7 +454,7 @@ mod tests {
         next.extend([7, 7, 7]);
         let b = e.admit().await.unwrap();
         let p = e.prefill(&b, next, Some("s".into())).await.unwrap();
-        assert_eq!(p.cached, 8);
+        assert_eq!(p, 8);
         // Not for a request that is not running.
         drop(b);
         let c = e.admit().await.unwrap();
@@ -485,9 +470,6 @@ mod tests {
         let s = e.stats();
         assert_eq!((s.waiting, s.running), (0, 0));
         let b = e.admit().await.unwrap();
-        assert_eq!(
-            e.prefill(&b, (0..8).collect(), None).await.unwrap().cached,
-            0
-        );
+        assert_eq!(e.prefill(&b, (0..8).collect(), None).await.unwrap(), 0);
     }
 }

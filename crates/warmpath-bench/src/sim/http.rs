@@ -136,8 +136,8 @@ async fn produce(
     tx: mpsc::Sender<Item>,
 ) {
     let prompt = job.tokens.clone();
-    let p = match engine.prefill(&adm, job.tokens, job.salt).await {
-        Ok(p) => p,
+    let cached = match engine.prefill(&adm, job.tokens, job.salt).await {
+        Ok(cached) => cached,
         Err(e) => {
             let _ = tx.send(Item::Failed(unavailable(e))).await;
             return;
@@ -157,7 +157,7 @@ async fn produce(
         .send(Item::Done {
             finish: Some("length"),
             completion_tokens: work.max_tokens,
-            cached_tokens: p.cached,
+            cached_tokens: cached,
         })
         .await;
 }

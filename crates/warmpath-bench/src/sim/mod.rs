@@ -40,7 +40,7 @@ pub mod output;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{EngineStats, Prefilled, SimEngine};
+pub use engine::{EngineStats, SimEngine};
 pub use output::{Output, OutputVocab};
 
 use crate::error::BenchError;
