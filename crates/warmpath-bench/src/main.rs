@@ -47,8 +47,8 @@ struct CompareArgs {
     /// Simulated instances.
     #[arg(long, default_value_t = 4)]
     instances: usize,
-    /// Workload: long, short, rag, code, tenants.
-    #[arg(long, default_value = "long")]
+    /// Workload (docs/bench.md describes each).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Long)]
     workload: WorkloadKind,
     /// Replay this JSONL trace instead of a generated workload.
     #[arg(long)]
@@ -245,7 +245,9 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
         "warmpath-bench: {what}; {} at {} req/s for {} s per strategy",
         cfg.trace
             .as_ref()
-            .map_or(cfg.workload.kind.to_string(), |p| p.display().to_string()),
+            .map_or(format!("{:?}", cfg.workload.kind).to_lowercase(), |p| {
+                p.display().to_string()
+            }),
         cfg.rate,
         cfg.duration_s
     );
