@@ -104,7 +104,7 @@ async fn decision_sharing_hot_path_cost() {
         ..Default::default()
     };
     let tokenizer = Arc::new(ChatTokenizer::load(&dir).unwrap());
-    let fleet = Fleet::start(2, &sim, tokenizer, None, shutdown.clone())
+    let fleet = Fleet::start(2, &sim, tokenizer, shutdown.clone())
         .await
         .unwrap();
     let mut pool = PoolConfig::new(sim.model.clone());
@@ -136,7 +136,6 @@ async fn decision_sharing_hot_path_cost() {
         let mut cfg = AgentConfig::new(&i.id, &sim.model, &i.url, &i.kv_events);
         cfg.kv_replay = i.kv_replay.clone();
         cfg.routers = routers.iter().map(|r| r.grpc.clone()).collect();
-        cfg.topic = sim.topic.clone();
         agents.push(Agent::start(cfg, None).await.unwrap());
     }
     let client = reqwest::Client::new();

@@ -2,8 +2,7 @@
 
 use thiserror::Error;
 
-/// Where the bench failed, and whether trying again can help
-/// ([`BenchError::is_retryable`]).
+/// Where the bench failed.
 #[derive(Debug, Error)]
 pub enum BenchError {
     /// A setting or argument is out of range. Fix the input; not retryable.
@@ -70,11 +69,4 @@ pub enum BenchError {
         /// What went wrong.
         reason: String,
     },
-}
-
-impl BenchError {
-    /// Whether the same operation may succeed when tried again.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, BenchError::Bind { .. } | BenchError::Http { .. })
-    }
 }

@@ -28,149 +28,124 @@
 //!   the popularities, and left the engines' LRU alone, could reach by
 //!   pinning.
 //!
-//! Both cache whole items (a block, or a document of `scale`) and count
-//! prefix hits capped as an engine caps them (the last prompt token is
-//! recomputed). A request touches its items last first, so its first item is
-//! the most recently used (vLLM frees a request's blocks tail first, so its
-//! tail is evicted first). Answers of a conversation are not modelled:
-//! callers leave conversations out. Fleets above [`MAX_BACKENDS`] get neither
-//! (each cold request scans every backend).
+//! Both run each backend's cache on the project's one model of vLLM's prefix
+//! cache ([`PrefixCache`]), one entry per item (a block, or a document of
+//! `scale`): items are chained as blocks are (an item's id names its whole
+//! prefix), and all of a trace's items have one size, so a cache of `c`
+//! blocks holds `c / size` of them; traces whose items differ in size get
+//! neither reference. Hits are prefix hits capped as an engine caps them (the
+//! last prompt token is recomputed). Answers of a conversation are not
+//! modelled: callers leave conversations out. Fleets above [`MAX_BACKENDS`]
+//! get neither (each cold request scans every backend).
 
 use crate::offline::{capped_hit, Fleet, InFlight, OptRequest, NEVER};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
+use warmpath_core::prefix_cache::{EngineBlockHash, PrefixCache};
 
 /// The largest fleet the LRU references are computed for.
 pub const MAX_BACKENDS: usize = 64;
 
-/// One backend's LRU cache of whole items, capacity in blocks.
-#[derive(Debug, Default)]
-struct Lru {
-    capacity: u64,
-    used: u64,
-    tick: u64,
-    /// (last use, item), least recent first.
-    order: BTreeSet<(u64, u64)>,
-    /// Resident items: (last use, size, next use in the trace).
-    resident: HashMap<u64, (u64, u32, usize)>,
+/// Tokens hit by the oracle router and by the best pinned set (see the module
+/// docs); `None` above [`MAX_BACKENDS`] backends or for items of several sizes.
+pub(crate) fn lru_hits(
+    trace: &[OptRequest],
+    next: &[Vec<usize>],
+    fleet: Fleet,
+) -> Option<(u64, u64)> {
+    let mut sizes = trace.iter().flat_map(|r| r.items.iter().map(|i| i.1));
+    let size = sizes.next().unwrap_or(1);
+    if fleet.backends > MAX_BACKENDS || sizes.any(|s| s != size) {
+        return None;
+    }
+    Some((
+        oracle_hits(trace, next, fleet, size),
+        pinned_hits(trace, fleet, size),
+    ))
 }
+
+/// One backend's cache: an entry per item, its value the item's next use in
+/// the trace as of its last access here.
+#[derive(Clone)]
+struct Lru(PrefixCache<usize>);
 
 impl Lru {
-    fn new(capacity: u64) -> Self {
-        Lru {
-            capacity,
-            ..Lru::default()
-        }
+    /// `n` empty caches of the fleet's capacity, for items of `size` blocks.
+    fn fleet(fleet: Fleet, size: u32) -> Vec<Lru> {
+        let items =
+            usize::try_from(fleet.cache_blocks / u64::from(size.max(1))).unwrap_or(usize::MAX);
+        (0..fleet.backends)
+            .map(|_| match PrefixCache::new(1, items) {
+                Ok(c) => Lru(c),
+                Err(e) => unreachable!("a block size of 1 is valid: {e}"),
+            })
+            .collect()
     }
 
-    /// Blocks of the longest prefix of `items` held.
-    fn prefix_blocks(&self, items: &[(u64, u32)]) -> u64 {
-        items
-            .iter()
-            .take_while(|(id, _)| self.resident.contains_key(id))
-            .map(|&(_, s)| u64::from(s))
-            .sum()
+    /// Items of the longest prefix of `keys` held.
+    fn prefix(&self, keys: &[EngineBlockHash]) -> u64 {
+        keys.iter().take_while(|&&k| self.0.contains(k)).count() as u64
     }
 
-    /// The next use of the soonest-needed item that writing `items` here
-    /// would evict ([`NEVER`] when it fits, or evicts only what is never
-    /// used again). `mine`: the ids of `items`, which are never victims.
-    fn loss(&self, items: &[(u64, u32)], mine: &HashSet<u64>) -> usize {
-        let need: u64 = items
-            .iter()
-            .filter(|(id, s)| !self.resident.contains_key(id) && u64::from(*s) <= self.capacity)
-            .map(|&(_, s)| u64::from(s))
-            .sum();
-        let mut free = self.capacity.saturating_sub(self.used);
-        let mut soonest = NEVER;
-        for &(_, v) in &self.order {
-            if free >= need {
-                break;
-            }
-            if mine.contains(&v) {
-                continue;
-            }
-            if let Some(&(_, size, next)) = self.resident.get(&v) {
-                free += u64::from(size);
-                soonest = soonest.min(next);
+    /// Stores a request's items (next used at `next[k]`, when known), as an
+    /// engine stores a prompt's blocks; returns the items evicted.
+    fn access(&mut self, keys: &[EngineBlockHash], next: Option<&[usize]>) -> Vec<EngineBlockHash> {
+        let at = |k: usize| next.and_then(|n| n.get(k).copied()).unwrap_or(NEVER);
+        let out = self.0.insert_chain(keys, at);
+        for (k, &key) in keys.iter().enumerate().take(out.cached_blocks) {
+            if let Some(v) = self.0.get_mut(key) {
+                *v = at(k);
             }
         }
-        soonest
+        out.removed
     }
 
-    /// Stores a request's `items` (next used at `next[k]`, when known):
-    /// each becomes recently used, the first most; missing ones evict the
-    /// least recently used items of other requests until they fit (an item
-    /// that cannot fit is not cached).
-    fn access(&mut self, items: &[(u64, u32)], next: Option<&[usize]>) {
-        let len = items.len() as u64;
-        self.tick += len + 1;
-        let base = self.tick;
-        // Ticks of this request are above `floor`: never evict those.
-        let floor = base - len;
-        for (k, &(id, size)) in items.iter().enumerate() {
-            let at = base - k as u64;
-            let nx = next.and_then(|n| n.get(k).copied()).unwrap_or(NEVER);
-            if let Some(e) = self.resident.get_mut(&id) {
-                self.order.remove(&(e.0, id));
-                *e = (at, e.1, nx);
-                self.order.insert((at, id));
-                continue;
-            }
-            let size64 = u64::from(size);
-            while self.used + size64 > self.capacity {
-                let Some(&(t, v)) = self.order.first() else {
-                    break;
-                };
-                if t > floor {
-                    break;
-                }
-                self.order.remove(&(t, v));
-                if let Some((_, s, _)) = self.resident.remove(&v) {
-                    self.used -= u64::from(s);
-                }
-            }
-            if self.used + size64 <= self.capacity {
-                self.used += size64;
-                self.resident.insert(id, (at, size, nx));
-                self.order.insert((at, id));
-            }
-        }
+    /// The next use of the soonest-needed item that writing `keys` here would
+    /// evict ([`NEVER`] when it fits, or evicts only what is never used again).
+    fn loss(&self, keys: &[EngineBlockHash]) -> usize {
+        let gone = self.clone().access(keys, None);
+        gone.iter()
+            .filter_map(|&v| self.0.get(v).copied())
+            .min()
+            .unwrap_or(NEVER)
     }
 }
 
-/// Tokens hit by the oracle router on LRU engines (see the module docs).
-pub(crate) fn oracle_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> u64 {
+/// The items of a request as the cache's keys.
+fn keys(req: &OptRequest) -> Vec<EngineBlockHash> {
+    req.items
+        .iter()
+        .map(|&(id, _)| EngineBlockHash(id))
+        .collect()
+}
+
+/// Tokens hit by the oracle router on LRU engines, items of `size` blocks.
+fn oracle_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet, size: u32) -> u64 {
     let n = fleet.backends;
-    let mut caches: Vec<Lru> = (0..n).map(|_| Lru::new(fleet.cache_blocks)).collect();
+    let mut caches = Lru::fleet(fleet, size);
     let mut load = InFlight::new(fleet);
     let mut hits = 0;
     for (r, req) in trace.iter().enumerate() {
         load.advance(req.arrival);
+        let keys = keys(req);
         let room: Vec<usize> = (0..n).filter(|&b| load.room(b)).collect();
         let warm = room
             .iter()
-            .map(|&b| (caches[b].prefix_blocks(&req.items), b))
-            .filter(|&(blocks, _)| blocks > 0)
-            .max_by_key(|&(blocks, b)| {
-                (blocks, std::cmp::Reverse(load.of(b)), std::cmp::Reverse(b))
-            });
-        let (blocks, b) = match warm {
-            Some(w) => w,
-            None => {
-                let mine: HashSet<u64> = req.items.iter().map(|i| i.0).collect();
-                let b = room
-                    .iter()
-                    .copied()
-                    .max_by_key(|&b| {
-                        let loss = caches[b].loss(&req.items, &mine);
-                        (loss, std::cmp::Reverse(load.of(b)), std::cmp::Reverse(b))
-                    })
-                    .unwrap_or(0);
-                (0, b)
-            }
-        };
-        hits += capped_hit(blocks, req, fleet);
-        caches[b].access(&req.items, next.get(r).map(Vec::as_slice));
+            .map(|&b| (caches[b].prefix(&keys), b))
+            .filter(|&(items, _)| items > 0)
+            .max_by_key(|&(items, b)| (items, std::cmp::Reverse(load.of(b)), std::cmp::Reverse(b)));
+        let (items, b) = warm.unwrap_or_else(|| {
+            let b = room
+                .iter()
+                .copied()
+                .max_by_key(|&b| {
+                    let loss = caches[b].loss(&keys);
+                    (loss, std::cmp::Reverse(load.of(b)), std::cmp::Reverse(b))
+                })
+                .unwrap_or(0);
+            (0, b)
+        });
+        hits += capped_hit(items * u64::from(size), req, fleet);
+        caches[b].access(&keys, next.get(r).map(Vec::as_slice));
         load.start(b, req.done.max(req.arrival));
     }
     hits
@@ -183,8 +158,8 @@ struct Group {
 }
 
 /// Tokens hit by the best static pinned set on LRU engines, over 0, 1 and 2
-/// tail backends (see the module docs).
-pub(crate) fn pinned_hits(trace: &[OptRequest], fleet: Fleet) -> u64 {
+/// tail backends, items of `size` blocks.
+fn pinned_hits(trace: &[OptRequest], fleet: Fleet, size: u32) -> u64 {
     let n = fleet.backends;
     let mut groups: HashMap<u64, Group> = HashMap::new();
     for req in trace {
@@ -217,14 +192,20 @@ pub(crate) fn pinned_hits(trace: &[OptRequest], fleet: Fleet) -> u64 {
         .collect();
     hot.sort_by_key(|&(count, id, _)| (std::cmp::Reverse(count), id));
     (0..=2.min(n.saturating_sub(1)))
-        .map(|tails| pinned_with(trace, fleet, &hot, tails))
+        .map(|tails| pinned_with(trace, fleet, size, &hot, tails))
         .max()
         .unwrap_or(0)
 }
 
 /// [`pinned_hits`] with `tails` backends for the unpinned requests; `hot`:
 /// (requests, first item, common blocks) of the groups, hottest first.
-fn pinned_with(trace: &[OptRequest], fleet: Fleet, hot: &[(u64, u64, u64)], tails: usize) -> u64 {
+fn pinned_with(
+    trace: &[OptRequest],
+    fleet: Fleet,
+    size: u32,
+    hot: &[(u64, u64, u64)],
+    tails: usize,
+) -> u64 {
     let n = fleet.backends;
     let pinned = n - tails;
     let mut load = vec![0u64; pinned];
@@ -240,7 +221,7 @@ fn pinned_with(trace: &[OptRequest], fleet: Fleet, hot: &[(u64, u64, u64)], tail
             home.insert(id, b);
         }
     }
-    let mut caches: Vec<Lru> = (0..n).map(|_| Lru::new(fleet.cache_blocks)).collect();
+    let mut caches = Lru::fleet(fleet, size);
     let mut hits = 0;
     for (r, req) in trace.iter().enumerate() {
         let Some(&(first, _)) = req.items.first() else {
@@ -255,8 +236,9 @@ fn pinned_with(trace: &[OptRequest], fleet: Fleet, hot: &[(u64, u64, u64)], tail
                 pinned + h as usize % tails
             }
         });
-        hits += capped_hit(caches[b].prefix_blocks(&req.items), req, fleet);
-        caches[b].access(&req.items, None);
+        let keys = keys(req);
+        hits += capped_hit(caches[b].prefix(&keys) * u64::from(size), req, fleet);
+        caches[b].access(&keys, None);
     }
     hits
 }

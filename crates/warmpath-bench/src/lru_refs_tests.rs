@@ -4,7 +4,11 @@ use crate::optimum::{next_uses, optimum};
 use proptest::prelude::*;
 
 fn oracle(trace: &[OptRequest], f: Fleet) -> u64 {
-    oracle_hits(trace, &next_uses(trace), f)
+    oracle_hits(trace, &next_uses(trace), f, 1)
+}
+
+fn pinned(trace: &[OptRequest], f: Fleet) -> u64 {
+    pinned_hits(trace, f, 1)
 }
 
 /// Unit documents in order, one request each, at t = 0, 1, 2, ...
@@ -21,11 +25,7 @@ fn lru_engines_miss_what_belady_keeps() {
     // C for B (no hit); Belady bypasses C and hits A and B.
     let t = docs(&[1, 2, 3, 1, 2]);
     assert_eq!(oracle(&t, fleet(1, 2)), 0);
-    assert_eq!(
-        pinned_hits(&t, fleet(1, 2)),
-        0,
-        "C lands on the pinned A and B"
-    );
+    assert_eq!(pinned(&t, fleet(1, 2)), 0, "C lands on the pinned A and B");
     let o = optimum(&t, fleet(1, 2)).unwrap();
     assert!((o.bound - 2.0 / 10.0).abs() < 1e-9, "{o:?}");
     assert_eq!((o.lru_oracle, o.lru_pinned), (Some(0.0), Some(0.0)));
@@ -55,7 +55,7 @@ fn a_request_evicts_older_tails_before_shared_prefixes() {
         req(3.0, &[1, 2, 104]),
     ];
     assert_eq!(oracle(&t, fleet(1, 4)), 4);
-    assert_eq!(pinned_hits(&t, fleet(1, 4)), 4);
+    assert_eq!(pinned(&t, fleet(1, 4)), 4);
 }
 
 #[test]
@@ -82,7 +82,7 @@ fn a_tail_backend_keeps_one_offs_off_the_pinned_set() {
     // one-offs never evict A (2 hits); spread over both they may.
     let t = docs(&[1, 50, 1, 51, 1]);
     assert_eq!(pinned_with_tails(&t, fleet(2, 1), 1), 2);
-    assert_eq!(pinned_hits(&t, fleet(2, 1)), 2);
+    assert_eq!(pinned(&t, fleet(2, 1)), 2);
     // The oracle also keeps A: each one-off goes where its victim is not A.
     assert_eq!(oracle(&t, fleet(2, 1)), 2);
 }
@@ -95,9 +95,9 @@ fn pinning_deals_the_hottest_groups_by_load_within_capacity() {
     let t = docs(&[1, 2, 3, 1, 2, 3, 1]);
     // A hits twice on b0 in both; B and C on the tail evict each other.
     assert_eq!(pinned_with_tails(&t, fleet(2, 1), 1), 2);
-    assert!(pinned_hits(&t, fleet(2, 1)) >= 2);
+    assert!(pinned(&t, fleet(2, 1)) >= 2);
     // Room for every group: one copy each, every repeat hits.
-    assert_eq!(pinned_hits(&t, fleet(3, 1)), 4);
+    assert_eq!(pinned(&t, fleet(3, 1)), 4);
 }
 
 /// [`pinned_with`] from the trace, for a fixed number of tails.
@@ -112,7 +112,29 @@ fn pinned_with_tails(trace: &[OptRequest], f: Fleet, tails: usize) -> u64 {
         .map(|(id, c)| (c, id, 1))
         .collect();
     hot.sort_by_key(|&(c, id, _)| (std::cmp::Reverse(c), id));
-    pinned_with(trace, f, &hot, tails)
+    pinned_with(trace, f, 1, &hot, tails)
+}
+
+#[test]
+fn items_of_one_size_are_cached_whole() {
+    // Documents of 3 blocks, prompts of 4 tokens: A B C A. Seven blocks hold
+    // two documents: C evicts A, so A misses; nine hold all three.
+    let t: Vec<OptRequest> = [1, 2, 3, 1]
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| OptRequest {
+            items: vec![(d, 3)],
+            prompt_tokens: 4,
+            ..req(i as f64, &[])
+        })
+        .collect();
+    let next = next_uses(&t);
+    assert_eq!(lru_hits(&t, &next, fleet(1, 7)), Some((0, 0)));
+    assert_eq!(lru_hits(&t, &next, fleet(1, 9)), Some((3, 3)));
+    // Items of several sizes get neither reference.
+    let mut mixed = t.clone();
+    mixed[1].items[0].1 = 2;
+    assert_eq!(lru_hits(&mixed, &next, fleet(1, 9)), None);
 }
 
 #[test]
@@ -135,18 +157,14 @@ proptest! {
     }
 
     #[test]
-    fn an_lru_cache_never_holds_more_than_its_capacity(trace in arb_trace(), c in 0u64..7) {
-        let mut cache = Lru::new(c);
+    fn an_lru_cache_holds_whole_prefixes_within_its_capacity(trace in arb_trace(), c in 0u64..7) {
+        let mut cache = Lru::fleet(fleet(1, c), 1).remove(0);
         for r in &trace {
-            cache.access(&r.items, None);
-            prop_assert!(cache.used <= c);
-            prop_assert_eq!(cache.used, cache.resident.values().map(|e| u64::from(e.1)).sum::<u64>());
-            prop_assert_eq!(cache.order.len(), cache.resident.len());
-            // The request's first item is the most recent, when kept.
-            if let Some(&(first, _)) = r.items.first() {
-                if let Some(e) = cache.resident.get(&first) {
-                    prop_assert_eq!(Some(e.0), cache.order.last().map(|x| x.0));
-                }
+            cache.access(&keys(r), None);
+            prop_assert!(cache.0.len() as u64 <= c);
+            for h in cache.0.hashes() {
+                let parent = cache.0.parent_of(h).flatten();
+                prop_assert!(parent.is_none_or(|p| cache.0.contains(p)));
             }
         }
     }

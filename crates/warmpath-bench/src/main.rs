@@ -10,9 +10,9 @@ use warmpath_bench::compare::{
     self, AttachConfig, CompareConfig, EngineEndpoint, EngineKind, RouterKnobs,
 };
 use warmpath_bench::scale::{self, ScaleConfig};
-use warmpath_bench::sim::{self, EventForm, Fleet, SimConfig};
+use warmpath_bench::sim::{self, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
-use warmpath_bench::workload::{self, WorkloadKind, WorkloadSpec};
+use warmpath_bench::workload::{WorkloadKind, WorkloadSpec};
 use warmpath_core::policy::{ColdPlacement, KvConfig};
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
@@ -34,8 +34,6 @@ struct Cli {
 enum Command {
     /// Discrete-event simulation of a large fleet (no sockets).
     Scale(ScaleArgs),
-    /// Writes a generated workload as a JSONL trace.
-    Trace(TraceArgs),
     /// Runs a fleet of simulated vLLM instances until Ctrl-C.
     Sim(SimArgs),
     /// Replays one trace per strategy through simulated instances, agents and the router.
@@ -49,8 +47,8 @@ struct CompareArgs {
     /// Simulated instances.
     #[arg(long, default_value_t = 4)]
     instances: usize,
-    /// Workload: long, short, rag, code, tenants.
-    #[arg(long, default_value = "long")]
+    /// Workload (docs/bench.md describes each).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Long)]
     workload: WorkloadKind,
     /// Replay this JSONL trace instead of a generated workload.
     #[arg(long)]
@@ -91,9 +89,6 @@ struct CompareArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// The router's concurrency threshold.
-    #[arg(long, default_value_t = 64)]
-    concurrency_threshold: u32,
     /// Engines: `sim` (simulated vLLM) or `candle` (warmpath-engine --tiny processes).
     #[arg(long, default_value = "sim")]
     engine: String,
@@ -141,21 +136,9 @@ struct CompareArgs {
 
 #[derive(Args, Debug)]
 struct DemoArgs {
-    /// Seconds of the main run per strategy (the rate search adds up to 18 s).
-    #[arg(long, default_value_t = 20.0)]
-    duration: f64,
     /// A few seconds in all: small prompts, short runs, no rate search (for CI).
     #[arg(long)]
     quick: bool,
-    /// Output folder.
-    #[arg(long, default_value = "warmpath-report")]
-    out: PathBuf,
-    /// Engines: `sim` or `candle` (warmpath-engine --tiny processes).
-    #[arg(long, default_value = "sim")]
-    engine: String,
-    /// The warmpath-engine binary for `--engine candle` (default: beside this one).
-    #[arg(long)]
-    engine_bin: Option<PathBuf>,
 }
 
 impl CompareArgs {
@@ -181,10 +164,7 @@ impl CompareArgs {
         let engine = match self.engine.as_str() {
             "sim" => EngineKind::Sim,
             "candle" => {
-                let mut c = CandleConfig::beside_current_exe()?;
-                if let Some(b) = &self.engine_bin {
-                    c.binary = b.clone();
-                }
+                let mut c = CandleConfig::new(self.engine_bin.as_deref())?;
                 c.prefill_chunk = self.prefill_chunk;
                 EngineKind::Candle(c)
             }
@@ -211,7 +191,6 @@ impl CompareArgs {
                 .collect(),
         });
         let mut router = RouterKnobs {
-            concurrency_threshold: self.concurrency_threshold,
             routers: self.routers,
             processes: self.router_process,
             router_bin: self.router_bin.clone(),
@@ -266,7 +245,9 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
         "warmpath-bench: {what}; {} at {} req/s for {} s per strategy",
         cfg.trace
             .as_ref()
-            .map_or(cfg.workload.kind.to_string(), |p| p.display().to_string()),
+            .map_or(format!("{:?}", cfg.workload.kind).to_lowercase(), |p| {
+                p.display().to_string()
+            }),
         cfg.rate,
         cfg.duration_s
     );
@@ -306,17 +287,13 @@ fn routers(k: &RouterKnobs) -> String {
 }
 
 fn demo_config(a: &DemoArgs) -> anyhow::Result<CompareConfig> {
-    let mut args = CompareOnly::parse_from(["compare"]).args;
-    args.engine = a.engine.clone();
-    args.engine_bin = a.engine_bin.clone();
-    let mut c = args.config()?;
-    c.duration_s = a.duration;
-    // Three 6 s steps at most per strategy: with the 20 s runs the whole demo,
+    let mut c = CompareOnly::parse_from(["compare"]).args.config()?;
+    // 20 s runs and three 6 s steps at most per strategy: the whole demo,
     // build included, fits README's 8 minutes on two cores.
+    c.duration_s = 20.0;
     c.search_step_s = 6.0;
-    c.out_dir = a.out.clone();
     if a.quick {
-        c.duration_s = a.duration.min(3.0);
+        c.duration_s = 3.0;
         c.rate = 6.0;
         c.workload.prefix_tokens = 1000;
         c.workload.docs = 8;
@@ -339,10 +316,6 @@ struct SimArgs {
     /// Simulated instances.
     #[arg(long, default_value_t = 4)]
     instances: usize,
-    /// HTTP on base+i, KV events on base+1000+2i, replay on base+1001+2i;
-    /// 0 picks free ports.
-    #[arg(long, default_value_t = 0)]
-    base_port: u16,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -353,15 +326,9 @@ struct EngineArgs {
     /// Served model name.
     #[arg(long, default_value = "warmpath-tiny")]
     model: String,
-    /// Tokens per block.
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
     /// Prefix cache capacity per instance, in blocks.
     #[arg(long, default_value_t = 8192)]
     cache_blocks: usize,
-    /// KV event payload form: map (vLLM >= 0.24) or array (<= 0.23).
-    #[arg(long, default_value = "map")]
-    event_form: String,
     /// Do not open replay endpoints.
     #[arg(long)]
     no_replay: bool,
@@ -375,21 +342,14 @@ struct EngineArgs {
 
 impl EngineArgs {
     fn config(&self) -> anyhow::Result<SimConfig> {
-        let event_form = match self.event_form.as_str() {
-            "map" => EventForm::Map,
-            "array" => EventForm::Array,
-            other => anyhow::bail!("--event-form {other:?}: expected map or array"),
-        };
         anyhow::ensure!(
             self.time_scale.is_finite() && self.time_scale > 0.0,
             "--time-scale must be a number > 0"
         );
         Ok(SimConfig {
             model: self.model.clone(),
-            block_size: self.block_size,
             cache_blocks: self.cache_blocks,
             time: TimeModel::default().scaled(self.time_scale),
-            event_form,
             replay: !self.no_replay,
             ..Default::default()
         })
@@ -408,15 +368,7 @@ impl EngineArgs {
 async fn run_sim(a: SimArgs) -> anyhow::Result<()> {
     let cfg = a.engine.config()?;
     let shutdown = CancellationToken::new();
-    let base = (a.base_port != 0).then_some(a.base_port);
-    let fleet = Fleet::start(
-        a.instances,
-        &cfg,
-        a.engine.tokenizer()?,
-        base,
-        shutdown.clone(),
-    )
-    .await?;
+    let fleet = Fleet::start(a.instances, &cfg, a.engine.tokenizer()?, shutdown.clone()).await?;
     println!(
         "{} simulated vLLM instances of model {:?}:",
         fleet.instances.len(),
@@ -478,16 +430,10 @@ struct ScaleArgs {
     /// index and the engines' load reports, nothing else.
     #[arg(long, default_value_t = 1)]
     routers: usize,
-    /// How often the agents report the engines' load to the replicas, ms.
-    #[arg(long, default_value_t = 1000)]
-    load_report_ms: u64,
     /// Replicas share each decision through the agents, arriving this many
     /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
     #[arg(long)]
     share_delay_ms: Option<f64>,
-    /// The policies' CHWBL load bound.
-    #[arg(long, default_value_t = 1.25)]
-    load_factor: f64,
     /// Print each instance's share of the requests (larger fleets than 64: how
     /// many instances are outside 0.5x-1.5x of an even share, over the whole
     /// run and over its second half, where the start's placements weigh less).
@@ -498,25 +444,6 @@ struct ScaleArgs {
     json: Option<PathBuf>,
     #[command(flatten)]
     kv: KvArgs,
-}
-
-#[derive(Args, Debug)]
-struct TraceArgs {
-    /// Workload: long, short, rag, code, tenants.
-    #[arg(long, default_value = "long")]
-    workload: WorkloadKind,
-    /// Requests.
-    #[arg(long, default_value_t = 1000)]
-    requests: usize,
-    /// Mean arrivals per second.
-    #[arg(long, default_value_t = 10.0)]
-    rate: f64,
-    /// RNG seed.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Output file.
-    #[arg(long)]
-    out: PathBuf,
 }
 
 fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
@@ -532,20 +459,6 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
 /// each one given replaces core's default, the others keep it.
 #[derive(Args, Debug)]
 struct KvArgs {
-    /// kv_aware: cost of one request in flight, in blocks (`kv.decode_weight`).
-    #[arg(long)]
-    decode_weight: Option<f64>,
-    /// kv_aware: weight of a prefill block still to compute (`kv.prefill_weight`).
-    #[arg(long)]
-    prefill_weight: Option<f64>,
-    /// kv_aware: extra cost of a block the backend must newly cache
-    /// (`kv.miss_weight`).
-    #[arg(long)]
-    miss_weight: Option<f64>,
-    /// kv_aware: fewest matched blocks that count as a match
-    /// (`kv.min_match_blocks`).
-    #[arg(long)]
-    min_match_blocks: Option<u32>,
     /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`
     /// (`kv.cold_placement`).
     #[arg(long)]
@@ -559,18 +472,6 @@ struct KvArgs {
 impl KvArgs {
     /// Lays the knobs given over `kv`.
     fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
-        if let Some(v) = self.decode_weight {
-            kv.decode_weight = v;
-        }
-        if let Some(v) = self.prefill_weight {
-            kv.prefill_weight = v;
-        }
-        if let Some(v) = self.miss_weight {
-            kv.miss_weight = v;
-        }
-        if let Some(v) = self.min_match_blocks {
-            kv.min_match_blocks = v;
-        }
         if let Some(s) = &self.cold_placement {
             kv.cold_placement = parse_cold_placement(s)?;
         }
@@ -612,7 +513,6 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         capacity_known: !a.hide_capacity,
         seed: a.seed,
         routers: a.routers,
-        load_report_ms: a.load_report_ms,
         share_delay_ms: a.share_delay_ms,
         ..Default::default()
     };
@@ -620,7 +520,6 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         Some(r) => cfg.with_cache_ratio(r),
         None => cfg,
     };
-    cfg.policy.load_factor = a.load_factor;
     a.kv.apply(&mut cfg.policy.kv)?;
     let mut reports = Vec::new();
     println!(
@@ -707,17 +606,5 @@ async fn main() -> anyhow::Result<()> {
         Command::Sim(a) => run_sim(a).await,
         Command::Compare(a) => run_compare(a.config()?).await,
         Command::Demo(a) => run_compare(demo_config(&a)?).await,
-        Command::Trace(a) => {
-            let spec = WorkloadSpec {
-                requests: a.requests,
-                rate: a.rate,
-                seed: a.seed,
-                ..WorkloadSpec::new(a.workload)
-            };
-            let trace = workload::generate(&spec)?;
-            workload::trace::write(&a.out, &trace)?;
-            println!("wrote {} requests to {}", trace.len(), a.out.display());
-            Ok(())
-        }
     }
 }

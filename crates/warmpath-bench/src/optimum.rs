@@ -42,17 +42,10 @@
 //!   pooled cache's Belady eviction.
 //!
 //! Neither keeps the engines' own eviction rule: both let the caches evict by
-//! Belady's rule (and the bound lets them decline to cache), which no router
-//! can impose on engines that evict LRU, as vLLM does. So on a fleet whose
-//! caches are too small the bound is out of reach of any router over LRU
-//! engines, not only of an online one. [`crate::lru_refs`] adds two
-//! references that keep the engines' LRU (the fields `lru_oracle` and
-//! `lru_pinned`): on the scale model (7 instances, caches at half of 112
-//! documents, Zipf 1.0) the bound is about 91%, a router that knows the whole
-//! trace but leaves the engines' LRU alone about 86%.
-//!
-//! [`LEGEND`] is the one-paragraph summary every report prints under its
-//! table; this module and [`crate::lru_refs`] hold the details.
+//! Belady's rule, which no router can impose on engines that evict LRU, as
+//! vLLM does; [`crate::lru_refs`] adds two references that keep it
+//! (`lru_oracle`, `lru_pinned`). [`LEGEND`] is the one-paragraph summary
+//! every report prints under its table.
 
 use crate::offline::{capped_hit, InFlight, NEVER};
 pub use crate::offline::{Fleet, OptRequest};
@@ -68,11 +61,11 @@ pub struct Optimum {
     pub reference: f64,
     /// Per-backend LRU caches, a greedy router that knows the whole trace
     /// ([`crate::lru_refs`]): a reference, not a bound. `None` above
-    /// [`crate::lru_refs::MAX_BACKENDS`] backends.
+    /// [`crate::lru_refs::MAX_BACKENDS`] backends or for items of several sizes.
     pub lru_oracle: Option<f64>,
     /// Per-backend LRU caches, the best fixed assignment of prefix groups
     /// by popularity ([`crate::lru_refs`]): a reference, not a bound.
-    /// `None` above [`crate::lru_refs::MAX_BACKENDS`] backends.
+    /// `None` as [`Self::lru_oracle`].
     pub lru_pinned: Option<f64>,
 }
 
@@ -101,19 +94,12 @@ pub fn optimum(trace: &[OptRequest], fleet: Fleet) -> Option<Optimum> {
     let bound = pooled_hits(trace, &next, fleet.backends as u64 * fleet.cache_blocks) * bs;
     let reference = reference_hits(trace, &next, fleet);
     let rate = |hits: u64| hits as f64 / prompt as f64;
-    let (lru_oracle, lru_pinned) = if fleet.backends <= crate::lru_refs::MAX_BACKENDS {
-        (
-            Some(rate(crate::lru_refs::oracle_hits(trace, &next, fleet))),
-            Some(rate(crate::lru_refs::pinned_hits(trace, fleet))),
-        )
-    } else {
-        (None, None)
-    };
+    let lru = crate::lru_refs::lru_hits(trace, &next, fleet);
     Some(Optimum {
         bound: rate(bound).min(1.0),
         reference: rate(reference),
-        lru_oracle,
-        lru_pinned,
+        lru_oracle: lru.map(|(oracle, _)| rate(oracle)),
+        lru_pinned: lru.map(|(_, pinned)| rate(pinned)),
     })
 }
 

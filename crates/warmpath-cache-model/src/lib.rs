@@ -168,7 +168,7 @@ pub struct CacheStats {
     pub hit_tokens: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Entry<V> {
     parent: Option<EngineBlockHash>,
     children: u32,
@@ -185,7 +185,7 @@ impl<V> Entry<V> {
 
 /// The cache itself. Not thread-safe by design: the engine owns it from one
 /// worker thread; wrap it in a lock to share it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct PrefixCache<V> {
     block_size: usize,
     capacity: usize,
@@ -254,6 +254,11 @@ impl<V> PrefixCache<V> {
     /// A cached block's value.
     pub fn get(&self, hash: EngineBlockHash) -> Option<&V> {
         self.entries.get(&hash).map(|e| &e.value)
+    }
+
+    /// A cached block's value, to change it (recency unchanged).
+    pub fn get_mut(&mut self, hash: EngineBlockHash) -> Option<&mut V> {
+        self.entries.get_mut(&hash).map(|e| &mut e.value)
     }
 
     /// A cached block's parent (`Some(None)` for a block 0).

@@ -8,7 +8,7 @@
 //! whose tail is quoted when a child fails to start. Children are killed when
 //! the fleet is shut down or dropped (`kill_on_drop`).
 
-use super::child::spawn_ready;
+use super::child::{binary, spawn_ready};
 use crate::error::BenchError;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -29,16 +29,12 @@ pub struct CandleConfig {
 }
 
 impl CandleConfig {
-    /// `warmpath-engine` next to the running executable (where
-    /// `cargo build --release -p warmpath-engine` puts it beside
-    /// `warmpath-bench`).
-    pub fn beside_current_exe() -> Result<Self, BenchError> {
-        let exe = std::env::current_exe().map_err(|e| BenchError::Io {
-            path: "current executable".into(),
-            source: e,
-        })?;
+    /// `given`, else the `warmpath-engine` beside this executable, with the
+    /// defaults of `compare`.
+    pub fn new(given: Option<&Path>) -> Result<Self, BenchError> {
+        let build = "build it with `cargo build --release -p warmpath-engine` or pass --engine-bin";
         Ok(CandleConfig {
-            binary: exe.with_file_name(format!("warmpath-engine{}", std::env::consts::EXE_SUFFIX)),
+            binary: binary("warmpath-engine", given, build)?,
             prefill_chunk: 512,
             seed: 0,
             startup_timeout: Duration::from_secs(120),
@@ -76,8 +72,6 @@ pub struct EngineShape<'a> {
     pub block_size: usize,
     /// Prefix cache capacity in blocks.
     pub cache_blocks: usize,
-    /// Event topic.
-    pub topic: &'a str,
 }
 
 impl CandleFleet {
@@ -89,15 +83,6 @@ impl CandleFleet {
         shape: EngineShape<'_>,
         log_dir: &Path,
     ) -> Result<CandleFleet, BenchError> {
-        if !cfg.binary.is_file() {
-            return Err(BenchError::Invalid {
-                what: "engine binary",
-                reason: format!(
-                    "{} not found; build it with `cargo build --release -p warmpath-engine` or pass --engine-bin",
-                    cfg.binary.display()
-                ),
-            });
-        }
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
             let log = log_dir.join(format!("engine-{i}.log"));
@@ -127,7 +112,6 @@ async fn start_one(
     cmd.args(["--tiny", "--listen", "127.0.0.1:0"])
         .args(["--kv-events", "tcp://127.0.0.1:0"])
         .args(["--kv-replay", "tcp://127.0.0.1:0"])
-        .args(["--kv-topic", shape.topic])
         .args(["--model-name", shape.model])
         .arg(format!("--block-size={}", shape.block_size))
         .arg(format!("--cache-blocks={}", shape.cache_blocks))
@@ -172,23 +156,14 @@ async fn start_one(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_missing_binary_is_a_clear_error() {
-        let cfg = CandleConfig {
-            binary: PathBuf::from("/nonexistent/warmpath-engine"),
-            prefill_chunk: 512,
-            seed: 0,
-            startup_timeout: Duration::from_secs(1),
-        };
-        let shape = EngineShape {
-            model: "m",
-            block_size: 16,
-            cache_blocks: 64,
-            topic: "",
-        };
-        let err = CandleFleet::start(1, &cfg, shape, &std::env::temp_dir())
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("not found"), "{err}");
+    #[test]
+    fn a_missing_binary_is_a_clear_error() {
+        let err = CandleConfig::new(Some(Path::new("/nonexistent/warmpath-engine"))).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("not found"), "{text}");
+        assert!(
+            text.contains("cargo build --release -p warmpath-engine"),
+            "{text}"
+        );
     }
 }

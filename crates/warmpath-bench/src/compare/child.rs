@@ -6,11 +6,30 @@
 //! the way out leaves no orphan).
 
 use crate::error::BenchError;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+/// The `name` binary: `given`, else the one beside the running executable
+/// (where cargo builds it, same profile); an error quoting `build` (how to
+/// build it) when it is not there.
+pub(crate) fn binary(name: &str, given: Option<&Path>, build: &str) -> Result<PathBuf, BenchError> {
+    let binary = match given {
+        Some(b) => b.to_path_buf(),
+        None => std::env::current_exe()
+            .map_err(io(Path::new("current executable")))?
+            .with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX)),
+    };
+    if binary.is_file() {
+        return Ok(binary);
+    }
+    Err(BenchError::Invalid {
+        what: "binary",
+        reason: format!("{} not found; {build}", binary.display()),
+    })
+}
 
 /// Starts `cmd` (`what` names it in errors: `router 2`), its stderr into
 /// `log`, and feeds its stdout lines to `line` until it returns `true` (the

@@ -393,7 +393,7 @@ mod tests {
             time: TimeModel::default().scaled(20.0),
             ..Default::default()
         };
-        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), None, token.clone())
+        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
             .await
             .unwrap();
         let msgs = [("user", "Tell me about the sea.")];
@@ -442,7 +442,7 @@ mod tests {
             cache_blocks: 1024,
             ..Default::default()
         };
-        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), None, token.clone())
+        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
             .await
             .unwrap();
         let conv = format!("{CONVERSATION_PREFIX}7");

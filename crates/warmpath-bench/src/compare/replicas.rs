@@ -11,38 +11,18 @@
 //! leaves no orphan; Ctrl-C reaches them through the terminal's process
 //! group as well).
 
-use super::child::{io, spawn_ready};
+use super::child::{binary, io, spawn_ready};
 use crate::error::BenchError;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::process::{Child, Command};
 use warmpath_router::config::RouterConfig;
 
-/// The `warmpath-router` binary: `given`, else the one next to the running
-/// executable (where `cargo build -p warmpath-router` puts it beside
-/// `warmpath-bench`, same profile); an error naming the build command when
-/// it is not there.
+/// The `warmpath-router` binary: `given`, else the one beside this
+/// executable.
 pub fn router_binary(given: Option<&Path>) -> Result<PathBuf, BenchError> {
-    let binary = match given {
-        Some(b) => b.to_path_buf(),
-        None => {
-            let exe = std::env::current_exe().map_err(|e| BenchError::Io {
-                path: "current executable".into(),
-                source: e,
-            })?;
-            exe.with_file_name(format!("warmpath-router{}", std::env::consts::EXE_SUFFIX))
-        }
-    };
-    if !binary.is_file() {
-        return Err(BenchError::Invalid {
-            what: "router binary",
-            reason: format!(
-                "{} not found; build it with `cargo build -p warmpath-router` (with `--release` for a release bench) or pass --router-bin",
-                binary.display()
-            ),
-        });
-    }
-    Ok(binary)
+    let build = "build it with `cargo build -p warmpath-router` (with `--release` for a release bench) or pass --router-bin";
+    binary("warmpath-router", given, build)
 }
 
 /// One running router process.
@@ -131,17 +111,18 @@ async fn start_one(
 }
 
 /// The sum of the samples of `name` whose labels include `label`
-/// (`direction="received"`) in Prometheus text.
+/// (`direction="received"`; empty: every sample) in Prometheus text.
 pub fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
-            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
-            let (labels, value) = rest.split_once('}')?;
-            labels
-                .split(',')
-                .any(|kv| kv.trim() == label)
-                .then_some(())?;
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(rest) => rest.split_once('}')?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let labelled = label.is_empty() || labels.split(',').any(|kv| kv.trim() == label);
+            labelled.then_some(())?;
             value.trim().parse::<f64>().ok()
         })
         .sum::<f64>()
@@ -189,5 +170,20 @@ mod tests {
         assert_eq!(labelled_sum(text, name, "direction=\"received\""), 7.0);
         assert_eq!(labelled_sum(text, name, "direction=\"sent\""), 7.0);
         assert_eq!(labelled_sum(text, name, "direction=\"dropped\""), 0.0);
+    }
+
+    #[test]
+    fn an_empty_label_adds_every_sample_of_one_name() {
+        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
+                    vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n\
+                    vllm:prefix_cache_hits_total_other 99\n\
+                    vllm:prefix_cache_hits_total{model_name=\"n\"} 5.5\n\
+                    vllm:prefix_cache_queries_total 7\n";
+        assert_eq!(labelled_sum(text, "vllm:prefix_cache_hits_total", ""), 15.5);
+        assert_eq!(
+            labelled_sum(text, "vllm:prefix_cache_queries_total", ""),
+            7.0
+        );
+        assert_eq!(labelled_sum(text, "vllm:missing", ""), 0.0);
     }
 }

@@ -31,8 +31,6 @@ use warmpath_router::RunningRouter;
 /// replicas of it run where.
 #[derive(Clone, Debug, Serialize)]
 pub struct RouterKnobs {
-    /// In flight at which a backend counts as full.
-    pub concurrency_threshold: u32,
     /// `kv_aware` cost weights.
     pub kv: KvConfig,
     /// Router replicas (1..=16). One runs in this process through the
@@ -60,7 +58,6 @@ impl RouterKnobs {
 impl Default for RouterKnobs {
     fn default() -> Self {
         RouterKnobs {
-            concurrency_threshold: 64,
             kv: KvConfig::default(),
             routers: 1,
             processes: false,
@@ -151,6 +148,12 @@ impl Drop for Stack {
     }
 }
 
+/// The body of the answer to `req` (to `url`).
+async fn text(req: reqwest::RequestBuilder, url: &str) -> Result<String, BenchError> {
+    let resp = req.send().await.map_err(|e| http(url, e))?;
+    resp.text().await.map_err(|e| http(url, e))
+}
+
 fn component(what: impl Into<String>, e: impl std::fmt::Display) -> BenchError {
     BenchError::Component {
         what: what.into(),
@@ -181,12 +184,10 @@ impl Stack {
             rand::random::<u32>()
         ));
         warmpath_core::tokenize::tiny::write_model_dir(&model_dir)?;
-        // (id, url, kv events, kv replay) of each engine.
-        let (engines, list) = match kind {
-            EngineKind::Sim => {
-                let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
-                let fleet = Fleet::start(n, sim, tokenizer, None, shutdown.clone()).await?;
-                let list: Vec<_> = fleet
+        // (id, url, kv events, kv replay) of each engine of either kind.
+        macro_rules! endpoints {
+            ($fleet:expr) => {
+                $fleet
                     .instances
                     .iter()
                     .map(|i| {
@@ -197,7 +198,14 @@ impl Stack {
                             i.kv_replay.clone(),
                         )
                     })
-                    .collect();
+                    .collect::<Vec<_>>()
+            };
+        }
+        let (engines, list) = match kind {
+            EngineKind::Sim => {
+                let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
+                let fleet = Fleet::start(n, sim, tokenizer, shutdown.clone()).await?;
+                let list = endpoints!(fleet);
                 (Engines::Sim(fleet), list)
             }
             EngineKind::Candle(c) => {
@@ -205,21 +213,9 @@ impl Stack {
                     model: &sim.model,
                     block_size: sim.block_size,
                     cache_blocks: sim.cache_blocks,
-                    topic: &sim.topic,
                 };
                 let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
-                let list: Vec<_> = fleet
-                    .instances
-                    .iter()
-                    .map(|i| {
-                        (
-                            i.id.clone(),
-                            i.url.clone(),
-                            i.kv_events.clone(),
-                            i.kv_replay.clone(),
-                        )
-                    })
-                    .collect();
+                let list = endpoints!(fleet);
                 (Engines::Candle(fleet), list)
             }
         };
@@ -254,7 +250,6 @@ impl Stack {
             let mut cfg = AgentConfig::new(id, &sim.model, url, events);
             cfg.kv_replay = replay.clone();
             cfg.routers = grpcs.clone();
-            cfg.topic = sim.topic.clone();
             let agent = Agent::start(cfg, None)
                 .await
                 .map_err(|e| component(format!("agent {id}"), e))?;
@@ -331,47 +326,37 @@ impl Stack {
         self.admin_token.as_deref()
     }
 
+    /// `req` with the router's admin token, if any.
+    fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.admin_token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
     /// Waits until every router's `/cache-index` lists every worker.
     async fn wait_for_agents(&self, limit: Duration) -> Result<(), BenchError> {
         let started = Instant::now();
-        for base in &self.router_urls {
-            self.wait_for_agents_of(base, started, limit).await?;
-        }
-        Ok(())
-    }
-
-    async fn wait_for_agents_of(
-        &self,
-        base: &str,
-        started: Instant,
-        limit: Duration,
-    ) -> Result<(), BenchError> {
         let client = reqwest::Client::new();
-        let url = format!("{base}/cache-index");
-        loop {
-            let mut get = client.get(&url);
-            if let Some(t) = &self.admin_token {
-                get = get.bearer_auth(t);
-            }
-            if let Ok(resp) = get.send().await {
-                if let Ok(text) = resp.text().await {
-                    if self
-                        .engines
-                        .iter()
-                        .all(|e| text.contains(&format!("\"{}\"", e.id)))
-                    {
-                        return Ok(());
+        for base in &self.router_urls {
+            let url = format!("{base}/cache-index");
+            loop {
+                if let Ok(text) = text(self.authed(client.get(&url)), &url).await {
+                    let listed = |e: &EngineEndpoint| text.contains(&format!("\"{}\"", e.id));
+                    if self.engines.iter().all(listed) {
+                        break;
                     }
                 }
+                if started.elapsed() > limit {
+                    return Err(component(
+                        "agents",
+                        format!("not all agents reached the router {base} within {limit:?}"),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            if started.elapsed() > limit {
-                return Err(component(
-                    "agents",
-                    format!("not all agents reached the router {base} within {limit:?}"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        Ok(())
     }
 
     /// Switches the pool's strategy through `PUT /admin/pools/{model}/strategy`
@@ -382,29 +367,16 @@ impl Stack {
         s: Strategy,
     ) -> Result<(), BenchError> {
         for base in &self.router_urls {
-            self.set_strategy_of(client, base, s).await?;
-        }
-        Ok(())
-    }
-
-    async fn set_strategy_of(
-        &self,
-        client: &reqwest::Client,
-        base: &str,
-        s: Strategy,
-    ) -> Result<(), BenchError> {
-        let url = format!("{base}/admin/pools/{}/strategy", self.model);
-        let mut req = client
-            .put(&url)
-            .json(&serde_json::json!({"strategy": s.as_str()}));
-        if let Some(t) = &self.admin_token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.map_err(|e| http(&url, e))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(http(&url, format!("{status}: {body}")));
+            let url = format!("{base}/admin/pools/{}/strategy", self.model);
+            let req = client
+                .put(&url)
+                .json(&serde_json::json!({"strategy": s.as_str()}));
+            let resp = self.authed(req).send().await.map_err(|e| http(&url, e))?;
+            if !resp.status().is_success() {
+                let status = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                return Err(http(&url, format!("{status}: {body}")));
+            }
         }
         Ok(())
     }
@@ -441,16 +413,9 @@ impl Stack {
         let (mut queries, mut hits) = (0.0, 0.0);
         for e in &self.engines {
             let url = format!("{}/metrics", e.url);
-            let text = client
-                .get(&url)
-                .send()
-                .await
-                .map_err(|e| http(&url, e))?
-                .text()
-                .await
-                .map_err(|e| http(&url, e))?;
-            queries += metric_sum(&text, "vllm:prefix_cache_queries_total");
-            hits += metric_sum(&text, "vllm:prefix_cache_hits_total");
+            let text = text(client.get(&url), &url).await?;
+            queries += labelled_sum(&text, "vllm:prefix_cache_queries_total", "");
+            hits += labelled_sum(&text, "vllm:prefix_cache_hits_total", "");
         }
         Ok((queries, hits))
     }
@@ -465,17 +430,7 @@ impl Stack {
         let mut out = Vec::with_capacity(self.router_urls.len());
         for base in &self.router_urls {
             let url = format!("{base}/metrics");
-            let mut get = client.get(&url);
-            if let Some(t) = &self.admin_token {
-                get = get.bearer_auth(t);
-            }
-            let text = get
-                .send()
-                .await
-                .map_err(|e| http(&url, e))?
-                .text()
-                .await
-                .map_err(|e| http(&url, e))?;
+            let text = text(self.authed(client.get(&url)), &url).await?;
             out.push((
                 labelled_sum(&text, name, "direction=\"sent\""),
                 labelled_sum(&text, name, "direction=\"received\""),
@@ -523,7 +478,6 @@ fn router_config(
     pool.strategy = Some(strategy);
     pool.tokenizer = Some(model_dir.to_path_buf());
     pool.block_size = sim.block_size;
-    pool.prefix_aware.concurrency_threshold = knobs.concurrency_threshold;
     pool.kv = knobs.kv.clone();
     for (id, url) in backends {
         let mut b = BackendConfig::new(url.clone());
@@ -545,37 +499,5 @@ fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Http {
         url: url.to_owned(),
         reason: e.to_string(),
-    }
-}
-
-/// The sum of every sample of `name` (any labels) in Prometheus text.
-pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            if !(rest.starts_with('{') || rest.starts_with(' ')) {
-                return None;
-            }
-            let value = rest.rsplit(' ').next()?;
-            value.trim().parse::<f64>().ok()
-        })
-        .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metric_sum_adds_every_labelled_sample_of_one_name() {
-        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
-                    vllm:prefix_cache_hits_total{model_name=\"m\"} 10\n\
-                    vllm:prefix_cache_hits_total_other 99\n\
-                    vllm:prefix_cache_hits_total{model_name=\"n\"} 5.5\n\
-                    vllm:prefix_cache_queries_total 7\n";
-        assert_eq!(metric_sum(text, "vllm:prefix_cache_hits_total"), 15.5);
-        assert_eq!(metric_sum(text, "vllm:prefix_cache_queries_total"), 7.0);
-        assert_eq!(metric_sum(text, "vllm:missing"), 0.0);
     }
 }

@@ -24,7 +24,7 @@ use crate::timing::TimeModel;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::{CacheEvent, EngineBlockHash, PrefixCache};
@@ -71,20 +71,8 @@ struct Job {
     id: u64,
     tokens: Vec<u32>,
     salt: Option<String>,
-    queued: Instant,
-    done: oneshot::Sender<Prefilled>,
-}
-
-/// The outcome of a prefill.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Prefilled {
-    /// Prompt tokens served from the cache.
-    pub cached: usize,
-    /// Time spent in the prefill queue.
-    pub queued: Duration,
-    /// Time from the start of the prefill to its end (the modelled compute,
-    /// the timer's lateness, caching and publishing the blocks).
-    pub computed: Duration,
+    /// Gets the prompt tokens served from the cache.
+    done: oneshot::Sender<usize>,
 }
 
 /// A simulated engine; share it behind an `Arc`.
@@ -231,14 +219,14 @@ impl SimEngine {
     }
 
     /// Queues the prompt for prefill and waits until it is done; returns the
-    /// cached tokens and where the time went. The request counts as
-    /// `running` from its prefill on.
+    /// prompt tokens served from the cache. The request counts as `running`
+    /// from its prefill on.
     pub async fn prefill(
         &self,
         adm: &Admission,
         tokens: Vec<u32>,
         salt: Option<String>,
-    ) -> Result<Prefilled, BenchError> {
+    ) -> Result<usize, BenchError> {
         let (done, rx) = oneshot::channel();
         let gone = || BenchError::Component {
             what: "simulated engine".into(),
@@ -248,7 +236,6 @@ impl SimEngine {
             id: adm.id,
             tokens,
             salt,
-            queued: Instant::now(),
             done,
         };
         self.queue.send(job).await.map_err(|_| gone())?;
@@ -332,7 +319,6 @@ async fn prefill_loop(
             _ = shutdown.cancelled() => break,
             j = rx.recv() => match j { Some(j) => j, None => break },
         };
-        let started = Instant::now();
         let cached = {
             let mut s = state.lock();
             let Some(t) = s.tickets.get_mut(&job.id) else {
@@ -374,11 +360,7 @@ async fn prefill_loop(
         }
         drop(order);
         // A failed send means the client left; its Admission cleans up.
-        let _ = job.done.send(Prefilled {
-            cached,
-            queued: started.duration_since(job.queued),
-            computed: started.elapsed(),
-        });
+        let _ = job.done.send(cached);
     }
 }
 
@@ -400,7 +382,7 @@ mod tests {
         let prompt: Vec<u32> = (0..16).collect();
         let a = e.admit().await.unwrap();
         assert_eq!(e.stats().waiting, 1);
-        assert_eq!(e.prefill(&a, prompt.clone(), None).await.unwrap().cached, 0);
+        assert_eq!(e.prefill(&a, prompt.clone(), None).await.unwrap(), 0);
         assert_eq!(e.stats().running, 1);
         drop(a);
         assert_eq!(e.stats().running, 0);
@@ -410,20 +392,11 @@ mod tests {
         }
         // Same 16 tokens: 4 blocks cached, but the last one is recomputed.
         let b = e.admit().await.unwrap();
-        assert_eq!(
-            e.prefill(&b, prompt.clone(), None).await.unwrap().cached,
-            12
-        );
+        assert_eq!(e.prefill(&b, prompt.clone(), None).await.unwrap(), 12);
         drop(b);
         // A different salt shares nothing.
         let c = e.admit().await.unwrap();
-        assert_eq!(
-            e.prefill(&c, prompt, Some("acme".into()))
-                .await
-                .unwrap()
-                .cached,
-            0
-        );
+        assert_eq!(e.prefill(&c, prompt, Some("acme".into())).await.unwrap(), 0);
         let s = e.stats();
         assert_eq!(s.prefix_queries, 48);
         assert_eq!(s.prefix_hits, 12);
@@ -481,7 +454,7 @@ mod tests {
         next.extend([7, 7, 7]);
         let b = e.admit().await.unwrap();
         let p = e.prefill(&b, next, Some("s".into())).await.unwrap();
-        assert_eq!(p.cached, 8);
+        assert_eq!(p, 8);
         // Not for a request that is not running.
         drop(b);
         let c = e.admit().await.unwrap();
@@ -497,9 +470,6 @@ mod tests {
         let s = e.stats();
         assert_eq!((s.waiting, s.running), (0, 0));
         let b = e.admit().await.unwrap();
-        assert_eq!(
-            e.prefill(&b, (0..8).collect(), None).await.unwrap().cached,
-            0
-        );
+        assert_eq!(e.prefill(&b, (0..8).collect(), None).await.unwrap(), 0);
     }
 }

@@ -1,7 +1,7 @@
 //! Publishing the simulated prefix cache's events exactly like vLLM, through
-//! the agent crate's real [`KvEventPublisher`] (ZMQ PUB + ROUTER replay): map
-//! form (vLLM >= 0.24) by default, the positional array form (<= 0.23) by
-//! flag; hashes as uint64, the `cache_salt` in block 0's `extra_keys`.
+//! the agent crate's real [`KvEventPublisher`] (ZMQ PUB + ROUTER replay, on
+//! ephemeral ports of 127.0.0.1): map form (vLLM >= 0.24), no topic, hashes
+//! as uint64, the `cache_salt` in block 0's `extra_keys`.
 //!
 //! One task per instance owns the publisher and sends the batches in order;
 //! it ends when the engine drops its sender or on shutdown.
@@ -10,21 +10,10 @@ use crate::error::BenchError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::CacheEvent;
-use warmpath_vllm_events::{KvEvent, KvEventPublisher, PayloadForm, PublisherConfig};
+use warmpath_vllm_events::{KvEvent, KvEventPublisher, PublisherConfig};
 
 /// Event batches that may wait for the publisher.
 pub const QUEUE: usize = 1024;
-
-/// Which wire form the events take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EventForm {
-    /// `type`-tagged maps (vLLM >= 0.24).
-    #[default]
-    Map,
-    /// Positional arrays (vLLM <= 0.23).
-    Array,
-}
 
 /// The bound endpoints of a running publisher.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,22 +24,15 @@ pub struct Endpoints {
     pub replay: Option<String>,
 }
 
-/// Binds a publisher and starts the task that feeds it; returns the sender
-/// the engine writes batches to.
+/// Binds a publisher (with a replay endpoint if `replay`) and starts the
+/// task that feeds it; returns the sender the engine writes batches to.
 pub async fn start(
-    endpoint: &str,
-    replay: Option<&str>,
-    topic: &str,
-    form: EventForm,
+    replay: bool,
     shutdown: CancellationToken,
 ) -> Result<(mpsc::Sender<Vec<CacheEvent>>, Endpoints), BenchError> {
+    let endpoint = "tcp://127.0.0.1:0";
     let mut cfg = PublisherConfig::new(endpoint);
-    cfg.replay_endpoint = replay.map(str::to_owned);
-    cfg.topic = topic.to_owned();
-    cfg.form = match form {
-        EventForm::Map => PayloadForm::Map,
-        EventForm::Array => PayloadForm::Array,
-    };
+    cfg.replay_endpoint = replay.then(|| endpoint.to_owned());
     let publisher = KvEventPublisher::bind(cfg)
         .await
         .map_err(|e| BenchError::Component {
@@ -68,16 +50,9 @@ pub async fn start(
                 _ = shutdown.cancelled() => break,
                 b = rx.recv() => match b { Some(b) => b, None => break },
             };
-            let n = batch.len() as u64;
-            match publisher
-                .publish(batch.iter().map(KvEvent::from).collect())
-                .await
-            {
-                Ok(_) => metrics::counter!("warmpath_sim_kv_events_total").increment(n),
-                Err(e) => {
-                    metrics::counter!("warmpath_sim_kv_events_dropped_total").increment(n);
-                    tracing::warn!(error = %e, "publishing kv events failed");
-                }
+            let events = batch.iter().map(KvEvent::from).collect();
+            if let Err(e) = publisher.publish(events).await {
+                tracing::warn!(error = %e, "publishing kv events failed");
             }
         }
     });

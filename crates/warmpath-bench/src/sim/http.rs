@@ -3,14 +3,14 @@
 //! the simulator does differently: admission, the timed prefill and decode,
 //! and its output tokens.
 
-use super::engine::{Admission, Prefilled, SimEngine};
+use super::engine::{Admission, SimEngine};
 use super::output::{Output, OutputVocab};
 use axum::http::StatusCode;
 use axum::Router;
 use futures::StreamExt as _;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::CacheEvent;
@@ -26,7 +26,6 @@ pub(super) const DEFAULT_MAX_TOKENS: usize = 16;
 /// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct AppState {
-    pub(crate) id: String,
     pub(crate) config: ServerConfig,
     pub(crate) engine: Arc<SimEngine>,
     pub(crate) tokenizer: Arc<ChatTokenizer>,
@@ -68,10 +67,7 @@ impl Backend for AppState {
     fn generate(&self, job: Job) -> impl Future<Output = Result<Generation, ApiError>> + Send {
         let (engine, output) = (self.engine.clone(), self.output.clone());
         let shutdown = self.shutdown.clone();
-        metrics::counter!("warmpath_sim_requests_total", "instance" => self.id.clone())
-            .increment(1);
         async move {
-            let tokenize = job.received.elapsed();
             let adm = engine.admit().await.map_err(unavailable)?;
             let work = Work {
                 prompt: job.tokens.len(),
@@ -80,9 +76,6 @@ impl Backend for AppState {
                     .tokens
                     .iter()
                     .fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
-                start: job.received,
-                tokenize,
-                admit: job.received.elapsed().saturating_sub(tokenize),
             };
             let (tx, rx) = mpsc::channel::<Item>(16);
             // Owned by the generation: it ends when the receiver is dropped
@@ -130,44 +123,6 @@ struct Work {
     prompt: usize,
     max_tokens: usize,
     seed: u64,
-    /// When the body arrived, and how long tokenizing and waiting for a
-    /// batch slot took.
-    start: Instant,
-    tokenize: Duration,
-    admit: Duration,
-}
-
-impl Work {
-    /// Records where the time to the first token went (histograms
-    /// `warmpath_sim_first_token_phase_seconds{phase}` and a debug event).
-    fn first_token(&self, p: &Prefilled) {
-        let total = self.start.elapsed();
-        let rest = total.saturating_sub(self.tokenize + self.admit + p.queued + p.computed);
-        for (phase, d) in [
-            ("tokenize", self.tokenize),
-            ("admit", self.admit),
-            ("queue", p.queued),
-            ("prefill", p.computed),
-            ("other", rest),
-            ("total", total),
-        ] {
-            metrics::histogram!("warmpath_sim_first_token_phase_seconds", "phase" => phase)
-                .record(d.as_secs_f64());
-        }
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        tracing::debug!(
-            target: "warmpath_bench::sim::timing",
-            prompt = self.prompt,
-            cached = p.cached,
-            tokenize_ms = ms(self.tokenize),
-            admit_ms = ms(self.admit),
-            queue_ms = ms(p.queued),
-            prefill_ms = ms(p.computed),
-            other_ms = ms(rest),
-            total_ms = ms(total),
-            "first token"
-        );
-    }
 }
 
 /// Prefills, then decodes the output into `tx`; stops as soon as the
@@ -181,23 +136,19 @@ async fn produce(
     tx: mpsc::Sender<Item>,
 ) {
     let prompt = job.tokens.clone();
-    let p = match engine.prefill(&adm, job.tokens, job.salt).await {
-        Ok(p) => p,
+    let cached = match engine.prefill(&adm, job.tokens, job.salt).await {
+        Ok(cached) => cached,
         Err(e) => {
             let _ = tx.send(Item::Failed(unavailable(e))).await;
             return;
         }
     };
     let out = output.generate(work.seed, work.max_tokens);
-    let emit = |i: usize, piece: &str| {
-        if i == 0 {
-            work.first_token(&p);
-        }
+    let emit = |piece: &str| {
         let (tx, piece) = (tx.clone(), piece.to_owned());
         async move { tx.send(Item::Text(piece)).await.is_ok() }
     };
     if !decode(engine, &adm, prompt, &out, emit).await {
-        metrics::counter!("warmpath_sim_client_gone_total").increment(1);
         return;
     }
     engine.finished(work.prompt, work.max_tokens);
@@ -206,7 +157,7 @@ async fn produce(
         .send(Item::Done {
             finish: Some("length"),
             completion_tokens: work.max_tokens,
-            cached_tokens: p.cached,
+            cached_tokens: cached,
         })
         .await;
 }
@@ -225,7 +176,7 @@ async fn decode<F, Fut>(
     mut emit: F,
 ) -> bool
 where
-    F: FnMut(usize, &str) -> Fut,
+    F: FnMut(&str) -> Fut,
     Fut: Future<Output = bool>,
 {
     let bs = engine.block_size();
@@ -243,7 +194,7 @@ where
                 }
             }
         }
-        if !emit(i, piece).await {
+        if !emit(piece).await {
             return false;
         }
     }

@@ -40,8 +40,7 @@ pub mod output;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{EngineStats, Prefilled, SimEngine};
-pub use events::EventForm;
+pub use engine::{EngineStats, SimEngine};
 pub use output::{Output, OutputVocab};
 
 use crate::error::BenchError;
@@ -64,10 +63,6 @@ pub struct SimConfig {
     pub cache_blocks: usize,
     /// The time model.
     pub time: TimeModel,
-    /// Event wire form.
-    pub event_form: EventForm,
-    /// ZMQ topic.
-    pub topic: String,
     /// Whether to open a replay endpoint.
     pub replay: bool,
     /// Prefill queue bound per instance.
@@ -81,8 +76,6 @@ impl Default for SimConfig {
             block_size: 16,
             cache_blocks: 8192,
             time: TimeModel::default(),
-            event_form: EventForm::Map,
-            topic: String::new(),
             replay: true,
             max_queue: 4096,
         }
@@ -122,49 +115,16 @@ impl Drop for SimInstance {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (bound, read, released: a tiny race that
-/// only matters if another process grabs it in between).
-pub fn free_port() -> Result<u16, BenchError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| BenchError::Bind {
-        addr: "127.0.0.1:0".into(),
-        source: e,
-    })?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| BenchError::Bind {
-            addr: "127.0.0.1:0".into(),
-            source: e,
-        })
-}
-
-/// Ports of one instance: (http, events, replay).
-fn ports(base: Option<u16>, i: usize) -> Result<(u16, u16, u16), BenchError> {
-    match base {
-        None => Ok((0, 0, 0)),
-        Some(b) => {
-            let at = |off: usize| {
-                u16::try_from(usize::from(b) + off).map_err(|_| BenchError::Invalid {
-                    what: "base port",
-                    reason: format!("{b} leaves no room for instance {i}"),
-                })
-            };
-            Ok((at(i)?, at(1000 + 2 * i)?, at(1001 + 2 * i)?))
-        }
-    }
-}
-
-/// Starts instance `i`: HTTP on `127.0.0.1:(base+i)`, events on
-/// `base+1000+2i`, replay on `base+1001+2i`; ephemeral ports when `base` is
-/// `None`. Lives until `shutdown`.
+/// Starts instance `i` on ephemeral ports of 127.0.0.1; it lives until
+/// `shutdown`.
 pub async fn start_instance(
     i: usize,
     cfg: &SimConfig,
     tokenizer: Arc<ChatTokenizer>,
-    base: Option<u16>,
     shutdown: CancellationToken,
 ) -> Result<SimInstance, BenchError> {
     let output = Arc::new(OutputVocab::new(&tokenizer)?);
-    start_with(i, cfg, tokenizer, output, base, shutdown).await
+    start_with(i, cfg, tokenizer, output, shutdown).await
 }
 
 async fn start_with(
@@ -172,19 +132,9 @@ async fn start_with(
     cfg: &SimConfig,
     tokenizer: Arc<ChatTokenizer>,
     output: Arc<OutputVocab>,
-    base: Option<u16>,
     shutdown: CancellationToken,
 ) -> Result<SimInstance, BenchError> {
-    let (http_port, ev_port, replay_port) = ports(base, i)?;
-    let replay = format!("tcp://127.0.0.1:{replay_port}");
-    let (events, endpoints) = events::start(
-        &format!("tcp://127.0.0.1:{ev_port}"),
-        cfg.replay.then_some(replay.as_str()),
-        &cfg.topic,
-        cfg.event_form,
-        shutdown.clone(),
-    )
-    .await?;
+    let (events, endpoints) = events::start(cfg.replay, shutdown.clone()).await?;
     let engine = SimEngine::start(
         cfg.time.clone(),
         cfg.block_size,
@@ -195,7 +145,6 @@ async fn start_with(
     )?;
     let id = format!("sim-{i}");
     let state = Arc::new(http::AppState {
-        id: id.clone(),
         config: http::server_config(&cfg.model, &engine),
         engine: engine.clone(),
         tokenizer,
@@ -203,7 +152,7 @@ async fn start_with(
         output,
         shutdown: shutdown.clone(),
     });
-    let addr = format!("127.0.0.1:{http_port}");
+    let addr = "127.0.0.1:0".to_owned();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| BenchError::Bind {
@@ -247,12 +196,11 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `n` instances (see [`start_instance`] for the ports).
+    /// Starts `n` instances (as [`start_instance`]).
     pub async fn start(
         n: usize,
         cfg: &SimConfig,
         tokenizer: Arc<ChatTokenizer>,
-        base: Option<u16>,
         shutdown: CancellationToken,
     ) -> Result<Fleet, BenchError> {
         if n == 0 {
@@ -265,7 +213,7 @@ impl Fleet {
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
             let (tok, out) = (tokenizer.clone(), output.clone());
-            instances.push(start_with(i, cfg, tok, out, base, shutdown.clone()).await?);
+            instances.push(start_with(i, cfg, tok, out, shutdown.clone()).await?);
         }
         Ok(Fleet { instances })
     }

@@ -13,7 +13,7 @@ async fn instance() -> (SimInstance, CancellationToken) {
         ..Default::default()
     };
     let token = CancellationToken::new();
-    let i = start_instance(0, &cfg, tiny_tokenizer().unwrap(), None, token.clone())
+    let i = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
         .await
         .unwrap();
     (i, token)

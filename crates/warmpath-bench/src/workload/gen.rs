@@ -247,7 +247,7 @@ mod tests {
             WorkloadKind::Tenants,
         ] {
             let trace = generate(&spec(kind)).unwrap();
-            assert_eq!(trace.len(), 60, "{kind}");
+            assert_eq!(trace.len(), 60, "{kind:?}");
             for r in &trace {
                 r.validate().unwrap();
             }

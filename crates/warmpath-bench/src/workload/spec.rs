@@ -2,8 +2,6 @@
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
 
 /// One chat message of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,8 +164,8 @@ impl TraceRequest {
     }
 }
 
-/// The built-in workloads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The built-in workloads (`--workload long`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkloadKind {
     /// Shared ~8000-token documents + distinct questions.
@@ -180,44 +178,6 @@ pub enum WorkloadKind {
     Code,
     /// One shared system prompt, several tenants.
     Tenants,
-}
-
-impl WorkloadKind {
-    /// The name on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkloadKind::Long => "long",
-            WorkloadKind::Short => "short",
-            WorkloadKind::Rag => "rag",
-            WorkloadKind::Code => "code",
-            WorkloadKind::Tenants => "tenants",
-        }
-    }
-}
-
-impl fmt::Display for WorkloadKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for WorkloadKind {
-    type Err = BenchError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "long" => WorkloadKind::Long,
-            "short" => WorkloadKind::Short,
-            "rag" => WorkloadKind::Rag,
-            "code" => WorkloadKind::Code,
-            "tenants" => WorkloadKind::Tenants,
-            other => {
-                return Err(BenchError::Invalid {
-                    what: "workload",
-                    reason: format!("{other:?} is not one of long, short, rag, code, tenants"),
-                })
-            }
-        })
-    }
 }
 
 /// Everything that determines a generated trace.

@@ -3,7 +3,7 @@
 
 use super::spec::TraceRequest;
 use crate::error::BenchError;
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::Path;
 
 /// Parses a JSONL trace from a reader; `origin` names it in errors.
@@ -47,24 +47,6 @@ pub fn read(path: &Path) -> Result<Vec<TraceRequest>, BenchError> {
     read_from(std::io::BufReader::new(f), &path.display().to_string())
 }
 
-/// Writes a trace as JSONL.
-pub fn write(path: &Path, trace: &[TraceRequest]) -> Result<(), BenchError> {
-    let io = |e: std::io::Error| BenchError::Io {
-        path: path.display().to_string(),
-        source: e,
-    };
-    let f = std::fs::File::create(path).map_err(io)?;
-    let mut w = std::io::BufWriter::new(f);
-    for r in trace {
-        let line = serde_json::to_string(r).map_err(|e| BenchError::Invalid {
-            what: "trace",
-            reason: e.to_string(),
-        })?;
-        writeln!(w, "{line}").map_err(io)?;
-    }
-    w.flush().map_err(io)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -72,7 +54,7 @@ mod tests {
     use crate::workload::{generate, WorkloadKind, WorkloadSpec};
 
     #[test]
-    fn round_trips_through_a_file() {
+    fn generated_traces_read_back_from_a_file() {
         let spec = WorkloadSpec {
             requests: 20,
             prefix_tokens: 100,
@@ -82,7 +64,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("warmpath-bench-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.jsonl");
-        write(&path, &trace).unwrap();
+        let lines: Vec<String> = trace
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        std::fs::write(&path, lines.join("\n")).unwrap();
         let back = read(&path).unwrap();
         assert_eq!(back.len(), trace.len());
         for (a, b) in back.iter().zip(&trace) {
