@@ -4,7 +4,7 @@
 //! Why: a pool rebuilds its policy whenever a backend is added, removed or
 //! drained out. Everything `kv_aware` learned about where prefixes live
 //! (homes, popularity and so the expected loads, cache pressure, the
-//! modelled caches, the rebalancer's waits) is per worker, and
+//! modelled caches) is per worker, and
 //! the cache index keeps every remaining worker's entries across the
 //! change; a policy that started afresh would forget where it put the
 //! prefixes still prefilling, charge a stale copy as little as the home,
@@ -20,8 +20,7 @@
 //! copy on a removed worker is dropped from its prefix's holders. A new
 //! worker starts empty: no pressure, no homes (the lowest expected load, so
 //! cold prefixes go there first).
-//! The decision clock (`seq`, `unit`) and the rebalancer's count and last
-//! move go on; windows counted per backend (decays, stickiness) are
+//! The decision clock (`seq`, `unit`) goes on; windows counted per backend (decays, stickiness) are
 //! rescaled to the new fleet size. Decisions routed with the old policy
 //! after the copy (the requests already holding it) are not carried: a few
 //! per change at most.
@@ -63,8 +62,6 @@ impl State {
             unit: self.unit,
             seq: self.seq,
             homes: self.homes.remap(&to, backends.len(), home_table_keys(n)),
-            last_move: self.last_move,
-            moves: self.moves,
             decay: 1.0 - per_decision,
             sticky: STICKY * n as u64,
             resident: self

@@ -19,7 +19,7 @@
 //!   an empty cache; `queued_w`: the uncached blocks of the requests routed there
 //!   that have not produced a first byte (the router's own prediction).
 //! - `write_w`, the blocks `w` must newly cache: at the prefix's **home**
-//!   (where it was placed or last moved) `B - m_w`; at any other backend all
+//!   (where it was placed) `B - m_w`; at any other backend all
 //!   `B`, since a copy off the home is one to let age out (so a holder keeps
 //!   its prefix unless its queue is a full prefill longer); and for a prefix
 //!   no fresh backend holds `min_match_blocks` of (a **cold** one, the same
@@ -75,14 +75,6 @@
 //! - **cold**: every backend within `TIE_BAND * B` of the lowest cost, and
 //!   within `FIT_BAND * B` of the lowest `evict_w`, is equally good, and the
 //!   lowest `E_w` among them wins (then ring order);
-//! - **warm, at its home `h`** (which won on cost and holds the deepest
-//!   match): the request and the prefix's home go to the usable backend `t`
-//!   with the lowest `E` when `E_h > (1 + rebalance_slack) * mean(E)` and
-//!   the prefix's popularity fits the gap (see
-//!   [`rebalance`](super::rebalance), which also holds the waits between
-//!   moves), unless the move's `evict_t` exceeds `FIT_BAND * B` (even
-//!   shares are a means: a move that evicts hotter prefixes costs hit
-//!   rate). A move costs one cold prefill; the old copy ages out.
 //! - **too hot, at a holder**: a prefix whose popularity per holder, `p / k`,
 //!   exceeds `(1 + COPY_SLACK * rebalance_slack)` times the mean `E`
 //!   (`COPY_SLACK` = 0.75: room for the holder's other homes) cannot be
@@ -91,27 +83,28 @@
 //!   others, which becomes a deliberate **copy** (decision `replicate`).
 //!   So a prefix gets `k = ceil(p / ((1 + COPY_SLACK * rebalance_slack) E))` holders,
 //!   one more per request of it, as many as its demand and the fleet need
-//!   (at most every usable backend), once it brought `MOVE_WARMUP` of its
+//!   (at most every usable backend), once it brought `COPY_WARMUP` of its
 //!   own requests per holder (see [`rebalance`](super::rebalance)). Its
 //!   popularity then counts `p / k` on each
 //!   holder, every holder is charged only what it lacks, so its traffic
-//!   splits among them by the formula's load terms; a prefix with copies is
-//!   never moved. When `p / (k - 1)` falls to the mean or below, the last
+//!   splits among them by the formula's load terms. When `p / (k - 1)` falls to the mean or below, the last
 //!   copy is dropped (it ages out there). With `rebalance_slack: null`
-//!   nothing moves and nothing is copied.
+//!   nothing is copied.
+//!
+//! A prefix's home is never moved to even the loads: that cost TTFT p90 and
+//! bought only even shares (docs/kv.md).
 //!
 //! Every constant of the formula and the balance is named, with why it has
 //! its value, in [`tuning`](super::tuning), beside the six knobs (two of a
 //! data structure's own mechanics live beside it; see there).
 //!
-//! A moved prefix is followed while its first request prefills at its new
-//! home, and so is a cold placement. With `cold_placement: ring` a cold
-//! prefix goes by CHWBL on the prefix key instead, there are no homes and
-//! nothing moves (several router replicas then agree).
+//! A cold placement is followed while its first request prefills there.
+//! With `cold_placement: ring` a cold prefix goes by CHWBL on the prefix
+//! key instead and there are no homes (several router replicas then agree).
 //!
 //! Decision: `replicate` when a request starts a copy; `kv_match` when the
 //! winner holds the deepest match; `spill` when
-//! a deeper-matching backend was passed over for load, a prefix moved, or a
+//! a deeper-matching backend was passed over for load, or a
 //! cold prefix was placed off its ring owner; `prefix_hash` when a cold
 //! prefix went to its ring owner or followed its first request;
 //! `least_outstanding` when every backend is full and the pick has the
@@ -122,7 +115,7 @@
 //! When every eligible backend is at `concurrency_threshold` the gate is
 //! lifted, not the formula: the warm pick costs the eligible backends that
 //! hold part of the chain (a scan; the home and its copies charged only what
-//! they lack; nothing moves or is copied; a cold prefill elsewhere would add
+//! they lack; nothing is copied; a cold prefill elsewhere would add
 //! work to a full fleet), and a cold prefix is placed as above over every
 //! eligible backend. Falling back to least in flight instead ignores the caches: at
 //! saturation its cold prefills make every backend slower, so they stay
@@ -299,7 +292,7 @@ impl KvAware {
                 ),
             },
         };
-        s.set_home(input.prefix_key, backend, false);
+        s.set_home(input.prefix_key, backend);
         s.record(input.prefix_key, backend, input.chain_blocks);
         s.cached(input.prefix_key, backend, input.chain_blocks);
         Ok(Decision {
@@ -309,10 +302,9 @@ impl KvAware {
         })
     }
 
-    /// The warm pick under `pressure` placement: follows a moved prefix
-    /// while it prefills at its new home, else the cheapest backend (the
-    /// home charged only for what it lacks), and possibly moves the prefix
-    /// to even the balance loads (module docs).
+    /// The warm pick under `pressure` placement: the cheapest backend (the
+    /// home and its copies charged only for what they lack), and possibly
+    /// one more copy of a prefix too hot for its holders (module docs).
     #[allow(clippy::too_many_arguments)]
     fn pick_homed(
         &self,
@@ -329,18 +321,6 @@ impl KvAware {
         self.observe(s, input);
         let home: Option<Home> = s.home(key).filter(|h| Self::usable(s, h.backend as usize));
         let at = |h: &Home| h.backend as usize;
-        if let Some(h) = home.filter(|h| h.moved && held.get(at(h)) < best_match) {
-            if s.following(&h, loads) {
-                let b = at(&h);
-                s.record(key, b, input.chain_blocks.saturating_sub(held.get(b)));
-                s.cached(key, b, input.chain_blocks);
-                return Ok(Decision {
-                    backend: b,
-                    kind: DecisionKind::Spill,
-                    matched_blocks: held.get(b),
-                });
-            }
-        }
         // The home holds it: the deepest match.
         let holds = |i: usize| held.get(i) >= best_match;
         let holding = home.filter(|h| holds(at(h)));
@@ -371,10 +351,10 @@ impl KvAware {
         } else {
             s.cands.cheapest(&self.kv, chain, held, &homes, rng)
         };
-        let Some((mut m, mut backend)) = cheapest else {
+        let Some((m, backend)) = cheapest else {
             // Every backend is full: the same formula over the eligible ones,
             // the home (and its copies) charged only what they lack; nothing
-            // moves or is copied.
+            // is copied.
             let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
             let mut homes: Vec<usize> = s
                 .home(key)
@@ -402,14 +382,10 @@ impl KvAware {
                     Some(false) => s.copy(key, None),
                     None => {}
                 }
-                if let Some(t) = s.propose_move(rb, &h, chain, loads, |i| s.cands.usable(i)) {
-                    s.move_home(key, at(&h), t);
-                    (m, backend) = (held.get(t), t);
-                }
             }
             // Its home lost it (or it had none): it lives where it went.
             (None, _) if !stale && home.is_none_or(|h| at(&h) != backend) => {
-                s.set_home(key, backend, false);
+                s.set_home(key, backend);
             }
             _ => {}
         }
@@ -515,13 +491,9 @@ impl Learns for KvAware {
         }
     }
 
-    fn moves(&self) -> u64 {
-        self.placer.lock().moves
-    }
-
-    /// Carries homes, popularity, pressure, the modelled
-    /// caches and the rebalancer's waits over to the new snapshot by worker
-    /// id (see the `carry` module); the ring is rebuilt (1/N moves).
+    /// Carries homes, popularity, pressure and the modelled
+    /// caches over to the new snapshot by worker
+    /// id (see the `carry` module); the ring is rebuilt (1/N of keys change owner).
     fn carried(
         &self,
         snapshot: &[PolicyBackend],
@@ -651,7 +623,7 @@ fn full_decision(loads: &[BackendLoad], backend: usize, m: u32, best_match: u32)
 
 /// A pick among holders: kv_match when `backend` holds the deepest match
 /// (`m == best_match`); a shallower one (or none) won on load, or because
-/// the deeper holders were full or the prefix moved: spill.
+/// the deeper holders were full: spill.
 fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
     Decision {
         backend,

@@ -229,7 +229,7 @@ fn a_removed_workers_homes_and_copies_go_the_others_stay() {
     {
         let mut s = p.placer.lock();
         for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
-            s.set_home(key, at, false);
+            s.set_home(key, at);
             for _ in 0..10 {
                 s.record(key, at, 5);
             }
@@ -307,7 +307,7 @@ proptest! {
             let mut want = ids(&old, &b, &h);
             want.retain(|id| nb.iter().any(|x| &x.id == id));
             prop_assert_eq!(ids(&new, &nb, &a), want);
-            prop_assert_eq!((a.pop, a.since, a.moved, a.reserved), (h.pop, h.since, h.moved, h.reserved));
+            prop_assert_eq!((a.pop, a.since), (h.pop, h.since));
             for i in new.homes.holders(&a) {
                 sums[i] += a.pop / a.count() as f64;
             }
@@ -315,7 +315,7 @@ proptest! {
         for (j, l) in new.homes.loads().iter().enumerate() {
             prop_assert!((l - sums[j]).abs() < 1e-6 * (1.0 + sums[j]), "{j}: {l} vs {}", sums[j]);
         }
-        prop_assert_eq!((new.seq, new.moves, new.last_move), (old.seq, old.moves, old.last_move));
+        prop_assert_eq!(new.seq, old.seq);
     }
 }
 

@@ -30,8 +30,7 @@
 //! ([`home`](super::home)). That deals new prefixes out like a snake draft
 //! while they arrive roughly in popularity order, and a prefix that returns
 //! after an eviction, its popularity known, goes where it evens the loads
-//! most (LPT); moves ([`rebalance`](super::rebalance)) correct what
-//! placement got wrong. Remaining ties go to the first in the ring's walk
+//! most (LPT). Remaining ties go to the first in the ring's walk
 //! from the prefix key, so equal fleets agree. The placement becomes the
 //! prefix's home: a request for the same key that finds no fresh match
 //! while the first is still prefilling there (or within `STICKY` decisions
@@ -51,7 +50,7 @@
 //! popularity and pinned the hottest documents reaches 85.3%, the best
 //! pinned set of `warmpath-bench`'s `lru_refs`.)
 //!
-//! All of it (pressure, homes, loads, moves) sits behind one lock taken once
+//! All of it (pressure, homes, loads, copies) sits behind one lock taken once
 //! per decision: it is per router (replicas feed each other's picks into it
 //! through `Learns::observe_remote`, see [`remote`](super::remote)).
 
@@ -77,7 +76,7 @@ pub(crate) enum Placed {
     Pressure,
 }
 
-/// Everything the placer and the rebalancer keep, under one lock.
+/// Everything the placer and the copy rule keep, under one lock.
 #[derive(Clone, Debug)]
 pub(crate) struct State {
     /// Decayed blocks written per backend, in units of `unit`.
@@ -89,10 +88,6 @@ pub(crate) struct State {
     pub(super) seq: u64,
     /// Homes, popularity and expected loads (see [`home`](super::home)).
     pub(super) homes: Homes,
-    /// The decision of the last rebalancing move (`None`: none yet).
-    pub(super) last_move: Option<u64>,
-    /// Rebalancing moves so far.
-    pub(super) moves: u64,
     /// Per decision: `1 - 1 / (window x backends)`.
     pub(super) decay: f64,
     /// Decisions a placement stays sticky without pending prefill work.
@@ -110,7 +105,7 @@ pub(crate) struct State {
     pub(super) fleet: Cell<Option<Fleet>>,
 }
 
-/// Cache pressure per backend, homes and the rebalancing state.
+/// Cache pressure per backend, homes and copies.
 #[derive(Debug)]
 pub(crate) struct Placer {
     state: Mutex<State>,
@@ -126,8 +121,6 @@ impl Placer {
                 unit: 1.0,
                 seq: 0,
                 homes: Homes::new(backends.len(), home_table_keys(n)),
-                last_move: None,
-                moves: 0,
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
                 sticky: STICKY * n as u64,
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
@@ -232,7 +225,7 @@ impl State {
         band: f64,
     ) -> Option<(usize, Placed)> {
         if let Some(h) = self.homes.get(key) {
-            if usable(h.backend as usize) && (h.reserved || self.following(&h, loads)) {
+            if usable(h.backend as usize) && self.following(&h, loads) {
                 return Some((h.backend as usize, Placed::Remembered));
             }
         }
@@ -324,18 +317,20 @@ impl State {
         Some((at, how))
     }
 
-    /// The eviction term of the cost formula: the expected blocks of other
-    /// prefixes that caching `blocks` of `key` on `b` loses, each victim's
-    /// trimmed blocks weighted by `p_v / (p_v + p_x)`, the chance that the
-    /// victim (popularity `p_v`) is asked for again before the new prefix
-    /// (`p_x`, this request included). A victim homed elsewhere (a stale
-    /// copy) costs nothing; 0 where the capacity is unknown or it fits.
+    /// [`State::evict_at`] with `key`'s popularity looked up.
+    #[cfg(test)]
     pub(crate) fn evict_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
         let px = self.popularity_with(key);
         self.evict_at(b, px, key, blocks)
     }
 
-    /// [`State::evict_cost`] with `key`'s popularity `px` given.
+    /// The eviction term of the cost formula: the expected blocks of other
+    /// prefixes that caching `blocks` of `key` (popularity `px`) on `b`
+    /// loses, each victim's trimmed blocks weighted by `p_v / (p_v + p_x)`,
+    /// the chance that the victim (popularity `p_v`) is asked for again
+    /// before the new prefix (`p_x`, this request included). A victim homed
+    /// elsewhere (a stale copy) costs nothing; 0 where the capacity is
+    /// unknown or it fits.
     fn evict_at(&self, b: usize, px: f64, key: u64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
@@ -437,33 +432,15 @@ impl State {
         }
     }
 
-    /// Homes `key` on `backend` (a cold placement, a move when `moved`, or
-    /// a warm request whose home lost it); its popularity moves along.
-    pub(crate) fn set_home(&mut self, key: u64, backend: usize, moved: bool) {
-        let seq = self.seq;
-        self.homes.set_home(key, backend, seq, moved);
+    /// Homes `key` on `backend` (a cold placement, or a warm request whose
+    /// home lost it); its popularity moves along.
+    pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
+        self.homes.set_home(key, backend, self.seq);
         self.fleet.set(None);
-        if moved {
-            self.last_move = Some(seq);
-            self.moves += 1;
-        }
-    }
-
-    /// A rebalancing move of `key` from `from` to `to`, with a swap: the
-    /// least popular prefix homed on `to` (the likeliest that the moved
-    /// one's blocks evict there) is reserved on `from`, whose room the moved
-    /// prefix's stale copy frees as it ages out, so the eviction does not
-    /// cascade through cold placement.
-    pub(crate) fn move_home(&mut self, key: u64, from: usize, to: usize) {
-        let swap = self.homes.least_popular(to, key);
-        self.set_home(key, to, true);
-        if let Some(j) = swap {
-            self.homes.reserve(j, from, self.seq);
-        }
     }
 
     /// A deliberate copy of `key` on `backend` (replication), or the last
-    /// one dropped (`None`); counted like a move, for the waits.
+    /// one dropped (`None`).
     pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
         self.fleet.set(None);
         match backend {
@@ -472,7 +449,6 @@ impl State {
                 self.homes.drop_copy(key);
             }
         }
-        self.last_move = Some(self.seq);
     }
 
     /// Records a decision: a request of `key` sent to `backend`, which
@@ -494,19 +470,6 @@ impl State {
             self.unit = 1.0;
         }
     }
-}
-
-/// Keys 1..=4 homed on backends 0, 0, 1, 2 with 40, 30, 20, 10 requests,
-/// 100 decisions ago (the tests of moves start from it).
-#[cfg(test)]
-pub(crate) fn skew(s: &mut State) {
-    for (key, at, reqs) in [(1u64, 0usize, 40), (2, 0, 30), (3, 1, 20), (4, 2, 10)] {
-        s.set_home(key, at, false);
-        for _ in 0..reqs {
-            s.record(key, at, 0);
-        }
-    }
-    s.seq += 100;
 }
 
 #[cfg(test)]

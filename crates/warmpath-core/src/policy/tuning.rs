@@ -29,48 +29,17 @@ pub(crate) const PRESSURE_WINDOW: f64 = 200.0;
 /// expected load among them wins. (Formerly `kv.placement_tolerance`.)
 pub(crate) const TIE_BAND: f64 = 1.0;
 
-/// Decisions per backend a prefix keeps its home before it may move
-/// (`20 n`): its popularity is then an estimate worth acting on, and a
-/// prefix that just moved does not move straight back.
-pub(crate) const MOVE_COOLDOWN: u64 = 20;
-
-/// Decisions per backend between two moves (`2 n`, `n` counted up to
-/// `SPACING_BACKENDS`): each move shifts the loads, so the next one waits
-/// until the first one's effect shows.
-pub(crate) const MOVE_SPACING: u64 = 2;
-
-/// The fleet size past which the wait between two moves stops growing
-/// (`2 x 64` decisions). A move shifts two backends' loads whatever the
-/// fleet, while the backends a placement left uneven grow with it: a wait
-/// of `2 n` let a 1000-backend fleet move about 100 prefixes in 200,000
-/// requests, too few to pay back 34 backends above 1.5x an even share
-/// (BENCHMARKS.md). Fleets of up to 64 are unchanged.
-pub(crate) const SPACING_BACKENDS: u64 = 64;
-
 /// The part of `rebalance_slack` a deliberate copy's holder may carry above
 /// the mean expected load from the copied prefix alone: a holder's other
-/// homes and the noise of its share take the rest, so holders stay under
-/// the move trigger, where no move can help them (a prefix with copies is
-/// spread, not moved). At the full slack, 1000 backends kept 2 to 5 holders
+/// homes and the noise of its share take the rest, so a holder stays
+/// within the slack. At the full slack, 1000 backends kept 2 to 5 holders
 /// above 1.5x an even share; the capacity grid is unchanged within its
 /// run-to-run spread (BENCHMARKS.md).
 pub(crate) const COPY_SLACK: f64 = 0.75;
 
-/// Requests per backend the fleet must have seen before any move (`10 n`):
-/// before that every load is noise.
-pub(crate) const MOVE_WARMUP: f64 = 10.0;
-
-/// A moved prefix's popularity must be at most this fraction of the gap
-/// `D` between the two loads: the squared deviation `2p(p - D)` then falls
-/// by at least half of the best single move (`p = D/2`), and the target ends
-/// below the source's old load: no ping-pong.
-pub(crate) const MOVE_FIT_MAX: f64 = 0.85;
-
-/// ... and at least this fraction of `min(D, mean)`: a move too small to
-/// matter is not worth its cold prefill, while a gap wider than the mean
-/// (a large excess to pay back) still takes any prefix worth 15% of a
-/// backend's load, so a growing excess never shuts every prefix out.
-pub(crate) const MOVE_FIT_MIN: f64 = 0.15;
+/// Requests of its own per holder a prefix must have brought before it
+/// gets one more copy: before that its popularity is noise.
+pub(crate) const COPY_WARMUP: f64 = 10.0;
 
 /// A stale worker's match counts this fraction (rounded up) of its blocks:
 /// its agent went silent, not its engine (an engine that fails its health
@@ -168,10 +137,10 @@ pub struct KvConfig {
     /// cost formula with each backend's recent cache pressure) or `ring`
     /// (CHWBL on the prefix key, for several router replicas).
     pub cold_placement: ColdPlacement,
-    /// `pressure` placement: a backend whose balance load exceeds the mean
-    /// by more than this fraction hands one prefix whose popularity fits
-    /// the gap to the least loaded backend (a move, not a copy). 0..=10;
-    /// `None` (null) turns moving off. Default 0.4.
+    /// `pressure` placement: a prefix gets deliberate copies once its
+    /// popularity per holder exceeds the mean expected load by more than
+    /// `COPY_SLACK` times this fraction. 0..=10; `None` (null) turns
+    /// copies off. Default 0.4.
     pub rebalance_slack: Option<f64>,
 }
 
@@ -282,8 +251,8 @@ impl TryFrom<KvConfigFile> for KvConfig {
             (
                 f.share_slack,
                 "kv.share_slack",
-                "kv_aware evens load by moving prefixes instead of copying them; \
-                 tune kv.rebalance_slack (default 0.4; lower evens more)",
+                "kv_aware copies a prefix only when it is too hot for its holders; \
+                 tune kv.rebalance_slack (default 0.4; lower copies sooner)",
             ),
             (
                 f.pressure_window,
@@ -300,7 +269,7 @@ impl TryFrom<KvConfigFile> for KvConfig {
                 f.rebalance_payback,
                 "kv.rebalance_payback",
                 "the payback term was removed (it cost hit rate and TTFT); \
-                 tune balance with kv.rebalance_slack (null turns moving off)",
+                 tune balance with kv.rebalance_slack (null turns copies off)",
             ),
         ];
         if let Some(&(_, name, instead)) = removed.iter().find(|r| r.0) {
