@@ -20,13 +20,13 @@
 //! copy on a removed worker is dropped from its prefix's holders. A new
 //! worker starts empty: no pressure, no homes (the lowest expected load, so
 //! cold prefixes go there first).
-//! The decision clock (`seq`, `unit`) goes on; windows counted per backend (decays, stickiness) are
+//! The decision clock (`seq`, `unit`) goes on; windows counted per backend (decays) are
 //! rescaled to the new fleet size. Decisions routed with the old policy
 //! after the copy (the requests already holding it) are not carried: a few
 //! per change at most.
 
 use super::place::State;
-use super::tuning::{home_table_keys, STICKY};
+use super::tuning::home_table_keys;
 use super::PolicyBackend;
 use std::collections::HashMap;
 
@@ -63,7 +63,6 @@ impl State {
             seq: self.seq,
             homes: self.homes.remap(&to, backends.len(), home_table_keys(n)),
             decay: 1.0 - per_decision,
-            sticky: STICKY * n as u64,
             resident: self
                 .resident
                 .remap(&from, backends.iter().map(|b| b.capacity_blocks)),

@@ -257,7 +257,7 @@ impl KvAware {
         let ring = self.fallback.ring();
         let band = TIE_BAND * f64::from(input.chain_blocks);
         s.resident.sync(loads);
-        self.observe(s, input);
+        self.observe(s, input, loads);
         let placed = s.place(
             input.prefix_key,
             input.chain_blocks,
@@ -318,7 +318,7 @@ impl KvAware {
         let key = input.prefix_key;
         let chain = input.chain_blocks.max(best_match);
         s.resident.sync(loads);
-        self.observe(s, input);
+        self.observe(s, input, loads);
         let home: Option<Home> = s.home(key).filter(|h| Self::usable(s, h.backend as usize));
         let at = |h: &Home| h.backend as usize;
         // The home holds it: the deepest match.
@@ -439,7 +439,7 @@ impl KvAware {
     /// Feeds the index's fresh view of this prefix into the resident model:
     /// what each listed holder has of the chain, and that the prefix's home,
     /// when not listed, has none of it.
-    fn observe(&self, s: &mut State, input: &RouteInput<'_>) {
+    fn observe(&self, s: &mut State, input: &RouteInput<'_>, loads: &[BackendLoad]) {
         let Some(m) = input.matches else {
             return;
         };
@@ -449,13 +449,13 @@ impl KvAware {
         let key = input.prefix_key;
         for w in m.workers.iter().filter(|w| w.fresh) {
             if let Some(i) = self.position(w.slot) {
-                s.observe(key, i, w.blocks);
+                s.observe(key, i, w.blocks, loads);
             }
         }
         if let Some(h) = s.home(key) {
             let i = h.backend as usize;
             if self.slots.get(i).is_some_and(|slot| m.of(*slot).is_none()) {
-                s.observe(key, i, 0);
+                s.observe(key, i, 0, loads);
             }
         }
     }

@@ -235,6 +235,9 @@ fn falls_back_to_prefix_hash_when_cold() {
     let expect = p.fallback.pick_by_key(77, &loads, &mut rng()).unwrap();
     assert_eq!(d.kind, DecisionKind::PrefixHash);
     assert_eq!(d.backend, expect.backend);
+    // An untokenized repeat while the first one prefills follows it.
+    let mut loads = loads;
+    loads[d.backend].pending_prefill_blocks = 20;
     let none = RouteInput {
         prefix_key: 77,
         chain_blocks: 0,

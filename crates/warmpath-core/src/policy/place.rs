@@ -33,9 +33,8 @@
 //! most (LPT). Remaining ties go to the first in the ring's walk
 //! from the prefix key, so equal fleets agree. The placement becomes the
 //! prefix's home: a request for the same key that finds no fresh match
-//! while the first is still prefilling there (or within `STICKY` decisions
-//! per backend of it, before its blocks are published) follows it instead
-//! of starting a second cold copy elsewhere.
+//! while the first is still prefilling there follows it instead of
+//! starting a second cold copy elsewhere.
 //!
 //! Where capacities are known, the eviction term replaces pressure, with
 //! an **admission threshold** ([`State::tail_threshold`]): LRU engines
@@ -59,7 +58,7 @@ use super::fleet::Fleet;
 use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
-use super::tuning::{home_table_keys, FIT_BAND, RESCALE_AT, STICKY, TAIL_LOAD_MAX, TAIL_ROOM};
+use super::tuning::{home_table_keys, FIT_BAND, RESCALE_AT, TAIL_LOAD_MAX, TAIL_ROOM};
 use super::{BackendLoad, Mode, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
@@ -90,8 +89,6 @@ pub(crate) struct State {
     pub(super) homes: Homes,
     /// Per decision: `1 - 1 / (window x backends)`.
     pub(super) decay: f64,
-    /// Decisions a placement stays sticky without pending prefill work.
-    pub(super) sticky: u64,
     /// What each backend of known capacity holds (see
     /// [`resident`](super::resident)).
     pub(super) resident: Resident,
@@ -122,7 +119,6 @@ impl Placer {
                 seq: 0,
                 homes: Homes::new(backends.len(), home_table_keys(n)),
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
-                sticky: STICKY * n as u64,
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
                 tail: Cell::new(None),
                 cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
@@ -201,11 +197,10 @@ impl State {
 
     /// Whether requests of `home`'s prefix should still follow it there
     /// although it holds nothing yet: its first request there is queued
-    /// or prefilling, or it was placed a few decisions ago.
-    pub(crate) fn following(&self, home: &Home, loads: &[BackendLoad]) -> bool {
+    /// or prefilling.
+    pub(crate) fn following(home: &Home, loads: &[BackendLoad]) -> bool {
         let b = home.backend as usize;
-        let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
-        prefilling || self.seq.saturating_sub(home.since) <= self.sticky
+        loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0)
     }
 
     /// The backend to place a prefix no eligible backend holds, among those
@@ -225,7 +220,7 @@ impl State {
         band: f64,
     ) -> Option<(usize, Placed)> {
         if let Some(h) = self.homes.get(key) {
-            if usable(h.backend as usize) && self.following(&h, loads) {
+            if usable(h.backend as usize) && Self::following(&h, loads) {
                 return Some((h.backend as usize, Placed::Remembered));
             }
         }
@@ -418,13 +413,14 @@ impl State {
     }
 
     /// The index says `backend` holds `blocks` of `key`'s chain (a fresh
-    /// match): the model takes it, unless `key` was placed there so
-    /// recently that its blocks may not be published yet.
-    pub(crate) fn observe(&mut self, key: u64, backend: usize, blocks: u32) {
-        let recent = self.homes.get(key).is_some_and(|h| {
-            h.backend as usize == backend && self.seq.saturating_sub(h.since) <= self.sticky
-        });
-        if recent {
+    /// match): the model takes it, unless `key`'s home is `backend` and
+    /// still prefilling there (its blocks are not published yet).
+    pub(crate) fn observe(&mut self, key: u64, backend: usize, blocks: u32, loads: &[BackendLoad]) {
+        let prefilling = self
+            .homes
+            .get(key)
+            .is_some_and(|h| h.backend as usize == backend && Self::following(&h, loads));
+        if prefilling {
             return;
         }
         if let Some(c) = self.resident.of_mut(backend) {

@@ -49,11 +49,6 @@ pub(crate) const COPY_WARMUP: f64 = 10.0;
 /// half the chain wins over it. (Issue 17: staleness is not an empty cache.)
 pub(crate) const STALE_MATCH_WEIGHT: (u32, u32) = (1, 2);
 
-/// Decisions per backend a placement stays sticky after it was made
-/// (`4 n`), even with no prefill queued: its blocks may not be published
-/// yet, and a repeat must not start a second cold copy.
-pub(crate) const STICKY: u64 = 4;
-
 /// Prefixes the home table remembers per backend (`64 n`, at least 1024):
 /// four times the `long` workload's 16 documents per backend, so the
 /// popular ones are never dropped.
