@@ -37,10 +37,6 @@ use super::BackendLoad;
 use rand::RngCore;
 use std::collections::BTreeMap;
 
-/// Below this factor of its bound a bucket's cost cannot fall, whatever the
-/// rounding (a few ulps, 1e-16 each): the early stop is exact.
-const BOUND_SLACK: f64 = 1.0 - 1e-12;
-
 /// The holders of a request's chain: (position, matched blocks, a stale
 /// view's already discounted), ascending by position, none with 0 blocks
 /// (a backend matching nothing costs what a non-holder does).
@@ -289,7 +285,9 @@ impl Candidates {
         let mut skip: Vec<u32> = Vec::new();
         let mut others = 0usize;
         for (key, members) in self.buckets() {
-            if best.is_some_and(|(c, _)| (base + key.term()) * BOUND_SLACK > c) {
+            // A bucket's cost cannot fall below its bound times 1 - 1e-12,
+            // whatever the rounding (a few ulps, 1e-16 each): the stop is exact.
+            if best.is_some_and(|(c, _)| (base + key.term()) * (1.0 - 1e-12) > c) {
                 break;
             }
             let holders: Vec<u32> = held

@@ -3,16 +3,11 @@
 //!
 //! Why a summary: the copy rule compares one prefix's popularity per
 //! holder against the fleet's mean on every warm request at its home, a
-//! pass over every backend; at 1000 backends that pass cost about 3 µs of
-//! a decision (BENCHMARKS.md). A summary is therefore reused for
+//! pass over every backend. A summary is therefore reused for
 //! `n / REUSE_BACKENDS` decisions (at least one) until a placement or copy
-//! changes the homes (the state drops it then): fleets of up to 127
-//! backends take a new one every decision, so their rule reads exact
-//! loads; a larger fleet's mean moves by about `1 / (PRESSURE_WINDOW x 64)`
-//! of itself in that time.
+//! changes the homes (the state drops it then).
 
-/// The fleet size per decision a summary is reused for: `n / 64`.
-const REUSE_BACKENDS: u64 = 64;
+use super::tuning::REUSE_BACKENDS;
 
 /// When a summary was taken: it is reused only under the same unit and
 /// fleet size (a placement or copy drops it outright).

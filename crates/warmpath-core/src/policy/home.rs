@@ -28,9 +28,7 @@
 //! `n` has fewer than `n` spilled copies in all, since each copied holder
 //! carries at least a fair share of the traffic).
 
-use super::tuning::{
-    HOME_INLINE_COPIES as INLINE, HOME_MIN_SETS, HOME_TABLE_KEYS, HOME_WAYS as WAYS,
-};
+use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;
 
 /// What the table knows of one prefix.
@@ -89,7 +87,7 @@ impl Homes {
     pub(crate) fn new(backends: usize, keys: usize) -> Self {
         let sets = keys
             .div_ceil(WAYS)
-            .clamp(HOME_MIN_SETS, HOME_TABLE_KEYS.1 / WAYS)
+            .clamp(1, HOME_TABLE_KEYS.1 / WAYS)
             .next_power_of_two();
         Homes {
             entries: vec![Home::default(); sets * WAYS],

@@ -15,7 +15,7 @@
 //!
 //! - `m_w`: the leading blocks of the chain `w` holds; when its agent is
 //!   stale (silent past `ingest.stale_after_ms`, its engine still eligible),
-//!   `STALE_MATCH_WEIGHT` (half) of them, rounded up: a silent agent is not
+//!   half of them, rounded up: a silent agent is not
 //!   an empty cache; `queued_w`: the uncached blocks of the requests routed there
 //!   that have not produced a first byte (the router's own prediction).
 //! - `write_w`, the blocks `w` must newly cache: at the prefix's **home**
@@ -39,7 +39,7 @@
 //!   hottest prefixes, as a pinned cache would ([`place`](super::place)): a
 //!   **tail** prefix, less popular than the admission threshold (the `k`-th
 //!   most popular prefix, `k` the prefixes the caches hold beyond
-//!   `TAIL_ROOM` backends' worth), goes, among backends as good, to the
+//!   one backend's worth), goes, among backends as good, to the
 //!   one writing the most (not the lowest `E_w`), so the tail churns on its
 //!   own caches; any other prefix adds to `evict_w` the
 //!   **turnover term** `B * exp(-p_x * C_w / P_w)`, what `w`'s LRU would
@@ -72,7 +72,7 @@
 //! homed there ([`home`](super::home)). It enters at the two points where
 //! cost alone does not decide:
 //!
-//! - **cold**: every backend within `TIE_BAND * B` of the lowest cost, and
+//! - **cold**: every backend within `B` of the lowest cost, and
 //!   within `FIT_BAND * B` of the lowest `evict_w`, is equally good, and the
 //!   lowest `E_w` among them wins (then ring order);
 //! - **too hot, at a holder**: a prefix whose popularity per holder, `p / k`,
@@ -128,7 +128,7 @@ use super::home::Home;
 use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
-use super::tuning::{ColdPlacement, KvConfig, PRESSURE_WINDOW, STALE_MATCH_WEIGHT, TIE_BAND};
+use super::tuning::{ColdPlacement, KvConfig, PRESSURE_WINDOW};
 use super::{
     least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
     PolicyConfig, PolicyError, RouteInput, Strategy,
@@ -207,12 +207,16 @@ impl KvAware {
     }
 
     /// Matched blocks of the backends that hold part of the chain, a stale
-    /// one's discounted by `STALE_MATCH_WEIGHT` (the others match 0).
+    /// one's halved, rounded up (the others match 0). Half: its agent went
+    /// silent, not its engine (an engine that fails its probes is not
+    /// eligible), so what it last published is likely still cached but less
+    /// sure than a fresh view; half keeps a warm prefix on its old holder
+    /// over cold backends, while a fresh holder of more than half the chain
+    /// wins over it (issue 17).
     fn held(&self, input: &RouteInput<'_>) -> Held {
         let Some(m) = input.matches else {
             return Held::default();
         };
-        let (num, den) = STALE_MATCH_WEIGHT;
         let mut v: Vec<(u32, u32)> = m
             .workers
             .iter()
@@ -221,7 +225,7 @@ impl KvAware {
                 let blocks = if x.fresh {
                     x.blocks
                 } else {
-                    (x.blocks * num).div_ceil(den)
+                    x.blocks.div_ceil(2)
                 };
                 (blocks > 0).then_some((pos as u32, blocks))
             })
@@ -255,7 +259,7 @@ impl KvAware {
             self.kv.decode_weight,
         );
         let ring = self.fallback.ring();
-        let band = TIE_BAND * f64::from(input.chain_blocks);
+        let band = f64::from(input.chain_blocks);
         s.resident.sync(loads);
         self.observe(s, input, loads);
         let placed = s.place(
@@ -410,7 +414,7 @@ impl KvAware {
             self.kv.miss_weight,
             self.kv.decode_weight,
         );
-        let band = TIE_BAND * f64::from(input.chain_blocks);
+        let band = f64::from(input.chain_blocks);
         let mut holders: Vec<usize> = s.homes.holders(home).collect();
         holders.sort_unstable();
         let (t, _) = s.place(

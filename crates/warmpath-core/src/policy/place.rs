@@ -24,7 +24,8 @@
 //! miss_weight * pressure_w + prefill_weight * queued_w + decode_weight * in_flight_w
 //! ```
 //!
-//! Backends within the band (`TIE_BAND` x the prefix's blocks) of the lowest
+//! Backends within the band (the prefix's own blocks: a cost difference
+//! smaller than the prefill this placement adds is noise) of the lowest
 //! are equally good, and among those the one with the lowest **expected
 //! load** wins: the summed popularity of the prefixes homed there now
 //! ([`home`](super::home)). That deals new prefixes out like a snake draft
@@ -58,7 +59,7 @@ use super::fleet::Fleet;
 use super::home::{Home, Homes};
 use super::resident::Resident;
 use super::ring::Ring;
-use super::tuning::{home_table_keys, FIT_BAND, RESCALE_AT, TAIL_LOAD_MAX, TAIL_ROOM};
+use super::tuning::{home_table_keys, FIT_BAND, TAIL_LOAD_MAX};
 use super::{BackendLoad, Mode, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
@@ -379,9 +380,13 @@ impl State {
 
     /// The **admission threshold** for prefixes of `blocks` blocks: the
     /// popularity of the `k`-th most popular prefix remembered, `k` the
-    /// prefixes of that size the modelled caches hold beyond `TAIL_ROOM`
-    /// backends' worth. A prefix less popular than it is a tail prefix: the
-    /// fleet cannot keep it without evicting hotter ones. 0 (no tail) when
+    /// prefixes of that size the modelled caches hold beyond one backend's
+    /// worth (the largest), left to the tail: LRU engines cannot pin, so the
+    /// hottest prefixes stay only where nothing colder is written, and the
+    /// tail's churn needs a cache of its own (0.5 or 2 backends' worth did
+    /// no better in the scale model, docs/kv.md). A prefix less popular
+    /// than it is a tail prefix: the fleet cannot keep it without evicting
+    /// hotter ones. 0 (no tail) when
     /// every remembered prefix fits or no capacity is known. Recomputed
     /// every `n` decisions (it selects over the whole home table).
     pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
@@ -392,7 +397,7 @@ impl State {
             }
         }
         let (total, largest) = self.resident.capacity();
-        let room = total.saturating_sub((TAIL_ROOM * largest as f64) as u64);
+        let room = total.saturating_sub(largest);
         let k = (room / u64::from(blocks.max(1))) as usize;
         let mut pops: Vec<f64> = self.homes.pops().filter(|&p| p > 0.0).collect();
         let t = if k == 0 || pops.len() <= k {
@@ -458,7 +463,8 @@ impl State {
         }
         self.homes.hit(key, backend, unit, self.seq);
         self.unit /= self.decay;
-        if self.unit > RESCALE_AT {
+        // Reset (everything divided by the unit) long before an f64 overflows.
+        if self.unit > 1e200 {
             let k = self.unit;
             self.pressure.iter_mut().for_each(|p| *p /= k);
             self.homes.rescale(k);

@@ -1,9 +1,7 @@
-//! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and the constants of
-//! its cost formula and balance, in one place. Two constants of a data
-//! structure's own mechanics live beside it: `candidates::BOUND_SLACK`
-//! (rounding room for an exact early stop) and `fleet::REUSE_BACKENDS`
-//! (how long a fleet summary is reused). The formula itself is documented
-//! once, in the `kv` module.
+//! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and every named
+//! constant of `policy/` but the ring's, in one place, each with why it has
+//! its value; docs/kv.md lists them and a test keeps that list equal to
+//! this file. The formula itself is documented once, in the `kv` module.
 //!
 //! Knobs that were removed are still recognised by name, so a config that
 //! sets one is refused at start-up with its replacement
@@ -23,12 +21,6 @@ use serde::{Deserialize, Deserializer, Serialize};
 /// to forget a document that stopped coming. (Formerly `kv.pressure_window`.)
 pub(crate) const PRESSURE_WINDOW: f64 = 200.0;
 
-/// Cold placement's band, in the prefix's own blocks: backends whose cold
-/// cost is within one prefix of the lowest are equally good (a difference
-/// smaller than the prefill this placement adds is noise), and the lowest
-/// expected load among them wins. (Formerly `kv.placement_tolerance`.)
-pub(crate) const TIE_BAND: f64 = 1.0;
-
 /// The part of `rebalance_slack` a deliberate copy's holder may carry above
 /// the mean expected load from the copied prefix alone: a holder's other
 /// homes and the noise of its share take the rest, so a holder stays
@@ -40,14 +32,6 @@ pub(crate) const COPY_SLACK: f64 = 0.75;
 /// Requests of its own per holder a prefix must have brought before it
 /// gets one more copy: before that its popularity is noise.
 pub(crate) const COPY_WARMUP: f64 = 10.0;
-
-/// A stale worker's match counts this fraction (rounded up) of its blocks:
-/// its agent went silent, not its engine (an engine that fails its health
-/// probes is not eligible at all), so what it last published is likely
-/// still cached, but less sure than a fresh view: half keeps a warm prefix
-/// on its old holder over cold backends, while a fresh holder of more than
-/// half the chain wins over it. (Issue 17: staleness is not an empty cache.)
-pub(crate) const STALE_MATCH_WEIGHT: (u32, u32) = (1, 2);
 
 /// Prefixes the home table remembers per backend (`64 n`, at least 1024):
 /// four times the `long` workload's 16 documents per backend, so the
@@ -67,10 +51,6 @@ pub(crate) fn home_table_keys(backends: usize) -> usize {
     (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
 }
 
-/// Fewest sets a home table has for any size asked (tests and tiny pools
-/// still get a table whose collisions are rare).
-pub(crate) const HOME_MIN_SETS: usize = 64;
-
 /// Ways of the home table's sets: enough that a hot prefix is not evicted
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
@@ -78,21 +58,10 @@ pub(crate) const HOME_WAYS: usize = 4;
 /// Cold placement's second band, in the prefix's own blocks: backends
 /// whose expected eviction loss (the `evict` term) is within 1/8 of the
 /// prefix of the least-loss one are as good for the caches; the load band
-/// above only chooses among those. Narrower than `TIE_BAND`, since a
-/// placement that evicts a hotter prefix costs a miss for every return of
-/// that prefix, not one prefill.
+/// (one prefix of cost) only chooses among those. Narrower than that,
+/// since a placement that evicts a hotter prefix costs a miss for every
+/// return of that prefix, not one prefill.
 pub(crate) const FIT_BAND: f64 = 0.125;
-
-/// Backends' worth of cache left to the **tail** (the prefixes too cold
-/// for the fleet to keep): the admission threshold counts the prefixes the
-/// other caches hold. One backend, because LRU engines cannot pin: the
-/// hottest prefixes stay put only where nothing colder is written, so the
-/// tail's churn needs a cache of its own (scale model, 7 backends, caches
-/// at half the working set, Zipf 1.0: static pinning with one tail backend
-/// reaches 85.5% against 75.8% with none and 82.3% with two,
-/// a Python prototype of `warmpath-bench`'s `lru_refs`; in kv_aware 0.5 and 2
-/// tail backends gave 81.4% and 82.1%, against 81.9% at 1).
-pub(crate) const TAIL_ROOM: f64 = 1.0;
 
 /// A tail prefix goes to the backend writing the most only among those
 /// whose expected load is at most this multiple of the mean: 1.4, the
@@ -108,9 +77,12 @@ pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
 /// large fleet need the second lookup.
 pub(crate) const HOME_INLINE_COPIES: usize = 3;
 
-/// A decayed counter's unit is reset (everything divided by it) above
-/// this, long before an `f64` overflows.
-pub(crate) const RESCALE_AT: f64 = 1e200;
+/// The fleet size per decision a fleet summary (`fleet`) is reused for,
+/// `n / 64` decisions: up to 127 backends it is taken anew every decision
+/// (exact); at 1000 every 15, while the mean it holds moves by about
+/// `1 / (PRESSURE_WINDOW x 64)` of itself, and the pass it saves was about
+/// 3 µs of a decision (BENCHMARKS.md).
+pub(crate) const REUSE_BACKENDS: u64 = 64;
 
 /// `kv_aware`'s knobs (its cost formula: the `kv` module docs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
