@@ -293,6 +293,56 @@ mod tests {
         assert_eq!(serde_json::from_str::<KvConfig>(&text).unwrap(), d);
     }
 
+    /// The rows of the docs table whose first column header is `header`:
+    /// (name, value), both without their backticks.
+    fn docs_rows(header: &str) -> Vec<(String, String)> {
+        let docs = include_str!("../../../../docs/kv.md");
+        let start = format!("| {header} |");
+        let Some(at) = docs.find(&start) else {
+            panic!("docs/kv.md has no table headed {header:?}");
+        };
+        docs[at..]
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let bare = |c: &str| c.trim_matches('`').to_owned();
+                (bare(cells[1]), bare(cells[2]))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_docs_table_is_the_code() {
+        // Every named constant of this file, as its source spells it.
+        let consts: Vec<(String, String)> = include_str!("tuning.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub(crate) const "))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(':')?;
+                let value = rest.split_once(" = ")?.1.strip_suffix(';')?;
+                Some((name.to_owned(), value.to_owned()))
+            })
+            .collect();
+        assert!(consts.len() >= 10, "{consts:?}");
+        assert!(consts.len() <= 12, "issue 39: at most 12 named constants");
+        let mut docs = docs_rows("constant");
+        let mut code = consts;
+        docs.sort();
+        code.sort();
+        assert_eq!(docs, code, "docs/kv.md's constants table against tuning.rs");
+        // The knobs and their defaults, as JSON.
+        let defaults = serde_json::to_value(KvConfig::default()).unwrap();
+        let fields = defaults.as_object().unwrap();
+        let knobs = docs_rows("knob");
+        assert_eq!(knobs.len(), fields.len(), "{knobs:?}");
+        for (name, value) in &knobs {
+            let doc: serde_json::Value = serde_json::from_str(value).unwrap();
+            assert_eq!(fields.get(name), Some(&doc), "knob {name}");
+        }
+    }
+
     #[test]
     fn a_removed_knob_is_refused_with_its_replacement() {
         for (knob, value, names) in [
