@@ -550,8 +550,8 @@ struct KvArgs {
     /// (`kv.cold_placement`).
     #[arg(long)]
     cold_placement: Option<String>,
-    /// kv_aware: move a prefix off a backend whose balance load exceeds the
-    /// mean by more than this fraction, or `off` (`kv.rebalance_slack`).
+    /// kv_aware: copy a prefix whose popularity per holder exceeds the mean
+    /// by more than 0.75 of this fraction, or `off` (`kv.rebalance_slack`).
     #[arg(long)]
     rebalance_slack: Option<String>,
 }

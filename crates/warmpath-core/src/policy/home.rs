@@ -1,32 +1,14 @@
 //! Where each recently seen prefix lives (its **home** backend), how popular
-//! it is, and so what load each backend can expect.
+//! it is (a decayed request count in the caller's units, see
+//! `place::State`), and so each backend's **expected load**: the summed
+//! popularity of the prefixes homed there now, which moves at once with a
+//! prefix, where a count of routed requests would lag.
 //!
-//! Why: below saturation `kv_aware` keeps a prefix where it is cached, so a
-//! backend's share of the traffic is the sum of the popularities of the
-//! prefixes homed on it. A decayed count of routed requests per backend
-//! says where traffic *went*; it lags every change of placement and is
-//! noisy while the caches fill. The sum over the prefixes homed on a backend
-//! *now* is the load it will get next: when a prefix changes home, its whole
-//! popularity moves with it at once. Cold placement ranks backends by it
-//! (a prefix that comes back after an eviction brings its popularity along,
-//! so placing it on the least expected load is LPT), and the copy rule
-//! ([`rebalance`](super::rebalance)) compares a prefix's popularity per
-//! holder with the mean.
-//!
-//! What: a small set-associative table keyed by prefix key (`HOME_WAYS`; a full
-//! set drops its least popular entry, whose popularity leaves its home's
-//! load). Popularity is a decayed request count in the caller's units (see
-//! `place::State`), so the loads' sum is the decayed count of requests whose
-//! prefix is in the table, and every value is >= 0 up to rounding.
-//!
-//! A prefix too hot for one backend has **copies** besides its home (as many
-//! as its popularity needs, up to the fleet, see `rebalance::replicas`): its
-//! popularity then counts `pop / k` on each of its `k` holders, as its
-//! traffic is split among them. The first `HOME_INLINE_COPIES` copies sit in
-//! the entry itself, so it stays one 48-byte slot; the rest of a very hot
-//! prefix's copies **spill** into a side table keyed by prefix (a fleet of
-//! `n` has fewer than `n` spilled copies in all, since each copied holder
-//! carries at least a fair share of the traffic).
+//! A set-associative table keyed by prefix key (`HOME_WAYS`; a full set
+//! drops its least popular entry, whose popularity leaves its home's load).
+//! A prefix with deliberate copies counts `pop / k` on each of its `k`
+//! holders; the first `HOME_INLINE_COPIES` sit in the entry (48 bytes), the
+//! rest of a very hot prefix's **spill** into a side table by key.
 
 use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;

@@ -1,11 +1,9 @@
 //! `kv_aware`: route each request by one cost formula over what every
-//! backend actually caches, even the load by **moving** prefixes, and
-//! **copy** a prefix too hot for one backend.
-//!
-//! ## The cost formula
-//!
-//! For a request whose block chain is `B` blocks long, every usable backend
-//! `w` (eligible and below `concurrency_threshold`) costs
+//! backend actually caches, place a prefix cached nowhere where writing it
+//! evicts least, and **copy** a prefix too hot for its holders. The formula,
+//! its terms and every mechanism, with what each earns, are documented once,
+//! in docs/kv.md; in brief, for a request of `B` blocks each usable backend
+//! `w` (eligible, below `concurrency_threshold`) costs
 //!
 //! ```text
 //! cost_w = prefill_weight * (B - m_w + queued_w)    time to its first token
@@ -13,115 +11,23 @@
 //!        + decode_weight  * in_flight_w             decode contention
 //! ```
 //!
-//! - `m_w`: the leading blocks of the chain `w` holds; when its agent is
-//!   stale (silent past `ingest.stale_after_ms`, its engine still eligible),
-//!   half of them, rounded up: a silent agent is not
-//!   an empty cache; `queued_w`: the uncached blocks of the requests routed there
-//!   that have not produced a first byte (the router's own prediction).
-//! - `write_w`, the blocks `w` must newly cache: at the prefix's **home**
-//!   (where it was placed) `B - m_w`; at any other backend all
-//!   `B`, since a copy off the home is one to let age out (so a holder keeps
-//!   its prefix unless its queue is a full prefill longer); and for a prefix
-//!   no fresh backend holds `min_match_blocks` of (a **cold** one, the same
-//!   `B` everywhere) `B + evict_w` where `w`'s capacity is known, else
-//!   `B + pressure_w` (see [`place`](super::place)).
-//! - `evict_w`, the **eviction term**: the expected blocks of other prefixes
-//!   that writing the chain into `w`'s cache loses. The router models each
-//!   backend's cache ([`resident`](super::resident): an LRU over prefixes,
-//!   fed by its own decisions, corrected by the index), so it knows what the
-//!   engine's LRU would trim there; each victim `v` held there deliberately
-//!   counts its trimmed blocks times `p_v / (p_v + p_x)`, the chance that
-//!   it is asked for again before the new prefix `x` (popularities from
-//!   [`home`](super::home)). It is 0 where the chain fits, or where only
-//!   stale copies go. A new prefix thus lands where it fits, else where it
-//!   evicts the coldest: one cold prefill now instead of a miss for every
-//!   return of a hotter prefix. Two refinements make LRU engines keep the
-//!   hottest prefixes, as a pinned cache would ([`place`](super::place)): a
-//!   **tail** prefix, less popular than the admission threshold (the `k`-th
-//!   most popular prefix, `k` the prefixes the caches hold beyond
-//!   one backend's worth), goes, among backends as good, to the
-//!   one writing the most (not the lowest `E_w`), so the tail churns on its
-//!   own caches; any other prefix adds to `evict_w` the
-//!   **turnover term** `B * exp(-p_x * C_w / P_w)`, what `w`'s LRU would
-//!   trim of it before it returns (`C_w` the capacity, `P_w` the decayed
-//!   writes there), so a kept prefix avoids a churning cache.
-//! - `pressure_w`, where the capacity is unknown: the blocks `w` wrote
-//!   lately, decayed over `PRESSURE_WINDOW` decisions per backend: a new
-//!   prefix lands where the cache turns over slowest (the proxy the
-//!   eviction term replaces).
-//!
-//! A prefix no backend holds whose CHWBL ring owner (the prefix-hash home)
-//! reports a **partial** view (its agent knows fewer blocks than its engine
-//! uses) goes to that owner (`prefix_hash`): its missing blocks are unknown,
-//! not absent, and the ring owner is where the prefix went before.
-//!
-//! The lowest cost wins; ties go to the deeper match, then at random (one
-//! draw over the tied set; among a copied prefix's holders from the rng
-//! salted by the decision count, since shared decisions seed it by the
-//! prefix key and a fixed draw would starve the copies). Only the chain's holders are costed one by one;
-//! the others cost by their load alone and are taken from load buckets
-//! ([`candidates`](super::candidates)), the same decision as a scan. This
-//! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
-//! decode load), with the cache's own cost added.
-//!
-//! ## Balance: the same costs, then the expected load
-//!
-//! Below saturation no in-flight bound binds, so a backend's share of the
-//! traffic is the popularity of the prefixes homed on it. Each backend's
-//! **expected load** `E_w` is the summed decayed popularity of the prefixes
-//! homed there ([`home`](super::home)). It enters at the two points where
-//! cost alone does not decide:
-//!
-//! - **cold**: every backend within `B` of the lowest cost, and
-//!   within `FIT_BAND * B` of the lowest `evict_w`, is equally good, and the
-//!   lowest `E_w` among them wins (then ring order);
-//! - **too hot, at a holder**: a prefix whose popularity per holder, `p / k`,
-//!   exceeds `(1 + COPY_SLACK * rebalance_slack)` times the mean `E`
-//!   (`COPY_SLACK` = 0.75: room for the holder's other homes) cannot be
-//!   served by its `k` holders within an even share: its request goes to the backend
-//!   with the lowest cold cost (the eviction term included) among the
-//!   others, which becomes a deliberate **copy** (decision `replicate`).
-//!   So a prefix gets `k = ceil(p / ((1 + COPY_SLACK * rebalance_slack) E))` holders,
-//!   one more per request of it, as many as its demand and the fleet need
-//!   (at most every usable backend), once it brought `COPY_WARMUP` of its
-//!   own requests per holder (see [`rebalance`](super::rebalance)). Its
-//!   popularity then counts `p / k` on each
-//!   holder, every holder is charged only what it lacks, so its traffic
-//!   splits among them by the formula's load terms. When `p / (k - 1)` falls to the mean or below, the last
-//!   copy is dropped (it ages out there). With `rebalance_slack: null`
-//!   nothing is copied.
-//!
-//! A prefix's home is never moved to even the loads: that cost TTFT p90 and
-//! bought only even shares (docs/kv.md).
-//!
-//! Every constant of the formula and the balance is named, with why it has
-//! its value, in [`tuning`](super::tuning), beside the six knobs (two of a
-//! data structure's own mechanics live beside it; see there).
-//!
-//! A cold placement is followed while its first request prefills there.
-//! With `cold_placement: ring` a cold prefix goes by CHWBL on the prefix
-//! key instead and there are no homes (several router replicas then agree).
+//! with `m_w` the leading blocks it holds (a stale agent's halved), `queued_w`
+//! the router's predicted prefill still queued there, and `write_w` the
+//! blocks it must newly cache: `B - m_w` at the prefix's home and its copies,
+//! `B` elsewhere, and for a cold prefix `B` plus the eviction term
+//! ([`place`](super::place)). The lowest cost wins, ties to the deeper match,
+//! then at random. Only the chain's holders are costed one by one; the others
+//! come from load buckets ([`candidates`](super::candidates)). A cold prefix
+//! whose ring owner reports a partial view goes to that owner. With every
+//! backend full the gate is lifted, not the formula: the warm pick costs the
+//! eligible holders, a cold prefix is placed over every eligible backend.
 //!
 //! Decision: `replicate` when a request starts a copy; `kv_match` when the
-//! winner holds the deepest match; `spill` when
-//! a deeper-matching backend was passed over for load, or a
-//! cold prefix was placed off its ring owner; `prefix_hash` when a cold
-//! prefix went to its ring owner or followed its first request;
-//! `least_outstanding` when every backend is full and the pick has the
-//! fewest in flight.
-//!
-//! ## Every backend full
-//!
-//! When every eligible backend is at `concurrency_threshold` the gate is
-//! lifted, not the formula: the warm pick costs the eligible backends that
-//! hold part of the chain (a scan; the home and its copies charged only what
-//! they lack; nothing is copied; a cold prefill elsewhere would add
-//! work to a full fleet), and a cold prefix is placed as above over every
-//! eligible backend. Falling back to least in flight instead ignores the caches: at
-//! saturation its cold prefills make every backend slower, so they stay
-//! full (a metastable overload the `scale` model showed at Zipf 1.5). The
-//! decision is the formula's kind unless the pick also has the fewest in
-//! flight (then `least_outstanding`, as before).
+//! winner holds the deepest match; `spill` when a deeper-matching backend was
+//! passed over; `cold` when a cold prefix was placed off its ring owner;
+//! `prefix_hash` when it went to its ring owner or followed its first
+//! request; `least_outstanding` when every backend is full and the pick has
+//! the fewest in flight.
 
 use super::candidates::{cheapest_scan, Held, Salted};
 use super::home::Home;
@@ -236,12 +142,6 @@ impl KvAware {
         Held(v)
     }
 
-    /// Whether position `i` may take a request: eligible and below the
-    /// concurrency threshold (as the candidates last synced it).
-    fn usable(s: &State, i: usize) -> bool {
-        s.cands.usable(i)
-    }
-
     /// A prefix no fresh eligible backend holds (module docs).
     fn place_cold(
         &self,
@@ -253,52 +153,35 @@ impl KvAware {
         if self.kv.cold_placement == ColdPlacement::Ring {
             return self.fallback.pick_by_key(input.prefix_key, loads, rng);
         }
-        let weights = (
-            self.kv.prefill_weight,
-            self.kv.miss_weight,
-            self.kv.decode_weight,
-        );
+        let weights = self.weights();
         let ring = self.fallback.ring();
         let band = f64::from(input.chain_blocks);
         s.resident.sync(loads);
         self.observe(s, input, loads);
-        let placed = s.place(
-            input.prefix_key,
-            input.chain_blocks,
-            loads,
-            |i| s.cands.usable(i),
-            ring,
-            weights,
-            band,
-        );
-        let (backend, kind) = match placed {
-            Some((b, Placed::Pressure)) => (b, DecisionKind::Cold),
-            Some((b, Placed::RingOwner | Placed::Remembered)) => (b, DecisionKind::PrefixHash),
-            // Every backend is full: the same placement, the gate lifted
-            // (least_outstanding alone would ignore the caches and keep them
-            // full with cold prefills).
-            None => match s.place(
-                input.prefix_key,
-                input.chain_blocks,
-                loads,
-                |i| loads.get(i).is_some_and(|l| l.eligible),
-                ring,
-                weights,
-                band,
-            ) {
-                Some((b, Placed::Pressure)) => (b, full_kind(loads, b, DecisionKind::Cold)),
-                Some((b, Placed::RingOwner | Placed::Remembered)) => {
-                    (b, full_kind(loads, b, DecisionKind::PrefixHash))
-                }
-                None => (
-                    least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?,
-                    DecisionKind::LeastOutstanding,
-                ),
-            },
+        let key = input.prefix_key;
+        let blocks = input.chain_blocks;
+        let kind = |how| match how {
+            Placed::Pressure => DecisionKind::Cold,
+            Placed::RingOwner | Placed::Remembered => DecisionKind::PrefixHash,
         };
-        s.set_home(input.prefix_key, backend);
-        s.record(input.prefix_key, backend, input.chain_blocks);
-        s.cached(input.prefix_key, backend, input.chain_blocks);
+        let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
+        let usable = |i: usize| s.cands.usable(i);
+        let (backend, kind) = if let Some((b, how)) =
+            s.place(key, blocks, loads, usable, ring, weights, band)
+        {
+            (b, kind(how))
+        } else if let Some((b, how)) = s.place(key, blocks, loads, eligible, ring, weights, band) {
+            // Every backend is full: the same placement, the gate lifted
+            // (least_outstanding alone would ignore the caches and keep
+            // them full with cold prefills).
+            (b, full_kind(loads, b, kind(how)))
+        } else {
+            let b = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
+            (b, DecisionKind::LeastOutstanding)
+        };
+        s.set_home(key, backend);
+        s.record(key, backend, blocks);
+        s.cached(key, backend, blocks);
         Ok(Decision {
             backend,
             kind,
@@ -323,7 +206,7 @@ impl KvAware {
         let chain = input.chain_blocks.max(best_match);
         s.resident.sync(loads);
         self.observe(s, input, loads);
-        let home: Option<Home> = s.home(key).filter(|h| Self::usable(s, h.backend as usize));
+        let home: Option<Home> = s.home(key).filter(|h| s.cands.usable(h.backend as usize));
         let at = |h: &Home| h.backend as usize;
         // The home holds it: the deepest match.
         let holds = |i: usize| held.get(i) >= best_match;
@@ -336,15 +219,20 @@ impl KvAware {
                 .and_then(|m| m.of(slot))
                 .is_some_and(|w| !w.fresh)
         });
-        // The home and its deliberate copies that hold the prefix.
-        let mut homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
-            s.homes
-                .holders(&h)
-                .filter(|&i| i == at(&h) || (Self::usable(s, i) && holds(i)))
-                .collect()
-        });
-        // Sorted: the pick looks each backend up in it.
-        homes.sort_unstable();
+        // The home and its deliberate copies that pass `ok` and hold the
+        // deepest match (none unless the home does), sorted: the pick looks
+        // each backend up in it.
+        let holders_by = |ok: &dyn Fn(usize) -> bool| -> Vec<usize> {
+            let mut v: Vec<usize> = s
+                .home(key)
+                .filter(|h| ok(at(h)) && holds(at(h)))
+                .map_or_else(Vec::new, |h| {
+                    s.homes.holders(&h).filter(|&i| ok(i) && holds(i)).collect()
+                });
+            v.sort_unstable();
+            v
+        };
+        let homes = holders_by(&|i| s.cands.usable(i));
         // Ties among a copied prefix's holders draw from a salted rng: under
         // shared decisions the caller's rng is seeded by the prefix key
         // (`route::pick`), so every request would draw the same holder and a
@@ -359,17 +247,7 @@ impl KvAware {
             // Every backend is full: the same formula over the eligible ones,
             // the home (and its copies) charged only what they lack; nothing
             // is copied.
-            let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
-            let mut homes: Vec<usize> = s
-                .home(key)
-                .filter(|h| eligible(at(h)) && holds(at(h)))
-                .map_or_else(Vec::new, |h| {
-                    s.homes
-                        .holders(&h)
-                        .filter(|&i| eligible(i) && holds(i))
-                        .collect()
-                });
-            homes.sort_unstable();
+            let homes = holders_by(&|i| loads.get(i).is_some_and(|l| l.eligible));
             let (m, backend) = self.cheapest_full(chain, held, &homes, loads, rng)?;
             s.record(key, backend, input.chain_blocks.saturating_sub(m));
             s.cached(key, backend, input.chain_blocks);
@@ -409,11 +287,7 @@ impl KvAware {
         held: &Held,
         loads: &[BackendLoad],
     ) -> Option<Decision> {
-        let weights = (
-            self.kv.prefill_weight,
-            self.kv.miss_weight,
-            self.kv.decode_weight,
-        );
+        let weights = self.weights();
         let band = f64::from(input.chain_blocks);
         let mut holders: Vec<usize> = s.homes.holders(home).collect();
         holders.sort_unstable();
@@ -512,6 +386,15 @@ impl Learns for KvAware {
 }
 
 impl KvAware {
+    /// The cost formula's weights: (prefill, miss, decode).
+    fn weights(&self) -> (f64, f64, f64) {
+        (
+            self.kv.prefill_weight,
+            self.kv.miss_weight,
+            self.kv.decode_weight,
+        )
+    }
+
     /// Whether it keeps homes (`pressure` placement; `ring` keeps nothing).
     fn homed(&self) -> bool {
         self.kv.cold_placement == ColdPlacement::Pressure

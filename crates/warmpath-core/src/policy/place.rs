@@ -1,58 +1,22 @@
 //! Where `kv_aware` puts a prefix that no backend holds (`kv.cold_placement =
-//! pressure`, the default): the cold case of its cost formula (the `kv`
-//! module docs), and the memory that keeps a prefix there while its first
-//! request is still prefilling.
+//! pressure`, the default): the cold case of its cost formula (docs/kv.md),
+//! and the state every stage reads, under one lock taken once per decision
+//! (per router; replicas feed each other's picks into it, see
+//! [`remote`](super::remote)).
 //!
-//! Why: the hash ring places prefixes by hash alone, so the number of
-//! distinct prefixes per backend varies like a random throw (112 documents
-//! on 7 backends: 9 to 23 in a typical placement). A backend given more than
-//! its cache holds evicts them in turn and misses on every return, while
-//! another has room to spare; and in-flight bounds never bind below
-//! saturation, so the ring is all that decides.
-//!
-//! What: each backend has a **cache pressure**, the blocks `kv_aware` sent
-//! it that it did not hold (a cold prefix's whole chain, a warm request's
-//! uncached tail), decayed over about `PRESSURE_WINDOW` decisions per
-//! backend. That is what it had to write into its cache lately, so a prefix
-//! placed on the backend with the least pressure lands where the cache
-//! turns over slowest; it also spreads the prefixes' count evenly while the
-//! cache fills. Pressure is the `write` term of the formula for a cold
-//! prefix; the terms every backend shares (its own prefill and write of the
-//! whole chain) drop out, leaving
-//!
-//! ```text
-//! miss_weight * pressure_w + prefill_weight * queued_w + decode_weight * in_flight_w
-//! ```
-//!
-//! Backends within the band (the prefix's own blocks: a cost difference
-//! smaller than the prefill this placement adds is noise) of the lowest
-//! are equally good, and among those the one with the lowest **expected
-//! load** wins: the summed popularity of the prefixes homed there now
-//! ([`home`](super::home)). That deals new prefixes out like a snake draft
-//! while they arrive roughly in popularity order, and a prefix that returns
-//! after an eviction, its popularity known, goes where it evens the loads
-//! most (LPT). Remaining ties go to the first in the ring's walk
-//! from the prefix key, so equal fleets agree. The placement becomes the
-//! prefix's home: a request for the same key that finds no fresh match
-//! while the first is still prefilling there follows it instead of
-//! starting a second cold copy elsewhere.
-//!
-//! Where capacities are known, the eviction term replaces pressure, with
-//! an **admission threshold** ([`State::tail_threshold`]): LRU engines
-//! cannot pin, so the hottest prefixes stay cached only on backends where
-//! nothing colder is written. A prefix colder than the threshold (the
-//! fleet cannot keep it without evicting hotter ones) goes, among the
-//! backends within both bands, to the one writing the most instead of the
-//! lowest expected load; a hotter one also pays the **turnover term**, what
-//! the LRU would trim of it before it returns there, so it avoids the
-//! churning backends. (Scale model, 7 backends, caches at half the working
-//! set, Zipf 1.0: 80.6% before, 82.0% after; a router that knew the
-//! popularity and pinned the hottest documents reaches 85.3%, the best
-//! pinned set of `warmpath-bench`'s `lru_refs`.)
-//!
-//! All of it (pressure, homes, loads, copies) sits behind one lock taken once
-//! per decision: it is per router (replicas feed each other's picks into it
-//! through `Learns::observe_remote`, see [`remote`](super::remote)).
+//! A cold prefix costs, on each usable backend, its queued prefill and
+//! in-flight load plus `miss_weight` times its **write term**: where the
+//! capacity is known the eviction term (what the write evicts there, each
+//! victim weighed by its chance to return first, plus the turnover term for
+//! a prefix the caches keep), else the cache **pressure** (blocks written
+//! there lately, decayed over `PRESSURE_WINDOW` decisions per backend).
+//! Backends within one prefix of the lowest cost and within `FIT_BAND` of
+//! the lowest eviction term are as good; among them the lowest **expected
+//! load** wins ([`home`](super::home)), or for a **tail** prefix (colder
+//! than the admission threshold, [`State::tail_threshold`]) the one writing
+//! the most, so the tail churns on its own caches; then ring order from the
+//! key. The placement becomes the prefix's home: a repeat that finds no
+//! match while the first request still prefills there follows it.
 
 use super::candidates::Candidates;
 use super::fleet::Fleet;

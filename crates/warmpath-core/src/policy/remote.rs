@@ -1,13 +1,9 @@
-//! Decisions of other router replicas (`Learns::observe_remote`).
-//!
-//! Why: kv_aware's memory (homes, popularity, pressure, the
-//! modelled caches) is fed by its own picks; a replica that never hears of
-//! the others' picks places new prefixes blind to them and splits warm ones.
-//! The router shares each pick with the others through the agents (see
-//! ARCHITECTURE.md, "Router replicas"), and every replica records it here as
-//! it records its own: the same `record` and `cached` steps, and the
-//! sender's home for the prefix (state, not the rule that fired, so a lost
-//! fact is corrected by the next one for the same key).
+//! Decisions of other router replicas (`Learns::observe_remote`): each is
+//! recorded as this replica records its own (`record`, `cached`), and the
+//! sender's home and copies for the prefix are taken (state, not the rule
+//! that fired, so a lost fact is corrected by the next one for the key).
+//! A replica blind to the others' picks would place new prefixes blind to
+//! them and split warm ones (docs/replicas.md).
 
 use super::home::Home;
 use super::place::{Placer, State};

@@ -11,42 +11,35 @@ use super::PolicyError;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer, Serialize};
 
-// The constants. `n` is the number of backends in the snapshot: windows
-// and waits scale with it so a bigger fleet, where each backend sees a
-// smaller part of the traffic, waits the same number of its own requests.
+// The constants (docs/kv.md has each with its measured reason). `n` is the
+// number of backends: windows scale with it, so each backend waits the same
+// number of its own requests however large the fleet.
 
-/// Decisions per backend over which cache pressure and popularity decay
-/// (`200 n`): about one pass over a `long` workload's documents at 16 per
-/// backend, long enough to rank backends by what they wrote, short enough
-/// to forget a document that stopped coming. (Formerly `kv.pressure_window`.)
+/// Decisions per backend of decay for pressure and popularity (`200 n`):
+/// about one pass over a `long` workload's 16 documents per backend, enough
+/// to rank backends by what they wrote, short enough to forget a document
+/// that stopped coming. (Formerly `kv.pressure_window`.)
 pub(crate) const PRESSURE_WINDOW: f64 = 200.0;
 
-/// The part of `rebalance_slack` a deliberate copy's holder may carry above
-/// the mean expected load from the copied prefix alone: a holder's other
-/// homes and the noise of its share take the rest, so a holder stays
-/// within the slack. At the full slack, 1000 backends kept 2 to 5 holders
-/// above 1.5x an even share; the capacity grid is unchanged within its
-/// run-to-run spread (BENCHMARKS.md).
+/// The part of `rebalance_slack` a copy's holder may carry above the mean
+/// from the copied prefix alone: the rest is left to its other homes and
+/// the noise of its share.
 pub(crate) const COPY_SLACK: f64 = 0.75;
 
-/// Requests of its own per holder a prefix must have brought before it
-/// gets one more copy: before that its popularity is noise.
+/// Requests of its own per holder a prefix must have brought before one
+/// more copy: before that its popularity is noise.
 pub(crate) const COPY_WARMUP: f64 = 10.0;
 
-/// Prefixes the home table remembers per backend (`64 n`, at least 1024):
-/// four times the `long` workload's 16 documents per backend, so the
-/// popular ones are never dropped.
+/// Prefixes the home table remembers per backend: four times the `long`
+/// workload's 16 documents per backend, so the popular ones stay.
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
-/// Bounds of the home table, in prefixes: at least 1024 however small the
-/// fleet (a few KiB), at most 2^20 however large (~48 MiB: 48-byte entries
-/// with up to `HOME_INLINE_COPIES` copies each; the hottest prefixes'
-/// spilled copies, fewer than two per backend, add under 100 bytes per
-/// backend), so memory stays
-/// bounded while `HOMES_PER_BACKEND` holds for fleets up to 16k backends.
+/// The home table's bounds, in prefixes: a few KiB however small the
+/// fleet, at most ~48 MiB (48-byte entries) however large, so memory stays
+/// bounded while `HOMES_PER_BACKEND` holds up to 16k backends.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
-/// The home table's room for a fleet of `backends` (the two above).
+/// The home table's room for a fleet of `backends`.
 pub(crate) fn home_table_keys(backends: usize) -> usize {
     (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
 }
@@ -55,33 +48,23 @@ pub(crate) fn home_table_keys(backends: usize) -> usize {
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
 
-/// Cold placement's second band, in the prefix's own blocks: backends
-/// whose expected eviction loss (the `evict` term) is within 1/8 of the
-/// prefix of the least-loss one are as good for the caches; the load band
-/// (one prefix of cost) only chooses among those. Narrower than that,
-/// since a placement that evicts a hotter prefix costs a miss for every
-/// return of that prefix, not one prefill.
-pub(crate) const FIT_BAND: f64 = 0.125;
-
-/// A tail prefix goes to the backend writing the most only among those
-/// whose expected load is at most this multiple of the mean: 1.4, the
-/// default `rebalance_slack`'s bound, beyond which the tail's queued cold
-/// prefills cost more TTFT than its churn costs elsewhere (scale model,
-/// 7 backends, half-size caches, Zipf 0.6: without it one backend took 26.5%
-/// of the requests).
-pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
-
-/// Copies of a prefix kept in its home table entry (the rest spill into a
-/// side table, see `home`): three keep a `Home` at 48 bytes and cover every
-/// prefix of up to four even shares, so only the few hottest prefixes of a
-/// large fleet need the second lookup.
+/// Copies kept in a home table entry: three keep it at 48 bytes and cover
+/// every prefix of up to four even shares; the rest spill.
 pub(crate) const HOME_INLINE_COPIES: usize = 3;
 
-/// The fleet size per decision a fleet summary (`fleet`) is reused for,
-/// `n / 64` decisions: up to 127 backends it is taken anew every decision
-/// (exact); at 1000 every 15, while the mean it holds moves by about
-/// `1 / (PRESSURE_WINDOW x 64)` of itself, and the pass it saves was about
-/// 3 µs of a decision (BENCHMARKS.md).
+/// Cold placement's eviction band, in the prefix's blocks: narrower than
+/// the cost band of one prefix, since evicting a hotter prefix costs a miss
+/// on each of its returns, not one prefill.
+pub(crate) const FIT_BAND: f64 = 0.125;
+
+/// A tail prefix concentrates only on backends at most this multiple of the
+/// mean expected load (the default slack's bound): beyond it the tail's
+/// queued cold prefills cost more TTFT than its churn costs elsewhere.
+pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
+
+/// A fleet summary (`fleet`) is reused for `n / 64` decisions: exact up to
+/// 127 backends; at 1000 it saves a pass per warm request while the mean
+/// moves by about `1 / (PRESSURE_WINDOW x 64)` of itself.
 pub(crate) const REUSE_BACKENDS: u64 = 64;
 
 /// `kv_aware`'s knobs (its cost formula: the `kv` module docs).
