@@ -165,14 +165,7 @@ impl Homes {
             return;
         }
         self.spread(i, -1.0);
-        let e = &mut self.entries[i];
-        let at = usize::from(e.extra);
-        if at < INLINE {
-            e.copies[at] = backend as u32;
-        } else {
-            self.spill.entry(key).or_default().push(backend as u32);
-        }
-        e.extra += 1;
+        self.push_copies(i, &[backend]);
         self.spread(i, 1.0);
     }
 

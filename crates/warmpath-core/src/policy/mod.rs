@@ -22,7 +22,6 @@
 
 mod candidates;
 mod carry;
-mod fleet;
 mod home;
 mod kv;
 mod least;

@@ -19,8 +19,8 @@
 //! match while the first request still prefills there follows it.
 
 use super::candidates::Candidates;
-use super::fleet::Fleet;
 use super::home::{Home, Homes};
+use super::rebalance::Fleet;
 use super::resident::Resident;
 use super::ring::Ring;
 use super::tuning::{home_table_keys, FIT_BAND, TAIL_LOAD_MAX};
@@ -63,7 +63,7 @@ pub(crate) struct State {
     /// The usable backends by load, for the warm pick (see
     /// [`candidates`](super::candidates)).
     pub(super) cands: Candidates,
-    /// The balance stage's last fleet summary (see [`fleet`](super::fleet)).
+    /// The balance stage's last fleet summary ([`Fleet`]).
     pub(super) fleet: Cell<Option<Fleet>>,
 }
 

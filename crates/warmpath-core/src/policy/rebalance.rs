@@ -2,10 +2,9 @@
 //! module docs): when a prefix too hot for its holders gets one more
 //! deliberate copy, and when its last copy goes.
 
-use super::fleet::{Fleet, Stamp};
 use super::home::Home;
 use super::place::State;
-use super::tuning::{COPY_SLACK, COPY_WARMUP};
+use super::tuning::{COPY_SLACK, COPY_WARMUP, REUSE_BACKENDS};
 
 /// Which prefixes [`State::replicas`] copies (module docs).
 #[derive(Clone, Copy, Debug)]
@@ -59,8 +58,8 @@ impl State {
         }
     }
 
-    /// The fleet summary over backends `0..m` ([`fleet`](super::fleet)):
-    /// the last one while it stands, else a new pass.
+    /// The [`Fleet`] summary over backends `0..m`: the last one while it
+    /// stands, else a new pass.
     fn fleet(&self, n: u64, m: usize, usable: impl Fn(usize) -> bool) -> Fleet {
         let now = Stamp {
             seq: self.seq,
@@ -78,12 +77,115 @@ impl State {
     }
 }
 
+/// When a summary was taken: it is reused only under the same unit and
+/// fleet size (a placement or copy drops it outright).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Stamp {
+    /// The decision it was taken at.
+    pub(crate) seq: u64,
+    /// The decayed counters' unit then: it grows every decision, and a
+    /// rescale sets it back, which ends the summary.
+    pub(crate) unit: f64,
+    /// The backends it covers, `0..m`.
+    pub(crate) m: usize,
+}
+
+/// What the copy rule reads of the whole fleet: the usable backends' count
+/// and their summed expected loads, in the decayed counters' units. It
+/// compares one prefix against the mean on every warm request at its home,
+/// a pass over every backend; so a summary is reused for `n /
+/// REUSE_BACKENDS` decisions (at least one) until a placement or copy
+/// changes the homes (the state drops it then).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Fleet {
+    taken: Stamp,
+    /// Usable backends.
+    pub(crate) count: u32,
+    /// Their summed expected loads.
+    pub(crate) expected: f64,
+}
+
+impl Fleet {
+    /// One pass over the usable backends of `0..stamp.m`, `expected[b]`
+    /// each one's expected load.
+    pub(crate) fn scan(stamp: Stamp, usable: impl Fn(usize) -> bool, expected: &[f64]) -> Fleet {
+        let mut f = Fleet {
+            taken: stamp,
+            count: 0,
+            expected: 0.0,
+        };
+        for b in (0..stamp.m).filter(|&b| usable(b)) {
+            f.count += 1;
+            f.expected += expected.get(b).copied().unwrap_or(0.0);
+        }
+        f
+    }
+
+    /// Whether it still stands for `now` in a fleet of `n`: taken at the
+    /// same size, with no rescale since, fewer than `n / REUSE_BACKENDS`
+    /// decisions ago (only this decision's when that is at most 1).
+    pub(crate) fn stands(&self, now: &Stamp, n: u64) -> bool {
+        let reuse = (n / REUSE_BACKENDS).max(1);
+        let t = &self.taken;
+        now.unit >= t.unit
+            && t.m == now.m
+            && now.seq.saturating_sub(t.seq) < reuse
+            && now.seq >= t.seq
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::policy::place::Placer;
     use crate::policy::test_util::*;
+    use proptest::prelude::*;
+
+    fn stamp(seq: u64, m: usize) -> Stamp {
+        Stamp { seq, unit: 1.5, m }
+    }
+
+    #[test]
+    fn it_is_reused_for_n_over_64_decisions_and_no_longer() {
+        let loads = [4.0, 1.0, 3.0, 1.0];
+        let f = Fleet::scan(stamp(10, 4), |_| true, &loads);
+        // Up to 127 backends: this decision only.
+        assert!(f.stands(&stamp(10, 4), 127));
+        assert!(!f.stands(&stamp(11, 4), 127));
+        // 1000 backends: 15 decisions.
+        assert!(f.stands(&stamp(24, 4), 1000));
+        assert!(!f.stands(&stamp(25, 4), 1000));
+        // A rescale or another size: no.
+        let rescaled = Stamp {
+            unit: 1.0,
+            ..stamp(10, 4)
+        };
+        assert!(!f.stands(&rescaled, 1000));
+        let grown = Stamp {
+            unit: 1.6,
+            ..stamp(11, 4)
+        };
+        assert!(f.stands(&grown, 1000));
+        assert!(!f.stands(&stamp(10, 3), 1000));
+        // An older stamp than the summary (a reset): no.
+        assert!(!f.stands(&stamp(9, 4), 1000));
+    }
+
+    proptest! {
+        /// The summary is the plain pass: the count and the sums.
+        #[test]
+        fn the_summary_is_the_scan(
+            fleet in proptest::collection::vec((0u8..6, any::<bool>()), 0..24),
+        ) {
+            let loads: Vec<f64> = fleet.iter().map(|&(l, _)| f64::from(l)).collect();
+            let usable = |b: usize| fleet[b].1;
+            let f = Fleet::scan(stamp(0, fleet.len()), usable, &loads);
+            let ok: Vec<usize> = (0..fleet.len()).filter(|&b| usable(b)).collect();
+            prop_assert_eq!(f.count as usize, ok.len());
+            prop_assert_eq!(f.expected, ok.iter().map(|&b| loads[b]).sum::<f64>());
+        }
+    }
 
     #[test]
     fn a_large_fleets_summary_is_reused_until_a_home_changes() {

@@ -62,7 +62,7 @@ pub(crate) const FIT_BAND: f64 = 0.125;
 /// queued cold prefills cost more TTFT than its churn costs elsewhere.
 pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
 
-/// A fleet summary (`fleet`) is reused for `n / 64` decisions: exact up to
+/// A fleet summary (`rebalance::Fleet`) is reused for `n / 64` decisions: exact up to
 /// 127 backends; at 1000 it saves a pass per warm request while the mean
 /// moves by about `1 / (PRESSURE_WINDOW x 64)` of itself.
 pub(crate) const REUSE_BACKENDS: u64 = 64;
