@@ -180,8 +180,7 @@ impl KvAware {
             (b, DecisionKind::LeastOutstanding)
         };
         s.set_home(key, backend);
-        s.record(key, backend, blocks);
-        s.cached(key, backend, blocks);
+        s.sent(key, backend, blocks, 0);
         Ok(Decision {
             backend,
             kind,
@@ -249,8 +248,7 @@ impl KvAware {
             // is copied.
             let homes = holders_by(&|i| loads.get(i).is_some_and(|l| l.eligible));
             let (m, backend) = self.cheapest_full(chain, held, &homes, loads, rng)?;
-            s.record(key, backend, input.chain_blocks.saturating_sub(m));
-            s.cached(key, backend, input.chain_blocks);
+            s.sent(key, backend, input.chain_blocks, m);
             return Ok(full_decision(loads, backend, m, best_match));
         };
         match (holding, &self.rebalance) {
@@ -271,8 +269,7 @@ impl KvAware {
             }
             _ => {}
         }
-        s.record(key, backend, input.chain_blocks.saturating_sub(m));
-        s.cached(key, backend, input.chain_blocks);
+        s.sent(key, backend, input.chain_blocks, m);
         Ok(warm_decision(backend, m, best_match))
     }
 
@@ -301,12 +298,7 @@ impl KvAware {
             band,
         )?;
         s.copy(input.prefix_key, Some(t));
-        s.record(
-            input.prefix_key,
-            t,
-            input.chain_blocks.saturating_sub(held.get(t)),
-        );
-        s.cached(input.prefix_key, t, input.chain_blocks);
+        s.sent(input.prefix_key, t, input.chain_blocks, held.get(t));
         Some(Decision {
             backend: t,
             kind: DecisionKind::Replicate,

@@ -373,6 +373,14 @@ impl State {
         t
     }
 
+    /// A request of `key` with a `blocks`-block chain, `m` of them held
+    /// there, was sent to `backend`: recorded ([`State::record`]), and its
+    /// modelled cache now holds the chain.
+    pub(crate) fn sent(&mut self, key: u64, backend: usize, blocks: u32, m: u32) {
+        self.record(key, backend, blocks.saturating_sub(m));
+        self.cached(key, backend, blocks);
+    }
+
     /// A request of `key` with a `blocks`-block chain was sent to
     /// `backend`: its modelled cache now holds the chain.
     pub(crate) fn cached(&mut self, key: u64, backend: usize, blocks: u32) {
