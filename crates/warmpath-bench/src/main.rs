@@ -463,8 +463,8 @@ struct KvArgs {
     /// (`kv.cold_placement`).
     #[arg(long)]
     cold_placement: Option<String>,
-    /// kv_aware: move a prefix off a backend whose balance load exceeds the
-    /// mean by more than this fraction, or `off` (`kv.rebalance_slack`).
+    /// kv_aware: copy a prefix whose popularity per holder exceeds the mean
+    /// by more than 0.75 of this fraction, or `off` (`kv.rebalance_slack`).
     #[arg(long)]
     rebalance_slack: Option<String>,
 }
@@ -565,9 +565,8 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
                 warmpath_bench::stats::outside_even(&r.served_late, 0.5, 1.5);
             let (late_min, late_max) = warmpath_bench::stats::share_min_max(&r.served_late);
             println!(
-                "  shares: {below} instances below 0.5x an even share, {above} above 1.5x (moves {}); \
-                 second half of the requests: {late_below} below, {late_above} above, {late_min:.3}-{late_max:.3}%",
-                r.moves
+                "  shares: {below} instances below 0.5x an even share, {above} above 1.5x; \
+                 second half of the requests: {late_below} below, {late_above} above, {late_min:.3}-{late_max:.3}%"
             );
         } else if a.shares {
             let pct: Vec<String> = r
@@ -575,7 +574,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|&n| format!("{:.2}", 100.0 * n as f64 / r.requests.max(1) as f64))
                 .collect();
-            println!("  shares %: {} (moves {})", pct.join(" "), r.moves);
+            println!("  shares %: {}", pct.join(" "));
         }
         if let Some(d) = &r.diagnosis {
             for line in d.lines() {

@@ -203,9 +203,6 @@ pub struct ScaleReport {
     pub routing_cost: RoutingCost,
     /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
-    /// Prefixes the policies moved between instances to even the load
-    /// (`kv_aware`'s `kv.rebalance_slack`), over every replica.
-    pub moves: u64,
     /// Simulated seconds from first arrival to last completion.
     pub simulated_s: f64,
     /// Completed requests per simulated second.
@@ -671,7 +668,6 @@ impl<'a> Sim<'a> {
             routing_dist_us: Summary::of(&self.routing_each),
             routing_cost: self.cost.report(),
             decisions: self.decisions.clone(),
-            moves: self.routers.moves(),
             simulated_s,
             throughput_rps: if simulated_s > 0.0 {
                 requests as f64 / simulated_s

@@ -1,7 +1,7 @@
 //! Router replicas in the scale model (`--routers R`).
 //!
 //! Each replica has what a real router process has of its own: its policy
-//! state (placements, homes, popularity, moves), the requests it sent where
+//! state (placements, homes, popularity, copies), the requests it sent where
 //! and the prefill it predicts is still to compute there. What replicas share
 //! is what the agents give every router: the cache index (exact here, as
 //! with one router) and the engines' load, which an agent scrapes every
@@ -224,15 +224,6 @@ impl Replicas {
             v.all_changed = true;
             v.changed.clear();
         }
-    }
-
-    /// Prefixes moved by every replica's policy.
-    pub(super) fn moves(&self) -> u64 {
-        self.views
-            .iter()
-            .filter_map(|v| v.policy.learns.as_ref())
-            .map(|l| l.moves())
-            .sum()
     }
 }
 

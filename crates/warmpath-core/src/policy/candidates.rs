@@ -1,45 +1,20 @@
-//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends):
-//! the usable backends filed in **buckets** by the load term of the cost
-//! formula, kept up to date as loads change.
-//!
-//! Why: the formula (the `kv` module docs) was evaluated for every backend on
-//! every request; at 1000 backends that is most of a decision. But for a
-//! backend that holds none of the chain (`m_w = 0`) every term but the load
-//! is the same: `uncached = B` and `write = B` wherever it is (its home or
-//! not), so its cost is `prefill_weight * (B + queued_w) + miss_weight * B +
-//! decode_weight * in_flight_w`, nondecreasing in `queued_w` and
-//! `in_flight_w` (each float operation rounds monotonically, and no term is
-//! negative). So only the holders of the chain need the formula one by one;
-//! among the others only those whose load term is within rounding of the
-//! best cost found can win or tie, and backends with the same
-//! `(queued, in_flight)` cost exactly the same. Such backends share a
-//! bucket, and the buckets are ordered by the load term
-//! `K = prefill_weight * queued + decode_weight * in_flight`, so the pick
-//! walks buckets from the least loaded and stops at the first whose lower
-//! bound `(prefill_weight * B + miss_weight * B + K) * (1 - 1e-12)` is above
-//! the best cost: every later one costs more, exactly, not approximately
-//! (the factor covers the few roundings between `K` and the formula by
-//! orders of magnitude).
-//!
-//! Ties are broken uniformly with a single draw over the tied set in
-//! position order ([`nth_tied`]); the full scan kept in the tests draws the
-//! same way, so fast and reference pick the same backend from the same rng
-//! (a proptest checks it on random fleets, `kv_tests`).
-//!
-//! Load changes: the policy is handed each request's loads as a slice (the
-//! `Policy` API), so [`Candidates::sync`] compares it with the loads filed
-//! last time and refiles only the backends whose `(queued, in_flight,
-//! usable)` changed: one pass of integer compares, the structure itself is
-//! never rebuilt per request.
+//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends).
+//! A backend that holds none of the chain (`m_w = 0`) costs
+//! `prefill_weight * (B + queued_w) + miss_weight * B + decode_weight *
+//! in_flight_w`, nondecreasing in its load; so only the holders are costed
+//! one by one, and the others are filed in **buckets** of equal
+//! `(queued, in_flight)`, ordered by `K = prefill_weight * queued +
+//! decode_weight * in_flight`. The pick walks buckets from the least loaded
+//! and stops at the first whose lower bound exceeds the best cost: exact,
+//! not approximate. Ties go by one uniform draw over the tied set in
+//! position order ([`nth_tied`]), as the full scan ([`cheapest_scan`]) draws,
+//! so both pick the same backend from the same rng (proptest, `kv_tests`).
+//! [`Candidates::sync`] refiles only the backends whose load changed.
 
 use super::tuning::KvConfig;
 use super::BackendLoad;
 use rand::RngCore;
 use std::collections::BTreeMap;
-
-/// Below this factor of its bound a bucket's cost cannot fall, whatever the
-/// rounding (a few ulps, 1e-16 each): the early stop is exact.
-const BOUND_SLACK: f64 = 1.0 - 1e-12;
 
 /// The holders of a request's chain: (position, matched blocks, a stale
 /// view's already discounted), ascending by position, none with 0 blocks
@@ -289,7 +264,9 @@ impl Candidates {
         let mut skip: Vec<u32> = Vec::new();
         let mut others = 0usize;
         for (key, members) in self.buckets() {
-            if best.is_some_and(|(c, _)| (base + key.term()) * BOUND_SLACK > c) {
+            // A bucket's cost cannot fall below its bound times 1 - 1e-12,
+            // whatever the rounding (a few ulps, 1e-16 each): the stop is exact.
+            if best.is_some_and(|(c, _)| (base + key.term()) * (1.0 - 1e-12) > c) {
                 break;
             }
             let holders: Vec<u32> = held

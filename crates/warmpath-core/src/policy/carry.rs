@@ -1,33 +1,15 @@
-//! `kv_aware` through a membership change: the state a policy built from
-//! the new snapshot takes over from the one it replaces.
-//!
-//! Why: a pool rebuilds its policy whenever a backend is added, removed or
-//! drained out. Everything `kv_aware` learned about where prefixes live
-//! (homes, popularity and so the expected loads, cache pressure, the
-//! modelled caches, the rebalancer's waits) is per worker, and
-//! the cache index keeps every remaining worker's entries across the
-//! change; a policy that started afresh would forget where it put the
-//! prefixes still prefilling, charge a stale copy as little as the home,
-//! and deal new prefixes out as if every backend were equally loaded. For
-//! the remaining workers a change is then the same as the changed worker
-//! becoming unusable (the proptests in `kv_carry_tests.rs`).
-//!
-//! What: positions are mapped by **worker id** (never by index slot or
-//! position, which a change shifts). A remaining worker keeps its pressure,
-//! its modelled cache and every prefix homed on it;
-//! a prefix homed on a removed worker is forgotten, so its next request
-//! places it afresh (the index dropped that worker's blocks too), and a
-//! copy on a removed worker is dropped from its prefix's holders. A new
-//! worker starts empty: no pressure, no homes (the lowest expected load, so
-//! cold prefixes go there first).
-//! The decision clock (`seq`, `unit`) and the rebalancer's count and last
-//! move go on; windows counted per backend (decays, stickiness) are
-//! rescaled to the new fleet size. Decisions routed with the old policy
-//! after the copy (the requests already holding it) are not carried: a few
-//! per change at most.
+//! `kv_aware` through a membership change: the policy built from the new
+//! snapshot takes over the old one's state, mapped by **worker id** (never
+//! by slot or position, which a change shifts). A remaining worker keeps its
+//! pressure, modelled cache, homes and copies; a prefix homed on a removed
+//! worker is forgotten (it re-places, as the index dropped its blocks too)
+//! and a copy on one is dropped; a new worker starts empty. The decision
+//! clock goes on; decays counted per backend are rescaled to the new size.
+//! For the remaining workers a change is then the changed worker becoming
+//! unusable (the proptests in `kv_carry_tests.rs`).
 
 use super::place::State;
-use super::tuning::{home_table_keys, STICKY};
+use super::tuning::home_table_keys;
 use super::PolicyBackend;
 use std::collections::HashMap;
 
@@ -63,10 +45,7 @@ impl State {
             unit: self.unit,
             seq: self.seq,
             homes: self.homes.remap(&to, backends.len(), home_table_keys(n)),
-            last_move: self.last_move,
-            moves: self.moves,
             decay: 1.0 - per_decision,
-            sticky: STICKY * n as u64,
             resident: self
                 .resident
                 .remap(&from, backends.iter().map(|b| b.capacity_blocks)),

@@ -1,36 +1,16 @@
 //! Where each recently seen prefix lives (its **home** backend), how popular
-//! it is, and so what load each backend can expect.
+//! it is (a decayed request count in the caller's units, see
+//! `place::State`), and so each backend's **expected load**: the summed
+//! popularity of the prefixes homed there now, which moves at once with a
+//! prefix, where a count of routed requests would lag.
 //!
-//! Why: below saturation `kv_aware` keeps a prefix where it is cached, so a
-//! backend's share of the traffic is the sum of the popularities of the
-//! prefixes homed on it. A decayed count of routed requests per backend
-//! says where traffic *went*; it lags every change of placement and is
-//! noisy while the caches fill. The sum over the prefixes homed on a backend
-//! *now* is the load it will get next: when a prefix changes home, its whole
-//! popularity moves with it at once. Cold placement ranks backends by it
-//! (a prefix that comes back after an eviction brings its popularity along,
-//! so placing it on the least expected load is LPT), and the rebalancer
-//! ([`rebalance`](super::rebalance)) moves a prefix whose popularity fits the gap between
-//! the most and the least loaded backend.
-//!
-//! What: a small set-associative table keyed by prefix key (`HOME_WAYS`; a full
-//! set drops its least popular entry, whose popularity leaves its home's
-//! load). Popularity is a decayed request count in the caller's units (see
-//! `place::State`), so the loads' sum is the decayed count of requests whose
-//! prefix is in the table, and every value is >= 0 up to rounding.
-//!
-//! A prefix too hot for one backend has **copies** besides its home (as many
-//! as its popularity needs, up to the fleet, see `rebalance::replicas`): its
-//! popularity then counts `pop / k` on each of its `k` holders, as its
-//! traffic is split among them. The first `HOME_INLINE_COPIES` copies sit in
-//! the entry itself, so it stays one 48-byte slot; the rest of a very hot
-//! prefix's copies **spill** into a side table keyed by prefix (a fleet of
-//! `n` has fewer than `n` spilled copies in all, since each copied holder
-//! carries at least a fair share of the traffic).
+//! A set-associative table keyed by prefix key (`HOME_WAYS`; a full set
+//! drops its least popular entry, whose popularity leaves its home's load).
+//! A prefix with deliberate copies counts `pop / k` on each of its `k`
+//! holders; the first `HOME_INLINE_COPIES` sit in the entry (48 bytes), the
+//! rest of a very hot prefix's **spill** into a side table by key.
 
-use super::tuning::{
-    HOME_INLINE_COPIES as INLINE, HOME_MIN_SETS, HOME_TABLE_KEYS, HOME_WAYS as WAYS,
-};
+use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;
 
 /// What the table knows of one prefix.
@@ -42,12 +22,8 @@ pub(crate) struct Home {
     pub(crate) backend: u32,
     /// Decayed requests of it, in the caller's units.
     pub(crate) pop: f64,
-    /// The decision (sequence number) that placed or moved it here.
+    /// The decision (sequence number) that homed it here.
     pub(crate) since: u64,
-    /// It came here by a rebalancing move (not a cold placement).
-    pub(crate) moved: bool,
-    /// Reserved here by a move's swap: its next cold request comes here.
-    pub(crate) reserved: bool,
     /// Deliberate copies besides `backend`: the first `extra` (at most
     /// `INLINE`) here, the rest in [`Homes`]'s spill.
     copies: [u32; INLINE],
@@ -93,7 +69,7 @@ impl Homes {
     pub(crate) fn new(backends: usize, keys: usize) -> Self {
         let sets = keys
             .div_ceil(WAYS)
-            .clamp(HOME_MIN_SETS, HOME_TABLE_KEYS.1 / WAYS)
+            .clamp(1, HOME_TABLE_KEYS.1 / WAYS)
             .next_power_of_two();
         Homes {
             entries: vec![Home::default(); sets * WAYS],
@@ -189,14 +165,7 @@ impl Homes {
             return;
         }
         self.spread(i, -1.0);
-        let e = &mut self.entries[i];
-        let at = usize::from(e.extra);
-        if at < INLINE {
-            e.copies[at] = backend as u32;
-        } else {
-            self.spill.entry(key).or_default().push(backend as u32);
-        }
-        e.extra += 1;
+        self.push_copies(i, &[backend]);
         self.spread(i, 1.0);
     }
 
@@ -237,11 +206,11 @@ impl Homes {
     }
 
     /// Homes `key` on `backend` from decision `seq` (its popularity moves
-    /// along); `moved` marks a rebalancing move. A new home that was one of
+    /// along). A new home that was one of
     /// its copies keeps the other copies (they still hold it; the old home
     /// is no holder any more); any other new home drops them: they age out
     /// where they are.
-    pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64, moved: bool) {
+    pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64) {
         let i = match self.find(key) {
             Some(i) => i,
             None => self.insert(key, backend, seq),
@@ -257,8 +226,6 @@ impl Homes {
         self.entries[i] = Home {
             backend: backend as u32,
             since: seq,
-            moved,
-            reserved: false,
             extra: 0,
             ..self.entries[i]
         };
@@ -280,26 +247,6 @@ impl Homes {
         }
     }
 
-    /// Homes `key` (already in the table) on `backend` for its next cold
-    /// request only: a warm one goes where it is cached and re-homes it.
-    pub(crate) fn reserve(&mut self, key: u64, backend: usize, seq: u64) {
-        if self.find(key).is_some() {
-            self.set_home(key, backend, seq, false);
-            if let Some(i) = self.find(key) {
-                self.entries[i].reserved = true;
-            }
-        }
-    }
-
-    /// The least popular prefix homed on `backend` other than `except`.
-    pub(crate) fn least_popular(&self, backend: usize, except: u64) -> Option<u64> {
-        self.entries
-            .iter()
-            .filter(|e| e.used && e.backend as usize == backend && e.key != except)
-            .min_by(|a, b| a.pop.total_cmp(&b.pop))
-            .map(|e| e.key)
-    }
-
     /// A new entry for `key` on `backend`, in a free way of its set or in
     /// place of the set's least popular entry.
     fn insert(&mut self, key: u64, backend: usize, seq: u64) -> usize {
@@ -318,8 +265,6 @@ impl Homes {
             backend: backend as u32,
             pop: 0.0,
             since: seq,
-            moved: false,
-            reserved: false,
             copies: [0; INLINE],
             extra: 0,
             used: true,
@@ -344,8 +289,8 @@ impl Homes {
     /// about `keys` prefixes: `to[b]` is old backend `b`'s position in the
     /// new snapshot (`None`: removed). A prefix homed on a removed backend
     /// is forgotten (it re-places), a copy on one is dropped (its share goes
-    /// back to the other holders); every other entry keeps its popularity,
-    /// its `since` and its flags, and a remaining backend keeps its load as
+    /// back to the other holders); every other entry keeps its popularity
+    /// and its `since`, and a remaining backend keeps its load as
     /// it was, less what those changes take off it. The table never shrinks,
     /// so no remembered prefix loses its way to a fuller set; when it grows,
     /// each old set splits over new ones.
@@ -404,10 +349,10 @@ mod tests {
         }
         h.hit(11, 1, 1.0, 2);
         assert_eq!(h.loads(), &[5.0, 1.0, 0.0]);
-        h.set_home(10, 2, 3, true);
+        h.set_home(10, 2, 3);
         assert_eq!(h.loads(), &[0.0, 1.0, 5.0]);
         let e = h.get(10).unwrap();
-        assert_eq!((e.backend, e.pop, e.since, e.moved), (2, 5.0, 3, true));
+        assert_eq!((e.backend, e.pop, e.since), (2, 5.0, 3));
         // Later requests count where it lives now.
         h.hit(10, 0, 2.0, 4);
         assert_eq!(h.loads(), &[0.0, 1.0, 7.0]);
@@ -489,12 +434,12 @@ mod tests {
             h.add_copy(3, b);
         }
         // The home lost it; copy 4 is its home now: 0 holds nothing.
-        h.set_home(3, 4, 9, false);
+        h.set_home(3, 4, 9);
         let e = h.get(3).unwrap();
         assert_eq!(h.holders(&e).collect::<Vec<_>>(), vec![4, 1, 2, 3, 5]);
         assert_eq!(h.loads(), &[0.0, 1.2, 1.2, 1.2, 1.2, 1.2, 0.0, 0.0]);
         // A new home that held nothing drops them all.
-        h.set_home(3, 6, 10, true);
+        h.set_home(3, 6, 10);
         let e = h.get(3).unwrap();
         assert_eq!(e.count(), 1);
         assert_eq!(h.spilled(), 0);
@@ -511,7 +456,7 @@ mod tests {
             let mut h = Homes::new(4, 8);
             for (seq, &(key, backend, op, w)) in ops.iter().enumerate() {
                 match op {
-                    0 => h.set_home(key, backend, seq as u64, true),
+                    0 => h.set_home(key, backend, seq as u64),
                     1 => h.add_copy(key, backend),
                     2 if w == 1 => {
                         h.drop_copy(key);
@@ -542,7 +487,7 @@ mod tests {
             let mut h = Homes::new(12, 8);
             for (seq, &(key, backend, op, w)) in ops.iter().enumerate() {
                 match op {
-                    0 => h.set_home(key, backend, seq as u64, w == 1),
+                    0 => h.set_home(key, backend, seq as u64),
                     1 | 2 => h.add_copy(key, backend),
                     3 if w == 1 => {
                         h.drop_copy(key);

@@ -1,11 +1,9 @@
 //! `kv_aware`: route each request by one cost formula over what every
-//! backend actually caches, even the load by **moving** prefixes, and
-//! **copy** a prefix too hot for one backend.
-//!
-//! ## The cost formula
-//!
-//! For a request whose block chain is `B` blocks long, every usable backend
-//! `w` (eligible and below `concurrency_threshold`) costs
+//! backend actually caches, place a prefix cached nowhere where writing it
+//! evicts least, and **copy** a prefix too hot for its holders. The formula,
+//! its terms and every mechanism, with what each earns, are documented once,
+//! in docs/kv.md; in brief, for a request of `B` blocks each usable backend
+//! `w` (eligible, below `concurrency_threshold`) costs
 //!
 //! ```text
 //! cost_w = prefill_weight * (B - m_w + queued_w)    time to its first token
@@ -13,129 +11,30 @@
 //!        + decode_weight  * in_flight_w             decode contention
 //! ```
 //!
-//! - `m_w`: the leading blocks of the chain `w` holds; when its agent is
-//!   stale (silent past `ingest.stale_after_ms`, its engine still eligible),
-//!   `STALE_MATCH_WEIGHT` (half) of them, rounded up: a silent agent is not
-//!   an empty cache; `queued_w`: the uncached blocks of the requests routed there
-//!   that have not produced a first byte (the router's own prediction).
-//! - `write_w`, the blocks `w` must newly cache: at the prefix's **home**
-//!   (where it was placed or last moved) `B - m_w`; at any other backend all
-//!   `B`, since a copy off the home is one to let age out (so a holder keeps
-//!   its prefix unless its queue is a full prefill longer); and for a prefix
-//!   no fresh backend holds `min_match_blocks` of (a **cold** one, the same
-//!   `B` everywhere) `B + evict_w` where `w`'s capacity is known, else
-//!   `B + pressure_w` (see [`place`](super::place)).
-//! - `evict_w`, the **eviction term**: the expected blocks of other prefixes
-//!   that writing the chain into `w`'s cache loses. The router models each
-//!   backend's cache ([`resident`](super::resident): an LRU over prefixes,
-//!   fed by its own decisions, corrected by the index), so it knows what the
-//!   engine's LRU would trim there; each victim `v` held there deliberately
-//!   counts its trimmed blocks times `p_v / (p_v + p_x)`, the chance that
-//!   it is asked for again before the new prefix `x` (popularities from
-//!   [`home`](super::home)). It is 0 where the chain fits, or where only
-//!   stale copies go. A new prefix thus lands where it fits, else where it
-//!   evicts the coldest: one cold prefill now instead of a miss for every
-//!   return of a hotter prefix. Two refinements make LRU engines keep the
-//!   hottest prefixes, as a pinned cache would ([`place`](super::place)): a
-//!   **tail** prefix, less popular than the admission threshold (the `k`-th
-//!   most popular prefix, `k` the prefixes the caches hold beyond
-//!   `TAIL_ROOM` backends' worth), goes, among backends as good, to the
-//!   one writing the most (not the lowest `E_w`), so the tail churns on its
-//!   own caches; any other prefix adds to `evict_w` the
-//!   **turnover term** `B * exp(-p_x * C_w / P_w)`, what `w`'s LRU would
-//!   trim of it before it returns (`C_w` the capacity, `P_w` the decayed
-//!   writes there), so a kept prefix avoids a churning cache.
-//! - `pressure_w`, where the capacity is unknown: the blocks `w` wrote
-//!   lately, decayed over `PRESSURE_WINDOW` decisions per backend: a new
-//!   prefix lands where the cache turns over slowest (the proxy the
-//!   eviction term replaces).
-//!
-//! A prefix no backend holds whose CHWBL ring owner (the prefix-hash home)
-//! reports a **partial** view (its agent knows fewer blocks than its engine
-//! uses) goes to that owner (`prefix_hash`): its missing blocks are unknown,
-//! not absent, and the ring owner is where the prefix went before.
-//!
-//! The lowest cost wins; ties go to the deeper match, then at random (one
-//! draw over the tied set; among a copied prefix's holders from the rng
-//! salted by the decision count, since shared decisions seed it by the
-//! prefix key and a fixed draw would starve the copies). Only the chain's holders are costed one by one;
-//! the others cost by their load alone and are taken from load buckets
-//! ([`candidates`](super::candidates)), the same decision as a scan. This
-//! is the shape of Dynamo's KV router cost (prefill blocks to compute plus
-//! decode load), with the cache's own cost added.
-//!
-//! ## Balance: the same costs, then the expected load
-//!
-//! Below saturation no in-flight bound binds, so a backend's share of the
-//! traffic is the popularity of the prefixes homed on it. Each backend's
-//! **expected load** `E_w` is the summed decayed popularity of the prefixes
-//! homed there ([`home`](super::home)). It enters at the two points where
-//! cost alone does not decide:
-//!
-//! - **cold**: every backend within `TIE_BAND * B` of the lowest cost, and
-//!   within `FIT_BAND * B` of the lowest `evict_w`, is equally good, and the
-//!   lowest `E_w` among them wins (then ring order);
-//! - **warm, at its home `h`** (which won on cost and holds the deepest
-//!   match): the request and the prefix's home go to the usable backend `t`
-//!   with the lowest `E` when `E_h > (1 + rebalance_slack) * mean(E)` and
-//!   the prefix's popularity fits the gap (see
-//!   [`rebalance`](super::rebalance), which also holds the waits between
-//!   moves), unless the move's `evict_t` exceeds `FIT_BAND * B` (even
-//!   shares are a means: a move that evicts hotter prefixes costs hit
-//!   rate). A move costs one cold prefill; the old copy ages out.
-//! - **too hot, at a holder**: a prefix whose popularity per holder, `p / k`,
-//!   exceeds `(1 + COPY_SLACK * rebalance_slack)` times the mean `E`
-//!   (`COPY_SLACK` = 0.75: room for the holder's other homes) cannot be
-//!   served by its `k` holders within an even share: its request goes to the backend
-//!   with the lowest cold cost (the eviction term included) among the
-//!   others, which becomes a deliberate **copy** (decision `replicate`).
-//!   So a prefix gets `k = ceil(p / ((1 + COPY_SLACK * rebalance_slack) E))` holders,
-//!   one more per request of it, as many as its demand and the fleet need
-//!   (at most every usable backend), once it brought `MOVE_WARMUP` of its
-//!   own requests per holder (see [`rebalance`](super::rebalance)). Its
-//!   popularity then counts `p / k` on each
-//!   holder, every holder is charged only what it lacks, so its traffic
-//!   splits among them by the formula's load terms; a prefix with copies is
-//!   never moved. When `p / (k - 1)` falls to the mean or below, the last
-//!   copy is dropped (it ages out there). With `rebalance_slack: null`
-//!   nothing moves and nothing is copied.
-//!
-//! Every constant of the formula and the balance is named, with why it has
-//! its value, in [`tuning`](super::tuning), beside the six knobs (two of a
-//! data structure's own mechanics live beside it; see there).
-//!
-//! A moved prefix is followed while its first request prefills at its new
-//! home, and so is a cold placement. With `cold_placement: ring` a cold
-//! prefix goes by CHWBL on the prefix key instead, there are no homes and
-//! nothing moves (several router replicas then agree).
+//! with `m_w` the leading blocks it holds (a stale agent's halved), `queued_w`
+//! the router's predicted prefill still queued there, and `write_w` the
+//! blocks it must newly cache: `B - m_w` at the prefix's home and its copies,
+//! `B` elsewhere, and for a cold prefix `B` plus the eviction term
+//! ([`place`](super::place)). The lowest cost wins, ties to the deeper match,
+//! then at random. Only the chain's holders are costed one by one; the others
+//! come from load buckets ([`candidates`](super::candidates)). A cold prefix
+//! whose ring owner reports a partial view goes to that owner. With every
+//! backend full the gate is lifted, not the formula: the warm pick costs the
+//! eligible holders, a cold prefix is placed over every eligible backend.
 //!
 //! Decision: `replicate` when a request starts a copy; `kv_match` when the
-//! winner holds the deepest match; `spill` when
-//! a deeper-matching backend was passed over for load, a prefix moved, or a
-//! cold prefix was placed off its ring owner; `prefix_hash` when a cold
-//! prefix went to its ring owner or followed its first request;
-//! `least_outstanding` when every backend is full and the pick has the
-//! fewest in flight.
-//!
-//! ## Every backend full
-//!
-//! When every eligible backend is at `concurrency_threshold` the gate is
-//! lifted, not the formula: the warm pick costs the eligible backends that
-//! hold part of the chain (a scan; the home and its copies charged only what
-//! they lack; nothing moves or is copied; a cold prefill elsewhere would add
-//! work to a full fleet), and a cold prefix is placed as above over every
-//! eligible backend. Falling back to least in flight instead ignores the caches: at
-//! saturation its cold prefills make every backend slower, so they stay
-//! full (a metastable overload the `scale` model showed at Zipf 1.5). The
-//! decision is the formula's kind unless the pick also has the fewest in
-//! flight (then `least_outstanding`, as before).
+//! winner holds the deepest match; `spill` when a deeper-matching backend was
+//! passed over; `cold` when a cold prefix was placed off its ring owner;
+//! `prefix_hash` when it went to its ring owner or followed its first
+//! request; `least_outstanding` when every backend is full and the pick has
+//! the fewest in flight.
 
 use super::candidates::{cheapest_scan, Held, Salted};
 use super::home::Home;
 use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::PrefixAware;
-use super::tuning::{ColdPlacement, KvConfig, PRESSURE_WINDOW, STALE_MATCH_WEIGHT, TIE_BAND};
+use super::tuning::{ColdPlacement, KvConfig, PRESSURE_WINDOW};
 use super::{
     least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
     PolicyConfig, PolicyError, RouteInput, Strategy,
@@ -214,12 +113,16 @@ impl KvAware {
     }
 
     /// Matched blocks of the backends that hold part of the chain, a stale
-    /// one's discounted by `STALE_MATCH_WEIGHT` (the others match 0).
+    /// one's halved, rounded up (the others match 0). Half: its agent went
+    /// silent, not its engine (an engine that fails its probes is not
+    /// eligible), so what it last published is likely still cached but less
+    /// sure than a fresh view; half keeps a warm prefix on its old holder
+    /// over cold backends, while a fresh holder of more than half the chain
+    /// wins over it (issue 17).
     fn held(&self, input: &RouteInput<'_>) -> Held {
         let Some(m) = input.matches else {
             return Held::default();
         };
-        let (num, den) = STALE_MATCH_WEIGHT;
         let mut v: Vec<(u32, u32)> = m
             .workers
             .iter()
@@ -228,7 +131,7 @@ impl KvAware {
                 let blocks = if x.fresh {
                     x.blocks
                 } else {
-                    (x.blocks * num).div_ceil(den)
+                    x.blocks.div_ceil(2)
                 };
                 (blocks > 0).then_some((pos as u32, blocks))
             })
@@ -237,12 +140,6 @@ impl KvAware {
         // One match per position (an index lists a worker once).
         v.dedup_by_key(|e| e.0);
         Held(v)
-    }
-
-    /// Whether position `i` may take a request: eligible and below the
-    /// concurrency threshold (as the candidates last synced it).
-    fn usable(s: &State, i: usize) -> bool {
-        s.cands.usable(i)
     }
 
     /// A prefix no fresh eligible backend holds (module docs).
@@ -256,52 +153,34 @@ impl KvAware {
         if self.kv.cold_placement == ColdPlacement::Ring {
             return self.fallback.pick_by_key(input.prefix_key, loads, rng);
         }
-        let weights = (
-            self.kv.prefill_weight,
-            self.kv.miss_weight,
-            self.kv.decode_weight,
-        );
+        let weights = self.weights();
         let ring = self.fallback.ring();
-        let band = TIE_BAND * f64::from(input.chain_blocks);
+        let band = f64::from(input.chain_blocks);
         s.resident.sync(loads);
-        self.observe(s, input);
-        let placed = s.place(
-            input.prefix_key,
-            input.chain_blocks,
-            loads,
-            |i| s.cands.usable(i),
-            ring,
-            weights,
-            band,
-        );
-        let (backend, kind) = match placed {
-            Some((b, Placed::Pressure)) => (b, DecisionKind::Cold),
-            Some((b, Placed::RingOwner | Placed::Remembered)) => (b, DecisionKind::PrefixHash),
-            // Every backend is full: the same placement, the gate lifted
-            // (least_outstanding alone would ignore the caches and keep them
-            // full with cold prefills).
-            None => match s.place(
-                input.prefix_key,
-                input.chain_blocks,
-                loads,
-                |i| loads.get(i).is_some_and(|l| l.eligible),
-                ring,
-                weights,
-                band,
-            ) {
-                Some((b, Placed::Pressure)) => (b, full_kind(loads, b, DecisionKind::Cold)),
-                Some((b, Placed::RingOwner | Placed::Remembered)) => {
-                    (b, full_kind(loads, b, DecisionKind::PrefixHash))
-                }
-                None => (
-                    least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?,
-                    DecisionKind::LeastOutstanding,
-                ),
-            },
+        self.observe(s, input, loads);
+        let key = input.prefix_key;
+        let blocks = input.chain_blocks;
+        let kind = |how| match how {
+            Placed::Pressure => DecisionKind::Cold,
+            Placed::RingOwner | Placed::Remembered => DecisionKind::PrefixHash,
         };
-        s.set_home(input.prefix_key, backend, false);
-        s.record(input.prefix_key, backend, input.chain_blocks);
-        s.cached(input.prefix_key, backend, input.chain_blocks);
+        let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
+        let usable = |i: usize| s.cands.usable(i);
+        let (backend, kind) = if let Some((b, how)) =
+            s.place(key, blocks, loads, usable, ring, weights, band)
+        {
+            (b, kind(how))
+        } else if let Some((b, how)) = s.place(key, blocks, loads, eligible, ring, weights, band) {
+            // Every backend is full: the same placement, the gate lifted
+            // (least_outstanding alone would ignore the caches and keep
+            // them full with cold prefills).
+            (b, full_kind(loads, b, kind(how)))
+        } else {
+            let b = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
+            (b, DecisionKind::LeastOutstanding)
+        };
+        s.set_home(key, backend);
+        s.sent(key, backend, blocks, 0);
         Ok(Decision {
             backend,
             kind,
@@ -309,10 +188,9 @@ impl KvAware {
         })
     }
 
-    /// The warm pick under `pressure` placement: follows a moved prefix
-    /// while it prefills at its new home, else the cheapest backend (the
-    /// home charged only for what it lacks), and possibly moves the prefix
-    /// to even the balance loads (module docs).
+    /// The warm pick under `pressure` placement: the cheapest backend (the
+    /// home and its copies charged only for what they lack), and possibly
+    /// one more copy of a prefix too hot for its holders (module docs).
     #[allow(clippy::too_many_arguments)]
     fn pick_homed(
         &self,
@@ -326,21 +204,9 @@ impl KvAware {
         let key = input.prefix_key;
         let chain = input.chain_blocks.max(best_match);
         s.resident.sync(loads);
-        self.observe(s, input);
-        let home: Option<Home> = s.home(key).filter(|h| Self::usable(s, h.backend as usize));
+        self.observe(s, input, loads);
+        let home: Option<Home> = s.home(key).filter(|h| s.cands.usable(h.backend as usize));
         let at = |h: &Home| h.backend as usize;
-        if let Some(h) = home.filter(|h| h.moved && held.get(at(h)) < best_match) {
-            if s.following(&h, loads) {
-                let b = at(&h);
-                s.record(key, b, input.chain_blocks.saturating_sub(held.get(b)));
-                s.cached(key, b, input.chain_blocks);
-                return Ok(Decision {
-                    backend: b,
-                    kind: DecisionKind::Spill,
-                    matched_blocks: held.get(b),
-                });
-            }
-        }
         // The home holds it: the deepest match.
         let holds = |i: usize| held.get(i) >= best_match;
         let holding = home.filter(|h| holds(at(h)));
@@ -352,15 +218,20 @@ impl KvAware {
                 .and_then(|m| m.of(slot))
                 .is_some_and(|w| !w.fresh)
         });
-        // The home and its deliberate copies that hold the prefix.
-        let mut homes: Vec<usize> = holding.map_or_else(Vec::new, |h| {
-            s.homes
-                .holders(&h)
-                .filter(|&i| i == at(&h) || (Self::usable(s, i) && holds(i)))
-                .collect()
-        });
-        // Sorted: the pick looks each backend up in it.
-        homes.sort_unstable();
+        // The home and its deliberate copies that pass `ok` and hold the
+        // deepest match (none unless the home does), sorted: the pick looks
+        // each backend up in it.
+        let holders_by = |ok: &dyn Fn(usize) -> bool| -> Vec<usize> {
+            let mut v: Vec<usize> = s
+                .home(key)
+                .filter(|h| ok(at(h)) && holds(at(h)))
+                .map_or_else(Vec::new, |h| {
+                    s.homes.holders(&h).filter(|&i| ok(i) && holds(i)).collect()
+                });
+            v.sort_unstable();
+            v
+        };
+        let homes = holders_by(&|i| s.cands.usable(i));
         // Ties among a copied prefix's holders draw from a salted rng: under
         // shared decisions the caller's rng is seeded by the prefix key
         // (`route::pick`), so every request would draw the same holder and a
@@ -371,24 +242,13 @@ impl KvAware {
         } else {
             s.cands.cheapest(&self.kv, chain, held, &homes, rng)
         };
-        let Some((mut m, mut backend)) = cheapest else {
+        let Some((m, backend)) = cheapest else {
             // Every backend is full: the same formula over the eligible ones,
             // the home (and its copies) charged only what they lack; nothing
-            // moves or is copied.
-            let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
-            let mut homes: Vec<usize> = s
-                .home(key)
-                .filter(|h| eligible(at(h)) && holds(at(h)))
-                .map_or_else(Vec::new, |h| {
-                    s.homes
-                        .holders(&h)
-                        .filter(|&i| eligible(i) && holds(i))
-                        .collect()
-                });
-            homes.sort_unstable();
+            // is copied.
+            let homes = holders_by(&|i| loads.get(i).is_some_and(|l| l.eligible));
             let (m, backend) = self.cheapest_full(chain, held, &homes, loads, rng)?;
-            s.record(key, backend, input.chain_blocks.saturating_sub(m));
-            s.cached(key, backend, input.chain_blocks);
+            s.sent(key, backend, input.chain_blocks, m);
             return Ok(full_decision(loads, backend, m, best_match));
         };
         match (holding, &self.rebalance) {
@@ -402,19 +262,14 @@ impl KvAware {
                     Some(false) => s.copy(key, None),
                     None => {}
                 }
-                if let Some(t) = s.propose_move(rb, &h, chain, loads, |i| s.cands.usable(i)) {
-                    s.move_home(key, at(&h), t);
-                    (m, backend) = (held.get(t), t);
-                }
             }
             // Its home lost it (or it had none): it lives where it went.
             (None, _) if !stale && home.is_none_or(|h| at(&h) != backend) => {
-                s.set_home(key, backend, false);
+                s.set_home(key, backend);
             }
             _ => {}
         }
-        s.record(key, backend, input.chain_blocks.saturating_sub(m));
-        s.cached(key, backend, input.chain_blocks);
+        s.sent(key, backend, input.chain_blocks, m);
         Ok(warm_decision(backend, m, best_match))
     }
 
@@ -429,12 +284,8 @@ impl KvAware {
         held: &Held,
         loads: &[BackendLoad],
     ) -> Option<Decision> {
-        let weights = (
-            self.kv.prefill_weight,
-            self.kv.miss_weight,
-            self.kv.decode_weight,
-        );
-        let band = TIE_BAND * f64::from(input.chain_blocks);
+        let weights = self.weights();
+        let band = f64::from(input.chain_blocks);
         let mut holders: Vec<usize> = s.homes.holders(home).collect();
         holders.sort_unstable();
         let (t, _) = s.place(
@@ -447,12 +298,7 @@ impl KvAware {
             band,
         )?;
         s.copy(input.prefix_key, Some(t));
-        s.record(
-            input.prefix_key,
-            t,
-            input.chain_blocks.saturating_sub(held.get(t)),
-        );
-        s.cached(input.prefix_key, t, input.chain_blocks);
+        s.sent(input.prefix_key, t, input.chain_blocks, held.get(t));
         Some(Decision {
             backend: t,
             kind: DecisionKind::Replicate,
@@ -463,7 +309,7 @@ impl KvAware {
     /// Feeds the index's fresh view of this prefix into the resident model:
     /// what each listed holder has of the chain, and that the prefix's home,
     /// when not listed, has none of it.
-    fn observe(&self, s: &mut State, input: &RouteInput<'_>) {
+    fn observe(&self, s: &mut State, input: &RouteInput<'_>, loads: &[BackendLoad]) {
         let Some(m) = input.matches else {
             return;
         };
@@ -473,13 +319,13 @@ impl KvAware {
         let key = input.prefix_key;
         for w in m.workers.iter().filter(|w| w.fresh) {
             if let Some(i) = self.position(w.slot) {
-                s.observe(key, i, w.blocks);
+                s.observe(key, i, w.blocks, loads);
             }
         }
         if let Some(h) = s.home(key) {
             let i = h.backend as usize;
             if self.slots.get(i).is_some_and(|slot| m.of(*slot).is_none()) {
-                s.observe(key, i, 0);
+                s.observe(key, i, 0, loads);
             }
         }
     }
@@ -515,13 +361,9 @@ impl Learns for KvAware {
         }
     }
 
-    fn moves(&self) -> u64 {
-        self.placer.lock().moves
-    }
-
-    /// Carries homes, popularity, pressure, the modelled
-    /// caches and the rebalancer's waits over to the new snapshot by worker
-    /// id (see the `carry` module); the ring is rebuilt (1/N moves).
+    /// Carries homes, popularity, pressure and the modelled
+    /// caches over to the new snapshot by worker
+    /// id (see the `carry` module); the ring is rebuilt (1/N of keys change owner).
     fn carried(
         &self,
         snapshot: &[PolicyBackend],
@@ -536,6 +378,15 @@ impl Learns for KvAware {
 }
 
 impl KvAware {
+    /// The cost formula's weights: (prefill, miss, decode).
+    fn weights(&self) -> (f64, f64, f64) {
+        (
+            self.kv.prefill_weight,
+            self.kv.miss_weight,
+            self.kv.decode_weight,
+        )
+    }
+
     /// Whether it keeps homes (`pressure` placement; `ring` keeps nothing).
     fn homed(&self) -> bool {
         self.kv.cold_placement == ColdPlacement::Pressure
@@ -651,7 +502,7 @@ fn full_decision(loads: &[BackendLoad], backend: usize, m: u32, best_match: u32)
 
 /// A pick among holders: kv_match when `backend` holds the deepest match
 /// (`m == best_match`); a shallower one (or none) won on load, or because
-/// the deeper holders were full or the prefix moved: spill.
+/// the deeper holders were full: spill.
 fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
     Decision {
         backend,

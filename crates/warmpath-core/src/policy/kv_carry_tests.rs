@@ -229,7 +229,7 @@ fn a_removed_workers_homes_and_copies_go_the_others_stay() {
     {
         let mut s = p.placer.lock();
         for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
-            s.set_home(key, at, false);
+            s.set_home(key, at);
             for _ in 0..10 {
                 s.record(key, at, 5);
             }
@@ -307,7 +307,7 @@ proptest! {
             let mut want = ids(&old, &b, &h);
             want.retain(|id| nb.iter().any(|x| &x.id == id));
             prop_assert_eq!(ids(&new, &nb, &a), want);
-            prop_assert_eq!((a.pop, a.since, a.moved, a.reserved), (h.pop, h.since, h.moved, h.reserved));
+            prop_assert_eq!((a.pop, a.since), (h.pop, h.since));
             for i in new.homes.holders(&a) {
                 sums[i] += a.pop / a.count() as f64;
             }
@@ -315,14 +315,17 @@ proptest! {
         for (j, l) in new.homes.loads().iter().enumerate() {
             prop_assert!((l - sums[j]).abs() < 1e-6 * (1.0 + sums[j]), "{j}: {l} vs {}", sums[j]);
         }
-        prop_assert_eq!((new.seq, new.moves, new.last_move), (old.seq, old.moves, old.last_move));
+        prop_assert_eq!(new.seq, old.seq);
     }
 }
 
 /// One case of the twin property: after `ops` on `n` backends and the
 /// `change`, the prefixes (of 12) for which the rebuilt policy (or, with
 /// `fresh`, one built afresh) decides otherwise than the old policy with
-/// the changed worker unusable, under the loads of `after`.
+/// the changed worker unusable, under the loads of `after`. A prefix the
+/// change moves across the admission threshold is left out: the threshold
+/// counts every cache of known capacity, usable or not, so an added or
+/// removed worker's cache changes it by design.
 fn twin_disagreements(
     n: usize,
     change: Option<usize>,
@@ -332,8 +335,7 @@ fn twin_disagreements(
     fresh: bool,
 ) -> Vec<String> {
     let b = fleet(n, capacity);
-    let mut cfg = PolicyConfig::default();
-    cfg.kv.rebalance_slack = None;
+    let cfg = PolicyConfig::default();
     let p = KvAware::new(&cfg, &b);
     let mut held = Held::default();
     run(&p, &b, &mut held, ops);
@@ -355,6 +357,13 @@ fn twin_disagreements(
             continue;
         }
         let chain = 20 + (k as u32 % 5) * 10;
+        let tail = |s: &State| {
+            let px = s.home(key).map_or(0.0, |h| h.pop) + s.unit;
+            px < s.tail_threshold(chain)
+        };
+        if tail(&p.placer.lock()) != tail(&next.placer.lock()) {
+            continue;
+        }
         let m = held.matches(key, chain);
         let input = RouteInput {
             prefix_key: key,
@@ -404,15 +413,10 @@ proptest! {
     /// becoming unusable: for every prefix not homed on a removed worker, the
     /// rebuilt policy decides what the old one decides with the removed
     /// worker ineligible (or the new one not yet eligible), by worker id,
-    /// whatever the loads, modelled caches and stale copies. (The rebalancer
-    /// is off: its waits scale with the fleet size by design, so they do
-    /// differ. Placements are old enough that stickiness, also scaled, is
-    /// only the queued-prefill kind. The engines' capacities stay unknown:
-    /// with capacities, cold placement's admission threshold is a
-    /// fleet-wide statistic over every remembered prefix and every cache,
-    /// which a removed worker's prefixes and a joining worker's cache do
-    /// change, so a prefix near it may place otherwise; the fixed histories
-    /// below include capacities.)
+    /// whatever the loads, modelled caches and stale copies. (The engines'
+    /// capacities stay unknown here; the fixed histories below include
+    /// them, leaving out the prefixes the change moves across the
+    /// admission threshold.)
     #[test]
     fn a_change_is_the_changed_worker_becoming_unusable(
         n in 2usize..6,

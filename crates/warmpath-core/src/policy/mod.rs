@@ -18,11 +18,10 @@
 //! | `random` | uniformly among eligible backends | `random` |
 //! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
 //! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
-//! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load, cache writes and (capacity known) what a write evicts; prefixes moved to even the load, copied when too hot for one backend (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `cold`, `replicate`, `least_outstanding` |
+//! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load, cache writes and (capacity known) what a write evicts; a prefix too hot for one backend is copied (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `cold`, `replicate`, `least_outstanding` |
 
 mod candidates;
 mod carry;
-mod fleet;
 mod home;
 mod kv;
 mod least;
@@ -377,9 +376,6 @@ pub trait Learns: Send + Sync + fmt::Debug {
     /// Records a pick another router replica made, as it records its own
     /// (see `remote`).
     fn observe_remote(&self, decision: &RemoteDecision);
-
-    /// Prefixes moved between backends to even the load so far.
-    fn moves(&self) -> u64;
 
     /// The same policy over a new membership `snapshot` (one added,
     /// removed ...), carrying what it learned per worker over by worker id

@@ -1,66 +1,29 @@
 //! Where `kv_aware` puts a prefix that no backend holds (`kv.cold_placement =
-//! pressure`, the default): the cold case of its cost formula (the `kv`
-//! module docs), and the memory that keeps a prefix there while its first
-//! request is still prefilling.
+//! pressure`, the default): the cold case of its cost formula (docs/kv.md),
+//! and the state every stage reads, under one lock taken once per decision
+//! (per router; replicas feed each other's picks into it, see
+//! [`remote`](super::remote)).
 //!
-//! Why: the hash ring places prefixes by hash alone, so the number of
-//! distinct prefixes per backend varies like a random throw (112 documents
-//! on 7 backends: 9 to 23 in a typical placement). A backend given more than
-//! its cache holds evicts them in turn and misses on every return, while
-//! another has room to spare; and in-flight bounds never bind below
-//! saturation, so the ring is all that decides.
-//!
-//! What: each backend has a **cache pressure**, the blocks `kv_aware` sent
-//! it that it did not hold (a cold prefix's whole chain, a warm request's
-//! uncached tail), decayed over about `PRESSURE_WINDOW` decisions per
-//! backend. That is what it had to write into its cache lately, so a prefix
-//! placed on the backend with the least pressure lands where the cache
-//! turns over slowest; it also spreads the prefixes' count evenly while the
-//! cache fills. Pressure is the `write` term of the formula for a cold
-//! prefix; the terms every backend shares (its own prefill and write of the
-//! whole chain) drop out, leaving
-//!
-//! ```text
-//! miss_weight * pressure_w + prefill_weight * queued_w + decode_weight * in_flight_w
-//! ```
-//!
-//! Backends within the band (`TIE_BAND` x the prefix's blocks) of the lowest
-//! are equally good, and among those the one with the lowest **expected
-//! load** wins: the summed popularity of the prefixes homed there now
-//! ([`home`](super::home)). That deals new prefixes out like a snake draft
-//! while they arrive roughly in popularity order, and a prefix that returns
-//! after an eviction, its popularity known, goes where it evens the loads
-//! most (LPT); moves ([`rebalance`](super::rebalance)) correct what
-//! placement got wrong. Remaining ties go to the first in the ring's walk
-//! from the prefix key, so equal fleets agree. The placement becomes the
-//! prefix's home: a request for the same key that finds no fresh match
-//! while the first is still prefilling there (or within `STICKY` decisions
-//! per backend of it, before its blocks are published) follows it instead
-//! of starting a second cold copy elsewhere.
-//!
-//! Where capacities are known, the eviction term replaces pressure, with
-//! an **admission threshold** ([`State::tail_threshold`]): LRU engines
-//! cannot pin, so the hottest prefixes stay cached only on backends where
-//! nothing colder is written. A prefix colder than the threshold (the
-//! fleet cannot keep it without evicting hotter ones) goes, among the
-//! backends within both bands, to the one writing the most instead of the
-//! lowest expected load; a hotter one also pays the **turnover term**, what
-//! the LRU would trim of it before it returns there, so it avoids the
-//! churning backends. (Scale model, 7 backends, caches at half the working
-//! set, Zipf 1.0: 80.6% before, 82.0% after; a router that knew the
-//! popularity and pinned the hottest documents reaches 85.3%, the best
-//! pinned set of `warmpath-bench`'s `lru_refs`.)
-//!
-//! All of it (pressure, homes, loads, moves) sits behind one lock taken once
-//! per decision: it is per router (replicas feed each other's picks into it
-//! through `Learns::observe_remote`, see [`remote`](super::remote)).
+//! A cold prefix costs, on each usable backend, its queued prefill and
+//! in-flight load plus `miss_weight` times its **write term**: where the
+//! capacity is known the eviction term (what the write evicts there, each
+//! victim weighed by its chance to return first, plus the turnover term for
+//! a prefix the caches keep), else the cache **pressure** (blocks written
+//! there lately, decayed over `PRESSURE_WINDOW` decisions per backend).
+//! Backends within one prefix of the lowest cost and within `FIT_BAND` of
+//! the lowest eviction term are as good; among them the lowest **expected
+//! load** wins ([`home`](super::home)), or for a **tail** prefix (colder
+//! than the admission threshold, [`State::tail_threshold`]) the one writing
+//! the most, so the tail churns on its own caches; then ring order from the
+//! key. The placement becomes the prefix's home: a repeat that finds no
+//! match while the first request still prefills there follows it.
 
 use super::candidates::Candidates;
-use super::fleet::Fleet;
 use super::home::{Home, Homes};
+use super::rebalance::Fleet;
 use super::resident::Resident;
 use super::ring::Ring;
-use super::tuning::{home_table_keys, FIT_BAND, RESCALE_AT, STICKY, TAIL_LOAD_MAX, TAIL_ROOM};
+use super::tuning::{home_table_keys, FIT_BAND, TAIL_LOAD_MAX};
 use super::{BackendLoad, Mode, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
@@ -77,7 +40,7 @@ pub(crate) enum Placed {
     Pressure,
 }
 
-/// Everything the placer and the rebalancer keep, under one lock.
+/// Everything the placer and the copy rule keep, under one lock.
 #[derive(Clone, Debug)]
 pub(crate) struct State {
     /// Decayed blocks written per backend, in units of `unit`.
@@ -89,14 +52,8 @@ pub(crate) struct State {
     pub(super) seq: u64,
     /// Homes, popularity and expected loads (see [`home`](super::home)).
     pub(super) homes: Homes,
-    /// The decision of the last rebalancing move (`None`: none yet).
-    pub(super) last_move: Option<u64>,
-    /// Rebalancing moves so far.
-    pub(super) moves: u64,
     /// Per decision: `1 - 1 / (window x backends)`.
     pub(super) decay: f64,
-    /// Decisions a placement stays sticky without pending prefill work.
-    pub(super) sticky: u64,
     /// What each backend of known capacity holds (see
     /// [`resident`](super::resident)).
     pub(super) resident: Resident,
@@ -106,11 +63,11 @@ pub(crate) struct State {
     /// The usable backends by load, for the warm pick (see
     /// [`candidates`](super::candidates)).
     pub(super) cands: Candidates,
-    /// The balance stage's last fleet summary (see [`fleet`](super::fleet)).
+    /// The balance stage's last fleet summary ([`Fleet`]).
     pub(super) fleet: Cell<Option<Fleet>>,
 }
 
-/// Cache pressure per backend, homes and the rebalancing state.
+/// Cache pressure per backend, homes and copies.
 #[derive(Debug)]
 pub(crate) struct Placer {
     state: Mutex<State>,
@@ -126,10 +83,7 @@ impl Placer {
                 unit: 1.0,
                 seq: 0,
                 homes: Homes::new(backends.len(), home_table_keys(n)),
-                last_move: None,
-                moves: 0,
                 decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
-                sticky: STICKY * n as u64,
                 resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
                 tail: Cell::new(None),
                 cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
@@ -208,11 +162,10 @@ impl State {
 
     /// Whether requests of `home`'s prefix should still follow it there
     /// although it holds nothing yet: its first request there is queued
-    /// or prefilling, or it was placed a few decisions ago.
-    pub(crate) fn following(&self, home: &Home, loads: &[BackendLoad]) -> bool {
+    /// or prefilling.
+    pub(crate) fn following(home: &Home, loads: &[BackendLoad]) -> bool {
         let b = home.backend as usize;
-        let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
-        prefilling || self.seq.saturating_sub(home.since) <= self.sticky
+        loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0)
     }
 
     /// The backend to place a prefix no eligible backend holds, among those
@@ -232,7 +185,7 @@ impl State {
         band: f64,
     ) -> Option<(usize, Placed)> {
         if let Some(h) = self.homes.get(key) {
-            if usable(h.backend as usize) && (h.reserved || self.following(&h, loads)) {
+            if usable(h.backend as usize) && Self::following(&h, loads) {
                 return Some((h.backend as usize, Placed::Remembered));
             }
         }
@@ -324,18 +277,20 @@ impl State {
         Some((at, how))
     }
 
-    /// The eviction term of the cost formula: the expected blocks of other
-    /// prefixes that caching `blocks` of `key` on `b` loses, each victim's
-    /// trimmed blocks weighted by `p_v / (p_v + p_x)`, the chance that the
-    /// victim (popularity `p_v`) is asked for again before the new prefix
-    /// (`p_x`, this request included). A victim homed elsewhere (a stale
-    /// copy) costs nothing; 0 where the capacity is unknown or it fits.
+    /// [`State::evict_at`] with `key`'s popularity looked up.
+    #[cfg(test)]
     pub(crate) fn evict_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
         let px = self.popularity_with(key);
         self.evict_at(b, px, key, blocks)
     }
 
-    /// [`State::evict_cost`] with `key`'s popularity `px` given.
+    /// The eviction term of the cost formula: the expected blocks of other
+    /// prefixes that caching `blocks` of `key` (popularity `px`) on `b`
+    /// loses, each victim's trimmed blocks weighted by `p_v / (p_v + p_x)`,
+    /// the chance that the victim (popularity `p_v`) is asked for again
+    /// before the new prefix (`p_x`, this request included). A victim homed
+    /// elsewhere (a stale copy) costs nothing; 0 where the capacity is
+    /// unknown or it fits.
     fn evict_at(&self, b: usize, px: f64, key: u64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
@@ -389,9 +344,13 @@ impl State {
 
     /// The **admission threshold** for prefixes of `blocks` blocks: the
     /// popularity of the `k`-th most popular prefix remembered, `k` the
-    /// prefixes of that size the modelled caches hold beyond `TAIL_ROOM`
-    /// backends' worth. A prefix less popular than it is a tail prefix: the
-    /// fleet cannot keep it without evicting hotter ones. 0 (no tail) when
+    /// prefixes of that size the modelled caches hold beyond one backend's
+    /// worth (the largest), left to the tail: LRU engines cannot pin, so the
+    /// hottest prefixes stay only where nothing colder is written, and the
+    /// tail's churn needs a cache of its own (0.5 or 2 backends' worth did
+    /// no better in the scale model, docs/kv.md). A prefix less popular
+    /// than it is a tail prefix: the fleet cannot keep it without evicting
+    /// hotter ones. 0 (no tail) when
     /// every remembered prefix fits or no capacity is known. Recomputed
     /// every `n` decisions (it selects over the whole home table).
     pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
@@ -402,7 +361,7 @@ impl State {
             }
         }
         let (total, largest) = self.resident.capacity();
-        let room = total.saturating_sub((TAIL_ROOM * largest as f64) as u64);
+        let room = total.saturating_sub(largest);
         let k = (room / u64::from(blocks.max(1))) as usize;
         let mut pops: Vec<f64> = self.homes.pops().filter(|&p| p > 0.0).collect();
         let t = if k == 0 || pops.len() <= k {
@@ -414,6 +373,14 @@ impl State {
         t
     }
 
+    /// A request of `key` with a `blocks`-block chain, `m` of them held
+    /// there, was sent to `backend`: recorded ([`State::record`]), and its
+    /// modelled cache now holds the chain.
+    pub(crate) fn sent(&mut self, key: u64, backend: usize, blocks: u32, m: u32) {
+        self.record(key, backend, blocks.saturating_sub(m));
+        self.cached(key, backend, blocks);
+    }
+
     /// A request of `key` with a `blocks`-block chain was sent to
     /// `backend`: its modelled cache now holds the chain.
     pub(crate) fn cached(&mut self, key: u64, backend: usize, blocks: u32) {
@@ -423,13 +390,14 @@ impl State {
     }
 
     /// The index says `backend` holds `blocks` of `key`'s chain (a fresh
-    /// match): the model takes it, unless `key` was placed there so
-    /// recently that its blocks may not be published yet.
-    pub(crate) fn observe(&mut self, key: u64, backend: usize, blocks: u32) {
-        let recent = self.homes.get(key).is_some_and(|h| {
-            h.backend as usize == backend && self.seq.saturating_sub(h.since) <= self.sticky
-        });
-        if recent {
+    /// match): the model takes it, unless `key`'s home is `backend` and
+    /// still prefilling there (its blocks are not published yet).
+    pub(crate) fn observe(&mut self, key: u64, backend: usize, blocks: u32, loads: &[BackendLoad]) {
+        let prefilling = self
+            .homes
+            .get(key)
+            .is_some_and(|h| h.backend as usize == backend && Self::following(&h, loads));
+        if prefilling {
             return;
         }
         if let Some(c) = self.resident.of_mut(backend) {
@@ -437,33 +405,15 @@ impl State {
         }
     }
 
-    /// Homes `key` on `backend` (a cold placement, a move when `moved`, or
-    /// a warm request whose home lost it); its popularity moves along.
-    pub(crate) fn set_home(&mut self, key: u64, backend: usize, moved: bool) {
-        let seq = self.seq;
-        self.homes.set_home(key, backend, seq, moved);
+    /// Homes `key` on `backend` (a cold placement, or a warm request whose
+    /// home lost it); its popularity moves along.
+    pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
+        self.homes.set_home(key, backend, self.seq);
         self.fleet.set(None);
-        if moved {
-            self.last_move = Some(seq);
-            self.moves += 1;
-        }
-    }
-
-    /// A rebalancing move of `key` from `from` to `to`, with a swap: the
-    /// least popular prefix homed on `to` (the likeliest that the moved
-    /// one's blocks evict there) is reserved on `from`, whose room the moved
-    /// prefix's stale copy frees as it ages out, so the eviction does not
-    /// cascade through cold placement.
-    pub(crate) fn move_home(&mut self, key: u64, from: usize, to: usize) {
-        let swap = self.homes.least_popular(to, key);
-        self.set_home(key, to, true);
-        if let Some(j) = swap {
-            self.homes.reserve(j, from, self.seq);
-        }
     }
 
     /// A deliberate copy of `key` on `backend` (replication), or the last
-    /// one dropped (`None`); counted like a move, for the waits.
+    /// one dropped (`None`).
     pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
         self.fleet.set(None);
         match backend {
@@ -472,7 +422,6 @@ impl State {
                 self.homes.drop_copy(key);
             }
         }
-        self.last_move = Some(self.seq);
     }
 
     /// Records a decision: a request of `key` sent to `backend`, which
@@ -486,7 +435,8 @@ impl State {
         }
         self.homes.hit(key, backend, unit, self.seq);
         self.unit /= self.decay;
-        if self.unit > RESCALE_AT {
+        // Reset (everything divided by the unit) long before an f64 overflows.
+        if self.unit > 1e200 {
             let k = self.unit;
             self.pressure.iter_mut().for_each(|p| *p /= k);
             self.homes.rescale(k);
@@ -494,19 +444,6 @@ impl State {
             self.unit = 1.0;
         }
     }
-}
-
-/// Keys 1..=4 homed on backends 0, 0, 1, 2 with 40, 30, 20, 10 requests,
-/// 100 decisions ago (the tests of moves start from it).
-#[cfg(test)]
-pub(crate) fn skew(s: &mut State) {
-    for (key, at, reqs) in [(1u64, 0usize, 40), (2, 0, 30), (3, 1, 20), (4, 2, 10)] {
-        s.set_home(key, at, false);
-        for _ in 0..reqs {
-            s.record(key, at, 0);
-        }
-    }
-    s.seq += 100;
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ fn place_scan(
     band: f64,
 ) -> Option<(usize, Placed)> {
     if let Some(h) = s.homes.get(key) {
-        if usable(h.backend as usize) && (h.reserved || s.following(&h, loads)) {
+        if usable(h.backend as usize) && State::following(&h, loads) {
             return Some((h.backend as usize, Placed::Remembered));
         }
     }
@@ -136,7 +136,7 @@ proptest! {
         for &(key, at, blocks) in &history {
             let at = at % n;
             if blocks % 3 == 0 {
-                s.set_home(key, at, false);
+                s.set_home(key, at);
             }
             s.record(key, at, blocks);
             s.cached(key, at, blocks);

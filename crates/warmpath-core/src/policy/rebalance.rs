@@ -1,107 +1,21 @@
-//! The move rule of `kv_aware`'s balance stage (the formula: the `kv`
-//! module docs): when a prefix leaves its home for the least loaded backend.
-//!
-//! Why moves, not copies: below saturation a backend's share is the sum of
-//! its prefixes' popularities, fixed when they were placed, before their
-//! popularity was known. Copies (a bound on each backend's recent share)
-//! also even it, but in a fleet whose caches just hold the working set each
-//! copy evicts a prefix that then misses. A move costs one cold prefill on
-//! the new home (and what that evicts there, once); the old copy ages out
-//! of its former home's LRU, which frees the room.
-//!
-//! The rule, with `L` the expected loads (the popularity homed on each
-//! backend, [`home`](super::home)), `mean` their mean over usable backends, `t` the usable backend with the lowest
-//! `L`, `D = L_h - L_t` and `p` the prefix's popularity: a warm request
-//! whose prefix its home `h` holds (published, so never one still
-//! prefilling) goes, with the prefix's home, to `t` when
-//!
-//! - `L_h > (1 + rebalance_slack) * mean`,
-//! - `MOVE_FIT_MIN * min(D, mean) <= p <= MOVE_FIT_MAX * D` (no ping-pong,
-//!   and no move too small to pay for its prefill),
-//! - the prefix has had its home for `MOVE_COOLDOWN n` decisions, the fleet
-//!   has seen `MOVE_WARMUP n` requests, and the last move was
-//!   `MOVE_SPACING min(n, SPACING_BACKENDS)` decisions ago (the constants:
-//!   `tuning`).
-//!
-//! A move swaps: the least popular prefix homed on `t` (the likeliest
-//! victim of the moved blocks there) is reserved on `h`, whose room the
-//! moved prefix's stale copy frees, so its next cold request goes there
-//! instead of cascading through cold placement.
+//! The copy rule of `kv_aware`'s balance stage (the formula: the `kv`
+//! module docs): when a prefix too hot for its holders gets one more
+//! deliberate copy, and when its last copy goes.
 
-use super::fleet::{Fleet, Stamp};
 use super::home::Home;
 use super::place::State;
-use super::tuning::{
-    COPY_SLACK, FIT_BAND, MOVE_COOLDOWN, MOVE_FIT_MAX, MOVE_FIT_MIN, MOVE_SPACING, MOVE_WARMUP,
-    SPACING_BACKENDS,
-};
-use super::BackendLoad;
+use super::tuning::{COPY_SLACK, COPY_WARMUP, REUSE_BACKENDS};
 
-/// Which gaps [`State::propose_move`] acts on (module docs).
+/// Which prefixes [`State::replicas`] copies (module docs).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rebalance {
-    /// Excess over the mean expected load that triggers a move.
+    /// Excess over the mean expected load a holder may carry (`kv.rebalance_slack`).
     pub(crate) slack: f64,
     /// Backends in the snapshot.
     pub(crate) backends: u64,
 }
 
-impl Rebalance {
-    /// Decisions a prefix keeps its home before it may move.
-    fn cooldown(&self) -> u64 {
-        MOVE_COOLDOWN * self.backends
-    }
-}
-
 impl State {
-    /// Whether the last move (this replica's or one it took from another)
-    /// was under `MOVE_SPACING n` decisions ago, `n` backends counted up to
-    /// `SPACING_BACKENDS`.
-    pub(crate) fn moved_lately(&self, n: u64) -> bool {
-        let wait = MOVE_SPACING * n.min(SPACING_BACKENDS);
-        self.last_move
-            .is_some_and(|m| self.seq.saturating_sub(m) < wait)
-    }
-
-    /// Where `home`'s prefix should move to even the expected loads, if
-    /// anywhere (module docs). Its home must be usable and hold it.
-    pub(crate) fn propose_move(
-        &self,
-        rb: &Rebalance,
-        home: &Home,
-        blocks: u32,
-        loads: &[BackendLoad],
-        usable: impl Fn(usize) -> bool,
-    ) -> Option<usize> {
-        let n = rb.backends;
-        // A prefix with copies is spread, not moved (`replicas`).
-        if home.count() > 1
-            || self.seq.saturating_sub(home.since) < rb.cooldown()
-            || self.moved_lately(n)
-        {
-            return None;
-        }
-        let m = loads.len().min(self.homes.loads().len());
-        let fleet = self.fleet(n, m, &usable);
-        // Decayed requests seen, in requests.
-        if fleet.count < 2 || fleet.expected / self.unit < MOVE_WARMUP * n as f64 {
-            return None;
-        }
-        let t = fleet.lowest_but(home.backend as usize)?;
-        if home.backend as usize >= m {
-            return None;
-        }
-        let load = self.homes.loads();
-        let (lh, lt) = (load[home.backend as usize], load[t]);
-        let mean = fleet.expected / f64::from(fleet.count);
-        let d = lh - lt;
-        let fits = (MOVE_FIT_MIN * d.min(mean)..=MOVE_FIT_MAX * d).contains(&home.pop);
-        // Even shares are a means: a move that would evict hotter prefixes
-        // at the target than the least-loss placement costs hit rate.
-        let cheap = || self.evict_cost(t, home.key, blocks) <= FIT_BAND * f64::from(blocks);
-        (lh > (1.0 + rb.slack) * mean && fits && cheap()).then_some(t)
-    }
-
     /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`)
     /// or one fewer (`Some(false)`), by the **copy rule**: `k` holders of a
     /// prefix of popularity `p` carry `p / k` each, and each should carry
@@ -116,9 +30,9 @@ impl State {
     /// more while `p / k` is above that bound, one fewer once `p / (k - 1)`
     /// would be at most the mean (the load fell). The count grows
     /// with the prefix's demand and the fleet, one copy per request of the
-    /// prefix, without the waits between moves: a copy's effect on the
+    /// prefix, with no wait between copies: a copy's effect on the
     /// model (`p / k` on each holder) is exact at once. A copy is only
-    /// added once the prefix brought `MOVE_WARMUP` of its own requests per
+    /// added once the prefix brought `COPY_WARMUP` of its own requests per
     /// holder, so its popularity is an estimate worth acting on.
     pub(crate) fn replicas(
         &self,
@@ -127,7 +41,7 @@ impl State {
         usable: impl Fn(usize) -> bool,
     ) -> Option<bool> {
         let k = home.count() as f64;
-        let known = home.pop / (k * self.unit) >= MOVE_WARMUP;
+        let known = home.pop / (k * self.unit) >= COPY_WARMUP;
         let fleet = self.fleet(rb.backends, self.homes.loads().len(), &usable);
         let count = fleet.count as usize;
         if count < 2 {
@@ -144,8 +58,8 @@ impl State {
         }
     }
 
-    /// The fleet summary over backends `0..m` ([`fleet`](super::fleet)):
-    /// the last one while it stands, else a new pass.
+    /// The [`Fleet`] summary over backends `0..m`: the last one while it
+    /// stands, else a new pass.
     fn fleet(&self, n: u64, m: usize, usable: impl Fn(usize) -> bool) -> Fleet {
         let now = Stamp {
             seq: self.seq,
@@ -153,7 +67,7 @@ impl State {
             m,
         };
         if let Some(f) = self.fleet.get() {
-            if f.stands(&now, n, &usable) {
+            if f.stands(&now, n) {
                 return f;
             }
         }
@@ -163,82 +77,113 @@ impl State {
     }
 }
 
+/// When a summary was taken: it is reused only under the same unit and
+/// fleet size (a placement or copy drops it outright).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Stamp {
+    /// The decision it was taken at.
+    pub(crate) seq: u64,
+    /// The decayed counters' unit then: it grows every decision, and a
+    /// rescale sets it back, which ends the summary.
+    pub(crate) unit: f64,
+    /// The backends it covers, `0..m`.
+    pub(crate) m: usize,
+}
+
+/// What the copy rule reads of the whole fleet: the usable backends' count
+/// and their summed expected loads, in the decayed counters' units. It
+/// compares one prefix against the mean on every warm request at its home,
+/// a pass over every backend; so a summary is reused for `n /
+/// REUSE_BACKENDS` decisions (at least one) until a placement or copy
+/// changes the homes (the state drops it then).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Fleet {
+    taken: Stamp,
+    /// Usable backends.
+    pub(crate) count: u32,
+    /// Their summed expected loads.
+    pub(crate) expected: f64,
+}
+
+impl Fleet {
+    /// One pass over the usable backends of `0..stamp.m`, `expected[b]`
+    /// each one's expected load.
+    pub(crate) fn scan(stamp: Stamp, usable: impl Fn(usize) -> bool, expected: &[f64]) -> Fleet {
+        let mut f = Fleet {
+            taken: stamp,
+            count: 0,
+            expected: 0.0,
+        };
+        for b in (0..stamp.m).filter(|&b| usable(b)) {
+            f.count += 1;
+            f.expected += expected.get(b).copied().unwrap_or(0.0);
+        }
+        f
+    }
+
+    /// Whether it still stands for `now` in a fleet of `n`: taken at the
+    /// same size, with no rescale since, fewer than `n / REUSE_BACKENDS`
+    /// decisions ago (only this decision's when that is at most 1).
+    pub(crate) fn stands(&self, now: &Stamp, n: u64) -> bool {
+        let reuse = (n / REUSE_BACKENDS).max(1);
+        let t = &self.taken;
+        now.unit >= t.unit
+            && t.m == now.m
+            && now.seq.saturating_sub(t.seq) < reuse
+            && now.seq >= t.seq
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::policy::place::{skew, Placer};
+    use crate::policy::place::Placer;
     use crate::policy::test_util::*;
+    use proptest::prelude::*;
 
-    const RB: Rebalance = Rebalance {
-        slack: 0.1,
-        backends: 3,
-    };
-
-    /// Keys 1..=4 homed on backends 0, 0, 1, 2 with 40, 30, 20, 10
-    /// requests, 100 decisions ago: expected loads 70 / 20 / 10.
-    fn skewed() -> Placer {
-        let p = Placer::new(&backends(3), 1e5);
-        skew(&mut p.lock());
-        p
+    fn stamp(seq: u64, m: usize) -> Stamp {
+        Stamp { seq, unit: 1.5, m }
     }
 
     #[test]
-    fn a_prefix_that_fits_the_gap_moves_to_the_least_loaded() {
-        let loads = idle(3);
-        let p = skewed();
-        let s = p.lock();
-        let (k1, k2, k3) = (s.home(1).unwrap(), s.home(2).unwrap(), s.home(3).unwrap());
-        // Mean 33: backend 0 is over it; D = 60, and 30 and 40 both fit
-        // within 0.15 D ..= 0.85 D.
-        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |_| true), Some(2));
-        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), Some(2));
-        // The least loaded is not usable: the next least.
-        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |b| b != 2), Some(1));
-        // Backend 1 is below the mean: nothing of it moves.
-        assert_eq!(s.propose_move(&RB, &k3, 50, &loads, |_| true), None);
-        // Within the slack: nothing moves.
-        let wide = Rebalance { slack: 1.2, ..RB };
-        assert_eq!(s.propose_move(&wide, &k2, 50, &loads, |_| true), None);
+    fn it_is_reused_for_n_over_64_decisions_and_no_longer() {
+        let loads = [4.0, 1.0, 3.0, 1.0];
+        let f = Fleet::scan(stamp(10, 4), |_| true, &loads);
+        // Up to 127 backends: this decision only.
+        assert!(f.stands(&stamp(10, 4), 127));
+        assert!(!f.stands(&stamp(11, 4), 127));
+        // 1000 backends: 15 decisions.
+        assert!(f.stands(&stamp(24, 4), 1000));
+        assert!(!f.stands(&stamp(25, 4), 1000));
+        // A rescale or another size: no.
+        let rescaled = Stamp {
+            unit: 1.0,
+            ..stamp(10, 4)
+        };
+        assert!(!f.stands(&rescaled, 1000));
+        let grown = Stamp {
+            unit: 1.6,
+            ..stamp(11, 4)
+        };
+        assert!(f.stands(&grown, 1000));
+        assert!(!f.stands(&stamp(10, 3), 1000));
+        // An older stamp than the summary (a reset): no.
+        assert!(!f.stands(&stamp(9, 4), 1000));
     }
 
-    #[test]
-    fn moves_are_rare_never_of_a_fresh_home_nor_past_the_gap() {
-        let loads = idle(3);
-        let p = skewed();
-        let mut s = p.lock();
-        let k1 = s.home(1).unwrap();
-        // A key homed moments ago never moves.
-        s.set_home(5, 0, false);
-        for _ in 0..5 {
-            s.record(5, 0, 0);
-        }
-        let k5 = s.home(5).unwrap();
-        assert_eq!(s.propose_move(&RB, &k5, 50, &loads, |_| true), None);
-        // Right after a move, no other one.
-        s.set_home(2, 2, true);
-        s.record(2, 2, 500);
-        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
-        // Loads 45 / 20 + 6 / 41 a few decisions later: backend 0 is still
-        // over the mean, but key 1 (40) is more than 0.85 x the gap (19).
-        for _ in 0..6 {
-            s.record(99, 1, 0);
-        }
-        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
-        assert_eq!(s.moves, 1);
-    }
-
-    #[test]
-    fn the_wait_between_moves_stops_growing_past_64_backends() {
-        // 2 n decisions up to 64 backends, 128 beyond.
-        for (n, wait) in [(3u64, 6u64), (64, 128), (65, 128), (1000, 128)] {
-            let p = Placer::new(&backends(n as usize), 1e5);
-            let mut s = p.lock();
-            s.set_home(1, 0, true);
-            s.seq += wait - 1;
-            assert!(s.moved_lately(n), "{n} backends");
-            s.seq += 1;
-            assert!(!s.moved_lately(n), "{n} backends");
+    proptest! {
+        /// The summary is the plain pass: the count and the sums.
+        #[test]
+        fn the_summary_is_the_scan(
+            fleet in proptest::collection::vec((0u8..6, any::<bool>()), 0..24),
+        ) {
+            let loads: Vec<f64> = fleet.iter().map(|&(l, _)| f64::from(l)).collect();
+            let usable = |b: usize| fleet[b].1;
+            let f = Fleet::scan(stamp(0, fleet.len()), usable, &loads);
+            let ok: Vec<usize> = (0..fleet.len()).filter(|&b| usable(b)).collect();
+            prop_assert_eq!(f.count as usize, ok.len());
+            prop_assert_eq!(f.expected, ok.iter().map(|&b| loads[b]).sum::<f64>());
         }
     }
 
@@ -258,38 +203,13 @@ mod tests {
         s.replicas(&rb, &h, |_| true);
         assert_eq!(s.fleet.get().unwrap(), taken);
         // A placement drops it; the next check takes a new one.
-        s.set_home(5000, 3, false);
+        s.set_home(5000, 3);
         assert!(s.fleet.get().is_none());
         s.replicas(&rb, &h, |_| true);
         assert_ne!(s.fleet.get().unwrap(), taken);
-        // So do a move and a copy.
-        s.move_home(5000, 3, 4);
-        assert!(s.fleet.get().is_none());
-        s.replicas(&rb, &h, |_| true);
+        // So does a copy.
         s.copy(1, Some(7));
         assert!(s.fleet.get().is_none());
-    }
-
-    #[test]
-    fn no_move_before_the_fleet_has_seen_enough() {
-        let p = Placer::new(&backends(3), 1e5);
-        let mut s = p.lock();
-        s.set_home(1, 0, false);
-        for _ in 0..19 {
-            s.record(1, 0, 0);
-        }
-        s.set_home(2, 0, false);
-        for _ in 0..10 {
-            s.record(2, 0, 0);
-        }
-        s.seq += 1000;
-        // 29 requests < 10 x 3, although backend 0 has every one.
-        let k2 = s.home(2).unwrap();
-        assert_eq!(s.propose_move(&RB, &k2, 50, &idle(3), |_| true), None);
-        // Two more (the count decays a little): enough.
-        s.record(1, 0, 0);
-        s.record(1, 0, 0);
-        assert_eq!(s.propose_move(&RB, &k2, 50, &idle(3), |_| true), Some(1));
     }
 
     /// A fleet of `n` whose backend 0 homes key 1 with `hot` of every 100
@@ -299,9 +219,9 @@ mod tests {
         {
             let mut s = p.lock();
             for key in 1..n as u64 {
-                s.set_home(key + 1, key as usize, false);
+                s.set_home(key + 1, key as usize);
             }
-            s.set_home(1, 0, false);
+            s.set_home(1, 0);
             for _ in 0..rounds {
                 for i in 0..100u32 {
                     if i < hot {
@@ -394,25 +314,5 @@ mod tests {
         }
         let h = s.home(1).unwrap();
         assert_eq!(s.replicas(&rb, &h, |_| true), None);
-    }
-
-    #[test]
-    fn a_gap_wider_than_the_mean_still_takes_a_fair_sized_prefix() {
-        // Backend 0 holds key 1 (100 requests) and key 2 (10); 1 and 2 hold
-        // nothing. D = 110, mean 37: key 1 is past 0.85 D and key 2 below
-        // 0.15 D, yet key 2 is worth more than 15% of the mean.
-        let p = Placer::new(&backends(3), 1e5);
-        let mut s = p.lock();
-        for (key, reqs) in [(1u64, 100), (2, 10)] {
-            s.set_home(key, 0, false);
-            for _ in 0..reqs {
-                s.record(key, 0, 0);
-            }
-        }
-        s.seq += 100;
-        let loads = idle(3);
-        let (k1, k2) = (s.home(1).unwrap(), s.home(2).unwrap());
-        assert_eq!(s.propose_move(&RB, &k1, 50, &loads, |_| true), None);
-        assert_eq!(s.propose_move(&RB, &k2, 50, &loads, |_| true), Some(1));
     }
 }

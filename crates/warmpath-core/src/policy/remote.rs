@@ -1,13 +1,9 @@
-//! Decisions of other router replicas (`Learns::observe_remote`).
-//!
-//! Why: kv_aware's memory (homes, popularity, pressure, the
-//! modelled caches) is fed by its own picks; a replica that never hears of
-//! the others' picks places new prefixes blind to them and splits warm ones.
-//! The router shares each pick with the others through the agents (see
-//! ARCHITECTURE.md, "Router replicas"), and every replica records it here as
-//! it records its own: the same `record` and `cached` steps, and the
-//! sender's home for the prefix (state, not the rule that fired, so a lost
-//! fact is corrected by the next one for the same key).
+//! Decisions of other router replicas (`Learns::observe_remote`): each is
+//! recorded as this replica records its own (`record`, `cached`), and the
+//! sender's home and copies for the prefix are taken (state, not the rule
+//! that fired, so a lost fact is corrected by the next one for the key).
+//! A replica blind to the others' picks would place new prefixes blind to
+//! them and split warm ones (docs/replicas.md).
 
 use super::home::Home;
 use super::place::{Placer, State};
@@ -18,7 +14,8 @@ use super::place::{Placer, State};
 pub struct HomeView {
     /// Its home.
     pub backend: usize,
-    /// It came there by a rebalancing move.
+    /// Always false: kv_aware no longer moves prefixes. Kept while the
+    /// router's share wire still carries the flag; ignored when received.
     pub moved: bool,
     /// Its deliberate copies besides the home.
     pub copies: Vec<usize>,
@@ -48,7 +45,7 @@ pub(super) fn home_of(placer: &Placer, key: u64) -> Option<HomeView> {
 fn view(s: &State, h: &Home) -> HomeView {
     HomeView {
         backend: h.backend as usize,
-        moved: h.moved,
+        moved: false,
         copies: s.homes.holders(h).skip(1).collect(),
     }
 }
@@ -67,28 +64,14 @@ pub(super) fn observe(placer: &Placer, d: &RemoteDecision) {
     s.cached(d.prefix_key, d.backend, d.chain_blocks);
 }
 
-/// Takes the sender's home (and copies) for `key`. A move makes the same
-/// swap the sender made (`State::move_home`) but is not counted as this
-/// replica's move; the waits between moves start from it all the same.
-/// Moves come one per `MOVE_SPACING min(n, 64)` decisions fleet-wide, so a second
-/// within that wait takes the home without the swap: the swap's search of
-/// the home table is not repeated for every fact a peer (or a forging
-/// agent) says is a move.
+/// Takes the sender's home (and copies) for `key`.
 fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
-    let seq = s.seq;
     // Homes change below: the balance stage's fleet summary is retaken.
     s.fleet.set(None);
-    match s.home(key) {
-        Some(local) if local.backend as usize == h.backend => {}
-        Some(local) if h.moved && !s.moved_lately(n as u64) => {
-            let swap = s.homes.least_popular(h.backend, key);
-            s.homes.set_home(key, h.backend, seq, true);
-            if let Some(j) = swap {
-                s.homes.reserve(j, local.backend as usize, seq);
-            }
-            s.last_move = Some(seq);
-        }
-        _ => s.homes.set_home(key, h.backend, seq, h.moved),
+    if s.home(key)
+        .is_none_or(|local| local.backend as usize != h.backend)
+    {
+        s.homes.set_home(key, h.backend, s.seq);
     }
     let want: Vec<usize> = h.copies.iter().copied().filter(|&c| c < n).collect();
     let have: Vec<usize> = s.home(key).map_or_else(Vec::new, |l| view(s, &l).copies);
@@ -97,7 +80,6 @@ fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
         for c in want {
             s.homes.add_copy(key, c);
         }
-        s.last_move = Some(seq);
     }
 }
 
@@ -190,9 +172,9 @@ mod tests {
             }),
         });
         assert_eq!(p.home_of(9).unwrap().backend, 2);
-        let moved = HomeView {
+        let elsewhere = HomeView {
             backend: 1,
-            moved: true,
+            moved: false,
             copies: vec![3],
         };
         p.observe_remote(&RemoteDecision {
@@ -200,11 +182,9 @@ mod tests {
             backend: 3,
             chain_blocks: 10,
             prefill_blocks: 10,
-            home: Some(moved.clone()),
+            home: Some(elsewhere.clone()),
         });
-        assert_eq!(p.home_of(9), Some(moved));
-        // Not this replica's move.
-        assert_eq!(p.moves(), 0);
+        assert_eq!(p.home_of(9), Some(elsewhere));
         // Out of range is ignored.
         p.observe_remote(&RemoteDecision {
             prefix_key: 10,
@@ -212,33 +192,6 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(p.home_of(10), None);
-    }
-
-    #[test]
-    fn a_second_remote_move_within_the_spacing_takes_the_home_without_a_swap() {
-        let p = kv(4);
-        let fact = |key: u64, backend: usize, moved: bool| RemoteDecision {
-            prefix_key: key,
-            backend,
-            chain_blocks: 10,
-            prefill_blocks: 10,
-            home: Some(HomeView {
-                backend,
-                moved,
-                copies: vec![],
-            }),
-        };
-        for (key, b) in [(1, 0), (2, 1), (3, 2), (4, 3)] {
-            p.observe_remote(&fact(key, b, false));
-        }
-        // A move of 1 to backend 1 swaps 1's only other prefix, 2, to 0.
-        p.observe_remote(&fact(1, 1, true));
-        assert_eq!(p.home_of(1).unwrap().backend, 1);
-        assert_eq!(p.home_of(2).unwrap().backend, 0);
-        // At once another: 3 goes to 3, and 4 stays where it is.
-        p.observe_remote(&fact(3, 3, true));
-        assert_eq!(p.home_of(3).unwrap().backend, 3);
-        assert_eq!(p.home_of(4).unwrap().backend, 3);
     }
 
     #[test]

@@ -1,26 +1,13 @@
 //! What each backend's prefix cache holds, as `kv_aware` predicts it: the
-//! **resident set** behind the eviction term of its cost formula (the `kv`
-//! module docs).
-//!
-//! Why: a cold prefix written into a full cache evicts whatever the engine's
-//! LRU picks there. Where that is a prefix hotter than the new one, the
-//! placement costs a miss later; where the backend has room, or holds only
-//! colder prefixes, it costs nothing. The index says which blocks a backend
-//! holds, but not which prefix they belong to, nor what the engine evicts
-//! next; so the router keeps, for each backend whose capacity it knows
-//! ([`PolicyBackend::capacity_blocks`](super::PolicyBackend)), a model of its
-//! cache at the granularity of prefixes: an LRU over prefix keys, each with
-//! the leading blocks of its chain held, trimmed from the end like the
-//! engine trims a chain leaf by leaf (`prefix_cache`).
-//!
-//! It is fed by the router's own decisions (a request routed to a backend
-//! caches its chain there, evicting the least recently used others) and
-//! corrected by the index at every decision (a backend's fresh match of a
-//! chain is what it really holds of that prefix). Other blocks (question
-//! tails, other routers' prefixes) are not counted, so room is if anything
-//! overestimated by them. A backend of unknown capacity is not modelled: it
-//! never evicts, and the eviction term is 0 there (the behaviour without a
-//! capacity model).
+//! **resident set** behind the eviction term (docs/kv.md). The index says
+//! which blocks a backend holds, not which prefix they belong to nor what
+//! the engine evicts next; so for each backend of known capacity
+//! ([`PolicyBackend::capacity_blocks`](super::PolicyBackend)) the router
+//! keeps an LRU over prefix keys, each with the leading blocks of its chain,
+//! trimmed from the end as the engine's `prefix_cache` trims a chain. It is
+//! fed by the router's own decisions and corrected by each fresh index
+//! match; other blocks (question tails, other routers' prefixes) are not
+//! counted. A backend of unknown capacity is not modelled (eviction term 0).
 
 use super::BackendLoad;
 use std::collections::{BTreeSet, HashMap};

@@ -1,9 +1,7 @@
-//! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and the constants of
-//! its cost formula and balance, in one place. Two constants of a data
-//! structure's own mechanics live beside it: `candidates::BOUND_SLACK`
-//! (rounding room for an exact early stop) and `fleet::REUSE_BACKENDS`
-//! (how long a fleet summary is reused). The formula itself is documented
-//! once, in the `kv` module.
+//! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and every named
+//! constant of `policy/` but the ring's, in one place, each with why it has
+//! its value; docs/kv.md lists them and a test keeps that list equal to
+//! this file. The formula itself is documented once, in the `kv` module.
 //!
 //! Knobs that were removed are still recognised by name, so a config that
 //! sets one is refused at start-up with its replacement
@@ -13,140 +11,61 @@ use super::PolicyError;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer, Serialize};
 
-// The constants. `n` is the number of backends in the snapshot: windows
-// and waits scale with it so a bigger fleet, where each backend sees a
-// smaller part of the traffic, waits the same number of its own requests.
+// The constants (docs/kv.md has each with its measured reason). `n` is the
+// number of backends: windows scale with it, so each backend waits the same
+// number of its own requests however large the fleet.
 
-/// Decisions per backend over which cache pressure and popularity decay
-/// (`200 n`): about one pass over a `long` workload's documents at 16 per
-/// backend, long enough to rank backends by what they wrote, short enough
-/// to forget a document that stopped coming. (Formerly `kv.pressure_window`.)
+/// Decisions per backend of decay for pressure and popularity (`200 n`):
+/// about one pass over a `long` workload's 16 documents per backend, enough
+/// to rank backends by what they wrote, short enough to forget a document
+/// that stopped coming. (Formerly `kv.pressure_window`.)
 pub(crate) const PRESSURE_WINDOW: f64 = 200.0;
 
-/// Cold placement's band, in the prefix's own blocks: backends whose cold
-/// cost is within one prefix of the lowest are equally good (a difference
-/// smaller than the prefill this placement adds is noise), and the lowest
-/// expected load among them wins. (Formerly `kv.placement_tolerance`.)
-pub(crate) const TIE_BAND: f64 = 1.0;
-
-/// Decisions per backend a prefix keeps its home before it may move
-/// (`20 n`): its popularity is then an estimate worth acting on, and a
-/// prefix that just moved does not move straight back.
-pub(crate) const MOVE_COOLDOWN: u64 = 20;
-
-/// Decisions per backend between two moves (`2 n`, `n` counted up to
-/// `SPACING_BACKENDS`): each move shifts the loads, so the next one waits
-/// until the first one's effect shows.
-pub(crate) const MOVE_SPACING: u64 = 2;
-
-/// The fleet size past which the wait between two moves stops growing
-/// (`2 x 64` decisions). A move shifts two backends' loads whatever the
-/// fleet, while the backends a placement left uneven grow with it: a wait
-/// of `2 n` let a 1000-backend fleet move about 100 prefixes in 200,000
-/// requests, too few to pay back 34 backends above 1.5x an even share
-/// (BENCHMARKS.md). Fleets of up to 64 are unchanged.
-pub(crate) const SPACING_BACKENDS: u64 = 64;
-
-/// The part of `rebalance_slack` a deliberate copy's holder may carry above
-/// the mean expected load from the copied prefix alone: a holder's other
-/// homes and the noise of its share take the rest, so holders stay under
-/// the move trigger, where no move can help them (a prefix with copies is
-/// spread, not moved). At the full slack, 1000 backends kept 2 to 5 holders
-/// above 1.5x an even share; the capacity grid is unchanged within its
-/// run-to-run spread (BENCHMARKS.md).
+/// The part of `rebalance_slack` a copy's holder may carry above the mean
+/// from the copied prefix alone: the rest is left to its other homes and
+/// the noise of its share.
 pub(crate) const COPY_SLACK: f64 = 0.75;
 
-/// Requests per backend the fleet must have seen before any move (`10 n`):
-/// before that every load is noise.
-pub(crate) const MOVE_WARMUP: f64 = 10.0;
+/// Requests of its own per holder a prefix must have brought before one
+/// more copy: before that its popularity is noise.
+pub(crate) const COPY_WARMUP: f64 = 10.0;
 
-/// A moved prefix's popularity must be at most this fraction of the gap
-/// `D` between the two loads: the squared deviation `2p(p - D)` then falls
-/// by at least half of the best single move (`p = D/2`), and the target ends
-/// below the source's old load: no ping-pong.
-pub(crate) const MOVE_FIT_MAX: f64 = 0.85;
-
-/// ... and at least this fraction of `min(D, mean)`: a move too small to
-/// matter is not worth its cold prefill, while a gap wider than the mean
-/// (a large excess to pay back) still takes any prefix worth 15% of a
-/// backend's load, so a growing excess never shuts every prefix out.
-pub(crate) const MOVE_FIT_MIN: f64 = 0.15;
-
-/// A stale worker's match counts this fraction (rounded up) of its blocks:
-/// its agent went silent, not its engine (an engine that fails its health
-/// probes is not eligible at all), so what it last published is likely
-/// still cached, but less sure than a fresh view: half keeps a warm prefix
-/// on its old holder over cold backends, while a fresh holder of more than
-/// half the chain wins over it. (Issue 17: staleness is not an empty cache.)
-pub(crate) const STALE_MATCH_WEIGHT: (u32, u32) = (1, 2);
-
-/// Decisions per backend a placement stays sticky after it was made
-/// (`4 n`), even with no prefill queued: its blocks may not be published
-/// yet, and a repeat must not start a second cold copy.
-pub(crate) const STICKY: u64 = 4;
-
-/// Prefixes the home table remembers per backend (`64 n`, at least 1024):
-/// four times the `long` workload's 16 documents per backend, so the
-/// popular ones are never dropped.
+/// Prefixes the home table remembers per backend: four times the `long`
+/// workload's 16 documents per backend, so the popular ones stay.
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
-/// Bounds of the home table, in prefixes: at least 1024 however small the
-/// fleet (a few KiB), at most 2^20 however large (~48 MiB: 48-byte entries
-/// with up to `HOME_INLINE_COPIES` copies each; the hottest prefixes'
-/// spilled copies, fewer than two per backend, add under 100 bytes per
-/// backend), so memory stays
-/// bounded while `HOMES_PER_BACKEND` holds for fleets up to 16k backends.
+/// The home table's bounds, in prefixes: a few KiB however small the
+/// fleet, at most ~48 MiB (48-byte entries) however large, so memory stays
+/// bounded while `HOMES_PER_BACKEND` holds up to 16k backends.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
-/// The home table's room for a fleet of `backends` (the two above).
+/// The home table's room for a fleet of `backends`.
 pub(crate) fn home_table_keys(backends: usize) -> usize {
     (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
 }
-
-/// Fewest sets a home table has for any size asked (tests and tiny pools
-/// still get a table whose collisions are rare).
-pub(crate) const HOME_MIN_SETS: usize = 64;
 
 /// Ways of the home table's sets: enough that a hot prefix is not evicted
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
 
-/// Cold placement's second band, in the prefix's own blocks: backends
-/// whose expected eviction loss (the `evict` term) is within 1/8 of the
-/// prefix of the least-loss one are as good for the caches; the load band
-/// above only chooses among those. Narrower than `TIE_BAND`, since a
-/// placement that evicts a hotter prefix costs a miss for every return of
-/// that prefix, not one prefill.
-pub(crate) const FIT_BAND: f64 = 0.125;
-
-/// Backends' worth of cache left to the **tail** (the prefixes too cold
-/// for the fleet to keep): the admission threshold counts the prefixes the
-/// other caches hold. One backend, because LRU engines cannot pin: the
-/// hottest prefixes stay put only where nothing colder is written, so the
-/// tail's churn needs a cache of its own (scale model, 7 backends, caches
-/// at half the working set, Zipf 1.0: static pinning with one tail backend
-/// reaches 85.5% against 75.8% with none and 82.3% with two,
-/// a Python prototype of `warmpath-bench`'s `lru_refs`; in kv_aware 0.5 and 2
-/// tail backends gave 81.4% and 82.1%, against 81.9% at 1).
-pub(crate) const TAIL_ROOM: f64 = 1.0;
-
-/// A tail prefix goes to the backend writing the most only among those
-/// whose expected load is at most this multiple of the mean: 1.4, the
-/// default `rebalance_slack`'s bound, beyond which the tail's queued cold
-/// prefills cost more TTFT than its churn costs elsewhere (scale model,
-/// 7 backends, half-size caches, Zipf 0.6: without it one backend took 26.5%
-/// of the requests).
-pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
-
-/// Copies of a prefix kept in its home table entry (the rest spill into a
-/// side table, see `home`): three keep a `Home` at 48 bytes and cover every
-/// prefix of up to four even shares, so only the few hottest prefixes of a
-/// large fleet need the second lookup.
+/// Copies kept in a home table entry: three keep it at 48 bytes and cover
+/// every prefix of up to four even shares; the rest spill.
 pub(crate) const HOME_INLINE_COPIES: usize = 3;
 
-/// A decayed counter's unit is reset (everything divided by it) above
-/// this, long before an `f64` overflows.
-pub(crate) const RESCALE_AT: f64 = 1e200;
+/// Cold placement's eviction band, in the prefix's blocks: narrower than
+/// the cost band of one prefix, since evicting a hotter prefix costs a miss
+/// on each of its returns, not one prefill.
+pub(crate) const FIT_BAND: f64 = 0.125;
+
+/// A tail prefix concentrates only on backends at most this multiple of the
+/// mean expected load (the default slack's bound): beyond it the tail's
+/// queued cold prefills cost more TTFT than its churn costs elsewhere.
+pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
+
+/// A fleet summary (`rebalance::Fleet`) is reused for `n / 64` decisions: exact up to
+/// 127 backends; at 1000 it saves a pass per warm request while the mean
+/// moves by about `1 / (PRESSURE_WINDOW x 64)` of itself.
+pub(crate) const REUSE_BACKENDS: u64 = 64;
 
 /// `kv_aware`'s knobs (its cost formula: the `kv` module docs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -168,10 +87,10 @@ pub struct KvConfig {
     /// cost formula with each backend's recent cache pressure) or `ring`
     /// (CHWBL on the prefix key, for several router replicas).
     pub cold_placement: ColdPlacement,
-    /// `pressure` placement: a backend whose balance load exceeds the mean
-    /// by more than this fraction hands one prefix whose popularity fits
-    /// the gap to the least loaded backend (a move, not a copy). 0..=10;
-    /// `None` (null) turns moving off. Default 0.4.
+    /// `pressure` placement: a prefix gets deliberate copies once its
+    /// popularity per holder exceeds the mean expected load by more than
+    /// `COPY_SLACK` times this fraction. 0..=10; `None` (null) turns
+    /// copies off. Default 0.4.
     pub rebalance_slack: Option<f64>,
 }
 
@@ -282,8 +201,8 @@ impl TryFrom<KvConfigFile> for KvConfig {
             (
                 f.share_slack,
                 "kv.share_slack",
-                "kv_aware evens load by moving prefixes instead of copying them; \
-                 tune kv.rebalance_slack (default 0.4; lower evens more)",
+                "kv_aware copies a prefix only when it is too hot for its holders; \
+                 tune kv.rebalance_slack (default 0.4; lower copies sooner)",
             ),
             (
                 f.pressure_window,
@@ -300,7 +219,7 @@ impl TryFrom<KvConfigFile> for KvConfig {
                 f.rebalance_payback,
                 "kv.rebalance_payback",
                 "the payback term was removed (it cost hit rate and TTFT); \
-                 tune balance with kv.rebalance_slack (null turns moving off)",
+                 tune balance with kv.rebalance_slack (null turns copies off)",
             ),
         ];
         if let Some(&(_, name, instead)) = removed.iter().find(|r| r.0) {
@@ -355,6 +274,56 @@ mod tests {
         let d = KvConfig::default();
         let text = serde_json::to_string(&d).unwrap();
         assert_eq!(serde_json::from_str::<KvConfig>(&text).unwrap(), d);
+    }
+
+    /// The rows of the docs table whose first column header is `header`:
+    /// (name, value), both without their backticks.
+    fn docs_rows(header: &str) -> Vec<(String, String)> {
+        let docs = include_str!("../../../../docs/kv.md");
+        let start = format!("| {header} |");
+        let Some(at) = docs.find(&start) else {
+            panic!("docs/kv.md has no table headed {header:?}");
+        };
+        docs[at..]
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let bare = |c: &str| c.trim_matches('`').to_owned();
+                (bare(cells[1]), bare(cells[2]))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_docs_table_is_the_code() {
+        // Every named constant of this file, as its source spells it.
+        let consts: Vec<(String, String)> = include_str!("tuning.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub(crate) const "))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(':')?;
+                let value = rest.split_once(" = ")?.1.strip_suffix(';')?;
+                Some((name.to_owned(), value.to_owned()))
+            })
+            .collect();
+        assert!(consts.len() >= 10, "{consts:?}");
+        assert!(consts.len() <= 12, "issue 39: at most 12 named constants");
+        let mut docs = docs_rows("constant");
+        let mut code = consts;
+        docs.sort();
+        code.sort();
+        assert_eq!(docs, code, "docs/kv.md's constants table against tuning.rs");
+        // The knobs and their defaults, as JSON.
+        let defaults = serde_json::to_value(KvConfig::default()).unwrap();
+        let fields = defaults.as_object().unwrap();
+        let knobs = docs_rows("knob");
+        assert_eq!(knobs.len(), fields.len(), "{knobs:?}");
+        for (name, value) in &knobs {
+            let doc: serde_json::Value = serde_json::from_str(value).unwrap();
+            assert_eq!(fields.get(name), Some(&doc), "knob {name}");
+        }
     }
 
     #[test]
