@@ -58,7 +58,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             return ("known", remembered);
         }
     }
-    let now = crate::routing::load_cell::monotonic_ms();
+    let now = crate::routing::loads::monotonic_ms();
     if pool.responses.missed(id, now) {
         return ("unknown", None);
     }
@@ -75,7 +75,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
         }
         None => {
             pool.responses
-                .miss(id, crate::routing::load_cell::monotonic_ms());
+                .miss(id, crate::routing::loads::monotonic_ms());
             match remembered {
                 Some(_) => ("gone", None),
                 None => ("unknown", None),

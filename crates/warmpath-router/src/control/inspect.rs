@@ -56,7 +56,7 @@ pub(crate) async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 
 /// Refreshes the index gauges of every pool (also done on each scrape).
 pub(crate) fn update_gauges(s: &Shared) {
-    let now = crate::routing::load_cell::monotonic_ms();
+    let now = crate::routing::loads::monotonic_ms();
     for p in s.pools.all() {
         metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
             .set(p.index.entries() as f64);
@@ -77,14 +77,16 @@ pub(crate) fn update_gauges(s: &Shared) {
 }
 
 fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
-    let now = crate::routing::load_cell::monotonic_ms();
+    let now = crate::routing::loads::monotonic_ms();
     let stats = p.index.worker_stats(now);
     let workers: Vec<Value> = p
         .backends()
         .iter()
         .map(|b| {
             let st = stats.iter().find(|w| w.worker_id == b.endpoint.id());
-            let load = s.agents().and_then(|a| b.engine_load(&p.model, a, now));
+            let load = s
+                .agents()
+                .and_then(|a| a.engine_load(&p.model, b.endpoint.id()));
             let agent = s
                 .agents
                 .as_ref()

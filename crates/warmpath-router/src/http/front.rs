@@ -19,7 +19,7 @@ use crate::http::conn::{Activity, Conns, HeldBody, Slot};
 use crate::http::error::ApiError;
 use crate::http::requests::{self, Record, Recorded, Routed};
 use crate::http::socket::Watched;
-use crate::routing::load_cell::monotonic_ms;
+use crate::routing::loads::monotonic_ms;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use axum::response::{IntoResponse, Response};

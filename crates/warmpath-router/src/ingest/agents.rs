@@ -10,7 +10,7 @@ use std::sync::Arc;
 use warmpath_core::EngineLoad;
 use warmpath_proto::v1;
 
-use crate::routing::load_cell::LoadCell;
+use crate::routing::loads::EngineCell;
 
 /// (model, worker id).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -137,9 +137,9 @@ struct Entry {
     status: AgentStatus,
     live: Arc<Live>,
     /// Its engine load and whether the engine is up (routing reads this
-    /// cell through each backend's handle; `status` leaves both fields
+    /// cell through its boards' handles; `status` leaves both fields
     /// unset).
-    cell: Arc<LoadCell>,
+    cell: Arc<EngineCell>,
 }
 
 impl Entry {
@@ -164,9 +164,9 @@ pub struct Agents {
     /// model -> worker id -> entry (nested so reads can look up by `&str`).
     map: RwLock<HashMap<String, HashMap<String, Entry>>>,
     next_stream: AtomicU64,
-    /// Bumped whenever a worker's entry (and so its [`LoadCell`]) is
-    /// created or removed: backends' cached cell handles of an older
-    /// generation are looked up again.
+    /// Bumped whenever a worker's entry (and so its [`EngineCell`]) is
+    /// created or removed: boards' cell handles of an older generation are
+    /// looked up again.
     generation: AtomicU64,
     /// Decision sharing with the other router replicas, over these streams.
     peers: Arc<crate::ingest::peers::Peers>,
@@ -218,7 +218,7 @@ impl Agents {
             }
             None => {
                 self.generation.fetch_add(1, Ordering::AcqRel);
-                Arc::new(LoadCell::default())
+                Arc::new(EngineCell::default())
             }
         };
         live.owner.store(id, Ordering::Release);
@@ -350,7 +350,7 @@ impl crate::routing::loads::AgentLoads for Agents {
         self.generation.load(Ordering::Acquire)
     }
 
-    fn load_cell(&self, model: &str, worker_id: &str) -> Option<Arc<LoadCell>> {
+    fn engine_cell(&self, model: &str, worker_id: &str) -> Option<Arc<EngineCell>> {
         let map = self.map.read();
         map.get(model)?.get(worker_id).map(|e| Arc::clone(&e.cell))
     }
@@ -387,8 +387,9 @@ impl crate::routing::share::DecisionSink for Agents {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::routing::load_cell::CellCache;
-    use crate::routing::loads::AgentLoads;
+    use crate::config::{BackendConfig, BackendUrl};
+    use crate::routing::backend::{Backend, Origin};
+    use crate::routing::loads::{monotonic_ms, AgentLoads, Board};
 
     fn hello(epoch: u64) -> v1::Hello {
         v1::Hello {
@@ -414,58 +415,54 @@ mod tests {
         }
     }
 
-    /// What a backend's cached handle reads now.
-    fn read(a: &Agents, cache: &CellCache) -> Option<u32> {
-        let now = crate::routing::load_cell::monotonic_ms();
-        cache
-            .read(
-                a.cell_generation(),
-                || a.load_cell("m", "w1"),
-                |c| c.fresh(now),
-            )
-            .flatten()
-            .map(|l| l.running)
+    /// What a board of worker `w1`'s backend reads now.
+    fn read(a: &Agents, board: &Board, b: &[Arc<Backend>]) -> Option<u32> {
+        let now = monotonic_ms();
+        board.with("m", b, Some(a), now, true, |l, _| {
+            l[0].engine.map(|e| e.running)
+        })
     }
 
     #[test]
-    fn a_backends_cached_cell_follows_claims_reports_and_removal() {
+    fn a_boards_cell_follows_claims_reports_and_removal() {
         let a = Agents::new();
         let key = AgentKey {
             model: "m".into(),
             worker_id: "w1".into(),
         };
-        let cache = CellCache::default();
-        assert_eq!(read(&a, &cache), None, "no agent yet");
-        a.claim(&key, &hello(1), crate::routing::load_cell::monotonic_ms())
-            .unwrap();
-        assert_eq!(read(&a, &cache), None, "claimed, nothing reported");
+        let cfg = BackendConfig {
+            url: "http://127.0.0.1:1".into(),
+            worker_id: Some("w1".into()),
+            api_key: None,
+        };
+        let url = BackendUrl::parse(&cfg.url).unwrap();
+        let b = [Arc::new(Backend::new("m", &cfg, url, 0, Origin::Config))];
+        let board = Board::default();
+        assert_eq!(read(&a, &board, &b), None, "no agent yet");
+        a.claim(&key, &hello(1), monotonic_ms()).unwrap();
+        assert_eq!(read(&a, &board, &b), None, "claimed, nothing reported");
         a.set_load(&key, &load(3, true));
-        assert_eq!(read(&a, &cache), Some(3));
+        assert_eq!(read(&a, &board, &b), Some(3));
         assert_eq!(a.engine_load("m", "w1").unwrap().running, 3);
-        let st = a
-            .status_of("m", "w1", crate::routing::load_cell::monotonic_ms())
-            .unwrap();
+        let st = a.status_of("m", "w1", monotonic_ms()).unwrap();
         assert_eq!((st.load.unwrap().running, st.engine_up), (3, Some(true)));
         a.set_load(&key, &load(4, false));
-        assert_eq!(read(&a, &cache), None, "engine down");
+        assert_eq!(read(&a, &board, &b), None, "engine down");
         a.set_load(&key, &load(5, true));
         // A reconnect of the same run keeps the load; up is unknown again.
-        a.claim(&key, &hello(1), crate::routing::load_cell::monotonic_ms())
-            .unwrap();
-        assert_eq!(read(&a, &cache), Some(5));
+        a.claim(&key, &hello(1), monotonic_ms()).unwrap();
+        assert_eq!(read(&a, &board, &b), Some(5));
         assert_eq!(a.status_of("m", "w1", 0).unwrap().engine_up, None);
         // A new run forgets it.
-        a.claim(&key, &hello(2), crate::routing::load_cell::monotonic_ms())
-            .unwrap();
-        assert_eq!(read(&a, &cache), None);
+        a.claim(&key, &hello(2), monotonic_ms()).unwrap();
+        assert_eq!(read(&a, &board, &b), None);
         a.set_load(&key, &load(6, true));
-        assert_eq!(read(&a, &cache), Some(6));
+        assert_eq!(read(&a, &board, &b), Some(6));
         // Removed: the handle is dropped; claimed anew: the new cell is found.
         assert!(a.remove_worker("m", "w1"));
-        assert_eq!(read(&a, &cache), None);
-        a.claim(&key, &hello(3), crate::routing::load_cell::monotonic_ms())
-            .unwrap();
+        assert_eq!(read(&a, &board, &b), None);
+        a.claim(&key, &hello(3), monotonic_ms()).unwrap();
         a.set_load(&key, &load(7, true));
-        assert_eq!(read(&a, &cache), Some(7));
+        assert_eq!(read(&a, &board, &b), Some(7));
     }
 }

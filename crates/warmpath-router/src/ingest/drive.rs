@@ -67,7 +67,7 @@ pub(super) async fn drive(
         pool,
         Arc::clone(&agents),
         &hello,
-        crate::routing::load_cell::monotonic_ms(),
+        crate::routing::loads::monotonic_ms(),
     ) {
         Ok(ws) => ws,
         Err(r) => {
@@ -123,7 +123,7 @@ pub(super) async fn drive(
             // under a second ago: this one waits its turn (the stream reads nothing meanwhile, so the
             // agent's later messages wait too, in order).
             if let Some(wait) =
-                pace::wait_for(ws.replaced_at(), crate::routing::load_cell::monotonic_ms())
+                pace::wait_for(ws.replaced_at(), crate::routing::loads::monotonic_ms())
             {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
                 if let Some(suppressed) = throttled_log.ready() {
@@ -142,11 +142,11 @@ pub(super) async fn drive(
             }
             ws.set_replaced(pace::next_tat(
                 ws.replaced_at(),
-                crate::routing::load_cell::monotonic_ms(),
+                crate::routing::loads::monotonic_ms(),
             ));
         }
         let (now_ms, now_unix) = (
-            crate::routing::load_cell::monotonic_ms(),
+            crate::routing::loads::monotonic_ms(),
             warmpath_proto::unix_micros(),
         );
         let answer = match work {

@@ -163,14 +163,10 @@ fn round(
         dir,
         stale_after,
         drop_after,
-        crate::routing::load_cell::monotonic_ms(),
+        crate::routing::loads::monotonic_ms(),
         &mut r.cleared,
     );
-    compact_due(
-        dir,
-        crate::routing::load_cell::monotonic_ms(),
-        &mut r.compacted,
-    );
+    compact_due(dir, crate::routing::loads::monotonic_ms(), &mut r.compacted);
     let bytes = dir.pools().iter().map(|p| p.index.estimated_bytes()).sum();
     if release_due(&mut r.high, bytes) {
         if let Some((release, _)) = RELEASE.get() {

@@ -19,7 +19,7 @@ use crate::http::error::RouterError;
 use crate::routing::affinity::ResponseHomes;
 use crate::routing::backend::{Backend, Origin};
 use crate::routing::hot::HotChains;
-use crate::routing::load_board::LoadBoard;
+use crate::routing::loads::Board;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -45,9 +45,9 @@ pub(crate) struct PolicyState {
     pub learns: Option<Arc<dyn Learns>>,
     /// The backends it was built from, in its snapshot order.
     pub backends: Arc<[Arc<Backend>]>,
-    /// Their loads as its last pick saw them (`route::pick` picks through
-    /// it; a pick that bypasses it goes through `LoadBoard::bypass`).
-    pub board: LoadBoard,
+    /// Their loads as its last pick saw them (`route` reads every load
+    /// through it).
+    pub board: Board,
 }
 
 impl PolicyState {
@@ -59,7 +59,7 @@ impl PolicyState {
             policy: built.policy,
             learns: built.learns,
             backends,
-            board: LoadBoard::default(),
+            board: Board::default(),
         }
     }
 

@@ -10,8 +10,7 @@
 use crate::config::Isolation;
 use crate::control::metrics::Phase;
 use crate::http::error::ApiError;
-use crate::routing::load_board::{load_of, LoadBoard};
-use crate::routing::loads::AgentLoads;
+use crate::routing::loads::{monotonic_ms, AgentLoads, Board};
 use crate::routing::pool::{PolicyState, Pool, Target};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -206,7 +205,7 @@ pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
         policy: Arc::new(LeastOutstanding),
         learns: None,
         backends: Arc::clone(&current.backends),
-        board: LoadBoard::default(),
+        board: Board::default(),
     });
     Plan::new(target, tenant, PrefixKey(0), policy)
 }
@@ -229,28 +228,67 @@ fn loads_of(
     agents: Option<&dyn AgentLoads>,
     panic: bool,
 ) -> Vec<BackendLoad> {
-    let pool = &plan.target.pool;
-    let now_ms = crate::routing::load_cell::monotonic_ms();
-    // Other replicas' requests there, as shared through the agents.
-    let remote = |i: usize| {
-        agents.map_or((0, 0), |a| {
-            a.remote_load(&pool.model, plan.policy.backends[i].endpoint.id())
-        })
-    };
-    plan.policy
-        .backends
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let engine = agents.and_then(|a| b.engine_load(&pool.model, a, now_ms));
-            let ok = if panic {
-                could_take(plan, excluded, i)
-            } else {
-                eligible(plan, excluded, i)
-            };
-            load_of(b, ok, engine, remote(i))
-        })
-        .collect()
+    let mut all = read(plan, agents, false, |all, _| all.to_vec());
+    adjust(plan, excluded, agents, &mut all, panic);
+    all
+}
+
+/// Runs `f` with the loads of `plan`'s snapshot, as its board keeps them
+/// ([`Board::with`]).
+fn read<R>(
+    plan: &Plan,
+    agents: Option<&dyn AgentLoads>,
+    tracked: bool,
+    f: impl FnOnce(&[BackendLoad], Option<&[usize]>) -> R,
+) -> R {
+    let (p, now_ms) = (&plan.policy, monotonic_ms());
+    let model = &plan.target.pool.model;
+    p.board.with(model, &p.backends, agents, now_ms, tracked, f)
+}
+
+/// Makes the board's `loads` this request's: eligible as [`eligible`]
+/// says (in `panic`, [`could_take`]), other replicas' requests added.
+fn adjust(
+    plan: &Plan,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+    loads: &mut [BackendLoad],
+    panic: bool,
+) {
+    let remote = agents.filter(|a| a.remote_loads());
+    let take = if panic { could_take } else { eligible };
+    for (i, l) in loads.iter_mut().enumerate() {
+        l.eligible = take(plan, excluded, i);
+        if let Some(a) = remote {
+            let id = plan.policy.backends[i].endpoint.id();
+            let (n, blocks) = a.remote_load(&plan.target.pool.model, id);
+            l.in_flight = l.in_flight.saturating_add(n);
+            l.pending_prefill_blocks = l.pending_prefill_blocks.saturating_add(blocks);
+        }
+    }
+}
+
+/// Asks the policy with this request's own loads ([`loads_of`]). A policy
+/// that learns is asked under the board's lock, so no tracked pick slips in
+/// between (its next one compares every load).
+fn pick_adjusted(
+    plan: &Plan,
+    excluded: &[usize],
+    agents: Option<&dyn AgentLoads>,
+    input: &RouteInput<'_>,
+    rng: &mut dyn rand::RngCore,
+    panic: bool,
+) -> Result<Decision, PolicyError> {
+    let policy = &plan.policy.policy;
+    if plan.policy.learns.is_none() {
+        let all = loads_of(plan, excluded, agents, panic);
+        return policy.pick(input, &Loads::new(&all), rng);
+    }
+    read(plan, agents, false, |all, _| {
+        let mut all = all.to_vec();
+        adjust(plan, excluded, agents, &mut all, panic);
+        policy.pick(input, &Loads::new(&all), rng)
+    })
 }
 
 /// Whether position `i` of `plan`'s snapshot may take it: healthy, not
@@ -289,8 +327,9 @@ pub(crate) fn pick(
     }
     // A policy that learns from its picks (kv_aware) is shared between
     // replicas: its ties go by the key, as in a preview, so replicas of the
-    // same state agree (docs/replicas.md); it also reads only the loads that
-    // changed (`load_board`).
+    // same state agree (docs/replicas.md); it is also told which loads
+    // changed since its last pick, when it gets the board's loads as they
+    // are (`loads`).
     let kv = plan.policy.learns.is_some();
     let mut keyed;
     let mut shared;
@@ -303,31 +342,18 @@ pub(crate) fn pick(
     };
     let input = input_of(plan);
     let policy = &plan.policy;
-    // kv_aware reads only the loads that changed (`load_board`), where the
-    // board tracks every load this request reads.
     let tracked = kv
         && excluded.is_empty()
         && plan.target.adapter.is_none()
         && !agents.is_some_and(|a| a.remote_loads());
     let res = if tracked {
-        let now_ms = crate::routing::load_cell::monotonic_ms();
-        policy.board.with(
-            &pool.model,
-            &policy.backends,
-            agents,
-            now_ms,
-            |all, changed| policy.policy.pick(&input, &Loads { all, changed }, rng),
-        )
+        read(plan, agents, true, |all, changed| {
+            policy
+                .policy
+                .pick(&input, &Loads { all, changed }, &mut *rng)
+        })
     } else {
-        let mut whole = || {
-            let all = loads(plan, excluded, agents);
-            policy.policy.pick(&input, &Loads::new(&all), rng)
-        };
-        if kv {
-            policy.board.bypass(whole)
-        } else {
-            whole()
-        }
+        pick_adjusted(plan, excluded, agents, &input, &mut *rng, false)
     };
     let res = match res {
         Err(PolicyError::NoBackend)
@@ -336,13 +362,7 @@ pub(crate) fn pick(
             }) =>
         {
             crate::control::metrics::panic_routed(&pool.model).increment(1);
-            let loads = loads_of(plan, excluded, agents, true);
-            let mut panic = || policy.policy.pick(&input, &Loads::new(&loads), rng);
-            if kv {
-                policy.board.bypass(panic)
-            } else {
-                panic()
-            }
+            pick_adjusted(plan, excluded, agents, &input, rng, true)
         }
         r => r,
     };

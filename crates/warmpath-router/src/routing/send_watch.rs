@@ -9,7 +9,7 @@
 //! connection stayed busy with others.
 
 use super::backend::FlightGuard;
-use super::load_cell::monotonic_ms;
+use super::loads::monotonic_ms;
 use crate::control::metrics::Outcome;
 use hyper::body::Incoming;
 use parking_lot::Mutex;

@@ -1,6 +1,6 @@
 //! One backend engine as the router sees it, in three parts: who it is and
 //! what it serves ([`endpoint`]), its health ([`health`]) and the load this
-//! router put on it ([`load`]). This module binds them: the rules that
+//! router put on it ([`Load`]). This module binds them: the rules that
 //! touch more than one part live here.
 //!
 //! Load accounting is RAII: [`Backend::begin`] counts a request in flight
@@ -11,20 +11,19 @@
 //! request's outcome in its health's metrics.
 //!
 //! An ejection or readmission changes what routing reads, so it bumps the
-//! load's change counter the load board polls, like a change of the load
-//! itself does.
+//! load's change counter the boards poll, like a change of the load itself
+//! does.
 
 pub(crate) mod endpoint;
 pub(crate) mod health;
-pub(crate) mod load;
 
 pub(crate) use endpoint::Origin;
 
 use crate::config::{BackendConfig, BackendUrl};
 use crate::control::metrics::Outcome;
+use crate::routing::loads::{Load, Member};
 use endpoint::Endpoint;
 use health::Health;
-use load::Load;
 use std::sync::Arc;
 use warmpath_core::WorkerSlot;
 
@@ -35,7 +34,7 @@ pub(crate) struct Backend {
     pub endpoint: Endpoint,
     /// Failures, probe verdict, ejection.
     pub health: Health,
-    /// In flight, pending prefill, draining, engine load.
+    /// In flight, pending prefill, draining.
     pub load: Load,
 }
 
@@ -53,28 +52,6 @@ impl Backend {
             health: Health::new(model, cfg.id()),
             load: Load::new(model, cfg.id()),
         }
-    }
-
-    /// The engine load its agent reported, if recent (`agents` of pool
-    /// `model`, read through the cached cell: no lookup per request).
-    pub(crate) fn engine_load(
-        &self,
-        model: &str,
-        agents: &dyn crate::routing::loads::AgentLoads,
-        now_ms: u64,
-    ) -> Option<warmpath_core::EngineLoad> {
-        self.load
-            .engine_load(model, self.endpoint.id(), agents, now_ms)
-    }
-
-    /// Its worker's load cell in `agents`' current generation (what
-    /// [`Backend::engine_load`] reads), for the load board to keep.
-    pub(crate) fn load_cell(
-        &self,
-        model: &str,
-        agents: &dyn crate::routing::loads::AgentLoads,
-    ) -> Option<Arc<crate::routing::load_cell::LoadCell>> {
-        self.load.load_cell(model, self.endpoint.id(), agents)
     }
 
     /// Marks the backend gone from its pool: its health and in-flight
@@ -140,6 +117,20 @@ impl Backend {
             outcome: Outcome::Cancelled,
             share: None,
         }
+    }
+}
+
+impl Member for Backend {
+    fn load(&self) -> &Load {
+        &self.load
+    }
+
+    fn worker(&self) -> &str {
+        self.endpoint.id()
+    }
+
+    fn healthy(&self) -> bool {
+        self.health.is_healthy()
     }
 }
 
