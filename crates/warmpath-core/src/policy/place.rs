@@ -65,6 +65,17 @@ pub(crate) struct State {
     pub(super) cands: Candidates,
     /// The balance stage's last fleet summary ([`Fleet`]).
     pub(super) fleet: Cell<Option<Fleet>>,
+    /// While a preview runs: what it puts back when it ends (see
+    /// [`Placer::state`]).
+    pub(super) preview: Option<Box<Saved>>,
+}
+
+/// What a preview changes of the state before it decides, as it was.
+#[derive(Clone, Debug)]
+pub(crate) struct Saved {
+    cands: Candidates,
+    tail: Option<(u64, u32, f64)>,
+    fleet: Option<Fleet>,
 }
 
 /// Cache pressure per backend, homes and copies.
@@ -88,6 +99,7 @@ impl Placer {
                 tail: Cell::new(None),
                 cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
                 fleet: Cell::new(None),
+                preview: None,
             }),
         }
     }
@@ -106,45 +118,53 @@ impl Placer {
         self.state.lock()
     }
 
-    /// The state one decision works on: under [`Mode::Commit`] the live
-    /// state, locked; under [`Mode::Preview`] a copy taken under the lock,
-    /// which the decision changes and then drops. Why a copy rather than a
-    /// second, pure decision path: the decision reads state its own first
-    /// steps update (the resident model's sync with the index), so one code
-    /// path on a scratch copy is the same decision by construction. It
-    /// costs a copy of the homes table and the modelled caches per preview.
+    /// The live state, locked for one decision. Under [`Mode::Preview`]
+    /// the decision runs the same path, but its commit steps
+    /// ([`State::set_home`], [`State::sent`], [`State::copy`]) do nothing,
+    /// and what it learns before deciding (the loads' buckets, the resident
+    /// models' sync with the index, the cached threshold and fleet summary)
+    /// is put back when the scope ends: the same decision by construction,
+    /// at the cost of the buckets and the model entries it touched, not a
+    /// copy of the homes table.
     pub(crate) fn state(&self, mode: Mode) -> Scope<'_> {
-        match mode {
-            Mode::Commit => Scope::Live(self.state.lock()),
-            Mode::Preview => Scope::Scratch(Box::new(self.state.lock().clone())),
+        let mut s = self.state.lock();
+        if mode == Mode::Preview {
+            s.preview = Some(Box::new(Saved {
+                cands: s.cands.clone(),
+                tail: s.tail.get(),
+                fleet: s.fleet.get(),
+            }));
+            s.resident.begin();
         }
+        Scope(s)
     }
 }
 
 /// See [`Placer::state`].
-pub(crate) enum Scope<'a> {
-    /// The live state, locked.
-    Live(MutexGuard<'a, State>),
-    /// A copy, dropped after the decision.
-    Scratch(Box<State>),
+pub(crate) struct Scope<'a>(MutexGuard<'a, State>);
+
+impl Drop for Scope<'_> {
+    fn drop(&mut self) {
+        if let Some(saved) = self.0.preview.take() {
+            let Saved { cands, tail, fleet } = *saved;
+            self.0.cands = cands;
+            self.0.tail.set(tail);
+            self.0.fleet.set(fleet);
+            self.0.resident.rollback();
+        }
+    }
 }
 
 impl Deref for Scope<'_> {
     type Target = State;
     fn deref(&self) -> &State {
-        match self {
-            Scope::Live(g) => g,
-            Scope::Scratch(s) => s,
-        }
+        &self.0
     }
 }
 
 impl DerefMut for Scope<'_> {
     fn deref_mut(&mut self) -> &mut State {
-        match self {
-            Scope::Live(g) => g,
-            Scope::Scratch(s) => s,
-        }
+        &mut self.0
     }
 }
 
@@ -377,6 +397,9 @@ impl State {
     /// there, was sent to `backend`: recorded ([`State::record`]), and its
     /// modelled cache now holds the chain.
     pub(crate) fn sent(&mut self, key: u64, backend: usize, blocks: u32, m: u32) {
+        if self.preview.is_some() {
+            return;
+        }
         self.record(key, backend, blocks.saturating_sub(m));
         self.cached(key, backend, blocks);
     }
@@ -397,17 +420,17 @@ impl State {
             .homes
             .get(key)
             .is_some_and(|h| h.backend as usize == backend && Self::following(&h, loads));
-        if prefilling {
-            return;
-        }
-        if let Some(c) = self.resident.of_mut(backend) {
-            c.observe(key, u64::from(blocks));
+        if !prefilling {
+            self.resident.observe(backend, key, u64::from(blocks));
         }
     }
 
     /// Homes `key` on `backend` (a cold placement, or a warm request whose
     /// home lost it); its popularity moves along.
     pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
+        if self.preview.is_some() {
+            return;
+        }
         self.homes.set_home(key, backend, self.seq);
         self.fleet.set(None);
     }
@@ -415,6 +438,9 @@ impl State {
     /// A deliberate copy of `key` on `backend` (replication), or the last
     /// one dropped (`None`).
     pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
+        if self.preview.is_some() {
+            return;
+        }
         self.fleet.set(None);
         match backend {
             Some(b) => self.homes.add_copy(key, b),
