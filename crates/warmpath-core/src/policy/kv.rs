@@ -11,14 +11,13 @@
 //!        + decode_weight  * in_flight_w             decode contention
 //! ```
 //!
-//! with `m_w` the leading blocks it holds (a stale agent's halved), `queued_w`
+//! with `m_w` the leading blocks it holds, `queued_w`
 //! the router's predicted prefill still queued there, and `write_w` the
 //! blocks it must newly cache: `B - m_w` at the prefix's home and its copies,
 //! `B` elsewhere, and for a cold prefix `B` plus the eviction term
 //! ([`place`](super::place)). The lowest cost wins, ties to the deeper match,
 //! then at random. Only the chain's holders are costed one by one; the others
-//! come from load buckets ([`candidates`](super::candidates)). A cold prefix
-//! whose ring owner reports a partial view goes to that owner. With every
+//! come from load buckets ([`candidates`](super::candidates)). With every
 //! backend full the gate is lifted, not the formula: the warm pick costs the
 //! eligible holders, a cold prefix is placed over every eligible backend.
 //!
@@ -112,13 +111,8 @@ impl KvAware {
             .map(|&p| p as usize)
     }
 
-    /// Matched blocks of the backends that hold part of the chain, a stale
-    /// one's halved, rounded up (the others match 0). Half: its agent went
-    /// silent, not its engine (an engine that fails its probes is not
-    /// eligible), so what it last published is likely still cached but less
-    /// sure than a fresh view; half keeps a warm prefix on its old holder
-    /// over cold backends, while a fresh holder of more than half the chain
-    /// wins over it (issue 17).
+    /// Matched blocks of the backends that hold part of the chain (the
+    /// others match 0), a stale agent's as it last published them.
     fn held(&self, input: &RouteInput<'_>) -> Held {
         let Some(m) = input.matches else {
             return Held::default();
@@ -126,15 +120,8 @@ impl KvAware {
         let mut v: Vec<(u32, u32)> = m
             .workers
             .iter()
-            .filter_map(|x| {
-                let pos = self.position(x.slot)?;
-                let blocks = if x.fresh {
-                    x.blocks
-                } else {
-                    x.blocks.div_ceil(2)
-                };
-                (blocks > 0).then_some((pos as u32, blocks))
-            })
+            .filter_map(|x| Some((self.position(x.slot)? as u32, x.blocks)))
+            .filter(|e| e.1 > 0)
             .collect();
         v.sort_unstable();
         // One match per position (an index lists a worker once).
@@ -416,17 +403,6 @@ impl KvAware {
             .max()
             .unwrap_or(0);
         if best_match < self.kv.min_match_blocks {
-            // A partial view's missing blocks are unknown, not absent: the
-            // prefix's ring owner may hold it from before its agent's view.
-            // (Looked up only when some view is partial: no cost, and no
-            // draw from `rng`, otherwise.)
-            let partial = |l: &BackendLoad| l.engine.is_some_and(|e| e.partial);
-            if s.cands.any_partial() {
-                let owner = self.fallback.pick_by_key(input.prefix_key, loads, rng)?;
-                if loads.get(owner.backend).is_some_and(partial) {
-                    return Ok(owner);
-                }
-            }
             return self.place_cold(&mut s, input, loads, rng);
         }
         if self.kv.cold_placement == ColdPlacement::Pressure {
