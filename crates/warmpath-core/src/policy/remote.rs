@@ -14,9 +14,6 @@ use super::place::{Placer, State};
 pub struct HomeView {
     /// Its home.
     pub backend: usize,
-    /// Always false: kv_aware no longer moves prefixes. Kept while the
-    /// router's share wire still carries the flag; ignored when received.
-    pub moved: bool,
     /// Its deliberate copies besides the home.
     pub copies: Vec<usize>,
 }
@@ -45,7 +42,6 @@ pub(super) fn home_of(placer: &Placer, key: u64) -> Option<HomeView> {
 fn view(s: &State, h: &Home) -> HomeView {
     HomeView {
         backend: h.backend as usize,
-        moved: false,
         copies: s.homes.holders(h).skip(1).collect(),
     }
 }
@@ -167,14 +163,12 @@ mod tests {
             prefill_blocks: 10,
             home: Some(HomeView {
                 backend: 2,
-                moved: false,
                 copies: vec![],
             }),
         });
         assert_eq!(p.home_of(9).unwrap().backend, 2);
         let elsewhere = HomeView {
             backend: 1,
-            moved: false,
             copies: vec![3],
         };
         p.observe_remote(&RemoteDecision {
