@@ -36,7 +36,7 @@ impl Held {
     }
 }
 
-/// The warm cost formula (the `kv` module docs) for a backend matching `m`
+/// The warm cost formula (docs/kv.md) for a backend matching `m`
 /// blocks of a `chain`-block request, `queued` prefill blocks and
 /// `in_flight` requests there; `at_home`: it is the prefix's home (or a
 /// deliberate copy), or the prefix has none, so it writes only what it

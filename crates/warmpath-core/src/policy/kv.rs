@@ -1,25 +1,10 @@
-//! `kv_aware`: route each request by one cost formula over what every
-//! backend actually caches, place a prefix cached nowhere where writing it
-//! evicts least, and **copy** a prefix too hot for its holders. The formula,
-//! its terms and every mechanism, with what each earns, are documented once,
-//! in docs/kv.md; in brief, for a request of `B` blocks each usable backend
-//! `w` (eligible, below `concurrency_threshold`) costs
-//!
-//! ```text
-//! cost_w = prefill_weight * (B - m_w + queued_w)    time to its first token
-//!        + miss_weight    * write_w                 cache the fleet gives up
-//!        + decode_weight  * in_flight_w             decode contention
-//! ```
-//!
-//! with `m_w` the leading blocks it holds, `queued_w`
-//! the router's predicted prefill still queued there, and `write_w` the
-//! blocks it must newly cache: `B - m_w` at the prefix's home and its copies,
-//! `B` elsewhere, and for a cold prefix `B` plus the eviction term
-//! ([`place`](super::place)). The lowest cost wins, ties to the deeper match,
-//! then at random. Only the chain's holders are costed one by one; the others
-//! come from load buckets ([`candidates`](super::candidates)). With every
-//! backend full the gate is lifted, not the formula: the warm pick costs the
-//! eligible holders, a cold prefix is placed over every eligible backend.
+//! `kv_aware`: one cost formula over what each backend actually caches,
+//! queued prefill and load; a prefix cached nowhere goes where writing it
+//! evicts least, and a prefix too hot for its holders gets copies. The
+//! formula, its terms and what each mechanism earns: docs/kv.md. Only the
+//! chain's holders are costed one by one; the others come from load
+//! buckets ([`candidates`](super::candidates)). With every backend full the
+//! concurrency gate is lifted, not the formula.
 //!
 //! Decision: `replicate` when a request starts a copy; `kv_match` when the
 //! winner holds the deepest match; `spill` when a deeper-matching backend was
@@ -129,7 +114,7 @@ impl KvAware {
         Held(v)
     }
 
-    /// A prefix no fresh eligible backend holds (module docs).
+    /// A prefix no eligible backend holds (docs/kv.md).
     fn place_cold(
         &self,
         s: &mut State,
@@ -177,7 +162,7 @@ impl KvAware {
 
     /// The warm pick under `pressure` placement: the cheapest backend (the
     /// home and its copies charged only for what they lack), and possibly
-    /// one more copy of a prefix too hot for its holders (module docs).
+    /// one more copy of a prefix too hot for its holders (docs/kv.md).
     #[allow(clippy::too_many_arguments)]
     fn pick_homed(
         &self,
@@ -418,7 +403,7 @@ impl KvAware {
 
     /// The warm pick when every backend is full: the cost formula, the
     /// concurrency gate lifted, over the eligible holders of the chain (over
-    /// every eligible backend when none holds it; module docs).
+    /// every eligible backend when none holds it).
     fn cheapest_full(
         &self,
         chain: u32,

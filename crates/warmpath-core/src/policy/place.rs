@@ -1,22 +1,6 @@
-//! Where `kv_aware` puts a prefix that no backend holds (`kv.cold_placement =
-//! pressure`, the default): the cold case of its cost formula (docs/kv.md),
-//! and the state every stage reads, under one lock taken once per decision
-//! (per router; replicas feed each other's picks into it, see
-//! [`remote`](super::remote)).
-//!
-//! A cold prefix costs, on each usable backend, its queued prefill and
-//! in-flight load plus `miss_weight` times its **write term**: where the
-//! capacity is known the eviction term (what the write evicts there, each
-//! victim weighed by its chance to return first, plus the turnover term for
-//! a prefix the caches keep), else the cache **pressure** (blocks written
-//! there lately, decayed over `PRESSURE_WINDOW` decisions per backend).
-//! Backends within one prefix of the lowest cost and within `FIT_BAND` of
-//! the lowest eviction term are as good; among them the lowest **expected
-//! load** wins ([`home`](super::home)), or for a **tail** prefix (colder
-//! than the admission threshold, [`State::tail_threshold`]) the one writing
-//! the most, so the tail churns on its own caches; then ring order from the
-//! key. The placement becomes the prefix's home: a repeat that finds no
-//! match while the first request still prefills there follows it.
+//! `kv_aware`'s state, under one lock taken once per decision, and the
+//! cold case of its formula: where a prefix no backend holds goes
+//! (docs/kv.md, "The policies in code").
 
 use super::candidates::Candidates;
 use super::home::{Home, Homes};
@@ -188,11 +172,10 @@ impl State {
         loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0)
     }
 
-    /// The backend to place a prefix no eligible backend holds, among those
-    /// `usable`: the remembered home of `key` when it is still prefilling
-    /// or recent, else the lowest expected load among those within
-    /// `band` blocks of the lowest cold cost (module docs), ties by `ring`
-    /// order from `key`. `weights` are (prefill, miss, decode).
+    /// Where a prefix no eligible backend holds goes, among those `usable`:
+    /// its home while still prefilling there, else the lowest expected load
+    /// within `band` blocks of the lowest cold cost, ties by `ring` order.
+    /// `weights` are (prefill, miss, decode).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn place(
         &self,
@@ -304,13 +287,9 @@ impl State {
         self.evict_at(b, px, key, blocks)
     }
 
-    /// The eviction term of the cost formula: the expected blocks of other
-    /// prefixes that caching `blocks` of `key` (popularity `px`) on `b`
-    /// loses, each victim's trimmed blocks weighted by `p_v / (p_v + p_x)`,
-    /// the chance that the victim (popularity `p_v`) is asked for again
-    /// before the new prefix (`p_x`, this request included). A victim homed
-    /// elsewhere (a stale copy) costs nothing; 0 where the capacity is
-    /// unknown or it fits.
+    /// The eviction term: each victim's trimmed blocks times `p_v / (p_v +
+    /// p_x)`, its chance to return before `key` (popularity `px`); a victim
+    /// homed elsewhere (a stale copy) costs nothing.
     fn evict_at(&self, b: usize, px: f64, key: u64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
@@ -346,14 +325,9 @@ impl State {
         self.lost_at(b, px, blocks)
     }
 
-    /// The **turnover term** of a prefix that the caches keep (not a tail
-    /// one): the expected blocks of `key` that `b`'s LRU trims before its
-    /// next request, `blocks * exp(-p_x * C_b / P_b)`. `p_x / W` is its
-    /// requests per decision and `P_b / W` the blocks `b` writes per
-    /// decision (`W` the decay window of both), so `C_b / (P_b / W)`
-    /// decisions is how long an untouched prefix stays in `b`'s cache of
-    /// `C_b` blocks: a prefix placed where the cache turns over faster than
-    /// it returns is lost again. 0 where the capacity is unknown.
+    /// The turnover term: `blocks * exp(-p_x * C_b / P_b)`, what `b`'s LRU
+    /// (capacity `C_b`, writing `P_b` per window) trims of the prefix before
+    /// it returns (`p_x` per window).
     fn lost_at(&self, b: usize, px: f64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
@@ -362,17 +336,10 @@ impl State {
         f64::from(blocks) * (-stays).exp()
     }
 
-    /// The **admission threshold** for prefixes of `blocks` blocks: the
-    /// popularity of the `k`-th most popular prefix remembered, `k` the
-    /// prefixes of that size the modelled caches hold beyond one backend's
-    /// worth (the largest), left to the tail: LRU engines cannot pin, so the
-    /// hottest prefixes stay only where nothing colder is written, and the
-    /// tail's churn needs a cache of its own (0.5 or 2 backends' worth did
-    /// no better in the scale model, docs/kv.md). A prefix less popular
-    /// than it is a tail prefix: the fleet cannot keep it without evicting
-    /// hotter ones. 0 (no tail) when
-    /// every remembered prefix fits or no capacity is known. Recomputed
-    /// every `n` decisions (it selects over the whole home table).
+    /// The admission threshold for `blocks`-block prefixes: the popularity
+    /// of the `k`-th most popular, `k` what the modelled caches hold beyond
+    /// the largest one (left to the tail: LRU engines cannot pin); 0 when
+    /// all fit. Recomputed every `n` decisions (a select over the table).
     pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
         let n = self.pressure.len().max(1) as u64;
         if let Some((at, b, t)) = self.tail.get() {
@@ -431,7 +398,7 @@ impl State {
         if self.preview.is_some() {
             return;
         }
-        self.homes.set_home(key, backend, self.seq);
+        self.homes.set_home(key, backend);
         self.fleet.set(None);
     }
 
@@ -459,7 +426,7 @@ impl State {
         if let Some(p) = self.pressure.get_mut(backend) {
             *p += unit * f64::from(blocks);
         }
-        self.homes.hit(key, backend, unit, self.seq);
+        self.homes.hit(key, backend, unit);
         self.unit /= self.decay;
         // Reset (everything divided by the unit) long before an f64 overflows.
         if self.unit > 1e200 {
