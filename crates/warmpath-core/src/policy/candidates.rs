@@ -1,24 +1,17 @@
-//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends).
-//! A backend that holds none of the chain (`m_w = 0`) costs
-//! `prefill_weight * (B + queued_w) + miss_weight * B + decode_weight *
-//! in_flight_w`, nondecreasing in its load; so only the holders are costed
-//! one by one, and the others are filed in **buckets** of equal
-//! `(queued, in_flight)`, ordered by `K = prefill_weight * queued +
-//! decode_weight * in_flight`. The pick walks buckets from the least loaded
-//! and stops at the first whose lower bound exceeds the best cost: exact,
-//! not approximate. Ties go by one uniform draw over the tied set in
-//! position order ([`nth_tied`]), as the full scan ([`cheapest_scan`]) draws,
-//! so both pick the same backend from the same rng (proptest, `kv_tests`).
-//! [`Candidates::sync`] refiles only the backends whose load changed.
+//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends):
+//! a backend holding none of the chain costs by its load alone, so only the
+//! holders are costed one by one and the others are filed in buckets of
+//! equal `(queued, in_flight)`, walked from the least loaded until a
+//! bucket's lower bound exceeds the best cost. Exact: ties draw as the full
+//! scan ([`cheapest_scan`]) does (proptest).
 
 use super::tuning::KvConfig;
 use super::BackendLoad;
 use rand::RngCore;
 use std::collections::BTreeMap;
 
-/// The holders of a request's chain: (position, matched blocks, a stale
-/// view's already discounted), ascending by position, none with 0 blocks
-/// (a backend matching nothing costs what a non-holder does).
+/// The holders of a request's chain: (position, matched blocks), ascending
+/// by position, none with 0 blocks (those cost what a non-holder does).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Held(pub(crate) Vec<(u32, u32)>);
 

@@ -1,14 +1,9 @@
-//! Where each recently seen prefix lives (its **home** backend), how popular
-//! it is (a decayed request count in the caller's units, see
-//! `place::State`), and so each backend's **expected load**: the summed
-//! popularity of the prefixes homed there now, which moves at once with a
-//! prefix, where a count of routed requests would lag.
-//!
-//! A set-associative table keyed by prefix key (`HOME_WAYS`; a full set
-//! drops its least popular entry, whose popularity leaves its home's load).
-//! A prefix with deliberate copies counts `pop / k` on each of its `k`
-//! holders; the first `HOME_INLINE_COPIES` sit in the entry (40 bytes), the
-//! rest of a very hot prefix's **spill** into a side table by key.
+//! Where each recently seen prefix lives (its home), its decayed
+//! popularity, and so each backend's expected load (the popularity homed
+//! there, which moves at once with a prefix). A `HOME_WAYS`-way
+//! set-associative table (a full set drops its least popular entry); a
+//! prefix with `k` holders counts `pop / k` on each, the first
+//! `HOME_INLINE_COPIES` copies in the entry, the rest in a spill table.
 
 use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;

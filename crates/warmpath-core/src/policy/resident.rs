@@ -1,13 +1,8 @@
-//! What each backend's prefix cache holds, as `kv_aware` predicts it: the
-//! **resident set** behind the eviction term (docs/kv.md). The index says
-//! which blocks a backend holds, not which prefix they belong to nor what
-//! the engine evicts next; so for each backend of known capacity
-//! ([`PolicyBackend::capacity_blocks`](super::PolicyBackend)) the router
-//! keeps an LRU over prefix keys, each with the leading blocks of its chain,
-//! trimmed from the end as the engine's `prefix_cache` trims a chain. It is
-//! fed by the router's own decisions and corrected by each fresh index
-//! match; other blocks (question tails, other routers' prefixes) are not
-//! counted. A backend of unknown capacity is not modelled (eviction term 0).
+//! What each backend of known capacity caches, as `kv_aware` predicts it
+//! (the eviction term, docs/kv.md): an LRU over prefix keys, each with the
+//! leading blocks of its chain, trimmed from the end as the engine's
+//! `prefix_cache` trims; fed by the router's decisions, corrected by each
+//! fresh index match.
 
 use super::BackendLoad;
 use std::collections::{BTreeSet, HashMap};
