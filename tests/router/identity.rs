@@ -171,7 +171,6 @@ async fn an_agent_cannot_forge_another_replicas_decision() {
         chain_blocks: 8,
         prefill_blocks: 8,
         home: "b".into(),
-        home_moved: true,
         copies: Vec::new(),
         mac: Vec::new(),
     };

@@ -27,7 +27,6 @@ mod kv;
 mod lifecycle;
 mod members;
 mod ops;
-mod partial;
 mod replicate;
 mod responses;
 mod stale;

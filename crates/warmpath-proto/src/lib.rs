@@ -220,7 +220,6 @@ mod tests {
             chain_blocks: 500,
             prefill_blocks: 500,
             home: "w1".into(),
-            home_moved: false,
             copies: vec!["w2".into()],
             mac: Vec::new(),
         };
@@ -234,7 +233,6 @@ mod tests {
             |d: &mut Decided| d.home = "w3".into(),
             |d: &mut Decided| d.prefill_blocks = u64::MAX,
             |d: &mut Decided| d.copies.push("w4".into()),
-            |d: &mut Decided| d.home_moved = true,
             |d: &mut Decided| d.router = 8,
         ] {
             let mut forged = d.clone();

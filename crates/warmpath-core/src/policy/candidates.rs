@@ -1,24 +1,17 @@
-//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends).
-//! A backend that holds none of the chain (`m_w = 0`) costs
-//! `prefill_weight * (B + queued_w) + miss_weight * B + decode_weight *
-//! in_flight_w`, nondecreasing in its load; so only the holders are costed
-//! one by one, and the others are filed in **buckets** of equal
-//! `(queued, in_flight)`, ordered by `K = prefill_weight * queued +
-//! decode_weight * in_flight`. The pick walks buckets from the least loaded
-//! and stops at the first whose lower bound exceeds the best cost: exact,
-//! not approximate. Ties go by one uniform draw over the tied set in
-//! position order ([`nth_tied`]), as the full scan ([`cheapest_scan`]) draws,
-//! so both pick the same backend from the same rng (proptest, `kv_tests`).
-//! [`Candidates::sync`] refiles only the backends whose load changed.
+//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends):
+//! a backend holding none of the chain costs by its load alone, so only the
+//! holders are costed one by one and the others are filed in buckets of
+//! equal `(queued, in_flight)`, walked from the least loaded until a
+//! bucket's lower bound exceeds the best cost. Exact: ties draw as the full
+//! scan ([`cheapest_scan`]) does (proptest).
 
 use super::tuning::KvConfig;
 use super::BackendLoad;
 use rand::RngCore;
 use std::collections::BTreeMap;
 
-/// The holders of a request's chain: (position, matched blocks, a stale
-/// view's already discounted), ascending by position, none with 0 blocks
-/// (a backend matching nothing costs what a non-holder does).
+/// The holders of a request's chain: (position, matched blocks), ascending
+/// by position, none with 0 blocks (those cost what a non-holder does).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Held(pub(crate) Vec<(u32, u32)>);
 
@@ -36,7 +29,7 @@ impl Held {
     }
 }
 
-/// The warm cost formula (the `kv` module docs) for a backend matching `m`
+/// The warm cost formula (docs/kv.md) for a backend matching `m`
 /// blocks of a `chain`-block request, `queued` prefill blocks and
 /// `in_flight` requests there; `at_home`: it is the prefix's home (or a
 /// deliberate copy), or the prefix has none, so it writes only what it
@@ -84,10 +77,8 @@ pub(crate) struct Candidates {
     buckets: BTreeMap<LoadKey, Vec<u32>>,
     /// Eligible positions (usable or full).
     eligible: usize,
-    /// Positions whose engine reports a partial view.
-    partial: usize,
-    /// Per position: (eligible, partial) as last synced.
-    flags: Vec<(bool, bool)>,
+    /// Per position: eligible as last synced.
+    flags: Vec<bool>,
     /// Whether every position was compared once (a change list is only
     /// relative to a full view).
     synced: bool,
@@ -103,8 +94,7 @@ impl Candidates {
             filed: vec![None; n],
             buckets: BTreeMap::new(),
             eligible: 0,
-            partial: 0,
-            flags: vec![(false, false); n],
+            flags: vec![false; n],
             synced: false,
             prefill_weight,
             decode_weight,
@@ -160,8 +150,7 @@ impl Candidates {
         // A short slice (never, by the `Policy` contract): the rest are out.
         for i in loads.len()..self.filed.len() {
             let old = std::mem::take(&mut self.flags[i]);
-            self.eligible -= usize::from(old.0);
-            self.partial -= usize::from(old.1);
+            self.eligible -= usize::from(old);
             if self.filed[i].is_some() {
                 self.refile(i, None);
             }
@@ -169,12 +158,9 @@ impl Candidates {
     }
 
     fn sync_at(&mut self, i: usize, l: &BackendLoad) {
-        let flags = (l.eligible, l.engine.is_some_and(|e| e.partial));
-        if flags != self.flags[i] {
-            let old = self.flags[i];
-            self.eligible = self.eligible + usize::from(flags.0) - usize::from(old.0);
-            self.partial = self.partial + usize::from(flags.1) - usize::from(old.1);
-            self.flags[i] = flags;
+        if l.eligible != self.flags[i] {
+            self.eligible = self.eligible + usize::from(l.eligible) - usize::from(self.flags[i]);
+            self.flags[i] = l.eligible;
         }
         let key = self.key_of(l);
         if key != self.filed[i] {
@@ -216,11 +202,6 @@ impl Candidates {
     /// Whether any position is eligible.
     pub(crate) fn any_eligible(&self) -> bool {
         self.eligible > 0
-    }
-
-    /// Whether any engine reports a partial view.
-    pub(crate) fn any_partial(&self) -> bool {
-        self.partial > 0
     }
 
     /// The buckets, least load term first.
@@ -437,7 +418,7 @@ mod tests {
         let mut loads = idle(4);
         c.sync(&loads, None);
         assert_eq!(c.buckets().count(), 1);
-        assert!(c.any_eligible() && !c.any_partial());
+        assert!(c.any_eligible());
         loads[1].pending_prefill_blocks = 2; // term 2
         loads[2].in_flight = 1; // term 2 too, another bucket
         loads[3].in_flight = 3; // full
@@ -538,7 +519,7 @@ mod tests {
             fresh.sync(&now, None);
             let filed = |c: &Candidates| {
                 let b: Vec<_> = c.buckets().map(|(k, v)| (*k, v.to_vec())).collect();
-                (b, c.filed.clone(), c.flags.clone(), c.eligible, c.partial)
+                (b, c.filed.clone(), c.flags.clone(), c.eligible)
             };
             prop_assert_eq!(filed(&fresh), filed(&c));
             // Told only the changed positions (and a few unchanged ones, a

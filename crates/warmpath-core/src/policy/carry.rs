@@ -55,6 +55,7 @@ impl State {
             cands: self.cands.fresh(backends.len()),
             // Positions shift: the next balance check takes a new summary.
             fleet: std::cell::Cell::new(None),
+            preview: None,
         }
     }
 }

@@ -1,14 +1,9 @@
-//! Where each recently seen prefix lives (its **home** backend), how popular
-//! it is (a decayed request count in the caller's units, see
-//! `place::State`), and so each backend's **expected load**: the summed
-//! popularity of the prefixes homed there now, which moves at once with a
-//! prefix, where a count of routed requests would lag.
-//!
-//! A set-associative table keyed by prefix key (`HOME_WAYS`; a full set
-//! drops its least popular entry, whose popularity leaves its home's load).
-//! A prefix with deliberate copies counts `pop / k` on each of its `k`
-//! holders; the first `HOME_INLINE_COPIES` sit in the entry (48 bytes), the
-//! rest of a very hot prefix's **spill** into a side table by key.
+//! Where each recently seen prefix lives (its home), its decayed
+//! popularity, and so each backend's expected load (the popularity homed
+//! there, which moves at once with a prefix). A `HOME_WAYS`-way
+//! set-associative table (a full set drops its least popular entry); a
+//! prefix with `k` holders counts `pop / k` on each, the first
+//! `HOME_INLINE_COPIES` copies in the entry, the rest in a spill table.
 
 use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;
@@ -22,8 +17,6 @@ pub(crate) struct Home {
     pub(crate) backend: u32,
     /// Decayed requests of it, in the caller's units.
     pub(crate) pop: f64,
-    /// The decision (sequence number) that homed it here.
-    pub(crate) since: u64,
     /// Deliberate copies besides `backend`: the first `extra` (at most
     /// `INLINE`) here, the rest in [`Homes`]'s spill.
     copies: [u32; INLINE],
@@ -124,10 +117,10 @@ impl Homes {
 
     /// One more request of `key` (weight `unit`): its popularity and its
     /// home's load grow. A key not in the table is homed on `backend`.
-    pub(crate) fn hit(&mut self, key: u64, backend: usize, unit: f64, seq: u64) {
+    pub(crate) fn hit(&mut self, key: u64, backend: usize, unit: f64) {
         let i = match self.find(key) {
             Some(i) => i,
-            None => self.insert(key, backend, seq),
+            None => self.insert(key, backend),
         };
         self.entries[i].pop += unit;
         let e = self.entries[i];
@@ -205,15 +198,14 @@ impl Homes {
         e.extra = 0;
     }
 
-    /// Homes `key` on `backend` from decision `seq` (its popularity moves
-    /// along). A new home that was one of
+    /// Homes `key` on `backend` (its popularity moves along). A new home that was one of
     /// its copies keeps the other copies (they still hold it; the old home
     /// is no holder any more); any other new home drops them: they age out
     /// where they are.
-    pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64) {
+    pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
         let i = match self.find(key) {
             Some(i) => i,
-            None => self.insert(key, backend, seq),
+            None => self.insert(key, backend),
         };
         self.spread(i, -1.0);
         let e = self.entries[i];
@@ -225,7 +217,6 @@ impl Homes {
         self.clear_copies(i);
         self.entries[i] = Home {
             backend: backend as u32,
-            since: seq,
             extra: 0,
             ..self.entries[i]
         };
@@ -249,7 +240,7 @@ impl Homes {
 
     /// A new entry for `key` on `backend`, in a free way of its set or in
     /// place of the set's least popular entry.
-    fn insert(&mut self, key: u64, backend: usize, seq: u64) -> usize {
+    fn insert(&mut self, key: u64, backend: usize) -> usize {
         let set = self.set(key);
         let i = set
             .clone()
@@ -264,7 +255,6 @@ impl Homes {
             key,
             backend: backend as u32,
             pop: 0.0,
-            since: seq,
             copies: [0; INLINE],
             extra: 0,
             used: true,
@@ -289,9 +279,8 @@ impl Homes {
     /// about `keys` prefixes: `to[b]` is old backend `b`'s position in the
     /// new snapshot (`None`: removed). A prefix homed on a removed backend
     /// is forgotten (it re-places), a copy on one is dropped (its share goes
-    /// back to the other holders); every other entry keeps its popularity
-    /// and its `since`, and a remaining backend keeps its load as
-    /// it was, less what those changes take off it. The table never shrinks,
+    /// back to the other holders); every other entry keeps its popularity,
+    /// and a remaining backend keeps its load less what those changes take. The table never shrinks,
     /// so no remembered prefix loses its way to a fuller set; when it grows,
     /// each old set splits over new ones.
     pub(crate) fn remap(&self, to: &[Option<usize>], backends: usize, keys: usize) -> Homes {
@@ -345,16 +334,16 @@ mod tests {
     fn popularity_follows_its_home() {
         let mut h = Homes::new(3, 16);
         for _ in 0..5 {
-            h.hit(10, 0, 1.0, 1);
+            h.hit(10, 0, 1.0);
         }
-        h.hit(11, 1, 1.0, 2);
+        h.hit(11, 1, 1.0);
         assert_eq!(h.loads(), &[5.0, 1.0, 0.0]);
-        h.set_home(10, 2, 3);
+        h.set_home(10, 2);
         assert_eq!(h.loads(), &[0.0, 1.0, 5.0]);
         let e = h.get(10).unwrap();
-        assert_eq!((e.backend, e.pop, e.since), (2, 5.0, 3));
+        assert_eq!((e.backend, e.pop), (2, 5.0));
         // Later requests count where it lives now.
-        h.hit(10, 0, 2.0, 4);
+        h.hit(10, 0, 2.0);
         assert_eq!(h.loads(), &[0.0, 1.0, 7.0]);
         h.rescale(2.0);
         assert_eq!(h.loads(), &[0.0, 0.5, 3.5]);
@@ -368,7 +357,7 @@ mod tests {
         for (n, k) in (0..5u64).enumerate() {
             let key = 3 + k * sets;
             for _ in 0..(5 - n) {
-                h.hit(key, n % 2, 1.0, 0);
+                h.hit(key, n % 2, 1.0);
             }
         }
         // ... the fifth (1 request) took the place of the fourth (2).
@@ -381,15 +370,15 @@ mod tests {
 
     #[test]
     fn an_entry_stays_small() {
-        // The table's memory bound in `tuning` assumes 48 bytes a prefix.
-        assert!(std::mem::size_of::<Home>() <= 48);
+        // The table's memory bound in `tuning` assumes 40 bytes a prefix.
+        assert!(std::mem::size_of::<Home>() <= 40);
     }
 
     #[test]
     fn copies_beyond_the_entry_spill_and_come_back() {
         let mut h = Homes::new(10, 16);
         for _ in 0..8 {
-            h.hit(7, 0, 1.0, 1);
+            h.hit(7, 0, 1.0);
         }
         for b in 1..8 {
             h.add_copy(7, b);
@@ -428,18 +417,18 @@ mod tests {
     fn a_copy_made_home_keeps_the_other_copies() {
         let mut h = Homes::new(8, 16);
         for _ in 0..6 {
-            h.hit(3, 0, 1.0, 1);
+            h.hit(3, 0, 1.0);
         }
         for b in 1..6 {
             h.add_copy(3, b);
         }
         // The home lost it; copy 4 is its home now: 0 holds nothing.
-        h.set_home(3, 4, 9);
+        h.set_home(3, 4);
         let e = h.get(3).unwrap();
         assert_eq!(h.holders(&e).collect::<Vec<_>>(), vec![4, 1, 2, 3, 5]);
         assert_eq!(h.loads(), &[0.0, 1.2, 1.2, 1.2, 1.2, 1.2, 0.0, 0.0]);
         // A new home that held nothing drops them all.
-        h.set_home(3, 6, 10);
+        h.set_home(3, 6);
         let e = h.get(3).unwrap();
         assert_eq!(e.count(), 1);
         assert_eq!(h.spilled(), 0);
@@ -454,14 +443,14 @@ mod tests {
             ops in proptest::collection::vec((0u64..40, 0usize..4, 0u8..4, 1u32..4), 1..300)
         ) {
             let mut h = Homes::new(4, 8);
-            for (seq, &(key, backend, op, w)) in ops.iter().enumerate() {
+            for &(key, backend, op, w) in &ops {
                 match op {
-                    0 => h.set_home(key, backend, seq as u64),
+                    0 => h.set_home(key, backend),
                     1 => h.add_copy(key, backend),
                     2 if w == 1 => {
                         h.drop_copy(key);
                     }
-                    _ => h.hit(key, backend, f64::from(w), seq as u64),
+                    _ => h.hit(key, backend, f64::from(w)),
                 }
             }
             // A prefix with copies counts pop / k on each of its k holders.
@@ -485,14 +474,14 @@ mod tests {
             ops in proptest::collection::vec((0u64..24, 0usize..12, 0u8..5, 1u32..4), 1..400)
         ) {
             let mut h = Homes::new(12, 8);
-            for (seq, &(key, backend, op, w)) in ops.iter().enumerate() {
+            for &(key, backend, op, w) in &ops {
                 match op {
-                    0 => h.set_home(key, backend, seq as u64),
+                    0 => h.set_home(key, backend),
                     1 | 2 => h.add_copy(key, backend),
                     3 if w == 1 => {
                         h.drop_copy(key);
                     }
-                    _ => h.hit(key, backend, f64::from(w), seq as u64),
+                    _ => h.hit(key, backend, f64::from(w)),
                 }
             }
             let mut sums = [0.0; 12];

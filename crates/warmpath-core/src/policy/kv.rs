@@ -1,26 +1,10 @@
-//! `kv_aware`: route each request by one cost formula over what every
-//! backend actually caches, place a prefix cached nowhere where writing it
-//! evicts least, and **copy** a prefix too hot for its holders. The formula,
-//! its terms and every mechanism, with what each earns, are documented once,
-//! in docs/kv.md; in brief, for a request of `B` blocks each usable backend
-//! `w` (eligible, below `concurrency_threshold`) costs
-//!
-//! ```text
-//! cost_w = prefill_weight * (B - m_w + queued_w)    time to its first token
-//!        + miss_weight    * write_w                 cache the fleet gives up
-//!        + decode_weight  * in_flight_w             decode contention
-//! ```
-//!
-//! with `m_w` the leading blocks it holds (a stale agent's halved), `queued_w`
-//! the router's predicted prefill still queued there, and `write_w` the
-//! blocks it must newly cache: `B - m_w` at the prefix's home and its copies,
-//! `B` elsewhere, and for a cold prefix `B` plus the eviction term
-//! ([`place`](super::place)). The lowest cost wins, ties to the deeper match,
-//! then at random. Only the chain's holders are costed one by one; the others
-//! come from load buckets ([`candidates`](super::candidates)). A cold prefix
-//! whose ring owner reports a partial view goes to that owner. With every
-//! backend full the gate is lifted, not the formula: the warm pick costs the
-//! eligible holders, a cold prefix is placed over every eligible backend.
+//! `kv_aware`: one cost formula over what each backend actually caches,
+//! queued prefill and load; a prefix cached nowhere goes where writing it
+//! evicts least, and a prefix too hot for its holders gets copies. The
+//! formula, its terms and what each mechanism earns: docs/kv.md. Only the
+//! chain's holders are costed one by one; the others come from load
+//! buckets ([`candidates`](super::candidates)). With every backend full the
+//! concurrency gate is lifted, not the formula.
 //!
 //! Decision: `replicate` when a request starts a copy; `kv_match` when the
 //! winner holds the deepest match; `spill` when a deeper-matching backend was
@@ -112,13 +96,8 @@ impl KvAware {
             .map(|&p| p as usize)
     }
 
-    /// Matched blocks of the backends that hold part of the chain, a stale
-    /// one's halved, rounded up (the others match 0). Half: its agent went
-    /// silent, not its engine (an engine that fails its probes is not
-    /// eligible), so what it last published is likely still cached but less
-    /// sure than a fresh view; half keeps a warm prefix on its old holder
-    /// over cold backends, while a fresh holder of more than half the chain
-    /// wins over it (issue 17).
+    /// Matched blocks of the backends that hold part of the chain (the
+    /// others match 0), a stale agent's as it last published them.
     fn held(&self, input: &RouteInput<'_>) -> Held {
         let Some(m) = input.matches else {
             return Held::default();
@@ -126,15 +105,8 @@ impl KvAware {
         let mut v: Vec<(u32, u32)> = m
             .workers
             .iter()
-            .filter_map(|x| {
-                let pos = self.position(x.slot)?;
-                let blocks = if x.fresh {
-                    x.blocks
-                } else {
-                    x.blocks.div_ceil(2)
-                };
-                (blocks > 0).then_some((pos as u32, blocks))
-            })
+            .filter_map(|x| Some((self.position(x.slot)? as u32, x.blocks)))
+            .filter(|e| e.1 > 0)
             .collect();
         v.sort_unstable();
         // One match per position (an index lists a worker once).
@@ -142,7 +114,7 @@ impl KvAware {
         Held(v)
     }
 
-    /// A prefix no fresh eligible backend holds (module docs).
+    /// A prefix no eligible backend holds (docs/kv.md).
     fn place_cold(
         &self,
         s: &mut State,
@@ -190,7 +162,7 @@ impl KvAware {
 
     /// The warm pick under `pressure` placement: the cheapest backend (the
     /// home and its copies charged only for what they lack), and possibly
-    /// one more copy of a prefix too hot for its holders (module docs).
+    /// one more copy of a prefix too hot for its holders (docs/kv.md).
     #[allow(clippy::too_many_arguments)]
     fn pick_homed(
         &self,
@@ -416,17 +388,6 @@ impl KvAware {
             .max()
             .unwrap_or(0);
         if best_match < self.kv.min_match_blocks {
-            // A partial view's missing blocks are unknown, not absent: the
-            // prefix's ring owner may hold it from before its agent's view.
-            // (Looked up only when some view is partial: no cost, and no
-            // draw from `rng`, otherwise.)
-            let partial = |l: &BackendLoad| l.engine.is_some_and(|e| e.partial);
-            if s.cands.any_partial() {
-                let owner = self.fallback.pick_by_key(input.prefix_key, loads, rng)?;
-                if loads.get(owner.backend).is_some_and(partial) {
-                    return Ok(owner);
-                }
-            }
             return self.place_cold(&mut s, input, loads, rng);
         }
         if self.kv.cold_placement == ColdPlacement::Pressure {
@@ -442,7 +403,7 @@ impl KvAware {
 
     /// The warm pick when every backend is full: the cost formula, the
     /// concurrency gate lifted, over the eligible holders of the chain (over
-    /// every eligible backend when none holds it; module docs).
+    /// every eligible backend when none holds it).
     fn cheapest_full(
         &self,
         chain: u32,

@@ -129,6 +129,7 @@ proptest! {
     ) {
         let p = policy(n, &cfg, capacity);
         let twin = policy(n, &cfg, capacity);
+        let mut last: Option<Step> = None;
         for s in &steps {
             let s = Step {
                 held: s.held[..n].to_vec(),
@@ -138,6 +139,12 @@ proptest! {
             let (m, all) = (match_of(&s), loads_of(&s));
             let (input, loads) = (input_of(&s, &m), Loads::new(&all));
             let rng = || SmallRng::seed_from_u64(s.seed);
+            // A preview of another request (the last one's key, on its
+            // loads, with this one's index view) changes nothing either.
+            if let Some(o) = last.replace(s.clone()) {
+                let other = RouteInput { prefix_key: o.key, ..input };
+                let _ = p.pick(&previewing(&other), &Loads::new(&loads_of(&o)), &mut rng());
+            }
             let mut previews = Vec::new();
             for _ in 0..=s.previews {
                 previews.push(p.pick(&previewing(&input), &loads, &mut rng()));
@@ -222,7 +229,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// Told which loads changed since its last decision (a superset), the
-    /// policy decides exactly as one that compares every load.
+    /// policy decides exactly as one that compares every load; previews in
+    /// between (which compare every load, capacities changing) agree with
+    /// the pick and change neither it nor the change lists' meaning.
     #[test]
     fn pick_changed_is_pick(
         n in 2usize..6,
@@ -247,7 +256,7 @@ proptest! {
             }
             let mut changed: Vec<usize> = d.extra.iter().copied().filter(|&i| i < n).collect();
             if loads.is_empty() {
-                loads = fresh;
+                loads = fresh.clone();
                 changed.extend(0..n);
             } else {
                 for i in 0..n {
@@ -260,10 +269,69 @@ proptest! {
             let m = match_of(&s);
             let input = input_of(&s, &m);
             let told_loads = Loads { all: &loads, changed: Some(&changed) };
+            let previews: Vec<_> = (0..s.previews)
+                .map(|_| told.pick(&previewing(&input), &Loads::new(&loads), &mut SmallRng::seed_from_u64(s.seed)))
+                .collect();
+            // A preview on other loads (every position changed) leaves the
+            // next change list as true as before.
+            let _ = told.pick(&previewing(&input), &Loads::new(&fresh), &mut SmallRng::seed_from_u64(s.seed));
             let a = told.pick(&input, &told_loads, &mut SmallRng::seed_from_u64(s.seed));
             let b = scan.pick(&input, &Loads::new(&loads), &mut SmallRng::seed_from_u64(s.seed));
+            for pv in &previews {
+                prop_assert_eq!(pv, &b);
+            }
             prop_assert_eq!(a, b);
             prop_assert_eq!(told.home_of(s.key), scan.home_of(s.key));
         }
     }
+}
+
+#[test]
+fn a_preview_puts_the_modelled_caches_back() {
+    let mut bs = backends(2);
+    for b in &mut bs {
+        b.capacity_blocks = Some(100);
+    }
+    let p = KvAware::new(&PolicyConfig::default(), &bs);
+    let loads = idle(2);
+    let cold = RouteInput {
+        prefix_key: 7,
+        chain_blocks: 40,
+        matches: None,
+        ..Default::default()
+    };
+    let at = p
+        .pick(&cold, &Loads::new(&loads), &mut rng())
+        .unwrap()
+        .backend;
+    // The index says the holder has 10 blocks of it, and the other
+    // backend's engine reports another capacity: a commit would take both.
+    let m = MatchResult {
+        workers: vec![WorkerMatch {
+            slot: at as u16,
+            blocks: 10,
+            gpu_blocks: 10,
+            fresh: true,
+        }],
+        chain_len: 40,
+    };
+    let mut other = loads.clone();
+    other[1 - at].engine = Some(EngineLoad {
+        capacity_blocks: Some(50),
+        ..EngineLoad::default()
+    });
+    let seen = RouteInput {
+        matches: Some(&m),
+        ..cold
+    };
+    p.pick(&previewing(&seen), &Loads::new(&other), &mut rng())
+        .unwrap();
+    let s = p.placer.lock();
+    assert_eq!(s.resident.of(at).unwrap().held(7), 40, "observation undone");
+    assert_eq!(
+        s.resident.of(1 - at).unwrap().capacity(),
+        100,
+        "new model undone"
+    );
+    assert!(s.preview.is_none());
 }

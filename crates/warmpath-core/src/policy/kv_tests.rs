@@ -168,59 +168,6 @@ fn with_every_backend_full_a_cold_prefix_is_placed_by_the_formula() {
 }
 
 #[test]
-fn a_stale_holder_keeps_a_discounted_match() {
-    let p = kv(4, 8);
-    let loads = idle(4);
-    // Alone, the stale holder still wins: half its blocks beat nothing.
-    let stale = matches(&[(3, 20, false)], 20);
-    let input = RouteInput {
-        prefix_key: 77,
-        chain_blocks: 20,
-        matches: Some(&stale),
-        ..Default::default()
-    };
-    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
-    assert_eq!(
-        (d.backend, d.kind, d.matched_blocks),
-        (3, DecisionKind::KvMatch, 10)
-    );
-    // A fresh holder of more than half the chain wins over it.
-    let both = matches(&[(3, 20, false), (1, 12, true)], 20);
-    let input = RouteInput {
-        matches: Some(&both),
-        ..input
-    };
-    let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
-    assert_eq!((d.backend, d.matched_blocks), (1, 12));
-}
-
-#[test]
-fn a_cold_prefix_goes_to_its_ring_owner_when_that_view_is_partial() {
-    let p = kv(4, 8);
-    let cold = matches(&[], 20);
-    let input = RouteInput {
-        prefix_key: 4242,
-        chain_blocks: 20,
-        matches: Some(&cold),
-        ..Default::default()
-    };
-    let mut loads = idle(4);
-    let owner = p
-        .fallback
-        .pick_by_key(4242, &loads, &mut rng())
-        .unwrap()
-        .backend;
-    loads[owner].engine = Some(crate::policy::EngineLoad {
-        partial: true,
-        ..Default::default()
-    });
-    for _ in 0..5 {
-        let d = p.pick(&input, &Loads::new(&loads), &mut rng()).unwrap();
-        assert_eq!((d.backend, d.kind), (owner, DecisionKind::PrefixHash));
-    }
-}
-
-#[test]
 fn falls_back_to_prefix_hash_when_cold() {
     let p = kv(4, 8);
     let cold = matches(&[], 20);
@@ -391,10 +338,21 @@ fn a_prefix_changes_home_only_when_its_home_lost_it() {
     let mut m = MatchResult::default();
     let home = |p: &KvAware| p.placer.lock().home(3).unwrap().backend;
     // Key 3 lives on 1.
-    // 1's agent is stale: the request goes to the copy, the home stays.
+    // 1's agent is stale and 0 holds it too: a stale match counts as
+    // published, so the home, charged only what it lacks, keeps it.
     let d = p
         .pick(
             &req_with(3, &[(1, 50, false), (0, 50, true)], &mut m),
+            &Loads::new(&loads),
+            &mut rng(),
+        )
+        .unwrap();
+    assert_eq!((d.backend, home(&p)), (1, 1));
+    // Its stale agent lists less than 0 holds: the request goes to 0, and
+    // the home stays (a stale view decides nothing).
+    let d = p
+        .pick(
+            &req_with(3, &[(1, 30, false), (0, 50, true)], &mut m),
             &Loads::new(&loads),
             &mut rng(),
         )

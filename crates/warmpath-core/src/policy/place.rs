@@ -1,22 +1,6 @@
-//! Where `kv_aware` puts a prefix that no backend holds (`kv.cold_placement =
-//! pressure`, the default): the cold case of its cost formula (docs/kv.md),
-//! and the state every stage reads, under one lock taken once per decision
-//! (per router; replicas feed each other's picks into it, see
-//! [`remote`](super::remote)).
-//!
-//! A cold prefix costs, on each usable backend, its queued prefill and
-//! in-flight load plus `miss_weight` times its **write term**: where the
-//! capacity is known the eviction term (what the write evicts there, each
-//! victim weighed by its chance to return first, plus the turnover term for
-//! a prefix the caches keep), else the cache **pressure** (blocks written
-//! there lately, decayed over `PRESSURE_WINDOW` decisions per backend).
-//! Backends within one prefix of the lowest cost and within `FIT_BAND` of
-//! the lowest eviction term are as good; among them the lowest **expected
-//! load** wins ([`home`](super::home)), or for a **tail** prefix (colder
-//! than the admission threshold, [`State::tail_threshold`]) the one writing
-//! the most, so the tail churns on its own caches; then ring order from the
-//! key. The placement becomes the prefix's home: a repeat that finds no
-//! match while the first request still prefills there follows it.
+//! `kv_aware`'s state, under one lock taken once per decision, and the
+//! cold case of its formula: where a prefix no backend holds goes
+//! (docs/kv.md, "The policies in code").
 
 use super::candidates::Candidates;
 use super::home::{Home, Homes};
@@ -65,6 +49,17 @@ pub(crate) struct State {
     pub(super) cands: Candidates,
     /// The balance stage's last fleet summary ([`Fleet`]).
     pub(super) fleet: Cell<Option<Fleet>>,
+    /// While a preview runs: what it puts back when it ends (see
+    /// [`Placer::state`]).
+    pub(super) preview: Option<Box<Saved>>,
+}
+
+/// What a preview changes of the state before it decides, as it was.
+#[derive(Clone, Debug)]
+pub(crate) struct Saved {
+    cands: Candidates,
+    tail: Option<(u64, u32, f64)>,
+    fleet: Option<Fleet>,
 }
 
 /// Cache pressure per backend, homes and copies.
@@ -88,6 +83,7 @@ impl Placer {
                 tail: Cell::new(None),
                 cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
                 fleet: Cell::new(None),
+                preview: None,
             }),
         }
     }
@@ -106,45 +102,53 @@ impl Placer {
         self.state.lock()
     }
 
-    /// The state one decision works on: under [`Mode::Commit`] the live
-    /// state, locked; under [`Mode::Preview`] a copy taken under the lock,
-    /// which the decision changes and then drops. Why a copy rather than a
-    /// second, pure decision path: the decision reads state its own first
-    /// steps update (the resident model's sync with the index), so one code
-    /// path on a scratch copy is the same decision by construction. It
-    /// costs a copy of the homes table and the modelled caches per preview.
+    /// The live state, locked for one decision. Under [`Mode::Preview`]
+    /// the decision runs the same path, but its commit steps
+    /// ([`State::set_home`], [`State::sent`], [`State::copy`]) do nothing,
+    /// and what it learns before deciding (the loads' buckets, the resident
+    /// models' sync with the index, the cached threshold and fleet summary)
+    /// is put back when the scope ends: the same decision by construction,
+    /// at the cost of the buckets and the model entries it touched, not a
+    /// copy of the homes table.
     pub(crate) fn state(&self, mode: Mode) -> Scope<'_> {
-        match mode {
-            Mode::Commit => Scope::Live(self.state.lock()),
-            Mode::Preview => Scope::Scratch(Box::new(self.state.lock().clone())),
+        let mut s = self.state.lock();
+        if mode == Mode::Preview {
+            s.preview = Some(Box::new(Saved {
+                cands: s.cands.clone(),
+                tail: s.tail.get(),
+                fleet: s.fleet.get(),
+            }));
+            s.resident.begin();
         }
+        Scope(s)
     }
 }
 
 /// See [`Placer::state`].
-pub(crate) enum Scope<'a> {
-    /// The live state, locked.
-    Live(MutexGuard<'a, State>),
-    /// A copy, dropped after the decision.
-    Scratch(Box<State>),
+pub(crate) struct Scope<'a>(MutexGuard<'a, State>);
+
+impl Drop for Scope<'_> {
+    fn drop(&mut self) {
+        if let Some(saved) = self.0.preview.take() {
+            let Saved { cands, tail, fleet } = *saved;
+            self.0.cands = cands;
+            self.0.tail.set(tail);
+            self.0.fleet.set(fleet);
+            self.0.resident.rollback();
+        }
+    }
 }
 
 impl Deref for Scope<'_> {
     type Target = State;
     fn deref(&self) -> &State {
-        match self {
-            Scope::Live(g) => g,
-            Scope::Scratch(s) => s,
-        }
+        &self.0
     }
 }
 
 impl DerefMut for Scope<'_> {
     fn deref_mut(&mut self) -> &mut State {
-        match self {
-            Scope::Live(g) => g,
-            Scope::Scratch(s) => s,
-        }
+        &mut self.0
     }
 }
 
@@ -168,11 +172,10 @@ impl State {
         loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0)
     }
 
-    /// The backend to place a prefix no eligible backend holds, among those
-    /// `usable`: the remembered home of `key` when it is still prefilling
-    /// or recent, else the lowest expected load among those within
-    /// `band` blocks of the lowest cold cost (module docs), ties by `ring`
-    /// order from `key`. `weights` are (prefill, miss, decode).
+    /// Where a prefix no eligible backend holds goes, among those `usable`:
+    /// its home while still prefilling there, else the lowest expected load
+    /// within `band` blocks of the lowest cold cost, ties by `ring` order.
+    /// `weights` are (prefill, miss, decode).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn place(
         &self,
@@ -284,13 +287,9 @@ impl State {
         self.evict_at(b, px, key, blocks)
     }
 
-    /// The eviction term of the cost formula: the expected blocks of other
-    /// prefixes that caching `blocks` of `key` (popularity `px`) on `b`
-    /// loses, each victim's trimmed blocks weighted by `p_v / (p_v + p_x)`,
-    /// the chance that the victim (popularity `p_v`) is asked for again
-    /// before the new prefix (`p_x`, this request included). A victim homed
-    /// elsewhere (a stale copy) costs nothing; 0 where the capacity is
-    /// unknown or it fits.
+    /// The eviction term: each victim's trimmed blocks times `p_v / (p_v +
+    /// p_x)`, its chance to return before `key` (popularity `px`); a victim
+    /// homed elsewhere (a stale copy) costs nothing.
     fn evict_at(&self, b: usize, px: f64, key: u64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
@@ -326,14 +325,9 @@ impl State {
         self.lost_at(b, px, blocks)
     }
 
-    /// The **turnover term** of a prefix that the caches keep (not a tail
-    /// one): the expected blocks of `key` that `b`'s LRU trims before its
-    /// next request, `blocks * exp(-p_x * C_b / P_b)`. `p_x / W` is its
-    /// requests per decision and `P_b / W` the blocks `b` writes per
-    /// decision (`W` the decay window of both), so `C_b / (P_b / W)`
-    /// decisions is how long an untouched prefix stays in `b`'s cache of
-    /// `C_b` blocks: a prefix placed where the cache turns over faster than
-    /// it returns is lost again. 0 where the capacity is unknown.
+    /// The turnover term: `blocks * exp(-p_x * C_b / P_b)`, what `b`'s LRU
+    /// (capacity `C_b`, writing `P_b` per window) trims of the prefix before
+    /// it returns (`p_x` per window).
     fn lost_at(&self, b: usize, px: f64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
@@ -342,17 +336,10 @@ impl State {
         f64::from(blocks) * (-stays).exp()
     }
 
-    /// The **admission threshold** for prefixes of `blocks` blocks: the
-    /// popularity of the `k`-th most popular prefix remembered, `k` the
-    /// prefixes of that size the modelled caches hold beyond one backend's
-    /// worth (the largest), left to the tail: LRU engines cannot pin, so the
-    /// hottest prefixes stay only where nothing colder is written, and the
-    /// tail's churn needs a cache of its own (0.5 or 2 backends' worth did
-    /// no better in the scale model, docs/kv.md). A prefix less popular
-    /// than it is a tail prefix: the fleet cannot keep it without evicting
-    /// hotter ones. 0 (no tail) when
-    /// every remembered prefix fits or no capacity is known. Recomputed
-    /// every `n` decisions (it selects over the whole home table).
+    /// The admission threshold for `blocks`-block prefixes: the popularity
+    /// of the `k`-th most popular, `k` what the modelled caches hold beyond
+    /// the largest one (left to the tail: LRU engines cannot pin); 0 when
+    /// all fit. Recomputed every `n` decisions (a select over the table).
     pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
         let n = self.pressure.len().max(1) as u64;
         if let Some((at, b, t)) = self.tail.get() {
@@ -377,6 +364,9 @@ impl State {
     /// there, was sent to `backend`: recorded ([`State::record`]), and its
     /// modelled cache now holds the chain.
     pub(crate) fn sent(&mut self, key: u64, backend: usize, blocks: u32, m: u32) {
+        if self.preview.is_some() {
+            return;
+        }
         self.record(key, backend, blocks.saturating_sub(m));
         self.cached(key, backend, blocks);
     }
@@ -397,24 +387,27 @@ impl State {
             .homes
             .get(key)
             .is_some_and(|h| h.backend as usize == backend && Self::following(&h, loads));
-        if prefilling {
-            return;
-        }
-        if let Some(c) = self.resident.of_mut(backend) {
-            c.observe(key, u64::from(blocks));
+        if !prefilling {
+            self.resident.observe(backend, key, u64::from(blocks));
         }
     }
 
     /// Homes `key` on `backend` (a cold placement, or a warm request whose
     /// home lost it); its popularity moves along.
     pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
-        self.homes.set_home(key, backend, self.seq);
+        if self.preview.is_some() {
+            return;
+        }
+        self.homes.set_home(key, backend);
         self.fleet.set(None);
     }
 
     /// A deliberate copy of `key` on `backend` (replication), or the last
     /// one dropped (`None`).
     pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
+        if self.preview.is_some() {
+            return;
+        }
         self.fleet.set(None);
         match backend {
             Some(b) => self.homes.add_copy(key, b),
@@ -433,7 +426,7 @@ impl State {
         if let Some(p) = self.pressure.get_mut(backend) {
             *p += unit * f64::from(blocks);
         }
-        self.homes.hit(key, backend, unit, self.seq);
+        self.homes.hit(key, backend, unit);
         self.unit /= self.decay;
         // Reset (everything divided by the unit) long before an f64 overflows.
         if self.unit > 1e200 {

@@ -1,6 +1,6 @@
-//! The copy rule of `kv_aware`'s balance stage (the formula: the `kv`
-//! module docs): when a prefix too hot for its holders gets one more
-//! deliberate copy, and when its last copy goes.
+//! The copy rule of `kv_aware`'s balance stage (docs/kv.md): when a prefix
+//! too hot for its holders gets one more deliberate copy, and when its last
+//! copy goes.
 
 use super::home::Home;
 use super::place::State;
@@ -16,24 +16,10 @@ pub(crate) struct Rebalance {
 }
 
 impl State {
-    /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`)
-    /// or one fewer (`Some(false)`), by the **copy rule**: `k` holders of a
-    /// prefix of popularity `p` carry `p / k` each, and each should carry
-    /// no more than a fair share within part of the slack (`COPY_SLACK`,
-    /// which leaves room for the holder's other homes), so a prefix gets
-    ///
-    /// ```text
-    /// k = ceil(p / ((1 + COPY_SLACK * rebalance_slack) * mean))   (at most the usable backends)
-    /// ```
-    ///
-    /// holders, `mean` the mean expected load of the usable backends: one
-    /// more while `p / k` is above that bound, one fewer once `p / (k - 1)`
-    /// would be at most the mean (the load fell). The count grows
-    /// with the prefix's demand and the fleet, one copy per request of the
-    /// prefix, with no wait between copies: a copy's effect on the
-    /// model (`p / k` on each holder) is exact at once. A copy is only
-    /// added once the prefix brought `COPY_WARMUP` of its own requests per
-    /// holder, so its popularity is an estimate worth acting on.
+    /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`:
+    /// `p / k` above `(1 + COPY_SLACK * slack) * mean` after `COPY_WARMUP`
+    /// requests per holder) or one fewer (`Some(false)`: `p / (k - 1)` at
+    /// most the mean), `mean` over the usable backends (docs/kv.md).
     pub(crate) fn replicas(
         &self,
         rb: &Rebalance,
@@ -90,12 +76,10 @@ pub(crate) struct Stamp {
     pub(crate) m: usize,
 }
 
-/// What the copy rule reads of the whole fleet: the usable backends' count
-/// and their summed expected loads, in the decayed counters' units. It
-/// compares one prefix against the mean on every warm request at its home,
-/// a pass over every backend; so a summary is reused for `n /
-/// REUSE_BACKENDS` decisions (at least one) until a placement or copy
-/// changes the homes (the state drops it then).
+/// What the copy rule reads of the fleet: the usable backends' count and
+/// summed expected loads, reused for `n / REUSE_BACKENDS` decisions (at
+/// least one) until a placement or copy drops it: a pass per warm request
+/// costs at 1000 backends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Fleet {
     taken: Stamp,

@@ -14,9 +14,6 @@ use super::place::{Placer, State};
 pub struct HomeView {
     /// Its home.
     pub backend: usize,
-    /// Always false: kv_aware no longer moves prefixes. Kept while the
-    /// router's share wire still carries the flag; ignored when received.
-    pub moved: bool,
     /// Its deliberate copies besides the home.
     pub copies: Vec<usize>,
 }
@@ -45,7 +42,6 @@ pub(super) fn home_of(placer: &Placer, key: u64) -> Option<HomeView> {
 fn view(s: &State, h: &Home) -> HomeView {
     HomeView {
         backend: h.backend as usize,
-        moved: false,
         copies: s.homes.holders(h).skip(1).collect(),
     }
 }
@@ -71,7 +67,7 @@ fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
     if s.home(key)
         .is_none_or(|local| local.backend as usize != h.backend)
     {
-        s.homes.set_home(key, h.backend, s.seq);
+        s.homes.set_home(key, h.backend);
     }
     let want: Vec<usize> = h.copies.iter().copied().filter(|&c| c < n).collect();
     let have: Vec<usize> = s.home(key).map_or_else(Vec::new, |l| view(s, &l).copies);
@@ -167,14 +163,12 @@ mod tests {
             prefill_blocks: 10,
             home: Some(HomeView {
                 backend: 2,
-                moved: false,
                 copies: vec![],
             }),
         });
         assert_eq!(p.home_of(9).unwrap().backend, 2);
         let elsewhere = HomeView {
             backend: 1,
-            moved: false,
             copies: vec![3],
         };
         p.observe_remote(&RemoteDecision {

@@ -1,13 +1,8 @@
-//! What each backend's prefix cache holds, as `kv_aware` predicts it: the
-//! **resident set** behind the eviction term (docs/kv.md). The index says
-//! which blocks a backend holds, not which prefix they belong to nor what
-//! the engine evicts next; so for each backend of known capacity
-//! ([`PolicyBackend::capacity_blocks`](super::PolicyBackend)) the router
-//! keeps an LRU over prefix keys, each with the leading blocks of its chain,
-//! trimmed from the end as the engine's `prefix_cache` trims a chain. It is
-//! fed by the router's own decisions and corrected by each fresh index
-//! match; other blocks (question tails, other routers' prefixes) are not
-//! counted. A backend of unknown capacity is not modelled (eviction term 0).
+//! What each backend of known capacity caches, as `kv_aware` predicts it
+//! (the eviction term, docs/kv.md): an LRU over prefix keys, each with the
+//! leading blocks of its chain, trimmed from the end as the engine's
+//! `prefix_cache` trims; fed by the router's decisions, corrected by each
+//! fresh index match.
 
 use super::BackendLoad;
 use std::collections::{BTreeSet, HashMap};
@@ -105,6 +100,19 @@ impl Cache {
         self.set(key, blocks.min(self.capacity), false);
     }
 
+    /// `key`'s entry as it was before an [`Self::observe`] (which leaves
+    /// the tick and every other entry alone).
+    fn restore(&mut self, key: u64, entry: Option<(u64, u64)>, used: u64) {
+        if let Some((_, t)) = self.held.remove(&key) {
+            self.lru.remove(&(t, key));
+        }
+        if let Some(e) = entry {
+            self.held.insert(key, e);
+            self.lru.insert((e.1, key));
+        }
+        self.used = used;
+    }
+
     /// Whether `blocks` more blocks (up to the capacity) fit without
     /// trimming anything: then [`Self::victims`] yields nothing for any key.
     pub(crate) fn has_room(&self, blocks: u64) -> bool {
@@ -149,6 +157,26 @@ pub(crate) struct Resident {
     /// Whether every position was compared once since the models were
     /// made; until then [`Self::sync`] compares them all.
     synced: bool,
+    /// While a preview runs: what it changed, to put back when it ends.
+    journal: Option<Journal>,
+}
+
+/// What a preview changed in the models ([`Resident::begin`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Journal {
+    stale: Vec<u32>,
+    synced: bool,
+    /// In order, with the position each changed.
+    changes: Vec<(u32, Change)>,
+}
+
+/// One change a preview made, as it was before.
+#[derive(Clone, Debug)]
+enum Change {
+    /// An observation: the key, its entry, the blocks used.
+    Entry(u64, Option<(u64, u64)>, u64),
+    /// A new model: the one it replaced.
+    Model(Option<Cache>),
 }
 
 impl Resident {
@@ -168,6 +196,51 @@ impl Resident {
     /// Mutable [`Self::of`].
     pub(crate) fn of_mut(&mut self, b: usize) -> Option<&mut Cache> {
         self.caches.get_mut(b).and_then(Option::as_mut)
+    }
+
+    /// The index saw `blocks` of `key`'s chain on `b` ([`Cache::observe`]).
+    pub(crate) fn observe(&mut self, b: usize, key: u64, blocks: u64) {
+        let Some(c) = self.caches.get_mut(b).and_then(Option::as_mut) else {
+            return;
+        };
+        if let Some(j) = &mut self.journal {
+            let before = Change::Entry(key, c.held.get(&key).copied(), c.used);
+            j.changes.push((b as u32, before));
+        }
+        c.observe(key, blocks);
+    }
+
+    /// From here until [`Self::rollback`] every change is journaled: a
+    /// preview learns what a commit would, then puts it back, at the cost
+    /// of the entries it touched, not a copy of every model.
+    pub(crate) fn begin(&mut self) {
+        self.journal = Some(Journal {
+            stale: self.stale.clone(),
+            synced: self.synced,
+            changes: Vec::new(),
+        });
+    }
+
+    /// Undoes what changed since [`Self::begin`], newest first.
+    pub(crate) fn rollback(&mut self) {
+        let Some(j) = self.journal.take() else {
+            return;
+        };
+        for (b, change) in j.changes.into_iter().rev() {
+            let Some(slot) = self.caches.get_mut(b as usize) else {
+                continue;
+            };
+            match change {
+                Change::Entry(key, entry, used) => {
+                    if let Some(c) = slot {
+                        c.restore(key, entry, used);
+                    }
+                }
+                Change::Model(model) => *slot = model,
+            }
+        }
+        self.stale = j.stale;
+        self.synced = j.synced;
     }
 
     /// Takes note of the loads of a decision, `changed` the positions whose
@@ -205,21 +278,24 @@ impl Resident {
                 if let (Some(slot), Some(l)) =
                     (self.caches.get_mut(i as usize), loads.get(i as usize))
                 {
-                    Self::follow(slot, l);
+                    Self::follow(i as usize, slot, l, &mut self.journal);
                 }
             }
         } else {
-            for (slot, l) in self.caches.iter_mut().zip(loads) {
-                Self::follow(slot, l);
+            for (i, (slot, l)) in self.caches.iter_mut().zip(loads).enumerate() {
+                Self::follow(i, slot, l, &mut self.journal);
             }
             self.stale.clear();
             self.synced = true;
         }
     }
 
-    fn follow(slot: &mut Option<Cache>, l: &BackendLoad) {
+    fn follow(i: usize, slot: &mut Option<Cache>, l: &BackendLoad, journal: &mut Option<Journal>) {
         if let Some(cap) = new_capacity(slot.as_ref(), l) {
-            *slot = Some(Cache::new(cap));
+            let old = slot.replace(Cache::new(cap));
+            if let Some(j) = journal {
+                j.changes.push((i as u32, Change::Model(old)));
+            }
         }
     }
 

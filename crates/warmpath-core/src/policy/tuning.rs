@@ -1,7 +1,7 @@
 //! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and every named
 //! constant of `policy/` but the ring's, in one place, each with why it has
 //! its value; docs/kv.md lists them and a test keeps that list equal to
-//! this file. The formula itself is documented once, in the `kv` module.
+//! this file.
 //!
 //! Knobs that were removed are still recognised by name, so a config that
 //! sets one is refused at start-up with its replacement
@@ -35,7 +35,7 @@ pub(crate) const COPY_WARMUP: f64 = 10.0;
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
 /// The home table's bounds, in prefixes: a few KiB however small the
-/// fleet, at most ~48 MiB (48-byte entries) however large, so memory stays
+/// fleet, at most ~40 MiB (40-byte entries) however large, so memory stays
 /// bounded while `HOMES_PER_BACKEND` holds up to 16k backends.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
@@ -48,7 +48,7 @@ pub(crate) fn home_table_keys(backends: usize) -> usize {
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
 
-/// Copies kept in a home table entry: three keep it at 48 bytes and cover
+/// Copies kept in a home table entry: three keep it at 40 bytes and cover
 /// every prefix of up to four even shares; the rest spill.
 pub(crate) const HOME_INLINE_COPIES: usize = 3;
 
@@ -67,7 +67,7 @@ pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
 /// moves by about `1 / (PRESSURE_WINDOW x 64)` of itself.
 pub(crate) const REUSE_BACKENDS: u64 = 64;
 
-/// `kv_aware`'s knobs (its cost formula: the `kv` module docs).
+/// `kv_aware`'s knobs (its cost formula: docs/kv.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "KvConfigFile")]
 pub struct KvConfig {

@@ -83,7 +83,6 @@ fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decid
         .flatten()
         .map(|b| HomeView {
             backend: b,
-            moved: d.home_moved,
             copies: d.copies.iter().filter_map(|c| at(c)).collect(),
         });
     learns.observe_remote(&RemoteDecision {

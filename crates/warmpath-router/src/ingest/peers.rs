@@ -351,7 +351,6 @@ impl Peers {
             chain_blocks: fact.chain_blocks,
             prefill_blocks: fact.prefill_blocks,
             home: fact.home,
-            home_moved: fact.home_moved,
             copies: fact.copies,
             mac: Vec::new(),
         };

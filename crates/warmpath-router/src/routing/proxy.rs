@@ -572,7 +572,6 @@ fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> Fact {
             .as_ref()
             .and_then(|h| id(h.backend))
             .unwrap_or_default(),
-        home_moved: home.as_ref().is_some_and(|h| h.moved),
         copies: home
             .map(|h| h.copies.into_iter().filter_map(id).collect())
             .unwrap_or_default(),

@@ -15,8 +15,6 @@ pub(crate) struct Fact {
     pub(crate) prefill_blocks: u64,
     /// The prefix's home after the pick ("" when the policy keeps none).
     pub(crate) home: String,
-    /// It came there by a move.
-    pub(crate) home_moved: bool,
     /// Its deliberate copies.
     pub(crate) copies: Vec<String>,
 }
