@@ -15,6 +15,8 @@ pub(crate) struct Home {
     pub(crate) key: u64,
     /// Where its requests go.
     pub(crate) backend: u32,
+    /// The decision (`seq`, low 32 bits) it was homed there at.
+    pub(crate) since: u32,
     /// Decayed requests of it, in the caller's units.
     pub(crate) pop: f64,
     /// Deliberate copies besides `backend`: the first `extra` (at most
@@ -117,10 +119,10 @@ impl Homes {
 
     /// One more request of `key` (weight `unit`): its popularity and its
     /// home's load grow. A key not in the table is homed on `backend`.
-    pub(crate) fn hit(&mut self, key: u64, backend: usize, unit: f64) {
+    pub(crate) fn hit(&mut self, key: u64, backend: usize, unit: f64, seq: u64) {
         let i = match self.find(key) {
             Some(i) => i,
-            None => self.insert(key, backend),
+            None => self.insert(key, backend, seq),
         };
         self.entries[i].pop += unit;
         let e = self.entries[i];
@@ -202,10 +204,10 @@ impl Homes {
     /// its copies keeps the other copies (they still hold it; the old home
     /// is no holder any more); any other new home drops them: they age out
     /// where they are.
-    pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
+    pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64) {
         let i = match self.find(key) {
             Some(i) => i,
-            None => self.insert(key, backend),
+            None => self.insert(key, backend, seq),
         };
         self.spread(i, -1.0);
         let e = self.entries[i];
@@ -217,6 +219,7 @@ impl Homes {
         self.clear_copies(i);
         self.entries[i] = Home {
             backend: backend as u32,
+            since: seq as u32,
             extra: 0,
             ..self.entries[i]
         };
@@ -240,7 +243,7 @@ impl Homes {
 
     /// A new entry for `key` on `backend`, in a free way of its set or in
     /// place of the set's least popular entry.
-    fn insert(&mut self, key: u64, backend: usize) -> usize {
+    fn insert(&mut self, key: u64, backend: usize, seq: u64) -> usize {
         let set = self.set(key);
         let i = set
             .clone()
@@ -254,6 +257,7 @@ impl Homes {
         self.entries[i] = Home {
             key,
             backend: backend as u32,
+            since: seq as u32,
             pop: 0.0,
             copies: [0; INLINE],
             extra: 0,
@@ -334,16 +338,16 @@ mod tests {
     fn popularity_follows_its_home() {
         let mut h = Homes::new(3, 16);
         for _ in 0..5 {
-            h.hit(10, 0, 1.0);
+            h.hit(10, 0, 1.0, 0);
         }
-        h.hit(11, 1, 1.0);
+        h.hit(11, 1, 1.0, 0);
         assert_eq!(h.loads(), &[5.0, 1.0, 0.0]);
-        h.set_home(10, 2);
+        h.set_home(10, 2, 0);
         assert_eq!(h.loads(), &[0.0, 1.0, 5.0]);
         let e = h.get(10).unwrap();
         assert_eq!((e.backend, e.pop), (2, 5.0));
         // Later requests count where it lives now.
-        h.hit(10, 0, 2.0);
+        h.hit(10, 0, 2.0, 0);
         assert_eq!(h.loads(), &[0.0, 1.0, 7.0]);
         h.rescale(2.0);
         assert_eq!(h.loads(), &[0.0, 0.5, 3.5]);
@@ -357,7 +361,7 @@ mod tests {
         for (n, k) in (0..5u64).enumerate() {
             let key = 3 + k * sets;
             for _ in 0..(5 - n) {
-                h.hit(key, n % 2, 1.0);
+                h.hit(key, n % 2, 1.0, 0);
             }
         }
         // ... the fifth (1 request) took the place of the fourth (2).
@@ -378,7 +382,7 @@ mod tests {
     fn copies_beyond_the_entry_spill_and_come_back() {
         let mut h = Homes::new(10, 16);
         for _ in 0..8 {
-            h.hit(7, 0, 1.0);
+            h.hit(7, 0, 1.0, 0);
         }
         for b in 1..8 {
             h.add_copy(7, b);
@@ -417,18 +421,18 @@ mod tests {
     fn a_copy_made_home_keeps_the_other_copies() {
         let mut h = Homes::new(8, 16);
         for _ in 0..6 {
-            h.hit(3, 0, 1.0);
+            h.hit(3, 0, 1.0, 0);
         }
         for b in 1..6 {
             h.add_copy(3, b);
         }
         // The home lost it; copy 4 is its home now: 0 holds nothing.
-        h.set_home(3, 4);
+        h.set_home(3, 4, 0);
         let e = h.get(3).unwrap();
         assert_eq!(h.holders(&e).collect::<Vec<_>>(), vec![4, 1, 2, 3, 5]);
         assert_eq!(h.loads(), &[0.0, 1.2, 1.2, 1.2, 1.2, 1.2, 0.0, 0.0]);
         // A new home that held nothing drops them all.
-        h.set_home(3, 6);
+        h.set_home(3, 6, 0);
         let e = h.get(3).unwrap();
         assert_eq!(e.count(), 1);
         assert_eq!(h.spilled(), 0);
@@ -445,12 +449,12 @@ mod tests {
             let mut h = Homes::new(4, 8);
             for &(key, backend, op, w) in &ops {
                 match op {
-                    0 => h.set_home(key, backend),
+                    0 => h.set_home(key, backend, 0),
                     1 => h.add_copy(key, backend),
                     2 if w == 1 => {
                         h.drop_copy(key);
                     }
-                    _ => h.hit(key, backend, f64::from(w)),
+                    _ => h.hit(key, backend, f64::from(w), 0),
                 }
             }
             // A prefix with copies counts pop / k on each of its k holders.
@@ -476,12 +480,12 @@ mod tests {
             let mut h = Homes::new(12, 8);
             for &(key, backend, op, w) in &ops {
                 match op {
-                    0 => h.set_home(key, backend),
+                    0 => h.set_home(key, backend, 0),
                     1 | 2 => h.add_copy(key, backend),
                     3 if w == 1 => {
                         h.drop_copy(key);
                     }
-                    _ => h.hit(key, backend, f64::from(w)),
+                    _ => h.hit(key, backend, f64::from(w), 0),
                 }
             }
             let mut sums = [0.0; 12];

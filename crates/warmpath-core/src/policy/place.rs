@@ -7,7 +7,7 @@ use super::home::{Home, Homes};
 use super::rebalance::Fleet;
 use super::resident::Resident;
 use super::ring::Ring;
-use super::tuning::{home_table_keys, FIT_BAND, TAIL_LOAD_MAX};
+use super::tuning::{home_table_keys, FIT_BAND, STICKY, TAIL_LOAD_MAX};
 use super::{BackendLoad, Mode, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
@@ -166,10 +166,13 @@ impl State {
 
     /// Whether requests of `home`'s prefix should still follow it there
     /// although it holds nothing yet: its first request there is queued
-    /// or prefilling.
-    pub(crate) fn following(home: &Home, loads: &[BackendLoad]) -> bool {
+    /// or prefilling, or it was homed there within `STICKY` decisions per
+    /// backend (its blocks may not be published yet).
+    pub(crate) fn following(&self, home: &Home, loads: &[BackendLoad]) -> bool {
         let b = home.backend as usize;
-        loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0)
+        let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
+        let since = u64::from((self.seq as u32).wrapping_sub(home.since));
+        prefilling || since <= STICKY * self.pressure.len().max(1) as u64
     }
 
     /// Where a prefix no eligible backend holds goes, among those `usable`:
@@ -188,7 +191,7 @@ impl State {
         band: f64,
     ) -> Option<(usize, Placed)> {
         if let Some(h) = self.homes.get(key) {
-            if usable(h.backend as usize) && Self::following(&h, loads) {
+            if usable(h.backend as usize) && self.following(&h, loads) {
                 return Some((h.backend as usize, Placed::Remembered));
             }
         }
@@ -386,7 +389,7 @@ impl State {
         let prefilling = self
             .homes
             .get(key)
-            .is_some_and(|h| h.backend as usize == backend && Self::following(&h, loads));
+            .is_some_and(|h| h.backend as usize == backend && self.following(&h, loads));
         if !prefilling {
             self.resident.observe(backend, key, u64::from(blocks));
         }
@@ -398,7 +401,7 @@ impl State {
         if self.preview.is_some() {
             return;
         }
-        self.homes.set_home(key, backend);
+        self.homes.set_home(key, backend, self.seq);
         self.fleet.set(None);
     }
 
@@ -426,7 +429,7 @@ impl State {
         if let Some(p) = self.pressure.get_mut(backend) {
             *p += unit * f64::from(blocks);
         }
-        self.homes.hit(key, backend, unit);
+        self.homes.hit(key, backend, unit, self.seq);
         self.unit /= self.decay;
         // Reset (everything divided by the unit) long before an f64 overflows.
         if self.unit > 1e200 {

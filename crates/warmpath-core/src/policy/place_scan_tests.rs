@@ -23,7 +23,7 @@ fn place_scan(
     band: f64,
 ) -> Option<(usize, Placed)> {
     if let Some(h) = s.homes.get(key) {
-        if usable(h.backend as usize) && State::following(&h, loads) {
+        if usable(h.backend as usize) && s.following(&h, loads) {
             return Some((h.backend as usize, Placed::Remembered));
         }
     }

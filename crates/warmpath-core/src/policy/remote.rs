@@ -67,7 +67,7 @@ fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
     if s.home(key)
         .is_none_or(|local| local.backend as usize != h.backend)
     {
-        s.homes.set_home(key, h.backend);
+        s.homes.set_home(key, h.backend, s.seq);
     }
     let want: Vec<usize> = h.copies.iter().copied().filter(|&c| c < n).collect();
     let have: Vec<usize> = s.home(key).map_or_else(Vec::new, |l| view(s, &l).copies);

@@ -44,6 +44,11 @@ pub(crate) fn home_table_keys(backends: usize) -> usize {
     (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
 }
 
+/// Decisions per backend a placement stays followed after it was made
+/// (`4 n`), with no prefill queued there: its blocks may not be published
+/// yet, and a repeat must not start a second cold copy elsewhere.
+pub(crate) const STICKY: u64 = 4;
+
 /// Ways of the home table's sets: enough that a hot prefix is not evicted
 /// by hash collisions, few enough that a lookup is one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
