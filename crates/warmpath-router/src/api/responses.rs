@@ -58,7 +58,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             return ("known", remembered);
         }
     }
-    let now = crate::routing::loads::monotonic_ms();
+    let now = crate::http::clock::monotonic_ms();
     if pool.responses.missed(id, now) {
         return ("unknown", None);
     }
@@ -74,8 +74,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             ("located", Some(w))
         }
         None => {
-            pool.responses
-                .miss(id, crate::routing::loads::monotonic_ms());
+            pool.responses.miss(id, crate::http::clock::monotonic_ms());
             match remembered {
                 Some(_) => ("gone", None),
                 None => ("unknown", None),

@@ -170,7 +170,7 @@ fn unmark(p: &Pool, id: &str) {
 }
 
 pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
-    let now = crate::routing::loads::monotonic_ms();
+    let now = crate::http::clock::monotonic_ms();
     let members: Vec<Value> = p
         .backends()
         .iter()
@@ -200,7 +200,7 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
     match add_member(s, p, &cfg, Origin::Admin).await {
         Ok(b) => (
             StatusCode::CREATED,
-            Json(member_view(s, p, &b, crate::routing::loads::monotonic_ms())),
+            Json(member_view(s, p, &b, crate::http::clock::monotonic_ms())),
         )
             .into_response(),
         Err(e) => e.response(),

@@ -10,7 +10,7 @@
 //! bodies are all polled on the connection's own task, so the counters are
 //! plain `Relaxed` atomics.
 
-use crate::routing::loads::monotonic_ms;
+use crate::http::clock::monotonic_ms;
 use axum::body::Body;
 use bytes::Bytes;
 use std::pin::Pin;

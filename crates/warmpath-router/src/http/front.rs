@@ -15,11 +15,11 @@
 
 use crate::api::{openai as api, surface};
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::http::conn::{Activity, Conns, HeldBody, Slot};
 use crate::http::error::ApiError;
 use crate::http::requests::{self, Record, Recorded, Routed};
 use crate::http::socket::Watched;
-use crate::routing::loads::monotonic_ms;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
