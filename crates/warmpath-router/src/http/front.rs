@@ -16,9 +16,10 @@
 use crate::api::{openai as api, surface};
 use crate::control::state::Shared;
 use crate::http::clock::monotonic_ms;
-use crate::http::conn::{Activity, Conns, HeldBody, Slot};
+use crate::http::conn::{Activity, Conns, Slot};
 use crate::http::error::ApiError;
-use crate::http::requests::{self, Record, Recorded, Routed};
+use crate::http::layer::layered;
+use crate::http::requests::{self, Record, Routed};
 use crate::http::socket::Watched;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
@@ -151,17 +152,14 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                 access_log,
                 span,
             };
-            let body = Body::new(Recorded::new(body, record));
             if h1 && shared.draining() {
                 // Clients move to another replica instead of reusing this one.
                 parts
                     .headers
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Ok(Response::from_parts(
-                parts,
-                Body::new(HeldBody::new(body, busy)),
-            ))
+            let body = Body::new(layered(body, (record, busy)));
+            Ok(Response::from_parts(parts, body))
         })
     }
 }
