@@ -16,7 +16,7 @@
 
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
-use crate::http::incoming::{path_and_query, read_body, Held};
+use crate::http::incoming::{path_and_query, Held};
 use crate::routing::backend::Backend;
 use crate::routing::pool::{Pool, Target};
 use crate::routing::proxy::{self, rejected, Outgoing};
@@ -146,15 +146,7 @@ pub(crate) async fn cancel(
     body: Body,
 ) -> Response {
     let mut held = Held::new(&s.bodies);
-    let raw = match read_body(
-        body,
-        &headers,
-        s.config.max_body_bytes,
-        s.config.server.body_timeout(),
-        &mut held,
-    )
-    .await
-    {
+    let raw = match s.body(body, &headers, &mut held).await {
         Ok(b) => b,
         Err(e) => return rejected(e),
     };

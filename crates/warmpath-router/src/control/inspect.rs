@@ -7,7 +7,7 @@
 use crate::config::TenantsConfig;
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
-use crate::http::incoming::{read_body, tenant_header, Held};
+use crate::http::incoming::{tenant_header, Held};
 use crate::http::tenancy;
 use crate::routing::pool::Pool;
 use crate::routing::route::{self, Hashing};
@@ -226,24 +226,14 @@ async fn read_query(
     held: &mut Held,
 ) -> Result<Bytes, ApiError> {
     crate::control::access::inspect(s, headers)?;
-    read_body(
-        body,
-        headers,
-        s.config.max_body_bytes,
-        s.config.server.body_timeout(),
-        held,
-    )
-    .await
+    s.body(body, headers, held).await
 }
 
 fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError> {
     let started = Instant::now();
     let value: Value = serde_json::from_slice(raw).map_err(RequestError::InvalidJson)?;
     let req = Request::from_value(&value, Expect::Any)?;
-    let target = s
-        .pools
-        .resolve(&req.model)
-        .ok_or_else(|| ApiError::unknown_model(&req.model))?;
+    let target = s.pools.target(&req.model)?;
     let client = req.tenant(tenant_header(headers)?)?;
     let tenant = query_tenant(s, &target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;

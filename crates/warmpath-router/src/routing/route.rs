@@ -90,9 +90,7 @@ pub(crate) enum Hashing {
 
 fn observe(pool: &Pool, phase: Phase, since: Instant) -> Instant {
     let now = Instant::now();
-    pool.metrics
-        .overhead(phase)
-        .record(now.duration_since(since).as_secs_f64());
+    pool.metrics.overhead(phase, now.duration_since(since));
     now
 }
 
