@@ -161,9 +161,10 @@ impl ApiError {
     /// 503: the request bodies held at once reached
     /// 32 `max_body_bytes`.
     pub fn bodies_full(budget: usize) -> Self {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", format!(
-                "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
-            ))
+        let message = format!(
+            "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
+        );
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
     }
 
     /// 502: the chosen backend failed.
