@@ -36,13 +36,11 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/admin/pools/{*rest}", any(admin::handle))
         .fallback(|uri: axum::http::Uri| async move {
-            ApiError {
-                status: axum::http::StatusCode::NOT_FOUND,
-                message: format!("no route for {}", uri.path()),
-                kind: "invalid_request_error",
-                param: None,
-                code: "not_found",
-            }
+            ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no route for {}", uri.path()),
+            )
         })
         .with_state(shared)
 }

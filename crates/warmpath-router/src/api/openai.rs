@@ -8,7 +8,7 @@ use crate::config::{Isolation, TenantFrom};
 use crate::control::metrics::Phase;
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
-use crate::http::incoming::{path_and_query, read_body, tenant_header, Held};
+use crate::http::incoming::{path_and_query, tenant_header, Held};
 use crate::http::tenancy;
 use crate::routing::pool::Target;
 use crate::routing::proxy::{self, rejected, Outgoing};
@@ -30,29 +30,19 @@ pub(crate) const COMPLETIONS_PATH: &str = "/v1/completions";
 /// See [`CHAT_PATH`].
 pub(crate) const INVOCATIONS_PATH: &str = "/invocations";
 
-/// `POST /v1/chat/completions` (reached through [`crate::http::front`]).
-pub(crate) async fn chat(s: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Body) -> Response {
-    openai(s, Expect::Chat, CHAT_PATH, uri, headers, body).await
-}
-
-/// `POST /v1/completions` (reached through [`crate::http::front`]).
-pub(crate) async fn completions(
-    s: Arc<Shared>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    openai(s, Expect::Completion, COMPLETIONS_PATH, uri, headers, body).await
-}
-
-async fn openai(
+/// `POST /v1/chat/completions` ([`Expect::Chat`]) or `/v1/completions`
+/// (reached through [`crate::http::front`]).
+pub(crate) async fn openai(
     s: Arc<Shared>,
     expect: Expect,
-    path: &str,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let path = match expect {
+        Expect::Chat => CHAT_PATH,
+        _ => COMPLETIONS_PATH,
+    };
     let prepare = move |s: &Shared, h: &HeaderMap, raw: &Bytes, started: Instant| {
         prepare(s, expect, h, raw, started)
     };
@@ -77,15 +67,7 @@ where
 {
     // Held until the body has gone upstream (the answer's head is in).
     let mut held = Held::new(&s.bodies);
-    let raw = match read_body(
-        body,
-        &headers,
-        s.config.max_body_bytes,
-        s.config.server.body_timeout(),
-        &mut held,
-    )
-    .await
-    {
+    let raw = match s.body(body, &headers, &mut held).await {
         Ok(b) => b,
         Err(e) => return rejected(e),
     };
@@ -122,17 +104,13 @@ fn prepare(
     started: Instant,
 ) -> Result<(route::Plan, Bytes), ApiError> {
     let req = Request::parse(raw, expect)?;
-    let target = s
-        .pools
-        .resolve(&req.model)
-        .ok_or_else(|| ApiError::unknown_model(&req.model))?;
+    let target = s.pools.target(&req.model)?;
     let client = req.tenant(tenant_header(headers)?)?;
     let tenant = tenancy::resolve(&target.pool.tenants, headers, client)?;
     target
         .pool
         .metrics
-        .overhead(Phase::Parse)
-        .record(started.elapsed().as_secs_f64());
+        .overhead(Phase::Parse, started.elapsed());
     let plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
     let salted = plan.target.pool.tenants.isolation == Isolation::Engine;
     let body = match (&plan.tenant, salted) {
@@ -177,10 +155,7 @@ fn prepare_raw(
         s,
         fields.and_then(|n| n.model.as_deref()).map(str::to_owned),
     )?;
-    let target: Target = s
-        .pools
-        .resolve(&model)
-        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let target: Target = s.pools.target(&model)?;
     let named = [
         (tenant_header(headers)?, TenantSource::Header),
         (
@@ -200,8 +175,7 @@ fn prepare_raw(
     target
         .pool
         .metrics
-        .overhead(Phase::Parse)
-        .record(started.elapsed().as_secs_f64());
+        .overhead(Phase::Parse, started.elapsed());
     // A tenant from the API key is a promise of isolation, kept in the
     // engine too; a client-named one leaves the native body as sent.
     let tenants = &target.pool.tenants;

@@ -16,7 +16,7 @@
 
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
-use crate::http::incoming::{path_and_query, read_body, Held};
+use crate::http::incoming::{path_and_query, Held};
 use crate::routing::backend::Backend;
 use crate::routing::pool::{Pool, Target};
 use crate::routing::proxy::{self, rejected, Outgoing};
@@ -58,7 +58,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             return ("known", remembered);
         }
     }
-    let now = crate::routing::loads::monotonic_ms();
+    let now = crate::http::clock::monotonic_ms();
     if pool.responses.missed(id, now) {
         return ("unknown", None);
     }
@@ -74,8 +74,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             ("located", Some(w))
         }
         None => {
-            pool.responses
-                .miss(id, crate::routing::loads::monotonic_ms());
+            pool.responses.miss(id, crate::http::clock::monotonic_ms());
             match remembered {
                 Some(_) => ("gone", None),
                 None => ("unknown", None),
@@ -147,15 +146,7 @@ pub(crate) async fn cancel(
     body: Body,
 ) -> Response {
     let mut held = Held::new(&s.bodies);
-    let raw = match read_body(
-        body,
-        &headers,
-        s.config.max_body_bytes,
-        s.config.server.body_timeout(),
-        &mut held,
-    )
-    .await
-    {
+    let raw = match s.body(body, &headers, &mut held).await {
         Ok(b) => b,
         Err(e) => return rejected(e),
     };

@@ -53,10 +53,7 @@ fn prepare(
 ) -> Result<(route::Plan, Bytes), ApiError> {
     let parsed = Surface::parse(raw, endpoint)?;
     let model = model_or_only(s, parsed.model)?;
-    let target = s
-        .pools
-        .resolve(&model)
-        .ok_or_else(|| ApiError::unknown_model(&model))?;
+    let target = s.pools.target(&model)?;
     let header = tenant_header(headers)?;
     let client = match &parsed.prompt {
         Some(req) => req.tenant(header)?,
@@ -68,8 +65,7 @@ fn prepare(
     target
         .pool
         .metrics
-        .overhead(Phase::Parse)
-        .record(started.elapsed().as_secs_f64());
+        .overhead(Phase::Parse, started.elapsed());
     let Some(mut req) = parsed.prompt else {
         return Ok((route::plan_least(target, tenant), raw.clone()));
     };

@@ -155,13 +155,11 @@ pub(crate) fn edge(
     }
     let writes = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
     if writes && path.starts_with("/admin/") && !json(headers) {
-        return Err(ApiError {
-            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            message: "admin writes take `Content-Type: application/json`".into(),
-            kind: "invalid_request_error",
-            param: None,
-            code: "unsupported_media_type",
-        });
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "admin writes take `Content-Type: application/json`",
+        ));
     }
     Ok(())
 }

@@ -54,34 +54,29 @@ pub(crate) async fn handle(
             )),
         };
     };
-    let pool_of = |m: &str| s.pools.get(m).cloned();
+    let (members::Resource::Strategy(m)
+    | members::Resource::Backends(m)
+    | members::Resource::Backend(m, _)
+    | members::Resource::Drain(m, _)) = res;
+    // `resource` names only the pools' models.
+    let Some(p) = s.pools.get(m).cloned() else {
+        return ApiError::unknown_model(m).into_response();
+    };
     match (res, method) {
         (members::Resource::Strategy(m), Method::PUT) => set_strategy(&s, m, &body),
         (members::Resource::Strategy(_), _) => members::method_not_allowed("PUT"),
-        (members::Resource::Backends(m), Method::GET) => match pool_of(m) {
-            Some(p) => Json(members::list(&s, &p)).into_response(),
-            None => ApiError::unknown_model(m).into_response(),
-        },
-        (members::Resource::Backends(m), Method::POST) => match pool_of(m) {
-            Some(p) => members::add(&s, &p, &body).await,
-            None => ApiError::unknown_model(m).into_response(),
-        },
+        (members::Resource::Backends(_), Method::GET) => {
+            Json(members::list(&s, &p)).into_response()
+        }
+        (members::Resource::Backends(_), Method::POST) => members::add(&s, &p, &body).await,
         (members::Resource::Backends(_), _) => members::method_not_allowed("GET or POST"),
-        (members::Resource::Backend(m, w), Method::DELETE) => match pool_of(m) {
-            Some(p) => match members::remove(&s, &p, w) {
-                Ok(b) => {
-                    Json(json!({"model": p.model, "worker_id": b.endpoint.id(), "removed": true}))
-                        .into_response()
-                }
-                Err(e) => e.response(),
-            },
-            None => ApiError::unknown_model(m).into_response(),
+        (members::Resource::Backend(_, w), Method::DELETE) => match members::remove(&s, &p, w) {
+            Ok(b) => Json(json!({"model": p.model, "worker_id": b.endpoint.id(), "removed": true}))
+                .into_response(),
+            Err(e) => e.response(),
         },
         (members::Resource::Backend(..), _) => members::method_not_allowed("DELETE"),
-        (members::Resource::Drain(m, w), Method::POST) => match pool_of(m) {
-            Some(p) => members::drain_request(&s, &p, w, &body),
-            None => ApiError::unknown_model(m).into_response(),
-        },
+        (members::Resource::Drain(_, w), Method::POST) => members::drain_request(&s, &p, w, &body),
         (members::Resource::Drain(..), _) => members::method_not_allowed("POST"),
     }
 }
@@ -129,14 +124,11 @@ fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
             "previous": previous,
         }))
         .into_response(),
-        Err(e @ SwitchError::NeedsTokenizer(_)) => ApiError {
-            status: StatusCode::CONFLICT,
-            message: e.to_string(),
-            kind: "invalid_request_error",
-            param: Some("strategy".into()),
-            code: "needs_tokenizer",
+        Err(e @ SwitchError::NeedsTokenizer(_)) => {
+            ApiError::new(StatusCode::CONFLICT, "needs_tokenizer", e.to_string())
+                .with_param("strategy")
+                .into_response()
         }
-        .into_response(),
         Err(e) => ApiError::bad_request("invalid_strategy", e.to_string()).into_response(),
     }
 }

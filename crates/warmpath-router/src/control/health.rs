@@ -113,7 +113,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     let h = &shared.config.health;
     let ejected = !b.health.is_healthy();
     if ejected
-        && crate::routing::loads::monotonic_ms()
+        && crate::http::clock::monotonic_ms()
             < b.health.readmit_at_ms(
                 h.first_ejection_ms(),
                 h.first_ejection_ms().saturating_mul(EJECT_MAX_DOUBLINGS),

@@ -7,7 +7,7 @@
 use crate::config::TenantsConfig;
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
-use crate::http::incoming::{read_body, tenant_header, Held};
+use crate::http::incoming::{tenant_header, Held};
 use crate::http::tenancy;
 use crate::routing::pool::Pool;
 use crate::routing::route::{self, Hashing};
@@ -56,7 +56,7 @@ pub(crate) async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 
 /// Refreshes the index gauges of every pool (also done on each scrape).
 pub(crate) fn update_gauges(s: &Shared) {
-    let now = crate::routing::loads::monotonic_ms();
+    let now = crate::http::clock::monotonic_ms();
     for p in s.pools.all() {
         metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
             .set(p.index.entries() as f64);
@@ -77,7 +77,7 @@ pub(crate) fn update_gauges(s: &Shared) {
 }
 
 fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
-    let now = crate::routing::loads::monotonic_ms();
+    let now = crate::http::clock::monotonic_ms();
     let stats = p.index.worker_stats(now);
     let workers: Vec<Value> = p
         .backends()
@@ -226,24 +226,14 @@ async fn read_query(
     held: &mut Held,
 ) -> Result<Bytes, ApiError> {
     crate::control::access::inspect(s, headers)?;
-    read_body(
-        body,
-        headers,
-        s.config.max_body_bytes,
-        s.config.server.body_timeout(),
-        held,
-    )
-    .await
+    s.body(body, headers, held).await
 }
 
 fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError> {
     let started = Instant::now();
     let value: Value = serde_json::from_slice(raw).map_err(RequestError::InvalidJson)?;
     let req = Request::from_value(&value, Expect::Any)?;
-    let target = s
-        .pools
-        .resolve(&req.model)
-        .ok_or_else(|| ApiError::unknown_model(&req.model))?;
+    let target = s.pools.target(&req.model)?;
     let client = req.tenant(tenant_header(headers)?)?;
     let tenant = query_tenant(s, &target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;

@@ -89,24 +89,15 @@ pub(crate) fn resource<'a>(rest: &'a str, models: &[&str]) -> Option<Resource<'a
 }
 
 pub(crate) fn not_found(message: String) -> Response {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message,
-        kind: "invalid_request_error",
-        param: None,
-        code: "not_found",
-    }
-    .into_response()
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", message).into_response()
 }
 
 pub(crate) fn method_not_allowed(allow: &str) -> Response {
-    ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        message: format!("use {allow}"),
-        kind: "invalid_request_error",
-        param: None,
-        code: "method_not_allowed",
-    }
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("use {allow}"),
+    )
     .into_response()
 }
 
@@ -121,14 +112,9 @@ impl MemberError {
                 (StatusCode::INTERNAL_SERVER_ERROR, "membership_failed")
             }
         };
-        ApiError {
-            status,
-            message: self.to_string(),
-            kind: "invalid_request_error",
-            param: None,
-            code,
-        }
-        .into_response()
+        let mut e = ApiError::new(status, code, self.to_string());
+        e.kind = "invalid_request_error"; // a failed membership change too
+        e.into_response()
     }
 }
 
@@ -170,7 +156,7 @@ fn unmark(p: &Pool, id: &str) {
 }
 
 pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
-    let now = crate::routing::loads::monotonic_ms();
+    let now = crate::http::clock::monotonic_ms();
     let members: Vec<Value> = p
         .backends()
         .iter()
@@ -200,7 +186,7 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
     match add_member(s, p, &cfg, Origin::Admin).await {
         Ok(b) => (
             StatusCode::CREATED,
-            Json(member_view(s, p, &b, crate::routing::loads::monotonic_ms())),
+            Json(member_view(s, p, &b, crate::http::clock::monotonic_ms())),
         )
             .into_response(),
         Err(e) => e.response(),

@@ -368,9 +368,9 @@ impl PoolMetrics {
         self.requests.write().insert(key, c);
     }
 
-    /// `warmpath_router_overhead_seconds{phase}`.
-    pub(crate) fn overhead(&self, phase: Phase) -> &Histogram {
-        &self.overhead[phase as usize]
+    /// Records `took` in `warmpath_router_overhead_seconds{phase}`.
+    pub(crate) fn overhead(&self, phase: Phase, took: std::time::Duration) {
+        self.overhead[phase as usize].record(took.as_secs_f64());
     }
 }
 

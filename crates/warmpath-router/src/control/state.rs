@@ -1,13 +1,17 @@
 //! The state every handler shares.
 
 use crate::config::RouterConfig;
-use crate::http::incoming::BodyBudget;
+use crate::http::error::ApiError;
+use crate::http::incoming::{read_body, BodyBudget, Held};
 use crate::http::work::WorkPool;
 use crate::ingest::Agents;
 use crate::routing::loads::AgentLoads;
 use crate::routing::pool::Pools;
 use crate::routing::share::DecisionSink;
 use crate::routing::upstream::Upstream;
+use axum::body::Body;
+use axum::http::HeaderMap;
+use bytes::Bytes;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,6 +58,18 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
+    /// A request's body, read under `max_body_bytes` and the body timeout
+    /// ([`read_body`]).
+    pub(crate) async fn body(
+        &self,
+        body: Body,
+        headers: &HeaderMap,
+        held: &mut Held,
+    ) -> Result<Bytes, ApiError> {
+        let deadline = self.config.server.body_timeout();
+        read_body(body, headers, self.config.max_body_bytes, deadline, held).await
+    }
+
     /// Shared state for a validated config and built pools.
     pub(crate) fn new(
         config: &RouterConfig,

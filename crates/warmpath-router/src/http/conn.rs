@@ -10,13 +10,10 @@
 //! bodies are all polled on the connection's own task, so the counters are
 //! plain `Relaxed` atomics.
 
-use crate::routing::loads::monotonic_ms;
-use axum::body::Body;
-use bytes::Bytes;
-use std::pin::Pin;
+use crate::http::clock::monotonic_ms;
+use crate::http::layer::Layer;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -270,39 +267,8 @@ impl Drop for Busy {
     }
 }
 
-/// An answer's body that keeps its request counted as busy until it ends.
-#[derive(Debug)]
-pub(crate) struct HeldBody {
-    inner: Body,
-    _busy: Busy,
-}
-
-impl HeldBody {
-    /// `inner`, ending `busy` when dropped.
-    pub(crate) fn new(inner: Body, busy: Busy) -> Self {
-        HeldBody { inner, _busy: busy }
-    }
-}
-
-impl http_body::Body for HeldBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
+/// Keeps the request counted as busy until its answer's body is dropped.
+impl Layer for Busy {}
 
 /// The default `max_connections`: 80% of the soft open-file limit (the
 /// rest is left to upstream connections, listeners and files), at least 1.

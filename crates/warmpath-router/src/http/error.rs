@@ -73,15 +73,30 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// A 400 `invalid_request_error`.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    /// An error with no offending field, of the OpenAI `type` that goes
+    /// with `status`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let kind = match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            502 | 504 => "upstream_error",
+            503 => "service_unavailable_error",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        };
+        let (message, param) = (message.into(), None);
         ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: None,
+            status,
+            message,
+            kind,
+            param,
             code,
         }
+    }
+
+    /// A 400 `invalid_request_error`.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
     }
 
     /// Sets the offending field.
@@ -92,157 +107,114 @@ impl ApiError {
 
     /// 404: no pool serves `model`.
     pub fn unknown_model(model: &str) -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!("The model `{model}` does not exist."),
-            kind: "invalid_request_error",
-            param: Some("model".into()),
-            code: "model_not_found",
-        }
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!("The model `{model}` does not exist."),
+        )
+        .with_param("model")
     }
 
     /// 404: no backend of the router holds stored response `id`.
     pub fn response_not_found(id: &str) -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "response_not_found",
+            format!(
                 "Response with id '{id}' not found: no backend of this router holds it \
                  (stored responses live in the memory of the engine that made them)"
             ),
-            kind: "invalid_request_error",
-            param: Some("response_id".into()),
-            code: "response_not_found",
-        }
+        )
+        .with_param("response_id")
     }
 
     /// 413: the body is over the limit.
     pub fn too_large(limit: usize) -> Self {
-        ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            message: format!("request body is larger than the limit of {limit} bytes"),
-            kind: "invalid_request_error",
-            param: None,
-            code: "request_too_large",
-        }
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("request body is larger than the limit of {limit} bytes"),
+        )
     }
 
     /// 503: no eligible backend.
     pub fn no_backend(model: &str) -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!("no healthy backend is available for model `{model}`"),
-            kind: "service_unavailable_error",
-            param: None,
-            code: "no_healthy_backend",
-        }
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_healthy_backend",
+            format!("no healthy backend is available for model `{model}`"),
+        )
     }
 
     /// 503: big-body routing work waited `waited` for a turn (`work:`).
     pub fn overloaded(waited: std::time::Duration) -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!(
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            format!(
                 "the router is busy with large requests (no turn within {} ms); retry later",
                 waited.as_millis()
             ),
-            kind: "service_unavailable_error",
-            param: None,
-            code: "overloaded",
-        }
+        )
     }
 
     /// 503: the request bodies held at once reached
     /// 32 `max_body_bytes`.
     pub fn bodies_full(budget: usize) -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!(
-                "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
-            ),
-            kind: "service_unavailable_error",
-            param: None,
-            code: "overloaded",
-        }
+        let message = format!(
+            "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
+        );
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
     }
 
     /// 502: the chosen backend failed.
     pub fn upstream(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_GATEWAY,
-            message: message.into(),
-            kind: "upstream_error",
-            param: None,
-            code: "upstream_failed",
-        }
+        ApiError::new(StatusCode::BAD_GATEWAY, "upstream_failed", message)
     }
 
     /// 504: the chosen backend did not answer in time.
     pub fn upstream_timeout(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::GATEWAY_TIMEOUT,
-            message: message.into(),
-            kind: "upstream_error",
-            param: None,
-            code: "upstream_timeout",
-        }
+        ApiError::new(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", message)
     }
 
     /// 408: the client did not send its whole body in time.
     pub fn body_timeout(limit: std::time::Duration) -> Self {
-        ApiError {
-            status: StatusCode::REQUEST_TIMEOUT,
-            message: format!(
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
                 "the request body did not arrive within {} ms",
                 limit.as_millis()
             ),
-            kind: "invalid_request_error",
-            param: None,
-            code: "body_timeout",
-        }
+        )
     }
 
     /// 503: the router is shutting down and its deadline passed.
     pub fn shutting_down() -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "the router is shutting down".into(),
-            kind: "service_unavailable_error",
-            param: None,
-            code: "shutting_down",
-        }
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the router is shutting down",
+        )
     }
 
     /// 401: missing or wrong bearer token.
     pub fn unauthorized() -> Self {
-        ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            message: "missing or invalid bearer token".into(),
-            kind: "authentication_error",
-            param: None,
-            code: "invalid_token",
-        }
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "missing or invalid bearer token",
+        )
     }
 
     /// 403: the client may not do what it asked (valid credentials).
     pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::FORBIDDEN,
-            message: message.into(),
-            kind: "permission_error",
-            param: None,
-            code,
-        }
+        ApiError::new(StatusCode::FORBIDDEN, code, message)
     }
 
     /// 500: a server-side failure that is not the client's fault.
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: "internal_error",
-        }
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }
 
     /// The whole HTTP/1.1 answer as bytes, closing the connection: for the

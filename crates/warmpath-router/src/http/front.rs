@@ -15,11 +15,12 @@
 
 use crate::api::{openai as api, surface};
 use crate::control::state::Shared;
-use crate::http::conn::{Activity, Conns, HeldBody, Slot};
+use crate::http::clock::monotonic_ms;
+use crate::http::conn::{Activity, Conns, Slot};
 use crate::http::error::ApiError;
-use crate::http::requests::{self, Record, Recorded, Routed};
+use crate::http::layer::layered;
+use crate::http::requests::{self, Record, Routed};
 use crate::http::socket::Watched;
-use crate::routing::loads::monotonic_ms;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
@@ -38,13 +39,14 @@ use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 use tracing::Instrument;
 use warmpath_core::request::surface::Endpoint;
+use warmpath_core::Expect;
 use warmpath_edge::LogEvery;
 
 /// The proxied endpoints, answered without axum's router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hot {
-    Chat,
-    Completions,
+    /// Chat or completions.
+    OpenAi(Expect),
     Invocations,
     /// Embeddings, responses, tokenize, detokenize ([`crate::api::surface`]).
     Surface(Endpoint),
@@ -54,8 +56,8 @@ impl Hot {
     /// The endpoint at exactly this path.
     fn of(req: &Request<Incoming>) -> Option<Self> {
         match req.uri().path() {
-            api::CHAT_PATH => Some(Hot::Chat),
-            api::COMPLETIONS_PATH => Some(Hot::Completions),
+            api::CHAT_PATH => Some(Hot::OpenAi(Expect::Chat)),
+            api::COMPLETIONS_PATH => Some(Hot::OpenAi(Expect::Completion)),
             api::INVOCATIONS_PATH => Some(Hot::Invocations),
             p => Endpoint::of_path(p).map(Hot::Surface),
         }
@@ -125,8 +127,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                 let (parts, body) = req.into_parts();
                 let body = Body::new(body);
                 match hot {
-                    Hot::Chat => api::chat(s, parts.uri, parts.headers, body).await,
-                    Hot::Completions => api::completions(s, parts.uri, parts.headers, body).await,
+                    Hot::OpenAi(e) => api::openai(s, e, parts.uri, parts.headers, body).await,
                     Hot::Invocations => api::invocations(s, parts.headers, body).await,
                     Hot::Surface(e) => surface::serve(s, e, parts.uri, parts.headers, body).await,
                 }
@@ -151,30 +152,25 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                 access_log,
                 span,
             };
-            let body = Body::new(Recorded::new(body, record));
             if h1 && shared.draining() {
                 // Clients move to another replica instead of reusing this one.
                 parts
                     .headers
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Ok(Response::from_parts(
-                parts,
-                Body::new(HeldBody::new(body, busy)),
-            ))
+            let body = Body::new(layered(body, (record, busy)));
+            Ok(Response::from_parts(parts, body))
         })
     }
 }
 
 /// 405 for a proxied path asked with another method than `POST`.
 fn method_not_allowed() -> Response {
-    let mut resp = ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        message: "this endpoint takes POST".into(),
-        kind: "invalid_request_error",
-        param: None,
-        code: "method_not_allowed",
-    }
+    let mut resp = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint takes POST",
+    )
     .into_response();
     resp.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static("POST"));
@@ -350,13 +346,11 @@ async fn connection(
 
 /// The answer written to a connection over `max_connections`.
 fn refusal(max: usize) -> Vec<u8> {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: format!("too many connections: the router serves at most {max} at once"),
-        kind: "service_unavailable_error",
-        param: None,
-        code: "too_many_connections",
-    }
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too_many_connections",
+        format!("too many connections: the router serves at most {max} at once"),
+    )
     .raw_http1()
 }
 

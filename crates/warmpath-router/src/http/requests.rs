@@ -21,14 +21,10 @@ pub const ACCESS_TARGET: &str = "warmpath_router::access";
 pub(crate) fn access_logged() -> bool {
     tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO)
 }
-use axum::body::Body;
+use crate::http::layer::Layer;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use bytes::Bytes;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use metrics::Histogram;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tracing::Span;
 
@@ -98,8 +94,14 @@ pub(crate) struct Record {
     pub span: Span,
 }
 
-impl Record {
-    fn finish(&self, complete: bool) {
+/// Written when the answer's body ends or is dropped, which is polled in
+/// the request's span.
+impl Layer for Record {
+    fn span(&self) -> Option<&Span> {
+        Some(&self.span)
+    }
+
+    fn end(&mut self, complete: bool) {
         let total = self.started.elapsed();
         if self.proxied {
             match &self.routed {
@@ -125,72 +127,6 @@ impl Record {
 
 fn millis(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
-pin_project_lite::pin_project! {
-    /// An answer's body that writes its [`Record`] when it ends or is
-    /// dropped, and polls its inner body inside the request's span.
-    pub struct Recorded {
-        #[pin]
-        inner: Body,
-        record: Option<Record>,
-    }
-
-    impl PinnedDrop for Recorded {
-        fn drop(this: Pin<&mut Self>) {
-            if let Some(r) = this.project().record.take() {
-                r.finish(false);
-            }
-        }
-    }
-}
-
-impl Recorded {
-    /// `inner`, writing `record` at its end.
-    pub(crate) fn new(inner: Body, record: Record) -> Self {
-        Recorded {
-            inner,
-            record: Some(record),
-        }
-    }
-}
-
-impl HttpBody for Recorded {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let mut this = self.project();
-        let polled = {
-            let _in = this.record.as_ref().map(|r| r.span.enter());
-            this.inner.as_mut().poll_frame(cx)
-        };
-        // hyper may not poll a body whose length is reached: its last
-        // frame ends it.
-        let complete = match &polled {
-            Poll::Ready(None) => Some(true),
-            Poll::Ready(Some(Err(_))) => Some(false),
-            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream().then_some(true),
-            Poll::Pending => None,
-        };
-        if let Some(complete) = complete {
-            if let Some(r) = this.record.take() {
-                r.finish(complete);
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]

@@ -69,14 +69,7 @@ fn parse_error_answer(status: StatusCode) -> Vec<u8> {
         StatusCode::URI_TOO_LONG => "the request URI is too long",
         _ => "the request head could not be parsed (a malformed line, or a control character in a header)",
     };
-    ApiError {
-        status,
-        message: message.into(),
-        kind: "invalid_request_error",
-        param: None,
-        code: "invalid_request_head",
-    }
-    .raw_http1()
+    ApiError::new(status, "invalid_request_head", message).raw_http1()
 }
 
 impl Watched {

@@ -388,8 +388,9 @@ impl crate::routing::share::DecisionSink for Agents {
 mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendUrl};
+    use crate::http::clock::monotonic_ms;
     use crate::routing::backend::{Backend, Origin};
-    use crate::routing::loads::{monotonic_ms, AgentLoads, Board};
+    use crate::routing::loads::{AgentLoads, Board};
 
     fn hello(epoch: u64) -> v1::Hello {
         v1::Hello {

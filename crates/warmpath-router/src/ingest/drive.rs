@@ -67,7 +67,7 @@ pub(super) async fn drive(
         pool,
         Arc::clone(&agents),
         &hello,
-        crate::routing::loads::monotonic_ms(),
+        crate::http::clock::monotonic_ms(),
     ) {
         Ok(ws) => ws,
         Err(r) => {
@@ -122,8 +122,7 @@ pub(super) async fn drive(
             // The worker used its burst and its previous replacement was
             // under a second ago: this one waits its turn (the stream reads nothing meanwhile, so the
             // agent's later messages wait too, in order).
-            if let Some(wait) =
-                pace::wait_for(ws.replaced_at(), crate::routing::loads::monotonic_ms())
+            if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::http::clock::monotonic_ms())
             {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
                 if let Some(suppressed) = throttled_log.ready() {
@@ -142,11 +141,11 @@ pub(super) async fn drive(
             }
             ws.set_replaced(pace::next_tat(
                 ws.replaced_at(),
-                crate::routing::loads::monotonic_ms(),
+                crate::http::clock::monotonic_ms(),
             ));
         }
         let (now_ms, now_unix) = (
-            crate::routing::loads::monotonic_ms(),
+            crate::http::clock::monotonic_ms(),
             warmpath_proto::unix_micros(),
         );
         let answer = match work {

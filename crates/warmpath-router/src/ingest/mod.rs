@@ -42,7 +42,7 @@ mod identity;
 mod pace;
 pub(crate) mod peers;
 #[cfg(feature = "kubernetes")]
-mod pods;
+pub(crate) mod pods;
 mod stream;
 mod sweeper;
 #[cfg(test)]

@@ -94,6 +94,15 @@ pub(crate) enum ReviewError {
     Unavailable(String),
 }
 
+/// A client for the API server, inferred as kubectl does (`KUBECONFIG`,
+/// `~/.kube/config`, then the pod's own service account).
+pub(crate) async fn kube_client(io: Duration, read: Duration) -> Result<kube::Client, String> {
+    let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+    (config.connect_timeout, config.write_timeout) = (Some(io), Some(io));
+    config.read_timeout = Some(read);
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
 /// Reviews pod tokens against the API server.
 pub struct PodTokens {
     client: kube::Client,
@@ -113,16 +122,11 @@ impl std::fmt::Debug for PodTokens {
 }
 
 impl PodTokens {
-    /// A reviewer for tokens of `audience`, with the API client inferred as
-    /// kubectl does (`KUBECONFIG`, `~/.kube/config`, then the pod's own
-    /// service account). Fails when there is none.
+    /// A reviewer for tokens of `audience` ([`kube_client`]). Fails when
+    /// there is no API client.
     pub async fn connect(audience: &str) -> Result<Arc<Self>, super::error::IngestError> {
-        let setup = |e: &dyn std::fmt::Display| super::error::IngestError::PodTokens(e.to_string());
-        let mut config = kube::Config::infer().await.map_err(|e| setup(&e))?;
-        config.connect_timeout = Some(REVIEW_WITHIN);
-        config.read_timeout = Some(REVIEW_WITHIN);
-        config.write_timeout = Some(REVIEW_WITHIN);
-        let client = kube::Client::try_from(config).map_err(|e| setup(&e))?;
+        let client = kube_client(REVIEW_WITHIN, REVIEW_WITHIN).await;
+        let client = client.map_err(super::error::IngestError::PodTokens)?;
         Ok(Arc::new(PodTokens {
             namespace: client.default_namespace().to_owned(),
             client,

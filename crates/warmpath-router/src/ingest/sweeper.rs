@@ -163,10 +163,10 @@ fn round(
         dir,
         stale_after,
         drop_after,
-        crate::routing::loads::monotonic_ms(),
+        crate::http::clock::monotonic_ms(),
         &mut r.cleared,
     );
-    compact_due(dir, crate::routing::loads::monotonic_ms(), &mut r.compacted);
+    compact_due(dir, crate::http::clock::monotonic_ms(), &mut r.compacted);
     let bytes = dir.pools().iter().map(|p| p.index.estimated_bytes()).sum();
     if release_due(&mut r.high, bytes) {
         if let Some((release, _)) = RELEASE.get() {

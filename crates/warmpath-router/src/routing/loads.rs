@@ -20,23 +20,15 @@
 //! two reports' fields, which routing tolerates (a load is a one-second
 //! sample).
 
+use crate::http::clock::monotonic_ms;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::sync::Arc;
 use tokio::sync::Notify;
 use warmpath_core::{BackendLoad, EngineLoad};
 
 /// Engine load older than this is not used for routing.
 pub(crate) const LOAD_FRESH_MS: u64 = 5_000;
-
-/// Milliseconds on the router's monotonic clock: the clock of
-/// [`CacheIndex::mark_heard`](warmpath_core::CacheIndex::mark_heard) and
-/// staleness in this process.
-pub(crate) fn monotonic_ms() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
-}
 
 /// Engine load reported by agents, as routing reads it (implemented by
 /// [`crate::ingest::Agents`]).

@@ -15,7 +15,7 @@
 use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
 use crate::control::discovery::provider::Provider;
 use crate::control::metrics::PoolMetrics;
-use crate::http::error::RouterError;
+use crate::http::error::{ApiError, RouterError};
 use crate::routing::affinity::ResponseHomes;
 use crate::routing::backend::{Backend, Origin};
 use crate::routing::hot::HotChains;
@@ -564,6 +564,12 @@ impl Pools {
     /// The pool of base model `model`.
     pub(crate) fn get(&self, model: &str) -> Option<&Arc<Pool>> {
         self.by_model.get(model)
+    }
+
+    /// [`resolve`](Self::resolve), or 404 `model_not_found`.
+    pub(crate) fn target(&self, model: &str) -> Result<Target, ApiError> {
+        self.resolve(model)
+            .ok_or_else(|| ApiError::unknown_model(model))
     }
 
     /// The pool serving `model`: a base model, or a LoRA adapter served by

@@ -20,6 +20,7 @@
 
 use crate::control::metrics::Outcome;
 use crate::http::error::ApiError;
+use crate::http::layer::{layered, Layer};
 use crate::http::requests::Routed;
 use crate::routing::affinity::{IdTap, Tapped};
 use crate::routing::backend::{Backend, FlightGuard};
@@ -314,10 +315,10 @@ fn respond(
         last_frame: now,
         idle: tokio::time::sleep_until((now + idle_limit).into()),
         halt: up.halt.clone().cancelled_owned(),
-        tap,
         tail: *b"\n\n",
     };
-    let mut out = Response::new(Body::new(body));
+    let tap = Remember(tap.map(|tap| (tap, Arc::clone(pool))));
+    let mut out = Response::new(Body::new(layered(body, tap)));
     *out.status_mut() = parts.status;
     copy_end_to_end(&parts.headers, out.headers_mut(), &[]);
     tag(&mut out, pool, &backend_id, decision);
@@ -325,12 +326,33 @@ fn respond(
 }
 
 /// A body streamed to its end: a success for the backend below 500.
-fn ended(mut guard: FlightGuard, ok: bool) {
+fn ended(held: &mut Held, ok: bool) {
+    let Some(mut guard) = held.guard.take() else {
+        return;
+    };
     if ok {
         guard.backend().health.succeeded();
         guard.outcome(Outcome::Ok);
     } else {
         guard.outcome(Outcome::ServerError);
+    }
+}
+
+/// Remembers which backend gave a `/v1/responses` answer its id, read from
+/// the answer's first bytes.
+struct Remember(Option<(IdTap, Arc<Pool>)>);
+
+impl Layer for Remember {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        let (Some((tap, pool)), Some(data)) = (self.0.as_mut(), frame.data_ref()) else {
+            return;
+        };
+        match tap.feed(data) {
+            Tapped::More => return,
+            Tapped::Found(id) => pool.responses.remember(&id, &tap.worker),
+            Tapped::GiveUp => {}
+        }
+        self.0 = None;
     }
 }
 
@@ -359,21 +381,9 @@ pin_project_lite::pin_project! {
         idle: tokio::time::Sleep,
         #[pin]
         halt: WaitForCancellationFutureOwned,
-        // Reads a `/v1/responses` answer's first bytes for its id.
-        tap: Option<IdTap>,
         // The last two bytes passed on: an error event must not merge into
         // an event the backend left half-sent.
         tail: [u8; 2],
-    }
-}
-
-impl std::fmt::Debug for TrackedBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TrackedBody")
-            .field("held", &self.held)
-            .field("sse", &self.sse)
-            .field("done", &self.done)
-            .finish_non_exhaustive()
     }
 }
 
@@ -432,22 +442,10 @@ impl HttpBody for TrackedBody {
                         n => *this.tail = [data[n - 2], data[n - 1]],
                     }
                 }
-                if let (Some(tap), Some(data)) = (this.tap.as_mut(), frame.data_ref()) {
-                    match tap.feed(data) {
-                        Tapped::More => {}
-                        Tapped::Found(id) => {
-                            this.pool.responses.remember(&id, &tap.worker);
-                            *this.tap = None;
-                        }
-                        Tapped::GiveUp => *this.tap = None,
-                    }
-                }
                 if inner.is_end_stream() {
                     // hyper may not poll a body whose length is reached.
                     *this.done = true;
-                    if let Some(g) = held.guard.take() {
-                        ended(g, *this.ok);
-                    }
+                    ended(held, *this.ok);
                 } else {
                     this.send.handed();
                 }
@@ -456,9 +454,7 @@ impl HttpBody for TrackedBody {
             Poll::Ready(Some(Err(e))) => Cut::Failed(e),
             Poll::Ready(None) => {
                 *this.done = true;
-                if let Some(g) = held.guard.take() {
-                    ended(g, *this.ok);
-                }
+                ended(held, *this.ok);
                 return Poll::Ready(None);
             }
             Poll::Pending => {

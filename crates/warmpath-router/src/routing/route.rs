@@ -9,8 +9,9 @@
 
 use crate::config::Isolation;
 use crate::control::metrics::Phase;
+use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
-use crate::routing::loads::{monotonic_ms, AgentLoads, Board};
+use crate::routing::loads::{AgentLoads, Board};
 use crate::routing::pool::{PolicyState, Pool, Target};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -89,9 +90,7 @@ pub(crate) enum Hashing {
 
 fn observe(pool: &Pool, phase: Phase, since: Instant) -> Instant {
     let now = Instant::now();
-    pool.metrics
-        .overhead(phase)
-        .record(now.duration_since(since).as_secs_f64());
+    pool.metrics.overhead(phase, now.duration_since(since));
     now
 }
 

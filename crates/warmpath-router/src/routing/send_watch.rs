@@ -9,8 +9,8 @@
 //! connection stayed busy with others.
 
 use super::backend::FlightGuard;
-use super::loads::monotonic_ms;
 use crate::control::metrics::Outcome;
+use crate::http::clock::monotonic_ms;
 use hyper::body::Incoming;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -61,17 +61,13 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// that only moved.
 const SETTLE: Duration = Duration::from_millis(200);
 
-/// A client for the process's API server (inferred: `KUBECONFIG`,
-/// `~/.kube/config`, the in-cluster service account).
+/// A client for the process's API server.
 async fn client() -> Result<kube::Client, DiscoveryError> {
-    let setup = |e: &dyn std::fmt::Display| DiscoveryError::Setup(e.to_string());
-    let mut config = kube::Config::infer().await.map_err(|e| setup(&e))?;
-    config.connect_timeout = Some(TIMEOUT);
-    config.write_timeout = Some(TIMEOUT);
     // A watch is silent between events: the server ends it after
     // `WATCH_TIMEOUT_S`, so a read waits that long and a margin.
-    config.read_timeout = Some(Duration::from_secs(WATCH_TIMEOUT_S.into()) + TIMEOUT);
-    kube::Client::try_from(config).map_err(|e| setup(&e))
+    let read = Duration::from_secs(WATCH_TIMEOUT_S.into()) + TIMEOUT;
+    let made = crate::ingest::pods::kube_client(TIMEOUT, read).await;
+    made.map_err(DiscoveryError::Setup)
 }
 
 fn selector(cfg: &KubernetesDiscovery) -> String {

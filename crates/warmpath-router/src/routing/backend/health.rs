@@ -27,7 +27,7 @@ pub(crate) struct Health {
     ejections: AtomicU32,
     /// Answers below 500 since the backend last came back.
     streak: AtomicU32,
-    /// [`crate::routing::loads::monotonic_ms`] of the last ejection.
+    /// [`crate::http::clock::monotonic_ms`] of the last ejection.
     ejected_at_ms: AtomicU64,
 }
 
@@ -121,7 +121,7 @@ impl Health {
         back
     }
 
-    /// When (on [`crate::routing::loads::monotonic_ms`]'s clock) an ejected backend's
+    /// When (on [`crate::http::clock::monotonic_ms`]'s clock) an ejected backend's
     /// back-off ends: `base_ms` doubled for each unforgiven ejection after
     /// the first, at most `max_ms`.
     pub(crate) fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
@@ -156,7 +156,7 @@ impl Health {
             self.ejections.fetch_add(1, Ordering::Relaxed);
         }
         self.ejected_at_ms
-            .store(crate::routing::loads::monotonic_ms(), Ordering::Relaxed);
+            .store(crate::http::clock::monotonic_ms(), Ordering::Relaxed);
         self.ejections_total.increment(1);
         self.update_gauge();
         true
