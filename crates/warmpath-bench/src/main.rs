@@ -13,7 +13,7 @@ use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
 use warmpath_bench::workload::{WorkloadKind, WorkloadSpec};
-use warmpath_core::policy::{ColdPlacement, KvConfig};
+use warmpath_core::policy::KvConfig;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
 
@@ -459,10 +459,6 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
 /// each one given replaces core's default, the others keep it.
 #[derive(Args, Debug)]
 struct KvArgs {
-    /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`
-    /// (`kv.cold_placement`).
-    #[arg(long)]
-    cold_placement: Option<String>,
     /// kv_aware: copy a prefix whose popularity per holder exceeds the mean
     /// by more than 0.75 of this fraction, or `off` (`kv.rebalance_slack`).
     #[arg(long)]
@@ -472,21 +468,10 @@ struct KvArgs {
 impl KvArgs {
     /// Lays the knobs given over `kv`.
     fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
-        if let Some(s) = &self.cold_placement {
-            kv.cold_placement = parse_cold_placement(s)?;
-        }
         if let Some(s) = &self.rebalance_slack {
             kv.rebalance_slack = parse_slack(s)?;
         }
         Ok(())
-    }
-}
-
-fn parse_cold_placement(s: &str) -> anyhow::Result<ColdPlacement> {
-    match s {
-        "pressure" => Ok(ColdPlacement::Pressure),
-        "ring" => Ok(ColdPlacement::Ring),
-        other => anyhow::bail!("--cold-placement {other:?}: expected pressure or ring"),
     }
 }
 
