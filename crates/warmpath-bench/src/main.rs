@@ -434,6 +434,13 @@ struct ScaleArgs {
     /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
     #[arg(long)]
     share_delay_ms: Option<f64>,
+    /// Every this many seconds, `--reset-instances` instances (the next ones
+    /// in turn) lose their whole cache, as engine restarts do.
+    #[arg(long)]
+    reset_every_s: Option<f64>,
+    /// Instances reset each time (with `--reset-every-s`).
+    #[arg(long, default_value_t = 2)]
+    reset_instances: usize,
     /// Print each instance's share of the requests (larger fleets than 64: how
     /// many instances are outside 0.5x-1.5x of an even share, over the whole
     /// run and over its second half, where the start's placements weigh less).
@@ -499,6 +506,8 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         seed: a.seed,
         routers: a.routers,
         share_delay_ms: a.share_delay_ms,
+        reset_every_s: a.reset_every_s,
+        reset_instances: a.reset_instances,
         ..Default::default()
     };
     let mut cfg = match a.cache_ratio {

@@ -87,6 +87,11 @@ pub struct ScaleConfig {
     /// agents, see [`view`]); `None`: they share nothing but the index and
     /// the engines' load.
     pub share_delay_ms: Option<f64>,
+    /// Every this many seconds, `reset_instances` instances (the next ones in
+    /// turn) lose their whole cache, as restarts do; `None`: never.
+    pub reset_every_s: Option<f64>,
+    /// Instances reset each time.
+    pub reset_instances: usize,
     /// Engine time model.
     pub time: TimeModel,
     /// Policy knobs.
@@ -111,6 +116,8 @@ impl Default for ScaleConfig {
             routers: 1,
             load_report_ms: 1000,
             share_delay_ms: None,
+            reset_every_s: None,
+            reset_instances: 2,
             time: TimeModel::default(),
             policy: PolicyConfig::default(),
         }
@@ -165,6 +172,15 @@ impl ScaleConfig {
             .is_some_and(|d| !(d.is_finite() && d >= 0.0))
         {
             return bad("share_delay_ms", "must be a number >= 0");
+        }
+        if self
+            .reset_every_s
+            .is_some_and(|s| !(s.is_finite() && s > 0.0) || self.reset_instances > self.instances)
+        {
+            return bad(
+                "reset_every_s",
+                "must be a number > 0, resetting at most every instance",
+            );
         }
         self.time.validate()?;
         self.policy.validate()?;
@@ -240,6 +256,8 @@ enum Event {
     DecodeDone(usize),
     /// A replica's shared fact reaches the others (see [`view`]).
     Shared(usize),
+    /// The `n`-th round of cache resets.
+    Reset(usize),
 }
 
 /// Segment keys: documents by id, request tails by request number.
@@ -256,12 +274,16 @@ pub fn run(
     let wall = Instant::now();
     let mut sim = Sim::new(config, strategy)?;
     sim.schedule(0, Event::Arrival(0));
+    if let Some(s) = config.reset_every_s {
+        sim.schedule(us(s * 1000.0), Event::Reset(0));
+    }
     while let Some(Reverse((at, _, ev))) = sim.heap.pop() {
         sim.now = at;
         match ev {
             Event::Arrival(r) => sim.arrive(r)?,
             Event::PrefillDone(r) => sim.prefill_done(r)?,
             Event::Shared(f) => sim.routers.deliver(f),
+            Event::Reset(n) => sim.reset(n)?,
             Event::DecodeDone(r) => {
                 sim.decode_done(r);
                 if sim.e2e.len() % 10_000 == 0 {
@@ -536,6 +558,21 @@ impl<'a> Sim<'a> {
         self.fleet[i].prefilling = Some(r);
         let t = self.cfg.time.prefill_ms(prompt - cached);
         self.schedule(self.now + us(t), Event::PrefillDone(r));
+    }
+
+    /// Round `n` of resets: the next `reset_instances` instances lose their
+    /// caches; another round follows while the run goes on.
+    fn reset(&mut self, n: usize) -> Result<(), BenchError> {
+        let k = self.cfg.reset_instances;
+        let index = (self.strategy == Strategy::KvAware).then_some(&self.index);
+        for j in 0..k {
+            let i = (n * k + j) % self.fleet.len();
+            self.fleet[i].clear(index)?;
+        }
+        if let (false, Some(s)) = (self.heap.is_empty(), self.cfg.reset_every_s) {
+            self.schedule(self.now + us(s * 1000.0), Event::Reset(n + 1));
+        }
+        Ok(())
     }
 
     fn prefill_done(&mut self, r: usize) -> Result<(), BenchError> {
