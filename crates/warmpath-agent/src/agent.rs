@@ -3,27 +3,14 @@
 //! (`/metrics`, `/livez`, `/readyz` and `/health`, an alias of `/readyz`),
 //! all owned by one cancellation token.
 //!
-//! Data-parallel engines: with `dp_ranks = N` the agent follows ranks 0..N-1 on
-//! `port + rank` (replay likewise) and reports them as ONE worker whose block set
-//! is the union of the ranks' (refcounted). vLLM's DP front end picks the rank
-//! for each request, so a router cannot target a rank: per-rank workers would
-//! be unroutable.
-//!
-//! Observe mode ([`crate::observe`]) replaces the followers by a sidecar proxy
-//! on `listen` that mirrors the engine's cache from the prompts it forwards;
-//! the hub, the router links and the load scraper are the same. The agent's
-//! own pages then move under `/warmpath/` (`/warmpath/metrics`,
-//! `/warmpath/livez`, `/warmpath/readyz`, `/warmpath/health`), because
-//! `/health` and `/metrics` belong to the engine behind the proxy.
+//! Data-parallel ranks 0..N-1 (on `port + rank`) are reported as ONE worker:
+//! vLLM's DP front end picks the rank, so a router cannot target one.
 
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
 use crate::link::{Credential, Identity, LinkConfig};
 use crate::load::scrape_loop;
-use crate::observe::{
-    proxy_router, run_observer, LruMirror, ObserveStats, PromptHasher, ProxyState,
-};
 use crate::ready::{self, Readiness};
 use crate::replicas::Links;
 use crate::stats::Stats;
@@ -39,19 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_vllm_events::wire::endpoint_for_rank;
-
-/// How the agent learns what the engine caches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Follow the engine's KV events (vLLM ZMQ).
-    #[default]
-    Events,
-    /// Sidecar proxy in front of the engine that tokenizes what it forwards
-    /// and keeps an LRU mirror of the engine's cache.
-    Observe,
-}
 
 /// Everything the agent needs.
 #[derive(Clone, Debug)]
@@ -62,7 +37,7 @@ pub struct AgentConfig {
     pub model: String,
     /// Engine base URL, e.g. `http://127.0.0.1:8000` (load scraping, Hello).
     pub engine_url: String,
-    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557` (events mode).
+    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557`.
     pub kv_events: String,
     /// Rank 0's replay endpoint, if any.
     pub kv_replay: Option<String>,
@@ -79,8 +54,6 @@ pub struct AgentConfig {
     pub router_ca: Option<PathBuf>,
     /// Name to check the router certificate against instead of the URL's host.
     pub tls_domain: Option<String>,
-    /// Events or observe.
-    pub mode: Mode,
     /// Token sent as `authorization: Bearer <token>`: the worker's
     /// credential or the routers' shared token.
     pub agent_token: Option<String>,
@@ -91,29 +64,8 @@ pub struct AgentConfig {
     pub insecure: bool,
     /// Data-parallel ranks to follow (>= 1).
     pub dp_ranks: u16,
-    /// Address of the agent's own HTTP server (`/metrics`, `/health`); in
-    /// observe mode the proxy clients (or routers) send requests to.
+    /// Address of the agent's own HTTP server (`/metrics`, `/health`).
     pub listen: SocketAddr,
-    /// Tokenizer (tokenizer.json or model folder); required in observe mode.
-    pub tokenizer: Option<PathBuf>,
-    /// Observe mode: blocks the engine's cache holds (the mirror's size).
-    pub cache_blocks: usize,
-    /// Observe mode: the engine's block size (nothing reports it).
-    pub block_size: u32,
-    /// Observe mode: forwarded prompts queued for hashing before new ones
-    /// are dropped (counted; the requests themselves are never dropped).
-    pub observe_queue: usize,
-    /// Observe mode: largest request body the proxy accepts.
-    pub max_body_bytes: usize,
-    /// Observe mode: bytes of forwarded prompts queued for hashing at most
-    /// (as `observe_queue`, beyond it new ones are dropped, counted).
-    pub observe_queue_bytes: usize,
-    /// Observe mode: how long a client may take to send a request body
-    /// (408 beyond).
-    pub body_timeout: Duration,
-    /// Observe mode: bytes of request bodies the proxy reads or forwards at
-    /// once, over every connection (503 beyond).
-    pub proxy_body_bytes: usize,
     /// The HTTP server's connection cap, header and idle deadlines.
     pub http: crate::serve::HttpLimits,
     /// ZMQ topic prefix.
@@ -126,7 +78,7 @@ pub struct AgentConfig {
     pub router_queue: usize,
     /// Router link tuning.
     pub link: LinkConfig,
-    /// Events mode: not ready once the engine served prompt tokens and no KV
+    /// Not ready once the engine served prompt tokens and no KV
     /// event followed for this long.
     pub events_silence: Duration,
 }
@@ -145,20 +97,11 @@ impl AgentConfig {
             router_dns_interval: Duration::from_secs(5),
             router_ca: None,
             tls_domain: None,
-            mode: Mode::Events,
             agent_token: None,
             agent_token_file: None,
             insecure: false,
             dp_ranks: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            tokenizer: None,
-            cache_blocks: 100_000,
-            block_size: 16,
-            observe_queue: 1024,
-            max_body_bytes: 64 << 20,
-            observe_queue_bytes: 256 << 20,
-            body_timeout: Duration::from_secs(30),
-            proxy_body_bytes: 256 << 20,
             http: crate::serve::HttpLimits::default(),
             topic: String::new(),
             load_interval: Duration::from_secs(1),
@@ -176,7 +119,6 @@ impl AgentConfig {
 pub struct Agent {
     hub: Arc<Hub>,
     stats: Arc<Stats>,
-    observe_stats: Arc<ObserveStats>,
     http_addr: SocketAddr,
     epoch: u64,
     cancel: CancellationToken,
@@ -204,7 +146,6 @@ enum RouterTarget {
 struct HttpState {
     hub: Arc<Hub>,
     stats: Arc<Stats>,
-    observe_stats: Option<Arc<ObserveStats>>,
     prometheus: Option<PrometheusHandle>,
     ready: Arc<Readiness>,
     worker_id: String,
@@ -293,34 +234,26 @@ impl Agent {
             .collect();
         let router_tls =
             crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
-        let mut ranks = Vec::new();
-        let observe = match cfg.mode {
-            Mode::Events => None,
-            Mode::Observe => Some(observe_parts(&cfg).await?),
-        };
-        if cfg.mode == Mode::Events && cfg.kv_events.is_empty() {
-            return Err(AgentError::Config(
-                "--kv-events is required in events mode (or use --mode observe)".into(),
-            ));
+        if cfg.kv_events.is_empty() {
+            return Err(AgentError::Config("--kv-events is required".into()));
         }
-        if cfg.mode == Mode::Events {
-            for r in 0..cfg.dp_ranks {
-                let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
+        let mut ranks = Vec::new();
+        for r in 0..cfg.dp_ranks {
+            let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
+                AgentError::Config(format!(
+                    "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
+                    cfg.kv_events
+                ))
+            })?;
+            let replay = match &cfg.kv_replay {
+                None => None,
+                Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
                     AgentError::Config(format!(
-                        "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
-                        cfg.kv_events
+                        "cannot derive rank {r}'s replay endpoint from {rep}"
                     ))
-                })?;
-                let replay = match &cfg.kv_replay {
-                    None => None,
-                    Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
-                        AgentError::Config(format!(
-                            "cannot derive rank {r}'s replay endpoint from {rep}"
-                        ))
-                    })?),
-                };
-                ranks.push((r, ep, replay));
-            }
+                })?),
+            };
+            ranks.push((r, ep, replay));
         }
         let epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -329,11 +262,7 @@ impl Agent {
         let hub = Arc::new(Hub::new());
         let stats = Arc::new(Stats::default());
         crate::series::describe();
-        let readiness = Arc::new(Readiness::new(
-            !cfg.load_interval.is_zero(),
-            cfg.mode == Mode::Events,
-        ));
-        let observe_stats = Arc::new(ObserveStats::default());
+        let readiness = Arc::new(Readiness::new(!cfg.load_interval.is_zero()));
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
 
@@ -350,48 +279,17 @@ impl Agent {
         let state = HttpState {
             hub: hub.clone(),
             stats: stats.clone(),
-            observe_stats: observe.as_ref().map(|_| observe_stats.clone()),
             prometheus,
             ready: readiness.clone(),
             worker_id: cfg.worker_id.clone(),
             epoch,
         };
-        let app = match observe {
-            None => Router::new()
-                .route("/metrics", get(metrics_page))
-                .route("/livez", get(livez))
-                .route("/readyz", get(health))
-                .route("/health", get(health))
-                .with_state(state),
-            Some((hasher, client)) => {
-                hub.set_block_size(cfg.block_size);
-                let (tx, rx) = tokio::sync::mpsc::channel(cfg.observe_queue.max(1));
-                tasks.push(tokio::spawn(run_observer(
-                    hasher,
-                    LruMirror::new(cfg.cache_blocks),
-                    rx,
-                    hub.clone(),
-                    observe_stats.clone(),
-                    cancel.child_token(),
-                )));
-                Router::new()
-                    .route("/warmpath/metrics", get(metrics_page))
-                    .route("/warmpath/livez", get(livez))
-                    .route("/warmpath/readyz", get(health))
-                    .route("/warmpath/health", get(health))
-                    .with_state(state)
-                    .merge(proxy_router(ProxyState {
-                        client,
-                        engine_url: cfg.engine_url.trim_end_matches('/').to_owned(),
-                        observe_tx: tx,
-                        max_body_bytes: cfg.max_body_bytes,
-                        queue: super::observe::ByteBudget::new(cfg.observe_queue_bytes),
-                        bodies: super::observe::ByteBudget::new(cfg.proxy_body_bytes),
-                        body_timeout: cfg.body_timeout,
-                        stats: observe_stats.clone(),
-                    }))
-            }
-        };
+        let app = Router::new()
+            .route("/metrics", get(metrics_page))
+            .route("/livez", get(livez))
+            .route("/readyz", get(health))
+            .route("/health", get(health))
+            .with_state(state);
         tasks.push(tokio::spawn(crate::serve::serve(
             listener,
             app,
@@ -442,11 +340,7 @@ impl Agent {
         )));
         let id = Identity {
             worker_id: cfg.worker_id.clone(),
-            // In observe mode requests must reach the engine through the proxy.
-            endpoint: match cfg.mode {
-                Mode::Events => cfg.engine_url.clone(),
-                Mode::Observe => format!("http://{http_addr}"),
-            },
+            endpoint: cfg.engine_url.clone(),
             model: cfg.model.clone(),
             epoch,
             token: match (&cfg.agent_token_file, &cfg.agent_token) {
@@ -482,11 +376,10 @@ impl Agent {
                 }
             }
         }
-        tracing::info!(worker_id = %cfg.worker_id, %http_addr, mode = ?cfg.mode, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
+        tracing::info!(worker_id = %cfg.worker_id, %http_addr, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
         Ok(Agent {
             hub,
             stats,
-            observe_stats,
             http_addr,
             epoch,
             cancel,
@@ -509,11 +402,6 @@ impl Agent {
         &self.stats
     }
 
-    /// Observe mode's counters (all zero in events mode).
-    pub fn observe_stats(&self) -> &Arc<ObserveStats> {
-        &self.observe_stats
-    }
-
     /// This run's epoch (sent in Hello).
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -531,52 +419,6 @@ impl Agent {
             let _ = t.await;
         }
     }
-}
-
-/// Observe mode's checks and shared parts: the prompt hasher and the engine
-/// HTTP client.
-async fn observe_parts(cfg: &AgentConfig) -> Result<(PromptHasher, reqwest::Client), AgentError> {
-    let path = cfg.tokenizer.clone().ok_or_else(|| {
-        AgentError::Config(
-            "--mode observe needs --tokenizer PATH (the engine's tokenizer.json or model folder)"
-                .into(),
-        )
-    })?;
-    if cfg.block_size == 0 || cfg.block_size > 4096 {
-        return Err(AgentError::Config(format!(
-            "--block-size must be 1..=4096, not {}",
-            cfg.block_size
-        )));
-    }
-    if cfg.cache_blocks == 0 {
-        return Err(AgentError::Config(
-            "--cache-blocks must be at least 1".into(),
-        ));
-    }
-    if !(cfg.engine_url.starts_with("http://") || cfg.engine_url.starts_with("https://")) {
-        return Err(AgentError::Config(format!(
-            "--engine-url must be an http(s) URL, not {:?}",
-            cfg.engine_url
-        )));
-    }
-    let p = path.clone();
-    let tokenizer = tokio::task::spawn_blocking(move || ChatTokenizer::load(&p))
-        .await
-        .map_err(|e| AgentError::Config(format!("tokenizer loading task failed: {e}")))?
-        .map_err(|source| AgentError::Tokenizer { path, source })?;
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        // Requests go out in more than one write (head, body): said
-        // explicitly, though reqwest's default is the same.
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| AgentError::Config(format!("cannot build the engine HTTP client: {e}")))?;
-    let hasher = PromptHasher::new(
-        Arc::new(tokenizer),
-        cfg.model.clone(),
-        cfg.block_size as usize,
-    );
-    Ok((hasher, client))
 }
 
 async fn metrics_page(State(s): State<HttpState>) -> String {
@@ -620,15 +462,6 @@ async fn health(State(s): State<HttpState>) -> axum::response::Response {
         "event_reconnects": s.stats.event_reconnects.get(),
         "router_connects": s.stats.router_connects.get(),
         "router_refusals": s.stats.router_refusals.get(),
-        "observe": s.observe_stats.as_ref().map(|o| serde_json::json!({
-            "forwarded": o.forwarded.get(),
-            "engine_errors": o.engine_errors.get(),
-            "observed": o.observed.get(),
-            "dropped": o.dropped.get(),
-            "unhashable": o.unhashable.get(),
-            "blocks_stored": o.blocks_stored.get(),
-            "blocks_evicted": o.blocks_evicted.get(),
-        })),
     }));
     (status, body).into_response()
 }

@@ -15,8 +15,6 @@
 //! - [`load`]: the engine's Prometheus load metrics.
 //! - [`ready`]: readiness (engine reachable, a router stream up, KV events
 //!   flowing) for `/readyz` and its gauges.
-//! - [`observe`]: observe mode, for engines without KV events: a sidecar proxy
-//!   that tokenizes what it forwards and keeps an LRU mirror of the cache.
 //! - [`fasthash`]: the seeded fast hasher of the block maps.
 //! - [`serve`]: the HTTP server's accept loop: connection cap, header and
 //!   idle deadlines.
@@ -32,7 +30,6 @@ pub mod follow;
 pub mod hub;
 pub mod link;
 pub mod load;
-pub mod observe;
 pub mod ready;
 pub mod replay;
 pub mod replicas;
@@ -43,5 +40,5 @@ pub mod tls;
 pub mod tracker;
 pub mod zmtp_guard;
 
-pub use agent::{Agent, AgentConfig, Mode};
+pub use agent::{Agent, AgentConfig};
 pub use error::AgentError;

@@ -4,7 +4,7 @@
 //! Ready means the agent is doing its job:
 //! - the engine answers its metrics page (when load scraping is on);
 //! - at least one router stream is up;
-//! - in events mode, KV events arrive: when the engine's
+//! - KV events arrive: when the engine's
 //!   `vllm:prompt_tokens_total` grew by [`MIN_PROMPT_TOKENS`] or more and no
 //!   event batch followed for `events_silence`, the events are lost. The
 //!   usual cause is vLLM's publisher connecting instead of binding; that is
@@ -30,8 +30,6 @@ const ENGINE_DOWN: u8 = 2;
 pub struct Readiness {
     /// Engine reachability is checked (load scraping is on).
     engine_checked: bool,
-    /// Events mode: KV events are expected.
-    events_expected: bool,
     engine: AtomicU8,
     prompt_tokens: AtomicU64,
     prompt_tokens_known: AtomicBool,
@@ -55,10 +53,9 @@ impl Verdict {
 
 impl Readiness {
     /// Nothing known yet: not ready until the engine and a router answered.
-    pub fn new(engine_checked: bool, events_expected: bool) -> Self {
+    pub fn new(engine_checked: bool) -> Self {
         Readiness {
             engine_checked,
-            events_expected,
             engine: AtomicU8::new(ENGINE_UNKNOWN),
             prompt_tokens: AtomicU64::new(0),
             prompt_tokens_known: AtomicBool::new(false),
@@ -119,22 +116,20 @@ pub async fn watch(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if ready.events_expected {
-            let silent =
-                silence_check.observe(Instant::now(), stats.batches.get(), ready.prompt_tokens());
-            if silent && !logged {
-                logged = true;
-                tracing::error!(
-                    endpoint = %endpoint,
-                    "no KV event arrived for {} ms while the engine served prompt tokens; \
-                     the agent follows {endpoint}. vLLM connects instead of binding when the \
-                     endpoint is not a wildcard (tcp://*:PORT); point it at tcp://*:PORT \
-                     (the agent keeps --kv-events tcp://HOST:PORT)",
-                    silence.as_millis()
-                );
-            }
-            ready.events_silent.store(silent, Ordering::Relaxed);
+        let silent =
+            silence_check.observe(Instant::now(), stats.batches.get(), ready.prompt_tokens());
+        if silent && !logged {
+            logged = true;
+            tracing::error!(
+                endpoint = %endpoint,
+                "no KV event arrived for {} ms while the engine served prompt tokens; \
+                 the agent follows {endpoint}. vLLM connects instead of binding when the \
+                 endpoint is not a wildcard (tcp://*:PORT); point it at tcp://*:PORT \
+                 (the agent keeps --kv-events tcp://HOST:PORT)",
+                silence.as_millis()
+            );
         }
+        ready.events_silent.store(silent, Ordering::Relaxed);
         let v = ready.verdict(&stats);
         let flag = |b: bool| f64::from(u8::from(b));
         metrics::gauge!("warmpath_agent_ready").set(flag(v.ready()));

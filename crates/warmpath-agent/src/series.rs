@@ -85,38 +85,6 @@ pub(crate) fn describe() {
             "TLS failures toward a router, by router",
         ),
         (
-            "warmpath_agent_observe_prompts_total",
-            "Prompts the observe proxy tokenized",
-        ),
-        (
-            "warmpath_agent_observe_unhashable_total",
-            "Prompts the observe proxy could not hash, by reason",
-        ),
-        (
-            "warmpath_agent_observe_dropped_total",
-            "Prompts dropped because the observe queue was full",
-        ),
-        (
-            "warmpath_agent_observe_blocks_stored_total",
-            "Blocks added to the observe mirror",
-        ),
-        (
-            "warmpath_agent_observe_blocks_evicted_total",
-            "Blocks evicted from the observe mirror",
-        ),
-        (
-            "warmpath_agent_proxy_requests_total",
-            "Requests the observe proxy forwarded, by status",
-        ),
-        (
-            "warmpath_agent_proxy_engine_errors_total",
-            "Observe-proxy requests the engine failed to answer",
-        ),
-        (
-            "warmpath_agent_proxy_busy_total",
-            "Observe-proxy requests answered 503 because the request bodies held at once were at their byte bound",
-        ),
-        (
             "warmpath_agent_http_refused_total",
             "Connections to the agent's HTTP server answered 503 and closed because its connection cap was reached",
         ),
@@ -142,7 +110,6 @@ pub(crate) fn describe() {
         ("warmpath_agent_engine_waiting", "Requests waiting in the engine (its last good scrape)"),
         ("warmpath_agent_engine_kv_usage", "The engine's KV-cache usage, 0..1 (its last good scrape)"),
         ("warmpath_agent_router_connected", "1 while the stream to a router is up, by router"),
-        ("warmpath_agent_observe_mirror_blocks", "Blocks in the observe mirror"),
         ("warmpath_agent_ready", "1 when GET /readyz answers 200 (engine reachable, a router stream up, KV events flowing), else 0"),
         ("warmpath_agent_engine_up", "1 when the engine's metrics page answered the latest scrape, else 0"),
         ("warmpath_agent_router_streams", "Router streams currently up"),
