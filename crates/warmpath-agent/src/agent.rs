@@ -72,10 +72,6 @@ pub struct AgentConfig {
     pub topic: String,
     /// Load scrape period (0: no scraping).
     pub load_interval: Duration,
-    /// Removed-block mappings remembered per rank.
-    pub ghost_capacity: usize,
-    /// Deltas queued per router before coalescing into a snapshot.
-    pub router_queue: usize,
     /// Router link tuning.
     pub link: LinkConfig,
     /// Not ready once the engine served prompt tokens and no KV
@@ -105,8 +101,6 @@ impl AgentConfig {
             http: crate::serve::HttpLimits::default(),
             topic: String::new(),
             load_interval: Duration::from_secs(1),
-            ghost_capacity: 1 << 16,
-            router_queue: 16_384,
             link: LinkConfig::default(),
             events_silence: Duration::from_secs(30),
         }
@@ -133,14 +127,10 @@ impl Drop for Agent {
 
 /// Longest wait for one answer about a `dns://` router name.
 const ROUTER_DNS_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// One `--router` entry.
-enum RouterTarget {
-    /// A URL: one link.
-    Url(String),
-    /// `dns://NAME:PORT`: one link per resolved replica.
-    Dns(String, u16),
-}
+/// Removed-block mappings remembered per rank.
+const GHOST_CAPACITY: usize = 1 << 16;
+/// Deltas queued per router before coalescing into a snapshot.
+const ROUTER_QUEUE: usize = 16_384;
 
 #[derive(Clone)]
 struct HttpState {
@@ -186,52 +176,35 @@ impl Agent {
         if let Some(path) = &cfg.agent_token_file {
             crate::link::read_token_file(path).map_err(AgentError::Config)?;
         }
-        let sends_token = cfg.agent_token.is_some() || cfg.agent_token_file.is_some();
-        if sends_token && !cfg.insecure {
-            if let Some(r) = cfg
-                .routers
-                .iter()
-                .find(|r| crate::tls::plain_text_off_host(r))
-            {
-                return Err(AgentError::Config(format!(
-                    "--router {r}: the agent token would cross the network in plain text; use https:// (the router's --agent-tls-cert), a loopback router, or pass --insecure"
-                )));
-            }
-        }
-        let mut router_targets = Vec::new();
+        let guard_token =
+            (cfg.agent_token.is_some() || cfg.agent_token_file.is_some()) && !cfg.insecure;
+        let (mut urls, mut dns_names) = (Vec::new(), Vec::new());
         for r in &cfg.routers {
-            router_targets.push(match crate::replicas::dns_target(r) {
+            match crate::replicas::dns_target(r) {
                 Some(t) => {
-                    let (name, port) = t?;
-                    if sends_token && !cfg.insecure {
+                    dns_names.push(t?);
+                    if guard_token {
                         return Err(AgentError::Config(format!(
                             "--router {r}: its replicas are reached over plain http://, so the agent token would cross the network in plain text; pass --insecure (inside a trusted network) or list https:// routers"
                         )));
                     }
-                    RouterTarget::Dns(name, port)
                 }
-                None => RouterTarget::Url(r.clone()),
-            });
+                None if guard_token && crate::tls::plain_text_off_host(r) => {
+                    return Err(AgentError::Config(format!(
+                        "--router {r}: the agent token would cross the network in plain text; use https:// (the router's --agent-tls-cert), a loopback router, or pass --insecure"
+                    )));
+                }
+                None => urls.push(r.clone()),
+            }
         }
         // Built before anything is spawned: a bad system configuration fails the start.
-        let dns_resolver = if router_targets
-            .iter()
-            .any(|t| matches!(t, RouterTarget::Dns(..)))
-        {
+        let dns_resolver = if dns_names.is_empty() {
+            None
+        } else {
             let r = warmpath_proto::dns::resolver(cfg.router_nameserver, ROUTER_DNS_TIMEOUT)
                 .map_err(|e| AgentError::Config(format!("--router dns://: {e}")))?;
             Some(Arc::new(r))
-        } else {
-            None
         };
-        // dns:// entries were checked above; their replicas are plain http.
-        let urls: Vec<String> = router_targets
-            .iter()
-            .filter_map(|t| match t {
-                RouterTarget::Url(u) => Some(u.clone()),
-                RouterTarget::Dns(..) => None,
-            })
-            .collect();
         let router_tls =
             crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
         if cfg.kv_events.is_empty() {
@@ -259,7 +232,7 @@ impl Agent {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1);
-        let hub = Arc::new(Hub::new());
+        let hub = Arc::new(Hub::default());
         let stats = Arc::new(Stats::default());
         crate::series::describe();
         let readiness = Arc::new(Readiness::new(!cfg.load_interval.is_zero()));
@@ -305,7 +278,7 @@ impl Agent {
             fc.topic = cfg.topic.clone();
             tasks.push(tokio::spawn(follow_rank(
                 fc,
-                EngineTracker::new(cfg.model.clone(), cfg.ghost_capacity),
+                EngineTracker::new(cfg.model.clone(), GHOST_CAPACITY),
                 hub.clone(),
                 stats.clone(),
                 restart_rx.clone(),
@@ -320,7 +293,6 @@ impl Agent {
                 cfg.load_interval,
                 load_tx,
                 restart_tx,
-                stats.clone(),
                 readiness.clone(),
                 cancel.child_token(),
             )));
@@ -356,24 +328,21 @@ impl Agent {
             load: load_rx.clone(),
             stats: stats.clone(),
             cfg: cfg.link.clone(),
-            queue: cfg.router_queue,
+            queue: ROUTER_QUEUE,
         });
-        for target in router_targets {
-            match target {
-                RouterTarget::Url(url) => tasks.push(links.start(url, &cancel).task),
-                RouterTarget::Dns(name, port) => {
-                    let Some(resolver) = dns_resolver.clone() else {
-                        continue; // built above whenever a dns:// router is listed
-                    };
-                    tasks.push(tokio::spawn(crate::replicas::follow_dns(
-                        Arc::clone(&links),
-                        name,
-                        port,
-                        resolver,
-                        cfg.router_dns_interval,
-                        cancel.child_token(),
-                    )));
-                }
+        for url in urls {
+            tasks.push(links.start(url, &cancel).task);
+        }
+        if let Some(resolver) = dns_resolver {
+            for (name, port) in dns_names {
+                tasks.push(tokio::spawn(crate::replicas::follow_dns(
+                    Arc::clone(&links),
+                    name,
+                    port,
+                    Arc::clone(&resolver),
+                    cfg.router_dns_interval,
+                    cancel.child_token(),
+                )));
             }
         }
         tracing::info!(worker_id = %cfg.worker_id, %http_addr, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
@@ -405,11 +374,6 @@ impl Agent {
     /// This run's epoch (sent in Hello).
     pub fn epoch(&self) -> u64 {
         self.epoch
-    }
-
-    /// A token that fires when the agent stops.
-    pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.clone()
     }
 
     /// Stops every task and waits for them.

@@ -38,7 +38,7 @@ fn follower(replay: Option<&str>) -> Follower {
     Follower::new(
         cfg,
         EngineTracker::new("m", 16),
-        Arc::new(Hub::new()),
+        Arc::new(Hub::default()),
         Arc::new(Stats::default()),
         replay.map(str::to_owned),
     )

@@ -1,14 +1,8 @@
 //! Readiness: what `/livez` and `/readyz` (and `/health`) answer, and the
-//! gauges that say the same in `/metrics`.
-//!
-//! Ready means the agent is doing its job:
-//! - the engine answers its metrics page (when load scraping is on);
-//! - at least one router stream is up;
-//! - KV events arrive: when the engine's
-//!   `vllm:prompt_tokens_total` grew by [`MIN_PROMPT_TOKENS`] or more and no
-//!   event batch followed for `events_silence`, the events are lost. The
-//!   usual cause is vLLM's publisher connecting instead of binding; that is
-//!   logged once, at ERROR, with the endpoint and the rule.
+//! gauges that say the same in `/metrics`. Ready: the engine answers its
+//! metrics page (when scraped), a router stream is up, and KV events follow
+//! prompt tokens (lost events are usually vLLM's publisher connecting instead
+//! of binding: logged once, at ERROR, with the rule).
 
 use crate::stats::Stats;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};

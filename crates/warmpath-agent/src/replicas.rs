@@ -1,11 +1,6 @@
 //! The router list: a plain URL gets one link ([`crate::link`]); a
-//! `dns://NAME:PORT` entry is resolved every `--router-dns-interval-ms`
-//! (A/AAAA through [`warmpath_proto::dns`], e.g. a headless Service in front
-//! of the router replicas) and keeps one link per resolved replica
-//! (`http://IP:PORT`), following the answer. A new replica's link starts
-//! with Hello and a full snapshot (every new queue asks for one); a vanished
-//! replica's link is cancelled and its queue dropped. A failed or empty
-//! lookup keeps the links it has.
+//! `dns://NAME:PORT` entry keeps one link per address NAME resolves to, looked
+//! up again every `--router-dns-interval-ms` (docs/agent.md).
 
 use crate::error::AgentError;
 use crate::hub::{Hub, Sink};
