@@ -111,10 +111,8 @@ impl AgentConfig {
 /// waits for the tasks.
 #[derive(Debug)]
 pub struct Agent {
-    hub: Arc<Hub>,
     stats: Arc<Stats>,
     http_addr: SocketAddr,
-    epoch: u64,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -129,8 +127,6 @@ impl Drop for Agent {
 const ROUTER_DNS_TIMEOUT: Duration = Duration::from_secs(2);
 /// Removed-block mappings remembered per rank.
 const GHOST_CAPACITY: usize = 1 << 16;
-/// Deltas queued per router before coalescing into a snapshot.
-const ROUTER_QUEUE: usize = 16_384;
 
 #[derive(Clone)]
 struct HttpState {
@@ -239,13 +235,12 @@ impl Agent {
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
 
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .map_err(|source| AgentError::Listen {
-                addr: cfg.listen,
-                source,
-            })?;
-        let http_addr = listener.local_addr().map_err(|source| AgentError::Listen {
+        let bind = async {
+            let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+            let addr = listener.local_addr()?;
+            Ok((listener, addr))
+        };
+        let (listener, http_addr) = bind.await.map_err(|source| AgentError::Listen {
             addr: cfg.listen,
             source,
         })?;
@@ -328,7 +323,6 @@ impl Agent {
             load: load_rx.clone(),
             stats: stats.clone(),
             cfg: cfg.link.clone(),
-            queue: ROUTER_QUEUE,
         });
         for url in urls {
             tasks.push(links.start(url, &cancel).task);
@@ -347,10 +341,8 @@ impl Agent {
         }
         tracing::info!(worker_id = %cfg.worker_id, %http_addr, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
         Ok(Agent {
-            hub,
             stats,
             http_addr,
-            epoch,
             cancel,
             tasks,
         })
@@ -361,19 +353,9 @@ impl Agent {
         self.http_addr
     }
 
-    /// The published block set.
-    pub fn hub(&self) -> &Arc<Hub> {
-        &self.hub
-    }
-
     /// The counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
-    }
-
-    /// This run's epoch (sent in Hello).
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     /// Stops every task and waits for them.
@@ -401,16 +383,16 @@ async fn livez() -> axum::Json<serde_json::Value> {
 /// with the reasons; the body also carries the agent's counters.
 async fn health(State(s): State<HttpState>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let verdict = s.ready.verdict(&s.stats);
-    let status = if verdict.ready() {
+    let not_ready = s.ready.not_ready(&s.stats);
+    let status = if not_ready.is_empty() {
         axum::http::StatusCode::OK
     } else {
         axum::http::StatusCode::SERVICE_UNAVAILABLE
     };
     let (seq, blocks, block_size) = s.hub.status();
     let body = axum::Json(serde_json::json!({
-        "status": if verdict.ready() { "ok" } else { "unavailable" },
-        "not_ready": verdict.not_ready,
+        "status": if not_ready.is_empty() { "ok" } else { "unavailable" },
+        "not_ready": not_ready,
         "router_streams": s.stats.router_streams.get(),
         "worker_id": s.worker_id,
         "epoch": s.epoch,

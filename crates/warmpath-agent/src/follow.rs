@@ -36,16 +36,14 @@ pub struct FollowConfig {
     pub topic: String,
     /// Data-parallel rank (for logs and metrics).
     pub rank: u16,
-    /// Give up on a replay after this long.
-    pub replay_timeout: Duration,
-    /// Most batches accepted from one replay.
-    pub max_replay_batches: usize,
-    /// Most payload bytes accepted from one replay (the batches are held
-    /// until it ends).
-    pub max_replay_bytes: usize,
-    /// Decoder caps.
-    pub limits: DecodeLimits,
 }
+
+/// What one replay may take (the batches are held until it ends).
+const REPLAY_LIMITS: ReplayLimits = ReplayLimits {
+    deadline: Duration::from_secs(3),
+    max_batches: 100_000,
+    max_bytes: 256 << 20,
+};
 
 impl FollowConfig {
     /// Defaults for `endpoint`.
@@ -55,10 +53,6 @@ impl FollowConfig {
             replay_endpoint: None,
             topic: String::new(),
             rank: 0,
-            replay_timeout: Duration::from_secs(3),
-            max_replay_batches: 100_000,
-            max_replay_bytes: 256 << 20,
-            limits: DecodeLimits::default(),
         }
     }
 }
@@ -110,7 +104,7 @@ pub async fn follow_rank(
     // The guards live as long as this rank is followed.
     let guards = cancel.child_token();
     let _stop_guards = guards.clone().drop_guard();
-    let max_frame = cfg.limits.max_payload_bytes as u64;
+    let max_frame = DecodeLimits::default().max_payload_bytes as u64;
     let events_at = guarded(&cfg.endpoint, max_frame, &guards).await;
     let replay_at = match &cfg.replay_endpoint {
         Some(ep) => Some(guarded(ep, max_frame, &guards).await),
@@ -200,7 +194,7 @@ pub async fn follow_rank(
 /// `target` itself when none could start (logged).
 async fn guarded(target: &str, max_frame: u64, cancel: &CancellationToken) -> String {
     match crate::zmtp_guard::start(target, max_frame, cancel.clone()).await {
-        Ok(g) => g.endpoint,
+        Ok(endpoint) => endpoint,
         Err(e) => {
             tracing::error!(endpoint = %target, error = %e,
                 "cannot start the frame guard; connecting without it (an oversized frame can abort the agent)");
@@ -320,21 +314,19 @@ impl Follower {
             }
         }
         self.apply(seq, &payload);
-        if self.stats_take_unknown_parent() {
+        if self.parent_replay_due() {
             self.catch_up(0, seq.saturating_add(1)).await;
         }
     }
 
-    /// Whether an unknown parent in the last batch warrants a catch-up replay.
-    fn stats_take_unknown_parent(&mut self) -> bool {
-        if self.cfg.replay_endpoint.is_none() || !self.pending_parent {
-            self.pending_parent = false;
-            return false;
-        }
-        self.pending_parent = false;
-        let due = self
-            .last_parent_replay
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+    /// Whether an unknown parent in the last batch warrants a catch-up
+    /// replay (at most one every 10 s).
+    fn parent_replay_due(&mut self) -> bool {
+        let due = std::mem::take(&mut self.pending_parent)
+            && self.replay_at.is_some()
+            && self
+                .last_parent_replay
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
         if due {
             self.last_parent_replay = Some(Instant::now());
         }
@@ -403,12 +395,7 @@ impl Follower {
     /// without a replay endpoint, or when the replay failed (logged: `failed`).
     async fn replay_from(&mut self, from: u64, failed: &str) -> Option<Vec<(u64, Bytes)>> {
         let at = self.replay_at.as_ref()?;
-        let limits = ReplayLimits {
-            deadline: self.cfg.replay_timeout,
-            max_batches: self.cfg.max_replay_batches,
-            max_bytes: self.cfg.max_replay_bytes,
-        };
-        match replay(at, from, limits).await {
+        match replay(at, from, REPLAY_LIMITS).await {
             Ok(batches) => {
                 self.stats.replays_ok.inc();
                 metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
@@ -486,7 +473,7 @@ impl Follower {
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         self.last = Some(seq);
         self.applied[(seq % APPLIED_WINDOW as u64) as usize] = (seq, self.digest(payload));
-        let batch: KvEventBatch = match decode_batch_with(payload, &self.cfg.limits) {
+        let batch: KvEventBatch = match decode_batch_with(payload, &DecodeLimits::default()) {
             Ok(b) => b,
             Err(e) => {
                 self.stats.bad_payloads.inc();

@@ -41,17 +41,14 @@ pub fn parse_metrics(text: &str) -> Option<Load> {
     })
 }
 
-/// A view is partial when the engine reports more blocks in use than this
-/// fraction of its capacity above what the agent knows (plus one block per
-/// running request: vLLM counts a request's partly filled last block as
-/// used but publishes only full ones, and usage is sampled while events
-/// stream): the engine holds blocks the agent never saw (it started before
-/// the agent, or events were lost beyond the replay ring).
+/// The slack before a view is partial: this fraction of the capacity, plus
+/// one block per running request (vLLM counts a request's partly filled last
+/// block as used but publishes only full ones; usage is sampled mid-stream).
 const PARTIAL_SLACK_DIV: u64 = 20;
 
 /// Whether `known` blocks cannot cover the engine's current KV usage in
-/// `load` (issue 17 item 3). Unknown capacity or a down engine: `false`, as
-/// nothing says the view misses anything.
+/// `load`: the engine holds blocks the agent never saw. Unknown capacity or a
+/// down engine: `false`, as nothing says the view misses anything.
 pub fn view_is_partial(load: &Load, known: u64) -> bool {
     if load.capacity_blocks == 0 || !load.engine_up {
         return false;

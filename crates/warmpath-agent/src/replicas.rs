@@ -24,9 +24,10 @@ pub(crate) struct Links {
     pub(crate) load: watch::Receiver<Option<Load>>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) cfg: LinkConfig,
-    /// Deltas queued per router.
-    pub(crate) queue: usize,
 }
+
+/// Deltas queued per router before coalescing into a snapshot.
+const ROUTER_QUEUE: usize = 16_384;
 
 /// One running link: its queue, its cancellation, its task.
 #[derive(Debug)]
@@ -39,7 +40,7 @@ pub(crate) struct Running {
 impl Links {
     /// Starts a link to `url` (ends when `parent` is cancelled).
     pub(crate) fn start(&self, url: String, parent: &CancellationToken) -> Running {
-        let sink = self.hub.add_sink(url.clone(), self.queue);
+        let sink = self.hub.add_sink(url.clone(), ROUTER_QUEUE);
         let cancel = parent.child_token();
         let task = tokio::spawn(run_link(
             url,

@@ -168,17 +168,11 @@ impl FrameCheck {
     }
 }
 
-/// A running guard: the endpoint to give `zeromq` instead of the engine's.
-#[derive(Debug)]
-pub struct Guard {
-    /// `tcp://127.0.0.1:P`.
-    pub endpoint: String,
-}
-
 /// Starts a guard for `target` (`tcp://host:port`) on 127.0.0.1, frames
-/// capped at `max_frame` bytes, running until `cancel` fires. An endpoint
-/// that is not `tcp://` is an error (the caller connects directly).
-pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> io::Result<Guard> {
+/// capped at `max_frame` bytes, running until `cancel` fires; returns the
+/// endpoint to give `zeromq` instead (`tcp://127.0.0.1:P`). An endpoint that
+/// is not `tcp://` is an error (the caller connects directly).
+pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> io::Result<String> {
     let Some(addr) = target.strip_prefix("tcp://").map(str::to_owned) else {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -214,7 +208,7 @@ pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> i
         }
         pumps.shutdown().await;
     });
-    Ok(Guard { endpoint })
+    Ok(endpoint)
 }
 
 /// Dials `addr`, retrying for [`DIAL_FOR`] as `zeromq` would.
@@ -366,7 +360,7 @@ mod tests {
         let target = format!("tcp://{}", engine.local_addr().unwrap());
         let cancel = CancellationToken::new();
         let g = start(&target, 1000, cancel.clone()).await.unwrap();
-        let mut agent = TcpStream::connect(g.endpoint.strip_prefix("tcp://").unwrap())
+        let mut agent = TcpStream::connect(g.strip_prefix("tcp://").unwrap())
             .await
             .unwrap();
         let (mut e, _) = engine.accept().await.unwrap();
