@@ -267,10 +267,12 @@ impl Agent {
 
         let (restart_tx, restart_rx) = watch::channel(0u64);
         for (rank, endpoint, replay_endpoint) in ranks {
-            let mut fc = FollowConfig::new(endpoint);
-            fc.replay_endpoint = replay_endpoint;
-            fc.rank = rank;
-            fc.topic = cfg.topic.clone();
+            let fc = FollowConfig {
+                endpoint,
+                replay_endpoint,
+                topic: cfg.topic.clone(),
+                rank,
+            };
             tasks.push(tokio::spawn(follow_rank(
                 fc,
                 EngineTracker::new(cfg.model.clone(), GHOST_CAPACITY),

@@ -45,18 +45,6 @@ const REPLAY_LIMITS: ReplayLimits = ReplayLimits {
     max_bytes: 256 << 20,
 };
 
-impl FollowConfig {
-    /// Defaults for `endpoint`.
-    pub fn new(endpoint: impl Into<String>) -> Self {
-        FollowConfig {
-            endpoint: endpoint.into(),
-            replay_endpoint: None,
-            topic: String::new(),
-            rank: 0,
-        }
-    }
-}
-
 /// How many recently applied batches' digests a rank keeps, to tell a
 /// duplicate (a replay overlapping live batches: those published during the
 /// replay's round trip, a few seconds at most) from a restarted engine.

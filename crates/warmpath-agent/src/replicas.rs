@@ -67,10 +67,7 @@ impl Links {
 
 /// `dns://NAME:PORT` as (NAME, PORT); `None` for any other URL.
 pub fn dns_target(url: &str) -> Option<Result<(String, u16), AgentError>> {
-    let rest = url
-        .get(..6)
-        .filter(|s| s.eq_ignore_ascii_case("dns://"))
-        .map(|_| &url[6..])?;
+    let rest = crate::tls::after_scheme(url, "dns://")?;
     let bad = || {
         AgentError::Config(format!(
             "--router {url}: expected dns://NAME:PORT (NAME resolved to every router replica)"

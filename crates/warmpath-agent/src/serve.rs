@@ -58,7 +58,7 @@ pub fn default_max_connections() -> usize {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Serves `app` on `listener` under `limits` until `cancel` fires; then
-/// stops accepting and gives open connections [`SHUTDOWN_GRACE`] to finish.
+/// stops accepting and gives open connections `SHUTDOWN_GRACE` to finish.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
