@@ -1,12 +1,6 @@
-//! `kv_aware` through a membership change: the policy built from the new
-//! snapshot takes over the old one's state, mapped by **worker id** (never
-//! by slot or position, which a change shifts). A remaining worker keeps its
-//! pressure, modelled cache, homes and copies; a prefix homed on a removed
-//! worker is forgotten (it re-places, as the index dropped its blocks too)
-//! and a copy on one is dropped; a new worker starts empty. The decision
-//! clock goes on; decays counted per backend are rescaled to the new size.
-//! For the remaining workers a change is then the changed worker becoming
-//! unusable (the proptests in `kv_carry_tests.rs`).
+//! `kv_aware` through a membership change: the new policy takes over the old
+//! one's state by worker id, never by slot or position, which a change shifts
+//! (docs/kv.md, "Carry-over").
 
 use super::place::State;
 use super::tuning::home_table_keys;
@@ -14,8 +8,7 @@ use super::PolicyBackend;
 use std::collections::HashMap;
 
 impl State {
-    /// This state over the snapshot `backends`, from the state of a policy
-    /// over `old` worker ids (module docs).
+    /// This state, of a policy over `old` worker ids, over the snapshot `backends`.
     pub(crate) fn remap(&self, old: &[String], backends: &[PolicyBackend]) -> State {
         let at: HashMap<&str, usize> = old
             .iter()
@@ -34,8 +27,7 @@ impl State {
             }
         }
         let (was, n) = (self.pressure.len().max(1), backends.len().max(1));
-        // Windows are so many decisions per backend: the same memory per
-        // backend over the new fleet size.
+        // Windows are so many decisions per backend: the same per backend over the new size.
         let per_decision = ((1.0 - self.decay) * was as f64 / n as f64).min(1.0);
         State {
             pressure: from
