@@ -89,11 +89,6 @@ impl Candidates {
         }
     }
 
-    /// The same weights over `n` positions (a membership change: positions shift).
-    pub(crate) fn fresh(&self, n: usize) -> Self {
-        Candidates::new(n, self.prefill_weight, self.decode_weight, self.threshold)
-    }
-
     /// `None` when it cannot take a request (ineligible, or at the concurrency threshold).
     fn key_of(&self, l: &BackendLoad) -> Option<LoadKey> {
         let in_flight = l.effective_in_flight();

@@ -2,14 +2,21 @@
 //! one's state by worker id, never by slot or position, which a change shifts
 //! (docs/kv.md, "Carry-over").
 
+use super::candidates::Candidates;
 use super::place::State;
 use super::tuning::home_table_keys;
 use super::PolicyBackend;
 use std::collections::HashMap;
 
 impl State {
-    /// This state, of a policy over `old` worker ids, over the snapshot `backends`.
-    pub(crate) fn remap(&self, old: &[String], backends: &[PolicyBackend]) -> State {
+    /// This state, of a policy over `old` worker ids, over the snapshot `backends` (whose
+    /// candidates, `cands`, are filed from the next decision's loads).
+    pub(crate) fn remap(
+        &self,
+        old: &[String],
+        backends: &[PolicyBackend],
+        cands: Candidates,
+    ) -> State {
         let at: HashMap<&str, usize> = old
             .iter()
             .enumerate()
@@ -43,8 +50,7 @@ impl State {
                 .remap(&from, backends.iter().map(|b| b.capacity_blocks)),
             // The admission threshold depends on the fleet's capacity: recomputed.
             tail: std::cell::Cell::new(None),
-            // Positions shift: refiled from the next decision's loads.
-            cands: self.cands.fresh(backends.len()),
+            cands,
             // Positions shift: the next balance check takes a new summary.
             fleet: std::cell::Cell::new(None),
             preview: None,

@@ -164,15 +164,12 @@ impl Homes {
         let gone = if at < INLINE {
             e.copies[at]
         } else {
-            let v = self.spill.get_mut(&key);
-            let gone = v.as_deref().and_then(|v| v.last().copied());
-            if let Some(v) = v {
-                v.pop();
-                if v.is_empty() {
-                    self.spill.remove(&key);
-                }
+            let v = self.spill.entry(key).or_default();
+            let gone = v.pop().unwrap_or(e.backend);
+            if v.is_empty() {
+                self.spill.remove(&key);
             }
-            gone.unwrap_or(e.backend)
+            gone
         };
         self.spread(i, 1.0);
         Some(gone as usize)

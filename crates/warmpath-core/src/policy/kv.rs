@@ -59,11 +59,10 @@ impl KvAware {
     /// A policy over `backends` that takes this one's state over ([`Learns::carried`]).
     fn carried_over(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
         let next = KvAware::new(config, backends);
-        let mut state = self.placer.lock().remap(&self.ids, backends);
         let mut live = next.placer.lock();
         // The new config's candidate weights, not the old policy's.
-        std::mem::swap(&mut state.cands, &mut live.cands);
-        *live = state;
+        let cands = live.cands.clone();
+        *live = self.placer.lock().remap(&self.ids, backends, cands);
         drop(live);
         next
     }
@@ -240,12 +239,9 @@ impl KvAware {
     /// Feeds the index's fresh view of this prefix into the resident model (an unlisted home
     /// holds none of it).
     fn observe(&self, s: &mut State, input: &RouteInput<'_>, loads: &[BackendLoad]) {
-        let Some(m) = input.matches else {
+        let Some(m) = input.matches.filter(|_| s.resident.any()) else {
             return;
         };
-        if !s.resident.any() {
-            return;
-        }
         let key = input.prefix_key;
         for w in m.workers.iter().filter(|w| w.fresh) {
             if let Some(i) = self.position(w.slot) {

@@ -54,7 +54,7 @@ pub(crate) const REUSE_BACKENDS: u64 = 64;
 
 /// `kv_aware`'s knobs (its cost formula: docs/kv.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(from = "KvConfigFile")]
+#[serde(default, deny_unknown_fields)]
 pub struct KvConfig {
     /// Fewest matched blocks that count as a useful match (>= 1).
     pub min_match_blocks: u32,
@@ -68,6 +68,17 @@ pub struct KvConfig {
     /// A prefix gets deliberate copies once its popularity per holder exceeds the mean expected
     /// load by more than `COPY_SLACK` times this fraction. 0..=10; null turns copies off.
     pub rebalance_slack: Option<f64>,
+    /// Removed knobs, refused by name when set ([`REMOVED`]).
+    #[serde(skip_serializing)]
+    pub(crate) share_slack: Removed<0>,
+    #[serde(skip_serializing)]
+    pub(crate) pressure_window: Removed<1>,
+    #[serde(skip_serializing)]
+    pub(crate) placement_tolerance: Removed<2>,
+    #[serde(skip_serializing)]
+    pub(crate) cold_placement: Removed<3>,
+    #[serde(skip_serializing)]
+    pub(crate) rebalance_payback: Removed<4>,
 }
 
 impl Default for KvConfig {
@@ -78,6 +89,11 @@ impl Default for KvConfig {
             decode_weight: 2.0,
             miss_weight: 1.0,
             rebalance_slack: Some(0.4),
+            share_slack: Removed,
+            pressure_window: Removed,
+            placement_tolerance: Removed,
+            cold_placement: Removed,
+            rebalance_payback: Removed,
         }
     }
 }
@@ -114,7 +130,7 @@ impl KvConfig {
     }
 }
 
-/// The removed knobs and what to do instead; [`KvConfigFile`] refuses `REMOVED[I]` by index.
+/// The removed knobs and what to do instead: a `Removed<I>` field refuses `REMOVED[I]`.
 const REMOVED: [(&str, &str); 5] = [
     (
         "kv.share_slack",
@@ -144,8 +160,8 @@ const REMOVED: [(&str, &str); 5] = [
 ];
 
 /// Removed knob `REMOVED[I]`: refused whatever its value (`null` included).
-#[derive(Default)]
-struct Removed<const I: usize>;
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Removed<const I: usize>;
 
 impl<'de, const I: usize> Deserialize<'de> for Removed<I> {
     fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
@@ -154,52 +170,6 @@ impl<'de, const I: usize> Deserialize<'de> for Removed<I> {
             name,
             instead,
         }))
-    }
-}
-
-/// The knobs as a config file spells them, removed ones included.
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct KvConfigFile {
-    min_match_blocks: u32,
-    prefill_weight: f64,
-    decode_weight: f64,
-    miss_weight: f64,
-    rebalance_slack: Option<f64>,
-    share_slack: Removed<0>,
-    pressure_window: Removed<1>,
-    placement_tolerance: Removed<2>,
-    cold_placement: Removed<3>,
-    rebalance_payback: Removed<4>,
-}
-
-impl Default for KvConfigFile {
-    fn default() -> Self {
-        let d = KvConfig::default();
-        KvConfigFile {
-            min_match_blocks: d.min_match_blocks,
-            prefill_weight: d.prefill_weight,
-            decode_weight: d.decode_weight,
-            miss_weight: d.miss_weight,
-            rebalance_slack: d.rebalance_slack,
-            share_slack: Removed,
-            pressure_window: Removed,
-            placement_tolerance: Removed,
-            cold_placement: Removed,
-            rebalance_payback: Removed,
-        }
-    }
-}
-
-impl From<KvConfigFile> for KvConfig {
-    fn from(f: KvConfigFile) -> Self {
-        KvConfig {
-            min_match_blocks: f.min_match_blocks,
-            prefill_weight: f.prefill_weight,
-            decode_weight: f.decode_weight,
-            miss_weight: f.miss_weight,
-            rebalance_slack: f.rebalance_slack,
-        }
     }
 }
 
