@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 pub(crate) struct Held(pub(crate) Vec<(u32, u32)>);
 
 impl Held {
-    /// Matched blocks of position `i`.
     pub(crate) fn get(&self, i: usize) -> u32 {
         self.0
             .binary_search_by_key(&i, |&(p, _)| p as usize)
@@ -75,7 +74,7 @@ pub(crate) struct Candidates {
 }
 
 impl Candidates {
-    /// For `n` positions, none usable until the first [`Self::sync`].
+    /// None usable until the first [`Self::sync`].
     pub(crate) fn new(n: usize, prefill_weight: f64, decode_weight: f64, threshold: u32) -> Self {
         Candidates {
             filed: vec![None; n],
@@ -166,7 +165,6 @@ impl Candidates {
         self.filed[i] = key;
     }
 
-    /// Whether position `i` can take a request (as of the last sync).
     pub(crate) fn usable(&self, i: usize) -> bool {
         self.filed.get(i).is_some_and(Option::is_some)
     }
@@ -179,7 +177,7 @@ impl Candidates {
         self.eligible > 0
     }
 
-    /// The buckets, least load term first.
+    /// Least load term first.
     pub(crate) fn buckets(&self) -> impl Iterator<Item = (&LoadKey, &[u32])> {
         self.buckets.iter().map(|(k, v)| (k, v.as_slice()))
     }

@@ -109,10 +109,9 @@ impl Homes {
 
     /// One more request of `key` (weight `unit`); a key not in the table is homed on `backend`.
     pub(crate) fn hit(&mut self, key: u64, backend: usize, unit: f64, seq: u64) {
-        let i = match self.find(key) {
-            Some(i) => i,
-            None => self.insert(key, backend, seq),
-        };
+        let i = self
+            .find(key)
+            .unwrap_or_else(|| self.insert(key, backend, seq));
         self.entries[i].pop += unit;
         let e = self.entries[i];
         let share = unit / e.count() as f64;
@@ -187,10 +186,9 @@ impl Homes {
     /// Homes `key` on `backend`. A new home that was a copy keeps the other copies (they still
     /// hold it); any other new home drops them (they age out where they are).
     pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64) {
-        let i = match self.find(key) {
-            Some(i) => i,
-            None => self.insert(key, backend, seq),
-        };
+        let i = self
+            .find(key)
+            .unwrap_or_else(|| self.insert(key, backend, seq));
         self.spread(i, -1.0);
         let e = self.entries[i];
         let others: Vec<usize> = if e.extra > 0 && self.holds(&e, backend) {

@@ -17,7 +17,7 @@ use warmpath_index::WorkerSlot;
 
 #[derive(Debug)]
 pub struct KvAware {
-    /// Worker ids, in snapshot order: a rebuild carries state by them.
+    /// Worker ids: a rebuild carries state by them.
     ids: Vec<String>,
     slots: Vec<WorkerSlot>,
     /// Index slot -> position (`u32::MAX`: not in the snapshot).
@@ -59,11 +59,9 @@ impl KvAware {
     /// A policy over `backends` that takes this one's state over ([`Learns::carried`]).
     fn carried_over(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
         let next = KvAware::new(config, backends);
-        let mut live = next.placer.lock();
-        // The new config's candidate weights, not the old policy's.
-        let cands = live.cands.clone();
-        *live = self.placer.lock().remap(&self.ids, backends, cands);
-        drop(live);
+        next.placer
+            .lock()
+            .carry(&self.placer.lock(), &self.ids, backends);
         next
     }
 
@@ -218,8 +216,6 @@ impl KvAware {
         held: &Held,
         loads: &[BackendLoad],
     ) -> Option<Decision> {
-        let weights = self.weights();
-        let band = f64::from(input.chain_blocks);
         let mut holders: Vec<usize> = s.homes.holders(home).collect();
         holders.sort_unstable();
         let (t, _) = s.place(
@@ -228,8 +224,8 @@ impl KvAware {
             loads,
             |i| s.cands.usable(i) && holders.binary_search(&i).is_err(),
             &self.ring,
-            weights,
-            band,
+            self.weights(),
+            f64::from(input.chain_blocks),
         )?;
         s.copy(input.prefix_key, Some(t));
         s.sent(input.prefix_key, t, input.chain_blocks, held.get(t));
@@ -297,7 +293,6 @@ impl Policy for KvAware {
         Ok(KvAware::new(config, snapshot))
     }
 
-    /// Recorded only under `Mode::Commit` (see [`Placer::state`]).
     fn pick(
         &self,
         input: &RouteInput<'_>,

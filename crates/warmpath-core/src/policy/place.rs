@@ -57,7 +57,7 @@ pub(crate) struct Placer {
 }
 
 impl Placer {
-    /// Over `backends`, remembering about `window` decisions per backend.
+    /// Decaying over `window` decisions per backend.
     pub(crate) fn new(backends: &[PolicyBackend], window: f64) -> Self {
         let n = backends.len().max(1);
         Placer {
@@ -133,7 +133,6 @@ impl DerefMut for Scope<'_> {
 }
 
 impl State {
-    /// Each backend's decayed pressure now, in blocks.
     #[cfg(test)]
     pub(crate) fn pressures(&self) -> Vec<f64> {
         self.pressure.iter().map(|p| p / self.unit).collect()
@@ -247,7 +246,6 @@ impl State {
         Some((at, how))
     }
 
-    /// [`State::evict_at`] with `key`'s popularity looked up.
     #[cfg(test)]
     pub(crate) fn evict_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
         let px = self.popularity_with(key);
@@ -281,7 +279,6 @@ impl State {
         self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit
     }
 
-    /// [`State::lost_at`] with `key`'s popularity looked up.
     #[cfg(test)]
     fn lost_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
         let px = self.popularity_with(key);

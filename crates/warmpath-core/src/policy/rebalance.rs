@@ -62,7 +62,6 @@ pub(crate) struct Stamp {
     pub(crate) seq: u64,
     /// The decayed counters' unit: it grows every decision, so a rescale ends the summary.
     pub(crate) unit: f64,
-    /// The backends it covers, `0..m`.
     pub(crate) m: usize,
 }
 
@@ -76,7 +75,6 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// One pass over the usable backends of `0..stamp.m`.
     pub(crate) fn scan(stamp: Stamp, usable: impl Fn(usize) -> bool, expected: &[f64]) -> Fleet {
         let mut f = Fleet {
             taken: stamp,
@@ -90,7 +88,6 @@ impl Fleet {
         f
     }
 
-    /// Whether it still stands for `now` in a fleet of `n`.
     pub(crate) fn stands(&self, now: &Stamp, n: u64) -> bool {
         let reuse = (n / REUSE_BACKENDS).max(1);
         let t = &self.taken;

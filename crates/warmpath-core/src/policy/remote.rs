@@ -17,9 +17,7 @@ pub struct HomeView {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RemoteDecision {
     pub prefix_key: u64,
-    /// Where it went.
     pub backend: usize,
-    /// Full blocks in its chain.
     pub chain_blocks: u32,
     /// Blocks the backend must prefill (the sender's prediction).
     pub prefill_blocks: u32,

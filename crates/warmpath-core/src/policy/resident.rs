@@ -32,7 +32,6 @@ impl Cache {
         self.capacity
     }
 
-    /// Blocks held in all.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
         self.used
