@@ -1,6 +1,5 @@
-//! `kv_aware`'s warm pick in O(holders + buckets): non-holders are filed in
-//! buckets of equal load (docs/kv.md, "Pick mechanics"). Exact: it picks and
-//! draws as the full scan ([`cheapest_scan`]) does (proptest).
+//! `kv_aware`'s warm pick in O(holders + load buckets) (docs/kv.md, "Pick mechanics"):
+//! exactly the full scan ([`cheapest_scan`]), draws included (proptest).
 
 use super::tuning::KvConfig;
 use super::BackendLoad;
@@ -23,8 +22,7 @@ impl Held {
     }
 }
 
-/// The warm cost formula (docs/kv.md); `at_home`: a holder of the prefix (or it has none), so
-/// it writes only what it lacks.
+/// The warm cost formula; `at_home`: a holder (or there is none), so it writes what it lacks.
 pub(crate) fn warm_cost(
     kv: &KvConfig,
     chain: u32,
@@ -40,8 +38,7 @@ pub(crate) fn warm_cost(
         + kv.decode_weight * f64::from(in_flight)
 }
 
-/// A bucket: the load term first (a non-negative `f64`'s bits order like the number), then the
-/// exact loads, so one bucket holds backends of identical cost.
+/// A bucket: the load term (a non-negative `f64`'s bits order like it), then the exact loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct LoadKey {
     term_bits: u64,
@@ -103,8 +100,7 @@ impl Candidates {
         })
     }
 
-    /// Refiles the positions whose load changed: `changed` (a superset is fine) when known and
-    /// a full view was taken, else every position compared with what was filed.
+    /// Refiles the positions whose load changed: `changed` (a superset is fine), else every one.
     pub(crate) fn sync(&mut self, loads: &[BackendLoad], changed: Option<&[usize]>) {
         match changed {
             Some(changed) if self.synced && loads.len() == self.filed.len() => {
@@ -182,8 +178,7 @@ impl Candidates {
         self.buckets.iter().map(|(k, v)| (k, v.as_slice()))
     }
 
-    /// The lowest-cost usable backend and its match: holders one by one, the others by bucket,
-    /// ties by [`nth_tied`] in position order. `homes`: the prefix's holders (sorted), or empty.
+    /// The lowest-cost usable backend and its match; `homes`: the prefix's holders, sorted.
     pub(crate) fn cheapest(
         &self,
         kv: &KvConfig,
@@ -229,8 +224,7 @@ impl Candidates {
             }
             let cost = warm_cost(kv, chain, 0, key.queued, key.in_flight, true);
             match best {
-                Some((c, bm)) if cost > c || (cost == c && bm > 0) => {}
-                Some((c, _)) if cost == c => {}
+                Some((c, _)) if cost >= c => {}
                 _ => {
                     best = Some((cost, 0));
                     tied.clear();
@@ -256,8 +250,7 @@ impl Candidates {
     }
 }
 
-/// The formula over every eligible backend below `threshold`: the reference
-/// [`Candidates::cheapest`] must equal, and (at `u32::MAX`) the pick when every backend is full.
+/// [`Candidates::cheapest`]'s reference, and (at `u32::MAX`) the pick when every backend is full.
 pub(crate) fn cheapest_scan(
     kv: &KvConfig,
     threshold: u32,
@@ -274,16 +267,12 @@ pub(crate) fn cheapest_scan(
         .filter(|(_, l)| l.eligible && l.effective_in_flight() < threshold)
         .map(|(i, l)| {
             let at_home = homes.is_empty() || homes.contains(&i);
-            let m = matched[i];
-            let cost = warm_cost(
-                kv,
-                chain,
-                m,
+            let (m, queued, in_flight) = (
+                matched[i],
                 l.pending_prefill_blocks,
                 l.effective_in_flight(),
-                at_home,
             );
-            (cost, m, i)
+            (warm_cost(kv, chain, m, queued, in_flight, at_home), m, i)
         })
         .collect();
     let (c, m, _) = *scored
@@ -306,8 +295,7 @@ pub(crate) fn nth_tied(t: usize, rng: &mut dyn RngCore) -> usize {
     ((u64::from(rng.next_u32()) * t as u64) >> 32) as usize
 }
 
-/// The caller's rng salted with a decision count: a different draw per decision even from an
-/// rng seeded the same each time, still reproducible.
+/// An rng salted with a decision count: draws differ even when it is seeded the same each time.
 pub(crate) struct Salted<'a> {
     inner: &'a mut dyn RngCore,
     salt: u64,
@@ -340,8 +328,7 @@ impl RngCore for Salted<'_> {
     }
 }
 
-/// The `k`-th smallest (from 0) of the union of the sorted, disjoint `lists` less `skip`
-/// (sorted): the tied set in position order, without walking it.
+/// The `k`-th smallest (from 0) of the sorted, disjoint `lists` less `skip` (sorted).
 pub(crate) fn kth_of(lists: &[&[u32]], skip: &[u32], k: usize) -> Option<u32> {
     let count = |x: u32| -> usize {
         let inside: usize = lists.iter().map(|l| l.partition_point(|&p| p <= x)).sum();

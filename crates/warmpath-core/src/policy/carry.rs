@@ -1,6 +1,5 @@
-//! `kv_aware` through a membership change: the new policy takes over the old
-//! one's state by worker id, never by slot or position, which a change shifts
-//! (docs/kv.md, "Carry-over").
+//! `kv_aware` through a membership change: state is carried by worker id, never by slot or
+//! position, which a change shifts (docs/kv.md, "Carry-over").
 
 use super::place::State;
 use super::tuning::home_table_keys;
@@ -8,8 +7,7 @@ use super::PolicyBackend;
 use std::collections::HashMap;
 
 impl State {
-    /// Takes `old`'s state, of a policy over `old_ids`, over to this fresh one's snapshot
-    /// `backends` (its candidates, threshold and fleet summary stay fresh: positions shift).
+    /// Takes over `old`'s state (over `old_ids`); candidates and cached summaries stay fresh.
     pub(crate) fn carry(&mut self, old: &State, old_ids: &[String], backends: &[PolicyBackend]) {
         let at: HashMap<&str, usize> = old_ids
             .iter()

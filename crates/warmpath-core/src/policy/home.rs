@@ -1,6 +1,5 @@
-//! Where each recently seen prefix lives (its home and copies), its decayed
-//! popularity, and so each backend's expected load: a set-associative table
-//! whose full set drops its least popular entry (docs/kv.md).
+//! Where each recent prefix lives (home and copies) and its decayed popularity, so each
+//! backend's expected load: a set-associative table (docs/kv.md).
 
 use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;
@@ -183,8 +182,7 @@ impl Homes {
         e.extra = 0;
     }
 
-    /// Homes `key` on `backend`. A new home that was a copy keeps the other copies (they still
-    /// hold it); any other new home drops them (they age out where they are).
+    /// Homes `key` on `backend`: a copy made home keeps the other copies, any other drops them.
     pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64) {
         let i = self
             .find(key)
@@ -251,8 +249,7 @@ impl Homes {
         self.load.iter_mut().for_each(|l| *l /= k);
     }
 
-    /// This table over a new membership: `to[b]` is old backend `b`'s new position (`None`:
-    /// removed). It never shrinks, so no remembered prefix loses its way to a fuller set.
+    /// Over a new membership, `to[b]` old `b`'s position; never shrinks, so no entry is lost.
     pub(crate) fn remap(&self, to: &[Option<usize>], backends: usize, keys: usize) -> Homes {
         let mut out = Homes::new(backends, keys);
         if out.entries.len() < self.entries.len() {

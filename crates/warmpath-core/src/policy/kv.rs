@@ -1,6 +1,5 @@
-//! `kv_aware`: one cost formula over what each backend caches, queued
-//! prefill and load, with cold placement and copies. The formula, its
-//! mechanisms and its decision kinds: docs/kv.md.
+//! `kv_aware`: one cost formula over what each backend caches, queued prefill and load,
+//! with cold placement and copies. The formula, mechanisms and decisions: docs/kv.md.
 
 use super::candidates::{cheapest_scan, Held, Salted};
 use super::home::Home;
@@ -124,8 +123,7 @@ impl KvAware {
         Ok(decision(backend, 0, kind))
     }
 
-    /// The warm pick: the cheapest backend, and possibly one more copy of a prefix too hot for
-    /// its holders.
+    /// The warm pick: the cheapest backend, or one more copy of a prefix too hot for its holders.
     fn pick_homed(
         &self,
         s: &mut State,
@@ -157,8 +155,7 @@ impl KvAware {
                 .and_then(|m| m.of(slot))
                 .is_some_and(|w| !w.fresh)
         });
-        // The home and its copies that pass `ok` and hold the deepest match (none unless the
-        // home does), sorted.
+        // The home and its copies that pass `ok` and hold the deepest match, sorted.
         let holders_by = |ok: &dyn Fn(usize) -> bool| -> Vec<usize> {
             let mut v: Vec<usize> = s
                 .home(key)
@@ -232,8 +229,7 @@ impl KvAware {
         Some(decision(t, held.get(t), DecisionKind::Replicate))
     }
 
-    /// Feeds the index's fresh view of this prefix into the resident model (an unlisted home
-    /// holds none of it).
+    /// Feeds the index's fresh view of this prefix into the resident model.
     fn observe(&self, s: &mut State, input: &RouteInput<'_>, loads: &[BackendLoad]) {
         let Some(m) = input.matches.filter(|_| s.resident.any()) else {
             return;
@@ -258,8 +254,7 @@ impl KvAware {
         (k.prefill_weight, k.miss_weight, k.decode_weight)
     }
 
-    /// The warm pick when every backend is full: the formula, the gate lifted, over the eligible
-    /// holders (over every eligible backend when none holds it).
+    /// The warm pick when every backend is full: the formula over the eligible holders, if any.
     fn cheapest_full(
         &self,
         chain: u32,
@@ -347,8 +342,7 @@ impl Learns for KvAware {
     }
 }
 
-/// `kind`, or `least_outstanding` when every backend is full and the pick has the fewest in
-/// flight.
+/// `kind`, or `least_outstanding` when (every backend full) the pick has the fewest in flight.
 fn least_or(loads: &[BackendLoad], backend: usize, kind: DecisionKind) -> DecisionKind {
     let min = loads
         .iter()

@@ -88,8 +88,7 @@ impl Placer {
         self.state.lock()
     }
 
-    /// The live state, locked for one decision. Under [`Mode::Preview`] the commit steps do
-    /// nothing and what the decision learns is put back when the scope ends (docs/kv.md).
+    /// Under [`Mode::Preview`] commits do nothing and what is learnt is put back (docs/kv.md).
     pub(crate) fn state(&self, mode: Mode) -> Scope<'_> {
         let mut s = self.state.lock();
         if mode == Mode::Preview {
@@ -142,8 +141,7 @@ impl State {
         self.homes.get(key)
     }
 
-    /// Whether `home`'s prefix still follows it there although it holds nothing yet: prefilling
-    /// there, or homed within `STICKY` decisions per backend (blocks maybe unpublished).
+    /// Whether `home` is still followed: prefilling there, or homed within `STICKY` decisions.
     pub(crate) fn following(&self, home: &Home, loads: &[BackendLoad]) -> bool {
         let b = home.backend as usize;
         let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
@@ -151,8 +149,7 @@ impl State {
         prefilling || since <= STICKY * self.pressure.len().max(1) as u64
     }
 
-    /// Where a prefix no eligible backend holds goes, among those `usable`; `weights` are
-    /// (prefill, miss, decode).
+    /// Where a prefix no eligible backend holds goes; `weights` are (prefill, miss, decode).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn place(
         &self,
@@ -294,8 +291,7 @@ impl State {
         f64::from(blocks) * (-stays).exp()
     }
 
-    /// The admission threshold for `blocks`-block prefixes (0 when all fit); recomputed every
-    /// `n` decisions, as it is a select over the table.
+    /// The admission threshold (0 when all fit); a select over the table, so cached `n` decisions.
     pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
         let n = self.pressure.len().max(1) as u64;
         if let Some((at, b, t)) = self.tail.get() {

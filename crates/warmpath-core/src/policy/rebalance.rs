@@ -1,5 +1,4 @@
-//! `kv_aware`'s copy rule (docs/kv.md): when a prefix too hot for its holders
-//! gets one more copy, and when its last copy goes.
+//! `kv_aware`'s copy rule: when a prefix too hot for its holders gets a copy (docs/kv.md).
 
 use super::home::Home;
 use super::place::State;
@@ -65,8 +64,7 @@ pub(crate) struct Stamp {
     pub(crate) m: usize,
 }
 
-/// The usable backends' count and summed expected loads, reused for `n / REUSE_BACKENDS`
-/// decisions until a placement or copy drops it.
+/// The usable backends' count and summed expected loads, reused for `n / REUSE_BACKENDS`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Fleet {
     taken: Stamp,

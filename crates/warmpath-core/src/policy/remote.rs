@@ -1,6 +1,5 @@
-//! Decisions of other router replicas (`Learns::observe_remote`), recorded as
-//! this replica's own, with the sender's home and copies: state, not the rule
-//! that fired, so a lost fact is corrected by the next (docs/replicas.md).
+//! Other replicas' decisions, recorded as this one's with the sender's home and copies:
+//! state, not the rule that fired, so the next corrects a lost one (docs/replicas.md).
 
 use super::home::Home;
 use super::place::State;

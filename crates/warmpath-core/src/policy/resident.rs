@@ -1,6 +1,5 @@
-//! What each backend of known capacity caches, as `kv_aware` predicts it for
-//! the eviction term: an LRU over prefix keys that trims a chain from its end
-//! as the engine's `prefix_cache` does (proptest; docs/kv.md).
+//! What each backend of known capacity caches, for the eviction term: an LRU over prefix
+//! keys that trims chains as the engine's `prefix_cache` does (proptest; docs/kv.md).
 
 use super::BackendLoad;
 use std::collections::{BTreeSet, HashMap};
@@ -72,8 +71,7 @@ impl Cache {
         }
     }
 
-    /// A request of `key`'s `blocks`-block chain ran here: held whole (up to the capacity), the
-    /// least recently used others trimmed from their ends.
+    /// A request of `key`'s `blocks`-block chain ran here: the LRU others are trimmed for it.
     pub(crate) fn store(&mut self, key: u64, blocks: u64) {
         let blocks = blocks.min(self.capacity).max(self.held(key));
         self.set(key, blocks, true);
@@ -126,8 +124,7 @@ impl Cache {
     }
 }
 
-/// The capacity `l`'s engine reports when it differs from `model`'s (a model stays without a
-/// report, or with 0).
+/// The capacity `l` reports when it differs from `model`'s (none or 0 keeps the model).
 fn new_capacity(model: Option<&Cache>, l: &BackendLoad) -> Option<u64> {
     l.engine
         .and_then(|e| e.capacity_blocks)
@@ -223,8 +220,7 @@ impl Resident {
         self.synced = j.synced;
     }
 
-    /// Notes the positions (`changed`; `None`: every one) whose reported capacity differs
-    /// from their model's, for the next [`Self::sync`]: models follow reports only where read.
+    /// Notes changed capacities for the next [`Self::sync`] (models follow reports where read).
     pub(crate) fn note(&mut self, loads: &[BackendLoad], changed: Option<&[usize]>) {
         let Some(changed) = changed else {
             self.synced = false;
@@ -243,8 +239,7 @@ impl Resident {
         }
     }
 
-    /// Follows the reported capacities: one that appears or changes gets a fresh, empty model
-    /// (relearned from index matches).
+    /// A capacity that appears or changes gets a fresh, empty model (relearned from the index).
     pub(crate) fn sync(&mut self, loads: &[BackendLoad]) {
         if self.synced {
             for i in std::mem::take(&mut self.stale) {
@@ -272,8 +267,7 @@ impl Resident {
         }
     }
 
-    /// These models over a new membership: `from[j]` is backend `j`'s old position (`None`: new,
-    /// empty at its capacity in `capacities`).
+    /// Over a new membership: `from[j]` is `j`'s old position (`None`: new, empty).
     pub(crate) fn remap(
         &self,
         from: &[Option<usize>],

@@ -1,12 +1,10 @@
-//! `kv_aware`'s knobs ([`KvConfig`]) and every named constant of `policy/`
-//! but the ring's; docs/kv.md lists them with their measured reasons (a test
-//! keeps that table equal to this file). A removed knob is refused by name.
+//! `kv_aware`'s knobs ([`KvConfig`]) and every named constant of `policy/` but the ring's;
+//! docs/kv.md lists them with their measured reasons (a test keeps the two equal).
 
 use super::PolicyError;
 use serde::{Deserialize, Deserializer, Serialize};
 
-// `n` is the number of backends: windows scale with it, so each backend waits
-// the same number of its own requests however large the fleet.
+// `n` is the number of backends: windows scale with it, the same per backend at any size.
 
 /// Decay for pressure and popularity (`200 n` decisions): about one pass over a `long`
 /// workload's 16 documents per backend, short enough to forget one that stopped coming.
