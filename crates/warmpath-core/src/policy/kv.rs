@@ -58,9 +58,8 @@ impl KvAware {
     /// A policy over `backends` that takes this one's state over ([`Learns::carried`]).
     fn carried_over(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
         let next = KvAware::new(config, backends);
-        next.placer
-            .lock()
-            .carry(&self.placer.lock(), &self.ids, backends);
+        let old = self.placer.lock();
+        next.placer.lock().carry(&old, &self.ids, backends);
         next
     }
 
@@ -96,11 +95,8 @@ impl KvAware {
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
-        let weights = self.weights();
-        let ring = &self.ring;
-        let band = f64::from(input.chain_blocks);
-        let key = input.prefix_key;
-        let blocks = input.chain_blocks;
+        let (key, blocks) = (input.prefix_key, input.chain_blocks);
+        let (ring, weights, band) = (&self.ring, self.weights(), f64::from(blocks));
         let kind = |how| match how {
             Placed::Pressure => DecisionKind::Cold,
             Placed::RingOwner | Placed::Remembered => DecisionKind::PrefixHash,
@@ -335,10 +331,8 @@ impl Learns for KvAware {
         config: &PolicyConfig,
     ) -> Result<Built, PolicyError> {
         config.validate()?;
-        Ok(Built::learning(
-            Strategy::KvAware,
-            self.carried_over(config, snapshot),
-        ))
+        let next = self.carried_over(config, snapshot);
+        Ok(Built::learning(Strategy::KvAware, next))
     }
 }
 

@@ -46,11 +46,8 @@ impl Cache {
         }
     }
 
-    /// Sets `key` to `blocks` held, used now or keeping its place.
-    fn set(&mut self, key: u64, blocks: u64, touch: bool) {
-        if touch {
-            self.touch(key);
-        }
+    /// Sets `key` to `blocks` held (a new entry is used now).
+    fn set(&mut self, key: u64, blocks: u64) {
         let tick = self.tick;
         match self.held.get_mut(&key) {
             Some(h) if blocks == 0 => {
@@ -74,19 +71,20 @@ impl Cache {
     /// A request of `key`'s `blocks`-block chain ran here: the LRU others are trimmed for it.
     pub(crate) fn store(&mut self, key: u64, blocks: u64) {
         let blocks = blocks.min(self.capacity).max(self.held(key));
-        self.set(key, blocks, true);
+        self.touch(key);
+        self.set(key, blocks);
         while self.used > self.capacity {
             let Some((victim, trim)) = self.victims(key, 0).next() else {
                 break;
             };
             let keep = self.held(victim) - trim;
-            self.set(victim, keep, false);
+            self.set(victim, keep);
         }
     }
 
     /// The index saw `blocks` of `key`'s chain here: the truth (its place in the LRU stays).
     pub(crate) fn observe(&mut self, key: u64, blocks: u64) {
-        self.set(key, blocks.min(self.capacity), false);
+        self.set(key, blocks.min(self.capacity));
     }
 
     /// `key`'s entry as it was before an [`Self::observe`] (which touches nothing else).
