@@ -121,19 +121,14 @@ impl Candidates {
         }
         // A short slice (never, by the `Policy` contract): the rest are out.
         for i in loads.len()..self.filed.len() {
-            let old = std::mem::take(&mut self.flags[i]);
-            self.eligible -= usize::from(old);
-            if self.filed[i].is_some() {
-                self.refile(i, None);
-            }
+            self.eligible -= usize::from(std::mem::take(&mut self.flags[i]));
+            self.refile(i, None);
         }
     }
 
     fn sync_at(&mut self, i: usize, l: &BackendLoad) {
-        if l.eligible != self.flags[i] {
-            self.eligible = self.eligible + usize::from(l.eligible) - usize::from(self.flags[i]);
-            self.flags[i] = l.eligible;
-        }
+        self.eligible = self.eligible + usize::from(l.eligible) - usize::from(self.flags[i]);
+        self.flags[i] = l.eligible;
         let key = self.key_of(l);
         if key != self.filed[i] {
             self.refile(i, key);

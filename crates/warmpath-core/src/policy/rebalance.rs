@@ -45,10 +45,8 @@ impl State {
             unit: self.unit,
             m,
         };
-        if let Some(f) = self.fleet.get() {
-            if f.stands(&now, n) {
-                return f;
-            }
+        if let Some(f) = self.fleet.get().filter(|f| f.stands(&now, n)) {
+            return f;
         }
         let f = Fleet::scan(now, &usable, self.homes.loads());
         self.fleet.set(Some(f));

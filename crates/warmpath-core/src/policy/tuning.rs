@@ -104,13 +104,11 @@ impl KvConfig {
                 reason: "must be at least 1".into(),
             });
         }
-        if let Some(s) = self.rebalance_slack {
-            if !(0.0..=10.0).contains(&s) {
-                return Err(PolicyError::Invalid {
-                    name: "kv.rebalance_slack",
-                    reason: format!("{s} must be a number in 0..=10"),
-                });
-            }
+        if let Some(s) = self.rebalance_slack.filter(|s| !(0.0..=10.0).contains(s)) {
+            return Err(PolicyError::Invalid {
+                name: "kv.rebalance_slack",
+                reason: format!("{s} must be a number in 0..=10"),
+            });
         }
         for (name, v) in [
             ("kv.prefill_weight", self.prefill_weight),
