@@ -112,25 +112,23 @@ impl Homes {
             .find(key)
             .unwrap_or_else(|| self.insert(key, backend, seq));
         self.entries[i].pop += unit;
-        let e = self.entries[i];
-        let share = unit / e.count() as f64;
-        let Homes { load, spill, .. } = self;
-        for b in holders_of(&e, spill) {
-            if let Some(l) = load.get_mut(b) {
-                *l += share;
-            }
-        }
+        let share = unit / self.entries[i].count() as f64;
+        self.each_load(i, |l| *l += share);
     }
 
     /// Adds (`sign` 1) or takes away (-1) entry `i`'s popularity from its holders' loads.
     fn spread(&mut self, i: usize, sign: f64) {
-        let e = self.entries[i];
-        let share = e.pop / e.count() as f64;
-        let Homes { load, spill, .. } = self;
-        for b in holders_of(&e, spill) {
+        let share = self.entries[i].pop / self.entries[i].count() as f64;
+        // Rounding must never leave a negative load.
+        self.each_load(i, |l| *l = (*l + sign * share).max(0.0));
+    }
+
+    /// Applies `f` to the load of each of entry `i`'s holders.
+    fn each_load(&mut self, i: usize, f: impl Fn(&mut f64)) {
+        let (e, load) = (&self.entries[i], &mut self.load);
+        for b in holders_of(e, &self.spill) {
             if let Some(l) = load.get_mut(b) {
-                // Rounding must never leave a negative load.
-                *l = (*l + sign * share).max(0.0);
+                f(l);
             }
         }
     }
@@ -235,10 +233,8 @@ impl Homes {
             key,
             backend: backend as u32,
             since: seq as u32,
-            pop: 0.0,
-            copies: [0; INLINE],
-            extra: 0,
             used: true,
+            ..Home::default()
         };
         i
     }
