@@ -52,45 +52,41 @@ pub(crate) struct Saved {
 
 /// The locked [`State`].
 #[derive(Debug)]
-pub(crate) struct Placer {
-    state: Mutex<State>,
-}
+pub(crate) struct Placer(Mutex<State>);
 
 impl Placer {
     /// Decaying over `window` decisions per backend.
     pub(crate) fn new(backends: &[PolicyBackend], window: f64) -> Self {
         let n = backends.len().max(1);
-        Placer {
-            state: Mutex::new(State {
-                pressure: vec![0.0; backends.len()],
-                unit: 1.0,
-                seq: 0,
-                homes: Homes::new(backends.len(), home_table_keys(n)),
-                decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
-                resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
-                tail: Cell::new(None),
-                cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
-                fleet: Cell::new(None),
-                preview: None,
-            }),
-        }
+        Placer(Mutex::new(State {
+            pressure: vec![0.0; backends.len()],
+            unit: 1.0,
+            seq: 0,
+            homes: Homes::new(backends.len(), home_table_keys(n)),
+            decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
+            resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
+            tail: Cell::new(None),
+            cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
+            fleet: Cell::new(None),
+            preview: None,
+        }))
     }
 
     /// The warm pick's candidates weigh loads by `kv` and treat `threshold` in flight as full.
     pub(crate) fn with_candidates(mut self, kv: &super::KvConfig, threshold: u32) -> Self {
-        let n = self.state.get_mut().pressure.len();
-        self.state.get_mut().cands =
-            Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);
+        let s = self.0.get_mut();
+        let n = s.pressure.len();
+        s.cands = Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);
         self
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock()
+        self.0.lock()
     }
 
     /// Under [`Mode::Preview`] commits do nothing and what is learnt is put back (docs/kv.md).
     pub(crate) fn state(&self, mode: Mode) -> Scope<'_> {
-        let mut s = self.state.lock();
+        let mut s = self.0.lock();
         if mode == Mode::Preview {
             s.preview = Some(Box::new(Saved {
                 cands: s.cands.clone(),

@@ -77,8 +77,7 @@ impl Cache {
             let Some((victim, trim)) = self.victims(key, 0).next() else {
                 break;
             };
-            let keep = self.held(victim) - trim;
-            self.set(victim, keep);
+            self.set(victim, self.held(victim) - trim);
         }
     }
 
