@@ -292,14 +292,8 @@ pub(crate) fn nth_tied(t: usize, rng: &mut dyn RngCore) -> usize {
 
 /// An rng salted with a decision count: draws differ even when it is seeded the same each time.
 pub(crate) struct Salted<'a> {
-    inner: &'a mut dyn RngCore,
-    salt: u64,
-}
-
-impl<'a> Salted<'a> {
-    pub(crate) fn new(inner: &'a mut dyn RngCore, salt: u64) -> Self {
-        Salted { inner, salt }
-    }
+    pub(crate) inner: &'a mut dyn RngCore,
+    pub(crate) salt: u64,
 }
 
 impl RngCore for Salted<'_> {

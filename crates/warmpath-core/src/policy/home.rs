@@ -4,7 +4,6 @@
 use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;
 
-/// What the table knows of one prefix.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Home {
     pub(crate) key: u64,
@@ -42,7 +41,6 @@ fn holders_of<'a>(
         .chain(spilled.iter().map(|&c| c as usize))
 }
 
-/// Homes and expected loads.
 #[derive(Clone, Debug)]
 pub(crate) struct Homes {
     entries: Vec<Home>,
@@ -95,7 +93,6 @@ impl Homes {
         self.entries.iter().filter(|e| e.used).map(|e| e.pop)
     }
 
-    /// Expected load of each backend.
     pub(crate) fn loads(&self) -> &[f64] {
         &self.load
     }
@@ -123,7 +120,6 @@ impl Homes {
         self.each_load(i, |l| *l = (*l + sign * share).max(0.0));
     }
 
-    /// Applies `f` to the load of each of entry `i`'s holders.
     fn each_load(&mut self, i: usize, f: impl Fn(&mut f64)) {
         let (e, load) = (&self.entries[i], &mut self.load);
         for b in holders_of(e, &self.spill) {

@@ -30,11 +30,6 @@ pub struct KvAware {
 
 impl KvAware {
     pub fn new(config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
-        Self::with_window(config, backends, PRESSURE_WINDOW)
-    }
-
-    /// Decaying over `window` decisions per backend (tests keep counts exact with a long one).
-    fn with_window(config: &PolicyConfig, backends: &[PolicyBackend], window: f64) -> Self {
         let slots = backends.iter().map(|b| b.slot as usize + 1).max();
         let mut pos_of = vec![u32::MAX; slots.unwrap_or(0)];
         for (i, b) in backends.iter().enumerate().rev() {
@@ -45,7 +40,7 @@ impl KvAware {
             slots: backends.iter().map(|b| b.slot).collect(),
             pos_of,
             ring: Ring::new(backends, config.vnodes),
-            placer: Placer::new(backends, window)
+            placer: Placer::new(backends, PRESSURE_WINDOW)
                 .with_candidates(&config.kv, config.concurrency_threshold),
             rebalance: config.kv.rebalance_slack.map(|slack| Rebalance {
                 slack,
@@ -55,7 +50,16 @@ impl KvAware {
         }
     }
 
-    /// A policy over `backends` that takes this one's state over ([`Learns::carried`]).
+    /// Decaying over `window` decisions per backend (tests keep counts exact with a long one).
+    #[cfg(test)]
+    fn with_window(config: &PolicyConfig, backends: &[PolicyBackend], window: f64) -> Self {
+        let placer = Placer::new(backends, window);
+        KvAware {
+            placer: placer.with_candidates(&config.kv, config.concurrency_threshold),
+            ..Self::new(config, backends)
+        }
+    }
+
     fn carried_over(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
         let next = KvAware::new(config, backends);
         let old = self.placer.lock();
@@ -87,7 +91,6 @@ impl KvAware {
         Held(v)
     }
 
-    /// A prefix no eligible backend holds.
     fn place_cold(
         &self,
         s: &mut State,
@@ -166,7 +169,10 @@ impl KvAware {
         // A salted rng: under shared decisions the caller's rng is seeded by the prefix key
         // (`route::pick`), so every tie would draw the same holder and a copy get no traffic.
         let cheapest = if homes.len() > 1 {
-            let mut salted = Salted::new(rng, s.seq);
+            let mut salted = Salted {
+                inner: rng,
+                salt: s.seq,
+            };
             s.cands.cheapest(&self.kv, chain, held, &homes, &mut salted)
         } else {
             s.cands.cheapest(&self.kv, chain, held, &homes, rng)

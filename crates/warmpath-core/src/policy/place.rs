@@ -50,7 +50,6 @@ pub(crate) struct Saved {
     fleet: Option<Fleet>,
 }
 
-/// The locked [`State`].
 #[derive(Debug)]
 pub(crate) struct Placer(Mutex<State>);
 
@@ -168,7 +167,6 @@ impl State {
         // A tail prefix pays no turnover term: it churns where the cache turns over fastest.
         let tail = px < self.tail_threshold(blocks);
         let modelled = self.resident.any();
-        // One pass: each usable backend's cost and eviction term.
         let scored: Vec<(usize, f64, f64)> = (0..n)
             .filter(|&b| usable(b))
             .map(|b| {
@@ -317,7 +315,6 @@ impl State {
         self.cached(key, backend, blocks);
     }
 
-    /// `backend`'s modelled cache now holds `key`'s `blocks`-block chain.
     pub(crate) fn cached(&mut self, key: u64, backend: usize, blocks: u32) {
         if let Some(c) = self.resident.of_mut(backend) {
             c.store(key, u64::from(blocks));

@@ -45,7 +45,6 @@ impl State {
         self.cached(d.prefix_key, d.backend, d.chain_blocks);
     }
 
-    /// Takes the sender's home (and copies) for `key`.
     fn align(&mut self, key: u64, h: &HomeView, n: usize) {
         // Homes change below: the fleet summary is retaken.
         self.fleet.set(None);

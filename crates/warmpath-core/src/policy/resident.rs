@@ -145,7 +145,6 @@ pub(crate) struct Resident {
 pub(crate) struct Journal {
     stale: Vec<u32>,
     synced: bool,
-    /// In order, with the position each changed.
     changes: Vec<(u32, Change)>,
 }
 
