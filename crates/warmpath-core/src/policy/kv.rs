@@ -242,15 +242,13 @@ impl KvAware {
                 s.observe(key, i, w.blocks, loads);
             }
         }
-        if let Some(h) = s.home(key) {
-            let i = h.backend as usize;
-            if self.slots.get(i).is_some_and(|slot| m.of(*slot).is_none()) {
-                s.observe(key, i, 0, loads);
-            }
+        // An unlisted home holds none of it.
+        let home = s.home(key).map(|h| h.backend as usize);
+        if let Some(i) = home.filter(|&i| self.slots.get(i).is_some_and(|x| m.of(*x).is_none())) {
+            s.observe(key, i, 0, loads);
         }
     }
 
-    /// The cost formula's weights: (prefill, miss, decode).
     fn weights(&self) -> (f64, f64, f64) {
         let k = &self.kv;
         (k.prefill_weight, k.miss_weight, k.decode_weight)

@@ -6,12 +6,10 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 // `n` is the number of backends: windows scale with it, the same per backend at any size.
 
-/// Decay for pressure and popularity (`200 n` decisions): about one pass over a `long`
-/// workload's 16 documents per backend, short enough to forget one that stopped coming.
+/// Decay of pressure and popularity (`200 n`): about one pass over a `long` workload's documents.
 pub(crate) const PRESSURE_WINDOW: f64 = 200.0;
 
-/// A copy's holder carries only this part of the slack from the copied prefix, the rest left
-/// to its other homes and the noise of its share.
+/// A copy's holder carries this part of the slack, the rest left to its other homes and noise.
 pub(crate) const COPY_SLACK: f64 = 0.75;
 
 /// Before 10 requests of its own per holder a prefix's popularity is noise, not worth a copy.
@@ -28,8 +26,7 @@ pub(crate) fn home_table_keys(backends: usize) -> usize {
     (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
 }
 
-/// A placement stays followed `4 n` decisions with no prefill queued there, as its blocks may
-/// not be published yet and a repeat must not start a second cold copy elsewhere.
+/// A placement's blocks may be unpublished `4 n` decisions: repeats follow it, not copy it.
 pub(crate) const STICKY: u64 = 4;
 
 /// Enough ways that a hot prefix is not evicted by collisions, few enough for one cache line.
@@ -38,16 +35,13 @@ pub(crate) const HOME_WAYS: usize = 4;
 /// Three inline copies keep an entry at 40 bytes and cover every prefix of up to four shares.
 pub(crate) const HOME_INLINE_COPIES: usize = 3;
 
-/// Cold placement's eviction band, in prefix lengths: evicting a hotter prefix costs a miss on
-/// each of its returns, so it is narrower than the cost band of one prefix.
+/// Narrower than the cost band, as evicting a hotter prefix costs a miss on each of its returns.
 pub(crate) const FIT_BAND: f64 = 0.125;
 
-/// Above this multiple of the mean expected load the tail's queued cold prefills cost more TTFT
-/// than its churn costs elsewhere.
+/// Above this multiple of the mean load the tail's queued prefills cost more than its churn.
 pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
 
-/// The fleet summary is reused for `n / 64` decisions: exact up to 127 backends, and at 1000 it
-/// saves a pass per warm request while the mean barely moves.
+/// Reusing the fleet summary `n / 64` decisions is exact to 127 backends, and cheap at 1000.
 pub(crate) const REUSE_BACKENDS: u64 = 64;
 
 /// `kv_aware`'s knobs (its cost formula: docs/kv.md).
