@@ -288,10 +288,9 @@ impl State {
     /// The admission threshold (0 when all fit); a select over the table, so cached `n` decisions.
     pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
         let n = self.pressure.len().max(1) as u64;
-        if let Some((at, b, t)) = self.tail.get() {
-            if b == blocks && self.seq.saturating_sub(at) < n {
-                return t;
-            }
+        let fresh = |&(at, b, _): &(u64, u32, f64)| b == blocks && self.seq.saturating_sub(at) < n;
+        if let Some((_, _, t)) = self.tail.get().filter(fresh) {
+            return t;
         }
         let (total, largest) = self.resident.capacity();
         let room = total.saturating_sub(largest);

@@ -203,13 +203,10 @@ impl Resident {
             let Some(slot) = self.caches.get_mut(b as usize) else {
                 continue;
             };
-            match change {
-                Change::Entry(key, entry, used) => {
-                    if let Some(c) = slot {
-                        c.restore(key, entry, used);
-                    }
-                }
-                Change::Model(model) => *slot = model,
+            match (change, slot) {
+                (Change::Entry(key, entry, used), Some(c)) => c.restore(key, entry, used),
+                (Change::Model(model), slot) => *slot = model,
+                (Change::Entry(..), None) => {}
             }
         }
         self.stale = j.stale;
