@@ -302,10 +302,9 @@ impl Policy for KvAware {
         if !s.cands.any_eligible() {
             return Err(PolicyError::NoBackend);
         }
-        let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
         let best_match = held
             .iter()
-            .filter(|&(i, _)| eligible(i))
+            .filter(|&(i, _)| loads.get(i).is_some_and(|l| l.eligible))
             .map(|(_, m)| m)
             .max()
             .unwrap_or(0);

@@ -21,7 +21,6 @@ pub(crate) const HOMES_PER_BACKEND: usize = 64;
 /// A few KiB however small the fleet, at most ~40 MiB (40-byte entries) however large.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
-/// The home table's room for a fleet of `backends`.
 pub(crate) fn home_table_keys(backends: usize) -> usize {
     (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
 }
