@@ -240,8 +240,7 @@ impl Candidates {
             return tied.get(k).map(|&i| (m, i as usize));
         }
         skip.sort_unstable();
-        let k = nth_tied(others, rng);
-        kth_of(&lists, &skip, k).map(|i| (0, i as usize))
+        kth_of(&lists, &skip, nth_tied(others, rng)).map(|i| (0, i as usize))
     }
 }
 

@@ -256,11 +256,9 @@ impl Homes {
         for e in self.entries.iter().filter(|e| e.used) {
             let kept: Vec<usize> = self.holders(e).filter_map(map).collect();
             let changed = kept.len() != e.count();
-            if changed {
-                for &j in &kept {
-                    if let Some(l) = out.load.get_mut(j) {
-                        *l = (*l - e.pop / e.count() as f64).max(0.0);
-                    }
+            for &j in kept.iter().filter(|_| changed) {
+                if let Some(l) = out.load.get_mut(j) {
+                    *l = (*l - e.pop / e.count() as f64).max(0.0);
                 }
             }
             let Some(home) = map(e.backend as usize) else {

@@ -147,13 +147,8 @@ impl KvAware {
         let holds = |i: usize| held.get(i) >= best_match;
         let holding = home.filter(|h| holds(at(h)));
         // Its agent's view is stale: it may well hold it; re-home nothing.
-        let stale = home.is_some_and(|h| {
-            let slot = self.slots[at(&h)];
-            input
-                .matches
-                .and_then(|m| m.of(slot))
-                .is_some_and(|w| !w.fresh)
-        });
+        let of = |h: Home| input.matches.and_then(|m| m.of(self.slots[at(&h)]));
+        let stale = home.and_then(of).is_some_and(|w| !w.fresh);
         // The home and its copies that pass `ok` and hold the deepest match, sorted.
         let holders_by = |ok: &dyn Fn(usize) -> bool| -> Vec<usize> {
             let mut v: Vec<usize> = s

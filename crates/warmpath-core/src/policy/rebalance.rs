@@ -7,7 +7,6 @@ use super::tuning::{COPY_SLACK, COPY_WARMUP, REUSE_BACKENDS};
 /// Which prefixes [`State::replicas`] copies.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rebalance {
-    /// `kv.rebalance_slack`.
     pub(crate) slack: f64,
     pub(crate) backends: u64,
 }
