@@ -1,39 +1,28 @@
-//! `kv_aware`'s warm pick in O(holders + buckets) instead of O(backends):
-//! a backend holding none of the chain costs by its load alone, so only the
-//! holders are costed one by one and the others are filed in buckets of
-//! equal `(queued, in_flight)`, walked from the least loaded until a
-//! bucket's lower bound exceeds the best cost. Exact: ties draw as the full
-//! scan ([`cheapest_scan`]) does (proptest).
+//! `kv_aware`'s warm pick in O(holders + load buckets) (docs/kv.md, "Pick mechanics"):
+//! exactly the full scan ([`cheapest_scan`]), draws included (proptest).
 
 use super::tuning::KvConfig;
 use super::BackendLoad;
 use rand::RngCore;
 use std::collections::BTreeMap;
 
-/// The holders of a request's chain: (position, matched blocks), ascending
-/// by position, none with 0 blocks (those cost what a non-holder does).
+/// The holders of a request's chain: (position, matched blocks > 0), ascending.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Held(pub(crate) Vec<(u32, u32)>);
 
 impl Held {
-    /// Matched blocks of position `i` (0 when it holds none).
     pub(crate) fn get(&self, i: usize) -> u32 {
         self.0
             .binary_search_by_key(&i, |&(p, _)| p as usize)
             .map_or(0, |at| self.0[at].1)
     }
 
-    /// The holders, ascending.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
         self.0.iter().map(|&(p, m)| (p as usize, m))
     }
 }
 
-/// The warm cost formula (docs/kv.md) for a backend matching `m`
-/// blocks of a `chain`-block request, `queued` prefill blocks and
-/// `in_flight` requests there; `at_home`: it is the prefix's home (or a
-/// deliberate copy), or the prefix has none, so it writes only what it
-/// lacks. The one place the formula is written.
+/// The warm cost formula; `at_home`: a holder (or there is none), so it writes what it lacks.
 pub(crate) fn warm_cost(
     kv: &KvConfig,
     chain: u32,
@@ -49,15 +38,11 @@ pub(crate) fn warm_cost(
         + kv.decode_weight * f64::from(in_flight)
 }
 
-/// What a usable backend is filed under: its load term first (as the bits
-/// of a non-negative `f64`, which order like the number), then the exact
-/// loads, so one bucket holds backends of identical cost.
+/// A bucket: the load term (a non-negative `f64`'s bits order like it), then the exact loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct LoadKey {
     term_bits: u64,
-    /// Prefill blocks queued.
     pub(crate) queued: u64,
-    /// Effective in flight.
     pub(crate) in_flight: u32,
 }
 
@@ -68,19 +53,17 @@ impl LoadKey {
     }
 }
 
-/// Usable backends by load bucket (module docs).
+/// Usable backends by load bucket.
 #[derive(Clone, Debug)]
 pub(crate) struct Candidates {
-    /// Per position: the bucket it is filed in, `None` when not usable.
+    /// Per position: its bucket, `None` when not usable.
     filed: Vec<Option<LoadKey>>,
     /// Bucket -> its positions, ascending.
     buckets: BTreeMap<LoadKey, Vec<u32>>,
     /// Eligible positions (usable or full).
     eligible: usize,
-    /// Per position: eligible as last synced.
     flags: Vec<bool>,
-    /// Whether every position was compared once (a change list is only
-    /// relative to a full view).
+    /// Whether every position was compared once (a change list is relative to a full view).
     synced: bool,
     prefill_weight: f64,
     decode_weight: f64,
@@ -88,7 +71,7 @@ pub(crate) struct Candidates {
 }
 
 impl Candidates {
-    /// For `n` positions, none usable until the first [`Self::sync`].
+    /// None usable until the first [`Self::sync`].
     pub(crate) fn new(n: usize, prefill_weight: f64, decode_weight: f64, threshold: u32) -> Self {
         Candidates {
             filed: vec![None; n],
@@ -102,14 +85,7 @@ impl Candidates {
         }
     }
 
-    /// The same weights over `n` positions, none usable until the first
-    /// [`Self::sync`] (a membership change: positions shift).
-    pub(crate) fn fresh(&self, n: usize) -> Self {
-        Candidates::new(n, self.prefill_weight, self.decode_weight, self.threshold)
-    }
-
-    /// The key a load is filed under, `None` when it cannot take a request
-    /// (ineligible, or at the concurrency threshold).
+    /// `None` when it cannot take a request (ineligible, or at the concurrency threshold).
     fn key_of(&self, l: &BackendLoad) -> Option<LoadKey> {
         let in_flight = l.effective_in_flight();
         if !l.eligible || in_flight >= self.threshold {
@@ -124,11 +100,7 @@ impl Candidates {
         })
     }
 
-    /// Refiles the positions whose load changed since the last call:
-    /// those in `changed` when the caller knows them (every position whose
-    /// load may differ from the last call's; a superset is fine), else
-    /// every position, compared with what was filed. The first call after
-    /// [`Self::new`] always compares every position.
+    /// Refiles the positions whose load changed: `changed` (a superset is fine), else every one.
     pub(crate) fn sync(&mut self, loads: &[BackendLoad], changed: Option<&[usize]>) {
         match changed {
             Some(changed) if self.synced && loads.len() == self.filed.len() => {
@@ -149,19 +121,14 @@ impl Candidates {
         }
         // A short slice (never, by the `Policy` contract): the rest are out.
         for i in loads.len()..self.filed.len() {
-            let old = std::mem::take(&mut self.flags[i]);
-            self.eligible -= usize::from(old);
-            if self.filed[i].is_some() {
-                self.refile(i, None);
-            }
+            self.eligible -= usize::from(std::mem::take(&mut self.flags[i]));
+            self.refile(i, None);
         }
     }
 
     fn sync_at(&mut self, i: usize, l: &BackendLoad) {
-        if l.eligible != self.flags[i] {
-            self.eligible = self.eligible + usize::from(l.eligible) - usize::from(self.flags[i]);
-            self.flags[i] = l.eligible;
-        }
+        self.eligible = self.eligible + usize::from(l.eligible) - usize::from(self.flags[i]);
+        self.flags[i] = l.eligible;
         let key = self.key_of(l);
         if key != self.filed[i] {
             self.refile(i, key);
@@ -189,32 +156,24 @@ impl Candidates {
         self.filed[i] = key;
     }
 
-    /// Whether position `i` can take a request (as of the last sync).
     pub(crate) fn usable(&self, i: usize) -> bool {
         self.filed.get(i).is_some_and(Option::is_some)
     }
 
-    /// The bucket position `i` is filed in.
     pub(crate) fn key(&self, i: usize) -> Option<LoadKey> {
         self.filed.get(i).copied().flatten()
     }
 
-    /// Whether any position is eligible.
     pub(crate) fn any_eligible(&self) -> bool {
         self.eligible > 0
     }
 
-    /// The buckets, least load term first.
+    /// Least load term first.
     pub(crate) fn buckets(&self) -> impl Iterator<Item = (&LoadKey, &[u32])> {
         self.buckets.iter().map(|(k, v)| (k, v.as_slice()))
     }
-}
 
-impl Candidates {
-    /// The lowest-cost usable backend and its match, `None` when none is
-    /// usable: holders one by one, the others by bucket (module docs). Ties
-    /// (same cost and match) are broken by [`nth_tied`] in position order.
-    /// `homes`: the prefix's home and copies that hold it (sorted), or empty.
+    /// The lowest-cost usable backend and its match; `homes`: the prefix's holders, sorted.
     pub(crate) fn cheapest(
         &self,
         kv: &KvConfig,
@@ -245,8 +204,7 @@ impl Candidates {
         let mut skip: Vec<u32> = Vec::new();
         let mut others = 0usize;
         for (key, members) in self.buckets() {
-            // A bucket's cost cannot fall below its bound times 1 - 1e-12,
-            // whatever the rounding (a few ulps, 1e-16 each): the stop is exact.
+            // Rounding moves a bucket's cost a few ulps (1e-16 each), not 1e-12: the stop is exact.
             if best.is_some_and(|(c, _)| (base + key.term()) * (1.0 - 1e-12) > c) {
                 break;
             }
@@ -261,8 +219,7 @@ impl Candidates {
             }
             let cost = warm_cost(kv, chain, 0, key.queued, key.in_flight, true);
             match best {
-                Some((c, bm)) if cost > c || (cost == c && bm > 0) => {}
-                Some((c, _)) if cost == c => {}
+                Some((c, _)) if cost >= c => {}
                 _ => {
                     best = Some((cost, 0));
                     tied.clear();
@@ -283,15 +240,11 @@ impl Candidates {
             return tied.get(k).map(|&i| (m, i as usize));
         }
         skip.sort_unstable();
-        let k = nth_tied(others, rng);
-        kth_of(&lists, &skip, k).map(|i| (0, i as usize))
+        kth_of(&lists, &skip, nth_tied(others, rng)).map(|i| (0, i as usize))
     }
 }
 
-/// The formula over every eligible backend below `threshold`, `matched`
-/// dense by position: the reference the fast [`Candidates::cheapest`] must
-/// equal, and (with `u32::MAX`) the pick when every backend is full, where
-/// no bucket is filed and a scan of the fleet is the cost anyway.
+/// [`Candidates::cheapest`]'s reference, and (at `u32::MAX`) the pick when every backend is full.
 pub(crate) fn cheapest_scan(
     kv: &KvConfig,
     threshold: u32,
@@ -308,16 +261,12 @@ pub(crate) fn cheapest_scan(
         .filter(|(_, l)| l.eligible && l.effective_in_flight() < threshold)
         .map(|(i, l)| {
             let at_home = homes.is_empty() || homes.contains(&i);
-            let m = matched[i];
-            let cost = warm_cost(
-                kv,
-                chain,
-                m,
+            let (m, queued, in_flight) = (
+                matched[i],
                 l.pending_prefill_blocks,
                 l.effective_in_flight(),
-                at_home,
             );
-            (cost, m, i)
+            (warm_cost(kv, chain, m, queued, in_flight, at_home), m, i)
         })
         .collect();
     let (c, m, _) = *scored
@@ -332,8 +281,7 @@ pub(crate) fn cheapest_scan(
     Some((m, ties[k]))
 }
 
-/// Which of `t` tied candidates wins: uniform, one draw from `rng`, none
-/// when there is no tie (so an untied decision leaves `rng` alone).
+/// Which of `t` tied candidates wins: one uniform draw, none when there is no tie.
 pub(crate) fn nth_tied(t: usize, rng: &mut dyn RngCore) -> usize {
     if t <= 1 {
         return 0;
@@ -341,18 +289,10 @@ pub(crate) fn nth_tied(t: usize, rng: &mut dyn RngCore) -> usize {
     ((u64::from(rng.next_u32()) * t as u64) >> 32) as usize
 }
 
-/// The caller's rng salted with a decision count: a different draw per
-/// decision even from an rng seeded the same each time (shared decisions
-/// seed it by the prefix key), still reproducible from the same state.
+/// An rng salted with a decision count: draws differ even when it is seeded the same each time.
 pub(crate) struct Salted<'a> {
-    inner: &'a mut dyn RngCore,
-    salt: u64,
-}
-
-impl<'a> Salted<'a> {
-    pub(crate) fn new(inner: &'a mut dyn RngCore, salt: u64) -> Self {
-        Salted { inner, salt }
-    }
+    pub(crate) inner: &'a mut dyn RngCore,
+    pub(crate) salt: u64,
 }
 
 impl RngCore for Salted<'_> {
@@ -376,9 +316,7 @@ impl RngCore for Salted<'_> {
     }
 }
 
-/// The `k`-th smallest (from 0) of the union of the sorted, disjoint
-/// `lists`, each without the positions in `skip` (sorted): the tied set of a
-/// pick in position order, without walking it.
+/// The `k`-th smallest (from 0) of the sorted, disjoint `lists` less `skip` (sorted).
 pub(crate) fn kth_of(lists: &[&[u32]], skip: &[u32], k: usize) -> Option<u32> {
     let count = |x: u32| -> usize {
         let inside: usize = lists.iter().map(|l| l.partition_point(|&p| p <= x)).sum();

@@ -1,12 +1,5 @@
-//! `kv_aware` through a membership change: the policy built from the new
-//! snapshot takes over the old one's state, mapped by **worker id** (never
-//! by slot or position, which a change shifts). A remaining worker keeps its
-//! pressure, modelled cache, homes and copies; a prefix homed on a removed
-//! worker is forgotten (it re-places, as the index dropped its blocks too)
-//! and a copy on one is dropped; a new worker starts empty. The decision
-//! clock goes on; decays counted per backend are rescaled to the new size.
-//! For the remaining workers a change is then the changed worker becoming
-//! unusable (the proptests in `kv_carry_tests.rs`).
+//! `kv_aware` through a membership change: state is carried by worker id, never by slot or
+//! position, which a change shifts (docs/kv.md, "Carry-over").
 
 use super::place::State;
 use super::tuning::home_table_keys;
@@ -14,10 +7,9 @@ use super::PolicyBackend;
 use std::collections::HashMap;
 
 impl State {
-    /// This state over the snapshot `backends`, from the state of a policy
-    /// over `old` worker ids (module docs).
-    pub(crate) fn remap(&self, old: &[String], backends: &[PolicyBackend]) -> State {
-        let at: HashMap<&str, usize> = old
+    /// Takes over `old`'s state (over `old_ids`); candidates and cached summaries stay fresh.
+    pub(crate) fn carry(&mut self, old: &State, old_ids: &[String], backends: &[PolicyBackend]) {
+        let at: HashMap<&str, usize> = old_ids
             .iter()
             .enumerate()
             .map(|(i, id)| (id.as_str(), i))
@@ -27,35 +19,24 @@ impl State {
             .iter()
             .map(|b| at.get(b.id.as_str()).copied())
             .collect();
-        let mut to = vec![None; old.len()];
+        let mut to = vec![None; old_ids.len()];
         for (j, f) in from.iter().enumerate() {
             if let Some(i) = f {
                 to[*i] = Some(j);
             }
         }
-        let (was, n) = (self.pressure.len().max(1), backends.len().max(1));
-        // Windows are so many decisions per backend: the same memory per
-        // backend over the new fleet size.
-        let per_decision = ((1.0 - self.decay) * was as f64 / n as f64).min(1.0);
-        State {
-            pressure: from
-                .iter()
-                .map(|f| f.and_then(|i| self.pressure.get(i)).copied().unwrap_or(0.0))
-                .collect(),
-            unit: self.unit,
-            seq: self.seq,
-            homes: self.homes.remap(&to, backends.len(), home_table_keys(n)),
-            decay: 1.0 - per_decision,
-            resident: self
-                .resident
-                .remap(&from, backends.iter().map(|b| b.capacity_blocks)),
-            // The admission threshold depends on the fleet's capacity: recomputed.
-            tail: std::cell::Cell::new(None),
-            // Positions shift: refiled from the next decision's loads.
-            cands: self.cands.fresh(backends.len()),
-            // Positions shift: the next balance check takes a new summary.
-            fleet: std::cell::Cell::new(None),
-            preview: None,
-        }
+        let (was, n) = (old.pressure.len().max(1), backends.len().max(1));
+        // Windows are so many decisions per backend: the same per backend over the new size.
+        let per_decision = ((1.0 - old.decay) * was as f64 / n as f64).min(1.0);
+        self.pressure = from
+            .iter()
+            .map(|f| f.and_then(|i| old.pressure.get(i)).copied().unwrap_or(0.0))
+            .collect();
+        self.unit = old.unit;
+        self.seq = old.seq;
+        self.homes = old.homes.remap(&to, backends.len(), home_table_keys(n));
+        self.decay = 1.0 - per_decision;
+        let capacities = backends.iter().map(|b| b.capacity_blocks);
+        self.resident = old.resident.remap(&from, capacities);
     }
 }

@@ -1,26 +1,18 @@
-//! Where each recently seen prefix lives (its home), its decayed
-//! popularity, and so each backend's expected load (the popularity homed
-//! there, which moves at once with a prefix). A `HOME_WAYS`-way
-//! set-associative table (a full set drops its least popular entry); a
-//! prefix with `k` holders counts `pop / k` on each, the first
-//! `HOME_INLINE_COPIES` copies in the entry, the rest in a spill table.
+//! Where each recent prefix lives (home and copies) and its decayed popularity, so each
+//! backend's expected load: a set-associative table (docs/kv.md).
 
 use super::tuning::{HOME_INLINE_COPIES as INLINE, HOME_TABLE_KEYS, HOME_WAYS as WAYS};
 use std::collections::HashMap;
 
-/// What the table knows of one prefix.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Home {
-    /// The prefix key.
     pub(crate) key: u64,
-    /// Where its requests go.
     pub(crate) backend: u32,
     /// The decision (`seq`, low 32 bits) it was homed there at.
     pub(crate) since: u32,
     /// Decayed requests of it, in the caller's units.
     pub(crate) pop: f64,
-    /// Deliberate copies besides `backend`: the first `extra` (at most
-    /// `INLINE`) here, the rest in [`Homes`]'s spill.
+    /// Copies besides `backend`: the first `extra` (at most `INLINE`) here, the rest spilled.
     copies: [u32; INLINE],
     extra: u16,
     used: bool,
@@ -49,18 +41,17 @@ fn holders_of<'a>(
         .chain(spilled.iter().map(|&c| c as usize))
 }
 
-/// Homes and expected loads (module docs).
 #[derive(Clone, Debug)]
 pub(crate) struct Homes {
     entries: Vec<Home>,
-    /// Per backend: the sum of the popularity of the prefixes homed there.
+    /// Per backend: the popularity homed there, `pop / k` for each of `k` holders.
     load: Vec<f64>,
-    /// Copies beyond `INLINE` of the prefixes that have them, by key.
+    /// Copies beyond `INLINE`, by key.
     spill: HashMap<u64, Vec<u32>>,
 }
 
 impl Homes {
-    /// For `backends` backends, room for about `keys` prefixes.
+    /// Room for about `keys` prefixes.
     pub(crate) fn new(backends: usize, keys: usize) -> Self {
         let sets = keys
             .div_ceil(WAYS)
@@ -85,72 +76,60 @@ impl Homes {
             .find(|&i| self.entries[i].used && self.entries[i].key == key)
     }
 
-    /// The entry of `key`, if remembered.
     pub(crate) fn get(&self, key: u64) -> Option<Home> {
         self.find(key).map(|i| self.entries[i])
     }
 
-    /// `h`'s holders (an entry of this table): its home, then its copies.
+    /// `h`'s holders: its home, then its copies.
     pub(crate) fn holders<'a>(&'a self, h: &'a Home) -> impl Iterator<Item = usize> + 'a {
         holders_of(h, &self.spill)
     }
 
-    /// Whether `b` is one of `h`'s holders.
     pub(crate) fn holds(&self, h: &Home, b: usize) -> bool {
         self.holders(h).any(|x| x == b)
     }
 
-    /// The popularity of every remembered prefix, in table order.
     pub(crate) fn pops(&self) -> impl Iterator<Item = f64> + '_ {
         self.entries.iter().filter(|e| e.used).map(|e| e.pop)
     }
 
-    /// Expected load of each backend, in the caller's units.
     pub(crate) fn loads(&self) -> &[f64] {
         &self.load
     }
 
-    /// Bytes of the spill table's copies (its keys and backends; memory
-    /// per prefix of the table is `size_of::<Home>()`).
+    /// Bytes of the spill table's copies.
     #[cfg(test)]
     pub(crate) fn spilled(&self) -> usize {
         self.spill.values().map(|v| 8 + 4 * v.len()).sum()
     }
 
-    /// One more request of `key` (weight `unit`): its popularity and its
-    /// home's load grow. A key not in the table is homed on `backend`.
+    /// One more request of `key` (weight `unit`); a key not in the table is homed on `backend`.
     pub(crate) fn hit(&mut self, key: u64, backend: usize, unit: f64, seq: u64) {
-        let i = match self.find(key) {
-            Some(i) => i,
-            None => self.insert(key, backend, seq),
-        };
+        let i = self
+            .find(key)
+            .unwrap_or_else(|| self.insert(key, backend, seq));
         self.entries[i].pop += unit;
-        let e = self.entries[i];
-        let share = unit / e.count() as f64;
-        let Homes { load, spill, .. } = self;
-        for b in holders_of(&e, spill) {
-            if let Some(l) = load.get_mut(b) {
-                *l += share;
-            }
-        }
+        let share = unit / self.entries[i].count() as f64;
+        self.each_load(i, |l| *l += share);
     }
 
-    /// Adds (`sign` 1) or takes away (-1) entry `i`'s popularity from the
-    /// loads of its holders, `pop / k` each.
+    /// Adds (`sign` 1) or takes away (-1) entry `i`'s popularity from its holders' loads.
     fn spread(&mut self, i: usize, sign: f64) {
-        let e = self.entries[i];
-        let share = e.pop / e.count() as f64;
-        let Homes { load, spill, .. } = self;
-        for b in holders_of(&e, spill) {
+        let share = self.entries[i].pop / self.entries[i].count() as f64;
+        // Rounding must never leave a negative load.
+        self.each_load(i, |l| *l = (*l + sign * share).max(0.0));
+    }
+
+    fn each_load(&mut self, i: usize, f: impl Fn(&mut f64)) {
+        let (e, load) = (&self.entries[i], &mut self.load);
+        for b in holders_of(e, &self.spill) {
             if let Some(l) = load.get_mut(b) {
-                // Rounding must never leave a negative load.
-                *l = (*l + sign * share).max(0.0);
+                f(l);
             }
         }
     }
 
-    /// One more deliberate copy of `key` (in the table) on `backend`; never
-    /// more holders than backends.
+    /// One more copy of `key` on `backend`; never more holders than backends.
     pub(crate) fn add_copy(&mut self, key: u64, backend: usize) {
         let Some(i) = self.find(key) else {
             return;
@@ -164,7 +143,7 @@ impl Homes {
         self.spread(i, 1.0);
     }
 
-    /// Drops the last copy of `key`, if it has one; returns where it was.
+    /// Drops the last copy of `key`, if any; returns where it was.
     pub(crate) fn drop_copy(&mut self, key: u64) -> Option<usize> {
         let i = self.find(key)?;
         if self.entries[i].extra == 0 {
@@ -177,15 +156,12 @@ impl Homes {
         let gone = if at < INLINE {
             e.copies[at]
         } else {
-            let v = self.spill.get_mut(&key);
-            let gone = v.as_deref().and_then(|v| v.last().copied());
-            if let Some(v) = v {
-                v.pop();
-                if v.is_empty() {
-                    self.spill.remove(&key);
-                }
+            let v = self.spill.entry(key).or_default();
+            let gone = v.pop().unwrap_or(e.backend);
+            if v.is_empty() {
+                self.spill.remove(&key);
             }
-            gone.unwrap_or(e.backend)
+            gone
         };
         self.spread(i, 1.0);
         Some(gone as usize)
@@ -200,15 +176,11 @@ impl Homes {
         e.extra = 0;
     }
 
-    /// Homes `key` on `backend` (its popularity moves along). A new home that was one of
-    /// its copies keeps the other copies (they still hold it; the old home
-    /// is no holder any more); any other new home drops them: they age out
-    /// where they are.
+    /// Homes `key` on `backend`: a copy made home keeps the other copies, any other drops them.
     pub(crate) fn set_home(&mut self, key: u64, backend: usize, seq: u64) {
-        let i = match self.find(key) {
-            Some(i) => i,
-            None => self.insert(key, backend, seq),
-        };
+        let i = self
+            .find(key)
+            .unwrap_or_else(|| self.insert(key, backend, seq));
         self.spread(i, -1.0);
         let e = self.entries[i];
         let others: Vec<usize> = if e.extra > 0 && self.holds(&e, backend) {
@@ -241,8 +213,7 @@ impl Homes {
         }
     }
 
-    /// A new entry for `key` on `backend`, in a free way of its set or in
-    /// place of the set's least popular entry.
+    /// A new entry for `key` on `backend`, in a free way or over the set's least popular entry.
     fn insert(&mut self, key: u64, backend: usize, seq: u64) -> usize {
         let set = self.set(key);
         let i = set
@@ -258,19 +229,10 @@ impl Homes {
             key,
             backend: backend as u32,
             since: seq as u32,
-            pop: 0.0,
-            copies: [0; INLINE],
-            extra: 0,
             used: true,
+            ..Home::default()
         };
         i
-    }
-
-    fn sub(&mut self, backend: usize, pop: f64) {
-        if let Some(l) = self.load.get_mut(backend) {
-            // Rounding must never leave a negative load.
-            *l = (*l - pop).max(0.0);
-        }
     }
 
     /// Divides every popularity and load by `k` (the caller's unit reset).
@@ -279,14 +241,7 @@ impl Homes {
         self.load.iter_mut().for_each(|l| *l /= k);
     }
 
-    /// This table over a new membership of `backends` backends, room for
-    /// about `keys` prefixes: `to[b]` is old backend `b`'s position in the
-    /// new snapshot (`None`: removed). A prefix homed on a removed backend
-    /// is forgotten (it re-places), a copy on one is dropped (its share goes
-    /// back to the other holders); every other entry keeps its popularity,
-    /// and a remaining backend keeps its load less what those changes take. The table never shrinks,
-    /// so no remembered prefix loses its way to a fuller set; when it grows,
-    /// each old set splits over new ones.
+    /// Over a new membership, `to[b]` old `b`'s position; never shrinks, so no entry is lost.
     pub(crate) fn remap(&self, to: &[Option<usize>], backends: usize, keys: usize) -> Homes {
         let mut out = Homes::new(backends, keys);
         if out.entries.len() < self.entries.len() {
@@ -301,9 +256,9 @@ impl Homes {
         for e in self.entries.iter().filter(|e| e.used) {
             let kept: Vec<usize> = self.holders(e).filter_map(map).collect();
             let changed = kept.len() != e.count();
-            if changed {
-                for &j in &kept {
-                    out.sub(j, e.pop / e.count() as f64);
+            for &j in kept.iter().filter(|_| changed) {
+                if let Some(l) = out.load.get_mut(j) {
+                    *l = (*l - e.pop / e.count() as f64).max(0.0);
                 }
             }
             let Some(home) = map(e.backend as usize) else {

@@ -1,17 +1,5 @@
-//! `kv_aware`: one cost formula over what each backend actually caches,
-//! queued prefill and load; a prefix cached nowhere goes where writing it
-//! evicts least, and a prefix too hot for its holders gets copies. The
-//! formula, its terms and what each mechanism earns: docs/kv.md. Only the
-//! chain's holders are costed one by one; the others come from load
-//! buckets ([`candidates`](super::candidates)). With every backend full the
-//! concurrency gate is lifted, not the formula.
-//!
-//! Decision: `replicate` when a request starts a copy; `kv_match` when the
-//! winner holds the deepest match; `spill` when a deeper-matching backend was
-//! passed over; `cold` when a cold prefix was placed off its ring owner;
-//! `prefix_hash` when it went to its ring owner or followed its first
-//! request; `least_outstanding` when every backend is full and the pick has
-//! the fewest in flight.
+//! `kv_aware`: one cost formula over what each backend caches, queued prefill and load,
+//! with cold placement and copies. The formula, mechanisms and decisions: docs/kv.md.
 
 use super::candidates::{cheapest_scan, Held, Salted};
 use super::home::Home;
@@ -26,10 +14,9 @@ use super::{
 use rand::RngCore;
 use warmpath_index::WorkerSlot;
 
-/// The KV-aware policy.
 #[derive(Debug)]
 pub struct KvAware {
-    /// Worker ids, in snapshot order: a rebuild carries state by them.
+    /// Worker ids: a rebuild carries state by them.
     ids: Vec<String>,
     slots: Vec<WorkerSlot>,
     /// Index slot -> position (`u32::MAX`: not in the snapshot).
@@ -42,22 +29,9 @@ pub struct KvAware {
 }
 
 impl KvAware {
-    /// Builds over `backends` (their index slots map matches to positions).
     pub fn new(config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
-        Self::with_window(config, backends, PRESSURE_WINDOW)
-    }
-
-    /// With pressure and popularity decaying over `window` decisions per
-    /// backend (tests use a long one to keep counts exact).
-    fn with_window(config: &PolicyConfig, backends: &[PolicyBackend], window: f64) -> Self {
-        let mut pos_of = vec![
-            u32::MAX;
-            backends
-                .iter()
-                .map(|b| b.slot as usize + 1)
-                .max()
-                .unwrap_or(0)
-        ];
+        let slots = backends.iter().map(|b| b.slot as usize + 1).max();
+        let mut pos_of = vec![u32::MAX; slots.unwrap_or(0)];
         for (i, b) in backends.iter().enumerate().rev() {
             pos_of[b.slot as usize] = i as u32;
         }
@@ -66,7 +40,7 @@ impl KvAware {
             slots: backends.iter().map(|b| b.slot).collect(),
             pos_of,
             ring: Ring::new(backends, config.vnodes),
-            placer: Placer::new(backends, window)
+            placer: Placer::new(backends, PRESSURE_WINDOW)
                 .with_candidates(&config.kv, config.concurrency_threshold),
             rebalance: config.kv.rebalance_slack.map(|slack| Rebalance {
                 slack,
@@ -76,20 +50,23 @@ impl KvAware {
         }
     }
 
-    /// A policy over `backends` that takes this one's state over
-    /// ([`Learns::carried`]).
+    /// Decaying over `window` decisions per backend (tests keep counts exact with a long one).
+    #[cfg(test)]
+    fn with_window(config: &PolicyConfig, backends: &[PolicyBackend], window: f64) -> Self {
+        let placer = Placer::new(backends, window);
+        KvAware {
+            placer: placer.with_candidates(&config.kv, config.concurrency_threshold),
+            ..Self::new(config, backends)
+        }
+    }
+
     fn carried_over(&self, config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
         let next = KvAware::new(config, backends);
-        let mut state = self.placer.lock().remap(&self.ids, backends);
-        let mut live = next.placer.lock();
-        // The new config's candidate weights, not the old policy's.
-        std::mem::swap(&mut state.cands, &mut live.cands);
-        *live = state;
-        drop(live);
+        let old = self.placer.lock();
+        next.placer.lock().carry(&old, &self.ids, backends);
         next
     }
 
-    /// The position of index slot `slot`, if in the snapshot.
     fn position(&self, slot: WorkerSlot) -> Option<usize> {
         self.pos_of
             .get(slot as usize)
@@ -97,8 +74,7 @@ impl KvAware {
             .map(|&p| p as usize)
     }
 
-    /// Matched blocks of the backends that hold part of the chain (the
-    /// others match 0), a stale agent's as it last published them.
+    /// Matched blocks of the chain's holders, a stale agent's as it last published them.
     fn held(&self, input: &RouteInput<'_>) -> Held {
         let Some(m) = input.matches else {
             return Held::default();
@@ -115,7 +91,6 @@ impl KvAware {
         Held(v)
     }
 
-    /// A prefix no eligible backend holds (docs/kv.md).
     fn place_cold(
         &self,
         s: &mut State,
@@ -123,13 +98,8 @@ impl KvAware {
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
-        let weights = self.weights();
-        let ring = &self.ring;
-        let band = f64::from(input.chain_blocks);
-        s.resident.sync(loads);
-        self.observe(s, input, loads);
-        let key = input.prefix_key;
-        let blocks = input.chain_blocks;
+        let (key, blocks) = (input.prefix_key, input.chain_blocks);
+        let (ring, weights, band) = (&self.ring, self.weights(), f64::from(blocks));
         let kind = |how| match how {
             Placed::Pressure => DecisionKind::Cold,
             Placed::RingOwner | Placed::Remembered => DecisionKind::PrefixHash,
@@ -141,27 +111,18 @@ impl KvAware {
         {
             (b, kind(how))
         } else if let Some((b, how)) = s.place(key, blocks, loads, eligible, ring, weights, band) {
-            // Every backend is full: the same placement, the gate lifted
-            // (least_outstanding alone would ignore the caches and keep
-            // them full with cold prefills).
-            (b, full_kind(loads, b, kind(how)))
+            // Every backend is full: the same placement, the gate lifted.
+            (b, least_or(loads, b, kind(how)))
         } else {
             let b = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
             (b, DecisionKind::LeastOutstanding)
         };
         s.set_home(key, backend);
         s.sent(key, backend, blocks, 0);
-        Ok(Decision {
-            backend,
-            kind,
-            matched_blocks: 0,
-        })
+        Ok(decision(backend, 0, kind))
     }
 
-    /// The warm pick: the cheapest backend (the home and its copies charged
-    /// only for what they lack), and possibly one more copy of a prefix too
-    /// hot for its holders (docs/kv.md).
-    #[allow(clippy::too_many_arguments)]
+    /// The warm pick: the cheapest backend, or one more copy of a prefix too hot for its holders.
     fn pick_homed(
         &self,
         s: &mut State,
@@ -173,24 +134,22 @@ impl KvAware {
     ) -> Result<Decision, PolicyError> {
         let key = input.prefix_key;
         let chain = input.chain_blocks.max(best_match);
-        s.resident.sync(loads);
-        self.observe(s, input, loads);
+        // A shallower match (or none) won on load, or the deeper holders were full: spill.
+        let kind = |m| {
+            if m == best_match {
+                DecisionKind::KvMatch
+            } else {
+                DecisionKind::Spill
+            }
+        };
         let home: Option<Home> = s.home(key).filter(|h| s.cands.usable(h.backend as usize));
         let at = |h: &Home| h.backend as usize;
-        // The home holds it: the deepest match.
         let holds = |i: usize| held.get(i) >= best_match;
         let holding = home.filter(|h| holds(at(h)));
-        // Its agent's view is stale: it may well hold it; decide nothing.
-        let stale = home.is_some_and(|h| {
-            let slot = self.slots[at(&h)];
-            input
-                .matches
-                .and_then(|m| m.of(slot))
-                .is_some_and(|w| !w.fresh)
-        });
-        // The home and its deliberate copies that pass `ok` and hold the
-        // deepest match (none unless the home does), sorted: the pick looks
-        // each backend up in it.
+        // Its agent's view is stale: it may well hold it; re-home nothing.
+        let of = |h: Home| input.matches.and_then(|m| m.of(self.slots[at(&h)]));
+        let stale = home.and_then(of).is_some_and(|w| !w.fresh);
+        // The home and its copies that pass `ok` and hold the deepest match, sorted.
         let holders_by = |ok: &dyn Fn(usize) -> bool| -> Vec<usize> {
             let mut v: Vec<usize> = s
                 .home(key)
@@ -202,24 +161,23 @@ impl KvAware {
             v
         };
         let homes = holders_by(&|i| s.cands.usable(i));
-        // Ties among a copied prefix's holders draw from a salted rng: under
-        // shared decisions the caller's rng is seeded by the prefix key
-        // (`route::pick`), so every request would draw the same holder and a
-        // copy would get none of the traffic at equal load.
+        // A salted rng: under shared decisions the caller's rng is seeded by the prefix key
+        // (`route::pick`), so every tie would draw the same holder and a copy get no traffic.
         let cheapest = if homes.len() > 1 {
-            let mut salted = Salted::new(rng, s.seq);
+            let mut salted = Salted {
+                inner: rng,
+                salt: s.seq,
+            };
             s.cands.cheapest(&self.kv, chain, held, &homes, &mut salted)
         } else {
             s.cands.cheapest(&self.kv, chain, held, &homes, rng)
         };
         let Some((m, backend)) = cheapest else {
-            // Every backend is full: the same formula over the eligible ones,
-            // the home (and its copies) charged only what they lack; nothing
-            // is copied.
+            // Every backend is full: the same formula over the eligible ones; nothing is copied.
             let homes = holders_by(&|i| loads.get(i).is_some_and(|l| l.eligible));
             let (m, backend) = self.cheapest_full(chain, held, &homes, loads, rng)?;
             s.sent(key, backend, input.chain_blocks, m);
-            return Ok(full_decision(loads, backend, m, best_match));
+            return Ok(decision(backend, m, least_or(loads, backend, kind(m))));
         };
         match (holding, &self.rebalance) {
             (Some(h), Some(rb)) if homes.contains(&backend) && m == best_match => {
@@ -240,12 +198,10 @@ impl KvAware {
             _ => {}
         }
         s.sent(key, backend, input.chain_blocks, m);
-        Ok(warm_decision(backend, m, best_match))
+        Ok(decision(backend, m, kind(m)))
     }
 
-    /// Starts one more warm copy of `home`'s prefix: the request goes to
-    /// the backend with the lowest cold cost among those that do not hold
-    /// it deliberately (the eviction term included), decision `replicate`.
+    /// One more copy of `home`'s prefix: the lowest cold cost among the backends not holding it.
     fn replicate(
         &self,
         s: &mut State,
@@ -254,8 +210,6 @@ impl KvAware {
         held: &Held,
         loads: &[BackendLoad],
     ) -> Option<Decision> {
-        let weights = self.weights();
-        let band = f64::from(input.chain_blocks);
         let mut holders: Vec<usize> = s.homes.holders(home).collect();
         holders.sort_unstable();
         let (t, _) = s.place(
@@ -264,125 +218,38 @@ impl KvAware {
             loads,
             |i| s.cands.usable(i) && holders.binary_search(&i).is_err(),
             &self.ring,
-            weights,
-            band,
+            self.weights(),
+            f64::from(input.chain_blocks),
         )?;
         s.copy(input.prefix_key, Some(t));
         s.sent(input.prefix_key, t, input.chain_blocks, held.get(t));
-        Some(Decision {
-            backend: t,
-            kind: DecisionKind::Replicate,
-            matched_blocks: held.get(t),
-        })
+        Some(decision(t, held.get(t), DecisionKind::Replicate))
     }
 
-    /// Feeds the index's fresh view of this prefix into the resident model:
-    /// what each listed holder has of the chain, and that the prefix's home,
-    /// when not listed, has none of it.
+    /// Feeds the index's fresh view of this prefix into the resident model.
     fn observe(&self, s: &mut State, input: &RouteInput<'_>, loads: &[BackendLoad]) {
-        let Some(m) = input.matches else {
+        let Some(m) = input.matches.filter(|_| s.resident.any()) else {
             return;
         };
-        if !s.resident.any() {
-            return;
-        }
         let key = input.prefix_key;
         for w in m.workers.iter().filter(|w| w.fresh) {
             if let Some(i) = self.position(w.slot) {
                 s.observe(key, i, w.blocks, loads);
             }
         }
-        if let Some(h) = s.home(key) {
-            let i = h.backend as usize;
-            if self.slots.get(i).is_some_and(|slot| m.of(*slot).is_none()) {
-                s.observe(key, i, 0, loads);
-            }
+        // An unlisted home holds none of it.
+        let home = s.home(key).map(|h| h.backend as usize);
+        if let Some(i) = home.filter(|&i| self.slots.get(i).is_some_and(|x| m.of(*x).is_none())) {
+            s.observe(key, i, 0, loads);
         }
     }
-}
 
-impl Policy for KvAware {
-    fn build(snapshot: &[PolicyBackend], config: &PolicyConfig) -> Result<Self, PolicyError> {
-        Ok(KvAware::new(config, snapshot))
-    }
-
-    fn pick(
-        &self,
-        request: &RouteInput<'_>,
-        loads: &Loads<'_>,
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.decide(request, loads.all, loads.changed, rng)
-    }
-}
-
-impl Learns for KvAware {
-    fn home_of(&self, prefix_key: u64) -> Option<super::HomeView> {
-        super::remote::home_of(&self.placer, prefix_key)
-    }
-
-    fn observe_remote(&self, decision: &super::RemoteDecision) {
-        super::remote::observe(&self.placer, decision);
-    }
-
-    /// Carries homes, popularity, pressure and the modelled
-    /// caches over to the new snapshot by worker
-    /// id (see the `carry` module); the ring is rebuilt (1/N of keys change owner).
-    fn carried(
-        &self,
-        snapshot: &[PolicyBackend],
-        config: &PolicyConfig,
-    ) -> Result<Built, PolicyError> {
-        config.validate()?;
-        Ok(Built::learning(
-            Strategy::KvAware,
-            self.carried_over(config, snapshot),
-        ))
-    }
-}
-
-impl KvAware {
-    /// The cost formula's weights: (prefill, miss, decode).
     fn weights(&self) -> (f64, f64, f64) {
-        (
-            self.kv.prefill_weight,
-            self.kv.miss_weight,
-            self.kv.decode_weight,
-        )
+        let k = &self.kv;
+        (k.prefill_weight, k.miss_weight, k.decode_weight)
     }
 
-    /// The decision of [`Policy::pick`]; recorded only under `Mode::Commit`
-    /// (see [`Placer::state`]).
-    fn decide(
-        &self,
-        input: &RouteInput<'_>,
-        loads: &[BackendLoad],
-        changed: Option<&[usize]>,
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        let held = self.held(input);
-        let mut s = self.placer.state(input.mode);
-        s.cands.sync(loads, changed);
-        s.resident.note(loads, changed);
-        if !s.cands.any_eligible() {
-            return Err(PolicyError::NoBackend);
-        }
-        let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
-        let best_match = held
-            .iter()
-            .filter(|&(i, _)| eligible(i))
-            .map(|(_, m)| m)
-            .max()
-            .unwrap_or(0);
-        if best_match < self.kv.min_match_blocks {
-            return self.place_cold(&mut s, input, loads, rng);
-        }
-        self.pick_homed(&mut s, input, &held, best_match, loads, rng)
-    }
-
-    /// The warm pick when every backend is full: the cost formula, the
-    /// concurrency gate lifted, over the eligible holders of the chain (over
-    /// every eligible backend when none holds it).
+    /// The warm pick when every backend is full: the formula over the eligible holders, if any.
     fn cheapest_full(
         &self,
         chain: u32,
@@ -392,8 +259,7 @@ impl KvAware {
         rng: &mut dyn RngCore,
     ) -> Result<(u32, usize), PolicyError> {
         let matched: Vec<u32> = (0..loads.len()).map(|i| held.get(i)).collect();
-        // A full fleet gains nothing from a cold prefill off the holders:
-        // it is capacity lost, so only the eligible holders are costed.
+        // A full fleet gains nothing from a cold prefill off the holders: capacity lost.
         let holders: Vec<BackendLoad> = loads
             .iter()
             .zip(&matched)
@@ -412,9 +278,64 @@ impl KvAware {
     }
 }
 
-/// With every backend full: `least_outstanding` when the formula's pick is
-/// also a least-loaded backend (fewest in flight), else the formula's kind.
-fn full_kind(loads: &[BackendLoad], backend: usize, kind: DecisionKind) -> DecisionKind {
+impl Policy for KvAware {
+    fn build(snapshot: &[PolicyBackend], config: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(KvAware::new(config, snapshot))
+    }
+
+    fn pick(
+        &self,
+        input: &RouteInput<'_>,
+        loads: &Loads<'_>,
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let (changed, loads) = (loads.changed, loads.all);
+        let held = self.held(input);
+        let mut s = self.placer.state(input.mode);
+        s.cands.sync(loads, changed);
+        s.resident.note(loads, changed);
+        if !s.cands.any_eligible() {
+            return Err(PolicyError::NoBackend);
+        }
+        let best_match = held
+            .iter()
+            .filter(|&(i, _)| loads.get(i).is_some_and(|l| l.eligible))
+            .map(|(_, m)| m)
+            .max()
+            .unwrap_or(0);
+        s.resident.sync(loads);
+        self.observe(&mut s, input, loads);
+        if best_match < self.kv.min_match_blocks {
+            return self.place_cold(&mut s, input, loads, rng);
+        }
+        self.pick_homed(&mut s, input, &held, best_match, loads, rng)
+    }
+}
+
+impl Learns for KvAware {
+    fn home_of(&self, prefix_key: u64) -> Option<super::HomeView> {
+        let s = self.placer.lock();
+        s.home(prefix_key).map(|h| s.view(&h))
+    }
+
+    fn observe_remote(&self, decision: &super::RemoteDecision) {
+        self.placer.lock().observe_remote(decision);
+    }
+
+    /// Carries state over by worker id (the `carry` module); the ring is rebuilt.
+    fn carried(
+        &self,
+        snapshot: &[PolicyBackend],
+        config: &PolicyConfig,
+    ) -> Result<Built, PolicyError> {
+        config.validate()?;
+        let next = self.carried_over(config, snapshot);
+        Ok(Built::learning(Strategy::KvAware, next))
+    }
+}
+
+/// `kind`, or `least_outstanding` when (every backend full) the pick has the fewest in flight.
+fn least_or(loads: &[BackendLoad], backend: usize, kind: DecisionKind) -> DecisionKind {
     let min = loads
         .iter()
         .filter(|l| l.eligible)
@@ -430,28 +351,11 @@ fn full_kind(loads: &[BackendLoad], backend: usize, kind: DecisionKind) -> Decis
     }
 }
 
-/// A warm pick with every backend full ([`full_kind`] over
-/// [`warm_decision`]).
-fn full_decision(loads: &[BackendLoad], backend: usize, m: u32, best_match: u32) -> Decision {
-    let d = warm_decision(backend, m, best_match);
-    Decision {
-        kind: full_kind(loads, backend, d.kind),
-        ..d
-    }
-}
-
-/// A pick among holders: kv_match when `backend` holds the deepest match
-/// (`m == best_match`); a shallower one (or none) won on load, or because
-/// the deeper holders were full: spill.
-fn warm_decision(backend: usize, m: u32, best_match: u32) -> Decision {
+fn decision(backend: usize, matched_blocks: u32, kind: DecisionKind) -> Decision {
     Decision {
         backend,
-        kind: if m == best_match {
-            DecisionKind::KvMatch
-        } else {
-            DecisionKind::Spill
-        },
-        matched_blocks: m,
+        kind,
+        matched_blocks,
     }
 }
 

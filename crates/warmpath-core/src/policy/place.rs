@@ -1,6 +1,5 @@
-//! `kv_aware`'s state, under one lock taken once per decision, and the
-//! cold case of its formula: where a prefix no backend holds goes
-//! (docs/kv.md, "The policies in code").
+//! `kv_aware`'s state, under one lock taken once per decision, and cold
+//! placement: where a prefix no backend holds goes (docs/kv.md).
 
 use super::candidates::Candidates;
 use super::home::{Home, Homes};
@@ -18,39 +17,28 @@ use std::ops::{Deref, DerefMut};
 pub(crate) enum Placed {
     /// Where the same prefix was placed moments ago (still prefilling).
     Remembered,
-    /// The lowest cold cost, and the ring's first usable backend too.
+    /// The lowest cold cost, the ring's first usable backend too.
     RingOwner,
-    /// The lowest cold cost, passing the ring's choice over.
     Pressure,
 }
 
-/// Everything the placer and the copy rule keep, under one lock.
+/// Everything `kv_aware` learns, under one lock.
 #[derive(Clone, Debug)]
 pub(crate) struct State {
     /// Decayed blocks written per backend, in units of `unit`.
     pub(super) pressure: Vec<f64>,
-    /// The weight of the next decision (grows by 1/decay per decision, the
-    /// same as decaying every past one).
+    /// The weight of the next decision (growing by 1/decay decays every past one).
     pub(super) unit: f64,
-    /// Decisions so far.
     pub(super) seq: u64,
-    /// Homes, popularity and expected loads (see [`home`](super::home)).
     pub(super) homes: Homes,
     /// Per decision: `1 - 1 / (window x backends)`.
     pub(super) decay: f64,
-    /// What each backend of known capacity holds (see
-    /// [`resident`](super::resident)).
     pub(super) resident: Resident,
-    /// The last admission threshold: (decision, prefix blocks, popularity);
-    /// recomputed every `n` decisions (see [`State::tail_threshold`]).
+    /// The last admission threshold: (decision, prefix blocks, popularity).
     pub(super) tail: Cell<Option<(u64, u32, f64)>>,
-    /// The usable backends by load, for the warm pick (see
-    /// [`candidates`](super::candidates)).
     pub(super) cands: Candidates,
-    /// The balance stage's last fleet summary ([`Fleet`]).
     pub(super) fleet: Cell<Option<Fleet>>,
-    /// While a preview runs: what it puts back when it ends (see
-    /// [`Placer::state`]).
+    /// While a preview runs: what it puts back when it ends.
     pub(super) preview: Option<Box<Saved>>,
 }
 
@@ -62,56 +50,42 @@ pub(crate) struct Saved {
     fleet: Option<Fleet>,
 }
 
-/// Cache pressure per backend, homes and copies.
 #[derive(Debug)]
-pub(crate) struct Placer {
-    state: Mutex<State>,
-}
+pub(crate) struct Placer(Mutex<State>);
 
 impl Placer {
-    /// Over `backends`, remembering about `window` decisions per backend.
+    /// Decaying over `window` decisions per backend.
     pub(crate) fn new(backends: &[PolicyBackend], window: f64) -> Self {
         let n = backends.len().max(1);
-        Placer {
-            state: Mutex::new(State {
-                pressure: vec![0.0; backends.len()],
-                unit: 1.0,
-                seq: 0,
-                homes: Homes::new(backends.len(), home_table_keys(n)),
-                decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
-                resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
-                tail: Cell::new(None),
-                cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
-                fleet: Cell::new(None),
-                preview: None,
-            }),
-        }
+        Placer(Mutex::new(State {
+            pressure: vec![0.0; backends.len()],
+            unit: 1.0,
+            seq: 0,
+            homes: Homes::new(backends.len(), home_table_keys(n)),
+            decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
+            resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
+            tail: Cell::new(None),
+            cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
+            fleet: Cell::new(None),
+            preview: None,
+        }))
     }
 
-    /// The warm pick's candidates file loads by `kv`'s weights and treat
-    /// `threshold` in flight as full.
+    /// The warm pick's candidates weigh loads by `kv` and treat `threshold` in flight as full.
     pub(crate) fn with_candidates(mut self, kv: &super::KvConfig, threshold: u32) -> Self {
-        let n = self.state.get_mut().pressure.len();
-        self.state.get_mut().cands =
-            Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);
+        let s = self.0.get_mut();
+        let n = s.pressure.len();
+        s.cands = Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);
         self
     }
 
-    /// The state, locked for one decision.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock()
+        self.0.lock()
     }
 
-    /// The live state, locked for one decision. Under [`Mode::Preview`]
-    /// the decision runs the same path, but its commit steps
-    /// ([`State::set_home`], [`State::sent`], [`State::copy`]) do nothing,
-    /// and what it learns before deciding (the loads' buckets, the resident
-    /// models' sync with the index, the cached threshold and fleet summary)
-    /// is put back when the scope ends: the same decision by construction,
-    /// at the cost of the buckets and the model entries it touched, not a
-    /// copy of the homes table.
+    /// Under [`Mode::Preview`] commits do nothing and what is learnt is put back (docs/kv.md).
     pub(crate) fn state(&self, mode: Mode) -> Scope<'_> {
-        let mut s = self.state.lock();
+        let mut s = self.0.lock();
         if mode == Mode::Preview {
             s.preview = Some(Box::new(Saved {
                 cands: s.cands.clone(),
@@ -153,21 +127,16 @@ impl DerefMut for Scope<'_> {
 }
 
 impl State {
-    /// Each backend's decayed pressure now, in blocks (for tests).
     #[cfg(test)]
     pub(crate) fn pressures(&self) -> Vec<f64> {
         self.pressure.iter().map(|p| p / self.unit).collect()
     }
 
-    /// What is known of `key`.
     pub(crate) fn home(&self, key: u64) -> Option<Home> {
         self.homes.get(key)
     }
 
-    /// Whether requests of `home`'s prefix should still follow it there
-    /// although it holds nothing yet: its first request there is queued
-    /// or prefilling, or it was homed there within `STICKY` decisions per
-    /// backend (its blocks may not be published yet).
+    /// Whether `home` is still followed: prefilling there, or homed within `STICKY` decisions.
     pub(crate) fn following(&self, home: &Home, loads: &[BackendLoad]) -> bool {
         let b = home.backend as usize;
         let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
@@ -175,10 +144,7 @@ impl State {
         prefilling || since <= STICKY * self.pressure.len().max(1) as u64
     }
 
-    /// Where a prefix no eligible backend holds goes, among those `usable`:
-    /// its home while still prefilling there, else the lowest expected load
-    /// within `band` blocks of the lowest cold cost, ties by `ring` order.
-    /// `weights` are (prefill, miss, decode).
+    /// Where a prefix no eligible backend holds goes; `weights` are (prefill, miss, decode).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn place(
         &self,
@@ -197,16 +163,10 @@ impl State {
         }
         let (prefill_weight, miss_weight, decode_weight) = weights;
         let n = loads.len().min(self.pressure.len());
-        // A tail prefix (less popular than what the caches can keep) goes,
-        // among the backends as good, where the cache turns over fastest:
-        // the tail's churn stays on the backends already churning. Any
-        // other prefix pays for what the LRU would trim of it there.
-        // Looked up once, not per backend.
         let px = self.popularity_with(key);
+        // A tail prefix pays no turnover term: it churns where the cache turns over fastest.
         let tail = px < self.tail_threshold(blocks);
         let modelled = self.resident.any();
-        // One pass: each usable backend's cost and eviction term, computed
-        // once (every rule below reads them again).
         let scored: Vec<(usize, f64, f64)> = (0..n)
             .filter(|&b| usable(b))
             .map(|b| {
@@ -220,9 +180,7 @@ impl State {
                 } else {
                     0.0
                 };
-                // Where the capacity is known the eviction term replaces
-                // pressure, its proxy: a backend that turns over only cold
-                // prefixes is the right place for one more.
+                // Where the capacity is known the eviction term replaces pressure, its proxy.
                 let write = match self.resident.of(b) {
                     Some(_) => evict,
                     None => self.pressure[b] / self.unit,
@@ -235,15 +193,12 @@ impl State {
             })
             .collect();
         let min = scored.iter().map(|s| s.1).min_by(f64::total_cmp)?;
-        // The band evens loads among backends as good for the caches: never
-        // at the price of evicting hotter prefixes than the least-loss one.
+        // Never even loads at the price of evicting hotter prefixes (`FIT_BAND`).
         let least_loss = scored.iter().map(|s| s.2).min_by(f64::total_cmp)?;
         let fit_band = FIT_BAND * f64::from(blocks);
         let good = |s: &(usize, f64, f64)| s.1 <= min + band && s.2 <= least_loss + fit_band;
         let expected = self.homes.loads();
-        // The tail concentrates only on backends not far above the mean
-        // expected load: where it carries more than a fair share of the
-        // traffic, its cold prefills queue; then the lowest load wins.
+        // The tail concentrates where the cache writes most, on backends not far above the mean.
         let mean = scored.iter().map(|s| expected[s.0]).sum::<f64>() / scored.len().max(1) as f64;
         let light = |b: usize| expected[b] <= TAIL_LOAD_MAX * mean;
         let tail = tail && scored.iter().any(|s| good(s) && light(s.0));
@@ -262,8 +217,7 @@ impl State {
             .min_by(f64::total_cmp)?;
         let mut tied = scored.iter().filter(|s| good(s) && rank(s.0) <= least);
         let first = tied.next()?.0;
-        // Exact ties (an idle fleet) go by the ring, so the walk is short:
-        // it stops at the first tied backend; one winner needs no walk.
+        // Exact ties (an idle fleet) go by the ring; one winner needs no walk.
         let at = if tied.next().is_none() {
             first
         } else {
@@ -283,22 +237,18 @@ impl State {
         Some((at, how))
     }
 
-    /// [`State::evict_at`] with `key`'s popularity looked up.
     #[cfg(test)]
     pub(crate) fn evict_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
         let px = self.popularity_with(key);
         self.evict_at(b, px, key, blocks)
     }
 
-    /// The eviction term: each victim's trimmed blocks times `p_v / (p_v +
-    /// p_x)`, its chance to return before `key` (popularity `px`); a victim
-    /// homed elsewhere (a stale copy) costs nothing.
+    /// The eviction term: each victim's trimmed blocks × `p_v / (p_v + p_x)`; a stale copy is free.
     fn evict_at(&self, b: usize, px: f64, key: u64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
         };
-        // Room for the whole chain: no victims, whatever it holds of `key`
-        // (read from the model's own fields: no lookup, no LRU walk).
+        // Room for the whole chain: no victims, and no LRU walk.
         if cache.has_room(u64::from(blocks)) {
             return std::iter::empty::<f64>().sum();
         }
@@ -315,22 +265,18 @@ impl State {
             .sum()
     }
 
-    /// `p_x` of the eviction and turnover terms: `key`'s popularity with
-    /// the request being placed counted.
+    /// `p_x`: `key`'s popularity with the request being placed counted.
     fn popularity_with(&self, key: u64) -> f64 {
         self.homes.get(key).map_or(0.0, |h| h.pop) + self.unit
     }
 
-    /// [`State::lost_at`] with `key`'s popularity looked up.
     #[cfg(test)]
     fn lost_cost(&self, b: usize, key: u64, blocks: u32) -> f64 {
         let px = self.popularity_with(key);
         self.lost_at(b, px, blocks)
     }
 
-    /// The turnover term: `blocks * exp(-p_x * C_b / P_b)`, what `b`'s LRU
-    /// (capacity `C_b`, writing `P_b` per window) trims of the prefix before
-    /// it returns (`p_x` per window).
+    /// The turnover term `blocks * exp(-p_x * C_b / P_b)`: what `b`'s LRU trims before it returns.
     fn lost_at(&self, b: usize, px: f64, blocks: u32) -> f64 {
         let Some(cache) = self.resident.of(b) else {
             return 0.0;
@@ -339,16 +285,12 @@ impl State {
         f64::from(blocks) * (-stays).exp()
     }
 
-    /// The admission threshold for `blocks`-block prefixes: the popularity
-    /// of the `k`-th most popular, `k` what the modelled caches hold beyond
-    /// the largest one (left to the tail: LRU engines cannot pin); 0 when
-    /// all fit. Recomputed every `n` decisions (a select over the table).
+    /// The admission threshold (0 when all fit); a select over the table, so cached `n` decisions.
     pub(crate) fn tail_threshold(&self, blocks: u32) -> f64 {
         let n = self.pressure.len().max(1) as u64;
-        if let Some((at, b, t)) = self.tail.get() {
-            if b == blocks && self.seq.saturating_sub(at) < n {
-                return t;
-            }
+        let fresh = |&(at, b, _): &(u64, u32, f64)| b == blocks && self.seq.saturating_sub(at) < n;
+        if let Some((_, _, t)) = self.tail.get().filter(fresh) {
+            return t;
         }
         let (total, largest) = self.resident.capacity();
         let room = total.saturating_sub(largest);
@@ -363,9 +305,7 @@ impl State {
         t
     }
 
-    /// A request of `key` with a `blocks`-block chain, `m` of them held
-    /// there, was sent to `backend`: recorded ([`State::record`]), and its
-    /// modelled cache now holds the chain.
+    /// A request of `key`'s `blocks`-block chain, `m` held there, was sent to `backend`.
     pub(crate) fn sent(&mut self, key: u64, backend: usize, blocks: u32, m: u32) {
         if self.preview.is_some() {
             return;
@@ -374,17 +314,13 @@ impl State {
         self.cached(key, backend, blocks);
     }
 
-    /// A request of `key` with a `blocks`-block chain was sent to
-    /// `backend`: its modelled cache now holds the chain.
     pub(crate) fn cached(&mut self, key: u64, backend: usize, blocks: u32) {
         if let Some(c) = self.resident.of_mut(backend) {
             c.store(key, u64::from(blocks));
         }
     }
 
-    /// The index says `backend` holds `blocks` of `key`'s chain (a fresh
-    /// match): the model takes it, unless `key`'s home is `backend` and
-    /// still prefilling there (its blocks are not published yet).
+    /// A fresh match: the model takes it, unless `key` follows its home `backend` (unpublished).
     pub(crate) fn observe(&mut self, key: u64, backend: usize, blocks: u32, loads: &[BackendLoad]) {
         let prefilling = self
             .homes
@@ -395,8 +331,7 @@ impl State {
         }
     }
 
-    /// Homes `key` on `backend` (a cold placement, or a warm request whose
-    /// home lost it); its popularity moves along.
+    /// Homes `key` on `backend`; its popularity moves along.
     pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
         if self.preview.is_some() {
             return;
@@ -405,8 +340,7 @@ impl State {
         self.fleet.set(None);
     }
 
-    /// A deliberate copy of `key` on `backend` (replication), or the last
-    /// one dropped (`None`).
+    /// A deliberate copy of `key` on `backend`, or the last one dropped (`None`).
     pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
         if self.preview.is_some() {
             return;
@@ -420,9 +354,7 @@ impl State {
         }
     }
 
-    /// Records a decision: a request of `key` sent to `backend`, which
-    /// writes `blocks` into its cache. Taken under the same lock as the
-    /// choice, so two routing threads never see the same state.
+    /// Records a request of `key` sent to `backend`, which writes `blocks` into its cache.
     pub(crate) fn record(&mut self, key: u64, backend: usize, blocks: u32) {
         self.seq += 1;
         let unit = self.unit;

@@ -1,25 +1,18 @@
-//! The copy rule of `kv_aware`'s balance stage (docs/kv.md): when a prefix
-//! too hot for its holders gets one more deliberate copy, and when its last
-//! copy goes.
+//! `kv_aware`'s copy rule: when a prefix too hot for its holders gets a copy (docs/kv.md).
 
 use super::home::Home;
 use super::place::State;
 use super::tuning::{COPY_SLACK, COPY_WARMUP, REUSE_BACKENDS};
 
-/// Which prefixes [`State::replicas`] copies (module docs).
+/// Which prefixes [`State::replicas`] copies.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rebalance {
-    /// Excess over the mean expected load a holder may carry (`kv.rebalance_slack`).
     pub(crate) slack: f64,
-    /// Backends in the snapshot.
     pub(crate) backends: u64,
 }
 
 impl State {
-    /// Whether `home`'s prefix needs one more deliberate copy (`Some(true)`:
-    /// `p / k` above `(1 + COPY_SLACK * slack) * mean` after `COPY_WARMUP`
-    /// requests per holder) or one fewer (`Some(false)`: `p / (k - 1)` at
-    /// most the mean), `mean` over the usable backends (docs/kv.md).
+    /// Whether `home`'s prefix needs one more copy (`Some(true)`) or one fewer (`Some(false)`).
     pub(crate) fn replicas(
         &self,
         rb: &Rebalance,
@@ -44,18 +37,15 @@ impl State {
         }
     }
 
-    /// The [`Fleet`] summary over backends `0..m`: the last one while it
-    /// stands, else a new pass.
+    /// The [`Fleet`] summary over backends `0..m`: the last one while it stands, else a new pass.
     fn fleet(&self, n: u64, m: usize, usable: impl Fn(usize) -> bool) -> Fleet {
         let now = Stamp {
             seq: self.seq,
             unit: self.unit,
             m,
         };
-        if let Some(f) = self.fleet.get() {
-            if f.stands(&now, n) {
-                return f;
-            }
+        if let Some(f) = self.fleet.get().filter(|f| f.stands(&now, n)) {
+            return f;
         }
         let f = Fleet::scan(now, &usable, self.homes.loads());
         self.fleet.set(Some(f));
@@ -63,35 +53,23 @@ impl State {
     }
 }
 
-/// When a summary was taken: it is reused only under the same unit and
-/// fleet size (a placement or copy drops it outright).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Stamp {
-    /// The decision it was taken at.
     pub(crate) seq: u64,
-    /// The decayed counters' unit then: it grows every decision, and a
-    /// rescale sets it back, which ends the summary.
+    /// The decayed counters' unit: it grows every decision, so a rescale ends the summary.
     pub(crate) unit: f64,
-    /// The backends it covers, `0..m`.
     pub(crate) m: usize,
 }
 
-/// What the copy rule reads of the fleet: the usable backends' count and
-/// summed expected loads, reused for `n / REUSE_BACKENDS` decisions (at
-/// least one) until a placement or copy drops it: a pass per warm request
-/// costs at 1000 backends.
+/// The usable backends' count and summed expected loads, reused for `n / REUSE_BACKENDS`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Fleet {
     taken: Stamp,
-    /// Usable backends.
     pub(crate) count: u32,
-    /// Their summed expected loads.
     pub(crate) expected: f64,
 }
 
 impl Fleet {
-    /// One pass over the usable backends of `0..stamp.m`, `expected[b]`
-    /// each one's expected load.
     pub(crate) fn scan(stamp: Stamp, usable: impl Fn(usize) -> bool, expected: &[f64]) -> Fleet {
         let mut f = Fleet {
             taken: stamp,
@@ -105,9 +83,6 @@ impl Fleet {
         f
     }
 
-    /// Whether it still stands for `now` in a fleet of `n`: taken at the
-    /// same size, with no rescale since, fewer than `n / REUSE_BACKENDS`
-    /// decisions ago (only this decision's when that is at most 1).
     pub(crate) fn stands(&self, now: &Stamp, n: u64) -> bool {
         let reuse = (n / REUSE_BACKENDS).max(1);
         let t = &self.taken;

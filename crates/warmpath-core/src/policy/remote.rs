@@ -1,18 +1,12 @@
-//! Decisions of other router replicas (`Learns::observe_remote`): each is
-//! recorded as this replica records its own (`record`, `cached`), and the
-//! sender's home and copies for the prefix are taken (state, not the rule
-//! that fired, so a lost fact is corrected by the next one for the key).
-//! A replica blind to the others' picks would place new prefixes blind to
-//! them and split warm ones (docs/replicas.md).
+//! Other replicas' decisions, recorded as this one's with the sender's home and copies:
+//! state, not the rule that fired, so the next corrects a lost one (docs/replicas.md).
 
 use super::home::Home;
-use super::place::{Placer, State};
+use super::place::State;
 
-/// Where a prefix lives after a decision (kv_aware's home), by position in
-/// the policy's snapshot.
+/// Where a prefix lives after a decision, by position in the policy's snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HomeView {
-    /// Its home.
     pub backend: usize,
     /// Its deliberate copies besides the home.
     pub copies: Vec<usize>,
@@ -21,11 +15,8 @@ pub struct HomeView {
 /// A pick another replica made, by positions in this policy's snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RemoteDecision {
-    /// The request's prefix key.
     pub prefix_key: u64,
-    /// Where it went.
     pub backend: usize,
-    /// Full blocks in its chain.
     pub chain_blocks: u32,
     /// Blocks the backend must prefill (the sender's prediction).
     pub prefill_blocks: u32,
@@ -33,48 +24,45 @@ pub struct RemoteDecision {
     pub home: Option<HomeView>,
 }
 
-/// `key`'s home as `placer` holds it now.
-pub(super) fn home_of(placer: &Placer, key: u64) -> Option<HomeView> {
-    let s = placer.lock();
-    s.home(key).map(|h| view(&s, &h))
-}
+impl State {
+    pub(super) fn view(&self, h: &Home) -> HomeView {
+        HomeView {
+            backend: h.backend as usize,
+            copies: self.homes.holders(h).skip(1).collect(),
+        }
+    }
 
-fn view(s: &State, h: &Home) -> HomeView {
-    HomeView {
-        backend: h.backend as usize,
-        copies: s.homes.holders(h).skip(1).collect(),
+    /// Records `d` as the pick that made it was recorded.
+    pub(super) fn observe_remote(&mut self, d: &RemoteDecision) {
+        let n = self.homes.loads().len();
+        if d.backend >= n {
+            return;
+        }
+        if let Some(h) = d.home.as_ref().filter(|h| h.backend < n) {
+            self.align(d.prefix_key, h, n);
+        }
+        self.record(d.prefix_key, d.backend, d.prefill_blocks);
+        self.cached(d.prefix_key, d.backend, d.chain_blocks);
     }
-}
 
-/// Records `d` as the pick that made it would have been recorded.
-pub(super) fn observe(placer: &Placer, d: &RemoteDecision) {
-    let mut s = placer.lock();
-    let n = s.homes.loads().len();
-    if d.backend >= n {
-        return;
-    }
-    if let Some(h) = d.home.as_ref().filter(|h| h.backend < n) {
-        align(&mut s, d.prefix_key, h, n);
-    }
-    s.record(d.prefix_key, d.backend, d.prefill_blocks);
-    s.cached(d.prefix_key, d.backend, d.chain_blocks);
-}
-
-/// Takes the sender's home (and copies) for `key`.
-fn align(s: &mut State, key: u64, h: &HomeView, n: usize) {
-    // Homes change below: the balance stage's fleet summary is retaken.
-    s.fleet.set(None);
-    if s.home(key)
-        .is_none_or(|local| local.backend as usize != h.backend)
-    {
-        s.homes.set_home(key, h.backend, s.seq);
-    }
-    let want: Vec<usize> = h.copies.iter().copied().filter(|&c| c < n).collect();
-    let have: Vec<usize> = s.home(key).map_or_else(Vec::new, |l| view(s, &l).copies);
-    if have != want {
-        while s.homes.drop_copy(key).is_some() {}
-        for c in want {
-            s.homes.add_copy(key, c);
+    fn align(&mut self, key: u64, h: &HomeView, n: usize) {
+        // Homes change below: the fleet summary is retaken.
+        self.fleet.set(None);
+        if self
+            .home(key)
+            .is_none_or(|local| local.backend as usize != h.backend)
+        {
+            self.homes.set_home(key, h.backend, self.seq);
+        }
+        let want: Vec<usize> = h.copies.iter().copied().filter(|&c| c < n).collect();
+        let have: Vec<usize> = self
+            .home(key)
+            .map_or_else(Vec::new, |l| self.view(&l).copies);
+        if have != want {
+            while self.homes.drop_copy(key).is_some() {}
+            for c in want {
+                self.homes.add_copy(key, c);
+            }
         }
     }
 }
@@ -85,7 +73,7 @@ mod tests {
     use super::*;
     use crate::policy::test_util::*;
     use crate::policy::{
-        build_policy, KvAware, KvConfig, Learns, Loads, Policy, PolicyConfig, RouteInput, Strategy,
+        build_policy, KvAware, Learns, Loads, Policy, PolicyConfig, RouteInput, Strategy,
     };
 
     fn kv(n: usize) -> KvAware {

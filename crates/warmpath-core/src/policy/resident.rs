@@ -1,13 +1,9 @@
-//! What each backend of known capacity caches, as `kv_aware` predicts it
-//! (the eviction term, docs/kv.md): an LRU over prefix keys, each with the
-//! leading blocks of its chain, trimmed from the end as the engine's
-//! `prefix_cache` trims; fed by the router's decisions, corrected by each
-//! fresh index match.
+//! What each backend of known capacity caches, for the eviction term: an LRU over prefix
+//! keys that trims chains as the engine's `prefix_cache` does (proptest; docs/kv.md).
 
 use super::BackendLoad;
 use std::collections::{BTreeSet, HashMap};
 
-/// One backend's modelled cache.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Cache {
     capacity: u64,
@@ -20,7 +16,6 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
-    /// An empty cache of `capacity` blocks.
     pub(crate) fn new(capacity: u64) -> Self {
         Cache {
             capacity,
@@ -28,17 +23,14 @@ impl Cache {
         }
     }
 
-    /// Leading blocks of `key` held.
     pub(crate) fn held(&self, key: u64) -> u64 {
         self.held.get(&key).map_or(0, |h| h.0)
     }
 
-    /// Its capacity, in blocks.
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// Blocks held in all.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
         self.used
@@ -54,11 +46,8 @@ impl Cache {
         }
     }
 
-    /// Sets `key` to `blocks` held, used now or keeping its place.
-    fn set(&mut self, key: u64, blocks: u64, touch: bool) {
-        if touch {
-            self.touch(key);
-        }
+    /// Sets `key` to `blocks` held (a new entry is used now).
+    fn set(&mut self, key: u64, blocks: u64) {
         let tick = self.tick;
         match self.held.get_mut(&key) {
             Some(h) if blocks == 0 => {
@@ -79,29 +68,25 @@ impl Cache {
         }
     }
 
-    /// A request of `key` whose chain is `blocks` long ran here: it is used
-    /// now and held whole (up to the capacity), the least recently used
-    /// others trimmed from their ends to make room.
+    /// A request of `key`'s `blocks`-block chain ran here: the LRU others are trimmed for it.
     pub(crate) fn store(&mut self, key: u64, blocks: u64) {
         let blocks = blocks.min(self.capacity).max(self.held(key));
-        self.set(key, blocks, true);
+        self.touch(key);
+        self.set(key, blocks);
         while self.used > self.capacity {
             let Some((victim, trim)) = self.victims(key, 0).next() else {
                 break;
             };
-            let keep = self.held(victim) - trim;
-            self.set(victim, keep, false);
+            self.set(victim, self.held(victim) - trim);
         }
     }
 
-    /// The index saw `blocks` of `key`'s chain here: the model takes it
-    /// as the truth for that prefix (its place in the LRU stays).
+    /// The index saw `blocks` of `key`'s chain here: the truth (its place in the LRU stays).
     pub(crate) fn observe(&mut self, key: u64, blocks: u64) {
-        self.set(key, blocks.min(self.capacity), false);
+        self.set(key, blocks.min(self.capacity));
     }
 
-    /// `key`'s entry as it was before an [`Self::observe`] (which leaves
-    /// the tick and every other entry alone).
+    /// `key`'s entry as it was before an [`Self::observe`] (which touches nothing else).
     fn restore(&mut self, key: u64, entry: Option<(u64, u64)>, used: u64) {
         if let Some((_, t)) = self.held.remove(&key) {
             self.lru.remove(&(t, key));
@@ -113,14 +98,12 @@ impl Cache {
         self.used = used;
     }
 
-    /// Whether `blocks` more blocks (up to the capacity) fit without
-    /// trimming anything: then [`Self::victims`] yields nothing for any key.
+    /// Whether `blocks` more fit untrimmed: then [`Self::victims`] yields nothing for any key.
     pub(crate) fn has_room(&self, blocks: u64) -> bool {
         self.used + blocks.min(self.capacity) <= self.capacity
     }
 
-    /// What caching `blocks` blocks of `key` would trim here, least recently
-    /// used first: (prefix key, blocks trimmed). Nothing when it fits.
+    /// What caching `blocks` blocks of `key` would trim, LRU first: (prefix key, blocks trimmed).
     pub(crate) fn victims(&self, key: u64, blocks: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         let need = blocks.min(self.capacity).saturating_sub(self.held(key));
         let mut over = (self.used + need).saturating_sub(self.capacity);
@@ -138,9 +121,7 @@ impl Cache {
     }
 }
 
-/// The capacity `l`'s engine reports when it differs from `model`'s: the
-/// model must be made anew. `None` when it matches or none (or 0) is
-/// reported (a model stays without a report).
+/// The capacity `l` reports when it differs from `model`'s (none or 0 keeps the model).
 fn new_capacity(model: Option<&Cache>, l: &BackendLoad) -> Option<u64> {
     l.engine
         .and_then(|e| e.capacity_blocks)
@@ -151,13 +132,11 @@ fn new_capacity(model: Option<&Cache>, l: &BackendLoad) -> Option<u64> {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Resident {
     caches: Vec<Option<Cache>>,
-    /// Positions whose reported capacity may differ from their model's,
-    /// for the next [`Self::sync`] (see [`Self::note`]).
+    /// Positions whose reported capacity may differ from their model's (see [`Self::note`]).
     stale: Vec<u32>,
-    /// Whether every position was compared once since the models were
-    /// made; until then [`Self::sync`] compares them all.
+    /// Whether every position was compared once since the models were made.
     synced: bool,
-    /// While a preview runs: what it changed, to put back when it ends.
+    /// While a preview runs: what it changed.
     journal: Option<Journal>,
 }
 
@@ -166,7 +145,6 @@ pub(crate) struct Resident {
 pub(crate) struct Journal {
     stale: Vec<u32>,
     synced: bool,
-    /// In order, with the position each changed.
     changes: Vec<(u32, Change)>,
 }
 
@@ -180,7 +158,6 @@ enum Change {
 }
 
 impl Resident {
-    /// For backends of these capacities, in blocks.
     pub(crate) fn new(capacities: impl IntoIterator<Item = Option<u64>>) -> Self {
         Resident {
             caches: capacities.into_iter().map(|c| c.map(Cache::new)).collect(),
@@ -188,17 +165,15 @@ impl Resident {
         }
     }
 
-    /// The model of backend `b`, when its capacity is known.
     pub(crate) fn of(&self, b: usize) -> Option<&Cache> {
         self.caches.get(b).and_then(Option::as_ref)
     }
 
-    /// Mutable [`Self::of`].
     pub(crate) fn of_mut(&mut self, b: usize) -> Option<&mut Cache> {
         self.caches.get_mut(b).and_then(Option::as_mut)
     }
 
-    /// The index saw `blocks` of `key`'s chain on `b` ([`Cache::observe`]).
+    /// [`Cache::observe`], journaled.
     pub(crate) fn observe(&mut self, b: usize, key: u64, blocks: u64) {
         let Some(c) = self.caches.get_mut(b).and_then(Option::as_mut) else {
             return;
@@ -210,9 +185,7 @@ impl Resident {
         c.observe(key, blocks);
     }
 
-    /// From here until [`Self::rollback`] every change is journaled: a
-    /// preview learns what a commit would, then puts it back, at the cost
-    /// of the entries it touched, not a copy of every model.
+    /// From here until [`Self::rollback`] every change is journaled (a preview).
     pub(crate) fn begin(&mut self) {
         self.journal = Some(Journal {
             stale: self.stale.clone(),
@@ -230,24 +203,17 @@ impl Resident {
             let Some(slot) = self.caches.get_mut(b as usize) else {
                 continue;
             };
-            match change {
-                Change::Entry(key, entry, used) => {
-                    if let Some(c) = slot {
-                        c.restore(key, entry, used);
-                    }
-                }
-                Change::Model(model) => *slot = model,
+            match (change, slot) {
+                (Change::Entry(key, entry, used), Some(c)) => c.restore(key, entry, used),
+                (Change::Model(model), slot) => *slot = model,
+                (Change::Entry(..), None) => {}
             }
         }
         self.stale = j.stale;
         self.synced = j.synced;
     }
 
-    /// Takes note of the loads of a decision, `changed` the positions whose
-    /// load may differ from the last decision's (`None`: unknown, every
-    /// one): those whose reported capacity now differs from their model's
-    /// are applied at the next [`Self::sync`]. Why not at once: the models
-    /// follow the reports only where a decision reads them.
+    /// Notes changed capacities for the next [`Self::sync`] (models follow reports where read).
     pub(crate) fn note(&mut self, loads: &[BackendLoad], changed: Option<&[usize]>) {
         let Some(changed) = changed else {
             self.synced = false;
@@ -259,19 +225,14 @@ impl Resident {
                 self.stale.push(i as u32);
             }
         }
-        // Decisions that never sync (warm picks) let the list grow: past
-        // one entry per position a full compare is as cheap.
+        // Warm picks never sync: past one entry per position a full compare is as cheap.
         if self.stale.len() > self.caches.len() {
             self.stale.clear();
             self.synced = false;
         }
     }
 
-    /// Follows the capacities the engines report: a backend whose capacity
-    /// appears or changes gets a fresh, empty model (relearned from index
-    /// matches); one that reports none keeps the model it has. Compares
-    /// every position the first time and after a [`Self::note`] without a
-    /// change list, else only those noted.
+    /// A capacity that appears or changes gets a fresh, empty model (relearned from the index).
     pub(crate) fn sync(&mut self, loads: &[BackendLoad]) {
         if self.synced {
             for i in std::mem::take(&mut self.stale) {
@@ -299,9 +260,7 @@ impl Resident {
         }
     }
 
-    /// These models over a new membership: `from[j]` is the old position of
-    /// the new snapshot's backend `j`, whose model it keeps; a new backend
-    /// (`None`) starts empty at its capacity in `capacities`, when known.
+    /// Over a new membership: `from[j]` is `j`'s old position (`None`: new, empty).
     pub(crate) fn remap(
         &self,
         from: &[Option<usize>],
@@ -327,7 +286,6 @@ impl Resident {
         })
     }
 
-    /// Whether any backend is modelled.
     pub(crate) fn any(&self) -> bool {
         self.caches.iter().any(Option::is_some)
     }

@@ -1,80 +1,51 @@
-//! `kv_aware`'s tuning: its six knobs ([`KvConfig`]) and every named
-//! constant of `policy/` but the ring's, in one place, each with why it has
-//! its value; docs/kv.md lists them and a test keeps that list equal to
-//! this file.
-//!
-//! Knobs that were removed are still recognised by name, so a config that
-//! sets one is refused at start-up with its replacement
-//! ([`PolicyError::Removed`]) instead of being ignored.
+//! `kv_aware`'s knobs ([`KvConfig`]) and every named constant of `policy/` but the ring's;
+//! docs/kv.md lists them with their measured reasons (a test keeps the two equal).
 
 use super::PolicyError;
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer, Serialize};
 
-// The constants (docs/kv.md has each with its measured reason). `n` is the
-// number of backends: windows scale with it, so each backend waits the same
-// number of its own requests however large the fleet.
+// `n` is the number of backends: windows scale with it, the same per backend at any size.
 
-/// Decisions per backend of decay for pressure and popularity (`200 n`):
-/// about one pass over a `long` workload's 16 documents per backend, enough
-/// to rank backends by what they wrote, short enough to forget a document
-/// that stopped coming. (Formerly `kv.pressure_window`.)
+/// Decay of pressure and popularity (`200 n`): about one pass over a `long` workload's documents.
 pub(crate) const PRESSURE_WINDOW: f64 = 200.0;
 
-/// The part of `rebalance_slack` a copy's holder may carry above the mean
-/// from the copied prefix alone: the rest is left to its other homes and
-/// the noise of its share.
+/// A copy's holder carries this part of the slack, the rest left to its other homes and noise.
 pub(crate) const COPY_SLACK: f64 = 0.75;
 
-/// Requests of its own per holder a prefix must have brought before one
-/// more copy: before that its popularity is noise.
+/// Before 10 requests of its own per holder a prefix's popularity is noise, not worth a copy.
 pub(crate) const COPY_WARMUP: f64 = 10.0;
 
-/// Prefixes the home table remembers per backend: four times the `long`
-/// workload's 16 documents per backend, so the popular ones stay.
+/// Four times the `long` workload's 16 documents per backend, so the popular ones stay.
 pub(crate) const HOMES_PER_BACKEND: usize = 64;
 
-/// The home table's bounds, in prefixes: a few KiB however small the
-/// fleet, at most ~40 MiB (40-byte entries) however large, so memory stays
-/// bounded while `HOMES_PER_BACKEND` holds up to 16k backends.
+/// A few KiB however small the fleet, at most ~40 MiB (40-byte entries) however large.
 pub(crate) const HOME_TABLE_KEYS: (usize, usize) = (1024, 1 << 20);
 
-/// The home table's room for a fleet of `backends`.
 pub(crate) fn home_table_keys(backends: usize) -> usize {
     (HOMES_PER_BACKEND * backends.max(1)).clamp(HOME_TABLE_KEYS.0, HOME_TABLE_KEYS.1)
 }
 
-/// Decisions per backend a placement stays followed after it was made
-/// (`4 n`), with no prefill queued there: its blocks may not be published
-/// yet, and a repeat must not start a second cold copy elsewhere.
+/// A placement's blocks may be unpublished `4 n` decisions: repeats follow it, not copy it.
 pub(crate) const STICKY: u64 = 4;
 
-/// Ways of the home table's sets: enough that a hot prefix is not evicted
-/// by hash collisions, few enough that a lookup is one cache line.
+/// Enough ways that a hot prefix is not evicted by collisions, few enough for one cache line.
 pub(crate) const HOME_WAYS: usize = 4;
 
-/// Copies kept in a home table entry: three keep it at 40 bytes and cover
-/// every prefix of up to four even shares; the rest spill.
+/// Three inline copies keep an entry at 40 bytes and cover every prefix of up to four shares.
 pub(crate) const HOME_INLINE_COPIES: usize = 3;
 
-/// Cold placement's eviction band, in the prefix's blocks: narrower than
-/// the cost band of one prefix, since evicting a hotter prefix costs a miss
-/// on each of its returns, not one prefill.
+/// Narrower than the cost band, as evicting a hotter prefix costs a miss on each of its returns.
 pub(crate) const FIT_BAND: f64 = 0.125;
 
-/// A tail prefix concentrates only on backends at most this multiple of the
-/// mean expected load (the default slack's bound): beyond it the tail's
-/// queued cold prefills cost more TTFT than its churn costs elsewhere.
+/// Above this multiple of the mean load the tail's queued prefills cost more than its churn.
 pub(crate) const TAIL_LOAD_MAX: f64 = 1.4;
 
-/// A fleet summary (`rebalance::Fleet`) is reused for `n / 64` decisions: exact up to
-/// 127 backends; at 1000 it saves a pass per warm request while the mean
-/// moves by about `1 / (PRESSURE_WINDOW x 64)` of itself.
+/// Reusing the fleet summary `n / 64` decisions is exact to 127 backends, and cheap at 1000.
 pub(crate) const REUSE_BACKENDS: u64 = 64;
 
 /// `kv_aware`'s knobs (its cost formula: docs/kv.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "KvConfigFile")]
+#[serde(default, deny_unknown_fields)]
 pub struct KvConfig {
     /// Fewest matched blocks that count as a useful match (>= 1).
     pub min_match_blocks: u32,
@@ -83,16 +54,22 @@ pub struct KvConfig {
     /// Cost of one request in flight, in blocks (>= 0).
     pub decode_weight: f64,
     /// Extra cost of each block the backend must newly cache (>= 0): what
-    /// writing a second copy of a prefix costs the fleet's caches. At 0 a
-    /// request leaves a holder that has one cold prefill queued for an idle
-    /// backend whose full prefill takes as long; at 1 it stays unless the
-    /// holder's queue is about twice the request's own prefill.
+    /// writing a second copy of a prefix costs the fleet's caches.
     pub miss_weight: f64,
-    /// A prefix gets deliberate copies once its
-    /// popularity per holder exceeds the mean expected load by more than
-    /// `COPY_SLACK` times this fraction. 0..=10; `None` (null) turns
-    /// copies off. Default 0.4.
+    /// A prefix gets deliberate copies once its popularity per holder exceeds the mean expected
+    /// load by more than `COPY_SLACK` times this fraction. 0..=10; null turns copies off.
     pub rebalance_slack: Option<f64>,
+    /// Removed knobs, refused by name when set ([`REMOVED`]).
+    #[serde(skip_serializing)]
+    pub(crate) share_slack: Removed<0>,
+    #[serde(skip_serializing)]
+    pub(crate) pressure_window: Removed<1>,
+    #[serde(skip_serializing)]
+    pub(crate) placement_tolerance: Removed<2>,
+    #[serde(skip_serializing)]
+    pub(crate) cold_placement: Removed<3>,
+    #[serde(skip_serializing)]
+    pub(crate) rebalance_payback: Removed<4>,
 }
 
 impl Default for KvConfig {
@@ -103,6 +80,11 @@ impl Default for KvConfig {
             decode_weight: 2.0,
             miss_weight: 1.0,
             rebalance_slack: Some(0.4),
+            share_slack: Removed,
+            pressure_window: Removed,
+            placement_tolerance: Removed,
+            cold_placement: Removed,
+            rebalance_payback: Removed,
         }
     }
 }
@@ -115,13 +97,11 @@ impl KvConfig {
                 reason: "must be at least 1".into(),
             });
         }
-        if let Some(s) = self.rebalance_slack {
-            if !(0.0..=10.0).contains(&s) {
-                return Err(PolicyError::Invalid {
-                    name: "kv.rebalance_slack",
-                    reason: format!("{s} must be a number in 0..=10"),
-                });
-            }
+        if let Some(s) = self.rebalance_slack.filter(|s| !(0.0..=10.0).contains(s)) {
+            return Err(PolicyError::Invalid {
+                name: "kv.rebalance_slack",
+                reason: format!("{s} must be a number in 0..=10"),
+            });
         }
         for (name, v) in [
             ("kv.prefill_weight", self.prefill_weight),
@@ -139,96 +119,46 @@ impl KvConfig {
     }
 }
 
-/// The knobs as a config file spells them, removed ones included.
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct KvConfigFile {
-    min_match_blocks: u32,
-    prefill_weight: f64,
-    decode_weight: f64,
-    miss_weight: f64,
-    #[serde(deserialize_with = "present")]
-    cold_placement: bool,
-    rebalance_slack: Option<f64>,
-    #[serde(deserialize_with = "present")]
-    share_slack: bool,
-    #[serde(deserialize_with = "present")]
-    pressure_window: bool,
-    #[serde(deserialize_with = "present")]
-    placement_tolerance: bool,
-    #[serde(deserialize_with = "present")]
-    rebalance_payback: bool,
-}
+/// The removed knobs and what to do instead: a `Removed<I>` field refuses `REMOVED[I]`.
+const REMOVED: [(&str, &str); 5] = [
+    (
+        "kv.share_slack",
+        "kv_aware copies a prefix only when it is too hot for its holders; \
+         tune kv.rebalance_slack (default 0.4; lower copies sooner)",
+    ),
+    (
+        "kv.pressure_window",
+        "it is fixed at 200 decisions per backend; delete the line",
+    ),
+    (
+        "kv.placement_tolerance",
+        "cold placement's band is fixed at one prefix length; \
+         tune balance with kv.rebalance_slack",
+    ),
+    (
+        "kv.cold_placement",
+        "a cold prefix is always placed by the cost formula (`ring` lost 3-6 points \
+         of hit rate in every capacity cell); replicas share decisions instead \
+         (ingest.share_decisions, on by default); delete the line",
+    ),
+    (
+        "kv.rebalance_payback",
+        "the payback term was removed (it cost hit rate and TTFT); \
+         tune balance with kv.rebalance_slack (null turns copies off)",
+    ),
+];
 
-impl Default for KvConfigFile {
-    fn default() -> Self {
-        let d = KvConfig::default();
-        KvConfigFile {
-            min_match_blocks: d.min_match_blocks,
-            prefill_weight: d.prefill_weight,
-            decode_weight: d.decode_weight,
-            miss_weight: d.miss_weight,
-            cold_placement: false,
-            rebalance_slack: d.rebalance_slack,
-            share_slack: false,
-            pressure_window: false,
-            placement_tolerance: false,
-            rebalance_payback: false,
-        }
-    }
-}
+/// Removed knob `REMOVED[I]`: refused whatever its value (`null` included).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Removed<const I: usize>;
 
-/// True whenever the key is there, whatever its value (`null` included).
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    IgnoredAny::deserialize(d).map(|_| true)
-}
-
-impl TryFrom<KvConfigFile> for KvConfig {
-    type Error = PolicyError;
-
-    fn try_from(f: KvConfigFile) -> Result<Self, PolicyError> {
-        let removed = [
-            (
-                f.share_slack,
-                "kv.share_slack",
-                "kv_aware copies a prefix only when it is too hot for its holders; \
-                 tune kv.rebalance_slack (default 0.4; lower copies sooner)",
-            ),
-            (
-                f.pressure_window,
-                "kv.pressure_window",
-                "it is fixed at 200 decisions per backend; delete the line",
-            ),
-            (
-                f.placement_tolerance,
-                "kv.placement_tolerance",
-                "cold placement's band is fixed at one prefix length; \
-                 tune balance with kv.rebalance_slack",
-            ),
-            (
-                f.cold_placement,
-                "kv.cold_placement",
-                "a cold prefix is always placed by the cost formula (`ring` lost 3-6 points \
-                 of hit rate in every capacity cell); replicas share decisions instead \
-                 (ingest.share_decisions, on by default); delete the line",
-            ),
-            (
-                f.rebalance_payback,
-                "kv.rebalance_payback",
-                "the payback term was removed (it cost hit rate and TTFT); \
-                 tune balance with kv.rebalance_slack (null turns copies off)",
-            ),
-        ];
-        if let Some(&(_, name, instead)) = removed.iter().find(|r| r.0) {
-            return Err(PolicyError::Removed { name, instead });
-        }
-        Ok(KvConfig {
-            min_match_blocks: f.min_match_blocks,
-            prefill_weight: f.prefill_weight,
-            decode_weight: f.decode_weight,
-            miss_weight: f.miss_weight,
-            rebalance_slack: f.rebalance_slack,
-        })
+impl<'de, const I: usize> Deserialize<'de> for Removed<I> {
+    fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        let (name, instead) = REMOVED[I];
+        Err(serde::de::Error::custom(PolicyError::Removed {
+            name,
+            instead,
+        }))
     }
 }
 
