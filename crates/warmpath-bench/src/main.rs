@@ -391,49 +391,15 @@ async fn run_sim(a: SimArgs) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 struct ScaleArgs {
-    /// Simulated instances.
-    #[arg(long, default_value_t = 1000)]
-    instances: usize,
-    /// Requests per strategy.
-    #[arg(long, default_value_t = 1_000_000)]
-    requests: usize,
+    #[command(flatten)]
+    config: ScaleConfig,
     /// Strategies to run (comma separated), or `all`.
     #[arg(long, default_value = "all")]
     strategy: String,
-    /// Mean arrivals per second per instance.
-    #[arg(long, default_value_t = 4.0)]
-    rate_per_instance: f64,
-    /// Distinct documents.
-    #[arg(long, default_value_t = 8000)]
-    docs: usize,
-    /// Zipf exponent of document popularity.
-    #[arg(long, default_value_t = 0.8)]
-    zipf: f64,
-    /// Tokens per document.
-    #[arg(long, default_value_t = 8000)]
-    doc_tokens: usize,
-    /// Prefix cache capacity per instance, in blocks.
-    #[arg(long, default_value_t = 8192)]
-    cache_blocks: usize,
     /// Size the caches instead so that the fleet's total holds this
     /// multiple of the working set (every document once): 0.5, 0.9, 1.5.
     #[arg(long)]
     cache_ratio: Option<f64>,
-    /// Do not tell kv_aware the instances' cache capacity (no capacity
-    /// model, as with agents that do not report it).
-    #[arg(long)]
-    hide_capacity: bool,
-    /// RNG seed.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Router replicas, each request sent to one at random; they share the
-    /// index and the engines' load reports, nothing else.
-    #[arg(long, default_value_t = 1)]
-    routers: usize,
-    /// Replicas share each decision through the agents, arriving this many
-    /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
-    #[arg(long)]
-    share_delay_ms: Option<f64>,
     /// Print each instance's share of the requests (larger fleets than 64: how
     /// many instances are outside 0.5x-1.5x of an even share, over the whole
     /// run and over its second half, where the start's placements weigh less).
@@ -502,23 +468,9 @@ fn parse_slack(s: &str) -> anyhow::Result<Option<f64>> {
 }
 
 fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
-    let cfg = ScaleConfig {
-        instances: a.instances,
-        requests: a.requests,
-        rate_per_instance: a.rate_per_instance,
-        docs: a.docs,
-        zipf: a.zipf,
-        doc_tokens: a.doc_tokens,
-        cache_blocks: a.cache_blocks,
-        capacity_known: !a.hide_capacity,
-        seed: a.seed,
-        routers: a.routers,
-        share_delay_ms: a.share_delay_ms,
-        ..Default::default()
-    };
     let mut cfg = match a.cache_ratio {
-        Some(r) => cfg.with_cache_ratio(r),
-        None => cfg,
+        Some(r) => a.config.with_cache_ratio(r),
+        None => a.config,
     };
     a.kv.apply(&mut cfg.policy.kv)?;
     let mut reports = Vec::new();

@@ -1,7 +1,5 @@
-//! The offline trace model every hit-rate reference shares: the trace's
-//! requests, the fleet they assume, the in-flight limit they route under and
-//! the engine's cap on a hit. [`crate::optimum`] computes the Belady bound and
-//! reference over it, [`crate::lru_refs`] the references on LRU engines.
+//! The offline trace model every hit-rate reference shares: the requests,
+//! the fleet, the in-flight limit and the engine's cap on a hit.
 
 use std::collections::{BTreeSet, BinaryHeap};
 

@@ -1,17 +1,7 @@
-//! The time model of a simulated engine, shared by the socket simulator
-//! ([`crate::sim`]) and the socket-free scale simulation ([`crate::scale`]).
-//!
-//! - **Prefill**: one FIFO prefill queue per instance, one prompt at a time,
-//!   not chunked: `prefill_ms = prefill_base_ms + prefill_ms_per_token *
-//!   uncached_tokens`. The defaults make an 8000-token cold prefill take
-//!   ~200 ms and a warm one (only the ~50-token question and the recomputed
-//!   last block) ~15 ms: the ratio of the published 70B study.
-//! - **Decode**: after its prefill a request decodes one token per
-//!   `decode_step_ms`; decoding requests overlap (continuous batching) up to
-//!   `max_batch` at once; more wait for a slot. Decode does not slow prefill
-//!   (as with chunked prefill on a GPU with headroom) and the step time does
-//!   not grow with the batch: a deliberately simple model where the prefix
-//!   cache's effect shows in TTFT and prefill capacity, as in the study.
+//! The time model of a simulated engine, shared by [`crate::sim`] and
+//! [`crate::scale`]: one FIFO prefill queue, not chunked, `prefill_base_ms +
+//! prefill_ms_per_token × uncached tokens`; then one token per
+//! `decode_step_ms`, up to `max_batch` decoding at once, not slowing prefill.
 
 use crate::error::BenchError;
 use serde::{Deserialize, Serialize};

@@ -1,12 +1,5 @@
-//! Real engines for a comparison: `warmpath-engine` child processes (the
-//! candle Llama with its block-level prefix cache, `--tiny` random weights)
-//! instead of simulated instances (`compare --engine candle`).
-//!
-//! Each child binds HTTP and its ZMQ KV-event and replay sockets on
-//! 127.0.0.1 port 0 and prints the bound addresses on stdout; we read them
-//! from there. Its log (stderr) goes to a file beside the tokenizer folder,
-//! whose tail is quoted when a child fails to start. Children are killed when
-//! the fleet is shut down or dropped (`kill_on_drop`).
+//! `compare --engine candle`: `warmpath-engine --tiny` child processes
+//! instead of simulated instances.
 
 use super::child::{binary, spawn_ready};
 use crate::error::BenchError;

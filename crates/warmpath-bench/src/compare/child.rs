@@ -1,9 +1,7 @@
 //! Child processes of a comparison (router replicas, candle engines): each
-//! binds 127.0.0.1 port 0 and prints its bound addresses on stdout, which
-//! [`spawn_ready`] reads until the child says it is ready. Its log (stderr)
-//! goes to a file whose tail is quoted when it fails to start. A child is
-//! killed when its handle is dropped (`kill_on_drop`: an error or a panic on
-//! the way out leaves no orphan).
+//! prints its bound addresses on stdout, which [`spawn_ready`] reads; its
+//! stderr goes to a file quoted when it fails to start; `kill_on_drop`, so
+//! an error or a panic on the way out leaves no orphan.
 
 use crate::error::BenchError;
 use std::path::{Path, PathBuf};

@@ -1,18 +1,7 @@
-//! The load driver: replays a trace against an OpenAI endpoint (streaming,
-//! so TTFT is the first content chunk) and records one [`Sample`] per
-//! request.
-//!
-//! Requests are sent at their arrival times (open loop), except the turns of
-//! a conversation ([`TraceRequest::conversation`]), which are replayed like a
-//! chat client: turn `k + 1` goes out no earlier than its arrival **and** only
-//! once turn `k`'s answer is complete, with the answers the engine actually
-//! streamed in place of the trace's `assistant` messages. TTFT and e2e are
-//! measured from the moment a request is sent.
-//!
-//! With several router replicas ([`DriveConfig::urls`]) each request goes to
-//! one drawn uniformly at random (seeded, drawn in trace order, so a run is
-//! repeatable), as a client-side spread or a plain load balancer would; a
-//! conversation's turns draw independently.
+//! The load driver: replays a trace against an OpenAI endpoint (streaming, so
+//! TTFT is the first content chunk), open loop except conversations, replayed
+//! closed loop like a chat client ([`crate::workload::CONVERSATION_PREFIX`]);
+//! with several router replicas each request goes to a seeded-random one.
 
 use crate::workload::{ChatMessage, TraceRequest};
 use futures::StreamExt;

@@ -1,19 +1,6 @@
 //! `warmpath-bench compare` and the demo: the same trace once per strategy
-//! against the same loopback stack ([`stack`]: simulated instances, real
-//! agents, real router), with a cache reset between strategies.
-//!
-//! Per strategy: a main open-loop run at `rate` (hit rate, TTFT, e2e,
-//! throughput, shares, decisions, index fidelity), then a short rate search
-//! (`search_rates`, `search_step_s` each, caches left warm) whose highest rate
-//! with P90 TTFT under `slo_ms` and no failure is the goodput. Index fidelity
-//! compares, for every `fidelity_every`-th request, the blocks the router's
-//! `POST /cache-index/query` says the serving backend holds (asked just
-//! before sending) with the engine's `cached_tokens`.
-//!
-//! With `--routers R` the router runs as R processes ([`replicas`]), every
-//! agent streaming to all of them and each request sent to one at random
-//! ([`driver`]); what each replica served and the decisions it shared and
-//! received are in [`CompareOutcome::replicas`].
+//! against one stack ([`stack`]), caches reset between strategies: a main
+//! open-loop run, then a rate search for the goodput (docs/bench.md).
 
 mod bound;
 pub mod candle;

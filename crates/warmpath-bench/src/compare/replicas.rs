@@ -1,15 +1,6 @@
-//! Router replicas for `compare --routers R`: R real `warmpath-router`
-//! processes over the same pool, each with the configuration the in-process
-//! router would get (written as JSON, which the router's YAML loader reads,
-//! to a file in the stack's temporary folder), listening on 127.0.0.1 port 0.
-//!
-//! Each child prints its bound HTTP and gRPC addresses on stdout (`listening
-//! on URL`, `grpc listening on URL`); we read them from there. Its log
-//! (stderr) goes to `router-<i>.log` beside the config, whose tail is quoted
-//! when a child fails to start. The children are killed when the set is shut
-//! down or dropped (`kill_on_drop`: an error or a panic on the way out
-//! leaves no orphan; Ctrl-C reaches them through the terminal's process
-//! group as well).
+//! `compare --routers R`: R `warmpath-router` processes over the same pool,
+//! each with the in-process router's configuration written as JSON (which
+//! the router's YAML loader reads).
 
 use super::child::{binary, io, spawn_ready};
 use crate::error::BenchError;

@@ -1,16 +1,6 @@
-//! The stack a comparison runs against. Either started here on loopback —
-//! simulated instances ([`crate::sim`]) or real `warmpath-engine` processes
-//! ([`super::candle`]), one real agent per engine (events mode, following
-//! the engine's ZMQ events) and the real router, in this process through
-//! their libraries, or as R `warmpath-router` processes
-//! ([`super::replicas`], `compare --routers R`) that every agent streams to
-//! — or an already running router and engines the comparison only attaches
-//! to ([`AttachConfig`]).
-//!
-//! Either way a comparison only needs the routers' URLs (traffic, spread
-//! over them by the driver; the admin strategy switch, sent to all;
-//! `/cache-index/query`, asked of the replica the request goes to) and each
-//! engine's URL (`/reset_prefix_cache`, `/metrics`).
+//! The stack a comparison runs against: simulated or candle engines, one
+//! real agent each and the real router (in process or as R processes),
+//! started here on loopback, or a running router and engines attached to.
 
 use super::candle::{CandleConfig, CandleFleet, EngineShape};
 use super::replicas::{labelled_sum, router_binary, RouterProcesses};

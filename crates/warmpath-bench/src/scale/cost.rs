@@ -1,7 +1,5 @@
-//! Where a decision's routing time goes: hashing the request's chain,
-//! matching it against the index, and the pick, the last two also by
-//! decision kind. A scale report's total (`routing_us`) is their sum, so the
-//! parts say which one a change to the decision cost has to move.
+//! Where a decision's routing time goes: hashing, index match and pick, the
+//! last two also by decision kind.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -65,13 +63,7 @@ impl CostSums {
 
     /// The means.
     pub(super) fn report(&self) -> RoutingCost {
-        let mean = |d: Duration, n: u64| {
-            if n == 0 {
-                0.0
-            } else {
-                d.as_secs_f64() * 1e6 / n as f64
-            }
-        };
+        let mean = |d: Duration, n: u64| crate::stats::ratio(d.as_secs_f64() * 1e6, n as f64);
         RoutingCost {
             hash_us: mean(self.hash, self.decisions),
             match_us: mean(self.matching, self.decisions),

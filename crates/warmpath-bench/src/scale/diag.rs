@@ -1,22 +1,6 @@
 //! Where the scale run's uncached tokens come from, and what its slowest
-//! 10% of requests are (fleets of at most 64 instances).
-//!
-//! Each request's document is classified **when it is routed** (what the
-//! router could have known) and the class is kept when its prefill starts
-//! and the instance's cache is looked up:
-//! - `first_sight`: the document's first request anywhere (unavoidable);
-//! - `in_prefill`: no instance held it, an earlier request of it was still
-//!   queued or prefilling (its blocks not yet published);
-//! - `cached_elsewhere`: another instance held it, this one did not (the
-//!   policy moved it, for load or share);
-//! - `evicted_here`: the chosen instance held it when routed or had held it
-//!   before, and LRU evicted it;
-//! - `evicted_elsewhere`: no instance held it, others had before, and it
-//!   went to one that never had;
-//! - `trimmed`: the end of a document that hit on its first blocks only
-//!   (LRU had trimmed its last ones);
-//! - `question`: the uncached tail of a request whose document hit (no
-//!   router can cache a distinct question).
+//! 10% of requests are (fleets of at most 64 instances; the classes are in
+//! docs/bench.md, "The `scale` model").
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -156,11 +140,7 @@ impl Diagnosis {
         d.top10_from_ms = by_ttft
             .get(top.saturating_sub(1))
             .map_or(0.0, |s| s.ttft_ms);
-        d.top10_warm_wait_ms = if warm > 0 {
-            warm_wait / f64::from(warm)
-        } else {
-            0.0
-        };
+        d.top10_warm_wait_ms = crate::stats::ratio(warm_wait, f64::from(warm));
         d
     }
 

@@ -1,19 +1,6 @@
-//! The simulated instances of the scale run: a prefill queue, decode slots and
-//! a prefix cache kept at the granularity of chain *segments*.
-//!
-//! A segment is a run of consecutive blocks inserted together: a document's
-//! full blocks, or one request's own tail blocks (question), which hang off
-//! its document's last block. The cache is an LRU over segments with a
-//! capacity in blocks. Like vLLM, which evicts the least recently used
-//! *leaf* block first, eviction trims the least recently used segment from
-//! its end, only as many blocks as the new ones need: a document that lost
-//! its last blocks still hits on the blocks it kept, and its next request
-//! writes the missing ones back. A document's cached tails are leaves below
-//! its last block, so they go before it is trimmed, and a tail is cached
-//! only under its whole document: what an instance holds stays
-//! prefix-closed, as an engine's cache does, and the index is told so.
-//! Every store and removal is applied to the shared [`CacheIndex`] exactly
-//! as the agent would publish it.
+//! The simulated instances of the scale run: a prefill queue, decode slots
+//! and an LRU prefix cache kept per chain segment, mirrored into the index
+//! (docs/bench.md, "The `scale` model").
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use warmpath_core::{BlockHash, CacheIndex, IndexError, Tier, WorkerSlot};

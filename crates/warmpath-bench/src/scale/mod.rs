@@ -1,25 +1,6 @@
-//! `warmpath-bench scale`: a discrete-event simulation with no sockets that
-//! drives the real routing code — [`warmpath_core::hash`] to hash each
-//! request's chain, [`CacheIndex`] fed with every cache store and eviction,
-//! and the [`Policy`](warmpath_core::Policy) of each strategy — over a fleet
-//! too large for one machine to host (1000 instances, 1M requests by default).
-//!
-//! Workload: `long`-like. `docs` documents of `doc_tokens` tokens with Zipf
-//! popularity, each request a document plus a distinct `question_tokens`
-//! question, Poisson arrivals at `rate_per_instance * instances`. Tokens are
-//! synthetic ids (no tokenizer); the prefix key of `prefix_aware` is the
-//! document (the first characters of the text are the document's).
-//!
-//! Instances follow [`crate::timing`] (one prefill queue, overlapping decode up
-//! to `max_batch`) with a segment-granular LRU prefix cache ([`fleet`]). The
-//! index sees each change the moment it happens (an agent with zero latency),
-//! and the router's load view is exact (one router), and the policy is told
-//! each instance's cache capacity, as an agent reports it (`capacity_known`;
-//! `--hide-capacity` runs without the capacity model). Only `kv_aware` reads
-//! the index, so only its runs hash chains and keep the index up to date;
-//! the others route on the prefix key and load alone, as the router does. Routing cost is measured
-//! as wall time spent hashing, matching and picking, so "decisions per second"
-//! is per core.
+//! `warmpath-bench scale`: a socket-free discrete-event simulation that
+//! drives the real hashing, [`CacheIndex`] and policies over a fleet too large
+//! for one machine; the model is described in docs/bench.md ("scale").
 
 mod cost;
 mod diag;
@@ -30,7 +11,7 @@ pub use cost::{KindCost, RoutingCost};
 pub use diag::Diagnosis;
 
 use crate::error::BenchError;
-use crate::stats::{share_min_max, Summary};
+use crate::stats::{ratio, share_min_max, Summary};
 use crate::timing::TimeModel;
 use cost::CostSums;
 use diag::{DocState, Origin, Sample};
@@ -51,69 +32,69 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::dist::{unit_exp, Zipf};
 
-/// Settings of one scale run.
-#[derive(Clone, Debug, Serialize)]
+/// Settings of one scale run; its flags are `warmpath-bench scale`'s.
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct ScaleConfig {
     /// Simulated instances.
+    #[arg(long, default_value_t = 1000)]
     pub instances: usize,
-    /// Requests to route.
+    /// Requests per strategy.
+    #[arg(long, default_value_t = 1_000_000)]
     pub requests: usize,
     /// Mean arrivals per second per instance.
+    #[arg(long, default_value_t = 4.0)]
     pub rate_per_instance: f64,
     /// Distinct documents.
+    #[arg(long, default_value_t = 8000)]
     pub docs: usize,
     /// Zipf exponent of document popularity.
+    #[arg(long, default_value_t = 0.8)]
     pub zipf: f64,
     /// Tokens per document.
+    #[arg(long, default_value_t = 8000)]
     pub doc_tokens: usize,
-    /// Tokens per question.
-    pub question_tokens: usize,
-    /// Output tokens per request.
-    pub output_tokens: u32,
-    /// Tokens per block.
-    pub block_size: usize,
     /// Prefix cache capacity per instance, in blocks.
+    #[arg(long, default_value_t = 8192)]
     pub cache_blocks: usize,
-    /// Whether the policy is told each instance's capacity (as an agent
-    /// reports it); `false` runs `kv_aware` without its capacity model.
-    pub capacity_known: bool,
+    /// Do not tell kv_aware the instances' cache capacity (no capacity
+    /// model, as with agents that do not report it).
+    #[arg(long)]
+    pub hide_capacity: bool,
     /// RNG seed.
+    #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Router replicas, each request sent to one at random (see [`view`]).
+    /// Router replicas, each request sent to one at random; they share the
+    /// index and the engines' load reports, nothing else.
+    #[arg(long, default_value_t = 1)]
     pub routers: usize,
-    /// How often the agents report the engines' load to the replicas, ms.
-    pub load_report_ms: u64,
-    /// Replicas share each decision, this many ms after it (through the
-    /// agents, see [`view`]); `None`: they share nothing but the index and
-    /// the engines' load.
+    /// Replicas share each decision through the agents, arriving this many
+    /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
+    #[arg(long)]
     pub share_delay_ms: Option<f64>,
-    /// Engine time model.
+    #[arg(skip = 50usize)]
+    pub question_tokens: usize,
+    #[arg(skip = 32u32)]
+    pub output_tokens: u32,
+    #[arg(skip = 16usize)]
+    pub block_size: usize,
+    /// How often the agents report the engines' load to the replicas, ms.
+    #[arg(skip = 1000u64)]
+    pub load_report_ms: u64,
+    #[arg(skip)]
     pub time: TimeModel,
-    /// Policy knobs.
+    #[arg(skip)]
     pub policy: PolicyConfig,
 }
 
 impl Default for ScaleConfig {
+    /// The flags' defaults.
     fn default() -> Self {
-        ScaleConfig {
-            instances: 1000,
-            requests: 1_000_000,
-            rate_per_instance: 4.0,
-            docs: 8000,
-            zipf: 0.8,
-            doc_tokens: 8000,
-            question_tokens: 50,
-            output_tokens: 32,
-            block_size: 16,
-            cache_blocks: 8192,
-            capacity_known: true,
-            seed: 42,
-            routers: 1,
-            load_report_ms: 1000,
-            share_delay_ms: None,
-            time: TimeModel::default(),
-            policy: PolicyConfig::default(),
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            config: ScaleConfig,
         }
+        <Flags as clap::Parser>::parse_from(["scale"]).config
     }
 }
 
@@ -124,14 +105,13 @@ impl ScaleConfig {
     }
 
     /// Sizes each instance's cache so that the fleet's total holds `ratio`
-    /// x the working set (the capacity workloads: 0.5, 0.9, 1.5).
+    /// x the working set.
     pub fn with_cache_ratio(mut self, ratio: f64) -> Self {
         let total = ratio * self.working_set_blocks() as f64;
         self.cache_blocks = (total / self.instances.max(1) as f64).round().max(1.0) as usize;
         self
     }
 
-    /// Checks the ranges.
     pub fn validate(&self) -> Result<(), BenchError> {
         let bad = |what: &'static str, reason: &str| {
             Err(BenchError::Invalid {
@@ -172,34 +152,27 @@ impl ScaleConfig {
     }
 }
 
-/// What one strategy achieved.
+/// What one strategy achieved (`scale --json` writes a list of these).
 #[derive(Clone, Debug, Serialize)]
 pub struct ScaleReport {
-    /// The strategy.
     pub strategy: Strategy,
-    /// Router replicas.
     pub routers: usize,
-    /// Requests routed.
     pub requests: usize,
     /// Cached prompt tokens / prompt tokens.
     pub hit_rate: f64,
     /// Offline references on the same trace (see [`crate::optimum`]).
     pub optimum: Option<crate::optimum::Optimum>,
-    /// Time to first token, ms.
     pub ttft_ms: Summary,
-    /// End-to-end latency, ms.
     pub e2e_ms: Summary,
-    /// Smallest per-instance share of requests, %.
+    /// Smallest and largest per-instance share of requests, %.
     pub share_min_pct: f64,
-    /// Largest per-instance share of requests, %.
     pub share_max_pct: f64,
     /// Routing decisions per second of routing work (hash + match + pick), one core.
     pub decisions_per_s: f64,
     /// Mean routing work per request, µs.
     pub routing_us: f64,
-    /// Routing work per request, µs: p50, p90, p99 (mean as above).
+    /// Routing work per request, µs.
     pub routing_dist_us: Summary,
-    /// The mean routing work by part: hash, match, pick.
     pub routing_cost: RoutingCost,
     /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
@@ -207,7 +180,6 @@ pub struct ScaleReport {
     pub simulated_s: f64,
     /// Completed requests per simulated second.
     pub throughput_rps: f64,
-    /// Wall-clock seconds the run took.
     pub wall_s: f64,
     /// Distinct blocks in the index at the end.
     pub index_blocks: usize,
@@ -215,8 +187,7 @@ pub struct ScaleReport {
     pub served: Vec<u64>,
     /// The same, counting only the second half of the run's requests.
     pub served_late: Vec<u64>,
-    /// Where the uncached tokens came from and what the slowest 10% are
-    /// (fleets of at most 64 instances).
+    /// Fleets of at most 64 instances: where the uncached tokens came from.
     pub diagnosis: Option<Diagnosis>,
 }
 
@@ -238,7 +209,7 @@ enum Event {
     Arrival(usize),
     PrefillDone(usize),
     DecodeDone(usize),
-    /// A replica's shared fact reaches the others (see [`view`]).
+    /// A replica's shared fact reaches the others.
     Shared(usize),
 }
 
@@ -292,7 +263,6 @@ struct Sim<'a> {
     routing: Duration,
     /// Each request's routing work, µs.
     routing_each: Vec<f64>,
-    /// The routing work by part.
     cost: CostSums,
     decisions: BTreeMap<String, u64>,
     ttft: Vec<f64>,
@@ -324,7 +294,7 @@ impl<'a> Sim<'a> {
             backends.push(PolicyBackend {
                 id,
                 slot,
-                capacity_blocks: cfg.capacity_known.then_some(cfg.cache_blocks as u64),
+                capacity_blocks: (!cfg.hide_capacity).then_some(cfg.cache_blocks as u64),
             });
             fleet.push(Instance::new(slot, cfg.cache_blocks));
         }
@@ -426,10 +396,7 @@ impl<'a> Sim<'a> {
         // The agents' load reports reach every replica on their own timer,
         // outside the routing work.
         let fleet = &self.fleet;
-        let capacity = self
-            .cfg
-            .capacity_known
-            .then_some(self.cfg.cache_blocks as u64);
+        let capacity = (!self.cfg.hide_capacity).then_some(self.cfg.cache_blocks as u64);
         self.routers
             .report_engines(self.now, |i| fleet[i].in_flight, capacity);
         let t0 = Instant::now();
@@ -645,35 +612,19 @@ impl<'a> Sim<'a> {
             strategy: self.strategy,
             routers: self.cfg.routers,
             requests,
-            hit_rate: if self.prompt_sum == 0 {
-                0.0
-            } else {
-                self.cached_sum as f64 / self.prompt_sum as f64
-            },
+            hit_rate: ratio(self.cached_sum as f64, self.prompt_sum as f64),
             optimum: self.optimum(),
             ttft_ms: Summary::of(&self.ttft),
             e2e_ms: Summary::of(&self.e2e),
             share_min_pct,
             share_max_pct,
-            decisions_per_s: if routing_s > 0.0 {
-                requests as f64 / routing_s
-            } else {
-                0.0
-            },
-            routing_us: if requests > 0 {
-                routing_s * 1e6 / requests as f64
-            } else {
-                0.0
-            },
+            decisions_per_s: ratio(requests as f64, routing_s),
+            routing_us: ratio(routing_s * 1e6, requests as f64),
             routing_dist_us: Summary::of(&self.routing_each),
             routing_cost: self.cost.report(),
             decisions: self.decisions.clone(),
             simulated_s,
-            throughput_rps: if simulated_s > 0.0 {
-                requests as f64 / simulated_s
-            } else {
-                0.0
-            },
+            throughput_rps: ratio(requests as f64, simulated_s),
             wall_s,
             index_blocks: self.index.distinct_blocks(),
             served,

@@ -1,25 +1,6 @@
-//! Router replicas in the scale model (`--routers R`).
-//!
-//! Each replica has what a real router process has of its own: its policy
-//! state (placements, homes, popularity, copies), the requests it sent where
-//! and the prefill it predicts is still to compute there. What replicas share
-//! is what the agents give every router: the cache index (exact here, as
-//! with one router) and the engines' load, which an agent scrapes every
-//! `load_report_ms` (the agent's `--load-interval-ms`, 1 s by default) and
-//! streams to all of them. Each request goes to a replica chosen uniformly
-//! at random, as behind a client-side spread or a Kubernetes Service.
-//!
-//! With one router the engine view is left out, so one-router runs give
-//! exactly the figures they gave before replicas were modelled.
-//!
-//! With `--share-delay-ms D` the replicas also share each decision, as the
-//! router does through the agents (ARCHITECTURE.md, "Router replicas"): D ms
-//! after a replica's pick, every other replica counts the request in flight
-//! and its predicted prefill on the chosen instance and records the pick in
-//! its policy (`Learns::observe_remote`, with the sender's home); D ms after
-//! its first token the prefill is released there, D ms after its last token
-//! the request. Ties are then broken by an rng seeded by the prefix key, as
-//! the router does with sharing on, so replicas with the same state agree.
+//! Router replicas in the scale model (`--routers R`, docs/bench.md, "The
+//! `scale` model"): each replica's own policy and load view, the engines' load
+//! reports they share, and decisions shared after `--share-delay-ms`.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

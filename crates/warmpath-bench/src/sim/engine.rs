@@ -1,23 +1,9 @@
 //! One simulated engine: admission into a batch of `max_batch`, one FIFO
-//! prefill queue served by one task, a prefix cache with vLLM's semantics
-//! ([`PrefixCache`]), and the counters vLLM exports.
-//!
-//! A request's life, as [`SimEngine::admit`] and [`SimEngine::prefill`] drive it:
-//! 1. it waits for a batch slot (counted in `waiting`);
-//! 2. it waits in the prefill queue (still `waiting`), then the prefill task
-//!    looks up its cached prefix, sleeps `prefill_ms(uncached)`, caches every
-//!    full block of the prompt (publishing the events) and pins the blocks;
-//! 3. it decodes (`running`) while the HTTP layer paces the output tokens;
-//!    every block that decode fills (prompt + generated tokens) is cached,
-//!    pinned and published as it fills ([`SimEngine::decoded`]), as vLLM's
-//!    scheduler does (`KVCacheManager.allocate_slots` caches up to
-//!    `min(num_computed + num_new, request.num_tokens)` tokens each step);
-//! 4. dropping its [`Admission`] (end, error or client gone) unpins the blocks
-//!    and frees the slot.
-//!
-//! Every change of the cache and the publication of its events happen under
-//! one async lock, so the event stream is in the cache's order even when many
-//! requests decode at once.
+//! prefill queue served by one task, a prefix cache with vLLM's semantics,
+//! and the counters vLLM exports. Blocks that decode fills are cached and
+//! published as they fill, as vLLM's `allocate_slots` does. Every cache change
+//! and its events happen under one async lock, so the event stream is in the
+//! cache's order even when many requests decode at once.
 
 use crate::error::BenchError;
 use crate::timing::TimeModel;

@@ -1,10 +1,5 @@
-//! Publishing the simulated prefix cache's events exactly like vLLM, through
-//! the agent crate's real [`KvEventPublisher`] (ZMQ PUB + ROUTER replay, on
-//! ephemeral ports of 127.0.0.1): map form (vLLM >= 0.24), no topic, hashes
-//! as uint64, the `cache_salt` in block 0's `extra_keys`.
-//!
-//! One task per instance owns the publisher and sends the batches in order;
-//! it ends when the engine drops its sender or on shutdown.
+//! The simulated cache's events, published as vLLM does through the agent
+//! crate's [`KvEventPublisher`] (one task per instance, batches in order).
 
 use crate::error::BenchError;
 use tokio::sync::mpsc;

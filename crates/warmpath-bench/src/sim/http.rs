@@ -1,7 +1,5 @@
 //! The HTTP face of one simulated instance: the shared vLLM-compatible server
-//! ([`warmpath_openai`]) over a [`SimEngine`]. This module supplies only what
-//! the simulator does differently: admission, the timed prefill and decode,
-//! and its output tokens.
+//! ([`warmpath_openai`]) over a [`SimEngine`].
 
 use super::engine::{Admission, SimEngine};
 use super::output::{Output, OutputVocab};

@@ -1,37 +1,6 @@
-//! `warmpath-bench sim`: a fleet of simulated vLLM instances that behave like
-//! vLLM from the outside, so the real agent and router run against them
-//! unchanged.
-//!
-//! Each instance:
-//! - answers, through the shared server of [`warmpath_openai`] (this crate
-//!   supplies only the engine behind it), `POST /v1/chat/completions` and `/v1/completions` (streamed or
-//!   not), `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM's names:
-//!   `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-//!   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total` /
-//!   `vllm:prefix_cache_hits_total` in tokens, `vllm:cache_config_info`) and
-//!   `POST /reset_prefix_cache`;
-//! - tokenizes with a real tokenizer and chat template (the generated tiny one
-//!   by default, the same files the router uses);
-//! - keeps a block-level prefix cache with vLLM's semantics
-//!   ([`warmpath_core::prefix_cache`]: full blocks only, `cache_salt` salts
-//!   block 0, a full hit recomputes the last block, LRU eviction of leaves,
-//!   blocks of running requests pinned) and reports
-//!   `usage.prompt_tokens_details.cached_tokens`;
-//! - generates real token ids of its tokenizer ([`output`]) whose text a chat
-//!   client can send back as the assistant message and get the same ids, and
-//!   caches (and publishes) every block decode fills, as vLLM does, so the
-//!   next turn of a conversation hits the answer's blocks too;
-//! - publishes real KV events on ZMQ ([`events`]);
-//! - sets `TCP_NODELAY` on its connections, as vLLM's server (uvicorn on
-//!   asyncio) does.
-//!
-//! # Time model
-//! See [`crate::timing`]: admission into a batch of `max_batch` requests, one
-//! FIFO prefill queue per instance (not chunked: one prompt at a time),
-//! `prefill = c0 + k * uncached_tokens` (defaults: 8000 cold tokens ~200 ms,
-//! a warm 8000-token prompt ~15 ms), then one output token every
-//! `decode_step_ms`, overlapping across the batch. The first token is sent
-//! when prefill ends.
+//! `warmpath-bench sim`: simulated vLLM instances that behave like vLLM
+//! from the outside (HTTP API, metrics, prefix cache, KV events), so the real
+//! agent and router run against them unchanged (docs/bench.md, "Bench").
 
 mod engine;
 pub mod events;

@@ -1,20 +1,10 @@
-//! What a simulated engine "generates": real token ids of the served
-//! tokenizer, chosen so that the streamed text, sent back by a chat client as
-//! the assistant message, re-tokenizes to the very same ids.
-//!
-//! That round trip is what lets the next turn of a conversation hit the
-//! blocks decode filled (vLLM caches them, see [`super::engine`]). It holds
-//! for text made of:
-//! - a first token that decodes to ASCII letters only (the chat template
-//!   `trim`s the content, so a leading space would be lost);
-//! - then tokens that decode to one space + ASCII letters, and now and then a
-//!   lone `.` (never two in a row, never first);
-//!
-//! where every such token encodes back to itself alone. A byte-level BPE
-//! pre-tokenizer (Llama 3's, GPT-2's) splits such text exactly at these token
-//! boundaries (`Word`, ` word`, `.`), so encoding the text gives the ids back;
-//! [`OutputVocab::new`] keeps only tokens it has checked one by one, and the
-//! tests check whole chats through the template.
+//! What a simulated engine "generates": real token ids whose streamed text,
+//! sent back by a chat client as the assistant message, re-tokenizes to the
+//! same ids, so a conversation's next turn hits the blocks decode filled.
+//! That holds for a first token of ASCII letters (the template trims a
+//! leading space), then tokens of one space + letters and now and then a lone
+//! `.`, each encoding back to itself alone: a byte-level BPE pre-tokenizer
+//! splits such text exactly there.
 
 use crate::error::BenchError;
 use rand::rngs::SmallRng;

@@ -3,7 +3,7 @@
 //! `super::plot` the charts and the HTML page.
 
 use super::driver::Sample;
-use crate::stats::{share_min_max, Summary};
+use crate::stats::{ratio, share_min_max, Summary};
 use std::collections::BTreeMap;
 
 mod table;
@@ -52,11 +52,7 @@ pub fn aggregate(
         rate,
         requests: samples.len(),
         failures,
-        hit_rate: if prompt == 0 {
-            0.0
-        } else {
-            cached as f64 / prompt as f64
-        },
+        hit_rate: ratio(cached as f64, prompt as f64),
         engine_hit_rate: None,
         hit_ceiling: None,
         optimum: None,
