@@ -7,16 +7,10 @@ use thiserror::Error;
 pub enum BenchError {
     /// A setting or argument is out of range. Fix the input; not retryable.
     #[error("invalid {what}: {reason}")]
-    Invalid {
-        /// The setting.
-        what: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
+    Invalid { what: &'static str, reason: String },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
-        /// The file or folder.
         path: String,
         /// The OS error.
         #[source]
@@ -25,17 +19,14 @@ pub enum BenchError {
     /// A line of a JSONL trace is malformed (line 0: the whole trace).
     #[error("trace {origin}, line {line}: {reason}")]
     Trace {
-        /// The file.
         origin: String,
         /// 1-based line number.
         line: usize,
-        /// What is wrong.
         reason: String,
     },
     /// A listening socket could not be bound (port taken?). Retry with another port.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
-        /// The address.
         addr: String,
         /// The OS error.
         #[source]
@@ -55,18 +46,19 @@ pub enum BenchError {
     Tokenize(#[from] warmpath_core::tokenize::TokenizeError),
     /// An HTTP exchange with a fleet component failed. Usually retryable.
     #[error("HTTP {url}: {reason}")]
-    Http {
-        /// The URL.
-        url: String,
-        /// What went wrong.
-        reason: String,
-    },
+    Http { url: String, reason: String },
     /// A part of the fleet (engine, agent, router) failed to start or died.
     #[error("{what} failed: {reason}")]
-    Component {
-        /// Which part.
-        what: String,
-        /// What went wrong.
-        reason: String,
-    },
+    Component { what: String, reason: String },
+}
+
+/// `Ok` when `ok`, else [`BenchError::Invalid`].
+pub(crate) fn ensure(ok: bool, what: &'static str, reason: &str) -> Result<(), BenchError> {
+    match ok {
+        true => Ok(()),
+        false => Err(BenchError::Invalid {
+            what,
+            reason: reason.to_owned(),
+        }),
+    }
 }

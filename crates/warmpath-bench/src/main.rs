@@ -151,16 +151,10 @@ impl CompareArgs {
         if let Some(p) = self.prefix_tokens {
             workload.prefix_tokens = p;
         }
-        let search_rates = self
-            .search_rates
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| {
-                s.trim()
-                    .parse::<f64>()
-                    .with_context(|| format!("--search-rates: {s:?}"))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let search_rates = (self.search_rates.split(',').map(str::trim))
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().with_context(|| format!("--search-rates: {s:?}")))
+            .collect::<anyhow::Result<Vec<f64>>>()?;
         let engine = match self.engine.as_str() {
             "sim" => EngineKind::Sim,
             "candle" => {
@@ -176,17 +170,14 @@ impl CompareArgs {
             engines: self
                 .attach_engine
                 .iter()
-                .map(|e| match e.split_once('=') {
-                    Some((id, url)) => EngineEndpoint {
+                .map(|e| {
+                    // No id: shares are keyed by what the router reports,
+                    // with no zero entry for this engine.
+                    let (id, url) = e.split_once('=').unwrap_or(("", e));
+                    EngineEndpoint {
                         id: id.to_owned(),
                         url: url.trim_end_matches('/').to_owned(),
-                    },
-                    // Unknown worker id: shares are keyed by what the
-                    // router reports, with no zero entry for this one.
-                    None => EngineEndpoint {
-                        id: String::new(),
-                        url: e.trim_end_matches('/').to_owned(),
-                    },
+                    }
                 })
                 .collect(),
         });
@@ -228,15 +219,14 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
             c.cancel();
         }
     });
-    let what = match (&cfg.attach, &cfg.engine) {
-        (Some(a), _) => format!("router {} with {} engines", a.router_url, a.engines.len()),
-        (None, EngineKind::Sim) => format!(
-            "{} simulated instances + agents + {} on 127.0.0.1",
-            cfg.instances,
-            routers(&cfg.router)
-        ),
-        (None, EngineKind::Candle(_)) => format!(
-            "{} warmpath-engine (candle) processes + agents + {} on 127.0.0.1",
+    let engines = match cfg.engine {
+        EngineKind::Sim => "simulated instances",
+        EngineKind::Candle(_) => "warmpath-engine (candle) processes",
+    };
+    let what = match &cfg.attach {
+        Some(a) => format!("router {} with {} engines", a.router_url, a.engines.len()),
+        None => format!(
+            "{} {engines} + agents + {} on 127.0.0.1",
             cfg.instances,
             routers(&cfg.router)
         ),
@@ -272,17 +262,11 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
 
 /// `router`, `router process` or `3 router processes (sharing decisions)`.
 fn routers(k: &RouterKnobs) -> String {
+    let sharing = if k.share_decisions { "" } else { "not " };
     match (k.as_processes(), k.routers) {
         (false, _) => "router".to_owned(),
         (true, 1) => "router process".to_owned(),
-        (true, n) => format!(
-            "{n} router processes ({} decisions)",
-            if k.share_decisions {
-                "sharing"
-            } else {
-                "not sharing"
-            }
-        ),
+        (true, n) => format!("{n} router processes ({sharing}sharing decisions)"),
     }
 }
 
@@ -439,32 +423,22 @@ impl KvArgs {
     /// Lays the knobs given over `kv`.
     fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
         if let Some(s) = &self.cold_placement {
-            kv.cold_placement = parse_cold_placement(s)?;
+            kv.cold_placement = match s.as_str() {
+                "pressure" => ColdPlacement::Pressure,
+                "ring" => ColdPlacement::Ring,
+                other => anyhow::bail!("--cold-placement {other:?}: expected pressure or ring"),
+            };
         }
         if let Some(s) = &self.rebalance_slack {
-            kv.rebalance_slack = parse_slack(s)?;
+            kv.rebalance_slack = match s.as_str() {
+                "off" => None,
+                n => Some(n.parse().with_context(|| {
+                    format!("--rebalance-slack {n:?}: expected a number or off")
+                })?),
+            };
         }
         Ok(())
     }
-}
-
-fn parse_cold_placement(s: &str) -> anyhow::Result<ColdPlacement> {
-    match s {
-        "pressure" => Ok(ColdPlacement::Pressure),
-        "ring" => Ok(ColdPlacement::Ring),
-        other => anyhow::bail!("--cold-placement {other:?}: expected pressure or ring"),
-    }
-}
-
-/// `off` or a number.
-fn parse_slack(s: &str) -> anyhow::Result<Option<f64>> {
-    if s == "off" {
-        return Ok(None);
-    }
-    let v: f64 = s
-        .parse()
-        .with_context(|| format!("--rebalance-slack {s:?}: expected a number or off"))?;
-    Ok(Some(v))
 }
 
 fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {

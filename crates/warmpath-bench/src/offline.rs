@@ -19,11 +19,9 @@ pub struct OptRequest {
 /// The fleet the references assume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fleet {
-    /// Backends.
     pub backends: usize,
     /// Cache capacity of each, in blocks.
     pub cache_blocks: u64,
-    /// Tokens per block.
     pub block_size: u64,
     /// Requests in flight per backend before it counts as full.
     pub max_in_flight: usize,

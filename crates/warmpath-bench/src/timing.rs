@@ -3,7 +3,7 @@
 //! prefill_ms_per_token × uncached tokens`; then one token per
 //! `decode_step_ms`, up to `max_batch` decoding at once, not slowing prefill.
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use serde::{Deserialize, Serialize};
 
 /// See the module docs.
@@ -45,24 +45,14 @@ impl TimeModel {
 
     /// Checks the ranges (all finite and >= 0, `max_batch` >= 1).
     pub fn validate(&self) -> Result<(), BenchError> {
-        for (name, v) in [
-            ("prefill_base_ms", self.prefill_base_ms),
-            ("prefill_ms_per_token", self.prefill_ms_per_token),
-            ("decode_step_ms", self.decode_step_ms),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(BenchError::Invalid {
-                    what: "time model",
-                    reason: format!("{name} = {v} must be a finite number >= 0"),
-                });
-            }
-        }
-        if self.max_batch == 0 {
-            return Err(BenchError::Invalid {
-                what: "time model",
-                reason: "max_batch must be at least 1".into(),
-            });
-        }
+        let times = [
+            self.prefill_base_ms,
+            self.prefill_ms_per_token,
+            self.decode_step_ms,
+        ];
+        let why = "times must be finite numbers >= 0, max_batch at least 1";
+        let ok = times.iter().all(|v| v.is_finite() && *v >= 0.0) && self.max_batch > 0;
+        ensure(ok, "time model", why)?;
         Ok(())
     }
 

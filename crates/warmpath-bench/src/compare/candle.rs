@@ -11,7 +11,6 @@ use tokio::process::{Child, Command};
 /// How to start the real engines.
 #[derive(Clone, Debug, Serialize)]
 pub struct CandleConfig {
-    /// The `warmpath-engine` binary.
     pub binary: PathBuf,
     /// Longest prefill step in tokens (`--prefill-chunk`).
     pub prefill_chunk: usize,
@@ -40,11 +39,8 @@ impl CandleConfig {
 pub struct CandleInstance {
     /// Worker id (`candle-<i>`).
     pub id: String,
-    /// `http://` base URL.
     pub url: String,
-    /// ZMQ PUB endpoint of its KV events.
     pub kv_events: String,
-    /// ZMQ replay endpoint.
     pub kv_replay: Option<String>,
     child: Child,
 }
@@ -52,18 +48,14 @@ pub struct CandleInstance {
 /// A fleet of engine processes.
 #[derive(Debug)]
 pub struct CandleFleet {
-    /// The engines, in order.
     pub instances: Vec<CandleInstance>,
 }
 
 /// The settings every engine of a fleet shares.
 #[derive(Clone, Copy, Debug)]
 pub struct EngineShape<'a> {
-    /// Served model name.
     pub model: &'a str,
-    /// Tokens per block.
     pub block_size: usize,
-    /// Prefix cache capacity in blocks.
     pub cache_blocks: usize,
 }
 

@@ -35,7 +35,6 @@ pub struct Sample {
     pub prompt_tokens: u64,
     /// Cached prompt tokens (engine usage).
     pub cached_tokens: u64,
-    /// Output tokens.
     pub completion_tokens: u64,
     /// `x-warmpath-backend`.
     pub backend: Option<String>,
@@ -45,7 +44,6 @@ pub struct Sample {
     pub replica: usize,
     /// Blocks the router's index said the chosen backend holds (sampled).
     pub predicted_blocks: Option<u64>,
-    /// Why it failed.
     pub error: Option<String>,
 }
 
@@ -59,7 +57,6 @@ pub struct DriveConfig {
     pub spread_seed: u64,
     /// Ask `POST /cache-index/query` before every n-th request (0: never).
     pub fidelity_every: usize,
-    /// Per-request timeout.
     pub timeout: Duration,
     /// Bearer token of `/cache-index/query` (the router's admin token).
     pub inspect_token: Option<String>,
@@ -335,7 +332,7 @@ async fn one(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::sim::{start_instance, tiny_tokenizer, SimConfig};
+    use crate::sim::{tiny_tokenizer, Fleet, SimConfig};
     use crate::timing::TimeModel;
     use crate::workload::CONVERSATION_PREFIX;
 
@@ -382,9 +379,8 @@ mod tests {
             time: TimeModel::default().scaled(20.0),
             ..Default::default()
         };
-        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
-            .await
-            .unwrap();
+        let fleet = Fleet::start(1, &cfg, tiny_tokenizer().unwrap(), token.clone());
+        let inst = fleet.await.unwrap().instances.remove(0);
         let msgs = [("user", "Tell me about the sea.")];
         let trace = vec![
             turn(0.0, "a", &msgs, 4),
@@ -431,9 +427,8 @@ mod tests {
             cache_blocks: 1024,
             ..Default::default()
         };
-        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
-            .await
-            .unwrap();
+        let fleet = Fleet::start(1, &cfg, tiny_tokenizer().unwrap(), token.clone());
+        let inst = fleet.await.unwrap().instances.remove(0);
         let conv = format!("{CONVERSATION_PREFIX}7");
         let first = [
             ("system", "You are a helpful assistant."),

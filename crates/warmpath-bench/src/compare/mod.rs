@@ -12,7 +12,7 @@ pub mod replicas;
 pub mod report;
 pub mod stack;
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use crate::sim::SimConfig;
 use crate::workload::{self, rescale, TraceRequest, WorkloadSpec};
 use driver::{drive, DriveConfig};
@@ -57,20 +57,16 @@ pub struct CompareConfig {
     pub fidelity_every: usize,
     /// The router's policy settings (for a stack started here).
     pub router: RouterKnobs,
-    /// Output folder.
     pub out_dir: PathBuf,
-    /// Show progress bars.
     pub progress: bool,
 }
 
 /// What a comparison produced.
 #[derive(Debug)]
 pub struct CompareOutcome {
-    /// Per strategy.
     pub reports: Vec<StrategyReport>,
     /// The console's table (at most 120 columns; the full one is in the report).
     pub table: String,
-    /// The HTML report.
     pub html: PathBuf,
     /// Per router replica (one entry for a single router).
     pub replicas: Vec<ReplicaSummary>,
@@ -94,45 +90,35 @@ pub struct ReplicaSummary {
 
 impl CompareConfig {
     fn validate(&self) -> Result<(), BenchError> {
-        let bad = |what: &'static str, reason: &str| {
-            Err(BenchError::Invalid {
-                what,
-                reason: reason.into(),
-            })
-        };
-        if self.instances == 0 || self.instances > 256 {
-            return bad("instances", "must be in 1..=256");
-        }
-        if self.router.routers == 0 || self.router.routers > 16 {
-            return bad("routers", "must be in 1..=16");
-        }
-        if self.attach.is_some() && self.router.routers > 1 {
-            return bad(
-                "routers",
-                "replicas are started here: not with --attach-router",
-            );
-        }
-        if self.strategies.is_empty() {
-            return bad("strategies", "name at least one");
-        }
+        let routers = self.router.routers;
+        ensure(
+            (1..=256).contains(&self.instances),
+            "instances",
+            "must be in 1..=256",
+        )?;
+        ensure((1..=16).contains(&routers), "routers", "must be in 1..=16")?;
+        let why = "replicas are started here: not with --attach-router";
+        ensure(self.attach.is_none() || routers == 1, "routers", why)?;
+        ensure(
+            !self.strategies.is_empty(),
+            "strategies",
+            "name at least one",
+        )?;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
         for (what, v) in [
             ("duration", self.duration_s),
             ("rate", self.rate),
             ("slo", self.slo_ms),
         ] {
-            if !(v.is_finite() && v > 0.0) {
-                return bad(what, "must be a number > 0");
-            }
+            ensure(positive(v), what, "must be a number > 0")?;
         }
-        if self
-            .search_rates
-            .iter()
-            .any(|r| !(r.is_finite() && *r > 0.0))
-            || self.search_step_s.is_nan()
-            || self.search_step_s <= 0.0
-        {
-            return bad("rate search", "rates and step length must be > 0");
-        }
+        let search_ok =
+            self.search_rates.iter().all(|&r| positive(r)) && positive(self.search_step_s);
+        ensure(
+            search_ok,
+            "rate search",
+            "rates and step length must be > 0",
+        )?;
         Ok(())
     }
 

@@ -29,7 +29,6 @@ pub struct RouterProcess {
 /// The replicas of a comparison, in order.
 #[derive(Debug)]
 pub struct RouterProcesses {
-    /// The routers.
     pub replicas: Vec<RouterProcess>,
 }
 

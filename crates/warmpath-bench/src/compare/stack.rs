@@ -21,25 +21,18 @@ use warmpath_router::RunningRouter;
 /// replicas of it run where.
 #[derive(Clone, Debug, Serialize)]
 pub struct RouterKnobs {
-    /// `kv_aware` cost weights.
     pub kv: KvConfig,
-    /// Router replicas (1..=16). One runs in this process through the
-    /// router's library unless `processes`; more are `warmpath-router`
-    /// processes, each request sent to one at random, every agent streaming
-    /// to all.
+    /// Router replicas (1..=16); more than one run as processes.
     pub routers: usize,
     /// Run even a single router as a process (same costs as the replicas').
     pub processes: bool,
-    /// The `warmpath-router` binary of the processes (default: beside this
-    /// executable).
+    /// The `warmpath-router` binary (default: beside this executable).
     pub router_bin: Option<PathBuf>,
-    /// Replicas share each routing decision through the agents
-    /// (`ingest.share_decisions`, the router's default: on).
+    /// `ingest.share_decisions`.
     pub share_decisions: bool,
 }
 
 impl RouterKnobs {
-    /// Whether the routers run as processes.
     pub fn as_processes(&self) -> bool {
         self.processes || self.routers > 1
     }
@@ -60,45 +53,42 @@ impl Default for RouterKnobs {
 /// Which engines a stack started here runs.
 #[derive(Clone, Debug, Serialize)]
 pub enum EngineKind {
-    /// Simulated vLLM instances in this process.
     Sim,
-    /// `warmpath-engine` child processes (candle, tiny random Llama).
     Candle(CandleConfig),
 }
 
-/// An engine as the comparison sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EngineEndpoint {
     /// Worker id (what the router reports in `x-warmpath-backend`); empty
     /// when unknown (attach mode).
     pub id: String,
-    /// `http://` base URL.
     pub url: String,
 }
 
 /// A running router and engines to attach to.
 #[derive(Clone, Debug, Serialize)]
 pub struct AttachConfig {
-    /// The router's `http://` base URL.
     pub router_url: String,
     /// Bearer token of `PUT /admin/...` (never written to reports).
     #[serde(skip)]
     pub admin_token: Option<String>,
-    /// The pool's engines.
     pub engines: Vec<EngineEndpoint>,
 }
 
+#[derive(Debug)]
 enum Engines {
     Sim(Fleet),
     Candle(CandleFleet),
 }
 
+#[derive(Debug)]
 enum Routers {
     InProcess(Box<RunningRouter>),
     Processes(RouterProcesses),
 }
 
 /// What a stack started here owns.
+#[derive(Debug)]
 struct Owned {
     engines: Engines,
     routers: Routers,
@@ -107,27 +97,16 @@ struct Owned {
 }
 
 /// A router (or its replicas) and its engines, started here or attached to.
+#[derive(Debug)]
 pub struct Stack {
     /// `http://` base URL of the (first) router.
     pub router_url: String,
     /// `http://` base URLs of every router replica, the first one first.
     pub router_urls: Vec<String>,
-    /// The served model (the pool).
     pub model: String,
-    /// The engines.
     pub engines: Vec<EngineEndpoint>,
     admin_token: Option<String>,
     owned: Option<Owned>,
-}
-
-impl std::fmt::Debug for Stack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stack")
-            .field("router_urls", &self.router_urls)
-            .field("engines", &self.engines)
-            .field("owned", &self.owned.is_some())
-            .finish()
-    }
 }
 
 impl Drop for Stack {

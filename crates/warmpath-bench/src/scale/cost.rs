@@ -24,7 +24,6 @@ pub struct RoutingCost {
 /// The decisions of one kind and their mean match and pick times, µs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct KindCost {
-    /// Decisions of this kind.
     pub decisions: u64,
     /// Mean index match per decision, µs.
     pub match_us: f64,

@@ -32,7 +32,6 @@ impl Origin {
 /// Per-document state the classification needs.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DocState {
-    /// Requests routed so far.
     pub(crate) routed: u64,
     /// Requests routed whose prefill has not finished.
     pub(crate) pending: u32,
@@ -84,7 +83,6 @@ pub(crate) struct Sample {
 /// The breakdown of a run (see the module docs).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Diagnosis {
-    /// Prompt tokens in all.
     pub prompt_tokens: u64,
     /// Uncached tokens by class.
     pub uncached_tokens: BTreeMap<String, u64>,

@@ -26,15 +26,11 @@ pub(crate) struct Instance {
     capacity: usize,
     /// Requests waiting for prefill (indices into the run's request table).
     pub(crate) prefill_queue: VecDeque<usize>,
-    /// The request in prefill, if any.
     pub(crate) prefilling: Option<usize>,
-    /// Requests decoding.
     pub(crate) decoding: u32,
     /// Requests done with prefill, waiting for a decode slot.
     pub(crate) decode_wait: VecDeque<usize>,
-    /// Requests routed here and not finished.
     pub(crate) in_flight: u32,
-    /// Requests routed here in total.
     pub(crate) served: u64,
     /// Requests routed here from the run's second half on: the balance
     /// once the placements made before popularity was known weigh less.

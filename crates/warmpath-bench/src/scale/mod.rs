@@ -10,7 +10,7 @@ mod view;
 pub use cost::{KindCost, RoutingCost};
 pub use diag::Diagnosis;
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use crate::stats::{ratio, share_min_max, Summary};
 use crate::timing::TimeModel;
 use cost::CostSums;
@@ -113,39 +113,27 @@ impl ScaleConfig {
     }
 
     pub fn validate(&self) -> Result<(), BenchError> {
-        let bad = |what: &'static str, reason: &str| {
-            Err(BenchError::Invalid {
-                what,
-                reason: reason.to_owned(),
-            })
-        };
-        if self.instances == 0 || self.instances > 65_536 {
-            return bad("instances", "must be in 1..=65536");
-        }
-        if self.requests == 0 || self.docs == 0 || self.docs > u32::MAX as usize {
-            return bad("requests/docs", "must be at least 1");
-        }
-        if !(self.rate_per_instance.is_finite() && self.rate_per_instance > 0.0) {
-            return bad("rate_per_instance", "must be a number > 0");
-        }
-        if self.block_size == 0 || self.doc_tokens + self.question_tokens < 2 {
-            return bad(
-                "block_size/tokens",
-                "need a block size >= 1 and a 2-token prompt",
-            );
-        }
-        if self.output_tokens == 0 {
-            return bad("output_tokens", "must be at least 1");
-        }
-        if self.routers == 0 || self.routers > 64 {
-            return bad("routers", "must be in 1..=64");
-        }
-        if self
-            .share_delay_ms
-            .is_some_and(|d| !(d.is_finite() && d >= 0.0))
-        {
-            return bad("share_delay_ms", "must be a number >= 0");
-        }
+        let c = self;
+        ensure(
+            (1..=65_536).contains(&c.instances),
+            "instances",
+            "must be in 1..=65536",
+        )?;
+        let docs_ok = c.requests > 0 && c.docs > 0 && c.docs <= u32::MAX as usize;
+        ensure(docs_ok, "requests/docs", "must be at least 1")?;
+        let rate_ok = c.rate_per_instance.is_finite() && c.rate_per_instance > 0.0;
+        ensure(rate_ok, "rate_per_instance", "must be a number > 0")?;
+        let prompt_ok = c.block_size > 0 && c.doc_tokens + c.question_tokens >= 2;
+        let why = "need a block size >= 1 and a 2-token prompt";
+        ensure(prompt_ok, "block_size/tokens", why)?;
+        ensure(c.output_tokens > 0, "output_tokens", "must be at least 1")?;
+        ensure(
+            (1..=64).contains(&c.routers),
+            "routers",
+            "must be in 1..=64",
+        )?;
+        let delay_ok = c.share_delay_ms.is_none_or(|d| d.is_finite() && d >= 0.0);
+        ensure(delay_ok, "share_delay_ms", "must be a number >= 0")?;
         self.time.validate()?;
         self.policy.validate()?;
         Ok(())
@@ -174,7 +162,6 @@ pub struct ScaleReport {
     /// Routing work per request, µs.
     pub routing_dist_us: Summary,
     pub routing_cost: RoutingCost,
-    /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
     /// Simulated seconds from first arrival to last completion.
     pub simulated_s: f64,

@@ -28,11 +28,8 @@ pub struct EngineStats {
     pub prefix_queries: u64,
     /// Of those, cached.
     pub prefix_hits: u64,
-    /// Prompt tokens processed.
     pub prompt_tokens: u64,
-    /// Output tokens generated.
     pub generation_tokens: u64,
-    /// Requests finished.
     pub requests: u64,
 }
 
@@ -64,15 +61,15 @@ struct Job {
 /// A simulated engine; share it behind an `Arc`.
 #[derive(Debug)]
 pub struct SimEngine {
-    time: TimeModel,
+    pub(super) time: TimeModel,
     state: Arc<Mutex<State>>,
     slots: Arc<Semaphore>,
     queue: mpsc::Sender<Job>,
     events: mpsc::Sender<Vec<CacheEvent>>,
     /// Held while the cache changes and its events are sent.
     publish: Arc<tokio::sync::Mutex<()>>,
-    num_blocks: usize,
-    block_size: usize,
+    pub(super) num_blocks: usize,
+    pub(super) block_size: usize,
 }
 
 impl std::fmt::Debug for State {
@@ -150,22 +147,6 @@ impl SimEngine {
         }))
     }
 
-    /// The time model.
-    pub fn time(&self) -> &TimeModel {
-        &self.time
-    }
-
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Capacity in blocks.
-    pub fn num_blocks(&self) -> usize {
-        self.num_blocks
-    }
-
-    /// Current counters.
     pub fn stats(&self) -> EngineStats {
         let s = self.state.lock();
         EngineStats {

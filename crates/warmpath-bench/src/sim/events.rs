@@ -13,9 +13,7 @@ pub const QUEUE: usize = 1024;
 /// The bound endpoints of a running publisher.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoints {
-    /// PUB endpoint.
     pub events: String,
-    /// Replay (ROUTER) endpoint.
     pub replay: Option<String>,
 }
 

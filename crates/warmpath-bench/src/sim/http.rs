@@ -37,8 +37,8 @@ pub(crate) fn server_config(model: &str, engine: &SimEngine) -> ServerConfig {
     ServerConfig {
         model_name: model.to_owned(),
         max_model_len: MAX_MODEL_LEN,
-        block_size: engine.block_size(),
-        cache_blocks: engine.num_blocks(),
+        block_size: engine.block_size,
+        cache_blocks: engine.num_blocks,
         default_max_tokens: DEFAULT_MAX_TOKENS,
     }
 }
@@ -177,8 +177,8 @@ where
     F: FnMut(&str) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let bs = engine.block_size();
-    let step = Duration::from_secs_f64(engine.time().decode_step_ms / 1000.0);
+    let bs = engine.block_size;
+    let step = Duration::from_secs_f64(engine.time.decode_step_ms / 1000.0);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
     let mut seq = prompt;
     seq.reserve(out.ids.len());

@@ -15,7 +15,6 @@ pub use output::{Output, OutputVocab};
 use crate::error::BenchError;
 use crate::timing::TimeModel;
 use axum::serve::ListenerExt;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -67,14 +66,10 @@ pub struct SimInstance {
     pub id: String,
     /// Base URL, `http://127.0.0.1:PORT`.
     pub url: String,
-    /// The bound HTTP address.
-    pub http_addr: SocketAddr,
     /// ZMQ PUB endpoint of its KV events.
     pub kv_events: String,
     /// ZMQ replay endpoint.
     pub kv_replay: Option<String>,
-    /// The engine (for stats and resets without HTTP).
-    pub engine: Arc<SimEngine>,
     server: JoinHandle<()>,
 }
 
@@ -84,19 +79,7 @@ impl Drop for SimInstance {
     }
 }
 
-/// Starts instance `i` on ephemeral ports of 127.0.0.1; it lives until
-/// `shutdown`.
-pub async fn start_instance(
-    i: usize,
-    cfg: &SimConfig,
-    tokenizer: Arc<ChatTokenizer>,
-    shutdown: CancellationToken,
-) -> Result<SimInstance, BenchError> {
-    let output = Arc::new(OutputVocab::new(&tokenizer)?);
-    start_with(i, cfg, tokenizer, output, shutdown).await
-}
-
-async fn start_with(
+async fn start_one(
     i: usize,
     cfg: &SimConfig,
     tokenizer: Arc<ChatTokenizer>,
@@ -115,7 +98,7 @@ async fn start_with(
     let id = format!("sim-{i}");
     let state = Arc::new(http::AppState {
         config: http::server_config(&cfg.model, &engine),
-        engine: engine.clone(),
+        engine,
         tokenizer,
         events,
         output,
@@ -149,10 +132,8 @@ async fn start_with(
     Ok(SimInstance {
         id,
         url: format!("http://{http_addr}"),
-        http_addr,
         kv_events: endpoints.events,
         kv_replay: endpoints.replay,
-        engine,
         server,
     })
 }
@@ -165,7 +146,7 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `n` instances (as [`start_instance`]).
+    /// Starts `n` instances on ephemeral ports of 127.0.0.1, until `shutdown`.
     pub async fn start(
         n: usize,
         cfg: &SimConfig,
@@ -182,7 +163,7 @@ impl Fleet {
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
             let (tok, out) = (tokenizer.clone(), output.clone());
-            instances.push(start_with(i, cfg, tok, out, shutdown.clone()).await?);
+            instances.push(start_one(i, cfg, tok, out, shutdown.clone()).await?);
         }
         Ok(Fleet { instances })
     }

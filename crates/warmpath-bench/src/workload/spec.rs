@@ -1,6 +1,6 @@
 //! A workload's spec and the record of one request (generated or read from a trace).
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use serde::{Deserialize, Serialize};
 
 /// One chat message of a trace.
@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 pub struct ChatMessage {
     /// `system`, `user` or `assistant`.
     pub role: String,
-    /// The text.
     pub content: String,
 }
 
@@ -69,7 +68,6 @@ pub enum BadRecord {
 pub struct TraceRequest {
     /// Seconds from the start of the run.
     pub arrival: f64,
-    /// The model name.
     pub model: String,
     /// Chat messages (chat completions API); exclusive with `prompt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,17 +181,13 @@ pub enum WorkloadKind {
 /// Everything that determines a generated trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadSpec {
-    /// Which workload.
     pub kind: WorkloadKind,
     /// RNG seed: same seed, same requests.
     pub seed: u64,
     /// Mean arrivals per second (> 0).
     pub rate: f64,
-    /// Number of requests.
     pub requests: usize,
-    /// Model name put into every request.
     pub model: String,
-    /// Output tokens per request.
     pub max_tokens: u32,
     /// Shared prefixes (documents, files, conversations in parallel).
     pub docs: usize,
@@ -238,25 +232,21 @@ impl WorkloadSpec {
 
     /// Checks the ranges.
     pub fn validate(&self) -> Result<(), BenchError> {
-        let bad = |what: &'static str, reason: String| Err(BenchError::Invalid { what, reason });
-        if !(self.rate.is_finite() && self.rate > 0.0) {
-            return bad("rate", format!("{} must be a number > 0", self.rate));
-        }
-        if self.docs == 0 {
-            return bad("docs", "must be at least 1".into());
-        }
-        if self.tenants == 0 || self.tenants > 10_000 {
-            return bad("tenants", format!("{} is outside 1..=10000", self.tenants));
-        }
-        if self.max_tokens == 0 {
-            return bad("max_tokens", "must be at least 1".into());
-        }
-        if !(self.zipf.is_finite() && self.zipf >= 0.0) {
-            return bad("zipf", format!("{} must be a number >= 0", self.zipf));
-        }
-        if self.model.is_empty() {
-            return bad("model", "must not be empty".into());
-        }
+        ensure(
+            self.rate.is_finite() && self.rate > 0.0,
+            "rate",
+            "must be a number > 0",
+        )?;
+        ensure(self.docs > 0, "docs", "must be at least 1")?;
+        let tenants_ok = (1..=10_000).contains(&self.tenants);
+        ensure(tenants_ok, "tenants", "must be in 1..=10000")?;
+        ensure(self.max_tokens > 0, "max_tokens", "must be at least 1")?;
+        ensure(
+            self.zipf.is_finite() && self.zipf >= 0.0,
+            "zipf",
+            "must be a number >= 0",
+        )?;
+        ensure(!self.model.is_empty(), "model", "must not be empty")?;
         Ok(())
     }
 }

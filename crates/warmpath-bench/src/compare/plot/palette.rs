@@ -19,7 +19,6 @@ const DASHES: [&str; 5] = ["8 4", "3 3", "12 3 3 3", "1 3", "6 2 1 2"];
 /// How a series is drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Style {
-    /// The stroke or fill colour.
     pub(crate) color: &'static str,
     /// `stroke-dasharray`; `None` draws solid.
     pub(crate) dash: Option<&'static str>,

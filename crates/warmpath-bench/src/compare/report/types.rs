@@ -34,22 +34,17 @@ pub struct RatePoint {
     pub rate: f64,
     /// P90 TTFT at that rate, ms.
     pub ttft_p90_ms: f64,
-    /// Failed requests.
     pub failures: usize,
-    /// Whether the SLO held.
     pub ok: bool,
 }
 
 /// Everything measured for one strategy.
 #[derive(Clone, Debug, Serialize)]
 pub struct StrategyReport {
-    /// The strategy.
     pub strategy: String,
     /// Offered rate of the main run, req/s.
     pub rate: f64,
-    /// Requests sent.
     pub requests: usize,
-    /// Requests that failed.
     pub failures: usize,
     /// Cached prompt tokens / prompt tokens (engines' `cached_tokens`).
     pub hit_rate: f64,
@@ -67,9 +62,7 @@ pub struct StrategyReport {
     pub ttft_ms: Summary,
     /// End-to-end latency, ms.
     pub e2e_ms: Summary,
-    /// Completed requests per second.
     pub throughput_rps: f64,
-    /// Output tokens per second.
     pub output_tokens_per_s: f64,
     /// Smallest per-instance share, %.
     pub share_min_pct: f64,
@@ -79,11 +72,9 @@ pub struct StrategyReport {
     pub shares: BTreeMap<String, u64>,
     /// Requests per routing decision kind.
     pub decisions: BTreeMap<String, u64>,
-    /// Index fidelity (when sampled).
     pub fidelity: Option<Fidelity>,
     /// Highest searched rate with P90 TTFT under the SLO, req/s.
     pub goodput_rps: Option<f64>,
-    /// The rate search.
     pub rate_search: Vec<RatePoint>,
     /// (second, hit rate of requests completed in it).
     pub hit_over_time: Vec<(f64, f64)>,
