@@ -12,7 +12,6 @@ pub enum BenchError {
     #[error("{path}: {source}")]
     Io {
         path: String,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
@@ -28,7 +27,6 @@ pub enum BenchError {
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeSet, BinaryHeap};
 
-/// One request of the trace.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptRequest {
     /// Arrival, seconds.
@@ -50,7 +49,6 @@ impl InFlight {
         }
     }
 
-    /// Retires the requests done by `now`.
     pub(crate) fn advance(&mut self, now: f64) {
         while let Some(std::cmp::Reverse((OrdF64(t), b))) = self.running.peek().copied() {
             if t > now {
@@ -61,7 +59,6 @@ impl InFlight {
         }
     }
 
-    /// Requests in flight on `b`.
     pub(crate) fn of(&self, b: usize) -> usize {
         self.in_flight[b]
     }
@@ -73,7 +70,6 @@ impl InFlight {
         self.in_flight[b] < self.limit || self.in_flight[b] == least
     }
 
-    /// A request on `b` until `done`.
     pub(crate) fn start(&mut self, b: usize, done: f64) {
         self.shift(b, true);
         self.running.push(std::cmp::Reverse((OrdF64(done), b)));

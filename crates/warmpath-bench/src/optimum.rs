@@ -12,16 +12,11 @@ use std::collections::{BTreeSet, HashMap};
 pub struct Optimum {
     /// Pooled fleet cache, Belady's rule: an upper bound on any router.
     pub bound: f64,
-    /// Per-backend caches, Belady's rule, greedy routing under the in-flight
-    /// limit: a strong reference, not a bound.
+    /// Per-backend caches, Belady's rule, greedy routing: a reference.
     pub reference: f64,
-    /// Per-backend LRU caches, a greedy router that knows the whole trace
-    /// ([`crate::lru_refs`]): a reference, not a bound. `None` above
-    /// [`crate::lru_refs::MAX_BACKENDS`] backends or for items of several sizes.
+    /// Per-backend LRU caches, a greedy router that knows the trace ([`crate::lru_refs`]).
     pub lru_oracle: Option<f64>,
-    /// Per-backend LRU caches, the best fixed assignment of prefix groups
-    /// by popularity ([`crate::lru_refs`]): a reference, not a bound.
-    /// `None` as [`Self::lru_oracle`].
+    /// Per-backend LRU caches, the best pinned set ([`crate::lru_refs`]).
     pub lru_pinned: Option<f64>,
 }
 

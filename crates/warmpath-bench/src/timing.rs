@@ -6,7 +6,6 @@
 use crate::error::{ensure, BenchError};
 use serde::{Deserialize, Serialize};
 
-/// See the module docs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TimeModel {
     /// Constant cost of every prefill (scheduling, the first decode step), ms.

@@ -56,7 +56,6 @@ impl WordGen {
         WordGen { vocab }
     }
 
-    /// One word.
     pub fn word<R: Rng + ?Sized>(&self, rng: &mut R) -> &str {
         &self.vocab[rng.random_range(0..self.vocab.len())]
     }

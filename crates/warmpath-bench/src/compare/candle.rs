@@ -34,7 +34,6 @@ impl CandleConfig {
     }
 }
 
-/// One running engine process.
 #[derive(Debug)]
 pub struct CandleInstance {
     /// Worker id (`candle-<i>`).
@@ -45,7 +44,6 @@ pub struct CandleInstance {
     child: Child,
 }
 
-/// A fleet of engine processes.
 #[derive(Debug)]
 pub struct CandleFleet {
     pub instances: Vec<CandleInstance>,
@@ -60,8 +58,7 @@ pub struct EngineShape<'a> {
 }
 
 impl CandleFleet {
-    /// Starts `n` engines one after the other (loading is CPU-bound), logs
-    /// into `log_dir`.
+    /// Starts `n` engines one after the other (loading is CPU-bound).
     pub async fn start(
         n: usize,
         cfg: &CandleConfig,

@@ -25,13 +25,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::Strategy;
 
-/// Settings of a comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct CompareConfig {
     /// Engines to start (ignored when attaching).
     pub instances: usize,
-    /// The engines' model, block size, cache size (and, for simulated ones,
-    /// their time model).
+    /// The engines' model, block size, cache size and time model.
     pub sim: SimConfig,
     /// Simulated instances or real `warmpath-engine` processes.
     pub engine: EngineKind,
@@ -61,7 +59,6 @@ pub struct CompareConfig {
     pub progress: bool,
 }
 
-/// What a comparison produced.
 #[derive(Debug)]
 pub struct CompareOutcome {
     pub reports: Vec<StrategyReport>,
@@ -72,7 +69,6 @@ pub struct CompareOutcome {
     pub replicas: Vec<ReplicaSummary>,
 }
 
-/// What one router replica did over the whole comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplicaSummary {
     /// Its `http://` base URL.
@@ -81,8 +77,7 @@ pub struct ReplicaSummary {
     pub requests: u64,
     /// Those it answered without failure.
     pub served: u64,
-    /// Decision facts it sent to its backends' agents
-    /// (`warmpath_replica_facts_total{direction="sent"}`; None: not read).
+    /// Decision facts it sent (`None`: not read).
     pub facts_sent: Option<f64>,
     /// Facts of other replicas it received through the agents.
     pub facts_received: Option<f64>,
@@ -122,7 +117,6 @@ impl CompareConfig {
         Ok(())
     }
 
-    /// The base trace at `self.rate`, long enough for `duration_s`.
     fn base_trace(&self) -> Result<Vec<TraceRequest>, BenchError> {
         match &self.trace {
             Some(p) => workload::trace::read(p),
@@ -139,9 +133,9 @@ impl CompareConfig {
     }
 }
 
-/// Where the whole comparison stands, for the progress bars' labels: which
-/// strategy of how many, and when all of them should be done.
+/// The progress bars' labels: which strategy of how many, and when all end.
 struct Overall {
+    show: bool,
     started: std::time::Instant,
     strategies: usize,
     /// The planned seconds of one strategy (main run and rate search).
@@ -151,14 +145,14 @@ struct Overall {
 impl Overall {
     fn new(cfg: &CompareConfig) -> Self {
         Overall {
+            show: cfg.progress,
             started: std::time::Instant::now(),
             strategies: cfg.strategies.len(),
             planned_s: cfg.duration_s + cfg.search_rates.len() as f64 * cfg.search_step_s,
         }
     }
 
-    /// The label of a bar of strategy `k` (from 0): `[k+1/n] what, all done
-    /// in ~ETA`, the ETA measured on the strategies done, planned before.
+    /// `[k+1/n] what, all done in ~ETA`, measured on the strategies done.
     fn label(&self, k: usize, what: &str) -> String {
         let left = (self.strategies - k.min(self.strategies)) as f64;
         let per = match k {
@@ -172,6 +166,19 @@ impl Overall {
             clock(per * left)
         )
     }
+
+    /// A progress bar of `len` requests for strategy `k`, labelled as [`Self::label`].
+    fn bar(&self, k: usize, len: usize, what: &str) -> ProgressBar {
+        if !self.show {
+            return ProgressBar::hidden();
+        }
+        let style = ProgressStyle::with_template("{prefix} [{bar:24}] {pos}/{len} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        let pb = ProgressBar::new(len as u64).with_style(style);
+        pb.set_prefix(self.label(k, what));
+        pb
+    }
 }
 
 /// `1h02m`, `3m05s`, `42s`.
@@ -184,20 +191,6 @@ fn clock(seconds: f64) -> String {
     }
 }
 
-fn bar(show: bool, len: usize, label: String) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(len as u64);
-    let style = ProgressStyle::with_template("{prefix} [{bar:24}] {pos}/{len} eta {eta}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    pb.set_style(style);
-    pb.set_prefix(label);
-    pb
-}
-
-/// Runs the comparison and writes the report folder.
 pub async fn run(
     cfg: &CompareConfig,
     cancel: CancellationToken,
@@ -223,16 +216,17 @@ pub async fn run(
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
-        .map_err(|e| BenchError::Http {
-            url: stack.router_url.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| stack::http(&stack.router_url, e))?;
     let drive_cfg = DriveConfig {
         urls: stack.router_urls.clone(),
         spread_seed: cfg.workload.seed,
         fidelity_every: cfg.fidelity_every,
         timeout: Duration::from_secs(120),
         inspect_token: stack.admin_token().map(str::to_owned),
+    };
+    let search_cfg = DriveConfig {
+        fidelity_every: 0,
+        ..drive_cfg.clone()
     };
     let ids = stack.worker_ids();
     let bs = cfg.sim.block_size as u64;
@@ -267,11 +261,7 @@ pub async fn run(
         stack.set_strategy(&client, s).await?;
         stack.reset_caches(&client).await?;
         tracing::info!(strategy = %s, "main run");
-        let pb = bar(
-            cfg.progress,
-            base.len(),
-            overall.label(k, &format!("{s} @ {:.1} req/s", cfg.rate)),
-        );
+        let pb = overall.bar(k, base.len(), &format!("{s} @ {:.1} req/s", cfg.rate));
         let before = stack.engine_prefix_counters(&client).await;
         let samples = drive(&client, &drive_cfg, &base, &pb, &cancel).await;
         pb.finish();
@@ -292,22 +282,8 @@ pub async fn run(
             let n = ((rate * cfg.search_step_s).ceil() as usize).max(1);
             let step: Vec<TraceRequest> =
                 rescale(&base, cfg.rate, rate).into_iter().take(n).collect();
-            let pb = bar(
-                cfg.progress,
-                step.len(),
-                overall.label(k, &format!("{s} search @ {rate:.1} req/s")),
-            );
-            let samples = drive(
-                &client,
-                &DriveConfig {
-                    fidelity_every: 0,
-                    ..drive_cfg.clone()
-                },
-                &step,
-                &pb,
-                &cancel,
-            )
-            .await;
+            let pb = overall.bar(k, step.len(), &format!("{s} search @ {rate:.1} req/s"));
+            let samples = drive(&client, &search_cfg, &step, &pb, &cancel).await;
             pb.finish();
             tally(&samples);
             let a = aggregate(s.as_str(), rate, &samples, bs, &ids);
@@ -325,7 +301,7 @@ pub async fn run(
         reports.push(r);
     }
     let facts = stack.replica_facts(&client).await.ok();
-    let replicas = stack
+    let replicas: Vec<ReplicaSummary> = stack
         .router_urls
         .iter()
         .zip(&served)
@@ -340,13 +316,7 @@ pub async fn run(
         .collect();
     stack.shutdown().await;
     let settings = serde_json::to_value(cfg).unwrap_or_default();
-    let html = output::write_all(&cfg.out_dir, &reports, &settings, cfg.slo_ms)?;
-    let path = cfg.out_dir.join("replicas.json");
-    let text = serde_json::to_string_pretty(&replicas).unwrap_or_default();
-    std::fs::write(&path, text).map_err(|source| BenchError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let html = output::write_all(&cfg.out_dir, &reports, &replicas, &settings, cfg.slo_ms)?;
     Ok(CompareOutcome {
         table: report::console(&reports, cfg.slo_ms),
         reports,
@@ -362,6 +332,7 @@ mod tests {
     #[test]
     fn progress_labels_say_which_strategy_of_how_many_and_when_all_end() {
         let o = Overall {
+            show: false,
             started: std::time::Instant::now(),
             strategies: 4,
             planned_s: 50.0,

@@ -9,14 +9,12 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use warmpath_router::config::RouterConfig;
 
-/// The `warmpath-router` binary: `given`, else the one beside this
-/// executable.
+/// The `warmpath-router` binary: `given`, else the one beside this one.
 pub fn router_binary(given: Option<&Path>) -> Result<PathBuf, BenchError> {
     let build = "build it with `cargo build -p warmpath-router` (with `--release` for a release bench) or pass --router-bin";
     binary("warmpath-router", given, build)
 }
 
-/// One running router process.
 #[derive(Debug)]
 pub struct RouterProcess {
     /// `http://` base URL of its client port.
@@ -26,15 +24,14 @@ pub struct RouterProcess {
     child: Child,
 }
 
-/// The replicas of a comparison, in order.
 #[derive(Debug)]
 pub struct RouterProcesses {
     pub replicas: Vec<RouterProcess>,
 }
 
 impl RouterProcesses {
-    /// Starts `n` routers of `binary` ([`router_binary`]) over `config` (its
-    /// listeners are set to 127.0.0.1 port 0 here), configs and logs in `dir`.
+    /// Starts `n` routers of `binary` over `config` on 127.0.0.1 port 0,
+    /// configs and logs in `dir`.
     pub async fn start(
         n: usize,
         binary: &Path,

@@ -17,8 +17,7 @@ use warmpath_core::Strategy;
 use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 use warmpath_router::RunningRouter;
 
-/// The router's policy settings for a stack started here, and how many
-/// replicas of it run where.
+/// The router's policy settings for a stack started here, and its replicas.
 #[derive(Clone, Debug, Serialize)]
 pub struct RouterKnobs {
     pub kv: KvConfig,
@@ -87,7 +86,6 @@ enum Routers {
     Processes(RouterProcesses),
 }
 
-/// What a stack started here owns.
 #[derive(Debug)]
 struct Owned {
     engines: Engines,
@@ -280,8 +278,7 @@ impl Stack {
         })
     }
 
-    /// Known worker ids, in order (attached engines given without an id
-    /// are left out).
+    /// Known worker ids, in order.
     pub fn worker_ids(&self) -> Vec<String> {
         self.engines
             .iter()
@@ -290,12 +287,10 @@ impl Stack {
             .collect()
     }
 
-    /// The admin token this stack's router requires, if any.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref()
     }
 
-    /// `req` with the router's admin token, if any.
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.admin_token {
             Some(t) => req.bearer_auth(t),
@@ -433,8 +428,7 @@ impl Stack {
     }
 }
 
-/// The pool and router configuration of a stack started here (the same for
-/// the in-process router and every replica process).
+/// The pool and router configuration of a stack started here.
 fn router_config(
     sim: &SimConfig,
     strategy: Strategy,
@@ -464,7 +458,7 @@ fn router_config(
     config
 }
 
-fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
+pub(super) fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Http {
         url: url.to_owned(),
         reason: e.to_string(),

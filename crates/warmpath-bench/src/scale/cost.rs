@@ -8,14 +8,11 @@ use std::time::Duration;
 /// The mean routing time per decision, by part, µs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RoutingCost {
-    /// Hashing the chain (about 0, a clock read, for strategies that do
-    /// not read the index).
+    /// Hashing the chain (about 0 for strategies that do not read the index).
     pub hash_us: f64,
     /// `CacheIndex::longest_match` (about 0 likewise).
     pub match_us: f64,
-    /// Everything after the match: the replica's load view (one pass over
-    /// the backends, as the router builds it per request) and the policy's
-    /// pick.
+    /// Everything after the match: the load view and the policy's pick.
     pub pick_us: f64,
     /// Per decision kind (`cold`, `kv_match`, ...).
     pub by_kind: BTreeMap<String, KindCost>,
@@ -31,7 +28,6 @@ pub struct KindCost {
     pub pick_us: f64,
 }
 
-/// Sums the parts as decisions are made.
 #[derive(Debug, Default)]
 pub(super) struct CostSums {
     decisions: u64,
@@ -60,7 +56,6 @@ impl CostSums {
         k.2 += pick;
     }
 
-    /// The means.
     pub(super) fn report(&self) -> RoutingCost {
         let mean = |d: Duration, n: u64| crate::stats::ratio(d.as_secs_f64() * 1e6, n as f64);
         RoutingCost {

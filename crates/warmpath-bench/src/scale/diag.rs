@@ -40,8 +40,7 @@ pub(crate) struct DocState {
 }
 
 impl DocState {
-    /// The origin of a request routed to `chosen` when `holders` (bit per
-    /// instance) hold the document now.
+    /// The origin of a request routed to `chosen` when `holders` hold it now.
     pub(crate) fn origin(&self, chosen: usize, holders: u64) -> Origin {
         let me = 1u64 << chosen;
         if self.routed == 0 {
@@ -57,8 +56,7 @@ impl DocState {
         } else if self.pending > 0 {
             Origin::InPrefill
         } else {
-            // Routed before, never cached, nothing pending: cannot happen
-            // in this simulation (every prefill caches its document).
+            // Cannot happen: every prefill caches its document.
             Origin::EvictedElsewhere
         }
     }
@@ -75,8 +73,7 @@ pub(crate) struct Sample {
     pub(crate) ttft_ms: f64,
     /// Time queued before its own prefill started.
     pub(crate) wait_ms: f64,
-    /// A cold prefill on its instance ended after it arrived (it waited
-    /// behind one).
+    /// It queued behind a cold prefill on its instance.
     pub(crate) behind_cold: bool,
 }
 
@@ -88,9 +85,8 @@ pub struct Diagnosis {
     pub uncached_tokens: BTreeMap<String, u64>,
     /// Requests that missed their document, by class.
     pub missed_requests: BTreeMap<String, u64>,
-    /// The slowest 10% of requests by TTFT: requests by class (`warm` for a
-    /// document hit, `warm_behind_cold` for a hit that queued behind a cold
-    /// prefill on its instance).
+    /// The slowest 10% of requests by TTFT, by class (`warm`,
+    /// `warm_behind_cold`: a hit queued behind a cold prefill).
     pub top10_ttft: BTreeMap<String, u64>,
     /// The TTFT that starts the slowest 10% (the P90), ms.
     pub top10_from_ms: f64,
@@ -99,7 +95,6 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
-    /// Builds the breakdown from every finished request.
     pub(crate) fn of(samples: &[Sample], prompt_tokens: u64) -> Self {
         let mut d = Diagnosis {
             prompt_tokens,
@@ -142,7 +137,6 @@ impl Diagnosis {
         d
     }
 
-    /// One line per part, for the CLI.
     pub fn lines(&self) -> Vec<String> {
         let pct = |v: u64| 100.0 * v as f64 / self.prompt_tokens.max(1) as f64;
         let tokens: Vec<String> = self

@@ -17,7 +17,6 @@ struct Segment {
     children: HashSet<u64>,
 }
 
-/// One simulated instance.
 pub(crate) struct Instance {
     pub(crate) slot: WorkerSlot,
     segments: HashMap<u64, Segment>,
@@ -32,8 +31,7 @@ pub(crate) struct Instance {
     pub(crate) decode_wait: VecDeque<usize>,
     pub(crate) in_flight: u32,
     pub(crate) served: u64,
-    /// Requests routed here from the run's second half on: the balance
-    /// once the placements made before popularity was known weigh less.
+    /// Requests routed here in the run's second half.
     pub(crate) served_late: u64,
 }
 
@@ -55,8 +53,7 @@ impl Instance {
         }
     }
 
-    /// Leading blocks of segment `key` cached (0 when none); marks it used
-    /// at `tick` if any.
+    /// Leading blocks of segment `key` cached; marks it used at `tick`.
     pub(crate) fn touch(&mut self, key: u64, tick: u64) -> usize {
         let Some(seg) = self.segments.get_mut(&key) else {
             return 0;
@@ -72,13 +69,10 @@ impl Instance {
         self.segments.contains_key(&key)
     }
 
-    /// Caches segment `key` of `blocks` blocks (only the missing end when
-    /// part of it is cached; no-op when larger than the cache), trimming
-    /// least recently used segments first. `parent`: the segment it hangs
-    /// off and that segment's length; it is cached only under all of it.
-    /// With an `index`, `hashes` are the segment's blocks and every change
-    /// is mirrored into it; without one (strategies that never read the
-    /// index) only counts matter.
+    /// Caches segment `key` of `blocks` blocks (only the missing end),
+    /// trimming least recently used segments first; under `parent` (segment,
+    /// length) only when all of it is cached. With an `index`, every change
+    /// is mirrored into it.
     pub(crate) fn insert(
         &mut self,
         key: u64,
@@ -153,8 +147,7 @@ impl Instance {
         Ok(())
     }
 
-    /// Trims up to `trim` blocks from the end of segment `key`, dropping it
-    /// when none are left.
+    /// Trims up to `trim` blocks from the end of segment `key`.
     fn trim(
         &mut self,
         key: u64,
@@ -183,7 +176,6 @@ impl Instance {
         Ok(())
     }
 
-    /// Blocks cached now.
     #[cfg(test)]
     pub(crate) fn used_blocks(&self) -> usize {
         self.used_blocks

@@ -87,7 +87,6 @@ pub struct ScaleConfig {
 }
 
 impl Default for ScaleConfig {
-    /// The flags' defaults.
     fn default() -> Self {
         #[derive(clap::Parser)]
         struct Flags {
@@ -159,7 +158,6 @@ pub struct ScaleReport {
     pub decisions_per_s: f64,
     /// Mean routing work per request, µs.
     pub routing_us: f64,
-    /// Routing work per request, µs.
     pub routing_dist_us: Summary,
     pub routing_cost: RoutingCost,
     pub decisions: BTreeMap<String, u64>,
@@ -196,7 +194,6 @@ enum Event {
     Arrival(usize),
     PrefillDone(usize),
     DecodeDone(usize),
-    /// A replica's shared fact reaches the others.
     Shared(usize),
 }
 
@@ -333,7 +330,6 @@ impl<'a> Sim<'a> {
             .map(us)
     }
 
-    /// Sends replica `from`'s fact about instance `backend` to the others.
     fn share(&mut self, from: usize, backend: usize, phase: Phase) {
         let Some(delay) = self.share_delay_us() else {
             return;
@@ -373,15 +369,12 @@ impl<'a> Sim<'a> {
             self.schedule(self.now + (gap * 1e6) as u64 + 1, Event::Arrival(r + 1));
         }
         let doc = self.zipf.sample(&mut self.rng) as u32;
-        // The router's work: for kv_aware tokens are hashed into the chain
-        // and matched against the index; the other strategies never read it
-        // (their runs skip the hashing and the index upkeep).
+        // Only kv_aware reads the index: the others skip hashing and its upkeep.
         let kv = self.strategy == Strategy::KvAware;
         if kv {
             self.fill_tokens(doc, r as u32);
         }
-        // The agents' load reports reach every replica on their own timer,
-        // outside the routing work.
+        // The agents' load reports reach every replica, outside the routing work.
         let fleet = &self.fleet;
         let capacity = (!self.cfg.hide_capacity).then_some(self.cfg.cache_blocks as u64);
         self.routers

@@ -8,12 +8,10 @@ use warmpath_core::policy::{
     BackendLoad, Built, Decision, EngineLoad, Loads, PolicyError, RemoteDecision, RouteInput,
 };
 
-/// One replica's own state.
 pub(super) struct RouterView {
     pub(super) policy: Built,
     /// What this replica counts in flight and predicts to prefill per
-    /// instance, with the engines' last report; changed only through the
-    /// methods below, which note the positions for the next pick.
+    /// instance, with the engines' last report.
     loads: Vec<BackendLoad>,
     /// Positions whose load changed since the last pick.
     changed: Vec<usize>,
@@ -45,10 +43,8 @@ impl RouterView {
         self.changed.push(i);
     }
 
-    /// The policy's pick on these loads, told which positions changed
-    /// since its last one (`Loads::changed`: the same decision, no
-    /// pass over every load). `keyed`: ties go by the prefix key, so
-    /// replicas of one state agree.
+    /// The policy's pick, told which loads changed since its last one;
+    /// `keyed`: ties go by the prefix key, so replicas of one state agree.
     pub(super) fn pick(
         &mut self,
         input: &RouteInput<'_>,
@@ -72,8 +68,7 @@ impl RouterView {
     }
 }
 
-/// Every replica, the spread of requests over them and the agents' load
-/// reports.
+/// Every replica, the spread of requests over them and the load reports.
 pub(super) struct Replicas {
     pub(super) views: Vec<RouterView>,
     spread: SmallRng,
@@ -83,8 +78,7 @@ pub(super) struct Replicas {
     facts: Vec<Option<Fact>>,
 }
 
-/// Which part of a request's life a shared fact tells (the router's
-/// `start`, `prefilled` and `finished` phases).
+/// Which part of a request's life a shared fact tells.
 #[derive(Clone, Debug)]
 pub(super) enum Phase {
     /// Routed: the pick, and its predicted prefill blocks.
@@ -104,8 +98,7 @@ pub(super) struct Fact {
 }
 
 impl Replicas {
-    /// `policies` are built from the same snapshot, one per replica; the
-    /// first replica's rng is seeded as the one router's always was.
+    /// One policy per replica, built from the same snapshot.
     pub(super) fn new(
         policies: Vec<Built>,
         instances: usize,
@@ -167,7 +160,6 @@ impl Replicas {
         }
     }
 
-    /// The replica that takes the next request.
     pub(super) fn choose(&mut self) -> usize {
         match self.views.len() {
             0 | 1 => 0,
@@ -175,9 +167,8 @@ impl Replicas {
         }
     }
 
-    /// Publishes the engines' load to every replica when a report is due
-    /// (never with one router). `in_flight[i]` is what instance `i` holds,
-    /// running or waiting, as vLLM's metrics count it.
+    /// Publishes the engines' load (running or waiting) to every replica
+    /// when a report is due (never with one router).
     pub(super) fn report_engines(
         &mut self,
         now_us: u64,

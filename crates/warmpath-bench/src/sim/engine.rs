@@ -58,7 +58,6 @@ struct Job {
     done: oneshot::Sender<usize>,
 }
 
-/// A simulated engine; share it behind an `Arc`.
 #[derive(Debug)]
 pub struct SimEngine {
     pub(super) time: TimeModel,
@@ -79,8 +78,7 @@ impl std::fmt::Debug for State {
 }
 
 /// A request's place in the engine; dropping it (end, error or client gone)
-/// unpins its blocks and frees its slot. All bookkeeping happens under the
-/// engine's one lock, so a drop racing the prefill task is consistent.
+/// unpins its blocks and frees its slot, under the engine's one lock.
 #[derive(Debug)]
 pub struct Admission {
     state: Arc<Mutex<State>>,
@@ -106,8 +104,7 @@ impl Drop for Admission {
 }
 
 impl SimEngine {
-    /// Starts an engine whose prefill task lives until `shutdown`; cache
-    /// events go to `events` (bounded; the prefill task waits for room).
+    /// Starts an engine whose prefill task lives until `shutdown`.
     pub fn start(
         time: TimeModel,
         block_size: usize,
@@ -186,8 +183,7 @@ impl SimEngine {
     }
 
     /// Queues the prompt for prefill and waits until it is done; returns the
-    /// prompt tokens served from the cache. The request counts as `running`
-    /// from its prefill on.
+    /// prompt tokens served from the cache.
     pub async fn prefill(
         &self,
         adm: &Admission,
@@ -209,13 +205,9 @@ impl SimEngine {
         rx.await.map_err(|_| gone())
     }
 
-    /// Decode has computed the KV of `computed` (the prompt and the output
-    /// tokens fed back so far): caches, pins and publishes the blocks that
-    /// became full since the last call, chained on the request's earlier
-    /// blocks (one `BlockStored` with the previous block as parent, as vLLM).
-    /// Does nothing until a new block is full, or for a request that is not
-    /// running. A block that cannot be cached (every other block pinned) is
-    /// left out, as the prompt's are.
+    /// Decode has computed the KV of `computed`: caches, pins and publishes
+    /// the blocks that became full since the last call, chained on the
+    /// request's earlier ones, as vLLM does; nothing for a request not running.
     pub async fn decoded(&self, adm: &Admission, computed: &[u32]) -> Result<(), BenchError> {
         let full = computed.len() / self.block_size;
         let _order = self.publish.lock().await;
@@ -244,7 +236,6 @@ impl SimEngine {
         Ok(())
     }
 
-    /// Counts a finished request and its output tokens.
     pub fn finished(&self, prompt_tokens: usize, output_tokens: usize) {
         let mut s = self.state.lock();
         s.stats.requests += 1;
@@ -252,8 +243,7 @@ impl SimEngine {
         s.stats.generation_tokens += output_tokens as u64;
     }
 
-    /// Drops every cached block (vLLM's `reset_prefix_cache`); refused while
-    /// requests hold blocks.
+    /// Drops every cached block; refused while requests hold blocks.
     pub async fn reset(&self, events: &mpsc::Sender<Vec<CacheEvent>>) -> Result<(), BenchError> {
         let _order = self.publish.lock().await;
         let evs = self.state.lock().cache.clear()?;

@@ -17,8 +17,8 @@ pub struct Endpoints {
     pub replay: Option<String>,
 }
 
-/// Binds a publisher (with a replay endpoint if `replay`) and starts the
-/// task that feeds it; returns the sender the engine writes batches to.
+/// Binds a publisher and starts the task that feeds it; returns the sender
+/// the engine writes batches to.
 pub async fn start(
     replay: bool,
     shutdown: CancellationToken,

@@ -21,7 +21,6 @@ pub(super) const MAX_MODEL_LEN: usize = 65_536;
 /// Output tokens when the request does not say.
 pub(super) const DEFAULT_MAX_TOKENS: usize = 16;
 
-/// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct AppState {
     pub(crate) config: ServerConfig,
@@ -123,8 +122,7 @@ struct Work {
     seed: u64,
 }
 
-/// Prefills, then decodes the output into `tx`; stops as soon as the
-/// receiver is gone (the client left: `adm` drops, the slot is freed).
+/// Prefills, then decodes the output into `tx`; stops when the client left.
 async fn produce(
     engine: &SimEngine,
     output: &OutputVocab,
@@ -160,12 +158,10 @@ async fn produce(
         .await;
 }
 
-/// Decodes `out` after the prefill: the first token right away (it comes out
-/// of the prefill), then one per decode step, each handed to `emit` (which
-/// answers false when the client left: stop). Step `i` feeds token `i - 1`
-/// back, so its KV is computed then, and every block that fills is cached
-/// and published (the last token's KV is never computed, as in vLLM).
-/// Returns whether every token was emitted.
+/// Decodes `out` after the prefill, one token per step, each handed to
+/// `emit` (false: the client left). Step `i` feeds token `i - 1` back, caching
+/// every block that fills (the last token's KV is never computed, as in
+/// vLLM). Returns whether every token was emitted.
 async fn decode<F, Fut>(
     engine: &SimEngine,
     adm: &Admission,

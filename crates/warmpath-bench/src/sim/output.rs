@@ -35,7 +35,6 @@ pub struct Output {
 }
 
 impl Output {
-    /// The whole text.
     pub fn text(&self) -> String {
         self.pieces.concat()
     }
@@ -46,8 +45,7 @@ fn letters(s: &str) -> bool {
 }
 
 impl OutputVocab {
-    /// Scans the tokenizer's vocabulary for tokens that round-trip (see the
-    /// module docs). Fails when it has none of either kind.
+    /// Scans the vocabulary for tokens that round-trip (see the module docs).
     pub fn new(tok: &ChatTokenizer) -> Result<Self, BenchError> {
         let inner_tok = tok.tokenizer();
         let size = u32::try_from(inner_tok.get_vocab_size(true)).unwrap_or(u32::MAX);
@@ -90,7 +88,6 @@ impl OutputVocab {
         Ok(v)
     }
 
-    /// Usable (first, inner) token counts.
     pub fn sizes(&self) -> (usize, usize) {
         (self.first.len(), self.inner.len())
     }

@@ -131,8 +131,7 @@ impl Gen<'_> {
             conv.history.push(ChatMessage::new("user", user));
             let mut r = self.request(format!("{CONVERSATION_PREFIX}{}", conv.id));
             r.messages = Some(conv.history.clone());
-            // The answer this turn asks for; replayed closed loop, the next
-            // turn carries the engine's real answer instead of `reply`.
+            // Replayed closed loop, the next turn carries the real answer.
             r.max_tokens = reply_tokens as u32;
             out.push(r);
             // The next turn resends this one plus the assistant's answer.

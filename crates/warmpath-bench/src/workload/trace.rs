@@ -38,7 +38,6 @@ pub fn read_from(reader: impl BufRead, origin: &str) -> Result<Vec<TraceRequest>
     Ok(out)
 }
 
-/// Reads a JSONL trace file.
 pub fn read(path: &Path) -> Result<Vec<TraceRequest>, BenchError> {
     let f = std::fs::File::open(path).map_err(|e| BenchError::Io {
         path: path.display().to_string(),

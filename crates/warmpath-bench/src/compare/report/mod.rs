@@ -106,15 +106,11 @@ fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
     Some(f)
 }
 
-/// The hit rate ceiling of a trace: every request whose prefix group
-/// (document, conversation, file) was seen before gets, at best, the full
-/// blocks of the group's previous prompt (capped as the engine caps it: the
-/// last prompt token is always recomputed); first requests of a group get
-/// nothing. Prompt sizes are the engines' own (`usage.prompt_tokens`) of the
-/// `samples` (trace order). An upper bound: for `long` the previous prompt's
-/// own question is counted as shareable (a few blocks of ~500); for a
-/// conversation (`short`, replayed closed loop) the previous turn's prompt
-/// and answer are exactly the shared prefix. `None` without groups.
+/// The hit rate ceiling of a trace: every request whose prefix group was
+/// seen before gets, at best, the full blocks of the group's previous prompt
+/// (and, in a conversation, answer), capped as the engine caps it; first
+/// requests get nothing. Prompt sizes are the engines' (`samples`, trace
+/// order). `None` without groups.
 pub fn hit_ceiling(
     trace: &[crate::workload::TraceRequest],
     samples: &[Sample],
@@ -139,9 +135,7 @@ pub fn hit_ceiling(
         if let Some(&prev) = last.get(g) {
             best += (prev / bs * bs).min(cap);
         }
-        // A conversation's next turn resends this prompt and this answer,
-        // whose blocks decode filled; the answer's last token is never
-        // computed, so at most prompt + answer - 1 tokens can be cached.
+        // The answer's last token is never computed.
         let reusable = if trace[i].conversation().is_some() {
             s.prompt_tokens + s.completion_tokens.saturating_sub(1)
         } else {

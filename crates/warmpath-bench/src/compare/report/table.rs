@@ -48,17 +48,14 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
     t
 }
 
-/// The hit-rate references of `r` as [`crate::optimum::cell`] words them,
-/// less the hit rate ("ceiling 95.0%, bound 91.1%, ..."); `None` without
-/// any.
+/// The hit-rate references of `r` less the hit rate ("ceiling 95.0%, ...").
 fn references(r: &StrategyReport) -> Option<String> {
     let cell = crate::optimum::cell(0.0, r.hit_ceiling, r.optimum);
     Some(cell.strip_prefix("0.0% (")?.strip_suffix(')')?.to_owned())
 }
 
 /// The console's table: the main numbers, aligned, in at most
-/// [`CONSOLE_WIDTH`] columns; the full table ([`markdown`]: hit-rate bounds,
-/// index fidelity) is in results.md and report.html.
+/// [`CONSOLE_WIDTH`] columns.
 pub fn console(reports: &[StrategyReport], slo_ms: f64) -> String {
     let head = [
         "strategy",

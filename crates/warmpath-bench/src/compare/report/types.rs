@@ -14,20 +14,17 @@ pub struct Fidelity {
     pub exact_pct: f64,
     /// 100 * (1 - sum |predicted - engine| / sum max(predicted, engine)).
     pub token_agreement_pct: f64,
-    /// Requests where the engine had more cached than predicted (the index
-    /// had not yet heard of blocks: a prefill of the same prefix finished
-    /// between the query and this request's own prefill).
+    /// Requests where the engine had more cached than predicted (a prefill
+    /// finished between the query and this request's own).
     pub under_predicted: usize,
     /// Cached tokens the index missed, summed over `under_predicted`.
     pub under_tokens: u64,
-    /// Requests where the engine had less cached than predicted (blocks
-    /// evicted between the query and the prefill, or not yet stored).
+    /// Requests where the engine had less cached than predicted (evicted).
     pub over_predicted: usize,
     /// Predicted tokens the engine lacked, summed over `over_predicted`.
     pub over_tokens: u64,
 }
 
-/// One rate-search step.
 #[derive(Clone, Debug, Serialize)]
 pub struct RatePoint {
     /// Offered arrivals per second.
@@ -38,7 +35,6 @@ pub struct RatePoint {
     pub ok: bool,
 }
 
-/// Everything measured for one strategy.
 #[derive(Clone, Debug, Serialize)]
 pub struct StrategyReport {
     pub strategy: String,
@@ -48,15 +44,11 @@ pub struct StrategyReport {
     pub failures: usize,
     /// Cached prompt tokens / prompt tokens (engines' `cached_tokens`).
     pub hit_rate: f64,
-    /// The same from the engines' `/metrics` (prefix cache hits / queries
-    /// during the main run), as a cross-check.
+    /// The same from the engines' `/metrics`, as a cross-check.
     pub engine_hit_rate: Option<f64>,
-    /// The hit rate a perfect router with unlimited cache could reach on
-    /// this trace (see [`super::hit_ceiling`]).
+    /// The hit rate a perfect router with unlimited cache could reach.
     pub hit_ceiling: Option<f64>,
-    /// Offline references that also know every backend's capacity: a
-    /// pooled-cache Belady upper bound, a per-backend Belady reference and
-    /// two references on LRU engines (see [`crate::optimum::LEGEND`]).
+    /// Offline references (see [`crate::optimum::LEGEND`]).
     pub optimum: Option<crate::optimum::Optimum>,
     /// Time to first token, ms.
     pub ttft_ms: Summary,
@@ -64,9 +56,8 @@ pub struct StrategyReport {
     pub e2e_ms: Summary,
     pub throughput_rps: f64,
     pub output_tokens_per_s: f64,
-    /// Smallest per-instance share, %.
+    /// Smallest and largest per-instance share, %.
     pub share_min_pct: f64,
-    /// Largest per-instance share, %.
     pub share_max_pct: f64,
     /// Requests per backend.
     pub shares: BTreeMap<String, u64>,
