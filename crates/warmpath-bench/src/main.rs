@@ -101,9 +101,7 @@ struct CompareArgs {
     /// Attach to this running router (http://host:port) instead of starting a stack.
     #[arg(long, requires = "attach_engine")]
     attach_router: Option<String>,
-    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id, as
-    /// in `x-warmpath-backend`; needed to count an idle engine's 0% share) or
-    /// `URL`; repeat or comma-separate.
+    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id) or `URL`.
     #[arg(long, value_delimiter = ',')]
     attach_engine: Vec<String>,
     /// With --attach-router: the router's admin bearer token.
@@ -115,8 +113,7 @@ struct CompareArgs {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
-    /// Router replicas: more than 1 starts that many warmpath-router processes,
-    /// each request sent to one at random, every agent streaming to all.
+    /// Router replicas: more than 1 runs that many warmpath-router processes.
     #[arg(long, default_value_t = 1)]
     routers: usize,
     /// Run even a single router as a warmpath-router process (not in this one).
@@ -380,13 +377,10 @@ struct ScaleArgs {
     /// Strategies to run (comma separated), or `all`.
     #[arg(long, default_value = "all")]
     strategy: String,
-    /// Size the caches instead so that the fleet's total holds this
-    /// multiple of the working set (every document once): 0.5, 0.9, 1.5.
+    /// Size the caches instead to hold this multiple of the working set.
     #[arg(long)]
     cache_ratio: Option<f64>,
-    /// Print each instance's share of the requests (larger fleets than 64: how
-    /// many instances are outside 0.5x-1.5x of an even share, over the whole
-    /// run and over its second half, where the start's placements weigh less).
+    /// Print each instance's share of the requests (above 64 instances: how many are outside 0.5x-1.5x of an even share).
     #[arg(long)]
     shares: bool,
     /// Write the reports as JSON here.
@@ -405,16 +399,13 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
         .collect()
 }
 
-/// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`):
-/// each one given replaces core's default, the others keep it.
+/// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`).
 #[derive(Args, Debug)]
 struct KvArgs {
-    /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`
-    /// (`kv.cold_placement`).
+    /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`.
     #[arg(long)]
     cold_placement: Option<String>,
-    /// kv_aware: copy a prefix whose popularity per holder exceeds the mean
-    /// by more than 0.75 of this fraction, or `off` (`kv.rebalance_slack`).
+    /// kv_aware: `kv.rebalance_slack`, a number or `off`.
     #[arg(long)]
     rebalance_slack: Option<String>,
 }

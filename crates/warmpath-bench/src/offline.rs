@@ -34,7 +34,8 @@ pub(crate) const NEVER: usize = usize::MAX;
 pub(crate) struct InFlight {
     in_flight: Vec<usize>,
     by_load: BTreeSet<(usize, usize)>,
-    running: BinaryHeap<std::cmp::Reverse<(OrdF64, usize)>>,
+    /// (completion time's bits, backend): non-negative floats order as their bits.
+    running: BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
     limit: usize,
 }
 
@@ -50,8 +51,8 @@ impl InFlight {
     }
 
     pub(crate) fn advance(&mut self, now: f64) {
-        while let Some(std::cmp::Reverse((OrdF64(t), b))) = self.running.peek().copied() {
-            if t > now {
+        while let Some(std::cmp::Reverse((t, b))) = self.running.peek().copied() {
+            if f64::from_bits(t) > now {
                 break;
             }
             self.running.pop();
@@ -72,7 +73,9 @@ impl InFlight {
 
     pub(crate) fn start(&mut self, b: usize, done: f64) {
         self.shift(b, true);
-        self.running.push(std::cmp::Reverse((OrdF64(done), b)));
+        // `+ 0.0` turns -0.0 into 0.0.
+        let done = (done.max(0.0) + 0.0).to_bits();
+        self.running.push(std::cmp::Reverse((done, b)));
     }
 
     fn shift(&mut self, b: usize, up: bool) {
@@ -92,24 +95,6 @@ pub(crate) fn capped_hit(blocks: u64, req: &OptRequest, fleet: Fleet) -> u64 {
     let bs = fleet.block_size.max(1);
     let cap = req.prompt_tokens.saturating_sub(1) / bs * bs;
     (blocks * bs).min(cap)
-}
-
-/// An `f64` ordered by `total_cmp` (times in the in-flight heap).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct OrdF64(f64);
-
-impl Eq for OrdF64 {}
-
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OrdF64 {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
 }
 
 /// Tiny traces for the references' unit tests.

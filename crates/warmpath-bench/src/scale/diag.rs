@@ -138,30 +138,29 @@ impl Diagnosis {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        let pct = |v: u64| 100.0 * v as f64 / self.prompt_tokens.max(1) as f64;
-        let tokens: Vec<String> = self
-            .uncached_tokens
-            .iter()
-            .map(|(k, v)| format!("{k} {:.2}%", pct(*v)))
-            .collect();
-        let missed: Vec<String> = self
-            .missed_requests
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let top: Vec<String> = self
-            .top10_ttft
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        vec![
-            format!("uncached tokens (% of prompt): {}", tokens.join(", ")),
-            format!("missed requests: {}", missed.join(", ")),
+        let list = |m: &BTreeMap<String, u64>, f: &dyn Fn(u64) -> String| {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {}", f(*v))).collect();
+            parts.join(", ")
+        };
+        let pct = |v: u64| {
             format!(
-                "slowest 10% (TTFT >= {:.0} ms): {}; warm ones queued {:.0} ms on average",
-                self.top10_from_ms,
-                top.join(", "),
-                self.top10_warm_wait_ms
+                "{:.2}%",
+                100.0 * v as f64 / self.prompt_tokens.max(1) as f64
+            )
+        };
+        let (from, wait) = (self.top10_from_ms, self.top10_warm_wait_ms);
+        vec![
+            format!(
+                "uncached tokens (% of prompt): {}",
+                list(&self.uncached_tokens, &pct)
+            ),
+            format!(
+                "missed requests: {}",
+                list(&self.missed_requests, &|v| v.to_string())
+            ),
+            format!(
+                "slowest 10% (TTFT >= {from:.0} ms): {}; warm ones queued {wait:.0} ms on average",
+                list(&self.top10_ttft, &|v| v.to_string())
             ),
         ]
     }

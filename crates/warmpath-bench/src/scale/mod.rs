@@ -21,7 +21,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use view::{Fact, Phase, Replicas};
 use warmpath_core::hash::ChainHasher;
 use warmpath_core::policy::{
@@ -244,11 +244,9 @@ struct Sim<'a> {
     zipf: Zipf,
     seed: HashSeed,
     tokens: Vec<u32>,
-    routing: Duration,
     /// Each request's routing work, µs.
     routing_each: Vec<f64>,
     cost: CostSums,
-    decisions: BTreeMap<String, u64>,
     ttft: Vec<f64>,
     e2e: Vec<f64>,
     prompt_sum: u64,
@@ -300,10 +298,8 @@ impl<'a> Sim<'a> {
             zipf: Zipf::new(cfg.docs, cfg.zipf),
             seed: HashSeed::new("scale-model", "", ""),
             tokens: Vec::with_capacity(cfg.doc_tokens + cfg.question_tokens),
-            routing: Duration::ZERO,
             routing_each: Vec::with_capacity(cfg.requests),
             cost: CostSums::default(),
-            decisions: BTreeMap::new(),
             ttft: Vec::with_capacity(cfg.requests),
             e2e: Vec::with_capacity(cfg.requests),
             prompt_sum: 0,
@@ -400,14 +396,9 @@ impl<'a> Sim<'a> {
         };
         let d = view.pick(&input, sharing)?;
         let took = t0.elapsed();
-        self.routing += took;
         self.routing_each.push(took.as_secs_f64() * 1e6);
         self.cost
             .add(d.kind.as_str(), hashed, matched - hashed, took - matched);
-        *self
-            .decisions
-            .entry(d.kind.as_str().to_owned())
-            .or_default() += 1;
         let i = d.backend;
         let predicted = u64::from(input.chain_blocks.saturating_sub(d.matched_blocks));
         view.start(i, predicted);
@@ -586,7 +577,8 @@ impl<'a> Sim<'a> {
         let served: Vec<u64> = self.fleet.iter().map(|f| f.served).collect();
         let (share_min_pct, share_max_pct) = share_min_max(&served);
         let requests = self.e2e.len();
-        let routing_s = self.routing.as_secs_f64();
+        let routing_s = self.routing_each.iter().sum::<f64>() / 1e6;
+        let routing_cost = self.cost.report();
         let simulated_s = self.now as f64 / 1e6;
         ScaleReport {
             strategy: self.strategy,
@@ -601,8 +593,10 @@ impl<'a> Sim<'a> {
             decisions_per_s: ratio(requests as f64, routing_s),
             routing_us: ratio(routing_s * 1e6, requests as f64),
             routing_dist_us: Summary::of(&self.routing_each),
-            routing_cost: self.cost.report(),
-            decisions: self.decisions.clone(),
+            decisions: (routing_cost.by_kind.iter())
+                .map(|(k, c)| (k.clone(), c.decisions))
+                .collect(),
+            routing_cost,
             simulated_s,
             throughput_rps: ratio(requests as f64, simulated_s),
             wall_s,
