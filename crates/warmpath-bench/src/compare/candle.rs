@@ -99,24 +99,10 @@ async fn start_one(
         .arg(format!("--cache-blocks={}", shape.cache_blocks))
         .arg(format!("--prefill-chunk={}", cfg.prefill_chunk))
         .arg(format!("--seed={}", cfg.seed));
-    let (mut url, mut kv_events, mut kv_replay) = (None, None, None);
-    let child = spawn_ready(
-        cmd,
-        &format!("engine {i}"),
-        log,
-        cfg.startup_timeout,
-        |line| {
-            if let Some(ep) = line.strip_prefix("kv events on ") {
-                kv_events = Some(ep.trim().to_owned());
-            } else if let Some(ep) = line.strip_prefix("kv replay on ") {
-                kv_replay = Some(ep.trim().to_owned());
-            } else if let Some(u) = line.strip_prefix("listening on ") {
-                url = Some(u.trim().to_owned());
-            }
-            url.is_some()
-        },
-    )
-    .await?;
+    let keys = ["listening on ", "kv events on ", "kv replay on "];
+    let what = format!("engine {i}");
+    let (child, [url, kv_events, kv_replay]) =
+        spawn_ready(cmd, &what, log, cfg.startup_timeout, (keys, 0)).await?;
     let (Some(url), Some(kv_events)) = (url, kv_events) else {
         return Err(BenchError::Component {
             what: format!("engine {i}"),

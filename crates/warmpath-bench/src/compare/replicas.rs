@@ -77,16 +77,9 @@ async fn start_one(
 ) -> Result<RouterProcess, BenchError> {
     let mut cmd = Command::new(binary);
     cmd.arg("--config").arg(config);
-    let (mut http, mut grpc) = (None, None);
-    let child = spawn_ready(cmd, &format!("router {i}"), log, timeout, |line| {
-        if let Some(url) = line.strip_prefix("grpc listening on ") {
-            grpc = Some(url.trim().to_owned());
-        } else if let Some(url) = line.strip_prefix("listening on ") {
-            http = Some(url.trim().to_owned());
-        }
-        grpc.is_some()
-    })
-    .await?;
+    let keys = ["listening on ", "grpc listening on "];
+    let what = format!("router {i}");
+    let (child, [http, grpc]) = spawn_ready(cmd, &what, log, timeout, (keys, 1)).await?;
     let (Some(http), Some(grpc)) = (http, grpc) else {
         return Err(BenchError::Component {
             what: format!("router {i}"),

@@ -151,29 +151,23 @@ impl Stack {
             rand::random::<u32>()
         ));
         warmpath_core::tokenize::tiny::write_model_dir(&model_dir)?;
-        // (id, url, kv events, kv replay) of each engine of either kind.
-        macro_rules! endpoints {
+        // Each engine's agent, for either kind of engine.
+        macro_rules! agents {
             ($fleet:expr) => {
-                $fleet
-                    .instances
-                    .iter()
-                    .map(|i| {
-                        (
-                            i.id.clone(),
-                            i.url.clone(),
-                            i.kv_events.clone(),
-                            i.kv_replay.clone(),
-                        )
+                ($fleet.instances.iter())
+                    .map(|i| AgentConfig {
+                        kv_replay: i.kv_replay.clone(),
+                        ..AgentConfig::new(&i.id, &sim.model, &i.url, &i.kv_events)
                     })
                     .collect::<Vec<_>>()
             };
         }
-        let (engines, list) = match kind {
+        let (engines, agent_cfgs) = match kind {
             EngineKind::Sim => {
                 let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
                 let fleet = Fleet::start(n, sim, tokenizer, shutdown.clone()).await?;
-                let list = endpoints!(fleet);
-                (Engines::Sim(fleet), list)
+                let cfgs = agents!(fleet);
+                (Engines::Sim(fleet), cfgs)
             }
             EngineKind::Candle(c) => {
                 let shape = EngineShape {
@@ -182,15 +176,17 @@ impl Stack {
                     cache_blocks: sim.cache_blocks,
                 };
                 let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
-                let list = endpoints!(fleet);
-                (Engines::Candle(fleet), list)
+                let cfgs = agents!(fleet);
+                (Engines::Candle(fleet), cfgs)
             }
         };
-        let backends: Vec<(String, String)> = list
-            .iter()
-            .map(|(id, url, _, _)| (id.clone(), url.clone()))
+        let list: Vec<EngineEndpoint> = (agent_cfgs.iter())
+            .map(|c| EngineEndpoint {
+                id: c.worker_id.clone(),
+                url: c.engine_url.clone(),
+            })
             .collect();
-        let config = router_config(sim, strategy, knobs, &model_dir, &backends, &admin_token);
+        let config = router_config(sim, strategy, knobs, &model_dir, &list, &admin_token);
         let (routers, urls, grpcs) = if let Some(bin) = router_bin {
             let timeout = Duration::from_secs(30);
             let set =
@@ -213,23 +209,17 @@ impl Stack {
             )
         };
         let mut agents = Vec::with_capacity(n);
-        for (id, url, events, replay) in &list {
-            let mut cfg = AgentConfig::new(id, &sim.model, url, events);
-            cfg.kv_replay = replay.clone();
+        for mut cfg in agent_cfgs {
             cfg.routers = grpcs.clone();
-            let agent = Agent::start(cfg, None)
-                .await
-                .map_err(|e| component(format!("agent {id}"), e))?;
-            agents.push(agent);
+            let id = cfg.worker_id.clone();
+            let agent = Agent::start(cfg, None).await;
+            agents.push(agent.map_err(|e| component(format!("agent {id}"), e))?);
         }
         let stack = Stack {
             router_url: urls[0].clone(),
             router_urls: urls,
             model: sim.model.clone(),
-            engines: list
-                .into_iter()
-                .map(|(id, url, _, _)| EngineEndpoint { id, url })
-                .collect(),
+            engines: list,
             admin_token,
             owned: Some(Owned {
                 engines,
@@ -434,7 +424,7 @@ fn router_config(
     strategy: Strategy,
     knobs: &RouterKnobs,
     model_dir: &Path,
-    backends: &[(String, String)],
+    backends: &[EngineEndpoint],
     admin_token: &Option<String>,
 ) -> RouterConfig {
     let mut pool = PoolConfig::new(sim.model.clone());
@@ -442,9 +432,9 @@ fn router_config(
     pool.tokenizer = Some(model_dir.to_path_buf());
     pool.block_size = sim.block_size;
     pool.kv = knobs.kv.clone();
-    for (id, url) in backends {
-        let mut b = BackendConfig::new(url.clone());
-        b.worker_id = Some(id.clone());
+    for e in backends {
+        let mut b = BackendConfig::new(e.url.clone());
+        b.worker_id = Some(e.id.clone());
         pool.backends.push(b);
     }
     let mut config = RouterConfig {

@@ -4,7 +4,6 @@
 use super::engine::{Admission, SimEngine};
 use super::output::{Output, OutputVocab};
 use axum::http::StatusCode;
-use axum::Router;
 use futures::StreamExt as _;
 use std::future::Future;
 use std::sync::Arc;
@@ -42,10 +41,6 @@ pub(crate) fn server_config(model: &str, engine: &SimEngine) -> ServerConfig {
     }
 }
 
-pub(crate) fn router(state: Arc<AppState>) -> Router {
-    warmpath_openai::router(state)
-}
-
 fn unavailable(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
 }
@@ -66,21 +61,13 @@ impl Backend for AppState {
         let shutdown = self.shutdown.clone();
         async move {
             let adm = engine.admit().await.map_err(unavailable)?;
-            let work = Work {
-                prompt: job.tokens.len(),
-                max_tokens: job.max_tokens,
-                seed: job
-                    .tokens
-                    .iter()
-                    .fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
-            };
             let (tx, rx) = mpsc::channel::<Item>(16);
             // Owned by the generation: it ends when the receiver is dropped
             // (a send fails) or on shutdown.
             tokio::spawn(async move {
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
-                    _ = produce(&engine, &output, adm, job, work, tx) => {}
+                    _ = produce(&engine, &output, adm, job, tx) => {}
                 }
             });
             let items =
@@ -116,21 +103,16 @@ impl Backend for AppState {
     }
 }
 
-struct Work {
-    prompt: usize,
-    max_tokens: usize,
-    seed: u64,
-}
-
 /// Prefills, then decodes the output into `tx`; stops when the client left.
 async fn produce(
     engine: &SimEngine,
     output: &OutputVocab,
     adm: Admission,
     job: Job,
-    work: Work,
     tx: mpsc::Sender<Item>,
 ) {
+    let (prompt_len, max_tokens) = (job.tokens.len(), job.max_tokens);
+    let seed = (job.tokens.iter()).fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t));
     let prompt = job.tokens.clone();
     let cached = match engine.prefill(&adm, job.tokens, job.salt).await {
         Ok(cached) => cached,
@@ -139,7 +121,7 @@ async fn produce(
             return;
         }
     };
-    let out = output.generate(work.seed, work.max_tokens);
+    let out = output.generate(seed, max_tokens);
     let emit = |piece: &str| {
         let (tx, piece) = (tx.clone(), piece.to_owned());
         async move { tx.send(Item::Text(piece)).await.is_ok() }
@@ -147,12 +129,12 @@ async fn produce(
     if !decode(engine, &adm, prompt, &out, emit).await {
         return;
     }
-    engine.finished(work.prompt, work.max_tokens);
+    engine.finished(prompt_len, max_tokens);
     drop(adm);
     let _ = tx
         .send(Item::Done {
             finish: Some("length"),
-            completion_tokens: work.max_tokens,
+            completion_tokens: max_tokens,
             cached_tokens: cached,
         })
         .await;

@@ -104,17 +104,14 @@ async fn start_one(
         output,
         shutdown: shutdown.clone(),
     });
-    let addr = "127.0.0.1:0".to_owned();
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|e| BenchError::Bind {
-            addr: addr.clone(),
-            source: e,
-        })?;
-    let http_addr = listener
-        .local_addr()
-        .map_err(|e| BenchError::Bind { addr, source: e })?;
-    let app = http::router(state);
+    let addr = "127.0.0.1:0";
+    let bind = |source| BenchError::Bind {
+        addr: addr.to_owned(),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let http_addr = listener.local_addr().map_err(bind)?;
+    let app = warmpath_openai::router(state);
     // Without TCP_NODELAY a streamed chunk written while the response head is
     // still unacknowledged waits for the peer's delayed ACK (~40 ms on Linux).
     let listener = listener.tap_io(|tcp| {
