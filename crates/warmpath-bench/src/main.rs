@@ -44,36 +44,17 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct CompareArgs {
-    /// Simulated instances.
-    #[arg(long, default_value_t = 4)]
-    instances: usize,
+    #[command(flatten)]
+    config: CompareConfig,
     /// Workload (docs/bench.md describes each).
     #[arg(long, value_enum, default_value_t = WorkloadKind::Long)]
     workload: WorkloadKind,
-    /// Replay this JSONL trace instead of a generated workload.
-    #[arg(long)]
-    trace: Option<PathBuf>,
     /// Strategies (comma separated) or `all`.
     #[arg(long, default_value = "all")]
     strategies: String,
-    /// Seconds of the main run per strategy.
-    #[arg(long, default_value_t = 30.0)]
-    duration: f64,
-    /// Offered rate of the main run, req/s.
-    #[arg(long, default_value_t = 8.0)]
-    rate: f64,
     /// Rates of the goodput search, comma separated ("" for none).
     #[arg(long, default_value = "16,24,32")]
     search_rates: String,
-    /// Seconds per search step.
-    #[arg(long, default_value_t = 8.0)]
-    search_step: f64,
-    /// TTFT SLO of the goodput search (P90), ms.
-    #[arg(long, default_value_t = 500.0)]
-    slo_ms: f64,
-    /// Ask the router's index before every n-th request (0: never).
-    #[arg(long, default_value_t = 2)]
-    fidelity_every: usize,
     /// Documents / conversations / files of the workload (default: 16 per instance).
     #[arg(long)]
     docs: Option<usize>,
@@ -107,24 +88,6 @@ struct CompareArgs {
     /// With --attach-router: the router's admin bearer token.
     #[arg(long)]
     admin_token: Option<String>,
-    /// Output folder.
-    #[arg(long, default_value = "warmpath-report")]
-    out: PathBuf,
-    /// No progress bars.
-    #[arg(long)]
-    quiet: bool,
-    /// Router replicas: more than 1 runs that many warmpath-router processes.
-    #[arg(long, default_value_t = 1)]
-    routers: usize,
-    /// Run even a single router as a warmpath-router process (not in this one).
-    #[arg(long)]
-    router_process: bool,
-    /// The warmpath-router binary of the processes (default: beside this one).
-    #[arg(long)]
-    router_bin: Option<PathBuf>,
-    /// The replicas do not share their decisions (`ingest.share_decisions: false`).
-    #[arg(long)]
-    no_share_decisions: bool,
     #[command(flatten)]
     sim: EngineArgs,
     #[command(flatten)]
@@ -140,19 +103,20 @@ struct DemoArgs {
 
 impl CompareArgs {
     fn config(&self) -> anyhow::Result<CompareConfig> {
+        let mut c = self.config.clone();
         let mut workload = WorkloadSpec::new(self.workload);
         workload.seed = self.seed;
         workload.zipf = self.zipf;
         workload.max_tokens = self.max_tokens;
-        workload.docs = self.docs.unwrap_or(16 * self.instances.max(1));
+        workload.docs = self.docs.unwrap_or(16 * c.instances.max(1));
         if let Some(p) = self.prefix_tokens {
             workload.prefix_tokens = p;
         }
-        let search_rates = (self.search_rates.split(',').map(str::trim))
+        c.search_rates = (self.search_rates.split(',').map(str::trim))
             .filter(|s| !s.is_empty())
             .map(|s| s.parse().with_context(|| format!("--search-rates: {s:?}")))
             .collect::<anyhow::Result<Vec<f64>>>()?;
-        let engine = match self.engine.as_str() {
+        c.engine = match self.engine.as_str() {
             "sim" => EngineKind::Sim,
             "candle" => {
                 let mut c = CandleConfig::new(self.engine_bin.as_deref())?;
@@ -161,7 +125,7 @@ impl CompareArgs {
             }
             other => anyhow::bail!("--engine {other:?}: expected sim or candle"),
         };
-        let attach = self.attach_router.as_ref().map(|router| AttachConfig {
+        c.attach = self.attach_router.as_ref().map(|router| AttachConfig {
             router_url: router.clone(),
             admin_token: self.admin_token.clone(),
             engines: self
@@ -178,32 +142,14 @@ impl CompareArgs {
                 })
                 .collect(),
         });
-        let mut router = RouterKnobs {
-            routers: self.routers,
-            processes: self.router_process,
-            router_bin: self.router_bin.clone(),
-            share_decisions: !self.no_share_decisions,
-            ..Default::default()
-        };
-        self.kv.apply(&mut router.kv)?;
-        Ok(CompareConfig {
-            instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
-            sim: self.sim.config()?,
-            engine,
-            attach,
-            workload,
-            trace: self.trace.clone(),
-            strategies: strategies(&self.strategies)?,
-            duration_s: self.duration,
-            rate: self.rate,
-            search_rates,
-            search_step_s: self.search_step,
-            slo_ms: self.slo_ms,
-            fidelity_every: self.fidelity_every,
-            router,
-            out_dir: self.out.clone(),
-            progress: !self.quiet,
-        })
+        self.kv.apply(&mut c.router.kv)?;
+        if let Some(a) = &c.attach {
+            c.instances = a.engines.len();
+        }
+        c.sim = self.sim.config()?;
+        c.workload = workload;
+        c.strategies = strategies(&self.strategies)?;
+        Ok(c)
     }
 }
 

@@ -25,37 +25,51 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::Strategy;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct CompareConfig {
-    /// Engines to start (ignored when attaching).
+    /// Simulated instances (ignored when attaching).
+    #[arg(long, default_value_t = 4)]
     pub instances: usize,
-    /// The engines' model, block size, cache size and time model.
+    #[arg(skip)]
     pub sim: SimConfig,
-    /// Simulated instances or real `warmpath-engine` processes.
+    #[arg(skip = EngineKind::Sim)]
     pub engine: EngineKind,
-    /// Attach to this running router and engines instead of starting any.
+    #[arg(skip)]
     pub attach: Option<AttachConfig>,
     /// The workload (ignored when `trace` is given).
+    #[arg(skip = WorkloadSpec::new(crate::workload::WorkloadKind::Long))]
     pub workload: WorkloadSpec,
-    /// A JSONL trace to replay instead of `workload`.
+    /// Replay this JSONL trace instead of a generated workload.
+    #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Strategies, in run order.
+    #[arg(skip)]
     pub strategies: Vec<Strategy>,
-    /// Length of the main run per strategy, seconds.
+    /// Seconds of the main run per strategy.
+    #[arg(long = "duration", default_value_t = 30.0)]
     pub duration_s: f64,
     /// Offered rate of the main run, req/s.
+    #[arg(long, default_value_t = 8.0)]
     pub rate: f64,
     /// Rates of the goodput search (empty: no search).
+    #[arg(skip)]
     pub search_rates: Vec<f64>,
-    /// Length of one search step, seconds.
+    /// Seconds per search step.
+    #[arg(long = "search-step", default_value_t = 8.0)]
     pub search_step_s: f64,
-    /// The TTFT SLO of the goodput search: P90 under this, ms.
+    /// TTFT SLO of the goodput search (P90), ms.
+    #[arg(long, default_value_t = 500.0)]
     pub slo_ms: f64,
-    /// Query the router's index before every n-th request (0: never).
+    /// Ask the router's index before every n-th request (0: never).
+    #[arg(long, default_value_t = 2)]
     pub fidelity_every: usize,
-    /// The router's policy settings (for a stack started here).
+    #[command(flatten)]
     pub router: RouterKnobs,
+    /// Output folder.
+    #[arg(long = "out", default_value = "warmpath-report")]
     pub out_dir: PathBuf,
+    /// No progress bars.
+    #[arg(long = "quiet", action = clap::ArgAction::SetFalse)]
     pub progress: bool,
 }
 

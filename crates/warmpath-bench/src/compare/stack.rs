@@ -17,17 +17,23 @@ use warmpath_core::Strategy;
 use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 use warmpath_router::RunningRouter;
 
-/// The router's policy settings for a stack started here, and its replicas.
-#[derive(Clone, Debug, Serialize)]
+/// The router's policy settings for a stack started here, and its replicas;
+/// its flags are `compare`'s.
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct RouterKnobs {
+    #[arg(skip)]
     pub kv: KvConfig,
-    /// Router replicas (1..=16); more than one run as processes.
+    /// Router replicas: more than 1 runs that many warmpath-router processes.
+    #[arg(long, default_value_t = 1)]
     pub routers: usize,
-    /// Run even a single router as a process (same costs as the replicas').
+    /// Run even a single router as a warmpath-router process (not in this one).
+    #[arg(long = "router-process")]
     pub processes: bool,
-    /// The `warmpath-router` binary (default: beside this executable).
+    /// The warmpath-router binary of the processes (default: beside this one).
+    #[arg(long)]
     pub router_bin: Option<PathBuf>,
-    /// `ingest.share_decisions`.
+    /// The replicas do not share their decisions (`ingest.share_decisions: false`).
+    #[arg(long = "no-share-decisions", action = clap::ArgAction::SetFalse)]
     pub share_decisions: bool,
 }
 
@@ -38,14 +44,14 @@ impl RouterKnobs {
 }
 
 impl Default for RouterKnobs {
+    /// The flags' defaults.
     fn default() -> Self {
-        RouterKnobs {
-            kv: KvConfig::default(),
-            routers: 1,
-            processes: false,
-            router_bin: None,
-            share_decisions: true,
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            knobs: RouterKnobs,
         }
+        <Flags as clap::Parser>::parse_from(["compare"]).knobs
     }
 }
 

@@ -463,11 +463,8 @@ impl<'a> Sim<'a> {
         let doc_blocks = self.cfg.doc_tokens / bs;
         let cap_blocks = (prompt - 1) / bs;
         let doc = self.reqs[r].doc;
-        let have = if doc_blocks > 0 {
-            self.fleet[i].touch(u64::from(doc), self.tick)
-        } else {
-            0
-        };
+        // A document of no full block is never cached: `have` is 0.
+        let have = self.fleet[i].touch(u64::from(doc), self.tick);
         let cached = have.min(doc_blocks).min(cap_blocks) * bs;
         self.reqs[r].cached_tokens = cached as u32;
         self.reqs[r].prefill_start_us = self.now;
@@ -519,9 +516,8 @@ impl<'a> Sim<'a> {
                 self.last_cold_done_us[i] = self.now;
             }
         }
-        let view = &mut self.routers.views[self.reqs[r].router as usize];
-        view.prefilled(i, predicted);
         let rr = self.reqs[r].router as usize;
+        self.routers.views[rr].prefilled(i, predicted);
         self.share(rr, i, Phase::Prefilled(predicted));
         self.fleet[i].prefilling = None;
         if self.fleet[i].decoding < self.cfg.time.max_batch {
