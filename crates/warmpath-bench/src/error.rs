@@ -30,16 +30,12 @@ pub enum BenchError {
         #[source]
         source: std::io::Error,
     },
-    /// A routing policy could not be built or had no backend.
     #[error("policy: {0}")]
     Policy(#[from] warmpath_core::PolicyError),
-    /// The cache index refused an operation.
     #[error("index: {0}")]
     Index(#[from] warmpath_core::IndexError),
-    /// The simulated engine's prefix cache refused an operation.
     #[error("prefix cache: {0}")]
     PrefixCache(#[from] warmpath_core::prefix_cache::PrefixCacheError),
-    /// The tokenizer could not be built or failed.
     #[error("tokenizer: {0}")]
     Tokenize(#[from] warmpath_core::tokenize::TokenizeError),
     /// An HTTP exchange with a fleet component failed. Usually retryable.
@@ -59,4 +55,18 @@ pub(crate) fn ensure(ok: bool, what: &'static str, reason: &str) -> Result<(), B
             reason: reason.to_owned(),
         }),
     }
+}
+
+/// A [`BenchError::Component`].
+pub(crate) fn component(what: impl Into<String>, reason: impl std::fmt::Display) -> BenchError {
+    BenchError::Component {
+        what: what.into(),
+        reason: reason.to_string(),
+    }
+}
+
+/// An I/O error on `path`.
+pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> BenchError {
+    let path = path.display().to_string();
+    move |source| BenchError::Io { path, source }
 }

@@ -2,7 +2,7 @@
 //! instead of simulated instances.
 
 use super::child::{binary, spawn_ready};
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -104,10 +104,7 @@ async fn start_one(
     let (child, [url, kv_events, kv_replay]) =
         spawn_ready(cmd, &what, log, cfg.startup_timeout, (keys, 0)).await?;
     let (Some(url), Some(kv_events)) = (url, kv_events) else {
-        return Err(BenchError::Component {
-            what: format!("engine {i}"),
-            reason: "it printed no KV event endpoint".into(),
-        });
+        return Err(component(what, "it printed no KV event endpoint"));
     };
     tracing::info!(engine = %id, %url, %kv_events, "engine started");
     Ok(CandleInstance {

@@ -3,7 +3,7 @@
 //! stderr goes to a file quoted when it fails to start; `kill_on_drop`, so
 //! an error or a panic on the way out leaves no orphan.
 
-use crate::error::BenchError;
+use crate::error::{io, BenchError};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -81,12 +81,6 @@ pub(crate) async fn spawn_ready<const N: usize>(
     // can never block the child. The task ends with the pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Ok((child, found))
-}
-
-/// An I/O error on `path`.
-pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
-    let path = path.display().to_string();
-    move |source| BenchError::Io { path, source }
 }
 
 /// The last lines of a log file, for error messages.

@@ -3,7 +3,7 @@
 
 use super::plot;
 use super::report::{markdown, StrategyReport};
-use crate::error::BenchError;
+use crate::error::{io, BenchError};
 use std::path::{Path, PathBuf};
 
 /// Writes results.json, replicas.json, results.md, the SVG plots and report.html into
@@ -15,10 +15,6 @@ pub(super) fn write_all(
     settings: &serde_json::Value,
     slo_ms: f64,
 ) -> Result<PathBuf, BenchError> {
-    let io = |p: &Path| {
-        let p = p.display().to_string();
-        move |e| BenchError::Io { path: p, source: e }
-    };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let json = serde_json::json!({"settings": settings, "strategies": reports});
     let text = serde_json::to_string_pretty(&json).unwrap_or_default();

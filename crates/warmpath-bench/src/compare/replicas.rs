@@ -2,8 +2,8 @@
 //! each with the in-process router's configuration written as JSON (which
 //! the router's YAML loader reads).
 
-use super::child::{binary, io, spawn_ready};
-use crate::error::BenchError;
+use super::child::{binary, spawn_ready};
+use crate::error::{component, io, BenchError};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -44,10 +44,8 @@ impl RouterProcesses {
             grpc_listen: Some("127.0.0.1:0".into()),
             ..config.clone()
         };
-        let text = serde_json::to_string_pretty(&config).map_err(|e| BenchError::Component {
-            what: "router config".into(),
-            reason: e.to_string(),
-        })?;
+        let text =
+            serde_json::to_string_pretty(&config).map_err(|e| component("router config", e))?;
         let mut replicas = Vec::with_capacity(n);
         for i in 0..n {
             let path = dir.join(format!("router-{i}.yaml"));
@@ -81,10 +79,10 @@ async fn start_one(
     let what = format!("router {i}");
     let (child, [http, grpc]) = spawn_ready(cmd, &what, log, timeout, (keys, 1)).await?;
     let (Some(http), Some(grpc)) = (http, grpc) else {
-        return Err(BenchError::Component {
-            what: format!("router {i}"),
-            reason: "it printed no HTTP address before its gRPC one".into(),
-        });
+        return Err(component(
+            what,
+            "it printed no HTTP address before its gRPC one",
+        ));
     };
     tracing::info!(router = i, %http, %grpc, "router replica started");
     Ok(RouterProcess { http, grpc, child })

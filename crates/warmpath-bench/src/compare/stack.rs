@@ -4,7 +4,7 @@
 
 use super::candle::{CandleConfig, CandleFleet, EngineShape};
 use super::replicas::{labelled_sum, router_binary, RouterProcesses};
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use crate::sim::{Fleet, SimConfig};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -125,13 +125,6 @@ impl Drop for Stack {
 async fn text(req: reqwest::RequestBuilder, url: &str) -> Result<String, BenchError> {
     let resp = req.send().await.map_err(|e| http(url, e))?;
     resp.text().await.map_err(|e| http(url, e))
-}
-
-fn component(what: impl Into<String>, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Component {
-        what: what.into(),
-        reason: e.to_string(),
-    }
 }
 
 impl Stack {

@@ -5,7 +5,7 @@
 //! and its events happen under one async lock, so the event stream is in the
 //! cache's order even when many requests decode at once.
 
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use crate::timing::TimeModel;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -174,10 +174,7 @@ impl SimEngine {
                 let mut s = self.state.lock();
                 s.tickets.remove(&id);
                 s.stats.waiting = s.stats.waiting.saturating_sub(1);
-                Err(BenchError::Component {
-                    what: "simulated engine".into(),
-                    reason: "shutting down".into(),
-                })
+                Err(component("simulated engine", "shutting down"))
             }
         }
     }
@@ -191,10 +188,7 @@ impl SimEngine {
         salt: Option<String>,
     ) -> Result<usize, BenchError> {
         let (done, rx) = oneshot::channel();
-        let gone = || BenchError::Component {
-            what: "simulated engine".into(),
-            reason: "the prefill task has stopped".into(),
-        };
+        let gone = || component("simulated engine", "the prefill task has stopped");
         let job = Job {
             id: adm.id,
             tokens,
@@ -252,10 +246,7 @@ impl SimEngine {
 }
 
 fn publisher_gone() -> BenchError {
-    BenchError::Component {
-        what: "kv event publisher".into(),
-        reason: "stopped".into(),
-    }
+    component("kv event publisher", "stopped")
 }
 
 /// Where the prefill task sends its events, in cache order.

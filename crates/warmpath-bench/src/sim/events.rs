@@ -1,7 +1,7 @@
 //! The simulated cache's events, published as vLLM does through the agent
 //! crate's [`KvEventPublisher`] (one task per instance, batches in order).
 
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::CacheEvent;
@@ -28,10 +28,7 @@ pub async fn start(
     cfg.replay_endpoint = replay.then(|| endpoint.to_owned());
     let publisher = KvEventPublisher::bind(cfg)
         .await
-        .map_err(|e| BenchError::Component {
-            what: format!("kv event publisher on {endpoint}"),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| component(format!("kv event publisher on {endpoint}"), e))?;
     let bound = Endpoints {
         events: publisher.endpoint().to_owned(),
         replay: publisher.replay_endpoint().map(str::to_owned),

@@ -6,7 +6,7 @@
 //! `.`, each encoding back to itself alone: a byte-level BPE pre-tokenizer
 //! splits such text exactly there.
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use warmpath_core::tokenize::ChatTokenizer;
@@ -49,43 +49,34 @@ impl OutputVocab {
     pub fn new(tok: &ChatTokenizer) -> Result<Self, BenchError> {
         let inner_tok = tok.tokenizer();
         let size = u32::try_from(inner_tok.get_vocab_size(true)).unwrap_or(u32::MAX);
-        let mut v = OutputVocab {
-            first: Vec::new(),
-            inner: Vec::new(),
-            period: None,
-        };
+        let (mut first, mut inner, mut period) = (Vec::new(), Vec::new(), Vec::new());
         for id in 0..size {
             let Ok(text) = inner_tok.decode(&[id], false) else {
                 continue;
             };
-            let kind = if letters(&text) {
-                1
+            let list = if letters(&text) {
+                &mut first
             } else if text.strip_prefix(' ').is_some_and(letters) {
-                2
+                &mut inner
             } else if text == "." {
-                3
+                &mut period
             } else {
                 continue;
             };
             // Only a token that encodes back to itself alone is usable.
-            if tok.encode_text_uncached(&text, false)? != [id] {
-                continue;
-            }
-            match kind {
-                1 => v.first.push((id, text)),
-                2 => v.inner.push((id, text)),
-                _ => v.period = Some((id, text)),
+            if tok.encode_text_uncached(&text, false)? == [id] {
+                list.push((id, text));
             }
         }
-        if v.first.is_empty() || v.inner.is_empty() {
-            return Err(BenchError::Invalid {
-                what: "tokenizer",
-                reason: "no single-token words to generate output from (need tokens that \
-                         decode to letters and to a space + letters)"
-                    .into(),
-            });
-        }
-        Ok(v)
+        let why = "no single-token words to generate output from (need tokens that \
+                   decode to letters and to a space + letters)";
+        ensure(!first.is_empty() && !inner.is_empty(), "tokenizer", why)?;
+        let period = period.pop();
+        Ok(OutputVocab {
+            first,
+            inner,
+            period,
+        })
     }
 
     pub fn sizes(&self) -> (usize, usize) {
