@@ -6,9 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use warmpath_bench::compare::candle::CandleConfig;
-use warmpath_bench::compare::{
-    self, AttachConfig, CompareConfig, EngineEndpoint, EngineKind, RouterKnobs,
-};
+use warmpath_bench::compare::{self, CompareConfig, EngineKind, RouterKnobs};
 use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
@@ -79,15 +77,6 @@ struct CompareArgs {
     /// `--engine candle`: longest prefill step in tokens.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
-    /// Attach to this running router (http://host:port) instead of starting a stack.
-    #[arg(long, requires = "attach_engine")]
-    attach_router: Option<String>,
-    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id) or `URL`.
-    #[arg(long, value_delimiter = ',')]
-    attach_engine: Vec<String>,
-    /// With --attach-router: the router's admin bearer token.
-    #[arg(long)]
-    admin_token: Option<String>,
     #[command(flatten)]
     sim: EngineArgs,
     #[command(flatten)]
@@ -125,23 +114,6 @@ impl CompareArgs {
             }
             other => anyhow::bail!("--engine {other:?}: expected sim or candle"),
         };
-        c.attach = self.attach_router.as_ref().map(|router| AttachConfig {
-            router_url: router.clone(),
-            admin_token: self.admin_token.clone(),
-            engines: self
-                .attach_engine
-                .iter()
-                .map(|e| {
-                    // No id: shares are keyed by what the router reports,
-                    // with no zero entry for this engine.
-                    let (id, url) = e.split_once('=').unwrap_or(("", e));
-                    EngineEndpoint {
-                        id: id.to_owned(),
-                        url: url.trim_end_matches('/').to_owned(),
-                    }
-                })
-                .collect(),
-        });
         self.kv.apply(&mut c.router.kv)?;
         if let Some(a) = &c.attach {
             c.instances = a.engines.len();

@@ -34,7 +34,7 @@ pub struct CompareConfig {
     pub sim: SimConfig,
     #[arg(skip = EngineKind::Sim)]
     pub engine: EngineKind,
-    #[arg(skip)]
+    #[command(flatten)]
     pub attach: Option<AttachConfig>,
     /// The workload (ignored when `trace` is given).
     #[arg(skip = WorkloadSpec::new(crate::workload::WorkloadKind::Long))]

@@ -70,13 +70,29 @@ pub struct EngineEndpoint {
     pub url: String,
 }
 
-/// A running router and engines to attach to.
-#[derive(Clone, Debug, Serialize)]
+impl std::str::FromStr for EngineEndpoint {
+    type Err = std::convert::Infallible;
+
+    /// `ID=URL` or `URL`: no id, no zero share for an idle engine.
+    fn from_str(e: &str) -> Result<Self, Self::Err> {
+        let (id, url) = e.split_once('=').unwrap_or(("", e));
+        let url = url.trim_end_matches('/').to_owned();
+        Ok(EngineEndpoint { id: id.into(), url })
+    }
+}
+
+/// A running router and engines to attach to; its flags are `compare`'s.
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct AttachConfig {
+    /// Attach to this running router (http://host:port) instead of starting a stack.
+    #[arg(long = "attach-router", requires = "engines")]
     pub router_url: String,
-    /// Bearer token of `PUT /admin/...` (never written to reports).
+    /// With --attach-router: the router's admin bearer token (never written to reports).
+    #[arg(long)]
     #[serde(skip)]
     pub admin_token: Option<String>,
+    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id) or `URL`.
+    #[arg(long = "attach-engine", value_delimiter = ',')]
     pub engines: Vec<EngineEndpoint>,
 }
 
