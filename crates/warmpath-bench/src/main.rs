@@ -78,8 +78,6 @@ struct CompareArgs {
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
     #[command(flatten)]
-    sim: EngineArgs,
-    #[command(flatten)]
     kv: KvArgs,
 }
 
@@ -118,7 +116,6 @@ impl CompareArgs {
         if let Some(a) = &c.attach {
             c.instances = a.engines.len();
         }
-        c.sim = self.sim.config()?;
         c.workload = workload;
         c.strategies = strategies(&self.strategies)?;
         Ok(c)
@@ -215,59 +212,22 @@ struct SimArgs {
     /// Simulated instances.
     #[arg(long, default_value_t = 4)]
     instances: usize,
-    #[command(flatten)]
-    engine: EngineArgs,
-}
-
-/// Settings of the simulated engines.
-#[derive(Args, Debug, Clone)]
-struct EngineArgs {
-    /// Served model name.
-    #[arg(long, default_value = "warmpath-tiny")]
-    model: String,
-    /// Prefix cache capacity per instance, in blocks.
-    #[arg(long, default_value_t = 8192)]
-    cache_blocks: usize,
-    /// Do not open replay endpoints.
-    #[arg(long)]
-    no_replay: bool,
-    /// Run the time model this many times faster.
-    #[arg(long, default_value_t = 1.0)]
-    time_scale: f64,
     /// A tokenizer.json or model folder (default: the generated tiny tokenizer).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-}
-
-impl EngineArgs {
-    fn config(&self) -> anyhow::Result<SimConfig> {
-        anyhow::ensure!(
-            self.time_scale.is_finite() && self.time_scale > 0.0,
-            "--time-scale must be a number > 0"
-        );
-        Ok(SimConfig {
-            model: self.model.clone(),
-            cache_blocks: self.cache_blocks,
-            time: TimeModel::default().scaled(self.time_scale),
-            replay: !self.no_replay,
-            ..Default::default()
-        })
-    }
-
-    fn tokenizer(&self) -> anyhow::Result<Arc<ChatTokenizer>> {
-        Ok(match &self.tokenizer {
-            Some(p) => Arc::new(
-                ChatTokenizer::load(p).with_context(|| format!("loading {}", p.display()))?,
-            ),
-            None => sim::tiny_tokenizer()?,
-        })
-    }
+    #[command(flatten)]
+    config: SimConfig,
 }
 
 async fn run_sim(a: SimArgs) -> anyhow::Result<()> {
-    let cfg = a.engine.config()?;
-    let shutdown = CancellationToken::new();
-    let fleet = Fleet::start(a.instances, &cfg, a.engine.tokenizer()?, shutdown.clone()).await?;
+    let (cfg, shutdown) = (a.config, CancellationToken::new());
+    let tokenizer = match &a.tokenizer {
+        Some(p) => {
+            Arc::new(ChatTokenizer::load(p).with_context(|| format!("loading {}", p.display()))?)
+        }
+        None => sim::tiny_tokenizer()?,
+    };
+    let fleet = Fleet::start(a.instances, &cfg, tokenizer, shutdown.clone()).await?;
     println!(
         "{} simulated vLLM instances of model {:?}:",
         fleet.instances.len(),

@@ -30,7 +30,7 @@ pub struct CompareConfig {
     /// Simulated instances (ignored when attaching).
     #[arg(long, default_value_t = 4)]
     pub instances: usize,
-    #[arg(skip)]
+    #[command(flatten)]
     pub sim: SimConfig,
     #[arg(skip = EngineKind::Sim)]
     pub engine: EngineKind,

@@ -20,33 +20,47 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::{CacheConfig, ChatTokenizer};
 
-/// Settings shared by every instance of a fleet.
-#[derive(Clone, Debug, serde::Serialize)]
+/// Settings shared by every instance of a fleet; its flags are `sim`'s and
+/// `compare`'s.
+#[derive(Clone, Debug, serde::Serialize, clap::Args)]
 pub struct SimConfig {
-    /// The served model name.
+    /// Served model name.
+    #[arg(long, default_value = "warmpath-tiny")]
     pub model: String,
-    /// Tokens per block (vLLM's default is 16).
+    /// Tokens per block (vLLM's default).
+    #[arg(skip = 16usize)]
     pub block_size: usize,
     /// Prefix cache capacity per instance, in blocks.
+    #[arg(long, default_value_t = 8192)]
     pub cache_blocks: usize,
-    /// The time model.
+    /// Run the time model this many times faster.
+    #[arg(long = "time-scale", default_value = "1", value_parser = scaled_time)]
     pub time: TimeModel,
-    /// Whether to open a replay endpoint.
+    /// Do not open replay endpoints.
+    #[arg(long = "no-replay", action = clap::ArgAction::SetFalse)]
     pub replay: bool,
     /// Prefill queue bound per instance.
+    #[arg(skip = 4096usize)]
     pub max_queue: usize,
 }
 
 impl Default for SimConfig {
+    /// The flags' defaults.
     fn default() -> Self {
-        SimConfig {
-            model: "warmpath-tiny".into(),
-            block_size: 16,
-            cache_blocks: 8192,
-            time: TimeModel::default(),
-            replay: true,
-            max_queue: 4096,
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            config: SimConfig,
         }
+        <Flags as clap::Parser>::parse_from(["sim"]).config
+    }
+}
+
+/// The default time model `--time-scale` times faster.
+fn scaled_time(s: &str) -> Result<TimeModel, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(TimeModel::default().scaled(f)),
+        _ => Err("must be a number > 0".into()),
     }
 }
 
