@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 pub(super) fn write_all(
     dir: &Path,
     reports: &[StrategyReport],
-    replicas: &[super::ReplicaSummary],
+    replicas: &impl serde::Serialize,
     settings: &serde_json::Value,
     slo_ms: f64,
 ) -> Result<PathBuf, BenchError> {
@@ -72,7 +72,14 @@ mod tests {
             lru_pinned: Some(0.864),
         });
         let dir = std::env::temp_dir().join(format!("warmpath-report-{}", std::process::id()));
-        write_all(&dir, &[r], &[], &serde_json::json!({}), 500.0).unwrap();
+        write_all(
+            &dir,
+            &[r],
+            &serde_json::json!([]),
+            &serde_json::json!({}),
+            500.0,
+        )
+        .unwrap();
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
         let (md, html, svg) = (
             read("results.md"),

@@ -1,6 +1,6 @@
 //! `warmpath-bench scale`: a socket-free discrete-event simulation that
 //! drives the real hashing, [`CacheIndex`] and policies over a fleet too large
-//! for one machine; the model is described in docs/bench.md ("scale").
+//! for one machine; the model is described in docs/bench.md ("The `scale` model").
 
 mod cost;
 mod diag;
