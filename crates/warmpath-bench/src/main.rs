@@ -143,29 +143,20 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
             routers(&cfg.router)
         ),
     };
-    println!(
-        "warmpath-bench: {what}; {} at {} req/s for {} s per strategy",
-        cfg.trace
-            .as_ref()
-            .map_or(format!("{:?}", cfg.workload.kind).to_lowercase(), |p| {
-                p.display().to_string()
-            }),
-        cfg.rate,
-        cfg.duration_s
-    );
+    let source = match &cfg.trace {
+        Some(p) => p.display().to_string(),
+        None => format!("{:?}", cfg.workload.kind).to_lowercase(),
+    };
+    let (rate, secs) = (cfg.rate, cfg.duration_s);
+    println!("warmpath-bench: {what}; {source} at {rate} req/s for {secs} s per strategy");
     let out = compare::run(&cfg, cancel).await?;
     println!("\n{}", out.table);
     if out.replicas.len() > 1 {
         for (i, r) in out.replicas.iter().enumerate() {
             let n = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
-            println!(
-                "router {i} {}: {} requests ({} ok), decision facts sent {}, received {}",
-                r.url,
-                r.requests,
-                r.served,
-                n(r.facts_sent),
-                n(r.facts_received)
-            );
+            let (url, sent, got) = (&r.url, n(r.facts_sent), n(r.facts_received));
+            let (requests, ok) = (r.requests, r.served);
+            println!("router {i} {url}: {requests} requests ({ok} ok), decision facts sent {sent}, received {got}");
         }
     }
     println!("report: {}", out.html.display());
@@ -317,16 +308,12 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
     };
     a.kv.apply(&mut cfg.policy.kv)?;
     let mut reports = Vec::new();
+    let (n, blocks) = (cfg.instances, cfg.cache_blocks);
+    let ws = (blocks * n) as f64 / cfg.working_set_blocks().max(1) as f64;
+    let rate = cfg.rate_per_instance * n as f64;
     println!(
-        "scale: {} instances, {} router(s), {} requests per strategy, {} docs x {} tokens, cache {} blocks each ({:.2}x the working set), {:.0} req/s",
-        cfg.instances,
-        cfg.routers,
-        cfg.requests,
-        cfg.docs,
-        cfg.doc_tokens,
-        cfg.cache_blocks,
-        (cfg.cache_blocks * cfg.instances) as f64 / cfg.working_set_blocks().max(1) as f64,
-        cfg.rate_per_instance * cfg.instances as f64
+        "scale: {n} instances, {} router(s), {} requests per strategy, {} docs x {} tokens, cache {blocks} blocks each ({ws:.2}x the working set), {rate:.0} req/s",
+        cfg.routers, cfg.requests, cfg.docs, cfg.doc_tokens
     );
     println!(
         "| strategy | hit rate | TTFT p50 ms | p90 | p99 | share min % | max % | decisions/s | routing µs | routing p50 / p99 µs | wall s |"
@@ -338,20 +325,16 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
             eprint!("\r{s}: {done}/{total}   ");
         })?;
         eprintln!();
-        println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} / {:.1} | {:.1} |",
-            r.strategy,
-            warmpath_bench::optimum::cell(r.hit_rate, None, r.optimum),
-            r.ttft_ms.p50,
-            r.ttft_ms.p90,
-            r.ttft_ms.p99,
+        let hit = warmpath_bench::optimum::cell(r.hit_rate, None, r.optimum);
+        let (t, d, lo, hi) = (
+            r.ttft_ms,
+            r.routing_dist_us,
             r.share_min_pct,
             r.share_max_pct,
-            r.decisions_per_s,
-            r.routing_us,
-            r.routing_dist_us.p50,
-            r.routing_dist_us.p99,
-            r.wall_s
+        );
+        println!(
+            "| {} | {hit} | {:.1} | {:.1} | {:.1} | {lo:.3} | {hi:.3} | {:.0} | {:.1} | {:.1} / {:.1} | {:.1} |",
+            r.strategy, t.p50, t.p90, t.p99, r.decisions_per_s, r.routing_us, d.p50, d.p99, r.wall_s
         );
         println!("  {}", r.routing_cost.line());
         if a.shares && r.served.len() > 64 {

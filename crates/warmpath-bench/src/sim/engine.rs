@@ -164,19 +164,11 @@ impl SimEngine {
             s.stats.waiting += 1;
             id
         };
-        match self.slots.clone().acquire_owned().await {
-            Ok(slot) => Ok(Admission {
-                state: self.state.clone(),
-                _slot: slot,
-                id,
-            }),
-            Err(_) => {
-                let mut s = self.state.lock();
-                s.tickets.remove(&id);
-                s.stats.waiting = s.stats.waiting.saturating_sub(1);
-                Err(component("simulated engine", "shutting down"))
-            }
-        }
+        // The semaphore is never closed, so acquiring cannot fail.
+        let slot = self.slots.clone().acquire_owned().await;
+        let _slot = slot.map_err(|_| component("simulated engine", "closed"))?;
+        let state = self.state.clone();
+        Ok(Admission { state, _slot, id })
     }
 
     /// Queues the prompt for prefill and waits until it is done; returns the
