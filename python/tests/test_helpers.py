@@ -45,11 +45,15 @@ class VllmFlags(unittest.TestCase):
         self.assertTrue(any("block_size: 32" in n for n in notes), notes)
         self.assertTrue(any("replay" in n for n in notes), notes)
 
-    def test_events_off_gives_observe_mode(self):
-        args, notes = agent_flags(parse_vllm(["vllm", "serve", "m"]), worker_id="w")
-        self.assertEqual(flag(args, "--mode"), "observe")
-        self.assertEqual(flag(args, "--block-size"), "16")
-        self.assertTrue(any("KV events are off" in n for n in notes), notes)
+    def test_events_off_says_to_turn_them_on(self):
+        for extra in ([], ["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "null"}']):
+            args, notes = agent_flags(parse_vllm(["vllm", "serve", "m"] + extra), worker_id="w")
+            self.assertEqual(flag(args, "--kv-events"), "tcp://127.0.0.1:5557")
+            self.assertEqual(flag(args, "--kv-replay"), "tcp://127.0.0.1:5558")
+            self.assertNotIn("--mode", args)
+            hint = [n for n in notes if "start vLLM with --kv-events-config" in n]
+            self.assertEqual(len(hint), 1, notes)
+            self.assertIn('"enable_kv_cache_events": true', hint[0])
 
     def test_a_connecting_endpoint_is_flagged(self):
         ep, note = local_endpoint("tcp://10.1.2.3:5557")

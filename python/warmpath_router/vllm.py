@@ -9,9 +9,9 @@ It reads the served model name (`--served-model-name`, else the model), the
 port, the KV-event publisher and replay endpoints (a wildcard bind such as
 `tcp://*:5557` becomes `tcp://127.0.0.1:5557` for the agent beside the
 engine), the topic, the data-parallel ranks and the block size (which the
-router's pool must equal), and says what cannot work: KV events off (then it
-prints observe-mode flags), a publisher vLLM would connect instead of bind, a
-non-zmq publisher, prefix caching off. Notes go to stderr; `--json` prints
+router's pool must equal), and says what cannot work: KV events off or a
+non-zmq publisher (then it says how to turn them on, and prints the flags for
+that), a publisher vLLM would connect instead of bind, prefix caching off. Notes go to stderr; `--json` prints
 `{"args": [...], "block_size": N, "notes": [...]}` instead of a command.
 """
 
@@ -26,6 +26,9 @@ WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]", "")
 DEFAULT_PORT = 8000
 DEFAULT_ENDPOINT = "tcp://*:5557"
 DEFAULT_BLOCK_SIZE = 16
+# What to give vLLM when its KV events are off.
+RECOMMENDED_KV_EVENTS = {"enable_kv_cache_events": True, "publisher": "zmq",
+                         "endpoint": DEFAULT_ENDPOINT, "replay_endpoint": "tcp://*:5558"}
 
 
 class VllmArgs:
@@ -37,7 +40,6 @@ class VllmArgs:
         self.port = DEFAULT_PORT
         self.block_size = DEFAULT_BLOCK_SIZE
         self.kv_events = {}
-        self.kv_events_given = False
         self.dp_size = 1
         self.dp_local = None
         self.prefix_caching = True
@@ -96,12 +98,10 @@ def parse_vllm(tokens):
             if not isinstance(cfg, dict):
                 raise ValueError("--kv-events-config must be a JSON object")
             a.kv_events.update(cfg)
-            a.kv_events_given = True
         elif name.startswith("--kv-events-config."):
             key = name[len("--kv-events-config."):].replace("-", "_")
             v, i = _value(tokens, i)
             a.kv_events[key] = _scalar(v)
-            a.kv_events_given = True
         elif name in ("--data-parallel-size", "-dp"):
             v, i = _value(tokens, i)
             a.dp_size = int(v)
@@ -151,39 +151,34 @@ def agent_flags(v, worker_id=None, k8s=False, routers=()):
             notes.append("--worker-id must equal the router's backend worker_id (default: its URL); pass --worker-id")
     args += ["--model", model, "--engine-url", f"http://127.0.0.1:{v.port}"]
     cfg = v.kv_events
-    enabled = bool(cfg.get("enable_kv_cache_events", False))
     if not v.prefix_caching:
         notes.append("vLLM runs with --no-enable-prefix-caching: there is no prefix cache to route to")
-    if enabled and cfg.get("publisher", "zmq") not in ("zmq",):
-        notes.append(f"publisher {cfg.get('publisher')!r}: the agent reads only \"zmq\"; observe mode instead")
-        enabled = False
-    if enabled:
-        ep, note = local_endpoint(cfg.get("endpoint") or DEFAULT_ENDPOINT)
-        args += ["--kv-events", ep]
+    off = None
+    if not cfg.get("enable_kv_cache_events", False):
+        off = "KV events are off"
+    elif cfg.get("publisher", "zmq") != "zmq":
+        off = f"publisher {cfg.get('publisher')!r}: the agent reads only \"zmq\""
+    if off:
+        cfg = RECOMMENDED_KV_EVENTS
+        notes.append(f"{off}: the agent follows KV events only; start vLLM with "
+                     f"--kv-events-config '{json.dumps(cfg)}' (the flags below assume it)")
+    ep, note = local_endpoint(cfg.get("endpoint") or DEFAULT_ENDPOINT)
+    args += ["--kv-events", ep]
+    if note:
+        notes.append(note)
+    if cfg.get("replay_endpoint"):
+        rp, note = local_endpoint(cfg["replay_endpoint"])
+        args += ["--kv-replay", rp]
         if note:
             notes.append(note)
-        if cfg.get("replay_endpoint"):
-            rp, note = local_endpoint(cfg["replay_endpoint"])
-            args += ["--kv-replay", rp]
-            if note:
-                notes.append(note)
-        else:
-            notes.append("no replay_endpoint: an agent (re)start misses what the engine cached before it")
-        if cfg.get("topic"):
-            args += ["--topic", str(cfg["topic"])]
-        ranks = v.dp_local or v.dp_size
-        if ranks > 1:
-            args += ["--dp-ranks", str(ranks)]
-            notes.append(f"{ranks} data-parallel ranks publish on port+rank: keep those ports free")
     else:
-        if not v.kv_events_given:
-            notes.append(
-                "KV events are off: add --kv-events-config '{\"enable_kv_cache_events\": true, "
-                "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
-                "(recommended); until then, observe mode: send the engine's traffic through the agent's --listen"
-            )
-        args += ["--mode", "observe", "--tokenizer", v.model, "--block-size", str(v.block_size)]
-        notes.append(f"--tokenizer must be a local tokenizer.json or model folder (given: {v.model})")
+        notes.append("no replay_endpoint: an agent (re)start misses what the engine cached before it")
+    if cfg.get("topic"):
+        args += ["--topic", str(cfg["topic"])]
+    ranks = v.dp_local or v.dp_size
+    if ranks > 1:
+        args += ["--dp-ranks", str(ranks)]
+        notes.append(f"{ranks} data-parallel ranks publish on port+rank: keep those ports free")
     for r in routers:
         args += ["--router", r]
     notes.append(f"the router's pool for {model!r} needs block_size: {v.block_size} (--block-size {v.block_size})")

@@ -1,6 +1,7 @@
-//! The agent's `/livez` and `/readyz`: a fake engine's metrics page, a test
-//! router and a KV-event publisher on 127.0.0.1; the silence check runs the
-//! real binary to read its log.
+//! The agent's HTTP server: `/livez` and `/readyz` against a fake engine's
+//! metrics page, a test router and a KV-event publisher on 127.0.0.1, and the
+//! bounds on what one client may hold. The silence check and the removed
+//! flags run the real binary to read its log.
 
 use crate::common;
 
@@ -223,6 +224,189 @@ async fn forward_lines<R: tokio::io::AsyncBufRead + Unpin>(
     while let Ok(Some(l)) = lines.next_line().await {
         if tx.send(l).is_err() {
             return;
+        }
+    }
+}
+
+/// Reads `c` until the peer closes it or `limit` passes: what it sent, and
+/// whether it closed.
+async fn read_to_close(c: &mut tokio::net::TcpStream, limit: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(until, c.read(&mut buf)).await {
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// An agent with no engine scraping and no router, its HTTP server under `http`.
+async fn bare_agent(p: &KvEventPublisher, http: warmpath_agent::serve::HttpLimits) -> Agent {
+    let mut cfg = config("http://127.0.0.1:1", p, vec![]);
+    cfg.load_interval = Duration::ZERO;
+    cfg.http = http;
+    Agent::start(cfg, None).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_head_and_an_idle_keep_alive_are_closed_while_others_are_served() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let p = publisher().await;
+    let agent = bare_agent(
+        &p,
+        warmpath_agent::serve::HttpLimits {
+            header_timeout: Duration::from_millis(400),
+            idle_timeout: Duration::from_millis(1500),
+            ..Default::default()
+        },
+    )
+    .await;
+    let addr = agent.http_addr();
+
+    // Half a head, then nothing: closed after the header deadline, with no
+    // answer (the request never began).
+    let t = std::time::Instant::now();
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\ncontent-le")
+        .await
+        .unwrap();
+    // Another client is served meanwhile.
+    assert_eq!(get(&format!("http://{addr}/livez")).await.0, 200);
+    let (_, closed) = read_to_close(&mut slow, Duration::from_secs(5)).await;
+    assert!(closed, "a half-sent head still open after 5 s");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(380),
+        "closed too early: {took:?}"
+    );
+
+    // A connection that sends nothing at all is a head that never came.
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let (_, closed) = read_to_close(&mut silent, Duration::from_secs(5)).await;
+    assert!(closed, "a silent connection still open after 5 s");
+
+    // A keep-alive connection: answered, then idle. Not closed at the header
+    // deadline (it owes no head), closed at the idle one.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let (answer, closed) = read_to_close(&mut idle, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed, "an idle keep-alive connection still open after 5 s");
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400),
+        "closed before the idle deadline: {took:?}"
+    );
+
+    // And a keep-alive client that keeps talking keeps its connection.
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = client
+            .get(format!("http://{addr}/livez"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_get_a_503_at_once_and_service_resumes_when_slots_free() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let p = publisher().await;
+    let agent = bare_agent(
+        &p,
+        warmpath_agent::serve::HttpLimits {
+            max_connections: 3,
+            header_timeout: Duration::from_millis(1500),
+            ..Default::default()
+        },
+    )
+    .await;
+    let addr = agent.http_addr();
+
+    // Three slowloris connections take every slot.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /livez HTTP/1.1\r\n").await.unwrap();
+        held.push(c);
+    }
+    // One more: refused at once, with an answer that says why.
+    let t = std::time::Instant::now();
+    let mut over = TcpStream::connect(addr).await.unwrap();
+    let (answer, closed) = read_to_close(&mut over, Duration::from_secs(5)).await;
+    assert!(
+        closed && t.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("too many connections"), "{answer}");
+
+    // The header deadline frees the slots: a normal client is served again.
+    poll::poll(
+        "served once the slots free",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        async || {
+            let r = reqwest::Client::new()
+                .get(format!("http://{addr}/livez"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .ok()?;
+            (r.status() == 200).then_some(())
+        },
+    )
+    .await;
+    for mut c in held {
+        let (_, closed) = read_to_close(&mut c, Duration::from_secs(5)).await;
+        assert!(closed, "a slowloris slot was never freed");
+    }
+    agent.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_flag_of_the_removed_observe_mode_fails_the_start_and_names_kv_events() {
+    for flag in ["--mode", "--tokenizer", "--block-size", "--cache-blocks"] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_warmpath-agent"))
+            .args([
+                "--worker-id",
+                "w1",
+                "--model",
+                "m",
+                "--engine-url",
+                "http://127.0.0.1:1",
+            ])
+            .args(["--kv-events", "tcp://127.0.0.1:1", &format!("{flag}=x")])
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: started");
+        for want in [
+            flag,
+            "observe mode was removed",
+            "--kv-events-config",
+            "--kv-events tcp://",
+        ] {
+            assert!(err.contains(want), "{flag}: {want:?} not in {err}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The agent's integration tests, one binary (each test binary links the
 //! whole router; on two cores that was most of CI's link time). One module
 //! per area: `cargo test -p warmpath-agent --test agent pipeline_ingest::`.
-//! `health`, `observe` and `pipeline` test the agent against a test router
+//! `health` and `pipeline` test the agent against a test router
 //! (`common`); the `pipeline_*` modules run it against the real router.
 //! They share a process: a router started in-process shares the one metrics
 //! recorder and `ingest::captured_logs`' subscriber.
@@ -19,7 +19,6 @@ mod tools;
 mod common;
 
 mod health;
-mod observe;
 mod pipeline;
 mod pipeline_agent;
 mod pipeline_e2e;

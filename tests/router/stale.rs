@@ -4,11 +4,9 @@
 //! the engine that holds it instead of going to a cold one.
 //!
 //! The router binary runs as a process over two test backends; a raw gRPC
-//! client plays the agent, and dropping its stream is the agent dying. With
-//! `cold_placement: ring` a prefix no fresh worker holds goes to its ring
-//! owner: before this change (main at 4601e23) a stale worker's entries
-//! counted for nothing, so the last request below went to the ring owner
-//! (`prefix_hash`, a cold backend) and the test fails there.
+//! client plays the agent, and dropping its stream is the agent dying. If a
+//! stale worker's entries counted for nothing, the request after the agent's
+//! death would be placed as cold (`prefix_hash` or `cold`, not `kv_match`).
 
 use crate::{raw_agent, support};
 
@@ -44,7 +42,7 @@ async fn a_dead_agents_last_entries_keep_a_warm_prefix_on_its_healthy_engine() {
     tiny::write_model_dir(dir.path()).unwrap();
     let bs = backends(2).await;
     let yaml = format!(
-        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 500}}\nhealth: {{probe_interval_ms: 100, eject_after: 1}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {BS}\n    kv: {{cold_placement: ring}}\n    backends: [{{url: '{}', worker_id: b0}}, {{url: '{}', worker_id: b1}}]\n",
+        "grpc_listen: 127.0.0.1:0\ningest: {{stale_after_ms: 500}}\nhealth: {{probe_interval_ms: 100, eject_after: 1}}\npools:\n  - model: m\n    strategy: kv_aware\n    tokenizer: {}\n    block_size: {BS}\n    backends: [{{url: '{}', worker_id: b0}}, {{url: '{}', worker_id: b1}}]\n",
         dir.path().display(),
         bs[0].url(),
         bs[1].url()
@@ -52,7 +50,7 @@ async fn a_dead_agents_last_entries_keep_a_warm_prefix_on_its_healthy_engine() {
     let r = Router::start(dir.path(), &yaml).await;
     let c = client();
     let url = format!("{}/v1/completions", r.http);
-    // Nobody holds it: the ring owner takes it. The other one will hold it.
+    // Nobody holds it: it is placed cold. The other one will hold it.
     let first = post(&c, &url, &prompt(), &[]).await;
     let owner = first.backend().to_owned();
     let holder = if owner == "b0" { "b1" } else { "b0" };

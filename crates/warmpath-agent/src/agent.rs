@@ -3,27 +3,14 @@
 //! (`/metrics`, `/livez`, `/readyz` and `/health`, an alias of `/readyz`),
 //! all owned by one cancellation token.
 //!
-//! Data-parallel engines: with `dp_ranks = N` the agent follows ranks 0..N-1 on
-//! `port + rank` (replay likewise) and reports them as ONE worker whose block set
-//! is the union of the ranks' (refcounted). vLLM's DP front end picks the rank
-//! for each request, so a router cannot target a rank: per-rank workers would
-//! be unroutable.
-//!
-//! Observe mode ([`crate::observe`]) replaces the followers by a sidecar proxy
-//! on `listen` that mirrors the engine's cache from the prompts it forwards;
-//! the hub, the router links and the load scraper are the same. The agent's
-//! own pages then move under `/warmpath/` (`/warmpath/metrics`,
-//! `/warmpath/livez`, `/warmpath/readyz`, `/warmpath/health`), because
-//! `/health` and `/metrics` belong to the engine behind the proxy.
+//! Data-parallel ranks 0..N-1 (on `port + rank`) are reported as ONE worker:
+//! vLLM's DP front end picks the rank, so a router cannot target one.
 
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
 use crate::link::{Credential, Identity, LinkConfig};
 use crate::load::scrape_loop;
-use crate::observe::{
-    proxy_router, run_observer, LruMirror, ObserveStats, PromptHasher, ProxyState,
-};
 use crate::ready::{self, Readiness};
 use crate::replicas::Links;
 use crate::stats::Stats;
@@ -39,19 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_vllm_events::wire::endpoint_for_rank;
-
-/// How the agent learns what the engine caches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Follow the engine's KV events (vLLM ZMQ).
-    #[default]
-    Events,
-    /// Sidecar proxy in front of the engine that tokenizes what it forwards
-    /// and keeps an LRU mirror of the engine's cache.
-    Observe,
-}
 
 /// Everything the agent needs.
 #[derive(Clone, Debug)]
@@ -62,7 +37,7 @@ pub struct AgentConfig {
     pub model: String,
     /// Engine base URL, e.g. `http://127.0.0.1:8000` (load scraping, Hello).
     pub engine_url: String,
-    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557` (events mode).
+    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557`.
     pub kv_events: String,
     /// Rank 0's replay endpoint, if any.
     pub kv_replay: Option<String>,
@@ -79,8 +54,6 @@ pub struct AgentConfig {
     pub router_ca: Option<PathBuf>,
     /// Name to check the router certificate against instead of the URL's host.
     pub tls_domain: Option<String>,
-    /// Events or observe.
-    pub mode: Mode,
     /// Token sent as `authorization: Bearer <token>`: the worker's
     /// credential or the routers' shared token.
     pub agent_token: Option<String>,
@@ -91,42 +64,17 @@ pub struct AgentConfig {
     pub insecure: bool,
     /// Data-parallel ranks to follow (>= 1).
     pub dp_ranks: u16,
-    /// Address of the agent's own HTTP server (`/metrics`, `/health`); in
-    /// observe mode the proxy clients (or routers) send requests to.
+    /// Address of the agent's own HTTP server (`/metrics`, `/health`).
     pub listen: SocketAddr,
-    /// Tokenizer (tokenizer.json or model folder); required in observe mode.
-    pub tokenizer: Option<PathBuf>,
-    /// Observe mode: blocks the engine's cache holds (the mirror's size).
-    pub cache_blocks: usize,
-    /// Observe mode: the engine's block size (nothing reports it).
-    pub block_size: u32,
-    /// Observe mode: forwarded prompts queued for hashing before new ones
-    /// are dropped (counted; the requests themselves are never dropped).
-    pub observe_queue: usize,
-    /// Observe mode: largest request body the proxy accepts.
-    pub max_body_bytes: usize,
-    /// Observe mode: bytes of forwarded prompts queued for hashing at most
-    /// (as `observe_queue`, beyond it new ones are dropped, counted).
-    pub observe_queue_bytes: usize,
-    /// Observe mode: how long a client may take to send a request body
-    /// (408 beyond).
-    pub body_timeout: Duration,
-    /// Observe mode: bytes of request bodies the proxy reads or forwards at
-    /// once, over every connection (503 beyond).
-    pub proxy_body_bytes: usize,
     /// The HTTP server's connection cap, header and idle deadlines.
     pub http: crate::serve::HttpLimits,
     /// ZMQ topic prefix.
     pub topic: String,
     /// Load scrape period (0: no scraping).
     pub load_interval: Duration,
-    /// Removed-block mappings remembered per rank.
-    pub ghost_capacity: usize,
-    /// Deltas queued per router before coalescing into a snapshot.
-    pub router_queue: usize,
     /// Router link tuning.
     pub link: LinkConfig,
-    /// Events mode: not ready once the engine served prompt tokens and no KV
+    /// Not ready once the engine served prompt tokens and no KV
     /// event followed for this long.
     pub events_silence: Duration,
 }
@@ -145,25 +93,14 @@ impl AgentConfig {
             router_dns_interval: Duration::from_secs(5),
             router_ca: None,
             tls_domain: None,
-            mode: Mode::Events,
             agent_token: None,
             agent_token_file: None,
             insecure: false,
             dp_ranks: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            tokenizer: None,
-            cache_blocks: 100_000,
-            block_size: 16,
-            observe_queue: 1024,
-            max_body_bytes: 64 << 20,
-            observe_queue_bytes: 256 << 20,
-            body_timeout: Duration::from_secs(30),
-            proxy_body_bytes: 256 << 20,
             http: crate::serve::HttpLimits::default(),
             topic: String::new(),
             load_interval: Duration::from_secs(1),
-            ghost_capacity: 1 << 16,
-            router_queue: 16_384,
             link: LinkConfig::default(),
             events_silence: Duration::from_secs(30),
         }
@@ -174,11 +111,8 @@ impl AgentConfig {
 /// waits for the tasks.
 #[derive(Debug)]
 pub struct Agent {
-    hub: Arc<Hub>,
     stats: Arc<Stats>,
-    observe_stats: Arc<ObserveStats>,
     http_addr: SocketAddr,
-    epoch: u64,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -191,20 +125,13 @@ impl Drop for Agent {
 
 /// Longest wait for one answer about a `dns://` router name.
 const ROUTER_DNS_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// One `--router` entry.
-enum RouterTarget {
-    /// A URL: one link.
-    Url(String),
-    /// `dns://NAME:PORT`: one link per resolved replica.
-    Dns(String, u16),
-}
+/// Removed-block mappings remembered per rank.
+const GHOST_CAPACITY: usize = 1 << 16;
 
 #[derive(Clone)]
 struct HttpState {
     hub: Arc<Hub>,
     stats: Arc<Stats>,
-    observe_stats: Option<Arc<ObserveStats>>,
     prometheus: Option<PrometheusHandle>,
     ready: Arc<Readiness>,
     worker_id: String,
@@ -245,153 +172,92 @@ impl Agent {
         if let Some(path) = &cfg.agent_token_file {
             crate::link::read_token_file(path).map_err(AgentError::Config)?;
         }
-        let sends_token = cfg.agent_token.is_some() || cfg.agent_token_file.is_some();
-        if sends_token && !cfg.insecure {
-            if let Some(r) = cfg
-                .routers
-                .iter()
-                .find(|r| crate::tls::plain_text_off_host(r))
-            {
-                return Err(AgentError::Config(format!(
-                    "--router {r}: the agent token would cross the network in plain text; use https:// (the router's --agent-tls-cert), a loopback router, or pass --insecure"
-                )));
-            }
-        }
-        let mut router_targets = Vec::new();
+        let guard_token =
+            (cfg.agent_token.is_some() || cfg.agent_token_file.is_some()) && !cfg.insecure;
+        let (mut urls, mut dns_names) = (Vec::new(), Vec::new());
         for r in &cfg.routers {
-            router_targets.push(match crate::replicas::dns_target(r) {
+            match crate::replicas::dns_target(r) {
                 Some(t) => {
-                    let (name, port) = t?;
-                    if sends_token && !cfg.insecure {
+                    dns_names.push(t?);
+                    if guard_token {
                         return Err(AgentError::Config(format!(
                             "--router {r}: its replicas are reached over plain http://, so the agent token would cross the network in plain text; pass --insecure (inside a trusted network) or list https:// routers"
                         )));
                     }
-                    RouterTarget::Dns(name, port)
                 }
-                None => RouterTarget::Url(r.clone()),
-            });
+                None if guard_token && crate::tls::plain_text_off_host(r) => {
+                    return Err(AgentError::Config(format!(
+                        "--router {r}: the agent token would cross the network in plain text; use https:// (the router's --agent-tls-cert), a loopback router, or pass --insecure"
+                    )));
+                }
+                None => urls.push(r.clone()),
+            }
         }
         // Built before anything is spawned: a bad system configuration fails the start.
-        let dns_resolver = if router_targets
-            .iter()
-            .any(|t| matches!(t, RouterTarget::Dns(..)))
-        {
+        let dns_resolver = if dns_names.is_empty() {
+            None
+        } else {
             let r = warmpath_proto::dns::resolver(cfg.router_nameserver, ROUTER_DNS_TIMEOUT)
                 .map_err(|e| AgentError::Config(format!("--router dns://: {e}")))?;
             Some(Arc::new(r))
-        } else {
-            None
         };
-        // dns:// entries were checked above; their replicas are plain http.
-        let urls: Vec<String> = router_targets
-            .iter()
-            .filter_map(|t| match t {
-                RouterTarget::Url(u) => Some(u.clone()),
-                RouterTarget::Dns(..) => None,
-            })
-            .collect();
         let router_tls =
             crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
-        let mut ranks = Vec::new();
-        let observe = match cfg.mode {
-            Mode::Events => None,
-            Mode::Observe => Some(observe_parts(&cfg).await?),
-        };
-        if cfg.mode == Mode::Events && cfg.kv_events.is_empty() {
-            return Err(AgentError::Config(
-                "--kv-events is required in events mode (or use --mode observe)".into(),
-            ));
+        if cfg.kv_events.is_empty() {
+            return Err(AgentError::Config("--kv-events is required".into()));
         }
-        if cfg.mode == Mode::Events {
-            for r in 0..cfg.dp_ranks {
-                let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
+        let mut ranks = Vec::new();
+        for r in 0..cfg.dp_ranks {
+            let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
+                AgentError::Config(format!(
+                    "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
+                    cfg.kv_events
+                ))
+            })?;
+            let replay = match &cfg.kv_replay {
+                None => None,
+                Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
                     AgentError::Config(format!(
-                        "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
-                        cfg.kv_events
+                        "cannot derive rank {r}'s replay endpoint from {rep}"
                     ))
-                })?;
-                let replay = match &cfg.kv_replay {
-                    None => None,
-                    Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
-                        AgentError::Config(format!(
-                            "cannot derive rank {r}'s replay endpoint from {rep}"
-                        ))
-                    })?),
-                };
-                ranks.push((r, ep, replay));
-            }
+                })?),
+            };
+            ranks.push((r, ep, replay));
         }
         let epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1);
-        let hub = Arc::new(Hub::new());
+        let hub = Arc::new(Hub::default());
         let stats = Arc::new(Stats::default());
         crate::series::describe();
-        let readiness = Arc::new(Readiness::new(
-            !cfg.load_interval.is_zero(),
-            cfg.mode == Mode::Events,
-        ));
-        let observe_stats = Arc::new(ObserveStats::default());
+        let readiness = Arc::new(Readiness::new(!cfg.load_interval.is_zero()));
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
 
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .map_err(|source| AgentError::Listen {
-                addr: cfg.listen,
-                source,
-            })?;
-        let http_addr = listener.local_addr().map_err(|source| AgentError::Listen {
+        let bind = async {
+            let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+            let addr = listener.local_addr()?;
+            Ok((listener, addr))
+        };
+        let (listener, http_addr) = bind.await.map_err(|source| AgentError::Listen {
             addr: cfg.listen,
             source,
         })?;
         let state = HttpState {
             hub: hub.clone(),
             stats: stats.clone(),
-            observe_stats: observe.as_ref().map(|_| observe_stats.clone()),
             prometheus,
             ready: readiness.clone(),
             worker_id: cfg.worker_id.clone(),
             epoch,
         };
-        let app = match observe {
-            None => Router::new()
-                .route("/metrics", get(metrics_page))
-                .route("/livez", get(livez))
-                .route("/readyz", get(health))
-                .route("/health", get(health))
-                .with_state(state),
-            Some((hasher, client)) => {
-                hub.set_block_size(cfg.block_size);
-                let (tx, rx) = tokio::sync::mpsc::channel(cfg.observe_queue.max(1));
-                tasks.push(tokio::spawn(run_observer(
-                    hasher,
-                    LruMirror::new(cfg.cache_blocks),
-                    rx,
-                    hub.clone(),
-                    observe_stats.clone(),
-                    cancel.child_token(),
-                )));
-                Router::new()
-                    .route("/warmpath/metrics", get(metrics_page))
-                    .route("/warmpath/livez", get(livez))
-                    .route("/warmpath/readyz", get(health))
-                    .route("/warmpath/health", get(health))
-                    .with_state(state)
-                    .merge(proxy_router(ProxyState {
-                        client,
-                        engine_url: cfg.engine_url.trim_end_matches('/').to_owned(),
-                        observe_tx: tx,
-                        max_body_bytes: cfg.max_body_bytes,
-                        queue: super::observe::ByteBudget::new(cfg.observe_queue_bytes),
-                        bodies: super::observe::ByteBudget::new(cfg.proxy_body_bytes),
-                        body_timeout: cfg.body_timeout,
-                        stats: observe_stats.clone(),
-                    }))
-            }
-        };
+        let app = Router::new()
+            .route("/metrics", get(metrics_page))
+            .route("/livez", get(livez))
+            .route("/readyz", get(health))
+            .route("/health", get(health))
+            .with_state(state);
         tasks.push(tokio::spawn(crate::serve::serve(
             listener,
             app,
@@ -401,13 +267,15 @@ impl Agent {
 
         let (restart_tx, restart_rx) = watch::channel(0u64);
         for (rank, endpoint, replay_endpoint) in ranks {
-            let mut fc = FollowConfig::new(endpoint);
-            fc.replay_endpoint = replay_endpoint;
-            fc.rank = rank;
-            fc.topic = cfg.topic.clone();
+            let fc = FollowConfig {
+                endpoint,
+                replay_endpoint,
+                topic: cfg.topic.clone(),
+                rank,
+            };
             tasks.push(tokio::spawn(follow_rank(
                 fc,
-                EngineTracker::new(cfg.model.clone(), cfg.ghost_capacity),
+                EngineTracker::new(cfg.model.clone(), GHOST_CAPACITY),
                 hub.clone(),
                 stats.clone(),
                 restart_rx.clone(),
@@ -422,7 +290,6 @@ impl Agent {
                 cfg.load_interval,
                 load_tx,
                 restart_tx,
-                stats.clone(),
                 readiness.clone(),
                 cancel.child_token(),
             )));
@@ -442,11 +309,7 @@ impl Agent {
         )));
         let id = Identity {
             worker_id: cfg.worker_id.clone(),
-            // In observe mode requests must reach the engine through the proxy.
-            endpoint: match cfg.mode {
-                Mode::Events => cfg.engine_url.clone(),
-                Mode::Observe => format!("http://{http_addr}"),
-            },
+            endpoint: cfg.engine_url.clone(),
             model: cfg.model.clone(),
             epoch,
             token: match (&cfg.agent_token_file, &cfg.agent_token) {
@@ -462,33 +325,26 @@ impl Agent {
             load: load_rx.clone(),
             stats: stats.clone(),
             cfg: cfg.link.clone(),
-            queue: cfg.router_queue,
         });
-        for target in router_targets {
-            match target {
-                RouterTarget::Url(url) => tasks.push(links.start(url, &cancel).task),
-                RouterTarget::Dns(name, port) => {
-                    let Some(resolver) = dns_resolver.clone() else {
-                        continue; // built above whenever a dns:// router is listed
-                    };
-                    tasks.push(tokio::spawn(crate::replicas::follow_dns(
-                        Arc::clone(&links),
-                        name,
-                        port,
-                        resolver,
-                        cfg.router_dns_interval,
-                        cancel.child_token(),
-                    )));
-                }
+        for url in urls {
+            tasks.push(links.start(url, &cancel).task);
+        }
+        if let Some(resolver) = dns_resolver {
+            for (name, port) in dns_names {
+                tasks.push(tokio::spawn(crate::replicas::follow_dns(
+                    Arc::clone(&links),
+                    name,
+                    port,
+                    Arc::clone(&resolver),
+                    cfg.router_dns_interval,
+                    cancel.child_token(),
+                )));
             }
         }
-        tracing::info!(worker_id = %cfg.worker_id, %http_addr, mode = ?cfg.mode, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
+        tracing::info!(worker_id = %cfg.worker_id, %http_addr, routers = cfg.routers.len(), ranks = cfg.dp_ranks, "agent started");
         Ok(Agent {
-            hub,
             stats,
-            observe_stats,
             http_addr,
-            epoch,
             cancel,
             tasks,
         })
@@ -499,29 +355,9 @@ impl Agent {
         self.http_addr
     }
 
-    /// The published block set.
-    pub fn hub(&self) -> &Arc<Hub> {
-        &self.hub
-    }
-
     /// The counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
-    }
-
-    /// Observe mode's counters (all zero in events mode).
-    pub fn observe_stats(&self) -> &Arc<ObserveStats> {
-        &self.observe_stats
-    }
-
-    /// This run's epoch (sent in Hello).
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// A token that fires when the agent stops.
-    pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.clone()
     }
 
     /// Stops every task and waits for them.
@@ -531,52 +367,6 @@ impl Agent {
             let _ = t.await;
         }
     }
-}
-
-/// Observe mode's checks and shared parts: the prompt hasher and the engine
-/// HTTP client.
-async fn observe_parts(cfg: &AgentConfig) -> Result<(PromptHasher, reqwest::Client), AgentError> {
-    let path = cfg.tokenizer.clone().ok_or_else(|| {
-        AgentError::Config(
-            "--mode observe needs --tokenizer PATH (the engine's tokenizer.json or model folder)"
-                .into(),
-        )
-    })?;
-    if cfg.block_size == 0 || cfg.block_size > 4096 {
-        return Err(AgentError::Config(format!(
-            "--block-size must be 1..=4096, not {}",
-            cfg.block_size
-        )));
-    }
-    if cfg.cache_blocks == 0 {
-        return Err(AgentError::Config(
-            "--cache-blocks must be at least 1".into(),
-        ));
-    }
-    if !(cfg.engine_url.starts_with("http://") || cfg.engine_url.starts_with("https://")) {
-        return Err(AgentError::Config(format!(
-            "--engine-url must be an http(s) URL, not {:?}",
-            cfg.engine_url
-        )));
-    }
-    let p = path.clone();
-    let tokenizer = tokio::task::spawn_blocking(move || ChatTokenizer::load(&p))
-        .await
-        .map_err(|e| AgentError::Config(format!("tokenizer loading task failed: {e}")))?
-        .map_err(|source| AgentError::Tokenizer { path, source })?;
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        // Requests go out in more than one write (head, body): said
-        // explicitly, though reqwest's default is the same.
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| AgentError::Config(format!("cannot build the engine HTTP client: {e}")))?;
-    let hasher = PromptHasher::new(
-        Arc::new(tokenizer),
-        cfg.model.clone(),
-        cfg.block_size as usize,
-    );
-    Ok((hasher, client))
 }
 
 async fn metrics_page(State(s): State<HttpState>) -> String {
@@ -595,16 +385,16 @@ async fn livez() -> axum::Json<serde_json::Value> {
 /// with the reasons; the body also carries the agent's counters.
 async fn health(State(s): State<HttpState>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let verdict = s.ready.verdict(&s.stats);
-    let status = if verdict.ready() {
+    let not_ready = s.ready.not_ready(&s.stats);
+    let status = if not_ready.is_empty() {
         axum::http::StatusCode::OK
     } else {
         axum::http::StatusCode::SERVICE_UNAVAILABLE
     };
     let (seq, blocks, block_size) = s.hub.status();
     let body = axum::Json(serde_json::json!({
-        "status": if verdict.ready() { "ok" } else { "unavailable" },
-        "not_ready": verdict.not_ready,
+        "status": if not_ready.is_empty() { "ok" } else { "unavailable" },
+        "not_ready": not_ready,
         "router_streams": s.stats.router_streams.get(),
         "worker_id": s.worker_id,
         "epoch": s.epoch,
@@ -620,15 +410,6 @@ async fn health(State(s): State<HttpState>) -> axum::response::Response {
         "event_reconnects": s.stats.event_reconnects.get(),
         "router_connects": s.stats.router_connects.get(),
         "router_refusals": s.stats.router_refusals.get(),
-        "observe": s.observe_stats.as_ref().map(|o| serde_json::json!({
-            "forwarded": o.forwarded.get(),
-            "engine_errors": o.engine_errors.get(),
-            "observed": o.observed.get(),
-            "dropped": o.dropped.get(),
-            "unhashable": o.unhashable.get(),
-            "blocks_stored": o.blocks_stored.get(),
-            "blocks_evicted": o.blocks_evicted.get(),
-        })),
     }));
     (status, body).into_response()
 }

@@ -1,35 +1,16 @@
 //! The command line (names as in DESIGN.md), turned into an [`AgentConfig`].
 
-use crate::agent::{AgentConfig, Mode};
+use crate::agent::AgentConfig;
 use crate::error::AgentError;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `--mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum CliMode {
-    /// Follow the engine's KV events.
-    Events,
-    /// Sidecar HTTP proxy in front of an engine without KV events: tokenizes
-    /// every prompt it forwards and keeps an LRU mirror of the engine's cache.
-    Observe,
-}
-
-/// warmpath-agent: follows one engine's KV-cache events and publishes its block
-/// set to every router.
-///
-/// Events mode (default): `--kv-events` (and `--kv-replay`) point at the
-/// engine's vLLM event sockets; `--listen` serves /metrics and /health.
-///
-/// Observe mode, for engines without KV events: `--listen` is an HTTP proxy
-/// to `--engine-url` (send the engine's traffic, or point the router's backend,
-/// there); every chat/completion prompt it forwards is tokenized with
-/// `--tokenizer` and hashed with `--block-size` into an LRU mirror of
-/// `--cache-blocks` blocks. The agent's own pages are /warmpath/metrics,
-/// /warmpath/livez, /warmpath/readyz and /warmpath/health; every other path
-/// goes to the engine.
+/// warmpath-agent: follows one engine's KV-cache events (`--kv-events`,
+/// `--kv-replay`) and publishes its block set to every router; `--listen`
+/// serves /metrics, /livez, /readyz and /health.
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-agent", version)]
 pub struct Cli {
@@ -53,14 +34,12 @@ pub struct Cli {
     /// Served model name (seeds the block hashes; must match the router pool's).
     #[arg(long)]
     pub model: String,
-    /// Engine base URL (load from its /metrics; observe mode proxies to it),
-    /// e.g. http://127.0.0.1:8000.
+    /// Engine base URL (load from its /metrics), e.g. http://127.0.0.1:8000.
     #[arg(long)]
     pub engine_url: String,
     /// Engine KV-event PUB endpoint (rank 0), e.g. tcp://127.0.0.1:5557.
-    /// Required in events mode.
     #[arg(long)]
-    pub kv_events: Option<String>,
+    pub kv_events: String,
     /// Engine replay ROUTER endpoint (rank 0), e.g. tcp://127.0.0.1:5558.
     #[arg(long)]
     pub kv_replay: Option<String>,
@@ -84,19 +63,6 @@ pub struct Cli {
     /// (e.g. the router is reached by IP).
     #[arg(long, value_name = "NAME")]
     pub tls_domain: Option<String>,
-    /// How to learn the engine's cache.
-    #[arg(long, value_enum, default_value = "events")]
-    pub mode: CliMode,
-    /// Tokenizer: tokenizer.json or a model folder with tokenizer_config.json
-    /// (required in observe mode; the same one the router's pool uses).
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-    /// Observe mode: KV-cache blocks the engine holds (size of the LRU mirror).
-    #[arg(long, default_value_t = 100_000)]
-    pub cache_blocks: usize,
-    /// Observe mode: the engine's KV block size in tokens (vLLM's default: 16).
-    #[arg(long, default_value_t = 16)]
-    pub block_size: u32,
     /// This worker's credential for the routers (`warmpath-router
     /// --print-agent-token WORKER`), or their shared token; sent as
     /// `authorization: Bearer ...`.
@@ -117,8 +83,7 @@ pub struct Cli {
     /// Data-parallel ranks to follow on port+rank (reported as one worker).
     #[arg(long, default_value_t = 1)]
     pub dp_ranks: u16,
-    /// Address for /metrics and /health, or of the proxy in observe mode
-    /// (port 0: any free port, printed).
+    /// Address for /metrics and /health (port 0: any free port, printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
     /// ZMQ topic prefix (vLLM's default is empty).
@@ -128,7 +93,7 @@ pub struct Cli {
     /// is not part of readiness).
     #[arg(long, default_value_t = 1000)]
     pub load_interval_ms: u64,
-    /// Events mode: /readyz turns 503 when the engine served prompt tokens
+    /// /readyz turns 503 when the engine served prompt tokens
     /// and no KV event followed for this many milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub events_silence_ms: u64,
@@ -140,6 +105,24 @@ pub struct Cli {
         default_value_t
     )]
     pub log_format: warmpath_proto::logging::LogFormat,
+}
+
+/// The flags of the removed observe mode.
+const REMOVED_FLAGS: [&str; 4] = ["--mode", "--tokenizer", "--block-size", "--cache-blocks"];
+
+/// Why the agent refuses `args` when one is a flag of the removed observe
+/// mode (clap alone would only call it unexpected).
+pub fn removed_flag(args: impl IntoIterator<Item = OsString>) -> Option<String> {
+    let flag = args.into_iter().find_map(|a| {
+        let a = a.to_string_lossy().into_owned();
+        let name = a.split('=').next().unwrap_or_default();
+        REMOVED_FLAGS.contains(&name).then(|| name.to_owned())
+    })?;
+    Some(format!(
+        "{flag}: observe mode was removed; the agent follows the engine's KV events only: \
+         start vLLM with --kv-events-config '{{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \
+         \"endpoint\": \"tcp://*:5557\"}}' and give the agent --kv-events tcp://127.0.0.1:5557"
+    ))
 }
 
 impl Cli {
@@ -174,22 +157,13 @@ impl Cli {
             ));
         }
         let worker_id = self.worker_id()?;
-        let mut c = AgentConfig::new(
-            &worker_id,
-            &self.model,
-            &self.engine_url,
-            self.kv_events.as_deref().unwrap_or_default(),
-        );
+        let mut c = AgentConfig::new(&worker_id, &self.model, &self.engine_url, &self.kv_events);
         c.kv_replay = self.kv_replay;
         c.routers = self.routers;
         c.router_nameserver = self.router_nameserver;
         c.router_dns_interval = Duration::from_millis(self.router_dns_interval_ms);
         c.router_ca = self.router_ca;
         c.tls_domain = self.tls_domain;
-        c.mode = match self.mode {
-            CliMode::Events => Mode::Events,
-            CliMode::Observe => Mode::Observe,
-        };
         c.agent_token = self.agent_token.filter(|t| !t.is_empty());
         c.agent_token_file = self.agent_token_file;
         c.insecure = self.insecure;
@@ -198,9 +172,6 @@ impl Cli {
         c.topic = self.topic;
         c.load_interval = Duration::from_millis(self.load_interval_ms);
         c.events_silence = Duration::from_millis(self.events_silence_ms);
-        c.tokenizer = self.tokenizer;
-        c.cache_blocks = self.cache_blocks;
-        c.block_size = self.block_size;
         Ok(c)
     }
 }
@@ -228,8 +199,6 @@ mod tests {
             "http://127.0.0.1:1",
             "--router",
             "http://127.0.0.1:2",
-            "--mode",
-            "events",
             "--dp-ranks",
             "2",
             "--router-ca",
@@ -251,36 +220,6 @@ mod tests {
     }
 
     #[test]
-    fn observe_mode_needs_no_event_socket() {
-        let cli = Cli::try_parse_from([
-            "warmpath-agent",
-            "--worker-id",
-            "w1",
-            "--model",
-            "m",
-            "--engine-url",
-            "http://127.0.0.1:8000",
-            "--mode",
-            "observe",
-            "--tokenizer",
-            "/models/llama",
-            "--cache-blocks",
-            "5000",
-            "--block-size",
-            "32",
-        ])
-        .unwrap();
-        let c = cli.into_config().unwrap();
-        assert_eq!(c.mode, Mode::Observe);
-        assert_eq!((c.cache_blocks, c.block_size), (5000, 32));
-        assert_eq!(
-            c.tokenizer.as_deref(),
-            Some(std::path::Path::new("/models/llama"))
-        );
-        assert!(c.kv_events.is_empty());
-    }
-
-    #[test]
     fn the_worker_id_can_come_from_the_environment_and_routers_from_dns() {
         let args = |extra: &[&str]| {
             let mut v = vec![
@@ -289,6 +228,8 @@ mod tests {
                 "m",
                 "--engine-url",
                 "http://e:1",
+                "--kv-events",
+                "tcp://e:2",
             ];
             v.extend_from_slice(extra);
             Cli::try_parse_from(v)

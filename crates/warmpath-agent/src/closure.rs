@@ -1,12 +1,8 @@
-//! Whether the published block set is prefix-closed: every block on the GPU
-//! tier, each with its parent held there too (the .proto's "Prefix
-//! closure"). The router then walks a chain by probing a few blocks instead
-//! of every one, so the claim must be exact: it is counted, not assumed.
-//!
-//! Kept by counting, O(1) per block: `kids[p]` is how many GPU blocks have
-//! parent `p`, `orphans` how many GPU blocks have a parent not on the GPU,
-//! `off_gpu` how many (block, tier) pairs are on another tier. A block
-//! arriving heals its orphaned children; a block leaving orphans them.
+//! Whether the published block set is prefix-closed (the .proto's "Prefix
+//! closure"): the router then probes a few blocks of a chain instead of every
+//! one, so the claim must be exact. Kept by counting, O(1) per block: `kids[p]`
+//! GPU blocks have parent `p`, `orphans` GPU blocks a parent not on the GPU,
+//! `off_gpu` (block, tier) pairs are on another tier.
 
 use crate::fasthash::FastMap;
 use warmpath_core::BlockHash;

@@ -1,9 +1,7 @@
 //! The agent's error: why it could not start.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use thiserror::Error;
-use warmpath_core::tokenize::TokenizeError;
 
 /// Why the agent could not start. None of these is worth retrying unchanged.
 #[derive(Debug, Error)]
@@ -11,14 +9,6 @@ pub enum AgentError {
     /// A setting is invalid.
     #[error("invalid agent configuration: {0}")]
     Config(String),
-    /// The tokenizer (observe mode) could not be loaded.
-    #[error("cannot load the tokenizer {}: {source}", path.display())]
-    Tokenizer {
-        /// The `--tokenizer` path.
-        path: PathBuf,
-        /// Why.
-        source: TokenizeError,
-    },
     /// The HTTP listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Listen {

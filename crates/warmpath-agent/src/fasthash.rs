@@ -1,10 +1,7 @@
-//! A fast, per-map seeded hasher for the agent's block maps.
-//!
-//! The hub and the trackers hash every block of every event (SipHash showed
-//! up as a fifth of the pipeline's profile). Their keys are already hashes
-//! (engine block hashes, warmpath block hashes), so a multiply-rotate mix
-//! (as in FxHash) spreads them well; the random per-map seed keeps an engine
-//! that sends crafted hashes from aiming at one bucket chain across runs.
+//! A fast, per-map seeded hasher for the agent's block maps: their keys are
+//! already hashes, so a multiply-rotate mix (as in FxHash) spreads them; the
+//! random per-map seed keeps an engine's crafted hashes from aiming at one
+//! bucket chain.
 
 use std::hash::{BuildHasher, Hasher};
 

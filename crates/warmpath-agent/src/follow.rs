@@ -1,58 +1,13 @@
-//! Following one engine rank: ZMQ SUB on its event endpoint, DEALER replay,
-//! sequence handling, decoding, and feeding the [`EngineTracker`] into the [`Hub`].
+//! Following one engine rank: ZMQ SUB on its event endpoint and DEALER replay,
+//! both through a [`crate::zmtp_guard`] relay; sequence handling (the rules:
+//! docs/agent.md, "Agent"); decoding; feeding the [`EngineTracker`] into the [`Hub`].
 //!
-//! Sequence rules (vLLM counts batches from 0 in each engine process):
-//! - next expected: apply;
-//! - a sequence number already applied (`seq <= last`) with the same bytes:
-//!   a duplicate (a replay overlapped live batches); ignore;
-//! - `seq <= last` with other bytes, or one the agent never applied: the
-//!   engine restarted; forget this rank's blocks, then catch up from seq 0
-//!   through the replay endpoint if there is one;
-//! - the first batch after the SUB socket reconnected, above `last`: the
-//!   engine restarted unless it proves otherwise (below);
-//! - a gap (`seq > last + 1`): ask the replay endpoint for `last + 1..`, apply
-//!   what it returns in order; if it cannot fill the gap (no replay endpoint, the
-//!   batches left its buffer, it is down), count an unrecovered gap and make every
-//!   router link send a fresh snapshot.
-//!
-//! Why this tells a restart from a duplicate or a gap without the load
+//! Why the rules tell a restart from a duplicate or a gap without the load
 //! scraper: one engine process sends each sequence number with one payload
-//! (vLLM encodes a batch once and keeps those bytes for replay; the payload
-//! carries its timestamp), and on one connection in order. So the same
-//! number with other bytes is another process. A batch at or below `last`
-//! that the agent never applied cannot come from the same process either:
-//! live batches only overlap what a replay applied, and the agent remembers
-//! the digests of the last [`APPLIED_WINDOW`] batches it applied. A
-//! restarted engine always cuts the TCP connection, so a sequence above
-//! `last` is trusted as the same engine's only on the connection `last`
-//! came on, or when the new connection's engine still buffers `last` with the
-//! same bytes. Forgetting is the safe side of a wrong guess: blocks the agent
-//! does not know cost a cache miss, blocks it keeps for a dead engine are
-//! advertised for ever.
-//!
-//! On start, once subscribed, the agent asks the replay endpoint for everything
-//! the engine still buffers, so a warm engine's cache is learned without
-//! waiting for its next event; live batches the replay already held are then
-//! skipped as duplicates. Without a replay endpoint (or when that replay
-//! fails) the first live message triggers a catch-up from 0, and so does
-//! (at most every 10 s) a `BlockStored` whose parent is unknown.
-//! Replaying batches already applied is harmless: the tracker only reports real
-//! transitions.
-//!
-//! The SUB socket is made once per rank and reconnects by itself (`zeromq`
-//! 0.6 and later re-dial a lost publisher with backoff and re-send the
-//! subscription), so an idle engine costs nothing and a restarted one is
-//! followed again on its own; batches published meanwhile show up as a gap or
-//! a backwards jump, handled as above. Its monitor feeds logs, the reconnect
-//! count, and marks the next batch as the first of a new connection (the
-//! monitor's `Disconnected` is queued before the socket re-dials, and the
-//! queue is drained before each batch is handled). Replays run in their own
-//! task with a deadline, so a replay endpoint that never answers is a failed
-//! replay, not a stuck rank.
-//!
-//! Both sockets reach the engine through a [`crate::zmtp_guard`] relay on
-//! 127.0.0.1, which ends a connection whose peer announces a frame over
-//! [`DecodeLimits::max_payload_bytes`] before `zeromq` reserves it.
+//! (vLLM encodes a batch once and keeps those bytes for replay), on one
+//! connection, in order, and a restarted engine always cuts the connection.
+//! Forgetting is the safe side of a wrong guess: an unknown block costs a
+//! cache miss, a dead engine's block would be advertised for ever.
 
 use crate::hub::Hub;
 use crate::replay::{replay, ReplayLimits};
@@ -81,32 +36,14 @@ pub struct FollowConfig {
     pub topic: String,
     /// Data-parallel rank (for logs and metrics).
     pub rank: u16,
-    /// Give up on a replay after this long.
-    pub replay_timeout: Duration,
-    /// Most batches accepted from one replay.
-    pub max_replay_batches: usize,
-    /// Most payload bytes accepted from one replay (the batches are held
-    /// until it ends).
-    pub max_replay_bytes: usize,
-    /// Decoder caps.
-    pub limits: DecodeLimits,
 }
 
-impl FollowConfig {
-    /// Defaults for `endpoint`.
-    pub fn new(endpoint: impl Into<String>) -> Self {
-        FollowConfig {
-            endpoint: endpoint.into(),
-            replay_endpoint: None,
-            topic: String::new(),
-            rank: 0,
-            replay_timeout: Duration::from_secs(3),
-            max_replay_batches: 100_000,
-            max_replay_bytes: 256 << 20,
-            limits: DecodeLimits::default(),
-        }
-    }
-}
+/// What one replay may take (the batches are held until it ends).
+const REPLAY_LIMITS: ReplayLimits = ReplayLimits {
+    deadline: Duration::from_secs(3),
+    max_batches: 100_000,
+    max_bytes: 256 << 20,
+};
 
 /// How many recently applied batches' digests a rank keeps, to tell a
 /// duplicate (a replay overlapping live batches: those published during the
@@ -155,7 +92,7 @@ pub async fn follow_rank(
     // The guards live as long as this rank is followed.
     let guards = cancel.child_token();
     let _stop_guards = guards.clone().drop_guard();
-    let max_frame = cfg.limits.max_payload_bytes as u64;
+    let max_frame = DecodeLimits::default().max_payload_bytes as u64;
     let events_at = guarded(&cfg.endpoint, max_frame, &guards).await;
     let replay_at = match &cfg.replay_endpoint {
         Some(ep) => Some(guarded(ep, max_frame, &guards).await),
@@ -245,7 +182,7 @@ pub async fn follow_rank(
 /// `target` itself when none could start (logged).
 async fn guarded(target: &str, max_frame: u64, cancel: &CancellationToken) -> String {
     match crate::zmtp_guard::start(target, max_frame, cancel.clone()).await {
-        Ok(g) => g.endpoint,
+        Ok(endpoint) => endpoint,
         Err(e) => {
             tracing::error!(endpoint = %target, error = %e,
                 "cannot start the frame guard; connecting without it (an oversized frame can abort the agent)");
@@ -365,21 +302,19 @@ impl Follower {
             }
         }
         self.apply(seq, &payload);
-        if self.stats_take_unknown_parent() {
+        if self.parent_replay_due() {
             self.catch_up(0, seq.saturating_add(1)).await;
         }
     }
 
-    /// Whether an unknown parent in the last batch warrants a catch-up replay.
-    fn stats_take_unknown_parent(&mut self) -> bool {
-        if self.cfg.replay_endpoint.is_none() || !self.pending_parent {
-            self.pending_parent = false;
-            return false;
-        }
-        self.pending_parent = false;
-        let due = self
-            .last_parent_replay
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+    /// Whether an unknown parent in the last batch warrants a catch-up
+    /// replay (at most one every 10 s).
+    fn parent_replay_due(&mut self) -> bool {
+        let due = std::mem::take(&mut self.pending_parent)
+            && self.replay_at.is_some()
+            && self
+                .last_parent_replay
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
         if due {
             self.last_parent_replay = Some(Instant::now());
         }
@@ -427,33 +362,40 @@ impl Follower {
     /// would need exactly `last + 1` batches published, all missed, and any
     /// gap means lost events either way.
     async fn same_engine(&mut self, last: u64, seq: u64) -> bool {
-        let (Some(ep), Some(at)) = (self.cfg.replay_endpoint.clone(), self.replay_at.clone())
-        else {
+        if self.replay_at.is_none() {
             return seq == last.wrapping_add(1);
-        };
-        match replay(&at, last, self.replay_limits()).await {
+        }
+        let batches = self
+            .replay_from(
+                last,
+                "replay after a reconnection failed; taken as a restart",
+            )
+            .await;
+        batches
+            .unwrap_or_default()
+            .first()
+            .is_some_and(|(s, payload)| {
+                *s == last && self.applied_as(last) == Some(self.digest(payload))
+            })
+    }
+
+    /// The batches the replay endpoint holds from `from` on, counted; `None`
+    /// without a replay endpoint, or when the replay failed (logged: `failed`).
+    async fn replay_from(&mut self, from: u64, failed: &str) -> Option<Vec<(u64, Bytes)>> {
+        let at = self.replay_at.as_ref()?;
+        match replay(at, from, REPLAY_LIMITS).await {
             Ok(batches) => {
                 self.stats.replays_ok.inc();
                 metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
-                batches.first().is_some_and(|(s, payload)| {
-                    *s == last && self.applied_as(last) == Some(self.digest(payload))
-                })
+                Some(batches)
             }
             Err(why) => {
-                self.stats.replays_failed.inc();
                 metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
                     .increment(1);
-                tracing::warn!(endpoint = %ep, %why, "replay after a reconnection failed; taken as a restart");
-                false
+                let endpoint = self.cfg.replay_endpoint.as_deref().unwrap_or_default();
+                tracing::warn!(%endpoint, %why, "{failed}");
+                None
             }
-        }
-    }
-
-    fn replay_limits(&self) -> ReplayLimits {
-        ReplayLimits {
-            deadline: self.cfg.replay_timeout,
-            max_batches: self.cfg.max_replay_batches,
-            max_bytes: self.cfg.max_replay_bytes,
         }
     }
 
@@ -461,34 +403,22 @@ impl Follower {
     /// cache at agent start). A failure only logs: the first live batch then
     /// catches up as before.
     async fn learn_buffered(&mut self) {
-        let (Some(ep), Some(at)) = (self.cfg.replay_endpoint.clone(), self.replay_at.clone())
-        else {
+        let failed = "start-up replay failed; learning from live events";
+        let Some(batches) = self.replay_from(0, failed).await else {
             return;
         };
-        match replay(&at, 0, self.replay_limits()).await {
-            Ok(batches) => {
-                self.stats.replays_ok.inc();
-                metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
-                let n = batches.len();
-                for (seq, payload) in batches {
-                    if self.last.is_none_or(|l| seq > l) {
-                        self.apply(seq, &payload);
-                    }
-                }
-                if n > 0 {
-                    tracing::info!(
-                        batches = n,
-                        rank = self.cfg.rank,
-                        "learned the engine's buffered events"
-                    );
-                }
+        let n = batches.len();
+        for (seq, payload) in batches {
+            if self.last.is_none_or(|l| seq > l) {
+                self.apply(seq, &payload);
             }
-            Err(why) => {
-                self.stats.replays_failed.inc();
-                metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
-                    .increment(1);
-                tracing::warn!(endpoint = %ep, %why, "start-up replay failed; learning from live events");
-            }
+        }
+        if n > 0 {
+            tracing::info!(
+                batches = n,
+                rank = self.cfg.rank,
+                "learned the engine's buffered events"
+            );
         }
     }
 
@@ -498,34 +428,23 @@ impl Follower {
         let mut reached = self.last.map_or(from, |l| l.saturating_add(1));
         // Catching up after a (re)start: whatever the buffer still holds helps.
         let mut tolerate_first_hole = self.last.is_none();
-        if let (Some(ep), Some(at)) = (self.cfg.replay_endpoint.clone(), self.replay_at.clone()) {
-            match replay(&at, from, self.replay_limits()).await {
-                Ok(batches) => {
-                    self.stats.replays_ok.inc();
-                    metrics::counter!("warmpath_agent_replays_total", "result" => "ok")
-                        .increment(1);
-                    for (seq, payload) in batches {
-                        if seq >= until {
-                            break;
-                        }
-                        if seq > reached {
-                            if !tolerate_first_hole {
-                                break; // a hole in the replay itself
-                            }
-                            reached = seq;
-                        }
-                        tolerate_first_hole = false;
-                        self.apply(seq, &payload);
-                        reached = reached.max(seq.saturating_add(1));
-                    }
-                }
-                Err(why) => {
-                    self.stats.replays_failed.inc();
-                    metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
-                        .increment(1);
-                    tracing::warn!(endpoint = %ep, %why, "replay failed");
-                }
+        for (seq, payload) in self
+            .replay_from(from, "replay failed")
+            .await
+            .unwrap_or_default()
+        {
+            if seq >= until {
+                break;
             }
+            if seq > reached {
+                if !tolerate_first_hole {
+                    break; // a hole in the replay itself
+                }
+                reached = seq;
+            }
+            tolerate_first_hole = false;
+            self.apply(seq, &payload);
+            reached = reached.max(seq.saturating_add(1));
         }
         if reached < until && (from > 0 || self.last.is_some()) {
             self.stats.gaps_unrecovered.inc();
@@ -542,7 +461,7 @@ impl Follower {
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         self.last = Some(seq);
         self.applied[(seq % APPLIED_WINDOW as u64) as usize] = (seq, self.digest(payload));
-        let batch: KvEventBatch = match decode_batch_with(payload, &self.cfg.limits) {
+        let batch: KvEventBatch = match decode_batch_with(payload, &DecodeLimits::default()) {
             Ok(b) => b,
             Err(e) => {
                 self.stats.bad_payloads.inc();
@@ -562,7 +481,6 @@ impl Follower {
             self.pending_parent = true;
         }
         if out.unresolved > 0 {
-            self.stats.unresolved.add(out.unresolved);
             metrics::counter!("warmpath_agent_unresolved_offload_total").increment(out.unresolved);
         }
         if out.refused > 0 {
@@ -578,11 +496,9 @@ impl Follower {
             }
         }
         if out.malformed > 0 {
-            self.stats.malformed.add(out.malformed);
             metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "malformed_event")
                 .increment(out.malformed);
         }
-        self.stats.blocks_hashed.add(out.blocks_hashed);
         if let Some(bs) = out.block_size_learned {
             if let Some(old) = self.hub.block_size().filter(|o| *o != bs) {
                 tracing::error!(

@@ -33,12 +33,16 @@ fn live(seq: u64, payload: &Bytes) -> Vec<Bytes> {
 }
 
 fn follower(replay: Option<&str>) -> Follower {
-    let mut cfg = FollowConfig::new("tcp://127.0.0.1:9");
-    cfg.replay_endpoint = replay.map(str::to_owned);
+    let cfg = FollowConfig {
+        endpoint: "tcp://127.0.0.1:9".into(),
+        replay_endpoint: replay.map(str::to_owned),
+        topic: String::new(),
+        rank: 0,
+    };
     Follower::new(
         cfg,
         EngineTracker::new("m", 16),
-        Arc::new(Hub::new()),
+        Arc::new(Hub::default()),
         Arc::new(Stats::default()),
         replay.map(str::to_owned),
     )

@@ -1,23 +1,11 @@
-//! The worker's published block set and the fan-out to router links.
-//!
-//! Every rank's [`Change`]s land here. The hub keeps the union of the ranks'
-//! blocks as refcounted `(hash, tier)` pairs (two DP ranks may hold the same
-//! block), turns net transitions into numbered [`Delta`]s (the agent's own `seq`,
-//! see the .proto) and pushes each to every router's bounded [`Sink`]. A sink
-//! that overflows drops its queue and is marked for a snapshot instead: a slow
-//! router costs a snapshot, never unbounded memory. Snapshots are taken under
-//! the same lock as deltas are numbered, so a snapshot at seq S is exact.
-//! Every delta and snapshot says whether the set is prefix-closed then
-//! ([`closure`](crate::closure)).
-//!
-//! Router replicas share their routing decisions through the agents
-//! (ARCHITECTURE.md, "Router replicas"): the bytes of a decision one router
-//! sent on its stream (an encoded, signed `Decided` the agent never reads)
-//! are queued here for every *other* router ([`Hub::share`]),
-//! ahead of deltas (it is about requests in flight now). Its queue is
-//! bounded too (the oldest fact goes first) and cleared on reconnect: a fact
-//! is only worth its freshness, and a router that reconnects has forgotten
-//! the remote requests it knew through this agent.
+//! The worker's published block set (the union of its ranks' blocks,
+//! refcounted: two DP ranks may hold one block) and the fan-out to router
+//! links: numbered [`Delta`]s into each router's bounded [`Sink`]. A sink that
+//! overflows drops its queue for a snapshot (a slow router costs a snapshot,
+//! never unbounded memory); snapshots are taken under the lock that numbers
+//! deltas, so one at seq S is exact. Decisions a router shares ([`Hub::share`],
+//! opaque bytes) are queued for every other router ahead of deltas, bounded
+//! (the oldest goes) and cleared on reconnect: a fact is only worth its freshness.
 
 use crate::closure::Closure;
 use crate::fasthash::FastMap;
@@ -112,6 +100,7 @@ struct Held {
     refs: u32,
 }
 
+#[derive(Default)]
 struct Inner {
     blocks: FastMap<(BlockHash, i32), Held>,
     closure: Closure,
@@ -120,7 +109,8 @@ struct Inner {
     sinks: Vec<Arc<Sink>>,
 }
 
-/// The hub. Cheap to share (`Arc`).
+/// The hub, empty at seq 0. Shared as `Arc`.
+#[derive(Default)]
 pub struct Hub {
     inner: Mutex<Inner>,
 }
@@ -136,26 +126,7 @@ impl std::fmt::Debug for Hub {
     }
 }
 
-impl Default for Hub {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Hub {
-    /// An empty hub at seq 0.
-    pub fn new() -> Self {
-        Hub {
-            inner: Mutex::new(Inner {
-                blocks: FastMap::default(),
-                closure: Closure::default(),
-                seq: 0,
-                block_size: None,
-                sinks: Vec::new(),
-            }),
-        }
-    }
-
     /// Registers a router link's queue holding at most `capacity` deltas.
     pub fn add_sink(&self, name: impl Into<String>, capacity: usize) -> Arc<Sink> {
         let sink = Arc::new(Sink {
@@ -174,11 +145,6 @@ impl Hub {
     /// Drops a router link's queue (the replica went away).
     pub fn remove_sink(&self, sink: &Arc<Sink>) {
         self.inner.lock().sinks.retain(|s| !Arc::ptr_eq(s, sink));
-    }
-
-    /// How many router queues are registered.
-    pub fn sinks(&self) -> usize {
-        self.inner.lock().sinks.len()
     }
 
     /// The current seq, block count and learned block size.
@@ -201,12 +167,8 @@ impl Hub {
         }
         i.block_size = Some(bs);
         for s in &i.sinks {
-            let mut st = s.state.lock();
-            st.hello_changed = true;
-            st.needs_snapshot = true;
-            st.deltas.clear();
-            drop(st);
-            s.notify.notify_one();
+            s.state.lock().hello_changed = true;
+            s.request_snapshot();
         }
     }
 
@@ -392,7 +354,8 @@ impl Hub {
         Some(Work::Deltas(st.deltas.drain(..).collect()))
     }
 
-    /// Whether `(hash, tier)` is held (tests, `/health`).
+    /// Whether `(hash, tier)` is held.
+    #[cfg(test)]
     pub fn contains(&self, hash: BlockHash, tier: Tier) -> bool {
         self.inner.lock().blocks.contains_key(&(hash, tier as i32))
     }
@@ -405,7 +368,7 @@ mod tests {
 
     #[test]
     fn a_decision_goes_to_every_other_router_first_and_bounded() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let (a, b, c) = (
             hub.add_sink("a", 2),
             hub.add_sink("b", 2),
@@ -436,7 +399,7 @@ mod tests {
 
     #[test]
     fn a_stream_of_facts_does_not_starve_block_updates() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let (a, b) = (hub.add_sink("a", 64), hub.add_sink("b", 64));
         for s in [&a, &b] {
             while hub.take_work(s).is_some() {}
@@ -455,7 +418,7 @@ mod tests {
 
     #[test]
     fn decision_facts_are_bounded_in_bytes() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let (a, b) = (hub.add_sink("a", 1 << 20), hub.add_sink("b", 1 << 20));
         for s in [&a, &b] {
             while hub.take_work(s).is_some() {}
@@ -507,7 +470,7 @@ mod tests {
 
     #[test]
     fn snapshot_then_numbered_deltas() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let sink = hub.add_sink("r", 8);
         hub.apply(vec![stored(&[1, 2], Tier::Gpu)], 0);
         let Some(Work::Snapshot { seq, blocks, .. }) = hub.take_work(&sink) else {
@@ -526,7 +489,7 @@ mod tests {
     /// and so does a snapshot.
     #[test]
     fn deltas_and_snapshots_say_whether_the_set_is_prefix_closed() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let sink = hub.add_sink("r", 64);
         let closed_after = |hub: &Hub, changes: Vec<Change>| {
             hub.apply(changes, 0);
@@ -580,7 +543,7 @@ mod tests {
 
     #[test]
     fn ranks_holding_the_same_block_are_refcounted() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         assert_eq!(hub.apply(vec![stored(&[1], Tier::Gpu)], 0), 1);
         assert_eq!(
             hub.apply(vec![stored(&[1], Tier::Gpu)], 0),
@@ -599,7 +562,7 @@ mod tests {
 
     #[test]
     fn a_slow_sink_coalesces_into_a_snapshot() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let sink = hub.add_sink("slow", 2);
         assert!(matches!(hub.take_work(&sink), Some(Work::Snapshot { .. })));
         for h in 0..5 {
@@ -613,7 +576,7 @@ mod tests {
 
     #[test]
     fn emptying_the_set_sends_cleared() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let sink = hub.add_sink("r", 8);
         hub.apply(vec![stored(&[1, 2], Tier::Gpu)], 0);
         hub.take_work(&sink);
@@ -626,7 +589,7 @@ mod tests {
 
     #[test]
     fn learning_the_block_size_resends_hello_and_snapshot() {
-        let hub = Hub::new();
+        let hub = Hub::default();
         let sink = hub.add_sink("r", 8);
         hub.take_work(&sink);
         hub.set_block_size(16);

@@ -313,7 +313,6 @@ async fn stream_once(
                         .await?;
                     }
                     last_seq = seq;
-                    stats.snapshots_sent.inc();
                     metrics::counter!("warmpath_agent_snapshots_sent_total").increment(1);
                 }
                 Work::Decided(ds) => {
@@ -333,7 +332,6 @@ async fn stream_once(
                         })
                         .await?;
                     }
-                    stats.deltas_sent.add(n);
                     metrics::counter!("warmpath_agent_deltas_sent_total").increment(n);
                 }
             }
@@ -451,7 +449,7 @@ mod tests {
                 held.push(sock);
             }
         });
-        let hub = Arc::new(Hub::new());
+        let hub = Arc::new(Hub::default());
         let sink = hub.add_sink("r", 64);
         let (_load_tx, load) = watch::channel(None);
         let cfg = LinkConfig {

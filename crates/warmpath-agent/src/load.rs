@@ -1,16 +1,9 @@
-//! Load scraping: the engine's Prometheus `/metrics`, once a second.
-//!
-//! Reads `vllm:num_requests_running`, `vllm:num_requests_waiting` and
-//! `vllm:kv_cache_usage_perc` (a 0..1 fraction despite its name; older releases
-//! call it `vllm:gpu_cache_usage_perc`), summing over label sets (several
-//! engines or DP ranks behind one endpoint) and averaging the usage. Each
-//! scrape also tells [`Readiness`] whether the engine answered and its
-//! `vllm:prompt_tokens_total` (for the KV-event silence check), and
-//! [`RestartWatch`] whether the engine restarted: then the followers forget
-//! its blocks at once instead of at its first new event.
+//! Load scraping: the engine's Prometheus `/metrics` every `--load-interval-ms`,
+//! summed over label sets (several engines or DP ranks behind one endpoint).
+//! Each scrape also feeds [`Readiness`] and [`RestartWatch`]: a restart seen
+//! here makes the followers forget the engine's blocks at once.
 
 use crate::ready::Readiness;
-use crate::stats::Stats;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -20,54 +13,27 @@ use warmpath_proto::v1::Load;
 /// Parses Prometheus text exposition into a [`Load`] (with `engine_up` true).
 /// Returns `None` when none of the three metrics is present.
 pub fn parse_metrics(text: &str) -> Option<Load> {
-    let (mut running, mut waiting) = (0f64, 0f64);
-    let (mut usage_sum, mut usage_n) = (0f64, 0u32);
-    let mut capacity = 0u64;
-    let mut seen = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let name = &line[..name_end];
-        if name == "vllm:cache_config_info" {
-            capacity = capacity.saturating_add(label_u64(&line[name_end..], "num_gpu_blocks"));
-            continue;
-        }
-        // The value is the first field after the labels (a timestamp may follow).
-        let rest = match line[name_end..].rfind('}') {
-            Some(i) if line[name_end..].starts_with('{') => &line[name_end + i + 1..],
-            _ => &line[name_end..],
-        };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
-        if !value.is_finite() {
-            continue;
-        }
-        match name {
-            "vllm:num_requests_running" => running += value,
-            "vllm:num_requests_waiting" => waiting += value,
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
-                usage_sum += value;
-                usage_n += 1;
-            }
-            _ => continue,
-        }
-        seen = true;
+    let running = sum_of(text, "vllm:num_requests_running");
+    let waiting = sum_of(text, "vllm:num_requests_waiting");
+    // A 0..1 fraction despite its name (older releases: gpu_...), averaged.
+    let usage: Vec<f64> = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+        .into_iter()
+        .flat_map(|name| samples(text, name).filter_map(|(_, v)| v))
+        .collect();
+    if running.is_none() && waiting.is_none() && usage.is_empty() {
+        return None;
     }
-    seen.then(|| Load {
-        running: running.max(0.0).min(u32::MAX as f64) as u32,
-        waiting: waiting.max(0.0).min(u32::MAX as f64) as u32,
-        kv_usage: if usage_n > 0 {
-            (usage_sum / f64::from(usage_n)).clamp(0.0, 1.0) as f32
-        } else {
+    let capacity = samples(text, "vllm:cache_config_info").fold(0u64, |c, (labels, _)| {
+        c.saturating_add(label_u64(labels, "num_gpu_blocks"))
+    });
+    let count = |v: Option<f64>| v.unwrap_or(0.0).max(0.0).min(u32::MAX as f64) as u32;
+    Some(Load {
+        running: count(running),
+        waiting: count(waiting),
+        kv_usage: if usage.is_empty() {
             0.0
+        } else {
+            (usage.iter().sum::<f64>() / usage.len() as f64).clamp(0.0, 1.0) as f32
         },
         engine_up: true,
         capacity_blocks: capacity,
@@ -75,17 +41,14 @@ pub fn parse_metrics(text: &str) -> Option<Load> {
     })
 }
 
-/// A view is partial when the engine reports more blocks in use than this
-/// fraction of its capacity above what the agent knows (plus one block per
-/// running request: vLLM counts a request's partly filled last block as
-/// used but publishes only full ones, and usage is sampled while events
-/// stream): the engine holds blocks the agent never saw (it started before
-/// the agent, or events were lost beyond the replay ring).
+/// The slack before a view is partial: this fraction of the capacity, plus
+/// one block per running request (vLLM counts a request's partly filled last
+/// block as used but publishes only full ones; usage is sampled mid-stream).
 const PARTIAL_SLACK_DIV: u64 = 20;
 
 /// Whether `known` blocks cannot cover the engine's current KV usage in
-/// `load` (issue 17 item 3). Unknown capacity or a down engine: `false`, as
-/// nothing says the view misses anything.
+/// `load`: the engine holds blocks the agent never saw. Unknown capacity or a
+/// down engine: `false`, as nothing says the view misses anything.
 pub fn view_is_partial(load: &Load, known: u64) -> bool {
     if load.capacity_blocks == 0 || !load.engine_up {
         return false;
@@ -109,31 +72,33 @@ fn label_u64(labels: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The sum over label sets of counter or gauge `name`, if the page has it.
-pub fn sum_of(text: &str, name: &str) -> Option<f64> {
-    let mut sum = None;
-    for line in text.lines() {
-        let Some(rest) = line.trim().strip_prefix(name) else {
-            continue;
+/// Each sample of series `name` in a Prometheus text page: its labels (`{...}`,
+/// or empty) and its value, when a finite number (a timestamp may follow it).
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, Option<f64>)> {
+    text.lines().filter_map(move |line| {
+        let rest = line.trim().strip_prefix(name)?;
+        let (labels, rest) = match rest.strip_prefix('{') {
+            Some(inner) => {
+                let end = inner.rfind('}')? + 2;
+                (&rest[..end], &rest[end..])
+            }
+            None if rest.starts_with(' ') => ("", rest),
+            None => return None, // a longer name with this prefix
         };
-        let rest = match rest.strip_prefix('{') {
-            Some(labels) => match labels.rfind('}') {
-                Some(i) => &labels[i + 1..],
-                None => continue,
-            },
-            None if rest.starts_with(' ') => rest,
-            None => continue, // a longer name with this prefix
-        };
-        if let Some(v) = rest
+        let value = rest
             .split_whitespace()
             .next()
             .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite())
-        {
-            *sum.get_or_insert(0.0) += v;
-        }
-    }
-    sum
+            .filter(|v| v.is_finite());
+        Some((labels, value))
+    })
+}
+
+/// The sum over label sets of counter or gauge `name`, if the page has it.
+pub fn sum_of(text: &str, name: &str) -> Option<f64> {
+    samples(text, name)
+        .filter_map(|(_, v)| v)
+        .fold(None, |sum, v| Some(sum.unwrap_or(0.0) + v))
 }
 
 /// Tells an engine restart from a run of scrapes: its
@@ -181,7 +146,6 @@ pub async fn scrape_loop(
     every: Duration,
     tx: watch::Sender<Option<Load>>,
     restarts: watch::Sender<u64>,
-    stats: Arc<Stats>,
     ready: Arc<Readiness>,
     cancel: CancellationToken,
 ) {
@@ -234,7 +198,6 @@ pub async fn scrape_loop(
             }
             Err(why) => {
                 ready.engine_scraped(false, None);
-                stats.load_scrape_errors.inc();
                 metrics::counter!("warmpath_agent_load_scrape_errors_total").increment(1);
                 tracing::debug!(%url, %why, "load scrape failed");
                 Load {

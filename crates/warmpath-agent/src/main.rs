@@ -8,6 +8,9 @@ use warmpath_agent::Agent;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if let Some(why) = warmpath_agent::cli::removed_flag(std::env::args_os()) {
+        anyhow::bail!(why);
+    }
     let cli = Cli::parse();
     warmpath_proto::logging::init_logging(cli.log_format);
     let prometheus = PrometheusBuilder::new()

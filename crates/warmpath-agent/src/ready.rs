@@ -1,17 +1,11 @@
 //! Readiness: what `/livez` and `/readyz` (and `/health`) answer, and the
-//! gauges that say the same in `/metrics`.
-//!
-//! Ready means the agent is doing its job:
-//! - the engine answers its metrics page (when load scraping is on);
-//! - at least one router stream is up;
-//! - in events mode, KV events arrive: when the engine's
-//!   `vllm:prompt_tokens_total` grew by [`MIN_PROMPT_TOKENS`] or more and no
-//!   event batch followed for `events_silence`, the events are lost. The
-//!   usual cause is vLLM's publisher connecting instead of binding; that is
-//!   logged once, at ERROR, with the endpoint and the rule.
+//! gauges that say the same in `/metrics`. Ready: the engine answers its
+//! metrics page (when scraped), a router stream is up, and KV events follow
+//! prompt tokens (lost events are usually vLLM's publisher connecting instead
+//! of binding: logged once, at ERROR, with the rule).
 
 use crate::stats::Stats;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -20,9 +14,8 @@ use tokio_util::sync::CancellationToken;
 /// (a handful of tokens each, no full KV block, so no event) do not.
 pub const MIN_PROMPT_TOKENS: u64 = 256;
 
-const ENGINE_UNKNOWN: u8 = 0;
-const ENGINE_UP: u8 = 1;
-const ENGINE_DOWN: u8 = 2;
+/// `prompt_tokens` before the engine's page showed the counter.
+const UNKNOWN: u64 = u64::MAX;
 
 /// What readiness is made of, written by the load scraper, the router
 /// links (through [`Stats::router_streams`]) and [`watch`].
@@ -30,38 +23,19 @@ const ENGINE_DOWN: u8 = 2;
 pub struct Readiness {
     /// Engine reachability is checked (load scraping is on).
     engine_checked: bool,
-    /// Events mode: KV events are expected.
-    events_expected: bool,
-    engine: AtomicU8,
+    /// The latest scrape answered.
+    engine_up: AtomicBool,
     prompt_tokens: AtomicU64,
-    prompt_tokens_known: AtomicBool,
     events_silent: AtomicBool,
-}
-
-/// The readiness verdict: ready, or the reasons it is not.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    /// Machine-readable reasons (`engine_unreachable`, `no_router_stream`,
-    /// `kv_events_silent`); empty when ready.
-    pub not_ready: Vec<&'static str>,
-}
-
-impl Verdict {
-    /// Whether nothing stands in the way.
-    pub fn ready(&self) -> bool {
-        self.not_ready.is_empty()
-    }
 }
 
 impl Readiness {
     /// Nothing known yet: not ready until the engine and a router answered.
-    pub fn new(engine_checked: bool, events_expected: bool) -> Self {
+    pub fn new(engine_checked: bool) -> Self {
         Readiness {
             engine_checked,
-            events_expected,
-            engine: AtomicU8::new(ENGINE_UNKNOWN),
-            prompt_tokens: AtomicU64::new(0),
-            prompt_tokens_known: AtomicBool::new(false),
+            engine_up: AtomicBool::new(false),
+            prompt_tokens: AtomicU64::new(UNKNOWN),
             events_silent: AtomicBool::new(false),
         }
     }
@@ -69,24 +43,22 @@ impl Readiness {
     /// A scrape of the engine's metrics page: whether it answered, and its
     /// `vllm:prompt_tokens_total` when the page has it.
     pub fn engine_scraped(&self, up: bool, prompt_tokens: Option<u64>) {
-        self.engine
-            .store(if up { ENGINE_UP } else { ENGINE_DOWN }, Ordering::Relaxed);
+        self.engine_up.store(up, Ordering::Relaxed);
         if let Some(t) = prompt_tokens {
-            self.prompt_tokens.store(t, Ordering::Relaxed);
-            self.prompt_tokens_known.store(true, Ordering::Relaxed);
+            self.prompt_tokens
+                .store(t.min(UNKNOWN - 1), Ordering::Relaxed);
         }
     }
 
     fn prompt_tokens(&self) -> Option<u64> {
-        self.prompt_tokens_known
-            .load(Ordering::Relaxed)
-            .then(|| self.prompt_tokens.load(Ordering::Relaxed))
+        Some(self.prompt_tokens.load(Ordering::Relaxed)).filter(|t| *t != UNKNOWN)
     }
 
-    /// The verdict now.
-    pub fn verdict(&self, stats: &Stats) -> Verdict {
+    /// Why the agent is not ready now (`engine_unreachable`,
+    /// `no_router_stream`, `kv_events_silent`); empty when it is.
+    pub fn not_ready(&self, stats: &Stats) -> Vec<&'static str> {
         let mut not_ready = Vec::new();
-        if self.engine_checked && self.engine.load(Ordering::Relaxed) != ENGINE_UP {
+        if self.engine_checked && !self.engine_up.load(Ordering::Relaxed) {
             not_ready.push("engine_unreachable");
         }
         if stats.router_streams.get() == 0 {
@@ -95,7 +67,7 @@ impl Readiness {
         if self.events_silent.load(Ordering::Relaxed) {
             not_ready.push("kv_events_silent");
         }
-        Verdict { not_ready }
+        not_ready
     }
 }
 
@@ -119,27 +91,25 @@ pub async fn watch(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if ready.events_expected {
-            let silent =
-                silence_check.observe(Instant::now(), stats.batches.get(), ready.prompt_tokens());
-            if silent && !logged {
-                logged = true;
-                tracing::error!(
-                    endpoint = %endpoint,
-                    "no KV event arrived for {} ms while the engine served prompt tokens; \
-                     the agent follows {endpoint}. vLLM connects instead of binding when the \
-                     endpoint is not a wildcard (tcp://*:PORT); point it at tcp://*:PORT \
-                     (the agent keeps --kv-events tcp://HOST:PORT)",
-                    silence.as_millis()
-                );
-            }
-            ready.events_silent.store(silent, Ordering::Relaxed);
+        let silent =
+            silence_check.observe(Instant::now(), stats.batches.get(), ready.prompt_tokens());
+        if silent && !logged {
+            logged = true;
+            tracing::error!(
+                endpoint = %endpoint,
+                "no KV event arrived for {} ms while the engine served prompt tokens; \
+                 the agent follows {endpoint}. vLLM connects instead of binding when the \
+                 endpoint is not a wildcard (tcp://*:PORT); point it at tcp://*:PORT \
+                 (the agent keeps --kv-events tcp://HOST:PORT)",
+                silence.as_millis()
+            );
         }
-        let v = ready.verdict(&stats);
+        ready.events_silent.store(silent, Ordering::Relaxed);
+        let ok = ready.not_ready(&stats).is_empty();
         let flag = |b: bool| f64::from(u8::from(b));
-        metrics::gauge!("warmpath_agent_ready").set(flag(v.ready()));
+        metrics::gauge!("warmpath_agent_ready").set(flag(ok));
         metrics::gauge!("warmpath_agent_engine_up")
-            .set(flag(ready.engine.load(Ordering::Relaxed) == ENGINE_UP));
+            .set(flag(ready.engine_up.load(Ordering::Relaxed)));
         metrics::gauge!("warmpath_agent_router_streams").set(stats.router_streams.get() as f64);
         metrics::gauge!("warmpath_agent_kv_events_silent")
             .set(flag(ready.events_silent.load(Ordering::Relaxed)));

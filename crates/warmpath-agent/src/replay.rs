@@ -49,17 +49,6 @@ pub enum ReplayError {
     Task(String),
 }
 
-impl ReplayError {
-    /// Whether asking again may succeed (the endpoint was down or slow,
-    /// not misbehaving).
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            ReplayError::Socket { .. } | ReplayError::Timeout(_) | ReplayError::Task(_)
-        )
-    }
-}
-
 /// Asks `endpoint` for every buffered batch with seq >= `from`; returns them
 /// in order, stopping at the end marker.
 pub async fn replay(
@@ -157,7 +146,6 @@ mod tests {
         )
         .await;
         assert!(matches!(r, Err(ReplayError::TooManyBytes(_))), "{r:?}");
-        assert!(!r.unwrap_err().is_retryable());
         let r = replay(
             &ep,
             1,

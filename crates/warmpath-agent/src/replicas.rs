@@ -1,11 +1,6 @@
 //! The router list: a plain URL gets one link ([`crate::link`]); a
-//! `dns://NAME:PORT` entry is resolved every `--router-dns-interval-ms`
-//! (A/AAAA through [`warmpath_proto::dns`], e.g. a headless Service in front
-//! of the router replicas) and keeps one link per resolved replica
-//! (`http://IP:PORT`), following the answer. A new replica's link starts
-//! with Hello and a full snapshot (every new queue asks for one); a vanished
-//! replica's link is cancelled and its queue dropped. A failed or empty
-//! lookup keeps the links it has.
+//! `dns://NAME:PORT` entry keeps one link per address NAME resolves to, looked
+//! up again every `--router-dns-interval-ms` (docs/agent.md).
 
 use crate::error::AgentError;
 use crate::hub::{Hub, Sink};
@@ -29,9 +24,10 @@ pub(crate) struct Links {
     pub(crate) load: watch::Receiver<Option<Load>>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) cfg: LinkConfig,
-    /// Deltas queued per router.
-    pub(crate) queue: usize,
 }
+
+/// Deltas queued per router before coalescing into a snapshot.
+const ROUTER_QUEUE: usize = 16_384;
 
 /// One running link: its queue, its cancellation, its task.
 #[derive(Debug)]
@@ -44,7 +40,7 @@ pub(crate) struct Running {
 impl Links {
     /// Starts a link to `url` (ends when `parent` is cancelled).
     pub(crate) fn start(&self, url: String, parent: &CancellationToken) -> Running {
-        let sink = self.hub.add_sink(url.clone(), self.queue);
+        let sink = self.hub.add_sink(url.clone(), ROUTER_QUEUE);
         let cancel = parent.child_token();
         let task = tokio::spawn(run_link(
             url,
@@ -71,10 +67,7 @@ impl Links {
 
 /// `dns://NAME:PORT` as (NAME, PORT); `None` for any other URL.
 pub fn dns_target(url: &str) -> Option<Result<(String, u16), AgentError>> {
-    let rest = url
-        .get(..6)
-        .filter(|s| s.eq_ignore_ascii_case("dns://"))
-        .map(|_| &url[6..])?;
+    let rest = crate::tls::after_scheme(url, "dns://")?;
     let bad = || {
         AgentError::Config(format!(
             "--router {url}: expected dns://NAME:PORT (NAME resolved to every router replica)"

@@ -1,22 +1,10 @@
-//! The agent's HTTP server (its own pages, and observe mode's proxy): hyper
-//! over an accept loop that bounds what one client can hold.
-//!
-//! - At most [`HttpLimits::max_connections`] connections at once; one past
-//!   it gets an immediate `503` and is closed, without a task or a wait.
-//! - A request head must arrive whole within [`HttpLimits::header_timeout`]
-//!   of its first byte (of the connection's start, for the first request):
-//!   a slowloris client that sends half a head is closed.
-//! - A keep-alive connection with no request in flight is closed after
-//!   [`HttpLimits::idle_timeout`].
-//!
-//! A request in flight (its body read by the handler, its answer streamed)
-//! is never timed here: the proxy has its own body deadline, and an engine's
-//! stream may rightly last minutes. The watch costs the request path two
-//! atomic writes per request and one atomic read per socket read.
+//! The agent's HTTP server: hyper over an accept loop that bounds what one
+//! client can hold (a connection cap, then a `503`; a deadline for each request
+//! head, against slowloris; an idle deadline for keep-alive connections).
+//! The bounds and what each protects against: docs/hostile-edges-agent.md.
 
-use axum::body::Body;
 use axum::Router;
-use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -57,9 +45,8 @@ impl Default for HttpLimits {
     }
 }
 
-/// 40% of the soft open-file limit, at least 1: in observe mode each client
-/// connection may hold an engine connection too, and the rest is left to
-/// router links, listeners and files. Raise the limit (`ulimit -n`) to raise it.
+/// 40% of the soft open-file limit, at least 1: the rest is left to router
+/// links, event sockets, listeners and files. Raise `ulimit -n` to raise it.
 pub fn default_max_connections() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
@@ -71,7 +58,7 @@ pub fn default_max_connections() -> usize {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Serves `app` on `listener` under `limits` until `cancel` fires; then
-/// stops accepting and gives open connections [`SHUTDOWN_GRACE`] to finish.
+/// stops accepting and gives open connections `SHUTDOWN_GRACE` to finish.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -104,12 +91,6 @@ pub async fn serve(
             let _ = tcp.try_write(&refusal);
             continue;
         };
-        // Observe mode streams engine answers in small writes: without
-        // TCP_NODELAY, Nagle's algorithm holds each until the client's
-        // delayed ACK (~40 ms) on a reused connection.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY on an agent connection");
-        }
         conns.spawn(connection(
             tcp,
             peer,
@@ -180,7 +161,7 @@ impl AcceptFailures {
 #[derive(Debug)]
 struct Activity {
     born: Instant,
-    /// Requests between their head's end and their answer's end.
+    /// Requests between their head's end and their answer.
     in_flight: AtomicU64,
     /// When the pending request head began (0: none pending).
     head_since: AtomicU64,
@@ -240,7 +221,7 @@ impl Activity {
     }
 }
 
-/// A request in flight; dropped with its answer's body.
+/// A request in flight; dropped with its answer.
 #[derive(Debug)]
 struct Busy(Arc<Activity>);
 
@@ -283,18 +264,6 @@ impl AsyncWrite for Watched {
         Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
-    }
-
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
     }
@@ -304,7 +273,8 @@ impl AsyncWrite for Watched {
     }
 }
 
-/// The per-connection service: the app, each answer holding a [`Busy`].
+/// The per-connection service: the app, each request holding a [`Busy`]
+/// until its answer is ready.
 #[derive(Clone)]
 struct Counted {
     app: TowerToHyperService<Router>,
@@ -323,34 +293,9 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Counted {
         let answer = self.app.call(req);
         Box::pin(async move {
             let resp = answer.await?;
-            Ok(resp.map(|body| Body::new(HeldBody { body, _busy: busy })))
+            drop(busy);
+            Ok(resp)
         })
-    }
-}
-
-/// An answer's body, holding its request's [`Busy`] until it is dropped.
-struct HeldBody {
-    body: Body,
-    _busy: Busy,
-}
-
-impl hyper::body::Body for HeldBody {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 
@@ -375,7 +320,7 @@ async fn connection(
         activity: Arc::clone(&activity),
     });
     let builder = auto::Builder::new(TokioExecutor::new());
-    let mut conn = pin!(builder.serve_connection_with_upgrades(io, service));
+    let mut conn = pin!(builder.serve_connection(io, service));
     let mut stopping = false;
     loop {
         let now = activity.now();

@@ -56,18 +56,12 @@ impl Drop for LevelGuard<'_> {
 pub struct Stats {
     /// Batches decoded and applied.
     pub batches: Counter,
-    /// Blocks re-hashed.
-    pub blocks_hashed: Counter,
     /// Messages without the `[topic, seq, payload]` layout.
     pub bad_frames: Counter,
     /// Payloads that failed to decode.
     pub bad_payloads: Counter,
-    /// Events that contradict themselves.
-    pub malformed: Counter,
     /// BlockStored events with an unknown parent.
     pub unknown_parents: Counter,
-    /// Offload stores of blocks never seen with tokens.
-    pub unresolved: Counter,
     /// Sequence gaps seen.
     pub gaps: Counter,
     /// Gaps no replay could fill.
@@ -78,18 +72,10 @@ pub struct Stats {
     pub event_reconnects: Counter,
     /// Replays that completed.
     pub replays_ok: Counter,
-    /// Replays that failed or timed out.
-    pub replays_failed: Counter,
-    /// Snapshots sent to routers.
-    pub snapshots_sent: Counter,
-    /// Deltas sent to routers.
-    pub deltas_sent: Counter,
     /// Router streams opened.
     pub router_connects: Counter,
     /// Refusals received from routers.
     pub router_refusals: Counter,
-    /// Load scrapes that failed.
-    pub load_scrape_errors: Counter,
     /// Router streams up now.
     pub router_streams: Level,
 }

@@ -10,21 +10,23 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 /// Largest accepted `--router-ca` file, bytes.
 const MAX_CA_BYTES: u64 = 1 << 20;
 
+/// `url` after `scheme` (`"https://"`, any case), if it starts with it.
+pub(crate) fn after_scheme<'a>(url: &'a str, scheme: &str) -> Option<&'a str> {
+    url.get(..scheme.len())
+        .filter(|s| s.eq_ignore_ascii_case(scheme))
+        .map(|_| &url[scheme.len()..])
+}
+
 /// Whether `url` asks for TLS.
 pub fn is_https(url: &str) -> bool {
-    url.get(..8)
-        .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+    after_scheme(url, "https://").is_some()
 }
 
 /// Whether `url` is plain `http://` to a host other than this one, where a
 /// token sent along could be read on the way. Unparsable URLs count as off
 /// host (they fail later with their own error).
 pub fn plain_text_off_host(url: &str) -> bool {
-    let Some(rest) = url
-        .get(..7)
-        .filter(|s| s.eq_ignore_ascii_case("http://"))
-        .map(|_| &url[7..])
-    else {
+    let Some(rest) = after_scheme(url, "http://") else {
         return false;
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -63,11 +65,7 @@ pub fn router_tls(
     domain: Option<&str>,
 ) -> Result<Option<ClientTlsConfig>, AgentError> {
     for url in routers {
-        let scheme_ok = is_https(url)
-            || url
-                .get(..7)
-                .is_some_and(|s| s.eq_ignore_ascii_case("http://"));
-        if !scheme_ok {
+        if !is_https(url) && after_scheme(url, "http://").is_none() {
             return Err(AgentError::Config(format!(
                 "--router {url:?} must start with http:// or https://"
             )));

@@ -1,16 +1,9 @@
 //! One engine rank's block map: vLLM hash -> (warmpath hash, parent, tiers).
-//!
-//! [`EngineTracker::apply_batch`] turns vLLM events into [`Change`]s on warmpath
-//! hashes. A `BlockStored` with tokens is re-hashed block by block with the
-//! shared hash, chained from the parent the tracker recorded (or seeded with
-//! model, LoRA name and the tenant found as `cache_salt` in block 0's extra keys).
-//! A parent it does not know is counted and the chain is dropped — never guessed.
-//! Offload stores (no tokens) resolve through the map. Changes are emitted only on
-//! real transitions, so applying the same batch twice (a replay overlapping what
-//! was already seen) changes nothing.
-//!
-//! Removed blocks keep their mapping for a while ("ghosts", bounded) so that a
-//! child stored after its parent was evicted still chains correctly.
+//! [`EngineTracker::apply_batch`] re-hashes `BlockStored` tokens with the
+//! shared hash, chained from the recorded parent (an unknown parent is counted,
+//! never guessed), and emits [`Change`]s only on real transitions, so a
+//! replayed batch changes nothing. Removed blocks keep their mapping a while
+//! ("ghosts", bounded) so a child stored after its parent's eviction still chains.
 
 use crate::fasthash::FastMap;
 use std::collections::VecDeque;
@@ -52,8 +45,6 @@ pub struct Outcome {
     pub malformed: u64,
     /// Set when this batch taught (or changed) the block size.
     pub block_size_learned: Option<u32>,
-    /// Blocks hashed.
-    pub blocks_hashed: u64,
     /// New blocks refused at the tracker's bound.
     pub refused: u64,
 }
@@ -112,29 +103,22 @@ impl EngineTracker {
     }
 
     /// At most `n` blocks held; new ones beyond are refused (counted).
+    #[cfg(test)]
     pub fn with_max_blocks(mut self, n: usize) -> Self {
         self.max_blocks = n;
         self
     }
 
-    /// The block size learned from the events, if any.
-    pub fn block_size(&self) -> Option<u32> {
-        self.block_size
-    }
-
     /// Blocks held (in at least one tier).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.present
     }
 
     /// Whether no block is held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.present == 0
-    }
-
-    /// The warmpath hash for an engine hash, if known (held or recently removed).
-    pub fn lookup(&self, h: &EngineBlockHash) -> Option<BlockHash> {
-        self.entries.get(h).map(|e| e.wp)
     }
 
     /// Applies one batch.
@@ -231,7 +215,6 @@ impl EngineTracker {
                 prev
             };
             let wp = hash_block(seed, block);
-            out.blocks_hashed += 1;
             if self.mark(eh, wp, chain_parent, tier, out) {
                 if new.is_empty() {
                     run_parent = chain_parent;

@@ -1,20 +1,10 @@
-//! A loopback relay in front of each engine event endpoint that refuses
-//! oversized ZMTP frames before the `zeromq` crate sees them.
-//!
-//! Why: `zeromq` 0.7's decoder reserves a frame's announced length (up to
-//! 2^63 bytes) as soon as it reads the frame header, so any peer at the
-//! event or replay endpoint could abort the agent with one 9-byte header
-//! (the allocation fails), or pin gigabytes. The crate has no knob for it.
-//!
-//! How: the agent's SUB and DEALER sockets connect to `tcp://127.0.0.1:P`,
-//! a listener of this module; each connection accepted there dials the real
-//! endpoint and copies bytes both ways. The engine-to-agent direction is
-//! parsed as it passes (the 64-byte greeting, then `flags, length, body`
-//! frames, the same for commands and messages in ZMTP 3): a frame longer
-//! than `max_frame`, a multipart message over `max_frame` plus 1 MiB or
-//! [`MAX_PARTS`] frames ends both connections before the header reaches
-//! `zeromq`, which then sees a lost peer and re-dials with its back-off.
-//! Nothing is buffered: each read is checked, then written on.
+//! A loopback relay in front of each engine event endpoint that ends a
+//! connection whose peer announces an oversized ZMTP frame or message before
+//! the `zeromq` crate reads the header: `zeromq` 0.7 reserves any announced
+//! length (up to 2^63 bytes) at once, so one 9-byte header could abort the
+//! agent (docs/hostile-edges-agent.md). The agent's sockets dial the relay on
+//! 127.0.0.1, which dials the engine and checks the engine's frames as they
+//! pass, buffering nothing.
 
 use std::io;
 use std::time::Duration;
@@ -178,17 +168,11 @@ impl FrameCheck {
     }
 }
 
-/// A running guard: the endpoint to give `zeromq` instead of the engine's.
-#[derive(Debug)]
-pub struct Guard {
-    /// `tcp://127.0.0.1:P`.
-    pub endpoint: String,
-}
-
 /// Starts a guard for `target` (`tcp://host:port`) on 127.0.0.1, frames
-/// capped at `max_frame` bytes, running until `cancel` fires. An endpoint
-/// that is not `tcp://` is an error (the caller connects directly).
-pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> io::Result<Guard> {
+/// capped at `max_frame` bytes, running until `cancel` fires; returns the
+/// endpoint to give `zeromq` instead (`tcp://127.0.0.1:P`). An endpoint that
+/// is not `tcp://` is an error (the caller connects directly).
+pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> io::Result<String> {
     let Some(addr) = target.strip_prefix("tcp://").map(str::to_owned) else {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -224,7 +208,7 @@ pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> i
         }
         pumps.shutdown().await;
     });
-    Ok(Guard { endpoint })
+    Ok(endpoint)
 }
 
 /// Dials `addr`, retrying for [`DIAL_FOR`] as `zeromq` would.
@@ -376,7 +360,7 @@ mod tests {
         let target = format!("tcp://{}", engine.local_addr().unwrap());
         let cancel = CancellationToken::new();
         let g = start(&target, 1000, cancel.clone()).await.unwrap();
-        let mut agent = TcpStream::connect(g.endpoint.strip_prefix("tcp://").unwrap())
+        let mut agent = TcpStream::connect(g.strip_prefix("tcp://").unwrap())
             .await
             .unwrap();
         let (mut e, _) = engine.accept().await.unwrap();

@@ -11,7 +11,7 @@ use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
 use warmpath_bench::workload::{WorkloadKind, WorkloadSpec};
-use warmpath_core::policy::{ColdPlacement, KvConfig};
+use warmpath_core::policy::KvConfig;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_core::Strategy;
 
@@ -271,9 +271,6 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
 /// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`).
 #[derive(Args, Debug)]
 struct KvArgs {
-    /// kv_aware: where a prefix no backend holds goes, `pressure` or `ring`.
-    #[arg(long)]
-    cold_placement: Option<String>,
     /// kv_aware: `kv.rebalance_slack`, a number or `off`.
     #[arg(long)]
     rebalance_slack: Option<String>,
@@ -282,13 +279,6 @@ struct KvArgs {
 impl KvArgs {
     /// Lays the knobs given over `kv`.
     fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
-        if let Some(s) = &self.cold_placement {
-            kv.cold_placement = match s.as_str() {
-                "pressure" => ColdPlacement::Pressure,
-                "ring" => ColdPlacement::Ring,
-                other => anyhow::bail!("--cold-placement {other:?}: expected pressure or ring"),
-            };
-        }
         if let Some(s) = &self.rebalance_slack {
             kv.rebalance_slack = match s.as_str() {
                 "off" => None,

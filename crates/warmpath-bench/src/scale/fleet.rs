@@ -64,6 +64,15 @@ impl Instance {
         seg.blocks
     }
 
+    /// Empties the cache, as an engine restart or vLLM's `/reset_prefix_cache`
+    /// does; its agent publishes `AllBlocksCleared`, so the index forgets it all.
+    pub(crate) fn clear(&mut self, index: Option<&CacheIndex>) -> Result<(), IndexError> {
+        self.segments.clear();
+        self.lru.clear();
+        self.used_blocks = 0;
+        index.map_or(Ok(()), |ix| ix.clear_worker(self.slot))
+    }
+
     /// Whether any block of segment `key` is cached (without marking it used).
     pub(crate) fn holds(&self, key: u64) -> bool {
         self.segments.contains_key(&key)

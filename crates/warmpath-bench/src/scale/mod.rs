@@ -71,6 +71,13 @@ pub struct ScaleConfig {
     /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
     #[arg(long)]
     pub share_delay_ms: Option<f64>,
+    /// Every this many seconds, `--reset-instances` instances (the next ones
+    /// in turn) lose their whole cache, as engine restarts do.
+    #[arg(long)]
+    pub reset_every_s: Option<f64>,
+    /// Instances reset each time (with `--reset-every-s`).
+    #[arg(long, default_value_t = 2)]
+    pub reset_instances: usize,
     #[arg(skip = 50usize)]
     pub question_tokens: usize,
     #[arg(skip = 32u32)]
@@ -133,6 +140,12 @@ impl ScaleConfig {
         )?;
         let delay_ok = c.share_delay_ms.is_none_or(|d| d.is_finite() && d >= 0.0);
         ensure(delay_ok, "share_delay_ms", "must be a number >= 0")?;
+        let fits = c.reset_instances <= c.instances;
+        let reset_ok = c
+            .reset_every_s
+            .is_none_or(|s| s.is_finite() && s > 0.0 && fits);
+        let why = "must be a number > 0, resetting at most every instance";
+        ensure(reset_ok, "reset_every_s", why)?;
         self.time.validate()?;
         self.policy.validate()?;
         Ok(())
@@ -195,6 +208,8 @@ enum Event {
     PrefillDone(usize),
     DecodeDone(usize),
     Shared(usize),
+    /// The `n`-th round of cache resets.
+    Reset(usize),
 }
 
 /// Segment keys: documents by id, request tails by request number.
@@ -211,12 +226,16 @@ pub fn run(
     let wall = Instant::now();
     let mut sim = Sim::new(config, strategy)?;
     sim.schedule(0, Event::Arrival(0));
+    if let Some(s) = config.reset_every_s {
+        sim.schedule(us(s * 1000.0), Event::Reset(0));
+    }
     while let Some(Reverse((at, _, ev))) = sim.heap.pop() {
         sim.now = at;
         match ev {
             Event::Arrival(r) => sim.arrive(r)?,
             Event::PrefillDone(r) => sim.prefill_done(r)?,
             Event::Shared(f) => sim.routers.deliver(f),
+            Event::Reset(n) => sim.reset(n)?,
             Event::DecodeDone(r) => {
                 sim.decode_done(r);
                 if sim.e2e.len() % 10_000 == 0 {
@@ -471,6 +490,21 @@ impl<'a> Sim<'a> {
         self.fleet[i].prefilling = Some(r);
         let t = self.cfg.time.prefill_ms(prompt - cached);
         self.schedule(self.now + us(t), Event::PrefillDone(r));
+    }
+
+    /// Round `n` of resets: the next `reset_instances` instances lose their
+    /// caches; another round follows while the run goes on.
+    fn reset(&mut self, n: usize) -> Result<(), BenchError> {
+        let k = self.cfg.reset_instances;
+        let index = (self.strategy == Strategy::KvAware).then_some(&self.index);
+        for j in 0..k {
+            let i = (n * k + j) % self.fleet.len();
+            self.fleet[i].clear(index)?;
+        }
+        if let (false, Some(s)) = (self.heap.is_empty(), self.cfg.reset_every_s) {
+            self.schedule(self.now + us(s * 1000.0), Event::Reset(n + 1));
+        }
+        Ok(())
     }
 
     fn prefill_done(&mut self, r: usize) -> Result<(), BenchError> {

@@ -86,6 +86,52 @@ fn cache_aware_routing_beats_random_on_hits() {
 }
 
 #[test]
+fn resets_cost_hits_and_every_request_still_completes() {
+    // small() runs 3000 requests at 16 req/s: about 190 s, so 19 rounds.
+    let reset = ScaleConfig {
+        reset_every_s: Some(10.0),
+        reset_instances: 2,
+        ..small()
+    };
+    for s in [Strategy::KvAware, Strategy::PrefixAware] {
+        let calm = run(&small(), s, &mut |_| {}).unwrap();
+        let wiped = run(&reset, s, &mut |_| {}).unwrap();
+        assert_eq!(wiped.requests, 3000, "{s}");
+        assert!(
+            wiped.hit_rate < calm.hit_rate - 0.01,
+            "{s}: {} vs {}",
+            wiped.hit_rate,
+            calm.hit_rate
+        );
+    }
+    let every = ScaleConfig {
+        reset_instances: 9,
+        ..reset
+    };
+    assert!(every.validate().is_err());
+}
+
+#[test]
+fn a_reset_instance_holds_nothing_and_the_index_forgets_it() {
+    let index = CacheIndex::with_capacity(64);
+    let slot = index.register_worker("w").unwrap();
+    let mut inst = fleet::Instance::new(slot, 16);
+    let hashes: Vec<BlockHash> = (1..=4).map(BlockHash).collect();
+    inst.insert(7, &hashes, 4, 1, None, Some(&index)).unwrap();
+    assert_eq!(
+        index.longest_match(&hashes).of(slot).map(|w| w.blocks),
+        Some(4)
+    );
+    inst.clear(Some(&index)).unwrap();
+    assert!(!inst.holds(7));
+    assert_eq!(inst.used_blocks(), 0);
+    assert_eq!(
+        index.longest_match(&hashes).of(slot).map(|w| w.blocks),
+        None
+    );
+}
+
+#[test]
 fn the_same_seed_gives_the_same_result() {
     let a = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();
     let b = run(&small(), Strategy::KvAware, &mut |_| {}).unwrap();

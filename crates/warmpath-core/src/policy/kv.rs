@@ -17,8 +17,8 @@ use super::candidates::{cheapest_scan, Held, Salted};
 use super::home::Home;
 use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
-use super::ring::PrefixAware;
-use super::tuning::{ColdPlacement, KvConfig, PRESSURE_WINDOW};
+use super::ring::Ring;
+use super::tuning::{KvConfig, PRESSURE_WINDOW};
 use super::{
     least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
     PolicyConfig, PolicyError, RouteInput, Strategy,
@@ -34,7 +34,8 @@ pub struct KvAware {
     slots: Vec<WorkerSlot>,
     /// Index slot -> position (`u32::MAX`: not in the snapshot).
     pos_of: Vec<u32>,
-    fallback: PrefixAware,
+    /// Cold placement's tie order (and what `prefix_hash` names).
+    ring: Ring,
     placer: Placer,
     rebalance: Option<Rebalance>,
     kv: KvConfig,
@@ -64,7 +65,7 @@ impl KvAware {
             ids: backends.iter().map(|b| b.id.clone()).collect(),
             slots: backends.iter().map(|b| b.slot).collect(),
             pos_of,
-            fallback: PrefixAware::new(config, backends),
+            ring: Ring::new(backends, config.vnodes),
             placer: Placer::new(backends, window)
                 .with_candidates(&config.kv, config.concurrency_threshold),
             rebalance: config.kv.rebalance_slack.map(|slack| Rebalance {
@@ -122,11 +123,8 @@ impl KvAware {
         loads: &[BackendLoad],
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
-        if self.kv.cold_placement == ColdPlacement::Ring {
-            return self.fallback.pick_by_key(input.prefix_key, loads, rng);
-        }
         let weights = self.weights();
-        let ring = self.fallback.ring();
+        let ring = &self.ring;
         let band = f64::from(input.chain_blocks);
         s.resident.sync(loads);
         self.observe(s, input, loads);
@@ -160,9 +158,9 @@ impl KvAware {
         })
     }
 
-    /// The warm pick under `pressure` placement: the cheapest backend (the
-    /// home and its copies charged only for what they lack), and possibly
-    /// one more copy of a prefix too hot for its holders (docs/kv.md).
+    /// The warm pick: the cheapest backend (the home and its copies charged
+    /// only for what they lack), and possibly one more copy of a prefix too
+    /// hot for its holders (docs/kv.md).
     #[allow(clippy::too_many_arguments)]
     fn pick_homed(
         &self,
@@ -265,7 +263,7 @@ impl KvAware {
             input.chain_blocks,
             loads,
             |i| s.cands.usable(i) && holders.binary_search(&i).is_err(),
-            self.fallback.ring(),
+            &self.ring,
             weights,
             band,
         )?;
@@ -319,18 +317,12 @@ impl Policy for KvAware {
 }
 
 impl Learns for KvAware {
-    /// Under `ring` placement it keeps no homes: `None`.
     fn home_of(&self, prefix_key: u64) -> Option<super::HomeView> {
-        self.homed()
-            .then(|| super::remote::home_of(&self.placer, prefix_key))
-            .flatten()
+        super::remote::home_of(&self.placer, prefix_key)
     }
 
-    /// Under `ring` placement it keeps nothing to record.
     fn observe_remote(&self, decision: &super::RemoteDecision) {
-        if self.homed() {
-            super::remote::observe(&self.placer, decision);
-        }
+        super::remote::observe(&self.placer, decision);
     }
 
     /// Carries homes, popularity, pressure and the modelled
@@ -359,11 +351,6 @@ impl KvAware {
         )
     }
 
-    /// Whether it keeps homes (`pressure` placement; `ring` keeps nothing).
-    fn homed(&self) -> bool {
-        self.kv.cold_placement == ColdPlacement::Pressure
-    }
-
     /// The decision of [`Policy::pick`]; recorded only under `Mode::Commit`
     /// (see [`Placer::state`]).
     fn decide(
@@ -390,15 +377,7 @@ impl KvAware {
         if best_match < self.kv.min_match_blocks {
             return self.place_cold(&mut s, input, loads, rng);
         }
-        if self.kv.cold_placement == ColdPlacement::Pressure {
-            return self.pick_homed(&mut s, input, &held, best_match, loads, rng);
-        }
-        let chain = input.chain_blocks.max(best_match);
-        let Some((m, backend)) = s.cands.cheapest(&self.kv, chain, &held, &[], rng) else {
-            let (m, backend) = self.cheapest_full(chain, &held, &[], loads, rng)?;
-            return Ok(full_decision(loads, backend, m, best_match));
-        };
-        Ok(warm_decision(backend, m, best_match))
+        self.pick_homed(&mut s, input, &held, best_match, loads, rng)
     }
 
     /// The warm pick when every backend is full: the cost formula, the

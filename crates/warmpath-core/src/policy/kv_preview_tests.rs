@@ -103,17 +103,15 @@ fn loads_of(s: &Step) -> Vec<BackendLoad> {
 fn configs() -> impl Gen<Value = (PolicyConfig, Option<u64>)> {
     (
         prop_oneof![Just(None), Just(Some(0.1)), Just(Some(0.5))],
-        prop_oneof![Just(ColdPlacement::Pressure), Just(ColdPlacement::Ring)],
         prop_oneof![Just(None), Just(Some(96u64)), Just(Some(400u64))],
         1u32..8,
     )
-        .prop_map(|(slack, cold, capacity, threshold)| {
+        .prop_map(|(slack, capacity, threshold)| {
             let mut cfg = PolicyConfig {
                 concurrency_threshold: threshold,
                 ..Default::default()
             };
             cfg.kv.rebalance_slack = slack;
-            cfg.kv.cold_placement = cold;
             (cfg, capacity)
         })
 }

@@ -38,7 +38,7 @@ pub use least::LeastOutstanding;
 pub use random::Random;
 pub use remote::{HomeView, RemoteDecision};
 pub use ring::{PrefixAware, Ring};
-pub use tuning::{ColdPlacement, KvConfig};
+pub use tuning::KvConfig;
 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};

@@ -189,25 +189,9 @@ mod tests {
     }
 
     #[test]
-    fn ring_placement_and_stateless_policies_keep_nothing() {
-        let cfg = PolicyConfig {
-            kv: KvConfig {
-                cold_placement: crate::policy::ColdPlacement::Ring,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+    fn stateless_policies_keep_nothing() {
+        let cfg = PolicyConfig::default();
         let prefix = build_policy(Strategy::PrefixAware, &cfg, &backends(3), None).unwrap();
         assert!(prefix.learns.is_none());
-        let kv = build_policy(Strategy::KvAware, &cfg, &backends(3), None).unwrap();
-        let p = kv.learns.unwrap();
-        p.observe_remote(&RemoteDecision {
-            prefix_key: 9,
-            backend: 1,
-            chain_blocks: 10,
-            prefill_blocks: 10,
-            home: None,
-        });
-        assert_eq!(p.home_of(9), None);
     }
 }

@@ -77,13 +77,8 @@ impl PrefixAware {
         }
     }
 
-    /// The ring.
-    pub(crate) fn ring(&self) -> &Ring {
-        &self.ring
-    }
-
     /// The ring walk with the bounded-load and threshold rules.
-    pub(crate) fn pick_by_key(
+    fn pick_by_key(
         &self,
         key: u64,
         loads: &[BackendLoad],

@@ -88,26 +88,11 @@ pub struct KvConfig {
     /// backend whose full prefill takes as long; at 1 it stays unless the
     /// holder's queue is about twice the request's own prefill.
     pub miss_weight: f64,
-    /// Where a prefix no backend holds goes: `pressure` (the default; the
-    /// cost formula with each backend's recent cache pressure) or `ring`
-    /// (CHWBL on the prefix key, for several router replicas).
-    pub cold_placement: ColdPlacement,
-    /// `pressure` placement: a prefix gets deliberate copies once its
+    /// A prefix gets deliberate copies once its
     /// popularity per holder exceeds the mean expected load by more than
     /// `COPY_SLACK` times this fraction. 0..=10; `None` (null) turns
     /// copies off. Default 0.4.
     pub rebalance_slack: Option<f64>,
-}
-
-/// How `kv_aware` places a prefix that no backend holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ColdPlacement {
-    /// Least recent cache pressure and queued prefill (the `place` module).
-    #[default]
-    Pressure,
-    /// Consistent hashing with bounded loads on the prefix key.
-    Ring,
 }
 
 impl Default for KvConfig {
@@ -117,7 +102,6 @@ impl Default for KvConfig {
             prefill_weight: 1.0,
             decode_weight: 2.0,
             miss_weight: 1.0,
-            cold_placement: ColdPlacement::Pressure,
             rebalance_slack: Some(0.4),
         }
     }
@@ -163,7 +147,8 @@ struct KvConfigFile {
     prefill_weight: f64,
     decode_weight: f64,
     miss_weight: f64,
-    cold_placement: ColdPlacement,
+    #[serde(deserialize_with = "present")]
+    cold_placement: bool,
     rebalance_slack: Option<f64>,
     #[serde(deserialize_with = "present")]
     share_slack: bool,
@@ -183,7 +168,7 @@ impl Default for KvConfigFile {
             prefill_weight: d.prefill_weight,
             decode_weight: d.decode_weight,
             miss_weight: d.miss_weight,
-            cold_placement: d.cold_placement,
+            cold_placement: false,
             rebalance_slack: d.rebalance_slack,
             share_slack: false,
             pressure_window: false,
@@ -221,6 +206,13 @@ impl TryFrom<KvConfigFile> for KvConfig {
                  tune balance with kv.rebalance_slack",
             ),
             (
+                f.cold_placement,
+                "kv.cold_placement",
+                "a cold prefix is always placed by the cost formula (`ring` lost 3-6 points \
+                 of hit rate in every capacity cell); replicas share decisions instead \
+                 (ingest.share_decisions, on by default); delete the line",
+            ),
+            (
                 f.rebalance_payback,
                 "kv.rebalance_payback",
                 "the payback term was removed (it cost hit rate and TTFT); \
@@ -235,7 +227,6 @@ impl TryFrom<KvConfigFile> for KvConfig {
             prefill_weight: f.prefill_weight,
             decode_weight: f.decode_weight,
             miss_weight: f.miss_weight,
-            cold_placement: f.cold_placement,
             rebalance_slack: f.rebalance_slack,
         })
     }
@@ -248,13 +239,12 @@ mod tests {
 
     #[test]
     fn knobs_parse_and_are_validated() {
-        let cfg: KvConfig =
-            serde_json::from_str(r#"{"cold_placement":"ring","miss_weight":0.5}"#).unwrap();
-        assert_eq!(cfg.cold_placement, ColdPlacement::Ring);
+        let cfg: KvConfig = serde_json::from_str(r#"{"miss_weight":0.5}"#).unwrap();
         assert_eq!(cfg.miss_weight, 0.5);
         assert_eq!(cfg.decode_weight, KvConfig::default().decode_weight);
         assert!(cfg.validate().is_ok());
-        assert!(serde_json::from_str::<KvConfig>(r#"{"cold_placement":"hash"}"#).is_err());
+        let err = serde_json::from_str::<KvConfig>(r#"{"cold_placement":"ring"}"#).unwrap_err();
+        assert!(err.to_string().contains("share_decisions"), "{err}");
         assert!(serde_json::from_str::<KvConfig>(r#"{"no_such_knob":1}"#).is_err());
         let cfg: KvConfig = serde_json::from_str(r#"{"rebalance_slack":null}"#).unwrap();
         assert_eq!(cfg.rebalance_slack, None);
