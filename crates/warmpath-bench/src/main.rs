@@ -375,3 +375,31 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(a) => run_compare(demo_config(&a)?).await,
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use warmpath_bench::compare::EngineEndpoint;
+
+    #[test]
+    fn compare_parses_with_and_without_an_attached_fleet() {
+        let demo = demo_config(&DemoArgs { quick: true }).unwrap();
+        assert!(demo.attach.is_none() && demo.search_rates.is_empty());
+        let args = [
+            "compare",
+            "--attach-router",
+            "http://r:1",
+            "--attach-engine",
+        ];
+        let parsed = CompareOnly::try_parse_from(args.iter().chain(&["e0=http://e:2/,http://e:3"]));
+        let a = parsed.unwrap().args.config.attach.unwrap();
+        let e = |id: &str, url: &str| EngineEndpoint {
+            id: id.into(),
+            url: url.into(),
+        };
+        assert_eq!(a.engines, [e("e0", "http://e:2"), e("", "http://e:3")]);
+        assert!(CompareOnly::try_parse_from(["compare", "--attach-engine", "x"]).is_err());
+        assert!(CompareOnly::try_parse_from(["compare", "--admin-token", "t"]).is_err());
+    }
+}

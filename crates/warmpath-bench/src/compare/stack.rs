@@ -85,14 +85,14 @@ impl std::str::FromStr for EngineEndpoint {
 #[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct AttachConfig {
     /// Attach to this running router (http://host:port) instead of starting a stack.
-    #[arg(long = "attach-router", requires = "engines")]
+    #[arg(long = "attach-router", required = false, requires = "engines")]
     pub router_url: String,
     /// With --attach-router: the router's admin bearer token (never written to reports).
-    #[arg(long)]
+    #[arg(long, requires = "router_url")]
     #[serde(skip)]
     pub admin_token: Option<String>,
     /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id) or `URL`.
-    #[arg(long = "attach-engine", value_delimiter = ',')]
+    #[arg(long = "attach-engine", value_delimiter = ',', requires = "router_url")]
     pub engines: Vec<EngineEndpoint>,
 }
 
