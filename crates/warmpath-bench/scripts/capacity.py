@@ -46,8 +46,8 @@ def main():
     a = ap.parse_args(argv)
     print("| instances | cache x WS | zipf | bound | reference | LRU oracle | LRU pinned | "
           + " | ".join(f"{s} hit / p50 / p90 ms / share min-max %" for s in STRATEGIES)
-          + " | kv moves | kv replicate |")
-    print("|" + "---|" * (7 + len(STRATEGIES) + 2))
+          + " | kv replicate |")
+    print("|" + "---|" * (7 + len(STRATEGIES) + 1))
     for n in [int(x) for x in a.instances.split(",")]:
         for ratio in [float(x) for x in a.ratios.split(",")]:
             for zipf in [float(x) for x in a.zipfs.split(",")]:
@@ -63,7 +63,7 @@ def main():
                 pct = lambda k: "-" if opt.get(k) is None else f"{100 * opt[k]:.1f}%"
                 print(f"| {n} | {ratio} | {zipf} | {pct('bound')} | {pct('reference')} | "
                       f"{pct('lru_oracle')} | {pct('lru_pinned')} | " + " | ".join(cells)
-                      + f" | {kv['moves']} | {kv['decisions'].get('replicate', 0)} |",
+                      + f" | {kv['decisions'].get('replicate', 0)} |",
                       flush=True)
 
 

@@ -7,66 +7,66 @@ use thiserror::Error;
 pub enum BenchError {
     /// A setting or argument is out of range. Fix the input; not retryable.
     #[error("invalid {what}: {reason}")]
-    Invalid {
-        /// The setting.
-        what: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
+    Invalid { what: &'static str, reason: String },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
-        /// The file or folder.
         path: String,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
     /// A line of a JSONL trace is malformed (line 0: the whole trace).
     #[error("trace {origin}, line {line}: {reason}")]
     Trace {
-        /// The file.
         origin: String,
         /// 1-based line number.
         line: usize,
-        /// What is wrong.
         reason: String,
     },
     /// A listening socket could not be bound (port taken?). Retry with another port.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
-        /// The address.
         addr: String,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
-    /// A routing policy could not be built or had no backend.
     #[error("policy: {0}")]
     Policy(#[from] warmpath_core::PolicyError),
-    /// The cache index refused an operation.
     #[error("index: {0}")]
     Index(#[from] warmpath_core::IndexError),
-    /// The simulated engine's prefix cache refused an operation.
     #[error("prefix cache: {0}")]
     PrefixCache(#[from] warmpath_core::prefix_cache::PrefixCacheError),
-    /// The tokenizer could not be built or failed.
     #[error("tokenizer: {0}")]
     Tokenize(#[from] warmpath_core::tokenize::TokenizeError),
     /// An HTTP exchange with a fleet component failed. Usually retryable.
     #[error("HTTP {url}: {reason}")]
-    Http {
-        /// The URL.
-        url: String,
-        /// What went wrong.
-        reason: String,
-    },
+    Http { url: String, reason: String },
     /// A part of the fleet (engine, agent, router) failed to start or died.
     #[error("{what} failed: {reason}")]
-    Component {
-        /// Which part.
-        what: String,
-        /// What went wrong.
-        reason: String,
-    },
+    Component { what: String, reason: String },
+}
+
+/// `Ok` when `ok`, else [`BenchError::Invalid`].
+pub(crate) fn ensure(ok: bool, what: &'static str, reason: &str) -> Result<(), BenchError> {
+    match ok {
+        true => Ok(()),
+        false => Err(BenchError::Invalid {
+            what,
+            reason: reason.to_owned(),
+        }),
+    }
+}
+
+/// A [`BenchError::Component`].
+pub(crate) fn component(what: impl Into<String>, reason: impl std::fmt::Display) -> BenchError {
+    BenchError::Component {
+        what: what.into(),
+        reason: reason.to_string(),
+    }
+}
+
+/// An I/O error on `path`.
+pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> BenchError {
+    let path = path.display().to_string();
+    move |source| BenchError::Io { path, source }
 }

@@ -1,42 +1,5 @@
-//! Hit-rate references that keep the engines' LRU eviction (issue 21).
-//!
-//! [`crate::optimum`]'s bound lets the fleet's caches evict by Belady's rule,
-//! which no router can impose on engines that evict the least recently used
-//! blocks, as vLLM does. These two references route the same trace (prefills
-//! in arrival order) over `n` LRU caches of the fleet's capacity each:
-//!
-//! - **Oracle router on LRU engines** ([`oracle_hits`]): the router knows the
-//!   whole trace; the engines still evict LRU. A request goes, among the
-//!   backends with room under the in-flight limit (as
-//!   [`Optimum::reference`](crate::optimum::Optimum)), to the one holding the
-//!   longest prefix of its chain (ties to the least loaded); a request no
-//!   backend holds goes where writing it evicts the least: the backend whose
-//!   soonest-needed victim is next used furthest in the future (room without
-//!   evicting counts as never), then the least loaded. Greedy, so **a strong
-//!   reference, not a bound**: a router that sends a warm request elsewhere to
-//!   keep a cache for later could beat it.
-//! - **Best static pinned set on LRU engines** ([`pinned_hits`]): requests
-//!   are grouped by their first item (the prefix key: a document in `scale`,
-//!   a system prompt's first block in `compare`). Groups seen at least twice
-//!   are dealt, hottest first (request counts over the whole trace), to the
-//!   least loaded of `n - t` backends that still has room for the group's
-//!   common prefix (first-fit by popularity); every other request goes to one
-//!   of the `t` remaining backends (or any backend when `t = 0`), chosen by a
-//!   fixed hash of the request. The best of `t` = 0, 1, 2 is reported. It
-//!   ignores load (a fixed assignment cannot follow it) and keeps one copy of
-//!   each group: **a reference, not a bound**; it is what a router that knew
-//!   the popularities, and left the engines' LRU alone, could reach by
-//!   pinning.
-//!
-//! Both run each backend's cache on the project's one model of vLLM's prefix
-//! cache ([`PrefixCache`]), one entry per item (a block, or a document of
-//! `scale`): items are chained as blocks are (an item's id names its whole
-//! prefix), and all of a trace's items have one size, so a cache of `c`
-//! blocks holds `c / size` of them; traces whose items differ in size get
-//! neither reference. Hits are prefix hits capped as an engine caps them (the
-//! last prompt token is recomputed). Answers of a conversation are not
-//! modelled: callers leave conversations out. Fleets above [`MAX_BACKENDS`]
-//! get neither (each cold request scans every backend).
+//! Hit-rate references that keep the engines' LRU eviction: an oracle router
+//! and the best pinned set (docs/bench.md, "Hit-rate references").
 
 use crate::offline::{capped_hit, Fleet, InFlight, OptRequest, NEVER};
 use std::collections::HashMap;

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use warmpath_bench::compare::candle::CandleConfig;
-use warmpath_bench::compare::{
-    self, AttachConfig, CompareConfig, EngineEndpoint, EngineKind, RouterKnobs,
-};
+use warmpath_bench::compare::{self, CompareConfig, EngineKind, RouterKnobs};
 use warmpath_bench::scale::{self, ScaleConfig};
 use warmpath_bench::sim::{self, Fleet, SimConfig};
 use warmpath_bench::timing::TimeModel;
@@ -44,36 +42,17 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct CompareArgs {
-    /// Simulated instances.
-    #[arg(long, default_value_t = 4)]
-    instances: usize,
+    #[command(flatten)]
+    config: CompareConfig,
     /// Workload (docs/bench.md describes each).
     #[arg(long, value_enum, default_value_t = WorkloadKind::Long)]
     workload: WorkloadKind,
-    /// Replay this JSONL trace instead of a generated workload.
-    #[arg(long)]
-    trace: Option<PathBuf>,
     /// Strategies (comma separated) or `all`.
     #[arg(long, default_value = "all")]
     strategies: String,
-    /// Seconds of the main run per strategy.
-    #[arg(long, default_value_t = 30.0)]
-    duration: f64,
-    /// Offered rate of the main run, req/s.
-    #[arg(long, default_value_t = 8.0)]
-    rate: f64,
     /// Rates of the goodput search, comma separated ("" for none).
     #[arg(long, default_value = "16,24,32")]
     search_rates: String,
-    /// Seconds per search step.
-    #[arg(long, default_value_t = 8.0)]
-    search_step: f64,
-    /// TTFT SLO of the goodput search (P90), ms.
-    #[arg(long, default_value_t = 500.0)]
-    slo_ms: f64,
-    /// Ask the router's index before every n-th request (0: never).
-    #[arg(long, default_value_t = 2)]
-    fidelity_every: usize,
     /// Documents / conversations / files of the workload (default: 16 per instance).
     #[arg(long)]
     docs: Option<usize>,
@@ -98,38 +77,6 @@ struct CompareArgs {
     /// `--engine candle`: longest prefill step in tokens.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
-    /// Attach to this running router (http://host:port) instead of starting a stack.
-    #[arg(long, requires = "attach_engine")]
-    attach_router: Option<String>,
-    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id, as
-    /// in `x-warmpath-backend`; needed to count an idle engine's 0% share) or
-    /// `URL`; repeat or comma-separate.
-    #[arg(long, value_delimiter = ',')]
-    attach_engine: Vec<String>,
-    /// With --attach-router: the router's admin bearer token.
-    #[arg(long)]
-    admin_token: Option<String>,
-    /// Output folder.
-    #[arg(long, default_value = "warmpath-report")]
-    out: PathBuf,
-    /// No progress bars.
-    #[arg(long)]
-    quiet: bool,
-    /// Router replicas: more than 1 starts that many warmpath-router processes,
-    /// each request sent to one at random, every agent streaming to all.
-    #[arg(long, default_value_t = 1)]
-    routers: usize,
-    /// Run even a single router as a warmpath-router process (not in this one).
-    #[arg(long)]
-    router_process: bool,
-    /// The warmpath-router binary of the processes (default: beside this one).
-    #[arg(long)]
-    router_bin: Option<PathBuf>,
-    /// The replicas do not share their decisions (`ingest.share_decisions: false`).
-    #[arg(long)]
-    no_share_decisions: bool,
-    #[command(flatten)]
-    sim: EngineArgs,
     #[command(flatten)]
     kv: KvArgs,
 }
@@ -143,25 +90,20 @@ struct DemoArgs {
 
 impl CompareArgs {
     fn config(&self) -> anyhow::Result<CompareConfig> {
+        let mut c = self.config.clone();
         let mut workload = WorkloadSpec::new(self.workload);
         workload.seed = self.seed;
         workload.zipf = self.zipf;
         workload.max_tokens = self.max_tokens;
-        workload.docs = self.docs.unwrap_or(16 * self.instances.max(1));
+        workload.docs = self.docs.unwrap_or(16 * c.instances.max(1));
         if let Some(p) = self.prefix_tokens {
             workload.prefix_tokens = p;
         }
-        let search_rates = self
-            .search_rates
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| {
-                s.trim()
-                    .parse::<f64>()
-                    .with_context(|| format!("--search-rates: {s:?}"))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let engine = match self.engine.as_str() {
+        c.search_rates = (self.search_rates.split(',').map(str::trim))
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().with_context(|| format!("--search-rates: {s:?}")))
+            .collect::<anyhow::Result<Vec<f64>>>()?;
+        c.engine = match self.engine.as_str() {
             "sim" => EngineKind::Sim,
             "candle" => {
                 let mut c = CandleConfig::new(self.engine_bin.as_deref())?;
@@ -170,52 +112,13 @@ impl CompareArgs {
             }
             other => anyhow::bail!("--engine {other:?}: expected sim or candle"),
         };
-        let attach = self.attach_router.as_ref().map(|router| AttachConfig {
-            router_url: router.clone(),
-            admin_token: self.admin_token.clone(),
-            engines: self
-                .attach_engine
-                .iter()
-                .map(|e| match e.split_once('=') {
-                    Some((id, url)) => EngineEndpoint {
-                        id: id.to_owned(),
-                        url: url.trim_end_matches('/').to_owned(),
-                    },
-                    // Unknown worker id: shares are keyed by what the
-                    // router reports, with no zero entry for this one.
-                    None => EngineEndpoint {
-                        id: String::new(),
-                        url: e.trim_end_matches('/').to_owned(),
-                    },
-                })
-                .collect(),
-        });
-        let mut router = RouterKnobs {
-            routers: self.routers,
-            processes: self.router_process,
-            router_bin: self.router_bin.clone(),
-            share_decisions: !self.no_share_decisions,
-            ..Default::default()
-        };
-        self.kv.apply(&mut router.kv)?;
-        Ok(CompareConfig {
-            instances: attach.as_ref().map_or(self.instances, |a| a.engines.len()),
-            sim: self.sim.config()?,
-            engine,
-            attach,
-            workload,
-            trace: self.trace.clone(),
-            strategies: strategies(&self.strategies)?,
-            duration_s: self.duration,
-            rate: self.rate,
-            search_rates,
-            search_step_s: self.search_step,
-            slo_ms: self.slo_ms,
-            fidelity_every: self.fidelity_every,
-            router,
-            out_dir: self.out.clone(),
-            progress: !self.quiet,
-        })
+        self.kv.apply(&mut c.router.kv)?;
+        if let Some(a) = &c.attach {
+            c.instances = a.engines.len();
+        }
+        c.workload = workload;
+        c.strategies = strategies(&self.strategies)?;
+        Ok(c)
     }
 }
 
@@ -228,42 +131,32 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
             c.cancel();
         }
     });
-    let what = match (&cfg.attach, &cfg.engine) {
-        (Some(a), _) => format!("router {} with {} engines", a.router_url, a.engines.len()),
-        (None, EngineKind::Sim) => format!(
-            "{} simulated instances + agents + {} on 127.0.0.1",
-            cfg.instances,
-            routers(&cfg.router)
-        ),
-        (None, EngineKind::Candle(_)) => format!(
-            "{} warmpath-engine (candle) processes + agents + {} on 127.0.0.1",
+    let engines = match cfg.engine {
+        EngineKind::Sim => "simulated instances",
+        EngineKind::Candle(_) => "warmpath-engine (candle) processes",
+    };
+    let what = match &cfg.attach {
+        Some(a) => format!("router {} with {} engines", a.router_url, a.engines.len()),
+        None => format!(
+            "{} {engines} + agents + {} on 127.0.0.1",
             cfg.instances,
             routers(&cfg.router)
         ),
     };
-    println!(
-        "warmpath-bench: {what}; {} at {} req/s for {} s per strategy",
-        cfg.trace
-            .as_ref()
-            .map_or(format!("{:?}", cfg.workload.kind).to_lowercase(), |p| {
-                p.display().to_string()
-            }),
-        cfg.rate,
-        cfg.duration_s
-    );
+    let source = match &cfg.trace {
+        Some(p) => p.display().to_string(),
+        None => format!("{:?}", cfg.workload.kind).to_lowercase(),
+    };
+    let (rate, secs) = (cfg.rate, cfg.duration_s);
+    println!("warmpath-bench: {what}; {source} at {rate} req/s for {secs} s per strategy");
     let out = compare::run(&cfg, cancel).await?;
     println!("\n{}", out.table);
     if out.replicas.len() > 1 {
         for (i, r) in out.replicas.iter().enumerate() {
             let n = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
-            println!(
-                "router {i} {}: {} requests ({} ok), decision facts sent {}, received {}",
-                r.url,
-                r.requests,
-                r.served,
-                n(r.facts_sent),
-                n(r.facts_received)
-            );
+            let (url, sent, got) = (&r.url, n(r.facts_sent), n(r.facts_received));
+            let (requests, ok) = (r.requests, r.served);
+            println!("router {i} {url}: {requests} requests ({ok} ok), decision facts sent {sent}, received {got}");
         }
     }
     println!("report: {}", out.html.display());
@@ -272,17 +165,11 @@ async fn run_compare(cfg: CompareConfig) -> anyhow::Result<()> {
 
 /// `router`, `router process` or `3 router processes (sharing decisions)`.
 fn routers(k: &RouterKnobs) -> String {
+    let sharing = if k.share_decisions { "" } else { "not " };
     match (k.as_processes(), k.routers) {
         (false, _) => "router".to_owned(),
         (true, 1) => "router process".to_owned(),
-        (true, n) => format!(
-            "{n} router processes ({} decisions)",
-            if k.share_decisions {
-                "sharing"
-            } else {
-                "not sharing"
-            }
-        ),
+        (true, n) => format!("{n} router processes ({sharing}sharing decisions)"),
     }
 }
 
@@ -316,59 +203,22 @@ struct SimArgs {
     /// Simulated instances.
     #[arg(long, default_value_t = 4)]
     instances: usize,
-    #[command(flatten)]
-    engine: EngineArgs,
-}
-
-/// Settings of the simulated engines.
-#[derive(Args, Debug, Clone)]
-struct EngineArgs {
-    /// Served model name.
-    #[arg(long, default_value = "warmpath-tiny")]
-    model: String,
-    /// Prefix cache capacity per instance, in blocks.
-    #[arg(long, default_value_t = 8192)]
-    cache_blocks: usize,
-    /// Do not open replay endpoints.
-    #[arg(long)]
-    no_replay: bool,
-    /// Run the time model this many times faster.
-    #[arg(long, default_value_t = 1.0)]
-    time_scale: f64,
     /// A tokenizer.json or model folder (default: the generated tiny tokenizer).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-}
-
-impl EngineArgs {
-    fn config(&self) -> anyhow::Result<SimConfig> {
-        anyhow::ensure!(
-            self.time_scale.is_finite() && self.time_scale > 0.0,
-            "--time-scale must be a number > 0"
-        );
-        Ok(SimConfig {
-            model: self.model.clone(),
-            cache_blocks: self.cache_blocks,
-            time: TimeModel::default().scaled(self.time_scale),
-            replay: !self.no_replay,
-            ..Default::default()
-        })
-    }
-
-    fn tokenizer(&self) -> anyhow::Result<Arc<ChatTokenizer>> {
-        Ok(match &self.tokenizer {
-            Some(p) => Arc::new(
-                ChatTokenizer::load(p).with_context(|| format!("loading {}", p.display()))?,
-            ),
-            None => sim::tiny_tokenizer()?,
-        })
-    }
+    #[command(flatten)]
+    config: SimConfig,
 }
 
 async fn run_sim(a: SimArgs) -> anyhow::Result<()> {
-    let cfg = a.engine.config()?;
-    let shutdown = CancellationToken::new();
-    let fleet = Fleet::start(a.instances, &cfg, a.engine.tokenizer()?, shutdown.clone()).await?;
+    let (cfg, shutdown) = (a.config, CancellationToken::new());
+    let tokenizer = match &a.tokenizer {
+        Some(p) => {
+            Arc::new(ChatTokenizer::load(p).with_context(|| format!("loading {}", p.display()))?)
+        }
+        None => sim::tiny_tokenizer()?,
+    };
+    let fleet = Fleet::start(a.instances, &cfg, tokenizer, shutdown.clone()).await?;
     println!(
         "{} simulated vLLM instances of model {:?}:",
         fleet.instances.len(),
@@ -391,59 +241,15 @@ async fn run_sim(a: SimArgs) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 struct ScaleArgs {
-    /// Simulated instances.
-    #[arg(long, default_value_t = 1000)]
-    instances: usize,
-    /// Requests per strategy.
-    #[arg(long, default_value_t = 1_000_000)]
-    requests: usize,
+    #[command(flatten)]
+    config: ScaleConfig,
     /// Strategies to run (comma separated), or `all`.
     #[arg(long, default_value = "all")]
     strategy: String,
-    /// Mean arrivals per second per instance.
-    #[arg(long, default_value_t = 4.0)]
-    rate_per_instance: f64,
-    /// Distinct documents.
-    #[arg(long, default_value_t = 8000)]
-    docs: usize,
-    /// Zipf exponent of document popularity.
-    #[arg(long, default_value_t = 0.8)]
-    zipf: f64,
-    /// Tokens per document.
-    #[arg(long, default_value_t = 8000)]
-    doc_tokens: usize,
-    /// Prefix cache capacity per instance, in blocks.
-    #[arg(long, default_value_t = 8192)]
-    cache_blocks: usize,
-    /// Size the caches instead so that the fleet's total holds this
-    /// multiple of the working set (every document once): 0.5, 0.9, 1.5.
+    /// Size the caches instead to hold this multiple of the working set.
     #[arg(long)]
     cache_ratio: Option<f64>,
-    /// Do not tell kv_aware the instances' cache capacity (no capacity
-    /// model, as with agents that do not report it).
-    #[arg(long)]
-    hide_capacity: bool,
-    /// RNG seed.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Router replicas, each request sent to one at random; they share the
-    /// index and the engines' load reports, nothing else.
-    #[arg(long, default_value_t = 1)]
-    routers: usize,
-    /// Replicas share each decision through the agents, arriving this many
-    /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
-    #[arg(long)]
-    share_delay_ms: Option<f64>,
-    /// Every this many seconds, `--reset-instances` instances (the next ones
-    /// in turn) lose their whole cache, as engine restarts do.
-    #[arg(long)]
-    reset_every_s: Option<f64>,
-    /// Instances reset each time (with `--reset-every-s`).
-    #[arg(long, default_value_t = 2)]
-    reset_instances: usize,
-    /// Print each instance's share of the requests (larger fleets than 64: how
-    /// many instances are outside 0.5x-1.5x of an even share, over the whole
-    /// run and over its second half, where the start's placements weigh less).
+    /// Print each instance's share of the requests (above 64 instances: how many are outside 0.5x-1.5x of an even share).
     #[arg(long)]
     shares: bool,
     /// Write the reports as JSON here.
@@ -462,12 +268,10 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
         .collect()
 }
 
-/// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`):
-/// each one given replaces core's default, the others keep it.
+/// The kv_aware knobs `compare` and `scale` share (the router's `kv.*`).
 #[derive(Args, Debug)]
 struct KvArgs {
-    /// kv_aware: copy a prefix whose popularity per holder exceeds the mean
-    /// by more than 0.75 of this fraction, or `off` (`kv.rebalance_slack`).
+    /// kv_aware: `kv.rebalance_slack`, a number or `off`.
     #[arg(long)]
     rebalance_slack: Option<String>,
 }
@@ -476,56 +280,30 @@ impl KvArgs {
     /// Lays the knobs given over `kv`.
     fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
         if let Some(s) = &self.rebalance_slack {
-            kv.rebalance_slack = parse_slack(s)?;
+            kv.rebalance_slack = match s.as_str() {
+                "off" => None,
+                n => Some(n.parse().with_context(|| {
+                    format!("--rebalance-slack {n:?}: expected a number or off")
+                })?),
+            };
         }
         Ok(())
     }
 }
 
-/// `off` or a number.
-fn parse_slack(s: &str) -> anyhow::Result<Option<f64>> {
-    if s == "off" {
-        return Ok(None);
-    }
-    let v: f64 = s
-        .parse()
-        .with_context(|| format!("--rebalance-slack {s:?}: expected a number or off"))?;
-    Ok(Some(v))
-}
-
 fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
-    let cfg = ScaleConfig {
-        instances: a.instances,
-        requests: a.requests,
-        rate_per_instance: a.rate_per_instance,
-        docs: a.docs,
-        zipf: a.zipf,
-        doc_tokens: a.doc_tokens,
-        cache_blocks: a.cache_blocks,
-        capacity_known: !a.hide_capacity,
-        seed: a.seed,
-        routers: a.routers,
-        share_delay_ms: a.share_delay_ms,
-        reset_every_s: a.reset_every_s,
-        reset_instances: a.reset_instances,
-        ..Default::default()
-    };
     let mut cfg = match a.cache_ratio {
-        Some(r) => cfg.with_cache_ratio(r),
-        None => cfg,
+        Some(r) => a.config.with_cache_ratio(r),
+        None => a.config,
     };
     a.kv.apply(&mut cfg.policy.kv)?;
     let mut reports = Vec::new();
+    let (n, blocks) = (cfg.instances, cfg.cache_blocks);
+    let ws = (blocks * n) as f64 / cfg.working_set_blocks().max(1) as f64;
+    let rate = cfg.rate_per_instance * n as f64;
     println!(
-        "scale: {} instances, {} router(s), {} requests per strategy, {} docs x {} tokens, cache {} blocks each ({:.2}x the working set), {:.0} req/s",
-        cfg.instances,
-        cfg.routers,
-        cfg.requests,
-        cfg.docs,
-        cfg.doc_tokens,
-        cfg.cache_blocks,
-        (cfg.cache_blocks * cfg.instances) as f64 / cfg.working_set_blocks().max(1) as f64,
-        cfg.rate_per_instance * cfg.instances as f64
+        "scale: {n} instances, {} router(s), {} requests per strategy, {} docs x {} tokens, cache {blocks} blocks each ({ws:.2}x the working set), {rate:.0} req/s",
+        cfg.routers, cfg.requests, cfg.docs, cfg.doc_tokens
     );
     println!(
         "| strategy | hit rate | TTFT p50 ms | p90 | p99 | share min % | max % | decisions/s | routing µs | routing p50 / p99 µs | wall s |"
@@ -537,20 +315,16 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
             eprint!("\r{s}: {done}/{total}   ");
         })?;
         eprintln!();
-        println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} / {:.1} | {:.1} |",
-            r.strategy,
-            warmpath_bench::optimum::cell(r.hit_rate, None, r.optimum),
-            r.ttft_ms.p50,
-            r.ttft_ms.p90,
-            r.ttft_ms.p99,
+        let hit = warmpath_bench::optimum::cell(r.hit_rate, None, r.optimum);
+        let (t, d, lo, hi) = (
+            r.ttft_ms,
+            r.routing_dist_us,
             r.share_min_pct,
             r.share_max_pct,
-            r.decisions_per_s,
-            r.routing_us,
-            r.routing_dist_us.p50,
-            r.routing_dist_us.p99,
-            r.wall_s
+        );
+        println!(
+            "| {} | {hit} | {:.1} | {:.1} | {:.1} | {lo:.3} | {hi:.3} | {:.0} | {:.1} | {:.1} / {:.1} | {:.1} |",
+            r.strategy, t.p50, t.p90, t.p99, r.decisions_per_s, r.routing_us, d.p50, d.p99, r.wall_s
         );
         println!("  {}", r.routing_cost.line());
         if a.shares && r.served.len() > 64 {
@@ -599,5 +373,33 @@ async fn main() -> anyhow::Result<()> {
         Command::Sim(a) => run_sim(a).await,
         Command::Compare(a) => run_compare(a.config()?).await,
         Command::Demo(a) => run_compare(demo_config(&a)?).await,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use warmpath_bench::compare::EngineEndpoint;
+
+    #[test]
+    fn compare_parses_with_and_without_an_attached_fleet() {
+        let demo = demo_config(&DemoArgs { quick: true }).unwrap();
+        assert!(demo.attach.is_none() && demo.search_rates.is_empty());
+        let args = [
+            "compare",
+            "--attach-router",
+            "http://r:1",
+            "--attach-engine",
+        ];
+        let parsed = CompareOnly::try_parse_from(args.iter().chain(&["e0=http://e:2/,http://e:3"]));
+        let a = parsed.unwrap().args.config.attach.unwrap();
+        let e = |id: &str, url: &str| EngineEndpoint {
+            id: id.into(),
+            url: url.into(),
+        };
+        assert_eq!(a.engines, [e("e0", "http://e:2"), e("", "http://e:3")]);
+        assert!(CompareOnly::try_parse_from(["compare", "--attach-engine", "x"]).is_err());
+        assert!(CompareOnly::try_parse_from(["compare", "--admin-token", "t"]).is_err());
     }
 }

@@ -1,11 +1,8 @@
-//! The offline trace model every hit-rate reference shares: the trace's
-//! requests, the fleet they assume, the in-flight limit they route under and
-//! the engine's cap on a hit. [`crate::optimum`] computes the Belady bound and
-//! reference over it, [`crate::lru_refs`] the references on LRU engines.
+//! The offline trace model every hit-rate reference shares: the requests,
+//! the fleet, the in-flight limit and the engine's cap on a hit.
 
 use std::collections::{BTreeSet, BinaryHeap};
 
-/// One request of the trace.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptRequest {
     /// Arrival, seconds.
@@ -21,11 +18,9 @@ pub struct OptRequest {
 /// The fleet the references assume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fleet {
-    /// Backends.
     pub backends: usize,
     /// Cache capacity of each, in blocks.
     pub cache_blocks: u64,
-    /// Tokens per block.
     pub block_size: u64,
     /// Requests in flight per backend before it counts as full.
     pub max_in_flight: usize,
@@ -39,7 +34,8 @@ pub(crate) const NEVER: usize = usize::MAX;
 pub(crate) struct InFlight {
     in_flight: Vec<usize>,
     by_load: BTreeSet<(usize, usize)>,
-    running: BinaryHeap<std::cmp::Reverse<(OrdF64, usize)>>,
+    /// (completion time's bits, backend): non-negative floats order as their bits.
+    running: BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
     limit: usize,
 }
 
@@ -54,10 +50,9 @@ impl InFlight {
         }
     }
 
-    /// Retires the requests done by `now`.
     pub(crate) fn advance(&mut self, now: f64) {
-        while let Some(std::cmp::Reverse((OrdF64(t), b))) = self.running.peek().copied() {
-            if t > now {
+        while let Some(std::cmp::Reverse((t, b))) = self.running.peek().copied() {
+            if f64::from_bits(t) > now {
                 break;
             }
             self.running.pop();
@@ -65,7 +60,6 @@ impl InFlight {
         }
     }
 
-    /// Requests in flight on `b`.
     pub(crate) fn of(&self, b: usize) -> usize {
         self.in_flight[b]
     }
@@ -77,10 +71,11 @@ impl InFlight {
         self.in_flight[b] < self.limit || self.in_flight[b] == least
     }
 
-    /// A request on `b` until `done`.
     pub(crate) fn start(&mut self, b: usize, done: f64) {
         self.shift(b, true);
-        self.running.push(std::cmp::Reverse((OrdF64(done), b)));
+        // `+ 0.0` turns -0.0 into 0.0.
+        let done = (done.max(0.0) + 0.0).to_bits();
+        self.running.push(std::cmp::Reverse((done, b)));
     }
 
     fn shift(&mut self, b: usize, up: bool) {
@@ -100,24 +95,6 @@ pub(crate) fn capped_hit(blocks: u64, req: &OptRequest, fleet: Fleet) -> u64 {
     let bs = fleet.block_size.max(1);
     let cap = req.prompt_tokens.saturating_sub(1) / bs * bs;
     (blocks * bs).min(cap)
-}
-
-/// An `f64` ordered by `total_cmp` (times in the in-flight heap).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct OrdF64(f64);
-
-impl Eq for OrdF64 {}
-
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OrdF64 {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
 }
 
 /// Tiny traces for the references' unit tests.

@@ -1,51 +1,7 @@
-//! Offline references for the hit rate: what a router that knew the whole
-//! trace in advance, and every backend's cache capacity, could reach.
-//!
-//! A trace is a list of [`OptRequest`]s in the order their prefills run
-//! (arrival order here). Each names its cacheable prompt content as a chain of
-//! items (a full block, or a run of blocks that always occur together, such as
-//! one document of `scale`), each with its size in blocks.
-//!
-//! Two numbers, both pure functions of the trace:
-//!
-//! - **[`Optimum::bound`], a true upper bound** (under the assumptions below):
-//!   one pooled cache of the whole fleet's capacity, filled by Belady's rule
-//!   with bypass (on a miss, keep the item only if its next use comes before
-//!   that of the resident item used furthest in the future, which is then
-//!   evicted), counting every resident item as a hit, prefix or not. Any
-//!   router over `n` caches of `c` blocks holds at most `n * c` distinct
-//!   blocks at any time and can hit a block only if one of them holds it, so
-//!   its hits are those of *some* schedule of the pooled cache, and Belady's
-//!   rule is optimal for a cache of unit items (the classical MIN result, with
-//!   optional caching). It assumes: prefills run in trace order (concurrent
-//!   requests may run in another order in a real fleet, which the bound does
-//!   not cover); unit-sized items (with items of several blocks, as `scale`'s
-//!   documents, each item is kept whole or not at all, and the capacity is
-//!   rounded up to whole items, which only helps the bound: Belady's rule is
-//!   a stack algorithm, so more room never holds less); a full hit
-//!   counted in full (engines recompute the last prompt token, so the bound
-//!   is at most one block per request too generous); in-flight limits and
-//!   pinned blocks of running requests ignored (both only cost a real
-//!   fleet). Answers of a conversation are not modelled: callers leave
-//!   conversations out.
-//! - **[`Optimum::reference`], a strong reference, not a bound**: `n`
-//!   caches of `c` blocks, each filled by Belady's rule on the global future
-//!   (the next use anywhere in the trace); each request goes to the backend
-//!   with room under the in-flight limit (requests in flight from arrival to
-//!   their measured completion) that holds the longest prefix of its chain,
-//!   ties and cold requests to the least loaded. It counts prefix hits capped
-//!   as an engine caps them. Routing greedily is not optimal in general, so a
-//!   clever online router could, in principle, beat it; it sits between what
-//!   routers reach and [`Optimum::bound`]. Where every item has one size and
-//!   the in-flight limit never binds it equals the bound: sending a cold
-//!   item to the backend whose furthest-used item is used furthest is the
-//!   pooled cache's Belady eviction.
-//!
-//! Neither keeps the engines' own eviction rule: both let the caches evict by
-//! Belady's rule, which no router can impose on engines that evict LRU, as
-//! vLLM does; [`crate::lru_refs`] adds two references that keep it
-//! (`lru_oracle`, `lru_pinned`). [`LEGEND`] is the one-paragraph summary
-//! every report prints under its table.
+//! Offline Belady references for the hit rate: what a router that knew the
+//! whole trace and every backend's capacity could reach. Why
+//! [`Optimum::bound`] is an upper bound, and what each reference assumes:
+//! docs/bench.md, "Hit-rate references".
 
 use crate::offline::{capped_hit, InFlight, NEVER};
 pub use crate::offline::{Fleet, OptRequest};
@@ -56,22 +12,15 @@ use std::collections::{BTreeSet, HashMap};
 pub struct Optimum {
     /// Pooled fleet cache, Belady's rule: an upper bound on any router.
     pub bound: f64,
-    /// Per-backend caches, Belady's rule, greedy routing under the in-flight
-    /// limit: a strong reference, not a bound.
+    /// Per-backend caches, Belady's rule, greedy routing: a reference.
     pub reference: f64,
-    /// Per-backend LRU caches, a greedy router that knows the whole trace
-    /// ([`crate::lru_refs`]): a reference, not a bound. `None` above
-    /// [`crate::lru_refs::MAX_BACKENDS`] backends or for items of several sizes.
+    /// Per-backend LRU caches, a greedy router that knows the trace ([`crate::lru_refs`]).
     pub lru_oracle: Option<f64>,
-    /// Per-backend LRU caches, the best fixed assignment of prefix groups
-    /// by popularity ([`crate::lru_refs`]): a reference, not a bound.
-    /// `None` as [`Self::lru_oracle`].
+    /// Per-backend LRU caches, the best pinned set ([`crate::lru_refs`]).
     pub lru_pinned: Option<f64>,
 }
 
-/// What the hit-rate references of a report assume, in one paragraph (the
-/// line under every report's table; details in [`crate::optimum`] and
-/// [`crate::lru_refs`]).
+/// What the hit-rate references assume: the line under every report's table.
 pub const LEGEND: &str = "Hit-rate references, offline over this run's trace: \
 ceiling = every repeat of a prefix hits (unlimited caches); \
 bound = one pooled cache of the fleet's blocks evicting by Belady's rule, an upper bound on any router \
@@ -83,7 +32,7 @@ a reference, not a bound; \
 LRU pinned = per-backend LRU caches, the best fixed assignment of prefix groups to backends by popularity \
 (0-2 backends take the rest), a reference, not a bound.";
 
-/// Both references of `trace` on `fleet`; `None` for an empty trace.
+/// The references of `trace` on `fleet`; `None` for an empty trace.
 pub fn optimum(trace: &[OptRequest], fleet: Fleet) -> Option<Optimum> {
     let prompt: u64 = trace.iter().map(|r| r.prompt_tokens).sum();
     if prompt == 0 || fleet.backends == 0 {
@@ -103,10 +52,9 @@ pub fn optimum(trace: &[OptRequest], fleet: Fleet) -> Option<Optimum> {
     })
 }
 
-/// Both references for a trace of documents (`scale`): request `i` reads
-/// document `docs[i].2` as one item of `doc_blocks` blocks (its question
-/// tail is never shared, so it is left out), arriving at `.0` and done at
-/// `.1` seconds; every prompt has `prompt_tokens` tokens.
+/// The references for a trace of `(arrival s, done s, document)` (`scale`):
+/// each document one item of `doc_blocks` blocks (the never-shared question
+/// tail left out).
 pub fn of_documents(
     docs: impl Iterator<Item = (f64, f64, u64)>,
     doc_blocks: u32,
@@ -129,8 +77,7 @@ pub fn of_documents(
 }
 
 /// A hit rate cell: `87.1%`, with the references when known: `87.1%
-/// (ceiling 94.3%, bound 90.2%, reference 88.0%, LRU oracle 86.0%, LRU
-/// pinned 85.5%)` ([`LEGEND`] says what each is).
+/// (ceiling 94.3%, bound 90.2%, ...)`.
 pub fn cell(hit_rate: f64, ceiling: Option<f64>, optimum: Option<Optimum>) -> String {
     let mut parts = Vec::new();
     if let Some(c) = ceiling {

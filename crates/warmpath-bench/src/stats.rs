@@ -12,6 +12,15 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// `a / b`, or 0 when `b` is not positive.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
 /// Sorts a copy of `values` (NaN last).
 pub fn sorted(values: &[f64]) -> Vec<f64> {
     let mut v = values.to_vec();
@@ -22,25 +31,16 @@ pub fn sorted(values: &[f64]) -> Vec<f64> {
 /// P50 / P90 / P99 and the mean of a sample, in the sample's unit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Summary {
-    /// Median.
     pub p50: f64,
-    /// 90th percentile.
     pub p90: f64,
-    /// 99th percentile.
     pub p99: f64,
-    /// Arithmetic mean.
     pub mean: f64,
 }
 
 impl Summary {
-    /// Summarises `values` (any order).
     pub fn of(values: &[f64]) -> Self {
         let s = sorted(values);
-        let mean = if s.is_empty() {
-            0.0
-        } else {
-            s.iter().sum::<f64>() / s.len() as f64
-        };
+        let mean = ratio(s.iter().sum(), s.len() as f64);
         Summary {
             p50: percentile(&s, 50.0),
             p90: percentile(&s, 90.0),

@@ -1,22 +1,11 @@
-//! The time model of a simulated engine, shared by the socket simulator
-//! ([`crate::sim`]) and the socket-free scale simulation ([`crate::scale`]).
-//!
-//! - **Prefill**: one FIFO prefill queue per instance, one prompt at a time,
-//!   not chunked: `prefill_ms = prefill_base_ms + prefill_ms_per_token *
-//!   uncached_tokens`. The defaults make an 8000-token cold prefill take
-//!   ~200 ms and a warm one (only the ~50-token question and the recomputed
-//!   last block) ~15 ms: the ratio of the published 70B study.
-//! - **Decode**: after its prefill a request decodes one token per
-//!   `decode_step_ms`; decoding requests overlap (continuous batching) up to
-//!   `max_batch` at once; more wait for a slot. Decode does not slow prefill
-//!   (as with chunked prefill on a GPU with headroom) and the step time does
-//!   not grow with the batch: a deliberately simple model where the prefix
-//!   cache's effect shows in TTFT and prefill capacity, as in the study.
+//! The time model of a simulated engine, shared by [`crate::sim`] and
+//! [`crate::scale`]: one FIFO prefill queue, not chunked, `prefill_base_ms +
+//! prefill_ms_per_token × uncached tokens`; then one token per
+//! `decode_step_ms`, up to `max_batch` decoding at once, not slowing prefill.
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use serde::{Deserialize, Serialize};
 
-/// See the module docs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TimeModel {
     /// Constant cost of every prefill (scheduling, the first decode step), ms.
@@ -55,24 +44,14 @@ impl TimeModel {
 
     /// Checks the ranges (all finite and >= 0, `max_batch` >= 1).
     pub fn validate(&self) -> Result<(), BenchError> {
-        for (name, v) in [
-            ("prefill_base_ms", self.prefill_base_ms),
-            ("prefill_ms_per_token", self.prefill_ms_per_token),
-            ("decode_step_ms", self.decode_step_ms),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(BenchError::Invalid {
-                    what: "time model",
-                    reason: format!("{name} = {v} must be a finite number >= 0"),
-                });
-            }
-        }
-        if self.max_batch == 0 {
-            return Err(BenchError::Invalid {
-                what: "time model",
-                reason: "max_batch must be at least 1".into(),
-            });
-        }
+        let times = [
+            self.prefill_base_ms,
+            self.prefill_ms_per_token,
+            self.decode_step_ms,
+        ];
+        let why = "times must be finite numbers >= 0, max_batch at least 1";
+        let ok = times.iter().all(|v| v.is_finite() && *v >= 0.0) && self.max_batch > 0;
+        ensure(ok, "time model", why)?;
         Ok(())
     }
 

@@ -1,17 +1,11 @@
-//! A deterministic word generator: the text of every workload.
-//!
-//! A fixed vocabulary of pronounceable lowercase words is built from a seed
-//! (the same on every machine and every run), and text is drawn from it with
-//! the caller's seeded RNG, so a workload is byte-for-byte reproducible. The
-//! words are short and common-looking so that a BPE tokenizer splits them into
-//! one to three tokens, about [`TOKENS_PER_WORD`] on average.
+//! A deterministic word generator: the text of every workload, drawn with
+//! the caller's seeded RNG from a fixed vocabulary built from a fixed seed,
+//! so a workload is byte-for-byte reproducible.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-/// Tokens per word the generated text averages with the project's tiny
-/// tokenizer (measured by `tests::tokens_per_word_is_calibrated` in
-/// `sim`); used to size texts in tokens.
+/// Tokens per word with the tiny tokenizer (`sim`'s `tokens_per_word_is_calibrated`).
 pub const TOKENS_PER_WORD: f64 = 4.75;
 
 const ONSETS: [&str; 20] = [
@@ -56,7 +50,6 @@ impl WordGen {
         WordGen { vocab }
     }
 
-    /// One word.
     pub fn word<R: Rng + ?Sized>(&self, rng: &mut R) -> &str {
         &self.vocab[rng.random_range(0..self.vocab.len())]
     }

@@ -1,15 +1,8 @@
-//! Real engines for a comparison: `warmpath-engine` child processes (the
-//! candle Llama with its block-level prefix cache, `--tiny` random weights)
-//! instead of simulated instances (`compare --engine candle`).
-//!
-//! Each child binds HTTP and its ZMQ KV-event and replay sockets on
-//! 127.0.0.1 port 0 and prints the bound addresses on stdout; we read them
-//! from there. Its log (stderr) goes to a file beside the tokenizer folder,
-//! whose tail is quoted when a child fails to start. Children are killed when
-//! the fleet is shut down or dropped (`kill_on_drop`).
+//! `compare --engine candle`: `warmpath-engine --tiny` child processes
+//! instead of simulated instances.
 
 use super::child::{binary, spawn_ready};
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,7 +11,6 @@ use tokio::process::{Child, Command};
 /// How to start the real engines.
 #[derive(Clone, Debug, Serialize)]
 pub struct CandleConfig {
-    /// The `warmpath-engine` binary.
     pub binary: PathBuf,
     /// Longest prefill step in tokens (`--prefill-chunk`).
     pub prefill_chunk: usize,
@@ -42,41 +34,31 @@ impl CandleConfig {
     }
 }
 
-/// One running engine process.
 #[derive(Debug)]
 pub struct CandleInstance {
     /// Worker id (`candle-<i>`).
     pub id: String,
-    /// `http://` base URL.
     pub url: String,
-    /// ZMQ PUB endpoint of its KV events.
     pub kv_events: String,
-    /// ZMQ replay endpoint.
     pub kv_replay: Option<String>,
     child: Child,
 }
 
-/// A fleet of engine processes.
 #[derive(Debug)]
 pub struct CandleFleet {
-    /// The engines, in order.
     pub instances: Vec<CandleInstance>,
 }
 
 /// The settings every engine of a fleet shares.
 #[derive(Clone, Copy, Debug)]
 pub struct EngineShape<'a> {
-    /// Served model name.
     pub model: &'a str,
-    /// Tokens per block.
     pub block_size: usize,
-    /// Prefix cache capacity in blocks.
     pub cache_blocks: usize,
 }
 
 impl CandleFleet {
-    /// Starts `n` engines one after the other (loading is CPU-bound), logs
-    /// into `log_dir`.
+    /// Starts `n` engines one after the other (loading is CPU-bound).
     pub async fn start(
         n: usize,
         cfg: &CandleConfig,
@@ -117,29 +99,12 @@ async fn start_one(
         .arg(format!("--cache-blocks={}", shape.cache_blocks))
         .arg(format!("--prefill-chunk={}", cfg.prefill_chunk))
         .arg(format!("--seed={}", cfg.seed));
-    let (mut url, mut kv_events, mut kv_replay) = (None, None, None);
-    let child = spawn_ready(
-        cmd,
-        &format!("engine {i}"),
-        log,
-        cfg.startup_timeout,
-        |line| {
-            if let Some(ep) = line.strip_prefix("kv events on ") {
-                kv_events = Some(ep.trim().to_owned());
-            } else if let Some(ep) = line.strip_prefix("kv replay on ") {
-                kv_replay = Some(ep.trim().to_owned());
-            } else if let Some(u) = line.strip_prefix("listening on ") {
-                url = Some(u.trim().to_owned());
-            }
-            url.is_some()
-        },
-    )
-    .await?;
+    let keys = ["listening on ", "kv events on ", "kv replay on "];
+    let what = format!("engine {i}");
+    let (child, [url, kv_events, kv_replay]) =
+        spawn_ready(cmd, &what, log, cfg.startup_timeout, (keys, 0)).await?;
     let (Some(url), Some(kv_events)) = (url, kv_events) else {
-        return Err(BenchError::Component {
-            what: format!("engine {i}"),
-            reason: "it printed no KV event endpoint".into(),
-        });
+        return Err(component(what, "it printed no KV event endpoint"));
     };
     tracing::info!(engine = %id, %url, %kv_events, "engine started");
     Ok(CandleInstance {

@@ -1,11 +1,9 @@
 //! Child processes of a comparison (router replicas, candle engines): each
-//! binds 127.0.0.1 port 0 and prints its bound addresses on stdout, which
-//! [`spawn_ready`] reads until the child says it is ready. Its log (stderr)
-//! goes to a file whose tail is quoted when it fails to start. A child is
-//! killed when its handle is dropped (`kill_on_drop`: an error or a panic on
-//! the way out leaves no orphan).
+//! prints its bound addresses on stdout, which [`spawn_ready`] reads; its
+//! stderr goes to a file quoted when it fails to start; `kill_on_drop`, so
+//! an error or a panic on the way out leaves no orphan.
 
-use crate::error::BenchError;
+use crate::error::{io, BenchError};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -32,15 +30,15 @@ pub(crate) fn binary(name: &str, given: Option<&Path>, build: &str) -> Result<Pa
 }
 
 /// Starts `cmd` (`what` names it in errors: `router 2`), its stderr into
-/// `log`, and feeds its stdout lines to `line` until it returns `true` (the
-/// child is ready), all within `timeout`. An error quotes the log's tail.
-pub(crate) async fn spawn_ready(
+/// `log`, and reads the value after each of `keys` from its stdout lines
+/// until `keys[ready]` has one, within `timeout`. An error quotes the log's tail.
+pub(crate) async fn spawn_ready<const N: usize>(
     mut cmd: Command,
     what: &str,
     log: &Path,
     timeout: Duration,
-    mut line: impl FnMut(&str) -> bool,
-) -> Result<Child, BenchError> {
+    (keys, ready): ([&str; N], usize),
+) -> Result<(Child, [Option<String>; N]), BenchError> {
     let failed = |reason: String| BenchError::Component {
         what: what.to_owned(),
         reason: format!("{reason}; log: {}", log_tail(log)),
@@ -60,32 +58,29 @@ pub(crate) async fn spawn_ready(
         .take()
         .ok_or_else(|| failed("no stdout pipe".into()))?;
     let mut lines = BufReader::new(stdout).lines();
-    let ready = async {
-        loop {
+    let mut found: [Option<String>; N] = std::array::from_fn(|_| None);
+    let read = async {
+        while found[ready].is_none() {
             let l = lines
                 .next_line()
                 .await
                 .map_err(|e| failed(format!("reading its output: {e}")))?
                 .ok_or_else(|| failed("exited before listening".into()))?;
-            if line(&l) {
-                break;
+            for (key, value) in keys.iter().zip(&mut found) {
+                if let Some(v) = l.strip_prefix(key) {
+                    *value = Some(v.trim().to_owned());
+                }
             }
         }
         Ok::<(), BenchError>(())
     };
-    tokio::time::timeout(timeout, ready)
+    tokio::time::timeout(timeout, read)
         .await
         .map_err(|_| failed(format!("not listening after {timeout:?}")))??;
     // Nothing else is printed on stdout; keep draining it so a stray line
     // can never block the child. The task ends with the pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(child)
-}
-
-/// An I/O error on `path`.
-pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
-    let path = path.display().to_string();
-    move |source| BenchError::Io { path, source }
+    Ok((child, found))
 }
 
 /// The last lines of a log file, for error messages.
@@ -118,20 +113,23 @@ mod tests {
     async fn ready_lines_are_read_and_a_silent_exit_is_a_clear_error() {
         let log = std::env::temp_dir().join(format!("warmpath-bench-child-{}", std::process::id()));
         let mut cmd = Command::new("sh");
-        cmd.args(["-c", "echo hello; echo listening on http://x; sleep 5"]);
-        let mut seen = Vec::new();
-        let mut child = spawn_ready(cmd, "shell", &log, Duration::from_secs(5), |l| {
-            seen.push(l.to_owned());
-            l.starts_with("listening on ")
-        })
-        .await
-        .unwrap();
-        assert_eq!(seen, ["hello", "listening on http://x"]);
+        cmd.args([
+            "-c",
+            "echo hello; echo events on tcp://y; echo listening on http://x; sleep 5",
+        ]);
+        let keys = (["listening on ", "events on ", "replay on "], 0);
+        let (mut child, found) = spawn_ready(cmd, "shell", &log, Duration::from_secs(5), keys)
+            .await
+            .unwrap();
+        assert_eq!(
+            found,
+            [Some("http://x".into()), Some("tcp://y".into()), None]
+        );
         child.kill().await.unwrap();
 
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo oops >&2; exit 3"]);
-        let err = spawn_ready(cmd, "shell", &log, Duration::from_secs(5), |_| false)
+        let err = spawn_ready(cmd, "shell", &log, Duration::from_secs(5), (["x"], 0))
             .await
             .unwrap_err()
             .to_string();
@@ -140,7 +138,7 @@ mod tests {
 
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "sleep 5"]);
-        let err = spawn_ready(cmd, "shell", &log, Duration::from_millis(200), |_| false)
+        let err = spawn_ready(cmd, "shell", &log, Duration::from_millis(200), (["x"], 0))
             .await
             .unwrap_err()
             .to_string();

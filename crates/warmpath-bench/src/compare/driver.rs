@@ -1,18 +1,7 @@
-//! The load driver: replays a trace against an OpenAI endpoint (streaming,
-//! so TTFT is the first content chunk) and records one [`Sample`] per
-//! request.
-//!
-//! Requests are sent at their arrival times (open loop), except the turns of
-//! a conversation ([`TraceRequest::conversation`]), which are replayed like a
-//! chat client: turn `k + 1` goes out no earlier than its arrival **and** only
-//! once turn `k`'s answer is complete, with the answers the engine actually
-//! streamed in place of the trace's `assistant` messages. TTFT and e2e are
-//! measured from the moment a request is sent.
-//!
-//! With several router replicas ([`DriveConfig::urls`]) each request goes to
-//! one drawn uniformly at random (seeded, drawn in trace order, so a run is
-//! repeatable), as a client-side spread or a plain load balancer would; a
-//! conversation's turns draw independently.
+//! The load driver: replays a trace against an OpenAI endpoint (streaming, so
+//! TTFT is the first content chunk), open loop except conversations, replayed
+//! closed loop like a chat client ([`crate::workload::CONVERSATION_PREFIX`]);
+//! with several router replicas each request goes to a seeded-random one.
 
 use crate::workload::{ChatMessage, TraceRequest};
 use futures::StreamExt;
@@ -46,7 +35,6 @@ pub struct Sample {
     pub prompt_tokens: u64,
     /// Cached prompt tokens (engine usage).
     pub cached_tokens: u64,
-    /// Output tokens.
     pub completion_tokens: u64,
     /// `x-warmpath-backend`.
     pub backend: Option<String>,
@@ -56,29 +44,24 @@ pub struct Sample {
     pub replica: usize,
     /// Blocks the router's index said the chosen backend holds (sampled).
     pub predicted_blocks: Option<u64>,
-    /// Why it failed.
     pub error: Option<String>,
 }
 
-/// How to drive one run.
 #[derive(Clone, Debug)]
 pub struct DriveConfig {
     /// The base URLs of the router replicas (or one router, or an engine);
     /// each request goes to one at random.
     pub urls: Vec<String>,
-    /// Seed of the spread over `urls`.
     pub spread_seed: u64,
     /// Ask `POST /cache-index/query` before every n-th request (0: never).
     pub fidelity_every: usize,
-    /// Per-request timeout.
     pub timeout: Duration,
     /// Bearer token of `/cache-index/query` (the router's admin token).
     pub inspect_token: Option<String>,
 }
 
-/// Replays `trace` (arrivals relative to now; conversations closed loop,
-/// see the module docs); returns the samples in trace order. Stops early,
-/// keeping what finished, when `cancel` fires.
+/// Replays `trace`; returns the samples in trace order, keeping what
+/// finished when `cancel` fires.
 pub async fn drive(
     client: &reqwest::Client,
     cfg: &DriveConfig,
@@ -103,10 +86,8 @@ pub async fn drive(
             _ = tokio::time::sleep_until(at.into()) => {}
         }
         let turn = r.conversation().map(|c| {
-            let previous = chains.remove(c);
             let (tx, rx) = oneshot::channel();
-            chains.insert(c.to_owned(), rx);
-            (previous, tx)
+            (chains.insert(c.to_owned(), rx), tx)
         });
         let (client, cfg, r) = (client.clone(), cfg.clone(), r.clone());
         let query = cfg.fidelity_every > 0 && i % cfg.fidelity_every == 0;
@@ -164,10 +145,9 @@ fn request(
     b
 }
 
-/// A conversation's turn: waits for the previous turn's answers (the sender
-/// dropped means that turn was cancelled: the trace's text stays), puts them
-/// in place of the trace's `assistant` messages, sends, and hands the
-/// answers, its own added, to the next turn.
+/// A conversation's turn: waits for the previous turn's answers (none if
+/// it was cancelled), puts them in place of the trace's, sends, and hands
+/// them on, its own added.
 async fn next_turn(
     client: &reqwest::Client,
     cfg: &DriveConfig,
@@ -187,17 +167,15 @@ async fn next_turn(
         substitute_answers(m, &answers);
     }
     let (s, answer) = one(client, cfg, replica, &r, query, origin).await;
+    let conversation = r.conversation().unwrap_or_default();
+    let (turn, cached) = (answers.len(), s.cached_tokens);
     tracing::debug!(
-        target: "warmpath_bench::compare::turns",
-        conversation = r.conversation().unwrap_or_default(),
-        turn = answers.len(),
+        conversation,
+        turn,
         waited_ms,
-        prompt_tokens = s.prompt_tokens,
-        completion_tokens = s.completion_tokens,
-        cached_tokens = s.cached_tokens,
-        ttft_ms = s.ttft_ms.unwrap_or(-1.0),
+        cached,
         failed = s.error.is_some(),
-        "turn answered"
+        "turn"
     );
     answers.push(answer.filter(|_| s.error.is_none()));
     // The next turn may not exist, or may have been cancelled.
@@ -217,8 +195,7 @@ pub fn substitute_answers(messages: &mut [ChatMessage], answers: &[Option<String
 }
 
 /// Sends one request to `cfg.urls[replica]` and reads its stream: the
-/// sample and the answer's text (the streamed content, or the whole
-/// response's).
+/// sample and the answer's text.
 async fn one(
     client: &reqwest::Client,
     cfg: &DriveConfig,
@@ -233,15 +210,12 @@ async fn one(
     let mut predicted = None;
     let base = cfg.urls.get(replica).map_or("", String::as_str);
     if query {
-        let url = format!("{base}/cache-index/query");
-        let mut q = request(client, &url, r, &body);
+        let mut q = request(client, &format!("{base}/cache-index/query"), r, &body);
         if let Some(t) = &cfg.inspect_token {
             q = q.bearer_auth(t);
         }
         if let Ok(resp) = q.send().await {
-            if let Ok(v) = resp.json::<serde_json::Value>().await {
-                predicted = Some(v);
-            }
+            predicted = resp.json::<serde_json::Value>().await.ok();
         }
     }
     let t0 = Instant::now();
@@ -287,24 +261,16 @@ async fn one(
                     if let Some(err) = v.get("error") {
                         return Err(format!("stream error: {err}"));
                     }
-                    // vLLM opens a chat stream with a
-                    // `{"role": "assistant", "content": ""}` delta before any
-                    // compute: only a non-empty text is the first token.
-                    let non_empty = |p: &str| {
-                        v.pointer(p)
-                            .and_then(|t| t.as_str())
-                            .is_some_and(|t| !t.is_empty())
-                    };
-                    let has_text =
-                        non_empty("/choices/0/delta/content") || non_empty("/choices/0/text");
-                    if has_text && s.ttft_ms.is_none() {
+                    let piece = ["/choices/0/delta/content", "/choices/0/text"]
+                        .iter()
+                        .find_map(|p| v.pointer(p)?.as_str())
+                        .unwrap_or("");
+                    // vLLM opens a chat stream with an empty `content` delta
+                    // before any compute: only a non-empty text is the first token.
+                    if !piece.is_empty() && s.ttft_ms.is_none() {
                         s.ttft_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
                     }
-                    for p in ["/choices/0/delta/content", "/choices/0/text"] {
-                        if let Some(t) = v.pointer(p).and_then(|t| t.as_str()) {
-                            text.push_str(t);
-                        }
-                    }
+                    text.push_str(piece);
                     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                         let n = |p: &str| u.pointer(p).and_then(|x| x.as_u64()).unwrap_or(0);
                         s.prompt_tokens = n("/prompt_tokens");
@@ -316,20 +282,15 @@ async fn one(
         }
         Ok(())
     };
-    let res = tokio::time::timeout(cfg.timeout, fut).await;
-    match res {
-        Ok(Ok(())) if s.ttft_ms.is_some() => {
-            s.e2e_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok(Ok(())) => s.error = Some("the stream ended without output".into()),
-        Ok(Err(e)) => {
-            s.ttft_ms = None;
-            s.error = Some(e);
-        }
-        Err(_) => {
-            s.ttft_ms = None;
-            s.error = Some(format!("timed out after {:?}", cfg.timeout));
-        }
+    s.error = match tokio::time::timeout(cfg.timeout, fut).await {
+        Ok(Ok(())) if s.ttft_ms.is_some() => None,
+        Ok(Ok(())) => Some("the stream ended without output".into()),
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(format!("timed out after {:?}", cfg.timeout)),
+    };
+    match s.error {
+        Some(_) => s.ttft_ms = None,
+        None => s.e2e_ms = Some(t0.elapsed().as_secs_f64() * 1e3),
     }
     s.done_s = origin.elapsed().as_secs_f64();
     if let (Some(v), Some(b)) = (predicted, &s.backend) {
@@ -346,7 +307,7 @@ async fn one(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::sim::{start_instance, tiny_tokenizer, SimConfig};
+    use crate::sim::{tiny_tokenizer, Fleet, SimConfig};
     use crate::timing::TimeModel;
     use crate::workload::CONVERSATION_PREFIX;
 
@@ -393,9 +354,8 @@ mod tests {
             time: TimeModel::default().scaled(20.0),
             ..Default::default()
         };
-        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
-            .await
-            .unwrap();
+        let fleet = Fleet::start(1, &cfg, tiny_tokenizer().unwrap(), token.clone());
+        let inst = fleet.await.unwrap().instances.remove(0);
         let msgs = [("user", "Tell me about the sea.")];
         let trace = vec![
             turn(0.0, "a", &msgs, 4),
@@ -442,9 +402,8 @@ mod tests {
             cache_blocks: 1024,
             ..Default::default()
         };
-        let inst = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
-            .await
-            .unwrap();
+        let fleet = Fleet::start(1, &cfg, tiny_tokenizer().unwrap(), token.clone());
+        let inst = fleet.await.unwrap().instances.remove(0);
         let conv = format!("{CONVERSATION_PREFIX}7");
         let first = [
             ("system", "You are a helpful assistant."),

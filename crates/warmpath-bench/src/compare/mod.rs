@@ -1,19 +1,6 @@
 //! `warmpath-bench compare` and the demo: the same trace once per strategy
-//! against the same loopback stack ([`stack`]: simulated instances, real
-//! agents, real router), with a cache reset between strategies.
-//!
-//! Per strategy: a main open-loop run at `rate` (hit rate, TTFT, e2e,
-//! throughput, shares, decisions, index fidelity), then a short rate search
-//! (`search_rates`, `search_step_s` each, caches left warm) whose highest rate
-//! with P90 TTFT under `slo_ms` and no failure is the goodput. Index fidelity
-//! compares, for every `fidelity_every`-th request, the blocks the router's
-//! `POST /cache-index/query` says the serving backend holds (asked just
-//! before sending) with the engine's `cached_tokens`.
-//!
-//! With `--routers R` the router runs as R processes ([`replicas`]), every
-//! agent streaming to all of them and each request sent to one at random
-//! ([`driver`]); what each replica served and the decisions it shared and
-//! received are in [`CompareOutcome::replicas`].
+//! against one stack ([`stack`]), caches reset between strategies: a main
+//! open-loop run, then a rate search for the goodput (docs/bench.md).
 
 mod bound;
 pub mod candle;
@@ -25,7 +12,7 @@ pub mod replicas;
 pub mod report;
 pub mod stack;
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use crate::sim::SimConfig;
 use crate::workload::{self, rescale, TraceRequest, WorkloadSpec};
 use driver::{drive, DriveConfig};
@@ -38,58 +25,64 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::Strategy;
 
-/// Settings of a comparison.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct CompareConfig {
-    /// Engines to start (ignored when attaching).
+    /// Simulated instances (ignored when attaching).
+    #[arg(long, default_value_t = 4)]
     pub instances: usize,
-    /// The engines' model, block size, cache size (and, for simulated ones,
-    /// their time model).
+    #[command(flatten)]
     pub sim: SimConfig,
-    /// Simulated instances or real `warmpath-engine` processes.
+    #[arg(skip = EngineKind::Sim)]
     pub engine: EngineKind,
-    /// Attach to this running router and engines instead of starting any.
+    #[command(flatten)]
     pub attach: Option<AttachConfig>,
     /// The workload (ignored when `trace` is given).
+    #[arg(skip = WorkloadSpec::new(crate::workload::WorkloadKind::Long))]
     pub workload: WorkloadSpec,
-    /// A JSONL trace to replay instead of `workload`.
+    /// Replay this JSONL trace instead of a generated workload.
+    #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Strategies, in run order.
+    #[arg(skip)]
     pub strategies: Vec<Strategy>,
-    /// Length of the main run per strategy, seconds.
+    /// Seconds of the main run per strategy.
+    #[arg(long = "duration", default_value_t = 30.0)]
     pub duration_s: f64,
     /// Offered rate of the main run, req/s.
+    #[arg(long, default_value_t = 8.0)]
     pub rate: f64,
     /// Rates of the goodput search (empty: no search).
+    #[arg(skip)]
     pub search_rates: Vec<f64>,
-    /// Length of one search step, seconds.
+    /// Seconds per search step.
+    #[arg(long = "search-step", default_value_t = 8.0)]
     pub search_step_s: f64,
-    /// The TTFT SLO of the goodput search: P90 under this, ms.
+    /// TTFT SLO of the goodput search (P90), ms.
+    #[arg(long, default_value_t = 500.0)]
     pub slo_ms: f64,
-    /// Query the router's index before every n-th request (0: never).
+    /// Ask the router's index before every n-th request (0: never).
+    #[arg(long, default_value_t = 2)]
     pub fidelity_every: usize,
-    /// The router's policy settings (for a stack started here).
+    #[command(flatten)]
     pub router: RouterKnobs,
     /// Output folder.
+    #[arg(long = "out", default_value = "warmpath-report")]
     pub out_dir: PathBuf,
-    /// Show progress bars.
+    /// No progress bars.
+    #[arg(long = "quiet", action = clap::ArgAction::SetFalse)]
     pub progress: bool,
 }
 
-/// What a comparison produced.
 #[derive(Debug)]
 pub struct CompareOutcome {
-    /// Per strategy.
     pub reports: Vec<StrategyReport>,
     /// The console's table (at most 120 columns; the full one is in the report).
     pub table: String,
-    /// The HTML report.
     pub html: PathBuf,
     /// Per router replica (one entry for a single router).
     pub replicas: Vec<ReplicaSummary>,
 }
 
-/// What one router replica did over the whole comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplicaSummary {
     /// Its `http://` base URL.
@@ -98,8 +91,7 @@ pub struct ReplicaSummary {
     pub requests: u64,
     /// Those it answered without failure.
     pub served: u64,
-    /// Decision facts it sent to its backends' agents
-    /// (`warmpath_replica_facts_total{direction="sent"}`; None: not read).
+    /// Decision facts it sent (`None`: not read).
     pub facts_sent: Option<f64>,
     /// Facts of other replicas it received through the agents.
     pub facts_received: Option<f64>,
@@ -107,49 +99,38 @@ pub struct ReplicaSummary {
 
 impl CompareConfig {
     fn validate(&self) -> Result<(), BenchError> {
-        let bad = |what: &'static str, reason: &str| {
-            Err(BenchError::Invalid {
-                what,
-                reason: reason.into(),
-            })
-        };
-        if self.instances == 0 || self.instances > 256 {
-            return bad("instances", "must be in 1..=256");
-        }
-        if self.router.routers == 0 || self.router.routers > 16 {
-            return bad("routers", "must be in 1..=16");
-        }
-        if self.attach.is_some() && self.router.routers > 1 {
-            return bad(
-                "routers",
-                "replicas are started here: not with --attach-router",
-            );
-        }
-        if self.strategies.is_empty() {
-            return bad("strategies", "name at least one");
-        }
+        let routers = self.router.routers;
+        ensure(
+            (1..=256).contains(&self.instances),
+            "instances",
+            "must be in 1..=256",
+        )?;
+        ensure((1..=16).contains(&routers), "routers", "must be in 1..=16")?;
+        let why = "replicas are started here: not with --attach-router";
+        ensure(self.attach.is_none() || routers == 1, "routers", why)?;
+        ensure(
+            !self.strategies.is_empty(),
+            "strategies",
+            "name at least one",
+        )?;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
         for (what, v) in [
             ("duration", self.duration_s),
             ("rate", self.rate),
             ("slo", self.slo_ms),
         ] {
-            if !(v.is_finite() && v > 0.0) {
-                return bad(what, "must be a number > 0");
-            }
+            ensure(positive(v), what, "must be a number > 0")?;
         }
-        if self
-            .search_rates
-            .iter()
-            .any(|r| !(r.is_finite() && *r > 0.0))
-            || self.search_step_s.is_nan()
-            || self.search_step_s <= 0.0
-        {
-            return bad("rate search", "rates and step length must be > 0");
-        }
+        let search_ok =
+            self.search_rates.iter().all(|&r| positive(r)) && positive(self.search_step_s);
+        ensure(
+            search_ok,
+            "rate search",
+            "rates and step length must be > 0",
+        )?;
         Ok(())
     }
 
-    /// The base trace at `self.rate`, long enough for `duration_s`.
     fn base_trace(&self) -> Result<Vec<TraceRequest>, BenchError> {
         match &self.trace {
             Some(p) => workload::trace::read(p),
@@ -166,9 +147,9 @@ impl CompareConfig {
     }
 }
 
-/// Where the whole comparison stands, for the progress bars' labels: which
-/// strategy of how many, and when all of them should be done.
+/// The progress bars' labels: which strategy of how many, and when all end.
 struct Overall {
+    show: bool,
     started: std::time::Instant,
     strategies: usize,
     /// The planned seconds of one strategy (main run and rate search).
@@ -178,14 +159,14 @@ struct Overall {
 impl Overall {
     fn new(cfg: &CompareConfig) -> Self {
         Overall {
+            show: cfg.progress,
             started: std::time::Instant::now(),
             strategies: cfg.strategies.len(),
             planned_s: cfg.duration_s + cfg.search_rates.len() as f64 * cfg.search_step_s,
         }
     }
 
-    /// The label of a bar of strategy `k` (from 0): `[k+1/n] what, all done
-    /// in ~ETA`, the ETA measured on the strategies done, planned before.
+    /// `[k+1/n] what, all done in ~ETA`, measured on the strategies done.
     fn label(&self, k: usize, what: &str) -> String {
         let left = (self.strategies - k.min(self.strategies)) as f64;
         let per = match k {
@@ -199,6 +180,19 @@ impl Overall {
             clock(per * left)
         )
     }
+
+    /// A progress bar of `len` requests for strategy `k`, labelled as [`Self::label`].
+    fn bar(&self, k: usize, len: usize, what: &str) -> ProgressBar {
+        if !self.show {
+            return ProgressBar::hidden();
+        }
+        let style = ProgressStyle::with_template("{prefix} [{bar:24}] {pos}/{len} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        let pb = ProgressBar::new(len as u64).with_style(style);
+        pb.set_prefix(self.label(k, what));
+        pb
+    }
 }
 
 /// `1h02m`, `3m05s`, `42s`.
@@ -211,20 +205,6 @@ fn clock(seconds: f64) -> String {
     }
 }
 
-fn bar(show: bool, len: usize, label: String) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(len as u64);
-    let style = ProgressStyle::with_template("{prefix} [{bar:24}] {pos}/{len} eta {eta}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    pb.set_style(style);
-    pb.set_prefix(label);
-    pb
-}
-
-/// Runs the comparison and writes the report folder.
 pub async fn run(
     cfg: &CompareConfig,
     cancel: CancellationToken,
@@ -250,16 +230,17 @@ pub async fn run(
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
-        .map_err(|e| BenchError::Http {
-            url: stack.router_url.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| stack::http(&stack.router_url, e))?;
     let drive_cfg = DriveConfig {
         urls: stack.router_urls.clone(),
         spread_seed: cfg.workload.seed,
         fidelity_every: cfg.fidelity_every,
         timeout: Duration::from_secs(120),
         inspect_token: stack.admin_token().map(str::to_owned),
+    };
+    let search_cfg = DriveConfig {
+        fidelity_every: 0,
+        ..drive_cfg.clone()
     };
     let ids = stack.worker_ids();
     let bs = cfg.sim.block_size as u64;
@@ -294,11 +275,7 @@ pub async fn run(
         stack.set_strategy(&client, s).await?;
         stack.reset_caches(&client).await?;
         tracing::info!(strategy = %s, "main run");
-        let pb = bar(
-            cfg.progress,
-            base.len(),
-            overall.label(k, &format!("{s} @ {:.1} req/s", cfg.rate)),
-        );
+        let pb = overall.bar(k, base.len(), &format!("{s} @ {:.1} req/s", cfg.rate));
         let before = stack.engine_prefix_counters(&client).await;
         let samples = drive(&client, &drive_cfg, &base, &pb, &cancel).await;
         pb.finish();
@@ -319,22 +296,8 @@ pub async fn run(
             let n = ((rate * cfg.search_step_s).ceil() as usize).max(1);
             let step: Vec<TraceRequest> =
                 rescale(&base, cfg.rate, rate).into_iter().take(n).collect();
-            let pb = bar(
-                cfg.progress,
-                step.len(),
-                overall.label(k, &format!("{s} search @ {rate:.1} req/s")),
-            );
-            let samples = drive(
-                &client,
-                &DriveConfig {
-                    fidelity_every: 0,
-                    ..drive_cfg.clone()
-                },
-                &step,
-                &pb,
-                &cancel,
-            )
-            .await;
+            let pb = overall.bar(k, step.len(), &format!("{s} search @ {rate:.1} req/s"));
+            let samples = drive(&client, &search_cfg, &step, &pb, &cancel).await;
             pb.finish();
             tally(&samples);
             let a = aggregate(s.as_str(), rate, &samples, bs, &ids);
@@ -352,7 +315,7 @@ pub async fn run(
         reports.push(r);
     }
     let facts = stack.replica_facts(&client).await.ok();
-    let replicas = stack
+    let replicas: Vec<ReplicaSummary> = stack
         .router_urls
         .iter()
         .zip(&served)
@@ -367,13 +330,7 @@ pub async fn run(
         .collect();
     stack.shutdown().await;
     let settings = serde_json::to_value(cfg).unwrap_or_default();
-    let html = output::write_all(&cfg.out_dir, &reports, &settings, cfg.slo_ms)?;
-    let path = cfg.out_dir.join("replicas.json");
-    let text = serde_json::to_string_pretty(&replicas).unwrap_or_default();
-    std::fs::write(&path, text).map_err(|source| BenchError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let html = output::write_all(&cfg.out_dir, &reports, &replicas, &settings, cfg.slo_ms)?;
     Ok(CompareOutcome {
         table: report::console(&reports, cfg.slo_ms),
         reports,
@@ -389,6 +346,7 @@ mod tests {
     #[test]
     fn progress_labels_say_which_strategy_of_how_many_and_when_all_end() {
         let o = Overall {
+            show: false,
             started: std::time::Instant::now(),
             strategies: 4,
             planned_s: 50.0,

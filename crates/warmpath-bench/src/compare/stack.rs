@@ -1,20 +1,10 @@
-//! The stack a comparison runs against. Either started here on loopback —
-//! simulated instances ([`crate::sim`]) or real `warmpath-engine` processes
-//! ([`super::candle`]), one real agent per engine (events mode, following
-//! the engine's ZMQ events) and the real router, in this process through
-//! their libraries, or as R `warmpath-router` processes
-//! ([`super::replicas`], `compare --routers R`) that every agent streams to
-//! — or an already running router and engines the comparison only attaches
-//! to ([`AttachConfig`]).
-//!
-//! Either way a comparison only needs the routers' URLs (traffic, spread
-//! over them by the driver; the admin strategy switch, sent to all;
-//! `/cache-index/query`, asked of the replica the request goes to) and each
-//! engine's URL (`/reset_prefix_cache`, `/metrics`).
+//! The stack a comparison runs against: simulated or candle engines, one
+//! real agent each and the real router (in process or as R processes),
+//! started here on loopback, or a running router and engines attached to.
 
 use super::candle::{CandleConfig, CandleFleet, EngineShape};
 use super::replicas::{labelled_sum, router_binary, RouterProcesses};
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use crate::sim::{Fleet, SimConfig};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -27,88 +17,98 @@ use warmpath_core::Strategy;
 use warmpath_router::config::{BackendConfig, PoolConfig, RouterConfig};
 use warmpath_router::RunningRouter;
 
-/// The router's policy settings for a stack started here, and how many
-/// replicas of it run where.
-#[derive(Clone, Debug, Serialize)]
+/// The router's policy settings for a stack started here, and its replicas;
+/// its flags are `compare`'s.
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct RouterKnobs {
-    /// `kv_aware` cost weights.
+    #[arg(skip)]
     pub kv: KvConfig,
-    /// Router replicas (1..=16). One runs in this process through the
-    /// router's library unless `processes`; more are `warmpath-router`
-    /// processes, each request sent to one at random, every agent streaming
-    /// to all.
+    /// Router replicas: more than 1 runs that many warmpath-router processes.
+    #[arg(long, default_value_t = 1)]
     pub routers: usize,
-    /// Run even a single router as a process (same costs as the replicas').
+    /// Run even a single router as a warmpath-router process (not in this one).
+    #[arg(long = "router-process")]
     pub processes: bool,
-    /// The `warmpath-router` binary of the processes (default: beside this
-    /// executable).
+    /// The warmpath-router binary of the processes (default: beside this one).
+    #[arg(long)]
     pub router_bin: Option<PathBuf>,
-    /// Replicas share each routing decision through the agents
-    /// (`ingest.share_decisions`, the router's default: on).
+    /// The replicas do not share their decisions (`ingest.share_decisions: false`).
+    #[arg(long = "no-share-decisions", action = clap::ArgAction::SetFalse)]
     pub share_decisions: bool,
 }
 
 impl RouterKnobs {
-    /// Whether the routers run as processes.
     pub fn as_processes(&self) -> bool {
         self.processes || self.routers > 1
     }
 }
 
 impl Default for RouterKnobs {
+    /// The flags' defaults.
     fn default() -> Self {
-        RouterKnobs {
-            kv: KvConfig::default(),
-            routers: 1,
-            processes: false,
-            router_bin: None,
-            share_decisions: true,
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            knobs: RouterKnobs,
         }
+        <Flags as clap::Parser>::parse_from(["compare"]).knobs
     }
 }
 
 /// Which engines a stack started here runs.
 #[derive(Clone, Debug, Serialize)]
 pub enum EngineKind {
-    /// Simulated vLLM instances in this process.
     Sim,
-    /// `warmpath-engine` child processes (candle, tiny random Llama).
     Candle(CandleConfig),
 }
 
-/// An engine as the comparison sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EngineEndpoint {
     /// Worker id (what the router reports in `x-warmpath-backend`); empty
     /// when unknown (attach mode).
     pub id: String,
-    /// `http://` base URL.
     pub url: String,
 }
 
-/// A running router and engines to attach to.
-#[derive(Clone, Debug, Serialize)]
+impl std::str::FromStr for EngineEndpoint {
+    type Err = std::convert::Infallible;
+
+    /// `ID=URL` or `URL`: no id, no zero share for an idle engine.
+    fn from_str(e: &str) -> Result<Self, Self::Err> {
+        let (id, url) = e.split_once('=').unwrap_or(("", e));
+        let url = url.trim_end_matches('/').to_owned();
+        Ok(EngineEndpoint { id: id.into(), url })
+    }
+}
+
+/// A running router and engines to attach to; its flags are `compare`'s.
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct AttachConfig {
-    /// The router's `http://` base URL.
+    /// Attach to this running router (http://host:port) instead of starting a stack.
+    #[arg(long = "attach-router", required = false, requires = "engines")]
     pub router_url: String,
-    /// Bearer token of `PUT /admin/...` (never written to reports).
+    /// With --attach-router: the router's admin bearer token (never written to reports).
+    #[arg(long, requires = "router_url")]
     #[serde(skip)]
     pub admin_token: Option<String>,
-    /// The pool's engines.
+    /// With --attach-router: an engine of the pool, `ID=URL` (ID: its worker id) or `URL`.
+    #[arg(long = "attach-engine", value_delimiter = ',', requires = "router_url")]
     pub engines: Vec<EngineEndpoint>,
 }
 
+#[derive(Debug)]
 enum Engines {
     Sim(Fleet),
     Candle(CandleFleet),
 }
 
+#[derive(Debug)]
 enum Routers {
     InProcess(Box<RunningRouter>),
     Processes(RouterProcesses),
 }
 
-/// What a stack started here owns.
+#[derive(Debug)]
 struct Owned {
     engines: Engines,
     routers: Routers,
@@ -117,27 +117,16 @@ struct Owned {
 }
 
 /// A router (or its replicas) and its engines, started here or attached to.
+#[derive(Debug)]
 pub struct Stack {
     /// `http://` base URL of the (first) router.
     pub router_url: String,
     /// `http://` base URLs of every router replica, the first one first.
     pub router_urls: Vec<String>,
-    /// The served model (the pool).
     pub model: String,
-    /// The engines.
     pub engines: Vec<EngineEndpoint>,
     admin_token: Option<String>,
     owned: Option<Owned>,
-}
-
-impl std::fmt::Debug for Stack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stack")
-            .field("router_urls", &self.router_urls)
-            .field("engines", &self.engines)
-            .field("owned", &self.owned.is_some())
-            .finish()
-    }
 }
 
 impl Drop for Stack {
@@ -152,13 +141,6 @@ impl Drop for Stack {
 async fn text(req: reqwest::RequestBuilder, url: &str) -> Result<String, BenchError> {
     let resp = req.send().await.map_err(|e| http(url, e))?;
     resp.text().await.map_err(|e| http(url, e))
-}
-
-fn component(what: impl Into<String>, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Component {
-        what: what.into(),
-        reason: e.to_string(),
-    }
 }
 
 impl Stack {
@@ -184,29 +166,23 @@ impl Stack {
             rand::random::<u32>()
         ));
         warmpath_core::tokenize::tiny::write_model_dir(&model_dir)?;
-        // (id, url, kv events, kv replay) of each engine of either kind.
-        macro_rules! endpoints {
+        // Each engine's agent, for either kind of engine.
+        macro_rules! agents {
             ($fleet:expr) => {
-                $fleet
-                    .instances
-                    .iter()
-                    .map(|i| {
-                        (
-                            i.id.clone(),
-                            i.url.clone(),
-                            i.kv_events.clone(),
-                            i.kv_replay.clone(),
-                        )
+                ($fleet.instances.iter())
+                    .map(|i| AgentConfig {
+                        kv_replay: i.kv_replay.clone(),
+                        ..AgentConfig::new(&i.id, &sim.model, &i.url, &i.kv_events)
                     })
                     .collect::<Vec<_>>()
             };
         }
-        let (engines, list) = match kind {
+        let (engines, agent_cfgs) = match kind {
             EngineKind::Sim => {
                 let tokenizer = std::sync::Arc::new(ChatTokenizer::load(&model_dir)?);
                 let fleet = Fleet::start(n, sim, tokenizer, shutdown.clone()).await?;
-                let list = endpoints!(fleet);
-                (Engines::Sim(fleet), list)
+                let cfgs = agents!(fleet);
+                (Engines::Sim(fleet), cfgs)
             }
             EngineKind::Candle(c) => {
                 let shape = EngineShape {
@@ -215,15 +191,17 @@ impl Stack {
                     cache_blocks: sim.cache_blocks,
                 };
                 let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
-                let list = endpoints!(fleet);
-                (Engines::Candle(fleet), list)
+                let cfgs = agents!(fleet);
+                (Engines::Candle(fleet), cfgs)
             }
         };
-        let backends: Vec<(String, String)> = list
-            .iter()
-            .map(|(id, url, _, _)| (id.clone(), url.clone()))
+        let list: Vec<EngineEndpoint> = (agent_cfgs.iter())
+            .map(|c| EngineEndpoint {
+                id: c.worker_id.clone(),
+                url: c.engine_url.clone(),
+            })
             .collect();
-        let config = router_config(sim, strategy, knobs, &model_dir, &backends, &admin_token);
+        let config = router_config(sim, strategy, knobs, &model_dir, &list, &admin_token);
         let (routers, urls, grpcs) = if let Some(bin) = router_bin {
             let timeout = Duration::from_secs(30);
             let set =
@@ -246,23 +224,17 @@ impl Stack {
             )
         };
         let mut agents = Vec::with_capacity(n);
-        for (id, url, events, replay) in &list {
-            let mut cfg = AgentConfig::new(id, &sim.model, url, events);
-            cfg.kv_replay = replay.clone();
+        for mut cfg in agent_cfgs {
             cfg.routers = grpcs.clone();
-            let agent = Agent::start(cfg, None)
-                .await
-                .map_err(|e| component(format!("agent {id}"), e))?;
-            agents.push(agent);
+            let id = cfg.worker_id.clone();
+            let agent = Agent::start(cfg, None).await;
+            agents.push(agent.map_err(|e| component(format!("agent {id}"), e))?);
         }
         let stack = Stack {
             router_url: urls[0].clone(),
             router_urls: urls,
             model: sim.model.clone(),
-            engines: list
-                .into_iter()
-                .map(|(id, url, _, _)| EngineEndpoint { id, url })
-                .collect(),
+            engines: list,
             admin_token,
             owned: Some(Owned {
                 engines,
@@ -311,8 +283,7 @@ impl Stack {
         })
     }
 
-    /// Known worker ids, in order (attached engines given without an id
-    /// are left out).
+    /// Known worker ids, in order.
     pub fn worker_ids(&self) -> Vec<String> {
         self.engines
             .iter()
@@ -321,12 +292,10 @@ impl Stack {
             .collect()
     }
 
-    /// The admin token this stack's router requires, if any.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref()
     }
 
-    /// `req` with the router's admin token, if any.
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.admin_token {
             Some(t) => req.bearer_auth(t),
@@ -464,14 +433,13 @@ impl Stack {
     }
 }
 
-/// The pool and router configuration of a stack started here (the same for
-/// the in-process router and every replica process).
+/// The pool and router configuration of a stack started here.
 fn router_config(
     sim: &SimConfig,
     strategy: Strategy,
     knobs: &RouterKnobs,
     model_dir: &Path,
-    backends: &[(String, String)],
+    backends: &[EngineEndpoint],
     admin_token: &Option<String>,
 ) -> RouterConfig {
     let mut pool = PoolConfig::new(sim.model.clone());
@@ -479,9 +447,9 @@ fn router_config(
     pool.tokenizer = Some(model_dir.to_path_buf());
     pool.block_size = sim.block_size;
     pool.kv = knobs.kv.clone();
-    for (id, url) in backends {
-        let mut b = BackendConfig::new(url.clone());
-        b.worker_id = Some(id.clone());
+    for e in backends {
+        let mut b = BackendConfig::new(e.url.clone());
+        b.worker_id = Some(e.id.clone());
         pool.backends.push(b);
     }
     let mut config = RouterConfig {
@@ -495,7 +463,7 @@ fn router_config(
     config
 }
 
-fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
+pub(super) fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Http {
         url: url.to_owned(),
         reason: e.to_string(),

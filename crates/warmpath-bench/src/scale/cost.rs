@@ -1,7 +1,5 @@
-//! Where a decision's routing time goes: hashing the request's chain,
-//! matching it against the index, and the pick, the last two also by
-//! decision kind. A scale report's total (`routing_us`) is their sum, so the
-//! parts say which one a change to the decision cost has to move.
+//! Where a decision's routing time goes: hashing, index match and pick, the
+//! last two also by decision kind.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -10,14 +8,11 @@ use std::time::Duration;
 /// The mean routing time per decision, by part, µs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RoutingCost {
-    /// Hashing the chain (about 0, a clock read, for strategies that do
-    /// not read the index).
+    /// Hashing the chain (about 0 for strategies that do not read the index).
     pub hash_us: f64,
     /// `CacheIndex::longest_match` (about 0 likewise).
     pub match_us: f64,
-    /// Everything after the match: the replica's load view (one pass over
-    /// the backends, as the router builds it per request) and the policy's
-    /// pick.
+    /// Everything after the match: the load view and the policy's pick.
     pub pick_us: f64,
     /// Per decision kind (`cold`, `kv_match`, ...).
     pub by_kind: BTreeMap<String, KindCost>,
@@ -26,7 +21,6 @@ pub struct RoutingCost {
 /// The decisions of one kind and their mean match and pick times, µs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct KindCost {
-    /// Decisions of this kind.
     pub decisions: u64,
     /// Mean index match per decision, µs.
     pub match_us: f64,
@@ -34,7 +28,6 @@ pub struct KindCost {
     pub pick_us: f64,
 }
 
-/// Sums the parts as decisions are made.
 #[derive(Debug, Default)]
 pub(super) struct CostSums {
     decisions: u64,
@@ -63,15 +56,8 @@ impl CostSums {
         k.2 += pick;
     }
 
-    /// The means.
     pub(super) fn report(&self) -> RoutingCost {
-        let mean = |d: Duration, n: u64| {
-            if n == 0 {
-                0.0
-            } else {
-                d.as_secs_f64() * 1e6 / n as f64
-            }
-        };
+        let mean = |d: Duration, n: u64| crate::stats::ratio(d.as_secs_f64() * 1e6, n as f64);
         RoutingCost {
             hash_us: mean(self.hash, self.decisions),
             match_us: mean(self.matching, self.decisions),

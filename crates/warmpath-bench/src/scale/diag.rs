@@ -1,22 +1,6 @@
 //! Where the scale run's uncached tokens come from, and what its slowest
-//! 10% of requests are (fleets of at most 64 instances).
-//!
-//! Each request's document is classified **when it is routed** (what the
-//! router could have known) and the class is kept when its prefill starts
-//! and the instance's cache is looked up:
-//! - `first_sight`: the document's first request anywhere (unavoidable);
-//! - `in_prefill`: no instance held it, an earlier request of it was still
-//!   queued or prefilling (its blocks not yet published);
-//! - `cached_elsewhere`: another instance held it, this one did not (the
-//!   policy moved it, for load or share);
-//! - `evicted_here`: the chosen instance held it when routed or had held it
-//!   before, and LRU evicted it;
-//! - `evicted_elsewhere`: no instance held it, others had before, and it
-//!   went to one that never had;
-//! - `trimmed`: the end of a document that hit on its first blocks only
-//!   (LRU had trimmed its last ones);
-//! - `question`: the uncached tail of a request whose document hit (no
-//!   router can cache a distinct question).
+//! 10% of requests are (fleets of at most 64 instances; the classes are in
+//! docs/bench.md, "The `scale` model").
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -48,7 +32,6 @@ impl Origin {
 /// Per-document state the classification needs.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DocState {
-    /// Requests routed so far.
     pub(crate) routed: u64,
     /// Requests routed whose prefill has not finished.
     pub(crate) pending: u32,
@@ -57,8 +40,7 @@ pub(crate) struct DocState {
 }
 
 impl DocState {
-    /// The origin of a request routed to `chosen` when `holders` (bit per
-    /// instance) hold the document now.
+    /// The origin of a request routed to `chosen` when `holders` hold it now.
     pub(crate) fn origin(&self, chosen: usize, holders: u64) -> Origin {
         let me = 1u64 << chosen;
         if self.routed == 0 {
@@ -74,8 +56,7 @@ impl DocState {
         } else if self.pending > 0 {
             Origin::InPrefill
         } else {
-            // Routed before, never cached, nothing pending: cannot happen
-            // in this simulation (every prefill caches its document).
+            // Cannot happen: every prefill caches its document.
             Origin::EvictedElsewhere
         }
     }
@@ -92,23 +73,20 @@ pub(crate) struct Sample {
     pub(crate) ttft_ms: f64,
     /// Time queued before its own prefill started.
     pub(crate) wait_ms: f64,
-    /// A cold prefill on its instance ended after it arrived (it waited
-    /// behind one).
+    /// It queued behind a cold prefill on its instance.
     pub(crate) behind_cold: bool,
 }
 
 /// The breakdown of a run (see the module docs).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Diagnosis {
-    /// Prompt tokens in all.
     pub prompt_tokens: u64,
     /// Uncached tokens by class.
     pub uncached_tokens: BTreeMap<String, u64>,
     /// Requests that missed their document, by class.
     pub missed_requests: BTreeMap<String, u64>,
-    /// The slowest 10% of requests by TTFT: requests by class (`warm` for a
-    /// document hit, `warm_behind_cold` for a hit that queued behind a cold
-    /// prefill on its instance).
+    /// The slowest 10% of requests by TTFT, by class (`warm`,
+    /// `warm_behind_cold`: a hit queued behind a cold prefill).
     pub top10_ttft: BTreeMap<String, u64>,
     /// The TTFT that starts the slowest 10% (the P90), ms.
     pub top10_from_ms: f64,
@@ -117,7 +95,6 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
-    /// Builds the breakdown from every finished request.
     pub(crate) fn of(samples: &[Sample], prompt_tokens: u64) -> Self {
         let mut d = Diagnosis {
             prompt_tokens,
@@ -156,40 +133,34 @@ impl Diagnosis {
         d.top10_from_ms = by_ttft
             .get(top.saturating_sub(1))
             .map_or(0.0, |s| s.ttft_ms);
-        d.top10_warm_wait_ms = if warm > 0 {
-            warm_wait / f64::from(warm)
-        } else {
-            0.0
-        };
+        d.top10_warm_wait_ms = crate::stats::ratio(warm_wait, f64::from(warm));
         d
     }
 
-    /// One line per part, for the CLI.
     pub fn lines(&self) -> Vec<String> {
-        let pct = |v: u64| 100.0 * v as f64 / self.prompt_tokens.max(1) as f64;
-        let tokens: Vec<String> = self
-            .uncached_tokens
-            .iter()
-            .map(|(k, v)| format!("{k} {:.2}%", pct(*v)))
-            .collect();
-        let missed: Vec<String> = self
-            .missed_requests
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let top: Vec<String> = self
-            .top10_ttft
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        vec![
-            format!("uncached tokens (% of prompt): {}", tokens.join(", ")),
-            format!("missed requests: {}", missed.join(", ")),
+        let list = |m: &BTreeMap<String, u64>, f: &dyn Fn(u64) -> String| {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {}", f(*v))).collect();
+            parts.join(", ")
+        };
+        let pct = |v: u64| {
             format!(
-                "slowest 10% (TTFT >= {:.0} ms): {}; warm ones queued {:.0} ms on average",
-                self.top10_from_ms,
-                top.join(", "),
-                self.top10_warm_wait_ms
+                "{:.2}%",
+                100.0 * v as f64 / self.prompt_tokens.max(1) as f64
+            )
+        };
+        let (from, wait) = (self.top10_from_ms, self.top10_warm_wait_ms);
+        vec![
+            format!(
+                "uncached tokens (% of prompt): {}",
+                list(&self.uncached_tokens, &pct)
+            ),
+            format!(
+                "missed requests: {}",
+                list(&self.missed_requests, &|v| v.to_string())
+            ),
+            format!(
+                "slowest 10% (TTFT >= {from:.0} ms): {}; warm ones queued {wait:.0} ms on average",
+                list(&self.top10_ttft, &|v| v.to_string())
             ),
         ]
     }

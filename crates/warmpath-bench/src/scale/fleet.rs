@@ -1,19 +1,6 @@
-//! The simulated instances of the scale run: a prefill queue, decode slots and
-//! a prefix cache kept at the granularity of chain *segments*.
-//!
-//! A segment is a run of consecutive blocks inserted together: a document's
-//! full blocks, or one request's own tail blocks (question), which hang off
-//! its document's last block. The cache is an LRU over segments with a
-//! capacity in blocks. Like vLLM, which evicts the least recently used
-//! *leaf* block first, eviction trims the least recently used segment from
-//! its end, only as many blocks as the new ones need: a document that lost
-//! its last blocks still hits on the blocks it kept, and its next request
-//! writes the missing ones back. A document's cached tails are leaves below
-//! its last block, so they go before it is trimmed, and a tail is cached
-//! only under its whole document: what an instance holds stays
-//! prefix-closed, as an engine's cache does, and the index is told so.
-//! Every store and removal is applied to the shared [`CacheIndex`] exactly
-//! as the agent would publish it.
+//! The simulated instances of the scale run: a prefill queue, decode slots
+//! and an LRU prefix cache kept per chain segment, mirrored into the index
+//! (docs/bench.md, "The `scale` model").
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use warmpath_core::{BlockHash, CacheIndex, IndexError, Tier, WorkerSlot};
@@ -30,7 +17,6 @@ struct Segment {
     children: HashSet<u64>,
 }
 
-/// One simulated instance.
 pub(crate) struct Instance {
     pub(crate) slot: WorkerSlot,
     segments: HashMap<u64, Segment>,
@@ -39,18 +25,13 @@ pub(crate) struct Instance {
     capacity: usize,
     /// Requests waiting for prefill (indices into the run's request table).
     pub(crate) prefill_queue: VecDeque<usize>,
-    /// The request in prefill, if any.
     pub(crate) prefilling: Option<usize>,
-    /// Requests decoding.
     pub(crate) decoding: u32,
     /// Requests done with prefill, waiting for a decode slot.
     pub(crate) decode_wait: VecDeque<usize>,
-    /// Requests routed here and not finished.
     pub(crate) in_flight: u32,
-    /// Requests routed here in total.
     pub(crate) served: u64,
-    /// Requests routed here from the run's second half on: the balance
-    /// once the placements made before popularity was known weigh less.
+    /// Requests routed here in the run's second half.
     pub(crate) served_late: u64,
 }
 
@@ -72,8 +53,7 @@ impl Instance {
         }
     }
 
-    /// Leading blocks of segment `key` cached (0 when none); marks it used
-    /// at `tick` if any.
+    /// Leading blocks of segment `key` cached; marks it used at `tick`.
     pub(crate) fn touch(&mut self, key: u64, tick: u64) -> usize {
         let Some(seg) = self.segments.get_mut(&key) else {
             return 0;
@@ -98,13 +78,10 @@ impl Instance {
         self.segments.contains_key(&key)
     }
 
-    /// Caches segment `key` of `blocks` blocks (only the missing end when
-    /// part of it is cached; no-op when larger than the cache), trimming
-    /// least recently used segments first. `parent`: the segment it hangs
-    /// off and that segment's length; it is cached only under all of it.
-    /// With an `index`, `hashes` are the segment's blocks and every change
-    /// is mirrored into it; without one (strategies that never read the
-    /// index) only counts matter.
+    /// Caches segment `key` of `blocks` blocks (only the missing end),
+    /// trimming least recently used segments first; under `parent` (segment,
+    /// length) only when all of it is cached. With an `index`, every change
+    /// is mirrored into it.
     pub(crate) fn insert(
         &mut self,
         key: u64,
@@ -179,8 +156,7 @@ impl Instance {
         Ok(())
     }
 
-    /// Trims up to `trim` blocks from the end of segment `key`, dropping it
-    /// when none are left.
+    /// Trims up to `trim` blocks from the end of segment `key`.
     fn trim(
         &mut self,
         key: u64,
@@ -209,7 +185,6 @@ impl Instance {
         Ok(())
     }
 
-    /// Blocks cached now.
     #[cfg(test)]
     pub(crate) fn used_blocks(&self) -> usize {
         self.used_blocks

@@ -1,25 +1,6 @@
-//! `warmpath-bench scale`: a discrete-event simulation with no sockets that
-//! drives the real routing code — [`warmpath_core::hash`] to hash each
-//! request's chain, [`CacheIndex`] fed with every cache store and eviction,
-//! and the [`Policy`](warmpath_core::Policy) of each strategy — over a fleet
-//! too large for one machine to host (1000 instances, 1M requests by default).
-//!
-//! Workload: `long`-like. `docs` documents of `doc_tokens` tokens with Zipf
-//! popularity, each request a document plus a distinct `question_tokens`
-//! question, Poisson arrivals at `rate_per_instance * instances`. Tokens are
-//! synthetic ids (no tokenizer); the prefix key of `prefix_aware` is the
-//! document (the first characters of the text are the document's).
-//!
-//! Instances follow [`crate::timing`] (one prefill queue, overlapping decode up
-//! to `max_batch`) with a segment-granular LRU prefix cache ([`fleet`]). The
-//! index sees each change the moment it happens (an agent with zero latency),
-//! and the router's load view is exact (one router), and the policy is told
-//! each instance's cache capacity, as an agent reports it (`capacity_known`;
-//! `--hide-capacity` runs without the capacity model). Only `kv_aware` reads
-//! the index, so only its runs hash chains and keep the index up to date;
-//! the others route on the prefix key and load alone, as the router does. Routing cost is measured
-//! as wall time spent hashing, matching and picking, so "decisions per second"
-//! is per core.
+//! `warmpath-bench scale`: a socket-free discrete-event simulation that
+//! drives the real hashing, [`CacheIndex`] and policies over a fleet too large
+//! for one machine; the model is described in docs/bench.md ("The `scale` model").
 
 mod cost;
 mod diag;
@@ -29,8 +10,8 @@ mod view;
 pub use cost::{KindCost, RoutingCost};
 pub use diag::Diagnosis;
 
-use crate::error::BenchError;
-use crate::stats::{share_min_max, Summary};
+use crate::error::{ensure, BenchError};
+use crate::stats::{ratio, share_min_max, Summary};
 use crate::timing::TimeModel;
 use cost::CostSums;
 use diag::{DocState, Origin, Sample};
@@ -40,7 +21,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use view::{Fact, Phase, Replicas};
 use warmpath_core::hash::ChainHasher;
 use warmpath_core::policy::{
@@ -51,76 +32,75 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::dist::{unit_exp, Zipf};
 
-/// Settings of one scale run.
-#[derive(Clone, Debug, Serialize)]
+/// Settings of one scale run; its flags are `warmpath-bench scale`'s.
+#[derive(Clone, Debug, Serialize, clap::Args)]
 pub struct ScaleConfig {
     /// Simulated instances.
+    #[arg(long, default_value_t = 1000)]
     pub instances: usize,
-    /// Requests to route.
+    /// Requests per strategy.
+    #[arg(long, default_value_t = 1_000_000)]
     pub requests: usize,
     /// Mean arrivals per second per instance.
+    #[arg(long, default_value_t = 4.0)]
     pub rate_per_instance: f64,
     /// Distinct documents.
+    #[arg(long, default_value_t = 8000)]
     pub docs: usize,
     /// Zipf exponent of document popularity.
+    #[arg(long, default_value_t = 0.8)]
     pub zipf: f64,
     /// Tokens per document.
+    #[arg(long, default_value_t = 8000)]
     pub doc_tokens: usize,
-    /// Tokens per question.
-    pub question_tokens: usize,
-    /// Output tokens per request.
-    pub output_tokens: u32,
-    /// Tokens per block.
-    pub block_size: usize,
     /// Prefix cache capacity per instance, in blocks.
+    #[arg(long, default_value_t = 8192)]
     pub cache_blocks: usize,
-    /// Whether the policy is told each instance's capacity (as an agent
-    /// reports it); `false` runs `kv_aware` without its capacity model.
-    pub capacity_known: bool,
+    /// Do not tell kv_aware the instances' cache capacity (no capacity
+    /// model, as with agents that do not report it).
+    #[arg(long)]
+    pub hide_capacity: bool,
     /// RNG seed.
+    #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Router replicas, each request sent to one at random (see [`view`]).
+    /// Router replicas, each request sent to one at random; they share the
+    /// index and the engines' load reports, nothing else.
+    #[arg(long, default_value_t = 1)]
     pub routers: usize,
-    /// How often the agents report the engines' load to the replicas, ms.
-    pub load_report_ms: u64,
-    /// Replicas share each decision, this many ms after it (through the
-    /// agents, see [`view`]); `None`: they share nothing but the index and
-    /// the engines' load.
+    /// Replicas share each decision through the agents, arriving this many
+    /// ms later (ARCHITECTURE.md, "Router replicas"); unset: no sharing.
+    #[arg(long)]
     pub share_delay_ms: Option<f64>,
-    /// Every this many seconds, `reset_instances` instances (the next ones in
-    /// turn) lose their whole cache, as restarts do; `None`: never.
+    /// Every this many seconds, `--reset-instances` instances (the next ones
+    /// in turn) lose their whole cache, as engine restarts do.
+    #[arg(long)]
     pub reset_every_s: Option<f64>,
-    /// Instances reset each time.
+    /// Instances reset each time (with `--reset-every-s`).
+    #[arg(long, default_value_t = 2)]
     pub reset_instances: usize,
-    /// Engine time model.
+    #[arg(skip = 50usize)]
+    pub question_tokens: usize,
+    #[arg(skip = 32u32)]
+    pub output_tokens: u32,
+    #[arg(skip = 16usize)]
+    pub block_size: usize,
+    /// How often the agents report the engines' load to the replicas, ms.
+    #[arg(skip = 1000u64)]
+    pub load_report_ms: u64,
+    #[arg(skip)]
     pub time: TimeModel,
-    /// Policy knobs.
+    #[arg(skip)]
     pub policy: PolicyConfig,
 }
 
 impl Default for ScaleConfig {
     fn default() -> Self {
-        ScaleConfig {
-            instances: 1000,
-            requests: 1_000_000,
-            rate_per_instance: 4.0,
-            docs: 8000,
-            zipf: 0.8,
-            doc_tokens: 8000,
-            question_tokens: 50,
-            output_tokens: 32,
-            block_size: 16,
-            cache_blocks: 8192,
-            capacity_known: true,
-            seed: 42,
-            routers: 1,
-            load_report_ms: 1000,
-            share_delay_ms: None,
-            reset_every_s: None,
-            reset_instances: 2,
-            time: TimeModel::default(),
-            policy: PolicyConfig::default(),
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            config: ScaleConfig,
         }
+        <Flags as clap::Parser>::parse_from(["scale"]).config
     }
 }
 
@@ -131,99 +111,73 @@ impl ScaleConfig {
     }
 
     /// Sizes each instance's cache so that the fleet's total holds `ratio`
-    /// x the working set (the capacity workloads: 0.5, 0.9, 1.5).
+    /// x the working set.
     pub fn with_cache_ratio(mut self, ratio: f64) -> Self {
         let total = ratio * self.working_set_blocks() as f64;
         self.cache_blocks = (total / self.instances.max(1) as f64).round().max(1.0) as usize;
         self
     }
 
-    /// Checks the ranges.
     pub fn validate(&self) -> Result<(), BenchError> {
-        let bad = |what: &'static str, reason: &str| {
-            Err(BenchError::Invalid {
-                what,
-                reason: reason.to_owned(),
-            })
-        };
-        if self.instances == 0 || self.instances > 65_536 {
-            return bad("instances", "must be in 1..=65536");
-        }
-        if self.requests == 0 || self.docs == 0 || self.docs > u32::MAX as usize {
-            return bad("requests/docs", "must be at least 1");
-        }
-        if !(self.rate_per_instance.is_finite() && self.rate_per_instance > 0.0) {
-            return bad("rate_per_instance", "must be a number > 0");
-        }
-        if self.block_size == 0 || self.doc_tokens + self.question_tokens < 2 {
-            return bad(
-                "block_size/tokens",
-                "need a block size >= 1 and a 2-token prompt",
-            );
-        }
-        if self.output_tokens == 0 {
-            return bad("output_tokens", "must be at least 1");
-        }
-        if self.routers == 0 || self.routers > 64 {
-            return bad("routers", "must be in 1..=64");
-        }
-        if self
-            .share_delay_ms
-            .is_some_and(|d| !(d.is_finite() && d >= 0.0))
-        {
-            return bad("share_delay_ms", "must be a number >= 0");
-        }
-        if self
+        let c = self;
+        ensure(
+            (1..=65_536).contains(&c.instances),
+            "instances",
+            "must be in 1..=65536",
+        )?;
+        let docs_ok = c.requests > 0 && c.docs > 0 && c.docs <= u32::MAX as usize;
+        ensure(docs_ok, "requests/docs", "must be at least 1")?;
+        let rate_ok = c.rate_per_instance.is_finite() && c.rate_per_instance > 0.0;
+        ensure(rate_ok, "rate_per_instance", "must be a number > 0")?;
+        let prompt_ok = c.block_size > 0 && c.doc_tokens + c.question_tokens >= 2;
+        let why = "need a block size >= 1 and a 2-token prompt";
+        ensure(prompt_ok, "block_size/tokens", why)?;
+        ensure(c.output_tokens > 0, "output_tokens", "must be at least 1")?;
+        ensure(
+            (1..=64).contains(&c.routers),
+            "routers",
+            "must be in 1..=64",
+        )?;
+        let delay_ok = c.share_delay_ms.is_none_or(|d| d.is_finite() && d >= 0.0);
+        ensure(delay_ok, "share_delay_ms", "must be a number >= 0")?;
+        let fits = c.reset_instances <= c.instances;
+        let reset_ok = c
             .reset_every_s
-            .is_some_and(|s| !(s.is_finite() && s > 0.0) || self.reset_instances > self.instances)
-        {
-            return bad(
-                "reset_every_s",
-                "must be a number > 0, resetting at most every instance",
-            );
-        }
+            .is_none_or(|s| s.is_finite() && s > 0.0 && fits);
+        let why = "must be a number > 0, resetting at most every instance";
+        ensure(reset_ok, "reset_every_s", why)?;
         self.time.validate()?;
         self.policy.validate()?;
         Ok(())
     }
 }
 
-/// What one strategy achieved.
+/// What one strategy achieved (`scale --json` writes a list of these).
 #[derive(Clone, Debug, Serialize)]
 pub struct ScaleReport {
-    /// The strategy.
     pub strategy: Strategy,
-    /// Router replicas.
     pub routers: usize,
-    /// Requests routed.
     pub requests: usize,
     /// Cached prompt tokens / prompt tokens.
     pub hit_rate: f64,
     /// Offline references on the same trace (see [`crate::optimum`]).
     pub optimum: Option<crate::optimum::Optimum>,
-    /// Time to first token, ms.
     pub ttft_ms: Summary,
-    /// End-to-end latency, ms.
     pub e2e_ms: Summary,
-    /// Smallest per-instance share of requests, %.
+    /// Smallest and largest per-instance share of requests, %.
     pub share_min_pct: f64,
-    /// Largest per-instance share of requests, %.
     pub share_max_pct: f64,
     /// Routing decisions per second of routing work (hash + match + pick), one core.
     pub decisions_per_s: f64,
     /// Mean routing work per request, µs.
     pub routing_us: f64,
-    /// Routing work per request, µs: p50, p90, p99 (mean as above).
     pub routing_dist_us: Summary,
-    /// The mean routing work by part: hash, match, pick.
     pub routing_cost: RoutingCost,
-    /// Decisions by kind.
     pub decisions: BTreeMap<String, u64>,
     /// Simulated seconds from first arrival to last completion.
     pub simulated_s: f64,
     /// Completed requests per simulated second.
     pub throughput_rps: f64,
-    /// Wall-clock seconds the run took.
     pub wall_s: f64,
     /// Distinct blocks in the index at the end.
     pub index_blocks: usize,
@@ -231,8 +185,7 @@ pub struct ScaleReport {
     pub served: Vec<u64>,
     /// The same, counting only the second half of the run's requests.
     pub served_late: Vec<u64>,
-    /// Where the uncached tokens came from and what the slowest 10% are
-    /// (fleets of at most 64 instances).
+    /// Fleets of at most 64 instances: where the uncached tokens came from.
     pub diagnosis: Option<Diagnosis>,
 }
 
@@ -254,7 +207,6 @@ enum Event {
     Arrival(usize),
     PrefillDone(usize),
     DecodeDone(usize),
-    /// A replica's shared fact reaches the others (see [`view`]).
     Shared(usize),
     /// The `n`-th round of cache resets.
     Reset(usize),
@@ -311,12 +263,9 @@ struct Sim<'a> {
     zipf: Zipf,
     seed: HashSeed,
     tokens: Vec<u32>,
-    routing: Duration,
     /// Each request's routing work, µs.
     routing_each: Vec<f64>,
-    /// The routing work by part.
     cost: CostSums,
-    decisions: BTreeMap<String, u64>,
     ttft: Vec<f64>,
     e2e: Vec<f64>,
     prompt_sum: u64,
@@ -346,7 +295,7 @@ impl<'a> Sim<'a> {
             backends.push(PolicyBackend {
                 id,
                 slot,
-                capacity_blocks: cfg.capacity_known.then_some(cfg.cache_blocks as u64),
+                capacity_blocks: (!cfg.hide_capacity).then_some(cfg.cache_blocks as u64),
             });
             fleet.push(Instance::new(slot, cfg.cache_blocks));
         }
@@ -368,10 +317,8 @@ impl<'a> Sim<'a> {
             zipf: Zipf::new(cfg.docs, cfg.zipf),
             seed: HashSeed::new("scale-model", "", ""),
             tokens: Vec::with_capacity(cfg.doc_tokens + cfg.question_tokens),
-            routing: Duration::ZERO,
             routing_each: Vec::with_capacity(cfg.requests),
             cost: CostSums::default(),
-            decisions: BTreeMap::new(),
             ttft: Vec::with_capacity(cfg.requests),
             e2e: Vec::with_capacity(cfg.requests),
             prompt_sum: 0,
@@ -398,7 +345,6 @@ impl<'a> Sim<'a> {
             .map(us)
     }
 
-    /// Sends replica `from`'s fact about instance `backend` to the others.
     fn share(&mut self, from: usize, backend: usize, phase: Phase) {
         let Some(delay) = self.share_delay_us() else {
             return;
@@ -438,20 +384,14 @@ impl<'a> Sim<'a> {
             self.schedule(self.now + (gap * 1e6) as u64 + 1, Event::Arrival(r + 1));
         }
         let doc = self.zipf.sample(&mut self.rng) as u32;
-        // The router's work: for kv_aware tokens are hashed into the chain
-        // and matched against the index; the other strategies never read it
-        // (their runs skip the hashing and the index upkeep).
+        // Only kv_aware reads the index: the others skip hashing and its upkeep.
         let kv = self.strategy == Strategy::KvAware;
         if kv {
             self.fill_tokens(doc, r as u32);
         }
-        // The agents' load reports reach every replica on their own timer,
-        // outside the routing work.
+        // The agents' load reports reach every replica, outside the routing work.
         let fleet = &self.fleet;
-        let capacity = self
-            .cfg
-            .capacity_known
-            .then_some(self.cfg.cache_blocks as u64);
+        let capacity = (!self.cfg.hide_capacity).then_some(self.cfg.cache_blocks as u64);
         self.routers
             .report_engines(self.now, |i| fleet[i].in_flight, capacity);
         let t0 = Instant::now();
@@ -475,14 +415,9 @@ impl<'a> Sim<'a> {
         };
         let d = view.pick(&input, sharing)?;
         let took = t0.elapsed();
-        self.routing += took;
         self.routing_each.push(took.as_secs_f64() * 1e6);
         self.cost
             .add(d.kind.as_str(), hashed, matched - hashed, took - matched);
-        *self
-            .decisions
-            .entry(d.kind.as_str().to_owned())
-            .or_default() += 1;
         let i = d.backend;
         let predicted = u64::from(input.chain_blocks.saturating_sub(d.matched_blocks));
         view.start(i, predicted);
@@ -547,11 +482,8 @@ impl<'a> Sim<'a> {
         let doc_blocks = self.cfg.doc_tokens / bs;
         let cap_blocks = (prompt - 1) / bs;
         let doc = self.reqs[r].doc;
-        let have = if doc_blocks > 0 {
-            self.fleet[i].touch(u64::from(doc), self.tick)
-        } else {
-            0
-        };
+        // A document of no full block is never cached: `have` is 0.
+        let have = self.fleet[i].touch(u64::from(doc), self.tick);
         let cached = have.min(doc_blocks).min(cap_blocks) * bs;
         self.reqs[r].cached_tokens = cached as u32;
         self.reqs[r].prefill_start_us = self.now;
@@ -618,9 +550,8 @@ impl<'a> Sim<'a> {
                 self.last_cold_done_us[i] = self.now;
             }
         }
-        let view = &mut self.routers.views[self.reqs[r].router as usize];
-        view.prefilled(i, predicted);
         let rr = self.reqs[r].router as usize;
+        self.routers.views[rr].prefilled(i, predicted);
         self.share(rr, i, Phase::Prefilled(predicted));
         self.fleet[i].prefilling = None;
         if self.fleet[i].decoding < self.cfg.time.max_batch {
@@ -676,41 +607,28 @@ impl<'a> Sim<'a> {
         let served: Vec<u64> = self.fleet.iter().map(|f| f.served).collect();
         let (share_min_pct, share_max_pct) = share_min_max(&served);
         let requests = self.e2e.len();
-        let routing_s = self.routing.as_secs_f64();
+        let routing_s = self.routing_each.iter().sum::<f64>() / 1e6;
+        let routing_cost = self.cost.report();
         let simulated_s = self.now as f64 / 1e6;
         ScaleReport {
             strategy: self.strategy,
             routers: self.cfg.routers,
             requests,
-            hit_rate: if self.prompt_sum == 0 {
-                0.0
-            } else {
-                self.cached_sum as f64 / self.prompt_sum as f64
-            },
+            hit_rate: ratio(self.cached_sum as f64, self.prompt_sum as f64),
             optimum: self.optimum(),
             ttft_ms: Summary::of(&self.ttft),
             e2e_ms: Summary::of(&self.e2e),
             share_min_pct,
             share_max_pct,
-            decisions_per_s: if routing_s > 0.0 {
-                requests as f64 / routing_s
-            } else {
-                0.0
-            },
-            routing_us: if requests > 0 {
-                routing_s * 1e6 / requests as f64
-            } else {
-                0.0
-            },
+            decisions_per_s: ratio(requests as f64, routing_s),
+            routing_us: ratio(routing_s * 1e6, requests as f64),
             routing_dist_us: Summary::of(&self.routing_each),
-            routing_cost: self.cost.report(),
-            decisions: self.decisions.clone(),
+            decisions: (routing_cost.by_kind.iter())
+                .map(|(k, c)| (k.clone(), c.decisions))
+                .collect(),
+            routing_cost,
             simulated_s,
-            throughput_rps: if simulated_s > 0.0 {
-                requests as f64 / simulated_s
-            } else {
-                0.0
-            },
+            throughput_rps: ratio(requests as f64, simulated_s),
             wall_s,
             index_blocks: self.index.distinct_blocks(),
             served,

@@ -1,25 +1,6 @@
-//! Router replicas in the scale model (`--routers R`).
-//!
-//! Each replica has what a real router process has of its own: its policy
-//! state (placements, homes, popularity, copies), the requests it sent where
-//! and the prefill it predicts is still to compute there. What replicas share
-//! is what the agents give every router: the cache index (exact here, as
-//! with one router) and the engines' load, which an agent scrapes every
-//! `load_report_ms` (the agent's `--load-interval-ms`, 1 s by default) and
-//! streams to all of them. Each request goes to a replica chosen uniformly
-//! at random, as behind a client-side spread or a Kubernetes Service.
-//!
-//! With one router the engine view is left out, so one-router runs give
-//! exactly the figures they gave before replicas were modelled.
-//!
-//! With `--share-delay-ms D` the replicas also share each decision, as the
-//! router does through the agents (ARCHITECTURE.md, "Router replicas"): D ms
-//! after a replica's pick, every other replica counts the request in flight
-//! and its predicted prefill on the chosen instance and records the pick in
-//! its policy (`Learns::observe_remote`, with the sender's home); D ms after
-//! its first token the prefill is released there, D ms after its last token
-//! the request. Ties are then broken by an rng seeded by the prefix key, as
-//! the router does with sharing on, so replicas with the same state agree.
+//! Router replicas in the scale model (`--routers R`, docs/bench.md, "The
+//! `scale` model"): each replica's own policy and load view, the engines' load
+//! reports they share, and decisions shared after `--share-delay-ms`.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -27,12 +8,10 @@ use warmpath_core::policy::{
     BackendLoad, Built, Decision, EngineLoad, Loads, PolicyError, RemoteDecision, RouteInput,
 };
 
-/// One replica's own state.
 pub(super) struct RouterView {
     pub(super) policy: Built,
     /// What this replica counts in flight and predicts to prefill per
-    /// instance, with the engines' last report; changed only through the
-    /// methods below, which note the positions for the next pick.
+    /// instance, with the engines' last report.
     loads: Vec<BackendLoad>,
     /// Positions whose load changed since the last pick.
     changed: Vec<usize>,
@@ -64,10 +43,8 @@ impl RouterView {
         self.changed.push(i);
     }
 
-    /// The policy's pick on these loads, told which positions changed
-    /// since its last one (`Loads::changed`: the same decision, no
-    /// pass over every load). `keyed`: ties go by the prefix key, so
-    /// replicas of one state agree.
+    /// The policy's pick, told which loads changed since its last one;
+    /// `keyed`: ties go by the prefix key, so replicas of one state agree.
     pub(super) fn pick(
         &mut self,
         input: &RouteInput<'_>,
@@ -91,8 +68,7 @@ impl RouterView {
     }
 }
 
-/// Every replica, the spread of requests over them and the agents' load
-/// reports.
+/// Every replica, the spread of requests over them and the load reports.
 pub(super) struct Replicas {
     pub(super) views: Vec<RouterView>,
     spread: SmallRng,
@@ -102,8 +78,7 @@ pub(super) struct Replicas {
     facts: Vec<Option<Fact>>,
 }
 
-/// Which part of a request's life a shared fact tells (the router's
-/// `start`, `prefilled` and `finished` phases).
+/// Which part of a request's life a shared fact tells.
 #[derive(Clone, Debug)]
 pub(super) enum Phase {
     /// Routed: the pick, and its predicted prefill blocks.
@@ -123,8 +98,7 @@ pub(super) struct Fact {
 }
 
 impl Replicas {
-    /// `policies` are built from the same snapshot, one per replica; the
-    /// first replica's rng is seeded as the one router's always was.
+    /// One policy per replica, built from the same snapshot.
     pub(super) fn new(
         policies: Vec<Built>,
         instances: usize,
@@ -186,7 +160,6 @@ impl Replicas {
         }
     }
 
-    /// The replica that takes the next request.
     pub(super) fn choose(&mut self) -> usize {
         match self.views.len() {
             0 | 1 => 0,
@@ -194,9 +167,8 @@ impl Replicas {
         }
     }
 
-    /// Publishes the engines' load to every replica when a report is due
-    /// (never with one router). `in_flight[i]` is what instance `i` holds,
-    /// running or waiting, as vLLM's metrics count it.
+    /// Publishes the engines' load (running or waiting) to every replica
+    /// when a report is due (never with one router).
     pub(super) fn report_engines(
         &mut self,
         now_us: u64,

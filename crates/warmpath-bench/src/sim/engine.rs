@@ -1,25 +1,11 @@
 //! One simulated engine: admission into a batch of `max_batch`, one FIFO
-//! prefill queue served by one task, a prefix cache with vLLM's semantics
-//! ([`PrefixCache`]), and the counters vLLM exports.
-//!
-//! A request's life, as [`SimEngine::admit`] and [`SimEngine::prefill`] drive it:
-//! 1. it waits for a batch slot (counted in `waiting`);
-//! 2. it waits in the prefill queue (still `waiting`), then the prefill task
-//!    looks up its cached prefix, sleeps `prefill_ms(uncached)`, caches every
-//!    full block of the prompt (publishing the events) and pins the blocks;
-//! 3. it decodes (`running`) while the HTTP layer paces the output tokens;
-//!    every block that decode fills (prompt + generated tokens) is cached,
-//!    pinned and published as it fills ([`SimEngine::decoded`]), as vLLM's
-//!    scheduler does (`KVCacheManager.allocate_slots` caches up to
-//!    `min(num_computed + num_new, request.num_tokens)` tokens each step);
-//! 4. dropping its [`Admission`] (end, error or client gone) unpins the blocks
-//!    and frees the slot.
-//!
-//! Every change of the cache and the publication of its events happen under
-//! one async lock, so the event stream is in the cache's order even when many
-//! requests decode at once.
+//! prefill queue served by one task, a prefix cache with vLLM's semantics,
+//! and the counters vLLM exports. Blocks that decode fills are cached and
+//! published as they fill, as vLLM's `allocate_slots` does. Every cache change
+//! and its events happen under one async lock, so the event stream is in the
+//! cache's order even when many requests decode at once.
 
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use crate::timing::TimeModel;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -42,11 +28,8 @@ pub struct EngineStats {
     pub prefix_queries: u64,
     /// Of those, cached.
     pub prefix_hits: u64,
-    /// Prompt tokens processed.
     pub prompt_tokens: u64,
-    /// Output tokens generated.
     pub generation_tokens: u64,
-    /// Requests finished.
     pub requests: u64,
 }
 
@@ -75,18 +58,17 @@ struct Job {
     done: oneshot::Sender<usize>,
 }
 
-/// A simulated engine; share it behind an `Arc`.
 #[derive(Debug)]
 pub struct SimEngine {
-    time: TimeModel,
+    pub(super) time: TimeModel,
     state: Arc<Mutex<State>>,
     slots: Arc<Semaphore>,
     queue: mpsc::Sender<Job>,
     events: mpsc::Sender<Vec<CacheEvent>>,
     /// Held while the cache changes and its events are sent.
     publish: Arc<tokio::sync::Mutex<()>>,
-    num_blocks: usize,
-    block_size: usize,
+    pub(super) num_blocks: usize,
+    pub(super) block_size: usize,
 }
 
 impl std::fmt::Debug for State {
@@ -96,8 +78,7 @@ impl std::fmt::Debug for State {
 }
 
 /// A request's place in the engine; dropping it (end, error or client gone)
-/// unpins its blocks and frees its slot. All bookkeeping happens under the
-/// engine's one lock, so a drop racing the prefill task is consistent.
+/// unpins its blocks and frees its slot, under the engine's one lock.
 #[derive(Debug)]
 pub struct Admission {
     state: Arc<Mutex<State>>,
@@ -123,8 +104,7 @@ impl Drop for Admission {
 }
 
 impl SimEngine {
-    /// Starts an engine whose prefill task lives until `shutdown`; cache
-    /// events go to `events` (bounded; the prefill task waits for room).
+    /// Starts an engine whose prefill task lives until `shutdown`.
     pub fn start(
         time: TimeModel,
         block_size: usize,
@@ -164,22 +144,6 @@ impl SimEngine {
         }))
     }
 
-    /// The time model.
-    pub fn time(&self) -> &TimeModel {
-        &self.time
-    }
-
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Capacity in blocks.
-    pub fn num_blocks(&self) -> usize {
-        self.num_blocks
-    }
-
-    /// Current counters.
     pub fn stats(&self) -> EngineStats {
         let s = self.state.lock();
         EngineStats {
@@ -200,27 +164,15 @@ impl SimEngine {
             s.stats.waiting += 1;
             id
         };
-        match self.slots.clone().acquire_owned().await {
-            Ok(slot) => Ok(Admission {
-                state: self.state.clone(),
-                _slot: slot,
-                id,
-            }),
-            Err(_) => {
-                let mut s = self.state.lock();
-                s.tickets.remove(&id);
-                s.stats.waiting = s.stats.waiting.saturating_sub(1);
-                Err(BenchError::Component {
-                    what: "simulated engine".into(),
-                    reason: "shutting down".into(),
-                })
-            }
-        }
+        // The semaphore is never closed, so acquiring cannot fail.
+        let slot = self.slots.clone().acquire_owned().await;
+        let _slot = slot.map_err(|_| component("simulated engine", "closed"))?;
+        let state = self.state.clone();
+        Ok(Admission { state, _slot, id })
     }
 
     /// Queues the prompt for prefill and waits until it is done; returns the
-    /// prompt tokens served from the cache. The request counts as `running`
-    /// from its prefill on.
+    /// prompt tokens served from the cache.
     pub async fn prefill(
         &self,
         adm: &Admission,
@@ -228,10 +180,7 @@ impl SimEngine {
         salt: Option<String>,
     ) -> Result<usize, BenchError> {
         let (done, rx) = oneshot::channel();
-        let gone = || BenchError::Component {
-            what: "simulated engine".into(),
-            reason: "the prefill task has stopped".into(),
-        };
+        let gone = || component("simulated engine", "the prefill task has stopped");
         let job = Job {
             id: adm.id,
             tokens,
@@ -242,13 +191,9 @@ impl SimEngine {
         rx.await.map_err(|_| gone())
     }
 
-    /// Decode has computed the KV of `computed` (the prompt and the output
-    /// tokens fed back so far): caches, pins and publishes the blocks that
-    /// became full since the last call, chained on the request's earlier
-    /// blocks (one `BlockStored` with the previous block as parent, as vLLM).
-    /// Does nothing until a new block is full, or for a request that is not
-    /// running. A block that cannot be cached (every other block pinned) is
-    /// left out, as the prompt's are.
+    /// Decode has computed the KV of `computed`: caches, pins and publishes
+    /// the blocks that became full since the last call, chained on the
+    /// request's earlier ones, as vLLM does; nothing for a request not running.
     pub async fn decoded(&self, adm: &Admission, computed: &[u32]) -> Result<(), BenchError> {
         let full = computed.len() / self.block_size;
         let _order = self.publish.lock().await;
@@ -277,7 +222,6 @@ impl SimEngine {
         Ok(())
     }
 
-    /// Counts a finished request and its output tokens.
     pub fn finished(&self, prompt_tokens: usize, output_tokens: usize) {
         let mut s = self.state.lock();
         s.stats.requests += 1;
@@ -285,8 +229,7 @@ impl SimEngine {
         s.stats.generation_tokens += output_tokens as u64;
     }
 
-    /// Drops every cached block (vLLM's `reset_prefix_cache`); refused while
-    /// requests hold blocks.
+    /// Drops every cached block; refused while requests hold blocks.
     pub async fn reset(&self, events: &mpsc::Sender<Vec<CacheEvent>>) -> Result<(), BenchError> {
         let _order = self.publish.lock().await;
         let evs = self.state.lock().cache.clear()?;
@@ -295,10 +238,7 @@ impl SimEngine {
 }
 
 fn publisher_gone() -> BenchError {
-    BenchError::Component {
-        what: "kv event publisher".into(),
-        reason: "stopped".into(),
-    }
+    component("kv event publisher", "stopped")
 }
 
 /// Where the prefill task sends its events, in cache order.

@@ -1,12 +1,7 @@
-//! Publishing the simulated prefix cache's events exactly like vLLM, through
-//! the agent crate's real [`KvEventPublisher`] (ZMQ PUB + ROUTER replay, on
-//! ephemeral ports of 127.0.0.1): map form (vLLM >= 0.24), no topic, hashes
-//! as uint64, the `cache_salt` in block 0's `extra_keys`.
-//!
-//! One task per instance owns the publisher and sends the batches in order;
-//! it ends when the engine drops its sender or on shutdown.
+//! The simulated cache's events, published as vLLM does through the agent
+//! crate's [`KvEventPublisher`] (one task per instance, batches in order).
 
-use crate::error::BenchError;
+use crate::error::{component, BenchError};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::CacheEvent;
@@ -18,14 +13,12 @@ pub const QUEUE: usize = 1024;
 /// The bound endpoints of a running publisher.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoints {
-    /// PUB endpoint.
     pub events: String,
-    /// Replay (ROUTER) endpoint.
     pub replay: Option<String>,
 }
 
-/// Binds a publisher (with a replay endpoint if `replay`) and starts the
-/// task that feeds it; returns the sender the engine writes batches to.
+/// Binds a publisher and starts the task that feeds it; returns the sender
+/// the engine writes batches to.
 pub async fn start(
     replay: bool,
     shutdown: CancellationToken,
@@ -35,10 +28,7 @@ pub async fn start(
     cfg.replay_endpoint = replay.then(|| endpoint.to_owned());
     let publisher = KvEventPublisher::bind(cfg)
         .await
-        .map_err(|e| BenchError::Component {
-            what: format!("kv event publisher on {endpoint}"),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| component(format!("kv event publisher on {endpoint}"), e))?;
     let bound = Endpoints {
         events: publisher.endpoint().to_owned(),
         replay: publisher.replay_endpoint().map(str::to_owned),

@@ -1,12 +1,9 @@
 //! The HTTP face of one simulated instance: the shared vLLM-compatible server
-//! ([`warmpath_openai`]) over a [`SimEngine`]. This module supplies only what
-//! the simulator does differently: admission, the timed prefill and decode,
-//! and its output tokens.
+//! ([`warmpath_openai`]) over a [`SimEngine`].
 
 use super::engine::{Admission, SimEngine};
 use super::output::{Output, OutputVocab};
 use axum::http::StatusCode;
-use axum::Router;
 use futures::StreamExt as _;
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +20,6 @@ pub(super) const MAX_MODEL_LEN: usize = 65_536;
 /// Output tokens when the request does not say.
 pub(super) const DEFAULT_MAX_TOKENS: usize = 16;
 
-/// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct AppState {
     pub(crate) config: ServerConfig,
@@ -39,14 +35,10 @@ pub(crate) fn server_config(model: &str, engine: &SimEngine) -> ServerConfig {
     ServerConfig {
         model_name: model.to_owned(),
         max_model_len: MAX_MODEL_LEN,
-        block_size: engine.block_size(),
-        cache_blocks: engine.num_blocks(),
+        block_size: engine.block_size,
+        cache_blocks: engine.num_blocks,
         default_max_tokens: DEFAULT_MAX_TOKENS,
     }
-}
-
-pub(crate) fn router(state: Arc<AppState>) -> Router {
-    warmpath_openai::router(state)
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -69,21 +61,13 @@ impl Backend for AppState {
         let shutdown = self.shutdown.clone();
         async move {
             let adm = engine.admit().await.map_err(unavailable)?;
-            let work = Work {
-                prompt: job.tokens.len(),
-                max_tokens: job.max_tokens,
-                seed: job
-                    .tokens
-                    .iter()
-                    .fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t)),
-            };
             let (tx, rx) = mpsc::channel::<Item>(16);
             // Owned by the generation: it ends when the receiver is dropped
             // (a send fails) or on shutdown.
             tokio::spawn(async move {
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
-                    _ = produce(&engine, &output, adm, job, work, tx) => {}
+                    _ = produce(&engine, &output, adm, job, tx) => {}
                 }
             });
             let items =
@@ -119,22 +103,16 @@ impl Backend for AppState {
     }
 }
 
-struct Work {
-    prompt: usize,
-    max_tokens: usize,
-    seed: u64,
-}
-
-/// Prefills, then decodes the output into `tx`; stops as soon as the
-/// receiver is gone (the client left: `adm` drops, the slot is freed).
+/// Prefills, then decodes the output into `tx`; stops when the client left.
 async fn produce(
     engine: &SimEngine,
     output: &OutputVocab,
     adm: Admission,
     job: Job,
-    work: Work,
     tx: mpsc::Sender<Item>,
 ) {
+    let (prompt_len, max_tokens) = (job.tokens.len(), job.max_tokens);
+    let seed = (job.tokens.iter()).fold(0u64, |a, t| a.rotate_left(5) ^ u64::from(*t));
     let prompt = job.tokens.clone();
     let cached = match engine.prefill(&adm, job.tokens, job.salt).await {
         Ok(cached) => cached,
@@ -143,7 +121,7 @@ async fn produce(
             return;
         }
     };
-    let out = output.generate(work.seed, work.max_tokens);
+    let out = output.generate(seed, max_tokens);
     let emit = |piece: &str| {
         let (tx, piece) = (tx.clone(), piece.to_owned());
         async move { tx.send(Item::Text(piece)).await.is_ok() }
@@ -151,23 +129,21 @@ async fn produce(
     if !decode(engine, &adm, prompt, &out, emit).await {
         return;
     }
-    engine.finished(work.prompt, work.max_tokens);
+    engine.finished(prompt_len, max_tokens);
     drop(adm);
     let _ = tx
         .send(Item::Done {
             finish: Some("length"),
-            completion_tokens: work.max_tokens,
+            completion_tokens: max_tokens,
             cached_tokens: cached,
         })
         .await;
 }
 
-/// Decodes `out` after the prefill: the first token right away (it comes out
-/// of the prefill), then one per decode step, each handed to `emit` (which
-/// answers false when the client left: stop). Step `i` feeds token `i - 1`
-/// back, so its KV is computed then, and every block that fills is cached
-/// and published (the last token's KV is never computed, as in vLLM).
-/// Returns whether every token was emitted.
+/// Decodes `out` after the prefill, one token per step, each handed to
+/// `emit` (false: the client left). Step `i` feeds token `i - 1` back, caching
+/// every block that fills (the last token's KV is never computed, as in
+/// vLLM). Returns whether every token was emitted.
 async fn decode<F, Fut>(
     engine: &SimEngine,
     adm: &Admission,
@@ -179,8 +155,8 @@ where
     F: FnMut(&str) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let bs = engine.block_size();
-    let step = Duration::from_secs_f64(engine.time().decode_step_ms / 1000.0);
+    let bs = engine.block_size;
+    let step = Duration::from_secs_f64(engine.time.decode_step_ms / 1000.0);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
     let mut seq = prompt;
     seq.reserve(out.ids.len());

@@ -1,37 +1,6 @@
-//! `warmpath-bench sim`: a fleet of simulated vLLM instances that behave like
-//! vLLM from the outside, so the real agent and router run against them
-//! unchanged.
-//!
-//! Each instance:
-//! - answers, through the shared server of [`warmpath_openai`] (this crate
-//!   supplies only the engine behind it), `POST /v1/chat/completions` and `/v1/completions` (streamed or
-//!   not), `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM's names:
-//!   `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-//!   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total` /
-//!   `vllm:prefix_cache_hits_total` in tokens, `vllm:cache_config_info`) and
-//!   `POST /reset_prefix_cache`;
-//! - tokenizes with a real tokenizer and chat template (the generated tiny one
-//!   by default, the same files the router uses);
-//! - keeps a block-level prefix cache with vLLM's semantics
-//!   ([`warmpath_core::prefix_cache`]: full blocks only, `cache_salt` salts
-//!   block 0, a full hit recomputes the last block, LRU eviction of leaves,
-//!   blocks of running requests pinned) and reports
-//!   `usage.prompt_tokens_details.cached_tokens`;
-//! - generates real token ids of its tokenizer ([`output`]) whose text a chat
-//!   client can send back as the assistant message and get the same ids, and
-//!   caches (and publishes) every block decode fills, as vLLM does, so the
-//!   next turn of a conversation hits the answer's blocks too;
-//! - publishes real KV events on ZMQ ([`events`]);
-//! - sets `TCP_NODELAY` on its connections, as vLLM's server (uvicorn on
-//!   asyncio) does.
-//!
-//! # Time model
-//! See [`crate::timing`]: admission into a batch of `max_batch` requests, one
-//! FIFO prefill queue per instance (not chunked: one prompt at a time),
-//! `prefill = c0 + k * uncached_tokens` (defaults: 8000 cold tokens ~200 ms,
-//! a warm 8000-token prompt ~15 ms), then one output token every
-//! `decode_step_ms`, overlapping across the batch. The first token is sent
-//! when prefill ends.
+//! `warmpath-bench sim`: simulated vLLM instances that behave like vLLM
+//! from the outside (HTTP API, metrics, prefix cache, KV events), so the real
+//! agent and router run against them unchanged (docs/bench.md, "Bench").
 
 mod engine;
 pub mod events;
@@ -46,39 +15,52 @@ pub use output::{Output, OutputVocab};
 use crate::error::BenchError;
 use crate::timing::TimeModel;
 use axum::serve::ListenerExt;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::{CacheConfig, ChatTokenizer};
 
-/// Settings shared by every instance of a fleet.
-#[derive(Clone, Debug, serde::Serialize)]
+/// Settings shared by every instance of a fleet; its flags are `sim`'s and
+/// `compare`'s.
+#[derive(Clone, Debug, serde::Serialize, clap::Args)]
 pub struct SimConfig {
-    /// The served model name.
+    /// Served model name.
+    #[arg(long, default_value = "warmpath-tiny")]
     pub model: String,
-    /// Tokens per block (vLLM's default is 16).
+    /// Tokens per block (vLLM's default).
+    #[arg(skip = 16usize)]
     pub block_size: usize,
     /// Prefix cache capacity per instance, in blocks.
+    #[arg(long, default_value_t = 8192)]
     pub cache_blocks: usize,
-    /// The time model.
+    /// Run the time model this many times faster.
+    #[arg(long = "time-scale", default_value = "1", value_parser = scaled_time)]
     pub time: TimeModel,
-    /// Whether to open a replay endpoint.
+    /// Do not open replay endpoints.
+    #[arg(long = "no-replay", action = clap::ArgAction::SetFalse)]
     pub replay: bool,
     /// Prefill queue bound per instance.
+    #[arg(skip = 4096usize)]
     pub max_queue: usize,
 }
 
 impl Default for SimConfig {
+    /// The flags' defaults.
     fn default() -> Self {
-        SimConfig {
-            model: "warmpath-tiny".into(),
-            block_size: 16,
-            cache_blocks: 8192,
-            time: TimeModel::default(),
-            replay: true,
-            max_queue: 4096,
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            config: SimConfig,
         }
+        <Flags as clap::Parser>::parse_from(["sim"]).config
+    }
+}
+
+/// The default time model `--time-scale` times faster.
+fn scaled_time(s: &str) -> Result<TimeModel, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(TimeModel::default().scaled(f)),
+        _ => Err("must be a number > 0".into()),
     }
 }
 
@@ -98,14 +80,10 @@ pub struct SimInstance {
     pub id: String,
     /// Base URL, `http://127.0.0.1:PORT`.
     pub url: String,
-    /// The bound HTTP address.
-    pub http_addr: SocketAddr,
     /// ZMQ PUB endpoint of its KV events.
     pub kv_events: String,
     /// ZMQ replay endpoint.
     pub kv_replay: Option<String>,
-    /// The engine (for stats and resets without HTTP).
-    pub engine: Arc<SimEngine>,
     server: JoinHandle<()>,
 }
 
@@ -115,19 +93,7 @@ impl Drop for SimInstance {
     }
 }
 
-/// Starts instance `i` on ephemeral ports of 127.0.0.1; it lives until
-/// `shutdown`.
-pub async fn start_instance(
-    i: usize,
-    cfg: &SimConfig,
-    tokenizer: Arc<ChatTokenizer>,
-    shutdown: CancellationToken,
-) -> Result<SimInstance, BenchError> {
-    let output = Arc::new(OutputVocab::new(&tokenizer)?);
-    start_with(i, cfg, tokenizer, output, shutdown).await
-}
-
-async fn start_with(
+async fn start_one(
     i: usize,
     cfg: &SimConfig,
     tokenizer: Arc<ChatTokenizer>,
@@ -146,23 +112,20 @@ async fn start_with(
     let id = format!("sim-{i}");
     let state = Arc::new(http::AppState {
         config: http::server_config(&cfg.model, &engine),
-        engine: engine.clone(),
+        engine,
         tokenizer,
         events,
         output,
         shutdown: shutdown.clone(),
     });
-    let addr = "127.0.0.1:0".to_owned();
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|e| BenchError::Bind {
-            addr: addr.clone(),
-            source: e,
-        })?;
-    let http_addr = listener
-        .local_addr()
-        .map_err(|e| BenchError::Bind { addr, source: e })?;
-    let app = http::router(state);
+    let addr = "127.0.0.1:0";
+    let bind = |source| BenchError::Bind {
+        addr: addr.to_owned(),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let http_addr = listener.local_addr().map_err(bind)?;
+    let app = warmpath_openai::router(state);
     // Without TCP_NODELAY a streamed chunk written while the response head is
     // still unacknowledged waits for the peer's delayed ACK (~40 ms on Linux).
     let listener = listener.tap_io(|tcp| {
@@ -180,10 +143,8 @@ async fn start_with(
     Ok(SimInstance {
         id,
         url: format!("http://{http_addr}"),
-        http_addr,
         kv_events: endpoints.events,
         kv_replay: endpoints.replay,
-        engine,
         server,
     })
 }
@@ -196,7 +157,7 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `n` instances (as [`start_instance`]).
+    /// Starts `n` instances on ephemeral ports of 127.0.0.1, until `shutdown`.
     pub async fn start(
         n: usize,
         cfg: &SimConfig,
@@ -213,7 +174,7 @@ impl Fleet {
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
             let (tok, out) = (tokenizer.clone(), output.clone());
-            instances.push(start_with(i, cfg, tok, out, shutdown.clone()).await?);
+            instances.push(start_one(i, cfg, tok, out, shutdown.clone()).await?);
         }
         Ok(Fleet { instances })
     }

@@ -1,22 +1,12 @@
-//! What a simulated engine "generates": real token ids of the served
-//! tokenizer, chosen so that the streamed text, sent back by a chat client as
-//! the assistant message, re-tokenizes to the very same ids.
-//!
-//! That round trip is what lets the next turn of a conversation hit the
-//! blocks decode filled (vLLM caches them, see [`super::engine`]). It holds
-//! for text made of:
-//! - a first token that decodes to ASCII letters only (the chat template
-//!   `trim`s the content, so a leading space would be lost);
-//! - then tokens that decode to one space + ASCII letters, and now and then a
-//!   lone `.` (never two in a row, never first);
-//!
-//! where every such token encodes back to itself alone. A byte-level BPE
-//! pre-tokenizer (Llama 3's, GPT-2's) splits such text exactly at these token
-//! boundaries (`Word`, ` word`, `.`), so encoding the text gives the ids back;
-//! [`OutputVocab::new`] keeps only tokens it has checked one by one, and the
-//! tests check whole chats through the template.
+//! What a simulated engine "generates": real token ids whose streamed text,
+//! sent back by a chat client as the assistant message, re-tokenizes to the
+//! same ids, so a conversation's next turn hits the blocks decode filled.
+//! That holds for a first token of ASCII letters (the template trims a
+//! leading space), then tokens of one space + letters and now and then a lone
+//! `.`, each encoding back to itself alone: a byte-level BPE pre-tokenizer
+//! splits such text exactly there.
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use warmpath_core::tokenize::ChatTokenizer;
@@ -45,7 +35,6 @@ pub struct Output {
 }
 
 impl Output {
-    /// The whole text.
     pub fn text(&self) -> String {
         self.pieces.concat()
     }
@@ -56,51 +45,40 @@ fn letters(s: &str) -> bool {
 }
 
 impl OutputVocab {
-    /// Scans the tokenizer's vocabulary for tokens that round-trip (see the
-    /// module docs). Fails when it has none of either kind.
+    /// Scans the vocabulary for tokens that round-trip (see the module docs).
     pub fn new(tok: &ChatTokenizer) -> Result<Self, BenchError> {
         let inner_tok = tok.tokenizer();
         let size = u32::try_from(inner_tok.get_vocab_size(true)).unwrap_or(u32::MAX);
-        let mut v = OutputVocab {
-            first: Vec::new(),
-            inner: Vec::new(),
-            period: None,
-        };
+        let (mut first, mut inner, mut period) = (Vec::new(), Vec::new(), Vec::new());
         for id in 0..size {
             let Ok(text) = inner_tok.decode(&[id], false) else {
                 continue;
             };
-            let kind = if letters(&text) {
-                1
+            let list = if letters(&text) {
+                &mut first
             } else if text.strip_prefix(' ').is_some_and(letters) {
-                2
+                &mut inner
             } else if text == "." {
-                3
+                &mut period
             } else {
                 continue;
             };
             // Only a token that encodes back to itself alone is usable.
-            if tok.encode_text_uncached(&text, false)? != [id] {
-                continue;
-            }
-            match kind {
-                1 => v.first.push((id, text)),
-                2 => v.inner.push((id, text)),
-                _ => v.period = Some((id, text)),
+            if tok.encode_text_uncached(&text, false)? == [id] {
+                list.push((id, text));
             }
         }
-        if v.first.is_empty() || v.inner.is_empty() {
-            return Err(BenchError::Invalid {
-                what: "tokenizer",
-                reason: "no single-token words to generate output from (need tokens that \
-                         decode to letters and to a space + letters)"
-                    .into(),
-            });
-        }
-        Ok(v)
+        let why = "no single-token words to generate output from (need tokens that \
+                   decode to letters and to a space + letters)";
+        ensure(!first.is_empty() && !inner.is_empty(), "tokenizer", why)?;
+        let period = period.pop();
+        Ok(OutputVocab {
+            first,
+            inner,
+            period,
+        })
     }
 
-    /// Usable (first, inner) token counts.
     pub fn sizes(&self) -> (usize, usize) {
         (self.first.len(), self.inner.len())
     }

@@ -13,10 +13,8 @@ async fn instance() -> (SimInstance, CancellationToken) {
         ..Default::default()
     };
     let token = CancellationToken::new();
-    let i = start_instance(0, &cfg, tiny_tokenizer().unwrap(), token.clone())
-        .await
-        .unwrap();
-    (i, token)
+    let fleet = Fleet::start(1, &cfg, tiny_tokenizer().unwrap(), token.clone());
+    (fleet.await.unwrap().instances.remove(0), token)
 }
 
 fn chat(doc: &str, q: &str, stream: bool) -> Value {

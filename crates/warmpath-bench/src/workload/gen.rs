@@ -64,6 +64,13 @@ impl Gen<'_> {
         }
     }
 
+    fn chat(&self, group: String, system: &str, user: String) -> TraceRequest {
+        let mut r = self.request(group);
+        let system = ChatMessage::new("system", system);
+        r.messages = Some(vec![system, ChatMessage::new("user", user)]);
+        r
+    }
+
     fn question(&mut self) -> String {
         let q = self.words.text_tokens(self.rng, self.spec.question_tokens);
         format!("Question: {}?", q.trim_end_matches('.'))
@@ -83,12 +90,7 @@ impl Gen<'_> {
             .map(|_| {
                 let d = zipf.sample(self.rng);
                 let q = self.question();
-                let mut r = self.request(format!("doc-{d}"));
-                r.messages = Some(vec![
-                    ChatMessage::new("system", docs[d].clone()),
-                    ChatMessage::new("user", q),
-                ]);
-                r
+                self.chat(format!("doc-{d}"), &docs[d], q)
             })
             .collect()
     }
@@ -131,8 +133,7 @@ impl Gen<'_> {
             conv.history.push(ChatMessage::new("user", user));
             let mut r = self.request(format!("{CONVERSATION_PREFIX}{}", conv.id));
             r.messages = Some(conv.history.clone());
-            // The answer this turn asks for; replayed closed loop, the next
-            // turn carries the engine's real answer instead of `reply`.
+            // Replayed closed loop, the next turn carries the real answer.
             r.max_tokens = reply_tokens as u32;
             out.push(r);
             // The next turn resends this one plus the assistant's answer.
@@ -163,12 +164,8 @@ impl Gen<'_> {
                 }
                 let context: Vec<&str> = picked.iter().map(|&i| chunks[i].as_str()).collect();
                 let q = self.question();
-                let mut r = self.request(format!("chunk-{first}"));
-                r.messages = Some(vec![
-                    ChatMessage::new("system", system.clone()),
-                    ChatMessage::new("user", format!("{}\n\n{q}", context.join("\n\n"))),
-                ]);
-                r
+                let user = format!("{}\n\n{q}", context.join("\n\n"));
+                self.chat(format!("chunk-{first}"), &system, user)
             })
             .collect()
     }
@@ -206,11 +203,7 @@ impl Gen<'_> {
             .map(|_| {
                 let t = self.rng.random_range(0..self.spec.tenants);
                 let q = self.question();
-                let mut r = self.request(format!("tenant-{t}"));
-                r.messages = Some(vec![
-                    ChatMessage::new("system", system.clone()),
-                    ChatMessage::new("user", q),
-                ]);
+                let mut r = self.chat(format!("tenant-{t}"), &system, q);
                 r.tenant = Some(format!("tenant-{t}"));
                 r.tenant_via = Some(if self.rng.random_bool(0.5) {
                     TenantVia::Header

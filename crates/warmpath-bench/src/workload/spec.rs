@@ -1,19 +1,16 @@
 //! A workload's spec and the record of one request (generated or read from a trace).
 
-use crate::error::BenchError;
+use crate::error::{ensure, BenchError};
 use serde::{Deserialize, Serialize};
 
-/// One chat message of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user` or `assistant`.
     pub role: String,
-    /// The text.
     pub content: String,
 }
 
 impl ChatMessage {
-    /// A message with `role` and `content`.
     pub fn new(role: &str, content: impl Into<String>) -> Self {
         ChatMessage {
             role: role.to_owned(),
@@ -23,13 +20,8 @@ impl ChatMessage {
 }
 
 /// A request whose `group` starts with this prefix is a turn of a
-/// conversation, replayed like a chat client would
-/// ([`crate::compare::driver`]): it is sent no earlier than its arrival and
-/// only after the previous turn of the same group has been answered, and the
-/// `k`-th `assistant` message of its history is replaced by the text the
-/// engine actually answered to the conversation's `k`-th turn. Its
-/// `max_tokens` is the length of the answer it asks for. Requests of other
-/// groups (or none) are replayed open loop, at their arrival times.
+/// conversation, replayed closed loop like a chat client ([`crate::compare::driver`]);
+/// its `max_tokens` is the length of the answer it asks for.
 pub const CONVERSATION_PREFIX: &str = "conversation:";
 
 /// How a request carries its tenant id.
@@ -46,19 +38,14 @@ pub enum TenantVia {
 /// Why a trace record is refused (not retryable: the line must change).
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum BadRecord {
-    /// A negative, infinite or NaN arrival.
     #[error("arrival {0} must be a number >= 0")]
     Arrival(f64),
-    /// An empty model.
     #[error("model must not be empty")]
     NoModel,
-    /// An empty message list.
     #[error("messages must not be empty")]
     NoMessages,
-    /// Both forms.
     #[error("give either messages or prompt, not both")]
     Both,
-    /// Neither form.
     #[error("one of messages or prompt is required")]
     Neither,
 }
@@ -69,7 +56,6 @@ pub enum BadRecord {
 pub struct TraceRequest {
     /// Seconds from the start of the run.
     pub arrival: f64,
-    /// The model name.
     pub model: String,
     /// Chat messages (chat completions API); exclusive with `prompt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,8 +73,7 @@ pub struct TraceRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_via: Option<TenantVia>,
     /// The shared prefix this request belongs to (document, conversation,
-    /// file), for reports; `conversation:<id>` also makes the request a turn
-    /// replayed closed loop (see [`CONVERSATION_PREFIX`]).
+    /// file), for reports; see also [`CONVERSATION_PREFIX`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
 }
@@ -98,7 +83,6 @@ fn default_max_tokens() -> u32 {
 }
 
 impl TraceRequest {
-    /// The OpenAI path this request goes to.
     pub fn path(&self) -> &'static str {
         if self.messages.is_some() {
             "/v1/chat/completions"
@@ -107,8 +91,7 @@ impl TraceRequest {
         }
     }
 
-    /// The conversation this request is a turn of (its whole `group`), when
-    /// it is one (see [`CONVERSATION_PREFIX`]) and has chat messages.
+    /// The conversation this request is a turn of, if any.
     pub fn conversation(&self) -> Option<&str> {
         self.messages.as_ref()?;
         self.group
@@ -116,7 +99,6 @@ impl TraceRequest {
             .filter(|g| g.starts_with(CONVERSATION_PREFIX))
     }
 
-    /// The tenant id when it goes in the `X-Prefix-Aware-Id` header.
     pub fn header_tenant(&self) -> Option<&str> {
         match self.tenant_via {
             Some(TenantVia::Header) => self.tenant.as_deref(),
@@ -124,7 +106,6 @@ impl TraceRequest {
         }
     }
 
-    /// The JSON body to send.
     pub fn body(&self, stream: bool) -> serde_json::Value {
         let mut body = serde_json::json!({
             "model": self.model,
@@ -145,8 +126,7 @@ impl TraceRequest {
         body
     }
 
-    /// Checks the record: a finite non-negative arrival, exactly one of
-    /// messages / prompt, a model.
+    /// Checks the record: a finite arrival >= 0, exactly one of messages / prompt, a model.
     pub fn validate(&self) -> Result<(), BadRecord> {
         if !(self.arrival.is_finite() && self.arrival >= 0.0) {
             return Err(BadRecord::Arrival(self.arrival));
@@ -183,24 +163,19 @@ pub enum WorkloadKind {
 /// Everything that determines a generated trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadSpec {
-    /// Which workload.
     pub kind: WorkloadKind,
     /// RNG seed: same seed, same requests.
     pub seed: u64,
     /// Mean arrivals per second (> 0).
     pub rate: f64,
-    /// Number of requests.
     pub requests: usize,
-    /// Model name put into every request.
     pub model: String,
-    /// Output tokens per request.
     pub max_tokens: u32,
     /// Shared prefixes (documents, files, conversations in parallel).
     pub docs: usize,
     /// Zipf exponent of prefix popularity.
     pub zipf: f64,
-    /// Tokens of a shared prefix (`long`: 8000, `code`: 3000, `tenants`/`rag`
-    /// system prompt: 2000 / 300 by default when 0).
+    /// Tokens of a shared prefix.
     pub prefix_tokens: usize,
     /// Tokens of the distinct question.
     pub question_tokens: usize,
@@ -209,7 +184,6 @@ pub struct WorkloadSpec {
 }
 
 impl WorkloadSpec {
-    /// The defaults of `kind`.
     pub fn new(kind: WorkloadKind) -> Self {
         WorkloadSpec {
             kind,
@@ -236,27 +210,22 @@ impl WorkloadSpec {
         }
     }
 
-    /// Checks the ranges.
     pub fn validate(&self) -> Result<(), BenchError> {
-        let bad = |what: &'static str, reason: String| Err(BenchError::Invalid { what, reason });
-        if !(self.rate.is_finite() && self.rate > 0.0) {
-            return bad("rate", format!("{} must be a number > 0", self.rate));
-        }
-        if self.docs == 0 {
-            return bad("docs", "must be at least 1".into());
-        }
-        if self.tenants == 0 || self.tenants > 10_000 {
-            return bad("tenants", format!("{} is outside 1..=10000", self.tenants));
-        }
-        if self.max_tokens == 0 {
-            return bad("max_tokens", "must be at least 1".into());
-        }
-        if !(self.zipf.is_finite() && self.zipf >= 0.0) {
-            return bad("zipf", format!("{} must be a number >= 0", self.zipf));
-        }
-        if self.model.is_empty() {
-            return bad("model", "must not be empty".into());
-        }
+        ensure(
+            self.rate.is_finite() && self.rate > 0.0,
+            "rate",
+            "must be a number > 0",
+        )?;
+        ensure(self.docs > 0, "docs", "must be at least 1")?;
+        let tenants_ok = (1..=10_000).contains(&self.tenants);
+        ensure(tenants_ok, "tenants", "must be in 1..=10000")?;
+        ensure(self.max_tokens > 0, "max_tokens", "must be at least 1")?;
+        ensure(
+            self.zipf.is_finite() && self.zipf >= 0.0,
+            "zipf",
+            "must be a number >= 0",
+        )?;
+        ensure(!self.model.is_empty(), "model", "must not be empty")?;
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! with `#` are skipped). Arrivals need not be sorted; reading sorts them.
 
 use super::spec::TraceRequest;
-use crate::error::BenchError;
+use crate::error::{io, BenchError};
 use std::io::BufRead;
 use std::path::Path;
 
@@ -10,10 +10,7 @@ use std::path::Path;
 pub fn read_from(reader: impl BufRead, origin: &str) -> Result<Vec<TraceRequest>, BenchError> {
     let mut out = Vec::new();
     for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| BenchError::Io {
-            path: origin.to_owned(),
-            source: e,
-        })?;
+        let line = line.map_err(io(Path::new(origin)))?;
         let text = line.trim();
         if text.is_empty() || text.starts_with('#') {
             continue;
@@ -38,12 +35,8 @@ pub fn read_from(reader: impl BufRead, origin: &str) -> Result<Vec<TraceRequest>
     Ok(out)
 }
 
-/// Reads a JSONL trace file.
 pub fn read(path: &Path) -> Result<Vec<TraceRequest>, BenchError> {
-    let f = std::fs::File::open(path).map_err(|e| BenchError::Io {
-        path: path.display().to_string(),
-        source: e,
-    })?;
+    let f = std::fs::File::open(path).map_err(io(path))?;
     read_from(std::io::BufReader::new(f), &path.display().to_string())
 }
 

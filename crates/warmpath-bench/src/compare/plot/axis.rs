@@ -13,8 +13,7 @@ pub(crate) struct Ticks {
     decimals: usize,
 }
 
-/// At most this many intervals: the old charts' four, so the grid stays
-/// as dense as before.
+/// At most this many intervals.
 const MAX_INTERVALS: f64 = 4.0;
 
 impl Ticks {

@@ -146,17 +146,7 @@ fn lines(title: &str, xl: &str, yl: &str, series: &[Series<'_>], y_max: Option<f
 
 /// TTFT CDF per strategy.
 pub(super) fn ttft_cdf(reports: &[StrategyReport]) -> String {
-    let series: Vec<Series<'_>> = reports
-        .iter()
-        .enumerate()
-        .map(|(k, r)| {
-            (
-                r.strategy.as_str(),
-                palette::router(k),
-                r.ttft_cdf.as_slice(),
-            )
-        })
-        .collect();
+    let series = strategy_series(reports, |r| &r.ttft_cdf);
     lines(
         "TTFT CDF",
         "TTFT (ms)",
@@ -166,20 +156,20 @@ pub(super) fn ttft_cdf(reports: &[StrategyReport]) -> String {
     )
 }
 
+/// One solid series per strategy.
+fn strategy_series(
+    reports: &[StrategyReport],
+    points: fn(&StrategyReport) -> &[(f64, f64)],
+) -> Vec<Series<'_>> {
+    let each = reports.iter().enumerate();
+    each.map(|(k, r)| (r.strategy.as_str(), palette::router(k), points(r)))
+        .collect()
+}
+
 /// KV hit rate over time per strategy, and the offline references (of the
 /// first report that has them, as the table's line above it) dashed.
 pub(super) fn hit_over_time(reports: &[StrategyReport]) -> String {
-    let mut series: Vec<Series<'_>> = reports
-        .iter()
-        .enumerate()
-        .map(|(k, r)| {
-            (
-                r.strategy.as_str(),
-                palette::router(k),
-                r.hit_over_time.as_slice(),
-            )
-        })
-        .collect();
+    let mut series = strategy_series(reports, |r| &r.hit_over_time);
     // The offline references as flat lines across the run.
     let end = reports
         .iter()

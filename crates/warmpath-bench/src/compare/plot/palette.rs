@@ -2,9 +2,8 @@
 //! offline reference a dashed line in a colour no strategy uses, so no two
 //! legend entries look alike.
 
-/// Strategies, solid (Tableau's ten less its grey and olive, which the
-/// references take). More than the four strategies the router has, so a
-/// strategy added later still gets a colour of its own.
+/// Strategies, solid (Tableau's ten less the grey and olive the references
+/// take): more than the router's strategies.
 const ROUTERS: [&str; 8] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
@@ -12,14 +11,12 @@ const ROUTERS: [&str; 8] = [
 /// References, dashed: dark and muted, unlike every router colour.
 const REFERENCES: [&str; 5] = ["#000000", "#7f7f7f", "#bcbd22", "#00525e", "#c49c94"];
 
-/// Dash patterns of the references, one each, so two references of nearly
-/// equal value still read as two lines.
+/// Dash patterns of the references, one each.
 const DASHES: [&str; 5] = ["8 4", "3 3", "12 3 3 3", "1 3", "6 2 1 2"];
 
 /// How a series is drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Style {
-    /// The stroke or fill colour.
     pub(crate) color: &'static str,
     /// `stroke-dasharray`; `None` draws solid.
     pub(crate) dash: Option<&'static str>,

@@ -3,7 +3,7 @@
 //! `super::plot` the charts and the HTML page.
 
 use super::driver::Sample;
-use crate::stats::{share_min_max, Summary};
+use crate::stats::{ratio, share_min_max, Summary};
 use std::collections::BTreeMap;
 
 mod table;
@@ -52,11 +52,7 @@ pub fn aggregate(
         rate,
         requests: samples.len(),
         failures,
-        hit_rate: if prompt == 0 {
-            0.0
-        } else {
-            cached as f64 / prompt as f64
-        },
+        hit_rate: ratio(cached as f64, prompt as f64),
         engine_hit_rate: None,
         hit_ceiling: None,
         optimum: None,
@@ -110,15 +106,11 @@ fn fidelity(ok: &[&Sample], bs: u64) -> Option<Fidelity> {
     Some(f)
 }
 
-/// The hit rate ceiling of a trace: every request whose prefix group
-/// (document, conversation, file) was seen before gets, at best, the full
-/// blocks of the group's previous prompt (capped as the engine caps it: the
-/// last prompt token is always recomputed); first requests of a group get
-/// nothing. Prompt sizes are the engines' own (`usage.prompt_tokens`) of the
-/// `samples` (trace order). An upper bound: for `long` the previous prompt's
-/// own question is counted as shareable (a few blocks of ~500); for a
-/// conversation (`short`, replayed closed loop) the previous turn's prompt
-/// and answer are exactly the shared prefix. `None` without groups.
+/// The hit rate ceiling of a trace: every request whose prefix group was
+/// seen before gets, at best, the full blocks of the group's previous prompt
+/// (and, in a conversation, answer), capped as the engine caps it; first
+/// requests get nothing. Prompt sizes are the engines' (`samples`, trace
+/// order). `None` without groups.
 pub fn hit_ceiling(
     trace: &[crate::workload::TraceRequest],
     samples: &[Sample],
@@ -143,9 +135,7 @@ pub fn hit_ceiling(
         if let Some(&prev) = last.get(g) {
             best += (prev / bs * bs).min(cap);
         }
-        // A conversation's next turn resends this prompt and this answer,
-        // whose blocks decode filled; the answer's last token is never
-        // computed, so at most prompt + answer - 1 tokens can be cached.
+        // The answer's last token is never computed.
         let reusable = if trace[i].conversation().is_some() {
             s.prompt_tokens + s.completion_tokens.saturating_sub(1)
         } else {

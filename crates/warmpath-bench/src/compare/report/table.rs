@@ -48,44 +48,29 @@ pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
     t
 }
 
-/// The hit-rate references of `r` as [`crate::optimum::cell`] words them,
-/// less the hit rate ("ceiling 95.0%, bound 91.1%, ..."); `None` without
-/// any.
+/// The hit-rate references of `r` less the hit rate ("ceiling 95.0%, ...").
 fn references(r: &StrategyReport) -> Option<String> {
     let cell = crate::optimum::cell(0.0, r.hit_ceiling, r.optimum);
     Some(cell.strip_prefix("0.0% (")?.strip_suffix(')')?.to_owned())
 }
 
 /// The console's table: the main numbers, aligned, in at most
-/// [`CONSOLE_WIDTH`] columns; the full table ([`markdown`]: hit-rate bounds,
-/// index fidelity) is in results.md and report.html.
+/// [`CONSOLE_WIDTH`] columns.
 pub fn console(reports: &[StrategyReport], slo_ms: f64) -> String {
-    let head = [
-        "strategy",
-        "goodput",
-        "hit %",
-        "ceiling",
-        "TTFT p50/p90/p99 ms",
-        "e2e p50",
-        "req/s",
-        "tok/s",
-        "share %",
-        "fail",
-    ];
+    let head =
+        "strategy|goodput|hit %|ceiling|TTFT p50/p90/p99 ms|e2e p50|req/s|tok/s|share %|fail";
     let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}", 100.0 * v));
-    let rows: Vec<[String; 10]> = reports
+    let rows: Vec<Vec<String>> = reports
         .iter()
         .map(|r| {
-            [
+            let (t, e) = (r.ttft_ms, r.e2e_ms);
+            vec![
                 r.strategy.clone(),
                 r.goodput_rps.map_or("-".to_owned(), |g| format!("{g:.1}")),
                 pct(Some(r.hit_rate)),
                 pct(r.hit_ceiling),
-                format!(
-                    "{:.0}/{:.0}/{:.0}",
-                    r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99
-                ),
-                format!("{:.0}", r.e2e_ms.p50),
+                format!("{:.0}/{:.0}/{:.0}", t.p50, t.p90, t.p99),
+                format!("{:.0}", e.p50),
                 format!("{:.2}", r.throughput_rps),
                 format!("{:.0}", r.output_tokens_per_s),
                 format!("{:.1}-{:.1}", r.share_min_pct, r.share_max_pct),
@@ -93,26 +78,24 @@ pub fn console(reports: &[StrategyReport], slo_ms: f64) -> String {
             ]
         })
         .collect();
-    let mut widths = head.map(str::len);
-    for row in &rows {
+    let head: Vec<String> = head.split('|').map(str::to_owned).collect();
+    let mut widths = vec![0; head.len()];
+    for row in rows.iter().chain([&head]) {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
         }
     }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
+    let mut t = String::new();
+    for row in [&head].into_iter().chain(&rows) {
+        let cells = row.iter().zip(&widths).enumerate();
         let padded: Vec<String> = cells
-            .zip(widths)
-            .enumerate()
-            .map(|(i, (c, w))| match i {
+            .map(|(i, (c, &w))| match i {
                 0 => format!("{c:<w$}"),
                 _ => format!("{c:>w$}"),
             })
             .collect();
-        format!("{}\n", padded.join("  ").trim_end())
-    };
-    let mut t = line(&mut head.iter().copied());
-    for row in &rows {
-        t.push_str(&line(&mut row.iter().map(String::as_str)));
+        t.push_str(padded.join("  ").trim_end());
+        t.push('\n');
     }
     t.push_str(&format!(
         "goodput: the highest searched req/s with P90 TTFT <= {slo_ms:.0} ms\n\

@@ -14,76 +14,58 @@ pub struct Fidelity {
     pub exact_pct: f64,
     /// 100 * (1 - sum |predicted - engine| / sum max(predicted, engine)).
     pub token_agreement_pct: f64,
-    /// Requests where the engine had more cached than predicted (the index
-    /// had not yet heard of blocks: a prefill of the same prefix finished
-    /// between the query and this request's own prefill).
+    /// Requests where the engine had more cached than predicted (a prefill
+    /// finished between the query and this request's own).
     pub under_predicted: usize,
     /// Cached tokens the index missed, summed over `under_predicted`.
     pub under_tokens: u64,
-    /// Requests where the engine had less cached than predicted (blocks
-    /// evicted between the query and the prefill, or not yet stored).
+    /// Requests where the engine had less cached than predicted (evicted).
     pub over_predicted: usize,
     /// Predicted tokens the engine lacked, summed over `over_predicted`.
     pub over_tokens: u64,
 }
 
-/// One rate-search step.
 #[derive(Clone, Debug, Serialize)]
 pub struct RatePoint {
     /// Offered arrivals per second.
     pub rate: f64,
     /// P90 TTFT at that rate, ms.
     pub ttft_p90_ms: f64,
-    /// Failed requests.
     pub failures: usize,
-    /// Whether the SLO held.
     pub ok: bool,
 }
 
-/// Everything measured for one strategy.
 #[derive(Clone, Debug, Serialize)]
 pub struct StrategyReport {
-    /// The strategy.
     pub strategy: String,
     /// Offered rate of the main run, req/s.
     pub rate: f64,
-    /// Requests sent.
     pub requests: usize,
-    /// Requests that failed.
     pub failures: usize,
     /// Cached prompt tokens / prompt tokens (engines' `cached_tokens`).
     pub hit_rate: f64,
-    /// The same from the engines' `/metrics` (prefix cache hits / queries
-    /// during the main run), as a cross-check.
+    /// The same from the engines' `/metrics`, as a cross-check.
     pub engine_hit_rate: Option<f64>,
-    /// The hit rate a perfect router with unlimited cache could reach on
-    /// this trace (see [`super::hit_ceiling`]).
+    /// The hit rate a perfect router with unlimited cache could reach.
     pub hit_ceiling: Option<f64>,
-    /// Offline references that also know every backend's capacity: a
-    /// pooled-cache Belady upper bound, a per-backend Belady reference and
-    /// two references on LRU engines (see [`crate::optimum::LEGEND`]).
+    /// Offline references (see [`crate::optimum::LEGEND`]).
     pub optimum: Option<crate::optimum::Optimum>,
     /// Time to first token, ms.
     pub ttft_ms: Summary,
     /// End-to-end latency, ms.
     pub e2e_ms: Summary,
-    /// Completed requests per second.
     pub throughput_rps: f64,
-    /// Output tokens per second.
     pub output_tokens_per_s: f64,
-    /// Smallest per-instance share, %.
+    /// Smallest and largest per-instance share, %.
     pub share_min_pct: f64,
-    /// Largest per-instance share, %.
     pub share_max_pct: f64,
     /// Requests per backend.
     pub shares: BTreeMap<String, u64>,
     /// Requests per routing decision kind.
     pub decisions: BTreeMap<String, u64>,
-    /// Index fidelity (when sampled).
     pub fidelity: Option<Fidelity>,
     /// Highest searched rate with P90 TTFT under the SLO, req/s.
     pub goodput_rps: Option<f64>,
-    /// The rate search.
     pub rate_search: Vec<RatePoint>,
     /// (second, hit rate of requests completed in it).
     pub hit_over_time: Vec<(f64, f64)>,
