@@ -251,13 +251,6 @@ impl CacheIndex {
         expired
     }
 
-    /// Whether `slot` is currently stale.
-    pub fn is_stale(&self, slot: WorkerSlot) -> bool {
-        self.workers
-            .get(slot)
-            .is_some_and(|w| w.stale.load(Ordering::Relaxed))
-    }
-
     /// Blocks (all tiers) that `slot` holds.
     pub fn block_count(&self, slot: WorkerSlot) -> u64 {
         self.workers

@@ -1,28 +1,9 @@
-//! An OpenAI chat or completion request, reduced to what routing needs.
-//!
-//! [`Request`] borrows from the body's bytes ([`Request::parse`]: one serde
-//! walk over the JSON, no [`serde_json::Value`] tree, every string without
-//! escapes borrowed; see `walk.rs`), from a parsed [`serde_json::Value`]
-//! ([`Request::from_value`], the same walk), or owns its data
-//! ([`Request::from_slice`], [`Request::into_owned`]). Only the
-//! fields that routing, prefix hashing and tokenization read are kept; the
-//! router forwards the original body untouched (apart from `cache_salt`).
-//!
-//! Accepted shapes (the ones vLLM accepts):
-//! - `model`: string, required.
-//! - `stream`: boolean or null (absent = false).
-//! - chat: `messages`, a non-empty array of objects with a string `role` and a
-//!   `content` that is a string, null/absent, or an array of parts where only
-//!   `{"type":"text","text":...}` parts count (other part types are skipped).
-//!   `add_generation_prompt` (default true), `continue_final_message` (default
-//!   false), `tools` and `chat_template_kwargs` are kept for template rendering.
-//! - completion: `prompt`, a string, a non-empty array of strings, a non-empty
-//!   array of token ids, or a non-empty array of non-empty arrays of token ids.
-//! - `prompt_cache_key`, `cache_salt`: string or null.
-//! - `max_completion_tokens`, else `max_tokens`: non-negative integer or null.
-//!
-//! The other endpoints' bodies (embeddings, responses, tokenize,
-//! detokenize) are read by [`surface`] into the same [`Request`].
+//! An OpenAI chat or completion request, reduced to what routing, prefix hashing
+//! and tokenization read. [`Request`] borrows from the body's bytes
+//! ([`Request::parse`], one serde walk, see `walk.rs`), from a parsed
+//! [`serde_json::Value`] ([`Request::from_value`], the same walk), or owns its
+//! data. The shapes accepted (vLLM's) are listed in docs/tokenization.md; the
+//! other endpoints' bodies are read by [`surface`].
 
 use serde_json::{Map, Value};
 use std::borrow::Cow;

@@ -94,12 +94,6 @@ impl TokenizerFiles {
         Self::parse(tokenizer_json, tokenizer_config_json, Path::new("<memory>"))
     }
 
-    /// Replaces the chat template.
-    pub fn with_chat_template(mut self, template: impl Into<String>) -> Self {
-        self.chat_template = Some(template.into());
-        self
-    }
-
     fn parse(
         tokenizer_json: String,
         config: Option<&str>,

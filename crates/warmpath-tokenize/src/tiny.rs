@@ -49,8 +49,6 @@ pub const SPECIAL_TOKENS: [&str; 5] = [
 ];
 /// Id of `<|begin_of_text|>`.
 pub const BOS_ID: u32 = (256 + NUM_MERGES) as u32;
-/// Id of `<|end_of_text|>`.
-pub const END_OF_TEXT_ID: u32 = BOS_ID + 1;
 /// Id of `<|start_header_id|>`.
 pub const START_HEADER_ID_ID: u32 = BOS_ID + 2;
 /// Id of `<|end_header_id|>`.

@@ -1,10 +1,6 @@
-//! A bounded LRU of shared values made from text, for the tokenizer's chunk
-//! memo (token ids of a chunk of a long text).
-//!
-//! Keyed by the 128-bit xxh3 of the source bytes plus their length; bounded
-//! by the total size of the values held (ids, or bytes of text), least
-//! recently used out first. Making a value happens outside the lock, so
-//! concurrent misses for the same source may both make it (same result).
+//! A bounded LRU of shared values made from text (the chunk memo), keyed by the
+//! xxh3-128 of the source bytes plus their length, bounded by the total size of the
+//! values. Values are made outside the lock, so concurrent misses may both make one.
 
 use lru::LruCache;
 use parking_lot::Mutex;

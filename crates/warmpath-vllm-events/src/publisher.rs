@@ -1,20 +1,9 @@
-//! A vLLM-compatible KV-event publisher: what `vllm/distributed/kv_events.py`'s
-//! `ZmqEventPublisher` does, in Rust, for the engine emulator, the simulator and
-//! the agent's tests.
-//!
-//! - a PUB socket sends three-frame messages `[topic, seq u64 BE, payload]`;
-//! - an optional ROUTER replay socket keeps a ring buffer of recent batches and
-//!   answers a DEALER's `["", start_seq u64 BE]` with one message per buffered
-//!   batch whose seq >= start, then an end marker (seq `u64::MAX`, empty payload).
-//!   Replies are `["", seq, payload]` (vLLM <= 0.24) or `["", topic, seq, payload]`
-//!   (>= 0.26), see [`PublisherConfig::with_topic_in_replay`].
-//!
-//! Test knobs reproduce what a real deployment does to a subscriber:
-//! [`KvEventPublisher::publish_unsent`] (a batch lost on the live socket but
-//! replayable), [`KvEventPublisher::skip_seq`] (a gap nobody can replay),
-//! [`KvEventPublisher::restart`] (sequence back to 0, empty buffer),
-//! [`KvEventPublisher::send_raw`] (garbage frames), and the payload form;
-//! [`KvEventPublisher::subscribers_accepted`] counts subscriber connections.
+//! A vLLM-compatible KV-event publisher (`ZmqEventPublisher` of
+//! `vllm/distributed/kv_events.py`): a PUB socket sending `[topic, seq u64 BE,
+//! payload]`, and an optional ROUTER replay socket that answers a DEALER's
+//! `["", start_seq]` with every buffered batch from there, then an end marker
+//! (seq `u64::MAX`, empty payload). Test knobs reproduce what a deployment does
+//! to a subscriber (lost batches, gaps, restarts, garbage).
 
 use crate::encode::encode_batch;
 use crate::event::{KvEvent, KvEventBatch, PayloadForm};
@@ -92,7 +81,6 @@ pub enum PublisherError {
 struct Live {
     socket: PubSocket,
     next_seq: u64,
-    form: PayloadForm,
 }
 
 /// A running publisher. Dropping it stops the replay task and closes the sockets.
@@ -183,7 +171,6 @@ impl KvEventPublisher {
             live: tokio::sync::Mutex::new(Live {
                 socket,
                 next_seq: 0,
-                form: config.form,
             }),
             ring,
             config,
@@ -213,23 +200,12 @@ impl KvEventPublisher {
 
     /// Publishes `events` as one batch stamped now; returns its sequence number.
     pub async fn publish(&self, events: Vec<KvEvent>) -> Result<u64, PublisherError> {
-        self.publish_batch(&self.batch(events)).await
+        let payload = encode_batch(&self.batch(events), self.config.form);
+        self.publish_payload(Bytes::from(payload)).await
     }
 
-    /// Publishes a prepared batch; returns its sequence number.
-    pub async fn publish_batch(&self, batch: &KvEventBatch) -> Result<u64, PublisherError> {
-        let mut live = self.live.lock().await;
-        let seq = live.next_seq;
-        let payload = Bytes::from(encode_batch(batch, live.form));
-        self.remember(seq, payload.clone());
-        let msg = self.frames(seq, payload);
-        live.socket.send(msg).await.map_err(PublisherError::Send)?;
-        live.next_seq += 1;
-        Ok(seq)
-    }
-
-    /// Test knob: sends `payload` verbatim (garbage, truncated msgpack) under the
-    /// next sequence number; returns it.
+    /// Sends `payload` verbatim (a test knob for garbage or truncated msgpack)
+    /// under the next sequence number; returns it.
     pub async fn publish_payload(&self, payload: Bytes) -> Result<u64, PublisherError> {
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
@@ -246,7 +222,7 @@ impl KvEventPublisher {
         let batch = self.batch(events);
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
-        self.remember(seq, Bytes::from(encode_batch(&batch, live.form)));
+        self.remember(seq, Bytes::from(encode_batch(&batch, self.config.form)));
         live.next_seq += 1;
         seq
     }
@@ -263,11 +239,6 @@ impl KvEventPublisher {
         let mut live = self.live.lock().await;
         live.next_seq = 0;
         self.ring.lock().clear();
-    }
-
-    /// Test knob: switches the payload form for later batches.
-    pub async fn set_form(&self, form: PayloadForm) {
-        self.live.lock().await.form = form;
     }
 
     /// Test knob: sends arbitrary frames on the PUB socket (garbage, truncated

@@ -1,19 +1,8 @@
-//! The fast path of encoding: the `tokenizers` library's pipeline redone
-//! step by step, for the configurations where each step is shown to give
-//! the library's ids (the differential harness in `tests.rs`).
-//!
-//! The library cuts the text at added tokens, then pre-tokenizes, maps
-//! bytes and runs the model on each piece between them, then post-processes.
-//! Here: the cut is [`split`] (`memchr` and a map), each piece goes through
-//! the chunk memo ([`chunks`]) and, on a miss, the regex pre-split and the
-//! model ([`presplit`], with its word cache), and post-processing is the
-//! probed [`SpecialWrap`].
-//!
-//! **The one switch** is [`FastPath::new`]: `Some` only when every step is
-//! exact for the tokenizer (no truncation or padding, added tokens the cut
-//! mirrors, a post-processor that only wraps); the pre-split is used when it
-//! recognises the pre-tokenizer, else each piece goes to the library whole
-//! (and is memoised whole). `None`: every text goes to the library in one call.
+//! The fast path of encoding: the `tokenizers` library's pipeline redone step by
+//! step ([`split`], [`chunks`], [`presplit`], [`SpecialWrap`]), see
+//! docs/tokenization.md. **The one switch** is [`FastPath::new`]: `Some` only when
+//! every step gives the library's ids for this tokenizer; `None`: every text goes
+//! to the library in one call.
 
 mod chunks;
 mod presplit;
