@@ -77,17 +77,13 @@ pub enum CacheEvent {
         parent_block_hash: Option<EngineBlockHash>,
         /// All the new blocks' tokens (`block_hashes.len() * block_size`).
         token_ids: Vec<u32>,
-        /// Tokens per block.
         block_size: usize,
         /// The request's salt, only when the first new block is block 0
         /// (it belongs in that block's `extra_keys`).
         cache_salt: Option<String>,
     },
     /// Blocks evicted from the cache.
-    BlockRemoved {
-        /// The evicted blocks' hashes.
-        block_hashes: Vec<EngineBlockHash>,
-    },
+    BlockRemoved { block_hashes: Vec<EngineBlockHash> },
     /// Everything was dropped (`clear`).
     AllBlocksCleared,
 }
@@ -212,22 +208,18 @@ impl<V> PrefixCache<V> {
         })
     }
 
-    /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
 
-    /// Capacity in blocks.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    /// Blocks cached now.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -246,12 +238,10 @@ impl<V> PrefixCache<V> {
         self.stats
     }
 
-    /// Whether the block is cached.
     pub fn contains(&self, hash: EngineBlockHash) -> bool {
         self.entries.contains_key(&hash)
     }
 
-    /// A cached block's value.
     pub fn get(&self, hash: EngineBlockHash) -> Option<&V> {
         self.entries.get(&hash).map(|e| &e.value)
     }

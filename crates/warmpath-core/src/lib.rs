@@ -23,4 +23,4 @@ pub use policy::{
 };
 pub use prefix::{PrefixError, PrefixExtractor, PrefixKey};
 pub use request::{Expect, Request, RequestBody, RequestError};
-pub use tenant::{resolve_tenant, TenantError, TenantId, TenantSource};
+pub use tenant::{TenantError, TenantId, TenantSource};

@@ -88,11 +88,8 @@ pub enum ShapeError {
     /// A field names something this engine does not implement.
     #[error("{field} {value} is not supported ({supported})")]
     Unsupported {
-        /// The field.
         field: &'static str,
-        /// Its value, as written.
         value: String,
-        /// What is supported.
         supported: String,
     },
     /// Neither `architectures` nor `model_type`.
@@ -111,12 +108,7 @@ pub enum ShapeError {
     Zero(&'static str),
     /// Query heads not a multiple of key-value heads.
     #[error("num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")]
-    Heads {
-        /// `num_attention_heads`.
-        heads: usize,
-        /// `num_key_value_heads`.
-        kv: usize,
-    },
+    Heads { heads: usize, kv: usize },
     /// An odd or zero head dimension.
     #[error("head_dim ({0}) must be even and positive")]
     HeadDim(usize),
@@ -273,12 +265,10 @@ impl LlamaConfig {
         self.vocab_size * h + self.num_hidden_layers * layer + h + head
     }
 
-    /// Key/value heads.
     pub fn kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
-    /// Per-head width.
     pub fn head_dim(&self) -> usize {
         self.head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))

@@ -11,7 +11,6 @@ use candle_core::{DType, Device};
 /// What `--device` names, before any device is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceSpec {
-    /// The CPU.
     Cpu,
     /// CUDA device `N` (`cuda` alone is `cuda:0`).
     Cuda(usize),
@@ -43,7 +42,6 @@ impl DeviceSpec {
         }
     }
 
-    /// Opens the device.
     pub fn open(self) -> Result<Device, EngineError> {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),

@@ -14,7 +14,7 @@ use crate::kv::KvState;
 use crate::model::Llama;
 use candle_core::Tensor;
 use std::time::Instant;
-use warmpath_core::prefix_cache::{CacheEvent, CacheStats, PrefixCache};
+use warmpath_core::prefix_cache::{CacheEvent, PrefixCache};
 
 /// Receives the cache's events, in order (e.g. a vLLM-style ZMQ publisher).
 pub trait EventSink: Send {
@@ -91,7 +91,6 @@ impl Finish {
 pub struct Generation {
     /// The generated ids (stop token excluded).
     pub tokens: Vec<u32>,
-    /// Why it stopped.
     pub finish: Finish,
     /// Prompt tokens served from the cache.
     pub cached_tokens: usize,
@@ -147,24 +146,9 @@ impl Engine {
         })
     }
 
-    /// The model.
-    pub fn model(&self) -> &Llama {
-        &self.model
-    }
-
-    /// The sizing.
-    pub fn options(&self) -> EngineOptions {
-        self.options
-    }
-
     /// The prefix cache (read-only: contents, usage, counters).
     pub fn cache(&self) -> &PrefixCache<KvState> {
         &self.cache
-    }
-
-    /// Query/hit counters in tokens.
-    pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
     }
 
     /// Checks a prompt against the model before any work.

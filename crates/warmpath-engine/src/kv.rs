@@ -7,9 +7,7 @@ use candle_core::{Result, Tensor};
 /// One layer's keys and values, each `[1, kv_heads, len, head_dim]` (K after RoPE).
 #[derive(Clone, Debug)]
 pub struct LayerKv {
-    /// Keys.
     pub k: Tensor,
-    /// Values.
     pub v: Tensor,
 }
 

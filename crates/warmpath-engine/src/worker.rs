@@ -23,7 +23,6 @@ pub enum StreamItem {
     Token(u32),
     /// Generation ended.
     Done {
-        /// Why.
         finish: Finish,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
@@ -37,7 +36,6 @@ pub enum StreamItem {
 /// A request for the worker.
 #[derive(Debug)]
 pub struct GenerateRequest {
-    /// Prompt ids.
     pub tokens: Vec<u32>,
     /// `cache_salt`, isolating the request's prefix cache entries.
     pub salt: Option<String>,
@@ -78,7 +76,6 @@ pub struct StatsSnapshot {
 }
 
 impl EngineStats {
-    /// Reads every counter.
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             running: self.running.load(Ordering::Relaxed),
@@ -90,7 +87,7 @@ impl EngineStats {
     }
 
     fn refresh(&self, engine: &Engine) {
-        let s = engine.cache_stats();
+        let s = engine.cache().stats();
         self.used_blocks
             .store(engine.cache().len() as u64, Ordering::Relaxed);
         self.queried_tokens
@@ -190,7 +187,6 @@ fn run(mut engine: Engine, mut rx: mpsc::Receiver<Job>, stats: Arc<EngineStats>)
 }
 
 impl EngineHandle {
-    /// Live counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
     }

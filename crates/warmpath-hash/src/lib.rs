@@ -121,7 +121,6 @@ impl ChainHasher {
         }
     }
 
-    /// Block size in tokens.
     pub fn block_size(&self) -> usize {
         self.block_size
     }

@@ -63,9 +63,6 @@ pub enum TenantError {
     /// A character outside printable ASCII.
     #[error("tenant id in {src} has a character that is not printable ASCII at byte {pos}", src = .0.name(), pos = .1)]
     BadChar(TenantSource, usize),
-    /// The value is not a string (e.g. a number in the JSON body).
-    #[error("tenant id in {} must be a string", .0.name())]
-    NotAString(TenantSource),
 }
 
 /// A validated tenant id.
@@ -122,7 +119,6 @@ impl TenantId {
         ))
     }
 
-    /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -140,35 +136,10 @@ impl fmt::Display for TenantId {
     }
 }
 
-/// Picks the tenant by precedence: header, then `prompt_cache_key`, then
-/// `cache_salt`. Each present value is validated; the first present one wins.
-/// A present but invalid value is an error even if a later source is valid.
-pub fn resolve_tenant(
-    header: Option<&str>,
-    prompt_cache_key: Option<&serde_json::Value>,
-    cache_salt: Option<&serde_json::Value>,
-) -> Result<Option<TenantId>, TenantError> {
-    if let Some(h) = header {
-        return TenantId::parse(h, TenantSource::Header).map(Some);
-    }
-    for (v, src) in [
-        (prompt_cache_key, TenantSource::PromptCacheKey),
-        (cache_salt, TenantSource::CacheSalt),
-    ] {
-        match v {
-            None | Some(serde_json::Value::Null) => continue,
-            Some(serde_json::Value::String(s)) => return TenantId::parse(s, src).map(Some),
-            Some(_) => return Err(TenantError::NotAString(src)),
-        }
-    }
-    Ok(None)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn accepts_printable_ascii_up_to_64() {
@@ -196,23 +167,6 @@ mod tests {
         );
         let msg = TenantId::parse("", s).unwrap_err().to_string();
         assert!(msg.contains("prompt_cache_key"), "{msg}");
-    }
-
-    #[test]
-    fn precedence_header_then_key_then_salt() {
-        let k = json!("key");
-        let s = json!("salt");
-        let t = resolve_tenant(Some("hdr"), Some(&k), Some(&s)).unwrap();
-        assert_eq!(t.unwrap().as_str(), "hdr");
-        let t = resolve_tenant(None, Some(&k), Some(&s)).unwrap();
-        assert_eq!(t.unwrap().as_str(), "key");
-        let t = resolve_tenant(None, None, Some(&s)).unwrap();
-        assert_eq!(t.unwrap().as_str(), "salt");
-        assert_eq!(resolve_tenant(None, None, None).unwrap(), None);
-        assert_eq!(
-            resolve_tenant(None, Some(&json!(5)), None),
-            Err(TenantError::NotAString(TenantSource::PromptCacheKey))
-        );
     }
 
     #[test]

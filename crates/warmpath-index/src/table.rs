@@ -53,7 +53,6 @@ impl Default for CacheIndex {
 }
 
 impl CacheIndex {
-    /// An empty index.
     pub fn new() -> Self {
         Self::with_capacity(0)
     }
@@ -253,9 +252,7 @@ impl CacheIndex {
 
     /// Blocks (all tiers) that `slot` holds.
     pub fn block_count(&self, slot: WorkerSlot) -> u64 {
-        self.workers
-            .get(slot)
-            .map_or(0, |w| Tier::ALL.iter().map(|t| w.count(*t)).sum())
+        self.workers.get(slot).map_or(0, |w| w.total())
     }
 
     /// Statistics of every registered worker.
@@ -270,11 +267,7 @@ impl CacheIndex {
 
     /// (block, worker, tier) entries currently counted.
     pub fn entries(&self) -> u64 {
-        self.workers
-            .all()
-            .iter()
-            .map(|w| Tier::ALL.iter().map(|t| w.count(*t)).sum::<u64>())
-            .sum()
+        self.workers.all().iter().map(|w| w.total()).sum()
     }
 
     /// The workers holding `hash` (current generation, any tier), as

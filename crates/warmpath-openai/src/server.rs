@@ -42,7 +42,6 @@ pub struct ServerConfig {
 /// One validated request, handed to [`Backend::generate`].
 #[derive(Debug)]
 pub struct Job {
-    /// Chat or completion.
     pub kind: Kind,
     /// The prompt's token ids (chat template applied).
     pub tokens: Vec<u32>,

@@ -61,7 +61,6 @@ pub enum Expect {
 /// A parsed request; `'a` borrows from the JSON value it was read from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Request<'a> {
-    /// The `model` field.
     pub model: Cow<'a, str>,
     /// The `stream` field (false when absent or null).
     pub stream: bool,
@@ -78,9 +77,7 @@ pub struct Request<'a> {
 /// What the request asks the model to continue.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RequestBody<'a> {
-    /// A chat request.
     Chat(ChatBody<'a>),
-    /// A completion request.
     Completion(Prompt<'a>),
 }
 
@@ -102,7 +99,6 @@ pub struct ChatBody<'a> {
 /// One chat message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Message<'a> {
-    /// `role`.
     pub role: Cow<'a, str>,
     /// `content`, reduced to its text.
     pub content: Content<'a>,
@@ -149,7 +145,6 @@ impl Content<'_> {
 /// A completion prompt.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Prompt<'a> {
-    /// One string.
     Text(Cow<'a, str>),
     /// A batch of strings (never empty).
     Texts(Vec<Cow<'a, str>>),
@@ -162,9 +157,7 @@ pub enum Prompt<'a> {
 /// The first prompt of a completion request: what routing looks at for a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FirstPrompt<'p> {
-    /// A text prompt.
     Text(&'p str),
-    /// A token-id prompt.
     Ids(&'p [u32]),
 }
 

@@ -4,7 +4,7 @@
 //! it by (the shapes: docs/tokenization.md). Not the hot path, so these bodies
 //! are read through a [`Value`] tree.
 
-use super::parse::{ids, parse_prompt};
+use super::parse::{ids, parse_prompt, wrong};
 use super::{ChatBody, Content, Expect, Message, Request, RequestBody, RequestError};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
@@ -67,7 +67,6 @@ impl Endpoint {
 /// What routing reads from one of these bodies.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Surface {
-    /// The `model` field, when given.
     pub model: Option<String>,
     /// The prompt as a chat or completion request (its `model` is the
     /// body's, or empty until the caller sets the pool's), or `None` when
@@ -152,13 +151,6 @@ pub fn response_id(id: &str, field: &'static str) -> Result<String, RequestError
             field,
             "a response id (1 to 256 ASCII letters, digits, `-`, `_`, `.` or `:`)",
         ))
-    }
-}
-
-fn wrong(field: impl Into<String>, expected: &'static str) -> RequestError {
-    RequestError::WrongType {
-        field: field.into(),
-        expected,
     }
 }
 

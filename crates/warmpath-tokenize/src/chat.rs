@@ -51,7 +51,6 @@ impl ChatTokenizer {
         Self::new(&TokenizerFiles::load(path)?, CacheConfig::default())
     }
 
-    /// The underlying `tokenizers` tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }

@@ -15,29 +15,20 @@ pub enum TokenizeError {
     /// A file could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Io {
-        /// The file.
         path: PathBuf,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
     /// A JSON file (tokenizer_config.json, chat_template.json) is not valid JSON.
     #[error("{} is not valid JSON: {source}", path.display())]
     ConfigJson {
-        /// The file (or `<memory>`).
         path: PathBuf,
-        /// The parse error.
         #[source]
         source: serde_json::Error,
     },
     /// A configuration field has an unexpected shape.
     #[error("{}: {reason}", path.display())]
-    BadConfig {
-        /// The file (or `<memory>`).
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
+    BadConfig { path: PathBuf, reason: String },
     /// tokenizer.json could not be loaded by the `tokenizers` library.
     #[error("cannot load tokenizer.json: {0}")]
     Load(#[source] tokenizers::Error),

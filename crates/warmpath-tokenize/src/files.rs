@@ -7,13 +7,9 @@ use std::path::{Path, PathBuf};
 /// The special tokens a chat template may refer to (`bos_token`, ...), as strings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SpecialTokens {
-    /// `bos_token`.
     pub bos: Option<String>,
-    /// `eos_token`.
     pub eos: Option<String>,
-    /// `unk_token`.
     pub unk: Option<String>,
-    /// `pad_token`.
     pub pad: Option<String>,
 }
 
@@ -21,7 +17,6 @@ pub struct SpecialTokens {
 /// special tokens from tokenizer_config.json.
 #[derive(Clone, Debug)]
 pub struct TokenizerFiles {
-    /// The text of tokenizer.json.
     pub tokenizer_json: String,
     /// The default chat template, if the model has one.
     pub chat_template: Option<String>,

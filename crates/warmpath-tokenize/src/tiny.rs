@@ -31,11 +31,8 @@ pub const NUM_MERGES: usize = 763;
 pub const VOCAB_SIZE: usize = 256 + NUM_MERGES + SPECIAL_TOKENS.len();
 /// `<|begin_of_text|>`, the BOS token.
 pub const BEGIN_OF_TEXT: &str = "<|begin_of_text|>";
-/// `<|end_of_text|>`.
 pub const END_OF_TEXT: &str = "<|end_of_text|>";
-/// `<|start_header_id|>`.
 pub const START_HEADER_ID: &str = "<|start_header_id|>";
-/// `<|end_header_id|>`.
 pub const END_HEADER_ID: &str = "<|end_header_id|>";
 /// `<|eot_id|>`, the end of a turn and the EOS token of the chat model.
 pub const EOT_ID: &str = "<|eot_id|>";
@@ -49,9 +46,7 @@ pub const SPECIAL_TOKENS: [&str; 5] = [
 ];
 /// Id of `<|begin_of_text|>`.
 pub const BOS_ID: u32 = (256 + NUM_MERGES) as u32;
-/// Id of `<|start_header_id|>`.
 pub const START_HEADER_ID_ID: u32 = BOS_ID + 2;
-/// Id of `<|end_header_id|>`.
 pub const END_HEADER_ID_ID: u32 = BOS_ID + 3;
 /// Id of `<|eot_id|>`, the EOS id.
 pub const EOT_ID_ID: u32 = BOS_ID + 4;

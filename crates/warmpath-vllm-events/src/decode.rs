@@ -55,11 +55,8 @@ pub enum DecodeError {
     /// The payload (or a part of it) exceeds a [`DecodeLimits`] cap.
     #[error("kv-event payload: {what} is {len}, above the limit of {max}")]
     TooLarge {
-        /// What was too large.
         what: &'static str,
-        /// Its size.
         len: usize,
-        /// The cap.
         max: usize,
     },
     /// The structure is not what vLLM sends.
@@ -76,19 +73,14 @@ pub enum DecodeError {
     /// A required field is missing.
     #[error("kv-event payload: {event} lacks field {field}")]
     MissingField {
-        /// The event type.
         event: &'static str,
-        /// The field.
         field: &'static str,
     },
     /// A field has the wrong type or an out-of-range value.
     #[error("kv-event payload: {event}.{field} must be {expected} (got {got})")]
     BadField {
-        /// The event type.
         event: &'static str,
-        /// The field.
         field: &'static str,
-        /// What was expected.
         expected: &'static str,
         /// A short description of what was found.
         got: String,

@@ -8,7 +8,6 @@ use crate::event::{
 };
 use rmpv::Value;
 
-/// Encodes `batch` in `form`.
 pub fn encode_batch(batch: &KvEventBatch, form: PayloadForm) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(64 + batch.events.len() * 64));
     w.array_len(3);

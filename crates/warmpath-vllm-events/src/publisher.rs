@@ -61,9 +61,7 @@ pub enum PublisherError {
     /// A socket could not bind. Retrying makes sense only after the address is freed.
     #[error("kv-event publisher could not bind {endpoint}: {source}")]
     Bind {
-        /// The endpoint asked for.
         endpoint: String,
-        /// The ZMQ error.
         source: zeromq::ZmqError,
     },
     /// Sending on the PUB socket failed (retryable).
