@@ -1,26 +1,11 @@
 //! A block-level prefix cache with vLLM's semantics, generic over what a block
 //! holds (`V`): the engine stores each layer's K and V there, the simulator `()`.
-//!
-//! - A prompt is cut into blocks of `block_size` tokens; only full blocks are
-//!   cached or reported, a trailing partial block never is.
-//! - A block's key is an *engine-local* chained hash ([`EngineBlockHash`]),
-//!   deliberately not the shared warmpath hash, so that consumers of the events
-//!   must really map engine hashes to warmpath hashes (as they must for vLLM).
-//!   The request's `cache_salt` enters the key of block 0 (vLLM puts it in
-//!   block 0's `extra_keys`), so different salts never share a block.
-//! - [`PrefixCache::lookup`] returns how many leading blocks are cached, capped
-//!   so that at least the last prompt token is recomputed (cached tokens <=
-//!   prompt length - 1, as vLLM).
-//! - Capacity is counted in blocks. When full, the least recently used block
-//!   that is a leaf (no cached child) and not pinned is evicted, so the cache
-//!   always holds whole prefixes: every cached block's parent is cached too.
-//! - Every change is described by [`CacheEvent`]s (BlockStored, BlockRemoved,
-//!   AllBlocksCleared) that callers turn into their wire format.
-//!
-//! Block hashes are 64-bit; like vLLM, two different blocks with the same hash
-//! would be treated as one (probability ~2^-64 per pair).
+//! Keys are an *engine-local* chained hash ([`EngineBlockHash`]), deliberately
+//! not warmpath's, so event consumers must map engine hashes as they must for
+//! vLLM; the rest of the semantics is in docs/design-notes.md.
 
 use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
 use std::fmt;
 use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
@@ -307,10 +292,8 @@ impl<V> PrefixCache<V> {
         salt: Option<&str>,
         mut make: impl FnMut(usize) -> V,
     ) -> InsertOutcome {
-        match self.try_insert(tokens, salt, |i| Ok::<V, std::convert::Infallible>(make(i))) {
-            Ok(out) => out,
-            Err(never) => match never {},
-        }
+        let Ok(out) = self.try_insert(tokens, salt, |i| Ok::<V, Infallible>(make(i)));
+        out
     }
 
     /// [`Self::insert`] with a fallible `make`. Every value that may be needed
@@ -361,10 +344,8 @@ impl<V> PrefixCache<V> {
         hashes: &[EngineBlockHash],
         mut make: impl FnMut(usize) -> V,
     ) -> ChainOutcome {
-        match self.try_insert_chain(hashes, |i| Ok::<V, std::convert::Infallible>(make(i))) {
-            Ok(out) => out,
-            Err(never) => match never {},
-        }
+        let Ok(out) = self.try_insert_chain(hashes, |i| Ok::<V, Infallible>(make(i)));
+        out
     }
 
     fn try_insert_chain<E>(

@@ -1,9 +1,5 @@
-//! Choosing where and in what precision the model runs: `--device cpu|cuda[:N]`
-//! and `--dtype f32|bf16|f16`.
-//!
-//! CUDA needs a build with the `cuda` feature (candle's CUDA backend, which
-//! needs the CUDA toolkit at build time); without it `cuda` is refused with a
-//! message that says so, before any model is loaded.
+//! `--device cpu|cuda[:N]` and `--dtype f32|bf16|f16`. CUDA needs a build with
+//! the `cuda` feature; without it `cuda` is refused, before any model is loaded.
 
 use crate::error::EngineError;
 use candle_core::{DType, Device};

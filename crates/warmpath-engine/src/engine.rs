@@ -1,13 +1,7 @@
-//! The engine proper: a model plus a block-level prefix cache of K/V.
-//!
-//! For each request the longest cached prefix (whole blocks, under the
-//! request's `cache_salt`) is reassembled from the cache, only the rest of the
-//! prompt is prefilled (in chunks of `prefill_chunk` tokens), every full
-//! prompt block is stored, and decoding continues greedily over the request's
-//! own K/V. Decoded tokens are not cached (only prompt blocks are).
-//!
-//! [`Engine`] is single-threaded (`&mut self`); [`crate::worker`] runs it on
-//! one thread behind a bounded queue.
+//! The engine proper: a model plus a block-level prefix cache of K/V. Each request
+//! reuses its longest cached prefix (whole blocks, under its `cache_salt`),
+//! prefills the rest in chunks, stores every full prompt block and decodes
+//! greedily; decoded tokens are not cached.
 
 use crate::error::EngineError;
 use crate::kv::KvState;

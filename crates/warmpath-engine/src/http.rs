@@ -1,9 +1,6 @@
-//! The OpenAI-compatible HTTP surface: the shared vLLM-compatible server
-//! ([`warmpath_openai`]: routes, validation, bodies, SSE, errors, vLLM's
-//! metrics) over the engine's worker. This module supplies only what the
-//! engine does differently: the worker queue, greedy generation with stop
-//! ids, incremental detokenization and the process's own `warmpath_*`
-//! metrics below vLLM's.
+//! The engine behind the shared vLLM-compatible server ([`warmpath_openai`]):
+//! only what the engine does differently (the worker queue, stop ids,
+//! incremental detokenization, its own `warmpath_*` metrics).
 
 use crate::detok::IncrementalText;
 use crate::error::EngineError;

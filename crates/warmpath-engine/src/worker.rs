@@ -1,10 +1,7 @@
-//! One worker thread owns the [`Engine`]; requests wait in a bounded FIFO
-//! queue and run one at a time (no batching). Tokens stream back over a
-//! bounded channel per request; when the receiver is gone (the client left),
-//! the worker stops that request at the next token.
-//!
-//! Lifetime: the thread ends once every [`EngineHandle`] is dropped (the queue
-//! closes) and the current request finishes; [`WorkerThread::join`] waits for it.
+//! One worker thread owns the [`Engine`]; requests wait in a bounded FIFO queue
+//! and run one at a time. Tokens stream back over a bounded channel per request;
+//! a request whose receiver is gone stops at its next token. The thread ends once
+//! every [`EngineHandle`] is dropped and the current request finishes.
 
 use crate::engine::{Engine, Finish};
 use crate::error::EngineError;

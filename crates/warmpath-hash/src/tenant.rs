@@ -1,14 +1,6 @@
-//! Tenant ids: where they come from and what is accepted.
-//!
-//! A tenant id arrives in the `X-Prefix-Aware-Id` header, else in the body field
-//! `prompt_cache_key`, else in a client-supplied `cache_salt`. It must be 1 to 64
-//! printable ASCII characters (0x20..=0x7E); a `prompt_cache_key` may have up
-//! to 1024 (OpenAI's and vLLM's field is a free-form routing hint), and one
-//! longer than 64 becomes the stable id `pck:<xxh3-128 hex>`. Anything else is
-//! refused with a [`TenantError`], which the router answers with HTTP 400.
-//!
-//! Authenticated tenants ([`TenantId::from_api_key`], [`TenantId::scoped`])
-//! are derived from a client's API key, so no key text ends up in ids or logs.
+//! Tenant ids: where they come from and what is accepted (docs/tenants.md).
+//! Authenticated tenants ([`TenantId::from_api_key`], [`TenantId::scoped`]) are
+//! derived from a client's API key, so no key text ends up in ids or logs.
 
 use sha2::{Digest, Sha256};
 use std::fmt;

@@ -40,13 +40,6 @@ pub enum RequestError {
     UnknownKind,
 }
 
-impl RequestError {
-    /// Whether sending the same body again could succeed: never.
-    pub fn is_retryable(&self) -> bool {
-        false
-    }
-}
-
 /// Which kind of body the endpoint takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {

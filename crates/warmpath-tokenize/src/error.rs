@@ -3,13 +3,9 @@
 use std::path::PathBuf;
 use thiserror::Error;
 
-/// Why loading a tokenizer or tokenizing a request failed.
-///
-/// Load-time variants ([`Io`](Self::Io), [`ConfigJson`](Self::ConfigJson),
-/// [`BadConfig`](Self::BadConfig), [`Load`](Self::Load),
-/// [`TemplateSyntax`](Self::TemplateSyntax)) are configuration errors: retrying
-/// does not help until the files are fixed. Per-request variants are described
-/// by [`TokenizeError::is_client_error`].
+/// Why loading a tokenizer or tokenizing a request failed. Load-time variants are
+/// configuration errors (retrying does not help until the files are fixed); see
+/// [`TokenizeError::is_client_error`] for the per-request ones.
 #[derive(Debug, Error)]
 pub enum TokenizeError {
     /// A file could not be read.

@@ -42,15 +42,10 @@ fn read_optional(path: &Path) -> Result<Option<String>, TokenizeError> {
 }
 
 impl TokenizerFiles {
-    /// Loads from `path`, which is either a folder holding `tokenizer.json` or a
-    /// `tokenizer.json` file itself. Beside tokenizer.json, these are read when
-    /// present: `tokenizer_config.json` (special tokens and `chat_template`, a
-    /// string or a list of `{name, template}` of which `default` is used),
-    /// `chat_template.json` (`{"chat_template": ...}`) and `chat_template.jinja`.
-    /// The template is taken from, in order of precedence: `chat_template.jinja`,
-    /// `chat_template.json`, `tokenizer_config.json`.
-    ///
-    /// This reads files: call it at start-up, not per request.
+    /// Loads from a folder holding `tokenizer.json`, or that file itself, with
+    /// `tokenizer_config.json` (special tokens, `chat_template`) when present;
+    /// the template is taken first from `chat_template.jinja`, then
+    /// `chat_template.json`, then `tokenizer_config.json`. Start-up only.
     pub fn load(path: &Path) -> Result<Self, TokenizeError> {
         let (dir, tokenizer_path) = if path.is_dir() {
             (path.to_owned(), path.join("tokenizer.json"))

@@ -1,19 +1,8 @@
-//! A small but real tokenizer, generated deterministically: byte-level BPE in
-//! the style of Llama 3 (same pre-tokenizer regex, byte-level alphabet, special
-//! tokens and chat template), with a vocabulary of exactly [`VOCAB_SIZE`] ids.
-//!
-//! Layout of the ids:
-//! - `0..256`: the 256 bytes, in byte order, written in GPT-2's byte-to-unicode
-//!   alphabet;
-//! - `256..1019`: [`NUM_MERGES`] merged tokens, learned by a plain BPE trainer
-//!   (most frequent pair first, ties broken by the lower pair of ids) on the
-//!   embedded English corpus `tiny_corpus.txt`;
-//! - `1019..1024`: the special tokens [`BEGIN_OF_TEXT`], [`END_OF_TEXT`],
-//!   [`START_HEADER_ID`], [`END_HEADER_ID`], [`EOT_ID`].
-//!
-//! Completions get `<|begin_of_text|>` prepended by the post-processor; chats
-//! get it from the template. Everything is computed from constants, so
-//! [`tokenizer_json`] and [`write_model_dir`] are byte-identical on every run.
+//! A small but real tokenizer, generated deterministically: byte-level BPE in the
+//! style of Llama 3 (its pre-tokenizer regex, special tokens and chat template).
+//! Ids: `0..256` the bytes in GPT-2's alphabet, then [`NUM_MERGES`] merges learned
+//! on `tiny_corpus.txt` (most frequent pair first, ties to the lower pair), then
+//! the 5 [`SPECIAL_TOKENS`]; [`tokenizer_json`] is byte-identical on every run.
 
 use super::error::TokenizeError;
 use super::fast::byte_alphabet;

@@ -88,11 +88,6 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    /// Always false: decoding is deterministic.
-    pub fn is_retryable(&self) -> bool {
-        false
-    }
-
     /// A stable short label for metrics (`reason` label).
     pub fn kind(&self) -> &'static str {
         match self {

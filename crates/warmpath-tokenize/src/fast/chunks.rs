@@ -12,7 +12,7 @@ pub(crate) struct ChunkMemo {
     /// Pieces shorter than this are encoded directly; longer ones are cut
     /// into chunks of at least this many bytes.
     pub(crate) chunk_bytes: usize,
-    pub(crate) lru: WeightedLru<[u32]>,
+    pub(crate) lru: WeightedLru,
 }
 
 impl std::fmt::Debug for ChunkMemo {

@@ -180,14 +180,7 @@ impl FastPath {
 
     /// The chunk memo's counters.
     pub(crate) fn chunk_stats(&self) -> CacheStats {
-        let c = self.memo.lru.counts();
-        CacheStats {
-            hits: c.hits,
-            misses: c.misses,
-            evictions: c.evictions,
-            entries: c.entries,
-            tokens: c.size,
-        }
+        self.memo.lru.stats()
     }
 
     /// The word cache's counters (`tokens` is not counted there: 0), when
