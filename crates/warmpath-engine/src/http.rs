@@ -17,6 +17,7 @@ use warmpath_openai::{ApiError, Backend, Generation, Item, Job, VllmStats};
 
 pub use warmpath_openai::ServerConfig;
 
+#[derive(Debug)]
 struct Inner {
     engine: EngineHandle,
     tokenizer: Arc<ChatTokenizer>,
@@ -26,16 +27,8 @@ struct Inner {
 }
 
 /// Shared state of the handlers.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState(Arc<Inner>);
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState")
-            .field("config", &self.0.config)
-            .finish_non_exhaustive()
-    }
-}
 
 impl AppState {
     /// Bundles what the handlers need. `prometheus` (if any) renders the

@@ -58,7 +58,7 @@ pub enum TenantError {
 }
 
 /// A validated tenant id.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TenantId(String);
 
 impl TenantId {
@@ -113,12 +113,6 @@ impl TenantId {
 
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-}
-
-impl fmt::Debug for TenantId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TenantId({:?})", self.0)
     }
 }
 

@@ -104,10 +104,10 @@ pub trait Backend: Send + Sync + 'static {
 /// The axum router with every endpoint.
 pub fn router<B: Backend>(backend: Arc<B>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat::<B>))
-        .route("/v1/completions", post(completion::<B>))
+        .route("/v1/chat/completions", post(generate::<B, true>))
+        .route("/v1/completions", post(generate::<B, false>))
         .route("/v1/models", get(models::<B>))
-        .route("/health", get(health))
+        .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics_text::<B>))
         .route("/reset_prefix_cache", post(reset::<B>))
         .with_state(backend)
@@ -121,12 +121,9 @@ fn answer<B: Backend>(r: Result<Response, ApiError>) -> Response {
     })
 }
 
-async fn chat<B: Backend>(State(b): State<Arc<B>>, body: Bytes) -> Response {
-    answer::<B>(serve(&*b, &body, Kind::Chat).await)
-}
-
-async fn completion<B: Backend>(State(b): State<Arc<B>>, body: Bytes) -> Response {
-    answer::<B>(serve(&*b, &body, Kind::Completion).await)
+async fn generate<B: Backend, const CHAT: bool>(State(b): State<Arc<B>>, body: Bytes) -> Response {
+    let kind = if CHAT { Kind::Chat } else { Kind::Completion };
+    answer::<B>(serve(&*b, &body, kind).await)
 }
 
 /// The fields the request reader leaves to the server.
@@ -327,10 +324,6 @@ async fn models<B: Backend>(State(b): State<Arc<B>>) -> Json<Value> {
         "id": c.model_name, "object": "model", "created": now(), "owned_by": "vllm",
         "root": c.model_name, "parent": null, "max_model_len": c.max_model_len,
     }]}))
-}
-
-async fn health() -> StatusCode {
-    StatusCode::OK
 }
 
 async fn reset<B: Backend>(State(b): State<Arc<B>>) -> Response {

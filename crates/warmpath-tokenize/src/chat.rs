@@ -1,9 +1,10 @@
 //! [`ChatTokenizer`]: request -> token ids, the way vLLM computes them.
 
 use super::error::TokenizeError;
-use super::fast::{CacheConfig, CacheStats, FastPath};
+use super::fast::{CacheConfig, FastPath};
 use super::files::TokenizerFiles;
 use super::template::ChatTemplate;
+use super::weighted_lru::CacheStats;
 use std::path::Path;
 use std::str::FromStr;
 use tokenizers::Tokenizer;

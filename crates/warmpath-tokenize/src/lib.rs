@@ -14,6 +14,7 @@ mod weighted_lru;
 
 pub use chat::ChatTokenizer;
 pub use error::TokenizeError;
-pub use fast::{CacheConfig, CacheStats};
+pub use fast::CacheConfig;
 pub use files::{SpecialTokens, TokenizerFiles};
 pub use template::ChatTemplate;
+pub use weighted_lru::CacheStats;

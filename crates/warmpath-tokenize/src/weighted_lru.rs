@@ -1,19 +1,35 @@
 //! A bounded LRU of token ids made from text (the chunk memo), keyed by the
 //! xxh3-128 of the source bytes plus their length, bounded by the total ids held. Values are made outside the lock, so concurrent misses may both make one.
 
-use crate::CacheStats;
 use lru::LruCache;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
+/// Counters of a memo cache (monotonic, except the two sizes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found their entry.
+    pub hits: u64,
+    /// Lookups that did not (encoded, then kept when they fit).
+    pub misses: u64,
+    /// Entries evicted to stay within capacity.
+    pub evictions: u64,
+    /// Entries held now.
+    pub entries: usize,
+    /// Token ids held now.
+    pub tokens: usize,
+}
+
+#[derive(Debug)]
 struct Inner {
     lru: LruCache<(u128, usize), Arc<[u32]>>,
     size: usize,
 }
 
 /// The cache (module docs), of token ids.
+#[derive(Debug)]
 pub(crate) struct WeightedLru {
     capacity: usize,
     inner: Mutex<Inner>,

@@ -8,20 +8,12 @@ use crate::weighted_lru::WeightedLru;
 use std::sync::Arc;
 
 /// The chunk memo (see module docs).
+#[derive(Debug)]
 pub(crate) struct ChunkMemo {
     /// Pieces shorter than this are encoded directly; longer ones are cut
     /// into chunks of at least this many bytes.
     pub(crate) chunk_bytes: usize,
     pub(crate) lru: WeightedLru,
-}
-
-impl std::fmt::Debug for ChunkMemo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkMemo")
-            .field("chunk_bytes", &self.chunk_bytes)
-            .field("capacity_tokens", &self.lru.capacity())
-            .finish()
-    }
 }
 
 impl ChunkMemo {

@@ -16,6 +16,7 @@ mod tests;
 pub(crate) use presplit::byte_alphabet;
 
 use super::error::TokenizeError;
+use crate::weighted_lru::CacheStats;
 use chunks::ChunkMemo;
 use presplit::FastPieces;
 use split::{AddedCut, Piece};
@@ -43,21 +44,6 @@ impl Default for CacheConfig {
             capacity_tokens: 4 << 20,
         }
     }
-}
-
-/// Counters of a memo cache (monotonic, except the two sizes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// Lookups that found their entry.
-    pub hits: u64,
-    /// Lookups that did not (encoded, then kept when they fit).
-    pub misses: u64,
-    /// Entries evicted to stay within capacity.
-    pub evictions: u64,
-    /// Entries held now.
-    pub entries: usize,
-    /// Token ids held now.
-    pub tokens: usize,
 }
 
 /// The ids the post-processor adds around one sequence with special tokens on.
