@@ -30,18 +30,10 @@ impl std::str::FromStr for DeviceSpec {
 }
 
 impl DeviceSpec {
-    /// Whether this build can open such a device at all.
-    pub fn compiled_in(self) -> bool {
-        match self {
-            DeviceSpec::Cpu => true,
-            DeviceSpec::Cuda(_) => cfg!(feature = "cuda"),
-        }
-    }
-
     pub fn open(self) -> Result<Device, EngineError> {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
-            DeviceSpec::Cuda(n) if self.compiled_in() => {
+            DeviceSpec::Cuda(n) if cfg!(feature = "cuda") => {
                 Device::new_cuda(n).map_err(|e| {
                     EngineError::Unsupported(format!("opening CUDA device {n}: {e}"))
                 })
@@ -95,7 +87,6 @@ mod tests {
         let err = open_device("cuda:0").unwrap_err();
         assert!(matches!(err, EngineError::Unsupported(_)));
         assert!(err.to_string().contains("--features cuda"), "{err}");
-        assert!(!DeviceSpec::Cuda(0).compiled_in());
     }
 
     #[test]
