@@ -35,8 +35,6 @@ pub const SPECIAL_TOKENS: [&str; 5] = [
 ];
 /// Id of `<|begin_of_text|>`.
 pub const BOS_ID: u32 = (256 + NUM_MERGES) as u32;
-pub const START_HEADER_ID_ID: u32 = BOS_ID + 2;
-pub const END_HEADER_ID_ID: u32 = BOS_ID + 3;
 /// Id of `<|eot_id|>`, the EOS id.
 pub const EOT_ID_ID: u32 = BOS_ID + 4;
 
@@ -331,8 +329,12 @@ mod tests {
         let chat = t
             .encode("<|start_header_id|>user<|end_header_id|>", false)
             .unwrap();
-        assert_eq!(chat.get_ids()[0], START_HEADER_ID_ID);
-        assert_eq!(*chat.get_ids().last().unwrap(), END_HEADER_ID_ID);
+        assert_eq!(chat.get_ids()[0], BOS_ID + 2, "<|start_header_id|>");
+        assert_eq!(
+            *chat.get_ids().last().unwrap(),
+            BOS_ID + 3,
+            "<|end_header_id|>"
+        );
     }
 
     proptest! {

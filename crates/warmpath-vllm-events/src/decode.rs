@@ -189,16 +189,21 @@ const STORED_FIELDS: [&str; 11] = [
 ];
 const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
-/// An event's fields by name, whichever form they came in.
-struct Fields(Vec<(String, Value)>);
+/// An event's fields by name, whichever form they came in, and its type (for
+/// errors).
+struct Fields {
+    event: &'static str,
+    items: Vec<(String, Value)>,
+}
 
 impl Fields {
     fn take(&mut self, name: &str) -> Option<Value> {
-        let (_, v) = self.0.iter_mut().find(|(k, _)| k == name)?;
+        let (_, v) = self.items.iter_mut().find(|(k, _)| k == name)?;
         Some(std::mem::replace(v, Value::Nil))
     }
 
-    fn req(&mut self, event: &'static str, field: &'static str) -> Result<Value, DecodeError> {
+    fn req(&mut self, field: &'static str) -> Result<Value, DecodeError> {
+        let event = self.event;
         self.take(field)
             .ok_or(DecodeError::MissingField { event, field })
     }
@@ -206,61 +211,63 @@ impl Fields {
     fn opt(&mut self, name: &str) -> Value {
         self.take(name).unwrap_or(Value::Nil)
     }
+
+    fn int(&mut self, field: &'static str) -> Result<Option<i64>, DecodeError> {
+        let v = self.opt(field);
+        opt_int(self.event, field, v)
+    }
+
+    fn string(&mut self, field: &'static str) -> Result<Option<String>, DecodeError> {
+        let v = self.opt(field);
+        opt_string(self.event, field, v)
+    }
+
+    fn medium(&mut self) -> Result<Option<Medium>, DecodeError> {
+        Ok(self.string("medium")?.map(|s| Medium::parse(&s)))
+    }
 }
 
 fn decode_event(v: Value, limits: &DecodeLimits) -> Result<KvEvent, DecodeError> {
-    let (tag, mut f) = match v {
+    let (tag, items) = match v {
         Value::Array(items) => array_fields(items)?,
         Value::Map(entries) => map_fields(entries)?,
         other => return Err(shape("an event must be an array or a map", &other)),
     };
-    match tag.as_str() {
-        STORED => {
-            let block_hashes = f.req(STORED, "block_hashes")?;
-            let tokens_v = f.req(STORED, "token_ids")?;
-            let bs = f.req(STORED, "block_size")?;
-            Ok(KvEvent::BlockStored(BlockStored {
-                block_hashes: hashes(STORED, "block_hashes", block_hashes, limits)?,
-                parent_block_hash: opt_hash(
-                    STORED,
-                    "parent_block_hash",
-                    f.opt("parent_block_hash"),
-                    limits,
-                )?,
-                token_ids: tokens(tokens_v, limits)?,
-                block_size: block_size(bs)?,
-                lora_id: opt_int(STORED, "lora_id", f.opt("lora_id"))?,
-                medium: opt_medium(STORED, f.opt("medium"))?,
-                lora_name: opt_string(STORED, "lora_name", f.opt("lora_name"))?,
-                extra_keys: opt_extra_keys(f.opt("extra_keys"))?,
-                group_idx: opt_int(STORED, "group_idx", f.opt("group_idx"))?,
-                kv_cache_spec_kind: opt_string(
-                    STORED,
-                    "kv_cache_spec_kind",
-                    f.opt("kv_cache_spec_kind"),
-                )?,
-                kv_cache_spec_sliding_window: opt_int(
-                    STORED,
-                    "kv_cache_spec_sliding_window",
-                    f.opt("kv_cache_spec_sliding_window"),
-                )?,
-            }))
-        }
-        REMOVED => {
-            let block_hashes = f.req(REMOVED, "block_hashes")?;
-            Ok(KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: hashes(REMOVED, "block_hashes", block_hashes, limits)?,
-                medium: opt_medium(REMOVED, f.opt("medium"))?,
-                group_idx: opt_int(REMOVED, "group_idx", f.opt("group_idx"))?,
-            }))
-        }
-        CLEARED => Ok(KvEvent::AllBlocksCleared),
-        other => Err(DecodeError::UnknownTag(truncate(other))),
+    let event = match tag.as_str() {
+        STORED => STORED,
+        REMOVED => REMOVED,
+        CLEARED => return Ok(KvEvent::AllBlocksCleared),
+        other => return Err(DecodeError::UnknownTag(truncate(other))),
+    };
+    let mut f = Fields { event, items };
+    let block_hashes = f.req("block_hashes")?;
+    if event == REMOVED {
+        return Ok(KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: hashes(REMOVED, "block_hashes", block_hashes, limits)?,
+            medium: f.medium()?,
+            group_idx: f.int("group_idx")?,
+        }));
     }
+    let tokens_v = f.req("token_ids")?;
+    let bs = f.req("block_size")?;
+    let parent = f.opt("parent_block_hash");
+    Ok(KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes(STORED, "block_hashes", block_hashes, limits)?,
+        parent_block_hash: opt_hash(STORED, "parent_block_hash", parent, limits)?,
+        token_ids: tokens(tokens_v, limits)?,
+        block_size: block_size(bs)?,
+        lora_id: f.int("lora_id")?,
+        medium: f.medium()?,
+        lora_name: f.string("lora_name")?,
+        extra_keys: opt_extra_keys(f.opt("extra_keys"))?,
+        group_idx: f.int("group_idx")?,
+        kv_cache_spec_kind: f.string("kv_cache_spec_kind")?,
+        kv_cache_spec_sliding_window: f.int("kv_cache_spec_sliding_window")?,
+    }))
 }
 
 /// `[tag, fields...]`, named by position.
-fn array_fields(items: Vec<Value>) -> Result<(String, Fields), DecodeError> {
+fn array_fields(items: Vec<Value>) -> Result<(String, Vec<(String, Value)>), DecodeError> {
     let mut it = items.into_iter();
     let tag = it.next().unwrap_or(Value::Nil);
     let Some(tag) = tag.as_str().map(str::to_owned) else {
@@ -281,11 +288,11 @@ fn array_fields(items: Vec<Value>) -> Result<(String, Fields), DecodeError> {
         _ => &[],
     };
     let fields = names.iter().map(|n| (*n).to_owned()).zip(values).collect();
-    Ok((tag, Fields(fields)))
+    Ok((tag, fields))
 }
 
 /// `{"type": tag, name: value...}`; unknown keys are ignored.
-fn map_fields(entries: Vec<(Value, Value)>) -> Result<(String, Fields), DecodeError> {
+fn map_fields(entries: Vec<(Value, Value)>) -> Result<(String, Vec<(String, Value)>), DecodeError> {
     let mut tag = None;
     let mut fields = Vec::with_capacity(entries.len());
     for (k, v) in entries {
@@ -313,7 +320,7 @@ fn map_fields(entries: Vec<(Value, Value)>) -> Result<(String, Fields), DecodeEr
     let Some(tag) = tag.as_str().map(str::to_owned) else {
         return Err(shape("the \"type\" of an event must be a string", &tag));
     };
-    Ok((tag, Fields(fields)))
+    Ok((tag, fields))
 }
 
 fn hash(
@@ -417,10 +424,6 @@ fn opt_string(
         },
         other => Err(bad(event, field, "a string or nil", &other)),
     }
-}
-
-fn opt_medium(event: &'static str, v: Value) -> Result<Option<Medium>, DecodeError> {
-    Ok(opt_string(event, "medium", v)?.map(|s| Medium::parse(&s)))
 }
 
 fn opt_extra_keys(v: Value) -> Result<Option<Vec<Value>>, DecodeError> {
