@@ -39,16 +39,6 @@ impl MatchResult {
     pub fn of(&self, slot: WorkerSlot) -> Option<&WorkerMatch> {
         self.workers.iter().find(|m| m.slot == slot)
     }
-
-    /// The deepest match among fresh workers (0 when none).
-    pub fn best_fresh(&self) -> u32 {
-        self.workers
-            .iter()
-            .filter(|m| m.fresh)
-            .map(|m| m.blocks)
-            .max()
-            .unwrap_or(0)
-    }
 }
 
 /// Blocks walked one `DashMap::get` at a time before chunked probing: a

@@ -54,13 +54,8 @@ impl Default for CacheIndex {
 
 impl CacheIndex {
     pub fn new() -> Self {
-        Self::with_capacity(0)
-    }
-
-    /// An empty index with room for `blocks` distinct blocks.
-    pub fn with_capacity(blocks: usize) -> Self {
         CacheIndex {
-            map: Map::with_capacity_and_hasher_and_shard_amount(blocks, Default::default(), 128),
+            map: Map::with_capacity_and_hasher_and_shard_amount(0, Default::default(), 128),
             workers: Workers::default(),
             live: AtomicI64::new(0),
             dead: AtomicU64::new(0),
@@ -181,11 +176,6 @@ impl CacheIndex {
     /// the slots are taken again.
     pub fn awaiting_compaction(&self) -> usize {
         self.workers.reusable().0
-    }
-
-    /// Slots dropped workers left that a new worker takes first.
-    pub fn free_slots(&self) -> usize {
-        self.workers.reusable().1
     }
 
     /// Purges holders left behind by cleared or dropped workers and gives

@@ -228,11 +228,6 @@ impl<'a> Request<'a> {
             None => Ok(None),
         }
     }
-
-    /// Whether this is a chat request.
-    pub fn is_chat(&self) -> bool {
-        matches!(self.body, RequestBody::Chat(_))
-    }
 }
 
 impl Request<'static> {

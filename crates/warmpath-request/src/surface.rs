@@ -357,7 +357,7 @@ mod tests {
             Endpoint::Embeddings,
         )
         .unwrap();
-        assert!(s.prompt.unwrap().is_chat());
+        assert!(matches!(s.prompt.unwrap().body, RequestBody::Chat(_)));
     }
 
     #[test]
@@ -480,7 +480,7 @@ mod tests {
     #[test]
     fn tokenize_takes_a_prompt_or_messages() {
         let s = parse(json!({"model": "m", "prompt": "abc"}), Endpoint::Tokenize).unwrap();
-        assert!(!s.prompt.unwrap().is_chat());
+        assert!(matches!(s.prompt.unwrap().body, RequestBody::Completion(_)));
         let s = parse(
             json!({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false}),
             Endpoint::Tokenize,

@@ -40,7 +40,7 @@ fn chat_fields_are_read() {
     });
     let r = Request::from_value(&v, Expect::Chat).unwrap();
     assert_eq!(r.model, "llama");
-    assert!(r.stream && r.is_chat());
+    assert!(r.stream && matches!(r.body, RequestBody::Chat(_)));
     assert_eq!(r.max_tokens, Some(7));
     assert_eq!(r.prompt_cache_key.as_deref(), Some("acme"));
     let c = chat(&v);
@@ -185,7 +185,8 @@ fn body_level_errors() {
         br#"{"model":"m","prompt":"p","messages":null}"#,
         Expect::Any,
     );
-    assert!(!r.unwrap().is_chat(), "null messages do not make a chat");
+    let chat = matches!(r.unwrap().body, RequestBody::Chat(_));
+    assert!(!chat, "null messages do not make a chat");
 }
 
 #[test]
