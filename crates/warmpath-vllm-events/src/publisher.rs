@@ -20,6 +20,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
+/// Batches kept for replay (vLLM's default).
+const REPLAY_BUFFER: usize = 10_000;
+
 /// How to set up a [`KvEventPublisher`].
 #[derive(Clone, Debug)]
 pub struct PublisherConfig {
@@ -34,10 +37,6 @@ pub struct PublisherConfig {
     pub form: PayloadForm,
     /// Whether replay replies carry the topic frame (vLLM >= 0.26).
     pub with_topic_in_replay: bool,
-    /// Batches kept for replay (vLLM's default is 10,000).
-    pub buffer_batches: usize,
-    /// The `data_parallel_rank` written into every batch.
-    pub dp_rank: Option<i64>,
 }
 
 impl PublisherConfig {
@@ -49,8 +48,6 @@ impl PublisherConfig {
             topic: String::new(),
             form: PayloadForm::Map,
             with_topic_in_replay: true,
-            buffer_batches: 10_000,
-            dp_rank: Some(0),
         }
     }
 }
@@ -260,16 +257,16 @@ impl KvEventPublisher {
         KvEventBatch {
             ts,
             events,
-            dp_rank: self.config.dp_rank,
+            dp_rank: Some(0),
         }
     }
 
     fn remember(&self, seq: u64, payload: Bytes) {
-        if self.replay_endpoint.is_none() || self.config.buffer_batches == 0 {
+        if self.replay_endpoint.is_none() {
             return;
         }
         let mut ring = self.ring.lock();
-        if ring.len() >= self.config.buffer_batches {
+        if ring.len() >= REPLAY_BUFFER {
             ring.pop_front();
         }
         ring.push_back((seq, payload));
