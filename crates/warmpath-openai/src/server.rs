@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::mpsc;
 use warmpath_core::request::{Expect, Request};
 use warmpath_core::tokenize::ChatTokenizer;
@@ -49,8 +48,6 @@ pub struct Job {
     pub salt: Option<String>,
     /// Output tokens to generate at most.
     pub max_tokens: usize,
-    /// When the body arrived (for the backend's time-to-first-token phases).
-    pub received: Instant,
 }
 
 /// What a generation yields: text pieces, then one `Done` or `Failed`.
@@ -140,12 +137,7 @@ struct Parsed {
     include_usage: bool,
 }
 
-fn parse<B: Backend>(
-    b: &B,
-    body: &[u8],
-    kind: Kind,
-    received: Instant,
-) -> Result<Parsed, ApiError> {
+fn parse<B: Backend>(b: &B, body: &[u8], kind: Kind) -> Result<Parsed, ApiError> {
     let extras: Extras = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
     let expect = match kind {
@@ -211,7 +203,6 @@ fn parse<B: Backend>(
             tokens,
             salt,
             max_tokens,
-            received,
         },
         stream: req.stream,
         include_usage,
@@ -219,7 +210,7 @@ fn parse<B: Backend>(
 }
 
 async fn serve<B: Backend>(b: &B, body: &[u8], kind: Kind) -> Result<Response, ApiError> {
-    let p = parse(b, body, kind, Instant::now())?;
+    let p = parse(b, body, kind)?;
     let meta = Meta::new(kind, &b.config().model_name, p.job.tokens.len());
     let generation = b.generate(p.job).await?;
     if p.stream {

@@ -22,8 +22,6 @@ pub struct TokenizerFiles {
     pub chat_template: Option<String>,
     /// Special tokens named in tokenizer_config.json.
     pub special_tokens: SpecialTokens,
-    /// Where it was loaded from (`None` when built in memory).
-    pub source: Option<PathBuf>,
 }
 
 fn read(path: &Path) -> Result<String, TokenizeError> {
@@ -71,7 +69,6 @@ impl TokenizerFiles {
         if let Some(t) = read_optional(&dir.join("chat_template.jinja"))? {
             files.chat_template = Some(t);
         }
-        files.source = Some(path.to_owned());
         Ok(files)
     }
 
@@ -93,7 +90,6 @@ impl TokenizerFiles {
             tokenizer_json,
             chat_template: None,
             special_tokens: SpecialTokens::default(),
-            source: None,
         };
         let Some(config) = config else {
             return Ok(files);
