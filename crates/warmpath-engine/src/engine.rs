@@ -54,8 +54,6 @@ pub struct Prefill {
     pub past: KvState,
     /// Prompt tokens served from the cache.
     pub cached_tokens: usize,
-    /// Time spent, seconds.
-    pub seconds: f64,
 }
 
 /// Why generation stopped.
@@ -212,7 +210,6 @@ impl Engine {
             logits,
             past,
             cached_tokens,
-            seconds,
         })
     }
 

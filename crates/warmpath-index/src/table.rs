@@ -54,8 +54,13 @@ impl Default for CacheIndex {
 
 impl CacheIndex {
     pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// An empty index with room for `blocks` distinct blocks.
+    pub fn with_capacity(blocks: usize) -> Self {
         CacheIndex {
-            map: Map::with_capacity_and_hasher_and_shard_amount(0, Default::default(), 128),
+            map: Map::with_capacity_and_hasher_and_shard_amount(blocks, Default::default(), 128),
             workers: Workers::default(),
             live: AtomicI64::new(0),
             dead: AtomicU64::new(0),
