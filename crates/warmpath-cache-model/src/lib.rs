@@ -1,26 +1,11 @@
 //! A block-level prefix cache with vLLM's semantics, generic over what a block
 //! holds (`V`): the engine stores each layer's K and V there, the simulator `()`.
-//!
-//! - A prompt is cut into blocks of `block_size` tokens; only full blocks are
-//!   cached or reported, a trailing partial block never is.
-//! - A block's key is an *engine-local* chained hash ([`EngineBlockHash`]),
-//!   deliberately not the shared warmpath hash, so that consumers of the events
-//!   must really map engine hashes to warmpath hashes (as they must for vLLM).
-//!   The request's `cache_salt` enters the key of block 0 (vLLM puts it in
-//!   block 0's `extra_keys`), so different salts never share a block.
-//! - [`PrefixCache::lookup`] returns how many leading blocks are cached, capped
-//!   so that at least the last prompt token is recomputed (cached tokens <=
-//!   prompt length - 1, as vLLM).
-//! - Capacity is counted in blocks. When full, the least recently used block
-//!   that is a leaf (no cached child) and not pinned is evicted, so the cache
-//!   always holds whole prefixes: every cached block's parent is cached too.
-//! - Every change is described by [`CacheEvent`]s (BlockStored, BlockRemoved,
-//!   AllBlocksCleared) that callers turn into their wire format.
-//!
-//! Block hashes are 64-bit; like vLLM, two different blocks with the same hash
-//! would be treated as one (probability ~2^-64 per pair).
+//! Keys are an *engine-local* chained hash ([`EngineBlockHash`]), deliberately
+//! not warmpath's, so event consumers must map engine hashes as they must for
+//! vLLM; the rest of the semantics is in docs/design-notes.md.
 
 use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
 use std::fmt;
 use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
@@ -77,17 +62,13 @@ pub enum CacheEvent {
         parent_block_hash: Option<EngineBlockHash>,
         /// All the new blocks' tokens (`block_hashes.len() * block_size`).
         token_ids: Vec<u32>,
-        /// Tokens per block.
         block_size: usize,
         /// The request's salt, only when the first new block is block 0
         /// (it belongs in that block's `extra_keys`).
         cache_salt: Option<String>,
     },
     /// Blocks evicted from the cache.
-    BlockRemoved {
-        /// The evicted blocks' hashes.
-        block_hashes: Vec<EngineBlockHash>,
-    },
+    BlockRemoved { block_hashes: Vec<EngineBlockHash> },
     /// Everything was dropped (`clear`).
     AllBlocksCleared,
 }
@@ -212,22 +193,18 @@ impl<V> PrefixCache<V> {
         })
     }
 
-    /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
 
-    /// Capacity in blocks.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    /// Blocks cached now.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -246,12 +223,10 @@ impl<V> PrefixCache<V> {
         self.stats
     }
 
-    /// Whether the block is cached.
     pub fn contains(&self, hash: EngineBlockHash) -> bool {
         self.entries.contains_key(&hash)
     }
 
-    /// A cached block's value.
     pub fn get(&self, hash: EngineBlockHash) -> Option<&V> {
         self.entries.get(&hash).map(|e| &e.value)
     }
@@ -317,10 +292,8 @@ impl<V> PrefixCache<V> {
         salt: Option<&str>,
         mut make: impl FnMut(usize) -> V,
     ) -> InsertOutcome {
-        match self.try_insert(tokens, salt, |i| Ok::<V, std::convert::Infallible>(make(i))) {
-            Ok(out) => out,
-            Err(never) => match never {},
-        }
+        let Ok(out) = self.try_insert(tokens, salt, |i| Ok::<V, Infallible>(make(i)));
+        out
     }
 
     /// [`Self::insert`] with a fallible `make`. Every value that may be needed
@@ -371,10 +344,8 @@ impl<V> PrefixCache<V> {
         hashes: &[EngineBlockHash],
         mut make: impl FnMut(usize) -> V,
     ) -> ChainOutcome {
-        match self.try_insert_chain(hashes, |i| Ok::<V, std::convert::Infallible>(make(i))) {
-            Ok(out) => out,
-            Err(never) => match never {},
-        }
+        let Ok(out) = self.try_insert_chain(hashes, |i| Ok::<V, Infallible>(make(i)));
+        out
     }
 
     fn try_insert_chain<E>(

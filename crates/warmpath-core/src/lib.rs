@@ -1,20 +1,7 @@
-//! warmpath-core: the pure heart of warmpath.
-//!
-//! No sockets, no async runtime, no HTTP types: everything here is plain data
-//! and functions, shared by the router, the agent, the engine and the bench.
-//!
-//! - [`hash`] (the `warmpath-hash` crate): the one block-hash function (xxh3,
-//!   chained, seeded by model, LoRA and tenant), pinned by golden vectors;
-//!   [`tenant`]: tenant id validation.
-//! - [`request`] (the `warmpath-request` crate): an OpenAI chat/completion
-//!   request reduced to what routing reads.
-//! - [`prefix`]: what PREFIX_AWARE hashes of a request.
-//! - `tokenize` (the `warmpath-tokenize` crate, feature `tokenizer`): chat
-//!   templates, tokenization by one fast path with a chunk memo, and the
-//!   generated tiny test tokenizer.
-//! - [`index`] (the `warmpath-index` crate): the concurrent cache index
-//!   (block hash -> workers, tier).
-//! - [`policy`]: the routing policies behind one trait.
+//! warmpath-core: the pure heart of warmpath (no sockets, no async runtime, no
+//! HTTP types), shared by the router, the agent, the engine and the bench. It
+//! re-exports the hash, request, tokenize and index crates and holds [`prefix`]
+//! and the routing [`policy`]. See docs/design-notes.md.
 
 pub mod policy;
 pub mod prefix;
@@ -36,4 +23,4 @@ pub use policy::{
 };
 pub use prefix::{PrefixError, PrefixExtractor, PrefixKey};
 pub use request::{Expect, Request, RequestBody, RequestError};
-pub use tenant::{resolve_tenant, TenantError, TenantId, TenantSource};
+pub use tenant::{TenantError, TenantId, TenantSource};

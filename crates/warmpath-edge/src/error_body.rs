@@ -24,12 +24,10 @@ pub struct ErrorBody<'a> {
     pub kind: &'a str,
     /// The request field at fault, if one (`null` otherwise).
     pub param: Option<&'a str>,
-    /// The `code`.
     pub code: ErrorCode<'a>,
 }
 
 impl ErrorBody<'_> {
-    /// The body as JSON.
     pub fn json(&self) -> Value {
         let code = match self.code {
             ErrorCode::Name(name) => json!(name),

@@ -1,10 +1,7 @@
-//! The reverse proxy's header filter: what passes a hop and what stays.
-//!
-//! RFC 9110 section 7.6.1: `Connection` and the headers it names describe
-//! one connection only, and so do `Keep-Alive`, `Proxy-Connection`, `TE`,
-//! `Trailer`, `Transfer-Encoding` and `Upgrade`. `Proxy-Authenticate` and
-//! `Proxy-Authorization` belong to the hop too (a proxy's credentials are
-//! not the engine's). A proxy drops them all and passes the rest in order.
+//! The reverse proxy's header filter (RFC 9110 section 7.6.1): `Connection`, the
+//! headers it names and the fixed hop-by-hop set (including `Proxy-Authenticate`
+//! and `Proxy-Authorization`: a proxy's credentials are not the engine's) stay on
+//! the hop; the rest passes in order.
 
 use http::header::{self, HeaderMap, HeaderName};
 

@@ -1,15 +1,6 @@
-//! What the router's and the agent's network edges share, so that each rule
-//! is written once:
-//!
-//! - [`headers`]: the reverse proxy's hop-by-hop filter (RFC 9110
-//!   section 7.6.1), for requests going upstream and answers coming back;
-//! - [`error_body`]: the OpenAI error body,
-//!   `{"error":{"message","type","param","code"}}`, and the raw HTTP/1.1
-//!   answer that carries one where no HTTP library writes the response;
-//! - [`throttle`]: "log at most every N s", counting the lines held back,
-//!   for events a peer can cause at will.
-//!
-//! No sockets and no runtime: only `http` types and JSON values.
+//! What the router's and the agent's network edges share, so each rule is
+//! written once: the hop-by-hop header filter, the OpenAI error body and
+//! "log at most every N s". No sockets and no runtime.
 
 pub mod error_body;
 pub mod headers;

@@ -88,11 +88,8 @@ pub enum ShapeError {
     /// A field names something this engine does not implement.
     #[error("{field} {value} is not supported ({supported})")]
     Unsupported {
-        /// The field.
         field: &'static str,
-        /// Its value, as written.
         value: String,
-        /// What is supported.
         supported: String,
     },
     /// Neither `architectures` nor `model_type`.
@@ -111,12 +108,7 @@ pub enum ShapeError {
     Zero(&'static str),
     /// Query heads not a multiple of key-value heads.
     #[error("num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")]
-    Heads {
-        /// `num_attention_heads`.
-        heads: usize,
-        /// `num_key_value_heads`.
-        kv: usize,
-    },
+    Heads { heads: usize, kv: usize },
     /// An odd or zero head dimension.
     #[error("head_dim ({0}) must be even and positive")]
     HeadDim(usize),
@@ -127,44 +119,33 @@ pub const SUPPORTED_TORCH_DTYPES: [&str; 3] = ["float32", "bfloat16", "float16"]
 
 impl HfFields {
     fn check(&self) -> Result<(), ShapeError> {
+        let refuse = |field, value: &dyn std::fmt::Debug, supported: String| {
+            let value = format!("{value:?}");
+            Err(ShapeError::Unsupported {
+                field,
+                value,
+                supported,
+            })
+        };
         if let Some(archs) = &self.architectures {
             if !archs.iter().any(|a| a == "LlamaForCausalLM") {
-                return Err(ShapeError::Unsupported {
-                    field: "architectures",
-                    value: format!("{archs:?}"),
-                    supported: "only LlamaForCausalLM".into(),
-                });
+                return refuse("architectures", archs, "only LlamaForCausalLM".into());
             }
         }
-        if let Some(t) = &self.model_type {
-            if t != "llama" {
-                return Err(ShapeError::Unsupported {
-                    field: "model_type",
-                    value: format!("{t:?}"),
-                    supported: "only \"llama\"".into(),
-                });
-            }
+        if let Some(t) = self.model_type.as_ref().filter(|t| *t != "llama") {
+            return refuse("model_type", t, "only \"llama\"".into());
         }
         if self.architectures.is_none() && self.model_type.is_none() {
             return Err(ShapeError::Unnamed);
         }
         if let Some(d) = &self.torch_dtype {
             if !SUPPORTED_TORCH_DTYPES.contains(&d.as_str()) {
-                return Err(ShapeError::Unsupported {
-                    field: "torch_dtype",
-                    value: format!("{d:?}"),
-                    supported: format!("one of {SUPPORTED_TORCH_DTYPES:?}"),
-                });
+                let supported = format!("one of {SUPPORTED_TORCH_DTYPES:?}");
+                return refuse("torch_dtype", d, supported);
             }
         }
-        if let Some(act) = &self.hidden_act {
-            if act != "silu" {
-                return Err(ShapeError::Unsupported {
-                    field: "hidden_act",
-                    value: format!("{act:?}"),
-                    supported: "only \"silu\"".into(),
-                });
-            }
+        if let Some(act) = self.hidden_act.as_ref().filter(|a| *a != "silu") {
+            return refuse("hidden_act", act, "only \"silu\"".into());
         }
         if self.attention_bias || self.mlp_bias {
             return Err(ShapeError::Bias);
@@ -219,18 +200,13 @@ impl LlamaConfig {
     /// over `vocab_size` ids: for speed measurements without real weights.
     pub fn preset_1b(vocab_size: usize) -> Self {
         LlamaConfig {
-            vocab_size,
             hidden_size: 2048,
             intermediate_size: 8192,
             num_hidden_layers: 16,
             num_attention_heads: 32,
             num_key_value_heads: Some(8),
-            head_dim: None,
-            rms_norm_eps: 1e-5,
             rope_theta: 500_000.0,
-            max_position_embeddings: 16_384,
-            tie_word_embeddings: false,
-            rope_scaling: None,
+            ..Self::tiny(vocab_size)
         }
     }
 
@@ -273,12 +249,10 @@ impl LlamaConfig {
         self.vocab_size * h + self.num_hidden_layers * layer + h + head
     }
 
-    /// Key/value heads.
     pub fn kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
-    /// Per-head width.
     pub fn head_dim(&self) -> usize {
         self.head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))

@@ -1,9 +1,5 @@
-//! Choosing where and in what precision the model runs: `--device cpu|cuda[:N]`
-//! and `--dtype f32|bf16|f16`.
-//!
-//! CUDA needs a build with the `cuda` feature (candle's CUDA backend, which
-//! needs the CUDA toolkit at build time); without it `cuda` is refused with a
-//! message that says so, before any model is loaded.
+//! `--device cpu|cuda[:N]` and `--dtype f32|bf16|f16`. CUDA needs a build with
+//! the `cuda` feature; without it `cuda` is refused, before any model is loaded.
 
 use crate::error::EngineError;
 use candle_core::{DType, Device};
@@ -11,7 +7,6 @@ use candle_core::{DType, Device};
 /// What `--device` names, before any device is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceSpec {
-    /// The CPU.
     Cpu,
     /// CUDA device `N` (`cuda` alone is `cuda:0`).
     Cuda(usize),
@@ -35,19 +30,10 @@ impl std::str::FromStr for DeviceSpec {
 }
 
 impl DeviceSpec {
-    /// Whether this build can open such a device at all.
-    pub fn compiled_in(self) -> bool {
-        match self {
-            DeviceSpec::Cpu => true,
-            DeviceSpec::Cuda(_) => cfg!(feature = "cuda"),
-        }
-    }
-
-    /// Opens the device.
     pub fn open(self) -> Result<Device, EngineError> {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
-            DeviceSpec::Cuda(n) if self.compiled_in() => {
+            DeviceSpec::Cuda(n) if cfg!(feature = "cuda") => {
                 Device::new_cuda(n).map_err(|e| {
                     EngineError::Unsupported(format!("opening CUDA device {n}: {e}"))
                 })
@@ -101,7 +87,6 @@ mod tests {
         let err = open_device("cuda:0").unwrap_err();
         assert!(matches!(err, EngineError::Unsupported(_)));
         assert!(err.to_string().contains("--features cuda"), "{err}");
-        assert!(!DeviceSpec::Cuda(0).compiled_in());
     }
 
     #[test]

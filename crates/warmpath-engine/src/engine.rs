@@ -1,20 +1,14 @@
-//! The engine proper: a model plus a block-level prefix cache of K/V.
-//!
-//! For each request the longest cached prefix (whole blocks, under the
-//! request's `cache_salt`) is reassembled from the cache, only the rest of the
-//! prompt is prefilled (in chunks of `prefill_chunk` tokens), every full
-//! prompt block is stored, and decoding continues greedily over the request's
-//! own K/V. Decoded tokens are not cached (only prompt blocks are).
-//!
-//! [`Engine`] is single-threaded (`&mut self`); [`crate::worker`] runs it on
-//! one thread behind a bounded queue.
+//! The engine proper: a model plus a block-level prefix cache of K/V. Each request
+//! reuses its longest cached prefix (whole blocks, under its `cache_salt`),
+//! prefills the rest in chunks, stores every full prompt block and decodes
+//! greedily; decoded tokens are not cached.
 
 use crate::error::EngineError;
 use crate::kv::KvState;
 use crate::model::Llama;
 use candle_core::Tensor;
 use std::time::Instant;
-use warmpath_core::prefix_cache::{CacheEvent, CacheStats, PrefixCache};
+use warmpath_core::prefix_cache::{CacheEvent, PrefixCache};
 
 /// Receives the cache's events, in order (e.g. a vLLM-style ZMQ publisher).
 pub trait EventSink: Send {
@@ -60,8 +54,6 @@ pub struct Prefill {
     pub past: KvState,
     /// Prompt tokens served from the cache.
     pub cached_tokens: usize,
-    /// Time spent, seconds.
-    pub seconds: f64,
 }
 
 /// Why generation stopped.
@@ -91,7 +83,6 @@ impl Finish {
 pub struct Generation {
     /// The generated ids (stop token excluded).
     pub tokens: Vec<u32>,
-    /// Why it stopped.
     pub finish: Finish,
     /// Prompt tokens served from the cache.
     pub cached_tokens: usize,
@@ -147,24 +138,9 @@ impl Engine {
         })
     }
 
-    /// The model.
-    pub fn model(&self) -> &Llama {
-        &self.model
-    }
-
-    /// The sizing.
-    pub fn options(&self) -> EngineOptions {
-        self.options
-    }
-
     /// The prefix cache (read-only: contents, usage, counters).
     pub fn cache(&self) -> &PrefixCache<KvState> {
         &self.cache
-    }
-
-    /// Query/hit counters in tokens.
-    pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
     }
 
     /// Checks a prompt against the model before any work.
@@ -234,7 +210,6 @@ impl Engine {
             logits,
             past,
             cached_tokens,
-            seconds,
         })
     }
 

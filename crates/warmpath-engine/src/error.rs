@@ -9,19 +9,12 @@ pub enum EngineError {
     /// A model file could not be read.
     #[error("reading {path}: {source}")]
     Io {
-        /// The file.
         path: PathBuf,
-        /// The OS error.
         source: std::io::Error,
     },
     /// The model folder's contents are unusable (bad config, missing weights).
     #[error("model file {path} is not usable: {reason}")]
-    BadModel {
-        /// The offending file (or folder).
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
+    BadModel { path: PathBuf, reason: String },
     /// The tokenizer or chat template failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -1,11 +1,7 @@
-//! Publishing the prefix cache's events exactly like vLLM: converted to
-//! `warmpath_vllm_events::KvEvent` (map form, hashes as uint64, the salt in
-//! block 0's `extra_keys`, medium GPU) and sent through that crate's
-//! `KvEventPublisher` (ZMQ PUB + ROUTER replay).
-//!
-//! The engine's worker thread hands each batch to a bounded queue; one task
-//! owns the publisher and sends the batches in order. When the engine (and
-//! with it the [`ZmqSink`]) is dropped, the queue closes and the task ends.
+//! Publishing the prefix cache's events exactly like vLLM, through
+//! `warmpath_vllm_events`' publisher. The worker thread hands each batch to a
+//! bounded queue; one task owns the publisher and sends them in order, and ends
+//! when the engine (and its [`ZmqSink`]) is dropped.
 
 use crate::engine::{EventSink, NoEvents};
 use crate::error::EngineError;

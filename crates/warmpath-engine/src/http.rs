@@ -1,9 +1,6 @@
-//! The OpenAI-compatible HTTP surface: the shared vLLM-compatible server
-//! ([`warmpath_openai`]: routes, validation, bodies, SSE, errors, vLLM's
-//! metrics) over the engine's worker. This module supplies only what the
-//! engine does differently: the worker queue, greedy generation with stop
-//! ids, incremental detokenization and the process's own `warmpath_*`
-//! metrics below vLLM's.
+//! The engine behind the shared vLLM-compatible server ([`warmpath_openai`]):
+//! only what the engine does differently (the worker queue, stop ids,
+//! incremental detokenization, its own `warmpath_*` metrics).
 
 use crate::detok::IncrementalText;
 use crate::error::EngineError;
@@ -20,6 +17,7 @@ use warmpath_openai::{ApiError, Backend, Generation, Item, Job, VllmStats};
 
 pub use warmpath_openai::ServerConfig;
 
+#[derive(Debug)]
 struct Inner {
     engine: EngineHandle,
     tokenizer: Arc<ChatTokenizer>,
@@ -29,16 +27,8 @@ struct Inner {
 }
 
 /// Shared state of the handlers.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState(Arc<Inner>);
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState")
-            .field("config", &self.0.config)
-            .finish_non_exhaustive()
-    }
-}
 
 impl AppState {
     /// Bundles what the handlers need. `prometheus` (if any) renders the

@@ -7,9 +7,7 @@ use candle_core::{Result, Tensor};
 /// One layer's keys and values, each `[1, kv_heads, len, head_dim]` (K after RoPE).
 #[derive(Clone, Debug)]
 pub struct LayerKv {
-    /// Keys.
     pub k: Tensor,
-    /// Values.
     pub v: Tensor,
 }
 
@@ -44,14 +42,6 @@ impl KvState {
     /// Layer `i`'s K/V, `None` when empty.
     pub fn layer(&self, i: usize) -> Option<&LayerKv> {
         self.layers.get(i)
-    }
-
-    /// Bytes held by the tensors.
-    pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| (l.k.elem_count() + l.v.elem_count()) * l.k.dtype().size_in_bytes())
-            .sum()
     }
 
     /// `parts` one after the other (positions add up).
@@ -130,7 +120,7 @@ mod tests {
             l.k.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
             vec![100.0, 101.0, 102.0, 103.0]
         );
-        assert_eq!(back.bytes(), 2 * 4 * 4);
+        assert_eq!(back.len(), 2);
         assert!(ab.slice_copy(4, 2).is_err());
         assert!(KvState::concat(&[]).unwrap().is_empty());
     }

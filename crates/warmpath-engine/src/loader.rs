@@ -15,26 +15,17 @@ use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer, TokenizerFiles};
 pub enum ModelSource {
     /// The tiny random-weight Llama (4 layers, width 256) over the project's
     /// generated tokenizer, determined by `seed`.
-    Tiny {
-        /// Weight seed.
-        seed: u64,
-    },
+    Tiny { seed: u64 },
     /// A folder with config.json, *.safetensors, tokenizer.json and its chat template.
     Dir(PathBuf),
     /// Random weights of a preset shape over the tiny tokenizer (e.g. about
     /// 1B parameters for GPU measurements without downloading weights).
-    Random {
-        /// The shape.
-        size: SizePreset,
-        /// Weight seed.
-        seed: u64,
-    },
+    Random { size: SizePreset, seed: u64 },
     /// Random weights of the shape in `config` (a config.json) over the tiny
     /// tokenizer's vocabulary: large-model speed measurements without weights.
     RandomShape {
         /// A config.json to take the shape from (`vocab_size` is replaced).
         config: PathBuf,
-        /// Weight seed.
         seed: u64,
     },
 }
@@ -75,7 +66,6 @@ impl std::str::FromStr for SizePreset {
 /// A loaded model, its tokenizer and what the API reports.
 #[derive(Debug)]
 pub struct LoadedModel {
-    /// The network.
     pub model: Llama,
     /// Chat template + tokenizer.
     pub tokenizer: ChatTokenizer,
@@ -103,34 +93,27 @@ pub fn load(
                 .into(),
         ));
     }
+    let random = |cfg: LlamaConfig, seed: u64| -> Result<_, EngineError> {
+        let w = random_weights(&cfg, seed, dtype, device)?;
+        Ok((cfg, w, tiny::files().map_err(tok_err)?))
+    };
     let (cfg, weights, files) = match source {
-        ModelSource::Tiny { seed } => {
-            let cfg = LlamaConfig::tiny(tiny::VOCAB_SIZE);
-            let w = random_weights(&cfg, *seed, dtype, device)?;
-            (cfg, w, tiny::files().map_err(tok_err)?)
-        }
-        ModelSource::Random { size, seed } => {
-            let cfg = size.config();
-            let w = random_weights(&cfg, *seed, dtype, device)?;
-            (cfg, w, tiny::files().map_err(tok_err)?)
-        }
+        ModelSource::Tiny { seed } => random(SizePreset::Tiny.config(), *seed)?,
+        ModelSource::Random { size, seed } => random(size.config(), *seed)?,
         ModelSource::RandomShape { config, seed } => {
+            let bad = |reason: String| EngineError::BadModel {
+                path: config.clone(),
+                reason,
+            };
             let text = std::fs::read_to_string(config).map_err(|source| EngineError::Io {
                 path: config.clone(),
                 source,
             })?;
             let mut cfg: LlamaConfig =
-                serde_json::from_str(&text).map_err(|e| EngineError::BadModel {
-                    path: config.clone(),
-                    reason: e.to_string(),
-                })?;
+                serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
             cfg.vocab_size = tiny::VOCAB_SIZE;
-            cfg.validate().map_err(|e| EngineError::BadModel {
-                path: config.clone(),
-                reason: e.to_string(),
-            })?;
-            let w = random_weights(&cfg, *seed, dtype, device)?;
-            (cfg, w, tiny::files().map_err(tok_err)?)
+            cfg.validate().map_err(|e| bad(e.to_string()))?;
+            random(cfg, *seed)?
         }
         ModelSource::Dir(dir) => {
             if !dir.is_dir() {

@@ -94,17 +94,10 @@ impl Llama {
         })
     }
 
-    /// The model's shape.
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
     }
 
-    /// The device the weights live on.
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
-    /// The weights' dtype.
     pub fn dtype(&self) -> DType {
         self.dtype
     }

@@ -1,11 +1,6 @@
-//! Writing a model folder in Hugging Face's layout (`config.json`,
-//! `model.safetensors` or shards with `model.safetensors.index.json`,
-//! `tokenizer.json`, `tokenizer_config.json` with the chat template), filled
-//! with deterministic random weights and the project's tiny tokenizer.
-//!
-//! It is what `--model-dir` is tested with: the folder goes through the same
-//! loader as a downloaded checkpoint would. `warmpath-engine --write-model-dir`
-//! writes one from the command line.
+//! Writing a model folder in Hugging Face's layout (config, safetensors or shards
+//! with an index, the tiny tokenizer) with deterministic random weights: what
+//! `--model-dir` is tested with, and `--write-model-dir` writes.
 
 use crate::config::LlamaConfig;
 use crate::error::EngineError;

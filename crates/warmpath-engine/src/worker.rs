@@ -1,14 +1,11 @@
-//! One worker thread owns the [`Engine`]; requests wait in a bounded FIFO
-//! queue and run one at a time (no batching). Tokens stream back over a
-//! bounded channel per request; when the receiver is gone (the client left),
-//! the worker stops that request at the next token.
-//!
-//! Lifetime: the thread ends once every [`EngineHandle`] is dropped (the queue
-//! closes) and the current request finishes; [`WorkerThread::join`] waits for it.
+//! One worker thread owns the [`Engine`]; requests wait in a bounded FIFO queue
+//! and run one at a time. Tokens stream back over a bounded channel per request;
+//! a request whose receiver is gone stops at its next token. The thread ends once
+//! every [`EngineHandle`] is dropped and the current request finishes.
 
 use crate::engine::{Engine, Finish};
 use crate::error::EngineError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use parking_lot::Mutex;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
@@ -23,7 +20,6 @@ pub enum StreamItem {
     Token(u32),
     /// Generation ended.
     Done {
-        /// Why.
         finish: Finish,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
@@ -37,7 +33,6 @@ pub enum StreamItem {
 /// A request for the worker.
 #[derive(Debug)]
 pub struct GenerateRequest {
-    /// Prompt ids.
     pub tokens: Vec<u32>,
     /// `cache_salt`, isolating the request's prefix cache entries.
     pub salt: Option<String>,
@@ -47,27 +42,17 @@ pub struct GenerateRequest {
     pub stop_ids: Vec<u32>,
 }
 
+#[derive(Debug)]
 enum Job {
     Generate(GenerateRequest, mpsc::Sender<StreamItem>),
     Reset(oneshot::Sender<Result<(), EngineError>>),
 }
 
 /// Live numbers for `/metrics`, updated by the worker.
-#[derive(Debug, Default)]
-pub struct EngineStats {
-    running: AtomicU64,
-    waiting: AtomicU64,
-    used_blocks: AtomicU64,
-    queried_tokens: AtomicU64,
-    hit_tokens: AtomicU64,
-}
-
-/// A snapshot of [`EngineStats`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
     /// Requests being computed (0 or 1).
     pub running: u64,
-    /// Requests queued.
     pub waiting: u64,
     /// Cache blocks in use.
     pub used_blocks: u64,
@@ -77,43 +62,22 @@ pub struct StatsSnapshot {
     pub hit_tokens: u64,
 }
 
-impl EngineStats {
-    /// Reads every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        StatsSnapshot {
-            running: self.running.load(Ordering::Relaxed),
-            waiting: self.waiting.load(Ordering::Relaxed),
-            used_blocks: self.used_blocks.load(Ordering::Relaxed),
-            queried_tokens: self.queried_tokens.load(Ordering::Relaxed),
-            hit_tokens: self.hit_tokens.load(Ordering::Relaxed),
-        }
-    }
+type Stats = Arc<Mutex<StatsSnapshot>>;
 
-    fn refresh(&self, engine: &Engine) {
-        let s = engine.cache_stats();
-        self.used_blocks
-            .store(engine.cache().len() as u64, Ordering::Relaxed);
-        self.queried_tokens
-            .store(s.queried_tokens, Ordering::Relaxed);
-        self.hit_tokens.store(s.hit_tokens, Ordering::Relaxed);
-    }
+fn refresh(stats: &Stats, engine: &Engine) {
+    let s = engine.cache().stats();
+    let mut st = stats.lock();
+    st.used_blocks = engine.cache().len() as u64;
+    st.queried_tokens = s.queried_tokens;
+    st.hit_tokens = s.hit_tokens;
 }
 
 /// Submits work to the worker; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Job>,
-    stats: Arc<EngineStats>,
+    stats: Stats,
     queue: usize,
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Job::Generate(r, _) => f.debug_tuple("Generate").field(r).finish(),
-            Job::Reset(_) => f.write_str("Reset"),
-        }
-    }
 }
 
 /// The worker thread; join it after dropping every handle.
@@ -133,8 +97,8 @@ impl WorkerThread {
 pub fn spawn(engine: Engine, queue: usize) -> Result<(EngineHandle, WorkerThread), EngineError> {
     let queue = queue.max(1);
     let (tx, rx) = mpsc::channel(queue);
-    let stats = Arc::new(EngineStats::default());
-    stats.refresh(&engine);
+    let stats = Stats::default();
+    refresh(&stats, &engine);
     let st = stats.clone();
     let thread = std::thread::Builder::new()
         .name("warmpath-engine".into())
@@ -146,10 +110,13 @@ pub fn spawn(engine: Engine, queue: usize) -> Result<(EngineHandle, WorkerThread
     Ok((EngineHandle { tx, stats, queue }, WorkerThread(thread)))
 }
 
-fn run(mut engine: Engine, mut rx: mpsc::Receiver<Job>, stats: Arc<EngineStats>) {
+fn run(mut engine: Engine, mut rx: mpsc::Receiver<Job>, stats: Stats) {
     while let Some(job) = rx.blocking_recv() {
-        stats.waiting.fetch_sub(1, Ordering::Relaxed);
-        stats.running.store(1, Ordering::Relaxed);
+        {
+            let mut st = stats.lock();
+            st.waiting = st.waiting.saturating_sub(1);
+            st.running = 1;
+        }
         match job {
             Job::Generate(req, out) => {
                 let span = tracing::info_span!("generate", prompt = req.tokens.len());
@@ -183,22 +150,22 @@ fn run(mut engine: Engine, mut rx: mpsc::Receiver<Job>, stats: Arc<EngineStats>)
                 let _ = reply.send(engine.reset_cache());
             }
         }
-        stats.refresh(&engine);
-        stats.running.store(0, Ordering::Relaxed);
+        refresh(&stats, &engine);
+        stats.lock().running = 0;
     }
     tracing::debug!("engine worker stopped: every handle dropped");
 }
 
 impl EngineHandle {
-    /// Live counters.
     pub fn stats(&self) -> StatsSnapshot {
-        self.stats.snapshot()
+        *self.stats.lock()
     }
 
     fn submit(&self, job: Job) -> Result<(), EngineError> {
-        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        self.stats.lock().waiting += 1;
         self.tx.try_send(job).map_err(|e| {
-            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            let mut st = self.stats.lock();
+            st.waiting = st.waiting.saturating_sub(1);
             match e {
                 mpsc::error::TrySendError::Full(_) => EngineError::Busy(self.queue),
                 mpsc::error::TrySendError::Closed(_) => EngineError::WorkerGone,

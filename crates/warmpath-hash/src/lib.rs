@@ -96,8 +96,7 @@ pub fn hash_block(prev: u64, tokens: &[u32]) -> BlockHash {
     }
 }
 
-/// An incremental hasher for one chain: feed full blocks one at a time, or start
-/// from a known parent (the agent chains from the parent block it recorded).
+/// An incremental hasher for one chain, fed full blocks.
 #[derive(Clone, Copy, Debug)]
 pub struct ChainHasher {
     prev: u64,
@@ -111,30 +110,6 @@ impl ChainHasher {
             prev: seed.0,
             block_size,
         }
-    }
-
-    /// A chain that continues after `parent`.
-    pub fn after(parent: BlockHash, block_size: usize) -> Self {
-        ChainHasher {
-            prev: parent.0,
-            block_size,
-        }
-    }
-
-    /// Block size in tokens.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Hashes the next block. `block` must hold exactly `block_size` tokens;
-    /// anything else returns `None` and leaves the chain unchanged.
-    pub fn push(&mut self, block: &[u32]) -> Option<BlockHash> {
-        if block.len() != self.block_size || self.block_size == 0 {
-            return None;
-        }
-        let h = hash_block(self.prev, block);
-        self.prev = h.0;
-        Some(h)
     }
 
     /// Hashes every full block of `tokens` (a trailing partial block is ignored)
@@ -215,15 +190,6 @@ mod tests {
         toks.extend(32..47); // 15 more tokens: one short of a third block
         let hs = hash_tokens(HashSeed::new("m", "", ""), 16, &toks);
         assert_eq!(hex(&hs), ["d3034b7f684156db", "ab6763183c4579bf"]);
-    }
-
-    #[test]
-    fn chaining_from_a_parent_continues_the_chain() {
-        let seed = HashSeed::new("m", "", "");
-        let full = hash_tokens(seed, 16, &tokens_0_31());
-        let mut c = ChainHasher::after(full[0], 16);
-        assert_eq!(c.push(&(16..32).collect::<Vec<_>>()), Some(full[1]));
-        assert_eq!(c.push(&[1, 2, 3]), None, "short block refused");
     }
 
     #[test]

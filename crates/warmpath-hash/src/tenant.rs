@@ -1,14 +1,6 @@
-//! Tenant ids: where they come from and what is accepted.
-//!
-//! A tenant id arrives in the `X-Prefix-Aware-Id` header, else in the body field
-//! `prompt_cache_key`, else in a client-supplied `cache_salt`. It must be 1 to 64
-//! printable ASCII characters (0x20..=0x7E); a `prompt_cache_key` may have up
-//! to 1024 (OpenAI's and vLLM's field is a free-form routing hint), and one
-//! longer than 64 becomes the stable id `pck:<xxh3-128 hex>`. Anything else is
-//! refused with a [`TenantError`], which the router answers with HTTP 400.
-//!
-//! Authenticated tenants ([`TenantId::from_api_key`], [`TenantId::scoped`])
-//! are derived from a client's API key, so no key text ends up in ids or logs.
+//! Tenant ids: where they come from and what is accepted (docs/tenants.md).
+//! Authenticated tenants ([`TenantId::from_api_key`], [`TenantId::scoped`]) are
+//! derived from a client's API key, so no key text ends up in ids or logs.
 
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -63,13 +55,10 @@ pub enum TenantError {
     /// A character outside printable ASCII.
     #[error("tenant id in {src} has a character that is not printable ASCII at byte {pos}", src = .0.name(), pos = .1)]
     BadChar(TenantSource, usize),
-    /// The value is not a string (e.g. a number in the JSON body).
-    #[error("tenant id in {} must be a string", .0.name())]
-    NotAString(TenantSource),
 }
 
 /// A validated tenant id.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TenantId(String);
 
 impl TenantId {
@@ -122,15 +111,8 @@ impl TenantId {
         ))
     }
 
-    /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-}
-
-impl fmt::Debug for TenantId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TenantId({:?})", self.0)
     }
 }
 
@@ -140,35 +122,10 @@ impl fmt::Display for TenantId {
     }
 }
 
-/// Picks the tenant by precedence: header, then `prompt_cache_key`, then
-/// `cache_salt`. Each present value is validated; the first present one wins.
-/// A present but invalid value is an error even if a later source is valid.
-pub fn resolve_tenant(
-    header: Option<&str>,
-    prompt_cache_key: Option<&serde_json::Value>,
-    cache_salt: Option<&serde_json::Value>,
-) -> Result<Option<TenantId>, TenantError> {
-    if let Some(h) = header {
-        return TenantId::parse(h, TenantSource::Header).map(Some);
-    }
-    for (v, src) in [
-        (prompt_cache_key, TenantSource::PromptCacheKey),
-        (cache_salt, TenantSource::CacheSalt),
-    ] {
-        match v {
-            None | Some(serde_json::Value::Null) => continue,
-            Some(serde_json::Value::String(s)) => return TenantId::parse(s, src).map(Some),
-            Some(_) => return Err(TenantError::NotAString(src)),
-        }
-    }
-    Ok(None)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn accepts_printable_ascii_up_to_64() {
@@ -196,23 +153,6 @@ mod tests {
         );
         let msg = TenantId::parse("", s).unwrap_err().to_string();
         assert!(msg.contains("prompt_cache_key"), "{msg}");
-    }
-
-    #[test]
-    fn precedence_header_then_key_then_salt() {
-        let k = json!("key");
-        let s = json!("salt");
-        let t = resolve_tenant(Some("hdr"), Some(&k), Some(&s)).unwrap();
-        assert_eq!(t.unwrap().as_str(), "hdr");
-        let t = resolve_tenant(None, Some(&k), Some(&s)).unwrap();
-        assert_eq!(t.unwrap().as_str(), "key");
-        let t = resolve_tenant(None, None, Some(&s)).unwrap();
-        assert_eq!(t.unwrap().as_str(), "salt");
-        assert_eq!(resolve_tenant(None, None, None).unwrap(), None);
-        assert_eq!(
-            resolve_tenant(None, Some(&json!(5)), None),
-            Err(TenantError::NotAString(TenantSource::PromptCacheKey))
-        );
     }
 
     #[test]

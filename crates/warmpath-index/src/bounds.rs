@@ -1,19 +1,8 @@
-//! Bounds on what one index holds, so that no agent can grow the router's
-//! memory past what its engine could really cache.
-//!
-//! - A cap per worker (the ingest sets it: the engine's reported capacity
-//!   times a slack, or a default while none is known).
-//! - A cap on the whole index (the pool's `index.max_entries`).
-//! - Dead holders (of cleared generations) are counted, and the index
-//!   compacts itself once they outnumber the live entries, so a flood of
-//!   store-then-clear rounds holds at most about twice the live bound. A
-//!   timer may also call [`CacheIndex::compact_dead`]. Compaction shrinks the
-//!   map's tables, which gives the memory back.
-//!
-//! A block beyond a bound is refused (not stored); the caller logs and
-//! counts [`Stored::refused`]. Concurrent writers for *different* workers
-//! may each overshoot `max_entries` by at most their batch (the counters are
-//! read once per batch, which keeps the store loop free of extra atomics).
+//! Bounds on what one index holds (a cap per worker, a cap on the whole index,
+//! compaction once dead holders outnumber live ones), so no agent can grow the
+//! router's memory past what its engine could cache. A block beyond a bound is
+//! refused, not stored. The counters are read once per batch, so concurrent
+//! writers for different workers may each overshoot `max_entries` by one batch.
 
 use super::holders::WorkerSlot;
 use super::table::{CacheIndex, IndexError};

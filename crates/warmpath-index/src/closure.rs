@@ -1,33 +1,12 @@
-//! Prefix closure: when a match walk may skip ahead.
+//! Prefix closure: when a match walk may skip ahead. For a worker whose agent
+//! claims its holdings prefix-closed ([`CacheIndex::set_prefix_closed`]), holding
+//! block `e` means holding every block before it, so one probe decides a run.
 //!
-//! A worker's holdings are **prefix-closed** when every block it holds is on
-//! the GPU tier and the block before it in its chain is held too. Engines
-//! keep their caches that way (vLLM frees a finished request's blocks last
-//! one first, so a block is evicted before its parent), and an agent can
-//! tell exactly: it knows each block's parent, so it counts the blocks
-//! whose parent is missing and reports the worker closed while that count
-//! and its off-GPU blocks are zero. For a closed worker, holding block `e`
-//! of a chain means holding every block before it, so once a walk knows it
-//! holds the first `d` blocks, one probe of block `e` decides the whole run
-//! `d..=e`: the walk probes the last block of each batch and walks a batch
-//! block by block only where a match ends in it. A 512-block match then
-//! costs about 40 probes instead of 512.
-//!
-//! The claim is the agent's ([`CacheIndex::set_prefix_closed`]); the index
-//! withdraws it by itself while what it holds of the worker has holes of its
-//! own making (a block refused at a bound), until the worker is cleared.
-//!
-//! Why a version: applying one delta passes through states that are not
-//! closed (a removal listing a parent before its child), and a walk that
-//! read "closed" before a change may probe after it. So every change that
-//! may break closure (a removal, a claim withdrawn, a refusal) bumps the
-//! worker's version before it touches the map, and a removal counts itself
-//! as under way until it is done. A walk that skipped for a worker checks
-//! at the end that the version is the one it started with; if not, the
-//! walk is redone block by block (rare: a worker changes every few
-//! milliseconds, a walk takes microseconds). Every skipped run was then
-//! decided by a probe made while the worker was closed, which is as exact
-//! as probing each of its blocks at that moment.
+//! Why a version: applying one delta passes through states that are not closed,
+//! and a walk that read "closed" may probe after a change. Every change that may
+//! break closure bumps the worker's version before it touches the map (a removal
+//! counts itself as under way until done); a walk that skipped checks the version
+//! at its end and, if it moved, walks again block by block.
 
 use super::holders::WorkerSlot;
 use super::table::{CacheIndex, IndexError};

@@ -1,9 +1,6 @@
-//! The compact set of workers holding one block.
-//!
-//! Each holder is one `u32`: worker slot (16 bits) | generation (8 bits) | tier
-//! bits (8 bits). Most blocks are held by one or two workers, stored inline;
-//! more spill to a boxed vector. With the 8-byte key this keeps a map slot at
-//! 24 bytes (see `CacheIndex` docs for the measured bytes per entry).
+//! The compact set of workers holding one block: each holder is one `u32`, worker
+//! slot (16 bits) | generation (8 bits) | tier bits (8 bits); one or two inline,
+//! more in a boxed vector, so a map slot stays 24 bytes.
 
 use super::tier::Tier;
 

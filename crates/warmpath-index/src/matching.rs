@@ -1,39 +1,10 @@
-//! `longest_match`: one walk down a request's block chain that tells, per
-//! worker, how many leading blocks it holds.
-//!
-//! A worker's match ends at its first missing block, exactly as an engine's own
-//! prefix lookup ends there: blocks it holds further down the chain cannot be
-//! used and do not count. The walk stops as soon as no worker is still
-//! matching, so a cold request costs one map lookup.
-//!
-//! Why the walk probes in batches: a long warm chain is hundreds of lookups
-//! into a map far larger than the caches, each a miss or two to memory. Done
-//! one by one through `DashMap::get`, every lookup takes and drops its
-//! shard's lock, and a locked read-modify-write lets no later load start
-//! before the earlier ones finished, so the misses come one after another.
-//! Past its first `HEAD` blocks the chain is therefore walked in chunks
-//! (ending at `HEAD` x 8, x 64, ...): a chunk read-locks each shard it needs
-//! once, in ascending shard order (two walks never wait on each other in a
-//! cycle; writers hold one shard at a time), probes `PROBE` blocks back to
-//! back with no atomics between them, so their misses overlap, and then
-//! takes their holders in chain order. While one batch is probed, the next
-//! batch's first probe positions are prefetched (hashbrown's layout: for
-//! `pos = hash & mask`, the first line of the key's control group at
-//! `data_end + pos` and the slot `pos + 1` elements below `data_end`), so
-//! their misses are under way before their probes. Were that layout to
-//! change, the hints would miss and cost only their issue slots; the result
-//! never depends on them. The result is the block-by-block
-//! walk's, exactly (`walk_tests.rs` holds that walk as the reference); a
-//! chunk's probes past the match's end are wasted work, bounded by the
-//! geometric chunk sizes to about 8x what the match itself needed.
-//!
-//! While every worker still matching is prefix-closed ([`closure`]), a
-//! chunk probes only the last block of each of its next `AHEAD` batches,
-//! back to back, and walks a batch block by block only where some match
-//! ends in it; when the first block's holders all are, the first chunk
-//! starts at block 1 (no head walked one lookup at a time).
-//!
-//! [`closure`]: super::closure
+//! `longest_match`: one walk down a request's block chain that tells, per worker,
+//! how many leading blocks it holds (a match ends at the first missing block, as
+//! the engine's own lookup does). Past the first `HEAD` blocks it probes in
+//! batches under one read lock per shard, taken in ascending shard order so two
+//! walks never wait on each other in a cycle; prefetches are hints only. The
+//! result is exactly the block-by-block walk's (`walk_tests.rs`); the whys are in
+//! docs/cache-index.md.
 
 use super::holders::{Holder, Holders, WorkerSlot};
 use super::table::CacheIndex;
@@ -67,16 +38,6 @@ impl MatchResult {
     /// The match of `slot`, if any.
     pub fn of(&self, slot: WorkerSlot) -> Option<&WorkerMatch> {
         self.workers.iter().find(|m| m.slot == slot)
-    }
-
-    /// The deepest match among fresh workers (0 when none).
-    pub fn best_fresh(&self) -> u32 {
-        self.workers
-            .iter()
-            .filter(|m| m.fresh)
-            .map(|m| m.blocks)
-            .max()
-            .unwrap_or(0)
     }
 }
 

@@ -53,7 +53,6 @@ impl Default for CacheIndex {
 }
 
 impl CacheIndex {
-    /// An empty index.
     pub fn new() -> Self {
         Self::with_capacity(0)
     }
@@ -184,11 +183,6 @@ impl CacheIndex {
         self.workers.reusable().0
     }
 
-    /// Slots dropped workers left that a new worker takes first.
-    pub fn free_slots(&self) -> usize {
-        self.workers.reusable().1
-    }
-
     /// Purges holders left behind by cleared or dropped workers and gives
     /// table memory back when the map became sparse; returns the number of
     /// blocks that became empty and were removed. The slots of workers
@@ -251,18 +245,9 @@ impl CacheIndex {
         expired
     }
 
-    /// Whether `slot` is currently stale.
-    pub fn is_stale(&self, slot: WorkerSlot) -> bool {
-        self.workers
-            .get(slot)
-            .is_some_and(|w| w.stale.load(Ordering::Relaxed))
-    }
-
     /// Blocks (all tiers) that `slot` holds.
     pub fn block_count(&self, slot: WorkerSlot) -> u64 {
-        self.workers
-            .get(slot)
-            .map_or(0, |w| Tier::ALL.iter().map(|t| w.count(*t)).sum())
+        self.workers.get(slot).map_or(0, |w| w.total())
     }
 
     /// Statistics of every registered worker.
@@ -277,11 +262,7 @@ impl CacheIndex {
 
     /// (block, worker, tier) entries currently counted.
     pub fn entries(&self) -> u64 {
-        self.workers
-            .all()
-            .iter()
-            .map(|w| Tier::ALL.iter().map(|t| w.count(*t)).sum::<u64>())
-            .sum()
+        self.workers.all().iter().map(|w| w.total()).sum()
     }
 
     /// The workers holding `hash` (current generation, any tier), as

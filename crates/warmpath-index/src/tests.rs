@@ -26,7 +26,7 @@ fn longest_match_per_worker() {
     assert_eq!(m.of(a).unwrap().gpu_blocks, 7);
     assert_eq!(m.of(b).unwrap().blocks, 5);
     assert_eq!(m.of(b).unwrap().gpu_blocks, 3);
-    assert_eq!(m.best_fresh(), 7);
+    assert!(m.workers.iter().all(|w| w.fresh));
 }
 
 #[test]
@@ -81,7 +81,10 @@ fn drop_worker_removes_everything_and_frees_the_slot_after_a_compaction() {
     assert_ne!(a, b, "not reused while its holders may be in the map");
     assert_eq!(idx.compact_dead(), 4);
     assert_eq!(idx.distinct_blocks(), 0);
-    assert_eq!((idx.awaiting_compaction(), idx.free_slots()), (0, 1));
+    assert_eq!(
+        (idx.awaiting_compaction(), idx.workers.reusable().1),
+        (0, 1)
+    );
     // Now the next worker takes it, and inherits none of a's claims.
     let a2 = idx.register_worker("a2").unwrap();
     assert_eq!(a2, a);
@@ -103,7 +106,7 @@ fn a_reused_slot_never_counts_a_holder_its_old_worker_left() {
     // A compaction that started before the drop (it read no retired slot)
     // must not free it: only a pass that read it as tombstoned does.
     idx.workers.release(&[]);
-    assert_eq!(idx.free_slots(), 0);
+    assert_eq!(idx.workers.reusable().1, 0);
     idx.compact();
     let b = idx.register_worker("b").unwrap();
     assert_eq!(b, a);
@@ -127,7 +130,10 @@ fn a_worker_that_held_nothing_frees_its_slot_at_once() {
     let a = idx.register_worker("a").unwrap();
     idx.register_worker("b").unwrap();
     idx.drop_worker("a");
-    assert_eq!((idx.awaiting_compaction(), idx.free_slots()), (0, 1));
+    assert_eq!(
+        (idx.awaiting_compaction(), idx.workers.reusable().1),
+        (0, 1)
+    );
     assert_eq!(idx.register_worker("c").unwrap(), a, "lowest free first");
     // A worker whose blocks were cleared (dead, not compacted) still waits.
     let d = idx.register_worker("d").unwrap();
@@ -175,7 +181,6 @@ fn stale_workers_are_flagged_and_recover() {
     let expired = idx.refresh_staleness(70_000, 5_000, 60_000);
     assert_eq!(expired, vec!["a".to_string()]);
     assert!(!idx.longest_match(&c).of(a).unwrap().fresh);
-    assert_eq!(idx.longest_match(&c).best_fresh(), 0);
     idx.mark_heard(a, 70_001).unwrap();
     assert!(idx.longest_match(&c).of(a).unwrap().fresh);
     let st = idx.worker_stats(70_011);

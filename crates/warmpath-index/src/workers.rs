@@ -151,8 +151,7 @@ impl WorkerEntry {
 /// once when it held nothing, else after the next compaction that started
 /// after the drop ([`Workers::retired`], then [`Workers::release`]). Free
 /// slots are reused lowest first, so slot numbers (and what a walk sizes
-/// by the highest slot) stay as small as the pool. Without reuse a pool
-/// that saw 65,536 adds in its life took no more backends.
+/// by the highest slot) stay as small as the pool.
 #[derive(Debug, Default)]
 pub(crate) struct Workers {
     by_id: RwLock<HashMap<String, WorkerSlot>>,

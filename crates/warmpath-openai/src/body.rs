@@ -35,7 +35,6 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// The fields every body of one response repeats.
 #[derive(Clone, Debug)]
 pub struct Meta {
-    /// Chat or completion.
     pub kind: Kind,
     id: String,
     model: String,

@@ -27,7 +27,6 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
-    /// The status it answers with.
     pub fn status(&self) -> StatusCode {
         self.status
     }

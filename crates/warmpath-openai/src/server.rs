@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::mpsc;
 use warmpath_core::request::{Expect, Request};
 use warmpath_core::tokenize::ChatTokenizer;
@@ -42,7 +41,6 @@ pub struct ServerConfig {
 /// One validated request, handed to [`Backend::generate`].
 #[derive(Debug)]
 pub struct Job {
-    /// Chat or completion.
     pub kind: Kind,
     /// The prompt's token ids (chat template applied).
     pub tokens: Vec<u32>,
@@ -50,8 +48,6 @@ pub struct Job {
     pub salt: Option<String>,
     /// Output tokens to generate at most.
     pub max_tokens: usize,
-    /// When the body arrived (for the backend's time-to-first-token phases).
-    pub received: Instant,
 }
 
 /// What a generation yields: text pieces, then one `Done` or `Failed`.
@@ -105,10 +101,10 @@ pub trait Backend: Send + Sync + 'static {
 /// The axum router with every endpoint.
 pub fn router<B: Backend>(backend: Arc<B>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat::<B>))
-        .route("/v1/completions", post(completion::<B>))
+        .route("/v1/chat/completions", post(generate::<B, true>))
+        .route("/v1/completions", post(generate::<B, false>))
         .route("/v1/models", get(models::<B>))
-        .route("/health", get(health))
+        .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics_text::<B>))
         .route("/reset_prefix_cache", post(reset::<B>))
         .with_state(backend)
@@ -122,12 +118,9 @@ fn answer<B: Backend>(r: Result<Response, ApiError>) -> Response {
     })
 }
 
-async fn chat<B: Backend>(State(b): State<Arc<B>>, body: Bytes) -> Response {
-    answer::<B>(serve(&*b, &body, Kind::Chat).await)
-}
-
-async fn completion<B: Backend>(State(b): State<Arc<B>>, body: Bytes) -> Response {
-    answer::<B>(serve(&*b, &body, Kind::Completion).await)
+async fn generate<B: Backend, const CHAT: bool>(State(b): State<Arc<B>>, body: Bytes) -> Response {
+    let kind = if CHAT { Kind::Chat } else { Kind::Completion };
+    answer::<B>(serve(&*b, &body, kind).await)
 }
 
 /// The fields the request reader leaves to the server.
@@ -144,12 +137,7 @@ struct Parsed {
     include_usage: bool,
 }
 
-fn parse<B: Backend>(
-    b: &B,
-    body: &[u8],
-    kind: Kind,
-    received: Instant,
-) -> Result<Parsed, ApiError> {
+fn parse<B: Backend>(b: &B, body: &[u8], kind: Kind) -> Result<Parsed, ApiError> {
     let extras: Extras = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
     let expect = match kind {
@@ -215,7 +203,6 @@ fn parse<B: Backend>(
             tokens,
             salt,
             max_tokens,
-            received,
         },
         stream: req.stream,
         include_usage,
@@ -223,7 +210,7 @@ fn parse<B: Backend>(
 }
 
 async fn serve<B: Backend>(b: &B, body: &[u8], kind: Kind) -> Result<Response, ApiError> {
-    let p = parse(b, body, kind, Instant::now())?;
+    let p = parse(b, body, kind)?;
     let meta = Meta::new(kind, &b.config().model_name, p.job.tokens.len());
     let generation = b.generate(p.job).await?;
     if p.stream {
@@ -328,10 +315,6 @@ async fn models<B: Backend>(State(b): State<Arc<B>>) -> Json<Value> {
         "id": c.model_name, "object": "model", "created": now(), "owned_by": "vllm",
         "root": c.model_name, "parent": null, "max_model_len": c.max_model_len,
     }]}))
-}
-
-async fn health() -> StatusCode {
-    StatusCode::OK
 }
 
 async fn reset<B: Backend>(State(b): State<Arc<B>>) -> Response {

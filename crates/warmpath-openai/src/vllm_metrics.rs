@@ -31,6 +31,54 @@ pub struct Totals {
     pub requests: u64,
 }
 
+/// vLLM's gauges and prefix-cache counters: name, type, help.
+const GAUGES: [(&str, &str, &str); 5] = [
+    (
+        "num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+    ),
+    (
+        "num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+    ),
+    (
+        "kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+    ),
+    (
+        "prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in tokens.",
+    ),
+    (
+        "prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in tokens.",
+    ),
+];
+
+/// The metrics of [`Totals`], in its order.
+const TOTALS: [(&str, &str, &str); 3] = [
+    (
+        "prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+    ),
+    (
+        "generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+    ),
+    (
+        "request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+    ),
+];
+
 /// Renders the Prometheus text for `model`.
 pub fn render(model: &str, block_size: usize, cache_blocks: usize, s: &VllmStats) -> String {
     let ml = format!(
@@ -38,89 +86,42 @@ pub fn render(model: &str, block_size: usize, cache_blocks: usize, s: &VllmStats
         model.replace('\\', "\\\\").replace('"', "\\\"")
     );
     let mut out = String::new();
-    let mut put = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
+    let mut put = |(name, kind, help): (&str, &str, &str), labels: &str, value: String| {
         let _ = writeln!(
             out,
             "# HELP vllm:{name} {help}\n# TYPE vllm:{name} {kind}\nvllm:{name}{{{labels}}} {value}"
         );
     };
-    let running = s.running.to_string();
-    put(
-        "num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        &ml,
-        running,
-    );
-    let waiting = s.waiting.to_string();
-    put(
-        "num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        &ml,
-        waiting,
-    );
-    let usage = s.kv_usage.to_string();
-    put(
-        "kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        &ml,
-        usage,
-    );
-    let q = s.prefix_queries.to_string();
-    put(
-        "prefix_cache_queries_total",
-        "counter",
-        "Prefix cache queries, in tokens.",
-        &ml,
-        q,
-    );
-    let h = s.prefix_hits.to_string();
-    put(
-        "prefix_cache_hits_total",
-        "counter",
-        "Prefix cache hits, in tokens.",
-        &ml,
-        h,
-    );
+    let values = [
+        s.running.to_string(),
+        s.waiting.to_string(),
+        s.kv_usage.to_string(),
+        s.prefix_queries.to_string(),
+        s.prefix_hits.to_string(),
+    ];
+    for (meta, value) in GAUGES.into_iter().zip(values) {
+        put(meta, &ml, value);
+    }
     if let Some(t) = s.totals {
-        let help = "Number of prefill tokens processed.";
-        put(
-            "prompt_tokens_total",
-            "counter",
-            help,
-            &ml,
-            t.prompt_tokens.to_string(),
-        );
-        let help = "Number of generation tokens processed.";
-        put(
-            "generation_tokens_total",
-            "counter",
-            help,
-            &ml,
-            t.generation_tokens.to_string(),
-        );
-        let labels = format!("{ml},finished_reason=\"length\"");
-        let help = "Count of successfully processed requests.";
-        put(
-            "request_success_total",
-            "counter",
-            help,
-            &labels,
-            t.requests.to_string(),
-        );
+        let finished = format!("{ml},finished_reason=\"length\"");
+        let rows = [
+            (&ml, t.prompt_tokens),
+            (&ml, t.generation_tokens),
+            (&finished, t.requests),
+        ];
+        for (meta, (labels, value)) in TOTALS.into_iter().zip(rows) {
+            put(meta, labels, value.to_string());
+        }
     }
     let info = format!(
         "block_size=\"{block_size}\",num_gpu_blocks=\"{cache_blocks}\",enable_prefix_caching=\"True\",cache_dtype=\"auto\""
     );
-    put(
+    let meta = (
         "cache_config_info",
         "gauge",
         "Information of the LLMEngine CacheConfig.",
-        &info,
-        "1.0".into(),
     );
+    put(meta, &info, "1.0".into());
     out
 }
 

@@ -1,11 +1,7 @@
-//! The one DNS resolver setup of both ends (hickory-resolver): the router's
-//! `discovery: - dns:` provider and the agent's `--router dns://NAME:PORT`.
-//!
-//! It caches nothing (each round asks the nameserver, so a change is seen
-//! within one interval whatever the records' TTL), tries the nameserver
-//! once per query within `timeout`, and with an explicit nameserver reads
-//! neither `/etc/resolv.conf` nor the hosts file (tests point it at a DNS
-//! server on 127.0.0.1).
+//! The one DNS resolver setup of both ends (the router's `dns:` discovery and the
+//! agent's `dns://` routers): uncached, so a change is seen within one interval
+//! whatever the TTL; one try per query within `timeout`; an explicit nameserver
+//! reads neither `/etc/resolv.conf` nor the hosts file.
 
 use hickory_resolver::config::{NameServerConfigGroup, ResolveHosts, ResolverConfig};
 use hickory_resolver::name_server::TokioConnectionProvider;

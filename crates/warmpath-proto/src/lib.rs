@@ -1,18 +1,7 @@
-//! warmpath-proto: the agent -> router protocol, `warmpath.v1`.
-//!
-//! The source of truth, with the semantics of every field (sequence numbers,
-//! snapshots, epochs, tiers, auth), is `proto/warmpath/v1/cache_events.proto` at
-//! the repository root. This crate compiles it with `tonic-prost-build` and
-//! `protox` (no system `protoc`) and adds a few helpers both sides share.
-//!
-//! - [`v1`]: the generated messages, the `CacheEvents` client and server.
-//! - [`AUTHORIZATION`], [`bearer`], [`check_bearer`], [`bearer_token`]: the
-//!   token metadata; [`worker_token`]: the per-worker credential.
-//! - [`MAX_SNAPSHOT_CHUNK_BLOCKS`], [`snapshot_chunks`]: how the agent cuts a snapshot into chunks.
-//! - [`error_chain`]: a transport error with its sources, for logs and errors.
-//! - [`dns`]: the resolver of the router's DNS discovery and the agent's
-//!   `dns://` router lists.
-//! - [`logging`]: how both binaries log (`--log-format text|json`, stderr).
+//! warmpath-proto: the agent -> router protocol, `warmpath.v1`, compiled from
+//! `proto/warmpath/v1/cache_events.proto` (the source of truth for every field's
+//! semantics) with `protox` (no system `protoc`), plus the helpers both sides
+//! share: bearer tokens, snapshot chunks, error chains, DNS and logging.
 
 /// Generated code for package `warmpath.v1`.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
@@ -84,11 +73,6 @@ pub fn bearer_token(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
         .strip_prefix("Bearer ")
 }
 
-/// Whether `metadata` carries `authorization: Bearer <expected>`.
-pub fn check_bearer(metadata: &tonic::metadata::MetadataMap, expected: &str) -> bool {
-    bearer_token(metadata).is_some_and(|t| same_token(t, expected))
-}
-
 /// Compares in constant time over the bytes, so a check does not leak how
 /// much of a guess was right.
 pub fn same_token(a: &str, b: &str) -> bool {
@@ -140,47 +124,19 @@ pub fn fact_key(secret: &str) -> [u8; 32] {
 
 /// The mac of `fact` under `key`: HMAC-SHA256 of the fact encoded with its
 /// `mac` empty (prost encodes fields in tag order, so equal facts encode
-/// alike in every build). A fact still unsigned is encoded as it is.
+/// alike in every build).
 pub fn fact_mac(key: &[u8; 32], fact: &v1::Decided) -> Vec<u8> {
     use prost::Message;
-    let bare = if fact.mac.is_empty() {
-        fact.encode_to_vec()
-    } else {
-        v1::Decided {
-            mac: Vec::new(),
-            ..fact.clone()
-        }
-        .encode_to_vec()
+    let bare = v1::Decided {
+        mac: Vec::new(),
+        ..fact.clone()
     };
-    hmac_sha256(key, &[&bare]).to_vec()
+    hmac_sha256(key, &[&bare.encode_to_vec()]).to_vec()
 }
 
 /// Whether `fact` carries its mac under `key` (compared in constant time).
 pub fn fact_signed(key: &[u8; 32], fact: &v1::Decided) -> bool {
     same_bytes(&fact_mac(key, fact), &fact.mac)
-}
-
-impl v1::Tier {
-    /// Maps vLLM's `medium` string ("GPU", "CPU", "STORAGE"; "DISK" accepted too;
-    /// case-insensitive). `None` for anything else.
-    pub fn from_vllm_medium(medium: &str) -> Option<Self> {
-        match medium.to_ascii_uppercase().as_str() {
-            "GPU" => Some(v1::Tier::Gpu),
-            "CPU" => Some(v1::Tier::Cpu),
-            "STORAGE" | "DISK" => Some(v1::Tier::Disk),
-            _ => None,
-        }
-    }
-
-    /// Short lowercase name: `gpu`, `cpu`, `disk` (`unspecified` for 0).
-    pub fn short_name(self) -> &'static str {
-        match self {
-            v1::Tier::Unspecified => "unspecified",
-            v1::Tier::Gpu => "gpu",
-            v1::Tier::Cpu => "cpu",
-            v1::Tier::Disk => "disk",
-        }
-    }
 }
 
 /// `e` and its sources, joined by `: ` (tonic's own text is often just
@@ -262,15 +218,13 @@ mod tests {
     use prost::Message;
 
     #[test]
-    fn bearer_check_accepts_only_the_exact_token() {
+    fn bearer_token_reads_only_a_bearer_header() {
         let mut md = tonic::metadata::MetadataMap::new();
-        assert!(!check_bearer(&md, "s3cret"), "missing header refused");
+        assert_eq!(bearer_token(&md), None, "missing header");
         md.insert(AUTHORIZATION, bearer("s3cret").parse().unwrap());
-        assert!(check_bearer(&md, "s3cret"));
-        assert!(!check_bearer(&md, "s3cre"));
-        assert!(!check_bearer(&md, "s3cret!"));
+        assert_eq!(bearer_token(&md), Some("s3cret"));
         md.insert(AUTHORIZATION, "Basic s3cret".parse().unwrap());
-        assert!(!check_bearer(&md, "s3cret"));
+        assert_eq!(bearer_token(&md), None);
     }
 
     #[test]
@@ -293,15 +247,6 @@ mod tests {
             .iter()
             .all(|c| c.seq == 7 && c.total_blocks == blocks.len() as u64));
         assert!(!snapshot_chunks(7, &blocks, false)[1].prefix_closed);
-    }
-
-    #[test]
-    fn tiers_from_vllm_medium() {
-        assert_eq!(Tier::from_vllm_medium("GPU"), Some(Tier::Gpu));
-        assert_eq!(Tier::from_vllm_medium("cpu"), Some(Tier::Cpu));
-        assert_eq!(Tier::from_vllm_medium("STORAGE"), Some(Tier::Disk));
-        assert_eq!(Tier::from_vllm_medium("tape"), None);
-        assert_eq!(Tier::Disk.short_name(), "disk");
     }
 
     #[test]

@@ -1,28 +1,9 @@
-//! An OpenAI chat or completion request, reduced to what routing needs.
-//!
-//! [`Request`] borrows from the body's bytes ([`Request::parse`]: one serde
-//! walk over the JSON, no [`serde_json::Value`] tree, every string without
-//! escapes borrowed; see `walk.rs`), from a parsed [`serde_json::Value`]
-//! ([`Request::from_value`], the same walk), or owns its data
-//! ([`Request::from_slice`], [`Request::into_owned`]). Only the
-//! fields that routing, prefix hashing and tokenization read are kept; the
-//! router forwards the original body untouched (apart from `cache_salt`).
-//!
-//! Accepted shapes (the ones vLLM accepts):
-//! - `model`: string, required.
-//! - `stream`: boolean or null (absent = false).
-//! - chat: `messages`, a non-empty array of objects with a string `role` and a
-//!   `content` that is a string, null/absent, or an array of parts where only
-//!   `{"type":"text","text":...}` parts count (other part types are skipped).
-//!   `add_generation_prompt` (default true), `continue_final_message` (default
-//!   false), `tools` and `chat_template_kwargs` are kept for template rendering.
-//! - completion: `prompt`, a string, a non-empty array of strings, a non-empty
-//!   array of token ids, or a non-empty array of non-empty arrays of token ids.
-//! - `prompt_cache_key`, `cache_salt`: string or null.
-//! - `max_completion_tokens`, else `max_tokens`: non-negative integer or null.
-//!
-//! The other endpoints' bodies (embeddings, responses, tokenize,
-//! detokenize) are read by [`surface`] into the same [`Request`].
+//! An OpenAI chat or completion request, reduced to what routing, prefix hashing
+//! and tokenization read. [`Request`] borrows from the body's bytes
+//! ([`Request::parse`], one serde walk, see `walk.rs`), from a parsed
+//! [`serde_json::Value`] ([`Request::from_value`], the same walk), or owns its
+//! data. The shapes accepted (vLLM's) are listed in docs/tokenization.md; the
+//! other endpoints' bodies are read by [`surface`].
 
 use serde_json::{Map, Value};
 use std::borrow::Cow;
@@ -59,13 +40,6 @@ pub enum RequestError {
     UnknownKind,
 }
 
-impl RequestError {
-    /// Whether sending the same body again could succeed: never.
-    pub fn is_retryable(&self) -> bool {
-        false
-    }
-}
-
 /// Which kind of body the endpoint takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
@@ -80,7 +54,6 @@ pub enum Expect {
 /// A parsed request; `'a` borrows from the JSON value it was read from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Request<'a> {
-    /// The `model` field.
     pub model: Cow<'a, str>,
     /// The `stream` field (false when absent or null).
     pub stream: bool,
@@ -97,9 +70,7 @@ pub struct Request<'a> {
 /// What the request asks the model to continue.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RequestBody<'a> {
-    /// A chat request.
     Chat(ChatBody<'a>),
-    /// A completion request.
     Completion(Prompt<'a>),
 }
 
@@ -121,7 +92,6 @@ pub struct ChatBody<'a> {
 /// One chat message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Message<'a> {
-    /// `role`.
     pub role: Cow<'a, str>,
     /// `content`, reduced to its text.
     pub content: Content<'a>,
@@ -168,7 +138,6 @@ impl Content<'_> {
 /// A completion prompt.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Prompt<'a> {
-    /// One string.
     Text(Cow<'a, str>),
     /// A batch of strings (never empty).
     Texts(Vec<Cow<'a, str>>),
@@ -181,9 +150,7 @@ pub enum Prompt<'a> {
 /// The first prompt of a completion request: what routing looks at for a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FirstPrompt<'p> {
-    /// A text prompt.
     Text(&'p str),
-    /// A token-id prompt.
     Ids(&'p [u32]),
 }
 
@@ -260,11 +227,6 @@ impl<'a> Request<'a> {
             Some((v, src)) => TenantId::parse(v, src).map(Some),
             None => Ok(None),
         }
-    }
-
-    /// Whether this is a chat request.
-    pub fn is_chat(&self) -> bool {
-        matches!(self.body, RequestBody::Chat(_))
     }
 }
 

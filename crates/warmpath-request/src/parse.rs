@@ -77,7 +77,7 @@ fn read<'a>(top: Node<'a, (), Top<'a>>, expect: Expect) -> Result<Request<'a>, R
     })
 }
 
-fn wrong(field: impl Into<String>, expected: &'static str) -> RequestError {
+pub(super) fn wrong(field: impl Into<String>, expected: &'static str) -> RequestError {
     RequestError::WrongType {
         field: field.into(),
         expected,

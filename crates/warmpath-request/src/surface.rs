@@ -1,55 +1,27 @@
-//! The rest of vLLM's OpenAI surface: `/v1/embeddings`, `/v1/responses`,
-//! `/tokenize`, `/detokenize` and the pooling endpoints (`/pooling`,
-//! `/classify`, `/score`, `/v1/score`, `/rerank`, `/v1/rerank`,
-//! `/v2/rerank`), reduced to what routing needs.
-//!
-//! [`Surface::parse`] reads the body's `model` (optional, as in vLLM: the
-//! router then takes its only pool) and, where the body carries a prompt, a
-//! chat or completion [`Request`] to route it by:
-//! - embeddings: `messages` (vLLM's chat embeddings), else `input` in any
-//!   completion-prompt shape;
-//! - responses: `instructions` as a first system message, then `input`, a
-//!   string (one user message) or an array of items; items with a `role`
-//!   count, their `content` a string or parts whose `text` counts; other
-//!   items (tool calls, reasoning, references) are skipped, as they only
-//!   refer to earlier turns;
-//! - tokenize: `messages`, else `prompt`;
-//! - detokenize: no prompt; `tokens` must be an array of token ids;
-//! - the pooling endpoints: no prompt (their pairs and documents are scored,
-//!   not continued: nothing to keep warm); the engine checks their fields.
-//!
-//! The body itself is forwarded untouched; these requests are not the hot
-//! path, so they are read through a [`Value`] tree.
+//! The rest of vLLM's OpenAI surface (embeddings, responses, tokenize,
+//! detokenize and the pooling endpoints), reduced to what routing needs: the
+//! optional `model` and, where the body carries a prompt, a [`Request`] to route
+//! it by (the shapes: docs/tokenization.md). Not the hot path, so these bodies
+//! are read through a [`Value`] tree.
 
-use super::parse::{ids, parse_prompt};
+use super::parse::{ids, parse_prompt, wrong};
 use super::{ChatBody, Content, Expect, Message, Request, RequestBody, RequestError};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 
-/// Which endpoint a body was sent to.
+/// Which endpoint a body was sent to ([`Endpoint::path`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
-    /// `POST /v1/embeddings`.
     Embeddings,
-    /// `POST /v1/responses`.
     Responses,
-    /// `POST /tokenize`.
     Tokenize,
-    /// `POST /detokenize`.
     Detokenize,
-    /// `POST /pooling`.
     Pooling,
-    /// `POST /classify`.
     Classify,
-    /// `POST /score`.
     Score,
-    /// `POST /v1/score`.
     ScoreV1,
-    /// `POST /rerank`.
     Rerank,
-    /// `POST /v1/rerank`.
     RerankV1,
-    /// `POST /v2/rerank`.
     RerankV2,
 }
 
@@ -95,7 +67,6 @@ impl Endpoint {
 /// What routing reads from one of these bodies.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Surface {
-    /// The `model` field, when given.
     pub model: Option<String>,
     /// The prompt as a chat or completion request (its `model` is the
     /// body's, or empty until the caller sets the pool's), or `None` when
@@ -180,13 +151,6 @@ pub fn response_id(id: &str, field: &'static str) -> Result<String, RequestError
             field,
             "a response id (1 to 256 ASCII letters, digits, `-`, `_`, `.` or `:`)",
         ))
-    }
-}
-
-fn wrong(field: impl Into<String>, expected: &'static str) -> RequestError {
-    RequestError::WrongType {
-        field: field.into(),
-        expected,
     }
 }
 
@@ -393,7 +357,7 @@ mod tests {
             Endpoint::Embeddings,
         )
         .unwrap();
-        assert!(s.prompt.unwrap().is_chat());
+        assert!(matches!(s.prompt.unwrap().body, RequestBody::Chat(_)));
     }
 
     #[test]
@@ -516,7 +480,7 @@ mod tests {
     #[test]
     fn tokenize_takes_a_prompt_or_messages() {
         let s = parse(json!({"model": "m", "prompt": "abc"}), Endpoint::Tokenize).unwrap();
-        assert!(!s.prompt.unwrap().is_chat());
+        assert!(matches!(s.prompt.unwrap().body, RequestBody::Completion(_)));
         let s = parse(
             json!({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false}),
             Endpoint::Tokenize,

@@ -1,18 +1,9 @@
 //! The one walk over a request's JSON: serde, borrowing, never failing on shape.
-//!
-//! Every field routing reads is taken as a [`Node`]: null, a bool, a string
-//! (borrowed from the input unless it holds escapes), a number, or an array
-//! or object read by the field's own [`FromSeq`] / [`FromMap`] shape. A
-//! value of an unexpected kind is consumed and recorded as such, never an
-//! error, so the walk always reaches the end of the body: its only errors are
-//! the JSON's own, and `super::parse` reports shape errors afterwards, in a
-//! fixed order, whatever order the keys came in. Other values are skipped
-//! without being built ([`IgnoredAny`]). A repeated key keeps its last value,
-//! as in a [`Value`].
-//!
-//! The walk runs over any serde deserializer: the body's bytes
-//! ([`Request::parse`](super::Request::parse)) or a parsed [`Value`]
-//! ([`Request::from_value`](super::Request::from_value)), so both read the same.
+//! Every field routing reads is a [`Node`] (null, bool, string borrowed unless it
+//! holds escapes, number, or an array/object read by its [`FromSeq`] / [`FromMap`]
+//! shape); a value of an unexpected kind is recorded, never an error, so
+//! `super::parse` reports shape errors in a fixed order whatever the key order.
+//! Other values are skipped ([`IgnoredAny`]); a repeated key keeps its last value.
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};

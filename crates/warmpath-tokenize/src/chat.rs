@@ -1,9 +1,10 @@
 //! [`ChatTokenizer`]: request -> token ids, the way vLLM computes them.
 
 use super::error::TokenizeError;
-use super::fast::{CacheConfig, CacheStats, FastPath};
+use super::fast::{CacheConfig, FastPath};
 use super::files::TokenizerFiles;
 use super::template::ChatTemplate;
+use super::weighted_lru::CacheStats;
 use std::path::Path;
 use std::str::FromStr;
 use tokenizers::Tokenizer;
@@ -51,7 +52,6 @@ impl ChatTokenizer {
         Self::new(&TokenizerFiles::load(path)?, CacheConfig::default())
     }
 
-    /// The underlying `tokenizers` tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -59,20 +59,6 @@ impl ChatTokenizer {
     /// Whether chat requests can be rendered.
     pub fn has_chat_template(&self) -> bool {
         self.template.is_some()
-    }
-
-    /// Whether texts take the fast path (and its memo). False when
-    /// tokenizer.json sets truncation or padding, has added tokens the fast
-    /// cut does not mirror, or a post-processor that does more than wrap:
-    /// then every text goes to the library whole, which is always exact.
-    pub fn fast_path_active(&self) -> bool {
-        self.fast.is_some()
-    }
-
-    /// Whether long pieces are cut into chunks, so that a repeated document
-    /// with a new tail is encoded only from its tail (`super::fast::chunks`).
-    pub fn chunks_long_pieces(&self) -> bool {
-        self.fast.as_ref().is_some_and(FastPath::chunks_pieces)
     }
 
     /// The chunk memo's counters (zero without the fast path).
@@ -271,7 +257,7 @@ mod tests {
             min_segment_bytes: 256,
             capacity_tokens: 1 << 20,
         });
-        assert!(t.fast_path_active() && t.chunks_long_pieces());
+        assert!(t.fast.as_ref().is_some_and(FastPath::chunks_pieces));
         let system = tiny::corpus_slice(0, 3000);
         let mut misses = Vec::new();
         for q in ["first question?", "second question?", "third?"] {
@@ -305,7 +291,7 @@ mod tests {
             "rstrip": false, "normalized": false, "special": false}));
         let files = TokenizerFiles::from_strings(doc.to_string(), None).unwrap();
         let t = ChatTokenizer::new(&files, small_segments()).unwrap();
-        assert!(!t.fast_path_active());
+        assert!(t.fast.is_none());
         let text = "<|eot_id|>cat concatenate the cat<|eot_id|>";
         assert_eq!(
             t.encode_text(text, true).unwrap(),
@@ -332,7 +318,7 @@ mod tests {
             json!({"id": tiny::EOT_ID, "ids": [tiny::EOT_ID_ID], "tokens": [tiny::EOT_ID]});
         let files = TokenizerFiles::from_strings(doc.to_string(), None).unwrap();
         let t = ChatTokenizer::new(&files, small_segments()).unwrap();
-        assert!(t.fast_path_active());
+        assert!(t.fast.is_some());
         let text = format!("{}<|eot_id|>tail", tiny::corpus_slice(0, 300));
         let ids = t.encode_text(&text, true).unwrap();
         assert_eq!(ids, t.encode_text_uncached(&text, true).unwrap());

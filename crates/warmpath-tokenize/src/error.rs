@@ -3,41 +3,28 @@
 use std::path::PathBuf;
 use thiserror::Error;
 
-/// Why loading a tokenizer or tokenizing a request failed.
-///
-/// Load-time variants ([`Io`](Self::Io), [`ConfigJson`](Self::ConfigJson),
-/// [`BadConfig`](Self::BadConfig), [`Load`](Self::Load),
-/// [`TemplateSyntax`](Self::TemplateSyntax)) are configuration errors: retrying
-/// does not help until the files are fixed. Per-request variants are described
-/// by [`TokenizeError::is_client_error`].
+/// Why loading a tokenizer or tokenizing a request failed. Load-time variants are
+/// configuration errors (retrying does not help until the files are fixed); see
+/// [`TokenizeError::is_client_error`] for the per-request ones.
 #[derive(Debug, Error)]
 pub enum TokenizeError {
     /// A file could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Io {
-        /// The file.
         path: PathBuf,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
     /// A JSON file (tokenizer_config.json, chat_template.json) is not valid JSON.
     #[error("{} is not valid JSON: {source}", path.display())]
     ConfigJson {
-        /// The file (or `<memory>`).
         path: PathBuf,
-        /// The parse error.
         #[source]
         source: serde_json::Error,
     },
     /// A configuration field has an unexpected shape.
     #[error("{}: {reason}", path.display())]
-    BadConfig {
-        /// The file (or `<memory>`).
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
+    BadConfig { path: PathBuf, reason: String },
     /// tokenizer.json could not be loaded by the `tokenizers` library.
     #[error("cannot load tokenizer.json: {0}")]
     Load(#[source] tokenizers::Error),

@@ -7,13 +7,9 @@ use std::path::{Path, PathBuf};
 /// The special tokens a chat template may refer to (`bos_token`, ...), as strings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SpecialTokens {
-    /// `bos_token`.
     pub bos: Option<String>,
-    /// `eos_token`.
     pub eos: Option<String>,
-    /// `unk_token`.
     pub unk: Option<String>,
-    /// `pad_token`.
     pub pad: Option<String>,
 }
 
@@ -21,14 +17,11 @@ pub struct SpecialTokens {
 /// special tokens from tokenizer_config.json.
 #[derive(Clone, Debug)]
 pub struct TokenizerFiles {
-    /// The text of tokenizer.json.
     pub tokenizer_json: String,
     /// The default chat template, if the model has one.
     pub chat_template: Option<String>,
     /// Special tokens named in tokenizer_config.json.
     pub special_tokens: SpecialTokens,
-    /// Where it was loaded from (`None` when built in memory).
-    pub source: Option<PathBuf>,
 }
 
 fn read(path: &Path) -> Result<String, TokenizeError> {
@@ -47,15 +40,10 @@ fn read_optional(path: &Path) -> Result<Option<String>, TokenizeError> {
 }
 
 impl TokenizerFiles {
-    /// Loads from `path`, which is either a folder holding `tokenizer.json` or a
-    /// `tokenizer.json` file itself. Beside tokenizer.json, these are read when
-    /// present: `tokenizer_config.json` (special tokens and `chat_template`, a
-    /// string or a list of `{name, template}` of which `default` is used),
-    /// `chat_template.json` (`{"chat_template": ...}`) and `chat_template.jinja`.
-    /// The template is taken from, in order of precedence: `chat_template.jinja`,
-    /// `chat_template.json`, `tokenizer_config.json`.
-    ///
-    /// This reads files: call it at start-up, not per request.
+    /// Loads from a folder holding `tokenizer.json`, or that file itself, with
+    /// `tokenizer_config.json` (special tokens, `chat_template`) when present;
+    /// the template is taken first from `chat_template.jinja`, then
+    /// `chat_template.json`, then `tokenizer_config.json`. Start-up only.
     pub fn load(path: &Path) -> Result<Self, TokenizeError> {
         let (dir, tokenizer_path) = if path.is_dir() {
             (path.to_owned(), path.join("tokenizer.json"))
@@ -81,7 +69,6 @@ impl TokenizerFiles {
         if let Some(t) = read_optional(&dir.join("chat_template.jinja"))? {
             files.chat_template = Some(t);
         }
-        files.source = Some(path.to_owned());
         Ok(files)
     }
 
@@ -94,12 +81,6 @@ impl TokenizerFiles {
         Self::parse(tokenizer_json, tokenizer_config_json, Path::new("<memory>"))
     }
 
-    /// Replaces the chat template.
-    pub fn with_chat_template(mut self, template: impl Into<String>) -> Self {
-        self.chat_template = Some(template.into());
-        self
-    }
-
     fn parse(
         tokenizer_json: String,
         config: Option<&str>,
@@ -109,7 +90,6 @@ impl TokenizerFiles {
             tokenizer_json,
             chat_template: None,
             special_tokens: SpecialTokens::default(),
-            source: None,
         };
         let Some(config) = config else {
             return Ok(files);

@@ -22,29 +22,9 @@ pub(crate) fn strftime_now(format: String) -> Result<String, Error> {
     strftime(&format, secs)
 }
 
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-const DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
+const MONTHS: &str =
+    "January February March April May June July August September October November December";
+const DAYS: &str = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday";
 
 /// Formats `secs` since the Unix epoch (UTC).
 pub(crate) fn strftime(format: &str, secs: u64) -> Result<String, Error> {
@@ -61,7 +41,8 @@ pub(crate) fn strftime(format: &str, secs: u64) -> Result<String, Error> {
             out.push(c);
             continue;
         }
-        let month_name = MONTHS[(month - 1) as usize];
+        let month_name = MONTHS.split(' ').nth((month - 1) as usize).unwrap_or("");
+        let day_name = DAYS.split(' ').nth(weekday).unwrap_or("");
         // Writing to a String cannot fail.
         let _ = match chars.next() {
             Some('Y') => write!(out, "{year}"),
@@ -75,9 +56,9 @@ pub(crate) fn strftime(format: &str, secs: u64) -> Result<String, Error> {
             Some('M') => write!(out, "{minute:02}"),
             Some('S') => write!(out, "{second:02}"),
             Some('p') => write!(out, "{}", if hour < 12 { "AM" } else { "PM" }),
-            Some('a') => write!(out, "{}", &DAYS[weekday][..3]),
-            Some('A') => write!(out, "{}", DAYS[weekday]),
-            Some('b') | Some('h') => write!(out, "{}", &month_name[..3]),
+            Some('a') => write!(out, "{}", day_name.get(..3).unwrap_or("")),
+            Some('A') => write!(out, "{day_name}"),
+            Some('b') | Some('h') => write!(out, "{}", month_name.get(..3).unwrap_or("")),
             Some('B') => write!(out, "{month_name}"),
             Some('%') => write!(out, "%"),
             other => {

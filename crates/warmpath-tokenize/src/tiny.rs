@@ -1,19 +1,8 @@
-//! A small but real tokenizer, generated deterministically: byte-level BPE in
-//! the style of Llama 3 (same pre-tokenizer regex, byte-level alphabet, special
-//! tokens and chat template), with a vocabulary of exactly [`VOCAB_SIZE`] ids.
-//!
-//! Layout of the ids:
-//! - `0..256`: the 256 bytes, in byte order, written in GPT-2's byte-to-unicode
-//!   alphabet;
-//! - `256..1019`: [`NUM_MERGES`] merged tokens, learned by a plain BPE trainer
-//!   (most frequent pair first, ties broken by the lower pair of ids) on the
-//!   embedded English corpus `tiny_corpus.txt`;
-//! - `1019..1024`: the special tokens [`BEGIN_OF_TEXT`], [`END_OF_TEXT`],
-//!   [`START_HEADER_ID`], [`END_HEADER_ID`], [`EOT_ID`].
-//!
-//! Completions get `<|begin_of_text|>` prepended by the post-processor; chats
-//! get it from the template. Everything is computed from constants, so
-//! [`tokenizer_json`] and [`write_model_dir`] are byte-identical on every run.
+//! A small but real tokenizer, generated deterministically: byte-level BPE in the
+//! style of Llama 3 (its pre-tokenizer regex, special tokens and chat template).
+//! Ids: `0..256` the bytes in GPT-2's alphabet, then [`NUM_MERGES`] merges learned
+//! on `tiny_corpus.txt` (most frequent pair first, ties to the lower pair), then
+//! the 5 [`SPECIAL_TOKENS`]; [`tokenizer_json`] is byte-identical on every run.
 
 use super::error::TokenizeError;
 use super::fast::byte_alphabet;
@@ -31,11 +20,8 @@ pub const NUM_MERGES: usize = 763;
 pub const VOCAB_SIZE: usize = 256 + NUM_MERGES + SPECIAL_TOKENS.len();
 /// `<|begin_of_text|>`, the BOS token.
 pub const BEGIN_OF_TEXT: &str = "<|begin_of_text|>";
-/// `<|end_of_text|>`.
 pub const END_OF_TEXT: &str = "<|end_of_text|>";
-/// `<|start_header_id|>`.
 pub const START_HEADER_ID: &str = "<|start_header_id|>";
-/// `<|end_header_id|>`.
 pub const END_HEADER_ID: &str = "<|end_header_id|>";
 /// `<|eot_id|>`, the end of a turn and the EOS token of the chat model.
 pub const EOT_ID: &str = "<|eot_id|>";
@@ -49,12 +35,6 @@ pub const SPECIAL_TOKENS: [&str; 5] = [
 ];
 /// Id of `<|begin_of_text|>`.
 pub const BOS_ID: u32 = (256 + NUM_MERGES) as u32;
-/// Id of `<|end_of_text|>`.
-pub const END_OF_TEXT_ID: u32 = BOS_ID + 1;
-/// Id of `<|start_header_id|>`.
-pub const START_HEADER_ID_ID: u32 = BOS_ID + 2;
-/// Id of `<|end_header_id|>`.
-pub const END_HEADER_ID_ID: u32 = BOS_ID + 3;
 /// Id of `<|eot_id|>`, the EOS id.
 pub const EOT_ID_ID: u32 = BOS_ID + 4;
 
@@ -349,8 +329,12 @@ mod tests {
         let chat = t
             .encode("<|start_header_id|>user<|end_header_id|>", false)
             .unwrap();
-        assert_eq!(chat.get_ids()[0], START_HEADER_ID_ID);
-        assert_eq!(*chat.get_ids().last().unwrap(), END_HEADER_ID_ID);
+        assert_eq!(chat.get_ids()[0], BOS_ID + 2, "<|start_header_id|>");
+        assert_eq!(
+            *chat.get_ids().last().unwrap(),
+            BOS_ID + 3,
+            "<|end_header_id|>"
+        );
     }
 
     proptest! {

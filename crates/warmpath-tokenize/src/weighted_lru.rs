@@ -1,10 +1,5 @@
-//! A bounded LRU of shared values made from text, for the tokenizer's chunk
-//! memo (token ids of a chunk of a long text).
-//!
-//! Keyed by the 128-bit xxh3 of the source bytes plus their length; bounded
-//! by the total size of the values held (ids, or bytes of text), least
-//! recently used out first. Making a value happens outside the lock, so
-//! concurrent misses for the same source may both make it (same result).
+//! A bounded LRU of token ids made from text (the chunk memo), keyed by the
+//! xxh3-128 of the source bytes plus their length, bounded by the total ids held. Values are made outside the lock, so concurrent misses may both make one.
 
 use lru::LruCache;
 use parking_lot::Mutex;
@@ -12,49 +7,38 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
-/// The size a value counts for against the bound.
-pub(crate) trait Size {
-    /// Elements (token ids, bytes) held.
-    fn size(&self) -> usize;
-}
-
-impl Size for str {
-    fn size(&self) -> usize {
-        self.len()
-    }
-}
-
-impl Size for [u32] {
-    fn size(&self) -> usize {
-        self.len()
-    }
-}
-
-/// Counters and sizes of a [`WeightedLru`].
+/// Counters of a memo cache (monotonic, except the two sizes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Counts {
+pub struct CacheStats {
+    /// Lookups that found their entry.
     pub hits: u64,
+    /// Lookups that did not (encoded, then kept when they fit).
     pub misses: u64,
+    /// Entries evicted to stay within capacity.
     pub evictions: u64,
+    /// Entries held now.
     pub entries: usize,
-    pub size: usize,
+    /// Token ids held now.
+    pub tokens: usize,
 }
 
-struct Inner<T: ?Sized> {
-    lru: LruCache<(u128, usize), Arc<T>>,
+#[derive(Debug)]
+struct Inner {
+    lru: LruCache<(u128, usize), Arc<[u32]>>,
     size: usize,
 }
 
-/// The cache (module docs).
-pub(crate) struct WeightedLru<T: ?Sized> {
+/// The cache (module docs), of token ids.
+#[derive(Debug)]
+pub(crate) struct WeightedLru {
     capacity: usize,
-    inner: Mutex<Inner<T>>,
+    inner: Mutex<Inner>,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
 }
 
-impl<T: ?Sized + Size> WeightedLru<T> {
+impl WeightedLru {
     /// A cache holding values of at most `capacity` in total.
     pub(crate) fn new(capacity: usize) -> Self {
         WeightedLru {
@@ -74,8 +58,8 @@ impl<T: ?Sized + Size> WeightedLru<T> {
     pub(crate) fn get_or_make<E>(
         &self,
         source: &[u8],
-        make: impl FnOnce() -> Result<Arc<T>, E>,
-    ) -> Result<Arc<T>, E> {
+        make: impl FnOnce() -> Result<Arc<[u32]>, E>,
+    ) -> Result<Arc<[u32]>, E> {
         let key = (xxh3_128(source), source.len());
         if let Some(v) = self.get(key) {
             return Ok(v);
@@ -86,7 +70,7 @@ impl<T: ?Sized + Size> WeightedLru<T> {
     }
 
     /// The value under `key` (a hit or a miss is counted).
-    pub(crate) fn get(&self, key: (u128, usize)) -> Option<Arc<T>> {
+    pub(crate) fn get(&self, key: (u128, usize)) -> Option<Arc<[u32]>> {
         let hit = self.inner.lock().lru.get(&key).map(Arc::clone);
         let counter = if hit.is_some() {
             &self.hits
@@ -99,20 +83,20 @@ impl<T: ?Sized + Size> WeightedLru<T> {
 
     /// Puts `v` under `key`, evicting least recently used values past the
     /// capacity; a value larger than the whole capacity is not kept.
-    pub(crate) fn insert(&self, key: (u128, usize), v: Arc<T>) {
-        let size = v.size();
+    pub(crate) fn insert(&self, key: (u128, usize), v: Arc<[u32]>) {
+        let size = v.len();
         if size > self.capacity {
             return;
         }
         let mut inner = self.inner.lock();
         if let Some(old) = inner.lru.put(key, v) {
-            inner.size -= old.size();
+            inner.size -= old.len();
         }
         inner.size += size;
         while inner.size > self.capacity {
             match inner.lru.pop_lru() {
                 Some((_, evicted)) => {
-                    inner.size -= evicted.size();
+                    inner.size -= evicted.len();
                     self.evictions.fetch_add(1, Ordering::Relaxed);
                 }
                 None => break,
@@ -125,14 +109,14 @@ impl<T: ?Sized + Size> WeightedLru<T> {
         self.capacity
     }
 
-    pub(crate) fn counts(&self) -> Counts {
+    pub(crate) fn stats(&self) -> CacheStats {
         let inner = self.inner.lock();
-        Counts {
+        CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             entries: inner.lru.len(),
-            size: inner.size,
+            tokens: inner.size,
         }
     }
 }

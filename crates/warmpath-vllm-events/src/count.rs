@@ -1,11 +1,6 @@
-//! Counting the values of a msgpack payload without building them.
-//!
-//! Why: the decoder builds the payload's value tree before it can check how
-//! many events, hashes and tokens it holds, and a value costs tens of bytes
-//! in memory against one byte on the wire (a `nil`). A payload under the
-//! byte cap could still ask for gigabytes; [`values_in`] walks the markers
-//! and lengths only, so the decoder refuses such a payload before building
-//! anything.
+//! Counting the values of a msgpack payload without building them: a built value
+//! costs tens of bytes against one on the wire (a `nil`), so the decoder refuses a
+//! payload of too many values before building anything.
 
 /// How many msgpack values `buf` holds (containers count themselves and
 /// their elements), stopping with `Err(n)` as soon as `n > max`. Cut-short

@@ -1,14 +1,7 @@
-//! Decoding vLLM's msgpack payloads into [`KvEventBatch`].
-//!
-//! Accepts both layouts vLLM has published:
-//! - positional arrays (<= 0.23): `["BlockStored", hashes, parent, tokens, block_size, ...]`,
-//!   any length from the first five fields on (fields were appended over releases);
-//! - `type`-tagged maps (>= 0.24): `{"type": "BlockStored", "block_hashes": ..., ...}`,
-//!   unknown keys ignored;
-//!
-//! with hashes as uint64, int64 or bin, and an outer batch of 2 (`[ts, events]`) or
-//! 3 (`[ts, events, rank]`) elements. Every malformed input is a [`DecodeError`],
-//! never a panic; sizes are capped by [`DecodeLimits`].
+//! Decoding vLLM's msgpack payloads into [`KvEventBatch`]: positional arrays
+//! (<= 0.23, any length from the first five fields on) or `type`-tagged maps
+//! (>= 0.24, unknown keys ignored), hashes as uint64, int64 or bin, and a batch
+//! of 2 or 3 elements. Malformed input is a [`DecodeError`], never a panic.
 
 use crate::event::{BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
 use rmpv::Value;
@@ -62,11 +55,8 @@ pub enum DecodeError {
     /// The payload (or a part of it) exceeds a [`DecodeLimits`] cap.
     #[error("kv-event payload: {what} is {len}, above the limit of {max}")]
     TooLarge {
-        /// What was too large.
         what: &'static str,
-        /// Its size.
         len: usize,
-        /// The cap.
         max: usize,
     },
     /// The structure is not what vLLM sends.
@@ -83,19 +73,14 @@ pub enum DecodeError {
     /// A required field is missing.
     #[error("kv-event payload: {event} lacks field {field}")]
     MissingField {
-        /// The event type.
         event: &'static str,
-        /// The field.
         field: &'static str,
     },
     /// A field has the wrong type or an out-of-range value.
     #[error("kv-event payload: {event}.{field} must be {expected} (got {got})")]
     BadField {
-        /// The event type.
         event: &'static str,
-        /// The field.
         field: &'static str,
-        /// What was expected.
         expected: &'static str,
         /// A short description of what was found.
         got: String,
@@ -103,11 +88,6 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    /// Always false: decoding is deterministic.
-    pub fn is_retryable(&self) -> bool {
-        false
-    }
-
     /// A stable short label for metrics (`reason` label).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -190,83 +170,131 @@ pub fn decode_batch_with(
     })
 }
 
-fn decode_event(v: Value, limits: &DecodeLimits) -> Result<KvEvent, DecodeError> {
-    match v {
-        Value::Array(items) => decode_array_event(items, limits),
-        Value::Map(entries) => decode_map_event(entries, limits),
-        other => Err(shape("an event must be an array or a map", &other)),
-    }
-}
-
 const STORED: &str = "BlockStored";
 const REMOVED: &str = "BlockRemoved";
 const CLEARED: &str = "AllBlocksCleared";
+/// The fields of the array form, in order (vLLM appended them over releases).
+const STORED_FIELDS: [&str; 11] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+];
+const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
-fn decode_array_event(items: Vec<Value>, limits: &DecodeLimits) -> Result<KvEvent, DecodeError> {
-    let mut it = items.into_iter();
-    let tag = it.next().unwrap_or(Value::Nil);
-    let Some(tag) = tag.as_str() else {
-        return Err(shape("an array event must start with its type name", &tag));
-    };
-    match tag {
-        STORED => {
-            let fields: Vec<Value> = it.collect();
-            if fields.len() < 4 {
-                return Err(DecodeError::Shape {
-                    what: "an array BlockStored needs at least 5 elements",
-                    got: format!("{} elements", fields.len() + 1),
-                });
-            }
-            let mut f = fields.into_iter();
-            let mut next = || f.next().unwrap_or(Value::Nil);
-            let block_hashes = hashes(STORED, "block_hashes", next(), limits)?;
-            let parent_block_hash = opt_hash(STORED, "parent_block_hash", next(), limits)?;
-            let token_ids = tokens(next(), limits)?;
-            let block_size = block_size(next())?;
-            Ok(KvEvent::BlockStored(BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_id: opt_int(STORED, "lora_id", next())?,
-                medium: opt_medium(STORED, next())?,
-                lora_name: opt_string(STORED, "lora_name", next())?,
-                extra_keys: opt_extra_keys(next())?,
-                group_idx: opt_int(STORED, "group_idx", next())?,
-                kv_cache_spec_kind: opt_string(STORED, "kv_cache_spec_kind", next())?,
-                kv_cache_spec_sliding_window: opt_int(
-                    STORED,
-                    "kv_cache_spec_sliding_window",
-                    next(),
-                )?,
-            }))
-        }
-        REMOVED => {
-            let mut next = || it.next().unwrap_or(Value::Nil);
-            let hashes_v = next();
-            if hashes_v.is_nil() {
-                return Err(DecodeError::MissingField {
-                    event: REMOVED,
-                    field: "block_hashes",
-                });
-            }
-            Ok(KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: hashes(REMOVED, "block_hashes", hashes_v, limits)?,
-                medium: opt_medium(REMOVED, next())?,
-                group_idx: opt_int(REMOVED, "group_idx", next())?,
-            }))
-        }
-        CLEARED => Ok(KvEvent::AllBlocksCleared),
-        other => Err(DecodeError::UnknownTag(truncate(other))),
+/// An event's fields by name, whichever form they came in, and its type (for
+/// errors).
+struct Fields {
+    event: &'static str,
+    items: Vec<(String, Value)>,
+}
+
+impl Fields {
+    fn take(&mut self, name: &str) -> Option<Value> {
+        let (_, v) = self.items.iter_mut().find(|(k, _)| k == name)?;
+        Some(std::mem::replace(v, Value::Nil))
+    }
+
+    fn req(&mut self, field: &'static str) -> Result<Value, DecodeError> {
+        let event = self.event;
+        self.take(field)
+            .ok_or(DecodeError::MissingField { event, field })
+    }
+
+    fn opt(&mut self, name: &str) -> Value {
+        self.take(name).unwrap_or(Value::Nil)
+    }
+
+    fn int(&mut self, field: &'static str) -> Result<Option<i64>, DecodeError> {
+        let v = self.opt(field);
+        opt_int(self.event, field, v)
+    }
+
+    fn string(&mut self, field: &'static str) -> Result<Option<String>, DecodeError> {
+        let v = self.opt(field);
+        opt_string(self.event, field, v)
+    }
+
+    fn medium(&mut self) -> Result<Option<Medium>, DecodeError> {
+        Ok(self.string("medium")?.map(|s| Medium::parse(&s)))
     }
 }
 
-fn decode_map_event(
-    entries: Vec<(Value, Value)>,
-    limits: &DecodeLimits,
-) -> Result<KvEvent, DecodeError> {
+fn decode_event(v: Value, limits: &DecodeLimits) -> Result<KvEvent, DecodeError> {
+    let (tag, items) = match v {
+        Value::Array(items) => array_fields(items)?,
+        Value::Map(entries) => map_fields(entries)?,
+        other => return Err(shape("an event must be an array or a map", &other)),
+    };
+    let event = match tag.as_str() {
+        STORED => STORED,
+        REMOVED => REMOVED,
+        CLEARED => return Ok(KvEvent::AllBlocksCleared),
+        other => return Err(DecodeError::UnknownTag(truncate(other))),
+    };
+    let mut f = Fields { event, items };
+    let block_hashes = f.req("block_hashes")?;
+    if event == REMOVED {
+        return Ok(KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: hashes(REMOVED, "block_hashes", block_hashes, limits)?,
+            medium: f.medium()?,
+            group_idx: f.int("group_idx")?,
+        }));
+    }
+    let tokens_v = f.req("token_ids")?;
+    let bs = f.req("block_size")?;
+    let parent = f.opt("parent_block_hash");
+    Ok(KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes(STORED, "block_hashes", block_hashes, limits)?,
+        parent_block_hash: opt_hash(STORED, "parent_block_hash", parent, limits)?,
+        token_ids: tokens(tokens_v, limits)?,
+        block_size: block_size(bs)?,
+        lora_id: f.int("lora_id")?,
+        medium: f.medium()?,
+        lora_name: f.string("lora_name")?,
+        extra_keys: opt_extra_keys(f.opt("extra_keys"))?,
+        group_idx: f.int("group_idx")?,
+        kv_cache_spec_kind: f.string("kv_cache_spec_kind")?,
+        kv_cache_spec_sliding_window: f.int("kv_cache_spec_sliding_window")?,
+    }))
+}
+
+/// `[tag, fields...]`, named by position.
+fn array_fields(items: Vec<Value>) -> Result<(String, Vec<(String, Value)>), DecodeError> {
+    let mut it = items.into_iter();
+    let tag = it.next().unwrap_or(Value::Nil);
+    let Some(tag) = tag.as_str().map(str::to_owned) else {
+        return Err(shape("an array event must start with its type name", &tag));
+    };
+    let values: Vec<Value> = it.collect();
+    let names: &[&str] = match tag.as_str() {
+        STORED if values.len() < 4 => {
+            return Err(DecodeError::Shape {
+                what: "an array BlockStored needs at least 5 elements",
+                got: format!("{} elements", values.len() + 1),
+            })
+        }
+        STORED => &STORED_FIELDS,
+        // A nil there is as good as absent.
+        REMOVED if values.first().is_none_or(Value::is_nil) => &[],
+        REMOVED => &REMOVED_FIELDS,
+        _ => &[],
+    };
+    let fields = names.iter().map(|n| (*n).to_owned()).zip(values).collect();
+    Ok((tag, fields))
+}
+
+/// `{"type": tag, name: value...}`; unknown keys are ignored.
+fn map_fields(entries: Vec<(Value, Value)>) -> Result<(String, Vec<(String, Value)>), DecodeError> {
     let mut tag = None;
-    let mut fields: Vec<(String, Value)> = Vec::with_capacity(entries.len());
+    let mut fields = Vec::with_capacity(entries.len());
     for (k, v) in entries {
         let Value::String(k) = k else {
             return Err(shape("map event keys must be strings", &k));
@@ -289,76 +317,10 @@ fn decode_map_event(
             got: "none".into(),
         });
     };
-    let Some(tag) = tag.as_str() else {
+    let Some(tag) = tag.as_str().map(str::to_owned) else {
         return Err(shape("the \"type\" of an event must be a string", &tag));
     };
-    let mut take = |name: &str| {
-        fields
-            .iter_mut()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| std::mem::replace(v, Value::Nil))
-    };
-    match tag {
-        STORED => {
-            let block_hashes = take("block_hashes").ok_or(DecodeError::MissingField {
-                event: STORED,
-                field: "block_hashes",
-            })?;
-            let tokens_v = take("token_ids").ok_or(DecodeError::MissingField {
-                event: STORED,
-                field: "token_ids",
-            })?;
-            let bs = take("block_size").ok_or(DecodeError::MissingField {
-                event: STORED,
-                field: "block_size",
-            })?;
-            let nil = Value::Nil;
-            let mut get = |name: &str| take(name).unwrap_or_else(|| nil.clone());
-            Ok(KvEvent::BlockStored(BlockStored {
-                block_hashes: hashes(STORED, "block_hashes", block_hashes, limits)?,
-                parent_block_hash: opt_hash(
-                    STORED,
-                    "parent_block_hash",
-                    get("parent_block_hash"),
-                    limits,
-                )?,
-                token_ids: tokens(tokens_v, limits)?,
-                block_size: block_size(bs)?,
-                lora_id: opt_int(STORED, "lora_id", get("lora_id"))?,
-                medium: opt_medium(STORED, get("medium"))?,
-                lora_name: opt_string(STORED, "lora_name", get("lora_name"))?,
-                extra_keys: opt_extra_keys(get("extra_keys"))?,
-                group_idx: opt_int(STORED, "group_idx", get("group_idx"))?,
-                kv_cache_spec_kind: opt_string(
-                    STORED,
-                    "kv_cache_spec_kind",
-                    get("kv_cache_spec_kind"),
-                )?,
-                kv_cache_spec_sliding_window: opt_int(
-                    STORED,
-                    "kv_cache_spec_sliding_window",
-                    get("kv_cache_spec_sliding_window"),
-                )?,
-            }))
-        }
-        REMOVED => {
-            let block_hashes = take("block_hashes").ok_or(DecodeError::MissingField {
-                event: REMOVED,
-                field: "block_hashes",
-            })?;
-            Ok(KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: hashes(REMOVED, "block_hashes", block_hashes, limits)?,
-                medium: opt_medium(REMOVED, take("medium").unwrap_or(Value::Nil))?,
-                group_idx: opt_int(
-                    REMOVED,
-                    "group_idx",
-                    take("group_idx").unwrap_or(Value::Nil),
-                )?,
-            }))
-        }
-        CLEARED => Ok(KvEvent::AllBlocksCleared),
-        other => Err(DecodeError::UnknownTag(truncate(other))),
-    }
+    Ok((tag, fields))
 }
 
 fn hash(
@@ -462,10 +424,6 @@ fn opt_string(
         },
         other => Err(bad(event, field, "a string or nil", &other)),
     }
-}
-
-fn opt_medium(event: &'static str, v: Value) -> Result<Option<Medium>, DecodeError> {
-    Ok(opt_string(event, "medium", v)?.map(|s| Medium::parse(&s)))
 }
 
 fn opt_extra_keys(v: Value) -> Result<Option<Vec<Value>>, DecodeError> {

@@ -1,18 +1,13 @@
-//! Encoding [`KvEventBatch`] as vLLM does, in either layout.
-//!
-//! The map form reproduces vLLM 0.33's bytes exactly (msgspec: `BlockStored` —
-//! a struct of more than 15 fields — always gets a map16 header; optional fields
-//! `extra_keys`, `group_idx`, `kv_cache_spec_*` are omitted when unset); the
-//! array form reproduces vLLM 0.23's (every field present, nil when unset).
-//! Integers use the shortest msgpack encoding, the timestamp is always float64.
-//! Writing into a `Vec<u8>` cannot fail, so the encoder is infallible.
+//! Encoding [`KvEventBatch`] as vLLM does: the map form byte-exact with vLLM 0.33
+//! (msgspec gives `BlockStored`, a struct of more than 15 fields, a map16 header
+//! and omits unset optional fields after `lora_name`), the array form with vLLM
+//! 0.23 (every field, nil when unset); shortest integers, float64 timestamps.
 
 use crate::event::{
     BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, PayloadForm,
 };
 use rmpv::Value;
 
-/// Encodes `batch` in `form`.
 pub fn encode_batch(batch: &KvEventBatch, form: PayloadForm) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(64 + batch.events.len() * 64));
     w.array_len(3);
@@ -152,47 +147,50 @@ impl Writer {
         self.0.push(0xc0);
     }
 
+    /// `marker`, then the low `width` bytes of `v`, big-endian.
+    fn marked(&mut self, marker: u8, v: u64, width: usize) {
+        self.0.push(marker);
+        self.0.extend_from_slice(&v.to_be_bytes()[8 - width..]);
+    }
+
     fn f64(&mut self, v: f64) {
-        self.0.push(0xcb);
-        self.0.extend_from_slice(&v.to_bits().to_be_bytes());
+        self.marked(0xcb, v.to_bits(), 8);
     }
 
     fn uint(&mut self, v: u64) {
-        let b = &mut self.0;
-        if v < 0x80 {
-            b.push(v as u8);
-        } else if v <= 0xff {
-            b.extend_from_slice(&[0xcc, v as u8]);
-        } else if v <= 0xffff {
-            b.push(0xcd);
-            b.extend_from_slice(&(v as u16).to_be_bytes());
-        } else if v <= 0xffff_ffff {
-            b.push(0xce);
-            b.extend_from_slice(&(v as u32).to_be_bytes());
-        } else {
-            b.push(0xcf);
-            b.extend_from_slice(&v.to_be_bytes());
+        match v {
+            0..0x80 => self.0.push(v as u8),
+            0x80..=0xff => self.marked(0xcc, v, 1),
+            0x100..=0xffff => self.marked(0xcd, v, 2),
+            0x1_0000..=0xffff_ffff => self.marked(0xce, v, 4),
+            _ => self.marked(0xcf, v, 8),
         }
     }
 
     fn int(&mut self, v: i64) {
+        // Two's complement: the low bytes of `v as u64` are `v` in that width.
+        let u = v as u64;
         if v >= 0 {
-            return self.uint(v as u64);
-        }
-        let b = &mut self.0;
-        if v >= -32 {
-            b.push(v as i8 as u8);
+            self.uint(u);
+        } else if v >= -32 {
+            self.0.push(v as i8 as u8);
         } else if v >= i64::from(i8::MIN) {
-            b.extend_from_slice(&[0xd0, v as i8 as u8]);
+            self.marked(0xd0, u, 1);
         } else if v >= i64::from(i16::MIN) {
-            b.push(0xd1);
-            b.extend_from_slice(&(v as i16).to_be_bytes());
+            self.marked(0xd1, u, 2);
         } else if v >= i64::from(i32::MIN) {
-            b.push(0xd2);
-            b.extend_from_slice(&(v as i32).to_be_bytes());
+            self.marked(0xd2, u, 4);
         } else {
-            b.push(0xd3);
-            b.extend_from_slice(&v.to_be_bytes());
+            self.marked(0xd3, u, 8);
+        }
+    }
+
+    /// A length in 1, 2 or 4 bytes after `m8`, `m16` or `m32` (str, bin, ext).
+    fn sized(&mut self, n: usize, m8: u8, m16: u8, m32: u8) {
+        match n {
+            0..=0xff => self.marked(m8, n as u64, 1),
+            0x100..=0xffff => self.marked(m16, n as u64, 2),
+            _ => self.marked(m32, n as u64, 4),
         }
     }
 
@@ -204,14 +202,10 @@ impl Writer {
     }
 
     fn len_header(&mut self, n: usize, fix: u8, fix_max: usize, m16: u8, m32: u8) {
-        if n <= fix_max {
-            self.0.push(fix | n as u8);
-        } else if n <= 0xffff {
-            self.0.push(m16);
-            self.0.extend_from_slice(&(n as u16).to_be_bytes());
-        } else {
-            self.0.push(m32);
-            self.0.extend_from_slice(&(n as u32).to_be_bytes());
+        match n {
+            _ if n <= fix_max => self.0.push(fix | n as u8),
+            0..=0xffff => self.marked(m16, n as u64, 2),
+            _ => self.marked(m32, n as u64, 4),
         }
     }
 
@@ -229,17 +223,9 @@ impl Writer {
     }
 
     fn str(&mut self, s: &str) {
-        let n = s.len();
-        if n <= 31 {
-            self.0.push(0xa0 | n as u8);
-        } else if n <= 0xff {
-            self.0.extend_from_slice(&[0xd9, n as u8]);
-        } else if n <= 0xffff {
-            self.0.push(0xda);
-            self.0.extend_from_slice(&(n as u16).to_be_bytes());
-        } else {
-            self.0.push(0xdb);
-            self.0.extend_from_slice(&(n as u32).to_be_bytes());
+        match s.len() {
+            n @ 0..=31 => self.0.push(0xa0 | n as u8),
+            n => self.sized(n, 0xd9, 0xda, 0xdb),
         }
         self.0.extend_from_slice(s.as_bytes());
     }
@@ -252,16 +238,7 @@ impl Writer {
     }
 
     fn bin(&mut self, b: &[u8]) {
-        let n = b.len();
-        if n <= 0xff {
-            self.0.extend_from_slice(&[0xc4, n as u8]);
-        } else if n <= 0xffff {
-            self.0.push(0xc5);
-            self.0.extend_from_slice(&(n as u16).to_be_bytes());
-        } else {
-            self.0.push(0xc6);
-            self.0.extend_from_slice(&(n as u32).to_be_bytes());
-        }
+        self.sized(b.len(), 0xc4, 0xc5, 0xc6);
         self.0.extend_from_slice(b);
     }
 
@@ -309,10 +286,7 @@ impl Writer {
                 (None, Some(s)) => self.int(s),
                 (None, None) => self.nil(),
             },
-            Value::F32(f) => {
-                self.0.push(0xca);
-                self.0.extend_from_slice(&f.to_bits().to_be_bytes());
-            }
+            Value::F32(f) => self.marked(0xca, u64::from(f.to_bits()), 4),
             Value::F64(f) => self.f64(*f),
             Value::String(s) => match s.as_str() {
                 Some(s) => self.str(s),
@@ -335,15 +309,7 @@ impl Writer {
                     4 => self.0.push(0xd6),
                     8 => self.0.push(0xd7),
                     16 => self.0.push(0xd8),
-                    _ if n <= 0xff => self.0.extend_from_slice(&[0xc7, n as u8]),
-                    _ if n <= 0xffff => {
-                        self.0.push(0xc8);
-                        self.0.extend_from_slice(&(n as u16).to_be_bytes());
-                    }
-                    _ => {
-                        self.0.push(0xc9);
-                        self.0.extend_from_slice(&(n as u32).to_be_bytes());
-                    }
+                    _ => self.sized(n, 0xc7, 0xc8, 0xc9),
                 }
                 self.0.push(*ty as u8);
                 self.0.extend_from_slice(data);

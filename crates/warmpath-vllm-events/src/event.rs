@@ -115,9 +115,7 @@ pub struct BlockRemoved {
 /// One event of a batch.
 #[derive(Clone, Debug, PartialEq)]
 pub enum KvEvent {
-    /// `BlockStored`.
     BlockStored(BlockStored),
-    /// `BlockRemoved`.
     BlockRemoved(BlockRemoved),
     /// `AllBlocksCleared`: the prefix cache was reset.
     AllBlocksCleared,

@@ -1,14 +1,6 @@
-//! warmpath-vllm-events: vLLM's KV-cache events on the wire, both ways: as
-//! vLLM publishes them (the encoder and a vLLM-compatible publisher, used by
-//! the engine emulator, the simulator and the tests) and as the agent reads
-//! them (the decoder and the replay client's framing). One concept, no
-//! routing: the agent, the engine and the bench depend on it.
-//!
-//! - [`event`]: [`KvEventBatch`], [`KvEvent`], [`EngineBlockHash`], [`Medium`].
-//! - [`decode`]: [`decode_batch`] (both forms, typed errors, size caps).
-//! - [`encode`]: [`encode_batch`] (byte-exact with vLLM 0.33 / 0.23).
-//! - [`wire`]: frames, replay requests and replies, endpoints per DP rank.
-//! - [`publisher`]: [`KvEventPublisher`], PUB + replay ROUTER with test knobs.
+//! warmpath-vllm-events: vLLM's KV-cache events on the wire, both ways: the
+//! encoder and a vLLM-compatible publisher (for the engine, the simulator and
+//! the tests) and the decoder and replay framing (for the agent).
 
 mod count;
 pub mod decode;

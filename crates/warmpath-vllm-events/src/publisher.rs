@@ -1,20 +1,9 @@
-//! A vLLM-compatible KV-event publisher: what `vllm/distributed/kv_events.py`'s
-//! `ZmqEventPublisher` does, in Rust, for the engine emulator, the simulator and
-//! the agent's tests.
-//!
-//! - a PUB socket sends three-frame messages `[topic, seq u64 BE, payload]`;
-//! - an optional ROUTER replay socket keeps a ring buffer of recent batches and
-//!   answers a DEALER's `["", start_seq u64 BE]` with one message per buffered
-//!   batch whose seq >= start, then an end marker (seq `u64::MAX`, empty payload).
-//!   Replies are `["", seq, payload]` (vLLM <= 0.24) or `["", topic, seq, payload]`
-//!   (>= 0.26), see [`PublisherConfig::with_topic_in_replay`].
-//!
-//! Test knobs reproduce what a real deployment does to a subscriber:
-//! [`KvEventPublisher::publish_unsent`] (a batch lost on the live socket but
-//! replayable), [`KvEventPublisher::skip_seq`] (a gap nobody can replay),
-//! [`KvEventPublisher::restart`] (sequence back to 0, empty buffer),
-//! [`KvEventPublisher::send_raw`] (garbage frames), and the payload form;
-//! [`KvEventPublisher::subscribers_accepted`] counts subscriber connections.
+//! A vLLM-compatible KV-event publisher (`ZmqEventPublisher` of
+//! `vllm/distributed/kv_events.py`): a PUB socket sending `[topic, seq u64 BE,
+//! payload]`, and an optional ROUTER replay socket that answers a DEALER's
+//! `["", start_seq]` with every buffered batch from there, then an end marker
+//! (seq `u64::MAX`, empty payload). Test knobs reproduce what a deployment does
+//! to a subscriber (lost batches, gaps, restarts, garbage).
 
 use crate::encode::encode_batch;
 use crate::event::{KvEvent, KvEventBatch, PayloadForm};
@@ -31,6 +20,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
+/// Batches kept for replay (vLLM's default).
+const REPLAY_BUFFER: usize = 10_000;
+
 /// How to set up a [`KvEventPublisher`].
 #[derive(Clone, Debug)]
 pub struct PublisherConfig {
@@ -45,10 +37,6 @@ pub struct PublisherConfig {
     pub form: PayloadForm,
     /// Whether replay replies carry the topic frame (vLLM >= 0.26).
     pub with_topic_in_replay: bool,
-    /// Batches kept for replay (vLLM's default is 10,000).
-    pub buffer_batches: usize,
-    /// The `data_parallel_rank` written into every batch.
-    pub dp_rank: Option<i64>,
 }
 
 impl PublisherConfig {
@@ -60,8 +48,6 @@ impl PublisherConfig {
             topic: String::new(),
             form: PayloadForm::Map,
             with_topic_in_replay: true,
-            buffer_batches: 10_000,
-            dp_rank: Some(0),
         }
     }
 }
@@ -72,9 +58,7 @@ pub enum PublisherError {
     /// A socket could not bind. Retrying makes sense only after the address is freed.
     #[error("kv-event publisher could not bind {endpoint}: {source}")]
     Bind {
-        /// The endpoint asked for.
         endpoint: String,
-        /// The ZMQ error.
         source: zeromq::ZmqError,
     },
     /// Sending on the PUB socket failed (retryable).
@@ -92,7 +76,6 @@ pub enum PublisherError {
 struct Live {
     socket: PubSocket,
     next_seq: u64,
-    form: PayloadForm,
 }
 
 /// A running publisher. Dropping it stops the replay task and closes the sockets.
@@ -183,7 +166,6 @@ impl KvEventPublisher {
             live: tokio::sync::Mutex::new(Live {
                 socket,
                 next_seq: 0,
-                form: config.form,
             }),
             ring,
             config,
@@ -213,23 +195,12 @@ impl KvEventPublisher {
 
     /// Publishes `events` as one batch stamped now; returns its sequence number.
     pub async fn publish(&self, events: Vec<KvEvent>) -> Result<u64, PublisherError> {
-        self.publish_batch(&self.batch(events)).await
+        let payload = encode_batch(&self.batch(events), self.config.form);
+        self.publish_payload(Bytes::from(payload)).await
     }
 
-    /// Publishes a prepared batch; returns its sequence number.
-    pub async fn publish_batch(&self, batch: &KvEventBatch) -> Result<u64, PublisherError> {
-        let mut live = self.live.lock().await;
-        let seq = live.next_seq;
-        let payload = Bytes::from(encode_batch(batch, live.form));
-        self.remember(seq, payload.clone());
-        let msg = self.frames(seq, payload);
-        live.socket.send(msg).await.map_err(PublisherError::Send)?;
-        live.next_seq += 1;
-        Ok(seq)
-    }
-
-    /// Test knob: sends `payload` verbatim (garbage, truncated msgpack) under the
-    /// next sequence number; returns it.
+    /// Sends `payload` verbatim (a test knob for garbage or truncated msgpack)
+    /// under the next sequence number; returns it.
     pub async fn publish_payload(&self, payload: Bytes) -> Result<u64, PublisherError> {
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
@@ -246,7 +217,7 @@ impl KvEventPublisher {
         let batch = self.batch(events);
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
-        self.remember(seq, Bytes::from(encode_batch(&batch, live.form)));
+        self.remember(seq, Bytes::from(encode_batch(&batch, self.config.form)));
         live.next_seq += 1;
         seq
     }
@@ -263,11 +234,6 @@ impl KvEventPublisher {
         let mut live = self.live.lock().await;
         live.next_seq = 0;
         self.ring.lock().clear();
-    }
-
-    /// Test knob: switches the payload form for later batches.
-    pub async fn set_form(&self, form: PayloadForm) {
-        self.live.lock().await.form = form;
     }
 
     /// Test knob: sends arbitrary frames on the PUB socket (garbage, truncated
@@ -291,16 +257,16 @@ impl KvEventPublisher {
         KvEventBatch {
             ts,
             events,
-            dp_rank: self.config.dp_rank,
+            dp_rank: Some(0),
         }
     }
 
     fn remember(&self, seq: u64, payload: Bytes) {
-        if self.replay_endpoint.is_none() || self.config.buffer_batches == 0 {
+        if self.replay_endpoint.is_none() {
             return;
         }
         let mut ring = self.ring.lock();
-        if ring.len() >= self.config.buffer_batches {
+        if ring.len() >= REPLAY_BUFFER {
             ring.pop_front();
         }
         ring.push_back((seq, payload));

@@ -26,8 +26,7 @@ pub fn parse_replay_request(frames: &[Bytes]) -> Option<u64> {
 /// or `["", topic, seq, payload]` (>= 0.26). Returns `(seq, payload)`.
 pub fn parse_replay_reply(frames: &[Bytes]) -> Option<(u64, Bytes)> {
     match frames {
-        [empty, seq, payload] if empty.is_empty() => Some((parse_seq(seq)?, payload.clone())),
-        [empty, _topic, seq, payload] if empty.is_empty() => {
+        [empty, topic @ .., seq, payload] if empty.is_empty() && topic.len() <= 1 => {
             Some((parse_seq(seq)?, payload.clone()))
         }
         _ => None,

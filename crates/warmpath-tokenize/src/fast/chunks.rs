@@ -1,45 +1,19 @@
-//! The one memo: token ids of chunks of long pieces, keyed by the chunk's text.
-//!
-//! A long piece (text between added tokens) is cut into chunks of about
-//! [`CacheConfig::min_segment_bytes`](crate::CacheConfig) bytes,
-//! each ending at the first *safe point* at or after that size, and each
-//! chunk's ids are kept by its 128-bit xxh3 and length (a [`WeightedLru`]
-//! bounded by ids held). A document that repeats with a different tail (RAG's
-//! `document + question` in one message, a file before a cursor, a system
-//! prompt) meets the same chunks again, so only the tail is encoded.
-//!
-//! **Safe points.** For the split patterns `presplit` accepts, a split
-//! always starts at a single ASCII space followed by an ASCII letter,
-//! whatever comes before: no alternative can carry a match over that space —
-//! the contractions, `\p{N}` digits and `\p{L}+` hold no space (one may only
-//! *start* a match), ` ?[^\s\p{L}\p{N}]+[\r\n]*` and `\s*[\r\n]+` cannot end
-//! in a space before a letter, and `\s+(?!\S)` backtracks to leave exactly
-//! that space. Every match before the point then ends at or before it, and
-//! matching the chunk alone finds the same matches (a lookahead at the
-//! chunk's end sees no `\S` where the whole text has that space: the same
-//! answer). So the ids of a piece are the ids of its chunks, concatenated.
-//! A point depends only on the two bytes at it, so the cut of a document does
-//! not depend on what follows it. Only pieces the fast pre-tokenizer handles
-//! are chunked, and only for deterministic BPE; otherwise a piece is one chunk.
+//! The one memo: token ids of ~1 KiB chunks of long pieces, each cut at the first
+//! *safe point* (an ASCII space before an ASCII letter) after
+//! [`CacheConfig::min_segment_bytes`](crate::CacheConfig), kept in a [`WeightedLru`]
+//! by the chunk's xxh3-128 and length. Why a piece's ids are its chunks' ids
+//! concatenated: docs/tokenization.md.
 
 use crate::weighted_lru::WeightedLru;
 use std::sync::Arc;
 
 /// The chunk memo (see module docs).
+#[derive(Debug)]
 pub(crate) struct ChunkMemo {
     /// Pieces shorter than this are encoded directly; longer ones are cut
     /// into chunks of at least this many bytes.
     pub(crate) chunk_bytes: usize,
-    pub(crate) lru: WeightedLru<[u32]>,
-}
-
-impl std::fmt::Debug for ChunkMemo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkMemo")
-            .field("chunk_bytes", &self.chunk_bytes)
-            .field("capacity_tokens", &self.lru.capacity())
-            .finish()
-    }
+    pub(crate) lru: WeightedLru,
 }
 
 impl ChunkMemo {

@@ -1,19 +1,8 @@
-//! The fast path of encoding: the `tokenizers` library's pipeline redone
-//! step by step, for the configurations where each step is shown to give
-//! the library's ids (the differential harness in `tests.rs`).
-//!
-//! The library cuts the text at added tokens, then pre-tokenizes, maps
-//! bytes and runs the model on each piece between them, then post-processes.
-//! Here: the cut is [`split`] (`memchr` and a map), each piece goes through
-//! the chunk memo ([`chunks`]) and, on a miss, the regex pre-split and the
-//! model ([`presplit`], with its word cache), and post-processing is the
-//! probed [`SpecialWrap`].
-//!
-//! **The one switch** is [`FastPath::new`]: `Some` only when every step is
-//! exact for the tokenizer (no truncation or padding, added tokens the cut
-//! mirrors, a post-processor that only wraps); the pre-split is used when it
-//! recognises the pre-tokenizer, else each piece goes to the library whole
-//! (and is memoised whole). `None`: every text goes to the library in one call.
+//! The fast path of encoding: the `tokenizers` library's pipeline redone step by
+//! step ([`split`], [`chunks`], [`presplit`], [`SpecialWrap`]), see
+//! docs/tokenization.md. **The one switch** is [`FastPath::new`]: `Some` only when
+//! every step gives the library's ids for this tokenizer; `None`: every text goes
+//! to the library in one call.
 
 mod chunks;
 mod presplit;
@@ -27,6 +16,7 @@ mod tests;
 pub(crate) use presplit::byte_alphabet;
 
 use super::error::TokenizeError;
+use crate::weighted_lru::CacheStats;
 use chunks::ChunkMemo;
 use presplit::FastPieces;
 use split::{AddedCut, Piece};
@@ -54,21 +44,6 @@ impl Default for CacheConfig {
             capacity_tokens: 4 << 20,
         }
     }
-}
-
-/// Counters of a memo cache (monotonic, except the two sizes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// Lookups that found their entry.
-    pub hits: u64,
-    /// Lookups that did not (encoded, then kept when they fit).
-    pub misses: u64,
-    /// Entries evicted to stay within capacity.
-    pub evictions: u64,
-    /// Entries held now.
-    pub entries: usize,
-    /// Token ids held now.
-    pub tokens: usize,
 }
 
 /// The ids the post-processor adds around one sequence with special tokens on.
@@ -191,14 +166,7 @@ impl FastPath {
 
     /// The chunk memo's counters.
     pub(crate) fn chunk_stats(&self) -> CacheStats {
-        let c = self.memo.lru.counts();
-        CacheStats {
-            hits: c.hits,
-            misses: c.misses,
-            evictions: c.evictions,
-            entries: c.entries,
-            tokens: c.size,
-        }
+        self.memo.lru.stats()
     }
 
     /// The word cache's counters (`tokens` is not counted there: 0), when

@@ -1,40 +1,8 @@
-//! Pre-tokenizing a piece of text (no added tokens in it) without the
-//! `tokenizers` library's pipeline, for the byte-level BPE tokenizers of the
-//! Llama 3 / GPT-4 family.
-//!
-//! Their pre-tokenizer is `Sequence[Split(regex, Isolated), ByteLevel(no
-//! prefix space, no regex)]` over no normalizer. The library runs the split
-//! regex with `fancy-regex`, because the regex ends in `\s+(?!\S)|\s+` and
-//! the lookahead is beyond the `regex` crate — a backtracking VM that costs
-//! ~30 µs for a 70-character question, and then keeps 16 bytes of offsets
-//! per byte for alignment. On the router's hot path (the question of each
-//! request is new, so no cache holds it) that was the largest cost of
-//! tokenization.
-//!
-//! [`FastPieces`] gives the same ids faster: the `regex` crate runs the
-//! pattern with `\s+(?!\S)|` taken out, and the one-character lookahead is
-//! applied after the match. With leftmost-first alternation both find the
-//! same match starts, and at a run of `L` white-space characters not taken
-//! by an earlier alternative, `\s+(?!\S)` matches `L - 1` characters when a
-//! non-space follows and `L >= 2`, all `L` at the end of the text, and fails
-//! for `L = 1` before a non-space, where `\s+` takes the one character —
-//! exactly "the whole run, less its last character when a non-space follows
-//! and more than one remains". Every match of these patterns' earlier
-//! alternatives holds a letter, digit, apostrophe, symbol, `\r` or `\n`, so a
-//! match that is only white space without `\r`/`\n` came from the last
-//! alternatives. Each split is then mapped to GPT-2's byte alphabet and
-//! handed to the tokenizer's own model, which keeps its word cache.
-//!
-//! When the model is BPE without dropout (so a word always gives the same
-//! ids), the ids of each short split are also kept in a bounded word cache
-//! ([`WordCache`]: split and ids inline in one entry, one read lock per
-//! piece): a hit costs one hash lookup instead of the library's cache lookup
-//! plus a `String` per token.
-//!
-//! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; any other
-//! configuration gets `None` and stays with the library. The harness (`tests.rs`) checks
-//! the ids against the library on random text rich in white space, scripts,
-//! digits and symbols.
+//! The split regex of the Llama 3 / GPT-4 byte-level BPEs on the `regex` crate,
+//! with `\s+(?!\S)` applied after the match instead of `fancy-regex`'s
+//! backtracking (why that gives the same splits: docs/tokenization.md), then
+//! GPT-2's byte alphabet and the [`WordCache`] or the tokenizer's own model.
+//! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; anything else gets `None`.
 
 use super::word_cache::WordCache;
 use crate::error::TokenizeError;

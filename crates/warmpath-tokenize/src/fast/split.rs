@@ -1,21 +1,9 @@
-//! Cutting a text at added tokens, as the `tokenizers` library does, without
-//! its per-byte alignment bookkeeping.
-//!
-//! The library's `AddedVocabulary::extract_and_normalize` builds a
-//! `NormalizedString` (16 bytes of offsets per input byte) and slices it per
-//! piece: for a 27 KB system prompt that was most of the time of a warm
-//! encode (718 → 41 µs here). The cut itself is two leftmost-longest passes:
-//! tokens with `normalized: false` over the text, then tokens with
-//! `normalized: true` over the pieces left between them.
-//!
-//! This module repeats those passes for token sets like Llama 3's and Qwen's,
-//! where every added token is `<…>` with no `>` inside: then at most one
-//! token can match at a `<` — the text up to the first `>` after it — so a
-//! pass is a `memchr` for `<` and one map lookup per candidate, with the
-//! library's leftmost-longest result. Only when nothing else changes the cut
-//! (no normalizer under normalized tokens, no `lstrip`/`rstrip`/`single_word`
-//! tokens, `encode_special_tokens` off); anything else gets `None` from
-//! [`AddedCut::new`].
+//! Cutting a text at added tokens as the `tokenizers` library does (its two
+//! leftmost-longest passes), without its per-byte offset bookkeeping. Only for
+//! token sets where every added token is `<…>` with no `>` inside, and nothing
+//! else changes the cut (no normalizer under normalized tokens, no
+//! `lstrip`/`rstrip`/`single_word`, `encode_special_tokens` off); else
+//! [`AddedCut::new`] gives `None`.
 
 use std::collections::HashMap;
 use tokenizers::Tokenizer;

@@ -1,15 +1,7 @@
-//! The fast pre-tokenizer's word cache: the ids of short splits, inline.
-//!
-//! The question of each request is new, so its splits (~16 for a typical
-//! question) are looked up one by one, on a core whose caches the host has
-//! emptied since the last request. A map of boxed strings to boxed id slices
-//! touches about five scattered cache lines per lookup (its lock, control
-//! bytes, the entry, the key's bytes, the ids). Here a split of up to
-//! [`INLINE_BYTES`] bytes and up to [`INLINE_IDS`] ids lives inline in one
-//! fixed-size entry keyed by its xxh3-64, and one read lock covers a whole
-//! piece: a lookup touches the control bytes and one entry. The entry holds
-//! the split's bytes and a hit compares them, so a hash collision is only a
-//! miss. Longer splits, or splits of more ids, are not cached.
+//! The fast pre-tokenizer's word cache: a split of up to [`INLINE_BYTES`] bytes and
+//! [`INLINE_IDS`] ids lives inline in one fixed-size entry keyed by its xxh3-64, with
+//! one read lock per piece, so a lookup on a cold core touches the control bytes and
+//! one entry. The entry holds the split's bytes, so a hash collision is only a miss.
 
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::HashMap;
