@@ -1,6 +1,6 @@
 //! The engine's one error type: where it failed and whether a retry can help.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// Everything that can go wrong in the engine library.
@@ -43,6 +43,13 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    pub(crate) fn bad_model(path: &Path, reason: impl std::fmt::Display) -> Self {
+        EngineError::BadModel {
+            path: path.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+
     /// Whether sending the same request again later can succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(
@@ -56,4 +63,17 @@ impl EngineError {
     pub fn is_client_error(&self) -> bool {
         matches!(self, EngineError::BadRequest(_))
     }
+}
+
+/// The text of a model file.
+pub(crate) fn read_text(path: &Path) -> Result<String, EngineError> {
+    std::fs::read_to_string(path).map_err(|source| EngineError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// A model file's JSON; [`EngineError::BadModel`] naming the file when it does not parse.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, EngineError> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| EngineError::bad_model(path, e))
 }

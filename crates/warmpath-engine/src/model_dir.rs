@@ -32,21 +32,18 @@ impl Default for ModelDirOptions {
     }
 }
 
-/// The `torch_dtype` name of `dtype`.
-pub fn torch_dtype_name(dtype: DType) -> Result<&'static str, EngineError> {
-    match dtype {
-        DType::F32 => Ok("float32"),
-        DType::BF16 => Ok("bfloat16"),
-        DType::F16 => Ok("float16"),
-        other => Err(EngineError::Unsupported(format!(
-            "weights in {other:?} (use f32, bf16 or f16)"
-        ))),
-    }
-}
-
 /// A Hugging Face `config.json` for a `LlamaForCausalLM` of shape `cfg` with
 /// the tiny tokenizer's special token ids.
 pub fn hf_config_json(cfg: &LlamaConfig, dtype: DType) -> Result<Value, EngineError> {
+    let torch_dtype = match dtype {
+        DType::F32 => "float32",
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        other => {
+            let msg = format!("weights in {other:?} (use f32, bf16 or f16)");
+            return Err(EngineError::Unsupported(msg));
+        }
+    };
     let mut v = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -69,7 +66,7 @@ pub fn hf_config_json(cfg: &LlamaConfig, dtype: DType) -> Result<Value, EngineEr
         "rope_scaling": null,
         "rope_theta": cfg.rope_theta,
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        "torch_dtype": torch_dtype_name(dtype)?,
+        "torch_dtype": torch_dtype,
         "use_cache": true,
         "vocab_size": cfg.vocab_size,
     });
@@ -96,10 +93,8 @@ fn write(path: &Path, text: String) -> Result<(), EngineError> {
 }
 
 fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<(), EngineError> {
-    candle_core::safetensors::save(tensors, path).map_err(|e| EngineError::BadModel {
-        path: path.to_owned(),
-        reason: format!("writing safetensors: {e}"),
-    })
+    candle_core::safetensors::save(tensors, path)
+        .map_err(|e| EngineError::bad_model(path, format!("writing safetensors: {e}")))
 }
 
 /// Writes a complete model folder of shape `cfg` into `dir` (created if
@@ -111,10 +106,8 @@ pub fn write_random_model_dir(
     cfg: &LlamaConfig,
     options: &ModelDirOptions,
 ) -> Result<(), EngineError> {
-    cfg.validate().map_err(|e| EngineError::BadModel {
-        path: dir.join("config.json"),
-        reason: e.to_string(),
-    })?;
+    cfg.validate()
+        .map_err(|e| EngineError::bad_model(&dir.join("config.json"), e))?;
     let config = hf_config_json(cfg, options.dtype)?;
     tiny::write_model_dir(dir).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
     let mut weights = random_weights(cfg, options.seed, options.dtype, &Device::Cpu)?;

@@ -10,7 +10,7 @@
 //! suffix. One short untimed request first loads kernels and warms allocators.
 
 use anyhow::Result;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use serde_json::json;
 use std::time::Instant;
 use warmpath_engine::device::{open_device, parse_dtype};
@@ -56,7 +56,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let size: SizePreset = args.size.parse()?;
+    let size = SizePreset::from_str(&args.size, false).map_err(anyhow::Error::msg)?;
     let device = open_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype)?;
     let t = Instant::now();
