@@ -169,15 +169,8 @@ impl FastPath {
         self.memo.lru.stats()
     }
 
-    /// The word cache's counters (`tokens` is not counted there: 0), when
-    /// there is one.
+    /// The word cache's counters, when there is one.
     pub(crate) fn word_stats(&self) -> Option<CacheStats> {
-        let (hits, misses, entries) = self.pieces.as_ref()?.word_stats()?;
-        Some(CacheStats {
-            hits,
-            misses,
-            entries,
-            ..CacheStats::default()
-        })
+        self.pieces.as_ref()?.word_stats()
     }
 }

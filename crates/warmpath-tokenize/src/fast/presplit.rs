@@ -6,6 +6,7 @@
 
 use super::word_cache::WordCache;
 use crate::error::TokenizeError;
+use crate::weighted_lru::CacheStats;
 use regex::Regex;
 use serde_json::Value;
 use tokenizers::{Model, ModelWrapper, Tokenizer};
@@ -136,8 +137,8 @@ impl FastPieces {
         self.words.is_some()
     }
 
-    /// The word cache's counters: hits, misses (splits), entries.
-    pub(crate) fn word_stats(&self) -> Option<(u64, u64, usize)> {
+    /// The word cache's counters (splits, not pieces).
+    pub(crate) fn word_stats(&self) -> Option<CacheStats> {
         self.words.as_ref().map(WordCache::stats)
     }
 

@@ -3,6 +3,7 @@
 //! one read lock per piece, so a lookup on a cold core touches the control bytes and
 //! one entry. The entry holds the split's bytes, so a hash collision is only a miss.
 
+use crate::weighted_lru::CacheStats;
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -103,14 +104,14 @@ impl WordCache {
         self.misses.fetch_add(misses, Ordering::Relaxed);
     }
 
-    /// Hits, misses, entries.
-    pub(crate) fn stats(&self) -> (u64, u64, usize) {
-        let h = self.hits.load(Ordering::Relaxed);
-        (
-            h,
-            self.misses.load(Ordering::Relaxed),
-            self.table.read().len(),
-        )
+    /// Hits, misses, entries (`tokens` is not counted here: 0).
+    pub(crate) fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            entries: self.table.read().len(),
+            ..CacheStats::default()
+        }
     }
 
     #[cfg(test)]
