@@ -35,16 +35,6 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
 }
 
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            block_size: 16,
-            cache_blocks: 4096,
-            prefill_chunk: 512,
-        }
-    }
-}
-
 /// A prefilled prompt, ready to decode.
 #[derive(Debug)]
 pub struct Prefill {

@@ -56,7 +56,7 @@ fn prompt() -> Vec<u32> {
 }
 
 fn logits(model: &Llama) -> Vec<f32> {
-    let (l, _) = model.forward(&prompt(), &KvState::empty()).unwrap();
+    let (l, _) = model.forward(&prompt(), &KvState::default()).unwrap();
     l.to_dtype(DType::F32).unwrap().to_vec1().unwrap()
 }
 
