@@ -33,15 +33,13 @@ pub enum TokenizeError {
     ContinueFinalMessage(&'static str),
     #[error("tokenization failed: {0}")]
     Encode(#[source] tokenizers::Error),
-    /// The prompt has more tokens than the cap it was encoded under
-    /// ([`ChatTokenizer::encode_request_capped`](super::chat::ChatTokenizer::encode_request_capped)). Encoding stopped soon after
-    /// the cap, so `seen` may be less than the prompt's full length. A client
-    /// error; the message is vLLM's.
+    /// More tokens than the cap of
+    /// [`encode_request_capped`](super::chat::ChatTokenizer::encode_request_capped);
+    /// the message is vLLM's.
     #[error("This model's maximum context length is {} tokens. However, your request has {}{seen} input tokens. Please reduce the length of the input messages.", cap + 1, if *complete { "" } else { "at least " })]
     PromptTooLong {
-        /// Most prompt tokens accepted.
         cap: usize,
-        /// Tokens counted when encoding stopped.
+        /// Tokens counted when encoding stopped (maybe fewer than the prompt's).
         seen: usize,
         /// Whether `seen` is the whole prompt.
         complete: bool,

@@ -1,8 +1,6 @@
-//! The split regex of the Llama 3 / GPT-4 byte-level BPEs on the `regex` crate,
-//! with `\s+(?!\S)` applied after the match instead of `fancy-regex`'s
-//! backtracking (why that gives the same splits: docs/tokenization.md), then
-//! GPT-2's byte alphabet and the [`WordCache`] or the tokenizer's own model.
-//! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; anything else gets `None`.
+//! The Llama 3 / GPT-4 / Qwen split regex on the `regex` crate, with `\s+(?!\S)`
+//! applied after the match (why that is exact: docs/tokenization.md), then GPT-2's
+//! byte alphabet and the [`WordCache`] or the model. Only [`KNOWN_PATTERNS`] are taken.
 
 use super::word_cache::WordCache;
 use crate::error::TokenizeError;
@@ -52,7 +50,6 @@ pub(crate) fn byte_alphabet() -> [char; 256] {
     out
 }
 
-/// The fast pre-tokenizer (see the module docs).
 #[derive(Debug)]
 pub(crate) struct FastPieces {
     regex: Regex,
@@ -84,11 +81,9 @@ impl FastPieces {
         Some(fast)
     }
 
-    /// Puts every ASCII digit group the pattern can split off (`0`–`999`,
-    /// leading zeros included, for `\p{N}{1,3}`: 1110 groups) in the word
-    /// cache, with the ids the model gives it — what a miss would add. A
-    /// question's numbers (dates, amounts, ids) are often new, and each new
-    /// group would otherwise go through the library's BPE on the hot path.
+    /// Puts every ASCII digit group the pattern can split off (`0`–`999` with
+    /// leading zeros for `\p{N}{1,3}`) in the word cache, as a miss would: a
+    /// question's numbers are often new and would otherwise hit the BPE.
     fn prewarm_digits(&self, tokenizer: &Tokenizer) {
         let Some(words) = &self.words else {
             return;
