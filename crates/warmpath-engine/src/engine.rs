@@ -29,7 +29,6 @@ impl EventSink for NoEvents {
 pub struct EngineOptions {
     /// Tokens per cache block (vLLM's default is 16).
     pub block_size: usize,
-    /// Cache capacity in blocks.
     pub cache_blocks: usize,
     /// Longest run of tokens prefilled in one forward pass.
     pub prefill_chunk: usize,
@@ -51,7 +50,6 @@ pub struct Prefill {
 pub enum Finish {
     /// A stop token was produced (not included in the output).
     Stop,
-    /// `max_tokens` were produced.
     Length,
     /// The consumer stopped listening.
     Cancelled,

@@ -3,10 +3,8 @@
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// Everything that can go wrong in the engine library.
 #[derive(Debug, Error)]
 pub enum EngineError {
-    /// A model file could not be read.
     #[error("reading {path}: {source}")]
     Io {
         path: PathBuf,
@@ -15,7 +13,6 @@ pub enum EngineError {
     /// The model folder's contents are unusable (bad config, missing weights).
     #[error("model file {path} is not usable: {reason}")]
     BadModel { path: PathBuf, reason: String },
-    /// The tokenizer or chat template failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     /// A tensor operation failed (shape bug, device out of memory).
@@ -34,7 +31,6 @@ pub enum EngineError {
     /// without the `cuda` feature, an unknown dtype).
     #[error("not supported: {0}")]
     Unsupported(String),
-    /// The request queue is full.
     #[error("engine queue is full ({0} requests waiting); retry later")]
     Busy(usize),
     /// The worker thread has stopped (shutdown or a crash).

@@ -51,7 +51,6 @@ impl AppState {
     }
 }
 
-/// The axum router with every endpoint.
 pub fn router(state: AppState) -> Router {
     warmpath_openai::router(state.0)
 }

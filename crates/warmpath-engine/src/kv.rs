@@ -19,17 +19,14 @@ pub struct KvState {
 }
 
 impl KvState {
-    /// Wraps per-layer K/V of `len` positions.
     pub fn from_layers(layers: Vec<LayerKv>, len: usize) -> Self {
         KvState { layers, len }
     }
 
-    /// Positions covered.
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether no positions are covered.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -1,5 +1,4 @@
-//! Building a ready model + tokenizer from the command line's choice: a model
-//! folder (no hub access) or the deterministic `--tiny` model.
+//! A ready model and tokenizer from a model folder (no hub access) or random weights.
 
 use crate::config::LlamaConfig;
 use crate::error::{read_json, EngineError};
@@ -47,7 +46,6 @@ impl SizePreset {
 #[derive(Debug)]
 pub struct LoadedModel {
     pub model: Llama,
-    /// Chat template + tokenizer.
     pub tokenizer: ChatTokenizer,
     /// Ids that end generation (EOS and end-of-turn tokens).
     pub stop_ids: Vec<u32>,
@@ -57,10 +55,8 @@ fn tok_err(e: warmpath_core::tokenize::TokenizeError) -> EngineError {
     EngineError::Tokenizer(e.to_string())
 }
 
-/// Loads `source` onto `device` in `dtype` (weights stored in another float
-/// dtype are converted). Reads files: start-up only. Every problem with a
-/// model folder is an [`EngineError::BadModel`] (or `Io`/`Tokenizer`) naming
-/// the file and what is wrong, never a panic.
+/// Loads `source` onto `device` in `dtype` (other float weights are converted).
+/// Start-up only; a bad model folder is an error naming the file, never a panic.
 pub fn load(
     source: &ModelSource,
     device: &Device,

@@ -91,7 +91,6 @@ fn main() -> Result<()> {
     runtime.block_on(serve(cli))
 }
 
-/// Writes the model folder asked for with `--write-model-dir`.
 fn write_model(cli: &Cli, dir: &std::path::Path) -> Result<()> {
     let size = cli.random_size.unwrap_or(SizePreset::Tiny);
     let options = ModelDirOptions {

@@ -23,7 +23,6 @@ struct Block {
     down: Linear,
 }
 
-/// A loaded Llama model.
 pub struct Llama {
     cfg: LlamaConfig,
     embed: Embedding,

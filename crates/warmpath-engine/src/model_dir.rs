@@ -97,10 +97,8 @@ fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<(), EngineErro
         .map_err(|e| EngineError::bad_model(path, format!("writing safetensors: {e}")))
 }
 
-/// Writes a complete model folder of shape `cfg` into `dir` (created if
-/// missing): random weights from `options.seed` in `options.dtype`, the tiny
-/// tokenizer and its chat template. `cfg.vocab_size` should be at least
-/// [`tiny::VOCAB_SIZE`] for the folder to load (the loader checks).
+/// Writes a model folder of shape `cfg` into `dir` (created if missing) with
+/// the tiny tokenizer, so `cfg.vocab_size` must be at least [`tiny::VOCAB_SIZE`].
 pub fn write_random_model_dir(
     dir: &Path,
     cfg: &LlamaConfig,
@@ -137,8 +135,7 @@ pub fn write_random_model_dir(
     write(&dir.join("config.json"), pretty(&config))
 }
 
-/// Writes the `--tiny` model (same shape, same weights for the same `seed`)
-/// as an f32 model folder in `dir`.
+/// Writes the `--tiny` model (the same weights for the same `seed`) in f32.
 pub fn write_tiny_model_dir(dir: &Path, seed: u64) -> Result<(), EngineError> {
     let options = ModelDirOptions {
         seed,

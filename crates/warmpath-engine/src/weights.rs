@@ -14,10 +14,8 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// Reads a model folder's weights (no memory mapping: the crate forbids
-/// `unsafe`) into one name -> tensor map. With `model.safetensors.index.json`
-/// the shards it names are read and every tensor it lists must be in its
-/// shard; without it every `*.safetensors` file of `dir` is read. Tensors must
-/// be f32, f16 or bf16 and may appear only once.
+/// `unsafe`): the shards [`INDEX_FILE`] names, each holding what it lists, or
+/// else every `*.safetensors` file. f32, f16 or bf16 tensors, each only once.
 pub fn load_safetensors(
     dir: &Path,
     device: &Device,
@@ -162,10 +160,8 @@ pub fn weight_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-/// Random Llama weights for `cfg`, fully determined by `seed`: linear layers
-/// uniform with standard deviation `1/sqrt(fan_in)`, embeddings with standard
-/// deviation 1, norms 1. Names follow Hugging Face's Llama checkpoints
-/// ([`weight_shapes`]).
+/// Random Llama weights for `cfg`, fully determined by `seed`: standard deviation
+/// `1/sqrt(fan_in)` for linear layers, 1 for the embedding; norms 1.
 pub fn random_weights(
     cfg: &LlamaConfig,
     seed: u64,

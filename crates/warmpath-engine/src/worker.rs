@@ -16,17 +16,13 @@ const STREAM_BUFFER: usize = 64;
 /// What a generation request streams back.
 #[derive(Debug)]
 pub enum StreamItem {
-    /// The next generated token id.
     Token(u32),
-    /// Generation ended.
     Done {
         finish: Finish,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
-        /// Tokens generated.
         completion_tokens: usize,
     },
-    /// The request failed.
     Failed(EngineError),
 }
 
@@ -36,9 +32,7 @@ pub struct GenerateRequest {
     pub tokens: Vec<u32>,
     /// `cache_salt`, isolating the request's prefix cache entries.
     pub salt: Option<String>,
-    /// Most tokens to generate.
     pub max_tokens: usize,
-    /// Ids that end generation.
     pub stop_ids: Vec<u32>,
 }
 
@@ -85,7 +79,6 @@ pub struct EngineHandle {
 pub struct WorkerThread(JoinHandle<()>);
 
 impl WorkerThread {
-    /// Waits for the thread to end.
     pub fn join(self) {
         if self.0.join().is_err() {
             tracing::error!("engine worker thread panicked");

@@ -1,13 +1,7 @@
-//! Prefill benchmark of the engine: time to first token with a cold cache
-//! versus a warm shared prefix, and prefill throughput.
-//!
-//! `cargo run --release -p warmpath-engine --bin warmpath-engine-bench -- [--prefix 1000,4000] [--suffix 32] [--runs 3]`
-//! On a GPU: `--features cuda` and `--device cuda --dtype bf16 --size 1b --prefix 8000 --json`.
-//!
-//! TTFT here is measured inside the engine (prefix lookup + prefill + the
-//! first greedy token, read back to the host), without HTTP. Cold: empty cache.
-//! Warm: the same prefix was computed by an earlier request with a different
-//! suffix. One short untimed request first loads kernels and warms allocators.
+//! Prefill benchmark of the engine: time to first token (prefix lookup, prefill,
+//! the first greedy token read back; no HTTP) with an empty cache versus a prefix
+//! an earlier request with another suffix computed. GPU: `--features cuda`, then
+//! `--device cuda --dtype bf16 --size 1b --prefix 8000 --json`.
 
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
@@ -29,10 +23,8 @@ struct Args {
     /// Measurements per setting (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Tokens per block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Prefill chunk.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
     /// Random-weight model shape: tiny (4 layers, width 256) or 1b (Llama 3.2 1B's shape).
