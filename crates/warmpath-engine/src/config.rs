@@ -272,13 +272,13 @@ mod tests {
 
     #[test]
     fn parses_llama3_config_with_defaults() {
-        let cfg: LlamaConfig = serde_json::from_str(
-            r#"{"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+        let cfg: LlamaConfig = serde_json::from_value(serde_json::json!(
+            {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
                 "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
                 "rope_theta": 500000.0, "tie_word_embeddings": true, "model_type": "llama",
                 "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}}"#,
-        )
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+        ))
         .unwrap();
         assert_eq!((cfg.kv_heads(), cfg.head_dim()), (8, 64));
         assert!(cfg.validate().is_ok());
@@ -291,10 +291,9 @@ mod tests {
     }
 
     fn hf(extra: &str) -> Result<LlamaConfig, EngineError> {
-        let text = format!(
-            r#"{{"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-                "num_hidden_layers": 1, "num_attention_heads": 4 {extra}}}"#
-        );
+        let shape = r#""vocab_size": 64, "hidden_size": 32, "intermediate_size": 64"#;
+        let text =
+            format!("{{{shape}, \"num_hidden_layers\": 1, \"num_attention_heads\": 4 {extra}}}");
         LlamaConfig::from_json(&text, Path::new("m/config.json"))
     }
 

@@ -179,9 +179,9 @@ mod tests {
 
     #[test]
     fn config_shapes() {
-        let cfg = r#"{"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
-                      "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#;
-        let f = TokenizerFiles::from_strings("{}".into(), Some(cfg)).unwrap();
+        let cfg = serde_json::json!({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+            "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]});
+        let f = TokenizerFiles::from_strings("{}".into(), Some(&cfg.to_string())).unwrap();
         assert_eq!(f.chat_template.as_deref(), Some("D"));
         assert_eq!(f.special_tokens.bos.as_deref(), Some("<s>"));
         assert_eq!(f.special_tokens.eos.as_deref(), Some("</s>"));
