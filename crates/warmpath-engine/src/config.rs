@@ -2,7 +2,7 @@
 //! shape of the `--tiny` random-weight model.
 
 use crate::error::{read_text, EngineError};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Llama hyper-parameters (the subset of `config.json` this engine uses, with
@@ -35,7 +35,7 @@ pub struct LlamaConfig {
 }
 
 /// `rope_scaling` of Llama 3.x configs; only `rope_type: "llama3"` is accepted.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct RopeScaling {
     #[serde(alias = "type")]
     pub rope_type: String,

@@ -41,17 +41,15 @@ pub struct Prefill {
     pub logits: Tensor,
     /// K/V of every prompt position.
     pub past: KvState,
-    /// Prompt tokens served from the cache.
     pub cached_tokens: usize,
 }
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
-    /// A stop token was produced (not included in the output).
+    /// A stop token was produced (not in the output).
     Stop,
     Length,
-    /// The consumer stopped listening.
     Cancelled,
 }
 
@@ -69,7 +67,6 @@ impl Finish {
 /// What [`Engine::generate`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Generation {
-    /// The generated ids (stop token excluded).
     pub tokens: Vec<u32>,
     pub finish: Finish,
     /// Prompt tokens served from the cache.

@@ -136,15 +136,11 @@ fn texts(rx: mpsc::Receiver<StreamItem>, tokenizer: Arc<ChatTokenizer>) -> Gener
                     ids.push(t);
                     (false, None)
                 }
-                StreamItem::Done {
-                    finish,
-                    cached_tokens,
-                    completion_tokens,
-                } => {
+                StreamItem::Done(g) => {
                     let done = Item::Done {
-                        finish: finish.reason(),
-                        completion_tokens,
-                        cached_tokens,
+                        finish: g.finish.reason(),
+                        completion_tokens: g.tokens.len(),
+                        cached_tokens: g.cached_tokens,
                     };
                     (true, Some(done))
                 }

@@ -44,7 +44,7 @@ pub fn hf_config_json(cfg: &LlamaConfig, dtype: DType) -> Result<Value, EngineEr
             return Err(EngineError::Unsupported(msg));
         }
     };
-    let mut v = json!({
+    Ok(json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "attention_bias": false,
@@ -63,26 +63,13 @@ pub fn hf_config_json(cfg: &LlamaConfig, dtype: DType) -> Result<Value, EngineEr
         "num_key_value_heads": cfg.kv_heads(),
         "pretraining_tp": 1,
         "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_scaling": null,
+        "rope_scaling": cfg.rope_scaling,
         "rope_theta": cfg.rope_theta,
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "torch_dtype": torch_dtype,
         "use_cache": true,
         "vocab_size": cfg.vocab_size,
-    });
-    if let (Some(rs), Some(obj)) = (&cfg.rope_scaling, v.as_object_mut()) {
-        obj.insert(
-            "rope_scaling".into(),
-            json!({
-                "rope_type": rs.rope_type,
-                "factor": rs.factor,
-                "low_freq_factor": rs.low_freq_factor,
-                "high_freq_factor": rs.high_freq_factor,
-                "original_max_position_embeddings": rs.original_max_position_embeddings,
-            }),
-        );
-    }
-    Ok(v)
+    }))
 }
 
 fn write(path: &Path, text: String) -> Result<(), EngineError> {

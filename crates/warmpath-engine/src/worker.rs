@@ -1,9 +1,7 @@
-//! One worker thread owns the [`Engine`]; requests wait in a bounded FIFO queue
-//! and run one at a time. Tokens stream back over a bounded channel per request;
-//! a request whose receiver is gone stops at its next token. The thread ends once
-//! every [`EngineHandle`] is dropped and the current request finishes.
+//! The worker thread that owns the [`Engine`]. Tokens stream back over a bounded
+//! channel per request; a request whose receiver is gone stops at its next token.
 
-use crate::engine::{Engine, Finish};
+use crate::engine::{Engine, Generation};
 use crate::error::EngineError;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -17,12 +15,7 @@ const STREAM_BUFFER: usize = 64;
 #[derive(Debug)]
 pub enum StreamItem {
     Token(u32),
-    Done {
-        finish: Finish,
-        /// Prompt tokens served from the prefix cache.
-        cached_tokens: usize,
-        completion_tokens: usize,
-    },
+    Done(Generation),
     Failed(EngineError),
 }
 
@@ -48,7 +41,6 @@ pub struct StatsSnapshot {
     /// Requests being computed (0 or 1).
     pub running: u64,
     pub waiting: u64,
-    /// Cache blocks in use.
     pub used_blocks: u64,
     /// Prompt tokens looked up in the prefix cache.
     pub queried_tokens: u64,
@@ -125,11 +117,7 @@ fn run(mut engine: Engine, mut rx: mpsc::Receiver<Job>, stats: Stats) {
                         |t| out.blocking_send(StreamItem::Token(t)).is_ok(),
                     );
                     let item = match result {
-                        Ok(g) => StreamItem::Done {
-                            finish: g.finish,
-                            cached_tokens: g.cached_tokens,
-                            completion_tokens: g.tokens.len(),
-                        },
+                        Ok(g) => StreamItem::Done(g),
                         Err(e) => {
                             tracing::warn!(error = %e, "generation failed");
                             StreamItem::Failed(e)

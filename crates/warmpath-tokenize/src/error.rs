@@ -47,8 +47,7 @@ pub enum TokenizeError {
 }
 
 impl TokenizeError {
-    /// True when the request itself is at fault (answer 400; do not retry the
-    /// same body); false for server-side configuration or library failures.
+    /// The request itself is at fault (answer 400; do not retry the same body).
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,

@@ -29,8 +29,6 @@ pub(crate) const KNOWN_PATTERNS: [(&str, usize); 2] = [
     ),
 ];
 
-const LOOKAHEAD: &str = r"|\s+(?!\S)";
-
 /// GPT-2's reversible map from bytes to printable characters (the byte-level
 /// alphabet).
 pub(crate) fn byte_alphabet() -> [char; 256] {
@@ -68,7 +66,7 @@ impl FastPieces {
         }
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
         let (pattern, max_digits) = Self::recognise(&pre)?;
-        let regex = Regex::new(&pattern.replacen(LOOKAHEAD, "", 1)).ok()?;
+        let regex = Regex::new(&pattern.replacen(r"|\s+(?!\S)", "", 1)).ok()?;
         let deterministic = matches!(tokenizer.get_model(),
             ModelWrapper::BPE(bpe) if bpe.dropout.is_none_or(|d| d == 0.0));
         let fast = FastPieces {
