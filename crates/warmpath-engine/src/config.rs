@@ -181,16 +181,11 @@ impl LlamaConfig {
 
     /// Parameters of a model of this shape (embedding, layers, final norm, LM head).
     pub fn num_params(&self) -> usize {
-        let (h, hd, i) = (self.hidden_size, self.head_dim(), self.intermediate_size);
-        let (nh, nkv) = (self.num_attention_heads, self.kv_heads());
-        let attn = h * nh * hd * 2 + h * nkv * hd * 2;
-        let layer = attn + 3 * h * i + 2 * h;
-        let head = if self.tie_word_embeddings {
-            0
-        } else {
-            self.vocab_size * h
-        };
-        self.vocab_size * h + self.num_hidden_layers * layer + h + head
+        let shapes = crate::weights::weight_shapes(self);
+        shapes
+            .iter()
+            .map(|(_, d)| d.iter().product::<usize>())
+            .sum()
     }
 
     pub fn kv_heads(&self) -> usize {
@@ -337,6 +332,11 @@ mod tests {
         assert_eq!((cfg.kv_heads(), cfg.head_dim()), (8, 64));
         // 16 * (2*2048*2048 + 2*2048*512 + 3*2048*8192 + 2*2048) + 2*1024*2048 + 2048.
         assert_eq!(cfg.num_params(), 977_340_416);
+        let tied = LlamaConfig {
+            tie_word_embeddings: true,
+            ..cfg
+        };
+        assert_eq!(tied.num_params(), 977_340_416 - 1024 * 2048);
     }
 
     #[test]

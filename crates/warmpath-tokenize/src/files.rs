@@ -32,11 +32,7 @@ fn read(path: &Path) -> Result<String, TokenizeError> {
 }
 
 fn read_optional(path: &Path) -> Result<Option<String>, TokenizeError> {
-    if path.is_file() {
-        read(path).map(Some)
-    } else {
-        Ok(None)
-    }
+    path.is_file().then(|| read(path)).transpose()
 }
 
 impl TokenizerFiles {
