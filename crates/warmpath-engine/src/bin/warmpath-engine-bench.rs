@@ -72,6 +72,7 @@ fn main() -> Result<()> {
         (x % vocab) as u32
     };
     let warmup: Vec<u32> = (0..64).map(|_| next()).collect();
+    // Untimed: loads kernels and warms allocators.
     argmax(&engine.prefill(&warmup, None)?.logits)?;
     let mut results = Vec::new();
     for &plen in &args.prefix {
