@@ -28,7 +28,7 @@ struct Args {
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
     /// Random-weight model shape: tiny (4 layers, width 256) or 1b (Llama 3.2 1B's shape).
-    #[arg(long, default_value = "tiny")]
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "1b"])]
     size: String,
     /// cpu, cuda or cuda:N (CUDA needs `--features cuda`).
     #[arg(long, default_value = "cpu")]
