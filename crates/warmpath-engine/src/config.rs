@@ -181,7 +181,7 @@ impl LlamaConfig {
 
     /// Parameters of a model of this shape (embedding, layers, final norm, LM head).
     pub fn num_params(&self) -> usize {
-        let shapes = crate::weights::weight_shapes(self);
+        let shapes = weight_shapes(self);
         shapes
             .iter()
             .map(|(_, d)| d.iter().product::<usize>())
@@ -258,6 +258,38 @@ impl LlamaConfig {
             })
             .collect()
     }
+}
+
+/// Every tensor of a Hugging Face Llama checkpoint of shape `cfg`: name and
+/// dimensions, in a fixed order (`lm_head.weight` only when not tied).
+pub fn weight_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hd, i) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.kv_heads());
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_owned(),
+        vec![cfg.vocab_size, h],
+    )];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        for (name, dims) in [
+            ("self_attn.q_proj.weight", vec![nh * hd, h]),
+            ("self_attn.k_proj.weight", vec![nkv * hd, h]),
+            ("self_attn.v_proj.weight", vec![nkv * hd, h]),
+            ("self_attn.o_proj.weight", vec![h, nh * hd]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            out.push((format!("{p}.{name}"), dims));
+        }
+    }
+    out.push(("model.norm.weight".into(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
+    }
+    out
 }
 
 #[cfg(test)]

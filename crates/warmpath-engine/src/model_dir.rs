@@ -2,9 +2,9 @@
 //! with an index, the tiny tokenizer) with deterministic random weights: what
 //! `--model-dir` is tested with, and `--write-model-dir` writes.
 
-use crate::config::LlamaConfig;
+use crate::config::{weight_shapes, LlamaConfig};
 use crate::error::EngineError;
-use crate::weights::{random_weights, weight_shapes, INDEX_FILE};
+use crate::weights::{random_weights, INDEX_FILE};
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;

@@ -1,7 +1,7 @@
 //! Where a model's weights come from: safetensors files in a model folder, or
 //! deterministic random values (`--tiny`, or any shape for GPU benchmarks).
 
-use crate::config::LlamaConfig;
+use crate::config::{weight_shapes, LlamaConfig};
 use crate::error::{read_json, EngineError};
 use candle_core::{DType, Device, Tensor};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -126,38 +126,6 @@ fn uniform(
     Ok(Tensor::from_vec(data, (rows, cols), &Device::Cpu)?
         .to_dtype(dtype)?
         .to_device(device)?)
-}
-
-/// Every tensor of a Hugging Face Llama checkpoint of shape `cfg`: name and
-/// dimensions, in a fixed order (`lm_head.weight` only when not tied).
-pub fn weight_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, hd, i) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
-    let (nh, nkv) = (cfg.num_attention_heads, cfg.kv_heads());
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_owned(),
-        vec![cfg.vocab_size, h],
-    )];
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        for (name, dims) in [
-            ("self_attn.q_proj.weight", vec![nh * hd, h]),
-            ("self_attn.k_proj.weight", vec![nkv * hd, h]),
-            ("self_attn.v_proj.weight", vec![nkv * hd, h]),
-            ("self_attn.o_proj.weight", vec![h, nh * hd]),
-            ("mlp.gate_proj.weight", vec![i, h]),
-            ("mlp.up_proj.weight", vec![i, h]),
-            ("mlp.down_proj.weight", vec![h, i]),
-            ("input_layernorm.weight", vec![h]),
-            ("post_attention_layernorm.weight", vec![h]),
-        ] {
-            out.push((format!("{p}.{name}"), dims));
-        }
-    }
-    out.push(("model.norm.weight".into(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
-    }
-    out
 }
 
 /// Random Llama weights for `cfg`, fully determined by `seed`: standard deviation
