@@ -1,62 +1,51 @@
 //! The model's shape: read from a Hugging Face `config.json`, or the fixed
 //! shape of the `--tiny` random-weight model.
 
-use crate::error::EngineError;
-use serde::Deserialize;
+use crate::error::{read_text, EngineError};
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// Llama hyper-parameters (the subset of `config.json` this engine uses).
+/// Llama hyper-parameters (the subset of `config.json` this engine uses, with
+/// Hugging Face's names).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct LlamaConfig {
-    /// Vocabulary size (rows of the embedding and of the LM head).
     pub vocab_size: usize,
-    /// Model width.
     pub hidden_size: usize,
     /// Width of the SwiGLU MLP.
     pub intermediate_size: usize,
-    /// Transformer blocks.
     pub num_hidden_layers: usize,
-    /// Query heads.
     pub num_attention_heads: usize,
-    /// Key/value heads (grouped-query attention); defaults to the query heads.
+    /// Grouped-query attention; defaults to `num_attention_heads`.
     #[serde(default)]
     pub num_key_value_heads: Option<usize>,
-    /// Per-head width; defaults to `hidden_size / num_attention_heads`.
+    /// Defaults to `hidden_size / num_attention_heads`.
     #[serde(default)]
     pub head_dim: Option<usize>,
-    /// RMSNorm epsilon.
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
-    /// RoPE base.
     #[serde(default = "default_theta")]
     pub rope_theta: f64,
     /// Longest sequence the RoPE tables cover.
-    #[serde(default = "default_max_pos")]
+    #[serde(default = "default_positions")]
     pub max_position_embeddings: usize,
-    /// Whether the LM head reuses the embedding matrix.
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    /// Llama 3 style RoPE scaling, if any.
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
 }
 
-/// `rope_scaling` of Llama 3.x configs (`rope_type: "llama3"`); other kinds are refused.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+/// `rope_scaling` of Llama 3.x configs; only `rope_type: "llama3"` is accepted.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct RopeScaling {
-    /// Only `"llama3"` is supported.
     #[serde(alias = "type")]
     pub rope_type: String,
-    /// Overall scaling factor.
     pub factor: f64,
-    /// Low-frequency factor.
     #[serde(default = "one")]
     pub low_freq_factor: f64,
-    /// High-frequency factor.
     #[serde(default = "four")]
     pub high_freq_factor: f64,
     /// Context length the model was pre-trained with.
-    #[serde(default = "default_orig")]
+    #[serde(default = "default_positions")]
     pub original_max_position_embeddings: usize,
 }
 
@@ -81,77 +70,43 @@ struct HfFields {
     quantization_config: Option<serde_json::Value>,
 }
 
-/// Why a model's `config.json` describes a model this engine cannot run.
-/// Not retryable: the file must change.
-#[derive(Debug, thiserror::Error)]
-pub enum ShapeError {
-    /// A field names something this engine does not implement.
-    #[error("{field} {value} is not supported ({supported})")]
-    Unsupported {
-        field: &'static str,
-        value: String,
-        supported: String,
-    },
-    /// Neither `architectures` nor `model_type`.
-    #[error(
-        "neither architectures nor model_type is given; expected LlamaForCausalLM / \"llama\""
-    )]
-    Unnamed,
-    /// Bias terms.
-    #[error("attention_bias / mlp_bias are not supported")]
-    Bias,
-    /// A quantized checkpoint.
-    #[error("quantized checkpoints (quantization_config) are not supported")]
-    Quantized,
-    /// A size that must be positive is 0.
-    #[error("{0} must be positive")]
-    Zero(&'static str),
-    /// Query heads not a multiple of key-value heads.
-    #[error("num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")]
-    Heads { heads: usize, kv: usize },
-    /// An odd or zero head dimension.
-    #[error("head_dim ({0}) must be even and positive")]
-    HeadDim(usize),
+/// `torch_dtype` values whose weights this engine reads.
+const SUPPORTED_TORCH_DTYPES: [&str; 3] = ["float32", "bfloat16", "float16"];
+
+fn unsupported(field: &str, value: &dyn std::fmt::Debug, supported: &str) -> String {
+    format!("{field} {value:?} is not supported ({supported})")
 }
 
-/// `torch_dtype` values whose weights this engine reads.
-pub const SUPPORTED_TORCH_DTYPES: [&str; 3] = ["float32", "bfloat16", "float16"];
-
 impl HfFields {
-    fn check(&self) -> Result<(), ShapeError> {
-        let refuse = |field, value: &dyn std::fmt::Debug, supported: String| {
-            let value = format!("{value:?}");
-            Err(ShapeError::Unsupported {
-                field,
-                value,
-                supported,
-            })
-        };
+    /// Why this engine cannot run the model, if it cannot.
+    fn check(&self) -> Result<(), String> {
         if let Some(archs) = &self.architectures {
             if !archs.iter().any(|a| a == "LlamaForCausalLM") {
-                return refuse("architectures", archs, "only LlamaForCausalLM".into());
+                return Err(unsupported("architectures", archs, "only LlamaForCausalLM"));
             }
         }
         if let Some(t) = self.model_type.as_ref().filter(|t| *t != "llama") {
-            return refuse("model_type", t, "only \"llama\"".into());
+            return Err(unsupported("model_type", t, "only \"llama\""));
         }
         if self.architectures.is_none() && self.model_type.is_none() {
-            return Err(ShapeError::Unnamed);
+            return Err("neither architectures nor model_type is given; expected \
+                        LlamaForCausalLM / \"llama\""
+                .into());
         }
         if let Some(d) = &self.torch_dtype {
             if !SUPPORTED_TORCH_DTYPES.contains(&d.as_str()) {
                 let supported = format!("one of {SUPPORTED_TORCH_DTYPES:?}");
-                return refuse("torch_dtype", d, supported);
+                return Err(unsupported("torch_dtype", d, &supported));
             }
         }
         if let Some(act) = self.hidden_act.as_ref().filter(|a| *a != "silu") {
-            return refuse("hidden_act", act, "only \"silu\"".into());
+            return Err(unsupported("hidden_act", act, "only \"silu\""));
         }
         if self.attention_bias || self.mlp_bias {
-            return Err(ShapeError::Bias);
+            return Err("attention_bias / mlp_bias are not supported".into());
         }
         if self.quantization_config.is_some() {
-            return Err(ShapeError::Quantized);
+            return Err("quantized checkpoints (quantization_config) are not supported".into());
         }
         Ok(())
     }
@@ -163,7 +118,7 @@ fn default_eps() -> f64 {
 fn default_theta() -> f64 {
     10_000.0
 }
-fn default_max_pos() -> usize {
+fn default_positions() -> usize {
     8192
 }
 fn one() -> f64 {
@@ -171,9 +126,6 @@ fn one() -> f64 {
 }
 fn four() -> f64 {
     4.0
-}
-fn default_orig() -> usize {
-    8192
 }
 
 impl LlamaConfig {
@@ -195,9 +147,8 @@ impl LlamaConfig {
         }
     }
 
-    /// A random-weight Llama of about 1B parameters, shaped like Llama 3.2 1B
-    /// (width 2048, 16 layers, 32 query / 8 KV heads, MLP 8192, RoPE base 5e5)
-    /// over `vocab_size` ids: for speed measurements without real weights.
+    /// Llama 3.2 1B's shape (about 1B parameters) over `vocab_size` ids: for
+    /// speed measurements with random weights.
     pub fn preset_1b(vocab_size: usize) -> Self {
         LlamaConfig {
             hidden_size: 2048,
@@ -210,43 +161,31 @@ impl LlamaConfig {
         }
     }
 
-    /// Reads and checks `dir/config.json`: a Hugging Face Llama config
-    /// (`LlamaForCausalLM` / `model_type: "llama"`, float weights, no biases,
-    /// SiLU, not quantized). Fields this engine does not use are ignored.
+    /// Reads and checks `dir/config.json` (see [`Self::from_json`]).
     pub fn from_model_dir(dir: &Path) -> Result<Self, EngineError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        Self::from_json(&text, &path)
+        Self::from_json(&read_text(&path)?, &path)
     }
 
-    /// Parses and checks the text of a `config.json` read from `path`.
+    /// Parses and checks the text of a `config.json` read from `path`: a
+    /// `LlamaForCausalLM` / `model_type: "llama"`, float weights, no biases,
+    /// SiLU, not quantized. Fields this engine does not use are ignored.
     pub fn from_json(text: &str, path: &Path) -> Result<Self, EngineError> {
-        let bad = |reason: String| EngineError::BadModel {
-            path: path.to_owned(),
-            reason,
-        };
+        let bad = |reason: String| EngineError::bad_model(path, reason);
         let hf: HfFields = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        hf.check().map_err(|e| bad(e.to_string()))?;
+        hf.check().map_err(bad)?;
         let cfg: LlamaConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        cfg.validate().map_err(|e| bad(e.to_string()))?;
+        cfg.validate().map_err(bad)?;
         Ok(cfg)
     }
 
     /// Parameters of a model of this shape (embedding, layers, final norm, LM head).
     pub fn num_params(&self) -> usize {
-        let (h, hd, i) = (self.hidden_size, self.head_dim(), self.intermediate_size);
-        let (nh, nkv) = (self.num_attention_heads, self.kv_heads());
-        let attn = h * nh * hd * 2 + h * nkv * hd * 2;
-        let layer = attn + 3 * h * i + 2 * h;
-        let head = if self.tie_word_embeddings {
-            0
-        } else {
-            self.vocab_size * h
-        };
-        self.vocab_size * h + self.num_hidden_layers * layer + h + head
+        let shapes = weight_shapes(self);
+        shapes
+            .iter()
+            .map(|(_, d)| d.iter().product::<usize>())
+            .sum()
     }
 
     pub fn kv_heads(&self) -> usize {
@@ -258,9 +197,9 @@ impl LlamaConfig {
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
-    /// Checks the shape is one this engine can run; the reason otherwise.
-    pub fn validate(&self) -> Result<(), ShapeError> {
-        let zero = [
+    /// Why this engine cannot run a model of this shape, if it cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        let sizes = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
@@ -269,29 +208,26 @@ impl LlamaConfig {
             ("num_key_value_heads", self.kv_heads()),
             ("max_position_embeddings", self.max_position_embeddings),
         ];
-        if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
-            return Err(ShapeError::Zero(name));
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{name} must be positive"));
         }
-        if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
-            return Err(ShapeError::Heads {
-                heads: self.num_attention_heads,
-                kv: self.kv_heads(),
-            });
+        let (heads, kv, hd) = (self.num_attention_heads, self.kv_heads(), self.head_dim());
+        if !heads.is_multiple_of(kv) {
+            return Err(format!(
+                "num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})"
+            ));
         }
-        let hd = self.head_dim();
         if hd == 0 || !hd.is_multiple_of(2) {
-            return Err(ShapeError::HeadDim(hd));
+            return Err(format!("head_dim ({hd}) must be even and positive"));
         }
-        if let Some(rs) = &self.rope_scaling {
-            if rs.rope_type != "llama3" {
-                return Err(ShapeError::Unsupported {
-                    field: "rope_scaling type",
-                    value: format!("{:?}", rs.rope_type),
-                    supported: "only \"llama3\"".into(),
-                });
-            }
+        match &self.rope_scaling {
+            Some(rs) if rs.rope_type != "llama3" => Err(unsupported(
+                "rope_scaling type",
+                &rs.rope_type,
+                "only \"llama3\"",
+            )),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Inverse RoPE frequencies (`head_dim / 2` of them), with Llama 3 scaling applied.
@@ -324,6 +260,38 @@ impl LlamaConfig {
     }
 }
 
+/// Every tensor of a Hugging Face Llama checkpoint of shape `cfg`: name and
+/// dimensions, in a fixed order (`lm_head.weight` only when not tied).
+pub fn weight_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hd, i) = (cfg.hidden_size, cfg.head_dim(), cfg.intermediate_size);
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.kv_heads());
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_owned(),
+        vec![cfg.vocab_size, h],
+    )];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        for (name, dims) in [
+            ("self_attn.q_proj.weight", vec![nh * hd, h]),
+            ("self_attn.k_proj.weight", vec![nkv * hd, h]),
+            ("self_attn.v_proj.weight", vec![nkv * hd, h]),
+            ("self_attn.o_proj.weight", vec![h, nh * hd]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            out.push((format!("{p}.{name}"), dims));
+        }
+    }
+    out.push(("model.norm.weight".into(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
+    }
+    out
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -331,13 +299,13 @@ mod tests {
 
     #[test]
     fn parses_llama3_config_with_defaults() {
-        let cfg: LlamaConfig = serde_json::from_str(
-            r#"{"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+        let cfg: LlamaConfig = serde_json::from_value(serde_json::json!(
+            {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
                 "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
                 "rope_theta": 500000.0, "tie_word_embeddings": true, "model_type": "llama",
                 "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}}"#,
-        )
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+        ))
         .unwrap();
         assert_eq!((cfg.kv_heads(), cfg.head_dim()), (8, 64));
         assert!(cfg.validate().is_ok());
@@ -350,10 +318,9 @@ mod tests {
     }
 
     fn hf(extra: &str) -> Result<LlamaConfig, EngineError> {
-        let text = format!(
-            r#"{{"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-                "num_hidden_layers": 1, "num_attention_heads": 4 {extra}}}"#
-        );
+        let shape = r#""vocab_size": 64, "hidden_size": 32, "intermediate_size": 64"#;
+        let text =
+            format!("{{{shape}, \"num_hidden_layers\": 1, \"num_attention_heads\": 4 {extra}}}");
         LlamaConfig::from_json(&text, Path::new("m/config.json"))
     }
 
@@ -397,6 +364,11 @@ mod tests {
         assert_eq!((cfg.kv_heads(), cfg.head_dim()), (8, 64));
         // 16 * (2*2048*2048 + 2*2048*512 + 3*2048*8192 + 2*2048) + 2*1024*2048 + 2048.
         assert_eq!(cfg.num_params(), 977_340_416);
+        let tied = LlamaConfig {
+            tie_word_embeddings: true,
+            ..cfg
+        };
+        assert_eq!(tied.num_params(), 977_340_416 - 1024 * 2048);
     }
 
     #[test]

@@ -4,52 +4,27 @@
 use crate::error::EngineError;
 use candle_core::{DType, Device};
 
-/// What `--device` names, before any device is opened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeviceSpec {
-    Cpu,
-    /// CUDA device `N` (`cuda` alone is `cuda:0`).
-    Cuda(usize),
-}
-
-impl std::str::FromStr for DeviceSpec {
-    type Err = EngineError;
-
-    fn from_str(s: &str) -> Result<Self, EngineError> {
-        let bad =
-            || EngineError::Unsupported(format!("device {s:?} (expected cpu, cuda or cuda:N)"));
-        match s {
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "cuda" => Ok(DeviceSpec::Cuda(0)),
-            _ => {
-                let n = s.strip_prefix("cuda:").ok_or_else(bad)?;
-                n.parse().map(DeviceSpec::Cuda).map_err(|_| bad())
-            }
-        }
-    }
-}
-
-impl DeviceSpec {
-    pub fn open(self) -> Result<Device, EngineError> {
-        match self {
-            DeviceSpec::Cpu => Ok(Device::Cpu),
-            DeviceSpec::Cuda(n) if cfg!(feature = "cuda") => {
-                Device::new_cuda(n).map_err(|e| {
-                    EngineError::Unsupported(format!("opening CUDA device {n}: {e}"))
-                })
-            }
-            DeviceSpec::Cuda(_) => Err(EngineError::Unsupported(
-                "--device cuda: this binary was built without CUDA; rebuild with \
-                 `cargo build --release -p warmpath-engine --features cuda` (needs the CUDA toolkit)"
-                    .into(),
-            )),
-        }
-    }
-}
-
-/// Parses and opens `--device` in one step.
+/// Opens what `--device` names: `cpu`, `cuda` (device 0) or `cuda:N`.
 pub fn open_device(s: &str) -> Result<Device, EngineError> {
-    s.parse::<DeviceSpec>()?.open()
+    let n = match s {
+        "cpu" => return Ok(Device::Cpu),
+        "cuda" => 0,
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok())
+            .ok_or_else(|| {
+                EngineError::Unsupported(format!("device {s:?} (expected cpu, cuda or cuda:N)"))
+            })?,
+    };
+    if !cfg!(feature = "cuda") {
+        return Err(EngineError::Unsupported(
+            "--device cuda: this binary was built without CUDA; rebuild with \
+             `cargo build --release -p warmpath-engine --features cuda` (needs the CUDA toolkit)"
+                .into(),
+        ));
+    }
+    Device::new_cuda(n)
+        .map_err(|e| EngineError::Unsupported(format!("opening CUDA device {n}: {e}")))
 }
 
 /// Parses `--dtype`: `f32`, `bf16` or `f16`.
@@ -71,22 +46,21 @@ mod tests {
 
     #[test]
     fn parses_devices() {
-        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
-        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
-        assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
+        assert!(matches!(open_device("cpu").unwrap(), Device::Cpu));
         for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "metal"] {
-            let err = bad.parse::<DeviceSpec>().unwrap_err().to_string();
+            let err = open_device(bad).unwrap_err().to_string();
             assert!(err.contains("cpu, cuda or cuda:N"), "{bad}: {err}");
         }
-        assert!(matches!(open_device("cpu").unwrap(), Device::Cpu));
     }
 
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_without_the_feature_says_how_to_get_it() {
-        let err = open_device("cuda:0").unwrap_err();
-        assert!(matches!(err, EngineError::Unsupported(_)));
-        assert!(err.to_string().contains("--features cuda"), "{err}");
+        for good in ["cuda", "cuda:0", "cuda:3"] {
+            let err = open_device(good).unwrap_err();
+            assert!(matches!(err, EngineError::Unsupported(_)));
+            assert!(err.to_string().contains("--features cuda"), "{err}");
+        }
     }
 
     #[test]

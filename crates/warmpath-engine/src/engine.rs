@@ -29,20 +29,9 @@ impl EventSink for NoEvents {
 pub struct EngineOptions {
     /// Tokens per cache block (vLLM's default is 16).
     pub block_size: usize,
-    /// Cache capacity in blocks.
     pub cache_blocks: usize,
     /// Longest run of tokens prefilled in one forward pass.
     pub prefill_chunk: usize,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            block_size: 16,
-            cache_blocks: 4096,
-            prefill_chunk: 512,
-        }
-    }
 }
 
 /// A prefilled prompt, ready to decode.
@@ -52,18 +41,15 @@ pub struct Prefill {
     pub logits: Tensor,
     /// K/V of every prompt position.
     pub past: KvState,
-    /// Prompt tokens served from the cache.
     pub cached_tokens: usize,
 }
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
-    /// A stop token was produced (not included in the output).
+    /// A stop token was produced (not in the output).
     Stop,
-    /// `max_tokens` were produced.
     Length,
-    /// The consumer stopped listening.
     Cancelled,
 }
 
@@ -81,7 +67,6 @@ impl Finish {
 /// What [`Engine::generate`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Generation {
-    /// The generated ids (stop token excluded).
     pub tokens: Vec<u32>,
     pub finish: Finish,
     /// Prompt tokens served from the cache.

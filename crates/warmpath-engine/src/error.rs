@@ -1,12 +1,10 @@
 //! The engine's one error type: where it failed and whether a retry can help.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// Everything that can go wrong in the engine library.
 #[derive(Debug, Error)]
 pub enum EngineError {
-    /// A model file could not be read.
     #[error("reading {path}: {source}")]
     Io {
         path: PathBuf,
@@ -15,7 +13,6 @@ pub enum EngineError {
     /// The model folder's contents are unusable (bad config, missing weights).
     #[error("model file {path} is not usable: {reason}")]
     BadModel { path: PathBuf, reason: String },
-    /// The tokenizer or chat template failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     /// A tensor operation failed (shape bug, device out of memory).
@@ -34,7 +31,6 @@ pub enum EngineError {
     /// without the `cuda` feature, an unknown dtype).
     #[error("not supported: {0}")]
     Unsupported(String),
-    /// The request queue is full.
     #[error("engine queue is full ({0} requests waiting); retry later")]
     Busy(usize),
     /// The worker thread has stopped (shutdown or a crash).
@@ -43,6 +39,13 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    pub(crate) fn bad_model(path: &Path, reason: impl std::fmt::Display) -> Self {
+        EngineError::BadModel {
+            path: path.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+
     /// Whether sending the same request again later can succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(
@@ -56,4 +59,17 @@ impl EngineError {
     pub fn is_client_error(&self) -> bool {
         matches!(self, EngineError::BadRequest(_))
     }
+}
+
+/// The text of a model file.
+pub(crate) fn read_text(path: &Path) -> Result<String, EngineError> {
+    std::fs::read_to_string(path).map_err(|source| EngineError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// A model file's JSON; [`EngineError::BadModel`] naming the file when it does not parse.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, EngineError> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| EngineError::bad_model(path, e))
 }

@@ -1,7 +1,5 @@
-//! Publishing the prefix cache's events exactly like vLLM, through
-//! `warmpath_vllm_events`' publisher. The worker thread hands each batch to a
-//! bounded queue; one task owns the publisher and sends them in order, and ends
-//! when the engine (and its [`ZmqSink`]) is dropped.
+//! Publishing the prefix cache's events like vLLM: the worker thread queues each
+//! batch; one task owns the publisher, sends them in order, and ends with the engine.
 
 use crate::engine::{EventSink, NoEvents};
 use crate::error::EngineError;
@@ -13,7 +11,6 @@ use warmpath_vllm_events::KvEvent;
 /// Batches that may wait for the publisher before the worker blocks.
 const QUEUE: usize = 1024;
 
-/// Sends cache events to the publisher task.
 #[derive(Debug)]
 pub struct ZmqSink {
     tx: mpsc::Sender<Vec<KvEvent>>,

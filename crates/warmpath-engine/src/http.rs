@@ -7,11 +7,12 @@ use crate::error::EngineError;
 use crate::worker::{EngineHandle, GenerateRequest, StreamItem};
 use axum::http::StatusCode;
 use axum::Router;
-use futures::StreamExt as _;
+use futures::{stream, StreamExt as _};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_openai::{ApiError, Backend, Generation, Item, Job, VllmStats};
 
@@ -50,7 +51,6 @@ impl AppState {
     }
 }
 
-/// The axum router with every endpoint.
 pub fn router(state: AppState) -> Router {
     warmpath_openai::router(state.0)
 }
@@ -126,63 +126,29 @@ impl Backend for Inner {
 /// The worker's token ids as text pieces. Dropping the stream drops the
 /// worker's receiver, which stops the request at its next token.
 fn texts(rx: mpsc::Receiver<StreamItem>, tokenizer: Arc<ChatTokenizer>) -> Generation {
-    struct Relay {
-        rx: mpsc::Receiver<StreamItem>,
-        tokenizer: Arc<ChatTokenizer>,
-        text: IncrementalText,
-        ids: Vec<u32>,
-        /// The `Done` that follows the last text piece.
-        then: Option<Item>,
-        ended: bool,
-    }
-    let start = Relay {
-        rx,
-        tokenizer,
-        text: IncrementalText::default(),
-        ids: Vec::new(),
-        then: None,
-        ended: false,
-    };
-    futures::stream::unfold(start, |mut r| async move {
-        if let Some(item) = r.then.take() {
-            return Some((item, r));
-        }
-        if r.ended {
-            return None;
-        }
-        loop {
-            match r.rx.recv().await? {
+    let mut text = IncrementalText::default();
+    let mut ids = Vec::new();
+    // The worker sends `Done` or `Failed` last, then drops its sender.
+    ReceiverStream::new(rx)
+        .flat_map(move |item| {
+            let (last, done) = match item {
                 StreamItem::Token(t) => {
-                    r.ids.push(t);
-                    let piece = r.text.advance(&r.tokenizer, &r.ids, false);
-                    if !piece.is_empty() {
-                        return Some((Item::Text(piece), r));
-                    }
+                    ids.push(t);
+                    (false, None)
                 }
-                StreamItem::Done {
-                    finish,
-                    cached_tokens,
-                    completion_tokens,
-                } => {
-                    r.ended = true;
+                StreamItem::Done(g) => {
                     let done = Item::Done {
-                        finish: finish.reason(),
-                        completion_tokens,
-                        cached_tokens,
+                        finish: g.finish.reason(),
+                        completion_tokens: g.tokens.len(),
+                        cached_tokens: g.cached_tokens,
                     };
-                    let piece = r.text.advance(&r.tokenizer, &r.ids, true);
-                    if piece.is_empty() {
-                        return Some((done, r));
-                    }
-                    r.then = Some(done);
-                    return Some((Item::Text(piece), r));
+                    (true, Some(done))
                 }
-                StreamItem::Failed(e) => {
-                    r.ended = true;
-                    return Some((Item::Failed(api_error(e)), r));
-                }
-            }
-        }
-    })
-    .boxed()
+                StreamItem::Failed(e) => return stream::iter(vec![Item::Failed(api_error(e))]),
+            };
+            let piece = text.advance(&tokenizer, &ids, last);
+            let piece = (!piece.is_empty()).then_some(Item::Text(piece));
+            stream::iter(piece.into_iter().chain(done).collect::<Vec<_>>())
+        })
+        .boxed()
 }

@@ -19,22 +19,14 @@ pub struct KvState {
 }
 
 impl KvState {
-    /// No positions.
-    pub fn empty() -> Self {
-        KvState::default()
-    }
-
-    /// Wraps per-layer K/V of `len` positions.
     pub fn from_layers(layers: Vec<LayerKv>, len: usize) -> Self {
         KvState { layers, len }
     }
 
-    /// Positions covered.
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether no positions are covered.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -48,7 +40,7 @@ impl KvState {
     pub fn concat(parts: &[&KvState]) -> Result<KvState> {
         let parts: Vec<&KvState> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
         match parts.as_slice() {
-            [] => return Ok(KvState::empty()),
+            [] => return Ok(KvState::default()),
             [one] => return Ok((*one).clone()),
             _ => {}
         }
@@ -112,7 +104,7 @@ mod tests {
     fn concat_then_slice_round_trips() {
         let a = state(0.0, 3);
         let b = state(100.0, 2);
-        let ab = KvState::concat(&[&a, &KvState::empty(), &b]).unwrap();
+        let ab = KvState::concat(&[&a, &KvState::default(), &b]).unwrap();
         assert_eq!(ab.len(), 5);
         let back = ab.slice_copy(3, 2).unwrap();
         let l = back.layer(0).unwrap();

@@ -1,8 +1,7 @@
-//! Building a ready model + tokenizer from the command line's choice: a model
-//! folder (no hub access) or the deterministic `--tiny` model.
+//! A ready model and tokenizer from a model folder (no hub access) or random weights.
 
 use crate::config::LlamaConfig;
-use crate::error::EngineError;
+use crate::error::{read_json, EngineError};
 use crate::model::Llama;
 use crate::weights::{load_safetensors, random_weights};
 use candle_core::{DType, Device};
@@ -13,29 +12,23 @@ use warmpath_core::tokenize::{tiny, CacheConfig, ChatTokenizer, TokenizerFiles};
 /// Where the model comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelSource {
-    /// The tiny random-weight Llama (4 layers, width 256) over the project's
-    /// generated tokenizer, determined by `seed`.
-    Tiny { seed: u64 },
     /// A folder with config.json, *.safetensors, tokenizer.json and its chat template.
     Dir(PathBuf),
-    /// Random weights of a preset shape over the tiny tokenizer (e.g. about
-    /// 1B parameters for GPU measurements without downloading weights).
+    /// Random weights (determined by `seed`) of a preset shape over the tiny
+    /// tokenizer: `--tiny`, or e.g. about 1B parameters for GPU measurements.
     Random { size: SizePreset, seed: u64 },
-    /// Random weights of the shape in `config` (a config.json) over the tiny
-    /// tokenizer's vocabulary: large-model speed measurements without weights.
-    RandomShape {
-        /// A config.json to take the shape from (`vocab_size` is replaced).
-        config: PathBuf,
-        seed: u64,
-    },
+    /// Random weights of the shape in `config` (a config.json; `vocab_size` is
+    /// replaced by the tiny tokenizer's): large-model speed without weights.
+    RandomShape { config: PathBuf, seed: u64 },
 }
 
 /// Shapes of random-weight models (`--random-size`), all over the tiny tokenizer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SizePreset {
     /// [`LlamaConfig::tiny`]: 4 layers, width 256 (what `--tiny` runs).
     Tiny,
     /// [`LlamaConfig::preset_1b`]: about 1B parameters, Llama 3.2 1B's shape.
+    #[value(name = "1b")]
     OneB,
 }
 
@@ -49,25 +42,10 @@ impl SizePreset {
     }
 }
 
-impl std::str::FromStr for SizePreset {
-    type Err = EngineError;
-
-    fn from_str(s: &str) -> Result<Self, EngineError> {
-        match s {
-            "tiny" => Ok(SizePreset::Tiny),
-            "1b" => Ok(SizePreset::OneB),
-            other => Err(EngineError::Unsupported(format!(
-                "size preset {other:?} (expected tiny or 1b)"
-            ))),
-        }
-    }
-}
-
 /// A loaded model, its tokenizer and what the API reports.
 #[derive(Debug)]
 pub struct LoadedModel {
     pub model: Llama,
-    /// Chat template + tokenizer.
     pub tokenizer: ChatTokenizer,
     /// Ids that end generation (EOS and end-of-turn tokens).
     pub stop_ids: Vec<u32>,
@@ -77,10 +55,8 @@ fn tok_err(e: warmpath_core::tokenize::TokenizeError) -> EngineError {
     EngineError::Tokenizer(e.to_string())
 }
 
-/// Loads `source` onto `device` in `dtype` (weights stored in another float
-/// dtype are converted). Reads files: start-up only. Every problem with a
-/// model folder is an [`EngineError::BadModel`] (or `Io`/`Tokenizer`) naming
-/// the file and what is wrong, never a panic.
+/// Loads `source` onto `device` in `dtype` (other float weights are converted).
+/// Start-up only; a bad model folder is an error naming the file, never a panic.
 pub fn load(
     source: &ModelSource,
     device: &Device,
@@ -98,29 +74,17 @@ pub fn load(
         Ok((cfg, w, tiny::files().map_err(tok_err)?))
     };
     let (cfg, weights, files) = match source {
-        ModelSource::Tiny { seed } => random(SizePreset::Tiny.config(), *seed)?,
         ModelSource::Random { size, seed } => random(size.config(), *seed)?,
         ModelSource::RandomShape { config, seed } => {
-            let bad = |reason: String| EngineError::BadModel {
-                path: config.clone(),
-                reason,
-            };
-            let text = std::fs::read_to_string(config).map_err(|source| EngineError::Io {
-                path: config.clone(),
-                source,
-            })?;
-            let mut cfg: LlamaConfig =
-                serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            let mut cfg: LlamaConfig = read_json(config)?;
             cfg.vocab_size = tiny::VOCAB_SIZE;
-            cfg.validate().map_err(|e| bad(e.to_string()))?;
+            cfg.validate()
+                .map_err(|e| EngineError::bad_model(config, e))?;
             random(cfg, *seed)?
         }
         ModelSource::Dir(dir) => {
             if !dir.is_dir() {
-                return Err(EngineError::BadModel {
-                    path: dir.clone(),
-                    reason: "not a folder".into(),
-                });
+                return Err(EngineError::bad_model(dir, "not a folder"));
             }
             let cfg = LlamaConfig::from_model_dir(dir)?;
             let w = load_safetensors(dir, device)?;
@@ -128,45 +92,36 @@ pub fn load(
         }
     };
     let origin = match source {
-        ModelSource::Dir(d) => d.clone(),
-        _ => Path::new("<random weights>").to_owned(),
+        ModelSource::Dir(d) => d.as_path(),
+        _ => Path::new("<random weights>"),
     };
     let vb = VarBuilder::from_tensors(weights, dtype, device);
-    let model = Llama::load(vb, &cfg).map_err(|e| EngineError::BadModel {
-        path: origin.clone(),
-        reason: e.to_string(),
-    })?;
+    let model = Llama::load(vb, &cfg).map_err(|e| EngineError::bad_model(origin, e))?;
     let tokenizer = ChatTokenizer::new(&files, CacheConfig::default()).map_err(tok_err)?;
     let tok_vocab = tokenizer.tokenizer().get_vocab_size(true);
     if tok_vocab > cfg.vocab_size {
-        return Err(EngineError::BadModel {
-            path: origin.join("tokenizer.json"),
-            reason: format!(
-                "the tokenizer has {tok_vocab} ids but the model's vocab_size is {}",
-                cfg.vocab_size
-            ),
-        });
+        let reason = format!(
+            "the tokenizer has {tok_vocab} ids but the model's vocab_size is {}",
+            cfg.vocab_size
+        );
+        return Err(EngineError::bad_model(
+            &origin.join("tokenizer.json"),
+            reason,
+        ));
     }
-    let mut stop_ids = Vec::new();
-    let names = [
-        files.special_tokens.eos.as_deref(),
-        Some(tiny::EOT_ID),
-        Some(tiny::END_OF_TEXT),
-    ];
-    let mut ids: Vec<u32> = names
+    let eos = files.special_tokens.eos.as_deref();
+    let mut stop_ids: Vec<u32> = [eos, Some(tiny::EOT_ID), Some(tiny::END_OF_TEXT)]
         .into_iter()
         .flatten()
         .filter_map(|name| tokenizer.tokenizer().token_to_id(name))
         .collect();
     if let ModelSource::Dir(dir) = source {
-        ids.extend(eos_ids(&dir.join("config.json"))?);
-        ids.extend(eos_ids(&dir.join("generation_config.json"))?);
+        stop_ids.extend(eos_ids(&dir.join("config.json"))?);
+        stop_ids.extend(eos_ids(&dir.join("generation_config.json"))?);
     }
-    for id in ids {
-        if (id as usize) < cfg.vocab_size && !stop_ids.contains(&id) {
-            stop_ids.push(id);
-        }
-    }
+    stop_ids.retain(|&id| (id as usize) < cfg.vocab_size);
+    stop_ids.sort_unstable();
+    stop_ids.dedup();
     Ok(LoadedModel {
         model,
         tokenizer,
@@ -180,19 +135,13 @@ fn eos_ids(path: &Path) -> Result<Vec<u32>, EngineError> {
     if !path.is_file() {
         return Ok(Vec::new());
     }
-    let bad = |reason: String| EngineError::BadModel {
-        path: path.to_owned(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value = read_json(path)?;
     let one = |x: &serde_json::Value| {
         x.as_u64()
             .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| bad(format!("eos_token_id {x} is not a token id")))
+            .ok_or_else(|| {
+                EngineError::bad_model(path, format!("eos_token_id {x} is not a token id"))
+            })
     };
     match v.get("eos_token_id") {
         None | Some(serde_json::Value::Null) => Ok(Vec::new()),

@@ -26,8 +26,8 @@ struct Cli {
     #[arg(long, conflicts_with_all = ["model_dir", "random_size"])]
     random_shape: Option<PathBuf>,
     /// Random weights of a preset shape over the tiny tokenizer: tiny or 1b (benchmarks).
-    #[arg(long, conflicts_with = "model_dir")]
-    random_size: Option<String>,
+    #[arg(long, value_enum, conflicts_with = "model_dir")]
+    random_size: Option<SizePreset>,
     /// Write a Hugging Face style model folder (random weights of --random-size,
     /// default tiny, from --seed, stored in --dtype; the tiny tokenizer) and exit.
     #[arg(long, conflicts_with_all = ["model_dir", "random_shape", "tiny"])]
@@ -91,9 +91,8 @@ fn main() -> Result<()> {
     runtime.block_on(serve(cli))
 }
 
-/// Writes the model folder asked for with `--write-model-dir`.
 fn write_model(cli: &Cli, dir: &std::path::Path) -> Result<()> {
-    let size: SizePreset = cli.random_size.as_deref().unwrap_or("tiny").parse()?;
+    let size = cli.random_size.unwrap_or(SizePreset::Tiny);
     let options = ModelDirOptions {
         seed: cli.seed,
         dtype: parse_dtype(&cli.dtype)?,
@@ -119,11 +118,14 @@ async fn serve(cli: Cli) -> Result<()> {
             config: c.clone(),
             seed: cli.seed,
         },
-        (None, None, Some(s), false) => ModelSource::Random {
-            size: s.parse()?,
+        (None, None, Some(size), false) => ModelSource::Random {
+            size: *size,
             seed: cli.seed,
         },
-        (None, None, None, true) => ModelSource::Tiny { seed: cli.seed },
+        (None, None, None, true) => ModelSource::Random {
+            size: SizePreset::Tiny,
+            seed: cli.seed,
+        },
         _ => bail!(
             "give exactly one of --tiny, --model-dir DIR, --random-size SIZE or --random-shape CONFIG"
         ),

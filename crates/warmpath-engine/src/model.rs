@@ -1,7 +1,6 @@
 //! A Llama forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP)
 //! that attends over K/V computed earlier, so that only the uncached suffix of
 //! a prompt is prefilled and decoding reuses the same path one token at a time.
-//!
 //! K is stored after RoPE, as vLLM does: a block's K/V depend only on the
 //! tokens before and in it and on its absolute positions, which is exactly
 //! what the chained block hash captures.
@@ -23,7 +22,6 @@ struct Block {
     down: Linear,
 }
 
-/// A loaded Llama model.
 pub struct Llama {
     cfg: LlamaConfig,
     embed: Embedding,

@@ -2,9 +2,9 @@
 //! with an index, the tiny tokenizer) with deterministic random weights: what
 //! `--model-dir` is tested with, and `--write-model-dir` writes.
 
-use crate::config::LlamaConfig;
+use crate::config::{weight_shapes, LlamaConfig};
 use crate::error::EngineError;
-use crate::weights::{random_weights, weight_shapes, INDEX_FILE};
+use crate::weights::{random_weights, INDEX_FILE};
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -32,22 +32,19 @@ impl Default for ModelDirOptions {
     }
 }
 
-/// The `torch_dtype` name of `dtype`.
-pub fn torch_dtype_name(dtype: DType) -> Result<&'static str, EngineError> {
-    match dtype {
-        DType::F32 => Ok("float32"),
-        DType::BF16 => Ok("bfloat16"),
-        DType::F16 => Ok("float16"),
-        other => Err(EngineError::Unsupported(format!(
-            "weights in {other:?} (use f32, bf16 or f16)"
-        ))),
-    }
-}
-
 /// A Hugging Face `config.json` for a `LlamaForCausalLM` of shape `cfg` with
 /// the tiny tokenizer's special token ids.
 pub fn hf_config_json(cfg: &LlamaConfig, dtype: DType) -> Result<Value, EngineError> {
-    let mut v = json!({
+    let torch_dtype = match dtype {
+        DType::F32 => "float32",
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        other => {
+            let msg = format!("weights in {other:?} (use f32, bf16 or f16)");
+            return Err(EngineError::Unsupported(msg));
+        }
+    };
+    Ok(json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "attention_bias": false,
@@ -66,26 +63,13 @@ pub fn hf_config_json(cfg: &LlamaConfig, dtype: DType) -> Result<Value, EngineEr
         "num_key_value_heads": cfg.kv_heads(),
         "pretraining_tp": 1,
         "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_scaling": null,
+        "rope_scaling": cfg.rope_scaling,
         "rope_theta": cfg.rope_theta,
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        "torch_dtype": torch_dtype_name(dtype)?,
+        "torch_dtype": torch_dtype,
         "use_cache": true,
         "vocab_size": cfg.vocab_size,
-    });
-    if let (Some(rs), Some(obj)) = (&cfg.rope_scaling, v.as_object_mut()) {
-        obj.insert(
-            "rope_scaling".into(),
-            json!({
-                "rope_type": rs.rope_type,
-                "factor": rs.factor,
-                "low_freq_factor": rs.low_freq_factor,
-                "high_freq_factor": rs.high_freq_factor,
-                "original_max_position_embeddings": rs.original_max_position_embeddings,
-            }),
-        );
-    }
-    Ok(v)
+    }))
 }
 
 fn write(path: &Path, text: String) -> Result<(), EngineError> {
@@ -96,25 +80,19 @@ fn write(path: &Path, text: String) -> Result<(), EngineError> {
 }
 
 fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<(), EngineError> {
-    candle_core::safetensors::save(tensors, path).map_err(|e| EngineError::BadModel {
-        path: path.to_owned(),
-        reason: format!("writing safetensors: {e}"),
-    })
+    candle_core::safetensors::save(tensors, path)
+        .map_err(|e| EngineError::bad_model(path, format!("writing safetensors: {e}")))
 }
 
-/// Writes a complete model folder of shape `cfg` into `dir` (created if
-/// missing): random weights from `options.seed` in `options.dtype`, the tiny
-/// tokenizer and its chat template. `cfg.vocab_size` should be at least
-/// [`tiny::VOCAB_SIZE`] for the folder to load (the loader checks).
+/// Writes a model folder of shape `cfg` into `dir` (created if missing) with
+/// the tiny tokenizer, so `cfg.vocab_size` must be at least [`tiny::VOCAB_SIZE`].
 pub fn write_random_model_dir(
     dir: &Path,
     cfg: &LlamaConfig,
     options: &ModelDirOptions,
 ) -> Result<(), EngineError> {
-    cfg.validate().map_err(|e| EngineError::BadModel {
-        path: dir.join("config.json"),
-        reason: e.to_string(),
-    })?;
+    cfg.validate()
+        .map_err(|e| EngineError::bad_model(&dir.join("config.json"), e))?;
     let config = hf_config_json(cfg, options.dtype)?;
     tiny::write_model_dir(dir).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
     let mut weights = random_weights(cfg, options.seed, options.dtype, &Device::Cpu)?;
@@ -144,8 +122,7 @@ pub fn write_random_model_dir(
     write(&dir.join("config.json"), pretty(&config))
 }
 
-/// Writes the `--tiny` model (same shape, same weights for the same `seed`)
-/// as an f32 model folder in `dir`.
+/// Writes the `--tiny` model (the same weights for the same `seed`) in f32.
 pub fn write_tiny_model_dir(dir: &Path, seed: u64) -> Result<(), EngineError> {
     let options = ModelDirOptions {
         seed,

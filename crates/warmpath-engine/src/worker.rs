@@ -1,9 +1,7 @@
-//! One worker thread owns the [`Engine`]; requests wait in a bounded FIFO queue
-//! and run one at a time. Tokens stream back over a bounded channel per request;
-//! a request whose receiver is gone stops at its next token. The thread ends once
-//! every [`EngineHandle`] is dropped and the current request finishes.
+//! The worker thread that owns the [`Engine`]. Tokens stream back over a bounded
+//! channel per request; a request whose receiver is gone stops at its next token.
 
-use crate::engine::{Engine, Finish};
+use crate::engine::{Engine, Generation};
 use crate::error::EngineError;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -16,17 +14,8 @@ const STREAM_BUFFER: usize = 64;
 /// What a generation request streams back.
 #[derive(Debug)]
 pub enum StreamItem {
-    /// The next generated token id.
     Token(u32),
-    /// Generation ended.
-    Done {
-        finish: Finish,
-        /// Prompt tokens served from the prefix cache.
-        cached_tokens: usize,
-        /// Tokens generated.
-        completion_tokens: usize,
-    },
-    /// The request failed.
+    Done(Generation),
     Failed(EngineError),
 }
 
@@ -36,9 +25,7 @@ pub struct GenerateRequest {
     pub tokens: Vec<u32>,
     /// `cache_salt`, isolating the request's prefix cache entries.
     pub salt: Option<String>,
-    /// Most tokens to generate.
     pub max_tokens: usize,
-    /// Ids that end generation.
     pub stop_ids: Vec<u32>,
 }
 
@@ -54,7 +41,6 @@ pub struct StatsSnapshot {
     /// Requests being computed (0 or 1).
     pub running: u64,
     pub waiting: u64,
-    /// Cache blocks in use.
     pub used_blocks: u64,
     /// Prompt tokens looked up in the prefix cache.
     pub queried_tokens: u64,
@@ -85,7 +71,6 @@ pub struct EngineHandle {
 pub struct WorkerThread(JoinHandle<()>);
 
 impl WorkerThread {
-    /// Waits for the thread to end.
     pub fn join(self) {
         if self.0.join().is_err() {
             tracing::error!("engine worker thread panicked");
@@ -132,11 +117,7 @@ fn run(mut engine: Engine, mut rx: mpsc::Receiver<Job>, stats: Stats) {
                         |t| out.blocking_send(StreamItem::Token(t)).is_ok(),
                     );
                     let item = match result {
-                        Ok(g) => StreamItem::Done {
-                            finish: g.finish,
-                            cached_tokens: g.cached_tokens,
-                            completion_tokens: g.tokens.len(),
-                        },
+                        Ok(g) => StreamItem::Done(g),
                         Err(e) => {
                             tracing::warn!(error = %e, "generation failed");
                             StreamItem::Failed(e)

@@ -20,7 +20,6 @@ pub struct ChatTokenizer {
 }
 
 impl std::fmt::Debug for ChatTokenizer {
-    /// Short: the vocabulary itself is not printed.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTokenizer")
             .field("vocab_size", &self.tokenizer.get_vocab_size(true))
@@ -82,17 +81,15 @@ impl ChatTokenizer {
             .render(chat)
     }
 
-    /// The token ids vLLM would compute for the request: chat -> rendered text
-    /// without added special tokens; completion text -> with special tokens;
-    /// token ids -> as given. For a batch prompt, the first prompt.
+    /// The token ids vLLM would compute for the request (for a batch, its first
+    /// prompt); see docs/tokenization.md.
     pub fn encode_request(&self, req: &Request<'_>) -> Result<Vec<u32>, TokenizeError> {
         self.encode_request_capped(req, None)
     }
 
-    /// [`encode_request`](Self::encode_request), refusing a prompt of more than
-    /// `cap` tokens with [`TokenizeError::PromptTooLong`]. On the fast path the
-    /// encoding stops soon after the cap, so the work is bounded by the cap,
-    /// not by the prompt's length (rendering still reads the whole chat).
+    /// [`encode_request`](Self::encode_request), refusing more than `cap` tokens
+    /// ([`TokenizeError::PromptTooLong`]); the fast path stops soon after the
+    /// cap, so the work is bounded by the cap, not by the prompt's length.
     pub fn encode_request_capped(
         &self,
         req: &Request<'_>,
@@ -117,8 +114,7 @@ impl ChatTokenizer {
         }
     }
 
-    /// Encodes `text` by the fast path when there is one. Always equal to
-    /// [`encode_text_uncached`](Self::encode_text_uncached).
+    /// Equal to [`encode_text_uncached`](Self::encode_text_uncached), by the fast path if any.
     pub fn encode_text(
         &self,
         text: &str,

@@ -8,30 +8,20 @@ use thiserror::Error;
 /// [`TokenizeError::is_client_error`] for the per-request ones.
 #[derive(Debug, Error)]
 pub enum TokenizeError {
-    /// A file could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    /// A JSON file (tokenizer_config.json, chat_template.json) is not valid JSON.
-    #[error("{} is not valid JSON: {source}", path.display())]
-    ConfigJson {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A configuration field has an unexpected shape.
+    /// A configuration file (tokenizer_config.json, chat_template.json) is not
+    /// valid JSON or a field has an unexpected shape.
     #[error("{}: {reason}", path.display())]
     BadConfig { path: PathBuf, reason: String },
-    /// tokenizer.json could not be loaded by the `tokenizers` library.
     #[error("cannot load tokenizer.json: {0}")]
     Load(#[source] tokenizers::Error),
-    /// The chat template does not compile.
     #[error("chat template does not compile: {0}")]
     TemplateSyntax(#[source] minijinja::Error),
-    /// A chat request arrived but the tokenizer has no chat template.
     #[error("the tokenizer has no chat template, so chat requests cannot be tokenized")]
     NoChatTemplate,
     /// Rendering failed: the template raised an exception (e.g. roles must
@@ -41,18 +31,15 @@ pub enum TokenizeError {
     /// `continue_final_message` was asked for with an unusable last message.
     #[error("continue_final_message: {0}")]
     ContinueFinalMessage(&'static str),
-    /// The `tokenizers` library failed to encode the text.
     #[error("tokenization failed: {0}")]
     Encode(#[source] tokenizers::Error),
-    /// The prompt has more tokens than the cap it was encoded under
-    /// ([`ChatTokenizer::encode_request_capped`](super::chat::ChatTokenizer::encode_request_capped)). Encoding stopped soon after
-    /// the cap, so `seen` may be less than the prompt's full length. A client
-    /// error; the message is vLLM's.
+    /// More tokens than the cap of
+    /// [`encode_request_capped`](super::chat::ChatTokenizer::encode_request_capped);
+    /// the message is vLLM's.
     #[error("This model's maximum context length is {} tokens. However, your request has {}{seen} input tokens. Please reduce the length of the input messages.", cap + 1, if *complete { "" } else { "at least " })]
     PromptTooLong {
-        /// Most prompt tokens accepted.
         cap: usize,
-        /// Tokens counted when encoding stopped.
+        /// Tokens counted when encoding stopped (maybe fewer than the prompt's).
         seen: usize,
         /// Whether `seen` is the whole prompt.
         complete: bool,
@@ -60,8 +47,7 @@ pub enum TokenizeError {
 }
 
 impl TokenizeError {
-    /// True when the request itself is at fault (answer 400; do not retry the
-    /// same body); false for server-side configuration or library failures.
+    /// The request itself is at fault (answer 400; do not retry the same body).
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,

@@ -16,5 +16,4 @@ pub use chat::ChatTokenizer;
 pub use error::TokenizeError;
 pub use fast::CacheConfig;
 pub use files::{SpecialTokens, TokenizerFiles};
-pub use template::ChatTemplate;
 pub use weighted_lru::CacheStats;

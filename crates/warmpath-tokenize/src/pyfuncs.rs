@@ -133,45 +133,33 @@ pub(crate) fn write_py_json(
             out.extend(std::iter::repeat_n(' ', n * depth));
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match v {
-        J::Null => out.push_str("null"),
-        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        J::Number(n) => out.push_str(&n.to_string()),
-        J::String(s) => out.push_str(&J::String(s.clone()).to_string()),
-        J::Array(a) if a.is_empty() => out.push_str("[]"),
-        J::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                write_py_json(out, x, indent, sort_keys, depth + 1);
-            }
-            newline(out, depth);
-            out.push(']');
-        }
-        J::Object(o) if o.is_empty() => out.push_str("{}"),
-        J::Object(o) => {
-            let mut entries: Vec<_> = o.iter().collect();
-            if sort_keys {
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-            }
-            out.push('{');
-            for (i, (k, x)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                out.push_str(&J::String(k.clone()).to_string());
-                out.push_str(": ");
-                write_py_json(out, x, indent, sort_keys, depth + 1);
-            }
-            newline(out, depth);
-            out.push('}');
-        }
+    let (open, close, mut entries): (char, char, Vec<(Option<&String>, &J)>) = match v {
+        J::Array(a) => ('[', ']', a.iter().map(|x| (None, x)).collect()),
+        J::Object(o) => ('{', '}', o.iter().map(|(k, x)| (Some(k), x)).collect()),
+        // Null, booleans, numbers and strings print as serde_json prints them.
+        scalar => return out.push_str(&scalar.to_string()),
+    };
+    if sort_keys {
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
     }
+    out.push(open);
+    if entries.is_empty() {
+        out.push(close);
+        return;
+    }
+    for (i, (key, x)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(if indent.is_some() { "," } else { ", " });
+        }
+        newline(out, depth + 1);
+        if let Some(k) = key {
+            out.push_str(&J::String(k.clone()).to_string());
+            out.push_str(": ");
+        }
+        write_py_json(out, x, indent, sort_keys, depth + 1);
+    }
+    newline(out, depth);
+    out.push(close);
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use warmpath_request::{ChatBody, Message};
 const NAME: &str = "chat";
 
 /// A compiled chat template plus the special tokens it may print.
-pub struct ChatTemplate {
+pub(crate) struct ChatTemplate {
     env: Environment<'static>,
     special: SpecialTokens,
 }
@@ -31,7 +31,7 @@ impl ChatTemplate {
     /// Compiles `source`. The environment has `trim_blocks` and `lstrip_blocks`
     /// on (as Hugging Face), Python string/dict/list methods (minijinja-contrib's
     /// pycompat), `raise_exception`, `strftime_now` and a Python-style `tojson`.
-    pub fn new(source: &str, special: SpecialTokens) -> Result<Self, TokenizeError> {
+    pub(crate) fn new(source: &str, special: SpecialTokens) -> Result<Self, TokenizeError> {
         let mut env = Environment::new();
         env.set_syntax(
             SyntaxConfig::builder()
@@ -56,7 +56,7 @@ impl ChatTemplate {
     /// `pad_token`, then `chat_template_kwargs` (which cannot replace `messages`).
     /// With `continue_final_message` the text is cut right after the last
     /// message's content, as `transformers` does.
-    pub fn render(&self, chat: &ChatBody<'_>) -> Result<String, TokenizeError> {
+    pub(crate) fn render(&self, chat: &ChatBody<'_>) -> Result<String, TokenizeError> {
         if chat.continue_final_message && chat.add_generation_prompt {
             return Err(TokenizeError::ContinueFinalMessage(
                 "cannot be combined with add_generation_prompt=true",

@@ -14,16 +14,13 @@ use std::sync::OnceLock;
 use tokenizers::{OffsetReferential, OffsetType};
 use tokenizers::{PreTokenizedString, PreTokenizer, PreTokenizerWrapper, Tokenizer};
 
-/// Number of learned merges (and of merged tokens).
 pub const NUM_MERGES: usize = 763;
-/// Total vocabulary: 256 bytes + merges + 5 special tokens.
 pub const VOCAB_SIZE: usize = 256 + NUM_MERGES + SPECIAL_TOKENS.len();
-/// `<|begin_of_text|>`, the BOS token.
 pub const BEGIN_OF_TEXT: &str = "<|begin_of_text|>";
 pub const END_OF_TEXT: &str = "<|end_of_text|>";
 pub const START_HEADER_ID: &str = "<|start_header_id|>";
 pub const END_HEADER_ID: &str = "<|end_header_id|>";
-/// `<|eot_id|>`, the end of a turn and the EOS token of the chat model.
+/// The end of a turn and the EOS token of the chat model.
 pub const EOT_ID: &str = "<|eot_id|>";
 /// The special tokens in id order, starting at [`BOS_ID`].
 pub const SPECIAL_TOKENS: [&str; 5] = [
@@ -33,9 +30,7 @@ pub const SPECIAL_TOKENS: [&str; 5] = [
     END_HEADER_ID,
     EOT_ID,
 ];
-/// Id of `<|begin_of_text|>`.
 pub const BOS_ID: u32 = (256 + NUM_MERGES) as u32;
-/// Id of `<|eot_id|>`, the EOS id.
 pub const EOT_ID_ID: u32 = BOS_ID + 4;
 
 /// Llama 3's chat template (Meta-Llama-3-8B-Instruct).

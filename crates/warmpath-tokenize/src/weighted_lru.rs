@@ -1,5 +1,6 @@
 //! A bounded LRU of token ids made from text (the chunk memo), keyed by the
-//! xxh3-128 of the source bytes plus their length, bounded by the total ids held. Values are made outside the lock, so concurrent misses may both make one.
+//! xxh3-128 of the source bytes plus their length, bounded by the total ids
+//! held. Values are made outside the lock, so concurrent misses may both make one.
 
 use lru::LruCache;
 use parking_lot::Mutex;
@@ -54,54 +55,36 @@ impl WeightedLru {
     }
 
     /// The value made from `source`: from the cache, or from `make` (then
-    /// kept when it fits). Errors from `make` pass through; nothing is kept.
+    /// kept, evicting least recently used values past the capacity, unless it
+    /// alone exceeds the capacity). Errors from `make` pass through.
     pub(crate) fn get_or_make<E>(
         &self,
         source: &[u8],
         make: impl FnOnce() -> Result<Arc<[u32]>, E>,
     ) -> Result<Arc<[u32]>, E> {
         let key = (xxh3_128(source), source.len());
-        if let Some(v) = self.get(key) {
+        if let Some(v) = self.inner.lock().lru.get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::clone(v));
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let v = make()?;
+        if v.len() > self.capacity {
             return Ok(v);
         }
-        let v = make()?;
-        self.insert(key, Arc::clone(&v));
-        Ok(v)
-    }
-
-    /// The value under `key` (a hit or a miss is counted).
-    pub(crate) fn get(&self, key: (u128, usize)) -> Option<Arc<[u32]>> {
-        let hit = self.inner.lock().lru.get(&key).map(Arc::clone);
-        let counter = if hit.is_some() {
-            &self.hits
-        } else {
-            &self.misses
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        hit
-    }
-
-    /// Puts `v` under `key`, evicting least recently used values past the
-    /// capacity; a value larger than the whole capacity is not kept.
-    pub(crate) fn insert(&self, key: (u128, usize), v: Arc<[u32]>) {
-        let size = v.len();
-        if size > self.capacity {
-            return;
-        }
         let mut inner = self.inner.lock();
-        if let Some(old) = inner.lru.put(key, v) {
+        if let Some(old) = inner.lru.put(key, Arc::clone(&v)) {
             inner.size -= old.len();
         }
-        inner.size += size;
+        inner.size += v.len();
         while inner.size > self.capacity {
-            match inner.lru.pop_lru() {
-                Some((_, evicted)) => {
-                    inner.size -= evicted.len();
-                    self.evictions.fetch_add(1, Ordering::Relaxed);
-                }
-                None => break,
-            }
+            let Some((_, evicted)) = inner.lru.pop_lru() else {
+                break;
+            };
+            inner.size -= evicted.len();
+            self.evictions.fetch_add(1, Ordering::Relaxed);
         }
+        Ok(v)
     }
 
     /// The bound on the total size of the values held.

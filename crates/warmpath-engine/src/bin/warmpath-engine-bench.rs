@@ -1,16 +1,10 @@
-//! Prefill benchmark of the engine: time to first token with a cold cache
-//! versus a warm shared prefix, and prefill throughput.
-//!
-//! `cargo run --release -p warmpath-engine --bin warmpath-engine-bench -- [--prefix 1000,4000] [--suffix 32] [--runs 3]`
-//! On a GPU: `--features cuda` and `--device cuda --dtype bf16 --size 1b --prefix 8000 --json`.
-//!
-//! TTFT here is measured inside the engine (prefix lookup + prefill + the
-//! first greedy token, read back to the host), without HTTP. Cold: empty cache.
-//! Warm: the same prefix was computed by an earlier request with a different
-//! suffix. One short untimed request first loads kernels and warms allocators.
+//! Prefill benchmark of the engine: time to first token (prefix lookup, prefill,
+//! the first greedy token read back; no HTTP) with an empty cache versus a prefix
+//! an earlier request with another suffix computed. GPU: `--features cuda`, then
+//! `--device cuda --dtype bf16 --size 1b --prefix 8000 --json`.
 
 use anyhow::Result;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use serde_json::json;
 use std::time::Instant;
 use warmpath_engine::device::{open_device, parse_dtype};
@@ -29,14 +23,12 @@ struct Args {
     /// Measurements per setting (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Tokens per block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Prefill chunk.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
     /// Random-weight model shape: tiny (4 layers, width 256) or 1b (Llama 3.2 1B's shape).
-    #[arg(long, default_value = "tiny")]
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "1b"])]
     size: String,
     /// cpu, cuda or cuda:N (CUDA needs `--features cuda`).
     #[arg(long, default_value = "cpu")]
@@ -56,7 +48,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let size: SizePreset = args.size.parse()?;
+    let size = SizePreset::from_str(&args.size, false).map_err(anyhow::Error::msg)?;
     let device = open_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype)?;
     let t = Instant::now();
@@ -80,6 +72,7 @@ fn main() -> Result<()> {
         (x % vocab) as u32
     };
     let warmup: Vec<u32> = (0..64).map(|_| next()).collect();
+    // Untimed: loads kernels and warms allocators.
     argmax(&engine.prefill(&warmup, None)?.logits)?;
     let mut results = Vec::new();
     for &plen in &args.prefix {

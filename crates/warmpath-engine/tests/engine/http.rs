@@ -5,12 +5,20 @@ use candle_core::{DType, Device};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use warmpath_engine::http::{router, AppState, ServerConfig};
-use warmpath_engine::{load, worker, Engine, EngineOptions, ModelSource, NoEvents};
+use warmpath_engine::{load, worker, Engine, EngineOptions, ModelSource, NoEvents, SizePreset};
 
 const MODEL: &str = "warmpath-tiny";
 
 async fn start(cache_blocks: usize) -> String {
-    let loaded = load(&ModelSource::Tiny { seed: 0 }, &Device::Cpu, DType::F32).unwrap();
+    let loaded = load(
+        &ModelSource::Random {
+            size: SizePreset::Tiny,
+            seed: 0,
+        },
+        &Device::Cpu,
+        DType::F32,
+    )
+    .unwrap();
     let max_model_len = loaded.model.config().max_position_embeddings;
     let opts = EngineOptions {
         block_size: 16,

@@ -20,7 +20,7 @@ use warmpath_engine::kv::KvState;
 use warmpath_engine::model::Llama;
 use warmpath_engine::model_dir::{write_random_model_dir, write_tiny_model_dir, ModelDirOptions};
 use warmpath_engine::weights::random_weights;
-use warmpath_engine::{load, EngineError, LoadedModel, ModelSource};
+use warmpath_engine::{load, EngineError, LoadedModel, ModelSource, SizePreset};
 
 /// A fresh folder under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -56,7 +56,7 @@ fn prompt() -> Vec<u32> {
 }
 
 fn logits(model: &Llama) -> Vec<f32> {
-    let (l, _) = model.forward(&prompt(), &KvState::empty()).unwrap();
+    let (l, _) = model.forward(&prompt(), &KvState::default()).unwrap();
     l.to_dtype(DType::F32).unwrap().to_vec1().unwrap()
 }
 
@@ -65,7 +65,15 @@ fn load_dir(dir: &Path, dtype: DType) -> Result<LoadedModel, EngineError> {
 }
 
 fn tiny_model(seed: u64, dtype: DType) -> LoadedModel {
-    load(&ModelSource::Tiny { seed }, &Device::Cpu, dtype).unwrap()
+    load(
+        &ModelSource::Random {
+            size: SizePreset::Tiny,
+            seed,
+        },
+        &Device::Cpu,
+        dtype,
+    )
+    .unwrap()
 }
 
 #[test]

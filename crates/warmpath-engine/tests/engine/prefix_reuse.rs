@@ -62,7 +62,7 @@ fn tokens(seed: u64, n: usize) -> Vec<u32> {
 }
 
 fn full_logits(m: &Llama, t: &[u32]) -> Tensor {
-    m.forward(t, &KvState::empty()).unwrap().0
+    m.forward(t, &KvState::default()).unwrap().0
 }
 
 fn assert_close(a: &Tensor, b: &Tensor, what: &str) {

@@ -51,12 +51,8 @@ async fn one_request_at_a_time_from_a_bounded_fifo_queue() {
     loop {
         match b.recv().await.unwrap() {
             StreamItem::Token(_) => tokens += 1,
-            StreamItem::Done {
-                finish,
-                completion_tokens,
-                ..
-            } => {
-                assert_eq!((finish, completion_tokens, tokens), (Finish::Length, 3, 3));
+            StreamItem::Done(g) => {
+                assert_eq!((g.finish, g.tokens.len(), tokens), (Finish::Length, 3, 3));
                 break;
             }
             StreamItem::Failed(e) => panic!("{e}"),

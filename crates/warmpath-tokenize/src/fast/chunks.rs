@@ -1,13 +1,10 @@
-//! The one memo: token ids of ~1 KiB chunks of long pieces, each cut at the first
-//! *safe point* (an ASCII space before an ASCII letter) after
-//! [`CacheConfig::min_segment_bytes`](crate::CacheConfig), kept in a [`WeightedLru`]
-//! by the chunk's xxh3-128 and length. Why a piece's ids are its chunks' ids
-//! concatenated: docs/tokenization.md.
+//! The chunk memo: token ids of ~1 KiB chunks of long pieces, each cut at the
+//! first *safe point* (an ASCII space before an ASCII letter); why a piece's ids
+//! are its chunks' ids concatenated: docs/tokenization.md.
 
 use crate::weighted_lru::WeightedLru;
 use std::sync::Arc;
 
-/// The chunk memo (see module docs).
 #[derive(Debug)]
 pub(crate) struct ChunkMemo {
     /// Pieces shorter than this are encoded directly; longer ones are cut

@@ -1,8 +1,6 @@
 //! The fast path of encoding: the `tokenizers` library's pipeline redone step by
-//! step ([`split`], [`chunks`], [`presplit`], [`SpecialWrap`]), see
-//! docs/tokenization.md. **The one switch** is [`FastPath::new`]: `Some` only when
-//! every step gives the library's ids for this tokenizer; `None`: every text goes
-//! to the library in one call.
+//! step (docs/tokenization.md). The one switch is [`FastPath::new`]: `Some` only
+//! when every step gives the library's ids for this tokenizer.
 
 mod chunks;
 mod presplit;
@@ -34,10 +32,8 @@ pub struct CacheConfig {
 }
 
 impl Default for CacheConfig {
-    /// Chunks of 1 KiB (about 250 tokens): a repeated document's tail past
-    /// its last whole chunk, re-encoded with each new question, stays short.
-    /// Up to 4 Mi token ids (16 MiB of ids), e.g. 500 distinct 8k-token
-    /// documents.
+    /// Chunks of 1 KiB (about 250 tokens), so a repeated document's re-encoded
+    /// tail stays short; 4 Mi ids (16 MiB), e.g. 500 distinct 8k-token documents.
     fn default() -> Self {
         CacheConfig {
             min_segment_bytes: 1024,
@@ -169,15 +165,8 @@ impl FastPath {
         self.memo.lru.stats()
     }
 
-    /// The word cache's counters (`tokens` is not counted there: 0), when
-    /// there is one.
+    /// The word cache's counters, when there is one.
     pub(crate) fn word_stats(&self) -> Option<CacheStats> {
-        let (hits, misses, entries) = self.pieces.as_ref()?.word_stats()?;
-        Some(CacheStats {
-            hits,
-            misses,
-            entries,
-            ..CacheStats::default()
-        })
+        self.pieces.as_ref()?.word_stats()
     }
 }

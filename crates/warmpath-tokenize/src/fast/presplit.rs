@@ -1,11 +1,10 @@
-//! The split regex of the Llama 3 / GPT-4 byte-level BPEs on the `regex` crate,
-//! with `\s+(?!\S)` applied after the match instead of `fancy-regex`'s
-//! backtracking (why that gives the same splits: docs/tokenization.md), then
-//! GPT-2's byte alphabet and the [`WordCache`] or the tokenizer's own model.
-//! Only the exact patterns in [`KNOWN_PATTERNS`] are taken; anything else gets `None`.
+//! The Llama 3 / GPT-4 / Qwen split regex on the `regex` crate, with `\s+(?!\S)`
+//! applied after the match (why that is exact: docs/tokenization.md), then GPT-2's
+//! byte alphabet and the [`WordCache`] or the model. Only [`KNOWN_PATTERNS`] are taken.
 
 use super::word_cache::WordCache;
 use crate::error::TokenizeError;
+use crate::weighted_lru::CacheStats;
 use regex::Regex;
 use serde_json::Value;
 use tokenizers::{Model, ModelWrapper, Tokenizer};
@@ -30,8 +29,6 @@ pub(crate) const KNOWN_PATTERNS: [(&str, usize); 2] = [
     ),
 ];
 
-const LOOKAHEAD: &str = r"|\s+(?!\S)";
-
 /// GPT-2's reversible map from bytes to printable characters (the byte-level
 /// alphabet).
 pub(crate) fn byte_alphabet() -> [char; 256] {
@@ -51,7 +48,6 @@ pub(crate) fn byte_alphabet() -> [char; 256] {
     out
 }
 
-/// The fast pre-tokenizer (see the module docs).
 #[derive(Debug)]
 pub(crate) struct FastPieces {
     regex: Regex,
@@ -70,7 +66,7 @@ impl FastPieces {
         }
         let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
         let (pattern, max_digits) = Self::recognise(&pre)?;
-        let regex = Regex::new(&pattern.replacen(LOOKAHEAD, "", 1)).ok()?;
+        let regex = Regex::new(&pattern.replacen(r"|\s+(?!\S)", "", 1)).ok()?;
         let deterministic = matches!(tokenizer.get_model(),
             ModelWrapper::BPE(bpe) if bpe.dropout.is_none_or(|d| d == 0.0));
         let fast = FastPieces {
@@ -83,11 +79,9 @@ impl FastPieces {
         Some(fast)
     }
 
-    /// Puts every ASCII digit group the pattern can split off (`0`–`999`,
-    /// leading zeros included, for `\p{N}{1,3}`: 1110 groups) in the word
-    /// cache, with the ids the model gives it — what a miss would add. A
-    /// question's numbers (dates, amounts, ids) are often new, and each new
-    /// group would otherwise go through the library's BPE on the hot path.
+    /// Puts every ASCII digit group the pattern can split off (`0`–`999` with
+    /// leading zeros for `\p{N}{1,3}`) in the word cache, as a miss would: a
+    /// question's numbers are often new and would otherwise hit the BPE.
     fn prewarm_digits(&self, tokenizer: &Tokenizer) {
         let Some(words) = &self.words else {
             return;
@@ -136,8 +130,8 @@ impl FastPieces {
         self.words.is_some()
     }
 
-    /// The word cache's counters: hits, misses (splits), entries.
-    pub(crate) fn word_stats(&self) -> Option<(u64, u64, usize)> {
+    /// The word cache's counters (splits, not pieces).
+    pub(crate) fn word_stats(&self) -> Option<CacheStats> {
         self.words.as_ref().map(WordCache::stats)
     }
 

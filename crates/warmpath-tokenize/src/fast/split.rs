@@ -1,9 +1,6 @@
 //! Cutting a text at added tokens as the `tokenizers` library does (its two
-//! leftmost-longest passes), without its per-byte offset bookkeeping. Only for
-//! token sets where every added token is `<…>` with no `>` inside, and nothing
-//! else changes the cut (no normalizer under normalized tokens, no
-//! `lstrip`/`rstrip`/`single_word`, `encode_special_tokens` off); else
-//! [`AddedCut::new`] gives `None`.
+//! leftmost-longest passes), only where every added token is `<…>` with no `>`
+//! inside and nothing else changes the cut; else [`AddedCut::new`] gives `None`.
 
 use std::collections::HashMap;
 use tokenizers::Tokenizer;
@@ -20,7 +17,6 @@ pub(crate) enum Piece<'a> {
 /// Token content → id, for one pass.
 type Pass = HashMap<Box<str>, u32>;
 
-/// The exact added-token cut of one tokenizer (see module docs).
 #[derive(Debug)]
 pub(crate) struct AddedCut {
     raw: Pass,

@@ -103,12 +103,12 @@ fn recognises_llama3_and_qwen_and_refuses_others() {
     let fast = FastPieces::new(&tok).unwrap();
     assert!(fast.deterministic(), "BPE without dropout caches words");
     assert_eq!(
-        fast.word_stats().map(|s| s.2),
+        fast.word_stats().map(|s| s.entries),
         Some(1110),
         "every digit group 0-999 is cached up front"
     );
     let single = FastPieces::new(&tokenizer(&with_pattern(KNOWN_PATTERNS[1].0))).unwrap();
-    assert_eq!(single.word_stats().map(|s| s.2), Some(10), "0-9 only");
+    assert_eq!(single.word_stats().map(|s| s.entries), Some(10), "0-9 only");
     let other = tokenizer(&with_pattern(r"\s+(?!\S)|\s+|\S+"));
     assert!(FastPieces::new(&other).is_none());
     assert!(FastPath::new(&other, CacheConfig::default()).is_some_and(|f| !f.chunks_pieces()));

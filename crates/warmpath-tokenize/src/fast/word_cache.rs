@@ -1,8 +1,8 @@
-//! The fast pre-tokenizer's word cache: a split of up to [`INLINE_BYTES`] bytes and
-//! [`INLINE_IDS`] ids lives inline in one fixed-size entry keyed by its xxh3-64, with
-//! one read lock per piece, so a lookup on a cold core touches the control bytes and
-//! one entry. The entry holds the split's bytes, so a hash collision is only a miss.
+//! The pre-split's word cache: a short split and its ids inline in one fixed-size
+//! entry keyed by xxh3-64 (a cold lookup touches one entry). The entry holds the
+//! split's bytes, so a hash collision is only a miss.
 
+use crate::weighted_lru::CacheStats;
 use parking_lot::{RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -26,7 +26,7 @@ struct Entry {
 /// The keys are xxh3 hashes already.
 type Table = HashMap<u64, Entry, BuildHasherDefault<IdentityHasher>>;
 
-/// The cache (see module docs), bounded by entries.
+/// Bounded by entries.
 pub(crate) struct WordCache {
     table: RwLock<Table>,
     capacity: usize,
@@ -103,14 +103,14 @@ impl WordCache {
         self.misses.fetch_add(misses, Ordering::Relaxed);
     }
 
-    /// Hits, misses, entries.
-    pub(crate) fn stats(&self) -> (u64, u64, usize) {
-        let h = self.hits.load(Ordering::Relaxed);
-        (
-            h,
-            self.misses.load(Ordering::Relaxed),
-            self.table.read().len(),
-        )
+    /// Hits, misses, entries (`tokens` is not counted here: 0).
+    pub(crate) fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            entries: self.table.read().len(),
+            ..CacheStats::default()
+        }
     }
 
     #[cfg(test)]
