@@ -238,7 +238,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     let tenant = query_tenant(s, &target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;
     let pool = &plan.target.pool;
-    let loads = route::loads(&plan, &[], s.agents());
+    let loads = route::loads(&plan, s.agents());
     let workers: Vec<Value> = plan
         .policy
         .backends

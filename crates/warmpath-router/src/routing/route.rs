@@ -209,27 +209,10 @@ pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     Plan::new(target, tenant, PrefixKey(0), policy)
 }
 
-/// The live loads of `plan`'s backends (its policy snapshot), with
-/// `excluded` positions, draining backends and backends not serving its
-/// adapter marked ineligible.
-pub(crate) fn loads(
-    plan: &Plan,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-) -> Vec<BackendLoad> {
-    loads_of(plan, excluded, agents, false)
-}
-
-/// [`loads`]; in `panic`, ejected backends count as eligible too.
-fn loads_of(
-    plan: &Plan,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-    panic: bool,
-) -> Vec<BackendLoad> {
-    let mut all = read(plan, agents, false, |all, _| all.to_vec());
-    adjust(plan, excluded, agents, &mut all, panic);
-    all
+/// The live loads of `plan`'s backends (its policy snapshot), with draining
+/// backends and backends not serving its adapter marked ineligible.
+pub(crate) fn loads(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
+    with_adjusted(plan, &[], agents, false, <[BackendLoad]>::to_vec)
 }
 
 /// Runs `f` with the loads of `plan`'s snapshot, as its board keeps them
@@ -245,31 +228,39 @@ fn read<R>(
     p.board.with(model, &p.backends, agents, now_ms, tracked, f)
 }
 
-/// Makes the board's `loads` this request's: eligible as [`eligible`]
-/// says (in `panic`, [`could_take`]), other replicas' requests added.
-fn adjust(
+/// Runs `f` with this request's own loads: eligible as [`eligible`] says
+/// (in `panic`, [`could_take`]), other replicas' requests added. A policy
+/// that learns is asked under the board's lock, so no tracked pick slips in
+/// between (its next one compares every load); the others are not.
+fn with_adjusted<R>(
     plan: &Plan,
     excluded: &[usize],
     agents: Option<&dyn AgentLoads>,
-    loads: &mut [BackendLoad],
     panic: bool,
-) {
+    f: impl FnOnce(&[BackendLoad]) -> R,
+) -> R {
     let remote = agents.filter(|a| a.remote_loads());
     let take = if panic { could_take } else { eligible };
-    for (i, l) in loads.iter_mut().enumerate() {
-        l.eligible = take(plan, excluded, i);
-        if let Some(a) = remote {
-            let id = plan.policy.backends[i].endpoint.id();
-            let (n, blocks) = a.remote_load(&plan.target.pool.model, id);
-            l.in_flight = l.in_flight.saturating_add(n);
-            l.pending_prefill_blocks = l.pending_prefill_blocks.saturating_add(blocks);
+    let adjusted = |all: &[BackendLoad]| {
+        let mut all = all.to_vec();
+        for (i, l) in all.iter_mut().enumerate() {
+            l.eligible = take(plan, excluded, i);
+            if let Some(a) = remote {
+                let id = plan.policy.backends[i].endpoint.id();
+                let (n, blocks) = a.remote_load(&plan.target.pool.model, id);
+                l.in_flight = l.in_flight.saturating_add(n);
+                l.pending_prefill_blocks = l.pending_prefill_blocks.saturating_add(blocks);
+            }
         }
+        all
+    };
+    if plan.policy.learns.is_some() {
+        return read(plan, agents, false, |all, _| f(&adjusted(all)));
     }
+    f(&read(plan, agents, false, |all, _| adjusted(all)))
 }
 
-/// Asks the policy with this request's own loads ([`loads_of`]). A policy
-/// that learns is asked under the board's lock, so no tracked pick slips in
-/// between (its next one compares every load).
+/// Asks the policy with this request's own loads ([`with_adjusted`]).
 fn pick_adjusted(
     plan: &Plan,
     excluded: &[usize],
@@ -278,15 +269,8 @@ fn pick_adjusted(
     rng: &mut dyn rand::RngCore,
     panic: bool,
 ) -> Result<Decision, PolicyError> {
-    let policy = &plan.policy.policy;
-    if plan.policy.learns.is_none() {
-        let all = loads_of(plan, excluded, agents, panic);
-        return policy.pick(input, &Loads::new(&all), rng);
-    }
-    read(plan, agents, false, |all, _| {
-        let mut all = all.to_vec();
-        adjust(plan, excluded, agents, &mut all, panic);
-        policy.pick(input, &Loads::new(&all), rng)
+    with_adjusted(plan, excluded, agents, panic, |all| {
+        plan.policy.policy.pick(input, &Loads::new(all), rng)
     })
 }
 
@@ -375,7 +359,7 @@ pub(crate) fn pick(
 /// query in the same state gives the same answer, and the routing rng is
 /// left alone.
 pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
-    let loads = loads(plan, &[], agents);
+    let loads = loads(plan, agents);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
     let input = RouteInput {
         mode: Mode::Preview,
