@@ -8,7 +8,7 @@
 use crate::config::RouterConfig;
 use crate::control::members;
 use crate::control::state::Shared;
-use crate::http::error::{ApiError, RouterError};
+use crate::http::error::{method_not_allowed, ApiError, RouterError};
 use crate::http::incoming::{read_body, Held};
 use crate::routing::backend::Origin;
 use crate::routing::pool::{Pool, SwitchError};
@@ -64,20 +64,20 @@ pub(crate) async fn handle(
     };
     match (res, method) {
         (members::Resource::Strategy(m), Method::PUT) => set_strategy(&s, m, &body),
-        (members::Resource::Strategy(_), _) => members::method_not_allowed("PUT"),
+        (members::Resource::Strategy(_), _) => method_not_allowed("PUT"),
         (members::Resource::Backends(_), Method::GET) => {
             Json(members::list(&s, &p)).into_response()
         }
         (members::Resource::Backends(_), Method::POST) => members::add(&s, &p, &body).await,
-        (members::Resource::Backends(_), _) => members::method_not_allowed("GET or POST"),
+        (members::Resource::Backends(_), _) => method_not_allowed("GET, POST"),
         (members::Resource::Backend(_, w), Method::DELETE) => match members::remove(&s, &p, w) {
             Ok(b) => Json(json!({"model": p.model, "worker_id": b.endpoint.id(), "removed": true}))
                 .into_response(),
             Err(e) => e.response(),
         },
-        (members::Resource::Backend(..), _) => members::method_not_allowed("DELETE"),
+        (members::Resource::Backend(..), _) => method_not_allowed("DELETE"),
         (members::Resource::Drain(_, w), Method::POST) => members::drain_request(&s, &p, w, &body),
-        (members::Resource::Drain(..), _) => members::method_not_allowed("POST"),
+        (members::Resource::Drain(..), _) => method_not_allowed("POST"),
     }
 }
 

@@ -92,15 +92,6 @@ pub(crate) fn not_found(message: String) -> Response {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", message).into_response()
 }
 
-pub(crate) fn method_not_allowed(allow: &str) -> Response {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("use {allow}"),
-    )
-    .into_response()
-}
-
 impl MemberError {
     pub(crate) fn response(&self) -> Response {
         let (status, code) = match self {

@@ -235,6 +235,22 @@ impl ApiError {
     }
 }
 
+/// 405, naming the methods `allow`s (an `Allow` header value) in the body too.
+pub(crate) fn method_not_allowed(allow: &'static str) -> Response {
+    let message = format!("this endpoint takes {allow}");
+    let e = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        message,
+    );
+    let mut resp = e.into_response();
+    resp.headers_mut().insert(
+        axum::http::header::ALLOW,
+        axum::http::HeaderValue::from_static(allow),
+    );
+    resp
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();

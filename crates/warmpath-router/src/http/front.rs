@@ -13,7 +13,7 @@
 //! 6 of those (at least 1 s) for the requests in flight, then whatever remains
 //! is ended (`Shared::halt`).
 
-use crate::api::{openai as api, surface};
+use crate::api::openai::{self as api, Proxied};
 use crate::control::state::Shared;
 use crate::http::clock::monotonic_ms;
 use crate::http::conn::{Activity, Conns, Slot};
@@ -38,31 +38,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 use tracing::Instrument;
-use warmpath_core::request::surface::Endpoint;
-use warmpath_core::Expect;
 use warmpath_edge::LogEvery;
-
-/// The proxied endpoints, answered without axum's router.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hot {
-    /// Chat or completions.
-    OpenAi(Expect),
-    Invocations,
-    /// Embeddings, responses, tokenize, detokenize ([`crate::api::surface`]).
-    Surface(Endpoint),
-}
-
-impl Hot {
-    /// The endpoint at exactly this path.
-    fn of(req: &Request<Incoming>) -> Option<Self> {
-        match req.uri().path() {
-            api::CHAT_PATH => Some(Hot::OpenAi(Expect::Chat)),
-            api::COMPLETIONS_PATH => Some(Hot::OpenAi(Expect::Completion)),
-            api::INVOCATIONS_PATH => Some(Hot::Invocations),
-            p => Endpoint::of_path(p).map(Hot::Surface),
-        }
-    }
-}
 
 /// The per-connection service: the proxied paths here, the rest to axum.
 #[derive(Clone)]
@@ -101,7 +77,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
             req.headers(),
         )
         .err();
-        let hot = Hot::of(&req);
+        let hot = Proxied::of_path(req.uri().path());
         let router = hot.is_none().then(|| self.router.clone());
         // `Connection` is HTTP/1's (HTTP/2 forbids it).
         let h1 = req.version() < Version::HTTP_2;
@@ -121,16 +97,11 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                     (None, None) => return ApiError::internal("no route table").into_response(),
                 };
                 if req.method() != Method::POST {
-                    return method_not_allowed();
+                    return crate::http::error::method_not_allowed("POST");
                 }
-                let s = Arc::clone(&shared);
                 let (parts, body) = req.into_parts();
-                let body = Body::new(body);
-                match hot {
-                    Hot::OpenAi(e) => api::openai(s, e, parts.uri, parts.headers, body).await,
-                    Hot::Invocations => api::invocations(s, parts.headers, body).await,
-                    Hot::Surface(e) => surface::serve(s, e, parts.uri, parts.headers, body).await,
-                }
+                let (s, body) = (Arc::clone(&shared), Body::new(body));
+                api::serve(s, hot, parts.uri, parts.headers, body).await
             };
             // Past the shutdown deadline a request still waiting (on its
             // body, or on a backend's first byte) is answered now.
@@ -162,19 +133,6 @@ impl hyper::service::Service<Request<Incoming>> for Front {
             Ok(Response::from_parts(parts, body))
         })
     }
-}
-
-/// 405 for a proxied path asked with another method than `POST`.
-fn method_not_allowed() -> Response {
-    let mut resp = ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this endpoint takes POST",
-    )
-    .into_response();
-    resp.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static("POST"));
-    resp
 }
 
 /// The shutdown's two deadlines (`server.drain_grace_ms`,
