@@ -1,18 +1,7 @@
-//! Stored `/v1/responses` responses, followed to the engine that holds them:
-//! `previous_response_id` in `POST /v1/responses`, `GET /v1/responses/{id}`
-//! and `POST /v1/responses/{id}/cancel`.
-//!
-//! The pool remembers which backend answered each response
-//! ([`crate::routing::affinity`]). An id it does not know (another router replica
-//! made it, this one restarted, or it was forgotten) is looked for by asking
-//! every serving backend `GET /v1/responses/{id}` at once, within
-//! the probe timeout; the first to have it is remembered. A request
-//! continuing a response then goes to that backend while it serves (decision
-//! `affinity`); otherwise the policy routes it and the engine answers as it
-//! would (vLLM: 404). `GET` and `cancel` of an id no backend has get the 404
-//! here. An id no backend had is not asked for again for a while, and at
-//! most a few look-ups ask the backends at once, so a flood of unknown ids
-//! cannot multiply into the engines.
+//! Stored `/v1/responses` responses, followed to the engine that holds them.
+//! An id the pool does not know is looked for on every serving backend at
+//! once; a miss is not asked for again for a while and few look-ups run at
+//! once, so a flood of unknown ids cannot multiply into the engines.
 
 use crate::control::state::Shared;
 use crate::http::error::ApiError;

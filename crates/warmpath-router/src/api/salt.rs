@@ -1,12 +1,6 @@
 //! Forwarding the tenant to the engine as `cache_salt`, touching the body as
-//! little as possible.
-//!
-//! - The body already carries `cache_salt` equal to the tenant: unchanged.
-//! - No `cache_salt`: `,"cache_salt":"<tenant>"` is spliced in before the
-//!   closing `}` of the top-level object; every other byte stays as sent.
-//! - A different `cache_salt` (the tenant came from the header or
-//!   `prompt_cache_key`): the JSON is re-serialised with `cache_salt`
-//!   replaced, so that the engine isolates exactly as the router hashed.
+//! little as possible: unchanged when it already carries it, spliced in
+//! before the closing `}` when absent, re-serialised when different.
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;

@@ -1,14 +1,7 @@
-//! The rest of the OpenAI surface vLLM serves: `POST /v1/embeddings`,
-//! `/v1/responses`, `/tokenize`, `/detokenize` and the pooling endpoints
-//! (`/pooling`, `/classify`, `/score`, `/v1/score`, `/rerank`, `/v1/rerank`,
-//! `/v2/rerank`), reached through [`crate::http::front`].
-//!
-//! Each is proxied as completions are: the same body cap and timeouts, the
-//! same error shapes, tenancy and retries. A body with a prompt
-//! ([`Surface::parse`]) routes by the pool's policy, prefix-aware or
-//! kv-aware included; `/detokenize` and the pooling endpoints have none and
-//! go to the backend with the fewest requests in flight. `cache_salt` is forwarded (tenancy
-//! `isolation: engine`) on the two that prefill: embeddings and responses.
+//! The rest of the OpenAI surface vLLM serves (embeddings, responses,
+//! tokenize, detokenize, the pooling endpoints): a body with a prompt routes
+//! by the pool's policy, the others go least-outstanding
+//! (docs/router-internals.md).
 
 use crate::api::salt::with_cache_salt;
 use crate::config::Isolation;

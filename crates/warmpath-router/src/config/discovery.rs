@@ -1,24 +1,5 @@
 //! A pool's `discovery:` list: providers whose answers become members, next
-//! to the static `backends:`.
-//!
-//! ```yaml
-//! discovery:
-//!   - dns:
-//!       name: vllm-engines.default.svc.cluster.local
-//!       port: 8000              # for A/AAAA answers; without it, ports come from SRV
-//!       nameserver: 127.0.0.1:5353   # optional; default: the system's resolv.conf
-//!   - kubernetes:                # needs the `kubernetes` cargo feature
-//!       namespace: default
-//!       service: vllm-engines    # EndpointSlices labelled kubernetes.io/service-name
-//!       port_name: http          # which EndpointPort; default: the unnamed one
-//! ```
-//!
-//! The API server and credentials are the process's, as for the ingest's
-//! pod tokens: `KUBECONFIG`, `~/.kube/config`, else the in-cluster service
-//! account.
-//!
-//! A `dns` provider resolves every 2.5 `health.probe_interval_ms` (5 s by
-//! default); a `kubernetes` one re-applies its last set every 5 (10 s).
+//! to the static `backends:` (docs/discovery.md).
 
 use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};

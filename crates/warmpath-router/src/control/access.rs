@@ -1,25 +1,6 @@
-//! Who may use the admin API and the introspection endpoints.
-//!
-//! `PUT /admin/...` needs `admin_token` when one is set. `/cache-index`,
-//! `/cache-index/query` and `/cache-index/ui` need `inspect_token` or
-//! `admin_token` when either is set: the index shows which prefixes are warm
-//! where, and a query costs router CPU. There the token may also come as the
-//! password of HTTP Basic auth (any user name), which is what a browser
-//! sends after the cache page's login prompt, and then on the page's own
-//! requests. `/metrics`, `/health` and the OpenAI endpoints stay open.
-//! A query answers for the caller's own tenant only, unless it presents the
-//! admin token ([`admin_presented`]; see `inspect`).
-//! With no token, validation refuses a listener other hosts can reach
-//! unless `insecure` is set (`config::validate`).
-//!
-//! A browser is a hostile client too: a page the operator opens can send
-//! simple cross-site requests to a loopback router, and DNS rebinding can
-//! read its answers. So ([`edge`], before any handler): on a loopback
-//! listener `Host` must name this machine (`localhost`, `127.0.0.1`,
-//! `[::1]`, the listener's own address or `server.allowed_hosts`); the
-//! admin API and introspection refuse a foreign `Origin`; and an admin
-//! write must be `Content-Type: application/json`, which no page can send
-//! cross-site without a CORS preflight the router never grants.
+//! Who may use the admin API and the introspection endpoints, and the edge
+//! checks against a browser as a hostile client ([`edge`]: `Host`, `Origin`,
+//! JSON on admin writes). Rules: docs/trust.md, docs/hostile-edges.md.
 
 use crate::config::split_port;
 use crate::control::state::Shared;

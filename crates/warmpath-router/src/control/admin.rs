@@ -1,9 +1,6 @@
 //! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload
-//! (membership changes are [`crate::control::members`]).
-//!
-//! Both swap a pool's policy atomically ([`Pool::switch`]):
-//! requests already routed keep their backend, requests being routed finish
-//! with the snapshot they took, later requests use the new policy.
+//! (membership changes are [`crate::control::members`]); both swap a pool's
+//! policy atomically ([`Pool::switch`]).
 
 use crate::config::RouterConfig;
 use crate::control::members;

@@ -1,13 +1,6 @@
-//! The hot path's memo caches, seen from outside: how often each one saves
-//! its work, for `GET /metrics` and `GET /cache-index`.
-//!
-//! | cache | pool | what it keeps | a hit saves |
-//! |---|---|---|---|
-//! | `chunks` | each | token ids of ~1 KiB chunks of long texts (a system prompt, a RAG document) | tokenizing them |
-//! | `words` | each | token ids of short pre-tokenizer splits (a question's words) | running BPE on them |
-//!
-//! Low hit rates on a steady workload mean a cache is too small (or the
-//! traffic has no repeated prefixes, and then `kv_aware` gains little).
+//! The hot path's memo caches (`chunks`, `words`: docs/tokenization.md),
+//! seen from outside: how often each saves its work, for `GET /metrics` and
+//! `GET /cache-index`.
 
 use crate::control::state::Shared;
 use serde_json::{json, Value};

@@ -1,19 +1,6 @@
-//! Active health checks and LoRA adapter discovery.
-//!
-//! Every `probe_interval_ms` every backend is probed, the probes spread
-//! evenly over the interval (`health.probe`:
-//! `GET /health`, or a one-token completion of the pool's model that
-//! exercises the serving path). A passing probe verifies a backend (what
-//! `/readyz` needs); a failing one unverifies it at once, and
-//! `eject_after` failing in a row eject it. An ejected backend is not probed
-//! before its back-off ends ([`Health::readmit_at_ms`](crate::routing::backend::health::Health::readmit_at_ms)); then the first
-//! passing probe brings it back. Passive ejection (failed proxied requests)
-//! is counted in [`crate::routing::proxy`].
-//!
-//! A backend in rotation is also asked
-//! `GET /v1/models`, and every model card whose `parent` (vLLM's field for
-//! LoRA modules) is the pool's model is recorded as an adapter it serves;
-//! the cards themselves are kept for the router's own `/v1/models`.
+//! Active health checks and LoRA adapter discovery: every backend is probed
+//! each `probe_interval_ms` (spread over it), and one in rotation is asked
+//! `GET /v1/models` for its adapters and cards (docs/router-internals.md).
 
 use crate::config::ProbeKind;
 use crate::control::readiness;

@@ -1,8 +1,6 @@
-//! Inspection: `GET /cache-index` (what every worker holds, the warmest
-//! prefix chains), `POST /cache-index/query` (how a request would route,
-//! without sending it anywhere, recording nothing: the policy's preview)
-//! and `GET /metrics`. Only hashes and counts: no prompt text, unless a pool
-//! has `show_prompts` (a preview per chain).
+//! Inspection: `GET /cache-index`, `POST /cache-index/query` (how a request
+//! would route, recording nothing) and `GET /metrics`. Hashes and counts
+//! only, unless a pool has `show_prompts`.
 
 use crate::config::TenantsConfig;
 use crate::control::state::Shared;

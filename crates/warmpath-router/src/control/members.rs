@@ -1,22 +1,6 @@
 //! Live pool membership: the admin API that lists, adds, removes and drains
-//! backends, and the one place a change is applied (the API, a reload and
-//! discovery all come here).
-//!
-//! - `GET /admin/pools/{model}/backends`: members with health, draining,
-//!   origin and agent state; `missing_for_ms` for a discovered member gone
-//!   from its provider's answers (out of rotation, kept for a grace:
-//!   see the discovery module).
-//! - `POST /admin/pools/{model}/backends` `{url, worker_id?, adapters?}`:
-//!   added at once (probed once, then routed to); 201.
-//! - `DELETE /admin/pools/{model}/backends/{worker_id}`: removed at once;
-//!   requests in flight there finish, its index entries are dropped and its
-//!   agent's stream is refused ("removed from pool").
-//! - `POST /admin/pools/{model}/backends/{worker_id}/drain`: no new
-//!   requests; once its in-flight requests have ended (or `timeout_ms`,
-//!   default 10 min, passed) it is removed as above; 202.
-//!
-//! `model` and `worker_id` may contain `/` (percent-encode them): the path
-//! is matched against the pools' model names, longest first.
+//! backends (docs/discovery.md), and the one place a change is applied (the
+//! API, a reload and discovery all come here).
 
 use crate::config::BackendConfig;
 use crate::control::state::Shared;

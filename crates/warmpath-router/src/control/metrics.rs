@@ -1,43 +1,6 @@
 //! Prometheus metrics: the recorder (installed once per process) and the
-//! series' names (`GET /metrics` is served by `inspect`).
-//!
-//! | name | kind | labels |
-//! |---|---|---|
-//! | `warmpath_requests_total` | counter | pool, strategy, decision, status |
-//! | `warmpath_matched_blocks` | histogram | pool |
-//! | `warmpath_predicted_cached_tokens_total` | counter | pool |
-//! | `warmpath_upstream_first_byte_seconds` | histogram | pool |
-//! | `warmpath_router_overhead_seconds` | histogram | phase = parse, tokenize, hash, lookup, pick |
-//! | `warmpath_request_duration_seconds` | histogram | pool (from the request's head to its answer's last byte) |
-//! | `warmpath_backend_requests_total` | counter | pool, backend, outcome (see [`Outcome`]) |
-//! | `warmpath_backend_in_flight` | gauge | pool, backend |
-//! | `warmpath_backend_healthy` | gauge | pool, backend |
-//! | `warmpath_ready` | gauge | |
-//! | `warmpath_index_entries` | gauge | pool |
-//! | `warmpath_index_max_entries` | gauge | pool (its `index.max_entries`) |
-//! | `warmpath_stale_workers` | gauge | pool |
-//! | `warmpath_index_prefix_closed_workers` | gauge | pool |
-//! | `warmpath_index_bytes` | gauge | pool |
-//! | `warmpath_index_dead_entries` | gauge | pool |
-//! | `warmpath_ingest_refused_blocks_total` | counter | pool, reason = worker_capacity, max_entries |
-//! | `warmpath_ingest_throttled_total` | counter | kind = snapshot, cleared, hello |
-//! | `warmpath_request_bodies_refused_total` | counter | |
-//! | `warmpath_ejections_refused_total` | counter | pool |
-//! | `warmpath_panic_routed_total` | counter | pool |
-//! | `warmpath_send_timeouts_total` | counter | |
-//! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::control::caches`]) |
-//! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
-//! | `warmpath_hot_cache_entries` | gauge | pool, cache |
-//! | `warmpath_connections_open` | gauge | |
-//! | `warmpath_connections_refused_total` | counter | |
-//! | `warmpath_pool_membership_changes_total` | counter | pool, op = add, drain, remove |
-//! | `warmpath_discovery_rounds_total` | counter | pool, provider, result = ok, error |
-//! | `warmpath_discovery_changes_total` | counter | pool, provider |
-//! | `warmpath_discovery_backends` | gauge | pool, provider |
-//! | `warmpath_replica_facts_total` | counter | pool, direction = sent, received, dropped, unsent, forged, malformed |
-//! | `warmpath_replica_sharing_up` | gauge | pool |
-//!
-//! Requests refused before a pool is known are counted with `pool="-"`.
+//! series (table: docs/operations.md). Requests refused before a pool is
+//! known are counted with `pool="-"`.
 
 use axum::http::StatusCode;
 use metrics::{Counter, Gauge, Histogram};

@@ -1,12 +1,5 @@
 //! `GET /livez`, `GET /readyz` (and `/health`, its alias) and the
-//! `warmpath_ready` gauge.
-//!
-//! - Live: the process serves HTTP; always 200 while it runs.
-//! - Ready: the configuration is loaded (the router serves nothing before
-//!   it is), every pool has at least one backend that is in rotation and
-//!   whose latest active probe passed ([`is_verified`](crate::routing::backend::health::Health::is_verified); probes run
-//!   every `probe_interval_ms`, the first before the router listens, so no
-//!   client request is needed), and the router is not draining.
+//! `warmpath_ready` gauge (docs/operations.md).
 
 use crate::control::state::Shared;
 use axum::extract::State;

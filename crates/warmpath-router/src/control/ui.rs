@@ -1,17 +1,6 @@
-//! `GET /cache-index/ui`: one self-contained HTML page (inline CSS and
-//! script, nothing fetched from elsewhere) over the cache index: per pool
-//! and worker the blocks by tier, freshness and load, the warmest chains
-//! as bars, and a "where is this prompt warm?" box that asks
-//! `/cache-index/query`.
-//!
-//! The page comes with the index as it was when served (the JSON of
-//! `GET /cache-index`, embedded), so it shows without a second request;
-//! refreshing fetches `/cache-index`. Access is that of `/cache-index`
-//! ([`crate::control::access::inspect`]); refused, the answer asks for HTTP Basic
-//! auth, so a browser prompts for the token (as the password) and then
-//! sends it with the page's own requests. The page never holds the token.
-//! Like the JSON, it has hashes and counts only: no prompt text, unless the
-//! pool has `show_prompts` (then each warm chain's prompt preview).
+//! `GET /cache-index/ui`: one self-contained HTML page over the cache index,
+//! with `GET /cache-index`'s JSON embedded so it shows without a second
+//! request (docs/router-internals.md).
 
 use crate::control::state::Shared;
 use axum::extract::State;

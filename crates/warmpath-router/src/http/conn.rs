@@ -1,14 +1,7 @@
 //! Client connections: how many are open (under `server.max_connections`)
-//! and what each one is doing (told by [`crate::http::socket`] and the service),
-//! which its watchdog reads to close it — an
-//! idle keep-alive connection after 6 `header_timeout_ms` (after a short
-//! second when the limit is near), a request head still incomplete
-//! `header_timeout_ms` after its first byte, a client that has read
-//! nothing of its answer for 3 `header_timeout_ms`.
-//!
-//! A connection's socket, hyper's calls of the service and the response
-//! bodies are all polled on the connection's own task, so the counters are
-//! plain `Relaxed` atomics.
+//! and what each one is doing, which its watchdog reads to close it. A
+//! connection's socket, service calls and bodies are all polled on its own
+//! task, so the counters are plain `Relaxed` atomics.
 
 use crate::http::clock::monotonic_ms;
 use crate::http::layer::Layer;

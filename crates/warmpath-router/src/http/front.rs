@@ -1,17 +1,7 @@
 //! The HTTP front: accepts connections and serves them with hyper (HTTP/1.1
-//! and HTTP/2). The proxied endpoints' exact paths are answered here (a
-//! `POST` goes to its handler in [`crate::api::openai`], any other method gets 405);
-//! everything else goes through the axum [`Router`] of `server::app`.
-//!
-//! The proxied endpoints are the hot path: matching their fixed paths here
-//! skips axum's routing (matched-path and URL-parameter extensions, a boxed
-//! clone of the route's service per request), and keeps one table of them.
-//!
-//! Each connection is admitted under `server.max_connections` and watched
-//! ([`crate::http::conn`]); a shutdown drains in three steps: not ready but still
-//! serving for `drain_grace_ms`, then no new connections and up to
-//! 6 of those (at least 1 s) for the requests in flight, then whatever remains
-//! is ended (`Shared::halt`).
+//! and HTTP/2). The proxied paths are matched here, skipping axum's routing on
+//! the hot path; everything else goes through the axum [`Router`] of
+//! `server::app`. Shutdown: docs/router-internals.md.
 
 use crate::api::openai::{self as api, Proxied};
 use crate::control::state::Shared;

@@ -1,15 +1,7 @@
 //! What the router records of each client request: its id
-//! (`x-request-id`), its tracing span, its end-to-end duration
-//! (`warmpath_request_duration_seconds`) and, when the log filter names
-//! [`ACCESS_TARGET`], one INFO line when its answer ends.
-//!
-//! The id is the client's when it is usable (1 to 128 visible ASCII
-//! characters: no spaces, nothing a log reader would misparse), else a fresh
-//! random one; it goes upstream with the request, back to the client, and
-//! into the span, so every log line about the request carries it. The record
-//! is kept in the answer's body and written when that body ends or is dropped
-//! (a client gone mid-stream), so a streamed answer's duration is the whole
-//! stream, not the time to its headers.
+//! (`x-request-id`), its tracing span, its end-to-end duration and, when the
+//! log filter names [`ACCESS_TARGET`], one INFO line. The record rides in the
+//! answer's body, so a stream's duration is the whole stream.
 
 use crate::routing::pool::Pool;
 

@@ -1,15 +1,8 @@
-//! The bounded pool where big bodies are routed.
-//!
-//! Parsing, rendering, tokenizing and hashing a body costs time in
-//! proportion to its size: a 26 MB prompt takes seconds. Done on the threads
-//! that serve connections, a few of them stall every other request and
-//! `/health`. Bodies of at least [`OFFLOAD_BYTES`] therefore run on tokio's
-//! blocking threads, at most one per CPU at once; a request that waits
-//! longer than [`QUEUE_TIMEOUT`] for a turn gets 503 `overloaded`.
-//! Smaller bodies stay inline: for them a thread hand-off costs more than
-//! the work. A started job runs to its end even when its client leaves (a
-//! blocking closure cannot be interrupted), holding its turn until then, so
-//! the bound holds.
+//! The bounded pool where big bodies are routed: bodies of at least
+//! [`OFFLOAD_BYTES`] are parsed, tokenized and hashed on blocking threads, at
+//! most one per CPU at once, so they cannot stall the threads serving
+//! connections. A started job runs to its end (it cannot be interrupted),
+//! holding its turn, so the bound holds.
 
 use crate::http::error::ApiError;
 use std::sync::Arc;

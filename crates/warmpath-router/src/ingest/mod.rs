@@ -1,36 +1,7 @@
 //! The gRPC ingest: agents publish their workers' block sets here
-//! (`proto/warmpath/v1/cache_events.proto`), and this module applies them to
-//! each pool's [`CacheIndex`].
-//!
-//! - Each stream starts with `Hello` (checked: shared token, known model,
-//!   block size equal to the pool's, epoch not older than the known one), then
-//!   a chunked snapshot that replaces the worker's entries atomically, then
-//!   ordered deltas. A gap answers `ResendSnapshot` and ignores deltas until
-//!   the next snapshot (module `stream`).
-//! - A newer epoch, or a reconnect, takes the worker over; the older stream is
-//!   closed on its next message.
-//! - The `sweeper` module marks workers silent past `stale_after` stale (their
-//!   entries stop counting for `kv_aware`) and clears them after
-//!   `drop_after`; it also compacts each pool's dead holders every
-//!   30 s, and calls the hook of
-//!   [`set_memory_release`] once the indexes freed 8 MiB.
-//! - Each worker is capped at its engine's reported capacity
-//!   (`Load.capacity_blocks`) times 1.25, at most
-//!   a quarter of `index.max_entries` (also the cap while no capacity is known), and
-//!   the pool at `index.max_entries`: blocks beyond are refused, counted in
-//!   `warmpath_ingest_refused_blocks_total{pool,reason}` and logged (at most
-//!   one WARN per stream every 10 s).
-//! - Several router replicas each receive every agent's stream; since each
-//!   applies the same snapshot + deltas, they converge to the same index.
-//! - Before a stream is authenticated (module `guard`): a per-worker
-//!   credential must have the exact shape `--print-agent-token` prints; a
-//!   connection may open at most 64 streams; a peer address at most 16
-//!   streams still waiting for their Hello (256 in all), the rest are
-//!   answered RESOURCE_EXHAUSTED; refusals log one line every 10 s, with
-//!   peer-chosen strings escaped and cut to 64 characters.
-//! - A worker's set is replaced (snapshot, `Cleared`) at most once a second,
-//!   later ones wait their turn; that work runs on the blocking pool, one
-//!   job per pool at a time (module `pace`).
+//! (`proto/warmpath/v1/cache_events.proto`) and this module applies them to
+//! each pool's [`CacheIndex`]. Protocol: docs/agent.md; caps and defences:
+//! docs/cache-index.md, docs/hostile-edges-ingest.md.
 
 mod agents;
 mod auth;

@@ -1,17 +1,7 @@
-//! Index work an agent can ask for that is not bounded by its message: a
-//! snapshot replacing the worker's set, a `Cleared`, a Hello that changes
-//! the block size. Each bumps the worker's generation, and a bump can run a
-//! full-index compaction (`CacheIndex::clear_worker`). So:
-//! - each worker gets one such replacement per [`REPLACE_EVERY`], after a
-//!   burst of [`BURST`]: a later one waits its turn (the stream stops
-//!   reading, nothing is dropped), counted in
-//!   `warmpath_ingest_throttled_total{kind}`. The burst lets a connecting
-//!   agent's Hello, snapshot, resync and clear through at once: pacing those
-//!   held every delta behind them for a second, so the index learned a
-//!   fresh stream's blocks late. A loop of replacements still runs at one a
-//!   second, and a compaction needs 200 of a worker's (`CacheIndex`);
-//! - the work runs on the blocking pool, one job per pool at a time (the
-//!   sweeper's compactions take the same gate), never on an async thread.
+//! Index work an agent can ask for that its message does not bound (a
+//! snapshot, a `Cleared`, a block-size change): each worker gets one per
+//! [`REPLACE_EVERY`] after a burst of [`BURST`], run on the blocking pool one
+//! job per pool at a time (docs/hostile-edges-ingest.md).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;

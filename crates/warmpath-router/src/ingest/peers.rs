@@ -1,25 +1,7 @@
 //! Router replicas share each routing decision through the agents
-//! (ARCHITECTURE.md, "Router replicas").
-//!
-//! Sending: a request routed to worker W tells W's agent, on the stream that
-//! agent holds open to this router, three phases of it (`start` at the pick,
-//! `prefilled` at the first upstream byte, `finished` when its
-//! [`FlightGuard`](crate::routing::backend::FlightGuard) drops, see [`ShareGuard`]).
-//! The agent passes each on to every other router it streams to.
-//!
-//! Receiving: a fact that arrives on W's stream is about W (the stream is
-//! authenticated for W, so no agent can speak for another backend). Its
-//! request counts in W's remote in flight and remote pending prefill
-//! ([`Peers::remote_load`], added to this router's own in `route::loads`)
-//! until its `finished` (`prefilled` releases the prefill), and its `start`
-//! is recorded by the pool's policy (`ingest::observe_remote`,
-//! `Learns::observe_remote`).
-//!
-//! Losing the channel: when W's stream ends, the remote requests learned
-//! through it are forgotten (their phases can no longer arrive), one INFO
-//! line says so and `warmpath_replica_sharing_up{pool}` drops; routing goes
-//! on with this router's own view of W. A full outbound queue drops a fact
-//! (counted) rather than wait: routing never waits on a peer.
+//! (docs/replicas.md): this router tells a worker's agent the phases of each
+//! request it sends there ([`ShareGuard`]) and counts the facts other replicas
+//! sent as remote load ([`Peers::remote_load`]). Routing never waits on a peer.
 
 use crate::routing::share::{Fact, SharedRequest};
 use parking_lot::{Mutex, RwLock};

@@ -1,15 +1,6 @@
-//! Pod identity for agents in Kubernetes (`ingest.pod_token_audience`): an
-//! agent presents its pod's projected ServiceAccount token, the API server
-//! says whom it names (a TokenReview, which also checks its audience,
-//! expiry and that the pod still exists), and the router reads that pod.
-//! The stream may then publish only for a worker id that is this pod: its
-//! name, or a URL whose host is one of its IPs.
-//!
-//! So no engine pod holds a secret of the routers', and a pod, or anyone
-//! who read its token, can speak only for that pod. The pod must live in the
-//! routers' own namespace (the API client's default namespace). Answers are
-//! kept for a minute per token (a reconnecting fleet costs one review per
-//! pod), at most four reviews run at once, and each has a deadline.
+//! Pod identity for agents in Kubernetes (`ingest.pod_token_audience`): a
+//! TokenReview of the pod's projected ServiceAccount token says which pod it
+//! is, and the stream may publish only for that pod (docs/trust.md).
 
 use super::guard::shown;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};

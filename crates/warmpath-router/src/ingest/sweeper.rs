@@ -1,14 +1,7 @@
 //! Marks silent workers stale and clears the ones silent for too long,
-//! compacts each pool's dead holders every 30 s, and
-//! asks the allocator to give freed index memory back to the OS.
-//!
-//! Why the last: the index frees a cleared worker's tables at once, but
-//! mimalloc (the binary's allocator) returns freed pages to the OS only
-//! lazily, from later allocations; a router gone quiet after a big clear
-//! kept them all (measured: 136 MiB of 148 MiB still resident 30 s after
-//! 2M entries were cleared). The binary registers its allocator's
-//! collection with [`set_memory_release`]; the library itself knows no
-//! allocator.
+//! compacts each pool's dead holders, and asks the allocator to give freed
+//! index memory back ([`set_memory_release`]: mimalloc returns freed pages
+//! only lazily).
 
 use super::directory::PoolDirectory;
 use super::pace::Gates;

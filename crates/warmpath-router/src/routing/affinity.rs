@@ -1,12 +1,6 @@
-//! Which backend stored which `/v1/responses` response (the pool's response
-//! affinity), and the tap that learns it from the answers.
-//!
-//! vLLM keeps a stored response (`store: true`) in the memory of the
-//! instance that made it: a `previous_response_id`, `GET
-//! /v1/responses/{id}` or `POST /v1/responses/{id}/cancel` reaching any other
-//! instance is a 404. So the router remembers, per pool, the backend that
-//! answered each response ([`ResponseHomes`]), learning the id from the
-//! answer itself ([`IdTap`]); [`crate::api::responses`] follows it.
+//! Which backend stored which `/v1/responses` response ([`ResponseHomes`]),
+//! learned from the answers themselves ([`IdTap`]): vLLM keeps a stored
+//! response only on the instance that made it (docs/router-internals.md).
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};

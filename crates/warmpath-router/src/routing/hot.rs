@@ -1,14 +1,6 @@
-//! The warmest prefix chains of a pool, for `GET /cache-index`.
-//!
-//! A bounded top-K tracker ("space saving", Metwally et al.): at most
-//! `capacity` chains are tracked, keyed by their root (block 0) hash, which
-//! already encodes model, adapter, tenant and the first block. When a new root
-//! arrives and the table is full, the least-hit entry is replaced and the
-//! newcomer inherits its count + 1, so counts may over-estimate a newcomer but
+//! The warmest prefix chains of a pool, for `GET /cache-index`: a bounded
+//! top-K ("space saving", Metwally et al.) keyed by a chain's root hash, so
 //! every chain hit more than `total / capacity` times is in the table.
-//! Only hashes are kept, and prompt text only for a pool with
-//! `show_prompts` (the first characters of the prompt that brought a
-//! chain's longest form).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;

@@ -1,24 +1,9 @@
-//! What a backend is known to be carrying, and the loads the policy reads.
-//!
-//! Two sources, each in atomics that count their changes: the [`Load`] this
-//! router put on a backend (requests in flight, predicted prefill blocks
-//! still waiting for a first byte, whether it is draining), and the
-//! [`EngineCell`] its worker's agent last reported, written by the ingest
-//! ([`AgentLoads`]). Each policy snapshot keeps a [`Board`] of the
-//! [`BackendLoad`]s they make and reads a backend again only when one of its
-//! counts moved: two atomic loads per backend per pick, no lock or map
-//! lookup per backend (building every load per request made `pick` the
-//! router's largest phase at 1000 backends, BENCHMARKS.md). A `kv_aware`
-//! pick is told which positions changed since its last pick
-//! (`Loads::changed`).
-//!
-//! Time changes a load too: a report stops counting [`LOAD_FRESH_MS`] after
-//! it arrived. The board keeps the earliest such moment among its reports
-//! and reads every load again once it passed.
-//!
-//! A report's fields are separate atomics: a read racing a report may mix
-//! two reports' fields, which routing tolerates (a load is a one-second
-//! sample).
+//! What a backend is known to be carrying, and the loads the policy reads:
+//! the [`Load`] this router put on it and the [`EngineCell`] its agent
+//! reported, both atomics that count their changes. A policy snapshot's
+//! [`Board`] reads a backend again only when one of its counts moved or a
+//! report went stale ([`LOAD_FRESH_MS`]); a read racing a report may mix two
+//! reports' fields, which routing tolerates.
 
 use crate::http::clock::monotonic_ms;
 use parking_lot::Mutex;

@@ -1,16 +1,7 @@
 //! Model pools: each owns its cache index, tokenizer, backends and the
-//! current policy, which can be swapped at run time ([`Pool::switch`]).
-//!
-//! The policy lives behind `RwLock<Arc<PolicyState>>`: a request clones the
-//! `Arc` (a read lock held for a few nanoseconds) and routes with that
-//! snapshot, so a switch never disturbs requests already routed or routing.
-//! The snapshot also holds the backends the policy was built from, so a
-//! membership change ([`Pool::add_backend`], [`Pool::remove_backend`]) is
-//! one more swap: a decision's position always names the backend it was
-//! made for. The index is keyed by worker id, so the remaining workers keep
-//! their entries across any change; a removed worker's are dropped. The
-//! policy is rebuilt from the one it replaces (`Learns::carried`), so
-//! kv_aware keeps what it learned of the remaining workers by id.
+//! current policy snapshot. A switch or membership change swaps in a new
+//! `Arc<PolicyState>` (which holds the backends it was built from), so a
+//! decision's position always names the backend it was made for.
 
 use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
 use crate::control::discovery::provider::Provider;

@@ -1,22 +1,8 @@
-//! Sending a routed request upstream and streaming the answer back.
-//!
-//! - One pooled keep-alive HTTP/1.1 client for all backends.
-//! - Retry on another backend **only** when connecting failed (nothing was
-//!   sent); a backend failing `eject_after` times in a row (refused connects, 5xx
-//!   answers, exchanges broken after sending) is ejected until
-//!   an active probe passes (see [`crate::control::health`]).
-//! - Status, headers (minus hop-by-hop ones and those `Connection` names:
-//!   [`warmpath_edge::headers`]) and body pass through; the body
-//!   is streamed frame by frame as it arrives ([`TrackedBody`]), never
-//!   buffered. When the client goes away the body is dropped, which drops the
-//!   upstream response and closes that connection: the engine sees the
-//!   disconnect and stops generating.
-//! - A backend failing mid-stream, or silent for the stream idle timeout (`first_byte_timeout_ms`, at most 2 min)
-//!   once its headers are in, ends an SSE answer with an OpenAI-shaped
-//!   `data: {"error":...}` event (other bodies are cut off, so the client's
-//!   HTTP library reports an incomplete body); the silence counts as a
-//!   failure toward ejection, and the request stops counting as load. The
-//!   shutdown deadline ends a stream the same way.
+//! Sending a routed request upstream and streaming the answer back, frame
+//! by frame ([`TrackedBody`]). A request is retried on another backend only
+//! when connecting failed (nothing was sent); a failure mid-stream or a
+//! silent backend ends an SSE answer with an error event
+//! (docs/router-internals.md).
 
 use crate::control::metrics::Outcome;
 use crate::http::error::ApiError;

@@ -1,11 +1,7 @@
-//! Routing one request: tenant -> token ids -> block hashes -> index match ->
-//! prefix key -> policy pick with live loads.
-//!
-//! [`plan`] does everything that does not depend on load (and is what
-//! `POST /cache-index/query` shows); [`pick`] asks the pool's current policy
-//! for a backend, excluding backends that already failed to connect;
-//! [`preview`] asks what it would pick, recording nothing (the query).
-//! Each phase is timed into `warmpath_router_overhead_seconds{phase}`.
+//! Routing one request: [`plan`] does everything that does not depend on
+//! load (tenant, token ids, block hashes, index match, prefix key; what
+//! `POST /cache-index/query` shows), [`pick`] asks the policy with live loads,
+//! [`preview`] asks what it would pick, recording nothing.
 
 use crate::config::Isolation;
 use crate::control::metrics::Phase;

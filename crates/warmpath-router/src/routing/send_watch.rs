@@ -1,12 +1,7 @@
-//! A client that stops reading one answer (an HTTP/2 stream whose window
-//! stays shut while the connection lives on, or an HTTP/1 socket whose
-//! writes wait) is noticed per answer: once the answer's body has not been
-//! asked for more for the send timeout (3 `server.header_timeout_ms`), the engine's answer is
-//! dropped (its connection closes and the engine stops generating) and the
-//! request's in-flight slot is freed; the client's stream then ends with an
-//! error if it ever reads again. Without this, one stalled HTTP/2 stream
-//! would hold a backend slot and an upstream connection for as long as its
-//! connection stayed busy with others.
+//! Cuts off a client that stops reading one answer (an HTTP/2 stream whose
+//! window stays shut, an HTTP/1 socket whose writes wait) after the send
+//! timeout: otherwise it would hold a backend slot and an upstream connection
+//! for as long as its connection stayed busy with others.
 
 use super::backend::FlightGuard;
 use crate::control::metrics::Outcome;

@@ -1,19 +1,7 @@
-//! The grace a member gone from its provider's answer gets before it is
-//! drained and removed.
-//!
-//! One answer without a member says little: a DNS server that returns a
-//! subset, a pod failing one readiness probe, an EndpointSlice rewritten.
-//! Draining at once dropped the member's index entries and the policy's
-//! placements on it, and a pod back a second later started cold. So:
-//! - gone from an answer, a member is taken out of rotation at once (a pod
-//!   that fails readiness should get no new requests), but stays a member:
-//!   its index entries, its index slot and its placements are kept;
-//! - back in an answer within [`super::vanished::GRACE_ROUNDS`] of its provider's intervals
-//!   (2.5 `health.probe_interval_ms` for `dns`, 5 for `kubernetes`), it is back in
-//!   rotation at once, with all of that;
-//! - still gone after, it is drained and removed as before.
-//!
-//! The last member in rotation is never taken out (as before).
+//! The grace a member gone from its provider's answer gets: out of rotation
+//! at once, but kept (index entries, slot, placements) and back at once if it
+//! returns within [`super::vanished::GRACE_ROUNDS`] intervals; drained and
+//! removed after (docs/discovery.md).
 
 use super::provider::Provider;
 use crate::control::state::Shared;

@@ -1,22 +1,7 @@
 //! The `kubernetes` provider: the ready endpoints of a Service's
-//! EndpointSlices, listed and then watched with kube-rs
-//! ([`kube::runtime::watcher`]: list, watch from the list's
-//! resourceVersion with bookmarks, resume after the server ends a watch,
-//! relist after `410 Gone`).
-//!
-//! Every slice labelled `kubernetes.io/service-name=SERVICE` counts: a
-//! Service may have several, and the controller splits and merges them, so
-//! the answer is the union over all slices, applied [`SETTLE`] after the
-//! first change (a split updates one slice before it creates the other).
-//! An endpoint takes requests unless `conditions.ready` is false (missing
-//! means ready, as the API documents) or it is terminating. A watch error
-//! keeps the last applied set and re-connects with a doubling backoff; an
-//! empty union is reported as an error, never applied. The last union is
-//! applied again every 5 `health.probe_interval_ms`, so an endpoint that flapped back while
-//! its member was still draining (and so was skipped) returns.
-//!
-//! Tested against a recorded list+watch stream served on loopback
-//! (tests/router/k8s.rs), not against a live API server.
+//! EndpointSlices, listed and watched with kube-rs, their union applied
+//! [`SETTLE`] after the first change (a split updates one slice before it
+//! creates the other). Details: docs/discovery.md.
 
 use super::answer::{Answer, DiscoveryError};
 use crate::config::KubernetesDiscovery;

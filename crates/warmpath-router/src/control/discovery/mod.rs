@@ -1,17 +1,7 @@
 //! Discovery providers: each pool's `discovery:` entries, their answers
-//! applied as members (origin `dns:NAME`, `kubernetes:NS/SERVICE`) through
-//! [`crate::control::members`] next to the static `backends:`. A `dns` provider
-//! resolves every interval; a `kubernetes` one (cargo feature
-//! `kubernetes`) watches EndpointSlices and applies each settled change.
-//!
-//! A provider only adds and drains its own members. A member gone from an
-//! answer is out of rotation at once but keeps its index for a grace of
-//! a few intervals, and is back at once when it returns within it
-//! ([`grace`]). One that fails (an error, a timeout, an empty answer) keeps
-//! the last known set and logs: it never empties the pool, and the last
-//! serving backend is never drained. Each provider's last result, error and change count are in
-//! `/cache-index` (`pools[].discovery`) and `/metrics`
-//! (`warmpath_discovery_*`).
+//! applied as members through [`crate::control::members`]. A provider only
+//! adds and drains its own members and never empties a pool
+//! (docs/discovery.md).
 
 mod answer;
 mod apply;

@@ -1,11 +1,6 @@
-//! A backend's health: whether it is *ejected* (no requests are routed to
-//! it) and the verdict of its latest active probe. Ejection comes from
-//! `eject_after` consecutive failures of proxied requests or of probes; it
-//! lasts a back-off that doubles with each ejection not preceded by a
-//! success streak ([`Health::readmit_at_ms`]).
-//!
-//! What changes whether it is ejected returns true here; the caller
-//! ([`super::Backend`]) counts it as a change of the load.
+//! A backend's health: whether it is *ejected* and the verdict of its latest
+//! active probe. What changes whether it is ejected returns true here, so the
+//! caller ([`super::Backend`]) counts it as a change of the load.
 
 use crate::control::metrics::Outcome;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -1,18 +1,7 @@
-//! One backend engine as the router sees it, in three parts: who it is and
-//! what it serves ([`endpoint`]), its health ([`health`]) and the load this
-//! router put on it ([`Load`]). This module binds them: the rules that
-//! touch more than one part live here.
-//!
-//! Load accounting is RAII: [`Backend::begin`] counts a request in flight
-//! (and its predicted prefill blocks) and the returned [`FlightGuard`] undoes
-//! it — the prefill part at the first upstream byte
-//! ([`FlightGuard::first_byte`]), the in-flight part when the response body
-//! ends or is dropped (client gone, upstream failed) — and counts the
-//! request's outcome in its health's metrics.
-//!
-//! An ejection or readmission changes what routing reads, so it bumps the
-//! load's change counter the boards poll, like a change of the load itself
-//! does.
+//! One backend engine as the router sees it: who it is ([`endpoint`]), its
+//! health ([`health`]) and the load this router put on it ([`Load`]), bound
+//! here. Load accounting is RAII: [`Backend::begin`] counts a request and the
+//! [`FlightGuard`] it returns undoes it.
 
 pub(crate) mod endpoint;
 pub(crate) mod health;
