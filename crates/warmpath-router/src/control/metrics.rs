@@ -60,184 +60,59 @@ fn build() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> 
 }
 
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_gauge!(
-        "warmpath_build_info",
-        "Always 1; the labels name the running build"
-    );
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    // One series a line: `describe_KIND "name" (Unit)? "HELP"`.
+    macro_rules! describe {
+        ($($kind:ident $name:literal $(($unit:ident))? $help:literal;)*) => {
+            $($kind!($name, $(metrics::Unit::$unit,)? $help);)*
+        };
+    }
+    describe! {
+        describe_gauge "warmpath_build_info" "Always 1; the labels name the running build";
+        describe_counter "warmpath_replica_facts_total" "Routing decisions shared with the other router replicas through the agents, by direction (sent; received; dropped: the agent stream's queue was full; unsent: no stream of the chosen backend's agent is up; forged: a relayed fact not signed with the key of this router's agent_secret, dropped; malformed: relayed bytes that are no fact, dropped)";
+        describe_gauge "warmpath_replica_sharing_up" "Agent streams of the pool that carry shared decisions now (0: this router decides on its own view only)";
+        describe_counter "warmpath_backend_ejections_total" "Times a backend was ejected (failed requests or probes in a row)";
+        describe_counter "warmpath_request_bodies_refused_total" "Requests answered 503 because 32 max_body_bytes of request bodies were held";
+        describe_counter "warmpath_send_timeouts_total" "Answers whose client read nothing for 3 server.header_timeout_ms: the backend's answer and slot were let go";
+        describe_counter "warmpath_panic_routed_total" "Requests routed to ejected backends because every member that could take them was ejected (panic routing)";
+        describe_counter "warmpath_ejections_refused_total" "Ejections not made because health.max_ejection_percent of the pool was already out";
+        describe_histogram "warmpath_request_duration_seconds" (Seconds) "From a proxied request's head to its answer's last byte (or the client leaving)";
+        describe_counter "warmpath_backend_requests_total" "Requests sent to each backend, by how they ended (ok, server_error, connect_error, timeout, failed, cancelled)";
+        describe_counter "warmpath_requests_total" "Requests answered, by pool, strategy, routing decision and HTTP status";
+        describe_histogram "warmpath_matched_blocks" (Count) "Cached blocks the chosen backend holds of a request (per the index)";
+        describe_counter "warmpath_predicted_cached_tokens_total" (Count) "Prompt tokens predicted to be served from the engine's prefix cache";
+        describe_histogram "warmpath_upstream_first_byte_seconds" (Seconds) "From sending upstream to the first body byte";
+        describe_histogram "warmpath_router_overhead_seconds" (Seconds) "Routing time per phase";
+        describe_gauge "warmpath_backend_in_flight" "Requests this router has in flight per backend";
+        describe_gauge "warmpath_backend_healthy" "1 when the backend is in rotation and its latest active probe passed, else 0";
+        describe_gauge "warmpath_ready" "1 when GET /readyz answers 200: every pool has a probe-verified backend and the router is not draining";
+        describe_gauge "warmpath_index_entries" "(block, worker, tier) entries in the pool's cache index";
+        describe_gauge "warmpath_index_max_entries" "The pool's index.max_entries: past it, new blocks from agents are refused (warmpath_ingest_refused_blocks_total{reason=\"max_entries\"})";
+        describe_gauge "warmpath_index_bytes" (Bytes) "Estimated memory of the pool's cache index: allocated hash-table slots x 25 bytes (8-byte key, 16-byte holder set, 1 control byte); holder sets of 3+ workers take further heap, not counted";
+        describe_gauge "warmpath_index_dead_entries" "Entries of cleared workers waiting for compaction (every 30 s, or at once when they outnumber the live ones)";
+        describe_counter "warmpath_ingest_refused_blocks_total" "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x 1.25, at most a quarter of index.max_entries; max_entries: the pool's index.max_entries)";
+        describe_gauge "warmpath_stale_workers" "Workers whose agent is silent past the deadline";
+        describe_gauge "warmpath_index_prefix_closed_workers" "Workers whose agent reports their cached blocks prefix-closed, so index walks skip ahead";
+        describe_counter "warmpath_hot_cache_hits_total" "Lookups in the router's hot-path memo caches that saved their work";
+        describe_counter "warmpath_hot_cache_misses_total" "Lookups in the router's hot-path memo caches that did the work";
+        describe_counter "warmpath_work_offloaded_total" "Big-body requests routed on the bounded work pool (256 KiB and up)";
+        describe_counter "warmpath_work_rejected_total" "Big-body requests answered 503 overloaded: no work-pool turn within 10 s";
+        describe_counter "warmpath_ingest_messages_total" "Agent stream messages applied to the index, by kind (snapshot_chunk, delta)";
+        describe_counter "warmpath_ingest_blocks_total" "Blocks applied to the index from agent streams, by op (snapshot, stored, removed)";
+        describe_histogram "warmpath_ingest_lag_seconds" (Seconds) "From an engine observing a cache change to the router applying it";
+        describe_counter "warmpath_ingest_gaps_total" "Sequence gaps in agent streams (answered with a resend of the snapshot)";
+        describe_counter "warmpath_ingest_refused_total" "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello, streams)";
+        describe_counter "warmpath_ingest_pod_token_reviews_total" "Agents' pod tokens reviewed with the Kubernetes API server, by outcome (accepted, refused, unavailable); kept answers are not counted";
+        describe_gauge "warmpath_hot_cache_entries" "Entries held by the router's hot-path memo caches";
+        describe_gauge "warmpath_connections_open" "Client connections open now";
+        describe_counter "warmpath_connections_refused_total" "Client connections refused because server.max_connections were open";
+        describe_counter "warmpath_discovery_rounds_total" "Discovery rounds per provider, by result (ok, error); an error keeps the last known backends";
+        describe_counter "warmpath_discovery_changes_total" "Discovery rounds whose answer added or drained backends";
+        describe_gauge "warmpath_discovery_backends" "Backends in a discovery provider's last applied answer";
+        describe_counter "warmpath_pool_membership_changes_total" "Pool membership changes (admin API, reload, discovery), by op (add, drain, remove)";
+        describe_counter "warmpath_response_affinity_total" "Requests naming a stored /v1/responses response, by how its engine was found (known, located, unknown, gone)";
+    }
     metrics::gauge!("warmpath_build_info", "binary" => "warmpath-router", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-    describe_counter!(
-        "warmpath_replica_facts_total",
-        "Routing decisions shared with the other router replicas through the agents, by direction (sent; received; dropped: the agent stream's queue was full; unsent: no stream of the chosen backend's agent is up; forged: a relayed fact not signed with the key of this router's agent_secret, dropped; malformed: relayed bytes that are no fact, dropped)"
-    );
-    describe_gauge!(
-        "warmpath_replica_sharing_up",
-        "Agent streams of the pool that carry shared decisions now (0: this router decides on its own view only)"
-    );
-    describe_counter!(
-        "warmpath_backend_ejections_total",
-        "Times a backend was ejected (failed requests or probes in a row)"
-    );
-    describe_counter!(
-        "warmpath_request_bodies_refused_total",
-        "Requests answered 503 because 32 max_body_bytes of request bodies were held"
-    );
-    describe_counter!(
-        "warmpath_send_timeouts_total",
-        "Answers whose client read nothing for 3 server.header_timeout_ms: the backend's answer and slot were let go"
-    );
-    describe_counter!(
-        "warmpath_panic_routed_total",
-        "Requests routed to ejected backends because every member that could take them was ejected (panic routing)"
-    );
-    describe_counter!(
-        "warmpath_ejections_refused_total",
-        "Ejections not made because health.max_ejection_percent of the pool was already out"
-    );
-    describe_histogram!(
-        "warmpath_request_duration_seconds",
-        Unit::Seconds,
-        "From a proxied request's head to its answer's last byte (or the client leaving)"
-    );
-    describe_counter!(
-        "warmpath_backend_requests_total",
-        "Requests sent to each backend, by how they ended (ok, server_error, connect_error, timeout, failed, cancelled)"
-    );
-    describe_counter!(
-        "warmpath_requests_total",
-        "Requests answered, by pool, strategy, routing decision and HTTP status"
-    );
-    describe_histogram!(
-        "warmpath_matched_blocks",
-        Unit::Count,
-        "Cached blocks the chosen backend holds of a request (per the index)"
-    );
-    describe_counter!(
-        "warmpath_predicted_cached_tokens_total",
-        Unit::Count,
-        "Prompt tokens predicted to be served from the engine's prefix cache"
-    );
-    describe_histogram!(
-        "warmpath_upstream_first_byte_seconds",
-        Unit::Seconds,
-        "From sending upstream to the first body byte"
-    );
-    describe_histogram!(
-        "warmpath_router_overhead_seconds",
-        Unit::Seconds,
-        "Routing time per phase"
-    );
-    describe_gauge!(
-        "warmpath_backend_in_flight",
-        "Requests this router has in flight per backend"
-    );
-    describe_gauge!(
-        "warmpath_backend_healthy",
-        "1 when the backend is in rotation and its latest active probe passed, else 0"
-    );
-    describe_gauge!(
-        "warmpath_ready",
-        "1 when GET /readyz answers 200: every pool has a probe-verified backend and the router is not draining"
-    );
-    describe_gauge!(
-        "warmpath_index_entries",
-        "(block, worker, tier) entries in the pool's cache index"
-    );
-    describe_gauge!(
-        "warmpath_index_max_entries",
-        "The pool's index.max_entries: past it, new blocks from agents are refused (warmpath_ingest_refused_blocks_total{reason=\"max_entries\"})"
-    );
-    describe_gauge!(
-        "warmpath_index_bytes",
-        Unit::Bytes,
-        "Estimated memory of the pool's cache index: allocated hash-table slots x 25 bytes (8-byte key, 16-byte holder set, 1 control byte); holder sets of 3+ workers take further heap, not counted"
-    );
-    describe_gauge!(
-        "warmpath_index_dead_entries",
-        "Entries of cleared workers waiting for compaction (every 30 s, or at once when they outnumber the live ones)"
-    );
-    describe_counter!(
-        "warmpath_ingest_refused_blocks_total",
-        "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x 1.25, at most a quarter of index.max_entries; max_entries: the pool's index.max_entries)"
-    );
-    describe_gauge!(
-        "warmpath_stale_workers",
-        "Workers whose agent is silent past the deadline"
-    );
-    describe_gauge!(
-        "warmpath_index_prefix_closed_workers",
-        "Workers whose agent reports their cached blocks prefix-closed, so index walks skip ahead"
-    );
-    describe_counter!(
-        "warmpath_hot_cache_hits_total",
-        "Lookups in the router's hot-path memo caches that saved their work"
-    );
-    describe_counter!(
-        "warmpath_hot_cache_misses_total",
-        "Lookups in the router's hot-path memo caches that did the work"
-    );
-    describe_counter!(
-        "warmpath_work_offloaded_total",
-        "Big-body requests routed on the bounded work pool (256 KiB and up)"
-    );
-    describe_counter!(
-        "warmpath_work_rejected_total",
-        "Big-body requests answered 503 overloaded: no work-pool turn within 10 s"
-    );
-    describe_counter!(
-        "warmpath_ingest_messages_total",
-        "Agent stream messages applied to the index, by kind (snapshot_chunk, delta)"
-    );
-    describe_counter!(
-        "warmpath_ingest_blocks_total",
-        "Blocks applied to the index from agent streams, by op (snapshot, stored, removed)"
-    );
-    describe_histogram!(
-        "warmpath_ingest_lag_seconds",
-        Unit::Seconds,
-        "From an engine observing a cache change to the router applying it"
-    );
-    describe_counter!(
-        "warmpath_ingest_gaps_total",
-        "Sequence gaps in agent streams (answered with a resend of the snapshot)"
-    );
-    describe_counter!(
-        "warmpath_ingest_refused_total",
-        "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello, streams)"
-    );
-    describe_counter!(
-        "warmpath_ingest_pod_token_reviews_total",
-        "Agents' pod tokens reviewed with the Kubernetes API server, by outcome (accepted, refused, unavailable); kept answers are not counted"
-    );
-    describe_gauge!(
-        "warmpath_hot_cache_entries",
-        "Entries held by the router's hot-path memo caches"
-    );
-    describe_gauge!("warmpath_connections_open", "Client connections open now");
-    describe_counter!(
-        "warmpath_connections_refused_total",
-        "Client connections refused because server.max_connections were open"
-    );
-    describe_counter!(
-        "warmpath_discovery_rounds_total",
-        "Discovery rounds per provider, by result (ok, error); an error keeps the last known backends"
-    );
-    describe_counter!(
-        "warmpath_discovery_changes_total",
-        "Discovery rounds whose answer added or drained backends"
-    );
-    describe_gauge!(
-        "warmpath_discovery_backends",
-        "Backends in a discovery provider's last applied answer"
-    );
-    describe_counter!(
-        "warmpath_pool_membership_changes_total",
-        "Pool membership changes (admin API, reload, discovery), by op (add, drain, remove)"
-    );
-    describe_counter!(
-        "warmpath_response_affinity_total",
-        "Requests naming a stored /v1/responses response, by how its engine was found (known, located, unknown, gone)"
-    );
 }
 
 /// A phase of `warmpath_router_overhead_seconds`.
@@ -403,50 +278,6 @@ impl Outcome {
     }
 }
 
-/// `warmpath_backend_requests_total{pool, backend, outcome}`, one per
-/// [`Outcome`] in [`Outcome::ALL`] order.
-pub(crate) fn backend_requests(model: &str, backend: &str) -> [Counter; 6] {
-    Outcome::ALL.map(|o| {
-        metrics::counter!("warmpath_backend_requests_total", "pool" => model.to_owned(),
-            "backend" => backend.to_owned(), "outcome" => o.label())
-    })
-}
-
-/// `warmpath_backend_in_flight{pool, backend}`.
-pub(crate) fn backend_in_flight(model: &str, backend: &str) -> Gauge {
-    metrics::gauge!("warmpath_backend_in_flight", "pool" => model.to_owned(), "backend" => backend.to_owned())
-}
-
-/// `warmpath_backend_healthy{pool, backend}`.
-pub(crate) fn backend_healthy(model: &str, backend: &str) -> Gauge {
-    metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => backend.to_owned())
-}
-
-/// `warmpath_backend_ejections_total{pool, backend}`.
-pub(crate) fn backend_ejections(model: &str, backend: &str) -> Counter {
-    metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
-}
-
-/// `warmpath_request_bodies_refused_total`.
-pub(crate) fn bodies_refused() -> Counter {
-    metrics::counter!("warmpath_request_bodies_refused_total")
-}
-
-/// `warmpath_ejections_refused_total{pool}`.
-pub(crate) fn ejections_refused(model: &str) -> Counter {
-    metrics::counter!("warmpath_ejections_refused_total", "pool" => model.to_owned())
-}
-
-/// `warmpath_send_timeouts_total`.
-pub(crate) fn send_timeouts() -> Counter {
-    metrics::counter!("warmpath_send_timeouts_total")
-}
-
-/// `warmpath_panic_routed_total{pool}`.
-pub(crate) fn panic_routed(model: &str) -> Counter {
-    metrics::counter!("warmpath_panic_routed_total", "pool" => model.to_owned())
-}
-
 /// Counts one `warmpath_response_affinity_total{pool, outcome}`.
 pub(crate) fn response_affinity(model: &str, outcome: &'static str) {
     metrics::counter!("warmpath_response_affinity_total", "pool" => model.to_owned(), "outcome" => outcome)
@@ -462,16 +293,6 @@ pub(crate) fn membership_change(model: &str, op: &'static str) {
 /// `warmpath_ready`.
 pub(crate) fn ready() -> Gauge {
     metrics::gauge!("warmpath_ready")
-}
-
-/// `warmpath_connections_open`.
-pub(crate) fn connections_open() -> Gauge {
-    metrics::gauge!("warmpath_connections_open")
-}
-
-/// `warmpath_connections_refused_total`.
-pub(crate) fn connections_refused() -> Counter {
-    metrics::counter!("warmpath_connections_refused_total")
 }
 
 /// Installs the Prometheus recorder on first call; `None` when another

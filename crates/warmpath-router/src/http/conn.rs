@@ -53,8 +53,8 @@ impl Conns {
             pressure_at: limits.max_connections * PRESSURE_PERCENT / 100,
             pressure: Notify::new(),
             closed: Notify::new(),
-            open_gauge: crate::control::metrics::connections_open(),
-            refused: crate::control::metrics::connections_refused(),
+            open_gauge: metrics::gauge!("warmpath_connections_open"),
+            refused: metrics::counter!("warmpath_connections_refused_total"),
         })
     }
 

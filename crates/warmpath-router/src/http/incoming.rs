@@ -117,7 +117,7 @@ pub(crate) async fn read_body(
                 return Err(ApiError::too_large(limit));
             }
             if !held.grow(data.len()) {
-                crate::control::metrics::bodies_refused().increment(1);
+                metrics::counter!("warmpath_request_bodies_refused_total").increment(1);
                 return Err(ApiError::bodies_full(held.budget.max));
             }
             parts.push(data);

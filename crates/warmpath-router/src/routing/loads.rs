@@ -81,7 +81,7 @@ impl Load {
     /// No load on backend `id` of pool `model` yet.
     pub(crate) fn new(model: &str, id: &str) -> Self {
         Load {
-            in_flight_gauge: crate::control::metrics::backend_in_flight(model, id),
+            in_flight_gauge: metrics::gauge!("warmpath_backend_in_flight", "pool" => model.to_owned(), "backend" => id.to_owned()),
             in_flight: AtomicU32::new(0),
             pending_prefill: AtomicU64::new(0),
             draining: AtomicBool::new(false),

@@ -281,7 +281,8 @@ impl Pool {
         let cap = (members.len() * usize::from(max_percent) / 100).max(1);
         let room = out < cap;
         if !room {
-            crate::control::metrics::ejections_refused(&self.model).increment(1);
+            metrics::counter!("warmpath_ejections_refused_total", "pool" => self.model.clone())
+                .increment(1);
         }
         room
     }

@@ -340,7 +340,8 @@ pub(crate) fn pick(
                 !policy.backends[i].health.is_healthy() && could_take(plan, excluded, i)
             }) =>
         {
-            crate::control::metrics::panic_routed(&pool.model).increment(1);
+            metrics::counter!("warmpath_panic_routed_total", "pool" => pool.model.clone())
+                .increment(1);
             pick_adjusted(plan, excluded, agents, &input, rng, true)
         }
         r => r,

@@ -100,7 +100,7 @@ async fn watch(
             g.outcome(Outcome::Cancelled);
         }
         drop(inner);
-        crate::control::metrics::send_timeouts().increment(1);
+        metrics::counter!("warmpath_send_timeouts_total").increment(1);
         tracing::warn!(backend = %what, limit_ms,
             "the client read nothing of its answer in time: the backend's answer and slot are let go");
         return;

@@ -40,9 +40,12 @@ impl Health {
     /// The health of backend `id` of pool `model`: in rotation, unverified.
     pub(crate) fn new(model: &str, id: &str) -> Self {
         Health {
-            healthy_gauge: crate::control::metrics::backend_healthy(model, id),
-            ejections_total: crate::control::metrics::backend_ejections(model, id),
-            outcomes: crate::control::metrics::backend_requests(model, id),
+            healthy_gauge: metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => id.to_owned()),
+            ejections_total: metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => id.to_owned()),
+            outcomes: Outcome::ALL.map(|o| {
+                metrics::counter!("warmpath_backend_requests_total", "pool" => model.to_owned(),
+                    "backend" => id.to_owned(), "outcome" => o.label())
+            }),
             consecutive_failures: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
             // Unverified until the first probe: readiness waits for it.
