@@ -62,8 +62,7 @@ pub(crate) fn count_refused(status: StatusCode) {
     crate::control::metrics::requests_counter("-", "-", "none", status).increment(1);
 }
 
-/// Counts a failure of `backend` toward ejection (and says so when it
-/// ejects), within `health.max_ejection_percent`.
+/// Counts a failure of `backend` toward ejection, within `health.max_ejection_percent`.
 fn count_failure(up: &Upstream, pool: &Pool, backend: &Backend) {
     let _one_at_a_time = pool.ejecting();
     if backend.failed_within(up.eject_after, || {
@@ -96,8 +95,7 @@ fn upstream_request(
     Ok(req)
 }
 
-/// How a client error names a backend: by its worker id where the pool
-/// shows routing (`x-warmpath-backend` tells it anyway), else not at all.
+/// How a client error names a backend: by id only where the pool shows routing.
 fn shown(pool: &Pool, id: &str) -> String {
     match pool.expose_routing_headers {
         true => format!("backend {id}"),
@@ -105,12 +103,13 @@ fn shown(pool: &Pool, id: &str) -> String {
     }
 }
 
-/// Whether an answer's status says the engine itself failed: 500, 502,
-/// 503 and 504. 501 and 505 and above answer the request's own shape.
+/// Whether an answer's status says the engine itself failed (501 and 505+ are the request's).
 fn engine_fault(status: StatusCode) -> bool {
     matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
+/// Marks `resp` with its routing: the `Routed` extension, and the headers
+/// where the pool exposes them.
 fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision) {
     resp.extensions_mut().insert(Routed {
         pool: Arc::clone(pool),
@@ -130,9 +129,8 @@ fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision
     );
 }
 
-/// Routes `plan` and proxies `out` through `up`, retrying other backends
-/// on connect failure; `loads` are the agents' reports, and `decisions`
-/// hears of each pick (the other router replicas).
+/// Routes `plan` and proxies `out` through `up`, retrying other backends on
+/// connect failure; `decisions` hears of each pick (the other replicas).
 pub(crate) async fn forward(
     up: &Arc<Upstream>,
     loads: Option<&dyn AgentLoads>,
@@ -203,11 +201,7 @@ pub(crate) async fn forward(
                 shown(pool, backend.endpoint.id()),
                 limit.as_millis()
             ));
-            pool.metrics
-                .count(strategy, decision.kind.as_str(), err.status);
-            let mut resp = err.into_response();
-            tag(&mut resp, pool, backend.endpoint.id(), &decision);
-            return resp;
+            return failed(err, pool, strategy, backend.endpoint.id(), &decision);
         };
         match answer {
             Ok(resp) => {
@@ -254,14 +248,25 @@ pub(crate) async fn forward(
                     "{} failed before answering",
                     shown(pool, backend.endpoint.id())
                 ));
-                pool.metrics
-                    .count(strategy, decision.kind.as_str(), err.status);
-                let mut resp = err.into_response();
-                tag(&mut resp, pool, backend.endpoint.id(), &decision);
-                return resp;
+                return failed(err, pool, strategy, backend.endpoint.id(), &decision);
             }
         }
     }
+}
+
+/// `err`, counted and tagged as the answer of `decision`.
+fn failed(
+    err: ApiError,
+    pool: &Arc<Pool>,
+    strategy: &'static str,
+    backend: &str,
+    decision: &Decision,
+) -> Response {
+    pool.metrics
+        .count(strategy, decision.kind.as_str(), err.status);
+    let mut resp = err.into_response();
+    tag(&mut resp, pool, backend, decision);
+    resp
 }
 
 fn respond(
@@ -343,13 +348,11 @@ impl Layer for Remember {
 }
 
 pin_project_lite::pin_project! {
-    /// The upstream body, passed through frame by frame, with load
-    /// accounting; it ends early when the backend goes silent for
-    /// `stream_idle_timeout` or the shutdown deadline passes.
+    /// The upstream body, passed through frame by frame with load accounting;
+    /// it ends early when the backend goes silent or the shutdown deadline passes.
     pub struct TrackedBody {
-        // The engine's answer and the request's flight, shared with the
-        // send watchdog. The guard is taken when the body ends, however it
-        // ends: a request past its timeout no longer counts as load.
+        // Shared with the send watchdog; the guard is taken when the body
+        // ends, however it ends, so a request past its timeout is no load.
         held: Arc<parking_lot::Mutex<Held>>,
         send: SendWatch,
         sent: Instant,
@@ -534,8 +537,7 @@ impl HttpBody for TrackedBody {
     }
 }
 
-/// What the other router replicas are told of a pick of `plan` on `worker`
-/// (ARCHITECTURE.md, "Router replicas"): the prefix's home after it, by ids.
+/// What the other replicas are told of a pick of `plan` on `worker`: the prefix's home after it.
 fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> Fact {
     let key = plan.prefix_key.0;
     let id = |i: usize| {
