@@ -31,13 +31,11 @@ pub(crate) struct PolicyState {
     pub config: PolicyConfig,
     /// The built policy.
     pub policy: Arc<dyn Policy>,
-    /// Its memory, when it has one (kv_aware): home lookups, other
-    /// replicas' decisions.
+    /// Its memory, when it has one (kv_aware).
     pub learns: Option<Arc<dyn Learns>>,
     /// The backends it was built from, in its snapshot order.
     pub backends: Arc<[Arc<Backend>]>,
-    /// Their loads as its last pick saw them (`route` reads every load
-    /// through it).
+    /// Their loads as its last pick saw them.
     pub board: Board,
 }
 
@@ -67,33 +65,17 @@ impl PolicyState {
 /// Why a membership change was refused; the pool is unchanged.
 #[derive(Debug, Error)]
 pub(crate) enum MemberError {
-    /// The worker id is already a member. Not retryable.
     #[error("pool {model:?} already has a backend with worker_id {worker_id:?}")]
-    Duplicate {
-        /// The pool.
-        model: String,
-        /// The worker id.
-        worker_id: String,
-    },
-    /// No member has this worker id. Not retryable.
+    Duplicate { model: String, worker_id: String },
     #[error("pool {model:?} has no backend with worker_id {worker_id:?}")]
-    Unknown {
-        /// The pool.
-        model: String,
-        /// The worker id.
-        worker_id: String,
-    },
-    /// The URL or worker id is not usable. Not retryable.
+    Unknown { model: String, worker_id: String },
     #[error("invalid backend: {0}")]
     Invalid(String),
-    /// The last backend that is not draining cannot be removed or drained:
-    /// the pool would route nowhere. Retry after adding another.
+    /// Retryable after adding another backend.
     #[error("pool {0:?} would have no backend left; add another first")]
     LastBackend(String),
-    /// The index has no slot left. Not retryable.
     #[error(transparent)]
     Index(#[from] warmpath_core::IndexError),
-    /// The policy could not be rebuilt. Not retryable.
     #[error(transparent)]
     Policy(#[from] PolicyError),
 }
@@ -101,10 +83,8 @@ pub(crate) enum MemberError {
 /// Why a strategy switch was refused; the old policy stays in place.
 #[derive(Debug, Error)]
 pub(crate) enum SwitchError {
-    /// `kv_aware` on a pool without a tokenizer. Not retryable.
     #[error("pool {0:?} has no tokenizer, so it cannot use kv_aware")]
     NeedsTokenizer(String),
-    /// The policy could not be built from the settings. Not retryable.
     #[error(transparent)]
     Policy(#[from] PolicyError),
 }
@@ -116,37 +96,29 @@ pub(crate) struct Pool {
     pub model: String,
     /// Which workers hold which blocks; filled by the agents' ingest.
     pub index: Arc<CacheIndex>,
-    /// Tokens per block.
     pub block_size: usize,
-    /// Chat template + tokenizer, when configured.
     pub tokenizer: Option<Arc<ChatTokenizer>>,
     /// PREFIX_AWARE key extraction.
     pub prefix: PrefixExtractor,
     /// Warmest prefix chains routed here.
     pub hot: HotChains,
-    /// The per-request metric series of this pool.
     pub metrics: PoolMetrics,
-    /// Whether answers carry `x-warmpath-backend` and `x-warmpath-decision`.
     pub expose_routing_headers: bool,
-    /// Where tenant ids come from and what they isolate.
     pub tenants: TenantsConfig,
-    /// Whether the warmest chains keep a prompt preview (`show_prompts`).
     pub show_prompts: bool,
     /// Bounds of `index` (the ingest applies the per-worker caps).
     pub index_bounds: IndexSettings,
-    /// Its discovery providers (run by `crate::control::discovery`).
     pub discovery: Vec<Arc<Provider>>,
     /// Which backend stored which `/v1/responses` response.
     pub responses: ResponseHomes,
     policy: RwLock<Arc<PolicyState>>,
     /// Held while a new policy state is built and installed, so two changes
-    /// (a strategy switch, an add, a removal) never lose one another.
+    /// never lose one another.
     changing: Mutex<()>,
     /// See [`Pool::ejecting`].
     ejecting: Mutex<()>,
     /// See [`Pool::compact_removed`].
     compaction: Compaction,
-    /// `max_prompt_tokens` from the config.
     max_prompt_tokens: Option<usize>,
     /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
     learned_context: AtomicUsize,
@@ -270,11 +242,9 @@ impl Pool {
         Arc::clone(&self.policy.read().backends)
     }
 
-    /// Whether one more member may be ejected: at most `max_percent` of
-    /// the members are out at once, though one always may be (Envoy's
-    /// `max_ejection_percent`), so failures that are not the engines' own
-    /// (a bad client mix, a network blip) cannot empty a pool. The caller
-    /// holds [`Pool::ejecting`] until the ejection is done.
+    /// Whether one more member may be ejected: at most `max_percent` are out
+    /// at once (one always may be), so failures that are not the engines'
+    /// own cannot empty a pool. The caller holds [`Pool::ejecting`].
     pub(crate) fn room_to_eject(&self, max_percent: u8) -> bool {
         let members = self.backends();
         let out = members.iter().filter(|b| !b.health.is_healthy()).count();
@@ -299,6 +269,13 @@ impl Pool {
             .iter()
             .find(|b| b.endpoint.id() == id)
             .cloned()
+    }
+
+    fn unknown(&self, id: &str) -> MemberError {
+        MemberError::Unknown {
+            model: self.model.clone(),
+            worker_id: id.to_owned(),
+        }
     }
 
     /// Builds and installs a new policy atomically; returns the previous strategy.
@@ -350,8 +327,7 @@ impl Pool {
         Ok(())
     }
 
-    /// Adds a backend (it takes requests at once); the ring moves about
-    /// 1/(N+1) of the keys to it, every other worker keeps its index entries.
+    /// Adds a backend (it takes requests at once); the others keep their index entries.
     pub(crate) fn add_backend(
         &self,
         cfg: &BackendConfig,
@@ -387,10 +363,9 @@ impl Pool {
         Ok(b)
     }
 
-    /// Removes a backend now: no new requests, requests in flight there
-    /// finish (they hold it), its index entries stop counting (their
-    /// holders go with the next compaction: [`Pool::compact_removed`]). With
-    /// `keep_one`, refuses to remove the last backend not draining.
+    /// Removes a backend now (requests in flight there finish; its index
+    /// entries stop counting). With `keep_one`, refuses to remove the last
+    /// backend not draining.
     pub(crate) fn remove_backend(
         &self,
         id: &str,
@@ -399,10 +374,7 @@ impl Pool {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
         let Some(at) = members.iter().position(|b| b.endpoint.id() == id) else {
-            return Err(MemberError::Unknown {
-                model: self.model.clone(),
-                worker_id: id.to_owned(),
-            });
+            return Err(self.unknown(id));
         };
         let serving = members.iter().filter(|b| !b.load.is_draining()).count();
         if keep_one && serving <= 1 && !members[at].load.is_draining() {
@@ -416,19 +388,14 @@ impl Pool {
         Ok(b)
     }
 
-    /// Puts `old` (a draining member) back in rotation as a new member of
-    /// the same worker: same id, URL, origin and index slot, so its index
-    /// entries and the policy's placements (kept by worker id) stay. The
-    /// adapters and model cards it learned carry over; health starts over
-    /// (the caller probes it). Requests in flight on `old` finish there.
+    /// Puts `old` (a draining member) back in rotation as a new member of the
+    /// same worker (id, URL, slot, learned adapters and cards kept), so its
+    /// index entries and placements stay; health starts over.
     pub(crate) fn restore_backend(&self, old: &Arc<Backend>) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
         let Some(at) = members.iter().position(|b| Arc::ptr_eq(b, old)) else {
-            return Err(MemberError::Unknown {
-                model: self.model.clone(),
-                worker_id: old.endpoint.id().to_owned(),
-            });
+            return Err(self.unknown(old.endpoint.id()));
         };
         let b = Arc::new(Backend::new(
             &self.model,
@@ -445,10 +412,8 @@ impl Pool {
         Ok(b)
     }
 
-    /// Purges the holders of removed workers (and so frees their index
-    /// slots) on the blocking pool, one pass per pool at a time: a removal
-    /// on an async thread never walks the whole index. A call while a pass
-    /// runs makes it run once more after, so no removal waits for the timer.
+    /// Purges the holders of removed workers on the blocking pool, one pass
+    /// per pool at a time; a call while a pass runs makes it run once more.
     pub(crate) fn compact_removed(self: &Arc<Self>) {
         if self.index.awaiting_compaction() == 0 {
             return;
@@ -471,24 +436,19 @@ impl Pool {
                 return;
             }
         };
-        // Bounded work that owes nothing to a peer: it ends by itself, with
-        // the runtime at the latest. Without a runtime (unit tests): here.
+        // Without a runtime (unit tests): here.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(rt.spawn_blocking(pass)),
             Err(_) => pass(),
         }
     }
 
-    /// Starts draining a backend (no new requests; see [`Load::wait_idle`](crate::routing::backend::load::Load::wait_idle)).
-    /// Refuses to drain the last backend not draining.
+    /// Starts draining a backend (no new requests); refuses the last one not draining.
     pub(crate) fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let members = self.backends();
         let Some(b) = members.iter().find(|b| b.endpoint.id() == id) else {
-            return Err(MemberError::Unknown {
-                model: self.model.clone(),
-                worker_id: id.to_owned(),
-            });
+            return Err(self.unknown(id));
         };
         let serving = members.iter().filter(|b| !b.load.is_draining()).count();
         if serving <= 1 && !b.load.is_draining() {
