@@ -54,10 +54,7 @@ pub(super) async fn drive(
         shutdown,
     } = sh;
     let Some(pool) = dir.pool(&hello.model) else {
-        let r = Refusal {
-            reason: format!("no pool serves model {}", shown(&hello.model)),
-            retryable: false,
-        };
+        let r = Refusal::fatal(format!("no pool serves model {}", shown(&hello.model)));
         log_refusal(&refusals, &r);
         metrics::counter!("warmpath_ingest_refused_total", "reason" => "model").increment(1);
         let _ = tx.send(Ok(r.answer())).await;

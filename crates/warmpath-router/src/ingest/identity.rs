@@ -68,13 +68,10 @@ impl Presented {
                 if warmpath_proto::same_token(token, &expected) {
                     Ok(())
                 } else {
-                    Err(Refusal {
-                        reason: format!(
-                            "the agent credential does not name worker {}",
-                            shown(worker)
-                        ),
-                        retryable: false,
-                    })
+                    Err(Refusal::fatal(format!(
+                        "the agent credential does not name worker {}",
+                        shown(worker)
+                    )))
                 }
             }
             #[cfg(feature = "kubernetes")]
@@ -103,14 +100,11 @@ impl Presented {
                 if pod.names(worker) {
                     Ok(())
                 } else {
-                    Err(Refusal {
-                        reason: format!(
-                            "the pod token names pod {}, not worker {}",
-                            shown(&pod.name),
-                            shown(worker)
-                        ),
-                        retryable: false,
-                    })
+                    Err(Refusal::fatal(format!(
+                        "the pod token names pod {}, not worker {}",
+                        shown(&pod.name),
+                        shown(worker)
+                    )))
                 }
             }
         }

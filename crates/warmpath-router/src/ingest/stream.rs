@@ -23,6 +23,14 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
+    /// A refusal the agent should not retry.
+    pub(crate) fn fatal(reason: impl Into<String>) -> Self {
+        Refusal {
+            reason: reason.into(),
+            retryable: false,
+        }
+    }
+
     /// What the agent is answered.
     pub(crate) fn answer(&self) -> RouterMessage {
         RouterMessage {
@@ -128,10 +136,7 @@ impl WorkerStream {
         now_ms: u64,
     ) -> Result<Self, Refusal> {
         if hello.worker_id.is_empty() || hello.worker_id.len() > 256 {
-            return Err(Refusal {
-                reason: "worker_id must be 1 to 256 bytes".into(),
-                retryable: false,
-            });
+            return Err(Refusal::fatal("worker_id must be 1 to 256 bytes"));
         }
         let key = AgentKey {
             model: hello.model.clone(),
@@ -141,33 +146,24 @@ impl WorkerStream {
             if !known.contains(&hello.worker_id) {
                 metrics::counter!("warmpath_ingest_refused_total", "reason" => "worker_id")
                     .increment(1);
-                return Err(Refusal {
-                    reason: format!(
+                return Err(Refusal::fatal(format!(
                         "worker id {:?} is not a backend of pool {:?} (its worker_ids: {}); set --worker-id to the backend's worker_id (default: its url)",
                         hello.worker_id,
                         hello.model,
                         known.join(", ")
-                    ),
-                    retryable: false,
-                });
+                    )));
             }
         }
         check_block_size(&pool, hello.block_size)
             .inspect_err(|r| agents.refused(&key, &r.reason))?;
         let (stream_id, live) = agents.claim(&key, hello, now_ms).map_err(|reason| {
             agents.refused(&key, &reason);
-            Refusal {
-                reason,
-                retryable: false,
-            }
+            Refusal::fatal(reason)
         })?;
         let slot = pool
             .index
             .register_worker(&hello.worker_id)
-            .map_err(|e| Refusal {
-                reason: e.to_string(),
-                retryable: false,
-            })?;
+            .map_err(|e| Refusal::fatal(e.to_string()))?;
         // Heard now; entries of an older epoch keep serving until the new
         // snapshot replaces them.
         let _ = pool.index.mark_heard(slot, now_ms);
@@ -231,13 +227,10 @@ impl WorkerStream {
             if self.live.removed() {
                 metrics::counter!("warmpath_ingest_refused_total", "reason" => "removed")
                     .increment(1);
-                return Err(Refusal {
-                    reason: format!(
-                        "worker {:?} was removed from pool {:?}",
-                        self.key.worker_id, self.key.model
-                    ),
-                    retryable: false,
-                });
+                return Err(Refusal::fatal(format!(
+                    "worker {:?} was removed from pool {:?}",
+                    self.key.worker_id, self.key.model
+                )));
             }
             return Err(Refusal {
                 reason: "another stream took over this worker".into(),
@@ -271,10 +264,9 @@ impl WorkerStream {
 
     fn on_hello(&mut self, h: &v1::Hello) -> Result<Vec<RouterMessage>, Refusal> {
         if h.worker_id != self.key.worker_id || h.model != self.key.model || h.epoch != self.epoch {
-            return Err(Refusal {
-                reason: "a repeated Hello may only change block_size".into(),
-                retryable: false,
-            });
+            return Err(Refusal::fatal(
+                "a repeated Hello may only change block_size",
+            ));
         }
         if let Err(r) = check_block_size(&self.pool, h.block_size) {
             // Entries hashed with another block size could only mislead.
@@ -477,13 +469,10 @@ impl Drop for WorkerStream {
 fn check_block_size(pool: &IngestPool, block_size: u32) -> Result<(), Refusal> {
     if block_size != 0 && block_size as usize != pool.block_size {
         metrics::counter!("warmpath_ingest_refused_total", "reason" => "block_size").increment(1);
-        return Err(Refusal {
-            reason: format!(
+        return Err(Refusal::fatal(format!(
                 "block size mismatch: the agent reports {block_size} tokens per block, the router's pool uses {}; hashes could never match",
                 pool.block_size
-            ),
-            retryable: false,
-        });
+            )));
     }
     Ok(())
 }
