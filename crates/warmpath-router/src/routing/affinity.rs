@@ -6,17 +6,13 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use warmpath_core::request::surface::{is_response_id_byte, MAX_RESPONSE_ID};
 
-/// Bytes of an answer read for its id: the id is the response object's first
-/// field in vLLM's answers, and the first event of a stream
-/// (`response.created`) carries the object.
+/// Bytes of an answer read for its id (the response object's first field).
 pub(crate) const TAP_BYTES: usize = 64 * 1024;
 
-/// Stored `/v1/responses` ids a pool remembers with the backend that made
-/// them; the oldest are forgotten first (an id forgotten is asked for).
+/// Stored `/v1/responses` ids a pool remembers, the oldest forgotten first.
 pub(crate) const RESPONSE_IDS: usize = 65_536;
 
-/// Response id → worker id, at most `cap` ids, the oldest forgotten first;
-/// and the ids no backend had, lately ([`Misses`]).
+/// Response id → worker id, at most `cap` ids; and the recent misses.
 #[derive(Debug)]
 pub(crate) struct ResponseHomes {
     cap: usize,
@@ -27,8 +23,7 @@ pub(crate) struct ResponseHomes {
     lookups: tokio::sync::Semaphore,
 }
 
-/// Ids that no backend had when they were looked for, each for
-/// [`MISS_TTL_MS`]: a client retrying an unknown id costs no fan-out.
+/// Ids no backend had, each for [`MISS_TTL_MS`]: a retried unknown id costs no fan-out.
 #[derive(Debug, Default)]
 struct Misses {
     /// Id → when its miss expires (monotonic ms).
@@ -36,8 +31,7 @@ struct Misses {
     order: VecDeque<String>,
 }
 
-/// How long a miss is remembered. A response id exists once its engine
-/// made it, so a miss stays true unless a restart reuses ids.
+/// How long a miss is remembered.
 const MISS_TTL_MS: u64 = 10_000;
 /// Misses remembered at once.
 const MISSES: usize = 4096;
@@ -103,8 +97,7 @@ impl ResponseHomes {
         }
     }
 
-    /// A turn to ask every backend, waiting at most `wait`; `None` when
-    /// too many look-ups are under way.
+    /// A turn to ask every backend, waiting at most `wait`.
     pub(crate) async fn lookup_turn(
         &self,
         wait: std::time::Duration,
@@ -167,9 +160,8 @@ impl IdTap {
     }
 }
 
-/// The value of the first `"id"` key in `buf` (JSON or SSE lines of JSON):
-/// `None` when none is complete yet, `Err` when its value is not a plain
-/// string id.
+/// The value of the first `"id"` key in `buf`: `None` when none is complete
+/// yet, `Err` when it is not a plain string.
 fn first_id(buf: &[u8]) -> Option<Result<String, ()>> {
     const KEY: &[u8] = b"\"id\"";
     let at = memchr::memmem::find(buf, KEY)?;

@@ -54,8 +54,7 @@ impl HotChains {
         }
     }
 
-    /// Records a request with block chain `chain` routed to `worker`
-    /// (`preview`: its prompt's first characters, when the pool keeps them).
+    /// Records a request with block chain `chain` routed to `worker`.
     pub(crate) fn record(&self, chain: &[BlockHash], worker: &str, preview: Option<&str>) {
         let Some(root) = chain.first() else { return };
         let chain = &chain[..chain.len().min(MAX_DEPTH)];

@@ -25,22 +25,17 @@ use warmpath_core::{
 /// What routing knows of a request before looking at load.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    /// The pool and adapter.
     pub target: Target,
-    /// The tenant, if any.
     pub tenant: Option<TenantId>,
     /// The request's block chain (empty when not tokenized).
     pub hashes: Vec<BlockHash>,
     /// Per-worker match of the chain (when hashed).
     pub matches: Option<MatchResult>,
-    /// The PREFIX_AWARE key.
     pub prefix_key: PrefixKey,
-    /// The policy snapshot to pick with.
     pub policy: Arc<PolicyState>,
     /// The prompt's first characters, only for a pool with `show_prompts`.
     pub preview: Option<String>,
-    /// The backend (worker id) that must serve it when it can: the one that
-    /// stored the `/v1/responses` response it continues ([`crate::api::responses`]).
+    /// The worker that stored the `/v1/responses` response it continues.
     pub pinned: Option<String>,
     /// Learn the response id its answer carries (`POST /v1/responses`).
     pub learns_response: bool,
@@ -49,8 +44,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// The one place a plan is made: nothing hashed, matched, pinned or
-    /// followed yet (the planners and `/v1/responses` fill those in).
+    /// The one place a plan is made: nothing hashed, matched or pinned yet.
     fn new(
         target: Target,
         tenant: Option<TenantId>,
@@ -171,8 +165,7 @@ pub(crate) fn plan(
     })
 }
 
-/// The first [`PREVIEW_CHARS`] of what the prefix key reads (roles and
-/// contents of a chat, a text prompt); `None` for token ids.
+/// The first [`PREVIEW_CHARS`] of what the prefix key reads; `None` for token ids.
 fn prompt_preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
     match pool.prefix.extract(req) {
         Extracted::Text(t) => Some(t.chars().take(PREVIEW_CHARS).collect()),
@@ -190,8 +183,7 @@ pub(crate) fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, bo
     Plan::new(target, tenant, prefix_key, policy)
 }
 
-/// Plans a request without a prompt (`/detokenize`): least outstanding,
-/// whatever the pool's strategy, as there is no prefix to follow.
+/// Plans a request without a prompt (`/detokenize`): least outstanding.
 pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     let current = target.pool.policy();
     let policy = Arc::new(PolicyState {
@@ -211,8 +203,7 @@ pub(crate) fn loads(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Vec<Backend
     with_adjusted(plan, &[], agents, false, <[BackendLoad]>::to_vec)
 }
 
-/// Runs `f` with the loads of `plan`'s snapshot, as its board keeps them
-/// ([`Board::with`]).
+/// Runs `f` with the loads of `plan`'s snapshot ([`Board::with`]).
 fn read<R>(
     plan: &Plan,
     agents: Option<&dyn AgentLoads>,
@@ -270,14 +261,12 @@ fn pick_adjusted(
     })
 }
 
-/// Whether position `i` of `plan`'s snapshot may take it: healthy, not
-/// draining, not in `excluded`, serving its adapter.
+/// Whether position `i` of `plan`'s snapshot may take it.
 fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
     plan.policy.backends[i].health.is_healthy() && could_take(plan, excluded, i)
 }
 
-/// Whether position `i` could take it, health aside: not draining, not in
-/// `excluded`, serving its adapter (panic routing asks only this).
+/// Whether position `i` could take it, health aside (panic routing).
 fn could_take(plan: &Plan, excluded: &[usize], i: usize) -> bool {
     let b = &plan.policy.backends[i];
     !b.load.is_draining()
@@ -291,9 +280,7 @@ fn could_take(plan: &Plan, excluded: &[usize], i: usize) -> bool {
 
 /// Picks a backend for `plan`, never one in `excluded`. When every member
 /// that could take it is ejected, the ejected ones take it (Envoy's panic
-/// routing): an answer from a doubtful engine beats a certain 503. The
-/// ejection ceiling (`health.max_ejection_percent`) keeps this to pools
-/// whose only candidates went out.
+/// routing): an answer from a doubtful engine beats a certain 503.
 pub(crate) fn pick(
     plan: &Plan,
     excluded: &[usize],
@@ -304,11 +291,8 @@ pub(crate) fn pick(
     if let Some(d) = pinned(plan, excluded) {
         return Ok(d);
     }
-    // A policy that learns from its picks (kv_aware) is shared between
-    // replicas: its ties go by the key, as in a preview, so replicas of the
-    // same state agree (docs/replicas.md); it is also told which loads
-    // changed since its last pick, when it gets the board's loads as they
-    // are (`loads`).
+    // A learning policy's ties go by the key when replicas share decisions,
+    // so replicas of the same state agree (docs/replicas.md).
     let kv = plan.policy.learns.is_some();
     let mut keyed;
     let mut shared;
@@ -350,11 +334,8 @@ pub(crate) fn pick(
     checked(plan, res)
 }
 
-/// The backend [`pick`] would choose for `plan` now, recording nothing
-/// (a pick under [`Mode::Preview`]): what `POST /cache-index/query`
-/// shows. Ties are broken by an rng seeded with the prefix key, so the same
-/// query in the same state gives the same answer, and the routing rng is
-/// left alone.
+/// The backend [`pick`] would choose for `plan` now, recording nothing;
+/// ties go by the prefix key, so the same query in the same state agrees.
 pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
     let loads = loads(plan, agents);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
@@ -369,8 +350,7 @@ pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<De
     checked(plan, res)
 }
 
-/// The pinned backend, while it can serve (healthy, not draining, not
-/// excluded); else the policy picks and the engine answers as it would.
+/// The pinned backend, while it can serve; else the policy picks.
 fn pinned(plan: &Plan, excluded: &[usize]) -> Option<Decision> {
     let id = plan.pinned.as_deref()?;
     let i = plan

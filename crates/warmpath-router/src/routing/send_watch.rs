@@ -13,12 +13,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// Not waiting for the client: the body is being polled, or the engine has
-/// nothing to send yet.
+/// Not waiting for the client.
 const NOT_WAITING: u64 = u64::MAX;
 
-/// What an answer's body holds of its backend, shared with its watchdog,
-/// which takes both when the client stops reading.
+/// What an answer's body holds of its backend, shared with its watchdog.
 #[derive(Debug)]
 pub(crate) struct Held {
     /// The engine's answer.
@@ -27,8 +25,7 @@ pub(crate) struct Held {
     pub(crate) guard: Option<FlightGuard>,
 }
 
-/// The body's side of the watchdog: it says when it handed a frame over
-/// (and so waits for the client to ask for the next) and when it is asked.
+/// The body's side of the watchdog: when it handed a frame over, when asked.
 #[derive(Debug)]
 pub(crate) struct SendWatch {
     waiting_since: Arc<AtomicU64>,
@@ -65,8 +62,7 @@ impl SendWatch {
     }
 }
 
-/// Wakes once per `limit` (or when a wait would end) until the body drops,
-/// or lets the backend go once the client waited past `limit`.
+/// Lets the backend go once the client waited past `limit`.
 async fn watch(
     held: Weak<Mutex<Held>>,
     waiting_since: Arc<AtomicU64>,

@@ -21,9 +21,8 @@ pub(crate) struct Fact {
 
 /// Where routing's decisions go.
 pub(crate) trait DecisionSink: Send + Sync {
-    /// Tells the other replicas a request of pool `model` started as
-    /// `fact` says; the handle reports its first byte, and its end when
-    /// dropped. `None`: nobody to tell.
+    /// Tells the other replicas a request started; the handle reports its
+    /// first byte, and its end when dropped.
     fn start(&self, model: &str, fact: Fact) -> Option<Box<dyn SharedRequest>>;
 }
 

@@ -13,12 +13,10 @@ use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// TCP connect timeout: an engine on the same network accepts in
-/// milliseconds; past this the next backend is tried.
+/// TCP connect timeout; past it the next backend is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Idle keep-alive connections kept per backend: more than any engine
-/// serves at once, so a burst does not reconnect.
+/// Idle keep-alive connections kept per backend: a burst does not reconnect.
 const MAX_IDLE_PER_BACKEND: usize = 256;
 
 /// The pooled keep-alive client used for every backend.
@@ -41,8 +39,7 @@ pub(crate) struct Upstream {
     pub eject_after: u32,
     /// The most of a pool ejected at once, in percent.
     pub max_ejection_percent: u8,
-    /// Cancelled when the shutdown deadline passes: what is still
-    /// streaming ends now.
+    /// Cancelled when the shutdown deadline passes.
     pub halt: CancellationToken,
 }
 

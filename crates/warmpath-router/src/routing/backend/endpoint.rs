@@ -131,15 +131,12 @@ impl Endpoint {
         *self.learned_cards.write() = cards;
     }
 
-    /// Whether the engine's demand for credentials was already logged
-    /// (and marks it logged).
+    /// Whether the engine's demand for credentials was already logged (marks it).
     pub(crate) fn warned_credentials(&self) -> bool {
         self.warned_credentials.swap(true, Ordering::Relaxed)
     }
 
-    /// Sets the `Authorization` of a request to this backend: its own key,
-    /// else `upstream` (`upstream.api_key`); with neither, `headers` keep
-    /// the client's.
+    /// Sets the `Authorization` of a request to this backend: its own key, else `upstream`.
     pub(crate) fn authorize(&self, headers: &mut HeaderMap, upstream: Option<&HeaderValue>) {
         if let Some(v) = self.auth.as_ref().or(upstream) {
             headers.insert(axum::http::header::AUTHORIZATION, v.clone());

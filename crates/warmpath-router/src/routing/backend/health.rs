@@ -5,8 +5,7 @@
 use crate::control::metrics::Outcome;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-/// Failure counts, probe verdict, ejection and its back-off, and the
-/// health metrics of one backend.
+/// Failure counts, probe verdict, ejection and back-off of one backend.
 pub(crate) struct Health {
     /// `warmpath_backend_healthy` of this backend.
     healthy_gauge: metrics::Gauge,
@@ -62,23 +61,19 @@ impl Health {
         !self.ejected.load(Ordering::Relaxed)
     }
 
-    /// Whether an active probe vouched for it last time and it is not
-    /// ejected: what readiness and `warmpath_backend_healthy` report.
+    /// Whether its last probe passed and it is not ejected (readiness).
     pub(crate) fn is_verified(&self) -> bool {
         self.is_healthy() && self.probe_ok.load(Ordering::Relaxed)
     }
 
-    /// Records a failure (a refused connect, a 5xx answer, an exchange that
-    /// broke after it was sent), ejecting only if `room()` says the pool may
-    /// lose another member (`health.max_ejection_percent`); returns true
-    /// when this ejected the backend.
+    /// Records a failure, ejecting only if `room()` says the pool may lose
+    /// another member; true when this ejected it.
     pub(super) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         n >= eject_after && self.is_healthy() && room() && self.eject(eject_after)
     }
 
-    /// Records an answer below 500 (the failure count resets, the streak
-    /// that forgives past ejections grows).
+    /// Records an answer below 500.
     pub(crate) fn succeeded(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
         if self.ejections.load(Ordering::Relaxed) > 0 {
@@ -86,9 +81,7 @@ impl Health {
         }
     }
 
-    /// Records a failed active probe, ejecting only if `room()` allows it;
-    /// returns true when this ejected the backend (`eject_after` failed
-    /// probes in a row).
+    /// Records a failed active probe, ejecting only if `room()` allows it.
     pub(super) fn probe_failed_within(
         &self,
         eject_after: u32,
@@ -101,10 +94,8 @@ impl Health {
         ejected
     }
 
-    /// Records a passing active probe; returns true when this brought the
-    /// backend back. `serving`: the probe exercised generation, so it also
-    /// forgives failed requests (a `/health` answer does not: an engine can
-    /// answer it while every completion fails).
+    /// Records a passing probe; true when this brought the backend back.
+    /// Only a `serving` probe (generation) forgives failed requests.
     pub(super) fn probe_passed(&self, serving: bool) -> bool {
         self.probe_failures.store(0, Ordering::Relaxed);
         self.probe_ok.store(true, Ordering::Relaxed);
@@ -119,9 +110,8 @@ impl Health {
         back
     }
 
-    /// When (on [`crate::http::clock::monotonic_ms`]'s clock) an ejected backend's
-    /// back-off ends: `base_ms` doubled for each unforgiven ejection after
-    /// the first, at most `max_ms`.
+    /// When an ejected backend's back-off ends: `base_ms` doubled per
+    /// unforgiven ejection, at most `max_ms`.
     pub(crate) fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
         let doublings = self.ejections.load(Ordering::Relaxed).saturating_sub(1);
         let backoff = base_ms
@@ -142,8 +132,7 @@ impl Health {
         self.healthy_gauge.set(0.0);
     }
 
-    /// Ejects (once); a backend that answered `eject_after` requests since it
-    /// last came back starts its back-off from the base again.
+    /// Ejects (once); a success streak of `eject_after` resets the back-off.
     fn eject(&self, eject_after: u32) -> bool {
         if self.ejected.swap(true, Ordering::Relaxed) {
             return false;

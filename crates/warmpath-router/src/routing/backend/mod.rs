@@ -43,8 +43,7 @@ impl Backend {
         }
     }
 
-    /// Marks the backend gone from its pool: its health and in-flight
-    /// gauges read 0.
+    /// Marks the backend gone from its pool: its gauges read 0.
     pub(crate) fn retire(&self) {
         self.health.retire();
         self.load.retire();
@@ -57,8 +56,7 @@ impl Backend {
         self.failed_within(eject_after, || true)
     }
 
-    /// [`Backend::failed`], ejecting only if `room()` says the pool may
-    /// lose another member (`health.max_ejection_percent`).
+    /// [`Backend::failed`], ejecting only if `room()` allows it.
     pub(crate) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         let ejected = self.health.failed_within(eject_after, room);
         if ejected {
@@ -87,8 +85,7 @@ impl Backend {
         ejected
     }
 
-    /// Records a passing active probe; returns true when this brought the
-    /// backend back (see [`Health::probe_passed`]).
+    /// See [`Health::probe_passed`].
     pub(crate) fn probe_passed(&self, serving: bool) -> bool {
         let back = self.health.probe_passed(serving);
         if back {
@@ -124,8 +121,7 @@ impl Member for Backend {
 }
 
 /// One request in flight on a backend; dropping it ends the request and
-/// counts its [`Outcome`] (`cancelled` unless [`FlightGuard::outcome`] said
-/// otherwise).
+/// counts its [`Outcome`] (`cancelled` unless told otherwise).
 #[derive(Debug)]
 pub(crate) struct FlightGuard {
     backend: Arc<Backend>,
