@@ -30,8 +30,7 @@ const CHAT_PATH: &str = "/v1/chat/completions";
 const COMPLETIONS_PATH: &str = "/v1/completions";
 const INVOCATIONS_PATH: &str = "/invocations";
 
-/// The proxied POST endpoints, answered by [`crate::http::front`] without
-/// axum's router.
+/// The proxied POST endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Proxied {
     /// Chat or completions.
@@ -145,8 +144,7 @@ fn prepare(
     Ok((plan, body))
 }
 
-/// The top-level fields `/invocations` reads. Nothing else of the body is
-/// built: a huge array costs a scan of its bytes, not a `Value` tree.
+/// The top-level fields `/invocations` reads (nothing else is built).
 #[derive(Debug, Default, Deserialize)]
 struct Native<'a> {
     #[serde(borrow, default)]
@@ -157,12 +155,9 @@ struct Native<'a> {
     cache_salt: Option<Cow<'a, str>>,
 }
 
-/// `POST /invocations`: the native API. The body is forwarded as sent,
-/// but for the `cache_salt` of a tenant from the API key; the pool comes from a top-level
-/// `model` string when the body is a JSON object with one, else the only
-/// pool; the tenant as on the OpenAI endpoints (`X-Prefix-Aware-Id`,
-/// `prompt_cache_key`, `cache_salt`, or the API key), so tenants stay
-/// apart here too. Big bodies are read on the work pool, as everywhere.
+/// `POST /invocations`, the native API: the body is forwarded as sent, but
+/// for the `cache_salt` of a tenant from the API key; the pool is the body's
+/// `model`, else the only one; the tenant as on the OpenAI endpoints.
 fn prepare_raw(
     s: &Shared,
     headers: &HeaderMap,

@@ -36,9 +36,7 @@ pub(crate) async fn follow(s: &Shared, plan: &mut Plan) {
     plan.pinned = holder;
 }
 
-/// The serving backend of `pool` holding response `id`, and how it was found
-/// (`known`, `located`; `gone` when the remembered one no longer serves and
-/// no other has it, `unknown` when none has it).
+/// The serving backend of `pool` holding response `id`, and how it was found.
 async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String>) {
     let backends = pool.policy().backends.clone();
     let remembered = pool.responses.holder(id);
@@ -76,8 +74,7 @@ fn serving(b: &Backend) -> bool {
     b.health.is_healthy() && !b.load.is_draining()
 }
 
-/// The first serving backend answering `GET /v1/responses/{id}` with a
-/// success, all asked at once.
+/// The first serving backend answering `GET /v1/responses/{id}` with a success.
 async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<String> {
     let timeout = s.config.health.probe_timeout();
     let path = format!("/v1/responses/{id}");
@@ -142,8 +139,7 @@ pub(crate) async fn cancel(
     relay(s, Method::POST, &id, "/cancel", &uri, &headers, raw).await
 }
 
-/// Sends the request to the backend holding response `id`, in whichever
-/// pool has it.
+/// Sends the request to the backend holding response `id`.
 async fn relay(
     s: Arc<Shared>,
     method: Method,

@@ -44,8 +44,7 @@ pub(crate) fn prepare(
     let Some(mut req) = parsed.prompt else {
         return Ok((route::plan_least(target, tenant), raw.clone()));
     };
-    // The pool's name, also when the body left `model` out: the prefix key
-    // and block hashes are those of a request naming it.
+    // The pool's name, also when the body left `model` out.
     req.model = Cow::Owned(model);
     let mut plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
     if endpoint == Endpoint::Responses {
@@ -61,8 +60,7 @@ pub(crate) fn prepare(
     Ok((plan, body))
 }
 
-/// The body's `model`, else the only pool's (as vLLM defaults to the
-/// served model); with several pools the body must name one.
+/// The body's `model`, else the only pool's (as vLLM defaults).
 pub(crate) fn model_or_only(s: &Shared, named: Option<String>) -> Result<String, ApiError> {
     match (named, s.pools.all()) {
         (Some(m), _) => Ok(m),

@@ -18,8 +18,7 @@ const PRESSURE_IDLE_MS: u64 = 1_000;
 /// The `server:` limits a connection lives under.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnLimits {
-    /// From a request head's first byte to its end (and from accepting to
-    /// the first byte).
+    /// From a request head's first byte to its end (and from accept to it).
     pub header_timeout: Duration,
     /// Longest idle keep-alive.
     pub keepalive_idle: Duration,
@@ -35,8 +34,7 @@ pub(crate) struct Conns {
     limits: ConnLimits,
     open: AtomicUsize,
     pressure_at: usize,
-    /// Wakes the watchdogs: the open count crossed `pressure_at`, or accept
-    /// ran out of file descriptors.
+    /// Wakes the watchdogs when the open count crossed `pressure_at`.
     pressure: Notify,
     /// Woken when a connection closes (for [`Conns::all_closed`]).
     closed: Notify,
@@ -63,8 +61,7 @@ impl Conns {
         &self.limits
     }
 
-    /// Counts one more connection, or refuses it (counted) when
-    /// `max_connections` are open.
+    /// Counts one more connection, or refuses it when `max_connections` are open.
     pub(crate) fn admit(self: &Arc<Self>) -> Option<Slot> {
         let n = self.open.fetch_add(1, Ordering::Relaxed) + 1;
         if n > self.limits.max_connections {
@@ -93,8 +90,7 @@ impl Conns {
         self.open() > self.pressure_at
     }
 
-    /// Wakes every watchdog to look again (the limit is near: accept
-    /// failed for want of file descriptors).
+    /// Wakes every watchdog to look again (accept ran out of descriptors).
     pub(crate) fn press(&self) {
         self.pressure.notify_waiters();
     }
@@ -139,25 +135,20 @@ impl Drop for Slot {
     }
 }
 
-/// What one connection is doing, in monotonic milliseconds (stored + 1, so
-/// that 0 means "not set").
+/// What one connection is doing, in monotonic milliseconds + 1 (0: not set).
 #[derive(Debug)]
 pub(crate) struct Activity {
     /// Requests being answered (more than one on HTTP/2).
     busy: AtomicU32,
-    /// Whether a request was answered (the first waits `header_timeout`,
-    /// later ones `keepalive_idle`).
+    /// Whether a request was answered (then idle waits `keepalive_idle`).
     served: AtomicBool,
     /// When the connection last became idle (accepted, or an answer ended).
     idle_since: AtomicU64,
-    /// The first byte read since then: a request head is under way. (On
-    /// HTTP/2 any frame counts, so an idle HTTP/2 connection that pings is
-    /// closed after `header_timeout` rather than `keepalive_idle`.)
+    /// The first byte read since then: a head is under way (on HTTP/2, any frame).
     head_started: AtomicU64,
     /// Since when a write to the client has been waiting for it to read.
     write_blocked: AtomicU64,
-    /// Wakes the watchdog when its deadline may have moved earlier (the
-    /// connection went idle, or a head began).
+    /// Wakes the watchdog when its deadline may have moved earlier.
     changed: Notify,
 }
 
@@ -211,15 +202,13 @@ impl Activity {
         }
     }
 
-    /// Whether a request head is under way while none is being answered:
-    /// bytes written now are hyper's own (its answer to a head it could
-    /// not parse).
+    /// Whether a head is under way while none is being answered: bytes
+    /// written now are hyper's answer to a head it could not parse.
     pub(crate) fn head_pending(&self) -> bool {
         self.busy.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) != 0
     }
 
-    /// When the connection is to be closed (monotonic ms), or `None` while
-    /// a request is being answered to a client that reads it.
+    /// When the connection is to be closed (monotonic ms); `None` while busy.
     pub(crate) fn close_at(&self, limits: &ConnLimits, pressure: bool) -> Option<u64> {
         let blocked = self.write_blocked.load(Ordering::Relaxed);
         if blocked != 0 {
@@ -245,8 +234,7 @@ impl Activity {
     }
 }
 
-/// A request being answered on a connection; dropping it (the answer's
-/// body ended or was dropped) makes the connection idle again.
+/// A request being answered on a connection; dropping it makes it idle again.
 #[derive(Debug)]
 pub(crate) struct Busy(Arc<Activity>);
 
@@ -263,8 +251,7 @@ impl Drop for Busy {
 /// Keeps the request counted as busy until its answer's body is dropped.
 impl Layer for Busy {}
 
-/// The default `max_connections`: 80% of the soft open-file limit (the
-/// rest is left to upstream connections, listeners and files), at least 1.
+/// The default `max_connections`: 80% of the soft open-file limit, at least 1.
 pub(crate) fn default_max_connections() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current

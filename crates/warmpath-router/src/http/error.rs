@@ -10,8 +10,7 @@ use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{IndexError, PolicyError, RequestError, TenantError};
 use warmpath_edge::{ErrorBody, ErrorCode};
 
-/// Why the router could not start (or reload). None of these is retryable
-/// without changing the configuration or the environment.
+/// Why the router could not start (or reload).
 #[derive(Debug, Error)]
 pub enum RouterError {
     /// The configuration is invalid.
@@ -22,9 +21,7 @@ pub enum RouterError {
     Tokenizer {
         /// The pool.
         model: String,
-        /// The configured path.
         path: PathBuf,
-        /// The cause.
         #[source]
         source: TokenizeError,
     },
@@ -33,7 +30,6 @@ pub enum RouterError {
     Policy {
         /// The pool.
         model: String,
-        /// The cause.
         #[source]
         source: PolicyError,
     },
@@ -42,16 +38,13 @@ pub enum RouterError {
     Index {
         /// The pool.
         model: String,
-        /// The cause.
         #[source]
         source: IndexError,
     },
     /// A listen address could not be bound (in use, no permission).
     #[error("cannot listen on {addr}: {source}")]
     Bind {
-        /// The address.
         addr: String,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
@@ -73,8 +66,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error with no offending field, of the OpenAI `type` that goes
-    /// with `status`.
+    /// An error with no offending field, of the OpenAI `type` of `status`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         let kind = match status.as_u16() {
             401 => "authentication_error",
@@ -158,8 +150,7 @@ impl ApiError {
         )
     }
 
-    /// 503: the request bodies held at once reached
-    /// 32 `max_body_bytes`.
+    /// 503: the request bodies held at once reached their budget.
     pub fn bodies_full(budget: usize) -> Self {
         let message = format!(
             "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
@@ -217,8 +208,7 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }
 
-    /// The whole HTTP/1.1 answer as bytes, closing the connection: for the
-    /// answers written to a socket directly, outside hyper's service.
+    /// The whole HTTP/1.1 answer as bytes, for a socket written directly.
     pub fn raw_http1(&self) -> Vec<u8> {
         warmpath_edge::raw_http1(self.status, &[], &self.body())
     }
@@ -255,8 +245,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
         // After a 408 the rest of the body may still come, and after a
-        // shutdown's 503 nothing more is served: either way the connection
-        // cannot carry another request.
+        // shutdown's 503 nothing more is served: close the connection.
         if self.code == "overloaded" {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,

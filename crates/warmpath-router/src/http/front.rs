@@ -93,8 +93,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                 let (s, body) = (Arc::clone(&shared), Body::new(body));
                 api::serve(s, hot, parts.uri, parts.headers, body).await
             };
-            // Past the shutdown deadline a request still waiting (on its
-            // body, or on a backend's first byte) is answered now.
+            // Past the shutdown deadline a request still waiting is answered now.
             let resp = tokio::select! {
                 biased;
                 r = answer.instrument(span.clone()) => r,
@@ -125,8 +124,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
     }
 }
 
-/// The shutdown's two deadlines (`server.drain_grace_ms`,
-/// 6 of those, at least 1 s).
+/// The shutdown's two deadlines.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Drain {
     /// Served while draining, before accepting stops.
@@ -135,14 +133,10 @@ pub(crate) struct Drain {
     pub timeout: Duration,
 }
 
-/// After `Shared::halt`, the time an answer has to write its last bytes
-/// (an SSE error event) before its connection is dropped.
+/// After `Shared::halt`, the time an answer has to write its last bytes.
 const FLUSH_MS: u64 = 500;
 
-/// Serves `listener` until `shutdown` is cancelled, then drains (see the
-/// module docs). A client whose socket ends before its answer's last byte
-/// has left, even if it only shut its write side: its request is
-/// cancelled upstream.
+/// Serves `listener` until `shutdown` is cancelled, then drains.
 pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -185,10 +179,8 @@ pub(crate) async fn serve(
             let _ = tcp.try_write(&refusal);
             continue;
         };
-        // Answers stream in small writes (SSE chunks): without TCP_NODELAY,
-        // Nagle's algorithm holds a chunk until the client's delayed ACK
-        // (~40 ms) on a reused keep-alive connection — most visibly the
-        // first token.
+        // Answers stream in small writes: Nagle's algorithm would hold a
+        // chunk until the client's delayed ACK (~40 ms).
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
         }
@@ -220,8 +212,7 @@ pub(crate) async fn serve(
     }
 }
 
-/// Serves one connection, closing it when its watchdog says so: idle past
-/// its keep-alive, a head too slow, or the shutdown's end.
+/// Serves one connection, closing it when its watchdog says so.
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -235,12 +226,9 @@ async fn connection(
     let halt = front.shared.halt.clone();
     let recheck = limits.header_timeout.min(limits.keepalive_idle);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // An end of stream from the client while its answer is awaited means
-    // it left (as nginx and Envoy take it): hyper then drops the handler,
-    // which drops the upstream request, so the engine stops at once rather
-    // than prefilling and generating for nobody. hyper's own header timer
-    // is off: the watchdog below enforces `header_timeout_ms` and
-    // the keep-alive idle timeout, whatever their values.
+    // A client's end of stream while its answer is awaited means it left:
+    // the handler and its upstream request are dropped, so the engine stops.
+    // hyper's header timer is off: the watchdog enforces the timeouts.
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -302,8 +290,7 @@ fn refusal(max: usize) -> Vec<u8> {
     .raw_http1()
 }
 
-/// Accept failures (EMFILE, ENFILE, ...): logged at most every 10 s, with a
-/// back-off doubling from 10 ms to 1 s.
+/// Accept failures (EMFILE, ...): logged at most every 10 s, backing off up to 1 s.
 #[derive(Debug, Default)]
 struct AcceptBackoff {
     failures: u64,

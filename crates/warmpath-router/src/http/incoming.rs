@@ -14,10 +14,8 @@ use std::time::Duration;
 /// The tenant header.
 pub(crate) const TENANT_HEADER: &str = "x-prefix-aware-id";
 
-/// The request bodies the router holds at once, in bytes, under
-/// 32 `max_body_bytes` in flight: bytes are counted as they arrive (a
-/// body announced and not sent holds nothing) and given back when the
-/// request that read them ends.
+/// The request body bytes the router holds at once, counted as they arrive
+/// and given back when the request that read them ends.
 #[derive(Debug)]
 pub(crate) struct BodyBudget {
     held: AtomicUsize,
@@ -79,11 +77,8 @@ impl Drop for Held {
     }
 }
 
-/// Reads a body of at most `limit` bytes (413 above) within `deadline`
-/// (408 after: a body shorter than its `Content-Length`, or a chunked one
-/// that stalls, holds the request no longer), counting its bytes in
-/// `held` (503 `overloaded` when the router's budget of bodies in flight
-/// is spent: retryable, and every other request goes on).
+/// Reads a body of at most `limit` bytes (413 above) within `deadline` (408
+/// after), counting its bytes in `held` (503 when the budget is spent).
 pub(crate) async fn read_body(
     body: Body,
     headers: &HeaderMap,
@@ -135,9 +130,7 @@ pub(crate) async fn read_body(
 }
 
 /// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII,
-/// or when the request carries it more than once: which one is meant is
-/// unknowable, and taking the first would let a proxy's header be overridden
-/// silently).
+/// or repeated: which one is meant is unknowable).
 pub(crate) fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let mut all = headers.get_all(TENANT_HEADER).iter();
     let Some(v) = all.next() else {

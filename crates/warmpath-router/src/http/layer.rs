@@ -34,8 +34,7 @@ impl<A: Layer, B: Layer> Layer for (A, B) {
 }
 
 pin_project_lite::pin_project! {
-    /// `inner` with its layers: told of each frame and, once, of the end
-    /// (when it is dropped first, an incomplete one).
+    /// `inner` with its layers: told of each frame and, once, of the end.
     pub(crate) struct Layered<B, L: Layer> {
         #[pin]
         inner: B,

@@ -24,8 +24,7 @@ use tracing::Span;
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const MAX_ID_LEN: usize = 128;
 
-/// Where a proxied request went, put in its answer's extensions by the proxy
-/// (whether or not the pool exposes routing headers).
+/// Where a proxied request went, put in its answer's extensions by the proxy.
 #[derive(Clone, Debug)]
 pub(crate) struct Routed {
     /// The pool.
@@ -56,8 +55,7 @@ pub(crate) fn span(id: &HeaderValue) -> Span {
     tracing::info_span!("request", request_id = %id.to_str().unwrap_or("-"))
 }
 
-/// `warmpath_request_duration_seconds{pool="-"}`: proxied requests refused
-/// before a pool was known.
+/// `warmpath_request_duration_seconds{pool="-"}`: refused before a pool was known.
 fn refused_duration() -> &'static Histogram {
     static H: OnceLock<Histogram> = OnceLock::new();
     H.get_or_init(|| crate::control::metrics::request_duration("-"))
@@ -86,8 +84,7 @@ pub(crate) struct Record {
     pub span: Span,
 }
 
-/// Written when the answer's body ends or is dropped, which is polled in
-/// the request's span.
+/// Written when the answer's body ends or is dropped.
 impl Layer for Record {
     fn span(&self) -> Option<&Span> {
         Some(&self.span)

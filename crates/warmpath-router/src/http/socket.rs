@@ -41,10 +41,8 @@ impl Watched {
     }
 }
 
-/// The status of `out` when it is hyper's automatic answer to a head it
-/// could not parse: written while no request is being answered but a head
-/// had begun, a lone 4xx head with `content-length: 0` and no content type
-/// (every answer of the router's own has one).
+/// The status of `out` when it is hyper's automatic answer to a head it could
+/// not parse: a lone 4xx head without content type (the router's all have one).
 fn hyper_parse_error(activity: &Activity, out: &[u8]) -> Option<StatusCode> {
     if !activity.head_pending() {
         return None;

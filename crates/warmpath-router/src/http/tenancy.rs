@@ -7,8 +7,7 @@ use crate::http::error::ApiError;
 use axum::http::HeaderMap;
 use warmpath_core::TenantId;
 
-/// The tenant of a request whose client-sent id (already validated) is
-/// `client`.
+/// The tenant of a request whose validated client-sent id is `client`.
 pub(crate) fn resolve(
     cfg: &TenantsConfig,
     headers: &HeaderMap,

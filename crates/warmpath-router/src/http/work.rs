@@ -9,12 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// Bodies at least this big go to the pool; smaller ones are routed
-/// inline, where a thread hand-off would cost more than the work.
+/// Bodies at least this big go to the pool (for smaller ones a hand-off costs more).
 const OFFLOAD_BYTES: usize = 256 * 1024;
 
-/// Longest wait for a free thread: past it, 503 `overloaded` (retryable)
-/// tells the client to come back rather than queue behind big bodies.
+/// Longest wait for a free thread; past it, 503 `overloaded`.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
@@ -40,8 +38,7 @@ impl WorkPool {
         len >= self.offload_bytes
     }
 
-    /// Runs `job` on a blocking thread once a turn is free within the queue
-    /// timeout.
+    /// Runs `job` on a blocking thread once a turn is free.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
