@@ -7,8 +7,7 @@ use crate::control::state::Shared;
 use crate::http::error::ApiError;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 
-/// The `Authorization: Bearer` token, if one (also the `tenants.from:
-/// api_key` key).
+/// The `Authorization: Bearer` token, if one.
 pub(crate) fn presented(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)?
@@ -47,8 +46,7 @@ pub(crate) fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Whether `headers` present the admin token (never when none is set): what
-/// lets a query answer for another tenant.
+/// Whether `headers` present the admin token (never when none is set).
 pub(crate) fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
     s.config
         .admin_token
@@ -85,15 +83,13 @@ fn authority<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
     }
 }
 
-/// Whether `path` is the admin API or introspection: the paths that refuse
-/// a foreign `Origin`.
+/// Whether `path` is the admin API or introspection (refuses a foreign `Origin`).
 fn guarded(path: &str) -> bool {
     path.starts_with("/admin/") || path == "/cache-index" || path.starts_with("/cache-index/")
 }
 
-/// The checks every request passes before its handler (see the module
-/// docs): `Host` on a loopback listener, `Origin` on the guarded paths,
-/// and the content type of an admin write.
+/// The checks every request passes before its handler: `Host` on a loopback
+/// listener, `Origin` on the guarded paths, the content type of an admin write.
 pub(crate) fn edge(
     hosts: Option<&[String]>,
     method: &Method,
@@ -145,8 +141,7 @@ pub(crate) fn edge(
     Ok(())
 }
 
-/// Whether two authorities name the same host and port (a missing port
-/// matches any: it is the scheme's default, which `Host` may leave out).
+/// Whether two authorities name the same host and port (a missing port matches any).
 fn same_authority(a: &str, b: &str) -> bool {
     let (ha, pa) = split_port(a);
     let (hb, pb) = split_port(b);

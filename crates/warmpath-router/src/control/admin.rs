@@ -19,8 +19,7 @@ use serde_json::json;
 use std::sync::Arc;
 use warmpath_core::Strategy;
 
-/// Every `/admin/pools/{*rest}` request: `PUT …/strategy` here, the
-/// membership calls in [`crate::control::members`].
+/// Every `/admin/pools/{*rest}` request.
 pub(crate) async fn handle(
     State(s): State<Arc<Shared>>,
     method: Method,
@@ -89,8 +88,7 @@ pub(crate) struct StrategyBody {
     pub strategy: String,
 }
 
-/// `PUT /admin/pools/{model}/strategy`, after [`handle`]
-/// checked the admin token and found the pool's name in the path.
+/// `PUT /admin/pools/{model}/strategy`, after [`handle`] checked the token.
 fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
     let Some(pool) = s.pools.get(model) else {
         return ApiError::unknown_model(model).into_response();
@@ -139,12 +137,9 @@ pub(crate) struct ReloadReport {
     pub ignored: Vec<String>,
 }
 
-/// Applies a re-read configuration: each existing pool gets the file's
-/// strategy and policy knobs, backends the file adds are added and
-/// backends it no longer lists are drained and removed (only those that
-/// came from the configuration: members added through the API or by
-/// discovery stay). Settings that need a restart (tokenizer, block size,
-/// new pools, a member's changed url) are listed, not applied.
+/// Applies a re-read configuration: each pool's strategy and knobs, and its
+/// configured backends added or drained (API and discovered members stay).
+/// Settings that need a restart are listed, not applied (docs/discovery.md).
 pub(crate) async fn reload(
     s: &Arc<Shared>,
     config: &RouterConfig,
@@ -210,8 +205,7 @@ pub(crate) async fn reload(
     Ok(r)
 }
 
-/// The backend part of a reload: adds first, then drains, so replacing
-/// every backend never leaves the pool empty.
+/// The backend part of a reload: adds first, so the pool is never empty.
 async fn reload_members(
     s: &Arc<Shared>,
     pool: &Arc<Pool>,
@@ -267,8 +261,7 @@ async fn reload_members(
 const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The process-wide settings that differ between the running configuration
-/// and a re-read one: a reload cannot apply them (listeners, tokens, ingest
-/// TLS and deadlines, limits, health checks, the upstream client).
+/// and a re-read one: a reload cannot apply them.
 pub(crate) fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {
     let mut out = Vec::new();
     let mut check = |name: &str, changed: bool| {

@@ -57,8 +57,7 @@ pub(crate) fn report(s: &Shared) -> Vec<CacheReport> {
     out
 }
 
-/// Sets `warmpath_hot_cache_hits_total`, `warmpath_hot_cache_misses_total`
-/// and `warmpath_hot_cache_entries` (labels `pool`, `cache`).
+/// Sets the `warmpath_hot_cache_*` series.
 pub(crate) fn update_metrics(s: &Shared) {
     for r in report(s) {
         let labels = [("pool", r.pool), ("cache", r.cache.to_owned())];

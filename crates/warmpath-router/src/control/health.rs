@@ -16,18 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The longest back-off is this many times the first back-off (two
-/// minutes by default): long enough to stop hammering a dead engine, short
-/// enough that a fixed one returns without an operator.
+/// The longest back-off is this many times the first: a fixed engine returns
+/// without an operator.
 const EJECT_MAX_DOUBLINGS: u64 = 24;
 
 /// Largest probe or `/v1/models` answer read.
 const MAX_MODELS_BYTES: usize = 1 << 20;
 
-/// Runs the probes every interval until `shutdown` (the first round is
-/// [`round`], run by start-up before the router serves). Each later round
-/// spreads its probes evenly over the interval ([`spread`]), so a large
-/// fleet's probes never arrive as one burst of work beside the requests.
+/// Runs the probes every interval until `shutdown`, each round spread over
+/// the interval ([`spread`]) so a large fleet's probes never come as a burst.
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let every = Duration::from_millis(shared.config.health.probe_interval_ms);
     let mut next = tokio::time::Instant::now() + every;
@@ -41,15 +38,12 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             () = spread(&shared, every) => {}
         }
-        // A round that overran (its last probe started near the interval's
-        // end) is followed at once: each backend is still probed about
-        // once per interval.
+        // A round that overran is followed at once.
         next = (started + every).max(tokio::time::Instant::now());
     }
 }
 
-/// Every backend of every pool as of now (a change meanwhile waits for the
-/// next round).
+/// Every backend of every pool as of now.
 fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
     let mut all = Vec::new();
     for p in shared.pools.all() {
@@ -58,8 +52,7 @@ fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
     all
 }
 
-/// Probes every backend once (concurrently; each within the probe timeout)
-/// and updates `warmpath_ready`.
+/// Probes every backend once, concurrently, and updates `warmpath_ready`.
 pub(crate) async fn round(shared: &Shared) {
     let members = members(shared);
     let probes = members.iter().map(|(p, b)| probe(shared, p, b));
@@ -67,9 +60,7 @@ pub(crate) async fn round(shared: &Shared) {
     readiness::update_gauge(shared);
 }
 
-/// One round with backend `k` of `n` probed `k × every / n` after its
-/// start; `warmpath_ready` follows each probe that changed a backend's
-/// state, not only the round's end.
+/// One round with backend `k` of `n` probed `k × every / n` after its start.
 async fn spread(shared: &Shared, every: Duration) {
     let members = members(shared);
     let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
@@ -170,9 +161,8 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     };
     match answer {
         Some((status, _)) if status.is_success() => Verdict::Pass,
-        // The engine answered and wants credentials: alive. Ejecting it
-        // would turn a missing `upstream.api_key` into an outage, while
-        // clients that bring their own key are served.
+        // The engine answered and wants credentials: alive (clients that
+        // bring their own key are served).
         Some((StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _)) => {
             if !b.endpoint.warned_credentials() {
                 tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(),
@@ -184,9 +174,8 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     }
 }
 
-/// The body of a completion probe: one generated token after a one-word
-/// prompt, shorter than any KV block, so it leaves nothing in the prefix
-/// cache (no KV events) and costs one decode step.
+/// The body of a completion probe: one token after a one-word prompt, shorter
+/// than any KV block, so it leaves nothing in the prefix cache.
 pub(crate) fn completion_probe(model: &str) -> Bytes {
     Bytes::from(
         json!({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0,
@@ -221,8 +210,7 @@ pub(crate) fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-/// One probe exchange, read to its end within `timeout`; `None` when it
-/// failed or timed out.
+/// One probe exchange, read to its end within `timeout`.
 async fn send(
     shared: &Shared,
     b: &Backend,
@@ -253,8 +241,7 @@ async fn send(
     tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }
 
-/// The cards of pool `model` in a `/v1/models` answer: its own and its
-/// adapters'; `None` when the body is not a model list.
+/// The cards of pool `model` (its own and its adapters') in a `/v1/models` answer.
 pub(crate) fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let data = v.get("data")?.as_array()?;

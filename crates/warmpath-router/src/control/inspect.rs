@@ -178,8 +178,7 @@ pub(crate) async fn cache_index(
     Json(snapshot(&s, top)).into_response()
 }
 
-/// What `GET /cache-index` answers (also the first view of
-/// `/cache-index/ui`), with the `top` warmest chains per pool.
+/// What `GET /cache-index` answers, with the `top` warmest chains per pool.
 pub(crate) fn snapshot(s: &Shared, top: usize) -> Value {
     let top = top.min(crate::routing::hot::DEFAULT_CAPACITY);
     update_gauges(s);
@@ -195,8 +194,7 @@ pub(crate) fn snapshot(s: &Shared, top: usize) -> Value {
     })
 }
 
-/// `POST /cache-index/query`: body as for chat or completions. A big body is
-/// answered on the bounded work pool, as a proxied one is routed.
+/// `POST /cache-index/query`: body as for chat or completions.
 pub(crate) async fn query(
     State(s): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -254,8 +252,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
             })
         })
         .collect();
-    // Read-only: a preview records no placement or load (a dashboard that
-    // polls this changes no routing decision).
+    // Read-only: a preview records no placement or load.
     let decision = match route::preview(&plan, s.agents()) {
         Ok(d) => json!({
             "worker_id": plan.policy.backends[d.backend].endpoint.id(),
@@ -281,13 +278,9 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     }))
 }
 
-/// The tenant a query answers for: the caller's own, derived exactly as for
-/// a proxied request (under `from: api_key`, from its bearer key, which is
-/// the inspect token when one is required: a tenant no client has), or,
-/// with the admin token ([`crate::control::access::admin_presented`]), any tenant,
-/// named by `X-Warmpath-Tenant` (else the client id as sent). Naming a
-/// tenant other than one's own without it is a 403: warmth is an oracle
-/// across tenants.
+/// The tenant a query answers for: the caller's own, as for a proxied
+/// request, or with the admin token any tenant (`X-Warmpath-Tenant`). Naming
+/// another without it is a 403: warmth is an oracle across tenants.
 fn query_tenant(
     s: &Shared,
     cfg: &TenantsConfig,

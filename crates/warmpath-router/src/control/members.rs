@@ -114,8 +114,7 @@ fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
     })
 }
 
-/// How long a discovered member has been gone from its provider's answers
-/// (out of rotation, index kept, until its grace ends); `None`: it is not.
+/// How long a discovered member has been gone from its provider's answers.
 fn missing_for_ms(p: &Pool, id: &str) -> Option<u64> {
     p.discovery
         .iter()
@@ -168,8 +167,7 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
     }
 }
 
-/// Adds a member and probes it once, so `verified` and readiness are
-/// current when this returns (it takes requests either way, as at start).
+/// Adds a member and probes it once, so readiness is current on return.
 pub(crate) async fn add_member(
     s: &Shared,
     p: &Pool,
@@ -196,8 +194,7 @@ pub(crate) fn remove(
 }
 
 /// After a removal: refuses the worker's agent, counts it, updates
-/// readiness, and purges its index holders off the async threads (which
-/// frees its index slot for a later member).
+/// readiness, and purges its index holders off the async threads.
 pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     if let Some(a) = &s.agents {
         a.remove_worker(&p.model, b.endpoint.id());
@@ -207,9 +204,8 @@ pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     p.compact_removed();
 }
 
-/// Takes a member out of rotation without removing it (a discovered member
-/// gone from its provider's answer, within its grace): no new requests,
-/// its index entries and slot stay. Refuses the last member in rotation.
+/// Takes a member out of rotation without removing it (its index stays);
+/// refuses the last member in rotation.
 pub(crate) fn set_aside(
     s: &Shared,
     p: &Pool,
@@ -221,8 +217,7 @@ pub(crate) fn set_aside(
     Ok(b)
 }
 
-/// Puts a member that was set aside back in rotation (see
-/// [`Pool::restore_backend`]) and probes it once, as an added one.
+/// Puts a member that was set aside back in rotation and probes it once.
 pub(crate) async fn restore(
     s: &Shared,
     p: &Pool,
@@ -272,8 +267,7 @@ pub(crate) fn drain_request(
 }
 
 /// Starts draining a member; a task removes it once idle (or after
-/// `timeout`). The task ends with the router (`Shared::halt`, the
-/// shutdown's deadline) at the latest, leaving it in place.
+/// `timeout`), or ends with the router.
 pub(crate) fn drain(
     s: &Arc<Shared>,
     p: &Arc<Pool>,

@@ -22,8 +22,7 @@ const FIRST_BYTE_BUCKETS: [f64; 14] = [
 const LAG_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
-// LLM answers: tens of milliseconds (a cached short prompt) to minutes (a
-// long generation streamed to its end).
+// LLM answers: tens of milliseconds to minutes.
 const DURATION_BUCKETS: [f64; 17] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
     1800.0,
@@ -152,23 +151,16 @@ impl Phase {
 }
 
 /// A pool's per-request series, registered once when the pool is built:
-/// finding a series by its labels costs more than updating it, and a request
-/// updates up to eight. Built before the recorder is installed, the handles
-/// record nothing (as the macros would).
+/// finding a series by its labels costs more than updating it.
 #[derive(Clone)]
 pub(crate) struct PoolMetrics {
-    /// `warmpath_matched_blocks{pool}`.
     pub matched_blocks: Histogram,
-    /// `warmpath_predicted_cached_tokens_total{pool}`.
     pub predicted_tokens: Counter,
-    /// `warmpath_upstream_first_byte_seconds{pool}`.
     pub first_byte: Histogram,
-    /// `warmpath_request_duration_seconds{pool}`.
     pub duration: Histogram,
     overhead: [Histogram; 5],
     model: Arc<str>,
-    /// `warmpath_requests_total{pool, strategy, decision, status}`, looked
-    /// up once per label set (the registry's lookup allocates its labels).
+    /// `warmpath_requests_total`, looked up once per label set.
     requests: Arc<RwLock<HashMap<RequestLabels, Counter>>>,
 }
 
@@ -235,8 +227,7 @@ pub(crate) fn request_duration(pool: &str) -> Histogram {
     metrics::histogram!("warmpath_request_duration_seconds", "pool" => pool.to_owned())
 }
 
-/// How a request sent to a backend ended: the `outcome` label of
-/// `warmpath_backend_requests_total`.
+/// How a request sent to a backend ended (`warmpath_backend_requests_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Answered below 500 and streamed to its end.
@@ -245,8 +236,7 @@ pub(crate) enum Outcome {
     ServerError,
     /// Connecting failed (the request went to another backend).
     ConnectError,
-    /// No answer within `first_byte_timeout_ms`, or a body silent for
-    /// the stream idle timeout.
+    /// No answer in time, or a body silent for the stream idle timeout.
     Timeout,
     /// The exchange broke after the request was sent.
     Failed,
@@ -295,8 +285,7 @@ pub(crate) fn ready() -> Gauge {
     metrics::gauge!("warmpath_ready")
 }
 
-/// Installs the Prometheus recorder on first call; `None` when another
-/// recorder was installed first (then `/metrics` answers 503).
+/// Installs the Prometheus recorder on first call; `None` when another was first.
 pub(crate) fn install() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| match build() {

@@ -41,8 +41,7 @@ pub(crate) async fn livez() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// `GET /readyz` (and `GET /health`): 200 when ready, else 503; the body
-/// says why per pool.
+/// `GET /readyz` (and `GET /health`): 200 when ready, else 503 saying why.
 pub(crate) async fn readyz(State(s): State<Arc<Shared>>) -> Response {
     let (ready, pools) = readiness(&s);
     crate::control::metrics::ready().set(f64::from(u8::from(ready)));

@@ -24,11 +24,9 @@ pub(crate) struct Shared {
     pub pools: Arc<Pools>,
     /// The upstream side: client, credentials, deadlines, ejection rules.
     pub upstream: Arc<Upstream>,
-    /// The validated configuration as started (a reload changes policies
-    /// only).
+    /// The validated configuration as started.
     pub config: RouterConfig,
-    /// The `Host` names answered, when the listener is loopback
-    /// ([`crate::control::access::edge`]).
+    /// The `Host` names answered, when the listener is loopback.
     pub hosts: Option<Vec<String>>,
     /// Prometheus renderer (None when another recorder was installed first).
     pub metrics: Option<PrometheusHandle>,
@@ -42,8 +40,7 @@ pub(crate) struct Shared {
     pub bodies: Arc<BodyBudget>,
     /// Set at the start of a shutdown: not ready, still serving.
     draining: AtomicBool,
-    /// Cancelled when the shutdown deadline passes: whatever is still in
-    /// flight ends now (a 503, or an SSE error event).
+    /// Cancelled when the shutdown deadline passes.
     pub halt: CancellationToken,
 }
 
@@ -58,8 +55,7 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    /// A request's body, read under `max_body_bytes` and the body timeout
-    /// ([`read_body`]).
+    /// A request's body, read under `max_body_bytes` and the body timeout.
     pub(crate) async fn body(
         &self,
         body: Body,
@@ -103,8 +99,7 @@ impl Shared {
         self.draining.store(true, Ordering::Relaxed);
     }
 
-    /// Where routing decisions go: the other router replicas, when the
-    /// ingest runs and shares them.
+    /// Where routing decisions go: the other router replicas, when shared.
     pub(crate) fn decisions(&self) -> Option<&dyn DecisionSink> {
         self.agents
             .as_deref()

@@ -51,8 +51,7 @@ impl Dns {
         })
     }
 
-    /// The backends' URLs the name resolves to now (never empty: an empty
-    /// answer is an error, so the pool keeps its last known set).
+    /// The backends' URLs the name resolves to now (an empty answer is an error).
     pub(crate) async fn resolve(&self) -> Result<BTreeSet<String>, DiscoveryError> {
         let mut out = BTreeSet::new();
         if self.srv {

@@ -10,8 +10,7 @@ use crate::routing::pool::Pool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a member that vanished from its provider's answer may finish
-/// its requests, once its grace is over, before it is removed.
+/// How long a vanished member may finish its requests after its grace.
 const DRAIN_VANISHED: Duration = Duration::from_secs(120);
 
 /// What happens to a member gone from the answer for `gone_for`.
@@ -34,8 +33,7 @@ pub(crate) fn verdict(gone_for: Option<Duration>, grace: Duration) -> Verdict {
     }
 }
 
-/// `b`, one of `p`'s members, is in the answer again: if it waits out its
-/// grace, it is back in rotation now. Returns whether that changed it.
+/// `b`, one of `p`'s members, is in the answer again; whether that changed it.
 pub(super) async fn returned(
     s: &Arc<Shared>,
     pool: &Arc<Pool>,
@@ -57,8 +55,7 @@ pub(super) async fn returned(
     }
 }
 
-/// `b`, one of `p`'s members, is missing from the answer at `now`.
-/// Returns whether that changed it.
+/// `b`, one of `p`'s members, is missing from the answer; whether that changed it.
 pub(super) fn missing(
     s: &Arc<Shared>,
     pool: &Arc<Pool>,

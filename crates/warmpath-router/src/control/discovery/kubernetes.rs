@@ -26,24 +26,21 @@ use super::provider::Provider;
 /// The label the EndpointSlice controller puts on a Service's slices.
 const SERVICE_LABEL: &str = "kubernetes.io/service-name";
 
-/// The server ends each watch after this many seconds (`timeoutSeconds`)
-/// and the watch resumes from its last resourceVersion: under the API
-/// server's own 5-minute cap, so the server never cuts a watch first.
+/// The server ends each watch after this many seconds (under its own
+/// 5-minute cap); the watch resumes from its last resourceVersion.
 const WATCH_TIMEOUT_S: u32 = 290;
 
 /// The longest wait between re-connections.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// The first wait before re-connecting after an error; it doubles (with
-/// jitter) up to [`MAX_BACKOFF`].
+/// The first wait before re-connecting after an error (doubling up to [`MAX_BACKOFF`]).
 const FIRST_BACKOFF: Duration = Duration::from_millis(800);
 
 /// Longest wait to connect, and for one list.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Events within this window are applied together, so a slice split or
-/// merge (one slice updated before the other) does not drain an endpoint
-/// that only moved.
+/// Events within this window are applied together, so a slice split does not
+/// drain an endpoint that only moved.
 const SETTLE: Duration = Duration::from_millis(200);
 
 /// A client for the process's API server.
@@ -143,8 +140,7 @@ impl Slices {
         }
     }
 
-    /// The union over all slices (an endpoint moving between two slices
-    /// is in one of them or both).
+    /// The union over all slices.
     pub(crate) fn union(&self) -> Answer {
         self.by_name
             .values()
@@ -165,8 +161,7 @@ fn nonempty(set: Answer, cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryE
     Ok(set)
 }
 
-/// One list (the first round, before the router serves), within
-/// [`TIMEOUT`] all told.
+/// One list (the first round, before the router serves), within [`TIMEOUT`].
 pub(crate) async fn list_once(cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryError> {
     let limit = TIMEOUT;
     let got = tokio::time::timeout(limit, async {
@@ -194,8 +189,7 @@ async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
     }
 }
 
-/// Watches until `cancel` fires, applying the union after each settled
-/// change.
+/// Watches until `cancel` fires, applying the union after each settled change.
 pub(crate) async fn run(
     s: Arc<Shared>,
     pool: Arc<Pool>,
@@ -234,8 +228,7 @@ pub(crate) async fn run(
     let mut events = std::pin::pin!(watcher::watcher(api, wc).backoff(backoff));
     let settle = SETTLE;
     let mut slices = Slices::default();
-    // When the pending change is applied: `settle` after the first event
-    // of a burst, however many follow.
+    // `settle` after the first event of a burst, however many follow.
     let mut due: Option<Instant> = None;
     let every = p.interval(s.config.health.probe_interval_ms);
     let mut resync = tokio::time::interval_at(Instant::now() + every, every);
@@ -271,9 +264,8 @@ pub(crate) async fn run(
     }
 }
 
-/// Doubling waits from `first` up to [`MAX_BACKOFF`], each less up to a
-/// quarter at random (so routers restarted together spread out); reset by
-/// every event that arrives.
+/// Doubling waits from `first` up to [`MAX_BACKOFF`], with jitter so routers
+/// restarted together spread out; reset by every event.
 #[derive(Debug)]
 struct Backoff {
     first: Duration,
