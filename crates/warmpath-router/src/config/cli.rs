@@ -6,8 +6,7 @@ use clap::Parser;
 use std::path::PathBuf;
 use warmpath_core::Strategy;
 
-/// `warmpath-router` command line. Flags override (or, without `--config`,
-/// replace) the config file; see the [`config`](super) module docs.
+/// `warmpath-router` command line. Flags override the config file.
 #[derive(Clone, Debug, Default, Parser)]
 #[command(
     name = "warmpath-router",
@@ -48,29 +47,22 @@ pub struct Cli {
     /// Bearer token for `/cache-index` and `/cache-index/query` only.
     #[arg(long, env = "WARMPATH_INSPECT_TOKEN", hide_env_values = true)]
     pub inspect_token: Option<String>,
-    /// Start even with the admin API, introspection or the agent ingest
-    /// reachable from other hosts without a token.
+    /// Start even with admin, introspection or the ingest open to other hosts without a token.
     #[arg(long)]
     pub insecure: bool,
-    /// Secret from which each worker's agent credential is derived: an agent
-    /// may publish only for the worker its credential names.
+    /// Secret each worker's agent credential is derived from.
     #[arg(long, env = "WARMPATH_AGENT_SECRET", hide_env_values = true)]
     pub agent_secret: Option<String>,
-    /// The engines' API key, sent upstream in place of the client's
-    /// `Authorization` (`upstream.api_key`).
+    /// The engines' API key, sent upstream in place of the client's (`upstream.api_key`).
     #[arg(long, env = "WARMPATH_UPSTREAM_API_KEY", hide_env_values = true)]
     pub upstream_api_key: Option<String>,
-    /// Load and validate the configuration (file, flags and environment),
-    /// print `configuration OK`, and exit without starting anything (for CI
-    /// and Kubernetes ConfigMaps).
+    /// Load and validate the configuration, print `configuration OK`, and exit.
     #[arg(long)]
     pub check_config: bool,
-    /// Print the agent credential of WORKER (its `--agent-token`) under the
-    /// configured `agent_secret`, and exit.
+    /// Print the agent credential of WORKER under `agent_secret`, and exit.
     #[arg(long, value_name = "WORKER")]
     pub print_agent_token: Option<String>,
-    /// PEM certificate chain for the agent ingest: serve TLS (with
-    /// `--agent-tls-key`).
+    /// PEM certificate chain for the agent ingest: serve TLS (with `--agent-tls-key`).
     #[arg(long, value_name = "PATH")]
     pub agent_tls_cert: Option<PathBuf>,
     /// PEM private key of `--agent-tls-cert`.
@@ -91,8 +83,7 @@ pub struct Cli {
     /// Time served after SIGTERM while not ready, before accepting stops (ms, default 5000).
     #[arg(long, value_name = "MS")]
     pub drain_grace_ms: Option<u64>,
-    /// Log format on stderr: text or json (one object per line). Fixed at
-    /// start; SIGHUP does not change it.
+    /// Log format on stderr: text or json (one object per line).
     #[arg(
         long,
         value_name = "FORMAT",
@@ -112,8 +103,7 @@ impl Cli {
             || self.concurrency_threshold.is_some()
     }
 
-    /// Reads `--config` (if any) and lays the flags over it. The result still
-    /// needs [`RouterConfig::validate`].
+    /// Reads `--config` (if any) and lays the flags over it (not yet validated).
     pub fn load(&self) -> Result<RouterConfig, ConfigError> {
         let base = match &self.config {
             Some(path) => RouterConfig::from_file(path)?,

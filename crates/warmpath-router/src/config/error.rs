@@ -24,8 +24,7 @@ pub enum ConfigError {
         #[source]
         source: yaml_serde::Error,
     },
-    /// A setting is out of range or inconsistent; `at` says where
-    /// (e.g. `pools[0].backends[1].url`).
+    /// A setting is out of range or inconsistent; `at` says where.
     #[error("invalid configuration at {at}: {reason}")]
     Invalid {
         /// Where.

@@ -43,8 +43,7 @@ impl Default for IngestSettings {
 /// A PEM certificate chain and its PEM private key.
 pub type TlsPem = (Vec<u8>, Vec<u8>);
 
-/// Reads a PEM file and checks that it holds a `kind` block
-/// (`CERTIFICATE`, `PRIVATE KEY`).
+/// Reads a PEM file and checks that it holds a `kind` block.
 fn read_pem(at: &str, path: &Path, kind: &str) -> Result<Vec<u8>, ConfigError> {
     let fail = |why: String| invalid(at, format!("{}: {why}", path.display()));
     let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;

@@ -44,11 +44,9 @@ pub struct AgentStatus {
     pub load: Option<EngineLoad>,
     /// Whether the engine answered the agent's last scrape.
     pub engine_up: Option<bool>,
-    /// Whether the agent's view misses blocks its engine holds (Hello, then
-    /// each Load): kv_aware treats its missing blocks as unknown.
+    /// Whether the agent's view misses blocks its engine holds.
     pub partial: bool,
-    /// Why the router last refused this agent (block size mismatch, older
-    /// epoch), until a stream of it is accepted again.
+    /// Why the router last refused this agent, until a stream of it is accepted.
     pub refused: Option<String>,
 }
 
@@ -58,9 +56,8 @@ const NONE: u64 = u64::MAX;
 /// The owner of a worker removed from its pool: no stream owns it.
 const REMOVED: u64 = u64::MAX;
 
-/// The part of an entry every message updates, kept in atomics so the
-/// stream's hot path takes no registry lock. One per worker: a stream that
-/// takes the worker over reuses it, so the old stream sees it lost the worker.
+/// The part of an entry every message updates, in atomics (no registry lock
+/// on the hot path); a stream that takes the worker over reuses it.
 #[derive(Debug)]
 pub(crate) struct Live {
     /// The stream publishing now (0: none; stream ids start at 1).
@@ -69,9 +66,7 @@ pub(crate) struct Live {
     last_seq: AtomicU64,
     lag_us: AtomicU64,
     snapshots: AtomicU64,
-    /// The pace clock of the worker's replacements (snapshot, clear;
-    /// monotonic ms, [`super::pace::next_tat`]): kept across its streams,
-    /// so a reconnect does not skip the pace.
+    /// The pace clock of the worker's replacements, kept across its streams.
     replaced_ms: AtomicU64,
 }
 
@@ -136,9 +131,7 @@ struct Entry {
     /// The fields that change rarely (under the registry's write lock).
     status: AgentStatus,
     live: Arc<Live>,
-    /// Its engine load and whether the engine is up (routing reads this
-    /// cell through its boards' handles; `status` leaves both fields
-    /// unset).
+    /// Its engine load and whether the engine is up (routing's boards read it).
     cell: Arc<EngineCell>,
 }
 
@@ -164,9 +157,7 @@ pub struct Agents {
     /// model -> worker id -> entry (nested so reads can look up by `&str`).
     map: RwLock<HashMap<String, HashMap<String, Entry>>>,
     next_stream: AtomicU64,
-    /// Bumped whenever a worker's entry (and so its [`EngineCell`]) is
-    /// created or removed: boards' cell handles of an older generation are
-    /// looked up again.
+    /// Bumped whenever a worker's entry (and so its [`EngineCell`]) comes or goes.
     generation: AtomicU64,
     /// Decision sharing with the other router replicas, over these streams.
     peers: Arc<crate::ingest::peers::Peers>,
@@ -183,12 +174,9 @@ impl Agents {
         &self.peers
     }
 
-    /// Gives the worker to a new stream and returns the stream's id and the
-    /// worker's [`Live`] counters. Refuses an older epoch than the one known
-    /// while that one's stream is up; the same or a newer epoch takes over (a
-    /// reconnect whose old connection is not yet noticed dead), and so does
-    /// any epoch once the known stream is gone (an agent restarted on a host
-    /// whose clock is behind is not locked out).
+    /// Gives the worker to a new stream; returns its id and the worker's
+    /// [`Live`]. Refuses an older epoch only while the known one's stream is
+    /// up (an agent restarted with its clock behind is not locked out).
     pub(crate) fn claim(
         &self,
         key: &AgentKey,
@@ -251,8 +239,7 @@ impl Agents {
         Ok((id, live))
     }
 
-    /// Forgets a worker removed from pool `model`; its stream, if one is
-    /// open, is refused on its next message. Returns whether one was known.
+    /// Forgets a worker removed from pool `model` (its stream is refused next).
     pub fn remove_worker(&self, model: &str, worker_id: &str) -> bool {
         let mut all = self.map.write();
         let Some(e) = all.get_mut(model).and_then(|m| m.remove(worker_id)) else {
@@ -263,8 +250,7 @@ impl Agents {
         true
     }
 
-    /// Stream `stream` ended; the worker is disconnected unless another
-    /// stream took it over.
+    /// Stream `stream` ended; the worker is disconnected unless taken over.
     pub(crate) fn disconnect(&self, key: &AgentKey, stream: u64) {
         if let Some(e) = self
             .map
@@ -279,9 +265,8 @@ impl Agents {
         }
     }
 
-    /// Records why a stream of a known agent was refused (shown by
-    /// `/cache-index`). Unknown agents are not added: refusals must not grow
-    /// the registry.
+    /// Records why a stream of a known agent was refused (unknown agents are
+    /// not added: refusals must not grow the registry).
     pub(crate) fn refused(&self, key: &AgentKey, reason: &str) {
         if let Some(e) = self
             .map

@@ -15,11 +15,9 @@ pub struct IngestPool {
     pub index: Arc<CacheIndex>,
     /// Tokens per block of the pool.
     pub block_size: usize,
-    /// The worker ids of the pool's backends: a Hello for any other id is
-    /// refused (its entries could never be routed to). `None` accepts any.
+    /// The worker ids of the pool's backends: a Hello for another is refused.
     pub known_workers: Option<Arc<[String]>>,
-    /// Bounds of `index`: the per-worker caps the streams set, the
-    /// compaction period the sweeper keeps.
+    /// Bounds of `index`.
     pub bounds: crate::config::IndexSettings,
 }
 
@@ -46,8 +44,7 @@ pub trait PoolDirectory: Send + Sync + 'static {
     fn pool(&self, model: &str) -> Option<IngestPool>;
     /// Every pool.
     fn pools(&self) -> Vec<IngestPool>;
-    /// Records another router replica's pick for `worker` of pool `model`
-    /// in its policy (`Learns::observe_remote`); nothing by default.
+    /// Records another replica's pick for `worker` in the pool's policy.
     fn observe_remote(&self, _model: &str, _worker: &str, _decided: &v1::Decided) {}
 }
 
@@ -65,8 +62,7 @@ impl PoolDirectory for Pools {
     }
 }
 
-/// Records another replica's `start` about `worker` in `pool`'s policy, by
-/// the positions of its current snapshot (an id it does not know is skipped).
+/// Records another replica's `start` about `worker` in `pool`'s policy.
 fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decided) {
     use warmpath_core::policy::{HomeView, RemoteDecision};
     let state = pool.policy();

@@ -16,9 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
 
-/// How often a stream checks that it still owns its worker: a stream a
-/// newer one took over (or whose worker was removed) is closed within this
-/// even when its agent sends nothing more, with what it held.
+/// How often a stream checks that it still owns its worker (so one taken over
+/// is closed even when its agent sends nothing more).
 const OWNER_CHECK: Duration = Duration::from_secs(1);
 
 /// What every stream of one service shares.
@@ -102,9 +101,7 @@ pub(super) async fn drive(
             }
             None => break,
         };
-        // Another replica's decision for this worker: counted here, recorded
-        // by the pool's policy (ownership and liveness checked as for any
-        // message).
+        // Another replica's decision for this worker, for the pool's policy.
         let decision = match &msg.msg {
             Some(Msg::Decision(b)) => Some(b.clone()),
             _ => None,
@@ -116,9 +113,8 @@ pub(super) async fn drive(
         }
         let work = pace::work(&msg);
         if let Work::Replace(kind) = work {
-            // The worker used its burst and its previous replacement was
-            // under a second ago: this one waits its turn (the stream reads nothing meanwhile, so the
-            // agent's later messages wait too, in order).
+            // Past its burst, a replacement waits its turn (the stream reads
+            // nothing meanwhile, so later messages wait in order).
             if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::http::clock::monotonic_ms())
             {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
@@ -148,8 +144,7 @@ pub(super) async fn drive(
         let answer = match work {
             Work::Light => ws.on_message(msg, now_ms, now_unix),
             Work::Big | Work::Replace(_) => {
-                // A replacement may compact the whole index: one job per
-                // pool at a time, the sweeper's included.
+                // A replacement may compact the whole index: one job per pool.
                 let held = match work {
                     Work::Replace(_) => Some(Arc::clone(&gate).lock_owned().await),
                     _ => None,
@@ -166,8 +161,7 @@ pub(super) async fn drive(
                         r
                     }
                     Err(e) => {
-                        // `ws` was dropped with the job: the worker is
-                        // disconnected already.
+                        // `ws` was dropped with the job (worker disconnected).
                         tracing::error!(error = %e, "applying an agent message failed; stream closed");
                         peers.detach(&hello.model, &hello.worker_id, stream_id);
                         return;

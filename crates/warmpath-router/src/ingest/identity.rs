@@ -28,8 +28,7 @@ pub(crate) enum Presented {
     },
 }
 
-/// The stream's credential, from its `authorization` header; `Err` says
-/// why it is refused before its Hello.
+/// The stream's credential, from its `authorization` header.
 pub(crate) fn presented(
     auth: &AgentAuth,
     pods: &Pods,
@@ -79,8 +78,7 @@ impl Presented {
                 use super::pods::REVIEW_WITHIN;
                 let pod = match tokio::time::timeout(REVIEW_WITHIN, tokens.review(token)).await {
                     Ok(Ok(pod)) => pod,
-                    // A refused token may be a rotated one: the agent re-reads
-                    // its file and retries with backoff.
+                    // A refused token may be a rotated one: retryable.
                     Ok(Err(e)) => {
                         return Err(Refusal {
                             reason: e.to_string(),

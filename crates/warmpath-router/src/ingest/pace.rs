@@ -9,15 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use warmpath_proto::v1::{agent_message::Msg, delta::Op, AgentMessage};
 
-/// The least time between two replacements of one worker's set, past the
-/// burst.
+/// The least time between two replacements of one worker's set, past the burst.
 pub(crate) const REPLACE_EVERY: Duration = Duration::from_secs(1);
 
 /// Replacements a worker may make at once before the pace applies.
 const BURST: u64 = 8;
 
-/// A delta touching at least this many blocks is applied on the blocking
-/// pool too (milliseconds of index work).
+/// A delta touching at least this many blocks is applied on the blocking pool too.
 const BIG_DELTA: usize = 4096;
 
 /// What a message asks of the index.
@@ -27,8 +25,7 @@ pub(crate) enum Work {
     Light,
     /// Bounded but long: on the blocking pool.
     Big,
-    /// Replaces the worker's set (paced, on the blocking pool); the label of
-    /// `warmpath_ingest_throttled_total`.
+    /// Replaces the worker's set (paced, on the blocking pool); its metric label.
     Replace(&'static str),
 }
 
@@ -49,9 +46,7 @@ pub(crate) fn work(m: &AgentMessage) -> Work {
 }
 
 /// How long a replacement at `now_ms` waits, given the worker's pace clock
-/// `tat` (`None`: never replaced). The pace is a generic cell rate
-/// algorithm: `tat` runs [`REPLACE_EVERY`] ahead per replacement, and one
-/// waits while it is more than `BURST - 1` intervals ahead of now.
+/// `tat` (a generic cell rate algorithm).
 pub(crate) fn wait_for(tat: Option<u64>, now_ms: u64) -> Option<Duration> {
     let every = REPLACE_EVERY.as_millis() as u64;
     let ahead = tat?.saturating_sub(now_ms);

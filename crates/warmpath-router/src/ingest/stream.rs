@@ -78,8 +78,7 @@ struct PendingSnapshot {
     blocks: Vec<(u64, Tier)>,
 }
 
-/// Refused blocks not yet reported in a log line: at most one WARN per
-/// stream every 10 s, so a flood does not turn into a flood of log lines.
+/// Refused blocks not yet reported in a log line (one WARN per 10 s).
 #[derive(Default)]
 struct RefusalLog {
     log: LogEvery,
@@ -193,14 +192,12 @@ impl WorkerStream {
         self.stream_id
     }
 
-    /// Whether this stream still owns its worker (a newer stream may have
-    /// taken over).
+    /// Whether this stream still owns its worker.
     pub(crate) fn owns(&self) -> bool {
         self.live.owned_by(self.stream_id)
     }
 
-    /// Marks the worker disconnected (its entries stay until stale/expired).
-    /// Also done on drop.
+    /// Marks the worker disconnected (its entries stay until stale).
     pub(crate) fn close(&self) {
         self.agents.disconnect(&self.key, self.stream_id);
     }
@@ -210,8 +207,7 @@ impl WorkerStream {
         self.live.replaced_at()
     }
 
-    /// The worker's set is replaced now (a snapshot, a clear): its pace
-    /// clock moves to `tat`.
+    /// The worker's set is replaced now: its pace clock moves to `tat`.
     pub(crate) fn set_replaced(&self, tat: u64) {
         self.live.replaced(tat);
     }
@@ -290,8 +286,7 @@ impl WorkerStream {
                 next_chunk: 0,
                 total: c.total_blocks,
                 received: 0,
-                // The announced total is the agent's word: reserve no more
-                // than the worker may hold.
+                // The announced total is the agent's word: reserve at most the cap.
                 blocks: Vec::with_capacity(c.total_blocks.min(self.cap()).min(1 << 22) as usize),
             });
         }
@@ -459,8 +454,7 @@ impl WorkerStream {
 }
 
 impl Drop for WorkerStream {
-    /// A stream dropped without [`WorkerStream::close`] (its job panicked)
-    /// does not leave its worker shown as connected.
+    /// A stream dropped without [`WorkerStream::close`] (a panic) disconnects too.
     fn drop(&mut self) {
         self.close();
     }
