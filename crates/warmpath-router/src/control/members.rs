@@ -174,11 +174,15 @@ pub(crate) async fn add_member(
     cfg: &BackendConfig,
     origin: Origin,
 ) -> Result<Arc<Backend>, MemberError> {
-    let b = p.add_backend(cfg, origin)?;
+    Ok(joined(s, p, p.add_backend(cfg, origin)?).await)
+}
+
+/// Counts a member that joined the rotation and probes it once.
+async fn joined(s: &Shared, p: &Pool, b: Arc<Backend>) -> Arc<Backend> {
     crate::control::metrics::membership_change(&p.model, "add");
     crate::control::health::probe(s, p, &b).await;
     crate::control::readiness::update_gauge(s);
-    Ok(b)
+    b
 }
 
 /// Removes a member now (see the module docs) and refuses its agent.
@@ -223,11 +227,7 @@ pub(crate) async fn restore(
     p: &Pool,
     old: &Arc<Backend>,
 ) -> Result<Arc<Backend>, MemberError> {
-    let b = p.restore_backend(old)?;
-    crate::control::metrics::membership_change(&p.model, "add");
-    crate::control::health::probe(s, p, &b).await;
-    crate::control::readiness::update_gauge(s);
-    Ok(b)
+    Ok(joined(s, p, p.restore_backend(old)?).await)
 }
 
 pub(crate) fn drain_request(
@@ -274,11 +274,9 @@ pub(crate) fn drain(
     worker_id: &str,
     timeout: Duration,
 ) -> Result<Arc<Backend>, MemberError> {
-    let b = p.drain_backend(worker_id)?;
+    let b = set_aside(s, p, worker_id)?;
     // Drained on purpose: no provider brings it back within a grace.
     unmark(p, worker_id);
-    crate::control::metrics::membership_change(&p.model, "drain");
-    crate::control::readiness::update_gauge(s);
     let (s, p, task_b) = (Arc::clone(s), Arc::clone(p), Arc::clone(&b));
     tokio::spawn(async move {
         let idle = tokio::select! {
