@@ -14,9 +14,7 @@ pub(super) const MAX_BLOCK_SIZE: usize = 4096;
 #[derive(Debug, thiserror::Error)]
 #[error("{raw:?} {why}")]
 pub struct BadUrl {
-    /// The URL as given.
     pub raw: String,
-    /// What is wrong with it.
     pub why: UrlFault,
 }
 

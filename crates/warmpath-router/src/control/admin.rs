@@ -84,7 +84,6 @@ const MAX_ADMIN_BODY: usize = 64 * 1024;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StrategyBody {
-    /// The new strategy.
     pub strategy: String,
 }
 

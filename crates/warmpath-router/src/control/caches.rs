@@ -5,10 +5,8 @@
 use crate::control::state::Shared;
 use serde_json::{json, Value};
 
-/// One cache's counters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct CacheReport {
-    /// The pool's model.
     pub pool: String,
     /// Which cache (module docs).
     pub cache: &'static str,
@@ -16,7 +14,6 @@ pub(crate) struct CacheReport {
     pub hits: u64,
     /// Lookups that did not (the work was done, and usually kept).
     pub misses: u64,
-    /// Entries held now.
     pub entries: usize,
 }
 

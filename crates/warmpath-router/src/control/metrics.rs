@@ -138,7 +138,6 @@ impl Phase {
         Phase::Pick,
     ];
 
-    /// The `phase` label.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Phase::Parse => "parse",
@@ -245,7 +244,6 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// Every outcome, in label order.
     pub(crate) const ALL: [Outcome; 6] = [
         Outcome::Ok,
         Outcome::ServerError,
@@ -255,7 +253,6 @@ impl Outcome {
         Outcome::Cancelled,
     ];
 
-    /// The `outcome` label.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",

@@ -18,9 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Shared router state.
 pub(crate) struct Shared {
-    /// The pools.
     pub pools: Arc<Pools>,
     /// The upstream side: client, credentials, deadlines, ejection rules.
     pub upstream: Arc<Upstream>,

@@ -43,7 +43,6 @@ pub(crate) struct Conns {
 }
 
 impl Conns {
-    /// An empty set under `limits`.
     pub(crate) fn new(limits: ConnLimits) -> Arc<Self> {
         Arc::new(Conns {
             limits,
@@ -56,7 +55,6 @@ impl Conns {
         })
     }
 
-    /// The limits.
     pub(crate) fn limits(&self) -> &ConnLimits {
         &self.limits
     }
@@ -80,7 +78,6 @@ impl Conns {
         })
     }
 
-    /// Connections open now.
     pub(crate) fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
@@ -116,7 +113,6 @@ impl Conns {
 #[derive(Debug)]
 pub(crate) struct Slot {
     conns: Arc<Conns>,
-    /// What the connection is doing.
     pub activity: Arc<Activity>,
 }
 

@@ -19,7 +19,6 @@ pub enum RouterError {
     /// A pool's tokenizer could not be loaded.
     #[error("pool {model:?}: cannot load tokenizer {}: {source}", path.display())]
     Tokenizer {
-        /// The pool.
         model: String,
         path: PathBuf,
         #[source]
@@ -28,7 +27,6 @@ pub enum RouterError {
     /// A pool's policy could not be built.
     #[error("pool {model:?}: {source}")]
     Policy {
-        /// The pool.
         model: String,
         #[source]
         source: PolicyError,
@@ -36,7 +34,6 @@ pub enum RouterError {
     /// A backend could not be registered in the pool's index.
     #[error("pool {model:?}: {source}")]
     Index {
-        /// The pool.
         model: String,
         #[source]
         source: IndexError,
@@ -53,9 +50,7 @@ pub enum RouterError {
 /// An error answer. `status` is the HTTP status; the body is OpenAI-shaped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
-    /// HTTP status.
     pub status: StatusCode,
-    /// Human-readable message.
     pub message: String,
     /// OpenAI error `type`.
     pub kind: &'static str,
@@ -213,7 +208,6 @@ impl ApiError {
         warmpath_edge::raw_http1(self.status, &[], &self.body())
     }
 
-    /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         ErrorBody {
             message: &self.message,

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The tenant header.
 pub(crate) const TENANT_HEADER: &str = "x-prefix-aware-id";
 
 /// The request body bytes the router holds at once, counted as they arrive
@@ -23,7 +22,6 @@ pub(crate) struct BodyBudget {
 }
 
 impl BodyBudget {
-    /// A budget of `max` bytes.
     pub(crate) fn new(max: usize) -> Arc<Self> {
         Arc::new(BodyBudget {
             held: AtomicUsize::new(0),
@@ -54,7 +52,6 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// Nothing held yet.
     pub(crate) fn new(budget: &Arc<BodyBudget>) -> Self {
         Held {
             budget: Arc::clone(budget),

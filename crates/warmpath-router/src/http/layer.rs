@@ -52,7 +52,6 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// `inner` with `layers` on it.
 pub(crate) fn layered<B, L: Layer>(inner: B, layers: L) -> Layered<B, L> {
     Layered {
         inner,

@@ -20,14 +20,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tracing::Span;
 
-/// The request id header.
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const MAX_ID_LEN: usize = 128;
 
 /// Where a proxied request went, put in its answer's extensions by the proxy.
 #[derive(Clone, Debug)]
 pub(crate) struct Routed {
-    /// The pool.
     pub pool: Arc<Pool>,
     /// The backend's id, when one was picked.
     pub backend: Option<String>,
@@ -64,15 +62,12 @@ fn refused_duration() -> &'static Histogram {
 /// What is written when a request's answer ends.
 #[derive(Debug)]
 pub(crate) struct Record {
-    /// When the request's head arrived.
     pub started: Instant,
     /// Until the answer's head was ready.
     pub head: Duration,
-    /// The request's method.
     pub method: Method,
     /// The request's path (without the query: it may carry anything).
     pub path: String,
-    /// The answer's status.
     pub status: StatusCode,
     /// Set by the proxy for routed requests.
     pub routed: Option<Routed>,
@@ -80,7 +75,6 @@ pub(crate) struct Record {
     pub proxied: bool,
     /// Write the access-log line.
     pub access_log: bool,
-    /// The request's span.
     pub span: Span,
 }
 

@@ -31,7 +31,6 @@ struct Rewrite {
 }
 
 impl Watched {
-    /// `io`, reporting to `activity`.
     pub(crate) fn new(io: TcpStream, activity: Arc<Activity>) -> Self {
         Watched {
             io,

@@ -22,7 +22,6 @@ pub(crate) struct AgentKey {
 /// One agent's status, as `/cache-index` shows it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct AgentStatus {
-    /// Worker id.
     pub worker_id: String,
     /// The engine URL the agent announced.
     pub endpoint: String,
@@ -164,7 +163,6 @@ pub struct Agents {
 }
 
 impl Agents {
-    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }

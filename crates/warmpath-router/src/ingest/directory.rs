@@ -9,9 +9,7 @@ use warmpath_proto::v1;
 /// The index and block size of one pool, as the ingest needs them.
 #[derive(Clone, Debug)]
 pub struct IngestPool {
-    /// The pool's model.
     pub model: String,
-    /// The pool's index.
     pub index: Arc<CacheIndex>,
     /// Tokens per block of the pool.
     pub block_size: usize,
@@ -42,7 +40,6 @@ impl IngestPool {
 pub trait PoolDirectory: Send + Sync + 'static {
     /// The pool serving base model `model`.
     fn pool(&self, model: &str) -> Option<IngestPool>;
-    /// Every pool.
     fn pools(&self) -> Vec<IngestPool>;
     /// Records another replica's pick for `worker` in the pool's policy.
     fn observe_remote(&self, _model: &str, _worker: &str, _decided: &v1::Decided) {}

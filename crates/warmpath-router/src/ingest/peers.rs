@@ -119,7 +119,6 @@ impl Peers {
         let _ = self.key.set(key);
     }
 
-    /// Whether decisions are shared.
     pub(crate) fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }

@@ -31,7 +31,6 @@ impl Refusal {
         }
     }
 
-    /// What the agent is answered.
     pub(crate) fn answer(&self) -> RouterMessage {
         RouterMessage {
             msg: Some(router_message::Msg::Refused(v1::Refused {

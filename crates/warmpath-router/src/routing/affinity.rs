@@ -113,7 +113,6 @@ impl ResponseHomes {
         self.inner.lock().by_id.get(id).cloned()
     }
 
-    /// Ids remembered now.
     pub(crate) fn len(&self) -> usize {
         self.inner.lock().order.len()
     }
@@ -122,7 +121,6 @@ impl ResponseHomes {
 /// Reads an answer's first bytes for its response id.
 #[derive(Debug)]
 pub(crate) struct IdTap {
-    /// The backend that answered.
     pub worker: String,
     seen: Vec<u8>,
 }
@@ -130,7 +128,6 @@ pub(crate) struct IdTap {
 /// What one more piece of an answer told an [`IdTap`].
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Tapped {
-    /// The id.
     Found(String),
     /// Not yet: more bytes may tell.
     More,
@@ -139,7 +136,6 @@ pub(crate) enum Tapped {
 }
 
 impl IdTap {
-    /// A tap on `worker`'s answer.
     pub(crate) fn new(worker: String) -> Self {
         IdTap {
             worker,
@@ -147,7 +143,6 @@ impl IdTap {
         }
     }
 
-    /// Feeds the answer's next bytes.
     pub(crate) fn feed(&mut self, data: &[u8]) -> Tapped {
         let room = TAP_BYTES.saturating_sub(self.seen.len());
         self.seen.extend_from_slice(&data[..data.len().min(room)]);

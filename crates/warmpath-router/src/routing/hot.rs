@@ -32,7 +32,6 @@ pub(crate) struct HotChain {
     pub preview: Option<String>,
 }
 
-/// The tracker (see module docs).
 #[derive(Debug)]
 pub(crate) struct HotChains {
     capacity: usize,

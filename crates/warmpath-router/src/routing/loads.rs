@@ -180,7 +180,6 @@ pub(crate) struct EngineCell {
 }
 
 impl EngineCell {
-    /// A report arrived at `at_ms`.
     pub(crate) fn set(&self, load: EngineLoad, engine_up: bool, at_ms: u64) {
         self.running.store(load.running, Ordering::Relaxed);
         self.waiting.store(load.waiting, Ordering::Relaxed);
@@ -239,7 +238,6 @@ impl EngineCell {
             .map(|l| (l, until))
     }
 
-    /// [`EngineCell::fresh_until`]'s load.
     pub(crate) fn fresh(&self, now_ms: u64) -> Option<EngineLoad> {
         self.fresh_until(now_ms).map(|(l, _)| l)
     }

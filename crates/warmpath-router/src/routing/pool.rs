@@ -25,11 +25,8 @@ use warmpath_core::{
 /// The policy a pool routes with, and what it was built from.
 #[derive(Debug)]
 pub(crate) struct PolicyState {
-    /// Strategy.
     pub strategy: Strategy,
-    /// Knobs.
     pub config: PolicyConfig,
-    /// The built policy.
     pub policy: Arc<dyn Policy>,
     /// Its memory, when it has one (kv_aware).
     pub learns: Option<Arc<dyn Learns>>,
@@ -89,7 +86,6 @@ pub(crate) enum SwitchError {
     Policy(#[from] PolicyError),
 }
 
-/// One model pool.
 #[derive(Debug)]
 pub(crate) struct Pool {
     /// The model name (`model` field of requests).
@@ -115,9 +111,7 @@ pub(crate) struct Pool {
     /// Held while a new policy state is built and installed, so two changes
     /// never lose one another.
     changing: Mutex<()>,
-    /// See [`Pool::ejecting`].
     ejecting: Mutex<()>,
-    /// See [`Pool::compact_removed`].
     compaction: Compaction,
     max_prompt_tokens: Option<usize>,
     /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
@@ -490,7 +484,6 @@ pub(crate) struct Pools {
 /// A request's model resolved to a pool (and maybe one of its adapters).
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
-    /// The pool.
     pub pool: Arc<Pool>,
     /// The LoRA adapter named by the request, if `model` was an adapter.
     pub adapter: Option<String>,

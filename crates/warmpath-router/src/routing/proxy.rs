@@ -38,7 +38,6 @@ pub(crate) const BACKEND_HEADER: &str = "x-warmpath-backend";
 /// Header naming why that backend was chosen.
 pub(crate) const DECISION_HEADER: &str = "x-warmpath-decision";
 
-/// What to send upstream.
 #[derive(Debug)]
 pub(crate) struct Outgoing<'a> {
     /// `POST` for every endpoint but `GET /v1/responses/{id}`.
@@ -47,7 +46,6 @@ pub(crate) struct Outgoing<'a> {
     pub path_and_query: &'a str,
     /// The client's headers (hop-by-hop ones are dropped).
     pub headers: &'a HeaderMap,
-    /// The body to send.
     pub body: Bytes,
 }
 

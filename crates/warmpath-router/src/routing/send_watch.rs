@@ -19,7 +19,6 @@ const NOT_WAITING: u64 = u64::MAX;
 /// What an answer's body holds of its backend, shared with its watchdog.
 #[derive(Debug)]
 pub(crate) struct Held {
-    /// The engine's answer.
     pub(crate) inner: Option<Incoming>,
     /// The request's flight on the backend.
     pub(crate) guard: Option<FlightGuard>,

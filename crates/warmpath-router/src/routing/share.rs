@@ -5,7 +5,6 @@
 /// One routing decision as the other replicas need it (by worker ids).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Fact {
-    /// The chosen backend.
     pub(crate) worker: String,
     /// The prefix key the policy routed on.
     pub(crate) prefix_key: u64,

@@ -25,7 +25,6 @@ pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 /// The upstream side of every forwarded request.
 #[derive(Debug)]
 pub(crate) struct Upstream {
-    /// The client.
     pub client: UpstreamClient,
     /// `upstream.api_key` as the `Authorization` sent upstream.
     pub auth: Option<HeaderValue>,

@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use warmpath_proto::dns::{http_url, Resolver};
 
-/// A resolver for one provider.
 pub(crate) struct Dns {
     resolver: Resolver,
     name: String,

@@ -28,7 +28,6 @@ pub(crate) struct ProviderStatus {
 /// One provider of one pool.
 #[derive(Debug)]
 pub(crate) struct Provider {
-    /// Its settings.
     pub config: DiscoveryConfig,
     pub(super) name: String,
     pub(super) status: Mutex<ProviderStatus>,
@@ -56,7 +55,6 @@ impl Provider {
         }
     }
 
-    /// Its status now.
     pub(crate) fn status(&self) -> ProviderStatus {
         self.status.lock().clone()
     }

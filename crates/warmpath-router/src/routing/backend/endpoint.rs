@@ -86,7 +86,6 @@ impl Endpoint {
         &self.id
     }
 
-    /// Base URL.
     pub(crate) fn url(&self) -> &BackendUrl {
         &self.url
     }
@@ -96,7 +95,6 @@ impl Endpoint {
         self.slot
     }
 
-    /// Who added it.
     pub(crate) fn origin(&self) -> &Origin {
         &self.origin
     }
@@ -111,7 +109,6 @@ impl Endpoint {
         self.learned_adapters.read().contains(adapter)
     }
 
-    /// Every adapter served.
     pub(crate) fn adapters(&self) -> BTreeSet<String> {
         self.learned_adapters.read().clone()
     }

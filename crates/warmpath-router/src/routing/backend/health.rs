@@ -7,14 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Failure counts, probe verdict, ejection and back-off of one backend.
 pub(crate) struct Health {
-    /// `warmpath_backend_healthy` of this backend.
     healthy_gauge: metrics::Gauge,
     consecutive_failures: AtomicU32,
     probe_failures: AtomicU32,
     probe_ok: AtomicBool,
-    /// `warmpath_backend_ejections_total{pool, backend}`.
     ejections_total: metrics::Counter,
-    /// `warmpath_backend_requests_total{pool, backend, outcome}`.
     outcomes: [metrics::Counter; 6],
     ejected: AtomicBool,
     /// Ejections not forgiven by a success streak: the back-off's exponent.

@@ -16,14 +16,11 @@ use health::Health;
 use std::sync::Arc;
 use warmpath_core::WorkerSlot;
 
-/// Live state of one backend.
 #[derive(Debug)]
 pub(crate) struct Backend {
     /// Identity, address, credentials, learned adapters and model cards.
     pub endpoint: Endpoint,
-    /// Failures, probe verdict, ejection.
     pub health: Health,
-    /// In flight, pending prefill, draining.
     pub load: Load,
 }
 
@@ -132,7 +129,6 @@ pub(crate) struct FlightGuard {
 }
 
 impl FlightGuard {
-    /// The backend.
     pub(crate) fn backend(&self) -> &Arc<Backend> {
         &self.backend
     }
