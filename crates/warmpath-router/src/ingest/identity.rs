@@ -79,20 +79,12 @@ impl Presented {
                 let pod = match tokio::time::timeout(REVIEW_WITHIN, tokens.review(token)).await {
                     Ok(Ok(pod)) => pod,
                     // A refused token may be a rotated one: retryable.
-                    Ok(Err(e)) => {
-                        return Err(Refusal {
-                            reason: e.to_string(),
-                            retryable: true,
-                        })
-                    }
+                    Ok(Err(e)) => return Err(Refusal::retry(e.to_string())),
                     Err(_) => {
-                        return Err(Refusal {
-                            reason: format!(
-                                "the pod token could not be reviewed within {} ms",
-                                REVIEW_WITHIN.as_millis()
-                            ),
-                            retryable: true,
-                        })
+                        return Err(Refusal::retry(format!(
+                            "the pod token could not be reviewed within {} ms",
+                            REVIEW_WITHIN.as_millis()
+                        )))
                     }
                 };
                 if pod.names(worker) {

@@ -25,7 +25,7 @@ pub use directory::{IngestPool, PoolDirectory};
 pub use error::IngestError;
 #[cfg(feature = "kubernetes")]
 pub use pods::PodTokens;
-pub use sweeper::{set_memory_release, spawn_sweeper};
+pub use sweeper::set_memory_release;
 // The settings are configuration (`config::ingest`); re-exported for embedders.
 use crate::config::RouterConfig;
 pub use crate::config::TlsPem;
@@ -54,7 +54,6 @@ pub struct IngestService {
     dir: Arc<dyn PoolDirectory>,
     agents: Arc<Agents>,
     auth: AgentAuth,
-    /// Reviews pod tokens (`ingest.pod_token_audience`), when set.
     pods: identity::Pods,
     shutdown: CancellationToken,
     hello_within: Duration,
@@ -68,9 +67,8 @@ pub struct IngestService {
     silent: Arc<LogEvery>,
 }
 
-/// How long a new stream may take to send its Hello: a stream that never
-/// does (any client can open one before the credential is checked against
-/// the Hello) holds a task and a channel until then.
+/// How long a new stream may take to send its Hello (until then it holds a
+/// task, and anyone can open one).
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for IngestService {
@@ -109,8 +107,7 @@ impl IngestService {
         self
     }
 
-    /// Refuses a stream before its Hello: counted under `auth`, logged at
-    /// most every 10 s.
+    /// Refuses a stream before its Hello: counted, logged at most every 10 s.
     fn unauthenticated(&self, remote: Option<std::net::SocketAddr>, why: &'static str) -> Status {
         metrics::counter!("warmpath_ingest_refused_total", "reason" => "auth").increment(1);
         if let Some(suppressed) = self.refusals.ready() {
@@ -138,14 +135,12 @@ impl CacheEvents for IngestService {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
         let remote = request.remote_addr();
-        // What the stream presented, checked against its Hello's worker id
-        // once that arrives.
+        // Checked against its Hello's worker id once that arrives.
         let credential = match identity::presented(&self.auth, &self.pods, request.metadata()) {
             Ok(c) => c,
             Err(why) => return Err(self.unauthenticated(remote, why)),
         };
-        // Held until the Hello is checked: a peer cannot hold more than its
-        // share of streams nobody has authenticated yet.
+        // Held until the Hello is checked: a peer's unauthenticated streams are capped.
         let ticket = match self.admission.admit(remote) {
             Ok(t) => t,
             Err(full) => {
@@ -169,9 +164,8 @@ impl CacheEvents for IngestService {
         let shutdown = self.shutdown.clone();
         let silent = Arc::clone(&self.silent);
         let hello_within = self.hello_within;
-        // Owned by the stream: ends when the agent closes, the response
-        // stream is dropped (send fails), the Hello is late or the router
-        // shuts down.
+        // Ends when the agent closes, the answer stream is dropped, the Hello
+        // is late or the router shuts down.
         tokio::spawn(async move {
             let first = tokio::select! {
                 m = tokio::time::timeout(hello_within, inbound.next()) => match m {
@@ -179,10 +173,7 @@ impl CacheEvents for IngestService {
                     Err(_) => {
                         metrics::counter!("warmpath_ingest_refused_total", "reason" => "no_hello")
                             .increment(1);
-                        let r = Refusal {
-                            reason: format!("no Hello within {} ms", hello_within.as_millis()),
-                            retryable: true,
-                        };
+                        let r = Refusal::retry(format!("no Hello within {} ms", hello_within.as_millis()));
                         if let Some(suppressed) = silent.ready() {
                             tracing::info!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (logged at most every 10 s)");
                         }
@@ -197,10 +188,7 @@ impl CacheEvents for IngestService {
                     msg: Some(Msg::Hello(h)),
                 })) => h,
                 Some(Ok(_)) => {
-                    let r = Refusal {
-                        reason: "the first message must be Hello".into(),
-                        retryable: true,
-                    };
+                    let r = Refusal::retry("the first message must be Hello");
                     let _ = tx.send(Ok(r.answer())).await;
                     return;
                 }
@@ -228,8 +216,7 @@ impl CacheEvents for IngestService {
     }
 }
 
-/// The gRPC server, with TLS when `tls` holds a PEM certificate chain and
-/// key. TLS is set up here, so an unusable identity fails before serving.
+/// The gRPC server, with TLS when `tls` is set (an unusable identity fails here).
 fn server(tls: Option<TlsPem>) -> Result<tonic::transport::Server, IngestError> {
     let builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -260,11 +247,9 @@ pub async fn serve(
     Ok(())
 }
 
-/// Starts the whole ingest on `listener` as `config` says (its `ingest:`
-/// section and `agent_secret`): the gRPC server (TLS when `ingest.tls_cert`
-/// is set) and the staleness sweeper (every second). An
-/// unusable TLS identity fails here, before anything runs. Both tasks stop
-/// when `shutdown` is cancelled; the caller owns the handles.
+/// Starts the whole ingest on `listener` as `config` says: the gRPC server
+/// and the staleness sweeper, until `shutdown`. An unusable TLS identity
+/// fails here, before anything runs.
 pub fn spawn(
     listener: TcpListener,
     dir: Arc<dyn PoolDirectory>,
@@ -275,8 +260,7 @@ pub fn spawn(
     spawn_reviewing(listener, dir, agents, config, None, shutdown)
 }
 
-/// [`spawn`], taking agents' pod tokens too when `pods` reviews them
-/// (`ingest.pod_token_audience`).
+/// [`spawn`], taking agents' pod tokens too when `pods` reviews them.
 pub fn spawn_reviewing(
     listener: TcpListener,
     dir: Arc<dyn PoolDirectory>,

@@ -31,6 +31,14 @@ impl Refusal {
         }
     }
 
+    /// A refusal the agent may retry (with backoff).
+    pub(crate) fn retry(reason: impl Into<String>) -> Self {
+        Refusal {
+            retryable: true,
+            ..Refusal::fatal(reason)
+        }
+    }
+
     pub(crate) fn answer(&self) -> RouterMessage {
         RouterMessage {
             msg: Some(router_message::Msg::Refused(v1::Refused {
@@ -227,10 +235,7 @@ impl WorkerStream {
                     self.key.worker_id, self.key.model
                 )));
             }
-            return Err(Refusal {
-                reason: "another stream took over this worker".into(),
-                retryable: true,
-            });
+            return Err(Refusal::retry("another stream took over this worker"));
         }
         let _ = self.pool.index.mark_heard(self.slot, now_ms);
         self.live.heard(now_ms);

@@ -104,24 +104,6 @@ pub(crate) fn release_due(high: &mut u64, now: u64) -> bool {
     false
 }
 
-/// Sweeps every `period` until `shutdown`.
-pub fn spawn_sweeper(
-    dir: Arc<dyn PoolDirectory>,
-    stale_after: Duration,
-    drop_after: Duration,
-    period: Duration,
-    shutdown: CancellationToken,
-) -> JoinHandle<()> {
-    spawn_gated(
-        dir,
-        stale_after,
-        drop_after,
-        period,
-        shutdown,
-        Arc::default(),
-    )
-}
-
 /// What a sweep keeps from one round to the next.
 #[derive(Default)]
 struct Rounds {
@@ -165,7 +147,7 @@ fn round(
     }
 }
 
-/// [`spawn_sweeper`] whose rounds run on the blocking pool under `gates`.
+/// Sweeps every `period` until `shutdown`, on the blocking pool under `gates`.
 pub(crate) fn spawn_gated(
     dir: Arc<dyn PoolDirectory>,
     stale_after: Duration,
