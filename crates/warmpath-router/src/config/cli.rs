@@ -114,48 +114,28 @@ impl Cli {
 
     /// Lays the flags over `config`.
     pub fn overlay(&self, mut config: RouterConfig) -> Result<RouterConfig, ConfigError> {
-        if let Some(v) = &self.listen {
-            config.listen = v.clone();
-        }
-        if let Some(v) = &self.grpc_listen {
-            config.grpc_listen = Some(v.clone());
-        }
-        if let Some(v) = &self.admin_token {
-            config.admin_token = Some(v.clone());
-        }
-        if let Some(v) = &self.inspect_token {
-            config.inspect_token = Some(v.clone());
-        }
-        if self.insecure {
-            config.insecure = true;
-        }
+        set(&mut config.listen, &self.listen);
+        set_some(&mut config.grpc_listen, &self.grpc_listen);
+        set_some(&mut config.admin_token, &self.admin_token);
+        set_some(&mut config.inspect_token, &self.inspect_token);
+        config.insecure |= self.insecure;
         if let Some(v) = &self.upstream_api_key {
             config.upstream.api_key = Some(Secret::new(v.clone()));
         }
-        if let Some(v) = &self.agent_secret {
-            config.agent_secret = Some(v.clone());
-        }
-        if let Some(v) = self.max_body_bytes {
-            config.max_body_bytes = v;
-        }
-        if let Some(v) = self.header_timeout_ms {
-            config.server.header_timeout_ms = v;
-        }
-        if let Some(v) = self.max_connections {
-            config.server.max_connections = Some(v);
-        }
-        if let Some(v) = self.drain_grace_ms {
-            config.server.drain_grace_ms = v;
-        }
-        if let Some(v) = &self.agent_tls_cert {
-            config.ingest.tls_cert = Some(v.clone());
-        }
-        if let Some(v) = &self.agent_tls_key {
-            config.ingest.tls_key = Some(v.clone());
-        }
-        if let Some(v) = self.agent_stale_after_ms {
-            config.ingest.stale_after_ms = v;
-        }
+        set_some(&mut config.agent_secret, &self.agent_secret);
+        set(&mut config.max_body_bytes, &self.max_body_bytes);
+        set(
+            &mut config.server.header_timeout_ms,
+            &self.header_timeout_ms,
+        );
+        set_some(&mut config.server.max_connections, &self.max_connections);
+        set(&mut config.server.drain_grace_ms, &self.drain_grace_ms);
+        set_some(&mut config.ingest.tls_cert, &self.agent_tls_cert);
+        set_some(&mut config.ingest.tls_key, &self.agent_tls_key);
+        set(
+            &mut config.ingest.stale_after_ms,
+            &self.agent_stale_after_ms,
+        );
         if self.model.is_none() && !self.has_pool_flags() {
             return Ok(config);
         }
@@ -188,16 +168,27 @@ impl Cli {
                 .map_err(|e: warmpath_core::PolicyError| invalid("--strategy", e.to_string()))?;
             pool.strategy = Some(s);
         }
-        if let Some(t) = &self.tokenizer {
-            pool.tokenizer = Some(t.clone());
-        }
-        if let Some(v) = self.block_size {
-            pool.block_size = v;
-        }
-        if let Some(v) = self.concurrency_threshold {
-            pool.prefix_aware.concurrency_threshold = v;
-        }
+        set_some(&mut pool.tokenizer, &self.tokenizer);
+        set(&mut pool.block_size, &self.block_size);
+        set(
+            &mut pool.prefix_aware.concurrency_threshold,
+            &self.concurrency_threshold,
+        );
         Ok(config)
+    }
+}
+
+/// A flag given replaces the file's value.
+fn set<T: Clone>(dst: &mut T, flag: &Option<T>) {
+    if let Some(v) = flag {
+        dst.clone_from(v);
+    }
+}
+
+/// [`set`] of an optional setting.
+fn set_some<T: Clone>(dst: &mut Option<T>, flag: &Option<T>) {
+    if flag.is_some() {
+        dst.clone_from(flag);
     }
 }
 
