@@ -121,16 +121,13 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
         if let Some((status, body)) =
             send(shared, b, Method::GET, "/v1/models", None, timeout).await
         {
-            if status.is_success() {
-                if let Some(adapters) = adapters_of(&body, &pool.model) {
-                    b.endpoint.set_learned_adapters(adapters);
-                }
-                if let Some(cards) = cards_of(&body, &pool.model) {
-                    b.endpoint.set_learned_cards(cards);
-                }
-                if let Some(n) = max_model_len_of(&body, &pool.model) {
+            if let Some(cards) = cards_of(&body, &pool.model).filter(|_| status.is_success()) {
+                b.endpoint
+                    .set_learned_adapters(adapters_of(&cards, &pool.model));
+                if let Some(n) = max_model_len_of(&cards, &pool.model) {
                     pool.learn_context_length(n);
                 }
+                b.endpoint.set_learned_cards(cards);
             }
         }
     }
@@ -184,28 +181,24 @@ pub(crate) fn completion_probe(model: &str) -> Bytes {
     )
 }
 
-/// The LoRA adapters in a `/v1/models` answer: cards whose `parent` is `model`.
-pub(crate) fn adapters_of(body: &[u8], model: &str) -> Option<BTreeSet<String>> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let data = v.get("data")?.as_array()?;
-    Some(
-        data.iter()
-            .filter(|c| c.get("parent").and_then(Value::as_str) == Some(model))
-            .filter_map(|c| c.get("id").and_then(Value::as_str))
-            .filter(|id| *id != model && !id.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    )
+fn id_of(card: &Value) -> Option<&str> {
+    card.get("id").and_then(Value::as_str)
 }
 
-/// vLLM's `max_model_len` on the card of `model` in a `/v1/models` answer.
-pub(crate) fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let card = v
-        .get("data")?
-        .as_array()?
+/// The LoRA adapters among a pool's cards: those whose `parent` is `model`.
+pub(crate) fn adapters_of(cards: &[Value], model: &str) -> BTreeSet<String> {
+    cards
         .iter()
-        .find(|c| c.get("id").and_then(Value::as_str) == Some(model))?;
+        .filter(|c| c.get("parent").and_then(Value::as_str) == Some(model))
+        .filter_map(id_of)
+        .filter(|id| *id != model)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// vLLM's `max_model_len` on the card of `model` among a pool's cards.
+pub(crate) fn max_model_len_of(cards: &[Value], model: &str) -> Option<usize> {
+    let card = cards.iter().find(|c| id_of(c) == Some(model))?;
     let n = card.get("max_model_len")?.as_u64()?;
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
@@ -247,14 +240,9 @@ pub(crate) fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
     let data = v.get("data")?.as_array()?;
     Some(
         data.iter()
+            .filter(|c| id_of(c).is_some_and(|id| !id.is_empty()))
             .filter(|c| {
-                c.get("id")
-                    .and_then(Value::as_str)
-                    .is_some_and(|id| !id.is_empty())
-            })
-            .filter(|c| {
-                c.get("id").and_then(Value::as_str) == Some(model)
-                    || c.get("parent").and_then(Value::as_str) == Some(model)
+                id_of(c) == Some(model) || c.get("parent").and_then(Value::as_str) == Some(model)
             })
             .cloned()
             .collect(),

@@ -22,21 +22,19 @@ fn adapters_are_the_cards_parented_by_the_model() {
         {"id":"m","object":"model","parent":null},
         {"id":"sql","object":"model","parent":"m"},
         {"id":"other","object":"model","parent":"x"}]}"#;
-    let a = adapters_of(body, "m").unwrap();
+    let a = adapters_of(&cards_of(body, "m").unwrap(), "m");
     assert_eq!(a.into_iter().collect::<Vec<_>>(), ["sql"]);
-    assert!(adapters_of(b"not json", "m").is_none());
+    assert!(cards_of(b"not json", "m").is_none());
 }
 
 #[test]
 fn the_context_length_is_the_models_own_card() {
     let body = br#"{"data":[{"id":"sql","max_model_len":99,"parent":"m"},
         {"id":"m","max_model_len":4096}]}"#;
-    assert_eq!(max_model_len_of(body, "m"), Some(4096));
-    assert_eq!(max_model_len_of(br#"{"data":[{"id":"m"}]}"#, "m"), None);
-    assert_eq!(
-        max_model_len_of(br#"{"data":[{"id":"m","max_model_len":0}]}"#, "m"),
-        None
-    );
+    let len = |body: &[u8]| max_model_len_of(&cards_of(body, "m").unwrap(), "m");
+    assert_eq!(len(body), Some(4096));
+    assert_eq!(len(br#"{"data":[{"id":"m"}]}"#), None);
+    assert_eq!(len(br#"{"data":[{"id":"m","max_model_len":0}]}"#), None);
 }
 
 #[test]
