@@ -85,8 +85,7 @@ impl RunningRouter {
         Ok(report.applied)
     }
 
-    /// Starts the shutdown (docs/operations.md); [`RunningRouter::wait`]
-    /// returns after it.
+    /// Starts the shutdown (docs/operations.md); [`RunningRouter::wait`] returns after it.
     pub fn shutdown(&self) {
         self.shared.start_draining();
         self.token.cancel();

@@ -116,8 +116,7 @@ pub(crate) fn edge(
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let same = origin.to_str().ok().zip(addressed).is_some_and(|(o, a)| {
-            // Either scheme: a TLS-terminating proxy in front forwards
-            // the same `Host`.
+            // Either scheme: a TLS-terminating proxy in front forwards the same `Host`.
             o.strip_prefix("http://")
                 .or_else(|| o.strip_prefix("https://"))
                 .is_some_and(|rest| same_authority(rest, a))

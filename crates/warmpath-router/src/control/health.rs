@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The longest back-off is this many times the first: a fixed engine returns
-/// without an operator.
+/// The longest back-off is this many times the first: a fixed engine returns without an operator.
 const EJECT_MAX_DOUBLINGS: u64 = 24;
 
 /// Largest probe or `/v1/models` answer read.

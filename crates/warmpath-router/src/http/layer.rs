@@ -73,8 +73,7 @@ impl<B: HttpBody<Data = Bytes>, L: Layer> HttpBody for Layered<B, L> {
             let _in = this.layers.span().map(Span::enter);
             this.inner.as_mut().poll_frame(cx)
         };
-        // hyper may not poll a body whose length is reached: its last
-        // frame ends it.
+        // hyper may not poll a body whose length is reached: its last frame ends it.
         let complete = match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 this.layers.frame(frame);

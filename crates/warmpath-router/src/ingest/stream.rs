@@ -170,8 +170,7 @@ impl WorkerStream {
             .index
             .register_worker(&hello.worker_id)
             .map_err(|e| Refusal::fatal(e.to_string()))?;
-        // Heard now; entries of an older epoch keep serving until the new
-        // snapshot replaces them.
+        // Heard now; entries of an older epoch keep serving until the new snapshot replaces them.
         let _ = pool.index.mark_heard(slot, now_ms);
         if pool.index.worker_cap(slot).is_none() {
             let _ = pool
@@ -343,8 +342,7 @@ impl WorkerStream {
                 }
             }
         }
-        // Blocks dropped past the worker's cap leave holes the claim cannot
-        // cover.
+        // Blocks dropped past the worker's cap leave holes the claim cannot cover.
         if c.prefix_closed && p.blocks.len() as u64 == p.received {
             let _ = index.set_prefix_closed(self.slot, true);
         }

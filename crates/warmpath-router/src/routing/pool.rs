@@ -108,8 +108,7 @@ pub(crate) struct Pool {
     /// Which backend stored which `/v1/responses` response.
     pub responses: ResponseHomes,
     policy: RwLock<Arc<PolicyState>>,
-    /// Held while a new policy state is built and installed, so two changes
-    /// never lose one another.
+    /// Held while a new policy state is built and installed, so two changes never lose one another.
     changing: Mutex<()>,
     ejecting: Mutex<()>,
     compaction: Compaction,

@@ -240,8 +240,7 @@ pub(crate) async fn forward(
                     "upstream request failed after it was sent; not retried");
                 count_failure(up, pool, &backend);
                 guard.outcome(Outcome::Failed);
-                // hyper's words stay in the log: they name sockets and
-                // internals no client needs.
+                // hyper's words stay in the log: they name sockets and internals no client needs.
                 let err = ApiError::upstream(format!(
                     "{} failed before answering",
                     shown(pool, backend.endpoint.id())

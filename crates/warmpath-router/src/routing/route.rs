@@ -11,6 +11,7 @@ use crate::routing::loads::{AgentLoads, Board};
 use crate::routing::pool::{PolicyState, Pool, Target};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::policy::{LeastOutstanding, Mode};
@@ -93,9 +94,15 @@ pub(crate) fn plan(
 ) -> Result<Plan, ApiError> {
     let pool = Arc::clone(&target.pool);
     let policy = pool.policy();
-    let ids_given =
-        matches!(&req.body, RequestBody::Completion(p) if matches!(p.first(), FirstPrompt::Ids(_)));
-    let want = ids_given || hashing == Hashing::Always || policy.strategy == Strategy::KvAware;
+    let given = match &req.body {
+        RequestBody::Completion(p) => match p.first() {
+            FirstPrompt::Ids(ids) => Some(ids),
+            FirstPrompt::Text(_) => None,
+        },
+        RequestBody::Chat(_) => None,
+    };
+    let want =
+        given.is_some() || hashing == Hashing::Always || policy.strategy == Strategy::KvAware;
     let mut hashes = Vec::new();
     let mut matches = None;
     if want {
@@ -106,15 +113,8 @@ pub(crate) fn plan(
             Isolation::RouteOnly => "",
         };
         let seed = HashSeed::new(&pool.model, target.adapter.as_deref().unwrap_or(""), salt);
-        let given = match &req.body {
-            RequestBody::Completion(p) => match p.first() {
-                FirstPrompt::Ids(ids) => Some(ids),
-                FirstPrompt::Text(_) => None,
-            },
-            RequestBody::Chat(_) => None,
-        };
         let cap = pool.prompt_cap();
-        let hashed = match (given, &pool.tokenizer) {
+        let ids = match (given, &pool.tokenizer) {
             (Some(ids), _) => {
                 if let Some(cap) = cap.filter(|&c| ids.len() > c) {
                     return Err(TokenizeError::PromptTooLong {
@@ -124,21 +124,16 @@ pub(crate) fn plan(
                     }
                     .into());
                 }
-                let mut out = Vec::new();
-                ChainHasher::new(seed, pool.block_size).extend(ids, &mut out);
-                Some((out, t))
+                Some((Cow::Borrowed(ids), t))
             }
             (None, Some(tok)) => {
                 let ids = tok.encode_request_capped(req, cap)?;
-                let t = observe(&pool, Phase::Tokenize, t);
-                let mut out = Vec::new();
-                ChainHasher::new(seed, pool.block_size).extend(&ids, &mut out);
-                Some((out, t))
+                Some((Cow::Owned(ids), observe(&pool, Phase::Tokenize, t)))
             }
             (None, None) => None,
         };
-        if let Some((out, t)) = hashed {
-            hashes = out;
+        if let Some((ids, t)) = ids {
+            ChainHasher::new(seed, pool.block_size).extend(&ids, &mut hashes);
             let t = observe(&pool, Phase::Hash, t);
             matches = Some(pool.index.longest_match(&hashes));
             observe(&pool, Phase::Lookup, t);
