@@ -154,16 +154,8 @@ pub(crate) async fn reload(
         let current = pool.policy();
         let (strategy, knobs) = (pc.effective_strategy(), pc.policy_config());
         if current.strategy != strategy || current.config != knobs {
-            pool.switch(strategy, knobs).map_err(|e| match e {
-                SwitchError::Policy(source) => RouterError::Policy {
-                    model: pc.model.clone(),
-                    source,
-                },
-                SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
-                    format!("pool {m:?}"),
-                    "kv_aware needs a tokenizer, and tokenizers load only at start",
-                )),
-            })?;
+            pool.switch(strategy, knobs)
+                .map_err(|e| e.into_router_error(&pc.model))?;
             r.applied.push(format!(
                 "pool {:?}: policy {} -> {}",
                 pc.model, current.strategy, strategy
@@ -171,26 +163,23 @@ pub(crate) async fn reload(
         }
         reload_members(s, pool, pc, &mut r).await;
         let running: Vec<_> = pool.discovery.iter().map(|p| &p.config).collect();
-        if pc.discovery.iter().collect::<Vec<_>>() != running {
-            r.ignored.push(format!(
-                "pool {:?}: discovery changed: needs a restart",
-                pc.model
-            ));
-        }
-        if pc.block_size != pool.block_size {
-            r.ignored.push(format!(
-                "pool {:?}: block_size changed: needs a restart",
-                pc.model
-            ));
-        }
-        if pc.expose_routing_headers != pool.expose_routing_headers
-            || pc.max_prompt_tokens != pool.configured_prompt_cap()
-            || pc.show_prompts != pool.show_prompts
-        {
-            r.ignored.push(format!(
-                "pool {:?}: expose_routing_headers, max_prompt_tokens or show_prompts changed: needs a restart",
-                pc.model
-            ));
+        let changed = [
+            (
+                "discovery",
+                pc.discovery.iter().collect::<Vec<_>>() != running,
+            ),
+            ("block_size", pc.block_size != pool.block_size),
+            (
+                "expose_routing_headers, max_prompt_tokens or show_prompts",
+                pc.expose_routing_headers != pool.expose_routing_headers
+                    || pc.max_prompt_tokens != pool.configured_prompt_cap()
+                    || pc.show_prompts != pool.show_prompts,
+            ),
+        ];
+        for (what, _) in changed.iter().filter(|(_, c)| *c) {
+            let model = &pc.model;
+            r.ignored
+                .push(format!("pool {model:?}: {what} changed: needs a restart"));
         }
     }
     for p in s.pools.all() {

@@ -86,6 +86,22 @@ pub(crate) enum SwitchError {
     Policy(#[from] PolicyError),
 }
 
+impl SwitchError {
+    /// As a start-up (or reload) error of pool `model`.
+    pub(crate) fn into_router_error(self, model: &str) -> RouterError {
+        match self {
+            SwitchError::Policy(source) => RouterError::Policy {
+                model: model.to_owned(),
+                source,
+            },
+            SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
+                format!("pool {m:?} tokenizer"),
+                "kv_aware needs a tokenizer (tokenizers load only at start)",
+            )),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Pool {
     /// The model name (`model` field of requests).
@@ -187,13 +203,7 @@ impl Pool {
             ))),
         };
         pool.switch(cfg.effective_strategy(), cfg.policy_config())
-            .map_err(|e| match e {
-                SwitchError::Policy(source) => RouterError::Policy { model, source },
-                SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
-                    format!("pool {m:?} tokenizer"),
-                    "kv_aware needs a tokenizer",
-                )),
-            })?;
+            .map_err(|e| e.into_router_error(&model))?;
         Ok(pool)
     }
 
