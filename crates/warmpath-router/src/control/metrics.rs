@@ -7,7 +7,6 @@ use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -151,7 +150,7 @@ impl Phase {
 
 /// A pool's per-request series, registered once when the pool is built:
 /// finding a series by its labels costs more than updating it.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct PoolMetrics {
     pub matched_blocks: Histogram,
     pub predicted_tokens: Counter,
@@ -200,12 +199,6 @@ impl PoolMetrics {
     /// Records `took` in `warmpath_router_overhead_seconds{phase}`.
     pub(crate) fn overhead(&self, phase: Phase, took: std::time::Duration) {
         self.overhead[phase as usize].record(took.as_secs_f64());
-    }
-}
-
-impl fmt::Debug for PoolMetrics {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolMetrics").finish_non_exhaustive()
     }
 }
 

@@ -31,7 +31,7 @@ use tracing::Instrument;
 use warmpath_edge::LogEvery;
 
 /// The per-connection service: the proxied paths here, the rest to axum.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Front {
     shared: Arc<Shared>,
     router: Router,
@@ -315,11 +315,5 @@ impl AcceptBackoff {
             self.failures = 0;
             self.delay_ms = 0;
         }
-    }
-}
-
-impl std::fmt::Debug for Front {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Front").finish_non_exhaustive()
     }
 }

@@ -45,6 +45,7 @@ pub(crate) trait AgentLoads: Send + Sync {
 }
 
 /// The load this router put on one backend, and whether it is draining.
+#[derive(Debug)]
 pub(crate) struct Load {
     in_flight_gauge: metrics::Gauge,
     in_flight: AtomicU32,
@@ -54,16 +55,6 @@ pub(crate) struct Load {
     idle: Notify,
     /// Bumped after every change of what routing reads of the backend.
     changes: AtomicU64,
-}
-
-impl std::fmt::Debug for Load {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Load")
-            .field("in_flight", &self.in_flight)
-            .field("pending_prefill", &self.pending_prefill)
-            .field("draining", &self.draining)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Load {

@@ -6,6 +6,7 @@ use crate::control::metrics::Outcome;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Failure counts, probe verdict, ejection and back-off of one backend.
+#[derive(Debug)]
 pub(crate) struct Health {
     healthy_gauge: metrics::Gauge,
     consecutive_failures: AtomicU32,
@@ -20,16 +21,6 @@ pub(crate) struct Health {
     streak: AtomicU32,
     /// [`crate::http::clock::monotonic_ms`] of the last ejection.
     ejected_at_ms: AtomicU64,
-}
-
-impl std::fmt::Debug for Health {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Health")
-            .field("ejected", &self.ejected)
-            .field("probe_ok", &self.probe_ok)
-            .field("ejections", &self.ejections)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Health {
