@@ -44,8 +44,7 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// A started router. Dropping it shuts it down (as does cancelling the token
-/// given to [`start`]); [`RunningRouter::wait`] waits for that.
+/// A started router; dropping it (or cancelling `start`'s token) shuts it down.
 #[derive(Debug)]
 pub struct RunningRouter {
     /// The bound HTTP address (port resolved when 0 was asked for).
@@ -65,8 +64,7 @@ impl RunningRouter {
         self.shared.pools.index_of(model).map(|(index, _)| index)
     }
 
-    /// Applies a re-read configuration (see [`admin::reload`]); returns what
-    /// was applied, then what was not.
+    /// Applies a re-read configuration; returns what was applied, then what was not.
     pub async fn reload(&self, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
         let mut report = admin::reload(&self.shared, config).await?;
         report
@@ -107,8 +105,7 @@ impl Drop for RunningRouter {
     }
 }
 
-/// Validates `config`, builds the pools (loading tokenizers), binds and
-/// starts serving. Everything stops when `shutdown` is cancelled.
+/// Validates `config`, builds the pools, binds and serves until `shutdown`.
 pub async fn start(
     config: RouterConfig,
     shutdown: CancellationToken,

@@ -76,9 +76,7 @@ impl Proxied {
     }
 }
 
-/// Reads the body (capped, with its deadline), plans the request (on the
-/// work pool when the body is large) and forwards it with the plan's body.
-/// `/invocations` forwards no query string.
+/// Reads the body, plans the request (big ones on the work pool) and forwards it.
 pub(crate) async fn serve(
     s: Arc<Shared>,
     proxied: Proxied,
@@ -191,8 +189,7 @@ fn prepare_raw(
         .pool
         .metrics
         .overhead(Phase::Parse, started.elapsed());
-    // A tenant from the API key is a promise of isolation, kept in the
-    // engine too; a client-named one leaves the native body as sent.
+    // Only a tenant from the API key (a promise of isolation) salts the native body.
     let tenants = &target.pool.tenants;
     let salted = tenants.isolation == Isolation::Engine && tenants.from == TenantFrom::ApiKey;
     let body = match (&tenant, salted, fields) {

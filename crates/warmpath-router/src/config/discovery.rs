@@ -59,8 +59,7 @@ impl DnsDiscovery {
 }
 
 impl DiscoveryConfig {
-    /// How often a `dns` provider resolves (2.5 probe intervals), or a
-    /// `kubernetes` one applies its last set again (5).
+    /// How often it resolves (`dns`: 2.5 probe intervals) or re-applies (`kubernetes`: 5).
     pub fn interval(&self, probe_ms: u64) -> Duration {
         let rounds = if self.dns.is_some() { 5 } else { 10 };
         Duration::from_millis(probe_ms.saturating_mul(rounds) / 2)

@@ -5,8 +5,7 @@
 use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 
-/// A worker may hold its engine's reported capacity times this (eviction
-/// and store events come in bursts).
+/// A worker may hold its engine's reported capacity times this (events come in bursts).
 pub(super) const CAPACITY_SLACK: f64 = 1.25;
 
 /// How often holders of cleared workers are compacted away.

@@ -27,8 +27,7 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    // The token before the body: an anonymous client cannot hold a
-    // connection by announcing a body it never sends.
+    // The token before the body: no anonymous client holds a connection open.
     if let Err(e) = crate::control::access::admin(&s, &headers) {
         return e.into_response();
     }
@@ -248,8 +247,7 @@ async fn reload_members(
 /// How long a backend removed from the configuration may finish requests.
 const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// The process-wide settings that differ between the running configuration
-/// and a re-read one: a reload cannot apply them.
+/// The process-wide settings a re-read configuration changes (a reload cannot).
 pub(crate) fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {
     let mut out = Vec::new();
     let mut check = |name: &str, changed: bool| {

@@ -22,8 +22,7 @@ const EJECT_MAX_DOUBLINGS: u64 = 24;
 /// Largest probe or `/v1/models` answer read.
 const MAX_MODELS_BYTES: usize = 1 << 20;
 
-/// Runs the probes every interval until `shutdown`, each round spread over
-/// the interval ([`spread`]) so a large fleet's probes never come as a burst.
+/// Runs the probes every interval until `shutdown`, each round [`spread`] over it.
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let every = Duration::from_millis(shared.config.health.probe_interval_ms);
     let mut next = tokio::time::Instant::now() + every;
@@ -157,8 +156,7 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     };
     match answer {
         Some((status, _)) if status.is_success() => Verdict::Pass,
-        // The engine answered and wants credentials: alive (clients that
-        // bring their own key are served).
+        // The engine answered and wants credentials: alive.
         Some((StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _)) => {
             if !b.endpoint.warned_credentials() {
                 tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(),
@@ -170,8 +168,7 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     }
 }
 
-/// The body of a completion probe: one token after a one-word prompt, shorter
-/// than any KV block, so it leaves nothing in the prefix cache.
+/// A completion probe: one token after a prompt shorter than a KV block (no cache left).
 pub(crate) fn completion_probe(model: &str) -> Bytes {
     Bytes::from(
         json!({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0,

@@ -197,8 +197,7 @@ pub(crate) fn remove(
     Ok(b)
 }
 
-/// After a removal: refuses the worker's agent, counts it, updates
-/// readiness, and purges its index holders off the async threads.
+/// After a removal: refuses its agent, counts it, and purges its index holders.
 pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     if let Some(a) = &s.agents {
         a.remove_worker(&p.model, b.endpoint.id());
@@ -208,8 +207,7 @@ pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     p.compact_removed();
 }
 
-/// Takes a member out of rotation without removing it (its index stays);
-/// refuses the last member in rotation.
+/// Takes a member out of rotation, its index kept; refuses the last one.
 pub(crate) fn set_aside(
     s: &Shared,
     p: &Pool,
@@ -266,8 +264,7 @@ pub(crate) fn drain_request(
     }
 }
 
-/// Starts draining a member; a task removes it once idle (or after
-/// `timeout`), or ends with the router.
+/// Starts draining a member; a task removes it once idle (or after `timeout`).
 pub(crate) fn drain(
     s: &Arc<Shared>,
     p: &Arc<Pool>,

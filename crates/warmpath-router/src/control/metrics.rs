@@ -148,8 +148,7 @@ impl Phase {
     }
 }
 
-/// A pool's per-request series, registered once when the pool is built:
-/// finding a series by its labels costs more than updating it.
+/// A pool's per-request series, registered once (a lookup costs more than an update).
 #[derive(Clone, Debug)]
 pub(crate) struct PoolMetrics {
     pub matched_blocks: Histogram,

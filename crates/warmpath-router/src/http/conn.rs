@@ -198,8 +198,7 @@ impl Activity {
         }
     }
 
-    /// Whether a head is under way while none is being answered: bytes
-    /// written now are hyper's answer to a head it could not parse.
+    /// Whether a head is under way while none is answered (hyper's parse error).
     pub(crate) fn head_pending(&self) -> bool {
         self.busy.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) != 0
     }

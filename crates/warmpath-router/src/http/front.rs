@@ -166,8 +166,7 @@ pub(crate) async fn serve(
                     a
                 }
                 Err(e) => {
-                    // Out of file descriptors, most likely: idle
-                    // connections give theirs back first.
+                    // Out of file descriptors, most likely: idle ones close first.
                     conns.press();
                     backoff.failed(&e).await;
                     continue;
@@ -179,8 +178,7 @@ pub(crate) async fn serve(
             let _ = tcp.try_write(&refusal);
             continue;
         };
-        // Answers stream in small writes: Nagle's algorithm would hold a
-        // chunk until the client's delayed ACK (~40 ms).
+        // Answers stream in small writes: no Nagle delay (~40 ms a chunk).
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
         }
@@ -226,8 +224,7 @@ async fn connection(
     let halt = front.shared.halt.clone();
     let recheck = limits.header_timeout.min(limits.keepalive_idle);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client's end of stream while its answer is awaited means it left:
-    // the handler and its upstream request are dropped, so the engine stops.
+    // A client's end of stream means it left: its upstream request is dropped.
     // hyper's header timer is off: the watchdog enforces the timeouts.
     builder
         .http1()

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 pub(crate) const TENANT_HEADER: &str = "x-prefix-aware-id";
 
-/// The request body bytes the router holds at once, counted as they arrive
-/// and given back when the request that read them ends.
+/// The request body bytes the router holds at once, counted as they arrive.
 #[derive(Debug)]
 pub(crate) struct BodyBudget {
     held: AtomicUsize,
@@ -126,8 +125,7 @@ pub(crate) async fn read_body(
     }
 }
 
-/// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII,
-/// or repeated: which one is meant is unknowable).
+/// The `X-Prefix-Aware-Id` header as text (400 when not visible ASCII, or repeated).
 pub(crate) fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let mut all = headers.get_all(TENANT_HEADER).iter();
     let Some(v) = all.next() else {

@@ -5,8 +5,7 @@
 
 use crate::routing::pool::Pool;
 
-/// The access log's target: off unless `RUST_LOG` names it
-/// (`RUST_LOG=info,warmpath_router::access=info`).
+/// The access log's target: off unless `RUST_LOG` names it.
 pub const ACCESS_TARGET: &str = "warmpath_router::access";
 
 /// Whether access lines are written (read per request: cached by tracing).

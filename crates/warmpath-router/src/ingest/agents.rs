@@ -263,8 +263,7 @@ impl Agents {
         }
     }
 
-    /// Records why a stream of a known agent was refused (unknown agents are
-    /// not added: refusals must not grow the registry).
+    /// Records why a known agent's stream was refused (refusals never grow the registry).
     pub(crate) fn refused(&self, key: &AgentKey, reason: &str) {
         if let Some(e) = self
             .map

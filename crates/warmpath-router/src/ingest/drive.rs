@@ -16,8 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
 
-/// How often a stream checks that it still owns its worker (so one taken over
-/// is closed even when its agent sends nothing more).
+/// How often a stream checks that it still owns its worker (closing one taken over).
 const OWNER_CHECK: Duration = Duration::from_secs(1);
 
 /// What every stream of one service shares.
@@ -113,8 +112,7 @@ pub(super) async fn drive(
         }
         let work = pace::work(&msg);
         if let Work::Replace(kind) = work {
-            // Past its burst, a replacement waits its turn (the stream reads
-            // nothing meanwhile, so later messages wait in order).
+            // Past its burst, a replacement waits its turn (later messages too).
             if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::http::clock::monotonic_ms())
             {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);

@@ -8,12 +8,10 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-/// Streams one HTTP/2 connection may have open at once (tonic's default is
-/// unlimited; an agent opens one per worker).
+/// Streams one HTTP/2 connection may have open at once (an agent opens one per worker).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 
-/// Streams one peer address (an IPv6 /64) may hold before their Hello
-/// authenticated them (each holds a task until then).
+/// Streams one peer address (an IPv6 /64) may hold before their Hello.
 pub(crate) const MAX_UNAUTHENTICATED_PER_PEER: usize = 16;
 
 /// Streams every peer together may hold before authentication.
@@ -32,8 +30,7 @@ pub(crate) fn is_worker_token(t: &str) -> bool {
     })
 }
 
-/// A peer-chosen string as logs show it: its first [`SHOWN_CHARS`]
-/// characters, quoted and escaped (no log line can be forged).
+/// A peer-chosen string as logs show it: cut, quoted and escaped (no forged lines).
 pub(crate) fn shown(s: &str) -> String {
     let mut cut = s
         .char_indices()

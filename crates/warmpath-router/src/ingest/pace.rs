@@ -45,8 +45,7 @@ pub(crate) fn work(m: &AgentMessage) -> Work {
     }
 }
 
-/// How long a replacement at `now_ms` waits, given the worker's pace clock
-/// `tat` (a generic cell rate algorithm).
+/// How long a replacement waits, given the pace clock `tat` (a generic cell rate algorithm).
 pub(crate) fn wait_for(tat: Option<u64>, now_ms: u64) -> Option<Duration> {
     let every = REPLACE_EVERY.as_millis() as u64;
     let ahead = tat?.saturating_sub(now_ms);

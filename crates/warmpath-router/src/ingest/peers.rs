@@ -132,8 +132,7 @@ impl Peers {
         metrics::gauge!("warmpath_replica_sharing_up", "pool" => model.to_owned()).set(n as f64);
     }
 
-    /// Stream `stream` of `worker` is up: facts for the worker go out on
-    /// `tx`, and facts arriving on it count (replacing an older link).
+    /// Stream `stream` of `worker` is up: facts go out on `tx` and arriving ones count.
     pub(crate) fn attach(&self, model: &str, worker: &str, stream: u64, tx: StreamTx) {
         let mut all = self.links.write();
         let map = all.entry(model.to_owned()).or_default();
@@ -191,8 +190,7 @@ impl Peers {
             })
     }
 
-    /// Applies a relayed decision that arrived on stream `stream` of `worker`;
-    /// returns the fact when it is a `start` the pool's policy should record.
+    /// Applies a relayed decision; returns it when it is a `start` for the policy.
     pub(crate) fn receive(
         &self,
         model: &str,

@@ -246,8 +246,7 @@ impl WorkerStream {
             Msg::Snapshot(chunk) => Ok(self.on_snapshot(chunk)),
             Msg::Delta(d) => Ok(self.on_delta(d, now_unix_micros)),
             Msg::Load(mut l) => {
-                // The policy models this many blocks of the engine's cache:
-                // no more than the index would ever hold of it.
+                // The policy models no more of the cache than the index would hold.
                 l.capacity_blocks = l.capacity_blocks.min(self.pool.bounds.max_worker_blocks());
                 self.agents.set_load(&self.key, &l);
                 let capacity = (l.capacity_blocks > 0).then_some(l.capacity_blocks);

@@ -69,8 +69,7 @@ pub(crate) fn compact_due(dir: &dyn PoolDirectory, now_ms: u64, last: &mut Vec<u
     removed
 }
 
-/// Index bytes freed before the sweeper asks the allocator for another
-/// release (one costs milliseconds).
+/// Index bytes freed before the next release (one costs milliseconds).
 pub(crate) const RELEASE_AFTER_BYTES: u64 = 8 << 20;
 
 /// The binary's (release, catch-up) pair; see [`set_memory_release`].
@@ -93,8 +92,7 @@ pub(crate) fn catch_up() {
     }
 }
 
-/// Whether the index memory freed since the last release is worth one
-/// (`high`: the most held since; updated).
+/// Whether the memory freed since the last release is worth one (`high`: most held since).
 pub(crate) fn release_due(high: &mut u64, now: u64) -> bool {
     *high = (*high).max(now);
     if *high - now >= RELEASE_AFTER_BYTES {

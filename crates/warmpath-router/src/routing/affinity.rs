@@ -18,8 +18,7 @@ pub(crate) struct ResponseHomes {
     cap: usize,
     inner: Mutex<Homes>,
     misses: Mutex<Misses>,
-    /// Look-ups asking every backend at once: a flood of unknown ids asks
-    /// the engines at most this many times over.
+    /// Look-ups asking every backend at once (a flood of unknown ids is bounded).
     lookups: tokio::sync::Semaphore,
 }
 
@@ -155,8 +154,7 @@ impl IdTap {
     }
 }
 
-/// The value of the first `"id"` key in `buf`: `None` when none is complete
-/// yet, `Err` when it is not a plain string.
+/// The first `"id"` in `buf`: `None` until complete, `Err` when not a plain string.
 fn first_id(buf: &[u8]) -> Option<Result<String, ()>> {
     const KEY: &[u8] = b"\"id\"";
     let at = memchr::memmem::find(buf, KEY)?;

@@ -94,8 +94,7 @@ impl Load {
     /// Returns once no request is in flight here (at once when none is).
     pub(crate) async fn wait_idle(&self) {
         loop {
-            // Registered before the check, so a guard dropped between the
-            // check and the wait still wakes it.
+            // Registered before the check, so a guard dropped meanwhile wakes it.
             let notified = self.idle.notified();
             if self.in_flight() == 0 {
                 return;
@@ -257,8 +256,7 @@ struct Kept {
     generation: Option<u64>,
     /// The last millisecond every engine report in `loads` is fresh.
     until_ms: u64,
-    /// Whether the policy's last tracked pick saw `loads` but for the
-    /// positions in `changed` (else it compares every load).
+    /// Whether the last tracked pick saw `loads` but for the positions in `changed`.
     known: bool,
     changed: Vec<usize>,
 }

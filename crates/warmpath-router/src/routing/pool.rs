@@ -207,10 +207,8 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Most prompt tokens a request may have: the configured
-    /// `max_prompt_tokens`, else one less than the smallest `max_model_len`
-    /// learned from the engines (vLLM refuses a prompt of `max_model_len`
-    /// tokens or more), else no cap.
+    /// Most prompt tokens a request may have: `max_prompt_tokens`, else the
+    /// engines' smallest `max_model_len` - 1 (vLLM refuses more).
     pub(crate) fn prompt_cap(&self) -> Option<usize> {
         self.max_prompt_tokens.or_else(|| {
             let n = self.learned_context.load(Ordering::Relaxed);
@@ -260,8 +258,7 @@ impl Pool {
         room
     }
 
-    /// Held while a failure may eject a member, so that two at once cannot
-    /// both pass [`Pool::room_to_eject`].
+    /// Held while a failure may eject a member (two cannot both pass the room check).
     pub(crate) fn ejecting(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.ejecting.lock()
     }
@@ -297,8 +294,7 @@ impl Pool {
         Ok(old.strategy)
     }
 
-    /// Builds the policy over `backends` and swaps it in; the caller holds
-    /// `changing`. Returns the state it replaced.
+    /// Builds the policy over `backends` and swaps it in (the caller holds `changing`).
     fn install(
         &self,
         strategy: Strategy,
@@ -314,9 +310,8 @@ impl Pool {
         std::mem::replace(&mut *self.policy.write(), Arc::new(new))
     }
 
-    /// Rebuilds the current policy over `backends` (the caller holds
-    /// `changing`): it carries what it keeps per worker over by worker id
-    /// (`Learns::carried`; kv_aware's homes, loads and pressure).
+    /// Rebuilds the current policy over `backends`, carrying what it learned
+    /// per worker id (`Learns::carried`); the caller holds `changing`.
     fn set_members(&self, backends: Vec<Arc<Backend>>) -> Result<(), MemberError> {
         let cur = self.policy();
         let backends: Arc<[Arc<Backend>]> = backends.into();
@@ -415,8 +410,7 @@ impl Pool {
         Ok(b)
     }
 
-    /// Purges the holders of removed workers on the blocking pool, one pass
-    /// per pool at a time; a call while a pass runs makes it run once more.
+    /// Purges removed workers' holders on the blocking pool, one pass at a time.
     pub(crate) fn compact_removed(self: &Arc<Self>) {
         if self.index.awaiting_compaction() == 0 {
             return;
@@ -526,8 +520,7 @@ impl Pools {
             .ok_or_else(|| ApiError::unknown_model(model))
     }
 
-    /// The pool serving `model`: a base model, or a LoRA adapter served by
-    /// at least one backend of a pool.
+    /// The pool serving `model`: a base model, or a LoRA adapter of a backend.
     pub(crate) fn resolve(&self, model: &str) -> Option<Target> {
         if let Some(pool) = self.by_model.get(model) {
             return Some(Target {

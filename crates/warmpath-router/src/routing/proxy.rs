@@ -106,8 +106,7 @@ fn engine_fault(status: StatusCode) -> bool {
     matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
-/// Marks `resp` with its routing: the `Routed` extension, and the headers
-/// where the pool exposes them.
+/// Marks `resp` with its routing (and its headers, where the pool shows them).
 fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision) {
     resp.extensions_mut().insert(Routed {
         pool: Arc::clone(pool),
@@ -184,12 +183,10 @@ pub(crate) async fn forward(
         let limit = up.first_byte_timeout;
         let queued_behind = backend.load.in_flight() > 1;
         let Ok(answer) = tokio::time::timeout(limit, up.client.request(req)).await else {
-            // Dropping the request closes its connection: the backend sees
-            // the client leave, as it would from a real client.
+            // Dropping the request closes its connection: the engine stops.
             tracing::warn!(pool = %pool.model, backend = %backend.endpoint.id(), ?limit,
                 "no answer from the backend in time; not retried");
-            // Waiting behind this router's other requests there proves
-            // a queue, not a broken engine.
+            // Waiting behind this router's other requests proves a queue, not a fault.
             if !queued_behind && backend.load.in_flight() <= 1 {
                 count_failure(up, pool, &backend);
             }
@@ -205,12 +202,10 @@ pub(crate) async fn forward(
             Ok(resp) => {
                 let status = resp.status();
                 if engine_fault(status) {
-                    // Passed through, not retried (the request may have
-                    // had effects), but counted toward ejection.
+                    // Passed through, not retried (it may have had effects).
                     count_failure(up, pool, &backend);
                 }
-                // Otherwise a success once the whole body is through: an
-                // answer that stalls after its headers is a failure.
+                // Otherwise a success once the whole body is through.
                 pool.metrics.count(strategy, decision.kind.as_str(), status);
                 let matched = u64::from(decision.matched_blocks);
                 pool.metrics.matched_blocks.record(matched as f64);
@@ -326,8 +321,7 @@ fn ended(held: &mut Held, ok: bool) {
     }
 }
 
-/// Remembers which backend gave a `/v1/responses` answer its id, read from
-/// the answer's first bytes.
+/// Remembers which backend gave a `/v1/responses` answer its id.
 struct Remember(Option<(IdTap, Arc<Pool>)>);
 
 impl Layer for Remember {
@@ -493,8 +487,7 @@ impl HttpBody for TrackedBody {
                 Cut::Stalled => ApiError::upstream_timeout(message),
                 Cut::Failed(_) => ApiError::upstream(message),
             };
-            // Close an event the backend left half-sent first, so that the
-            // error stands as an event of its own.
+            // Close an event the backend left half-sent first.
             let open = match this.tail {
                 [b'\n', b'\n'] => "",
                 [_, b'\n'] => "\n",

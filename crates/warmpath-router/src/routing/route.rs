@@ -192,8 +192,7 @@ pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     Plan::new(target, tenant, PrefixKey(0), policy)
 }
 
-/// The live loads of `plan`'s backends (its policy snapshot), with draining
-/// backends and backends not serving its adapter marked ineligible.
+/// The live loads of `plan`'s backends, those that cannot take it ineligible.
 pub(crate) fn loads(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
     with_adjusted(plan, &[], agents, false, <[BackendLoad]>::to_vec)
 }
@@ -329,8 +328,7 @@ pub(crate) fn pick(
     checked(plan, res)
 }
 
-/// The backend [`pick`] would choose for `plan` now, recording nothing;
-/// ties go by the prefix key, so the same query in the same state agrees.
+/// The backend [`pick`] would choose now, recording nothing (ties by the prefix key).
 pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
     let loads = loads(plan, agents);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);

@@ -20,8 +20,7 @@ pub(crate) struct Fact {
 
 /// Where routing's decisions go.
 pub(crate) trait DecisionSink: Send + Sync {
-    /// Tells the other replicas a request started; the handle reports its
-    /// first byte, and its end when dropped.
+    /// Tells the other replicas a request started; the handle tells the rest.
     fn start(&self, model: &str, fact: Fact) -> Option<Box<dyn SharedRequest>>;
 }
 

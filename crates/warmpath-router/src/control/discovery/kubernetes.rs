@@ -39,14 +39,12 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(800);
 /// Longest wait to connect, and for one list.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Events within this window are applied together, so a slice split does not
-/// drain an endpoint that only moved.
+/// Events within this window are applied together (a slice split moves endpoints).
 const SETTLE: Duration = Duration::from_millis(200);
 
 /// A client for the process's API server.
 async fn client() -> Result<kube::Client, DiscoveryError> {
-    // A watch is silent between events: the server ends it after
-    // `WATCH_TIMEOUT_S`, so a read waits that long and a margin.
+    // A watch is silent between events until the server ends it.
     let read = Duration::from_secs(WATCH_TIMEOUT_S.into()) + TIMEOUT;
     let made = crate::ingest::pods::kube_client(TIMEOUT, read).await;
     made.map_err(DiscoveryError::Setup)
@@ -264,8 +262,7 @@ pub(crate) async fn run(
     }
 }
 
-/// Doubling waits from `first` up to [`MAX_BACKOFF`], with jitter so routers
-/// restarted together spread out; reset by every event.
+/// Doubling waits up to [`MAX_BACKOFF`], jittered; reset by every event.
 #[derive(Debug)]
 struct Backoff {
     first: Duration,

@@ -56,8 +56,7 @@ async fn answer(
     }
 }
 
-/// One round of every provider of every pool, before the router serves, so a
-/// pool made only of discovered backends can route from the first request.
+/// One round of every provider before the router serves (discovered-only pools route at once).
 pub(crate) async fn first_round(s: &Arc<Shared>) {
     let probe_ms = s.config.health.probe_interval_ms;
     let rounds = s.pools.all().iter().flat_map(|pool| {

@@ -9,8 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use warmpath_core::WorkerSlot;
 
-/// Where a member came from: a reload only adds and removes `Config`
-/// members, a discovery provider only its own.
+/// Where a member came from: a reload or provider changes only its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Origin {
     /// The configuration file or flags.

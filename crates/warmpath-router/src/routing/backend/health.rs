@@ -54,8 +54,7 @@ impl Health {
         self.is_healthy() && self.probe_ok.load(Ordering::Relaxed)
     }
 
-    /// Records a failure, ejecting only if `room()` says the pool may lose
-    /// another member; true when this ejected it.
+    /// Records a failure, ejecting only if `room()` allows; true when it ejected.
     pub(super) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         n >= eject_after && self.is_healthy() && room() && self.eject(eject_after)
@@ -98,8 +97,7 @@ impl Health {
         back
     }
 
-    /// When an ejected backend's back-off ends: `base_ms` doubled per
-    /// unforgiven ejection, at most `max_ms`.
+    /// When the back-off ends: `base_ms` doubled per unforgiven ejection, at most `max_ms`.
     pub(crate) fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
         let doublings = self.ejections.load(Ordering::Relaxed).saturating_sub(1);
         let backoff = base_ms

@@ -46,8 +46,7 @@ impl Backend {
         self.load.retire();
     }
 
-    /// Records a failure (a refused connect, a 5xx answer, an exchange that
-    /// broke after it was sent); returns true when this ejected the backend.
+    /// Records a failure; true when this ejected the backend.
     #[cfg(test)]
     pub(crate) fn failed(&self, eject_after: u32) -> bool {
         self.failed_within(eject_after, || true)
@@ -62,8 +61,7 @@ impl Backend {
         ejected
     }
 
-    /// Records a failed active probe; returns true when this ejected the
-    /// backend (`eject_after` failed probes in a row).
+    /// Records a failed active probe; true when this ejected the backend.
     #[cfg(test)]
     pub(crate) fn probe_failed(&self, eject_after: u32) -> bool {
         self.probe_failed_within(eject_after, || true)
@@ -117,8 +115,7 @@ impl Member for Backend {
     }
 }
 
-/// One request in flight on a backend; dropping it ends the request and
-/// counts its [`Outcome`] (`cancelled` unless told otherwise).
+/// One request in flight on a backend; dropping it ends it and counts its [`Outcome`].
 #[derive(Debug)]
 pub(crate) struct FlightGuard {
     backend: Arc<Backend>,
