@@ -41,7 +41,6 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     }
 }
 
-/// Every backend of every pool as of now.
 fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
     let mut all = Vec::new();
     for p in shared.pools.all() {

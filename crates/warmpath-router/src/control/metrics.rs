@@ -120,11 +120,9 @@ pub(crate) enum Phase {
     Parse,
     /// Rendering and tokenizing.
     Tokenize,
-    /// Block hashing.
     Hash,
     /// The index match.
     Lookup,
-    /// The policy's pick.
     Pick,
 }
 
@@ -164,7 +162,6 @@ pub(crate) struct PoolMetrics {
 type RequestLabels = (&'static str, &'static str, u16);
 
 impl PoolMetrics {
-    /// Registers the series of pool `model`.
     pub(crate) fn new(model: &str) -> Self {
         PoolMetrics {
             matched_blocks: metrics::histogram!("warmpath_matched_blocks", "pool" => model.to_owned()),
@@ -269,7 +266,6 @@ pub(crate) fn membership_change(model: &str, op: &'static str) {
         .increment(1);
 }
 
-/// `warmpath_ready`.
 pub(crate) fn ready() -> Gauge {
     metrics::gauge!("warmpath_ready")
 }

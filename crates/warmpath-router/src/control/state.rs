@@ -22,7 +22,6 @@ pub(crate) struct Shared {
     pub pools: Arc<Pools>,
     /// The upstream side: client, credentials, deadlines, ejection rules.
     pub upstream: Arc<Upstream>,
-    /// The validated configuration as started.
     pub config: RouterConfig,
     /// The `Host` names answered, when the listener is loopback.
     pub hosts: Option<Vec<String>>,
@@ -32,7 +31,6 @@ pub(crate) struct Shared {
     pub agents: Option<Arc<Agents>>,
     /// Start time, for uptime and event ages.
     pub started: Instant,
-    /// Where big bodies are routed.
     pub work: WorkPool,
     /// The request bodies held at once (32 `max_body_bytes`).
     pub bodies: Arc<BodyBudget>,
@@ -92,7 +90,6 @@ impl Shared {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// Marks the start of a shutdown.
     pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
     }

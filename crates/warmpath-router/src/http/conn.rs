@@ -20,9 +20,7 @@ const PRESSURE_IDLE_MS: u64 = 1_000;
 pub(crate) struct ConnLimits {
     /// From a request head's first byte to its end (and from accept to it).
     pub header_timeout: Duration,
-    /// Longest idle keep-alive.
     pub keepalive_idle: Duration,
-    /// Most connections open at once.
     pub max_connections: usize,
     /// Longest a write to the client may wait (it reads nothing).
     pub send_timeout: Duration,
@@ -97,7 +95,6 @@ impl Conns {
         self.pressure.notified()
     }
 
-    /// Waits until every connection has closed.
     pub(crate) async fn all_closed(&self) {
         loop {
             let closed = self.closed.notified();
@@ -117,7 +114,6 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// The set it is counted in.
     pub(crate) fn conns(&self) -> &Arc<Conns> {
         &self.conns
     }

@@ -13,7 +13,6 @@ use warmpath_edge::{ErrorBody, ErrorCode};
 /// Why the router could not start (or reload).
 #[derive(Debug, Error)]
 pub enum RouterError {
-    /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// A pool's tokenizer could not be loaded.

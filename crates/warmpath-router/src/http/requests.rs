@@ -72,7 +72,6 @@ pub(crate) struct Record {
     pub routed: Option<Routed>,
     /// A proxied endpoint (counted in the duration histogram).
     pub proxied: bool,
-    /// Write the access-log line.
     pub access_log: bool,
     pub span: Span,
 }

@@ -29,7 +29,6 @@ pub struct AgentStatus {
     pub epoch: u64,
     /// Tokens per block the agent learned from its engine (0 = not yet).
     pub block_size: u32,
-    /// Whether a stream is open now.
     pub connected: bool,
     /// Last applied snapshot/delta sequence.
     pub last_seq: Option<u64>,
@@ -91,7 +90,6 @@ impl Live {
         self.replaced_ms.store(tat, Ordering::Relaxed);
     }
 
-    /// Whether stream `id` still owns the worker.
     pub(crate) fn owned_by(&self, id: u64) -> bool {
         self.owner.load(Ordering::Acquire) == id
     }
@@ -101,7 +99,6 @@ impl Live {
         self.owner.load(Ordering::Acquire) == REMOVED
     }
 
-    /// A message arrived.
     pub(crate) fn heard(&self, now_ms: u64) {
         self.last_heard_ms.store(now_ms, Ordering::Relaxed);
     }

@@ -29,7 +29,6 @@ pub(crate) enum Work {
     Replace(&'static str),
 }
 
-/// What `m` asks of the index.
 pub(crate) fn work(m: &AgentMessage) -> Work {
     match &m.msg {
         Some(Msg::Snapshot(c)) if c.last => Work::Replace("snapshot"),
@@ -66,7 +65,6 @@ pub(crate) struct Gates {
 }
 
 impl Gates {
-    /// The gate of pool `model`.
     pub(crate) fn of(&self, model: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut m = self.by_pool.lock();
         if let Some(g) = m.get(model) {

@@ -193,12 +193,10 @@ impl WorkerStream {
         })
     }
 
-    /// This stream's id in the agent registry.
     pub(crate) fn stream_id(&self) -> u64 {
         self.stream_id
     }
 
-    /// Whether this stream still owns its worker.
     pub(crate) fn owns(&self) -> bool {
         self.live.owned_by(self.stream_id)
     }

@@ -54,7 +54,6 @@ impl ResponseHomes {
         }
     }
 
-    /// Records that `worker` stored response `id`.
     pub(crate) fn remember(&self, id: &str, worker: &str) {
         let mut h = self.inner.lock();
         if let Some(w) = h.by_id.get_mut(id) {
@@ -79,7 +78,6 @@ impl ResponseHomes {
             .is_some_and(|&t| t > now_ms)
     }
 
-    /// Notes that no backend had `id`.
     pub(crate) fn miss(&self, id: &str, now_ms: u64) {
         let mut m = self.misses.lock();
         if m.by_id
@@ -107,7 +105,6 @@ impl ResponseHomes {
             .ok()
     }
 
-    /// The worker that stored `id`, if known.
     pub(crate) fn holder(&self, id: &str) -> Option<String> {
         self.inner.lock().by_id.get(id).cloned()
     }

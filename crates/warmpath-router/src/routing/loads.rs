@@ -235,7 +235,6 @@ impl EngineCell {
 
 /// A pool member as the board reads it (implemented by `Backend`).
 pub(crate) trait Member {
-    /// The load this router put on it.
     fn load(&self) -> &Load;
     /// Its worker id, the agents' key.
     fn worker(&self) -> &str;

@@ -263,7 +263,6 @@ impl Pool {
         self.ejecting.lock()
     }
 
-    /// The member with worker id `id`.
     pub(crate) fn backend(&self, id: &str) -> Option<Arc<Backend>> {
         self.backends()
             .iter()
@@ -509,7 +508,6 @@ impl Pools {
         &self.list
     }
 
-    /// The pool of base model `model`.
     pub(crate) fn get(&self, model: &str) -> Option<&Arc<Pool>> {
         self.by_model.get(model)
     }

@@ -17,9 +17,7 @@ pub(crate) struct ProviderStatus {
     pub last_result: Vec<String>,
     /// The last error, until an answer is applied again.
     pub last_error: Option<String>,
-    /// Rounds that produced an answer.
     pub resolutions: u64,
-    /// Rounds that failed.
     pub errors: u64,
     /// Rounds whose answer changed the members.
     pub changes: u64,

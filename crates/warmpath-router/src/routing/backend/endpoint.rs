@@ -80,7 +80,6 @@ impl Endpoint {
         }
     }
 
-    /// Worker id (the agent's id; `x-warmpath-backend`).
     pub(crate) fn id(&self) -> &str {
         &self.id
     }
@@ -89,7 +88,6 @@ impl Endpoint {
         &self.url
     }
 
-    /// Slot in the pool's cache index.
     pub(crate) fn slot(&self) -> WorkerSlot {
         self.slot
     }
