@@ -1,6 +1,5 @@
-//! A pool's `index:` section: the bounds of its cache index (issue 17), so
-//! that no agent can grow the router's memory past what its engines could
-//! really cache.
+//! A pool's `index:` section: the bounds of its cache index, so that no
+//! agent can grow the router's memory past what its engines could cache.
 
 use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};

@@ -241,20 +241,6 @@ fn with_adjusted<R>(
     f(&read(plan, agents, false, |all, _| adjusted(all)))
 }
 
-/// Asks the policy with this request's own loads ([`with_adjusted`]).
-fn pick_adjusted(
-    plan: &Plan,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-    input: &RouteInput<'_>,
-    rng: &mut dyn rand::RngCore,
-    panic: bool,
-) -> Result<Decision, PolicyError> {
-    with_adjusted(plan, excluded, agents, panic, |all| {
-        plan.policy.policy.pick(input, &Loads::new(all), rng)
-    })
-}
-
 /// Whether position `i` of `plan`'s snapshot may take it.
 fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
     plan.policy.backends[i].health.is_healthy() && could_take(plan, excluded, i)
@@ -310,7 +296,9 @@ pub(crate) fn pick(
                 .pick(&input, &Loads { all, changed }, &mut *rng)
         })
     } else {
-        pick_adjusted(plan, excluded, agents, &input, &mut *rng, false)
+        with_adjusted(plan, excluded, agents, false, |all| {
+            policy.policy.pick(&input, &Loads::new(all), &mut *rng)
+        })
     };
     let res = match res {
         Err(PolicyError::NoBackend)
@@ -320,7 +308,9 @@ pub(crate) fn pick(
         {
             metrics::counter!("warmpath_panic_routed_total", "pool" => pool.model.clone())
                 .increment(1);
-            pick_adjusted(plan, excluded, agents, &input, rng, true)
+            with_adjusted(plan, excluded, agents, true, |all| {
+                policy.policy.pick(&input, &Loads::new(all), rng)
+            })
         }
         r => r,
     };
