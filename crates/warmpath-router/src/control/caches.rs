@@ -3,9 +3,10 @@
 //! `GET /cache-index`.
 
 use crate::control::state::Shared;
-use serde_json::{json, Value};
+use serde::Serialize;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One cache's counters, as `GET /cache-index` lists them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct CacheReport {
     pub pool: String,
     /// Which cache (module docs).
@@ -15,19 +16,6 @@ pub(crate) struct CacheReport {
     /// Lookups that did not (the work was done, and usually kept).
     pub misses: u64,
     pub entries: usize,
-}
-
-impl CacheReport {
-    /// As listed by `GET /cache-index`.
-    pub(crate) fn to_json(&self) -> Value {
-        json!({
-            "pool": self.pool,
-            "cache": self.cache,
-            "hits": self.hits,
-            "misses": self.misses,
-            "entries": self.entries,
-        })
-    }
 }
 
 /// Every pool's caches' counters (a pool without a tokenizer has none).

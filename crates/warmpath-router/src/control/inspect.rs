@@ -183,10 +183,7 @@ pub(crate) fn snapshot(s: &Shared, top: usize) -> Value {
     let top = top.min(crate::routing::hot::DEFAULT_CAPACITY);
     update_gauges(s);
     let pools: Vec<Value> = s.pools.all().iter().map(|p| pool_view(s, p, top)).collect();
-    let caches: Vec<Value> = crate::control::caches::report(s)
-        .iter()
-        .map(crate::control::caches::CacheReport::to_json)
-        .collect();
+    let caches = crate::control::caches::report(s);
     json!({
         "uptime_s": s.started.elapsed().as_secs_f64(),
         "pools": pools,
