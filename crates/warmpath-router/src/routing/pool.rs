@@ -157,14 +157,11 @@ impl Pool {
             let url = BackendUrl::parse(&b.url).map_err(|e| {
                 crate::config::invalid(format!("pool {model:?} backend"), e.to_string())
             })?;
-            let slot = index
-                .register_worker(b.id())
-                .map_err(|source| RouterError::Index {
+            let slot =
+                register(&index, &cfg.index, b.id()).map_err(|source| RouterError::Index {
                     model: model.clone(),
                     source,
                 })?;
-            // Until its agent reports a capacity.
-            let _ = index.set_worker_cap(slot, Some(cfg.index.worker_cap(None)));
             backends.push(Arc::new(Backend::new(&model, b, url, slot, Origin::Config)));
         }
         let backends: Arc<[Arc<Backend>]> = backends.into();
@@ -345,11 +342,7 @@ impl Pool {
                 worker_id: id.to_owned(),
             });
         }
-        let slot = self.index.register_worker(id)?;
-        // Until its agent reports a capacity.
-        let _ = self
-            .index
-            .set_worker_cap(slot, Some(self.index_bounds.worker_cap(None)));
+        let slot = register(&self.index, &self.index_bounds, id)?;
         let b = Arc::new(Backend::new(&self.model, cfg, url, slot, origin));
         members.push(Arc::clone(&b));
         if let Err(e) = self.set_members(members) {
@@ -462,6 +455,17 @@ impl Pool {
 struct Compaction {
     running: AtomicBool,
     again: AtomicBool,
+}
+
+/// Registers worker `id` in `index`, capped as one whose capacity is not known yet.
+fn register(
+    index: &CacheIndex,
+    bounds: &IndexSettings,
+    id: &str,
+) -> Result<warmpath_core::WorkerSlot, warmpath_core::IndexError> {
+    let slot = index.register_worker(id)?;
+    let _ = index.set_worker_cap(slot, Some(bounds.worker_cap(None)));
+    Ok(slot)
 }
 
 /// What a policy is built from: each member's id and index slot.
