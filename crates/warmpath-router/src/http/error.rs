@@ -2,7 +2,7 @@
 //! OpenAI's error shape (`{"error":{"message","type","param","code"}}`).
 
 use crate::config::ConfigError;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::path::PathBuf;
 use thiserror::Error;
@@ -227,32 +227,22 @@ pub(crate) fn method_not_allowed(allow: &'static str) -> Response {
         message,
     );
     let mut resp = e.into_response();
-    resp.headers_mut().insert(
-        axum::http::header::ALLOW,
-        axum::http::HeaderValue::from_static(allow),
-    );
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
     resp
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
+        let h = resp.headers_mut();
+        if self.code == "overloaded" {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         // After a 408 the rest of the body may still come, and after a
         // shutdown's 503 nothing more is served: close the connection.
-        if self.code == "overloaded" {
-            resp.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
-        }
-        if matches!(
-            (self.status, self.code),
-            (StatusCode::REQUEST_TIMEOUT, _) | (_, "shutting_down")
-        ) {
-            resp.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
+        if self.status == StatusCode::REQUEST_TIMEOUT || self.code == "shutting_down" {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }
