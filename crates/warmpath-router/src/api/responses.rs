@@ -4,6 +4,7 @@
 //! once, so a flood of unknown ids cannot multiply into the engines.
 
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
 use crate::http::incoming::{path_and_query, Held};
 use crate::routing::backend::Backend;
@@ -45,7 +46,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             return ("known", remembered);
         }
     }
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     if pool.responses.missed(id, now) {
         return ("unknown", None);
     }
@@ -61,7 +62,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             ("located", Some(w))
         }
         None => {
-            pool.responses.miss(id, crate::http::clock::monotonic_ms());
+            pool.responses.miss(id, monotonic_ms());
             match remembered {
                 Some(_) => ("gone", None),
                 None => ("unknown", None),

@@ -5,6 +5,7 @@
 use crate::config::ProbeKind;
 use crate::control::readiness;
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::routing::backend::Backend;
 use crate::routing::pool::Pool;
 use axum::http::{header, Method, Request, StatusCode};
@@ -88,7 +89,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     let h = &shared.config.health;
     let ejected = !b.health.is_healthy();
     if ejected
-        && crate::http::clock::monotonic_ms()
+        && monotonic_ms()
             < b.health.readmit_at_ms(
                 h.first_ejection_ms(),
                 h.first_ejection_ms().saturating_mul(EJECT_MAX_DOUBLINGS),

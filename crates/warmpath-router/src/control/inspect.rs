@@ -4,6 +4,7 @@
 
 use crate::config::TenantsConfig;
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
 use crate::http::incoming::{tenant_header, Held};
 use crate::http::tenancy;
@@ -54,7 +55,7 @@ pub(crate) async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 
 /// Refreshes the index gauges of every pool (also done on each scrape).
 pub(crate) fn update_gauges(s: &Shared) {
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     for p in s.pools.all() {
         metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
             .set(p.index.entries() as f64);
@@ -75,7 +76,7 @@ pub(crate) fn update_gauges(s: &Shared) {
 }
 
 fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     let stats = p.index.worker_stats(now);
     let workers: Vec<Value> = p
         .backends()

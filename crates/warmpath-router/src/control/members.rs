@@ -4,6 +4,7 @@
 
 use crate::config::BackendConfig;
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
 use crate::routing::backend::{Backend, Origin};
 use crate::routing::pool::{MemberError, Pool};
@@ -130,7 +131,7 @@ fn unmark(p: &Pool, id: &str) {
 }
 
 pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     let members: Vec<Value> = p
         .backends()
         .iter()
@@ -160,7 +161,7 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
     match add_member(s, p, &cfg, Origin::Admin).await {
         Ok(b) => (
             StatusCode::CREATED,
-            Json(member_view(s, p, &b, crate::http::clock::monotonic_ms())),
+            Json(member_view(s, p, &b, monotonic_ms())),
         )
             .into_response(),
         Err(e) => e.response(),

@@ -8,6 +8,7 @@ use super::directory::PoolDirectory;
 use super::guard::{shown, LogEvery};
 use super::pace::{self, Gates, Work};
 use super::stream::{Refusal, WorkerStream};
+use crate::http::clock::monotonic_ms;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -58,12 +59,7 @@ pub(super) async fn drive(
         let _ = tx.send(Ok(r.answer())).await;
         return;
     };
-    let mut ws = match WorkerStream::open(
-        pool,
-        Arc::clone(&agents),
-        &hello,
-        crate::http::clock::monotonic_ms(),
-    ) {
+    let mut ws = match WorkerStream::open(pool, Arc::clone(&agents), &hello, monotonic_ms()) {
         Ok(ws) => ws,
         Err(r) => {
             log_refusal(&refusals, &r);
@@ -113,8 +109,7 @@ pub(super) async fn drive(
         let work = pace::work(&msg);
         if let Work::Replace(kind) = work {
             // Past its burst, a replacement waits its turn (later messages too).
-            if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::http::clock::monotonic_ms())
-            {
+            if let Some(wait) = pace::wait_for(ws.replaced_at(), monotonic_ms()) {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
                 if let Some(suppressed) = throttled_log.ready() {
                     tracing::warn!(
@@ -130,15 +125,9 @@ pub(super) async fn drive(
                     () = tx.closed() => break,
                 }
             }
-            ws.set_replaced(pace::next_tat(
-                ws.replaced_at(),
-                crate::http::clock::monotonic_ms(),
-            ));
+            ws.set_replaced(pace::next_tat(ws.replaced_at(), monotonic_ms()));
         }
-        let (now_ms, now_unix) = (
-            crate::http::clock::monotonic_ms(),
-            warmpath_proto::unix_micros(),
-        );
+        let (now_ms, now_unix) = (monotonic_ms(), warmpath_proto::unix_micros());
         let answer = match work {
             Work::Light => ws.on_message(msg, now_ms, now_unix),
             Work::Big | Work::Replace(_) => {

@@ -6,6 +6,7 @@
 use super::directory::PoolDirectory;
 use super::pace::Gates;
 use crate::config::COMPACT_INTERVAL_MS;
+use crate::http::clock::monotonic_ms;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -123,14 +124,8 @@ fn round(
     models.sort();
     let held: Vec<_> = models.iter().map(|m| gates.of(m)).collect();
     let _guards: Vec<_> = held.iter().map(|g| g.blocking_lock()).collect();
-    sweep(
-        dir,
-        stale_after,
-        drop_after,
-        crate::http::clock::monotonic_ms(),
-        &mut r.cleared,
-    );
-    compact_due(dir, crate::http::clock::monotonic_ms(), &mut r.compacted);
+    sweep(dir, stale_after, drop_after, monotonic_ms(), &mut r.cleared);
+    compact_due(dir, monotonic_ms(), &mut r.compacted);
     let bytes = dir.pools().iter().map(|p| p.index.estimated_bytes()).sum();
     if release_due(&mut r.high, bytes) {
         if let Some((release, _)) = RELEASE.get() {

@@ -3,6 +3,7 @@
 //! caller ([`super::Backend`]) counts it as a change of the load.
 
 use crate::control::metrics::Outcome;
+use crate::http::clock::monotonic_ms;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Failure counts, probe verdict, ejection and back-off of one backend.
@@ -128,8 +129,7 @@ impl Health {
         } else {
             self.ejections.fetch_add(1, Ordering::Relaxed);
         }
-        self.ejected_at_ms
-            .store(crate::http::clock::monotonic_ms(), Ordering::Relaxed);
+        self.ejected_at_ms.store(monotonic_ms(), Ordering::Relaxed);
         self.ejections_total.increment(1);
         self.update_gauge();
         true
