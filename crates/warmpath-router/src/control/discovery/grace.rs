@@ -68,35 +68,27 @@ pub(super) fn missing(
         return false; // drained by someone else: that drain removes it
     }
     let grace = p.grace(s.config.health.probe_interval_ms);
-    match verdict(since.map(|t| now.saturating_duration_since(t)), grace) {
-        Verdict::Wait => false,
-        Verdict::SetAside => match crate::control::members::set_aside(s, pool, b.endpoint.id()) {
-            Ok(_) => {
-                p.vanished.mark(b, now);
-                tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(),
-                    grace_ms = grace.as_millis() as u64,
-                    "backend gone from the answer: out of rotation, index kept until the grace ends");
-                true
-            }
-            Err(e) => {
-                tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), error = %e, "backend gone from the answer kept");
-                false
-            }
-        },
-        Verdict::Drain => {
-            p.vanished.forget(b.endpoint.id());
-            match crate::control::members::drain(s, pool, b.endpoint.id(), DRAIN_VANISHED) {
-                Ok(_) => {
-                    tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), "backend gone from the answer past its grace: draining");
-                    true
-                }
-                Err(e) => {
-                    tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), error = %e, "backend gone from the answer kept");
-                    false
-                }
-            }
+    let id = b.endpoint.id();
+    let (done, what) = match verdict(since.map(|t| now.saturating_duration_since(t)), grace) {
+        Verdict::Wait => return false,
+        Verdict::SetAside => {
+            let set = crate::control::members::set_aside(s, pool, id);
+            let what = "out of rotation, index kept until the grace ends";
+            (set.map(|_| p.vanished.mark(b, now)), what)
         }
+        Verdict::Drain => {
+            p.vanished.forget(id);
+            let drained = crate::control::members::drain(s, pool, id, DRAIN_VANISHED);
+            (drained.map(|_| ()), "past its grace: draining")
+        }
+    };
+    match &done {
+        Ok(()) => tracing::info!(pool = %pool.model, provider = %p.name, backend = %id,
+            grace_ms = grace.as_millis() as u64, "backend gone from the answer: {what}"),
+        Err(e) => tracing::warn!(pool = %pool.model, provider = %p.name, backend = %id,
+            error = %e, "backend gone from the answer kept"),
     }
+    done.is_ok()
 }
 
 #[cfg(test)]
