@@ -91,15 +91,9 @@ fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
     let Some(pool) = s.pools.get(model) else {
         return ApiError::unknown_model(model).into_response();
     };
-    let req: StrategyBody = match serde_json::from_slice(body) {
+    let req: StrategyBody = match members::json_body(body, r#"{"strategy": "..."}"#) {
         Ok(b) => b,
-        Err(e) => {
-            return ApiError::bad_request(
-                "invalid_json",
-                format!("body must be {{\"strategy\": \"...\"}}: {e}"),
-            )
-            .into_response()
-        }
+        Err(e) => return e,
     };
     let strategy: Strategy = match req.strategy.parse() {
         Ok(st) => st,

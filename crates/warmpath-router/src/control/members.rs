@@ -73,6 +73,17 @@ pub(crate) fn resource<'a>(rest: &'a str, models: &[&str]) -> Option<Resource<'a
     None
 }
 
+/// An admin body of the given `shape`, or the 400 naming it.
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    shape: &str,
+) -> Result<T, Response> {
+    serde_json::from_slice(body).map_err(|e| {
+        let message = format!("body must be {shape}: {e}");
+        ApiError::bad_request("invalid_json", message).into_response()
+    })
+}
+
 pub(crate) fn not_found(message: String) -> Response {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", message).into_response()
 }
@@ -141,17 +152,10 @@ pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
 }
 
 pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response {
-    let req: AddBody = match serde_json::from_slice(body) {
+    let shape = r#"{"url": "http://HOST:PORT", "worker_id": "..."}"#;
+    let req: AddBody = match json_body(body, shape) {
         Ok(b) => b,
-        Err(e) => {
-            return ApiError::bad_request(
-                "invalid_json",
-                format!(
-                    "body must be {{\"url\": \"http://HOST:PORT\", \"worker_id\": \"...\"}}: {e}"
-                ),
-            )
-            .into_response()
-        }
+        Err(e) => return e,
     };
     let cfg = BackendConfig {
         url: req.url,
@@ -238,15 +242,9 @@ pub(crate) fn drain_request(
     let req: DrainBody = if body.iter().all(u8::is_ascii_whitespace) {
         DrainBody::default()
     } else {
-        match serde_json::from_slice(body) {
+        match json_body(body, r#"empty or {"timeout_ms": N}"#) {
             Ok(b) => b,
-            Err(e) => {
-                return ApiError::bad_request(
-                    "invalid_json",
-                    format!("body must be empty or {{\"timeout_ms\": N}}: {e}"),
-                )
-                .into_response()
-            }
+            Err(e) => return e,
         }
     };
     let timeout = req
