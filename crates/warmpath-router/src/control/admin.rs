@@ -93,7 +93,7 @@ fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
     };
     let req: StrategyBody = match members::json_body(body, r#"{"strategy": "..."}"#) {
         Ok(b) => b,
-        Err(e) => return e,
+        Err(e) => return e.into_response(),
     };
     let strategy: Strategy = match req.strategy.parse() {
         Ok(st) => st,

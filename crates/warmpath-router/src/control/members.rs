@@ -77,11 +77,9 @@ pub(crate) fn resource<'a>(rest: &'a str, models: &[&str]) -> Option<Resource<'a
 pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
     body: &[u8],
     shape: &str,
-) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(|e| {
-        let message = format!("body must be {shape}: {e}");
-        ApiError::bad_request("invalid_json", message).into_response()
-    })
+) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("body must be {shape}: {e}")))
 }
 
 pub(crate) fn not_found(message: String) -> Response {
@@ -155,7 +153,7 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
     let shape = r#"{"url": "http://HOST:PORT", "worker_id": "..."}"#;
     let req: AddBody = match json_body(body, shape) {
         Ok(b) => b,
-        Err(e) => return e,
+        Err(e) => return e.into_response(),
     };
     let cfg = BackendConfig {
         url: req.url,
@@ -244,7 +242,7 @@ pub(crate) fn drain_request(
     } else {
         match json_body(body, r#"empty or {"timeout_ms": N}"#) {
             Ok(b) => b,
-            Err(e) => return e,
+            Err(e) => return e.into_response(),
         }
     };
     let timeout = req
