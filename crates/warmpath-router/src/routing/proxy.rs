@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio_util::sync::WaitForCancellationFutureOwned;
-use warmpath_core::Decision;
 use warmpath_edge::copy_end_to_end;
 
 /// Header naming the backend that served a response.
@@ -107,23 +106,20 @@ fn engine_fault(status: StatusCode) -> bool {
 }
 
 /// Marks `resp` with its routing (and its headers, where the pool shows them).
-fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision) {
+fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: Option<&str>, decision: &'static str) {
     resp.extensions_mut().insert(Routed {
         pool: Arc::clone(pool),
-        backend: Some(backend.to_owned()),
-        decision: decision.kind.as_str(),
+        backend: backend.map(str::to_owned),
+        decision,
     });
-    if !pool.expose_routing_headers {
+    let Some(backend) = backend.filter(|_| pool.expose_routing_headers) else {
         return;
-    }
+    };
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(backend) {
         h.insert(BACKEND_HEADER, v);
     }
-    h.insert(
-        DECISION_HEADER,
-        HeaderValue::from_static(decision.kind.as_str()),
-    );
+    h.insert(DECISION_HEADER, HeaderValue::from_static(decision));
 }
 
 /// Routes `plan` and proxies `out` through `up`, retrying other backends on
@@ -156,17 +152,11 @@ pub(crate) async fn forward(
                         pool.model,
                     ));
                 }
-                pool.metrics.count(strategy, "none", e.status);
-                let mut resp = e.into_response();
-                resp.extensions_mut().insert(Routed {
-                    pool: Arc::clone(pool),
-                    backend: None,
-                    decision: "none",
-                });
-                return resp;
+                return failed(e, pool, strategy, None, "none");
             }
         };
         let backend = Arc::clone(&plan.policy.backends[decision.backend]);
+        let kind = decision.kind.as_str();
         let uncached = route::uncached_blocks(plan, &decision);
         let mut guard = backend.begin(uncached);
         if let Some(sink) = decisions {
@@ -196,7 +186,7 @@ pub(crate) async fn forward(
                 shown(pool, backend.endpoint.id()),
                 limit.as_millis()
             ));
-            return failed(err, pool, strategy, backend.endpoint.id(), &decision);
+            return failed(err, pool, strategy, Some(backend.endpoint.id()), kind);
         };
         match answer {
             Ok(resp) => {
@@ -206,7 +196,7 @@ pub(crate) async fn forward(
                     count_failure(up, pool, &backend);
                 }
                 // Otherwise a success once the whole body is through.
-                pool.metrics.count(strategy, decision.kind.as_str(), status);
+                pool.metrics.count(strategy, kind, status);
                 let matched = u64::from(decision.matched_blocks);
                 pool.metrics.matched_blocks.record(matched as f64);
                 pool.metrics
@@ -217,10 +207,10 @@ pub(crate) async fn forward(
                         .record(&plan.hashes, backend.endpoint.id(), plan.preview.as_deref());
                 }
                 tracing::debug!(pool = %pool.model, backend = %backend.endpoint.id(),
-                    decision = decision.kind.as_str(), matched, %status, "proxied");
+                    decision = kind, matched, %status, "proxied");
                 let tap = (plan.learns_response && status.is_success())
                     .then(|| IdTap::new(backend.endpoint.id().to_owned()));
-                return respond(up, resp, guard, sent, pool, &decision, tap);
+                return respond(up, resp, guard, sent, pool, kind, tap);
             }
             Err(e) if e.is_connect() => {
                 guard.outcome(Outcome::ConnectError);
@@ -240,7 +230,7 @@ pub(crate) async fn forward(
                     "{} failed before answering",
                     shown(pool, backend.endpoint.id())
                 ));
-                return failed(err, pool, strategy, backend.endpoint.id(), &decision);
+                return failed(err, pool, strategy, Some(backend.endpoint.id()), kind);
             }
         }
     }
@@ -251,11 +241,10 @@ fn failed(
     err: ApiError,
     pool: &Arc<Pool>,
     strategy: &'static str,
-    backend: &str,
-    decision: &Decision,
+    backend: Option<&str>,
+    decision: &'static str,
 ) -> Response {
-    pool.metrics
-        .count(strategy, decision.kind.as_str(), err.status);
+    pool.metrics.count(strategy, decision, err.status);
     let mut resp = err.into_response();
     tag(&mut resp, pool, backend, decision);
     resp
@@ -267,7 +256,7 @@ fn respond(
     guard: FlightGuard,
     sent: Instant,
     pool: &Arc<Pool>,
-    decision: &Decision,
+    decision: &'static str,
     tap: Option<IdTap>,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
@@ -304,7 +293,7 @@ fn respond(
     let mut out = Response::new(Body::new(layered(body, tap)));
     *out.status_mut() = parts.status;
     copy_end_to_end(&parts.headers, out.headers_mut(), &[]);
-    tag(&mut out, pool, &backend_id, decision);
+    tag(&mut out, pool, Some(&backend_id), decision);
     out
 }
 
