@@ -153,9 +153,8 @@ struct Native<'a> {
     cache_salt: Option<Cow<'a, str>>,
 }
 
-/// `POST /invocations`, the native API: the body is forwarded as sent, but
-/// for the `cache_salt` of a tenant from the API key; the pool is the body's
-/// `model`, else the only one; the tenant as on the OpenAI endpoints.
+/// `POST /invocations`, the native API: the body goes as sent (but for an
+/// API-key tenant's `cache_salt`), to the pool its `model` names, else the only one.
 fn prepare_raw(
     s: &Shared,
     headers: &HeaderMap,

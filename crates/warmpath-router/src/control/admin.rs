@@ -129,9 +129,8 @@ pub(crate) struct ReloadReport {
     pub ignored: Vec<String>,
 }
 
-/// Applies a re-read configuration: each pool's strategy and knobs, and its
-/// configured backends added or drained (API and discovered members stay).
-/// Settings that need a restart are listed, not applied (docs/discovery.md).
+/// Applies a re-read configuration's strategies and configured backends;
+/// settings that need a restart are listed, not applied (docs/discovery.md).
 pub(crate) async fn reload(
     s: &Arc<Shared>,
     config: &RouterConfig,

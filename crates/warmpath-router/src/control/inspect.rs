@@ -276,9 +276,8 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     }))
 }
 
-/// The tenant a query answers for: the caller's own, as for a proxied
-/// request, or with the admin token any tenant (`X-Warmpath-Tenant`). Naming
-/// another without it is a 403: warmth is an oracle across tenants.
+/// The tenant a query answers for: the caller's own, or with the admin token
+/// any (`X-Warmpath-Tenant`): warmth is an oracle across tenants.
 fn query_tenant(
     s: &Shared,
     cfg: &TenantsConfig,

@@ -169,9 +169,8 @@ impl Agents {
         &self.peers
     }
 
-    /// Gives the worker to a new stream; returns its id and the worker's
-    /// [`Live`]. Refuses an older epoch only while the known one's stream is
-    /// up (an agent restarted with its clock behind is not locked out).
+    /// Gives the worker to a new stream; refuses an older epoch only while the
+    /// known one's stream is up (a restart with its clock behind gets in).
     pub(crate) fn claim(
         &self,
         key: &AgentKey,

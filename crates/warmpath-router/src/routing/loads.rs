@@ -268,9 +268,8 @@ struct Seen {
 }
 
 impl Board {
-    /// Calls `pick` with every member's load now, under the board's lock. A
-    /// `tracked` pick gets the positions changed since the last tracked pick
-    /// (`None`: compare every load).
+    /// Calls `pick` with every member's load now, under the board's lock; a
+    /// `tracked` pick gets the positions changed since the last tracked one.
     pub(crate) fn with<M: Member, R>(
         &self,
         model: &str,

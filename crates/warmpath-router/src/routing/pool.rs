@@ -240,9 +240,8 @@ impl Pool {
         Arc::clone(&self.policy.read().backends)
     }
 
-    /// Whether one more member may be ejected: at most `max_percent` are out
-    /// at once (one always may be), so failures that are not the engines'
-    /// own cannot empty a pool. The caller holds [`Pool::ejecting`].
+    /// Whether one more member may be ejected: at most `max_percent` are out at
+    /// once (one always may be). The caller holds [`Pool::ejecting`].
     pub(crate) fn room_to_eject(&self, max_percent: u8) -> bool {
         let members = self.backends();
         let out = members.iter().filter(|b| !b.health.is_healthy()).count();
@@ -353,9 +352,8 @@ impl Pool {
         Ok(b)
     }
 
-    /// Removes a backend now (requests in flight there finish; its index
-    /// entries stop counting). With `keep_one`, refuses to remove the last
-    /// backend not draining.
+    /// Removes a backend now (requests in flight there finish); with
+    /// `keep_one`, refuses to remove the last backend not draining.
     pub(crate) fn remove_backend(
         &self,
         id: &str,
@@ -379,8 +377,7 @@ impl Pool {
     }
 
     /// Puts `old` (a draining member) back in rotation as a new member of the
-    /// same worker (id, URL, slot, learned adapters and cards kept), so its
-    /// index entries and placements stay; health starts over.
+    /// same worker and slot, so its index entries and placements stay.
     pub(crate) fn restore_backend(&self, old: &Arc<Backend>) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();

@@ -209,10 +209,9 @@ fn read<R>(
     p.board.with(model, &p.backends, agents, now_ms, tracked, f)
 }
 
-/// Runs `f` with this request's own loads: eligible as [`eligible`] says
-/// (in `panic`, [`could_take`]), other replicas' requests added. A policy
-/// that learns is asked under the board's lock, so no tracked pick slips in
-/// between (its next one compares every load); the others are not.
+/// Runs `f` with this request's own loads: eligible as [`eligible`] says (in
+/// `panic`, [`could_take`]), other replicas' requests added. A learning policy
+/// is asked under the board's lock, so no tracked pick slips in between.
 fn with_adjusted<R>(
     plan: &Plan,
     excluded: &[usize],
