@@ -30,16 +30,6 @@ struct Rewrite {
     replaces: usize,
 }
 
-impl Watched {
-    pub(crate) fn new(io: TcpStream, activity: Arc<Activity>) -> Self {
-        Watched {
-            io,
-            activity,
-            rewrite: None,
-        }
-    }
-}
-
 /// The status of `out` when it is hyper's automatic answer to a head it could
 /// not parse: a lone 4xx head without content type (the router's all have one).
 fn hyper_parse_error(activity: &Activity, out: &[u8]) -> Option<StatusCode> {
@@ -70,6 +60,14 @@ fn parse_error_answer(status: StatusCode) -> Vec<u8> {
 }
 
 impl Watched {
+    pub(crate) fn new(io: TcpStream, activity: Arc<Activity>) -> Self {
+        Watched {
+            io,
+            activity,
+            rewrite: None,
+        }
+    }
+
     /// Writes the rewrite under way, if any; `Some` when it has settled.
     fn poll_rewrite(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<usize>>> {
         let r = self.rewrite.as_mut()?;
@@ -87,9 +85,7 @@ impl Watched {
         self.rewrite = None;
         Some(Poll::Ready(Ok(replaced)))
     }
-}
 
-impl Watched {
     /// Tells the activity whether the client takes what is written.
     fn report(&self, r: &Poll<io::Result<usize>>) {
         match r {
