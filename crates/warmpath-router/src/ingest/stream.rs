@@ -411,9 +411,7 @@ impl WorkerStream {
         }
         vec![]
     }
-}
 
-impl WorkerStream {
     /// The most entries this worker may hold now.
     fn cap(&self) -> u64 {
         self.pool
