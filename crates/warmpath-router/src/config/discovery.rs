@@ -51,13 +51,6 @@ pub struct DnsDiscovery {
     pub nameserver: Option<String>,
 }
 
-impl DnsDiscovery {
-    /// Whether SRV records are asked: when no port is given.
-    pub fn srv(&self) -> bool {
-        self.port.is_none()
-    }
-}
-
 impl DiscoveryConfig {
     /// How often it resolves (`dns`: 2.5 probe intervals) or re-applies (`kubernetes`: 5).
     pub fn interval(&self, probe_ms: u64) -> Duration {
@@ -140,7 +133,11 @@ mod tests {
         assert!(e.contains("d.dns.port"), "{e}");
         let srv: Vec<DiscoveryConfig> = yaml_serde::from_str("- dns: {name: x}").unwrap();
         srv[0].validate("d").unwrap();
-        assert!(srv[0].dns.as_ref().unwrap().srv());
+        assert_eq!(
+            srv[0].dns.as_ref().unwrap().port,
+            None,
+            "SRV records are asked"
+        );
         let ns: Vec<DiscoveryConfig> =
             yaml_serde::from_str("- dns: {name: x, port: 1, nameserver: nope}").unwrap();
         assert!(ns[0]

@@ -9,21 +9,12 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use warmpath_proto::dns::{http_url, Resolver};
 
+#[derive(Debug)]
 pub(crate) struct Dns {
     resolver: Resolver,
     name: String,
+    /// Without one, SRV records give targets and ports.
     port: Option<u16>,
-    srv: bool,
-}
-
-impl std::fmt::Debug for Dns {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dns")
-            .field("name", &self.name)
-            .field("port", &self.port)
-            .field("srv", &self.srv)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Dns {
@@ -46,14 +37,22 @@ impl Dns {
             resolver,
             name: cfg.name.clone(),
             port: cfg.port,
-            srv: cfg.srv(),
         })
     }
 
     /// The backends' URLs the name resolves to now (an empty answer is an error).
     pub(crate) async fn resolve(&self) -> Result<BTreeSet<String>, DiscoveryError> {
         let mut out = BTreeSet::new();
-        if self.srv {
+        if let Some(port) = self.port {
+            let ips = self
+                .resolver
+                .lookup_ip(self.name.as_str())
+                .await
+                .map_err(|e| DiscoveryError::Lookup(e.to_string()))?;
+            for ip in ips.iter() {
+                out.insert(http_url(SocketAddr::new(ip, port)));
+            }
+        } else {
             let srv = self
                 .resolver
                 .srv_lookup(self.name.as_str())
@@ -68,16 +67,6 @@ impl Dns {
                 for ip in ips.iter() {
                     out.insert(http_url(SocketAddr::new(ip, rec.port())));
                 }
-            }
-        } else {
-            let port = self.port.unwrap_or(80);
-            let ips = self
-                .resolver
-                .lookup_ip(self.name.as_str())
-                .await
-                .map_err(|e| DiscoveryError::Lookup(e.to_string()))?;
-            for ip in ips.iter() {
-                out.insert(http_url(SocketAddr::new(ip, port)));
             }
         }
         if out.is_empty() {
