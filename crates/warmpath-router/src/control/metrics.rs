@@ -3,7 +3,7 @@
 //! known are counted with `pool="-"`.
 
 use axum::http::StatusCode;
-use metrics::{Counter, Gauge, Histogram};
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -264,10 +264,6 @@ pub(crate) fn response_affinity(model: &str, outcome: &'static str) {
 pub(crate) fn membership_change(model: &str, op: &'static str) {
     metrics::counter!("warmpath_pool_membership_changes_total", "pool" => model.to_owned(), "op" => op)
         .increment(1);
-}
-
-pub(crate) fn ready() -> Gauge {
-    metrics::gauge!("warmpath_ready")
 }
 
 /// Installs the Prometheus recorder on first call; `None` when another was first.
