@@ -52,37 +52,33 @@ impl PoolDirectory for Pools {
     fn pools(&self) -> Vec<IngestPool> {
         self.all().iter().map(|p| IngestPool::of(p)).collect()
     }
-    fn observe_remote(&self, model: &str, worker: &str, decided: &v1::Decided) {
-        if let Some(p) = self.get(model) {
-            observe_remote(p, worker, decided);
-        }
-    }
-}
-
-/// Records another replica's `start` about `worker` in `pool`'s policy.
-fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decided) {
-    use warmpath_core::policy::{HomeView, RemoteDecision};
-    let state = pool.policy();
-    // A policy without memory records nothing.
-    let Some(learns) = &state.learns else {
-        return;
-    };
-    let at = |id: &str| state.backends.iter().position(|b| b.endpoint.id() == id);
-    let Some(backend) = at(worker) else {
-        return;
-    };
-    let home = (!d.home.is_empty())
-        .then(|| at(&d.home))
-        .flatten()
-        .map(|b| HomeView {
-            backend: b,
-            copies: d.copies.iter().filter_map(|c| at(c)).collect(),
+    /// Records another replica's `start` about `worker` in the pool's policy
+    /// (a policy without memory records nothing).
+    fn observe_remote(&self, model: &str, worker: &str, d: &v1::Decided) {
+        use warmpath_core::policy::{HomeView, RemoteDecision};
+        let Some(state) = self.get(model).map(|p| p.policy()) else {
+            return;
+        };
+        let Some(learns) = &state.learns else {
+            return;
+        };
+        let at = |id: &str| state.backends.iter().position(|b| b.endpoint.id() == id);
+        let Some(backend) = at(worker) else {
+            return;
+        };
+        let home = (!d.home.is_empty())
+            .then(|| at(&d.home))
+            .flatten()
+            .map(|b| HomeView {
+                backend: b,
+                copies: d.copies.iter().filter_map(|c| at(c)).collect(),
+            });
+        learns.observe_remote(&RemoteDecision {
+            prefix_key: d.prefix_key,
+            backend,
+            chain_blocks: d.chain_blocks,
+            prefill_blocks: u32::try_from(d.prefill_blocks).unwrap_or(u32::MAX),
+            home,
         });
-    learns.observe_remote(&RemoteDecision {
-        prefix_key: d.prefix_key,
-        backend,
-        chain_blocks: d.chain_blocks,
-        prefill_blocks: u32::try_from(d.prefill_blocks).unwrap_or(u32::MAX),
-        home,
-    });
+    }
 }
