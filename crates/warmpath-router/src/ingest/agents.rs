@@ -20,7 +20,7 @@ pub(crate) struct AgentKey {
 }
 
 /// One agent's status, as `/cache-index` shows it.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct AgentStatus {
     pub worker_id: String,
     /// The engine URL the agent announced.
@@ -213,14 +213,8 @@ impl Agents {
             epoch: hello.epoch,
             block_size: hello.block_size,
             connected: true,
-            last_seq: None,
-            snapshots: 0,
-            lag_ms: None,
-            last_heard_ms_ago: 0,
-            load: None,
-            engine_up: None,
             partial: hello.partial,
-            refused: None,
+            ..AgentStatus::default()
         };
         map.insert(
             key.worker_id.clone(),
@@ -259,36 +253,28 @@ impl Agents {
         }
     }
 
-    /// Records why a known agent's stream was refused (refusals never grow the registry).
-    pub(crate) fn refused(&self, key: &AgentKey, reason: &str) {
-        if let Some(e) = self
-            .map
-            .write()
+    /// Runs `f` on the entry of a known agent (unknown ones are never added).
+    fn update(&self, key: &AgentKey, f: impl FnOnce(&mut Entry)) {
+        let mut all = self.map.write();
+        if let Some(e) = all
             .get_mut(&key.model)
             .and_then(|m| m.get_mut(&key.worker_id))
         {
-            e.status.refused = Some(reason.to_owned());
+            f(e);
         }
+    }
+
+    /// Records why a known agent's stream was refused (refusals never grow the registry).
+    pub(crate) fn refused(&self, key: &AgentKey, reason: &str) {
+        self.update(key, |e| e.status.refused = Some(reason.to_owned()));
     }
 
     pub(crate) fn set_block_size(&self, key: &AgentKey, bs: u32) {
-        if let Some(e) = self
-            .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
-        {
-            e.status.block_size = bs;
-        }
+        self.update(key, |e| e.status.block_size = bs);
     }
 
     pub(crate) fn set_load(&self, key: &AgentKey, l: &v1::Load) {
-        if let Some(e) = self
-            .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
-        {
+        self.update(key, |e| {
             let load = EngineLoad {
                 running: l.running,
                 waiting: l.waiting,
@@ -299,7 +285,7 @@ impl Agents {
             e.status.partial = l.partial;
             let at = e.live.last_heard_ms.load(Ordering::Relaxed);
             e.cell.set(load, l.engine_up, at);
-        }
+        });
     }
 
     /// Status of every agent of pool `model`, sorted by worker id.
