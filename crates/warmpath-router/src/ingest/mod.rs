@@ -107,13 +107,12 @@ impl IngestService {
         self
     }
 
-    /// Refuses a stream before its Hello: counted, logged at most every 10 s.
-    fn unauthenticated(&self, remote: Option<std::net::SocketAddr>, why: &'static str) -> Status {
-        metrics::counter!("warmpath_ingest_refused_total", "reason" => "auth").increment(1);
+    /// Counts and logs (at most every 10 s) a stream refused before its Hello.
+    fn refuse(&self, remote: Option<std::net::SocketAddr>, reason: &'static str, why: &str) {
+        metrics::counter!("warmpath_ingest_refused_total", "reason" => reason).increment(1);
         if let Some(suppressed) = self.refusals.ready() {
             tracing::warn!(remote = ?remote, suppressed, "agent stream refused: {why} (refusals are logged at most every 10 s)");
         }
-        Status::unauthenticated(why)
     }
 
     /// The Hello deadline, shorter for tests.
@@ -138,17 +137,16 @@ impl CacheEvents for IngestService {
         // Checked against its Hello's worker id once that arrives.
         let credential = match identity::presented(&self.auth, &self.pods, request.metadata()) {
             Ok(c) => c,
-            Err(why) => return Err(self.unauthenticated(remote, why)),
+            Err(why) => {
+                self.refuse(remote, "auth", why);
+                return Err(Status::unauthenticated(why));
+            }
         };
         // Held until the Hello is checked: a peer's unauthenticated streams are capped.
         let ticket = match self.admission.admit(remote) {
             Ok(t) => t,
             Err(full) => {
-                metrics::counter!("warmpath_ingest_refused_total", "reason" => "streams")
-                    .increment(1);
-                if let Some(suppressed) = self.refusals.ready() {
-                    tracing::warn!(remote = ?remote, suppressed, "agent stream refused: {full} (refusals are logged at most every 10 s)");
-                }
+                self.refuse(remote, "streams", &full.to_string());
                 return Err(Status::resource_exhausted(full.to_string()));
             }
         };
