@@ -1,7 +1,5 @@
-//! The OpenAI-compatible generation endpoints: `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /invocations` (the rest of the surface is
-//! [`crate::api::surface`], `GET /v1/models` [`crate::api::models`], `/health`
-//! [`crate::control::readiness`]).
+//! The OpenAI-compatible generation endpoints (`/v1/chat/completions`,
+//! `/v1/completions`) and the native `/invocations`.
 
 use crate::api::salt::with_cache_salt;
 use crate::api::surface::{self, model_or_only};

@@ -1,7 +1,5 @@
-//! Stored `/v1/responses` responses, followed to the engine that holds them.
-//! An id the pool does not know is looked for on every serving backend at
-//! once; a miss is not asked for again for a while and few look-ups run at
-//! once, so a flood of unknown ids cannot multiply into the engines.
+//! Stored `/v1/responses` responses, followed to the engine that holds them;
+//! unknown ids are looked for on every backend, bounded against floods.
 
 use crate::control::state::Shared;
 use crate::http::clock::monotonic_ms;

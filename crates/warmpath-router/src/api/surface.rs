@@ -1,7 +1,5 @@
-//! The rest of the OpenAI surface vLLM serves (embeddings, responses,
-//! tokenize, detokenize, the pooling endpoints): a body with a prompt routes
-//! by the pool's policy, the others go least-outstanding
-//! (docs/router-internals.md).
+//! The rest of the OpenAI surface vLLM serves: a body with a prompt routes by
+//! the pool's policy, the others least-outstanding (docs/router-internals.md).
 
 use crate::api::salt::with_cache_salt;
 use crate::config::Isolation;

@@ -1,7 +1,5 @@
-//! The router's configuration: a YAML file ([`RouterConfig`]; keys in
-//! docs/configuration.md, an annotated example in examples/router.yaml) with
-//! command-line flags laid over it ([`Cli::overlay`]), validated once
-//! ([`RouterConfig::validate`]).
+//! The router's configuration: a YAML file ([`RouterConfig`], docs/configuration.md)
+//! with command-line flags laid over it, validated once.
 
 mod cli;
 mod discovery;

@@ -1,7 +1,5 @@
-//! Client connections: how many are open (under `server.max_connections`)
-//! and what each one is doing, which its watchdog reads to close it. A
-//! connection's socket, service calls and bodies are all polled on its own
-//! task, so the counters are plain `Relaxed` atomics.
+//! Client connections: how many are open and what each is doing, for its
+//! watchdog. All polled on the connection's own task, so `Relaxed` atomics.
 
 use crate::http::clock::monotonic_ms;
 use crate::http::layer::Layer;

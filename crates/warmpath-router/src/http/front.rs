@@ -1,7 +1,5 @@
-//! The HTTP front: accepts connections and serves them with hyper (HTTP/1.1
-//! and HTTP/2). The proxied paths are matched here, skipping axum's routing on
-//! the hot path; everything else goes through the axum [`Router`] of
-//! `server::app`. Shutdown: docs/router-internals.md.
+//! The HTTP front: serves connections with hyper (HTTP/1.1 and HTTP/2), the
+//! proxied paths matched here (skipping axum's routing on the hot path).
 
 use crate::api::openai::{self as api, Proxied};
 use crate::control::state::Shared;

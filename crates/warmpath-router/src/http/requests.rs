@@ -1,7 +1,5 @@
-//! What the router records of each client request: its id
-//! (`x-request-id`), its tracing span, its end-to-end duration and, when the
-//! log filter names [`ACCESS_TARGET`], one INFO line. The record rides in the
-//! answer's body, so a stream's duration is the whole stream.
+//! What the router records of each request: its id, span, end-to-end duration
+//! and (when `RUST_LOG` names [`ACCESS_TARGET`]) one access line.
 
 use crate::routing::pool::Pool;
 

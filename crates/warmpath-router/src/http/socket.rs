@@ -1,7 +1,5 @@
-//! The client socket as the router serves it: it tells the connection's
-//! [`Activity`] when bytes arrive, and gives hyper's own answer to a head it
-//! cannot parse (a bare 4xx written before any service sees a request) the
-//! OpenAI JSON shape of every other error.
+//! The client socket: tells the connection's [`Activity`] when bytes move, and
+//! gives hyper's bare answer to an unparsable head the OpenAI error shape.
 
 use crate::http::conn::Activity;
 use crate::http::error::ApiError;

@@ -1,8 +1,5 @@
-//! The bounded pool where big bodies are routed: bodies of at least
-//! [`OFFLOAD_BYTES`] are parsed, tokenized and hashed on blocking threads, at
-//! most one per CPU at once, so they cannot stall the threads serving
-//! connections. A started job runs to its end (it cannot be interrupted),
-//! holding its turn, so the bound holds.
+//! The bounded pool where big bodies (at least [`OFFLOAD_BYTES`]) are routed,
+//! one per CPU at once, so they cannot stall the threads serving connections.
 
 use crate::http::error::ApiError;
 use std::sync::Arc;
@@ -38,7 +35,8 @@ impl WorkPool {
         len >= self.offload_bytes
     }
 
-    /// Runs `job` on a blocking thread once a turn is free.
+    /// Runs `job` on a blocking thread once a turn is free; a started job runs
+    /// to its end (it cannot be interrupted), holding its turn, so the bound holds.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> Result<T, ApiError> + Send + 'static,

@@ -1,7 +1,5 @@
-//! Runs one agent stream after its Hello: opens the worker's state machine
-//! ([`WorkerStream`]), feeds it the agent's messages and sends its answers,
-//! pacing the replacements of the worker's set and running the long index
-//! work on the blocking pool ([`super::pace`]).
+//! Runs one agent stream after its Hello: feeds its messages to the worker's
+//! [`WorkerStream`], pacing replacements and running long work off the async threads.
 
 use super::agents::Agents;
 use super::directory::PoolDirectory;

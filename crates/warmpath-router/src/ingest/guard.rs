@@ -1,7 +1,5 @@
-//! What the ingest does before it knows who a peer is: the shape of a
-//! per-worker credential, the cap on streams still waiting to authenticate
-//! (per peer address and in all), and how peer-chosen strings and refusals
-//! reach the log (escaped, cut short, at most one line every 10 s).
+//! What the ingest does before it knows who a peer is: credential shape, caps
+//! on unauthenticated streams, and peer strings escaped and cut in logs.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;

@@ -1,7 +1,5 @@
-//! The gRPC ingest: agents publish their workers' block sets here
-//! (`proto/warmpath/v1/cache_events.proto`) and this module applies them to
-//! each pool's [`CacheIndex`]. Protocol: docs/agent.md; caps and defences:
-//! docs/cache-index.md, docs/hostile-edges-ingest.md.
+//! The gRPC ingest: agents publish their workers' block sets here and this
+//! module applies them to each pool's index (docs/agent.md, docs/hostile-edges-ingest.md).
 
 mod agents;
 mod auth;

@@ -1,7 +1,5 @@
-//! Index work an agent can ask for that its message does not bound (a
-//! snapshot, a `Cleared`, a block-size change): each worker gets one per
-//! [`REPLACE_EVERY`] after a burst of [`BURST`], run on the blocking pool one
-//! job per pool at a time (docs/hostile-edges-ingest.md).
+//! Paces the index work an agent's message does not bound (a snapshot, a
+//! `Cleared`): one per [`REPLACE_EVERY`] per worker after a [`BURST`].
 
 use parking_lot::Mutex;
 use std::collections::HashMap;

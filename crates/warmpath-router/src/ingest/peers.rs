@@ -1,7 +1,5 @@
 //! Router replicas share each routing decision through the agents
-//! (docs/replicas.md): this router tells a worker's agent the phases of each
-//! request it sends there ([`ShareGuard`]) and counts the facts other replicas
-//! sent as remote load ([`Peers::remote_load`]). Routing never waits on a peer.
+//! (docs/replicas.md); routing never waits on a peer.
 
 use crate::routing::share::{Fact, SharedRequest};
 use parking_lot::{Mutex, RwLock};

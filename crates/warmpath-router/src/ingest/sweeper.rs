@@ -1,7 +1,5 @@
-//! Marks silent workers stale and clears the ones silent for too long,
-//! compacts each pool's dead holders, and asks the allocator to give freed
-//! index memory back ([`set_memory_release`]: mimalloc returns freed pages
-//! only lazily).
+//! Marks silent workers stale, clears the long silent, compacts dead holders
+//! and gives freed index memory back ([`set_memory_release`]).
 
 use super::directory::PoolDirectory;
 use super::pace::Gates;

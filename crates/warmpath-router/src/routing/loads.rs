@@ -1,9 +1,6 @@
-//! What a backend is known to be carrying, and the loads the policy reads:
-//! the [`Load`] this router put on it and the [`EngineCell`] its agent
-//! reported, both atomics that count their changes. A policy snapshot's
-//! [`Board`] reads a backend again only when one of its counts moved or a
-//! report went stale ([`LOAD_FRESH_MS`]); a read racing a report may mix two
-//! reports' fields, which routing tolerates.
+//! What a backend is known to be carrying: the [`Load`] this router put on it
+//! and the [`EngineCell`] its agent reported, atomics that count their changes,
+//! so a snapshot's [`Board`] reads a backend again only when one moved.
 
 use crate::http::clock::monotonic_ms;
 use parking_lot::Mutex;
@@ -154,7 +151,8 @@ const UP_KNOWN: u8 = 2;
 const DOWN: u8 = 4;
 const PARTIAL: u8 = 8;
 
-/// One worker's latest engine load as its agent reported it.
+/// One worker's latest engine load as its agent reported it (separate atomics:
+/// a read racing a report may mix two reports' fields, which routing tolerates).
 #[derive(Debug, Default)]
 pub(crate) struct EngineCell {
     running: AtomicU32,

@@ -1,7 +1,6 @@
-//! Model pools: each owns its cache index, tokenizer, backends and the
-//! current policy snapshot. A switch or membership change swaps in a new
-//! `Arc<PolicyState>` (which holds the backends it was built from), so a
-//! decision's position always names the backend it was made for.
+//! Model pools. A switch or membership change swaps in a new `PolicyState`
+//! holding the backends it was built from, so a decision's position always
+//! names the backend it was made for.
 
 use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
 use crate::control::discovery::provider::Provider;

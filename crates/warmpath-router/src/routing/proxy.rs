@@ -1,8 +1,5 @@
-//! Sending a routed request upstream and streaming the answer back, frame
-//! by frame ([`TrackedBody`]). A request is retried on another backend only
-//! when connecting failed (nothing was sent); a failure mid-stream or a
-//! silent backend ends an SSE answer with an error event
-//! (docs/router-internals.md).
+//! Sending a routed request upstream and streaming the answer back frame by
+//! frame ([`TrackedBody`]); retried elsewhere only when connecting failed.
 
 use crate::control::metrics::Outcome;
 use crate::http::error::ApiError;

@@ -1,7 +1,5 @@
-//! Routing one request: [`plan`] does everything that does not depend on
-//! load (tenant, token ids, block hashes, index match, prefix key; what
-//! `POST /cache-index/query` shows), [`pick`] asks the policy with live loads,
-//! [`preview`] asks what it would pick, recording nothing.
+//! Routing one request: [`plan`] does what does not depend on load (what
+//! `POST /cache-index/query` shows), [`pick`] asks the policy with live loads.
 
 use crate::config::Isolation;
 use crate::control::metrics::Phase;

@@ -1,7 +1,5 @@
-//! Cuts off a client that stops reading one answer (an HTTP/2 stream whose
-//! window stays shut, an HTTP/1 socket whose writes wait) after the send
-//! timeout: otherwise it would hold a backend slot and an upstream connection
-//! for as long as its connection stayed busy with others.
+//! Cuts off a client that stops reading one answer after the send timeout, so
+//! a stalled HTTP/2 stream cannot hold a backend slot while its connection lives.
 
 use super::backend::FlightGuard;
 use crate::control::metrics::Outcome;

@@ -1,7 +1,5 @@
 //! What forwarding needs of the router, fixed at start: the pooled client,
-//! the credentials engines ask for, the upstream deadlines, the ejection
-//! rules and the shutdown deadline. Handlers hand it to
-//! [`forward`](super::proxy::forward) instead of their own state.
+//! credentials, deadlines and ejection rules.
 
 use crate::config::RouterConfig;
 use axum::http::HeaderValue;

@@ -1,7 +1,5 @@
-//! The `dns` provider: a name resolved with hickory-resolver (A/AAAA with
-//! the configured port, or SRV for targets and ports), never parsed by
-//! hand; the resolver is [`warmpath_proto::dns::resolver`] (uncached, one
-//! try per query within [`DnsDiscovery::timeout`]).
+//! The `dns` provider: a name resolved with hickory-resolver (A/AAAA with the
+//! configured port, else SRV), never parsed by hand.
 
 use super::answer::DiscoveryError;
 use crate::config::DnsDiscovery;

@@ -1,7 +1,5 @@
-//! The grace a member gone from its provider's answer gets: out of rotation
-//! at once, but kept (index entries, slot, placements) and back at once if it
-//! returns within [`super::vanished::GRACE_ROUNDS`] intervals; drained and
-//! removed after (docs/discovery.md).
+//! The grace of a member gone from its provider's answer: out of rotation at
+//! once, index kept, drained after [`super::vanished::GRACE_ROUNDS`] intervals.
 
 use super::provider::Provider;
 use crate::control::state::Shared;

@@ -1,7 +1,5 @@
-//! The `kubernetes` provider: the ready endpoints of a Service's
-//! EndpointSlices, listed and watched with kube-rs, their union applied
-//! [`SETTLE`] after the first change (a split updates one slice before it
-//! creates the other). Details: docs/discovery.md.
+//! The `kubernetes` provider: a Service's ready EndpointSlice endpoints,
+//! watched with kube-rs, their union applied [`SETTLE`] after a change.
 
 use super::answer::{Answer, DiscoveryError};
 use crate::config::KubernetesDiscovery;

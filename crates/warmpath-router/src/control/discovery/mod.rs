@@ -1,7 +1,5 @@
 //! Discovery providers: each pool's `discovery:` entries, their answers
-//! applied as members through [`crate::control::members`]. A provider only
-//! adds and drains its own members and never empties a pool
-//! (docs/discovery.md).
+//! applied as members; a provider never empties a pool (docs/discovery.md).
 
 mod answer;
 mod apply;

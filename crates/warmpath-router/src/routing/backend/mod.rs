@@ -1,7 +1,5 @@
-//! One backend engine as the router sees it: who it is ([`endpoint`]), its
-//! health ([`health`]) and the load this router put on it ([`Load`]), bound
-//! here. Load accounting is RAII: [`Backend::begin`] counts a request and the
-//! [`FlightGuard`] it returns undoes it.
+//! One backend engine: who it is ([`endpoint`]), its [`health`] and the
+//! [`Load`] this router put on it; [`Backend::begin`]'s [`FlightGuard`] undoes a request's load.
 
 pub(crate) mod endpoint;
 pub(crate) mod health;
