@@ -1,6 +1,5 @@
-//! Start-up: build pools, bind, serve HTTP ([`crate::http::front`] in front of the
-//! routes of [`app`]), run the background tasks; [`RunningRouter`] owns them
-//! all.
+//! Start-up: build pools, bind, serve HTTP ([`crate::http::front`] before the
+//! routes of [`app`]) and run the background tasks, owned by [`RunningRouter`].
 
 use crate::api::{models, responses};
 use crate::config::RouterConfig;

@@ -1,6 +1,5 @@
-//! `GET /v1/models`: the engines' own model cards (kept by the health
-//! probes), merged per pool, with cards of the router's own only for what no
-//! engine described (docs/router-internals.md).
+//! `GET /v1/models`: the engines' own model cards (kept by the health probes),
+//! merged per pool (docs/router-internals.md).
 
 use crate::control::state::Shared;
 use crate::routing::pool::Pool;

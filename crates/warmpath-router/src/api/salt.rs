@@ -1,6 +1,5 @@
 //! Forwarding the tenant to the engine as `cache_salt`, touching the body as
-//! little as possible: unchanged when it already carries it, spliced in
-//! before the closing `}` when absent, re-serialised when different.
+//! little as possible (spliced in when absent, re-serialised when different).
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;

@@ -1,6 +1,5 @@
-//! Keys a config file may no longer set, each with what took its place: a
-//! file written for an older router stops the start with a message naming
-//! the replacement, not a bare "unknown field".
+//! Keys a config file may no longer set, each with what took its place, so an
+//! old file fails with the replacement named, not a bare "unknown field".
 
 use super::error::{invalid, ConfigError};
 use yaml_serde::Value;

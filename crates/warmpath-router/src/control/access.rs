@@ -1,6 +1,5 @@
-//! Who may use the admin API and the introspection endpoints, and the edge
-//! checks against a browser as a hostile client ([`edge`]: `Host`, `Origin`,
-//! JSON on admin writes). Rules: docs/trust.md, docs/hostile-edges.md.
+//! Who may use admin and introspection, and the edge checks against a browser
+//! as a hostile client (docs/trust.md, docs/hostile-edges.md).
 
 use crate::config::split_port;
 use crate::control::state::Shared;

@@ -1,6 +1,5 @@
-//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload
-//! (membership changes are [`crate::control::members`]); both swap a pool's
-//! policy atomically ([`Pool::switch`]).
+//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload,
+//! both swapping a pool's policy atomically ([`Pool::switch`]).
 
 use crate::config::RouterConfig;
 use crate::control::members;

@@ -1,6 +1,5 @@
-//! The hot path's memo caches (`chunks`, `words`: docs/tokenization.md),
-//! seen from outside: how often each saves its work, for `GET /metrics` and
-//! `GET /cache-index`.
+//! The hot path's memo caches (`chunks`, `words`: docs/tokenization.md) seen
+//! from outside, for `GET /metrics` and `GET /cache-index`.
 
 use crate::control::state::Shared;
 use serde::Serialize;

@@ -1,6 +1,5 @@
-//! Active health checks and LoRA adapter discovery: every backend is probed
-//! each `probe_interval_ms` (spread over it), and one in rotation is asked
-//! `GET /v1/models` for its adapters and cards (docs/router-internals.md).
+//! Active health checks, spread over `probe_interval_ms`, and adapter and
+//! model card discovery from `/v1/models` (docs/router-internals.md).
 
 use crate::config::ProbeKind;
 use crate::control::readiness;

@@ -1,6 +1,5 @@
-//! Inspection: `GET /cache-index`, `POST /cache-index/query` (how a request
-//! would route, recording nothing) and `GET /metrics`. Hashes and counts
-//! only, unless a pool has `show_prompts`.
+//! Inspection: `GET /cache-index`, `POST /cache-index/query` (recording nothing)
+//! and `GET /metrics`; hashes and counts only, unless a pool has `show_prompts`.
 
 use crate::config::TenantsConfig;
 use crate::control::state::Shared;

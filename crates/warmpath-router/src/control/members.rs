@@ -1,6 +1,5 @@
-//! Live pool membership: the admin API that lists, adds, removes and drains
-//! backends (docs/discovery.md), and the one place a change is applied (the
-//! API, a reload and discovery all come here).
+//! Live pool membership: the admin API (docs/discovery.md) and the one place
+//! a change is applied (the API, a reload and discovery all come here).
 
 use crate::config::BackendConfig;
 use crate::control::state::Shared;

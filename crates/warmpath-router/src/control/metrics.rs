@@ -1,6 +1,5 @@
-//! Prometheus metrics: the recorder (installed once per process) and the
-//! series (table: docs/operations.md). Requests refused before a pool is
-//! known are counted with `pool="-"`.
+//! Prometheus metrics: the recorder and the series (table: docs/operations.md);
+//! requests refused before a pool is known count with `pool="-"`.
 
 use axum::http::StatusCode;
 use metrics::{Counter, Histogram};

@@ -1,6 +1,5 @@
-//! The control wing: admin and access checks, membership and discovery,
-//! health probes and readiness, `/cache-index` and its page, metrics and the
-//! state every handler shares.
+//! The control wing: admin and access checks, membership and discovery, health
+//! and readiness, `/cache-index` and its page, metrics and the shared state.
 
 pub(crate) mod access;
 pub(crate) mod admin;

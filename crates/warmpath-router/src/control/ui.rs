@@ -1,6 +1,5 @@
-//! `GET /cache-index/ui`: one self-contained HTML page over the cache index,
-//! with `GET /cache-index`'s JSON embedded so it shows without a second
-//! request (docs/router-internals.md).
+//! `GET /cache-index/ui`: one self-contained HTML page with `/cache-index`'s
+//! JSON embedded, so it shows without a second request (docs/router-internals.md).
 
 use crate::control::state::Shared;
 use axum::extract::State;

@@ -1,6 +1,5 @@
-//! Reading a client's request: the body under a size limit, a deadline and
-//! the router's budget of bodies in flight, and the tenant header (shared
-//! by the proxied endpoints, the admin API and the inspection queries).
+//! Reading a client's request: the body under its size limit, deadline and the
+//! budget of bodies in flight, and the tenant header.
 
 use crate::http::error::ApiError;
 use axum::body::Body;

@@ -1,6 +1,5 @@
-//! The HTTP wing: accepting client connections and their limits, request
-//! ids and the access log, tenancy, reading bodies under their budgets, the
-//! work pool for big bodies and the error answers.
+//! The HTTP wing: connections and their limits, request ids and the access log,
+//! tenancy, reading bodies, the work pool and the error answers.
 
 pub(crate) mod clock;
 pub(crate) mod conn;

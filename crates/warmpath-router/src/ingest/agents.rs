@@ -1,6 +1,5 @@
-//! What the router knows of each agent: epoch, owning stream, sequence,
-//! block size, lag and the engine load it reports. Read by routing (engine
-//! load) and by `/cache-index` (status).
+//! What the router knows of each agent (epoch, owning stream, sequence, lag,
+//! engine load), read by routing and by `/cache-index`.
 
 use parking_lot::RwLock;
 use serde::Serialize;

@@ -1,6 +1,5 @@
-//! Pod identity for agents in Kubernetes (`ingest.pod_token_audience`): a
-//! TokenReview of the pod's projected ServiceAccount token says which pod it
-//! is, and the stream may publish only for that pod (docs/trust.md).
+//! Pod identity for agents in Kubernetes: a TokenReview of the pod's token
+//! says which pod it is, and the stream may publish only for it (docs/trust.md).
 
 use super::guard::shown;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};

@@ -1,6 +1,5 @@
-//! One agent stream's state machine: applies a worker's snapshot and ordered
-//! deltas to its pool's index, detects gaps and answers with the messages the
-//! protocol asks for. No I/O here, so every rule is unit-tested directly.
+//! One agent stream's state machine: a worker's snapshot and ordered deltas
+//! applied to its pool's index, gaps answered. No I/O, so every rule is unit-tested.
 
 use super::agents::{AgentKey, Agents, Live};
 use super::directory::IngestPool;

@@ -1,6 +1,5 @@
-//! Which backend stored which `/v1/responses` response ([`ResponseHomes`]),
-//! learned from the answers themselves ([`IdTap`]): vLLM keeps a stored
-//! response only on the instance that made it (docs/router-internals.md).
+//! Which backend stored which `/v1/responses` response, learned from the
+//! answers ([`IdTap`]): vLLM keeps one only on the instance that made it.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};

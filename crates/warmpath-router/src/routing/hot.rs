@@ -1,6 +1,5 @@
-//! The warmest prefix chains of a pool, for `GET /cache-index`: a bounded
-//! top-K ("space saving", Metwally et al.) keyed by a chain's root hash, so
-//! every chain hit more than `total / capacity` times is in the table.
+//! The warmest prefix chains of a pool: a bounded top-K ("space saving") keyed
+//! by root hash, holding every chain hit more than `total / capacity` times.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;

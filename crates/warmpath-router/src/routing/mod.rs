@@ -1,6 +1,5 @@
-//! The routing wing: plan and pick (`route`), forwarding (`proxy`), pools
-//! and members (`pool`, `backend`), response affinity, loads, the warmest
-//! chains and the seam to the other replicas (`share`).
+//! The routing wing: plan and pick, forwarding, pools and members, response
+//! affinity, loads, the warmest chains and the seam to the other replicas.
 
 pub(crate) mod affinity;
 pub(crate) mod backend;

@@ -1,6 +1,5 @@
-//! The seam through which routing tells the other router replicas what it
-//! decided ([`DecisionSink`], implemented by the ingest, which carries the
-//! facts through the agents). Routing sees no streams, links or signatures.
+//! The seam through which routing tells the other replicas what it decided
+//! ([`DecisionSink`], implemented by the ingest); routing sees no streams.
 
 /// One routing decision as the other replicas need it (by worker ids).
 #[derive(Clone, Debug, Default)]

@@ -1,6 +1,5 @@
 //! The members a discovery provider no longer names, each since when: the
-//! bookkeeping of their grace ([`super::grace`] acts on it; the provider
-//! holds it).
+//! bookkeeping [`super::grace`] acts on.
 
 use crate::routing::backend::Backend;
 use parking_lot::Mutex;

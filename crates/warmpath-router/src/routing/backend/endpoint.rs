@@ -1,6 +1,5 @@
-//! Who a backend is and what it serves: its id, URL, index slot, origin and
-//! configuration, its credentials, and the adapters and model cards learned
-//! from its `/v1/models`.
+//! Who a backend is and what it serves: id, URL, index slot, origin,
+//! credentials, and the adapters and model cards learned from its `/v1/models`.
 
 use crate::config::{BackendConfig, BackendUrl};
 use axum::http::{HeaderMap, HeaderValue};

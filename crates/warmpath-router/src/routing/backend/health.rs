@@ -1,6 +1,5 @@
-//! A backend's health: whether it is *ejected* and the verdict of its latest
-//! active probe. What changes whether it is ejected returns true here, so the
-//! caller ([`super::Backend`]) counts it as a change of the load.
+//! A backend's health: ejected or not, and its latest probe's verdict. A change
+//! of ejection returns true, so [`super::Backend`] counts it as a load change.
 
 use crate::control::metrics::Outcome;
 use crate::http::clock::monotonic_ms;
