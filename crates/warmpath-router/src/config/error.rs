@@ -6,14 +6,12 @@ use thiserror::Error;
 /// Why the configuration was refused. Never retryable: fix the file or flags.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    /// The config file could not be read.
     #[error("cannot read config file {}: {source}", path.display())]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    /// The config file is not valid YAML for [`RouterConfig`].
     #[error("config file {} is invalid: {source}", path.display())]
     Parse {
         path: PathBuf,

@@ -15,7 +15,6 @@ use warmpath_edge::{ErrorBody, ErrorCode};
 pub enum RouterError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A pool's tokenizer could not be loaded.
     #[error("pool {model:?}: cannot load tokenizer {}: {source}", path.display())]
     Tokenizer {
         model: String,
@@ -23,21 +22,18 @@ pub enum RouterError {
         #[source]
         source: TokenizeError,
     },
-    /// A pool's policy could not be built.
     #[error("pool {model:?}: {source}")]
     Policy {
         model: String,
         #[source]
         source: PolicyError,
     },
-    /// A backend could not be registered in the pool's index.
     #[error("pool {model:?}: {source}")]
     Index {
         model: String,
         #[source]
         source: IndexError,
     },
-    /// A listen address could not be bound (in use, no permission).
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
