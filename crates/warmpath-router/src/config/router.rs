@@ -11,7 +11,6 @@ use std::time::Duration;
 use warmpath_core::policy::KvConfig;
 use warmpath_core::Strategy;
 
-/// Default `max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// The whole router configuration (the YAML file's shape).
@@ -183,7 +182,6 @@ pub struct UpstreamConfig {
 pub struct Secret(String);
 
 impl Secret {
-    /// Wraps `value`.
     pub fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
     }

@@ -163,7 +163,7 @@ pub(crate) async fn reload(
             (
                 "expose_routing_headers, max_prompt_tokens or show_prompts",
                 pc.expose_routing_headers != pool.expose_routing_headers
-                    || pc.max_prompt_tokens != pool.configured_prompt_cap()
+                    || pc.max_prompt_tokens != pool.max_prompt_tokens
                     || pc.show_prompts != pool.show_prompts,
             ),
         ];

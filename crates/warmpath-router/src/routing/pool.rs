@@ -127,7 +127,8 @@ pub(crate) struct Pool {
     changing: Mutex<()>,
     ejecting: Mutex<()>,
     compaction: Compaction,
-    max_prompt_tokens: Option<usize>,
+    /// As configured; [`Pool::prompt_cap`] is the cap in effect.
+    pub max_prompt_tokens: Option<usize>,
     /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
     learned_context: AtomicUsize,
 }
@@ -210,11 +211,6 @@ impl Pool {
             let n = self.learned_context.load(Ordering::Relaxed);
             (n > 1).then(|| n - 1)
         })
-    }
-
-    /// `max_prompt_tokens` as configured.
-    pub(crate) fn configured_prompt_cap(&self) -> Option<usize> {
-        self.max_prompt_tokens
     }
 
     /// Records an engine's `max_model_len` (the pool keeps the smallest).

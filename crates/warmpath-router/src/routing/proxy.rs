@@ -353,13 +353,11 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// How a tracked body ended early.
+/// How a tracked body ended early: the backend failed mid-answer, sent
+/// nothing for the idle limit, or the shutdown deadline passed.
 enum Cut {
-    /// The backend failed mid-answer.
     Failed(hyper::Error),
-    /// The backend sent nothing for the idle limit.
     Stalled,
-    /// The shutdown deadline passed.
     Halted,
 }
 

@@ -5,7 +5,6 @@
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Fact {
     pub(crate) worker: String,
-    /// The prefix key the policy routed on.
     pub(crate) prefix_key: u64,
     /// Full blocks of the request's chain.
     pub(crate) chain_blocks: u32,
