@@ -70,28 +70,14 @@ pub(crate) struct Admission {
     open: Mutex<(HashMap<Option<IpAddr>, usize>, usize)>,
 }
 
-/// Why a stream was not admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a stream was not admitted: its peer address, or every peer together,
+/// holds its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Full {
-    /// Its peer address holds its cap.
+    #[error("too many agent streams from this address are waiting for their Hello (at most {0}); retry later")]
     Peer(usize),
-    /// Every peer together holds the global cap.
+    #[error("too many agent streams are waiting for their Hello (at most {0}); retry later")]
     All(usize),
-}
-
-impl std::fmt::Display for Full {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Full::Peer(n) => write!(
-                f,
-                "too many agent streams from this address are waiting for their Hello (at most {n}); retry later"
-            ),
-            Full::All(n) => write!(
-                f,
-                "too many agent streams are waiting for their Hello (at most {n}); retry later"
-            ),
-        }
-    }
 }
 
 impl Default for Admission {
