@@ -13,13 +13,10 @@ use warmpath_router::Cli;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Giving freed memory back: mimalloc returns free pages to the OS only
-/// lazily, from later allocations of the thread that owns them, and a quiet
-/// router makes none, so a cleared worker's index stayed resident. The
-/// ingest calls [`release_memory`] once the index freed a lot
-/// (`ingest::set_memory_release`); it collects this thread's pages, and every
-/// other thread collects its own once: a runtime worker when it next parks,
-/// a blocking thread at the end of its next ingest job or when it exits.
+/// Giving freed memory back: mimalloc returns free pages only lazily, from
+/// later allocations of their thread, and a quiet router makes none. The
+/// ingest calls [`release_memory`] once the index freed a lot; every other
+/// thread collects its own pages once, when it next parks or ends a job.
 #[cfg(feature = "mimalloc")]
 mod release {
     use std::cell::Cell;
@@ -51,12 +48,8 @@ mod release {
 }
 
 fn main() -> anyhow::Result<()> {
-    // No transparent huge pages (mimalloc's `no_thp` feature leaves its
-    // arenas un-advised; this covers hosts with THP "always"): the kernel
-    // kept, and khugepaged rebuilt, a whole 2 MiB page for a few live bytes,
-    // so freed index memory never came back (RSS even rose while idle, 57
-    // -> 67 MiB after a clear). The index's random lookups lose a few TLB
-    // hits, far below the routing cost.
+    // No transparent huge pages (for hosts with THP "always"): a whole 2 MiB
+    // page kept for a few live bytes meant freed index memory never came back.
     #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();

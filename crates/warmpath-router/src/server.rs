@@ -1,6 +1,5 @@
-//! Start-up: build pools, bind, serve HTTP ([`crate::http::front`] in front of the
-//! routes of [`app`]), run the background tasks; [`RunningRouter`] owns them
-//! all.
+//! Start-up: build pools, bind, serve HTTP ([`crate::http::front`] before the
+//! routes of [`app`]) and run the background tasks, owned by [`RunningRouter`].
 
 use crate::api::{models, responses};
 use crate::config::RouterConfig;
@@ -20,8 +19,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The HTTP routes over `shared` other than the proxied endpoints (those
-/// are answered by [`crate::http::front`]).
+/// The HTTP routes over `shared` other than the proxied endpoints.
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/models", get(models::models))
@@ -45,8 +43,7 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// A started router. Dropping it shuts it down (as does cancelling the token
-/// given to [`start`]); [`RunningRouter::wait`] waits for that.
+/// A started router; dropping it (or cancelling `start`'s token) shuts it down.
 #[derive(Debug)]
 pub struct RunningRouter {
     /// The bound HTTP address (port resolved when 0 was asked for).
@@ -66,10 +63,7 @@ impl RunningRouter {
         self.shared.pools.index_of(model).map(|(index, _)| index)
     }
 
-    /// Applies a re-read configuration (see [`admin::reload`]): what was
-    /// applied is logged at INFO, one change a line; what was not
-    /// (process-wide settings, a pool's restart-only settings) in ONE WARN
-    /// line. Returns both, applied first.
+    /// Applies a re-read configuration; returns what was applied, then what was not.
     pub async fn reload(&self, config: &RouterConfig) -> Result<Vec<String>, RouterError> {
         let mut report = admin::reload(&self.shared, config).await?;
         report
@@ -88,10 +82,7 @@ impl RunningRouter {
         Ok(report.applied)
     }
 
-    /// Starts the shutdown: not ready at once, still serving for
-    /// `server.drain_grace_ms`, then in-flight requests get up to
-    /// 6 graces (at least 1 s) before what remains is ended;
-    /// [`RunningRouter::wait`] returns after that.
+    /// Starts the shutdown (docs/operations.md); [`RunningRouter::wait`] returns after it.
     pub fn shutdown(&self) {
         self.shared.start_draining();
         self.token.cancel();
@@ -113,8 +104,7 @@ impl Drop for RunningRouter {
     }
 }
 
-/// Validates `config`, builds the pools (loading tokenizers), binds and
-/// starts serving. Everything stops when `shutdown` is cancelled.
+/// Validates `config`, builds the pools, binds and serves until `shutdown`.
 pub async fn start(
     config: RouterConfig,
     shutdown: CancellationToken,
@@ -163,8 +153,7 @@ pub async fn start(
         }
     };
     let (listener, http_addr) = bind(&config.listen).await?;
-    // `token` asks for a shutdown, which the front drains; the background
-    // tasks stop once it has (the index stays fed while still serving).
+    // The background tasks stop after the front drained (the index stays fed).
     let token = shutdown.child_token();
     let background = CancellationToken::new();
     let mut tasks = Vec::new();
@@ -198,8 +187,7 @@ pub async fn start(
         })?;
         tasks.extend(started);
     }
-    // Probe once before serving, so that /readyz tells the truth from the
-    // first request (at most a probe timeout later).
+    // Probe once before serving, so that /readyz tells the truth at once.
     crate::control::discovery::first_round(&shared).await;
     health::round(&shared).await;
     let router = app(Arc::clone(&shared));

@@ -1,6 +1,5 @@
-//! The API wing: the OpenAI and native handlers (`openai`), the rest of
-//! vLLM's surface (`surface`), the tenant's `cache_salt` (`salt`), stored
-//! responses (`responses`) and `/v1/models` (`models`).
+//! The API wing: the OpenAI and native handlers, the rest of vLLM's surface,
+//! the tenant's `cache_salt`, stored responses and `/v1/models`.
 
 pub(crate) mod models;
 pub(crate) mod openai;

@@ -1,16 +1,5 @@
-//! `GET /v1/models`: the engines' own model cards, merged per pool.
-//!
-//! The health probes keep each backend's cards of its pool (the card of the
-//! pool's model and those whose `parent` it is: vLLM's LoRA adapters), so
-//! the answer costs no upstream request. Per pool the router lists:
-//! - the pool model's card as an engine gave it (`max_model_len`, `root`,
-//!   `parent`, `permission`, ... kept), with `max_model_len` the smallest
-//!   any engine gave (the one every backend can serve);
-//! - every adapter card an engine listed, first seen wins;
-//! - a card of its own for what no engine described yet (no probe answer,
-//!   no `/v1/models` answer yet, adapters only configured).
-//!
-//! Healthy backends' cards come first.
+//! `GET /v1/models`: the engines' own model cards (kept by the health probes),
+//! merged per pool (docs/router-internals.md).
 
 use crate::control::state::Shared;
 use crate::routing::pool::Pool;

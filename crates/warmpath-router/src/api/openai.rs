@@ -1,9 +1,8 @@
-//! The OpenAI-compatible generation endpoints: `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /invocations` (the rest of the surface is
-//! [`crate::api::surface`], `GET /v1/models` [`crate::api::models`], `/health`
-//! [`crate::control::readiness`]).
+//! The OpenAI-compatible generation endpoints (`/v1/chat/completions`,
+//! `/v1/completions`) and the native `/invocations`.
 
 use crate::api::salt::with_cache_salt;
+use crate::api::surface::{self, model_or_only};
 use crate::config::{Isolation, TenantFrom};
 use crate::control::metrics::Phase;
 use crate::control::state::Shared;
@@ -21,50 +20,68 @@ use serde::Deserialize;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
+use warmpath_core::request::surface::Endpoint;
 use warmpath_core::{Expect, Request, TenantId, TenantSource};
 
 /// The proxied endpoints' paths (the same on the router and the engine).
-pub(crate) const CHAT_PATH: &str = "/v1/chat/completions";
-/// See [`CHAT_PATH`].
-pub(crate) const COMPLETIONS_PATH: &str = "/v1/completions";
-/// See [`CHAT_PATH`].
-pub(crate) const INVOCATIONS_PATH: &str = "/invocations";
+const CHAT_PATH: &str = "/v1/chat/completions";
+const COMPLETIONS_PATH: &str = "/v1/completions";
+const INVOCATIONS_PATH: &str = "/invocations";
 
-/// `POST /v1/chat/completions` ([`Expect::Chat`]) or `/v1/completions`
-/// (reached through [`crate::http::front`]).
-pub(crate) async fn openai(
+/// The proxied POST endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Proxied {
+    /// Chat or completions.
+    OpenAi(Expect),
+    Invocations,
+    /// Embeddings, responses, tokenize, ... ([`crate::api::surface`]).
+    Surface(Endpoint),
+}
+
+impl Proxied {
+    /// The endpoint at exactly this path.
+    pub(crate) fn of_path(path: &str) -> Option<Self> {
+        match path {
+            CHAT_PATH => Some(Proxied::OpenAi(Expect::Chat)),
+            COMPLETIONS_PATH => Some(Proxied::OpenAi(Expect::Completion)),
+            INVOCATIONS_PATH => Some(Proxied::Invocations),
+            p => Endpoint::of_path(p).map(Proxied::Surface),
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Proxied::OpenAi(Expect::Chat) => CHAT_PATH,
+            Proxied::OpenAi(_) => COMPLETIONS_PATH,
+            Proxied::Invocations => INVOCATIONS_PATH,
+            Proxied::Surface(e) => e.path(),
+        }
+    }
+
+    /// Parses, resolves the pool and tenant, plans; returns the body to forward.
+    fn prepare(
+        self,
+        s: &Shared,
+        headers: &HeaderMap,
+        raw: &Bytes,
+        started: Instant,
+    ) -> Result<(route::Plan, Bytes), ApiError> {
+        match self {
+            Proxied::OpenAi(expect) => prepare(s, expect, headers, raw, started),
+            Proxied::Invocations => prepare_raw(s, headers, raw, started),
+            Proxied::Surface(e) => surface::prepare(s, e, headers, raw, started),
+        }
+    }
+}
+
+/// Reads the body, plans the request (big ones on the work pool) and forwards it.
+pub(crate) async fn serve(
     s: Arc<Shared>,
-    expect: Expect,
+    proxied: Proxied,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let path = match expect {
-        Expect::Chat => CHAT_PATH,
-        _ => COMPLETIONS_PATH,
-    };
-    let prepare = move |s: &Shared, h: &HeaderMap, raw: &Bytes, started: Instant| {
-        prepare(s, expect, h, raw, started)
-    };
-    serve(s, path, uri, headers, body, prepare).await
-}
-
-/// Reads the body (capped, with its deadline), plans the request with
-/// `prepare` (on the work pool when the body is large) and forwards it to
-/// `path` with the plan's body: what every proxied POST shares.
-pub(crate) async fn serve<P>(
-    s: Arc<Shared>,
-    path: &str,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-    prepare: P,
-) -> Response
-where
-    P: Fn(&Shared, &HeaderMap, &Bytes, Instant) -> Result<(route::Plan, Bytes), ApiError>
-        + Send
-        + 'static,
-{
     // Held until the body has gone upstream (the answer's head is in).
     let mut held = Held::new(&s.bodies);
     let raw = match s.body(body, &headers, &mut held).await {
@@ -75,17 +92,20 @@ where
     let prepared = if s.work.offloads(raw.len()) {
         let (s2, headers2) = (Arc::clone(&s), headers.clone());
         s.work
-            .run(move || prepare(&s2, &headers2, &raw, started))
+            .run(move || proxied.prepare(&s2, &headers2, &raw, started))
             .await
     } else {
-        prepare(&s, &headers, &raw, started)
+        proxied.prepare(&s, &headers, &raw, started)
     };
     let (mut plan, forward_body) = match prepared {
         Ok(x) => x,
         Err(e) => return rejected(e),
     };
     crate::api::responses::follow(&s, &mut plan).await;
-    let pq = path_and_query(path, &uri);
+    let pq = match proxied {
+        Proxied::Invocations => INVOCATIONS_PATH.to_owned(),
+        _ => path_and_query(proxied.path(), &uri),
+    };
     let out = Outgoing {
         method: axum::http::Method::POST,
         path_and_query: &pq,
@@ -120,19 +140,7 @@ fn prepare(
     Ok((plan, body))
 }
 
-/// `POST /invocations`: the native API. The body is forwarded as sent,
-/// but for the `cache_salt` of a tenant from the API key; the pool comes from a top-level
-/// `model` string when the body is a JSON object with one, else the only
-/// pool; the tenant as on the OpenAI endpoints (`X-Prefix-Aware-Id`,
-/// `prompt_cache_key`, `cache_salt`, or the API key), so tenants stay
-/// apart here too. Big bodies are read on the work pool, as everywhere.
-pub(crate) async fn invocations(s: Arc<Shared>, headers: HeaderMap, body: Body) -> Response {
-    let uri = Uri::from_static(INVOCATIONS_PATH);
-    serve(s, INVOCATIONS_PATH, uri, headers, body, prepare_raw).await
-}
-
-/// The top-level fields `/invocations` reads. Nothing else of the body is
-/// built: a huge array costs a scan of its bytes, not a `Value` tree.
+/// The top-level fields `/invocations` reads (nothing else is built).
 #[derive(Debug, Default, Deserialize)]
 struct Native<'a> {
     #[serde(borrow, default)]
@@ -143,6 +151,8 @@ struct Native<'a> {
     cache_salt: Option<Cow<'a, str>>,
 }
 
+/// `POST /invocations`, the native API: the body goes as sent (but for an
+/// API-key tenant's `cache_salt`), to the pool its `model` names, else the only one.
 fn prepare_raw(
     s: &Shared,
     headers: &HeaderMap,
@@ -176,8 +186,7 @@ fn prepare_raw(
         .pool
         .metrics
         .overhead(Phase::Parse, started.elapsed());
-    // A tenant from the API key is a promise of isolation, kept in the
-    // engine too; a client-named one leaves the native body as sent.
+    // Only a tenant from the API key (a promise of isolation) salts the native body.
     let tenants = &target.pool.tenants;
     let salted = tenants.isolation == Isolation::Engine && tenants.from == TenantFrom::ApiKey;
     let body = match (&tenant, salted, fields) {
@@ -192,18 +201,4 @@ fn prepare_raw(
         _ => raw.clone(),
     };
     Ok((route::plan_raw(target, tenant, &model, raw), body))
-}
-
-/// The body's `model`, else the only pool's (as vLLM defaults to the
-/// served model); with several pools the body must name one.
-pub(crate) fn model_or_only(s: &Shared, named: Option<String>) -> Result<String, ApiError> {
-    match (named, s.pools.all()) {
-        (Some(m), _) => Ok(m),
-        (None, [only]) => Ok(only.model.clone()),
-        (None, _) => Err(ApiError::bad_request(
-            "missing_field",
-            "several models are served: give the body a top-level `model` field",
-        )
-        .with_param("model")),
-    }
 }

@@ -1,20 +1,8 @@
-//! Stored `/v1/responses` responses, followed to the engine that holds them:
-//! `previous_response_id` in `POST /v1/responses`, `GET /v1/responses/{id}`
-//! and `POST /v1/responses/{id}/cancel`.
-//!
-//! The pool remembers which backend answered each response
-//! ([`crate::routing::affinity`]). An id it does not know (another router replica
-//! made it, this one restarted, or it was forgotten) is looked for by asking
-//! every serving backend `GET /v1/responses/{id}` at once, within
-//! the probe timeout; the first to have it is remembered. A request
-//! continuing a response then goes to that backend while it serves (decision
-//! `affinity`); otherwise the policy routes it and the engine answers as it
-//! would (vLLM: 404). `GET` and `cancel` of an id no backend has get the 404
-//! here. An id no backend had is not asked for again for a while, and at
-//! most a few look-ups ask the backends at once, so a flood of unknown ids
-//! cannot multiply into the engines.
+//! Stored `/v1/responses` responses, followed to the engine that holds them;
+//! unknown ids are looked for on every backend, bounded against floods.
 
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
 use crate::http::incoming::{path_and_query, Held};
 use crate::routing::backend::Backend;
@@ -47,9 +35,7 @@ pub(crate) async fn follow(s: &Shared, plan: &mut Plan) {
     plan.pinned = holder;
 }
 
-/// The serving backend of `pool` holding response `id`, and how it was found
-/// (`known`, `located`; `gone` when the remembered one no longer serves and
-/// no other has it, `unknown` when none has it).
+/// The serving backend of `pool` holding response `id`, and how it was found.
 async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String>) {
     let backends = pool.policy().backends.clone();
     let remembered = pool.responses.holder(id);
@@ -58,7 +44,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             return ("known", remembered);
         }
     }
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     if pool.responses.missed(id, now) {
         return ("unknown", None);
     }
@@ -74,7 +60,7 @@ async fn find(s: &Shared, pool: &Pool, id: &str) -> (&'static str, Option<String
             ("located", Some(w))
         }
         None => {
-            pool.responses.miss(id, crate::http::clock::monotonic_ms());
+            pool.responses.miss(id, monotonic_ms());
             match remembered {
                 Some(_) => ("gone", None),
                 None => ("unknown", None),
@@ -87,8 +73,7 @@ fn serving(b: &Backend) -> bool {
     b.health.is_healthy() && !b.load.is_draining()
 }
 
-/// The first serving backend answering `GET /v1/responses/{id}` with a
-/// success, all asked at once.
+/// The first serving backend answering `GET /v1/responses/{id}` with a success.
 async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<String> {
     let timeout = s.config.health.probe_timeout();
     let path = format!("/v1/responses/{id}");
@@ -153,8 +138,7 @@ pub(crate) async fn cancel(
     relay(s, Method::POST, &id, "/cancel", &uri, &headers, raw).await
 }
 
-/// Sends the request to the backend holding response `id`, in whichever
-/// pool has it.
+/// Sends the request to the backend holding response `id`.
 async fn relay(
     s: Arc<Shared>,
     method: Method,

@@ -1,27 +1,17 @@
 //! Forwarding the tenant to the engine as `cache_salt`, touching the body as
-//! little as possible.
-//!
-//! - The body already carries `cache_salt` equal to the tenant: unchanged.
-//! - No `cache_salt`: `,"cache_salt":"<tenant>"` is spliced in before the
-//!   closing `}` of the top-level object; every other byte stays as sent.
-//! - A different `cache_salt` (the tenant came from the header or
-//!   `prompt_cache_key`): the JSON is re-serialised with `cache_salt`
-//!   replaced, so that the engine isolates exactly as the router hashed.
+//! little as possible (spliced in when absent, re-serialised when different).
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 use warmpath_core::TenantId;
 
-/// The body to forward for a request read from `raw` whose `cache_salt` field
-/// is `cache_salt` (`None`: absent or null).
+/// The body to forward for `raw`, whose `cache_salt` is `cache_salt`.
 pub(crate) fn with_cache_salt(raw: &Bytes, cache_salt: Option<&str>, tenant: &TenantId) -> Bytes {
     match cache_salt {
         Some(s) if s == tenant.as_str() => raw.clone(),
         Some(_) => rewrite(raw, tenant),
-        // No `"cache_salt"` anywhere in the bytes: the key is absent (a key
-        // spelled with `\u` escapes and a null value would be left in, and
-        // the spliced field after it wins in JSON parsers that keep the
-        // last of repeated keys, as Python's does).
+        // No `"cache_salt"` in the bytes: absent (an escaped key with a null
+        // value stays, and the spliced field after it wins in Python's JSON).
         None if memchr::memmem::find(raw, b"\"cache_salt\"").is_none() => {
             splice(raw, tenant).unwrap_or_else(|| rewrite(raw, tenant))
         }
@@ -30,8 +20,7 @@ pub(crate) fn with_cache_salt(raw: &Bytes, cache_salt: Option<&str>, tenant: &Te
     }
 }
 
-/// Splices the field before the final `}`; `None` if the body does not end
-/// with one (after whitespace), which a parsed object always does.
+/// Splices the field before the final `}`; `None` without one.
 fn splice(raw: &Bytes, tenant: &TenantId) -> Option<Bytes> {
     let close = raw.iter().rposition(|b| !b.is_ascii_whitespace())?;
     if raw[close] != b'}' {
@@ -55,8 +44,7 @@ fn splice(raw: &Bytes, tenant: &TenantId) -> Option<Bytes> {
     Some(out.freeze())
 }
 
-/// Re-serialises the body with `cache_salt` set (the rare path: a different
-/// or null `cache_salt` was sent).
+/// Re-serialises the body with `cache_salt` set (the rare path).
 fn rewrite(raw: &Bytes, tenant: &TenantId) -> Bytes {
     let Ok(mut v) = serde_json::from_slice::<Value>(raw) else {
         return raw.clone();

@@ -1,16 +1,6 @@
-//! The rest of the OpenAI surface vLLM serves: `POST /v1/embeddings`,
-//! `/v1/responses`, `/tokenize`, `/detokenize` and the pooling endpoints
-//! (`/pooling`, `/classify`, `/score`, `/v1/score`, `/rerank`, `/v1/rerank`,
-//! `/v2/rerank`), reached through [`crate::http::front`].
-//!
-//! Each is proxied as completions are: the same body cap and timeouts, the
-//! same error shapes, tenancy and retries. A body with a prompt
-//! ([`Surface::parse`]) routes by the pool's policy, prefix-aware or
-//! kv-aware included; `/detokenize` and the pooling endpoints have none and
-//! go to the backend with the fewest requests in flight. `cache_salt` is forwarded (tenancy
-//! `isolation: engine`) on the two that prefill: embeddings and responses.
+//! The rest of the OpenAI surface vLLM serves: a body with a prompt routes by
+//! the pool's policy, the others least-outstanding (docs/router-internals.md).
 
-use crate::api::openai::{self as api, model_or_only};
 use crate::api::salt::with_cache_salt;
 use crate::config::Isolation;
 use crate::control::metrics::Phase;
@@ -19,32 +9,15 @@ use crate::http::error::ApiError;
 use crate::http::incoming::tenant_header;
 use crate::http::tenancy;
 use crate::routing::route::{self, Hashing};
-use axum::body::Body;
-use axum::http::{HeaderMap, Uri};
-use axum::response::Response;
+use axum::http::HeaderMap;
 use bytes::Bytes;
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::request::surface::{Endpoint, Surface};
 use warmpath_core::{TenantId, TenantSource};
 
-/// Serves one request to `endpoint`.
-pub(crate) async fn serve(
-    s: Arc<Shared>,
-    endpoint: Endpoint,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let prepare = move |s: &Shared, h: &HeaderMap, raw: &Bytes, started: Instant| {
-        prepare(s, endpoint, h, raw, started)
-    };
-    api::serve(s, endpoint.path(), uri, headers, body, prepare).await
-}
-
 /// Parses, resolves the pool and tenant, plans; returns the body to forward.
-fn prepare(
+pub(crate) fn prepare(
     s: &Shared,
     endpoint: Endpoint,
     headers: &HeaderMap,
@@ -69,8 +42,7 @@ fn prepare(
     let Some(mut req) = parsed.prompt else {
         return Ok((route::plan_least(target, tenant), raw.clone()));
     };
-    // The pool's name, also when the body left `model` out: the prefix key
-    // and block hashes are those of a request naming it.
+    // The pool's name, also when the body left `model` out.
     req.model = Cow::Owned(model);
     let mut plan = route::plan(target, tenant, &req, Hashing::WhenUseful)?;
     if endpoint == Endpoint::Responses {
@@ -84,4 +56,17 @@ fn prepare(
         _ => raw.clone(),
     };
     Ok((plan, body))
+}
+
+/// The body's `model`, else the only pool's (as vLLM defaults).
+pub(crate) fn model_or_only(s: &Shared, named: Option<String>) -> Result<String, ApiError> {
+    match (named, s.pools.all()) {
+        (Some(m), _) => Ok(m),
+        (None, [only]) => Ok(only.model.clone()),
+        (None, _) => Err(ApiError::bad_request(
+            "missing_field",
+            "several models are served: give the body a top-level `model` field",
+        )
+        .with_param("model")),
+    }
 }

@@ -6,8 +6,7 @@ use clap::Parser;
 use std::path::PathBuf;
 use warmpath_core::Strategy;
 
-/// `warmpath-router` command line. Flags override (or, without `--config`,
-/// replace) the config file; see the [`config`](super) module docs.
+/// `warmpath-router` command line. Flags override the config file.
 #[derive(Clone, Debug, Default, Parser)]
 #[command(
     name = "warmpath-router",
@@ -48,29 +47,22 @@ pub struct Cli {
     /// Bearer token for `/cache-index` and `/cache-index/query` only.
     #[arg(long, env = "WARMPATH_INSPECT_TOKEN", hide_env_values = true)]
     pub inspect_token: Option<String>,
-    /// Start even with the admin API, introspection or the agent ingest
-    /// reachable from other hosts without a token.
+    /// Start even with admin, introspection or the ingest open to other hosts without a token.
     #[arg(long)]
     pub insecure: bool,
-    /// Secret from which each worker's agent credential is derived: an agent
-    /// may publish only for the worker its credential names.
+    /// Secret each worker's agent credential is derived from.
     #[arg(long, env = "WARMPATH_AGENT_SECRET", hide_env_values = true)]
     pub agent_secret: Option<String>,
-    /// The engines' API key, sent upstream in place of the client's
-    /// `Authorization` (`upstream.api_key`).
+    /// The engines' API key, sent upstream in place of the client's (`upstream.api_key`).
     #[arg(long, env = "WARMPATH_UPSTREAM_API_KEY", hide_env_values = true)]
     pub upstream_api_key: Option<String>,
-    /// Load and validate the configuration (file, flags and environment),
-    /// print `configuration OK`, and exit without starting anything (for CI
-    /// and Kubernetes ConfigMaps).
+    /// Load and validate the configuration, print `configuration OK`, and exit.
     #[arg(long)]
     pub check_config: bool,
-    /// Print the agent credential of WORKER (its `--agent-token`) under the
-    /// configured `agent_secret`, and exit.
+    /// Print the agent credential of WORKER under `agent_secret`, and exit.
     #[arg(long, value_name = "WORKER")]
     pub print_agent_token: Option<String>,
-    /// PEM certificate chain for the agent ingest: serve TLS (with
-    /// `--agent-tls-key`).
+    /// PEM certificate chain for the agent ingest: serve TLS (with `--agent-tls-key`).
     #[arg(long, value_name = "PATH")]
     pub agent_tls_cert: Option<PathBuf>,
     /// PEM private key of `--agent-tls-cert`.
@@ -91,8 +83,7 @@ pub struct Cli {
     /// Time served after SIGTERM while not ready, before accepting stops (ms, default 5000).
     #[arg(long, value_name = "MS")]
     pub drain_grace_ms: Option<u64>,
-    /// Log format on stderr: text or json (one object per line). Fixed at
-    /// start; SIGHUP does not change it.
+    /// Log format on stderr: text or json (one object per line).
     #[arg(
         long,
         value_name = "FORMAT",
@@ -112,8 +103,7 @@ impl Cli {
             || self.concurrency_threshold.is_some()
     }
 
-    /// Reads `--config` (if any) and lays the flags over it. The result still
-    /// needs [`RouterConfig::validate`].
+    /// Reads `--config` (if any) and lays the flags over it (not yet validated).
     pub fn load(&self) -> Result<RouterConfig, ConfigError> {
         let base = match &self.config {
             Some(path) => RouterConfig::from_file(path)?,
@@ -124,48 +114,28 @@ impl Cli {
 
     /// Lays the flags over `config`.
     pub fn overlay(&self, mut config: RouterConfig) -> Result<RouterConfig, ConfigError> {
-        if let Some(v) = &self.listen {
-            config.listen = v.clone();
-        }
-        if let Some(v) = &self.grpc_listen {
-            config.grpc_listen = Some(v.clone());
-        }
-        if let Some(v) = &self.admin_token {
-            config.admin_token = Some(v.clone());
-        }
-        if let Some(v) = &self.inspect_token {
-            config.inspect_token = Some(v.clone());
-        }
-        if self.insecure {
-            config.insecure = true;
-        }
+        set(&mut config.listen, &self.listen);
+        set_some(&mut config.grpc_listen, &self.grpc_listen);
+        set_some(&mut config.admin_token, &self.admin_token);
+        set_some(&mut config.inspect_token, &self.inspect_token);
+        config.insecure |= self.insecure;
         if let Some(v) = &self.upstream_api_key {
             config.upstream.api_key = Some(Secret::new(v.clone()));
         }
-        if let Some(v) = &self.agent_secret {
-            config.agent_secret = Some(v.clone());
-        }
-        if let Some(v) = self.max_body_bytes {
-            config.max_body_bytes = v;
-        }
-        if let Some(v) = self.header_timeout_ms {
-            config.server.header_timeout_ms = v;
-        }
-        if let Some(v) = self.max_connections {
-            config.server.max_connections = Some(v);
-        }
-        if let Some(v) = self.drain_grace_ms {
-            config.server.drain_grace_ms = v;
-        }
-        if let Some(v) = &self.agent_tls_cert {
-            config.ingest.tls_cert = Some(v.clone());
-        }
-        if let Some(v) = &self.agent_tls_key {
-            config.ingest.tls_key = Some(v.clone());
-        }
-        if let Some(v) = self.agent_stale_after_ms {
-            config.ingest.stale_after_ms = v;
-        }
+        set_some(&mut config.agent_secret, &self.agent_secret);
+        set(&mut config.max_body_bytes, &self.max_body_bytes);
+        set(
+            &mut config.server.header_timeout_ms,
+            &self.header_timeout_ms,
+        );
+        set_some(&mut config.server.max_connections, &self.max_connections);
+        set(&mut config.server.drain_grace_ms, &self.drain_grace_ms);
+        set_some(&mut config.ingest.tls_cert, &self.agent_tls_cert);
+        set_some(&mut config.ingest.tls_key, &self.agent_tls_key);
+        set(
+            &mut config.ingest.stale_after_ms,
+            &self.agent_stale_after_ms,
+        );
         if self.model.is_none() && !self.has_pool_flags() {
             return Ok(config);
         }
@@ -198,16 +168,27 @@ impl Cli {
                 .map_err(|e: warmpath_core::PolicyError| invalid("--strategy", e.to_string()))?;
             pool.strategy = Some(s);
         }
-        if let Some(t) = &self.tokenizer {
-            pool.tokenizer = Some(t.clone());
-        }
-        if let Some(v) = self.block_size {
-            pool.block_size = v;
-        }
-        if let Some(v) = self.concurrency_threshold {
-            pool.prefix_aware.concurrency_threshold = v;
-        }
+        set_some(&mut pool.tokenizer, &self.tokenizer);
+        set(&mut pool.block_size, &self.block_size);
+        set(
+            &mut pool.prefix_aware.concurrency_threshold,
+            &self.concurrency_threshold,
+        );
         Ok(config)
+    }
+}
+
+/// A flag given replaces the file's value.
+fn set<T: Clone>(dst: &mut T, flag: &Option<T>) {
+    if let Some(v) = flag {
+        dst.clone_from(v);
+    }
+}
+
+/// [`set`] of an optional setting.
+fn set_some<T: Clone>(dst: &mut Option<T>, flag: &Option<T>) {
+    if flag.is_some() {
+        dst.clone_from(flag);
     }
 }
 

@@ -1,33 +1,13 @@
 //! A pool's `discovery:` list: providers whose answers become members, next
-//! to the static `backends:`.
-//!
-//! ```yaml
-//! discovery:
-//!   - dns:
-//!       name: vllm-engines.default.svc.cluster.local
-//!       port: 8000              # for A/AAAA answers; without it, ports come from SRV
-//!       nameserver: 127.0.0.1:5353   # optional; default: the system's resolv.conf
-//!   - kubernetes:                # needs the `kubernetes` cargo feature
-//!       namespace: default
-//!       service: vllm-engines    # EndpointSlices labelled kubernetes.io/service-name
-//!       port_name: http          # which EndpointPort; default: the unnamed one
-//! ```
-//!
-//! The API server and credentials are the process's, as for the ingest's
-//! pod tokens: `KUBECONFIG`, `~/.kube/config`, else the in-cluster service
-//! account.
-//!
-//! A `dns` provider resolves every 2.5 `health.probe_interval_ms` (5 s by
-//! default); a `kubernetes` one re-applies its last set every 5 (10 s).
+//! to the static `backends:` (docs/discovery.md).
 
 use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// One provider: exactly one of its keys is set (`dns` or `kubernetes`). A
-/// struct rather than an enum: the YAML crate reads enums from `!tags`, and the
-/// documented form is a one-key map.
+/// One provider: exactly one of `dns` or `kubernetes` (a struct: the YAML
+/// crate reads enums from `!tags`, the documented form is a one-key map).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
@@ -39,8 +19,7 @@ pub struct DiscoveryConfig {
     pub kubernetes: Option<KubernetesDiscovery>,
 }
 
-/// `kubernetes:`: the ready endpoints of a Service's EndpointSlices
-/// (all of them, merged), watched through the API server.
+/// `kubernetes:`: the ready endpoints of a Service's EndpointSlices.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesDiscovery {
@@ -49,8 +28,7 @@ pub struct KubernetesDiscovery {
     pub namespace: String,
     /// The Service's name (the slices' `kubernetes.io/service-name` label).
     pub service: String,
-    /// The EndpointPort to use, by name; default: the unnamed port (a
-    /// Service with a single unnamed port).
+    /// The EndpointPort to use, by name; default: the unnamed port.
     #[serde(default)]
     pub port_name: Option<String>,
 }
@@ -59,15 +37,13 @@ fn default_namespace() -> String {
     "default".to_owned()
 }
 
-/// `dns:`: a name (e.g. a Kubernetes headless Service) whose addresses are
-/// the backends, `http://IP:PORT` each (also their worker ids).
+/// `dns:`: a name whose addresses are the backends, `http://IP:PORT` each.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DnsDiscovery {
     /// The name to resolve.
     pub name: String,
-    /// The engines' port, for A/AAAA answers; without it SRV records give
-    /// targets and ports.
+    /// The engines' port, for A/AAAA answers; without it SRV records are asked.
     #[serde(default)]
     pub port: Option<u16>,
     /// The nameserver (`IP:PORT`, UDP and TCP); default: `/etc/resolv.conf`.
@@ -75,20 +51,8 @@ pub struct DnsDiscovery {
     pub nameserver: Option<String>,
 }
 
-impl DnsDiscovery {
-    /// Whether SRV records are asked: when no port is given.
-    pub fn srv(&self) -> bool {
-        self.port.is_none()
-    }
-}
-
 impl DiscoveryConfig {
-    /// How often a `dns` provider resolves (2.5 probe intervals of
-    /// `probe_ms`), or a `kubernetes` one applies its last set again without
-    /// an event (5): an endpoint that flapped back while its member was
-    /// still draining is added once the drain has removed it. A member gone
-    /// from the answers waits out 3 of these, out of rotation with its index
-    /// kept, before its drain (`discovery::grace`).
+    /// How often it resolves (`dns`: 2.5 probe intervals) or re-applies (`kubernetes`: 5).
     pub fn interval(&self, probe_ms: u64) -> Duration {
         let rounds = if self.dns.is_some() { 5 } else { 10 };
         Duration::from_millis(probe_ms.saturating_mul(rounds) / 2)
@@ -169,7 +133,11 @@ mod tests {
         assert!(e.contains("d.dns.port"), "{e}");
         let srv: Vec<DiscoveryConfig> = yaml_serde::from_str("- dns: {name: x}").unwrap();
         srv[0].validate("d").unwrap();
-        assert!(srv[0].dns.as_ref().unwrap().srv());
+        assert_eq!(
+            srv[0].dns.as_ref().unwrap().port,
+            None,
+            "SRV records are asked"
+        );
         let ns: Vec<DiscoveryConfig> =
             yaml_serde::from_str("- dns: {name: x, port: 1, nameserver: nope}").unwrap();
         assert!(ns[0]

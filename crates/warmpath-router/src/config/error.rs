@@ -6,33 +6,22 @@ use thiserror::Error;
 /// Why the configuration was refused. Never retryable: fix the file or flags.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    /// The config file could not be read.
     #[error("cannot read config file {}: {source}", path.display())]
     Read {
-        /// The file.
         path: PathBuf,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
-    /// The config file is not valid YAML for [`RouterConfig`].
     #[error("config file {} is invalid: {source}", path.display())]
     Parse {
-        /// The file.
         path: PathBuf,
         /// The YAML error (with line and column).
         #[source]
         source: yaml_serde::Error,
     },
-    /// A setting is out of range or inconsistent; `at` says where
-    /// (e.g. `pools[0].backends[1].url`).
+    /// A setting is out of range or inconsistent; `at` says where.
     #[error("invalid configuration at {at}: {reason}")]
-    Invalid {
-        /// Where.
-        at: String,
-        /// What is wrong.
-        reason: String,
-    },
+    Invalid { at: String, reason: String },
 }
 
 pub(crate) fn invalid(at: impl Into<String>, reason: impl Into<String>) -> ConfigError {

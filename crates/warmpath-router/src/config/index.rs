@@ -1,51 +1,39 @@
-//! A pool's `index:` section: the bounds of its cache index (issue 17), so
-//! that no agent can grow the router's memory past what its engines could
-//! really cache.
+//! A pool's `index:` section: the bounds of its cache index, so that no
+//! agent can grow the router's memory past what its engines could cache.
 
 use super::error::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 
-/// A worker may hold its engine's reported capacity (`Load.capacity_blocks`)
-/// times this: events of blocks being evicted and stored arrive in bursts,
-/// so a full engine briefly claims a little more.
+/// A worker may hold its engine's reported capacity times this (events come in bursts).
 pub(super) const CAPACITY_SLACK: f64 = 1.25;
 
-/// How often holders of cleared workers are compacted away and the table
-/// memory given back (the index also compacts itself at once when they
-/// outnumber the live entries).
+/// How often holders of cleared workers are compacted away.
 pub const COMPACT_INTERVAL_MS: u64 = 30_000;
 
 /// Bounds of one pool's cache index.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IndexSettings {
-    /// Most (block, worker, tier) entries of the whole pool (>= 1); a
-    /// quarter of it is the cap of a worker whose capacity is not known
-    /// yet, and the ceiling of any worker's cap (a claimed capacity is the
-    /// agent's word).
+    /// Most (block, worker, tier) entries of the whole pool (>= 1; a worker gets at most a quarter).
     pub max_entries: u64,
 }
 
 impl Default for IndexSettings {
     fn default() -> Self {
         IndexSettings {
-            // 16M entries: about 0.5-0.9 GB of index (29-57 bytes each);
-            // a worker's ceiling of 4M blocks is 64M tokens of 16-token
-            // blocks, above any one engine's GPU cache today.
+            // 16M entries: about 0.5-0.9 GB of index.
             max_entries: 1 << 24,
         }
     }
 }
 
 impl IndexSettings {
-    /// A worker's cap until its capacity is known, and the ceiling of any
-    /// worker's cap: a quarter of `max_entries` (at least 1).
+    /// A worker's cap until its capacity is known, and its ceiling: a quarter of `max_entries`.
     pub fn max_worker_blocks(&self) -> u64 {
         (self.max_entries / 4).max(1)
     }
 
-    /// The cap of a worker whose engine reports `capacity` blocks (`None`:
-    /// not known).
+    /// The cap of a worker whose engine reports `capacity` blocks.
     pub fn worker_cap(&self, capacity: Option<u64>) -> u64 {
         let ceiling = self.max_worker_blocks();
         capacity.map_or(ceiling, |c| {

@@ -12,8 +12,7 @@ const DROP_AFTER_STALE: u32 = 12;
 /// Largest accepted PEM file (a certificate chain or a key), bytes.
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
-/// Agent ingest settings (the listen address is `grpc_listen`, the
-/// agents' secret `agent_secret`).
+/// Agent ingest settings (the listen address is `grpc_listen`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngestSettings {
@@ -21,16 +20,11 @@ pub struct IngestSettings {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
-    /// Silence (no message, not even a heartbeat) after which an agent's
-    /// entries stop counting for `kv_aware`, in milliseconds (>= 100); after
-    /// 12 times as long they are cleared.
+    /// Silence after which an agent's entries stop counting, in milliseconds (>= 100; cleared after 12 times as long).
     pub stale_after_ms: u64,
-    /// Share each routing decision with the other router replicas through
-    /// the agents' streams (default true; ARCHITECTURE.md, "Router replicas").
+    /// Share each routing decision with the other router replicas through the agents (docs/replicas.md).
     pub share_decisions: bool,
-    /// Kubernetes: agents may present their pod's projected ServiceAccount
-    /// token of this audience, reviewed by the API server; the stream then
-    /// publishes only for that pod (its name, or a URL on its IP).
+    /// Kubernetes: the audience of the pod ServiceAccount tokens agents may present (docs/trust.md).
     pub pod_token_audience: Option<String>,
 }
 
@@ -49,8 +43,7 @@ impl Default for IngestSettings {
 /// A PEM certificate chain and its PEM private key.
 pub type TlsPem = (Vec<u8>, Vec<u8>);
 
-/// Reads a PEM file and checks that it holds a `kind` block
-/// (`CERTIFICATE`, `PRIVATE KEY`).
+/// Reads a PEM file and checks that it holds a `kind` block.
 fn read_pem(at: &str, path: &Path, kind: &str) -> Result<Vec<u8>, ConfigError> {
     let fail = |why: String| invalid(at, format!("{}: {why}", path.display()));
     let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
@@ -84,8 +77,7 @@ impl IngestSettings {
         self.stale_after().saturating_mul(DROP_AFTER_STALE)
     }
 
-    /// Checks the section (`grpc_listen`: whether the ingest runs at all);
-    /// reads the TLS files.
+    /// Checks the section and reads the TLS files (`grpc_listen`: whether the ingest runs).
     pub(crate) fn validate(&self, grpc_listen: bool) -> Result<(), ConfigError> {
         if self.stale_after_ms < 100 {
             return Err(invalid("ingest.stale_after_ms", "must be at least 100"));

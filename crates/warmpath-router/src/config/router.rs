@@ -11,35 +11,27 @@ use std::time::Duration;
 use warmpath_core::policy::KvConfig;
 use warmpath_core::Strategy;
 
-/// Default `max_body_bytes`: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// The whole router configuration (the YAML file's shape).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
-    /// HTTP listen address (`host:port`; port 0 picks a free port; default
-    /// 127.0.0.1:8000: other hosts need a chosen address and tokens).
+    /// HTTP listen address (`host:port`; port 0 picks a free port; other hosts need tokens).
     pub listen: String,
     /// gRPC listen address for agents; none disables the agent ingest.
     pub grpc_listen: Option<String>,
-    /// Bearer token required by `PUT /admin/...` (and accepted by the
-    /// introspection endpoints) when set.
+    /// Bearer token of `PUT /admin/...` (and of introspection) when set.
     pub admin_token: Option<String>,
-    /// Bearer token of `/cache-index` and `/cache-index/query` when set
-    /// (for dashboards that must not change routing).
+    /// Bearer token of `/cache-index` and `/cache-index/query` only, when set.
     pub inspect_token: Option<String>,
-    /// Start even with the admin API, introspection or the agent ingest open
-    /// to other hosts (no token on a non-loopback listener).
+    /// Start even with admin, introspection or the ingest open to other hosts without a token.
     pub insecure: bool,
-    /// Secret from which each worker's own agent credential is derived
-    /// (`warmpath-router --print-agent-token WORKER`): an agent may then
-    /// publish only for the worker its credential names.
+    /// Secret each worker's own agent credential is derived from (`--print-agent-token WORKER`).
     pub agent_secret: Option<String>,
     /// The agent ingest's TLS and deadlines.
     pub ingest: IngestSettings,
-    /// Largest accepted request body in bytes (413 above); 32 of them are
-    /// the request bytes held at once over every connection (503 above).
+    /// Largest accepted request body in bytes (413 above).
     pub max_body_bytes: usize,
     /// Backend health checking.
     pub health: HealthConfig,
@@ -74,23 +66,13 @@ impl Default for RouterConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthConfig {
-    /// Consecutive failures (refused connects, 5xx answers, exchanges broken
-    /// after sending; or failed probes) after which a backend is ejected (>= 1).
-    /// A backend that answered this many requests since it came back starts
-    /// its next back-off from the first one again.
+    /// Consecutive failures (refused connects, 5xx answers, broken exchanges, failed probes) that eject a backend (>= 1).
     pub eject_after: u32,
-    /// What an active probe asks: `health` (`GET /health`) or `completion`
-    /// (a one-token completion of the pool's model).
+    /// What an active probe asks: `health` (`GET /health`) or `completion` (one token).
     pub probe: ProbeKind,
-    /// Interval of the active probes of every backend (and of `/v1/models`
-    /// adapter discovery), in milliseconds (>= 50), each round spread evenly
-    /// over it; a probe waits at most one interval (at most 1 s), a first
-    /// ejection lasts 2.5, `dns` discovery resolves every 2.5 and
-    /// `kubernetes` discovery re-applies its set every 5.
+    /// Interval of the active probes (and `/v1/models` adapter discovery), in milliseconds (>= 50).
     pub probe_interval_ms: u64,
-    /// Most members of a pool ejected at once, in percent (0..=100), though
-    /// one always may be: failures that are not the engines' own cannot
-    /// take a whole pool out (Envoy's `max_ejection_percent`).
+    /// Most members of a pool ejected at once, in percent (0..=100; one always may be).
     pub max_ejection_percent: u8,
 }
 
@@ -106,15 +88,12 @@ impl Default for HealthConfig {
 }
 
 impl HealthConfig {
-    /// Timeout of one probe (and of a `/v1/responses` id look-up): one
-    /// interval, at most 1 s.
+    /// Timeout of one probe (and of a `/v1/responses` id look-up): one interval, at most 1 s.
     pub fn probe_timeout(&self) -> Duration {
         Duration::from_millis(self.probe_interval_ms.min(1_000))
     }
 
-    /// Back-off of a first ejection, in milliseconds: 2.5 probe intervals
-    /// (5 s by default). No probe can bring the backend back before it
-    /// ends; each further ejection doubles it.
+    /// Back-off of a first ejection, in milliseconds: 2.5 probe intervals (doubled per ejection).
     pub fn first_ejection_ms(&self) -> u64 {
         self.probe_interval_ms.saturating_mul(5) / 2
     }
@@ -124,14 +103,10 @@ impl HealthConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeKind {
-    /// `GET /health`, 2xx passes: free for the engine, but vLLM answers it
-    /// while generation hangs.
+    /// `GET /health`, 2xx passes (vLLM answers it even while generation hangs).
     #[default]
     Health,
-    /// `POST /v1/completions` with `max_tokens: 1` and a one-word prompt to
-    /// the pool's model: exercises the serving path. A timeout while this
-    /// router has requests in flight there proves nothing (the probe may be
-    /// queued behind them) and is not counted.
+    /// A one-token `POST /v1/completions` of the pool's model: exercises the serving path.
     Completion,
 }
 
@@ -139,36 +114,17 @@ pub enum ProbeKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Time a client has to send its first byte on a new connection, and
-    /// then each request's whole header from its first byte, in
-    /// milliseconds (>= 1), then the connection is closed; 3 of it bound a
-    /// request body and an answer left unread, 6 an idle keep-alive. A
-    /// client that sends nothing, or half a header, holds no socket longer.
+    /// Time a client has for its first byte and each request's header, in milliseconds (>= 1).
     pub header_timeout_ms: u64,
-    /// Most client connections open at once (>= 1); over it a new
-    /// connection gets a 503 and is closed at once, and idle keep-alive
-    /// connections are closed after a short second when more than 90% are
-    /// open. Default (none): 80% of the soft open-file limit read at start.
+    /// Most client connections open at once (>= 1; default 80% of the soft open-file limit).
     pub max_connections: Option<usize>,
-    /// After SIGTERM (or `RunningRouter::shutdown`), keep serving this many
-    /// milliseconds while not ready, so load balancers notice, then stop
-    /// accepting; then wait up to 6 times as long (at least 1 s) for
-    /// in-flight requests. What remains is closed (an SSE stream gets an
-    /// error event) and the process exits 0.
+    /// After SIGTERM, milliseconds served while not ready before accepting stops.
     pub drain_grace_ms: u64,
-    /// On a loopback listener, the `Host` names answered besides
-    /// `localhost`, `127.0.0.1`, `[::1]` and the listener's own (any port):
-    /// a request naming another host is refused 403, which defeats DNS
-    /// rebinding by a page the operator opens.
+    /// On a loopback listener, `Host` names answered besides this machine's own (DNS rebinding).
     pub allowed_hosts: Vec<String>,
-    /// A client that reads nothing of its answer for this many milliseconds
-    /// (>= 1) is cut off: its connection, the backend's in-flight slot and
-    /// the upstream request are let go. Default: 3 `header_timeout_ms`.
+    /// Milliseconds (>= 1) a client may read nothing of its answer (default 3 `header_timeout_ms`).
     pub send_timeout_ms: Option<u64>,
-    /// The request bytes held at once over every connection (>= 1): a
-    /// request whose body would go past it is answered 503 `overloaded`
-    /// with `Retry-After: 1`, so that many big bodies at once cannot exhaust
-    /// memory; bytes count as they arrive. Default: 32 `max_body_bytes`.
+    /// Request body bytes held at once over every connection (>= 1; default 32 `max_body_bytes`).
     pub max_body_bytes_in_flight: Option<usize>,
 }
 
@@ -186,10 +142,7 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
-    /// Time a client has to send a whole request body of the proxied
-    /// endpoints (and `/cache-index/query`) once its header is in: 3 header
-    /// timeouts. A body shorter than its `Content-Length`, or a chunked body
-    /// that stalls, gets a 408 and the connection is closed.
+    /// Time a client has to send a whole request body once its header is in: 3 header timeouts.
     pub fn body_timeout(&self) -> Duration {
         Duration::from_millis(self.header_timeout_ms.saturating_mul(3))
     }
@@ -202,14 +155,12 @@ impl ServerConfig {
         )
     }
 
-    /// An idle keep-alive connection (its last answer sent, no new request
-    /// begun) is closed after 6 header timeouts.
+    /// An idle keep-alive connection is closed after 6 header timeouts.
     pub fn keepalive_idle(&self) -> Duration {
         Duration::from_millis(self.header_timeout_ms.saturating_mul(6))
     }
 
-    /// After the drain grace, the longest wait for in-flight requests: 6
-    /// graces, at least 1 s.
+    /// After the drain grace, the longest wait for in-flight requests: 6 graces, at least 1 s.
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_grace_ms.saturating_mul(6).max(1_000))
     }
@@ -219,28 +170,18 @@ impl ServerConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// From sending a request to its answer's status and headers (a stream's
-    /// headers come before its first token), in milliseconds (>= 1); also
-    /// the longest silence of an answer's body, at most 120 s. A backend
-    /// that accepts and never answers gets a 504 and a failure toward
-    /// `health.eject_after`; long queues and prefills must fit.
+    /// Milliseconds (>= 1) from sending a request to its answer's headers; long prefills must fit.
     pub first_byte_timeout_ms: u64,
-    /// The engines' API key (vLLM `--api-key`), sent as `Authorization:
-    /// Bearer` on every upstream request (proxied requests, probes,
-    /// `/v1/models`, response look-ups) in place of the client's; a
-    /// backend's own `api_key` wins. Default: `WARMPATH_UPSTREAM_API_KEY`;
-    /// none passes the client's `Authorization` through.
+    /// The engines' API key (vLLM `--api-key`) sent upstream in place of the client's (default `WARMPATH_UPSTREAM_API_KEY`).
     pub api_key: Option<Secret>,
 }
 
-/// A credential: used as given, shown as `<redacted>` in any debug output,
-/// so that no log line or error carries it.
+/// A credential, shown as `<redacted>` in any debug output.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
 
 impl Secret {
-    /// Wraps `value`.
     pub fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
     }
@@ -250,9 +191,7 @@ impl Secret {
         &self.0
     }
 
-    /// `Authorization: Bearer <value>`, marked sensitive (kept out of
-    /// HPACK tables); `None` when the value cannot be a header (refused
-    /// by validation first).
+    /// `Authorization: Bearer <value>`, marked sensitive (kept out of HPACK tables).
     pub fn bearer(&self) -> Option<axum::http::HeaderValue> {
         let mut v = axum::http::HeaderValue::from_str(&format!("Bearer {}", self.0)).ok()?;
         v.set_sensitive(true);
@@ -276,10 +215,7 @@ impl Default for UpstreamConfig {
 }
 
 impl UpstreamConfig {
-    /// Longest silence of an answer's body once its headers are in:
-    /// `first_byte_timeout_ms`, at most 2 minutes. A stream then ends with
-    /// an SSE error event (other bodies are cut off), and it counts as a
-    /// failure toward `health.eject_after`.
+    /// Longest silence of an answer's body once its headers are in: `first_byte_timeout_ms`, at most 2 min.
     pub fn stream_idle_timeout(&self) -> Duration {
         Duration::from_millis(self.first_byte_timeout_ms.min(120_000))
     }
@@ -306,21 +242,16 @@ pub struct PoolConfig {
     /// `kv_aware` cost-model knobs.
     #[serde(default)]
     pub kv: KvConfig,
-    /// Answer `x-warmpath-backend` and `x-warmpath-decision` (default true;
-    /// turn off for untrusted clients: they tell which prefixes are warm).
+    /// Answer `x-warmpath-backend` and `x-warmpath-decision` (off for untrusted clients: they tell what is warm).
     #[serde(default = "yes")]
     pub expose_routing_headers: bool,
-    /// Most prompt tokens accepted (>= 1): a longer prompt is answered 400
-    /// with vLLM's wording instead of being forwarded, and tokenizing stops
-    /// soon after the cap. Default: the engines' `max_model_len` - 1, from
-    /// their `/v1/models` cards (learned by the probes), when they give one.
+    /// Most prompt tokens accepted (>= 1; default the engines' `max_model_len` - 1).
     #[serde(default)]
     pub max_prompt_tokens: Option<usize>,
     /// Where tenant ids come from and what they isolate.
     #[serde(default)]
     pub tenants: TenantsConfig,
-    /// Keep the first characters of the warmest chains' prompts and show
-    /// them on `/cache-index` and its page (default false: hashes only).
+    /// Show the first characters of the warmest chains' prompts on `/cache-index` (default: hashes only).
     #[serde(default)]
     pub show_prompts: bool,
     /// Bounds of the pool's cache index.
@@ -381,8 +312,7 @@ impl PoolConfig {
     }
 }
 
-/// A pool's `tenants:` section. The default is the unauthenticated
-/// `X-Prefix-Aware-Id` / `prompt_cache_key` id, isolated in the engine.
+/// A pool's `tenants:` section (docs/tenants.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantsConfig {
@@ -398,12 +328,10 @@ pub struct TenantsConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TenantFrom {
-    /// `X-Prefix-Aware-Id`, else `prompt_cache_key`, else `cache_salt`, as
-    /// sent: any client can name any tenant.
+    /// `X-Prefix-Aware-Id`, else `prompt_cache_key`, else `cache_salt`, as sent.
     #[default]
     Header,
-    /// A hash of the client's `Authorization: Bearer` key (401 without one):
-    /// a client cannot claim another key's tenant.
+    /// A hash of the client's `Authorization: Bearer` key (401 without one).
     ApiKey,
 }
 
@@ -411,8 +339,7 @@ pub enum TenantFrom {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClientIds {
-    /// Scoped under the key (`<key hash>/<id>`): SDKs that send
-    /// `prompt_cache_key` keep working and still cannot leave their key.
+    /// Scoped under the key (`<key hash>/<id>`).
     #[default]
     Scope,
     /// Answered 403.
@@ -423,18 +350,14 @@ pub enum ClientIds {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Isolation {
-    /// The id salts the block hashes and is forwarded as `cache_salt`: tenants
-    /// never share engine cache, and warmth is no signal across them.
+    /// The id salts the block hashes and is forwarded as `cache_salt`: no shared engine cache.
     #[default]
     Engine,
-    /// The id picks the route only (prefix key): tenants share the engine's
-    /// cache (OpenAI's `prompt_cache_key` meaning), and cache timing leaks
-    /// across them.
+    /// The id picks the route only: tenants share the engine's cache (timing leaks across them).
     RouteOnly,
 }
 
-/// The units (characters, or tokens of a token-id prompt) hashed for a
-/// pool's prefix key.
+/// The characters (or tokens of a token-id prompt) hashed for a prefix key.
 pub const PREFIX_LENGTH: usize = 4096;
 
 /// PREFIX_AWARE settings of a pool.
@@ -517,8 +440,7 @@ impl RouterConfig {
 }
 
 /// The `Host` names a loopback listener answers, port aside (lowercase);
-/// `None` when the listener is reachable from other hosts, where DNS
-/// rebinding gains nothing and names are the deployment's business.
+/// `None` for a listener other hosts reach (names are the deployment's).
 pub fn loopback_hosts(listen: &str, allowed: &[String]) -> Option<Vec<String>> {
     let (host, _) = split_port(listen);
     let loopback = host.eq_ignore_ascii_case("localhost")

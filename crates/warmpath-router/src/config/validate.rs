@@ -14,28 +14,21 @@ pub(super) const MAX_BLOCK_SIZE: usize = 4096;
 #[derive(Debug, thiserror::Error)]
 #[error("{raw:?} {why}")]
 pub struct BadUrl {
-    /// The URL as given.
     pub raw: String,
-    /// What is wrong with it.
     pub why: UrlFault,
 }
 
 /// What is wrong with a backend URL.
 #[derive(Debug, thiserror::Error)]
 pub enum UrlFault {
-    /// It does not parse.
     #[error("is not a URL: {0}")]
     NotAUrl(String),
-    /// A scheme other than `http`.
     #[error("has scheme {0:?}, which is not supported; use http")]
     Scheme(String),
-    /// No scheme at all.
     #[error("has no scheme; write http://host:port")]
     NoScheme,
-    /// No host.
     #[error("has no host")]
     NoHost,
-    /// A query string.
     #[error("must not have a query string")]
     Query,
 }
@@ -149,16 +142,21 @@ impl RouterConfig {
             self.refuse_open_listeners(listen, grpc)?;
         }
         self.ingest.validate(self.grpc_listen.is_some())?;
-        if self.max_body_bytes == 0 {
-            return Err(invalid("max_body_bytes", "must be at least 1"));
-        }
-        let sv = &self.server;
+        let (sv, h) = (&self.server, &self.health);
+        let size = |n: Option<usize>| n.map(|n| n as u64);
         for (name, v) in [
+            ("max_body_bytes", size(Some(self.max_body_bytes))),
             ("server.header_timeout_ms", Some(sv.header_timeout_ms)),
             ("server.send_timeout_ms", sv.send_timeout_ms),
             (
                 "server.max_body_bytes_in_flight",
-                sv.max_body_bytes_in_flight.map(|b| b as u64),
+                size(sv.max_body_bytes_in_flight),
+            ),
+            ("server.max_connections", size(sv.max_connections)),
+            ("health.eject_after", Some(u64::from(h.eject_after))),
+            (
+                "upstream.first_byte_timeout_ms",
+                Some(self.upstream.first_byte_timeout_ms),
             ),
         ] {
             if v == Some(0) {
@@ -182,24 +180,11 @@ impl RouterConfig {
                 return Err(invalid(at, "must be 1 or more visible ASCII characters"));
             }
         }
-        if sv.max_connections == Some(0) {
-            return Err(invalid("server.max_connections", "must be at least 1"));
-        }
-        let h = &self.health;
-        if h.eject_after == 0 {
-            return Err(invalid("health.eject_after", "must be at least 1"));
-        }
         if h.max_ejection_percent > 100 {
             return Err(invalid("health.max_ejection_percent", "must be 0 to 100"));
         }
         if h.probe_interval_ms < 50 {
             return Err(invalid("health.probe_interval_ms", "must be at least 50"));
-        }
-        if self.upstream.first_byte_timeout_ms == 0 {
-            return Err(invalid(
-                "upstream.first_byte_timeout_ms",
-                "must be at least 1",
-            ));
         }
         if self.pools.is_empty() {
             return Err(invalid(

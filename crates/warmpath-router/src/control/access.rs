@@ -1,33 +1,12 @@
-//! Who may use the admin API and the introspection endpoints.
-//!
-//! `PUT /admin/...` needs `admin_token` when one is set. `/cache-index`,
-//! `/cache-index/query` and `/cache-index/ui` need `inspect_token` or
-//! `admin_token` when either is set: the index shows which prefixes are warm
-//! where, and a query costs router CPU. There the token may also come as the
-//! password of HTTP Basic auth (any user name), which is what a browser
-//! sends after the cache page's login prompt, and then on the page's own
-//! requests. `/metrics`, `/health` and the OpenAI endpoints stay open.
-//! A query answers for the caller's own tenant only, unless it presents the
-//! admin token ([`admin_presented`]; see `inspect`).
-//! With no token, validation refuses a listener other hosts can reach
-//! unless `insecure` is set (`config::validate`).
-//!
-//! A browser is a hostile client too: a page the operator opens can send
-//! simple cross-site requests to a loopback router, and DNS rebinding can
-//! read its answers. So ([`edge`], before any handler): on a loopback
-//! listener `Host` must name this machine (`localhost`, `127.0.0.1`,
-//! `[::1]`, the listener's own address or `server.allowed_hosts`); the
-//! admin API and introspection refuse a foreign `Origin`; and an admin
-//! write must be `Content-Type: application/json`, which no page can send
-//! cross-site without a CORS preflight the router never grants.
+//! Who may use admin and introspection, and the edge checks against a browser
+//! as a hostile client (docs/trust.md, docs/hostile-edges.md).
 
 use crate::config::split_port;
 use crate::control::state::Shared;
 use crate::http::error::ApiError;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 
-/// The `Authorization: Bearer` token, if one (also the `tenants.from:
-/// api_key` key).
+/// The `Authorization: Bearer` token, if one.
 pub(crate) fn presented(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)?
@@ -66,8 +45,7 @@ pub(crate) fn admin(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Whether `headers` present the admin token (never when none is set): what
-/// lets a query answer for another tenant.
+/// Whether `headers` present the admin token (never when none is set).
 pub(crate) fn admin_presented(s: &Shared, headers: &HeaderMap) -> bool {
     s.config
         .admin_token
@@ -104,15 +82,13 @@ fn authority<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
     }
 }
 
-/// Whether `path` is the admin API or introspection: the paths that refuse
-/// a foreign `Origin`.
+/// Whether `path` is the admin API or introspection (refuses a foreign `Origin`).
 fn guarded(path: &str) -> bool {
     path.starts_with("/admin/") || path == "/cache-index" || path.starts_with("/cache-index/")
 }
 
-/// The checks every request passes before its handler (see the module
-/// docs): `Host` on a loopback listener, `Origin` on the guarded paths,
-/// and the content type of an admin write.
+/// The checks every request passes before its handler: `Host` on a loopback
+/// listener, `Origin` on the guarded paths, the content type of an admin write.
 pub(crate) fn edge(
     hosts: Option<&[String]>,
     method: &Method,
@@ -139,8 +115,7 @@ pub(crate) fn edge(
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let same = origin.to_str().ok().zip(addressed).is_some_and(|(o, a)| {
-            // Either scheme: a TLS-terminating proxy in front forwards
-            // the same `Host`.
+            // Either scheme: a TLS-terminating proxy in front forwards the same `Host`.
             o.strip_prefix("http://")
                 .or_else(|| o.strip_prefix("https://"))
                 .is_some_and(|rest| same_authority(rest, a))
@@ -164,8 +139,7 @@ pub(crate) fn edge(
     Ok(())
 }
 
-/// Whether two authorities name the same host and port (a missing port
-/// matches any: it is the scheme's default, which `Host` may leave out).
+/// Whether two authorities name the same host and port (a missing port matches any).
 fn same_authority(a: &str, b: &str) -> bool {
     let (ha, pa) = split_port(a);
     let (hb, pb) = split_port(b);

@@ -1,14 +1,10 @@
-//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload
-//! (membership changes are [`crate::control::members`]).
-//!
-//! Both swap a pool's policy atomically ([`Pool::switch`]):
-//! requests already routed keep their backend, requests being routed finish
-//! with the snapshot they took, later requests use the new policy.
+//! Run-time control: `PUT /admin/pools/{model}/strategy` and config reload,
+//! both swapping a pool's policy atomically ([`Pool::switch`]).
 
 use crate::config::RouterConfig;
 use crate::control::members;
 use crate::control::state::Shared;
-use crate::http::error::{ApiError, RouterError};
+use crate::http::error::{method_not_allowed, ApiError, RouterError};
 use crate::http::incoming::{read_body, Held};
 use crate::routing::backend::Origin;
 use crate::routing::pool::{Pool, SwitchError};
@@ -22,8 +18,7 @@ use serde_json::json;
 use std::sync::Arc;
 use warmpath_core::Strategy;
 
-/// Every `/admin/pools/{*rest}` request: `PUT …/strategy` here, the
-/// membership calls in [`crate::control::members`].
+/// Every `/admin/pools/{*rest}` request.
 pub(crate) async fn handle(
     State(s): State<Arc<Shared>>,
     method: Method,
@@ -31,8 +26,7 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    // The token before the body: an anonymous client cannot hold a
-    // connection by announcing a body it never sends.
+    // The token before the body: no anonymous client holds a connection open.
     if let Err(e) = crate::control::access::admin(&s, &headers) {
         return e.into_response();
     }
@@ -64,20 +58,20 @@ pub(crate) async fn handle(
     };
     match (res, method) {
         (members::Resource::Strategy(m), Method::PUT) => set_strategy(&s, m, &body),
-        (members::Resource::Strategy(_), _) => members::method_not_allowed("PUT"),
+        (members::Resource::Strategy(_), _) => method_not_allowed("PUT"),
         (members::Resource::Backends(_), Method::GET) => {
             Json(members::list(&s, &p)).into_response()
         }
         (members::Resource::Backends(_), Method::POST) => members::add(&s, &p, &body).await,
-        (members::Resource::Backends(_), _) => members::method_not_allowed("GET or POST"),
+        (members::Resource::Backends(_), _) => method_not_allowed("GET, POST"),
         (members::Resource::Backend(_, w), Method::DELETE) => match members::remove(&s, &p, w) {
             Ok(b) => Json(json!({"model": p.model, "worker_id": b.endpoint.id(), "removed": true}))
                 .into_response(),
             Err(e) => e.response(),
         },
-        (members::Resource::Backend(..), _) => members::method_not_allowed("DELETE"),
+        (members::Resource::Backend(..), _) => method_not_allowed("DELETE"),
         (members::Resource::Drain(_, w), Method::POST) => members::drain_request(&s, &p, w, &body),
-        (members::Resource::Drain(..), _) => members::method_not_allowed("POST"),
+        (members::Resource::Drain(..), _) => method_not_allowed("POST"),
     }
 }
 
@@ -88,25 +82,17 @@ const MAX_ADMIN_BODY: usize = 64 * 1024;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StrategyBody {
-    /// The new strategy.
     pub strategy: String,
 }
 
-/// `PUT /admin/pools/{model}/strategy`, after [`handle`]
-/// checked the admin token and found the pool's name in the path.
+/// `PUT /admin/pools/{model}/strategy`, after [`handle`] checked the token.
 fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
     let Some(pool) = s.pools.get(model) else {
         return ApiError::unknown_model(model).into_response();
     };
-    let req: StrategyBody = match serde_json::from_slice(body) {
+    let req: StrategyBody = match members::json_body(body, r#"{"strategy": "..."}"#) {
         Ok(b) => b,
-        Err(e) => {
-            return ApiError::bad_request(
-                "invalid_json",
-                format!("body must be {{\"strategy\": \"...\"}}: {e}"),
-            )
-            .into_response()
-        }
+        Err(e) => return e.into_response(),
     };
     let strategy: Strategy = match req.strategy.parse() {
         Ok(st) => st,
@@ -142,12 +128,8 @@ pub(crate) struct ReloadReport {
     pub ignored: Vec<String>,
 }
 
-/// Applies a re-read configuration: each existing pool gets the file's
-/// strategy and policy knobs, backends the file adds are added and
-/// backends it no longer lists are drained and removed (only those that
-/// came from the configuration: members added through the API or by
-/// discovery stay). Settings that need a restart (tokenizer, block size,
-/// new pools, a member's changed url) are listed, not applied.
+/// Applies a re-read configuration's strategies and configured backends;
+/// settings that need a restart are listed, not applied (docs/discovery.md).
 pub(crate) async fn reload(
     s: &Arc<Shared>,
     config: &RouterConfig,
@@ -163,16 +145,8 @@ pub(crate) async fn reload(
         let current = pool.policy();
         let (strategy, knobs) = (pc.effective_strategy(), pc.policy_config());
         if current.strategy != strategy || current.config != knobs {
-            pool.switch(strategy, knobs).map_err(|e| match e {
-                SwitchError::Policy(source) => RouterError::Policy {
-                    model: pc.model.clone(),
-                    source,
-                },
-                SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
-                    format!("pool {m:?}"),
-                    "kv_aware needs a tokenizer, and tokenizers load only at start",
-                )),
-            })?;
+            pool.switch(strategy, knobs)
+                .map_err(|e| e.into_router_error(&pc.model))?;
             r.applied.push(format!(
                 "pool {:?}: policy {} -> {}",
                 pc.model, current.strategy, strategy
@@ -180,26 +154,23 @@ pub(crate) async fn reload(
         }
         reload_members(s, pool, pc, &mut r).await;
         let running: Vec<_> = pool.discovery.iter().map(|p| &p.config).collect();
-        if pc.discovery.iter().collect::<Vec<_>>() != running {
-            r.ignored.push(format!(
-                "pool {:?}: discovery changed: needs a restart",
-                pc.model
-            ));
-        }
-        if pc.block_size != pool.block_size {
-            r.ignored.push(format!(
-                "pool {:?}: block_size changed: needs a restart",
-                pc.model
-            ));
-        }
-        if pc.expose_routing_headers != pool.expose_routing_headers
-            || pc.max_prompt_tokens != pool.configured_prompt_cap()
-            || pc.show_prompts != pool.show_prompts
-        {
-            r.ignored.push(format!(
-                "pool {:?}: expose_routing_headers, max_prompt_tokens or show_prompts changed: needs a restart",
-                pc.model
-            ));
+        let changed = [
+            (
+                "discovery",
+                pc.discovery.iter().collect::<Vec<_>>() != running,
+            ),
+            ("block_size", pc.block_size != pool.block_size),
+            (
+                "expose_routing_headers, max_prompt_tokens or show_prompts",
+                pc.expose_routing_headers != pool.expose_routing_headers
+                    || pc.max_prompt_tokens != pool.max_prompt_tokens
+                    || pc.show_prompts != pool.show_prompts,
+            ),
+        ];
+        for (what, _) in changed.iter().filter(|(_, c)| *c) {
+            let model = &pc.model;
+            r.ignored
+                .push(format!("pool {model:?}: {what} changed: needs a restart"));
         }
     }
     for p in s.pools.all() {
@@ -213,8 +184,7 @@ pub(crate) async fn reload(
     Ok(r)
 }
 
-/// The backend part of a reload: adds first, then drains, so replacing
-/// every backend never leaves the pool empty.
+/// The backend part of a reload: adds first, so the pool is never empty.
 async fn reload_members(
     s: &Arc<Shared>,
     pool: &Arc<Pool>,
@@ -269,9 +239,7 @@ async fn reload_members(
 /// How long a backend removed from the configuration may finish requests.
 const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// The process-wide settings that differ between the running configuration
-/// and a re-read one: a reload cannot apply them (listeners, tokens, ingest
-/// TLS and deadlines, limits, health checks, the upstream client).
+/// The process-wide settings a re-read configuration changes (a reload cannot).
 pub(crate) fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {
     let mut out = Vec::new();
     let mut check = |name: &str, changed: bool| {

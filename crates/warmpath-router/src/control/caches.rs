@@ -1,21 +1,12 @@
-//! The hot path's memo caches, seen from outside: how often each one saves
-//! its work, for `GET /metrics` and `GET /cache-index`.
-//!
-//! | cache | pool | what it keeps | a hit saves |
-//! |---|---|---|---|
-//! | `chunks` | each | token ids of ~1 KiB chunks of long texts (a system prompt, a RAG document) | tokenizing them |
-//! | `words` | each | token ids of short pre-tokenizer splits (a question's words) | running BPE on them |
-//!
-//! Low hit rates on a steady workload mean a cache is too small (or the
-//! traffic has no repeated prefixes, and then `kv_aware` gains little).
+//! The hot path's memo caches (`chunks`, `words`: docs/tokenization.md) seen
+//! from outside, for `GET /metrics` and `GET /cache-index`.
 
 use crate::control::state::Shared;
-use serde_json::{json, Value};
+use serde::Serialize;
 
-/// One cache's counters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One cache's counters, as `GET /cache-index` lists them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct CacheReport {
-    /// The pool's model.
     pub pool: String,
     /// Which cache (module docs).
     pub cache: &'static str,
@@ -23,21 +14,7 @@ pub(crate) struct CacheReport {
     pub hits: u64,
     /// Lookups that did not (the work was done, and usually kept).
     pub misses: u64,
-    /// Entries held now.
     pub entries: usize,
-}
-
-impl CacheReport {
-    /// As listed by `GET /cache-index`.
-    pub(crate) fn to_json(&self) -> Value {
-        json!({
-            "pool": self.pool,
-            "cache": self.cache,
-            "hits": self.hits,
-            "misses": self.misses,
-            "entries": self.entries,
-        })
-    }
 }
 
 /// Every pool's caches' counters (a pool without a tokenizer has none).
@@ -64,8 +41,7 @@ pub(crate) fn report(s: &Shared) -> Vec<CacheReport> {
     out
 }
 
-/// Sets `warmpath_hot_cache_hits_total`, `warmpath_hot_cache_misses_total`
-/// and `warmpath_hot_cache_entries` (labels `pool`, `cache`).
+/// Sets the `warmpath_hot_cache_*` series.
 pub(crate) fn update_metrics(s: &Shared) {
     for r in report(s) {
         let labels = [("pool", r.pool), ("cache", r.cache.to_owned())];

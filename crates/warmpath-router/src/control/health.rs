@@ -1,23 +1,10 @@
-//! Active health checks and LoRA adapter discovery.
-//!
-//! Every `probe_interval_ms` every backend is probed, the probes spread
-//! evenly over the interval (`health.probe`:
-//! `GET /health`, or a one-token completion of the pool's model that
-//! exercises the serving path). A passing probe verifies a backend (what
-//! `/readyz` needs); a failing one unverifies it at once, and
-//! `eject_after` failing in a row eject it. An ejected backend is not probed
-//! before its back-off ends ([`Health::readmit_at_ms`](crate::routing::backend::health::Health::readmit_at_ms)); then the first
-//! passing probe brings it back. Passive ejection (failed proxied requests)
-//! is counted in [`crate::routing::proxy`].
-//!
-//! A backend in rotation is also asked
-//! `GET /v1/models`, and every model card whose `parent` (vLLM's field for
-//! LoRA modules) is the pool's model is recorded as an adapter it serves;
-//! the cards themselves are kept for the router's own `/v1/models`.
+//! Active health checks, spread over `probe_interval_ms`, and adapter and
+//! model card discovery from `/v1/models` (docs/router-internals.md).
 
 use crate::config::ProbeKind;
 use crate::control::readiness;
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::routing::backend::Backend;
 use crate::routing::pool::Pool;
 use axum::http::{header, Method, Request, StatusCode};
@@ -29,18 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The longest back-off is this many times the first back-off (two
-/// minutes by default): long enough to stop hammering a dead engine, short
-/// enough that a fixed one returns without an operator.
+/// The longest back-off is this many times the first: a fixed engine returns without an operator.
 const EJECT_MAX_DOUBLINGS: u64 = 24;
 
 /// Largest probe or `/v1/models` answer read.
 const MAX_MODELS_BYTES: usize = 1 << 20;
 
-/// Runs the probes every interval until `shutdown` (the first round is
-/// [`round`], run by start-up before the router serves). Each later round
-/// spreads its probes evenly over the interval ([`spread`]), so a large
-/// fleet's probes never arrive as one burst of work beside the requests.
+/// Runs the probes every interval until `shutdown`, each round [`spread`] over it.
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let every = Duration::from_millis(shared.config.health.probe_interval_ms);
     let mut next = tokio::time::Instant::now() + every;
@@ -54,15 +36,11 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             () = spread(&shared, every) => {}
         }
-        // A round that overran (its last probe started near the interval's
-        // end) is followed at once: each backend is still probed about
-        // once per interval.
+        // A round that overran is followed at once.
         next = (started + every).max(tokio::time::Instant::now());
     }
 }
 
-/// Every backend of every pool as of now (a change meanwhile waits for the
-/// next round).
 fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
     let mut all = Vec::new();
     for p in shared.pools.all() {
@@ -71,8 +49,7 @@ fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
     all
 }
 
-/// Probes every backend once (concurrently; each within the probe timeout)
-/// and updates `warmpath_ready`.
+/// Probes every backend once, concurrently, and updates `warmpath_ready`.
 pub(crate) async fn round(shared: &Shared) {
     let members = members(shared);
     let probes = members.iter().map(|(p, b)| probe(shared, p, b));
@@ -80,9 +57,7 @@ pub(crate) async fn round(shared: &Shared) {
     readiness::update_gauge(shared);
 }
 
-/// One round with backend `k` of `n` probed `k × every / n` after its
-/// start; `warmpath_ready` follows each probe that changed a backend's
-/// state, not only the round's end.
+/// One round with backend `k` of `n` probed `k × every / n` after its start.
 async fn spread(shared: &Shared, every: Duration) {
     let members = members(shared);
     let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
@@ -113,7 +88,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
     let h = &shared.config.health;
     let ejected = !b.health.is_healthy();
     if ejected
-        && crate::http::clock::monotonic_ms()
+        && monotonic_ms()
             < b.health.readmit_at_ms(
                 h.first_ejection_ms(),
                 h.first_ejection_ms().saturating_mul(EJECT_MAX_DOUBLINGS),
@@ -143,16 +118,13 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
         if let Some((status, body)) =
             send(shared, b, Method::GET, "/v1/models", None, timeout).await
         {
-            if status.is_success() {
-                if let Some(adapters) = adapters_of(&body, &pool.model) {
-                    b.endpoint.set_learned_adapters(adapters);
-                }
-                if let Some(cards) = cards_of(&body, &pool.model) {
-                    b.endpoint.set_learned_cards(cards);
-                }
-                if let Some(n) = max_model_len_of(&body, &pool.model) {
+            if let Some(cards) = cards_of(&body, &pool.model).filter(|_| status.is_success()) {
+                b.endpoint
+                    .set_learned_adapters(adapters_of(&cards, &pool.model));
+                if let Some(n) = max_model_len_of(&cards, &pool.model) {
                     pool.learn_context_length(n);
                 }
+                b.endpoint.set_learned_cards(cards);
             }
         }
     }
@@ -183,9 +155,7 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     };
     match answer {
         Some((status, _)) if status.is_success() => Verdict::Pass,
-        // The engine answered and wants credentials: alive. Ejecting it
-        // would turn a missing `upstream.api_key` into an outage, while
-        // clients that bring their own key are served.
+        // The engine answered and wants credentials: alive.
         Some((StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _)) => {
             if !b.endpoint.warned_credentials() {
                 tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(),
@@ -197,9 +167,7 @@ async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
     }
 }
 
-/// The body of a completion probe: one generated token after a one-word
-/// prompt, shorter than any KV block, so it leaves nothing in the prefix
-/// cache (no KV events) and costs one decode step.
+/// A completion probe: one token after a prompt shorter than a KV block (no cache left).
 pub(crate) fn completion_probe(model: &str) -> Bytes {
     Bytes::from(
         json!({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0,
@@ -208,34 +176,29 @@ pub(crate) fn completion_probe(model: &str) -> Bytes {
     )
 }
 
-/// The LoRA adapters in a `/v1/models` answer: cards whose `parent` is `model`.
-pub(crate) fn adapters_of(body: &[u8], model: &str) -> Option<BTreeSet<String>> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let data = v.get("data")?.as_array()?;
-    Some(
-        data.iter()
-            .filter(|c| c.get("parent").and_then(Value::as_str) == Some(model))
-            .filter_map(|c| c.get("id").and_then(Value::as_str))
-            .filter(|id| *id != model && !id.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    )
+fn id_of(card: &Value) -> Option<&str> {
+    card.get("id").and_then(Value::as_str)
 }
 
-/// vLLM's `max_model_len` on the card of `model` in a `/v1/models` answer.
-pub(crate) fn max_model_len_of(body: &[u8], model: &str) -> Option<usize> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let card = v
-        .get("data")?
-        .as_array()?
+/// The LoRA adapters among a pool's cards: those whose `parent` is `model`.
+pub(crate) fn adapters_of(cards: &[Value], model: &str) -> BTreeSet<String> {
+    cards
         .iter()
-        .find(|c| c.get("id").and_then(Value::as_str) == Some(model))?;
+        .filter(|c| c.get("parent").and_then(Value::as_str) == Some(model))
+        .filter_map(id_of)
+        .filter(|id| *id != model)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// vLLM's `max_model_len` on the card of `model` among a pool's cards.
+pub(crate) fn max_model_len_of(cards: &[Value], model: &str) -> Option<usize> {
+    let card = cards.iter().find(|c| id_of(c) == Some(model))?;
     let n = card.get("max_model_len")?.as_u64()?;
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-/// One probe exchange, read to its end within `timeout`; `None` when it
-/// failed or timed out.
+/// One probe exchange, read to its end within `timeout`.
 async fn send(
     shared: &Shared,
     b: &Backend,
@@ -266,21 +229,15 @@ async fn send(
     tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }
 
-/// The cards of pool `model` in a `/v1/models` answer: its own and its
-/// adapters'; `None` when the body is not a model list.
+/// The cards of pool `model` (its own and its adapters') in a `/v1/models` answer.
 pub(crate) fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let data = v.get("data")?.as_array()?;
     Some(
         data.iter()
+            .filter(|c| id_of(c).is_some_and(|id| !id.is_empty()))
             .filter(|c| {
-                c.get("id")
-                    .and_then(Value::as_str)
-                    .is_some_and(|id| !id.is_empty())
-            })
-            .filter(|c| {
-                c.get("id").and_then(Value::as_str) == Some(model)
-                    || c.get("parent").and_then(Value::as_str) == Some(model)
+                id_of(c) == Some(model) || c.get("parent").and_then(Value::as_str) == Some(model)
             })
             .cloned()
             .collect(),
@@ -289,54 +246,5 @@ pub(crate) fn cards_of(body: &[u8], model: &str) -> Option<Vec<Value>> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cards_of_keeps_the_model_and_its_adapters_whole() {
-        let body = br#"{"object":"list","data":[
-            {"id":"m","object":"model","root":"/models/m","parent":null,"max_model_len":4096},
-            {"id":"sql","object":"model","root":"/lora/sql","parent":"m"},
-            {"id":"other","parent":null},
-            {"id":"","parent":"m"}]}"#;
-        let cards = cards_of(body, "m").unwrap();
-        assert_eq!(cards.len(), 2);
-        assert_eq!(cards[0]["root"], "/models/m");
-        assert_eq!(cards[0]["max_model_len"], 4096);
-        assert_eq!(cards[1]["root"], "/lora/sql");
-        assert_eq!(cards_of(b"[]", "m"), None);
-        assert_eq!(cards_of(b"{", "m"), None);
-    }
-
-    #[test]
-    fn adapters_are_the_cards_parented_by_the_model() {
-        let body = br#"{"object":"list","data":[
-            {"id":"m","object":"model","parent":null},
-            {"id":"sql","object":"model","parent":"m"},
-            {"id":"other","object":"model","parent":"x"}]}"#;
-        let a = adapters_of(body, "m").unwrap();
-        assert_eq!(a.into_iter().collect::<Vec<_>>(), ["sql"]);
-        assert!(adapters_of(b"not json", "m").is_none());
-    }
-
-    #[test]
-    fn the_context_length_is_the_models_own_card() {
-        let body = br#"{"data":[{"id":"sql","max_model_len":99,"parent":"m"},
-            {"id":"m","max_model_len":4096}]}"#;
-        assert_eq!(max_model_len_of(body, "m"), Some(4096));
-        assert_eq!(max_model_len_of(br#"{"data":[{"id":"m"}]}"#, "m"), None);
-        assert_eq!(
-            max_model_len_of(br#"{"data":[{"id":"m","max_model_len":0}]}"#, "m"),
-            None
-        );
-    }
-
-    #[test]
-    fn the_completion_probe_asks_one_token_of_the_pool_model() {
-        let v: Value = serde_json::from_slice(&completion_probe("m")).unwrap();
-        assert_eq!(
-            (v["model"].as_str(), v["max_tokens"].as_u64()),
-            (Some("m"), Some(1))
-        );
-    }
-}
+#[path = "health_tests.rs"]
+mod tests;

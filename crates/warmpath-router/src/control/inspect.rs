@@ -1,11 +1,9 @@
-//! Inspection: `GET /cache-index` (what every worker holds, the warmest
-//! prefix chains), `POST /cache-index/query` (how a request would route,
-//! without sending it anywhere, recording nothing: the policy's preview)
-//! and `GET /metrics`. Only hashes and counts: no prompt text, unless a pool
-//! has `show_prompts` (a preview per chain).
+//! Inspection: `GET /cache-index`, `POST /cache-index/query` (recording nothing)
+//! and `GET /metrics`; hashes and counts only, unless a pool has `show_prompts`.
 
 use crate::config::TenantsConfig;
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
 use crate::http::incoming::{tenant_header, Held};
 use crate::http::tenancy;
@@ -56,7 +54,7 @@ pub(crate) async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 
 /// Refreshes the index gauges of every pool (also done on each scrape).
 pub(crate) fn update_gauges(s: &Shared) {
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     for p in s.pools.all() {
         metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
             .set(p.index.entries() as f64);
@@ -77,7 +75,7 @@ pub(crate) fn update_gauges(s: &Shared) {
 }
 
 fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     let stats = p.index.worker_stats(now);
     let workers: Vec<Value> = p
         .backends()
@@ -180,16 +178,12 @@ pub(crate) async fn cache_index(
     Json(snapshot(&s, top)).into_response()
 }
 
-/// What `GET /cache-index` answers (also the first view of
-/// `/cache-index/ui`), with the `top` warmest chains per pool.
+/// What `GET /cache-index` answers, with the `top` warmest chains per pool.
 pub(crate) fn snapshot(s: &Shared, top: usize) -> Value {
     let top = top.min(crate::routing::hot::DEFAULT_CAPACITY);
     update_gauges(s);
     let pools: Vec<Value> = s.pools.all().iter().map(|p| pool_view(s, p, top)).collect();
-    let caches: Vec<Value> = crate::control::caches::report(s)
-        .iter()
-        .map(crate::control::caches::CacheReport::to_json)
-        .collect();
+    let caches = crate::control::caches::report(s);
     json!({
         "uptime_s": s.started.elapsed().as_secs_f64(),
         "pools": pools,
@@ -197,8 +191,7 @@ pub(crate) fn snapshot(s: &Shared, top: usize) -> Value {
     })
 }
 
-/// `POST /cache-index/query`: body as for chat or completions. A big body is
-/// answered on the bounded work pool, as a proxied one is routed.
+/// `POST /cache-index/query`: body as for chat or completions.
 pub(crate) async fn query(
     State(s): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -238,7 +231,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     let tenant = query_tenant(s, &target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;
     let pool = &plan.target.pool;
-    let loads = route::loads(&plan, &[], s.agents());
+    let loads = route::loads(&plan, s.agents());
     let workers: Vec<Value> = plan
         .policy
         .backends
@@ -256,8 +249,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
             })
         })
         .collect();
-    // Read-only: a preview records no placement or load (a dashboard that
-    // polls this changes no routing decision).
+    // Read-only: a preview records no placement or load.
     let decision = match route::preview(&plan, s.agents()) {
         Ok(d) => json!({
             "worker_id": plan.policy.backends[d.backend].endpoint.id(),
@@ -283,13 +275,8 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     }))
 }
 
-/// The tenant a query answers for: the caller's own, derived exactly as for
-/// a proxied request (under `from: api_key`, from its bearer key, which is
-/// the inspect token when one is required: a tenant no client has), or,
-/// with the admin token ([`crate::control::access::admin_presented`]), any tenant,
-/// named by `X-Warmpath-Tenant` (else the client id as sent). Naming a
-/// tenant other than one's own without it is a 403: warmth is an oracle
-/// across tenants.
+/// The tenant a query answers for: the caller's own, or with the admin token
+/// any (`X-Warmpath-Tenant`): warmth is an oracle across tenants.
 fn query_tenant(
     s: &Shared,
     cfg: &TenantsConfig,

@@ -1,25 +1,9 @@
-//! Live pool membership: the admin API that lists, adds, removes and drains
-//! backends, and the one place a change is applied (the API, a reload and
-//! discovery all come here).
-//!
-//! - `GET /admin/pools/{model}/backends`: members with health, draining,
-//!   origin and agent state; `missing_for_ms` for a discovered member gone
-//!   from its provider's answers (out of rotation, kept for a grace:
-//!   see the discovery module).
-//! - `POST /admin/pools/{model}/backends` `{url, worker_id?, adapters?}`:
-//!   added at once (probed once, then routed to); 201.
-//! - `DELETE /admin/pools/{model}/backends/{worker_id}`: removed at once;
-//!   requests in flight there finish, its index entries are dropped and its
-//!   agent's stream is refused ("removed from pool").
-//! - `POST /admin/pools/{model}/backends/{worker_id}/drain`: no new
-//!   requests; once its in-flight requests have ended (or `timeout_ms`,
-//!   default 10 min, passed) it is removed as above; 202.
-//!
-//! `model` and `worker_id` may contain `/` (percent-encode them): the path
-//! is matched against the pools' model names, longest first.
+//! Live pool membership: the admin API (docs/discovery.md) and the one place
+//! a change is applied (the API, a reload and discovery all come here).
 
 use crate::config::BackendConfig;
 use crate::control::state::Shared;
+use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
 use crate::routing::backend::{Backend, Origin};
 use crate::routing::pool::{MemberError, Pool};
@@ -88,17 +72,17 @@ pub(crate) fn resource<'a>(rest: &'a str, models: &[&str]) -> Option<Resource<'a
     None
 }
 
-pub(crate) fn not_found(message: String) -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", message).into_response()
+/// An admin body of the given `shape`, or the 400 naming it.
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    shape: &str,
+) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("body must be {shape}: {e}")))
 }
 
-pub(crate) fn method_not_allowed(allow: &str) -> Response {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("use {allow}"),
-    )
-    .into_response()
+pub(crate) fn not_found(message: String) -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", message).into_response()
 }
 
 impl MemberError {
@@ -139,8 +123,7 @@ fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
     })
 }
 
-/// How long a discovered member has been gone from its provider's answers
-/// (out of rotation, index kept, until its grace ends); `None`: it is not.
+/// How long a discovered member has been gone from its provider's answers.
 fn missing_for_ms(p: &Pool, id: &str) -> Option<u64> {
     p.discovery
         .iter()
@@ -156,7 +139,7 @@ fn unmark(p: &Pool, id: &str) {
 }
 
 pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
-    let now = crate::http::clock::monotonic_ms();
+    let now = monotonic_ms();
     let members: Vec<Value> = p
         .backends()
         .iter()
@@ -166,17 +149,10 @@ pub(crate) fn list(s: &Shared, p: &Pool) -> Value {
 }
 
 pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response {
-    let req: AddBody = match serde_json::from_slice(body) {
+    let shape = r#"{"url": "http://HOST:PORT", "worker_id": "..."}"#;
+    let req: AddBody = match json_body(body, shape) {
         Ok(b) => b,
-        Err(e) => {
-            return ApiError::bad_request(
-                "invalid_json",
-                format!(
-                    "body must be {{\"url\": \"http://HOST:PORT\", \"worker_id\": \"...\"}}: {e}"
-                ),
-            )
-            .into_response()
-        }
+        Err(e) => return e.into_response(),
     };
     let cfg = BackendConfig {
         url: req.url,
@@ -186,26 +162,29 @@ pub(crate) async fn add(s: &Arc<Shared>, p: &Arc<Pool>, body: &[u8]) -> Response
     match add_member(s, p, &cfg, Origin::Admin).await {
         Ok(b) => (
             StatusCode::CREATED,
-            Json(member_view(s, p, &b, crate::http::clock::monotonic_ms())),
+            Json(member_view(s, p, &b, monotonic_ms())),
         )
             .into_response(),
         Err(e) => e.response(),
     }
 }
 
-/// Adds a member and probes it once, so `verified` and readiness are
-/// current when this returns (it takes requests either way, as at start).
+/// Adds a member and probes it once, so readiness is current on return.
 pub(crate) async fn add_member(
     s: &Shared,
     p: &Pool,
     cfg: &BackendConfig,
     origin: Origin,
 ) -> Result<Arc<Backend>, MemberError> {
-    let b = p.add_backend(cfg, origin)?;
+    Ok(joined(s, p, p.add_backend(cfg, origin)?).await)
+}
+
+/// Counts a member that joined the rotation and probes it once.
+async fn joined(s: &Shared, p: &Pool, b: Arc<Backend>) -> Arc<Backend> {
     crate::control::metrics::membership_change(&p.model, "add");
     crate::control::health::probe(s, p, &b).await;
     crate::control::readiness::update_gauge(s);
-    Ok(b)
+    b
 }
 
 /// Removes a member now (see the module docs) and refuses its agent.
@@ -220,9 +199,7 @@ pub(crate) fn remove(
     Ok(b)
 }
 
-/// After a removal: refuses the worker's agent, counts it, updates
-/// readiness, and purges its index holders off the async threads (which
-/// frees its index slot for a later member).
+/// After a removal: refuses its agent, counts it, and purges its index holders.
 pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     if let Some(a) = &s.agents {
         a.remove_worker(&p.model, b.endpoint.id());
@@ -232,9 +209,7 @@ pub(crate) fn forget(s: &Shared, p: &Arc<Pool>, b: &Backend) {
     p.compact_removed();
 }
 
-/// Takes a member out of rotation without removing it (a discovered member
-/// gone from its provider's answer, within its grace): no new requests,
-/// its index entries and slot stay. Refuses the last member in rotation.
+/// Takes a member out of rotation, its index kept; refuses the last one.
 pub(crate) fn set_aside(
     s: &Shared,
     p: &Pool,
@@ -246,18 +221,13 @@ pub(crate) fn set_aside(
     Ok(b)
 }
 
-/// Puts a member that was set aside back in rotation (see
-/// [`Pool::restore_backend`]) and probes it once, as an added one.
+/// Puts a member that was set aside back in rotation and probes it once.
 pub(crate) async fn restore(
     s: &Shared,
     p: &Pool,
     old: &Arc<Backend>,
 ) -> Result<Arc<Backend>, MemberError> {
-    let b = p.restore_backend(old)?;
-    crate::control::metrics::membership_change(&p.model, "add");
-    crate::control::health::probe(s, p, &b).await;
-    crate::control::readiness::update_gauge(s);
-    Ok(b)
+    Ok(joined(s, p, p.restore_backend(old)?).await)
 }
 
 pub(crate) fn drain_request(
@@ -269,15 +239,9 @@ pub(crate) fn drain_request(
     let req: DrainBody = if body.iter().all(u8::is_ascii_whitespace) {
         DrainBody::default()
     } else {
-        match serde_json::from_slice(body) {
+        match json_body(body, r#"empty or {"timeout_ms": N}"#) {
             Ok(b) => b,
-            Err(e) => {
-                return ApiError::bad_request(
-                    "invalid_json",
-                    format!("body must be empty or {{\"timeout_ms\": N}}: {e}"),
-                )
-                .into_response()
-            }
+            Err(e) => return e.into_response(),
         }
     };
     let timeout = req
@@ -296,20 +260,16 @@ pub(crate) fn drain_request(
     }
 }
 
-/// Starts draining a member; a task removes it once idle (or after
-/// `timeout`). The task ends with the router (`Shared::halt`, the
-/// shutdown's deadline) at the latest, leaving it in place.
+/// Starts draining a member; a task removes it once idle (or after `timeout`).
 pub(crate) fn drain(
     s: &Arc<Shared>,
     p: &Arc<Pool>,
     worker_id: &str,
     timeout: Duration,
 ) -> Result<Arc<Backend>, MemberError> {
-    let b = p.drain_backend(worker_id)?;
+    let b = set_aside(s, p, worker_id)?;
     // Drained on purpose: no provider brings it back within a grace.
     unmark(p, worker_id);
-    crate::control::metrics::membership_change(&p.model, "drain");
-    crate::control::readiness::update_gauge(s);
     let (s, p, task_b) = (Arc::clone(s), Arc::clone(p), Arc::clone(&b));
     tokio::spawn(async move {
         let idle = tokio::select! {

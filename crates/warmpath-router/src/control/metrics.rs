@@ -1,50 +1,11 @@
-//! Prometheus metrics: the recorder (installed once per process) and the
-//! series' names (`GET /metrics` is served by `inspect`).
-//!
-//! | name | kind | labels |
-//! |---|---|---|
-//! | `warmpath_requests_total` | counter | pool, strategy, decision, status |
-//! | `warmpath_matched_blocks` | histogram | pool |
-//! | `warmpath_predicted_cached_tokens_total` | counter | pool |
-//! | `warmpath_upstream_first_byte_seconds` | histogram | pool |
-//! | `warmpath_router_overhead_seconds` | histogram | phase = parse, tokenize, hash, lookup, pick |
-//! | `warmpath_request_duration_seconds` | histogram | pool (from the request's head to its answer's last byte) |
-//! | `warmpath_backend_requests_total` | counter | pool, backend, outcome (see [`Outcome`]) |
-//! | `warmpath_backend_in_flight` | gauge | pool, backend |
-//! | `warmpath_backend_healthy` | gauge | pool, backend |
-//! | `warmpath_ready` | gauge | |
-//! | `warmpath_index_entries` | gauge | pool |
-//! | `warmpath_index_max_entries` | gauge | pool (its `index.max_entries`) |
-//! | `warmpath_stale_workers` | gauge | pool |
-//! | `warmpath_index_prefix_closed_workers` | gauge | pool |
-//! | `warmpath_index_bytes` | gauge | pool |
-//! | `warmpath_index_dead_entries` | gauge | pool |
-//! | `warmpath_ingest_refused_blocks_total` | counter | pool, reason = worker_capacity, max_entries |
-//! | `warmpath_ingest_throttled_total` | counter | kind = snapshot, cleared, hello |
-//! | `warmpath_request_bodies_refused_total` | counter | |
-//! | `warmpath_ejections_refused_total` | counter | pool |
-//! | `warmpath_panic_routed_total` | counter | pool |
-//! | `warmpath_send_timeouts_total` | counter | |
-//! | `warmpath_hot_cache_hits_total` | counter | pool, cache (see [`crate::control::caches`]) |
-//! | `warmpath_hot_cache_misses_total` | counter | pool, cache |
-//! | `warmpath_hot_cache_entries` | gauge | pool, cache |
-//! | `warmpath_connections_open` | gauge | |
-//! | `warmpath_connections_refused_total` | counter | |
-//! | `warmpath_pool_membership_changes_total` | counter | pool, op = add, drain, remove |
-//! | `warmpath_discovery_rounds_total` | counter | pool, provider, result = ok, error |
-//! | `warmpath_discovery_changes_total` | counter | pool, provider |
-//! | `warmpath_discovery_backends` | gauge | pool, provider |
-//! | `warmpath_replica_facts_total` | counter | pool, direction = sent, received, dropped, unsent, forged, malformed |
-//! | `warmpath_replica_sharing_up` | gauge | pool |
-//!
-//! Requests refused before a pool is known are counted with `pool="-"`.
+//! Prometheus metrics: the recorder and the series (table: docs/operations.md);
+//! requests refused before a pool is known count with `pool="-"`.
 
 use axum::http::StatusCode;
-use metrics::{Counter, Gauge, Histogram};
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -59,8 +20,7 @@ const FIRST_BYTE_BUCKETS: [f64; 14] = [
 const LAG_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
-// LLM answers: tens of milliseconds (a cached short prompt) to minutes (a
-// long generation streamed to its end).
+// LLM answers: tens of milliseconds to minutes.
 const DURATION_BUCKETS: [f64; 17] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
     1800.0,
@@ -97,184 +57,59 @@ fn build() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> 
 }
 
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_gauge!(
-        "warmpath_build_info",
-        "Always 1; the labels name the running build"
-    );
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    // One series a line: `describe_KIND "name" (Unit)? "HELP"`.
+    macro_rules! describe {
+        ($($kind:ident $name:literal $(($unit:ident))? $help:literal;)*) => {
+            $($kind!($name, $(metrics::Unit::$unit,)? $help);)*
+        };
+    }
+    describe! {
+        describe_gauge "warmpath_build_info" "Always 1; the labels name the running build";
+        describe_counter "warmpath_replica_facts_total" "Routing decisions shared with the other router replicas through the agents, by direction (sent; received; dropped: the agent stream's queue was full; unsent: no stream of the chosen backend's agent is up; forged: a relayed fact not signed with the key of this router's agent_secret, dropped; malformed: relayed bytes that are no fact, dropped)";
+        describe_gauge "warmpath_replica_sharing_up" "Agent streams of the pool that carry shared decisions now (0: this router decides on its own view only)";
+        describe_counter "warmpath_backend_ejections_total" "Times a backend was ejected (failed requests or probes in a row)";
+        describe_counter "warmpath_request_bodies_refused_total" "Requests answered 503 because 32 max_body_bytes of request bodies were held";
+        describe_counter "warmpath_send_timeouts_total" "Answers whose client read nothing for 3 server.header_timeout_ms: the backend's answer and slot were let go";
+        describe_counter "warmpath_panic_routed_total" "Requests routed to ejected backends because every member that could take them was ejected (panic routing)";
+        describe_counter "warmpath_ejections_refused_total" "Ejections not made because health.max_ejection_percent of the pool was already out";
+        describe_histogram "warmpath_request_duration_seconds" (Seconds) "From a proxied request's head to its answer's last byte (or the client leaving)";
+        describe_counter "warmpath_backend_requests_total" "Requests sent to each backend, by how they ended (ok, server_error, connect_error, timeout, failed, cancelled)";
+        describe_counter "warmpath_requests_total" "Requests answered, by pool, strategy, routing decision and HTTP status";
+        describe_histogram "warmpath_matched_blocks" (Count) "Cached blocks the chosen backend holds of a request (per the index)";
+        describe_counter "warmpath_predicted_cached_tokens_total" (Count) "Prompt tokens predicted to be served from the engine's prefix cache";
+        describe_histogram "warmpath_upstream_first_byte_seconds" (Seconds) "From sending upstream to the first body byte";
+        describe_histogram "warmpath_router_overhead_seconds" (Seconds) "Routing time per phase";
+        describe_gauge "warmpath_backend_in_flight" "Requests this router has in flight per backend";
+        describe_gauge "warmpath_backend_healthy" "1 when the backend is in rotation and its latest active probe passed, else 0";
+        describe_gauge "warmpath_ready" "1 when GET /readyz answers 200: every pool has a probe-verified backend and the router is not draining";
+        describe_gauge "warmpath_index_entries" "(block, worker, tier) entries in the pool's cache index";
+        describe_gauge "warmpath_index_max_entries" "The pool's index.max_entries: past it, new blocks from agents are refused (warmpath_ingest_refused_blocks_total{reason=\"max_entries\"})";
+        describe_gauge "warmpath_index_bytes" (Bytes) "Estimated memory of the pool's cache index: allocated hash-table slots x 25 bytes (8-byte key, 16-byte holder set, 1 control byte); holder sets of 3+ workers take further heap, not counted";
+        describe_gauge "warmpath_index_dead_entries" "Entries of cleared workers waiting for compaction (every 30 s, or at once when they outnumber the live ones)";
+        describe_counter "warmpath_ingest_refused_blocks_total" "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x 1.25, at most a quarter of index.max_entries; max_entries: the pool's index.max_entries)";
+        describe_gauge "warmpath_stale_workers" "Workers whose agent is silent past the deadline";
+        describe_gauge "warmpath_index_prefix_closed_workers" "Workers whose agent reports their cached blocks prefix-closed, so index walks skip ahead";
+        describe_counter "warmpath_hot_cache_hits_total" "Lookups in the router's hot-path memo caches that saved their work";
+        describe_counter "warmpath_hot_cache_misses_total" "Lookups in the router's hot-path memo caches that did the work";
+        describe_counter "warmpath_work_offloaded_total" "Big-body requests routed on the bounded work pool (256 KiB and up)";
+        describe_counter "warmpath_work_rejected_total" "Big-body requests answered 503 overloaded: no work-pool turn within 10 s";
+        describe_counter "warmpath_ingest_messages_total" "Agent stream messages applied to the index, by kind (snapshot_chunk, delta)";
+        describe_counter "warmpath_ingest_blocks_total" "Blocks applied to the index from agent streams, by op (snapshot, stored, removed)";
+        describe_histogram "warmpath_ingest_lag_seconds" (Seconds) "From an engine observing a cache change to the router applying it";
+        describe_counter "warmpath_ingest_gaps_total" "Sequence gaps in agent streams (answered with a resend of the snapshot)";
+        describe_counter "warmpath_ingest_refused_total" "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello, streams)";
+        describe_counter "warmpath_ingest_pod_token_reviews_total" "Agents' pod tokens reviewed with the Kubernetes API server, by outcome (accepted, refused, unavailable); kept answers are not counted";
+        describe_gauge "warmpath_hot_cache_entries" "Entries held by the router's hot-path memo caches";
+        describe_gauge "warmpath_connections_open" "Client connections open now";
+        describe_counter "warmpath_connections_refused_total" "Client connections refused because server.max_connections were open";
+        describe_counter "warmpath_discovery_rounds_total" "Discovery rounds per provider, by result (ok, error); an error keeps the last known backends";
+        describe_counter "warmpath_discovery_changes_total" "Discovery rounds whose answer added or drained backends";
+        describe_gauge "warmpath_discovery_backends" "Backends in a discovery provider's last applied answer";
+        describe_counter "warmpath_pool_membership_changes_total" "Pool membership changes (admin API, reload, discovery), by op (add, drain, remove)";
+        describe_counter "warmpath_response_affinity_total" "Requests naming a stored /v1/responses response, by how its engine was found (known, located, unknown, gone)";
+    }
     metrics::gauge!("warmpath_build_info", "binary" => "warmpath-router", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-    describe_counter!(
-        "warmpath_replica_facts_total",
-        "Routing decisions shared with the other router replicas through the agents, by direction (sent; received; dropped: the agent stream's queue was full; unsent: no stream of the chosen backend's agent is up; forged: a relayed fact not signed with the key of this router's agent_secret, dropped; malformed: relayed bytes that are no fact, dropped)"
-    );
-    describe_gauge!(
-        "warmpath_replica_sharing_up",
-        "Agent streams of the pool that carry shared decisions now (0: this router decides on its own view only)"
-    );
-    describe_counter!(
-        "warmpath_backend_ejections_total",
-        "Times a backend was ejected (failed requests or probes in a row)"
-    );
-    describe_counter!(
-        "warmpath_request_bodies_refused_total",
-        "Requests answered 503 because 32 max_body_bytes of request bodies were held"
-    );
-    describe_counter!(
-        "warmpath_send_timeouts_total",
-        "Answers whose client read nothing for 3 server.header_timeout_ms: the backend's answer and slot were let go"
-    );
-    describe_counter!(
-        "warmpath_panic_routed_total",
-        "Requests routed to ejected backends because every member that could take them was ejected (panic routing)"
-    );
-    describe_counter!(
-        "warmpath_ejections_refused_total",
-        "Ejections not made because health.max_ejection_percent of the pool was already out"
-    );
-    describe_histogram!(
-        "warmpath_request_duration_seconds",
-        Unit::Seconds,
-        "From a proxied request's head to its answer's last byte (or the client leaving)"
-    );
-    describe_counter!(
-        "warmpath_backend_requests_total",
-        "Requests sent to each backend, by how they ended (ok, server_error, connect_error, timeout, failed, cancelled)"
-    );
-    describe_counter!(
-        "warmpath_requests_total",
-        "Requests answered, by pool, strategy, routing decision and HTTP status"
-    );
-    describe_histogram!(
-        "warmpath_matched_blocks",
-        Unit::Count,
-        "Cached blocks the chosen backend holds of a request (per the index)"
-    );
-    describe_counter!(
-        "warmpath_predicted_cached_tokens_total",
-        Unit::Count,
-        "Prompt tokens predicted to be served from the engine's prefix cache"
-    );
-    describe_histogram!(
-        "warmpath_upstream_first_byte_seconds",
-        Unit::Seconds,
-        "From sending upstream to the first body byte"
-    );
-    describe_histogram!(
-        "warmpath_router_overhead_seconds",
-        Unit::Seconds,
-        "Routing time per phase"
-    );
-    describe_gauge!(
-        "warmpath_backend_in_flight",
-        "Requests this router has in flight per backend"
-    );
-    describe_gauge!(
-        "warmpath_backend_healthy",
-        "1 when the backend is in rotation and its latest active probe passed, else 0"
-    );
-    describe_gauge!(
-        "warmpath_ready",
-        "1 when GET /readyz answers 200: every pool has a probe-verified backend and the router is not draining"
-    );
-    describe_gauge!(
-        "warmpath_index_entries",
-        "(block, worker, tier) entries in the pool's cache index"
-    );
-    describe_gauge!(
-        "warmpath_index_max_entries",
-        "The pool's index.max_entries: past it, new blocks from agents are refused (warmpath_ingest_refused_blocks_total{reason=\"max_entries\"})"
-    );
-    describe_gauge!(
-        "warmpath_index_bytes",
-        Unit::Bytes,
-        "Estimated memory of the pool's cache index: allocated hash-table slots x 25 bytes (8-byte key, 16-byte holder set, 1 control byte); holder sets of 3+ workers take further heap, not counted"
-    );
-    describe_gauge!(
-        "warmpath_index_dead_entries",
-        "Entries of cleared workers waiting for compaction (every 30 s, or at once when they outnumber the live ones)"
-    );
-    describe_counter!(
-        "warmpath_ingest_refused_blocks_total",
-        "Blocks from agent streams not stored because an index bound was reached, by reason (worker_capacity: reported capacity x 1.25, at most a quarter of index.max_entries; max_entries: the pool's index.max_entries)"
-    );
-    describe_gauge!(
-        "warmpath_stale_workers",
-        "Workers whose agent is silent past the deadline"
-    );
-    describe_gauge!(
-        "warmpath_index_prefix_closed_workers",
-        "Workers whose agent reports their cached blocks prefix-closed, so index walks skip ahead"
-    );
-    describe_counter!(
-        "warmpath_hot_cache_hits_total",
-        "Lookups in the router's hot-path memo caches that saved their work"
-    );
-    describe_counter!(
-        "warmpath_hot_cache_misses_total",
-        "Lookups in the router's hot-path memo caches that did the work"
-    );
-    describe_counter!(
-        "warmpath_work_offloaded_total",
-        "Big-body requests routed on the bounded work pool (256 KiB and up)"
-    );
-    describe_counter!(
-        "warmpath_work_rejected_total",
-        "Big-body requests answered 503 overloaded: no work-pool turn within 10 s"
-    );
-    describe_counter!(
-        "warmpath_ingest_messages_total",
-        "Agent stream messages applied to the index, by kind (snapshot_chunk, delta)"
-    );
-    describe_counter!(
-        "warmpath_ingest_blocks_total",
-        "Blocks applied to the index from agent streams, by op (snapshot, stored, removed)"
-    );
-    describe_histogram!(
-        "warmpath_ingest_lag_seconds",
-        Unit::Seconds,
-        "From an engine observing a cache change to the router applying it"
-    );
-    describe_counter!(
-        "warmpath_ingest_gaps_total",
-        "Sequence gaps in agent streams (answered with a resend of the snapshot)"
-    );
-    describe_counter!(
-        "warmpath_ingest_refused_total",
-        "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello, streams)"
-    );
-    describe_counter!(
-        "warmpath_ingest_pod_token_reviews_total",
-        "Agents' pod tokens reviewed with the Kubernetes API server, by outcome (accepted, refused, unavailable); kept answers are not counted"
-    );
-    describe_gauge!(
-        "warmpath_hot_cache_entries",
-        "Entries held by the router's hot-path memo caches"
-    );
-    describe_gauge!("warmpath_connections_open", "Client connections open now");
-    describe_counter!(
-        "warmpath_connections_refused_total",
-        "Client connections refused because server.max_connections were open"
-    );
-    describe_counter!(
-        "warmpath_discovery_rounds_total",
-        "Discovery rounds per provider, by result (ok, error); an error keeps the last known backends"
-    );
-    describe_counter!(
-        "warmpath_discovery_changes_total",
-        "Discovery rounds whose answer added or drained backends"
-    );
-    describe_gauge!(
-        "warmpath_discovery_backends",
-        "Backends in a discovery provider's last applied answer"
-    );
-    describe_counter!(
-        "warmpath_pool_membership_changes_total",
-        "Pool membership changes (admin API, reload, discovery), by op (add, drain, remove)"
-    );
-    describe_counter!(
-        "warmpath_response_affinity_total",
-        "Requests naming a stored /v1/responses response, by how its engine was found (known, located, unknown, gone)"
-    );
 }
 
 /// A phase of `warmpath_router_overhead_seconds`.
@@ -284,11 +119,9 @@ pub(crate) enum Phase {
     Parse,
     /// Rendering and tokenizing.
     Tokenize,
-    /// Block hashing.
     Hash,
     /// The index match.
     Lookup,
-    /// The policy's pick.
     Pick,
 }
 
@@ -301,7 +134,6 @@ impl Phase {
         Phase::Pick,
     ];
 
-    /// The `phase` label.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Phase::Parse => "parse",
@@ -313,31 +145,22 @@ impl Phase {
     }
 }
 
-/// A pool's per-request series, registered once when the pool is built:
-/// finding a series by its labels costs more than updating it, and a request
-/// updates up to eight. Built before the recorder is installed, the handles
-/// record nothing (as the macros would).
-#[derive(Clone)]
+/// A pool's per-request series, registered once (a lookup costs more than an update).
+#[derive(Clone, Debug)]
 pub(crate) struct PoolMetrics {
-    /// `warmpath_matched_blocks{pool}`.
     pub matched_blocks: Histogram,
-    /// `warmpath_predicted_cached_tokens_total{pool}`.
     pub predicted_tokens: Counter,
-    /// `warmpath_upstream_first_byte_seconds{pool}`.
     pub first_byte: Histogram,
-    /// `warmpath_request_duration_seconds{pool}`.
     pub duration: Histogram,
     overhead: [Histogram; 5],
     model: Arc<str>,
-    /// `warmpath_requests_total{pool, strategy, decision, status}`, looked
-    /// up once per label set (the registry's lookup allocates its labels).
+    /// `warmpath_requests_total`, looked up once per label set.
     requests: Arc<RwLock<HashMap<RequestLabels, Counter>>>,
 }
 
 type RequestLabels = (&'static str, &'static str, u16);
 
 impl PoolMetrics {
-    /// Registers the series of pool `model`.
     pub(crate) fn new(model: &str) -> Self {
         PoolMetrics {
             matched_blocks: metrics::histogram!("warmpath_matched_blocks", "pool" => model.to_owned()),
@@ -374,12 +197,6 @@ impl PoolMetrics {
     }
 }
 
-impl fmt::Debug for PoolMetrics {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolMetrics").finish_non_exhaustive()
-    }
-}
-
 /// `warmpath_requests_total{pool, strategy, decision, status}`.
 pub(crate) fn requests_counter(
     pool: &str,
@@ -397,8 +214,7 @@ pub(crate) fn request_duration(pool: &str) -> Histogram {
     metrics::histogram!("warmpath_request_duration_seconds", "pool" => pool.to_owned())
 }
 
-/// How a request sent to a backend ended: the `outcome` label of
-/// `warmpath_backend_requests_total`.
+/// How a request sent to a backend ended (`warmpath_backend_requests_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Answered below 500 and streamed to its end.
@@ -407,8 +223,7 @@ pub(crate) enum Outcome {
     ServerError,
     /// Connecting failed (the request went to another backend).
     ConnectError,
-    /// No answer within `first_byte_timeout_ms`, or a body silent for
-    /// the stream idle timeout.
+    /// No answer in time, or a body silent for the stream idle timeout.
     Timeout,
     /// The exchange broke after the request was sent.
     Failed,
@@ -417,7 +232,6 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// Every outcome, in label order.
     pub(crate) const ALL: [Outcome; 6] = [
         Outcome::Ok,
         Outcome::ServerError,
@@ -427,7 +241,6 @@ impl Outcome {
         Outcome::Cancelled,
     ];
 
-    /// The `outcome` label.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
@@ -438,50 +251,6 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
         }
     }
-}
-
-/// `warmpath_backend_requests_total{pool, backend, outcome}`, one per
-/// [`Outcome`] in [`Outcome::ALL`] order.
-pub(crate) fn backend_requests(model: &str, backend: &str) -> [Counter; 6] {
-    Outcome::ALL.map(|o| {
-        metrics::counter!("warmpath_backend_requests_total", "pool" => model.to_owned(),
-            "backend" => backend.to_owned(), "outcome" => o.label())
-    })
-}
-
-/// `warmpath_backend_in_flight{pool, backend}`.
-pub(crate) fn backend_in_flight(model: &str, backend: &str) -> Gauge {
-    metrics::gauge!("warmpath_backend_in_flight", "pool" => model.to_owned(), "backend" => backend.to_owned())
-}
-
-/// `warmpath_backend_healthy{pool, backend}`.
-pub(crate) fn backend_healthy(model: &str, backend: &str) -> Gauge {
-    metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => backend.to_owned())
-}
-
-/// `warmpath_backend_ejections_total{pool, backend}`.
-pub(crate) fn backend_ejections(model: &str, backend: &str) -> Counter {
-    metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => backend.to_owned())
-}
-
-/// `warmpath_request_bodies_refused_total`.
-pub(crate) fn bodies_refused() -> Counter {
-    metrics::counter!("warmpath_request_bodies_refused_total")
-}
-
-/// `warmpath_ejections_refused_total{pool}`.
-pub(crate) fn ejections_refused(model: &str) -> Counter {
-    metrics::counter!("warmpath_ejections_refused_total", "pool" => model.to_owned())
-}
-
-/// `warmpath_send_timeouts_total`.
-pub(crate) fn send_timeouts() -> Counter {
-    metrics::counter!("warmpath_send_timeouts_total")
-}
-
-/// `warmpath_panic_routed_total{pool}`.
-pub(crate) fn panic_routed(model: &str) -> Counter {
-    metrics::counter!("warmpath_panic_routed_total", "pool" => model.to_owned())
 }
 
 /// Counts one `warmpath_response_affinity_total{pool, outcome}`.
@@ -496,23 +265,7 @@ pub(crate) fn membership_change(model: &str, op: &'static str) {
         .increment(1);
 }
 
-/// `warmpath_ready`.
-pub(crate) fn ready() -> Gauge {
-    metrics::gauge!("warmpath_ready")
-}
-
-/// `warmpath_connections_open`.
-pub(crate) fn connections_open() -> Gauge {
-    metrics::gauge!("warmpath_connections_open")
-}
-
-/// `warmpath_connections_refused_total`.
-pub(crate) fn connections_refused() -> Counter {
-    metrics::counter!("warmpath_connections_refused_total")
-}
-
-/// Installs the Prometheus recorder on first call; `None` when another
-/// recorder was installed first (then `/metrics` answers 503).
+/// Installs the Prometheus recorder on first call; `None` when another was first.
 pub(crate) fn install() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| match build() {

@@ -1,8 +1,5 @@
-//! The control wing: the admin API (`admin`) and the access checks in
-//! front of it (`access`), membership (`members`) and discovery
-//! (`discovery`), health probes (`health`) and readiness (`readiness`),
-//! `/cache-index` (`inspect`, `caches`) and its page (`ui`), the metrics
-//! recorder (`metrics`) and the state every handler shares (`state`).
+//! The control wing: admin and access checks, membership and discovery, health
+//! and readiness, `/cache-index` and its page, metrics and the shared state.
 
 pub(crate) mod access;
 pub(crate) mod admin;

@@ -1,12 +1,5 @@
 //! `GET /livez`, `GET /readyz` (and `/health`, its alias) and the
-//! `warmpath_ready` gauge.
-//!
-//! - Live: the process serves HTTP; always 200 while it runs.
-//! - Ready: the configuration is loaded (the router serves nothing before
-//!   it is), every pool has at least one backend that is in rotation and
-//!   whose latest active probe passed ([`is_verified`](crate::routing::backend::health::Health::is_verified); probes run
-//!   every `probe_interval_ms`, the first before the router listens, so no
-//!   client request is needed), and the router is not draining.
+//! `warmpath_ready` gauge (docs/operations.md).
 
 use crate::control::state::Shared;
 use axum::extract::State;
@@ -16,7 +9,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// Whether the router is ready, and each pool's view.
+/// Whether the router is ready (also set as `warmpath_ready`), and each pool's view.
 fn readiness(s: &Shared) -> (bool, Vec<Value>) {
     let mut ready = !s.draining();
     let pools = s
@@ -33,14 +26,13 @@ fn readiness(s: &Shared) -> (bool, Vec<Value>) {
                    "in_rotation": in_rotation, "backends": members.len()})
         })
         .collect();
+    metrics::gauge!("warmpath_ready").set(f64::from(u8::from(ready)));
     (ready, pools)
 }
 
-/// Sets `warmpath_ready`; returns the readiness.
-pub(crate) fn update_gauge(s: &Shared) -> bool {
-    let (ready, _) = readiness(s);
-    crate::control::metrics::ready().set(f64::from(u8::from(ready)));
-    ready
+/// Sets `warmpath_ready`.
+pub(crate) fn update_gauge(s: &Shared) {
+    readiness(s);
 }
 
 /// `GET /livez`: 200 while the process serves.
@@ -48,11 +40,9 @@ pub(crate) async fn livez() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// `GET /readyz` (and `GET /health`): 200 when ready, else 503; the body
-/// says why per pool.
+/// `GET /readyz` (and `GET /health`): 200 when ready, else 503 saying why.
 pub(crate) async fn readyz(State(s): State<Arc<Shared>>) -> Response {
     let (ready, pools) = readiness(&s);
-    crate::control::metrics::ready().set(f64::from(u8::from(ready)));
     let status = if ready {
         StatusCode::OK
     } else {

@@ -18,17 +18,12 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Shared router state.
 pub(crate) struct Shared {
-    /// The pools.
     pub pools: Arc<Pools>,
     /// The upstream side: client, credentials, deadlines, ejection rules.
     pub upstream: Arc<Upstream>,
-    /// The validated configuration as started (a reload changes policies
-    /// only).
     pub config: RouterConfig,
-    /// The `Host` names answered, when the listener is loopback
-    /// ([`crate::control::access::edge`]).
+    /// The `Host` names answered, when the listener is loopback.
     pub hosts: Option<Vec<String>>,
     /// Prometheus renderer (None when another recorder was installed first).
     pub metrics: Option<PrometheusHandle>,
@@ -36,14 +31,12 @@ pub(crate) struct Shared {
     pub agents: Option<Arc<Agents>>,
     /// Start time, for uptime and event ages.
     pub started: Instant,
-    /// Where big bodies are routed.
     pub work: WorkPool,
     /// The request bodies held at once (32 `max_body_bytes`).
     pub bodies: Arc<BodyBudget>,
     /// Set at the start of a shutdown: not ready, still serving.
     draining: AtomicBool,
-    /// Cancelled when the shutdown deadline passes: whatever is still in
-    /// flight ends now (a 503, or an SSE error event).
+    /// Cancelled when the shutdown deadline passes.
     pub halt: CancellationToken,
 }
 
@@ -58,8 +51,7 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    /// A request's body, read under `max_body_bytes` and the body timeout
-    /// ([`read_body`]).
+    /// A request's body, read under `max_body_bytes` and the body timeout.
     pub(crate) async fn body(
         &self,
         body: Body,
@@ -98,13 +90,11 @@ impl Shared {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// Marks the start of a shutdown.
     pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
     }
 
-    /// Where routing decisions go: the other router replicas, when the
-    /// ingest runs and shares them.
+    /// Where routing decisions go: the other router replicas, when shared.
     pub(crate) fn decisions(&self) -> Option<&dyn DecisionSink> {
         self.agents
             .as_deref()

@@ -1,17 +1,5 @@
-//! `GET /cache-index/ui`: one self-contained HTML page (inline CSS and
-//! script, nothing fetched from elsewhere) over the cache index: per pool
-//! and worker the blocks by tier, freshness and load, the warmest chains
-//! as bars, and a "where is this prompt warm?" box that asks
-//! `/cache-index/query`.
-//!
-//! The page comes with the index as it was when served (the JSON of
-//! `GET /cache-index`, embedded), so it shows without a second request;
-//! refreshing fetches `/cache-index`. Access is that of `/cache-index`
-//! ([`crate::control::access::inspect`]); refused, the answer asks for HTTP Basic
-//! auth, so a browser prompts for the token (as the password) and then
-//! sends it with the page's own requests. The page never holds the token.
-//! Like the JSON, it has hashes and counts only: no prompt text, unless the
-//! pool has `show_prompts` (then each warm chain's prompt preview).
+//! `GET /cache-index/ui`: one self-contained HTML page with `/cache-index`'s
+//! JSON embedded, so it shows without a second request (docs/router-internals.md).
 
 use crate::control::state::Shared;
 use axum::extract::State;
@@ -69,29 +57,5 @@ fn script_safe(json: &str) -> String {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn the_page_has_one_slot_and_fetches_nothing_from_elsewhere() {
-        assert_eq!(PAGE.matches(SLOT).count(), 1);
-        for outside in ["http://", "https://", "//cdn", "src=\"http"] {
-            assert!(!PAGE.contains(outside), "{outside}");
-        }
-    }
-
-    #[test]
-    fn an_embedded_snapshot_cannot_close_its_script() {
-        let v = json!({"pools": [{"model": "</script><script>alert(1)</script>"}]});
-        let html = render(&v);
-        assert_eq!(
-            html.matches("</script>").count(),
-            PAGE.matches("</script>").count()
-        );
-        let start = html.find(r#"type="application/json">"#).unwrap() + 24;
-        let end = start + html[start..].find("</script>").unwrap();
-        let back: serde_json::Value = serde_json::from_str(&html[start..end]).unwrap();
-        assert_eq!(back, v);
-    }
-}
+#[path = "ui_tests.rs"]
+mod tests;

@@ -1,14 +1,5 @@
-//! Client connections: how many are open (under `server.max_connections`)
-//! and what each one is doing (told by [`crate::http::socket`] and the service),
-//! which its watchdog reads to close it — an
-//! idle keep-alive connection after 6 `header_timeout_ms` (after a short
-//! second when the limit is near), a request head still incomplete
-//! `header_timeout_ms` after its first byte, a client that has read
-//! nothing of its answer for 3 `header_timeout_ms`.
-//!
-//! A connection's socket, hyper's calls of the service and the response
-//! bodies are all polled on the connection's own task, so the counters are
-//! plain `Relaxed` atomics.
+//! Client connections: how many are open and what each is doing, for its
+//! watchdog. All polled on the connection's own task, so `Relaxed` atomics.
 
 use crate::http::clock::monotonic_ms;
 use crate::http::layer::Layer;
@@ -25,12 +16,9 @@ const PRESSURE_IDLE_MS: u64 = 1_000;
 /// The `server:` limits a connection lives under.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnLimits {
-    /// From a request head's first byte to its end (and from accepting to
-    /// the first byte).
+    /// From a request head's first byte to its end (and from accept to it).
     pub header_timeout: Duration,
-    /// Longest idle keep-alive.
     pub keepalive_idle: Duration,
-    /// Most connections open at once.
     pub max_connections: usize,
     /// Longest a write to the client may wait (it reads nothing).
     pub send_timeout: Duration,
@@ -42,8 +30,7 @@ pub(crate) struct Conns {
     limits: ConnLimits,
     open: AtomicUsize,
     pressure_at: usize,
-    /// Wakes the watchdogs: the open count crossed `pressure_at`, or accept
-    /// ran out of file descriptors.
+    /// Wakes the watchdogs when the open count crossed `pressure_at`.
     pressure: Notify,
     /// Woken when a connection closes (for [`Conns::all_closed`]).
     closed: Notify,
@@ -52,7 +39,6 @@ pub(crate) struct Conns {
 }
 
 impl Conns {
-    /// An empty set under `limits`.
     pub(crate) fn new(limits: ConnLimits) -> Arc<Self> {
         Arc::new(Conns {
             limits,
@@ -60,18 +46,16 @@ impl Conns {
             pressure_at: limits.max_connections * PRESSURE_PERCENT / 100,
             pressure: Notify::new(),
             closed: Notify::new(),
-            open_gauge: crate::control::metrics::connections_open(),
-            refused: crate::control::metrics::connections_refused(),
+            open_gauge: metrics::gauge!("warmpath_connections_open"),
+            refused: metrics::counter!("warmpath_connections_refused_total"),
         })
     }
 
-    /// The limits.
     pub(crate) fn limits(&self) -> &ConnLimits {
         &self.limits
     }
 
-    /// Counts one more connection, or refuses it (counted) when
-    /// `max_connections` are open.
+    /// Counts one more connection, or refuses it when `max_connections` are open.
     pub(crate) fn admit(self: &Arc<Self>) -> Option<Slot> {
         let n = self.open.fetch_add(1, Ordering::Relaxed) + 1;
         if n > self.limits.max_connections {
@@ -90,7 +74,6 @@ impl Conns {
         })
     }
 
-    /// Connections open now.
     pub(crate) fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
@@ -100,8 +83,7 @@ impl Conns {
         self.open() > self.pressure_at
     }
 
-    /// Wakes every watchdog to look again (the limit is near: accept
-    /// failed for want of file descriptors).
+    /// Wakes every watchdog to look again (accept ran out of descriptors).
     pub(crate) fn press(&self) {
         self.pressure.notify_waiters();
     }
@@ -111,7 +93,6 @@ impl Conns {
         self.pressure.notified()
     }
 
-    /// Waits until every connection has closed.
     pub(crate) async fn all_closed(&self) {
         loop {
             let closed = self.closed.notified();
@@ -127,12 +108,10 @@ impl Conns {
 #[derive(Debug)]
 pub(crate) struct Slot {
     conns: Arc<Conns>,
-    /// What the connection is doing.
     pub activity: Arc<Activity>,
 }
 
 impl Slot {
-    /// The set it is counted in.
     pub(crate) fn conns(&self) -> &Arc<Conns> {
         &self.conns
     }
@@ -146,25 +125,20 @@ impl Drop for Slot {
     }
 }
 
-/// What one connection is doing, in monotonic milliseconds (stored + 1, so
-/// that 0 means "not set").
+/// What one connection is doing, in monotonic milliseconds + 1 (0: not set).
 #[derive(Debug)]
 pub(crate) struct Activity {
     /// Requests being answered (more than one on HTTP/2).
     busy: AtomicU32,
-    /// Whether a request was answered (the first waits `header_timeout`,
-    /// later ones `keepalive_idle`).
+    /// Whether a request was answered (then idle waits `keepalive_idle`).
     served: AtomicBool,
     /// When the connection last became idle (accepted, or an answer ended).
     idle_since: AtomicU64,
-    /// The first byte read since then: a request head is under way. (On
-    /// HTTP/2 any frame counts, so an idle HTTP/2 connection that pings is
-    /// closed after `header_timeout` rather than `keepalive_idle`.)
+    /// The first byte read since then: a head is under way (on HTTP/2, any frame).
     head_started: AtomicU64,
     /// Since when a write to the client has been waiting for it to read.
     write_blocked: AtomicU64,
-    /// Wakes the watchdog when its deadline may have moved earlier (the
-    /// connection went idle, or a head began).
+    /// Wakes the watchdog when its deadline may have moved earlier.
     changed: Notify,
 }
 
@@ -218,15 +192,12 @@ impl Activity {
         }
     }
 
-    /// Whether a request head is under way while none is being answered:
-    /// bytes written now are hyper's own (its answer to a head it could
-    /// not parse).
+    /// Whether a head is under way while none is answered (hyper's parse error).
     pub(crate) fn head_pending(&self) -> bool {
         self.busy.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) != 0
     }
 
-    /// When the connection is to be closed (monotonic ms), or `None` while
-    /// a request is being answered to a client that reads it.
+    /// When the connection is to be closed (monotonic ms); `None` while busy.
     pub(crate) fn close_at(&self, limits: &ConnLimits, pressure: bool) -> Option<u64> {
         let blocked = self.write_blocked.load(Ordering::Relaxed);
         if blocked != 0 {
@@ -252,8 +223,7 @@ impl Activity {
     }
 }
 
-/// A request being answered on a connection; dropping it (the answer's
-/// body ended or was dropped) makes the connection idle again.
+/// A request being answered on a connection; dropping it makes it idle again.
 #[derive(Debug)]
 pub(crate) struct Busy(Arc<Activity>);
 
@@ -270,8 +240,7 @@ impl Drop for Busy {
 /// Keeps the request counted as busy until its answer's body is dropped.
 impl Layer for Busy {}
 
-/// The default `max_connections`: 80% of the soft open-file limit (the
-/// rest is left to upstream connections, listeners and files), at least 1.
+/// The default `max_connections`: 80% of the soft open-file limit, at least 1.
 pub(crate) fn default_max_connections() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current

@@ -2,7 +2,7 @@
 //! OpenAI's error shape (`{"error":{"message","type","param","code"}}`).
 
 use crate::config::ConfigError;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::path::PathBuf;
 use thiserror::Error;
@@ -10,48 +10,33 @@ use warmpath_core::tokenize::TokenizeError;
 use warmpath_core::{IndexError, PolicyError, RequestError, TenantError};
 use warmpath_edge::{ErrorBody, ErrorCode};
 
-/// Why the router could not start (or reload). None of these is retryable
-/// without changing the configuration or the environment.
+/// Why the router could not start (or reload).
 #[derive(Debug, Error)]
 pub enum RouterError {
-    /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A pool's tokenizer could not be loaded.
     #[error("pool {model:?}: cannot load tokenizer {}: {source}", path.display())]
     Tokenizer {
-        /// The pool.
         model: String,
-        /// The configured path.
         path: PathBuf,
-        /// The cause.
         #[source]
         source: TokenizeError,
     },
-    /// A pool's policy could not be built.
     #[error("pool {model:?}: {source}")]
     Policy {
-        /// The pool.
         model: String,
-        /// The cause.
         #[source]
         source: PolicyError,
     },
-    /// A backend could not be registered in the pool's index.
     #[error("pool {model:?}: {source}")]
     Index {
-        /// The pool.
         model: String,
-        /// The cause.
         #[source]
         source: IndexError,
     },
-    /// A listen address could not be bound (in use, no permission).
     #[error("cannot listen on {addr}: {source}")]
     Bind {
-        /// The address.
         addr: String,
-        /// The OS error.
         #[source]
         source: std::io::Error,
     },
@@ -60,9 +45,7 @@ pub enum RouterError {
 /// An error answer. `status` is the HTTP status; the body is OpenAI-shaped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
-    /// HTTP status.
     pub status: StatusCode,
-    /// Human-readable message.
     pub message: String,
     /// OpenAI error `type`.
     pub kind: &'static str,
@@ -73,8 +56,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error with no offending field, of the OpenAI `type` that goes
-    /// with `status`.
+    /// An error with no offending field, of the OpenAI `type` of `status`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         let kind = match status.as_u16() {
             401 => "authentication_error",
@@ -158,8 +140,7 @@ impl ApiError {
         )
     }
 
-    /// 503: the request bodies held at once reached
-    /// 32 `max_body_bytes`.
+    /// 503: the request bodies held at once reached their budget.
     pub fn bodies_full(budget: usize) -> Self {
         let message = format!(
             "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
@@ -217,13 +198,11 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }
 
-    /// The whole HTTP/1.1 answer as bytes, closing the connection: for the
-    /// answers written to a socket directly, outside hyper's service.
+    /// The whole HTTP/1.1 answer as bytes, for a socket written directly.
     pub fn raw_http1(&self) -> Vec<u8> {
         warmpath_edge::raw_http1(self.status, &[], &self.body())
     }
 
-    /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         ErrorBody {
             message: &self.message,
@@ -235,26 +214,31 @@ impl ApiError {
     }
 }
 
+/// 405, naming the methods `allow`s (an `Allow` header value) in the body too.
+pub(crate) fn method_not_allowed(allow: &'static str) -> Response {
+    let message = format!("this endpoint takes {allow}");
+    let e = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        message,
+    );
+    let mut resp = e.into_response();
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
-        // After a 408 the rest of the body may still come, and after a
-        // shutdown's 503 nothing more is served: either way the connection
-        // cannot carry another request.
+        let h = resp.headers_mut();
         if self.code == "overloaded" {
-            resp.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if matches!(
-            (self.status, self.code),
-            (StatusCode::REQUEST_TIMEOUT, _) | (_, "shutting_down")
-        ) {
-            resp.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
+        // After a 408 the rest of the body may still come, and after a
+        // shutdown's 503 nothing more is served: close the connection.
+        if self.status == StatusCode::REQUEST_TIMEOUT || self.code == "shutting_down" {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

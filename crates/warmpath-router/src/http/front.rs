@@ -1,19 +1,7 @@
-//! The HTTP front: accepts connections and serves them with hyper (HTTP/1.1
-//! and HTTP/2). The proxied endpoints' exact paths are answered here (a
-//! `POST` goes to its handler in [`crate::api::openai`], any other method gets 405);
-//! everything else goes through the axum [`Router`] of `server::app`.
-//!
-//! The proxied endpoints are the hot path: matching their fixed paths here
-//! skips axum's routing (matched-path and URL-parameter extensions, a boxed
-//! clone of the route's service per request), and keeps one table of them.
-//!
-//! Each connection is admitted under `server.max_connections` and watched
-//! ([`crate::http::conn`]); a shutdown drains in three steps: not ready but still
-//! serving for `drain_grace_ms`, then no new connections and up to
-//! 6 of those (at least 1 s) for the requests in flight, then whatever remains
-//! is ended (`Shared::halt`).
+//! The HTTP front: serves connections with hyper (HTTP/1.1 and HTTP/2), the
+//! proxied paths matched here (skipping axum's routing on the hot path).
 
-use crate::api::{openai as api, surface};
+use crate::api::openai::{self as api, Proxied};
 use crate::control::state::Shared;
 use crate::http::clock::monotonic_ms;
 use crate::http::conn::{Activity, Conns, Slot};
@@ -38,34 +26,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 use tracing::Instrument;
-use warmpath_core::request::surface::Endpoint;
-use warmpath_core::Expect;
 use warmpath_edge::LogEvery;
 
-/// The proxied endpoints, answered without axum's router.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hot {
-    /// Chat or completions.
-    OpenAi(Expect),
-    Invocations,
-    /// Embeddings, responses, tokenize, detokenize ([`crate::api::surface`]).
-    Surface(Endpoint),
-}
-
-impl Hot {
-    /// The endpoint at exactly this path.
-    fn of(req: &Request<Incoming>) -> Option<Self> {
-        match req.uri().path() {
-            api::CHAT_PATH => Some(Hot::OpenAi(Expect::Chat)),
-            api::COMPLETIONS_PATH => Some(Hot::OpenAi(Expect::Completion)),
-            api::INVOCATIONS_PATH => Some(Hot::Invocations),
-            p => Endpoint::of_path(p).map(Hot::Surface),
-        }
-    }
-}
-
 /// The per-connection service: the proxied paths here, the rest to axum.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Front {
     shared: Arc<Shared>,
     router: Router,
@@ -101,7 +65,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
             req.headers(),
         )
         .err();
-        let hot = Hot::of(&req);
+        let hot = Proxied::of_path(req.uri().path());
         let router = hot.is_none().then(|| self.router.clone());
         // `Connection` is HTTP/1's (HTTP/2 forbids it).
         let h1 = req.version() < Version::HTTP_2;
@@ -121,19 +85,13 @@ impl hyper::service::Service<Request<Incoming>> for Front {
                     (None, None) => return ApiError::internal("no route table").into_response(),
                 };
                 if req.method() != Method::POST {
-                    return method_not_allowed();
+                    return crate::http::error::method_not_allowed("POST");
                 }
-                let s = Arc::clone(&shared);
                 let (parts, body) = req.into_parts();
-                let body = Body::new(body);
-                match hot {
-                    Hot::OpenAi(e) => api::openai(s, e, parts.uri, parts.headers, body).await,
-                    Hot::Invocations => api::invocations(s, parts.headers, body).await,
-                    Hot::Surface(e) => surface::serve(s, e, parts.uri, parts.headers, body).await,
-                }
+                let (s, body) = (Arc::clone(&shared), Body::new(body));
+                api::serve(s, hot, parts.uri, parts.headers, body).await
             };
-            // Past the shutdown deadline a request still waiting (on its
-            // body, or on a backend's first byte) is answered now.
+            // Past the shutdown deadline a request still waiting is answered now.
             let resp = tokio::select! {
                 biased;
                 r = answer.instrument(span.clone()) => r,
@@ -164,21 +122,7 @@ impl hyper::service::Service<Request<Incoming>> for Front {
     }
 }
 
-/// 405 for a proxied path asked with another method than `POST`.
-fn method_not_allowed() -> Response {
-    let mut resp = ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this endpoint takes POST",
-    )
-    .into_response();
-    resp.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static("POST"));
-    resp
-}
-
-/// The shutdown's two deadlines (`server.drain_grace_ms`,
-/// 6 of those, at least 1 s).
+/// The shutdown's two deadlines.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Drain {
     /// Served while draining, before accepting stops.
@@ -187,14 +131,10 @@ pub(crate) struct Drain {
     pub timeout: Duration,
 }
 
-/// After `Shared::halt`, the time an answer has to write its last bytes
-/// (an SSE error event) before its connection is dropped.
+/// After `Shared::halt`, the time an answer has to write its last bytes.
 const FLUSH_MS: u64 = 500;
 
-/// Serves `listener` until `shutdown` is cancelled, then drains (see the
-/// module docs). A client whose socket ends before its answer's last byte
-/// has left, even if it only shut its write side: its request is
-/// cancelled upstream.
+/// Serves `listener` until `shutdown` is cancelled, then drains.
 pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -224,8 +164,7 @@ pub(crate) async fn serve(
                     a
                 }
                 Err(e) => {
-                    // Out of file descriptors, most likely: idle
-                    // connections give theirs back first.
+                    // Out of file descriptors, most likely: idle ones close first.
                     conns.press();
                     backoff.failed(&e).await;
                     continue;
@@ -237,10 +176,7 @@ pub(crate) async fn serve(
             let _ = tcp.try_write(&refusal);
             continue;
         };
-        // Answers stream in small writes (SSE chunks): without TCP_NODELAY,
-        // Nagle's algorithm holds a chunk until the client's delayed ACK
-        // (~40 ms) on a reused keep-alive connection — most visibly the
-        // first token.
+        // Answers stream in small writes: no Nagle delay (~40 ms a chunk).
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
         }
@@ -272,8 +208,7 @@ pub(crate) async fn serve(
     }
 }
 
-/// Serves one connection, closing it when its watchdog says so: idle past
-/// its keep-alive, a head too slow, or the shutdown's end.
+/// Serves one connection, closing it when its watchdog says so.
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -287,12 +222,8 @@ async fn connection(
     let halt = front.shared.halt.clone();
     let recheck = limits.header_timeout.min(limits.keepalive_idle);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // An end of stream from the client while its answer is awaited means
-    // it left (as nginx and Envoy take it): hyper then drops the handler,
-    // which drops the upstream request, so the engine stops at once rather
-    // than prefilling and generating for nobody. hyper's own header timer
-    // is off: the watchdog below enforces `header_timeout_ms` and
-    // the keep-alive idle timeout, whatever their values.
+    // A client's end of stream means it left: its upstream request is dropped.
+    // hyper's header timer is off: the watchdog enforces the timeouts.
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -354,8 +285,7 @@ fn refusal(max: usize) -> Vec<u8> {
     .raw_http1()
 }
 
-/// Accept failures (EMFILE, ENFILE, ...): logged at most every 10 s, with a
-/// back-off doubling from 10 ms to 1 s.
+/// Accept failures (EMFILE, ...): logged at most every 10 s, backing off up to 1 s.
 #[derive(Debug, Default)]
 struct AcceptBackoff {
     failures: u64,
@@ -380,11 +310,5 @@ impl AcceptBackoff {
             self.failures = 0;
             self.delay_ms = 0;
         }
-    }
-}
-
-impl std::fmt::Debug for Front {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Front").finish_non_exhaustive()
     }
 }

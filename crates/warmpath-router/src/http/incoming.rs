@@ -1,6 +1,5 @@
-//! Reading a client's request: the body under a size limit, a deadline and
-//! the router's budget of bodies in flight, and the tenant header (shared
-//! by the proxied endpoints, the admin API and the inspection queries).
+//! Reading a client's request: the body under its size limit, deadline and the
+//! budget of bodies in flight, and the tenant header.
 
 use crate::http::error::ApiError;
 use axum::body::Body;
@@ -11,13 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The tenant header.
 pub(crate) const TENANT_HEADER: &str = "x-prefix-aware-id";
 
-/// The request bodies the router holds at once, in bytes, under
-/// 32 `max_body_bytes` in flight: bytes are counted as they arrive (a
-/// body announced and not sent holds nothing) and given back when the
-/// request that read them ends.
+/// The request body bytes the router holds at once, counted as they arrive.
 #[derive(Debug)]
 pub(crate) struct BodyBudget {
     held: AtomicUsize,
@@ -25,7 +20,6 @@ pub(crate) struct BodyBudget {
 }
 
 impl BodyBudget {
-    /// A budget of `max` bytes.
     pub(crate) fn new(max: usize) -> Arc<Self> {
         Arc::new(BodyBudget {
             held: AtomicUsize::new(0),
@@ -56,7 +50,6 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// Nothing held yet.
     pub(crate) fn new(budget: &Arc<BodyBudget>) -> Self {
         Held {
             budget: Arc::clone(budget),
@@ -79,11 +72,8 @@ impl Drop for Held {
     }
 }
 
-/// Reads a body of at most `limit` bytes (413 above) within `deadline`
-/// (408 after: a body shorter than its `Content-Length`, or a chunked one
-/// that stalls, holds the request no longer), counting its bytes in
-/// `held` (503 `overloaded` when the router's budget of bodies in flight
-/// is spent: retryable, and every other request goes on).
+/// Reads a body of at most `limit` bytes (413 above) within `deadline` (408
+/// after), counting its bytes in `held` (503 when the budget is spent).
 pub(crate) async fn read_body(
     body: Body,
     headers: &HeaderMap,
@@ -117,7 +107,7 @@ pub(crate) async fn read_body(
                 return Err(ApiError::too_large(limit));
             }
             if !held.grow(data.len()) {
-                crate::control::metrics::bodies_refused().increment(1);
+                metrics::counter!("warmpath_request_bodies_refused_total").increment(1);
                 return Err(ApiError::bodies_full(held.budget.max));
             }
             parts.push(data);
@@ -134,10 +124,7 @@ pub(crate) async fn read_body(
     }
 }
 
-/// The `X-Prefix-Aware-Id` header as text (400 when it is not visible ASCII,
-/// or when the request carries it more than once: which one is meant is
-/// unknowable, and taking the first would let a proxy's header be overridden
-/// silently).
+/// The `X-Prefix-Aware-Id` header as text (400 when not visible ASCII, or repeated).
 pub(crate) fn tenant_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let mut all = headers.get_all(TENANT_HEADER).iter();
     let Some(v) = all.next() else {

@@ -34,8 +34,7 @@ impl<A: Layer, B: Layer> Layer for (A, B) {
 }
 
 pin_project_lite::pin_project! {
-    /// `inner` with its layers: told of each frame and, once, of the end
-    /// (when it is dropped first, an incomplete one).
+    /// `inner` with its layers: told of each frame and, once, of the end.
     pub(crate) struct Layered<B, L: Layer> {
         #[pin]
         inner: B,
@@ -53,7 +52,6 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// `inner` with `layers` on it.
 pub(crate) fn layered<B, L: Layer>(inner: B, layers: L) -> Layered<B, L> {
     Layered {
         inner,
@@ -75,8 +73,7 @@ impl<B: HttpBody<Data = Bytes>, L: Layer> HttpBody for Layered<B, L> {
             let _in = this.layers.span().map(Span::enter);
             this.inner.as_mut().poll_frame(cx)
         };
-        // hyper may not poll a body whose length is reached: its last
-        // frame ends it.
+        // hyper may not poll a body whose length is reached: its last frame ends it.
         let complete = match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 this.layers.frame(frame);

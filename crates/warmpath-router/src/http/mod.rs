@@ -1,9 +1,5 @@
-//! The HTTP wing: the router's clock (`clock`), accepting client
-//! connections (`front`), their limits and watchdogs (`conn`, `socket`),
-//! each request's id, span and access log (`requests`), who is asking
-//! (`tenancy`: the pool's `tenants:` rule), reading bodies under their
-//! budgets (`incoming`), what rides on an answer's body (`layer`), the work
-//! pool for big bodies (`work`) and the error answers (`error`).
+//! The HTTP wing: connections and their limits, request ids and the access log,
+//! tenancy, reading bodies, the work pool and the error answers.
 
 pub(crate) mod clock;
 pub(crate) mod conn;

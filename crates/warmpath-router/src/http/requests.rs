@@ -1,20 +1,9 @@
-//! What the router records of each client request: its id
-//! (`x-request-id`), its tracing span, its end-to-end duration
-//! (`warmpath_request_duration_seconds`) and, when the log filter names
-//! [`ACCESS_TARGET`], one INFO line when its answer ends.
-//!
-//! The id is the client's when it is usable (1 to 128 visible ASCII
-//! characters: no spaces, nothing a log reader would misparse), else a fresh
-//! random one; it goes upstream with the request, back to the client, and
-//! into the span, so every log line about the request carries it. The record
-//! is kept in the answer's body and written when that body ends or is dropped
-//! (a client gone mid-stream), so a streamed answer's duration is the whole
-//! stream, not the time to its headers.
+//! What the router records of each request: its id, span, end-to-end duration
+//! and (when `RUST_LOG` names [`ACCESS_TARGET`]) one access line.
 
 use crate::routing::pool::Pool;
 
-/// The access log's target: off unless `RUST_LOG` names it
-/// (`RUST_LOG=info,warmpath_router::access=info`).
+/// The access log's target: off unless `RUST_LOG` names it.
 pub const ACCESS_TARGET: &str = "warmpath_router::access";
 
 /// Whether access lines are written (read per request: cached by tracing).
@@ -28,15 +17,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tracing::Span;
 
-/// The request id header.
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const MAX_ID_LEN: usize = 128;
 
-/// Where a proxied request went, put in its answer's extensions by the proxy
-/// (whether or not the pool exposes routing headers).
+/// Where a proxied request went, put in its answer's extensions by the proxy.
 #[derive(Clone, Debug)]
 pub(crate) struct Routed {
-    /// The pool.
     pub pool: Arc<Pool>,
     /// The backend's id, when one was picked.
     pub backend: Option<String>,
@@ -64,8 +50,7 @@ pub(crate) fn span(id: &HeaderValue) -> Span {
     tracing::info_span!("request", request_id = %id.to_str().unwrap_or("-"))
 }
 
-/// `warmpath_request_duration_seconds{pool="-"}`: proxied requests refused
-/// before a pool was known.
+/// `warmpath_request_duration_seconds{pool="-"}`: refused before a pool was known.
 fn refused_duration() -> &'static Histogram {
     static H: OnceLock<Histogram> = OnceLock::new();
     H.get_or_init(|| crate::control::metrics::request_duration("-"))
@@ -74,28 +59,22 @@ fn refused_duration() -> &'static Histogram {
 /// What is written when a request's answer ends.
 #[derive(Debug)]
 pub(crate) struct Record {
-    /// When the request's head arrived.
     pub started: Instant,
     /// Until the answer's head was ready.
     pub head: Duration,
-    /// The request's method.
     pub method: Method,
     /// The request's path (without the query: it may carry anything).
     pub path: String,
-    /// The answer's status.
     pub status: StatusCode,
     /// Set by the proxy for routed requests.
     pub routed: Option<Routed>,
     /// A proxied endpoint (counted in the duration histogram).
     pub proxied: bool,
-    /// Write the access-log line.
     pub access_log: bool,
-    /// The request's span.
     pub span: Span,
 }
 
-/// Written when the answer's body ends or is dropped, which is polled in
-/// the request's span.
+/// Written when the answer's body ends or is dropped.
 impl Layer for Record {
     fn span(&self) -> Option<&Span> {
         Some(&self.span)

@@ -1,7 +1,5 @@
-//! The client socket as the router serves it: it tells the connection's
-//! [`Activity`] when bytes arrive, and gives hyper's own answer to a head it
-//! cannot parse (a bare 4xx written before any service sees a request) the
-//! OpenAI JSON shape of every other error.
+//! The client socket: tells the connection's [`Activity`] when bytes move, and
+//! gives hyper's bare answer to an unparsable head the OpenAI error shape.
 
 use crate::http::conn::Activity;
 use crate::http::error::ApiError;
@@ -30,21 +28,8 @@ struct Rewrite {
     replaces: usize,
 }
 
-impl Watched {
-    /// `io`, reporting to `activity`.
-    pub(crate) fn new(io: TcpStream, activity: Arc<Activity>) -> Self {
-        Watched {
-            io,
-            activity,
-            rewrite: None,
-        }
-    }
-}
-
-/// The status of `out` when it is hyper's automatic answer to a head it
-/// could not parse: written while no request is being answered but a head
-/// had begun, a lone 4xx head with `content-length: 0` and no content type
-/// (every answer of the router's own has one).
+/// The status of `out` when it is hyper's automatic answer to a head it could
+/// not parse: a lone 4xx head without content type (the router's all have one).
 fn hyper_parse_error(activity: &Activity, out: &[u8]) -> Option<StatusCode> {
     if !activity.head_pending() {
         return None;
@@ -73,6 +58,14 @@ fn parse_error_answer(status: StatusCode) -> Vec<u8> {
 }
 
 impl Watched {
+    pub(crate) fn new(io: TcpStream, activity: Arc<Activity>) -> Self {
+        Watched {
+            io,
+            activity,
+            rewrite: None,
+        }
+    }
+
     /// Writes the rewrite under way, if any; `Some` when it has settled.
     fn poll_rewrite(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<usize>>> {
         let r = self.rewrite.as_mut()?;
@@ -90,9 +83,7 @@ impl Watched {
         self.rewrite = None;
         Some(Poll::Ready(Ok(replaced)))
     }
-}
 
-impl Watched {
     /// Tells the activity whether the client takes what is written.
     fn report(&self, r: &Poll<io::Result<usize>>) {
         match r {

@@ -1,11 +1,5 @@
-//! A request's tenant under its pool's `tenants:` settings.
-//!
-//! `from: header` takes the client's id as sent (`X-Prefix-Aware-Id`, else
-//! `prompt_cache_key`, else `cache_salt`). `from: api_key` derives it from the
-//! `Authorization: Bearer` key ([`TenantId::from_api_key`]; 401 without one),
-//! and a client-sent id is either scoped under the key or refused (403), per
-//! `client_ids`. What the id then isolates (`isolation`) is applied by
-//! `route` (the hash seed) and `api` (the forwarded `cache_salt`).
+//! A request's tenant under its pool's `tenants:` settings (docs/tenants.md):
+//! the client's id as sent, or derived from its API key.
 
 use crate::config::{ClientIds, TenantFrom, TenantsConfig};
 use crate::control::access::presented;
@@ -13,8 +7,7 @@ use crate::http::error::ApiError;
 use axum::http::HeaderMap;
 use warmpath_core::TenantId;
 
-/// The tenant of a request whose client-sent id (already validated) is
-/// `client`.
+/// The tenant of a request whose validated client-sent id is `client`.
 pub(crate) fn resolve(
     cfg: &TenantsConfig,
     headers: &HeaderMap,

@@ -1,27 +1,15 @@
-//! The bounded pool where big bodies are routed.
-//!
-//! Parsing, rendering, tokenizing and hashing a body costs time in
-//! proportion to its size: a 26 MB prompt takes seconds. Done on the threads
-//! that serve connections, a few of them stall every other request and
-//! `/health`. Bodies of at least [`OFFLOAD_BYTES`] therefore run on tokio's
-//! blocking threads, at most one per CPU at once; a request that waits
-//! longer than [`QUEUE_TIMEOUT`] for a turn gets 503 `overloaded`.
-//! Smaller bodies stay inline: for them a thread hand-off costs more than
-//! the work. A started job runs to its end even when its client leaves (a
-//! blocking closure cannot be interrupted), holding its turn until then, so
-//! the bound holds.
+//! The bounded pool where big bodies (at least [`OFFLOAD_BYTES`]) are routed,
+//! one per CPU at once, so they cannot stall the threads serving connections.
 
 use crate::http::error::ApiError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// Bodies at least this big go to the pool; smaller ones are routed
-/// inline, where a thread hand-off would cost more than the work.
+/// Bodies at least this big go to the pool (for smaller ones a hand-off costs more).
 const OFFLOAD_BYTES: usize = 256 * 1024;
 
-/// Longest wait for a free thread: past it, 503 `overloaded` (retryable)
-/// tells the client to come back rather than queue behind big bodies.
+/// Longest wait for a free thread; past it, 503 `overloaded`.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
@@ -47,8 +35,8 @@ impl WorkPool {
         len >= self.offload_bytes
     }
 
-    /// Runs `job` on a blocking thread once a turn is free within the queue
-    /// timeout.
+    /// Runs `job` on a blocking thread once a turn is free; a started job runs
+    /// to its end (it cannot be interrupted), holding its turn, so the bound holds.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> Result<T, ApiError> + Send + 'static,

@@ -1,6 +1,5 @@
-//! What the router knows of each agent: epoch, owning stream, sequence,
-//! block size, lag and the engine load it reports. Read by routing (engine
-//! load) and by `/cache-index` (status).
+//! What the router knows of each agent (epoch, owning stream, sequence, lag,
+//! engine load), read by routing and by `/cache-index`.
 
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -20,9 +19,8 @@ pub(crate) struct AgentKey {
 }
 
 /// One agent's status, as `/cache-index` shows it.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct AgentStatus {
-    /// Worker id.
     pub worker_id: String,
     /// The engine URL the agent announced.
     pub endpoint: String,
@@ -30,7 +28,6 @@ pub struct AgentStatus {
     pub epoch: u64,
     /// Tokens per block the agent learned from its engine (0 = not yet).
     pub block_size: u32,
-    /// Whether a stream is open now.
     pub connected: bool,
     /// Last applied snapshot/delta sequence.
     pub last_seq: Option<u64>,
@@ -44,11 +41,9 @@ pub struct AgentStatus {
     pub load: Option<EngineLoad>,
     /// Whether the engine answered the agent's last scrape.
     pub engine_up: Option<bool>,
-    /// Whether the agent's view misses blocks its engine holds (Hello, then
-    /// each Load): kv_aware treats its missing blocks as unknown.
+    /// Whether the agent's view misses blocks its engine holds.
     pub partial: bool,
-    /// Why the router last refused this agent (block size mismatch, older
-    /// epoch), until a stream of it is accepted again.
+    /// Why the router last refused this agent, until a stream of it is accepted.
     pub refused: Option<String>,
 }
 
@@ -58,9 +53,8 @@ const NONE: u64 = u64::MAX;
 /// The owner of a worker removed from its pool: no stream owns it.
 const REMOVED: u64 = u64::MAX;
 
-/// The part of an entry every message updates, kept in atomics so the
-/// stream's hot path takes no registry lock. One per worker: a stream that
-/// takes the worker over reuses it, so the old stream sees it lost the worker.
+/// The part of an entry every message updates, in atomics (no registry lock
+/// on the hot path); a stream that takes the worker over reuses it.
 #[derive(Debug)]
 pub(crate) struct Live {
     /// The stream publishing now (0: none; stream ids start at 1).
@@ -69,9 +63,7 @@ pub(crate) struct Live {
     last_seq: AtomicU64,
     lag_us: AtomicU64,
     snapshots: AtomicU64,
-    /// The pace clock of the worker's replacements (snapshot, clear;
-    /// monotonic ms, [`super::pace::next_tat`]): kept across its streams,
-    /// so a reconnect does not skip the pace.
+    /// The pace clock of the worker's replacements, kept across its streams.
     replaced_ms: AtomicU64,
 }
 
@@ -97,7 +89,6 @@ impl Live {
         self.replaced_ms.store(tat, Ordering::Relaxed);
     }
 
-    /// Whether stream `id` still owns the worker.
     pub(crate) fn owned_by(&self, id: u64) -> bool {
         self.owner.load(Ordering::Acquire) == id
     }
@@ -107,7 +98,6 @@ impl Live {
         self.owner.load(Ordering::Acquire) == REMOVED
     }
 
-    /// A message arrived.
     pub(crate) fn heard(&self, now_ms: u64) {
         self.last_heard_ms.store(now_ms, Ordering::Relaxed);
     }
@@ -136,9 +126,7 @@ struct Entry {
     /// The fields that change rarely (under the registry's write lock).
     status: AgentStatus,
     live: Arc<Live>,
-    /// Its engine load and whether the engine is up (routing reads this
-    /// cell through its boards' handles; `status` leaves both fields
-    /// unset).
+    /// Its engine load and whether the engine is up (routing's boards read it).
     cell: Arc<EngineCell>,
 }
 
@@ -164,16 +152,13 @@ pub struct Agents {
     /// model -> worker id -> entry (nested so reads can look up by `&str`).
     map: RwLock<HashMap<String, HashMap<String, Entry>>>,
     next_stream: AtomicU64,
-    /// Bumped whenever a worker's entry (and so its [`EngineCell`]) is
-    /// created or removed: boards' cell handles of an older generation are
-    /// looked up again.
+    /// Bumped whenever a worker's entry (and so its [`EngineCell`]) comes or goes.
     generation: AtomicU64,
     /// Decision sharing with the other router replicas, over these streams.
     peers: Arc<crate::ingest::peers::Peers>,
 }
 
 impl Agents {
-    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
@@ -183,12 +168,8 @@ impl Agents {
         &self.peers
     }
 
-    /// Gives the worker to a new stream and returns the stream's id and the
-    /// worker's [`Live`] counters. Refuses an older epoch than the one known
-    /// while that one's stream is up; the same or a newer epoch takes over (a
-    /// reconnect whose old connection is not yet noticed dead), and so does
-    /// any epoch once the known stream is gone (an agent restarted on a host
-    /// whose clock is behind is not locked out).
+    /// Gives the worker to a new stream; refuses an older epoch only while the
+    /// known one's stream is up (a restart with its clock behind gets in).
     pub(crate) fn claim(
         &self,
         key: &AgentKey,
@@ -231,14 +212,8 @@ impl Agents {
             epoch: hello.epoch,
             block_size: hello.block_size,
             connected: true,
-            last_seq: None,
-            snapshots: 0,
-            lag_ms: None,
-            last_heard_ms_ago: 0,
-            load: None,
-            engine_up: None,
             partial: hello.partial,
-            refused: None,
+            ..AgentStatus::default()
         };
         map.insert(
             key.worker_id.clone(),
@@ -251,8 +226,7 @@ impl Agents {
         Ok((id, live))
     }
 
-    /// Forgets a worker removed from pool `model`; its stream, if one is
-    /// open, is refused on its next message. Returns whether one was known.
+    /// Forgets a worker removed from pool `model` (its stream is refused next).
     pub fn remove_worker(&self, model: &str, worker_id: &str) -> bool {
         let mut all = self.map.write();
         let Some(e) = all.get_mut(model).and_then(|m| m.remove(worker_id)) else {
@@ -263,8 +237,7 @@ impl Agents {
         true
     }
 
-    /// Stream `stream` ended; the worker is disconnected unless another
-    /// stream took it over.
+    /// Stream `stream` ended; the worker is disconnected unless taken over.
     pub(crate) fn disconnect(&self, key: &AgentKey, stream: u64) {
         if let Some(e) = self
             .map
@@ -279,38 +252,28 @@ impl Agents {
         }
     }
 
-    /// Records why a stream of a known agent was refused (shown by
-    /// `/cache-index`). Unknown agents are not added: refusals must not grow
-    /// the registry.
-    pub(crate) fn refused(&self, key: &AgentKey, reason: &str) {
-        if let Some(e) = self
-            .map
-            .write()
+    /// Runs `f` on the entry of a known agent (unknown ones are never added).
+    fn update(&self, key: &AgentKey, f: impl FnOnce(&mut Entry)) {
+        let mut all = self.map.write();
+        if let Some(e) = all
             .get_mut(&key.model)
             .and_then(|m| m.get_mut(&key.worker_id))
         {
-            e.status.refused = Some(reason.to_owned());
+            f(e);
         }
+    }
+
+    /// Records why a known agent's stream was refused (refusals never grow the registry).
+    pub(crate) fn refused(&self, key: &AgentKey, reason: &str) {
+        self.update(key, |e| e.status.refused = Some(reason.to_owned()));
     }
 
     pub(crate) fn set_block_size(&self, key: &AgentKey, bs: u32) {
-        if let Some(e) = self
-            .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
-        {
-            e.status.block_size = bs;
-        }
+        self.update(key, |e| e.status.block_size = bs);
     }
 
     pub(crate) fn set_load(&self, key: &AgentKey, l: &v1::Load) {
-        if let Some(e) = self
-            .map
-            .write()
-            .get_mut(&key.model)
-            .and_then(|m| m.get_mut(&key.worker_id))
-        {
+        self.update(key, |e| {
             let load = EngineLoad {
                 running: l.running,
                 waiting: l.waiting,
@@ -321,7 +284,7 @@ impl Agents {
             e.status.partial = l.partial;
             let at = e.live.last_heard_ms.load(Ordering::Relaxed);
             e.cell.set(load, l.engine_up, at);
-        }
+        });
     }
 
     /// Status of every agent of pool `model`, sorted by worker id.

@@ -6,9 +6,7 @@ pub enum AgentAuth {
     /// Anyone who reaches the port may publish for any worker.
     #[default]
     Open,
-    /// Each agent presents its worker's credential
-    /// ([`warmpath_proto::worker_token`] of this secret): a stream may publish
-    /// only for the worker its credential names.
+    /// Each agent presents its worker's credential derived from this secret.
     PerWorker(String),
 }
 

@@ -9,17 +9,13 @@ use warmpath_proto::v1;
 /// The index and block size of one pool, as the ingest needs them.
 #[derive(Clone, Debug)]
 pub struct IngestPool {
-    /// The pool's model.
     pub model: String,
-    /// The pool's index.
     pub index: Arc<CacheIndex>,
     /// Tokens per block of the pool.
     pub block_size: usize,
-    /// The worker ids of the pool's backends: a Hello for any other id is
-    /// refused (its entries could never be routed to). `None` accepts any.
+    /// The worker ids of the pool's backends: a Hello for another is refused.
     pub known_workers: Option<Arc<[String]>>,
-    /// Bounds of `index`: the per-worker caps the streams set, the
-    /// compaction period the sweeper keeps.
+    /// Bounds of `index`.
     pub bounds: crate::config::IndexSettings,
 }
 
@@ -44,10 +40,8 @@ impl IngestPool {
 pub trait PoolDirectory: Send + Sync + 'static {
     /// The pool serving base model `model`.
     fn pool(&self, model: &str) -> Option<IngestPool>;
-    /// Every pool.
     fn pools(&self) -> Vec<IngestPool>;
-    /// Records another router replica's pick for `worker` of pool `model`
-    /// in its policy (`Learns::observe_remote`); nothing by default.
+    /// Records another replica's pick for `worker` in the pool's policy.
     fn observe_remote(&self, _model: &str, _worker: &str, _decided: &v1::Decided) {}
 }
 
@@ -58,38 +52,33 @@ impl PoolDirectory for Pools {
     fn pools(&self) -> Vec<IngestPool> {
         self.all().iter().map(|p| IngestPool::of(p)).collect()
     }
-    fn observe_remote(&self, model: &str, worker: &str, decided: &v1::Decided) {
-        if let Some(p) = self.get(model) {
-            observe_remote(p, worker, decided);
-        }
-    }
-}
-
-/// Records another replica's `start` about `worker` in `pool`'s policy, by
-/// the positions of its current snapshot (an id it does not know is skipped).
-fn observe_remote(pool: &crate::routing::pool::Pool, worker: &str, d: &v1::Decided) {
-    use warmpath_core::policy::{HomeView, RemoteDecision};
-    let state = pool.policy();
-    // A policy without memory records nothing.
-    let Some(learns) = &state.learns else {
-        return;
-    };
-    let at = |id: &str| state.backends.iter().position(|b| b.endpoint.id() == id);
-    let Some(backend) = at(worker) else {
-        return;
-    };
-    let home = (!d.home.is_empty())
-        .then(|| at(&d.home))
-        .flatten()
-        .map(|b| HomeView {
-            backend: b,
-            copies: d.copies.iter().filter_map(|c| at(c)).collect(),
+    /// Records another replica's `start` about `worker` in the pool's policy
+    /// (a policy without memory records nothing).
+    fn observe_remote(&self, model: &str, worker: &str, d: &v1::Decided) {
+        use warmpath_core::policy::{HomeView, RemoteDecision};
+        let Some(state) = self.get(model).map(|p| p.policy()) else {
+            return;
+        };
+        let Some(learns) = &state.learns else {
+            return;
+        };
+        let at = |id: &str| state.backends.iter().position(|b| b.endpoint.id() == id);
+        let Some(backend) = at(worker) else {
+            return;
+        };
+        let home = (!d.home.is_empty())
+            .then(|| at(&d.home))
+            .flatten()
+            .map(|b| HomeView {
+                backend: b,
+                copies: d.copies.iter().filter_map(|c| at(c)).collect(),
+            });
+        learns.observe_remote(&RemoteDecision {
+            prefix_key: d.prefix_key,
+            backend,
+            chain_blocks: d.chain_blocks,
+            prefill_blocks: u32::try_from(d.prefill_blocks).unwrap_or(u32::MAX),
+            home,
         });
-    learns.observe_remote(&RemoteDecision {
-        prefix_key: d.prefix_key,
-        backend,
-        chain_blocks: d.chain_blocks,
-        prefill_blocks: u32::try_from(d.prefill_blocks).unwrap_or(u32::MAX),
-        home,
-    });
+    }
 }

@@ -1,13 +1,12 @@
-//! Runs one agent stream after its Hello: opens the worker's state machine
-//! ([`WorkerStream`]), feeds it the agent's messages and sends its answers,
-//! pacing the replacements of the worker's set and running the long index
-//! work on the blocking pool ([`super::pace`]).
+//! Runs one agent stream after its Hello: feeds its messages to the worker's
+//! [`WorkerStream`], pacing replacements and running long work off the async threads.
 
 use super::agents::Agents;
 use super::directory::PoolDirectory;
 use super::guard::{shown, LogEvery};
 use super::pace::{self, Gates, Work};
 use super::stream::{Refusal, WorkerStream};
+use crate::http::clock::monotonic_ms;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -16,9 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
 
-/// How often a stream checks that it still owns its worker: a stream a
-/// newer one took over (or whose worker was removed) is closed within this
-/// even when its agent sends nothing more, with what it held.
+/// How often a stream checks that it still owns its worker (closing one taken over).
 const OWNER_CHECK: Duration = Duration::from_secs(1);
 
 /// What every stream of one service shares.
@@ -54,21 +51,13 @@ pub(super) async fn drive(
         shutdown,
     } = sh;
     let Some(pool) = dir.pool(&hello.model) else {
-        let r = Refusal {
-            reason: format!("no pool serves model {}", shown(&hello.model)),
-            retryable: false,
-        };
+        let r = Refusal::fatal(format!("no pool serves model {}", shown(&hello.model)));
         log_refusal(&refusals, &r);
         metrics::counter!("warmpath_ingest_refused_total", "reason" => "model").increment(1);
         let _ = tx.send(Ok(r.answer())).await;
         return;
     };
-    let mut ws = match WorkerStream::open(
-        pool,
-        Arc::clone(&agents),
-        &hello,
-        crate::http::clock::monotonic_ms(),
-    ) {
+    let mut ws = match WorkerStream::open(pool, Arc::clone(&agents), &hello, monotonic_ms()) {
         Ok(ws) => ws,
         Err(r) => {
             log_refusal(&refusals, &r);
@@ -105,9 +94,7 @@ pub(super) async fn drive(
             }
             None => break,
         };
-        // Another replica's decision for this worker: counted here, recorded
-        // by the pool's policy (ownership and liveness checked as for any
-        // message).
+        // Another replica's decision for this worker, for the pool's policy.
         let decision = match &msg.msg {
             Some(Msg::Decision(b)) => Some(b.clone()),
             _ => None,
@@ -119,11 +106,8 @@ pub(super) async fn drive(
         }
         let work = pace::work(&msg);
         if let Work::Replace(kind) = work {
-            // The worker used its burst and its previous replacement was
-            // under a second ago: this one waits its turn (the stream reads nothing meanwhile, so the
-            // agent's later messages wait too, in order).
-            if let Some(wait) = pace::wait_for(ws.replaced_at(), crate::http::clock::monotonic_ms())
-            {
+            // Past its burst, a replacement waits its turn (later messages too).
+            if let Some(wait) = pace::wait_for(ws.replaced_at(), monotonic_ms()) {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
                 if let Some(suppressed) = throttled_log.ready() {
                     tracing::warn!(
@@ -139,20 +123,13 @@ pub(super) async fn drive(
                     () = tx.closed() => break,
                 }
             }
-            ws.set_replaced(pace::next_tat(
-                ws.replaced_at(),
-                crate::http::clock::monotonic_ms(),
-            ));
+            ws.set_replaced(pace::next_tat(ws.replaced_at(), monotonic_ms()));
         }
-        let (now_ms, now_unix) = (
-            crate::http::clock::monotonic_ms(),
-            warmpath_proto::unix_micros(),
-        );
+        let (now_ms, now_unix) = (monotonic_ms(), warmpath_proto::unix_micros());
         let answer = match work {
             Work::Light => ws.on_message(msg, now_ms, now_unix),
             Work::Big | Work::Replace(_) => {
-                // A replacement may compact the whole index: one job per
-                // pool at a time, the sweeper's included.
+                // A replacement may compact the whole index: one job per pool.
                 let held = match work {
                     Work::Replace(_) => Some(Arc::clone(&gate).lock_owned().await),
                     _ => None,
@@ -169,8 +146,7 @@ pub(super) async fn drive(
                         r
                     }
                     Err(e) => {
-                        // `ws` was dropped with the job: the worker is
-                        // disconnected already.
+                        // `ws` was dropped with the job (worker disconnected).
                         tracing::error!(error = %e, "applying an agent message failed; stream closed");
                         peers.detach(&hello.model, &hello.worker_id, stream_id);
                         return;

@@ -1,21 +1,15 @@
-//! What the ingest does before it knows who a peer is: the shape of a
-//! per-worker credential, the cap on streams still waiting to authenticate
-//! (per peer address and in all), and how peer-chosen strings and refusals
-//! reach the log (escaped, cut short, at most one line every 10 s).
+//! What the ingest does before it knows who a peer is: credential shape, caps
+//! on unauthenticated streams, and peer strings escaped and cut in logs.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-/// Streams one HTTP/2 connection may have open at once (h2's
-/// `SETTINGS_MAX_CONCURRENT_STREAMS`; tonic's default is unlimited). An
-/// agent opens one per worker it publishes for, so this is plenty.
+/// Streams one HTTP/2 connection may have open at once (an agent opens one per worker).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 
-/// Streams one peer address (an IPv6 /64) may hold before their Hello
-/// authenticated them: each holds a task until then (up to the Hello
-/// deadline). An agent holds one for a few milliseconds.
+/// Streams one peer address (an IPv6 /64) may hold before their Hello.
 pub(crate) const MAX_UNAUTHENTICATED_PER_PEER: usize = 16;
 
 /// Streams every peer together may hold before authentication.
@@ -24,9 +18,7 @@ pub(crate) const MAX_UNAUTHENTICATED: usize = 256;
 /// Characters of a peer-chosen string a log line or refusal shows.
 pub(crate) const SHOWN_CHARS: usize = 64;
 
-/// Whether `t` has the shape [`warmpath_proto::worker_token`] gives every
-/// credential: `wp1-` and 64 lowercase hex digits. Checked before the Hello
-/// (the worker id it must name comes with the Hello).
+/// Whether `t` has the shape of a worker credential (`wp1-` and 64 lowercase hex).
 pub(crate) fn is_worker_token(t: &str) -> bool {
     t.strip_prefix("wp1-").is_some_and(|hex| {
         hex.len() == 64
@@ -36,9 +28,7 @@ pub(crate) fn is_worker_token(t: &str) -> bool {
     })
 }
 
-/// A peer-chosen string as logs and refusals show it: its first
-/// [`SHOWN_CHARS`] characters, quoted and escaped (`\n` stays two
-/// characters, so no log line can be forged), with the length when cut.
+/// A peer-chosen string as logs show it: cut, quoted and escaped (no forged lines).
 pub(crate) fn shown(s: &str) -> String {
     let mut cut = s
         .char_indices()
@@ -54,12 +44,10 @@ pub(crate) fn shown(s: &str) -> String {
     }
 }
 
-/// Refusals a peer can cause at will log one line every 10 s (the
-/// throttle's default), counting the ones held back.
+/// Refusals a peer can cause at will log one line every 10 s.
 pub(crate) use warmpath_edge::LogEvery;
 
-/// The address a cap counts under: IPv4 as it is (IPv4-mapped IPv6 too),
-/// IPv6 by its /64, which one host usually holds whole.
+/// The address a cap counts under: IPv4 as it is, IPv6 by its /64.
 fn peer_key(remote: Option<SocketAddr>) -> Option<IpAddr> {
     let ip = remote?.ip();
     Some(match ip {
@@ -82,28 +70,14 @@ pub(crate) struct Admission {
     open: Mutex<(HashMap<Option<IpAddr>, usize>, usize)>,
 }
 
-/// Why a stream was not admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a stream was not admitted: its peer address, or every peer together,
+/// holds its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Full {
-    /// Its peer address holds its cap.
+    #[error("too many agent streams from this address are waiting for their Hello (at most {0}); retry later")]
     Peer(usize),
-    /// Every peer together holds the global cap.
+    #[error("too many agent streams are waiting for their Hello (at most {0}); retry later")]
     All(usize),
-}
-
-impl std::fmt::Display for Full {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Full::Peer(n) => write!(
-                f,
-                "too many agent streams from this address are waiting for their Hello (at most {n}); retry later"
-            ),
-            Full::All(n) => write!(
-                f,
-                "too many agent streams are waiting for their Hello (at most {n}); retry later"
-            ),
-        }
-    }
 }
 
 impl Default for Admission {
@@ -121,8 +95,7 @@ impl Admission {
         }
     }
 
-    /// Holds a place for a stream from `remote` until the returned ticket is
-    /// dropped (its Hello was checked, or the stream ended).
+    /// Holds a place for a stream from `remote` until the ticket is dropped.
     pub(crate) fn admit(self: &Arc<Self>, remote: Option<SocketAddr>) -> Result<Ticket, Full> {
         let key = peer_key(remote);
         let mut open = self.open.lock();

@@ -28,8 +28,7 @@ pub(crate) enum Presented {
     },
 }
 
-/// The stream's credential, from its `authorization` header; `Err` says
-/// why it is refused before its Hello.
+/// The stream's credential, from its `authorization` header.
 pub(crate) fn presented(
     auth: &AgentAuth,
     pods: &Pods,
@@ -68,13 +67,10 @@ impl Presented {
                 if warmpath_proto::same_token(token, &expected) {
                     Ok(())
                 } else {
-                    Err(Refusal {
-                        reason: format!(
-                            "the agent credential does not name worker {}",
-                            shown(worker)
-                        ),
-                        retryable: false,
-                    })
+                    Err(Refusal::fatal(format!(
+                        "the agent credential does not name worker {}",
+                        shown(worker)
+                    )))
                 }
             }
             #[cfg(feature = "kubernetes")]
@@ -82,35 +78,23 @@ impl Presented {
                 use super::pods::REVIEW_WITHIN;
                 let pod = match tokio::time::timeout(REVIEW_WITHIN, tokens.review(token)).await {
                     Ok(Ok(pod)) => pod,
-                    // A refused token may be a rotated one: the agent re-reads
-                    // its file and retries with backoff.
-                    Ok(Err(e)) => {
-                        return Err(Refusal {
-                            reason: e.to_string(),
-                            retryable: true,
-                        })
-                    }
+                    // A refused token may be a rotated one: retryable.
+                    Ok(Err(e)) => return Err(Refusal::retry(e.to_string())),
                     Err(_) => {
-                        return Err(Refusal {
-                            reason: format!(
-                                "the pod token could not be reviewed within {} ms",
-                                REVIEW_WITHIN.as_millis()
-                            ),
-                            retryable: true,
-                        })
+                        return Err(Refusal::retry(format!(
+                            "the pod token could not be reviewed within {} ms",
+                            REVIEW_WITHIN.as_millis()
+                        )))
                     }
                 };
                 if pod.names(worker) {
                     Ok(())
                 } else {
-                    Err(Refusal {
-                        reason: format!(
-                            "the pod token names pod {}, not worker {}",
-                            shown(&pod.name),
-                            shown(worker)
-                        ),
-                        retryable: false,
-                    })
+                    Err(Refusal::fatal(format!(
+                        "the pod token names pod {}, not worker {}",
+                        shown(&pod.name),
+                        shown(worker)
+                    )))
                 }
             }
         }

@@ -1,36 +1,5 @@
-//! The gRPC ingest: agents publish their workers' block sets here
-//! (`proto/warmpath/v1/cache_events.proto`), and this module applies them to
-//! each pool's [`CacheIndex`].
-//!
-//! - Each stream starts with `Hello` (checked: shared token, known model,
-//!   block size equal to the pool's, epoch not older than the known one), then
-//!   a chunked snapshot that replaces the worker's entries atomically, then
-//!   ordered deltas. A gap answers `ResendSnapshot` and ignores deltas until
-//!   the next snapshot (module `stream`).
-//! - A newer epoch, or a reconnect, takes the worker over; the older stream is
-//!   closed on its next message.
-//! - The `sweeper` module marks workers silent past `stale_after` stale (their
-//!   entries stop counting for `kv_aware`) and clears them after
-//!   `drop_after`; it also compacts each pool's dead holders every
-//!   30 s, and calls the hook of
-//!   [`set_memory_release`] once the indexes freed 8 MiB.
-//! - Each worker is capped at its engine's reported capacity
-//!   (`Load.capacity_blocks`) times 1.25, at most
-//!   a quarter of `index.max_entries` (also the cap while no capacity is known), and
-//!   the pool at `index.max_entries`: blocks beyond are refused, counted in
-//!   `warmpath_ingest_refused_blocks_total{pool,reason}` and logged (at most
-//!   one WARN per stream every 10 s).
-//! - Several router replicas each receive every agent's stream; since each
-//!   applies the same snapshot + deltas, they converge to the same index.
-//! - Before a stream is authenticated (module `guard`): a per-worker
-//!   credential must have the exact shape `--print-agent-token` prints; a
-//!   connection may open at most 64 streams; a peer address at most 16
-//!   streams still waiting for their Hello (256 in all), the rest are
-//!   answered RESOURCE_EXHAUSTED; refusals log one line every 10 s, with
-//!   peer-chosen strings escaped and cut to 64 characters.
-//! - A worker's set is replaced (snapshot, `Cleared`) at most once a second,
-//!   later ones wait their turn; that work runs on the blocking pool, one
-//!   job per pool at a time (module `pace`).
+//! The gRPC ingest: agents publish their workers' block sets here and this
+//! module applies them to each pool's index (docs/agent.md, docs/hostile-edges-ingest.md).
 
 mod agents;
 mod auth;
@@ -54,7 +23,7 @@ pub use directory::{IngestPool, PoolDirectory};
 pub use error::IngestError;
 #[cfg(feature = "kubernetes")]
 pub use pods::PodTokens;
-pub use sweeper::{set_memory_release, spawn_sweeper};
+pub use sweeper::set_memory_release;
 // The settings are configuration (`config::ingest`); re-exported for embedders.
 use crate::config::RouterConfig;
 pub use crate::config::TlsPem;
@@ -83,7 +52,6 @@ pub struct IngestService {
     dir: Arc<dyn PoolDirectory>,
     agents: Arc<Agents>,
     auth: AgentAuth,
-    /// Reviews pod tokens (`ingest.pod_token_audience`), when set.
     pods: identity::Pods,
     shutdown: CancellationToken,
     hello_within: Duration,
@@ -97,9 +65,8 @@ pub struct IngestService {
     silent: Arc<LogEvery>,
 }
 
-/// How long a new stream may take to send its Hello: a stream that never
-/// does (any client can open one before the credential is checked against
-/// the Hello) holds a task and a channel until then.
+/// How long a new stream may take to send its Hello (until then it holds a
+/// task, and anyone can open one).
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for IngestService {
@@ -138,14 +105,12 @@ impl IngestService {
         self
     }
 
-    /// Refuses a stream before its Hello: counted under `auth`, logged at
-    /// most every 10 s.
-    fn unauthenticated(&self, remote: Option<std::net::SocketAddr>, why: &'static str) -> Status {
-        metrics::counter!("warmpath_ingest_refused_total", "reason" => "auth").increment(1);
+    /// Counts and logs (at most every 10 s) a stream refused before its Hello.
+    fn refuse(&self, remote: Option<std::net::SocketAddr>, reason: &'static str, why: &str) {
+        metrics::counter!("warmpath_ingest_refused_total", "reason" => reason).increment(1);
         if let Some(suppressed) = self.refusals.ready() {
             tracing::warn!(remote = ?remote, suppressed, "agent stream refused: {why} (refusals are logged at most every 10 s)");
         }
-        Status::unauthenticated(why)
     }
 
     /// The Hello deadline, shorter for tests.
@@ -167,22 +132,19 @@ impl CacheEvents for IngestService {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
         let remote = request.remote_addr();
-        // What the stream presented, checked against its Hello's worker id
-        // once that arrives.
+        // Checked against its Hello's worker id once that arrives.
         let credential = match identity::presented(&self.auth, &self.pods, request.metadata()) {
             Ok(c) => c,
-            Err(why) => return Err(self.unauthenticated(remote, why)),
+            Err(why) => {
+                self.refuse(remote, "auth", why);
+                return Err(Status::unauthenticated(why));
+            }
         };
-        // Held until the Hello is checked: a peer cannot hold more than its
-        // share of streams nobody has authenticated yet.
+        // Held until the Hello is checked: a peer's unauthenticated streams are capped.
         let ticket = match self.admission.admit(remote) {
             Ok(t) => t,
             Err(full) => {
-                metrics::counter!("warmpath_ingest_refused_total", "reason" => "streams")
-                    .increment(1);
-                if let Some(suppressed) = self.refusals.ready() {
-                    tracing::warn!(remote = ?remote, suppressed, "agent stream refused: {full} (refusals are logged at most every 10 s)");
-                }
+                self.refuse(remote, "streams", &full.to_string());
                 return Err(Status::resource_exhausted(full.to_string()));
             }
         };
@@ -198,9 +160,8 @@ impl CacheEvents for IngestService {
         let shutdown = self.shutdown.clone();
         let silent = Arc::clone(&self.silent);
         let hello_within = self.hello_within;
-        // Owned by the stream: ends when the agent closes, the response
-        // stream is dropped (send fails), the Hello is late or the router
-        // shuts down.
+        // Ends when the agent closes, the answer stream is dropped, the Hello
+        // is late or the router shuts down.
         tokio::spawn(async move {
             let first = tokio::select! {
                 m = tokio::time::timeout(hello_within, inbound.next()) => match m {
@@ -208,10 +169,7 @@ impl CacheEvents for IngestService {
                     Err(_) => {
                         metrics::counter!("warmpath_ingest_refused_total", "reason" => "no_hello")
                             .increment(1);
-                        let r = Refusal {
-                            reason: format!("no Hello within {} ms", hello_within.as_millis()),
-                            retryable: true,
-                        };
+                        let r = Refusal::retry(format!("no Hello within {} ms", hello_within.as_millis()));
                         if let Some(suppressed) = silent.ready() {
                             tracing::info!(remote = ?remote, reason = %r.reason, suppressed, "agent refused (logged at most every 10 s)");
                         }
@@ -226,10 +184,7 @@ impl CacheEvents for IngestService {
                     msg: Some(Msg::Hello(h)),
                 })) => h,
                 Some(Ok(_)) => {
-                    let r = Refusal {
-                        reason: "the first message must be Hello".into(),
-                        retryable: true,
-                    };
+                    let r = Refusal::retry("the first message must be Hello");
                     let _ = tx.send(Ok(r.answer())).await;
                     return;
                 }
@@ -257,8 +212,7 @@ impl CacheEvents for IngestService {
     }
 }
 
-/// The gRPC server, with TLS when `tls` holds a PEM certificate chain and
-/// key. TLS is set up here, so an unusable identity fails before serving.
+/// The gRPC server, with TLS when `tls` is set (an unusable identity fails here).
 fn server(tls: Option<TlsPem>) -> Result<tonic::transport::Server, IngestError> {
     let builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -289,11 +243,9 @@ pub async fn serve(
     Ok(())
 }
 
-/// Starts the whole ingest on `listener` as `config` says (its `ingest:`
-/// section and `agent_secret`): the gRPC server (TLS when `ingest.tls_cert`
-/// is set) and the staleness sweeper (every second). An
-/// unusable TLS identity fails here, before anything runs. Both tasks stop
-/// when `shutdown` is cancelled; the caller owns the handles.
+/// Starts the whole ingest on `listener` as `config` says: the gRPC server
+/// and the staleness sweeper, until `shutdown`. An unusable TLS identity
+/// fails here, before anything runs.
 pub fn spawn(
     listener: TcpListener,
     dir: Arc<dyn PoolDirectory>,
@@ -304,8 +256,7 @@ pub fn spawn(
     spawn_reviewing(listener, dir, agents, config, None, shutdown)
 }
 
-/// [`spawn`], taking agents' pod tokens too when `pods` reviews them
-/// (`ingest.pod_token_audience`).
+/// [`spawn`], taking agents' pod tokens too when `pods` reviews them.
 pub fn spawn_reviewing(
     listener: TcpListener,
     dir: Arc<dyn PoolDirectory>,

@@ -1,17 +1,5 @@
-//! Index work an agent can ask for that is not bounded by its message: a
-//! snapshot replacing the worker's set, a `Cleared`, a Hello that changes
-//! the block size. Each bumps the worker's generation, and a bump can run a
-//! full-index compaction (`CacheIndex::clear_worker`). So:
-//! - each worker gets one such replacement per [`REPLACE_EVERY`], after a
-//!   burst of [`BURST`]: a later one waits its turn (the stream stops
-//!   reading, nothing is dropped), counted in
-//!   `warmpath_ingest_throttled_total{kind}`. The burst lets a connecting
-//!   agent's Hello, snapshot, resync and clear through at once: pacing those
-//!   held every delta behind them for a second, so the index learned a
-//!   fresh stream's blocks late. A loop of replacements still runs at one a
-//!   second, and a compaction needs 200 of a worker's (`CacheIndex`);
-//! - the work runs on the blocking pool, one job per pool at a time (the
-//!   sweeper's compactions take the same gate), never on an async thread.
+//! Paces the index work an agent's message does not bound (a snapshot, a
+//! `Cleared`): one per [`REPLACE_EVERY`] per worker after a [`BURST`].
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -19,15 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use warmpath_proto::v1::{agent_message::Msg, delta::Op, AgentMessage};
 
-/// The least time between two replacements of one worker's set, past the
-/// burst.
+/// The least time between two replacements of one worker's set, past the burst.
 pub(crate) const REPLACE_EVERY: Duration = Duration::from_secs(1);
 
 /// Replacements a worker may make at once before the pace applies.
 const BURST: u64 = 8;
 
-/// A delta touching at least this many blocks is applied on the blocking
-/// pool too (milliseconds of index work).
+/// A delta touching at least this many blocks is applied on the blocking pool too.
 const BIG_DELTA: usize = 4096;
 
 /// What a message asks of the index.
@@ -37,12 +23,10 @@ pub(crate) enum Work {
     Light,
     /// Bounded but long: on the blocking pool.
     Big,
-    /// Replaces the worker's set (paced, on the blocking pool); the label of
-    /// `warmpath_ingest_throttled_total`.
+    /// Replaces the worker's set (paced, on the blocking pool); its metric label.
     Replace(&'static str),
 }
 
-/// What `m` asks of the index.
 pub(crate) fn work(m: &AgentMessage) -> Work {
     match &m.msg {
         Some(Msg::Snapshot(c)) if c.last => Work::Replace("snapshot"),
@@ -58,10 +42,7 @@ pub(crate) fn work(m: &AgentMessage) -> Work {
     }
 }
 
-/// How long a replacement at `now_ms` waits, given the worker's pace clock
-/// `tat` (`None`: never replaced). The pace is a generic cell rate
-/// algorithm: `tat` runs [`REPLACE_EVERY`] ahead per replacement, and one
-/// waits while it is more than `BURST - 1` intervals ahead of now.
+/// How long a replacement waits, given the pace clock `tat` (a generic cell rate algorithm).
 pub(crate) fn wait_for(tat: Option<u64>, now_ms: u64) -> Option<Duration> {
     let every = REPLACE_EVERY.as_millis() as u64;
     let ahead = tat?.saturating_sub(now_ms);
@@ -82,7 +63,6 @@ pub(crate) struct Gates {
 }
 
 impl Gates {
-    /// The gate of pool `model`.
     pub(crate) fn of(&self, model: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut m = self.by_pool.lock();
         if let Some(g) = m.get(model) {

@@ -1,25 +1,5 @@
 //! Router replicas share each routing decision through the agents
-//! (ARCHITECTURE.md, "Router replicas").
-//!
-//! Sending: a request routed to worker W tells W's agent, on the stream that
-//! agent holds open to this router, three phases of it (`start` at the pick,
-//! `prefilled` at the first upstream byte, `finished` when its
-//! [`FlightGuard`](crate::routing::backend::FlightGuard) drops, see [`ShareGuard`]).
-//! The agent passes each on to every other router it streams to.
-//!
-//! Receiving: a fact that arrives on W's stream is about W (the stream is
-//! authenticated for W, so no agent can speak for another backend). Its
-//! request counts in W's remote in flight and remote pending prefill
-//! ([`Peers::remote_load`], added to this router's own in `route::loads`)
-//! until its `finished` (`prefilled` releases the prefill), and its `start`
-//! is recorded by the pool's policy (`ingest::observe_remote`,
-//! `Learns::observe_remote`).
-//!
-//! Losing the channel: when W's stream ends, the remote requests learned
-//! through it are forgotten (their phases can no longer arrive), one INFO
-//! line says so and `warmpath_replica_sharing_up{pool}` drops; routing goes
-//! on with this router's own view of W. A full outbound queue drops a fact
-//! (counted) rather than wait: routing never waits on a peer.
+//! (docs/replicas.md); routing never waits on a peer.
 
 use crate::routing::share::{Fact, SharedRequest};
 use parking_lot::{Mutex, RwLock};
@@ -35,15 +15,13 @@ use warmpath_proto::v1::{self, decided::Phase, router_message, RouterMessage};
 /// The outbound half of an agent stream (what the ingest answers on).
 pub(crate) type StreamTx = mpsc::Sender<Result<RouterMessage, tonic::Status>>;
 
-/// Remote requests kept per worker at most: a peer that never finishes
-/// cannot grow this router's memory.
+/// Remote requests kept per worker at most (a peer never finishing cannot grow memory).
 const MAX_REMOTE: usize = 65_536;
 
 /// The most prefill blocks one remote request counts for.
 const MAX_PREFILL: u64 = u32::MAX as u64;
 
-/// A remote request older than this is forgotten (its `finished` was lost,
-/// e.g. its router crashed): longer than any upstream deadline's default.
+/// A remote request older than this is forgotten (its `finished` was lost).
 const MAX_REMOTE_AGE: Duration = Duration::from_secs(900);
 
 /// How often old remote requests are looked for.
@@ -88,13 +66,11 @@ pub(crate) struct Peers {
     instance: u64,
     enabled: AtomicBool,
     next_request: AtomicU64,
-    /// Set by the first other replica's start counted on a link; until then
-    /// every remote load is (0, 0).
+    /// Set by the first other replica's start counted on a link.
     counted: AtomicBool,
     /// model -> worker id -> its stream's link.
     links: RwLock<HashMap<String, HashMap<String, Link>>>,
-    /// The key facts are signed and checked with (from `agent_secret`);
-    /// unset: facts go unsigned and are taken unchecked.
+    /// The key facts are signed and checked with (from `agent_secret`).
     key: std::sync::OnceLock<[u8; 32]>,
     /// Forged facts are logged at most every 10 s (each is counted).
     forged_log: LogEvery,
@@ -114,8 +90,7 @@ impl Default for Peers {
     }
 }
 
-/// The largest decision accepted from an agent (an agent relays at most
-/// this much; a router's facts are a few hundred bytes).
+/// The largest decision accepted from an agent.
 const MAX_FACT_BYTES: usize = 64 << 10;
 
 /// A relayed decision's bytes as a fact, if they are one.
@@ -136,21 +111,17 @@ impl Peers {
         self.enabled.store(on, Ordering::Relaxed);
     }
 
-    /// Signs every fact this router sends with `key`
-    /// ([`warmpath_proto::fact_key`] of the `agent_secret`) and takes only
-    /// facts signed with it: an agent relays facts but cannot forge one.
-    /// Set once, at start.
+    /// Signs every fact sent with `key` and takes only facts signed with it:
+    /// an agent relays facts but cannot forge one.
     pub(crate) fn sign_with(&self, key: [u8; 32]) {
         let _ = self.key.set(key);
     }
 
-    /// Whether decisions are shared.
     pub(crate) fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// Whether another replica's start was ever counted here, so
-    /// [`Peers::remote_load`] may be non-zero for some worker.
+    /// Whether another replica's start was ever counted here.
     pub(crate) fn counts_remote(&self) -> bool {
         self.counted.load(Ordering::Acquire)
     }
@@ -159,9 +130,7 @@ impl Peers {
         metrics::gauge!("warmpath_replica_sharing_up", "pool" => model.to_owned()).set(n as f64);
     }
 
-    /// Stream `stream` of `worker` (pool `model`) is up: facts for the worker
-    /// go out on `tx`, and facts arriving on it count. A stream that takes
-    /// the worker over replaces the old one's link and its remote requests.
+    /// Stream `stream` of `worker` is up: facts go out on `tx` and arriving ones count.
     pub(crate) fn attach(&self, model: &str, worker: &str, stream: u64, tx: StreamTx) {
         let mut all = self.links.write();
         let map = all.entry(model.to_owned()).or_default();
@@ -181,8 +150,7 @@ impl Peers {
         Self::gauge(model, map.len());
     }
 
-    /// Stream `stream` ended: unless another took the worker over, its
-    /// remote requests are forgotten and its facts stop.
+    /// Stream `stream` ended: unless taken over, its remote requests are forgotten.
     pub(crate) fn detach(&self, model: &str, worker: &str, stream: u64) {
         let mut all = self.links.write();
         let Some(map) = all.get_mut(model) else {
@@ -203,11 +171,9 @@ impl Peers {
         Self::gauge(model, map.len());
     }
 
-    /// Other replicas' requests in flight on `worker` and their predicted
-    /// prefill still to compute.
+    /// Other replicas' requests in flight on `worker` and their prefill to come.
     pub(crate) fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
-        // A router no replica ever shared a start with has nothing counted
-        // anywhere: routing reads this for every backend per request.
+        // Nothing counted anywhere: skip the lock (read per backend per request).
         if !self.counts_remote() {
             return (0, 0);
         }
@@ -222,10 +188,7 @@ impl Peers {
             })
     }
 
-    /// Applies a decision that arrived on stream `stream` of `worker`, as the
-    /// bytes its router sent and the agent relayed; returns the fact when it
-    /// is a `start` the pool's policy should record. Bytes that do not decode
-    /// are dropped (counted `malformed`).
+    /// Applies a relayed decision; returns it when it is a `start` for the policy.
     pub(crate) fn receive(
         &self,
         model: &str,
@@ -288,9 +251,7 @@ impl Peers {
                 if r.by_request.len() >= MAX_REMOTE || r.by_request.contains_key(&id) {
                     return false;
                 }
-                // A peer's figure is capped where the policy caps it (u32), so
-                // `MAX_REMOTE` starts sum far below u64's range: a hostile
-                // `u64::MAX` weighs as much as any huge prefill, and wraps nothing.
+                // Capped as the policy caps it (u32), so the sum cannot wrap.
                 let prefill = d.prefill_blocks.min(MAX_PREFILL);
                 r.by_request.insert(id, Remote { prefill, at: now });
                 self.counted.store(true, Ordering::Release);
@@ -315,8 +276,7 @@ impl Peers {
         }
     }
 
-    /// Sends one fact about `worker` to its agent; dropped (counted) when
-    /// no stream of it is up or its queue is full.
+    /// Sends one fact about `worker` to its agent; dropped when its queue is full.
     fn send(&self, model: &str, worker: &str, mut d: v1::Decided) {
         if let Some(key) = self.key.get() {
             d.mac = warmpath_proto::fact_mac(key, &d);
@@ -335,8 +295,7 @@ impl Peers {
         }
     }
 
-    /// Shares a pick of pool `model`: the `start` now; the guard sends the
-    /// other phases. `None` when sharing is off.
+    /// Shares a pick of pool `model`: the `start` now, the guard the rest.
     pub(crate) fn start(self: &Arc<Self>, model: &str, fact: Fact) -> Option<ShareGuard> {
         if !self.enabled() {
             return None;

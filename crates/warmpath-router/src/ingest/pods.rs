@@ -1,15 +1,5 @@
-//! Pod identity for agents in Kubernetes (`ingest.pod_token_audience`): an
-//! agent presents its pod's projected ServiceAccount token, the API server
-//! says whom it names (a TokenReview, which also checks its audience,
-//! expiry and that the pod still exists), and the router reads that pod.
-//! The stream may then publish only for a worker id that is this pod: its
-//! name, or a URL whose host is one of its IPs.
-//!
-//! So no engine pod holds a secret of the routers', and a pod, or anyone
-//! who read its token, can speak only for that pod. The pod must live in the
-//! routers' own namespace (the API client's default namespace). Answers are
-//! kept for a minute per token (a reconnecting fleet costs one review per
-//! pod), at most four reviews run at once, and each has a deadline.
+//! Pod identity for agents in Kubernetes: a TokenReview of the pod's token
+//! says which pod it is, and the stream may publish only for it (docs/trust.md).
 
 use super::guard::shown;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -29,8 +19,7 @@ const KEEP: Duration = Duration::from_secs(60);
 /// Tokens whose answers are kept; past this, expired ones go, then all.
 const KEPT: usize = 4096;
 
-/// Reviews (a TokenReview and a pod read) in flight at once: a flood of
-/// made-up tokens queues here instead of on the API server.
+/// Reviews in flight at once: a flood of made-up tokens queues here.
 const IN_FLIGHT: usize = 4;
 
 /// Longest wait for one review, queueing included.
@@ -44,8 +33,7 @@ const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 /// ... and its uid, so a later pod of the same name is not taken for it.
 const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 
-/// Whether `t` has a JWT's shape (three base64url parts), as a projected
-/// ServiceAccount token does; checked before anything is asked.
+/// Whether `t` has a JWT's shape (three base64url parts).
 pub(crate) fn is_pod_token(t: &str) -> bool {
     t.len() <= MAX_TOKEN
         && t.split('.').count() == 3
@@ -85,8 +73,7 @@ impl PodId {
 /// Why a token was not taken.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReviewError {
-    /// The API server said no, or the pod is not one of ours. The agent
-    /// re-reads its token file and retries with backoff.
+    /// The API server said no, or the pod is not one of ours.
     #[error("{0}")]
     Refused(String),
     /// The API server could not be asked in time; retrying may work.
@@ -94,8 +81,7 @@ pub(crate) enum ReviewError {
     Unavailable(String),
 }
 
-/// A client for the API server, inferred as kubectl does (`KUBECONFIG`,
-/// `~/.kube/config`, then the pod's own service account).
+/// A client for the API server, inferred as kubectl does.
 pub(crate) async fn kube_client(io: Duration, read: Duration) -> Result<kube::Client, String> {
     let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
     (config.connect_timeout, config.write_timeout) = (Some(io), Some(io));
@@ -122,8 +108,7 @@ impl std::fmt::Debug for PodTokens {
 }
 
 impl PodTokens {
-    /// A reviewer for tokens of `audience` ([`kube_client`]). Fails when
-    /// there is no API client.
+    /// A reviewer for tokens of `audience`.
     pub async fn connect(audience: &str) -> Result<Arc<Self>, super::error::IngestError> {
         let client = kube_client(REVIEW_WITHIN, REVIEW_WITHIN).await;
         let client = client.map_err(super::error::IngestError::PodTokens)?;
@@ -136,8 +121,7 @@ impl PodTokens {
         }))
     }
 
-    /// The pod `token` names, asked of the API server unless a recent
-    /// answer is kept. The caller bounds the wait ([`REVIEW_WITHIN`]).
+    /// The pod `token` names, asked of the API server unless recently kept.
     pub(crate) async fn review(&self, token: &str) -> Result<PodId, ReviewError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some((pod, at)) = self.kept.lock().get(&key) {

@@ -1,6 +1,5 @@
-//! One agent stream's state machine: applies a worker's snapshot and ordered
-//! deltas to its pool's index, detects gaps and answers with the messages the
-//! protocol asks for. No I/O here, so every rule is unit-tested directly.
+//! One agent stream's state machine: a worker's snapshot and ordered deltas
+//! applied to its pool's index, gaps answered. No I/O, so every rule is unit-tested.
 
 use super::agents::{AgentKey, Agents, Live};
 use super::directory::IngestPool;
@@ -23,7 +22,22 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    /// What the agent is answered.
+    /// A refusal the agent should not retry.
+    pub(crate) fn fatal(reason: impl Into<String>) -> Self {
+        Refusal {
+            reason: reason.into(),
+            retryable: false,
+        }
+    }
+
+    /// A refusal the agent may retry (with backoff).
+    pub(crate) fn retry(reason: impl Into<String>) -> Self {
+        Refusal {
+            retryable: true,
+            ..Refusal::fatal(reason)
+        }
+    }
+
     pub(crate) fn answer(&self) -> RouterMessage {
         RouterMessage {
             msg: Some(router_message::Msg::Refused(v1::Refused {
@@ -70,8 +84,7 @@ struct PendingSnapshot {
     blocks: Vec<(u64, Tier)>,
 }
 
-/// Refused blocks not yet reported in a log line: at most one WARN per
-/// stream every 10 s, so a flood does not turn into a flood of log lines.
+/// Refused blocks not yet reported in a log line (one WARN per 10 s).
 #[derive(Default)]
 struct RefusalLog {
     log: LogEvery,
@@ -128,10 +141,7 @@ impl WorkerStream {
         now_ms: u64,
     ) -> Result<Self, Refusal> {
         if hello.worker_id.is_empty() || hello.worker_id.len() > 256 {
-            return Err(Refusal {
-                reason: "worker_id must be 1 to 256 bytes".into(),
-                retryable: false,
-            });
+            return Err(Refusal::fatal("worker_id must be 1 to 256 bytes"));
         }
         let key = AgentKey {
             model: hello.model.clone(),
@@ -141,35 +151,25 @@ impl WorkerStream {
             if !known.contains(&hello.worker_id) {
                 metrics::counter!("warmpath_ingest_refused_total", "reason" => "worker_id")
                     .increment(1);
-                return Err(Refusal {
-                    reason: format!(
+                return Err(Refusal::fatal(format!(
                         "worker id {:?} is not a backend of pool {:?} (its worker_ids: {}); set --worker-id to the backend's worker_id (default: its url)",
                         hello.worker_id,
                         hello.model,
                         known.join(", ")
-                    ),
-                    retryable: false,
-                });
+                    )));
             }
         }
         check_block_size(&pool, hello.block_size)
             .inspect_err(|r| agents.refused(&key, &r.reason))?;
         let (stream_id, live) = agents.claim(&key, hello, now_ms).map_err(|reason| {
             agents.refused(&key, &reason);
-            Refusal {
-                reason,
-                retryable: false,
-            }
+            Refusal::fatal(reason)
         })?;
         let slot = pool
             .index
             .register_worker(&hello.worker_id)
-            .map_err(|e| Refusal {
-                reason: e.to_string(),
-                retryable: false,
-            })?;
-        // Heard now; entries of an older epoch keep serving until the new
-        // snapshot replaces them.
+            .map_err(|e| Refusal::fatal(e.to_string()))?;
+        // Heard now; entries of an older epoch keep serving until the new snapshot replaces them.
         let _ = pool.index.mark_heard(slot, now_ms);
         if pool.index.worker_cap(slot).is_none() {
             let _ = pool
@@ -192,19 +192,15 @@ impl WorkerStream {
         })
     }
 
-    /// This stream's id in the agent registry.
     pub(crate) fn stream_id(&self) -> u64 {
         self.stream_id
     }
 
-    /// Whether this stream still owns its worker (a newer stream may have
-    /// taken over).
     pub(crate) fn owns(&self) -> bool {
         self.live.owned_by(self.stream_id)
     }
 
-    /// Marks the worker disconnected (its entries stay until stale/expired).
-    /// Also done on drop.
+    /// Marks the worker disconnected (its entries stay until stale).
     pub(crate) fn close(&self) {
         self.agents.disconnect(&self.key, self.stream_id);
     }
@@ -214,8 +210,7 @@ impl WorkerStream {
         self.live.replaced_at()
     }
 
-    /// The worker's set is replaced now (a snapshot, a clear): its pace
-    /// clock moves to `tat`.
+    /// The worker's set is replaced now: its pace clock moves to `tat`.
     pub(crate) fn set_replaced(&self, tat: u64) {
         self.live.replaced(tat);
     }
@@ -231,18 +226,12 @@ impl WorkerStream {
             if self.live.removed() {
                 metrics::counter!("warmpath_ingest_refused_total", "reason" => "removed")
                     .increment(1);
-                return Err(Refusal {
-                    reason: format!(
-                        "worker {:?} was removed from pool {:?}",
-                        self.key.worker_id, self.key.model
-                    ),
-                    retryable: false,
-                });
+                return Err(Refusal::fatal(format!(
+                    "worker {:?} was removed from pool {:?}",
+                    self.key.worker_id, self.key.model
+                )));
             }
-            return Err(Refusal {
-                reason: "another stream took over this worker".into(),
-                retryable: true,
-            });
+            return Err(Refusal::retry("another stream took over this worker"));
         }
         let _ = self.pool.index.mark_heard(self.slot, now_ms);
         self.live.heard(now_ms);
@@ -254,8 +243,7 @@ impl WorkerStream {
             Msg::Snapshot(chunk) => Ok(self.on_snapshot(chunk)),
             Msg::Delta(d) => Ok(self.on_delta(d, now_unix_micros)),
             Msg::Load(mut l) => {
-                // The policy models this many blocks of the engine's cache:
-                // no more than the index would ever hold of it.
+                // The policy models no more of the cache than the index would hold.
                 l.capacity_blocks = l.capacity_blocks.min(self.pool.bounds.max_worker_blocks());
                 self.agents.set_load(&self.key, &l);
                 let capacity = (l.capacity_blocks > 0).then_some(l.capacity_blocks);
@@ -271,10 +259,9 @@ impl WorkerStream {
 
     fn on_hello(&mut self, h: &v1::Hello) -> Result<Vec<RouterMessage>, Refusal> {
         if h.worker_id != self.key.worker_id || h.model != self.key.model || h.epoch != self.epoch {
-            return Err(Refusal {
-                reason: "a repeated Hello may only change block_size".into(),
-                retryable: false,
-            });
+            return Err(Refusal::fatal(
+                "a repeated Hello may only change block_size",
+            ));
         }
         if let Err(r) = check_block_size(&self.pool, h.block_size) {
             // Entries hashed with another block size could only mislead.
@@ -298,8 +285,7 @@ impl WorkerStream {
                 next_chunk: 0,
                 total: c.total_blocks,
                 received: 0,
-                // The announced total is the agent's word: reserve no more
-                // than the worker may hold.
+                // The announced total is the agent's word: reserve at most the cap.
                 blocks: Vec::with_capacity(c.total_blocks.min(self.cap()).min(1 << 22) as usize),
             });
         }
@@ -352,8 +338,7 @@ impl WorkerStream {
                 }
             }
         }
-        // Blocks dropped past the worker's cap leave holes the claim cannot
-        // cover.
+        // Blocks dropped past the worker's cap leave holes the claim cannot cover.
         if c.prefix_closed && p.blocks.len() as u64 == p.received {
             let _ = index.set_prefix_closed(self.slot, true);
         }
@@ -425,9 +410,7 @@ impl WorkerStream {
         }
         vec![]
     }
-}
 
-impl WorkerStream {
     /// The most entries this worker may hold now.
     fn cap(&self) -> u64 {
         self.pool
@@ -467,8 +450,7 @@ impl WorkerStream {
 }
 
 impl Drop for WorkerStream {
-    /// A stream dropped without [`WorkerStream::close`] (its job panicked)
-    /// does not leave its worker shown as connected.
+    /// A stream dropped without [`WorkerStream::close`] (a panic) disconnects too.
     fn drop(&mut self) {
         self.close();
     }
@@ -477,13 +459,10 @@ impl Drop for WorkerStream {
 fn check_block_size(pool: &IngestPool, block_size: u32) -> Result<(), Refusal> {
     if block_size != 0 && block_size as usize != pool.block_size {
         metrics::counter!("warmpath_ingest_refused_total", "reason" => "block_size").increment(1);
-        return Err(Refusal {
-            reason: format!(
+        return Err(Refusal::fatal(format!(
                 "block size mismatch: the agent reports {block_size} tokens per block, the router's pool uses {}; hashes could never match",
                 pool.block_size
-            ),
-            retryable: false,
-        });
+            )));
     }
     Ok(())
 }

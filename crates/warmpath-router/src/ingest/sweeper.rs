@@ -1,18 +1,10 @@
-//! Marks silent workers stale and clears the ones silent for too long,
-//! compacts each pool's dead holders every 30 s, and
-//! asks the allocator to give freed index memory back to the OS.
-//!
-//! Why the last: the index frees a cleared worker's tables at once, but
-//! mimalloc (the binary's allocator) returns freed pages to the OS only
-//! lazily, from later allocations; a router gone quiet after a big clear
-//! kept them all (measured: 136 MiB of 148 MiB still resident 30 s after
-//! 2M entries were cleared). The binary registers its allocator's
-//! collection with [`set_memory_release`]; the library itself knows no
-//! allocator.
+//! Marks silent workers stale, clears the long silent, compacts dead holders
+//! and gives freed index memory back ([`set_memory_release`]).
 
 use super::directory::PoolDirectory;
 use super::pace::Gates;
 use crate::config::COMPACT_INTERVAL_MS;
+use crate::http::clock::monotonic_ms;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -58,8 +50,7 @@ pub(crate) fn sweep(
     (stale, newly)
 }
 
-/// Compacts every pool whose [`COMPACT_INTERVAL_MS`] has passed since
-/// `last[i]` (ms; pools beyond `last` start now); returns the blocks removed.
+/// Compacts every pool due since `last[i]` (ms); returns the blocks removed.
 pub(crate) fn compact_due(dir: &dyn PoolDirectory, now_ms: u64, last: &mut Vec<u64>) -> usize {
     let pools = dir.pools();
     last.resize(pools.len().max(last.len()), now_ms);
@@ -77,9 +68,7 @@ pub(crate) fn compact_due(dir: &dyn PoolDirectory, now_ms: u64, last: &mut Vec<u
     removed
 }
 
-/// Index bytes that must have been freed since the last release before the
-/// sweeper asks the allocator for another: a release visits the allocator's
-/// pages (milliseconds), so it must stay rare.
+/// Index bytes freed before the next release (one costs milliseconds).
 pub(crate) const RELEASE_AFTER_BYTES: u64 = 8 << 20;
 
 /// The binary's (release, catch-up) pair; see [`set_memory_release`].
@@ -87,29 +76,22 @@ type Release = (fn(), fn());
 
 static RELEASE: OnceLock<Release> = OnceLock::new();
 
-/// Registers how the process gives freed memory back to the OS (the
-/// binary: mimalloc's `mi_collect(true)`). The sweeper calls `release` once
-/// the pools' indexes shrank by [`RELEASE_AFTER_BYTES`]; it frees only the
-/// calling thread's pages, so every blocking job of the ingest and the
-/// sweeper ends with `catch_up`, which collects once per release on the
-/// thread it runs on (the index's tables are allocated there). A second
-/// call is ignored. Without one, nothing is called (the system allocator,
-/// or an embedder that manages its own).
+/// Registers how the process gives freed memory back to the OS: `release`
+/// once the indexes shrank by [`RELEASE_AFTER_BYTES`], and `catch_up` at the
+/// end of every blocking ingest job (a release frees only its thread's
+/// pages). A second call is ignored.
 pub fn set_memory_release(release: fn(), catch_up: fn()) {
     let _ = RELEASE.set((release, catch_up));
 }
 
-/// The end of a blocking job: give back this thread's freed pages if a
-/// release was asked since it last did.
+/// The end of a blocking job: give back this thread's freed pages if due.
 pub(crate) fn catch_up() {
     if let Some((_, catch_up)) = RELEASE.get() {
         catch_up();
     }
 }
 
-/// Whether the index memory freed since the last release is worth one:
-/// `high` is the most the pools held since then, `now` what they hold.
-/// Updates `high`.
+/// Whether the memory freed since the last release is worth one (`high`: most held since).
 pub(crate) fn release_due(high: &mut u64, now: u64) -> bool {
     *high = (*high).max(now);
     if *high - now >= RELEASE_AFTER_BYTES {
@@ -117,24 +99,6 @@ pub(crate) fn release_due(high: &mut u64, now: u64) -> bool {
         return true;
     }
     false
-}
-
-/// Sweeps every `period` until `shutdown`.
-pub fn spawn_sweeper(
-    dir: Arc<dyn PoolDirectory>,
-    stale_after: Duration,
-    drop_after: Duration,
-    period: Duration,
-    shutdown: CancellationToken,
-) -> JoinHandle<()> {
-    spawn_gated(
-        dir,
-        stale_after,
-        drop_after,
-        period,
-        shutdown,
-        Arc::default(),
-    )
 }
 
 /// What a sweep keeps from one round to the next.
@@ -145,9 +109,8 @@ struct Rounds {
     high: u64,
 }
 
-/// One round: sweep, compact what is due, release freed memory. Blocking
-/// (a compaction walks the whole index): holds every pool's gate, taken in
-/// name order, so no stream's snapshot or clear runs beside it.
+/// One round: sweep, compact what is due, release freed memory. Holds every
+/// pool's gate, taken in name order, so no snapshot or clear runs beside it.
 fn round(
     dir: &dyn PoolDirectory,
     gates: &Gates,
@@ -159,14 +122,8 @@ fn round(
     models.sort();
     let held: Vec<_> = models.iter().map(|m| gates.of(m)).collect();
     let _guards: Vec<_> = held.iter().map(|g| g.blocking_lock()).collect();
-    sweep(
-        dir,
-        stale_after,
-        drop_after,
-        crate::http::clock::monotonic_ms(),
-        &mut r.cleared,
-    );
-    compact_due(dir, crate::http::clock::monotonic_ms(), &mut r.compacted);
+    sweep(dir, stale_after, drop_after, monotonic_ms(), &mut r.cleared);
+    compact_due(dir, monotonic_ms(), &mut r.compacted);
     let bytes = dir.pools().iter().map(|p| p.index.estimated_bytes()).sum();
     if release_due(&mut r.high, bytes) {
         if let Some((release, _)) = RELEASE.get() {
@@ -181,8 +138,7 @@ fn round(
     }
 }
 
-/// [`spawn_sweeper`] whose rounds run on the blocking pool under `gates`
-/// (shared with the ingest's streams).
+/// Sweeps every `period` until `shutdown`, on the blocking pool under `gates`.
 pub(crate) fn spawn_gated(
     dir: Arc<dyn PoolDirectory>,
     stale_after: Duration,

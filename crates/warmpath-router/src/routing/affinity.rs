@@ -1,40 +1,27 @@
-//! Which backend stored which `/v1/responses` response (the pool's response
-//! affinity), and the tap that learns it from the answers.
-//!
-//! vLLM keeps a stored response (`store: true`) in the memory of the
-//! instance that made it: a `previous_response_id`, `GET
-//! /v1/responses/{id}` or `POST /v1/responses/{id}/cancel` reaching any other
-//! instance is a 404. So the router remembers, per pool, the backend that
-//! answered each response ([`ResponseHomes`]), learning the id from the
-//! answer itself ([`IdTap`]); [`crate::api::responses`] follows it.
+//! Which backend stored which `/v1/responses` response, learned from the
+//! answers ([`IdTap`]): vLLM keeps one only on the instance that made it.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use warmpath_core::request::surface::{is_response_id_byte, MAX_RESPONSE_ID};
 
-/// Bytes of an answer read for its id: the id is the response object's first
-/// field in vLLM's answers, and the first event of a stream
-/// (`response.created`) carries the object.
+/// Bytes of an answer read for its id (the response object's first field).
 pub(crate) const TAP_BYTES: usize = 64 * 1024;
 
-/// Stored `/v1/responses` ids a pool remembers with the backend that made
-/// them; the oldest are forgotten first (an id forgotten is asked for).
+/// Stored `/v1/responses` ids a pool remembers, the oldest forgotten first.
 pub(crate) const RESPONSE_IDS: usize = 65_536;
 
-/// Response id → worker id, at most `cap` ids, the oldest forgotten first;
-/// and the ids no backend had, lately ([`Misses`]).
+/// Response id → worker id, at most `cap` ids; and the recent misses.
 #[derive(Debug)]
 pub(crate) struct ResponseHomes {
     cap: usize,
     inner: Mutex<Homes>,
     misses: Mutex<Misses>,
-    /// Look-ups asking every backend at once: a flood of unknown ids asks
-    /// the engines at most this many times over.
+    /// Look-ups asking every backend at once (a flood of unknown ids is bounded).
     lookups: tokio::sync::Semaphore,
 }
 
-/// Ids that no backend had when they were looked for, each for
-/// [`MISS_TTL_MS`]: a client retrying an unknown id costs no fan-out.
+/// Ids no backend had, each for [`MISS_TTL_MS`]: a retried unknown id costs no fan-out.
 #[derive(Debug, Default)]
 struct Misses {
     /// Id → when its miss expires (monotonic ms).
@@ -42,8 +29,7 @@ struct Misses {
     order: VecDeque<String>,
 }
 
-/// How long a miss is remembered. A response id exists once its engine
-/// made it, so a miss stays true unless a restart reuses ids.
+/// How long a miss is remembered.
 const MISS_TTL_MS: u64 = 10_000;
 /// Misses remembered at once.
 const MISSES: usize = 4096;
@@ -67,7 +53,6 @@ impl ResponseHomes {
         }
     }
 
-    /// Records that `worker` stored response `id`.
     pub(crate) fn remember(&self, id: &str, worker: &str) {
         let mut h = self.inner.lock();
         if let Some(w) = h.by_id.get_mut(id) {
@@ -92,7 +77,6 @@ impl ResponseHomes {
             .is_some_and(|&t| t > now_ms)
     }
 
-    /// Notes that no backend had `id`.
     pub(crate) fn miss(&self, id: &str, now_ms: u64) {
         let mut m = self.misses.lock();
         if m.by_id
@@ -109,8 +93,7 @@ impl ResponseHomes {
         }
     }
 
-    /// A turn to ask every backend, waiting at most `wait`; `None` when
-    /// too many look-ups are under way.
+    /// A turn to ask every backend, waiting at most `wait`.
     pub(crate) async fn lookup_turn(
         &self,
         wait: std::time::Duration,
@@ -121,12 +104,10 @@ impl ResponseHomes {
             .ok()
     }
 
-    /// The worker that stored `id`, if known.
     pub(crate) fn holder(&self, id: &str) -> Option<String> {
         self.inner.lock().by_id.get(id).cloned()
     }
 
-    /// Ids remembered now.
     pub(crate) fn len(&self) -> usize {
         self.inner.lock().order.len()
     }
@@ -135,7 +116,6 @@ impl ResponseHomes {
 /// Reads an answer's first bytes for its response id.
 #[derive(Debug)]
 pub(crate) struct IdTap {
-    /// The backend that answered.
     pub worker: String,
     seen: Vec<u8>,
 }
@@ -143,7 +123,6 @@ pub(crate) struct IdTap {
 /// What one more piece of an answer told an [`IdTap`].
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Tapped {
-    /// The id.
     Found(String),
     /// Not yet: more bytes may tell.
     More,
@@ -152,7 +131,6 @@ pub(crate) enum Tapped {
 }
 
 impl IdTap {
-    /// A tap on `worker`'s answer.
     pub(crate) fn new(worker: String) -> Self {
         IdTap {
             worker,
@@ -160,7 +138,6 @@ impl IdTap {
         }
     }
 
-    /// Feeds the answer's next bytes.
     pub(crate) fn feed(&mut self, data: &[u8]) -> Tapped {
         let room = TAP_BYTES.saturating_sub(self.seen.len());
         self.seen.extend_from_slice(&data[..data.len().min(room)]);
@@ -173,9 +150,7 @@ impl IdTap {
     }
 }
 
-/// The value of the first `"id"` key in `buf` (JSON or SSE lines of JSON):
-/// `None` when none is complete yet, `Err` when its value is not a plain
-/// string id.
+/// The first `"id"` in `buf`: `None` until complete, `Err` when not a plain string.
 fn first_id(buf: &[u8]) -> Option<Result<String, ()>> {
     const KEY: &[u8] = b"\"id\"";
     let at = memchr::memmem::find(buf, KEY)?;

@@ -1,14 +1,5 @@
-//! The warmest prefix chains of a pool, for `GET /cache-index`.
-//!
-//! A bounded top-K tracker ("space saving", Metwally et al.): at most
-//! `capacity` chains are tracked, keyed by their root (block 0) hash, which
-//! already encodes model, adapter, tenant and the first block. When a new root
-//! arrives and the table is full, the least-hit entry is replaced and the
-//! newcomer inherits its count + 1, so counts may over-estimate a newcomer but
-//! every chain hit more than `total / capacity` times is in the table.
-//! Only hashes are kept, and prompt text only for a pool with
-//! `show_prompts` (the first characters of the prompt that brought a
-//! chain's longest form).
+//! The warmest prefix chains of a pool: a bounded top-K ("space saving") keyed
+//! by root hash, holding every chain hit more than `total / capacity` times.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -40,7 +31,6 @@ pub(crate) struct HotChain {
     pub preview: Option<String>,
 }
 
-/// The tracker (see module docs).
 #[derive(Debug)]
 pub(crate) struct HotChains {
     capacity: usize,
@@ -62,8 +52,7 @@ impl HotChains {
         }
     }
 
-    /// Records a request with block chain `chain` routed to `worker`
-    /// (`preview`: its prompt's first characters, when the pool keeps them).
+    /// Records a request with block chain `chain` routed to `worker`.
     pub(crate) fn record(&self, chain: &[BlockHash], worker: &str, preview: Option<&str>) {
         let Some(root) = chain.first() else { return };
         let chain = &chain[..chain.len().min(MAX_DEPTH)];

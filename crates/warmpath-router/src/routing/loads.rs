@@ -1,24 +1,6 @@
-//! What a backend is known to be carrying, and the loads the policy reads.
-//!
-//! Two sources, each in atomics that count their changes: the [`Load`] this
-//! router put on a backend (requests in flight, predicted prefill blocks
-//! still waiting for a first byte, whether it is draining), and the
-//! [`EngineCell`] its worker's agent last reported, written by the ingest
-//! ([`AgentLoads`]). Each policy snapshot keeps a [`Board`] of the
-//! [`BackendLoad`]s they make and reads a backend again only when one of its
-//! counts moved: two atomic loads per backend per pick, no lock or map
-//! lookup per backend (building every load per request made `pick` the
-//! router's largest phase at 1000 backends, BENCHMARKS.md). A `kv_aware`
-//! pick is told which positions changed since its last pick
-//! (`Loads::changed`).
-//!
-//! Time changes a load too: a report stops counting [`LOAD_FRESH_MS`] after
-//! it arrived. The board keeps the earliest such moment among its reports
-//! and reads every load again once it passed.
-//!
-//! A report's fields are separate atomics: a read racing a report may mix
-//! two reports' fields, which routing tolerates (a load is a one-second
-//! sample).
+//! What a backend is known to be carrying: the [`Load`] this router put on it
+//! and the [`EngineCell`] its agent reported, atomics that count their changes,
+//! so a snapshot's [`Board`] reads a backend again only when one moved.
 
 use crate::http::clock::monotonic_ms;
 use parking_lot::Mutex;
@@ -30,73 +12,53 @@ use warmpath_core::{BackendLoad, EngineLoad};
 /// Engine load older than this is not used for routing.
 pub(crate) const LOAD_FRESH_MS: u64 = 5_000;
 
-/// Engine load reported by agents, as routing reads it (implemented by
-/// [`crate::ingest::Agents`]).
+/// Engine load reported by agents, as routing reads it.
 pub(crate) trait AgentLoads: Send + Sync {
-    /// Bumped whenever [`engine_cell`](Self::engine_cell) may answer
-    /// differently for some worker: a board looks its cells up again then.
+    /// Bumped whenever [`engine_cell`](Self::engine_cell) may answer differently.
     fn cell_generation(&self) -> u64;
 
     /// The cell holding `worker_id`'s reported load in pool `model`.
     fn engine_cell(&self, model: &str, worker_id: &str) -> Option<Arc<EngineCell>>;
 
-    /// The latest load reported for `worker_id`, if fresh, looked up (the
-    /// status page; routing reads its board's cells).
+    /// The latest load reported for `worker_id`, if fresh (the status page).
     fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad> {
         self.engine_cell(model, worker_id)?.fresh(monotonic_ms())
     }
 
-    /// Other router replicas' requests in flight on `worker_id` and their
-    /// predicted prefill blocks, as shared through the agents (`peers`).
+    /// Other replicas' requests in flight on `worker_id` and their prefill blocks.
     fn remote_load(&self, _model: &str, _worker_id: &str) -> (u32, u64) {
         (0, 0)
     }
 
-    /// Whether this router shares its decisions with its replicas: kv_aware
-    /// then breaks ties with an rng seeded by the prefix key, so replicas
-    /// of the same state agree.
+    /// Whether this router shares its decisions with its replicas.
     fn shares_decisions(&self) -> bool {
         false
     }
 
-    /// Whether [`remote_load`](Self::remote_load) may answer anything but
-    /// zeros (a replica shared a start with this router).
+    /// Whether [`remote_load`](Self::remote_load) may answer anything but zeros.
     fn remote_loads(&self) -> bool {
         false
     }
 }
 
-/// The load this router put on one backend. Membership drains a backend
-/// before removing it: a draining backend gets no new requests, and
-/// [`Load::wait_idle`] returns once its last request in flight ended.
+/// The load this router put on one backend, and whether it is draining.
+#[derive(Debug)]
 pub(crate) struct Load {
-    /// `warmpath_backend_in_flight` of this backend.
     in_flight_gauge: metrics::Gauge,
     in_flight: AtomicU32,
     pending_prefill: AtomicU64,
     draining: AtomicBool,
     /// Woken when a draining backend's last request ends.
     idle: Notify,
-    /// Bumped after every change of what routing reads of the backend (in
-    /// flight, pending prefill, ejected, draining).
+    /// Bumped after every change of what routing reads of the backend.
     changes: AtomicU64,
-}
-
-impl std::fmt::Debug for Load {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Load")
-            .field("in_flight", &self.in_flight)
-            .field("pending_prefill", &self.pending_prefill)
-            .field("draining", &self.draining)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Load {
     /// No load on backend `id` of pool `model` yet.
     pub(crate) fn new(model: &str, id: &str) -> Self {
         Load {
-            in_flight_gauge: crate::control::metrics::backend_in_flight(model, id),
+            in_flight_gauge: metrics::gauge!("warmpath_backend_in_flight", "pool" => model.to_owned(), "backend" => id.to_owned()),
             in_flight: AtomicU32::new(0),
             pending_prefill: AtomicU64::new(0),
             draining: AtomicBool::new(false),
@@ -105,8 +67,7 @@ impl Load {
         }
     }
 
-    /// How many times what routing reads of the backend changed; read
-    /// before the values, so a change racing the read shows next time.
+    /// Read before the values, so a change racing the read shows next time.
     pub(crate) fn changes(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
     }
@@ -116,13 +77,11 @@ impl Load {
         self.changes.fetch_add(1, Ordering::Release);
     }
 
-    /// Whether it is draining (see [`Load::start_draining`]).
     pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Takes it out of rotation for removal: routing skips it from now on,
-    /// requests in flight finish. Returns false when it already was.
+    /// Takes it out of rotation for removal; false when it already was.
     pub(crate) fn start_draining(&self) -> bool {
         let started = !self.draining.swap(true, Ordering::AcqRel);
         self.changed();
@@ -132,8 +91,7 @@ impl Load {
     /// Returns once no request is in flight here (at once when none is).
     pub(crate) async fn wait_idle(&self) {
         loop {
-            // Registered before the check, so a guard dropped between the
-            // check and the wait still wakes it.
+            // Registered before the check, so a guard dropped meanwhile wakes it.
             let notified = self.idle.notified();
             if self.in_flight() == 0 {
                 return;
@@ -142,7 +100,6 @@ impl Load {
         }
     }
 
-    /// Requests this router has in flight here.
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -176,8 +133,7 @@ impl Load {
         n
     }
 
-    /// Wakes [`Load::wait_idle`] when `in_flight` (what [`Load::end`]
-    /// returned) is 0 and the backend is draining.
+    /// Wakes [`Load::wait_idle`] when `in_flight` is 0 and it is draining.
     pub(crate) fn ended(&self, in_flight: u32) {
         if in_flight == 0 && self.is_draining() {
             self.idle.notify_waiters();
@@ -195,8 +151,8 @@ const UP_KNOWN: u8 = 2;
 const DOWN: u8 = 4;
 const PARTIAL: u8 = 8;
 
-/// One worker's latest engine load as its agent reported it, shared by the
-/// agent registry (which writes it) and the boards (which read it).
+/// One worker's latest engine load as its agent reported it (separate atomics:
+/// a read racing a report may mix two reports' fields, which routing tolerates).
 #[derive(Debug, Default)]
 pub(crate) struct EngineCell {
     running: AtomicU32,
@@ -212,7 +168,6 @@ pub(crate) struct EngineCell {
 }
 
 impl EngineCell {
-    /// A report arrived at `at_ms`.
     pub(crate) fn set(&self, load: EngineLoad, engine_up: bool, at_ms: u64) {
         self.running.store(load.running, Ordering::Relaxed);
         self.waiting.store(load.waiting, Ordering::Relaxed);
@@ -229,16 +184,14 @@ impl EngineCell {
         self.changes.fetch_add(1, Ordering::Release);
     }
 
-    /// A new stream took the worker: whether the engine is up is unknown
-    /// again, and a new agent run (`keep_load` false) forgets the old load.
+    /// A new stream took the worker; a new agent run (`keep_load` false) forgets the load.
     pub(crate) fn claimed(&self, keep_load: bool) {
         let keep = if keep_load { HAS_LOAD | PARTIAL } else { 0 };
         self.flags.fetch_and(keep, Ordering::AcqRel);
         self.changes.fetch_add(1, Ordering::Release);
     }
 
-    /// How many reports and claims changed it; read before the fields, so
-    /// one racing the read shows as a change next time.
+    /// Read before the fields, so a report racing the read shows next time.
     fn changes(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
     }
@@ -255,16 +208,13 @@ impl EngineCell {
         })
     }
 
-    /// Whether the engine answered the agent's last scrape (`None` before a
-    /// report on this stream).
+    /// Whether the engine answered the agent's last scrape.
     pub(crate) fn engine_up(&self) -> Option<bool> {
         let f = self.flags.load(Ordering::Acquire);
         (f & UP_KNOWN != 0).then_some(f & DOWN == 0)
     }
 
-    /// The load routing may use at `now_ms` (reported, the engine not down
-    /// at the last scrape, at most [`LOAD_FRESH_MS`] old), with the last
-    /// millisecond it stays fresh without a new report.
+    /// The load routing may use at `now_ms`, with the last millisecond it stays fresh.
     fn fresh_until(&self, now_ms: u64) -> Option<(EngineLoad, u64)> {
         let until = self
             .at_ms
@@ -276,7 +226,6 @@ impl EngineCell {
             .map(|l| (l, until))
     }
 
-    /// [`EngineCell::fresh_until`]'s load.
     pub(crate) fn fresh(&self, now_ms: u64) -> Option<EngineLoad> {
         self.fresh_until(now_ms).map(|(l, _)| l)
     }
@@ -284,7 +233,6 @@ impl EngineCell {
 
 /// A pool member as the board reads it (implemented by `Backend`).
 pub(crate) trait Member {
-    /// The load this router put on it.
     fn load(&self) -> &Load;
     /// Its worker id, the agents' key.
     fn worker(&self) -> &str;
@@ -292,8 +240,7 @@ pub(crate) trait Member {
     fn healthy(&self) -> bool;
 }
 
-/// The loads of one policy snapshot's members, kept between picks (module
-/// docs).
+/// The loads of one policy snapshot's members, kept between picks.
 #[derive(Debug, Default)]
 pub(crate) struct Board(Mutex<Kept>);
 
@@ -302,13 +249,11 @@ struct Kept {
     loads: Vec<BackendLoad>,
     /// What each position was read at.
     seen: Vec<Seen>,
-    /// The agent registry's cell generation the cells are of (`None`: no
-    /// registry, or nothing read yet).
+    /// The agent registry's cell generation the cells are of.
     generation: Option<u64>,
     /// The last millisecond every engine report in `loads` is fresh.
     until_ms: u64,
-    /// Whether the policy's last tracked pick saw `loads` but for the
-    /// positions in `changed` (else it compares every load).
+    /// Whether the last tracked pick saw `loads` but for the positions in `changed`.
     known: bool,
     changed: Vec<usize>,
 }
@@ -321,11 +266,8 @@ struct Seen {
 }
 
 impl Board {
-    /// Calls `pick` with every member's load now, under the board's lock,
-    /// so no other pick slips in between. A `tracked` pick hands the policy
-    /// exactly these loads and gets the positions changed since the last
-    /// tracked pick (`None`: compare every load); an untracked one hands it
-    /// others or none, and the next tracked pick compares every load.
+    /// Calls `pick` with every member's load now, under the board's lock; a
+    /// `tracked` pick gets the positions changed since the last tracked one.
     pub(crate) fn with<M: Member, R>(
         &self,
         model: &str,

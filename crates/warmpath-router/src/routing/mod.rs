@@ -1,8 +1,5 @@
-//! The routing wing: a request's plan and pick (`route`), forwarding it
-//! to the engine (`proxy`), pools and their members (`pool`, `backend`),
-//! response affinity (`affinity`), what each backend is known to carry
-//! (`loads`), the warmest chains (`hot`), what forwarding needs
-//! of the router (`upstream`) and the seam to the other replicas (`share`).
+//! The routing wing: plan and pick, forwarding, pools and members, response
+//! affinity, loads, the warmest chains and the seam to the other replicas.
 
 pub(crate) mod affinity;
 pub(crate) mod backend;

@@ -1,16 +1,6 @@
-//! Model pools: each owns its cache index, tokenizer, backends and the
-//! current policy, which can be swapped at run time ([`Pool::switch`]).
-//!
-//! The policy lives behind `RwLock<Arc<PolicyState>>`: a request clones the
-//! `Arc` (a read lock held for a few nanoseconds) and routes with that
-//! snapshot, so a switch never disturbs requests already routed or routing.
-//! The snapshot also holds the backends the policy was built from, so a
-//! membership change ([`Pool::add_backend`], [`Pool::remove_backend`]) is
-//! one more swap: a decision's position always names the backend it was
-//! made for. The index is keyed by worker id, so the remaining workers keep
-//! their entries across any change; a removed worker's are dropped. The
-//! policy is rebuilt from the one it replaces (`Learns::carried`), so
-//! kv_aware keeps what it learned of the remaining workers by id.
+//! Model pools. A switch or membership change swaps in a new `PolicyState`
+//! holding the backends it was built from, so a decision's position always
+//! names the backend it was made for.
 
 use crate::config::{BackendConfig, BackendUrl, IndexSettings, PoolConfig, TenantsConfig};
 use crate::control::discovery::provider::Provider;
@@ -34,19 +24,14 @@ use warmpath_core::{
 /// The policy a pool routes with, and what it was built from.
 #[derive(Debug)]
 pub(crate) struct PolicyState {
-    /// Strategy.
     pub strategy: Strategy,
-    /// Knobs.
     pub config: PolicyConfig,
-    /// The built policy.
     pub policy: Arc<dyn Policy>,
-    /// Its memory, when it has one (kv_aware): home lookups, other
-    /// replicas' decisions.
+    /// Its memory, when it has one (kv_aware).
     pub learns: Option<Arc<dyn Learns>>,
     /// The backends it was built from, in its snapshot order.
     pub backends: Arc<[Arc<Backend>]>,
-    /// Their loads as its last pick saw them (`route` reads every load
-    /// through it).
+    /// Their loads as its last pick saw them.
     pub board: Board,
 }
 
@@ -76,33 +61,17 @@ impl PolicyState {
 /// Why a membership change was refused; the pool is unchanged.
 #[derive(Debug, Error)]
 pub(crate) enum MemberError {
-    /// The worker id is already a member. Not retryable.
     #[error("pool {model:?} already has a backend with worker_id {worker_id:?}")]
-    Duplicate {
-        /// The pool.
-        model: String,
-        /// The worker id.
-        worker_id: String,
-    },
-    /// No member has this worker id. Not retryable.
+    Duplicate { model: String, worker_id: String },
     #[error("pool {model:?} has no backend with worker_id {worker_id:?}")]
-    Unknown {
-        /// The pool.
-        model: String,
-        /// The worker id.
-        worker_id: String,
-    },
-    /// The URL or worker id is not usable. Not retryable.
+    Unknown { model: String, worker_id: String },
     #[error("invalid backend: {0}")]
     Invalid(String),
-    /// The last backend that is not draining cannot be removed or drained:
-    /// the pool would route nowhere. Retry after adding another.
+    /// Retryable after adding another backend.
     #[error("pool {0:?} would have no backend left; add another first")]
     LastBackend(String),
-    /// The index has no slot left. Not retryable.
     #[error(transparent)]
     Index(#[from] warmpath_core::IndexError),
-    /// The policy could not be rebuilt. Not retryable.
     #[error(transparent)]
     Policy(#[from] PolicyError),
 }
@@ -110,53 +79,56 @@ pub(crate) enum MemberError {
 /// Why a strategy switch was refused; the old policy stays in place.
 #[derive(Debug, Error)]
 pub(crate) enum SwitchError {
-    /// `kv_aware` on a pool without a tokenizer. Not retryable.
     #[error("pool {0:?} has no tokenizer, so it cannot use kv_aware")]
     NeedsTokenizer(String),
-    /// The policy could not be built from the settings. Not retryable.
     #[error(transparent)]
     Policy(#[from] PolicyError),
 }
 
-/// One model pool.
+impl SwitchError {
+    /// As a start-up (or reload) error of pool `model`.
+    pub(crate) fn into_router_error(self, model: &str) -> RouterError {
+        match self {
+            SwitchError::Policy(source) => RouterError::Policy {
+                model: model.to_owned(),
+                source,
+            },
+            SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
+                format!("pool {m:?} tokenizer"),
+                "kv_aware needs a tokenizer (tokenizers load only at start)",
+            )),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Pool {
     /// The model name (`model` field of requests).
     pub model: String,
     /// Which workers hold which blocks; filled by the agents' ingest.
     pub index: Arc<CacheIndex>,
-    /// Tokens per block.
     pub block_size: usize,
-    /// Chat template + tokenizer, when configured.
     pub tokenizer: Option<Arc<ChatTokenizer>>,
     /// PREFIX_AWARE key extraction.
     pub prefix: PrefixExtractor,
     /// Warmest prefix chains routed here.
     pub hot: HotChains,
-    /// The per-request metric series of this pool.
     pub metrics: PoolMetrics,
-    /// Whether answers carry `x-warmpath-backend` and `x-warmpath-decision`.
     pub expose_routing_headers: bool,
-    /// Where tenant ids come from and what they isolate.
     pub tenants: TenantsConfig,
-    /// Whether the warmest chains keep a prompt preview (`show_prompts`).
     pub show_prompts: bool,
     /// Bounds of `index` (the ingest applies the per-worker caps).
     pub index_bounds: IndexSettings,
-    /// Its discovery providers (run by `crate::control::discovery`).
     pub discovery: Vec<Arc<Provider>>,
     /// Which backend stored which `/v1/responses` response.
     pub responses: ResponseHomes,
     policy: RwLock<Arc<PolicyState>>,
-    /// Held while a new policy state is built and installed, so two changes
-    /// (a strategy switch, an add, a removal) never lose one another.
+    /// Held while a new policy state is built and installed, so two changes never lose one another.
     changing: Mutex<()>,
-    /// See [`Pool::ejecting`].
     ejecting: Mutex<()>,
-    /// See [`Pool::compact_removed`].
     compaction: Compaction,
-    /// `max_prompt_tokens` from the config.
-    max_prompt_tokens: Option<usize>,
+    /// As configured; [`Pool::prompt_cap`] is the cap in effect.
+    pub max_prompt_tokens: Option<usize>,
     /// The smallest `max_model_len` the engines' model cards gave (0: none yet).
     learned_context: AtomicUsize,
 }
@@ -185,14 +157,11 @@ impl Pool {
             let url = BackendUrl::parse(&b.url).map_err(|e| {
                 crate::config::invalid(format!("pool {model:?} backend"), e.to_string())
             })?;
-            let slot = index
-                .register_worker(b.id())
-                .map_err(|source| RouterError::Index {
+            let slot =
+                register(&index, &cfg.index, b.id()).map_err(|source| RouterError::Index {
                     model: model.clone(),
                     source,
                 })?;
-            // Until its agent reports a capacity.
-            let _ = index.set_worker_cap(slot, Some(cfg.index.worker_cap(None)));
             backends.push(Arc::new(Backend::new(&model, b, url, slot, Origin::Config)));
         }
         let backends: Arc<[Arc<Backend>]> = backends.into();
@@ -231,30 +200,17 @@ impl Pool {
             ))),
         };
         pool.switch(cfg.effective_strategy(), cfg.policy_config())
-            .map_err(|e| match e {
-                SwitchError::Policy(source) => RouterError::Policy { model, source },
-                SwitchError::NeedsTokenizer(m) => RouterError::Config(crate::config::invalid(
-                    format!("pool {m:?} tokenizer"),
-                    "kv_aware needs a tokenizer",
-                )),
-            })?;
+            .map_err(|e| e.into_router_error(&model))?;
         Ok(pool)
     }
 
-    /// Most prompt tokens a request may have: the configured
-    /// `max_prompt_tokens`, else one less than the smallest `max_model_len`
-    /// learned from the engines (vLLM refuses a prompt of `max_model_len`
-    /// tokens or more), else no cap.
+    /// Most prompt tokens a request may have: `max_prompt_tokens`, else the
+    /// engines' smallest `max_model_len` - 1 (vLLM refuses more).
     pub(crate) fn prompt_cap(&self) -> Option<usize> {
         self.max_prompt_tokens.or_else(|| {
             let n = self.learned_context.load(Ordering::Relaxed);
             (n > 1).then(|| n - 1)
         })
-    }
-
-    /// `max_prompt_tokens` as configured.
-    pub(crate) fn configured_prompt_cap(&self) -> Option<usize> {
-        self.max_prompt_tokens
     }
 
     /// Records an engine's `max_model_len` (the pool keeps the smallest).
@@ -279,34 +235,37 @@ impl Pool {
         Arc::clone(&self.policy.read().backends)
     }
 
-    /// Whether one more member may be ejected: at most `max_percent` of
-    /// the members are out at once, though one always may be (Envoy's
-    /// `max_ejection_percent`), so failures that are not the engines' own
-    /// (a bad client mix, a network blip) cannot empty a pool. The caller
-    /// holds [`Pool::ejecting`] until the ejection is done.
+    /// Whether one more member may be ejected: at most `max_percent` are out at
+    /// once (one always may be). The caller holds [`Pool::ejecting`].
     pub(crate) fn room_to_eject(&self, max_percent: u8) -> bool {
         let members = self.backends();
         let out = members.iter().filter(|b| !b.health.is_healthy()).count();
         let cap = (members.len() * usize::from(max_percent) / 100).max(1);
         let room = out < cap;
         if !room {
-            crate::control::metrics::ejections_refused(&self.model).increment(1);
+            metrics::counter!("warmpath_ejections_refused_total", "pool" => self.model.clone())
+                .increment(1);
         }
         room
     }
 
-    /// Held while a failure may eject a member, so that two at once cannot
-    /// both pass [`Pool::room_to_eject`].
+    /// Held while a failure may eject a member (two cannot both pass the room check).
     pub(crate) fn ejecting(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.ejecting.lock()
     }
 
-    /// The member with worker id `id`.
     pub(crate) fn backend(&self, id: &str) -> Option<Arc<Backend>> {
         self.backends()
             .iter()
             .find(|b| b.endpoint.id() == id)
             .cloned()
+    }
+
+    fn unknown(&self, id: &str) -> MemberError {
+        MemberError::Unknown {
+            model: self.model.clone(),
+            worker_id: id.to_owned(),
+        }
     }
 
     /// Builds and installs a new policy atomically; returns the previous strategy.
@@ -325,8 +284,7 @@ impl Pool {
         Ok(old.strategy)
     }
 
-    /// Builds the policy over `backends` and swaps it in; the caller holds
-    /// `changing`. Returns the state it replaced.
+    /// Builds the policy over `backends` and swaps it in (the caller holds `changing`).
     fn install(
         &self,
         strategy: Strategy,
@@ -342,9 +300,8 @@ impl Pool {
         std::mem::replace(&mut *self.policy.write(), Arc::new(new))
     }
 
-    /// Rebuilds the current policy over `backends` (the caller holds
-    /// `changing`): it carries what it keeps per worker over by worker id
-    /// (`Learns::carried`; kv_aware's homes, loads and pressure).
+    /// Rebuilds the current policy over `backends`, carrying what it learned
+    /// per worker id (`Learns::carried`); the caller holds `changing`.
     fn set_members(&self, backends: Vec<Arc<Backend>>) -> Result<(), MemberError> {
         let cur = self.policy();
         let backends: Arc<[Arc<Backend>]> = backends.into();
@@ -358,8 +315,7 @@ impl Pool {
         Ok(())
     }
 
-    /// Adds a backend (it takes requests at once); the ring moves about
-    /// 1/(N+1) of the keys to it, every other worker keeps its index entries.
+    /// Adds a backend (it takes requests at once); the others keep their index entries.
     pub(crate) fn add_backend(
         &self,
         cfg: &BackendConfig,
@@ -380,11 +336,7 @@ impl Pool {
                 worker_id: id.to_owned(),
             });
         }
-        let slot = self.index.register_worker(id)?;
-        // Until its agent reports a capacity.
-        let _ = self
-            .index
-            .set_worker_cap(slot, Some(self.index_bounds.worker_cap(None)));
+        let slot = register(&self.index, &self.index_bounds, id)?;
         let b = Arc::new(Backend::new(&self.model, cfg, url, slot, origin));
         members.push(Arc::clone(&b));
         if let Err(e) = self.set_members(members) {
@@ -395,9 +347,7 @@ impl Pool {
         Ok(b)
     }
 
-    /// Removes a backend now: no new requests, requests in flight there
-    /// finish (they hold it), its index entries stop counting (their
-    /// holders go with the next compaction: [`Pool::compact_removed`]). With
+    /// Removes a backend now (requests in flight there finish); with
     /// `keep_one`, refuses to remove the last backend not draining.
     pub(crate) fn remove_backend(
         &self,
@@ -407,10 +357,7 @@ impl Pool {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
         let Some(at) = members.iter().position(|b| b.endpoint.id() == id) else {
-            return Err(MemberError::Unknown {
-                model: self.model.clone(),
-                worker_id: id.to_owned(),
-            });
+            return Err(self.unknown(id));
         };
         let serving = members.iter().filter(|b| !b.load.is_draining()).count();
         if keep_one && serving <= 1 && !members[at].load.is_draining() {
@@ -424,19 +371,13 @@ impl Pool {
         Ok(b)
     }
 
-    /// Puts `old` (a draining member) back in rotation as a new member of
-    /// the same worker: same id, URL, origin and index slot, so its index
-    /// entries and the policy's placements (kept by worker id) stay. The
-    /// adapters and model cards it learned carry over; health starts over
-    /// (the caller probes it). Requests in flight on `old` finish there.
+    /// Puts `old` (a draining member) back in rotation as a new member of the
+    /// same worker and slot, so its index entries and placements stay.
     pub(crate) fn restore_backend(&self, old: &Arc<Backend>) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let mut members = self.backends().to_vec();
         let Some(at) = members.iter().position(|b| Arc::ptr_eq(b, old)) else {
-            return Err(MemberError::Unknown {
-                model: self.model.clone(),
-                worker_id: old.endpoint.id().to_owned(),
-            });
+            return Err(self.unknown(old.endpoint.id()));
         };
         let b = Arc::new(Backend::new(
             &self.model,
@@ -453,10 +394,7 @@ impl Pool {
         Ok(b)
     }
 
-    /// Purges the holders of removed workers (and so frees their index
-    /// slots) on the blocking pool, one pass per pool at a time: a removal
-    /// on an async thread never walks the whole index. A call while a pass
-    /// runs makes it run once more after, so no removal waits for the timer.
+    /// Purges removed workers' holders on the blocking pool, one pass at a time.
     pub(crate) fn compact_removed(self: &Arc<Self>) {
         if self.index.awaiting_compaction() == 0 {
             return;
@@ -479,24 +417,19 @@ impl Pool {
                 return;
             }
         };
-        // Bounded work that owes nothing to a peer: it ends by itself, with
-        // the runtime at the latest. Without a runtime (unit tests): here.
+        // Without a runtime (unit tests): here.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(rt.spawn_blocking(pass)),
             Err(_) => pass(),
         }
     }
 
-    /// Starts draining a backend (no new requests; see [`Load::wait_idle`](crate::routing::backend::load::Load::wait_idle)).
-    /// Refuses to drain the last backend not draining.
+    /// Starts draining a backend (no new requests); refuses the last one not draining.
     pub(crate) fn drain_backend(&self, id: &str) -> Result<Arc<Backend>, MemberError> {
         let _changing = self.changing.lock();
         let members = self.backends();
         let Some(b) = members.iter().find(|b| b.endpoint.id() == id) else {
-            return Err(MemberError::Unknown {
-                model: self.model.clone(),
-                worker_id: id.to_owned(),
-            });
+            return Err(self.unknown(id));
         };
         let serving = members.iter().filter(|b| !b.load.is_draining()).count();
         if serving <= 1 && !b.load.is_draining() {
@@ -514,6 +447,17 @@ impl Pool {
 struct Compaction {
     running: AtomicBool,
     again: AtomicBool,
+}
+
+/// Registers worker `id` in `index`, capped as one whose capacity is not known yet.
+fn register(
+    index: &CacheIndex,
+    bounds: &IndexSettings,
+    id: &str,
+) -> Result<warmpath_core::WorkerSlot, warmpath_core::IndexError> {
+    let slot = index.register_worker(id)?;
+    let _ = index.set_worker_cap(slot, Some(bounds.worker_cap(None)));
+    Ok(slot)
 }
 
 /// What a policy is built from: each member's id and index slot.
@@ -538,7 +482,6 @@ pub(crate) struct Pools {
 /// A request's model resolved to a pool (and maybe one of its adapters).
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
-    /// The pool.
     pub pool: Arc<Pool>,
     /// The LoRA adapter named by the request, if `model` was an adapter.
     pub adapter: Option<String>,
@@ -561,7 +504,6 @@ impl Pools {
         &self.list
     }
 
-    /// The pool of base model `model`.
     pub(crate) fn get(&self, model: &str) -> Option<&Arc<Pool>> {
         self.by_model.get(model)
     }
@@ -572,8 +514,7 @@ impl Pools {
             .ok_or_else(|| ApiError::unknown_model(model))
     }
 
-    /// The pool serving `model`: a base model, or a LoRA adapter served by
-    /// at least one backend of a pool.
+    /// The pool serving `model`: a base model, or a LoRA adapter of a backend.
     pub(crate) fn resolve(&self, model: &str) -> Option<Target> {
         if let Some(pool) = self.by_model.get(model) {
             return Some(Target {

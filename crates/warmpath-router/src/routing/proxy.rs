@@ -1,22 +1,5 @@
-//! Sending a routed request upstream and streaming the answer back.
-//!
-//! - One pooled keep-alive HTTP/1.1 client for all backends.
-//! - Retry on another backend **only** when connecting failed (nothing was
-//!   sent); a backend failing `eject_after` times in a row (refused connects, 5xx
-//!   answers, exchanges broken after sending) is ejected until
-//!   an active probe passes (see [`crate::control::health`]).
-//! - Status, headers (minus hop-by-hop ones and those `Connection` names:
-//!   [`warmpath_edge::headers`]) and body pass through; the body
-//!   is streamed frame by frame as it arrives ([`TrackedBody`]), never
-//!   buffered. When the client goes away the body is dropped, which drops the
-//!   upstream response and closes that connection: the engine sees the
-//!   disconnect and stops generating.
-//! - A backend failing mid-stream, or silent for the stream idle timeout (`first_byte_timeout_ms`, at most 2 min)
-//!   once its headers are in, ends an SSE answer with an OpenAI-shaped
-//!   `data: {"error":...}` event (other bodies are cut off, so the client's
-//!   HTTP library reports an incomplete body); the silence counts as a
-//!   failure toward ejection, and the request stops counting as load. The
-//!   shutdown deadline ends a stream the same way.
+//! Sending a routed request upstream and streaming the answer back frame by
+//! frame ([`TrackedBody`]); retried elsewhere only when connecting failed.
 
 use crate::control::metrics::Outcome;
 use crate::http::error::ApiError;
@@ -44,7 +27,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio_util::sync::WaitForCancellationFutureOwned;
-use warmpath_core::Decision;
 use warmpath_edge::copy_end_to_end;
 
 /// Header naming the backend that served a response.
@@ -52,7 +34,6 @@ pub(crate) const BACKEND_HEADER: &str = "x-warmpath-backend";
 /// Header naming why that backend was chosen.
 pub(crate) const DECISION_HEADER: &str = "x-warmpath-decision";
 
-/// What to send upstream.
 #[derive(Debug)]
 pub(crate) struct Outgoing<'a> {
     /// `POST` for every endpoint but `GET /v1/responses/{id}`.
@@ -61,7 +42,6 @@ pub(crate) struct Outgoing<'a> {
     pub path_and_query: &'a str,
     /// The client's headers (hop-by-hop ones are dropped).
     pub headers: &'a HeaderMap,
-    /// The body to send.
     pub body: Bytes,
 }
 
@@ -76,8 +56,7 @@ pub(crate) fn count_refused(status: StatusCode) {
     crate::control::metrics::requests_counter("-", "-", "none", status).increment(1);
 }
 
-/// Counts a failure of `backend` toward ejection (and says so when it
-/// ejects), within `health.max_ejection_percent`.
+/// Counts a failure of `backend` toward ejection, within `health.max_ejection_percent`.
 fn count_failure(up: &Upstream, pool: &Pool, backend: &Backend) {
     let _one_at_a_time = pool.ejecting();
     if backend.failed_within(up.eject_after, || {
@@ -110,8 +89,7 @@ fn upstream_request(
     Ok(req)
 }
 
-/// How a client error names a backend: by its worker id where the pool
-/// shows routing (`x-warmpath-backend` tells it anyway), else not at all.
+/// How a client error names a backend: by id only where the pool shows routing.
 fn shown(pool: &Pool, id: &str) -> String {
     match pool.expose_routing_headers {
         true => format!("backend {id}"),
@@ -119,34 +97,30 @@ fn shown(pool: &Pool, id: &str) -> String {
     }
 }
 
-/// Whether an answer's status says the engine itself failed: 500, 502,
-/// 503 and 504. 501 and 505 and above answer the request's own shape.
+/// Whether an answer's status says the engine itself failed (501 and 505+ are the request's).
 fn engine_fault(status: StatusCode) -> bool {
     matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
-fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: &str, decision: &Decision) {
+/// Marks `resp` with its routing (and its headers, where the pool shows them).
+fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: Option<&str>, decision: &'static str) {
     resp.extensions_mut().insert(Routed {
         pool: Arc::clone(pool),
-        backend: Some(backend.to_owned()),
-        decision: decision.kind.as_str(),
+        backend: backend.map(str::to_owned),
+        decision,
     });
-    if !pool.expose_routing_headers {
+    let Some(backend) = backend.filter(|_| pool.expose_routing_headers) else {
         return;
-    }
+    };
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(backend) {
         h.insert(BACKEND_HEADER, v);
     }
-    h.insert(
-        DECISION_HEADER,
-        HeaderValue::from_static(decision.kind.as_str()),
-    );
+    h.insert(DECISION_HEADER, HeaderValue::from_static(decision));
 }
 
-/// Routes `plan` and proxies `out` through `up`, retrying other backends
-/// on connect failure; `loads` are the agents' reports, and `decisions`
-/// hears of each pick (the other router replicas).
+/// Routes `plan` and proxies `out` through `up`, retrying other backends on
+/// connect failure; `decisions` hears of each pick (the other replicas).
 pub(crate) async fn forward(
     up: &Arc<Upstream>,
     loads: Option<&dyn AgentLoads>,
@@ -175,17 +149,11 @@ pub(crate) async fn forward(
                         pool.model,
                     ));
                 }
-                pool.metrics.count(strategy, "none", e.status);
-                let mut resp = e.into_response();
-                resp.extensions_mut().insert(Routed {
-                    pool: Arc::clone(pool),
-                    backend: None,
-                    decision: "none",
-                });
-                return resp;
+                return failed(e, pool, strategy, None, "none");
             }
         };
         let backend = Arc::clone(&plan.policy.backends[decision.backend]);
+        let kind = decision.kind.as_str();
         let uncached = route::uncached_blocks(plan, &decision);
         let mut guard = backend.begin(uncached);
         if let Some(sink) = decisions {
@@ -202,12 +170,10 @@ pub(crate) async fn forward(
         let limit = up.first_byte_timeout;
         let queued_behind = backend.load.in_flight() > 1;
         let Ok(answer) = tokio::time::timeout(limit, up.client.request(req)).await else {
-            // Dropping the request closes its connection: the backend sees
-            // the client leave, as it would from a real client.
+            // Dropping the request closes its connection: the engine stops.
             tracing::warn!(pool = %pool.model, backend = %backend.endpoint.id(), ?limit,
                 "no answer from the backend in time; not retried");
-            // Waiting behind this router's other requests there proves
-            // a queue, not a broken engine.
+            // Waiting behind this router's other requests proves a queue, not a fault.
             if !queued_behind && backend.load.in_flight() <= 1 {
                 count_failure(up, pool, &backend);
             }
@@ -217,23 +183,17 @@ pub(crate) async fn forward(
                 shown(pool, backend.endpoint.id()),
                 limit.as_millis()
             ));
-            pool.metrics
-                .count(strategy, decision.kind.as_str(), err.status);
-            let mut resp = err.into_response();
-            tag(&mut resp, pool, backend.endpoint.id(), &decision);
-            return resp;
+            return failed(err, pool, strategy, Some(backend.endpoint.id()), kind);
         };
         match answer {
             Ok(resp) => {
                 let status = resp.status();
                 if engine_fault(status) {
-                    // Passed through, not retried (the request may have
-                    // had effects), but counted toward ejection.
+                    // Passed through, not retried (it may have had effects).
                     count_failure(up, pool, &backend);
                 }
-                // Otherwise a success once the whole body is through: an
-                // answer that stalls after its headers is a failure.
-                pool.metrics.count(strategy, decision.kind.as_str(), status);
+                // Otherwise a success once the whole body is through.
+                pool.metrics.count(strategy, kind, status);
                 let matched = u64::from(decision.matched_blocks);
                 pool.metrics.matched_blocks.record(matched as f64);
                 pool.metrics
@@ -244,10 +204,10 @@ pub(crate) async fn forward(
                         .record(&plan.hashes, backend.endpoint.id(), plan.preview.as_deref());
                 }
                 tracing::debug!(pool = %pool.model, backend = %backend.endpoint.id(),
-                    decision = decision.kind.as_str(), matched, %status, "proxied");
+                    decision = kind, matched, %status, "proxied");
                 let tap = (plan.learns_response && status.is_success())
                     .then(|| IdTap::new(backend.endpoint.id().to_owned()));
-                return respond(up, resp, guard, sent, pool, &decision, tap);
+                return respond(up, resp, guard, sent, pool, kind, tap);
             }
             Err(e) if e.is_connect() => {
                 guard.outcome(Outcome::ConnectError);
@@ -262,20 +222,29 @@ pub(crate) async fn forward(
                     "upstream request failed after it was sent; not retried");
                 count_failure(up, pool, &backend);
                 guard.outcome(Outcome::Failed);
-                // hyper's words stay in the log: they name sockets and
-                // internals no client needs.
+                // hyper's words stay in the log: they name sockets and internals no client needs.
                 let err = ApiError::upstream(format!(
                     "{} failed before answering",
                     shown(pool, backend.endpoint.id())
                 ));
-                pool.metrics
-                    .count(strategy, decision.kind.as_str(), err.status);
-                let mut resp = err.into_response();
-                tag(&mut resp, pool, backend.endpoint.id(), &decision);
-                return resp;
+                return failed(err, pool, strategy, Some(backend.endpoint.id()), kind);
             }
         }
     }
+}
+
+/// `err`, counted and tagged as the answer of `decision`.
+fn failed(
+    err: ApiError,
+    pool: &Arc<Pool>,
+    strategy: &'static str,
+    backend: Option<&str>,
+    decision: &'static str,
+) -> Response {
+    pool.metrics.count(strategy, decision, err.status);
+    let mut resp = err.into_response();
+    tag(&mut resp, pool, backend, decision);
+    resp
 }
 
 fn respond(
@@ -284,7 +253,7 @@ fn respond(
     guard: FlightGuard,
     sent: Instant,
     pool: &Arc<Pool>,
-    decision: &Decision,
+    decision: &'static str,
     tap: Option<IdTap>,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
@@ -321,7 +290,7 @@ fn respond(
     let mut out = Response::new(Body::new(layered(body, tap)));
     *out.status_mut() = parts.status;
     copy_end_to_end(&parts.headers, out.headers_mut(), &[]);
-    tag(&mut out, pool, &backend_id, decision);
+    tag(&mut out, pool, Some(&backend_id), decision);
     out
 }
 
@@ -338,8 +307,7 @@ fn ended(held: &mut Held, ok: bool) {
     }
 }
 
-/// Remembers which backend gave a `/v1/responses` answer its id, read from
-/// the answer's first bytes.
+/// Remembers which backend gave a `/v1/responses` answer its id.
 struct Remember(Option<(IdTap, Arc<Pool>)>);
 
 impl Layer for Remember {
@@ -357,13 +325,11 @@ impl Layer for Remember {
 }
 
 pin_project_lite::pin_project! {
-    /// The upstream body, passed through frame by frame, with load
-    /// accounting; it ends early when the backend goes silent for
-    /// `stream_idle_timeout` or the shutdown deadline passes.
+    /// The upstream body, passed through frame by frame with load accounting;
+    /// it ends early when the backend goes silent or the shutdown deadline passes.
     pub struct TrackedBody {
-        // The engine's answer and the request's flight, shared with the
-        // send watchdog. The guard is taken when the body ends, however it
-        // ends: a request past its timeout no longer counts as load.
+        // Shared with the send watchdog; the guard is taken when the body
+        // ends, however it ends, so a request past its timeout is no load.
         held: Arc<parking_lot::Mutex<Held>>,
         send: SendWatch,
         sent: Instant,
@@ -387,13 +353,11 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// How a tracked body ended early.
+/// How a tracked body ended early: the backend failed mid-answer, sent
+/// nothing for the idle limit, or the shutdown deadline passed.
 enum Cut {
-    /// The backend failed mid-answer.
     Failed(hyper::Error),
-    /// The backend sent nothing for the idle limit.
     Stalled,
-    /// The shutdown deadline passed.
     Halted,
 }
 
@@ -507,8 +471,7 @@ impl HttpBody for TrackedBody {
                 Cut::Stalled => ApiError::upstream_timeout(message),
                 Cut::Failed(_) => ApiError::upstream(message),
             };
-            // Close an event the backend left half-sent first, so that the
-            // error stands as an event of its own.
+            // Close an event the backend left half-sent first.
             let open = match this.tail {
                 [b'\n', b'\n'] => "",
                 [_, b'\n'] => "\n",
@@ -548,8 +511,7 @@ impl HttpBody for TrackedBody {
     }
 }
 
-/// What the other router replicas are told of a pick of `plan` on `worker`
-/// (ARCHITECTURE.md, "Router replicas"): the prefix's home after it, by ids.
+/// What the other replicas are told of a pick of `plan` on `worker`: the prefix's home after it.
 fn fact(plan: &route::Plan, worker: &str, prefill_blocks: u64) -> Fact {
     let key = plan.prefix_key.0;
     let id = |i: usize| {

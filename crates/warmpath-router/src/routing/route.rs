@@ -1,11 +1,5 @@
-//! Routing one request: tenant -> token ids -> block hashes -> index match ->
-//! prefix key -> policy pick with live loads.
-//!
-//! [`plan`] does everything that does not depend on load (and is what
-//! `POST /cache-index/query` shows); [`pick`] asks the pool's current policy
-//! for a backend, excluding backends that already failed to connect;
-//! [`preview`] asks what it would pick, recording nothing (the query).
-//! Each phase is timed into `warmpath_router_overhead_seconds{phase}`.
+//! Routing one request: [`plan`] does what does not depend on load (what
+//! `POST /cache-index/query` shows), [`pick`] asks the policy with live loads.
 
 use crate::config::Isolation;
 use crate::control::metrics::Phase;
@@ -15,6 +9,7 @@ use crate::routing::loads::{AgentLoads, Board};
 use crate::routing::pool::{PolicyState, Pool, Target};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 use warmpath_core::policy::{LeastOutstanding, Mode};
@@ -29,22 +24,17 @@ use warmpath_core::{
 /// What routing knows of a request before looking at load.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    /// The pool and adapter.
     pub target: Target,
-    /// The tenant, if any.
     pub tenant: Option<TenantId>,
     /// The request's block chain (empty when not tokenized).
     pub hashes: Vec<BlockHash>,
     /// Per-worker match of the chain (when hashed).
     pub matches: Option<MatchResult>,
-    /// The PREFIX_AWARE key.
     pub prefix_key: PrefixKey,
-    /// The policy snapshot to pick with.
     pub policy: Arc<PolicyState>,
     /// The prompt's first characters, only for a pool with `show_prompts`.
     pub preview: Option<String>,
-    /// The backend (worker id) that must serve it when it can: the one that
-    /// stored the `/v1/responses` response it continues ([`crate::api::responses`]).
+    /// The worker that stored the `/v1/responses` response it continues.
     pub pinned: Option<String>,
     /// Learn the response id its answer carries (`POST /v1/responses`).
     pub learns_response: bool,
@@ -53,8 +43,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// The one place a plan is made: nothing hashed, matched, pinned or
-    /// followed yet (the planners and `/v1/responses` fill those in).
+    /// The one place a plan is made: nothing hashed, matched or pinned yet.
     fn new(
         target: Target,
         tenant: Option<TenantId>,
@@ -103,9 +92,15 @@ pub(crate) fn plan(
 ) -> Result<Plan, ApiError> {
     let pool = Arc::clone(&target.pool);
     let policy = pool.policy();
-    let ids_given =
-        matches!(&req.body, RequestBody::Completion(p) if matches!(p.first(), FirstPrompt::Ids(_)));
-    let want = ids_given || hashing == Hashing::Always || policy.strategy == Strategy::KvAware;
+    let given = match &req.body {
+        RequestBody::Completion(p) => match p.first() {
+            FirstPrompt::Ids(ids) => Some(ids),
+            FirstPrompt::Text(_) => None,
+        },
+        RequestBody::Chat(_) => None,
+    };
+    let want =
+        given.is_some() || hashing == Hashing::Always || policy.strategy == Strategy::KvAware;
     let mut hashes = Vec::new();
     let mut matches = None;
     if want {
@@ -116,15 +111,8 @@ pub(crate) fn plan(
             Isolation::RouteOnly => "",
         };
         let seed = HashSeed::new(&pool.model, target.adapter.as_deref().unwrap_or(""), salt);
-        let given = match &req.body {
-            RequestBody::Completion(p) => match p.first() {
-                FirstPrompt::Ids(ids) => Some(ids),
-                FirstPrompt::Text(_) => None,
-            },
-            RequestBody::Chat(_) => None,
-        };
         let cap = pool.prompt_cap();
-        let hashed = match (given, &pool.tokenizer) {
+        let ids = match (given, &pool.tokenizer) {
             (Some(ids), _) => {
                 if let Some(cap) = cap.filter(|&c| ids.len() > c) {
                     return Err(TokenizeError::PromptTooLong {
@@ -134,21 +122,16 @@ pub(crate) fn plan(
                     }
                     .into());
                 }
-                let mut out = Vec::new();
-                ChainHasher::new(seed, pool.block_size).extend(ids, &mut out);
-                Some((out, t))
+                Some((Cow::Borrowed(ids), t))
             }
             (None, Some(tok)) => {
                 let ids = tok.encode_request_capped(req, cap)?;
-                let t = observe(&pool, Phase::Tokenize, t);
-                let mut out = Vec::new();
-                ChainHasher::new(seed, pool.block_size).extend(&ids, &mut out);
-                Some((out, t))
+                Some((Cow::Owned(ids), observe(&pool, Phase::Tokenize, t)))
             }
             (None, None) => None,
         };
-        if let Some((out, t)) = hashed {
-            hashes = out;
+        if let Some((ids, t)) = ids {
+            ChainHasher::new(seed, pool.block_size).extend(&ids, &mut hashes);
             let t = observe(&pool, Phase::Hash, t);
             matches = Some(pool.index.longest_match(&hashes));
             observe(&pool, Phase::Lookup, t);
@@ -175,8 +158,7 @@ pub(crate) fn plan(
     })
 }
 
-/// The first [`PREVIEW_CHARS`] of what the prefix key reads (roles and
-/// contents of a chat, a text prompt); `None` for token ids.
+/// The first [`PREVIEW_CHARS`] of what the prefix key reads; `None` for token ids.
 fn prompt_preview(pool: &Pool, req: &Request<'_>) -> Option<String> {
     match pool.prefix.extract(req) {
         Extracted::Text(t) => Some(t.chars().take(PREVIEW_CHARS).collect()),
@@ -194,8 +176,7 @@ pub(crate) fn plan_raw(target: Target, tenant: Option<TenantId>, model: &str, bo
     Plan::new(target, tenant, prefix_key, policy)
 }
 
-/// Plans a request without a prompt (`/detokenize`): least outstanding,
-/// whatever the pool's strategy, as there is no prefix to follow.
+/// Plans a request without a prompt (`/detokenize`): least outstanding.
 pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     let current = target.pool.policy();
     let policy = Arc::new(PolicyState {
@@ -209,31 +190,12 @@ pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
     Plan::new(target, tenant, PrefixKey(0), policy)
 }
 
-/// The live loads of `plan`'s backends (its policy snapshot), with
-/// `excluded` positions, draining backends and backends not serving its
-/// adapter marked ineligible.
-pub(crate) fn loads(
-    plan: &Plan,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-) -> Vec<BackendLoad> {
-    loads_of(plan, excluded, agents, false)
+/// The live loads of `plan`'s backends, those that cannot take it ineligible.
+pub(crate) fn loads(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
+    with_adjusted(plan, &[], agents, false, <[BackendLoad]>::to_vec)
 }
 
-/// [`loads`]; in `panic`, ejected backends count as eligible too.
-fn loads_of(
-    plan: &Plan,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-    panic: bool,
-) -> Vec<BackendLoad> {
-    let mut all = read(plan, agents, false, |all, _| all.to_vec());
-    adjust(plan, excluded, agents, &mut all, panic);
-    all
-}
-
-/// Runs `f` with the loads of `plan`'s snapshot, as its board keeps them
-/// ([`Board::with`]).
+/// Runs `f` with the loads of `plan`'s snapshot ([`Board::with`]).
 fn read<R>(
     plan: &Plan,
     agents: Option<&dyn AgentLoads>,
@@ -245,59 +207,43 @@ fn read<R>(
     p.board.with(model, &p.backends, agents, now_ms, tracked, f)
 }
 
-/// Makes the board's `loads` this request's: eligible as [`eligible`]
-/// says (in `panic`, [`could_take`]), other replicas' requests added.
-fn adjust(
+/// Runs `f` with this request's own loads: eligible as [`eligible`] says (in
+/// `panic`, [`could_take`]), other replicas' requests added. A learning policy
+/// is asked under the board's lock, so no tracked pick slips in between.
+fn with_adjusted<R>(
     plan: &Plan,
     excluded: &[usize],
     agents: Option<&dyn AgentLoads>,
-    loads: &mut [BackendLoad],
     panic: bool,
-) {
+    f: impl FnOnce(&[BackendLoad]) -> R,
+) -> R {
     let remote = agents.filter(|a| a.remote_loads());
     let take = if panic { could_take } else { eligible };
-    for (i, l) in loads.iter_mut().enumerate() {
-        l.eligible = take(plan, excluded, i);
-        if let Some(a) = remote {
-            let id = plan.policy.backends[i].endpoint.id();
-            let (n, blocks) = a.remote_load(&plan.target.pool.model, id);
-            l.in_flight = l.in_flight.saturating_add(n);
-            l.pending_prefill_blocks = l.pending_prefill_blocks.saturating_add(blocks);
-        }
-    }
-}
-
-/// Asks the policy with this request's own loads ([`loads_of`]). A policy
-/// that learns is asked under the board's lock, so no tracked pick slips in
-/// between (its next one compares every load).
-fn pick_adjusted(
-    plan: &Plan,
-    excluded: &[usize],
-    agents: Option<&dyn AgentLoads>,
-    input: &RouteInput<'_>,
-    rng: &mut dyn rand::RngCore,
-    panic: bool,
-) -> Result<Decision, PolicyError> {
-    let policy = &plan.policy.policy;
-    if plan.policy.learns.is_none() {
-        let all = loads_of(plan, excluded, agents, panic);
-        return policy.pick(input, &Loads::new(&all), rng);
-    }
-    read(plan, agents, false, |all, _| {
+    let adjusted = |all: &[BackendLoad]| {
         let mut all = all.to_vec();
-        adjust(plan, excluded, agents, &mut all, panic);
-        policy.pick(input, &Loads::new(&all), rng)
-    })
+        for (i, l) in all.iter_mut().enumerate() {
+            l.eligible = take(plan, excluded, i);
+            if let Some(a) = remote {
+                let id = plan.policy.backends[i].endpoint.id();
+                let (n, blocks) = a.remote_load(&plan.target.pool.model, id);
+                l.in_flight = l.in_flight.saturating_add(n);
+                l.pending_prefill_blocks = l.pending_prefill_blocks.saturating_add(blocks);
+            }
+        }
+        all
+    };
+    if plan.policy.learns.is_some() {
+        return read(plan, agents, false, |all, _| f(&adjusted(all)));
+    }
+    f(&read(plan, agents, false, |all, _| adjusted(all)))
 }
 
-/// Whether position `i` of `plan`'s snapshot may take it: healthy, not
-/// draining, not in `excluded`, serving its adapter.
+/// Whether position `i` of `plan`'s snapshot may take it.
 fn eligible(plan: &Plan, excluded: &[usize], i: usize) -> bool {
     plan.policy.backends[i].health.is_healthy() && could_take(plan, excluded, i)
 }
 
-/// Whether position `i` could take it, health aside: not draining, not in
-/// `excluded`, serving its adapter (panic routing asks only this).
+/// Whether position `i` could take it, health aside (panic routing).
 fn could_take(plan: &Plan, excluded: &[usize], i: usize) -> bool {
     let b = &plan.policy.backends[i];
     !b.load.is_draining()
@@ -311,9 +257,7 @@ fn could_take(plan: &Plan, excluded: &[usize], i: usize) -> bool {
 
 /// Picks a backend for `plan`, never one in `excluded`. When every member
 /// that could take it is ejected, the ejected ones take it (Envoy's panic
-/// routing): an answer from a doubtful engine beats a certain 503. The
-/// ejection ceiling (`health.max_ejection_percent`) keeps this to pools
-/// whose only candidates went out.
+/// routing): an answer from a doubtful engine beats a certain 503.
 pub(crate) fn pick(
     plan: &Plan,
     excluded: &[usize],
@@ -324,11 +268,8 @@ pub(crate) fn pick(
     if let Some(d) = pinned(plan, excluded) {
         return Ok(d);
     }
-    // A policy that learns from its picks (kv_aware) is shared between
-    // replicas: its ties go by the key, as in a preview, so replicas of the
-    // same state agree (docs/replicas.md); it is also told which loads
-    // changed since its last pick, when it gets the board's loads as they
-    // are (`loads`).
+    // A learning policy's ties go by the key when replicas share decisions,
+    // so replicas of the same state agree (docs/replicas.md).
     let kv = plan.policy.learns.is_some();
     let mut keyed;
     let mut shared;
@@ -352,7 +293,9 @@ pub(crate) fn pick(
                 .pick(&input, &Loads { all, changed }, &mut *rng)
         })
     } else {
-        pick_adjusted(plan, excluded, agents, &input, &mut *rng, false)
+        with_adjusted(plan, excluded, agents, false, |all| {
+            policy.policy.pick(&input, &Loads::new(all), &mut *rng)
+        })
     };
     let res = match res {
         Err(PolicyError::NoBackend)
@@ -360,8 +303,11 @@ pub(crate) fn pick(
                 !policy.backends[i].health.is_healthy() && could_take(plan, excluded, i)
             }) =>
         {
-            crate::control::metrics::panic_routed(&pool.model).increment(1);
-            pick_adjusted(plan, excluded, agents, &input, rng, true)
+            metrics::counter!("warmpath_panic_routed_total", "pool" => pool.model.clone())
+                .increment(1);
+            with_adjusted(plan, excluded, agents, true, |all| {
+                policy.policy.pick(&input, &Loads::new(all), rng)
+            })
         }
         r => r,
     };
@@ -369,13 +315,9 @@ pub(crate) fn pick(
     checked(plan, res)
 }
 
-/// The backend [`pick`] would choose for `plan` now, recording nothing
-/// (a pick under [`Mode::Preview`]): what `POST /cache-index/query`
-/// shows. Ties are broken by an rng seeded with the prefix key, so the same
-/// query in the same state gives the same answer, and the routing rng is
-/// left alone.
+/// The backend [`pick`] would choose now, recording nothing (ties by the prefix key).
 pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
-    let loads = loads(plan, &[], agents);
+    let loads = loads(plan, agents);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
     let input = RouteInput {
         mode: Mode::Preview,
@@ -388,8 +330,7 @@ pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<De
     checked(plan, res)
 }
 
-/// The pinned backend, while it can serve (healthy, not draining, not
-/// excluded); else the policy picks and the engine answers as it would.
+/// The pinned backend, while it can serve; else the policy picks.
 fn pinned(plan: &Plan, excluded: &[usize]) -> Option<Decision> {
     let id = plan.pinned.as_deref()?;
     let i = plan

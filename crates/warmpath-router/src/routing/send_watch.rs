@@ -1,12 +1,5 @@
-//! A client that stops reading one answer (an HTTP/2 stream whose window
-//! stays shut while the connection lives on, or an HTTP/1 socket whose
-//! writes wait) is noticed per answer: once the answer's body has not been
-//! asked for more for the send timeout (3 `server.header_timeout_ms`), the engine's answer is
-//! dropped (its connection closes and the engine stops generating) and the
-//! request's in-flight slot is freed; the client's stream then ends with an
-//! error if it ever reads again. Without this, one stalled HTTP/2 stream
-//! would hold a backend slot and an upstream connection for as long as its
-//! connection stayed busy with others.
+//! Cuts off a client that stops reading one answer after the send timeout, so
+//! a stalled HTTP/2 stream cannot hold a backend slot while its connection lives.
 
 use super::backend::FlightGuard;
 use crate::control::metrics::Outcome;
@@ -18,22 +11,18 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// Not waiting for the client: the body is being polled, or the engine has
-/// nothing to send yet.
+/// Not waiting for the client.
 const NOT_WAITING: u64 = u64::MAX;
 
-/// What an answer's body holds of its backend, shared with its watchdog,
-/// which takes both when the client stops reading.
+/// What an answer's body holds of its backend, shared with its watchdog.
 #[derive(Debug)]
 pub(crate) struct Held {
-    /// The engine's answer.
     pub(crate) inner: Option<Incoming>,
     /// The request's flight on the backend.
     pub(crate) guard: Option<FlightGuard>,
 }
 
-/// The body's side of the watchdog: it says when it handed a frame over
-/// (and so waits for the client to ask for the next) and when it is asked.
+/// The body's side of the watchdog: when it handed a frame over, when asked.
 #[derive(Debug)]
 pub(crate) struct SendWatch {
     waiting_since: Arc<AtomicU64>,
@@ -70,8 +59,7 @@ impl SendWatch {
     }
 }
 
-/// Wakes once per `limit` (or when a wait would end) until the body drops,
-/// or lets the backend go once the client waited past `limit`.
+/// Lets the backend go once the client waited past `limit`.
 async fn watch(
     held: Weak<Mutex<Held>>,
     waiting_since: Arc<AtomicU64>,
@@ -105,7 +93,7 @@ async fn watch(
             g.outcome(Outcome::Cancelled);
         }
         drop(inner);
-        crate::control::metrics::send_timeouts().increment(1);
+        metrics::counter!("warmpath_send_timeouts_total").increment(1);
         tracing::warn!(backend = %what, limit_ms,
             "the client read nothing of its answer in time: the backend's answer and slot are let go");
         return;

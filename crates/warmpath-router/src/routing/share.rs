@@ -1,13 +1,10 @@
-//! The seam through which routing tells the other router replicas what it
-//! decided ([`DecisionSink`], implemented by the ingest, which carries the
-//! facts through the agents). Routing sees no streams, links or signatures.
+//! The seam through which routing tells the other replicas what it decided
+//! ([`DecisionSink`], implemented by the ingest); routing sees no streams.
 
 /// One routing decision as the other replicas need it (by worker ids).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Fact {
-    /// The chosen backend.
     pub(crate) worker: String,
-    /// The prefix key the policy routed on.
     pub(crate) prefix_key: u64,
     /// Full blocks of the request's chain.
     pub(crate) chain_blocks: u32,
@@ -21,9 +18,7 @@ pub(crate) struct Fact {
 
 /// Where routing's decisions go.
 pub(crate) trait DecisionSink: Send + Sync {
-    /// Tells the other replicas a request of pool `model` started as
-    /// `fact` says; the handle reports its first byte, and its end when
-    /// dropped. `None`: nobody to tell.
+    /// Tells the other replicas a request started; the handle tells the rest.
     fn start(&self, model: &str, fact: Fact) -> Option<Box<dyn SharedRequest>>;
 }
 

@@ -1,7 +1,5 @@
 //! What forwarding needs of the router, fixed at start: the pooled client,
-//! the credentials engines ask for, the upstream deadlines, the ejection
-//! rules and the shutdown deadline. Handlers hand it to
-//! [`forward`](super::proxy::forward) instead of their own state.
+//! credentials, deadlines and ejection rules.
 
 use crate::config::RouterConfig;
 use axum::http::HeaderValue;
@@ -13,12 +11,10 @@ use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// TCP connect timeout: an engine on the same network accepts in
-/// milliseconds; past this the next backend is tried.
+/// TCP connect timeout; past it the next backend is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Idle keep-alive connections kept per backend: more than any engine
-/// serves at once, so a burst does not reconnect.
+/// Idle keep-alive connections kept per backend: a burst does not reconnect.
 const MAX_IDLE_PER_BACKEND: usize = 256;
 
 /// The pooled keep-alive client used for every backend.
@@ -27,7 +23,6 @@ pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 /// The upstream side of every forwarded request.
 #[derive(Debug)]
 pub(crate) struct Upstream {
-    /// The client.
     pub client: UpstreamClient,
     /// `upstream.api_key` as the `Authorization` sent upstream.
     pub auth: Option<HeaderValue>,
@@ -41,8 +36,7 @@ pub(crate) struct Upstream {
     pub eject_after: u32,
     /// The most of a pool ejected at once, in percent.
     pub max_ejection_percent: u8,
-    /// Cancelled when the shutdown deadline passes: what is still
-    /// streaming ends now.
+    /// Cancelled when the shutdown deadline passes.
     pub halt: CancellationToken,
 }
 

@@ -6,8 +6,7 @@ use thiserror::Error;
 /// Why a provider produced no answer this round; the last set stays.
 #[derive(Debug, Error)]
 pub(crate) enum DiscoveryError {
-    /// The resolver cannot be set up (system configuration unreadable).
-    /// Retried every interval.
+    /// The resolver cannot be set up (system configuration unreadable). Retried every interval.
     #[error("cannot set up the resolver: {0}")]
     Setup(String),
     /// The lookup failed, timed out or found nothing. Retried every interval.

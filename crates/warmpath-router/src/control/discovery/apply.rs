@@ -9,9 +9,7 @@ use crate::routing::backend::Origin;
 use crate::routing::pool::Pool;
 use std::sync::Arc;
 
-/// Applies one answer to the pool: adds what is new, brings back what
-/// returned within its grace, sets aside this provider's members that are
-/// gone and drains those gone past their grace ([`grace`]).
+/// Applies one answer to the pool: adds, brings back, sets aside or drains ([`grace`]).
 pub(super) async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: Answer) {
     let origin = Origin::Discovery(p.name.clone());
     let now = std::time::Instant::now();
@@ -19,9 +17,7 @@ pub(super) async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: 
     let mut changed = false;
     for (id, url) in &set {
         if let Some(b) = members.iter().find(|b| b.endpoint.id() == id) {
-            // Ours at a new URL (a pod-name id whose pod came back at a new
-            // IP): the old address is gone with its pod, so it is replaced
-            // now, even when it is the last one (its successor follows).
+            // Ours at a new URL (a pod at a new IP): replaced now, even the last one.
             let moved = *b.endpoint.origin() == origin && b.endpoint.url().to_string() != *url;
             if !moved {
                 // Ours (back within its grace?), or a static member.

@@ -1,7 +1,5 @@
-//! The `dns` provider: a name resolved with hickory-resolver (A/AAAA with
-//! the configured port, or SRV for targets and ports), never parsed by
-//! hand; the resolver is [`warmpath_proto::dns::resolver`] (uncached, one
-//! try per query within [`DnsDiscovery::timeout`]).
+//! The `dns` provider: a name resolved with hickory-resolver (A/AAAA with the
+//! configured port, else SRV), never parsed by hand.
 
 use super::answer::DiscoveryError;
 use crate::config::DnsDiscovery;
@@ -9,22 +7,12 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use warmpath_proto::dns::{http_url, Resolver};
 
-/// A resolver for one provider.
+#[derive(Debug)]
 pub(crate) struct Dns {
     resolver: Resolver,
     name: String,
+    /// Without one, SRV records give targets and ports.
     port: Option<u16>,
-    srv: bool,
-}
-
-impl std::fmt::Debug for Dns {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dns")
-            .field("name", &self.name)
-            .field("port", &self.port)
-            .field("srv", &self.srv)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Dns {
@@ -47,15 +35,22 @@ impl Dns {
             resolver,
             name: cfg.name.clone(),
             port: cfg.port,
-            srv: cfg.srv(),
         })
     }
 
-    /// The backends' URLs the name resolves to now (never empty: an empty
-    /// answer is an error, so the pool keeps its last known set).
+    /// The backends' URLs the name resolves to now (an empty answer is an error).
     pub(crate) async fn resolve(&self) -> Result<BTreeSet<String>, DiscoveryError> {
         let mut out = BTreeSet::new();
-        if self.srv {
+        if let Some(port) = self.port {
+            let ips = self
+                .resolver
+                .lookup_ip(self.name.as_str())
+                .await
+                .map_err(|e| DiscoveryError::Lookup(e.to_string()))?;
+            for ip in ips.iter() {
+                out.insert(http_url(SocketAddr::new(ip, port)));
+            }
+        } else {
             let srv = self
                 .resolver
                 .srv_lookup(self.name.as_str())
@@ -70,16 +65,6 @@ impl Dns {
                 for ip in ips.iter() {
                     out.insert(http_url(SocketAddr::new(ip, rec.port())));
                 }
-            }
-        } else {
-            let port = self.port.unwrap_or(80);
-            let ips = self
-                .resolver
-                .lookup_ip(self.name.as_str())
-                .await
-                .map_err(|e| DiscoveryError::Lookup(e.to_string()))?;
-            for ip in ips.iter() {
-                out.insert(http_url(SocketAddr::new(ip, port)));
             }
         }
         if out.is_empty() {

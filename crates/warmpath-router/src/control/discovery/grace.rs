@@ -1,19 +1,5 @@
-//! The grace a member gone from its provider's answer gets before it is
-//! drained and removed.
-//!
-//! One answer without a member says little: a DNS server that returns a
-//! subset, a pod failing one readiness probe, an EndpointSlice rewritten.
-//! Draining at once dropped the member's index entries and the policy's
-//! placements on it, and a pod back a second later started cold. So:
-//! - gone from an answer, a member is taken out of rotation at once (a pod
-//!   that fails readiness should get no new requests), but stays a member:
-//!   its index entries, its index slot and its placements are kept;
-//! - back in an answer within [`super::vanished::GRACE_ROUNDS`] of its provider's intervals
-//!   (2.5 `health.probe_interval_ms` for `dns`, 5 for `kubernetes`), it is back in
-//!   rotation at once, with all of that;
-//! - still gone after, it is drained and removed as before.
-//!
-//! The last member in rotation is never taken out (as before).
+//! The grace of a member gone from its provider's answer: out of rotation at
+//! once, index kept, drained after [`super::vanished::GRACE_ROUNDS`] intervals.
 
 use super::provider::Provider;
 use crate::control::state::Shared;
@@ -22,8 +8,7 @@ use crate::routing::pool::Pool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a member that vanished from its provider's answer may finish
-/// its requests, once its grace is over, before it is removed.
+/// How long a vanished member may finish its requests after its grace.
 const DRAIN_VANISHED: Duration = Duration::from_secs(120);
 
 /// What happens to a member gone from the answer for `gone_for`.
@@ -46,8 +31,7 @@ pub(crate) fn verdict(gone_for: Option<Duration>, grace: Duration) -> Verdict {
     }
 }
 
-/// `b`, one of `p`'s members, is in the answer again: if it waits out its
-/// grace, it is back in rotation now. Returns whether that changed it.
+/// `b`, one of `p`'s members, is in the answer again; whether that changed it.
 pub(super) async fn returned(
     s: &Arc<Shared>,
     pool: &Arc<Pool>,
@@ -69,8 +53,7 @@ pub(super) async fn returned(
     }
 }
 
-/// `b`, one of `p`'s members, is missing from the answer at `now`.
-/// Returns whether that changed it.
+/// `b`, one of `p`'s members, is missing from the answer; whether that changed it.
 pub(super) fn missing(
     s: &Arc<Shared>,
     pool: &Arc<Pool>,
@@ -83,35 +66,27 @@ pub(super) fn missing(
         return false; // drained by someone else: that drain removes it
     }
     let grace = p.grace(s.config.health.probe_interval_ms);
-    match verdict(since.map(|t| now.saturating_duration_since(t)), grace) {
-        Verdict::Wait => false,
-        Verdict::SetAside => match crate::control::members::set_aside(s, pool, b.endpoint.id()) {
-            Ok(_) => {
-                p.vanished.mark(b, now);
-                tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(),
-                    grace_ms = grace.as_millis() as u64,
-                    "backend gone from the answer: out of rotation, index kept until the grace ends");
-                true
-            }
-            Err(e) => {
-                tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), error = %e, "backend gone from the answer kept");
-                false
-            }
-        },
-        Verdict::Drain => {
-            p.vanished.forget(b.endpoint.id());
-            match crate::control::members::drain(s, pool, b.endpoint.id(), DRAIN_VANISHED) {
-                Ok(_) => {
-                    tracing::info!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), "backend gone from the answer past its grace: draining");
-                    true
-                }
-                Err(e) => {
-                    tracing::warn!(pool = %pool.model, provider = %p.name, backend = %b.endpoint.id(), error = %e, "backend gone from the answer kept");
-                    false
-                }
-            }
+    let id = b.endpoint.id();
+    let (done, what) = match verdict(since.map(|t| now.saturating_duration_since(t)), grace) {
+        Verdict::Wait => return false,
+        Verdict::SetAside => {
+            let set = crate::control::members::set_aside(s, pool, id);
+            let what = "out of rotation, index kept until the grace ends";
+            (set.map(|_| p.vanished.mark(b, now)), what)
         }
+        Verdict::Drain => {
+            p.vanished.forget(id);
+            let drained = crate::control::members::drain(s, pool, id, DRAIN_VANISHED);
+            (drained.map(|_| ()), "past its grace: draining")
+        }
+    };
+    match &done {
+        Ok(()) => tracing::info!(pool = %pool.model, provider = %p.name, backend = %id,
+            grace_ms = grace.as_millis() as u64, "backend gone from the answer: {what}"),
+        Err(e) => tracing::warn!(pool = %pool.model, provider = %p.name, backend = %id,
+            error = %e, "backend gone from the answer kept"),
     }
+    done.is_ok()
 }
 
 #[cfg(test)]

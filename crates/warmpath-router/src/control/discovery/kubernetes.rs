@@ -1,22 +1,5 @@
-//! The `kubernetes` provider: the ready endpoints of a Service's
-//! EndpointSlices, listed and then watched with kube-rs
-//! ([`kube::runtime::watcher`]: list, watch from the list's
-//! resourceVersion with bookmarks, resume after the server ends a watch,
-//! relist after `410 Gone`).
-//!
-//! Every slice labelled `kubernetes.io/service-name=SERVICE` counts: a
-//! Service may have several, and the controller splits and merges them, so
-//! the answer is the union over all slices, applied [`SETTLE`] after the
-//! first change (a split updates one slice before it creates the other).
-//! An endpoint takes requests unless `conditions.ready` is false (missing
-//! means ready, as the API documents) or it is terminating. A watch error
-//! keeps the last applied set and re-connects with a doubling backoff; an
-//! empty union is reported as an error, never applied. The last union is
-//! applied again every 5 `health.probe_interval_ms`, so an endpoint that flapped back while
-//! its member was still draining (and so was skipped) returns.
-//!
-//! Tested against a recorded list+watch stream served on loopback
-//! (tests/router/k8s.rs), not against a live API server.
+//! The `kubernetes` provider: a Service's ready EndpointSlice endpoints,
+//! watched with kube-rs, their union applied [`SETTLE`] after a change.
 
 use super::answer::{Answer, DiscoveryError};
 use crate::config::KubernetesDiscovery;
@@ -41,30 +24,25 @@ use super::provider::Provider;
 /// The label the EndpointSlice controller puts on a Service's slices.
 const SERVICE_LABEL: &str = "kubernetes.io/service-name";
 
-/// The server ends each watch after this many seconds (`timeoutSeconds`)
-/// and the watch resumes from its last resourceVersion: under the API
-/// server's own 5-minute cap, so the server never cuts a watch first.
+/// The server ends each watch after this many seconds (under its own
+/// 5-minute cap); the watch resumes from its last resourceVersion.
 const WATCH_TIMEOUT_S: u32 = 290;
 
 /// The longest wait between re-connections.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// The first wait before re-connecting after an error; it doubles (with
-/// jitter) up to [`MAX_BACKOFF`].
+/// The first wait before re-connecting after an error (doubling up to [`MAX_BACKOFF`]).
 const FIRST_BACKOFF: Duration = Duration::from_millis(800);
 
 /// Longest wait to connect, and for one list.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Events within this window are applied together, so a slice split or
-/// merge (one slice updated before the other) does not drain an endpoint
-/// that only moved.
+/// Events within this window are applied together (a slice split moves endpoints).
 const SETTLE: Duration = Duration::from_millis(200);
 
 /// A client for the process's API server.
 async fn client() -> Result<kube::Client, DiscoveryError> {
-    // A watch is silent between events: the server ends it after
-    // `WATCH_TIMEOUT_S`, so a read waits that long and a margin.
+    // A watch is silent between events until the server ends it.
     let read = Duration::from_secs(WATCH_TIMEOUT_S.into()) + TIMEOUT;
     let made = crate::ingest::pods::kube_client(TIMEOUT, read).await;
     made.map_err(DiscoveryError::Setup)
@@ -158,8 +136,7 @@ impl Slices {
         }
     }
 
-    /// The union over all slices (an endpoint moving between two slices
-    /// is in one of them or both).
+    /// The union over all slices.
     pub(crate) fn union(&self) -> Answer {
         self.by_name
             .values()
@@ -180,8 +157,7 @@ fn nonempty(set: Answer, cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryE
     Ok(set)
 }
 
-/// One list (the first round, before the router serves), within
-/// [`TIMEOUT`] all told.
+/// One list (the first round, before the router serves), within [`TIMEOUT`].
 pub(crate) async fn list_once(cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryError> {
     let limit = TIMEOUT;
     let got = tokio::time::timeout(limit, async {
@@ -209,8 +185,7 @@ async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
     }
 }
 
-/// Watches until `cancel` fires, applying the union after each settled
-/// change.
+/// Watches until `cancel` fires, applying the union after each settled change.
 pub(crate) async fn run(
     s: Arc<Shared>,
     pool: Arc<Pool>,
@@ -249,8 +224,7 @@ pub(crate) async fn run(
     let mut events = std::pin::pin!(watcher::watcher(api, wc).backoff(backoff));
     let settle = SETTLE;
     let mut slices = Slices::default();
-    // When the pending change is applied: `settle` after the first event
-    // of a burst, however many follow.
+    // `settle` after the first event of a burst, however many follow.
     let mut due: Option<Instant> = None;
     let every = p.interval(s.config.health.probe_interval_ms);
     let mut resync = tokio::time::interval_at(Instant::now() + every, every);
@@ -286,9 +260,7 @@ pub(crate) async fn run(
     }
 }
 
-/// Doubling waits from `first` up to [`MAX_BACKOFF`], each less up to a
-/// quarter at random (so routers restarted together spread out); reset by
-/// every event that arrives.
+/// Doubling waits up to [`MAX_BACKOFF`], jittered; reset by every event.
 #[derive(Debug)]
 struct Backoff {
     first: Duration,

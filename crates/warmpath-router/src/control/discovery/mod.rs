@@ -1,17 +1,5 @@
 //! Discovery providers: each pool's `discovery:` entries, their answers
-//! applied as members (origin `dns:NAME`, `kubernetes:NS/SERVICE`) through
-//! [`crate::control::members`] next to the static `backends:`. A `dns` provider
-//! resolves every interval; a `kubernetes` one (cargo feature
-//! `kubernetes`) watches EndpointSlices and applies each settled change.
-//!
-//! A provider only adds and drains its own members. A member gone from an
-//! answer is out of rotation at once but keeps its index for a grace of
-//! a few intervals, and is back at once when it returns within it
-//! ([`grace`]). One that fails (an error, a timeout, an empty answer) keeps
-//! the last known set and logs: it never empties the pool, and the last
-//! serving backend is never drained. Each provider's last result, error and change count are in
-//! `/cache-index` (`pools[].discovery`) and `/metrics`
-//! (`warmpath_discovery_*`).
+//! applied as members; a provider never empties a pool (docs/discovery.md).
 
 mod answer;
 mod apply;
@@ -66,9 +54,7 @@ async fn answer(
     }
 }
 
-/// One round of every provider of every pool, before the router serves
-/// (each bounded by its round limit), so a pool made only of discovered
-/// backends can route from the first request.
+/// One round of every provider before the router serves (discovered-only pools route at once).
 pub(crate) async fn first_round(s: &Arc<Shared>) {
     let probe_ms = s.config.health.probe_interval_ms;
     let rounds = s.pools.all().iter().flat_map(|pool| {

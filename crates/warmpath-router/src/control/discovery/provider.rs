@@ -17,9 +17,7 @@ pub(crate) struct ProviderStatus {
     pub last_result: Vec<String>,
     /// The last error, until an answer is applied again.
     pub last_error: Option<String>,
-    /// Rounds that produced an answer.
     pub resolutions: u64,
-    /// Rounds that failed.
     pub errors: u64,
     /// Rounds whose answer changed the members.
     pub changes: u64,
@@ -28,7 +26,6 @@ pub(crate) struct ProviderStatus {
 /// One provider of one pool.
 #[derive(Debug)]
 pub(crate) struct Provider {
-    /// Its settings.
     pub config: DiscoveryConfig,
     pub(super) name: String,
     pub(super) status: Mutex<ProviderStatus>,
@@ -36,8 +33,7 @@ pub(crate) struct Provider {
     pub(crate) vanished: Vanished,
 }
 
-/// Longest wait for one DNS answer: the interval, at most 2 s (an answer
-/// later than the next round is worth nothing).
+/// Longest wait for one DNS answer: the interval, at most 2 s.
 pub(super) fn dns_timeout(interval: Duration) -> Duration {
     interval.min(Duration::from_secs(2))
 }
@@ -57,26 +53,21 @@ impl Provider {
         }
     }
 
-    /// Its status now.
     pub(crate) fn status(&self) -> ProviderStatus {
         self.status.lock().clone()
     }
 
-    /// How often it resolves (`dns`), or re-applies its last set
-    /// (`kubernetes`), under `health.probe_interval_ms` of `probe_ms`.
+    /// How often it resolves (`dns`), or re-applies its last set (`kubernetes`).
     pub(crate) fn interval(&self, probe_ms: u64) -> Duration {
         self.config.interval(probe_ms)
     }
 
-    /// How long a member gone from the answers stays a member, out of
-    /// rotation, before its drain: [`GRACE_ROUNDS`] of the provider's
-    /// intervals.
+    /// How long a member gone from the answers stays, out of rotation.
     pub(crate) fn grace(&self, probe_ms: u64) -> Duration {
         self.interval(probe_ms).saturating_mul(GRACE_ROUNDS)
     }
 
-    /// Longest a whole round may take (an SRV answer's targets are looked
-    /// up one by one, each within the resolver's own timeout).
+    /// Longest a whole round may take (SRV targets are looked up one by one).
     pub(super) fn round_limit(&self, probe_ms: u64) -> Duration {
         dns_timeout(self.interval(probe_ms)).saturating_mul(4)
     }

@@ -1,6 +1,5 @@
 //! The members a discovery provider no longer names, each since when: the
-//! bookkeeping of their grace ([`super::grace`] acts on it; the provider
-//! holds it).
+//! bookkeeping [`super::grace`] acts on.
 
 use crate::routing::backend::Backend;
 use parking_lot::Mutex;
@@ -11,8 +10,7 @@ use std::time::Instant;
 /// Intervals a vanished member waits out of rotation before its drain.
 pub(crate) const GRACE_ROUNDS: u32 = 3;
 
-/// A member out of rotation since `since` because its provider's answers
-/// no longer name it.
+/// A member out of rotation since `since`: its provider's answers lack it.
 #[derive(Debug)]
 struct Gone {
     since: Instant,
@@ -31,8 +29,7 @@ impl Vanished {
         self.by_id.lock().get(id).map(|g| g.since)
     }
 
-    /// `id` is no longer this provider's to bring back (an operator drained
-    /// or removed it, or it is removed now).
+    /// `id` is no longer this provider's to bring back.
     pub(crate) fn forget(&self, id: &str) {
         self.by_id.lock().remove(id);
     }
@@ -56,8 +53,7 @@ impl Vanished {
         }
     }
 
-    /// When `b`'s grace began, if `b` itself (not a member of the same id
-    /// added since) was set aside.
+    /// When `b`'s grace began, if `b` itself was set aside.
     pub(super) fn since_of(&self, b: &Arc<Backend>) -> Option<Instant> {
         let mut m = self.by_id.lock();
         match m.get(b.endpoint.id()) {

@@ -1,6 +1,5 @@
-//! Who a backend is and what it serves: its id, URL, index slot, origin and
-//! configuration, its credentials, and the adapters and model cards learned
-//! from its `/v1/models`.
+//! Who a backend is and what it serves: id, URL, index slot, origin,
+//! credentials, and the adapters and model cards learned from its `/v1/models`.
 
 use crate::config::{BackendConfig, BackendUrl};
 use axum::http::{HeaderMap, HeaderValue};
@@ -9,8 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use warmpath_core::WorkerSlot;
 
-/// Where a member came from: a reload only adds and removes `Config`
-/// members, a discovery provider only its own.
+/// Where a member came from: a reload or provider changes only its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Origin {
     /// The configuration file or flags.
@@ -81,22 +79,18 @@ impl Endpoint {
         }
     }
 
-    /// Worker id (the agent's id; `x-warmpath-backend`).
     pub(crate) fn id(&self) -> &str {
         &self.id
     }
 
-    /// Base URL.
     pub(crate) fn url(&self) -> &BackendUrl {
         &self.url
     }
 
-    /// Slot in the pool's cache index.
     pub(crate) fn slot(&self) -> WorkerSlot {
         self.slot
     }
 
-    /// Who added it.
     pub(crate) fn origin(&self) -> &Origin {
         &self.origin
     }
@@ -111,7 +105,6 @@ impl Endpoint {
         self.learned_adapters.read().contains(adapter)
     }
 
-    /// Every adapter served.
     pub(crate) fn adapters(&self) -> BTreeSet<String> {
         self.learned_adapters.read().clone()
     }
@@ -131,15 +124,12 @@ impl Endpoint {
         *self.learned_cards.write() = cards;
     }
 
-    /// Whether the engine's demand for credentials was already logged
-    /// (and marks it logged).
+    /// Whether the engine's demand for credentials was already logged (marks it).
     pub(crate) fn warned_credentials(&self) -> bool {
         self.warned_credentials.swap(true, Ordering::Relaxed)
     }
 
-    /// Sets the `Authorization` of a request to this backend: its own key,
-    /// else `upstream` (`upstream.api_key`); with neither, `headers` keep
-    /// the client's.
+    /// Sets the `Authorization` of a request to this backend: its own key, else `upstream`.
     pub(crate) fn authorize(&self, headers: &mut HeaderMap, upstream: Option<&HeaderValue>) {
         if let Some(v) = self.auth.as_ref().or(upstream) {
             headers.insert(axum::http::header::AUTHORIZATION, v.clone());

@@ -1,26 +1,18 @@
-//! A backend's health: whether it is *ejected* (no requests are routed to
-//! it) and the verdict of its latest active probe. Ejection comes from
-//! `eject_after` consecutive failures of proxied requests or of probes; it
-//! lasts a back-off that doubles with each ejection not preceded by a
-//! success streak ([`Health::readmit_at_ms`]).
-//!
-//! What changes whether it is ejected returns true here; the caller
-//! ([`super::Backend`]) counts it as a change of the load.
+//! A backend's health: ejected or not, and its latest probe's verdict. A change
+//! of ejection returns true, so [`super::Backend`] counts it as a load change.
 
 use crate::control::metrics::Outcome;
+use crate::http::clock::monotonic_ms;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-/// Failure counts, probe verdict, ejection and its back-off, and the
-/// health metrics of one backend.
+/// Failure counts, probe verdict, ejection and back-off of one backend.
+#[derive(Debug)]
 pub(crate) struct Health {
-    /// `warmpath_backend_healthy` of this backend.
     healthy_gauge: metrics::Gauge,
     consecutive_failures: AtomicU32,
     probe_failures: AtomicU32,
     probe_ok: AtomicBool,
-    /// `warmpath_backend_ejections_total{pool, backend}`.
     ejections_total: metrics::Counter,
-    /// `warmpath_backend_requests_total{pool, backend, outcome}`.
     outcomes: [metrics::Counter; 6],
     ejected: AtomicBool,
     /// Ejections not forgiven by a success streak: the back-off's exponent.
@@ -31,23 +23,16 @@ pub(crate) struct Health {
     ejected_at_ms: AtomicU64,
 }
 
-impl std::fmt::Debug for Health {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Health")
-            .field("ejected", &self.ejected)
-            .field("probe_ok", &self.probe_ok)
-            .field("ejections", &self.ejections)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Health {
     /// The health of backend `id` of pool `model`: in rotation, unverified.
     pub(crate) fn new(model: &str, id: &str) -> Self {
         Health {
-            healthy_gauge: crate::control::metrics::backend_healthy(model, id),
-            ejections_total: crate::control::metrics::backend_ejections(model, id),
-            outcomes: crate::control::metrics::backend_requests(model, id),
+            healthy_gauge: metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => id.to_owned()),
+            ejections_total: metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => id.to_owned()),
+            outcomes: Outcome::ALL.map(|o| {
+                metrics::counter!("warmpath_backend_requests_total", "pool" => model.to_owned(),
+                    "backend" => id.to_owned(), "outcome" => o.label())
+            }),
             consecutive_failures: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
             // Unverified until the first probe: readiness waits for it.
@@ -64,23 +49,18 @@ impl Health {
         !self.ejected.load(Ordering::Relaxed)
     }
 
-    /// Whether an active probe vouched for it last time and it is not
-    /// ejected: what readiness and `warmpath_backend_healthy` report.
+    /// Whether its last probe passed and it is not ejected (readiness).
     pub(crate) fn is_verified(&self) -> bool {
         self.is_healthy() && self.probe_ok.load(Ordering::Relaxed)
     }
 
-    /// Records a failure (a refused connect, a 5xx answer, an exchange that
-    /// broke after it was sent), ejecting only if `room()` says the pool may
-    /// lose another member (`health.max_ejection_percent`); returns true
-    /// when this ejected the backend.
+    /// Records a failure, ejecting only if `room()` allows; true when it ejected.
     pub(super) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         n >= eject_after && self.is_healthy() && room() && self.eject(eject_after)
     }
 
-    /// Records an answer below 500 (the failure count resets, the streak
-    /// that forgives past ejections grows).
+    /// Records an answer below 500.
     pub(crate) fn succeeded(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);
         if self.ejections.load(Ordering::Relaxed) > 0 {
@@ -88,9 +68,7 @@ impl Health {
         }
     }
 
-    /// Records a failed active probe, ejecting only if `room()` allows it;
-    /// returns true when this ejected the backend (`eject_after` failed
-    /// probes in a row).
+    /// Records a failed active probe, ejecting only if `room()` allows it.
     pub(super) fn probe_failed_within(
         &self,
         eject_after: u32,
@@ -103,10 +81,8 @@ impl Health {
         ejected
     }
 
-    /// Records a passing active probe; returns true when this brought the
-    /// backend back. `serving`: the probe exercised generation, so it also
-    /// forgives failed requests (a `/health` answer does not: an engine can
-    /// answer it while every completion fails).
+    /// Records a passing probe; true when this brought the backend back.
+    /// Only a `serving` probe (generation) forgives failed requests.
     pub(super) fn probe_passed(&self, serving: bool) -> bool {
         self.probe_failures.store(0, Ordering::Relaxed);
         self.probe_ok.store(true, Ordering::Relaxed);
@@ -121,9 +97,7 @@ impl Health {
         back
     }
 
-    /// When (on [`crate::http::clock::monotonic_ms`]'s clock) an ejected backend's
-    /// back-off ends: `base_ms` doubled for each unforgiven ejection after
-    /// the first, at most `max_ms`.
+    /// When the back-off ends: `base_ms` doubled per unforgiven ejection, at most `max_ms`.
     pub(crate) fn readmit_at_ms(&self, base_ms: u64, max_ms: u64) -> u64 {
         let doublings = self.ejections.load(Ordering::Relaxed).saturating_sub(1);
         let backoff = base_ms
@@ -144,8 +118,7 @@ impl Health {
         self.healthy_gauge.set(0.0);
     }
 
-    /// Ejects (once); a backend that answered `eject_after` requests since it
-    /// last came back starts its back-off from the base again.
+    /// Ejects (once); a success streak of `eject_after` resets the back-off.
     fn eject(&self, eject_after: u32) -> bool {
         if self.ejected.swap(true, Ordering::Relaxed) {
             return false;
@@ -155,8 +128,7 @@ impl Health {
         } else {
             self.ejections.fetch_add(1, Ordering::Relaxed);
         }
-        self.ejected_at_ms
-            .store(crate::http::clock::monotonic_ms(), Ordering::Relaxed);
+        self.ejected_at_ms.store(monotonic_ms(), Ordering::Relaxed);
         self.ejections_total.increment(1);
         self.update_gauge();
         true

@@ -1,18 +1,5 @@
-//! One backend engine as the router sees it, in three parts: who it is and
-//! what it serves ([`endpoint`]), its health ([`health`]) and the load this
-//! router put on it ([`Load`]). This module binds them: the rules that
-//! touch more than one part live here.
-//!
-//! Load accounting is RAII: [`Backend::begin`] counts a request in flight
-//! (and its predicted prefill blocks) and the returned [`FlightGuard`] undoes
-//! it — the prefill part at the first upstream byte
-//! ([`FlightGuard::first_byte`]), the in-flight part when the response body
-//! ends or is dropped (client gone, upstream failed) — and counts the
-//! request's outcome in its health's metrics.
-//!
-//! An ejection or readmission changes what routing reads, so it bumps the
-//! load's change counter the boards poll, like a change of the load itself
-//! does.
+//! One backend engine: who it is ([`endpoint`]), its [`health`] and the
+//! [`Load`] this router put on it; [`Backend::begin`]'s [`FlightGuard`] undoes a request's load.
 
 pub(crate) mod endpoint;
 pub(crate) mod health;
@@ -27,14 +14,11 @@ use health::Health;
 use std::sync::Arc;
 use warmpath_core::WorkerSlot;
 
-/// Live state of one backend.
 #[derive(Debug)]
 pub(crate) struct Backend {
     /// Identity, address, credentials, learned adapters and model cards.
     pub endpoint: Endpoint,
-    /// Failures, probe verdict, ejection.
     pub health: Health,
-    /// In flight, pending prefill, draining.
     pub load: Load,
 }
 
@@ -54,22 +38,19 @@ impl Backend {
         }
     }
 
-    /// Marks the backend gone from its pool: its health and in-flight
-    /// gauges read 0.
+    /// Marks the backend gone from its pool: its gauges read 0.
     pub(crate) fn retire(&self) {
         self.health.retire();
         self.load.retire();
     }
 
-    /// Records a failure (a refused connect, a 5xx answer, an exchange that
-    /// broke after it was sent); returns true when this ejected the backend.
+    /// Records a failure; true when this ejected the backend.
     #[cfg(test)]
     pub(crate) fn failed(&self, eject_after: u32) -> bool {
         self.failed_within(eject_after, || true)
     }
 
-    /// [`Backend::failed`], ejecting only if `room()` says the pool may
-    /// lose another member (`health.max_ejection_percent`).
+    /// [`Backend::failed`], ejecting only if `room()` allows it.
     pub(crate) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
         let ejected = self.health.failed_within(eject_after, room);
         if ejected {
@@ -78,8 +59,7 @@ impl Backend {
         ejected
     }
 
-    /// Records a failed active probe; returns true when this ejected the
-    /// backend (`eject_after` failed probes in a row).
+    /// Records a failed active probe; true when this ejected the backend.
     #[cfg(test)]
     pub(crate) fn probe_failed(&self, eject_after: u32) -> bool {
         self.probe_failed_within(eject_after, || true)
@@ -98,8 +78,7 @@ impl Backend {
         ejected
     }
 
-    /// Records a passing active probe; returns true when this brought the
-    /// backend back (see [`Health::probe_passed`]).
+    /// See [`Health::probe_passed`].
     pub(crate) fn probe_passed(&self, serving: bool) -> bool {
         let back = self.health.probe_passed(serving);
         if back {
@@ -134,9 +113,7 @@ impl Member for Backend {
     }
 }
 
-/// One request in flight on a backend; dropping it ends the request and
-/// counts its [`Outcome`] (`cancelled` unless [`FlightGuard::outcome`] said
-/// otherwise).
+/// One request in flight on a backend; dropping it ends it and counts its [`Outcome`].
 #[derive(Debug)]
 pub(crate) struct FlightGuard {
     backend: Arc<Backend>,
@@ -147,7 +124,6 @@ pub(crate) struct FlightGuard {
 }
 
 impl FlightGuard {
-    /// The backend.
     pub(crate) fn backend(&self) -> &Arc<Backend> {
         &self.backend
     }
