@@ -23,11 +23,6 @@ use warmpath_hash::tenant::TenantId;
 use warmpath_request::{Content, FirstPrompt, Request, RequestBody};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-/// The smallest accepted `prefix_length`.
-pub const MIN_PREFIX_LENGTH: usize = 1024;
-/// The largest accepted `prefix_length`.
-pub const MAX_PREFIX_LENGTH: usize = 65536;
-
 /// A refused PREFIX_AWARE setting: a configuration error, never retryable.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PrefixError {
@@ -70,16 +65,11 @@ pub struct PrefixExtractor {
 impl PrefixExtractor {
     /// Validates `prefix_length` (1024..=65536).
     pub fn new(prefix_length: usize) -> Result<Self, PrefixError> {
-        if (MIN_PREFIX_LENGTH..=MAX_PREFIX_LENGTH).contains(&prefix_length) {
+        if (1024..=65536).contains(&prefix_length) {
             Ok(PrefixExtractor { prefix_length })
         } else {
             Err(PrefixError::LengthOutOfRange(prefix_length))
         }
-    }
-
-    /// The configured length, in bytes, characters or ids depending on the input.
-    pub fn prefix_length(&self) -> usize {
-        self.prefix_length
     }
 
     /// The key of a raw `/invocations` body: its first `prefix_length` bytes.
@@ -109,7 +99,10 @@ impl PrefixExtractor {
     /// What [`key_for_request`](Self::key_for_request) hashes (see the module docs).
     /// Never reads or copies more than `prefix_length` characters of text.
     pub fn extract<'r>(&self, req: &'r Request<'_>) -> Extracted<'r> {
-        let mut out = Budget::new(self.prefix_length);
+        let mut out = Budget {
+            text: String::new(),
+            left: self.prefix_length,
+        };
         match &req.body {
             RequestBody::Chat(chat) => {
                 for m in &chat.messages {
@@ -162,13 +155,6 @@ struct Budget {
 }
 
 impl Budget {
-    fn new(chars: usize) -> Self {
-        Budget {
-            text: String::new(),
-            left: chars,
-        }
-    }
-
     /// Appends as much of `s` as the budget allows; true once the budget is spent.
     fn push(&mut self, s: &str) -> bool {
         // The byte offset of the first character over the budget, if any. A
@@ -231,7 +217,7 @@ mod tests {
             PrefixExtractor::new(65537),
             Err(PrefixError::LengthOutOfRange(65537))
         );
-        assert_eq!(PrefixExtractor::new(1024).unwrap().prefix_length(), 1024);
+        assert!(PrefixExtractor::new(1024).is_ok());
         assert!(PrefixExtractor::new(65536).is_ok());
         assert!(PrefixExtractor::new(0)
             .unwrap_err()
