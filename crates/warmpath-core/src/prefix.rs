@@ -136,16 +136,8 @@ impl PrefixExtractor {
 }
 
 fn seed(model: &str, tenant: Option<&TenantId>, kind: u8) -> u64 {
-    let tenant = tenant.map_or("", TenantId::as_str);
-    let mut buf = Vec::with_capacity(24 + model.len() + tenant.len());
-    buf.extend_from_slice(b"warmpath/prefix/1");
-    buf.push(0);
-    buf.extend_from_slice(model.as_bytes());
-    buf.push(0);
-    buf.extend_from_slice(tenant.as_bytes());
-    buf.push(0);
-    buf.push(kind);
-    xxh3_64(&buf)
+    let (tenant, kind) = (tenant.map_or("", TenantId::as_str), char::from(kind));
+    xxh3_64(format!("warmpath/prefix/1\0{model}\0{tenant}\0{kind}").as_bytes())
 }
 
 /// Text accumulated up to a character budget.
@@ -281,6 +273,34 @@ mod tests {
                 None,
                 &req(&json!({"model": "x", "prompt": ["hello", "z"]}))
             )
+        );
+    }
+
+    /// Keys travel between router replicas (shared decisions): their layout is pinned.
+    #[test]
+    fn keys_are_golden() {
+        let t = TenantId::parse("acme", TenantSource::Header).unwrap();
+        let (text, ids) = (
+            json!({"model": "m", "prompt": "hello"}),
+            json!({"model": "m", "prompt": [1, 2, 3]}),
+        );
+        let p = px();
+        let key = |k: PrefixKey| format!("{k}");
+        assert_eq!(
+            key(p.key_for_request("m", None, &req(&text))),
+            "4a72577affd1b743"
+        );
+        assert_eq!(
+            key(p.key_for_request("llama", Some(&t), &req(&text))),
+            "d457bfe1077c7cac"
+        );
+        assert_eq!(
+            key(p.key_for_body("m", Some(&t), b"abc")),
+            "8b8a1c1ccabdd2be"
+        );
+        assert_eq!(
+            key(p.key_for_request("m", None, &req(&ids))),
+            "1747bce38e5d0058"
         );
     }
 
