@@ -1,7 +1,7 @@
 //! Routing policies behind one trait: a [`Policy`] is built from a snapshot of a
 //! pool's backends and picks per request; the optional [`Learns`] side is what only
-//! `kv_aware` (the one policy with memory, see [`kv`]) does beyond picking. The
-//! shapes are described in docs/kv.md ("The policies in code").
+//! `kv_aware` (the one policy with memory, [`kv`]) does beyond picking. `random` and
+//! `least_outstanding` are here, `prefix_aware` is [`ring`]. See docs/kv.md.
 
 mod candidates;
 mod carry;
@@ -163,9 +163,7 @@ pub struct PolicyBackend {
 /// Load reported by the engine through its agent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineLoad {
-    /// Requests running.
     pub running: u32,
-    /// Requests waiting.
     pub waiting: u32,
     /// KV cache usage, 0..=1.
     pub kv_usage: f32,
@@ -230,7 +228,6 @@ pub enum Mode {
 /// The backends' current loads, in snapshot order and as long as it.
 #[derive(Clone, Copy, Debug)]
 pub struct Loads<'a> {
-    /// Every backend's load.
     pub all: &'a [BackendLoad],
     /// When known, every position whose load may differ from the loads of this
     /// policy's previous pick (a superset is fine): the same decision either
@@ -250,7 +247,6 @@ impl<'a> Loads<'a> {
 pub struct Decision {
     /// Position in the snapshot / loads.
     pub backend: usize,
-    /// Why.
     pub kind: DecisionKind,
     /// Blocks the chosen backend holds of the request (0 when unknown).
     pub matched_blocks: u32,
@@ -346,7 +342,6 @@ pub trait Learns: Send + Sync + fmt::Debug {
 pub struct Built {
     /// Which strategy it is: the caller keeps it, the policy is not asked.
     pub strategy: Strategy,
-    /// Picks.
     pub policy: Arc<dyn Policy>,
     /// `None` for the stateless policies.
     pub learns: Option<Arc<dyn Learns>>,
