@@ -6,10 +6,9 @@
 pub mod policy;
 pub mod prefix;
 
-// The concepts that stand alone, each its own crate, under their old paths.
+// The concepts that stand alone, each its own crate.
 pub use warmpath_cache_model as prefix_cache;
 pub use warmpath_hash as hash;
-pub use warmpath_hash::tenant;
 pub use warmpath_index as index;
 pub use warmpath_request as request;
 #[cfg(feature = "tokenizer")]
@@ -23,4 +22,4 @@ pub use policy::{
 };
 pub use prefix::{PrefixError, PrefixExtractor, PrefixKey};
 pub use request::{Expect, Request, RequestBody, RequestError};
-pub use tenant::{TenantError, TenantId, TenantSource};
+pub use warmpath_hash::tenant::{TenantError, TenantId, TenantSource};

@@ -23,11 +23,6 @@ use warmpath_hash::tenant::TenantId;
 use warmpath_request::{Content, FirstPrompt, Request, RequestBody};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-/// The smallest accepted `prefix_length`.
-pub const MIN_PREFIX_LENGTH: usize = 1024;
-/// The largest accepted `prefix_length`.
-pub const MAX_PREFIX_LENGTH: usize = 65536;
-
 /// A refused PREFIX_AWARE setting: a configuration error, never retryable.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PrefixError {
@@ -70,16 +65,11 @@ pub struct PrefixExtractor {
 impl PrefixExtractor {
     /// Validates `prefix_length` (1024..=65536).
     pub fn new(prefix_length: usize) -> Result<Self, PrefixError> {
-        if (MIN_PREFIX_LENGTH..=MAX_PREFIX_LENGTH).contains(&prefix_length) {
+        if (1024..=65536).contains(&prefix_length) {
             Ok(PrefixExtractor { prefix_length })
         } else {
             Err(PrefixError::LengthOutOfRange(prefix_length))
         }
-    }
-
-    /// The configured length, in bytes, characters or ids depending on the input.
-    pub fn prefix_length(&self) -> usize {
-        self.prefix_length
     }
 
     /// The key of a raw `/invocations` body: its first `prefix_length` bytes.
@@ -109,7 +99,10 @@ impl PrefixExtractor {
     /// What [`key_for_request`](Self::key_for_request) hashes (see the module docs).
     /// Never reads or copies more than `prefix_length` characters of text.
     pub fn extract<'r>(&self, req: &'r Request<'_>) -> Extracted<'r> {
-        let mut out = Budget::new(self.prefix_length);
+        let mut out = Budget {
+            text: String::new(),
+            left: self.prefix_length,
+        };
         match &req.body {
             RequestBody::Chat(chat) => {
                 for m in &chat.messages {
@@ -143,16 +136,8 @@ impl PrefixExtractor {
 }
 
 fn seed(model: &str, tenant: Option<&TenantId>, kind: u8) -> u64 {
-    let tenant = tenant.map_or("", TenantId::as_str);
-    let mut buf = Vec::with_capacity(24 + model.len() + tenant.len());
-    buf.extend_from_slice(b"warmpath/prefix/1");
-    buf.push(0);
-    buf.extend_from_slice(model.as_bytes());
-    buf.push(0);
-    buf.extend_from_slice(tenant.as_bytes());
-    buf.push(0);
-    buf.push(kind);
-    xxh3_64(&buf)
+    let (tenant, kind) = (tenant.map_or("", TenantId::as_str), char::from(kind));
+    xxh3_64(format!("warmpath/prefix/1\0{model}\0{tenant}\0{kind}").as_bytes())
 }
 
 /// Text accumulated up to a character budget.
@@ -162,13 +147,6 @@ struct Budget {
 }
 
 impl Budget {
-    fn new(chars: usize) -> Self {
-        Budget {
-            text: String::new(),
-            left: chars,
-        }
-    }
-
     /// Appends as much of `s` as the budget allows; true once the budget is spent.
     fn push(&mut self, s: &str) -> bool {
         // The byte offset of the first character over the budget, if any. A
@@ -231,7 +209,7 @@ mod tests {
             PrefixExtractor::new(65537),
             Err(PrefixError::LengthOutOfRange(65537))
         );
-        assert_eq!(PrefixExtractor::new(1024).unwrap().prefix_length(), 1024);
+        assert!(PrefixExtractor::new(1024).is_ok());
         assert!(PrefixExtractor::new(65536).is_ok());
         assert!(PrefixExtractor::new(0)
             .unwrap_err()
@@ -295,6 +273,34 @@ mod tests {
                 None,
                 &req(&json!({"model": "x", "prompt": ["hello", "z"]}))
             )
+        );
+    }
+
+    /// Keys travel between router replicas (shared decisions): their layout is pinned.
+    #[test]
+    fn keys_are_golden() {
+        let t = TenantId::parse("acme", TenantSource::Header).unwrap();
+        let (text, ids) = (
+            json!({"model": "m", "prompt": "hello"}),
+            json!({"model": "m", "prompt": [1, 2, 3]}),
+        );
+        let p = px();
+        let key = |k: PrefixKey| format!("{k}");
+        assert_eq!(
+            key(p.key_for_request("m", None, &req(&text))),
+            "4a72577affd1b743"
+        );
+        assert_eq!(
+            key(p.key_for_request("llama", Some(&t), &req(&text))),
+            "d457bfe1077c7cac"
+        );
+        assert_eq!(
+            key(p.key_for_body("m", Some(&t), b"abc")),
+            "8b8a1c1ccabdd2be"
+        );
+        assert_eq!(
+            key(p.key_for_request("m", None, &req(&ids))),
+            "1747bce38e5d0058"
         );
     }
 

@@ -1,32 +1,13 @@
-//! Routing policies behind one trait.
-//!
-//! Like pingora's `BackendSelection`, a policy has two methods: it is
-//! **built** from a snapshot of a pool's backends ([`PolicyBackend`], rebuilt
-//! when membership changes) and then **picks** for each request from a
-//! [`RouteInput`] and the backends' current [`Loads`] (same order as the
-//! snapshot). Policies hold no per-request state, so one instance is shared
-//! by every routing thread. A pick under [`Mode::Preview`] answers what a
-//! commit would choose without recording anything (`kv_aware`, the one
-//! policy with memory, runs the same decision on a scratch copy of its
-//! state). What only a policy with memory does (home lookups, other
-//! replicas' decisions, carrying what it learned over a membership change)
-//! is the optional [`Learns`] side of a [`Built`] policy: callers ask
-//! whether it is there, never which strategy it is.
-//!
-//! | strategy | picks | decision kinds |
-//! |---|---|---|
-//! | `random` | uniformly among eligible backends | `random` |
-//! | `least_outstanding` | fewest in flight, ties broken at random | `least_outstanding` |
-//! | `prefix_aware` | consistent hashing with bounded loads on the prefix key | `prefix_hash`, `spill`, `least_outstanding` |
-//! | `kv_aware` | one cost formula over the actual cached-block match, queued prefill, load, cache writes and (capacity known) what a write evicts; a prefix too hot for one backend is copied (see [`kv`]) | `kv_match`, `spill`, `prefix_hash`, `cold`, `replicate`, `least_outstanding` |
+//! Routing policies behind one trait: a [`Policy`] is built from a snapshot of a
+//! pool's backends and picks per request; the optional [`Learns`] side is what only
+//! `kv_aware` (the one policy with memory, [`kv`]) does beyond picking. `random` and
+//! `least_outstanding` are here, `prefix_aware` is [`ring`]. See docs/kv.md.
 
 mod candidates;
 mod carry;
 mod home;
 mod kv;
-mod least;
 mod place;
-mod random;
 mod rebalance;
 mod remote;
 mod resident;
@@ -34,8 +15,6 @@ mod ring;
 mod tuning;
 
 pub use kv::KvAware;
-pub use least::LeastOutstanding;
-pub use random::Random;
 pub use remote::{HomeView, RemoteDecision};
 pub use ring::{PrefixAware, Ring};
 pub use tuning::KvConfig;
@@ -101,7 +80,7 @@ impl FromStr for Strategy {
     }
 }
 
-/// Why a backend was chosen; sent as `x-warmpath-decision`.
+/// Why a backend was chosen; sent as `x-warmpath-decision` (docs/operations.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DecisionKind {
@@ -111,19 +90,16 @@ pub enum DecisionKind {
     PrefixHash,
     /// The preferred backend was at its limit; the next one with capacity.
     Spill,
-    /// A prefix no backend holds, placed by the policy's own rule (kv_aware's
-    /// cold placement) rather than by the ring: says nothing about load.
+    /// A prefix no backend holds, placed by kv_aware's cold placement.
     Cold,
-    /// A deliberate second (third ...) warm copy of a prefix too hot for
-    /// one backend: kv_aware sent this request to start it (see [`kv`]).
+    /// A request that starts one more copy of a prefix too hot for its holders.
     Replicate,
     /// Fewest in flight (the strategy, or every backend was at its limit).
     LeastOutstanding,
     /// Uniform random.
     Random,
-    /// Not a policy's pick: a `/v1/responses` follow-up sent to the engine
-    /// that stored the response it continues (the router's response
-    /// affinity), which only that engine holds.
+    /// Not a policy's pick: a `/v1/responses` follow-up sent to the engine that
+    /// stored the response it continues.
     Affinity,
 }
 
@@ -152,8 +128,8 @@ impl fmt::Display for DecisionKind {
 /// Errors of policy configuration and picking.
 #[derive(Debug, Error, PartialEq)]
 pub enum PolicyError {
-    /// No eligible backend (all unhealthy, or none serves the model/adapter).
-    /// Retryable once a backend recovers.
+    /// No eligible backend (all unhealthy, or none serves the model/adapter);
+    /// retryable once a backend recovers.
     #[error("no healthy backend is available")]
     NoBackend,
     /// A strategy name that does not exist.
@@ -163,18 +139,11 @@ pub enum PolicyError {
     UnknownStrategy(String),
     /// A configuration value out of range.
     #[error("invalid policy setting {name}: {reason}")]
-    Invalid {
-        /// The setting.
-        name: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A setting that no longer exists (refused rather than ignored).
+    Invalid { name: &'static str, reason: String },
+    /// A setting that no longer exists: refused rather than ignored.
     #[error("policy setting {name} was removed; {instead}")]
     Removed {
-        /// The setting.
         name: &'static str,
-        /// What to do instead.
         instead: &'static str,
     },
 }
@@ -186,27 +155,22 @@ pub struct PolicyBackend {
     pub id: String,
     /// Its slot in the pool's cache index.
     pub slot: WorkerSlot,
-    /// Its prefix cache's capacity in blocks, when known (the agent's
-    /// Hello, or the simulator's own setting): `kv_aware` then models what
-    /// it holds and charges a placement for the hotter prefixes it evicts
-    /// (see [`kv`]). `None`: never modelled, as before.
+    /// Its prefix cache's capacity in blocks, when known: `kv_aware` then models
+    /// what it holds and charges a placement for what it evicts.
     pub capacity_blocks: Option<u64>,
 }
 
 /// Load reported by the engine through its agent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineLoad {
-    /// Requests running.
     pub running: u32,
-    /// Requests waiting.
     pub waiting: u32,
     /// KV cache usage, 0..=1.
     pub kv_usage: f32,
-    /// Blocks the engine's cache holds, when it reports them: kv_aware then
-    /// models that backend's cache (`resident`).
+    /// Blocks the engine's cache holds, when it reports them.
     pub capacity_blocks: Option<u64>,
     /// The agent's view misses blocks the engine holds (it started beside a
-    /// warm engine): its missing blocks are unknown, not absent (`kv`).
+    /// warm engine): its missing blocks are unknown, not absent.
     #[serde(default)]
     pub partial: bool,
 }
@@ -249,31 +213,25 @@ pub struct RouteInput<'a> {
     pub mode: Mode,
 }
 
-/// Whether a pick is recorded ([`Policy::pick`] routes the request) or
-/// only computed (what `POST /cache-index/query` shows).
+/// Whether a pick is recorded ([`Policy::pick`] routes the request) or only
+/// computed (what `POST /cache-index/query` shows).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Mode {
-    /// Records what the policy learns of the decision (`kv_aware`:
-    /// placement, pressure, popularity, the modelled caches).
+    /// Records what the policy learns of the decision.
     #[default]
     Commit,
-    /// Changes nothing that a later pick reads: no later decision differs
-    /// for it. Only `rng` is drawn from: pass a deterministic one for a
-    /// repeatable answer.
+    /// Changes nothing that a later pick reads. Only `rng` is drawn from: pass a
+    /// deterministic one for a repeatable answer.
     Preview,
 }
 
 /// The backends' current loads, in snapshot order and as long as it.
 #[derive(Clone, Copy, Debug)]
 pub struct Loads<'a> {
-    /// Every backend's load.
     pub all: &'a [BackendLoad],
-    /// When known, every position whose load may differ from the loads of
-    /// this policy's previous pick (a superset is fine, a position twice
-    /// too). The same decision either way; `kv_aware` then refiles only
-    /// those positions instead of comparing every load, so a caller that
-    /// tracks its load changes (the router's load board, the scale model)
-    /// saves an O(n) pass per decision. The others ignore it.
+    /// When known, every position whose load may differ from the loads of this
+    /// policy's previous pick (a superset is fine): the same decision either
+    /// way, but `kv_aware` then refiles only those instead of an O(n) pass.
     pub changed: Option<&'a [usize]>,
 }
 
@@ -289,7 +247,6 @@ impl<'a> Loads<'a> {
 pub struct Decision {
     /// Position in the snapshot / loads.
     pub backend: usize,
-    /// Why.
     pub kind: DecisionKind,
     /// Blocks the chosen backend holds of the request (0 when unknown).
     pub matched_blocks: u32,
@@ -324,29 +281,26 @@ impl Default for PolicyConfig {
 impl PolicyConfig {
     /// Checks every range; the one place these are validated.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        if !(1..=1024).contains(&self.concurrency_threshold) {
-            return Err(PolicyError::Invalid {
-                name: "concurrency_threshold",
-                reason: format!("{} is outside 1..=1024", self.concurrency_threshold),
-            });
+        let invalid = |name, value: &dyn fmt::Display, rule| {
+            let reason = format!("{value} {rule}");
+            Err(PolicyError::Invalid { name, reason })
+        };
+        let (threshold, factor) = (self.concurrency_threshold, self.load_factor);
+        if !(1..=1024).contains(&threshold) {
+            return invalid("concurrency_threshold", &threshold, "is outside 1..=1024");
         }
-        if !(self.load_factor > 1.0 && self.load_factor.is_finite()) {
-            return Err(PolicyError::Invalid {
-                name: "load_factor",
-                reason: format!("{} must be a finite number above 1", self.load_factor),
-            });
+        if !(factor > 1.0 && factor.is_finite()) {
+            return invalid("load_factor", &factor, "must be a finite number above 1");
         }
         if !(1..=4096).contains(&self.vnodes) {
-            return Err(PolicyError::Invalid {
-                name: "vnodes",
-                reason: format!("{} is outside 1..=4096", self.vnodes),
-            });
+            return invalid("vnodes", &self.vnodes, "is outside 1..=4096");
         }
         self.kv.validate()
     }
 }
 
-/// A routing policy: built from a snapshot, picks per request.
+/// A routing policy: built from a snapshot, picks per request. It holds no
+/// per-request state, so one instance serves every routing thread.
 pub trait Policy: Send + Sync + fmt::Debug {
     /// The policy over the membership `snapshot`, with `config` already
     /// validated ([`build_policy`] validates it).
@@ -364,23 +318,18 @@ pub trait Policy: Send + Sync + fmt::Debug {
     ) -> Result<Decision, PolicyError>;
 }
 
-/// What only a policy with memory (`kv_aware`) does beyond picking: the
-/// stateless policies do not implement it, and a caller asks
-/// [`Built::learns`] rather than the strategy.
+/// What only a policy with memory (`kv_aware`) does beyond picking; a caller
+/// asks [`Built::learns`] rather than the strategy.
 pub trait Learns: Send + Sync + fmt::Debug {
-    /// Where `prefix_key` lives after the decisions so far (`None` when it
-    /// keeps no home for it): what a router shares with its replicas
-    /// beside each pick.
+    /// Where `prefix_key` lives after the decisions so far (`None` when it keeps
+    /// no home for it): what a router shares with its replicas beside each pick.
     fn home_of(&self, prefix_key: u64) -> Option<HomeView>;
 
-    /// Records a pick another router replica made, as it records its own
-    /// (see `remote`).
+    /// Records a pick another router replica made, as it records its own.
     fn observe_remote(&self, decision: &RemoteDecision);
 
-    /// The same policy over a new membership `snapshot` (one added,
-    /// removed ...), carrying what it learned per worker over by worker id
-    /// for the workers that remain: a removed worker's goes, a new one
-    /// starts empty (see `carry`).
+    /// The same policy over a new membership `snapshot`, carrying what it learned
+    /// per worker over by worker id: a removed worker's goes, a new one starts empty.
     fn carried(
         &self,
         snapshot: &[PolicyBackend],
@@ -388,28 +337,17 @@ pub trait Learns: Send + Sync + fmt::Debug {
     ) -> Result<Built, PolicyError>;
 }
 
-/// A built policy, and its [`Learns`] side when it has one (the same
-/// object).
+/// A built policy, and its [`Learns`] side when it has one (the same object).
 #[derive(Clone, Debug)]
 pub struct Built {
     /// Which strategy it is: the caller keeps it, the policy is not asked.
     pub strategy: Strategy,
-    /// Picks.
     pub policy: Arc<dyn Policy>,
-    /// What only a policy with memory does; `None` for the stateless ones.
+    /// `None` for the stateless policies.
     pub learns: Option<Arc<dyn Learns>>,
 }
 
 impl Built {
-    /// A stateless policy.
-    fn stateless(strategy: Strategy, policy: impl Policy + 'static) -> Self {
-        Built {
-            strategy,
-            policy: Arc::new(policy),
-            learns: None,
-        }
-    }
-
     /// A policy that learns: both sides are `policy`.
     pub(crate) fn learning(strategy: Strategy, policy: impl Policy + Learns + 'static) -> Self {
         let policy = Arc::new(policy);
@@ -421,10 +359,9 @@ impl Built {
     }
 }
 
-/// Builds the policy for `strategy` over `snapshot`. With `previous` of
-/// the same strategy that learns (a membership change), what it learned of
-/// the workers that remain carries over ([`Learns::carried`]); otherwise it
-/// starts afresh.
+/// Builds the policy for `strategy` over `snapshot`. With `previous` of the same
+/// strategy that learns (a membership change), what it learned of the workers
+/// that remain carries over ([`Learns::carried`]); otherwise it starts afresh.
 pub fn build_policy(
     strategy: Strategy,
     config: &PolicyConfig,
@@ -438,13 +375,71 @@ pub fn build_policy(
     if let Some(learns) = carry {
         return learns.carried(snapshot, config);
     }
-    Ok(match strategy {
-        Strategy::Random => Built::stateless(strategy, Random::build(snapshot, config)?),
-        Strategy::LeastOutstanding => {
-            Built::stateless(strategy, LeastOutstanding::build(snapshot, config)?)
+    let policy: Arc<dyn Policy> = match strategy {
+        Strategy::Random => Arc::new(Random),
+        Strategy::LeastOutstanding => Arc::new(LeastOutstanding),
+        Strategy::PrefixAware => Arc::new(PrefixAware::build(snapshot, config)?),
+        Strategy::KvAware => {
+            return Ok(Built::learning(strategy, KvAware::build(snapshot, config)?))
         }
-        Strategy::PrefixAware => Built::stateless(strategy, PrefixAware::build(snapshot, config)?),
-        Strategy::KvAware => Built::learning(strategy, KvAware::build(snapshot, config)?),
+    };
+    Ok(Built {
+        strategy,
+        policy,
+        learns: None,
+    })
+}
+
+/// `random`: uniform among eligible backends.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Random;
+
+impl Policy for Random {
+    fn build(_: &[PolicyBackend], _: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(Random)
+    }
+
+    fn pick(
+        &self,
+        _: &RouteInput<'_>,
+        loads: &Loads<'_>,
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        let all = loads.all;
+        let backend = choose_uniform(all.len(), rng, |i| all[i].eligible);
+        decision(backend, DecisionKind::Random)
+    }
+}
+
+/// `least_outstanding`: fewest in flight, ties broken at random (never by
+/// position, which would pile every tie onto the first backend).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeastOutstanding;
+
+impl Policy for LeastOutstanding {
+    fn build(_: &[PolicyBackend], _: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(LeastOutstanding)
+    }
+
+    fn pick(
+        &self,
+        _: &RouteInput<'_>,
+        loads: &Loads<'_>,
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, PolicyError> {
+        decision(least_loaded(loads.all, rng), DecisionKind::LeastOutstanding)
+    }
+}
+
+/// A decision with no match count, or `NoBackend` when there is no `backend`.
+pub(crate) fn decision(
+    backend: Option<usize>,
+    kind: DecisionKind,
+) -> Result<Decision, PolicyError> {
+    Ok(Decision {
+        backend: backend.ok_or(PolicyError::NoBackend)?,
+        kind,
+        matched_blocks: 0,
     })
 }
 
@@ -558,7 +553,18 @@ pub(crate) mod test_util {
             load_factor: 1.0,
             ..Default::default()
         };
-        assert!(bad.validate().is_err());
+        assert_eq!(
+            bad.validate().unwrap_err().to_string(),
+            "invalid policy setting load_factor: 1 must be a finite number above 1"
+        );
+        let bad = PolicyConfig {
+            vnodes: 0,
+            ..Default::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().to_string(),
+            "invalid policy setting vnodes: 0 is outside 1..=4096"
+        );
     }
 
     #[test]
@@ -576,5 +582,48 @@ pub(crate) mod test_util {
             ..Default::default()
         };
         assert_eq!(l.effective_in_flight(), 7);
+    }
+
+    #[test]
+    fn random_spreads_evenly_and_skips_ineligible() {
+        let mut loads = idle(4);
+        loads[2].eligible = false;
+        let mut counts = [0u32; 4];
+        let mut r = rng();
+        for _ in 0..3000 {
+            let d = Random
+                .pick(&RouteInput::default(), &Loads::new(&loads), &mut r)
+                .unwrap();
+            assert_eq!(d.kind, DecisionKind::Random);
+            counts[d.backend] += 1;
+        }
+        assert_eq!(counts[2], 0);
+        for c in [counts[0], counts[1], counts[3]] {
+            assert!((800..1200).contains(&c), "{counts:?}");
+        }
+        let none = vec![BackendLoad::default(); 3];
+        assert_eq!(
+            Random.pick(&RouteInput::default(), &Loads::new(&none), &mut r),
+            Err(PolicyError::NoBackend)
+        );
+    }
+
+    #[test]
+    fn least_outstanding_picks_the_least_loaded_and_breaks_ties_randomly() {
+        let mut loads = idle(4);
+        loads[0].in_flight = 3;
+        loads[1].in_flight = 1;
+        loads[2].in_flight = 1;
+        loads[3].in_flight = 5;
+        let mut seen = [0u32; 4];
+        let mut r = rng();
+        for _ in 0..400 {
+            let d = LeastOutstanding
+                .pick(&RouteInput::default(), &Loads::new(&loads), &mut r)
+                .unwrap();
+            seen[d.backend] += 1;
+        }
+        assert_eq!(seen[0] + seen[3], 0);
+        assert!(seen[1] > 120 && seen[2] > 120, "ties split: {seen:?}");
     }
 }

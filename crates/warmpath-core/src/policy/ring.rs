@@ -1,20 +1,10 @@
-//! `prefix_aware`: consistent hashing with bounded loads (CHWBL).
-//!
-//! Each backend owns `vnodes` points on a 64-bit ring, placed by hashing its
-//! **id** (so adding or removing one backend moves only the keys it owns:
-//! about 1/N of them). A request's prefix key lands on the ring and walks
-//! clockwise to the first backend that has capacity:
-//! - it is eligible (healthy, serves the model),
-//! - it has fewer than `concurrency_threshold` requests in flight,
-//! - it would not exceed `ceil(load_factor * (total_in_flight + 1) / n)` —
-//!   the bounded-load rule of Mirrokni et al., which caps any backend at
-//!   `load_factor` x the mean.
-//!
-//! The first backend on the walk gives `prefix_hash`; a later one `spill`; when
-//! no backend has capacity, the least loaded eligible one (`least_outstanding`).
+//! `prefix_aware`: consistent hashing with bounded loads (CHWBL, Mirrokni et al.;
+//! docs/kv.md). Points are placed by backend **id**, so adding or removing one
+//! backend moves only the keys it owns; a key walks clockwise to the first eligible
+//! backend below `concurrency_threshold` and `ceil(load_factor * (total + 1) / n)`.
 
 use super::{
-    least_loaded, BackendLoad, Decision, DecisionKind, Loads, Policy, PolicyBackend, PolicyConfig,
+    decision, least_loaded, Decision, DecisionKind, Loads, Policy, PolicyBackend, PolicyConfig,
     PolicyError, RouteInput,
 };
 use rand::RngCore;
@@ -54,12 +44,14 @@ impl Ring {
     }
 
     /// The owner of `key` ignoring load.
-    pub fn owner(&self, key: u64) -> Option<usize> {
+    #[cfg(test)]
+    pub(crate) fn owner(&self, key: u64) -> Option<usize> {
         self.walk(key).next()
     }
 }
 
-/// CHWBL on the prefix key.
+/// CHWBL on the prefix key: `prefix_hash` for the first backend of the walk, `spill`
+/// for a later one, `least_outstanding` when none has capacity.
 #[derive(Debug, Clone)]
 pub struct PrefixAware {
     ring: Ring,
@@ -67,23 +59,22 @@ pub struct PrefixAware {
     load_factor: f64,
 }
 
-impl PrefixAware {
-    /// Builds the ring for `backends`.
-    pub fn new(config: &PolicyConfig, backends: &[PolicyBackend]) -> Self {
-        PrefixAware {
-            ring: Ring::new(backends, config.vnodes),
+impl Policy for PrefixAware {
+    fn build(snapshot: &[PolicyBackend], config: &PolicyConfig) -> Result<Self, PolicyError> {
+        Ok(PrefixAware {
+            ring: Ring::new(snapshot, config.vnodes),
             threshold: config.concurrency_threshold,
             load_factor: config.load_factor,
-        }
+        })
     }
 
-    /// The ring walk with the bounded-load and threshold rules.
-    fn pick_by_key(
+    fn pick(
         &self,
-        key: u64,
-        loads: &[BackendLoad],
+        request: &RouteInput<'_>,
+        loads: &Loads<'_>,
         rng: &mut dyn RngCore,
     ) -> Result<Decision, PolicyError> {
+        let loads = loads.all;
         let eligible = loads.iter().filter(|l| l.eligible).count();
         if eligible == 0 {
             return Err(PolicyError::NoBackend);
@@ -94,47 +85,19 @@ impl PrefixAware {
             .map(|l| u64::from(l.effective_in_flight()))
             .sum();
         let bound = (self.load_factor * (total + 1) as f64 / eligible as f64).ceil() as u64;
-        let mut first = true;
-        for pos in self.ring.walk(key) {
+        let mut kind = DecisionKind::PrefixHash;
+        for pos in self.ring.walk(request.prefix_key) {
             let Some(l) = loads.get(pos) else { continue };
             if !l.eligible {
                 continue;
             }
             let inflight = l.effective_in_flight();
             if inflight < self.threshold && u64::from(inflight) < bound {
-                return Ok(Decision {
-                    backend: pos,
-                    kind: if first {
-                        DecisionKind::PrefixHash
-                    } else {
-                        DecisionKind::Spill
-                    },
-                    matched_blocks: 0,
-                });
+                return decision(Some(pos), kind);
             }
-            first = false;
+            kind = DecisionKind::Spill;
         }
-        let backend = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
-        Ok(Decision {
-            backend,
-            kind: DecisionKind::LeastOutstanding,
-            matched_blocks: 0,
-        })
-    }
-}
-
-impl Policy for PrefixAware {
-    fn build(snapshot: &[PolicyBackend], config: &PolicyConfig) -> Result<Self, PolicyError> {
-        Ok(PrefixAware::new(config, snapshot))
-    }
-
-    fn pick(
-        &self,
-        request: &RouteInput<'_>,
-        loads: &Loads<'_>,
-        rng: &mut dyn RngCore,
-    ) -> Result<Decision, PolicyError> {
-        self.pick_by_key(request.prefix_key, loads.all, rng)
+        decision(least_loaded(loads, rng), DecisionKind::LeastOutstanding)
     }
 }
 
@@ -150,7 +113,7 @@ mod tests {
             concurrency_threshold: threshold,
             ..Default::default()
         };
-        PrefixAware::new(&cfg, &backends(n))
+        PrefixAware::build(&backends(n), &cfg).unwrap()
     }
 
     fn input(key: u64) -> RouteInput<'static> {
