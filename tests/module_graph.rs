@@ -5,9 +5,9 @@
 //! strongly connected components. Imports of an ancestor are edges like any
 //! other (a child using its parent's items while the parent calls into the
 //! child is a pair importing each other); declaring a child (`mod x;`) is not.
-//! The cycles not broken yet are named in [`KNOWN_CYCLES`], and the test
-//! fails once one of them is gone, so the list only shrinks. Hosted by the
-//! smallest crate so that it builds fast.
+//! There are no exceptions: the last (`warmpath-core`'s `policy`, whose
+//! `mod.rs` defined what its children import) was broken by moving those items
+//! to `crate::route`. Hosted by the smallest crate so that it builds fast.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -381,19 +381,10 @@ fn crate_graph(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
     edges
 }
 
-/// Cycles through a parent module not broken yet: (crate folder, the module
-/// prefixes every member of the cycle lies under). Each is a `mod.rs` that
-/// defines items its children import while it calls into them; the fix is
-/// the one done for `warmpath-core`'s `index` and `tokenize`: the items move
-/// to a sibling, and `mod.rs` only declares and re-exports (done for the
-/// router's `config`, `ingest` and `control::discovery` too).
-const KNOWN_CYCLES: &[(&str, &[&str])] = &[("warmpath-core", &["policy"])];
-
 #[test]
 fn no_module_pair_imports_each_other_in_any_crate() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut found = Vec::new();
-    let mut known_seen = BTreeSet::new();
     let mut crates = 0;
     for entry in std::fs::read_dir(root.join("crates")).unwrap() {
         let dir = entry.unwrap().path();
@@ -405,33 +396,11 @@ fn no_module_pair_imports_each_other_in_any_crate() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         for comp in cycles(&crate_graph(&src)) {
             let names: Vec<String> = comp.iter().map(|m| m.join("::")).collect();
-            let known = KNOWN_CYCLES.iter().position(|(c, prefixes)| {
-                *c == name
-                    && names.iter().all(|n| {
-                        prefixes
-                            .iter()
-                            .any(|p| n == p || n.starts_with(&format!("{p}::")))
-                    })
-            });
-            match known {
-                Some(i) => {
-                    known_seen.insert(i);
-                }
-                None => found.push(format!("{name}: {}", names.join(" <-> "))),
-            }
+            found.push(format!("{name}: {}", names.join(" <-> ")));
         }
     }
     assert!(crates >= 5, "found only {crates} crates under crates/");
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
-    let gone: Vec<_> = (0..KNOWN_CYCLES.len())
-        .filter(|i| !known_seen.contains(i))
-        .map(|i| format!("{:?}", KNOWN_CYCLES[i]))
-        .collect();
-    assert!(
-        gone.is_empty(),
-        "these known cycles are broken now; take them off KNOWN_CYCLES: {}",
-        gone.join(", ")
-    );
 }
 
 #[test]

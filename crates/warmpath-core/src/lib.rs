@@ -3,8 +3,10 @@
 //! re-exports the hash, request, tokenize and index crates and holds [`prefix`]
 //! and the routing [`policy`]. See docs/design-notes.md.
 
+mod error;
 pub mod policy;
 pub mod prefix;
+mod route;
 
 // The concepts that stand alone, each its own crate.
 pub use warmpath_cache_model as prefix_cache;

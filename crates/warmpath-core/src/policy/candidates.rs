@@ -2,7 +2,7 @@
 //! exactly the full scan ([`cheapest_scan`]), draws included (proptest).
 
 use super::tuning::KvConfig;
-use super::BackendLoad;
+use crate::route::BackendLoad;
 use rand::RngCore;
 use std::collections::BTreeMap;
 
@@ -345,7 +345,7 @@ pub(crate) fn kth_of(lists: &[&[u32]], skip: &[u32], k: usize) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::policy::test_util::idle;
-    use crate::policy::EngineLoad;
+    use crate::route::EngineLoad;
     use proptest::prelude::*;
     use rand::rngs::SmallRng;
     use rand::SeedableRng;

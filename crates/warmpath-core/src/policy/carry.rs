@@ -3,7 +3,7 @@
 
 use super::place::State;
 use super::tuning::home_table_keys;
-use super::PolicyBackend;
+use crate::route::PolicyBackend;
 use std::collections::HashMap;
 
 impl State {

@@ -7,9 +7,10 @@ use super::place::{Placed, Placer, State};
 use super::rebalance::Rebalance;
 use super::ring::Ring;
 use super::tuning::{KvConfig, PRESSURE_WINDOW};
-use super::{
+use crate::error::PolicyError;
+use crate::route::{
     least_loaded, BackendLoad, Built, Decision, DecisionKind, Learns, Loads, Policy, PolicyBackend,
-    PolicyConfig, PolicyError, RouteInput, Strategy,
+    PolicyConfig, RouteInput, Strategy,
 };
 use rand::RngCore;
 use warmpath_index::WorkerSlot;
@@ -313,12 +314,12 @@ impl Policy for KvAware {
 }
 
 impl Learns for KvAware {
-    fn home_of(&self, prefix_key: u64) -> Option<super::HomeView> {
+    fn home_of(&self, prefix_key: u64) -> Option<crate::route::HomeView> {
         let s = self.placer.lock();
         s.home(prefix_key).map(|h| s.view(&h))
     }
 
-    fn observe_remote(&self, decision: &super::RemoteDecision) {
+    fn observe_remote(&self, decision: &crate::route::RemoteDecision) {
         self.placer.lock().observe_remote(decision);
     }
 

@@ -9,7 +9,7 @@
 use super::*;
 use crate::index::{MatchResult, WorkerMatch};
 use crate::policy::test_util::*;
-use crate::policy::EngineLoad;
+use crate::route::EngineLoad;
 use proptest::prelude::{any, prop_assert_eq, prop_oneof, proptest, Just, ProptestConfig};
 use proptest::strategy::Strategy as Gen;
 use rand::rngs::SmallRng;

@@ -2,12 +2,12 @@
 //! placement: where a prefix no backend holds goes (docs/kv.md).
 
 use super::candidates::Candidates;
+use super::fleet::Fleet;
 use super::home::{Home, Homes};
-use super::rebalance::Fleet;
 use super::resident::Resident;
 use super::ring::Ring;
 use super::tuning::{home_table_keys, FIT_BAND, STICKY, TAIL_LOAD_MAX};
-use super::{BackendLoad, Mode, PolicyBackend};
+use crate::route::{BackendLoad, Mode, PolicyBackend};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
@@ -72,7 +72,7 @@ impl Placer {
     }
 
     /// The warm pick's candidates weigh loads by `kv` and treat `threshold` in flight as full.
-    pub(crate) fn with_candidates(mut self, kv: &super::KvConfig, threshold: u32) -> Self {
+    pub(crate) fn with_candidates(mut self, kv: &super::tuning::KvConfig, threshold: u32) -> Self {
         let s = self.0.get_mut();
         let n = s.pressure.len();
         s.cands = Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);

@@ -3,26 +3,7 @@
 
 use super::home::Home;
 use super::place::State;
-
-/// Where a prefix lives after a decision, by position in the policy's snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HomeView {
-    pub backend: usize,
-    /// Its deliberate copies besides the home.
-    pub copies: Vec<usize>,
-}
-
-/// A pick another replica made, by positions in this policy's snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RemoteDecision {
-    pub prefix_key: u64,
-    pub backend: usize,
-    pub chain_blocks: u32,
-    /// Blocks the backend must prefill (the sender's prediction).
-    pub prefill_blocks: u32,
-    /// The prefix's home after the decision, when the sender keeps homes.
-    pub home: Option<HomeView>,
-}
+use crate::route::{HomeView, RemoteDecision};
 
 impl State {
     pub(super) fn view(&self, h: &Home) -> HomeView {
@@ -71,16 +52,15 @@ impl State {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::policy::kv::KvAware;
     use crate::policy::test_util::*;
-    use crate::policy::{
-        build_policy, KvAware, Learns, Loads, Policy, PolicyConfig, RouteInput, Strategy,
-    };
+    use crate::route::{Learns, Loads, Policy, PolicyConfig, RouteInput};
 
     fn kv(n: usize) -> KvAware {
         KvAware::new(&PolicyConfig::default(), &backends(n))
     }
 
-    fn shared(p: &dyn Learns, key: u64, d: &crate::policy::Decision, chain: u32) -> RemoteDecision {
+    fn shared(p: &dyn Learns, key: u64, d: &crate::route::Decision, chain: u32) -> RemoteDecision {
         RemoteDecision {
             prefix_key: key,
             backend: d.backend,
@@ -174,12 +154,5 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(p.home_of(10), None);
-    }
-
-    #[test]
-    fn stateless_policies_keep_nothing() {
-        let cfg = PolicyConfig::default();
-        let prefix = build_policy(Strategy::PrefixAware, &cfg, &backends(3), None).unwrap();
-        assert!(prefix.learns.is_none());
     }
 }

@@ -1,7 +1,7 @@
 //! What each backend of known capacity caches, for the eviction term: an LRU over prefix
 //! keys that trims chains as the engine's `prefix_cache` does (proptest; docs/kv.md).
 
-use super::BackendLoad;
+use crate::route::BackendLoad;
 use std::collections::{BTreeSet, HashMap};
 
 #[derive(Clone, Debug, Default)]
@@ -300,7 +300,7 @@ mod tests {
 
     #[test]
     fn the_model_follows_the_capacity_engines_report() {
-        use crate::policy::{BackendLoad, EngineLoad};
+        use crate::route::{BackendLoad, EngineLoad};
         let with = |cap: Option<u64>| BackendLoad {
             engine: Some(EngineLoad {
                 capacity_blocks: cap,

@@ -3,9 +3,10 @@
 //! backend moves only the keys it owns; a key walks clockwise to the first eligible
 //! backend below `concurrency_threshold` and `ceil(load_factor * (total + 1) / n)`.
 
-use super::{
+use crate::error::PolicyError;
+use crate::route::{
     decision, least_loaded, Decision, DecisionKind, Loads, Policy, PolicyBackend, PolicyConfig,
-    PolicyError, RouteInput,
+    RouteInput,
 };
 use rand::RngCore;
 use xxhash_rust::xxh3::xxh3_64_with_seed;

@@ -1,7 +1,7 @@
 //! `kv_aware`'s knobs ([`KvConfig`]) and every named constant of `policy/` but the ring's;
 //! docs/kv.md lists them with their measured reasons (a test keeps the two equal).
 
-use super::PolicyError;
+use crate::error::PolicyError;
 use serde::{Deserialize, Deserializer, Serialize};
 
 // `n` is the number of backends: windows scale with it, the same per backend at any size.
