@@ -1,18 +1,14 @@
-//! Wiring: one [`Agent`] = followers for every DP rank, a link per router, the
-//! load scraper, the readiness watch ([`crate::ready`]) and the HTTP server
-//! (`/metrics`, `/livez`, `/readyz` and `/health`, an alias of `/readyz`),
-//! all owned by one cancellation token.
-//!
+//! Wiring: one [`Agent`] = a follower per DP rank, a link per router, the load
+//! scraper, the readiness watch and the HTTP server, under one cancellation token.
 //! Data-parallel ranks 0..N-1 (on `port + rank`) are reported as ONE worker:
 //! vLLM's DP front end picks the rank, so a router cannot target one.
 
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
-use crate::link::{Credential, Identity, LinkConfig};
+use crate::link::{Credential, Identity, LinkConfig, Links};
 use crate::load::scrape_loop;
 use crate::ready::{self, Readiness};
-use crate::replicas::Links;
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
 use axum::extract::State;
@@ -28,54 +24,33 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_vllm_events::wire::endpoint_for_rank;
 
-/// Everything the agent needs.
+/// Everything the agent needs: the flags of [`crate::cli::Cli`] (same
+/// names, durations as `Duration`), plus tuning the tests change.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// Worker id (the router's backend `worker_id`).
     pub worker_id: String,
-    /// Served model name (seeds the hashes).
     pub model: String,
-    /// Engine base URL, e.g. `http://127.0.0.1:8000` (load scraping, Hello).
     pub engine_url: String,
-    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557`.
     pub kv_events: String,
-    /// Rank 0's replay endpoint, if any.
     pub kv_replay: Option<String>,
-    /// Router gRPC URLs, e.g. `http://127.0.0.1:50051`, or `https://...`
-    /// for a router serving TLS, or `dns://NAME:PORT` for every replica
-    /// `NAME` resolves to (see [`crate::replicas`]).
+    /// `http://`, `https://` or `dns://NAME:PORT` (see [`crate::replicas`]).
     pub routers: Vec<String>,
-    /// The nameserver for `dns://` routers (default: the system's).
     pub router_nameserver: Option<SocketAddr>,
-    /// How often `dns://` routers are resolved again.
     pub router_dns_interval: Duration,
-    /// PEM root certificate(s) to trust for `https` routers (a self-signed
-    /// router certificate or a private CA); without it the system's roots.
     pub router_ca: Option<PathBuf>,
-    /// Name to check the router certificate against instead of the URL's host.
     pub tls_domain: Option<String>,
-    /// Token sent as `authorization: Bearer <token>`: the worker's
-    /// credential or the routers' shared token.
     pub agent_token: Option<String>,
-    /// A file holding the token, read at every connect (a projected
-    /// ServiceAccount token, which rotates); instead of `agent_token`.
     pub agent_token_file: Option<PathBuf>,
-    /// Send the token over plain http:// to routers on other hosts.
     pub insecure: bool,
-    /// Data-parallel ranks to follow (>= 1).
     pub dp_ranks: u16,
-    /// Address of the agent's own HTTP server (`/metrics`, `/health`).
     pub listen: SocketAddr,
     /// The HTTP server's connection cap, header and idle deadlines.
     pub http: crate::serve::HttpLimits,
-    /// ZMQ topic prefix.
     pub topic: String,
-    /// Load scrape period (0: no scraping).
+    /// 0: no load scraping.
     pub load_interval: Duration,
     /// Router link tuning.
     pub link: LinkConfig,
-    /// Not ready once the engine served prompt tokens and no KV
-    /// event followed for this long.
     pub events_silence: Duration,
 }
 
@@ -203,9 +178,6 @@ impl Agent {
         };
         let router_tls =
             crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
-        if cfg.kv_events.is_empty() {
-            return Err(AgentError::Config("--kv-events is required".into()));
-        }
         let mut ranks = Vec::new();
         for r in 0..cfg.dp_ranks {
             let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
@@ -214,15 +186,14 @@ impl Agent {
                     cfg.kv_events
                 ))
             })?;
-            let replay = match &cfg.kv_replay {
-                None => None,
-                Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
+            let replay = cfg.kv_replay.as_ref().map(|rep| {
+                endpoint_for_rank(rep, r).ok_or_else(|| {
                     AgentError::Config(format!(
                         "cannot derive rank {r}'s replay endpoint from {rep}"
                     ))
-                })?),
-            };
-            ranks.push((r, ep, replay));
+                })
+            });
+            ranks.push((r, ep, replay.transpose()?));
         }
         let epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -235,15 +206,12 @@ impl Agent {
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
 
-        let bind = async {
-            let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-            let addr = listener.local_addr()?;
-            Ok((listener, addr))
-        };
-        let (listener, http_addr) = bind.await.map_err(|source| AgentError::Listen {
-            addr: cfg.listen,
-            source,
-        })?;
+        let listen_failed =
+            |e: std::io::Error| AgentError::Config(format!("--listen {}: {e}", cfg.listen));
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(listen_failed)?;
+        let http_addr = listener.local_addr().map_err(listen_failed)?;
         let state = HttpState {
             hub: hub.clone(),
             stats: stats.clone(),
@@ -312,11 +280,8 @@ impl Agent {
             endpoint: cfg.engine_url.clone(),
             model: cfg.model.clone(),
             epoch,
-            token: match (&cfg.agent_token_file, &cfg.agent_token) {
-                (Some(f), _) => Some(Credential::File(f.clone())),
-                (None, Some(t)) => Some(Credential::Token(t.clone())),
-                (None, None) => None,
-            },
+            token: (cfg.agent_token_file.clone().map(Credential::File))
+                .or(cfg.agent_token.clone().map(Credential::Token)),
             tls: router_tls,
         };
         let links = Arc::new(Links {

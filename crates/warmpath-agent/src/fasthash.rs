@@ -68,10 +68,6 @@ impl Hasher for FastHasher {
     fn write_usize(&mut self, n: usize) {
         self.add(n as u64);
     }
-    #[inline]
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
 }
 
 /// A `HashMap` with [`FastState`].

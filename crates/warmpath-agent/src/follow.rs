@@ -1,13 +1,6 @@
-//! Following one engine rank: ZMQ SUB on its event endpoint and DEALER replay,
-//! both through a [`crate::zmtp_guard`] relay; sequence handling (the rules:
-//! docs/agent.md, "Agent"); decoding; feeding the [`EngineTracker`] into the [`Hub`].
-//!
-//! Why the rules tell a restart from a duplicate or a gap without the load
-//! scraper: one engine process sends each sequence number with one payload
-//! (vLLM encodes a batch once and keeps those bytes for replay), on one
-//! connection, in order, and a restarted engine always cuts the connection.
-//! Forgetting is the safe side of a wrong guess: an unknown block costs a
-//! cache miss, a dead engine's block would be advertised for ever.
+//! Following one engine rank: ZMQ SUB and DEALER replay, both through a
+//! [`crate::zmtp_guard`] relay; the sequence rules (restart, duplicate, gap:
+//! docs/agent.md, "Agent"); decoding into the [`EngineTracker`] and the [`Hub`].
 
 use crate::hub::Hub;
 use crate::replay::{replay, ReplayLimits};
@@ -25,16 +18,12 @@ use warmpath_vllm_events::wire::parse_live;
 use warmpath_vllm_events::{decode_batch_with, DecodeLimits, KvEventBatch};
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
-/// How to follow one rank.
+/// How to follow one rank: its endpoints and the topic prefix.
 #[derive(Clone, Debug)]
 pub struct FollowConfig {
-    /// The rank's event endpoint, e.g. `tcp://127.0.0.1:5557`.
     pub endpoint: String,
-    /// The rank's replay endpoint, if the engine has one.
     pub replay_endpoint: Option<String>,
-    /// Topic prefix to subscribe to (empty: everything).
     pub topic: String,
-    /// Data-parallel rank (for logs and metrics).
     pub rank: u16,
 }
 

@@ -1,11 +1,9 @@
-//! The worker's published block set (the union of its ranks' blocks,
-//! refcounted: two DP ranks may hold one block) and the fan-out to router
-//! links: numbered [`Delta`]s into each router's bounded [`Sink`]. A sink that
-//! overflows drops its queue for a snapshot (a slow router costs a snapshot,
-//! never unbounded memory); snapshots are taken under the lock that numbers
-//! deltas, so one at seq S is exact. Decisions a router shares ([`Hub::share`],
-//! opaque bytes) are queued for every other router ahead of deltas, bounded
-//! (the oldest goes) and cleared on reconnect: a fact is only worth its freshness.
+//! The worker's published block set (the union of its ranks', refcounted) and
+//! its fan-out: numbered [`Delta`]s into each router's bounded [`Sink`]. An
+//! overflowing sink trades its queue for a snapshot (a slow router costs a
+//! snapshot, never unbounded memory); snapshots are taken under the lock that
+//! numbers deltas, so one at seq S is exact. Decisions a router shares are
+//! queued for the others, bounded and cleared on reconnect (only fresh ones matter).
 
 use crate::closure::Closure;
 use crate::fasthash::FastMap;
@@ -36,9 +34,8 @@ pub struct Sink {
 #[derive(Debug, Default)]
 struct SinkState {
     deltas: VecDeque<Delta>,
-    /// Other routers' decisions to pass on to this one.
+    /// Other routers' decisions to pass on to this one, and their bytes.
     decided: VecDeque<Bytes>,
-    /// Their bytes, at most `MAX_DECIDED_QUEUE_BYTES`.
     decided_bytes: usize,
     /// Whether the last work taken was facts.
     decided_last: bool,
@@ -53,11 +50,8 @@ pub enum Work {
     Hello,
     /// A full snapshot as of `seq`.
     Snapshot {
-        /// The seq it reflects.
         seq: u64,
-        /// Every (hash, parent, tier) held.
         blocks: Vec<Block>,
-        /// Whether they are prefix-closed.
         prefix_closed: bool,
     },
     /// Queued deltas, in order.
@@ -67,7 +61,6 @@ pub enum Work {
 }
 
 impl Sink {
-    /// Waits until there is work.
     pub async fn notified(&self) {
         self.notify.notified().await
     }
@@ -95,12 +88,13 @@ impl Sink {
     }
 }
 
+#[derive(Debug)]
 struct Held {
     parent: Option<BlockHash>,
     refs: u32,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Inner {
     blocks: FastMap<(BlockHash, i32), Held>,
     closure: Closure,
@@ -110,20 +104,9 @@ struct Inner {
 }
 
 /// The hub, empty at seq 0. Shared as `Arc`.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Hub {
     inner: Mutex<Inner>,
-}
-
-impl std::fmt::Debug for Hub {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let i = self.inner.lock();
-        f.debug_struct("Hub")
-            .field("blocks", &i.blocks.len())
-            .field("seq", &i.seq)
-            .field("block_size", &i.block_size)
-            .finish()
-    }
 }
 
 impl Hub {
@@ -153,7 +136,6 @@ impl Hub {
         (i.seq, i.blocks.len(), i.block_size)
     }
 
-    /// The learned block size.
     pub fn block_size(&self) -> Option<u32> {
         self.inner.lock().block_size
     }

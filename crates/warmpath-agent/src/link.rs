@@ -1,10 +1,5 @@
-//! One router link: a `CacheEvents.Publish` stream with reconnect.
-//!
-//! Each (re)connect opens a new stream, sends Hello and a full snapshot, then
-//! the deltas the [`Hub`] queues for this router, Load when it changes and a
-//! Heartbeat when idle. The router's answers: `Ack` (noted), `ResendSnapshot`
-//! (snapshot next, at most one a second), `Refused` (logged at error level, counted, reconnect later).
-//! Failures back off exponentially (200 ms .. 30 s) with full jitter.
+//! One router link: a `CacheEvents.Publish` stream (Hello, snapshot, deltas,
+//! load, heartbeats) reconnecting with jittered back-off (docs/agent.md).
 
 use crate::hub::{Hub, Sink, Work};
 use crate::stats::Stats;
@@ -12,6 +7,7 @@ use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -22,25 +18,19 @@ use warmpath_proto::v1::{
 };
 use warmpath_proto::{bearer, CacheEventsClient, AUTHORIZATION};
 
-/// Snapshots a router asks for (`ResendSnapshot`) go out at most one per
-/// this long on a stream; one asked for sooner is sent when the time is up.
-/// Each is a full copy of the worker's blocks built under the hub's lock, so
-/// a router asking in a loop would otherwise hold that lock, and the link,
-/// busy.
+/// Snapshots a router asks for go out at most one per this long per stream
+/// (later asks wait): each is built under the hub's lock, which a router asking
+/// in a loop would otherwise hold.
 const RESEND_SPACING: Duration = Duration::from_secs(1);
 
 /// Who this agent is, as told in Hello.
 #[derive(Clone, Debug)]
 pub struct Identity {
-    /// Worker id.
     pub worker_id: String,
     /// Engine base URL.
     pub endpoint: String,
-    /// Model name.
     pub model: String,
-    /// This agent run's epoch.
     pub epoch: u64,
-    /// What proves this agent to the routers, if anything.
     pub token: Option<Credential>,
     /// TLS settings for `https` routers ([`crate::tls::router_tls`]).
     pub tls: Option<ClientTlsConfig>,
@@ -99,9 +89,7 @@ impl std::fmt::Debug for Credential {
 pub struct LinkConfig {
     /// Heartbeat after this long without sending.
     pub heartbeat: Duration,
-    /// First backoff.
     pub backoff_min: Duration,
-    /// Largest backoff.
     pub backoff_max: Duration,
     /// Connect timeout; also how long the router may take to answer a new
     /// stream.
@@ -141,24 +129,65 @@ enum LinkError {
     Stalled(&'static str, Duration),
 }
 
-/// Runs the link to `url` until `cancel` fires.
-#[allow(clippy::too_many_arguments)]
-pub async fn run_link(
-    url: String,
-    id: Identity,
-    hub: Arc<Hub>,
+/// What every link of this agent shares.
+#[derive(Debug)]
+pub(crate) struct Links {
+    pub(crate) id: Identity,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) load: watch::Receiver<Option<Load>>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) cfg: LinkConfig,
+}
+
+/// Deltas queued per router before coalescing into a snapshot.
+const ROUTER_QUEUE: usize = 16_384;
+
+/// One running link: its queue, its cancellation, its task.
+#[derive(Debug)]
+pub(crate) struct Running {
     sink: Arc<Sink>,
-    load: watch::Receiver<Option<Load>>,
-    stats: Arc<Stats>,
-    cfg: LinkConfig,
+    cancel: CancellationToken,
+    pub(crate) task: JoinHandle<()>,
+}
+
+impl Links {
+    /// Starts a link to `url` (ends when `parent` is cancelled).
+    pub(crate) fn start(self: &Arc<Self>, url: String, parent: &CancellationToken) -> Running {
+        let sink = self.hub.add_sink(url.clone(), ROUTER_QUEUE);
+        let cancel = parent.child_token();
+        let task = tokio::spawn(run_link(
+            url,
+            Arc::clone(self),
+            Arc::clone(&sink),
+            cancel.clone(),
+        ));
+        Running { sink, cancel, task }
+    }
+
+    /// Stops a link and drops its queue.
+    pub(crate) async fn stop(&self, r: Running) {
+        r.cancel.cancel();
+        let _ = r.task.await;
+        self.hub.remove_sink(&r.sink);
+        metrics::gauge!("warmpath_agent_router_connected", "router" => r.sink.name().to_owned())
+            .set(0.0);
+    }
+}
+
+/// Runs the link to `url` until `cancel` fires.
+pub(crate) async fn run_link(
+    url: String,
+    links: Arc<Links>,
+    sink: Arc<Sink>,
     cancel: CancellationToken,
 ) {
+    let (stats, cfg) = (&links.stats, &links.cfg);
     let mut attempt: u32 = 0;
     loop {
         let started = std::time::Instant::now();
         let r = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = stream_once(&url, &id, &hub, &sink, load.clone(), &stats, &cfg) => r,
+            r = stream_once(&url, &links, &sink) => r,
         };
         metrics::gauge!("warmpath_agent_router_connected", "router" => url.clone()).set(0.0);
         match r {
@@ -203,30 +232,22 @@ fn with_partial(mut l: Load, hub: &Hub) -> Load {
     l
 }
 
-fn hello(id: &Identity, hub: &Hub, load: Option<Load>) -> AgentMessage {
-    AgentMessage {
-        msg: Some(Msg::Hello(Hello {
-            worker_id: id.worker_id.clone(),
-            endpoint: id.endpoint.clone(),
-            model: id.model.clone(),
-            block_size: hub.block_size().unwrap_or(0),
-            epoch: id.epoch,
-            agent_version: concat!("warmpath-agent ", env!("CARGO_PKG_VERSION")).to_owned(),
-            dp_rank: 0,
-            partial: load.is_some_and(|l| with_partial(l, hub).partial),
-        })),
-    }
+fn hello(id: &Identity, hub: &Hub, load: Option<Load>) -> Msg {
+    Msg::Hello(Hello {
+        worker_id: id.worker_id.clone(),
+        endpoint: id.endpoint.clone(),
+        model: id.model.clone(),
+        block_size: hub.block_size().unwrap_or(0),
+        epoch: id.epoch,
+        agent_version: concat!("warmpath-agent ", env!("CARGO_PKG_VERSION")).to_owned(),
+        dp_rank: 0,
+        partial: load.is_some_and(|l| with_partial(l, hub).partial),
+    })
 }
 
-async fn stream_once(
-    url: &str,
-    id: &Identity,
-    hub: &Hub,
-    sink: &Sink,
-    mut load: watch::Receiver<Option<Load>>,
-    stats: &Stats,
-    cfg: &LinkConfig,
-) -> Result<(), LinkError> {
+async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkError> {
+    let (id, hub, stats, cfg) = (&links.id, &*links.hub, &*links.stats, &links.cfg);
+    let mut load = links.load.clone();
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|e| LinkError::Connect(error_chain(&e)))?
         .connect_timeout(cfg.connect_timeout)
@@ -257,7 +278,8 @@ async fn stream_once(
     sink.request_snapshot();
     sink.clear_decided();
     let now = *load.borrow();
-    tx.send(hello(id, hub, now))
+    let msg = Some(hello(id, hub, now));
+    tx.send(AgentMessage { msg })
         .await
         .map_err(|_| LinkError::Closed)?;
     let mut req = tonic::Request::new(ReceiverStream::new(rx));
@@ -277,9 +299,10 @@ async fn stream_once(
     metrics::gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
     tracing::info!(router = %url, "router link up");
     let stall = cfg.stall_timeout;
-    let send = |m: AgentMessage| {
+    let send = |m: Msg| {
         let tx = tx.clone();
         async move {
+            let m = AgentMessage { msg: Some(m) };
             match tokio::time::timeout(stall, tx.send(m)).await {
                 Ok(r) => r.map_err(|_| LinkError::Closed),
                 Err(_) => Err(LinkError::Stalled("reading the stream", stall)),
@@ -307,30 +330,21 @@ async fn stream_once(
                     prefix_closed,
                 } => {
                     for chunk in warmpath_proto::snapshot_chunks(seq, &blocks, prefix_closed) {
-                        send(AgentMessage {
-                            msg: Some(Msg::Snapshot(chunk)),
-                        })
-                        .await?;
+                        send(Msg::Snapshot(chunk)).await?;
                     }
                     last_seq = seq;
                     metrics::counter!("warmpath_agent_snapshots_sent_total").increment(1);
                 }
                 Work::Decided(ds) => {
                     for d in ds {
-                        send(AgentMessage {
-                            msg: Some(Msg::Decision(d)),
-                        })
-                        .await?;
+                        send(Msg::Decision(d)).await?;
                     }
                 }
                 Work::Deltas(ds) => {
                     let n = ds.len() as u64;
                     for d in ds {
                         last_seq = d.seq;
-                        send(AgentMessage {
-                            msg: Some(Msg::Delta(d)),
-                        })
-                        .await?;
+                        send(Msg::Delta(d)).await?;
                     }
                     metrics::counter!("warmpath_agent_deltas_sent_total").increment(n);
                 }
@@ -346,7 +360,7 @@ async fn stream_once(
                     let l = *load.borrow_and_update();
                     if let Some(l) = l {
                         let l = with_partial(l, hub);
-                        send(AgentMessage { msg: Some(Msg::Load(l)) }).await?;
+                        send(Msg::Load(l)).await?;
                     }
                 }
             }
@@ -356,7 +370,7 @@ async fn stream_once(
                 sink.request_snapshot();
             }
             _ = heartbeat.tick() => {
-                send(AgentMessage { msg: Some(Msg::Heartbeat(Heartbeat { last_seq })) }).await?;
+                send(Msg::Heartbeat(Heartbeat { last_seq })).await?;
             }
             m = inbound.next() => match m {
                 None => return Err(LinkError::Closed),
@@ -467,15 +481,18 @@ mod tests {
             token: None,
             tls: None,
         };
+        let links = Arc::new(Links {
+            id,
+            hub,
+            load,
+            stats: Arc::new(Stats::default()),
+            cfg,
+        });
         let cancel = CancellationToken::new();
         let link = tokio::spawn(run_link(
             format!("http://{addr}"),
-            id,
-            hub,
+            links,
             sink,
-            load,
-            Arc::new(Stats::default()),
-            cfg,
             cancel.clone(),
         ));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

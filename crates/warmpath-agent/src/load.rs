@@ -1,7 +1,6 @@
-//! Load scraping: the engine's Prometheus `/metrics` every `--load-interval-ms`,
-//! summed over label sets (several engines or DP ranks behind one endpoint).
-//! Each scrape also feeds [`Readiness`] and [`RestartWatch`]: a restart seen
-//! here makes the followers forget the engine's blocks at once.
+//! Load scraping of the engine's Prometheus `/metrics`, summed over label sets
+//! (several engines or DP ranks behind one endpoint); also feeds readiness and
+//! restart detection.
 
 use crate::ready::Readiness;
 use std::sync::Arc;

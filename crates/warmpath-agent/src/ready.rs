@@ -1,8 +1,5 @@
 //! Readiness: what `/livez` and `/readyz` (and `/health`) answer, and the
-//! gauges that say the same in `/metrics`. Ready: the engine answers its
-//! metrics page (when scraped), a router stream is up, and KV events follow
-//! prompt tokens (lost events are usually vLLM's publisher connecting instead
-//! of binding: logged once, at ERROR, with the rule).
+//! gauges that say the same (the rules: docs/agent.md, "Agent").
 
 use crate::stats::Stats;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

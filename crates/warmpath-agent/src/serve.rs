@@ -1,15 +1,13 @@
-//! The agent's HTTP server: hyper over an accept loop that bounds what one
-//! client can hold (a connection cap, then a `503`; a deadline for each request
-//! head, against slowloris; an idle deadline for keep-alive connections).
-//! The bounds and what each protects against: docs/hostile-edges-agent.md.
+//! The agent's HTTP server: hyper over an accept loop bounding what one client
+//! can hold (connection cap, request-head deadline, keep-alive idle deadline;
+//! docs/hostile-edges-agent.md).
 
 use axum::Router;
 use hyper::body::Incoming;
+use hyper::service::{service_fn, Service};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use std::convert::Infallible;
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
@@ -273,32 +271,6 @@ impl AsyncWrite for Watched {
     }
 }
 
-/// The per-connection service: the app, each request holding a [`Busy`]
-/// until its answer is ready.
-#[derive(Clone)]
-struct Counted {
-    app: TowerToHyperService<Router>,
-    activity: Arc<Activity>,
-}
-
-type Answer = Pin<Box<dyn Future<Output = Result<axum::response::Response, Infallible>> + Send>>;
-
-impl hyper::service::Service<hyper::Request<Incoming>> for Counted {
-    type Response = axum::response::Response;
-    type Error = Infallible;
-    type Future = Answer;
-
-    fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
-        let busy = self.activity.begin();
-        let answer = self.app.call(req);
-        Box::pin(async move {
-            let resp = answer.await?;
-            drop(busy);
-            Ok(resp)
-        })
-    }
-}
-
 /// Serves one connection until it ends, its watchdog closes it (a head too
 /// slow, idle too long), or the agent stops (graceful: an answer in flight
 /// is finished).
@@ -311,10 +283,17 @@ async fn connection(
     cancel: CancellationToken,
 ) {
     let activity = Arc::new(Activity::new());
-    let service = Counted {
-        app: TowerToHyperService::new(app),
-        activity: Arc::clone(&activity),
-    };
+    let (app, active) = (TowerToHyperService::new(app), Arc::clone(&activity));
+    // Each request holds a `Busy` until its answer is ready.
+    let service = service_fn(move |req: hyper::Request<Incoming>| {
+        let busy = active.begin();
+        let answer = app.call(req);
+        async move {
+            let resp = answer.await;
+            drop(busy);
+            resp
+        }
+    });
     let io = TokioIo::new(Watched {
         tcp,
         activity: Arc::clone(&activity),

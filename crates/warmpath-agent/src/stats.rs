@@ -8,17 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Counter(AtomicU64);
 
 impl Counter {
-    /// Adds one.
     pub fn inc(&self) {
         self.add(1);
     }
 
-    /// Adds `n`.
     pub fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// The current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -35,7 +32,6 @@ impl Level {
         LevelGuard(self)
     }
 
-    /// The current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -62,7 +58,6 @@ pub struct Stats {
     pub bad_payloads: Counter,
     /// BlockStored events with an unknown parent.
     pub unknown_parents: Counter,
-    /// Sequence gaps seen.
     pub gaps: Counter,
     /// Gaps no replay could fill.
     pub gaps_unrecovered: Counter,
@@ -70,12 +65,9 @@ pub struct Stats {
     pub engine_restarts: Counter,
     /// Times an engine's event socket re-dialled a lost publisher.
     pub event_reconnects: Counter,
-    /// Replays that completed.
     pub replays_ok: Counter,
-    /// Router streams opened.
     pub router_connects: Counter,
     /// Refusals received from routers.
     pub router_refusals: Counter,
-    /// Router streams up now.
     pub router_streams: Level,
 }

@@ -1,9 +1,8 @@
 //! One engine rank's block map: vLLM hash -> (warmpath hash, parent, tiers).
-//! [`EngineTracker::apply_batch`] re-hashes `BlockStored` tokens with the
-//! shared hash, chained from the recorded parent (an unknown parent is counted,
-//! never guessed), and emits [`Change`]s only on real transitions, so a
-//! replayed batch changes nothing. Removed blocks keep their mapping a while
-//! ("ghosts", bounded) so a child stored after its parent's eviction still chains.
+//! `BlockStored` tokens are re-hashed chained from the recorded parent (an
+//! unknown parent is counted, never guessed); [`Change`]s are emitted only on
+//! real transitions, so a replayed batch changes nothing. Removed blocks keep
+//! their mapping a while (bounded "ghosts") so a late child still chains.
 
 use crate::fasthash::FastMap;
 use std::collections::VecDeque;
@@ -16,26 +15,17 @@ use warmpath_vllm_events::{BlockStored, EngineBlockHash, KvEvent, KvEventBatch, 
 pub enum Change {
     /// Blocks newly held in `tier`; `hashes` is a chain segment after `parent`.
     Stored {
-        /// The block before `hashes[0]`, if known.
         parent: Option<BlockHash>,
-        /// New blocks, chain order.
         hashes: Vec<BlockHash>,
-        /// Where.
         tier: Tier,
     },
     /// Blocks no longer held in `tier`.
-    Removed {
-        /// The blocks.
-        hashes: Vec<BlockHash>,
-        /// Where.
-        tier: Tier,
-    },
+    Removed { hashes: Vec<BlockHash>, tier: Tier },
 }
 
 /// What applying one batch did, besides the changes.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// The changes, in order.
     pub changes: Vec<Change>,
     /// BlockStored events whose parent is unknown (chain dropped).
     pub unknown_parents: u64,
@@ -81,10 +71,8 @@ pub struct EngineTracker {
     max_blocks: usize,
 }
 
-/// Blocks one rank is taken to hold at most (the router's default cap of a
-/// worker, a quarter of `index.max_entries`): an engine holds tens of thousands, so more is
-/// a broken or hostile event stream, which must not grow the agent without
-/// bound.
+/// Blocks one rank may hold (the router's default cap of a worker): an engine
+/// holds tens of thousands, so more is a broken or hostile event stream.
 pub const MAX_BLOCKS: usize = 1 << 22;
 
 impl EngineTracker {
@@ -121,7 +109,6 @@ impl EngineTracker {
         self.present == 0
     }
 
-    /// Applies one batch.
     pub fn apply_batch(&mut self, batch: &KvEventBatch) -> Outcome {
         let mut out = Outcome::default();
         for e in &batch.events {
@@ -141,24 +128,17 @@ impl EngineTracker {
 
     /// Forgets every block (cache reset or engine restart); returns the removals.
     pub fn clear(&mut self) -> Vec<Change> {
-        let mut by_tier: [Vec<BlockHash>; 4] = Default::default();
-        for e in self.entries.values() {
-            for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
-                if e.tiers & bit(t) != 0 {
-                    by_tier[t as usize].push(e.wp);
-                }
+        let mut out = Vec::new();
+        for tier in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
+            let held = self.entries.values().filter(|e| e.tiers & bit(tier) != 0);
+            let hashes: Vec<BlockHash> = held.map(|e| e.wp).collect();
+            if !hashes.is_empty() {
+                out.push(Change::Removed { hashes, tier });
             }
         }
         self.entries.clear();
         self.ghosts.clear();
         self.present = 0;
-        let mut out = Vec::new();
-        for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
-            let hashes = std::mem::take(&mut by_tier[t as usize]);
-            if !hashes.is_empty() {
-                out.push(Change::Removed { hashes, tier: t });
-            }
-        }
         out
     }
 

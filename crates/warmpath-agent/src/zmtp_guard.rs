@@ -1,10 +1,7 @@
 //! A loopback relay in front of each engine event endpoint that ends a
-//! connection whose peer announces an oversized ZMTP frame or message before
-//! the `zeromq` crate reads the header: `zeromq` 0.7 reserves any announced
-//! length (up to 2^63 bytes) at once, so one 9-byte header could abort the
-//! agent (docs/hostile-edges-agent.md). The agent's sockets dial the relay on
-//! 127.0.0.1, which dials the engine and checks the engine's frames as they
-//! pass, buffering nothing.
+//! connection announcing an oversized ZMTP frame or message before `zeromq`
+//! reads the header: `zeromq` 0.7 reserves any announced length at once, so
+//! one 9-byte header could abort the agent (docs/hostile-edges-agent.md).
 
 use std::io;
 use std::time::Duration;
@@ -27,21 +24,10 @@ const DIAL_FOR: Duration = Duration::from_secs(30);
 /// Why the engine's byte stream was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    /// A frame announced more than the cap.
     #[error("frame of {len} bytes announced (at most {max})")]
-    TooLong {
-        /// The announced length.
-        len: u64,
-        /// The cap.
-        max: u64,
-    },
-    /// A multipart message grew past its cap.
+    TooLong { len: u64, max: u64 },
     #[error("multipart message over {max} bytes")]
-    MessageTooLong {
-        /// The cap.
-        max: u64,
-    },
-    /// A multipart message had too many frames.
+    MessageTooLong { max: u64 },
     #[error("multipart message of more than {MAX_PARTS} frames")]
     TooManyParts,
 }
@@ -181,7 +167,6 @@ pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> i
     };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let endpoint = format!("tcp://{}", listener.local_addr()?);
-    let target = target.to_owned();
     // Owned through `cancel`: it ends, with every pump, when that fires.
     tokio::spawn(async move {
         let mut pumps = JoinSet::new();
@@ -198,13 +183,7 @@ pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> i
                     }
                 },
             };
-            pumps.spawn(pump(
-                local,
-                addr.clone(),
-                target.clone(),
-                max_frame,
-                cancel.clone(),
-            ));
+            pumps.spawn(pump(local, addr.clone(), max_frame, cancel.clone()));
         }
         pumps.shutdown().await;
     });
@@ -234,13 +213,7 @@ async fn dial(addr: &str, cancel: &CancellationToken) -> Option<TcpStream> {
 }
 
 /// One `zeromq` connection to the engine, through the check.
-async fn pump(
-    local: TcpStream,
-    addr: String,
-    target: String,
-    max_frame: u64,
-    cancel: CancellationToken,
-) {
+async fn pump(local: TcpStream, addr: String, max_frame: u64, cancel: CancellationToken) {
     let Some(remote) = dial(&addr, &cancel).await else {
         return;
     };
@@ -261,7 +234,7 @@ async fn pump(
             if let Err(e) = check.feed(&buf[..n]) {
                 metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "frame_too_long")
                     .increment(1);
-                tracing::warn!(endpoint = %target, error = %e,
+                tracing::warn!(%addr, error = %e,
                     "engine event stream refused: a frame over the cap; reconnecting");
                 return Ok(());
             }
@@ -275,7 +248,7 @@ async fn pump(
         r = down => r,
     };
     if let Err(e) = ended {
-        tracing::debug!(endpoint = %target, error = %e, "event guard connection ended");
+        tracing::debug!(%addr, error = %e, "event guard connection ended");
     }
 }
 
