@@ -14,21 +14,17 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-agent", version)]
 pub struct Cli {
-    /// Worker id; must match the router's backend worker_id (default: its
-    /// URL). Required unless `--worker-id-from-env` is given.
+    /// Worker id; must match the router's backend worker_id (default: its URL).
     #[arg(
         long,
         env = "WARMPATH_WORKER_ID",
         required_unless_present = "worker_id_from_env"
     )]
     pub worker_id: Option<String>,
-    /// Take the worker id from this environment variable (e.g. `POD_IP`
-    /// from the Kubernetes Downward API), put into `--worker-id-template`.
+    /// Take the worker id from this variable (e.g. `POD_IP`) through `--worker-id-template`.
     #[arg(long, value_name = "VAR", conflicts_with = "worker_id")]
     pub worker_id_from_env: Option<String>,
-    /// The worker id made of the variable's value: `{}` stands for it,
-    /// e.g. `http://{}:8000` (the router's worker id for a discovered
-    /// backend).
+    /// The worker id around the variable's value `{}`, e.g. `http://{}:8000`.
     #[arg(long, default_value = "{}", value_name = "TEMPLATE")]
     pub worker_id_template: String,
     /// Served model name (seeds the block hashes; must match the router pool's).
@@ -43,10 +39,8 @@ pub struct Cli {
     /// Engine replay ROUTER endpoint (rank 0), e.g. tcp://127.0.0.1:5558.
     #[arg(long)]
     pub kv_replay: Option<String>,
-    /// Router gRPC URL (repeatable), e.g. http://10.0.0.2:50051, or
-    /// https://... for a router serving TLS, or dns://NAME:PORT: every
-    /// address NAME resolves to (a headless Service of router replicas),
-    /// followed as it changes, one stream each.
+    /// Router gRPC URL (repeatable): http://, https://, or dns://NAME:PORT for
+    /// one stream to each address NAME resolves to (router replicas).
     #[arg(long = "router")]
     pub routers: Vec<String>,
     /// Nameserver (IP:PORT) for dns:// routers (default: the system's).
@@ -55,22 +49,18 @@ pub struct Cli {
     /// How often dns:// routers are resolved again, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub router_dns_interval_ms: u64,
-    /// PEM root certificate(s) to trust for https routers (needed for a
-    /// self-signed router certificate or a private CA; default: the system's).
+    /// PEM root certificate(s) to trust for https routers (default: the system's).
     #[arg(long, value_name = "PATH")]
     pub router_ca: Option<PathBuf>,
-    /// Name the router certificate must carry, when it is not the URL's host
-    /// (e.g. the router is reached by IP).
+    /// Name the router certificate must carry, when it is not the URL's host.
     #[arg(long, value_name = "NAME")]
     pub tls_domain: Option<String>,
-    /// This worker's credential for the routers (`warmpath-router
-    /// --print-agent-token WORKER`), or their shared token; sent as
-    /// `authorization: Bearer ...`.
+    /// This worker's credential (`warmpath-router --print-agent-token WORKER`)
+    /// or the routers' shared token.
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<String>,
-    /// A file holding the token, re-read at every connect: in Kubernetes,
-    /// the pod's projected ServiceAccount token (audience: the routers'
-    /// `ingest.pod_token_audience`), so the pod needs no secret.
+    /// A file holding the token, re-read at every connect (in Kubernetes, a
+    /// projected ServiceAccount token of audience `ingest.pod_token_audience`).
     #[arg(
         long,
         env = "WARMPATH_AGENT_TOKEN_FILE",
@@ -89,12 +79,10 @@ pub struct Cli {
     /// ZMQ topic prefix (vLLM's default is empty).
     #[arg(long, default_value = "")]
     pub topic: String,
-    /// Load scrape period in milliseconds (0: off, and engine reachability
-    /// is not part of readiness).
+    /// Load scrape period in milliseconds (0: off, readiness ignores the engine).
     #[arg(long, default_value_t = 1000)]
     pub load_interval_ms: u64,
-    /// /readyz turns 503 when the engine served prompt tokens
-    /// and no KV event followed for this many milliseconds.
+    /// /readyz turns 503 when prompt tokens got no KV event for this many ms.
     #[arg(long, default_value_t = 30_000)]
     pub events_silence_ms: u64,
     /// Log format on stderr: text or json (one object per line).

@@ -6,8 +6,8 @@
 //! queued for the others, bounded and cleared on reconnect (only fresh ones matter).
 
 use crate::closure::Closure;
-use crate::fasthash::FastMap;
 use crate::tracker::Change;
+use crate::FastMap;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::VecDeque;

@@ -7,7 +7,6 @@ pub mod agent;
 pub mod cli;
 mod closure;
 mod error;
-pub mod fasthash;
 pub mod follow;
 pub mod hub;
 pub mod link;
@@ -24,3 +23,7 @@ pub mod zmtp_guard;
 
 pub use agent::{Agent, AgentConfig};
 pub use error::AgentError;
+
+/// The agent's block maps: their keys come from the engine, so each map gets
+/// its own random seed (an engine cannot aim keys at one bucket chain).
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -66,7 +66,8 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let refusal = refusal(limits.max_connections);
     let mut conns = JoinSet::new();
-    let mut failures = AcceptFailures::default();
+    // Accept failures (EMFILE, most likely) back off from 10 ms to 1 s.
+    let (mut failures, mut delay_ms, log) = (0u64, 0u64, LogEvery::default());
     loop {
         // Finished connections are reaped as we go.
         while conns.try_join_next().is_some() {}
@@ -74,11 +75,23 @@ pub async fn serve(
             () = cancel.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => {
-                    failures.succeeded();
+                    if failures > 0 {
+                        tracing::info!(failures, "accept works again");
+                        (failures, delay_ms) = (0, 0);
+                    }
                     a
                 }
                 Err(e) => {
-                    failures.failed(&e, &cancel).await;
+                    failures += 1;
+                    if log.ready().is_some() {
+                        tracing::warn!(error = %e, failures,
+                            "accept failed; backing off (logged at most every 10 s)");
+                    }
+                    delay_ms = (delay_ms * 2).clamp(10, 1_000);
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = tokio::time::sleep(Duration::from_millis(delay_ms)) => {}
+                    }
                     continue;
                 }
             },
@@ -121,37 +134,6 @@ fn refusal(max: usize) -> Vec<u8> {
         code: ErrorCode::Status(status),
     };
     raw_http1(status, &[("retry-after", "1")], &body.json())
-}
-
-/// Accept failures (EMFILE, most likely): a back-off doubling from 10 ms to
-/// 1 s, logged at most every 10 s.
-#[derive(Debug, Default)]
-struct AcceptFailures {
-    count: u64,
-    delay_ms: u64,
-    log: LogEvery,
-}
-
-impl AcceptFailures {
-    async fn failed(&mut self, e: &io::Error, cancel: &CancellationToken) {
-        self.count += 1;
-        if self.log.ready().is_some() {
-            tracing::warn!(error = %e, failures = self.count,
-                "accept failed; backing off (logged at most every 10 s)");
-        }
-        self.delay_ms = (self.delay_ms * 2).clamp(10, 1_000);
-        tokio::select! {
-            () = cancel.cancelled() => {}
-            () = tokio::time::sleep(Duration::from_millis(self.delay_ms)) => {}
-        }
-    }
-
-    fn succeeded(&mut self) {
-        if self.count > 0 {
-            tracing::info!(failures = self.count, "accept works again");
-            *self = AcceptFailures::default();
-        }
-    }
 }
 
 /// One connection's state, as its watchdog sees it. Times are milliseconds

@@ -4,7 +4,7 @@
 //! real transitions, so a replayed batch changes nothing. Removed blocks keep
 //! their mapping a while (bounded "ghosts") so a late child still chains.
 
-use crate::fasthash::FastMap;
+use crate::FastMap;
 use std::collections::VecDeque;
 use warmpath_core::{hash_block, BlockHash, HashSeed};
 use warmpath_proto::v1::Tier;
