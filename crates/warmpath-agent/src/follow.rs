@@ -59,8 +59,7 @@ struct Follower {
     reconnected: bool,
     /// Where replays dial: the guard's endpoint for the replay endpoint.
     replay_at: Option<String>,
-    /// Whether the start-up replay ran (the SUB socket is re-created when the
-    /// engine is silent; the buffer is read once).
+    /// Whether the start-up replay ran (once, though the socket may be re-made).
     buffer_read: bool,
     last_parent_replay: Option<Instant>,
     pending_parent: bool,
@@ -88,7 +87,6 @@ pub async fn follow_rank(
         None => None,
     };
     let mut f = Follower::new(cfg, tracker, hub, stats, replay_at);
-    let mut following = false;
     loop {
         // A socket made again (after a failed subscribe) is a new connection.
         f.reconnected |= f.last.is_some();
@@ -100,7 +98,6 @@ pub async fn follow_rank(
             r = sub.connect(&events_at) => r,
         };
         if let Err(e) = connected {
-            following = false;
             // The crate keeps dialling a refused port for its connect timeout
             // (30 s); this is that timeout or a bad endpoint.
             tracing::warn!(endpoint = %f.cfg.endpoint, error = %e, "cannot connect to engine events; retrying");
@@ -110,17 +107,10 @@ pub async fn follow_rank(
             }
         }
         if let Err(e) = sub.subscribe(&f.cfg.topic).await {
-            following = false;
             tracing::warn!(error = %e, "subscribe failed; reconnecting");
             continue;
         }
-        // INFO once per change of state (first subscription, or after a
-        // failure); the quiet re-subscriptions of a silent engine are DEBUG.
-        if std::mem::replace(&mut following, true) {
-            tracing::debug!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events again");
-        } else {
-            tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
-        }
+        tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
         if !std::mem::replace(&mut f.buffer_read, true) {
             // Once, after the first subscription: nothing published from now
             // on is missed.
@@ -209,6 +199,7 @@ impl Follower {
     /// Logs the SUB socket's own disconnects and reconnects (the socket
     /// re-dials by itself); `connects` counts this socket's connections.
     fn on_socket_event(&mut self, ev: SocketEvent, connects: &mut u64) {
+        let (endpoint, rank) = (&self.cfg.endpoint, self.cfg.rank);
         match ev {
             SocketEvent::Connected(..) => {
                 *connects += 1;
@@ -217,20 +208,12 @@ impl Follower {
                     self.reconnected = true;
                     self.stats.event_reconnects.inc();
                     metrics::counter!("warmpath_agent_event_reconnects_total").increment(1);
-                    tracing::info!(
-                        endpoint = %self.cfg.endpoint,
-                        rank = self.cfg.rank,
-                        "reconnected to engine events"
-                    );
+                    tracing::info!(%endpoint, rank, "reconnected to engine events");
                 }
             }
             SocketEvent::Disconnected(_) => {
                 self.reconnected = true;
-                tracing::info!(
-                    endpoint = %self.cfg.endpoint,
-                    rank = self.cfg.rank,
-                    "engine events publisher went away; reconnecting"
-                );
+                tracing::info!(%endpoint, rank, "engine events publisher went away");
             }
             _ => {}
         }
@@ -248,47 +231,34 @@ impl Follower {
             return;
         };
         let reconnected = std::mem::take(&mut self.reconnected);
+        // Whether the batches before `seq` are to be learned from the start.
         let prev = self.last;
-        match prev {
-            None => {
-                if seq > 0 {
-                    self.catch_up(0, seq).await;
-                }
-            }
+        let from_start = match prev {
+            None => true,
             Some(last) if seq <= last => {
                 if self.applied_as(seq) == Some(self.digest(&payload)) {
                     tracing::debug!(seq, "batch already applied (a replay overlapped it)");
                     return;
                 }
-                tracing::warn!(
-                    last,
-                    seq,
-                    rank = self.cfg.rank,
-                    "engine sequence went back to one not applied from this engine: engine restarted"
-                );
-                self.restarted(seq).await;
+                self.restarted(last, seq, "sequence went back to one not applied from it");
+                true
             }
             Some(last) if reconnected && !self.same_engine(last, seq).await => {
-                tracing::warn!(
-                    last,
-                    seq,
-                    rank = self.cfg.rank,
-                    "events reconnected from an engine that is not the one followed: engine restarted"
-                );
-                self.restarted(seq).await;
+                self.restarted(last, seq, "events reconnected from another engine process");
+                true
             }
-            Some(last) if seq == last.wrapping_add(1) => {}
+            Some(last) if seq == last.wrapping_add(1) => false,
             Some(last) => {
-                tracing::warn!(
-                    last,
-                    seq,
-                    rank = self.cfg.rank,
-                    "sequence gap in engine events"
-                );
+                let rank = self.cfg.rank;
+                tracing::warn!(last, seq, rank, "sequence gap in engine events");
                 self.stats.gaps.inc();
                 metrics::counter!("warmpath_agent_seq_gaps_total").increment(1);
                 self.catch_up(last + 1, seq).await;
+                false
             }
+        };
+        if from_start && seq > 0 {
+            self.catch_up(0, seq).await;
         }
         self.apply(seq, &payload);
         if self.parent_replay_due() {
@@ -319,19 +289,15 @@ impl Follower {
         self.applied.fill(NO_BATCH);
         self.stats.engine_restarts.inc();
         metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
-        tracing::warn!(
-            rank = self.cfg.rank,
-            "engine restarted: its blocks are forgotten"
-        );
+        let rank = self.cfg.rank;
+        tracing::warn!(rank, "engine restarted: its blocks are forgotten");
     }
 
-    /// The event stream showed a restart at `seq`: forget, then learn the
-    /// new engine's batches before `seq` from its replay buffer.
-    async fn restarted(&mut self, seq: u64) {
+    /// The event stream showed a restart at `seq` (`why`): forget the engine.
+    fn restarted(&mut self, last: u64, seq: u64, why: &str) {
+        let rank = self.cfg.rank;
+        tracing::warn!(last, seq, rank, "engine restarted: {why}");
         self.forget_engine();
-        if seq > 0 {
-            self.catch_up(0, seq).await;
-        }
     }
 
     fn digest(&self, payload: &[u8]) -> u64 {
@@ -403,11 +369,8 @@ impl Follower {
             }
         }
         if n > 0 {
-            tracing::info!(
-                batches = n,
-                rank = self.cfg.rank,
-                "learned the engine's buffered events"
-            );
+            let rank = self.cfg.rank;
+            tracing::info!(batches = n, rank, "learned the engine's buffered events");
         }
     }
 
@@ -438,10 +401,11 @@ impl Follower {
         if reached < until && (from > 0 || self.last.is_some()) {
             self.stats.gaps_unrecovered.inc();
             metrics::counter!("warmpath_agent_seq_gaps_unrecovered_total").increment(1);
+            let from = reached;
             tracing::warn!(
-                from = reached,
+                from,
                 until,
-                "engine events lost for good; routers get a fresh snapshot"
+                "engine events lost; routers get a fresh snapshot"
             );
             self.hub.force_snapshot();
         }
@@ -490,12 +454,8 @@ impl Follower {
         }
         if let Some(bs) = out.block_size_learned {
             if let Some(old) = self.hub.block_size().filter(|o| *o != bs) {
-                tracing::error!(
-                    old,
-                    new = bs,
-                    rank = self.cfg.rank,
-                    "engine ranks disagree on block size"
-                );
+                let rank = self.cfg.rank;
+                tracing::error!(old, new = bs, rank, "engine ranks disagree on block size");
                 metrics::counter!("warmpath_agent_block_size_mismatch_total").increment(1);
             }
             self.hub.set_block_size(bs);

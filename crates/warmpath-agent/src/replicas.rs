@@ -28,19 +28,6 @@ pub fn dns_target(url: &str) -> Option<Result<(String, u16), AgentError>> {
     }
 }
 
-/// Resolves `name` now: every replica's `http://IP:PORT`.
-async fn resolve(resolver: &Resolver, name: &str, port: u16) -> Result<BTreeSet<String>, String> {
-    let ips = resolver.lookup_ip(name).await.map_err(|e| e.to_string())?;
-    let set: BTreeSet<String> = ips
-        .iter()
-        .map(|ip| http_url(SocketAddr::new(ip, port)))
-        .collect();
-    if set.is_empty() {
-        return Err(format!("{name} has no addresses"));
-    }
-    Ok(set)
-}
-
 /// Follows `dns://name:port` until `cancel`: one link per resolved replica.
 /// Owns its links: they stop with it.
 pub(crate) async fn follow_dns(
@@ -63,11 +50,20 @@ pub(crate) async fn follow_dns(
         // The resolver's own timeout bounds each query.
         let answer = tokio::select! {
             () = cancel.cancelled() => break,
-            a = resolve(&resolver, &name, port) => a,
+            a = resolver.lookup_ip(name.as_str()) => a.map_err(|e| e.to_string()),
         };
-        let set = match answer {
-            Ok(set) => set,
-            Err(e) => {
+        // Every replica's `http://IP:PORT`.
+        let set = answer.map(|ips| -> BTreeSet<String> {
+            ips.iter()
+                .map(|ip| http_url(SocketAddr::new(ip, port)))
+                .collect()
+        });
+        let set = match set {
+            Ok(set) if !set.is_empty() => set,
+            r => {
+                let e = r
+                    .err()
+                    .unwrap_or_else(|| format!("{name} has no addresses"));
                 metrics::counter!("warmpath_agent_router_dns_failures_total", "name" => name.clone())
                     .increment(1);
                 if last_error.as_deref() != Some(e.as_str()) {

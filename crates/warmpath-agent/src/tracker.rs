@@ -200,24 +200,14 @@ impl EngineTracker {
                     run_parent = chain_parent;
                 }
                 new.push(wp);
-            } else if !new.is_empty() {
-                // A block already held interrupts the run: flush it.
-                out.changes.push(Change::Stored {
-                    parent: run_parent,
-                    hashes: std::mem::take(&mut new),
-                    tier,
-                });
+            } else {
+                // A block already held interrupts the run.
+                stored(out, run_parent, std::mem::take(&mut new), tier);
             }
             chain_parent = Some(wp);
             prev = wp.0;
         }
-        if !new.is_empty() {
-            out.changes.push(Change::Stored {
-                parent: run_parent,
-                hashes: new,
-                tier,
-            });
-        }
+        stored(out, run_parent, new, tier);
     }
 
     fn offload_store(&mut self, s: &BlockStored, out: &mut Outcome) {
@@ -236,13 +226,7 @@ impl EngineTracker {
                 new.push(e.wp);
             }
         }
-        if !new.is_empty() {
-            out.changes.push(Change::Stored {
-                parent: first_parent,
-                hashes: new,
-                tier,
-            });
-        }
+        stored(out, first_parent, new, tier);
     }
 
     /// Records `eh` held in `tier`; true when that is new.
@@ -318,6 +302,17 @@ impl EngineTracker {
         if !gone.is_empty() {
             out.changes.push(Change::Removed { hashes: gone, tier });
         }
+    }
+}
+
+/// Records a run of new blocks, if any.
+fn stored(out: &mut Outcome, parent: Option<BlockHash>, hashes: Vec<BlockHash>, tier: Tier) {
+    if !hashes.is_empty() {
+        out.changes.push(Change::Stored {
+            parent,
+            hashes,
+            tier,
+        });
     }
 }
 

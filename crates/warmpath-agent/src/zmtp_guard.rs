@@ -34,14 +34,12 @@ pub enum FrameError {
 
 #[derive(Debug, Clone, Copy)]
 enum State {
-    /// Greeting bytes still to pass.
-    Greeting(u8),
+    /// Bytes still to pass unread (the greeting, a frame's body).
+    Skip(u64),
     /// Next byte: a frame's flags.
     Flags,
     /// Reading a length: bytes still due, value so far, a command's?
     Length { due: u8, value: u64, command: bool },
-    /// Body bytes still to pass.
-    Body(u64),
 }
 
 /// The engine-to-agent ZMTP stream's frame checker.
@@ -60,7 +58,7 @@ impl FrameCheck {
     /// A checker for a new connection, frames capped at `max_frame` bytes.
     pub fn new(max_frame: u64) -> Self {
         FrameCheck {
-            state: State::Greeting(64),
+            state: State::Skip(64),
             max_frame,
             message: 0,
             parts: 0,
@@ -72,13 +70,12 @@ impl FrameCheck {
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), FrameError> {
         while let Some((&b, _)) = bytes.split_first() {
             match self.state {
-                State::Greeting(due) => {
-                    let n = bytes.len().min(usize::from(due));
-                    bytes = &bytes[n..];
-                    let left = due - n as u8;
-                    self.state = match left {
+                State::Skip(due) => {
+                    let n = (bytes.len() as u64).min(due);
+                    bytes = &bytes[n as usize..];
+                    self.state = match due - n {
                         0 => State::Flags,
-                        _ => State::Greeting(left),
+                        left => State::Skip(left),
                     };
                     continue;
                 }
@@ -110,15 +107,6 @@ impl FrameCheck {
                         self.frame(value, command)?
                     };
                 }
-                State::Body(due) => {
-                    let n = (bytes.len() as u64).min(due);
-                    bytes = &bytes[n as usize..];
-                    self.state = match due - n {
-                        0 => State::Flags,
-                        left => State::Body(left),
-                    };
-                    continue;
-                }
             }
             bytes = &bytes[1..];
         }
@@ -149,7 +137,7 @@ impl FrameCheck {
         }
         Ok(match len {
             0 => State::Flags,
-            n => State::Body(n),
+            n => State::Skip(n),
         })
     }
 }
