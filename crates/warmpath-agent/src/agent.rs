@@ -3,10 +3,11 @@
 //! Data-parallel ranks 0..N-1 (on `port + rank`) are reported as ONE worker:
 //! vLLM's DP front end picks the rank, so a router cannot target one.
 
+use crate::cli::AgentConfig;
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
-use crate::link::{Credential, Identity, LinkConfig, Links};
+use crate::link::{Credential, Identity, Links};
 use crate::load::scrape_loop;
 use crate::ready::{self, Readiness};
 use crate::stats::Stats;
@@ -16,71 +17,12 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_vllm_events::wire::endpoint_for_rank;
-
-/// Everything the agent needs: the flags of [`crate::cli::Cli`] (same
-/// names, durations as `Duration`), plus tuning the tests change.
-#[derive(Clone, Debug)]
-pub struct AgentConfig {
-    pub worker_id: String,
-    pub model: String,
-    pub engine_url: String,
-    pub kv_events: String,
-    pub kv_replay: Option<String>,
-    /// `http://`, `https://` or `dns://NAME:PORT` (see [`crate::replicas`]).
-    pub routers: Vec<String>,
-    pub router_nameserver: Option<SocketAddr>,
-    pub router_dns_interval: Duration,
-    pub router_ca: Option<PathBuf>,
-    pub tls_domain: Option<String>,
-    pub agent_token: Option<String>,
-    pub agent_token_file: Option<PathBuf>,
-    pub insecure: bool,
-    pub dp_ranks: u16,
-    pub listen: SocketAddr,
-    /// The HTTP server's connection cap, header and idle deadlines.
-    pub http: crate::serve::HttpLimits,
-    pub topic: String,
-    /// 0: no load scraping.
-    pub load_interval: Duration,
-    /// Router link tuning.
-    pub link: LinkConfig,
-    pub events_silence: Duration,
-}
-
-impl AgentConfig {
-    /// Defaults around the required fields.
-    pub fn new(worker_id: &str, model: &str, engine_url: &str, kv_events: &str) -> Self {
-        AgentConfig {
-            worker_id: worker_id.into(),
-            model: model.into(),
-            engine_url: engine_url.into(),
-            kv_events: kv_events.into(),
-            kv_replay: None,
-            routers: Vec::new(),
-            router_nameserver: None,
-            router_dns_interval: Duration::from_secs(5),
-            router_ca: None,
-            tls_domain: None,
-            agent_token: None,
-            agent_token_file: None,
-            insecure: false,
-            dp_ranks: 1,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            http: crate::serve::HttpLimits::default(),
-            topic: String::new(),
-            load_interval: Duration::from_secs(1),
-            link: LinkConfig::default(),
-            events_silence: Duration::from_secs(30),
-        }
-    }
-}
 
 /// A running agent. Dropping it cancels everything; [`Agent::shutdown`] also
 /// waits for the tasks.
@@ -120,35 +62,30 @@ impl Agent {
         cfg: AgentConfig,
         prometheus: Option<PrometheusHandle>,
     ) -> Result<Agent, AgentError> {
-        if cfg.worker_id.is_empty() || cfg.worker_id.len() > 256 {
-            return Err(AgentError::Config(
-                "--worker-id must be 1..=256 bytes".into(),
-            ));
-        }
-        if cfg.model.is_empty() {
-            return Err(AgentError::Config("--model must not be empty".into()));
-        }
-        if cfg.events_silence.is_zero() {
-            return Err(AgentError::Config(
-                "--events-silence-ms must be at least 1".into(),
-            ));
-        }
-        if cfg.dp_ranks == 0 {
-            return Err(AgentError::Config("--dp-ranks must be at least 1".into()));
+        let has_token = cfg.agent_token.is_some() || cfg.agent_token_file.is_some();
+        let invalid = if !(1..=256).contains(&cfg.worker_id.len()) {
+            Some("--worker-id must be 1..=256 bytes")
+        } else if cfg.model.is_empty() {
+            Some("--model must not be empty")
+        } else if cfg.events_silence.is_zero() {
+            Some("--events-silence-ms must be at least 1")
+        } else if cfg.dp_ranks == 0 {
+            Some("--dp-ranks must be at least 1")
+        } else if cfg.agent_token.is_some() && cfg.agent_token_file.is_some() {
+            Some("--agent-token and --agent-token-file: give one")
+        } else {
+            None
+        };
+        if let Some(why) = invalid {
+            return Err(AgentError::Config(why.into()));
         }
         if cfg.routers.is_empty() {
             tracing::warn!("no --router given: the agent tracks blocks but publishes nowhere");
         }
-        if cfg.agent_token.is_some() && cfg.agent_token_file.is_some() {
-            return Err(AgentError::Config(
-                "--agent-token and --agent-token-file: give one".into(),
-            ));
-        }
         if let Some(path) = &cfg.agent_token_file {
             crate::link::read_token_file(path).map_err(AgentError::Config)?;
         }
-        let guard_token =
-            (cfg.agent_token.is_some() || cfg.agent_token_file.is_some()) && !cfg.insecure;
+        let guard_token = has_token && !cfg.insecure;
         let (mut urls, mut dns_names) = (Vec::new(), Vec::new());
         for r in &cfg.routers {
             match crate::replicas::dns_target(r) {
@@ -180,7 +117,7 @@ impl Agent {
             crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
         let mut ranks = Vec::new();
         for r in 0..cfg.dp_ranks {
-            let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
+            let endpoint = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
                 AgentError::Config(format!(
                     "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
                     cfg.kv_events
@@ -193,7 +130,12 @@ impl Agent {
                     ))
                 })
             });
-            ranks.push((r, ep, replay.transpose()?));
+            ranks.push(FollowConfig {
+                endpoint,
+                replay_endpoint: replay.transpose()?,
+                topic: cfg.topic.clone(),
+                rank: r,
+            });
         }
         let epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -234,13 +176,7 @@ impl Agent {
         )));
 
         let (restart_tx, restart_rx) = watch::channel(0u64);
-        for (rank, endpoint, replay_endpoint) in ranks {
-            let fc = FollowConfig {
-                endpoint,
-                replay_endpoint,
-                topic: cfg.topic.clone(),
-                rank,
-            };
+        for fc in ranks {
             tasks.push(tokio::spawn(follow_rank(
                 fc,
                 EngineTracker::new(cfg.model.clone(), GHOST_CAPACITY),
@@ -262,15 +198,11 @@ impl Agent {
                 cancel.child_token(),
             )));
         }
-        let watch_every = if cfg.load_interval.is_zero() {
-            Duration::from_secs(1)
-        } else {
-            cfg.load_interval
-        };
+        let watch_every = Some(cfg.load_interval).filter(|d| !d.is_zero());
         tasks.push(tokio::spawn(ready::watch(
             readiness,
             stats.clone(),
-            watch_every,
+            watch_every.unwrap_or(Duration::from_secs(1)),
             cfg.events_silence,
             cfg.kv_events.clone(),
             cancel.child_token(),
@@ -320,7 +252,6 @@ impl Agent {
         self.http_addr
     }
 
-    /// The counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }

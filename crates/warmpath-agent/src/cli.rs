@@ -1,7 +1,7 @@
-//! The command line (names as in DESIGN.md), turned into an [`AgentConfig`].
+//! The command line (names as in DESIGN.md) and the [`AgentConfig`] it makes.
 
-use crate::agent::AgentConfig;
 use crate::error::AgentError;
+use crate::link::LinkConfig;
 use clap::Parser;
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -27,6 +27,24 @@ pub struct Cli {
     /// The worker id around the variable's value `{}`, e.g. `http://{}:8000`.
     #[arg(long, default_value = "{}", value_name = "TEMPLATE")]
     pub worker_id_template: String,
+    #[command(flatten)]
+    pub config: AgentConfig,
+    /// Log format on stderr: text or json (one object per line).
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "WARMPATH_LOG_FORMAT",
+        default_value_t
+    )]
+    pub log_format: warmpath_proto::logging::LogFormat,
+}
+
+/// Everything the agent needs: its flags (the worker id resolved), plus the
+/// HTTP bounds and link tuning tests change.
+#[derive(Clone, Debug, clap::Args)]
+pub struct AgentConfig {
+    #[arg(skip)]
+    pub worker_id: String,
     /// Served model name (seeds the block hashes; must match the router pool's).
     #[arg(long)]
     pub model: String,
@@ -46,9 +64,9 @@ pub struct Cli {
     /// Nameserver (IP:PORT) for dns:// routers (default: the system's).
     #[arg(long, value_name = "IP:PORT")]
     pub router_nameserver: Option<SocketAddr>,
-    /// How often dns:// routers are resolved again, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub router_dns_interval_ms: u64,
+    /// How often dns:// routers are resolved again, in milliseconds (>= 100).
+    #[arg(long = "router-dns-interval-ms", value_name = "MS", default_value = "5000", value_parser = millis)]
+    pub router_dns_interval: Duration,
     /// PEM root certificate(s) to trust for https routers (default: the system's).
     #[arg(long, value_name = "PATH")]
     pub router_ca: Option<PathBuf>,
@@ -76,23 +94,51 @@ pub struct Cli {
     /// Address for /metrics and /health (port 0: any free port, printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    #[arg(skip)]
+    pub http: crate::serve::HttpLimits,
     /// ZMQ topic prefix (vLLM's default is empty).
     #[arg(long, default_value = "")]
     pub topic: String,
     /// Load scrape period in milliseconds (0: off, readiness ignores the engine).
-    #[arg(long, default_value_t = 1000)]
-    pub load_interval_ms: u64,
+    #[arg(long = "load-interval-ms", value_name = "MS", default_value = "1000", value_parser = millis)]
+    pub load_interval: Duration,
+    #[arg(skip)]
+    pub link: LinkConfig,
     /// /readyz turns 503 when prompt tokens got no KV event for this many ms.
-    #[arg(long, default_value_t = 30_000)]
-    pub events_silence_ms: u64,
-    /// Log format on stderr: text or json (one object per line).
-    #[arg(
-        long,
-        value_name = "FORMAT",
-        env = "WARMPATH_LOG_FORMAT",
-        default_value_t
-    )]
-    pub log_format: warmpath_proto::logging::LogFormat,
+    #[arg(long = "events-silence-ms", value_name = "MS", default_value = "30000", value_parser = millis)]
+    pub events_silence: Duration,
+}
+
+impl AgentConfig {
+    /// The defaults of the flags around the required ones.
+    pub fn new(worker_id: &str, model: &str, engine_url: &str, kv_events: &str) -> Self {
+        AgentConfig {
+            worker_id: worker_id.into(),
+            model: model.into(),
+            engine_url: engine_url.into(),
+            kv_events: kv_events.into(),
+            kv_replay: None,
+            routers: Vec::new(),
+            router_nameserver: None,
+            router_dns_interval: Duration::from_secs(5),
+            router_ca: None,
+            tls_domain: None,
+            agent_token: None,
+            agent_token_file: None,
+            insecure: false,
+            dp_ranks: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http: crate::serve::HttpLimits::default(),
+            topic: String::new(),
+            load_interval: Duration::from_secs(1),
+            link: LinkConfig::default(),
+            events_silence: Duration::from_secs(30),
+        }
+    }
+}
+
+fn millis(v: &str) -> Result<Duration, std::num::ParseIntError> {
+    v.parse().map(Duration::from_millis)
 }
 
 /// The flags of the removed observe mode.
@@ -139,27 +185,15 @@ impl Cli {
 
     /// The agent configuration.
     pub fn into_config(self) -> Result<AgentConfig, AgentError> {
-        if self.router_dns_interval_ms < 100 {
+        if self.config.router_dns_interval < Duration::from_millis(100) {
             return Err(AgentError::Config(
                 "--router-dns-interval-ms must be at least 100".into(),
             ));
         }
         let worker_id = self.worker_id()?;
-        let mut c = AgentConfig::new(&worker_id, &self.model, &self.engine_url, &self.kv_events);
-        c.kv_replay = self.kv_replay;
-        c.routers = self.routers;
-        c.router_nameserver = self.router_nameserver;
-        c.router_dns_interval = Duration::from_millis(self.router_dns_interval_ms);
-        c.router_ca = self.router_ca;
-        c.tls_domain = self.tls_domain;
-        c.agent_token = self.agent_token.filter(|t| !t.is_empty());
-        c.agent_token_file = self.agent_token_file;
-        c.insecure = self.insecure;
-        c.dp_ranks = self.dp_ranks;
-        c.listen = self.listen;
-        c.topic = self.topic;
-        c.load_interval = Duration::from_millis(self.load_interval_ms);
-        c.events_silence = Duration::from_millis(self.events_silence_ms);
+        let mut c = self.config;
+        c.worker_id = worker_id;
+        c.agent_token = c.agent_token.filter(|t| !t.is_empty());
         Ok(c)
     }
 }

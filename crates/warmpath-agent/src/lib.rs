@@ -21,7 +21,8 @@ pub mod tls;
 pub mod tracker;
 pub mod zmtp_guard;
 
-pub use agent::{Agent, AgentConfig};
+pub use agent::Agent;
+pub use cli::AgentConfig;
 pub use error::AgentError;
 
 /// The agent's block maps: their keys come from the engine, so each map gets
