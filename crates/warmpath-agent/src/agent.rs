@@ -7,7 +7,7 @@ use crate::cli::AgentConfig;
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
-use crate::link::{Credential, Identity, Links};
+use crate::link::{Credential, Links};
 use crate::load::scrape_loop;
 use crate::ready::{self, Readiness};
 use crate::stats::Stats;
@@ -207,7 +207,7 @@ impl Agent {
             cfg.kv_events.clone(),
             cancel.child_token(),
         )));
-        let id = Identity {
+        let links = Arc::new(Links {
             worker_id: cfg.worker_id.clone(),
             endpoint: cfg.engine_url.clone(),
             model: cfg.model.clone(),
@@ -215,9 +215,6 @@ impl Agent {
             token: (cfg.agent_token_file.clone().map(Credential::File))
                 .or(cfg.agent_token.clone().map(Credential::Token)),
             tls: router_tls,
-        };
-        let links = Arc::new(Links {
-            id,
             hub: hub.clone(),
             load: load_rx.clone(),
             stats: stats.clone(),

@@ -25,10 +25,12 @@ const MAX_DECIDED_QUEUE_BYTES: usize = 4 << 20;
 /// A router link's queue: deltas not yet sent, or a snapshot request.
 #[derive(Debug)]
 pub struct Sink {
-    name: String,
+    /// The router's URL, for logs and metrics.
+    pub(crate) name: String,
     capacity: usize,
     state: Mutex<SinkState>,
-    notify: Notify,
+    /// Woken when there is work.
+    pub(crate) notify: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -61,10 +63,6 @@ pub enum Work {
 }
 
 impl Sink {
-    pub async fn notified(&self) {
-        self.notify.notified().await
-    }
-
     /// Forgets the other routers' decisions queued for this one (its
     /// stream is new: it knows nothing of what they were about).
     pub fn clear_decided(&self) {
@@ -80,11 +78,6 @@ impl Sink {
         s.deltas.clear();
         drop(s);
         self.notify.notify_one();
-    }
-
-    /// The router's name (its URL), for logs and metrics.
-    pub fn name(&self) -> &str {
-        &self.name
     }
 }
 

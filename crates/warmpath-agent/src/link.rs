@@ -23,22 +23,9 @@ use warmpath_proto::{bearer, CacheEventsClient, AUTHORIZATION};
 /// in a loop would otherwise hold.
 const RESEND_SPACING: Duration = Duration::from_secs(1);
 
-/// Who this agent is, as told in Hello.
-#[derive(Clone, Debug)]
-pub struct Identity {
-    pub worker_id: String,
-    /// Engine base URL.
-    pub endpoint: String,
-    pub model: String,
-    pub epoch: u64,
-    pub token: Option<Credential>,
-    /// TLS settings for `https` routers ([`crate::tls::router_tls`]).
-    pub tls: Option<ClientTlsConfig>,
-}
-
-/// What the agent sends as `authorization: Bearer ...`.
+/// What the agent sends as `authorization: Bearer ...` (no `Debug`: never logged).
 #[derive(Clone)]
-pub enum Credential {
+pub(crate) enum Credential {
     /// A fixed token: the worker's credential or the routers' shared token.
     Token(String),
     /// A file read at every connect, as a projected ServiceAccount token
@@ -73,15 +60,6 @@ pub(crate) fn read_token_file(path: &std::path::Path) -> Result<String, String> 
         return Err(fail(&"the file is empty"));
     }
     Ok(t.to_owned())
-}
-
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Credential::Token(_) => f.write_str("Token(<redacted>)"),
-            Credential::File(p) => write!(f, "File({})", p.display()),
-        }
-    }
 }
 
 /// Link tuning.
@@ -129,10 +107,16 @@ enum LinkError {
     Stalled(&'static str, Duration),
 }
 
-/// What every link of this agent shares.
-#[derive(Debug)]
+/// What every link of this agent shares: who it is (as told in Hello), its
+/// credential and TLS settings, the hub, load and counters, the tuning.
 pub(crate) struct Links {
-    pub(crate) id: Identity,
+    pub(crate) worker_id: String,
+    /// Engine base URL.
+    pub(crate) endpoint: String,
+    pub(crate) model: String,
+    pub(crate) epoch: u64,
+    pub(crate) token: Option<Credential>,
+    pub(crate) tls: Option<ClientTlsConfig>,
     pub(crate) hub: Arc<Hub>,
     pub(crate) load: watch::Receiver<Option<Load>>,
     pub(crate) stats: Arc<Stats>,
@@ -169,7 +153,7 @@ impl Links {
         r.cancel.cancel();
         let _ = r.task.await;
         self.hub.remove_sink(&r.sink);
-        metrics::gauge!("warmpath_agent_router_connected", "router" => r.sink.name().to_owned())
+        metrics::gauge!("warmpath_agent_router_connected", "router" => r.sink.name.clone())
             .set(0.0);
     }
 }
@@ -232,7 +216,8 @@ fn with_partial(mut l: Load, hub: &Hub) -> Load {
     l
 }
 
-fn hello(id: &Identity, hub: &Hub, load: Option<Load>) -> Msg {
+fn hello(id: &Links, load: Option<Load>) -> Msg {
+    let hub = &id.hub;
     Msg::Hello(Hello {
         worker_id: id.worker_id.clone(),
         endpoint: id.endpoint.clone(),
@@ -246,7 +231,7 @@ fn hello(id: &Identity, hub: &Hub, load: Option<Load>) -> Msg {
 }
 
 async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkError> {
-    let (id, hub, stats, cfg) = (&links.id, &*links.hub, &*links.stats, &links.cfg);
+    let (hub, stats, cfg) = (&*links.hub, &*links.stats, &links.cfg);
     let mut load = links.load.clone();
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|e| LinkError::Connect(error_chain(&e)))?
@@ -257,7 +242,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
         .tcp_nodelay(true);
     let tls = crate::tls::is_https(url);
     if tls {
-        let t = id.tls.clone().unwrap_or_default();
+        let t = links.tls.clone().unwrap_or_default();
         endpoint = endpoint
             .tls_config(t)
             .map_err(|e| LinkError::Tls(error_chain(&e)))?;
@@ -278,12 +263,12 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
     sink.request_snapshot();
     sink.clear_decided();
     let now = *load.borrow();
-    let msg = Some(hello(id, hub, now));
+    let msg = Some(hello(links, now));
     tx.send(AgentMessage { msg })
         .await
         .map_err(|_| LinkError::Closed)?;
     let mut req = tonic::Request::new(ReceiverStream::new(rx));
-    if let Some(t) = &id.token {
+    if let Some(t) = &links.token {
         let v = bearer(&t.current()?)
             .parse()
             .map_err(|_| LinkError::Connect("agent token is not valid header text".into()))?;
@@ -322,7 +307,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
             match work {
                 Work::Hello => {
                     let now = *load.borrow();
-                    send(hello(id, hub, now)).await?
+                    send(hello(links, now)).await?
                 }
                 Work::Snapshot {
                     seq,
@@ -352,7 +337,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
             heartbeat.reset();
         }
         tokio::select! {
-            _ = sink.notified() => {}
+            _ = sink.notify.notified() => {}
             changed = load.changed(), if load_open => {
                 if changed.is_err() {
                     load_open = false; // no scraper
@@ -442,10 +427,6 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("too large"));
-        assert_eq!(
-            format!("{:?}", Credential::Token("secret".into())),
-            "Token(<redacted>)"
-        );
     }
 
     /// A "router" that accepts connections and never answers: the link
@@ -473,16 +454,13 @@ mod tests {
             connect_timeout: Duration::from_millis(300),
             stall_timeout: Duration::from_millis(300),
         };
-        let id = Identity {
+        let links = Arc::new(Links {
             worker_id: "w".into(),
             endpoint: "http://127.0.0.1:1".into(),
             model: "m".into(),
             epoch: 1,
             token: None,
             tls: None,
-        };
-        let links = Arc::new(Links {
-            id,
             hub,
             load,
             stats: Arc::new(Stats::default()),

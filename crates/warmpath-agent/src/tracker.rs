@@ -247,6 +247,7 @@ impl EngineTracker {
             parent,
             tiers: 0,
         });
+        let was_empty = e.tiers == 0;
         if e.wp != wp {
             // Same engine hash, different content (a truncated hash's
             // collision, or a peer's garbage): trust the newest, and withdraw
@@ -260,14 +261,10 @@ impl EngineTracker {
                     });
                 }
             }
-            if e.tiers != 0 {
-                self.present -= 1;
-            }
             e.tiers = 0;
             e.wp = wp;
             e.parent = parent;
         }
-        let was_empty = e.tiers == 0;
         let fresh = e.tiers & bit(tier) == 0;
         e.tiers |= bit(tier);
         if was_empty {
