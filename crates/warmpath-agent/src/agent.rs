@@ -106,13 +106,11 @@ impl Agent {
             }
         }
         // Built before anything is spawned: a bad system configuration fails the start.
-        let dns_resolver = if dns_names.is_empty() {
-            None
-        } else {
-            let r = warmpath_proto::dns::resolver(cfg.router_nameserver, ROUTER_DNS_TIMEOUT)
-                .map_err(|e| AgentError::Config(format!("--router dns://: {e}")))?;
-            Some(Arc::new(r))
-        };
+        let dns_resolver = (!dns_names.is_empty())
+            .then(|| warmpath_proto::dns::resolver(cfg.router_nameserver, ROUTER_DNS_TIMEOUT))
+            .transpose()
+            .map_err(|e| AgentError::Config(format!("--router dns://: {e}")))?
+            .map(Arc::new);
         let router_tls =
             crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
         let mut ranks = Vec::new();

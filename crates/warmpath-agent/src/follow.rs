@@ -8,6 +8,7 @@ use crate::stats::Stats;
 use crate::tracker::EngineTracker;
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
+use metrics::counter;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -207,7 +208,7 @@ impl Follower {
                     // Normally marked by the `Disconnected` before it.
                     self.reconnected = true;
                     self.stats.event_reconnects.inc();
-                    metrics::counter!("warmpath_agent_event_reconnects_total").increment(1);
+                    counter!("warmpath_agent_event_reconnects_total").increment(1);
                     tracing::info!(%endpoint, rank, "reconnected to engine events");
                 }
             }
@@ -222,8 +223,7 @@ impl Follower {
     async fn on_live(&mut self, frames: Vec<Bytes>) {
         let Some((seq, payload)) = parse_live(&frames) else {
             self.stats.bad_frames.inc();
-            metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "frames")
-                .increment(1);
+            counter!("warmpath_agent_bad_messages_total", "reason" => "frames").increment(1);
             tracing::warn!(
                 frames = frames.len(),
                 "event message is not [topic, seq(8 bytes), payload]; skipped"
@@ -252,7 +252,7 @@ impl Follower {
                 let rank = self.cfg.rank;
                 tracing::warn!(last, seq, rank, "sequence gap in engine events");
                 self.stats.gaps.inc();
-                metrics::counter!("warmpath_agent_seq_gaps_total").increment(1);
+                counter!("warmpath_agent_seq_gaps_total").increment(1);
                 self.catch_up(last + 1, seq).await;
                 false
             }
@@ -288,7 +288,7 @@ impl Follower {
         self.last = None;
         self.applied.fill(NO_BATCH);
         self.stats.engine_restarts.inc();
-        metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
+        counter!("warmpath_agent_engine_restarts_total").increment(1);
         let rank = self.cfg.rank;
         tracing::warn!(rank, "engine restarted: its blocks are forgotten");
     }
@@ -320,18 +320,10 @@ impl Follower {
         if self.replay_at.is_none() {
             return seq == last.wrapping_add(1);
         }
-        let batches = self
-            .replay_from(
-                last,
-                "replay after a reconnection failed; taken as a restart",
-            )
-            .await;
-        batches
-            .unwrap_or_default()
-            .first()
-            .is_some_and(|(s, payload)| {
-                *s == last && self.applied_as(last) == Some(self.digest(payload))
-            })
+        let failed = "replay after a reconnection failed; taken as a restart";
+        let batches = self.replay_from(last, failed).await.unwrap_or_default();
+        let first = batches.first();
+        first.is_some_and(|(s, p)| *s == last && self.applied_as(last) == Some(self.digest(p)))
     }
 
     /// The batches the replay endpoint holds from `from` on, counted; `None`
@@ -341,12 +333,11 @@ impl Follower {
         match replay(at, from, REPLAY_LIMITS).await {
             Ok(batches) => {
                 self.stats.replays_ok.inc();
-                metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
+                counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
                 Some(batches)
             }
             Err(why) => {
-                metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
-                    .increment(1);
+                counter!("warmpath_agent_replays_total", "result" => "failed").increment(1);
                 let endpoint = self.cfg.replay_endpoint.as_deref().unwrap_or_default();
                 tracing::warn!(%endpoint, %why, "{failed}");
                 None
@@ -380,11 +371,8 @@ impl Follower {
         let mut reached = self.last.map_or(from, |l| l.saturating_add(1));
         // Catching up after a (re)start: whatever the buffer still holds helps.
         let mut tolerate_first_hole = self.last.is_none();
-        for (seq, payload) in self
-            .replay_from(from, "replay failed")
-            .await
-            .unwrap_or_default()
-        {
+        let batches = self.replay_from(from, "replay failed").await;
+        for (seq, payload) in batches.unwrap_or_default() {
             if seq >= until {
                 break;
             }
@@ -400,7 +388,7 @@ impl Follower {
         }
         if reached < until && (from > 0 || self.last.is_some()) {
             self.stats.gaps_unrecovered.inc();
-            metrics::counter!("warmpath_agent_seq_gaps_unrecovered_total").increment(1);
+            counter!("warmpath_agent_seq_gaps_unrecovered_total").increment(1);
             let from = reached;
             tracing::warn!(
                 from,
@@ -418,26 +406,24 @@ impl Follower {
             Ok(b) => b,
             Err(e) => {
                 self.stats.bad_payloads.inc();
-                metrics::counter!("warmpath_agent_bad_messages_total", "reason" => e.kind())
-                    .increment(1);
+                counter!("warmpath_agent_bad_messages_total", "reason" => e.kind()).increment(1);
                 tracing::warn!(seq, error = %e, "undecodable kv-event batch skipped");
                 return;
             }
         };
         self.stats.batches.inc();
-        metrics::counter!("warmpath_agent_batches_total", "rank" => self.rank_label.clone())
-            .increment(1);
+        counter!("warmpath_agent_batches_total", "rank" => self.rank_label.clone()).increment(1);
         let out = self.tracker.apply_batch(&batch);
         if out.unknown_parents > 0 {
             self.stats.unknown_parents.add(out.unknown_parents);
-            metrics::counter!("warmpath_agent_unknown_parent_total").increment(out.unknown_parents);
+            counter!("warmpath_agent_unknown_parent_total").increment(out.unknown_parents);
             self.pending_parent = true;
         }
         if out.unresolved > 0 {
-            metrics::counter!("warmpath_agent_unresolved_offload_total").increment(out.unresolved);
+            counter!("warmpath_agent_unresolved_offload_total").increment(out.unresolved);
         }
         if out.refused > 0 {
-            metrics::counter!("warmpath_agent_blocks_refused_total").increment(out.refused);
+            counter!("warmpath_agent_blocks_refused_total").increment(out.refused);
             if let Some(suppressed) = self.refusal_log.ready() {
                 tracing::warn!(
                     refused = out.refused,
@@ -449,14 +435,14 @@ impl Follower {
             }
         }
         if out.malformed > 0 {
-            metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "malformed_event")
+            counter!("warmpath_agent_bad_messages_total", "reason" => "malformed_event")
                 .increment(out.malformed);
         }
         if let Some(bs) = out.block_size_learned {
             if let Some(old) = self.hub.block_size().filter(|o| *o != bs) {
                 let rank = self.cfg.rank;
                 tracing::error!(old, new = bs, rank, "engine ranks disagree on block size");
-                metrics::counter!("warmpath_agent_block_size_mismatch_total").increment(1);
+                counter!("warmpath_agent_block_size_mismatch_total").increment(1);
             }
             self.hub.set_block_size(bs);
         }

@@ -3,6 +3,7 @@
 
 use crate::hub::{Hub, Sink, Work};
 use crate::stats::Stats;
+use metrics::{counter, gauge};
 use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,8 +154,7 @@ impl Links {
         r.cancel.cancel();
         let _ = r.task.await;
         self.hub.remove_sink(&r.sink);
-        metrics::gauge!("warmpath_agent_router_connected", "router" => r.sink.name.clone())
-            .set(0.0);
+        gauge!("warmpath_agent_router_connected", "router" => r.sink.name.clone()).set(0.0);
     }
 }
 
@@ -173,19 +173,19 @@ pub(crate) async fn run_link(
             _ = cancel.cancelled() => return,
             r = stream_once(&url, &links, &sink) => r,
         };
-        metrics::gauge!("warmpath_agent_router_connected", "router" => url.clone()).set(0.0);
+        gauge!("warmpath_agent_router_connected", "router" => url.clone()).set(0.0);
         match r {
             Err(LinkError::Refused(reason)) => {
                 tracing::error!(router = %url, %reason, "router refused this agent");
             }
             Err(LinkError::Stream(s)) if s.code() == tonic::Code::Unauthenticated => {
                 stats.router_refusals.inc();
-                metrics::counter!("warmpath_agent_router_refused_total", "router" => url.clone())
+                counter!("warmpath_agent_router_refused_total", "router" => url.clone())
                     .increment(1);
                 tracing::error!(router = %url, reason = %s.message(), "router refused this agent's token (check --agent-token)");
             }
             Err(e @ LinkError::Tls(_)) => {
-                metrics::counter!("warmpath_agent_router_tls_failures_total", "router" => url.clone())
+                counter!("warmpath_agent_router_tls_failures_total", "router" => url.clone())
                     .increment(1);
                 tracing::error!(router = %url, error = %e, "router link down");
             }
@@ -201,8 +201,7 @@ pub(crate) async fn run_link(
             .min(cfg.backoff_max);
         let wait = cap.mul_f64(rand::rng().random_range(0.5..1.0));
         attempt = attempt.saturating_add(1);
-        metrics::counter!("warmpath_agent_router_reconnects_total", "router" => url.clone())
-            .increment(1);
+        counter!("warmpath_agent_router_reconnects_total", "router" => url.clone()).increment(1);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
@@ -259,14 +258,22 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
     })?;
     let mut client = CacheEventsClient::new(channel);
     let (tx, rx) = mpsc::channel::<AgentMessage>(32);
+    let stall = cfg.stall_timeout;
+    let send = |m: Msg| {
+        let tx = tx.clone();
+        async move {
+            let m = AgentMessage { msg: Some(m) };
+            match tokio::time::timeout(stall, tx.send(m)).await {
+                Ok(r) => r.map_err(|_| LinkError::Closed),
+                Err(_) => Err(LinkError::Stalled("reading the stream", stall)),
+            }
+        }
+    };
     // Queue Hello + snapshot before the call so the router sees them first.
     sink.request_snapshot();
     sink.clear_decided();
     let now = *load.borrow();
-    let msg = Some(hello(links, now));
-    tx.send(AgentMessage { msg })
-        .await
-        .map_err(|_| LinkError::Closed)?;
+    send(hello(links, now)).await?;
     let mut req = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(t) = &links.token {
         let v = bearer(&t.current()?)
@@ -281,19 +288,8 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
     stats.router_connects.inc();
     // Counted up while this stream lives (readiness), whichever way it ends.
     let _up = stats.router_streams.hold();
-    metrics::gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
+    gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
     tracing::info!(router = %url, "router link up");
-    let stall = cfg.stall_timeout;
-    let send = |m: Msg| {
-        let tx = tx.clone();
-        async move {
-            let m = AgentMessage { msg: Some(m) };
-            match tokio::time::timeout(stall, tx.send(m)).await {
-                Ok(r) => r.map_err(|_| LinkError::Closed),
-                Err(_) => Err(LinkError::Stalled("reading the stream", stall)),
-            }
-        }
-    };
     let mut heartbeat = tokio::time::interval(cfg.heartbeat);
     let mut last_seq = 0u64;
     let mut load_open = true;
@@ -318,7 +314,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
                         send(Msg::Snapshot(chunk)).await?;
                     }
                     last_seq = seq;
-                    metrics::counter!("warmpath_agent_snapshots_sent_total").increment(1);
+                    counter!("warmpath_agent_snapshots_sent_total").increment(1);
                 }
                 Work::Decided(ds) => {
                     for d in ds {
@@ -331,7 +327,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
                         last_seq = d.seq;
                         send(Msg::Delta(d)).await?;
                     }
-                    metrics::counter!("warmpath_agent_deltas_sent_total").increment(n);
+                    counter!("warmpath_agent_deltas_sent_total").increment(n);
                 }
             }
             heartbeat.reset();
@@ -369,7 +365,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
                         // other router hears of it (router replicas), in
                         // the bytes it came in.
                         hub.share(sink, &d);
-                        metrics::counter!("warmpath_agent_decisions_shared_total").increment(1);
+                        counter!("warmpath_agent_decisions_shared_total").increment(1);
                     }
                     Some(router_message::Msg::ResendSnapshot(r)) => {
                         let now = tokio::time::Instant::now();
@@ -382,14 +378,14 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
                             resend_waits = true;
                         }
                         if resend_waits {
-                            metrics::counter!("warmpath_agent_snapshot_requests_deferred_total", "router" => url.to_owned()).increment(1);
+                            counter!("warmpath_agent_snapshot_requests_deferred_total", "router" => url.to_owned()).increment(1);
                         }
                     }
                     Some(router_message::Msg::Refused(r)) => {
                         stats.router_refusals.inc();
-                        metrics::counter!("warmpath_agent_router_refused_total", "router" => url.to_owned()).increment(1);
+                        counter!("warmpath_agent_router_refused_total", "router" => url.to_owned()).increment(1);
                         if r.reason.contains("block size") || r.reason.contains("block_size") {
-                            metrics::counter!("warmpath_agent_block_size_mismatch_total").increment(1);
+                            counter!("warmpath_agent_block_size_mismatch_total").increment(1);
                         }
                         return Err(LinkError::Refused(r.reason));
                     }

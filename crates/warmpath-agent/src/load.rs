@@ -186,7 +186,6 @@ pub async fn scrape_loop(
         let scrape = got.as_ref().ok().map(|(_, _, start)| *start);
         if restart.observe(scrape) {
             tracing::warn!(%url, "the engine restarted: forgetting its blocks");
-            metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
             restarts.send_modify(|n| *n += 1);
         }
         let load = match got {

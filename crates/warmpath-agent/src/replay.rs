@@ -14,9 +14,8 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 pub struct ReplayLimits {
     /// The whole replay, end marker included.
     pub deadline: Duration,
-    /// Most batches.
     pub max_batches: usize,
-    /// Most payload bytes, summed.
+    /// Payload bytes, summed.
     pub max_bytes: usize,
 }
 

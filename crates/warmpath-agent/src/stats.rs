@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One monotonically increasing counter.
+/// One counter (or, through [`Counter::hold`], a count of things open).
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
 
@@ -19,29 +19,19 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
-}
 
-/// A level that goes up and down (things currently open).
-#[derive(Debug, Default)]
-pub struct Level(AtomicU64);
-
-impl Level {
-    /// Counts one open until the guard is dropped.
-    pub fn hold(&self) -> LevelGuard<'_> {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        LevelGuard(self)
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+    /// Counts one until the guard is dropped.
+    pub fn hold(&self) -> Held<'_> {
+        self.inc();
+        Held(self)
     }
 }
 
-/// One count of a [`Level`]; dropping it takes the count back.
+/// One count of a [`Counter::hold`]; dropping it takes the count back.
 #[derive(Debug)]
-pub struct LevelGuard<'a>(&'a Level);
+pub struct Held<'a>(&'a Counter);
 
-impl Drop for LevelGuard<'_> {
+impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.0 .0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -69,5 +59,5 @@ pub struct Stats {
     pub router_connects: Counter,
     /// Refusals received from routers.
     pub router_refusals: Counter,
-    pub router_streams: Level,
+    pub router_streams: Counter,
 }
