@@ -7,7 +7,7 @@
 
 use crate::closure::Closure;
 use crate::tracker::Change;
-use crate::FastMap;
+use crate::tracker::FastMap;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::VecDeque;

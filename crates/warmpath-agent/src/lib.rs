@@ -24,7 +24,3 @@ pub mod zmtp_guard;
 pub use agent::Agent;
 pub use cli::AgentConfig;
 pub use error::AgentError;
-
-/// The agent's block maps: their keys come from the engine, so each map gets
-/// its own random seed (an engine cannot aim keys at one bucket chain).
-type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -4,11 +4,14 @@
 //! real transitions, so a replayed batch changes nothing. Removed blocks keep
 //! their mapping a while (bounded "ghosts") so a late child still chains.
 
-use crate::FastMap;
 use std::collections::VecDeque;
 use warmpath_core::{hash_block, BlockHash, HashSeed};
 use warmpath_proto::v1::Tier;
 use warmpath_vllm_events::{BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
+
+/// The agent's block maps: their keys come from the engine, so each map gets
+/// its own random seed (an engine cannot aim keys at one bucket chain).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A change to the set of blocks one rank holds, on warmpath hashes.
 #[derive(Clone, Debug, PartialEq, Eq)]
