@@ -1,18 +1,15 @@
-//! Wiring: one [`Agent`] = followers for every DP rank, a link per router, the
-//! load scraper, the readiness watch ([`crate::ready`]) and the HTTP server
-//! (`/metrics`, `/livez`, `/readyz` and `/health`, an alias of `/readyz`),
-//! all owned by one cancellation token.
-//!
+//! Wiring: one [`Agent`] = a follower per DP rank, a link per router, the load
+//! scraper, the readiness watch and the HTTP server, under one cancellation token.
 //! Data-parallel ranks 0..N-1 (on `port + rank`) are reported as ONE worker:
 //! vLLM's DP front end picks the rank, so a router cannot target one.
 
+use crate::cli::AgentConfig;
 use crate::error::AgentError;
 use crate::follow::{follow_rank, FollowConfig};
 use crate::hub::Hub;
-use crate::link::{Credential, Identity, LinkConfig};
+use crate::link::{Credential, Links};
 use crate::load::scrape_loop;
 use crate::ready::{self, Readiness};
-use crate::replicas::Links;
 use crate::stats::Stats;
 use crate::tracker::EngineTracker;
 use axum::extract::State;
@@ -20,92 +17,12 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_vllm_events::wire::endpoint_for_rank;
-
-/// Everything the agent needs.
-#[derive(Clone, Debug)]
-pub struct AgentConfig {
-    /// Worker id (the router's backend `worker_id`).
-    pub worker_id: String,
-    /// Served model name (seeds the hashes).
-    pub model: String,
-    /// Engine base URL, e.g. `http://127.0.0.1:8000` (load scraping, Hello).
-    pub engine_url: String,
-    /// Rank 0's event endpoint, e.g. `tcp://127.0.0.1:5557`.
-    pub kv_events: String,
-    /// Rank 0's replay endpoint, if any.
-    pub kv_replay: Option<String>,
-    /// Router gRPC URLs, e.g. `http://127.0.0.1:50051`, or `https://...`
-    /// for a router serving TLS, or `dns://NAME:PORT` for every replica
-    /// `NAME` resolves to (see [`crate::replicas`]).
-    pub routers: Vec<String>,
-    /// The nameserver for `dns://` routers (default: the system's).
-    pub router_nameserver: Option<SocketAddr>,
-    /// How often `dns://` routers are resolved again.
-    pub router_dns_interval: Duration,
-    /// PEM root certificate(s) to trust for `https` routers (a self-signed
-    /// router certificate or a private CA); without it the system's roots.
-    pub router_ca: Option<PathBuf>,
-    /// Name to check the router certificate against instead of the URL's host.
-    pub tls_domain: Option<String>,
-    /// Token sent as `authorization: Bearer <token>`: the worker's
-    /// credential or the routers' shared token.
-    pub agent_token: Option<String>,
-    /// A file holding the token, read at every connect (a projected
-    /// ServiceAccount token, which rotates); instead of `agent_token`.
-    pub agent_token_file: Option<PathBuf>,
-    /// Send the token over plain http:// to routers on other hosts.
-    pub insecure: bool,
-    /// Data-parallel ranks to follow (>= 1).
-    pub dp_ranks: u16,
-    /// Address of the agent's own HTTP server (`/metrics`, `/health`).
-    pub listen: SocketAddr,
-    /// The HTTP server's connection cap, header and idle deadlines.
-    pub http: crate::serve::HttpLimits,
-    /// ZMQ topic prefix.
-    pub topic: String,
-    /// Load scrape period (0: no scraping).
-    pub load_interval: Duration,
-    /// Router link tuning.
-    pub link: LinkConfig,
-    /// Not ready once the engine served prompt tokens and no KV
-    /// event followed for this long.
-    pub events_silence: Duration,
-}
-
-impl AgentConfig {
-    /// Defaults around the required fields.
-    pub fn new(worker_id: &str, model: &str, engine_url: &str, kv_events: &str) -> Self {
-        AgentConfig {
-            worker_id: worker_id.into(),
-            model: model.into(),
-            engine_url: engine_url.into(),
-            kv_events: kv_events.into(),
-            kv_replay: None,
-            routers: Vec::new(),
-            router_nameserver: None,
-            router_dns_interval: Duration::from_secs(5),
-            router_ca: None,
-            tls_domain: None,
-            agent_token: None,
-            agent_token_file: None,
-            insecure: false,
-            dp_ranks: 1,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            http: crate::serve::HttpLimits::default(),
-            topic: String::new(),
-            load_interval: Duration::from_secs(1),
-            link: LinkConfig::default(),
-            events_silence: Duration::from_secs(30),
-        }
-    }
-}
 
 /// A running agent. Dropping it cancels everything; [`Agent::shutdown`] also
 /// waits for the tasks.
@@ -145,35 +62,30 @@ impl Agent {
         cfg: AgentConfig,
         prometheus: Option<PrometheusHandle>,
     ) -> Result<Agent, AgentError> {
-        if cfg.worker_id.is_empty() || cfg.worker_id.len() > 256 {
-            return Err(AgentError::Config(
-                "--worker-id must be 1..=256 bytes".into(),
-            ));
-        }
-        if cfg.model.is_empty() {
-            return Err(AgentError::Config("--model must not be empty".into()));
-        }
-        if cfg.events_silence.is_zero() {
-            return Err(AgentError::Config(
-                "--events-silence-ms must be at least 1".into(),
-            ));
-        }
-        if cfg.dp_ranks == 0 {
-            return Err(AgentError::Config("--dp-ranks must be at least 1".into()));
+        let has_token = cfg.agent_token.is_some() || cfg.agent_token_file.is_some();
+        let invalid = if !(1..=256).contains(&cfg.worker_id.len()) {
+            Some("--worker-id must be 1..=256 bytes")
+        } else if cfg.model.is_empty() {
+            Some("--model must not be empty")
+        } else if cfg.events_silence.is_zero() {
+            Some("--events-silence-ms must be at least 1")
+        } else if cfg.dp_ranks == 0 {
+            Some("--dp-ranks must be at least 1")
+        } else if cfg.agent_token.is_some() && cfg.agent_token_file.is_some() {
+            Some("--agent-token and --agent-token-file: give one")
+        } else {
+            None
+        };
+        if let Some(why) = invalid {
+            return Err(AgentError::Config(why.into()));
         }
         if cfg.routers.is_empty() {
             tracing::warn!("no --router given: the agent tracks blocks but publishes nowhere");
         }
-        if cfg.agent_token.is_some() && cfg.agent_token_file.is_some() {
-            return Err(AgentError::Config(
-                "--agent-token and --agent-token-file: give one".into(),
-            ));
-        }
         if let Some(path) = &cfg.agent_token_file {
             crate::link::read_token_file(path).map_err(AgentError::Config)?;
         }
-        let guard_token =
-            (cfg.agent_token.is_some() || cfg.agent_token_file.is_some()) && !cfg.insecure;
+        let guard_token = has_token && !cfg.insecure;
         let (mut urls, mut dns_names) = (Vec::new(), Vec::new());
         for r in &cfg.routers {
             match crate::replicas::dns_target(r) {
@@ -194,35 +106,34 @@ impl Agent {
             }
         }
         // Built before anything is spawned: a bad system configuration fails the start.
-        let dns_resolver = if dns_names.is_empty() {
-            None
-        } else {
-            let r = warmpath_proto::dns::resolver(cfg.router_nameserver, ROUTER_DNS_TIMEOUT)
-                .map_err(|e| AgentError::Config(format!("--router dns://: {e}")))?;
-            Some(Arc::new(r))
-        };
+        let dns_resolver = (!dns_names.is_empty())
+            .then(|| warmpath_proto::dns::resolver(cfg.router_nameserver, ROUTER_DNS_TIMEOUT))
+            .transpose()
+            .map_err(|e| AgentError::Config(format!("--router dns://: {e}")))?
+            .map(Arc::new);
         let router_tls =
             crate::tls::router_tls(&urls, cfg.router_ca.as_deref(), cfg.tls_domain.as_deref())?;
-        if cfg.kv_events.is_empty() {
-            return Err(AgentError::Config("--kv-events is required".into()));
-        }
         let mut ranks = Vec::new();
         for r in 0..cfg.dp_ranks {
-            let ep = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
+            let endpoint = endpoint_for_rank(&cfg.kv_events, r).ok_or_else(|| {
                 AgentError::Config(format!(
                     "cannot derive rank {r}'s endpoint from {} (needs tcp://host:port)",
                     cfg.kv_events
                 ))
             })?;
-            let replay = match &cfg.kv_replay {
-                None => None,
-                Some(rep) => Some(endpoint_for_rank(rep, r).ok_or_else(|| {
+            let replay = cfg.kv_replay.as_ref().map(|rep| {
+                endpoint_for_rank(rep, r).ok_or_else(|| {
                     AgentError::Config(format!(
                         "cannot derive rank {r}'s replay endpoint from {rep}"
                     ))
-                })?),
-            };
-            ranks.push((r, ep, replay));
+                })
+            });
+            ranks.push(FollowConfig {
+                endpoint,
+                replay_endpoint: replay.transpose()?,
+                topic: cfg.topic.clone(),
+                rank: r,
+            });
         }
         let epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -235,15 +146,12 @@ impl Agent {
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
 
-        let bind = async {
-            let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-            let addr = listener.local_addr()?;
-            Ok((listener, addr))
-        };
-        let (listener, http_addr) = bind.await.map_err(|source| AgentError::Listen {
-            addr: cfg.listen,
-            source,
-        })?;
+        let listen_failed =
+            |e: std::io::Error| AgentError::Config(format!("--listen {}: {e}", cfg.listen));
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(listen_failed)?;
+        let http_addr = listener.local_addr().map_err(listen_failed)?;
         let state = HttpState {
             hub: hub.clone(),
             stats: stats.clone(),
@@ -266,13 +174,7 @@ impl Agent {
         )));
 
         let (restart_tx, restart_rx) = watch::channel(0u64);
-        for (rank, endpoint, replay_endpoint) in ranks {
-            let fc = FollowConfig {
-                endpoint,
-                replay_endpoint,
-                topic: cfg.topic.clone(),
-                rank,
-            };
+        for fc in ranks {
             tasks.push(tokio::spawn(follow_rank(
                 fc,
                 EngineTracker::new(cfg.model.clone(), GHOST_CAPACITY),
@@ -294,33 +196,23 @@ impl Agent {
                 cancel.child_token(),
             )));
         }
-        let watch_every = if cfg.load_interval.is_zero() {
-            Duration::from_secs(1)
-        } else {
-            cfg.load_interval
-        };
+        let watch_every = Some(cfg.load_interval).filter(|d| !d.is_zero());
         tasks.push(tokio::spawn(ready::watch(
             readiness,
             stats.clone(),
-            watch_every,
+            watch_every.unwrap_or(Duration::from_secs(1)),
             cfg.events_silence,
             cfg.kv_events.clone(),
             cancel.child_token(),
         )));
-        let id = Identity {
+        let links = Arc::new(Links {
             worker_id: cfg.worker_id.clone(),
             endpoint: cfg.engine_url.clone(),
             model: cfg.model.clone(),
             epoch,
-            token: match (&cfg.agent_token_file, &cfg.agent_token) {
-                (Some(f), _) => Some(Credential::File(f.clone())),
-                (None, Some(t)) => Some(Credential::Token(t.clone())),
-                (None, None) => None,
-            },
+            token: (cfg.agent_token_file.clone().map(Credential::File))
+                .or(cfg.agent_token.clone().map(Credential::Token)),
             tls: router_tls,
-        };
-        let links = Arc::new(Links {
-            id,
             hub: hub.clone(),
             load: load_rx.clone(),
             stats: stats.clone(),
@@ -355,7 +247,6 @@ impl Agent {
         self.http_addr
     }
 
-    /// The counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }

@@ -1,7 +1,7 @@
-//! The command line (names as in DESIGN.md), turned into an [`AgentConfig`].
+//! The command line (names as in DESIGN.md) and the [`AgentConfig`] it makes.
 
-use crate::agent::AgentConfig;
 use crate::error::AgentError;
+use crate::link::LinkConfig;
 use clap::Parser;
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -14,23 +14,37 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(name = "warmpath-agent", version)]
 pub struct Cli {
-    /// Worker id; must match the router's backend worker_id (default: its
-    /// URL). Required unless `--worker-id-from-env` is given.
+    /// Worker id; must match the router's backend worker_id (default: its URL).
     #[arg(
         long,
         env = "WARMPATH_WORKER_ID",
         required_unless_present = "worker_id_from_env"
     )]
     pub worker_id: Option<String>,
-    /// Take the worker id from this environment variable (e.g. `POD_IP`
-    /// from the Kubernetes Downward API), put into `--worker-id-template`.
+    /// Take the worker id from this variable (e.g. `POD_IP`) through `--worker-id-template`.
     #[arg(long, value_name = "VAR", conflicts_with = "worker_id")]
     pub worker_id_from_env: Option<String>,
-    /// The worker id made of the variable's value: `{}` stands for it,
-    /// e.g. `http://{}:8000` (the router's worker id for a discovered
-    /// backend).
+    /// The worker id around the variable's value `{}`, e.g. `http://{}:8000`.
     #[arg(long, default_value = "{}", value_name = "TEMPLATE")]
     pub worker_id_template: String,
+    #[command(flatten)]
+    pub config: AgentConfig,
+    /// Log format on stderr: text or json (one object per line).
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "WARMPATH_LOG_FORMAT",
+        default_value_t
+    )]
+    pub log_format: warmpath_proto::logging::LogFormat,
+}
+
+/// Everything the agent needs: its flags (the worker id resolved), plus the
+/// HTTP bounds and link tuning tests change.
+#[derive(Clone, Debug, clap::Args)]
+pub struct AgentConfig {
+    #[arg(skip)]
+    pub worker_id: String,
     /// Served model name (seeds the block hashes; must match the router pool's).
     #[arg(long)]
     pub model: String,
@@ -43,34 +57,28 @@ pub struct Cli {
     /// Engine replay ROUTER endpoint (rank 0), e.g. tcp://127.0.0.1:5558.
     #[arg(long)]
     pub kv_replay: Option<String>,
-    /// Router gRPC URL (repeatable), e.g. http://10.0.0.2:50051, or
-    /// https://... for a router serving TLS, or dns://NAME:PORT: every
-    /// address NAME resolves to (a headless Service of router replicas),
-    /// followed as it changes, one stream each.
+    /// Router gRPC URL (repeatable): http://, https://, or dns://NAME:PORT for
+    /// one stream to each address NAME resolves to (router replicas).
     #[arg(long = "router")]
     pub routers: Vec<String>,
     /// Nameserver (IP:PORT) for dns:// routers (default: the system's).
     #[arg(long, value_name = "IP:PORT")]
     pub router_nameserver: Option<SocketAddr>,
-    /// How often dns:// routers are resolved again, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub router_dns_interval_ms: u64,
-    /// PEM root certificate(s) to trust for https routers (needed for a
-    /// self-signed router certificate or a private CA; default: the system's).
+    /// How often dns:// routers are resolved again, in milliseconds (>= 100).
+    #[arg(long = "router-dns-interval-ms", value_name = "MS", default_value = "5000", value_parser = millis)]
+    pub router_dns_interval: Duration,
+    /// PEM root certificate(s) to trust for https routers (default: the system's).
     #[arg(long, value_name = "PATH")]
     pub router_ca: Option<PathBuf>,
-    /// Name the router certificate must carry, when it is not the URL's host
-    /// (e.g. the router is reached by IP).
+    /// Name the router certificate must carry, when it is not the URL's host.
     #[arg(long, value_name = "NAME")]
     pub tls_domain: Option<String>,
-    /// This worker's credential for the routers (`warmpath-router
-    /// --print-agent-token WORKER`), or their shared token; sent as
-    /// `authorization: Bearer ...`.
+    /// This worker's credential (`warmpath-router --print-agent-token WORKER`)
+    /// or the routers' shared token.
     #[arg(long, env = "WARMPATH_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<String>,
-    /// A file holding the token, re-read at every connect: in Kubernetes,
-    /// the pod's projected ServiceAccount token (audience: the routers'
-    /// `ingest.pod_token_audience`), so the pod needs no secret.
+    /// A file holding the token, re-read at every connect (in Kubernetes, a
+    /// projected ServiceAccount token of audience `ingest.pod_token_audience`).
     #[arg(
         long,
         env = "WARMPATH_AGENT_TOKEN_FILE",
@@ -86,25 +94,51 @@ pub struct Cli {
     /// Address for /metrics and /health (port 0: any free port, printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    #[arg(skip)]
+    pub http: crate::serve::HttpLimits,
     /// ZMQ topic prefix (vLLM's default is empty).
     #[arg(long, default_value = "")]
     pub topic: String,
-    /// Load scrape period in milliseconds (0: off, and engine reachability
-    /// is not part of readiness).
-    #[arg(long, default_value_t = 1000)]
-    pub load_interval_ms: u64,
-    /// /readyz turns 503 when the engine served prompt tokens
-    /// and no KV event followed for this many milliseconds.
-    #[arg(long, default_value_t = 30_000)]
-    pub events_silence_ms: u64,
-    /// Log format on stderr: text or json (one object per line).
-    #[arg(
-        long,
-        value_name = "FORMAT",
-        env = "WARMPATH_LOG_FORMAT",
-        default_value_t
-    )]
-    pub log_format: warmpath_proto::logging::LogFormat,
+    /// Load scrape period in milliseconds (0: off, readiness ignores the engine).
+    #[arg(long = "load-interval-ms", value_name = "MS", default_value = "1000", value_parser = millis)]
+    pub load_interval: Duration,
+    #[arg(skip)]
+    pub link: LinkConfig,
+    /// /readyz turns 503 when prompt tokens got no KV event for this many ms.
+    #[arg(long = "events-silence-ms", value_name = "MS", default_value = "30000", value_parser = millis)]
+    pub events_silence: Duration,
+}
+
+impl AgentConfig {
+    /// The defaults of the flags around the required ones.
+    pub fn new(worker_id: &str, model: &str, engine_url: &str, kv_events: &str) -> Self {
+        AgentConfig {
+            worker_id: worker_id.into(),
+            model: model.into(),
+            engine_url: engine_url.into(),
+            kv_events: kv_events.into(),
+            kv_replay: None,
+            routers: Vec::new(),
+            router_nameserver: None,
+            router_dns_interval: Duration::from_secs(5),
+            router_ca: None,
+            tls_domain: None,
+            agent_token: None,
+            agent_token_file: None,
+            insecure: false,
+            dp_ranks: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http: crate::serve::HttpLimits::default(),
+            topic: String::new(),
+            load_interval: Duration::from_secs(1),
+            link: LinkConfig::default(),
+            events_silence: Duration::from_secs(30),
+        }
+    }
+}
+
+fn millis(v: &str) -> Result<Duration, std::num::ParseIntError> {
+    v.parse().map(Duration::from_millis)
 }
 
 /// The flags of the removed observe mode.
@@ -151,27 +185,15 @@ impl Cli {
 
     /// The agent configuration.
     pub fn into_config(self) -> Result<AgentConfig, AgentError> {
-        if self.router_dns_interval_ms < 100 {
+        if self.config.router_dns_interval < Duration::from_millis(100) {
             return Err(AgentError::Config(
                 "--router-dns-interval-ms must be at least 100".into(),
             ));
         }
         let worker_id = self.worker_id()?;
-        let mut c = AgentConfig::new(&worker_id, &self.model, &self.engine_url, &self.kv_events);
-        c.kv_replay = self.kv_replay;
-        c.routers = self.routers;
-        c.router_nameserver = self.router_nameserver;
-        c.router_dns_interval = Duration::from_millis(self.router_dns_interval_ms);
-        c.router_ca = self.router_ca;
-        c.tls_domain = self.tls_domain;
-        c.agent_token = self.agent_token.filter(|t| !t.is_empty());
-        c.agent_token_file = self.agent_token_file;
-        c.insecure = self.insecure;
-        c.dp_ranks = self.dp_ranks;
-        c.listen = self.listen;
-        c.topic = self.topic;
-        c.load_interval = Duration::from_millis(self.load_interval_ms);
-        c.events_silence = Duration::from_millis(self.events_silence_ms);
+        let mut c = self.config;
+        c.worker_id = worker_id;
+        c.agent_token = c.agent_token.filter(|t| !t.is_empty());
         Ok(c)
     }
 }

@@ -4,7 +4,7 @@
 //! GPU blocks have parent `p`, `orphans` GPU blocks a parent not on the GPU,
 //! `off_gpu` (block, tier) pairs are on another tier.
 
-use crate::fasthash::FastMap;
+use crate::tracker::FastMap;
 use warmpath_core::BlockHash;
 use warmpath_proto::v1::Tier;
 

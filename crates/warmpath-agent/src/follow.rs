@@ -1,13 +1,6 @@
-//! Following one engine rank: ZMQ SUB on its event endpoint and DEALER replay,
-//! both through a [`crate::zmtp_guard`] relay; sequence handling (the rules:
-//! docs/agent.md, "Agent"); decoding; feeding the [`EngineTracker`] into the [`Hub`].
-//!
-//! Why the rules tell a restart from a duplicate or a gap without the load
-//! scraper: one engine process sends each sequence number with one payload
-//! (vLLM encodes a batch once and keeps those bytes for replay), on one
-//! connection, in order, and a restarted engine always cuts the connection.
-//! Forgetting is the safe side of a wrong guess: an unknown block costs a
-//! cache miss, a dead engine's block would be advertised for ever.
+//! Following one engine rank: ZMQ SUB and DEALER replay, both through a
+//! [`crate::zmtp_guard`] relay; the sequence rules (restart, duplicate, gap:
+//! docs/agent.md, "Agent"); decoding into the [`EngineTracker`] and the [`Hub`].
 
 use crate::hub::Hub;
 use crate::replay::{replay, ReplayLimits};
@@ -15,6 +8,7 @@ use crate::stats::Stats;
 use crate::tracker::EngineTracker;
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
+use metrics::counter;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,16 +19,12 @@ use warmpath_vllm_events::wire::parse_live;
 use warmpath_vllm_events::{decode_batch_with, DecodeLimits, KvEventBatch};
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
-/// How to follow one rank.
+/// How to follow one rank: its endpoints and the topic prefix.
 #[derive(Clone, Debug)]
 pub struct FollowConfig {
-    /// The rank's event endpoint, e.g. `tcp://127.0.0.1:5557`.
     pub endpoint: String,
-    /// The rank's replay endpoint, if the engine has one.
     pub replay_endpoint: Option<String>,
-    /// Topic prefix to subscribe to (empty: everything).
     pub topic: String,
-    /// Data-parallel rank (for logs and metrics).
     pub rank: u16,
 }
 
@@ -70,8 +60,7 @@ struct Follower {
     reconnected: bool,
     /// Where replays dial: the guard's endpoint for the replay endpoint.
     replay_at: Option<String>,
-    /// Whether the start-up replay ran (the SUB socket is re-created when the
-    /// engine is silent; the buffer is read once).
+    /// Whether the start-up replay ran (once, though the socket may be re-made).
     buffer_read: bool,
     last_parent_replay: Option<Instant>,
     pending_parent: bool,
@@ -99,7 +88,6 @@ pub async fn follow_rank(
         None => None,
     };
     let mut f = Follower::new(cfg, tracker, hub, stats, replay_at);
-    let mut following = false;
     loop {
         // A socket made again (after a failed subscribe) is a new connection.
         f.reconnected |= f.last.is_some();
@@ -111,7 +99,6 @@ pub async fn follow_rank(
             r = sub.connect(&events_at) => r,
         };
         if let Err(e) = connected {
-            following = false;
             // The crate keeps dialling a refused port for its connect timeout
             // (30 s); this is that timeout or a bad endpoint.
             tracing::warn!(endpoint = %f.cfg.endpoint, error = %e, "cannot connect to engine events; retrying");
@@ -121,17 +108,10 @@ pub async fn follow_rank(
             }
         }
         if let Err(e) = sub.subscribe(&f.cfg.topic).await {
-            following = false;
             tracing::warn!(error = %e, "subscribe failed; reconnecting");
             continue;
         }
-        // INFO once per change of state (first subscription, or after a
-        // failure); the quiet re-subscriptions of a silent engine are DEBUG.
-        if std::mem::replace(&mut following, true) {
-            tracing::debug!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events again");
-        } else {
-            tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
-        }
+        tracing::info!(endpoint = %f.cfg.endpoint, rank = f.cfg.rank, "following engine events");
         if !std::mem::replace(&mut f.buffer_read, true) {
             // Once, after the first subscription: nothing published from now
             // on is missed.
@@ -220,6 +200,7 @@ impl Follower {
     /// Logs the SUB socket's own disconnects and reconnects (the socket
     /// re-dials by itself); `connects` counts this socket's connections.
     fn on_socket_event(&mut self, ev: SocketEvent, connects: &mut u64) {
+        let (endpoint, rank) = (&self.cfg.endpoint, self.cfg.rank);
         match ev {
             SocketEvent::Connected(..) => {
                 *connects += 1;
@@ -227,21 +208,13 @@ impl Follower {
                     // Normally marked by the `Disconnected` before it.
                     self.reconnected = true;
                     self.stats.event_reconnects.inc();
-                    metrics::counter!("warmpath_agent_event_reconnects_total").increment(1);
-                    tracing::info!(
-                        endpoint = %self.cfg.endpoint,
-                        rank = self.cfg.rank,
-                        "reconnected to engine events"
-                    );
+                    counter!("warmpath_agent_event_reconnects_total").increment(1);
+                    tracing::info!(%endpoint, rank, "reconnected to engine events");
                 }
             }
             SocketEvent::Disconnected(_) => {
                 self.reconnected = true;
-                tracing::info!(
-                    endpoint = %self.cfg.endpoint,
-                    rank = self.cfg.rank,
-                    "engine events publisher went away; reconnecting"
-                );
+                tracing::info!(%endpoint, rank, "engine events publisher went away");
             }
             _ => {}
         }
@@ -250,8 +223,7 @@ impl Follower {
     async fn on_live(&mut self, frames: Vec<Bytes>) {
         let Some((seq, payload)) = parse_live(&frames) else {
             self.stats.bad_frames.inc();
-            metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "frames")
-                .increment(1);
+            counter!("warmpath_agent_bad_messages_total", "reason" => "frames").increment(1);
             tracing::warn!(
                 frames = frames.len(),
                 "event message is not [topic, seq(8 bytes), payload]; skipped"
@@ -259,47 +231,34 @@ impl Follower {
             return;
         };
         let reconnected = std::mem::take(&mut self.reconnected);
+        // Whether the batches before `seq` are to be learned from the start.
         let prev = self.last;
-        match prev {
-            None => {
-                if seq > 0 {
-                    self.catch_up(0, seq).await;
-                }
-            }
+        let from_start = match prev {
+            None => true,
             Some(last) if seq <= last => {
                 if self.applied_as(seq) == Some(self.digest(&payload)) {
                     tracing::debug!(seq, "batch already applied (a replay overlapped it)");
                     return;
                 }
-                tracing::warn!(
-                    last,
-                    seq,
-                    rank = self.cfg.rank,
-                    "engine sequence went back to one not applied from this engine: engine restarted"
-                );
-                self.restarted(seq).await;
+                self.restarted(last, seq, "sequence went back to one not applied from it");
+                true
             }
             Some(last) if reconnected && !self.same_engine(last, seq).await => {
-                tracing::warn!(
-                    last,
-                    seq,
-                    rank = self.cfg.rank,
-                    "events reconnected from an engine that is not the one followed: engine restarted"
-                );
-                self.restarted(seq).await;
+                self.restarted(last, seq, "events reconnected from another engine process");
+                true
             }
-            Some(last) if seq == last.wrapping_add(1) => {}
+            Some(last) if seq == last.wrapping_add(1) => false,
             Some(last) => {
-                tracing::warn!(
-                    last,
-                    seq,
-                    rank = self.cfg.rank,
-                    "sequence gap in engine events"
-                );
+                let rank = self.cfg.rank;
+                tracing::warn!(last, seq, rank, "sequence gap in engine events");
                 self.stats.gaps.inc();
-                metrics::counter!("warmpath_agent_seq_gaps_total").increment(1);
+                counter!("warmpath_agent_seq_gaps_total").increment(1);
                 self.catch_up(last + 1, seq).await;
+                false
             }
+        };
+        if from_start && seq > 0 {
+            self.catch_up(0, seq).await;
         }
         self.apply(seq, &payload);
         if self.parent_replay_due() {
@@ -329,20 +288,16 @@ impl Follower {
         self.last = None;
         self.applied.fill(NO_BATCH);
         self.stats.engine_restarts.inc();
-        metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
-        tracing::warn!(
-            rank = self.cfg.rank,
-            "engine restarted: its blocks are forgotten"
-        );
+        counter!("warmpath_agent_engine_restarts_total").increment(1);
+        let rank = self.cfg.rank;
+        tracing::warn!(rank, "engine restarted: its blocks are forgotten");
     }
 
-    /// The event stream showed a restart at `seq`: forget, then learn the
-    /// new engine's batches before `seq` from its replay buffer.
-    async fn restarted(&mut self, seq: u64) {
+    /// The event stream showed a restart at `seq` (`why`): forget the engine.
+    fn restarted(&mut self, last: u64, seq: u64, why: &str) {
+        let rank = self.cfg.rank;
+        tracing::warn!(last, seq, rank, "engine restarted: {why}");
         self.forget_engine();
-        if seq > 0 {
-            self.catch_up(0, seq).await;
-        }
     }
 
     fn digest(&self, payload: &[u8]) -> u64 {
@@ -365,18 +320,10 @@ impl Follower {
         if self.replay_at.is_none() {
             return seq == last.wrapping_add(1);
         }
-        let batches = self
-            .replay_from(
-                last,
-                "replay after a reconnection failed; taken as a restart",
-            )
-            .await;
-        batches
-            .unwrap_or_default()
-            .first()
-            .is_some_and(|(s, payload)| {
-                *s == last && self.applied_as(last) == Some(self.digest(payload))
-            })
+        let failed = "replay after a reconnection failed; taken as a restart";
+        let batches = self.replay_from(last, failed).await.unwrap_or_default();
+        let first = batches.first();
+        first.is_some_and(|(s, p)| *s == last && self.applied_as(last) == Some(self.digest(p)))
     }
 
     /// The batches the replay endpoint holds from `from` on, counted; `None`
@@ -386,12 +333,11 @@ impl Follower {
         match replay(at, from, REPLAY_LIMITS).await {
             Ok(batches) => {
                 self.stats.replays_ok.inc();
-                metrics::counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
+                counter!("warmpath_agent_replays_total", "result" => "ok").increment(1);
                 Some(batches)
             }
             Err(why) => {
-                metrics::counter!("warmpath_agent_replays_total", "result" => "failed")
-                    .increment(1);
+                counter!("warmpath_agent_replays_total", "result" => "failed").increment(1);
                 let endpoint = self.cfg.replay_endpoint.as_deref().unwrap_or_default();
                 tracing::warn!(%endpoint, %why, "{failed}");
                 None
@@ -414,11 +360,8 @@ impl Follower {
             }
         }
         if n > 0 {
-            tracing::info!(
-                batches = n,
-                rank = self.cfg.rank,
-                "learned the engine's buffered events"
-            );
+            let rank = self.cfg.rank;
+            tracing::info!(batches = n, rank, "learned the engine's buffered events");
         }
     }
 
@@ -428,11 +371,8 @@ impl Follower {
         let mut reached = self.last.map_or(from, |l| l.saturating_add(1));
         // Catching up after a (re)start: whatever the buffer still holds helps.
         let mut tolerate_first_hole = self.last.is_none();
-        for (seq, payload) in self
-            .replay_from(from, "replay failed")
-            .await
-            .unwrap_or_default()
-        {
+        let batches = self.replay_from(from, "replay failed").await;
+        for (seq, payload) in batches.unwrap_or_default() {
             if seq >= until {
                 break;
             }
@@ -448,11 +388,12 @@ impl Follower {
         }
         if reached < until && (from > 0 || self.last.is_some()) {
             self.stats.gaps_unrecovered.inc();
-            metrics::counter!("warmpath_agent_seq_gaps_unrecovered_total").increment(1);
+            counter!("warmpath_agent_seq_gaps_unrecovered_total").increment(1);
+            let from = reached;
             tracing::warn!(
-                from = reached,
+                from,
                 until,
-                "engine events lost for good; routers get a fresh snapshot"
+                "engine events lost; routers get a fresh snapshot"
             );
             self.hub.force_snapshot();
         }
@@ -465,26 +406,24 @@ impl Follower {
             Ok(b) => b,
             Err(e) => {
                 self.stats.bad_payloads.inc();
-                metrics::counter!("warmpath_agent_bad_messages_total", "reason" => e.kind())
-                    .increment(1);
+                counter!("warmpath_agent_bad_messages_total", "reason" => e.kind()).increment(1);
                 tracing::warn!(seq, error = %e, "undecodable kv-event batch skipped");
                 return;
             }
         };
         self.stats.batches.inc();
-        metrics::counter!("warmpath_agent_batches_total", "rank" => self.rank_label.clone())
-            .increment(1);
+        counter!("warmpath_agent_batches_total", "rank" => self.rank_label.clone()).increment(1);
         let out = self.tracker.apply_batch(&batch);
         if out.unknown_parents > 0 {
             self.stats.unknown_parents.add(out.unknown_parents);
-            metrics::counter!("warmpath_agent_unknown_parent_total").increment(out.unknown_parents);
+            counter!("warmpath_agent_unknown_parent_total").increment(out.unknown_parents);
             self.pending_parent = true;
         }
         if out.unresolved > 0 {
-            metrics::counter!("warmpath_agent_unresolved_offload_total").increment(out.unresolved);
+            counter!("warmpath_agent_unresolved_offload_total").increment(out.unresolved);
         }
         if out.refused > 0 {
-            metrics::counter!("warmpath_agent_blocks_refused_total").increment(out.refused);
+            counter!("warmpath_agent_blocks_refused_total").increment(out.refused);
             if let Some(suppressed) = self.refusal_log.ready() {
                 tracing::warn!(
                     refused = out.refused,
@@ -496,18 +435,14 @@ impl Follower {
             }
         }
         if out.malformed > 0 {
-            metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "malformed_event")
+            counter!("warmpath_agent_bad_messages_total", "reason" => "malformed_event")
                 .increment(out.malformed);
         }
         if let Some(bs) = out.block_size_learned {
             if let Some(old) = self.hub.block_size().filter(|o| *o != bs) {
-                tracing::error!(
-                    old,
-                    new = bs,
-                    rank = self.cfg.rank,
-                    "engine ranks disagree on block size"
-                );
-                metrics::counter!("warmpath_agent_block_size_mismatch_total").increment(1);
+                let rank = self.cfg.rank;
+                tracing::error!(old, new = bs, rank, "engine ranks disagree on block size");
+                counter!("warmpath_agent_block_size_mismatch_total").increment(1);
             }
             self.hub.set_block_size(bs);
         }

@@ -1,15 +1,13 @@
-//! The worker's published block set (the union of its ranks' blocks,
-//! refcounted: two DP ranks may hold one block) and the fan-out to router
-//! links: numbered [`Delta`]s into each router's bounded [`Sink`]. A sink that
-//! overflows drops its queue for a snapshot (a slow router costs a snapshot,
-//! never unbounded memory); snapshots are taken under the lock that numbers
-//! deltas, so one at seq S is exact. Decisions a router shares ([`Hub::share`],
-//! opaque bytes) are queued for every other router ahead of deltas, bounded
-//! (the oldest goes) and cleared on reconnect: a fact is only worth its freshness.
+//! The worker's published block set (the union of its ranks', refcounted) and
+//! its fan-out: numbered [`Delta`]s into each router's bounded [`Sink`]. An
+//! overflowing sink trades its queue for a snapshot (a slow router costs a
+//! snapshot, never unbounded memory); snapshots are taken under the lock that
+//! numbers deltas, so one at seq S is exact. Decisions a router shares are
+//! queued for the others, bounded and cleared on reconnect (only fresh ones matter).
 
 use crate::closure::Closure;
-use crate::fasthash::FastMap;
 use crate::tracker::Change;
+use crate::tracker::FastMap;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -27,18 +25,19 @@ const MAX_DECIDED_QUEUE_BYTES: usize = 4 << 20;
 /// A router link's queue: deltas not yet sent, or a snapshot request.
 #[derive(Debug)]
 pub struct Sink {
-    name: String,
+    /// The router's URL, for logs and metrics.
+    pub(crate) name: String,
     capacity: usize,
     state: Mutex<SinkState>,
-    notify: Notify,
+    /// Woken when there is work.
+    pub(crate) notify: Notify,
 }
 
 #[derive(Debug, Default)]
 struct SinkState {
     deltas: VecDeque<Delta>,
-    /// Other routers' decisions to pass on to this one.
+    /// Other routers' decisions to pass on to this one, and their bytes.
     decided: VecDeque<Bytes>,
-    /// Their bytes, at most `MAX_DECIDED_QUEUE_BYTES`.
     decided_bytes: usize,
     /// Whether the last work taken was facts.
     decided_last: bool,
@@ -53,11 +52,8 @@ pub enum Work {
     Hello,
     /// A full snapshot as of `seq`.
     Snapshot {
-        /// The seq it reflects.
         seq: u64,
-        /// Every (hash, parent, tier) held.
         blocks: Vec<Block>,
-        /// Whether they are prefix-closed.
         prefix_closed: bool,
     },
     /// Queued deltas, in order.
@@ -67,11 +63,6 @@ pub enum Work {
 }
 
 impl Sink {
-    /// Waits until there is work.
-    pub async fn notified(&self) {
-        self.notify.notified().await
-    }
-
     /// Forgets the other routers' decisions queued for this one (its
     /// stream is new: it knows nothing of what they were about).
     pub fn clear_decided(&self) {
@@ -88,19 +79,15 @@ impl Sink {
         drop(s);
         self.notify.notify_one();
     }
-
-    /// The router's name (its URL), for logs and metrics.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
 }
 
+#[derive(Debug)]
 struct Held {
     parent: Option<BlockHash>,
     refs: u32,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Inner {
     blocks: FastMap<(BlockHash, i32), Held>,
     closure: Closure,
@@ -110,20 +97,9 @@ struct Inner {
 }
 
 /// The hub, empty at seq 0. Shared as `Arc`.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Hub {
     inner: Mutex<Inner>,
-}
-
-impl std::fmt::Debug for Hub {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let i = self.inner.lock();
-        f.debug_struct("Hub")
-            .field("blocks", &i.blocks.len())
-            .field("seq", &i.seq)
-            .field("block_size", &i.block_size)
-            .finish()
-    }
 }
 
 impl Hub {
@@ -153,7 +129,6 @@ impl Hub {
         (i.seq, i.blocks.len(), i.block_size)
     }
 
-    /// The learned block size.
     pub fn block_size(&self) -> Option<u32> {
         self.inner.lock().block_size
     }

@@ -7,7 +7,6 @@ pub mod agent;
 pub mod cli;
 mod closure;
 mod error;
-pub mod fasthash;
 pub mod follow;
 pub mod hub;
 pub mod link;
@@ -22,5 +21,6 @@ pub mod tls;
 pub mod tracker;
 pub mod zmtp_guard;
 
-pub use agent::{Agent, AgentConfig};
+pub use agent::Agent;
+pub use cli::AgentConfig;
 pub use error::AgentError;

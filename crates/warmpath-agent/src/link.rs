@@ -1,17 +1,14 @@
-//! One router link: a `CacheEvents.Publish` stream with reconnect.
-//!
-//! Each (re)connect opens a new stream, sends Hello and a full snapshot, then
-//! the deltas the [`Hub`] queues for this router, Load when it changes and a
-//! Heartbeat when idle. The router's answers: `Ack` (noted), `ResendSnapshot`
-//! (snapshot next, at most one a second), `Refused` (logged at error level, counted, reconnect later).
-//! Failures back off exponentially (200 ms .. 30 s) with full jitter.
+//! One router link: a `CacheEvents.Publish` stream (Hello, snapshot, deltas,
+//! load, heartbeats) reconnecting with jittered back-off (docs/agent.md).
 
 use crate::hub::{Hub, Sink, Work};
 use crate::stats::Stats;
+use metrics::{counter, gauge};
 use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -22,33 +19,14 @@ use warmpath_proto::v1::{
 };
 use warmpath_proto::{bearer, CacheEventsClient, AUTHORIZATION};
 
-/// Snapshots a router asks for (`ResendSnapshot`) go out at most one per
-/// this long on a stream; one asked for sooner is sent when the time is up.
-/// Each is a full copy of the worker's blocks built under the hub's lock, so
-/// a router asking in a loop would otherwise hold that lock, and the link,
-/// busy.
+/// Snapshots a router asks for go out at most one per this long per stream
+/// (later asks wait): each is built under the hub's lock, which a router asking
+/// in a loop would otherwise hold.
 const RESEND_SPACING: Duration = Duration::from_secs(1);
 
-/// Who this agent is, as told in Hello.
-#[derive(Clone, Debug)]
-pub struct Identity {
-    /// Worker id.
-    pub worker_id: String,
-    /// Engine base URL.
-    pub endpoint: String,
-    /// Model name.
-    pub model: String,
-    /// This agent run's epoch.
-    pub epoch: u64,
-    /// What proves this agent to the routers, if anything.
-    pub token: Option<Credential>,
-    /// TLS settings for `https` routers ([`crate::tls::router_tls`]).
-    pub tls: Option<ClientTlsConfig>,
-}
-
-/// What the agent sends as `authorization: Bearer ...`.
+/// What the agent sends as `authorization: Bearer ...` (no `Debug`: never logged).
 #[derive(Clone)]
-pub enum Credential {
+pub(crate) enum Credential {
     /// A fixed token: the worker's credential or the routers' shared token.
     Token(String),
     /// A file read at every connect, as a projected ServiceAccount token
@@ -85,23 +63,12 @@ pub(crate) fn read_token_file(path: &std::path::Path) -> Result<String, String> 
     Ok(t.to_owned())
 }
 
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Credential::Token(_) => f.write_str("Token(<redacted>)"),
-            Credential::File(p) => write!(f, "File({})", p.display()),
-        }
-    }
-}
-
 /// Link tuning.
 #[derive(Clone, Debug)]
 pub struct LinkConfig {
     /// Heartbeat after this long without sending.
     pub heartbeat: Duration,
-    /// First backoff.
     pub backoff_min: Duration,
-    /// Largest backoff.
     pub backoff_max: Duration,
     /// Connect timeout; also how long the router may take to answer a new
     /// stream.
@@ -141,38 +108,84 @@ enum LinkError {
     Stalled(&'static str, Duration),
 }
 
-/// Runs the link to `url` until `cancel` fires.
-#[allow(clippy::too_many_arguments)]
-pub async fn run_link(
-    url: String,
-    id: Identity,
-    hub: Arc<Hub>,
+/// What every link of this agent shares: who it is (as told in Hello), its
+/// credential and TLS settings, the hub, load and counters, the tuning.
+pub(crate) struct Links {
+    pub(crate) worker_id: String,
+    /// Engine base URL.
+    pub(crate) endpoint: String,
+    pub(crate) model: String,
+    pub(crate) epoch: u64,
+    pub(crate) token: Option<Credential>,
+    pub(crate) tls: Option<ClientTlsConfig>,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) load: watch::Receiver<Option<Load>>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) cfg: LinkConfig,
+}
+
+/// Deltas queued per router before coalescing into a snapshot.
+const ROUTER_QUEUE: usize = 16_384;
+
+/// One running link: its queue, its cancellation, its task.
+#[derive(Debug)]
+pub(crate) struct Running {
     sink: Arc<Sink>,
-    load: watch::Receiver<Option<Load>>,
-    stats: Arc<Stats>,
-    cfg: LinkConfig,
+    cancel: CancellationToken,
+    pub(crate) task: JoinHandle<()>,
+}
+
+impl Links {
+    /// Starts a link to `url` (ends when `parent` is cancelled).
+    pub(crate) fn start(self: &Arc<Self>, url: String, parent: &CancellationToken) -> Running {
+        let sink = self.hub.add_sink(url.clone(), ROUTER_QUEUE);
+        let cancel = parent.child_token();
+        let task = tokio::spawn(run_link(
+            url,
+            Arc::clone(self),
+            Arc::clone(&sink),
+            cancel.clone(),
+        ));
+        Running { sink, cancel, task }
+    }
+
+    /// Stops a link and drops its queue.
+    pub(crate) async fn stop(&self, r: Running) {
+        r.cancel.cancel();
+        let _ = r.task.await;
+        self.hub.remove_sink(&r.sink);
+        gauge!("warmpath_agent_router_connected", "router" => r.sink.name.clone()).set(0.0);
+    }
+}
+
+/// Runs the link to `url` until `cancel` fires.
+pub(crate) async fn run_link(
+    url: String,
+    links: Arc<Links>,
+    sink: Arc<Sink>,
     cancel: CancellationToken,
 ) {
+    let (stats, cfg) = (&links.stats, &links.cfg);
     let mut attempt: u32 = 0;
     loop {
         let started = std::time::Instant::now();
         let r = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = stream_once(&url, &id, &hub, &sink, load.clone(), &stats, &cfg) => r,
+            r = stream_once(&url, &links, &sink) => r,
         };
-        metrics::gauge!("warmpath_agent_router_connected", "router" => url.clone()).set(0.0);
+        gauge!("warmpath_agent_router_connected", "router" => url.clone()).set(0.0);
         match r {
             Err(LinkError::Refused(reason)) => {
                 tracing::error!(router = %url, %reason, "router refused this agent");
             }
             Err(LinkError::Stream(s)) if s.code() == tonic::Code::Unauthenticated => {
                 stats.router_refusals.inc();
-                metrics::counter!("warmpath_agent_router_refused_total", "router" => url.clone())
+                counter!("warmpath_agent_router_refused_total", "router" => url.clone())
                     .increment(1);
                 tracing::error!(router = %url, reason = %s.message(), "router refused this agent's token (check --agent-token)");
             }
             Err(e @ LinkError::Tls(_)) => {
-                metrics::counter!("warmpath_agent_router_tls_failures_total", "router" => url.clone())
+                counter!("warmpath_agent_router_tls_failures_total", "router" => url.clone())
                     .increment(1);
                 tracing::error!(router = %url, error = %e, "router link down");
             }
@@ -188,8 +201,7 @@ pub async fn run_link(
             .min(cfg.backoff_max);
         let wait = cap.mul_f64(rand::rng().random_range(0.5..1.0));
         attempt = attempt.saturating_add(1);
-        metrics::counter!("warmpath_agent_router_reconnects_total", "router" => url.clone())
-            .increment(1);
+        counter!("warmpath_agent_router_reconnects_total", "router" => url.clone()).increment(1);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
@@ -203,30 +215,23 @@ fn with_partial(mut l: Load, hub: &Hub) -> Load {
     l
 }
 
-fn hello(id: &Identity, hub: &Hub, load: Option<Load>) -> AgentMessage {
-    AgentMessage {
-        msg: Some(Msg::Hello(Hello {
-            worker_id: id.worker_id.clone(),
-            endpoint: id.endpoint.clone(),
-            model: id.model.clone(),
-            block_size: hub.block_size().unwrap_or(0),
-            epoch: id.epoch,
-            agent_version: concat!("warmpath-agent ", env!("CARGO_PKG_VERSION")).to_owned(),
-            dp_rank: 0,
-            partial: load.is_some_and(|l| with_partial(l, hub).partial),
-        })),
-    }
+fn hello(id: &Links, load: Option<Load>) -> Msg {
+    let hub = &id.hub;
+    Msg::Hello(Hello {
+        worker_id: id.worker_id.clone(),
+        endpoint: id.endpoint.clone(),
+        model: id.model.clone(),
+        block_size: hub.block_size().unwrap_or(0),
+        epoch: id.epoch,
+        agent_version: concat!("warmpath-agent ", env!("CARGO_PKG_VERSION")).to_owned(),
+        dp_rank: 0,
+        partial: load.is_some_and(|l| with_partial(l, hub).partial),
+    })
 }
 
-async fn stream_once(
-    url: &str,
-    id: &Identity,
-    hub: &Hub,
-    sink: &Sink,
-    mut load: watch::Receiver<Option<Load>>,
-    stats: &Stats,
-    cfg: &LinkConfig,
-) -> Result<(), LinkError> {
+async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkError> {
+    let (hub, stats, cfg) = (&*links.hub, &*links.stats, &links.cfg);
+    let mut load = links.load.clone();
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|e| LinkError::Connect(error_chain(&e)))?
         .connect_timeout(cfg.connect_timeout)
@@ -236,7 +241,7 @@ async fn stream_once(
         .tcp_nodelay(true);
     let tls = crate::tls::is_https(url);
     if tls {
-        let t = id.tls.clone().unwrap_or_default();
+        let t = links.tls.clone().unwrap_or_default();
         endpoint = endpoint
             .tls_config(t)
             .map_err(|e| LinkError::Tls(error_chain(&e)))?;
@@ -253,15 +258,24 @@ async fn stream_once(
     })?;
     let mut client = CacheEventsClient::new(channel);
     let (tx, rx) = mpsc::channel::<AgentMessage>(32);
+    let stall = cfg.stall_timeout;
+    let send = |m: Msg| {
+        let tx = tx.clone();
+        async move {
+            let m = AgentMessage { msg: Some(m) };
+            match tokio::time::timeout(stall, tx.send(m)).await {
+                Ok(r) => r.map_err(|_| LinkError::Closed),
+                Err(_) => Err(LinkError::Stalled("reading the stream", stall)),
+            }
+        }
+    };
     // Queue Hello + snapshot before the call so the router sees them first.
     sink.request_snapshot();
     sink.clear_decided();
     let now = *load.borrow();
-    tx.send(hello(id, hub, now))
-        .await
-        .map_err(|_| LinkError::Closed)?;
+    send(hello(links, now)).await?;
     let mut req = tonic::Request::new(ReceiverStream::new(rx));
-    if let Some(t) = &id.token {
+    if let Some(t) = &links.token {
         let v = bearer(&t.current()?)
             .parse()
             .map_err(|_| LinkError::Connect("agent token is not valid header text".into()))?;
@@ -274,18 +288,8 @@ async fn stream_once(
     stats.router_connects.inc();
     // Counted up while this stream lives (readiness), whichever way it ends.
     let _up = stats.router_streams.hold();
-    metrics::gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
+    gauge!("warmpath_agent_router_connected", "router" => url.to_owned()).set(1.0);
     tracing::info!(router = %url, "router link up");
-    let stall = cfg.stall_timeout;
-    let send = |m: AgentMessage| {
-        let tx = tx.clone();
-        async move {
-            match tokio::time::timeout(stall, tx.send(m)).await {
-                Ok(r) => r.map_err(|_| LinkError::Closed),
-                Err(_) => Err(LinkError::Stalled("reading the stream", stall)),
-            }
-        }
-    };
     let mut heartbeat = tokio::time::interval(cfg.heartbeat);
     let mut last_seq = 0u64;
     let mut load_open = true;
@@ -299,7 +303,7 @@ async fn stream_once(
             match work {
                 Work::Hello => {
                     let now = *load.borrow();
-                    send(hello(id, hub, now)).await?
+                    send(hello(links, now)).await?
                 }
                 Work::Snapshot {
                     seq,
@@ -307,38 +311,29 @@ async fn stream_once(
                     prefix_closed,
                 } => {
                     for chunk in warmpath_proto::snapshot_chunks(seq, &blocks, prefix_closed) {
-                        send(AgentMessage {
-                            msg: Some(Msg::Snapshot(chunk)),
-                        })
-                        .await?;
+                        send(Msg::Snapshot(chunk)).await?;
                     }
                     last_seq = seq;
-                    metrics::counter!("warmpath_agent_snapshots_sent_total").increment(1);
+                    counter!("warmpath_agent_snapshots_sent_total").increment(1);
                 }
                 Work::Decided(ds) => {
                     for d in ds {
-                        send(AgentMessage {
-                            msg: Some(Msg::Decision(d)),
-                        })
-                        .await?;
+                        send(Msg::Decision(d)).await?;
                     }
                 }
                 Work::Deltas(ds) => {
                     let n = ds.len() as u64;
                     for d in ds {
                         last_seq = d.seq;
-                        send(AgentMessage {
-                            msg: Some(Msg::Delta(d)),
-                        })
-                        .await?;
+                        send(Msg::Delta(d)).await?;
                     }
-                    metrics::counter!("warmpath_agent_deltas_sent_total").increment(n);
+                    counter!("warmpath_agent_deltas_sent_total").increment(n);
                 }
             }
             heartbeat.reset();
         }
         tokio::select! {
-            _ = sink.notified() => {}
+            _ = sink.notify.notified() => {}
             changed = load.changed(), if load_open => {
                 if changed.is_err() {
                     load_open = false; // no scraper
@@ -346,7 +341,7 @@ async fn stream_once(
                     let l = *load.borrow_and_update();
                     if let Some(l) = l {
                         let l = with_partial(l, hub);
-                        send(AgentMessage { msg: Some(Msg::Load(l)) }).await?;
+                        send(Msg::Load(l)).await?;
                     }
                 }
             }
@@ -356,7 +351,7 @@ async fn stream_once(
                 sink.request_snapshot();
             }
             _ = heartbeat.tick() => {
-                send(AgentMessage { msg: Some(Msg::Heartbeat(Heartbeat { last_seq })) }).await?;
+                send(Msg::Heartbeat(Heartbeat { last_seq })).await?;
             }
             m = inbound.next() => match m {
                 None => return Err(LinkError::Closed),
@@ -370,7 +365,7 @@ async fn stream_once(
                         // other router hears of it (router replicas), in
                         // the bytes it came in.
                         hub.share(sink, &d);
-                        metrics::counter!("warmpath_agent_decisions_shared_total").increment(1);
+                        counter!("warmpath_agent_decisions_shared_total").increment(1);
                     }
                     Some(router_message::Msg::ResendSnapshot(r)) => {
                         let now = tokio::time::Instant::now();
@@ -383,14 +378,14 @@ async fn stream_once(
                             resend_waits = true;
                         }
                         if resend_waits {
-                            metrics::counter!("warmpath_agent_snapshot_requests_deferred_total", "router" => url.to_owned()).increment(1);
+                            counter!("warmpath_agent_snapshot_requests_deferred_total", "router" => url.to_owned()).increment(1);
                         }
                     }
                     Some(router_message::Msg::Refused(r)) => {
                         stats.router_refusals.inc();
-                        metrics::counter!("warmpath_agent_router_refused_total", "router" => url.to_owned()).increment(1);
+                        counter!("warmpath_agent_router_refused_total", "router" => url.to_owned()).increment(1);
                         if r.reason.contains("block size") || r.reason.contains("block_size") {
-                            metrics::counter!("warmpath_agent_block_size_mismatch_total").increment(1);
+                            counter!("warmpath_agent_block_size_mismatch_total").increment(1);
                         }
                         return Err(LinkError::Refused(r.reason));
                     }
@@ -428,10 +423,6 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("too large"));
-        assert_eq!(
-            format!("{:?}", Credential::Token("secret".into())),
-            "Token(<redacted>)"
-        );
     }
 
     /// A "router" that accepts connections and never answers: the link
@@ -459,23 +450,23 @@ mod tests {
             connect_timeout: Duration::from_millis(300),
             stall_timeout: Duration::from_millis(300),
         };
-        let id = Identity {
+        let links = Arc::new(Links {
             worker_id: "w".into(),
             endpoint: "http://127.0.0.1:1".into(),
             model: "m".into(),
             epoch: 1,
             token: None,
             tls: None,
-        };
+            hub,
+            load,
+            stats: Arc::new(Stats::default()),
+            cfg,
+        });
         let cancel = CancellationToken::new();
         let link = tokio::spawn(run_link(
             format!("http://{addr}"),
-            id,
-            hub,
+            links,
             sink,
-            load,
-            Arc::new(Stats::default()),
-            cfg,
             cancel.clone(),
         ));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -1,7 +1,6 @@
-//! Load scraping: the engine's Prometheus `/metrics` every `--load-interval-ms`,
-//! summed over label sets (several engines or DP ranks behind one endpoint).
-//! Each scrape also feeds [`Readiness`] and [`RestartWatch`]: a restart seen
-//! here makes the followers forget the engine's blocks at once.
+//! Load scraping of the engine's Prometheus `/metrics`, summed over label sets
+//! (several engines or DP ranks behind one endpoint); also feeds readiness and
+//! restart detection.
 
 use crate::ready::Readiness;
 use std::sync::Arc;
@@ -187,7 +186,6 @@ pub async fn scrape_loop(
         let scrape = got.as_ref().ok().map(|(_, _, start)| *start);
         if restart.observe(scrape) {
             tracing::warn!(%url, "the engine restarted: forgetting its blocks");
-            metrics::counter!("warmpath_agent_engine_restarts_total").increment(1);
             restarts.send_modify(|n| *n += 1);
         }
         let load = match got {

@@ -1,8 +1,5 @@
 //! Readiness: what `/livez` and `/readyz` (and `/health`) answer, and the
-//! gauges that say the same in `/metrics`. Ready: the engine answers its
-//! metrics page (when scraped), a router stream is up, and KV events follow
-//! prompt tokens (lost events are usually vLLM's publisher connecting instead
-//! of binding: logged once, at ERROR, with the rule).
+//! gauges that say the same (the rules: docs/agent.md, "Agent").
 
 use crate::stats::Stats;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -84,7 +81,10 @@ pub async fn watch(
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut silence_check = SilenceCheck::new(silence);
+    let mut silence_check = SilenceCheck {
+        silence,
+        ..Default::default()
+    };
     let mut logged = false;
     loop {
         tokio::select! {
@@ -117,7 +117,7 @@ pub async fn watch(
 }
 
 /// "Prompt tokens grew, then no event batch for `silence`".
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct SilenceCheck {
     silence: Duration,
     batches: u64,
@@ -128,15 +128,6 @@ struct SilenceCheck {
 }
 
 impl SilenceCheck {
-    fn new(silence: Duration) -> Self {
-        SilenceCheck {
-            silence,
-            batches: 0,
-            baseline: None,
-            grew_at: None,
-        }
-    }
-
     /// One observation; returns whether the events are silent.
     fn observe(&mut self, now: Instant, batches: u64, tokens: Option<u64>) -> bool {
         if batches != self.batches {
@@ -172,7 +163,10 @@ mod tests {
         let s = Duration::from_millis(100);
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let mut c = SilenceCheck::new(s);
+        let mut c = SilenceCheck {
+            silence: s,
+            ..Default::default()
+        };
         assert!(!c.observe(at(0), 0, Some(1000)), "baseline");
         assert!(!c.observe(at(500), 0, Some(1000)), "no growth, no alarm");
         assert!(!c.observe(at(600), 0, Some(1000 + MIN_PROMPT_TOKENS - 1)));

@@ -14,9 +14,8 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 pub struct ReplayLimits {
     /// The whole replay, end marker included.
     pub deadline: Duration,
-    /// Most batches.
     pub max_batches: usize,
-    /// Most payload bytes, summed.
+    /// Payload bytes, summed.
     pub max_bytes: usize,
 }
 
@@ -24,29 +23,18 @@ pub struct ReplayLimits {
 /// learns from live events), it never stops following.
 #[derive(Debug, Error)]
 pub enum ReplayError {
-    /// The socket could not connect, send or receive.
-    #[error("replay socket to {endpoint}: {why}")]
-    Socket {
-        /// The replay endpoint.
-        endpoint: String,
-        /// The socket's error.
-        why: String,
-    },
-    /// A reply that is not `[topic?, seq, payload]`.
+    #[error("replay socket: {0}")]
+    Socket(#[from] zeromq::ZmqError),
     #[error("malformed replay reply ({0} frames)")]
     Malformed(usize),
-    /// More batches than allowed before the end marker.
     #[error("replay longer than {0} batches")]
     TooManyBatches(usize),
-    /// More payload bytes than allowed before the end marker.
     #[error("replay larger than {0} bytes")]
     TooManyBytes(usize),
-    /// No end marker within the deadline.
     #[error("no complete replay within {0:?}")]
     Timeout(Duration),
-    /// The replay's task ended abnormally.
     #[error("replay task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// Asks `endpoint` for every buffered batch with seq >= `from`; returns them
@@ -56,22 +44,17 @@ pub async fn replay(
     from: u64,
     limits: ReplayLimits,
 ) -> Result<Vec<(u64, Bytes)>, ReplayError> {
-    let ep = endpoint.to_owned();
-    let socket = move |e: zeromq::ZmqError| ReplayError::Socket {
-        endpoint: ep.clone(),
-        why: e.to_string(),
-    };
     let endpoint = endpoint.to_owned();
     let task = tokio::spawn(async move {
         let mut dealer = DealerSocket::new();
-        dealer.connect(&endpoint).await.map_err(&socket)?;
+        dealer.connect(&endpoint).await?;
         let mut req = ZmqMessage::from(Bytes::new());
         req.push_back(Bytes::copy_from_slice(&from.to_be_bytes()));
-        dealer.send(req).await.map_err(&socket)?;
+        dealer.send(req).await?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
         loop {
-            let m = dealer.recv().await.map_err(&socket)?.into_vec();
+            let m = dealer.recv().await?.into_vec();
             let Some((seq, payload)) = parse_replay_reply(&m) else {
                 return Err(ReplayError::Malformed(m.len()));
             };
@@ -91,7 +74,7 @@ pub async fn replay(
     let abort = task.abort_handle();
     match tokio::time::timeout(limits.deadline, task).await {
         Ok(Ok(r)) => r,
-        Ok(Err(join)) => Err(ReplayError::Task(join.to_string())),
+        Ok(Err(join)) => Err(join.into()),
         Err(_) => {
             abort.abort();
             Err(ReplayError::Timeout(limits.deadline))

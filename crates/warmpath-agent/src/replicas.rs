@@ -3,67 +3,13 @@
 //! up again every `--router-dns-interval-ms` (docs/agent.md).
 
 use crate::error::AgentError;
-use crate::hub::{Hub, Sink};
-use crate::link::{run_link, Identity, LinkConfig};
-use crate::stats::Stats;
+use crate::link::{Links, Running};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warmpath_proto::dns::{http_url, Resolver};
-use warmpath_proto::v1::Load;
-
-/// What every link of this agent shares.
-#[derive(Debug)]
-pub(crate) struct Links {
-    pub(crate) id: Identity,
-    pub(crate) hub: Arc<Hub>,
-    pub(crate) load: watch::Receiver<Option<Load>>,
-    pub(crate) stats: Arc<Stats>,
-    pub(crate) cfg: LinkConfig,
-}
-
-/// Deltas queued per router before coalescing into a snapshot.
-const ROUTER_QUEUE: usize = 16_384;
-
-/// One running link: its queue, its cancellation, its task.
-#[derive(Debug)]
-pub(crate) struct Running {
-    sink: Arc<Sink>,
-    cancel: CancellationToken,
-    pub(crate) task: JoinHandle<()>,
-}
-
-impl Links {
-    /// Starts a link to `url` (ends when `parent` is cancelled).
-    pub(crate) fn start(&self, url: String, parent: &CancellationToken) -> Running {
-        let sink = self.hub.add_sink(url.clone(), ROUTER_QUEUE);
-        let cancel = parent.child_token();
-        let task = tokio::spawn(run_link(
-            url,
-            self.id.clone(),
-            Arc::clone(&self.hub),
-            Arc::clone(&sink),
-            self.load.clone(),
-            Arc::clone(&self.stats),
-            self.cfg.clone(),
-            cancel.clone(),
-        ));
-        Running { sink, cancel, task }
-    }
-
-    /// Stops a link and drops its queue.
-    async fn stop(&self, r: Running) {
-        r.cancel.cancel();
-        let _ = r.task.await;
-        self.hub.remove_sink(&r.sink);
-        metrics::gauge!("warmpath_agent_router_connected", "router" => r.sink.name().to_owned())
-            .set(0.0);
-    }
-}
 
 /// `dns://NAME:PORT` as (NAME, PORT); `None` for any other URL.
 pub fn dns_target(url: &str) -> Option<Result<(String, u16), AgentError>> {
@@ -80,19 +26,6 @@ pub fn dns_target(url: &str) -> Option<Result<(String, u16), AgentError>> {
         Ok(p) if p > 0 && !name.is_empty() && !name.contains('/') => Some(Ok((name.to_owned(), p))),
         _ => Some(Err(bad())),
     }
-}
-
-/// Resolves `name` now: every replica's `http://IP:PORT`.
-async fn resolve(resolver: &Resolver, name: &str, port: u16) -> Result<BTreeSet<String>, String> {
-    let ips = resolver.lookup_ip(name).await.map_err(|e| e.to_string())?;
-    let set: BTreeSet<String> = ips
-        .iter()
-        .map(|ip| http_url(SocketAddr::new(ip, port)))
-        .collect();
-    if set.is_empty() {
-        return Err(format!("{name} has no addresses"));
-    }
-    Ok(set)
 }
 
 /// Follows `dns://name:port` until `cancel`: one link per resolved replica.
@@ -117,11 +50,20 @@ pub(crate) async fn follow_dns(
         // The resolver's own timeout bounds each query.
         let answer = tokio::select! {
             () = cancel.cancelled() => break,
-            a = resolve(&resolver, &name, port) => a,
+            a = resolver.lookup_ip(name.as_str()) => a.map_err(|e| e.to_string()),
         };
-        let set = match answer {
-            Ok(set) => set,
-            Err(e) => {
+        // Every replica's `http://IP:PORT`.
+        let set = answer.map(|ips| -> BTreeSet<String> {
+            ips.iter()
+                .map(|ip| http_url(SocketAddr::new(ip, port)))
+                .collect()
+        });
+        let set = match set {
+            Ok(set) if !set.is_empty() => set,
+            r => {
+                let e = r
+                    .err()
+                    .unwrap_or_else(|| format!("{name} has no addresses"));
                 metrics::counter!("warmpath_agent_router_dns_failures_total", "name" => name.clone())
                     .increment(1);
                 if last_error.as_deref() != Some(e.as_str()) {

@@ -41,14 +41,11 @@ warmpath_agent_ready 1 when GET /readyz answers 200 (engine reachable, a router 
 warmpath_agent_engine_up 1 when the engine's metrics page answered the latest scrape, else 0
 warmpath_agent_router_streams Router streams currently up
 warmpath_agent_kv_events_silent 1 when the engine served prompt tokens but no KV event arrived for --events-silence-ms
-warmpath_agent_router_replicas Router replicas a dns:// router name resolves to, by name";
+warmpath_agent_router_replicas Router replicas a dns:// router name resolves to, by name
+warmpath_build_info Always 1; the labels name the running build";
 
 /// Registers every series' HELP text (with the recorder installed).
 pub(crate) fn describe() {
-    describe_gauge!(
-        "warmpath_build_info",
-        "Always 1; the labels name the running build"
-    );
     metrics::gauge!("warmpath_build_info", "binary" => "warmpath-agent", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     for (name, help) in COUNTERS.lines().filter_map(|l| l.split_once(' ')) {
         describe_counter!(name, help);

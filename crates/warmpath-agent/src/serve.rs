@@ -1,15 +1,13 @@
-//! The agent's HTTP server: hyper over an accept loop that bounds what one
-//! client can hold (a connection cap, then a `503`; a deadline for each request
-//! head, against slowloris; an idle deadline for keep-alive connections).
-//! The bounds and what each protects against: docs/hostile-edges-agent.md.
+//! The agent's HTTP server: hyper over an accept loop bounding what one client
+//! can hold (connection cap, request-head deadline, keep-alive idle deadline;
+//! docs/hostile-edges-agent.md).
 
 use axum::Router;
 use hyper::body::Incoming;
+use hyper::service::{service_fn, Service};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use std::convert::Infallible;
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
@@ -68,7 +66,8 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let refusal = refusal(limits.max_connections);
     let mut conns = JoinSet::new();
-    let mut failures = AcceptFailures::default();
+    // Accept failures (EMFILE, most likely) back off from 10 ms to 1 s.
+    let (mut failures, mut delay_ms, log) = (0u64, 0u64, LogEvery::default());
     loop {
         // Finished connections are reaped as we go.
         while conns.try_join_next().is_some() {}
@@ -76,11 +75,23 @@ pub async fn serve(
             () = cancel.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => {
-                    failures.succeeded();
+                    if failures > 0 {
+                        tracing::info!(failures, "accept works again");
+                        (failures, delay_ms) = (0, 0);
+                    }
                     a
                 }
                 Err(e) => {
-                    failures.failed(&e, &cancel).await;
+                    failures += 1;
+                    if log.ready().is_some() {
+                        tracing::warn!(error = %e, failures,
+                            "accept failed; backing off (logged at most every 10 s)");
+                    }
+                    delay_ms = (delay_ms * 2).clamp(10, 1_000);
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = tokio::time::sleep(Duration::from_millis(delay_ms)) => {}
+                    }
                     continue;
                 }
             },
@@ -123,37 +134,6 @@ fn refusal(max: usize) -> Vec<u8> {
         code: ErrorCode::Status(status),
     };
     raw_http1(status, &[("retry-after", "1")], &body.json())
-}
-
-/// Accept failures (EMFILE, most likely): a back-off doubling from 10 ms to
-/// 1 s, logged at most every 10 s.
-#[derive(Debug, Default)]
-struct AcceptFailures {
-    count: u64,
-    delay_ms: u64,
-    log: LogEvery,
-}
-
-impl AcceptFailures {
-    async fn failed(&mut self, e: &io::Error, cancel: &CancellationToken) {
-        self.count += 1;
-        if self.log.ready().is_some() {
-            tracing::warn!(error = %e, failures = self.count,
-                "accept failed; backing off (logged at most every 10 s)");
-        }
-        self.delay_ms = (self.delay_ms * 2).clamp(10, 1_000);
-        tokio::select! {
-            () = cancel.cancelled() => {}
-            () = tokio::time::sleep(Duration::from_millis(self.delay_ms)) => {}
-        }
-    }
-
-    fn succeeded(&mut self) {
-        if self.count > 0 {
-            tracing::info!(failures = self.count, "accept works again");
-            *self = AcceptFailures::default();
-        }
-    }
 }
 
 /// One connection's state, as its watchdog sees it. Times are milliseconds
@@ -273,32 +253,6 @@ impl AsyncWrite for Watched {
     }
 }
 
-/// The per-connection service: the app, each request holding a [`Busy`]
-/// until its answer is ready.
-#[derive(Clone)]
-struct Counted {
-    app: TowerToHyperService<Router>,
-    activity: Arc<Activity>,
-}
-
-type Answer = Pin<Box<dyn Future<Output = Result<axum::response::Response, Infallible>> + Send>>;
-
-impl hyper::service::Service<hyper::Request<Incoming>> for Counted {
-    type Response = axum::response::Response;
-    type Error = Infallible;
-    type Future = Answer;
-
-    fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
-        let busy = self.activity.begin();
-        let answer = self.app.call(req);
-        Box::pin(async move {
-            let resp = answer.await?;
-            drop(busy);
-            Ok(resp)
-        })
-    }
-}
-
 /// Serves one connection until it ends, its watchdog closes it (a head too
 /// slow, idle too long), or the agent stops (graceful: an answer in flight
 /// is finished).
@@ -311,10 +265,17 @@ async fn connection(
     cancel: CancellationToken,
 ) {
     let activity = Arc::new(Activity::new());
-    let service = Counted {
-        app: TowerToHyperService::new(app),
-        activity: Arc::clone(&activity),
-    };
+    let (app, active) = (TowerToHyperService::new(app), Arc::clone(&activity));
+    // Each request holds a `Busy` until its answer is ready.
+    let service = service_fn(move |req: hyper::Request<Incoming>| {
+        let busy = active.begin();
+        let answer = app.call(req);
+        async move {
+            let resp = answer.await;
+            drop(busy);
+            resp
+        }
+    });
     let io = TokioIo::new(Watched {
         tcp,
         activity: Arc::clone(&activity),

@@ -3,49 +3,35 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One monotonically increasing counter.
+/// One counter (or, through [`Counter::hold`], a count of things open).
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
 
 impl Counter {
-    /// Adds one.
     pub fn inc(&self) {
         self.add(1);
     }
 
-    /// Adds `n`.
     pub fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// The current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
-}
 
-/// A level that goes up and down (things currently open).
-#[derive(Debug, Default)]
-pub struct Level(AtomicU64);
-
-impl Level {
-    /// Counts one open until the guard is dropped.
-    pub fn hold(&self) -> LevelGuard<'_> {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        LevelGuard(self)
-    }
-
-    /// The current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+    /// Counts one until the guard is dropped.
+    pub fn hold(&self) -> Held<'_> {
+        self.inc();
+        Held(self)
     }
 }
 
-/// One count of a [`Level`]; dropping it takes the count back.
+/// One count of a [`Counter::hold`]; dropping it takes the count back.
 #[derive(Debug)]
-pub struct LevelGuard<'a>(&'a Level);
+pub struct Held<'a>(&'a Counter);
 
-impl Drop for LevelGuard<'_> {
+impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.0 .0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -62,7 +48,6 @@ pub struct Stats {
     pub bad_payloads: Counter,
     /// BlockStored events with an unknown parent.
     pub unknown_parents: Counter,
-    /// Sequence gaps seen.
     pub gaps: Counter,
     /// Gaps no replay could fill.
     pub gaps_unrecovered: Counter,
@@ -70,12 +55,9 @@ pub struct Stats {
     pub engine_restarts: Counter,
     /// Times an engine's event socket re-dialled a lost publisher.
     pub event_reconnects: Counter,
-    /// Replays that completed.
     pub replays_ok: Counter,
-    /// Router streams opened.
     pub router_connects: Counter,
     /// Refusals received from routers.
     pub router_refusals: Counter,
-    /// Router streams up now.
-    pub router_streams: Level,
+    pub router_streams: Counter,
 }

@@ -1,7 +1,5 @@
-//! Client TLS for `https` routers: which roots to trust (`--router-ca`, else
-//! the system's) and which name to check (`--tls-domain`, else the URL's
-//! host). Everything is checked at start, so a bad CA file or URL is a
-//! clear start-up error instead of a link that fails forever.
+//! Client TLS for `https` routers (`--router-ca`, `--tls-domain`), checked at
+//! start so a bad CA file or URL is a start-up error, not a link failing forever.
 
 use crate::error::AgentError;
 use std::path::Path;
@@ -64,44 +62,43 @@ pub fn router_tls(
     ca: Option<&Path>,
     domain: Option<&str>,
 ) -> Result<Option<ClientTlsConfig>, AgentError> {
+    let tls = if routers.iter().any(|u| is_https(u)) {
+        let mut tls = match ca {
+            Some(path) => ClientTlsConfig::new().ca_certificate(read_ca(path)?),
+            None => ClientTlsConfig::new().with_native_roots(),
+        };
+        if let Some(d) = domain {
+            if d.is_empty() {
+                return Err(AgentError::Config("--tls-domain must not be empty".into()));
+            }
+            tls = tls.domain_name(d);
+        }
+        Some(tls)
+    } else {
+        if ca.is_some() || domain.is_some() {
+            tracing::warn!("--router-ca / --tls-domain ignored: no --router uses https://");
+        }
+        None
+    };
     for url in routers {
         if !is_https(url) && after_scheme(url, "http://").is_none() {
             return Err(AgentError::Config(format!(
                 "--router {url:?} must start with http:// or https://"
             )));
         }
-        Endpoint::from_shared(url.clone())
-            .map_err(|e| AgentError::Config(format!("--router {url:?} is not a valid URL: {e}")))?;
-    }
-    if !routers.iter().any(|u| is_https(u)) {
-        if ca.is_some() || domain.is_some() {
-            tracing::warn!("--router-ca / --tls-domain ignored: no --router uses https://");
-        }
-        return Ok(None);
-    }
-    let mut tls = ClientTlsConfig::new();
-    tls = match ca {
-        Some(path) => tls.ca_certificate(read_ca(path)?),
-        None => tls.with_native_roots(),
-    };
-    if let Some(d) = domain {
-        if d.is_empty() {
-            return Err(AgentError::Config("--tls-domain must not be empty".into()));
-        }
-        tls = tls.domain_name(d);
-    }
-    // Build each https endpoint once: this parses the roots now.
-    for url in routers.iter().filter(|u| is_https(u)) {
         let ep = Endpoint::from_shared(url.clone())
-            .map_err(|e| AgentError::Config(format!("--router {url:?}: {e}")))?;
-        ep.tls_config(tls.clone()).map_err(|e| {
-            AgentError::Config(format!(
-                "TLS settings for --router {url:?}: {}",
-                warmpath_proto::error_chain(&e)
-            ))
-        })?;
+            .map_err(|e| AgentError::Config(format!("--router {url:?} is not a valid URL: {e}")))?;
+        // Building each https endpoint parses the roots now.
+        if let Some(tls) = tls.as_ref().filter(|_| is_https(url)) {
+            ep.tls_config(tls.clone()).map_err(|e| {
+                AgentError::Config(format!(
+                    "TLS settings for --router {url:?}: {}",
+                    warmpath_proto::error_chain(&e)
+                ))
+            })?;
+        }
     }
-    Ok(Some(tls))
+    Ok(tls)
 }
 
 #[cfg(test)]

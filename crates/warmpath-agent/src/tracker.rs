@@ -1,41 +1,34 @@
 //! One engine rank's block map: vLLM hash -> (warmpath hash, parent, tiers).
-//! [`EngineTracker::apply_batch`] re-hashes `BlockStored` tokens with the
-//! shared hash, chained from the recorded parent (an unknown parent is counted,
-//! never guessed), and emits [`Change`]s only on real transitions, so a
-//! replayed batch changes nothing. Removed blocks keep their mapping a while
-//! ("ghosts", bounded) so a child stored after its parent's eviction still chains.
+//! `BlockStored` tokens are re-hashed chained from the recorded parent (an
+//! unknown parent is counted, never guessed); [`Change`]s are emitted only on
+//! real transitions, so a replayed batch changes nothing. Removed blocks keep
+//! their mapping a while (bounded "ghosts") so a late child still chains.
 
-use crate::fasthash::FastMap;
 use std::collections::VecDeque;
 use warmpath_core::{hash_block, BlockHash, HashSeed};
 use warmpath_proto::v1::Tier;
 use warmpath_vllm_events::{BlockStored, EngineBlockHash, KvEvent, KvEventBatch, Medium};
+
+/// The agent's block maps: their keys come from the engine, so each map gets
+/// its own random seed (an engine cannot aim keys at one bucket chain).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A change to the set of blocks one rank holds, on warmpath hashes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     /// Blocks newly held in `tier`; `hashes` is a chain segment after `parent`.
     Stored {
-        /// The block before `hashes[0]`, if known.
         parent: Option<BlockHash>,
-        /// New blocks, chain order.
         hashes: Vec<BlockHash>,
-        /// Where.
         tier: Tier,
     },
     /// Blocks no longer held in `tier`.
-    Removed {
-        /// The blocks.
-        hashes: Vec<BlockHash>,
-        /// Where.
-        tier: Tier,
-    },
+    Removed { hashes: Vec<BlockHash>, tier: Tier },
 }
 
 /// What applying one batch did, besides the changes.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// The changes, in order.
     pub changes: Vec<Change>,
     /// BlockStored events whose parent is unknown (chain dropped).
     pub unknown_parents: u64,
@@ -81,10 +74,8 @@ pub struct EngineTracker {
     max_blocks: usize,
 }
 
-/// Blocks one rank is taken to hold at most (the router's default cap of a
-/// worker, a quarter of `index.max_entries`): an engine holds tens of thousands, so more is
-/// a broken or hostile event stream, which must not grow the agent without
-/// bound.
+/// Blocks one rank may hold (the router's default cap of a worker): an engine
+/// holds tens of thousands, so more is a broken or hostile event stream.
 pub const MAX_BLOCKS: usize = 1 << 22;
 
 impl EngineTracker {
@@ -121,7 +112,6 @@ impl EngineTracker {
         self.present == 0
     }
 
-    /// Applies one batch.
     pub fn apply_batch(&mut self, batch: &KvEventBatch) -> Outcome {
         let mut out = Outcome::default();
         for e in &batch.events {
@@ -141,24 +131,17 @@ impl EngineTracker {
 
     /// Forgets every block (cache reset or engine restart); returns the removals.
     pub fn clear(&mut self) -> Vec<Change> {
-        let mut by_tier: [Vec<BlockHash>; 4] = Default::default();
-        for e in self.entries.values() {
-            for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
-                if e.tiers & bit(t) != 0 {
-                    by_tier[t as usize].push(e.wp);
-                }
+        let mut out = Vec::new();
+        for tier in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
+            let held = self.entries.values().filter(|e| e.tiers & bit(tier) != 0);
+            let hashes: Vec<BlockHash> = held.map(|e| e.wp).collect();
+            if !hashes.is_empty() {
+                out.push(Change::Removed { hashes, tier });
             }
         }
         self.entries.clear();
         self.ghosts.clear();
         self.present = 0;
-        let mut out = Vec::new();
-        for t in [Tier::Gpu, Tier::Cpu, Tier::Disk] {
-            let hashes = std::mem::take(&mut by_tier[t as usize]);
-            if !hashes.is_empty() {
-                out.push(Change::Removed { hashes, tier: t });
-            }
-        }
         out
     }
 
@@ -220,24 +203,14 @@ impl EngineTracker {
                     run_parent = chain_parent;
                 }
                 new.push(wp);
-            } else if !new.is_empty() {
-                // A block already held interrupts the run: flush it.
-                out.changes.push(Change::Stored {
-                    parent: run_parent,
-                    hashes: std::mem::take(&mut new),
-                    tier,
-                });
+            } else {
+                // A block already held interrupts the run.
+                stored(out, run_parent, std::mem::take(&mut new), tier);
             }
             chain_parent = Some(wp);
             prev = wp.0;
         }
-        if !new.is_empty() {
-            out.changes.push(Change::Stored {
-                parent: run_parent,
-                hashes: new,
-                tier,
-            });
-        }
+        stored(out, run_parent, new, tier);
     }
 
     fn offload_store(&mut self, s: &BlockStored, out: &mut Outcome) {
@@ -256,13 +229,7 @@ impl EngineTracker {
                 new.push(e.wp);
             }
         }
-        if !new.is_empty() {
-            out.changes.push(Change::Stored {
-                parent: first_parent,
-                hashes: new,
-                tier,
-            });
-        }
+        stored(out, first_parent, new, tier);
     }
 
     /// Records `eh` held in `tier`; true when that is new.
@@ -283,6 +250,7 @@ impl EngineTracker {
             parent,
             tiers: 0,
         });
+        let was_empty = e.tiers == 0;
         if e.wp != wp {
             // Same engine hash, different content (a truncated hash's
             // collision, or a peer's garbage): trust the newest, and withdraw
@@ -296,14 +264,10 @@ impl EngineTracker {
                     });
                 }
             }
-            if e.tiers != 0 {
-                self.present -= 1;
-            }
             e.tiers = 0;
             e.wp = wp;
             e.parent = parent;
         }
-        let was_empty = e.tiers == 0;
         let fresh = e.tiers & bit(tier) == 0;
         e.tiers |= bit(tier);
         if was_empty {
@@ -338,6 +302,17 @@ impl EngineTracker {
         if !gone.is_empty() {
             out.changes.push(Change::Removed { hashes: gone, tier });
         }
+    }
+}
+
+/// Records a run of new blocks, if any.
+fn stored(out: &mut Outcome, parent: Option<BlockHash>, hashes: Vec<BlockHash>, tier: Tier) {
+    if !hashes.is_empty() {
+        out.changes.push(Change::Stored {
+            parent,
+            hashes,
+            tier,
+        });
     }
 }
 

@@ -1,10 +1,7 @@
 //! A loopback relay in front of each engine event endpoint that ends a
-//! connection whose peer announces an oversized ZMTP frame or message before
-//! the `zeromq` crate reads the header: `zeromq` 0.7 reserves any announced
-//! length (up to 2^63 bytes) at once, so one 9-byte header could abort the
-//! agent (docs/hostile-edges-agent.md). The agent's sockets dial the relay on
-//! 127.0.0.1, which dials the engine and checks the engine's frames as they
-//! pass, buffering nothing.
+//! connection announcing an oversized ZMTP frame or message before `zeromq`
+//! reads the header: `zeromq` 0.7 reserves any announced length at once, so
+//! one 9-byte header could abort the agent (docs/hostile-edges-agent.md).
 
 use std::io;
 use std::time::Duration;
@@ -27,35 +24,22 @@ const DIAL_FOR: Duration = Duration::from_secs(30);
 /// Why the engine's byte stream was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    /// A frame announced more than the cap.
     #[error("frame of {len} bytes announced (at most {max})")]
-    TooLong {
-        /// The announced length.
-        len: u64,
-        /// The cap.
-        max: u64,
-    },
-    /// A multipart message grew past its cap.
+    TooLong { len: u64, max: u64 },
     #[error("multipart message over {max} bytes")]
-    MessageTooLong {
-        /// The cap.
-        max: u64,
-    },
-    /// A multipart message had too many frames.
+    MessageTooLong { max: u64 },
     #[error("multipart message of more than {MAX_PARTS} frames")]
     TooManyParts,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum State {
-    /// Greeting bytes still to pass.
-    Greeting(u8),
+    /// Bytes still to pass unread (the greeting, a frame's body).
+    Skip(u64),
     /// Next byte: a frame's flags.
     Flags,
     /// Reading a length: bytes still due, value so far, a command's?
     Length { due: u8, value: u64, command: bool },
-    /// Body bytes still to pass.
-    Body(u64),
 }
 
 /// The engine-to-agent ZMTP stream's frame checker.
@@ -74,7 +58,7 @@ impl FrameCheck {
     /// A checker for a new connection, frames capped at `max_frame` bytes.
     pub fn new(max_frame: u64) -> Self {
         FrameCheck {
-            state: State::Greeting(64),
+            state: State::Skip(64),
             max_frame,
             message: 0,
             parts: 0,
@@ -86,13 +70,12 @@ impl FrameCheck {
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), FrameError> {
         while let Some((&b, _)) = bytes.split_first() {
             match self.state {
-                State::Greeting(due) => {
-                    let n = bytes.len().min(usize::from(due));
-                    bytes = &bytes[n..];
-                    let left = due - n as u8;
-                    self.state = match left {
+                State::Skip(due) => {
+                    let n = (bytes.len() as u64).min(due);
+                    bytes = &bytes[n as usize..];
+                    self.state = match due - n {
                         0 => State::Flags,
-                        _ => State::Greeting(left),
+                        left => State::Skip(left),
                     };
                     continue;
                 }
@@ -124,15 +107,6 @@ impl FrameCheck {
                         self.frame(value, command)?
                     };
                 }
-                State::Body(due) => {
-                    let n = (bytes.len() as u64).min(due);
-                    bytes = &bytes[n as usize..];
-                    self.state = match due - n {
-                        0 => State::Flags,
-                        left => State::Body(left),
-                    };
-                    continue;
-                }
             }
             bytes = &bytes[1..];
         }
@@ -163,7 +137,7 @@ impl FrameCheck {
         }
         Ok(match len {
             0 => State::Flags,
-            n => State::Body(n),
+            n => State::Skip(n),
         })
     }
 }
@@ -181,7 +155,6 @@ pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> i
     };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let endpoint = format!("tcp://{}", listener.local_addr()?);
-    let target = target.to_owned();
     // Owned through `cancel`: it ends, with every pump, when that fires.
     tokio::spawn(async move {
         let mut pumps = JoinSet::new();
@@ -198,13 +171,7 @@ pub async fn start(target: &str, max_frame: u64, cancel: CancellationToken) -> i
                     }
                 },
             };
-            pumps.spawn(pump(
-                local,
-                addr.clone(),
-                target.clone(),
-                max_frame,
-                cancel.clone(),
-            ));
+            pumps.spawn(pump(local, addr.clone(), max_frame, cancel.clone()));
         }
         pumps.shutdown().await;
     });
@@ -234,13 +201,7 @@ async fn dial(addr: &str, cancel: &CancellationToken) -> Option<TcpStream> {
 }
 
 /// One `zeromq` connection to the engine, through the check.
-async fn pump(
-    local: TcpStream,
-    addr: String,
-    target: String,
-    max_frame: u64,
-    cancel: CancellationToken,
-) {
+async fn pump(local: TcpStream, addr: String, max_frame: u64, cancel: CancellationToken) {
     let Some(remote) = dial(&addr, &cancel).await else {
         return;
     };
@@ -261,7 +222,7 @@ async fn pump(
             if let Err(e) = check.feed(&buf[..n]) {
                 metrics::counter!("warmpath_agent_bad_messages_total", "reason" => "frame_too_long")
                     .increment(1);
-                tracing::warn!(endpoint = %target, error = %e,
+                tracing::warn!(%addr, error = %e,
                     "engine event stream refused: a frame over the cap; reconnecting");
                 return Ok(());
             }
@@ -275,7 +236,7 @@ async fn pump(
         r = down => r,
     };
     if let Err(e) = ended {
-        tracing::debug!(endpoint = %target, error = %e, "event guard connection ended");
+        tracing::debug!(%addr, error = %e, "event guard connection ended");
     }
 }
 
