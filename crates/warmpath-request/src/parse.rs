@@ -102,7 +102,7 @@ fn opt_str<'a>(v: Node<'a>, key: &'static str) -> Result<Option<Cow<'a, str>>, R
 
 /// A token count field's value: absent or null, else a non-negative integer
 /// below 2^32.
-fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
+pub(super) fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
