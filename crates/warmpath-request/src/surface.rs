@@ -87,7 +87,9 @@ impl Surface {
         let model = opt_str(top, "model")?.map(Cow::into_owned);
         let named = model.as_deref().unwrap_or("");
         let prompt = match endpoint {
-            Endpoint::Embeddings | Endpoint::Tokenize if has(top, "messages") => {
+            Endpoint::Embeddings | Endpoint::Tokenize
+                if top.get("messages").is_some_and(|m| !m.is_null()) =>
+            {
                 Some(chat_like(top, named)?)
             }
             Endpoint::Embeddings => Some(completion_like(top, named, "input")?),
@@ -101,13 +103,8 @@ impl Surface {
                 };
                 None
             }
-            Endpoint::Pooling
-            | Endpoint::Classify
-            | Endpoint::Score
-            | Endpoint::ScoreV1
-            | Endpoint::Rerank
-            | Endpoint::RerankV1
-            | Endpoint::RerankV2 => None,
+            // The pooling, classify, score and rerank bodies: no prompt.
+            _ => None,
         };
         let previous_response_id = match endpoint {
             Endpoint::Responses => opt_str(top, "previous_response_id")?
@@ -145,10 +142,6 @@ pub fn response_id(id: &str, field: &'static str) -> Result<String, RequestError
             "a response id (1 to 256 ASCII letters, digits, `-`, `_`, `.` or `:`)",
         ))
     }
-}
-
-fn has(top: &Map<String, Value>, key: &str) -> bool {
-    top.get(key).is_some_and(|v| !v.is_null())
 }
 
 /// A chat-shaped body (`messages`, the chat template fields): read by the
