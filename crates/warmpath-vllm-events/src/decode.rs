@@ -11,17 +11,12 @@ use thiserror::Error;
 /// the agent allocate or work without bound.
 #[derive(Clone, Debug)]
 pub struct DecodeLimits {
-    /// Largest payload accepted, in bytes.
     pub max_payload_bytes: usize,
-    /// Most events in one batch.
     pub max_events: usize,
-    /// Most block hashes in one event.
     pub max_hashes: usize,
     /// Most token ids in one `BlockStored`.
     pub max_tokens: usize,
-    /// Largest byte-string hash.
     pub max_hash_bytes: usize,
-    /// Deepest msgpack nesting.
     pub max_depth: usize,
     /// Most msgpack values in one payload, counted before any is built (a
     /// built value takes tens of bytes for a one-byte `nil` on the wire).
@@ -46,10 +41,8 @@ impl Default for DecodeLimits {
 /// the same way; the caller counts the message and skips it.
 #[derive(Debug, Error)]
 pub enum DecodeError {
-    /// Not msgpack, or cut short.
     #[error("kv-event payload is not valid msgpack (garbage or truncated): {0}")]
     Msgpack(#[from] rmpv::decode::Error),
-    /// Valid msgpack followed by extra bytes.
     #[error("kv-event payload has {0} trailing bytes after the batch")]
     TrailingBytes(usize),
     /// The payload (or a part of it) exceeds a [`DecodeLimits`] cap.
@@ -61,16 +54,9 @@ pub enum DecodeError {
     },
     /// The structure is not what vLLM sends.
     #[error("kv-event payload: {what} (got {got})")]
-    Shape {
-        /// What was expected.
-        what: &'static str,
-        /// A short description of what was found.
-        got: String,
-    },
-    /// An event tag this decoder does not know.
+    Shape { what: &'static str, got: String },
     #[error("kv-event payload: unknown event type {0:?}")]
     UnknownTag(String),
-    /// A required field is missing.
     #[error("kv-event payload: {event} lacks field {field}")]
     MissingField {
         event: &'static str,
@@ -82,7 +68,6 @@ pub enum DecodeError {
         event: &'static str,
         field: &'static str,
         expected: &'static str,
-        /// A short description of what was found.
         got: String,
     },
 }

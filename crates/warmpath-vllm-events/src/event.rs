@@ -9,7 +9,6 @@ use std::fmt;
 /// releases signed ints, which are kept as their two's-complement bits.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum EngineBlockHash {
-    /// An integer hash (uint64, or int64 reinterpreted).
     Int(u64),
     /// A byte-string hash (16 or 32 bytes in practice).
     Bytes(Vec<u8>),
@@ -83,12 +82,10 @@ pub struct BlockStored {
     pub token_ids: Vec<u32>,
     /// Tokens per block (0 for offload stores).
     pub block_size: u32,
-    /// LoRA adapter id, if any.
     pub lora_id: Option<i64>,
     /// Where the blocks were stored; `None` when the field is nil or absent
     /// (old releases: the GPU).
     pub medium: Option<Medium>,
-    /// LoRA adapter name, if any.
     pub lora_name: Option<String>,
     /// Per-block extra hash keys (nil or a tuple each): LoRA name, multimodal
     /// ids, the `cache_salt` (block 0 only), a prompt-embeddings digest.
@@ -97,14 +94,12 @@ pub struct BlockStored {
     pub group_idx: Option<i64>,
     /// KV-cache spec kind (e.g. `"full_attention"`).
     pub kv_cache_spec_kind: Option<String>,
-    /// Sliding window of the KV-cache spec, if any.
     pub kv_cache_spec_sliding_window: Option<i64>,
 }
 
 /// Blocks evicted or reused.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct BlockRemoved {
-    /// Engine hashes of the removed blocks.
     pub block_hashes: Vec<EngineBlockHash>,
     /// Where they were removed from (`None`: nil or absent, the GPU).
     pub medium: Option<Medium>,
@@ -126,7 +121,6 @@ pub enum KvEvent {
 pub struct KvEventBatch {
     /// Engine wall-clock time, seconds since the Unix epoch.
     pub ts: f64,
-    /// The events, in the order they happened.
     pub events: Vec<KvEvent>,
     /// Data-parallel rank; `None` when nil or absent (2-element batches).
     pub dp_rank: Option<i64>,

@@ -64,7 +64,6 @@ pub enum PublisherError {
     /// Sending on the PUB socket failed (retryable).
     #[error("kv-event publisher could not send: {0}")]
     Send(#[source] zeromq::ZmqError),
-    /// A raw message needs at least one frame.
     #[error("kv-event publisher: a raw message needs at least one frame")]
     EmptyMessage,
     /// `ipc://*` (a wildcard path) is not supported by the `zeromq` crate; name
