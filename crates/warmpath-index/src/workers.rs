@@ -15,13 +15,10 @@ use std::sync::Arc;
 pub struct WorkerStats {
     /// The worker id (as configured or announced by its agent).
     pub worker_id: String,
-    /// Blocks held, all tiers.
+    /// Blocks held, all tiers, then per tier.
     pub blocks: u64,
-    /// Blocks held on GPU, CPU and disk.
     pub gpu_blocks: u64,
-    /// Blocks held on the CPU tier.
     pub cpu_blocks: u64,
-    /// Blocks held on the disk tier.
     pub disk_blocks: u64,
     /// Milliseconds since its agent was last heard, if ever.
     pub last_heard_ms_ago: Option<u64>,

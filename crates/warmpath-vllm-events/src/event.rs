@@ -211,15 +211,10 @@ impl From<&warmpath_core::prefix_cache::CacheEvent> for KvEvent {
                 lora_id: None,
                 medium: Some(Medium::Gpu),
                 lora_name: None,
+                // A block's keys as a tuple (an array), none as nil.
                 extra_keys: ev.extra_keys().map(|keys| {
-                    keys.into_iter()
-                        .map(|k| match k {
-                            Some(items) => {
-                                Value::Array(items.into_iter().map(Value::from).collect())
-                            }
-                            None => Value::Nil,
-                        })
-                        .collect()
+                    let tuple = |k: Option<Vec<String>>| k.map_or(Value::Nil, Value::from_iter);
+                    keys.into_iter().map(tuple).collect()
                 }),
                 group_idx: Some(0),
                 kv_cache_spec_kind: None,
