@@ -194,8 +194,7 @@ impl KvEventPublisher {
 
     /// Publishes `events` as one batch stamped now; returns its sequence number.
     pub async fn publish(&self, events: Vec<KvEvent>) -> Result<u64, PublisherError> {
-        let payload = encode_batch(&self.batch(events), self.config.form);
-        self.publish_payload(Bytes::from(payload)).await
+        self.publish_payload(self.encode(events)).await
     }
 
     /// Sends `payload` verbatim (a test knob for garbage or truncated msgpack)
@@ -204,7 +203,9 @@ impl KvEventPublisher {
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
         self.remember(seq, payload.clone());
-        let msg = self.frames(seq, payload);
+        let mut msg = ZmqMessage::from(Bytes::from(self.config.topic.clone().into_bytes()));
+        msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+        msg.push_back(payload);
         live.socket.send(msg).await.map_err(PublisherError::Send)?;
         live.next_seq += 1;
         Ok(seq)
@@ -213,10 +214,10 @@ impl KvEventPublisher {
     /// Test knob: takes a sequence number and keeps the batch in the replay
     /// buffer, but does not send it live (a message a subscriber missed).
     pub async fn publish_unsent(&self, events: Vec<KvEvent>) -> u64 {
-        let batch = self.batch(events);
+        let payload = self.encode(events);
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
-        self.remember(seq, Bytes::from(encode_batch(&batch, self.config.form)));
+        self.remember(seq, payload);
         live.next_seq += 1;
         seq
     }
@@ -248,16 +249,16 @@ impl KvEventPublisher {
         self.live.lock().await.next_seq
     }
 
-    fn batch(&self, events: Vec<KvEvent>) -> KvEventBatch {
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        KvEventBatch {
+    /// `events` as one batch stamped now, encoded.
+    fn encode(&self, events: Vec<KvEvent>) -> Bytes {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        let ts = now.map_or(0.0, |d| d.as_secs_f64());
+        let batch = KvEventBatch {
             ts,
             events,
             dp_rank: Some(0),
-        }
+        };
+        Bytes::from(encode_batch(&batch, self.config.form))
     }
 
     fn remember(&self, seq: u64, payload: Bytes) {
@@ -269,13 +270,6 @@ impl KvEventPublisher {
             ring.pop_front();
         }
         ring.push_back((seq, payload));
-    }
-
-    fn frames(&self, seq: u64, payload: Bytes) -> ZmqMessage {
-        let mut msg = ZmqMessage::from(Bytes::from(self.config.topic.clone().into_bytes()));
-        msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
-        msg.push_back(payload);
-        msg
     }
 }
 
