@@ -119,7 +119,6 @@ pub struct PrefixMatch {
 /// The result of [`PrefixCache::insert`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InsertOutcome {
-    /// Blocks that were newly stored.
     pub stored: usize,
     /// Full blocks of the prompt now cached (the rest did not fit).
     pub cached_blocks: usize,

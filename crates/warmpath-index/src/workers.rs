@@ -38,7 +38,6 @@ pub(crate) struct WorkerEntry {
     /// Monotonic ms when last heard; `u64::MAX` = never.
     pub(crate) last_heard: AtomicU64,
     pub(crate) stale: AtomicBool,
-    /// Generation bumps since the last compaction.
     pub(crate) bumps_since_compact: AtomicU8,
     /// Entries those bumps left behind (0: none of an older generation
     /// is in the map, so the generation may wrap without a compaction).

@@ -46,7 +46,6 @@ pub struct Job {
     pub tokens: Vec<u32>,
     /// vLLM's `cache_salt` (1 to 1024 characters).
     pub salt: Option<String>,
-    /// Output tokens to generate at most.
     pub max_tokens: usize,
 }
 
@@ -59,7 +58,6 @@ pub enum Item {
     Done {
         /// `finish_reason` (`"length"`, `"stop"`).
         finish: Option<&'static str>,
-        /// Output tokens generated.
         completion_tokens: usize,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,

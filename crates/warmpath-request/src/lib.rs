@@ -27,9 +27,7 @@ pub enum RequestError {
     /// `messages[2].content[0].text`.
     #[error("field `{field}` must be {expected}")]
     WrongType {
-        /// Where in the body.
         field: String,
-        /// What was expected, in words.
         expected: &'static str,
     },
     /// An array that must have at least one element is empty.
@@ -57,7 +55,6 @@ pub struct Request<'a> {
     pub model: Cow<'a, str>,
     /// The `stream` field (false when absent or null).
     pub stream: bool,
-    /// Chat messages or a completion prompt.
     pub body: RequestBody<'a>,
     /// The `prompt_cache_key` field (a tenant id candidate, not yet validated).
     pub prompt_cache_key: Option<Cow<'a, str>>,

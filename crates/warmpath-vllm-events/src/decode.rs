@@ -14,7 +14,6 @@ pub struct DecodeLimits {
     pub max_payload_bytes: usize,
     pub max_events: usize,
     pub max_hashes: usize,
-    /// Most token ids in one `BlockStored`.
     pub max_tokens: usize,
     pub max_hash_bytes: usize,
     pub max_depth: usize,
