@@ -19,19 +19,10 @@ impl fmt::Debug for EngineBlockHash {
         match self {
             EngineBlockHash::Int(v) => write!(f, "Int({v:#x})"),
             EngineBlockHash::Bytes(b) => {
-                write!(f, "Bytes(")?;
-                for x in b {
-                    write!(f, "{x:02x}")?;
-                }
-                write!(f, ")")
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                write!(f, "Bytes({hex})")
             }
         }
-    }
-}
-
-impl From<u64> for EngineBlockHash {
-    fn from(v: u64) -> Self {
-        EngineBlockHash::Int(v)
     }
 }
 
