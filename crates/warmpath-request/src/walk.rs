@@ -95,9 +95,6 @@ impl<'de, S: FromSeq<'de>, M: FromMap<'de>> Deserialize<'de> for Node<'de, S, M>
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 Ok(Node::Str(Cow::Owned(v.to_owned())))
             }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Node::Str(Cow::Owned(v)))
-            }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
                 S::from_seq(seq).map(Node::Seq)
             }
