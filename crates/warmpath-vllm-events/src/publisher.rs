@@ -121,14 +121,7 @@ impl KvEventPublisher {
         let mut socket = PubSocket::new();
         // Before binding, so every accepted subscriber is seen.
         let socket_events = socket.monitor();
-        let endpoint = socket
-            .bind(&endpoint_for_bind(&config.endpoint))
-            .await
-            .map_err(|source| PublisherError::Bind {
-                endpoint: config.endpoint.clone(),
-                source,
-            })?
-            .to_string();
+        let endpoint = bind_to(&mut socket, &config.endpoint).await?;
         let ring = Arc::new(Mutex::new(VecDeque::new()));
         let cancel = CancellationToken::new();
         let accepted = Arc::new(AtomicU64::new(0));
@@ -142,14 +135,7 @@ impl KvEventPublisher {
             None => (None, None),
             Some(ep) => {
                 let mut router = RouterSocket::new();
-                let bound = router
-                    .bind(&endpoint_for_bind(ep))
-                    .await
-                    .map_err(|source| PublisherError::Bind {
-                        endpoint: ep.clone(),
-                        source,
-                    })?
-                    .to_string();
+                let bound = bind_to(&mut router, ep).await?;
                 let task = tokio::spawn(serve_replay(
                     router,
                     ring.clone(),
@@ -271,6 +257,17 @@ impl KvEventPublisher {
         }
         ring.push_back((seq, payload));
     }
+}
+
+/// Binds `socket` where vLLM's `endpoint` says; returns the bound endpoint.
+async fn bind_to(socket: &mut impl Socket, endpoint: &str) -> Result<String, PublisherError> {
+    let bound = socket.bind(&endpoint_for_bind(endpoint)).await;
+    bound
+        .map(|ep| ep.to_string())
+        .map_err(|source| PublisherError::Bind {
+            endpoint: endpoint.to_owned(),
+            source,
+        })
 }
 
 async fn count_subscribers(
