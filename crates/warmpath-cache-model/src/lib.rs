@@ -98,7 +98,6 @@ impl CacheEvent {
 /// Why the cache refused an operation. None of these is worth retrying as is.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PrefixCacheError {
-    /// A block size of 0 tokens.
     #[error("prefix cache: block size must be at least 1 token")]
     ZeroBlockSize,
     /// `clear` while blocks are pinned by running requests (vLLM refuses too).
@@ -120,7 +119,6 @@ pub struct PrefixMatch {
 /// The result of [`PrefixCache::insert`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InsertOutcome {
-    /// Blocks that were newly stored.
     pub stored: usize,
     /// Full blocks of the prompt now cached (the rest did not fit).
     pub cached_blocks: usize,

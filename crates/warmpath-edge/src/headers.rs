@@ -18,16 +18,11 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-/// Whether `name` is hop-by-hop whatever `Connection` says.
-pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(&name.as_str())
-}
-
 /// The headers a message's `Connection` header names (comma-separated,
 /// over every `Connection` line): hop-by-hop for that hop only. Tokens
 /// that are no header name are ignored. Empty, without allocating, when
 /// there is no `Connection` header.
-pub fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()
@@ -43,18 +38,11 @@ pub fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 pub fn copy_end_to_end(from: &HeaderMap, into: &mut HeaderMap, skip: &[HeaderName]) {
     let named = connection_named(from);
     for (name, value) in from {
-        if !is_hop_by_hop(name) && !named.contains(name) && !skip.contains(name) {
+        let hop = HOP_BY_HOP.contains(&name.as_str()) || named.contains(name);
+        if !hop && !skip.contains(name) {
             into.append(name.clone(), value.clone());
         }
     }
-}
-
-/// The end-to-end headers of `from` minus `skip`, as a new map (see
-/// [`copy_end_to_end`]).
-pub fn end_to_end(from: &HeaderMap, skip: &[HeaderName]) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(from.len());
-    copy_end_to_end(from, &mut out, skip);
-    out
 }
 
 #[cfg(test)]
@@ -73,6 +61,12 @@ mod tests {
             );
         }
         h
+    }
+
+    fn end_to_end(from: &HeaderMap, skip: &[HeaderName]) -> HeaderMap {
+        let mut out = HeaderMap::new();
+        copy_end_to_end(from, &mut out, skip);
+        out
     }
 
     fn pairs(h: &HeaderMap) -> Vec<(String, String)> {

@@ -7,5 +7,5 @@ pub mod headers;
 pub mod throttle;
 
 pub use error_body::{raw_http1, ErrorBody, ErrorCode};
-pub use headers::{copy_end_to_end, end_to_end, is_hop_by_hop};
+pub use headers::copy_end_to_end;
 pub use throttle::LogEvery;

@@ -44,7 +44,7 @@ pub struct Stored {
 const MIN_DEAD_TO_COMPACT: u64 = 1 << 16;
 
 /// Bytes one map slot takes: 8-byte key, 16-byte holder set, 1 control byte.
-pub const SLOT_BYTES: u64 = 25;
+const SLOT_BYTES: u64 = 25;
 
 const UNBOUNDED: u64 = u64::MAX;
 
@@ -125,7 +125,7 @@ impl CacheIndex {
         self.dead.load(Ordering::Relaxed)
     }
 
-    /// An estimate of the map's memory: allocated slots × [`SLOT_BYTES`]
+    /// An estimate of the map's memory: allocated slots × `SLOT_BYTES`
     /// (holder sets of three or more workers take further heap, not counted).
     pub fn estimated_bytes(&self) -> u64 {
         self.map.capacity() as u64 * SLOT_BYTES

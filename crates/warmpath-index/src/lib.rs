@@ -13,12 +13,11 @@ mod table;
 mod tier;
 mod workers;
 
-pub use bounds::{Overflow, Stored, SLOT_BYTES};
+pub use bounds::{Overflow, Stored};
 pub use holders::WorkerSlot;
 pub use matching::{MatchResult, WorkerMatch};
 pub use table::{CacheIndex, IndexError};
 pub use tier::Tier;
-pub use warmpath_hash::IdentityHasher;
 pub use workers::WorkerStats;
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use warmpath_hash::BlockHash;
 /// How far one worker matches a chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct WorkerMatch {
-    /// The worker's slot in the index.
     pub slot: WorkerSlot,
     /// Leading blocks held on any tier.
     pub blocks: u32,

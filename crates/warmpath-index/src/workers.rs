@@ -15,13 +15,10 @@ use std::sync::Arc;
 pub struct WorkerStats {
     /// The worker id (as configured or announced by its agent).
     pub worker_id: String,
-    /// Blocks held, all tiers.
+    /// Blocks held, all tiers, then per tier.
     pub blocks: u64,
-    /// Blocks held on GPU, CPU and disk.
     pub gpu_blocks: u64,
-    /// Blocks held on the CPU tier.
     pub cpu_blocks: u64,
-    /// Blocks held on the disk tier.
     pub disk_blocks: u64,
     /// Milliseconds since its agent was last heard, if ever.
     pub last_heard_ms_ago: Option<u64>,
@@ -41,7 +38,6 @@ pub(crate) struct WorkerEntry {
     /// Monotonic ms when last heard; `u64::MAX` = never.
     pub(crate) last_heard: AtomicU64,
     pub(crate) stale: AtomicBool,
-    /// Generation bumps since the last compaction.
     pub(crate) bumps_since_compact: AtomicU8,
     /// Entries those bumps left behind (0: none of an older generation
     /// is in the map, so the generation may wrap without a compaction).

@@ -12,13 +12,13 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::channel::mpsc;
 use futures::stream::BoxStream;
-use futures::StreamExt as _;
+use futures::{SinkExt as _, StreamExt as _};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use warmpath_core::request::{Expect, Request};
 use warmpath_core::tokenize::ChatTokenizer;
 
@@ -46,7 +46,6 @@ pub struct Job {
     pub tokens: Vec<u32>,
     /// vLLM's `cache_salt` (1 to 1024 characters).
     pub salt: Option<String>,
-    /// Output tokens to generate at most.
     pub max_tokens: usize,
 }
 
@@ -59,7 +58,6 @@ pub enum Item {
     Done {
         /// `finish_reason` (`"length"`, `"stop"`).
         finish: Option<&'static str>,
-        /// Output tokens generated.
         completion_tokens: usize,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
@@ -253,17 +251,14 @@ fn stopped() -> ApiError {
 fn stream(generation: Generation, meta: Meta, include_usage: bool) -> impl IntoResponse {
     let (tx, rx) = mpsc::channel::<Event>(16);
     tokio::spawn(relay(generation, meta, include_usage, tx));
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
-    });
-    Sse::new(body)
+    Sse::new(rx.map(Ok::<_, Infallible>))
 }
 
 async fn relay(
     mut generation: Generation,
     meta: Meta,
     include_usage: bool,
-    tx: mpsc::Sender<Event>,
+    mut tx: mpsc::Sender<Event>,
 ) {
     let ev = |v: Value| Event::default().data(v.to_string());
     let done = || Event::default().data("[DONE]");

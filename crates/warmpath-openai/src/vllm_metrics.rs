@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 pub struct VllmStats {
     /// Requests prefilling or decoding.
     pub running: u64,
-    /// Requests waiting to be scheduled.
     pub waiting: u64,
     /// Cache usage, 0..=1.
     pub kv_usage: f64,
@@ -23,11 +22,8 @@ pub struct VllmStats {
 /// The throughput counters (`vllm:prompt_tokens_total` and the like).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
-    /// Prompt tokens processed.
     pub prompt_tokens: u64,
-    /// Output tokens generated.
     pub generation_tokens: u64,
-    /// Requests finished.
     pub requests: u64,
 }
 

@@ -27,9 +27,7 @@ pub enum RequestError {
     /// `messages[2].content[0].text`.
     #[error("field `{field}` must be {expected}")]
     WrongType {
-        /// Where in the body.
         field: String,
-        /// What was expected, in words.
         expected: &'static str,
     },
     /// An array that must have at least one element is empty.
@@ -57,7 +55,6 @@ pub struct Request<'a> {
     pub model: Cow<'a, str>,
     /// The `stream` field (false when absent or null).
     pub stream: bool,
-    /// Chat messages or a completion prompt.
     pub body: RequestBody<'a>,
     /// The `prompt_cache_key` field (a tenant id candidate, not yet validated).
     pub prompt_cache_key: Option<Cow<'a, str>>,
@@ -212,21 +209,12 @@ impl<'a> Request<'a> {
     /// The tenant by precedence: the `X-Prefix-Aware-Id` header, then
     /// `prompt_cache_key`, then `cache_salt`; the first present one is validated.
     pub fn tenant(&self, header: Option<&str>) -> Result<Option<TenantId>, TenantError> {
-        let candidates = [
-            (header, TenantSource::Header),
-            (
-                self.prompt_cache_key.as_deref(),
-                TenantSource::PromptCacheKey,
-            ),
-            (self.cache_salt.as_deref(), TenantSource::CacheSalt),
-        ];
-        match candidates
-            .into_iter()
-            .find_map(|(v, src)| v.map(|v| (v, src)))
-        {
-            Some((v, src)) => TenantId::parse(v, src).map(Some),
-            None => Ok(None),
-        }
+        let (key, salt) = (self.prompt_cache_key.as_deref(), self.cache_salt.as_deref());
+        let found = header
+            .map(|v| (v, TenantSource::Header))
+            .or(key.map(|v| (v, TenantSource::PromptCacheKey)))
+            .or(salt.map(|v| (v, TenantSource::CacheSalt)));
+        found.map(|(v, src)| TenantId::parse(v, src)).transpose()
     }
 }
 

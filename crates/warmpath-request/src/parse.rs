@@ -36,10 +36,10 @@ impl<'a> Request<'a> {
 /// The request in `top`, or the first error in the order: body, `model`,
 /// `stream`, kind, the chat or prompt, the token limits, the tenant fields.
 fn read<'a>(top: Node<'a, (), Top<'a>>, expect: Expect) -> Result<Request<'a>, RequestError> {
-    let Node::Map(top) = top else {
+    let Node::Map(mut top) = top else {
         return Err(RequestError::NotAnObject);
     };
-    let model = match top.model {
+    let model = match std::mem::take(&mut top.model) {
         Node::Null => return Err(RequestError::Missing("model")),
         Node::Str(s) => s,
         _ => return Err(wrong("model", "a string")),
@@ -53,13 +53,7 @@ fn read<'a>(top: Node<'a, (), Top<'a>>, expect: Expect) -> Result<Request<'a>, R
         Expect::Any => return Err(RequestError::UnknownKind),
     };
     let body = if chat {
-        RequestBody::Chat(read_chat(
-            top.messages,
-            top.tools,
-            top.chat_template_kwargs,
-            &top.add_generation_prompt,
-            &top.continue_final_message,
-        )?)
+        RequestBody::Chat(read_chat(&mut top)?)
     } else {
         RequestBody::Completion(parse_prompt(Some(&top.prompt), "prompt")?.into_owned())
     };
@@ -102,7 +96,7 @@ fn opt_str<'a>(v: Node<'a>, key: &'static str) -> Result<Option<Cow<'a, str>>, R
 
 /// A token count field's value: absent or null, else a non-negative integer
 /// below 2^32.
-fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
+pub(super) fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, RequestError> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
@@ -113,16 +107,8 @@ fn u32_field(v: Option<&Value>, key: &'static str) -> Result<Option<u32>, Reques
     }
 }
 
-type Messages<'a> = Node<'a, Vec<Node<'a, (), Msg<'a>>>>;
-
-fn read_chat<'a>(
-    messages: Messages<'a>,
-    tools: Value,
-    kwargs: Value,
-    add_generation_prompt: &Node<'_>,
-    continue_final_message: &Node<'_>,
-) -> Result<ChatBody<'a>, RequestError> {
-    let msgs = match messages {
+fn read_chat<'a>(top: &mut Top<'a>) -> Result<ChatBody<'a>, RequestError> {
+    let msgs = match std::mem::take(&mut top.messages) {
         Node::Null => return Err(RequestError::Missing("messages")),
         Node::Seq(a) => a,
         _ => return Err(wrong("messages", "an array of message objects")),
@@ -135,21 +121,21 @@ fn read_chat<'a>(
         .enumerate()
         .map(|(i, m)| read_message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
-    let tools = match tools {
+    let tools = match std::mem::take(&mut top.tools) {
         Value::Null => None,
         t @ Value::Array(_) => Some(Cow::Owned(t)),
         _ => return Err(wrong("tools", "an array")),
     };
-    let chat_template_kwargs = match kwargs {
+    let chat_template_kwargs = match std::mem::take(&mut top.chat_template_kwargs) {
         Value::Null => None,
         Value::Object(m) => Some(Cow::Owned(m)),
         _ => return Err(wrong("chat_template_kwargs", "an object")),
     };
     Ok(ChatBody {
         messages,
-        add_generation_prompt: opt_bool(add_generation_prompt, "add_generation_prompt")?
+        add_generation_prompt: opt_bool(&top.add_generation_prompt, "add_generation_prompt")?
             .unwrap_or(true),
-        continue_final_message: opt_bool(continue_final_message, "continue_final_message")?
+        continue_final_message: opt_bool(&top.continue_final_message, "continue_final_message")?
             .unwrap_or(false),
         tools,
         chat_template_kwargs,

@@ -4,7 +4,7 @@
 //! it by (the shapes: docs/tokenization.md). Not the hot path, so these bodies
 //! are read through a [`Value`] tree.
 
-use super::parse::{ids, parse_prompt, wrong};
+use super::parse::{ids, parse_prompt, u32_field, wrong};
 use super::{ChatBody, Content, Expect, Message, Request, RequestBody, RequestError};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
@@ -84,14 +84,12 @@ impl Surface {
         let Value::Object(top) = &v else {
             return Err(RequestError::NotAnObject);
         };
-        let model = match top.get("model") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(m)) => Some(m.clone()),
-            Some(_) => return Err(wrong("model", "a string")),
-        };
+        let model = opt_str(top, "model")?.map(Cow::into_owned);
         let named = model.as_deref().unwrap_or("");
         let prompt = match endpoint {
-            Endpoint::Embeddings | Endpoint::Tokenize if has(top, "messages") => {
+            Endpoint::Embeddings | Endpoint::Tokenize
+                if top.get("messages").is_some_and(|m| !m.is_null()) =>
+            {
                 Some(chat_like(top, named)?)
             }
             Endpoint::Embeddings => Some(completion_like(top, named, "input")?),
@@ -105,21 +103,13 @@ impl Surface {
                 };
                 None
             }
-            Endpoint::Pooling
-            | Endpoint::Classify
-            | Endpoint::Score
-            | Endpoint::ScoreV1
-            | Endpoint::Rerank
-            | Endpoint::RerankV1
-            | Endpoint::RerankV2 => None,
+            // The pooling, classify, score and rerank bodies: no prompt.
+            _ => None,
         };
-        let previous_response_id = match (endpoint, top.get("previous_response_id")) {
-            (Endpoint::Responses, Some(Value::String(id))) => {
-                Some(response_id(id, "previous_response_id")?)
-            }
-            (Endpoint::Responses, Some(v)) if !v.is_null() => {
-                return Err(wrong("previous_response_id", "a string"))
-            }
+        let previous_response_id = match endpoint {
+            Endpoint::Responses => opt_str(top, "previous_response_id")?
+                .map(|id| response_id(&id, "previous_response_id"))
+                .transpose()?,
             _ => None,
         };
         Ok(Surface {
@@ -152,10 +142,6 @@ pub fn response_id(id: &str, field: &'static str) -> Result<String, RequestError
             "a response id (1 to 256 ASCII letters, digits, `-`, `_`, `.` or `:`)",
         ))
     }
-}
-
-fn has(top: &Map<String, Value>, key: &str) -> bool {
-    top.get(key).is_some_and(|v| !v.is_null())
 }
 
 /// A chat-shaped body (`messages`, the chat template fields): read by the
@@ -199,10 +185,8 @@ fn opt_str(
 /// `/v1/responses`: `instructions`, then the `input` messages.
 fn responses(top: &Map<String, Value>, model: &str) -> Result<Request<'static>, RequestError> {
     let mut messages = Vec::new();
-    match top.get("instructions") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) => messages.push(message("system", Content::Text(s.clone().into()))),
-        Some(_) => return Err(wrong("instructions", "a string")),
+    if let Some(s) = opt_str(top, "instructions")? {
+        messages.push(message("system", Content::Text(s)));
     }
     match top.get("input") {
         None | Some(Value::Null) => return Err(RequestError::Missing("input")),
@@ -224,14 +208,6 @@ fn responses(top: &Map<String, Value>, model: &str) -> Result<Request<'static>, 
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(wrong("stream", "a boolean")),
     };
-    let max_tokens = match top.get("max_output_tokens") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| wrong("max_output_tokens", "a non-negative integer below 2^32"))?,
-        ),
-    };
     Ok(Request {
         model: Cow::Owned(model.to_owned()),
         stream,
@@ -244,7 +220,7 @@ fn responses(top: &Map<String, Value>, model: &str) -> Result<Request<'static>, 
         }),
         prompt_cache_key: opt_str(top, "prompt_cache_key")?,
         cache_salt: opt_str(top, "cache_salt")?,
-        max_tokens,
+        max_tokens: u32_field(top.get("max_output_tokens"), "max_output_tokens")?,
     })
 }
 

@@ -95,9 +95,6 @@ impl<'de, S: FromSeq<'de>, M: FromMap<'de>> Deserialize<'de> for Node<'de, S, M>
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 Ok(Node::Str(Cow::Owned(v.to_owned())))
             }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Node::Str(Cow::Owned(v)))
-            }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
                 S::from_seq(seq).map(Node::Seq)
             }
@@ -115,11 +112,6 @@ fn next_key<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<Cow<'de, str>>
         Node::Str(s) => s,
         _ => Cow::Borrowed(""),
     }))
-}
-
-/// A value that is null when absent, with the last of repeated keys.
-fn last<'de, A: MapAccess<'de>, T: Deserialize<'de>>(map: &mut A) -> Result<T, A::Error> {
-    map.next_value()
 }
 
 /// The top-level fields routing reads.
@@ -145,18 +137,18 @@ impl<'de> FromMap<'de> for Top<'de> {
         while let Some(key) = next_key(&mut map)? {
             let m = &mut map;
             match key.as_ref() {
-                "model" => t.model = last(m)?,
-                "stream" => t.stream = last(m)?,
-                "messages" => t.messages = last(m)?,
-                "prompt" => t.prompt = last(m)?,
-                "prompt_cache_key" => t.prompt_cache_key = last(m)?,
-                "cache_salt" => t.cache_salt = last(m)?,
-                "max_tokens" => t.max_tokens = last(m)?,
-                "max_completion_tokens" => t.max_completion_tokens = last(m)?,
-                "add_generation_prompt" => t.add_generation_prompt = last(m)?,
-                "continue_final_message" => t.continue_final_message = last(m)?,
-                "tools" => t.tools = last(m)?,
-                "chat_template_kwargs" => t.chat_template_kwargs = last(m)?,
+                "model" => t.model = m.next_value()?,
+                "stream" => t.stream = m.next_value()?,
+                "messages" => t.messages = m.next_value()?,
+                "prompt" => t.prompt = m.next_value()?,
+                "prompt_cache_key" => t.prompt_cache_key = m.next_value()?,
+                "cache_salt" => t.cache_salt = m.next_value()?,
+                "max_tokens" => t.max_tokens = m.next_value()?,
+                "max_completion_tokens" => t.max_completion_tokens = m.next_value()?,
+                "add_generation_prompt" => t.add_generation_prompt = m.next_value()?,
+                "continue_final_message" => t.continue_final_message = m.next_value()?,
+                "tools" => t.tools = m.next_value()?,
+                "chat_template_kwargs" => t.chat_template_kwargs = m.next_value()?,
                 _ => {
                     m.next_value::<IgnoredAny>()?;
                 }
@@ -183,8 +175,8 @@ impl<'de> FromMap<'de> for Msg<'de> {
         let mut msg = Msg::default();
         while let Some(key) = next_key(&mut map)? {
             match key.as_ref() {
-                "role" => msg.role = last(&mut map)?,
-                "content" => msg.content = last(&mut map)?,
+                "role" => msg.role = map.next_value()?,
+                "content" => msg.content = map.next_value()?,
                 _ => {
                     let v = map.next_value()?;
                     msg.extra.insert(key.into_owned(), v);
@@ -207,8 +199,8 @@ impl<'de> FromMap<'de> for Part<'de> {
         let mut p = Part::default();
         while let Some(key) = next_key(&mut map)? {
             match key.as_ref() {
-                "type" => p.kind = last(&mut map)?,
-                "text" => p.text = last(&mut map)?,
+                "type" => p.kind = map.next_value()?,
+                "text" => p.text = map.next_value()?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }

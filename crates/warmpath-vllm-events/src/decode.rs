@@ -11,17 +11,11 @@ use thiserror::Error;
 /// the agent allocate or work without bound.
 #[derive(Clone, Debug)]
 pub struct DecodeLimits {
-    /// Largest payload accepted, in bytes.
     pub max_payload_bytes: usize,
-    /// Most events in one batch.
     pub max_events: usize,
-    /// Most block hashes in one event.
     pub max_hashes: usize,
-    /// Most token ids in one `BlockStored`.
     pub max_tokens: usize,
-    /// Largest byte-string hash.
     pub max_hash_bytes: usize,
-    /// Deepest msgpack nesting.
     pub max_depth: usize,
     /// Most msgpack values in one payload, counted before any is built (a
     /// built value takes tens of bytes for a one-byte `nil` on the wire).
@@ -46,10 +40,8 @@ impl Default for DecodeLimits {
 /// the same way; the caller counts the message and skips it.
 #[derive(Debug, Error)]
 pub enum DecodeError {
-    /// Not msgpack, or cut short.
     #[error("kv-event payload is not valid msgpack (garbage or truncated): {0}")]
     Msgpack(#[from] rmpv::decode::Error),
-    /// Valid msgpack followed by extra bytes.
     #[error("kv-event payload has {0} trailing bytes after the batch")]
     TrailingBytes(usize),
     /// The payload (or a part of it) exceeds a [`DecodeLimits`] cap.
@@ -61,16 +53,9 @@ pub enum DecodeError {
     },
     /// The structure is not what vLLM sends.
     #[error("kv-event payload: {what} (got {got})")]
-    Shape {
-        /// What was expected.
-        what: &'static str,
-        /// A short description of what was found.
-        got: String,
-    },
-    /// An event tag this decoder does not know.
+    Shape { what: &'static str, got: String },
     #[error("kv-event payload: unknown event type {0:?}")]
     UnknownTag(String),
-    /// A required field is missing.
     #[error("kv-event payload: {event} lacks field {field}")]
     MissingField {
         event: &'static str,
@@ -82,7 +67,6 @@ pub enum DecodeError {
         event: &'static str,
         field: &'static str,
         expected: &'static str,
-        /// A short description of what was found.
         got: String,
     },
 }
@@ -213,13 +197,26 @@ impl Fields {
     }
 
     fn int(&mut self, field: &'static str) -> Result<Option<i64>, DecodeError> {
-        let v = self.opt(field);
-        opt_int(self.event, field, v)
+        match self.opt(field) {
+            Value::Nil => Ok(None),
+            v => v
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| bad(self.event, field, "an int or nil", &v)),
+        }
     }
 
     fn string(&mut self, field: &'static str) -> Result<Option<String>, DecodeError> {
-        let v = self.opt(field);
-        opt_string(self.event, field, v)
+        match self.opt(field) {
+            Value::Nil => Ok(None),
+            Value::String(s) => s.into_str().map(Some).ok_or(DecodeError::BadField {
+                event: self.event,
+                field,
+                expected: "UTF-8",
+                got: "invalid UTF-8".into(),
+            }),
+            other => Err(bad(self.event, field, "a string or nil", &other)),
+        }
     }
 
     fn medium(&mut self) -> Result<Option<Medium>, DecodeError> {
@@ -250,10 +247,12 @@ fn decode_event(v: Value, limits: &DecodeLimits) -> Result<KvEvent, DecodeError>
     }
     let tokens_v = f.req("token_ids")?;
     let bs = f.req("block_size")?;
-    let parent = f.opt("parent_block_hash");
     Ok(KvEvent::BlockStored(BlockStored {
         block_hashes: hashes(STORED, "block_hashes", block_hashes, limits)?,
-        parent_block_hash: opt_hash(STORED, "parent_block_hash", parent, limits)?,
+        parent_block_hash: match f.opt("parent_block_hash") {
+            Value::Nil => None,
+            v => Some(hash(STORED, "parent_block_hash", v, limits)?),
+        },
         token_ids: tokens(tokens_v, limits)?,
         block_size: block_size(bs)?,
         lora_id: f.int("lora_id")?,
@@ -347,18 +346,6 @@ fn hash(
     }
 }
 
-fn opt_hash(
-    event: &'static str,
-    field: &'static str,
-    v: Value,
-    limits: &DecodeLimits,
-) -> Result<Option<EngineBlockHash>, DecodeError> {
-    match v {
-        Value::Nil => Ok(None),
-        v => hash(event, field, v, limits).map(Some),
-    }
-}
-
 fn hashes(
     event: &'static str,
     field: &'static str,
@@ -394,36 +381,6 @@ fn block_size(v: Value) -> Result<u32, DecodeError> {
     v.as_u64()
         .and_then(|b| u32::try_from(b).ok())
         .ok_or_else(|| bad(STORED, "block_size", "a non-negative u32", &v))
-}
-
-fn opt_int(event: &'static str, field: &'static str, v: Value) -> Result<Option<i64>, DecodeError> {
-    match v {
-        Value::Nil => Ok(None),
-        v => v
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| bad(event, field, "an int or nil", &v)),
-    }
-}
-
-fn opt_string(
-    event: &'static str,
-    field: &'static str,
-    v: Value,
-) -> Result<Option<String>, DecodeError> {
-    match v {
-        Value::Nil => Ok(None),
-        Value::String(s) => match s.into_str() {
-            Some(s) => Ok(Some(s)),
-            None => Err(DecodeError::BadField {
-                event,
-                field,
-                expected: "UTF-8",
-                got: "invalid UTF-8".into(),
-            }),
-        },
-        other => Err(bad(event, field, "a string or nil", &other)),
-    }
 }
 
 fn opt_extra_keys(v: Value) -> Result<Option<Vec<Value>>, DecodeError> {

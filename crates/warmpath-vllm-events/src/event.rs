@@ -9,7 +9,6 @@ use std::fmt;
 /// releases signed ints, which are kept as their two's-complement bits.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum EngineBlockHash {
-    /// An integer hash (uint64, or int64 reinterpreted).
     Int(u64),
     /// A byte-string hash (16 or 32 bytes in practice).
     Bytes(Vec<u8>),
@@ -20,19 +19,10 @@ impl fmt::Debug for EngineBlockHash {
         match self {
             EngineBlockHash::Int(v) => write!(f, "Int({v:#x})"),
             EngineBlockHash::Bytes(b) => {
-                write!(f, "Bytes(")?;
-                for x in b {
-                    write!(f, "{x:02x}")?;
-                }
-                write!(f, ")")
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                write!(f, "Bytes({hex})")
             }
         }
-    }
-}
-
-impl From<u64> for EngineBlockHash {
-    fn from(v: u64) -> Self {
-        EngineBlockHash::Int(v)
     }
 }
 
@@ -83,12 +73,10 @@ pub struct BlockStored {
     pub token_ids: Vec<u32>,
     /// Tokens per block (0 for offload stores).
     pub block_size: u32,
-    /// LoRA adapter id, if any.
     pub lora_id: Option<i64>,
     /// Where the blocks were stored; `None` when the field is nil or absent
     /// (old releases: the GPU).
     pub medium: Option<Medium>,
-    /// LoRA adapter name, if any.
     pub lora_name: Option<String>,
     /// Per-block extra hash keys (nil or a tuple each): LoRA name, multimodal
     /// ids, the `cache_salt` (block 0 only), a prompt-embeddings digest.
@@ -97,14 +85,12 @@ pub struct BlockStored {
     pub group_idx: Option<i64>,
     /// KV-cache spec kind (e.g. `"full_attention"`).
     pub kv_cache_spec_kind: Option<String>,
-    /// Sliding window of the KV-cache spec, if any.
     pub kv_cache_spec_sliding_window: Option<i64>,
 }
 
 /// Blocks evicted or reused.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct BlockRemoved {
-    /// Engine hashes of the removed blocks.
     pub block_hashes: Vec<EngineBlockHash>,
     /// Where they were removed from (`None`: nil or absent, the GPU).
     pub medium: Option<Medium>,
@@ -126,7 +112,6 @@ pub enum KvEvent {
 pub struct KvEventBatch {
     /// Engine wall-clock time, seconds since the Unix epoch.
     pub ts: f64,
-    /// The events, in the order they happened.
     pub events: Vec<KvEvent>,
     /// Data-parallel rank; `None` when nil or absent (2-element batches).
     pub dp_rank: Option<i64>,
@@ -217,15 +202,10 @@ impl From<&warmpath_core::prefix_cache::CacheEvent> for KvEvent {
                 lora_id: None,
                 medium: Some(Medium::Gpu),
                 lora_name: None,
+                // A block's keys as a tuple (an array), none as nil.
                 extra_keys: ev.extra_keys().map(|keys| {
-                    keys.into_iter()
-                        .map(|k| match k {
-                            Some(items) => {
-                                Value::Array(items.into_iter().map(Value::from).collect())
-                            }
-                            None => Value::Nil,
-                        })
-                        .collect()
+                    let tuple = |k: Option<Vec<String>>| k.map_or(Value::Nil, Value::from_iter);
+                    keys.into_iter().map(tuple).collect()
                 }),
                 group_idx: Some(0),
                 kv_cache_spec_kind: None,

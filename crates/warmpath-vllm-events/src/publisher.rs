@@ -64,7 +64,6 @@ pub enum PublisherError {
     /// Sending on the PUB socket failed (retryable).
     #[error("kv-event publisher could not send: {0}")]
     Send(#[source] zeromq::ZmqError),
-    /// A raw message needs at least one frame.
     #[error("kv-event publisher: a raw message needs at least one frame")]
     EmptyMessage,
     /// `ipc://*` (a wildcard path) is not supported by the `zeromq` crate; name
@@ -122,14 +121,7 @@ impl KvEventPublisher {
         let mut socket = PubSocket::new();
         // Before binding, so every accepted subscriber is seen.
         let socket_events = socket.monitor();
-        let endpoint = socket
-            .bind(&endpoint_for_bind(&config.endpoint))
-            .await
-            .map_err(|source| PublisherError::Bind {
-                endpoint: config.endpoint.clone(),
-                source,
-            })?
-            .to_string();
+        let endpoint = bind_to(&mut socket, &config.endpoint).await?;
         let ring = Arc::new(Mutex::new(VecDeque::new()));
         let cancel = CancellationToken::new();
         let accepted = Arc::new(AtomicU64::new(0));
@@ -143,14 +135,7 @@ impl KvEventPublisher {
             None => (None, None),
             Some(ep) => {
                 let mut router = RouterSocket::new();
-                let bound = router
-                    .bind(&endpoint_for_bind(ep))
-                    .await
-                    .map_err(|source| PublisherError::Bind {
-                        endpoint: ep.clone(),
-                        source,
-                    })?
-                    .to_string();
+                let bound = bind_to(&mut router, ep).await?;
                 let task = tokio::spawn(serve_replay(
                     router,
                     ring.clone(),
@@ -195,8 +180,7 @@ impl KvEventPublisher {
 
     /// Publishes `events` as one batch stamped now; returns its sequence number.
     pub async fn publish(&self, events: Vec<KvEvent>) -> Result<u64, PublisherError> {
-        let payload = encode_batch(&self.batch(events), self.config.form);
-        self.publish_payload(Bytes::from(payload)).await
+        self.publish_payload(self.encode(events)).await
     }
 
     /// Sends `payload` verbatim (a test knob for garbage or truncated msgpack)
@@ -205,7 +189,9 @@ impl KvEventPublisher {
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
         self.remember(seq, payload.clone());
-        let msg = self.frames(seq, payload);
+        let mut msg = ZmqMessage::from(Bytes::from(self.config.topic.clone().into_bytes()));
+        msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+        msg.push_back(payload);
         live.socket.send(msg).await.map_err(PublisherError::Send)?;
         live.next_seq += 1;
         Ok(seq)
@@ -214,10 +200,10 @@ impl KvEventPublisher {
     /// Test knob: takes a sequence number and keeps the batch in the replay
     /// buffer, but does not send it live (a message a subscriber missed).
     pub async fn publish_unsent(&self, events: Vec<KvEvent>) -> u64 {
-        let batch = self.batch(events);
+        let payload = self.encode(events);
         let mut live = self.live.lock().await;
         let seq = live.next_seq;
-        self.remember(seq, Bytes::from(encode_batch(&batch, self.config.form)));
+        self.remember(seq, payload);
         live.next_seq += 1;
         seq
     }
@@ -249,16 +235,16 @@ impl KvEventPublisher {
         self.live.lock().await.next_seq
     }
 
-    fn batch(&self, events: Vec<KvEvent>) -> KvEventBatch {
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        KvEventBatch {
+    /// `events` as one batch stamped now, encoded.
+    fn encode(&self, events: Vec<KvEvent>) -> Bytes {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        let ts = now.map_or(0.0, |d| d.as_secs_f64());
+        let batch = KvEventBatch {
             ts,
             events,
             dp_rank: Some(0),
-        }
+        };
+        Bytes::from(encode_batch(&batch, self.config.form))
     }
 
     fn remember(&self, seq: u64, payload: Bytes) {
@@ -271,13 +257,17 @@ impl KvEventPublisher {
         }
         ring.push_back((seq, payload));
     }
+}
 
-    fn frames(&self, seq: u64, payload: Bytes) -> ZmqMessage {
-        let mut msg = ZmqMessage::from(Bytes::from(self.config.topic.clone().into_bytes()));
-        msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
-        msg.push_back(payload);
-        msg
-    }
+/// Binds `socket` where vLLM's `endpoint` says; returns the bound endpoint.
+async fn bind_to(socket: &mut impl Socket, endpoint: &str) -> Result<String, PublisherError> {
+    let bound = socket.bind(&endpoint_for_bind(endpoint)).await;
+    bound
+        .map(|ep| ep.to_string())
+        .map_err(|source| PublisherError::Bind {
+            endpoint: endpoint.to_owned(),
+            source,
+        })
 }
 
 async fn count_subscribers(
