@@ -112,7 +112,7 @@ impl CompareArgs {
             }
             other => anyhow::bail!("--engine {other:?}: expected sim or candle"),
         };
-        self.kv.apply(&mut c.router.kv)?;
+        self.kv.apply(&mut c.router.kv);
         if let Some(a) = &c.attach {
             c.instances = a.engines.len();
         }
@@ -272,22 +272,29 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
 #[derive(Args, Debug)]
 struct KvArgs {
     /// kv_aware: `kv.rebalance_slack`, a number or `off`.
-    #[arg(long)]
-    rebalance_slack: Option<String>,
+    #[arg(long, value_parser = slack)]
+    rebalance_slack: Option<Slack>,
+}
+
+/// A `kv.rebalance_slack` (`None`: off); an alias, so clap takes it whole.
+type Slack = Option<f64>;
+
+fn slack(s: &str) -> Result<Slack, String> {
+    match s {
+        "off" => Ok(None),
+        n => n
+            .parse()
+            .map(Some)
+            .map_err(|_| "expected a number or off".into()),
+    }
 }
 
 impl KvArgs {
     /// Lays the knobs given over `kv`.
-    fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
-        if let Some(s) = &self.rebalance_slack {
-            kv.rebalance_slack = match s.as_str() {
-                "off" => None,
-                n => Some(n.parse().with_context(|| {
-                    format!("--rebalance-slack {n:?}: expected a number or off")
-                })?),
-            };
+    fn apply(&self, kv: &mut KvConfig) {
+        if let Some(s) = self.rebalance_slack {
+            kv.rebalance_slack = s;
         }
-        Ok(())
     }
 }
 
@@ -296,7 +303,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         Some(r) => a.config.with_cache_ratio(r),
         None => a.config,
     };
-    a.kv.apply(&mut cfg.policy.kv)?;
+    a.kv.apply(&mut cfg.policy.kv);
     let mut reports = Vec::new();
     let (n, blocks) = (cfg.instances, cfg.cache_blocks);
     let ws = (blocks * n) as f64 / cfg.working_set_blocks().max(1) as f64;

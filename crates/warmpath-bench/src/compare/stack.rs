@@ -2,9 +2,9 @@
 //! real agent each and the real router (in process or as R processes),
 //! started here on loopback, or a running router and engines attached to.
 
-use super::candle::{CandleConfig, CandleFleet, EngineShape};
+use super::candle::{CandleConfig, CandleFleet};
 use super::replicas::{labelled_sum, router_binary, RouterProcesses};
-use crate::error::{component, BenchError};
+use crate::error::{component, ensure, BenchError};
 use crate::sim::{Fleet, SimConfig};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -46,12 +46,7 @@ impl RouterKnobs {
 impl Default for RouterKnobs {
     /// The flags' defaults.
     fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            knobs: RouterKnobs,
-        }
-        <Flags as clap::Parser>::parse_from(["compare"]).knobs
+        crate::flag_defaults()
     }
 }
 
@@ -185,12 +180,7 @@ impl Stack {
                 (Engines::Sim(fleet), cfgs)
             }
             EngineKind::Candle(c) => {
-                let shape = EngineShape {
-                    model: &sim.model,
-                    block_size: sim.block_size,
-                    cache_blocks: sim.cache_blocks,
-                };
-                let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
+                let fleet = CandleFleet::start(n, c, sim, &model_dir).await?;
                 let cfgs = agents!(fleet);
                 (Engines::Candle(fleet), cfgs)
             }
@@ -250,12 +240,8 @@ impl Stack {
     /// Attaches to a running router and engines serving `model`: checks
     /// that each answers `/health`.
     pub async fn attach(cfg: &AttachConfig, model: &str) -> Result<Stack, BenchError> {
-        if cfg.engines.is_empty() {
-            return Err(BenchError::Invalid {
-                what: "attach",
-                reason: "name at least one engine URL".into(),
-            });
-        }
+        let why = "name at least one engine URL";
+        ensure(!cfg.engines.is_empty(), "attach", why)?;
         let client = reqwest::Client::new();
         let router = cfg.router_url.trim_end_matches('/').to_owned();
         let mut urls = vec![router.clone()];
@@ -464,8 +450,5 @@ fn router_config(
 }
 
 pub(super) fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Http {
-        url: url.to_owned(),
-        reason: e.to_string(),
-    }
+    component(format!("HTTP {url}"), e)
 }

@@ -94,13 +94,9 @@ pub struct ScaleConfig {
 }
 
 impl Default for ScaleConfig {
+    /// The flags' defaults.
     fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            config: ScaleConfig,
-        }
-        <Flags as clap::Parser>::parse_from(["scale"]).config
+        crate::flag_defaults()
     }
 }
 

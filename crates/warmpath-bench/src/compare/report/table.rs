@@ -2,7 +2,7 @@
 //! with the trace's hit-rate references once above it, and the console's
 //! narrow summary.
 
-use super::types::StrategyReport;
+use super::StrategyReport;
 
 /// The markdown comparison table.
 pub fn markdown(reports: &[StrategyReport], slo_ms: f64) -> String {
