@@ -48,6 +48,20 @@ pub(crate) fn ensure(ok: bool, what: &'static str, reason: &str) -> Result<(), B
     }
 }
 
+/// `Ok` when `v` is in `lo..=hi`, else [`BenchError::Invalid`] saying so.
+pub(crate) fn ensure_in(
+    what: &'static str,
+    v: usize,
+    lo: usize,
+    hi: usize,
+) -> Result<(), BenchError> {
+    ensure(
+        (lo..=hi).contains(&v),
+        what,
+        &format!("must be in {lo}..={hi}"),
+    )
+}
+
 /// A [`BenchError::Component`].
 pub(crate) fn component(what: impl Into<String>, reason: impl std::fmt::Display) -> BenchError {
     BenchError::Component {

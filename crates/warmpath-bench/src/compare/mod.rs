@@ -12,7 +12,7 @@ pub mod replicas;
 pub mod report;
 pub mod stack;
 
-use crate::error::{ensure, BenchError};
+use crate::error::{ensure, ensure_in, BenchError};
 use crate::sim::SimConfig;
 use crate::workload::{self, rescale, TraceRequest, WorkloadSpec};
 use driver::{drive, DriveConfig};
@@ -100,12 +100,8 @@ pub struct ReplicaSummary {
 impl CompareConfig {
     fn validate(&self) -> Result<(), BenchError> {
         let routers = self.router.routers;
-        ensure(
-            (1..=256).contains(&self.instances),
-            "instances",
-            "must be in 1..=256",
-        )?;
-        ensure((1..=16).contains(&routers), "routers", "must be in 1..=16")?;
+        ensure_in("instances", self.instances, 1, 256)?;
+        ensure_in("routers", routers, 1, 16)?;
         let why = "replicas are started here: not with --attach-router";
         ensure(self.attach.is_none() || routers == 1, "routers", why)?;
         ensure(
@@ -230,13 +226,13 @@ pub async fn run(
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
-        .map_err(|e| stack::http(&stack.router_url, e))?;
+        .map_err(|e| stack::http(&stack.router_urls[0], e))?;
     let drive_cfg = DriveConfig {
         urls: stack.router_urls.clone(),
         spread_seed: cfg.workload.seed,
         fidelity_every: cfg.fidelity_every,
         timeout: Duration::from_secs(120),
-        inspect_token: stack.admin_token().map(str::to_owned),
+        inspect_token: stack.admin_token.clone(),
     };
     let search_cfg = DriveConfig {
         fidelity_every: 0,

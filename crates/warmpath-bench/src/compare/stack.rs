@@ -114,13 +114,11 @@ struct Owned {
 /// A router (or its replicas) and its engines, started here or attached to.
 #[derive(Debug)]
 pub struct Stack {
-    /// `http://` base URL of the (first) router.
-    pub router_url: String,
     /// `http://` base URLs of every router replica, the first one first.
     pub router_urls: Vec<String>,
     pub model: String,
     pub engines: Vec<EngineEndpoint>,
-    admin_token: Option<String>,
+    pub admin_token: Option<String>,
     owned: Option<Owned>,
 }
 
@@ -221,7 +219,6 @@ impl Stack {
             agents.push(agent.map_err(|e| component(format!("agent {id}"), e))?);
         }
         let stack = Stack {
-            router_url: urls[0].clone(),
             router_urls: urls,
             model: sim.model.clone(),
             engines: list,
@@ -260,7 +257,6 @@ impl Stack {
             }
         }
         Ok(Stack {
-            router_url: router.clone(),
             router_urls: vec![router],
             model: model.to_owned(),
             engines: cfg.engines.clone(),
@@ -276,10 +272,6 @@ impl Stack {
             .filter(|e| !e.id.is_empty())
             .map(|e| e.id.clone())
             .collect()
-    }
-
-    pub fn admin_token(&self) -> Option<&str> {
-        self.admin_token.as_deref()
     }
 
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {

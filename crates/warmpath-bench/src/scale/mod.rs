@@ -10,7 +10,7 @@ mod view;
 pub use cost::{KindCost, RoutingCost};
 pub use diag::Diagnosis;
 
-use crate::error::{ensure, BenchError};
+use crate::error::{ensure, ensure_in, BenchError};
 use crate::stats::{ratio, share_min_max, Summary};
 use crate::timing::TimeModel;
 use cost::CostSums;
@@ -116,11 +116,7 @@ impl ScaleConfig {
 
     pub fn validate(&self) -> Result<(), BenchError> {
         let c = self;
-        ensure(
-            (1..=65_536).contains(&c.instances),
-            "instances",
-            "must be in 1..=65536",
-        )?;
+        ensure_in("instances", c.instances, 1, 65_536)?;
         let docs_ok = c.requests > 0 && c.docs > 0 && c.docs <= u32::MAX as usize;
         ensure(docs_ok, "requests/docs", "must be at least 1")?;
         let rate_ok = c.rate_per_instance.is_finite() && c.rate_per_instance > 0.0;
@@ -129,11 +125,7 @@ impl ScaleConfig {
         let why = "need a block size >= 1 and a 2-token prompt";
         ensure(prompt_ok, "block_size/tokens", why)?;
         ensure(c.output_tokens > 0, "output_tokens", "must be at least 1")?;
-        ensure(
-            (1..=64).contains(&c.routers),
-            "routers",
-            "must be in 1..=64",
-        )?;
+        ensure_in("routers", c.routers, 1, 64)?;
         let delay_ok = c.share_delay_ms.is_none_or(|d| d.is_finite() && d >= 0.0);
         ensure(delay_ok, "share_delay_ms", "must be a number >= 0")?;
         let fits = c.reset_instances <= c.instances;

@@ -126,10 +126,7 @@ impl SimEngine {
             time.clone(),
             state.clone(),
             rx,
-            Publisher {
-                events: events.clone(),
-                lock: publish.clone(),
-            },
+            (events.clone(), publish.clone()),
             shutdown,
         ));
         Ok(Arc::new(SimEngine {
@@ -230,10 +227,10 @@ impl SimEngine {
     }
 
     /// Drops every cached block; refused while requests hold blocks.
-    pub async fn reset(&self, events: &mpsc::Sender<Vec<CacheEvent>>) -> Result<(), BenchError> {
+    pub async fn reset(&self) -> Result<(), BenchError> {
         let _order = self.publish.lock().await;
         let evs = self.state.lock().cache.clear()?;
-        events.send(evs).await.map_err(|_| publisher_gone())
+        self.events.send(evs).await.map_err(|_| publisher_gone())
     }
 }
 
@@ -241,17 +238,11 @@ fn publisher_gone() -> BenchError {
     component("kv event publisher", "stopped")
 }
 
-/// Where the prefill task sends its events, in cache order.
-struct Publisher {
-    events: mpsc::Sender<Vec<CacheEvent>>,
-    lock: Arc<tokio::sync::Mutex<()>>,
-}
-
 async fn prefill_loop(
     time: TimeModel,
     state: Arc<Mutex<State>>,
     mut rx: mpsc::Receiver<Job>,
-    publisher: Publisher,
+    (events, publish): (mpsc::Sender<Vec<CacheEvent>>, Arc<tokio::sync::Mutex<()>>),
     shutdown: CancellationToken,
 ) {
     loop {
@@ -278,7 +269,7 @@ async fn prefill_loop(
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)) => {}
         }
-        let order = publisher.lock.lock().await;
+        let order = publish.lock().await;
         let evs = {
             let mut s = state.lock();
             // vLLM keeps the computed blocks even when the request is aborted.
@@ -295,7 +286,7 @@ async fn prefill_loop(
             }
             out.events
         };
-        if !evs.is_empty() && publisher.events.send(evs).await.is_err() {
+        if !evs.is_empty() && events.send(evs).await.is_err() {
             tracing::warn!("kv event publisher stopped; events dropped");
         }
         drop(order);
@@ -341,11 +332,14 @@ mod tests {
         assert_eq!(s.prefix_queries, 48);
         assert_eq!(s.prefix_hits, 12);
         // Blocks are pinned while a request runs: reset is refused.
-        assert!(e.reset(&mpsc::channel(1).0).await.is_err());
+        assert!(e.reset().await.is_err());
         drop(c);
-        let (tx, mut rx) = mpsc::channel(1);
-        e.reset(&tx).await.unwrap();
-        assert_eq!(rx.recv().await.unwrap(), vec![CacheEvent::AllBlocksCleared]);
+        e.reset().await.unwrap();
+        let mut last = Vec::new();
+        while let Ok(evs) = events.try_recv() {
+            last = evs;
+        }
+        assert_eq!(last, vec![CacheEvent::AllBlocksCleared]);
         assert_eq!(e.stats().kv_usage, 0.0);
     }
 
@@ -387,7 +381,7 @@ mod tests {
         e.decoded(&a, &seq).await.unwrap();
         assert!(events.try_recv().is_err());
         // Pinned while the request runs, released after.
-        assert!(e.reset(&mpsc::channel(1).0).await.is_err());
+        assert!(e.reset().await.is_err());
         drop(a);
         // The next turn: prompt + answer + more hits both blocks.
         let mut next = seq.clone();

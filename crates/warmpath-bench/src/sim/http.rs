@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use warmpath_core::prefix_cache::CacheEvent;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_openai::vllm_metrics::Totals;
 use warmpath_openai::{ApiError, Backend, Generation, Item, Job, ServerConfig, VllmStats};
@@ -25,7 +24,6 @@ pub(crate) struct AppState {
     pub(crate) config: ServerConfig,
     pub(crate) engine: Arc<SimEngine>,
     pub(crate) tokenizer: Arc<ChatTokenizer>,
-    pub(crate) events: mpsc::Sender<Vec<CacheEvent>>,
     pub(crate) output: Arc<OutputVocab>,
     pub(crate) shutdown: CancellationToken,
 }
@@ -81,7 +79,7 @@ impl Backend for AppState {
 
     async fn reset(&self) -> Result<(), ApiError> {
         self.engine
-            .reset(&self.events)
+            .reset()
             .await
             .map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))
     }

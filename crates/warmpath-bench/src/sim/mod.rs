@@ -101,7 +101,7 @@ async fn start_one(
         cfg.block_size,
         cfg.cache_blocks,
         cfg.max_queue,
-        events.clone(),
+        events,
         shutdown.clone(),
     )?;
     let id = format!("sim-{i}");
@@ -109,7 +109,6 @@ async fn start_one(
         config: http::server_config(&cfg.model, &engine),
         engine,
         tokenizer,
-        events,
         output,
         shutdown: shutdown.clone(),
     });
