@@ -120,11 +120,7 @@ async fn produce(
         }
     };
     let out = output.generate(seed, max_tokens);
-    let emit = |piece: &str| {
-        let (tx, piece) = (tx.clone(), piece.to_owned());
-        async move { tx.send(Item::Text(piece)).await.is_ok() }
-    };
-    if !decode(engine, &adm, prompt, &out, emit).await {
+    if !decode(engine, &adm, prompt, &out, &tx).await {
         return;
     }
     engine.finished(prompt_len, max_tokens);
@@ -138,21 +134,17 @@ async fn produce(
         .await;
 }
 
-/// Decodes `out` after the prefill, one token per step, each handed to
-/// `emit` (false: the client left). Step `i` feeds token `i - 1` back, caching
+/// Decodes `out` after the prefill, one token per step, each sent to `tx`
+/// (failing when the client left). Step `i` feeds token `i - 1` back, caching
 /// every block that fills (the last token's KV is never computed, as in
 /// vLLM). Returns whether every token was emitted.
-async fn decode<F, Fut>(
+async fn decode(
     engine: &SimEngine,
     adm: &Admission,
     prompt: Vec<u32>,
     out: &Output,
-    mut emit: F,
-) -> bool
-where
-    F: FnMut(&str) -> Fut,
-    Fut: Future<Output = bool>,
-{
+    tx: &mpsc::Sender<Item>,
+) -> bool {
     let bs = engine.block_size;
     let step = Duration::from_secs_f64(engine.time.decode_step_ms / 1000.0);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
@@ -168,7 +160,7 @@ where
                 }
             }
         }
-        if !emit(piece).await {
+        if tx.send(Item::Text(piece.clone())).await.is_err() {
             return false;
         }
     }

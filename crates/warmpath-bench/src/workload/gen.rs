@@ -58,14 +58,10 @@ struct Gen<'a> {
 impl Gen<'_> {
     fn request(&self, group: String) -> TraceRequest {
         TraceRequest {
-            arrival: 0.0,
             model: self.spec.model.clone(),
-            messages: None,
-            prompt: None,
             max_tokens: self.spec.max_tokens,
-            tenant: None,
-            tenant_via: None,
             group: Some(group),
+            ..TraceRequest::default()
         }
     }
 

@@ -36,7 +36,7 @@ pub enum TenantVia {
 }
 
 /// One request of a trace (one JSONL line).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceRequest {
     /// Seconds from the start of the run.

@@ -42,7 +42,7 @@ pub struct RatePoint {
     pub ok: bool,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct StrategyReport {
     pub strategy: String,
     /// Offered rate of the main run, req/s.
@@ -121,9 +121,6 @@ pub fn aggregate(
         requests: samples.len(),
         failures,
         hit_rate: ratio(cached as f64, prompt as f64),
-        engine_hit_rate: None,
-        hit_ceiling: None,
-        optimum: None,
         ttft_ms: Summary::of(&ttft),
         e2e_ms: Summary::of(&e2e),
         throughput_rps: ok.len() as f64 / span,
@@ -133,10 +130,9 @@ pub fn aggregate(
         shares,
         decisions,
         fidelity: fidelity(&ok, block_size),
-        goodput_rps: None,
-        rate_search: Vec::new(),
         hit_over_time: hit_over_time(&ok),
         ttft_cdf: cdf(&ttft, 200),
+        ..StrategyReport::default()
     }
 }
 
