@@ -14,28 +14,13 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::{CacheEvent, EngineBlockHash, PrefixCache};
-
-/// Counters and gauges in vLLM's terms (see `/metrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct EngineStats {
-    /// Requests prefilling or decoding.
-    pub running: u32,
-    /// Requests admitted but not yet prefilling.
-    pub waiting: u32,
-    /// Cache usage, 0..=1.
-    pub kv_usage: f64,
-    /// Prompt tokens looked up in the prefix cache.
-    pub prefix_queries: u64,
-    /// Of those, cached.
-    pub prefix_hits: u64,
-    pub prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub requests: u64,
-}
+use warmpath_openai::vllm_metrics::Totals;
+use warmpath_openai::VllmStats;
 
 struct State {
     cache: PrefixCache<()>,
-    stats: EngineStats,
+    /// In vLLM's terms; the cache's gauges are read when asked.
+    stats: VllmStats,
     /// Admitted requests by id: whether prefill started, what they pin.
     tickets: HashMap<u64, Ticket>,
     next_id: u64,
@@ -116,7 +101,10 @@ impl SimEngine {
         time.validate()?;
         let state = Arc::new(Mutex::new(State {
             cache: PrefixCache::new(block_size, num_blocks)?,
-            stats: EngineStats::default(),
+            stats: VllmStats {
+                totals: Some(Totals::default()),
+                ..VllmStats::default()
+            },
             tickets: HashMap::new(),
             next_id: 0,
         }));
@@ -141,9 +129,9 @@ impl SimEngine {
         }))
     }
 
-    pub fn stats(&self) -> EngineStats {
+    pub fn stats(&self) -> VllmStats {
         let s = self.state.lock();
-        EngineStats {
+        VllmStats {
             kv_usage: s.cache.usage(),
             prefix_queries: s.cache.stats().queried_tokens,
             prefix_hits: s.cache.stats().hit_tokens,
@@ -221,9 +209,10 @@ impl SimEngine {
 
     pub fn finished(&self, prompt_tokens: usize, output_tokens: usize) {
         let mut s = self.state.lock();
-        s.stats.requests += 1;
-        s.stats.prompt_tokens += prompt_tokens as u64;
-        s.stats.generation_tokens += output_tokens as u64;
+        let t = s.stats.totals.get_or_insert_default();
+        t.requests += 1;
+        t.prompt_tokens += prompt_tokens as u64;
+        t.generation_tokens += output_tokens as u64;
     }
 
     /// Drops every cached block; refused while requests hold blocks.

@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::ChatTokenizer;
-use warmpath_openai::vllm_metrics::Totals;
 use warmpath_openai::{ApiError, Backend, Generation, Item, Job, ServerConfig, VllmStats};
 
 /// Context length (prompt plus output), in tokens (vLLM's `max_model_len`).
@@ -85,19 +84,7 @@ impl Backend for AppState {
     }
 
     fn stats(&self) -> VllmStats {
-        let s = self.engine.stats();
-        VllmStats {
-            running: s.running.into(),
-            waiting: s.waiting.into(),
-            kv_usage: s.kv_usage,
-            prefix_queries: s.prefix_queries,
-            prefix_hits: s.prefix_hits,
-            totals: Some(Totals {
-                prompt_tokens: s.prompt_tokens,
-                generation_tokens: s.generation_tokens,
-                requests: s.requests,
-            }),
-        }
+        self.engine.stats()
     }
 }
 

@@ -9,7 +9,7 @@ pub mod output;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{EngineStats, SimEngine};
+pub use engine::SimEngine;
 pub use output::{Output, OutputVocab};
 
 use crate::error::{component, ensure, BenchError};
