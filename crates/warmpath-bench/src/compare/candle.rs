@@ -21,13 +21,12 @@ pub struct CandleConfig {
 }
 
 impl CandleConfig {
-    /// `given`, else the `warmpath-engine` beside this executable, with the
-    /// defaults of `compare`.
-    pub fn new(given: Option<&Path>) -> Result<Self, BenchError> {
+    /// `given`, else the `warmpath-engine` beside this executable.
+    pub fn new(given: Option<&Path>, prefill_chunk: usize) -> Result<Self, BenchError> {
         let build = "build it with `cargo build --release -p warmpath-engine` or pass --engine-bin";
         Ok(CandleConfig {
             binary: binary("warmpath-engine", given, build)?,
-            prefill_chunk: 512,
+            prefill_chunk,
         })
     }
 }
@@ -112,7 +111,8 @@ mod tests {
 
     #[test]
     fn a_missing_binary_is_a_clear_error() {
-        let err = CandleConfig::new(Some(Path::new("/nonexistent/warmpath-engine"))).unwrap_err();
+        let err =
+            CandleConfig::new(Some(Path::new("/nonexistent/warmpath-engine")), 512).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("not found"), "{text}");
         assert!(

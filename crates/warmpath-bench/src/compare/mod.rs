@@ -237,7 +237,10 @@ pub async fn run(
         fidelity_every: 0,
         ..drive_cfg.clone()
     };
-    let ids = stack.worker_ids();
+    // An engine attached by bare URL has no id to count shares by.
+    let ids: Vec<String> = (stack.engines.iter().filter(|e| !e.id.is_empty()))
+        .map(|e| e.id.clone())
+        .collect();
     let bs = cfg.sim.block_size as u64;
     let chains = crate::sim::tiny_tokenizer()
         .ok()

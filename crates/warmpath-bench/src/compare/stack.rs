@@ -265,15 +265,6 @@ impl Stack {
         })
     }
 
-    /// Known worker ids, in order.
-    pub fn worker_ids(&self) -> Vec<String> {
-        self.engines
-            .iter()
-            .filter(|e| !e.id.is_empty())
-            .map(|e| e.id.clone())
-            .collect()
-    }
-
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.admin_token {
             Some(t) => req.bearer_auth(t),
