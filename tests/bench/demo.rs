@@ -215,7 +215,7 @@ async fn compare_attaches_to_a_running_router_and_engines() {
     let (sim, stack) = sim_stack(2, 2048, Strategy::PrefixAware, Some("s3cret"), &shutdown).await;
     let out = std::env::temp_dir().join(format!("warmpath-bench-attach-{}", std::process::id()));
     let attach = |token: Option<&str>| AttachConfig {
-        router_url: stack.router_url.clone(),
+        router_url: stack.router_urls[0].clone(),
         admin_token: token.map(str::to_owned),
         engines: stack.engines.clone(),
     };
@@ -313,7 +313,7 @@ async fn short_conversations_hit_the_answers_through_the_router() {
         spread_seed: 0,
         fidelity_every: 1,
         timeout: Duration::from_secs(60),
-        inspect_token: stack.admin_token().map(str::to_owned),
+        inspect_token: stack.admin_token.clone(),
     };
     let pb = indicatif::ProgressBar::hidden();
     let samples = tokio::time::timeout(

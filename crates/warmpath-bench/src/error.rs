@@ -23,13 +23,6 @@ pub enum BenchError {
         line: usize,
         reason: String,
     },
-    /// A listening socket could not be bound (port taken?). Retry with another port.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("policy: {0}")]
     Policy(#[from] warmpath_core::PolicyError),
     #[error("index: {0}")]
@@ -38,10 +31,8 @@ pub enum BenchError {
     PrefixCache(#[from] warmpath_core::prefix_cache::PrefixCacheError),
     #[error("tokenizer: {0}")]
     Tokenize(#[from] warmpath_core::tokenize::TokenizeError),
-    /// An HTTP exchange with a fleet component failed. Usually retryable.
-    #[error("HTTP {url}: {reason}")]
-    Http { url: String, reason: String },
-    /// A part of the fleet (engine, agent, router) failed to start or died.
+    /// A part of the fleet (engine, agent, router) failed to start, died or
+    /// answered HTTP with an error.
     #[error("{what} failed: {reason}")]
     Component { what: String, reason: String },
 }
@@ -55,6 +46,20 @@ pub(crate) fn ensure(ok: bool, what: &'static str, reason: &str) -> Result<(), B
             reason: reason.to_owned(),
         }),
     }
+}
+
+/// `Ok` when `v` is in `lo..=hi`, else [`BenchError::Invalid`] saying so.
+pub(crate) fn ensure_in(
+    what: &'static str,
+    v: usize,
+    lo: usize,
+    hi: usize,
+) -> Result<(), BenchError> {
+    ensure(
+        (lo..=hi).contains(&v),
+        what,
+        &format!("must be in {lo}..={hi}"),
+    )
 }
 
 /// A [`BenchError::Component`].

@@ -37,7 +37,11 @@ enum Command {
     /// Replays one trace per strategy through simulated instances, agents and the router.
     Compare(CompareArgs),
     /// The one-command demo: 4 instances, `long`, every strategy, a report.
-    Demo(DemoArgs),
+    Demo {
+        /// A few seconds in all: small prompts, short runs, no rate search (for CI).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -81,13 +85,6 @@ struct CompareArgs {
     kv: KvArgs,
 }
 
-#[derive(Args, Debug)]
-struct DemoArgs {
-    /// A few seconds in all: small prompts, short runs, no rate search (for CI).
-    #[arg(long)]
-    quick: bool,
-}
-
 impl CompareArgs {
     fn config(&self) -> anyhow::Result<CompareConfig> {
         let mut c = self.config.clone();
@@ -105,14 +102,13 @@ impl CompareArgs {
             .collect::<anyhow::Result<Vec<f64>>>()?;
         c.engine = match self.engine.as_str() {
             "sim" => EngineKind::Sim,
-            "candle" => {
-                let mut c = CandleConfig::new(self.engine_bin.as_deref())?;
-                c.prefill_chunk = self.prefill_chunk;
-                EngineKind::Candle(c)
-            }
+            "candle" => EngineKind::Candle(CandleConfig::new(
+                self.engine_bin.as_deref(),
+                self.prefill_chunk,
+            )?),
             other => anyhow::bail!("--engine {other:?}: expected sim or candle"),
         };
-        self.kv.apply(&mut c.router.kv)?;
+        self.kv.apply(&mut c.router.kv);
         if let Some(a) = &c.attach {
             c.instances = a.engines.len();
         }
@@ -173,13 +169,13 @@ fn routers(k: &RouterKnobs) -> String {
     }
 }
 
-fn demo_config(a: &DemoArgs) -> anyhow::Result<CompareConfig> {
+fn demo_config(quick: bool) -> anyhow::Result<CompareConfig> {
     let mut c = CompareOnly::parse_from(["compare"]).args.config()?;
     // 20 s runs and three 6 s steps at most per strategy: the whole demo,
     // build included, fits README's 8 minutes on two cores.
     c.duration_s = 20.0;
     c.search_step_s = 6.0;
-    if a.quick {
+    if quick {
         c.duration_s = 3.0;
         c.rate = 6.0;
         c.workload.prefix_tokens = 1000;
@@ -272,22 +268,29 @@ fn strategies(list: &str) -> anyhow::Result<Vec<Strategy>> {
 #[derive(Args, Debug)]
 struct KvArgs {
     /// kv_aware: `kv.rebalance_slack`, a number or `off`.
-    #[arg(long)]
-    rebalance_slack: Option<String>,
+    #[arg(long, value_parser = slack)]
+    rebalance_slack: Option<Slack>,
+}
+
+/// A `kv.rebalance_slack` (`None`: off); an alias, so clap takes it whole.
+type Slack = Option<f64>;
+
+fn slack(s: &str) -> Result<Slack, String> {
+    match s {
+        "off" => Ok(None),
+        n => n
+            .parse()
+            .map(Some)
+            .map_err(|_| "expected a number or off".into()),
+    }
 }
 
 impl KvArgs {
     /// Lays the knobs given over `kv`.
-    fn apply(&self, kv: &mut KvConfig) -> anyhow::Result<()> {
-        if let Some(s) = &self.rebalance_slack {
-            kv.rebalance_slack = match s.as_str() {
-                "off" => None,
-                n => Some(n.parse().with_context(|| {
-                    format!("--rebalance-slack {n:?}: expected a number or off")
-                })?),
-            };
+    fn apply(&self, kv: &mut KvConfig) {
+        if let Some(s) = self.rebalance_slack {
+            kv.rebalance_slack = s;
         }
-        Ok(())
     }
 }
 
@@ -296,7 +299,7 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         Some(r) => a.config.with_cache_ratio(r),
         None => a.config,
     };
-    a.kv.apply(&mut cfg.policy.kv)?;
+    a.kv.apply(&mut cfg.policy.kv);
     let mut reports = Vec::new();
     let (n, blocks) = (cfg.instances, cfg.cache_blocks);
     let ws = (blocks * n) as f64 / cfg.working_set_blocks().max(1) as f64;
@@ -372,7 +375,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Scale(a) => tokio::task::block_in_place(|| run_scale(a)),
         Command::Sim(a) => run_sim(a).await,
         Command::Compare(a) => run_compare(a.config()?).await,
-        Command::Demo(a) => run_compare(demo_config(&a)?).await,
+        Command::Demo { quick } => run_compare(demo_config(quick)?).await,
     }
 }
 
@@ -384,7 +387,7 @@ mod tests {
 
     #[test]
     fn compare_parses_with_and_without_an_attached_fleet() {
-        let demo = demo_config(&DemoArgs { quick: true }).unwrap();
+        let demo = demo_config(true).unwrap();
         assert!(demo.attach.is_none() && demo.search_rates.is_empty());
         let args = [
             "compare",

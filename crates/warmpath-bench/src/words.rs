@@ -21,21 +21,16 @@ pub struct WordGen {
     vocab: Vec<String>,
 }
 
-impl Default for WordGen {
-    fn default() -> Self {
-        Self::new(2048)
-    }
-}
+/// Distinct words of the vocabulary.
+const VOCABULARY: usize = 2048;
 
-impl WordGen {
-    /// A vocabulary of `size` distinct words (at least 1), always the same
-    /// for the same size.
-    pub fn new(size: usize) -> Self {
-        let size = size.max(1);
+impl Default for WordGen {
+    /// The vocabulary, always the same.
+    fn default() -> Self {
         let mut rng = SmallRng::seed_from_u64(0x005e_ed0f_706b_656e);
-        let mut vocab = Vec::with_capacity(size);
-        let mut seen = std::collections::HashSet::with_capacity(size);
-        while vocab.len() < size {
+        let mut vocab = Vec::with_capacity(VOCABULARY);
+        let mut seen = std::collections::HashSet::with_capacity(VOCABULARY);
+        while vocab.len() < VOCABULARY {
             let syllables = rng.random_range(1..=3);
             let mut w = String::new();
             for _ in 0..syllables {
@@ -49,7 +44,9 @@ impl WordGen {
         }
         WordGen { vocab }
     }
+}
 
+impl WordGen {
     pub fn word<R: Rng + ?Sized>(&self, rng: &mut R) -> &str {
         &self.vocab[rng.random_range(0..self.vocab.len())]
     }
@@ -110,11 +107,11 @@ mod tests {
 
     #[test]
     fn vocabulary_is_fixed_and_distinct() {
-        let a = WordGen::new(500);
-        let b = WordGen::new(500);
+        let a = WordGen::default();
+        let b = WordGen::default();
         assert_eq!(a.vocab, b.vocab);
         let set: std::collections::HashSet<_> = a.vocab.iter().collect();
-        assert_eq!(set.len(), 500);
+        assert_eq!(set.len(), VOCABULARY);
         assert!(a
             .vocab
             .iter()

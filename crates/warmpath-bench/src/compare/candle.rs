@@ -3,10 +3,14 @@
 
 use super::child::{binary, spawn_ready};
 use crate::error::{component, BenchError};
+use crate::sim::SimConfig;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::process::{Child, Command};
+
+/// How long one engine may take to load and bind.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How to start the real engines.
 #[derive(Clone, Debug, Serialize)]
@@ -14,22 +18,15 @@ pub struct CandleConfig {
     pub binary: PathBuf,
     /// Longest prefill step in tokens (`--prefill-chunk`).
     pub prefill_chunk: usize,
-    /// Weight seed (`--seed`); every instance serves the same model.
-    pub seed: u64,
-    /// How long one engine may take to load and bind.
-    pub startup_timeout: Duration,
 }
 
 impl CandleConfig {
-    /// `given`, else the `warmpath-engine` beside this executable, with the
-    /// defaults of `compare`.
-    pub fn new(given: Option<&Path>) -> Result<Self, BenchError> {
+    /// `given`, else the `warmpath-engine` beside this executable.
+    pub fn new(given: Option<&Path>, prefill_chunk: usize) -> Result<Self, BenchError> {
         let build = "build it with `cargo build --release -p warmpath-engine` or pass --engine-bin";
         Ok(CandleConfig {
             binary: binary("warmpath-engine", given, build)?,
-            prefill_chunk: 512,
-            seed: 0,
-            startup_timeout: Duration::from_secs(120),
+            prefill_chunk,
         })
     }
 }
@@ -49,26 +46,18 @@ pub struct CandleFleet {
     pub instances: Vec<CandleInstance>,
 }
 
-/// The settings every engine of a fleet shares.
-#[derive(Clone, Copy, Debug)]
-pub struct EngineShape<'a> {
-    pub model: &'a str,
-    pub block_size: usize,
-    pub cache_blocks: usize,
-}
-
 impl CandleFleet {
     /// Starts `n` engines one after the other (loading is CPU-bound).
     pub async fn start(
         n: usize,
         cfg: &CandleConfig,
-        shape: EngineShape<'_>,
+        sim: &SimConfig,
         log_dir: &Path,
     ) -> Result<CandleFleet, BenchError> {
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {
             let log = log_dir.join(format!("engine-{i}.log"));
-            instances.push(start_one(i, cfg, shape, &log).await?);
+            instances.push(start_one(i, cfg, sim, &log).await?);
         }
         Ok(CandleFleet { instances })
     }
@@ -86,7 +75,7 @@ impl CandleFleet {
 async fn start_one(
     i: usize,
     cfg: &CandleConfig,
-    shape: EngineShape<'_>,
+    sim: &SimConfig,
     log: &Path,
 ) -> Result<CandleInstance, BenchError> {
     let id = format!("candle-{i}");
@@ -94,15 +83,14 @@ async fn start_one(
     cmd.args(["--tiny", "--listen", "127.0.0.1:0"])
         .args(["--kv-events", "tcp://127.0.0.1:0"])
         .args(["--kv-replay", "tcp://127.0.0.1:0"])
-        .args(["--model-name", shape.model])
-        .arg(format!("--block-size={}", shape.block_size))
-        .arg(format!("--cache-blocks={}", shape.cache_blocks))
-        .arg(format!("--prefill-chunk={}", cfg.prefill_chunk))
-        .arg(format!("--seed={}", cfg.seed));
+        .args(["--model-name", &sim.model])
+        .arg(format!("--block-size={}", sim.block_size))
+        .arg(format!("--cache-blocks={}", sim.cache_blocks))
+        .arg(format!("--prefill-chunk={}", cfg.prefill_chunk));
     let keys = ["listening on ", "kv events on ", "kv replay on "];
     let what = format!("engine {i}");
     let (child, [url, kv_events, kv_replay]) =
-        spawn_ready(cmd, &what, log, cfg.startup_timeout, (keys, 0)).await?;
+        spawn_ready(cmd, &what, log, STARTUP_TIMEOUT, (keys, 0)).await?;
     let (Some(url), Some(kv_events)) = (url, kv_events) else {
         return Err(component(what, "it printed no KV event endpoint"));
     };
@@ -123,7 +111,8 @@ mod tests {
 
     #[test]
     fn a_missing_binary_is_a_clear_error() {
-        let err = CandleConfig::new(Some(Path::new("/nonexistent/warmpath-engine"))).unwrap_err();
+        let err =
+            CandleConfig::new(Some(Path::new("/nonexistent/warmpath-engine")), 512).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("not found"), "{text}");
         assert!(

@@ -3,7 +3,7 @@
 //! stderr goes to a file quoted when it fails to start; `kill_on_drop`, so
 //! an error or a panic on the way out leaves no orphan.
 
-use crate::error::{io, BenchError};
+use crate::error::{ensure, io, BenchError};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -20,13 +20,9 @@ pub(crate) fn binary(name: &str, given: Option<&Path>, build: &str) -> Result<Pa
             .map_err(io(Path::new("current executable")))?
             .with_file_name(format!("{name}{}", std::env::consts::EXE_SUFFIX)),
     };
-    if binary.is_file() {
-        return Ok(binary);
-    }
-    Err(BenchError::Invalid {
-        what: "binary",
-        reason: format!("{} not found; {build}", binary.display()),
-    })
+    let why = format!("{} not found; {build}", binary.display());
+    ensure(binary.is_file(), "binary", &why)?;
+    Ok(binary)
 }
 
 /// Starts `cmd` (`what` names it in errors: `router 2`), its stderr into

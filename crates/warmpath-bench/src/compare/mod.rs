@@ -6,21 +6,20 @@ mod bound;
 pub mod candle;
 mod child;
 pub mod driver;
-mod output;
 mod plot;
 pub mod replicas;
 pub mod report;
 pub mod stack;
 
-use crate::error::{ensure, BenchError};
+use crate::error::{ensure, ensure_in, io, BenchError};
 use crate::sim::SimConfig;
 use crate::workload::{self, rescale, TraceRequest, WorkloadSpec};
 use driver::{drive, DriveConfig};
 use indicatif::{ProgressBar, ProgressStyle};
-use report::{aggregate, RatePoint, StrategyReport};
+use report::{aggregate, markdown, RatePoint, StrategyReport};
 use serde::Serialize;
 pub use stack::{AttachConfig, EngineEndpoint, EngineKind, RouterKnobs, Stack};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::Strategy;
@@ -100,12 +99,8 @@ pub struct ReplicaSummary {
 impl CompareConfig {
     fn validate(&self) -> Result<(), BenchError> {
         let routers = self.router.routers;
-        ensure(
-            (1..=256).contains(&self.instances),
-            "instances",
-            "must be in 1..=256",
-        )?;
-        ensure((1..=16).contains(&routers), "routers", "must be in 1..=16")?;
+        ensure_in("instances", self.instances, 1, 256)?;
+        ensure_in("routers", routers, 1, 16)?;
         let why = "replicas are started here: not with --attach-router";
         ensure(self.attach.is_none() || routers == 1, "routers", why)?;
         ensure(
@@ -230,19 +225,22 @@ pub async fn run(
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
-        .map_err(|e| stack::http(&stack.router_url, e))?;
+        .map_err(|e| stack::http(&stack.router_urls[0], e))?;
     let drive_cfg = DriveConfig {
         urls: stack.router_urls.clone(),
         spread_seed: cfg.workload.seed,
         fidelity_every: cfg.fidelity_every,
         timeout: Duration::from_secs(120),
-        inspect_token: stack.admin_token().map(str::to_owned),
+        inspect_token: stack.admin_token.clone(),
     };
     let search_cfg = DriveConfig {
         fidelity_every: 0,
         ..drive_cfg.clone()
     };
-    let ids = stack.worker_ids();
+    // An engine attached by bare URL has no id to count shares by.
+    let ids: Vec<String> = (stack.engines.iter().filter(|e| !e.id.is_empty()))
+        .map(|e| e.id.clone())
+        .collect();
     let bs = cfg.sim.block_size as u64;
     let chains = crate::sim::tiny_tokenizer()
         .ok()
@@ -330,7 +328,7 @@ pub async fn run(
         .collect();
     stack.shutdown().await;
     let settings = serde_json::to_value(cfg).unwrap_or_default();
-    let html = output::write_all(&cfg.out_dir, &reports, &replicas, &settings, cfg.slo_ms)?;
+    let html = write_all(&cfg.out_dir, &reports, &replicas, &settings, cfg.slo_ms)?;
     Ok(CompareOutcome {
         table: report::console(&reports, cfg.slo_ms),
         reports,
@@ -339,9 +337,46 @@ pub async fn run(
     })
 }
 
+/// Writes results.json, replicas.json, results.md, the SVG plots and report.html into
+/// `dir`; returns the HTML report's path.
+fn write_all(
+    dir: &Path,
+    reports: &[StrategyReport],
+    replicas: &impl serde::Serialize,
+    settings: &serde_json::Value,
+    slo_ms: f64,
+) -> Result<PathBuf, BenchError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let json = serde_json::json!({"settings": settings, "strategies": reports});
+    let text = serde_json::to_string_pretty(&json).unwrap_or_default();
+    let write = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, body).map_err(io(&p))
+    };
+    write("results.json", &text)?;
+    write(
+        "replicas.json",
+        &serde_json::to_string_pretty(replicas).unwrap_or_default(),
+    )?;
+    let md = markdown(reports, slo_ms);
+    write("results.md", &md)?;
+    let cdf = plot::ttft_cdf(reports);
+    let hits = plot::hit_over_time(reports);
+    let shares = plot::shares(reports);
+    write("ttft_cdf.svg", &cdf)?;
+    write("hit_rate.svg", &hits)?;
+    write("share.svg", &shares)?;
+    let html = plot::html(&md, &[&cdf, &hits, &shares], &text);
+    write("report.html", &html)?;
+    Ok(dir.join("report.html"))
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::optimum::{Optimum, LEGEND};
+    use driver::Sample;
 
     #[test]
     fn progress_labels_say_which_strategy_of_how_many_and_when_all_end() {
@@ -362,5 +397,71 @@ mod tests {
             (clock(42.4), clock(3725.0)),
             ("42s".to_owned(), "1h02m".to_owned())
         );
+    }
+
+    #[test]
+    fn every_report_file_shows_the_bound_and_the_lru_references() {
+        let samples: Vec<Sample> = (0..4)
+            .map(|i| Sample {
+                arrival_s: f64::from(i),
+                done_s: f64::from(i) + 0.5,
+                ttft_ms: Some(10.0),
+                e2e_ms: Some(20.0),
+                prompt_tokens: 100,
+                cached_tokens: 48,
+                completion_tokens: 4,
+                backend: Some("sim-0".into()),
+                ..Sample::default()
+            })
+            .collect();
+        let mut r = aggregate("kv_aware", 1.0, &samples, 16, &["sim-0".into()]);
+        r.hit_ceiling = Some(0.95);
+        r.optimum = Some(Optimum {
+            bound: 0.911,
+            reference: 0.883,
+            lru_oracle: Some(0.858),
+            lru_pinned: Some(0.864),
+        });
+        let dir = std::env::temp_dir().join(format!("warmpath-report-{}", std::process::id()));
+        write_all(
+            &dir,
+            &[r],
+            &serde_json::json!([]),
+            &serde_json::json!({}),
+            500.0,
+        )
+        .unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+        let (md, html, svg) = (
+            read("results.md"),
+            read("report.html"),
+            read("hit_rate.svg"),
+        );
+        let json: serde_json::Value = serde_json::from_str(&read("results.json")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        // The references once, above the table; the row has the hit rate.
+        let refs =
+            "ceiling 95.0%, bound 91.1%, reference 88.3%, LRU oracle 85.8%, LRU pinned 86.4%";
+        assert!(
+            md.starts_with("Hit-rate references") && md.contains(&format!("{refs}\n\n| strategy")),
+            "{md}"
+        );
+        assert!(md.contains("| 48.0% |"), "{md}");
+        assert!(md.trim_end().ends_with(LEGEND), "{md}");
+        assert!(html.contains(&format!("{refs}</p>\n<table>")), "{html}");
+        assert!(html.contains("<td>48.0%</td>"), "{html}");
+        assert!(html.contains("<p>Hit-rate references"), "{html}");
+        let o = &json["strategies"][0]["optimum"];
+        assert_eq!(o["bound"], 0.911);
+        assert_eq!(o["lru_oracle"], 0.858);
+        assert_eq!(o["lru_pinned"], 0.864);
+        for line in [
+            "optimum bound",
+            "optimum reference",
+            "LRU oracle",
+            "LRU pinned",
+        ] {
+            assert!(svg.contains(&format!(">{line}</text>")), "{line}: {svg}");
+        }
     }
 }

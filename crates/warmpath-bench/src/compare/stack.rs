@@ -2,9 +2,9 @@
 //! real agent each and the real router (in process or as R processes),
 //! started here on loopback, or a running router and engines attached to.
 
-use super::candle::{CandleConfig, CandleFleet, EngineShape};
+use super::candle::{CandleConfig, CandleFleet};
 use super::replicas::{labelled_sum, router_binary, RouterProcesses};
-use crate::error::{component, BenchError};
+use crate::error::{component, ensure, BenchError};
 use crate::sim::{Fleet, SimConfig};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -46,12 +46,7 @@ impl RouterKnobs {
 impl Default for RouterKnobs {
     /// The flags' defaults.
     fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            knobs: RouterKnobs,
-        }
-        <Flags as clap::Parser>::parse_from(["compare"]).knobs
+        crate::flag_defaults()
     }
 }
 
@@ -119,13 +114,11 @@ struct Owned {
 /// A router (or its replicas) and its engines, started here or attached to.
 #[derive(Debug)]
 pub struct Stack {
-    /// `http://` base URL of the (first) router.
-    pub router_url: String,
     /// `http://` base URLs of every router replica, the first one first.
     pub router_urls: Vec<String>,
     pub model: String,
     pub engines: Vec<EngineEndpoint>,
-    admin_token: Option<String>,
+    pub admin_token: Option<String>,
     owned: Option<Owned>,
 }
 
@@ -185,12 +178,7 @@ impl Stack {
                 (Engines::Sim(fleet), cfgs)
             }
             EngineKind::Candle(c) => {
-                let shape = EngineShape {
-                    model: &sim.model,
-                    block_size: sim.block_size,
-                    cache_blocks: sim.cache_blocks,
-                };
-                let fleet = CandleFleet::start(n, c, shape, &model_dir).await?;
+                let fleet = CandleFleet::start(n, c, sim, &model_dir).await?;
                 let cfgs = agents!(fleet);
                 (Engines::Candle(fleet), cfgs)
             }
@@ -231,7 +219,6 @@ impl Stack {
             agents.push(agent.map_err(|e| component(format!("agent {id}"), e))?);
         }
         let stack = Stack {
-            router_url: urls[0].clone(),
             router_urls: urls,
             model: sim.model.clone(),
             engines: list,
@@ -250,12 +237,8 @@ impl Stack {
     /// Attaches to a running router and engines serving `model`: checks
     /// that each answers `/health`.
     pub async fn attach(cfg: &AttachConfig, model: &str) -> Result<Stack, BenchError> {
-        if cfg.engines.is_empty() {
-            return Err(BenchError::Invalid {
-                what: "attach",
-                reason: "name at least one engine URL".into(),
-            });
-        }
+        let why = "name at least one engine URL";
+        ensure(!cfg.engines.is_empty(), "attach", why)?;
         let client = reqwest::Client::new();
         let router = cfg.router_url.trim_end_matches('/').to_owned();
         let mut urls = vec![router.clone()];
@@ -274,26 +257,12 @@ impl Stack {
             }
         }
         Ok(Stack {
-            router_url: router.clone(),
             router_urls: vec![router],
             model: model.to_owned(),
             engines: cfg.engines.clone(),
             admin_token: cfg.admin_token.clone(),
             owned: None,
         })
-    }
-
-    /// Known worker ids, in order.
-    pub fn worker_ids(&self) -> Vec<String> {
-        self.engines
-            .iter()
-            .filter(|e| !e.id.is_empty())
-            .map(|e| e.id.clone())
-            .collect()
-    }
-
-    pub fn admin_token(&self) -> Option<&str> {
-        self.admin_token.as_deref()
     }
 
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -464,8 +433,5 @@ fn router_config(
 }
 
 pub(super) fn http(url: &str, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Http {
-        url: url.to_owned(),
-        reason: e.to_string(),
-    }
+    component(format!("HTTP {url}"), e)
 }

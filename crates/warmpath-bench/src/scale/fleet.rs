@@ -17,6 +17,7 @@ struct Segment {
     children: HashSet<u64>,
 }
 
+#[derive(Default)]
 pub(crate) struct Instance {
     pub(crate) slot: WorkerSlot,
     segments: HashMap<u64, Segment>,
@@ -39,17 +40,8 @@ impl Instance {
     pub(crate) fn new(slot: WorkerSlot, capacity: usize) -> Self {
         Instance {
             slot,
-            segments: HashMap::new(),
-            lru: BTreeSet::new(),
-            used_blocks: 0,
             capacity,
-            prefill_queue: VecDeque::new(),
-            prefilling: None,
-            decoding: 0,
-            decode_wait: VecDeque::new(),
-            in_flight: 0,
-            served: 0,
-            served_late: 0,
+            ..Instance::default()
         }
     }
 

@@ -10,7 +10,7 @@ mod view;
 pub use cost::{KindCost, RoutingCost};
 pub use diag::Diagnosis;
 
-use crate::error::{ensure, BenchError};
+use crate::error::{ensure, ensure_in, BenchError};
 use crate::stats::{ratio, share_min_max, Summary};
 use crate::timing::TimeModel;
 use cost::CostSums;
@@ -78,12 +78,6 @@ pub struct ScaleConfig {
     /// Instances reset each time (with `--reset-every-s`).
     #[arg(long, default_value_t = 2)]
     pub reset_instances: usize,
-    #[arg(skip = 50usize)]
-    pub question_tokens: usize,
-    #[arg(skip = 32u32)]
-    pub output_tokens: u32,
-    #[arg(skip = 16usize)]
-    pub block_size: usize,
     /// How often the agents report the engines' load to the replicas, ms.
     #[arg(skip = 1000u64)]
     pub load_report_ms: u64,
@@ -94,20 +88,16 @@ pub struct ScaleConfig {
 }
 
 impl Default for ScaleConfig {
+    /// The flags' defaults.
     fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            config: ScaleConfig,
-        }
-        <Flags as clap::Parser>::parse_from(["scale"]).config
+        crate::flag_defaults()
     }
 }
 
 impl ScaleConfig {
     /// Blocks of the whole working set (every document once).
     pub fn working_set_blocks(&self) -> usize {
-        self.docs * (self.doc_tokens / self.block_size.max(1))
+        self.docs * (self.doc_tokens / BLOCK)
     }
 
     /// Sizes each instance's cache so that the fleet's total holds `ratio`
@@ -120,24 +110,12 @@ impl ScaleConfig {
 
     pub fn validate(&self) -> Result<(), BenchError> {
         let c = self;
-        ensure(
-            (1..=65_536).contains(&c.instances),
-            "instances",
-            "must be in 1..=65536",
-        )?;
+        ensure_in("instances", c.instances, 1, 65_536)?;
         let docs_ok = c.requests > 0 && c.docs > 0 && c.docs <= u32::MAX as usize;
         ensure(docs_ok, "requests/docs", "must be at least 1")?;
         let rate_ok = c.rate_per_instance.is_finite() && c.rate_per_instance > 0.0;
         ensure(rate_ok, "rate_per_instance", "must be a number > 0")?;
-        let prompt_ok = c.block_size > 0 && c.doc_tokens + c.question_tokens >= 2;
-        let why = "need a block size >= 1 and a 2-token prompt";
-        ensure(prompt_ok, "block_size/tokens", why)?;
-        ensure(c.output_tokens > 0, "output_tokens", "must be at least 1")?;
-        ensure(
-            (1..=64).contains(&c.routers),
-            "routers",
-            "must be in 1..=64",
-        )?;
+        ensure_in("routers", c.routers, 1, 64)?;
         let delay_ok = c.share_delay_ms.is_none_or(|d| d.is_finite() && d >= 0.0);
         ensure(delay_ok, "share_delay_ms", "must be a number >= 0")?;
         let fits = c.reset_instances <= c.instances;
@@ -211,6 +189,11 @@ enum Event {
     /// The `n`-th round of cache resets.
     Reset(usize),
 }
+
+/// Tokens per block, of each request's question, and of each answer.
+const BLOCK: usize = 16;
+const QUESTION_TOKENS: usize = 50;
+const OUTPUT_TOKENS: u32 = 32;
 
 /// Segment keys: documents by id, request tails by request number.
 const TAIL_KEY: u64 = 1 << 63;
@@ -316,7 +299,7 @@ impl<'a> Sim<'a> {
             rng: SmallRng::seed_from_u64(cfg.seed),
             zipf: Zipf::new(cfg.docs, cfg.zipf),
             seed: HashSeed::new("scale-model", "", ""),
-            tokens: Vec::with_capacity(cfg.doc_tokens + cfg.question_tokens),
+            tokens: Vec::with_capacity(cfg.doc_tokens + QUESTION_TOKENS),
             routing_each: Vec::with_capacity(cfg.requests),
             cost: CostSums::default(),
             ttft: Vec::with_capacity(cfg.requests),
@@ -334,7 +317,7 @@ impl<'a> Sim<'a> {
     }
 
     fn prompt_tokens(&self) -> usize {
-        self.cfg.doc_tokens + self.cfg.question_tokens
+        self.cfg.doc_tokens + QUESTION_TOKENS
     }
 
     /// The sharing delay, when replicas share decisions (never one router).
@@ -371,7 +354,7 @@ impl<'a> Sim<'a> {
             self.tokens
                 .push(((d * 1_000_003 + i * 7_919) % 50_000) as u32 + (doc % 16) * 50_000);
         }
-        for j in 0..self.cfg.question_tokens as u32 {
+        for j in 0..QUESTION_TOKENS as u32 {
             self.tokens
                 .push(req.wrapping_mul(2_654_435_761).wrapping_add(j) | 0x8000_0000);
         }
@@ -397,13 +380,13 @@ impl<'a> Sim<'a> {
         let t0 = Instant::now();
         let mut chain = Vec::new();
         if kv {
-            chain.reserve(self.tokens.len() / self.cfg.block_size);
-            ChainHasher::new(self.seed, self.cfg.block_size).extend(&self.tokens, &mut chain);
+            chain.reserve(self.tokens.len() / BLOCK);
+            ChainHasher::new(self.seed, BLOCK).extend(&self.tokens, &mut chain);
         }
         let hashed = t0.elapsed();
         let matches = kv.then(|| self.index.longest_match(&chain));
         let matched = t0.elapsed();
-        let chain_blocks = (self.prompt_tokens() / self.cfg.block_size) as u32;
+        let chain_blocks = (self.prompt_tokens() / BLOCK) as u32;
         let rr = self.routers.choose();
         let sharing = self.share_delay_us().is_some();
         let view = &mut self.routers.views[rr];
@@ -477,14 +460,13 @@ impl<'a> Sim<'a> {
             return;
         };
         self.tick += 1;
-        let bs = self.cfg.block_size;
         let prompt = self.prompt_tokens();
-        let doc_blocks = self.cfg.doc_tokens / bs;
-        let cap_blocks = (prompt - 1) / bs;
+        let doc_blocks = self.cfg.doc_tokens / BLOCK;
+        let cap_blocks = (prompt - 1) / BLOCK;
         let doc = self.reqs[r].doc;
         // A document of no full block is never cached: `have` is 0.
         let have = self.fleet[i].touch(u64::from(doc), self.tick);
-        let cached = have.min(doc_blocks).min(cap_blocks) * bs;
+        let cached = have.min(doc_blocks).min(cap_blocks) * BLOCK;
         self.reqs[r].cached_tokens = cached as u32;
         self.reqs[r].prefill_start_us = self.now;
         self.fleet[i].prefilling = Some(r);
@@ -510,9 +492,8 @@ impl<'a> Sim<'a> {
     fn prefill_done(&mut self, r: usize) -> Result<(), BenchError> {
         let i = self.reqs[r].instance as usize;
         let chain = std::mem::take(&mut self.reqs[r].chain);
-        let total_blocks = self.prompt_tokens() / self.cfg.block_size;
-        let bs = self.cfg.block_size;
-        let doc_blocks = (self.cfg.doc_tokens / bs).min(total_blocks);
+        let total_blocks = self.prompt_tokens() / BLOCK;
+        let doc_blocks = (self.cfg.doc_tokens / BLOCK).min(total_blocks);
         let index = (self.strategy == Strategy::KvAware).then_some(&self.index);
         let (doc_hashes, tail_hashes) = chain.split_at(doc_blocks.min(chain.len()));
         self.tick += 1;
@@ -541,7 +522,8 @@ impl<'a> Sim<'a> {
                 origin: req.origin,
                 hit,
                 uncached_tokens: prompt - u64::from(req.cached_tokens),
-                tail_tokens: prompt - (doc_blocks.min((prompt as usize - 1) / bs) * bs) as u64,
+                tail_tokens: prompt
+                    - (doc_blocks.min((prompt as usize - 1) / BLOCK) * BLOCK) as u64,
                 ttft_ms: (self.now - req.arrival_us) as f64 / 1000.0,
                 wait_ms: (req.prefill_start_us - req.arrival_us) as f64 / 1000.0,
                 behind_cold: self.last_cold_done_us[i] > req.arrival_us,
@@ -566,7 +548,7 @@ impl<'a> Sim<'a> {
     fn start_decode(&mut self, r: usize) {
         let i = self.reqs[r].instance as usize;
         self.fleet[i].decoding += 1;
-        let t = self.cfg.time.decode_ms(self.cfg.output_tokens);
+        let t = self.cfg.time.decode_ms(OUTPUT_TOKENS);
         self.schedule(self.now + us(t), Event::DecodeDone(r));
     }
 
@@ -588,7 +570,7 @@ impl<'a> Sim<'a> {
     /// The documents in arrival order, in flight until their last token.
     fn optimum(&self) -> Option<crate::optimum::Optimum> {
         let c = self.cfg;
-        let decode_us = us(c.time.decode_ms(c.output_tokens)) as f64;
+        let decode_us = us(c.time.decode_ms(OUTPUT_TOKENS)) as f64;
         let docs = self.reqs.iter().map(|r| {
             let done = (r.first_token_us as f64 + decode_us) / 1e6;
             (r.arrival_us as f64 / 1e6, done, u64::from(r.doc))
@@ -596,10 +578,10 @@ impl<'a> Sim<'a> {
         let fleet = crate::optimum::Fleet {
             backends: c.instances,
             cache_blocks: c.cache_blocks as u64,
-            block_size: c.block_size as u64,
+            block_size: BLOCK as u64,
             max_in_flight: c.time.max_batch as usize,
         };
-        let doc_blocks = u32::try_from(c.doc_tokens / c.block_size).unwrap_or(u32::MAX);
+        let doc_blocks = u32::try_from(c.doc_tokens / BLOCK).unwrap_or(u32::MAX);
         crate::optimum::of_documents(docs, doc_blocks, self.prompt_tokens() as u64, fleet)
     }
 

@@ -14,28 +14,13 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use warmpath_core::prefix_cache::{CacheEvent, EngineBlockHash, PrefixCache};
-
-/// Counters and gauges in vLLM's terms (see `/metrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct EngineStats {
-    /// Requests prefilling or decoding.
-    pub running: u32,
-    /// Requests admitted but not yet prefilling.
-    pub waiting: u32,
-    /// Cache usage, 0..=1.
-    pub kv_usage: f64,
-    /// Prompt tokens looked up in the prefix cache.
-    pub prefix_queries: u64,
-    /// Of those, cached.
-    pub prefix_hits: u64,
-    pub prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub requests: u64,
-}
+use warmpath_openai::vllm_metrics::Totals;
+use warmpath_openai::VllmStats;
 
 struct State {
     cache: PrefixCache<()>,
-    stats: EngineStats,
+    /// In vLLM's terms; the cache's gauges are read when asked.
+    stats: VllmStats,
     /// Admitted requests by id: whether prefill started, what they pin.
     tickets: HashMap<u64, Ticket>,
     next_id: u64,
@@ -116,7 +101,10 @@ impl SimEngine {
         time.validate()?;
         let state = Arc::new(Mutex::new(State {
             cache: PrefixCache::new(block_size, num_blocks)?,
-            stats: EngineStats::default(),
+            stats: VllmStats {
+                totals: Some(Totals::default()),
+                ..VllmStats::default()
+            },
             tickets: HashMap::new(),
             next_id: 0,
         }));
@@ -126,10 +114,7 @@ impl SimEngine {
             time.clone(),
             state.clone(),
             rx,
-            Publisher {
-                events: events.clone(),
-                lock: publish.clone(),
-            },
+            (events.clone(), publish.clone()),
             shutdown,
         ));
         Ok(Arc::new(SimEngine {
@@ -144,9 +129,9 @@ impl SimEngine {
         }))
     }
 
-    pub fn stats(&self) -> EngineStats {
+    pub fn stats(&self) -> VllmStats {
         let s = self.state.lock();
-        EngineStats {
+        VllmStats {
             kv_usage: s.cache.usage(),
             prefix_queries: s.cache.stats().queried_tokens,
             prefix_hits: s.cache.stats().hit_tokens,
@@ -224,16 +209,17 @@ impl SimEngine {
 
     pub fn finished(&self, prompt_tokens: usize, output_tokens: usize) {
         let mut s = self.state.lock();
-        s.stats.requests += 1;
-        s.stats.prompt_tokens += prompt_tokens as u64;
-        s.stats.generation_tokens += output_tokens as u64;
+        let t = s.stats.totals.get_or_insert_default();
+        t.requests += 1;
+        t.prompt_tokens += prompt_tokens as u64;
+        t.generation_tokens += output_tokens as u64;
     }
 
     /// Drops every cached block; refused while requests hold blocks.
-    pub async fn reset(&self, events: &mpsc::Sender<Vec<CacheEvent>>) -> Result<(), BenchError> {
+    pub async fn reset(&self) -> Result<(), BenchError> {
         let _order = self.publish.lock().await;
         let evs = self.state.lock().cache.clear()?;
-        events.send(evs).await.map_err(|_| publisher_gone())
+        self.events.send(evs).await.map_err(|_| publisher_gone())
     }
 }
 
@@ -241,17 +227,11 @@ fn publisher_gone() -> BenchError {
     component("kv event publisher", "stopped")
 }
 
-/// Where the prefill task sends its events, in cache order.
-struct Publisher {
-    events: mpsc::Sender<Vec<CacheEvent>>,
-    lock: Arc<tokio::sync::Mutex<()>>,
-}
-
 async fn prefill_loop(
     time: TimeModel,
     state: Arc<Mutex<State>>,
     mut rx: mpsc::Receiver<Job>,
-    publisher: Publisher,
+    (events, publish): (mpsc::Sender<Vec<CacheEvent>>, Arc<tokio::sync::Mutex<()>>),
     shutdown: CancellationToken,
 ) {
     loop {
@@ -278,7 +258,7 @@ async fn prefill_loop(
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)) => {}
         }
-        let order = publisher.lock.lock().await;
+        let order = publish.lock().await;
         let evs = {
             let mut s = state.lock();
             // vLLM keeps the computed blocks even when the request is aborted.
@@ -295,7 +275,7 @@ async fn prefill_loop(
             }
             out.events
         };
-        if !evs.is_empty() && publisher.events.send(evs).await.is_err() {
+        if !evs.is_empty() && events.send(evs).await.is_err() {
             tracing::warn!("kv event publisher stopped; events dropped");
         }
         drop(order);
@@ -341,11 +321,14 @@ mod tests {
         assert_eq!(s.prefix_queries, 48);
         assert_eq!(s.prefix_hits, 12);
         // Blocks are pinned while a request runs: reset is refused.
-        assert!(e.reset(&mpsc::channel(1).0).await.is_err());
+        assert!(e.reset().await.is_err());
         drop(c);
-        let (tx, mut rx) = mpsc::channel(1);
-        e.reset(&tx).await.unwrap();
-        assert_eq!(rx.recv().await.unwrap(), vec![CacheEvent::AllBlocksCleared]);
+        e.reset().await.unwrap();
+        let mut last = Vec::new();
+        while let Ok(evs) = events.try_recv() {
+            last = evs;
+        }
+        assert_eq!(last, vec![CacheEvent::AllBlocksCleared]);
         assert_eq!(e.stats().kv_usage, 0.0);
     }
 
@@ -387,7 +370,7 @@ mod tests {
         e.decoded(&a, &seq).await.unwrap();
         assert!(events.try_recv().is_err());
         // Pinned while the request runs, released after.
-        assert!(e.reset(&mpsc::channel(1).0).await.is_err());
+        assert!(e.reset().await.is_err());
         drop(a);
         // The next turn: prompt + answer + more hits both blocks.
         let mut next = seq.clone();

@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use warmpath_core::prefix_cache::CacheEvent;
 use warmpath_core::tokenize::ChatTokenizer;
-use warmpath_openai::vllm_metrics::Totals;
 use warmpath_openai::{ApiError, Backend, Generation, Item, Job, ServerConfig, VllmStats};
 
 /// Context length (prompt plus output), in tokens (vLLM's `max_model_len`).
@@ -25,7 +23,6 @@ pub(crate) struct AppState {
     pub(crate) config: ServerConfig,
     pub(crate) engine: Arc<SimEngine>,
     pub(crate) tokenizer: Arc<ChatTokenizer>,
-    pub(crate) events: mpsc::Sender<Vec<CacheEvent>>,
     pub(crate) output: Arc<OutputVocab>,
     pub(crate) shutdown: CancellationToken,
 }
@@ -81,25 +78,13 @@ impl Backend for AppState {
 
     async fn reset(&self) -> Result<(), ApiError> {
         self.engine
-            .reset(&self.events)
+            .reset()
             .await
             .map_err(|e| ApiError::new(StatusCode::CONFLICT, e.to_string()))
     }
 
     fn stats(&self) -> VllmStats {
-        let s = self.engine.stats();
-        VllmStats {
-            running: s.running.into(),
-            waiting: s.waiting.into(),
-            kv_usage: s.kv_usage,
-            prefix_queries: s.prefix_queries,
-            prefix_hits: s.prefix_hits,
-            totals: Some(Totals {
-                prompt_tokens: s.prompt_tokens,
-                generation_tokens: s.generation_tokens,
-                requests: s.requests,
-            }),
-        }
+        self.engine.stats()
     }
 }
 
@@ -122,11 +107,7 @@ async fn produce(
         }
     };
     let out = output.generate(seed, max_tokens);
-    let emit = |piece: &str| {
-        let (tx, piece) = (tx.clone(), piece.to_owned());
-        async move { tx.send(Item::Text(piece)).await.is_ok() }
-    };
-    if !decode(engine, &adm, prompt, &out, emit).await {
+    if !decode(engine, &adm, prompt, &out, &tx).await {
         return;
     }
     engine.finished(prompt_len, max_tokens);
@@ -140,21 +121,17 @@ async fn produce(
         .await;
 }
 
-/// Decodes `out` after the prefill, one token per step, each handed to
-/// `emit` (false: the client left). Step `i` feeds token `i - 1` back, caching
+/// Decodes `out` after the prefill, one token per step, each sent to `tx`
+/// (failing when the client left). Step `i` feeds token `i - 1` back, caching
 /// every block that fills (the last token's KV is never computed, as in
 /// vLLM). Returns whether every token was emitted.
-async fn decode<F, Fut>(
+async fn decode(
     engine: &SimEngine,
     adm: &Admission,
     prompt: Vec<u32>,
     out: &Output,
-    mut emit: F,
-) -> bool
-where
-    F: FnMut(&str) -> Fut,
-    Fut: Future<Output = bool>,
-{
+    tx: &mpsc::Sender<Item>,
+) -> bool {
     let bs = engine.block_size;
     let step = Duration::from_secs_f64(engine.time.decode_step_ms / 1000.0);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
@@ -170,7 +147,7 @@ where
                 }
             }
         }
-        if !emit(piece).await {
+        if tx.send(Item::Text(piece.clone())).await.is_err() {
             return false;
         }
     }

@@ -9,10 +9,10 @@ pub mod output;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{EngineStats, SimEngine};
+pub use engine::SimEngine;
 pub use output::{Output, OutputVocab};
 
-use crate::error::BenchError;
+use crate::error::{component, ensure, BenchError};
 use crate::timing::TimeModel;
 use axum::serve::ListenerExt;
 use std::sync::Arc;
@@ -47,12 +47,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     /// The flags' defaults.
     fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            config: SimConfig,
-        }
-        <Flags as clap::Parser>::parse_from(["sim"]).config
+        crate::flag_defaults()
     }
 }
 
@@ -106,7 +101,7 @@ async fn start_one(
         cfg.block_size,
         cfg.cache_blocks,
         cfg.max_queue,
-        events.clone(),
+        events,
         shutdown.clone(),
     )?;
     let id = format!("sim-{i}");
@@ -114,15 +109,11 @@ async fn start_one(
         config: http::server_config(&cfg.model, &engine),
         engine,
         tokenizer,
-        events,
         output,
         shutdown: shutdown.clone(),
     });
     let addr = "127.0.0.1:0";
-    let bind = |source| BenchError::Bind {
-        addr: addr.to_owned(),
-        source,
-    };
+    let bind = |e: std::io::Error| component(format!("listening on {addr}"), e);
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
     let http_addr = listener.local_addr().map_err(bind)?;
     let app = warmpath_openai::router(state);
@@ -164,12 +155,7 @@ impl Fleet {
         tokenizer: Arc<ChatTokenizer>,
         shutdown: CancellationToken,
     ) -> Result<Fleet, BenchError> {
-        if n == 0 {
-            return Err(BenchError::Invalid {
-                what: "instances",
-                reason: "must be at least 1".into(),
-            });
-        }
+        ensure(n > 0, "instances", "must be at least 1")?;
         let output = Arc::new(OutputVocab::new(&tokenizer)?);
         let mut instances = Vec::with_capacity(n);
         for i in 0..n {

@@ -79,10 +79,6 @@ impl OutputVocab {
         })
     }
 
-    pub fn sizes(&self) -> (usize, usize) {
-        (self.first.len(), self.inner.len())
-    }
-
     /// `n` tokens of output, the same for the same `seed`.
     pub fn generate(&self, seed: u64, n: usize) -> Output {
         let mut rng = SmallRng::seed_from_u64(seed);
@@ -130,7 +126,7 @@ mod tests {
     #[test]
     fn tiny_vocabulary_has_words_of_both_kinds() {
         let v = OutputVocab::new(&tiny_tokenizer().unwrap()).unwrap();
-        let (first, inner) = v.sizes();
+        let (first, inner) = (v.first.len(), v.inner.len());
         assert!(first >= 20 && inner >= 20, "{first} / {inner}");
         assert!(v.period.is_some());
         let a = v.generate(7, 50);

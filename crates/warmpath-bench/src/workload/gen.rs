@@ -10,6 +10,11 @@ use crate::words::WordGen;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+/// Tokens of a request's distinct question.
+const QUESTION_TOKENS: usize = 50;
+/// Tenants of the `tenants` workload.
+const TENANTS: usize = 4;
+
 /// Generates the trace `spec` describes.
 pub fn generate(spec: &WorkloadSpec) -> Result<Vec<TraceRequest>, BenchError> {
     spec.validate()?;
@@ -53,14 +58,10 @@ struct Gen<'a> {
 impl Gen<'_> {
     fn request(&self, group: String) -> TraceRequest {
         TraceRequest {
-            arrival: 0.0,
             model: self.spec.model.clone(),
-            messages: None,
-            prompt: None,
             max_tokens: self.spec.max_tokens,
-            tenant: None,
-            tenant_via: None,
             group: Some(group),
+            ..TraceRequest::default()
         }
     }
 
@@ -72,7 +73,7 @@ impl Gen<'_> {
     }
 
     fn question(&mut self) -> String {
-        let q = self.words.text_tokens(self.rng, self.spec.question_tokens);
+        let q = self.words.text_tokens(self.rng, QUESTION_TOKENS);
         format!("Question: {}?", q.trim_end_matches('.'))
     }
 
@@ -186,7 +187,7 @@ impl Gen<'_> {
         (0..self.spec.requests)
             .map(|_| {
                 let f = zipf.sample(self.rng);
-                let ask = self.words.text_tokens(self.rng, self.spec.question_tokens);
+                let ask = self.words.text_tokens(self.rng, QUESTION_TOKENS);
                 let mut r = self.request(format!("file-{f}"));
                 r.prompt = Some(format!("{}\n// TODO: {ask}\n", files[f]));
                 r
@@ -201,7 +202,7 @@ impl Gen<'_> {
         );
         (0..self.spec.requests)
             .map(|_| {
-                let t = self.rng.random_range(0..self.spec.tenants);
+                let t = self.rng.random_range(0..TENANTS);
                 let q = self.question();
                 let mut r = self.chat(format!("tenant-{t}"), &system, q);
                 r.tenant = Some(format!("tenant-{t}"));

@@ -8,6 +8,5 @@ pub mod trace;
 
 pub use gen::generate;
 pub use spec::{
-    rescale, BadRecord, ChatMessage, TenantVia, TraceRequest, WorkloadKind, WorkloadSpec,
-    CONVERSATION_PREFIX,
+    rescale, ChatMessage, TenantVia, TraceRequest, WorkloadKind, WorkloadSpec, CONVERSATION_PREFIX,
 };

@@ -35,23 +35,8 @@ pub enum TenantVia {
     Header,
 }
 
-/// Why a trace record is refused (not retryable: the line must change).
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum BadRecord {
-    #[error("arrival {0} must be a number >= 0")]
-    Arrival(f64),
-    #[error("model must not be empty")]
-    NoModel,
-    #[error("messages must not be empty")]
-    NoMessages,
-    #[error("give either messages or prompt, not both")]
-    Both,
-    #[error("one of messages or prompt is required")]
-    Neither,
-}
-
 /// One request of a trace (one JSONL line).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceRequest {
     /// Seconds from the start of the run.
@@ -127,19 +112,18 @@ impl TraceRequest {
     }
 
     /// Checks the record: a finite arrival >= 0, exactly one of messages / prompt, a model.
-    pub fn validate(&self) -> Result<(), BadRecord> {
+    pub fn validate(&self) -> Result<(), String> {
         if !(self.arrival.is_finite() && self.arrival >= 0.0) {
-            return Err(BadRecord::Arrival(self.arrival));
+            return Err(format!("arrival {} must be a number >= 0", self.arrival));
         }
         if self.model.is_empty() {
-            return Err(BadRecord::NoModel);
+            return Err("model must not be empty".into());
         }
         match (&self.messages, &self.prompt) {
-            (Some(m), None) if !m.is_empty() => Ok(()),
-            (Some(_), None) => Err(BadRecord::NoMessages),
-            (None, Some(_)) => Ok(()),
-            (Some(_), Some(_)) => Err(BadRecord::Both),
-            (None, None) => Err(BadRecord::Neither),
+            (Some(m), None) if m.is_empty() => Err("messages must not be empty".into()),
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            (Some(_), Some(_)) => Err("give either messages or prompt, not both".into()),
+            (None, None) => Err("one of messages or prompt is required".into()),
         }
     }
 }
@@ -177,10 +161,6 @@ pub struct WorkloadSpec {
     pub zipf: f64,
     /// Tokens of a shared prefix.
     pub prefix_tokens: usize,
-    /// Tokens of the distinct question.
-    pub question_tokens: usize,
-    /// Tenants (`tenants` only).
-    pub tenants: usize,
 }
 
 impl WorkloadSpec {
@@ -205,8 +185,6 @@ impl WorkloadSpec {
                 WorkloadKind::Rag => 300,
                 WorkloadKind::Short => 200,
             },
-            question_tokens: 50,
-            tenants: 4,
         }
     }
 
@@ -217,8 +195,6 @@ impl WorkloadSpec {
             "must be a number > 0",
         )?;
         ensure(self.docs > 0, "docs", "must be at least 1")?;
-        let tenants_ok = (1..=10_000).contains(&self.tenants);
-        ensure(tenants_ok, "tenants", "must be in 1..=10000")?;
         ensure(self.max_tokens > 0, "max_tokens", "must be at least 1")?;
         ensure(
             self.zipf.is_finite() && self.zipf >= 0.0,

@@ -21,7 +21,7 @@ pub fn read_from(reader: impl BufRead, origin: &str) -> Result<Vec<TraceRequest>
             reason,
         };
         let r: TraceRequest = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        r.validate().map_err(|e| bad(e.to_string()))?;
+        r.validate().map_err(bad)?;
         out.push(r);
     }
     if out.is_empty() {

@@ -1,17 +1,16 @@
 //! Hand-written SVG line/bar charts and the self-contained HTML report.
 //!
 //! Every chart keeps its legend in a column right of the plot area, so no
-//! legend covers a curve or a bar.
+//! legend covers a curve or a bar; each strategy is a solid colour of its own,
+//! each offline reference a dashed line in a colour no strategy uses.
 
 mod axis;
 mod page;
-mod palette;
 
 use super::report::StrategyReport;
 use axis::Ticks;
 use page::esc;
 pub(super) use page::html;
-use palette::Style;
 use std::fmt::Write as _;
 
 const W: f64 = 640.0;
@@ -102,6 +101,42 @@ fn legend(s: &mut String, k: usize, style: Style, name: &str) {
     );
 }
 
+/// Strategies, solid (Tableau's ten less the grey and olive the references
+/// take): more than the router's strategies.
+const ROUTERS: [&str; 8] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// References, dashed: dark and muted, unlike every router colour.
+const REFERENCES: [&str; 5] = ["#000000", "#7f7f7f", "#bcbd22", "#00525e", "#c49c94"];
+
+/// Dash patterns of the references, one each.
+const DASHES: [&str; 5] = ["8 4", "3 3", "12 3 3 3", "1 3", "6 2 1 2"];
+
+/// How a series is drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Style {
+    color: &'static str,
+    /// `stroke-dasharray`; `None` draws solid.
+    dash: Option<&'static str>,
+}
+
+/// The style of strategy `k` (report order, the same in every chart).
+fn router(k: usize) -> Style {
+    Style {
+        color: ROUTERS[k % ROUTERS.len()],
+        dash: None,
+    }
+}
+
+/// The style of reference line `k`.
+fn reference(k: usize) -> Style {
+    Style {
+        color: REFERENCES[k % REFERENCES.len()],
+        dash: Some(DASHES[k % DASHES.len()]),
+    }
+}
+
 /// One line series: its name, its style and its points.
 type Series<'a> = (&'a str, Style, &'a [(f64, f64)]);
 
@@ -162,7 +197,7 @@ fn strategy_series(
     points: fn(&StrategyReport) -> &[(f64, f64)],
 ) -> Vec<Series<'_>> {
     let each = reports.iter().enumerate();
-    each.map(|(k, r)| (r.strategy.as_str(), palette::router(k), points(r)))
+    each.map(|(k, r)| (r.strategy.as_str(), router(k), points(r)))
         .collect()
 }
 
@@ -192,7 +227,7 @@ pub(super) fn hit_over_time(reports: &[StrategyReport]) -> String {
     series.extend(
         refs.iter()
             .enumerate()
-            .map(|(k, (n, p))| (*n, palette::reference(k), &p[..])),
+            .map(|(k, (n, p))| (*n, reference(k), &p[..])),
     );
     lines(
         "KV hit rate over time",
@@ -223,7 +258,7 @@ pub(super) fn shares(reports: &[StrategyReport]) -> String {
     let bw = gw / (reports.len() as f64 + 1.0);
     for (k, r) in reports.iter().enumerate() {
         let total: u64 = r.shares.values().sum::<u64>().max(1);
-        let style = palette::router(k);
+        let style = router(k);
         let c = style.color;
         for (g, inst) in instances.iter().enumerate() {
             let pct = 100.0 * *r.shares.get(*inst).unwrap_or(&0) as f64 / total as f64;
@@ -244,6 +279,7 @@ pub(super) fn shares(reports: &[StrategyReport]) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     /// The numbers of every `attr="..."` of the elements opening with `tag`.
     fn attrs(svg: &str, tag: &str, attr: &str) -> Vec<f64> {
@@ -283,10 +319,7 @@ mod tests {
             "t",
             "x",
             "y",
-            &[
-                ("random", palette::router(0), &cdf),
-                ("kv_aware", palette::router(1), &cdf),
-            ],
+            &[("random", router(0), &cdf), ("kv_aware", router(1), &cdf)],
             Some(1.0),
         );
         let right = points(&svg).iter().map(|p| p.0).fold(0.0, f64::max);
@@ -448,5 +481,16 @@ mod tests {
                 "{page}"
             );
         }
+    }
+
+    #[test]
+    fn the_palettes_are_distinct_and_cover_every_series() {
+        let all: BTreeSet<&str> = ROUTERS.iter().chain(&REFERENCES).copied().collect();
+        assert_eq!(all.len(), ROUTERS.len() + REFERENCES.len());
+        assert!(ROUTERS.len() >= warmpath_core::Strategy::ALL.len());
+        // Four references are drawn today (bound, reference, two LRU ones),
+        // plus room for the ceiling.
+        assert!(REFERENCES.len() >= 5 && DASHES.len() >= REFERENCES.len());
+        assert_eq!(DASHES.iter().collect::<BTreeSet<_>>().len(), DASHES.len());
     }
 }
