@@ -26,7 +26,7 @@ warmpath_agent_router_refused_total Streams a router refused, by router
 warmpath_agent_router_tls_failures_total TLS failures toward a router, by router
 warmpath_agent_router_dns_failures_total Failed lookups of a dns:// router name, by name
 warmpath_agent_http_refused_total Connections to the agent's HTTP server answered 503 and closed because its connection cap was reached
-warmpath_agent_http_timeouts_total Agent HTTP connections closed for a request head too slow (header) or no request for too long (idle), by reason
+warmpath_agent_http_timeouts_total Agent HTTP connections closed because their request was not in and answered within the deadline (reason header)
 warmpath_agent_decisions_shared_total Routing decisions a router sent for this worker, passed on to every other router this agent streams to
 warmpath_agent_decisions_dropped_total Shared routing decisions dropped because a router's queue was full (the oldest goes)";
 

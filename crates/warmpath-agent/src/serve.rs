@@ -1,23 +1,17 @@
 //! The agent's HTTP server: hyper over an accept loop bounding what one client
-//! can hold (connection cap, request-head deadline, keep-alive idle deadline;
+//! can hold (a connection cap, one request per connection, a deadline for it;
 //! docs/hostile-edges-agent.md).
 
 use axum::Router;
-use hyper::body::Incoming;
-use hyper::service::{service_fn, Service};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use std::io;
 use std::net::SocketAddr;
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use warmpath_edge::{raw_http1, ErrorBody, ErrorCode, LogEvery};
@@ -25,10 +19,8 @@ use warmpath_edge::{raw_http1, ErrorBody, ErrorCode, LogEvery};
 /// What one client may hold of the agent's HTTP server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpLimits {
-    /// Longest time from a request head's first byte to its end.
+    /// Longest a connection may take to send its request and get the answer.
     pub header_timeout: Duration,
-    /// Longest time a keep-alive connection waits for its next request.
-    pub idle_timeout: Duration,
     /// Connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
 }
@@ -37,7 +29,6 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
             max_connections: default_max_connections(),
         }
     }
@@ -136,126 +127,10 @@ fn refusal(max: usize) -> Vec<u8> {
     raw_http1(status, &[("retry-after", "1")], &body.json())
 }
 
-/// One connection's state, as its watchdog sees it. Times are milliseconds
-/// since the connection opened, plus one (0: none).
-#[derive(Debug)]
-struct Activity {
-    born: Instant,
-    /// Requests between their head's end and their answer.
-    in_flight: AtomicU64,
-    /// When the pending request head began (0: none pending).
-    head_since: AtomicU64,
-    /// When the last request in flight ended.
-    idle_since: AtomicU64,
-    /// Wakes the watchdog when a head begins (its deadline moves earlier).
-    head_began: Notify,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Activity {
-            born: Instant::now(),
-            in_flight: AtomicU64::new(0),
-            // The first request's head is due from the connection's start.
-            head_since: AtomicU64::new(1),
-            idle_since: AtomicU64::new(0),
-            head_began: Notify::new(),
-        }
-    }
-
-    fn now(&self) -> u64 {
-        self.born.elapsed().as_millis() as u64 + 1
-    }
-
-    /// Bytes came in: with no request in flight they begin a head.
-    fn on_read(&self) {
-        if self.in_flight.load(Ordering::Relaxed) == 0
-            && self.head_since.load(Ordering::Relaxed) == 0
-        {
-            self.head_since.store(self.now(), Ordering::Relaxed);
-            self.head_began.notify_one();
-        }
-    }
-
-    /// A whole head arrived; held until its answer ends.
-    fn begin(self: &Arc<Self>) -> Busy {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.head_since.store(0, Ordering::Relaxed);
-        Busy(Arc::clone(self))
-    }
-
-    /// When this connection is to be closed, as things stand (None: a
-    /// request is in flight).
-    fn deadline(&self, limits: &HttpLimits) -> Option<(u64, &'static str)> {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return None;
-        }
-        let ms = |d: Duration| d.as_millis() as u64;
-        match self.head_since.load(Ordering::Relaxed) {
-            0 => Some((
-                self.idle_since.load(Ordering::Relaxed) + ms(limits.idle_timeout),
-                "idle",
-            )),
-            t => Some((t + ms(limits.header_timeout), "header")),
-        }
-    }
-}
-
-/// A request in flight; dropped with its answer.
-#[derive(Debug)]
-struct Busy(Arc<Activity>);
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
-            self.0.idle_since.store(self.0.now(), Ordering::Relaxed);
-        }
-    }
-}
-
-/// The socket, telling [`Activity`] when bytes come in.
-struct Watched {
-    tcp: TcpStream,
-    activity: Arc<Activity>,
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut this.tcp).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.activity.on_read();
-        }
-        r
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
-    }
-}
-
-/// Serves one connection until it ends, its watchdog closes it (a head too
-/// slow, idle too long), or the agent stops (graceful: an answer in flight
-/// is finished).
+/// Serves one request on `tcp`, which must arrive and be answered within the
+/// header deadline (the agent's pages answer at once), then closes: with no
+/// keep-alive there is no idle connection to bound. On shutdown an answer in
+/// flight is finished.
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -264,38 +139,14 @@ async fn connection(
     limits: HttpLimits,
     cancel: CancellationToken,
 ) {
-    let activity = Arc::new(Activity::new());
-    let (app, active) = (TowerToHyperService::new(app), Arc::clone(&activity));
-    // Each request holds a `Busy` until its answer is ready.
-    let service = service_fn(move |req: hyper::Request<Incoming>| {
-        let busy = active.begin();
-        let answer = app.call(req);
-        async move {
-            let resp = answer.await;
-            drop(busy);
-            resp
-        }
-    });
-    let io = TokioIo::new(Watched {
-        tcp,
-        activity: Arc::clone(&activity),
-    });
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let mut conn = pin!(builder.serve_connection(io, service));
+    let service = TowerToHyperService::new(app);
+    let mut builder = http1::Builder::new();
+    builder.keep_alive(false);
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(tcp), service));
+    let deadline = tokio::time::sleep(limits.header_timeout);
+    let mut deadline = pin!(deadline);
     let mut stopping = false;
     loop {
-        let now = activity.now();
-        let wake_at = match activity.deadline(&limits) {
-            Some((at, why)) if at <= now => {
-                metrics::counter!("warmpath_agent_http_timeouts_total", "reason" => why)
-                    .increment(1);
-                tracing::debug!(%peer, reason = why, "agent connection too slow or idle; closed");
-                return;
-            }
-            Some((at, _)) => at,
-            // In flight: looked at again when it may have ended.
-            None => now + limits.header_timeout.min(limits.idle_timeout).as_millis() as u64,
-        };
         tokio::select! {
             biased;
             r = conn.as_mut() => {
@@ -305,12 +156,15 @@ async fn connection(
                 return;
             }
             () = cancel.cancelled(), if !stopping => {
-                // Idle: closed now; busy: after the answer in flight.
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
             }
-            () = activity.head_began.notified() => {}
-            () = tokio::time::sleep(Duration::from_millis(wake_at - now)) => {}
+            () = deadline.as_mut() => {
+                metrics::counter!("warmpath_agent_http_timeouts_total", "reason" => "header")
+                    .increment(1);
+                tracing::debug!(%peer, "agent connection too slow; closed");
+                return;
+            }
         }
     }
 }
@@ -319,32 +173,6 @@ async fn connection(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    fn limits() -> HttpLimits {
-        HttpLimits {
-            header_timeout: Duration::from_millis(100),
-            idle_timeout: Duration::from_millis(1000),
-            max_connections: 4,
-        }
-    }
-
-    #[test]
-    fn a_head_is_due_from_the_start_then_idle_after_each_answer() {
-        let a = Arc::new(Activity::new());
-        let (at, why) = a.deadline(&limits()).unwrap();
-        assert_eq!((at, why), (101, "header"));
-        let busy = a.begin();
-        assert_eq!(a.deadline(&limits()), None, "in flight: never timed");
-        a.on_read(); // a body, or a pipelined head: not a new head
-        assert_eq!(a.deadline(&limits()), None);
-        drop(busy);
-        let (at, why) = a.deadline(&limits()).unwrap();
-        assert_eq!(why, "idle");
-        assert!(at >= 1001, "{at}");
-        a.on_read();
-        let (_, why) = a.deadline(&limits()).unwrap();
-        assert_eq!(why, "header", "the next head's first byte");
-    }
 
     #[test]
     fn the_default_cap_follows_the_open_file_limit() {
