@@ -2,9 +2,8 @@
 """The capacity workloads (issue 21): `warmpath-bench scale` over fleets whose
 total cache holds 0.5x, 0.9x and 1.5x the working set, at Zipf 0.6, 1.0 and
 1.2, for several fleet sizes; prints one markdown table of the optimum bound
-(and the per-backend Belady reference, and the two references on LRU engines:
-the oracle router and the best pinned set; `optimum::LEGEND` says what each
-assumes) against kv_aware, prefix_aware and random: hit rate, TTFT p50/p90
+(and the reference on LRU engines, the oracle router; `optimum::LEGEND` says
+what each assumes) against kv_aware, prefix_aware and random: hit rate, TTFT p50/p90
 and the least / most busy instance's share.
 
 Usage: capacity.py BIN [--instances 7,16] [--ratios 0.5,0.9,1.5]
@@ -44,10 +43,10 @@ def main():
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=42)
     a = ap.parse_args(argv)
-    print("| instances | cache x WS | zipf | bound | reference | LRU oracle | LRU pinned | "
+    print("| instances | cache x WS | zipf | bound | LRU oracle | "
           + " | ".join(f"{s} hit / p50 / p90 ms / share min-max %" for s in STRATEGIES)
           + " | kv replicate |")
-    print("|" + "---|" * (7 + len(STRATEGIES) + 1))
+    print("|" + "---|" * (5 + len(STRATEGIES) + 1))
     for n in [int(x) for x in a.instances.split(",")]:
         for ratio in [float(x) for x in a.ratios.split(",")]:
             for zipf in [float(x) for x in a.zipfs.split(",")]:
@@ -61,8 +60,8 @@ def main():
                                  f"{x['share_min_pct']:.1f}-{x['share_max_pct']:.1f}")
                 kv = r["kv_aware"]
                 pct = lambda k: "-" if opt.get(k) is None else f"{100 * opt[k]:.1f}%"
-                print(f"| {n} | {ratio} | {zipf} | {pct('bound')} | {pct('reference')} | "
-                      f"{pct('lru_oracle')} | {pct('lru_pinned')} | " + " | ".join(cells)
+                print(f"| {n} | {ratio} | {zipf} | {pct('bound')} | {pct('lru_oracle')} | "
+                      + " | ".join(cells)
                       + f" | {kv['decisions'].get('replicate', 0)} |",
                       flush=True)
 

@@ -1,29 +1,21 @@
-//! Hit-rate references that keep the engines' LRU eviction: an oracle router
-//! and the best pinned set (docs/bench.md, "Hit-rate references").
+//! The hit-rate reference that keeps the engines' LRU eviction: an oracle
+//! router (docs/bench.md, "Hit-rate references").
 
 use crate::offline::{capped_hit, Fleet, InFlight, OptRequest, NEVER};
-use std::collections::HashMap;
 use warmpath_core::prefix_cache::{EngineBlockHash, PrefixCache};
 
 /// The largest fleet the LRU references are computed for.
 pub const MAX_BACKENDS: usize = 64;
 
-/// Tokens hit by the oracle router and by the best pinned set (see the module
-/// docs); `None` above [`MAX_BACKENDS`] backends or for items of several sizes.
-pub(crate) fn lru_hits(
-    trace: &[OptRequest],
-    next: &[Vec<usize>],
-    fleet: Fleet,
-) -> Option<(u64, u64)> {
+/// Tokens hit by the oracle router (see the module docs); `None` above
+/// [`MAX_BACKENDS`] backends or for items of several sizes.
+pub(crate) fn lru_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet) -> Option<u64> {
     let mut sizes = trace.iter().flat_map(|r| r.items.iter().map(|i| i.1));
     let size = sizes.next().unwrap_or(1);
     if fleet.backends > MAX_BACKENDS || sizes.any(|s| s != size) {
         return None;
     }
-    Some((
-        oracle_hits(trace, next, fleet, size),
-        pinned_hits(trace, fleet, size),
-    ))
+    Some(oracle_hits(trace, next, fleet, size))
 }
 
 /// One backend's cache: an entry per item, its value the item's next use in
@@ -110,98 +102,6 @@ fn oracle_hits(trace: &[OptRequest], next: &[Vec<usize>], fleet: Fleet, size: u3
         hits += capped_hit(items * u64::from(size), req, fleet);
         caches[b].access(&keys, next.get(r).map(Vec::as_slice));
         load.start(b, req.done.max(req.arrival));
-    }
-    hits
-}
-
-/// A prefix group: its requests and the items all of them start with.
-struct Group {
-    count: u64,
-    common: Vec<(u64, u32)>,
-}
-
-/// Tokens hit by the best static pinned set on LRU engines, over 0, 1 and 2
-/// tail backends, items of `size` blocks.
-fn pinned_hits(trace: &[OptRequest], fleet: Fleet, size: u32) -> u64 {
-    let n = fleet.backends;
-    let mut groups: HashMap<u64, Group> = HashMap::new();
-    for req in trace {
-        let Some(&(first, _)) = req.items.first() else {
-            continue;
-        };
-        let g = groups.entry(first).or_insert_with(|| Group {
-            count: 0,
-            common: req.items.clone(),
-        });
-        g.count += 1;
-        let same = g
-            .common
-            .iter()
-            .zip(&req.items)
-            .take_while(|(a, b)| a == b)
-            .count();
-        g.common.truncate(same);
-    }
-    let mut hot: Vec<(u64, u64, u64)> = groups
-        .iter()
-        .filter(|(_, g)| g.count >= 2)
-        .map(|(&id, g)| {
-            (
-                g.count,
-                id,
-                g.common.iter().map(|&(_, s)| u64::from(s)).sum(),
-            )
-        })
-        .collect();
-    hot.sort_by_key(|&(count, id, _)| (std::cmp::Reverse(count), id));
-    (0..=2.min(n.saturating_sub(1)))
-        .map(|tails| pinned_with(trace, fleet, size, &hot, tails))
-        .max()
-        .unwrap_or(0)
-}
-
-/// [`pinned_hits`] with `tails` backends for the unpinned requests; `hot`:
-/// (requests, first item, common blocks) of the groups, hottest first.
-fn pinned_with(
-    trace: &[OptRequest],
-    fleet: Fleet,
-    size: u32,
-    hot: &[(u64, u64, u64)],
-    tails: usize,
-) -> u64 {
-    let n = fleet.backends;
-    let pinned = n - tails;
-    let mut load = vec![0u64; pinned];
-    let mut used = vec![0u64; pinned];
-    let mut home: HashMap<u64, usize> = HashMap::new();
-    for &(count, id, blocks) in hot {
-        let fits = (0..pinned)
-            .filter(|&b| used[b] + blocks <= fleet.cache_blocks)
-            .min_by_key(|&b| (load[b], b));
-        if let Some(b) = fits {
-            load[b] += count;
-            used[b] += blocks;
-            home.insert(id, b);
-        }
-    }
-    let mut caches = Lru::fleet(fleet, size);
-    let mut hits = 0;
-    for (r, req) in trace.iter().enumerate() {
-        let Some(&(first, _)) = req.items.first() else {
-            continue;
-        };
-        let b = home.get(&first).copied().unwrap_or_else(|| {
-            // A fixed hash of the request spreads the rest evenly.
-            let h = (r as u64 ^ 0x0005_DEEC_E66D).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33;
-            if tails == 0 {
-                h as usize % n
-            } else {
-                pinned + h as usize % tails
-            }
-        });
-        let keys = keys(req);
-        hits += capped_hit(caches[b].prefix(&keys) * u64::from(size), req, fleet);
-        caches[b].access(&keys, None);
     }
     hits
 }

@@ -7,10 +7,6 @@ fn oracle(trace: &[OptRequest], f: Fleet) -> u64 {
     oracle_hits(trace, &next_uses(trace), f, 1)
 }
 
-fn pinned(trace: &[OptRequest], f: Fleet) -> u64 {
-    pinned_hits(trace, f, 1)
-}
-
 /// Unit documents in order, one request each, at t = 0, 1, 2, ...
 fn docs(seq: &[u64]) -> Vec<OptRequest> {
     seq.iter()
@@ -25,10 +21,9 @@ fn lru_engines_miss_what_belady_keeps() {
     // C for B (no hit); Belady bypasses C and hits A and B.
     let t = docs(&[1, 2, 3, 1, 2]);
     assert_eq!(oracle(&t, fleet(1, 2)), 0);
-    assert_eq!(pinned(&t, fleet(1, 2)), 0, "C lands on the pinned A and B");
     let o = optimum(&t, fleet(1, 2)).unwrap();
     assert!((o.bound - 2.0 / 10.0).abs() < 1e-9, "{o:?}");
-    assert_eq!((o.lru_oracle, o.lru_pinned), (Some(0.0), Some(0.0)));
+    assert_eq!(o.lru_oracle, Some(0.0));
 }
 
 #[test]
@@ -55,7 +50,6 @@ fn a_request_evicts_older_tails_before_shared_prefixes() {
         req(3.0, &[1, 2, 104]),
     ];
     assert_eq!(oracle(&t, fleet(1, 4)), 4);
-    assert_eq!(pinned(&t, fleet(1, 4)), 4);
 }
 
 #[test]
@@ -77,42 +71,11 @@ fn the_oracle_honours_the_in_flight_limit() {
 }
 
 #[test]
-fn a_tail_backend_keeps_one_offs_off_the_pinned_set() {
-    // A X1 A X2 A on two backends of one block: with a tail backend the
-    // one-offs never evict A (2 hits); spread over both they may.
+fn the_oracle_keeps_one_offs_off_a_hot_document() {
+    // A X1 A X2 A on two backends of one block: each one-off goes where its
+    // victim is not A.
     let t = docs(&[1, 50, 1, 51, 1]);
-    assert_eq!(pinned_with_tails(&t, fleet(2, 1), 1), 2);
-    assert_eq!(pinned(&t, fleet(2, 1)), 2);
-    // The oracle also keeps A: each one-off goes where its victim is not A.
     assert_eq!(oracle(&t, fleet(2, 1)), 2);
-}
-
-#[test]
-fn pinning_deals_the_hottest_groups_by_load_within_capacity() {
-    // A x3, B x2, C x2 on two backends of one block, no tail: A -> b0,
-    // B -> b1 (less loaded), C fits nowhere and is not pinned.
-    // With one tail backend: A alone on b0, B and C share b1 (LRU).
-    let t = docs(&[1, 2, 3, 1, 2, 3, 1]);
-    // A hits twice on b0 in both; B and C on the tail evict each other.
-    assert_eq!(pinned_with_tails(&t, fleet(2, 1), 1), 2);
-    assert!(pinned(&t, fleet(2, 1)) >= 2);
-    // Room for every group: one copy each, every repeat hits.
-    assert_eq!(pinned(&t, fleet(3, 1)), 4);
-}
-
-/// [`pinned_with`] from the trace, for a fixed number of tails.
-fn pinned_with_tails(trace: &[OptRequest], f: Fleet, tails: usize) -> u64 {
-    let mut count: HashMap<u64, u64> = HashMap::new();
-    for r in trace {
-        *count.entry(r.items[0].0).or_default() += 1;
-    }
-    let mut hot: Vec<(u64, u64, u64)> = count
-        .into_iter()
-        .filter(|&(_, c)| c >= 2)
-        .map(|(id, c)| (c, id, 1))
-        .collect();
-    hot.sort_by_key(|&(c, id, _)| (std::cmp::Reverse(c), id));
-    pinned_with(trace, f, 1, &hot, tails)
 }
 
 #[test]
@@ -129,9 +92,9 @@ fn items_of_one_size_are_cached_whole() {
         })
         .collect();
     let next = next_uses(&t);
-    assert_eq!(lru_hits(&t, &next, fleet(1, 7)), Some((0, 0)));
-    assert_eq!(lru_hits(&t, &next, fleet(1, 9)), Some((3, 3)));
-    // Items of several sizes get neither reference.
+    assert_eq!(lru_hits(&t, &next, fleet(1, 7)), Some(0));
+    assert_eq!(lru_hits(&t, &next, fleet(1, 9)), Some(3));
+    // Items of several sizes get no reference.
     let mut mixed = t.clone();
     mixed[1].items[0].1 = 2;
     assert_eq!(lru_hits(&mixed, &next, fleet(1, 9)), None);
@@ -141,7 +104,7 @@ fn items_of_one_size_are_cached_whole() {
 fn large_fleets_get_no_lru_references() {
     let t = docs(&[1, 1]);
     let o = optimum(&t, fleet(MAX_BACKENDS + 1, 1)).unwrap();
-    assert_eq!((o.lru_oracle, o.lru_pinned), (None, None));
+    assert_eq!(o.lru_oracle, None);
     assert!(optimum(&t, fleet(MAX_BACKENDS, 1))
         .unwrap()
         .lru_oracle
@@ -153,7 +116,6 @@ proptest! {
     fn the_lru_references_stay_under_the_bound(trace in arb_trace(), n in 1usize..4, c in 1u64..7) {
         let o = optimum(&trace, fleet(n, c)).unwrap();
         prop_assert!(o.lru_oracle.unwrap() <= o.bound + 1e-12, "{:?}", o);
-        prop_assert!(o.lru_pinned.unwrap() <= o.bound + 1e-12, "{:?}", o);
     }
 
     #[test]

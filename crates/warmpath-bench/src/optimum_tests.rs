@@ -6,10 +6,6 @@ fn pooled(trace: &[OptRequest], capacity: u64) -> u64 {
     pooled_hits(trace, &next_uses(trace), capacity)
 }
 
-fn reference(trace: &[OptRequest], f: Fleet) -> u64 {
-    reference_hits(trace, &next_uses(trace), f)
-}
-
 #[test]
 fn belady_keeps_what_comes_back_first() {
     // Room for one block: A B A. LRU keeps B and misses A; Belady bypasses B.
@@ -29,42 +25,17 @@ fn belady_keeps_what_comes_back_first() {
 }
 
 #[test]
-fn the_reference_spreads_prefixes_that_do_not_fit_together() {
-    // Two documents of two blocks, alternating, two backends of two blocks:
-    // each document on its own backend hits from its second request on.
+fn the_bound_pools_the_fleets_blocks() {
+    // Two documents of two blocks, alternating: four pooled blocks hold both.
     let t: Vec<OptRequest> = (0..6)
         .map(|i| {
             let d = (i % 2) * 10;
             req(i as f64, &[d, d + 1])
         })
         .collect();
-    assert_eq!(reference(&t, fleet(2, 2)), 8);
-    // The pooled bound is the same here; one backend holds only one of them.
     assert_eq!(pooled(&t, 4), 8);
-    assert_eq!(reference(&t, fleet(1, 2)), 4);
     let o = optimum(&t, fleet(2, 2)).unwrap();
     assert!((o.bound - 8.0 / 18.0).abs() < 1e-9, "{o:?}");
-    assert!((o.reference - o.bound).abs() < 1e-9);
-}
-
-#[test]
-fn the_in_flight_limit_forces_a_second_copy() {
-    // One hot document, requests overlapping: with one request in flight per
-    // backend the second goes elsewhere cold, then both copies are warm.
-    let t: Vec<OptRequest> = (0..4)
-        .map(|i| OptRequest {
-            done: i as f64 + 1.5,
-            ..req(i as f64, &[7, 8])
-        })
-        .collect();
-    let f = Fleet {
-        max_in_flight: 1,
-        ..fleet(2, 4)
-    };
-    // r0 cold on b0; r1 (b0 busy) cold on b1; r2 b0 warm; r3 b1 warm.
-    assert_eq!(reference(&t, f), 4);
-    assert_eq!(reference(&t, fleet(2, 4)), 6);
-    assert_eq!(pooled(&t, 8), 6);
 }
 
 #[test]
@@ -72,7 +43,10 @@ fn the_engine_cap_and_whole_items_are_honoured() {
     // A full hit of a 2-block prompt of exactly 2 tokens recomputes the last.
     let mut t = vec![req(0.0, &[1, 2]), req(1.0, &[1, 2])];
     t[1].prompt_tokens = 2;
-    assert_eq!(reference(&t, fleet(1, 4)), 1);
+    assert_eq!(
+        crate::lru_refs::lru_hits(&t, &next_uses(&t), fleet(1, 4)),
+        Some(1)
+    );
     // An item of 3 blocks in a 4-block pooled capacity: kept whole.
     let doc = |t: f64| OptRequest {
         items: vec![(5, 3)],
@@ -165,7 +139,6 @@ proptest! {
         prop_assert!(online(&trace, n, c, &mut warmest) <= bound);
         let mut by_doc = |_: &[Vec<u64>], r: &OptRequest| r.items.first().map_or(0, |i| (i.0 / 100) as usize);
         prop_assert!(online(&trace, n, c, &mut by_doc) <= bound);
-        prop_assert!(reference(&trace, fleet(n, c as u64)) <= bound);
     }
 }
 
@@ -179,19 +152,14 @@ fn documents_and_cells() {
     // 3 prompts of 100 tokens; the second reads document 3's 6 blocks again.
     let o = of_documents(docs, 6, 100, f).unwrap();
     assert!((o.bound - 96.0 / 300.0).abs() < 1e-9, "{o:?}");
-    assert!((o.reference - 96.0 / 300.0).abs() < 1e-9, "{o:?}");
     assert_eq!(cell(0.5, None, None), "50.0%");
     assert_eq!(
         cell(0.5, Some(0.9), Some(o)),
-        "50.0% (ceiling 90.0%, bound 32.0%, reference 32.0%, LRU oracle 32.0%, LRU pinned 32.0%)"
+        "50.0% (ceiling 90.0%, bound 32.0%, LRU oracle 32.0%)"
     );
     let belady_only = Optimum {
         lru_oracle: None,
-        lru_pinned: None,
         ..o
     };
-    assert_eq!(
-        cell(0.5, None, Some(belady_only)),
-        "50.0% (bound 32.0%, reference 32.0%)"
-    );
+    assert_eq!(cell(0.5, None, Some(belady_only)), "50.0% (bound 32.0%)");
 }

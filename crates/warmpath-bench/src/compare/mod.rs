@@ -418,9 +418,7 @@ mod tests {
         r.hit_ceiling = Some(0.95);
         r.optimum = Some(Optimum {
             bound: 0.911,
-            reference: 0.883,
             lru_oracle: Some(0.858),
-            lru_pinned: Some(0.864),
         });
         let dir = std::env::temp_dir().join(format!("warmpath-report-{}", std::process::id()));
         write_all(
@@ -440,8 +438,7 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&read("results.json")).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         // The references once, above the table; the row has the hit rate.
-        let refs =
-            "ceiling 95.0%, bound 91.1%, reference 88.3%, LRU oracle 85.8%, LRU pinned 86.4%";
+        let refs = "ceiling 95.0%, bound 91.1%, LRU oracle 85.8%";
         assert!(
             md.starts_with("Hit-rate references") && md.contains(&format!("{refs}\n\n| strategy")),
             "{md}"
@@ -454,13 +451,7 @@ mod tests {
         let o = &json["strategies"][0]["optimum"];
         assert_eq!(o["bound"], 0.911);
         assert_eq!(o["lru_oracle"], 0.858);
-        assert_eq!(o["lru_pinned"], 0.864);
-        for line in [
-            "optimum bound",
-            "optimum reference",
-            "LRU oracle",
-            "LRU pinned",
-        ] {
+        for line in ["optimum bound", "LRU oracle"] {
             assert!(svg.contains(&format!(">{line}</text>")), "{line}: {svg}");
         }
     }

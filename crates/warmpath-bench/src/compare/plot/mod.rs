@@ -215,12 +215,8 @@ pub(super) fn hit_over_time(reports: &[StrategyReport]) -> String {
         .find_map(|r| r.optimum)
         .map(|o| {
             let flat = |v: f64| [(0.0, v), (end, v)];
-            let mut refs = vec![
-                ("optimum bound", flat(o.bound)),
-                ("optimum reference", flat(o.reference)),
-            ];
+            let mut refs = vec![("optimum bound", flat(o.bound))];
             refs.extend(o.lru_oracle.map(|v| ("LRU oracle", flat(v))));
-            refs.extend(o.lru_pinned.map(|v| ("LRU pinned", flat(v))));
             refs
         })
         .unwrap_or_default();
@@ -380,9 +376,7 @@ mod tests {
                 r.hit_ceiling = Some(0.95);
                 r.optimum = Some(crate::optimum::Optimum {
                     bound: 0.911,
-                    reference: 0.883,
                     lru_oracle: Some(0.858),
-                    lru_pinned: Some(0.864),
                 });
                 r
             })
@@ -405,19 +399,19 @@ mod tests {
         let reports = demo_reports();
         let hits = hit_over_time(&reports);
         let colours = texts(&hits, "<polyline", "stroke");
-        // 4 strategies + 4 references, as the demo draws.
-        assert_eq!(colours.len(), 8, "{hits}");
+        // 4 strategies + 2 references (the bound and the LRU oracle).
+        assert_eq!(colours.len(), 6, "{hits}");
         let distinct: std::collections::BTreeSet<&String> = colours.iter().collect();
         assert_eq!(distinct.len(), colours.len(), "{colours:?}");
         // The references are dashed, each its own way; the strategies solid.
         let dashes = texts(&hits, "<polyline", "stroke-dasharray");
-        assert_eq!(dashes.len(), 4, "{hits}");
+        assert_eq!(dashes.len(), 2, "{hits}");
         assert_eq!(
             dashes
                 .iter()
                 .collect::<std::collections::BTreeSet<_>>()
                 .len(),
-            4
+            2
         );
         // Legend swatches match their lines, in order.
         let swatches = texts(&hits, "<text class=\"legend\"", "fill");
@@ -462,13 +456,7 @@ mod tests {
         let page = html(&md, &[&cdf, &hits, &bars], "{}");
         let path = std::env::temp_dir().join("warmpath-demo-report.html");
         std::fs::write(&path, &page).unwrap();
-        for r in [
-            "ceiling 95.0%",
-            "bound 91.1%",
-            "reference 88.3%",
-            "LRU oracle 85.8%",
-            "LRU pinned 86.4%",
-        ] {
+        for r in ["ceiling 95.0%", "bound 91.1%", "LRU oracle 85.8%"] {
             assert_eq!(page.matches(r).count(), 1, "{r}: {page}");
             assert!(page.find(r) < page.find("<table>"), "{r}: {page}");
         }

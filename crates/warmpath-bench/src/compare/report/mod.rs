@@ -501,9 +501,7 @@ mod tests {
     fn the_references_stand_once_above_the_rows() {
         let o = Optimum {
             bound: 0.911,
-            reference: 0.883,
             lru_oracle: Some(0.858),
-            lru_pinned: Some(0.864),
         };
         let mut rs: Vec<StrategyReport> = ["random", "kv_aware", "short"]
             .into_iter()
@@ -517,8 +515,7 @@ mod tests {
         // A run that lost requests saw a different trace: its row says so.
         rs[2].hit_ceiling = Some(0.9);
         let md = markdown(&rs, 500.0);
-        let refs =
-            "ceiling 95.0%, bound 91.1%, reference 88.3%, LRU oracle 85.8%, LRU pinned 86.4%";
+        let refs = "ceiling 95.0%, bound 91.1%, LRU oracle 85.8%";
         let (above, table) = md.split_once("| strategy").unwrap();
         assert_eq!(above.matches(refs).count(), 1, "{md}");
         assert!(!table.contains(refs), "{md}");
