@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long a drain waits for requests in flight when not told.
-const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a drain (by the API when not told, or by a reload) waits for requests in flight.
+pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Body of `POST /admin/pools/{model}/backends`.
 #[derive(Debug, Deserialize)]
