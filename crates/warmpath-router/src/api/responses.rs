@@ -161,7 +161,12 @@ async fn relay(
         }
     }
     let Some((pool, worker)) = held else {
-        return rejected(ApiError::response_not_found(&id));
+        let message = format!(
+            "Response with id '{id}' not found: no backend of this router holds it \
+             (stored responses live in the memory of the engine that made them)"
+        );
+        let e = ApiError::new(StatusCode::NOT_FOUND, "response_not_found", message);
+        return rejected(e.with_param("response_id"));
     };
     let target = Target {
         pool,

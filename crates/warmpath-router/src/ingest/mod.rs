@@ -296,7 +296,6 @@ pub fn spawn_reviewing(
         dir,
         settings.stale_after(),
         settings.drop_after(),
-        (settings.stale_after() / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
         shutdown,
         gates,
     );
