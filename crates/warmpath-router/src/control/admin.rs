@@ -43,9 +43,10 @@ pub(crate) async fn handle(
             .or_else(|| rest.rsplit_once("/strategy"));
         return match named {
             Some((m, _)) if !models.contains(&m) => ApiError::unknown_model(m).into_response(),
-            _ => members::not_found(format!(
+            _ => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!(
                 "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy or /admin/pools/{{model}}/backends"
-            )),
+            ))
+            .into_response(),
         };
     };
     let (members::Resource::Strategy(m)

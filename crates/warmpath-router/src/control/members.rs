@@ -81,10 +81,6 @@ pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::bad_request("invalid_json", format!("body must be {shape}: {e}")))
 }
 
-pub(crate) fn not_found(message: String) -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", message).into_response()
-}
-
 impl MemberError {
     pub(crate) fn response(&self) -> Response {
         let (status, code) = match self {
