@@ -201,18 +201,7 @@ pub async fn start(
         max_connections,
         send_timeout: sv.send_timeout(),
     });
-    let drain = front::Drain {
-        grace: Duration::from_millis(sv.drain_grace_ms),
-        timeout: sv.shutdown_timeout(),
-    };
-    let serving = front::serve(
-        listener,
-        Arc::clone(&shared),
-        router,
-        conns,
-        drain,
-        token.clone(),
-    );
+    let serving = front::serve(listener, Arc::clone(&shared), router, conns, token.clone());
     let stop_background = background.clone();
     tasks.push(tokio::spawn(async move {
         serving.await;

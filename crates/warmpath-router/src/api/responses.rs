@@ -12,12 +12,11 @@ use crate::routing::route::{self, Plan};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, Request, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use http_body_util::Full;
 use std::sync::Arc;
-use std::time::Duration;
 use warmpath_core::request::surface::response_id;
 
 /// Sets `plan.pinned` when the request continues a stored response.
@@ -75,7 +74,6 @@ fn serving(b: &Backend) -> bool {
 
 /// The first serving backend answering `GET /v1/responses/{id}` with a success.
 async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<String> {
-    let timeout = s.config.health.probe_timeout();
     let path = format!("/v1/responses/{id}");
     let mut asked: FuturesUnordered<_> = backends
         .iter()
@@ -83,7 +81,7 @@ async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<Strin
         .map(|b| {
             let path = &path;
             async move {
-                let ok = status_of(s, b, path, timeout).await?.is_success();
+                let ok = status_of(s, b, path).await?.is_success();
                 ok.then(|| b.endpoint.id().to_owned())
             }
         })
@@ -96,8 +94,9 @@ async fn locate(s: &Shared, backends: &[Arc<Backend>], id: &str) -> Option<Strin
     None
 }
 
-/// The status of `GET path` on `b` (the body is not read), within `timeout`.
-async fn status_of(s: &Shared, b: &Backend, path: &str, timeout: Duration) -> Option<StatusCode> {
+/// The status of `GET path` on `b` (the body is not read), within the probe timeout.
+async fn status_of(s: &Shared, b: &Backend, path: &str) -> Option<StatusCode> {
+    let timeout = s.config.health.probe_timeout();
     let mut req = Request::builder()
         .method(Method::GET)
         .uri(b.endpoint.url().join(path).ok()?)
@@ -162,9 +161,12 @@ async fn relay(
         }
     }
     let Some((pool, worker)) = held else {
-        let e = ApiError::response_not_found(&id);
-        proxy::count_refused(e.status);
-        return e.into_response();
+        let message = format!(
+            "Response with id '{id}' not found: no backend of this router holds it \
+             (stored responses live in the memory of the engine that made them)"
+        );
+        let e = ApiError::new(StatusCode::NOT_FOUND, "response_not_found", message);
+        return rejected(e.with_param("response_id"));
     };
     let target = Target {
         pool,

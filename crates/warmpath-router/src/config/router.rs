@@ -432,11 +432,6 @@ impl RouterConfig {
             .max_body_bytes_in_flight
             .unwrap_or(self.max_body_bytes.saturating_mul(32))
     }
-
-    /// The pool serving `model`, if any.
-    pub fn pool(&self, model: &str) -> Option<&PoolConfig> {
-        self.pools.iter().find(|p| p.model == model)
-    }
 }
 
 /// The `Host` names a loopback listener answers, port aside (lowercase);

@@ -43,9 +43,10 @@ pub(crate) async fn handle(
             .or_else(|| rest.rsplit_once("/strategy"));
         return match named {
             Some((m, _)) if !models.contains(&m) => ApiError::unknown_model(m).into_response(),
-            _ => members::not_found(format!(
+            _ => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!(
                 "no admin resource /admin/pools/{rest}; use /admin/pools/{{model}}/strategy or /admin/pools/{{model}}/backends"
-            )),
+            ))
+            .into_response(),
         };
     };
     let (members::Resource::Strategy(m)
@@ -57,7 +58,7 @@ pub(crate) async fn handle(
         return ApiError::unknown_model(m).into_response();
     };
     match (res, method) {
-        (members::Resource::Strategy(m), Method::PUT) => set_strategy(&s, m, &body),
+        (members::Resource::Strategy(_), Method::PUT) => set_strategy(&p, &body),
         (members::Resource::Strategy(_), _) => method_not_allowed("PUT"),
         (members::Resource::Backends(_), Method::GET) => {
             Json(members::list(&s, &p)).into_response()
@@ -81,15 +82,12 @@ const MAX_ADMIN_BODY: usize = 64 * 1024;
 /// Body of `PUT /admin/pools/{model}/strategy`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct StrategyBody {
-    pub strategy: String,
+struct StrategyBody {
+    strategy: String,
 }
 
 /// `PUT /admin/pools/{model}/strategy`, after [`handle`] checked the token.
-fn set_strategy(s: &Shared, model: &str, body: &[u8]) -> Response {
-    let Some(pool) = s.pools.get(model) else {
-        return ApiError::unknown_model(model).into_response();
-    };
+fn set_strategy(pool: &Pool, body: &[u8]) -> Response {
     let req: StrategyBody = match members::json_body(body, r#"{"strategy": "..."}"#) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -221,7 +219,7 @@ async fn reload_members(
         if m.load.is_draining() || pc.backends.iter().any(|b| b.id() == m.endpoint.id()) {
             continue;
         }
-        match members::drain(s, pool, m.endpoint.id(), DRAIN_ON_RELOAD) {
+        match members::drain(s, pool, m.endpoint.id(), members::DEFAULT_DRAIN_TIMEOUT) {
             Ok(_) => r.applied.push(format!(
                 "pool {:?}: backend {:?} draining (gone from the configuration)",
                 pc.model,
@@ -235,9 +233,6 @@ async fn reload_members(
         }
     }
 }
-
-/// How long a backend removed from the configuration may finish requests.
-const DRAIN_ON_RELOAD: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The process-wide settings a re-read configuration changes (a reload cannot).
 pub(crate) fn restart_only_changes(running: &RouterConfig, new: &RouterConfig) -> Vec<String> {

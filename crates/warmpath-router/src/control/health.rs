@@ -114,10 +114,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
         Verdict::Fail | Verdict::Inconclusive => return,
     }
     if b.health.is_healthy() {
-        let timeout = h.probe_timeout();
-        if let Some((status, body)) =
-            send(shared, b, Method::GET, "/v1/models", None, timeout).await
-        {
+        if let Some((status, body)) = send(shared, b, "/v1/models", None).await {
             if let Some(cards) = cards_of(&body, &pool.model).filter(|_| status.is_success()) {
                 b.endpoint
                     .set_learned_adapters(adapters_of(&cards, &pool.model));
@@ -131,22 +128,12 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
 }
 
 async fn check(shared: &Shared, pool: &Pool, b: &Backend) -> Verdict {
-    let h = &shared.config.health;
-    let timeout = h.probe_timeout();
-    let answer = match h.probe {
-        ProbeKind::Health => send(shared, b, Method::GET, "/health", None, timeout).await,
+    let answer = match shared.config.health.probe {
+        ProbeKind::Health => send(shared, b, "/health", None).await,
         ProbeKind::Completion => {
             let body = completion_probe(&pool.model);
             let busy_before = b.load.in_flight() > 0;
-            let a = send(
-                shared,
-                b,
-                Method::POST,
-                "/v1/completions",
-                Some(body),
-                timeout,
-            )
-            .await;
+            let a = send(shared, b, "/v1/completions", Some(body)).await;
             if a.is_none() && (busy_before || b.load.in_flight() > 0) {
                 return Verdict::Inconclusive;
             }
@@ -198,20 +185,18 @@ pub(crate) fn max_model_len_of(cards: &[Value], model: &str) -> Option<usize> {
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-/// One probe exchange, read to its end within `timeout`.
+/// One probe exchange (a GET, or a POST of `json_body`), read to its end within the probe timeout.
 async fn send(
     shared: &Shared,
     b: &Backend,
-    method: Method,
     path: &str,
     json_body: Option<Bytes>,
-    timeout: Duration,
 ) -> Option<(StatusCode, Bytes)> {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(b.endpoint.url().join(path).ok()?);
+    let mut req = Request::builder().uri(b.endpoint.url().join(path).ok()?);
     if json_body.is_some() {
-        req = req.header(header::CONTENT_TYPE, "application/json");
+        req = req
+            .method(Method::POST)
+            .header(header::CONTENT_TYPE, "application/json");
     }
     let mut req = req.body(Full::new(json_body.unwrap_or_default())).ok()?;
     b.endpoint
@@ -226,6 +211,7 @@ async fn send(
             .to_bytes();
         Some((status, body))
     };
+    let timeout = shared.config.health.probe_timeout();
     tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }
 

@@ -14,7 +14,6 @@ use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -56,20 +55,24 @@ pub(crate) async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 pub(crate) fn update_gauges(s: &Shared) {
     let now = monotonic_ms();
     for p in s.pools.all() {
-        metrics::gauge!("warmpath_index_entries", "pool" => p.model.clone())
-            .set(p.index.entries() as f64);
-        metrics::gauge!("warmpath_index_max_entries", "pool" => p.model.clone())
-            .set(p.index_bounds.max_entries as f64);
-        metrics::gauge!("warmpath_index_bytes", "pool" => p.model.clone())
-            .set(p.index.estimated_bytes() as f64);
-        metrics::gauge!("warmpath_index_dead_entries", "pool" => p.model.clone())
-            .set(p.index.dead_entries() as f64);
         let stats = p.index.worker_stats(now);
-        let stale = stats.iter().filter(|w| w.stale).count();
-        metrics::gauge!("warmpath_stale_workers", "pool" => p.model.clone()).set(stale as f64);
-        let closed = stats.iter().filter(|w| w.prefix_closed).count();
-        metrics::gauge!("warmpath_index_prefix_closed_workers", "pool" => p.model.clone())
-            .set(closed as f64);
+        let count = |f: fn(&&_) -> bool| stats.iter().filter(f).count() as f64;
+        for (name, value) in [
+            ("warmpath_index_entries", p.index.entries() as f64),
+            (
+                "warmpath_index_max_entries",
+                p.index_bounds.max_entries as f64,
+            ),
+            ("warmpath_index_bytes", p.index.estimated_bytes() as f64),
+            ("warmpath_index_dead_entries", p.index.dead_entries() as f64),
+            ("warmpath_stale_workers", count(|w| w.stale)),
+            (
+                "warmpath_index_prefix_closed_workers",
+                count(|w| w.prefix_closed),
+            ),
+        ] {
+            metrics::gauge!(name, "pool" => p.model.clone()).set(value);
+        }
     }
     crate::control::caches::update_metrics(s);
 }
@@ -198,7 +201,11 @@ pub(crate) async fn query(
     body: Body,
 ) -> Response {
     let mut held = Held::new(&s.bodies);
-    let answered = match read_query(&s, &headers, body, &mut held).await {
+    let read = async {
+        crate::control::access::inspect(&s, &headers)?;
+        s.body(body, &headers, &mut held).await
+    };
+    let answered = match read.await {
         Ok(raw) if s.work.offloads(raw.len()) => {
             let (s2, headers2) = (Arc::clone(&s), headers.clone());
             s.work.run(move || answer(&s2, &headers2, &raw)).await
@@ -210,16 +217,6 @@ pub(crate) async fn query(
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
-}
-
-async fn read_query(
-    s: &Shared,
-    headers: &HeaderMap,
-    body: Body,
-    held: &mut Held,
-) -> Result<Bytes, ApiError> {
-    crate::control::access::inspect(s, headers)?;
-    s.body(body, headers, held).await
 }
 
 fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError> {

@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long a drain waits for requests in flight when not told.
-const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a drain (by the API when not told, or by a reload) waits for requests in flight.
+pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Body of `POST /admin/pools/{model}/backends`.
 #[derive(Debug, Deserialize)]
@@ -79,10 +79,6 @@ pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request("invalid_json", format!("body must be {shape}: {e}")))
-}
-
-pub(crate) fn not_found(message: String) -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", message).into_response()
 }
 
 impl MemberError {

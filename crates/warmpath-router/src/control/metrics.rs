@@ -10,48 +10,50 @@ use std::sync::{Arc, OnceLock};
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
-const OVERHEAD_BUCKETS: [f64; 14] = [
-    1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.25,
-];
-const FIRST_BYTE_BUCKETS: [f64; 14] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-// A histogram (not a summary) aggregates across router replicas.
-const LAG_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-// LLM answers: tens of milliseconds to minutes.
-const DURATION_BUCKETS: [f64; 17] = [
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-    1800.0,
-];
-const BLOCK_BUCKETS: [f64; 13] = [
-    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+/// Histogram buckets by series; the others get the exporter's defaults.
+const BUCKETS: [(&str, &[f64]); 5] = [
+    (
+        "warmpath_router_overhead_seconds",
+        &[
+            1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2,
+            0.25,
+        ],
+    ),
+    (
+        "warmpath_upstream_first_byte_seconds",
+        &[
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ],
+    ),
+    // A histogram (not a summary) aggregates across router replicas.
+    (
+        "warmpath_ingest_lag_seconds",
+        &[
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ],
+    ),
+    // LLM answers: tens of milliseconds to minutes.
+    (
+        "warmpath_request_duration_seconds",
+        &[
+            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+            600.0, 1800.0,
+        ],
+    ),
+    (
+        "warmpath_matched_blocks",
+        &[
+            0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+        ],
+    ),
 ];
 
 fn build() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("warmpath_router_overhead_seconds".into()),
-            &OVERHEAD_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full("warmpath_upstream_first_byte_seconds".into()),
-            &FIRST_BYTE_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full("warmpath_matched_blocks".into()),
-            &BLOCK_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full("warmpath_request_duration_seconds".into()),
-            &DURATION_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full("warmpath_ingest_lag_seconds".into()),
-            &LAG_BUCKETS,
-        )?
-        .install_recorder()?;
+    let mut builder = PrometheusBuilder::new();
+    for (name, buckets) in BUCKETS {
+        builder = builder.set_buckets_for_metric(Matcher::Full(name.into()), buckets)?;
+    }
+    let handle = builder.install_recorder()?;
     describe();
     Ok(handle)
 }
@@ -126,23 +128,8 @@ pub(crate) enum Phase {
 }
 
 impl Phase {
-    const ALL: [Phase; 5] = [
-        Phase::Parse,
-        Phase::Tokenize,
-        Phase::Hash,
-        Phase::Lookup,
-        Phase::Pick,
-    ];
-
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Phase::Parse => "parse",
-            Phase::Tokenize => "tokenize",
-            Phase::Hash => "hash",
-            Phase::Lookup => "lookup",
-            Phase::Pick => "pick",
-        }
-    }
+    /// `phase` labels, by discriminant.
+    const LABELS: [&'static str; 5] = ["parse", "tokenize", "hash", "lookup", "pick"];
 }
 
 /// A pool's per-request series, registered once (a lookup costs more than an update).
@@ -171,9 +158,8 @@ impl PoolMetrics {
                 "warmpath_upstream_first_byte_seconds", "pool" => model.to_owned()
             ),
             duration: request_duration(model),
-            overhead: Phase::ALL.map(
-                |p| metrics::histogram!("warmpath_router_overhead_seconds", "phase" => p.label()),
-            ),
+            overhead: Phase::LABELS
+                .map(|p| metrics::histogram!("warmpath_router_overhead_seconds", "phase" => p)),
             model: model.into(),
             requests: Arc::default(),
         }
@@ -232,25 +218,15 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    pub(crate) const ALL: [Outcome; 6] = [
-        Outcome::Ok,
-        Outcome::ServerError,
-        Outcome::ConnectError,
-        Outcome::Timeout,
-        Outcome::Failed,
-        Outcome::Cancelled,
+    /// `outcome` labels, by discriminant.
+    pub(crate) const LABELS: [&'static str; 6] = [
+        "ok",
+        "server_error",
+        "connect_error",
+        "timeout",
+        "failed",
+        "cancelled",
     ];
-
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::ServerError => "server_error",
-            Outcome::ConnectError => "connect_error",
-            Outcome::Timeout => "timeout",
-            Outcome::Failed => "failed",
-            Outcome::Cancelled => "cancelled",
-        }
-    }
 }
 
 /// Counts one `warmpath_response_affinity_total{pool, outcome}`.

@@ -97,19 +97,6 @@ impl ApiError {
         .with_param("model")
     }
 
-    /// 404: no backend of the router holds stored response `id`.
-    pub fn response_not_found(id: &str) -> Self {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "response_not_found",
-            format!(
-                "Response with id '{id}' not found: no backend of this router holds it \
-                 (stored responses live in the memory of the engine that made them)"
-            ),
-        )
-        .with_param("response_id")
-    }
-
     /// 413: the body is over the limit.
     pub fn too_large(limit: usize) -> Self {
         ApiError::new(
@@ -119,32 +106,8 @@ impl ApiError {
         )
     }
 
-    /// 503: no eligible backend.
-    pub fn no_backend(model: &str) -> Self {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no_healthy_backend",
-            format!("no healthy backend is available for model `{model}`"),
-        )
-    }
-
-    /// 503: big-body routing work waited `waited` for a turn (`work:`).
-    pub fn overloaded(waited: std::time::Duration) -> Self {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            format!(
-                "the router is busy with large requests (no turn within {} ms); retry later",
-                waited.as_millis()
-            ),
-        )
-    }
-
-    /// 503: the request bodies held at once reached their budget.
-    pub fn bodies_full(budget: usize) -> Self {
-        let message = format!(
-            "the router holds its limit of request bodies ({budget} bytes in all); retry shortly"
-        );
+    /// 503 `overloaded` (answered with `Retry-After: 1`).
+    pub fn overloaded(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
     }
 

@@ -122,27 +122,21 @@ impl hyper::service::Service<Request<Incoming>> for Front {
     }
 }
 
-/// The shutdown's two deadlines.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Drain {
-    /// Served while draining, before accepting stops.
-    pub grace: Duration,
-    /// Then the longest wait for in-flight requests.
-    pub timeout: Duration,
-}
-
 /// After `Shared::halt`, the time an answer has to write its last bytes.
 const FLUSH_MS: u64 = 500;
 
-/// Serves `listener` until `shutdown` is cancelled, then drains.
+/// Serves `listener` until `shutdown` is cancelled, then drains: serves
+/// `server.drain_grace_ms` more while not ready, stops accepting, and waits
+/// at most `server.shutdown_timeout()` for requests in flight.
 pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
     router: Router,
     conns: Arc<Conns>,
-    drain: Drain,
     shutdown: CancellationToken,
 ) {
+    let grace = Duration::from_millis(shared.config.server.drain_grace_ms);
+    let timeout = shared.config.server.shutdown_timeout();
     let refusal = refusal(conns.limits().max_connections);
     let closing = CancellationToken::new();
     let mut backoff = AcceptBackoff::default();
@@ -150,10 +144,10 @@ pub(crate) async fn serve(
         shutdown.cancelled().await;
         shared.start_draining();
         tracing::info!(
-            grace_ms = drain.grace.as_millis() as u64,
+            grace_ms = grace.as_millis() as u64,
             "shutting down: not ready, still serving"
         );
-        tokio::time::sleep(drain.grace).await;
+        tokio::time::sleep(grace).await;
     });
     loop {
         let (tcp, peer) = tokio::select! {
@@ -193,13 +187,13 @@ pub(crate) async fn serve(
         open = conns.open(),
         "no longer accepting; waiting for in-flight requests"
     );
-    if tokio::time::timeout(drain.timeout, conns.all_closed())
+    if tokio::time::timeout(timeout, conns.all_closed())
         .await
         .is_err()
     {
         tracing::warn!(
             open = conns.open(),
-            timeout_ms = drain.timeout.as_millis() as u64,
+            timeout_ms = timeout.as_millis() as u64,
             "shutdown deadline passed; ending what remains"
         );
         shared.halt.cancel();

@@ -108,7 +108,10 @@ pub(crate) async fn read_body(
             }
             if !held.grow(data.len()) {
                 metrics::counter!("warmpath_request_bodies_refused_total").increment(1);
-                return Err(ApiError::bodies_full(held.budget.max));
+                return Err(ApiError::overloaded(format!(
+                    "the router holds its limit of request bodies ({} bytes in all); retry shortly",
+                    held.budget.max
+                )));
             }
             parts.push(data);
         }

@@ -46,7 +46,10 @@ impl WorkPool {
                 .await
                 .map_err(|_| {
                     metrics::counter!("warmpath_work_rejected_total").increment(1);
-                    ApiError::overloaded(self.queue_timeout)
+                    ApiError::overloaded(format!(
+                "the router is busy with large requests (no turn within {} ms); retry later",
+                self.queue_timeout.as_millis()
+            ))
                 })?
                 .map_err(|_| ApiError::internal("the work pool is closed"))?;
         metrics::counter!("warmpath_work_offloaded_total").increment(1);

@@ -287,20 +287,6 @@ impl Agents {
         });
     }
 
-    /// Status of every agent of pool `model`, sorted by worker id.
-    pub fn status(&self, model: &str, now_ms: u64) -> Vec<AgentStatus> {
-        let mut v: Vec<AgentStatus> = self
-            .map
-            .read()
-            .get(model)
-            .into_iter()
-            .flat_map(|m| m.values())
-            .map(|e| e.view(now_ms))
-            .collect();
-        v.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
-        v
-    }
-
     /// Status of one agent.
     pub fn status_of(&self, model: &str, worker_id: &str, now_ms: u64) -> Option<AgentStatus> {
         let map = self.map.read();
@@ -337,12 +323,7 @@ impl crate::routing::share::DecisionSink for Agents {
         model: &str,
         fact: crate::routing::share::Fact,
     ) -> Option<Box<dyn crate::routing::share::SharedRequest>> {
-        let peers = self.peers();
-        if !peers.enabled() {
-            return None;
-        }
-        let started = peers.start(model, fact)?;
-        Some(Box::new(started))
+        Some(Box::new(self.peers.start(model, fact)?))
     }
 }
 

@@ -43,40 +43,33 @@ pub(super) async fn drive(
     mut inbound: Streaming<AgentMessage>,
     tx: mpsc::Sender<Result<RouterMessage, Status>>,
 ) {
-    let Shared {
-        dir,
-        agents,
-        gates,
-        refusals,
-        shutdown,
-    } = sh;
-    let Some(pool) = dir.pool(&hello.model) else {
+    let Some(pool) = sh.dir.pool(&hello.model) else {
         let r = Refusal::fatal(format!("no pool serves model {}", shown(&hello.model)));
-        log_refusal(&refusals, &r);
+        log_refusal(&sh.refusals, &r);
         metrics::counter!("warmpath_ingest_refused_total", "reason" => "model").increment(1);
         let _ = tx.send(Ok(r.answer())).await;
         return;
     };
-    let mut ws = match WorkerStream::open(pool, Arc::clone(&agents), &hello, monotonic_ms()) {
+    let mut ws = match WorkerStream::open(pool, Arc::clone(&sh.agents), &hello, monotonic_ms()) {
         Ok(ws) => ws,
         Err(r) => {
-            log_refusal(&refusals, &r);
+            log_refusal(&sh.refusals, &r);
             let _ = tx.send(Ok(r.answer())).await;
             return;
         }
     };
     tracing::info!(block_size = hello.block_size, "agent connected");
-    let peers = Arc::clone(agents.peers());
+    let peers = Arc::clone(sh.agents.peers());
     let stream_id = ws.stream_id();
     peers.attach(&hello.model, &hello.worker_id, stream_id, tx.clone());
-    let gate = gates.of(&hello.model);
+    let gate = sh.gates.of(&hello.model);
     let throttled_log = LogEvery::default();
     let mut owner_check = tokio::time::interval(OWNER_CHECK);
     owner_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'stream: loop {
         let next = tokio::select! {
             m = inbound.next() => m,
-            () = shutdown.cancelled() => break,
+            () = sh.shutdown.cancelled() => break,
             () = tx.closed() => break,
             _ = owner_check.tick() => {
                 if ws.owns() {
@@ -101,7 +94,7 @@ pub(super) async fn drive(
         };
         if let Some(b) = decision.filter(|_| ws.owns()) {
             if let Some(d) = peers.receive(&hello.model, &hello.worker_id, stream_id, &b) {
-                dir.observe_remote(&hello.model, &hello.worker_id, &d);
+                sh.dir.observe_remote(&hello.model, &hello.worker_id, &d);
             }
         }
         let work = pace::work(&msg);
@@ -119,7 +112,7 @@ pub(super) async fn drive(
                 }
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
-                    () = shutdown.cancelled() => break,
+                    () = sh.shutdown.cancelled() => break,
                     () = tx.closed() => break,
                 }
             }

@@ -30,13 +30,10 @@ pub(crate) fn is_worker_token(t: &str) -> bool {
 
 /// A peer-chosen string as logs show it: cut, quoted and escaped (no forged lines).
 pub(crate) fn shown(s: &str) -> String {
-    let mut cut = s
+    let cut = s
         .char_indices()
         .nth(SHOWN_CHARS)
         .map_or(s.len(), |(i, _)| i);
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
     if cut == s.len() {
         format!("{s:?}")
     } else {

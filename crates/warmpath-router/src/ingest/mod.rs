@@ -99,12 +99,6 @@ impl IngestService {
         }
     }
 
-    /// Shares `gates` with the sweeper of the same pools.
-    fn with_gates(mut self, gates: Arc<Gates>) -> Self {
-        self.gates = gates;
-        self
-    }
-
     /// Counts and logs (at most every 10 s) a stream refused before its Hello.
     fn refuse(&self, remote: Option<std::net::SocketAddr>, reason: &'static str, why: &str) {
         metrics::counter!("warmpath_ingest_refused_total", "reason" => reason).increment(1);
@@ -274,8 +268,9 @@ pub fn spawn_reviewing(
     let gates = Arc::new(Gates::default());
     let auth = AgentAuth::new(config.agent_secret.clone());
     let auth_name = auth.name();
-    let mut service = IngestService::new(Arc::clone(&dir), agents, auth, shutdown.clone())
-        .with_gates(Arc::clone(&gates));
+    let mut service = IngestService::new(Arc::clone(&dir), agents, auth, shutdown.clone());
+    // One index job per pool at a time, shared with the sweeper.
+    service.gates = Arc::clone(&gates);
     service.pods = pods;
     let pod_tokens = service.pods.is_some();
     let router = server(pem)?.add_service(CacheEventsServer::new(service));
@@ -301,7 +296,6 @@ pub fn spawn_reviewing(
         dir,
         settings.stale_after(),
         settings.drop_after(),
-        (settings.stale_after() / 2).clamp(Duration::from_millis(10), Duration::from_secs(1)),
         shutdown,
         gates,
     );

@@ -93,14 +93,6 @@ impl Default for Peers {
 /// The largest decision accepted from an agent.
 const MAX_FACT_BYTES: usize = 64 << 10;
 
-/// A relayed decision's bytes as a fact, if they are one.
-fn decode_fact(bytes: &[u8]) -> Option<v1::Decided> {
-    if bytes.len() > MAX_FACT_BYTES {
-        return None;
-    }
-    v1::Decided::decode(bytes).ok()
-}
-
 fn facts(model: &str, direction: &'static str) -> metrics::Counter {
     metrics::counter!("warmpath_replica_facts_total", "pool" => model.to_owned(), "direction" => direction)
 }
@@ -199,12 +191,10 @@ impl Peers {
         if !self.enabled() {
             return None;
         }
-        let d = match decode_fact(bytes) {
-            Some(d) => d,
-            None => {
-                facts(model, "malformed").increment(1);
-                return None;
-            }
+        let decoded = (bytes.len() <= MAX_FACT_BYTES).then(|| v1::Decided::decode(bytes));
+        let Some(Ok(d)) = decoded else {
+            facts(model, "malformed").increment(1);
+            return None;
         };
         (d.router != self.instance && self.apply(model, worker, stream, &d)).then_some(d)
     }

@@ -138,15 +138,16 @@ fn round(
     }
 }
 
-/// Sweeps every `period` until `shutdown`, on the blocking pool under `gates`.
+/// Sweeps every half `stale_after` (10 ms to 1 s) until `shutdown`, on the
+/// blocking pool under `gates`.
 pub(crate) fn spawn_gated(
     dir: Arc<dyn PoolDirectory>,
     stale_after: Duration,
     drop_after: Duration,
-    period: Duration,
     shutdown: CancellationToken,
     gates: Arc<Gates>,
 ) -> JoinHandle<()> {
+    let period = (stale_after / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
     tokio::spawn(async move {
         let mut rounds = Rounds::default();
         let mut tick = tokio::time::interval(period);

@@ -140,7 +140,7 @@ fn snapshot_then_deltas_then_gap() {
     }
     assert_eq!(p.index.longest_match(&c).of(slot).unwrap().blocks, 2);
     assert_eq!(p.index.block_count(slot), 2);
-    assert_eq!(agents.status("m", 4)[0].last_seq, Some(20));
+    assert_eq!(agents.status_of("m", "w", 4).unwrap().last_seq, Some(20));
 }
 
 /// The agent's word on prefix closure reaches the index: a closed snapshot
@@ -256,7 +256,10 @@ fn only_the_pools_backends_may_publish() {
         .unwrap();
     assert!(err.reason.contains("not a backend"), "{}", err.reason);
     assert!(err.reason.contains("gpu-0"), "names the ids it accepts");
-    assert!(agents.status("m", 0).is_empty(), "refusals add no agent");
+    assert!(
+        agents.status_of("m", "gpu-9", 0).is_none(),
+        "refusals add no agent"
+    );
     assert!(WorkerStream::open(p, agents, &hello("gpu-0", 1, 4), 0).is_ok());
 }
 
@@ -458,12 +461,12 @@ async fn grpc_end_to_end_with_token() {
     drop(tx);
     // disconnect is recorded
     for _ in 0..100 {
-        if !agents.status("m", 0)[0].connected {
+        if !agents.status_of("m", "w1", 0).unwrap().connected {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(!agents.status("m", 0)[0].connected);
+    assert!(!agents.status_of("m", "w1", 0).unwrap().connected);
     // entries stay after a disconnect (until stale/expired)
     assert_eq!(p.index.block_count(slot), 8);
     shutdown.cancel();
@@ -526,7 +529,7 @@ async fn a_silent_stream_taken_over_is_closed_without_its_next_message() {
     };
     let (_old_tx, mut old) = open(addr, None, vec![hello_of(1)]).await.unwrap();
     for _ in 0..200 {
-        if agents.status("m", 0).first().is_some_and(|s| s.connected) {
+        if agents.status_of("m", "w", 0).is_some_and(|s| s.connected) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -15,18 +15,12 @@ pub(crate) const RESPONSE_IDS: usize = 65_536;
 #[derive(Debug)]
 pub(crate) struct ResponseHomes {
     cap: usize,
-    inner: Mutex<Homes>,
-    misses: Mutex<Misses>,
+    inner: Mutex<Fifo<String>>,
+    /// Ids no backend had → when the miss expires (monotonic ms): a retried
+    /// unknown id costs no fan-out.
+    misses: Mutex<Fifo<u64>>,
     /// Look-ups asking every backend at once (a flood of unknown ids is bounded).
     lookups: tokio::sync::Semaphore,
-}
-
-/// Ids no backend had, each for [`MISS_TTL_MS`]: a retried unknown id costs no fan-out.
-#[derive(Debug, Default)]
-struct Misses {
-    /// Id → when its miss expires (monotonic ms).
-    by_id: HashMap<String, u64>,
-    order: VecDeque<String>,
 }
 
 /// How long a miss is remembered.
@@ -36,10 +30,26 @@ const MISSES: usize = 4096;
 /// Fan-out look-ups in flight at once, per pool.
 const LOOKUPS: usize = 16;
 
+/// Values by id, at most a cap of them, the oldest id forgotten first.
 #[derive(Debug, Default)]
-struct Homes {
-    by_id: HashMap<String, String>,
+struct Fifo<V> {
+    by_id: HashMap<String, V>,
     order: VecDeque<String>,
+}
+
+impl<V> Fifo<V> {
+    /// Sets `id`'s value; a new id past `cap` forgets the oldest.
+    fn insert(&mut self, id: &str, v: V, cap: usize) {
+        if self.by_id.insert(id.to_owned(), v).is_some() {
+            return;
+        }
+        self.order.push_back(id.to_owned());
+        while self.order.len() > cap {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+    }
 }
 
 impl ResponseHomes {
@@ -47,25 +57,14 @@ impl ResponseHomes {
     pub(crate) fn new(cap: usize) -> Self {
         ResponseHomes {
             cap: cap.max(1),
-            inner: Mutex::new(Homes::default()),
-            misses: Mutex::new(Misses::default()),
+            inner: Mutex::default(),
+            misses: Mutex::default(),
             lookups: tokio::sync::Semaphore::new(LOOKUPS),
         }
     }
 
     pub(crate) fn remember(&self, id: &str, worker: &str) {
-        let mut h = self.inner.lock();
-        if let Some(w) = h.by_id.get_mut(id) {
-            worker.clone_into(w);
-            return;
-        }
-        while h.order.len() >= self.cap {
-            if let Some(old) = h.order.pop_front() {
-                h.by_id.remove(&old);
-            }
-        }
-        h.order.push_back(id.to_owned());
-        h.by_id.insert(id.to_owned(), worker.to_owned());
+        self.inner.lock().insert(id, worker.to_owned(), self.cap);
     }
 
     /// Whether `id` was looked for lately and no backend had it.
@@ -78,19 +77,7 @@ impl ResponseHomes {
     }
 
     pub(crate) fn miss(&self, id: &str, now_ms: u64) {
-        let mut m = self.misses.lock();
-        if m.by_id
-            .insert(id.to_owned(), now_ms + MISS_TTL_MS)
-            .is_some()
-        {
-            return;
-        }
-        m.order.push_back(id.to_owned());
-        while m.order.len() > MISSES {
-            if let Some(old) = m.order.pop_front() {
-                m.by_id.remove(&old);
-            }
-        }
+        self.misses.lock().insert(id, now_ms + MISS_TTL_MS, MISSES);
     }
 
     /// A turn to ask every backend, waiting at most `wait`.

@@ -47,15 +47,6 @@ impl PolicyState {
             board: Board::default(),
         }
     }
-
-    /// The built policy again (the previous one of a membership change).
-    fn built(&self) -> Built {
-        Built {
-            strategy: self.strategy,
-            policy: Arc::clone(&self.policy),
-            learns: self.learns.clone(),
-        }
-    }
 }
 
 /// Why a membership change was refused; the pool is unchanged.
@@ -278,26 +269,12 @@ impl Pool {
             return Err(SwitchError::NeedsTokenizer(self.model.clone()));
         }
         let _changing = self.changing.lock();
-        let backends = self.backends();
-        let old = self.install(strategy, config, backends)?;
+        let old = self.policy();
+        let built = build_policy(strategy, &config, &snapshot(&old.backends), None)?;
+        let backends = Arc::clone(&old.backends);
+        *self.policy.write() = Arc::new(PolicyState::new(built, config, backends));
         tracing::info!(pool = %self.model, from = %old.strategy, to = %strategy, "routing policy installed");
         Ok(old.strategy)
-    }
-
-    /// Builds the policy over `backends` and swaps it in (the caller holds `changing`).
-    fn install(
-        &self,
-        strategy: Strategy,
-        config: PolicyConfig,
-        backends: Arc<[Arc<Backend>]>,
-    ) -> Result<Arc<PolicyState>, PolicyError> {
-        let built = build_policy(strategy, &config, &snapshot(&backends), None)?;
-        Ok(self.swap(PolicyState::new(built, config, backends)))
-    }
-
-    /// Swaps in `new`; returns the state it replaced.
-    fn swap(&self, new: PolicyState) -> Arc<PolicyState> {
-        std::mem::replace(&mut *self.policy.write(), Arc::new(new))
     }
 
     /// Rebuilds the current policy over `backends`, carrying what it learned
@@ -305,13 +282,18 @@ impl Pool {
     fn set_members(&self, backends: Vec<Arc<Backend>>) -> Result<(), MemberError> {
         let cur = self.policy();
         let backends: Arc<[Arc<Backend>]> = backends.into();
+        let previous = Built {
+            strategy: cur.strategy,
+            policy: Arc::clone(&cur.policy),
+            learns: cur.learns.clone(),
+        };
         let built = build_policy(
             cur.strategy,
             &cur.config,
             &snapshot(&backends),
-            Some(&cur.built()),
+            Some(&previous),
         )?;
-        self.swap(PolicyState::new(built, cur.config.clone(), backends));
+        *self.policy.write() = Arc::new(PolicyState::new(built, cur.config.clone(), backends));
         Ok(())
     }
 

@@ -442,35 +442,28 @@ impl HttpBody for TrackedBody {
         let Some(mut guard) = held.guard.take() else {
             return Poll::Ready(None);
         };
-        guard.outcome(match cut {
-            Cut::Failed(_) => Outcome::Failed,
-            Cut::Stalled => Outcome::Timeout,
-            Cut::Halted => Outcome::Cancelled,
-        });
         let backend = guard.backend().endpoint.id();
         let named = shown(this.pool, backend);
-        let message = match &cut {
+        let (outcome, err) = match &cut {
             Cut::Failed(e) => {
                 tracing::warn!(pool = %this.pool.model, %backend, error = %e,
                     "backend failed mid-response");
-                format!("{named} failed while streaming the response")
+                let message = format!("{named} failed while streaming the response");
+                (Outcome::Failed, ApiError::upstream(message))
             }
             Cut::Stalled => {
                 let ms = this.idle_limit.as_millis();
                 tracing::warn!(pool = %this.pool.model, %backend, idle_ms = ms as u64,
                     "backend went silent mid-response; cut off");
                 count_failure(this.up, this.pool, guard.backend());
-                format!("{named} sent nothing for {ms} ms")
+                let message = format!("{named} sent nothing for {ms} ms");
+                (Outcome::Timeout, ApiError::upstream_timeout(message))
             }
-            Cut::Halted => "the router is shutting down".to_owned(),
+            Cut::Halted => (Outcome::Cancelled, ApiError::shutting_down()),
         };
+        guard.outcome(outcome);
         drop(guard);
         if *this.sse {
-            let err = match cut {
-                Cut::Halted => ApiError::shutting_down(),
-                Cut::Stalled => ApiError::upstream_timeout(message),
-                Cut::Failed(_) => ApiError::upstream(message),
-            };
             // Close an event the backend left half-sent first.
             let open = match this.tail {
                 [b'\n', b'\n'] => "",
@@ -482,7 +475,7 @@ impl HttpBody for TrackedBody {
         }
         Poll::Ready(Some(Err(match cut {
             Cut::Failed(e) => e.into(),
-            _ => std::io::Error::new(std::io::ErrorKind::TimedOut, message).into(),
+            _ => std::io::Error::new(std::io::ErrorKind::TimedOut, err.message).into(),
         })))
     }
 

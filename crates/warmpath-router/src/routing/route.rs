@@ -367,8 +367,13 @@ fn checked(plan: &Plan, res: Result<Decision, PolicyError>) -> Result<Decision, 
             "policy picked backend {} of {members}",
             d.backend,
         ))),
-        Err(PolicyError::NoBackend) => Err(ApiError::no_backend(
-            plan.target.adapter.as_deref().unwrap_or(&pool.model),
+        Err(PolicyError::NoBackend) => Err(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "no_healthy_backend",
+            format!(
+                "no healthy backend is available for model `{}`",
+                plan.target.adapter.as_deref().unwrap_or(&pool.model)
+            ),
         )),
         Err(e) => Err(ApiError::internal(e.to_string())),
     }

@@ -38,14 +38,14 @@ async fn answer(
     }
     let d = dns.as_ref()?;
     let limit = p.round_limit(probe_ms);
-    let r = match tokio::time::timeout(limit, d.resolve()).await {
-        Ok(r) => r,
-        Err(_) => Err(DiscoveryError::Lookup(format!(
-            "no answer within {} ms",
-            limit.as_millis()
-        ))),
+    let late = |_| {
+        let ms = limit.as_millis();
+        Err(DiscoveryError::Lookup(format!("no answer within {ms} ms")))
     };
-    match r {
+    match tokio::time::timeout(limit, d.resolve())
+        .await
+        .unwrap_or_else(late)
+    {
         Ok(set) => Some(set.into_iter().map(|u| (u.clone(), u)).collect()),
         Err(e) => {
             p.failed(pool, &e);

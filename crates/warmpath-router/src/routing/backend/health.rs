@@ -29,9 +29,9 @@ impl Health {
         Health {
             healthy_gauge: metrics::gauge!("warmpath_backend_healthy", "pool" => model.to_owned(), "backend" => id.to_owned()),
             ejections_total: metrics::counter!("warmpath_backend_ejections_total", "pool" => model.to_owned(), "backend" => id.to_owned()),
-            outcomes: Outcome::ALL.map(|o| {
+            outcomes: Outcome::LABELS.map(|o| {
                 metrics::counter!("warmpath_backend_requests_total", "pool" => model.to_owned(),
-                    "backend" => id.to_owned(), "outcome" => o.label())
+                    "backend" => id.to_owned(), "outcome" => o)
             }),
             consecutive_failures: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
