@@ -260,14 +260,14 @@ async fn a_slowloris_head_and_a_silent_connection_are_closed_while_others_are_se
     let agent = bare_agent(
         &p,
         warmpath_agent::serve::HttpLimits {
-            header_timeout: Duration::from_millis(400),
+            request_timeout: Duration::from_millis(400),
             ..Default::default()
         },
     )
     .await;
     let addr = agent.http_addr();
 
-    // Half a head, then nothing: closed after the header deadline, with no
+    // Half a head, then nothing: closed after the request deadline, with no
     // answer (the request never began).
     let t = std::time::Instant::now();
     let mut slow = TcpStream::connect(addr).await.unwrap();
@@ -327,7 +327,7 @@ async fn connections_past_the_cap_get_a_503_at_once_and_service_resumes_when_slo
         &p,
         warmpath_agent::serve::HttpLimits {
             max_connections: 3,
-            header_timeout: Duration::from_millis(1500),
+            request_timeout: Duration::from_millis(1500),
         },
     )
     .await;
@@ -356,7 +356,7 @@ async fn connections_past_the_cap_get_a_503_at_once_and_service_resumes_when_slo
     );
     assert!(answer.contains("too many connections"), "{answer}");
 
-    // The header deadline frees the slots: a normal client is served again.
+    // The request deadline frees the slots: a normal client is served again.
     poll::poll(
         "served once the slots free",
         Duration::from_secs(5),

@@ -20,7 +20,7 @@ use warmpath_edge::{raw_http1, ErrorBody, ErrorCode, LogEvery};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpLimits {
     /// Longest a connection may take to send its request and get the answer.
-    pub header_timeout: Duration,
+    pub request_timeout: Duration,
     /// Connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
 }
@@ -28,7 +28,7 @@ pub struct HttpLimits {
 impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
-            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
             max_connections: default_max_connections(),
         }
     }
@@ -143,7 +143,7 @@ async fn connection(
     let mut builder = http1::Builder::new();
     builder.keep_alive(false);
     let mut conn = pin!(builder.serve_connection(TokioIo::new(tcp), service));
-    let deadline = tokio::time::sleep(limits.header_timeout);
+    let deadline = tokio::time::sleep(limits.request_timeout);
     let mut deadline = pin!(deadline);
     let mut stopping = false;
     loop {
