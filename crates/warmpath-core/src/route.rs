@@ -3,7 +3,7 @@
 //! policies themselves are in [`crate::policy`].
 
 use crate::error::PolicyError;
-use crate::policy::tuning::KvConfig;
+use crate::policy::kv::tuning::KvConfig;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -3,33 +3,24 @@
 //! ([`ring`]) and `kv_aware` ([`kv`], the one with memory: docs/kv.md). This module
 //! only declares them and builds a pool's policy.
 
-mod candidates;
-mod carry;
-mod fleet;
-mod home;
-mod kv;
+pub(crate) mod kv;
 mod least;
-mod place;
 mod random;
-mod rebalance;
-mod remote;
-mod resident;
 mod ring;
 #[cfg(test)]
 #[path = "util_tests.rs"]
 mod test_util;
-pub(crate) mod tuning;
 
 pub use crate::error::PolicyError;
 pub use crate::route::{
     BackendLoad, Built, Decision, DecisionKind, EngineLoad, HomeView, Learns, Loads, Mode, Policy,
     PolicyBackend, PolicyConfig, RemoteDecision, RouteInput, Strategy,
 };
+pub use kv::tuning::KvConfig;
 pub use kv::KvAware;
 pub use least::LeastOutstanding;
 pub use random::Random;
 pub use ring::{PrefixAware, Ring};
-pub use tuning::KvConfig;
 
 use std::sync::Arc;
 

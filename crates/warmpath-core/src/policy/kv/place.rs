@@ -1,16 +1,12 @@
-//! `kv_aware`'s state, under one lock taken once per decision, and cold
-//! placement: where a prefix no backend holds goes (docs/kv.md).
+//! The `place` stage: where a prefix no eligible backend holds goes (docs/kv.md), read
+//! off the [`State`].
 
-use super::candidates::Candidates;
-use super::fleet::Fleet;
-use super::home::{Home, Homes};
-use super::resident::Resident;
-use super::ring::Ring;
-use super::tuning::{home_table_keys, FIT_BAND, STICKY, TAIL_LOAD_MAX};
-use crate::route::{BackendLoad, Mode, PolicyBackend};
-use parking_lot::{Mutex, MutexGuard};
-use std::cell::Cell;
-use std::ops::{Deref, DerefMut};
+use super::tuning::{FIT_BAND, TAIL_LOAD_MAX};
+use super::{step, KvAware, Rehome, State, Step};
+use crate::error::PolicyError;
+use crate::policy::ring::Ring;
+use crate::route::{least_loaded, BackendLoad, DecisionKind, RouteInput};
+use rand::RngCore;
 
 /// How [`State::place`] chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,107 +18,49 @@ pub(crate) enum Placed {
     Pressure,
 }
 
-/// Everything `kv_aware` learns, under one lock.
-#[derive(Clone, Debug)]
-pub(crate) struct State {
-    /// Decayed blocks written per backend, in units of `unit`.
-    pub(super) pressure: Vec<f64>,
-    /// The weight of the next decision (growing by 1/decay decays every past one).
-    pub(super) unit: f64,
-    pub(super) seq: u64,
-    pub(super) homes: Homes,
-    /// Per decision: `1 - 1 / (window x backends)`.
-    pub(super) decay: f64,
-    pub(super) resident: Resident,
-    /// The last admission threshold: (decision, prefix blocks, popularity).
-    pub(super) tail: Cell<Option<(u64, u32, f64)>>,
-    pub(super) cands: Candidates,
-    pub(super) fleet: Cell<Option<Fleet>>,
-    /// While a preview runs: what it puts back when it ends.
-    pub(super) preview: Option<Box<Saved>>,
+/// A cold prefix's step: placed by [`State::place`] among the usable backends, or, with every
+/// backend full, the same placement with the gate lifted; it is homed where it goes.
+pub(super) fn cold(
+    p: &KvAware,
+    s: &State,
+    input: &RouteInput<'_>,
+    loads: &[BackendLoad],
+    rng: &mut dyn RngCore,
+) -> Result<Step, PolicyError> {
+    let (key, blocks) = (input.prefix_key, input.chain_blocks);
+    let (ring, weights, band) = (&p.ring, p.weights(), f64::from(blocks));
+    let kind = |how| match how {
+        Placed::Pressure => DecisionKind::Cold,
+        Placed::RingOwner | Placed::Remembered => DecisionKind::PrefixHash,
+    };
+    let eligible = |i: usize| loads.get(i).is_some_and(|l| l.eligible);
+    let usable = |i: usize| s.cands.usable(i);
+    let (backend, kind) =
+        if let Some((b, how)) = s.place(key, blocks, loads, usable, ring, weights, band) {
+            (b, kind(how))
+        } else if let Some((b, how)) = s.place(key, blocks, loads, eligible, ring, weights, band) {
+            (b, least_or(loads, b, kind(how)))
+        } else {
+            let b = least_loaded(loads, rng).ok_or(PolicyError::NoBackend)?;
+            (b, DecisionKind::LeastOutstanding)
+        };
+    Ok(step(backend, 0, kind, Rehome::To(backend)))
 }
 
-/// What a preview changes of the state before it decides, as it was.
-#[derive(Clone, Debug)]
-pub(crate) struct Saved {
-    cands: Candidates,
-    tail: Option<(u64, u32, f64)>,
-    fleet: Option<Fleet>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Placer(Mutex<State>);
-
-impl Placer {
-    /// Decaying over `window` decisions per backend.
-    pub(crate) fn new(backends: &[PolicyBackend], window: f64) -> Self {
-        let n = backends.len().max(1);
-        Placer(Mutex::new(State {
-            pressure: vec![0.0; backends.len()],
-            unit: 1.0,
-            seq: 0,
-            homes: Homes::new(backends.len(), home_table_keys(n)),
-            decay: 1.0 - 1.0 / (window * n as f64).max(1.0),
-            resident: Resident::new(backends.iter().map(|b| b.capacity_blocks)),
-            tail: Cell::new(None),
-            cands: Candidates::new(backends.len(), 0.0, 0.0, u32::MAX),
-            fleet: Cell::new(None),
-            preview: None,
-        }))
-    }
-
-    /// The warm pick's candidates weigh loads by `kv` and treat `threshold` in flight as full.
-    pub(crate) fn with_candidates(mut self, kv: &super::tuning::KvConfig, threshold: u32) -> Self {
-        let s = self.0.get_mut();
-        let n = s.pressure.len();
-        s.cands = Candidates::new(n, kv.prefill_weight, kv.decode_weight, threshold);
-        self
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.0.lock()
-    }
-
-    /// Under [`Mode::Preview`] commits do nothing and what is learnt is put back (docs/kv.md).
-    pub(crate) fn state(&self, mode: Mode) -> Scope<'_> {
-        let mut s = self.0.lock();
-        if mode == Mode::Preview {
-            s.preview = Some(Box::new(Saved {
-                cands: s.cands.clone(),
-                tail: s.tail.get(),
-                fleet: s.fleet.get(),
-            }));
-            s.resident.begin();
-        }
-        Scope(s)
-    }
-}
-
-/// See [`Placer::state`].
-pub(crate) struct Scope<'a>(MutexGuard<'a, State>);
-
-impl Drop for Scope<'_> {
-    fn drop(&mut self) {
-        if let Some(saved) = self.0.preview.take() {
-            let Saved { cands, tail, fleet } = *saved;
-            self.0.cands = cands;
-            self.0.tail.set(tail);
-            self.0.fleet.set(fleet);
-            self.0.resident.rollback();
-        }
-    }
-}
-
-impl Deref for Scope<'_> {
-    type Target = State;
-    fn deref(&self) -> &State {
-        &self.0
-    }
-}
-
-impl DerefMut for Scope<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.0
+/// `kind`, or `least_outstanding` when (every backend full) the pick has the fewest in flight.
+pub(super) fn least_or(loads: &[BackendLoad], backend: usize, kind: DecisionKind) -> DecisionKind {
+    let min = loads
+        .iter()
+        .filter(|l| l.eligible)
+        .map(BackendLoad::effective_in_flight)
+        .min();
+    let least = loads
+        .get(backend)
+        .is_some_and(|l| Some(l.effective_in_flight()) == min);
+    if least {
+        DecisionKind::LeastOutstanding
+    } else {
+        kind
     }
 }
 
@@ -130,18 +68,6 @@ impl State {
     #[cfg(test)]
     pub(crate) fn pressures(&self) -> Vec<f64> {
         self.pressure.iter().map(|p| p / self.unit).collect()
-    }
-
-    pub(crate) fn home(&self, key: u64) -> Option<Home> {
-        self.homes.get(key)
-    }
-
-    /// Whether `home` is still followed: prefilling there, or homed within `STICKY` decisions.
-    pub(crate) fn following(&self, home: &Home, loads: &[BackendLoad]) -> bool {
-        let b = home.backend as usize;
-        let prefilling = loads.get(b).is_some_and(|l| l.pending_prefill_blocks > 0);
-        let since = u64::from((self.seq as u32).wrapping_sub(home.since));
-        prefilling || since <= STICKY * self.pressure.len().max(1) as u64
     }
 
     /// Where a prefix no eligible backend holds goes; `weights` are (prefill, miss, decode).
@@ -303,74 +229,6 @@ impl State {
         };
         self.tail.set(Some((self.seq, blocks, t)));
         t
-    }
-
-    /// A request of `key`'s `blocks`-block chain, `m` held there, was sent to `backend`.
-    pub(crate) fn sent(&mut self, key: u64, backend: usize, blocks: u32, m: u32) {
-        if self.preview.is_some() {
-            return;
-        }
-        self.record(key, backend, blocks.saturating_sub(m));
-        self.cached(key, backend, blocks);
-    }
-
-    pub(crate) fn cached(&mut self, key: u64, backend: usize, blocks: u32) {
-        if let Some(c) = self.resident.of_mut(backend) {
-            c.store(key, u64::from(blocks));
-        }
-    }
-
-    /// A fresh match: the model takes it, unless `key` follows its home `backend` (unpublished).
-    pub(crate) fn observe(&mut self, key: u64, backend: usize, blocks: u32, loads: &[BackendLoad]) {
-        let prefilling = self
-            .homes
-            .get(key)
-            .is_some_and(|h| h.backend as usize == backend && self.following(&h, loads));
-        if !prefilling {
-            self.resident.observe(backend, key, u64::from(blocks));
-        }
-    }
-
-    /// Homes `key` on `backend`; its popularity moves along.
-    pub(crate) fn set_home(&mut self, key: u64, backend: usize) {
-        if self.preview.is_some() {
-            return;
-        }
-        self.homes.set_home(key, backend, self.seq);
-        self.fleet.set(None);
-    }
-
-    /// A deliberate copy of `key` on `backend`, or the last one dropped (`None`).
-    pub(crate) fn copy(&mut self, key: u64, backend: Option<usize>) {
-        if self.preview.is_some() {
-            return;
-        }
-        self.fleet.set(None);
-        match backend {
-            Some(b) => self.homes.add_copy(key, b),
-            None => {
-                self.homes.drop_copy(key);
-            }
-        }
-    }
-
-    /// Records a request of `key` sent to `backend`, which writes `blocks` into its cache.
-    pub(crate) fn record(&mut self, key: u64, backend: usize, blocks: u32) {
-        self.seq += 1;
-        let unit = self.unit;
-        if let Some(p) = self.pressure.get_mut(backend) {
-            *p += unit * f64::from(blocks);
-        }
-        self.homes.hit(key, backend, unit, self.seq);
-        self.unit /= self.decay;
-        // Reset (everything divided by the unit) long before an f64 overflows.
-        if self.unit > 1e200 {
-            let k = self.unit;
-            self.pressure.iter_mut().for_each(|p| *p /= k);
-            self.homes.rescale(k);
-            self.tail.set(None);
-            self.unit = 1.0;
-        }
     }
 }
 

@@ -5,6 +5,7 @@
 use super::*;
 use crate::index::MatchResult;
 use crate::policy::test_util::*;
+use crate::route::*;
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -229,14 +230,14 @@ fn a_removed_workers_homes_and_copies_go_the_others_stay() {
     {
         let mut s = p.placer.lock();
         for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
-            s.set_home(key, at);
+            s.rehome(key, Rehome::To(at));
             for _ in 0..10 {
                 s.record(key, at, 5);
             }
         }
         // Key 2 also has a copy on b0; key 3 one on b1.
-        s.copy(2, Some(0));
-        s.copy(3, Some(1));
+        s.rehome(2, Rehome::Copy(0));
+        s.rehome(3, Rehome::Copy(1));
     }
     let next = p.carried_over(&PolicyConfig::default(), &removed(&b, 0));
     let s = next.placer.lock();

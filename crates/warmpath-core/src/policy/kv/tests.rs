@@ -3,8 +3,10 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::error::PolicyError;
 use crate::index::MatchResult;
 use crate::policy::test_util::*;
+use crate::route::*;
 use rand::SeedableRng;
 
 fn kv(n: usize, threshold: u32) -> KvAware {
@@ -291,7 +293,7 @@ fn skewed_kv(rebalance_slack: Option<f64>) -> KvAware {
     let p = KvAware::with_window(&cfg, &backends(3), 1e5);
     let mut s = p.placer.lock();
     for (key, at, reqs) in [(1u64, 0usize, 40), (2, 0, 30), (3, 1, 20), (4, 2, 10)] {
-        s.set_home(key, at);
+        s.rehome(key, Rehome::To(at));
         for _ in 0..reqs {
             s.record(key, at, 0);
         }
@@ -375,7 +377,7 @@ fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
     {
         let mut s = p.placer.lock();
         for (key, at, reqs) in [(1u64, 0usize, 80), (2, 1, 10), (3, 2, 10)] {
-            s.set_home(key, at);
+            s.rehome(key, Rehome::To(at));
             for _ in 0..reqs {
                 s.record(key, at, 0);
             }
@@ -436,7 +438,7 @@ fn a_too_hot_prefix_gets_a_copy_until_its_load_falls() {
     let off = KvAware::with_window(&cfg, &backends(3), 1e5);
     {
         let mut s = off.placer.lock();
-        s.set_home(1, 0);
+        s.rehome(1, Rehome::To(0));
         for _ in 0..90 {
             s.record(1, 0, 0);
         }
@@ -456,7 +458,7 @@ fn a_copied_prefix_shares_its_traffic_under_a_key_seeded_rng() {
     {
         let mut s = p.placer.lock();
         for (key, at, reqs) in [(1u64, 0usize, 80), (2, 1, 10), (3, 2, 10)] {
-            s.set_home(key, at);
+            s.rehome(key, Rehome::To(at));
             for _ in 0..reqs {
                 s.record(key, at, 0);
             }

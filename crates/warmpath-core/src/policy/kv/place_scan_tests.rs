@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::policy::kv::*;
 use crate::policy::test_util::*;
 use proptest::prelude::*;
 
@@ -131,12 +132,12 @@ proptest! {
             b.capacity_blocks = capacity;
         }
         let ring = Ring::new(&bs, 16);
-        let placer = Placer::new(&bs, 8.0);
+        let placer = Mutex::new(State::new(&bs, 8.0));
         let mut s = placer.lock();
         for &(key, at, blocks) in &history {
             let at = at % n;
             if blocks % 3 == 0 {
-                s.set_home(key, at);
+                s.rehome(key, Rehome::To(at));
             }
             s.record(key, at, blocks);
             s.cached(key, at, blocks);

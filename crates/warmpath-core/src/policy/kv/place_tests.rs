@@ -1,13 +1,14 @@
 //! Unit tests of cold placement ([`super`]).
 
 use super::*;
+use crate::policy::kv::*;
 use crate::policy::test_util::*;
 
 #[test]
 fn pressure_decays_and_spreads_new_prefixes() {
     let b = backends(4);
     let ring = Ring::new(&b, 160);
-    let placer = Placer::new(&b, 100.0);
+    let placer = Mutex::new(State::new(&b, 100.0));
     let mut p = placer.lock();
     let loads = idle(4);
     let mut placed = [0u32; 4];
@@ -17,7 +18,7 @@ fn pressure_decays_and_spreads_new_prefixes() {
         let (at, _) = p
             .place(key, 500, &loads, |_| true, &ring, (0.0, 1.0, 0.0), 0.0)
             .unwrap();
-        p.set_home(key, at);
+        p.rehome(key, Rehome::To(at));
         p.record(key, at, 500);
         placed[at] += 1;
     }
@@ -37,13 +38,13 @@ fn pressure_decays_and_spreads_new_prefixes() {
 fn a_placement_is_sticky_while_it_prefills() {
     let b = backends(3);
     let ring = Ring::new(&b, 160);
-    let placer = Placer::new(&b, 100.0);
+    let placer = Mutex::new(State::new(&b, 100.0));
     let mut p = placer.lock();
     let mut loads = idle(3);
     let (first, _) = p
         .place(42, 500, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
         .unwrap();
-    p.set_home(42, first);
+    p.rehome(42, Rehome::To(first));
     p.record(42, first, 500);
     loads[first].pending_prefill_blocks = 500;
     // Its pressure and queue now make it the costliest, yet the same key
@@ -57,7 +58,7 @@ fn a_placement_is_sticky_while_it_prefills() {
         .place(43, 500, &loads, |_| true, &ring, (1.0, 1.0, 2.0), 0.0)
         .unwrap();
     assert_ne!(other, first);
-    p.set_home(43, other);
+    p.rehome(43, Rehome::To(other));
     p.record(43, other, 500);
     // Done prefilling and many decisions later: placed afresh.
     loads[first].pending_prefill_blocks = 0;
@@ -72,7 +73,7 @@ fn a_placement_is_sticky_while_it_prefills() {
     assert!(again != first && again != other, "{again}");
     // An unusable remembered backend is never returned.
     loads[first].pending_prefill_blocks = 500;
-    p.set_home(42, first);
+    p.rehome(42, Rehome::To(first));
     p.record(42, first, 500);
     let (b2, _) = p
         .place(42, 500, &loads, |i| i != first, &ring, (1.0, 1.0, 2.0), 0.0)
@@ -88,7 +89,7 @@ fn a_placement_is_sticky_while_it_prefills() {
 fn within_the_tolerance_the_least_requested_backend_wins() {
     let b = backends(3);
     let ring = Ring::new(&b, 160);
-    let placer = Placer::new(&b, 100.0);
+    let placer = Mutex::new(State::new(&b, 100.0));
     let mut p = placer.lock();
     let loads = idle(3);
     let w = (1.0, 1.0, 2.0);
@@ -96,7 +97,7 @@ fn within_the_tolerance_the_least_requested_backend_wins() {
     // (nothing written) and backend 2 five requests writing 20 blocks:
     // 1 has the lower pressure, 2 the lower share of requests.
     for (key, at) in [(1u64, 0usize), (2, 1), (3, 2)] {
-        p.set_home(key, at);
+        p.rehome(key, Rehome::To(at));
         p.record(key, at, 500);
     }
     for _ in 0..30 {
@@ -137,7 +138,7 @@ fn a_cold_prefix_goes_where_it_evicts_the_coldest() {
     let b = of_1000_blocks(3);
     let ring = Ring::new(&b, 160);
     let filled = |b: &[PolicyBackend]| {
-        let placer = Placer::new(b, 1e5);
+        let placer = Mutex::new(State::new(b, 1e5));
         {
             let mut p = placer.lock();
             for (key, at, reqs) in [
@@ -148,7 +149,7 @@ fn a_cold_prefix_goes_where_it_evicts_the_coldest() {
                 (4, 1, 50),
                 (5, 2, 150),
             ] {
-                p.set_home(key, at);
+                p.rehome(key, Rehome::To(at));
                 for _ in 0..reqs {
                     p.record(key, at, 0);
                     p.cached(key, at, 500);
@@ -182,10 +183,10 @@ fn a_cold_prefix_goes_where_it_fits() {
     let b = of_1000_blocks(2);
     let ring = Ring::new(&b, 160);
     let run = |b: &[PolicyBackend]| {
-        let placer = Placer::new(b, 1e5);
+        let placer = Mutex::new(State::new(b, 1e5));
         let mut p = placer.lock();
         for (key, at, reqs) in [(1u64, 0usize, 100), (2, 1, 5), (3, 1, 5)] {
-            p.set_home(key, at);
+            p.rehome(key, Rehome::To(at));
             for _ in 0..reqs {
                 p.record(key, at, 0);
                 p.cached(key, at, 500);
@@ -207,7 +208,7 @@ fn a_cold_prefix_goes_where_it_fits() {
 /// through it, writing 500 blocks apiece; its model holds the last two.
 fn churn(p: &mut State, at: usize) {
     for key in 1000..1100u64 {
-        p.set_home(key, at);
+        p.rehome(key, Rehome::To(at));
         p.record(key, at, 500);
         p.record(key, at, 0);
         p.cached(key, at, 500);
@@ -224,10 +225,10 @@ fn a_tail_prefix_goes_where_the_tail_churns_unless_that_is_overloaded() {
     let b = of_1000_blocks(3);
     let ring = Ring::new(&b, 160);
     let place = |hot: usize| {
-        let placer = Placer::new(&b, 1e5);
+        let placer = Mutex::new(State::new(&b, 1e5));
         let mut p = placer.lock();
         for (key, at, reqs) in [(1u64, 0usize, 2), (2, 0, 2), (3, 1, hot), (4, 1, hot)] {
-            p.set_home(key, at);
+            p.rehome(key, Rehome::To(at));
             for _ in 0..reqs {
                 p.record(key, at, 0);
             }
@@ -258,17 +259,17 @@ fn a_kept_prefix_avoids_a_cache_that_turns_over_faster_than_it_returns() {
     // Prefix 9 (45 requests, lost from 1) is among the 2 the caches keep.
     let b = of_1000_blocks(2);
     let ring = Ring::new(&b, 160);
-    let placer = Placer::new(&b, 1e5);
+    let placer = Mutex::new(State::new(&b, 1e5));
     let mut p = placer.lock();
     for (key, reqs) in [(2u64, 10), (1, 100)] {
-        p.set_home(key, 0);
+        p.rehome(key, Rehome::To(0));
         for _ in 0..reqs {
             p.record(key, 0, 0);
         }
         p.cached(key, 0, 500);
     }
     churn(&mut p, 1);
-    p.set_home(9, 1);
+    p.rehome(9, Rehome::To(1));
     for _ in 0..45 {
         p.record(9, 1, 0);
     }

@@ -204,7 +204,7 @@ mod tests {
     /// The rows of the docs table whose first column header is `header`:
     /// (name, value), both without their backticks.
     fn docs_rows(header: &str) -> Vec<(String, String)> {
-        let docs = include_str!("../../../../docs/kv.md");
+        let docs = include_str!("../../../../../docs/kv.md");
         let start = format!("| {header} |");
         let Some(at) = docs.find(&start) else {
             panic!("docs/kv.md has no table headed {header:?}");
