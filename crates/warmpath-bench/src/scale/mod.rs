@@ -78,6 +78,11 @@ pub struct ScaleConfig {
     /// Instances reset each time (with `--reset-every-s`).
     #[arg(long, default_value_t = 2)]
     pub reset_instances: usize,
+    /// Every this many seconds one instance (the next in turn) leaves the
+    /// member list and rejoins before the next request, its cache kept, as
+    /// on a discovery flap: each router's policy is rebuilt over both lists.
+    #[arg(long)]
+    pub rejoin_every_s: Option<f64>,
     /// How often the agents report the engines' load to the replicas, ms.
     #[arg(skip = 1000u64)]
     pub load_report_ms: u64,
@@ -124,6 +129,8 @@ impl ScaleConfig {
             .is_none_or(|s| s.is_finite() && s > 0.0 && fits);
         let why = "must be a number > 0, resetting at most every instance";
         ensure(reset_ok, "reset_every_s", why)?;
+        let rejoin_ok = c.rejoin_every_s.is_none_or(|s| s.is_finite() && s > 0.0);
+        ensure(rejoin_ok, "rejoin_every_s", "must be a number > 0")?;
         self.time.validate()?;
         self.policy.validate()?;
         Ok(())
@@ -188,6 +195,8 @@ enum Event {
     Shared(usize),
     /// The `n`-th round of cache resets.
     Reset(usize),
+    /// The `n`-th leave and rejoin.
+    Rejoin(usize),
 }
 
 /// Tokens per block, of each request's question, and of each answer.
@@ -212,6 +221,9 @@ pub fn run(
     if let Some(s) = config.reset_every_s {
         sim.schedule(us(s * 1000.0), Event::Reset(0));
     }
+    if let Some(s) = config.rejoin_every_s {
+        sim.schedule(us(s * 1000.0), Event::Rejoin(0));
+    }
     while let Some(Reverse((at, _, ev))) = sim.heap.pop() {
         sim.now = at;
         match ev {
@@ -219,6 +231,7 @@ pub fn run(
             Event::PrefillDone(r) => sim.prefill_done(r)?,
             Event::Shared(f) => sim.routers.deliver(f),
             Event::Reset(n) => sim.reset(n)?,
+            Event::Rejoin(n) => sim.rejoin(n)?,
             Event::DecodeDone(r) => {
                 sim.decode_done(r);
                 if sim.e2e.len() % 10_000 == 0 {
@@ -234,6 +247,8 @@ pub fn run(
 struct Sim<'a> {
     cfg: &'a ScaleConfig,
     strategy: Strategy,
+    /// The member list, in instance order.
+    backends: Vec<PolicyBackend>,
     index: CacheIndex,
     fleet: Vec<Instance>,
     routers: Replicas,
@@ -288,6 +303,7 @@ impl<'a> Sim<'a> {
         Ok(Sim {
             cfg,
             strategy,
+            backends,
             index,
             fleet,
             routers: Replicas::new(policies, n, cfg.seed, cfg.load_report_ms * 1000),
@@ -485,6 +501,23 @@ impl<'a> Sim<'a> {
         }
         if let (false, Some(s)) = (self.heap.is_empty(), self.cfg.reset_every_s) {
             self.schedule(self.now + us(s * 1000.0), Event::Reset(n + 1));
+        }
+        Ok(())
+    }
+
+    /// Round `n` of flaps: instance `n` (mod the fleet) leaves the member list
+    /// and rejoins; each router rebuilds its policy over both lists in turn,
+    /// carrying it over as the router does on a discovery change.
+    fn rejoin(&mut self, n: usize) -> Result<(), BenchError> {
+        let (strategy, config) = (self.strategy, &self.cfg.policy);
+        let mut without = self.backends.clone();
+        without.remove(n % without.len());
+        for v in &mut self.routers.views {
+            let left = build_policy(strategy, config, &without, Some(&v.policy))?;
+            v.rebuilt(build_policy(strategy, config, &self.backends, Some(&left))?);
+        }
+        if let (false, Some(s)) = (self.heap.is_empty(), self.cfg.rejoin_every_s) {
+            self.schedule(self.now + us(s * 1000.0), Event::Rejoin(n + 1));
         }
         Ok(())
     }

@@ -112,6 +112,40 @@ fn resets_cost_hits_and_every_request_still_completes() {
 }
 
 #[test]
+fn a_rejoin_rebuilds_the_policy_and_carries_the_others_homes() {
+    let cfg = ScaleConfig {
+        rejoin_every_s: Some(10.0),
+        ..small()
+    };
+    let mut sim = Sim::new(&cfg, Strategy::KvAware).unwrap();
+    for r in 0..64 {
+        sim.arrive(r).unwrap();
+    }
+    let keys: Vec<u64> = (sim.reqs.iter())
+        .map(|r| xxh3_64(&r.doc.to_le_bytes()))
+        .collect();
+    let homes = |sim: &Sim<'_>| -> Vec<Option<usize>> {
+        let learns = sim.routers.views[0].policy.learns.as_ref().unwrap();
+        let home = |k: &u64| learns.home_of(*k).map(|h| h.backend);
+        keys.iter().map(home).collect()
+    };
+    let before = homes(&sim);
+    assert!(before.contains(&Some(1)) && before.iter().any(|h| h.is_some_and(|b| b != 1)));
+    sim.rejoin(1).unwrap();
+    // Instance 1 left: its homes are forgotten, the others' carried over.
+    let want: Vec<Option<usize>> = before.iter().map(|h| h.filter(|&b| b != 1)).collect();
+    assert_eq!(homes(&sim), want);
+    // A whole run with a flap every 10 s completes every request.
+    let r = run(&cfg, Strategy::KvAware, &mut |_| {}).unwrap();
+    assert_eq!(r.requests, 3000);
+    let bad = ScaleConfig {
+        rejoin_every_s: Some(0.0),
+        ..small()
+    };
+    assert!(bad.validate().is_err());
+}
+
+#[test]
 fn a_reset_instance_holds_nothing_and_the_index_forgets_it() {
     let index = CacheIndex::with_capacity(64);
     let slot = index.register_worker("w").unwrap();

@@ -21,6 +21,13 @@ pub(super) struct RouterView {
 }
 
 impl RouterView {
+    /// Installs `policy`, rebuilt over a membership change: it sees every load afresh.
+    pub(super) fn rebuilt(&mut self, policy: Built) {
+        self.policy = policy;
+        self.all_changed = true;
+        self.changed.clear();
+    }
+
     /// A request routed to instance `i` with `prefill` blocks to compute.
     pub(super) fn start(&mut self, i: usize, prefill: u64) {
         let l = &mut self.loads[i];
