@@ -340,8 +340,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
                 } else {
                     let l = *load.borrow_and_update();
                     if let Some(l) = l {
-                        let l = with_partial(l, hub);
-                        send(Msg::Load(l)).await?;
+                        send(Msg::Load(with_partial(l, hub))).await?;
                     }
                 }
             }

@@ -60,7 +60,7 @@ pub struct RunningRouter {
 impl RunningRouter {
     /// The cache index of pool `model`, e.g. to fill it in-process.
     pub fn index(&self, model: &str) -> Option<Arc<warmpath_core::CacheIndex>> {
-        self.shared.pools.index_of(model).map(|(index, _)| index)
+        self.shared.pools.index_of(model)
     }
 
     /// Applies a re-read configuration; returns what was applied, then what was not.

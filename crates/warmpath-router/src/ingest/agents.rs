@@ -239,12 +239,8 @@ impl Agents {
 
     /// Stream `stream` ended; the worker is disconnected unless taken over.
     pub(crate) fn disconnect(&self, key: &AgentKey, stream: u64) {
-        if let Some(e) = self
-            .map
-            .read()
-            .get(&key.model)
-            .and_then(|m| m.get(&key.worker_id))
-        {
+        let all = self.map.read();
+        if let Some(e) = all.get(&key.model).and_then(|m| m.get(&key.worker_id)) {
             let _ = e
                 .live
                 .owner
