@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use warmpath_edge::{raw_http1, AcceptBackoff, ErrorBody, ErrorCode};
+use warmpath_edge::{open_file_share, raw_http1, AcceptBackoff, ErrorBody, ErrorCode};
 
 /// What one client may hold of the agent's HTTP server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,18 +29,10 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             request_timeout: Duration::from_secs(10),
-            max_connections: default_max_connections(),
+            // The rest is left to router links, event sockets, listeners and files.
+            max_connections: open_file_share(40),
         }
     }
-}
-
-/// 40% of the soft open-file limit, at least 1: the rest is left to router
-/// links, event sockets, listeners and files. Raise `ulimit -n` to raise it.
-pub fn default_max_connections() -> usize {
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(1 << 20);
-    ((soft.min(1 << 24) as usize) * 4 / 10).max(1)
 }
 
 /// How long in-flight requests get to finish once the agent stops.
@@ -163,15 +155,6 @@ async fn connection(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_default_cap_follows_the_open_file_limit() {
-        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-            .current
-            .unwrap_or(1 << 20);
-        let cap = default_max_connections() as u64;
-        assert!(cap >= 1 && cap < soft.max(2), "{cap} of {soft}");
-    }
 
     #[test]
     fn the_refusal_is_a_whole_http_answer() {

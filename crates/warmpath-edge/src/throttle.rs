@@ -1,7 +1,7 @@
 //! "Log at most every N s": a peer that can cause an event at will (a
 //! refused stream, a failing accept, an engine reporting too much) must not
 //! be able to flood the log, but the line that does get through says how
-//! many it stands for.
+//! many it stands for. Also an accept loop's backoff and connection cap.
 
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
@@ -74,6 +74,15 @@ impl AcceptBackoff {
     }
 }
 
+/// `percent`% of the soft open-file limit, at least 1: the connections an
+/// accept loop keeps open at once, the other descriptors left to the rest.
+pub fn open_file_share(percent: u64) -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(1 << 20);
+    ((soft.min(1 << 24) * percent / 100) as usize).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +101,18 @@ mod tests {
         // within the interval, not a wrap-around.
         assert_eq!(l.ready_at(t0), None);
         assert_eq!(l.ready_at(later + LogEvery::TEN_SECONDS), Some(2));
+    }
+
+    #[test]
+    fn the_open_file_share_stays_below_the_limit() {
+        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(1 << 20);
+        for percent in [40, 80] {
+            let n = open_file_share(percent) as u64;
+            assert!(n >= 1 && n < soft.max(2), "{n} of {soft}");
+        }
+        assert!(open_file_share(40) <= open_file_share(80));
     }
 
     #[test]
