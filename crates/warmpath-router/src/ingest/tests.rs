@@ -327,25 +327,26 @@ fn sweeper_marks_stale_then_clears() {
     }
     let dir = OnePool(p.clone());
     let mut cleared = HashSet::new();
-    let (stale, _) = sweeper::sweep(
+    let stale = |now| p.index.worker_stats(now).iter().filter(|w| w.stale).count();
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
         5_000,
         &mut cleared,
     );
-    assert_eq!(stale, 0);
-    let (stale, newly) = sweeper::sweep(
+    assert_eq!((stale(5_000), newly), (0, 0));
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
         20_000,
         &mut cleared,
     );
-    assert_eq!((stale, newly), (1, 0));
+    assert_eq!((stale(20_000), newly), (1, 0));
     let slot = p.index.worker_slot("w").unwrap();
     assert!(!p.index.longest_match(&chain(3)).of(slot).unwrap().fresh);
-    let (_, newly) = sweeper::sweep(
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
@@ -354,7 +355,7 @@ fn sweeper_marks_stale_then_clears() {
     );
     assert_eq!(newly, 1);
     assert_eq!(p.index.block_count(slot), 0);
-    let (_, newly) = sweeper::sweep(
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
