@@ -125,7 +125,7 @@ pub async fn start(
     let agents = config
         .grpc_listen
         .as_ref()
-        .map(|_| Arc::new(ingest::Agents::new()));
+        .map(|_| Arc::new(ingest::Agents::default()));
     if let Some(a) = &agents {
         a.peers().set_enabled(config.ingest.share_decisions);
         if let Some(secret) = &config.agent_secret {

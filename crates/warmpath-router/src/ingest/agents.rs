@@ -159,10 +159,6 @@ pub struct Agents {
 }
 
 impl Agents {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Decision sharing over the agents' streams (see [`crate::ingest::peers`]).
     pub(crate) fn peers(&self) -> &Arc<crate::ingest::peers::Peers> {
         &self.peers
@@ -366,7 +362,7 @@ mod tests {
 
     #[test]
     fn a_boards_cell_follows_claims_reports_and_removal() {
-        let a = Agents::new();
+        let a = Agents::default();
         let key = AgentKey {
             model: "m".into(),
             worker_id: "w1".into(),
