@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warmpath_edge::LogEvery;
 use warmpath_vllm_events::wire::parse_live;
-use warmpath_vllm_events::{decode_batch_with, DecodeLimits, KvEventBatch};
+use warmpath_vllm_events::{decode_batch, DecodeLimits, KvEventBatch};
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
 /// How to follow one rank: its endpoints and the topic prefix.
@@ -295,8 +295,7 @@ impl Follower {
 
     /// The event stream showed a restart at `seq` (`why`): forget the engine.
     fn restarted(&mut self, last: u64, seq: u64, why: &str) {
-        let rank = self.cfg.rank;
-        tracing::warn!(last, seq, rank, "engine restarted: {why}");
+        tracing::warn!(last, seq, rank = self.cfg.rank, "engine restarted: {why}");
         self.forget_engine();
     }
 
@@ -389,9 +388,8 @@ impl Follower {
         if reached < until && (from > 0 || self.last.is_some()) {
             self.stats.gaps_unrecovered.inc();
             counter!("warmpath_agent_seq_gaps_unrecovered_total").increment(1);
-            let from = reached;
             tracing::warn!(
-                from,
+                from = reached,
                 until,
                 "engine events lost; routers get a fresh snapshot"
             );
@@ -402,7 +400,7 @@ impl Follower {
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         self.last = Some(seq);
         self.applied[(seq % APPLIED_WINDOW as u64) as usize] = (seq, self.digest(payload));
-        let batch: KvEventBatch = match decode_batch_with(payload, &DecodeLimits::default()) {
+        let batch: KvEventBatch = match decode_batch(payload) {
             Ok(b) => b,
             Err(e) => {
                 self.stats.bad_payloads.inc();

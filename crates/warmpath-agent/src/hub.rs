@@ -186,11 +186,7 @@ impl Hub {
                         continue;
                     }
                     // `parent` stays exact only when the whole segment is new.
-                    let parent = if fresh.len() == hashes.len() {
-                        parent
-                    } else {
-                        None
-                    };
+                    let parent = parent.filter(|_| fresh.len() == hashes.len());
                     delta::Op::Stored(Stored {
                         parent: parent.map(|p| p.0),
                         hashes: fresh.iter().map(|h| h.0).collect(),

@@ -49,18 +49,13 @@ impl Credential {
 
 /// The token in `path`, trimmed; the error says what is wrong with it.
 pub(crate) fn read_token_file(path: &std::path::Path) -> Result<String, String> {
-    let fail =
-        |why: &dyn std::fmt::Display| format!("--agent-token-file {}: {why}", path.display());
-    let len = std::fs::metadata(path).map_err(|e| fail(&e))?.len();
-    if len > MAX_TOKEN_FILE {
-        return Err(fail(&format!("{len} bytes is too large for a token")));
+    let fail = |why: String| format!("--agent-token-file {}: {why}", path.display());
+    let bytes = warmpath_proto::files::read_bounded(path, MAX_TOKEN_FILE).map_err(fail)?;
+    let text = String::from_utf8(bytes).map_err(|e| fail(e.to_string()))?;
+    match text.trim() {
+        "" => Err(fail("the file is empty".into())),
+        t => Ok(t.to_owned()),
     }
-    let text = std::fs::read_to_string(path).map_err(|e| fail(&e))?;
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(fail(&"the file is empty"));
-    }
-    Ok(t.to_owned())
 }
 
 /// Link tuning.
@@ -340,8 +335,7 @@ async fn stream_once(url: &str, links: &Links, sink: &Sink) -> Result<(), LinkEr
                 } else {
                     let l = *load.borrow_and_update();
                     if let Some(l) = l {
-                        let l = with_partial(l, hub);
-                        send(Msg::Load(l)).await?;
+                        send(Msg::Load(with_partial(l, hub))).await?;
                     }
                 }
             }

@@ -73,7 +73,7 @@ fn label_u64(labels: &str, name: &str) -> u64 {
 
 /// Each sample of series `name` in a Prometheus text page: its labels (`{...}`,
 /// or empty) and its value, when a finite number (a timestamp may follow it).
-fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, Option<f64>)> {
+pub fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, Option<f64>)> {
     text.lines().filter_map(move |line| {
         let rest = line.trim().strip_prefix(name)?;
         let (labels, rest) = match rest.strip_prefix('{') {

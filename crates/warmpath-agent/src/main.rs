@@ -12,7 +12,7 @@ async fn main() -> anyhow::Result<()> {
         anyhow::bail!(why);
     }
     let cli = Cli::parse();
-    warmpath_proto::logging::init_logging(cli.log_format);
+    warmpath_proto::logging::init_logging(cli.log_format, &[]);
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;

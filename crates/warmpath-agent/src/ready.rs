@@ -111,8 +111,7 @@ pub async fn watch(
         metrics::gauge!("warmpath_agent_engine_up")
             .set(flag(ready.engine_up.load(Ordering::Relaxed)));
         metrics::gauge!("warmpath_agent_router_streams").set(stats.router_streams.get() as f64);
-        metrics::gauge!("warmpath_agent_kv_events_silent")
-            .set(flag(ready.events_silent.load(Ordering::Relaxed)));
+        metrics::gauge!("warmpath_agent_kv_events_silent").set(flag(silent));
     }
 }
 

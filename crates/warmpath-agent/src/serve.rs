@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use warmpath_edge::{raw_http1, ErrorBody, ErrorCode, LogEvery};
+use warmpath_edge::{open_file_share, raw_http1, AcceptBackoff, ErrorBody, ErrorCode};
 
 /// What one client may hold of the agent's HTTP server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,18 +29,10 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             request_timeout: Duration::from_secs(10),
-            max_connections: default_max_connections(),
+            // The rest is left to router links, event sockets, listeners and files.
+            max_connections: open_file_share(40),
         }
     }
-}
-
-/// 40% of the soft open-file limit, at least 1: the rest is left to router
-/// links, event sockets, listeners and files. Raise `ulimit -n` to raise it.
-pub fn default_max_connections() -> usize {
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(1 << 20);
-    ((soft.min(1 << 24) as usize) * 4 / 10).max(1)
 }
 
 /// How long in-flight requests get to finish once the agent stops.
@@ -57,8 +49,7 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let refusal = refusal(limits.max_connections);
     let mut conns = JoinSet::new();
-    // Accept failures (EMFILE, most likely) back off from 10 ms to 1 s.
-    let (mut failures, mut delay_ms, log) = (0u64, 0u64, LogEvery::default());
+    let mut backoff = AcceptBackoff::default();
     loop {
         // Finished connections are reaped as we go.
         while conns.try_join_next().is_some() {}
@@ -66,22 +57,13 @@ pub async fn serve(
             () = cancel.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => {
-                    if failures > 0 {
-                        tracing::info!(failures, "accept works again");
-                        (failures, delay_ms) = (0, 0);
-                    }
+                    backoff.succeeded();
                     a
                 }
                 Err(e) => {
-                    failures += 1;
-                    if log.ready().is_some() {
-                        tracing::warn!(error = %e, failures,
-                            "accept failed; backing off (logged at most every 10 s)");
-                    }
-                    delay_ms = (delay_ms * 2).clamp(10, 1_000);
                     tokio::select! {
                         () = cancel.cancelled() => {}
-                        () = tokio::time::sleep(Duration::from_millis(delay_ms)) => {}
+                        () = tokio::time::sleep(backoff.failed(&e)) => {}
                     }
                     continue;
                 }
@@ -173,15 +155,6 @@ async fn connection(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_default_cap_follows_the_open_file_limit() {
-        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-            .current
-            .unwrap_or(1 << 20);
-        let cap = default_max_connections() as u64;
-        assert!(cap >= 1 && cap < soft.max(2), "{cap} of {soft}");
-    }
 
     #[test]
     fn the_refusal_is_a_whole_http_answer() {

@@ -5,9 +5,6 @@ use crate::error::AgentError;
 use std::path::Path;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-/// Largest accepted `--router-ca` file, bytes.
-const MAX_CA_BYTES: u64 = 1 << 20;
-
 /// `url` after `scheme` (`"https://"`, any case), if it starts with it.
 pub(crate) fn after_scheme<'a>(url: &'a str, scheme: &str) -> Option<&'a str> {
     url.get(..scheme.len())
@@ -40,18 +37,8 @@ pub fn plain_text_off_host(url: &str) -> bool {
 }
 
 fn read_ca(path: &Path) -> Result<Certificate, AgentError> {
-    let fail = |why: String| AgentError::Config(format!("--router-ca {}: {why}", path.display()));
-    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-    if meta.len() > MAX_CA_BYTES {
-        return Err(fail(format!(
-            "{} bytes is too large for a PEM file",
-            meta.len()
-        )));
-    }
-    let pem = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-        return Err(fail("no PEM CERTIFICATE block in the file".into()));
-    }
+    let pem = warmpath_proto::files::read_pem(path, "CERTIFICATE")
+        .map_err(|why| AgentError::Config(format!("--router-ca {}: {why}", path.display())))?;
     Ok(Certificate::from_pem(pem))
 }
 
@@ -148,7 +135,7 @@ mod tests {
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, "not a certificate").unwrap();
         let e = router_tls(&urls(&["https://r:1"]), Some(&junk), None).unwrap_err();
-        assert!(e.to_string().contains("no PEM CERTIFICATE"), "{e}");
+        assert!(e.to_string().contains("no PEM \"CERTIFICATE\""), "{e}");
         let e = router_tls(&urls(&["https://r:1"]), None, Some("")).unwrap_err();
         assert!(e.to_string().contains("--tls-domain"), "{e}");
     }

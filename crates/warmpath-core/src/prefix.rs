@@ -1,21 +1,6 @@
-//! PREFIX_AWARE keys: a 64-bit hash of the first `prefix_length` units of a request.
-//!
-//! What is hashed, exactly:
-//! - native `/invocations`: the first `prefix_length` **bytes** of the raw body;
-//! - chat requests: the first `prefix_length` **characters** (Unicode scalar
-//!   values) of the message text, built as, for every message in order,
-//!   `role` `"\n"` `content` `"\n"`, where `content` is the string content, the
-//!   text parts joined with `"\n"` (other parts skipped), or nothing when null;
-//! - completion requests with a text prompt: the first `prefix_length`
-//!   characters of the prompt (the first prompt of a batch);
-//! - completion requests with token ids: the first `prefix_length` **ids** of
-//!   the (first) prompt, 4 little-endian bytes each.
-//!
-//! The key is `xxh3_64_with_seed(extracted bytes, seed)` with
-//! `seed = xxh3_64(b"warmpath/prefix/1" 0x00 model 0x00 tenant 0x00 kind)`,
-//! `kind` being `b` (raw body), `t` (text) or `i` (ids), and `tenant` empty when
-//! there is none. Equal keys mean "same model, same tenant, same prefix"; the
-//! tail beyond `prefix_length` never changes the key.
+//! PREFIX_AWARE keys: a 64-bit hash of the first `prefix_length` units (bytes,
+//! characters or token ids) of a request; what is hashed, exactly, is in
+//! docs/cache-index.md, "The prefix key".
 
 use std::fmt;
 use thiserror::Error;
@@ -96,7 +81,7 @@ impl PrefixExtractor {
         }
     }
 
-    /// What [`key_for_request`](Self::key_for_request) hashes (see the module docs).
+    /// What [`key_for_request`](Self::key_for_request) hashes (docs/cache-index.md).
     /// Never reads or copies more than `prefix_length` characters of text.
     pub fn extract<'r>(&self, req: &'r Request<'_>) -> Extracted<'r> {
         let mut out = Budget {

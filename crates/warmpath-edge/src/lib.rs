@@ -1,6 +1,6 @@
 //! What the router's and the agent's network edges share, so each rule is
-//! written once: the hop-by-hop header filter, the OpenAI error body and
-//! "log at most every N s". No sockets and no runtime.
+//! written once: the hop-by-hop header filter, the OpenAI error body,
+//! "log at most every N s" and an accept loop's backoff and cap. No sockets and no runtime.
 
 pub mod error_body;
 pub mod headers;
@@ -8,4 +8,4 @@ pub mod throttle;
 
 pub use error_body::{raw_http1, ErrorBody, ErrorCode};
 pub use headers::copy_end_to_end;
-pub use throttle::LogEvery;
+pub use throttle::{open_file_share, AcceptBackoff, LogEvery};

@@ -16,10 +16,8 @@ pub struct LlamaConfig {
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
     /// Grouped-query attention; defaults to `num_attention_heads`.
-    #[serde(default)]
     pub num_key_value_heads: Option<usize>,
     /// Defaults to `hidden_size / num_attention_heads`.
-    #[serde(default)]
     pub head_dim: Option<usize>,
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
@@ -30,7 +28,6 @@ pub struct LlamaConfig {
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
 }
 
@@ -53,20 +50,16 @@ pub struct RopeScaling {
 /// run the model at all (not part of the shape).
 #[derive(Debug, Deserialize)]
 struct HfFields {
-    #[serde(default)]
     architectures: Option<Vec<String>>,
-    #[serde(default)]
     model_type: Option<String>,
     /// `torch_dtype`, called `dtype` by newer transformers.
     #[serde(default, alias = "dtype")]
     torch_dtype: Option<String>,
-    #[serde(default)]
     hidden_act: Option<String>,
     #[serde(default)]
     attention_bias: bool,
     #[serde(default)]
     mlp_bias: bool,
-    #[serde(default)]
     quantization_config: Option<serde_json::Value>,
 }
 

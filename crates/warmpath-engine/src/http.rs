@@ -18,41 +18,19 @@ use warmpath_openai::{ApiError, Backend, Generation, Item, Job, VllmStats};
 
 pub use warmpath_openai::ServerConfig;
 
+/// What the handlers need; `prometheus` (if any) renders the process's
+/// `warmpath_*` metrics below the vLLM ones.
 #[derive(Debug)]
-struct Inner {
-    engine: EngineHandle,
-    tokenizer: Arc<ChatTokenizer>,
-    stop_ids: Vec<u32>,
-    config: ServerConfig,
-    prometheus: Option<PrometheusHandle>,
-}
-
-/// Shared state of the handlers.
-#[derive(Clone, Debug)]
-pub struct AppState(Arc<Inner>);
-
-impl AppState {
-    /// Bundles what the handlers need. `prometheus` (if any) renders the
-    /// process's `warmpath_*` metrics below the vLLM ones.
-    pub fn new(
-        engine: EngineHandle,
-        tokenizer: Arc<ChatTokenizer>,
-        stop_ids: Vec<u32>,
-        config: ServerConfig,
-        prometheus: Option<PrometheusHandle>,
-    ) -> Self {
-        AppState(Arc::new(Inner {
-            engine,
-            tokenizer,
-            stop_ids,
-            config,
-            prometheus,
-        }))
-    }
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<ChatTokenizer>,
+    pub stop_ids: Vec<u32>,
+    pub config: ServerConfig,
+    pub prometheus: Option<PrometheusHandle>,
 }
 
 pub fn router(state: AppState) -> Router {
-    warmpath_openai::router(state.0)
+    warmpath_openai::router(Arc::new(state))
 }
 
 /// The status an engine error answers with.
@@ -69,7 +47,7 @@ fn api_error(e: EngineError) -> ApiError {
     ApiError::new(status, e.to_string())
 }
 
-impl Backend for Inner {
+impl Backend for AppState {
     const HTTP_ERRORS: &'static str = "warmpath_engine_http_errors_total";
 
     fn config(&self) -> &ServerConfig {

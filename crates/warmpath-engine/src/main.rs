@@ -156,19 +156,19 @@ async fn serve(cli: Cli) -> Result<()> {
     let sink = start_events(&cli).await?;
     let engine = Engine::new(loaded.model, options, sink)?;
     let (handle, thread) = worker::spawn(engine, cli.max_queue)?;
-    let state = AppState::new(
-        handle,
-        Arc::new(loaded.tokenizer),
-        loaded.stop_ids,
-        ServerConfig {
+    let state = AppState {
+        engine: handle,
+        tokenizer: Arc::new(loaded.tokenizer),
+        stop_ids: loaded.stop_ids,
+        config: ServerConfig {
             model_name: model_name.clone(),
             max_model_len,
             block_size: cli.block_size,
             cache_blocks: cli.cache_blocks,
             default_max_tokens: cli.default_max_tokens,
         },
-        Some(prometheus),
-    );
+        prometheus: Some(prometheus),
+    };
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("binding {listen}"))?;

@@ -1,15 +1,6 @@
-//! The shared block hash: the single definition used by the router (hashing
-//! requests), the agent (re-hashing what an engine reports) and the engines;
-//! and tenant ids ([`tenant`]), which seed it.
-//!
-//! ```text
-//! seed  = xxh3_64(b"warmpath/1" 0x00 model 0x00 lora 0x00 tenant)
-//! h[0]  = xxh3_64_with_seed(le_bytes(block 0), seed)
-//! h[i]  = xxh3_64_with_seed(le_bytes(block i), h[i-1])
-//! ```
-//!
-//! Only full blocks are hashed; a trailing partial block never is. Tokens are
-//! `u32` ids written as 4 little-endian bytes each.
+//! The shared block hash (docs/cache-index.md, "The block hash"): the single
+//! definition used by the router (hashing requests), the agent (re-hashing what
+//! an engine reports) and the engines; and tenant ids ([`tenant`]), which seed it.
 
 pub mod tenant;
 

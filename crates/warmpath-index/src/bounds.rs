@@ -1,8 +1,6 @@
 //! Bounds on what one index holds (a cap per worker, a cap on the whole index,
 //! compaction once dead holders outnumber live ones), so no agent can grow the
-//! router's memory past what its engine could cache. A block beyond a bound is
-//! refused, not stored. The counters are read once per batch, so concurrent
-//! writers for different workers may each overshoot `max_entries` by one batch.
+//! router's memory past what its engine could cache (docs/cache-index.md, "Bounds").
 
 use super::holders::WorkerSlot;
 use super::table::{CacheIndex, IndexError};

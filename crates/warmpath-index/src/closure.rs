@@ -1,12 +1,6 @@
-//! Prefix closure: when a match walk may skip ahead. For a worker whose agent
-//! claims its holdings prefix-closed ([`CacheIndex::set_prefix_closed`]), holding
-//! block `e` means holding every block before it, so one probe decides a run.
-//!
-//! Why a version: applying one delta passes through states that are not closed,
-//! and a walk that read "closed" may probe after a change. Every change that may
-//! break closure bumps the worker's version before it touches the map (a removal
-//! counts itself as under way until done); a walk that skipped checks the version
-//! at its end and, if it moved, walks again block by block.
+//! Prefix closure: when a match walk may skip ahead (a closed worker holding
+//! block `e` holds every block before it), and the per-worker version that
+//! makes a skip exact: docs/cache-index.md, "Skipping".
 
 use super::holders::WorkerSlot;
 use super::table::{CacheIndex, IndexError};

@@ -1,7 +1,8 @@
 //! warmpath-proto: the agent -> router protocol, `warmpath.v1`, compiled from
 //! `proto/warmpath/v1/cache_events.proto` (the source of truth for every field's
 //! semantics) with `protox` (no system `protoc`), plus the helpers both sides
-//! share: bearer tokens, snapshot chunks, error chains, DNS and logging.
+//! share: bearer tokens, snapshot chunks, error chains, DNS, credential files
+//! and logging.
 
 /// Generated code for package `warmpath.v1`.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
@@ -10,6 +11,7 @@ pub mod v1 {
 }
 
 pub mod dns;
+pub mod files;
 pub mod logging;
 
 pub use v1::cache_events_client::CacheEventsClient;

@@ -44,11 +44,6 @@ impl std::fmt::Display for LogFormat {
     }
 }
 
-/// Installs the process's log subscriber (once, first thing in `main`).
-pub fn init_logging(format: LogFormat) {
-    init_logging_quiet(format, &[]);
-}
-
 /// The filter: `RUST_LOG` (default `info`), with each of `quiet`'s targets
 /// off unless it names that target.
 fn filter_spec(rust_log: Option<&str>, quiet: &[&str]) -> String {
@@ -64,10 +59,10 @@ fn filter_spec(rust_log: Option<&str>, quiet: &[&str]) -> String {
     spec
 }
 
-/// As [`init_logging`], with the `quiet` targets off unless `RUST_LOG`
-/// names them (the router's access log:
+/// Installs the process's log subscriber (once, first thing in `main`), the
+/// `quiet` targets off unless `RUST_LOG` names them (the router's access log:
 /// `RUST_LOG=info,warmpath_router::access=info`).
-pub fn init_logging_quiet(format: LogFormat, quiet: &[&str]) {
+pub fn init_logging(format: LogFormat, quiet: &[&str]) {
     let env = std::env::var("RUST_LOG").ok();
     let filter = EnvFilter::try_new(filter_spec(env.as_deref(), quiet))
         .unwrap_or_else(|_| EnvFilter::new(filter_spec(None, quiet)));

@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // Access lines only when RUST_LOG names their target.
-    warmpath_proto::logging::init_logging_quiet(cli.log_format, &[warmpath_router::ACCESS_TARGET]);
+    warmpath_proto::logging::init_logging(cli.log_format, &[warmpath_router::ACCESS_TARGET]);
     let config = cli.load().context("loading the configuration")?;
     if cli.check_config {
         config.validate().context("checking the configuration")?;

@@ -5,7 +5,7 @@ use crate::api::{models, responses};
 use crate::config::RouterConfig;
 use crate::control::state::Shared;
 use crate::control::{admin, health, inspect, metrics, readiness, ui};
-use crate::http::conn::{self, ConnLimits, Conns};
+use crate::http::conn::{ConnLimits, Conns};
 use crate::http::error::{ApiError, RouterError};
 use crate::http::front;
 use crate::ingest;
@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use warmpath_edge::open_file_share;
 
 /// The HTTP routes over `shared` other than the proxied endpoints.
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
@@ -60,7 +61,7 @@ pub struct RunningRouter {
 impl RunningRouter {
     /// The cache index of pool `model`, e.g. to fill it in-process.
     pub fn index(&self, model: &str) -> Option<Arc<warmpath_core::CacheIndex>> {
-        self.shared.pools.index_of(model).map(|(index, _)| index)
+        self.shared.pools.index_of(model)
     }
 
     /// Applies a re-read configuration; returns what was applied, then what was not.
@@ -124,7 +125,7 @@ pub async fn start(
     let agents = config
         .grpc_listen
         .as_ref()
-        .map(|_| Arc::new(ingest::Agents::new()));
+        .map(|_| Arc::new(ingest::Agents::default()));
     if let Some(a) = &agents {
         a.peers().set_enabled(config.ingest.share_decisions);
         if let Some(secret) = &config.agent_secret {
@@ -192,9 +193,7 @@ pub async fn start(
     health::round(&shared).await;
     let router = app(Arc::clone(&shared));
     let sv = &config.server;
-    let max_connections = sv
-        .max_connections
-        .unwrap_or_else(conn::default_max_connections);
+    let max_connections = sv.max_connections.unwrap_or_else(|| open_file_share(80));
     let conns = Conns::new(ConnLimits {
         header_timeout: Duration::from_millis(sv.header_timeout_ms),
         keepalive_idle: sv.keepalive_idle(),

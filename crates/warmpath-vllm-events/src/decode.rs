@@ -329,15 +329,9 @@ fn hash(
     limits: &DecodeLimits,
 ) -> Result<EngineBlockHash, DecodeError> {
     match v {
-        Value::Integer(i) => {
-            if let Some(u) = i.as_u64() {
-                Ok(EngineBlockHash::Int(u))
-            } else if let Some(s) = i.as_i64() {
-                Ok(EngineBlockHash::Int(s as u64))
-            } else {
-                Err(bad(event, field, "a 64-bit hash", &Value::Integer(i)))
-            }
-        }
+        Value::Integer(i) => (i.as_u64().or(i.as_i64().map(|s| s as u64)))
+            .map(EngineBlockHash::Int)
+            .ok_or_else(|| bad(event, field, "a 64-bit hash", &Value::Integer(i))),
         Value::Binary(b) => {
             check_len("a byte-string block hash", b.len(), limits.max_hash_bytes)?;
             Ok(EngineBlockHash::Bytes(b))

@@ -47,7 +47,7 @@ impl Ingest {
         let tasks = ingest::spawn(
             listener,
             dir,
-            Arc::new(Agents::new()),
+            Arc::new(Agents::default()),
             &RouterConfig::default(),
             stop.clone(),
         )

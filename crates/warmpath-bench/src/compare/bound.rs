@@ -1,14 +1,14 @@
 //! The trace as [`crate::optimum`] sees it in `compare`: each request's full
 //! prompt blocks, tokenized as the simulated engines tokenize it (the tiny
-//! tokenizer and chat template), chained so that equal prefixes give equal
-//! blocks, and salted with the tenant as the router salts with `cache_salt`.
+//! tokenizer and chat template), hashed as the router hashes them (the tenant
+//! seeds the chain, as the router salts with `cache_salt`).
 
 use super::driver::Sample;
 use crate::optimum::{self, Fleet, OptRequest, Optimum};
 use crate::workload::TraceRequest;
 use warmpath_core::request::{Expect, Request};
 use warmpath_core::tokenize::ChatTokenizer;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use warmpath_core::{hash_tokens, HashSeed};
 
 /// One request's prompt: its token count and its chain of full blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,19 +42,8 @@ pub(super) fn chains(
             };
             let req = Request::parse(body.as_bytes(), expect).ok()?;
             let ids = tok.encode_request(&req).ok()?;
-            let salt = t
-                .tenant
-                .as_deref()
-                .map_or(0, |s| xxh3_64_with_seed(s.as_bytes(), 1));
-            let mut prev = salt;
-            let blocks = ids
-                .chunks_exact(bs)
-                .map(|c| {
-                    let bytes: Vec<u8> = c.iter().flat_map(|t| t.to_le_bytes()).collect();
-                    prev = xxh3_64_with_seed(&bytes, prev);
-                    prev
-                })
-                .collect();
+            let seed = HashSeed::new("", "", t.tenant.as_deref().unwrap_or(""));
+            let blocks = hash_tokens(seed, bs, &ids).iter().map(|h| h.0).collect();
             Some(Chain {
                 tokens: ids.len() as u64,
                 blocks,

@@ -206,7 +206,6 @@ pub async fn run(
 ) -> Result<CompareOutcome, BenchError> {
     cfg.validate()?;
     let base = cfg.base_trace()?;
-    let first = cfg.strategies[0];
     let stack = match &cfg.attach {
         Some(a) => Stack::attach(a, &cfg.sim.model).await?,
         None => {
@@ -214,7 +213,7 @@ pub async fn run(
                 cfg.instances,
                 &cfg.sim,
                 &cfg.engine,
-                first,
+                cfg.strategies[0],
                 &cfg.router,
                 None,
                 cancel.clone(),

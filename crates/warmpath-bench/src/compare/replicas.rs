@@ -91,18 +91,15 @@ async fn start_one(
 /// The sum of the samples of `name` whose labels include `label`
 /// (`direction="received"`; empty: every sample) in Prometheus text.
 pub fn labelled_sum(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let (labels, value) = match rest.strip_prefix('{') {
-                Some(rest) => rest.split_once('}')?,
-                None => ("", rest.strip_prefix(' ')?),
-            };
-            let labelled = label.is_empty() || labels.split(',').any(|kv| kv.trim() == label);
-            labelled.then_some(())?;
-            value.trim().parse::<f64>().ok()
-        })
+    let labelled = |labels: &str| {
+        labels
+            .trim_matches(['{', '}'])
+            .split(',')
+            .any(|kv| kv.trim() == label)
+    };
+    warmpath_agent::load::samples(text, name)
+        .filter(|(labels, _)| label.is_empty() || labelled(labels))
+        .filter_map(|(_, v)| v)
         .sum::<f64>()
         // An empty sum is -0.
         + 0.0

@@ -379,26 +379,24 @@ impl Stack {
 
     /// Stops what this stack started (nothing when attached).
     pub async fn shutdown(mut self) {
-        let Some(o) = self.owned.as_mut() else {
+        let Some(o) = self.owned.take() else {
             return;
         };
         // Agents first: a router going away under a live agent is a WARN
         // ("router link down") that a normal shutdown must not print.
-        for a in std::mem::take(&mut o.agents) {
+        for a in o.agents {
             a.shutdown().await;
         }
-        if let Some(o) = self.owned.take() {
-            match o.routers {
-                Routers::InProcess(r) => r.shutdown(),
-                Routers::Processes(set) => set.shutdown().await,
-            }
-            match o.engines {
-                Engines::Candle(f) => f.shutdown().await,
-                // Its tasks end with the shutdown token; dropping it frees the handles.
-                Engines::Sim(f) => drop(f),
-            }
-            let _ = std::fs::remove_dir_all(&o.model_dir);
+        match o.routers {
+            Routers::InProcess(r) => r.shutdown(),
+            Routers::Processes(set) => set.shutdown().await,
         }
+        match o.engines {
+            Engines::Candle(f) => f.shutdown().await,
+            // Its tasks end with the shutdown token; dropping it frees the handles.
+            Engines::Sim(f) => drop(f),
+        }
+        let _ = std::fs::remove_dir_all(&o.model_dir);
     }
 }
 

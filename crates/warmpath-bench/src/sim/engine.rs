@@ -260,17 +260,15 @@ async fn prefill_loop(
         }
         let order = publish.lock().await;
         let evs = {
-            let mut s = state.lock();
+            let mut guard = state.lock();
+            let s = &mut *guard;
             // vLLM keeps the computed blocks even when the request is aborted.
             let out = s.cache.insert(&job.tokens, job.salt.as_deref(), |_| ());
-            if s.tickets.contains_key(&job.id) {
+            if let Some(t) = s.tickets.get_mut(&job.id) {
                 let hashes = s.cache.block_hashes(&job.tokens, job.salt.as_deref());
-                let pinned: Vec<_> = hashes.into_iter().take(out.cached_blocks).collect();
-                for h in &pinned {
+                t.pinned = hashes.into_iter().take(out.cached_blocks).collect();
+                for h in &t.pinned {
                     s.cache.pin(*h);
-                }
-                if let Some(t) = s.tickets.get_mut(&job.id) {
-                    t.pinned = pinned;
                 }
             }
             out.events

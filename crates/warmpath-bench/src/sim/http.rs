@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use warmpath_core::tokenize::ChatTokenizer;
 use warmpath_openai::{ApiError, Backend, Generation, Item, Job, ServerConfig, VllmStats};
@@ -25,17 +26,6 @@ pub(crate) struct AppState {
     pub(crate) tokenizer: Arc<ChatTokenizer>,
     pub(crate) output: Arc<OutputVocab>,
     pub(crate) shutdown: CancellationToken,
-}
-
-/// The server's settings for a simulated instance of `model`.
-pub(crate) fn server_config(model: &str, engine: &SimEngine) -> ServerConfig {
-    ServerConfig {
-        model_name: model.to_owned(),
-        max_model_len: MAX_MODEL_LEN,
-        block_size: engine.block_size,
-        cache_blocks: engine.num_blocks,
-        default_max_tokens: DEFAULT_MAX_TOKENS,
-    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -67,12 +57,7 @@ impl Backend for AppState {
                     _ = produce(&engine, &output, adm, job, tx) => {}
                 }
             });
-            let items =
-                futures::stream::unfold(
-                    rx,
-                    |mut rx| async move { rx.recv().await.map(|i| (i, rx)) },
-                );
-            Ok(items.boxed())
+            Ok(ReceiverStream::new(rx).boxed())
         }
     }
 

@@ -62,10 +62,8 @@ fn scaled_time(s: &str) -> Result<TimeModel, String> {
 /// The generated tiny tokenizer with its chat template.
 pub fn tiny_tokenizer() -> Result<Arc<ChatTokenizer>, BenchError> {
     let files = warmpath_core::tokenize::tiny::files()?;
-    Ok(Arc::new(ChatTokenizer::new(
-        &files,
-        CacheConfig::default(),
-    )?))
+    let tokenizer = ChatTokenizer::new(&files, CacheConfig::default())?;
+    Ok(Arc::new(tokenizer))
 }
 
 /// One running simulated instance.
@@ -106,7 +104,13 @@ async fn start_one(
     )?;
     let id = format!("sim-{i}");
     let state = Arc::new(http::AppState {
-        config: http::server_config(&cfg.model, &engine),
+        config: warmpath_openai::ServerConfig {
+            model_name: cfg.model.clone(),
+            max_model_len: http::MAX_MODEL_LEN,
+            block_size: engine.block_size,
+            cache_blocks: engine.num_blocks,
+            default_max_tokens: http::DEFAULT_MAX_TOKENS,
+        },
         engine,
         tokenizer,
         output,

@@ -27,19 +27,19 @@ async fn start(cache_blocks: usize) -> String {
     };
     let engine = Engine::new(loaded.model, opts, Box::new(NoEvents)).unwrap();
     let (handle, _thread) = worker::spawn(engine, 8).unwrap();
-    let state = AppState::new(
-        handle,
-        Arc::new(loaded.tokenizer),
-        loaded.stop_ids,
-        ServerConfig {
+    let state = AppState {
+        engine: handle,
+        tokenizer: Arc::new(loaded.tokenizer),
+        stop_ids: loaded.stop_ids,
+        config: ServerConfig {
             model_name: MODEL.into(),
             max_model_len,
             block_size: 16,
             cache_blocks,
             default_max_tokens: 8,
         },
-        None,
-    );
+        prometheus: None,
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router(state)).await });

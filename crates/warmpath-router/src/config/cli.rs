@@ -31,7 +31,7 @@ pub struct Cli {
     pub model: Option<String>,
     /// random | least_outstanding | prefix_aware | kv_aware.
     #[arg(long)]
-    pub strategy: Option<String>,
+    pub strategy: Option<Strategy>,
     /// tokenizer.json or a model folder with tokenizer_config.json.
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
@@ -162,12 +162,7 @@ impl Cli {
         if !self.backends.is_empty() {
             pool.backends = self.backends.iter().map(BackendConfig::new).collect();
         }
-        if let Some(s) = &self.strategy {
-            let s: Strategy = s
-                .parse()
-                .map_err(|e: warmpath_core::PolicyError| invalid("--strategy", e.to_string()))?;
-            pool.strategy = Some(s);
-        }
+        set_some(&mut pool.strategy, &self.strategy);
         set_some(&mut pool.tokenizer, &self.tokenizer);
         set(&mut pool.block_size, &self.block_size);
         set(
@@ -266,9 +261,7 @@ mod tests {
     fn pool_flags_need_a_pool() {
         let err = cli(&["--strategy", "random"]).load().unwrap_err();
         assert!(err.to_string().contains("--model"), "{err}");
-        let err = cli(&["--model", "m", "--strategy", "fastest"])
-            .load()
-            .unwrap_err();
+        let err = Cli::try_parse_from(["warmpath-router", "--strategy", "fastest"]).unwrap_err();
         assert!(err.to_string().contains("unknown strategy"), "{err}");
     }
 }

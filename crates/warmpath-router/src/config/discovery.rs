@@ -12,10 +12,8 @@ use std::time::Duration;
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
     /// A DNS name, resolved every 2.5 `health.probe_interval_ms`.
-    #[serde(default)]
     pub dns: Option<DnsDiscovery>,
     /// A Service's EndpointSlices, watched.
-    #[serde(default)]
     pub kubernetes: Option<KubernetesDiscovery>,
 }
 
@@ -29,7 +27,6 @@ pub struct KubernetesDiscovery {
     /// The Service's name (the slices' `kubernetes.io/service-name` label).
     pub service: String,
     /// The EndpointPort to use, by name; default: the unnamed port.
-    #[serde(default)]
     pub port_name: Option<String>,
 }
 
@@ -44,10 +41,8 @@ pub struct DnsDiscovery {
     /// The name to resolve.
     pub name: String,
     /// The engines' port, for A/AAAA answers; without it SRV records are asked.
-    #[serde(default)]
     pub port: Option<u16>,
     /// The nameserver (`IP:PORT`, UDP and TCP); default: `/etc/resolv.conf`.
-    #[serde(default)]
     pub nameserver: Option<String>,
 }
 

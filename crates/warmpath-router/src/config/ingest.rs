@@ -9,9 +9,6 @@ use std::time::Duration;
 /// A silent agent's entries are cleared after this many `stale_after_ms`.
 const DROP_AFTER_STALE: u32 = 12;
 
-/// Largest accepted PEM file (a certificate chain or a key), bytes.
-const MAX_PEM_BYTES: u64 = 1 << 20;
-
 /// Agent ingest settings (the listen address is `grpc_listen`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -43,27 +40,10 @@ impl Default for IngestSettings {
 /// A PEM certificate chain and its PEM private key.
 pub type TlsPem = (Vec<u8>, Vec<u8>);
 
-/// Reads a PEM file and checks that it holds a `kind` block.
+/// Reads a PEM file holding a `kind` block; an error names `at`.
 fn read_pem(at: &str, path: &Path, kind: &str) -> Result<Vec<u8>, ConfigError> {
-    let fail = |why: String| invalid(at, format!("{}: {why}", path.display()));
-    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-    if meta.len() > MAX_PEM_BYTES {
-        return Err(fail(format!(
-            "{} bytes is too large for a PEM file",
-            meta.len()
-        )));
-    }
-    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-    let text = String::from_utf8_lossy(&bytes);
-    let found = text.lines().any(|l| {
-        l.trim()
-            .strip_prefix("-----BEGIN ")
-            .is_some_and(|rest| rest.trim_end_matches('-').ends_with(kind))
-    });
-    if !found {
-        return Err(fail(format!("no PEM \"{kind}\" block in the file")));
-    }
-    Ok(bytes)
+    warmpath_proto::files::read_pem(path, kind)
+        .map_err(|why| invalid(at, format!("{}: {why}", path.display())))
 }
 
 impl IngestSettings {

@@ -223,53 +223,41 @@ impl UpstreamConfig {
 
 /// One model pool.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
     /// The model name clients send (`model` field).
     pub model: String,
     /// Routing strategy; default `kv_aware` with a tokenizer, else `prefix_aware`.
-    #[serde(default)]
     pub strategy: Option<Strategy>,
     /// tokenizer.json, or a model folder holding it and tokenizer_config.json.
-    #[serde(default)]
     pub tokenizer: Option<PathBuf>,
     /// Tokens per KV block; must equal the engines' (vLLM default 16).
-    #[serde(default = "default_block_size")]
     pub block_size: usize,
     /// PREFIX_AWARE settings.
-    #[serde(default)]
     pub prefix_aware: PrefixAwareConfig,
     /// `kv_aware` cost-model knobs.
-    #[serde(default)]
     pub kv: KvConfig,
     /// Answer `x-warmpath-backend` and `x-warmpath-decision` (off for untrusted clients: they tell what is warm).
-    #[serde(default = "yes")]
     pub expose_routing_headers: bool,
     /// Most prompt tokens accepted (>= 1; default the engines' `max_model_len` - 1).
-    #[serde(default)]
     pub max_prompt_tokens: Option<usize>,
     /// Where tenant ids come from and what they isolate.
-    #[serde(default)]
     pub tenants: TenantsConfig,
     /// Show the first characters of the warmest chains' prompts on `/cache-index` (default: hashes only).
-    #[serde(default)]
     pub show_prompts: bool,
     /// Bounds of the pool's cache index.
-    #[serde(default)]
     pub index: IndexSettings,
     /// The engines serving this model.
-    #[serde(default)]
     pub backends: Vec<BackendConfig>,
     /// Providers whose answers are members too (see `config::discovery`).
-    #[serde(default)]
     pub discovery: Vec<DiscoveryConfig>,
 }
 
-fn yes() -> bool {
-    true
-}
-fn default_block_size() -> usize {
-    16
+/// Every key's default; `model` must still be set (validation refuses "").
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig::new("")
+    }
 }
 
 impl PoolConfig {
@@ -279,7 +267,7 @@ impl PoolConfig {
             model: model.into(),
             strategy: None,
             tokenizer: None,
-            block_size: default_block_size(),
+            block_size: 16,
             prefix_aware: PrefixAwareConfig::default(),
             kv: KvConfig::default(),
             expose_routing_headers: true,
@@ -383,7 +371,6 @@ pub struct BackendConfig {
     /// Base URL, `http://host:port` (optionally with a path prefix).
     pub url: String,
     /// The id its agent reports; defaults to the url.
-    #[serde(default)]
     pub worker_id: Option<String>,
     /// This engine's API key, in place of `upstream.api_key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -283,6 +283,10 @@ mod tests {
         c.pools[0].max_prompt_tokens = Some(0);
         assert!(err(&c).contains("pools[0].max_prompt_tokens"));
         assert!(err(&RouterConfig::default()).contains("no pool"));
+        // A pool without `model` parses (every key has a default) and is refused here.
+        let yaml = "pools:\n  - backends: [{url: 'http://127.0.0.1:9'}]\n";
+        let c = RouterConfig::from_yaml(yaml).unwrap();
+        assert!(err(&c).contains("pools[0].model"), "{}", err(&c));
         let mut c = base();
         c.health.probe_interval_ms = 10;
         assert!(err(&c).contains("health.probe_interval_ms"));

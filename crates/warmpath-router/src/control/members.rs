@@ -23,7 +23,6 @@ pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 #[serde(deny_unknown_fields)]
 struct AddBody {
     url: String,
-    #[serde(default)]
     worker_id: Option<String>,
 }
 
@@ -31,7 +30,6 @@ struct AddBody {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DrainBody {
-    #[serde(default)]
     timeout_ms: Option<u64>,
 }
 

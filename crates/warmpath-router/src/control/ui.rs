@@ -44,15 +44,11 @@ pub(crate) async fn page(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Re
         .into_response()
 }
 
-/// The page with `snapshot` embedded.
+/// The page with `snapshot` embedded as JSON that cannot end the `<script>`
+/// element holding it: `<` only occurs inside JSON strings, where `\u003c`
+/// means the same.
 fn render(snapshot: &serde_json::Value) -> String {
-    PAGE.replacen(SLOT, &script_safe(&snapshot.to_string()), 1)
-}
-
-/// JSON that cannot end the `<script>` element holding it: `<` only occurs
-/// inside JSON strings, where `\u003c` means the same.
-fn script_safe(json: &str) -> String {
-    json.replace('<', "\\u003c")
+    PAGE.replacen(SLOT, &snapshot.to_string().replace('<', "\\u003c"), 1)
 }
 
 #[cfg(test)]

@@ -240,14 +240,6 @@ impl Drop for Busy {
 /// Keeps the request counted as busy until its answer's body is dropped.
 impl Layer for Busy {}
 
-/// The default `max_connections`: 80% of the soft open-file limit, at least 1.
-pub(crate) fn default_max_connections() -> usize {
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(1 << 20);
-    ((soft.min(1 << 24) as usize) * 8 / 10).max(1)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -306,14 +298,5 @@ mod tests {
         a.wrote();
         assert_eq!(a.close_at(&l, false), None);
         drop(busy);
-    }
-
-    #[test]
-    fn the_default_limit_is_below_the_open_file_limit() {
-        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-            .current
-            .unwrap_or(u64::MAX);
-        let n = default_max_connections() as u64;
-        assert!(n >= 1 && n < soft.max(2), "{n} vs {soft}");
     }
 }

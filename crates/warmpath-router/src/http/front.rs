@@ -26,7 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 use tracing::Instrument;
-use warmpath_edge::LogEvery;
+use warmpath_edge::AcceptBackoff;
 
 /// The per-connection service: the proxied paths here, the rest to axum.
 #[derive(Clone, Debug)]
@@ -160,7 +160,7 @@ pub(crate) async fn serve(
                 Err(e) => {
                     // Out of file descriptors, most likely: idle ones close first.
                     conns.press();
-                    backoff.failed(&e).await;
+                    tokio::time::sleep(backoff.failed(&e)).await;
                     continue;
                 }
             },
@@ -277,32 +277,4 @@ fn refusal(max: usize) -> Vec<u8> {
         format!("too many connections: the router serves at most {max} at once"),
     )
     .raw_http1()
-}
-
-/// Accept failures (EMFILE, ...): logged at most every 10 s, backing off up to 1 s.
-#[derive(Debug, Default)]
-struct AcceptBackoff {
-    failures: u64,
-    delay_ms: u64,
-    log: LogEvery,
-}
-
-impl AcceptBackoff {
-    async fn failed(&mut self, e: &std::io::Error) {
-        self.failures += 1;
-        if self.log.ready().is_some() {
-            tracing::warn!(error = %e, failures = self.failures,
-                "accept failed; backing off (logged at most every 10 s)");
-        }
-        self.delay_ms = (self.delay_ms * 2).clamp(10, 1_000);
-        tokio::time::sleep(Duration::from_millis(self.delay_ms)).await;
-    }
-
-    fn succeeded(&mut self) {
-        if self.failures > 0 {
-            tracing::info!(failures = self.failures, "accept works again");
-            self.failures = 0;
-            self.delay_ms = 0;
-        }
-    }
 }

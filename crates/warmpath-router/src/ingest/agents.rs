@@ -159,10 +159,6 @@ pub struct Agents {
 }
 
 impl Agents {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Decision sharing over the agents' streams (see [`crate::ingest::peers`]).
     pub(crate) fn peers(&self) -> &Arc<crate::ingest::peers::Peers> {
         &self.peers
@@ -239,12 +235,8 @@ impl Agents {
 
     /// Stream `stream` ended; the worker is disconnected unless taken over.
     pub(crate) fn disconnect(&self, key: &AgentKey, stream: u64) {
-        if let Some(e) = self
-            .map
-            .read()
-            .get(&key.model)
-            .and_then(|m| m.get(&key.worker_id))
-        {
+        let all = self.map.read();
+        if let Some(e) = all.get(&key.model).and_then(|m| m.get(&key.worker_id)) {
             let _ = e
                 .live
                 .owner
@@ -370,7 +362,7 @@ mod tests {
 
     #[test]
     fn a_boards_cell_follows_claims_reports_and_removal() {
-        let a = Agents::new();
+        let a = Agents::default();
         let key = AgentKey {
             model: "m".into(),
             worker_id: "w1".into(),

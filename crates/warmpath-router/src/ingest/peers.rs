@@ -224,17 +224,13 @@ impl Peers {
         let mut r = l.remote.lock();
         if now.duration_since(r.swept) >= SWEEP_EVERY {
             r.swept = now;
-            let old: Vec<(u64, u64)> = r
-                .by_request
-                .iter()
-                .filter(|(_, x)| now.duration_since(x.at) > MAX_REMOTE_AGE)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in old {
-                if let Some(x) = r.by_request.remove(&k) {
-                    l.release(&x, true);
+            r.by_request.retain(|_, x| {
+                let fresh = now.duration_since(x.at) <= MAX_REMOTE_AGE;
+                if !fresh {
+                    l.release(x, true);
                 }
-            }
+                fresh
+            });
         }
         match d.phase() {
             Phase::Start => {

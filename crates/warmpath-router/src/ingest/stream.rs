@@ -304,11 +304,10 @@ impl WorkerStream {
         let over = c.blocks.len().saturating_sub(room);
         p.blocks
             .extend(c.blocks.iter().take(room).map(|b| (b.hash, tier(b.tier))));
-        let last = c.last;
         if over > 0 {
             self.refused(over as u64, Overflow::WorkerCap);
         }
-        if !last {
+        if !c.last {
             return vec![];
         }
         let Some(p) = self.pending.take() else {
@@ -377,16 +376,16 @@ impl WorkerStream {
         }
         match d.op {
             Some(Op::Stored(s)) => {
-                let n = s.hashes.len() as u64;
+                self.counters.stored_blocks.increment(s.hashes.len() as u64);
                 if let Ok(st) = index.store_bounded(self.slot, tier(s.tier), &hashes(&s.hashes)) {
                     self.note(st);
                 }
-                self.counters.stored_blocks.increment(n);
             }
             Some(Op::Removed(r)) => {
-                let n = r.hashes.len() as u64;
+                self.counters
+                    .removed_blocks
+                    .increment(r.hashes.len() as u64);
                 let _ = index.remove(self.slot, Some(tier(r.tier)), &hashes(&r.hashes));
-                self.counters.removed_blocks.increment(n);
             }
             Some(Op::Cleared(_)) => {
                 let _ = index.clear_worker(self.slot);

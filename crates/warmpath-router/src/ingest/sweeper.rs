@@ -10,15 +10,15 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// One sweep over every pool; returns (stale workers, workers cleared now).
+/// One sweep over every pool; returns the workers cleared now (the stale
+/// gauge is set where it is read, on each scrape).
 pub(crate) fn sweep(
     dir: &dyn PoolDirectory,
     stale_after: Duration,
     drop_after: Duration,
     now_ms: u64,
     cleared: &mut std::collections::HashSet<(usize, String)>,
-) -> (usize, usize) {
-    let mut stale = 0;
+) -> usize {
     let mut newly = 0;
     for (i, pool) in dir.pools().iter().enumerate() {
         let expired = pool.index.refresh_staleness(
@@ -26,15 +26,6 @@ pub(crate) fn sweep(
             stale_after.as_millis() as u64,
             drop_after.as_millis() as u64,
         );
-        let pool_stale = pool
-            .index
-            .worker_stats(now_ms)
-            .iter()
-            .filter(|w| w.stale)
-            .count();
-        metrics::gauge!("warmpath_stale_workers", "pool" => pool.model.clone())
-            .set(pool_stale as f64);
-        stale += pool_stale;
         for id in &expired {
             if cleared.insert((i, id.clone())) {
                 if let Some(slot) = pool.index.worker_slot(id) {
@@ -47,7 +38,7 @@ pub(crate) fn sweep(
         // Workers heard again become clearable again later.
         cleared.retain(|(p, id)| *p != i || expired.contains(id));
     }
-    (stale, newly)
+    newly
 }
 
 /// Compacts every pool due since `last[i]` (ms); returns the blocks removed.

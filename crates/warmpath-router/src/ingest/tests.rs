@@ -108,7 +108,7 @@ fn is_resend(m: &[RouterMessage]) -> bool {
 #[test]
 fn snapshot_then_deltas_then_gap() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
     let c = chain(10);
     // Deltas before any snapshot are ignored.
@@ -148,7 +148,7 @@ fn snapshot_then_deltas_then_gap() {
 #[test]
 fn prefix_closure_follows_the_agents_word() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
     let c = chain(40);
     let slot = p.index.worker_slot("w").unwrap();
@@ -200,7 +200,7 @@ fn prefix_closure_follows_the_agents_word() {
 #[test]
 fn block_size_mismatch_and_old_epoch_are_refused() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let err = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 16), 0)
         .err()
         .unwrap();
@@ -228,7 +228,7 @@ fn hello_msg(h: Hello) -> AgentMessage {
 #[test]
 fn a_stream_publishes_only_for_the_worker_it_said_hello_with() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 0), 0).unwrap();
     for m in snapshot(1, &chain(2), 8) {
         ws.on_message(m, 1, 0).unwrap();
@@ -250,7 +250,7 @@ fn a_stream_publishes_only_for_the_worker_it_said_hello_with() {
 fn only_the_pools_backends_may_publish() {
     let mut p = pool();
     p.known_workers = Some(vec!["gpu-0".to_owned()].into());
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let err = WorkerStream::open(p.clone(), agents.clone(), &hello("gpu-9", 1, 4), 0)
         .err()
         .unwrap();
@@ -266,7 +266,7 @@ fn only_the_pools_backends_may_publish() {
 #[test]
 fn a_learned_block_size_mismatch_is_refused_cleared_and_shown() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 0), 0).unwrap();
     for m in snapshot(1, &chain(3), 8) {
         ws.on_message(m, 1, 0).unwrap();
@@ -294,7 +294,7 @@ fn a_learned_block_size_mismatch_is_refused_cleared_and_shown() {
 #[test]
 fn a_newer_stream_takes_over_and_the_old_one_is_closed() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut old = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
     let _new = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 2, 4), 0).unwrap();
     assert!(old.on_message(stored(1, &chain(1)), 1, 0).is_err());
@@ -303,7 +303,7 @@ fn a_newer_stream_takes_over_and_the_old_one_is_closed() {
 #[test]
 fn aborted_or_incomplete_snapshots_ask_again() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
     let c = chain(6);
     let mut chunks = snapshot(3, &c, 2);
@@ -320,32 +320,33 @@ fn aborted_or_incomplete_snapshots_ask_again() {
 #[test]
 fn sweeper_marks_stale_then_clears() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 1_000).unwrap();
     for m in snapshot(1, &chain(3), 8) {
         ws.on_message(m, 1_000, 0).unwrap();
     }
     let dir = OnePool(p.clone());
     let mut cleared = HashSet::new();
-    let (stale, _) = sweeper::sweep(
+    let stale = |now| p.index.worker_stats(now).iter().filter(|w| w.stale).count();
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
         5_000,
         &mut cleared,
     );
-    assert_eq!(stale, 0);
-    let (stale, newly) = sweeper::sweep(
+    assert_eq!((stale(5_000), newly), (0, 0));
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
         20_000,
         &mut cleared,
     );
-    assert_eq!((stale, newly), (1, 0));
+    assert_eq!((stale(20_000), newly), (1, 0));
     let slot = p.index.worker_slot("w").unwrap();
     assert!(!p.index.longest_match(&chain(3)).of(slot).unwrap().fresh);
-    let (_, newly) = sweeper::sweep(
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
@@ -354,7 +355,7 @@ fn sweeper_marks_stale_then_clears() {
     );
     assert_eq!(newly, 1);
     assert_eq!(p.index.block_count(slot), 0);
-    let (_, newly) = sweeper::sweep(
+    let newly = sweeper::sweep(
         &dir,
         Duration::from_secs(10),
         Duration::from_secs(60),
@@ -373,7 +374,7 @@ async fn start_server(
     CancellationToken,
 ) {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let shutdown = CancellationToken::new();
     let svc = IngestService::new(
         Arc::new(OnePool(p.clone())),
@@ -556,7 +557,7 @@ async fn a_silent_stream_taken_over_is_closed_without_its_next_message() {
 #[test]
 fn tiers_map_from_proto() {
     let p = pool();
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents, &hello("w", 1, 4), 0).unwrap();
     for m in snapshot(1, &[], 8) {
         ws.on_message(m, 0, 0).unwrap();
@@ -598,7 +599,7 @@ fn load(capacity_blocks: u64) -> AgentMessage {
 fn reported_capacity_caps_the_worker_and_the_excess_is_refused() {
     let mut p = pool();
     p.bounds.max_entries = 48; // a worker's ceiling: 12
-    let agents = Arc::new(Agents::new());
+    let agents = Arc::new(Agents::default());
     let mut ws = WorkerStream::open(p.clone(), agents.clone(), &hello("w", 1, 4), 0).unwrap();
     let slot = p.index.worker_slot("w").unwrap();
     // No capacity known yet: the ceiling, for snapshots too.

@@ -517,11 +517,9 @@ impl Pools {
             })
     }
 
-    /// `(index, block_size)` of the pool of `model`, for the agents' ingest.
-    pub(crate) fn index_of(&self, model: &str) -> Option<(Arc<CacheIndex>, usize)> {
-        self.by_model
-            .get(model)
-            .map(|p| (Arc::clone(&p.index), p.block_size))
+    /// The index of the pool of `model`, for the agents' ingest.
+    pub(crate) fn index_of(&self, model: &str) -> Option<Arc<CacheIndex>> {
+        self.by_model.get(model).map(|p| Arc::clone(&p.index))
     }
 }
 

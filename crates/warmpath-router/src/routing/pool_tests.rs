@@ -34,7 +34,9 @@ fn pools_register_backends_and_resolve_adapters() {
     assert_eq!(t.pool.model, "m");
     assert!(pools.resolve("m").unwrap().adapter.is_none());
     assert!(pools.resolve("other").is_none());
-    assert_eq!(pools.index_of("m").unwrap().1, 16);
+    let index = pools.index_of("m").unwrap();
+    assert!(Arc::ptr_eq(&index, &pools.get("m").unwrap().index));
+    assert!(pools.index_of("sql").is_none());
 }
 
 #[test]

@@ -14,7 +14,7 @@ use crate::routing::send_watch::{Held, SendWatch};
 use crate::routing::share::{DecisionSink, Fact};
 use crate::routing::upstream::Upstream;
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request};
 use axum::response::{IntoResponse, Response};
 use axum::BoxError;
 use bytes::Bytes;
@@ -45,15 +45,10 @@ pub(crate) struct Outgoing<'a> {
     pub body: Bytes,
 }
 
-/// Counts `e` as a refusal (see [`count_refused`]) and answers it.
+/// Counts `e` as a request refused before a pool was known (`pool="-"`) and answers it.
 pub(crate) fn rejected(e: ApiError) -> Response {
-    count_refused(e.status);
+    crate::control::metrics::requests_counter("-", "-", "none", e.status).increment(1);
     e.into_response()
-}
-
-/// Counts a request refused before a pool was known (`pool="-"`).
-pub(crate) fn count_refused(status: StatusCode) {
-    crate::control::metrics::requests_counter("-", "-", "none", status).increment(1);
 }
 
 /// Counts a failure of `backend` toward ejection, within `health.max_ejection_percent`.
@@ -95,11 +90,6 @@ fn shown(pool: &Pool, id: &str) -> String {
         true => format!("backend {id}"),
         false => "the backend".to_owned(),
     }
-}
-
-/// Whether an answer's status says the engine itself failed (501 and 505+ are the request's).
-fn engine_fault(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 500 | 502 | 503 | 504)
 }
 
 /// Marks `resp` with its routing (and its headers, where the pool shows them).
@@ -154,7 +144,9 @@ pub(crate) async fn forward(
         };
         let backend = Arc::clone(&plan.policy.backends[decision.backend]);
         let kind = decision.kind.as_str();
-        let uncached = route::uncached_blocks(plan, &decision);
+        // The blocks it must prefill (its prefill prediction).
+        let uncached =
+            (plan.hashes.len() as u64).saturating_sub(u64::from(decision.matched_blocks));
         let mut guard = backend.begin(uncached);
         if let Some(sink) = decisions {
             guard.share(sink.start(&pool.model, fact(plan, backend.endpoint.id(), uncached)));
@@ -188,8 +180,9 @@ pub(crate) async fn forward(
         match answer {
             Ok(resp) => {
                 let status = resp.status();
-                if engine_fault(status) {
-                    // Passed through, not retried (it may have had effects).
+                // The engine itself failed (501 and 505+ are the request's):
+                // passed through, not retried (it may have had effects).
+                if matches!(status.as_u16(), 500 | 502 | 503 | 504) {
                     count_failure(up, pool, &backend);
                 }
                 // Otherwise a success once the whole body is through.

@@ -378,8 +378,3 @@ fn checked(plan: &Plan, res: Result<Decision, PolicyError>) -> Result<Decision, 
         Err(e) => Err(ApiError::internal(e.to_string())),
     }
 }
-
-/// Uncached blocks the chosen backend must prefill (its prefill prediction).
-pub(crate) fn uncached_blocks(plan: &Plan, decision: &Decision) -> u64 {
-    (plan.hashes.len() as u64).saturating_sub(u64::from(decision.matched_blocks))
-}

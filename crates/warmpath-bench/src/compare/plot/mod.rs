@@ -141,18 +141,15 @@ fn reference(k: usize) -> Style {
 type Series<'a> = (&'a str, Style, &'a [(f64, f64)]);
 
 fn lines(title: &str, xl: &str, yl: &str, series: &[Series<'_>], y_max: Option<f64>) -> String {
-    let x = Ticks::new(
+    // The largest of one coordinate over every point.
+    let max = |of: fn(&(f64, f64)) -> f64| {
         series
             .iter()
-            .flat_map(|(_, _, p)| p.iter().map(|q| q.0))
-            .fold(0.0, f64::max),
-    );
-    let y = Ticks::new(y_max.unwrap_or_else(|| {
-        series
-            .iter()
-            .flat_map(|(_, _, p)| p.iter().map(|q| q.1))
+            .flat_map(|(_, _, p)| p.iter().map(of))
             .fold(0.0, f64::max)
-    }));
+    };
+    let x = Ticks::new(max(|q| q.0));
+    let y = Ticks::new(y_max.unwrap_or_else(|| max(|q| q.1)));
     let (x_top, y_top) = (x.top(), y.top());
     let mut s = frame(title, xl, yl, XAxis::Numbers(x), y);
     for (k, (name, style, pts)) in series.iter().enumerate() {

@@ -286,8 +286,7 @@ fn references(r: &StrategyReport) -> Option<String> {
     Some(cell.strip_prefix("0.0% (")?.strip_suffix(')')?.to_owned())
 }
 
-/// The console's table: the main numbers, aligned, in at most
-/// [`CONSOLE_WIDTH`] columns.
+/// The console's table: the main numbers, aligned, in at most 120 columns.
 pub fn console(reports: &[StrategyReport], slo_ms: f64) -> String {
     let head =
         "strategy|goodput|hit %|ceiling|TTFT p50/p90/p99 ms|e2e p50|req/s|tok/s|share %|fail";
@@ -335,9 +334,6 @@ pub fn console(reports: &[StrategyReport], slo_ms: f64) -> String {
     ));
     t
 }
-
-/// The widest line [`console`] writes for the demo's strategies.
-pub const CONSOLE_WIDTH: usize = 120;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
@@ -481,7 +477,7 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         for l in &lines {
             assert!(
-                l.chars().count() <= CONSOLE_WIDTH,
+                l.chars().count() <= 120,
                 "{} columns: {l}",
                 l.chars().count()
             );
