@@ -48,18 +48,9 @@ pub(crate) fn ensure(ok: bool, what: &'static str, reason: &str) -> Result<(), B
     }
 }
 
-/// `Ok` when `v` is in `lo..=hi`, else [`BenchError::Invalid`] saying so.
-pub(crate) fn ensure_in(
-    what: &'static str,
-    v: usize,
-    lo: usize,
-    hi: usize,
-) -> Result<(), BenchError> {
-    ensure(
-        (lo..=hi).contains(&v),
-        what,
-        &format!("must be in {lo}..={hi}"),
-    )
+/// `Ok` when `v` is in `1..=hi`, else [`BenchError::Invalid`] saying so.
+pub(crate) fn ensure_in(what: &'static str, v: usize, hi: usize) -> Result<(), BenchError> {
+    ensure((1..=hi).contains(&v), what, &format!("must be in 1..={hi}"))
 }
 
 /// A [`BenchError::Component`].

@@ -118,12 +118,8 @@ async fn serve(cli: Cli) -> Result<()> {
             config: c.clone(),
             seed: cli.seed,
         },
-        (None, None, Some(size), false) => ModelSource::Random {
-            size: *size,
-            seed: cli.seed,
-        },
-        (None, None, None, true) => ModelSource::Random {
-            size: SizePreset::Tiny,
+        (None, None, size, tiny) if size.is_some() != tiny => ModelSource::Random {
+            size: size.unwrap_or(SizePreset::Tiny),
             seed: cli.seed,
         },
         _ => bail!(

@@ -254,11 +254,16 @@ fn decode_event(v: Value, limits: &DecodeLimits) -> Result<KvEvent, DecodeError>
             v => Some(hash(STORED, "parent_block_hash", v, limits)?),
         },
         token_ids: tokens(tokens_v, limits)?,
-        block_size: block_size(bs)?,
+        block_size: (bs.as_u64().and_then(|b| u32::try_from(b).ok()))
+            .ok_or_else(|| bad(STORED, "block_size", "a non-negative u32", &bs))?,
         lora_id: f.int("lora_id")?,
         medium: f.medium()?,
         lora_name: f.string("lora_name")?,
-        extra_keys: opt_extra_keys(f.opt("extra_keys"))?,
+        extra_keys: match f.opt("extra_keys") {
+            Value::Nil => None,
+            Value::Array(items) => Some(items),
+            other => return Err(bad(STORED, "extra_keys", "an array or nil", &other)),
+        },
         group_idx: f.int("group_idx")?,
         kv_cache_spec_kind: f.string("kv_cache_spec_kind")?,
         kv_cache_spec_sliding_window: f.int("kv_cache_spec_sliding_window")?,
@@ -369,20 +374,6 @@ fn tokens(v: Value, limits: &DecodeLimits) -> Result<Vec<u32>, DecodeError> {
                 .ok_or_else(|| bad(STORED, "token_ids", "u32 token ids", t))
         })
         .collect()
-}
-
-fn block_size(v: Value) -> Result<u32, DecodeError> {
-    v.as_u64()
-        .and_then(|b| u32::try_from(b).ok())
-        .ok_or_else(|| bad(STORED, "block_size", "a non-negative u32", &v))
-}
-
-fn opt_extra_keys(v: Value) -> Result<Option<Vec<Value>>, DecodeError> {
-    match v {
-        Value::Nil => Ok(None),
-        Value::Array(items) => Ok(Some(items)),
-        other => Err(bad(STORED, "extra_keys", "an array or nil", &other)),
-    }
 }
 
 fn check_len(what: &'static str, len: usize, max: usize) -> Result<(), DecodeError> {

@@ -3,148 +3,125 @@
 //! and omits unset optional fields after `lora_name`), the array form with vLLM
 //! 0.23 (every field, nil when unset); shortest integers, float64 timestamps.
 
-use crate::event::{
-    BlockRemoved, BlockStored, EngineBlockHash, KvEvent, KvEventBatch, PayloadForm,
-};
+use crate::event::{EngineBlockHash, KvEvent, KvEventBatch, PayloadForm};
 use rmpv::{Value, ValueRef};
 
 pub fn encode_batch(batch: &KvEventBatch, form: PayloadForm) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(64 + batch.events.len() * 64));
+    let mut w = Writer {
+        out: Vec::with_capacity(64 + batch.events.len() * 64),
+        map: form == PayloadForm::Map,
+    };
     w.array_len(3);
     w.put(batch.ts);
     w.array_len(batch.events.len());
     for e in &batch.events {
-        match form {
-            PayloadForm::Map => map_event(&mut w, e),
-            PayloadForm::Array => array_event(&mut w, e),
-        }
+        w.event(e);
     }
     w.opt(batch.dp_rank);
-    w.0
-}
-
-fn map_event(w: &mut Writer, e: &KvEvent) {
-    match e {
-        KvEvent::BlockStored(s) => {
-            let n = 8
-                + usize::from(s.extra_keys.is_some())
-                + usize::from(s.group_idx.is_some())
-                + usize::from(s.kv_cache_spec_kind.is_some())
-                + usize::from(s.kv_cache_spec_sliding_window.is_some());
-            w.map16_len(n);
-            w.put("type");
-            w.put("BlockStored");
-            w.put("block_hashes");
-            w.hashes(&s.block_hashes);
-            w.put("parent_block_hash");
-            w.hash(s.parent_block_hash.as_ref());
-            w.put("token_ids");
-            w.tokens(&s.token_ids);
-            w.put("block_size");
-            w.put(s.block_size);
-            w.put("lora_id");
-            w.opt(s.lora_id);
-            w.put("medium");
-            w.opt(s.medium.as_ref().map(|m| m.as_str()));
-            w.put("lora_name");
-            w.opt(s.lora_name.as_deref());
-            if let Some(k) = &s.extra_keys {
-                w.put("extra_keys");
-                w.values(k);
-            }
-            if let Some(g) = s.group_idx {
-                w.put("group_idx");
-                w.put(g);
-            }
-            if let Some(k) = &s.kv_cache_spec_kind {
-                w.put("kv_cache_spec_kind");
-                w.put(k.as_str());
-            }
-            if let Some(sw) = s.kv_cache_spec_sliding_window {
-                w.put("kv_cache_spec_sliding_window");
-                w.put(sw);
-            }
-        }
-        KvEvent::BlockRemoved(r) => {
-            w.map_len(3 + usize::from(r.group_idx.is_some()));
-            w.put("type");
-            w.put("BlockRemoved");
-            w.put("block_hashes");
-            w.hashes(&r.block_hashes);
-            w.put("medium");
-            w.opt(r.medium.as_ref().map(|m| m.as_str()));
-            if let Some(g) = r.group_idx {
-                w.put("group_idx");
-                w.put(g);
-            }
-        }
-        KvEvent::AllBlocksCleared => {
-            w.map_len(1);
-            w.put("type");
-            w.put("AllBlocksCleared");
-        }
-    }
-}
-
-fn array_event(w: &mut Writer, e: &KvEvent) {
-    match e {
-        KvEvent::BlockStored(BlockStored {
-            block_hashes,
-            parent_block_hash,
-            token_ids,
-            block_size,
-            lora_id,
-            medium,
-            lora_name,
-            extra_keys,
-            group_idx,
-            kv_cache_spec_kind,
-            kv_cache_spec_sliding_window,
-        }) => {
-            w.array_len(12);
-            w.put("BlockStored");
-            w.hashes(block_hashes);
-            w.hash(parent_block_hash.as_ref());
-            w.tokens(token_ids);
-            w.put(*block_size);
-            w.opt(*lora_id);
-            w.opt(medium.as_ref().map(|m| m.as_str()));
-            w.opt(lora_name.as_deref());
-            match extra_keys {
-                Some(k) => w.values(k),
-                None => w.put(ValueRef::Nil),
-            }
-            w.opt(*group_idx);
-            w.opt(kv_cache_spec_kind.as_deref());
-            w.opt(*kv_cache_spec_sliding_window);
-        }
-        KvEvent::BlockRemoved(BlockRemoved {
-            block_hashes,
-            medium,
-            group_idx,
-        }) => {
-            w.array_len(4);
-            w.put("BlockRemoved");
-            w.hashes(block_hashes);
-            w.opt(medium.as_ref().map(|m| m.as_str()));
-            w.opt(*group_idx);
-        }
-        KvEvent::AllBlocksCleared => {
-            w.array_len(1);
-            w.put("AllBlocksCleared");
-        }
-    }
+    w.out
 }
 
 /// A msgpack writer over a `Vec<u8>`: rmpv writes the values (shortest
 /// encodings, as msgspec), the array and map headers are written here (rmpv
 /// writes none alone, and msgspec gives big structs a map16).
-struct Writer(Vec<u8>);
+struct Writer {
+    out: Vec<u8>,
+    /// The map form: each value after its field's name.
+    map: bool,
+}
 
 impl Writer {
+    /// One event, its fields in vLLM's order. The map form leaves out the
+    /// optional fields (`opt_tail`) when unset; the array form writes nil.
+    fn event(&mut self, e: &KvEvent) {
+        match e {
+            KvEvent::BlockStored(s) => {
+                let tail = [
+                    s.extra_keys.is_some(),
+                    s.group_idx.is_some(),
+                    s.kv_cache_spec_kind.is_some(),
+                    s.kv_cache_spec_sliding_window.is_some(),
+                ];
+                self.header(8, &tail, 0);
+                self.field("type", "BlockStored");
+                self.key("block_hashes");
+                self.hashes(&s.block_hashes);
+                self.key("parent_block_hash");
+                self.hash(s.parent_block_hash.as_ref());
+                self.key("token_ids");
+                self.tokens(&s.token_ids);
+                self.field("block_size", s.block_size);
+                self.opt_field("lora_id", s.lora_id);
+                self.opt_field("medium", s.medium.as_ref().map(|m| m.as_str()));
+                self.opt_field("lora_name", s.lora_name.as_deref());
+                match &s.extra_keys {
+                    Some(k) => {
+                        self.key("extra_keys");
+                        self.values(k);
+                    }
+                    None => self.opt_tail("extra_keys", None::<i64>),
+                }
+                self.opt_tail("group_idx", s.group_idx);
+                self.opt_tail("kv_cache_spec_kind", s.kv_cache_spec_kind.as_deref());
+                self.opt_tail(
+                    "kv_cache_spec_sliding_window",
+                    s.kv_cache_spec_sliding_window,
+                );
+            }
+            KvEvent::BlockRemoved(r) => {
+                self.header(3, &[r.group_idx.is_some()], 15);
+                self.field("type", "BlockRemoved");
+                self.key("block_hashes");
+                self.hashes(&r.block_hashes);
+                self.opt_field("medium", r.medium.as_ref().map(|m| m.as_str()));
+                self.opt_tail("group_idx", r.group_idx);
+            }
+            KvEvent::AllBlocksCleared => {
+                self.header(1, &[], 15);
+                self.field("type", "AllBlocksCleared");
+            }
+        }
+    }
+
+    /// An event's header: `fixed` fields and the optional ones (`tail`: which
+    /// are set); a map of at most `fix_max` entries is a fixmap.
+    fn header(&mut self, fixed: usize, tail: &[bool], fix_max: usize) {
+        match self.map {
+            false => self.array_len(fixed + tail.len()),
+            true => {
+                let n = fixed + tail.iter().filter(|&&set| set).count();
+                self.len_header(n, 0x80, fix_max, 0xde, 0xdf);
+            }
+        }
+    }
+
+    /// The field's name, in the map form.
+    fn key(&mut self, name: &str) {
+        if self.map {
+            self.put(name);
+        }
+    }
+
+    fn field<'a>(&mut self, name: &str, v: impl Into<ValueRef<'a>>) {
+        self.key(name);
+        self.put(v);
+    }
+
+    fn opt_field<'a>(&mut self, name: &str, v: Option<impl Into<ValueRef<'a>>>) {
+        self.key(name);
+        self.opt(v);
+    }
+
+    /// An optional field at the end: left out of the map form when unset.
+    fn opt_tail<'a>(&mut self, name: &str, v: Option<impl Into<ValueRef<'a>>>) {
+        if !self.map || v.is_some() {
+            self.opt_field(name, v);
+        }
+    }
+
     fn put<'a>(&mut self, v: impl Into<ValueRef<'a>>) {
         // Writing to a Vec cannot fail.
-        let _ = rmpv::encode::write_value_ref(&mut self.0, &v.into());
+        let _ = rmpv::encode::write_value_ref(&mut self.out, &v.into());
     }
 
     fn opt<'a>(&mut self, v: Option<impl Into<ValueRef<'a>>>) {
@@ -153,29 +130,20 @@ impl Writer {
 
     fn len_header(&mut self, n: usize, fix: u8, fix_max: usize, m16: u8, m32: u8) {
         match u16::try_from(n) {
-            _ if n <= fix_max => self.0.push(fix | n as u8),
+            _ if n <= fix_max => self.out.push(fix | n as u8),
             Ok(n) => {
-                self.0.push(m16);
-                self.0.extend_from_slice(&n.to_be_bytes());
+                self.out.push(m16);
+                self.out.extend_from_slice(&n.to_be_bytes());
             }
             Err(_) => {
-                self.0.push(m32);
-                self.0.extend_from_slice(&(n as u32).to_be_bytes());
+                self.out.push(m32);
+                self.out.extend_from_slice(&(n as u32).to_be_bytes());
             }
         }
     }
 
     fn array_len(&mut self, n: usize) {
         self.len_header(n, 0x90, 15, 0xdc, 0xdd);
-    }
-
-    fn map_len(&mut self, n: usize) {
-        self.len_header(n, 0x80, 15, 0xde, 0xdf);
-    }
-
-    /// A map header that is never a fixmap (msgspec's layout for big structs).
-    fn map16_len(&mut self, n: usize) {
-        self.len_header(n, 0x80, 0, 0xde, 0xdf);
     }
 
     fn hash(&mut self, h: Option<&EngineBlockHash>) {
@@ -203,7 +171,7 @@ impl Writer {
     fn values(&mut self, vs: &[Value]) {
         self.array_len(vs.len());
         for v in vs {
-            let _ = rmpv::encode::write_value(&mut self.0, v);
+            let _ = rmpv::encode::write_value(&mut self.out, v);
         }
     }
 }

@@ -99,8 +99,8 @@ pub struct ReplicaSummary {
 impl CompareConfig {
     fn validate(&self) -> Result<(), BenchError> {
         let routers = self.router.routers;
-        ensure_in("instances", self.instances, 1, 256)?;
-        ensure_in("routers", routers, 1, 16)?;
+        ensure_in("instances", self.instances, 256)?;
+        ensure_in("routers", routers, 16)?;
         let why = "replicas are started here: not with --attach-router";
         ensure(self.attach.is_none() || routers == 1, "routers", why)?;
         ensure(

@@ -115,12 +115,12 @@ impl ScaleConfig {
 
     pub fn validate(&self) -> Result<(), BenchError> {
         let c = self;
-        ensure_in("instances", c.instances, 1, 65_536)?;
+        ensure_in("instances", c.instances, 65_536)?;
         let docs_ok = c.requests > 0 && c.docs > 0 && c.docs <= u32::MAX as usize;
         ensure(docs_ok, "requests/docs", "must be at least 1")?;
         let rate_ok = c.rate_per_instance.is_finite() && c.rate_per_instance > 0.0;
         ensure(rate_ok, "rate_per_instance", "must be a number > 0")?;
-        ensure_in("routers", c.routers, 1, 64)?;
+        ensure_in("routers", c.routers, 64)?;
         let delay_ok = c.share_delay_ms.is_none_or(|d| d.is_finite() && d >= 0.0);
         ensure(delay_ok, "share_delay_ms", "must be a number >= 0")?;
         let fits = c.reset_instances <= c.instances;
