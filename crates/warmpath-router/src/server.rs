@@ -61,7 +61,7 @@ pub struct RunningRouter {
 impl RunningRouter {
     /// The cache index of pool `model`, e.g. to fill it in-process.
     pub fn index(&self, model: &str) -> Option<Arc<warmpath_core::CacheIndex>> {
-        self.shared.pools.index_of(model)
+        self.shared.pools.get(model).map(|p| Arc::clone(&p.index))
     }
 
     /// Applies a re-read configuration; returns what was applied, then what was not.

@@ -100,7 +100,7 @@ pub(super) async fn drive(
         let work = pace::work(&msg);
         if let Work::Replace(kind) = work {
             // Past its burst, a replacement waits its turn (later messages too).
-            if let Some(wait) = pace::wait_for(ws.replaced_at(), monotonic_ms()) {
+            if let Some(wait) = pace::wait_for(ws.live.replaced_at(), monotonic_ms()) {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
                 if let Some(suppressed) = throttled_log.ready() {
                     tracing::warn!(
@@ -116,7 +116,8 @@ pub(super) async fn drive(
                     () = tx.closed() => break,
                 }
             }
-            ws.set_replaced(pace::next_tat(ws.replaced_at(), monotonic_ms()));
+            ws.live
+                .replaced(pace::next_tat(ws.live.replaced_at(), monotonic_ms()));
         }
         let (now_ms, now_unix) = (monotonic_ms(), warmpath_proto::unix_micros());
         let answer = match work {

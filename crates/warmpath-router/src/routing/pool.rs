@@ -516,11 +516,6 @@ impl Pools {
                 adapter: Some(model.to_owned()),
             })
     }
-
-    /// The index of the pool of `model`, for the agents' ingest.
-    pub(crate) fn index_of(&self, model: &str) -> Option<Arc<CacheIndex>> {
-        self.by_model.get(model).map(|p| Arc::clone(&p.index))
-    }
 }
 
 #[cfg(test)]
