@@ -190,7 +190,7 @@ pub async fn start(
     }
     // Probe once before serving, so that /readyz tells the truth at once.
     crate::control::discovery::first_round(&shared).await;
-    health::round(&shared).await;
+    health::spread(&shared, Duration::ZERO).await;
     let router = app(Arc::clone(&shared));
     let sv = &config.server;
     let max_connections = sv.max_connections.unwrap_or_else(|| open_file_share(80));

@@ -49,16 +49,9 @@ fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
     all
 }
 
-/// Probes every backend once, concurrently, and updates `warmpath_ready`.
-pub(crate) async fn round(shared: &Shared) {
-    let members = members(shared);
-    let probes = members.iter().map(|(p, b)| probe(shared, p, b));
-    futures::future::join_all(probes).await;
-    readiness::update_gauge(shared);
-}
-
-/// One round with backend `k` of `n` probed `k × every / n` after its start.
-async fn spread(shared: &Shared, every: Duration) {
+/// One round with backend `k` of `n` probed `k × every / n` after its start
+/// (all at once for zero), then `warmpath_ready` updated.
+pub(crate) async fn spread(shared: &Shared, every: Duration) {
     let members = members(shared);
     let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
     let start = tokio::time::Instant::now();
