@@ -223,20 +223,6 @@ fn server(tls: Option<TlsPem>) -> Result<tonic::transport::Server, IngestError> 
     }
 }
 
-/// Serves the ingest on `listener` until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    service: IngestService,
-    tls: Option<TlsPem>,
-    shutdown: CancellationToken,
-) -> Result<(), IngestError> {
-    server(tls)?
-        .add_service(CacheEventsServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
-        .await?;
-    Ok(())
-}
-
 /// Starts the whole ingest on `listener` as `config` says: the gRPC server
 /// and the staleness sweeper, until `shutdown`. An unusable TLS identity
 /// fails here, before anything runs.
