@@ -99,7 +99,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
         Verdict::Fail if !ejected => {
             let _one_at_a_time = pool.ejecting();
             let room = || pool.room_to_eject(h.max_ejection_percent);
-            if b.probe_failed_within(h.eject_after, room) {
+            if b.failed_within(true, h.eject_after, room) {
                 tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(), probe = ?h.probe,
                     "backend ejected after repeated failed probes");
             }
