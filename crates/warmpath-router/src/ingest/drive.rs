@@ -3,7 +3,7 @@
 
 use super::agents::Agents;
 use super::directory::PoolDirectory;
-use super::guard::{shown, LogEvery};
+use super::guard::shown;
 use super::pace::{self, Gates, Work};
 use super::stream::{Refusal, WorkerStream};
 use crate::http::clock::monotonic_ms;
@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
+use warmpath_edge::LogEvery;
 use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
 
 /// How often a stream checks that it still owns its worker (closing one taken over).

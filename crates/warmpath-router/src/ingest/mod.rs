@@ -28,7 +28,7 @@ pub use sweeper::set_memory_release;
 use crate::config::RouterConfig;
 pub use crate::config::TlsPem;
 
-use guard::{shown, Admission, LogEvery};
+use guard::{shown, Admission};
 use pace::Gates;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -42,6 +42,7 @@ use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
+use warmpath_edge::LogEvery;
 use warmpath_proto::error_chain;
 use warmpath_proto::v1::{agent_message::Msg, AgentMessage, RouterMessage};
 use warmpath_proto::{CacheEvents, CacheEventsServer};
