@@ -251,7 +251,6 @@ pub fn spawn_reviewing(
         .load_tls()
         .map_err(|e| IngestError::Tls(e.to_string()))?;
     let tls = pem.is_some();
-    pace::describe();
     let gates = Arc::new(Gates::default());
     let auth = AgentAuth::new(config.agent_secret.clone());
     let auth_name = auth.name();
