@@ -61,7 +61,7 @@ pub struct RunningRouter {
 impl RunningRouter {
     /// The cache index of pool `model`, e.g. to fill it in-process.
     pub fn index(&self, model: &str) -> Option<Arc<warmpath_core::CacheIndex>> {
-        self.shared.pools.index_of(model)
+        self.shared.pools.get(model).map(|p| Arc::clone(&p.index))
     }
 
     /// Applies a re-read configuration; returns what was applied, then what was not.
@@ -190,7 +190,7 @@ pub async fn start(
     }
     // Probe once before serving, so that /readyz tells the truth at once.
     crate::control::discovery::first_round(&shared).await;
-    health::round(&shared).await;
+    health::spread(&shared, Duration::ZERO).await;
     let router = app(Arc::clone(&shared));
     let sv = &config.server;
     let max_connections = sv.max_connections.unwrap_or_else(|| open_file_share(80));

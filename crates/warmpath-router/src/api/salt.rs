@@ -49,16 +49,11 @@ fn rewrite(raw: &Bytes, tenant: &TenantId) -> Bytes {
     let Ok(mut v) = serde_json::from_slice::<Value>(raw) else {
         return raw.clone();
     };
-    match v.as_object_mut() {
-        Some(obj) => {
-            obj.insert(
-                "cache_salt".into(),
-                Value::String(tenant.as_str().to_owned()),
-            );
-            serde_json::to_vec(&v).map_or_else(|_| raw.clone(), Bytes::from)
-        }
-        None => raw.clone(),
-    }
+    let Some(obj) = v.as_object_mut() else {
+        return raw.clone();
+    };
+    obj.insert("cache_salt".into(), tenant.as_str().into());
+    serde_json::to_vec(&v).map_or_else(|_| raw.clone(), Bytes::from)
 }
 
 #[cfg(test)]

@@ -115,23 +115,23 @@ impl Cli {
     /// Lays the flags over `config`.
     pub fn overlay(&self, mut config: RouterConfig) -> Result<RouterConfig, ConfigError> {
         set(&mut config.listen, &self.listen);
-        set_some(&mut config.grpc_listen, &self.grpc_listen);
-        set_some(&mut config.admin_token, &self.admin_token);
-        set_some(&mut config.inspect_token, &self.inspect_token);
+        set(&mut config.grpc_listen, &self.grpc_listen);
+        set(&mut config.admin_token, &self.admin_token);
+        set(&mut config.inspect_token, &self.inspect_token);
         config.insecure |= self.insecure;
         if let Some(v) = &self.upstream_api_key {
             config.upstream.api_key = Some(Secret::new(v.clone()));
         }
-        set_some(&mut config.agent_secret, &self.agent_secret);
+        set(&mut config.agent_secret, &self.agent_secret);
         set(&mut config.max_body_bytes, &self.max_body_bytes);
         set(
             &mut config.server.header_timeout_ms,
             &self.header_timeout_ms,
         );
-        set_some(&mut config.server.max_connections, &self.max_connections);
+        set(&mut config.server.max_connections, &self.max_connections);
         set(&mut config.server.drain_grace_ms, &self.drain_grace_ms);
-        set_some(&mut config.ingest.tls_cert, &self.agent_tls_cert);
-        set_some(&mut config.ingest.tls_key, &self.agent_tls_key);
+        set(&mut config.ingest.tls_cert, &self.agent_tls_cert);
+        set(&mut config.ingest.tls_key, &self.agent_tls_key);
         set(
             &mut config.ingest.stale_after_ms,
             &self.agent_stale_after_ms,
@@ -162,8 +162,8 @@ impl Cli {
         if !self.backends.is_empty() {
             pool.backends = self.backends.iter().map(BackendConfig::new).collect();
         }
-        set_some(&mut pool.strategy, &self.strategy);
-        set_some(&mut pool.tokenizer, &self.tokenizer);
+        set(&mut pool.strategy, &self.strategy);
+        set(&mut pool.tokenizer, &self.tokenizer);
         set(&mut pool.block_size, &self.block_size);
         set(
             &mut pool.prefix_aware.concurrency_threshold,
@@ -173,17 +173,10 @@ impl Cli {
     }
 }
 
-/// A flag given replaces the file's value.
-fn set<T: Clone>(dst: &mut T, flag: &Option<T>) {
+/// A flag given replaces the file's value (as `Some` for an optional setting).
+fn set<T: Clone, U: From<T>>(dst: &mut U, flag: &Option<T>) {
     if let Some(v) = flag {
-        dst.clone_from(v);
-    }
-}
-
-/// [`set`] of an optional setting.
-fn set_some<T: Clone>(dst: &mut Option<T>, flag: &Option<T>) {
-    if flag.is_some() {
-        dst.clone_from(flag);
+        *dst = U::from(v.clone());
     }
 }
 

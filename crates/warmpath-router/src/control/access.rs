@@ -67,11 +67,9 @@ pub(crate) fn inspect(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
                 .as_deref()
                 .is_some_and(|p| warmpath_proto::same_token(p, t))
     };
-    if set.any(given) {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
+    set.any(given)
+        .then_some(())
+        .ok_or_else(ApiError::unauthorized)
 }
 
 /// The authority the client addressed: `Host`, else the URI's (HTTP/2).

@@ -135,20 +135,20 @@ pub(crate) async fn reload(
     config.validate()?;
     let mut r = ReloadReport::default();
     for pc in &config.pools {
-        let Some(pool) = s.pools.get(&pc.model) else {
+        let model = &pc.model;
+        let Some(pool) = s.pools.get(model) else {
             r.ignored
-                .push(format!("pool {:?} is new: needs a restart", pc.model));
+                .push(format!("pool {model:?} is new: needs a restart"));
             continue;
         };
         let current = pool.policy();
         let (strategy, knobs) = (pc.effective_strategy(), pc.policy_config());
         if current.strategy != strategy || current.config != knobs {
             pool.switch(strategy, knobs)
-                .map_err(|e| e.into_router_error(&pc.model))?;
-            r.applied.push(format!(
-                "pool {:?}: policy {} -> {}",
-                pc.model, current.strategy, strategy
-            ));
+                .map_err(|e| e.into_router_error(model))?;
+            let from = current.strategy;
+            r.applied
+                .push(format!("pool {model:?}: policy {from} -> {strategy}"));
         }
         reload_members(s, pool, pc, &mut r).await;
         let running: Vec<_> = pool.discovery.iter().map(|p| &p.config).collect();
@@ -166,16 +166,15 @@ pub(crate) async fn reload(
             ),
         ];
         for (what, _) in changed.iter().filter(|(_, c)| *c) {
-            let model = &pc.model;
             r.ignored
                 .push(format!("pool {model:?}: {what} changed: needs a restart"));
         }
     }
     for p in s.pools.all() {
-        if !config.pools.iter().any(|pc| pc.model == p.model) {
+        let model = &p.model;
+        if !config.pools.iter().any(|pc| pc.model == *model) {
             r.ignored.push(format!(
-                "pool {:?} is gone from the configuration: needs a restart",
-                p.model
+                "pool {model:?} is gone from the configuration: needs a restart"
             ));
         }
     }
@@ -189,24 +188,21 @@ async fn reload_members(
     pc: &crate::config::PoolConfig,
     r: &mut ReloadReport,
 ) {
-    let members = pool.backends();
+    let (model, members) = (&pc.model, pool.backends());
     for b in &pc.backends {
-        match members.iter().find(|m| m.endpoint.id() == b.id()) {
+        let id = b.id();
+        match members.iter().find(|m| m.endpoint.id() == id) {
             None => match members::add_member(s, pool, b, Origin::Config).await {
                 Ok(_) => r
                     .applied
-                    .push(format!("pool {:?}: backend {:?} added", pc.model, b.id())),
-                Err(e) => r.ignored.push(format!(
-                    "pool {:?}: backend {:?} not added: {e}",
-                    pc.model,
-                    b.id()
-                )),
+                    .push(format!("pool {model:?}: backend {id:?} added")),
+                Err(e) => r
+                    .ignored
+                    .push(format!("pool {model:?}: backend {id:?} not added: {e}")),
             },
             Some(m) if *m.endpoint.origin() == Origin::Config && m.endpoint.configured() != b => {
                 r.ignored.push(format!(
-                    "pool {:?}: backend {:?} changed its url: remove it and add it again",
-                    pc.model,
-                    b.id()
+                    "pool {model:?}: backend {id:?} changed its url: remove it and add it again"
                 ))
             }
             Some(_) => {}
@@ -216,20 +212,17 @@ async fn reload_members(
         .iter()
         .filter(|m| *m.endpoint.origin() == Origin::Config)
     {
-        if m.load.is_draining() || pc.backends.iter().any(|b| b.id() == m.endpoint.id()) {
+        let id = m.endpoint.id();
+        if m.load.is_draining() || pc.backends.iter().any(|b| b.id() == id) {
             continue;
         }
-        match members::drain(s, pool, m.endpoint.id(), members::DEFAULT_DRAIN_TIMEOUT) {
+        match members::drain(s, pool, id, members::DEFAULT_DRAIN_TIMEOUT) {
             Ok(_) => r.applied.push(format!(
-                "pool {:?}: backend {:?} draining (gone from the configuration)",
-                pc.model,
-                m.endpoint.id()
+                "pool {model:?}: backend {id:?} draining (gone from the configuration)"
             )),
-            Err(e) => r.ignored.push(format!(
-                "pool {:?}: backend {:?} not removed: {e}",
-                pc.model,
-                m.endpoint.id()
-            )),
+            Err(e) => r
+                .ignored
+                .push(format!("pool {model:?}: backend {id:?} not removed: {e}")),
         }
     }
 }

@@ -49,16 +49,9 @@ fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
     all
 }
 
-/// Probes every backend once, concurrently, and updates `warmpath_ready`.
-pub(crate) async fn round(shared: &Shared) {
-    let members = members(shared);
-    let probes = members.iter().map(|(p, b)| probe(shared, p, b));
-    futures::future::join_all(probes).await;
-    readiness::update_gauge(shared);
-}
-
-/// One round with backend `k` of `n` probed `k × every / n` after its start.
-async fn spread(shared: &Shared, every: Duration) {
+/// One round with backend `k` of `n` probed `k × every / n` after its start
+/// (all at once for zero), then `warmpath_ready` updated.
+pub(crate) async fn spread(shared: &Shared, every: Duration) {
     let members = members(shared);
     let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
     let start = tokio::time::Instant::now();
@@ -106,7 +99,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
         Verdict::Fail if !ejected => {
             let _one_at_a_time = pool.ejecting();
             let room = || pool.room_to_eject(h.max_ejection_percent);
-            if b.probe_failed_within(h.eject_after, room) {
+            if b.failed_within(true, h.eject_after, room) {
                 tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(), probe = ?h.probe,
                     "backend ejected after repeated failed probes");
             }

@@ -99,6 +99,7 @@ fn describe() {
         describe_counter "warmpath_ingest_messages_total" "Agent stream messages applied to the index, by kind (snapshot_chunk, delta)";
         describe_counter "warmpath_ingest_blocks_total" "Blocks applied to the index from agent streams, by op (snapshot, stored, removed)";
         describe_histogram "warmpath_ingest_lag_seconds" (Seconds) "From an engine observing a cache change to the router applying it";
+        describe_counter "warmpath_ingest_throttled_total" "Snapshots, clears and block-size Hellos an agent sent less than 1 s after its worker's previous one, by kind; each waited its turn (nothing is dropped)";
         describe_counter "warmpath_ingest_gaps_total" "Sequence gaps in agent streams (answered with a resend of the snapshot)";
         describe_counter "warmpath_ingest_refused_total" "Agent streams refused, by reason (auth, identity, model, worker_id, removed, block size, epoch, no_hello, streams)";
         describe_counter "warmpath_ingest_pod_token_reviews_total" "Agents' pod tokens reviewed with the Kubernetes API server, by outcome (accepted, refused, unavailable); kept answers are not counted";

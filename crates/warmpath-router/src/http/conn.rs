@@ -107,14 +107,8 @@ impl Conns {
 /// One admitted connection; dropping it uncounts it.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    conns: Arc<Conns>,
+    pub conns: Arc<Conns>,
     pub activity: Arc<Activity>,
-}
-
-impl Slot {
-    pub(crate) fn conns(&self) -> &Arc<Conns> {
-        &self.conns
-    }
 }
 
 impl Drop for Slot {

@@ -66,12 +66,12 @@ impl ApiError {
             500..=599 => "server_error",
             _ => "invalid_request_error",
         };
-        let (message, param) = (message.into(), None);
+        let message = message.into();
         ApiError {
             status,
             message,
             kind,
-            param,
+            param: None,
             code,
         }
     }
@@ -210,17 +210,15 @@ impl IntoResponse for ApiError {
 impl From<RequestError> for ApiError {
     fn from(e: RequestError) -> Self {
         let (code, param) = match &e {
-            RequestError::InvalidJson(_) => ("invalid_json", None),
-            RequestError::NotAnObject => ("invalid_json", None),
+            RequestError::InvalidJson(_) | RequestError::NotAnObject => ("invalid_json", None),
             RequestError::Missing(f) => ("missing_field", Some((*f).to_owned())),
             RequestError::WrongType { field, .. } => ("invalid_type", Some(field.clone())),
             RequestError::Empty(f) => ("empty_field", Some(f.clone())),
             RequestError::UnknownKind => ("missing_field", None),
         };
-        let err = ApiError::bad_request(code, e.to_string());
-        match param {
-            Some(p) => err.with_param(p),
-            None => err,
+        ApiError {
+            param,
+            ..ApiError::bad_request(code, e.to_string())
         }
     }
 }

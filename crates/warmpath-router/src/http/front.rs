@@ -210,7 +210,7 @@ async fn connection(
     front: Front,
     closing: CancellationToken,
 ) {
-    let conns = Arc::clone(slot.conns());
+    let conns = Arc::clone(&slot.conns);
     let limits = *conns.limits();
     let activity = Arc::clone(&slot.activity);
     let halt = front.shared.halt.clone();

@@ -32,14 +32,6 @@ impl BodyBudget {
     fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }
-
-    fn take(&self, n: usize) -> bool {
-        self.held
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
-                h.checked_add(n).filter(|&t| t <= self.max)
-            })
-            .is_ok()
-    }
 }
 
 /// Bytes of a [`BodyBudget`] held by one request until it is dropped.
@@ -57,8 +49,15 @@ impl Held {
         }
     }
 
+    /// Takes `n` more bytes of the budget; false (nothing taken) past its max.
     fn grow(&mut self, n: usize) -> bool {
-        let ok = self.budget.take(n);
+        let b = &self.budget;
+        let ok = b
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                h.checked_add(n).filter(|&t| t <= b.max)
+            })
+            .is_ok();
         if ok {
             self.bytes += n;
         }
@@ -75,7 +74,7 @@ impl Drop for Held {
 /// Reads a body of at most `limit` bytes (413 above) within `deadline` (408
 /// after), counting its bytes in `held` (503 when the budget is spent).
 pub(crate) async fn read_body(
-    body: Body,
+    mut body: Body,
     headers: &HeaderMap,
     limit: usize,
     deadline: Duration,
@@ -89,7 +88,6 @@ pub(crate) async fn read_body(
         return Err(ApiError::too_large(limit));
     }
     let read = async {
-        let mut body = body;
         let mut parts: Vec<Bytes> = Vec::new();
         let mut total = 0usize;
         while let Some(frame) = body.frame().await {
@@ -121,10 +119,9 @@ pub(crate) async fn read_body(
             _ => parts.concat().into(),
         })
     };
-    match tokio::time::timeout(deadline, read).await {
-        Ok(r) => r,
-        Err(_) => Err(ApiError::body_timeout(deadline)),
-    }
+    tokio::time::timeout(deadline, read)
+        .await
+        .unwrap_or_else(|_| Err(ApiError::body_timeout(deadline)))
 }
 
 /// The `X-Prefix-Aware-Id` header as text (400 when not visible ASCII, or repeated).

@@ -36,10 +36,8 @@ fn usable(id: &[u8]) -> bool {
 
 /// The request's id: the client's `x-request-id` when usable, else a new one.
 pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(REQUEST_ID) {
-        if usable(v.as_bytes()) {
-            return v.clone();
-        }
+    if let Some(v) = headers.get(REQUEST_ID).filter(|v| usable(v.as_bytes())) {
+        return v.clone();
     }
     let id = format!("{:032x}", rand::random::<u128>());
     HeaderValue::from_str(&id).unwrap_or_else(|_| unreachable!("hex digits are a valid header"))

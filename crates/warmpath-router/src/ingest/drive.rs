@@ -3,7 +3,7 @@
 
 use super::agents::Agents;
 use super::directory::PoolDirectory;
-use super::guard::{shown, LogEvery};
+use super::guard::shown;
 use super::pace::{self, Gates, Work};
 use super::stream::{Refusal, WorkerStream};
 use crate::http::clock::monotonic_ms;
@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
+use warmpath_edge::LogEvery;
 use warmpath_proto::v1::{self, agent_message::Msg, AgentMessage, RouterMessage};
 
 /// How often a stream checks that it still owns its worker (closing one taken over).
@@ -100,7 +101,7 @@ pub(super) async fn drive(
         let work = pace::work(&msg);
         if let Work::Replace(kind) = work {
             // Past its burst, a replacement waits its turn (later messages too).
-            if let Some(wait) = pace::wait_for(ws.replaced_at(), monotonic_ms()) {
+            if let Some(wait) = pace::wait_for(ws.live.replaced_at(), monotonic_ms()) {
                 metrics::counter!("warmpath_ingest_throttled_total", "kind" => kind).increment(1);
                 if let Some(suppressed) = throttled_log.ready() {
                     tracing::warn!(
@@ -116,7 +117,8 @@ pub(super) async fn drive(
                     () = tx.closed() => break,
                 }
             }
-            ws.set_replaced(pace::next_tat(ws.replaced_at(), monotonic_ms()));
+            ws.live
+                .replaced(pace::next_tat(ws.live.replaced_at(), monotonic_ms()));
         }
         let (now_ms, now_unix) = (monotonic_ms(), warmpath_proto::unix_micros());
         let answer = match work {

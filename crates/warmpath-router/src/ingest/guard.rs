@@ -41,9 +41,6 @@ pub(crate) fn shown(s: &str) -> String {
     }
 }
 
-/// Refusals a peer can cause at will log one line every 10 s.
-pub(crate) use warmpath_edge::LogEvery;
-
 /// The address a cap counts under: IPv4 as it is, IPv6 by its /64.
 fn peer_key(remote: Option<SocketAddr>) -> Option<IpAddr> {
     let ip = remote?.ip();
@@ -141,6 +138,7 @@ impl Drop for Ticket {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use warmpath_edge::LogEvery;
 
     #[test]
     fn only_the_shape_worker_token_prints_passes() {

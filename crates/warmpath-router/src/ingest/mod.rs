@@ -28,7 +28,7 @@ pub use sweeper::set_memory_release;
 use crate::config::RouterConfig;
 pub use crate::config::TlsPem;
 
-use guard::{shown, Admission, LogEvery};
+use guard::{shown, Admission};
 use pace::Gates;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -42,6 +42,7 @@ use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
+use warmpath_edge::LogEvery;
 use warmpath_proto::error_chain;
 use warmpath_proto::v1::{agent_message::Msg, AgentMessage, RouterMessage};
 use warmpath_proto::{CacheEvents, CacheEventsServer};
@@ -223,20 +224,6 @@ fn server(tls: Option<TlsPem>) -> Result<tonic::transport::Server, IngestError> 
     }
 }
 
-/// Serves the ingest on `listener` until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    service: IngestService,
-    tls: Option<TlsPem>,
-    shutdown: CancellationToken,
-) -> Result<(), IngestError> {
-    server(tls)?
-        .add_service(CacheEventsServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
-        .await?;
-    Ok(())
-}
-
 /// Starts the whole ingest on `listener` as `config` says: the gRPC server
 /// and the staleness sweeper, until `shutdown`. An unusable TLS identity
 /// fails here, before anything runs.
@@ -264,7 +251,6 @@ pub fn spawn_reviewing(
         .load_tls()
         .map_err(|e| IngestError::Tls(e.to_string()))?;
     let tls = pem.is_some();
-    pace::describe();
     let gates = Arc::new(Gates::default());
     let auth = AgentAuth::new(config.agent_secret.clone());
     let auth_name = auth.name();

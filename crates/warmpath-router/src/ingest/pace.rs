@@ -64,22 +64,8 @@ pub(crate) struct Gates {
 
 impl Gates {
     pub(crate) fn of(&self, model: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut m = self.by_pool.lock();
-        if let Some(g) = m.get(model) {
-            return Arc::clone(g);
-        }
-        let g = Arc::new(tokio::sync::Mutex::new(()));
-        m.insert(model.to_owned(), Arc::clone(&g));
-        g
+        Arc::clone(self.by_pool.lock().entry(model.to_owned()).or_default())
     }
-}
-
-/// Describes the series this module writes (called once at start).
-pub(crate) fn describe() {
-    metrics::describe_counter!(
-        "warmpath_ingest_throttled_total",
-        "Snapshots, clears and block-size Hellos an agent sent less than 1 s after its worker's previous one, by kind; each waited its turn (nothing is dropped)."
-    );
 }
 
 #[cfg(test)]

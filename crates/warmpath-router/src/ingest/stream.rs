@@ -84,13 +84,6 @@ struct PendingSnapshot {
     blocks: Vec<(u64, Tier)>,
 }
 
-/// Refused blocks not yet reported in a log line (one WARN per 10 s).
-#[derive(Default)]
-struct RefusalLog {
-    log: LogEvery,
-    unreported: u64,
-}
-
 /// The stream's metric handles, looked up once instead of per message.
 struct Counters {
     snapshot_chunks: metrics::Counter,
@@ -123,13 +116,15 @@ pub(crate) struct WorkerStream {
     epoch: u64,
     stream_id: u64,
     /// This worker's per-message status (atomics: no registry lock).
-    live: Arc<Live>,
+    pub(crate) live: Arc<Live>,
     counters: Counters,
     /// Seq of the last applied snapshot/delta; `None` until a snapshot lands.
     applied: Option<u64>,
     pending: Option<PendingSnapshot>,
     unacked: u64,
-    refusals: RefusalLog,
+    /// Refused blocks are logged at most once every 10 s; `unreported` since the last line.
+    refusal_log: LogEvery,
+    unreported: u64,
 }
 
 impl WorkerStream {
@@ -188,7 +183,8 @@ impl WorkerStream {
             applied: None,
             pending: None,
             unacked: 0,
-            refusals: RefusalLog::default(),
+            refusal_log: LogEvery::default(),
+            unreported: 0,
         })
     }
 
@@ -203,16 +199,6 @@ impl WorkerStream {
     /// Marks the worker disconnected (its entries stay until stale).
     pub(crate) fn close(&self) {
         self.agents.disconnect(&self.key, self.stream_id);
-    }
-
-    /// The pace clock of the worker's replacements, by any of its streams.
-    pub(crate) fn replaced_at(&self) -> Option<u64> {
-        self.live.replaced_at()
-    }
-
-    /// The worker's set is replaced now: its pace clock moves to `tat`.
-    pub(crate) fn set_replaced(&self, tat: u64) {
-        self.live.replaced(tat);
     }
 
     /// Applies one message; returns what to answer.
@@ -251,9 +237,8 @@ impl WorkerStream {
                 let _ = self.pool.index.set_worker_cap(self.slot, Some(cap));
                 Ok(vec![])
             }
-            Msg::Heartbeat(_) => Ok(vec![]),
-            // Applied by the stream's driver (it needs the pool's policy).
-            Msg::Decision(_) => Ok(vec![]),
+            // A decision is applied by the stream's driver (it needs the pool's policy).
+            Msg::Heartbeat(_) | Msg::Decision(_) => Ok(vec![]),
         }
     }
 
@@ -428,12 +413,11 @@ impl WorkerStream {
     fn refused(&mut self, n: u64, why: Overflow) {
         metrics::counter!("warmpath_ingest_refused_blocks_total", "pool" => self.pool.model.clone(), "reason" => why.as_str())
             .increment(n);
-        let r = &mut self.refusals;
-        r.unreported += n;
-        if r.log.ready().is_none() {
+        self.unreported += n;
+        if self.refusal_log.ready().is_none() {
             return;
         }
-        let blocks = std::mem::take(&mut r.unreported);
+        let blocks = std::mem::take(&mut self.unreported);
         let index = &self.pool.index;
         tracing::warn!(
             worker = %self.key.worker_id,

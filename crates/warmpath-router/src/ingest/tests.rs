@@ -385,7 +385,11 @@ async fn start_server(
     .with_hello_within(Duration::from_millis(300));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, svc, None, shutdown.clone()));
+    let router = server(None)
+        .unwrap()
+        .add_service(CacheEventsServer::new(svc));
+    let incoming = TcpListenerStream::new(listener);
+    tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned()));
     (addr, p, agents, shutdown)
 }
 

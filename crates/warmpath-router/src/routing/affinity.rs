@@ -142,20 +142,15 @@ fn first_id(buf: &[u8]) -> Option<Result<String, ()>> {
     const KEY: &[u8] = b"\"id\"";
     let at = memchr::memmem::find(buf, KEY)?;
     let mut i = at + KEY.len();
-    let skip_ws = |i: &mut usize| {
-        while buf.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {
-            *i += 1;
+    // `: "`, whitespace allowed before each.
+    for want in [b':', b'"'] {
+        while buf.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
         }
-    };
-    skip_ws(&mut i);
-    match buf.get(i)? {
-        b':' => i += 1,
-        _ => return Some(Err(())),
-    }
-    skip_ws(&mut i);
-    match buf.get(i)? {
-        b'"' => i += 1,
-        _ => return Some(Err(())),
+        if *buf.get(i)? != want {
+            return Some(Err(()));
+        }
+        i += 1;
     }
     let rest = &buf[i..];
     let end = memchr::memchr(b'"', rest)?;

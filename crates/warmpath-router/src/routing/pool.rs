@@ -490,16 +490,11 @@ impl Pools {
         self.by_model.get(model)
     }
 
-    /// [`resolve`](Self::resolve), or 404 `model_not_found`.
+    /// The pool serving `model`: a base model, or a LoRA adapter of a backend
+    /// (else 404 `model_not_found`).
     pub(crate) fn target(&self, model: &str) -> Result<Target, ApiError> {
-        self.resolve(model)
-            .ok_or_else(|| ApiError::unknown_model(model))
-    }
-
-    /// The pool serving `model`: a base model, or a LoRA adapter of a backend.
-    pub(crate) fn resolve(&self, model: &str) -> Option<Target> {
         if let Some(pool) = self.by_model.get(model) {
-            return Some(Target {
+            return Ok(Target {
                 pool: Arc::clone(pool),
                 adapter: None,
             });
@@ -515,11 +510,7 @@ impl Pools {
                 pool: Arc::clone(p),
                 adapter: Some(model.to_owned()),
             })
-    }
-
-    /// The index of the pool of `model`, for the agents' ingest.
-    pub(crate) fn index_of(&self, model: &str) -> Option<Arc<CacheIndex>> {
-        self.by_model.get(model).map(|p| Arc::clone(&p.index))
+            .ok_or_else(|| ApiError::unknown_model(model))
     }
 }
 

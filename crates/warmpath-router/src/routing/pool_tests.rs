@@ -25,18 +25,19 @@ fn pools_register_backends_and_resolve_adapters() {
     );
     assert_eq!(p.policy().strategy, Strategy::PrefixAware);
     // Adapters are learned from the engines' /v1/models.
-    assert!(pools.resolve("sql").is_none());
+    assert!(pools.target("sql").is_err());
     p.backends()[1]
         .endpoint
         .set_learned_adapters(["sql".to_owned()].into());
-    let t = pools.resolve("sql").unwrap();
+    let t = pools.target("sql").unwrap();
     assert_eq!(t.adapter.as_deref(), Some("sql"));
     assert_eq!(t.pool.model, "m");
-    assert!(pools.resolve("m").unwrap().adapter.is_none());
-    assert!(pools.resolve("other").is_none());
-    let index = pools.index_of("m").unwrap();
-    assert!(Arc::ptr_eq(&index, &pools.get("m").unwrap().index));
-    assert!(pools.index_of("sql").is_none());
+    assert!(pools.target("m").unwrap().adapter.is_none());
+    assert!(pools.target("other").is_err());
+    assert!(
+        pools.get("sql").is_none(),
+        "an adapter has no pool of its own"
+    );
 }
 
 #[test]

@@ -25,7 +25,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use warmpath_edge::copy_end_to_end;
 
@@ -54,7 +54,7 @@ pub(crate) fn rejected(e: ApiError) -> Response {
 /// Counts a failure of `backend` toward ejection, within `health.max_ejection_percent`.
 fn count_failure(up: &Upstream, pool: &Pool, backend: &Backend) {
     let _one_at_a_time = pool.ejecting();
-    if backend.failed_within(up.eject_after, || {
+    if backend.failed_within(false, up.eject_after, || {
         pool.room_to_eject(up.max_ejection_percent)
     }) {
         tracing::warn!(pool = %pool.model, backend = %backend.endpoint.id(),
@@ -256,7 +256,6 @@ fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let idle_limit = up.stream_idle_timeout;
     let now = Instant::now();
     let held = Arc::new(parking_lot::Mutex::new(Held {
         inner: Some(incoming),
@@ -273,9 +272,8 @@ fn respond(
         done: false,
         pool: Arc::clone(pool),
         up: Arc::clone(up),
-        idle_limit,
         last_frame: now,
-        idle: tokio::time::sleep_until((now + idle_limit).into()),
+        idle: tokio::time::sleep_until((now + up.stream_idle_timeout).into()),
         halt: up.halt.clone().cancelled_owned(),
         tail: *b"\n\n",
     };
@@ -333,7 +331,6 @@ pin_project_lite::pin_project! {
         done: bool,
         pool: Arc<Pool>,
         up: Arc<Upstream>,
-        idle_limit: Duration,
         last_frame: Instant,
         // Reset lazily (when it fires early), not on every frame.
         #[pin]
@@ -422,7 +419,7 @@ impl HttpBody for TrackedBody {
                         if this.idle.as_mut().poll(cx).is_pending() {
                             return Poll::Pending;
                         }
-                        let due = *this.last_frame + *this.idle_limit;
+                        let due = *this.last_frame + this.up.stream_idle_timeout;
                         if due <= Instant::now() {
                             break Cut::Stalled;
                         }
@@ -445,7 +442,7 @@ impl HttpBody for TrackedBody {
                 (Outcome::Failed, ApiError::upstream(message))
             }
             Cut::Stalled => {
-                let ms = this.idle_limit.as_millis();
+                let ms = this.up.stream_idle_timeout.as_millis();
                 tracing::warn!(pool = %this.pool.model, %backend, idle_ms = ms as u64,
                     "backend went silent mid-response; cut off");
                 count_failure(this.up, this.pool, guard.backend());

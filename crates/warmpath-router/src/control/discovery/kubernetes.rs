@@ -159,8 +159,7 @@ fn nonempty(set: Answer, cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryE
 
 /// One list (the first round, before the router serves), within [`TIMEOUT`].
 pub(crate) async fn list_once(cfg: &KubernetesDiscovery) -> Result<Answer, DiscoveryError> {
-    let limit = TIMEOUT;
-    let got = tokio::time::timeout(limit, async {
+    let got = tokio::time::timeout(TIMEOUT, async {
         let api: Api<EndpointSlice> = Api::namespaced(client().await?, &cfg.namespace);
         let list = api
             .list(&ListParams::default().labels(&selector(cfg)))
@@ -173,7 +172,7 @@ pub(crate) async fn list_once(cfg: &KubernetesDiscovery) -> Result<Answer, Disco
         Ok::<_, DiscoveryError>(slices.union())
     })
     .await
-    .map_err(|_| DiscoveryError::Lookup(format!("no list within {} ms", limit.as_millis())))?;
+    .map_err(|_| DiscoveryError::Lookup(format!("no list within {} ms", TIMEOUT.as_millis())))?;
     nonempty(got?, cfg)
 }
 
@@ -193,16 +192,15 @@ pub(crate) async fn run(
     cfg: KubernetesDiscovery,
     cancel: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(FIRST_BACKOFF);
-    let limit = TIMEOUT;
+    let mut backoff = Backoff::default();
     let client = loop {
         // Bounded too: a kubeconfig may run an exec credential plugin.
-        let made = tokio::time::timeout(limit, client())
+        let made = tokio::time::timeout(TIMEOUT, client())
             .await
             .unwrap_or_else(|_| {
                 Err(DiscoveryError::Setup(format!(
                     "no client within {} ms",
-                    limit.as_millis()
+                    TIMEOUT.as_millis()
                 )))
             });
         match made {
@@ -222,7 +220,6 @@ pub(crate) async fn run(
         .labels(&selector(&cfg))
         .timeout(WATCH_TIMEOUT_S);
     let mut events = std::pin::pin!(watcher::watcher(api, wc).backoff(backoff));
-    let settle = SETTLE;
     let mut slices = Slices::default();
     // `settle` after the first event of a burst, however many follow.
     let mut due: Option<Instant> = None;
@@ -244,7 +241,7 @@ pub(crate) async fn run(
                 None => return,
                 Some(Ok(ev)) => {
                     if slices.event(ev, &cfg) && due.is_none() {
-                        due = Some(Instant::now() + settle);
+                        due = Some(Instant::now() + SETTLE);
                     }
                 }
                 Some(Err(e)) => p.failed(&pool.model, &DiscoveryError::Watch(e.to_string())),
@@ -263,13 +260,14 @@ pub(crate) async fn run(
 /// Doubling waits up to [`MAX_BACKOFF`], jittered; reset by every event.
 #[derive(Debug)]
 struct Backoff {
-    first: Duration,
     next: Duration,
 }
 
-impl Backoff {
-    fn new(first: Duration) -> Self {
-        Backoff { first, next: first }
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: FIRST_BACKOFF,
+        }
     }
 }
 
@@ -285,7 +283,7 @@ impl Iterator for Backoff {
 
 impl kube::runtime::utils::Backoff for Backoff {
     fn reset(&mut self) {
-        self.next = self.first;
+        self.next = FIRST_BACKOFF;
     }
 }
 
@@ -410,13 +408,13 @@ mod tests {
 
     #[test]
     fn the_backoff_doubles_to_its_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100));
+        let mut b = Backoff::default();
         let waits: Vec<Duration> = (0..12).map(|_| b.next().unwrap()).collect();
-        assert!(waits[0] <= Duration::from_millis(100) && waits[0] >= Duration::from_millis(75));
-        assert!(waits[1] >= Duration::from_millis(150));
+        assert!(waits[0] <= FIRST_BACKOFF && waits[0] >= FIRST_BACKOFF.mul_f64(0.75));
+        assert!(waits[1] >= FIRST_BACKOFF.mul_f64(1.5));
         assert!(waits.iter().all(|w| *w <= MAX_BACKOFF));
         assert!(waits[11] >= MAX_BACKOFF.mul_f64(0.75));
         b.reset();
-        assert!(b.next().unwrap() <= Duration::from_millis(100));
+        assert!(b.next().unwrap() <= FIRST_BACKOFF);
     }
 }

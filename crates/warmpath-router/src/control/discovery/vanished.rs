@@ -46,11 +46,8 @@ impl Vanished {
 
     /// Takes `b`'s mark when it is still the member that was set aside.
     pub(super) fn take(&self, b: &Arc<Backend>) -> bool {
-        let mut m = self.by_id.lock();
-        match m.remove(b.endpoint.id()) {
-            Some(g) if Arc::ptr_eq(&g.member, b) => true,
-            Some(_) | None => false,
-        }
+        let gone = self.by_id.lock().remove(b.endpoint.id());
+        gone.is_some_and(|g| Arc::ptr_eq(&g.member, b))
     }
 
     /// When `b`'s grace began, if `b` itself was set aside.

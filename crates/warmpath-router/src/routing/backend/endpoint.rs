@@ -31,13 +31,10 @@ impl std::fmt::Display for Origin {
 
 /// A backend's identity, address and what it serves.
 pub(crate) struct Endpoint {
-    /// Worker id (the agent's id; `x-warmpath-backend`).
-    id: String,
     url: BackendUrl,
     /// Slot in the pool's cache index.
     slot: WorkerSlot,
     origin: Origin,
-    /// The config it was added with (a reload compares url and adapters).
     configured: BackendConfig,
     /// Its own `api_key` as an `Authorization` value.
     auth: Option<HeaderValue>,
@@ -51,7 +48,7 @@ pub(crate) struct Endpoint {
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Endpoint")
-            .field("id", &self.id)
+            .field("id", &self.id())
             .field("url", &self.url)
             .field("slot", &self.slot)
             .finish_non_exhaustive()
@@ -67,7 +64,6 @@ impl Endpoint {
         origin: Origin,
     ) -> Self {
         Endpoint {
-            id: cfg.id().to_owned(),
             url,
             slot,
             origin,
@@ -79,8 +75,9 @@ impl Endpoint {
         }
     }
 
+    /// Worker id (the agent's id; `x-warmpath-backend`).
     pub(crate) fn id(&self) -> &str {
-        &self.id
+        self.configured.id()
     }
 
     pub(crate) fn url(&self) -> &BackendUrl {

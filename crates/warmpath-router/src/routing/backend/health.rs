@@ -54,10 +54,24 @@ impl Health {
         self.is_healthy() && self.probe_ok.load(Ordering::Relaxed)
     }
 
-    /// Records a failure, ejecting only if `room()` allows; true when it ejected.
-    pub(super) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
-        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        n >= eject_after && self.is_healthy() && room() && self.eject(eject_after)
+    /// Records a failed request (or active `probe`), ejecting only if `room()`
+    /// allows; true when it ejected.
+    pub(super) fn failed_within(
+        &self,
+        probe: bool,
+        eject_after: u32,
+        room: impl FnOnce() -> bool,
+    ) -> bool {
+        let count = if probe {
+            self.probe_ok.store(false, Ordering::Relaxed);
+            &self.probe_failures
+        } else {
+            &self.consecutive_failures
+        };
+        let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+        let ejected = n >= eject_after && self.is_healthy() && room() && self.eject(eject_after);
+        self.update_gauge();
+        ejected
     }
 
     /// Records an answer below 500.
@@ -66,19 +80,6 @@ impl Health {
         if self.ejections.load(Ordering::Relaxed) > 0 {
             self.streak.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// Records a failed active probe, ejecting only if `room()` allows it.
-    pub(super) fn probe_failed_within(
-        &self,
-        eject_after: u32,
-        room: impl FnOnce() -> bool,
-    ) -> bool {
-        self.probe_ok.store(false, Ordering::Relaxed);
-        let n = self.probe_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        let ejected = n >= eject_after && self.is_healthy() && room() && self.eject(eject_after);
-        self.update_gauge();
-        ejected
     }
 
     /// Records a passing probe; true when this brought the backend back.
@@ -149,11 +150,11 @@ mod tests {
     }
 
     fn failed(h: &Health, eject_after: u32) -> bool {
-        h.failed_within(eject_after, || true)
+        h.failed_within(false, eject_after, || true)
     }
 
     fn probe_failed(h: &Health, eject_after: u32) -> bool {
-        h.probe_failed_within(eject_after, || true)
+        h.failed_within(true, eject_after, || true)
     }
 
     #[test]
@@ -172,9 +173,12 @@ mod tests {
     #[test]
     fn no_room_no_ejection() {
         let h = health();
-        assert!(!h.failed_within(1, || false), "the pool may not lose it");
+        assert!(
+            !h.failed_within(false, 1, || false),
+            "the pool may not lose it"
+        );
         assert!(h.is_healthy());
-        assert!(h.failed_within(1, || true));
+        assert!(h.failed_within(false, 1, || true));
     }
 
     #[test]

@@ -47,31 +47,23 @@ impl Backend {
     /// Records a failure; true when this ejected the backend.
     #[cfg(test)]
     pub(crate) fn failed(&self, eject_after: u32) -> bool {
-        self.failed_within(eject_after, || true)
-    }
-
-    /// [`Backend::failed`], ejecting only if `room()` allows it.
-    pub(crate) fn failed_within(&self, eject_after: u32, room: impl FnOnce() -> bool) -> bool {
-        let ejected = self.health.failed_within(eject_after, room);
-        if ejected {
-            self.load.changed();
-        }
-        ejected
+        self.failed_within(false, eject_after, || true)
     }
 
     /// Records a failed active probe; true when this ejected the backend.
     #[cfg(test)]
     pub(crate) fn probe_failed(&self, eject_after: u32) -> bool {
-        self.probe_failed_within(eject_after, || true)
+        self.failed_within(true, eject_after, || true)
     }
 
-    /// [`Backend::probe_failed`], ejecting only if `room()` allows it.
-    pub(crate) fn probe_failed_within(
+    /// [`Health::failed_within`]: a failed request (or `probe`), ejecting only if `room()` allows it.
+    pub(crate) fn failed_within(
         &self,
+        probe: bool,
         eject_after: u32,
         room: impl FnOnce() -> bool,
     ) -> bool {
-        let ejected = self.health.probe_failed_within(eject_after, room);
+        let ejected = self.health.failed_within(probe, eject_after, room);
         if ejected {
             self.load.changed();
         }
