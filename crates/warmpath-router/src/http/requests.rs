@@ -6,10 +6,6 @@ use crate::routing::pool::Pool;
 /// The access log's target: off unless `RUST_LOG` names it.
 pub const ACCESS_TARGET: &str = "warmpath_router::access";
 
-/// Whether access lines are written (read per request: cached by tracing).
-pub(crate) fn access_logged() -> bool {
-    tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO)
-}
 use crate::http::layer::Layer;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use metrics::Histogram;

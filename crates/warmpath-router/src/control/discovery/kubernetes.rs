@@ -176,14 +176,6 @@ pub(crate) async fn list_once(cfg: &KubernetesDiscovery) -> Result<Answer, Disco
     nonempty(got?, cfg)
 }
 
-/// Waits `d` unless `cancel` fires first (false then).
-async fn pause(cancel: &CancellationToken, d: Duration) -> bool {
-    tokio::select! {
-        () = cancel.cancelled() => false,
-        () = tokio::time::sleep(d) => true,
-    }
-}
-
 /// Watches until `cancel` fires, applying the union after each settled change.
 pub(crate) async fn run(
     s: Arc<Shared>,
@@ -208,8 +200,9 @@ pub(crate) async fn run(
             Err(e) => {
                 p.failed(&pool.model, &e);
                 let wait = backoff.next().unwrap_or(MAX_BACKOFF);
-                if !pause(&cancel, wait).await {
-                    return;
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
                 }
             }
         }

@@ -27,8 +27,9 @@ async fn answer(
 ) -> Option<Answer> {
     // Validation made sure `dns` is set.
     let cfg = p.config.dns.as_ref()?;
+    let timeout = provider::dns_timeout(p.interval(probe_ms));
     if dns.is_none() {
-        match dns::Dns::new(cfg, provider::dns_timeout(p.interval(probe_ms))) {
+        match dns::Dns::new(cfg, timeout) {
             Ok(d) => *dns = Some(d),
             Err(e) => {
                 p.failed(pool, &e);
@@ -37,7 +38,8 @@ async fn answer(
         }
     }
     let d = dns.as_ref()?;
-    let limit = p.round_limit(probe_ms);
+    // A whole round looks SRV targets up one by one.
+    let limit = timeout.saturating_mul(4);
     let late = |_| {
         let ms = limit.as_millis();
         Err(DiscoveryError::Lookup(format!("no answer within {ms} ms")))

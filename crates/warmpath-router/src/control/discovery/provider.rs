@@ -67,11 +67,6 @@ impl Provider {
         self.interval(probe_ms).saturating_mul(GRACE_ROUNDS)
     }
 
-    /// Longest a whole round may take (SRV targets are looked up one by one).
-    pub(super) fn round_limit(&self, probe_ms: u64) -> Duration {
-        dns_timeout(self.interval(probe_ms)).saturating_mul(4)
-    }
-
     pub(super) fn failed(&self, pool: &str, e: &DiscoveryError) {
         let msg = e.to_string();
         let mut st = self.status.lock();
