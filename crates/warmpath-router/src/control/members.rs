@@ -112,17 +112,11 @@ fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
         "in_flight": b.load.in_flight(),
         "adapters": b.endpoint.adapters(),
         "index_blocks": p.index.block_count(b.endpoint.slot()),
-        "missing_for_ms": missing_for_ms(p, b.endpoint.id()),
+        // How long a discovered member has been gone from its provider's answers.
+        "missing_for_ms": p.discovery.iter().find_map(|d| d.vanished.since(b.endpoint.id()))
+            .map(|t| t.elapsed().as_millis() as u64),
         "agent": agent,
     })
-}
-
-/// How long a discovered member has been gone from its provider's answers.
-fn missing_for_ms(p: &Pool, id: &str) -> Option<u64> {
-    p.discovery
-        .iter()
-        .find_map(|d| d.vanished.since(id))
-        .map(|t| t.elapsed().as_millis() as u64)
 }
 
 /// `id` is no longer a discovery provider's to bring back.
