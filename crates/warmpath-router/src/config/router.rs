@@ -179,16 +179,11 @@ pub struct UpstreamConfig {
 /// A credential, shown as `<redacted>` in any debug output.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Secret(String);
+pub struct Secret(pub(super) String);
 
 impl Secret {
     pub fn new(value: impl Into<String>) -> Self {
         Secret(value.into())
-    }
-
-    /// The value itself, for the one place that sends it.
-    pub fn expose(&self) -> &str {
-        &self.0
     }
 
     /// `Authorization: Bearer <value>`, marked sensitive (kept out of HPACK tables).

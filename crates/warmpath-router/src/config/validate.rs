@@ -161,7 +161,7 @@ impl RouterConfig {
         for (at, key) in keys {
             if key
                 .as_ref()
-                .is_some_and(|k| k.expose().is_empty() || k.bearer().is_none())
+                .is_some_and(|k| k.0.is_empty() || k.bearer().is_none())
             {
                 // Never echo the key itself.
                 return Err(invalid(at, "must be 1 or more visible ASCII characters"));
