@@ -27,11 +27,12 @@ pub(crate) struct ConnLimits {
 /// Every open connection, counted.
 #[derive(Debug)]
 pub(crate) struct Conns {
-    limits: ConnLimits,
+    pub(crate) limits: ConnLimits,
     open: AtomicUsize,
     pressure_at: usize,
-    /// Wakes the watchdogs when the open count crossed `pressure_at`.
-    pressure: Notify,
+    /// Wakes the watchdogs to look again: the open count crossed `pressure_at`,
+    /// or accept ran out of descriptors.
+    pub(crate) pressure: Notify,
     /// Woken when a connection closes (for [`Conns::all_closed`]).
     closed: Notify,
     open_gauge: metrics::Gauge,
@@ -49,10 +50,6 @@ impl Conns {
             open_gauge: metrics::gauge!("warmpath_connections_open"),
             refused: metrics::counter!("warmpath_connections_refused_total"),
         })
-    }
-
-    pub(crate) fn limits(&self) -> &ConnLimits {
-        &self.limits
     }
 
     /// Counts one more connection, or refuses it when `max_connections` are open.
@@ -81,16 +78,6 @@ impl Conns {
     /// Whether the limit is near: idle connections get a short keep-alive.
     pub(crate) fn under_pressure(&self) -> bool {
         self.open() > self.pressure_at
-    }
-
-    /// Wakes every watchdog to look again (accept ran out of descriptors).
-    pub(crate) fn press(&self) {
-        self.pressure.notify_waiters();
-    }
-
-    /// Completes at the next wake-up of the watchdogs (see [`Conns::press`]).
-    pub(crate) fn pressed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.pressure.notified()
     }
 
     pub(crate) async fn all_closed(&self) {

@@ -137,7 +137,7 @@ pub(crate) async fn serve(
 ) {
     let grace = Duration::from_millis(shared.config.server.drain_grace_ms);
     let timeout = shared.config.server.shutdown_timeout();
-    let refusal = refusal(conns.limits().max_connections);
+    let refusal = refusal(conns.limits.max_connections);
     let closing = CancellationToken::new();
     let mut backoff = AcceptBackoff::default();
     let mut grace_over = pin!(async {
@@ -159,7 +159,7 @@ pub(crate) async fn serve(
                 }
                 Err(e) => {
                     // Out of file descriptors, most likely: idle ones close first.
-                    conns.press();
+                    conns.pressure.notify_waiters();
                     tokio::time::sleep(backoff.failed(&e)).await;
                     continue;
                 }
@@ -211,7 +211,7 @@ async fn connection(
     closing: CancellationToken,
 ) {
     let conns = Arc::clone(&slot.conns);
-    let limits = *conns.limits();
+    let limits = conns.limits;
     let activity = Arc::clone(&slot.activity);
     let halt = front.shared.halt.clone();
     let recheck = limits.header_timeout.min(limits.keepalive_idle);
@@ -240,7 +240,7 @@ async fn connection(
                 None => now + recheck.as_millis() as u64,
             },
         };
-        let pressed = conns.pressed();
+        let pressed = conns.pressure.notified();
         let changed = activity.changed();
         tokio::select! {
             biased;
