@@ -127,9 +127,9 @@ pub async fn start(
         .as_ref()
         .map(|_| Arc::new(ingest::Agents::default()));
     if let Some(a) = &agents {
-        a.peers().set_enabled(config.ingest.share_decisions);
+        a.peers.set_enabled(config.ingest.share_decisions);
         if let Some(secret) = &config.agent_secret {
-            a.peers().sign_with(warmpath_proto::fact_key(secret));
+            a.peers.sign_with(warmpath_proto::fact_key(secret));
         }
     }
     let shared = Arc::new(Shared::new(

@@ -99,7 +99,7 @@ async fn status_of(s: &Shared, b: &Backend, path: &str) -> Option<StatusCode> {
     let timeout = s.config.health.probe_timeout();
     let mut req = Request::builder()
         .method(Method::GET)
-        .uri(b.endpoint.url().join(path).ok()?)
+        .uri(b.endpoint.url.join(path).ok()?)
         .body(Full::new(Bytes::new()))
         .ok()?;
     b.endpoint

@@ -200,7 +200,7 @@ async fn reload_members(
                     .ignored
                     .push(format!("pool {model:?}: backend {id:?} not added: {e}")),
             },
-            Some(m) if *m.endpoint.origin() == Origin::Config && m.endpoint.configured() != b => {
+            Some(m) if m.endpoint.origin == Origin::Config && m.endpoint.configured != *b => {
                 r.ignored.push(format!(
                     "pool {model:?}: backend {id:?} changed its url: remove it and add it again"
                 ))
@@ -210,7 +210,7 @@ async fn reload_members(
     }
     for m in members
         .iter()
-        .filter(|m| *m.endpoint.origin() == Origin::Config)
+        .filter(|m| m.endpoint.origin == Origin::Config)
     {
         let id = m.endpoint.id();
         if m.load.is_draining() || pc.backends.iter().any(|b| b.id() == id) {

@@ -185,7 +185,7 @@ async fn send(
     path: &str,
     json_body: Option<Bytes>,
 ) -> Option<(StatusCode, Bytes)> {
-    let mut req = Request::builder().uri(b.endpoint.url().join(path).ok()?);
+    let mut req = Request::builder().uri(b.endpoint.url.join(path).ok()?);
     if json_body.is_some() {
         req = req
             .method(Method::POST)

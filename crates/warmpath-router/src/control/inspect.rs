@@ -94,12 +94,12 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 .and_then(|a| a.status_of(&p.model, b.endpoint.id(), now));
             json!({
                 "worker_id": b.endpoint.id(),
-                "url": b.endpoint.url().to_string(),
+                "url": b.endpoint.url.to_string(),
                 "healthy": b.health.is_healthy(),
                 "in_flight": b.load.in_flight(),
                 "pending_prefill_blocks": b.load.pending_prefill_blocks(),
                 "blocks": st.map_or(0, |w| w.blocks),
-                "cap_blocks": p.index.worker_cap(b.endpoint.slot()),
+                "cap_blocks": p.index.worker_cap(b.endpoint.slot),
                 "tiers": {
                     "gpu": st.map_or(0, |w| w.gpu_blocks),
                     "cpu": st.map_or(0, |w| w.cpu_blocks),
@@ -113,7 +113,7 @@ fn pool_view(s: &Shared, p: &Pool, top: usize) -> Value {
                 "agent": agent,
                 "adapters": b.endpoint.adapters(),
                 "draining": b.load.is_draining(),
-                "origin": b.endpoint.origin().to_string(),
+                "origin": b.endpoint.origin.to_string(),
             })
         })
         .collect();
@@ -235,7 +235,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
         .iter()
         .zip(&loads)
         .map(|(b, l)| {
-            let m = plan.matches.as_ref().and_then(|m| m.of(b.endpoint.slot()));
+            let m = plan.matches.as_ref().and_then(|m| m.of(b.endpoint.slot));
             json!({
                 "worker_id": b.endpoint.id(),
                 "matched_blocks": m.map_or(0, |m| m.blocks),

@@ -104,14 +104,14 @@ fn member_view(s: &Shared, p: &Pool, b: &Backend, now_ms: u64) -> Value {
         .and_then(|a| a.status_of(&p.model, b.endpoint.id(), now_ms));
     json!({
         "worker_id": b.endpoint.id(),
-        "url": b.endpoint.url().to_string(),
-        "origin": b.endpoint.origin().to_string(),
+        "url": b.endpoint.url.to_string(),
+        "origin": b.endpoint.origin.to_string(),
         "healthy": b.health.is_healthy(),
         "verified": b.health.is_verified(),
         "draining": b.load.is_draining(),
         "in_flight": b.load.in_flight(),
         "adapters": b.endpoint.adapters(),
-        "index_blocks": p.index.block_count(b.endpoint.slot()),
+        "index_blocks": p.index.block_count(b.endpoint.slot),
         // How long a discovered member has been gone from its provider's answers.
         "missing_for_ms": p.discovery.iter().find_map(|d| d.vanished.since(b.endpoint.id()))
             .map(|t| t.elapsed().as_millis() as u64),

@@ -98,7 +98,7 @@ impl Shared {
     pub(crate) fn decisions(&self) -> Option<&dyn DecisionSink> {
         self.agents
             .as_deref()
-            .filter(|a| a.peers().enabled())
+            .filter(|a| a.peers.enabled())
             .map(|a| a as &dyn DecisionSink)
     }
 

@@ -155,15 +155,10 @@ pub struct Agents {
     /// Bumped whenever a worker's entry (and so its [`EngineCell`]) comes or goes.
     generation: AtomicU64,
     /// Decision sharing with the other router replicas, over these streams.
-    peers: Arc<crate::ingest::peers::Peers>,
+    pub(crate) peers: Arc<crate::ingest::peers::Peers>,
 }
 
 impl Agents {
-    /// Decision sharing over the agents' streams (see [`crate::ingest::peers`]).
-    pub(crate) fn peers(&self) -> &Arc<crate::ingest::peers::Peers> {
-        &self.peers
-    }
-
     /// Gives the worker to a new stream; refuses an older epoch only while the
     /// known one's stream is up (a restart with its clock behind gets in).
     pub(crate) fn claim(

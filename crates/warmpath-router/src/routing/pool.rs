@@ -325,7 +325,7 @@ impl Pool {
             self.index.drop_worker(id);
             return Err(e);
         }
-        tracing::info!(pool = %self.model, backend = %id, url = %b.endpoint.url(), "backend added");
+        tracing::info!(pool = %self.model, backend = %id, url = %b.endpoint.url, "backend added");
         Ok(b)
     }
 
@@ -363,10 +363,10 @@ impl Pool {
         };
         let b = Arc::new(Backend::new(
             &self.model,
-            old.endpoint.configured(),
-            old.endpoint.url().clone(),
-            old.endpoint.slot(),
-            old.endpoint.origin().clone(),
+            &old.endpoint.configured,
+            old.endpoint.url.clone(),
+            old.endpoint.slot,
+            old.endpoint.origin.clone(),
         ));
         b.endpoint.set_learned_adapters(old.endpoint.adapters());
         b.endpoint.set_learned_cards(old.endpoint.learned_cards());
@@ -448,7 +448,7 @@ fn snapshot(backends: &[Arc<Backend>]) -> Vec<PolicyBackend> {
         .iter()
         .map(|b| PolicyBackend {
             id: b.endpoint.id().to_owned(),
-            slot: b.endpoint.slot(),
+            slot: b.endpoint.slot,
             capacity_blocks: None,
         })
         .collect()

@@ -21,7 +21,7 @@ fn pools_register_backends_and_resolve_adapters() {
     let p = pools.get("m").unwrap();
     assert_eq!(
         p.index.worker_slot("b"),
-        Some(p.backends()[1].endpoint.slot())
+        Some(p.backends()[1].endpoint.slot)
     );
     assert_eq!(p.policy().strategy, Strategy::PrefixAware);
     // Adapters are learned from the engines' /v1/models.
@@ -67,7 +67,7 @@ fn members_are_added_removed_and_drained_keeping_the_others_index() {
     let b = p.backends()[1].clone();
     p.index
         .store(
-            b.endpoint.slot(),
+            b.endpoint.slot,
             warmpath_core::Tier::Gpu,
             &[warmpath_core::BlockHash(7)],
         )
@@ -98,7 +98,7 @@ fn members_are_added_removed_and_drained_keeping_the_others_index() {
         "entries dropped"
     );
     assert_eq!(
-        p.index.block_count(b.endpoint.slot()),
+        p.index.block_count(b.endpoint.slot),
         1,
         "the others keep theirs"
     );
@@ -196,13 +196,13 @@ fn seventy_thousand_adds_and_removals_leave_room_to_join() {
         };
         let b = p.add_backend(&cfg, Origin::Admin).unwrap();
         assert!(
-            b.endpoint.slot() <= 3,
+            b.endpoint.slot <= 3,
             "slot {} at cycle {i}",
-            b.endpoint.slot()
+            b.endpoint.slot
         );
         if i % 7 == 0 {
             p.index
-                .store(b.endpoint.slot(), warmpath_core::Tier::Gpu, &held)
+                .store(b.endpoint.slot, warmpath_core::Tier::Gpu, &held)
                 .unwrap();
         }
         p.remove_backend(&id, true).unwrap();
@@ -221,26 +221,26 @@ fn a_new_member_never_inherits_a_removed_ones_cache_claims() {
         .unwrap();
     let chain = [warmpath_core::BlockHash(1), warmpath_core::BlockHash(2)];
     p.index
-        .store(old.endpoint.slot(), warmpath_core::Tier::Gpu, &chain)
+        .store(old.endpoint.slot, warmpath_core::Tier::Gpu, &chain)
         .unwrap();
     p.remove_backend(old.endpoint.id(), true).unwrap();
     // Its holders are still in the map: its slot is not taken.
     let new = p
         .add_backend(&BackendConfig::new("http://127.0.0.1:4"), Origin::Admin)
         .unwrap();
-    assert_ne!(new.endpoint.slot(), old.endpoint.slot());
+    assert_ne!(new.endpoint.slot, old.endpoint.slot);
     assert!(p.index.longest_match(&chain).workers.is_empty());
     // After the compaction the slot is reused, and claims nothing.
     p.compact_removed();
     let again = p
         .add_backend(&BackendConfig::new("http://127.0.0.1:5"), Origin::Admin)
         .unwrap();
-    assert_eq!(again.endpoint.slot(), old.endpoint.slot());
-    assert_eq!(p.index.block_count(again.endpoint.slot()), 0);
+    assert_eq!(again.endpoint.slot, old.endpoint.slot);
+    assert_eq!(p.index.block_count(again.endpoint.slot), 0);
     assert!(p
         .index
         .longest_match(&chain)
-        .of(again.endpoint.slot())
+        .of(again.endpoint.slot)
         .is_none());
 }
 
@@ -251,7 +251,7 @@ fn a_restored_member_keeps_its_slot_index_and_placements() {
     let b = p.backends()[1].clone();
     p.index
         .store(
-            b.endpoint.slot(),
+            b.endpoint.slot,
             warmpath_core::Tier::Gpu,
             &[warmpath_core::BlockHash(7)],
         )
@@ -263,10 +263,10 @@ fn a_restored_member_keeps_its_slot_index_and_placements() {
     assert!(!back.load.is_draining());
     assert!(!Arc::ptr_eq(&back, &b));
     assert_eq!(
-        (back.endpoint.id(), back.endpoint.slot()),
-        ("b", b.endpoint.slot())
+        (back.endpoint.id(), back.endpoint.slot),
+        ("b", b.endpoint.slot)
     );
-    assert_eq!(p.index.block_count(back.endpoint.slot()), 1, "index kept");
+    assert_eq!(p.index.block_count(back.endpoint.slot), 1, "index kept");
     assert!(back.endpoint.serves_adapter("sql") && back.endpoint.serves_adapter("learned"));
     assert!(Arc::ptr_eq(&p.backend("b").unwrap(), &back));
     assert!(

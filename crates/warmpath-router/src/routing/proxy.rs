@@ -69,7 +69,7 @@ fn upstream_request(
 ) -> Result<Request<Full<Bytes>>, ApiError> {
     let uri = backend
         .endpoint
-        .url()
+        .url
         .join(out.path_and_query)
         .map_err(|e| ApiError::internal(format!("cannot build the upstream URL: {e}")))?;
     let mut req = Request::builder()
@@ -250,7 +250,7 @@ fn respond(
     tap: Option<IdTap>,
 ) -> Response {
     let (parts, incoming) = resp.into_parts();
-    let backend_id = guard.backend().endpoint.id().to_owned();
+    let backend_id = guard.backend.endpoint.id().to_owned();
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -291,7 +291,7 @@ fn ended(held: &mut Held, ok: bool) {
         return;
     };
     if ok {
-        guard.backend().health.succeeded();
+        guard.backend.health.succeeded();
         guard.outcome(Outcome::Ok);
     } else {
         guard.outcome(Outcome::ServerError);
@@ -432,7 +432,7 @@ impl HttpBody for TrackedBody {
         let Some(mut guard) = held.guard.take() else {
             return Poll::Ready(None);
         };
-        let backend = guard.backend().endpoint.id();
+        let backend = guard.backend.endpoint.id();
         let named = shown(this.pool, backend);
         let (outcome, err) = match &cut {
             Cut::Failed(e) => {
@@ -445,7 +445,7 @@ impl HttpBody for TrackedBody {
                 let ms = this.up.stream_idle_timeout.as_millis();
                 tracing::warn!(pool = %this.pool.model, %backend, idle_ms = ms as u64,
                     "backend went silent mid-response; cut off");
-                count_failure(this.up, this.pool, guard.backend());
+                count_failure(this.up, this.pool, &guard.backend);
                 let message = format!("{named} sent nothing for {ms} ms");
                 (Outcome::Timeout, ApiError::upstream_timeout(message))
             }

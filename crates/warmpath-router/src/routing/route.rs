@@ -344,7 +344,7 @@ fn pinned(plan: &Plan, excluded: &[usize]) -> Option<Decision> {
         matched_blocks: plan
             .matches
             .as_ref()
-            .and_then(|m| m.of(plan.policy.backends[i].endpoint.slot()))
+            .and_then(|m| m.of(plan.policy.backends[i].endpoint.slot))
             .map_or(0, |m| m.blocks),
     })
 }

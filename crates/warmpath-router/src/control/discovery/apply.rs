@@ -18,10 +18,10 @@ pub(super) async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: 
     for (id, url) in &set {
         if let Some(b) = members.iter().find(|b| b.endpoint.id() == id) {
             // Ours at a new URL (a pod at a new IP): replaced now, even the last one.
-            let moved = *b.endpoint.origin() == origin && b.endpoint.url().to_string() != *url;
+            let moved = b.endpoint.origin == origin && b.endpoint.url.to_string() != *url;
             if !moved {
                 // Ours (back within its grace?), or a static member.
-                if *b.endpoint.origin() == origin {
+                if b.endpoint.origin == origin {
                     changed |= grace::returned(s, pool, p, b).await;
                 }
                 continue;
@@ -46,7 +46,7 @@ pub(super) async fn apply(s: &Arc<Shared>, pool: &Arc<Pool>, p: &Provider, set: 
             }
         }
     }
-    for b in members.iter().filter(|b| *b.endpoint.origin() == origin) {
+    for b in members.iter().filter(|b| b.endpoint.origin == origin) {
         if !set.contains_key(b.endpoint.id()) {
             changed |= grace::missing(s, pool, p, b, now);
         }

@@ -31,11 +31,12 @@ impl std::fmt::Display for Origin {
 
 /// A backend's identity, address and what it serves.
 pub(crate) struct Endpoint {
-    url: BackendUrl,
+    pub(crate) url: BackendUrl,
     /// Slot in the pool's cache index.
-    slot: WorkerSlot,
-    origin: Origin,
-    configured: BackendConfig,
+    pub(crate) slot: WorkerSlot,
+    pub(crate) origin: Origin,
+    /// The config it was added with (a reload compares url and adapters).
+    pub(crate) configured: BackendConfig,
     /// Its own `api_key` as an `Authorization` value.
     auth: Option<HeaderValue>,
     /// Whether a probe answered 401/403 was logged (once a backend).
@@ -78,23 +79,6 @@ impl Endpoint {
     /// Worker id (the agent's id; `x-warmpath-backend`).
     pub(crate) fn id(&self) -> &str {
         self.configured.id()
-    }
-
-    pub(crate) fn url(&self) -> &BackendUrl {
-        &self.url
-    }
-
-    pub(crate) fn slot(&self) -> WorkerSlot {
-        self.slot
-    }
-
-    pub(crate) fn origin(&self) -> &Origin {
-        &self.origin
-    }
-
-    /// The config it was added with (a reload compares url and adapters).
-    pub(crate) fn configured(&self) -> &BackendConfig {
-        &self.configured
     }
 
     /// Whether this backend serves `adapter` (learned from its `/v1/models`).

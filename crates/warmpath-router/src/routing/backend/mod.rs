@@ -108,7 +108,7 @@ impl Member for Backend {
 /// One request in flight on a backend; dropping it ends it and counts its [`Outcome`].
 #[derive(Debug)]
 pub(crate) struct FlightGuard {
-    backend: Arc<Backend>,
+    pub(crate) backend: Arc<Backend>,
     prefill_blocks: u64,
     outcome: Outcome,
     /// The same request as told to the other router replicas.
@@ -116,10 +116,6 @@ pub(crate) struct FlightGuard {
 }
 
 impl FlightGuard {
-    pub(crate) fn backend(&self) -> &Arc<Backend> {
-        &self.backend
-    }
-
     /// The first upstream byte arrived: prefill is done, stop counting its blocks.
     pub(crate) fn first_byte(&mut self) {
         if let Some(s) = &mut self.share {
