@@ -97,7 +97,7 @@ pub(crate) async fn probe(shared: &Shared, pool: &Pool, b: &Arc<Backend>) {
             }
         }
         Verdict::Fail if !ejected => {
-            let _one_at_a_time = pool.ejecting();
+            let _one_at_a_time = pool.ejecting.lock();
             let room = || pool.room_to_eject(h.max_ejection_percent);
             if b.failed_within(true, h.eject_after, room) {
                 tracing::warn!(pool = %pool.model, backend = %b.endpoint.id(), probe = ?h.probe,

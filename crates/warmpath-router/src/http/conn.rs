@@ -120,7 +120,7 @@ pub(crate) struct Activity {
     /// Since when a write to the client has been waiting for it to read.
     write_blocked: AtomicU64,
     /// Wakes the watchdog when its deadline may have moved earlier.
-    changed: Notify,
+    pub(crate) changed: Notify,
 }
 
 impl Activity {
@@ -133,11 +133,6 @@ impl Activity {
             write_blocked: AtomicU64::new(0),
             changed: Notify::new(),
         }
-    }
-
-    /// Completes when the connection's deadline may have moved earlier.
-    pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.changed.notified()
     }
 
     /// A request began (its head is in); the returned guard ends it.

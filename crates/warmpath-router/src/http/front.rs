@@ -241,7 +241,7 @@ async fn connection(
             },
         };
         let pressed = conns.pressure.notified();
-        let changed = activity.changed();
+        let changed = activity.changed.notified();
         tokio::select! {
             biased;
             r = conn.as_mut() => {

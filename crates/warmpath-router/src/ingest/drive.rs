@@ -61,7 +61,7 @@ pub(super) async fn drive(
     };
     tracing::info!(block_size = hello.block_size, "agent connected");
     let peers = Arc::clone(&sh.agents.peers);
-    let stream_id = ws.stream_id();
+    let stream_id = ws.stream_id;
     peers.attach(&hello.model, &hello.worker_id, stream_id, tx.clone());
     let gate = sh.gates.of(&hello.model);
     let throttled_log = LogEvery::default();

@@ -114,7 +114,7 @@ pub(crate) struct WorkerStream {
     key: AgentKey,
     slot: WorkerSlot,
     epoch: u64,
-    stream_id: u64,
+    pub(crate) stream_id: u64,
     /// This worker's per-message status (atomics: no registry lock).
     pub(crate) live: Arc<Live>,
     counters: Counters,
@@ -186,10 +186,6 @@ impl WorkerStream {
             refusal_log: LogEvery::default(),
             unreported: 0,
         })
-    }
-
-    pub(crate) fn stream_id(&self) -> u64 {
-        self.stream_id
     }
 
     pub(crate) fn owns(&self) -> bool {

@@ -116,7 +116,8 @@ pub(crate) struct Pool {
     policy: RwLock<Arc<PolicyState>>,
     /// Held while a new policy state is built and installed, so two changes never lose one another.
     changing: Mutex<()>,
-    ejecting: Mutex<()>,
+    /// Held while a failure may eject a member (two cannot both pass the room check).
+    pub ejecting: Mutex<()>,
     compaction: Compaction,
     /// As configured; [`Pool::prompt_cap`] is the cap in effect.
     pub max_prompt_tokens: Option<usize>,
@@ -238,11 +239,6 @@ impl Pool {
                 .increment(1);
         }
         room
-    }
-
-    /// Held while a failure may eject a member (two cannot both pass the room check).
-    pub(crate) fn ejecting(&self) -> parking_lot::MutexGuard<'_, ()> {
-        self.ejecting.lock()
     }
 
     pub(crate) fn backend(&self, id: &str) -> Option<Arc<Backend>> {

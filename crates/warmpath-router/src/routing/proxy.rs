@@ -53,7 +53,7 @@ pub(crate) fn rejected(e: ApiError) -> Response {
 
 /// Counts a failure of `backend` toward ejection, within `health.max_ejection_percent`.
 fn count_failure(up: &Upstream, pool: &Pool, backend: &Backend) {
-    let _one_at_a_time = pool.ejecting();
+    let _one_at_a_time = pool.ejecting.lock();
     if backend.failed_within(false, up.eject_after, || {
         pool.room_to_eject(up.max_ejection_percent)
     }) {

@@ -216,7 +216,7 @@ pub(crate) async fn run(
     let mut slices = Slices::default();
     // `settle` after the first event of a burst, however many follow.
     let mut due: Option<Instant> = None;
-    let every = p.interval(s.config.health.probe_interval_ms);
+    let every = p.config.interval(s.config.health.probe_interval_ms);
     let mut resync = tokio::time::interval_at(Instant::now() + every, every);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -27,7 +27,7 @@ async fn answer(
 ) -> Option<Answer> {
     // Validation made sure `dns` is set.
     let cfg = p.config.dns.as_ref()?;
-    let timeout = provider::dns_timeout(p.interval(probe_ms));
+    let timeout = provider::dns_timeout(p.config.interval(probe_ms));
     if dns.is_none() {
         match dns::Dns::new(cfg, timeout) {
             Ok(d) => *dns = Some(d),
@@ -95,7 +95,7 @@ pub(crate) fn spawn(s: &Arc<Shared>, cancel: &CancellationToken) -> Vec<JoinHand
             }
             tasks.push(tokio::spawn(async move {
                 let probe_ms = s.config.health.probe_interval_ms;
-                let every = p.interval(probe_ms);
+                let every = p.config.interval(probe_ms);
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut dns = None;

@@ -57,14 +57,9 @@ impl Provider {
         self.status.lock().clone()
     }
 
-    /// How often it resolves (`dns`), or re-applies its last set (`kubernetes`).
-    pub(crate) fn interval(&self, probe_ms: u64) -> Duration {
-        self.config.interval(probe_ms)
-    }
-
     /// How long a member gone from the answers stays, out of rotation.
     pub(crate) fn grace(&self, probe_ms: u64) -> Duration {
-        self.interval(probe_ms).saturating_mul(GRACE_ROUNDS)
+        self.config.interval(probe_ms).saturating_mul(GRACE_ROUNDS)
     }
 
     pub(super) fn failed(&self, pool: &str, e: &DiscoveryError) {
