@@ -94,15 +94,6 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// Whether any pool-level flag is set.
-    fn has_pool_flags(&self) -> bool {
-        !self.backends.is_empty()
-            || self.strategy.is_some()
-            || self.tokenizer.is_some()
-            || self.block_size.is_some()
-            || self.concurrency_threshold.is_some()
-    }
-
     /// Reads `--config` (if any) and lays the flags over it (not yet validated).
     pub fn load(&self) -> Result<RouterConfig, ConfigError> {
         let base = match &self.config {
@@ -136,7 +127,12 @@ impl Cli {
             &mut config.ingest.stale_after_ms,
             &self.agent_stale_after_ms,
         );
-        if self.model.is_none() && !self.has_pool_flags() {
+        let pool_flags = !self.backends.is_empty()
+            || self.strategy.is_some()
+            || self.tokenizer.is_some()
+            || self.block_size.is_some()
+            || self.concurrency_threshold.is_some();
+        if self.model.is_none() && !pool_flags {
             return Ok(config);
         }
         let idx = match &self.model {

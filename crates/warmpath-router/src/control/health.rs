@@ -41,18 +41,13 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     }
 }
 
-fn members(shared: &Shared) -> Vec<(Arc<Pool>, Arc<Backend>)> {
-    let mut all = Vec::new();
-    for p in shared.pools.all() {
-        all.extend(p.backends().iter().map(|b| (Arc::clone(p), Arc::clone(b))));
-    }
-    all
-}
-
 /// One round with backend `k` of `n` probed `k × every / n` after its start
 /// (all at once for zero), then `warmpath_ready` updated.
 pub(crate) async fn spread(shared: &Shared, every: Duration) {
-    let members = members(shared);
+    let mut members = Vec::new();
+    for p in shared.pools.all() {
+        members.extend(p.backends().iter().map(|b| (Arc::clone(p), Arc::clone(b))));
+    }
     let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
     let start = tokio::time::Instant::now();
     let probes = members.iter().enumerate().map(|(k, (p, b))| async move {

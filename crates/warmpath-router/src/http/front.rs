@@ -36,12 +36,10 @@ struct Front {
     activity: Arc<Activity>,
 }
 
-type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
-
 impl hyper::service::Service<Request<Incoming>> for Front {
     type Response = Response;
     type Error = Infallible;
-    type Future = BoxFuture;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         let busy = self.activity.begin();

@@ -17,13 +17,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Idle keep-alive connections kept per backend: a burst does not reconnect.
 const MAX_IDLE_PER_BACKEND: usize = 256;
 
-/// The pooled keep-alive client used for every backend.
-pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
-
 /// The upstream side of every forwarded request.
 #[derive(Debug)]
 pub(crate) struct Upstream {
-    pub client: UpstreamClient,
+    /// The pooled keep-alive client used for every backend.
+    pub client: Client<HttpConnector, Full<Bytes>>,
     /// `upstream.api_key` as the `Authorization` sent upstream.
     pub auth: Option<HeaderValue>,
     /// Longest wait for an answer's headers.
