@@ -223,7 +223,7 @@ pub async fn start(
             }
         }));
     }
-    tracing::info!(%http_addr, pools = shared.pools.all().len(), max_connections, "router started");
+    tracing::info!(%http_addr, pools = shared.pools.all.len(), max_connections, "router started");
     Ok(RunningRouter {
         http_addr,
         grpc_addr,

@@ -60,7 +60,7 @@ pub(crate) fn pool_cards(p: &Pool) -> Vec<Value> {
 
 /// `GET /v1/models`: every pool's cards.
 pub(crate) async fn models(State(s): State<Arc<Shared>>) -> Json<Value> {
-    let data: Vec<Value> = s.pools.all().iter().flat_map(|p| pool_cards(p)).collect();
+    let data: Vec<Value> = s.pools.all.iter().flat_map(|p| pool_cards(p)).collect();
     Json(json!({"object": "list", "data": data}))
 }
 

@@ -152,7 +152,7 @@ async fn relay(
         Err(e) => return rejected(ApiError::from(e).with_param("response_id")),
     };
     let mut held = None;
-    for pool in s.pools.all() {
+    for pool in &s.pools.all {
         let (outcome, holder) = find(&s, pool, &id).await;
         crate::control::metrics::response_affinity(&pool.model, outcome);
         if let Some(w) = holder {

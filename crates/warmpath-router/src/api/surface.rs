@@ -60,7 +60,7 @@ pub(crate) fn prepare(
 
 /// The body's `model`, else the only pool's (as vLLM defaults).
 pub(crate) fn model_or_only(s: &Shared, named: Option<String>) -> Result<String, ApiError> {
-    match (named, s.pools.all()) {
+    match (named, s.pools.all.as_slice()) {
         (Some(m), _) => Ok(m),
         (None, [only]) => Ok(only.model.clone()),
         (None, _) => Err(ApiError::bad_request(

@@ -36,7 +36,7 @@ pub(crate) async fn handle(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let models: Vec<&str> = s.pools.all().iter().map(|p| p.model.as_str()).collect();
+    let models: Vec<&str> = s.pools.all.iter().map(|p| p.model.as_str()).collect();
     let Some(res) = members::resource(&rest, &models) else {
         let named = rest
             .split_once("/backends")
@@ -170,7 +170,7 @@ pub(crate) async fn reload(
                 .push(format!("pool {model:?}: {what} changed: needs a restart"));
         }
     }
-    for p in s.pools.all() {
+    for p in &s.pools.all {
         let model = &p.model;
         if !config.pools.iter().any(|pc| pc.model == *model) {
             r.ignored.push(format!(

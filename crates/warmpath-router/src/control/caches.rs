@@ -20,7 +20,7 @@ pub(crate) struct CacheReport {
 /// Every pool's caches' counters (a pool without a tokenizer has none).
 pub(crate) fn report(s: &Shared) -> Vec<CacheReport> {
     let mut out = Vec::new();
-    for p in s.pools.all() {
+    for p in &s.pools.all {
         let mut add = |cache, hits, misses, entries| {
             out.push(CacheReport {
                 pool: p.model.clone(),

@@ -45,7 +45,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 /// (all at once for zero), then `warmpath_ready` updated.
 pub(crate) async fn spread(shared: &Shared, every: Duration) {
     let mut members = Vec::new();
-    for p in shared.pools.all() {
+    for p in &shared.pools.all {
         members.extend(p.backends().iter().map(|b| (Arc::clone(p), Arc::clone(b))));
     }
     let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);

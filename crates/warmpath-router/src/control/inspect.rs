@@ -54,7 +54,7 @@ pub(crate) async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 /// Refreshes the index gauges of every pool (also done on each scrape).
 pub(crate) fn update_gauges(s: &Shared) {
     let now = monotonic_ms();
-    for p in s.pools.all() {
+    for p in &s.pools.all {
         let stats = p.index.worker_stats(now);
         let count = |f: fn(&&_) -> bool| stats.iter().filter(f).count() as f64;
         for (name, value) in [
@@ -185,7 +185,7 @@ pub(crate) async fn cache_index(
 pub(crate) fn snapshot(s: &Shared, top: usize) -> Value {
     let top = top.min(crate::routing::hot::DEFAULT_CAPACITY);
     update_gauges(s);
-    let pools: Vec<Value> = s.pools.all().iter().map(|p| pool_view(s, p, top)).collect();
+    let pools: Vec<Value> = s.pools.all.iter().map(|p| pool_view(s, p, top)).collect();
     let caches = crate::control::caches::report(s);
     json!({
         "uptime_s": s.started.elapsed().as_secs_f64(),

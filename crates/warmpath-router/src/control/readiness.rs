@@ -14,7 +14,7 @@ fn readiness(s: &Shared) -> (bool, Vec<Value>) {
     let mut ready = !s.draining();
     let pools = s
         .pools
-        .all()
+        .all
         .iter()
         .map(|p| {
             let members = p.backends();

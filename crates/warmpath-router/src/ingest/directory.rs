@@ -50,7 +50,7 @@ impl PoolDirectory for Pools {
         self.get(model).map(|p| IngestPool::of(p))
     }
     fn pools(&self) -> Vec<IngestPool> {
-        self.all().iter().map(|p| IngestPool::of(p)).collect()
+        self.all.iter().map(|p| IngestPool::of(p)).collect()
     }
     /// Records another replica's `start` about `worker` in the pool's policy
     /// (a policy without memory records nothing).

@@ -453,7 +453,8 @@ fn snapshot(backends: &[Arc<Backend>]) -> Vec<PolicyBackend> {
 /// Every pool, by model, with LoRA adapter resolution.
 #[derive(Debug, Default)]
 pub(crate) struct Pools {
-    list: Vec<Arc<Pool>>,
+    /// All pools, in configuration order.
+    pub all: Vec<Arc<Pool>>,
     by_model: HashMap<String, Arc<Pool>>,
 }
 
@@ -472,14 +473,9 @@ impl Pools {
         for cfg in pools {
             let pool = Arc::new(Pool::build(cfg)?);
             out.by_model.insert(pool.model.clone(), Arc::clone(&pool));
-            out.list.push(pool);
+            out.all.push(pool);
         }
         Ok(out)
-    }
-
-    /// All pools, in configuration order.
-    pub(crate) fn all(&self) -> &[Arc<Pool>] {
-        &self.list
     }
 
     pub(crate) fn get(&self, model: &str) -> Option<&Arc<Pool>> {
@@ -495,7 +491,7 @@ impl Pools {
                 adapter: None,
             });
         }
-        self.list
+        self.all
             .iter()
             .find(|p| {
                 p.backends()

@@ -59,7 +59,7 @@ async fn answer(
 /// One round of every provider before the router serves (discovered-only pools route at once).
 pub(crate) async fn first_round(s: &Arc<Shared>) {
     let probe_ms = s.config.health.probe_interval_ms;
-    let rounds = s.pools.all().iter().flat_map(|pool| {
+    let rounds = s.pools.all.iter().flat_map(|pool| {
         pool.discovery.iter().map(move |p| async move {
             #[cfg(feature = "kubernetes")]
             if let Some(k) = &p.config.kubernetes {
@@ -80,7 +80,7 @@ pub(crate) async fn first_round(s: &Arc<Shared>) {
 /// Starts one task per provider; each ends when `cancel` fires.
 pub(crate) fn spawn(s: &Arc<Shared>, cancel: &CancellationToken) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
-    for pool in s.pools.all() {
+    for pool in &s.pools.all {
         for p in &pool.discovery {
             let (s, pool, p, cancel) = (
                 Arc::clone(s),
