@@ -66,10 +66,9 @@ impl ApiError {
             500..=599 => "server_error",
             _ => "invalid_request_error",
         };
-        let message = message.into();
         ApiError {
             status,
-            message,
+            message: message.into(),
             kind,
             param: None,
             code,
@@ -180,12 +179,12 @@ impl ApiError {
 /// 405, naming the methods `allow`s (an `Allow` header value) in the body too.
 pub(crate) fn method_not_allowed(allow: &'static str) -> Response {
     let message = format!("this endpoint takes {allow}");
-    let e = ApiError::new(
+    let mut resp = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         message,
-    );
-    let mut resp = e.into_response();
+    )
+    .into_response();
     resp.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static(allow));
     resp

@@ -94,19 +94,6 @@ struct Counters {
     lag: metrics::Histogram,
 }
 
-impl Counters {
-    fn new() -> Self {
-        Counters {
-            snapshot_chunks: metrics::counter!("warmpath_ingest_messages_total", "kind" => "snapshot_chunk"),
-            snapshot_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "snapshot"),
-            deltas: metrics::counter!("warmpath_ingest_messages_total", "kind" => "delta"),
-            stored_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "stored"),
-            removed_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "removed"),
-            lag: metrics::histogram!("warmpath_ingest_lag_seconds"),
-        }
-    }
-}
-
 /// A stream after a valid Hello.
 pub(crate) struct WorkerStream {
     pool: IngestPool,
@@ -179,7 +166,14 @@ impl WorkerStream {
             epoch: hello.epoch,
             stream_id,
             live,
-            counters: Counters::new(),
+            counters: Counters {
+                snapshot_chunks: metrics::counter!("warmpath_ingest_messages_total", "kind" => "snapshot_chunk"),
+                snapshot_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "snapshot"),
+                deltas: metrics::counter!("warmpath_ingest_messages_total", "kind" => "delta"),
+                stored_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "stored"),
+                removed_blocks: metrics::counter!("warmpath_ingest_blocks_total", "op" => "removed"),
+                lag: metrics::histogram!("warmpath_ingest_lag_seconds"),
+            },
             applied: None,
             pending: None,
             unacked: 0,
