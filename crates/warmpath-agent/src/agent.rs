@@ -261,10 +261,7 @@ impl Agent {
 }
 
 async fn metrics_page(State(s): State<HttpState>) -> String {
-    s.prometheus
-        .as_ref()
-        .map(|p| p.render())
-        .unwrap_or_default()
+    s.prometheus.map(|p| p.render()).unwrap_or_default()
 }
 
 /// `/livez`: the agent's HTTP server runs.
