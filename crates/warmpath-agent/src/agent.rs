@@ -166,12 +166,8 @@ impl Agent {
             .route("/readyz", get(health))
             .route("/health", get(health))
             .with_state(state);
-        tasks.push(tokio::spawn(crate::serve::serve(
-            listener,
-            app,
-            cfg.http,
-            cancel.child_token(),
-        )));
+        let server = crate::serve::serve(listener, app, cfg.http, cancel.child_token());
+        tasks.push(tokio::spawn(server));
 
         let (restart_tx, restart_rx) = watch::channel(0u64);
         for fc in ranks {
