@@ -166,12 +166,8 @@ impl Agent {
             .route("/readyz", get(health))
             .route("/health", get(health))
             .with_state(state);
-        tasks.push(tokio::spawn(crate::serve::serve(
-            listener,
-            app,
-            cfg.http,
-            cancel.child_token(),
-        )));
+        let server = crate::serve::serve(listener, app, cfg.http, cancel.child_token());
+        tasks.push(tokio::spawn(server));
 
         let (restart_tx, restart_rx) = watch::channel(0u64);
         for fc in ranks {
@@ -261,10 +257,7 @@ impl Agent {
 }
 
 async fn metrics_page(State(s): State<HttpState>) -> String {
-    s.prometheus
-        .as_ref()
-        .map(|p| p.render())
-        .unwrap_or_default()
+    s.prometheus.map(|p| p.render()).unwrap_or_default()
 }
 
 /// `/livez`: the agent's HTTP server runs.

@@ -135,12 +135,8 @@ impl Links {
     pub(crate) fn start(self: &Arc<Self>, url: String, parent: &CancellationToken) -> Running {
         let sink = self.hub.add_sink(url.clone(), ROUTER_QUEUE);
         let cancel = parent.child_token();
-        let task = tokio::spawn(run_link(
-            url,
-            Arc::clone(self),
-            Arc::clone(&sink),
-            cancel.clone(),
-        ));
+        let link = run_link(url, Arc::clone(self), Arc::clone(&sink), cancel.clone());
+        let task = tokio::spawn(link);
         Running { sink, cancel, task }
     }
 

@@ -29,11 +29,7 @@ pub fn parse_metrics(text: &str) -> Option<Load> {
     Some(Load {
         running: count(running),
         waiting: count(waiting),
-        kv_usage: if usage.is_empty() {
-            0.0
-        } else {
-            (usage.iter().sum::<f64>() / usage.len() as f64).clamp(0.0, 1.0) as f32
-        },
+        kv_usage: (usage.iter().sum::<f64>() / usage.len().max(1) as f64).clamp(0.0, 1.0) as f32,
         engine_up: true,
         capacity_blocks: capacity,
         partial: false,

@@ -75,22 +75,14 @@ pub async fn serve(
             let _ = tcp.try_write(&refusal);
             continue;
         };
-        conns.spawn(connection(
-            tcp,
-            peer,
-            slot,
-            app.clone(),
-            limits,
-            cancel.clone(),
-        ));
+        let conn = connection(tcp, peer, slot, app.clone(), limits, cancel.clone());
+        conns.spawn(conn);
     }
     drop(listener);
     let drained = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
-        tracing::debug!(
-            open = conns.len(),
-            "connections still busy at shutdown; closed"
-        );
+        let open = conns.len();
+        tracing::debug!(open, "connections still busy at shutdown; closed");
         conns.shutdown().await;
     }
 }
@@ -125,8 +117,7 @@ async fn connection(
     let mut builder = http1::Builder::new();
     builder.keep_alive(false);
     let mut conn = pin!(builder.serve_connection(TokioIo::new(tcp), service));
-    let deadline = tokio::time::sleep(limits.request_timeout);
-    let mut deadline = pin!(deadline);
+    let mut deadline = pin!(tokio::time::sleep(limits.request_timeout));
     let mut stopping = false;
     loop {
         tokio::select! {

@@ -319,12 +319,8 @@ fn run_scale(a: ScaleArgs) -> anyhow::Result<()> {
         })?;
         eprintln!();
         let hit = warmpath_bench::optimum::cell(r.hit_rate, None, r.optimum);
-        let (t, d, lo, hi) = (
-            r.ttft_ms,
-            r.routing_dist_us,
-            r.share_min_pct,
-            r.share_max_pct,
-        );
+        let (t, d) = (r.ttft_ms, r.routing_dist_us);
+        let (lo, hi) = (r.share_min_pct, r.share_max_pct);
         println!(
             "| {} | {hit} | {:.1} | {:.1} | {:.1} | {lo:.3} | {hi:.3} | {:.0} | {:.1} | {:.1} / {:.1} | {:.1} |",
             r.strategy, t.p50, t.p90, t.p99, r.decisions_per_s, r.routing_us, d.p50, d.p99, r.wall_s

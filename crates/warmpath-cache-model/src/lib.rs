@@ -209,11 +209,8 @@ impl<V> PrefixCache<V> {
 
     /// Fraction of the capacity in use, 0.0..=1.0 (0 for a zero capacity).
     pub fn usage(&self) -> f64 {
-        if self.capacity == 0 {
-            0.0
-        } else {
-            self.entries.len() as f64 / self.capacity as f64
-        }
+        // A zero-capacity cache never holds a block: 0 / 1.
+        self.entries.len() as f64 / self.capacity.max(1) as f64
     }
 
     /// Query/hit counters since creation.

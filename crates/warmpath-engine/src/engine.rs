@@ -184,13 +184,8 @@ impl Engine {
             .increment((tokens.len() - cached_tokens) as u64);
         metrics::counter!("warmpath_engine_cached_tokens_total").increment(cached_tokens as u64);
         metrics::histogram!("warmpath_engine_prefill_seconds").record(seconds);
-        tracing::debug!(
-            prompt = tokens.len(),
-            cached = cached_tokens,
-            stored = out.stored,
-            seconds,
-            "prefill"
-        );
+        let (prompt, cached, stored) = (tokens.len(), cached_tokens, out.stored);
+        tracing::debug!(prompt, cached, stored, seconds, "prefill");
         Ok(Prefill {
             logits,
             past,

@@ -100,8 +100,8 @@ impl Walk {
             active,
             at,
             out: MatchResult {
-                workers: Vec::new(),
                 chain_len,
+                ..MatchResult::default()
             },
             may_skip,
             skipped: Vec::new(),
@@ -295,11 +295,7 @@ impl CacheIndex {
     ) -> (MatchResult, Vec<(WorkerSlot, u64)>) {
         let len = hashes.len() as u32;
         let Some(first) = hashes.first() else {
-            let none = MatchResult {
-                workers: Vec::new(),
-                chain_len: len,
-            };
-            return (none, Vec::new());
+            return (MatchResult::default(), Vec::new());
         };
         // The holders are copied out first: the worker table is read with
         // no shard lock held.
@@ -364,17 +360,14 @@ impl CacheIndex {
                 (hash as u64, self.map.determine_shard(hash))
             })
             .collect();
-        let mut guards: Vec<Option<_>> = (0..shards.len()).map(|_| None).collect();
-        // Ascending shard order: see the module docs.
         let mut need = vec![false; shards.len()];
         for &(_, s) in &keys {
             need[s] = true;
         }
-        for (s, n) in need.iter().enumerate() {
-            if *n {
-                guards[s] = Some(shards[s].read());
-            }
-        }
+        // Ascending shard order: see the module docs.
+        let guards: Vec<Option<_>> = (need.iter().enumerate())
+            .map(|(s, &n)| n.then(|| shards[s].read()))
+            .collect();
         // Each batch's slots are asked for while the batch before it is
         // probed (module docs).
         let hint = |c: usize| {

@@ -124,9 +124,7 @@ impl WorkerEntry {
 
     pub(crate) fn stats(&self, now_ms: u64) -> WorkerStats {
         let last = self.last_heard.load(Ordering::Relaxed);
-        let gpu = self.count(Tier::Gpu);
-        let cpu = self.count(Tier::Cpu);
-        let disk = self.count(Tier::Disk);
+        let [gpu, cpu, disk] = Tier::ALL.map(|t| self.count(t));
         WorkerStats {
             worker_id: self.id.clone(),
             blocks: gpu + cpu + disk,

@@ -150,12 +150,8 @@ fn parse<B: Backend>(b: &B, body: &[u8], kind: Kind) -> Result<Parsed, ApiError>
             format!("The model `{}` does not exist.", req.model),
         ));
     }
-    if extras
-        .n
-        .as_ref()
-        .and_then(Value::as_u64)
-        .is_some_and(|n| n != 1)
-    {
+    let n = extras.n.as_ref().and_then(Value::as_u64);
+    if n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("only n = 1 is supported"));
     }
     let salt = match req.cache_salt.as_deref() {
@@ -277,9 +273,8 @@ async fn relay(
             } => {
                 let mut tail = vec![ev(meta.chunk("", false, finish))];
                 if include_usage {
-                    tail.push(ev(
-                        meta.usage_chunk(meta.usage(completion_tokens, cached_tokens))
-                    ));
+                    let usage = meta.usage(completion_tokens, cached_tokens);
+                    tail.push(ev(meta.usage_chunk(usage)));
                 }
                 tail.push(done());
                 (tail, true)

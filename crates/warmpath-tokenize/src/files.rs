@@ -94,7 +94,7 @@ impl TokenizerFiles {
             ));
         }
         files.chat_template = template_from(v.get("chat_template"), config_path)?;
-        let tok = |k: &'static str| special_token(v.get(k), k, config_path);
+        let tok = |k| special_token(&v, k, config_path);
         files.special_tokens = SpecialTokens {
             bos: tok("bos_token")?,
             eos: tok("eos_token")?,
@@ -148,13 +148,9 @@ fn template_from(v: Option<&Value>, path: &Path) -> Result<Option<String>, Token
     }
 }
 
-/// A special token: a string, or an AddedToken object with a string `content`.
-fn special_token(
-    v: Option<&Value>,
-    key: &str,
-    path: &Path,
-) -> Result<Option<String>, TokenizeError> {
-    match v {
+/// The special token at `key`: a string, or an AddedToken object with a string `content`.
+fn special_token(config: &Value, key: &str, path: &Path) -> Result<Option<String>, TokenizeError> {
+    match config.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Object(o)) => match o.get("content") {

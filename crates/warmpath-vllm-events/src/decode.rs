@@ -96,13 +96,7 @@ pub fn decode_batch_with(
     payload: &[u8],
     limits: &DecodeLimits,
 ) -> Result<KvEventBatch, DecodeError> {
-    if payload.len() > limits.max_payload_bytes {
-        return Err(DecodeError::TooLarge {
-            what: "payload size",
-            len: payload.len(),
-            max: limits.max_payload_bytes,
-        });
-    }
+    check_len("payload size", payload.len(), limits.max_payload_bytes)?;
     if let Err(n) = crate::count::values_in(payload, limits.max_values) {
         return Err(DecodeError::TooLarge {
             what: "the count of values (stopped at the cap)",

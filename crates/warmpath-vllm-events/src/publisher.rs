@@ -126,11 +126,8 @@ impl KvEventPublisher {
         let cancel = CancellationToken::new();
         let accepted = Arc::new(AtomicU64::new(0));
         // Ends with the socket (its monitor closes) or on drop.
-        tokio::spawn(count_subscribers(
-            socket_events,
-            accepted.clone(),
-            cancel.clone(),
-        ));
+        let counting = count_subscribers(socket_events, accepted.clone(), cancel.clone());
+        tokio::spawn(counting);
         let (replay_endpoint, replay_task) = match &config.replay_endpoint {
             None => (None, None),
             Some(ep) => {

@@ -168,12 +168,8 @@ impl Overall {
             0 => self.planned_s,
             _ => self.started.elapsed().as_secs_f64() / k as f64,
         };
-        format!(
-            "[{}/{}] {what}, all done in ~{}",
-            k + 1,
-            self.strategies,
-            clock(per * left)
-        )
+        let (n, of, eta) = (k + 1, self.strategies, clock(per * left));
+        format!("[{n}/{of}] {what}, all done in ~{eta}")
     }
 
     /// A progress bar of `len` requests for strategy `k`, labelled as [`Self::label`].
@@ -353,10 +349,8 @@ fn write_all(
         std::fs::write(&p, body).map_err(io(&p))
     };
     write("results.json", &text)?;
-    write(
-        "replicas.json",
-        &serde_json::to_string_pretty(replicas).unwrap_or_default(),
-    )?;
+    let replicas = serde_json::to_string_pretty(replicas).unwrap_or_default();
+    write("replicas.json", &replicas)?;
     let md = markdown(reports, slo_ms);
     write("results.md", &md)?;
     let cdf = plot::ttft_cdf(reports);

@@ -205,11 +205,8 @@ impl Stack {
                 .grpc_addr
                 .ok_or_else(|| component("router", "no gRPC address"))?;
             let urls = vec![format!("http://{}", router.http_addr)];
-            (
-                Routers::InProcess(Box::new(router)),
-                urls,
-                vec![format!("http://{grpc}")],
-            )
+            let grpcs = vec![format!("http://{grpc}")];
+            (Routers::InProcess(Box::new(router)), urls, grpcs)
         };
         let mut agents = Vec::with_capacity(n);
         for mut cfg in agent_cfgs {

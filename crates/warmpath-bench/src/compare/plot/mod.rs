@@ -87,16 +87,12 @@ fn dash_attr(style: Style) -> String {
 fn legend(s: &mut String, k: usize, style: Style, name: &str) {
     let x = W - PAD / 2.0 + 12.0;
     let y = PAD + 16.0 * k as f64;
-    let c = style.color;
+    let (c, line_y, line_end, text_x) = (style.color, y - 4.0, x + 16.0, x + 20.0);
     let _ = write!(
         s,
-        "<line x1=\"{x}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"{c}\" stroke-width=\"3\"{}/>\
-         <text class=\"legend\" x=\"{}\" y=\"{y:.1}\" fill=\"{c}\">{}</text>",
-        y - 4.0,
-        x + 16.0,
-        y - 4.0,
+        "<line x1=\"{x}\" y1=\"{line_y:.1}\" x2=\"{line_end}\" y2=\"{line_y:.1}\" stroke=\"{c}\" stroke-width=\"3\"{}/>\
+         <text class=\"legend\" x=\"{text_x}\" y=\"{y:.1}\" fill=\"{c}\">{}</text>",
         dash_attr(style),
-        x + 20.0,
         esc(name)
     );
 }
