@@ -112,7 +112,7 @@ pub(crate) async fn serve(
         headers: &headers,
         body: forward_body,
     };
-    proxy::forward(&s.upstream, s.agents(), s.decisions(), &plan, out).await
+    proxy::forward(&s.upstream, s.agents(), s.replicas(), &plan, out).await
 }
 
 /// Parses, resolves the pool and tenant, plans; returns the body to forward.

@@ -181,5 +181,5 @@ async fn relay(
         headers,
         body,
     };
-    proxy::forward(&s.upstream, s.agents(), s.decisions(), &plan, out).await
+    proxy::forward(&s.upstream, s.agents(), s.replicas(), &plan, out).await
 }

@@ -228,7 +228,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
     let tenant = query_tenant(s, &target.pool.tenants, headers, client)?;
     let plan = route::plan(target, tenant, &req, Hashing::Always)?;
     let pool = &plan.target.pool;
-    let loads = route::loads(&plan, s.agents());
+    let loads = route::loads(&plan, s.agents(), s.replicas().map(|r| r.source));
     let workers: Vec<Value> = plan
         .policy
         .backends
@@ -247,7 +247,7 @@ fn answer(s: &Shared, headers: &HeaderMap, raw: &[u8]) -> Result<Value, ApiError
         })
         .collect();
     // Read-only: a preview records no placement or load.
-    let decision = match route::preview(&plan, s.agents()) {
+    let decision = match route::preview(&plan, s.agents(), s.replicas().map(|r| r.source)) {
         Ok(d) => json!({
             "worker_id": plan.policy.backends[d.backend].endpoint.id(),
             "decision": d.kind,

@@ -7,7 +7,7 @@ use crate::http::work::WorkPool;
 use crate::ingest::Agents;
 use crate::routing::loads::AgentLoads;
 use crate::routing::pool::Pools;
-use crate::routing::share::DecisionSink;
+use crate::routing::share::Replicas;
 use crate::routing::upstream::Upstream;
 use axum::body::Body;
 use axum::http::HeaderMap;
@@ -94,12 +94,13 @@ impl Shared {
         self.draining.store(true, Ordering::Relaxed);
     }
 
-    /// Where routing decisions go: the other router replicas, when shared.
-    pub(crate) fn decisions(&self) -> Option<&dyn DecisionSink> {
-        self.agents
-            .as_deref()
-            .filter(|a| a.peers.enabled())
-            .map(|a| a as &dyn DecisionSink)
+    /// The other router replicas, while this one shares its decisions.
+    pub(crate) fn replicas(&self) -> Option<Replicas<'_>> {
+        let peers = &self.agents.as_deref()?.peers;
+        peers.enabled().then_some(Replicas {
+            sink: peers,
+            source: &**peers,
+        })
     }
 
     /// Agent-reported loads, when the ingest runs.

@@ -290,28 +290,6 @@ impl crate::routing::loads::AgentLoads for Agents {
         let map = self.map.read();
         map.get(model)?.get(worker_id).map(|e| Arc::clone(&e.cell))
     }
-
-    fn remote_load(&self, model: &str, worker_id: &str) -> (u32, u64) {
-        self.peers.remote_load(model, worker_id)
-    }
-
-    fn shares_decisions(&self) -> bool {
-        self.peers.enabled()
-    }
-
-    fn remote_loads(&self) -> bool {
-        self.peers.counts_remote()
-    }
-}
-
-impl crate::routing::share::DecisionSink for Agents {
-    fn start(
-        &self,
-        model: &str,
-        fact: crate::routing::share::Fact,
-    ) -> Option<Box<dyn crate::routing::share::SharedRequest>> {
-        Some(Box::new(self.peers.start(model, fact)?))
-    }
 }
 
 #[cfg(test)]

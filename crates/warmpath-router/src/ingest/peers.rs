@@ -1,7 +1,7 @@
 //! Router replicas share each routing decision through the agents
 //! (docs/replicas.md); routing never waits on a peer.
 
-use crate::routing::share::{Fact, SharedRequest};
+use crate::routing::share::{DecisionSink, DecisionSource, Fact, SharedRequest};
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
 use std::collections::HashMap;
@@ -113,11 +113,6 @@ impl Peers {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// Whether another replica's start was ever counted here.
-    pub(crate) fn counts_remote(&self) -> bool {
-        self.counted.load(Ordering::Acquire)
-    }
-
     fn gauge(model: &str, n: usize) {
         metrics::gauge!("warmpath_replica_sharing_up", "pool" => model.to_owned()).set(n as f64);
     }
@@ -161,23 +156,6 @@ impl Peers {
             }
         }
         Self::gauge(model, map.len());
-    }
-
-    /// Other replicas' requests in flight on `worker` and their prefill to come.
-    pub(crate) fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
-        // Nothing counted anywhere: skip the lock (read per backend per request).
-        if !self.counts_remote() {
-            return (0, 0);
-        }
-        let all = self.links.read();
-        all.get(model)
-            .and_then(|m| m.get(worker))
-            .map_or((0, 0), |l| {
-                (
-                    l.in_flight.load(Ordering::Relaxed),
-                    l.pending.load(Ordering::Relaxed),
-                )
-            })
     }
 
     /// Applies a relayed decision; returns it when it is a `start` for the policy.
@@ -282,7 +260,7 @@ impl Peers {
     }
 
     /// Shares a pick of pool `model`: the `start` now, the guard the rest.
-    pub(crate) fn start(self: &Arc<Self>, model: &str, fact: Fact) -> Option<ShareGuard> {
+    fn share(self: &Arc<Self>, model: &str, fact: Fact) -> Option<ShareGuard> {
         if !self.enabled() {
             return None;
         }
@@ -318,6 +296,36 @@ impl Peers {
             ..Default::default()
         };
         self.send(&g.model, &g.worker, d);
+    }
+}
+
+/// The incoming half: other replicas' requests, counted on their links.
+impl DecisionSource for Peers {
+    fn remote_load(&self, model: &str, worker: &str) -> (u32, u64) {
+        // Nothing counted anywhere: skip the lock (read per backend per request).
+        if !self.counts_remote() {
+            return (0, 0);
+        }
+        let all = self.links.read();
+        all.get(model)
+            .and_then(|m| m.get(worker))
+            .map_or((0, 0), |l| {
+                (
+                    l.in_flight.load(Ordering::Relaxed),
+                    l.pending.load(Ordering::Relaxed),
+                )
+            })
+    }
+
+    fn counts_remote(&self) -> bool {
+        self.counted.load(Ordering::Acquire)
+    }
+}
+
+/// The outgoing half: a pick's `start` now, its guard the rest.
+impl DecisionSink for Arc<Peers> {
+    fn start(&self, model: &str, fact: Fact) -> Option<Box<dyn SharedRequest>> {
+        Some(Box::new(self.share(model, fact)?))
     }
 }
 
@@ -416,7 +424,7 @@ mod tests {
         assert!(recv(&p, 7, &signed(fact(1, 1, Phase::Start, 30))));
         assert_eq!(p.remote_load("m", "w"), (1, 30));
         // What this router sends carries its mac.
-        let guard = p.start(
+        let guard = p.share(
             "m",
             Fact {
                 worker: "w".into(),

@@ -24,21 +24,6 @@ pub(crate) trait AgentLoads: Send + Sync {
     fn engine_load(&self, model: &str, worker_id: &str) -> Option<EngineLoad> {
         self.engine_cell(model, worker_id)?.fresh(monotonic_ms())
     }
-
-    /// Other replicas' requests in flight on `worker_id` and their prefill blocks.
-    fn remote_load(&self, _model: &str, _worker_id: &str) -> (u32, u64) {
-        (0, 0)
-    }
-
-    /// Whether this router shares its decisions with its replicas.
-    fn shares_decisions(&self) -> bool {
-        false
-    }
-
-    /// Whether [`remote_load`](Self::remote_load) may answer anything but zeros.
-    fn remote_loads(&self) -> bool {
-        false
-    }
 }
 
 /// The load this router put on one backend, and whether it is draining.

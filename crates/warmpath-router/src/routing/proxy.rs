@@ -11,7 +11,7 @@ use crate::routing::loads::AgentLoads;
 use crate::routing::pool::Pool;
 use crate::routing::route::{self, Plan};
 use crate::routing::send_watch::{Held, SendWatch};
-use crate::routing::share::{DecisionSink, Fact};
+use crate::routing::share::{Fact, Replicas};
 use crate::routing::upstream::Upstream;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, Request};
@@ -110,11 +110,11 @@ fn tag(resp: &mut Response, pool: &Arc<Pool>, backend: Option<&str>, decision: &
 }
 
 /// Routes `plan` and proxies `out` through `up`, retrying other backends on
-/// connect failure; `decisions` hears of each pick (the other replicas).
+/// connect failure; the other `replicas` hear of each pick.
 pub(crate) async fn forward(
     up: &Arc<Upstream>,
     loads: Option<&dyn AgentLoads>,
-    decisions: Option<&dyn DecisionSink>,
+    replicas: Option<Replicas<'_>>,
     plan: &Plan,
     out: Outgoing<'_>,
 ) -> Response {
@@ -122,7 +122,7 @@ pub(crate) async fn forward(
     let strategy = plan.policy.strategy.as_str();
     let mut excluded: Vec<usize> = Vec::new();
     loop {
-        let decision = match route::pick(plan, &excluded, loads) {
+        let decision = match route::pick(plan, &excluded, loads, replicas.map(|r| r.source)) {
             Ok(d) => d,
             Err(mut e) => {
                 if !excluded.is_empty() {
@@ -148,8 +148,9 @@ pub(crate) async fn forward(
         let uncached =
             (plan.hashes.len() as u64).saturating_sub(u64::from(decision.matched_blocks));
         let mut guard = backend.begin(uncached);
-        if let Some(sink) = decisions {
-            guard.share(sink.start(&pool.model, fact(plan, backend.endpoint.id(), uncached)));
+        if let Some(r) = replicas {
+            let fact = fact(plan, backend.endpoint.id(), uncached);
+            guard.share(r.sink.start(&pool.model, fact));
         }
         let req = match upstream_request(&backend, up.auth.as_ref(), &out) {
             Ok(r) => r,

@@ -7,6 +7,7 @@ use crate::http::clock::monotonic_ms;
 use crate::http::error::ApiError;
 use crate::routing::loads::{AgentLoads, Board};
 use crate::routing::pool::{PolicyState, Pool, Target};
+use crate::routing::share::DecisionSource;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::borrow::Cow;
@@ -191,8 +192,12 @@ pub(crate) fn plan_least(target: Target, tenant: Option<TenantId>) -> Plan {
 }
 
 /// The live loads of `plan`'s backends, those that cannot take it ineligible.
-pub(crate) fn loads(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Vec<BackendLoad> {
-    with_adjusted(plan, &[], agents, false, <[BackendLoad]>::to_vec)
+pub(crate) fn loads(
+    plan: &Plan,
+    agents: Option<&dyn AgentLoads>,
+    replicas: Option<&dyn DecisionSource>,
+) -> Vec<BackendLoad> {
+    with_adjusted(plan, &[], agents, replicas, false, <[BackendLoad]>::to_vec)
 }
 
 /// Runs `f` with the loads of `plan`'s snapshot ([`Board::with`]).
@@ -214,10 +219,11 @@ fn with_adjusted<R>(
     plan: &Plan,
     excluded: &[usize],
     agents: Option<&dyn AgentLoads>,
+    replicas: Option<&dyn DecisionSource>,
     panic: bool,
     f: impl FnOnce(&[BackendLoad]) -> R,
 ) -> R {
-    let remote = agents.filter(|a| a.remote_loads());
+    let remote = replicas.filter(|r| r.counts_remote());
     let take = if panic { could_take } else { eligible };
     let adjusted = |all: &[BackendLoad]| {
         let mut all = all.to_vec();
@@ -262,18 +268,19 @@ pub(crate) fn pick(
     plan: &Plan,
     excluded: &[usize],
     agents: Option<&dyn AgentLoads>,
+    replicas: Option<&dyn DecisionSource>,
 ) -> Result<Decision, ApiError> {
     let t = Instant::now();
     let pool = &plan.target.pool;
     if let Some(d) = pinned(plan, excluded) {
         return Ok(d);
     }
-    // A learning policy's ties go by the key when replicas share decisions,
-    // so replicas of the same state agree (docs/replicas.md).
+    // A learning policy's ties go by the key, as the preview's do, so replicas
+    // of the same state agree (docs/replicas.md) and a preview tells the pick.
     let kv = plan.policy.learns.is_some();
     let mut keyed;
     let mut shared;
-    let rng: &mut dyn rand::RngCore = if kv && agents.is_some_and(|a| a.shares_decisions()) {
+    let rng: &mut dyn rand::RngCore = if kv {
         keyed = SmallRng::seed_from_u64(plan.prefix_key.0);
         &mut keyed
     } else {
@@ -285,7 +292,7 @@ pub(crate) fn pick(
     let tracked = kv
         && excluded.is_empty()
         && plan.target.adapter.is_none()
-        && !agents.is_some_and(|a| a.remote_loads());
+        && !replicas.is_some_and(|r| r.counts_remote());
     let res = if tracked {
         read(plan, agents, true, |all, changed| {
             policy
@@ -293,7 +300,7 @@ pub(crate) fn pick(
                 .pick(&input, &Loads { all, changed }, &mut *rng)
         })
     } else {
-        with_adjusted(plan, excluded, agents, false, |all| {
+        with_adjusted(plan, excluded, agents, replicas, false, |all| {
             policy.policy.pick(&input, &Loads::new(all), &mut *rng)
         })
     };
@@ -305,7 +312,7 @@ pub(crate) fn pick(
         {
             metrics::counter!("warmpath_panic_routed_total", "pool" => pool.model.clone())
                 .increment(1);
-            with_adjusted(plan, excluded, agents, true, |all| {
+            with_adjusted(plan, excluded, agents, replicas, true, |all| {
                 policy.policy.pick(&input, &Loads::new(all), rng)
             })
         }
@@ -316,8 +323,12 @@ pub(crate) fn pick(
 }
 
 /// The backend [`pick`] would choose now, recording nothing (ties by the prefix key).
-pub(crate) fn preview(plan: &Plan, agents: Option<&dyn AgentLoads>) -> Result<Decision, ApiError> {
-    let loads = loads(plan, agents);
+pub(crate) fn preview(
+    plan: &Plan,
+    agents: Option<&dyn AgentLoads>,
+    replicas: Option<&dyn DecisionSource>,
+) -> Result<Decision, ApiError> {
+    let loads = loads(plan, agents, replicas);
     let mut rng = SmallRng::seed_from_u64(plan.prefix_key.0);
     let input = RouteInput {
         mode: Mode::Preview,

@@ -1,5 +1,9 @@
-//! The seam through which routing tells the other replicas what it decided
-//! ([`DecisionSink`], implemented by the ingest); routing sees no streams.
+//! The seam between routing and the other router replicas (docs/replicas.md):
+//! this router's decisions go out through a [`DecisionSink`], and the others'
+//! come in through a [`DecisionSource`]. The ingest implements both
+//! (`ingest::peers`) and relays them through the agents; routing sees no
+//! streams. The other replicas' decisions also reach the pool's policy, as
+//! they arrive, through the ingest (`PoolDirectory::observe_remote`).
 
 /// One routing decision as the other replicas need it (by worker ids).
 #[derive(Clone, Debug, Default)]
@@ -26,4 +30,19 @@ pub(crate) trait DecisionSink: Send + Sync {
 pub(crate) trait SharedRequest: Send + Sync + std::fmt::Debug {
     /// Its first upstream byte arrived.
     fn prefilled(&mut self);
+}
+
+/// What the other replicas' decisions add to a backend's load.
+pub(crate) trait DecisionSource: Send + Sync {
+    /// Their requests in flight on `worker` of pool `model`, and their prefill blocks to come.
+    fn remote_load(&self, model: &str, worker: &str) -> (u32, u64);
+    /// Whether [`remote_load`](Self::remote_load) may answer anything but zeros.
+    fn counts_remote(&self) -> bool;
+}
+
+/// The other replicas, while this router shares its decisions with them.
+#[derive(Clone, Copy)]
+pub(crate) struct Replicas<'a> {
+    pub(crate) sink: &'a dyn DecisionSink,
+    pub(crate) source: &'a dyn DecisionSource,
 }

@@ -49,7 +49,7 @@ pub(super) fn warm(
         v
     };
     let homes = holders_by(&|i| s.cands.usable(i));
-    // A salted rng: under shared decisions the caller's rng is seeded by the prefix key
+    // A salted rng: the router seeds the caller's rng by the prefix key
     // (`route::pick`), so every tie would draw the same holder and a copy get no traffic.
     let cheapest = if homes.len() > 1 {
         let mut salted = Salted {
