@@ -130,10 +130,6 @@ pub struct EngineLoad {
     pub kv_usage: f32,
     /// Blocks the engine's cache holds, when it reports them.
     pub capacity_blocks: Option<u64>,
-    /// The agent's view misses blocks the engine holds (it started beside a
-    /// warm engine): its missing blocks are unknown, not absent.
-    #[serde(default)]
-    pub partial: bool,
 }
 
 /// The current load of one backend, in snapshot order.
@@ -436,7 +432,6 @@ mod tests {
                 waiting: 4,
                 kv_usage: 0.5,
                 capacity_blocks: None,
-                partial: false,
             }),
             ..Default::default()
         };

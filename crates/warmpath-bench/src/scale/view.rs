@@ -193,7 +193,6 @@ impl Replicas {
                 waiting: 0,
                 kv_usage: 0.0,
                 capacity_blocks: capacity,
-                partial: false,
             };
             for v in &mut self.views {
                 v.loads[i].engine = Some(engine);

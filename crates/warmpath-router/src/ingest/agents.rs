@@ -266,7 +266,6 @@ impl Agents {
                 waiting: l.waiting,
                 kv_usage: l.kv_usage.clamp(0.0, 1.0),
                 capacity_blocks: (l.capacity_blocks > 0).then_some(l.capacity_blocks),
-                partial: l.partial,
             };
             e.status.partial = l.partial;
             let at = e.live.last_heard_ms.load(Ordering::Relaxed);

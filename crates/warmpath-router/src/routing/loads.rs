@@ -134,7 +134,6 @@ impl Load {
 const HAS_LOAD: u8 = 1;
 const UP_KNOWN: u8 = 2;
 const DOWN: u8 = 4;
-const PARTIAL: u8 = 8;
 
 /// One worker's latest engine load as its agent reported it (separate atomics:
 /// a read racing a report may mix two reports' fields, which routing tolerates).
@@ -163,15 +162,14 @@ impl EngineCell {
         self.at_ms.store(at_ms, Ordering::Relaxed);
         let f = HAS_LOAD
             | UP_KNOWN
-            | if engine_up { 0 } else { DOWN }
-            | if load.partial { PARTIAL } else { 0 };
+            | if engine_up { 0 } else { DOWN };
         self.flags.store(f, Ordering::Release);
         self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// A new stream took the worker; a new agent run (`keep_load` false) forgets the load.
     pub(crate) fn claimed(&self, keep_load: bool) {
-        let keep = if keep_load { HAS_LOAD | PARTIAL } else { 0 };
+        let keep = if keep_load { HAS_LOAD } else { 0 };
         self.flags.fetch_and(keep, Ordering::AcqRel);
         self.changes.fetch_add(1, Ordering::Release);
     }
@@ -189,7 +187,6 @@ impl EngineCell {
             waiting: self.waiting.load(Ordering::Relaxed),
             kv_usage: f32::from_bits(self.kv_usage_bits.load(Ordering::Relaxed)),
             capacity_blocks: Some(self.capacity_blocks.load(Ordering::Relaxed)).filter(|c| *c > 0),
-            partial: f & PARTIAL != 0,
         })
     }
 
@@ -324,7 +321,6 @@ mod tests {
             waiting: 2,
             kv_usage: 0.25,
             capacity_blocks: Some(900),
-            partial: true,
         }
     }
 
@@ -342,7 +338,6 @@ mod tests {
         assert_eq!(c.engine_up(), Some(false));
         let unknown = EngineLoad {
             capacity_blocks: None,
-            partial: false,
             ..load(1)
         };
         c.set(unknown, true, 3_000);
@@ -420,7 +415,6 @@ mod tests {
             waiting: 0,
             kv_usage: 0.5,
             capacity_blocks: Some(100),
-            partial: false,
         }
     }
 
