@@ -1,5 +1,7 @@
 //! Router replicas share each routing decision through the agents
-//! (docs/replicas.md); routing never waits on a peer.
+//! (docs/replicas.md): [`Peers`] is routing's `DecisionSink` (its picks go
+//! out) and `DecisionSource` (the others' requests count), and hands each
+//! remote start to the ingest for the pool's policy; routing never waits on a peer.
 
 use crate::routing::share::{DecisionSink, DecisionSource, Fact, SharedRequest};
 use parking_lot::{Mutex, RwLock};
