@@ -160,9 +160,7 @@ impl EngineCell {
         self.capacity_blocks
             .store(load.capacity_blocks.unwrap_or(0), Ordering::Relaxed);
         self.at_ms.store(at_ms, Ordering::Relaxed);
-        let f = HAS_LOAD
-            | UP_KNOWN
-            | if engine_up { 0 } else { DOWN };
+        let f = HAS_LOAD | UP_KNOWN | if engine_up { 0 } else { DOWN };
         self.flags.store(f, Ordering::Release);
         self.changes.fetch_add(1, Ordering::Release);
     }
