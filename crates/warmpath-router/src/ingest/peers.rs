@@ -115,7 +115,9 @@ impl Peers {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    fn gauge(model: &str, n: usize) {
+    /// `n` streams of pool `model` are up; they carry decisions only while sharing is on.
+    fn gauge(&self, model: &str, n: usize) {
+        let n = if self.enabled() { n } else { 0 };
         metrics::gauge!("warmpath_replica_sharing_up", "pool" => model.to_owned()).set(n as f64);
     }
 
@@ -136,7 +138,7 @@ impl Peers {
                 pending: AtomicU64::new(0),
             },
         );
-        Self::gauge(model, map.len());
+        self.gauge(model, map.len());
     }
 
     /// Stream `stream` ended: unless taken over, its remote requests are forgotten.
@@ -157,7 +159,7 @@ impl Peers {
                 );
             }
         }
-        Self::gauge(model, map.len());
+        self.gauge(model, map.len());
     }
 
     /// Applies a relayed decision; returns it when it is a `start` for the policy.
