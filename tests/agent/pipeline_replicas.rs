@@ -150,7 +150,8 @@ async fn settled(r: &warmpath_router::RunningRouter) -> bool {
     count("received") == 2 * count("sent")
 }
 
-async fn connected(c: &reqwest::Client, r: &warmpath_router::RunningRouter) -> usize {
+/// The workers of `r`'s first pool, as `GET /cache-index` shows them.
+async fn workers(c: &reqwest::Client, r: &warmpath_router::RunningRouter) -> Vec<Value> {
     let v: Value = c
         .get(format!("http://{}/cache-index", r.http_addr))
         .send()
@@ -159,11 +160,17 @@ async fn connected(c: &reqwest::Client, r: &warmpath_router::RunningRouter) -> u
         .json()
         .await
         .unwrap();
-    v["pools"][0]["workers"].as_array().map_or(0, |ws| {
-        ws.iter()
-            .filter(|w| w["agent"]["connected"] == true)
-            .count()
-    })
+    v["pools"][0]["workers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn connected(c: &reqwest::Client, r: &warmpath_router::RunningRouter) -> usize {
+    let ws = workers(c, r).await;
+    ws.iter()
+        .filter(|w| w["agent"]["connected"] == true)
+        .count()
 }
 
 async fn run(share: bool) {
@@ -315,18 +322,11 @@ async fn without_sharing_replicas_disagree() {
 
 /// Whether `r` has nothing in flight and no prefill pending on any backend.
 async fn idle(c: &reqwest::Client, r: &warmpath_router::RunningRouter) -> bool {
-    let v: Value = c
-        .get(format!("http://{}/cache-index", r.http_addr))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["pools"][0]["workers"].as_array().is_some_and(|ws| {
-        ws.iter()
+    let ws = workers(c, r).await;
+    !ws.is_empty()
+        && ws
+            .iter()
             .all(|w| w["in_flight"] == 0 && w["pending_prefill_blocks"] == 0)
-    })
 }
 
 /// A router that shares no decisions (`ingest.share_decisions: false`)
